@@ -1,0 +1,63 @@
+//! `agentosd`: the AgentOS kernel daemon. Runs in the foreground.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use agentos_kernel::config::{Config, Flags};
+use agentos_kernel::daemon;
+use clap::Parser;
+
+/// The AgentOS kernel: serves the AgentOS protocol on a Unix socket.
+///
+/// Settings come from the config file, then AGENTOS_* environment
+/// variables, then these flags.
+#[derive(Debug, Parser)]
+#[command(name = "agentosd", version)]
+struct Args {
+    /// Socket path [default: $AGENTOS_SOCKET, /run/agentos/agentos.sock as root,
+    /// else $XDG_RUNTIME_DIR/agentos/agentos.sock or /tmp/agentos-$UID/agentos.sock]
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Config file [default: $AGENTOS_CONFIG, else /etc/agentos/agentosd.toml if present]
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log filter: error, warn, info, debug, trace (or an env_logger filter)
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Group owning the socket; its members may use the kernel
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
+    /// Largest request payload accepted, in bytes
+    #[arg(long, value_name = "BYTES")]
+    max_request_bytes: Option<u64>,
+    /// Worker threads for blocking work
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let flags = Flags {
+        config: args.config,
+        socket: args.socket,
+        socket_group: args.socket_group,
+        log_level: args.log_level,
+        max_request_bytes: args.max_request_bytes,
+        workers: args.workers,
+    };
+    let config = match Config::load(&flags) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("agentosd: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    daemon::init_logging(config.log_level.as_deref());
+    match daemon::run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            log::error!("{err}");
+            ExitCode::FAILURE
+        }
+    }
+}

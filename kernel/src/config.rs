@@ -1,0 +1,416 @@
+//! Kernel configuration.
+//!
+//! Layers, later ones winning: built-in defaults, the config file (TOML),
+//! `AGENTOS_*` environment variables, command-line flags. The file is the
+//! one named by `--config` or `AGENTOS_CONFIG`, else
+//! `/etc/agentos/agentosd.toml` if it exists, else none: `agentosd --socket
+//! PATH` needs nothing else to run.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use agentos_proto::{socket_path, Opcode, MAX_REPLY_BYTES};
+use serde::Deserialize;
+
+/// The service's config file, read when present and nothing else is named.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentos/agentosd.toml";
+
+/// Everything the daemon can be told.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Socket path; resolved by the protocol's rule when absent.
+    pub socket: Option<PathBuf>,
+    /// Group owning the socket (name or numeric gid); its members are
+    /// operators. Default: the daemon's own group.
+    pub socket_group: Option<String>,
+    /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or an
+    /// `env_logger` filter). Default `info`, or `RUST_LOG` if set.
+    pub log_level: Option<String>,
+    /// Largest request payload accepted, in bytes (1 MiB).
+    pub max_request_bytes: u64,
+    /// Requests a connection may have awaiting replies before the kernel
+    /// stops reading from it (backpressure, nothing dropped).
+    pub max_in_flight: u32,
+    /// Connections served at once; more are told `busy` and closed.
+    pub max_connections: usize,
+    /// Unsent reply bytes above which the kernel stops reading a connection.
+    pub write_high_water: usize,
+    /// Unsent reply bytes above which the connection is dropped.
+    pub write_buffer_limit: usize,
+    /// A connection with unsent replies that accepts none of them for this
+    /// long is dropped: a client that never reads its replies cannot hold
+    /// kernel memory forever.
+    pub write_stall_timeout_ms: u64,
+    /// On SIGTERM, how long connections get to receive replies to requests
+    /// already accepted.
+    pub shutdown_grace_ms: u64,
+    /// Worker threads for blocking work.
+    pub workers: usize,
+    /// Diagnostics for tests; never needed in production.
+    pub debug: DebugConfig,
+}
+
+/// Diagnostic switches.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DebugConfig {
+    /// Opcodes (by name) whose replies are produced on a worker thread and
+    /// delivered through the reactor's waker, as THINK/EXEC/SPAWN replies
+    /// are. Lets tests drive the out-of-order completion path with NOOP and
+    /// HELLO.
+    pub defer_opcodes: Vec<String>,
+    /// Extra time a deferred reply spends on its worker.
+    pub defer_delay_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            socket: None,
+            socket_group: None,
+            log_level: None,
+            max_request_bytes: agentos_proto::DEFAULT_MAX_REQUEST_BYTES,
+            max_in_flight: 128,
+            max_connections: 8192,
+            write_high_water: 4 << 20,
+            write_buffer_limit: 64 << 20,
+            write_stall_timeout_ms: 30_000,
+            shutdown_grace_ms: 5_000,
+            workers: 4,
+            debug: DebugConfig::default(),
+        }
+    }
+}
+
+/// Values given on the command line; they override everything else.
+#[derive(Clone, Debug, Default)]
+pub struct Flags {
+    /// `--config`
+    pub config: Option<PathBuf>,
+    /// `--socket`
+    pub socket: Option<PathBuf>,
+    /// `--socket-group`
+    pub socket_group: Option<String>,
+    /// `--log-level`
+    pub log_level: Option<String>,
+    /// `--max-request-bytes`
+    pub max_request_bytes: Option<u64>,
+    /// `--workers`
+    pub workers: Option<usize>,
+}
+
+/// Why the configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for this schema.
+    #[error("config file {}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said (names the key).
+        source: Box<toml::de::Error>,
+    },
+    /// An environment variable has a value that cannot be used.
+    #[error("environment variable {name}={value:?}: {reason}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A setting is out of its allowed range.
+    #[error("setting `{field}`: {reason}")]
+    Invalid {
+        /// The setting.
+        field: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Builds the configuration from the file, the process environment and
+    /// the flags, and validates it.
+    pub fn load(flags: &Flags) -> Result<Config, ConfigError> {
+        Config::load_with(flags, &|name| std::env::var(name).ok())
+    }
+
+    /// [`load`](Self::load) with the environment passed in.
+    pub fn load_with(
+        flags: &Flags,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let file = flags
+            .config
+            .clone()
+            .or_else(|| {
+                env("AGENTOS_CONFIG")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            })
+            .or_else(|| {
+                let default = Path::new(DEFAULT_CONFIG_PATH);
+                default.exists().then(|| default.to_path_buf())
+            });
+        let mut config = match &file {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        config.apply_env(env)?;
+        config.apply_flags(flags);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a config file.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        })
+    }
+
+    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let get = |name: &'static str| env(name).filter(|v| !v.is_empty());
+        if let Some(v) = get(socket_path::SOCKET_ENV) {
+            self.socket = Some(PathBuf::from(v));
+        }
+        if let Some(v) = get("AGENTOS_SOCKET_GROUP") {
+            self.socket_group = Some(v);
+        }
+        if let Some(v) = get("AGENTOS_LOG_LEVEL") {
+            self.log_level = Some(v);
+        }
+        parse_env(
+            &get,
+            "AGENTOS_MAX_REQUEST_BYTES",
+            &mut self.max_request_bytes,
+        )?;
+        parse_env(&get, "AGENTOS_MAX_IN_FLIGHT", &mut self.max_in_flight)?;
+        parse_env(&get, "AGENTOS_MAX_CONNECTIONS", &mut self.max_connections)?;
+        parse_env(&get, "AGENTOS_WORKERS", &mut self.workers)?;
+        Ok(())
+    }
+
+    fn apply_flags(&mut self, flags: &Flags) {
+        if let Some(v) = &flags.socket {
+            self.socket = Some(v.clone());
+        }
+        if let Some(v) = &flags.socket_group {
+            self.socket_group = Some(v.clone());
+        }
+        if let Some(v) = &flags.log_level {
+            self.log_level = Some(v.clone());
+        }
+        if let Some(v) = flags.max_request_bytes {
+            self.max_request_bytes = v;
+        }
+        if let Some(v) = flags.workers {
+            self.workers = v;
+        }
+    }
+
+    /// Checks every setting against its allowed range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: String| Err(ConfigError::Invalid { field, reason });
+        if !(1..=MAX_REPLY_BYTES).contains(&self.max_request_bytes) {
+            // A NOOP echoes its request, so a request may not exceed the
+            // largest reply clients are required to accept.
+            return invalid(
+                "max_request_bytes",
+                format!(
+                    "{} is outside 1..={MAX_REPLY_BYTES}",
+                    self.max_request_bytes
+                ),
+            );
+        }
+        if !(1..=65_536).contains(&self.max_in_flight) {
+            return invalid(
+                "max_in_flight",
+                format!("{} is outside 1..=65536", self.max_in_flight),
+            );
+        }
+        if self.max_connections == 0 {
+            return invalid("max_connections", "must be at least 1".into());
+        }
+        if !(1..=256).contains(&self.workers) {
+            return invalid("workers", format!("{} is outside 1..=256", self.workers));
+        }
+        let min_buffer = (MAX_REPLY_BYTES as usize) + agentos_proto::HEADER_LEN;
+        if self.write_buffer_limit < min_buffer {
+            return invalid(
+                "write_buffer_limit",
+                format!("must hold at least one largest reply ({min_buffer} bytes)"),
+            );
+        }
+        if self.write_high_water == 0 || self.write_high_water > self.write_buffer_limit {
+            return invalid(
+                "write_high_water",
+                "must be between 1 and write_buffer_limit".into(),
+            );
+        }
+        if self.write_stall_timeout_ms == 0 {
+            return invalid("write_stall_timeout_ms", "must be at least 1".into());
+        }
+        if let Some(group) = &self.socket_group {
+            if group.is_empty() {
+                return invalid("socket_group", "must not be empty".into());
+            }
+        }
+        if let Some(name) = self
+            .debug
+            .defer_opcodes
+            .iter()
+            .find(|name| Opcode::from_name(name).is_none())
+        {
+            return invalid(
+                "debug.defer_opcodes",
+                format!("{name:?} is not an opcode name"),
+            );
+        }
+        Ok(())
+    }
+
+    /// The socket path, resolved by the protocol's rule.
+    pub fn socket_path(&self) -> PathBuf {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        socket_path::resolve_socket_path_with(
+            self.socket.as_deref(),
+            None,
+            euid,
+            std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+        )
+    }
+
+    /// Opcodes whose replies go through the worker pool (diagnostics).
+    pub fn deferred_opcodes(&self) -> Vec<Opcode> {
+        self.debug
+            .defer_opcodes
+            .iter()
+            .filter_map(|name| Opcode::from_name(name))
+            .collect()
+    }
+
+    /// [`write_stall_timeout_ms`](Self::write_stall_timeout_ms) as a duration.
+    pub fn write_stall_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_stall_timeout_ms)
+    }
+
+    /// [`shutdown_grace_ms`](Self::shutdown_grace_ms) as a duration.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+}
+
+fn parse_env<T: FromStr>(
+    get: &dyn Fn(&'static str) -> Option<String>,
+    name: &'static str,
+    target: &mut T,
+) -> Result<(), ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    if let Some(value) = get(name) {
+        *target = value
+            .trim()
+            .parse()
+            .map_err(|err: T::Err| ConfigError::Env {
+                name,
+                value: value.clone(),
+                reason: err.to_string(),
+            })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn write_config(text: &str) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        file
+    }
+
+    #[test]
+    fn flags_beat_environment_beats_file() {
+        let file = write_config("socket = \"/file.sock\"\nmax_request_bytes = 1000\nworkers = 2\n");
+        let env = env_of(&[
+            ("AGENTOS_SOCKET", "/env.sock"),
+            ("AGENTOS_MAX_REQUEST_BYTES", "2000"),
+        ]);
+        let flags = Flags {
+            config: Some(file.path().to_path_buf()),
+            socket: Some("/flag.sock".into()),
+            ..Flags::default()
+        };
+        let config = Config::load_with(&flags, &env).unwrap();
+        assert_eq!(config.socket.as_deref(), Some(Path::new("/flag.sock")));
+        assert_eq!(config.max_request_bytes, 2000);
+        assert_eq!(config.workers, 2);
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_refused_by_name() {
+        let file = write_config("max_reqest_bytes = 5\n");
+        let err = Config::from_file(file.path()).unwrap_err();
+        assert!(err.to_string().contains("max_reqest_bytes"), "{err}");
+    }
+
+    #[test]
+    fn bad_environment_values_name_the_variable() {
+        let env = env_of(&[("AGENTOS_WORKERS", "many")]);
+        let flags = Flags {
+            config: Some("/dev/null".into()),
+            ..Flags::default()
+        };
+        let err = Config::load_with(&flags, &env).unwrap_err();
+        assert!(err.to_string().contains("AGENTOS_WORKERS"), "{err}");
+    }
+
+    #[test]
+    fn request_limit_cannot_exceed_the_reply_limit() {
+        let config = Config {
+            max_request_bytes: MAX_REPLY_BYTES + 1,
+            ..Config::default()
+        };
+        assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn defer_opcodes_must_be_opcode_names() {
+        let mut config = Config::default();
+        config.debug.defer_opcodes = vec!["hello".into(), "noop".into()];
+        assert!(config.validate().is_ok());
+        assert_eq!(config.deferred_opcodes(), vec![Opcode::HELLO, Opcode::NOOP]);
+        config.debug.defer_opcodes.push("warp".into());
+        assert!(config.validate().is_err());
+    }
+}

@@ -1,0 +1,82 @@
+//! Start-up and shutdown of `agentosd`, in the order they must happen:
+//! process settings, socket, reactor (which starts the threads), run, and
+//! clean-up of the socket on the way out.
+
+use std::io;
+
+use crate::config::Config;
+use crate::reactor::Reactor;
+use crate::socket::{KernelSocket, SocketError};
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The socket could not be set up.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// The reactor could not be built or failed while running.
+    #[error("reactor: {0}")]
+    Reactor(#[from] io::Error),
+}
+
+/// Runs the kernel in the foreground until SIGTERM or SIGINT.
+pub fn run(config: Config) -> Result<(), DaemonError> {
+    ignore_sigpipe();
+    match raise_fd_limit() {
+        Ok(limit) => log::debug!("file descriptor limit: {limit}"),
+        Err(err) => log::warn!("cannot raise the file descriptor limit: {err}"),
+    }
+    // Bind before any thread exists: binding briefly changes the umask.
+    let path = config.socket_path();
+    let socket = KernelSocket::bind(&path, config.socket_group.as_deref())?;
+    log::info!(
+        "agentosd {} listening on {} (pid {}, socket group {})",
+        env!("CARGO_PKG_VERSION"),
+        path.display(),
+        std::process::id(),
+        socket.gid()
+    );
+    if !config.debug.defer_opcodes.is_empty() {
+        log::warn!(
+            "diagnostics: replies to {:?} are produced on worker threads with {} ms delay",
+            config.debug.defer_opcodes,
+            config.debug.defer_delay_ms
+        );
+    }
+    Reactor::new(config, socket)?.run()?;
+    log::info!("agentosd stopped");
+    Ok(())
+}
+
+/// Sets up logging: an explicit filter wins, then `RUST_LOG`, then `info`.
+/// Request payloads are never logged above `debug`.
+pub fn init_logging(filter: Option<&str>) {
+    let mut builder = env_logger::Builder::new();
+    match (filter, std::env::var("RUST_LOG")) {
+        (Some(filter), _) => builder.parse_filters(filter),
+        (None, Ok(filter)) => builder.parse_filters(&filter),
+        (None, Err(_)) => builder.parse_filters("info"),
+    };
+    builder.format_timestamp_millis().init();
+}
+
+/// A peer that disconnects while we write must be an `EPIPE` error on that
+/// one connection, never a signal that kills the kernel.
+fn ignore_sigpipe() {
+    // SAFETY: installing SIG_IGN for SIGPIPE touches no Rust state and is
+    // async-signal-safe by construction.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}
+
+/// Raises the soft open-files limit to the hard limit: each connection and
+/// (later) each agent costs descriptors. Returns the new soft limit.
+fn raise_fd_limit() -> io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(hard.max(soft))
+}

@@ -1,0 +1,16 @@
+//! The AgentOS kernel: the `agentosd` daemon and the `agentos` command-line
+//! client.
+//!
+//! One reactor thread ([`reactor`]) owns the socket ([`socket`]) and every
+//! connection, identifies callers from their socket credentials
+//! ([`identity`]), answers each opcode through its syscall handler
+//! ([`syscall`]), and hands blocking work to worker threads ([`workers`]).
+//! [`daemon`] puts it together from a [`config::Config`].
+
+pub mod config;
+pub mod daemon;
+pub mod identity;
+pub mod reactor;
+pub mod socket;
+pub mod syscall;
+pub mod workers;

@@ -1,0 +1,11 @@
+//! EXIT (0xFF): say goodbye, then close.
+
+use super::Outcome;
+
+/// The EXIT reply payload.
+pub const GOODBYE: &[u8] = b"goodbye";
+
+/// Answers `goodbye`; the reactor closes the connection after delivering it.
+pub fn handle() -> Outcome {
+    Outcome::ReplyAndClose(GOODBYE.to_vec())
+}

@@ -1,0 +1,28 @@
+//! The AgentOS wire protocol.
+//!
+//! Every message in both directions is a 17-byte little-endian header
+//! ([`Header`]) followed by a payload. This crate is the protocol's single
+//! Rust implementation: the frame codec ([`FrameDecoder`], [`encode_frame`]),
+//! the opcodes ([`Opcode`]), the error model ([`ErrorCode`], [`ErrorReply`]),
+//! typed JSON payloads for every opcode ([`payload`]), the socket path rule
+//! ([`socket_path`]) and a small blocking [`Client`].
+//!
+//! It has no threads and no global state.
+
+mod client;
+mod error;
+mod frame;
+mod opcode;
+pub mod payload;
+pub mod socket_path;
+
+pub use client::{Client, ClientError, Reply};
+pub use error::{ErrorCode, ErrorReply};
+pub use frame::{
+    encode_frame, encode_frame_into, DecodeError, Frame, FrameDecoder, Header,
+    DEFAULT_MAX_REQUEST_BYTES, HEADER_LEN, MAGIC, MAX_REPLY_BYTES,
+};
+pub use opcode::Opcode;
+
+/// The wire protocol version reported by HELLO.
+pub const PROTOCOL_VERSION: u32 = 1;

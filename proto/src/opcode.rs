@@ -1,0 +1,143 @@
+//! Opcodes: the one-byte operation selector in every frame header.
+
+use std::fmt;
+
+/// A frame's opcode.
+///
+/// This is a newtype over the raw byte rather than a closed enum because the
+/// protocol must carry opcodes it does not know: an unknown opcode is answered
+/// with an `unknown_opcode` error under the *same* opcode, and later kernels
+/// add opcodes without breaking older clients.
+///
+/// ```
+/// use agentos_proto::Opcode;
+/// assert_eq!(Opcode::from(0xFE), Opcode::HELLO);
+/// assert_eq!(Opcode::HELLO.name(), Some("HELLO"));
+/// assert!(!Opcode::from(0x42).is_known());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Opcode(pub u8);
+
+impl Opcode {
+    /// Echo: the reply carries the request's bytes unchanged.
+    pub const NOOP: Opcode = Opcode(0x00);
+    /// Ask the shared LLM.
+    pub const THINK: Opcode = Opcode(0x01);
+    /// Run code in a pooled sandbox.
+    pub const EXEC: Opcode = Opcode(0x02);
+    /// Start an agent process.
+    pub const SPAWN: Opcode = Opcode(0x10);
+    /// Stop an agent process tree.
+    pub const KILL: Opcode = Opcode(0x11);
+    /// List known agents.
+    pub const LIST: Opcode = Opcode(0x12);
+    /// Background work: dispatch, status, wait, list, cancel.
+    pub const TASK: Opcode = Opcode(0x13);
+    /// Protocol and feature discovery.
+    pub const HELLO: Opcode = Opcode(0xFE);
+    /// Say goodbye and close the connection. Also the opcode of a `bad_magic`
+    /// error reply, since a frame with wrong magic has no trustworthy opcode.
+    pub const EXIT: Opcode = Opcode(0xFF);
+
+    /// Every opcode defined by the protocol, in table order.
+    pub const ALL: [Opcode; 9] = [
+        Opcode::NOOP,
+        Opcode::THINK,
+        Opcode::EXEC,
+        Opcode::SPAWN,
+        Opcode::KILL,
+        Opcode::LIST,
+        Opcode::TASK,
+        Opcode::HELLO,
+        Opcode::EXIT,
+    ];
+
+    /// The protocol name of a known opcode (`"NOOP"`, `"THINK"`, ...).
+    pub fn name(self) -> Option<&'static str> {
+        Some(match self {
+            Opcode::NOOP => "NOOP",
+            Opcode::THINK => "THINK",
+            Opcode::EXEC => "EXEC",
+            Opcode::SPAWN => "SPAWN",
+            Opcode::KILL => "KILL",
+            Opcode::LIST => "LIST",
+            Opcode::TASK => "TASK",
+            Opcode::HELLO => "HELLO",
+            Opcode::EXIT => "EXIT",
+            _ => return None,
+        })
+    }
+
+    /// Whether the protocol defines this opcode.
+    pub fn is_known(self) -> bool {
+        self.name().is_some()
+    }
+
+    /// Looks an opcode up by its protocol name, ignoring ASCII case.
+    pub fn from_name(name: &str) -> Option<Opcode> {
+        Opcode::ALL
+            .into_iter()
+            .find(|op| op.name().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+    }
+}
+
+impl From<u8> for Opcode {
+    fn from(byte: u8) -> Self {
+        Opcode(byte)
+    }
+}
+
+impl From<Opcode> for u8 {
+    fn from(op: Opcode) -> Self {
+        op.0
+    }
+}
+
+impl fmt::Display for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(name) => f.write_str(name),
+            None => write!(f, "0x{:02X}", self.0),
+        }
+    }
+}
+
+impl fmt::Debug for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Opcode({self}=0x{:02X})", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_protocol_opcode_has_its_table_value_and_name() {
+        let table = [
+            (0x00, "NOOP"),
+            (0x01, "THINK"),
+            (0x02, "EXEC"),
+            (0x10, "SPAWN"),
+            (0x11, "KILL"),
+            (0x12, "LIST"),
+            (0x13, "TASK"),
+            (0xFE, "HELLO"),
+            (0xFF, "EXIT"),
+        ];
+        for (byte, name) in table {
+            let op = Opcode::from(byte);
+            assert_eq!(op.name(), Some(name));
+            assert_eq!(Opcode::from_name(name), Some(op));
+            assert_eq!(Opcode::from_name(&name.to_lowercase()), Some(op));
+        }
+        assert_eq!(Opcode::ALL.len(), table.len());
+    }
+
+    #[test]
+    fn unknown_opcodes_display_as_hex() {
+        assert_eq!(Opcode(0x42).to_string(), "0x42");
+        assert!(!Opcode(0x03).is_known());
+        assert_eq!(Opcode::from_name("FLY"), None);
+    }
+}

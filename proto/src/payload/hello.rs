@@ -1,0 +1,109 @@
+//! HELLO (0xFE): protocol and feature discovery.
+
+use serde::{Deserialize, Serialize};
+
+use super::parse_empty_or_object;
+use crate::ErrorReply;
+
+/// A HELLO request: an empty payload or `{}`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloRequest {}
+
+impl HelloRequest {
+    /// Parses a HELLO payload: empty, or a JSON object whose fields are ignored.
+    pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
+        parse_empty_or_object("HELLO", payload)
+    }
+}
+
+/// Which cgroup hierarchy enforces limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CgroupVersion {
+    /// Legacy per-controller hierarchies.
+    #[serde(rename = "v1")]
+    V1,
+    /// The unified hierarchy.
+    #[serde(rename = "v2")]
+    V2,
+}
+
+impl CgroupVersion {
+    /// The protocol word, `"v1"` or `"v2"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        }
+    }
+}
+
+/// What works on this host right now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Features {
+    /// THINK reaches a model.
+    pub think: bool,
+    /// EXEC runs code.
+    pub exec: bool,
+    /// SPAWN starts agents.
+    pub spawn: bool,
+    /// TASK runs background work.
+    #[serde(default)]
+    pub task: bool,
+    /// The cgroup version in use for agent limits, or `null`.
+    pub cgroup: Option<CgroupVersion>,
+}
+
+/// Size limits a client should respect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProtocolLimits {
+    /// Largest request payload accepted.
+    pub max_request_bytes: u64,
+    /// Largest reply payload sent.
+    pub max_reply_bytes: u64,
+    /// Requests a connection may have awaiting replies before the kernel
+    /// stops reading from it.
+    pub max_in_flight: u32,
+}
+
+/// The reply to HELLO.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloReply {
+    /// Always `true`.
+    pub success: bool,
+    /// The wire protocol version, 1.
+    pub protocol_version: u32,
+    /// The kernel's version.
+    pub kernel_version: String,
+    /// The caller's identity as the kernel sees it.
+    pub agent_id: u32,
+    /// What works right now.
+    pub features: Features,
+    /// Limits in force on this connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ProtocolLimits>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_versions_serialise_as_protocol_words() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let json = serde_json::to_string(&version).unwrap();
+            assert_eq!(json, format!("\"{}\"", version.as_str()));
+        }
+        assert_eq!(
+            serde_json::to_string(&Features::default()).unwrap(),
+            r#"{"think":false,"exec":false,"spawn":false,"task":false,"cgroup":null}"#
+        );
+    }
+
+    #[test]
+    fn hello_accepts_empty_or_object_only() {
+        assert!(HelloRequest::parse(b"").is_ok());
+        assert!(HelloRequest::parse(b"{}").is_ok());
+        let err = HelloRequest::parse(b"hello?").unwrap_err();
+        assert!(err.error.contains("HELLO"), "{}", err.error);
+    }
+}

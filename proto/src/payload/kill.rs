@@ -1,0 +1,104 @@
+//! KILL (0x11): stop an agent's process tree.
+
+use serde::{Deserialize, Serialize};
+
+use super::{bad_request, check_range, parse_json, validate_name};
+use crate::ErrorReply;
+
+/// Default time between SIGTERM and SIGKILL.
+pub const DEFAULT_GRACE_MS: u64 = 5000;
+/// Longest grace a KILL may ask for (five minutes).
+pub const MAX_GRACE_MS: u64 = 300_000;
+
+/// Which agent a request is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentRef {
+    /// By the id SPAWN returned.
+    Id(u32),
+    /// By name.
+    Name(String),
+}
+
+/// A KILL request: `{"id": N}` or `{"name": "..."}`, optional `grace_ms`.
+///
+/// ```
+/// use agentos_proto::payload::{AgentRef, KillRequest};
+/// let request = KillRequest::parse(br#"{"name":"w1"}"#).unwrap();
+/// assert_eq!(request.target().unwrap(), AgentRef::Name("w1".into()));
+/// assert_eq!(request.grace_ms(), 5000);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillRequest {
+    /// The agent's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u32>,
+    /// The agent's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Time between SIGTERM and SIGKILL (default 5000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_ms: Option<u64>,
+}
+
+impl KillRequest {
+    /// Parses and validates a KILL payload.
+    pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
+        let request: KillRequest = parse_json("KILL", payload)?;
+        request.target()?;
+        check_range("grace_ms", request.grace_ms, 0, MAX_GRACE_MS)?;
+        Ok(request)
+    }
+
+    /// The agent named by the request.
+    pub fn target(&self) -> Result<AgentRef, ErrorReply> {
+        match (self.id, &self.name) {
+            (Some(id), None) => Ok(AgentRef::Id(id)),
+            (None, Some(name)) => {
+                validate_name("name", name)?;
+                Ok(AgentRef::Name(name.clone()))
+            }
+            (Some(_), Some(_)) => Err(bad_request("KILL takes `id` or `name`, not both")),
+            (None, None) => Err(bad_request("KILL needs an agent `id` or `name`")),
+        }
+    }
+
+    /// The grace period, defaulted.
+    pub fn grace_ms(&self) -> u64 {
+        self.grace_ms.unwrap_or(DEFAULT_GRACE_MS)
+    }
+}
+
+/// The reply to KILL.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillReply {
+    /// Whether the agent was found and is being stopped.
+    pub success: bool,
+    /// Whether a live agent received the signal.
+    pub killed: bool,
+    /// The agent's id.
+    pub id: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_or_name_exactly_one() {
+        assert!(KillRequest::parse(br#"{}"#).is_err());
+        assert!(KillRequest::parse(br#"{"id":1,"name":"a"}"#).is_err());
+        assert_eq!(
+            KillRequest::parse(br#"{"id":7,"grace_ms":0}"#)
+                .unwrap()
+                .target()
+                .unwrap(),
+            AgentRef::Id(7)
+        );
+    }
+
+    #[test]
+    fn grace_is_bounded() {
+        let err = KillRequest::parse(br#"{"id":1,"grace_ms":999999999}"#).unwrap_err();
+        assert!(err.error.contains("grace_ms"), "{}", err.error);
+    }
+}

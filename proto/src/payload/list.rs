@@ -1,0 +1,150 @@
+//! LIST (0x12): every known agent, live or recently ended.
+
+use serde::{Deserialize, Serialize};
+
+use super::{parse_empty_or_object, Isolation, Limits};
+use crate::ErrorReply;
+
+/// A LIST request: an empty payload (or `{}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListRequest {}
+
+impl ListRequest {
+    /// Parses a LIST payload: empty, or a JSON object whose fields are ignored.
+    pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
+        parse_empty_or_object("LIST", payload)
+    }
+}
+
+/// An agent's lifecycle state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    /// Being set up; the workload has not been exec'd yet.
+    Starting,
+    /// The workload is running.
+    Running,
+    /// It ended by itself.
+    Exited,
+    /// KILL stopped it.
+    Killed,
+    /// The memory cgroup killed it.
+    OomKilled,
+    /// It could not start, or exhausted its restarts.
+    Failed,
+    /// Waiting out the backoff before a restart.
+    Restarting,
+}
+
+impl AgentState {
+    /// The protocol word, e.g. `"oom_killed"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Starting => "starting",
+            AgentState::Running => "running",
+            AgentState::Exited => "exited",
+            AgentState::Killed => "killed",
+            AgentState::OomKilled => "oom_killed",
+            AgentState::Failed => "failed",
+            AgentState::Restarting => "restarting",
+        }
+    }
+}
+
+/// Memory figures read from the agent's cgroup, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStats {
+    /// Usage now.
+    pub current: u64,
+    /// Highest usage seen.
+    pub peak: u64,
+}
+
+/// CPU figures read from the agent's cgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuStats {
+    /// CPU time used, in microseconds.
+    pub usage_usec: u64,
+    /// Periods in which the quota stopped it.
+    pub nr_throttled: u64,
+    /// Time spent stopped by the quota, in microseconds.
+    pub throttled_usec: u64,
+}
+
+/// The agent's use of THINK.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LlmStats {
+    /// THINK calls answered.
+    pub calls: u64,
+    /// Tokens charged.
+    pub tokens: u64,
+}
+
+/// One entry of the LIST reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// The id SPAWN returned.
+    pub id: u32,
+    /// The agent's name.
+    pub name: String,
+    /// Host pid of its top process, while it has one.
+    pub pid: Option<u32>,
+    /// Lifecycle state.
+    pub state: AgentState,
+    /// Repeats `state`.
+    pub status: AgentState,
+    /// `state == running`.
+    pub running: bool,
+    /// Exit status, once it exited.
+    pub exit_code: Option<i32>,
+    /// Terminating signal, if one ended it.
+    pub signal: Option<i32>,
+    /// Whether the memory cgroup killed it.
+    pub oom_killed: bool,
+    /// Restarts so far.
+    pub restarts: u32,
+    /// RFC 3339 UTC time of the current run's start.
+    pub started_at: String,
+    /// Milliseconds since `started_at` (to the end, once ended).
+    pub uptime_ms: u64,
+    /// Limits in force.
+    pub limits: Limits,
+    /// Memory figures.
+    pub memory: MemoryStats,
+    /// CPU figures.
+    pub cpu: CpuStats,
+    /// LLM use.
+    pub llm: LlmStats,
+    /// Isolation in force.
+    pub isolation: Isolation,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_or_object_payloads_are_accepted() {
+        assert!(ListRequest::parse(b"").is_ok());
+        assert!(ListRequest::parse(b"{}").is_ok());
+        assert!(ListRequest::parse(br#"{"filter":"x"}"#).is_ok());
+        assert!(ListRequest::parse(b"[1]").is_err());
+    }
+
+    #[test]
+    fn states_use_protocol_words() {
+        let all = [
+            AgentState::Starting,
+            AgentState::Running,
+            AgentState::Exited,
+            AgentState::Killed,
+            AgentState::OomKilled,
+            AgentState::Failed,
+            AgentState::Restarting,
+        ];
+        for state in all {
+            let json = serde_json::to_string(&state).unwrap();
+            assert_eq!(json, format!("\"{}\"", state.as_str()));
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! SPAWN (0x10): start an agent process.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{bad_request, check_range, parse_json, validate_name, AgentState, CgroupVersion};
+use crate::ErrorReply;
+
+/// Resource limits of an agent's cgroup. Absent fields take the kernel's
+/// defaults.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Hard memory limit in bytes, swap excluded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<u64>,
+    /// CPU time allowed per period, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota: Option<u64>,
+    /// The CPU accounting period, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_period: Option<u64>,
+    /// Maximum number of processes and threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pids: Option<u64>,
+}
+
+impl Limits {
+    /// Smallest memory limit: below this not even an interpreter starts.
+    pub const MIN_MEMORY: u64 = 1 << 20;
+    /// Largest memory limit (1 TiB).
+    pub const MAX_MEMORY: u64 = 1 << 40;
+    /// CPU period bounds the Linux scheduler accepts (1 ms to 1 s).
+    pub const CPU_PERIOD_RANGE: (u64, u64) = (1_000, 1_000_000);
+    /// CPU quota bounds: at least 1 ms, at most 1024 CPUs' worth of the longest period.
+    pub const CPU_QUOTA_RANGE: (u64, u64) = (1_000, 1_024_000_000);
+    /// Process-count bounds (Linux's `PID_MAX_LIMIT`).
+    pub const MAX_PIDS_RANGE: (u64, u64) = (1, 4_194_304);
+
+    /// Checks every limit against its allowed range.
+    pub fn validate(&self) -> Result<(), ErrorReply> {
+        check_range(
+            "limits.memory",
+            self.memory,
+            Self::MIN_MEMORY,
+            Self::MAX_MEMORY,
+        )?;
+        let (lo, hi) = Self::CPU_PERIOD_RANGE;
+        check_range("limits.cpu_period", self.cpu_period, lo, hi)?;
+        let (lo, hi) = Self::CPU_QUOTA_RANGE;
+        check_range("limits.cpu_quota", self.cpu_quota, lo, hi)?;
+        let (lo, hi) = Self::MAX_PIDS_RANGE;
+        check_range("limits.max_pids", self.max_pids, lo, hi)
+    }
+}
+
+/// When the kernel restarts an agent that ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// Never restart (the default).
+    #[default]
+    Never,
+    /// Restart after a non-zero exit, a signal or an OOM kill.
+    OnFailure,
+    /// Restart whenever it ends, unless it was KILLed.
+    Always,
+}
+
+/// What an agent may ask of the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Permissions {
+    /// May use THINK.
+    #[serde(default = "yes")]
+    pub think: bool,
+    /// May use EXEC.
+    #[serde(default = "yes")]
+    pub exec: bool,
+    /// May SPAWN agents of its own.
+    #[serde(default)]
+    pub spawn: bool,
+    /// LLM token quota; 0 means unlimited.
+    #[serde(default)]
+    pub llm_tokens: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_max_restarts() -> u32 {
+    5
+}
+
+fn default_restart_window() -> u64 {
+    300
+}
+
+impl Default for Permissions {
+    fn default() -> Self {
+        Permissions {
+            think: true,
+            exec: true,
+            spawn: false,
+            llm_tokens: 0,
+        }
+    }
+}
+
+/// A SPAWN request.
+///
+/// ```
+/// use agentos_proto::payload::SpawnRequest;
+/// let request = SpawnRequest::parse(br#"{"name":"w1","script":"/srv/agent.py"}"#).unwrap();
+/// assert!(request.sandboxed);
+/// assert!(!request.network);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// Unique among live agents, `[A-Za-z0-9_.-]{1,64}`.
+    pub name: String,
+    /// A Python script to run with `python`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// The interpreter for `script`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    /// An argv to run instead of a script.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// Extra arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Namespaces and cgroup (default true).
+    #[serde(default = "yes")]
+    pub sandboxed: bool,
+    /// `false`: a private network namespace with only loopback.
+    #[serde(default)]
+    pub network: bool,
+    /// cgroup limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// When to restart.
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// Restarts allowed within `restart_window`.
+    #[serde(default = "default_max_restarts")]
+    pub max_restarts: u32,
+    /// The restart-counting window, in seconds.
+    #[serde(default = "default_restart_window")]
+    pub restart_window: u64,
+    /// What the agent may ask of the kernel.
+    #[serde(default)]
+    pub permissions: Permissions,
+}
+
+impl SpawnRequest {
+    /// Parses and validates a SPAWN payload.
+    pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
+        let request: SpawnRequest = parse_json("SPAWN", payload)?;
+        request.validate()?;
+        Ok(request)
+    }
+
+    /// Checks the protocol's rules for a SPAWN request.
+    pub fn validate(&self) -> Result<(), ErrorReply> {
+        validate_name("name", &self.name)?;
+        match (&self.script, &self.command) {
+            (Some(_), Some(_)) => {
+                return Err(bad_request(
+                    "SPAWN takes either `script` or `command`, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(bad_request(
+                    "SPAWN needs a `script` path or a `command` argv",
+                ))
+            }
+            (Some(script), None) if script.is_empty() => {
+                return Err(bad_request("SPAWN field `script` is empty"))
+            }
+            (None, Some(argv)) if argv.first().is_none_or(|prog| prog.is_empty()) => {
+                return Err(bad_request(
+                    "SPAWN field `command` must be a non-empty argv whose first element is the program",
+                ))
+            }
+            _ => {}
+        }
+        if let Some(key) = self
+            .env
+            .keys()
+            .find(|k| k.is_empty() || k.contains(['=', '\0']))
+        {
+            return Err(bad_request(format!(
+                "SPAWN field `env`: {key:?} is not a valid variable name"
+            )));
+        }
+        let nul = |s: &String| s.contains('\0');
+        if self.args.iter().any(nul)
+            || self.command.iter().flatten().any(nul)
+            || self.env.values().any(nul)
+        {
+            return Err(bad_request(
+                "SPAWN `command`, `args` and `env` values must not contain NUL bytes",
+            ));
+        }
+        self.limits.validate()?;
+        check_range("max_restarts", Some(u64::from(self.max_restarts)), 0, 1000)?;
+        check_range("restart_window", Some(self.restart_window), 1, 86_400)
+    }
+}
+
+/// Which isolation is in force for an agent.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Isolation {
+    /// Whether the agent runs in a sandbox at all.
+    pub sandboxed: bool,
+    /// The namespaces it has of its own (`pid`, `net`, `mnt`, `uts`, `ipc`, `user`).
+    pub namespaces: Vec<String>,
+    /// The cgroup version enforcing its limits, or `null` for none.
+    pub cgroup: Option<CgroupVersion>,
+    /// What was asked for but could not be applied, if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_reason: Option<String>,
+}
+
+/// The reply to SPAWN.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnReply {
+    /// Always `true`; failures are [`ErrorReply`]s.
+    pub success: bool,
+    /// The agent's id, stable across restarts.
+    pub id: u32,
+    /// The agent's name.
+    pub name: String,
+    /// The host pid of the agent's top process.
+    pub pid: u32,
+    /// Its state right after the spawn.
+    pub status: AgentState,
+    /// What isolation is in force.
+    pub isolation: Isolation,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_protocol() {
+        let request = SpawnRequest::parse(br#"{"name":"w","command":["/bin/true"]}"#).unwrap();
+        assert!(request.sandboxed);
+        assert!(!request.network);
+        assert_eq!(request.restart_policy, RestartPolicy::Never);
+        assert_eq!(request.max_restarts, 5);
+        assert_eq!(request.restart_window, 300);
+        assert_eq!(request.permissions, Permissions::default());
+    }
+
+    #[test]
+    fn restart_policy_uses_kebab_case() {
+        let request = SpawnRequest::parse(
+            br#"{"name":"w","command":["/bin/true"],"restart_policy":"on-failure"}"#,
+        )
+        .unwrap();
+        assert_eq!(request.restart_policy, RestartPolicy::OnFailure);
+    }
+
+    #[test]
+    fn absurd_limits_are_refused_with_the_allowed_range() {
+        let err =
+            SpawnRequest::parse(br#"{"name":"w","command":["/bin/true"],"limits":{"max_pids":0}}"#)
+                .unwrap_err();
+        assert_eq!(err.code, crate::ErrorCode::LimitExceeded);
+        assert!(err.error.contains("1..=4194304"), "{}", err.error);
+        let err =
+            SpawnRequest::parse(br#"{"name":"w","command":["/bin/true"],"limits":{"memory":-1}}"#)
+                .unwrap_err();
+        assert!(err.error.contains("limits.memory"), "{}", err.error);
+    }
+
+    #[test]
+    fn script_or_command_is_required_and_exclusive() {
+        assert!(SpawnRequest::parse(br#"{"name":"w"}"#).is_err());
+        assert!(SpawnRequest::parse(br#"{"name":"w","script":"a.py","command":["x"]}"#).is_err());
+        assert!(SpawnRequest::parse(br#"{"name":"w","command":[]}"#).is_err());
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        assert!(
+            SpawnRequest::parse(br#"{"name":"w","command":["/bin/true"],"colour":"blue"}"#).is_ok()
+        );
+    }
+}
