@@ -4,6 +4,9 @@
 
 use std::io;
 
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+
 use crate::config::Config;
 use crate::reactor::Reactor;
 use crate::socket::{KernelSocket, SocketError};
@@ -26,6 +29,9 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         Ok(limit) => log::debug!("file descriptor limit: {limit}"),
         Err(err) => log::warn!("cannot raise the file descriptor limit: {err}"),
     }
+    // Catch the shutdown signals before the socket exists: once a client
+    // can connect, SIGTERM must mean a clean shutdown, never sudden death.
+    let signals = Signals::new([SIGTERM, SIGINT]).map_err(DaemonError::Reactor)?;
     // Bind before any thread exists: binding briefly changes the umask.
     let path = config.socket_path();
     let socket = KernelSocket::bind(&path, config.socket_group.as_deref())?;
@@ -43,7 +49,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
             config.debug.defer_delay_ms
         );
     }
-    Reactor::new(config, socket)?.run()?;
+    Reactor::new(config, socket, signals)?.run()?;
     log::info!("agentosd stopped");
     Ok(())
 }

@@ -144,7 +144,20 @@ impl Client {
             self.agent_id.unwrap_or(0),
             payload,
         );
-        self.stream.write_all(&self.scratch)?;
+        if let Err(err) = self.stream.write_all(&self.scratch) {
+            // The kernel may have refused this connection (not an operator,
+            // too many connections) and closed it before we wrote: its
+            // reason is then waiting to be read, and says more than EPIPE.
+            if matches!(
+                err.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) {
+                if let Some(refusal) = self.recv().ok().and_then(|r| error_reply(&r.payload)) {
+                    return Err(ClientError::Remote(refusal));
+                }
+            }
+            return Err(err.into());
+        }
         Ok(())
     }
 
@@ -183,10 +196,10 @@ impl Client {
         payload: &[u8],
     ) -> Result<T, ClientError> {
         let reply = self.call(opcode, payload)?;
-        let value: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-        if value.get("success") == Some(&serde_json::Value::Bool(false)) {
-            return Err(ClientError::Remote(serde_json::from_value(value)?));
+        if let Some(err) = error_reply(&reply.payload) {
+            return Err(ClientError::Remote(err));
         }
+        let value: serde_json::Value = serde_json::from_slice(&reply.payload)?;
         if reply.opcode != opcode {
             return Err(ClientError::UnexpectedOpcode {
                 expected: opcode,
@@ -223,4 +236,13 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// The payload as an error reply, if it is one (`"success": false`).
+fn error_reply(payload: &[u8]) -> Option<ErrorReply> {
+    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    if value.get("success")? != &serde_json::Value::Bool(false) {
+        return None;
+    }
+    serde_json::from_value(value).ok()
 }

@@ -20,7 +20,7 @@ use agentos_proto::{encode_frame, ErrorCode, ErrorReply, Opcode};
 use mio::event::Event;
 use mio::net::UnixStream;
 use mio::{Events, Interest, Poll, Token, Waker};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::SIGINT;
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
@@ -89,10 +89,14 @@ pub struct Reactor {
 }
 
 impl Reactor {
-    /// Builds the reactor around a bound socket and starts the workers.
-    /// Call after binding: binding changes the process umask, which must
-    /// happen before any thread exists.
-    pub fn new(config: Config, mut socket: KernelSocket) -> io::Result<Reactor> {
+    /// Builds the reactor around a bound socket and the shutdown signals,
+    /// and starts the workers. Call after binding: binding changes the
+    /// process umask, which must happen before any thread exists.
+    pub fn new(
+        config: Config,
+        mut socket: KernelSocket,
+        mut signals: Signals,
+    ) -> io::Result<Reactor> {
         let poll = Poll::new()?;
         if let Some(listener) = socket.listener() {
             poll.registry()
@@ -100,7 +104,6 @@ impl Reactor {
         }
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let workers = WorkerPool::start(config.workers, waker)?;
-        let mut signals = Signals::new([SIGTERM, SIGINT])?;
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         let authority = Authority::new(nix::unistd::geteuid().as_raw(), socket.gid());

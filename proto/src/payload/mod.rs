@@ -20,8 +20,8 @@ pub use kill::{AgentRef, KillReply, KillRequest, DEFAULT_GRACE_MS};
 pub use list::{AgentInfo, AgentState, CpuStats, ListRequest, LlmStats, MemoryStats};
 pub use spawn::{Isolation, Limits, Permissions, RestartPolicy, SpawnReply, SpawnRequest};
 pub use task::{
-    TaskCancelReply, TaskDispatchReply, TaskInfo, TaskKind, TaskListReply, TaskReply, TaskRequest,
-    TaskState,
+    TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind, TaskListReply, TaskRef,
+    TaskReply, TaskRequest, TaskState, TaskWait,
 };
 pub use think::{ChatMessage, ThinkReply, ThinkRequest, Usage};
 

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_range, parse_json, ExecRequest, ThinkRequest};
+use super::{bad_request, check_range, from_value, parse_json, ExecRequest, ThinkRequest};
 use crate::ErrorReply;
 
 /// Longest a `wait` may block (ten minutes).
@@ -36,6 +36,32 @@ pub enum TaskState {
     TimedOut,
 }
 
+/// `dispatch`: start work in the background.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskDispatch {
+    /// EXEC or THINK.
+    pub kind: TaskKind,
+    /// The EXEC or THINK payload, as JSON (a THINK prompt may be a string).
+    pub request: serde_json::Value,
+}
+
+/// `status` and `cancel`: names a task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRef {
+    /// The task's id.
+    pub task_id: String,
+}
+
+/// `wait`: block until the task ends or `timeout_ms` passes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskWait {
+    /// The task's id.
+    pub task_id: String,
+    /// How long to wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
 /// A TASK request, selected by `op`.
 ///
 /// ```
@@ -43,69 +69,77 @@ pub enum TaskState {
 /// let request = TaskRequest::parse(
 ///     br#"{"op":"dispatch","kind":"exec","request":{"code":"print(1)"}}"#,
 /// ).unwrap();
-/// assert!(matches!(request, TaskRequest::Dispatch { kind: TaskKind::Exec, .. }));
+/// assert!(matches!(request, TaskRequest::Dispatch(d) if d.kind == TaskKind::Exec));
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum TaskRequest {
     /// Start work in the background.
-    Dispatch {
-        /// EXEC or THINK.
-        kind: TaskKind,
-        /// The EXEC or THINK payload, as JSON.
-        request: serde_json::Value,
-    },
+    Dispatch(TaskDispatch),
     /// Look a task up.
-    Status {
-        /// The task's id.
-        task_id: String,
-    },
-    /// Block until the task ends or `timeout_ms` passes.
-    Wait {
-        /// The task's id.
-        task_id: String,
-        /// How long to wait.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        timeout_ms: Option<u64>,
-    },
+    Status(TaskRef),
+    /// Block until the task ends or the timeout passes.
+    Wait(TaskWait),
     /// The caller's tasks.
     List,
     /// Stop a task.
-    Cancel {
-        /// The task's id.
-        task_id: String,
-    },
+    Cancel(TaskRef),
 }
 
 impl TaskRequest {
     /// Parses and validates a TASK payload, including the embedded EXEC or
     /// THINK request of a dispatch.
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
-        let request: TaskRequest = parse_json("TASK", payload)?;
+        // Selected by hand rather than through serde's tagged-enum support,
+        // which buffers the fields and so loses the name of a field at fault.
+        let value: serde_json::Value = parse_json("TASK", payload)?;
+        if !value.is_object() {
+            return Err(bad_request("TASK payload must be a JSON object"));
+        }
+        let request = match value.get("op").and_then(serde_json::Value::as_str) {
+            Some("dispatch") => TaskRequest::Dispatch(from_value("TASK", value)?),
+            Some("status") => TaskRequest::Status(from_value("TASK", value)?),
+            Some("wait") => TaskRequest::Wait(from_value("TASK", value)?),
+            Some("list") => TaskRequest::List,
+            Some("cancel") => TaskRequest::Cancel(from_value("TASK", value)?),
+            Some(other) => {
+                return Err(bad_request(format!(
+                    "TASK field `op`: unknown operation {other:?}; expected one of \
+                     dispatch, status, wait, list, cancel"
+                )))
+            }
+            None => {
+                return Err(bad_request(
+                    "TASK needs `op`: one of dispatch, status, wait, list, cancel",
+                ))
+            }
+        };
         match &request {
-            TaskRequest::Dispatch { kind, request } => {
-                let embedded = match request {
-                    serde_json::Value::String(prompt) if *kind == TaskKind::Think => {
-                        prompt.clone().into_bytes()
-                    }
-                    other => serde_json::to_vec(other).unwrap_or_default(),
-                };
-                let prefix = |mut err: ErrorReply| {
-                    err.error = format!("TASK field `request`: {}", err.error);
-                    err
-                };
-                match kind {
-                    TaskKind::Exec => ExecRequest::parse(&embedded).map(drop),
-                    TaskKind::Think => ThinkRequest::parse(&embedded).map(drop),
-                }
-                .map_err(prefix)?;
-            }
-            TaskRequest::Wait { timeout_ms, .. } => {
-                check_range("timeout_ms", *timeout_ms, 0, MAX_WAIT_MS)?;
-            }
-            TaskRequest::Status { .. } | TaskRequest::List | TaskRequest::Cancel { .. } => {}
+            TaskRequest::Dispatch(dispatch) => dispatch.validate()?,
+            TaskRequest::Wait(wait) => check_range("timeout_ms", wait.timeout_ms, 0, MAX_WAIT_MS)?,
+            TaskRequest::Status(_) | TaskRequest::List | TaskRequest::Cancel(_) => {}
         }
         Ok(request)
+    }
+}
+
+impl TaskDispatch {
+    /// Checks the embedded request as EXEC or THINK would.
+    pub fn validate(&self) -> Result<(), ErrorReply> {
+        let embedded = match &self.request {
+            serde_json::Value::String(prompt) if self.kind == TaskKind::Think => {
+                prompt.clone().into_bytes()
+            }
+            other => serde_json::to_vec(other).unwrap_or_default(),
+        };
+        match self.kind {
+            TaskKind::Exec => ExecRequest::parse(&embedded).map(drop),
+            TaskKind::Think => ThinkRequest::parse(&embedded).map(drop),
+        }
+        .map_err(|mut err| {
+            err.error = format!("TASK field `request`: {}", err.error);
+            err
+        })
     }
 }
 

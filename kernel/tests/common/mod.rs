@@ -1,0 +1,252 @@
+//! Test harness: a real `agentosd` on a temporary socket, and raw-socket
+//! helpers for speaking the protocol byte by byte.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use agentos_proto::{encode_frame, Client, Header, Opcode, HEADER_LEN};
+
+pub const AGENTOSD: &str = env!("CARGO_BIN_EXE_agentosd");
+pub const AGENTOS: &str = env!("CARGO_BIN_EXE_agentos");
+
+/// A running daemon, killed on drop if still alive.
+pub struct Daemon {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// A daemon with default settings.
+    pub fn start() -> Daemon {
+        Daemon::start_with("")
+    }
+
+    /// A daemon with this TOML config.
+    pub fn start_with(config: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("agentos.sock");
+        let daemon = Daemon::spawn_at(dir, socket, config);
+        daemon.wait_ready();
+        daemon
+    }
+
+    /// Spawns a daemon without waiting for it (for tests of start-up failures).
+    pub fn spawn_at(dir: tempfile::TempDir, socket: PathBuf, config: &str) -> Daemon {
+        let config_path = dir.path().join(format!("agentosd-{}.toml", unique()));
+        fs::write(&config_path, config).unwrap();
+        let log = dir.path().join(format!("agentosd-{}.log", unique()));
+        let child = Command::new(AGENTOSD)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--config")
+            .arg(&config_path)
+            .env_remove("AGENTOS_SOCKET")
+            .env_remove("RUST_LOG")
+            .env("AGENTOS_LOG_LEVEL", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon {
+            child: Some(child),
+            dir,
+            socket,
+            log,
+        }
+    }
+
+    /// Waits until the kernel answers, with a full EXIT handshake: once we
+    /// see EOF the kernel has closed its side, so no probe connection lingers
+    /// in its descriptor table when a test starts counting.
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(mut probe) = UnixStream::connect(&self.socket) {
+                send(&mut probe, Opcode::EXIT, b"");
+                assert_eq!(recv(&mut probe).1, b"goodbye");
+                assert_closed(&mut probe);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("agentosd did not come up; log:\n{}", self.log());
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn client(&self) -> Client {
+        let client = Client::connect(&self.socket).unwrap();
+        client.set_timeout(Some(Duration::from_secs(10))).unwrap();
+        client
+    }
+
+    pub fn raw(&self) -> UnixStream {
+        let stream = UnixStream::connect(&self.socket).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+    }
+
+    /// Resident memory in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        proc_status_field(self.pid(), "VmRSS:")
+    }
+
+    /// Open file descriptors.
+    pub fn fd_count(&self) -> usize {
+        fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .unwrap()
+            .count()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.pid(), signal);
+        }
+    }
+
+    /// Waits for the daemon to exit by itself.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agentosd did not exit; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn stop(mut self) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.wait(Duration::from_secs(10))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+pub fn proc_status_field(pid: i32, field: &str) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Writes one request frame.
+pub fn send(stream: &mut UnixStream, opcode: Opcode, payload: &[u8]) {
+    stream.write_all(&encode_frame(opcode, 0, payload)).unwrap();
+}
+
+/// Reads one reply frame.
+pub fn recv(stream: &mut UnixStream) -> (Header, Vec<u8>) {
+    let mut header = [0u8; HEADER_LEN];
+    stream.read_exact(&mut header).unwrap();
+    let header = Header::decode(&header).unwrap();
+    let mut payload = vec![0u8; header.payload_len as usize];
+    stream.read_exact(&mut payload).unwrap();
+    (header, payload)
+}
+
+/// Reads one reply frame and parses its JSON payload.
+pub fn recv_json(stream: &mut UnixStream) -> (Header, serde_json::Value) {
+    let (header, payload) = recv(stream);
+    let value = serde_json::from_slice(&payload).unwrap_or_else(|e| {
+        panic!(
+            "reply is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&payload)
+        )
+    });
+    (header, value)
+}
+
+/// Sends a request and reads its JSON reply.
+pub fn call_json(stream: &mut UnixStream, opcode: Opcode, payload: &[u8]) -> serde_json::Value {
+    send(stream, opcode, payload);
+    let (header, value) = recv_json(stream);
+    assert_eq!(header.opcode, opcode, "reply opcode");
+    value
+}
+
+/// Asserts the peer closed the connection (EOF, or a reset after the last reply).
+pub fn assert_closed(stream: &mut UnixStream) {
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("expected the kernel to close the connection, got {other:?}"),
+    }
+}
+
+/// Asserts a connection is still served, with a NOOP.
+pub fn assert_usable(stream: &mut UnixStream) {
+    send(stream, Opcode::NOOP, b"still there?");
+    let (header, payload) = recv(stream);
+    assert_eq!(header.opcode, Opcode::NOOP);
+    assert_eq!(payload, b"still there?");
+}
+
+/// Whether the tests run as root (some behaviours can only be shown then).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Raises this process's open-files limit to its hard limit.
+pub fn raise_fd_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointer to a rlimit struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+    limit.rlim_cur
+}
