@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""A first session with the AgentOS kernel, through the Python SDK.
+
+Run it against a running agentosd (``scripts/run`` starts one and runs this):
+
+    AGENTOS_SOCKET=/path/to/agentos.sock python examples/quickstart.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from agentos import AgentOSClient, AgentOSConnectionError, AgentOSError, Opcode
+
+
+def main() -> int:
+    with AgentOSClient() as client:
+        hello = client.hello()
+        features = hello["features"]
+        print(f"connected to AgentOS kernel {hello['kernel_version']} at {client.socket_path}")
+        print(f"  protocol {hello['protocol_version']}, you are id {hello['agent_id']}")
+        available = [name for name in ("think", "exec", "spawn", "task") if features.get(name)]
+        print(f"  features available: {', '.join(available) or 'protocol core only'}")
+
+        print(f"echo: {client.echo('Hello!')!r}")
+
+        samples = []
+        for _ in range(2000):
+            start = time.perf_counter()
+            client.noop(b"ping")
+            samples.append(time.perf_counter() - start)
+        samples.sort()
+        print(
+            f"2000 NOOP round trips from Python: p50 {samples[1000] * 1e6:.1f} µs, "
+            f"p99 {samples[1980] * 1e6:.1f} µs"
+        )
+
+        for i in range(100):
+            client.send(Opcode.NOOP, f"pipelined-{i}")
+        in_order = all(client.recv().payload == f"pipelined-{i}".encode() for i in range(100))
+        print(f"100 pipelined NOOPs answered in order: {in_order}")
+
+        print(f"agents: {client.list_agents()}")
+
+        try:
+            client.call_json(Opcode.SPAWN, {"name": "worker1", "command": ["/bin/true"]})
+        except AgentOSError as err:
+            print(f"SPAWN: {err.code} — {err.message}")
+
+        try:
+            client.call_json(Opcode.SPAWN, {"name": "../etc"})
+        except AgentOSError as err:
+            print(f"a bad request is refused: {err.code} — {err.message}")
+
+        client.exit()
+        print("said goodbye")
+        return 0 if in_order else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except AgentOSConnectionError as err:
+        print(f"quickstart: {err.message}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,290 @@
+"""A blocking client for the AgentOS kernel socket."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from types import TracebackType
+from typing import Any, NamedTuple, Optional, Type, Union
+
+from .errors import AgentOSConnectionError, AgentOSError, ProtocolError
+from .paths import PathLike, resolve_socket_path
+from .protocol import HEADER_LEN, MAX_REPLY_BYTES, Opcode, decode_header, encode_frame
+
+Payload = Union[bytes, bytearray, memoryview, str, dict, list, None]
+
+
+class Reply(NamedTuple):
+    """One reply frame: the caller's identity, the opcode answered, the payload."""
+
+    agent_id: int
+    opcode: int
+    payload: bytes
+
+
+class AgentOSClient:
+    """A connection to ``agentosd``.
+
+    The socket path is resolved like every AgentOS client does (explicit
+    argument, ``$AGENTOS_SOCKET``, the system socket as root, then the
+    per-user runtime directory). The client connects on first use or on
+    :meth:`connect`; use it as a context manager to close it reliably::
+
+        with AgentOSClient() as client:
+            client.echo("Hello!")
+
+    Replies on one connection come back in request order. The client is safe
+    to share between threads: each call holds the connection for its whole
+    request/reply exchange.
+    """
+
+    def __init__(
+        self, socket_path: Optional[PathLike] = None, timeout: Optional[float] = 30.0
+    ) -> None:
+        """``timeout`` bounds each blocking socket operation, in seconds
+        (``None`` waits forever)."""
+        self.socket_path: str = resolve_socket_path(socket_path)
+        self.timeout = timeout
+        self._sock: Optional[socket.socket] = None
+        self._lock = threading.RLock()
+        self._agent_id: Optional[int] = None
+
+    # -- connection -------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open."""
+        return self._sock is not None
+
+    @property
+    def agent_id(self) -> Optional[int]:
+        """The identity the kernel gave this connection (after a reply)."""
+        return self._agent_id
+
+    def connect(self) -> "AgentOSClient":
+        """Opens the connection (a no-op if already open). Returns ``self``."""
+        with self._lock:
+            if self._sock is not None:
+                return self
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.socket_path)
+            except OSError as err:
+                sock.close()
+                raise AgentOSConnectionError(
+                    f"cannot connect to the AgentOS kernel at {self.socket_path}: "
+                    f"{err.strerror or err}. Is agentosd running? Start it with "
+                    f"`sudo agentosd` (system socket) or "
+                    f"`agentosd --socket {self.socket_path}`, or set AGENTOS_SOCKET "
+                    f"to a running kernel's socket"
+                ) from err
+            self._sock = sock
+            return self
+
+    def disconnect(self) -> None:
+        """Closes the connection (a no-op if not open)."""
+        with self._lock:
+            if self._sock is not None:
+                try:
+                    self._sock.close()
+                finally:
+                    self._sock = None
+
+    close = disconnect
+
+    def __enter__(self) -> "AgentOSClient":
+        return self.connect()
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.disconnect()
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connected else "not connected"
+        return f"AgentOSClient({self.socket_path!r}, {state})"
+
+    # -- frames -----------------------------------------------------------
+
+    def send(self, opcode: int, payload: Payload = b"") -> None:
+        """Sends one request without waiting for its reply (pipelining);
+        collect replies, in order, with :meth:`recv`."""
+        with self._lock:
+            sock = self._socket()
+            frame = encode_frame(int(opcode), _to_bytes(payload), self._agent_id or 0)
+            try:
+                sock.sendall(frame)
+            except (BrokenPipeError, ConnectionResetError) as err:
+                # The kernel may have refused this connection and closed it
+                # before we wrote; its reason is then waiting to be read.
+                refusal = self._read_refusal()
+                self.disconnect()
+                if refusal is not None:
+                    raise refusal from err
+                raise AgentOSConnectionError(
+                    f"the kernel at {self.socket_path} closed the connection"
+                ) from err
+            except socket.timeout as err:
+                self.disconnect()
+                raise AgentOSError(
+                    f"timed out sending to the kernel after {self.timeout}s", "timeout"
+                ) from err
+            except OSError as err:
+                self.disconnect()
+                raise AgentOSConnectionError(f"cannot send to the kernel: {err}") from err
+
+    def recv(self) -> Reply:
+        """Receives the next reply."""
+        with self._lock:
+            sock = self._socket()
+            try:
+                header = decode_header(self._read_exact(sock, HEADER_LEN))
+            except ValueError as err:
+                self.disconnect()
+                raise ProtocolError(f"malformed reply from the kernel: {err}") from err
+            if header.payload_len > MAX_REPLY_BYTES:
+                self.disconnect()
+                raise ProtocolError(
+                    f"reply of {header.payload_len} bytes exceeds the protocol's "
+                    f"limit of {MAX_REPLY_BYTES}"
+                )
+            payload = self._read_exact(sock, header.payload_len)
+            self._agent_id = header.agent_id
+            return Reply(header.agent_id, header.opcode, payload)
+
+    def call(self, opcode: int, payload: Payload = b"") -> tuple[int, int, bytes]:
+        """Sends a request and returns its reply as ``(agent_id, opcode, payload)``.
+
+        ``payload`` may be bytes, a str (sent as UTF-8) or a dict/list (sent
+        as JSON). The raw reply payload is returned; see :meth:`call_json`
+        for JSON replies with errors raised.
+        """
+        with self._lock:
+            self.send(opcode, payload)
+            return tuple(self.recv())  # type: ignore[return-value]
+
+    def call_json(self, opcode: int, payload: Payload = b"") -> Any:
+        """Sends a request and returns its JSON reply, decoded.
+
+        Raises :class:`AgentOSError` (with ``.code``) when the kernel answers
+        ``"success": false``.
+        """
+        _, reply_opcode, data = self.call(opcode, payload)
+        try:
+            value = json.loads(data)
+        except ValueError as err:
+            raise ProtocolError(
+                f"{_opcode_name(opcode)} reply is not JSON: {data[:200]!r}"
+            ) from err
+        _raise_if_failed(value)
+        if reply_opcode != opcode:
+            raise ProtocolError(f"reply opcode 0x{reply_opcode:02X} answers 0x{opcode:02X}")
+        return value
+
+    # -- syscalls ---------------------------------------------------------
+
+    def noop(self, data: bytes = b"") -> bytes:
+        """NOOP: the kernel echoes ``data``."""
+        return self.call(Opcode.NOOP, bytes(data))[2]
+
+    def echo(self, text: str) -> str:
+        """NOOP with text: returns the same text, as echoed by the kernel."""
+        return self.noop(text.encode("utf-8")).decode("utf-8")
+
+    def hello(self) -> dict:
+        """HELLO: protocol version, kernel version, your id and the features
+        this kernel provides right now."""
+        return self.call_json(Opcode.HELLO)
+
+    def list_agents(self) -> list:
+        """LIST: one dict per known agent (live, and recently ended)."""
+        return self.call_json(Opcode.LIST)
+
+    def exit(self) -> None:
+        """EXIT: the kernel says goodbye and closes; so does the client."""
+        with self._lock:
+            try:
+                _, _, data = self.call(Opcode.EXIT)
+                if data != b"goodbye":
+                    raise ProtocolError(f"EXIT answered {data[:100]!r}, not b'goodbye'")
+            finally:
+                self.disconnect()
+
+    # -- internals ----------------------------------------------------------
+
+    def _socket(self) -> socket.socket:
+        if self._sock is None:
+            self.connect()
+        assert self._sock is not None
+        return self._sock
+
+    def _read_exact(self, sock: socket.socket, size: int) -> bytes:
+        chunks = []
+        remaining = size
+        while remaining:
+            try:
+                chunk = sock.recv(min(remaining, 1 << 20))
+            except socket.timeout as err:
+                self.disconnect()
+                raise AgentOSError(
+                    f"timed out waiting for the kernel after {self.timeout}s", "timeout"
+                ) from err
+            except OSError as err:
+                self.disconnect()
+                raise AgentOSConnectionError(f"connection to the kernel failed: {err}") from err
+            if not chunk:
+                self.disconnect()
+                raise AgentOSConnectionError(
+                    f"the kernel at {self.socket_path} closed the connection"
+                )
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+
+    def _read_refusal(self) -> Optional[AgentOSError]:
+        """The kernel's parting error reply, if one is waiting."""
+        try:
+            value = json.loads(self.recv().payload)
+        except (AgentOSError, ValueError):
+            return None
+        return _failure(value)
+
+
+def _to_bytes(payload: Payload) -> bytes:
+    if payload is None:
+        return b""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload)
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if isinstance(payload, (dict, list)):
+        return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+    raise TypeError(f"payload must be bytes, str, dict or list, not {type(payload).__name__}")
+
+
+def _failure(value: Any) -> Optional[AgentOSError]:
+    """The error a JSON reply reports, if it is a failure."""
+    if isinstance(value, dict) and value.get("success") is False:
+        return AgentOSError(
+            str(value.get("error") or "the kernel reported a failure"),
+            str(value.get("code") or "internal"),
+        )
+    return None
+
+
+def _raise_if_failed(value: Any) -> None:
+    failure = _failure(value)
+    if failure is not None:
+        raise failure
+
+
+def _opcode_name(opcode: int) -> str:
+    try:
+        return Opcode(opcode).name
+    except ValueError:
+        return f"0x{opcode:02X}"

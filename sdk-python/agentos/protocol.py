@@ -1,0 +1,67 @@
+"""The AgentOS frame: a 17-byte little-endian header, then the payload.
+
+====== ==== =========== ==================================================
+offset size field       meaning
+====== ==== =========== ==================================================
+0      4    magic       0x41474E54 (bytes 54 4E 47 41)
+4      4    agent_id    replies: the caller's identity; requests: ignored
+8      1    opcode      see :class:`Opcode`
+9      8    payload_len bytes of payload that follow
+====== ==== =========== ==================================================
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import NamedTuple
+
+MAGIC = 0x41474E54
+HEADER = struct.Struct("<IIBQ")
+HEADER_LEN = HEADER.size  # 17
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+
+
+class Opcode(enum.IntEnum):
+    """Operations of the protocol."""
+
+    NOOP = 0x00
+    THINK = 0x01
+    EXEC = 0x02
+    SPAWN = 0x10
+    KILL = 0x11
+    LIST = 0x12
+    TASK = 0x13
+    HELLO = 0xFE
+    EXIT = 0xFF
+
+
+class Header(NamedTuple):
+    """A decoded frame header (the magic already checked)."""
+
+    agent_id: int
+    opcode: int
+    payload_len: int
+
+
+def encode_frame(opcode: int, payload: bytes, agent_id: int = 0) -> bytes:
+    """Returns header + payload.
+
+    >>> encode_frame(Opcode.NOOP, b"hi").hex(" ")
+    '54 4e 47 41 00 00 00 00 00 02 00 00 00 00 00 00 00 68 69'
+    """
+    if not 0 <= opcode <= 0xFF:
+        raise ValueError(f"opcode {opcode} does not fit in one byte")
+    return HEADER.pack(MAGIC, agent_id, opcode, len(payload)) + payload
+
+
+def decode_header(data: bytes) -> Header:
+    """Parses 17 header bytes; raises ``ValueError`` on wrong magic.
+
+    >>> decode_header(encode_frame(Opcode.HELLO, b"", agent_id=7))
+    Header(agent_id=7, opcode=254, payload_len=0)
+    """
+    magic, agent_id, opcode, payload_len = HEADER.unpack(data[:HEADER_LEN])
+    if magic != MAGIC:
+        raise ValueError(f"bad magic 0x{magic:08X} (expected 0x{MAGIC:08X})")
+    return Header(agent_id, opcode, payload_len)

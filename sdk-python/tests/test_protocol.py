@@ -1,0 +1,52 @@
+"""Frame codec and socket-path rule, without a kernel."""
+
+import struct
+
+import pytest
+
+from agentos import HEADER_LEN, MAGIC, Opcode, resolve_socket_path
+from agentos.protocol import decode_header, encode_frame
+
+
+def test_header_is_17_little_endian_bytes():
+    frame = encode_frame(Opcode.HELLO, b"{}", agent_id=0x01020304)
+    assert HEADER_LEN == 17
+    assert frame[:4] == bytes([0x54, 0x4E, 0x47, 0x41])
+    assert frame[4:8] == bytes([4, 3, 2, 1])
+    assert frame[8] == 0xFE
+    assert struct.unpack("<Q", frame[9:17]) == (2,)
+    assert frame[17:] == b"{}"
+
+
+def test_header_round_trips():
+    for opcode in (0, 0x13, 0xFF):
+        header = decode_header(encode_frame(opcode, b"x" * 300, agent_id=5))
+        assert (header.agent_id, header.opcode, header.payload_len) == (5, opcode, 300)
+
+
+def test_wrong_magic_is_refused():
+    bad = struct.pack("<IIBQ", MAGIC ^ 1, 0, 0, 0)
+    with pytest.raises(ValueError, match="bad magic"):
+        decode_header(bad)
+
+
+def test_opcodes_match_the_protocol_table():
+    assert {op.name: op.value for op in Opcode} == {
+        "NOOP": 0x00, "THINK": 0x01, "EXEC": 0x02, "SPAWN": 0x10, "KILL": 0x11,
+        "LIST": 0x12, "TASK": 0x13, "HELLO": 0xFE, "EXIT": 0xFF,
+    }
+
+
+def test_socket_path_resolution_order():
+    env = {"AGENTOS_SOCKET": "/env.sock", "XDG_RUNTIME_DIR": "/run/user/7"}
+    assert resolve_socket_path("/x.sock", environ=env, euid=0) == "/x.sock"
+    assert resolve_socket_path(None, environ=env, euid=0) == "/env.sock"
+    assert resolve_socket_path(None, environ={}, euid=0) == "/run/agentos/agentos.sock"
+    assert (
+        resolve_socket_path(None, environ={"XDG_RUNTIME_DIR": "/run/user/7"}, euid=7)
+        == "/run/user/7/agentos/agentos.sock"
+    )
+    assert resolve_socket_path(None, environ={"XDG_RUNTIME_DIR": "rel"}, euid=7) == (
+        "/tmp/agentos-7/agentos.sock"
+    )
+    assert resolve_socket_path("", environ={}, euid=3) == "/tmp/agentos-3/agentos.sock"

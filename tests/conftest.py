@@ -1,0 +1,88 @@
+"""End-to-end fixtures: a real agentosd on a temporary socket.
+
+The binaries come from ``$AGENTOS_BIN_DIR`` (set by ``scripts/test``), else
+the workspace's ``target/debug``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN_DIR = Path(os.environ.get("AGENTOS_BIN_DIR", REPO / "target" / "debug"))
+
+
+def binary(name: str) -> Path:
+    path = BIN_DIR / name
+    if not path.exists():
+        pytest.fail(f"{path} not found: build first (cargo build) or set AGENTOS_BIN_DIR")
+    return path
+
+
+@dataclass
+class Kernel:
+    """A running agentosd."""
+
+    process: subprocess.Popen
+    socket_path: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=10)
+
+
+def start_kernel(workdir: Path, config: str = "") -> Kernel:
+    sock = workdir / "agentos.sock"
+    config_path = workdir / "agentosd.toml"
+    config_path.write_text(config)
+    log_path = workdir / "agentosd.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENTOS_SOCKET", "RUST_LOG")}
+    env["AGENTOS_LOG_LEVEL"] = "debug"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [binary("agentosd"), "--socket", sock, "--config", config_path],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env,
+        )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"agentosd exited with {process.returncode}:\n{log_path.read_text()}")
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(str(sock))
+            return Kernel(process, str(sock), log_path)
+        except OSError:
+            time.sleep(0.01)
+        finally:
+            probe.close()
+    process.kill()
+    pytest.fail(f"agentosd did not come up:\n{log_path.read_text()}")
+
+
+@pytest.fixture
+def kernel() -> Iterator[Kernel]:
+    # A short directory of our own: pytest's tmp_path can push a socket path
+    # past the 107 bytes a Unix socket address holds.
+    workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
+    k = start_kernel(workdir)
+    yield k
+    if k.process.poll() is None:
+        k.process.kill()
+        k.process.wait()
+    shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,50 @@
+"""The `agentos` command-line client against a real agentosd."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+from conftest import binary
+
+
+def agentos(kernel, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [binary("agentos"), "--socket", kernel.socket_path, *args],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_hello_prints_version_identity_and_features(kernel):
+    out = agentos(kernel, "hello")
+    assert out.returncode == 0, out.stderr
+    assert "AgentOS kernel" in out.stdout
+    assert re.search(r"id 1\d{6}", out.stdout)
+    assert "spawn no" in out.stdout
+
+
+def test_ping_reports_percentiles(kernel):
+    out = agentos(kernel, "ping", "-n", "200", "--size", "64")
+    assert out.returncode == 0, out.stderr
+    match = re.search(r"200 NOOP round trips \(64 bytes\).*p50 ([\d.]+) µs, p99 ([\d.]+) µs", out.stdout)
+    assert match, out.stdout
+    assert 0 < float(match.group(1)) <= float(match.group(2))
+
+
+def test_ps_prints_a_table_and_json(kernel):
+    table = agentos(kernel, "ps")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.split()[:3] == ["ID", "NAME", "PID"]
+    as_json = agentos(kernel, "ps", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == []
+
+
+def test_unreachable_kernel_is_a_clear_error(tmp_path):
+    out = subprocess.run(
+        [binary("agentos"), "--socket", str(tmp_path / "none.sock"), "hello"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 1
+    assert "Is agentosd running?" in out.stderr
