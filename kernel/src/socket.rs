@@ -399,6 +399,21 @@ mod tests {
     }
 
     #[test]
+    fn private_directory_must_be_ours_and_0700() {
+        let dir = tempfile::tempdir().unwrap();
+        let euid = nix::unistd::geteuid().as_raw();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let meta = fs::symlink_metadata(dir.path()).unwrap();
+        let err = check_private_dir(dir.path(), &meta, euid).unwrap_err();
+        assert!(err.to_string().contains("0700"), "{err}");
+        let err = check_private_dir(dir.path(), &meta, euid + 1).unwrap_err();
+        assert!(err.to_string().contains("owned by"), "{err}");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        let meta = fs::symlink_metadata(dir.path()).unwrap();
+        assert!(check_private_dir(dir.path(), &meta, euid).is_ok());
+    }
+
+    #[test]
     fn unknown_group_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let err =

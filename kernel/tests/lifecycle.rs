@@ -12,7 +12,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use agentos_proto::Opcode;
-use common::{assert_closed, assert_usable, is_root, recv_json, send, Daemon, AGENTOS, AGENTOSD};
+use common::{
+    assert_closed, assert_usable, is_root, recv_json, send, Daemon, WorldExecutable, AGENTOS,
+    AGENTOSD,
+};
 
 #[test]
 fn socket_is_a_0660_socket_removed_on_sigterm() {
@@ -117,11 +120,12 @@ fn users_outside_the_socket_group_are_refused_and_members_admitted() {
         return;
     }
     let daemon = Daemon::start();
+    let cli = WorldExecutable::copy_of(AGENTOS);
     // Open the path up so the kernel's own check is what decides.
     fs::set_permissions(daemon.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     fs::set_permissions(&daemon.socket, fs::Permissions::from_mode(0o666)).unwrap();
     let as_user = |uid: u32, gid: u32| {
-        Command::new(AGENTOS)
+        Command::new(&cli.path)
             .args(["--socket"])
             .arg(&daemon.socket)
             .arg("hello")
@@ -159,4 +163,67 @@ fn a_configured_socket_group_owns_the_socket() {
     assert_eq!(fs::metadata(&daemon.socket).unwrap().gid(), 65534);
     let reply = daemon.client().hello().unwrap();
     assert!(reply.success);
+}
+
+#[test]
+fn an_unprivileged_daemon_serves_from_its_private_runtime_directory() {
+    if !is_root() {
+        eprintln!(
+            "!!! NOT TESTED: running the daemon as another user needs root; run the suite \
+             as root (CI does)"
+        );
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    const NOBODY: u32 = 65534;
+    let daemon_bin = WorldExecutable::copy_of(AGENTOSD);
+    let cli = WorldExecutable::copy_of(AGENTOS);
+    // No socket named anywhere and no XDG_RUNTIME_DIR: the protocol's rule
+    // gives /tmp/agentos-65534/agentos.sock, for the daemon and clients alike.
+    let dir = std::path::PathBuf::from(format!("/tmp/agentos-{NOBODY}"));
+    let socket = dir.join("agentos.sock");
+    let as_nobody = |program: &std::path::Path| {
+        let mut command = Command::new(program);
+        command
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("AGENTOS_CONFIG", "/dev/null")
+            .uid(NOBODY)
+            .gid(NOBODY);
+        command
+    };
+    let mut child = as_nobody(&daemon_bin.path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no socket at {}",
+            socket.display()
+        );
+        assert!(child.try_wait().unwrap().is_none(), "daemon exited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dir_meta = fs::metadata(&dir).unwrap();
+    assert_eq!(dir_meta.uid(), NOBODY);
+    assert_eq!(dir_meta.mode() & 0o777, 0o700);
+    assert_eq!(fs::metadata(&socket).unwrap().mode() & 0o777, 0o660);
+
+    let hello = as_nobody(&cli.path).arg("hello").output().unwrap();
+    assert!(
+        hello.status.success(),
+        "{}",
+        String::from_utf8_lossy(&hello.stderr)
+    );
+    assert!(String::from_utf8_lossy(&hello.stdout).contains("AgentOS kernel"));
+
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    assert!(child.wait().unwrap().success());
+    assert!(!socket.exists());
+    fs::remove_dir_all(&dir).unwrap();
 }

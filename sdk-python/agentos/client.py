@@ -123,20 +123,12 @@ class AgentOSClient:
                 # The kernel may have refused this connection and closed it
                 # before we wrote; its reason is then waiting to be read.
                 refusal = self._read_refusal()
-                self.disconnect()
                 if refusal is not None:
+                    self.disconnect()
                     raise refusal from err
-                raise AgentOSConnectionError(
-                    f"the kernel at {self.socket_path} closed the connection"
-                ) from err
-            except socket.timeout as err:
-                self.disconnect()
-                raise AgentOSError(
-                    f"timed out sending to the kernel after {self.timeout}s", "timeout"
-                ) from err
+                raise self._broken(err, "sending") from err
             except OSError as err:
-                self.disconnect()
-                raise AgentOSConnectionError(f"cannot send to the kernel: {err}") from err
+                raise self._broken(err, "sending") from err
 
     def recv(self) -> Reply:
         """Receives the next reply."""
@@ -229,14 +221,8 @@ class AgentOSClient:
         while remaining:
             try:
                 chunk = sock.recv(min(remaining, 1 << 20))
-            except socket.timeout as err:
-                self.disconnect()
-                raise AgentOSError(
-                    f"timed out waiting for the kernel after {self.timeout}s", "timeout"
-                ) from err
             except OSError as err:
-                self.disconnect()
-                raise AgentOSConnectionError(f"connection to the kernel failed: {err}") from err
+                raise self._broken(err, "waiting for a reply") from err
             if not chunk:
                 self.disconnect()
                 raise AgentOSConnectionError(
@@ -245,6 +231,15 @@ class AgentOSClient:
             chunks.append(chunk)
             remaining -= len(chunk)
         return b"".join(chunks)
+
+    def _broken(self, err: OSError, action: str) -> AgentOSError:
+        """Closes the connection after a socket failure; returns what to raise."""
+        self.disconnect()
+        if isinstance(err, socket.timeout):
+            return AgentOSError(f"timed out {action} after {self.timeout}s", "timeout")
+        return AgentOSConnectionError(
+            f"connection to the kernel at {self.socket_path} failed while {action}: {err}"
+        )
 
     def _read_refusal(self) -> Optional[AgentOSError]:
         """The kernel's parting error reply, if one is waiting."""

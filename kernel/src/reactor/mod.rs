@@ -191,9 +191,7 @@ impl Reactor {
     }
 
     fn connection(&mut self, key: ConnKey) -> Option<&mut Connection> {
-        self.connections
-            .get_mut(key.index)
-            .filter(|conn| conn.serial == key.serial)
+        lookup(&mut self.connections, key)
     }
 
     fn accept_all(&mut self) {
@@ -293,23 +291,14 @@ impl Reactor {
 
     /// One read turn for a connection.
     fn read(&mut self, key: ConnKey, hung_up: bool) {
-        let Some(conn) = self
-            .connections
-            .get_mut(key.index)
-            .filter(|conn| conn.serial == key.serial)
-        else {
+        let Some(conn) = lookup(&mut self.connections, key) else {
             return;
         };
         if conn.read_closed {
             return;
         }
         match conn.read_turn(key, &mut self.kernel, &self.workers, &self.limits, hung_up) {
-            Ok(ReadTurn::BudgetSpent) => {
-                if !conn.queued {
-                    conn.queued = true;
-                    self.ready.push_back(key);
-                }
-            }
+            Ok(ReadTurn::BudgetSpent) => enqueue(&mut self.ready, conn, key),
             Ok(ReadTurn::Drained | ReadTurn::Paused | ReadTurn::Closed) => {}
             Err(err) => {
                 log::debug!("conn {}: read failed: {err}", conn.serial);
@@ -324,11 +313,7 @@ impl Reactor {
     fn settle(&mut self, key: ConnKey) {
         let limits = self.limits;
         let stall_timeout = self.stall_timeout;
-        let Some(conn) = self
-            .connections
-            .get_mut(key.index)
-            .filter(|conn| conn.serial == key.serial)
-        else {
+        let Some(conn) = lookup(&mut self.connections, key) else {
             return;
         };
         if let Err(err) = conn.flush() {
@@ -373,10 +358,7 @@ impl Reactor {
         }
         if conn.paused && conn.accepts_requests(&limits) {
             conn.paused = false;
-            if !conn.queued {
-                conn.queued = true;
-                self.ready.push_back(key);
-            }
+            enqueue(&mut self.ready, conn, key);
         }
     }
 
@@ -515,6 +497,22 @@ impl std::fmt::Debug for Reactor {
             .field("connections", &self.connections.len())
             .field("draining", &self.drain_deadline.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// The connection `key` names, if it is still open. Takes the slab rather
+/// than the reactor so callers can borrow other reactor fields alongside.
+fn lookup(connections: &mut Slab<Connection>, key: ConnKey) -> Option<&mut Connection> {
+    connections
+        .get_mut(key.index)
+        .filter(|conn| conn.serial == key.serial)
+}
+
+/// Puts a connection in the ready queue, once.
+fn enqueue(ready: &mut VecDeque<ConnKey>, conn: &mut Connection, key: ConnKey) {
+    if !conn.queued {
+        conn.queued = true;
+        ready.push_back(key);
     }
 }
 

@@ -250,3 +250,28 @@ pub fn raise_fd_limit() -> u64 {
     }
     limit.rlim_cur
 }
+
+/// A copy of one of our binaries that any user can execute, wherever the
+/// workspace happens to live (its path may not be traversable by others).
+/// Removed when dropped.
+pub struct WorldExecutable {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+impl WorldExecutable {
+    pub fn copy_of(binary: &str) -> WorldExecutable {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new()
+            .prefix("agentos-bin-")
+            .tempdir()
+            .unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir
+            .path()
+            .join(std::path::Path::new(binary).file_name().unwrap());
+        fs::copy(binary, &path).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        WorldExecutable { _dir: dir, path }
+    }
+}
