@@ -261,3 +261,66 @@ fn random_garbage_from_many_connections_never_hurts_the_kernel() {
     let growth = daemon.rss_kib().saturating_sub(rss_before);
     assert!(growth < 8 * 1024, "RSS grew by {growth} KiB");
 }
+
+#[test]
+fn unread_replies_beyond_the_buffer_limit_disconnect_the_client() {
+    // Slow requests are all accepted while nothing is unsent; when their
+    // 40 MiB of replies land on a client that reads none of them, the
+    // buffer limit (its 16 MiB minimum) ends the connection.
+    let daemon = Daemon::start_with(
+        "write_buffer_limit = 16777233\nwrite_high_water = 1048576\n\
+         [debug]\ndefer_opcodes = [\"noop\"]\ndefer_delay_ms = 300\n",
+    );
+    let mut stream = daemon.raw();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let frame = encode_frame(Opcode::NOOP, 0, &vec![0x5Au8; 1 << 20]);
+    let mut batch = Vec::new();
+    for _ in 0..40 {
+        batch.extend_from_slice(&frame);
+    }
+    let _ = stream.write_all(&batch);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log().contains("over the limit") {
+        assert!(
+            Instant::now() < deadline,
+            "not disconnected:\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Whatever was delivered, the connection then ends.
+    let mut sink = Vec::new();
+    let _ = stream.read_to_end(&mut sink);
+    assert!(sink.len() < batch.len());
+    assert_usable(&mut daemon.raw());
+}
+
+#[test]
+fn connections_beyond_the_limit_are_told_busy() {
+    let daemon = Daemon::start_with("max_connections = 2\n");
+    let mut first = daemon.raw();
+    let mut second = daemon.raw();
+    assert_usable(&mut first);
+    assert_usable(&mut second);
+    let mut third = daemon.raw();
+    let (header, reply) = recv_json(&mut third);
+    assert_eq!(header.opcode, Opcode::EXIT);
+    assert_eq!(reply["code"], "busy");
+    assert_closed(&mut third);
+    drop(first);
+    // A slot frees up once a client leaves.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut next = daemon.raw();
+        send(&mut next, Opcode::NOOP, b"in");
+        let (header, payload) = recv(&mut next);
+        if header.opcode == Opcode::NOOP {
+            assert_eq!(payload, b"in");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no slot freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
