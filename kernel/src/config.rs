@@ -35,19 +35,24 @@ pub struct Config {
     pub max_in_flight: u32,
     /// Connections served at once; more are told `busy` and closed.
     pub max_connections: usize,
-    /// Unsent reply bytes above which the kernel stops reading a connection.
+    /// Reply bytes held for a connection (unsent, or completed and waiting
+    /// for an earlier reply) above which the kernel stops reading from it.
     pub write_high_water: usize,
-    /// Unsent reply bytes above which the connection is dropped.
-    pub write_buffer_limit: usize,
-    /// A connection with unsent replies that accepts none of them for this
-    /// long is dropped: a client that never reads its replies cannot hold
-    /// kernel memory forever.
+    /// A connection with unsent replies must accept at least 64 KiB of them
+    /// (or all of them) within this time, or it is dropped: a client that
+    /// does not read its replies cannot hold kernel memory.
     pub write_stall_timeout_ms: u64,
+    /// A request frame, once begun, must arrive complete within this time,
+    /// or the connection is dropped: a half-sent frame cannot hold its
+    /// buffer forever.
+    pub frame_timeout_ms: u64,
     /// On SIGTERM, how long connections get to receive replies to requests
     /// already accepted.
     pub shutdown_grace_ms: u64,
     /// Worker threads for blocking work.
     pub workers: usize,
+    /// Jobs that may wait for a worker; beyond this requests get `busy`.
+    pub max_queued_jobs: usize,
     /// Diagnostics for tests; never needed in production.
     pub debug: DebugConfig,
 }
@@ -75,10 +80,11 @@ impl Default for Config {
             max_in_flight: 128,
             max_connections: 8192,
             write_high_water: 4 << 20,
-            write_buffer_limit: 64 << 20,
             write_stall_timeout_ms: 30_000,
+            frame_timeout_ms: 30_000,
             shutdown_grace_ms: 5_000,
             workers: 4,
+            max_queued_jobs: 1024,
             debug: DebugConfig::default(),
         }
     }
@@ -252,21 +258,17 @@ impl Config {
         if !(1..=256).contains(&self.workers) {
             return invalid("workers", format!("{} is outside 1..=256", self.workers));
         }
-        let min_buffer = (MAX_REPLY_BYTES as usize) + agentos_proto::HEADER_LEN;
-        if self.write_buffer_limit < min_buffer {
-            return invalid(
-                "write_buffer_limit",
-                format!("must hold at least one largest reply ({min_buffer} bytes)"),
-            );
-        }
-        if self.write_high_water == 0 || self.write_high_water > self.write_buffer_limit {
-            return invalid(
-                "write_high_water",
-                "must be between 1 and write_buffer_limit".into(),
-            );
+        if self.write_high_water == 0 {
+            return invalid("write_high_water", "must be at least 1".into());
         }
         if self.write_stall_timeout_ms == 0 {
             return invalid("write_stall_timeout_ms", "must be at least 1".into());
+        }
+        if self.frame_timeout_ms == 0 {
+            return invalid("frame_timeout_ms", "must be at least 1".into());
+        }
+        if self.max_queued_jobs == 0 {
+            return invalid("max_queued_jobs", "must be at least 1".into());
         }
         if let Some(group) = &self.socket_group {
             if group.is_empty() {
@@ -311,6 +313,11 @@ impl Config {
     /// [`write_stall_timeout_ms`](Self::write_stall_timeout_ms) as a duration.
     pub fn write_stall_timeout(&self) -> Duration {
         Duration::from_millis(self.write_stall_timeout_ms)
+    }
+
+    /// [`frame_timeout_ms`](Self::frame_timeout_ms) as a duration.
+    pub fn frame_timeout(&self) -> Duration {
+        Duration::from_millis(self.frame_timeout_ms)
     }
 
     /// [`shutdown_grace_ms`](Self::shutdown_grace_ms) as a duration.

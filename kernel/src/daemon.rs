@@ -4,12 +4,14 @@
 
 use std::io;
 
-use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
 use crate::config::Config;
-use crate::reactor::Reactor;
+use crate::reactor::{Reactor, SHUTDOWN_SIGNALS};
 use crate::socket::{KernelSocket, SocketError};
+
+/// Descriptors kept for the kernel's own use beyond client connections.
+const FD_RESERVE: u64 = 64;
 
 /// Why the daemon could not run.
 #[derive(Debug, thiserror::Error)]
@@ -22,16 +24,28 @@ pub enum DaemonError {
     Reactor(#[from] io::Error),
 }
 
-/// Runs the kernel in the foreground until SIGTERM or SIGINT.
-pub fn run(config: Config) -> Result<(), DaemonError> {
+/// Runs the kernel in the foreground until SIGTERM, SIGINT, SIGHUP or
+/// SIGQUIT.
+pub fn run(mut config: Config) -> Result<(), DaemonError> {
     ignore_sigpipe();
-    match raise_fd_limit() {
-        Ok(limit) => log::debug!("file descriptor limit: {limit}"),
-        Err(err) => log::warn!("cannot raise the file descriptor limit: {err}"),
+    let fd_limit = raise_fd_limit().unwrap_or_else(|err| {
+        log::warn!("cannot raise the file descriptor limit: {err}");
+        1024
+    });
+    log::debug!("file descriptor limit: {fd_limit}");
+    // Past the descriptor limit, clients would wait in the backlog instead
+    // of being told `busy`; keep some descriptors for the kernel itself.
+    let usable = usize::try_from(fd_limit.saturating_sub(FD_RESERVE)).unwrap_or(usize::MAX);
+    if config.max_connections > usable {
+        log::warn!(
+            "max_connections lowered from {} to {usable}: the open-files limit is {fd_limit}",
+            config.max_connections
+        );
+        config.max_connections = usable.max(1);
     }
     // Catch the shutdown signals before the socket exists: once a client
     // can connect, SIGTERM must mean a clean shutdown, never sudden death.
-    let signals = Signals::new([SIGTERM, SIGINT]).map_err(DaemonError::Reactor)?;
+    let signals = Signals::new(SHUTDOWN_SIGNALS).map_err(DaemonError::Reactor)?;
     // Bind before any thread exists: binding briefly changes the umask.
     let path = config.socket_path();
     let socket = KernelSocket::bind(&path, config.socket_group.as_deref())?;

@@ -3,7 +3,7 @@
 //! and derives the caller's identity from that alone.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
@@ -29,6 +29,40 @@ pub fn peer_cred(socket: &impl AsFd) -> io::Result<PeerCred> {
         uid: cred.uid(),
         gid: cred.gid(),
     })
+}
+
+/// The peer's supplementary groups as they were when it connected
+/// (`SO_PEERGROUPS`, Linux 4.13+). Read from the socket rather than from
+/// `/proc/<pid>`, which may be hidden, gone, or a different process by now.
+pub fn peer_groups(socket: &impl AsFd) -> io::Result<Vec<u32>> {
+    const GID: usize = std::mem::size_of::<libc::gid_t>();
+    let fd = socket.as_fd().as_raw_fd();
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = (groups.len() * GID) as libc::socklen_t;
+        // SAFETY: `groups` is a writable buffer of `len` bytes, and `len`
+        // points to a valid socklen_t; the kernel writes at most `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if rc == 0 {
+            groups.truncate(len as usize / GID);
+            return Ok(groups);
+        }
+        let err = io::Error::last_os_error();
+        // ERANGE: the buffer was too small; `len` now says how big it must be.
+        if err.raw_os_error() == Some(libc::ERANGE) && len as usize > groups.len() * GID {
+            groups.resize(len as usize / GID, 0);
+            continue;
+        }
+        return Err(err);
+    }
 }
 
 /// The caller's identity, carried as `agent_id` in every reply.
@@ -70,12 +104,17 @@ impl Authority {
         }
     }
 
-    /// The identity of a new connection, or why it is refused.
-    pub fn identify(&mut self, peer: &PeerCred) -> Result<Identity, String> {
+    /// The identity of a new connection, or why it is refused. `groups`
+    /// gives the peer's supplementary groups, asked only when needed.
+    pub fn identify(
+        &mut self,
+        peer: &PeerCred,
+        groups: impl FnOnce() -> Vec<u32>,
+    ) -> Result<Identity, String> {
         let trusted = peer.uid == 0
             || peer.uid == self.daemon_uid
             || peer.gid == self.socket_gid
-            || supplementary_groups(peer.pid).contains(&self.socket_gid);
+            || groups().contains(&self.socket_gid);
         if !trusted {
             return Err(format!(
                 "uid {} is not allowed to use this kernel: only root, uid {} and members of \
@@ -92,46 +131,23 @@ impl Authority {
     }
 }
 
-/// The supplementary groups of a process, from `/proc/<pid>/status`. Empty if
-/// the process is gone or unreadable, which then simply grants nothing.
-fn supplementary_groups(pid: i32) -> Vec<u32> {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return Vec::new();
-    };
-    parse_groups_line(&status)
-}
-
-fn parse_groups_line(status: &str) -> Vec<u32> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("Groups:"))
-        .map(|groups| {
-            groups
-                .split_whitespace()
-                .filter_map(|g| g.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn peer(uid: u32, gid: u32) -> PeerCred {
-        PeerCred {
-            // No such process: supplementary groups come back empty.
-            pid: i32::MAX,
-            uid,
-            gid,
-        }
+        PeerCred { pid: 1, uid, gid }
+    }
+
+    fn no_groups() -> Vec<u32> {
+        Vec::new()
     }
 
     #[test]
     fn operators_get_distinct_ids_from_their_own_range() {
         let mut authority = Authority::new(1000, 1000);
-        let a = authority.identify(&peer(0, 0)).unwrap();
-        let b = authority.identify(&peer(1000, 5)).unwrap();
+        let a = authority.identify(&peer(0, 0), no_groups).unwrap();
+        let b = authority.identify(&peer(1000, 5), no_groups).unwrap();
         assert_eq!(a.id(), FIRST_OPERATOR_ID);
         assert_eq!(b.id(), FIRST_OPERATOR_ID + 1);
     }
@@ -139,16 +155,14 @@ mod tests {
     #[test]
     fn socket_group_members_are_operators_and_strangers_are_not() {
         let mut authority = Authority::new(0, 4242);
-        assert!(authority.identify(&peer(1234, 4242)).is_ok());
-        let err = authority.identify(&peer(1234, 1234)).unwrap_err();
+        assert!(authority.identify(&peer(1234, 4242), no_groups).is_ok());
+        assert!(authority
+            .identify(&peer(1234, 1234), || vec![7, 4242])
+            .is_ok());
+        let err = authority
+            .identify(&peer(1234, 1234), || vec![7])
+            .unwrap_err();
         assert!(err.contains("uid 1234"), "{err}");
-    }
-
-    #[test]
-    fn groups_line_is_parsed() {
-        let status = "Name:\tx\nGid:\t5\t5\t5\t5\nGroups:\t4 24 27 \nNgid:\t0\n";
-        assert_eq!(parse_groups_line(status), vec![4, 24, 27]);
-        assert!(parse_groups_line("Name:\tx\n").is_empty());
     }
 
     #[test]
@@ -157,5 +171,11 @@ mod tests {
         let cred = peer_cred(&a).unwrap();
         assert_eq!(cred.pid, std::process::id() as i32);
         assert_eq!(cred.uid, nix::unistd::geteuid().as_raw());
+        let groups = peer_groups(&a).unwrap();
+        let ours = nix::unistd::getgroups().unwrap();
+        assert_eq!(groups.len(), ours.len());
+        for gid in ours {
+            assert!(groups.contains(&gid.as_raw()));
+        }
     }
 }

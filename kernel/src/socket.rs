@@ -14,11 +14,14 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use mio::net::UnixListener;
+use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
+use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
 use nix::sys::stat::{umask, Mode};
 use nix::unistd::{chown, Gid, Group};
 
@@ -290,28 +293,44 @@ fn check_private_dir(dir: &Path, meta: &fs::Metadata, euid: u32) -> Result<(), S
 }
 
 fn take_lock(lock_path: &Path, socket: &Path) -> Result<Flock<File>, SocketError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(lock_path)
-        .map_err(io_error("cannot open lock file", lock_path))?;
-    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
-        if errno == nix::errno::Errno::EWOULDBLOCK {
-            SocketError::AlreadyRunning {
-                path: socket.to_path_buf(),
+    // A daemon stopping removes its lock file while still holding the lock.
+    // If we opened that file just before, we could lock the removed inode
+    // while a third daemon locks a fresh file at the path: both would think
+    // they own the socket. So after locking, check that the file we hold is
+    // still the one at the path, and start over if not.
+    loop {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(lock_path)
+            .map_err(io_error("cannot open lock file", lock_path))?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+            if errno == nix::errno::Errno::EWOULDBLOCK {
+                SocketError::AlreadyRunning {
+                    path: socket.to_path_buf(),
+                }
+            } else {
+                SocketError::Io {
+                    action: "cannot lock",
+                    path: lock_path.to_path_buf(),
+                    source: errno.into(),
+                }
             }
-        } else {
-            SocketError::Io {
-                action: "cannot lock",
-                path: lock_path.to_path_buf(),
-                source: errno.into(),
-            }
+        })?;
+        let held = lock
+            .metadata()
+            .map_err(io_error("cannot stat lock file", lock_path))?;
+        match fs::metadata(lock_path) {
+            Ok(now) if (now.dev(), now.ino()) == (held.dev(), held.ino()) => return Ok(lock),
+            Ok(_) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => return Err(io_error("cannot stat lock file", lock_path)(err)),
         }
-    })
+    }
 }
 
 /// Removes a socket file nobody answers on; refuses if a daemon answers or
@@ -327,16 +346,30 @@ fn clear_stale_socket(path: &Path) -> Result<(), SocketError> {
             path: path.to_path_buf(),
         });
     }
-    match std::os::unix::net::UnixStream::connect(path) {
-        Ok(_) => Err(SocketError::AlreadyRunning {
+    match probe(path) {
+        // EAGAIN: a daemon owns it but its backlog is full — alive all the same.
+        Ok(()) | Err(Errno::EAGAIN) => Err(SocketError::AlreadyRunning {
             path: path.to_path_buf(),
         }),
-        Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {
+        Err(Errno::ECONNREFUSED) => {
             log::info!("removing stale socket {}", path.display());
             fs::remove_file(path).map_err(io_error("cannot remove stale socket", path))
         }
-        Err(err) => Err(io_error("cannot probe existing socket", path)(err)),
+        Err(Errno::ENOENT) => Ok(()),
+        Err(errno) => Err(io_error("cannot probe existing socket", path)(errno.into())),
     }
+}
+
+/// Connects to `path` without blocking: a live but stuck daemon must not
+/// hang this one's start-up.
+fn probe(path: &Path) -> Result<(), Errno> {
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    connect(fd.as_raw_fd(), &UnixAddr::new(path)?)
 }
 
 #[cfg(test)]

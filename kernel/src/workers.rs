@@ -5,15 +5,25 @@
 //! closure producing a reply payload; its result travels back with the
 //! address the reactor gave it, through a channel, and the reactor is woken
 //! through its [`mio::Waker`].
+//!
+//! The queue is bounded (a full queue is the caller's `busy`) and fair: each
+//! job belongs to an owner (a connection), and workers take jobs from the
+//! owners with queued work in turn, so one owner's backlog never delays
+//! another owner's first job by more than one job per owner ahead of it.
+//! An owner that goes away has its queued jobs dropped unrun.
 
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use agentos_proto::{ErrorCode, ErrorReply};
 
 /// Blocking work: returns the reply payload.
 pub type Job = Box<dyn FnOnce() -> Vec<u8> + Send>;
+
+/// Who a job belongs to; jobs of one owner can be cancelled together.
+pub type Owner = u64;
 
 /// A finished job, addressed back to whoever submitted it.
 #[derive(Debug)]
@@ -24,41 +34,134 @@ pub struct Completion<A> {
     pub payload: Vec<u8>,
 }
 
-/// A fixed set of worker threads fed from one queue.
-#[derive(Debug)]
+/// The queue was full; the job comes back unrun.
+pub struct QueueFull(pub Job);
+
+impl std::fmt::Debug for QueueFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("QueueFull")
+    }
+}
+
+struct Queue<A> {
+    per_owner: HashMap<Owner, VecDeque<(A, Job)>>,
+    /// Owners with queued jobs, in the order they get their next turn.
+    turns: VecDeque<Owner>,
+    queued: usize,
+    capacity: usize,
+    closed: bool,
+}
+
+impl<A> Queue<A> {
+    fn push(&mut self, owner: Owner, address: A, job: Job) -> Result<(), QueueFull> {
+        if self.queued >= self.capacity {
+            return Err(QueueFull(job));
+        }
+        let jobs = self.per_owner.entry(owner).or_default();
+        if jobs.is_empty() {
+            self.turns.push_back(owner);
+        }
+        jobs.push_back((address, job));
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// The next job, round-robin across owners.
+    fn pop(&mut self) -> Option<(A, Job)> {
+        let owner = self.turns.pop_front()?;
+        let jobs = self.per_owner.get_mut(&owner)?;
+        let next = jobs.pop_front();
+        if jobs.is_empty() {
+            self.per_owner.remove(&owner);
+        } else {
+            self.turns.push_back(owner);
+        }
+        self.queued -= usize::from(next.is_some());
+        next
+    }
+
+    fn cancel(&mut self, owner: Owner) -> usize {
+        let dropped = self.per_owner.remove(&owner).map_or(0, |jobs| jobs.len());
+        if dropped > 0 {
+            self.turns.retain(|o| *o != owner);
+            self.queued -= dropped;
+        }
+        dropped
+    }
+}
+
+struct Shared<A> {
+    queue: Mutex<Queue<A>>,
+    available: Condvar,
+}
+
+impl<A> Shared<A> {
+    fn lock(&self) -> MutexGuard<'_, Queue<A>> {
+        // A worker that panicked did so outside the lock (jobs run
+        // unlocked and under catch_unwind), so the queue is consistent.
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A fixed set of worker threads fed from one bounded, fair queue.
 pub struct WorkerPool<A> {
-    jobs: Option<Sender<(A, Job)>>,
+    shared: Arc<Shared<A>>,
     completions: Receiver<Completion<A>>,
 }
 
+impl<A> std::fmt::Debug for WorkerPool<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let queue = self.shared.lock();
+        f.debug_struct("WorkerPool")
+            .field("queued", &queue.queued)
+            .field("capacity", &queue.capacity)
+            .finish()
+    }
+}
+
 impl<A: Send + 'static> WorkerPool<A> {
-    /// Starts `count` workers that wake `waker` after each completion.
-    pub fn start(count: usize, waker: Arc<mio::Waker>) -> std::io::Result<Self> {
-        let (job_tx, job_rx) = mpsc::channel::<(A, Job)>();
+    /// Starts `count` workers sharing a queue of `capacity` jobs; each
+    /// completion wakes `waker`.
+    pub fn start(count: usize, capacity: usize, waker: Arc<mio::Waker>) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                per_owner: HashMap::new(),
+                turns: VecDeque::new(),
+                queued: 0,
+                capacity,
+                closed: false,
+            }),
+            available: Condvar::new(),
+        });
         let (done_tx, done_rx) = mpsc::channel();
-        let job_rx = Arc::new(Mutex::new(job_rx));
         for index in 0..count {
-            let job_rx = Arc::clone(&job_rx);
+            let shared = Arc::clone(&shared);
             let done_tx = done_tx.clone();
             let waker = Arc::clone(&waker);
             std::thread::Builder::new()
                 .name(format!("agentos-worker-{index}"))
                 .stack_size(256 * 1024)
-                .spawn(move || work(&job_rx, &done_tx, &waker))?;
+                .spawn(move || work(&shared, &done_tx, &waker))?;
         }
         Ok(WorkerPool {
-            jobs: Some(job_tx),
+            shared,
             completions: done_rx,
         })
     }
 
-    /// Queues a job; its completion will carry `address`.
-    pub fn submit(&self, address: A, job: Job) {
-        if let Some(jobs) = &self.jobs {
-            // Fails only when every worker has exited, which happens only
-            // after shutdown began; the reply is then moot.
-            let _ = jobs.send((address, job));
-        }
+    /// Queues a job for `owner`; its completion will carry `address`.
+    pub fn submit(&self, owner: Owner, address: A, job: Job) -> Result<(), QueueFull> {
+        self.shared.lock().push(owner, address, job)?;
+        self.shared.available.notify_one();
+        Ok(())
+    }
+
+    /// Drops `owner`'s queued jobs (a job already running still completes).
+    /// Returns how many were dropped.
+    pub fn cancel(&self, owner: Owner) -> usize {
+        self.shared.lock().cancel(owner)
     }
 
     /// Completions that have arrived, without blocking.
@@ -66,22 +169,37 @@ impl<A: Send + 'static> WorkerPool<A> {
         self.completions.try_iter()
     }
 
-    /// Stops taking jobs: workers finish what is already queued and exit. Does not wait for them — the daemon is about to
+    /// Stops the workers: queued jobs are dropped, running ones finish and
+    /// their threads exit. Does not wait for them — the daemon is about to
     /// exit, and a job blocked on a slow peer must not hold up shutdown.
-    pub fn shutdown(&mut self) {
-        self.jobs = None;
+    pub fn shutdown(&self) {
+        let mut queue = self.shared.lock();
+        queue.closed = true;
+        queue.per_owner.clear();
+        queue.turns.clear();
+        queue.queued = 0;
+        drop(queue);
+        self.shared.available.notify_all();
     }
 }
 
-fn work<A>(jobs: &Mutex<Receiver<(A, Job)>>, done: &Sender<Completion<A>>, waker: &mio::Waker) {
+fn work<A>(shared: &Shared<A>, done: &Sender<Completion<A>>, waker: &mio::Waker) {
     loop {
         // Hold the lock only to take one job, never while running it.
-        let next = match jobs.lock() {
-            Ok(queue) => queue.recv(),
-            Err(_) => return,
-        };
-        let Ok((address, job)) = next else {
-            return;
+        let (address, job) = {
+            let mut queue = shared.lock();
+            loop {
+                if queue.closed {
+                    return;
+                }
+                if let Some(next) = queue.pop() {
+                    break next;
+                }
+                queue = shared
+                    .available
+                    .wait(queue)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
         };
         let payload = catch_unwind(AssertUnwindSafe(job)).unwrap_or_else(|_| {
             log::error!("a worker job panicked; answering `internal`");
@@ -105,13 +223,17 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    fn job(reply: &'static [u8]) -> Job {
+        Box::new(move || reply.to_vec())
+    }
+
     #[test]
     fn completions_wake_the_poll_and_carry_their_address() {
         let mut poll = mio::Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(7)).unwrap());
-        let mut pool = WorkerPool::start(2, waker).unwrap();
-        pool.submit(41u32, Box::new(|| b"forty-one".to_vec()));
-        pool.submit(42u32, Box::new(|| panic!("boom")));
+        let pool = WorkerPool::start(2, 16, waker).unwrap();
+        pool.submit(1, 41u32, job(b"forty-one")).unwrap();
+        pool.submit(1, 42u32, Box::new(|| panic!("boom"))).unwrap();
 
         let mut events = mio::Events::with_capacity(8);
         let mut got = Vec::new();
@@ -126,5 +248,42 @@ mod tests {
         let failed: ErrorReply = serde_json::from_slice(&got[1].payload).unwrap();
         assert_eq!(failed.code, ErrorCode::Internal);
         pool.shutdown();
+    }
+
+    fn queue(capacity: usize) -> Queue<u32> {
+        Queue {
+            per_owner: HashMap::new(),
+            turns: VecDeque::new(),
+            queued: 0,
+            capacity,
+            closed: false,
+        }
+    }
+
+    #[test]
+    fn owners_take_turns() {
+        let mut q = queue(100);
+        for i in 0..5 {
+            q.push(1, i, job(b"")).unwrap();
+        }
+        q.push(2, 100, job(b"")).unwrap();
+        q.push(3, 200, job(b"")).unwrap();
+        let order: Vec<u32> = std::iter::from_fn(|| q.pop().map(|(a, _)| a)).collect();
+        assert_eq!(order, vec![0, 100, 200, 1, 2, 3, 4]);
+        assert_eq!(q.queued, 0);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_cancel_frees_room() {
+        let mut q = queue(3);
+        q.push(1, 1, job(b"")).unwrap();
+        q.push(1, 2, job(b"")).unwrap();
+        q.push(2, 3, job(b"")).unwrap();
+        assert!(q.push(2, 4, job(b"")).is_err());
+        assert_eq!(q.cancel(1), 2);
+        assert_eq!(q.cancel(1), 0);
+        q.push(2, 4, job(b"")).unwrap();
+        let order: Vec<u32> = std::iter::from_fn(|| q.pop().map(|(a, _)| a)).collect();
+        assert_eq!(order, vec![3, 4]);
     }
 }

@@ -30,11 +30,16 @@ fn socket_is_a_0660_socket_removed_on_sigterm() {
 }
 
 #[test]
-fn sigint_stops_cleanly_too() {
-    let mut daemon = Daemon::start();
-    daemon.signal(libc::SIGINT);
-    assert!(daemon.wait(Duration::from_secs(10)).success());
-    assert!(!daemon.socket.exists());
+fn sigint_sighup_and_sigquit_stop_cleanly_too() {
+    for signal in [libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+        let mut daemon = Daemon::start();
+        daemon.signal(signal);
+        assert!(
+            daemon.wait(Duration::from_secs(10)).success(),
+            "signal {signal}"
+        );
+        assert!(!daemon.socket.exists());
+    }
 }
 
 #[test]

@@ -17,7 +17,9 @@ use serde::de::DeserializeOwned;
 
 use crate::payload::{AgentInfo, HelloReply};
 use crate::socket_path::resolve_socket_path;
-use crate::{encode_frame_into, DecodeError, ErrorReply, FrameDecoder, Opcode, MAX_REPLY_BYTES};
+use crate::{
+    encode_frame_into, DecodeError, ErrorCode, ErrorReply, FrameDecoder, Opcode, MAX_REPLY_BYTES,
+};
 
 /// What can go wrong talking to the kernel. Each message is complete in
 /// itself (it includes the underlying cause), so none is exposed again as
@@ -60,6 +62,10 @@ pub enum ClientError {
     /// A JSON reply could not be read as the expected type.
     #[error("unexpected reply from the kernel: {0}")]
     Json(serde_json::Error),
+    /// An earlier exchange failed part-way (a timeout, a reset), so replies
+    /// on this connection can no longer be matched to requests.
+    #[error("the connection failed earlier and cannot be used; connect again")]
+    Broken,
 }
 
 impl From<io::Error> for ClientError {
@@ -99,6 +105,10 @@ pub struct Client {
     decoder: FrameDecoder,
     scratch: Vec<u8>,
     agent_id: Option<u32>,
+    /// Set by any failure in the middle of an exchange: after a timeout or
+    /// a partial write, the next bytes read need not belong to the next
+    /// reply, so the connection is not used again.
+    broken: bool,
 }
 
 impl Client {
@@ -109,12 +119,19 @@ impl Client {
             path: path.to_path_buf(),
             error,
         })?;
-        Ok(Client {
+        Ok(Client::from_stream(stream))
+    }
+
+    /// Wraps an already connected stream (one inherited from a parent, or
+    /// one end of a socket pair).
+    pub fn from_stream(stream: UnixStream) -> Client {
+        Client {
             stream,
             decoder: FrameDecoder::new(MAX_REPLY_BYTES),
             scratch: Vec::new(),
             agent_id: None,
-        })
+            broken: false,
+        }
     }
 
     /// Connects to the socket resolved from the environment (see
@@ -137,6 +154,9 @@ impl Client {
 
     /// Sends one request without waiting for its reply.
     pub fn send(&mut self, opcode: Opcode, payload: &[u8]) -> Result<(), ClientError> {
+        if self.broken {
+            return Err(ClientError::Broken);
+        }
         self.scratch.clear();
         encode_frame_into(
             &mut self.scratch,
@@ -145,6 +165,7 @@ impl Client {
             payload,
         );
         if let Err(err) = self.stream.write_all(&self.scratch) {
+            self.broken = true;
             // The kernel may have refused this connection (not an operator,
             // too many connections) and closed it before we wrote: its
             // reason is then waiting to be read, and says more than EPIPE.
@@ -152,7 +173,7 @@ impl Client {
                 err.kind(),
                 io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
             ) {
-                if let Some(refusal) = self.recv().ok().and_then(|r| error_reply(&r.payload)) {
+                if let Some(refusal) = self.read_refusal() {
                     return Err(ClientError::Remote(refusal));
                 }
             }
@@ -163,6 +184,17 @@ impl Client {
 
     /// Receives the next reply.
     pub fn recv(&mut self) -> Result<Reply, ClientError> {
+        if self.broken {
+            return Err(ClientError::Broken);
+        }
+        let reply = self.read_frame();
+        if reply.is_err() {
+            self.broken = true;
+        }
+        reply
+    }
+
+    fn read_frame(&mut self) -> Result<Reply, ClientError> {
         loop {
             if let Some(frame) = self.decoder.next_frame()? {
                 self.agent_id = Some(frame.header.agent_id);
@@ -174,12 +206,24 @@ impl Client {
                 self.decoder.shrink_if_idle();
                 return Ok(reply);
             }
-            let n = self.stream.read(self.decoder.read_buf())?;
-            if n == 0 {
-                return Err(ClientError::Closed);
+            match self.stream.read(self.decoder.read_buf()) {
+                Ok(0) => return Err(ClientError::Closed),
+                Ok(n) => self.decoder.advance(n),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err.into()),
             }
-            self.decoder.advance(n);
         }
+    }
+
+    /// The kernel's parting words on a connection it closed: an error reply
+    /// under opcode EXIT. Anything else (such as a reply to an earlier
+    /// pipelined request) is not a refusal.
+    fn read_refusal(&mut self) -> Option<ErrorReply> {
+        let reply = self.read_frame().ok()?;
+        if reply.opcode != Opcode::EXIT {
+            return None;
+        }
+        error_reply(&reply.payload)
     }
 
     /// Sends a request and waits for its reply.
@@ -228,21 +272,92 @@ impl Client {
     /// EXIT: says goodbye and waits for the kernel to close the connection.
     pub fn exit(mut self) -> Result<(), ClientError> {
         let reply = self.call(Opcode::EXIT, b"")?;
-        if reply.payload != b"goodbye" {
+        if let Some(err) = error_reply(&reply.payload) {
+            return Err(ClientError::Remote(err));
+        }
+        if reply.opcode != Opcode::EXIT || reply.payload != b"goodbye" {
             return Err(ClientError::UnexpectedOpcode {
                 expected: Opcode::EXIT,
                 got: reply.opcode,
             });
         }
-        Ok(())
+        match self.read_frame() {
+            Err(ClientError::Closed) => Ok(()),
+            Err(ClientError::Io(err)) if err.kind() == io::ErrorKind::ConnectionReset => Ok(()),
+            Err(err) => Err(err),
+            Ok(extra) => Err(ClientError::UnexpectedOpcode {
+                expected: Opcode::EXIT,
+                got: extra.opcode,
+            }),
+        }
     }
 }
 
-/// The payload as an error reply, if it is one (`"success": false`).
+/// The payload as an error reply, if it is one: any JSON object with
+/// `"success": false`, whatever else it lacks.
 fn error_reply(payload: &[u8]) -> Option<ErrorReply> {
     let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
     if value.get("success")? != &serde_json::Value::Bool(false) {
         return None;
     }
-    serde_json::from_value(value).ok()
+    let code = value
+        .get("code")
+        .and_then(|code| serde_json::from_value(code.clone()).ok())
+        .unwrap_or(ErrorCode::Other);
+    let error = value
+        .get("error")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("the kernel reported a failure without a message");
+    Some(ErrorReply::new(code, error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encode_frame;
+
+    #[test]
+    fn a_timed_out_exchange_breaks_the_connection_for_good() {
+        let (client_end, mut kernel_end) = UnixStream::pair().unwrap();
+        let mut client = Client::from_stream(client_end);
+        client.set_timeout(Some(Duration::from_millis(50))).unwrap();
+        assert!(matches!(client.hello(), Err(ClientError::Io(_))));
+        // The late HELLO reply must never be taken for the NOOP's.
+        kernel_end
+            .write_all(&encode_frame(Opcode::HELLO, 1, b"{}"))
+            .unwrap();
+        assert!(matches!(client.noop(b"x"), Err(ClientError::Broken)));
+    }
+
+    #[test]
+    fn any_success_false_is_a_remote_error() {
+        let (client_end, mut kernel_end) = UnixStream::pair().unwrap();
+        let mut client = Client::from_stream(client_end);
+        kernel_end
+            .write_all(&encode_frame(
+                Opcode::HELLO,
+                1,
+                br#"{"success":false,"code":"brand_new"}"#,
+            ))
+            .unwrap();
+        match client.hello() {
+            Err(ClientError::Remote(err)) => assert_eq!(err.code, ErrorCode::Other),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn exit_waits_for_the_close() {
+        let (client_end, mut kernel_end) = UnixStream::pair().unwrap();
+        let client = Client::from_stream(client_end);
+        let kernel = std::thread::spawn(move || {
+            let mut header = [0u8; crate::HEADER_LEN];
+            kernel_end.read_exact(&mut header).unwrap();
+            kernel_end
+                .write_all(&encode_frame(Opcode::EXIT, 1, b"goodbye"))
+                .unwrap();
+        });
+        client.exit().unwrap();
+        kernel.join().unwrap();
+    }
 }

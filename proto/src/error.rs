@@ -33,6 +33,9 @@ pub enum ErrorCode {
     BadMagic,
     /// Framing: `payload_len` is over the limit. The connection closes.
     PayloadTooLarge,
+    /// A code this version does not know (from a newer kernel).
+    #[serde(other)]
+    Other,
 }
 
 impl ErrorCode {
@@ -51,6 +54,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::BadMagic => "bad_magic",
             ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::Other => "other",
         }
     }
 }
@@ -128,5 +132,11 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", code.as_str()));
             assert_eq!(serde_json::from_str::<ErrorCode>(&json).unwrap(), code);
         }
+    }
+
+    #[test]
+    fn codes_from_newer_kernels_are_read_as_other() {
+        let code: ErrorCode = serde_json::from_str("\"quota_melted\"").unwrap();
+        assert_eq!(code, ErrorCode::Other);
     }
 }

@@ -166,13 +166,18 @@ pub struct FrameDecoder {
 }
 
 impl FrameDecoder {
-    /// A decoder refusing payloads longer than `max_payload` bytes.
+    /// The largest limit a decoder accepts: a frame must fit in memory, and
+    /// header plus payload length must not overflow.
+    pub const MAX_LIMIT: u64 = (isize::MAX as u64) / 2;
+
+    /// A decoder refusing payloads longer than `max_payload` bytes (capped
+    /// at [`MAX_LIMIT`](Self::MAX_LIMIT)).
     pub fn new(max_payload: u64) -> Self {
         FrameDecoder {
             buf: Vec::new(),
             start: 0,
             end: 0,
-            max_payload,
+            max_payload: max_payload.min(Self::MAX_LIMIT),
             failed: None,
         }
     }
@@ -250,7 +255,7 @@ impl FrameDecoder {
             let limit = self.max_payload;
             return Err(self.fail(DecodeError::PayloadTooLarge { header, limit }));
         }
-        // Fits in usize: bounded by max_payload, which was held in memory.
+        // Cannot overflow: payload_len <= max_payload <= MAX_LIMIT.
         let total = HEADER_LEN + header.payload_len as usize;
         if available.len() < total {
             return Ok(None);
@@ -392,6 +397,17 @@ mod tests {
         decoder.extend_from_slice(&[0u8; 100]);
         assert_eq!(decoder.next_frame(), Ok(None));
         assert!(decoder.read_buf().len() <= MIN_READ);
+    }
+
+    #[test]
+    fn an_unbounded_limit_is_capped_so_lengths_cannot_overflow() {
+        let mut decoder = FrameDecoder::new(u64::MAX);
+        decoder.extend_from_slice(&header(Opcode::NOOP, 0, u64::MAX).encode());
+        assert!(matches!(
+            decoder.next_frame(),
+            Err(DecodeError::PayloadTooLarge { .. })
+        ));
+        assert_eq!(decoder.max_payload(), FrameDecoder::MAX_LIMIT);
     }
 
     #[test]

@@ -131,9 +131,15 @@ class AgentOSClient:
                 raise self._broken(err, "sending") from err
 
     def recv(self) -> Reply:
-        """Receives the next reply."""
+        """Receives the next reply. Never connects: a reply can only come on
+        the connection its request went out on."""
         with self._lock:
-            sock = self._socket()
+            sock = self._sock
+            if sock is None:
+                raise AgentOSConnectionError(
+                    "not connected: nothing to receive (an earlier failure closed the "
+                    "connection, or no request was sent)"
+                )
             try:
                 header = decode_header(self._read_exact(sock, HEADER_LEN))
             except ValueError as err:
@@ -242,12 +248,16 @@ class AgentOSClient:
         )
 
     def _read_refusal(self) -> Optional[AgentOSError]:
-        """The kernel's parting error reply, if one is waiting."""
+        """The kernel's parting words on a connection it refused: an error
+        reply under opcode EXIT. A reply to an earlier pipelined request is
+        not one."""
         try:
-            value = json.loads(self.recv().payload)
+            reply = self.recv()
+            if reply.opcode != Opcode.EXIT:
+                return None
+            return _failure(json.loads(reply.payload))
         except (AgentOSError, ValueError):
             return None
-        return _failure(value)
 
 
 def _to_bytes(payload: Payload) -> bytes:

@@ -50,3 +50,11 @@ def test_socket_path_resolution_order():
         "/tmp/agentos-7/agentos.sock"
     )
     assert resolve_socket_path("", environ={}, euid=3) == "/tmp/agentos-3/agentos.sock"
+
+
+def test_recv_never_opens_a_connection(tmp_path):
+    from agentos import AgentOSClient, AgentOSConnectionError
+
+    client = AgentOSClient(tmp_path / "none.sock")
+    with pytest.raises(AgentOSConnectionError, match="not connected"):
+        client.recv()

@@ -20,10 +20,8 @@ pub struct ConnectionLimits {
     pub max_request_bytes: u64,
     /// Requests awaiting replies before reading pauses.
     pub max_in_flight: usize,
-    /// Unsent reply bytes before reading pauses.
+    /// Buffered reply bytes before reading pauses.
     pub write_high_water: usize,
-    /// Unsent reply bytes before the connection is dropped.
-    pub write_buffer_limit: usize,
     /// Bytes read per turn before other connections get theirs.
     pub read_budget: usize,
 }
@@ -45,7 +43,8 @@ pub enum ReadTurn {
 #[derive(Debug)]
 pub struct Connection {
     pub stream: UnixStream,
-    /// Distinguishes this connection from earlier ones that had its slot.
+    /// Distinguishes this connection from earlier ones that had its slot;
+    /// also its owner id in the worker queue.
     pub serial: u64,
     pub caller: Caller,
     pub peer: PeerCred,
@@ -53,6 +52,9 @@ pub struct Connection {
     pub replies: ReplyQueue,
     /// No more requests will be read: EOF, EXIT, a framing error, shutdown.
     pub read_closed: bool,
+    /// The peer has shut down its sending side (seen in a readiness event):
+    /// read to EOF instead of trusting a short read to mean "empty for now".
+    pub peer_hung_up: bool,
     /// Reading stopped at a limit and must resume once under it.
     pub paused: bool,
     /// Sitting in the reactor's ready queue.
@@ -60,11 +62,15 @@ pub struct Connection {
     /// WRITABLE interest is registered (only while replies are backed up,
     /// so an idle connection is not woken each time the peer reads).
     pub wants_write: bool,
-    /// When the socket last accepted reply bytes, or when the current
-    /// backlog began if later.
-    pub last_write: Instant,
-    /// A write-stall timer is pending for this connection.
-    pub stall_timer: bool,
+    /// When the frame now being received began, if one is partly in.
+    pub frame_started: Option<Instant>,
+    /// A frame-deadline timer is pending for this connection.
+    pub frame_timer: bool,
+    /// Reply bytes the socket has accepted, ever.
+    pub sent_total: u64,
+    /// With a write-stall timer pending: `sent_total` and the unsent bytes
+    /// when it was armed, to judge the progress made since.
+    pub stall_mark: Option<(u64, usize)>,
 }
 
 impl Connection {
@@ -84,11 +90,14 @@ impl Connection {
             peer,
             decoder: FrameDecoder::new(limits.max_request_bytes),
             read_closed: false,
+            peer_hung_up: false,
             paused: false,
             queued: false,
             wants_write: false,
-            last_write: Instant::now(),
-            stall_timer: false,
+            frame_started: None,
+            frame_timer: false,
+            sent_total: 0,
+            stall_mark: None,
         }
     }
 
@@ -96,7 +105,7 @@ impl Connection {
     pub fn accepts_requests(&self, limits: &ConnectionLimits) -> bool {
         !self.read_closed
             && self.replies.in_flight() < limits.max_in_flight
-            && self.replies.unsent() < limits.write_high_water
+            && self.replies.buffered() < limits.write_high_water
     }
 
     /// Whether everything is said and done: close it.
@@ -107,16 +116,12 @@ impl Connection {
     /// One turn of reading: answers complete frames already buffered, then
     /// reads and answers more until the socket is drained, a limit pauses
     /// the connection, or the read budget is spent.
-    ///
-    /// `peer_hung_up` says the readiness event reported the peer's close; we
-    /// must then read to EOF rather than stop at a short read.
     pub fn read_turn(
         &mut self,
         key: ConnKey,
         kernel: &mut Kernel,
         workers: &WorkerPool<ReplyTo>,
         limits: &ConnectionLimits,
-        peer_hung_up: bool,
     ) -> io::Result<ReadTurn> {
         let mut budget = limits.read_budget;
         let mut drained = false;
@@ -124,6 +129,7 @@ impl Connection {
             while self.accepts_requests(limits) {
                 match self.decoder.next_frame() {
                     Ok(Some(frame)) => {
+                        self.frame_started = None;
                         let opcode = frame.header.opcode;
                         match kernel.dispatch(&self.caller, opcode, frame.payload) {
                             Outcome::Echo => self.replies.push_ready(opcode, frame.payload),
@@ -134,7 +140,14 @@ impl Connection {
                             }
                             Outcome::Deferred(job) => {
                                 let seq = self.replies.push_pending(opcode);
-                                workers.submit(ReplyTo { conn: key, seq }, job);
+                                let to = ReplyTo { conn: key, seq };
+                                if workers.submit(self.serial, to, job).is_err() {
+                                    let busy = ErrorReply::new(
+                                        ErrorCode::Busy,
+                                        "the kernel's work queue is full; retry later",
+                                    );
+                                    self.replies.complete(seq, busy.to_json());
+                                }
                             }
                         }
                     }
@@ -147,6 +160,9 @@ impl Connection {
             }
             if self.read_closed {
                 return Ok(ReadTurn::Closed);
+            }
+            if self.decoder.is_mid_frame() {
+                self.frame_started.get_or_insert_with(Instant::now);
             }
             if !self.accepts_requests(limits) {
                 self.paused = true;
@@ -177,8 +193,10 @@ impl Connection {
                     budget = budget.saturating_sub(n);
                     // A short read emptied the socket: any later data raises
                     // a new edge, so there is no need to read until EAGAIN —
-                    // one syscall saved per request on the latency path.
-                    drained = n < window_len && !peer_hung_up;
+                    // one syscall saved per request on the latency path. Not
+                    // so once the peer has hung up: no edge will follow, and
+                    // only reading on finds the EOF.
+                    drained = n < window_len && !self.peer_hung_up;
                 }
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
                     return Ok(ReadTurn::Drained)
@@ -203,14 +221,12 @@ impl Connection {
         self.replies
             .push_ready(opcode, &ErrorReply::new(code, err.to_string()).to_json());
         self.read_closed = true;
+        self.frame_started = None;
     }
 
-    /// Sends what the socket takes now, recording progress for the stall
-    /// timer.
+    /// Sends what the socket takes now.
     pub fn flush(&mut self) -> io::Result<()> {
-        if self.replies.write_to(&mut self.stream)? > 0 {
-            self.last_write = Instant::now();
-        }
+        self.sent_total += self.replies.write_to(&mut self.stream)? as u64;
         Ok(())
     }
 }

@@ -20,12 +20,12 @@ use agentos_proto::{encode_frame, ErrorCode, ErrorReply, Opcode};
 use mio::event::Event;
 use mio::net::UnixStream;
 use mio::{Events, Interest, Poll, Token, Waker};
-use signal_hook::consts::SIGINT;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
 use crate::config::Config;
-use crate::identity::{peer_cred, Authority};
+use crate::identity::{peer_cred, peer_groups, Authority};
 use crate::socket::KernelSocket;
 use crate::syscall::{Caller, Kernel};
 use crate::workers::WorkerPool;
@@ -38,8 +38,12 @@ const SIGNALS: Token = Token(usize::MAX - 2);
 
 /// Bytes one connection may read per turn before others are served.
 const READ_BUDGET: usize = 256 * 1024;
-/// After running out of file descriptors, try accepting again this soon.
+/// After accept fails (out of file descriptors), try again this soon.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+/// Per write-stall window, a backed-up client must accept this much of its
+/// pending replies (or all of them): trickling a byte at a time does not
+/// keep a connection and its buffers alive.
+const MIN_DRAIN: u64 = 64 * 1024;
 
 /// Names a connection across slot reuse: a completion for a connection that
 /// has closed (and whose slot now holds another) is recognised and dropped.
@@ -59,10 +63,36 @@ pub struct ReplyTo {
 
 #[derive(Debug)]
 enum Deadline {
-    /// Check whether this connection's peer is still not reading replies.
+    /// Check that this connection's peer reads its replies fast enough.
     WriteStall(ConnKey),
-    /// Retry accepting after descriptor exhaustion.
+    /// Check that the frame this connection is sending completes in time.
+    FrameTimeout(ConnKey),
+    /// Retry accepting after a failure.
     AcceptRetry,
+}
+
+/// Lets a repeatable warning through at most once a second, counting what
+/// it held back: clients can trigger some warnings at will, and the log
+/// must not become their megaphone.
+#[derive(Debug, Default)]
+struct LogThrottle {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogThrottle {
+    /// `Some(n)`: log now, mentioning `n` suppressed since the last one.
+    fn allow(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < Duration::from_secs(1))
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
 }
 
 /// The event loop of `agentosd`.
@@ -79,9 +109,12 @@ pub struct Reactor {
     /// ran out, or a limit that paused them was lifted.
     ready: VecDeque<ConnKey>,
     timers: Timers<Deadline>,
+    accept_retry_pending: bool,
+    refusals: LogThrottle,
     limits: ConnectionLimits,
     max_connections: usize,
     stall_timeout: Duration,
+    frame_timeout: Duration,
     shutdown_grace: Duration,
     /// Set once a shutdown signal arrived: the loop ends when every
     /// connection is finished or this passes.
@@ -103,7 +136,7 @@ impl Reactor {
                 .register(listener, LISTENER, Interest::READABLE)?;
         }
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let workers = WorkerPool::start(config.workers, waker)?;
+        let workers = WorkerPool::start(config.workers, config.max_queued_jobs, waker)?;
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         let authority = Authority::new(nix::unistd::geteuid().as_raw(), socket.gid());
@@ -111,7 +144,6 @@ impl Reactor {
             max_request_bytes: config.max_request_bytes,
             max_in_flight: config.max_in_flight as usize,
             write_high_water: config.write_high_water,
-            write_buffer_limit: config.write_buffer_limit,
             read_budget: READ_BUDGET,
         };
         Ok(Reactor {
@@ -124,9 +156,12 @@ impl Reactor {
             next_serial: 0,
             ready: VecDeque::new(),
             timers: Timers::default(),
+            accept_retry_pending: false,
+            refusals: LogThrottle::default(),
             limits,
             max_connections: config.max_connections,
             stall_timeout: config.write_stall_timeout(),
+            frame_timeout: config.frame_timeout(),
             shutdown_grace: config.shutdown_grace(),
             drain_deadline: None,
             kernel: Kernel::new(config),
@@ -205,17 +240,19 @@ impl Reactor {
                 Err(err)
                     if err.kind() == io::ErrorKind::Interrupted
                         || err.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(err) if matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                    log::warn!(
-                        "cannot accept: {err}; {} connections open, retrying shortly",
-                        self.connections.len()
-                    );
-                    self.timers
-                        .schedule(Instant::now() + ACCEPT_RETRY, Deadline::AcceptRetry);
-                    return;
-                }
                 Err(err) => {
-                    log::error!("accept failed: {err}");
+                    // With edge-triggered readiness no new event comes for
+                    // connections already waiting, so retry on a timer.
+                    if !self.accept_retry_pending {
+                        log::warn!(
+                            "cannot accept: {err} ({} connections open); retrying every {:?}",
+                            self.connections.len(),
+                            ACCEPT_RETRY
+                        );
+                        self.accept_retry_pending = true;
+                        self.timers
+                            .schedule(Instant::now() + ACCEPT_RETRY, Deadline::AcceptRetry);
+                    }
                     return;
                 }
             }
@@ -231,11 +268,14 @@ impl Reactor {
             }
         };
         if self.connections.len() >= self.max_connections {
-            log::warn!(
-                "refusing a connection from pid {}: {} connections is the configured maximum",
-                peer.pid,
-                self.max_connections
-            );
+            if let Some(suppressed) = self.refusals.allow(Instant::now()) {
+                log::warn!(
+                    "refusing a connection from pid {}: {} connections is the configured \
+                     maximum ({suppressed} more refusals not logged)",
+                    peer.pid,
+                    self.max_connections
+                );
+            }
             refuse(
                 &mut stream,
                 ErrorCode::Busy,
@@ -246,10 +286,19 @@ impl Reactor {
             );
             return;
         }
-        let identity = match self.authority.identify(&peer) {
+        let identity = match self
+            .authority
+            .identify(&peer, || peer_groups(&stream).unwrap_or_default())
+        {
             Ok(identity) => identity,
             Err(reason) => {
-                log::warn!("refusing pid {} uid {}: {reason}", peer.pid, peer.uid);
+                if let Some(suppressed) = self.refusals.allow(Instant::now()) {
+                    log::warn!(
+                        "refusing pid {} uid {}: {reason} ({suppressed} more refusals not logged)",
+                        peer.pid,
+                        peer.uid
+                    );
+                }
                 refuse(&mut stream, ErrorCode::PermissionDenied, &reason);
                 return;
             }
@@ -282,22 +331,32 @@ impl Reactor {
             return;
         };
         let key = ConnKey { index, serial };
-        let hung_up = event.is_read_closed() || event.is_error();
-        if event.is_readable() || hung_up {
-            self.read(key, hung_up);
+        if event.is_write_closed() || event.is_error() {
+            // The peer is gone in both directions: nobody is left to read a
+            // reply, so stop now and drop its queued work.
+            log::debug!("conn {serial}: peer hung up");
+            return self.close(key);
+        }
+        if event.is_read_closed() {
+            if let Some(conn) = self.connection(key) {
+                conn.peer_hung_up = true;
+            }
+        }
+        if event.is_readable() || event.is_read_closed() {
+            self.read(key);
         }
         self.settle(key);
     }
 
     /// One read turn for a connection.
-    fn read(&mut self, key: ConnKey, hung_up: bool) {
+    fn read(&mut self, key: ConnKey) {
         let Some(conn) = lookup(&mut self.connections, key) else {
             return;
         };
         if conn.read_closed {
             return;
         }
-        match conn.read_turn(key, &mut self.kernel, &self.workers, &self.limits, hung_up) {
+        match conn.read_turn(key, &mut self.kernel, &self.workers, &self.limits) {
             Ok(ReadTurn::BudgetSpent) => enqueue(&mut self.ready, conn, key),
             Ok(ReadTurn::Drained | ReadTurn::Paused | ReadTurn::Closed) => {}
             Err(err) => {
@@ -307,12 +366,11 @@ impl Reactor {
         }
     }
 
-    /// After anything happened on a connection: send what can be sent,
-    /// enforce the write limits, resume reading if a limit was lifted, and
-    /// close it if it is finished.
+    /// After anything happened on a connection: send what can be sent, arm
+    /// its deadlines, resume reading if a limit was lifted, and close it if
+    /// it is finished.
     fn settle(&mut self, key: ConnKey) {
         let limits = self.limits;
-        let stall_timeout = self.stall_timeout;
         let Some(conn) = lookup(&mut self.connections, key) else {
             return;
         };
@@ -324,14 +382,6 @@ impl Reactor {
             return self.close(key);
         }
         let unsent = conn.replies.unsent();
-        if unsent > limits.write_buffer_limit {
-            log::warn!(
-                "conn {} (pid {}): {unsent} bytes of replies unread, over the limit; disconnecting",
-                conn.serial,
-                conn.peer.pid
-            );
-            return self.close(key);
-        }
         let backed_up = unsent > 0;
         if backed_up != conn.wants_write {
             let interest = if backed_up {
@@ -349,12 +399,17 @@ impl Reactor {
             }
             conn.wants_write = backed_up;
         }
-        if backed_up && !conn.stall_timer {
-            let now = Instant::now();
-            conn.stall_timer = true;
-            conn.last_write = now;
+        if backed_up && conn.stall_mark.is_none() {
+            conn.stall_mark = Some((conn.sent_total, unsent));
+            self.timers.schedule(
+                Instant::now() + self.stall_timeout,
+                Deadline::WriteStall(key),
+            );
+        }
+        if let Some(started) = conn.frame_started.filter(|_| !conn.frame_timer) {
+            conn.frame_timer = true;
             self.timers
-                .schedule(now + stall_timeout, Deadline::WriteStall(key));
+                .schedule(started + self.frame_timeout, Deadline::FrameTimeout(key));
         }
         if conn.paused && conn.accepts_requests(&limits) {
             conn.paused = false;
@@ -368,8 +423,9 @@ impl Reactor {
         }
         let mut conn = self.connections.remove(key.index);
         let _ = self.poll.registry().deregister(&mut conn.stream);
+        let dropped_jobs = self.workers.cancel(conn.serial);
         log::debug!(
-            "conn {}: closed ({} replies never delivered)",
+            "conn {}: closed ({} replies never delivered, {dropped_jobs} queued jobs dropped)",
             conn.serial,
             conn.replies.in_flight()
         );
@@ -384,7 +440,7 @@ impl Reactor {
                 continue;
             };
             conn.queued = false;
-            self.read(key, false);
+            self.read(key);
             self.settle(key);
         }
     }
@@ -396,11 +452,11 @@ impl Reactor {
             let ReplyTo { conn: key, seq } = completion.address;
             if let Some(conn) = self.connection(key) {
                 conn.replies.complete(seq, completion.payload);
-                if !touched.contains(&key) {
-                    touched.push(key);
-                }
+                touched.push(key);
             }
         }
+        touched.sort_unstable_by_key(|key| (key.index, key.serial));
+        touched.dedup();
         for key in touched {
             self.settle(key);
         }
@@ -410,8 +466,12 @@ impl Reactor {
         let now = Instant::now();
         while let Some(deadline) = self.timers.pop_due(now) {
             match deadline {
-                Deadline::AcceptRetry => self.accept_all(),
+                Deadline::AcceptRetry => {
+                    self.accept_retry_pending = false;
+                    self.accept_all();
+                }
                 Deadline::WriteStall(key) => self.check_stall(key, now),
+                Deadline::FrameTimeout(key) => self.check_frame(key, now),
             }
         }
     }
@@ -421,36 +481,60 @@ impl Reactor {
         let Some(conn) = self.connection(key) else {
             return;
         };
-        conn.stall_timer = false;
-        if conn.replies.unsent() == 0 {
+        let Some((sent_then, unsent_then)) = conn.stall_mark.take() else {
+            return;
+        };
+        let unsent = conn.replies.unsent();
+        if unsent == 0 {
             return;
         }
-        let since = conn.last_write;
-        if now.saturating_duration_since(since) >= stall_timeout {
+        let progress = conn.sent_total - sent_then;
+        if progress < (unsent_then as u64).min(MIN_DRAIN) {
             log::warn!(
-                "conn {} (pid {}): peer has read none of its {} bytes of replies for {:?}; \
+                "conn {} (pid {}): peer read {progress} of {unsent_then} bytes of replies in \
+                 {stall_timeout:?}; disconnecting",
+                conn.serial,
+                conn.peer.pid,
+            );
+            return self.close(key);
+        }
+        conn.stall_mark = Some((conn.sent_total, unsent));
+        self.timers
+            .schedule(now + stall_timeout, Deadline::WriteStall(key));
+    }
+
+    fn check_frame(&mut self, key: ConnKey, now: Instant) {
+        let frame_timeout = self.frame_timeout;
+        let Some(conn) = self.connection(key) else {
+            return;
+        };
+        conn.frame_timer = false;
+        let Some(started) = conn.frame_started else {
+            return;
+        };
+        if conn.paused || conn.read_closed {
+            // The kernel is not reading: the delay is not the peer's.
+            conn.frame_started = None;
+            return;
+        }
+        if now.saturating_duration_since(started) >= frame_timeout {
+            log::warn!(
+                "conn {} (pid {}): a request frame took over {frame_timeout:?} to arrive; \
                  disconnecting",
                 conn.serial,
                 conn.peer.pid,
-                conn.replies.unsent(),
-                stall_timeout
             );
-            self.close(key);
-        } else {
-            conn.stall_timer = true;
-            self.timers
-                .schedule(since + stall_timeout, Deadline::WriteStall(key));
+            return self.close(key);
         }
+        conn.frame_timer = true;
+        self.timers
+            .schedule(started + frame_timeout, Deadline::FrameTimeout(key));
     }
 
     fn handle_signals(&mut self) {
         let received: Vec<i32> = self.signals.pending().collect();
         for signal in received {
-            let name = if signal == SIGINT {
-                "SIGINT"
-            } else {
-                "SIGTERM"
-            };
+            let name = signal_name(signal);
             if self.drain_deadline.is_some() {
                 log::warn!("{name} again: stopping now");
                 self.drain_deadline = Some(Instant::now());
@@ -497,6 +581,19 @@ impl std::fmt::Debug for Reactor {
             .field("connections", &self.connections.len())
             .field("draining", &self.drain_deadline.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// The signals that shut the kernel down cleanly.
+pub const SHUTDOWN_SIGNALS: [i32; 4] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT];
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        SIGTERM => "SIGTERM",
+        SIGINT => "SIGINT",
+        SIGHUP => "SIGHUP",
+        SIGQUIT => "SIGQUIT",
+        _ => "signal",
     }
 }
 

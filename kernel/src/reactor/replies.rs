@@ -4,12 +4,15 @@
 //! request later), but replies leave in request order. Every request takes a
 //! sequence number; a reply whose predecessors are all written goes straight
 //! into the output buffer, anything else waits in `waiting` until the gap
-//! before it closes.
+//! before it closes. Bytes held in either place count as buffered, so flow
+//! control sees replies parked behind a slow request too.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
 
-use agentos_proto::{encode_frame_into, ErrorCode, ErrorReply, Opcode, MAX_REPLY_BYTES};
+use agentos_proto::{
+    encode_frame_into, ErrorCode, ErrorReply, Opcode, HEADER_LEN, MAX_REPLY_BYTES,
+};
 
 /// An output buffer this large is released once empty.
 const OUT_KEEP: usize = 256 * 1024;
@@ -33,6 +36,8 @@ pub struct ReplyQueue {
     /// numbers are consecutive, starting at `first_waiting`.
     waiting: VecDeque<Slot>,
     first_waiting: u64,
+    /// Encoded size of the completed replies in `waiting`.
+    waiting_bytes: usize,
     next_seq: u64,
 }
 
@@ -45,6 +50,7 @@ impl ReplyQueue {
             written: 0,
             waiting: VecDeque::new(),
             first_waiting: 0,
+            waiting_bytes: 0,
             next_seq: 0,
         }
     }
@@ -55,6 +61,7 @@ impl ReplyQueue {
         if self.waiting.is_empty() {
             self.encode(opcode, payload);
         } else {
+            self.waiting_bytes += HEADER_LEN + payload.len();
             self.waiting.push_back(Slot {
                 opcode,
                 payload: Some(payload.to_vec()),
@@ -91,6 +98,7 @@ impl ReplyQueue {
             return;
         };
         if slot.payload.is_none() {
+            self.waiting_bytes += HEADER_LEN + payload.len();
             slot.payload = Some(payload);
         }
         while self.waiting.front().is_some_and(|s| s.payload.is_some()) {
@@ -100,6 +108,7 @@ impl ReplyQueue {
             }) = self.waiting.pop_front()
             {
                 self.first_waiting += 1;
+                self.waiting_bytes -= HEADER_LEN + payload.len();
                 self.encode(opcode, &payload);
             }
         }
@@ -113,6 +122,12 @@ impl ReplyQueue {
     /// Encoded bytes not yet accepted by the socket.
     pub fn unsent(&self) -> usize {
         self.out.len() - self.written
+    }
+
+    /// Reply bytes held for this connection: unsent, plus completed replies
+    /// waiting for an earlier one.
+    pub fn buffered(&self) -> usize {
+        self.unsent() + self.waiting_bytes
     }
 
     /// Nothing waiting and nothing unsent.
@@ -142,6 +157,13 @@ impl ReplyQueue {
             if self.out.capacity() > OUT_KEEP {
                 self.out = Vec::new();
             }
+        } else if self.written >= self.out.len() / 2 {
+            // Drop the sent prefix once it is at least half the buffer: a
+            // client that keeps the pipe full never empties it, and new
+            // replies must not pile up behind bytes already sent. Moving the
+            // smaller half keeps the cost amortised per byte.
+            self.out.drain(..self.written);
+            self.written = 0;
         }
         Ok(total)
     }
@@ -193,6 +215,8 @@ mod tests {
         let slower = queue.push_pending(Opcode::LIST);
         queue.push_ready(Opcode::NOOP, b"c");
         assert_eq!(queue.in_flight(), 4);
+        // "a" is encoded; "b" and "c" wait behind the HELLO and still count.
+        assert_eq!(queue.buffered(), 3 * (HEADER_LEN + 1));
         assert_eq!(drain(&mut queue), vec![(Opcode::NOOP, b"a".to_vec())]);
 
         queue.complete(slower, b"[]".to_vec());
@@ -208,6 +232,36 @@ mod tests {
             ]
         );
         assert!(queue.is_idle());
+        assert_eq!(queue.buffered(), 0);
+    }
+
+    #[test]
+    fn sent_bytes_do_not_accumulate_while_the_pipe_stays_full() {
+        /// Takes all but the last three bytes offered.
+        struct Laggard;
+        impl Write for Laggard {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                match buf.len().saturating_sub(3) {
+                    0 => Err(io::ErrorKind::WouldBlock.into()),
+                    n => Ok(n),
+                }
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut queue = ReplyQueue::new(1_000_000);
+        for _ in 0..10_000 {
+            queue.push_ready(Opcode::NOOP, &[7u8; 1000]);
+            queue.write_to(&mut Laggard).unwrap();
+            assert!(queue.unsent() <= 3);
+        }
+        assert!(
+            queue.out.len() < 4 * 1024,
+            "{} bytes kept for {} unsent",
+            queue.out.len(),
+            queue.unsent()
+        );
     }
 
     #[test]

@@ -31,19 +31,46 @@ impl Daemon {
 
     /// A daemon with this TOML config.
     pub fn start_with(config: &str) -> Daemon {
+        Daemon::start_limited(config, None)
+    }
+
+    /// A daemon with this TOML config and, if given, this open-files limit.
+    pub fn start_limited(config: &str, nofile: Option<u64>) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("agentos.sock");
-        let daemon = Daemon::spawn_at(dir, socket, config);
+        let daemon = Daemon::spawn(dir, socket, config, nofile);
         daemon.wait_ready();
         daemon
     }
 
     /// Spawns a daemon without waiting for it (for tests of start-up failures).
     pub fn spawn_at(dir: tempfile::TempDir, socket: PathBuf, config: &str) -> Daemon {
+        Daemon::spawn(dir, socket, config, None)
+    }
+
+    fn spawn(dir: tempfile::TempDir, socket: PathBuf, config: &str, nofile: Option<u64>) -> Daemon {
+        use std::os::unix::process::CommandExt;
         let config_path = dir.path().join(format!("agentosd-{}.toml", unique()));
         fs::write(&config_path, config).unwrap();
         let log = dir.path().join(format!("agentosd-{}.log", unique()));
-        let child = Command::new(AGENTOSD)
+        let mut command = Command::new(AGENTOSD);
+        if let Some(limit) = nofile {
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs
+            // between fork and exec here.
+            unsafe {
+                command.pre_exec(move || {
+                    let rlimit = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .arg("--socket")
             .arg(&socket)
             .arg("--config")
