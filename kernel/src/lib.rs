@@ -7,6 +7,7 @@
 //! ([`syscall`]), and hands blocking work to worker threads ([`workers`]).
 //! [`daemon`] puts it together from a [`config::Config`].
 
+pub mod cgroup;
 pub mod config;
 pub mod daemon;
 pub mod identity;

@@ -1,0 +1,435 @@
+//! cgroups: one parent `agentos/`, one child per daemon instance, one
+//! grandchild per agent — `agentos/agentosd-<pid>/<agent>` — in every
+//! hierarchy that carries a controller we use (memory, cpu, cpuacct and pids
+//! on v1; the single unified tree on v2).
+//!
+//! The version-specific parts — where the controllers live, how a parent
+//! hands controllers to its children, which files hold the figures, how an
+//! OOM kill is signalled — sit behind [`Backend`], with [`v1`] and [`v2`]
+//! implementations. Limits are written through `cgroups-rs`, over
+//! hierarchies rooted where our backends say (so tests can point them at a
+//! fake cgroupfs in a temporary directory); the figures LIST needs are read
+//! straight from their three or four files rather than through its
+//! whole-controller readers, which read a dozen.
+//!
+//! Several daemons may share a host: each works only inside its own
+//! instance directory. One that died without cleaning up (kill -9) leaves an
+//! instance whose pid is no longer an agentosd; the next daemon to start
+//! kills what is left in it and removes it.
+
+mod v1;
+mod v2;
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use agentos_proto::payload::CgroupVersion;
+use cgroups_rs::{Cgroup, MaxValue, Resources};
+
+/// Name of the directory holding every daemon's cgroups.
+pub const BASE: &str = "agentos";
+const INSTANCE_PREFIX: &str = "agentosd-";
+
+/// Limits for one agent, with defaults already applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CgroupLimits {
+    /// Hard memory limit in bytes; swap is not allowed on top.
+    pub memory: u64,
+    /// CPU time per period in microseconds; `None` for no quota.
+    pub cpu_quota: Option<u64>,
+    /// The CPU period in microseconds.
+    pub cpu_period: u64,
+    /// Most processes and threads at once.
+    pub max_pids: u64,
+}
+
+/// Figures read from an agent's cgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupStats {
+    /// Memory in use now, in bytes.
+    pub memory_current: u64,
+    /// Highest memory use seen, in bytes (0 where the kernel keeps no peak).
+    pub memory_peak: u64,
+    /// CPU time used, in microseconds.
+    pub cpu_usage_usec: u64,
+    /// Periods in which the quota stopped the group.
+    pub nr_throttled: u64,
+    /// Time the quota kept the group stopped, in microseconds.
+    pub throttled_usec: u64,
+    /// Processes the memory controller has killed.
+    pub oom_kills: u64,
+}
+
+/// What went wrong with a cgroup operation.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// A file or directory operation failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// Why it failed.
+        source: io::Error,
+    },
+    /// cgroups-rs refused to apply a limit.
+    #[error("cannot apply limits to {}: {message}", path.display())]
+    Limits {
+        /// The cgroup.
+        path: PathBuf,
+        /// What cgroups-rs said.
+        message: String,
+    },
+}
+
+fn io_error<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> CgroupError + 'a {
+    move |source| CgroupError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The version-specific parts of cgroup management.
+trait Backend: fmt::Debug + Send + Sync {
+    fn version(&self) -> CgroupVersion;
+    /// A cgroups-rs hierarchy whose controllers live where this backend's do.
+    fn hierarchy(&self) -> Box<dyn cgroups_rs::Hierarchy>;
+    /// The directories that make up the cgroup `rel`: one per hierarchy.
+    fn dirs(&self, rel: &Path) -> Vec<PathBuf>;
+    /// Lets the children of `rel` use our controllers (v2's subtree_control).
+    fn delegate(&self, rel: &Path) -> io::Result<()>;
+    /// The swap limit that means "no swap beyond the memory limit", if the
+    /// kernel accounts swap at all.
+    fn no_swap_limit(&self, rel: &Path, memory: u64) -> Option<i64>;
+    /// The figures LIST shows.
+    fn stats(&self, rel: &Path) -> CgroupStats;
+    /// Processes the memory controller has killed in `rel`.
+    fn oom_kills(&self, rel: &Path) -> u64;
+    /// A descriptor that becomes readable when `rel` sees an OOM kill.
+    fn watch_oom(&self, rel: &Path) -> io::Result<OwnedFd>;
+    /// Consumes the readiness of a [`watch_oom`](Self::watch_oom) descriptor.
+    fn drain_watch(&self, fd: &OwnedFd);
+    /// The file a process writes "0" to in order to join `rel`, per hierarchy.
+    fn procs_files(&self, rel: &Path) -> Vec<PathBuf> {
+        self.dirs(rel)
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
+    }
+}
+
+/// This daemon's cgroups.
+#[derive(Debug)]
+pub struct Cgroups {
+    backend: Arc<dyn Backend>,
+    /// `agentos/agentosd-<pid>`, relative to each hierarchy.
+    instance: PathBuf,
+}
+
+impl Cgroups {
+    /// Finds usable controllers on this host. `Err` says why there are none
+    /// (not root, controllers missing) in a sentence for `degraded_reason`.
+    pub fn detect() -> Result<Cgroups, String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(
+                "agentosd is not running as root, so it cannot create cgroups: \
+                        memory, cpu and pids limits are not enforced"
+                    .into(),
+            );
+        }
+        let backend: Arc<dyn Backend> = match v2::Unified::detect() {
+            Ok(Some(unified)) => Arc::new(unified),
+            Ok(None) => Arc::new(v1::Legacy::detect()?),
+            Err(reason) => return Err(reason),
+        };
+        Ok(Cgroups::with_backend(backend, std::process::id()))
+    }
+
+    fn with_backend(backend: Arc<dyn Backend>, pid: u32) -> Cgroups {
+        Cgroups {
+            backend,
+            instance: Path::new(BASE).join(format!("{INSTANCE_PREFIX}{pid}")),
+        }
+    }
+
+    /// A v1 manager over controller directories named by `roots` (for tests
+    /// against a fake cgroupfs).
+    #[cfg(test)]
+    fn fake_v1(root: &Path, pid: u32) -> Cgroups {
+        Cgroups::with_backend(Arc::new(v1::Legacy::at(root)), pid)
+    }
+
+    /// A v2 manager over a unified tree at `root` (for tests).
+    #[cfg(test)]
+    fn fake_v2(root: &Path, pid: u32) -> Cgroups {
+        Cgroups::with_backend(Arc::new(v2::Unified::at(root)), pid)
+    }
+
+    /// Which cgroup version is in use.
+    pub fn version(&self) -> CgroupVersion {
+        self.backend.version()
+    }
+
+    /// Creates `agentos/` and this instance's directory, and removes what
+    /// dead instances left behind.
+    pub fn start(&self) -> Result<(), CgroupError> {
+        self.backend.delegate(Path::new("")).map_err(io_error(
+            "cannot delegate controllers below",
+            Path::new("/"),
+        ))?;
+        self.make_dirs(Path::new(BASE))?;
+        self.backend
+            .delegate(Path::new(BASE))
+            .map_err(io_error("cannot delegate controllers to", Path::new(BASE)))?;
+        self.remove_stale_instances();
+        self.make_dirs(&self.instance)?;
+        self.backend
+            .delegate(&self.instance)
+            .map_err(io_error("cannot delegate controllers to", &self.instance))
+    }
+
+    /// Creates the cgroup for one agent and applies its limits. An existing
+    /// cgroup of that name (from an earlier run of the agent) is reused.
+    pub fn create(&self, name: &str, limits: &CgroupLimits) -> Result<AgentCgroup, CgroupError> {
+        let cgroup = self.make_agent_dirs(name)?;
+        cgroup.apply(limits)?;
+        Ok(cgroup)
+    }
+
+    fn make_agent_dirs(&self, name: &str) -> Result<AgentCgroup, CgroupError> {
+        let rel = self.instance.join(name);
+        self.make_dirs(&rel)?;
+        Ok(AgentCgroup {
+            backend: Arc::clone(&self.backend),
+            rel,
+        })
+    }
+
+    fn make_dirs(&self, rel: &Path) -> Result<(), CgroupError> {
+        for dir in self.backend.dirs(rel) {
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(io_error("cannot create cgroup", &dir)(err)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes this instance's directory, and `agentos/` too if no other
+    /// daemon uses it. Agent cgroups must be gone already.
+    pub fn shutdown(&self) {
+        for dir in self.backend.dirs(&self.instance) {
+            if let Err(err) = fs::remove_dir(&dir) {
+                if err.kind() != io::ErrorKind::NotFound {
+                    log::warn!("cannot remove cgroup {}: {err}", dir.display());
+                }
+            }
+        }
+        for dir in self.backend.dirs(Path::new(BASE)) {
+            // Busy when another daemon still has its instance there.
+            let _ = fs::remove_dir(&dir);
+        }
+    }
+
+    /// Kills and removes the cgroups of daemons that are gone.
+    fn remove_stale_instances(&self) {
+        let Some(base) = self.backend.dirs(Path::new(BASE)).into_iter().next() else {
+            return;
+        };
+        let Ok(entries) = fs::read_dir(&base) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(INSTANCE_PREFIX))
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if Path::new(BASE).join(&name) == self.instance || is_live_daemon(pid) {
+                continue;
+            }
+            log::info!("removing cgroups left by agentosd pid {pid}, which is gone");
+            let stale = Path::new(BASE).join(&name);
+            self.remove_tree(&stale);
+        }
+    }
+
+    /// Kills every process under `rel` and removes its directories, deepest
+    /// first. Used at start-up only, so it may wait a little.
+    fn remove_tree(&self, rel: &Path) {
+        let children: Vec<PathBuf> = self
+            .backend
+            .dirs(rel)
+            .into_iter()
+            .next()
+            .and_then(|dir| fs::read_dir(dir).ok())
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| rel.join(e.file_name()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for child in children {
+            self.remove_tree(&child);
+        }
+        let group = AgentCgroup {
+            backend: Arc::clone(&self.backend),
+            rel: rel.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            group.kill_all();
+            match group.remove() {
+                Ok(()) => return,
+                Err(err) if Instant::now() >= deadline => {
+                    log::warn!("cannot remove stale cgroup {}: {err}", rel.display());
+                    return;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+/// Whether `pid` is a running agentosd (so its instance must be left alone).
+fn is_live_daemon(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "agentosd")
+}
+
+/// One agent's cgroup.
+#[derive(Debug)]
+pub struct AgentCgroup {
+    backend: Arc<dyn Backend>,
+    rel: PathBuf,
+}
+
+impl AgentCgroup {
+    /// The cgroup's path below each hierarchy's root.
+    pub fn rel(&self) -> &Path {
+        &self.rel
+    }
+
+    /// Which cgroup version it belongs to.
+    pub fn version(&self) -> CgroupVersion {
+        self.backend.version()
+    }
+
+    fn apply(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
+        let mut resources = Resources::default();
+        resources.memory.memory_hard_limit = Some(clamp_i64(limits.memory));
+        resources.memory.memory_swap_limit = self.backend.no_swap_limit(&self.rel, limits.memory);
+        resources.cpu.quota = Some(limits.cpu_quota.map_or(-1, clamp_i64));
+        resources.cpu.period = Some(limits.cpu_period);
+        resources.pid.maximum_number_of_processes =
+            Some(MaxValue::Value(clamp_i64(limits.max_pids)));
+        let cgroup = Cgroup::load(self.backend.hierarchy(), &self.rel);
+        cgroup.apply(&resources).map_err(|err| CgroupError::Limits {
+            path: self.rel.clone(),
+            message: err.to_string(),
+        })
+    }
+
+    /// The files a process writes "0" to in order to join this cgroup, one
+    /// per hierarchy. The sandbox opens them before dropping privileges.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.backend.procs_files(&self.rel)
+    }
+
+    /// The figures LIST shows.
+    pub fn stats(&self) -> CgroupStats {
+        self.backend.stats(&self.rel)
+    }
+
+    /// Processes the memory controller has killed so far.
+    pub fn oom_kills(&self) -> u64 {
+        self.backend.oom_kills(&self.rel)
+    }
+
+    /// A descriptor that becomes readable on each OOM kill in this cgroup.
+    pub fn watch_oom(&self) -> io::Result<OwnedFd> {
+        self.backend.watch_oom(&self.rel)
+    }
+
+    /// Consumes the readiness of a [`watch_oom`](Self::watch_oom) descriptor.
+    pub fn drain_watch(&self, fd: &OwnedFd) {
+        self.backend.drain_watch(fd)
+    }
+
+    /// Processes in the cgroup now.
+    pub fn pids(&self) -> Vec<u32> {
+        self.backend
+            .procs_files(&self.rel)
+            .first()
+            .and_then(|file| fs::read_to_string(file).ok())
+            .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Sends SIGKILL to every process in the cgroup.
+    pub fn kill_all(&self) {
+        for pid in self.pids() {
+            // SAFETY: kill(2) has no memory-safety preconditions; a pid that
+            // has gone meanwhile gives ESRCH, which is fine.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// Removes the cgroup's directories. Fails (EBUSY) while processes
+    /// remain; never waits.
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        for dir in self.backend.dirs(&self.rel) {
+            match fs::remove_dir(&dir) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => return Err(io_error("cannot remove cgroup", &dir)(err)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn clamp_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Reads a file of `key value` lines (cpu.stat, memory.events) into the
+/// value of `key`, 0 when absent.
+fn keyed_value(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some(key))
+                .then(|| words.next().and_then(|v| v.parse().ok()))
+                .flatten()
+        })
+        .unwrap_or(0)
+}
+
+/// Reads a file holding one number, 0 when absent or unreadable.
+fn number_in(path: &Path) -> u64 {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;
