@@ -12,6 +12,7 @@ pub mod config;
 pub mod daemon;
 pub mod identity;
 pub mod reactor;
+pub mod sandbox;
 pub mod socket;
 pub mod syscall;
 pub mod workers;

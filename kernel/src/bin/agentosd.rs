@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentos_kernel::config::{Config, Flags};
-use agentos_kernel::daemon;
+use agentos_kernel::{daemon, sandbox};
 use clap::Parser;
 
 /// The AgentOS kernel: serves the AgentOS protocol on a Unix socket.
@@ -36,6 +36,10 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // The daemon re-executes itself as the init of each sandbox it starts.
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(sandbox::init::ARG)) {
+        sandbox::init::main();
+    }
     let args = Args::parse();
     let flags = Flags {
         config: args.config,

@@ -1,0 +1,248 @@
+//! The daemon's side of starting a sandbox: `clone3` into the requested
+//! namespaces and, in the child, nothing but placing descriptors and
+//! executing the daemon's own binary as the sandbox's init.
+//!
+//! Between `clone3` and `execve` the child is a copy of a multi-threaded
+//! process: other threads' locks may be held forever, so it must not
+//! allocate or lock. Everything it needs — argv, environment, the
+//! descriptor table — is prepared before the clone, and the child only
+//! makes raw system calls.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use super::init;
+use super::spec::{fds, SandboxSpec};
+use super::status::StatusReader;
+
+/// Descriptors are staged above this number before the clone, so that
+/// placing them at their fixed numbers in the child never overwrites one
+/// still to be placed.
+const STAGING_FLOOR: RawFd = 100;
+
+/// Starts sandboxes. One per daemon; it owns the lifeline.
+#[derive(Debug)]
+pub struct Launcher {
+    init_program: CString,
+    /// Every init holds a copy of the read end; only we hold the write end,
+    /// so when the daemon dies, however it dies, every init sees it close.
+    lifeline_read: OwnedFd,
+    _lifeline_write: OwnedFd,
+}
+
+/// What to start.
+#[derive(Debug)]
+pub struct LaunchRequest {
+    /// The init's orders.
+    pub spec: SandboxSpec,
+    /// The agent's log, open for reading and writing.
+    pub log: File,
+    /// The cgroup.procs files to join, open for writing.
+    pub cgroup_procs: Vec<File>,
+    /// With a user namespace: the host uid and gid that uid 0 inside maps to.
+    pub map_to: Option<(u32, u32)>,
+}
+
+/// A started sandbox.
+#[derive(Debug)]
+pub struct Launched {
+    /// The init's pid on the host.
+    pub pid: i32,
+    /// A pidfd for the init: readable when it exits.
+    pub pidfd: OwnedFd,
+    /// The init's status lines.
+    pub status: StatusReader,
+}
+
+impl Launcher {
+    /// A launcher that executes `init_program` (the daemon itself:
+    /// `/proc/self/exe`) in the init role.
+    pub fn new(init_program: &Path) -> io::Result<Launcher> {
+        let (lifeline_read, lifeline_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        Ok(Launcher {
+            init_program: CString::new(init_program.as_os_str().as_bytes())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            lifeline_read,
+            _lifeline_write: lifeline_write,
+        })
+    }
+
+    /// Starts a sandbox. Returns once the init is running and has been told
+    /// to go; whether the workload starts is reported on the status pipe.
+    pub fn launch(&self, request: LaunchRequest) -> io::Result<Launched> {
+        let spec_fd = spec_memfd(&request.spec)?;
+        let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (go_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let dev_null = File::options().read(true).write(true).open("/dev/null")?;
+
+        // Where each descriptor must end up in the child.
+        let mut placement: Vec<(RawFd, RawFd)> = vec![
+            (dev_null.as_raw_fd(), 0),
+            (request.log.as_raw_fd(), 1),
+            (request.log.as_raw_fd(), 2),
+            (spec_fd.as_raw_fd(), fds::SPEC),
+            (status_write.as_raw_fd(), fds::STATUS),
+            (go_read.as_raw_fd(), fds::GO),
+            (self.lifeline_read.as_raw_fd(), fds::LIFELINE),
+            (request.log.as_raw_fd(), fds::LOG),
+        ];
+        for (index, file) in request.cgroup_procs.iter().enumerate() {
+            placement.push((file.as_raw_fd(), fds::CGROUP_BASE + index as RawFd));
+        }
+        let staged: Vec<(OwnedFd, RawFd)> = placement
+            .iter()
+            .map(|(source, target)| Ok((stage(*source)?, *target)))
+            .collect::<io::Result<_>>()?;
+        let moves: Vec<(RawFd, RawFd)> =
+            staged.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
+        let first_free = fds::CGROUP_BASE + request.cgroup_procs.len() as RawFd;
+
+        let argv0 = CString::from(c"agentosd");
+        let argv1 =
+            CString::new(init::ARG).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let argv = [argv0.as_ptr(), argv1.as_ptr(), std::ptr::null()];
+        let envp = [std::ptr::null::<libc::c_char>()];
+
+        let mut pidfd: RawFd = -1;
+        let mut args = CloneArgs {
+            flags: libc::CLONE_PIDFD as u64 | CLONE_CLEAR_SIGHAND | namespace_flags(&request.spec),
+            pidfd: &mut pidfd as *mut RawFd as u64,
+            exit_signal: libc::SIGCHLD as u64,
+            ..CloneArgs::default()
+        };
+        // SAFETY: clone3 with a fully initialised argument struct and no
+        // new stack (fork semantics). In the child, only async-signal-safe
+        // system calls run on data prepared above, ending in execve or _exit.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &mut args as *mut CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if pid == 0 {
+            // SAFETY: see above: raw syscalls only, then exec or exit.
+            unsafe { child(&moves, first_free, &self.init_program, &argv, &envp) }
+        }
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let pid = pid as i32;
+        // SAFETY: clone3 stored a fresh pidfd for us in `pidfd`.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+        drop(staged);
+        drop(status_write);
+        drop(go_read);
+
+        if let Some((uid, gid)) = request.map_to {
+            write_id_maps(pid, uid, gid)?;
+        }
+        File::from(go_write).write_all(b"g")?;
+        Ok(Launched {
+            pid,
+            pidfd,
+            status: StatusReader::new(status_read)?,
+        })
+    }
+}
+
+/// Reset every signal handler to default in the child (Linux 5.5): a
+/// handler of the daemon's must never run between clone and exec.
+const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
+
+/// `struct clone_args` of clone3(2).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+fn namespace_flags(spec: &SandboxSpec) -> u64 {
+    let ns = &spec.namespaces;
+    [
+        (ns.user, libc::CLONE_NEWUSER),
+        (ns.pid, libc::CLONE_NEWPID),
+        (ns.net, libc::CLONE_NEWNET),
+        (ns.mount, libc::CLONE_NEWNS),
+        (ns.uts, libc::CLONE_NEWUTS),
+        (ns.ipc, libc::CLONE_NEWIPC),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |flags, (_, flag)| flags | flag as u64)
+}
+
+/// The child between clone3 and execve.
+///
+/// # Safety
+/// Must only be called in the child of clone3; never returns.
+unsafe fn child(
+    moves: &[(RawFd, RawFd)],
+    first_free: RawFd,
+    program: &CString,
+    argv: &[*const libc::c_char; 3],
+    envp: &[*const libc::c_char; 1],
+) -> ! {
+    // SAFETY: raw system calls on descriptors staged above every target,
+    // so no dup2 overwrites a descriptor still to be moved; dup2 leaves the
+    // targets without close-on-exec.
+    unsafe {
+        for (source, target) in moves {
+            if libc::dup2(*source, *target) < 0 {
+                libc::_exit(126);
+            }
+        }
+        // Anything else this process had open stays behind at exec.
+        libc::syscall(
+            libc::SYS_close_range,
+            first_free as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        libc::_exit(127)
+    }
+}
+
+/// A close-on-exec duplicate of `fd` numbered above every fixed target.
+fn stage(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we hold; the result is owned.
+    let staged = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, STAGING_FLOOR) };
+    if staged < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(staged) })
+}
+
+fn spec_memfd(spec: &SandboxSpec) -> io::Result<OwnedFd> {
+    let json = serde_json::to_vec(spec).map_err(io::Error::other)?;
+    let fd =
+        nix::sys::memfd::memfd_create(c"agentos-spec", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
+    let mut file = File::from(fd);
+    file.write_all(&json)?;
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0))?;
+    Ok(OwnedFd::from(file))
+}
+
+/// Maps uid/gid 0 inside the child's user namespace to `uid`/`gid` outside.
+fn write_id_maps(pid: i32, uid: u32, gid: u32) -> io::Result<()> {
+    std::fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
+    std::fs::write(format!("/proc/{pid}/uid_map"), format!("0 {uid} 1"))?;
+    std::fs::write(format!("/proc/{pid}/gid_map"), format!("0 {gid} 1"))?;
+    Ok(())
+}

@@ -1,0 +1,24 @@
+//! Sandboxes: isolated process trees, one implementation for agents (SPAWN)
+//! and, later, EXEC's pooled interpreters.
+//!
+//! The daemon side plans the sandbox ([`plan`] → [`SandboxSpec`]) and starts
+//! it ([`launch`]: clone3 into new namespaces, exec the daemon's own binary
+//! as [`init`]). The init side builds the root filesystem ([`mounts`]),
+//! brings up loopback ([`network`]), gives up privileges ([`privileges`],
+//! [`seccomp`]) and runs the workload as its PID 1 ([`pid1`]), reporting
+//! over the status pipe ([`status`]).
+
+pub mod init;
+pub mod launch;
+pub mod mounts;
+mod network;
+mod pid1;
+pub mod plan;
+mod privileges;
+mod seccomp;
+pub mod spec;
+pub mod status;
+
+pub use launch::{LaunchRequest, Launched, Launcher};
+pub use spec::{Namespaces, SandboxSpec, User};
+pub use status::{Status, StatusReader};

@@ -1,0 +1,541 @@
+//! The init's second half: the workload's parent for as long as it runs.
+//! In a PID namespace the init is PID 1, so it also reaps every orphan and,
+//! when the workload ends, takes down whatever it left behind (ending the
+//! namespace). Signals sent to the init are passed on to the workload's
+//! processes; the workload's stdout and stderr are copied into the log with
+//! a size cap; the lifeline tells it when the daemon is gone.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentos_proto::ErrorCode;
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{ForkResult, Pid};
+
+use super::init::{readable, report, Failure};
+use super::spec::{fds, SandboxSpec};
+use super::status::Status;
+
+/// Signals passed on to the workload.
+const FORWARDED: [Signal; 6] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+/// After the workload ends outside a PID namespace, how long to wait for
+/// processes it left behind to close their copy of its output.
+const OUTPUT_LINGER: Duration = Duration::from_secs(1);
+
+/// Whether the daemon has died (its end of the lifeline is closed).
+pub fn lifeline_cut() -> bool {
+    let mut pfd = [libc::pollfd {
+        fd: fds::LIFELINE,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: one valid pollfd, zero timeout.
+    let ready = unsafe { libc::poll(pfd.as_mut_ptr(), 1, 0) };
+    ready > 0 && pfd[0].revents != 0
+}
+
+/// Starts the workload and supervises it; returns the init's exit code.
+pub fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
+    let program = resolve_program(spec)?;
+    if let Some(script) = &spec.script {
+        if !script.exists() {
+            return Err(Failure {
+                code: ErrorCode::NotFound,
+                message: format!("script {} does not exist in the sandbox", script.display()),
+            });
+        }
+        if !readable(script) {
+            return Err(Failure {
+                code: ErrorCode::PermissionDenied,
+                message: format!(
+                    "script {} is not readable by the agent's user (uid {}); make it and its \
+                     directories readable by others",
+                    script.display(),
+                    nix::unistd::getuid()
+                ),
+            });
+        }
+    }
+    let exec = Exec::prepare(spec, &program)?;
+    let (output_read, output_write) = pipe()?;
+    let (exec_read, exec_write) = pipe()?;
+
+    // Block the signals we handle before forking, so none is lost between
+    // fork and the signalfd; the workload unblocks them before exec.
+    let mut handled = SigSet::empty();
+    handled.add(Signal::SIGCHLD);
+    for signal in FORWARDED {
+        handled.add(signal);
+    }
+    handled
+        .thread_block()
+        .map_err(|err| Failure::internal(format!("cannot block signals: {err}")))?;
+
+    // SAFETY: this process is single-threaded, so the child may run any code.
+    let child = match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Child) => workload(spec, &exec, &output_write, &exec_write),
+        Ok(ForkResult::Parent { child }) => child,
+        Err(err) => {
+            return Err(Failure::internal(format!(
+                "cannot fork the workload: {err}"
+            )))
+        }
+    };
+    drop(output_write);
+    drop(exec_write);
+
+    // The exec pipe closes on a successful exec; anything written to it is
+    // the reason the exec did not happen.
+    let mut reason = Vec::new();
+    read_to_end(&exec_read, &mut reason);
+    if !reason.is_empty() {
+        let _ = waitpid(child, None);
+        return Err(exec_failure(
+            &String::from_utf8_lossy(&reason),
+            spec,
+            &program,
+        ));
+    }
+    report(&Status::Ready {
+        pid: child.as_raw(),
+    });
+    let ending = supervise(spec, child, &handled, output_read)?;
+    report(&ending);
+    Ok(match ending {
+        Status::Exited(code) => code,
+        Status::Signaled(signal) => 128 + signal,
+        _ => 1,
+    })
+}
+
+/// The executable to run: absolute, or found on the spec's PATH.
+fn resolve_program(spec: &SandboxSpec) -> Result<PathBuf, Failure> {
+    if spec.program.is_absolute() {
+        return Ok(spec.program.clone());
+    }
+    let path = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or("/usr/local/bin:/usr/bin:/bin", |(_, v)| v.as_str());
+    path.split(':')
+        .map(|dir| Path::new(dir).join(&spec.program))
+        .find(|candidate| nix::unistd::access(candidate, nix::unistd::AccessFlags::X_OK).is_ok())
+        .ok_or_else(|| Failure {
+            code: ErrorCode::NotFound,
+            message: format!(
+                "program {:?} was not found on the sandbox's PATH ({path})",
+                spec.program
+            ),
+        })
+}
+
+/// argv and environment, converted before fork.
+struct Exec {
+    program: CString,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    cwd: CString,
+}
+
+impl Exec {
+    fn prepare(spec: &SandboxSpec, program: &Path) -> Result<Exec, Failure> {
+        let c = |bytes: &[u8]| {
+            CString::new(bytes).map_err(|_| Failure {
+                code: ErrorCode::BadRequest,
+                message: "arguments and environment must not contain NUL bytes".into(),
+            })
+        };
+        Ok(Exec {
+            program: c(program.as_os_str().as_bytes())?,
+            argv: spec
+                .argv
+                .iter()
+                .map(|a| c(a.as_bytes()))
+                .collect::<Result<_, _>>()?,
+            env: spec
+                .env
+                .iter()
+                .map(|(k, v)| c(format!("{k}={v}").as_bytes()))
+                .collect::<Result<_, _>>()?,
+            cwd: c(spec.cwd.as_os_str().as_bytes())?,
+        })
+    }
+}
+
+/// The forked child: becomes the workload. Reports a failure on
+/// `exec_write` as "<step> <errno>" and exits 127.
+fn workload(spec: &SandboxSpec, exec: &Exec, output: &OwnedFd, exec_write: &OwnedFd) -> ! {
+    let fail = |step: &str| -> ! {
+        let message = format!("{step} {}", Errno::last_raw());
+        // SAFETY: writing a local buffer to our pipe, then leaving the
+        // forked child without running the parent's destructors.
+        unsafe {
+            libc::write(
+                exec_write.as_raw_fd(),
+                message.as_ptr().cast(),
+                message.len(),
+            );
+            libc::_exit(127)
+        }
+    };
+    // Signals: default dispositions (SIGPIPE included — the daemon ignores
+    // it, and ignored signals survive exec) and nothing blocked.
+    for signal in Signal::iterator() {
+        if signal != Signal::SIGKILL && signal != Signal::SIGSTOP {
+            // SAFETY: resetting to the default disposition is always sound.
+            unsafe {
+                let _ = nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigDfl);
+            }
+        }
+    }
+    let _ = SigSet::all().thread_unblock();
+    // Its own session and process group, so the whole group can be
+    // signalled when there is no PID namespace to do it.
+    let _ = nix::unistd::setsid();
+    // SAFETY: dup2 onto stdout/stderr of this process.
+    unsafe {
+        if libc::dup2(output.as_raw_fd(), 1) < 0 || libc::dup2(output.as_raw_fd(), 2) < 0 {
+            fail("dup2");
+        }
+    }
+    for index in 0..spec.cgroup_fds {
+        let fd = fds::CGROUP_BASE + index as RawFd;
+        // "0" moves the writing process itself into the cgroup.
+        // SAFETY: writing a constant to a descriptor the launcher gave us.
+        if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
+            fail("cgroup");
+        }
+        // SAFETY: closing our own descriptor.
+        unsafe {
+            libc::close(fd);
+        }
+    }
+    // SAFETY: chdir and execve with NUL-terminated strings and
+    // NULL-terminated arrays built before fork.
+    unsafe {
+        if libc::chdir(exec.cwd.as_ptr()) != 0 {
+            fail("chdir");
+        }
+        let mut argv: Vec<*const libc::c_char> = exec.argv.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut env: Vec<*const libc::c_char> = exec.env.iter().map(|e| e.as_ptr()).collect();
+        env.push(std::ptr::null());
+        libc::execve(exec.program.as_ptr(), argv.as_ptr(), env.as_ptr());
+    }
+    fail("exec")
+}
+
+fn exec_failure(reason: &str, spec: &SandboxSpec, program: &Path) -> Failure {
+    let (step, errno) = reason.split_once(' ').unwrap_or((reason, "0"));
+    let errno = Errno::from_raw(errno.trim().parse().unwrap_or(0));
+    let (code, message) = match (step, errno) {
+        ("exec", Errno::ENOENT) => (
+            ErrorCode::NotFound,
+            format!(
+                "program {} does not exist in the sandbox",
+                program.display()
+            ),
+        ),
+        ("exec", Errno::EACCES) => (
+            ErrorCode::PermissionDenied,
+            format!(
+                "program {} is not executable by the agent's user",
+                program.display()
+            ),
+        ),
+        ("exec", other) => (
+            ErrorCode::BadRequest,
+            format!("cannot execute {}: {other}", program.display()),
+        ),
+        ("chdir", Errno::ENOENT) => (
+            ErrorCode::NotFound,
+            format!(
+                "working directory {} does not exist in the sandbox",
+                spec.cwd.display()
+            ),
+        ),
+        ("chdir", other) => (
+            ErrorCode::PermissionDenied,
+            format!(
+                "cannot enter working directory {}: {other}",
+                spec.cwd.display()
+            ),
+        ),
+        (step, other) => (
+            ErrorCode::Internal,
+            format!("workload setup failed at {step}: {other}"),
+        ),
+    };
+    Failure { code, message }
+}
+
+/// Runs until the workload has ended and its output is drained.
+fn supervise(
+    spec: &SandboxSpec,
+    child: Pid,
+    handled: &SigSet,
+    output: OwnedFd,
+) -> Result<Status, Failure> {
+    let signals = SignalFd::with_flags(handled, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|err| Failure::internal(format!("cannot create signalfd: {err}")))?;
+    set_nonblocking(&output);
+    let own_pid_namespace = spec.namespaces.pid;
+    let mut log = LogWriter::new(fds::LOG, spec.log_cap);
+    let mut ending: Option<Status> = None;
+    let mut output_open = true;
+    let mut linger_until: Option<Instant> = None;
+    let mut buffer = vec![0u8; 64 * 1024];
+    // SAFETY: the lifeline stays open for the life of this process.
+    let lifeline = unsafe { std::os::fd::BorrowedFd::borrow_raw(fds::LIFELINE) };
+
+    while ending.is_none() || output_open {
+        if linger_until.is_some_and(|t| Instant::now() >= t) {
+            break;
+        }
+        let timeout = linger_until.map_or(PollTimeout::NONE, |_| PollTimeout::from(100u16));
+        let mut polled = [
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+            PollFd::new(lifeline, PollFlags::POLLIN),
+            PollFd::new(output.as_fd(), PollFlags::POLLIN),
+        ];
+        let watched = if output_open { 3 } else { 2 };
+        match poll(&mut polled[..watched], timeout) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(err) => return Err(Failure::internal(format!("poll: {err}"))),
+        }
+        let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
+        if ready(&polled[1]) {
+            // The daemon is gone: so is everything it started.
+            signal_workload(own_pid_namespace, child, Signal::SIGKILL);
+            std::process::exit(137);
+        }
+        if ready(&polled[0]) {
+            while let Ok(Some(info)) = signals.read_signal() {
+                let signal = Signal::try_from(info.ssi_signo as i32).ok();
+                match signal {
+                    Some(Signal::SIGCHLD) => {
+                        if let Some(end) = reap(child) {
+                            ending = Some(end);
+                            // Whatever the workload left behind goes with it.
+                            signal_workload(own_pid_namespace, child, Signal::SIGKILL);
+                            if !own_pid_namespace {
+                                linger_until = Some(Instant::now() + OUTPUT_LINGER);
+                            }
+                        }
+                    }
+                    Some(other) if ending.is_none() => {
+                        signal_workload(own_pid_namespace, child, other)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if output_open && polled.get(2).is_some_and(ready) {
+            output_open = copy_output(&output, &mut buffer, &mut log);
+        }
+    }
+    if own_pid_namespace {
+        // Reap the rest so the namespace ends cleanly.
+        while !matches!(waitpid(None, None), Err(Errno::ECHILD)) {}
+    }
+    Ok(ending.unwrap_or(Status::Exited(0)))
+}
+
+/// Reaps every child that has ended; returns the workload's ending if it
+/// was among them.
+fn reap(workload: Pid) -> Option<Status> {
+    let mut ending = None;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == workload => {
+                ending = Some(Status::Exited(code));
+            }
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == workload => {
+                ending = Some(Status::Signaled(signal as i32));
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => return ending,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Sends `signal` to every process of the workload: in a PID namespace,
+/// to everything but this init; otherwise to the workload's process group.
+fn signal_workload(own_pid_namespace: bool, workload: Pid, signal: Signal) {
+    let target = if own_pid_namespace {
+        Pid::from_raw(-1)
+    } else {
+        Pid::from_raw(-workload.as_raw())
+    };
+    let _ = kill(target, signal);
+}
+
+/// Copies what is available; returns whether the output is still open.
+fn copy_output(output: &OwnedFd, buffer: &mut [u8], log: &mut LogWriter) -> bool {
+    loop {
+        // SAFETY: reading into a buffer of the given length.
+        let n = unsafe { libc::read(output.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) };
+        match n {
+            0 => return false,
+            n if n > 0 => log.write(&buffer[..n as usize]),
+            _ => return matches!(Errno::last(), Errno::EAGAIN | Errno::EINTR),
+        }
+    }
+}
+
+/// Appends to the agent's log, keeping it under `cap` bytes: when full, the
+/// newer half is moved to the front and the older half dropped.
+struct LogWriter {
+    fd: RawFd,
+    cap: u64,
+}
+
+impl LogWriter {
+    fn new(fd: RawFd, cap: u64) -> LogWriter {
+        LogWriter { fd, cap }
+    }
+
+    fn size(&self) -> u64 {
+        // SAFETY: lseek on our log descriptor.
+        let end = unsafe { libc::lseek(self.fd, 0, libc::SEEK_END) };
+        u64::try_from(end).unwrap_or(0)
+    }
+
+    fn write(&mut self, mut data: &[u8]) {
+        if self.cap > 0 && self.size() + data.len() as u64 > self.cap {
+            self.keep_newer_half();
+            let keep = (self.cap / 2) as usize;
+            if data.len() > keep {
+                data = &data[data.len() - keep..];
+            }
+        }
+        while !data.is_empty() {
+            // SAFETY: writing from a valid buffer at the file's end.
+            let n = unsafe { libc::write(self.fd, data.as_ptr().cast(), data.len()) };
+            if n <= 0 {
+                return;
+            }
+            data = &data[n as usize..];
+        }
+    }
+
+    fn keep_newer_half(&mut self) {
+        let size = self.size();
+        let keep = self.cap / 2;
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut copied = 0u64;
+        if size > keep {
+            let start = size - keep;
+            while copied < keep {
+                let want = chunk.len().min((keep - copied) as usize);
+                // SAFETY: pread/pwrite within our own buffer and file.
+                let n = unsafe {
+                    libc::pread(
+                        self.fd,
+                        chunk.as_mut_ptr().cast(),
+                        want,
+                        (start + copied) as libc::off_t,
+                    )
+                };
+                if n <= 0 {
+                    break;
+                }
+                // SAFETY: as above; the destination range precedes the source.
+                unsafe {
+                    libc::pwrite(
+                        self.fd,
+                        chunk.as_ptr().cast(),
+                        n as usize,
+                        copied as libc::off_t,
+                    );
+                }
+                copied += n as u64;
+            }
+        }
+        // SAFETY: truncating our own log file, then positioning at its end.
+        unsafe {
+            libc::ftruncate(self.fd, copied as libc::off_t);
+            libc::lseek(self.fd, 0, libc::SEEK_END);
+        }
+        let marker = format!(
+            "\n[agentos: older output dropped to keep this log under {} bytes]\n",
+            self.cap
+        );
+        // SAFETY: writing a local buffer.
+        unsafe {
+            libc::write(self.fd, marker.as_ptr().cast(), marker.len());
+        }
+    }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|err| Failure::internal(format!("cannot create a pipe: {err}")))
+}
+
+fn set_nonblocking(fd: &OwnedFd) {
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+}
+
+fn read_to_end(fd: &OwnedFd, out: &mut Vec<u8>) {
+    let mut chunk = [0u8; 256];
+    loop {
+        // SAFETY: reading into a local buffer of the given length.
+        let n = unsafe { libc::read(fd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
+        match n {
+            n if n > 0 => out.extend_from_slice(&chunk[..n as usize]),
+            0 => return,
+            _ if Errno::last() == Errno::EINTR => {}
+            _ => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::IntoRawFd;
+
+    #[test]
+    fn log_keeps_its_newer_half_under_the_cap() {
+        let file = tempfile::tempfile().unwrap();
+        let fd = file.into_raw_fd();
+        let mut log = LogWriter::new(fd, 1000);
+        for i in 0..200 {
+            log.write(format!("line {i:04}\n").as_bytes());
+        }
+        let size = log.size();
+        assert!(size <= 1000 + 100, "{size}");
+        let mut text = vec![0u8; size as usize];
+        // SAFETY: reading our temp file from the start.
+        unsafe {
+            libc::pread(fd, text.as_mut_ptr().cast(), text.len(), 0);
+            libc::close(fd);
+        }
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains("line 0199"), "{text}");
+        assert!(!text.contains("line 0000"), "{text}");
+        assert!(text.contains("older output dropped"), "{text}");
+    }
+}

@@ -1,0 +1,369 @@
+//! Turning "run this program in a sandbox" into a [`SandboxSpec`]: which
+//! host directories the program needs and how they appear inside, which
+//! secrets to hide, what scratch space to give it.
+
+use std::path::{Path, PathBuf};
+
+use super::spec::{Bind, Namespaces, Rlimits, RootFs, SandboxSpec, Symlink, Tmpfs, User};
+
+/// System directories visible (read-only) in every sandbox: programs and
+/// their libraries, and /etc for name resolution, time zones and certificates.
+const SYSTEM_DIRS: [&str; 8] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+
+/// Secrets under /etc that sandboxes never see.
+const ETC_SECRETS: [&str; 9] = [
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+    "/etc/ssl/private",
+    "/etc/agentos",
+];
+
+/// Devices bound into the sandbox's /dev.
+const DEVICES: [&str; 5] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+/// The sandbox's socket path: the kernel socket as agents see it.
+pub const SOCKET_INSIDE: &str = "/run/agentos/agentos.sock";
+/// The writable working directory of every sandbox.
+pub const WORKSPACE: &str = "/workspace";
+
+/// How this daemon builds sandboxes (the same for every one).
+#[derive(Clone, Debug)]
+pub struct Profile {
+    /// An empty host directory to build each root on (see [`RootFs::staging`]).
+    pub staging: PathBuf,
+    /// The user workloads run as (a root daemon); `None` inside a user
+    /// namespace, where the init's uid 0 is already unprivileged outside.
+    pub user: Option<User>,
+    /// Whether a user namespace is needed (the daemon is not root).
+    pub user_namespace: bool,
+    /// Size of /tmp, in bytes.
+    pub tmp_size: u64,
+    /// Size of /workspace, in bytes.
+    pub workspace_size: u64,
+    /// Resource limits.
+    pub rlimits: Rlimits,
+    /// Cap on each agent's log.
+    pub log_cap: u64,
+    /// More host paths to hide (the daemon's own config file).
+    pub extra_masks: Vec<PathBuf>,
+}
+
+/// One program to run.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// Name (hostname `agent-<name>`).
+    pub name: String,
+    /// Executable, absolute or a bare name looked up on PATH inside.
+    pub program: PathBuf,
+    /// argv, argv[0] first.
+    pub argv: Vec<String>,
+    /// The whole environment.
+    pub env: Vec<(String, String)>,
+    /// Working directory; the workspace when `None`.
+    pub cwd: Option<PathBuf>,
+    /// A script the program runs: its directory becomes visible read-only.
+    pub script: Option<PathBuf>,
+    /// The interpreter, when it lives outside the system directories.
+    pub interpreter: Option<PathBuf>,
+    /// Share the host's network instead of loopback only.
+    pub network: bool,
+    /// The host socket to bind at [`SOCKET_INSIDE`].
+    pub socket: PathBuf,
+    /// Open cgroup.procs files handed to the workload.
+    pub cgroup_fds: usize,
+}
+
+/// The spec for running `workload` isolated under `profile`.
+pub fn sandboxed(profile: &Profile, workload: &Workload) -> SandboxSpec {
+    let namespaces = Namespaces {
+        pid: true,
+        net: !workload.network,
+        mount: true,
+        uts: true,
+        ipc: true,
+        user: profile.user_namespace,
+    };
+    let mut binds: Vec<Bind> = Vec::new();
+    let mut symlinks = Vec::new();
+    for dir in SYSTEM_DIRS {
+        let path = Path::new(dir);
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                if let Ok(target) = std::fs::read_link(path) {
+                    symlinks.push(Symlink {
+                        path: path.to_path_buf(),
+                        target,
+                    });
+                }
+            }
+            Ok(meta) if meta.is_dir() => binds.push(read_only(path)),
+            _ => {}
+        }
+    }
+    let extra: Vec<PathBuf> = workload
+        .interpreter
+        .iter()
+        .flat_map(|i| interpreter_dirs(i))
+        .chain(
+            workload
+                .script
+                .as_deref()
+                .and_then(Path::parent)
+                .map(Path::to_path_buf),
+        )
+        .collect();
+    for dir in extra {
+        let covered = binds.iter().any(|b| dir.starts_with(&b.source));
+        if !covered && dir != Path::new("/") {
+            binds.push(read_only(&dir));
+        }
+    }
+    binds.push(Bind {
+        source: workload.socket.clone(),
+        target: SOCKET_INSIDE.into(),
+        writable: true,
+    });
+    let mut masks: Vec<PathBuf> = ETC_SECRETS.iter().map(PathBuf::from).collect();
+    masks.extend(profile.extra_masks.iter().cloned());
+    SandboxSpec {
+        name: workload.name.clone(),
+        program: workload.program.clone(),
+        argv: workload.argv.clone(),
+        env: workload.env.clone(),
+        cwd: workload
+            .cwd
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(WORKSPACE)),
+        script: workload.script.clone(),
+        namespaces,
+        hostname: Some(hostname_for(&workload.name)),
+        root: Some(RootFs {
+            staging: profile.staging.clone(),
+            binds,
+            symlinks,
+            tmpfs: vec![
+                Tmpfs {
+                    target: "/tmp".into(),
+                    size: profile.tmp_size,
+                    mode: 0o1777,
+                    owned_by_user: false,
+                },
+                Tmpfs {
+                    target: WORKSPACE.into(),
+                    size: profile.workspace_size,
+                    mode: 0o700,
+                    owned_by_user: true,
+                },
+                Tmpfs {
+                    target: "/dev/shm".into(),
+                    size: profile.tmp_size,
+                    mode: 0o1777,
+                    owned_by_user: false,
+                },
+            ],
+            masks,
+            devices: DEVICES.iter().map(PathBuf::from).collect(),
+            proc: true,
+        }),
+        user: profile.user,
+        drop_privileges: true,
+        rlimits: profile.rlimits,
+        cgroup_fds: workload.cgroup_fds,
+        log_cap: profile.log_cap,
+    }
+}
+
+/// The spec for running `workload` as a plain child of the daemon: same
+/// user, no namespaces, no new root, no privilege changes.
+pub fn unsandboxed(profile: &Profile, workload: &Workload) -> SandboxSpec {
+    SandboxSpec {
+        name: workload.name.clone(),
+        program: workload.program.clone(),
+        argv: workload.argv.clone(),
+        env: workload.env.clone(),
+        cwd: workload.cwd.clone().unwrap_or_else(|| PathBuf::from("/")),
+        script: workload.script.clone(),
+        namespaces: Namespaces::default(),
+        hostname: None,
+        root: None,
+        user: None,
+        drop_privileges: false,
+        rlimits: profile.rlimits,
+        cgroup_fds: workload.cgroup_fds,
+        log_cap: profile.log_cap,
+    }
+}
+
+/// `agent-<name>`, within the kernel's 64-byte limit.
+pub fn hostname_for(name: &str) -> String {
+    let mut hostname = format!("agent-{name}");
+    hostname.truncate(64);
+    hostname
+}
+
+fn read_only(path: &Path) -> Bind {
+    Bind {
+        source: path.to_path_buf(),
+        target: path.to_path_buf(),
+        writable: false,
+    }
+}
+
+/// The directories an interpreter outside the system directories needs:
+/// its installation (the parent of its `bin/`, after resolving symlinks),
+/// and for a virtual environment the environment itself and the base
+/// installation its `pyvenv.cfg` names.
+pub fn interpreter_dirs(interpreter: &Path) -> Vec<PathBuf> {
+    let system = |p: &Path| SYSTEM_DIRS.iter().any(|d| p.starts_with(d));
+    let install_of = |bin_file: &Path| {
+        let bin = bin_file.parent()?;
+        (bin.file_name()? == "bin").then(|| bin.parent().map(Path::to_path_buf))?
+    };
+    let mut dirs = Vec::new();
+    if let Ok(real) = std::fs::canonicalize(interpreter) {
+        dirs.extend(install_of(&real));
+    }
+    if let Some(venv) = install_of(interpreter) {
+        if let Ok(config) = std::fs::read_to_string(venv.join("pyvenv.cfg")) {
+            let home = config.lines().find_map(|line| {
+                let (key, value) = line.split_once('=')?;
+                (key.trim() == "home").then(|| PathBuf::from(value.trim()))
+            });
+            dirs.extend(home.and_then(|h| h.parent().map(Path::to_path_buf)));
+            dirs.push(venv);
+        }
+    }
+    dirs.retain(|d| !system(d));
+    dirs.sort();
+    dirs.dedup();
+    // Drop directories inside another one in the list.
+    let all = dirs.clone();
+    dirs.retain(|d| !all.iter().any(|other| other != d && d.starts_with(other)));
+    dirs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> Profile {
+        Profile {
+            staging: "/run/agentos/root".into(),
+            user: Some(User {
+                uid: 65534,
+                gid: 65534,
+            }),
+            user_namespace: false,
+            tmp_size: 64 << 20,
+            workspace_size: 256 << 20,
+            rlimits: Rlimits {
+                nofile: 1024,
+                fsize: 1 << 30,
+            },
+            log_cap: 1 << 20,
+            extra_masks: vec!["/etc/agentos/agentosd.toml".into()],
+        }
+    }
+
+    fn workload() -> Workload {
+        Workload {
+            name: "w1".into(),
+            program: "/usr/bin/python3".into(),
+            argv: vec!["python3".into(), "/srv/agents/a.py".into()],
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            cwd: None,
+            script: Some("/srv/agents/a.py".into()),
+            interpreter: None,
+            network: false,
+            socket: "/run/agentos/agents/1.sock".into(),
+            cgroup_fds: 4,
+        }
+    }
+
+    #[test]
+    fn a_sandbox_sees_system_dirs_its_script_and_its_socket_only() {
+        let spec = sandboxed(&profile(), &workload());
+        let root = spec.root.as_ref().unwrap();
+        let sources: Vec<&Path> = root.binds.iter().map(|b| b.source.as_path()).collect();
+        assert!(sources.contains(&Path::new("/usr")));
+        assert!(sources.contains(&Path::new("/srv/agents")));
+        assert!(!sources
+            .iter()
+            .any(|s| s.starts_with("/root") || s.starts_with("/home")));
+        assert!(root
+            .binds
+            .iter()
+            .all(|b| !b.writable || b.target == Path::new(SOCKET_INSIDE)));
+        assert!(root.masks.contains(&PathBuf::from("/etc/shadow")));
+        assert!(root
+            .masks
+            .contains(&PathBuf::from("/etc/agentos/agentosd.toml")));
+        assert!(root.proc);
+        assert_eq!(spec.cwd, Path::new(WORKSPACE));
+        assert_eq!(spec.hostname.as_deref(), Some("agent-w1"));
+        assert_eq!(spec.namespaces.names(), ["pid", "net", "mnt", "uts", "ipc"]);
+        assert!(spec.drop_privileges);
+    }
+
+    #[test]
+    fn network_true_keeps_the_host_network() {
+        let spec = sandboxed(
+            &profile(),
+            &Workload {
+                network: true,
+                ..workload()
+            },
+        );
+        assert!(!spec.namespaces.net);
+    }
+
+    #[test]
+    fn hostnames_fit_the_kernel_limit() {
+        assert_eq!(hostname_for(&"x".repeat(64)).len(), 64);
+    }
+
+    #[test]
+    fn a_virtual_environment_brings_its_base_installation() {
+        let base = tempfile::tempdir().unwrap();
+        let install = base.path().join("versions/3.11");
+        std::fs::create_dir_all(install.join("bin")).unwrap();
+        std::fs::write(install.join("bin/python3.11"), "").unwrap();
+        let venv = base.path().join("project/.venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::os::unix::fs::symlink(install.join("bin/python3.11"), venv.join("bin/python"))
+            .unwrap();
+        std::fs::write(
+            venv.join("pyvenv.cfg"),
+            format!(
+                "home = {}\ninclude-system-site-packages = false\n",
+                install.join("bin").display()
+            ),
+        )
+        .unwrap();
+        let dirs = interpreter_dirs(&venv.join("bin/python"));
+        let real_install = std::fs::canonicalize(&install).unwrap();
+        assert!(
+            dirs.contains(&real_install) || dirs.contains(&install),
+            "{dirs:?}"
+        );
+        assert!(dirs.contains(&venv), "{dirs:?}");
+    }
+
+    #[test]
+    fn system_interpreters_need_nothing_extra() {
+        assert!(interpreter_dirs(Path::new("/usr/bin/python3")).is_empty());
+    }
+}

@@ -1,0 +1,170 @@
+//! What a sandbox's init must build: computed by the daemon, carried to the
+//! init as JSON on an inherited descriptor, carried out there step by step.
+
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Descriptors the init finds open, at fixed numbers.
+pub mod fds {
+    use super::RawFd;
+    /// A memfd holding the [`SandboxSpec`](super::SandboxSpec) as JSON.
+    pub const SPEC: RawFd = 3;
+    /// Write end of the status pipe (init → daemon), see `status`.
+    pub const STATUS: RawFd = 4;
+    /// Read end of the go pipe (daemon → init): one byte once the daemon
+    /// has finished its part (user namespace maps), EOF if it gave up.
+    pub const GO: RawFd = 5;
+    /// Read end of the lifeline, whose write end only the daemon holds:
+    /// it hangs up when the daemon dies, and the sandbox dies with it.
+    pub const LIFELINE: RawFd = 6;
+    /// The agent's log file (the init's own stdout and stderr go there too).
+    pub const LOG: RawFd = 7;
+    /// The first of `SandboxSpec::cgroup_fds` open `cgroup.procs` files.
+    pub const CGROUP_BASE: RawFd = 8;
+}
+
+/// Everything the init needs to know.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// Short name, for the hostname and messages.
+    pub name: String,
+    /// The workload's executable: an absolute path, as seen inside.
+    pub program: PathBuf,
+    /// The workload's argv, `argv[0]` first.
+    pub argv: Vec<String>,
+    /// The workload's whole environment.
+    pub env: Vec<(String, String)>,
+    /// The workload's working directory, as seen inside.
+    pub cwd: PathBuf,
+    /// A script the program runs: checked to exist and be readable by the
+    /// workload's user before it starts, so SPAWN can say so.
+    pub script: Option<PathBuf>,
+    /// Which namespaces the sandbox has of its own.
+    pub namespaces: Namespaces,
+    /// Hostname inside the UTS namespace.
+    pub hostname: Option<String>,
+    /// A new root filesystem (needs a mount namespace).
+    pub root: Option<RootFs>,
+    /// The user the workload runs as. `None`: keep the init's (inside a user
+    /// namespace that is uid 0 there, an unprivileged uid outside).
+    pub user: Option<User>,
+    /// Drop every capability, set no_new_privs and install the seccomp
+    /// filter before the workload starts.
+    pub drop_privileges: bool,
+    /// Resource limits for the workload.
+    pub rlimits: Rlimits,
+    /// How many `cgroup.procs` files are open from `fds::CGROUP_BASE` on;
+    /// the workload writes "0" to each to join its cgroup before exec.
+    pub cgroup_fds: usize,
+    /// Keep the log file under this many bytes (its newer half survives).
+    pub log_cap: u64,
+}
+
+/// Namespaces to create.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespaces {
+    /// PID: the init is PID 1, the workload sees only its own tree.
+    pub pid: bool,
+    /// NET: only a loopback interface.
+    pub net: bool,
+    /// MNT: a root filesystem of its own.
+    pub mount: bool,
+    /// UTS: its own hostname.
+    pub uts: bool,
+    /// IPC: its own System V IPC and POSIX queues.
+    pub ipc: bool,
+    /// USER: uid 0 inside is an unprivileged uid outside (used when the
+    /// daemon itself is not root).
+    pub user: bool,
+}
+
+impl Namespaces {
+    /// The protocol's names of the namespaces in force.
+    pub fn names(&self) -> Vec<String> {
+        [
+            (self.pid, "pid"),
+            (self.net, "net"),
+            (self.mount, "mnt"),
+            (self.uts, "uts"),
+            (self.ipc, "ipc"),
+            (self.user, "user"),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| name.to_owned())
+        .collect()
+    }
+}
+
+/// A user to switch to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    /// User id.
+    pub uid: u32,
+    /// Group id (also the only supplementary group).
+    pub gid: u32,
+}
+
+/// Resource limits (soft = hard).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimits {
+    /// Open files.
+    pub nofile: u64,
+    /// Largest file the workload may write, in bytes.
+    pub fsize: u64,
+}
+
+/// The new root filesystem, built on a tmpfs and entered with pivot_root.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootFs {
+    /// An existing, empty host directory to build the new root on (inside
+    /// the sandbox's private mount namespace, so the host never sees it).
+    pub staging: PathBuf,
+    /// Host paths made visible inside.
+    pub binds: Vec<Bind>,
+    /// Symbolic links to create (`/bin -> usr/bin` on merged-/usr hosts).
+    pub symlinks: Vec<Symlink>,
+    /// Writable scratch filesystems.
+    pub tmpfs: Vec<Tmpfs>,
+    /// Paths hidden inside a bound directory (secrets under /etc).
+    pub masks: Vec<PathBuf>,
+    /// Device nodes bound from the host's /dev into a fresh /dev.
+    pub devices: Vec<PathBuf>,
+    /// Mount a fresh /proc (needs a PID namespace).
+    pub proc: bool,
+}
+
+/// A bind mount.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    /// The host path.
+    pub source: PathBuf,
+    /// Where it appears inside.
+    pub target: PathBuf,
+    /// Read-write; otherwise read-only.
+    pub writable: bool,
+}
+
+/// A symbolic link inside the new root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Symlink {
+    /// The link's path inside.
+    pub path: PathBuf,
+    /// What it points to.
+    pub target: PathBuf,
+}
+
+/// A tmpfs mount.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tmpfs {
+    /// Where it appears inside.
+    pub target: PathBuf,
+    /// Size cap in bytes (its pages count against the memory cgroup).
+    pub size: u64,
+    /// Mode of its root directory.
+    pub mode: u32,
+    /// Owned by the workload's user rather than root.
+    pub owned_by_user: bool,
+}

@@ -1,0 +1,150 @@
+//! The sandbox mechanism on its own: launch a workload through the real
+//! launcher and init (the built agentosd), and look at what it saw.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentos_kernel::sandbox::plan::{self, Profile, Workload};
+use agentos_kernel::sandbox::spec::Rlimits;
+use agentos_kernel::sandbox::{LaunchRequest, Launcher, Status, User};
+use common::{is_root, AGENTOSD};
+
+struct Run {
+    statuses: Vec<Status>,
+    log: String,
+}
+
+fn profile(dir: &Path) -> Profile {
+    let staging = dir.join("root");
+    fs::create_dir_all(&staging).unwrap();
+    Profile {
+        staging,
+        user: Some(User {
+            uid: 65534,
+            gid: 65534,
+        }),
+        user_namespace: false,
+        tmp_size: 16 << 20,
+        workspace_size: 16 << 20,
+        rlimits: Rlimits {
+            nofile: 256,
+            fsize: 64 << 20,
+        },
+        log_cap: 1 << 20,
+        extra_masks: vec![],
+    }
+}
+
+fn run_shell(script: &str) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let log_path = dir.path().join("agent.log");
+    let log = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&log_path)
+        .unwrap();
+    let workload = Workload {
+        name: "probe".into(),
+        program: PathBuf::from("/bin/sh"),
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        cwd: None,
+        script: None,
+        interpreter: None,
+        network: false,
+        socket,
+        cgroup_fds: 0,
+    };
+    let spec = plan::sandboxed(&profile(dir.path()), &workload);
+    let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
+    let mut launched = launcher
+        .launch(LaunchRequest {
+            spec,
+            log,
+            cgroup_procs: vec![],
+            map_to: None,
+        })
+        .unwrap();
+    let mut statuses = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (mut new, closed) = launched.status.read_available();
+        statuses.append(&mut new);
+        if closed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sandbox did not finish: {statuses:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Reap the init.
+    // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid on our own child's pidfd with a valid siginfo pointer.
+    unsafe {
+        libc::waitid(
+            libc::P_PIDFD,
+            launched.pidfd.as_raw_fd() as libc::id_t,
+            &mut info,
+            libc::WEXITED,
+        );
+    }
+    let mut log = String::new();
+    fs::File::open(&log_path)
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    Run { statuses, log }
+}
+
+#[test]
+fn a_sandboxed_shell_sees_only_its_own_world() {
+    if !is_root() {
+        eprintln!("!!! NOT TESTED: sandboxes with a separate agent user need root; run the suite as root (CI does)");
+        return;
+    }
+    let run = run_shell(
+        "echo uid=$(id -u); echo host=$(hostname); ls /proc | grep -c '^[0-9]'; \
+         cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '; \
+         grep CapEff /proc/self/status; ls /root 2>&1 | head -1; \
+         touch /usr/x 2>&1 | head -1; echo ok > /workspace/f && cat /workspace/f; \
+         cat /etc/shadow | wc -c; exit 3",
+    );
+    assert!(
+        matches!(run.statuses.first(), Some(Status::Ready { .. })),
+        "{:?}\n{}",
+        run.statuses,
+        run.log
+    );
+    assert_eq!(run.statuses.last(), Some(&Status::Exited(3)), "{}", run.log);
+    let log = &run.log;
+    assert!(log.contains("uid=65534"), "{log}");
+    assert!(log.contains("host=agent-probe"), "{log}");
+    assert!(log.contains("CapEff:\t0000000000000000"), "{log}");
+    assert!(log.contains("Read-only file system"), "{log}");
+    assert!(log.contains("\nok\n"), "{log}");
+    let lines: Vec<&str> = log.lines().collect();
+    // PID 1 (the init), the shell and its pipeline: nothing of the host.
+    let pids: usize = lines[2].trim().parse().unwrap();
+    assert!(pids <= 5, "{pids} processes visible:\n{log}");
+    assert_eq!(lines[3], "lo", "interfaces:\n{log}");
+    assert!(log.contains("/root': No such file"), "{log}");
+    assert_eq!(
+        lines.last().map(|l| l.trim()),
+        Some("0"),
+        "/etc/shadow must read as empty:\n{log}"
+    );
+}
