@@ -54,6 +54,7 @@ def start_kernel(workdir: Path, config: str = "") -> Kernel:
     log_path = workdir / "agentosd.log"
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTOS_SOCKET", "RUST_LOG")}
     env["AGENTOS_LOG_LEVEL"] = "debug"
+    env["AGENTOS_AGENT_LOG_DIR"] = str(workdir / "logs")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [binary("agentosd"), "--socket", sock, "--config", config_path],
@@ -82,7 +83,12 @@ def kernel() -> Iterator[Kernel]:
     workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
     k = start_kernel(workdir)
     yield k
+    # Stop it as an operator would, so it removes its agents and cgroups.
     if k.process.poll() is None:
-        k.process.kill()
-        k.process.wait()
+        k.process.send_signal(signal.SIGTERM)
+        try:
+            k.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            k.process.kill()
+            k.process.wait()
     shutil.rmtree(workdir, ignore_errors=True)

@@ -20,6 +20,9 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentos/agentosd.toml";
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
+    /// The file this configuration was read from, if any.
+    #[serde(skip)]
+    pub file: Option<PathBuf>,
     /// Socket path; resolved by the protocol's rule when absent.
     pub socket: Option<PathBuf>,
     /// Group owning the socket (name or numeric gid); its members are
@@ -53,8 +56,114 @@ pub struct Config {
     pub workers: usize,
     /// Jobs that may wait for a worker; beyond this requests get `busy`.
     pub max_queued_jobs: usize,
+    /// Agents: defaults, users, logs and retention.
+    pub agents: AgentsConfig,
     /// Diagnostics for tests; never needed in production.
     pub debug: DebugConfig,
+}
+
+/// How agents are run.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentsConfig {
+    /// The interpreter for SPAWN's `script` when the request names none.
+    pub python: PathBuf,
+    /// The user sandboxed workloads run as when the daemon is root.
+    pub uid: u32,
+    /// Their group.
+    pub gid: u32,
+    /// Where agent logs go (`<name>-<id>.log`). Default: /var/log/agentos
+    /// as root, else `$XDG_STATE_HOME/agentos/logs` (or
+    /// `~/.local/state/agentos/logs`).
+    pub log_dir: Option<PathBuf>,
+    /// Each agent's log is kept under this many bytes.
+    pub log_bytes: u64,
+    /// Memory limit when SPAWN gives none, in bytes.
+    pub default_memory: u64,
+    /// CPU quota when SPAWN gives none, in microseconds per period (0: none).
+    pub default_cpu_quota: u64,
+    /// CPU period when SPAWN gives none, in microseconds.
+    pub default_cpu_period: u64,
+    /// Process limit when SPAWN gives none.
+    pub default_max_pids: u64,
+    /// Size of each sandbox's /tmp (and /dev/shm), in bytes.
+    pub tmp_bytes: u64,
+    /// Size of each sandbox's /workspace, in bytes.
+    pub workspace_bytes: u64,
+    /// Open files per workload.
+    pub nofile: u64,
+    /// Largest file a workload may write, in bytes.
+    pub max_file_bytes: u64,
+    /// How long ended agents stay in LIST, in seconds (at least 60).
+    pub retention_secs: u64,
+    /// Agents alive at once.
+    pub max_agents: usize,
+    /// On shutdown, time agents get between SIGTERM and SIGKILL.
+    pub stop_grace_ms: u64,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        AgentsConfig {
+            python: PathBuf::from("/usr/bin/python3"),
+            uid: 65534,
+            gid: 65534,
+            log_dir: None,
+            log_bytes: 8 << 20,
+            default_memory: 512 << 20,
+            default_cpu_quota: 100_000,
+            default_cpu_period: 100_000,
+            default_max_pids: 256,
+            tmp_bytes: 64 << 20,
+            workspace_bytes: 256 << 20,
+            nofile: 1024,
+            max_file_bytes: 1 << 30,
+            retention_secs: 300,
+            max_agents: 1024,
+            stop_grace_ms: 5_000,
+        }
+    }
+}
+
+impl AgentsConfig {
+    /// The log directory, defaulted by who runs the daemon.
+    pub fn log_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.log_dir {
+            return dir.clone();
+        }
+        if nix::unistd::geteuid().is_root() {
+            return PathBuf::from("/var/log/agentos");
+        }
+        let state = std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(std::env::temp_dir);
+        state.join("agentos").join("logs")
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: String| Err(ConfigError::Invalid { field, reason });
+        if self.retention_secs < 60 {
+            return invalid("agents.retention_secs", "must be at least 60".into());
+        }
+        if self.max_agents == 0 {
+            return invalid("agents.max_agents", "must be at least 1".into());
+        }
+        if !self.python.is_absolute() {
+            return invalid("agents.python", "must be an absolute path".into());
+        }
+        let defaults = agentos_proto::payload::Limits {
+            memory: Some(self.default_memory),
+            cpu_quota: (self.default_cpu_quota > 0).then_some(self.default_cpu_quota),
+            cpu_period: Some(self.default_cpu_period),
+            max_pids: Some(self.default_max_pids),
+        };
+        if let Err(err) = defaults.validate() {
+            return invalid("agents.default_*", err.error);
+        }
+        Ok(())
+    }
 }
 
 /// Diagnostic switches.
@@ -73,6 +182,7 @@ pub struct DebugConfig {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            file: None,
             socket: None,
             socket_group: None,
             log_level: None,
@@ -85,6 +195,7 @@ impl Default for Config {
             shutdown_grace_ms: 5_000,
             workers: 4,
             max_queued_jobs: 1024,
+            agents: AgentsConfig::default(),
             debug: DebugConfig::default(),
         }
     }
@@ -105,6 +216,8 @@ pub struct Flags {
     pub max_request_bytes: Option<u64>,
     /// `--workers`
     pub workers: Option<usize>,
+    /// `--python`
+    pub python: Option<PathBuf>,
 }
 
 /// Why the configuration cannot be used.
@@ -186,10 +299,12 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        let mut config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
             path: path.to_path_buf(),
             source: Box::new(source),
-        })
+        })?;
+        config.file = Some(path.to_path_buf());
+        Ok(config)
     }
 
     fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
@@ -202,6 +317,12 @@ impl Config {
         }
         if let Some(v) = get("AGENTOS_LOG_LEVEL") {
             self.log_level = Some(v);
+        }
+        if let Some(v) = get("AGENTOS_PYTHON") {
+            self.agents.python = PathBuf::from(v);
+        }
+        if let Some(v) = get("AGENTOS_AGENT_LOG_DIR") {
+            self.agents.log_dir = Some(PathBuf::from(v));
         }
         parse_env(
             &get,
@@ -229,6 +350,9 @@ impl Config {
         }
         if let Some(v) = flags.workers {
             self.workers = v;
+        }
+        if let Some(v) = &flags.python {
+            self.agents.python = v.clone();
         }
     }
 
@@ -275,6 +399,7 @@ impl Config {
                 return invalid("socket_group", "must not be empty".into());
             }
         }
+        self.agents.validate()?;
         if let Some(name) = self
             .debug
             .defer_opcodes

@@ -74,13 +74,28 @@ pub enum Identity {
         /// Per-connection id, `>= FIRST_OPERATOR_ID`.
         id: u32,
     },
+    /// A process of an agent the kernel spawned: it reached the kernel
+    /// through that agent's own socket, which exists only inside its
+    /// sandbox, and its pid namespace was checked to be the agent's.
+    Agent {
+        /// The id SPAWN returned, the same across restarts.
+        id: u32,
+    },
 }
 
 impl Identity {
     /// The id written into reply headers.
     pub fn id(self) -> u32 {
         match self {
-            Identity::Operator { id } => id,
+            Identity::Operator { id } | Identity::Agent { id } => id,
+        }
+    }
+
+    /// The agent's id, for an agent.
+    pub fn agent(self) -> Option<u32> {
+        match self {
+            Identity::Agent { id } => Some(id),
+            Identity::Operator { .. } => None,
         }
     }
 }

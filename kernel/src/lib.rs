@@ -7,7 +7,9 @@
 //! ([`syscall`]), and hands blocking work to worker threads ([`workers`]).
 //! [`daemon`] puts it together from a [`config::Config`].
 
+pub mod agents;
 pub mod cgroup;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod identity;
@@ -15,4 +17,5 @@ pub mod reactor;
 pub mod sandbox;
 pub mod socket;
 pub mod syscall;
+pub mod timers;
 pub mod workers;

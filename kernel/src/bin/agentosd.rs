@@ -33,6 +33,9 @@ struct Args {
     /// Worker threads for blocking work
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
+    /// Interpreter for SPAWN scripts that name none
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         log_level: args.log_level,
         max_request_bytes: args.max_request_bytes,
         workers: args.workers,
+        python: args.python,
     };
     let config = match Config::load(&flags) {
         Ok(config) => config,

@@ -259,7 +259,7 @@ impl Cgroups {
             else {
                 continue;
             };
-            if Path::new(BASE).join(&name) == self.instance || is_live_daemon(pid) {
+            if Path::new(BASE).join(&name) == self.instance || process_exists(pid) {
                 continue;
             }
             log::info!("removing cgroups left by agentosd pid {pid}, which is gone");
@@ -307,9 +307,11 @@ impl Cgroups {
     }
 }
 
-/// Whether `pid` is a running agentosd (so its instance must be left alone).
-fn is_live_daemon(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "agentosd")
+/// Whether `pid` is running, so its instance must be left alone. Any
+/// process counts, not just an agentosd: a reused pid only delays the
+/// clean-up, while a wrong guess would kill a live daemon's agents.
+fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// One agent's cgroup.

@@ -10,7 +10,7 @@ use mio::net::UnixStream;
 use super::replies::ReplyQueue;
 use super::{ConnKey, ReplyTo};
 use crate::identity::PeerCred;
-use crate::syscall::{Caller, Kernel, Outcome};
+use crate::syscall::{Caller, Io, Kernel, Outcome};
 use crate::workers::WorkerPool;
 
 /// Per-connection limits, from the configuration.
@@ -120,6 +120,7 @@ impl Connection {
         &mut self,
         key: ConnKey,
         kernel: &mut Kernel,
+        kernel_io: &mut Io<'_>,
         workers: &WorkerPool<ReplyTo>,
         limits: &ConnectionLimits,
     ) -> io::Result<ReadTurn> {
@@ -131,12 +132,25 @@ impl Connection {
                     Ok(Some(frame)) => {
                         self.frame_started = None;
                         let opcode = frame.header.opcode;
-                        match kernel.dispatch(&self.caller, opcode, frame.payload) {
+                        let reply_to = ReplyTo {
+                            conn: key,
+                            seq: self.replies.next_seq(),
+                        };
+                        match kernel.dispatch(
+                            kernel_io,
+                            &self.caller,
+                            reply_to,
+                            opcode,
+                            frame.payload,
+                        ) {
                             Outcome::Echo => self.replies.push_ready(opcode, frame.payload),
                             Outcome::Reply(payload) => self.replies.push_ready(opcode, &payload),
                             Outcome::ReplyAndClose(payload) => {
                                 self.replies.push_ready(opcode, &payload);
                                 self.read_closed = true;
+                            }
+                            Outcome::Later => {
+                                self.replies.push_pending(opcode);
                             }
                             Outcome::Deferred(job) => {
                                 let seq = self.replies.push_pending(opcode);

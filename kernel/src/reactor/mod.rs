@@ -9,7 +9,6 @@
 
 mod connection;
 mod replies;
-mod timers;
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -25,12 +24,12 @@ use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
 use crate::config::Config;
-use crate::identity::{peer_cred, peer_groups, Authority};
+use crate::identity::{peer_cred, peer_groups, Authority, Identity, PeerCred};
 use crate::socket::KernelSocket;
-use crate::syscall::{Caller, Kernel};
+use crate::syscall::{Caller, Io, Kernel};
+use crate::timers::Timers;
 use crate::workers::WorkerPool;
 use connection::{Connection, ConnectionLimits, ReadTurn};
-use timers::Timers;
 
 const LISTENER: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
@@ -109,6 +108,10 @@ pub struct Reactor {
     /// ran out, or a limit that paused them was lifted.
     ready: VecDeque<ConnKey>,
     timers: Timers<Deadline>,
+    /// Replies the kernel completed, waiting to be placed on connections.
+    kernel_replies: Vec<(ReplyTo, Vec<u8>)>,
+    /// Connections the kernel accepted on agents' sockets.
+    adopted: Vec<(UnixStream, Identity)>,
     accept_retry_pending: bool,
     refusals: LogThrottle,
     limits: ConnectionLimits,
@@ -136,10 +139,16 @@ impl Reactor {
                 .register(listener, LISTENER, Interest::READABLE)?;
         }
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let workers = WorkerPool::start(config.workers, config.max_queued_jobs, waker)?;
+        let workers =
+            WorkerPool::start(config.workers, config.max_queued_jobs, Arc::clone(&waker))?;
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         let authority = Authority::new(nix::unistd::geteuid().as_raw(), socket.gid());
+        let run_dir = socket.path().parent().map_or_else(
+            || std::path::PathBuf::from("."),
+            std::path::Path::to_path_buf,
+        );
+        let kernel = Kernel::new(config.clone(), waker, &run_dir)?;
         let limits = ConnectionLimits {
             max_request_bytes: config.max_request_bytes,
             max_in_flight: config.max_in_flight as usize,
@@ -156,6 +165,8 @@ impl Reactor {
             next_serial: 0,
             ready: VecDeque::new(),
             timers: Timers::default(),
+            kernel_replies: Vec::new(),
+            adopted: Vec::new(),
             accept_retry_pending: false,
             refusals: LogThrottle::default(),
             limits,
@@ -164,7 +175,7 @@ impl Reactor {
             frame_timeout: config.frame_timeout(),
             shutdown_grace: config.shutdown_grace(),
             drain_deadline: None,
-            kernel: Kernel::new(config),
+            kernel,
         })
     }
 
@@ -183,16 +194,20 @@ impl Reactor {
             for event in events.iter() {
                 match event.token() {
                     LISTENER => self.accept_all(),
-                    WAKER => self.deliver_completions(),
+                    WAKER => {
+                        self.deliver_completions();
+                        self.launches_done();
+                    }
                     SIGNALS => self.handle_signals(),
+                    token if self.kernel.agents().owns(token) => self.kernel_event(token, event),
                     Token(index) => self.on_connection_event(index, event),
                 }
             }
             self.serve_ready();
             self.fire_timers();
             if let Some(deadline) = self.drain_deadline {
-                if self.connections.is_empty() {
-                    log::info!("all connections drained");
+                if self.connections.is_empty() && self.kernel.agents().is_idle() {
+                    log::info!("all connections drained, all agents stopped");
                     break;
                 }
                 if Instant::now() >= deadline {
@@ -206,8 +221,50 @@ impl Reactor {
         }
         self.socket.close();
         self.connections.clear();
+        self.kernel.agents().finish_shutdown(self.poll.registry());
         self.workers.shutdown();
         Ok(())
+    }
+
+    /// The kernel's launches that finished (they share the waker).
+    fn launches_done(&mut self) {
+        let mut io = Io {
+            registry: self.poll.registry(),
+            replies: &mut self.kernel_replies,
+            adopted: &mut self.adopted,
+        };
+        self.kernel.agents().poll_launches(&mut io);
+        self.kernel_output();
+    }
+
+    /// Readiness of one of the kernel's own sources.
+    fn kernel_event(&mut self, token: Token, event: &Event) {
+        let mut io = Io {
+            registry: self.poll.registry(),
+            replies: &mut self.kernel_replies,
+            adopted: &mut self.adopted,
+        };
+        self.kernel.agents().on_event(&mut io, token, event);
+        self.kernel_output();
+    }
+
+    /// Places replies the kernel completed and admits connections it
+    /// accepted.
+    fn kernel_output(&mut self) {
+        let replies = std::mem::take(&mut self.kernel_replies);
+        let mut touched: Vec<ConnKey> = Vec::with_capacity(replies.len());
+        for (ReplyTo { conn: key, seq }, payload) in replies {
+            if let Some(conn) = self.connection(key) {
+                conn.replies.complete(seq, payload);
+                touched.push(key);
+            }
+        }
+        for key in touched {
+            self.settle(key);
+        }
+        for (stream, identity) in std::mem::take(&mut self.adopted) {
+            self.admit_as(stream, identity);
+        }
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
@@ -215,7 +272,13 @@ impl Reactor {
             return Some(Duration::ZERO);
         }
         let now = Instant::now();
-        let timer = self.timers.time_to_next(now);
+        let timer = match (
+            self.timers.time_to_next(now),
+            self.kernel.agents_ref().next_deadline(now),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let drain = self
             .drain_deadline
             .map(|d| d.saturating_duration_since(now));
@@ -259,6 +322,7 @@ impl Reactor {
         }
     }
 
+    /// A new connection on the kernel socket: an operator, or refused.
     fn admit(&mut self, mut stream: UnixStream) {
         let peer = match peer_cred(&stream) {
             Ok(peer) => peer,
@@ -267,23 +331,7 @@ impl Reactor {
                 return;
             }
         };
-        if self.connections.len() >= self.max_connections {
-            if let Some(suppressed) = self.refusals.allow(Instant::now()) {
-                log::warn!(
-                    "refusing a connection from pid {}: {} connections is the configured \
-                     maximum ({suppressed} more refusals not logged)",
-                    peer.pid,
-                    self.max_connections
-                );
-            }
-            refuse(
-                &mut stream,
-                ErrorCode::Busy,
-                &format!(
-                    "the kernel is serving its maximum of {} connections; retry later",
-                    self.max_connections
-                ),
-            );
+        if !self.has_room(&mut stream, &peer) {
             return;
         }
         let identity = match self
@@ -303,6 +351,44 @@ impl Reactor {
                 return;
             }
         };
+        self.install(stream, peer, identity);
+    }
+
+    /// A connection the kernel accepted on an agent's own socket.
+    fn admit_as(&mut self, mut stream: UnixStream, identity: Identity) {
+        let Ok(peer) = peer_cred(&stream) else {
+            return;
+        };
+        if self.has_room(&mut stream, &peer) {
+            self.install(stream, peer, identity);
+        }
+    }
+
+    /// Whether another connection fits; if not, tells the peer `busy`.
+    fn has_room(&mut self, stream: &mut UnixStream, peer: &PeerCred) -> bool {
+        if self.connections.len() < self.max_connections {
+            return true;
+        }
+        if let Some(suppressed) = self.refusals.allow(Instant::now()) {
+            log::warn!(
+                "refusing a connection from pid {}: {} connections is the configured \
+                 maximum ({suppressed} more refusals not logged)",
+                peer.pid,
+                self.max_connections
+            );
+        }
+        refuse(
+            stream,
+            ErrorCode::Busy,
+            &format!(
+                "the kernel is serving its maximum of {} connections; retry later",
+                self.max_connections
+            ),
+        );
+        false
+    }
+
+    fn install(&mut self, mut stream: UnixStream, peer: PeerCred, identity: Identity) {
         let serial = self.next_serial;
         self.next_serial += 1;
         let entry = self.connections.vacant_entry();
@@ -316,11 +402,10 @@ impl Reactor {
             return;
         }
         log::debug!(
-            "conn {serial}: accepted pid {} uid {} gid {} as id {}",
+            "conn {serial}: accepted pid {} uid {} gid {} as {identity:?}",
             peer.pid,
             peer.uid,
             peer.gid,
-            identity.id()
         );
         let caller = Caller { identity };
         entry.insert(Connection::new(stream, serial, caller, peer, &self.limits));
@@ -356,7 +441,12 @@ impl Reactor {
         if conn.read_closed {
             return;
         }
-        match conn.read_turn(key, &mut self.kernel, &self.workers, &self.limits) {
+        let mut io = Io {
+            registry: self.poll.registry(),
+            replies: &mut self.kernel_replies,
+            adopted: &mut self.adopted,
+        };
+        match conn.read_turn(key, &mut self.kernel, &mut io, &self.workers, &self.limits) {
             Ok(ReadTurn::BudgetSpent) => enqueue(&mut self.ready, conn, key),
             Ok(ReadTurn::Drained | ReadTurn::Paused | ReadTurn::Closed) => {}
             Err(err) => {
@@ -364,6 +454,7 @@ impl Reactor {
                 self.close(key);
             }
         }
+        self.kernel_output();
     }
 
     /// After anything happened on a connection: send what can be sent, arm
@@ -464,6 +555,13 @@ impl Reactor {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
+        let mut io = Io {
+            registry: self.poll.registry(),
+            replies: &mut self.kernel_replies,
+            adopted: &mut self.adopted,
+        };
+        self.kernel.agents().on_deadlines(&mut io, now);
+        self.kernel_output();
         while let Some(deadline) = self.timers.pop_due(now) {
             match deadline {
                 Deadline::AcceptRetry => {
@@ -557,6 +655,15 @@ impl Reactor {
         }
         self.socket.close();
         self.drain_deadline = Some(Instant::now() + self.shutdown_grace);
+        let mut io = Io {
+            registry: self.poll.registry(),
+            replies: &mut self.kernel_replies,
+            adopted: &mut self.adopted,
+        };
+        self.kernel
+            .agents()
+            .begin_shutdown(&mut io, self.shutdown_grace);
+        self.kernel_output();
         let keys: Vec<ConnKey> = self
             .connections
             .iter_mut()

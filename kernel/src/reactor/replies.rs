@@ -69,6 +69,11 @@ impl ReplyQueue {
         }
     }
 
+    /// The sequence number the next request will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     /// Reserves the place of the next request's reply, to be filled by
     /// [`complete`](Self::complete) with the returned sequence number.
     pub fn push_pending(&mut self, opcode: Opcode) -> u64 {

@@ -11,7 +11,8 @@ pub fn parse(payload: &[u8]) -> Result<HelloRequest, ErrorReply> {
 
 /// Reports what really works on this host now: subsystems not yet present in
 /// this kernel are `false`.
-pub fn handle(kernel: &Kernel, caller: &Caller, _request: HelloRequest) -> HelloReply {
+pub fn handle(kernel: &mut Kernel, caller: &Caller, _request: HelloRequest) -> HelloReply {
+    let cgroup = kernel.agents().cgroup_version();
     let config = kernel.config();
     HelloReply {
         success: true,
@@ -21,9 +22,9 @@ pub fn handle(kernel: &Kernel, caller: &Caller, _request: HelloRequest) -> Hello
         features: Features {
             think: false,
             exec: false,
-            spawn: false,
+            spawn: true,
             task: false,
-            cgroup: None,
+            cgroup,
         },
         limits: Some(ProtocolLimits {
             max_request_bytes: config.max_request_bytes,

@@ -1,5 +1,7 @@
 //! LIST (0x12): every known agent, as a JSON array.
 
+use std::time::Instant;
+
 use agentos_proto::payload::{AgentInfo, ListRequest};
 use agentos_proto::ErrorReply;
 
@@ -9,7 +11,8 @@ pub fn parse(payload: &[u8]) -> Result<ListRequest, ErrorReply> {
     ListRequest::parse(payload)
 }
 
-/// The kernel has no agents until SPAWN exists, so the list is empty.
-pub fn handle(_kernel: &Kernel, _request: ListRequest) -> Vec<AgentInfo> {
-    Vec::new()
+/// Live agents and those that ended recently, with figures from their
+/// cgroups read now.
+pub fn handle(kernel: &mut Kernel, _request: ListRequest) -> Vec<AgentInfo> {
+    kernel.agents().list(Instant::now())
 }

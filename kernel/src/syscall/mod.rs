@@ -2,22 +2,33 @@
 //! request (parsed and validated by `agentos-proto`) to a typed reply.
 //!
 //! Handlers run on the reactor thread and must not block. Work that might
-//! block is returned as [`Outcome::Deferred`] and runs on a worker; the
-//! reactor still writes its reply in request order.
+//! block is returned as [`Outcome::Deferred`] and runs on a worker; work
+//! that finishes on a later event (SPAWN waits for its workload to start)
+//! is [`Outcome::Later`], and its reply is delivered through [`Io`]. Either
+//! way the reactor writes replies in request order.
 
 mod exit;
 mod hello;
+mod kill;
 mod list;
+mod spawn;
 mod unavailable;
 
+use std::io;
+use std::path::Path;
 use std::time::Duration;
 
 use agentos_proto::payload::to_json;
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
+use mio::net::UnixStream;
+use mio::{Registry, Waker};
 use serde::Serialize;
+use std::sync::Arc;
 
+use crate::agents::Agents;
 use crate::config::Config;
 use crate::identity::Identity;
+use crate::reactor::ReplyTo;
 use crate::workers::Job;
 
 /// What a syscall decided.
@@ -32,6 +43,9 @@ pub enum Outcome {
     ReplyAndClose(Vec<u8>),
     /// Reply with what this job returns, computed on a worker thread.
     Deferred(Job),
+    /// The kernel will deliver the reply itself, through [`Io::replies`],
+    /// when a later event completes the request.
+    Later,
 }
 
 impl std::fmt::Debug for Outcome {
@@ -41,8 +55,22 @@ impl std::fmt::Debug for Outcome {
             Outcome::Reply(p) => write!(f, "Reply({} bytes)", p.len()),
             Outcome::ReplyAndClose(p) => write!(f, "ReplyAndClose({} bytes)", p.len()),
             Outcome::Deferred(_) => f.write_str("Deferred"),
+            Outcome::Later => f.write_str("Later"),
         }
     }
+}
+
+/// What the kernel may touch of the reactor while handling a request or an
+/// event: the registry for its own event sources, and two outboxes the
+/// reactor empties afterwards.
+#[derive(Debug)]
+pub struct Io<'a> {
+    /// For registering the kernel's event sources.
+    pub registry: &'a Registry,
+    /// Replies to [`Outcome::Later`] requests that are now complete.
+    pub replies: &'a mut Vec<(ReplyTo, Vec<u8>)>,
+    /// Connections accepted on agents' own sockets, with their identity.
+    pub adopted: &'a mut Vec<(UnixStream, Identity)>,
 }
 
 /// The kernel state syscalls act on. Owned by the reactor thread.
@@ -50,20 +78,27 @@ impl std::fmt::Debug for Outcome {
 pub struct Kernel {
     config: Config,
     deferred: Vec<Opcode>,
+    agents: Agents,
 }
 
 /// Who sent a request.
 #[derive(Clone, Copy, Debug)]
 pub struct Caller {
-    /// The caller's identity, derived from `SO_PEERCRED`.
+    /// The caller's identity, derived from its socket.
     pub identity: Identity,
 }
 
 impl Kernel {
-    /// Kernel state for `config`.
-    pub fn new(config: Config) -> Kernel {
+    /// Kernel state for `config`; agent sockets and sandbox roots go under
+    /// `run_dir` (the kernel socket's directory).
+    pub fn new(config: Config, waker: Arc<Waker>, run_dir: &Path) -> io::Result<Kernel> {
         let deferred = config.deferred_opcodes();
-        Kernel { config, deferred }
+        let agents = Agents::new(&config, waker, run_dir)?;
+        Ok(Kernel {
+            config,
+            deferred,
+            agents,
+        })
     }
 
     /// The configuration in force.
@@ -71,16 +106,41 @@ impl Kernel {
         &self.config
     }
 
-    /// Runs the syscall for one request.
-    pub fn dispatch(&mut self, caller: &Caller, opcode: Opcode, payload: &[u8]) -> Outcome {
+    /// The agents.
+    pub fn agents(&mut self) -> &mut Agents {
+        &mut self.agents
+    }
+
+    /// The agents, to look at.
+    pub fn agents_ref(&self) -> &Agents {
+        &self.agents
+    }
+
+    /// Runs the syscall for one request. `reply_to` is where a
+    /// [`Outcome::Later`] reply must go.
+    pub fn dispatch(
+        &mut self,
+        io: &mut Io<'_>,
+        caller: &Caller,
+        reply_to: ReplyTo,
+        opcode: Opcode,
+        payload: &[u8],
+    ) -> Outcome {
         let outcome = match opcode {
             Opcode::NOOP => Outcome::Echo,
             Opcode::HELLO => {
                 answer(hello::parse(payload).map(|req| hello::handle(self, caller, req)))
             }
             Opcode::LIST => answer(list::parse(payload).map(|req| list::handle(self, req))),
+            Opcode::SPAWN => match spawn::parse(payload)
+                .and_then(|req| self.agents.spawn(io, caller.identity, req, reply_to))
+            {
+                Ok(()) => Outcome::Later,
+                Err(err) => Outcome::Reply(err.to_json()),
+            },
+            Opcode::KILL => Outcome::Reply(kill::handle(self, io, caller, payload)),
             Opcode::EXIT => exit::handle(),
-            Opcode::THINK | Opcode::EXEC | Opcode::SPAWN | Opcode::KILL | Opcode::TASK => {
+            Opcode::THINK | Opcode::EXEC | Opcode::TASK => {
                 Outcome::Reply(unavailable::handle(opcode, payload).to_json())
             }
             unknown => Outcome::Reply(

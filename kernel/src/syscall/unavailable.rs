@@ -3,7 +3,7 @@
 //! malformed payload (`bad_request`) before it learns the subsystem is
 //! missing (`unavailable`).
 
-use agentos_proto::payload::{ExecRequest, KillRequest, SpawnRequest, TaskRequest, ThinkRequest};
+use agentos_proto::payload::{ExecRequest, TaskRequest, ThinkRequest};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 
 /// The error reply for a request to a missing subsystem.
@@ -11,8 +11,6 @@ pub fn handle(opcode: Opcode, payload: &[u8]) -> ErrorReply {
     let valid = match opcode {
         Opcode::THINK => ThinkRequest::parse(payload).map(drop),
         Opcode::EXEC => ExecRequest::parse(payload).map(drop),
-        Opcode::SPAWN => SpawnRequest::parse(payload).map(drop),
-        Opcode::KILL => KillRequest::parse(payload).map(drop),
         Opcode::TASK => TaskRequest::parse(payload).map(drop),
         _ => Ok(()),
     };

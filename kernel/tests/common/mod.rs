@@ -78,6 +78,7 @@ impl Daemon {
             .env_remove("AGENTOS_SOCKET")
             .env_remove("RUST_LOG")
             .env("AGENTOS_LOG_LEVEL", "debug")
+            .env("AGENTOS_AGENT_LOG_DIR", dir.path().join("logs"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())
@@ -178,13 +179,28 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Stops the daemon the way an operator would (SIGTERM), so it removes
+    /// its cgroups and agents; SIGKILL only if it does not go in time.
     fn drop(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            if child.try_wait().ok().flatten().is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if child.try_wait().ok().flatten().is_some() {
+            return;
         }
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 

@@ -1,5 +1,6 @@
-//! Deadlines for the reactor: a min-heap of instants. The reactor sleeps in
-//! `poll` until the earliest one; nothing ever sleeps on the reactor thread.
+//! Deadlines for the reactor thread: a min-heap of instants. The reactor
+//! sleeps in `poll` until the earliest one; nothing ever sleeps on the
+//! reactor thread.
 //!
 //! Timers are not cancelled; whoever handles a fired timer checks whether
 //! it still matters (a connection may be gone, a buffer already drained).

@@ -1,0 +1,49 @@
+//! An agent's own socket. Each agent reaches the kernel through a socket
+//! that exists only for it: bound into its sandbox at the fixed path every
+//! agent uses, invisible to everyone else (its directory on the host is
+//! 0700). So a connection arriving here comes from that agent, whatever
+//! header it sends — the door is the identity, checked against the peer's
+//! pid namespace on top.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use mio::net::UnixListener;
+
+/// A listening socket for one agent; removed from disk when dropped.
+#[derive(Debug)]
+pub struct Door {
+    /// The listener (registered with the reactor by the agents table).
+    pub listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Door {
+    /// Binds `<dir>/<id>.sock`, replacing a leftover file of that name.
+    pub fn open(dir: &Path, id: u32) -> io::Result<Door> {
+        let path = dir.join(format!("{id}.sock"));
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => return Err(err),
+        }
+        let listener = UnixListener::bind(&path)?;
+        // The workload runs as another user inside the sandbox; the 0700
+        // directory is what keeps everyone else out on the host.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666))?;
+        Ok(Door { listener, path })
+    }
+
+    /// Where the socket is on the host.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}

@@ -1,0 +1,153 @@
+//! One agent: what was asked for, what is running, how it ended.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime};
+
+use agentos_proto::payload::{
+    AgentInfo, AgentState, CpuStats, Isolation, Limits, LlmStats, MemoryStats, SpawnRequest,
+};
+use mio::Token;
+
+use super::door::Door;
+use super::program::Program;
+use super::restart::Restarts;
+use crate::cgroup::AgentCgroup;
+use crate::clock::rfc3339;
+use crate::reactor::ReplyTo;
+use crate::sandbox::StatusReader;
+
+/// Why an agent is being stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// A KILL request.
+    Kill,
+    /// The kernel is shutting down.
+    Shutdown,
+}
+
+/// The live parts of one run: the sandbox's init and its pipes.
+#[derive(Debug)]
+pub struct Run {
+    /// The init's pid on the host.
+    pub pid: i32,
+    /// Readable when the init exits.
+    pub pidfd: OwnedFd,
+    /// The pidfd's reactor token.
+    pub exit_token: Token,
+    /// The init's status lines, until the pipe closes.
+    pub status: Option<(StatusReader, Token)>,
+}
+
+/// How the current or last run's workload fared, from the status pipe.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// The workload was exec'd.
+    pub ready: bool,
+    /// Setup failed: the code and message of the `error` line.
+    pub start_error: Option<(agentos_proto::ErrorCode, String)>,
+    /// The workload's exit code.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the workload.
+    pub signal: Option<i32>,
+}
+
+/// An agent the kernel knows.
+#[derive(Debug)]
+pub struct Agent {
+    /// The id SPAWN returned.
+    pub id: u32,
+    /// Its name.
+    pub name: String,
+    /// The agent that spawned it, if an agent did.
+    pub parent: Option<u32>,
+    /// What SPAWN asked for (kept for restarts and permissions).
+    pub request: SpawnRequest,
+    /// What runs.
+    pub program: Program,
+    /// Limits in force.
+    pub limits: Limits,
+    /// Isolation in force.
+    pub isolation: Isolation,
+    /// Lifecycle state.
+    pub state: AgentState,
+    /// Launches so far; a run's events carry its number, so stale ones are
+    /// recognised.
+    pub run_number: u32,
+    /// The running sandbox, if any.
+    pub run: Option<Run>,
+    /// A launch was handed to the launch thread and has not come back.
+    pub launching: bool,
+    /// What the status pipe said about the current or last run.
+    pub outcome: Outcome,
+    /// Whether the memory controller killed one of its processes (this run).
+    pub oom_killed: bool,
+    /// The cgroup's OOM-kill count when this run began.
+    pub oom_baseline: u64,
+    /// Restart bookkeeping.
+    pub restarts: Restarts,
+    /// When the current run began.
+    pub started_at: SystemTime,
+    /// The same, for durations.
+    pub started: Instant,
+    /// When the agent ended for good.
+    pub ended: Option<Instant>,
+    /// Why it is being stopped, once asked.
+    pub stop: Option<Stop>,
+    /// A SPAWN waiting for the first run to start.
+    pub spawn_reply: Option<ReplyTo>,
+    /// Its cgroup.
+    pub cgroup: Option<AgentCgroup>,
+    /// The OOM watch descriptor and its token.
+    pub oom_watch: Option<(OwnedFd, Token)>,
+    /// Its own socket and the listener's token.
+    pub door: Option<(Door, Token)>,
+    /// Its sandbox's pid namespace (inode), for checking who knocks.
+    pub pid_namespace: Option<u64>,
+    /// Its log file.
+    pub log: PathBuf,
+    /// THINK use (filled in once THINK exists).
+    pub llm: LlmStats,
+}
+
+impl Agent {
+    /// Alive: starting, running, or waiting to restart.
+    pub fn is_live(&self) -> bool {
+        matches!(
+            self.state,
+            AgentState::Starting | AgentState::Running | AgentState::Restarting
+        )
+    }
+
+    /// The LIST entry, with figures read from the cgroup now.
+    pub fn info(&self, now: Instant) -> AgentInfo {
+        let stats = self.cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
+        let until = self.ended.unwrap_or(now);
+        AgentInfo {
+            id: self.id,
+            name: self.name.clone(),
+            pid: self.run.as_ref().map(|r| r.pid as u32),
+            state: self.state,
+            status: self.state,
+            running: self.state == AgentState::Running,
+            exit_code: self.outcome.exit_code,
+            signal: self.outcome.signal,
+            oom_killed: self.oom_killed,
+            restarts: self.restarts.total,
+            started_at: rfc3339(self.started_at),
+            uptime_ms: until.saturating_duration_since(self.started).as_millis() as u64,
+            limits: self.limits,
+            memory: MemoryStats {
+                current: stats.memory_current,
+                peak: stats.memory_peak,
+            },
+            cpu: CpuStats {
+                usage_usec: stats.cpu_usage_usec,
+                nr_throttled: stats.nr_throttled,
+                throttled_usec: stats.throttled_usec,
+            },
+            llm: self.llm,
+            isolation: self.isolation.clone(),
+        }
+    }
+}
