@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::payload::{AgentInfo, HelloReply};
+use crate::payload::{AgentInfo, HelloReply, KillReply, KillRequest, SpawnReply, SpawnRequest};
 use crate::socket_path::resolve_socket_path;
 use crate::{
     encode_frame_into, DecodeError, ErrorCode, ErrorReply, FrameDecoder, Opcode, MAX_REPLY_BYTES,
@@ -267,6 +267,18 @@ impl Client {
     /// LIST: every known agent.
     pub fn list(&mut self) -> Result<Vec<AgentInfo>, ClientError> {
         self.call_json(Opcode::LIST, b"")
+    }
+
+    /// SPAWN: starts an agent; returns once it runs.
+    pub fn spawn(&mut self, request: &SpawnRequest) -> Result<SpawnReply, ClientError> {
+        let payload = serde_json::to_vec(request)?;
+        self.call_json(Opcode::SPAWN, &payload)
+    }
+
+    /// KILL: stops a live agent.
+    pub fn kill(&mut self, request: &KillRequest) -> Result<KillReply, ClientError> {
+        let payload = serde_json::to_vec(request)?;
+        self.call_json(Opcode::KILL, &payload)
     }
 
     /// EXIT: says goodbye and waits for the kernel to close the connection.

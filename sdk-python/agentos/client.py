@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from types import TracebackType
-from typing import Any, NamedTuple, Optional, Type, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Type, Union
 
 from .errors import AgentOSConnectionError, AgentOSError, ProtocolError
 from .paths import PathLike, resolve_socket_path
@@ -200,8 +201,73 @@ class AgentOSClient:
         return self.call_json(Opcode.HELLO)
 
     def list_agents(self) -> list:
-        """LIST: one dict per known agent (live, and recently ended)."""
+        """LIST: one dict per known agent (live, and recently ended), with
+        its state, exit code or signal, restarts, limits, and memory and CPU
+        figures read from its cgroup."""
         return self.call_json(Opcode.LIST)
+
+    def spawn(
+        self,
+        name: str,
+        script: Optional[PathLike] = None,
+        *,
+        command: Optional[Sequence[str]] = None,
+        args: Optional[Sequence[str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        python: Optional[str] = None,
+        sandboxed: Optional[bool] = None,
+        network: Optional[bool] = None,
+        limits: Optional[Mapping[str, int]] = None,
+        restart_policy: Optional[str] = None,
+        max_restarts: Optional[int] = None,
+        restart_window: Optional[int] = None,
+        permissions: Optional[Mapping[str, Any]] = None,
+    ) -> dict:
+        """SPAWN: starts an agent and returns once it runs.
+
+        Give a Python ``script`` (made absolute here; run with ``python``, or
+        the kernel's configured interpreter) or a ``command`` argv. ``limits``
+        takes ``memory`` (bytes), ``cpu_quota`` and ``cpu_period``
+        (microseconds) and ``max_pids``; ``restart_policy`` is ``never``,
+        ``on-failure`` or ``always``. Returns the reply: ``id``, ``name``,
+        ``pid``, ``status`` and ``isolation`` (with ``degraded_reason`` when
+        the host could not give all that was asked). Raises
+        :class:`AgentOSError` (``already_exists``, ``not_found``,
+        ``bad_request``, ``permission_denied``, ...) otherwise.
+        """
+        if (script is None) == (command is None):
+            raise ValueError("spawn() takes a script or a command, not both or neither")
+        request: dict = {"name": name}
+        if script is not None:
+            request["script"] = os.path.abspath(os.fspath(script))
+        if command is not None:
+            request["command"] = list(command)
+        optional = {
+            "args": list(args) if args is not None else None,
+            "env": dict(env) if env is not None else None,
+            "cwd": cwd,
+            "python": python,
+            "sandboxed": sandboxed,
+            "network": network,
+            "limits": dict(limits) if limits is not None else None,
+            "restart_policy": restart_policy,
+            "max_restarts": max_restarts,
+            "restart_window": restart_window,
+            "permissions": dict(permissions) if permissions is not None else None,
+        }
+        request.update({k: v for k, v in optional.items() if v is not None})
+        return self.call_json(Opcode.SPAWN, request)
+
+    def kill(self, agent: Union[int, str], grace_ms: Optional[int] = None) -> dict:
+        """KILL: stops a live agent by id (int) or name (str): SIGTERM to its
+        whole process tree, SIGKILL after ``grace_ms`` (default 5000).
+        Raises :class:`AgentOSError` with code ``not_found`` for no such
+        live agent."""
+        request: dict = {"id": agent} if isinstance(agent, int) else {"name": agent}
+        if grace_ms is not None:
+            request["grace_ms"] = grace_ms
+        return self.call_json(Opcode.KILL, request)
 
     def exit(self) -> None:
         """EXIT: the kernel says goodbye and closes; so does the client."""

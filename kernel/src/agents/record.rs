@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
 use agentos_proto::payload::{
-    AgentInfo, AgentState, CpuStats, Isolation, Limits, LlmStats, MemoryStats, SpawnRequest,
+    AgentInfo, AgentState, CpuStats, Isolation, Limits, LlmStats, MemoryStats, PidStats,
+    SpawnRequest,
 };
 use mio::Token;
 
@@ -145,6 +146,10 @@ impl Agent {
                 usage_usec: stats.cpu_usage_usec,
                 nr_throttled: stats.nr_throttled,
                 throttled_usec: stats.throttled_usec,
+            },
+            pids: PidStats {
+                current: stats.pids_current,
+                max: self.limits.max_pids,
             },
             llm: self.llm,
             isolation: self.isolation.clone(),

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::AgentInfo;
+use agentos_proto::payload::{AgentInfo, KillRequest, SpawnReply};
 use agentos_proto::socket_path::resolve_socket_path;
-use agentos_proto::Client;
+use agentos_proto::{Client, Opcode};
 use anyhow::bail;
 use clap::{Parser, Subcommand};
 
@@ -48,6 +48,53 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Start an agent: `agentos spawn NAME SCRIPT.py [ARGS...]`, or
+    /// `agentos spawn NAME -- PROGRAM [ARGS...]`
+    Spawn(SpawnArgs),
+    /// Stop an agent (SIGTERM to its tree, SIGKILL after the grace)
+    Kill {
+        /// Agent name, or id
+        agent: String,
+        /// Milliseconds between SIGTERM and SIGKILL
+        #[arg(long, value_name = "MS")]
+        grace_ms: Option<u64>,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct SpawnArgs {
+    /// Agent name ([A-Za-z0-9_.-], up to 64)
+    name: String,
+    /// A Python script (*.py) and its arguments, or a program and its arguments
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    program: Vec<String>,
+    /// Interpreter for the script
+    #[arg(long, value_name = "PATH")]
+    python: Option<String>,
+    /// Memory limit: bytes, or with K, M or G
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory: Option<u64>,
+    /// CPU share, in CPUs (0.1 = 10% of one CPU)
+    #[arg(long, value_name = "CPUS")]
+    cpus: Option<f64>,
+    /// Process limit
+    #[arg(long, value_name = "N")]
+    max_pids: Option<u64>,
+    /// never, on-failure or always
+    #[arg(long, value_name = "POLICY")]
+    restart: Option<String>,
+    /// Environment variable for the agent (repeatable)
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Working directory inside the sandbox
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<String>,
+    /// Share the host network instead of loopback only
+    #[arg(long)]
+    network: bool,
+    /// Run without namespaces or cgroup (operators only)
+    #[arg(long)]
+    no_sandbox: bool,
 }
 
 fn main() -> ExitCode {
@@ -72,7 +119,129 @@ fn run(args: Args) -> anyhow::Result<()> {
         Command::Hello { json } => hello(&mut client, json),
         Command::Ping { count, size } => ping(&mut client, &path, count, size),
         Command::Ps { json } => ps(&mut client, json),
+        Command::Spawn(spawn_args) => spawn(&mut client, spawn_args),
+        Command::Kill { agent, grace_ms } => kill(&mut client, &agent, grace_ms),
     }
+}
+
+fn spawn(client: &mut Client, args: SpawnArgs) -> anyhow::Result<()> {
+    let mut request = serde_json::json!({ "name": args.name });
+    let (first, rest) = args
+        .program
+        .split_first()
+        .ok_or_else(|| anyhow::anyhow!("give a script or a program"))?;
+    if first.ends_with(".py") {
+        request["script"] = serde_json::json!(std::path::absolute(first)?);
+        request["args"] = serde_json::json!(rest);
+    } else {
+        request["command"] = serde_json::json!(args.program);
+    }
+    let mut limits = serde_json::Map::new();
+    if let Some(memory) = args.memory {
+        limits.insert("memory".into(), memory.into());
+    }
+    if let Some(cpus) = args.cpus {
+        if !(cpus > 0.0 && cpus.is_finite()) {
+            bail!("--cpus must be a positive number");
+        }
+        limits.insert("cpu_period".into(), 100_000.into());
+        limits.insert(
+            "cpu_quota".into(),
+            ((cpus * 100_000.0).round() as u64).into(),
+        );
+    }
+    if let Some(pids) = args.max_pids {
+        limits.insert("max_pids".into(), pids.into());
+    }
+    if !limits.is_empty() {
+        request["limits"] = limits.into();
+    }
+    if let Some(policy) = args.restart {
+        request["restart_policy"] = policy.into();
+    }
+    if !args.env.is_empty() {
+        let mut env = serde_json::Map::new();
+        for pair in &args.env {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--env takes KEY=VALUE, not {pair:?}"))?;
+            env.insert(key.into(), value.into());
+        }
+        request["env"] = env.into();
+    }
+    if let Some(python) = args.python {
+        request["python"] = python.into();
+    }
+    if let Some(cwd) = args.cwd {
+        request["cwd"] = cwd.into();
+    }
+    if args.network {
+        request["network"] = true.into();
+    }
+    if args.no_sandbox {
+        request["sandboxed"] = false.into();
+    }
+    let reply: SpawnReply = client.call_json(Opcode::SPAWN, &serde_json::to_vec(&request)?)?;
+    println!(
+        "agent {} ({}) {} as pid {}",
+        reply.id,
+        reply.name,
+        reply.status.as_str(),
+        reply.pid
+    );
+    let isolation = &reply.isolation;
+    println!(
+        "isolation: {}namespaces [{}], cgroup {}",
+        if isolation.sandboxed {
+            ""
+        } else {
+            "not sandboxed, "
+        },
+        isolation.namespaces.join(" "),
+        isolation.cgroup.map_or("none", |v| v.as_str())
+    );
+    if let Some(reason) = &isolation.degraded_reason {
+        println!("degraded: {reason}");
+    }
+    Ok(())
+}
+
+fn kill(client: &mut Client, agent: &str, grace_ms: Option<u64>) -> anyhow::Result<()> {
+    let (id, name) = match agent.parse::<u32>() {
+        Ok(id) => (Some(id), None),
+        Err(_) => (None, Some(agent.to_owned())),
+    };
+    let reply = client.kill(&KillRequest { id, name, grace_ms })?;
+    println!(
+        "agent {} is being stopped",
+        reply
+            .id
+            .map_or_else(|| agent.to_owned(), |id| id.to_string())
+    );
+    Ok(())
+}
+
+/// `512`, `64K`, `50M`, `2G` to bytes.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (try 512M)"))?;
+    let unit = unit.to_ascii_uppercase();
+    let scale: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return Err(format!("unknown unit in {text:?}: use K, M or G")),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 fn hello(client: &mut Client, json: bool) -> anyhow::Result<()> {
@@ -154,22 +323,27 @@ fn ps(client: &mut Client, json: bool) -> anyhow::Result<()> {
 /// The `ps` table: one line per agent under a header.
 fn format_table(agents: &[AgentInfo]) -> String {
     let mut out = format!(
-        "{:>7}  {:<20} {:>8}  {:<11} {:>8} {:>10} {:>10}\n",
-        "ID", "NAME", "PID", "STATE", "RESTARTS", "UPTIME", "MEMORY"
+        "{:>7}  {:<20} {:>8}  {:<11} {:>8} {:>10} {:>10} {:>10} {:>6}\n",
+        "ID", "NAME", "PID", "STATE", "RESTARTS", "UPTIME", "MEMORY", "CPU", "EXIT"
     );
     for agent in agents {
+        let exit = match (agent.exit_code, agent.signal, agent.oom_killed) {
+            (_, _, true) => "OOM".to_owned(),
+            (Some(code), _, _) => code.to_string(),
+            (None, Some(signal), _) => format!("sig{signal}"),
+            (None, None, false) => "-".to_owned(),
+        };
         out.push_str(&format!(
-            "{:>7}  {:<20} {:>8}  {:<11} {:>8} {:>10} {:>10}\n",
+            "{:>7}  {:<20} {:>8}  {:<11} {:>8} {:>10} {:>10} {:>10} {:>6}\n",
             agent.id,
             agent.name,
-            agent
-                .pid
-                .map(|p| p.to_string())
-                .unwrap_or_else(|| "-".into()),
+            agent.pid.map_or_else(|| "-".into(), |p| p.to_string()),
             agent.state.as_str(),
             agent.restarts,
             format!("{:.1}s", agent.uptime_ms as f64 / 1000.0),
             format!("{:.1}M", agent.memory.current as f64 / (1 << 20) as f64),
+            format!("{:.2}s", agent.cpu.usage_usec as f64 / 1e6),
+            exit,
         ));
     }
     if agents.is_empty() {

@@ -63,6 +63,8 @@ pub struct CgroupStats {
     pub throttled_usec: u64,
     /// Processes the memory controller has killed.
     pub oom_kills: u64,
+    /// Processes and threads in the group now.
+    pub pids_current: u64,
 }
 
 /// What went wrong with a cgroup operation.

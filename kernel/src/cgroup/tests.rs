@@ -98,6 +98,7 @@ fn v2_stats_come_from_their_files() {
             nr_throttled: 3,
             throttled_usec: 77,
             oom_kills: 2,
+            pids_current: 0,
         }
     );
     assert_eq!(cgroup.pids(), vec![11, 12]);
@@ -192,6 +193,7 @@ fn v1_stats_convert_nanoseconds() {
             nr_throttled: 30,
             throttled_usec: 5000,
             oom_kills: 1,
+            pids_current: 0,
         }
     );
 }

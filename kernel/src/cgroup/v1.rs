@@ -122,6 +122,7 @@ impl Backend for Legacy {
             nr_throttled: keyed_value(&cpu_stat, "nr_throttled"),
             throttled_usec: keyed_value(&cpu_stat, "throttled_time") / 1000,
             oom_kills: self.oom_kills(rel),
+            pids_current: number_in(&self.pids.join(rel).join("pids.current")),
         }
     }
 

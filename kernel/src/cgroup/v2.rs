@@ -102,6 +102,7 @@ impl Backend for Unified {
             nr_throttled: keyed_value(&cpu_stat, "nr_throttled"),
             throttled_usec: keyed_value(&cpu_stat, "throttled_usec"),
             oom_kills: self.oom_kills(rel),
+            pids_current: number_in(&dir.join("pids.current")),
         }
     }
 

@@ -71,6 +71,15 @@ pub struct CpuStats {
     pub throttled_usec: u64,
 }
 
+/// Process figures read from the agent's cgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PidStats {
+    /// Processes and threads now.
+    pub current: u64,
+    /// The limit.
+    pub max: Option<u64>,
+}
+
 /// The agent's use of THINK.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LlmStats {
@@ -113,6 +122,9 @@ pub struct AgentInfo {
     pub memory: MemoryStats,
     /// CPU figures.
     pub cpu: CpuStats,
+    /// Process figures.
+    #[serde(default)]
+    pub pids: PidStats,
     /// LLM use.
     pub llm: LlmStats,
     /// Isolation in force.
