@@ -6,11 +6,11 @@
 //! The procedure, in this order:
 //! 1. make every mount private, so nothing propagates to or from the host;
 //! 2. mount a tmpfs on the staging directory: the new root;
-//! 3. bind what programs need (read-only unless asked) and create symlinks;
-//! 4. a fresh /dev with a handful of device nodes bound from the host;
-//! 5. a fresh /proc (the sandbox has its own PID namespace), with the
+//! 3. a fresh /dev with a handful of device nodes bound from the host;
+//! 4. writable tmpfs scratch space (/tmp, /workspace, /dev/shm);
+//! 5. bind what programs need (read-only unless asked) and create symlinks;
+//! 6. a fresh /proc (the sandbox has its own PID namespace), with the
 //!    kernel-facing corners made read-only or hidden;
-//! 6. writable tmpfs scratch space (/tmp, /workspace, /dev/shm);
 //! 7. hide secrets inside bound directories;
 //! 8. pivot_root into the new root and detach the old one — from here on
 //!    the host filesystem is unreachable;
@@ -119,33 +119,7 @@ pub fn build_root(
     )
     .map_err(failed("cannot mount the root tmpfs on", staging))?;
 
-    // 3. What programs need.
-    for bind in &root.binds {
-        let target = inside(&bind.target);
-        make_mount_point(sys, &bind.source, &target)?;
-        sys.mount(
-            Some(&bind.source),
-            &target,
-            None,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None,
-        )
-        .map_err(failed("cannot bind", &bind.source))?;
-        if !bind.writable {
-            remount_read_only(sys, &bind.source, &target)?;
-        }
-    }
-    for link in &root.symlinks {
-        let path = inside(&link.path);
-        if let Some(parent) = path.parent() {
-            sys.mkdir_all(parent, 0o755)
-                .map_err(failed("cannot create directory", parent))?;
-        }
-        sys.symlink(&link.target, &path)
-            .map_err(failed("cannot create symlink", &path))?;
-    }
-
-    // 4. /dev: a tmpfs with only the harmless devices.
+    // 3. /dev: a tmpfs with only the harmless devices.
     if !root.devices.is_empty() {
         let dev = inside(Path::new("/dev"));
         sys.mkdir_all(&dev, 0o755)
@@ -172,7 +146,54 @@ pub fn build_root(
         }
     }
 
-    // 5. /proc of the sandbox's own PID namespace.
+    // 4. Writable scratch space — before the binds, so a bind may land
+    //    inside it (a script under /tmp on the host shows up under the
+    //    sandbox's own /tmp).
+    for tmpfs in &root.tmpfs {
+        let target = inside(&tmpfs.target);
+        sys.mkdir_all(&target, 0o755)
+            .map_err(failed("cannot create directory", &target))?;
+        let mut options = format!("mode={:o},size={}", tmpfs.mode, tmpfs.size);
+        if let (true, Some(user)) = (tmpfs.owned_by_user, user) {
+            options.push_str(&format!(",uid={},gid={}", user.uid, user.gid));
+        }
+        sys.mount(
+            Some(Path::new("tmpfs")),
+            &target,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(&options),
+        )
+        .map_err(failed("cannot mount tmpfs on", &target))?;
+    }
+
+    // 5. What programs need.
+    for bind in &root.binds {
+        let target = inside(&bind.target);
+        make_mount_point(sys, &bind.source, &target)?;
+        sys.mount(
+            Some(&bind.source),
+            &target,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+        )
+        .map_err(failed("cannot bind", &bind.source))?;
+        if !bind.writable {
+            remount_read_only(sys, &bind.source, &target)?;
+        }
+    }
+    for link in &root.symlinks {
+        let path = inside(&link.path);
+        if let Some(parent) = path.parent() {
+            sys.mkdir_all(parent, 0o755)
+                .map_err(failed("cannot create directory", parent))?;
+        }
+        sys.symlink(&link.target, &path)
+            .map_err(failed("cannot create symlink", &path))?;
+    }
+
+    // 6. /proc of the sandbox's own PID namespace.
     if root.proc {
         let proc = inside(Path::new("/proc"));
         sys.mkdir_all(&proc, 0o555)
@@ -212,25 +233,6 @@ pub fn build_root(
                 .map_err(failed("cannot mask", &path))?;
             }
         }
-    }
-
-    // 6. Writable scratch space.
-    for tmpfs in &root.tmpfs {
-        let target = inside(&tmpfs.target);
-        sys.mkdir_all(&target, 0o755)
-            .map_err(failed("cannot create directory", &target))?;
-        let mut options = format!("mode={:o},size={}", tmpfs.mode, tmpfs.size);
-        if let (true, Some(user)) = (tmpfs.owned_by_user, user) {
-            options.push_str(&format!(",uid={},gid={}", user.uid, user.gid));
-        }
-        sys.mount(
-            Some(Path::new("tmpfs")),
-            &target,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(&options),
-        )
-        .map_err(failed("cannot mount tmpfs on", &target))?;
     }
 
     // 7. Secrets inside bound directories: files become /dev/null,

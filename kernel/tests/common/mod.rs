@@ -318,3 +318,100 @@ impl WorldExecutable {
         WorldExecutable { _dir: dir, path }
     }
 }
+
+/// Sends a JSON request and returns the JSON reply.
+pub fn request(
+    client: &mut agentos_proto::Client,
+    opcode: Opcode,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let reply = client
+        .call(opcode, &serde_json::to_vec(body).unwrap())
+        .unwrap();
+    serde_json::from_slice(&reply.payload).unwrap()
+}
+
+/// One agent's LIST entry.
+pub fn agent_info(client: &mut agentos_proto::Client, id: u64) -> serde_json::Value {
+    let list = request(client, Opcode::LIST, &serde_json::json!({}));
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("agent {id} not in LIST: {list}"))
+}
+
+/// Polls LIST until the agent reaches one of `states`; returns its entry.
+pub fn wait_for_state(
+    client: &mut agentos_proto::Client,
+    id: u64,
+    states: &[&str],
+    timeout: Duration,
+) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let info = agent_info(client, id);
+        if states.iter().any(|s| info["state"] == *s) {
+            return info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent {id} not in {states:?} after {timeout:?}: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A directory whose files the agents' user can read (tempdirs are 0700).
+pub fn shared_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("agentos-test-")
+        .tempdir()
+        .unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// Writes a script readable by everyone.
+pub fn write_script(dir: &std::path::Path, name: &str, text: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    fs::write(&path, text).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Python helpers agents use to speak the protocol with no SDK installed.
+pub const PY_KERNEL: &str = r#"
+import json, os, socket, struct, sys
+_sock = socket.socket(socket.AF_UNIX)
+_sock.connect(os.environ["AGENTOS_SOCKET"])
+def _exact(n):
+    data = b""
+    while len(data) < n:
+        chunk = _sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError("kernel closed the connection")
+        data += chunk
+    return data
+def call(op, payload=b"", claim=0):
+    if not isinstance(payload, bytes):
+        payload = json.dumps(payload).encode()
+    _sock.sendall(struct.pack("<IIBQ", 0x41474E54, claim, op, len(payload)) + payload)
+    _, agent_id, opcode, n = struct.unpack("<IIBQ", _exact(17))
+    return agent_id, _exact(n)
+"#;
+
+/// The agent log of agent `id` named `name` under the daemon's log dir.
+pub fn agent_log(daemon: &Daemon, name: &str, id: u64) -> String {
+    fs::read_to_string(
+        daemon
+            .dir
+            .path()
+            .join("logs")
+            .join(format!("{name}-{id}.log")),
+    )
+    .unwrap_or_default()
+}
