@@ -8,10 +8,13 @@ Run it against a running agentosd (``scripts/run`` starts one and runs this):
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 from agentos import AgentOSClient, AgentOSConnectionError, AgentOSError, Opcode
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> int:
@@ -43,15 +46,32 @@ def main() -> int:
 
         print(f"agents: {client.list_agents()}")
 
-        try:
-            client.call_json(Opcode.SPAWN, {"name": "worker1", "command": ["/bin/true"]})
-        except AgentOSError as err:
-            print(f"SPAWN: {err.code} — {err.message}")
+        hello_agent = os.path.join(REPO, "agents", "hello_agent.py")
+        agent = client.spawn(f"hello-{os.getpid()}", hello_agent, python=sys.executable)
+        isolation = agent["isolation"]
+        print(
+            f"spawned agent {agent['id']} ({agent['name']}): {agent['status']}, "
+            f"namespaces [{' '.join(isolation['namespaces'])}], cgroup {isolation['cgroup']}"
+        )
+        if isolation.get("degraded_reason"):
+            print(f"  degraded: {isolation['degraded_reason']}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            state = next(a for a in client.list_agents() if a["id"] == agent["id"])
+            if state["state"] != "running":
+                break
+            time.sleep(0.05)
+        print(f"agent {agent['id']} {state['state']} with exit code {state['exit_code']}")
 
         try:
-            client.call_json(Opcode.SPAWN, {"name": "../etc"})
+            client.spawn("../etc", hello_agent)
         except AgentOSError as err:
             print(f"a bad request is refused: {err.code} — {err.message}")
+
+        try:
+            client.call_json(Opcode.THINK, "What is 2+2?")
+        except AgentOSError as err:
+            print(f"THINK: {err.code} — {err.message}")
 
         client.exit()
         print("said goodbye")

@@ -21,7 +21,7 @@ def test_hello_prints_version_identity_and_features(kernel):
     assert out.returncode == 0, out.stderr
     assert "AgentOS kernel" in out.stdout
     assert re.search(r"id 1\d{6}", out.stdout)
-    assert "spawn no" in out.stdout
+    assert "spawn yes" in out.stdout
 
 
 def test_ping_reports_percentiles(kernel):
@@ -48,3 +48,26 @@ def test_unreachable_kernel_is_a_clear_error(tmp_path):
     )
     assert out.returncode == 1
     assert "Is agentosd running?" in out.stderr
+
+
+def test_spawn_ps_and_kill(kernel):
+    out = agentos(kernel, "spawn", "sleeper", "--memory", "64M", "--cpus", "0.5",
+                  "--max-pids", "8", "--", "/bin/sleep", "30")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"agent \d+ \(sleeper\) running as pid \d+", out.stdout), out.stdout
+    listed = json.loads(agentos(kernel, "ps", "--json").stdout)
+    sleeper = next(a for a in listed if a["name"] == "sleeper")
+    assert sleeper["limits"] == {"memory": 64 << 20, "cpu_quota": 50000, "cpu_period": 100000, "max_pids": 8}
+    table = agentos(kernel, "ps").stdout
+    assert "sleeper" in table and "running" in table
+    out = agentos(kernel, "kill", "sleeper", "--grace-ms", "0")
+    assert out.returncode == 0, out.stderr
+    again = agentos(kernel, "kill", "sleeper")
+    assert again.returncode == 1
+    assert "not_found" in again.stderr
+
+
+def test_spawn_of_a_missing_script_fails_clearly(kernel):
+    out = agentos(kernel, "spawn", "ghost", "/no/such/agent.py")
+    assert out.returncode == 1
+    assert "does not exist" in out.stderr and "not_found" in out.stderr
