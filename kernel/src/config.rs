@@ -98,6 +98,10 @@ pub struct AgentsConfig {
     pub retention_secs: u64,
     /// Agents alive at once.
     pub max_agents: usize,
+    /// Sandboxes kept prepared for SPAWNs of the default shape (sandboxed,
+    /// no host network), so those skip namespace and root setup; 0 turns
+    /// the pool off.
+    pub warm_pool: usize,
     /// On shutdown, time agents get between SIGTERM and SIGKILL.
     pub stop_grace_ms: u64,
 }
@@ -120,6 +124,7 @@ impl Default for AgentsConfig {
             max_file_bytes: 1 << 30,
             retention_secs: 300,
             max_agents: 1024,
+            warm_pool: 2,
             stop_grace_ms: 5_000,
         }
     }

@@ -144,7 +144,11 @@ fn start_failures_are_the_spawn_reply() {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let agents: Vec<_> = std::fs::read_dir(&instance)
-                .map(|d| d.flatten().filter(|e| e.path().is_dir()).collect())
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.path().is_dir() && common::is_agent_cgroup(e))
+                        .collect()
+                })
                 .unwrap_or_default();
             if agents.is_empty() {
                 break;

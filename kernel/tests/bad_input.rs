@@ -166,7 +166,7 @@ fn unknown_opcode_is_refused_and_the_connection_stays_usable() {
 fn a_thousand_concurrent_connections_are_all_served() {
     raise_fd_limit();
     let daemon = Daemon::start();
-    let fds_before = daemon.fd_count();
+    let fds_before = common::settled_fd_count(&daemon);
     let mut streams: Vec<UnixStream> = (0..1000).map(|_| daemon.raw()).collect();
     for (i, stream) in streams.iter_mut().enumerate() {
         send(stream, Opcode::NOOP, format!("conn-{i}").as_bytes());
@@ -362,7 +362,7 @@ fn a_half_closed_client_gets_every_reply_then_the_close() {
 #[test]
 fn a_client_that_dies_mid_frame_is_forgotten() {
     let daemon = Daemon::start();
-    let fds_before = daemon.fd_count();
+    let fds_before = common::settled_fd_count(&daemon);
     // A large send buffer lets the whole partial frame leave at once, so the
     // kernel sees data and the hang-up in one go.
     let socket = daemon.socket.clone();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use agentos_proto::Opcode;
 use common::{
     agent_info, agent_log, is_root, request, shared_dir, wait_for_state, write_script, Daemon,
-    WorldExecutable, AGENTOSD,
+    StopOnDrop, WorldExecutable, AGENTOSD,
 };
 use serde_json::json;
 
@@ -40,22 +40,34 @@ fn spawn(client: &mut agentos_proto::Client, body: serde_json::Value) -> u64 {
     reply["id"].as_u64().unwrap()
 }
 
-/// Processes whose pid namespace is `ns` (seen from the host).
-fn processes_in_pid_namespace(ns: u64) -> usize {
-    fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .filter(|e| fs::metadata(e.path().join("ns/pid")).is_ok_and(|m| m.ino() == ns))
-        .count()
+/// An agent's PID namespace, held open: while it is, its inode number
+/// cannot be given to a new namespace (a warm sandbox, say), so counting
+/// its processes counts the agent's and nobody else's.
+struct PidNamespace {
+    _held: fs::File,
+    inode: u64,
 }
 
-fn pid_namespace_of(pid: u64) -> u64 {
-    fs::metadata(format!("/proc/{pid}/ns/pid")).unwrap().ino()
+impl PidNamespace {
+    fn of(pid: u64) -> PidNamespace {
+        let held = fs::File::open(format!("/proc/{pid}/ns/pid")).unwrap();
+        let inode = held.metadata().unwrap().ino();
+        PidNamespace { _held: held, inode }
+    }
+
+    /// Processes in this namespace (seen from the host).
+    fn processes(&self) -> usize {
+        fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .filter(|e| fs::metadata(e.path().join("ns/pid")).is_ok_and(|m| m.ino() == self.inode))
+            .count()
+    }
 }
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
@@ -235,7 +247,7 @@ fn fork_bomb_is_contained_while_the_kernel_and_a_healthy_agent_carry_on() {
         json!({"name": "bomb", "script": bomb, "limits": {"max_pids": 16}}),
     );
     let bomb_pid = agent_info(&mut client, bomb_id)["pid"].as_u64().unwrap();
-    let namespace = pid_namespace_of(bomb_pid);
+    let namespace = PidNamespace::of(bomb_pid);
 
     let mut noop = daemon.client();
     let mut samples = Vec::new();
@@ -245,7 +257,7 @@ fn fork_bomb_is_contained_while_the_kernel_and_a_healthy_agent_carry_on() {
         let t = Instant::now();
         assert_eq!(noop.noop(b"ping").unwrap(), b"ping");
         samples.push(t.elapsed());
-        most = most.max(processes_in_pid_namespace(namespace));
+        most = most.max(namespace.processes());
         std::thread::sleep(Duration::from_millis(5));
     }
     let info = agent_info(&mut client, bomb_id);
@@ -278,7 +290,7 @@ fn nothing_of_an_agent_remains_after_it_ends() {
         json!({"name": "long", "command": ["/bin/sleep", "60"]}),
     );
     let long_pid = agent_info(&mut client, long)["pid"].as_u64().unwrap();
-    let long_ns = pid_namespace_of(long_pid);
+    let long_ns = PidNamespace::of(long_pid);
     wait_for_state(&mut client, short, &["exited"], Duration::from_secs(10));
     request(
         &mut client,
@@ -292,7 +304,7 @@ fn nothing_of_an_agent_remains_after_it_ends() {
         let left: Vec<_> = fs::read_dir(&instance)
             .unwrap()
             .flatten()
-            .filter(|e| e.path().is_dir())
+            .filter(|e| e.path().is_dir() && common::is_agent_cgroup(e))
             .map(|e| e.file_name())
             .collect();
         if left.is_empty() {
@@ -301,7 +313,7 @@ fn nothing_of_an_agent_remains_after_it_ends() {
         assert!(Instant::now() < deadline, "agent cgroups left: {left:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(processes_in_pid_namespace(long_ns), 0);
+    assert_eq!(long_ns.processes(), 0);
     // No zombies: nothing of the kernel's is left unreaped.
     let zombies: Vec<String> = fs::read_dir("/proc")
         .unwrap()
@@ -353,15 +365,12 @@ fn killing_the_kernel_takes_its_agents_down_and_the_next_one_cleans_up() {
         .iter()
         .map(|id| agent_info(&mut client, *id)["pid"].as_u64().unwrap())
         .collect();
-    let namespaces: Vec<u64> = pids.iter().map(|p| pid_namespace_of(*p)).collect();
+    let namespaces: Vec<PidNamespace> = pids.iter().map(|p| PidNamespace::of(*p)).collect();
     let dead_pid = daemon.pid();
     daemon.signal(libc::SIGKILL);
     let killed_at = Instant::now();
     loop {
-        let alive: usize = namespaces
-            .iter()
-            .map(|ns| processes_in_pid_namespace(*ns))
-            .sum();
+        let alive: usize = namespaces.iter().map(PidNamespace::processes).sum();
         if alive == 0 {
             break;
         }
@@ -393,7 +402,7 @@ fn two_hundred_spawns_in_a_burst_leak_nothing() {
     let daemon = Daemon::start();
     let mut client = daemon.client();
     client.noop(b"warm").unwrap();
-    let fds_before = daemon.fd_count();
+    let fds_before = common::settled_fd_count(&daemon);
     // Pipelined: all 200 requests go out before the first reply is read.
     for i in 0..200 {
         let body = json!({"name": format!("burst{i}"), "command": ["/bin/true"]});
@@ -417,7 +426,7 @@ fn two_hundred_spawns_in_a_burst_leak_nothing() {
         let left = fs::read_dir(&instance)
             .unwrap()
             .flatten()
-            .filter(|e| e.path().is_dir())
+            .filter(|e| e.path().is_dir() && common::is_agent_cgroup(e))
             .count();
         let fds = daemon.fd_count();
         if left == 0 && fds <= fds_before {
@@ -504,18 +513,20 @@ fn an_unprivileged_kernel_still_spawns_and_reports_what_it_lacks() {
         Some(nix::unistd::Gid::from_raw(NOBODY)),
     )
     .unwrap();
-    let mut child = Command::new(&daemon_bin.path)
-        .arg("--socket")
-        .arg(&socket)
-        .env_clear()
-        .env("AGENTOS_CONFIG", "/dev/null")
-        .env("AGENTOS_AGENT_LOG_DIR", dir.path().join("logs"))
-        .env("AGENTOS_LOG_LEVEL", "info")
-        .stderr(fs::File::create(dir.path().join("daemon.log")).unwrap())
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .spawn()
-        .unwrap();
+    let daemon = StopOnDrop(
+        Command::new(&daemon_bin.path)
+            .arg("--socket")
+            .arg(&socket)
+            .env_clear()
+            .env("AGENTOS_CONFIG", "/dev/null")
+            .env("AGENTOS_AGENT_LOG_DIR", dir.path().join("logs"))
+            .env("AGENTOS_LOG_LEVEL", "info")
+            .stderr(fs::File::create(dir.path().join("daemon.log")).unwrap())
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .spawn()
+            .unwrap(),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         assert!(
@@ -563,9 +574,5 @@ fn an_unprivileged_kernel_still_spawns_and_reports_what_it_lacks() {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(client);
-    // SAFETY: kill(2) on our own child.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
-    }
-    assert!(child.wait().unwrap().success());
+    assert!(daemon.stop().success());
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use agentos_proto::Opcode;
 use common::{
-    assert_closed, assert_usable, is_root, recv_json, send, Daemon, WorldExecutable, AGENTOS,
-    AGENTOSD,
+    assert_closed, assert_usable, is_root, recv_json, send, Daemon, StopOnDrop, WorldExecutable,
+    AGENTOS, AGENTOSD,
 };
 
 #[test]
@@ -197,10 +197,12 @@ fn an_unprivileged_daemon_serves_from_its_private_runtime_directory() {
             .gid(NOBODY);
         command
     };
-    let mut child = as_nobody(&daemon_bin.path)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut daemon = StopOnDrop(
+        as_nobody(&daemon_bin.path)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         assert!(
@@ -208,7 +210,7 @@ fn an_unprivileged_daemon_serves_from_its_private_runtime_directory() {
             "no socket at {}",
             socket.display()
         );
-        assert!(child.try_wait().unwrap().is_none(), "daemon exited");
+        assert!(daemon.0.try_wait().unwrap().is_none(), "daemon exited");
         std::thread::sleep(Duration::from_millis(10));
     }
     let dir_meta = fs::metadata(&dir).unwrap();
@@ -224,11 +226,7 @@ fn an_unprivileged_daemon_serves_from_its_private_runtime_directory() {
     );
     assert!(String::from_utf8_lossy(&hello.stdout).contains("AgentOS kernel"));
 
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
-    }
-    assert!(child.wait().unwrap().success());
+    assert!(daemon.stop().success());
     assert!(!socket.exists());
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agentos_kernel::sandbox::plan::{self, Profile, Workload};
+use agentos_kernel::sandbox::plan::{self, Profile, Shape, Workload};
 use agentos_kernel::sandbox::spec::Rlimits;
 use agentos_kernel::sandbox::{LaunchRequest, Launcher, Status, User};
 use common::{is_root, AGENTOSD};
@@ -62,19 +62,20 @@ fn run_shell(script: &str) -> Run {
         cwd: None,
         script: None,
         interpreter: None,
-        network: false,
         socket,
-        cgroup_fds: 0,
     };
-    let spec = plan::sandboxed(&profile(dir.path()), &workload);
+    let spec = plan::sandbox(&profile(dir.path()), Shape::DEFAULT);
     let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
     let mut launched = launcher
         .launch(LaunchRequest {
             spec,
-            log,
-            cgroup_procs: vec![],
+            cgroup: None,
             map_to: None,
         })
+        .unwrap();
+    launched
+        .control
+        .claim(&plan::claim(Shape::DEFAULT, &workload), &log)
         .unwrap();
     let mut statuses = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);

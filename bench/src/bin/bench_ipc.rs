@@ -6,11 +6,12 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use agentos_bench::{percentile, sibling, Server};
 use agentos_proto::{encode_frame, Opcode, HEADER_LEN};
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Parser;
 
 /// Benchmark agentosd's request path against an epoll echo baseline.
@@ -43,79 +44,13 @@ struct Args {
     seconds: f64,
 }
 
-struct Server {
-    name: &'static str,
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Server {
-    fn start(name: &'static str, mut command: Command, socket: PathBuf) -> anyhow::Result<Server> {
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("cannot start {name}"))?;
-        let mut server = Server {
-            name,
-            child,
-            socket,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&server.socket).is_err() {
-            if let Some(status) = server.child.try_wait()? {
-                bail!("{name} exited at start: {status}");
-            }
-            if Instant::now() > deadline {
-                bail!("{name} did not start listening");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(server)
-    }
-
-    fn rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-            .map_or(f64::NAN, |kib| kib / 1024.0)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let here = std::env::current_exe()?
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let agentosd = args.agentosd.clone().unwrap_or(here.join("agentosd"));
-    let baseline = args.baseline.clone().unwrap_or(here.join("echo-baseline"));
+    let agentosd = args.agentosd.clone().unwrap_or(sibling("agentosd")?);
+    let baseline = args.baseline.clone().unwrap_or(sibling("echo-baseline")?);
     let dir = tempfile::tempdir()?;
 
-    let config = dir.path().join("agentosd.toml");
-    std::fs::write(&config, "")?;
-    let kernel_socket = dir.path().join("agentos.sock");
-    let mut command = Command::new(&agentosd);
-    command
-        .arg("--socket")
-        .arg(&kernel_socket)
-        .arg("--config")
-        .arg(&config)
-        .arg("--log-level")
-        .arg("warn");
-    let kernel = Server::start("agentosd", command, kernel_socket)?;
-
+    let kernel = agentos_bench::start_agentosd(&agentosd, dir.path())?;
     let baseline_socket = dir.path().join("echo.sock");
     let mut command = Command::new(&baseline);
     command.arg(&baseline_socket);
@@ -245,10 +180,6 @@ fn alternate(round: usize) -> [usize; 2] {
     } else {
         [1, 0]
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 /// Sequential NOOP round trips on one connection, timing each.

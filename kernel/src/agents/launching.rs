@@ -1,7 +1,9 @@
-//! The launch thread: runs [`Launcher::launch`] off the reactor. A launch
-//! opens files and clones into new namespaces (creating a network
-//! namespace alone can take milliseconds), so the reactor hands it over
-//! and hears back through the kernel's waker.
+//! The launch thread: prepares sandboxes off the reactor. A launch creates
+//! the sandbox's cgroup, clones into new namespaces (creating a network
+//! namespace alone can take milliseconds) and, on cgroup v1, migrates the
+//! init into its cgroup (which can take as long again); the reactor hands
+//! all that over and hears back through its waker. What the thread
+//! returns is a sandbox waiting for its claim.
 //!
 //! The thread lives as long as the daemon: it is the parent of every
 //! sandbox init, and an init's parent-death signal fires when the thread
@@ -14,21 +16,18 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 
-use crate::sandbox::{LaunchRequest, Launched, Launcher, SandboxSpec};
+use crate::cgroup::{AgentCgroup, CgroupLimits, Cgroups};
+use crate::sandbox::{CgroupJoin, LaunchRequest, Launched, Launcher, SandboxSpec};
 
-/// One launch to do.
+/// One sandbox to prepare.
 #[derive(Debug)]
 pub struct LaunchJob {
-    /// The agent.
-    pub agent: u32,
-    /// Which run of the agent this is.
-    pub run: u32,
-    /// The sandbox.
+    /// Names this launch in the answer.
+    pub seq: u64,
+    /// The sandbox's shape.
     pub spec: SandboxSpec,
-    /// The agent's log file.
-    pub log: PathBuf,
-    /// cgroup.procs files the workload joins.
-    pub cgroup_procs: Vec<PathBuf>,
+    /// Its cgroup's name and limits, when cgroups are in use.
+    pub cgroup: Option<(String, CgroupLimits)>,
     /// User-namespace mapping target, when the daemon is not root.
     pub map_to: Option<(u32, u32)>,
 }
@@ -36,12 +35,10 @@ pub struct LaunchJob {
 /// A launch done (or not).
 #[derive(Debug)]
 pub struct LaunchDone {
-    /// The agent.
-    pub agent: u32,
-    /// The run.
-    pub run: u32,
-    /// The sandbox, or why it could not start.
-    pub result: Result<Launched, String>,
+    /// The job's `seq`.
+    pub seq: u64,
+    /// The sandbox and its cgroup, or why it could not start.
+    pub result: Result<(Launched, Option<AgentCgroup>), String>,
 }
 
 /// The handle to the launch thread.
@@ -53,7 +50,11 @@ pub struct LaunchThread {
 
 impl LaunchThread {
     /// Starts the thread; each finished launch wakes `waker`.
-    pub fn start(launcher: Launcher, waker: Arc<mio::Waker>) -> io::Result<LaunchThread> {
+    pub fn start(
+        launcher: Launcher,
+        cgroups: Option<Arc<Cgroups>>,
+        waker: Arc<mio::Waker>,
+    ) -> io::Result<LaunchThread> {
         let (jobs, job_rx) = mpsc::channel::<LaunchJob>();
         let (done_tx, done) = mpsc::channel();
         std::thread::Builder::new()
@@ -61,9 +62,8 @@ impl LaunchThread {
             .spawn(move || {
                 for job in job_rx {
                     let done = LaunchDone {
-                        agent: job.agent,
-                        run: job.run,
-                        result: launch(&launcher, job),
+                        seq: job.seq,
+                        result: launch(&launcher, cgroups.as_deref(), job),
                     };
                     if done_tx.send(done).is_err() {
                         return;
@@ -76,8 +76,7 @@ impl LaunchThread {
 
     /// Queues a launch.
     pub fn submit(&self, job: LaunchJob) {
-        // Fails only if the thread died, which only a panic could cause;
-        // the agent then stays `starting` and the log says why.
+        // Fails only if the thread died, which only a panic could cause.
         if self.jobs.send(job).is_err() {
             log::error!("the launch thread is gone; agents cannot be started");
         }
@@ -94,31 +93,52 @@ impl LaunchThread {
     }
 }
 
-fn launch(launcher: &Launcher, job: LaunchJob) -> Result<Launched, String> {
-    let log = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o640)
-        .open(&job.log)
-        .map_err(|err| format!("cannot open the agent log {}: {err}", job.log.display()))?;
-    let cgroup_procs = job
-        .cgroup_procs
-        .iter()
-        .map(|path| {
+fn launch(
+    launcher: &Launcher,
+    cgroups: Option<&Cgroups>,
+    job: LaunchJob,
+) -> Result<(Launched, Option<AgentCgroup>), String> {
+    let cgroup = match (cgroups, &job.cgroup) {
+        (Some(cgroups), Some((name, limits))) => Some(
+            cgroups
+                .create(name, limits)
+                .map_err(|err| format!("cannot create the sandbox's cgroup: {err}"))?,
+        ),
+        _ => None,
+    };
+    let join = match cgroup.as_ref().map(AgentCgroup::join) {
+        None => None,
+        Some(CgroupJoin::Into(dir)) => Some(CgroupJoin::Into(open(
+            &dir,
             OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(|err| format!("cannot open {}: {err}", path.display()))
-        })
-        .collect::<Result<Vec<File>, String>>()?;
-    launcher
-        .launch(LaunchRequest {
-            spec: job.spec,
-            log,
-            cgroup_procs,
-            map_to: job.map_to,
-        })
-        .map_err(|err| format!("cannot start the sandbox: {err}"))
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY),
+        )?)),
+        Some(CgroupJoin::Write(procs)) => Some(CgroupJoin::Write(
+            procs
+                .iter()
+                .map(|path| open(path, OpenOptions::new().write(true)))
+                .collect::<Result<Vec<File>, String>>()?,
+        )),
+    };
+    let launched = launcher.launch(LaunchRequest {
+        spec: job.spec,
+        cgroup: join,
+        map_to: job.map_to,
+    });
+    match launched {
+        Ok(launched) => Ok((launched, cgroup)),
+        Err(err) => {
+            if let Some(cgroup) = cgroup {
+                let _ = cgroup.remove();
+            }
+            Err(format!("cannot start the sandbox: {err}"))
+        }
+    }
+}
+
+fn open(path: &PathBuf, options: &mut OpenOptions) -> Result<File, String> {
+    options
+        .open(path)
+        .map_err(|err| format!("cannot open {}: {err}", path.display()))
 }

@@ -1,28 +1,39 @@
 //! Agents: isolated processes the kernel starts, watches, restarts and
 //! stops.
 //!
-//! Everything here runs on the reactor thread and never blocks: launches go
-//! to the launch thread ([`launching`]), and everything that happens to an
-//! agent afterwards arrives as an event — its init's pidfd (exit), its
-//! status pipe (started, failed, how the workload ended), its cgroup's OOM
-//! watch, its own socket ([`door`]) — or as one of its deadlines (escalate
-//! a KILL to SIGKILL, restart after backoff, forget an ended agent).
+//! Everything here runs on the reactor thread and never blocks. Sandboxes
+//! are prepared on the launch thread ([`launching`]) — ahead of time for
+//! the warm pool, or on demand — and each run of an agent *claims* one: it
+//! sends the sandbox what to run and the log to write, renames the
+//! sandbox's cgroup after the agent and sets the agent's limits on it.
+//! Claiming a warm sandbox costs a few small writes, so SPAWN of a default
+//! agent does not wait for namespaces, a root filesystem or a cgroup
+//! migration.
 //!
-//! Life of an agent: `starting` (launch in flight) → `running` (workload
-//! exec'd; the SPAWN reply goes out) → it ends: `exited`, `killed` or
-//! `oom_killed` — or `restarting` while a restart waits out its backoff —
-//! and `failed` when it could not start or used up its restarts. Ended
-//! agents stay listed for `agents.retention_secs`, then are forgotten.
+//! Everything that happens afterwards arrives as an event — the sandbox's
+//! pidfd (exit), its status pipe (started, failed, how the workload ended),
+//! its cgroup's OOM watch, the agent's own socket ([`door`]) — or as a
+//! deadline (escalate a KILL to SIGKILL, restart after backoff, forget an
+//! ended agent, refill the pool).
+//!
+//! Life of an agent: `starting` → `running` (workload exec'd; the SPAWN
+//! reply goes out) → it ends: `exited`, `killed` or `oom_killed` — or
+//! `restarting` while a restart waits out its backoff — and `failed` when
+//! it could not start or used up its restarts. Ended agents stay listed for
+//! `agents.retention_secs`, then are forgotten.
 
 pub mod door;
 mod launching;
 pub mod program;
 mod record;
 pub mod restart;
+mod sandboxes;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -35,38 +46,47 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token, Waker};
-
 use slab::Slab;
 
-use crate::cgroup::{CgroupLimits, Cgroups};
+use crate::cgroup::{AgentCgroup, CgroupLimits, Cgroups};
 use crate::config::Config;
 use crate::identity::{peer_cred, Identity};
 use crate::reactor::ReplyTo;
-use crate::sandbox::plan::{self, Profile, Workload, SOCKET_INSIDE, WORKSPACE};
+use crate::sandbox::plan::{self, Profile, Shape, Workload, SOCKET_INSIDE, WORKSPACE};
 use crate::sandbox::spec::Rlimits;
-use crate::sandbox::{Launcher, Status, User};
+use crate::sandbox::{Launcher, Namespaces, SandboxSpec, Status, User};
 use crate::syscall::Io;
 use crate::timers::Timers;
 use door::Door;
 use launching::{LaunchDone, LaunchJob, LaunchThread};
-use record::{Agent, Outcome, Run, Stop};
+use record::{Agent, Outcome, Stop};
 use restart::{Decision, Restarts, RunEnd};
+use sandboxes::{pid_namespace_of, wait_pidfd, InitEnd, Sandbox};
 
-/// Tokens from here up belong to the agents table.
+/// Tokens in this range belong to the agents table.
 pub const TOKEN_BASE: usize = 1 << 40;
-/// And below this.
 const TOKEN_END: usize = 1 << 48;
 
 /// Between the cgroup's last process exiting and the cgroup being
 /// removable there can be a moment; retry this often, this many times.
 const CGROUP_RETRY: Duration = Duration::from_millis(50);
 const CGROUP_RETRIES: u32 = 100;
+/// After a warm sandbox fails, wait this long before preparing another.
+const POOL_RETRY: Duration = Duration::from_secs(1);
+/// After a claim, wait this long before preparing its replacement: on a
+/// small machine, preparing a sandbox competes for the CPU with the
+/// workload just started and with the SPAWN reply going out.
+const POOL_REFILL_DELAY: Duration = Duration::from_millis(20);
 
 #[derive(Clone, Copy, Debug)]
 enum Source {
+    /// An agent's own socket.
     Door(u32),
-    Exit(u32),
-    Status(u32),
+    /// A sandbox's pidfd.
+    Exit(usize),
+    /// A sandbox's status pipe.
+    Status(usize),
+    /// An agent's OOM watch.
     Oom(u32),
 }
 
@@ -78,8 +98,19 @@ enum Deadline {
     Restart { id: u32, run: u32 },
     /// Drop an ended agent from the table.
     Forget { id: u32 },
-    /// Try again to remove an ended agent's cgroup.
-    RemoveCgroup { id: u32, attempt: u32 },
+    /// Try again to remove the cgroups of ended runs.
+    SweepCgroups,
+    /// Prepare warm sandboxes (after a claim, or again after a failure).
+    RefillPool,
+}
+
+/// Who a launch is for.
+#[derive(Clone, Copy, Debug)]
+enum LaunchFor {
+    /// The warm pool.
+    Pool,
+    /// This run of this agent.
+    Agent { id: u32, run: u32 },
 }
 
 /// The agents table and everything that keeps it current.
@@ -87,14 +118,25 @@ enum Deadline {
 pub struct Agents {
     table: BTreeMap<u32, Agent>,
     next_id: u32,
+    sandboxes: Slab<Sandbox>,
+    /// Parked sandboxes of the default shape, oldest first.
+    pool: Vec<usize>,
+    pool_size: usize,
+    pool_retry_pending: bool,
+    launches: LaunchThread,
+    pending_launches: HashMap<u64, LaunchFor>,
+    next_launch: u64,
     sources: Slab<Source>,
     deadlines: Timers<Deadline>,
-    launches: LaunchThread,
-    in_flight: usize,
-    cgroups: Option<Cgroups>,
+    /// cgroups of ended runs, removed as soon as they are empty.
+    dying: Dying,
+    cgroups: Option<Arc<Cgroups>>,
     /// Why there are no cgroups, when there are none.
     no_cgroups: Option<String>,
     profile: Profile,
+    /// The spec of each sandbox shape, built once: the profile never
+    /// changes, and building it probes the host's system directories.
+    shapes: HashMap<Shape, SandboxSpec>,
     /// How the workload's user is mapped when the daemon is not root.
     map_to: Option<(u32, u32)>,
     /// Why sandboxes cannot have namespaces at all, when they cannot.
@@ -112,13 +154,12 @@ pub struct Agents {
 impl Agents {
     /// Sets up agent support: cgroups, the run directory for agent sockets
     /// and sandbox roots (next to the kernel socket), the log directory,
-    /// and the launch thread.
-    /// Finished launches wake the reactor through `waker` (mio allows one
-    /// waker per poll, shared with the worker pool).
+    /// the launch thread, and the first warm sandboxes. Finished launches
+    /// wake the reactor through `waker` (mio allows one waker per poll).
     pub fn new(config: &Config, waker: Arc<Waker>, run_dir: &Path) -> io::Result<Agents> {
         let (cgroups, no_cgroups) = match Cgroups::detect() {
             Ok(cgroups) => match cgroups.start() {
-                Ok(()) => (Some(cgroups), None),
+                Ok(()) => (Some(Arc::new(cgroups)), None),
                 Err(err) => (None, Some(format!("cgroups could not be set up: {err}"))),
             },
             Err(reason) => (None, Some(reason)),
@@ -181,16 +222,28 @@ impl Agents {
             extra_masks: config_files(config),
         };
         let launcher = Launcher::new(Path::new("/proc/self/exe"))?;
-        Ok(Agents {
+        let mut this = Agents {
             table: BTreeMap::new(),
             next_id: 1,
+            sandboxes: Slab::new(),
+            pool: Vec::new(),
+            // Without namespaces there is nothing worth preparing ahead.
+            pool_size: if no_namespaces.is_some() {
+                0
+            } else {
+                agents.warm_pool
+            },
+            pool_retry_pending: false,
+            launches: LaunchThread::start(launcher, cgroups.clone(), waker)?,
+            pending_launches: HashMap::new(),
+            next_launch: 0,
             sources: Slab::new(),
             deadlines: Timers::default(),
-            launches: LaunchThread::start(launcher, waker)?,
-            in_flight: 0,
+            dying: Dying::default(),
             cgroups,
             no_cgroups,
             profile,
+            shapes: HashMap::new(),
             map_to,
             no_namespaces,
             doors,
@@ -206,26 +259,19 @@ impl Agents {
             stop_grace: Duration::from_millis(agents.stop_grace_ms),
             max_agents: agents.max_agents,
             shutting_down: false,
-        })
+        };
+        this.fill_pool();
+        Ok(this)
     }
 
     /// The cgroup version enforcing limits, if any.
     pub fn cgroup_version(&self) -> Option<CgroupVersion> {
-        self.cgroups.as_ref().map(Cgroups::version)
+        self.cgroups.as_ref().map(|c| c.version())
     }
 
     /// Whether a token is one of ours.
     pub fn owns(&self, token: Token) -> bool {
         (TOKEN_BASE..TOKEN_END).contains(&token.0)
-    }
-
-    /// Takes in launches the launch thread has finished (after a wake-up).
-    pub fn poll_launches(&mut self, io: &mut Io<'_>) {
-        let now = Instant::now();
-        let finished: Vec<LaunchDone> = self.launches.completed().collect();
-        for done in finished {
-            self.launched(io, done, now);
-        }
     }
 
     /// An agent by id.
@@ -306,26 +352,22 @@ impl Agents {
         let limits = self.effective_limits(&request.limits);
 
         let id = self.next_id;
-        let internal = |what: &str, err: &dyn std::fmt::Display| {
-            ErrorReply::new(ErrorCode::Internal, format!("{what}: {err}"))
-        };
-        let door = Door::open(&self.doors, id)
-            .map_err(|e| internal("cannot create the agent's socket", &e))?;
-        let sandboxed = request.sandboxed && self.no_namespaces.is_none();
-        let cgroup = match (&self.cgroups, request.sandboxed) {
-            (Some(cgroups), true) => Some(
-                cgroups
-                    .create(&format!("agent-{id}"), &cgroup_limits(&limits))
-                    .map_err(|e| internal("cannot create the agent's cgroup", &e))?,
-            ),
-            _ => None,
-        };
-        let isolation = self.isolation(&request, sandboxed, cgroup.as_ref().map(|c| c.version()));
+        let door = Door::open(&self.doors, id).map_err(|err| {
+            ErrorReply::new(
+                ErrorCode::Internal,
+                format!("cannot create the agent's socket: {err}"),
+            )
+        })?;
         let door_token = self
             .register(io.registry, door.listener.as_raw_fd(), Source::Door(id))
-            .map_err(|e| internal("cannot watch the agent's socket", &e))?;
+            .map_err(|err| {
+                ErrorReply::new(
+                    ErrorCode::Internal,
+                    format!("cannot watch the agent's socket: {err}"),
+                )
+            })?;
         self.next_id += 1;
-        let now = Instant::now();
+        let isolation = self.isolation(&request);
         let log = self.log_dir.join(format!("{}-{id}.log", request.name));
         log::info!(
             "agent {id} ({}) spawning: {} (log {})",
@@ -333,41 +375,43 @@ impl Agents {
             program.argv.join(" "),
             log.display()
         );
-        let agent = Agent {
+        let now = Instant::now();
+        self.table.insert(
             id,
-            name: request.name.clone(),
-            parent,
-            restarts: Restarts::new(
-                request.restart_policy,
-                request.max_restarts,
-                Duration::from_secs(request.restart_window),
-            ),
-            request,
-            program,
-            limits,
-            isolation,
-            state: AgentState::Starting,
-            run_number: 0,
-            run: None,
-            launching: false,
-            outcome: Outcome::default(),
-            oom_killed: false,
-            oom_baseline: 0,
-            started_at: SystemTime::now(),
-            started: now,
-            ended: None,
-            stop: None,
-            spawn_reply: Some(reply_to),
-            cgroup,
-            oom_watch: None,
-            door: Some((door, door_token)),
-            pid_namespace: None,
-            log,
-            llm: Default::default(),
-        };
-        self.table.insert(id, agent);
-        self.watch_oom(io.registry, id);
-        self.launch(id);
+            Agent {
+                id,
+                name: request.name.clone(),
+                parent,
+                restarts: Restarts::new(
+                    request.restart_policy,
+                    request.max_restarts,
+                    Duration::from_secs(request.restart_window),
+                ),
+                request,
+                program,
+                limits,
+                isolation,
+                state: AgentState::Starting,
+                run_number: 0,
+                sandbox: None,
+                pid: None,
+                outcome: Outcome::default(),
+                oom_killed: false,
+                oom_baseline: 0,
+                started_at: SystemTime::now(),
+                started: now,
+                ended: None,
+                stop: None,
+                spawn_reply: Some(reply_to),
+                cgroup: None,
+                oom_watch: None,
+                door: Some((door, door_token)),
+                pid_namespace: None,
+                log,
+                llm: Default::default(),
+            },
+        );
+        self.start_run(io, id, now);
         Ok(())
     }
 
@@ -380,15 +424,6 @@ impl Agents {
         request: &KillRequest,
     ) -> Result<u32, ErrorReply> {
         let target = request.target()?;
-        let not_found = || {
-            ErrorReply::new(
-                ErrorCode::NotFound,
-                match &target {
-                    AgentRef::Id(id) => format!("no live agent with id {id}"),
-                    AgentRef::Name(name) => format!("no live agent named {name:?}"),
-                },
-            )
-        };
         let id = self
             .table
             .values()
@@ -400,7 +435,15 @@ impl Agents {
                     }
             })
             .map(|a| a.id)
-            .ok_or_else(not_found)?;
+            .ok_or_else(|| {
+                ErrorReply::new(
+                    ErrorCode::NotFound,
+                    match &target {
+                        AgentRef::Id(id) => format!("no live agent with id {id}"),
+                        AgentRef::Name(name) => format!("no live agent named {name:?}"),
+                    },
+                )
+            })?;
         if let Some(caller_id) = caller.agent() {
             if !self.is_descendant(id, caller_id) {
                 return Err(ErrorReply::new(
@@ -410,13 +453,8 @@ impl Agents {
             }
         }
         log::info!("agent {id}: KILL (grace {} ms)", request.grace_ms());
-        self.stop(
-            io,
-            id,
-            Stop::Kill,
-            Duration::from_millis(request.grace_ms()),
-            Instant::now(),
-        );
+        let grace = Duration::from_millis(request.grace_ms());
+        self.stop(io, id, Stop::Kill, grace, Instant::now());
         Ok(id)
     }
 
@@ -425,37 +463,48 @@ impl Agents {
         self.table.values().map(|a| a.info(now)).collect()
     }
 
+    /// Takes in launches the launch thread has finished (after a wake-up).
+    pub fn poll_launches(&mut self, io: &mut Io<'_>) {
+        let now = Instant::now();
+        let finished: Vec<LaunchDone> = self.launches.completed().collect();
+        for done in finished {
+            self.launched(io, done, now);
+        }
+    }
+
     /// Handles readiness of one of our tokens.
-    pub fn on_event(&mut self, io: &mut Io<'_>, token: Token, event: &Event) {
+    pub fn on_event(&mut self, io: &mut Io<'_>, token: Token, _event: &Event) {
         let now = Instant::now();
         let Some(source) = self.sources.get(token.0 - TOKEN_BASE).copied() else {
             return;
         };
         match source {
             Source::Door(id) => self.knock(io, id),
-            Source::Status(id) => self.read_status(io, id, now),
-            Source::Exit(id) => self.exited(io, id, now),
+            Source::Status(key) => self.read_status(io, key),
+            Source::Exit(key) => self.sandbox_exited(io, key, now),
             Source::Oom(id) => self.oom_event(id),
         }
-        let _ = event;
     }
 
-    /// The earliest deadline.
+    /// How long until the earliest deadline.
     pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
         self.deadlines.time_to_next(now)
     }
 
     /// Handles the deadlines that are due.
     pub fn on_deadlines(&mut self, io: &mut Io<'_>, now: Instant) {
-        let _ = &io;
         while let Some(deadline) = self.deadlines.pop_due(now) {
             match deadline {
                 Deadline::Escalate { id, run } => {
-                    if let Some(agent) = self.table.get(&id).filter(|a| a.run_number == run) {
-                        if let Some(live) = &agent.run {
-                            log::info!("agent {id}: grace over, SIGKILL");
-                            signal_run(live, libc::SIGKILL);
-                        }
+                    let sandbox = self
+                        .table
+                        .get(&id)
+                        .filter(|a| a.run_number == run)
+                        .and_then(|a| a.sandbox)
+                        .and_then(|key| self.sandboxes.get(key));
+                    if let Some(sandbox) = sandbox {
+                        log::info!("agent {id}: grace over, SIGKILL");
+                        sandbox.signal(libc::SIGKILL);
                     }
                 }
                 Deadline::Restart { id, run } => {
@@ -464,7 +513,7 @@ impl Agents {
                         .get(&id)
                         .is_some_and(|a| a.run_number == run && a.state == AgentState::Restarting);
                     if due {
-                        self.launch(id);
+                        self.start_run(io, id, now);
                     }
                 }
                 Deadline::Forget { id } => {
@@ -472,16 +521,26 @@ impl Agents {
                         self.table.remove(&id);
                     }
                 }
-                Deadline::RemoveCgroup { id, attempt } => self.remove_cgroup(id, attempt, now),
+                Deadline::SweepCgroups => self.dying.sweep(&mut self.deadlines, now),
+                Deadline::RefillPool => {
+                    self.pool_retry_pending = false;
+                    self.fill_pool();
+                }
             }
         }
     }
 
-    /// Stops every agent: SIGTERM now, SIGKILL after the stop grace.
+    /// Stops every agent (SIGTERM now, SIGKILL after the stop grace) and
+    /// every warm sandbox.
     pub fn begin_shutdown(&mut self, io: &mut Io<'_>, grace: Duration) {
         self.shutting_down = true;
         let now = Instant::now();
         let grace = grace.min(self.stop_grace);
+        for key in std::mem::take(&mut self.pool) {
+            if let Some(sandbox) = self.sandboxes.get(key) {
+                sandbox.signal(libc::SIGKILL);
+            }
+        }
         let live: Vec<u32> = self
             .table
             .values()
@@ -496,54 +555,46 @@ impl Agents {
         }
     }
 
-    /// No agent process and no launch remains.
+    /// No sandbox process and no launch remains.
     pub fn is_idle(&self) -> bool {
-        self.in_flight == 0 && self.table.values().all(|a| a.run.is_none())
+        self.pending_launches.is_empty() && self.sandboxes.is_empty()
     }
 
     /// Last step of shutdown (may block briefly): kills what remains,
     /// removes cgroups, sockets and the run directory.
     pub fn finish_shutdown(&mut self, registry: &Registry) {
         // Launches still in flight come back and are killed at once.
-        while self.in_flight > 0 {
-            match self.launches.wait_completed(Duration::from_secs(2)) {
-                Some(done) => {
-                    self.in_flight -= 1;
-                    if let Ok(launched) = done.result {
-                        // SAFETY: pidfd_send_signal on a pidfd we own.
-                        unsafe { pidfd_signal(launched.pidfd.as_raw_fd(), libc::SIGKILL) };
-                        wait_pidfd(&launched.pidfd, true);
-                    }
+        while !self.pending_launches.is_empty() {
+            let Some(done) = self.launches.wait_completed(Duration::from_secs(2)) else {
+                break;
+            };
+            self.pending_launches.remove(&done.seq);
+            if let Ok((launched, cgroup)) = done.result {
+                // SAFETY: pidfd_send_signal on a pidfd we own.
+                unsafe { sandboxes::pidfd_signal(launched.pidfd.as_raw_fd(), libc::SIGKILL) };
+                wait_pidfd(&launched.pidfd, true);
+                if let Some(cgroup) = cgroup {
+                    remove_now(&cgroup);
                 }
-                None => break,
             }
         }
-        let ids: Vec<u32> = self.table.keys().copied().collect();
-        for id in ids {
-            let Some(agent) = self.table.get_mut(&id) else {
-                continue;
-            };
-            if let Some(run) = agent.run.take() {
-                signal_run(&run, libc::SIGKILL);
-                wait_pidfd(&run.pidfd, true);
-                let _ = registry.deregister(&mut SourceFd(&run.pidfd.as_raw_fd()));
+        for sandbox in self.sandboxes.drain() {
+            sandbox.signal(libc::SIGKILL);
+            wait_pidfd(&sandbox.pidfd, true);
+            let _ = registry.deregister(&mut SourceFd(&sandbox.pidfd.as_raw_fd()));
+            if let Some(cgroup) = &sandbox.cgroup {
+                remove_now(cgroup);
             }
+        }
+        for agent in self.table.values_mut() {
             if let Some(cgroup) = agent.cgroup.take() {
-                let deadline = Instant::now() + Duration::from_secs(2);
-                loop {
-                    cgroup.kill_all();
-                    match cgroup.remove() {
-                        Ok(()) => break,
-                        Err(err) if Instant::now() > deadline => {
-                            log::warn!("cannot remove agent {id}'s cgroup: {err}");
-                            break;
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                    }
-                }
+                remove_now(&cgroup);
             }
             agent.door = None;
             agent.oom_watch = None;
+        }
+        for (cgroup, _) in self.dying.0.drain(..) {
+            remove_now(&cgroup);
         }
         if let Some(cgroups) = &self.cgroups {
             cgroups.shutdown();
@@ -553,61 +604,15 @@ impl Agents {
         }
     }
 
-    // ---- internals -------------------------------------------------------
+    // ---- runs ----------------------------------------------------------
 
-    fn effective_limits(&self, asked: &Limits) -> Limits {
-        Limits {
-            memory: asked.memory.or(self.defaults.memory),
-            cpu_quota: asked.cpu_quota.or(if asked.cpu_period.is_some() {
-                None
-            } else {
-                self.defaults.cpu_quota
-            }),
-            cpu_period: asked.cpu_period.or(self.defaults.cpu_period),
-            max_pids: asked.max_pids.or(self.defaults.max_pids),
-        }
+    fn shape_of(&self, request: &SpawnRequest) -> Shape {
+        shape_of(request, self.no_namespaces.is_none())
     }
 
-    fn isolation(
-        &self,
-        request: &SpawnRequest,
-        sandboxed: bool,
-        cgroup: Option<CgroupVersion>,
-    ) -> Isolation {
-        let mut missing = Vec::new();
-        if request.sandboxed {
-            if let Some(reason) = &self.no_namespaces {
-                missing.push(format!("no namespaces: {reason}"));
-            }
-            if cgroup.is_none() {
-                if let Some(reason) = &self.no_cgroups {
-                    missing.push(format!("no cgroup limits: {reason}"));
-                }
-            }
-        }
-        let namespaces = if sandboxed {
-            crate::sandbox::Namespaces {
-                pid: true,
-                net: !request.network,
-                mount: true,
-                uts: true,
-                ipc: true,
-                user: self.map_to.is_some(),
-            }
-            .names()
-        } else {
-            Vec::new()
-        };
-        Isolation {
-            sandboxed,
-            namespaces,
-            cgroup,
-            degraded_reason: (!missing.is_empty()).then(|| missing.join("; ")),
-        }
-    }
-
-    /// Hands the agent's next run to the launch thread.
-    fn launch(&mut self, id: u32) {
+    /// Starts the agent's next run: in a warm sandbox if one fits, else in
+    /// a new one prepared for it.
+    fn start_run(&mut self, io: &mut Io<'_>, id: u32, now: Instant) {
         let Some(agent) = self.table.get_mut(&id) else {
             return;
         };
@@ -616,175 +621,327 @@ impl Agents {
         agent.outcome = Outcome::default();
         agent.oom_killed = false;
         agent.started_at = SystemTime::now();
-        agent.started = Instant::now();
-        agent.oom_baseline = agent.cgroup.as_ref().map_or(0, |c| c.oom_kills());
-        let sandboxed = agent.isolation.sandboxed;
-        let door_path = agent
+        agent.started = now;
+        let run = agent.run_number;
+        let shape = shape_of(&agent.request, self.no_namespaces.is_none());
+        if shape == Shape::DEFAULT && !self.pool.is_empty() {
+            let key = self.pool.remove(0);
+            self.claim(io, key, id, now);
+            self.retry_pool_later(now, POOL_REFILL_DELAY);
+        } else {
+            self.launch(LaunchFor::Agent { id, run }, shape);
+        }
+    }
+
+    /// Asks the launch thread for a sandbox of `shape`.
+    fn launch(&mut self, for_whom: LaunchFor, shape: Shape) {
+        let seq = self.next_launch;
+        self.next_launch += 1;
+        let cgroup = (shape.sandboxed && self.cgroups.is_some())
+            .then(|| (format!("sandbox-{seq}"), cgroup_limits(&self.defaults)));
+        self.pending_launches.insert(seq, for_whom);
+        let spec = self.spec_of(shape).clone();
+        self.launches.submit(LaunchJob {
+            seq,
+            spec,
+            cgroup,
+            map_to: if shape.sandboxed { self.map_to } else { None },
+        });
+    }
+
+    /// Keeps the warm pool at its size.
+    fn fill_pool(&mut self) {
+        if self.shutting_down || self.pool_retry_pending {
+            return;
+        }
+        let coming = self
+            .pending_launches
+            .values()
+            .filter(|f| matches!(f, LaunchFor::Pool))
+            .count();
+        for _ in self.pool.len() + coming..self.pool_size {
+            self.launch(LaunchFor::Pool, Shape::DEFAULT);
+        }
+    }
+
+    /// A sandbox came back from the launch thread.
+    fn launched(&mut self, io: &mut Io<'_>, done: LaunchDone, now: Instant) {
+        let Some(for_whom) = self.pending_launches.remove(&done.seq) else {
+            return;
+        };
+        let (launched, cgroup) = match done.result {
+            Ok(result) => result,
+            Err(message) => {
+                log::error!("{message}");
+                match for_whom {
+                    LaunchFor::Pool => self.retry_pool_later(now, POOL_RETRY),
+                    LaunchFor::Agent { id, run } => {
+                        if self.table.get(&id).is_some_and(|a| a.run_number == run) {
+                            self.fail_start(io, id, ErrorCode::Internal, message, now);
+                        }
+                    }
+                }
+                return;
+            }
+        };
+        let shape = match for_whom {
+            LaunchFor::Pool => Shape::DEFAULT,
+            LaunchFor::Agent { id, .. } => self
+                .table
+                .get(&id)
+                .map_or(Shape::DEFAULT, |a| self.shape_of(&a.request)),
+        };
+        let pid_namespace = shape
+            .sandboxed
+            .then(|| pid_namespace_of(launched.pid))
+            .flatten();
+        let entry = self.sandboxes.vacant_entry();
+        let key = entry.key();
+        let exit_token = Token(TOKEN_BASE + self.sources.insert(Source::Exit(key)));
+        let status_token = Token(TOKEN_BASE + self.sources.insert(Source::Status(key)));
+        let registered = io
+            .registry
+            .register(
+                &mut SourceFd(&launched.pidfd.as_raw_fd()),
+                exit_token,
+                Interest::READABLE,
+            )
+            .and_then(|()| {
+                io.registry.register(
+                    &mut SourceFd(&launched.status.fd().as_raw_fd()),
+                    status_token,
+                    Interest::READABLE,
+                )
+            });
+        entry.insert(Sandbox {
+            pid: launched.pid,
+            pidfd: launched.pidfd,
+            exit_token,
+            status: Some((launched.status, status_token)),
+            control: launched.control,
+            cgroup,
+            shape,
+            serving: None,
+            pid_namespace,
+        });
+        if let Err(err) = registered {
+            log::error!("cannot watch a new sandbox: {err}");
+            self.discard_sandbox(io, key);
+            if let LaunchFor::Agent { id, .. } = for_whom {
+                let message = format!("cannot watch the sandbox: {err}");
+                self.fail_start(io, id, ErrorCode::Internal, message, now);
+            }
+            return;
+        }
+        match for_whom {
+            LaunchFor::Agent { id, run }
+                if self.table.get(&id).is_some_and(|a| {
+                    a.run_number == run && a.state == AgentState::Starting && a.stop.is_none()
+                }) =>
+            {
+                self.claim(io, key, id, now);
+            }
+            LaunchFor::Agent { id, .. } => {
+                // Stopped (or superseded) while its sandbox was prepared.
+                self.discard_sandbox(io, key);
+                if let Some(agent) = self.table.get(&id) {
+                    if agent.stop.is_some() && agent.is_live() && agent.sandbox.is_none() {
+                        if let Some(agent) = self.table.get_mut(&id) {
+                            agent.state = AgentState::Killed;
+                        }
+                        self.finish(io, id, now);
+                    }
+                }
+            }
+            LaunchFor::Pool if self.shutting_down => self.discard_sandbox(io, key),
+            LaunchFor::Pool => self.pool.push(key),
+        }
+    }
+
+    /// Gives sandbox `key` to the agent's current run: its cgroup becomes the
+    /// agent's, with the agent's limits, and it is told what to run.
+    fn claim(&mut self, io: &mut Io<'_>, key: usize, id: u32, now: Instant) {
+        let Some(agent) = self.table.get_mut(&id) else {
+            return self.discard_sandbox(io, key);
+        };
+        let Some(sandbox) = self.sandboxes.get_mut(key) else {
+            return;
+        };
+        let run = agent.run_number;
+        let mut cgroup = sandbox.cgroup.take();
+        let prepared = (|| -> Result<File, String> {
+            if let Some(cgroup) = cgroup.as_mut() {
+                cgroup
+                    .rename(&format!("agent-{id}-{run}"))
+                    .map_err(|e| e.to_string())?;
+                cgroup
+                    .apply(&cgroup_limits(&agent.limits))
+                    .map_err(|e| e.to_string())?;
+            }
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o640)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&agent.log)
+                .map_err(|err| format!("cannot open the agent log {}: {err}", agent.log.display()))
+        })();
+        let sandboxed = sandbox.shape.sandboxed;
+        let door = agent
             .door
             .as_ref()
             .map(|(door, _)| door.path().to_path_buf())
             .unwrap_or_default();
-        let (socket_env, home) = if sandboxed {
+        let (socket, home) = if sandboxed {
             (PathBuf::from(SOCKET_INSIDE), PathBuf::from(WORKSPACE))
         } else {
-            (
-                door_path.clone(),
-                std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from),
-            )
+            let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+            (door.clone(), home)
         };
-        let env = program::environment(&agent.request, id, &socket_env, &home);
-        let cgroup_procs = agent
-            .cgroup
-            .as_ref()
-            .map(|c| c.procs_files())
-            .unwrap_or_default();
         let workload = Workload {
             name: agent.name.clone(),
             program: agent.program.program.clone(),
             argv: agent.program.argv.clone(),
-            env,
+            env: program::environment(&agent.request, id, &socket, &home),
             cwd: agent.program.cwd.clone(),
             script: agent.program.script.clone(),
             interpreter: agent.program.interpreter.clone(),
-            network: agent.request.network,
-            socket: door_path,
-            cgroup_fds: cgroup_procs.len(),
+            socket: door,
         };
-        let spec = if sandboxed {
-            plan::sandboxed(&self.profile, &workload)
-        } else {
-            plan::unsandboxed(&self.profile, &workload)
-        };
-        agent.launching = true;
-        self.in_flight += 1;
-        self.launches.submit(LaunchJob {
-            agent: id,
-            run: agent.run_number,
-            spec,
-            log: agent.log.clone(),
-            cgroup_procs,
-            map_to: if sandboxed { self.map_to } else { None },
+        let sent = prepared.and_then(|log| {
+            sandbox
+                .control
+                .claim(&plan::claim(sandbox.shape, &workload), &log)
+                .map_err(|err| format!("cannot hand the sandbox its workload: {err}"))
         });
-    }
-
-    /// A launch came back from the launch thread.
-    fn launched(&mut self, io: &mut Io<'_>, done: LaunchDone, now: Instant) {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        let current = self
-            .table
-            .get(&done.agent)
-            .is_some_and(|a| a.run_number == done.run);
-        let launched = match done.result {
-            Ok(launched) if current => launched,
-            Ok(launched) => {
-                // SAFETY: pidfd_send_signal on a pidfd we own.
-                unsafe { pidfd_signal(launched.pidfd.as_raw_fd(), libc::SIGKILL) };
-                return;
-            }
-            Err(message) => {
-                log::error!("agent {}: {message}", done.agent);
-                if current {
-                    self.fail_start(io, done.agent, ErrorCode::Internal, message, now);
-                }
-                return;
-            }
-        };
-        let id = done.agent;
-        let exit_token =
-            match self.register(io.registry, launched.pidfd.as_raw_fd(), Source::Exit(id)) {
-                Ok(token) => token,
-                Err(err) => {
-                    // SAFETY: pidfd_send_signal on a pidfd we own.
-                    unsafe { pidfd_signal(launched.pidfd.as_raw_fd(), libc::SIGKILL) };
-                    self.fail_start(
-                        io,
-                        id,
-                        ErrorCode::Internal,
-                        format!("cannot watch the agent: {err}"),
-                        now,
-                    );
-                    return;
-                }
-            };
-        let status_token = self
-            .register(
-                io.registry,
-                launched.status.fd().as_raw_fd(),
-                Source::Status(id),
-            )
-            .ok();
-        let Some(agent) = self.table.get_mut(&id) else {
+        sandbox.serving = Some((id, run));
+        agent.sandbox = Some(key);
+        agent.pid = Some(sandbox.pid);
+        agent.pid_namespace = sandbox.pid_namespace;
+        agent.oom_baseline = cgroup.as_ref().map_or(0, |c| c.oom_kills());
+        agent.cgroup = cgroup;
+        if let Err(message) = sent {
+            log::error!("agent {id}: {message}");
+            sandbox.signal(libc::SIGKILL);
+            agent.outcome.start_error = Some((ErrorCode::Internal, message));
             return;
-        };
-        agent.launching = false;
-        agent.pid_namespace = agent
-            .isolation
-            .namespaces
-            .iter()
-            .any(|n| n == "pid")
-            .then(|| pid_namespace_of(launched.pid))
-            .flatten();
-        let run = Run {
-            pid: launched.pid,
-            pidfd: launched.pidfd,
-            exit_token,
-            status: status_token.map(|token| (launched.status, token)),
-        };
-        if agent.stop.is_some() {
-            // KILLed while the launch was in flight.
-            signal_run(&run, libc::SIGKILL);
         }
-        agent.run = Some(run);
+        self.watch_oom(io.registry, id);
+        let _ = now;
     }
 
-    /// Status lines from a run's init.
-    fn read_status(&mut self, io: &mut Io<'_>, id: u32, _now: Instant) {
-        let Some(agent) = self.table.get_mut(&id) else {
+    /// Kills a sandbox nobody will use and forgets it once it is reaped.
+    fn discard_sandbox(&mut self, io: &mut Io<'_>, key: usize) {
+        if let Some(sandbox) = self.sandboxes.get_mut(key) {
+            sandbox.serving = None;
+            sandbox.signal(libc::SIGKILL);
+        }
+        self.pool.retain(|k| *k != key);
+        let _ = io;
+    }
+
+    /// Refills the pool after `delay` (unless a refill is already due).
+    fn retry_pool_later(&mut self, now: Instant, delay: Duration) {
+        if !self.pool_retry_pending {
+            self.pool_retry_pending = true;
+            self.deadlines.schedule(now + delay, Deadline::RefillPool);
+        }
+    }
+
+    fn spec_of(&mut self, shape: Shape) -> &SandboxSpec {
+        let profile = &self.profile;
+        self.shapes
+            .entry(shape)
+            .or_insert_with(|| plan::sandbox(profile, shape))
+    }
+
+    /// Status lines from a sandbox's init.
+    fn read_status(&mut self, io: &mut Io<'_>, key: usize) {
+        let Some(sandbox) = self.sandboxes.get_mut(key) else {
             return;
         };
-        let Some((reader, token)) = agent.run.as_mut().and_then(|run| run.status.as_mut()) else {
+        let Some((reader, token)) = sandbox.status.as_mut() else {
             return;
         };
         let token = *token;
         let (statuses, closed) = reader.read_available();
-        for status in statuses {
-            apply_status(agent, status, io);
-        }
         if closed {
-            if let Some((reader, _)) = agent.run.as_mut().and_then(|r| r.status.take()) {
+            if let Some((reader, _)) = sandbox.status.take() {
                 let _ = io
                     .registry
                     .deregister(&mut SourceFd(&reader.fd().as_raw_fd()));
             }
             self.sources.try_remove(token.0 - TOKEN_BASE);
         }
+        let serving = sandbox.serving;
+        let pid = sandbox.pid;
+        match serving.and_then(|(id, run)| self.table.get_mut(&id).filter(|a| a.run_number == run))
+        {
+            Some(agent) => {
+                for status in statuses {
+                    apply_status(agent, status, io);
+                }
+            }
+            None => {
+                for status in statuses {
+                    if let Status::Error { message, .. } = status {
+                        log::error!("warm sandbox (pid {pid}) failed: {message}");
+                    }
+                }
+            }
+        }
     }
 
-    /// A run's init exited.
-    fn exited(&mut self, io: &mut Io<'_>, id: u32, now: Instant) {
+    /// A sandbox's init exited.
+    fn sandbox_exited(&mut self, io: &mut Io<'_>, key: usize, now: Instant) {
         // Take in what the status pipe still holds: how the workload ended.
-        self.read_status(io, id, now);
-        let Some(agent) = self.table.get_mut(&id) else {
+        self.read_status(io, key);
+        if !self.sandboxes.contains(key) {
             return;
-        };
-        let Some(mut run) = agent.run.take() else {
-            return;
-        };
-        let init_status = wait_pidfd(&run.pidfd, false);
+        }
+        let mut sandbox = self.sandboxes.remove(key);
+        let init_end = wait_pidfd(&sandbox.pidfd, false);
         let _ = io
             .registry
-            .deregister(&mut SourceFd(&run.pidfd.as_raw_fd()));
-        self.sources.try_remove(run.exit_token.0 - TOKEN_BASE);
-        if let Some((reader, token)) = run.status.take() {
+            .deregister(&mut SourceFd(&sandbox.pidfd.as_raw_fd()));
+        self.sources.try_remove(sandbox.exit_token.0 - TOKEN_BASE);
+        if let Some((reader, token)) = sandbox.status.take() {
             let _ = io
                 .registry
                 .deregister(&mut SourceFd(&reader.fd().as_raw_fd()));
             self.sources.try_remove(token.0 - TOKEN_BASE);
         }
+        if let Some(cgroup) = sandbox.cgroup.take() {
+            // A parked or discarded sandbox: its cgroup goes with it.
+            self.dying.retire(cgroup, &mut self.deadlines, now);
+        }
+        if self.pool.contains(&key) {
+            self.pool.retain(|k| *k != key);
+            log::warn!("a warm sandbox (pid {}) ended: {init_end:?}", sandbox.pid);
+            self.retry_pool_later(now, POOL_RETRY);
+        }
+        let Some((id, run)) = sandbox.serving else {
+            return;
+        };
+        if self.table.get(&id).is_none_or(|a| a.run_number != run) {
+            return;
+        }
+        self.run_ended(io, id, init_end, now);
+    }
+
+    /// The agent's current run has ended.
+    fn run_ended(&mut self, io: &mut Io<'_>, id: u32, init_end: Option<InitEnd>, now: Instant) {
+        let Some(agent) = self.table.get_mut(&id) else {
+            return;
+        };
+        agent.sandbox = None;
+        agent.pid = None;
         // The init reports the workload's ending; if it could not (it was
         // killed itself: SIGKILL, OOM), its own wait status stands in.
         if agent.outcome.exit_code.is_none() && agent.outcome.signal.is_none() {
-            match init_status {
+            match init_end {
                 Some(InitEnd::Exited(code)) if agent.outcome.start_error.is_none() => {
                     agent.outcome.exit_code = Some(code)
                 }
@@ -792,20 +949,31 @@ impl Agents {
                 _ => {}
             }
         }
-        let oom_kills = agent.cgroup.as_ref().map_or(0, |c| c.oom_kills());
-        if oom_kills > agent.oom_baseline {
+        if agent
+            .cgroup
+            .as_ref()
+            .is_some_and(|c| c.oom_kills() > agent.oom_baseline)
+        {
             agent.oom_killed = true;
+        }
+        if let Some((watch, token)) = agent.oom_watch.take() {
+            let _ = io.registry.deregister(&mut SourceFd(&watch.as_raw_fd()));
+            self.sources.try_remove(token.0 - TOKEN_BASE);
+        }
+        if let Some(cgroup) = agent.cgroup.take() {
+            self.dying.retire(cgroup, &mut self.deadlines, now);
         }
         if let Some((code, message)) = agent.outcome.start_error.clone() {
             log::info!("agent {id} ({}): could not start: {message}", agent.name);
-            self.fail_start(io, id, code, message, now);
-            return;
+            return self.fail_start(io, id, code, message, now);
         }
         if !agent.outcome.ready {
-            let message =
-                "the sandbox ended before the workload started; see the agent log".to_owned();
-            self.fail_start(io, id, ErrorCode::Internal, message, now);
-            return;
+            let message = if agent.stop.is_some() {
+                "the agent was stopped before it started".to_owned()
+            } else {
+                "the sandbox ended before the workload started; see the agent log".to_owned()
+            };
+            return self.fail_start(io, id, ErrorCode::Internal, message, now);
         }
         let end = match (agent.stop, agent.outcome.exit_code, agent.outcome.signal) {
             (Some(_), _, _) => RunEnd::Stopped,
@@ -830,8 +998,8 @@ impl Agents {
         self.after_run(io, id, end, now);
     }
 
-    /// A run could not start: answer a waiting SPAWN, then let the restart
-    /// policy decide (a first run that fails to start is simply `failed`).
+    /// A run could not start: answer a waiting SPAWN (the agent is then
+    /// simply `failed`), or let the restart policy decide.
     fn fail_start(
         &mut self,
         io: &mut Io<'_>,
@@ -843,15 +1011,16 @@ impl Agents {
         let Some(agent) = self.table.get_mut(&id) else {
             return;
         };
-        agent.launching = false;
+        agent.state = if agent.stop.is_some() {
+            AgentState::Killed
+        } else {
+            AgentState::Failed
+        };
         if let Some(reply_to) = agent.spawn_reply.take() {
             io.replies
                 .push((reply_to, ErrorReply::new(code, message).to_json()));
-            agent.state = AgentState::Failed;
-            self.finish(io, id, now);
-            return;
+            return self.finish(io, id, now);
         }
-        agent.state = AgentState::Failed;
         let end = if agent.stop.is_some() {
             RunEnd::Stopped
         } else {
@@ -872,13 +1041,9 @@ impl Agents {
             Decision::RestartAfter(delay) => {
                 log::info!("agent {id} ({}): restarting in {delay:?}", agent.name);
                 agent.state = AgentState::Restarting;
-                self.deadlines.schedule(
-                    now + delay,
-                    Deadline::Restart {
-                        id,
-                        run: agent.run_number,
-                    },
-                );
+                let run = agent.run_number;
+                self.deadlines
+                    .schedule(now + delay, Deadline::Restart { id, run });
             }
             Decision::Rest => self.finish(io, id, now),
             Decision::GiveUp => {
@@ -889,8 +1054,8 @@ impl Agents {
         }
     }
 
-    /// The agent has ended for good: close its socket, remove its cgroup,
-    /// and forget it after the retention time.
+    /// The agent has ended for good: close its socket, and forget it after
+    /// the retention time.
     fn finish(&mut self, io: &mut Io<'_>, id: u32, now: Instant) {
         let Some(agent) = self.table.get_mut(&id) else {
             return;
@@ -902,45 +1067,8 @@ impl Agents {
                 .deregister(&mut SourceFd(&door.listener.as_raw_fd()));
             self.sources.try_remove(token.0 - TOKEN_BASE);
         }
-        if let Some((watch, token)) = agent.oom_watch.take() {
-            let _ = io.registry.deregister(&mut SourceFd(&watch.as_raw_fd()));
-            self.sources.try_remove(token.0 - TOKEN_BASE);
-        }
-        self.remove_cgroup(id, 0, now);
         self.deadlines
             .schedule(now + self.retention, Deadline::Forget { id });
-    }
-
-    fn remove_cgroup(&mut self, id: u32, attempt: u32, now: Instant) {
-        let Some(agent) = self.table.get_mut(&id) else {
-            return;
-        };
-        let Some(cgroup) = agent.cgroup.as_ref() else {
-            return;
-        };
-        if agent.run.is_some() {
-            return;
-        }
-        if attempt > CGROUP_RETRIES / 2 {
-            // Something outlived the sandbox (it cannot in a PID namespace).
-            cgroup.kill_all();
-        }
-        match cgroup.remove() {
-            Ok(()) => {
-                // Keep the last figures' source gone: LIST shows zeros after.
-                agent.cgroup = None;
-            }
-            Err(err) if attempt >= CGROUP_RETRIES => {
-                log::warn!("agent {id}: cannot remove its cgroup: {err}");
-            }
-            Err(_) => self.deadlines.schedule(
-                now + CGROUP_RETRY,
-                Deadline::RemoveCgroup {
-                    id,
-                    attempt: attempt + 1,
-                },
-            ),
-        }
     }
 
     /// Asks a live agent to stop.
@@ -953,22 +1081,21 @@ impl Agents {
             agent.state = AgentState::Killed;
             return self.finish(io, id, now);
         }
-        if let Some(run) = &agent.run {
-            if grace.is_zero() {
-                signal_run(run, libc::SIGKILL);
-            } else {
-                signal_run(run, libc::SIGTERM);
-                self.deadlines.schedule(
-                    now + grace,
-                    Deadline::Escalate {
-                        id,
-                        run: agent.run_number,
-                    },
-                );
-            }
+        let run = agent.run_number;
+        let Some(sandbox) = agent.sandbox.and_then(|key| self.sandboxes.get(key)) else {
+            // Its sandbox is still being prepared: it is discarded on arrival.
+            return;
+        };
+        if grace.is_zero() {
+            sandbox.signal(libc::SIGKILL);
+        } else {
+            sandbox.signal(libc::SIGTERM);
+            self.deadlines
+                .schedule(now + grace, Deadline::Escalate { id, run });
         }
-        // A launch still in flight is killed as soon as it lands.
     }
+
+    // ---- sockets, OOM, permissions -------------------------------------
 
     /// A connection on an agent's own socket.
     fn knock(&mut self, io: &mut Io<'_>, id: u32) {
@@ -1061,6 +1188,107 @@ impl Agents {
         entry.insert(source);
         Ok(token)
     }
+
+    fn effective_limits(&self, asked: &Limits) -> Limits {
+        Limits {
+            memory: asked.memory.or(self.defaults.memory),
+            cpu_quota: asked.cpu_quota.or(if asked.cpu_period.is_some() {
+                None
+            } else {
+                self.defaults.cpu_quota
+            }),
+            cpu_period: asked.cpu_period.or(self.defaults.cpu_period),
+            max_pids: asked.max_pids.or(self.defaults.max_pids),
+        }
+    }
+
+    fn isolation(&self, request: &SpawnRequest) -> Isolation {
+        let shape = self.shape_of(request);
+        let mut missing = Vec::new();
+        if request.sandboxed {
+            if let Some(reason) = &self.no_namespaces {
+                missing.push(format!("no namespaces: {reason}"));
+            }
+            if let Some(reason) = &self.no_cgroups {
+                missing.push(format!("no cgroup limits: {reason}"));
+            }
+        }
+        let namespaces = Namespaces {
+            pid: shape.sandboxed,
+            net: shape.sandboxed && !shape.network,
+            mount: shape.sandboxed,
+            uts: shape.sandboxed,
+            ipc: shape.sandboxed,
+            user: shape.sandboxed && self.map_to.is_some(),
+        };
+        Isolation {
+            sandboxed: shape.sandboxed,
+            namespaces: namespaces.names(),
+            cgroup: if shape.sandboxed {
+                self.cgroup_version()
+            } else {
+                None
+            },
+            degraded_reason: (!missing.is_empty()).then(|| missing.join("; ")),
+        }
+    }
+}
+
+/// cgroups whose processes are gone, or going: a cgroup can be removed only
+/// once empty, which may take a moment after its last process exits.
+#[derive(Debug, Default)]
+struct Dying(Vec<(AgentCgroup, u32)>);
+
+impl Dying {
+    /// Removes `cgroup` now if it is empty, else retries on a deadline.
+    fn retire(&mut self, cgroup: AgentCgroup, deadlines: &mut Timers<Deadline>, now: Instant) {
+        if cgroup.remove().is_ok() {
+            return;
+        }
+        if self.0.is_empty() {
+            deadlines.schedule(now + CGROUP_RETRY, Deadline::SweepCgroups);
+        }
+        self.0.push((cgroup, 0));
+    }
+
+    /// One more try for each; past half the tries, whatever is still in a
+    /// cgroup (it cannot be, in a PID namespace) is killed.
+    fn sweep(&mut self, deadlines: &mut Timers<Deadline>, now: Instant) {
+        self.0.retain_mut(|(cgroup, attempts)| {
+            *attempts += 1;
+            if *attempts > CGROUP_RETRIES / 2 {
+                cgroup.kill_all();
+            }
+            match cgroup.remove() {
+                Ok(()) => false,
+                Err(err) if *attempts >= CGROUP_RETRIES => {
+                    log::warn!("giving up on removing a cgroup: {err}");
+                    false
+                }
+                Err(_) => true,
+            }
+        });
+        if !self.0.is_empty() {
+            deadlines.schedule(now + CGROUP_RETRY, Deadline::SweepCgroups);
+        }
+    }
+}
+
+/// Removes a cgroup, killing what is in it and waiting a little (shutdown
+/// only).
+fn remove_now(cgroup: &AgentCgroup) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        cgroup.kill_all();
+        match cgroup.remove() {
+            Ok(()) => return,
+            Err(err) if Instant::now() > deadline => {
+                log::warn!("cannot remove cgroup {}: {err}", cgroup.rel().display());
+                return;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
 }
 
 /// Applies one status line to an agent.
@@ -1076,7 +1304,7 @@ fn apply_status(agent: &mut Agent, status: Status, io: &mut Io<'_>) {
                     success: true,
                     id: agent.id,
                     name: agent.name.clone(),
-                    pid: agent.run.as_ref().map_or(0, |r| r.pid as u32),
+                    pid: agent.pid.map_or(0, |p| p as u32),
                     status: agent.state,
                     isolation: agent.isolation.clone(),
                 };
@@ -1088,6 +1316,15 @@ fn apply_status(agent: &mut Agent, status: Status, io: &mut Io<'_>) {
         Status::Error { code, message } => agent.outcome.start_error = Some((code, message)),
         Status::Exited(code) => agent.outcome.exit_code = Some(code),
         Status::Signaled(signal) => agent.outcome.signal = Some(signal),
+    }
+}
+
+/// The sandbox shape a request needs, on a host that can (or cannot) give
+/// namespaces.
+fn shape_of(request: &SpawnRequest, namespaces: bool) -> Shape {
+    Shape {
+        sandboxed: request.sandboxed && namespaces,
+        network: request.network,
     }
 }
 
@@ -1121,14 +1358,6 @@ fn create_private_dir(dir: &Path) -> io::Result<()> {
     }
 }
 
-/// The inode of a process's pid namespace.
-fn pid_namespace_of(pid: i32) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
-        .ok()
-        .map(|m| m.ino())
-}
-
 /// Whether this (unprivileged) process may create a user namespace: tried
 /// in a short-lived child so the daemon itself is untouched.
 fn probe_user_namespaces() -> Result<(), String> {
@@ -1152,61 +1381,5 @@ fn probe_user_namespaces() -> Result<(), String> {
             }
         }
         Err(err) => Err(format!("cannot probe user namespaces: {err}")),
-    }
-}
-
-/// How an init process ended.
-enum InitEnd {
-    Exited(i32),
-    Signaled(i32),
-}
-
-/// Reaps the process behind `pidfd` (waiting for it if `block`).
-fn wait_pidfd(pidfd: &OwnedFd, block: bool) -> Option<InitEnd> {
-    // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    let flags = libc::WEXITED | if block { 0 } else { libc::WNOHANG };
-    // SAFETY: waitid on a pidfd we own, with a valid siginfo pointer.
-    let rc = unsafe {
-        libc::waitid(
-            libc::P_PIDFD,
-            pidfd.as_raw_fd() as libc::id_t,
-            &mut info,
-            flags,
-        )
-    };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: waitid filled in a SIGCHLD siginfo; these accessors read it.
-    let (code, status) = unsafe { (info.si_code, info.si_status()) };
-    match code {
-        libc::CLD_EXITED => Some(InitEnd::Exited(status)),
-        libc::CLD_KILLED | libc::CLD_DUMPED => Some(InitEnd::Signaled(status)),
-        _ => None,
-    }
-}
-
-/// Sends `signal` to a run's init, which passes SIGTERM on to the whole
-/// workload (and whose death by SIGKILL ends its PID namespace).
-fn signal_run(run: &Run, signal: i32) {
-    // SAFETY: pidfd_send_signal on a pidfd we own.
-    unsafe { pidfd_signal(run.pidfd.as_raw_fd(), signal) };
-}
-
-/// pidfd_send_signal(2).
-///
-/// # Safety
-/// `pidfd` must be a pidfd.
-unsafe fn pidfd_signal(pidfd: RawFd, signal: i32) {
-    // SAFETY: the caller passes a pidfd; the info pointer may be NULL.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd,
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        );
     }
 }

@@ -16,7 +16,6 @@ use super::restart::Restarts;
 use crate::cgroup::AgentCgroup;
 use crate::clock::rfc3339;
 use crate::reactor::ReplyTo;
-use crate::sandbox::StatusReader;
 
 /// Why an agent is being stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,19 +24,6 @@ pub enum Stop {
     Kill,
     /// The kernel is shutting down.
     Shutdown,
-}
-
-/// The live parts of one run: the sandbox's init and its pipes.
-#[derive(Debug)]
-pub struct Run {
-    /// The init's pid on the host.
-    pub pid: i32,
-    /// Readable when the init exits.
-    pub pidfd: OwnedFd,
-    /// The pidfd's reactor token.
-    pub exit_token: Token,
-    /// The init's status lines, until the pipe closes.
-    pub status: Option<(StatusReader, Token)>,
 }
 
 /// How the current or last run's workload fared, from the status pipe.
@@ -72,13 +58,13 @@ pub struct Agent {
     pub isolation: Isolation,
     /// Lifecycle state.
     pub state: AgentState,
-    /// Launches so far; a run's events carry its number, so stale ones are
+    /// Runs so far; a run's events carry its number, so stale ones are
     /// recognised.
     pub run_number: u32,
-    /// The running sandbox, if any.
-    pub run: Option<Run>,
-    /// A launch was handed to the launch thread and has not come back.
-    pub launching: bool,
+    /// The sandbox of the current run (a key into the sandboxes table).
+    pub sandbox: Option<usize>,
+    /// The current run's init pid on the host.
+    pub pid: Option<i32>,
     /// What the status pipe said about the current or last run.
     pub outcome: Outcome,
     /// Whether the memory controller killed one of its processes (this run).
@@ -97,13 +83,13 @@ pub struct Agent {
     pub stop: Option<Stop>,
     /// A SPAWN waiting for the first run to start.
     pub spawn_reply: Option<ReplyTo>,
-    /// Its cgroup.
+    /// The current run's cgroup.
     pub cgroup: Option<AgentCgroup>,
-    /// The OOM watch descriptor and its token.
+    /// The OOM watch on that cgroup, and its token.
     pub oom_watch: Option<(OwnedFd, Token)>,
     /// Its own socket and the listener's token.
     pub door: Option<(Door, Token)>,
-    /// Its sandbox's pid namespace (inode), for checking who knocks.
+    /// The current run's pid namespace (inode), for checking who knocks.
     pub pid_namespace: Option<u64>,
     /// Its log file.
     pub log: PathBuf,
@@ -127,7 +113,7 @@ impl Agent {
         AgentInfo {
             id: self.id,
             name: self.name.clone(),
-            pid: self.run.as_ref().map(|r| r.pid as u32),
+            pid: self.pid.map(|p| p as u32),
             state: self.state,
             status: self.state,
             running: self.state == AgentState::Running,

@@ -29,6 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use agentos_proto::payload::CgroupVersion;
+
+use crate::sandbox::CgroupJoin;
 use cgroups_rs::{Cgroup, MaxValue, Resources};
 
 /// Name of the directory holding every daemon's cgroups.
@@ -334,7 +336,24 @@ impl AgentCgroup {
         self.backend.version()
     }
 
-    fn apply(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
+    /// Gives the cgroup a new name within its parent (a warm sandbox's
+    /// cgroup becomes its agent's when claimed). The processes in it stay.
+    pub fn rename(&mut self, name: &str) -> Result<(), CgroupError> {
+        let renamed = self.rel.with_file_name(name);
+        for (from, to) in self
+            .backend
+            .dirs(&self.rel)
+            .into_iter()
+            .zip(self.backend.dirs(&renamed))
+        {
+            fs::rename(&from, &to).map_err(io_error("cannot rename cgroup", &from))?;
+        }
+        self.rel = renamed;
+        Ok(())
+    }
+
+    /// Writes the limits into the cgroup (again, if they change).
+    pub fn apply(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
         let mut resources = Resources::default();
         resources.memory.memory_hard_limit = Some(clamp_i64(limits.memory));
         resources.memory.memory_swap_limit = self.backend.no_swap_limit(&self.rel, limits.memory);
@@ -349,8 +368,17 @@ impl AgentCgroup {
         })
     }
 
-    /// The files a process writes "0" to in order to join this cgroup, one
-    /// per hierarchy. The sandbox opens them before dropping privileges.
+    /// How a new sandbox enters this cgroup: v2 clones straight into its
+    /// directory; v1 has the pid written into each hierarchy's
+    /// `cgroup.procs`.
+    pub fn join(&self) -> CgroupJoin<PathBuf> {
+        match self.backend.version() {
+            CgroupVersion::V2 => CgroupJoin::Into(self.backend.dirs(&self.rel).swap_remove(0)),
+            CgroupVersion::V1 => CgroupJoin::Write(self.backend.procs_files(&self.rel)),
+        }
+    }
+
+    /// The `cgroup.procs` file of each hierarchy.
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.backend.procs_files(&self.rel)
     }

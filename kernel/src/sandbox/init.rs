@@ -3,29 +3,33 @@
 //! Being a fresh single-threaded process, it can do the setup in ordinary
 //! Rust that a forked child of the multi-threaded daemon could not.
 //!
-//! It reads the order of the day from fd 3 and carries it out, in this
+//! It reads the sandbox's shape from fd 3 and carries it out, in this
 //! order — the code below reads the same way:
-//! 1. wait for the daemon's go (it writes user-namespace maps first);
-//! 2. build the root filesystem and pivot into it;
-//! 3. hostname, loopback;
-//! 4. resource limits, then drop every privilege and switch user;
-//! 5. die with the daemon (parent-death signal, lifeline check);
-//! 6. seccomp;
-//! 7. become PID 1 for the workload: fork and exec it, reap, forward
+//! 1. keep the OOM killer off the init itself (the launcher has already
+//!    waited for the daemon's go, which follows the user-namespace maps);
+//! 2. prepare the root filesystem; bring up loopback; resource limits;
+//!    compile the seccomp filter;
+//! 3. wait for the claim: what to run, and the log to write to (a sandbox
+//!    of the warm pool waits here until a SPAWN takes it);
+//! 4. bind the workload's paths and pivot into the new root; hostname;
+//! 5. drop every privilege and switch user;
+//! 6. die with the daemon (parent-death signal, lifeline check);
+//! 7. seccomp;
+//! 8. become PID 1 for the workload: fork and exec it, reap, forward
 //!    signals, copy its output to the log, and report how it ended.
 //!
 //! Any failure is reported on the status pipe as one `error` line, which
 //! becomes the SPAWN reply.
 
 use std::io::Read;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::FromRawFd;
 use std::path::Path;
 
 use agentos_proto::ErrorCode;
 
 use super::spec::{fds, SandboxSpec};
 use super::status::Status;
-use super::{mounts, network, pid1, privileges, seccomp};
+use super::{control, mounts, network, pid1, privileges, seccomp};
 
 /// The hidden first argument that selects this role in `agentosd`.
 pub const ARG: &str = "__agentos-sandbox-init";
@@ -66,22 +70,37 @@ pub fn main() -> ! {
 }
 
 fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
-    keep_fds_from_the_workload(spec);
-    wait_for_go()?;
+    keep_fds_from_the_workload();
+    // The OOM killer should take the workload, never the init that reports
+    // on it. Lowering needs CAP_SYS_RESOURCE, which a user namespace lacks:
+    // then the init simply stays a candidate.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
+    let setup = |what: &str| {
+        let what = what.to_owned();
+        move |err: &dyn std::fmt::Display| Failure::internal(format!("{what}: {err}"))
+    };
     if let Some(root) = &spec.root {
-        mounts::build_root(root, spec.user, &mut mounts::Real)
-            .map_err(|err| Failure::internal(format!("sandbox setup failed: {err}")))?;
-    }
-    if let Some(hostname) = &spec.hostname {
-        nix::unistd::sethostname(hostname)
-            .map_err(|err| Failure::internal(format!("cannot set hostname: {err}")))?;
+        mounts::prepare_root(root, spec.user, &mut mounts::Real)
+            .map_err(|e| setup("sandbox setup failed")(&e))?;
     }
     if spec.namespaces.net {
-        network::loopback_up()
-            .map_err(|err| Failure::internal(format!("cannot bring up loopback: {err}")))?;
+        network::loopback_up().map_err(|e| setup("cannot bring up loopback")(&e))?;
     }
-    privileges::set_rlimits(&spec.rlimits)
-        .map_err(|err| Failure::internal(format!("cannot set resource limits: {err}")))?;
+    privileges::set_rlimits(&spec.rlimits).map_err(|e| setup("cannot set resource limits")(&e))?;
+    let filters = spec
+        .drop_privileges
+        .then(seccomp::filters)
+        .transpose()
+        .map_err(|e| setup("cannot build the seccomp filter")(&e))?;
+
+    let claim = control::wait_for_claim()?;
+    if let Some(root) = &spec.root {
+        mounts::enter_root(root, &claim.binds, &mut mounts::Real)
+            .map_err(|e| setup("sandbox setup failed")(&e))?;
+    }
+    if let Some(hostname) = &claim.hostname {
+        nix::unistd::sethostname(hostname).map_err(|e| setup("cannot set hostname")(&e))?;
+    }
     if spec.drop_privileges {
         privileges::drop_all(spec.user).map_err(Failure::internal)?;
     }
@@ -91,10 +110,10 @@ fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
         // The daemon died before the parent-death signal was armed.
         std::process::exit(1);
     }
-    if spec.drop_privileges {
-        seccomp::install().map_err(Failure::internal)?;
+    if let Some(filters) = &filters {
+        seccomp::install(filters).map_err(Failure::internal)?;
     }
-    pid1::run(spec)
+    pid1::run(spec, &claim)
 }
 
 fn read_spec() -> Result<SandboxSpec, Failure> {
@@ -109,32 +128,11 @@ fn read_spec() -> Result<SandboxSpec, Failure> {
 
 /// Marks every descriptor the launcher handed us close-on-exec, so none
 /// reaches the workload by accident; it gets exactly what `pid1` gives it.
-fn keep_fds_from_the_workload(spec: &SandboxSpec) {
-    let last = fds::CGROUP_BASE + spec.cgroup_fds as RawFd;
-    for fd in fds::STATUS..last {
+fn keep_fds_from_the_workload() {
+    for fd in fds::STATUS..=fds::LIFELINE {
         // SAFETY: F_SETFD on descriptors of this process.
         unsafe {
             libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        }
-    }
-}
-
-/// Blocks until the daemon says go. EOF means it gave up on this sandbox.
-fn wait_for_go() -> Result<(), Failure> {
-    let mut byte = [0u8; 1];
-    loop {
-        // SAFETY: reading one byte into a local buffer from our go pipe.
-        let n = unsafe { libc::read(fds::GO, byte.as_mut_ptr().cast(), 1) };
-        match n {
-            1 => return Ok(()),
-            0 => std::process::exit(1),
-            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
-            _ => {
-                return Err(Failure::internal(format!(
-                    "cannot read the go signal: {}",
-                    std::io::Error::last_os_error()
-                )))
-            }
         }
     }
 }

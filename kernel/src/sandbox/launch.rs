@@ -15,8 +15,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use std::io::IoSlice;
+
+use nix::sys::socket::{
+    sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
+};
+
 use super::init;
-use super::spec::{fds, SandboxSpec};
+use super::spec::{fds, Claim, SandboxSpec};
 use super::status::StatusReader;
 
 /// Descriptors are staged above this number before the clone, so that
@@ -34,20 +40,30 @@ pub struct Launcher {
     _lifeline_write: OwnedFd,
 }
 
+/// How a sandbox enters its cgroup.
+#[derive(Debug)]
+pub enum CgroupJoin<T> {
+    /// cgroup v2: clone straight into this cgroup directory
+    /// (`CLONE_INTO_CGROUP`), with no migration at all.
+    Into(T),
+    /// cgroup v1: write the init's pid into these `cgroup.procs` files. A
+    /// migration takes milliseconds on v1, so it happens while the init
+    /// builds its root filesystem, and the workload waits for it.
+    Write(Vec<T>),
+}
+
 /// What to start.
 #[derive(Debug)]
 pub struct LaunchRequest {
-    /// The init's orders.
+    /// The sandbox's shape.
     pub spec: SandboxSpec,
-    /// The agent's log, open for reading and writing.
-    pub log: File,
-    /// The cgroup.procs files to join, open for writing.
-    pub cgroup_procs: Vec<File>,
+    /// The cgroup to put the whole sandbox in, init included.
+    pub cgroup: Option<CgroupJoin<File>>,
     /// With a user namespace: the host uid and gid that uid 0 inside maps to.
     pub map_to: Option<(u32, u32)>,
 }
 
-/// A started sandbox.
+/// A started sandbox, prepared and waiting for its claim.
 #[derive(Debug)]
 pub struct Launched {
     /// The init's pid on the host.
@@ -56,6 +72,32 @@ pub struct Launched {
     pub pidfd: OwnedFd,
     /// The init's status lines.
     pub status: StatusReader,
+    /// Where the claim goes.
+    pub control: Control,
+}
+
+/// The daemon's end of a sandbox's control socket.
+#[derive(Debug)]
+pub struct Control {
+    socket: OwnedFd,
+}
+
+impl Control {
+    /// Hands the sandbox its workload and the log its output goes to. The
+    /// claim travels in a memfd, so its size is never a concern, and the
+    /// send never blocks: each control socket carries two small messages.
+    pub fn claim(&self, claim: &Claim, log: &File) -> io::Result<()> {
+        let memfd = json_memfd(c"agentos-claim", claim)?;
+        let fds = [memfd.as_raw_fd(), log.as_raw_fd()];
+        sendmsg::<()>(
+            self.socket.as_raw_fd(),
+            &[IoSlice::new(b"claim")],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            None,
+        )?;
+        Ok(())
+    }
 }
 
 impl Launcher {
@@ -71,35 +113,38 @@ impl Launcher {
         })
     }
 
-    /// Starts a sandbox. Returns once the init is running and has been told
-    /// to go; whether the workload starts is reported on the status pipe.
+    /// Starts a sandbox. Returns once the init is running, has been told to
+    /// go and is in its cgroup; it then prepares its root and waits for a
+    /// claim (see [`Control::claim`]). How that goes is reported on the
+    /// status pipe.
     pub fn launch(&self, request: LaunchRequest) -> io::Result<Launched> {
-        let spec_fd = spec_memfd(&request.spec)?;
+        let spec_fd = json_memfd(c"agentos-spec", &request.spec)?;
         let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        let (go_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (control, control_init) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
         let dev_null = File::options().read(true).write(true).open("/dev/null")?;
 
         // Where each descriptor must end up in the child.
-        let mut placement: Vec<(RawFd, RawFd)> = vec![
+        let placement: Vec<(RawFd, RawFd)> = vec![
             (dev_null.as_raw_fd(), 0),
-            (request.log.as_raw_fd(), 1),
-            (request.log.as_raw_fd(), 2),
+            (dev_null.as_raw_fd(), 1),
+            (dev_null.as_raw_fd(), 2),
             (spec_fd.as_raw_fd(), fds::SPEC),
             (status_write.as_raw_fd(), fds::STATUS),
-            (go_read.as_raw_fd(), fds::GO),
+            (control_init.as_raw_fd(), fds::CONTROL),
             (self.lifeline_read.as_raw_fd(), fds::LIFELINE),
-            (request.log.as_raw_fd(), fds::LOG),
         ];
-        for (index, file) in request.cgroup_procs.iter().enumerate() {
-            placement.push((file.as_raw_fd(), fds::CGROUP_BASE + index as RawFd));
-        }
         let staged: Vec<(OwnedFd, RawFd)> = placement
             .iter()
             .map(|(source, target)| Ok((stage(*source)?, *target)))
             .collect::<io::Result<_>>()?;
         let moves: Vec<(RawFd, RawFd)> =
             staged.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
-        let first_free = fds::CGROUP_BASE + request.cgroup_procs.len() as RawFd;
+        let first_free = fds::LIFELINE + 1;
 
         let argv0 = CString::from(c"agentosd");
         let argv1 =
@@ -114,6 +159,10 @@ impl Launcher {
             exit_signal: libc::SIGCHLD as u64,
             ..CloneArgs::default()
         };
+        if let Some(CgroupJoin::Into(dir)) = &request.cgroup {
+            args.flags |= CLONE_INTO_CGROUP;
+            args.cgroup = dir.as_raw_fd() as u64;
+        }
         // SAFETY: clone3 with a fully initialised argument struct and no
         // new stack (fork semantics). In the child, only async-signal-safe
         // system calls run on data prepared above, ending in execve or _exit.
@@ -136,16 +185,42 @@ impl Launcher {
         let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
         drop(staged);
         drop(status_write);
-        drop(go_read);
+        drop(control_init);
 
-        if let Some((uid, gid)) = request.map_to {
-            write_id_maps(pid, uid, gid)?;
+        let started = (|| {
+            if let Some((uid, gid)) = request.map_to {
+                write_id_maps(pid, uid, gid)?;
+            }
+            nix::sys::socket::send(control.as_raw_fd(), b"go", MsgFlags::MSG_NOSIGNAL)?;
+            // On v1 the migration takes a while; the init prepares its root
+            // meanwhile, and the claim (which lets the workload start) only
+            // comes after this.
+            if let Some(CgroupJoin::Write(procs)) = &request.cgroup {
+                for mut file in procs {
+                    // One write: cgroupfs parses each write(2) on its own.
+                    file.write_all(pid.to_string().as_bytes())?;
+                }
+            }
+            Ok::<(), io::Error>(())
+        })();
+        if let Err(err) = started {
+            // SAFETY: pidfd_send_signal on the pidfd clone3 just gave us.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    libc::SIGKILL,
+                    0,
+                    0,
+                );
+            }
+            return Err(err);
         }
-        File::from(go_write).write_all(b"g")?;
         Ok(Launched {
             pid,
             pidfd,
             status: StatusReader::new(status_read)?,
+            control: Control { socket: control },
         })
     }
 }
@@ -153,6 +228,9 @@ impl Launcher {
 /// Reset every signal handler to default in the child (Linux 5.5): a
 /// handler of the daemon's must never run between clone and exec.
 const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
+/// Start the child in the cgroup whose directory is `clone_args.cgroup`
+/// (Linux 5.7, cgroup v2).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// `struct clone_args` of clone3(2).
 #[repr(C)]
@@ -213,6 +291,23 @@ unsafe fn child(
             libc::c_uint::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         );
+        // Exec only after the daemon's go: in a new user namespace it first
+        // writes the id maps, and an execve before that would run as the
+        // overflow uid and drop every capability the init needs.
+        let mut go = [0u8; 16];
+        loop {
+            let received = libc::recv(fds::CONTROL, go.as_mut_ptr().cast(), go.len(), 0);
+            if received > 0 {
+                break;
+            }
+            if received == 0 {
+                // The daemon gave up on this sandbox.
+                libc::_exit(0);
+            }
+            if *libc::__errno_location() != libc::EINTR {
+                libc::_exit(125);
+            }
+        }
         libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
         libc::_exit(127)
     }
@@ -229,10 +324,10 @@ fn stage(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(staged) })
 }
 
-fn spec_memfd(spec: &SandboxSpec) -> io::Result<OwnedFd> {
-    let json = serde_json::to_vec(spec).map_err(io::Error::other)?;
-    let fd =
-        nix::sys::memfd::memfd_create(c"agentos-spec", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
+/// A memfd holding `value` as JSON, positioned at its start.
+fn json_memfd(name: &std::ffi::CStr, value: &impl serde::Serialize) -> io::Result<OwnedFd> {
+    let json = serde_json::to_vec(value).map_err(io::Error::other)?;
+    let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
     let mut file = File::from(fd);
     file.write_all(&json)?;
     std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0))?;

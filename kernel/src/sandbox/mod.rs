@@ -8,6 +8,7 @@
 //! [`seccomp`]) and runs the workload as its PID 1 ([`pid1`]), reporting
 //! over the status pipe ([`status`]).
 
+mod control;
 pub mod init;
 pub mod launch;
 pub mod mounts;
@@ -19,6 +20,6 @@ mod seccomp;
 pub mod spec;
 pub mod status;
 
-pub use launch::{LaunchRequest, Launched, Launcher};
-pub use spec::{Namespaces, SandboxSpec, User};
+pub use launch::{CgroupJoin, Control, LaunchRequest, Launched, Launcher};
+pub use spec::{Claim, Namespaces, SandboxSpec, User};
 pub use status::{Status, StatusReader};

@@ -3,25 +3,29 @@
 //! operations — which is what makes the result safe — is tested without
 //! root against a recording double.
 //!
-//! The procedure, in this order:
+//! Preparation ([`prepare_root`]), which a sandbox of the warm pool does
+//! before any workload has claimed it:
 //! 1. make every mount private, so nothing propagates to or from the host;
 //! 2. mount a tmpfs on the staging directory: the new root;
 //! 3. a fresh /dev with a handful of device nodes bound from the host;
 //! 4. writable tmpfs scratch space (/tmp, /workspace, /dev/shm);
-//! 5. bind what programs need (read-only unless asked) and create symlinks;
+//! 5. bind what every program needs (read-only) and create symlinks;
 //! 6. a fresh /proc (the sandbox has its own PID namespace), with the
 //!    kernel-facing corners made read-only or hidden;
-//! 7. hide secrets inside bound directories;
-//! 8. pivot_root into the new root and detach the old one — from here on
+//! 7. hide secrets inside bound directories.
+//!
+//! Entry ([`enter_root`]), once the claim has said what the workload needs:
+//! 8. bind the workload's own paths (script directory, interpreter, socket);
+//! 9. pivot_root into the new root and detach the old one — from here on
 //!    the host filesystem is unreachable;
-//! 9. make the new root itself read-only.
+//! 10. make the new root itself read-only.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 use nix::mount::MsFlags;
 
-use super::spec::{RootFs, User};
+use super::spec::{Bind, RootFs, User};
 
 /// The system calls root construction needs.
 pub trait Syscalls {
@@ -89,9 +93,9 @@ const DEV_LINKS: [(&str, &str); 4] = [
     ("/dev/stderr", "/proc/self/fd/2"),
 ];
 
-/// Builds `root` and enters it. `user` owns the tmpfs marked
-/// `owned_by_user`.
-pub fn build_root(
+/// Prepares `root` in the staging directory (steps 1–7). `user` owns the
+/// tmpfs marked `owned_by_user`.
+pub fn prepare_root(
     root: &RootFs,
     user: Option<User>,
     sys: &mut dyn Syscalls,
@@ -167,22 +171,8 @@ pub fn build_root(
         .map_err(failed("cannot mount tmpfs on", &target))?;
     }
 
-    // 5. What programs need.
-    for bind in &root.binds {
-        let target = inside(&bind.target);
-        make_mount_point(sys, &bind.source, &target)?;
-        sys.mount(
-            Some(&bind.source),
-            &target,
-            None,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None,
-        )
-        .map_err(failed("cannot bind", &bind.source))?;
-        if !bind.writable {
-            remount_read_only(sys, &bind.source, &target)?;
-        }
-    }
+    // 5. What every program needs.
+    bind_all(sys, staging, &root.binds)?;
     for link in &root.symlinks {
         let path = inside(&link.path);
         if let Some(parent) = path.parent() {
@@ -263,8 +253,18 @@ pub fn build_root(
         }
     }
 
-    // 8. Enter the new root; the old one (the host's) is detached for good.
-    let old = inside(Path::new("/.old-root"));
+    Ok(())
+}
+
+/// Binds the workload's own paths and enters the prepared root (steps
+/// 8–10).
+pub fn enter_root(root: &RootFs, binds: &[Bind], sys: &mut dyn Syscalls) -> Result<(), MountError> {
+    let staging = root.staging.as_path();
+    // 8. The workload's own paths.
+    bind_all(sys, staging, binds)?;
+
+    // 9. Enter the new root; the old one (the host's) is detached for good.
+    let old = staging.join(".old-root");
     sys.mkdir_all(&old, 0o700)
         .map_err(failed("cannot create directory", &old))?;
     sys.pivot_root(staging, &old)
@@ -276,7 +276,7 @@ pub fn build_root(
         .map_err(failed("cannot detach the old root at", old))?;
     sys.rmdir(old).map_err(failed("cannot remove", old))?;
 
-    // 9. Only the scratch mounts stay writable.
+    // 10. Only the scratch mounts stay writable.
     sys.mount(
         None,
         Path::new("/"),
@@ -289,6 +289,27 @@ pub fn build_root(
         None,
     )
     .map_err(failed("cannot make the root read-only at", Path::new("/")))
+}
+
+/// Binds each host path at its target inside `staging`, read-only unless
+/// marked writable.
+fn bind_all(sys: &mut dyn Syscalls, staging: &Path, binds: &[Bind]) -> Result<(), MountError> {
+    for bind in binds {
+        let target = staging.join(bind.target.strip_prefix("/").unwrap_or(&bind.target));
+        make_mount_point(sys, &bind.source, &target)?;
+        sys.mount(
+            Some(&bind.source),
+            &target,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+        )
+        .map_err(failed("cannot bind", &bind.source))?;
+        if !bind.writable {
+            remount_read_only(sys, &bind.source, &target)?;
+        }
+    }
+    Ok(())
 }
 
 fn make_mount_point(
@@ -408,7 +429,7 @@ impl Syscalls for Real {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::spec::{Bind, Symlink, Tmpfs};
+    use crate::sandbox::spec::{Symlink, Tmpfs};
 
     /// Records every call; directories listed in `dirs` exist, as do the
     /// paths in `existing`.
@@ -516,18 +537,11 @@ mod tests {
     fn root_is_built_in_a_safe_order() {
         let root = RootFs {
             staging: "/stage".into(),
-            binds: vec![
-                Bind {
-                    source: "/usr".into(),
-                    target: "/usr".into(),
-                    writable: false,
-                },
-                Bind {
-                    source: "/run/agentos/agents/7.sock".into(),
-                    target: "/run/agentos/agentos.sock".into(),
-                    writable: true,
-                },
-            ],
+            binds: vec![Bind {
+                source: "/usr".into(),
+                target: "/usr".into(),
+                writable: false,
+            }],
             symlinks: vec![Symlink {
                 path: "/bin".into(),
                 target: "usr/bin".into(),
@@ -551,15 +565,18 @@ mod tests {
             existing: vec!["/stage/etc/shadow".into(), "/stage/proc/kcore".into()],
             ..Recorder::default()
         };
-        build_root(
-            &root,
-            Some(User {
-                uid: 65534,
-                gid: 65534,
-            }),
-            &mut sys,
-        )
-        .unwrap();
+        let user = User {
+            uid: 65534,
+            gid: 65534,
+        };
+        prepare_root(&root, Some(user), &mut sys).unwrap();
+        let prepared = sys.calls.len();
+        let socket = Bind {
+            source: "/run/agentos/agents/7.sock".into(),
+            target: "/run/agentos/agentos.sock".into(),
+            writable: true,
+        };
+        enter_root(&root, &[socket], &mut sys).unwrap();
         let calls = &sys.calls;
 
         // Private propagation comes before anything is mounted.
@@ -571,8 +588,12 @@ mod tests {
         // A read-only bind repeats the source mount's locked flags.
         let bind = position(calls, "mount /stage/usr from /usr bind rec");
         assert_eq!(calls[bind + 1], "mount /stage/usr bind remount ro noexec");
-        // The socket is a file: a file mount point, and it stays writable.
+        // Scratch space comes before binds, so binds may land inside it.
+        assert!(position(calls, "mount /stage/workspace") < bind);
+        // The claim's socket is a file: a file mount point, bound after the
+        // prepared part, and it stays writable.
         let socket = position(calls, "touch /stage/run/agentos/agentos.sock");
+        assert!(socket >= prepared);
         assert!(!calls[socket + 2].contains("remount"));
         assert!(calls.contains(&"symlink /stage/bin -> usr/bin".to_owned()));
         assert!(calls.contains(&"symlink /stage/dev/fd -> /proc/self/fd".to_owned()));
@@ -609,7 +630,7 @@ mod tests {
             ..RootFs::default()
         };
         let mut sys = Recorder::default();
-        build_root(&root, None, &mut sys).unwrap();
+        prepare_root(&root, None, &mut sys).unwrap();
         assert!(!sys.calls.iter().any(|c| c.contains("gshadow")));
     }
 }

@@ -20,7 +20,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 
 use super::init::{readable, report, Failure};
-use super::spec::{fds, SandboxSpec};
+use super::spec::{fds, Claim, SandboxSpec};
 use super::status::Status;
 
 /// Signals passed on to the workload.
@@ -50,9 +50,9 @@ pub fn lifeline_cut() -> bool {
 }
 
 /// Starts the workload and supervises it; returns the init's exit code.
-pub fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
-    let program = resolve_program(spec)?;
-    if let Some(script) = &spec.script {
+pub fn run(spec: &SandboxSpec, claim: &Claim) -> Result<i32, Failure> {
+    let program = resolve_program(claim)?;
+    if let Some(script) = &claim.script {
         if !script.exists() {
             return Err(Failure {
                 code: ErrorCode::NotFound,
@@ -71,7 +71,7 @@ pub fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
             });
         }
     }
-    let exec = Exec::prepare(spec, &program)?;
+    let exec = Exec::prepare(claim, &program)?;
     let (output_read, output_write) = pipe()?;
     let (exec_read, exec_write) = pipe()?;
 
@@ -88,7 +88,7 @@ pub fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
 
     // SAFETY: this process is single-threaded, so the child may run any code.
     let child = match unsafe { nix::unistd::fork() } {
-        Ok(ForkResult::Child) => workload(spec, &exec, &output_write, &exec_write),
+        Ok(ForkResult::Child) => workload(&exec, &output_write, &exec_write),
         Ok(ForkResult::Parent { child }) => child,
         Err(err) => {
             return Err(Failure::internal(format!(
@@ -107,7 +107,7 @@ pub fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
         let _ = waitpid(child, None);
         return Err(exec_failure(
             &String::from_utf8_lossy(&reason),
-            spec,
+            claim,
             &program,
         ));
     }
@@ -123,8 +123,8 @@ pub fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
     })
 }
 
-/// The executable to run: absolute, or found on the spec's PATH.
-fn resolve_program(spec: &SandboxSpec) -> Result<PathBuf, Failure> {
+/// The executable to run: absolute, or found on the workload's PATH.
+fn resolve_program(spec: &Claim) -> Result<PathBuf, Failure> {
     if spec.program.is_absolute() {
         return Ok(spec.program.clone());
     }
@@ -154,7 +154,7 @@ struct Exec {
 }
 
 impl Exec {
-    fn prepare(spec: &SandboxSpec, program: &Path) -> Result<Exec, Failure> {
+    fn prepare(spec: &Claim, program: &Path) -> Result<Exec, Failure> {
         let c = |bytes: &[u8]| {
             CString::new(bytes).map_err(|_| Failure {
                 code: ErrorCode::BadRequest,
@@ -180,7 +180,7 @@ impl Exec {
 
 /// The forked child: becomes the workload. Reports a failure on
 /// `exec_write` as "<step> <errno>" and exits 127.
-fn workload(spec: &SandboxSpec, exec: &Exec, output: &OwnedFd, exec_write: &OwnedFd) -> ! {
+fn workload(exec: &Exec, output: &OwnedFd, exec_write: &OwnedFd) -> ! {
     let fail = |step: &str| -> ! {
         let message = format!("{step} {}", Errno::last_raw());
         // SAFETY: writing a local buffer to our pipe, then leaving the
@@ -214,18 +214,8 @@ fn workload(spec: &SandboxSpec, exec: &Exec, output: &OwnedFd, exec_write: &Owne
             fail("dup2");
         }
     }
-    for index in 0..spec.cgroup_fds {
-        let fd = fds::CGROUP_BASE + index as RawFd;
-        // "0" moves the writing process itself into the cgroup.
-        // SAFETY: writing a constant to a descriptor the launcher gave us.
-        if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
-            fail("cgroup");
-        }
-        // SAFETY: closing our own descriptor.
-        unsafe {
-            libc::close(fd);
-        }
-    }
+    // The init keeps the OOM killer off itself; the workload is fair game.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "0");
     // SAFETY: chdir and execve with NUL-terminated strings and
     // NULL-terminated arrays built before fork.
     unsafe {
@@ -241,7 +231,7 @@ fn workload(spec: &SandboxSpec, exec: &Exec, output: &OwnedFd, exec_write: &Owne
     fail("exec")
 }
 
-fn exec_failure(reason: &str, spec: &SandboxSpec, program: &Path) -> Failure {
+fn exec_failure(reason: &str, spec: &Claim, program: &Path) -> Failure {
     let (step, errno) = reason.split_once(' ').unwrap_or((reason, "0"));
     let errno = Errno::from_raw(errno.trim().parse().unwrap_or(0));
     let (code, message) = match (step, errno) {

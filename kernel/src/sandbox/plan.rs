@@ -1,10 +1,11 @@
-//! Turning "run this program in a sandbox" into a [`SandboxSpec`]: which
+//! Turning "run this program in a sandbox" into a [`SandboxSpec`] (the
+//! sandbox's shape) and a [`Claim`] (what runs in it): which
 //! host directories the program needs and how they appear inside, which
 //! secrets to hide, what scratch space to give it.
 
 use std::path::{Path, PathBuf};
 
-use super::spec::{Bind, Namespaces, Rlimits, RootFs, SandboxSpec, Symlink, Tmpfs, User};
+use super::spec::{Bind, Claim, Namespaces, Rlimits, RootFs, SandboxSpec, Symlink, Tmpfs, User};
 
 /// System directories visible (read-only) in every sandbox: programs and
 /// their libraries, and /etc for name resolution, time zones and certificates.
@@ -78,25 +79,43 @@ pub struct Workload {
     pub script: Option<PathBuf>,
     /// The interpreter, when it lives outside the system directories.
     pub interpreter: Option<PathBuf>,
-    /// Share the host's network instead of loopback only.
-    pub network: bool,
     /// The host socket to bind at [`SOCKET_INSIDE`].
     pub socket: PathBuf,
-    /// Open cgroup.procs files handed to the workload.
-    pub cgroup_fds: usize,
 }
 
-/// The spec for running `workload` isolated under `profile`.
-pub fn sandboxed(profile: &Profile, workload: &Workload) -> SandboxSpec {
-    let namespaces = Namespaces {
-        pid: true,
-        net: !workload.network,
-        mount: true,
-        uts: true,
-        ipc: true,
-        user: profile.user_namespace,
+/// What kind of sandbox a workload needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// Isolated at all (namespaces, new root, no privileges).
+    pub sandboxed: bool,
+    /// Share the host's network (only when sandboxed).
+    pub network: bool,
+}
+
+impl Shape {
+    /// The shape SPAWN gives when asked for nothing special; the warm pool
+    /// keeps sandboxes of this shape ready.
+    pub const DEFAULT: Shape = Shape {
+        sandboxed: true,
+        network: false,
     };
-    let mut binds: Vec<Bind> = Vec::new();
+}
+
+/// A sandbox of `shape` under `profile`, ready to be claimed.
+pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
+    if !shape.sandboxed {
+        // A plain child of the daemon: same user, no namespaces, no new
+        // root, no privilege changes.
+        return SandboxSpec {
+            namespaces: Namespaces::default(),
+            root: None,
+            user: None,
+            drop_privileges: false,
+            rlimits: profile.rlimits,
+            log_cap: profile.log_cap,
+        };
+    }
+    let mut binds = Vec::new();
     let mut symlinks = Vec::new();
     for dir in SYSTEM_DIRS {
         let path = Path::new(dir);
@@ -113,43 +132,17 @@ pub fn sandboxed(profile: &Profile, workload: &Workload) -> SandboxSpec {
             _ => {}
         }
     }
-    let extra: Vec<PathBuf> = workload
-        .interpreter
-        .iter()
-        .flat_map(|i| interpreter_dirs(i))
-        .chain(
-            workload
-                .script
-                .as_deref()
-                .and_then(Path::parent)
-                .map(Path::to_path_buf),
-        )
-        .collect();
-    for dir in extra {
-        let covered = binds.iter().any(|b| dir.starts_with(&b.source));
-        if !covered && dir != Path::new("/") {
-            binds.push(read_only(&dir));
-        }
-    }
-    binds.push(Bind {
-        source: workload.socket.clone(),
-        target: SOCKET_INSIDE.into(),
-        writable: true,
-    });
     let mut masks: Vec<PathBuf> = ETC_SECRETS.iter().map(PathBuf::from).collect();
     masks.extend(profile.extra_masks.iter().cloned());
     SandboxSpec {
-        name: workload.name.clone(),
-        program: workload.program.clone(),
-        argv: workload.argv.clone(),
-        env: workload.env.clone(),
-        cwd: workload
-            .cwd
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(WORKSPACE)),
-        script: workload.script.clone(),
-        namespaces,
-        hostname: Some(hostname_for(&workload.name)),
+        namespaces: Namespaces {
+            pid: true,
+            net: !shape.network,
+            mount: true,
+            uts: true,
+            ipc: true,
+            user: profile.user_namespace,
+        },
         root: Some(RootFs {
             staging: profile.staging.clone(),
             binds,
@@ -181,29 +174,50 @@ pub fn sandboxed(profile: &Profile, workload: &Workload) -> SandboxSpec {
         user: profile.user,
         drop_privileges: true,
         rlimits: profile.rlimits,
-        cgroup_fds: workload.cgroup_fds,
         log_cap: profile.log_cap,
     }
 }
 
-/// The spec for running `workload` as a plain child of the daemon: same
-/// user, no namespaces, no new root, no privilege changes.
-pub fn unsandboxed(profile: &Profile, workload: &Workload) -> SandboxSpec {
-    SandboxSpec {
+/// The claim that runs `workload` in a sandbox of `shape`.
+pub fn claim(shape: Shape, workload: &Workload) -> Claim {
+    let mut binds = Vec::new();
+    if shape.sandboxed {
+        let needed = workload
+            .interpreter
+            .iter()
+            .flat_map(|i| interpreter_dirs(i))
+            .chain(
+                workload
+                    .script
+                    .as_deref()
+                    .and_then(Path::parent)
+                    .map(Path::to_path_buf),
+            );
+        for dir in needed {
+            let visible = SYSTEM_DIRS.iter().any(|d| dir.starts_with(d))
+                || binds.iter().any(|b: &Bind| dir.starts_with(&b.source));
+            if !visible && dir != Path::new("/") {
+                binds.push(read_only(&dir));
+            }
+        }
+        binds.push(Bind {
+            source: workload.socket.clone(),
+            target: SOCKET_INSIDE.into(),
+            writable: true,
+        });
+    }
+    Claim {
         name: workload.name.clone(),
+        hostname: shape.sandboxed.then(|| hostname_for(&workload.name)),
         program: workload.program.clone(),
         argv: workload.argv.clone(),
         env: workload.env.clone(),
-        cwd: workload.cwd.clone().unwrap_or_else(|| PathBuf::from("/")),
+        cwd: workload
+            .cwd
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(if shape.sandboxed { WORKSPACE } else { "/" })),
         script: workload.script.clone(),
-        namespaces: Namespaces::default(),
-        hostname: None,
-        root: None,
-        user: None,
-        drop_privileges: false,
-        rlimits: profile.rlimits,
-        cgroup_fds: workload.cgroup_fds,
-        log_cap: profile.log_cap,
+        binds,
     }
 }
 
@@ -287,17 +301,21 @@ mod tests {
             cwd: None,
             script: Some("/srv/agents/a.py".into()),
             interpreter: None,
-            network: false,
             socket: "/run/agentos/agents/1.sock".into(),
-            cgroup_fds: 4,
         }
     }
 
     #[test]
     fn a_sandbox_sees_system_dirs_its_script_and_its_socket_only() {
-        let spec = sandboxed(&profile(), &workload());
+        let spec = sandbox(&profile(), Shape::DEFAULT);
+        let claim = claim(Shape::DEFAULT, &workload());
         let root = spec.root.as_ref().unwrap();
-        let sources: Vec<&Path> = root.binds.iter().map(|b| b.source.as_path()).collect();
+        let sources: Vec<&Path> = root
+            .binds
+            .iter()
+            .chain(&claim.binds)
+            .map(|b| b.source.as_path())
+            .collect();
         assert!(sources.contains(&Path::new("/usr")));
         assert!(sources.contains(&Path::new("/srv/agents")));
         assert!(!sources
@@ -306,28 +324,40 @@ mod tests {
         assert!(root
             .binds
             .iter()
+            .chain(&claim.binds)
             .all(|b| !b.writable || b.target == Path::new(SOCKET_INSIDE)));
         assert!(root.masks.contains(&PathBuf::from("/etc/shadow")));
         assert!(root
             .masks
             .contains(&PathBuf::from("/etc/agentos/agentosd.toml")));
         assert!(root.proc);
-        assert_eq!(spec.cwd, Path::new(WORKSPACE));
-        assert_eq!(spec.hostname.as_deref(), Some("agent-w1"));
+        assert_eq!(claim.cwd, Path::new(WORKSPACE));
+        assert_eq!(claim.hostname.as_deref(), Some("agent-w1"));
         assert_eq!(spec.namespaces.names(), ["pid", "net", "mnt", "uts", "ipc"]);
         assert!(spec.drop_privileges);
     }
 
     #[test]
     fn network_true_keeps_the_host_network() {
-        let spec = sandboxed(
-            &profile(),
-            &Workload {
-                network: true,
-                ..workload()
-            },
-        );
-        assert!(!spec.namespaces.net);
+        let shape = Shape {
+            sandboxed: true,
+            network: true,
+        };
+        assert!(!sandbox(&profile(), shape).namespaces.net);
+    }
+
+    #[test]
+    fn unsandboxed_is_a_plain_child() {
+        let shape = Shape {
+            sandboxed: false,
+            network: false,
+        };
+        let spec = sandbox(&profile(), shape);
+        assert!(spec.root.is_none() && !spec.drop_privileges && spec.user.is_none());
+        assert!(spec.namespaces.names().is_empty());
+        let claim = claim(shape, &workload());
+        assert!(claim.binds.is_empty() && claim.hostname.is_none());
+        assert_eq!(claim.cwd, Path::new("/"));
     }
 
     #[test]

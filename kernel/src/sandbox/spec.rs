@@ -1,5 +1,7 @@
-//! What a sandbox's init must build: computed by the daemon, carried to the
-//! init as JSON on an inherited descriptor, carried out there step by step.
+//! What a sandbox's init must build and run: computed by the daemon,
+//! carried to the init as JSON — the shape on an inherited memfd at start,
+//! the claim over the control socket when a workload takes the sandbox —
+//! and carried out there step by step.
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
@@ -13,24 +15,50 @@ pub mod fds {
     pub const SPEC: RawFd = 3;
     /// Write end of the status pipe (init → daemon), see `status`.
     pub const STATUS: RawFd = 4;
-    /// Read end of the go pipe (daemon → init): one byte once the daemon
-    /// has finished its part (user namespace maps), EOF if it gave up.
-    pub const GO: RawFd = 5;
+    /// The control socket (daemon → init): first `go` (once the daemon has
+    /// written the user-namespace maps and placed the sandbox in its
+    /// cgroup), later the [`Claim`](super::Claim). EOF: the daemon gave up
+    /// on this sandbox.
+    pub const CONTROL: RawFd = 5;
     /// Read end of the lifeline, whose write end only the daemon holds:
     /// it hangs up when the daemon dies, and the sandbox dies with it.
     pub const LIFELINE: RawFd = 6;
-    /// The agent's log file (the init's own stdout and stderr go there too).
+    /// Where the workload's log lands once claimed (also the init's own
+    /// stdout and stderr from then on).
     pub const LOG: RawFd = 7;
-    /// The first of `SandboxSpec::cgroup_fds` open `cgroup.procs` files.
-    pub const CGROUP_BASE: RawFd = 8;
 }
 
-/// Everything the init needs to know.
+/// A sandbox's shape: everything that does not depend on which program
+/// will run in it, so a sandbox can be prepared ahead of time (the warm
+/// pool) and claimed by a workload later.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {
-    /// Short name, for the hostname and messages.
+    /// Which namespaces the sandbox has of its own.
+    pub namespaces: Namespaces,
+    /// A new root filesystem (needs a mount namespace); the workload's own
+    /// paths are added by its claim.
+    pub root: Option<RootFs>,
+    /// The user the workload runs as. `None`: keep the init's (inside a user
+    /// namespace that is uid 0 there, an unprivileged uid outside).
+    pub user: Option<User>,
+    /// Drop every capability, set no_new_privs and install the seccomp
+    /// filter before the workload starts.
+    pub drop_privileges: bool,
+    /// Resource limits for the workload.
+    pub rlimits: Rlimits,
+    /// Keep the log file under this many bytes (its newer half survives).
+    pub log_cap: u64,
+}
+
+/// What runs in a sandbox: sent when the sandbox is claimed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// Short name, for messages.
     pub name: String,
-    /// The workload's executable: an absolute path, as seen inside.
+    /// Hostname inside the UTS namespace.
+    pub hostname: Option<String>,
+    /// The workload's executable: absolute, or a bare name looked up on
+    /// the workload's PATH inside.
     pub program: PathBuf,
     /// The workload's argv, `argv[0]` first.
     pub argv: Vec<String>,
@@ -41,25 +69,9 @@ pub struct SandboxSpec {
     /// A script the program runs: checked to exist and be readable by the
     /// workload's user before it starts, so SPAWN can say so.
     pub script: Option<PathBuf>,
-    /// Which namespaces the sandbox has of its own.
-    pub namespaces: Namespaces,
-    /// Hostname inside the UTS namespace.
-    pub hostname: Option<String>,
-    /// A new root filesystem (needs a mount namespace).
-    pub root: Option<RootFs>,
-    /// The user the workload runs as. `None`: keep the init's (inside a user
-    /// namespace that is uid 0 there, an unprivileged uid outside).
-    pub user: Option<User>,
-    /// Drop every capability, set no_new_privs and install the seccomp
-    /// filter before the workload starts.
-    pub drop_privileges: bool,
-    /// Resource limits for the workload.
-    pub rlimits: Rlimits,
-    /// How many `cgroup.procs` files are open from `fds::CGROUP_BASE` on;
-    /// the workload writes "0" to each to join its cgroup before exec.
-    pub cgroup_fds: usize,
-    /// Keep the log file under this many bytes (its newer half survives).
-    pub log_cap: u64,
+    /// Host paths this workload needs on top of the shape's (its script's
+    /// directory, its interpreter, its socket).
+    pub binds: Vec<Bind>,
 }
 
 /// Namespaces to create.
@@ -122,7 +134,7 @@ pub struct RootFs {
     /// An existing, empty host directory to build the new root on (inside
     /// the sandbox's private mount namespace, so the host never sees it).
     pub staging: PathBuf,
-    /// Host paths made visible inside.
+    /// Host paths every sandbox of this shape sees.
     pub binds: Vec<Bind>,
     /// Symbolic links to create (`/bin -> usr/bin` on merged-/usr hosts).
     pub symlinks: Vec<Symlink>,

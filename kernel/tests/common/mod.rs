@@ -182,26 +182,49 @@ impl Drop for Daemon {
     /// Stops the daemon the way an operator would (SIGTERM), so it removes
     /// its cgroups and agents; SIGKILL only if it does not go in time.
     fn drop(&mut self) {
-        let Some(child) = self.child.as_mut() else {
-            return;
-        };
-        if child.try_wait().ok().flatten().is_some() {
-            return;
+        if let Some(child) = self.child.as_mut() {
+            terminate(child);
         }
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if child.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
     }
+}
+
+/// A process started by a test that must not outlive it, whatever the
+/// test's outcome: stopped with SIGTERM (then SIGKILL) on drop.
+pub struct StopOnDrop(pub Child);
+
+impl StopOnDrop {
+    /// SIGTERM, then the exit status.
+    pub fn stop(mut self) -> ExitStatus {
+        terminate(&mut self.0).expect("the process did not stop within 10 s")
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        terminate(&mut self.0);
+    }
+}
+
+/// SIGTERM, up to 10 s to exit, then SIGKILL. The status, unless it had to
+/// be killed.
+fn terminate(child: &mut Child) -> Option<ExitStatus> {
+    if let Ok(Some(status)) = child.try_wait() {
+        return Some(status);
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 fn unique() -> u64 {
@@ -414,4 +437,29 @@ pub fn agent_log(daemon: &Daemon, name: &str, id: u64) -> String {
             .join(format!("{name}-{id}.log")),
     )
     .unwrap_or_default()
+}
+
+/// Whether a directory under a daemon's cgroup instance belongs to an agent
+/// run (`agent-<id>-<run>`), rather than to a warm sandbox (`sandbox-<n>`).
+pub fn is_agent_cgroup(entry: &fs::DirEntry) -> bool {
+    entry.file_name().to_string_lossy().starts_with("agent-")
+}
+
+/// Waits until the daemon's descriptor count stops changing (its warm
+/// sandboxes are ready), and returns it.
+pub fn settled_fd_count(daemon: &Daemon) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = daemon.fd_count();
+    let mut stable_since = Instant::now();
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = daemon.fd_count();
+        if now != last {
+            last = now;
+            stable_since = Instant::now();
+        } else if stable_since.elapsed() > Duration::from_millis(400) {
+            break;
+        }
+    }
+    last
 }

@@ -1,0 +1,116 @@
+//! Shared pieces of the benchmark programs: starting the servers under
+//! test, and percentiles.
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// A server process under test, killed when dropped.
+#[derive(Debug)]
+pub struct Server {
+    /// Its name in the results.
+    pub name: &'static str,
+    child: Child,
+    /// The socket it listens on.
+    pub socket: PathBuf,
+}
+
+impl Server {
+    /// Starts `command` and waits until `socket` accepts connections.
+    pub fn start(
+        name: &'static str,
+        mut command: Command,
+        socket: PathBuf,
+    ) -> anyhow::Result<Server> {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        let mut server = Server {
+            name,
+            child,
+            socket,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&server.socket).is_err() {
+            if let Some(status) = server.child.try_wait()? {
+                bail!("{name} exited at start: {status}");
+            }
+            if Instant::now() > deadline {
+                bail!("{name} did not start listening");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(server)
+    }
+
+    /// Its resident memory in MiB.
+    pub fn rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(f64::NAN, |kib| kib / 1024.0)
+    }
+
+    /// Stops it with SIGTERM and waits, so it cleans up after itself.
+    pub fn stop(mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // SAFETY: kill(2) on our own child.
+            unsafe {
+                libc::kill(self.child.id() as i32, libc::SIGTERM);
+            }
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Starts agentosd on a socket in `dir`, logging only warnings, with its
+/// agents' logs in `dir` too.
+pub fn start_agentosd(binary: &Path, dir: &Path) -> anyhow::Result<Server> {
+    let config = dir.join("agentosd.toml");
+    std::fs::write(&config, "")?;
+    let socket = dir.join("agentos.sock");
+    let mut command = Command::new(binary);
+    command
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--config")
+        .arg(&config)
+        .arg("--log-level")
+        .arg("warn")
+        .env("AGENTOS_AGENT_LOG_DIR", dir.join("logs"));
+    Server::start("agentosd", command, socket)
+}
+
+/// A program built next to the running one (in the same target directory).
+pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let here = std::env::current_exe()?;
+    Ok(here
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+        .join(name))
+}
+
+/// The `p` quantile of sorted samples.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}

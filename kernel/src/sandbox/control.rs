@@ -1,0 +1,65 @@
+//! The init's side of the control socket: the claim that says what to run.
+
+use std::io::{IoSliceMut, Read};
+use std::os::fd::{FromRawFd, RawFd};
+
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+
+use super::init::Failure;
+use super::spec::{fds, Claim};
+
+/// Blocks until a workload claims this sandbox; takes over the log it
+/// brings as the init's stdout, stderr and `fds::LOG`.
+pub fn wait_for_claim() -> Result<Claim, Failure> {
+    let mut tag = [0u8; 16];
+    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let received: Vec<RawFd> = loop {
+        let mut iov = [IoSliceMut::new(&mut tag)];
+        match recvmsg::<()>(
+            fds::CONTROL,
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(message) if message.bytes == 0 => std::process::exit(0),
+            Ok(message) => {
+                let cmsgs = message
+                    .cmsgs()
+                    .map_err(|err| Failure::internal(format!("bad claim: {err}")))?;
+                break cmsgs
+                    .flat_map(|cmsg| match cmsg {
+                        ControlMessageOwned::ScmRights(fds) => fds,
+                        _ => Vec::new(),
+                    })
+                    .collect();
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(err) => return Err(Failure::internal(format!("cannot read the claim: {err}"))),
+        }
+    };
+    let [memfd, log] = received[..] else {
+        return Err(Failure::internal("a claim must carry its spec and its log"));
+    };
+    // SAFETY: both descriptors were just received and belong to nobody else.
+    let (mut claim_file, log) = unsafe { (std::fs::File::from_raw_fd(memfd), log) };
+    // SAFETY: dup2 onto our own standard descriptors and the fixed log slot;
+    // the descriptor received is then closed, unless it already is one of
+    // them (recvmsg hands out the lowest free numbers).
+    unsafe {
+        let targets = [1, 2, fds::LOG];
+        for target in targets {
+            if log != target {
+                libc::dup2(log, target);
+            }
+        }
+        libc::fcntl(fds::LOG, libc::F_SETFD, libc::FD_CLOEXEC);
+        if !targets.contains(&log) {
+            libc::close(log);
+        }
+    }
+    let mut text = String::new();
+    claim_file
+        .read_to_string(&mut text)
+        .map_err(|err| Failure::internal(format!("cannot read the claim: {err}")))?;
+    serde_json::from_str(&text).map_err(|err| Failure::internal(format!("bad claim: {err}")))
+}
