@@ -77,6 +77,7 @@ fn run_shell(script: &str) -> Run {
         .control
         .claim(&plan::claim(Shape::DEFAULT, &workload), &log)
         .unwrap();
+    launched.control.start().unwrap();
     let mut statuses = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

@@ -30,7 +30,7 @@ pub mod restart;
 mod sandboxes;
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -769,25 +769,15 @@ impl Agents {
         };
         let run = agent.run_number;
         let mut cgroup = sandbox.cgroup.take();
-        let prepared = (|| -> Result<File, String> {
-            if let Some(cgroup) = cgroup.as_mut() {
-                cgroup
-                    .rename(&format!("agent-{id}-{run}"))
-                    .map_err(|e| e.to_string())?;
-                cgroup
-                    .apply(&cgroup_limits(&agent.limits))
-                    .map_err(|e| e.to_string())?;
-            }
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o640)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&agent.log)
-                .map_err(|err| format!("cannot open the agent log {}: {err}", agent.log.display()))
-        })();
+        let log = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o640)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&agent.log)
+            .map_err(|err| format!("cannot open the agent log {}: {err}", agent.log.display()));
         let sandboxed = sandbox.shape.sandboxed;
         let door = agent
             .door
@@ -810,12 +800,28 @@ impl Agents {
             interpreter: agent.program.interpreter.clone(),
             socket: door,
         };
-        let sent = prepared.and_then(|log| {
-            sandbox
-                .control
-                .claim(&plan::claim(sandbox.shape, &workload), &log)
-                .map_err(|err| format!("cannot hand the sandbox its workload: {err}"))
-        });
+        // The claim goes first: the init enters its root while the cgroup
+        // is named and limited here; it starts the workload only after.
+        let sent = log
+            .and_then(|log| {
+                sandbox
+                    .control
+                    .claim(&plan::claim(sandbox.shape, &workload), &log)
+                    .map_err(|err| format!("cannot hand the sandbox its workload: {err}"))
+            })
+            .and_then(|()| match cgroup.as_mut() {
+                Some(cgroup) => cgroup
+                    .rename(&format!("agent-{id}-{run}"))
+                    .and_then(|()| cgroup.apply(&cgroup_limits(&agent.limits)))
+                    .map_err(|err| err.to_string()),
+                None => Ok(()),
+            })
+            .and_then(|()| {
+                sandbox
+                    .control
+                    .start()
+                    .map_err(|err| format!("cannot start the sandbox: {err}"))
+            });
         sandbox.serving = Some((id, run));
         agent.sandbox = Some(key);
         agent.pid = Some(sandbox.pid);

@@ -1,4 +1,5 @@
-//! The init's side of the control socket: the claim that says what to run.
+//! The init's side of the control socket: the claim that says what to run,
+//! then the start that says its cgroup is ready for it.
 
 use std::io::{IoSliceMut, Read};
 use std::os::fd::{FromRawFd, RawFd};
@@ -62,4 +63,19 @@ pub fn wait_for_claim() -> Result<Claim, Failure> {
         .read_to_string(&mut text)
         .map_err(|err| Failure::internal(format!("cannot read the claim: {err}")))?;
     serde_json::from_str(&text).map_err(|err| Failure::internal(format!("bad claim: {err}")))
+}
+
+/// Blocks until the daemon says the workload may start: it has put the
+/// sandbox's cgroup in order (name, limits) while the init entered its
+/// root. EOF: it gave up on this sandbox, and the init leaves quietly.
+pub fn wait_for_start() -> Result<(), Failure> {
+    let mut message = [0u8; 16];
+    loop {
+        match nix::sys::socket::recv(fds::CONTROL, &mut message, MsgFlags::empty()) {
+            Ok(0) => std::process::exit(0),
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(err) => return Err(Failure::internal(format!("cannot read the start: {err}"))),
+        }
+    }
 }

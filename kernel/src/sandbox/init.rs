@@ -15,7 +15,9 @@
 //! 5. drop every privilege and switch user;
 //! 6. die with the daemon (parent-death signal, lifeline check);
 //! 7. seccomp;
-//! 8. become PID 1 for the workload: fork and exec it, reap, forward
+//! 8. wait for the start: the daemon names and limits the sandbox's cgroup
+//!    while the steps above run;
+//! 9. become PID 1 for the workload: fork and exec it, reap, forward
 //!    signals, copy its output to the log, and report how it ended.
 //!
 //! Any failure is reported on the status pipe as one `error` line, which
@@ -113,6 +115,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
     if let Some(filters) = &filters {
         seccomp::install(filters).map_err(Failure::internal)?;
     }
+    control::wait_for_start()?;
     pid1::run(spec, &claim)
 }
 

@@ -85,7 +85,7 @@ pub struct Control {
 impl Control {
     /// Hands the sandbox its workload and the log its output goes to. The
     /// claim travels in a memfd, so its size is never a concern, and the
-    /// send never blocks: each control socket carries two small messages.
+    /// send never blocks: each control socket carries three small messages.
     pub fn claim(&self, claim: &Claim, log: &File) -> io::Result<()> {
         let memfd = json_memfd(c"agentos-claim", claim)?;
         let fds = [memfd.as_raw_fd(), log.as_raw_fd()];
@@ -93,6 +93,18 @@ impl Control {
             self.socket.as_raw_fd(),
             &[IoSlice::new(b"claim")],
             &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            None,
+        )?;
+        Ok(())
+    }
+
+    /// Lets the claimed sandbox start its workload: its cgroup is ready.
+    pub fn start(&self) -> io::Result<()> {
+        sendmsg::<()>(
+            self.socket.as_raw_fd(),
+            &[IoSlice::new(b"start")],
+            &[],
             MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
             None,
         )?;
