@@ -89,11 +89,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
         network::loopback_up().map_err(|e| setup("cannot bring up loopback")(&e))?;
     }
     privileges::set_rlimits(&spec.rlimits).map_err(|e| setup("cannot set resource limits")(&e))?;
-    let filters = spec
-        .drop_privileges
-        .then(seccomp::filters)
-        .transpose()
-        .map_err(|e| setup("cannot build the seccomp filter")(&e))?;
+    let filter = spec.drop_privileges.then(seccomp::filter);
 
     let claim = control::wait_for_claim()?;
     if let Some(root) = &spec.root {
@@ -112,8 +108,8 @@ fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
         // The daemon died before the parent-death signal was armed.
         std::process::exit(1);
     }
-    if let Some(filters) = &filters {
-        seccomp::install(filters).map_err(Failure::internal)?;
+    if let Some(filter) = &filter {
+        seccomp::install(filter).map_err(Failure::internal)?;
     }
     control::wait_for_start()?;
     pid1::run(spec, &claim)
