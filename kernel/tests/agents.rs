@@ -331,6 +331,52 @@ fn kill_of_no_live_agent_is_not_found_with_killed_false() {
 }
 
 #[test]
+fn a_spawn_killed_before_its_sandbox_is_ready_still_gets_its_reply() {
+    // No warm sandboxes: the SPAWN waits for one, and the KILL pipelined
+    // behind it arrives meanwhile.
+    let daemon = Daemon::start_with("[agents]\nwarm_pool = 0\n");
+    let mut client = daemon.client();
+    client.set_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = json!({"name": "doomed", "command": ["/bin/sleep", "60"]});
+    client
+        .send(Opcode::SPAWN, &serde_json::to_vec(&body).unwrap())
+        .unwrap();
+    let kill = json!({"name": "doomed", "grace_ms": 0});
+    client
+        .send(Opcode::KILL, &serde_json::to_vec(&kill).unwrap())
+        .unwrap();
+    let spawned: serde_json::Value =
+        serde_json::from_slice(&client.recv().unwrap().payload).unwrap();
+    let killed: serde_json::Value =
+        serde_json::from_slice(&client.recv().unwrap().payload).unwrap();
+    assert_eq!(killed["killed"], true, "{killed}");
+    assert_eq!(spawned["success"], false, "{spawned}");
+    assert_eq!(spawned["code"], "not_found", "{spawned}");
+    assert!(
+        spawned["error"]
+            .as_str()
+            .unwrap()
+            .contains("killed before it started"),
+        "{spawned}"
+    );
+    let list = request(&mut client, Opcode::LIST, &json!({}));
+    let doomed = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "doomed")
+        .cloned()
+        .unwrap();
+    assert_eq!(doomed["state"], "killed", "{doomed}");
+    // The sandbox launched for it goes to whoever asks next.
+    let reply = spawn(
+        &mut client,
+        json!({"name": "next", "command": ["/bin/true"]}),
+    );
+    assert_eq!(reply["success"], true, "{reply}");
+}
+
+#[test]
 fn restarts_follow_the_policy_and_keep_the_id() {
     let daemon = Daemon::start();
     let dir = shared_dir();

@@ -114,8 +114,8 @@ fn launch(
                 .read(true)
                 .custom_flags(libc::O_DIRECTORY),
         )?)),
-        Some(CgroupJoin::Write(procs)) => Some(CgroupJoin::Write(
-            procs
+        Some(CgroupJoin::JoinSelf(tasks)) => Some(CgroupJoin::JoinSelf(
+            tasks
                 .iter()
                 .map(|path| open(path, OpenOptions::new().write(true)))
                 .collect::<Result<Vec<File>, String>>()?,

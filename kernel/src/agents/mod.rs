@@ -29,7 +29,7 @@ mod record;
 pub mod restart;
 mod sandboxes;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -122,6 +122,10 @@ pub struct Agents {
     /// Parked sandboxes of the default shape, oldest first.
     pool: Vec<usize>,
     pool_size: usize,
+    /// Runs waiting for a sandbox of the default shape, oldest first: each
+    /// takes the next one that comes back from the launch thread, whether
+    /// launched for it or for the pool.
+    waiting: VecDeque<(u32, u32)>,
     pool_retry_pending: bool,
     launches: LaunchThread,
     pending_launches: HashMap<u64, LaunchFor>,
@@ -227,6 +231,7 @@ impl Agents {
             next_id: 1,
             sandboxes: Slab::new(),
             pool: Vec::new(),
+            waiting: VecDeque::new(),
             // Without namespaces there is nothing worth preparing ahead.
             pool_size: if no_namespaces.is_some() {
                 0
@@ -624,12 +629,15 @@ impl Agents {
         agent.started = now;
         let run = agent.run_number;
         let shape = shape_of(&agent.request, self.no_namespaces.is_none());
-        if shape == Shape::DEFAULT && !self.pool.is_empty() {
+        if shape != Shape::DEFAULT {
+            self.launch(LaunchFor::Agent { id, run }, shape);
+        } else if self.pool.is_empty() {
+            self.waiting.push_back((id, run));
+            self.launch(LaunchFor::Pool, shape);
+        } else {
             let key = self.pool.remove(0);
             self.claim(io, key, id, now);
             self.retry_pool_later(now, POOL_REFILL_DELAY);
-        } else {
-            self.launch(LaunchFor::Agent { id, run }, shape);
         }
     }
 
@@ -659,7 +667,7 @@ impl Agents {
             .values()
             .filter(|f| matches!(f, LaunchFor::Pool))
             .count();
-        for _ in self.pool.len() + coming..self.pool_size {
+        for _ in self.pool.len() + coming.saturating_sub(self.waiting.len())..self.pool_size {
             self.launch(LaunchFor::Pool, Shape::DEFAULT);
         }
     }
@@ -674,7 +682,12 @@ impl Agents {
             Err(message) => {
                 log::error!("{message}");
                 match for_whom {
-                    LaunchFor::Pool => self.retry_pool_later(now, POOL_RETRY),
+                    LaunchFor::Pool => {
+                        if let Some(id) = self.next_waiting() {
+                            self.fail_start(io, id, ErrorCode::Internal, message, now);
+                        }
+                        self.retry_pool_later(now, POOL_RETRY);
+                    }
                     LaunchFor::Agent { id, run } => {
                         if self.table.get(&id).is_some_and(|a| a.run_number == run) {
                             self.fail_start(io, id, ErrorCode::Internal, message, now);
@@ -744,18 +757,36 @@ impl Agents {
             LaunchFor::Agent { id, .. } => {
                 // Stopped (or superseded) while its sandbox was prepared.
                 self.discard_sandbox(io, key);
-                if let Some(agent) = self.table.get(&id) {
-                    if agent.stop.is_some() && agent.is_live() && agent.sandbox.is_none() {
-                        if let Some(agent) = self.table.get_mut(&id) {
-                            agent.state = AgentState::Killed;
-                        }
-                        self.finish(io, id, now);
-                    }
+                if self
+                    .table
+                    .get(&id)
+                    .is_some_and(|a| a.stop.is_some() && a.is_live() && a.sandbox.is_none())
+                {
+                    self.killed_before_start(io, id, now);
                 }
             }
-            LaunchFor::Pool if self.shutting_down => self.discard_sandbox(io, key),
-            LaunchFor::Pool => self.pool.push(key),
+            LaunchFor::Pool => match self.next_waiting() {
+                Some(id) => {
+                    self.claim(io, key, id, now);
+                    self.retry_pool_later(now, POOL_REFILL_DELAY);
+                }
+                None if self.shutting_down => self.discard_sandbox(io, key),
+                None => self.pool.push(key),
+            },
         }
+    }
+
+    /// The oldest run still waiting for a default sandbox.
+    fn next_waiting(&mut self) -> Option<u32> {
+        while let Some((id, run)) = self.waiting.pop_front() {
+            let current = self.table.get(&id).is_some_and(|a| {
+                a.run_number == run && a.state == AgentState::Starting && a.stop.is_none()
+            });
+            if current {
+                return Some(id);
+            }
+        }
+        None
     }
 
     /// Gives sandbox `key` to the agent's current run: its cgroup becomes the
@@ -1035,6 +1066,12 @@ impl Agents {
         self.after_run(io, id, end, now);
     }
 
+    /// A run stopped before it had a sandbox: a SPAWN still waiting hears so.
+    fn killed_before_start(&mut self, io: &mut Io<'_>, id: u32, now: Instant) {
+        let message = format!("agent {id} was killed before it started");
+        self.fail_start(io, id, ErrorCode::NotFound, message, now);
+    }
+
     /// A run is over: restart it, or let the agent end.
     fn after_run(&mut self, io: &mut Io<'_>, id: u32, end: RunEnd, now: Instant) {
         let Some(agent) = self.table.get_mut(&id) else {
@@ -1088,8 +1125,13 @@ impl Agents {
             return self.finish(io, id, now);
         }
         let run = agent.run_number;
+        if let Some(at) = self.waiting.iter().position(|w| *w == (id, run)) {
+            // Waiting for any sandbox: nothing runs yet, so it ends here.
+            self.waiting.remove(at);
+            return self.killed_before_start(io, id, now);
+        }
         let Some(sandbox) = agent.sandbox.and_then(|key| self.sandboxes.get(key)) else {
-            // Its sandbox is still being prepared: it is discarded on arrival.
+            // Its own sandbox is still being prepared: it is discarded on arrival.
             return;
         };
         if grace.is_zero() {

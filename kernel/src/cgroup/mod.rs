@@ -369,12 +369,15 @@ impl AgentCgroup {
     }
 
     /// How a new sandbox enters this cgroup: v2 clones straight into its
-    /// directory; v1 has the pid written into each hierarchy's
-    /// `cgroup.procs`.
+    /// directory; on v1 the new process writes itself into each
+    /// hierarchy's `tasks`.
     pub fn join(&self) -> CgroupJoin<PathBuf> {
+        let mut dirs = self.backend.dirs(&self.rel);
         match self.backend.version() {
-            CgroupVersion::V2 => CgroupJoin::Into(self.backend.dirs(&self.rel).swap_remove(0)),
-            CgroupVersion::V1 => CgroupJoin::Write(self.backend.procs_files(&self.rel)),
+            CgroupVersion::V2 => CgroupJoin::Into(dirs.swap_remove(0)),
+            CgroupVersion::V1 => {
+                CgroupJoin::JoinSelf(dirs.into_iter().map(|d| d.join("tasks")).collect())
+            }
         }
     }
 

@@ -16,9 +16,9 @@ pub mod fds {
     /// Write end of the status pipe (init → daemon), see `status`.
     pub const STATUS: RawFd = 4;
     /// The control socket (daemon → init): first `go` (once the daemon has
-    /// written the user-namespace maps and placed the sandbox in its
-    /// cgroup), later the [`Claim`](super::Claim). EOF: the daemon gave up
-    /// on this sandbox.
+    /// written the user-namespace maps; read before the init is executed),
+    /// later the [`Claim`](super::Claim), then `start`. EOF: the daemon
+    /// gave up on this sandbox.
     pub const CONTROL: RawFd = 5;
     /// Read end of the lifeline, whose write end only the daemon holds:
     /// it hangs up when the daemon dies, and the sandbox dies with it.
