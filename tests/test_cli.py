@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 
 from conftest import binary
 
@@ -14,6 +15,11 @@ def agentos(kernel, *args: str) -> subprocess.CompletedProcess:
         [binary("agentos"), "--socket", kernel.socket_path, *args],
         capture_output=True, text=True, timeout=60,
     )
+
+
+def state_of(kernel, name: str) -> str:
+    listed = json.loads(agentos(kernel, "ps", "--json").stdout)
+    return next(a["state"] for a in listed if a["name"] == name)
 
 
 def test_hello_prints_version_identity_and_features(kernel):
@@ -62,6 +68,11 @@ def test_spawn_ps_and_kill(kernel):
     assert "sleeper" in table and "running" in table
     out = agentos(kernel, "kill", "sleeper", "--grace-ms", "0")
     assert out.returncode == 0, out.stderr
+    # KILL answers once the stop has begun; the agent is gone when it is reaped.
+    deadline = time.monotonic() + 5
+    while state_of(kernel, "sleeper") != "killed":
+        assert time.monotonic() < deadline, "sleeper was not reaped within 5 s"
+        time.sleep(0.02)
     again = agentos(kernel, "kill", "sleeper")
     assert again.returncode == 1
     assert "not_found" in again.stderr

@@ -227,6 +227,35 @@ fn cpu_hog_is_throttled_to_its_quota() {
 }
 
 #[test]
+fn an_ended_agent_still_lists_what_its_run_used() {
+    require_root!("cgroup accounting");
+    let daemon = Daemon::start();
+    let dir = shared_dir();
+    let worker = write_script(
+        dir.path(),
+        "worker.py",
+        "import time\nheld = bytearray(32 << 20)\nheld[::4096] = b'x' * len(held[::4096])\n\
+         end = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass\n",
+    );
+    let mut client = daemon.client();
+    let id = spawn(&mut client, json!({"name": "worker", "script": worker}));
+    let info = wait_for_state(
+        &mut client,
+        id,
+        &["exited", "failed", "oom_killed"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(info["state"], "exited", "{info}");
+    assert_eq!(info["exit_code"], 0, "{info}");
+    let used_usec = info["cpu"]["usage_usec"].as_u64().unwrap();
+    assert!(used_usec >= 250_000, "cpu.usage_usec {used_usec}: {info}");
+    let peak = info["memory"]["peak"].as_u64().unwrap();
+    assert!(peak >= 32 << 20, "memory.peak {peak}: {info}");
+    assert_eq!(info["memory"]["current"], 0, "{info}");
+    assert_eq!(info["pids"]["current"], 0, "{info}");
+}
+
+#[test]
 fn fork_bomb_is_contained_while_the_kernel_and_a_healthy_agent_carry_on() {
     require_root!("cgroup process limits");
     let daemon = Daemon::start();

@@ -48,7 +48,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token, Waker};
 use slab::Slab;
 
-use crate::cgroup::{AgentCgroup, CgroupLimits, Cgroups};
+use crate::cgroup::{AgentCgroup, CgroupLimits, CgroupStats, Cgroups};
 use crate::config::Config;
 use crate::identity::{peer_cred, Identity};
 use crate::reactor::ReplyTo;
@@ -414,6 +414,7 @@ impl Agents {
                 pid_namespace: None,
                 log,
                 llm: Default::default(),
+                last_run: Default::default(),
             },
         );
         self.start_run(io, id, now);
@@ -998,6 +999,11 @@ impl Agents {
             self.sources.try_remove(token.0 - TOKEN_BASE);
         }
         if let Some(cgroup) = agent.cgroup.take() {
+            agent.last_run = CgroupStats {
+                memory_current: 0,
+                pids_current: 0,
+                ..cgroup.stats()
+            };
             self.dying.retire(cgroup, &mut self.deadlines, now);
         }
         if let Some((code, message)) = agent.outcome.start_error.clone() {

@@ -13,7 +13,7 @@ use mio::Token;
 use super::door::Door;
 use super::program::Program;
 use super::restart::Restarts;
-use crate::cgroup::AgentCgroup;
+use crate::cgroup::{AgentCgroup, CgroupStats};
 use crate::clock::rfc3339;
 use crate::reactor::ReplyTo;
 
@@ -95,6 +95,9 @@ pub struct Agent {
     pub log: PathBuf,
     /// THINK use (filled in once THINK exists).
     pub llm: LlmStats,
+    /// The last ended run's figures, read just before its cgroup went, so
+    /// LIST still shows what an ended agent used.
+    pub last_run: CgroupStats,
 }
 
 impl Agent {
@@ -108,7 +111,7 @@ impl Agent {
 
     /// The LIST entry, with figures read from the cgroup now.
     pub fn info(&self, now: Instant) -> AgentInfo {
-        let stats = self.cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
+        let stats = self.cgroup.as_ref().map_or(self.last_run, |c| c.stats());
         let until = self.ended.unwrap_or(now);
         AgentInfo {
             id: self.id,
