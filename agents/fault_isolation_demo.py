@@ -20,10 +20,28 @@ import os
 import sys
 import time
 
-from agentos import AgentOSClient
+from agentos import AgentOSClient, AgentOSError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
+LIVE_STATES = ("starting", "running", "restarting")
+
+
+def stop_all(kernel: AgentOSClient, ids: list[int], grace_ms: int = 1000) -> None:
+    """KILLs the demo's agents and waits until each has been reaped."""
+    for agent_id in ids:
+        try:
+            kernel.kill(agent_id, grace_ms=grace_ms)
+        except AgentOSError as err:
+            if err.code != "not_found":  # not_found: it had already ended
+                raise
+    deadline = time.monotonic() + grace_ms / 1000 + 5
+    while time.monotonic() < deadline:
+        live = [a for a in kernel.list_agents() if a["id"] in ids and a["state"] in LIVE_STATES]
+        if not live:
+            return
+        time.sleep(0.05)
+    print(f"warning: agents {[a['id'] for a in live]} still ending", file=sys.stderr)
 
 
 def spawn_all(kernel: AgentOSClient, suffix: str) -> dict[str, dict]:
@@ -116,14 +134,10 @@ def main() -> int:
         print(f"{'AGENT':<10} {'BEHAVIOUR':<14} {'RESULT':<14} DETAIL")
         for row in rows:
             print(f"{row[0]:<10} {row[1]:<14} {row[2]:<14} {row[3]}")
-        print(f"kernel     NOOP x{len(pings):<9} {'RESPONSIVE' if p99 < 20 else 'SLOW':<14} p99 {p99:.2f} ms while all this ran")
+        print(f"kernel     NOOP x{len(pings):<8} {'RESPONSIVE' if p99 < 20 else 'SLOW':<14} p99 {p99:.2f} ms while all this ran")
         print()
 
-        for reply in agents.values():
-            try:
-                kernel.kill(reply["id"], grace_ms=1000)
-            except Exception:  # noqa: BLE001 - already ended (the OOM-killed one)
-                pass
+        stop_all(kernel, [reply["id"] for reply in agents.values()])
         ok = all(checks) and p99 < 20
         print("every agent stayed in its box" if ok else "SOME AGENT ESCAPED ITS LIMITS", flush=True)
         return 0 if ok else 1

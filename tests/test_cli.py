@@ -41,7 +41,8 @@ def test_ping_reports_percentiles(kernel):
 def test_ps_prints_a_table_and_json(kernel):
     table = agentos(kernel, "ps")
     assert table.returncode == 0, table.stderr
-    assert table.stdout.split()[:3] == ["ID", "NAME", "PID"]
+    assert table.stdout.splitlines()[0].split() == [
+        "ID", "NAME", "PID", "STATE", "RESTARTS", "UPTIME", "MEMORY", "PEAK", "CPU", "EXIT"]
     as_json = agentos(kernel, "ps", "--json")
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout) == []
@@ -65,7 +66,9 @@ def test_spawn_ps_and_kill(kernel):
     sleeper = next(a for a in listed if a["name"] == "sleeper")
     assert sleeper["limits"] == {"memory": 64 << 20, "cpu_quota": 50000, "cpu_period": 100000, "max_pids": 8}
     table = agentos(kernel, "ps").stdout
-    assert "sleeper" in table and "running" in table
+    row = next(line.split() for line in table.splitlines() if "sleeper" in line)
+    assert row[1:4] == ["sleeper", str(sleeper["pid"]), "running"], table
+    assert row[-1] == "-", table
     out = agentos(kernel, "kill", "sleeper", "--grace-ms", "0")
     assert out.returncode == 0, out.stderr
     # KILL answers once the stop has begun; the agent is gone when it is reaped.

@@ -322,10 +322,10 @@ fn ps(client: &mut Client, json: bool) -> anyhow::Result<()> {
 
 /// The `ps` table: one line per agent under a header.
 fn format_table(agents: &[AgentInfo]) -> String {
-    let mut out = format!(
-        "{:>7}  {:<20} {:>8}  {:<11} {:>8} {:>10} {:>10} {:>10} {:>6}\n",
-        "ID", "NAME", "PID", "STATE", "RESTARTS", "UPTIME", "MEMORY", "CPU", "EXIT"
-    );
+    let mut out = table_row([
+        "ID", "NAME", "PID", "STATE", "RESTARTS", "UPTIME", "MEMORY", "PEAK", "CPU", "EXIT",
+    ]);
+    let mib = |bytes: u64| format!("{:.1}M", bytes as f64 / (1 << 20) as f64);
     for agent in agents {
         let exit = match (agent.exit_code, agent.signal, agent.oom_killed) {
             (_, _, true) => "OOM".to_owned(),
@@ -333,21 +333,30 @@ fn format_table(agents: &[AgentInfo]) -> String {
             (None, Some(signal), _) => format!("sig{signal}"),
             (None, None, false) => "-".to_owned(),
         };
-        out.push_str(&format!(
-            "{:>7}  {:<20} {:>8}  {:<11} {:>8} {:>10} {:>10} {:>10} {:>6}\n",
-            agent.id,
-            agent.name,
-            agent.pid.map_or_else(|| "-".into(), |p| p.to_string()),
+        out.push_str(&table_row([
+            &agent.id.to_string(),
+            &agent.name,
+            &agent.pid.map_or_else(|| "-".into(), |p| p.to_string()),
             agent.state.as_str(),
-            agent.restarts,
-            format!("{:.1}s", agent.uptime_ms as f64 / 1000.0),
-            format!("{:.1}M", agent.memory.current as f64 / (1 << 20) as f64),
-            format!("{:.2}s", agent.cpu.usage_usec as f64 / 1e6),
-            exit,
-        ));
+            &agent.restarts.to_string(),
+            &format!("{:.1}s", agent.uptime_ms as f64 / 1000.0),
+            &mib(agent.memory.current),
+            &mib(agent.memory.peak),
+            &format!("{:.2}s", agent.cpu.usage_usec as f64 / 1e6),
+            &exit,
+        ]));
     }
     if agents.is_empty() {
         out.push_str("(no agents)\n");
     }
     out
+}
+
+/// One line of the `ps` table, columns aligned.
+fn table_row(cells: [&str; 10]) -> String {
+    let [id, name, pid, state, restarts, uptime, memory, peak, cpu, exit] = cells;
+    format!(
+        "{id:>7}  {name:<20} {pid:>8}  {state:<11} {restarts:>8} {uptime:>8} \
+         {memory:>8} {peak:>8} {cpu:>8} {exit:>6}\n"
+    )
 }
