@@ -48,8 +48,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Start an agent: `agentos spawn NAME SCRIPT.py [ARGS...]`, or
-    /// `agentos spawn NAME -- PROGRAM [ARGS...]`
+    /// Start an agent: `agentos spawn [OPTIONS] NAME SCRIPT.py [ARGS...]`, or
+    /// `agentos spawn [OPTIONS] NAME -- PROGRAM [ARGS...]`
+    ///
+    /// Options go before the script or program: everything after it is
+    /// passed to it as its arguments.
     Spawn(SpawnArgs),
     /// Stop an agent (SIGTERM to its tree, SIGKILL after the grace)
     Kill {
@@ -65,7 +68,8 @@ enum Command {
 struct SpawnArgs {
     /// Agent name ([A-Za-z0-9_.-], up to 64)
     name: String,
-    /// A Python script (*.py) and its arguments, or a program and its arguments
+    /// A Python script (*.py) and its arguments, or a program and its
+    /// arguments; options after it are its own
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     program: Vec<String>,
     /// Interpreter for the script
