@@ -47,12 +47,27 @@ class Kernel:
         return self.process.wait(timeout=10)
 
 
-def start_kernel(workdir: Path, config: str = "") -> Kernel:
+# Variables that would point a kernel at an LLM from outside the tests.
+LLM_VARIABLES = (
+    "AGENTOS_LLM_PROVIDER", "AGENTOS_LLM_BASE_URL", "AGENTOS_LLM_MODEL", "AGENTOS_LLM_API_KEY",
+    "AGENTOS_LLM_PYTHON", "AGENTOS_LLM_CONCURRENCY",
+    "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY",
+)
+
+
+def start_kernel(workdir: Path, config: str = "", llm: bool = False) -> Kernel:
+    """Starts agentosd. Without ``llm`` it has no LLM (THINK answers
+    ``unavailable``); with it, the local model, as out of the box."""
     sock = workdir / "agentos.sock"
     config_path = workdir / "agentosd.toml"
+    if not llm and "[llm]" not in config:
+        config += '\n[llm]\nprovider = "none"\n'
     config_path.write_text(config)
     log_path = workdir / "agentosd.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("AGENTOS_SOCKET", "RUST_LOG")}
+    env = {
+        k: v for k, v in os.environ.items()
+        if k not in ("AGENTOS_SOCKET", "RUST_LOG") and k not in LLM_VARIABLES
+    }
     env["AGENTOS_LOG_LEVEL"] = "debug"
     env["AGENTOS_AGENT_LOG_DIR"] = str(workdir / "logs")
     with open(log_path, "wb") as log:

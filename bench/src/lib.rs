@@ -1,5 +1,8 @@
 //! Shared pieces of the benchmark programs: starting the servers under
-//! test, and percentiles.
+//! test, percentiles, and a stand-in LLM provider ([`llm_stub`], also used
+//! by the kernel's tests).
+
+pub mod llm_stub;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

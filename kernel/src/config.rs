@@ -13,6 +13,8 @@ use std::time::Duration;
 use agentos_proto::{socket_path, Opcode, MAX_REPLY_BYTES};
 use serde::Deserialize;
 
+use crate::llm::config::LlmConfig;
+
 /// The service's config file, read when present and nothing else is named.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentos/agentosd.toml";
 
@@ -58,6 +60,8 @@ pub struct Config {
     pub max_queued_jobs: usize,
     /// Agents: defaults, users, logs and retention.
     pub agents: AgentsConfig,
+    /// THINK: the provider, its limits, fair queueing.
+    pub llm: LlmConfig,
     /// Diagnostics for tests; never needed in production.
     pub debug: DebugConfig,
 }
@@ -201,6 +205,7 @@ impl Default for Config {
             workers: 4,
             max_queued_jobs: 1024,
             agents: AgentsConfig::default(),
+            llm: LlmConfig::default(),
             debug: DebugConfig::default(),
         }
     }
@@ -337,6 +342,7 @@ impl Config {
         parse_env(&get, "AGENTOS_MAX_IN_FLIGHT", &mut self.max_in_flight)?;
         parse_env(&get, "AGENTOS_MAX_CONNECTIONS", &mut self.max_connections)?;
         parse_env(&get, "AGENTOS_WORKERS", &mut self.workers)?;
+        self.llm.apply_env(&get)?;
         Ok(())
     }
 
@@ -405,6 +411,7 @@ impl Config {
             }
         }
         self.agents.validate()?;
+        self.llm.validate()?;
         if let Some(name) = self
             .debug
             .defer_opcodes
@@ -456,7 +463,7 @@ impl Config {
     }
 }
 
-fn parse_env<T: FromStr>(
+pub(crate) fn parse_env<T: FromStr>(
     get: &dyn Fn(&'static str) -> Option<String>,
     name: &'static str,
     target: &mut T,

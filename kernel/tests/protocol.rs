@@ -47,8 +47,11 @@ fn hello_reports_protocol_identity_and_honest_features() {
     assert_eq!(reply["kernel_version"], env!("CARGO_PKG_VERSION"));
     assert!(reply["agent_id"].as_u64().unwrap() >= 1_000_000);
     let features = &reply["features"];
-    // THINK, EXEC and TASK do not exist yet; HELLO must not claim them.
+    // Test daemons run without an LLM, and EXEC and TASK do not exist
+    // yet: HELLO must not claim them.
     assert_eq!(features["think"], false);
+    assert_eq!(reply["llm"]["provider"], "none");
+    assert_eq!(reply["llm"]["ready"], false);
     assert_eq!(features["exec"], false);
     assert_eq!(features["task"], false);
     assert_eq!(features["spawn"], true);
@@ -125,7 +128,7 @@ fn requests_pipelined_before_exit_are_answered_and_after_it_ignored() {
 }
 
 #[test]
-fn unbuilt_opcodes_answer_unavailable_after_validating_the_request() {
+fn opcodes_without_their_subsystem_answer_unavailable_after_validating_the_request() {
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
     let valid: [(Opcode, &[u8]); 3] = [

@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::payload::{AgentInfo, HelloReply, KillReply, KillRequest, SpawnReply, SpawnRequest};
+use crate::payload::{
+    AgentInfo, HelloReply, KillReply, KillRequest, SpawnReply, SpawnRequest, ThinkReply,
+    ThinkRequest,
+};
 use crate::socket_path::resolve_socket_path;
 use crate::{
     encode_frame_into, DecodeError, ErrorCode, ErrorReply, FrameDecoder, Opcode, MAX_REPLY_BYTES,
@@ -273,6 +276,12 @@ impl Client {
     pub fn spawn(&mut self, request: &SpawnRequest) -> Result<SpawnReply, ClientError> {
         let payload = serde_json::to_vec(request)?;
         self.call_json(Opcode::SPAWN, &payload)
+    }
+
+    /// THINK: asks the kernel's LLM; returns once the model has answered.
+    pub fn think(&mut self, request: &ThinkRequest) -> Result<ThinkReply, ClientError> {
+        let payload = serde_json::to_vec(request)?;
+        self.call_json(Opcode::THINK, &payload)
     }
 
     /// KILL: stops a live agent.

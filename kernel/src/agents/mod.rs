@@ -39,8 +39,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{
-    AgentInfo, AgentRef, AgentState, CgroupVersion, Isolation, KillRequest, Limits, SpawnReply,
-    SpawnRequest,
+    AgentInfo, AgentRef, AgentState, CgroupVersion, Isolation, KillRequest, Limits, Permissions,
+    SpawnReply, SpawnRequest,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::event::Event;
@@ -413,7 +413,6 @@ impl Agents {
                 door: Some((door, door_token)),
                 pid_namespace: None,
                 log,
-                llm: Default::default(),
                 last_run: Default::default(),
             },
         );
@@ -462,6 +461,13 @@ impl Agents {
         let grace = Duration::from_millis(request.grace_ms());
         self.stop(io, id, Stop::Kill, grace, Instant::now());
         Ok(id)
+    }
+
+    /// An agent's name and what it may ask of the kernel.
+    pub fn grant(&self, id: u32) -> Option<(&str, Permissions)> {
+        self.table
+            .get(&id)
+            .map(|agent| (agent.name.as_str(), agent.request.permissions))
     }
 
     /// LIST: every agent, live or recently ended.

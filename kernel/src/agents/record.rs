@@ -93,8 +93,6 @@ pub struct Agent {
     pub pid_namespace: Option<u64>,
     /// Its log file.
     pub log: PathBuf,
-    /// THINK use (filled in once THINK exists).
-    pub llm: LlmStats,
     /// The last ended run's figures, read just before its cgroup went, so
     /// LIST still shows what an ended agent used.
     pub last_run: CgroupStats,
@@ -140,7 +138,7 @@ impl Agent {
                 current: stats.pids_current,
                 max: self.limits.max_pids,
             },
-            llm: self.llm,
+            llm: LlmStats::default(),
             isolation: self.isolation.clone(),
         }
     }

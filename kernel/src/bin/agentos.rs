@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{AgentInfo, KillRequest, SpawnReply};
+use agentos_proto::payload::{AgentInfo, KillRequest, SpawnReply, ThinkRequest};
 use agentos_proto::socket_path::resolve_socket_path;
 use agentos_proto::{Client, Opcode};
 use anyhow::bail;
@@ -18,9 +18,9 @@ struct Args {
     /// else $XDG_RUNTIME_DIR/agentos/agentos.sock or /tmp/agentos-$UID/agentos.sock]
     #[arg(long, global = true, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Give up on a reply after this many seconds
-    #[arg(long, global = true, value_name = "SECS", default_value_t = 30.0)]
-    timeout: f64,
+    /// Give up on a reply after this many seconds [default: 30, or 180 for think]
+    #[arg(long, global = true, value_name = "SECS")]
+    timeout: Option<f64>,
     #[command(subcommand)]
     command: Command,
 }
@@ -54,6 +54,8 @@ enum Command {
     /// Options go before the script or program: everything after it is
     /// passed to it as its arguments.
     Spawn(SpawnArgs),
+    /// Ask the kernel's LLM: prints the answer, and its figures on stderr
+    Think(ThinkArgs),
     /// Stop an agent (SIGTERM to its tree, SIGKILL after the grace)
     Kill {
         /// Agent name, or id
@@ -101,6 +103,28 @@ struct SpawnArgs {
     no_sandbox: bool,
 }
 
+#[derive(Debug, clap::Args)]
+struct ThinkArgs {
+    /// The prompt (its words are joined by spaces); `-` reads it from stdin
+    #[arg(required = true)]
+    prompt: Vec<String>,
+    /// A system instruction
+    #[arg(long)]
+    system: Option<String>,
+    /// A model other than the kernel's default
+    #[arg(long)]
+    model: Option<String>,
+    /// Upper bound on the answer's tokens
+    #[arg(long, value_name = "N")]
+    max_tokens: Option<u32>,
+    /// Sampling temperature, 0 to 2
+    #[arg(long)]
+    temperature: Option<f64>,
+    /// Print the THINK reply as JSON
+    #[arg(long)]
+    json: bool,
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(args) {
@@ -114,18 +138,57 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     let path = resolve_socket_path(args.socket.as_deref());
-    if !(args.timeout > 0.0 && args.timeout.is_finite()) {
+    // A THINK may wait its turn in the kernel's queue and for a slow model.
+    let default_timeout = match args.command {
+        Command::Think(_) => 180.0,
+        _ => 30.0,
+    };
+    let timeout = args.timeout.unwrap_or(default_timeout);
+    if !(timeout > 0.0 && timeout.is_finite()) {
         bail!("--timeout must be a positive number of seconds");
     }
     let mut client = Client::connect(&path)?;
-    client.set_timeout(Some(Duration::from_secs_f64(args.timeout)))?;
+    client.set_timeout(Some(Duration::from_secs_f64(timeout)))?;
     match args.command {
         Command::Hello { json } => hello(&mut client, json),
         Command::Ping { count, size } => ping(&mut client, &path, count, size),
         Command::Ps { json } => ps(&mut client, json),
         Command::Spawn(spawn_args) => spawn(&mut client, spawn_args),
         Command::Kill { agent, grace_ms } => kill(&mut client, &agent, grace_ms),
+        Command::Think(think_args) => think(&mut client, think_args),
     }
+}
+
+fn think(client: &mut Client, args: ThinkArgs) -> anyhow::Result<()> {
+    let prompt = if args.prompt == ["-"] {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
+        text
+    } else {
+        args.prompt.join(" ")
+    };
+    let request = ThinkRequest {
+        prompt: Some(prompt),
+        system: args.system,
+        model: args.model,
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        ..ThinkRequest::default()
+    };
+    let reply = client.think(&request)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+        return Ok(());
+    }
+    println!("{}", reply.content.trim_end());
+    eprintln!(
+        "({} tokens, {}, {} ms queued, {} ms at the model)",
+        reply.tokens,
+        reply.model.as_deref().unwrap_or("unknown model"),
+        reply.queue_ms.unwrap_or(0),
+        reply.latency_ms.unwrap_or(0),
+    );
+    Ok(())
 }
 
 fn spawn(client: &mut Client, args: SpawnArgs) -> anyhow::Result<()> {
@@ -273,6 +336,17 @@ fn hello(client: &mut Client, json: bool) -> anyhow::Result<()> {
         println!(
             "limits:    request {} bytes, reply {} bytes, {} requests in flight",
             limits.max_request_bytes, limits.max_reply_bytes, limits.max_in_flight
+        );
+    }
+    if let Some(llm) = reply.llm {
+        let state = match (&llm.reason, llm.ready) {
+            (_, true) => "ready".to_owned(),
+            (Some(reason), false) => reason.clone(),
+            (None, false) => "not ready".to_owned(),
+        };
+        println!(
+            "llm:       {} {} ({state}; {} calls, {} tokens so far)",
+            llm.provider, llm.model, llm.calls, llm.tokens
         );
     }
     Ok(())

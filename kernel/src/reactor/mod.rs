@@ -60,6 +60,13 @@ pub struct ReplyTo {
     seq: u64,
 }
 
+impl ReplyTo {
+    /// The connection's serial number: unique for the daemon's lifetime.
+    pub fn connection(&self) -> u64 {
+        self.conn.serial
+    }
+}
+
 #[derive(Debug)]
 enum Deadline {
     /// Check that this connection's peer reads its replies fast enough.
@@ -197,6 +204,7 @@ impl Reactor {
                     WAKER => {
                         self.deliver_completions();
                         self.launches_done();
+                        self.llm_calls_done();
                     }
                     SIGNALS => self.handle_signals(),
                     token if self.kernel.agents().owns(token) => self.kernel_event(token, event),
@@ -222,6 +230,7 @@ impl Reactor {
         self.socket.close();
         self.connections.clear();
         self.kernel.agents().finish_shutdown(self.poll.registry());
+        self.kernel.llm().shutdown();
         self.workers.shutdown();
         Ok(())
     }
@@ -234,6 +243,12 @@ impl Reactor {
             adopted: &mut self.adopted,
         };
         self.kernel.agents().poll_launches(&mut io);
+        self.kernel_output();
+    }
+
+    /// THINK calls that finished (they share the waker).
+    fn llm_calls_done(&mut self) {
+        self.kernel.llm().poll(&mut self.kernel_replies);
         self.kernel_output();
     }
 
@@ -272,13 +287,14 @@ impl Reactor {
             return Some(Duration::ZERO);
         }
         let now = Instant::now();
-        let timer = match (
+        let timer = [
             self.timers.time_to_next(now),
             self.kernel.agents_ref().next_deadline(now),
-        ) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+            self.kernel.llm_ref().next_deadline(now),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let drain = self
             .drain_deadline
             .map(|d| d.saturating_duration_since(now));
@@ -515,6 +531,7 @@ impl Reactor {
         let mut conn = self.connections.remove(key.index);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let dropped_jobs = self.workers.cancel(conn.serial);
+        self.kernel.llm().connection_closed(conn.serial);
         log::debug!(
             "conn {}: closed ({} replies never delivered, {dropped_jobs} queued jobs dropped)",
             conn.serial,
@@ -561,6 +578,9 @@ impl Reactor {
             adopted: &mut self.adopted,
         };
         self.kernel.agents().on_deadlines(&mut io, now);
+        self.kernel
+            .llm()
+            .on_deadlines(now, &mut self.kernel_replies);
         self.kernel_output();
         while let Some(deadline) = self.timers.pop_due(now) {
             match deadline {

@@ -13,6 +13,7 @@ pub fn parse(payload: &[u8]) -> Result<HelloRequest, ErrorReply> {
 /// this kernel are `false`.
 pub fn handle(kernel: &mut Kernel, caller: &Caller, _request: HelloRequest) -> HelloReply {
     let cgroup = kernel.agents().cgroup_version();
+    let llm = kernel.llm_ref().info();
     let config = kernel.config();
     HelloReply {
         success: true,
@@ -20,7 +21,7 @@ pub fn handle(kernel: &mut Kernel, caller: &Caller, _request: HelloRequest) -> H
         kernel_version: env!("CARGO_PKG_VERSION").to_owned(),
         agent_id: caller.identity.id(),
         features: Features {
-            think: false,
+            think: kernel.llm_ref().is_available(),
             exec: false,
             spawn: true,
             task: false,
@@ -31,5 +32,6 @@ pub fn handle(kernel: &mut Kernel, caller: &Caller, _request: HelloRequest) -> H
             max_reply_bytes: MAX_REPLY_BYTES,
             max_in_flight: config.max_in_flight,
         }),
+        llm: Some(llm),
     }
 }

@@ -14,5 +14,9 @@ pub fn parse(payload: &[u8]) -> Result<ListRequest, ErrorReply> {
 /// Live agents and those that ended recently, with figures from their
 /// cgroups read now.
 pub fn handle(kernel: &mut Kernel, _request: ListRequest) -> Vec<AgentInfo> {
-    kernel.agents().list(Instant::now())
+    let mut agents = kernel.agents().list(Instant::now());
+    for agent in &mut agents {
+        agent.llm = kernel.llm().stats(agent.id);
+    }
+    agents
 }

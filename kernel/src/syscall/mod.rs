@@ -12,6 +12,7 @@ mod hello;
 mod kill;
 mod list;
 mod spawn;
+mod think;
 mod unavailable;
 
 use std::io;
@@ -28,6 +29,7 @@ use std::sync::Arc;
 use crate::agents::Agents;
 use crate::config::Config;
 use crate::identity::Identity;
+use crate::llm::Llm;
 use crate::reactor::ReplyTo;
 use crate::workers::Job;
 
@@ -79,6 +81,7 @@ pub struct Kernel {
     config: Config,
     deferred: Vec<Opcode>,
     agents: Agents,
+    llm: Llm,
 }
 
 /// Who sent a request.
@@ -93,11 +96,13 @@ impl Kernel {
     /// `run_dir` (the kernel socket's directory).
     pub fn new(config: Config, waker: Arc<Waker>, run_dir: &Path) -> io::Result<Kernel> {
         let deferred = config.deferred_opcodes();
-        let agents = Agents::new(&config, waker, run_dir)?;
+        let agents = Agents::new(&config, waker.clone(), run_dir)?;
+        let llm = Llm::new(&config.llm, waker, &config.agents.log_dir());
         Ok(Kernel {
             config,
             deferred,
             agents,
+            llm,
         })
     }
 
@@ -114,6 +119,16 @@ impl Kernel {
     /// The agents, to look at.
     pub fn agents_ref(&self) -> &Agents {
         &self.agents
+    }
+
+    /// THINK.
+    pub fn llm(&mut self) -> &mut Llm {
+        &mut self.llm
+    }
+
+    /// THINK, to look at.
+    pub fn llm_ref(&self) -> &Llm {
+        &self.llm
     }
 
     /// Runs the syscall for one request. `reply_to` is where a
@@ -140,7 +155,8 @@ impl Kernel {
             },
             Opcode::KILL => Outcome::Reply(kill::handle(self, io, caller, payload)),
             Opcode::EXIT => exit::handle(),
-            Opcode::THINK | Opcode::EXEC | Opcode::TASK => {
+            Opcode::THINK => think::handle(self, caller, reply_to, payload),
+            Opcode::EXEC | Opcode::TASK => {
                 Outcome::Reply(unavailable::handle(opcode, payload).to_json())
             }
             unknown => Outcome::Reply(

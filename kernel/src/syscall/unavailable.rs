@@ -3,13 +3,12 @@
 //! malformed payload (`bad_request`) before it learns the subsystem is
 //! missing (`unavailable`).
 
-use agentos_proto::payload::{ExecRequest, TaskRequest, ThinkRequest};
+use agentos_proto::payload::{ExecRequest, TaskRequest};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 
 /// The error reply for a request to a missing subsystem.
 pub fn handle(opcode: Opcode, payload: &[u8]) -> ErrorReply {
     let valid = match opcode {
-        Opcode::THINK => ThinkRequest::parse(payload).map(drop),
         Opcode::EXEC => ExecRequest::parse(payload).map(drop),
         Opcode::TASK => TaskRequest::parse(payload).map(drop),
         _ => Ok(()),

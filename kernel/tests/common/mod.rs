@@ -23,6 +23,31 @@ pub struct Daemon {
     log: PathBuf,
 }
 
+/// Variables that would point a daemon at an LLM from outside the test;
+/// set empty, which the daemon reads as unset.
+const LLM_VARIABLES: [&str; 10] = [
+    "AGENTOS_LLM_PROVIDER",
+    "AGENTOS_LLM_BASE_URL",
+    "AGENTOS_LLM_MODEL",
+    "AGENTOS_LLM_API_KEY",
+    "AGENTOS_LLM_PYTHON",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "GEMINI_API_KEY",
+    "GOOGLE_API_KEY",
+    "AGENTOS_LLM_CONCURRENCY",
+];
+
+/// Daemons in tests have no LLM unless the test configures one: a local
+/// model server per daemon would load a model for every test.
+fn with_llm_off_by_default(config: &str) -> String {
+    if config.contains("[llm]") {
+        config.to_owned()
+    } else {
+        format!("{config}\n[llm]\nprovider = \"none\"\n")
+    }
+}
+
 impl Daemon {
     /// A daemon with default settings.
     pub fn start() -> Daemon {
@@ -51,7 +76,7 @@ impl Daemon {
     fn spawn(dir: tempfile::TempDir, socket: PathBuf, config: &str, nofile: Option<u64>) -> Daemon {
         use std::os::unix::process::CommandExt;
         let config_path = dir.path().join(format!("agentosd-{}.toml", unique()));
-        fs::write(&config_path, config).unwrap();
+        fs::write(&config_path, with_llm_off_by_default(config)).unwrap();
         let log = dir.path().join(format!("agentosd-{}.log", unique()));
         let mut command = Command::new(AGENTOSD);
         if let Some(limit) = nofile {
@@ -77,6 +102,7 @@ impl Daemon {
             .arg(&config_path)
             .env_remove("AGENTOS_SOCKET")
             .env_remove("RUST_LOG")
+            .envs(LLM_VARIABLES.iter().map(|name| (name, "")))
             .env("AGENTOS_LOG_LEVEL", "debug")
             .env("AGENTOS_AGENT_LOG_DIR", dir.path().join("logs"))
             .stdin(Stdio::null())

@@ -81,6 +81,28 @@ pub struct HelloReply {
     /// Limits in force on this connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ProtocolLimits>,
+    /// THINK's provider and model (never its key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<LlmInfo>,
+}
+
+/// What THINK talks to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LlmInfo {
+    /// `local`, `openai`, `anthropic`, `gemini` or `none`.
+    pub provider: String,
+    /// The model used when a request names none.
+    pub model: String,
+    /// Whether THINK would be answered now (for `local`: the model is
+    /// loaded).
+    pub ready: bool,
+    /// Why THINK is unavailable or not ready, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// THINKs answered since the kernel started.
+    pub calls: u64,
+    /// Tokens used since the kernel started.
+    pub tokens: u64,
 }
 
 #[cfg(test)]

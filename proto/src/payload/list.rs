@@ -87,6 +87,9 @@ pub struct LlmStats {
     pub calls: u64,
     /// Tokens charged.
     pub tokens: u64,
+    /// Time its THINKs spent waiting in the kernel's queue, in total.
+    #[serde(default)]
+    pub queue_ms: u64,
 }
 
 /// One entry of the LIST reply.

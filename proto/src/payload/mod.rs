@@ -15,7 +15,7 @@ mod task;
 mod think;
 
 pub use exec::{ExecReply, ExecRequest, Language, Truncated};
-pub use hello::{CgroupVersion, Features, HelloReply, HelloRequest, ProtocolLimits};
+pub use hello::{CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, ProtocolLimits};
 pub use kill::{AgentRef, KillReply, KillRequest, DEFAULT_GRACE_MS};
 pub use list::{AgentInfo, AgentState, CpuStats, ListRequest, LlmStats, MemoryStats, PidStats};
 pub use spawn::{Isolation, Limits, Permissions, RestartPolicy, SpawnReply, SpawnRequest};

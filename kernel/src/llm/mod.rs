@@ -1,0 +1,561 @@
+//! THINK: one shared LLM connection for every agent.
+//!
+//! Requests are queued fairly per caller ([`scheduler`]), admitted by the
+//! provider's rate limits ([`admission`]), charged against agents' token
+//! quotas, and sent by a fixed set of call threads ([`call`]) over one
+//! keep-alive pool — never by the reactor. Results come back through the
+//! reactor's waker and are answered from [`Llm::poll`]. The provider's wire
+//! format is in [`provider`]; the default provider is the local model
+//! ([`local`]), so THINK works with no key and no network.
+//!
+//! All of this state lives on the reactor thread.
+
+pub mod admission;
+pub mod call;
+pub mod config;
+pub mod local;
+pub mod provider;
+pub mod retry;
+pub mod scheduler;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentos_proto::payload::{
+    to_json, ChatMessage, LlmInfo, LlmStats, ThinkReply, ThinkRequest, Usage,
+};
+use agentos_proto::{ErrorCode, ErrorReply};
+use mio::Waker;
+
+use self::admission::Admission;
+use self::call::{CallDone, CallJob, Callers, Endpoint, Fixed, RetryBudget};
+use self::config::{LlmConfig, ProviderKind};
+use self::local::{LocalServer, LocalSetup};
+use self::provider::anthropic::Anthropic;
+use self::provider::gemini::Gemini;
+use self::provider::openai::OpenAi;
+use self::provider::{Chat, Completion, Failure, Provider};
+use self::scheduler::{FlowId, Full, Scheduler};
+use crate::identity::FIRST_OPERATOR_ID;
+use crate::reactor::ReplyTo;
+use crate::timers::Timers;
+
+/// Who is asking, as the kernel knows them.
+#[derive(Clone, Debug)]
+pub struct Asker {
+    /// The caller's identity id: its flow in the fair queue.
+    pub id: u32,
+    /// The connection the request came on (its queued requests go when it
+    /// closes).
+    pub connection: u64,
+    /// Its fair-queueing weight.
+    pub weight: u32,
+    /// Its token quota, if it has one (agents with `permissions.llm_tokens`).
+    pub quota: Option<u64>,
+}
+
+/// A THINK waiting in the queue.
+#[derive(Debug)]
+struct Pending {
+    flow: FlowId,
+    reply_to: ReplyTo,
+    connection: u64,
+    chat: Chat,
+    enqueued: Instant,
+    deadline: Instant,
+}
+
+/// A THINK at the provider.
+#[derive(Debug)]
+struct InFlight {
+    flow: FlowId,
+    reply_to: ReplyTo,
+    estimate: u64,
+    queue_ms: u64,
+    model: String,
+}
+
+/// Deadlines the subsystem keeps.
+#[derive(Debug)]
+enum Wake {
+    /// A queued request's deadline.
+    Expire,
+    /// The rate limits will admit the next request.
+    Admit,
+}
+
+/// Per-caller use of THINK.
+#[derive(Clone, Copy, Debug, Default)]
+struct Use {
+    calls: u64,
+    tokens: u64,
+    queue_ms: u64,
+    /// Tokens set aside for this caller's requests still queued or in
+    /// flight (for the quota).
+    reserved: u64,
+}
+
+/// The THINK subsystem.
+#[derive(Debug)]
+pub struct Llm {
+    kind: ProviderKind,
+    model: String,
+    /// Why THINK cannot work on this host, if it cannot.
+    unavailable: Option<String>,
+    local: Option<Arc<LocalServer>>,
+    callers: Option<Callers>,
+    scheduler: Scheduler<Pending>,
+    admission: Admission,
+    in_flight: HashMap<u64, InFlight>,
+    concurrency: usize,
+    timeout: Duration,
+    default_max_tokens: u32,
+    max_tokens_limit: u32,
+    weights: BTreeMap<String, u32>,
+    /// Use by agent id; operators' connections are counted in `total` only.
+    agents: HashMap<u32, Use>,
+    total: Use,
+    timers: Timers<Wake>,
+    admit_wake: Option<Instant>,
+}
+
+impl Llm {
+    /// THINK as configured. A provider that cannot work here (the local
+    /// model not installed, none configured) leaves THINK answering
+    /// `unavailable` with the reason; the daemon runs on.
+    pub fn new(config: &LlmConfig, waker: Arc<Waker>, log_dir: &Path) -> Llm {
+        let kind = config.kind();
+        let model = config.model();
+        let mut llm = Llm {
+            kind,
+            model: model.clone(),
+            unavailable: None,
+            local: None,
+            callers: None,
+            scheduler: Scheduler::new(config.max_queued),
+            admission: Admission::new(config.rpm, config.tpm, Instant::now()),
+            in_flight: HashMap::new(),
+            concurrency: config.concurrency,
+            timeout: Duration::from_millis(config.timeout_ms),
+            default_max_tokens: config.default_max_tokens,
+            max_tokens_limit: config.max_tokens_limit,
+            weights: config.weights.clone(),
+            agents: HashMap::new(),
+            total: Use::default(),
+            timers: Timers::default(),
+            admit_wake: None,
+        };
+        let endpoint: Arc<dyn Endpoint> = match kind {
+            ProviderKind::None => {
+                llm.unavailable = Some(
+                    "no LLM provider is configured (llm.provider = \"none\"); set \
+                     AGENTOS_LLM_PROVIDER to local, openai, anthropic or gemini"
+                        .to_owned(),
+                );
+                return llm;
+            }
+            ProviderKind::Local => {
+                let python = match local::find_python(config.local.python.as_deref()) {
+                    Ok(python) => python,
+                    Err(reason) => {
+                        log::warn!("THINK unavailable: {reason}");
+                        llm.unavailable = Some(reason);
+                        return llm;
+                    }
+                };
+                if let Err(err) = std::fs::create_dir_all(log_dir) {
+                    log::warn!("cannot create {}: {err}", log_dir.display());
+                }
+                let setup = LocalSetup {
+                    python,
+                    model,
+                    parallel: config.concurrency,
+                    threads: config.local.threads,
+                    log: log_dir.join("llm-local.log"),
+                };
+                match LocalServer::start(setup) {
+                    Ok(server) => {
+                        let server = Arc::new(server);
+                        llm.local = Some(server.clone());
+                        server
+                    }
+                    Err(err) => {
+                        llm.unavailable = Some(format!("cannot start the local model: {err}"));
+                        return llm;
+                    }
+                }
+            }
+            remote => Arc::new(Fixed(remote_provider(remote, config))),
+        };
+        let budget = RetryBudget {
+            max_wait: Duration::from_millis(config.max_retry_ms),
+            attempt_timeout: Duration::from_millis(config.attempt_timeout_ms),
+        };
+        match Callers::start(config.concurrency, endpoint, budget, waker) {
+            Ok(callers) => llm.callers = Some(callers),
+            Err(err) => llm.unavailable = Some(format!("cannot start LLM call threads: {err}")),
+        }
+        log::info!(
+            "THINK: provider {kind}, model {}{}",
+            llm.model,
+            match &llm.unavailable {
+                Some(reason) => format!(" — unavailable: {reason}"),
+                None => String::new(),
+            }
+        );
+        llm
+    }
+
+    /// Whether THINK can be served on this host.
+    pub fn is_available(&self) -> bool {
+        self.unavailable.is_none()
+    }
+
+    /// What HELLO says about THINK.
+    pub fn info(&self) -> LlmInfo {
+        let starting = self.local.as_ref().is_some_and(|local| !local.is_ready());
+        LlmInfo {
+            provider: self.kind.as_str().to_owned(),
+            model: self.model.clone(),
+            ready: self.unavailable.is_none() && !starting,
+            reason: self
+                .unavailable
+                .clone()
+                .or_else(|| starting.then(|| "the local model is loading".to_owned())),
+            calls: self.total.calls,
+            tokens: self.total.tokens,
+        }
+    }
+
+    /// An agent's use of THINK, for LIST.
+    pub fn stats(&self, agent: u32) -> LlmStats {
+        let used = self.agents.get(&agent).copied().unwrap_or_default();
+        LlmStats {
+            calls: used.calls,
+            tokens: used.tokens,
+            queue_ms: used.queue_ms,
+        }
+    }
+
+    /// The weight configured for an agent of this name.
+    pub fn weight_of(&self, agent_name: &str) -> u32 {
+        self.weights.get(agent_name).copied().unwrap_or(1)
+    }
+
+    /// Queues a THINK; its reply is delivered through [`Llm::poll`] or
+    /// [`Llm::on_deadlines`]. Refusals come back at once.
+    pub fn think(
+        &mut self,
+        asker: &Asker,
+        reply_to: ReplyTo,
+        request: ThinkRequest,
+    ) -> Result<(), ErrorReply> {
+        if let Some(reason) = &self.unavailable {
+            return Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("THINK is unavailable: {reason}"),
+            ));
+        }
+        let mut chat = self.chat_for(request)?;
+        let prompt_tokens = estimate_prompt_tokens(&chat);
+        if let Some(quota) = asker.quota {
+            let used = self.agents.get(&asker.id).copied().unwrap_or_default();
+            let left = quota.saturating_sub(used.tokens + used.reserved);
+            if prompt_tokens >= left {
+                return Err(ErrorReply::new(
+                    ErrorCode::LimitExceeded,
+                    format!(
+                        "agent {} has used {} of its {quota} LLM tokens ({} more are reserved \
+                         by its THINKs in progress); this prompt alone needs about \
+                         {prompt_tokens}",
+                        asker.id, used.tokens, used.reserved
+                    ),
+                ));
+            }
+            // Never let one answer overrun the quota.
+            let room = u32::try_from(left - prompt_tokens).unwrap_or(u32::MAX);
+            chat.max_tokens = chat.max_tokens.min(room);
+        }
+        let estimate = prompt_tokens + u64::from(chat.max_tokens);
+        let now = Instant::now();
+        let deadline = now + self.timeout;
+        let pending = Pending {
+            flow: asker.id,
+            reply_to,
+            connection: asker.connection,
+            chat,
+            enqueued: now,
+            deadline,
+        };
+        self.scheduler
+            .push(asker.id, asker.weight, estimate, pending)
+            .map_err(|Full| {
+                ErrorReply::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "the THINK queue is full ({} waiting); retry later",
+                        self.scheduler.len()
+                    ),
+                )
+            })?;
+        if asker.quota.is_some() {
+            self.agents.entry(asker.id).or_default().reserved += estimate;
+        }
+        self.timers.schedule(deadline, Wake::Expire);
+        self.pump(now);
+        Ok(())
+    }
+
+    /// Collects finished calls, answers them, and sends what may go next.
+    pub fn poll(&mut self, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
+        let finished: Vec<CallDone> = match &self.callers {
+            Some(callers) => callers.finished().collect(),
+            None => return,
+        };
+        for done in finished {
+            self.finished(done, replies);
+        }
+        self.pump(Instant::now());
+    }
+
+    /// Handles deadlines that are due: expired requests, admission.
+    pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
+        let mut expire = false;
+        while let Some(wake) = self.timers.pop_due(now) {
+            match wake {
+                Wake::Expire => expire = true,
+                Wake::Admit => self.admit_wake = None,
+            }
+        }
+        if expire {
+            for expired in self.scheduler.remove_where(|w| w.item.deadline <= now) {
+                let waited = now.saturating_duration_since(expired.item.enqueued);
+                self.release(expired.item.flow, expired.estimate);
+                let failure = Failure::fatal(
+                    ErrorCode::Timeout,
+                    format!(
+                        "THINK waited {} ms in the queue and its deadline passed before the \
+                         provider could take it",
+                        waited.as_millis()
+                    ),
+                );
+                replies.push((
+                    expired.item.reply_to,
+                    failed(&failure, &expired.item.chat.model, waited, Duration::ZERO),
+                ));
+            }
+        }
+        self.pump(now);
+    }
+
+    /// The earliest deadline the reactor must wake up for.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        self.timers.time_to_next(now)
+    }
+
+    /// Drops the queued THINKs of a connection that has closed: nobody
+    /// would read their answers. (Ones already at the provider finish.)
+    pub fn connection_closed(&mut self, connection: u64) {
+        let dropped = self
+            .scheduler
+            .remove_where(|w| w.item.connection == connection);
+        for waiting in &dropped {
+            self.release(waiting.item.flow, waiting.estimate);
+        }
+        if !dropped.is_empty() {
+            log::debug!(
+                "conn {connection}: {} queued THINK(s) dropped",
+                dropped.len()
+            );
+        }
+    }
+
+    /// Stops the call threads and the local model.
+    pub fn shutdown(&mut self) {
+        if let Some(callers) = &mut self.callers {
+            callers.stop();
+        }
+        if let Some(local) = &self.local {
+            local.stop();
+        }
+    }
+
+    /// The provider-neutral request, with defaults applied.
+    fn chat_for(&self, request: ThinkRequest) -> Result<Chat, ErrorReply> {
+        let max_tokens = request.max_tokens.unwrap_or(self.default_max_tokens);
+        if max_tokens > self.max_tokens_limit {
+            return Err(ErrorReply::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "THINK field `max_tokens` is {max_tokens}, outside the allowed range \
+                     1..={}",
+                    self.max_tokens_limit
+                ),
+            ));
+        }
+        let mut messages = request.messages.unwrap_or_default();
+        if let Some(prompt) = request.prompt.filter(|p| !p.trim().is_empty()) {
+            messages.push(ChatMessage {
+                role: "user".into(),
+                content: prompt,
+            });
+        }
+        Ok(Chat {
+            model: request.model.unwrap_or_else(|| self.model.clone()),
+            system: request.system,
+            messages,
+            max_tokens,
+            temperature: request.temperature,
+        })
+    }
+
+    /// Sends queued requests while there is room at the provider and the
+    /// rate limits allow.
+    fn pump(&mut self, now: Instant) {
+        let Some(callers) = &self.callers else {
+            return;
+        };
+        while self.in_flight.len() < self.concurrency {
+            let Some((_, head)) = self.scheduler.peek() else {
+                return;
+            };
+            if let Err(ready) = self.admission.admit(head.estimate, now) {
+                if self.admit_wake.is_none_or(|at| at > ready) {
+                    self.timers.schedule(ready, Wake::Admit);
+                    self.admit_wake = Some(ready);
+                }
+                return;
+            }
+            let Some((flow, waiting)) = self.scheduler.pop() else {
+                return;
+            };
+            let pending = waiting.item;
+            let queue_ms = now.saturating_duration_since(pending.enqueued).as_millis() as u64;
+            self.in_flight.insert(
+                waiting.ticket,
+                InFlight {
+                    flow,
+                    reply_to: pending.reply_to,
+                    estimate: waiting.estimate,
+                    queue_ms,
+                    model: pending.chat.model.clone(),
+                },
+            );
+            callers.send(CallJob {
+                ticket: waiting.ticket,
+                chat: pending.chat,
+                deadline: pending.deadline,
+            });
+        }
+    }
+
+    /// Answers a finished call and settles its accounts.
+    fn finished(&mut self, done: CallDone, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
+        let Some(call) = self.in_flight.remove(&done.ticket) else {
+            return;
+        };
+        let now = Instant::now();
+        let used = match &done.result {
+            Ok(completion) => completion.usage.total_tokens,
+            Err(_) => 0,
+        };
+        self.scheduler.settle(call.flow, call.estimate, used);
+        self.admission.settle(call.estimate, used, now);
+        self.release(call.flow, call.estimate);
+        let queue = Duration::from_millis(call.queue_ms);
+        let payload = match done.result {
+            Ok(completion) => {
+                self.charge(call.flow, used, call.queue_ms);
+                answered(completion, &call.model, queue, done.latency)
+            }
+            Err(failure) => {
+                log::info!(
+                    "THINK for {} failed after {} attempt(s): {}",
+                    call.flow,
+                    done.attempts,
+                    failure.message
+                );
+                failed(&failure, &call.model, queue, done.latency)
+            }
+        };
+        replies.push((call.reply_to, payload));
+    }
+
+    /// Counts an answered THINK.
+    fn charge(&mut self, flow: FlowId, tokens: u64, queue_ms: u64) {
+        let add = |record: &mut Use| {
+            record.calls += 1;
+            record.tokens += tokens;
+            record.queue_ms += queue_ms;
+        };
+        add(&mut self.total);
+        if flow < FIRST_OPERATOR_ID {
+            add(self.agents.entry(flow).or_default());
+        }
+    }
+
+    /// Frees a request's quota reservation.
+    fn release(&mut self, flow: FlowId, estimate: u64) {
+        if let Some(record) = self.agents.get_mut(&flow) {
+            record.reserved = record.reserved.saturating_sub(estimate);
+        }
+    }
+}
+
+/// The provider for a remote kind.
+fn remote_provider(kind: ProviderKind, config: &LlmConfig) -> Arc<dyn Provider> {
+    let base_url = config.base_url();
+    let key = config.api_key.clone();
+    match kind {
+        ProviderKind::Anthropic => Arc::new(Anthropic::new(&base_url, key)),
+        ProviderKind::Gemini => Arc::new(Gemini::new(&base_url, key)),
+        _ => Arc::new(OpenAi::new("openai", &base_url, key)),
+    }
+}
+
+/// A rough prompt size before the provider counts it: about four
+/// characters a token, plus a few per message for the chat format.
+fn estimate_prompt_tokens(chat: &Chat) -> u64 {
+    let characters: usize = chat.system.as_deref().map_or(0, str::len)
+        + chat.messages.iter().map(|m| m.content.len()).sum::<usize>();
+    (characters as u64).div_ceil(4) + 4 * (chat.messages.len() as u64 + 1)
+}
+
+fn answered(completion: Completion, asked: &str, queue: Duration, latency: Duration) -> Vec<u8> {
+    let Completion {
+        content,
+        usage,
+        model,
+    } = completion;
+    to_json(&ThinkReply {
+        success: true,
+        content,
+        tokens: usage.total_tokens,
+        error: None,
+        code: None,
+        usage: Some(usage),
+        model: Some(if model.is_empty() || model == "-" {
+            asked.to_owned()
+        } else {
+            model
+        }),
+        queue_ms: Some(queue.as_millis() as u64),
+        latency_ms: Some(latency.as_millis() as u64),
+    })
+}
+
+fn failed(failure: &Failure, model: &str, queue: Duration, latency: Duration) -> Vec<u8> {
+    to_json(&ThinkReply {
+        success: false,
+        content: String::new(),
+        tokens: 0,
+        error: Some(failure.message.clone()),
+        code: Some(failure.code),
+        usage: Some(Usage::default()),
+        model: Some(model.to_owned()),
+        queue_ms: Some(queue.as_millis() as u64),
+        latency_ms: Some(latency.as_millis() as u64),
+    })
+}

@@ -1,0 +1,314 @@
+//! Fair queueing of THINK requests across callers.
+//!
+//! Every identity (an agent, or an operator's connection) has its own FIFO
+//! queue — a *flow* — and a virtual token counter: the tokens it has been
+//! served, divided by its weight. The next request sent is the head of the
+//! backlogged flow with the smallest counter (the virtual token counter
+//! scheme of "Fairness in Serving LLMs", OSDI '24). A request is charged
+//! its estimate when it is sent and corrected by the provider's count when
+//! it returns. A flow that becomes backlogged starts no lower than the
+//! counters of the flows already waiting, so an idle caller banks no
+//! credit and cannot then monopolise the model.
+//!
+//! The scheduler knows nothing of sockets, threads or time: it orders
+//! requests, and [`super::Llm`] decides when one may go.
+
+use std::collections::{HashMap, VecDeque};
+
+/// Whose requests: the caller's identity id.
+pub type FlowId = u32;
+
+/// Counter units per token at weight 1, so integer weights divide evenly
+/// enough.
+const SCALE: u64 = 1_000;
+
+/// A queued request.
+#[derive(Debug)]
+pub struct Waiting<T> {
+    /// Unique per request, increasing: FIFO order within a flow, and the
+    /// tie-break between flows with equal counters.
+    pub ticket: u64,
+    /// Tokens it is expected to cost.
+    pub estimate: u64,
+    /// What the caller of the scheduler keeps with it.
+    pub item: T,
+}
+
+#[derive(Debug)]
+struct Flow<T> {
+    queue: VecDeque<Waiting<T>>,
+    /// Weighted tokens served, in [`SCALE`] units.
+    counter: u64,
+    weight: u32,
+}
+
+/// The queue is at capacity.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Full;
+
+/// Fair queues, one per flow, with a shared capacity.
+#[derive(Debug)]
+pub struct Scheduler<T> {
+    flows: HashMap<FlowId, Flow<T>>,
+    queued: usize,
+    capacity: usize,
+    /// The counter of the flow served last: the scheduler's virtual time.
+    /// A flow that turns backlogged while no other is starts here.
+    floor: u64,
+    next_ticket: u64,
+}
+
+impl<T> Scheduler<T> {
+    /// An empty scheduler holding at most `capacity` requests.
+    pub fn new(capacity: usize) -> Scheduler<T> {
+        Scheduler {
+            flows: HashMap::new(),
+            queued: 0,
+            capacity,
+            floor: 0,
+            next_ticket: 1,
+        }
+    }
+
+    /// Requests waiting.
+    pub fn len(&self) -> usize {
+        self.queued
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.queued == 0
+    }
+
+    /// Queues a request of `flow`, which has `weight` (at least 1).
+    /// Returns its ticket.
+    pub fn push(&mut self, flow: FlowId, weight: u32, estimate: u64, item: T) -> Result<u64, Full> {
+        if self.queued >= self.capacity {
+            return Err(Full);
+        }
+        let start = self.backlogged_minimum().unwrap_or(self.floor);
+        let entry = self.flows.entry(flow).or_insert_with(|| Flow {
+            queue: VecDeque::new(),
+            counter: start,
+            weight,
+        });
+        entry.weight = weight.max(1);
+        if entry.queue.is_empty() {
+            entry.counter = entry.counter.max(start);
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        entry.queue.push_back(Waiting {
+            ticket,
+            estimate,
+            item,
+        });
+        self.queued += 1;
+        Ok(ticket)
+    }
+
+    /// The request that goes next, without taking it.
+    pub fn peek(&self) -> Option<(FlowId, &Waiting<T>)> {
+        self.flows
+            .iter()
+            .filter_map(|(id, flow)| flow.queue.front().map(|head| (flow.counter, head, *id)))
+            .min_by_key(|(counter, head, _)| (*counter, head.ticket))
+            .map(|(_, head, id)| (id, head))
+    }
+
+    /// Takes the request [`peek`](Self::peek) shows and charges its flow
+    /// the estimate.
+    pub fn pop(&mut self) -> Option<(FlowId, Waiting<T>)> {
+        let (id, _) = self.peek()?;
+        let flow = self.flows.get_mut(&id)?;
+        let waiting = flow.queue.pop_front()?;
+        self.queued -= 1;
+        self.floor = self.floor.max(flow.counter);
+        flow.counter += weighted(waiting.estimate, flow.weight);
+        Some((id, waiting))
+    }
+
+    /// Corrects `flow`'s counter once the provider has said what a request
+    /// really cost.
+    pub fn settle(&mut self, flow: FlowId, estimate: u64, actual: u64) {
+        if let Some(flow) = self.flows.get_mut(&flow) {
+            let (charged, owed) = (
+                weighted(estimate, flow.weight),
+                weighted(actual, flow.weight),
+            );
+            flow.counter = (flow.counter + owed).saturating_sub(charged);
+        }
+        self.forget_idle();
+    }
+
+    /// Removes and returns every queued request `reject` picks (those of a
+    /// closed connection, or past their deadline), oldest first.
+    pub fn remove_where(&mut self, mut reject: impl FnMut(&Waiting<T>) -> bool) -> Vec<Waiting<T>> {
+        let mut removed = Vec::new();
+        for flow in self.flows.values_mut() {
+            let (gone, kept): (VecDeque<_>, VecDeque<_>) =
+                flow.queue.drain(..).partition(|w| reject(w));
+            flow.queue = kept;
+            removed.extend(gone);
+        }
+        self.queued -= removed.len();
+        removed.sort_by_key(|w| w.ticket);
+        self.forget_idle();
+        removed
+    }
+
+    /// Visits every queued request.
+    pub fn iter(&self) -> impl Iterator<Item = &Waiting<T>> {
+        self.flows.values().flat_map(|flow| flow.queue.iter())
+    }
+
+    /// The smallest counter among backlogged flows.
+    fn backlogged_minimum(&self) -> Option<u64> {
+        self.flows
+            .values()
+            .filter(|flow| !flow.queue.is_empty())
+            .map(|flow| flow.counter)
+            .min()
+    }
+
+    /// Drops idle flows that carry no debt: they would start at the floor
+    /// anyway, and operator connections come and go without end.
+    fn forget_idle(&mut self) {
+        let floor = self.floor;
+        self.flows
+            .retain(|_, flow| !flow.queue.is_empty() || flow.counter > floor);
+    }
+}
+
+fn weighted(tokens: u64, weight: u32) -> u64 {
+    tokens.saturating_mul(SCALE) / u64::from(weight.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves `scheduler` to the end, each request costing its estimate,
+    /// and returns the flows in the order they were served.
+    fn drain(scheduler: &mut Scheduler<()>) -> Vec<FlowId> {
+        let mut order = Vec::new();
+        while let Some((flow, waiting)) = scheduler.pop() {
+            scheduler.settle(flow, waiting.estimate, waiting.estimate);
+            order.push(flow);
+        }
+        order
+    }
+
+    #[test]
+    fn a_backlog_does_not_hold_up_a_newcomer() {
+        let mut s = Scheduler::new(100);
+        for _ in 0..30 {
+            s.push(1, 1, 100, ()).unwrap();
+        }
+        // Flow 1 has been served twice when flow 2 arrives.
+        s.pop();
+        s.pop();
+        s.push(2, 1, 100, ()).unwrap();
+        let order = drain(&mut s);
+        let position = order.iter().position(|f| *f == 2).unwrap();
+        assert!(
+            position <= 1,
+            "flow 2 served at position {position}: {order:?}"
+        );
+    }
+
+    #[test]
+    fn equal_weights_alternate_by_tokens() {
+        let mut s = Scheduler::new(100);
+        for _ in 0..4 {
+            s.push(1, 1, 100, ()).unwrap();
+        }
+        for _ in 0..8 {
+            s.push(2, 1, 50, ()).unwrap();
+        }
+        let order = drain(&mut s);
+        // Tokens served stay within one request of each other while both wait.
+        let mut served = [0i64; 3];
+        for flow in &order[..10] {
+            served[*flow as usize] += if *flow == 1 { 100 } else { 50 };
+            assert!((served[1] - served[2]).abs() <= 100, "{order:?}");
+        }
+    }
+
+    #[test]
+    fn weights_share_tokens_in_proportion() {
+        let mut s = Scheduler::new(1000);
+        for _ in 0..300 {
+            s.push(1, 1, 10, ()).unwrap();
+            s.push(2, 3, 10, ()).unwrap();
+        }
+        let order = drain(&mut s);
+        let first: Vec<_> = order[..200].to_vec();
+        let heavy = first.iter().filter(|f| **f == 2).count();
+        assert!((145..=155).contains(&heavy), "weight 3 got {heavy} of 200");
+    }
+
+    #[test]
+    fn idleness_banks_no_credit() {
+        let mut s = Scheduler::new(100);
+        // Flow 1 is served alone for a while.
+        for _ in 0..10 {
+            s.push(1, 1, 100, ()).unwrap();
+        }
+        drain(&mut s);
+        // Then both are backlogged: flow 2 must not get ten turns in a row.
+        for _ in 0..10 {
+            s.push(1, 1, 100, ()).unwrap();
+            s.push(2, 1, 100, ()).unwrap();
+        }
+        let order = drain(&mut s);
+        assert!(order[..4].contains(&1), "{order:?}");
+    }
+
+    #[test]
+    fn the_provider_count_corrects_the_estimate() {
+        let mut s = Scheduler::new(100);
+        s.push(1, 1, 500, ()).unwrap();
+        s.push(2, 1, 500, ()).unwrap();
+        let (first, w) = s.pop().unwrap();
+        // It really cost 10 tokens, so its flow goes again before the other
+        // one's second request.
+        s.settle(first, w.estimate, 10);
+        s.push(first, 1, 500, ()).unwrap();
+        let other = if first == 1 { 2 } else { 1 };
+        s.push(other, 1, 500, ()).unwrap();
+        assert_eq!(s.pop().unwrap().0, other);
+        assert_eq!(s.pop().unwrap().0, first);
+    }
+
+    #[test]
+    fn capacity_and_removal() {
+        let mut s = Scheduler::new(3);
+        let a = s.push(1, 1, 1, ()).unwrap();
+        s.push(1, 1, 1, ()).unwrap();
+        s.push(2, 1, 1, ()).unwrap();
+        assert_eq!(s.push(3, 1, 1, ()), Err(Full));
+        let removed = s.remove_where(|w| w.ticket == a);
+        assert_eq!(removed.len(), 1);
+        assert_eq!(s.len(), 2);
+        s.push(3, 1, 1, ()).unwrap();
+        assert_eq!(drain(&mut s).len(), 3);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn idle_flows_are_forgotten_once_virtual_time_passes_them() {
+        let mut s = Scheduler::new(100);
+        s.push(1, 1, 10, ()).unwrap();
+        drain(&mut s);
+        assert!(
+            s.flows.contains_key(&1),
+            "served ahead of virtual time: kept"
+        );
+        for _ in 0..3 {
+            s.push(2, 1, 10, ()).unwrap();
+        }
+        drain(&mut s);
+        assert!(!s.flows.contains_key(&1), "{:?}", s.flows.keys());
+    }
+}

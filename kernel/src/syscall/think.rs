@@ -1,0 +1,69 @@
+//! THINK (0x01): a prompt for the shared LLM. The request is queued and
+//! answered when the provider has; refusals (a malformed request, a spent
+//! quota, a full queue) are answered at once, in THINK's reply shape.
+
+use agentos_proto::payload::{to_json, ThinkReply, ThinkRequest};
+use agentos_proto::{ErrorCode, ErrorReply};
+
+use super::{Caller, Kernel, Outcome};
+use crate::identity::Identity;
+use crate::llm::Asker;
+use crate::reactor::ReplyTo;
+
+pub fn handle(kernel: &mut Kernel, caller: &Caller, reply_to: ReplyTo, payload: &[u8]) -> Outcome {
+    let queued = ThinkRequest::parse(payload).and_then(|request| {
+        let asker = asker(kernel, caller.identity, reply_to)?;
+        kernel.llm.think(&asker, reply_to, request)
+    });
+    match queued {
+        Ok(()) => Outcome::Later,
+        Err(err) => Outcome::Reply(refusal(err)),
+    }
+}
+
+/// Who is asking: an agent's weight and quota come from its name and its
+/// SPAWN permissions; operators have neither limit.
+fn asker(kernel: &Kernel, identity: Identity, reply_to: ReplyTo) -> Result<Asker, ErrorReply> {
+    let connection = reply_to.connection();
+    let Some(agent) = identity.agent() else {
+        return Ok(Asker {
+            id: identity.id(),
+            connection,
+            weight: 1,
+            quota: None,
+        });
+    };
+    let (name, permissions) = kernel.agents.grant(agent).ok_or_else(|| {
+        ErrorReply::new(
+            ErrorCode::PermissionDenied,
+            format!("agent {agent} is not known"),
+        )
+    })?;
+    if !permissions.think {
+        return Err(ErrorReply::new(
+            ErrorCode::PermissionDenied,
+            format!("agent {name} may not THINK (its permissions.think is false)"),
+        ));
+    }
+    Ok(Asker {
+        id: agent,
+        connection,
+        weight: kernel.llm.weight_of(name),
+        quota: (permissions.llm_tokens > 0).then_some(permissions.llm_tokens),
+    })
+}
+
+/// A refusal with THINK's reply fields: empty content, no tokens.
+pub fn refusal(err: ErrorReply) -> Vec<u8> {
+    to_json(&ThinkReply {
+        success: false,
+        content: String::new(),
+        tokens: 0,
+        error: Some(err.error),
+        code: Some(err.code),
+        usage: None,
+        model: None,
+        queue_ms: None,
+        latency_ms: None,
+    })
+}
