@@ -86,10 +86,16 @@ impl Drop for Server {
 }
 
 /// Starts agentosd on a socket in `dir`, logging only warnings, with its
-/// agents' logs in `dir` too.
+/// agents' logs in `dir` too, and no LLM (a model loading in the
+/// background would disturb what is measured).
 pub fn start_agentosd(binary: &Path, dir: &Path) -> anyhow::Result<Server> {
+    start_agentosd_with(binary, dir, "[llm]\nprovider = \"none\"\n")
+}
+
+/// [`start_agentosd`] with this TOML config.
+pub fn start_agentosd_with(binary: &Path, dir: &Path, config_text: &str) -> anyhow::Result<Server> {
     let config = dir.join("agentosd.toml");
-    std::fs::write(&config, "")?;
+    std::fs::write(&config, config_text)?;
     let socket = dir.join("agentos.sock");
     let mut command = Command::new(binary);
     command

