@@ -69,7 +69,17 @@ def main() -> int:
             print(f"a bad request is refused: {err.code} — {err.message}")
 
         try:
-            client.call_json(Opcode.THINK, "What is 2+2?")
+            if features.get("think"):
+                reply = client.think("What is 2+2? Answer in one sentence.", max_tokens=48)
+                print(f"THINK answer: {' '.join(reply['content'].split())}")
+                print(
+                    f"  {reply['tokens']} tokens from {reply['model']}, "
+                    f"queued {reply['queue_ms']} ms, answered in {reply['latency_ms']} ms"
+                )
+            else:
+                # Asking anyway shows the kernel's reason: no provider
+                # configured, the local model not installed, ...
+                client.think("What is 2+2?")
         except AgentOSError as err:
             print(f"THINK: {err.code} — {err.message}")
 

@@ -206,6 +206,50 @@ class AgentOSClient:
         figures read from its cgroup."""
         return self.call_json(Opcode.LIST)
 
+    def think(
+        self,
+        prompt: Optional[str] = None,
+        system: Optional[str] = None,
+        model: Optional[str] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
+    ) -> dict:
+        """THINK: asks the kernel's shared LLM and returns its reply.
+
+        Give a ``prompt``, a chat history in ``messages`` (dicts with
+        ``role`` — ``system``, ``user`` or ``assistant`` — and ``content``),
+        or both (the prompt then follows the history as the last user
+        turn). ``system``, ``model``, ``max_tokens`` and ``temperature``
+        (0 to 2) are sent only when given; the kernel's defaults apply
+        otherwise::
+
+            with AgentOSClient() as client:
+                reply = client.think("What is 2+2?", max_tokens=32)
+                print(reply["content"], reply["tokens"])
+
+        Returns the reply: ``content``, ``tokens``, ``usage``
+        (``prompt_tokens``, ``completion_tokens``, ``total_tokens``),
+        ``model``, ``queue_ms`` and ``latency_ms``. Raises
+        :class:`AgentOSError` (``bad_request``, ``limit_exceeded``,
+        ``permission_denied``, ``unavailable``, ``busy``, ``timeout``, ...)
+        when the kernel could not answer. The call blocks until the model
+        has answered, so the client's ``timeout`` must allow for that.
+        """
+        if not prompt and not messages:
+            raise ValueError("think() needs a prompt or messages")
+        fields = {
+            "prompt": prompt,
+            "messages": [dict(m) for m in messages] if messages is not None else None,
+            "system": system,
+            "model": model,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
+        request = {k: v for k, v in fields.items() if v is not None}
+        return self.call_json(Opcode.THINK, request)
+
     def spawn(
         self,
         name: str,

@@ -274,7 +274,8 @@ impl Llm {
                     ),
                 ));
             }
-            // Never let one answer overrun the quota.
+            // An answer may not outgrow what is left; the quota is then
+            // overrun only by the error of the prompt's estimate.
             let room = u32::try_from(left - prompt_tokens).unwrap_or(u32::MAX);
             chat.max_tokens = chat.max_tokens.min(room);
         }
@@ -515,12 +516,18 @@ fn remote_provider(kind: ProviderKind, config: &LlmConfig) -> Arc<dyn Provider> 
     }
 }
 
+/// Tokens a chat template adds before any message: role markers, and the
+/// default system prompt some models' templates insert (SmolLM2's is
+/// about 30 tokens).
+const TEMPLATE_TOKENS: u64 = 32;
+
 /// A rough prompt size before the provider counts it: about four
-/// characters a token, plus a few per message for the chat format.
+/// characters a token, a few per message for its role markers, and the
+/// template's own. Generous rather than short, since quotas rely on it.
 fn estimate_prompt_tokens(chat: &Chat) -> u64 {
     let characters: usize = chat.system.as_deref().map_or(0, str::len)
         + chat.messages.iter().map(|m| m.content.len()).sum::<usize>();
-    (characters as u64).div_ceil(4) + 4 * (chat.messages.len() as u64 + 1)
+    (characters as u64).div_ceil(4) + 4 * chat.messages.len() as u64 + TEMPLATE_TOKENS
 }
 
 fn answered(completion: Completion, asked: &str, queue: Duration, latency: Duration) -> Vec<u8> {

@@ -1,0 +1,283 @@
+"""THINK end to end: the SDK, the example agents, and agents' THINK
+permissions and quotas, against one agentosd serving the local model.
+
+The model is tiny and its answers often wrong; the tests check the shape
+of what comes back (content, token counts, timings), never its wording.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+from agentos import AgentOSClient, AgentOSError, Opcode
+from conftest import REPO, Kernel, start_kernel
+
+AGENTS = REPO / "agents"
+# A THINK waits for the model; the SDK's default per-call timeout is for
+# the kernel's own replies.
+THINK_TIMEOUT = 120
+ENDED = {"exited", "failed", "killed", "oom_killed"}
+
+# THINKs until refused, then prints the refusal's code.
+THINK_UNTIL_REFUSED = """\
+import sys
+from agentos import AgentOSClient, AgentOSError
+
+with AgentOSClient(timeout=120) as kernel:
+    for i in range(20):
+        try:
+            reply = kernel.think("Say hello.", max_tokens=16)
+        except AgentOSError as err:
+            print(f"THINK {i}: {err.code}", flush=True)
+            sys.exit(0)
+        print(f"THINK {i}: ok, {reply['tokens']} tokens", flush=True)
+print("never refused", flush=True)
+sys.exit(1)
+"""
+
+
+@pytest.fixture(scope="module")
+def llm_kernel() -> Iterator[Kernel]:
+    # One kernel for the module, so the model loads once. A short directory
+    # of our own: a Unix socket address holds 107 bytes.
+    workdir = Path(tempfile.mkdtemp(prefix="agentos-think-"))
+    kernel = start_kernel(workdir, llm=True)
+    yield kernel
+    try:
+        kernel.stop()
+    except subprocess.TimeoutExpired:
+        kernel.process.kill()
+        kernel.process.wait()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def script_dir() -> Iterator[Path]:
+    """A directory agents (running as another user) can read scripts from."""
+    path = Path(tempfile.mkdtemp(prefix="agentos-think-scripts-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def client_of(kernel: Kernel) -> AgentOSClient:
+    return AgentOSClient(kernel.socket_path, timeout=THINK_TIMEOUT)
+
+
+def wait_ended(client: AgentOSClient, agent_id: int, timeout: float = THINK_TIMEOUT) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = next(a for a in client.list_agents() if a["id"] == agent_id)
+        if info["state"] in ENDED:
+            return info
+        assert time.monotonic() < deadline, f"agent {agent_id} still {info['state']}"
+        time.sleep(0.1)
+
+
+def log_of(kernel: Kernel, name: str, agent_id: int) -> str:
+    path = kernel.log_path.parent / "logs" / f"{name}-{agent_id}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def run_agent(kernel: Kernel, script: str, *args: str) -> subprocess.CompletedProcess:
+    """Runs an example agent directly, as an operator would."""
+    env = dict(os.environ, AGENTOS_SOCKET=kernel.socket_path)
+    return subprocess.run(
+        [sys.executable, AGENTS / script, *args],
+        capture_output=True, text=True, timeout=THINK_TIMEOUT, env=env,
+    )
+
+
+def assert_answered(reply: dict) -> None:
+    assert reply["success"] is True, reply
+    assert reply["error"] is None
+    assert reply["content"].strip()
+    usage = reply["usage"]
+    assert usage["prompt_tokens"] > 0
+    assert usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert reply["tokens"] == usage["total_tokens"]
+    assert isinstance(reply["model"], str) and reply["model"]
+    for field in ("queue_ms", "latency_ms"):
+        assert type(reply[field]) is int and reply[field] >= 0, (field, reply[field])
+
+
+def local_server_key(kernel: Kernel) -> Optional[str]:
+    """The key the kernel gave its local model server, read from the
+    server's environment (we are its user, or root)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name may hold spaces; the fields after it do not.
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid != kernel.process.pid:
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        for entry in environ:
+            if entry.startswith(b"AGENTOS_LLM_LOCAL_KEY="):
+                return entry.split(b"=", 1)[1].decode()
+    return None
+
+
+# -- the SDK -----------------------------------------------------------------
+
+
+def test_think_answers_with_content_token_usage_and_timings(llm_kernel):
+    with client_of(llm_kernel) as client:
+        reply = client.think("What is the capital of France?", max_tokens=32)
+    assert_answered(reply)
+
+
+def test_a_plain_text_payload_is_a_prompt(llm_kernel):
+    with client_of(llm_kernel) as client:
+        _, opcode, payload = client.call(Opcode.THINK, b"Name one colour.")
+    assert opcode == Opcode.THINK
+    assert_answered(json.loads(payload))
+
+
+def test_messages_and_a_system_instruction_are_answered(llm_kernel):
+    history = [
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Hello Ada!"},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    with client_of(llm_kernel) as client:
+        reply = client.think(system="Answer in one short sentence.", messages=history,
+                             max_tokens=24, temperature=0)
+    assert_answered(reply)
+    assert reply["usage"]["completion_tokens"] <= 24
+
+
+def test_hello_names_the_local_model_and_never_its_key(llm_kernel):
+    with client_of(llm_kernel) as client:
+        _, _, raw = client.call(Opcode.HELLO)
+    hello = json.loads(raw)
+    assert hello["features"]["think"] is True
+    llm = hello["llm"]
+    assert llm["provider"] == "local"
+    assert isinstance(llm["model"], str) and llm["model"]
+    assert isinstance(llm["ready"], bool)
+    assert set(llm) <= {"provider", "model", "ready", "reason", "calls", "tokens"}, llm
+    assert not [k for k in llm if "key" in k.lower() or "secret" in k.lower()]
+    key = local_server_key(llm_kernel)
+    assert key, "no local model server with a key found among the kernel's children"
+    assert key.encode() not in raw
+    assert key not in llm_kernel.log()
+
+
+def test_bad_requests_are_refused_in_thinks_reply_shape(llm_kernel):
+    with client_of(llm_kernel) as client:
+        _, _, raw = client.call(Opcode.THINK, {"prompt": "hi", "temperature": 9})
+        refusal = json.loads(raw)
+        assert refusal["success"] is False
+        assert (refusal["content"], refusal["tokens"], refusal["code"]) == ("", 0, "bad_request")
+        assert "temperature" in refusal["error"]
+        with pytest.raises(AgentOSError) as hot:
+            client.think("hi", temperature=9)
+        assert hot.value.code == "bad_request"
+        for empty in ({"prompt": ""}, b"", "   "):
+            with pytest.raises(AgentOSError) as blank:
+                client.call_json(Opcode.THINK, empty)
+            assert blank.value.code == "bad_request", empty
+        with pytest.raises(AgentOSError) as huge:
+            client.think("hi", max_tokens=1_000_000)
+        assert huge.value.code == "limit_exceeded"
+        assert "max_tokens" in huge.value.message
+        assert client.echo("still usable") == "still usable"
+
+
+# -- the example agents --------------------------------------------------------
+
+
+def test_agents_read_lists_from_whatever_shape_the_model_gives():
+    spec = importlib.util.spec_from_file_location("llm_text", AGENTS / "llm_text.py")
+    llm_text = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llm_text)
+    list_items = llm_text.list_items
+    assert list_items("Sure! Here is a plan:\n\n1. Boil water.\n2) Add tea\n- Wait\n") == [
+        "Boil water.", "Add tea", "Wait"]
+    assert list_items("Step 1: boil\nStep 2: pour it") == ["boil", "pour it"]
+    assert list_items("Boil water\nAdd tea\nBoil water") == ["Boil water", "Add tea"]
+    assert list_items("Boil water. Add tea. Wait a bit.") == [
+        "Boil water.", "Add tea.", "Wait a bit."]
+    six = "\n".join(f"{i}. step {i}" for i in range(1, 7))
+    assert list_items(six, limit=3) == ["step 1", "step 2", "step 3"]
+    assert list_items("") == [] and list_items("ok") == []
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("thinking_agent.py", ["answer: ", "tokens: ", "latency: "]),
+    ("research_agent.py", ["[1/", "[2/", "summary: "]),
+    ("code_review_agent.py", ["compile check: compiles", "issues:", "verdict: "]),
+    ("task_planner_agent.py", ["checklist:", "[ ] 1. "]),
+    ("multi_agent_workflow.py", ["exited, exit code 0, THINK calls 1", "summary: "]),
+])
+def test_example_agent_runs_as_an_operator_script(llm_kernel, script, expected):
+    out = run_agent(llm_kernel, script)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for text in expected:
+        assert text in out.stdout, out.stdout
+
+
+def test_code_review_of_a_file_that_does_not_compile_asks_for_changes(llm_kernel, tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n    return 1\n")
+    out = run_agent(llm_kernel, "code_review_agent.py", str(broken))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "compile check: syntax error at line 1" in out.stdout
+    assert "verdict: REQUEST CHANGES" in out.stdout
+
+
+def test_thinking_agent_spawned_as_an_agent_is_charged_in_list(llm_kernel):
+    with client_of(llm_kernel) as client:
+        reply = client.spawn("thinker", AGENTS / "thinking_agent.py", python=sys.executable,
+                             args=["What is 2+2?"])
+        info = wait_ended(client, reply["id"])
+    log = log_of(llm_kernel, "thinker", reply["id"])
+    assert (info["state"], info["exit_code"]) == ("exited", 0), log
+    assert f"agent {reply['id']} asks: What is 2+2?" in log
+    assert "answer: " in log
+    assert info["llm"]["calls"] >= 1
+    assert info["llm"]["tokens"] > 0
+
+
+# -- permissions and quotas ------------------------------------------------------
+
+
+def run_think_loop(kernel: Kernel, script_dir: Path, name: str, permissions: dict):
+    """Spawns the THINK-until-refused agent; returns its LIST entry and log."""
+    script = script_dir / "think_until_refused.py"
+    script.write_text(THINK_UNTIL_REFUSED)
+    script.chmod(0o644)
+    with client_of(kernel) as client:
+        reply = client.spawn(name, script, python=sys.executable, permissions=permissions)
+        info = wait_ended(client, reply["id"])
+    log = log_of(kernel, name, reply["id"])
+    assert (info["state"], info["exit_code"]) == ("exited", 0), log
+    return info, log
+
+
+def test_an_agent_without_think_permission_is_denied(llm_kernel, script_dir):
+    info, log = run_think_loop(llm_kernel, script_dir, "no-think", {"think": False})
+    assert "THINK 0: permission_denied" in log, log
+    assert info["llm"]["calls"] == 0
+
+
+def test_an_agent_over_its_token_quota_is_refused(llm_kernel, script_dir):
+    info, log = run_think_loop(llm_kernel, script_dir, "quota", {"llm_tokens": 50})
+    assert "THINK 0: ok" in log, log
+    assert "limit_exceeded" in log, log
+    assert info["llm"]["calls"] >= 1
+    assert info["llm"]["tokens"] > 0
