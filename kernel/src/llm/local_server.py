@@ -36,6 +36,12 @@ def main() -> None:
     params.n_parallel = parallel
     params.n_ctx = 2048 * parallel
     params.verbosity = -1
+    # SmolLM2's recommended sampling; llama.cpp's defaults (0.8, no
+    # repetition penalty) make so small a model ramble. A request's own
+    # temperature still wins.
+    params.sampling.temp = 0.2
+    params.sampling.top_p = 0.9
+    params.sampling.penalty_repeat = 1.1
     if threads > 0:
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
