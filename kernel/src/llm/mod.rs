@@ -73,6 +73,7 @@ struct InFlight {
     flow: FlowId,
     reply_to: ReplyTo,
     estimate: u64,
+    prompt_estimate: u64,
     queue_ms: u64,
     model: String,
 }
@@ -251,6 +252,7 @@ impl Llm {
         asker: &Asker,
         reply_to: ReplyTo,
         request: ThinkRequest,
+        replies: &mut Vec<(ReplyTo, Vec<u8>)>,
     ) -> Result<(), ErrorReply> {
         if let Some(reason) = &self.unavailable {
             return Err(ErrorReply::new(
@@ -305,7 +307,7 @@ impl Llm {
             self.agents.entry(asker.id).or_default().reserved += estimate;
         }
         self.timers.schedule(deadline, Wake::Expire);
-        self.pump(now);
+        self.pump(now, replies);
         Ok(())
     }
 
@@ -318,7 +320,7 @@ impl Llm {
         for done in finished {
             self.finished(done, replies);
         }
-        self.pump(Instant::now());
+        self.pump(Instant::now(), replies);
     }
 
     /// Handles deadlines that are due: expired requests, admission.
@@ -348,7 +350,7 @@ impl Llm {
                 ));
             }
         }
-        self.pump(now);
+        self.pump(now, replies);
     }
 
     /// The earliest deadline the reactor must wake up for.
@@ -414,10 +416,10 @@ impl Llm {
 
     /// Sends queued requests while there is room at the provider and the
     /// rate limits allow.
-    fn pump(&mut self, now: Instant) {
-        let Some(callers) = &self.callers else {
+    fn pump(&mut self, now: Instant, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
+        if self.callers.is_none() {
             return;
-        };
+        }
         while self.in_flight.len() < self.concurrency {
             let Some((_, head)) = self.scheduler.peek() else {
                 return;
@@ -440,15 +442,33 @@ impl Llm {
                     flow,
                     reply_to: pending.reply_to,
                     estimate: waiting.estimate,
+                    prompt_estimate: estimate_prompt_tokens(&pending.chat),
                     queue_ms,
                     model: pending.chat.model.clone(),
                 },
             );
-            callers.send(CallJob {
+            let job = CallJob {
                 ticket: waiting.ticket,
                 chat: pending.chat,
                 deadline: pending.deadline,
-            });
+            };
+            let sent = match &self.callers {
+                Some(callers) => callers.send(job),
+                None => Err(job),
+            };
+            if let Err(job) = sent {
+                log::error!("the LLM call threads are gone; THINK {} fails", job.ticket);
+                let done = CallDone {
+                    ticket: job.ticket,
+                    result: Err(Failure::fatal(
+                        ErrorCode::Internal,
+                        "the kernel's LLM call threads have stopped",
+                    )),
+                    latency: Duration::ZERO,
+                    attempts: 0,
+                };
+                self.finished(done, replies);
+            }
         }
     }
 
@@ -459,7 +479,7 @@ impl Llm {
         };
         let now = Instant::now();
         let used = match &done.result {
-            Ok(completion) => completion.usage.total_tokens,
+            Ok(completion) => charged_tokens(completion, &call),
             Err(_) => 0,
         };
         self.scheduler.settle(call.flow, call.estimate, used);
@@ -503,6 +523,20 @@ impl Llm {
             record.reserved = record.reserved.saturating_sub(estimate);
         }
     }
+}
+
+/// What an answered call is charged: the provider's count, or, if it gave
+/// none, an estimate from the prompt and the answer's length — never more
+/// than a generous multiple of what was expected, so a provider reporting
+/// absurd usage cannot wreck the counters, buckets and quotas.
+fn charged_tokens(completion: &Completion, call: &InFlight) -> u64 {
+    let reported = completion.usage.total_tokens;
+    let tokens = if reported > 0 {
+        reported
+    } else {
+        call.prompt_estimate + (completion.content.len() as u64).div_ceil(4)
+    };
+    tokens.min(call.estimate.saturating_mul(8).saturating_add(1024))
 }
 
 /// The provider for a remote kind.
@@ -565,4 +599,56 @@ fn failed(failure: &Failure, model: &str, queue: Duration, latency: Duration) ->
         queue_ms: Some(queue.as_millis() as u64),
         latency_ms: Some(latency.as_millis() as u64),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_flight(estimate: u64, prompt_estimate: u64) -> InFlight {
+        InFlight {
+            flow: 1,
+            reply_to: ReplyTo::for_tests(),
+            estimate,
+            prompt_estimate,
+            queue_ms: 0,
+            model: "m".into(),
+        }
+    }
+
+    fn completion(content: &str, total_tokens: u64) -> Completion {
+        Completion {
+            content: content.into(),
+            usage: Usage {
+                total_tokens,
+                ..Usage::default()
+            },
+            model: "m".into(),
+        }
+    }
+
+    #[test]
+    fn the_providers_count_is_charged() {
+        assert_eq!(
+            charged_tokens(&completion("hi", 77), &in_flight(100, 40)),
+            77
+        );
+    }
+
+    #[test]
+    fn a_reply_without_usage_is_charged_by_its_length() {
+        let answer = "x".repeat(400);
+        assert_eq!(
+            charged_tokens(&completion(&answer, 0), &in_flight(600, 40)),
+            140
+        );
+    }
+
+    #[test]
+    fn absurd_usage_is_capped() {
+        assert_eq!(
+            charged_tokens(&completion("hi", u64::MAX), &in_flight(100, 40)),
+            100 * 8 + 1024
+        );
+    }
 }

@@ -65,6 +65,18 @@ impl ReplyTo {
     pub fn connection(&self) -> u64 {
         self.conn.serial
     }
+
+    /// An address for unit tests of code that only carries it along.
+    #[cfg(test)]
+    pub fn for_tests() -> ReplyTo {
+        ReplyTo {
+            conn: ConnKey {
+                index: 0,
+                serial: 0,
+            },
+            seq: 0,
+        }
+    }
 }
 
 #[derive(Debug)]

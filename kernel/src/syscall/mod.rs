@@ -155,7 +155,7 @@ impl Kernel {
             },
             Opcode::KILL => Outcome::Reply(kill::handle(self, io, caller, payload)),
             Opcode::EXIT => exit::handle(),
-            Opcode::THINK => think::handle(self, caller, reply_to, payload),
+            Opcode::THINK => think::handle(self, io, caller, reply_to, payload),
             Opcode::EXEC | Opcode::TASK => {
                 Outcome::Reply(unavailable::handle(opcode, payload).to_json())
             }

@@ -5,15 +5,21 @@
 use agentos_proto::payload::{to_json, ThinkReply, ThinkRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::{Caller, Kernel, Outcome};
+use super::{Caller, Io, Kernel, Outcome};
 use crate::identity::Identity;
 use crate::llm::Asker;
 use crate::reactor::ReplyTo;
 
-pub fn handle(kernel: &mut Kernel, caller: &Caller, reply_to: ReplyTo, payload: &[u8]) -> Outcome {
+pub fn handle(
+    kernel: &mut Kernel,
+    io: &mut Io<'_>,
+    caller: &Caller,
+    reply_to: ReplyTo,
+    payload: &[u8],
+) -> Outcome {
     let queued = ThinkRequest::parse(payload).and_then(|request| {
         let asker = asker(kernel, caller.identity, reply_to)?;
-        kernel.llm.think(&asker, reply_to, request)
+        kernel.llm.think(&asker, reply_to, request, io.replies)
     });
     match queued {
         Ok(()) => Outcome::Later,
