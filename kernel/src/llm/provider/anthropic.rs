@@ -176,18 +176,12 @@ fn turns(chat: &Chat) -> Vec<(&str, String)> {
 mod tests {
     use std::time::Duration;
 
-    use agentos_proto::payload::{ChatMessage, Usage};
+    use agentos_proto::payload::Usage;
     use agentos_proto::ErrorCode;
 
     use super::*;
+    use crate::llm::provider::tests::message;
     use crate::llm::provider::Retry;
-
-    fn message(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
 
     fn chat() -> Chat {
         Chat {

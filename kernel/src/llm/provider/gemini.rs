@@ -222,16 +222,10 @@ fn model_segment(model: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use agentos_proto::payload::{ChatMessage, Usage};
+    use agentos_proto::payload::Usage;
 
     use super::*;
-
-    fn message(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
+    use crate::llm::provider::tests::message;
 
     fn chat() -> Chat {
         Chat {

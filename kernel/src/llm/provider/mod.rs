@@ -317,8 +317,16 @@ pub fn malformed(provider: &str, what: impl fmt::Display) -> Failure {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A chat message, for the providers' tests.
+    pub(crate) fn message(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> ReplyHeaders {
         ReplyHeaders(
