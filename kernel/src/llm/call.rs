@@ -9,7 +9,6 @@ use std::io::Read;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use agentos_proto::ErrorCode;
@@ -76,9 +75,10 @@ pub struct RetryBudget {
 /// The call threads.
 #[derive(Debug)]
 pub struct Callers {
+    /// Dropping it ends the threads (they are detached: a call blocked on
+    /// a slow provider must not hold up shutdown).
     jobs: Option<Sender<CallJob>>,
     done: Receiver<CallDone>,
-    threads: Vec<JoinHandle<()>>,
 }
 
 impl Callers {
@@ -102,14 +102,13 @@ impl Callers {
             .user_agent(concat!("agentosd/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        let mut threads = Vec::with_capacity(count);
         for n in 0..count {
             let jobs = jobs.clone();
             let done = done_tx.clone();
             let waker = waker.clone();
             let endpoint = endpoint.clone();
             let agent = agent.clone();
-            let thread = std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name(format!("llm-{n}"))
                 .spawn(move || loop {
                     let job = {
@@ -139,12 +138,10 @@ impl Callers {
                         log::error!("cannot wake the reactor after an LLM call: {err}");
                     }
                 })?;
-            threads.push(thread);
         }
         Ok(Callers {
             jobs: Some(job_tx),
             done: done_rx,
-            threads,
         })
     }
 
@@ -166,7 +163,6 @@ impl Callers {
     /// Stops the threads once their current calls end; does not wait.
     pub fn stop(&mut self) {
         self.jobs = None;
-        self.threads.clear();
     }
 }
 

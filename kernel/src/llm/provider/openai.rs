@@ -139,7 +139,9 @@ impl Provider for OpenAi {
         Ok(Completion {
             content,
             usage,
-            model: reply.model.unwrap_or_default(),
+            // llama.cpp answers "-" for a model name it was not given an
+            // alias for: no name at all.
+            model: reply.model.filter(|m| m != "-").unwrap_or_default(),
         })
     }
 
