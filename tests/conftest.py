@@ -107,3 +107,20 @@ def kernel() -> Iterator[Kernel]:
             k.process.kill()
             k.process.wait()
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def wait_state(client, agent_id: int, states: set[str], timeout: float = 15) -> dict:
+    """Polls LIST until the agent is in one of ``states``; returns its entry."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = next(a for a in client.list_agents() if a["id"] == agent_id)
+        if info["state"] in states:
+            return info
+        assert time.monotonic() < deadline, f"agent {agent_id} still {info['state']}"
+        time.sleep(0.05)
+
+
+def log_of(kernel: Kernel, name: str, agent_id: int) -> str:
+    """An agent's log as the kernel wrote it (empty if there is none yet)."""
+    path = kernel.log_path.parent / "logs" / f"{name}-{agent_id}.log"
+    return path.read_text() if path.exists() else ""

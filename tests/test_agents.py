@@ -11,24 +11,9 @@ import time
 import pytest
 
 from agentos import AgentOSClient, AgentOSError
-from conftest import REPO
+from conftest import REPO, log_of, wait_state
 
 AGENTS = REPO / "agents"
-
-
-def wait_state(client: AgentOSClient, agent_id: int, states: set[str], timeout: float = 15) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        info = next(a for a in client.list_agents() if a["id"] == agent_id)
-        if info["state"] in states:
-            return info
-        assert time.monotonic() < deadline, f"agent {agent_id} still {info['state']}"
-        time.sleep(0.05)
-
-
-def log_of(kernel, name: str, agent_id: int) -> str:
-    path = kernel.log_path.parent / "logs" / f"{name}-{agent_id}.log"
-    return path.read_text() if path.exists() else ""
 
 
 def test_spawn_list_and_kill_through_the_sdk(kernel):

@@ -14,14 +14,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
 
 from agentos import AgentOSClient, AgentOSError, Opcode
-from conftest import REPO, Kernel, start_kernel
+from conftest import REPO, Kernel, log_of, start_kernel, wait_state
 
 AGENTS = REPO / "agents"
 # A THINK waits for the model; the SDK's default per-call timeout is for
@@ -73,21 +72,6 @@ def script_dir() -> Iterator[Path]:
 
 def client_of(kernel: Kernel) -> AgentOSClient:
     return AgentOSClient(kernel.socket_path, timeout=THINK_TIMEOUT)
-
-
-def wait_ended(client: AgentOSClient, agent_id: int, timeout: float = THINK_TIMEOUT) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        info = next(a for a in client.list_agents() if a["id"] == agent_id)
-        if info["state"] in ENDED:
-            return info
-        assert time.monotonic() < deadline, f"agent {agent_id} still {info['state']}"
-        time.sleep(0.1)
-
-
-def log_of(kernel: Kernel, name: str, agent_id: int) -> str:
-    path = kernel.log_path.parent / "logs" / f"{name}-{agent_id}.log"
-    return path.read_text() if path.exists() else ""
 
 
 def run_agent(kernel: Kernel, script: str, *args: str) -> subprocess.CompletedProcess:
@@ -244,7 +228,7 @@ def test_thinking_agent_spawned_as_an_agent_is_charged_in_list(llm_kernel):
     with client_of(llm_kernel) as client:
         reply = client.spawn("thinker", AGENTS / "thinking_agent.py", python=sys.executable,
                              args=["What is 2+2?"])
-        info = wait_ended(client, reply["id"])
+        info = wait_state(client, reply["id"], ENDED, THINK_TIMEOUT)
     log = log_of(llm_kernel, "thinker", reply["id"])
     assert (info["state"], info["exit_code"]) == ("exited", 0), log
     assert f"agent {reply['id']} asks: What is 2+2?" in log
@@ -263,7 +247,7 @@ def run_think_loop(kernel: Kernel, script_dir: Path, name: str, permissions: dic
     script.chmod(0o644)
     with client_of(kernel) as client:
         reply = client.spawn(name, script, python=sys.executable, permissions=permissions)
-        info = wait_ended(client, reply["id"])
+        info = wait_state(client, reply["id"], ENDED, THINK_TIMEOUT)
     log = log_of(kernel, name, reply["id"])
     assert (info["state"], info["exit_code"]) == ("exited", 0), log
     return info, log

@@ -339,10 +339,9 @@ fn hello(client: &mut Client, json: bool) -> anyhow::Result<()> {
         );
     }
     if let Some(llm) = reply.llm {
-        let state = match (&llm.reason, llm.ready) {
-            (_, true) => "ready".to_owned(),
-            (Some(reason), false) => reason.clone(),
-            (None, false) => "not ready".to_owned(),
+        let state = match (llm.ready, llm.reason) {
+            (true, _) => "ready".to_owned(),
+            (false, reason) => reason.unwrap_or_else(|| "not ready".to_owned()),
         };
         println!(
             "llm:       {} {} ({state}; {} calls, {} tokens so far)",
