@@ -1,7 +1,9 @@
 //! The seccomp filter sandboxed code runs under: everything is allowed
 //! except what sandboxed code never needs and what could reach past the
 //! sandbox — mounting, tracing, loading kernel code or BPF, keyrings,
-//! creating or entering namespaces, and the like — which fails with EPERM.
+//! creating or entering namespaces, io_uring (whose operations never pass
+//! through the filter), vsock sockets (which no namespace confines), and
+//! the like — which fails with EPERM.
 //!
 //! `clone3` fails with ENOSYS instead: its flags live in memory a filter
 //! cannot inspect, so it is refused outright, and ENOSYS makes glibc fall
@@ -59,11 +61,18 @@ const DENIED: &[libc::c_long] = &[
     libc::SYS_adjtimex,
     libc::SYS_vhangup,
     libc::SYS_fanotify_init,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
     #[cfg(target_arch = "x86_64")]
     libc::SYS_iopl,
     #[cfg(target_arch = "x86_64")]
     libc::SYS_ioperm,
 ];
+
+/// The socket family refused: vsock reaches the hypervisor and other
+/// virtual machines, and no network namespace confines it.
+const REFUSED_FAMILY: u32 = libc::AF_VSOCK as u32;
 
 /// `clone` flags that create namespaces: refused. All live in the low 32
 /// bits, the only ones `clone` reads.
@@ -101,6 +110,8 @@ enum Verdict {
     Unsupported,
     /// Refused if the flags create a namespace, allowed otherwise.
     CheckCloneFlags,
+    /// Refused if the family is [`REFUSED_FAMILY`], allowed otherwise.
+    CheckSocketFamily,
 }
 
 /// Calls that get anything but [`Verdict::Allow`], by number.
@@ -111,6 +122,8 @@ fn verdicts() -> Vec<(u32, Verdict)> {
         .chain([
             (libc::SYS_clone as u32, Verdict::CheckCloneFlags),
             (libc::SYS_clone3 as u32, Verdict::Unsupported),
+            (libc::SYS_socket as u32, Verdict::CheckSocketFamily),
+            (libc::SYS_socketpair as u32, Verdict::CheckSocketFamily),
         ])
         .collect();
     table.sort_unstable();
@@ -143,7 +156,14 @@ pub fn filter() -> Filter {
     decide(&verdicts(), &mut code, &mut exits);
 
     // The verdicts, each after every jump to it (BPF jumps only forward).
-    // The clone check falls through to the allow, or skips it to refuse.
+    // The argument checks come first: the socket check jumps over the
+    // clone check to the allow or the refusal; the clone check falls
+    // through to the allow, or skips it to refuse.
+    let socket_check = code.len();
+    code.extend([
+        load(ARG0_LOW_OFFSET),
+        jump(libc::BPF_JEQ, REFUSED_FAMILY, 3, 2),
+    ]);
     let clone_check = code.len();
     code.extend([
         load(ARG0_LOW_OFFSET),
@@ -155,6 +175,7 @@ pub fn filter() -> Filter {
     code.push(ret(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32));
     let unsupported = code.len();
     code.push(ret(libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
+    debug_assert_eq!((allow, refuse), (socket_check + 4, socket_check + 5));
 
     // Aim the tree's exits: a leaf's comparisons jump when true, and its
     // closing unconditional jump goes to the allow.
@@ -164,6 +185,7 @@ pub fn filter() -> Filter {
             Verdict::Refuse => refuse,
             Verdict::Unsupported => unsupported,
             Verdict::CheckCloneFlags => clone_check,
+            Verdict::CheckSocketFamily => socket_check,
         };
         let offset = target - at - 1;
         let instruction = &mut code[at];
@@ -305,8 +327,10 @@ mod tests {
             } else {
                 ALLOW
             };
-            // clone with plain fork flags is allowed like any call.
+            // clone with plain fork flags, and sockets of an ordinary
+            // family, are allowed like any call.
             let arg0 = libc::SIGCHLD as u64;
+            assert_ne!(arg0, libc::AF_VSOCK as u64);
             assert_eq!(run(&filter, AUDIT_ARCH, nr, arg0).0, expected, "call {nr}");
         }
     }
@@ -336,6 +360,38 @@ mod tests {
         ] {
             let flags = libc::SIGCHLD as u64 | flag as u64;
             assert_eq!(run(&filter, AUDIT_ARCH, clone, flags).0, EPERM, "{flag:#x}");
+        }
+    }
+
+    #[test]
+    fn vsock_sockets_are_refused_and_other_families_allowed() {
+        let filter = filter();
+        for call in [libc::SYS_socket, libc::SYS_socketpair] {
+            let call = call as u32;
+            assert_eq!(
+                run(&filter, AUDIT_ARCH, call, libc::AF_VSOCK as u64).0,
+                EPERM
+            );
+            for family in [
+                libc::AF_UNIX,
+                libc::AF_INET,
+                libc::AF_INET6,
+                libc::AF_NETLINK,
+            ] {
+                assert_eq!(run(&filter, AUDIT_ARCH, call, family as u64).0, ALLOW);
+            }
+        }
+    }
+
+    #[test]
+    fn io_uring_is_refused() {
+        let filter = filter();
+        for call in [
+            libc::SYS_io_uring_setup,
+            libc::SYS_io_uring_enter,
+            libc::SYS_io_uring_register,
+        ] {
+            assert_eq!(run(&filter, AUDIT_ARCH, call as u32, 0).0, EPERM);
         }
     }
 
@@ -399,6 +455,11 @@ mod tests {
                             || errno() != libc::EPERM
                         {
                             return 14;
+                        }
+                        if libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0) != -1
+                            || errno() != libc::EPERM
+                        {
+                            return 18;
                         }
                         let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong;
                         match libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) {

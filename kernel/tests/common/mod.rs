@@ -73,43 +73,28 @@ impl Daemon {
         Daemon::spawn(dir, socket, config, None)
     }
 
+    /// A daemon whose socket, config file and logs live in `dir` (which a
+    /// test may make readable to agents).
+    pub fn start_in(dir: tempfile::TempDir, config: &str) -> Daemon {
+        let socket = dir.path().join("agentos.sock");
+        let daemon = Daemon::spawn(dir, socket, config, None);
+        daemon.wait_ready();
+        daemon
+    }
+
+    /// Starts a new daemon on the same socket and directory, once this
+    /// one has exited (after a SIGKILL, say).
+    pub fn restart(&mut self, config: &str) {
+        let status = self.wait(Duration::from_secs(10));
+        eprintln!("previous agentosd ended: {status}");
+        let (child, log) = launch(self.dir.path(), &self.socket, config, None);
+        self.child = Some(child);
+        self.log = log;
+        self.wait_ready();
+    }
+
     fn spawn(dir: tempfile::TempDir, socket: PathBuf, config: &str, nofile: Option<u64>) -> Daemon {
-        use std::os::unix::process::CommandExt;
-        let config_path = dir.path().join(format!("agentosd-{}.toml", unique()));
-        fs::write(&config_path, with_llm_off_by_default(config)).unwrap();
-        let log = dir.path().join(format!("agentosd-{}.log", unique()));
-        let mut command = Command::new(AGENTOSD);
-        if let Some(limit) = nofile {
-            // SAFETY: setrlimit is async-signal-safe; nothing else runs
-            // between fork and exec here.
-            unsafe {
-                command.pre_exec(move || {
-                    let rlimit = libc::rlimit {
-                        rlim_cur: limit,
-                        rlim_max: limit,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let child = command
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--config")
-            .arg(&config_path)
-            .env_remove("AGENTOS_SOCKET")
-            .env_remove("RUST_LOG")
-            .envs(LLM_VARIABLES.iter().map(|name| (name, "")))
-            .env("AGENTOS_LOG_LEVEL", "debug")
-            .env("AGENTOS_AGENT_LOG_DIR", dir.path().join("logs"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let (child, log) = launch(dir.path(), &socket, config, nofile);
         Daemon {
             child: Some(child),
             dir,
@@ -202,6 +187,52 @@ impl Daemon {
         self.signal(libc::SIGTERM);
         self.wait(Duration::from_secs(10))
     }
+}
+
+/// Starts an agentosd process whose config, log and agent logs live in `dir`.
+fn launch(
+    dir: &std::path::Path,
+    socket: &std::path::Path,
+    config: &str,
+    nofile: Option<u64>,
+) -> (Child, PathBuf) {
+    use std::os::unix::process::CommandExt;
+    let config_path = dir.join(format!("agentosd-{}.toml", unique()));
+    fs::write(&config_path, with_llm_off_by_default(config)).unwrap();
+    let log = dir.join(format!("agentosd-{}.log", unique()));
+    let mut command = Command::new(AGENTOSD);
+    if let Some(limit) = nofile {
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs
+        // between fork and exec here.
+        unsafe {
+            command.pre_exec(move || {
+                let rlimit = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: limit,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let child = command
+        .arg("--socket")
+        .arg(socket)
+        .arg("--config")
+        .arg(&config_path)
+        .env_remove("AGENTOS_SOCKET")
+        .env_remove("RUST_LOG")
+        .envs(LLM_VARIABLES.iter().map(|name| (name, "")))
+        .env("AGENTOS_LOG_LEVEL", "debug")
+        .env("AGENTOS_AGENT_LOG_DIR", dir.join("logs"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    (child, log)
 }
 
 impl Drop for Daemon {
@@ -320,6 +351,20 @@ pub fn assert_usable(stream: &mut UnixStream) {
     let (header, payload) = recv(stream);
     assert_eq!(header.opcode, Opcode::NOOP);
     assert_eq!(payload, b"still there?");
+}
+
+/// Ends a test that needs root, saying so loudly, when not run as root.
+#[macro_export]
+macro_rules! require_root {
+    ($what:expr) => {
+        if !$crate::common::is_root() {
+            eprintln!(
+                "!!! NOT TESTED: {} needs root; run the suite as root (CI does)",
+                $what
+            );
+            return;
+        }
+    };
 }
 
 /// Whether the tests run as root (some behaviours can only be shown then).
@@ -488,4 +533,72 @@ pub fn settled_fd_count(daemon: &Daemon) -> usize {
         }
     }
     last
+}
+
+/// An agent that performs requests on its own socket: `argv[1]` is a JSON
+/// list of `[opcode, payload]`; each reply is printed as `REPLY <json>`
+/// (`{"agent_id": .., "reply": ..}`), then `DONE`, and then it waits
+/// (`argv[2]` seconds, default 30) so its children stay its own.
+pub const ACTOR: &str = r#"
+import time
+for op, payload in json.loads(sys.argv[1]):
+    agent_id, reply = call(op, payload)
+    text = reply.decode(errors="replace")
+    body = json.loads(text) if text[:1] in "{[" else text
+    print("REPLY " + json.dumps({"agent_id": agent_id, "reply": body}), flush=True)
+print("DONE", flush=True)
+time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 30)
+"#;
+
+/// Writes [`ACTOR`] (with the protocol helpers) into `dir`.
+pub fn write_actor(dir: &std::path::Path) -> PathBuf {
+    write_script(dir, "actor.py", &format!("{PY_KERNEL}{ACTOR}"))
+}
+
+/// Spawns `actor` (see [`write_actor`]) as agent `name` with the extra SPAWN
+/// fields in `spawn`, has it send `requests`, and returns its id and the
+/// replies it got.
+pub fn act(
+    daemon: &Daemon,
+    client: &mut agentos_proto::Client,
+    actor: &std::path::Path,
+    name: &str,
+    spawn: serde_json::Value,
+    requests: serde_json::Value,
+) -> (u64, Vec<serde_json::Value>) {
+    let mut body =
+        serde_json::json!({"name": name, "script": actor, "args": [requests.to_string()]});
+    for (key, value) in spawn.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    let reply = request(client, Opcode::SPAWN, &body);
+    assert_eq!(reply["success"], true, "{body} -> {reply}");
+    let id = reply["id"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = agent_log(daemon, name, id);
+        if log.lines().any(|l| l == "DONE") {
+            let replies = log
+                .lines()
+                .filter_map(|l| l.strip_prefix("REPLY "))
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            return (id, replies);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent {name} did not finish its requests:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The names of the agents LIST shows.
+pub fn listed_names(client: &mut agentos_proto::Client) -> Vec<String> {
+    request(client, Opcode::LIST, &serde_json::json!({}))
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap().to_owned())
+        .collect()
 }
