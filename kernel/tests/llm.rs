@@ -391,6 +391,62 @@ fn a_backlog_does_not_delay_another_caller() {
     }
 }
 
+/// A newcomer is not held up by another caller's backlog, however far the
+/// provider's usage is from what the kernel estimated before sending: with
+/// one request at a time, at most the request already at the provider and
+/// one more go before the newcomer's (two service times).
+#[test]
+fn a_newcomer_is_next_whatever_the_usage_says() {
+    const SERVICE: Duration = Duration::from_millis(50);
+    for (label, usage) in [("far below", 10u64), ("far above", 2000)] {
+        let stub = Stub::start(move |_, _| {
+            Reply::openai("ok", usage / 2, usage - usage / 2).after(SERVICE)
+        });
+        let daemon = daemon_for("openai", &stub, "concurrency = 1\n");
+        let mut greedy = daemon.raw();
+        let mut batch = Vec::new();
+        for _ in 0..30 {
+            batch.extend(encode_frame(
+                Opcode::THINK,
+                0,
+                br#"{"prompt":"greedy","max_tokens":256}"#,
+            ));
+        }
+        greedy.write_all(&batch).unwrap();
+        std::thread::sleep(SERVICE * 4);
+        let mut polite = daemon.client();
+        let seen_before = stub.requests().len();
+        let started = Instant::now();
+        let reply = request(
+            &mut polite,
+            Opcode::THINK,
+            &json!({"prompt": "polite", "max_tokens": 256}),
+        );
+        let waited = started.elapsed();
+        assert_eq!(reply["success"], true, "{reply}");
+        let position = stub
+            .requests()
+            .iter()
+            .position(|r| r.json()["messages"][0]["content"] == "polite")
+            .unwrap();
+        eprintln!(
+            "usage {label} the estimate: the newcomer's THINK was request {} after it arrived, \
+             answered in {:.1} service times",
+            position + 1 - seen_before,
+            waited.as_secs_f64() / SERVICE.as_secs_f64()
+        );
+        assert!(
+            position <= seen_before + 1,
+            "usage {label} the estimate: {} of the backlog's requests went before the \
+             newcomer's",
+            position - seen_before
+        );
+        for _ in 0..30 {
+            recv(&mut greedy);
+        }
+    }
+}
+
 /// The reactor never waits for the provider: NOOPs stay fast while 50
 /// THINKs are queued behind a slow one.
 #[test]

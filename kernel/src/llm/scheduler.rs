@@ -5,10 +5,17 @@
 //! served, divided by its weight. The next request sent is the head of the
 //! backlogged flow with the smallest counter (the virtual token counter
 //! scheme of "Fairness in Serving LLMs", OSDI '24). A request is charged
-//! its estimate when it is sent and corrected by the provider's count when
-//! it returns. A flow that becomes backlogged starts no lower than the
-//! counters of the flows already waiting, so an idle caller banks no
-//! credit and cannot then monopolise the model.
+//! its estimate when it is sent — so one flow does not take every free
+//! slot at the provider — and corrected by the provider's count when it
+//! returns.
+//!
+//! A flow that becomes backlogged starts no lower than the *settled*
+//! counters of the flows already waiting (what they have really been
+//! served, without the estimates of their requests still at the provider),
+//! so an idle caller banks no credit and cannot then monopolise the model —
+//! and a newcomer does not start above a backlog whose in-flight estimates
+//! are about to be refunded, which would let that backlog win turn after
+//! turn when answers are much shorter than asked for.
 //!
 //! The scheduler knows nothing of sockets, threads or time: it orders
 //! requests, and [`super::Llm`] decides when one may go.
@@ -37,8 +44,11 @@ pub struct Waiting<T> {
 #[derive(Debug)]
 struct Flow<T> {
     queue: VecDeque<Waiting<T>>,
-    /// Weighted tokens served, in [`SCALE`] units.
+    /// Weighted tokens served, in [`SCALE`] units, including what its
+    /// requests at the provider were charged.
     counter: u64,
+    /// The part of `counter` charged to requests still at the provider.
+    outstanding: u64,
     weight: u32,
     /// Requests taken and not yet settled: a flow is kept while it has
     /// any, so the provider's count always corrects the counter it was
@@ -49,6 +59,11 @@ struct Flow<T> {
 impl<T> Flow<T> {
     fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.in_flight == 0
+    }
+
+    /// What the flow has been served, its requests at the provider aside.
+    fn settled(&self) -> u64 {
+        self.counter - self.outstanding
     }
 }
 
@@ -62,7 +77,7 @@ pub struct Scheduler<T> {
     flows: HashMap<FlowId, Flow<T>>,
     queued: usize,
     capacity: usize,
-    /// The highest counter any served flow has reached: the scheduler's
+    /// The highest settled counter any flow has reached: the scheduler's
     /// virtual time. A flow that turns backlogged while no other is starts
     /// here.
     floor: u64,
@@ -101,12 +116,13 @@ impl<T> Scheduler<T> {
         let entry = self.flows.entry(flow).or_insert_with(|| Flow {
             queue: VecDeque::new(),
             counter: start,
+            outstanding: 0,
             weight,
             in_flight: 0,
         });
         entry.weight = weight.max(1);
-        if entry.queue.is_empty() {
-            entry.counter = entry.counter.max(start);
+        if entry.queue.is_empty() && entry.settled() < start {
+            entry.counter = start + entry.outstanding;
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
@@ -136,10 +152,9 @@ impl<T> Scheduler<T> {
         let waiting = flow.queue.pop_front()?;
         self.queued -= 1;
         flow.in_flight += 1;
-        flow.counter = flow
-            .counter
-            .saturating_add(weighted(waiting.estimate, flow.weight));
-        self.floor = self.floor.max(flow.counter);
+        let charge = weighted(waiting.estimate, flow.weight);
+        flow.counter = flow.counter.saturating_add(charge);
+        flow.outstanding = flow.outstanding.saturating_add(charge);
         Some((id, waiting))
     }
 
@@ -151,8 +166,11 @@ impl<T> Scheduler<T> {
                 weighted(estimate, flow.weight),
                 weighted(actual, flow.weight),
             );
+            let charged = charged.min(flow.outstanding);
+            flow.outstanding -= charged;
             flow.counter = flow.counter.saturating_add(owed).saturating_sub(charged);
             flow.in_flight = flow.in_flight.saturating_sub(1);
+            self.floor = self.floor.max(flow.settled());
         }
         self.forget_idle();
     }
@@ -173,19 +191,19 @@ impl<T> Scheduler<T> {
         removed
     }
 
-    /// The smallest counter among backlogged flows.
+    /// The smallest settled counter among backlogged flows.
     fn backlogged_minimum(&self) -> Option<u64> {
         self.flows
             .values()
             .filter(|flow| !flow.queue.is_empty())
-            .map(|flow| flow.counter)
+            .map(Flow::settled)
             .min()
     }
 
     /// Drops idle flows that carry no debt: they would start at the floor
-    /// anyway, and operator connections come and go without end. (A flow
-    /// served last sits at the floor, so one-shot callers leave nothing
-    /// behind.)
+    /// anyway, and operator connections come and go without end. (An idle
+    /// flow's counter is settled, and so at most the floor: one-shot
+    /// callers leave nothing behind.)
     fn forget_idle(&mut self) {
         let floor = self.floor;
         self.flows
@@ -228,6 +246,39 @@ mod tests {
             position <= 1,
             "flow 2 served at position {position}: {order:?}"
         );
+    }
+
+    /// One request at a time, each costing `actual`: a backlog of 30, and
+    /// a newcomer arriving while one of them is at the provider. Returns
+    /// how many of the backlog went before the newcomer.
+    fn backlog_ahead_of_a_newcomer(actual: u64) -> usize {
+        let mut s = Scheduler::new(100);
+        for _ in 0..30 {
+            s.push(1, 1, 300, ()).unwrap();
+        }
+        let (flow, w) = s.pop().unwrap();
+        s.settle(flow, w.estimate, actual);
+        let (flow, w) = s.pop().unwrap();
+        s.push(2, 1, 300, ()).unwrap();
+        s.settle(flow, w.estimate, actual);
+        let mut ahead = 0;
+        loop {
+            let (flow, w) = s.pop().unwrap();
+            s.settle(flow, w.estimate, actual);
+            if flow == 2 {
+                return ahead;
+            }
+            ahead += 1;
+        }
+    }
+
+    #[test]
+    fn a_newcomer_goes_next_whatever_the_usage() {
+        // Answers far shorter than asked for, as they usually are...
+        assert_eq!(backlog_ahead_of_a_newcomer(10), 0);
+        // ...just as asked for, and far longer.
+        assert_eq!(backlog_ahead_of_a_newcomer(300), 0);
+        assert_eq!(backlog_ahead_of_a_newcomer(3000), 0);
     }
 
     #[test]
