@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,21 +98,21 @@ def assert_answered(reply: dict) -> None:
         assert type(reply[field]) is int and reply[field] >= 0, (field, reply[field])
 
 
-def local_server_key(kernel: Kernel) -> Optional[str]:
-    """The key the kernel gave its local model server, read from the
-    server's environment (we are its user, or root)."""
+# The local model server's key: 128 random bits, in hex.
+KEY_SHAPE = re.compile(rb"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
+
+
+def local_server(kernel: Kernel) -> Optional[Path]:
+    """The /proc directory of the kernel's local model server."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             # The command name may hold spaces; the fields after it do not.
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if ppid != kernel.process.pid:
-                continue
-            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+            cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        for entry in environ:
-            if entry.startswith(b"AGENTOS_LLM_LOCAL_KEY="):
-                return entry.split(b"=", 1)[1].decode()
+        if ppid == kernel.process.pid and b"agentos-llm-launcher" in cmdline:
+            return stat.parent
     return None
 
 
@@ -155,10 +156,14 @@ def test_hello_names_the_local_model_and_never_its_key(llm_kernel):
     assert isinstance(llm["ready"], bool)
     assert set(llm) <= {"provider", "model", "ready", "reason", "calls", "tokens"}, llm
     assert not [k for k in llm if "key" in k.lower() or "secret" in k.lower()]
-    key = local_server_key(llm_kernel)
-    assert key, "no local model server with a key found among the kernel's children"
-    assert key.encode() not in raw
-    assert key not in llm_kernel.log()
+    # The key reaches the server on its stdin: it is in none of the places
+    # a process's secrets leak from, nor in HELLO or the kernel's log.
+    server = local_server(llm_kernel)
+    assert server is not None, "no local model server among the kernel's children"
+    for leak in ((server / "environ").read_bytes(), (server / "cmdline").read_bytes(), raw,
+                 llm_kernel.log().encode()):
+        assert not KEY_SHAPE.search(leak), leak[:2000]
+    assert b"KEY" not in (server / "environ").read_bytes()
 
 
 def test_bad_requests_are_refused_in_thinks_reply_shape(llm_kernel):

@@ -40,6 +40,10 @@ pub struct Config {
     pub max_in_flight: u32,
     /// Connections served at once; more are told `busy` and closed.
     pub max_connections: usize,
+    /// Of those, how many agents can never take: agents together hold at
+    /// most `max_connections` minus this (minus at most half), so operators
+    /// are always served.
+    pub reserved_operator_connections: usize,
     /// Reply bytes held for a connection (unsent, or completed and waiting
     /// for an earlier reply) above which the kernel stops reading from it.
     pub write_high_water: usize,
@@ -108,6 +112,8 @@ pub struct AgentsConfig {
     pub warm_pool: usize,
     /// On shutdown, time agents get between SIGTERM and SIGKILL.
     pub stop_grace_ms: u64,
+    /// Connections one agent may hold on its socket at once.
+    pub max_connections: usize,
 }
 
 impl Default for AgentsConfig {
@@ -130,6 +136,7 @@ impl Default for AgentsConfig {
             max_agents: 1024,
             warm_pool: 2,
             stop_grace_ms: 5_000,
+            max_connections: 64,
         }
     }
 }
@@ -158,6 +165,9 @@ impl AgentsConfig {
         }
         if self.max_agents == 0 {
             return invalid("agents.max_agents", "must be at least 1".into());
+        }
+        if self.max_connections == 0 {
+            return invalid("agents.max_connections", "must be at least 1".into());
         }
         if !self.python.is_absolute() {
             return invalid("agents.python", "must be an absolute path".into());
@@ -198,6 +208,7 @@ impl Default for Config {
             max_request_bytes: agentos_proto::DEFAULT_MAX_REQUEST_BYTES,
             max_in_flight: 128,
             max_connections: 8192,
+            reserved_operator_connections: 64,
             write_high_water: 4 << 20,
             write_stall_timeout_ms: 30_000,
             frame_timeout_ms: 30_000,
@@ -390,6 +401,7 @@ impl Config {
         if self.max_connections == 0 {
             return invalid("max_connections", "must be at least 1".into());
         }
+
         if !(1..=256).contains(&self.workers) {
             return invalid("workers", format!("{} is outside 1..=256", self.workers));
         }
@@ -455,6 +467,15 @@ impl Config {
     /// [`frame_timeout_ms`](Self::frame_timeout_ms) as a duration.
     pub fn frame_timeout(&self) -> Duration {
         Duration::from_millis(self.frame_timeout_ms)
+    }
+
+    /// Connections all agents together may hold: `max_connections` less
+    /// the operators' reserve, which is at most half of it.
+    pub fn agents_connection_share(&self) -> usize {
+        let reserve = self
+            .reserved_operator_connections
+            .min(self.max_connections / 2);
+        self.max_connections - reserve
     }
 
     /// [`shutdown_grace_ms`](Self::shutdown_grace_ms) as a duration.

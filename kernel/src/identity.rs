@@ -1,9 +1,13 @@
 //! Who is calling. The kernel never trusts the header's `agent_id`: it asks
 //! the socket (`SO_PEERCRED`) for the peer's pid, uid and gid at accept time
-//! and derives the caller's identity from that alone.
+//! and derives the caller's identity from that alone — together with the
+//! peer's PID namespace, because uid 0 inside a sandbox's user namespace is
+//! the daemon's own uid outside it.
 
+use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
@@ -63,6 +67,81 @@ pub fn peer_groups(socket: &impl AsFd) -> io::Result<Vec<u32>> {
         }
         return Err(err);
     }
+}
+
+/// `ioctl(2)` request for the parent of a PID namespace (`NS_GET_PARENT`).
+const NS_GET_PARENT: libc::c_ulong = 0xb702;
+/// Nested PID namespaces Linux allows.
+const MAX_PID_NAMESPACE_DEPTH: usize = 32;
+
+/// The PID namespaces the peer of `socket` lives in (inode numbers): its
+/// own first, then each parent up to the kernel's own. `Ok(None)`: the
+/// kernel may not look (a process of another user, to an unprivileged
+/// kernel — never one of its sandboxes, whose processes are its own).
+/// An error: the peer is gone.
+pub fn peer_pid_namespaces(socket: &impl AsFd, peer: &PeerCred) -> io::Result<Option<Vec<u64>>> {
+    // Pin the peer first: if the process behind the pid is still alive
+    // after its namespace was read, the pid was not reused meanwhile.
+    let pinned = peer_pidfd(socket);
+    let namespace = match File::open(format!("/proc/{}/ns/pid", peer.pid)) {
+        Ok(file) => file,
+        Err(err) if err.kind() == io::ErrorKind::PermissionDenied => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut chain = Vec::new();
+    let own = std::fs::metadata("/proc/self/ns/pid")?.ino();
+    let mut current = OwnedFd::from(namespace);
+    for _ in 0..MAX_PID_NAMESPACE_DEPTH {
+        let inode = File::from(current.try_clone()?).metadata()?.ino();
+        chain.push(inode);
+        if inode == own {
+            break;
+        }
+        // SAFETY: NS_GET_PARENT on a namespace descriptor we own; it
+        // returns a new descriptor or -1 (EPERM past our own namespace).
+        let parent = unsafe { libc::ioctl(current.as_raw_fd(), NS_GET_PARENT) };
+        if parent < 0 {
+            break;
+        }
+        // SAFETY: a fresh descriptor nothing else owns.
+        current = unsafe { OwnedFd::from_raw_fd(parent) };
+    }
+    if let Some(pidfd) = pinned {
+        // SAFETY: pidfd_send_signal with signal 0 only checks the process.
+        let alive = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        } == 0;
+        if !alive {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+    }
+    Ok(Some(chain))
+}
+
+/// A pidfd for the peer as it was when it connected (`SO_PEERPIDFD`,
+/// Linux 6.5+), if the kernel offers one.
+fn peer_pidfd(socket: &impl AsFd) -> Option<OwnedFd> {
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is a writable c_int and `len` its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: on success the kernel gave us a fresh pidfd.
+    (rc == 0 && fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// The caller's identity, carried as `agent_id` in every reply.
@@ -178,6 +257,15 @@ mod tests {
             .identify(&peer(1234, 1234), || vec![7])
             .unwrap_err();
         assert!(err.contains("uid 1234"), "{err}");
+    }
+
+    #[test]
+    fn a_peer_on_the_host_lives_in_the_kernels_own_pid_namespace() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let peer = peer_cred(&a).unwrap();
+        let chain = peer_pid_namespaces(&a, &peer).unwrap().unwrap();
+        let own = std::fs::metadata("/proc/self/ns/pid").unwrap().ino();
+        assert_eq!(chain, [own]);
     }
 
     #[test]

@@ -511,7 +511,7 @@ fn sigterm_stops_every_agent_and_removes_their_sockets() {
         .collect();
     drop(client);
     let mut daemon = daemon;
-    let agents_dir = daemon.dir.path().join("agents");
+    let agents_dir = daemon.dir.path().join("agentos.sock.d").join("agents");
     assert_eq!(std::fs::read_dir(&agents_dir).unwrap().count(), 3);
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait(Duration::from_secs(15)).success());

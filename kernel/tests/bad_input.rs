@@ -192,6 +192,37 @@ fn a_thousand_concurrent_connections_are_all_served() {
     );
 }
 
+/// After a crowd of connections has come and gone, the kernel gives the
+/// memory back: its resident size returns to near what it was at idle.
+#[test]
+fn memory_returns_near_idle_after_a_thousand_connections_come_and_go() {
+    raise_fd_limit();
+    let daemon = Daemon::start();
+    let fds_idle = common::settled_fd_count(&daemon);
+    let idle = daemon.rss_kib();
+    let mut streams: Vec<UnixStream> = (0..1000).map(|_| daemon.raw()).collect();
+    for (i, stream) in streams.iter_mut().enumerate() {
+        send(stream, Opcode::NOOP, format!("conn-{i}").as_bytes());
+    }
+    for stream in &mut streams {
+        recv(stream);
+    }
+    let loaded = daemon.rss_kib();
+    drop(streams);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while daemon.fd_count() > fds_idle && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Give the kernel an idle moment to shrink.
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = daemon.rss_kib();
+    eprintln!("RSS: idle {idle} KiB, under load {loaded} KiB, idle again {after} KiB");
+    assert!(
+        after <= idle + 2048,
+        "RSS {after} KiB after the connections left, {idle} KiB before them"
+    );
+}
+
 #[test]
 fn a_client_that_never_reads_is_disconnected_and_memory_stays_bounded() {
     let daemon = Daemon::start_with("write_stall_timeout_ms = 500\n");

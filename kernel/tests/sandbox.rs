@@ -61,7 +61,7 @@ fn run_shell(script: &str) -> Run {
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         cwd: None,
         script: None,
-        interpreter: None,
+        binds: Vec::new(),
         socket,
     };
     let spec = plan::sandbox(&profile(dir.path()), Shape::DEFAULT);

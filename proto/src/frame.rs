@@ -283,6 +283,28 @@ impl FrameDecoder {
         }
     }
 
+    /// Releases the buffer, whatever its size, if nothing is buffered:
+    /// for a connection that has gone quiet. Returns the bytes released.
+    ///
+    /// ```
+    /// use agentos_proto::{encode_frame, FrameDecoder, Opcode};
+    /// let mut decoder = FrameDecoder::new(1024);
+    /// decoder.extend_from_slice(&encode_frame(Opcode::NOOP, 0, b"hi"));
+    /// assert!(decoder.next_frame().unwrap().is_some());
+    /// assert!(decoder.release() > 0);
+    /// assert_eq!(decoder.capacity(), 0);
+    /// ```
+    pub fn release(&mut self) -> usize {
+        if self.start != self.end {
+            return 0;
+        }
+        let released = self.buf.len();
+        self.buf = Vec::new();
+        self.start = 0;
+        self.end = 0;
+        released
+    }
+
     fn fail(&mut self, err: DecodeError) -> DecodeError {
         self.failed = Some(err.clone());
         err

@@ -16,6 +16,10 @@
 //! deadline (escalate a KILL to SIGKILL, restart after backoff, forget an
 //! ended agent, refill the pool).
 //!
+//! A SPAWN made by an agent gives the child no more than the agent has
+//! ([`inheritance`]), and its paths are looked up in the agent's own view
+//! of the filesystem ([`program`]).
+//!
 //! Life of an agent: `starting` → `running` (workload exec'd; the SPAWN
 //! reply goes out) → it ends: `exited`, `killed` or `oom_killed` — or
 //! `restarting` while a restart waits out its backoff — and `failed` when
@@ -23,6 +27,7 @@
 //! `agents.retention_secs`, then are forgotten.
 
 pub mod door;
+mod inheritance;
 mod launching;
 pub mod program;
 mod record;
@@ -50,16 +55,21 @@ use slab::Slab;
 
 use crate::cgroup::{AgentCgroup, CgroupLimits, CgroupStats, Cgroups};
 use crate::config::Config;
-use crate::identity::{peer_cred, Identity};
+use crate::identity::{peer_cred, peer_pid_namespaces, Identity};
+use crate::llm::Budget;
 use crate::reactor::ReplyTo;
+use crate::sandbox::confine::Confinement;
 use crate::sandbox::plan::{self, Profile, Shape, Workload, SOCKET_INSIDE, WORKSPACE};
-use crate::sandbox::spec::Rlimits;
+use crate::sandbox::spec::{Bind, Rlimits};
+use crate::sandbox::view::{View, Viewer};
 use crate::sandbox::{Launcher, Namespaces, SandboxSpec, Status, User};
 use crate::syscall::Io;
 use crate::timers::Timers;
 use door::Door;
+use inheritance::Grant;
 use launching::{LaunchDone, LaunchJob, LaunchThread};
-use record::{Agent, Outcome, Stop};
+use program::{Lookup, Program};
+use record::{Agent, Outcome, SpawnWaiter, Stop};
 use restart::{Decision, Restarts, RunEnd};
 use sandboxes::{pid_namespace_of, wait_pidfd, InitEnd, Sandbox};
 
@@ -113,6 +123,17 @@ enum LaunchFor {
     Agent { id: u32, run: u32 },
 }
 
+/// What an agent may ask of the kernel (see [`Agents::grant`]).
+#[derive(Clone, Copy, Debug)]
+pub struct AgentGrant<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its permissions.
+    pub permissions: Permissions,
+    /// The token budgets it draws on.
+    pub budgets: &'a [Budget],
+}
+
 /// The agents table and everything that keeps it current.
 #[derive(Debug)]
 pub struct Agents {
@@ -138,9 +159,11 @@ pub struct Agents {
     /// Why there are no cgroups, when there are none.
     no_cgroups: Option<String>,
     profile: Profile,
-    /// The spec of each sandbox shape, built once: the profile never
-    /// changes, and building it probes the host's system directories.
+    /// The spec of each sandbox shape, built once at start: the profile
+    /// never changes, and building it probes the host's system directories.
     shapes: HashMap<Shape, SandboxSpec>,
+    /// Whose permissions a sandboxed workload has on the host's files.
+    viewer: Viewer,
     /// How the workload's user is mapped when the daemon is not root.
     map_to: Option<(u32, u32)>,
     /// Why sandboxes cannot have namespaces at all, when they cannot.
@@ -156,11 +179,13 @@ pub struct Agents {
 }
 
 impl Agents {
-    /// Sets up agent support: cgroups, the run directory for agent sockets
-    /// and sandbox roots (next to the kernel socket), the log directory,
-    /// the launch thread, and the first warm sandboxes. Finished launches
-    /// wake the reactor through `waker` (mio allows one waker per poll).
-    pub fn new(config: &Config, waker: Arc<Waker>, run_dir: &Path) -> io::Result<Agents> {
+    /// Sets up agent support: cgroups, the state directory beside the
+    /// kernel socket (`<socket>.d`: agent sockets and the sandbox roots'
+    /// staging directory, cleared of whatever an earlier kernel left), the
+    /// log directory, the launch thread, and the first warm sandboxes.
+    /// Finished launches wake the reactor through `waker` (mio allows one
+    /// waker per poll).
+    pub fn new(config: &Config, waker: Arc<Waker>, socket: &Path) -> io::Result<Agents> {
         let (cgroups, no_cgroups) = match Cgroups::detect() {
             Ok(cgroups) => match cgroups.start() {
                 Ok(()) => (Some(Arc::new(cgroups)), None),
@@ -193,10 +218,16 @@ impl Agents {
         if let Some(reason) = &no_namespaces {
             log::warn!("{reason}");
         }
-        let doors = run_dir.join("agents");
-        let staging = run_dir.join("sandbox-root");
+        // The socket is ours (its lock is held), and so is its state
+        // directory: what a killed kernel left there is stale.
+        let state = state_dir_of(socket);
+        fresh_private_dir(&state)?;
+        // Binds are made from paths with no symlink in them.
+        let state = std::fs::canonicalize(&state)?;
+        let doors = state.join("agents");
+        let staging = state.join("sandbox-root");
         for dir in [&doors, &staging] {
-            create_private_dir(dir)?;
+            fresh_private_dir(dir)?;
         }
         let log_dir = config.agents.log_dir();
         std::fs::create_dir_all(&log_dir).map_err(|err| {
@@ -223,7 +254,7 @@ impl Agents {
                 fsize: agents.max_file_bytes,
             },
             log_cap: agents.log_bytes,
-            extra_masks: config_files(config),
+            extra_masks: kernel_files(config, socket, &state, &log_dir),
         };
         let launcher = Launcher::new(Path::new("/proc/self/exe"))?;
         let mut this = Agents {
@@ -247,8 +278,21 @@ impl Agents {
             dying: Dying::default(),
             cgroups,
             no_cgroups,
+            shapes: Shape::ALL
+                .iter()
+                .map(|shape| (*shape, plan::sandbox(&profile, *shape)))
+                .collect(),
+            viewer: match profile.user {
+                Some(user) => Viewer {
+                    uid: user.uid,
+                    gid: user.gid,
+                },
+                None => Viewer {
+                    uid: nix::unistd::geteuid().as_raw(),
+                    gid: nix::unistd::getegid().as_raw(),
+                },
+            },
             profile,
-            shapes: HashMap::new(),
             map_to,
             no_namespaces,
             doors,
@@ -269,6 +313,15 @@ impl Agents {
         Ok(this)
     }
 
+    /// How the kernel's own children are confined (`None`: this host gives
+    /// the daemon no namespaces, so they run as the daemon does).
+    pub fn confinement(&self) -> Option<Confinement> {
+        if self.no_namespaces.is_some() {
+            return None;
+        }
+        Confinement::for_kernel_children(&self.profile)
+    }
+
     /// The cgroup version enforcing limits, if any.
     pub fn cgroup_version(&self) -> Option<CgroupVersion> {
         self.cgroups.as_ref().map(|c| c.version())
@@ -285,12 +338,14 @@ impl Agents {
     }
 
     /// SPAWN: starts an agent. `Ok` means the reply will be delivered to
-    /// `reply_to` once the workload runs (or fails to start).
+    /// `reply_to` once the workload runs (or fails to start). For an
+    /// agent's SPAWN, `tokens_left` is what its token budgets still allow.
     pub fn spawn(
         &mut self,
         io: &mut Io<'_>,
         caller: Identity,
-        mut request: SpawnRequest,
+        request: SpawnRequest,
+        tokens_left: Option<u64>,
         reply_to: ReplyTo,
     ) -> Result<(), ErrorReply> {
         if self.shutting_down {
@@ -300,36 +355,19 @@ impl Agents {
             ));
         }
         let parent = caller.agent();
-        if let Some(parent_id) = parent {
-            let parent = self.table.get(&parent_id).ok_or_else(|| {
-                ErrorReply::new(ErrorCode::PermissionDenied, "unknown calling agent")
-            })?;
-            if !parent.request.permissions.spawn {
-                return Err(ErrorReply::new(
-                    ErrorCode::PermissionDenied,
-                    format!(
-                        "agent {} may not spawn agents (its permissions.spawn is false)",
-                        parent.name
-                    ),
-                ));
+        let (grant, program, inherited) = match parent {
+            None => {
+                let program = program::resolve(&request, &self.python, Lookup::Host)?;
+                let grant = Grant {
+                    network: request.network,
+                    limits: self.effective_limits(&request.limits),
+                    permissions: request.permissions.or(Permissions::default()),
+                };
+                (grant, program, Vec::new())
             }
-            if !request.sandboxed {
-                return Err(ErrorReply::new(
-                    ErrorCode::PermissionDenied,
-                    "agents may only spawn sandboxed agents",
-                ));
-            }
-            // A child can do no more than its parent.
-            let granted = parent.request.permissions;
-            let asked = &mut request.permissions;
-            asked.think &= granted.think;
-            asked.exec &= granted.exec;
-            if granted.llm_tokens > 0
-                && (asked.llm_tokens == 0 || asked.llm_tokens > granted.llm_tokens)
-            {
-                asked.llm_tokens = granted.llm_tokens;
-            }
-        }
+            Some(parent_id) => self.child_of(parent_id, &request, tokens_left)?,
+        };
+        program::check_env(&request)?;
         let live = self.table.values().filter(|a| a.is_live()).count();
         if live >= self.max_agents {
             return Err(ErrorReply::new(
@@ -352,9 +390,6 @@ impl Agents {
                 ),
             ));
         }
-        let program = program::resolve(&request, &self.python)?;
-        program::check_env(&request)?;
-        let limits = self.effective_limits(&request.limits);
 
         let id = self.next_id;
         let door = Door::open(&self.doors, id).map_err(|err| {
@@ -380,6 +415,10 @@ impl Agents {
             program.argv.join(" "),
             log.display()
         );
+        let own_budget = (grant.permissions.llm_tokens > 0).then_some(Budget {
+            owner: id,
+            tokens: grant.permissions.llm_tokens,
+        });
         let now = Instant::now();
         self.table.insert(
             id,
@@ -394,7 +433,9 @@ impl Agents {
                 ),
                 request,
                 program,
-                limits,
+                limits: grant.limits,
+                permissions: grant.permissions,
+                budgets: own_budget.into_iter().chain(inherited).collect(),
                 isolation,
                 state: AgentState::Starting,
                 run_number: 0,
@@ -407,7 +448,10 @@ impl Agents {
                 started: now,
                 ended: None,
                 stop: None,
-                spawn_reply: Some(reply_to),
+                spawn_reply: Some(SpawnWaiter {
+                    reply_to,
+                    by_agent: parent.is_some(),
+                }),
                 cgroup: None,
                 oom_watch: None,
                 door: Some((door, door_token)),
@@ -418,6 +462,73 @@ impl Agents {
         );
         self.start_run(io, id, now);
         Ok(())
+    }
+
+    /// What agent `parent_id` may give the child `request` asks for: its
+    /// grant (never more than the parent's), its program (paths looked up
+    /// in the parent's own view), and the token budgets it inherits.
+    fn child_of(
+        &self,
+        parent_id: u32,
+        request: &SpawnRequest,
+        tokens_left: Option<u64>,
+    ) -> Result<(Grant, Program, Vec<Budget>), ErrorReply> {
+        let parent = self
+            .table
+            .get(&parent_id)
+            .ok_or_else(|| ErrorReply::new(ErrorCode::PermissionDenied, "unknown calling agent"))?;
+        if !parent.permissions.spawn {
+            return Err(ErrorReply::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "agent {} may not spawn agents (its permissions.spawn is false)",
+                    parent.name
+                ),
+            ));
+        }
+        if !request.sandboxed {
+            return Err(ErrorReply::new(
+                ErrorCode::PermissionDenied,
+                "SPAWN field `sandboxed`: agents may only spawn sandboxed agents",
+            ));
+        }
+        let grant = inheritance::child_grant(&parent.grant(), request, tokens_left)?;
+        // A script's interpreter defaults to the one the parent runs with,
+        // which its own view is sure to hold.
+        let python = parent
+            .program
+            .interpreter
+            .as_deref()
+            .unwrap_or(&self.python);
+        let view = self.view_of(parent);
+        let lookup = view.as_ref().map_or(Lookup::Host, Lookup::View);
+        let program = program::resolve(request, python, lookup)?;
+        Ok((grant, program, parent.budgets.clone()))
+    }
+
+    /// What a sandboxed agent sees of the filesystem (`None`: it is not
+    /// sandboxed, so it sees the host).
+    fn view_of(&self, agent: &Agent) -> Option<View> {
+        let shape = self.shape_of(&agent.request);
+        let root = self.shapes.get(&shape)?.root.as_ref()?;
+        let mut binds = agent.program.binds.clone();
+        if let Some((door, _)) = &agent.door {
+            binds.push(Bind {
+                source: door.path().to_path_buf(),
+                target: SOCKET_INSIDE.into(),
+                writable: true,
+            });
+        }
+        Some(View::of(root, &binds, self.viewer))
+    }
+
+    /// Whether a process in these PID namespaces (its own first, then its
+    /// ancestors) lives inside one of the kernel's sandboxes.
+    pub fn is_inside_a_sandbox(&self, pid_namespaces: &[u64]) -> bool {
+        self.sandboxes
+            .iter()
+            .filter_map(|(_, sandbox)| sandbox.pid_namespace)
+            .any(|namespace| pid_namespaces.contains(&namespace))
     }
 
     /// KILL: stops a live agent (SIGTERM to its whole tree, SIGKILL after
@@ -463,16 +574,39 @@ impl Agents {
         Ok(id)
     }
 
-    /// An agent's name and what it may ask of the kernel.
-    pub fn grant(&self, id: u32) -> Option<(&str, Permissions)> {
-        self.table
-            .get(&id)
-            .map(|agent| (agent.name.as_str(), agent.request.permissions))
+    /// An agent's name, what it may ask of the kernel, and the token
+    /// budgets it draws on.
+    pub fn grant(&self, id: u32) -> Option<AgentGrant<'_>> {
+        self.table.get(&id).map(|agent| AgentGrant {
+            name: &agent.name,
+            permissions: agent.permissions,
+            budgets: &agent.budgets,
+        })
     }
 
-    /// LIST: every agent, live or recently ended.
-    pub fn list(&self, now: Instant) -> Vec<AgentInfo> {
-        self.table.values().map(|a| a.info(now)).collect()
+    /// LIST: every agent, live or recently ended, for an operator; for an
+    /// agent, itself and its descendants, with pids as it sees them: its
+    /// own top process is PID 1 of its namespace, and its children's
+    /// processes it cannot see at all.
+    pub fn list(&self, caller: Identity, now: Instant) -> Vec<AgentInfo> {
+        let Some(asker) = caller.agent() else {
+            return self.table.values().map(|a| a.info(now)).collect();
+        };
+        let sandboxed = self
+            .table
+            .get(&asker)
+            .is_some_and(|a| self.shape_of(&a.request).sandboxed);
+        self.table
+            .values()
+            .filter(|a| a.id == asker || self.is_descendant(a.id, asker))
+            .map(|a| {
+                let mut info = a.info(now);
+                if sandboxed {
+                    info.pid = (a.id == asker && info.pid.is_some()).then_some(1);
+                }
+                info
+            })
+            .collect()
     }
 
     /// Takes in launches the launch thread has finished (after a wake-up).
@@ -611,8 +745,8 @@ impl Agents {
         if let Some(cgroups) = &self.cgroups {
             cgroups.shutdown();
         }
-        for dir in [&self.doors, &self.profile.staging] {
-            let _ = std::fs::remove_dir_all(dir);
+        if let Some(state) = self.doors.parent() {
+            let _ = std::fs::remove_dir_all(state);
         }
     }
 
@@ -835,7 +969,7 @@ impl Agents {
             env: program::environment(&agent.request, id, &socket, &home),
             cwd: agent.program.cwd.clone(),
             script: agent.program.script.clone(),
-            interpreter: agent.program.interpreter.clone(),
+            binds: agent.program.binds.clone(),
             socket: door,
         };
         // The claim goes first: the init enters its root while the cgroup
@@ -894,11 +1028,8 @@ impl Agents {
         }
     }
 
-    fn spec_of(&mut self, shape: Shape) -> &SandboxSpec {
-        let profile = &self.profile;
-        self.shapes
-            .entry(shape)
-            .or_insert_with(|| plan::sandbox(profile, shape))
+    fn spec_of(&self, shape: Shape) -> &SandboxSpec {
+        &self.shapes[&shape]
     }
 
     /// Status lines from a sandbox's init.
@@ -1065,9 +1196,9 @@ impl Agents {
         } else {
             AgentState::Failed
         };
-        if let Some(reply_to) = agent.spawn_reply.take() {
+        if let Some(waiter) = agent.spawn_reply.take() {
             io.replies
-                .push((reply_to, ErrorReply::new(code, message).to_json()));
+                .push((waiter.reply_to, ErrorReply::new(code, message).to_json()));
             return self.finish(io, id, now);
         }
         let end = if agent.stop.is_some() {
@@ -1169,10 +1300,12 @@ impl Agents {
             match door.listener.accept() {
                 Ok((stream, _)) => {
                     if let Some(expected) = agent.pid_namespace {
-                        let peer_ns = peer_cred(&stream)
+                        let inside = peer_cred(&stream)
+                            .and_then(|peer| peer_pid_namespaces(&stream, &peer))
                             .ok()
-                            .and_then(|peer| pid_namespace_of(peer.pid));
-                        if peer_ns != Some(expected) {
+                            .flatten()
+                            .is_some_and(|chain| chain.contains(&expected));
+                        if !inside {
                             log::warn!(
                                 "agent {id}: refusing a connection on its socket from outside \
                                  its sandbox"
@@ -1359,17 +1492,18 @@ fn apply_status(agent: &mut Agent, status: Status, io: &mut Io<'_>) {
             if agent.stop.is_none() {
                 agent.state = AgentState::Running;
             }
-            if let Some(reply_to) = agent.spawn_reply.take() {
+            if let Some(waiter) = agent.spawn_reply.take() {
                 let reply = SpawnReply {
                     success: true,
                     id: agent.id,
                     name: agent.name.clone(),
-                    pid: agent.pid.map_or(0, |p| p as u32),
+                    // An agent cannot see its children's processes.
+                    pid: agent.pid.filter(|_| !waiter.by_agent).map(|p| p as u32),
                     status: agent.state,
                     isolation: agent.isolation.clone(),
                 };
                 io.replies
-                    .push((reply_to, agentos_proto::payload::to_json(&reply)));
+                    .push((waiter.reply_to, agentos_proto::payload::to_json(&reply)));
             }
             log::info!("agent {} ({}): running", agent.id, agent.name);
         }
@@ -1382,9 +1516,11 @@ fn apply_status(agent: &mut Agent, status: Status, io: &mut Io<'_>) {
 /// The sandbox shape a request needs, on a host that can (or cannot) give
 /// namespaces.
 fn shape_of(request: &SpawnRequest, namespaces: bool) -> Shape {
+    let sandboxed = request.sandboxed && namespaces;
     Shape {
-        sandboxed: request.sandboxed && namespaces,
-        network: request.network,
+        sandboxed,
+        // Outside a sandbox there is only the host's network.
+        network: request.network && sandboxed,
     }
 }
 
@@ -1397,25 +1533,64 @@ fn cgroup_limits(limits: &Limits) -> CgroupLimits {
     }
 }
 
-/// Config files sandboxes must not see.
-fn config_files(config: &Config) -> Vec<PathBuf> {
+/// The kernel's own files, which no sandbox may see even when they lie in
+/// a directory bound into it: its config files, its socket and lock, its
+/// state directory (other agents' sockets), the logs.
+fn kernel_files(config: &Config, socket: &Path, state: &Path, logs: &Path) -> Vec<PathBuf> {
     let mut files = vec![PathBuf::from(crate::config::DEFAULT_CONFIG_PATH)];
-    files.extend(config.file.clone());
+    files.extend(
+        config
+            .file
+            .iter()
+            .filter_map(|f| std::fs::canonicalize(f).ok()),
+    );
+    let socket_dir = socket
+        .parent()
+        .and_then(|dir| std::fs::canonicalize(dir).ok());
+    if let (Some(dir), Some(name)) = (socket_dir, socket.file_name()) {
+        files.push(dir.join(name));
+        let mut lock = name.to_os_string();
+        lock.push(".lock");
+        files.push(dir.join(lock));
+    }
+    files.push(state.to_path_buf());
+    files.extend(std::fs::canonicalize(logs).ok());
+    files.retain(|path| crate::sandbox::mounts::is_plain(path));
     files
 }
 
-fn create_private_dir(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => Ok(()),
-        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+/// Where the kernel serving `socket` keeps its agents' sockets and the
+/// sandbox roots' staging directory: `<socket>.d`, next to the socket, so
+/// two kernels never share one.
+pub fn state_dir_of(socket: &Path) -> PathBuf {
+    let mut name = socket.as_os_str().to_os_string();
+    name.push(".d");
+    PathBuf::from(name)
+}
+
+/// Makes `dir` a new, empty directory only its owner may enter, removing
+/// whatever was there.
+fn fresh_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => log::info!("removed what an earlier kernel left in {}", dir.display()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        Err(err) => {
+            return Err(io::Error::new(
+                err.kind(),
+                format!("cannot clear {}: {err}", dir.display()),
+            ))
         }
-        Err(err) => Err(io::Error::new(
-            err.kind(),
-            format!("cannot create {}: {err}", dir.display()),
-        )),
     }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(|err| {
+            io::Error::new(
+                err.kind(),
+                format!("cannot create {}: {err}", dir.display()),
+            )
+        })
 }
 
 /// Whether this (unprivileged) process may create a user namespace: tried

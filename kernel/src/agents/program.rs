@@ -1,12 +1,24 @@
 //! From a SPAWN request to the program to run: which executable, which
-//! arguments, which environment — checked up front so that a missing
-//! script or interpreter is a clear SPAWN error, not a mysterious exit.
+//! arguments, which directories it needs — checked up front so that a
+//! missing script or interpreter is a clear SPAWN error, not a mysterious
+//! exit.
+//!
+//! Paths are looked up where the caller lives ([`Lookup`]): on the host
+//! for an operator, with every symlink and `..` resolved before anything
+//! is bound; in the calling agent's own view for an agent, so that what
+//! the agent cannot see, its child cannot get — and a path it cannot see
+//! is refused with the very words a missing one is.
 
+use std::fs::Metadata;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use agentos_proto::payload::{bad_request, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
+
+use crate::sandbox::plan::is_system;
+use crate::sandbox::spec::Bind;
+use crate::sandbox::view::{Seen, View, MAY_EXECUTE};
 
 /// The resolved program.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,48 +29,137 @@ pub struct Program {
     pub argv: Vec<String>,
     /// The script, when the request gave one.
     pub script: Option<PathBuf>,
-    /// The interpreter, when the request gave a script.
+    /// The interpreter, when the request gave a script (its own name, not
+    /// its symlinks' target: a virtual environment's `bin/python`).
     pub interpreter: Option<PathBuf>,
     /// The working directory, when the request gave one.
     pub cwd: Option<PathBuf>,
+    /// Directories outside the system ones the workload needs, read-only:
+    /// its script's, its program's, its interpreter's installation.
+    pub binds: Vec<Bind>,
 }
 
 /// Environment variables the kernel sets and a request may not override.
 pub const RESERVED_ENV: [&str; 3] = ["AGENTOS_SOCKET", "AGENTOS_AGENT_ID", "AGENTOS_AGENT_NAME"];
 
-/// Resolves and checks the program of a SPAWN request.
-pub fn resolve(request: &SpawnRequest, default_python: &Path) -> Result<Program, ErrorReply> {
+/// Where a SPAWN's paths are looked up.
+#[derive(Clone, Copy, Debug)]
+pub enum Lookup<'a> {
+    /// On the host (an operator's SPAWN, or an agent that is not
+    /// sandboxed and so sees the host).
+    Host,
+    /// In a sandboxed agent's own view.
+    View(&'a View),
+}
+
+/// A path found by a [`Lookup`].
+#[derive(Debug)]
+struct Found {
+    /// As the caller (and the workload) sees it, resolved.
+    inside: PathBuf,
+    /// The same file on the host.
+    host: PathBuf,
+    meta: Metadata,
+}
+
+impl Lookup<'_> {
+    /// The file `path` names, every symlink and `..` resolved.
+    fn file(&self, path: &Path) -> Option<Found> {
+        match self {
+            Lookup::Host => {
+                let real = std::fs::canonicalize(path).ok()?;
+                found(real.clone(), real)
+            }
+            Lookup::View(view) => seen(view.resolve(path).ok()?),
+        }
+    }
+
+    /// `path` with its directory resolved and its last component kept.
+    fn entry(&self, path: &Path) -> Option<Found> {
+        match self {
+            Lookup::Host => {
+                let name = path.file_name()?;
+                let entry = std::fs::canonicalize(path.parent()?).ok()?.join(name);
+                std::fs::symlink_metadata(&entry).ok()?;
+                let meta = std::fs::metadata(&entry).ok()?;
+                Some(Found {
+                    inside: entry.clone(),
+                    host: entry,
+                    meta,
+                })
+            }
+            Lookup::View(view) => seen(view.resolve_entry(path).ok()?),
+        }
+    }
+
+    /// Whether the caller may run `file`.
+    fn may_execute(&self, file: &Found) -> bool {
+        file.meta.is_file()
+            && match self {
+                Lookup::Host => file.meta.permissions().mode() & 0o111 != 0,
+                Lookup::View(view) => view.may(&file.meta, MAY_EXECUTE),
+            }
+    }
+
+    /// What a "missing" error adds for this caller.
+    fn context(&self) -> &'static str {
+        match self {
+            Lookup::Host => "",
+            Lookup::View(_) => {
+                " in the calling agent's view (a child can be given only what its parent sees \
+                 in its read-only directories, not its /tmp or /workspace)"
+            }
+        }
+    }
+}
+
+fn found(inside: PathBuf, host: PathBuf) -> Option<Found> {
+    let meta = std::fs::metadata(&host).ok()?;
+    Some(Found { inside, host, meta })
+}
+
+fn seen(seen: Seen) -> Option<Found> {
+    match seen {
+        Seen::Host { inside, host } => found(inside, host),
+        Seen::Private(_) => None,
+    }
+}
+
+/// Resolves and checks the program of a SPAWN request. `default_python`
+/// runs scripts whose request names no interpreter.
+pub fn resolve(
+    request: &SpawnRequest,
+    default_python: &Path,
+    lookup: Lookup<'_>,
+) -> Result<Program, ErrorReply> {
     let cwd = match &request.cwd {
         Some(cwd) if !Path::new(cwd).is_absolute() => {
             return Err(bad_request(format!(
                 "SPAWN field `cwd` must be an absolute path (got {cwd:?})"
             )))
         }
+        // Resolved by the workload's own chdir, inside its sandbox.
         cwd => cwd.as_ref().map(PathBuf::from),
     };
+    let mut dirs = Dirs::default();
     if let Some(script) = &request.script {
-        let script = PathBuf::from(script);
-        if !script.is_absolute() {
+        if !Path::new(script).is_absolute() {
             return Err(bad_request(format!(
-                "SPAWN field `script` must be an absolute path (got {:?}); the SDK makes \
-                 relative paths absolute for you",
-                script
+                "SPAWN field `script` must be an absolute path (got {script:?}); the SDK makes \
+                 relative paths absolute for you"
             )));
         }
-        match std::fs::metadata(&script) {
-            Ok(meta) if meta.is_file() => {}
-            Ok(_) => {
-                return Err(ErrorReply::new(
-                    ErrorCode::BadRequest,
-                    format!("script {} is not a regular file", script.display()),
-                ))
-            }
-            Err(_) => {
-                return Err(ErrorReply::new(
-                    ErrorCode::NotFound,
-                    format!("script {} does not exist", script.display()),
-                ))
-            }
+        let script = lookup.file(Path::new(script)).ok_or_else(|| {
+            ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("script {script} does not exist{}", lookup.context()),
+            )
+        })?;
+        if !script.meta.is_file() {
+            return Err(bad_request(format!(
+                "script {} is not a regular file",
+                script.inside.display()
+            )));
         }
         let python = request
             .python
@@ -70,24 +171,31 @@ pub fn resolve(request: &SpawnRequest, default_python: &Path) -> Result<Program,
                 python.display()
             )));
         }
-        if !is_executable(&python) {
-            return Err(ErrorReply::new(
+        let interpreter = executable(&python, lookup).ok_or_else(|| {
+            ErrorReply::new(
                 ErrorCode::NotFound,
                 format!(
-                    "interpreter {} does not exist or is not executable; name another with \
+                    "interpreter {} does not exist or is not executable{}; name another with \
                      `python`, or set agents.python in the kernel config",
-                    python.display()
+                    python.display(),
+                    lookup.context()
                 ),
-            ));
-        }
-        let mut argv = vec![python.display().to_string(), script.display().to_string()];
+            )
+        })?;
+        dirs.add_parent_of(&script);
+        interpreter_dirs(&interpreter, lookup, &mut dirs);
+        let mut argv = vec![
+            interpreter.inside.display().to_string(),
+            script.inside.display().to_string(),
+        ];
         argv.extend(request.args.iter().cloned());
         return Ok(Program {
-            program: python.clone(),
+            program: interpreter.inside.clone(),
             argv,
-            script: Some(script),
-            interpreter: Some(python),
+            script: Some(script.inside),
+            interpreter: Some(interpreter.inside),
             cwd,
+            binds: dirs.binds(),
         });
     }
     let command = request.command.as_deref().unwrap_or_default();
@@ -96,19 +204,24 @@ pub fn resolve(request: &SpawnRequest, default_python: &Path) -> Result<Program,
             "SPAWN needs a `script` path or a `command` argv",
         ));
     };
-    let program = PathBuf::from(first);
+    let mut program = PathBuf::from(first);
     if first.contains('/') {
         if !program.is_absolute() {
             return Err(bad_request(format!(
                 "SPAWN `command[0]` must be an absolute path or a bare program name (got {first:?})"
             )));
         }
-        if !is_executable(&program) {
-            return Err(ErrorReply::new(
+        let found = executable(&program, lookup).ok_or_else(|| {
+            ErrorReply::new(
                 ErrorCode::NotFound,
-                format!("program {first} does not exist or is not executable"),
-            ));
-        }
+                format!(
+                    "program {first} does not exist or is not executable{}",
+                    lookup.context()
+                ),
+            )
+        })?;
+        dirs.add_parent_of(&found);
+        program = found.inside;
     }
     let mut argv: Vec<String> = command.to_vec();
     argv.extend(request.args.iter().cloned());
@@ -118,7 +231,102 @@ pub fn resolve(request: &SpawnRequest, default_python: &Path) -> Result<Program,
         script: None,
         interpreter: None,
         cwd,
+        binds: dirs.binds(),
     })
+}
+
+/// `path` as an executable the caller may run: its own name (resolved
+/// directory), provided what it finally names is an executable file.
+fn executable(path: &Path, lookup: Lookup<'_>) -> Option<Found> {
+    let entry = lookup.entry(path)?;
+    let file = lookup.file(path)?;
+    lookup.may_execute(&file).then_some(entry)
+}
+
+/// Directories a workload needs beyond the system ones, found by a lookup.
+#[derive(Debug, Default)]
+struct Dirs(Vec<Bind>);
+
+impl Dirs {
+    fn add(&mut self, dir: Found) {
+        if dir.meta.is_dir() && !is_system(&dir.inside) && dir.inside != Path::new("/") {
+            self.0.push(Bind {
+                source: dir.host,
+                target: dir.inside,
+                writable: false,
+            });
+        }
+    }
+
+    /// The directory holding `file`.
+    fn add_parent_of(&mut self, file: &Found) {
+        if let (Some(inside), Some(host)) = (file.inside.parent(), file.host.parent()) {
+            if let Some(dir) = found(inside.to_path_buf(), host.to_path_buf()) {
+                self.add(dir);
+            }
+        }
+    }
+
+    /// Sorted, without repeats or directories inside another one.
+    fn binds(mut self) -> Vec<Bind> {
+        self.0.sort_by(|a, b| a.target.cmp(&b.target));
+        self.0.dedup_by(|a, b| a.target == b.target);
+        let all = self.0.clone();
+        self.0.retain(|d| {
+            !all.iter()
+                .any(|other| other.target != d.target && d.target.starts_with(&other.target))
+        });
+        self.0
+    }
+}
+
+/// The host directories a Python interpreter needs beyond the system ones
+/// (its installation, its virtual environment), for a child the kernel
+/// runs itself.
+pub fn interpreter_binds(python: &Path) -> Vec<Bind> {
+    let mut dirs = Dirs::default();
+    if let Some(entry) = Lookup::Host.entry(python) {
+        interpreter_dirs(&entry, Lookup::Host, &mut dirs);
+    }
+    dirs.binds()
+}
+
+/// The directories an interpreter needs: its installation (the parent of
+/// the `bin/` its real file is in), and for a virtual environment the
+/// environment itself and the base installation its `pyvenv.cfg` names —
+/// each only if the lookup can see it.
+fn interpreter_dirs(interpreter: &Found, lookup: Lookup<'_>, dirs: &mut Dirs) {
+    let install_of = |bin_file: &Path| -> Option<PathBuf> {
+        let bin = bin_file.parent()?;
+        (bin.file_name()? == "bin").then(|| bin.parent().map(Path::to_path_buf))?
+    };
+    if let Some(real) = lookup.file(&interpreter.inside) {
+        if let Some(install) = install_of(&real.inside).and_then(|i| lookup.file(&i)) {
+            dirs.add(install);
+        }
+    }
+    let Some(venv) = install_of(&interpreter.inside) else {
+        return;
+    };
+    let Some(config) = lookup.file(&venv.join("pyvenv.cfg")) else {
+        return;
+    };
+    let home = std::fs::read_to_string(&config.host).ok().and_then(|text| {
+        text.lines().find_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            (key.trim() == "home").then(|| PathBuf::from(value.trim()))
+        })
+    });
+    if let Some(base) = home
+        .filter(|h| h.is_absolute())
+        .and_then(|h| lookup.file(&h))
+        .and_then(|h| h.inside.parent().and_then(|p| lookup.file(p)))
+    {
+        dirs.add(base);
+    }
+    if let Some(venv) = lookup.file(&venv) {
+        dirs.add(venv);
+    }
 }
 
 /// Refuses a request that tries to set the kernel's own variables.
@@ -163,38 +371,71 @@ pub fn environment(
     env
 }
 
-fn is_executable(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::spec::RootFs;
+    use crate::sandbox::view::Viewer;
 
     fn request(json: &str) -> SpawnRequest {
         SpawnRequest::parse(json.as_bytes()).unwrap()
     }
 
+    /// `path` with its directory resolved on the host.
+    fn entry(path: &str) -> PathBuf {
+        let path = Path::new(path);
+        std::fs::canonicalize(path.parent().unwrap())
+            .unwrap()
+            .join(path.file_name().unwrap())
+    }
+
     #[test]
     fn scripts_run_with_the_default_interpreter() {
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("a.py");
+        let script = std::fs::canonicalize(dir.path()).unwrap().join("a.py");
         std::fs::write(&script, "print(1)").unwrap();
         let req = request(&format!(
             r#"{{"name":"w","script":"{}","args":["--x"]}}"#,
             script.display()
         ));
-        let program = resolve(&req, Path::new("/bin/sh")).unwrap();
-        assert_eq!(program.program, Path::new("/bin/sh"));
+        let program = resolve(&req, Path::new("/bin/sh"), Lookup::Host).unwrap();
+        assert_eq!(program.program, entry("/bin/sh"));
         assert_eq!(
             program.argv,
             vec![
-                "/bin/sh".to_owned(),
+                entry("/bin/sh").display().to_string(),
                 script.display().to_string(),
                 "--x".into()
             ]
         );
         assert_eq!(program.script.as_deref(), Some(script.as_path()));
+        assert_eq!(program.binds.len(), 1);
+        assert_eq!(program.binds[0].target, script.parent().unwrap());
+    }
+
+    #[test]
+    fn dot_dot_and_symlinks_are_resolved_before_anything_is_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(real.join("scripts")).unwrap();
+        std::fs::write(real.join("scripts/a.py"), "").unwrap();
+        std::os::unix::fs::symlink(real.join("scripts"), real.join("link")).unwrap();
+        for given in [
+            format!("{}/link/a.py", real.display()),
+            format!("{}/scripts/../scripts/./a.py", real.display()),
+            format!("/tmp/../{}/link/a.py", real.display()),
+        ] {
+            let req = request(&format!(r#"{{"name":"w","script":"{given}"}}"#));
+            let program = resolve(&req, Path::new("/bin/sh"), Lookup::Host).unwrap();
+            assert_eq!(program.script, Some(real.join("scripts/a.py")), "{given}");
+            assert_eq!(program.binds[0].source, real.join("scripts"), "{given}");
+            assert_eq!(program.binds[0].target, real.join("scripts"), "{given}");
+        }
+        // `/tmp/../etc/passwd` is /etc/passwd: a system file, nothing to bind.
+        let req = request(r#"{"name":"w","script":"/tmp/../etc/passwd","python":"/bin/cat"}"#);
+        let program = resolve(&req, Path::new("/bin/sh"), Lookup::Host).unwrap();
+        assert_eq!(program.script.as_deref(), Some(Path::new("/etc/passwd")));
+        assert!(program.binds.is_empty(), "{:?}", program.binds);
     }
 
     #[test]
@@ -202,6 +443,7 @@ mod tests {
         let err = resolve(
             &request(r#"{"name":"w","script":"/nope/a.py"}"#),
             Path::new("/bin/sh"),
+            Lookup::Host,
         )
         .unwrap_err();
         assert_eq!(err.code, ErrorCode::NotFound);
@@ -215,6 +457,7 @@ mod tests {
                 script.display()
             )),
             Path::new("/bin/sh"),
+            Lookup::Host,
         )
         .unwrap_err();
         assert_eq!(err.code, ErrorCode::NotFound);
@@ -226,12 +469,14 @@ mod tests {
         let err = resolve(
             &request(r#"{"name":"w","script":"a.py"}"#),
             Path::new("/bin/sh"),
+            Lookup::Host,
         )
         .unwrap_err();
         assert_eq!(err.code, ErrorCode::BadRequest);
         let err = resolve(
             &request(r#"{"name":"w","command":["./x"]}"#),
             Path::new("/bin/sh"),
+            Lookup::Host,
         )
         .unwrap_err();
         assert_eq!(err.code, ErrorCode::BadRequest);
@@ -242,10 +487,136 @@ mod tests {
         let program = resolve(
             &request(r#"{"name":"w","command":["sleep","1"]}"#),
             Path::new("/bin/sh"),
+            Lookup::Host,
         )
         .unwrap();
         assert_eq!(program.program, Path::new("sleep"));
         assert_eq!(program.argv, vec!["sleep".to_owned(), "1".into()]);
+        assert!(program.binds.is_empty());
+    }
+
+    #[test]
+    fn a_virtual_environment_brings_its_base_installation() {
+        let base = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(base.path()).unwrap();
+        let install = base.join("versions/3.11");
+        std::fs::create_dir_all(install.join("bin")).unwrap();
+        std::fs::write(install.join("bin/python3.11"), "").unwrap();
+        std::fs::set_permissions(
+            install.join("bin/python3.11"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        let venv = base.join("project/.venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::os::unix::fs::symlink(install.join("bin/python3.11"), venv.join("bin/python"))
+            .unwrap();
+        std::fs::write(
+            venv.join("pyvenv.cfg"),
+            format!(
+                "home = {}\ninclude-system-site-packages = false\n",
+                install.join("bin").display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(base.join("a.py"), "").unwrap();
+        let req = request(&format!(
+            r#"{{"name":"w","script":"{}","python":"{}"}}"#,
+            base.join("a.py").display(),
+            venv.join("bin/python").display()
+        ));
+        let program = resolve(&req, Path::new("/bin/sh"), Lookup::Host).unwrap();
+        // The environment's own name runs, so Python finds its pyvenv.cfg.
+        assert_eq!(program.program, venv.join("bin/python"));
+        let targets: Vec<&Path> = program.binds.iter().map(|b| b.target.as_path()).collect();
+        // The script's directory holds both the venv and the installation.
+        assert_eq!(targets, [base.as_path()], "{targets:?}");
+        let req = request(&format!(
+            r#"{{"name":"w","command":["{}"]}}"#,
+            venv.join("bin/python").display()
+        ));
+        let program = resolve(&req, Path::new("/bin/sh"), Lookup::Host).unwrap();
+        let targets: Vec<&Path> = program.binds.iter().map(|b| b.target.as_path()).collect();
+        assert_eq!(targets, [venv.join("bin").as_path()], "{targets:?}");
+    }
+
+    #[test]
+    fn system_interpreters_need_nothing_extra() {
+        let mut dirs = Dirs::default();
+        let python = Lookup::Host.entry(Path::new("/bin/sh")).unwrap();
+        interpreter_dirs(&python, Lookup::Host, &mut dirs);
+        assert!(dirs.binds().is_empty());
+    }
+
+    /// An agent's SPAWN: only what the agent sees, and hidden paths are
+    /// refused with the words a missing one gets.
+    #[test]
+    fn an_agents_paths_are_looked_up_in_its_view() {
+        use std::os::unix::fs::PermissionsExt;
+        let host = tempfile::tempdir().unwrap();
+        let host = std::fs::canonicalize(host.path()).unwrap();
+        for dir in ["agent", "elsewhere"] {
+            std::fs::create_dir(host.join(dir)).unwrap();
+            std::fs::set_permissions(host.join(dir), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+        }
+        for file in ["agent/child.py", "elsewhere/secret.py"] {
+            std::fs::write(host.join(file), "").unwrap();
+            std::fs::set_permissions(host.join(file), std::fs::Permissions::from_mode(0o644))
+                .unwrap();
+        }
+        let root = RootFs {
+            staging: "/stage".into(),
+            binds: vec![Bind {
+                source: "/usr".into(),
+                target: "/usr".into(),
+                writable: false,
+            }],
+            symlinks: std::fs::read_link("/bin")
+                .map(|target| crate::sandbox::spec::Symlink {
+                    path: "/bin".into(),
+                    target,
+                })
+                .into_iter()
+                .collect(),
+            ..RootFs::default()
+        };
+        let claimed = [Bind {
+            source: host.join("agent"),
+            target: "/srv/agent".into(),
+            writable: false,
+        }];
+        let viewer = Viewer {
+            uid: 65534,
+            gid: 65534,
+        };
+        let view = View::of(&root, &claimed, viewer);
+        let spawn = |json: String| {
+            resolve(
+                &request(&json),
+                Path::new("/usr/bin/python3"),
+                Lookup::View(&view),
+            )
+        };
+        let child = spawn(r#"{"name":"c","script":"/srv/agent/child.py"}"#.into()).unwrap();
+        assert_eq!(
+            child.script.as_deref(),
+            Some(Path::new("/srv/agent/child.py"))
+        );
+        assert_eq!(child.binds.len(), 1);
+        assert_eq!(child.binds[0].source, host.join("agent"));
+        assert_eq!(child.binds[0].target, Path::new("/srv/agent"));
+        let hidden = host.join("elsewhere/secret.py");
+        let refusal = |path: &str| {
+            let err = spawn(format!(r#"{{"name":"c","script":"{path}"}}"#)).unwrap_err();
+            assert_eq!(err.code, ErrorCode::NotFound, "{path}");
+            err.error.replace(path, "PATH")
+        };
+        assert_eq!(
+            refusal(hidden.to_str().unwrap()),
+            refusal("/srv/agent/missing.py")
+        );
+        assert_eq!(refusal("/srv/agent/../../.."), refusal("/srv/nothing"));
     }
 
     #[test]

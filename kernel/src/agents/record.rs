@@ -5,16 +5,18 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
 use agentos_proto::payload::{
-    AgentInfo, AgentState, CpuStats, Isolation, Limits, LlmStats, MemoryStats, PidStats,
-    SpawnRequest,
+    AgentInfo, AgentState, CpuStats, Isolation, Limits, LlmStats, MemoryStats, Permissions,
+    PidStats, SpawnRequest,
 };
 use mio::Token;
 
 use super::door::Door;
+use super::inheritance::Grant;
 use super::program::Program;
 use super::restart::Restarts;
 use crate::cgroup::{AgentCgroup, CgroupStats};
 use crate::clock::rfc3339;
+use crate::llm::Budget;
 use crate::reactor::ReplyTo;
 
 /// Why an agent is being stopped.
@@ -24,6 +26,15 @@ pub enum Stop {
     Kill,
     /// The kernel is shutting down.
     Shutdown,
+}
+
+/// A SPAWN waiting for the agent's first run to start.
+#[derive(Clone, Copy, Debug)]
+pub struct SpawnWaiter {
+    /// Where the reply goes.
+    pub reply_to: ReplyTo,
+    /// Whether an agent asked: its reply has no host pid in it.
+    pub by_agent: bool,
 }
 
 /// How the current or last run's workload fared, from the status pipe.
@@ -48,12 +59,16 @@ pub struct Agent {
     pub name: String,
     /// The agent that spawned it, if an agent did.
     pub parent: Option<u32>,
-    /// What SPAWN asked for (kept for restarts and permissions).
+    /// What SPAWN asked for (kept for restarts).
     pub request: SpawnRequest,
     /// What runs.
     pub program: Program,
     /// Limits in force.
     pub limits: Limits,
+    /// What it may ask of the kernel.
+    pub permissions: Permissions,
+    /// The token budgets it draws on: its own, then its ancestors'.
+    pub budgets: Vec<Budget>,
     /// Isolation in force.
     pub isolation: Isolation,
     /// Lifecycle state.
@@ -82,7 +97,7 @@ pub struct Agent {
     /// Why it is being stopped, once asked.
     pub stop: Option<Stop>,
     /// A SPAWN waiting for the first run to start.
-    pub spawn_reply: Option<ReplyTo>,
+    pub spawn_reply: Option<SpawnWaiter>,
     /// The current run's cgroup.
     pub cgroup: Option<AgentCgroup>,
     /// The OOM watch on that cgroup, and its token.
@@ -105,6 +120,15 @@ impl Agent {
             self.state,
             AgentState::Starting | AgentState::Running | AgentState::Restarting
         )
+    }
+
+    /// What it was given: the bounds of what it may give a child.
+    pub fn grant(&self) -> Grant {
+        Grant {
+            network: self.request.network,
+            limits: self.limits,
+            permissions: self.permissions,
+        }
     }
 
     /// The LIST entry, with figures read from the cgroup now.

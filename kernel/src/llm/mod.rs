@@ -2,7 +2,7 @@
 //!
 //! Requests are queued fairly per caller ([`scheduler`]), admitted by the
 //! provider's rate limits ([`admission`]), charged against agents' token
-//! quotas, and sent by a fixed set of call threads ([`call`]) over one
+//! budgets (one budget shared by a tree of agents), and sent by a fixed set of call threads ([`call`]) over one
 //! keep-alive pool — never by the reactor. Results come back through the
 //! reactor's waker and are answered from [`Llm::poll`]. The provider's wire
 //! format is in [`provider`]; the default provider is the local model
@@ -38,9 +38,21 @@ use self::provider::gemini::Gemini;
 use self::provider::openai::OpenAi;
 use self::provider::{Chat, Completion, Failure, Provider};
 use self::scheduler::{FlowId, Full, Scheduler, Waiting};
+use crate::agents::program::interpreter_binds;
 use crate::identity::FIRST_OPERATOR_ID;
 use crate::reactor::ReplyTo;
+use crate::sandbox::confine::Confinement;
 use crate::timers::Timers;
+
+/// A token budget: `tokens` set on agent `owner`, shared by it and every
+/// agent it spawned, directly or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// The agent whose `permissions.llm_tokens` set it.
+    pub owner: u32,
+    /// Its size.
+    pub tokens: u64,
+}
 
 /// Who is asking, as the kernel knows them.
 #[derive(Clone, Debug)]
@@ -49,14 +61,16 @@ pub struct Asker {
     pub id: u32,
     /// Its fair-queueing weight.
     pub weight: u32,
-    /// Its token quota, if it has one (agents with `permissions.llm_tokens`).
-    pub quota: Option<u64>,
+    /// The budgets it draws on: its own, if it has one, then its
+    /// ancestors'. Every token it uses is charged to each.
+    pub budgets: Vec<Budget>,
 }
 
 /// A THINK waiting in the queue.
 #[derive(Debug)]
 struct Pending {
-    flow: FlowId,
+    /// The owners of the budgets it is charged to.
+    budgets: Vec<u32>,
     /// Where the answer goes; its connection's closing drops the request.
     reply_to: ReplyTo,
     chat: Chat,
@@ -68,6 +82,7 @@ struct Pending {
 #[derive(Debug)]
 struct InFlight {
     flow: FlowId,
+    budgets: Vec<u32>,
     reply_to: ReplyTo,
     estimate: u64,
     prompt_estimate: u64,
@@ -90,8 +105,14 @@ struct Use {
     calls: u64,
     tokens: u64,
     queue_ms: u64,
-    /// Tokens set aside for this caller's requests still queued or in
-    /// flight (for the quota).
+}
+
+/// What a budget has paid for and set aside.
+#[derive(Clone, Copy, Debug, Default)]
+struct Spent {
+    /// Tokens charged to it.
+    used: u64,
+    /// Tokens set aside for THINKs still queued or in flight.
     reserved: u64,
 }
 
@@ -114,6 +135,8 @@ pub struct Llm {
     weights: BTreeMap<String, u32>,
     /// Use by agent id; operators' connections are counted in `total` only.
     agents: HashMap<u32, Use>,
+    /// Budgets by owner.
+    budgets: HashMap<u32, Spent>,
     total: Use,
     timers: Timers<Wake>,
     admit_wake: Option<Instant>,
@@ -122,8 +145,14 @@ pub struct Llm {
 impl Llm {
     /// THINK as configured. A provider that cannot work here (the local
     /// model not installed, none configured) leaves THINK answering
-    /// `unavailable` with the reason; the daemon runs on.
-    pub fn new(config: &LlmConfig, waker: Arc<Waker>, log_dir: &Path) -> Llm {
+    /// `unavailable` with the reason; the daemon runs on. The local model
+    /// server runs under `confinement` when there is one.
+    pub fn new(
+        config: &LlmConfig,
+        waker: Arc<Waker>,
+        log_dir: &Path,
+        confinement: Option<Confinement>,
+    ) -> Llm {
         let kind = config.kind();
         let model = config.model();
         let mut llm = Llm {
@@ -141,6 +170,7 @@ impl Llm {
             max_tokens_limit: config.max_tokens_limit,
             weights: config.weights.clone(),
             agents: HashMap::new(),
+            budgets: HashMap::new(),
             total: Use::default(),
             timers: Timers::default(),
             admit_wake: None,
@@ -163,7 +193,14 @@ impl Llm {
                         return llm;
                     }
                 };
+                if confinement.is_none() {
+                    log::warn!(
+                        "the local model server runs unconfined, as the daemon's own user: \
+                         this host gives the daemon no namespaces"
+                    );
+                }
                 let setup = LocalSetup {
+                    confinement: confinement.map(|c| (c, interpreter_binds(&python))),
                     python,
                     model,
                     parallel: config.concurrency,
@@ -256,21 +293,25 @@ impl Llm {
         }
         let mut chat = self.chat_for(request)?;
         let prompt_tokens = estimate_prompt_tokens(&chat);
-        if let Some(quota) = asker.quota {
-            let used = self.agents.get(&asker.id).copied().unwrap_or_default();
-            let left = quota.saturating_sub(used.tokens + used.reserved);
+        if let Some((budget, left)) = self.tightest(&asker.budgets) {
             if prompt_tokens >= left {
+                let spent = self.budgets.get(&budget.owner).copied().unwrap_or_default();
+                let whose = if budget.owner == asker.id {
+                    "its own".to_owned()
+                } else {
+                    format!("the budget of agent {}, which it shares,", budget.owner)
+                };
                 return Err(ErrorReply::new(
                     ErrorCode::LimitExceeded,
                     format!(
-                        "agent {} has used {} of its {quota} LLM tokens ({} more are reserved \
-                         by its THINKs in progress); this prompt alone needs about \
+                        "agent {}: {whose} of {} LLM tokens has {left} left ({} used, {} \
+                         reserved by THINKs in progress); this prompt alone needs about \
                          {prompt_tokens}",
-                        asker.id, used.tokens, used.reserved
+                        asker.id, budget.tokens, spent.used, spent.reserved
                     ),
                 ));
             }
-            // An answer may not outgrow what is left; the quota is then
+            // An answer may not outgrow what is left; a budget is then
             // overrun only by the error of the prompt's estimate.
             let room = u32::try_from(left - prompt_tokens).unwrap_or(u32::MAX);
             chat.max_tokens = chat.max_tokens.min(room);
@@ -278,8 +319,9 @@ impl Llm {
         let estimate = prompt_tokens + u64::from(chat.max_tokens);
         let now = Instant::now();
         let deadline = now + self.timeout;
+        let budgets: Vec<u32> = asker.budgets.iter().map(|b| b.owner).collect();
         let pending = Pending {
-            flow: asker.id,
+            budgets: budgets.clone(),
             reply_to,
             chat,
             enqueued: now,
@@ -296,8 +338,8 @@ impl Llm {
                     ),
                 )
             })?;
-        if asker.quota.is_some() {
-            self.agents.entry(asker.id).or_default().reserved += estimate;
+        for owner in budgets {
+            self.budgets.entry(owner).or_default().reserved += estimate;
         }
         self.timers.schedule(deadline, Wake::Expire);
         self.pump(now, replies);
@@ -370,11 +412,11 @@ impl Llm {
     }
 
     /// Takes the queued requests `reject` picks out of the queue and frees
-    /// their quota reservations; the caller answers them (or not).
+    /// their budget reservations; the caller answers them (or not).
     fn withdraw(&mut self, reject: impl Fn(&Pending) -> bool) -> Vec<Waiting<Pending>> {
         let withdrawn = self.scheduler.remove_where(|w| reject(&w.item));
         for waiting in &withdrawn {
-            self.release(waiting.item.flow, waiting.estimate);
+            self.release(&waiting.item.budgets, waiting.estimate);
         }
         withdrawn
     }
@@ -444,6 +486,7 @@ impl Llm {
                 waiting.ticket,
                 InFlight {
                     flow,
+                    budgets: pending.budgets,
                     reply_to: pending.reply_to,
                     estimate: waiting.estimate,
                     prompt_estimate: waiting.estimate - u64::from(pending.chat.max_tokens),
@@ -488,11 +531,11 @@ impl Llm {
         };
         self.scheduler.settle(call.flow, call.estimate, used);
         self.admission.settle(call.estimate, used, now);
-        self.release(call.flow, call.estimate);
+        self.release(&call.budgets, call.estimate);
         let queue = Duration::from_millis(call.queue_ms);
         let payload = match done.result {
             Ok(completion) => {
-                self.charge(call.flow, used, call.queue_ms);
+                self.charge(call.flow, &call.budgets, used, call.queue_ms);
                 answered(completion, &call.model, queue, done.latency)
             }
             Err(failure) => {
@@ -508,8 +551,8 @@ impl Llm {
         replies.push((call.reply_to, payload));
     }
 
-    /// Counts an answered THINK.
-    fn charge(&mut self, flow: FlowId, tokens: u64, queue_ms: u64) {
+    /// Counts an answered THINK, and charges it to its budgets.
+    fn charge(&mut self, flow: FlowId, budgets: &[u32], tokens: u64, queue_ms: u64) {
         let add = |record: &mut Use| {
             record.calls += 1;
             record.tokens += tokens;
@@ -519,20 +562,43 @@ impl Llm {
         if flow < FIRST_OPERATOR_ID {
             add(self.agents.entry(flow).or_default());
         }
+        for owner in budgets {
+            self.budgets.entry(*owner).or_default().used += tokens;
+        }
     }
 
-    /// Frees a request's quota reservation.
-    fn release(&mut self, flow: FlowId, estimate: u64) {
-        if let Some(record) = self.agents.get_mut(&flow) {
-            record.reserved = record.reserved.saturating_sub(estimate);
+    /// Frees a request's reservations.
+    fn release(&mut self, budgets: &[u32], estimate: u64) {
+        for owner in budgets {
+            if let Some(spent) = self.budgets.get_mut(owner) {
+                spent.reserved = spent.reserved.saturating_sub(estimate);
+            }
         }
+    }
+
+    /// Tokens the budgets still allow, if there are any: what the tightest
+    /// of them has left.
+    pub fn tokens_left(&self, budgets: &[Budget]) -> Option<u64> {
+        self.tightest(budgets).map(|(_, left)| left)
+    }
+
+    /// The budget with the least left, and what it has left.
+    fn tightest(&self, budgets: &[Budget]) -> Option<(Budget, u64)> {
+        budgets
+            .iter()
+            .map(|budget| {
+                let spent = self.budgets.get(&budget.owner).copied().unwrap_or_default();
+                let left = budget.tokens.saturating_sub(spent.used + spent.reserved);
+                (*budget, left)
+            })
+            .min_by_key(|(_, left)| *left)
     }
 }
 
 /// What an answered call is charged: the provider's count, or, if it gave
 /// none, an estimate from the prompt and the answer's length — never more
 /// than a generous multiple of what was expected, so a provider reporting
-/// absurd usage cannot wreck the counters, buckets and quotas.
+/// absurd usage cannot wreck the counters, buckets and budgets.
 fn charged_tokens(completion: &Completion, call: &InFlight) -> u64 {
     let reported = completion.usage.total_tokens;
     let tokens = if reported > 0 {
@@ -561,7 +627,7 @@ const TEMPLATE_TOKENS: u64 = 32;
 
 /// A rough prompt size before the provider counts it: about four
 /// characters a token, a few per message for its role markers, and the
-/// template's own. Generous rather than short, since quotas rely on it.
+/// template's own. Generous rather than short, since budgets rely on it.
 fn estimate_prompt_tokens(chat: &Chat) -> u64 {
     let characters: usize = chat.system.as_deref().map_or(0, str::len)
         + chat.messages.iter().map(|m| m.content.len()).sum::<usize>();
@@ -612,6 +678,7 @@ mod tests {
     fn in_flight(estimate: u64, prompt_estimate: u64) -> InFlight {
         InFlight {
             flow: 1,
+            budgets: Vec::new(),
             reply_to: ReplyTo::for_tests(),
             estimate,
             prompt_estimate,

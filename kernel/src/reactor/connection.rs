@@ -71,6 +71,8 @@ pub struct Connection {
     /// With a write-stall timer pending: `sent_total` and the unsent bytes
     /// when it was armed, to judge the progress made since.
     pub stall_mark: Option<(u64, usize)>,
+    /// When it last read or wrote anything.
+    pub last_active: Instant,
 }
 
 impl Connection {
@@ -98,7 +100,22 @@ impl Connection {
             frame_timer: false,
             sent_total: 0,
             stall_mark: None,
+            last_active: Instant::now(),
         }
+    }
+
+    /// Whether it holds buffers it could give back.
+    pub fn holds_memory(&self) -> bool {
+        self.decoder.capacity() > 0 || self.replies.holds_memory()
+    }
+
+    /// Gives back its buffers if it has been quiet since `quiet_since`;
+    /// returns the bytes released.
+    pub fn release_if_quiet(&mut self, quiet_since: Instant) -> usize {
+        if self.last_active > quiet_since {
+            return 0;
+        }
+        self.decoder.release() + self.replies.release()
     }
 
     /// Whether another request may be taken now.
@@ -204,6 +221,7 @@ impl Connection {
                 }
                 Ok(n) => {
                     self.decoder.advance(n);
+                    self.last_active = Instant::now();
                     budget = budget.saturating_sub(n);
                     // A short read emptied the socket: any later data raises
                     // a new edge, so there is no need to read until EAGAIN —
@@ -240,7 +258,11 @@ impl Connection {
 
     /// Sends what the socket takes now.
     pub fn flush(&mut self) -> io::Result<()> {
-        self.sent_total += self.replies.write_to(&mut self.stream)? as u64;
+        let sent = self.replies.write_to(&mut self.stream)?;
+        if sent > 0 {
+            self.sent_total += sent as u64;
+            self.last_active = Instant::now();
+        }
         Ok(())
     }
 }

@@ -7,7 +7,9 @@
 //! are read in bounded turns so one busy client cannot starve the others,
 //! and replies leave in request order.
 
+mod capacity;
 mod connection;
+mod idle;
 mod replies;
 
 use std::collections::VecDeque;
@@ -24,11 +26,12 @@ use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
 use crate::config::Config;
-use crate::identity::{peer_cred, peer_groups, Authority, Identity, PeerCred};
+use crate::identity::{peer_cred, peer_groups, peer_pid_namespaces, Authority, Identity, PeerCred};
 use crate::socket::KernelSocket;
 use crate::syscall::{Caller, Io, Kernel};
 use crate::timers::Timers;
 use crate::workers::WorkerPool;
+use capacity::Capacity;
 use connection::{Connection, ConnectionLimits, ReadTurn};
 
 const LISTENER: Token = Token(usize::MAX);
@@ -87,6 +90,8 @@ enum Deadline {
     FrameTimeout(ConnKey),
     /// Retry accepting after a failure.
     AcceptRetry,
+    /// Release quiet connections' buffers and return freed memory.
+    IdleSweep,
 }
 
 /// Lets a repeatable warning through at most once a second, counting what
@@ -132,9 +137,14 @@ pub struct Reactor {
     /// Connections the kernel accepted on agents' sockets.
     adopted: Vec<(UnixStream, Identity)>,
     accept_retry_pending: bool,
+    /// An idle sweep is scheduled.
+    sweep_pending: bool,
+    /// Connections closed since the last sweep (their memory is free but
+    /// not yet returned).
+    closed_since_sweep: usize,
     refusals: LogThrottle,
     limits: ConnectionLimits,
-    max_connections: usize,
+    capacity: Capacity,
     stall_timeout: Duration,
     frame_timeout: Duration,
     shutdown_grace: Duration,
@@ -163,11 +173,7 @@ impl Reactor {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         let authority = Authority::new(nix::unistd::geteuid().as_raw(), socket.gid());
-        let run_dir = socket.path().parent().map_or_else(
-            || std::path::PathBuf::from("."),
-            std::path::Path::to_path_buf,
-        );
-        let kernel = Kernel::new(config.clone(), waker, &run_dir)?;
+        let kernel = Kernel::new(config.clone(), waker, socket.path())?;
         let limits = ConnectionLimits {
             max_request_bytes: config.max_request_bytes,
             max_in_flight: config.max_in_flight as usize,
@@ -187,9 +193,11 @@ impl Reactor {
             kernel_replies: Vec::new(),
             adopted: Vec::new(),
             accept_retry_pending: false,
+            sweep_pending: false,
+            closed_since_sweep: 0,
             refusals: LogThrottle::default(),
             limits,
-            max_connections: config.max_connections,
+            capacity: Capacity::new(&config),
             stall_timeout: config.write_stall_timeout(),
             frame_timeout: config.frame_timeout(),
             shutdown_grace: config.shutdown_grace(),
@@ -359,8 +367,31 @@ impl Reactor {
                 return;
             }
         };
-        if !self.has_room(&mut stream, &peer) {
-            return;
+        // uid 0 in a sandbox's user namespace is the daemon's own uid out
+        // here: whatever the credentials say, nothing inside a sandbox is
+        // an operator. (Agents reach the kernel through their own sockets.)
+        match peer_pid_namespaces(&stream, &peer) {
+            Ok(Some(chain)) if self.kernel.agents_ref().is_inside_a_sandbox(&chain) => {
+                if let Some(suppressed) = self.refusals.allow(Instant::now()) {
+                    log::warn!(
+                        "refusing pid {}: it lives in a sandbox, and this socket serves \
+                         operators ({suppressed} more refusals not logged)",
+                        peer.pid
+                    );
+                }
+                refuse(
+                    &mut stream,
+                    ErrorCode::PermissionDenied,
+                    "this socket serves operators; an agent talks to the kernel through its \
+                     own socket, $AGENTOS_SOCKET",
+                );
+                return;
+            }
+            Ok(_) => {}
+            Err(err) => {
+                log::debug!("dropping a connection whose peer is gone: {err}");
+                return;
+            }
         }
         let identity = match self
             .authority
@@ -379,7 +410,9 @@ impl Reactor {
                 return;
             }
         };
-        self.install(stream, peer, identity);
+        if self.has_room(&mut stream, &peer, identity) {
+            self.install(stream, peer, identity);
+        }
     }
 
     /// A connection the kernel accepted on an agent's own socket.
@@ -387,32 +420,25 @@ impl Reactor {
         let Ok(peer) = peer_cred(&stream) else {
             return;
         };
-        if self.has_room(&mut stream, &peer) {
+        if self.has_room(&mut stream, &peer, identity) {
             self.install(stream, peer, identity);
         }
     }
 
-    /// Whether another connection fits; if not, tells the peer `busy`.
-    fn has_room(&mut self, stream: &mut UnixStream, peer: &PeerCred) -> bool {
-        if self.connections.len() < self.max_connections {
+    /// Whether another connection for `identity` fits; if not, tells the
+    /// peer `busy`.
+    fn has_room(&mut self, stream: &mut UnixStream, peer: &PeerCred, identity: Identity) -> bool {
+        let Err(reason) = self.capacity.check(identity) else {
             return true;
-        }
+        };
         if let Some(suppressed) = self.refusals.allow(Instant::now()) {
             log::warn!(
-                "refusing a connection from pid {}: {} connections is the configured \
-                 maximum ({suppressed} more refusals not logged)",
+                "refusing a connection from pid {}: {reason} ({suppressed} more refusals not \
+                 logged)",
                 peer.pid,
-                self.max_connections
             );
         }
-        refuse(
-            stream,
-            ErrorCode::Busy,
-            &format!(
-                "the kernel is serving its maximum of {} connections; retry later",
-                self.max_connections
-            ),
-        );
+        refuse(stream, ErrorCode::Busy, &reason);
         false
     }
 
@@ -437,6 +463,8 @@ impl Reactor {
         );
         let caller = Caller { identity };
         entry.insert(Connection::new(stream, serial, caller, peer, &self.limits));
+        self.capacity.opened(identity);
+        self.schedule_sweep(Instant::now());
     }
 
     fn on_connection_event(&mut self, index: usize, event: &Event) {
@@ -541,6 +569,9 @@ impl Reactor {
             return;
         }
         let mut conn = self.connections.remove(key.index);
+        self.capacity.closed(conn.caller.identity);
+        self.closed_since_sweep += 1;
+        self.schedule_sweep(Instant::now());
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let dropped_jobs = self.workers.cancel(conn.serial);
         self.kernel.llm().connection_closed(conn.serial);
@@ -602,7 +633,40 @@ impl Reactor {
                 }
                 Deadline::WriteStall(key) => self.check_stall(key, now),
                 Deadline::FrameTimeout(key) => self.check_frame(key, now),
+                Deadline::IdleSweep => self.sweep(now),
             }
+        }
+    }
+
+    fn schedule_sweep(&mut self, now: Instant) {
+        if !self.sweep_pending {
+            self.sweep_pending = true;
+            self.timers
+                .schedule(now + idle::SWEEP_EVERY, Deadline::IdleSweep);
+        }
+    }
+
+    /// Quiet connections give back their buffers, and the memory of those
+    /// released or closed goes back to the system (see [`idle`]).
+    fn sweep(&mut self, now: Instant) {
+        self.sweep_pending = false;
+        let quiet_since = now.checked_sub(idle::SWEEP_EVERY).unwrap_or(now);
+        let mut released = 0;
+        let mut holding = false;
+        for (_, conn) in self.connections.iter_mut() {
+            released += conn.release_if_quiet(quiet_since);
+            holding |= conn.holds_memory();
+        }
+        if released > 0 || self.closed_since_sweep > 0 {
+            if self.connections.is_empty() {
+                // Its slots are the last of the crowd.
+                self.connections.shrink_to_fit();
+            }
+            idle::return_free_memory();
+            self.closed_since_sweep = 0;
+        }
+        if holding {
+            self.schedule_sweep(now);
         }
     }
 

@@ -140,6 +140,23 @@ impl ReplyQueue {
         self.waiting.is_empty() && self.unsent() == 0
     }
 
+    /// Whether it holds buffers.
+    pub fn holds_memory(&self) -> bool {
+        self.out.capacity() > 0 || self.waiting.capacity() > 0
+    }
+
+    /// Releases the buffers of an idle queue; returns the bytes released.
+    pub fn release(&mut self) -> usize {
+        if !self.is_idle() {
+            return 0;
+        }
+        let released = self.out.capacity() + self.waiting.capacity() * std::mem::size_of::<Slot>();
+        self.out = Vec::new();
+        self.written = 0;
+        self.waiting = VecDeque::new();
+        released
+    }
+
     /// Writes as much as the socket takes. Returns the bytes written; stops
     /// quietly at `WouldBlock`.
     pub fn write_to(&mut self, sink: &mut impl Write) -> io::Result<usize> {

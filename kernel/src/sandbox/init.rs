@@ -5,8 +5,10 @@
 //!
 //! It reads the sandbox's shape from fd 3 and carries it out, in this
 //! order — the code below reads the same way:
-//! 1. keep the OOM killer off the init itself (the launcher has already
-//!    waited for the daemon's go, which follows the user-namespace maps);
+//! 1. hold the signals it will pass on (a PID 1 would otherwise discard
+//!    them until it has handlers), and keep the OOM killer off the init
+//!    itself (the launcher has already waited for the daemon's go, which
+//!    follows the user-namespace maps);
 //! 2. prepare the root filesystem; bring up loopback; resource limits;
 //!    compile the seccomp filter;
 //! 3. wait for the claim: what to run, and the log to write to (a sandbox
@@ -72,6 +74,7 @@ pub fn main() -> ! {
 }
 
 fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
+    pid1::hold_signals()?;
     keep_fds_from_the_workload();
     // The OOM killer should take the workload, never the init that reports
     // on it. Lowering needs CAP_SYS_RESOURCE, which a user namespace lacks:
@@ -82,7 +85,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
         move |err: &dyn std::fmt::Display| Failure::internal(format!("{what}: {err}"))
     };
     if let Some(root) = &spec.root {
-        mounts::prepare_root(root, spec.user, &mut mounts::Real)
+        mounts::prepare_root(root, spec.user, &mut mounts::Real::default())
             .map_err(|e| setup("sandbox setup failed")(&e))?;
     }
     if spec.namespaces.net {
@@ -93,7 +96,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
 
     let claim = control::wait_for_claim()?;
     if let Some(root) = &spec.root {
-        mounts::enter_root(root, &claim.binds, &mut mounts::Real)
+        mounts::enter_root(root, &claim.binds, &mut mounts::Real::default())
             .map_err(|e| setup("sandbox setup failed")(&e))?;
     }
     if let Some(hostname) = &claim.hostname {

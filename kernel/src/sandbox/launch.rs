@@ -383,9 +383,16 @@ fn stage(fd: RawFd) -> io::Result<OwnedFd> {
 /// A memfd holding `value` as JSON, positioned at its start.
 fn json_memfd(name: &std::ffi::CStr, value: &impl serde::Serialize) -> io::Result<OwnedFd> {
     let json = serde_json::to_vec(value).map_err(io::Error::other)?;
+    memfd_with(name, &json)
+}
+
+/// An anonymous memory file (close-on-exec) holding `bytes`, positioned at
+/// its start: nothing touches the disk, and whoever inherits it reads it
+/// from the beginning.
+pub fn memfd_with(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
     let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
     let mut file = File::from(fd);
-    file.write_all(&json)?;
+    file.write_all(bytes)?;
     std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0))?;
     Ok(OwnedFd::from(file))
 }

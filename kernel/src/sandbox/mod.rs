@@ -6,8 +6,12 @@
 //! as [`init`]). The init side builds the root filesystem ([`mounts`]),
 //! brings up loopback ([`network`]), gives up privileges ([`privileges`],
 //! [`seccomp`]) and runs the workload as its PID 1 ([`pid1`]), reporting
-//! over the status pipe ([`status`]).
+//! over the status pipe ([`status`]). [`view`] answers what a path names
+//! inside a sandbox, so an agent's requests are read in its own view.
+//! [`confine`] gives the kernel's own children (the local model server)
+//! the same view and privileges, without an init of their own.
 
+pub mod confine;
 mod control;
 pub mod init;
 pub mod launch;
@@ -19,6 +23,7 @@ mod privileges;
 mod seccomp;
 pub mod spec;
 pub mod status;
+pub mod view;
 
 pub use launch::{CgroupJoin, Control, LaunchRequest, Launched, Launcher};
 pub use spec::{Claim, Namespaces, SandboxSpec, User};

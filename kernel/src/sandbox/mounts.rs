@@ -3,6 +3,16 @@
 //! operations — which is what makes the result safe — is tested without
 //! root against a recording double.
 //!
+//! Two rules hold for every mount:
+//! - a path inside the new root is resolved *beneath* it, as if it were
+//!   already `/`: symlinks are followed as they would be inside, `..` stops
+//!   at the root, and missing directories are created there — so nothing
+//!   is ever mounted or created outside the staging directory, whatever
+//!   the bound directories contain; and only plain absolute paths (no `.`
+//!   or `..`) are accepted at all;
+//! - a bind's host source is opened without following any symlink, so the
+//!   directory bound is exactly the one the daemon resolved.
+//!
 //! Preparation ([`prepare_root`]), which a sandbox of the warm pool does
 //! before any workload has claimed it:
 //! 1. make every mount private, so nothing propagates to or from the host;
@@ -12,13 +22,15 @@
 //! 5. bind what every program needs (read-only) and create symlinks;
 //! 6. a fresh /proc (the sandbox has its own PID namespace), with the
 //!    kernel-facing corners made read-only or hidden;
-//! 7. hide secrets inside bound directories.
+//! 7. hide secrets (and the kernel's own files) inside bound directories.
 //!
 //! Entry ([`enter_root`]), once the claim has said what the workload needs:
 //! 8. bind the workload's own paths (script directory, interpreter, socket);
-//! 9. pivot_root into the new root and detach the old one — from here on
-//!    the host filesystem is unreachable;
-//! 10. make the new root itself read-only.
+//! 9. hide again every secret lying under one of those binds: a mask is
+//!    always mounted after every bind that could cover it;
+//! 10. pivot_root into the new root and detach the old one — from here on
+//!     the host filesystem is unreachable;
+//! 11. make the new root itself read-only.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -26,6 +38,15 @@ use std::path::{Path, PathBuf};
 use nix::mount::MsFlags;
 
 use super::spec::{Bind, RootFs, User};
+
+/// What to create at a mount point that does not exist yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Node {
+    /// A directory (mode 0755).
+    Dir,
+    /// An empty regular file, to mount a non-directory on.
+    File,
+}
 
 /// The system calls root construction needs.
 pub trait Syscalls {
@@ -38,16 +59,24 @@ pub trait Syscalls {
         flags: MsFlags,
         data: Option<&str>,
     ) -> io::Result<()>;
-    /// mkdir -p with this mode for the directories it creates.
-    fn mkdir_all(&mut self, path: &Path, mode: u32) -> io::Result<()>;
-    /// Creates an empty file to mount a non-directory on.
-    fn touch(&mut self, path: &Path) -> io::Result<()>;
+    /// `path` (plain and absolute, as seen inside) resolved beneath `root`
+    /// as if `root` were `/`. With `create`, missing directories on the
+    /// way are made and a missing last component becomes that node;
+    /// without, a missing path is `Ok(None)`. Returns a name for the
+    /// resolved location that mount(2) and symlink(2) accept.
+    fn beneath(
+        &mut self,
+        root: &Path,
+        path: &Path,
+        create: Option<Node>,
+    ) -> io::Result<Option<PathBuf>>;
+    /// A bind source: `path` opened without following any symlink in it.
+    /// Returns a name for exactly that file that mount(2) accepts.
+    fn source(&mut self, path: &Path) -> io::Result<PathBuf>;
     /// symlink(2): `path` will point to `target`.
     fn symlink(&mut self, target: &Path, path: &Path) -> io::Result<()>;
     /// Whether `path` is a directory (following symlinks).
     fn is_dir(&mut self, path: &Path) -> bool;
-    /// Whether `path` exists.
-    fn exists(&mut self, path: &Path) -> bool;
     /// The flags of the mount holding `path` that a read-only remount must
     /// repeat: in a user namespace nosuid/nodev/noexec/atime are locked.
     fn locked_flags(&mut self, path: &Path) -> MsFlags;
@@ -93,6 +122,54 @@ const DEV_LINKS: [(&str, &str); 4] = [
     ("/dev/stderr", "/proc/self/fd/2"),
 ];
 
+/// Whether `path` is absolute and made only of plain names: no `.`, no
+/// `..`. Every path the sandbox mounts on or binds from must be.
+pub fn is_plain(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    // Read the bytes: `Path::components` silently drops inner `.`s.
+    let bytes = path.as_os_str().as_bytes();
+    bytes.first() == Some(&b'/')
+        && bytes
+            .split(|b| *b == b'/')
+            .all(|name| name != b"." && name != b"..")
+}
+
+/// The mount point for `path` inside `root`, created as `node` if missing.
+fn mount_point(
+    sys: &mut dyn Syscalls,
+    root: &Path,
+    path: &Path,
+    node: Node,
+) -> Result<PathBuf, MountError> {
+    if !is_plain(path) {
+        return Err(not_plain(path));
+    }
+    sys.beneath(root, path, Some(node))
+        .map_err(failed("cannot create mount point", path))?
+        .ok_or_else(|| failed("cannot create mount point", path)(io::ErrorKind::NotFound.into()))
+}
+
+/// `path` inside `root` if it exists there.
+fn existing(
+    sys: &mut dyn Syscalls,
+    root: &Path,
+    path: &Path,
+) -> Result<Option<PathBuf>, MountError> {
+    if !is_plain(path) {
+        return Err(not_plain(path));
+    }
+    sys.beneath(root, path, None)
+        .map_err(failed("cannot resolve", path))
+}
+
+fn not_plain(path: &Path) -> MountError {
+    MountError {
+        step: "refusing a path that is not absolute and plain (no `.` or `..`)",
+        path: path.to_path_buf(),
+        source: io::ErrorKind::InvalidInput.into(),
+    }
+}
+
 /// Prepares `root` in the staging directory (steps 1–7). `user` owns the
 /// tmpfs marked `owned_by_user`.
 pub fn prepare_root(
@@ -101,7 +178,6 @@ pub fn prepare_root(
     sys: &mut dyn Syscalls,
 ) -> Result<(), MountError> {
     let staging = root.staging.as_path();
-    let inside = |path: &Path| staging.join(path.strip_prefix("/").unwrap_or(path));
 
     // 1. Nothing we mount may reach the host, nor host mounts reach us.
     sys.mount(
@@ -125,9 +201,7 @@ pub fn prepare_root(
 
     // 3. /dev: a tmpfs with only the harmless devices.
     if !root.devices.is_empty() {
-        let dev = inside(Path::new("/dev"));
-        sys.mkdir_all(&dev, 0o755)
-            .map_err(failed("cannot create directory", &dev))?;
+        let dev = mount_point(sys, staging, Path::new("/dev"), Node::Dir)?;
         sys.mount(
             Some(Path::new("tmpfs")),
             &dev,
@@ -135,18 +209,15 @@ pub fn prepare_root(
             MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
             Some("mode=0755,size=64k"),
         )
-        .map_err(failed("cannot mount tmpfs on", &dev))?;
+        .map_err(failed("cannot mount tmpfs on", Path::new("/dev")))?;
         for device in &root.devices {
-            let target = inside(device);
-            sys.touch(&target)
-                .map_err(failed("cannot create device mount point", &target))?;
-            sys.mount(Some(device), &target, None, MsFlags::MS_BIND, None)
+            let target = mount_point(sys, staging, device, Node::File)?;
+            let source = sys.source(device).map_err(failed("cannot open", device))?;
+            sys.mount(Some(&source), &target, None, MsFlags::MS_BIND, None)
                 .map_err(failed("cannot bind device", device))?;
         }
         for (link, points_to) in DEV_LINKS {
-            let path = inside(Path::new(link));
-            sys.symlink(Path::new(points_to), &path)
-                .map_err(failed("cannot create symlink", &path))?;
+            make_symlink(sys, staging, Path::new(link), Path::new(points_to))?;
         }
     }
 
@@ -154,9 +225,7 @@ pub fn prepare_root(
     //    inside it (a script under /tmp on the host shows up under the
     //    sandbox's own /tmp).
     for tmpfs in &root.tmpfs {
-        let target = inside(&tmpfs.target);
-        sys.mkdir_all(&target, 0o755)
-            .map_err(failed("cannot create directory", &target))?;
+        let target = mount_point(sys, staging, &tmpfs.target, Node::Dir)?;
         let mut options = format!("mode={:o},size={}", tmpfs.mode, tmpfs.size);
         if let (true, Some(user)) = (tmpfs.owned_by_user, user) {
             options.push_str(&format!(",uid={},gid={}", user.uid, user.gid));
@@ -168,26 +237,18 @@ pub fn prepare_root(
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             Some(&options),
         )
-        .map_err(failed("cannot mount tmpfs on", &target))?;
+        .map_err(failed("cannot mount tmpfs on", &tmpfs.target))?;
     }
 
     // 5. What every program needs.
     bind_all(sys, staging, &root.binds)?;
     for link in &root.symlinks {
-        let path = inside(&link.path);
-        if let Some(parent) = path.parent() {
-            sys.mkdir_all(parent, 0o755)
-                .map_err(failed("cannot create directory", parent))?;
-        }
-        sys.symlink(&link.target, &path)
-            .map_err(failed("cannot create symlink", &path))?;
+        make_symlink(sys, staging, &link.path, &link.target)?;
     }
 
     // 6. /proc of the sandbox's own PID namespace.
     if root.proc {
-        let proc = inside(Path::new("/proc"));
-        sys.mkdir_all(&proc, 0o555)
-            .map_err(failed("cannot create directory", &proc))?;
+        let proc = mount_point(sys, staging, Path::new("/proc"), Node::Dir)?;
         sys.mount(
             Some(Path::new("proc")),
             &proc,
@@ -195,10 +256,10 @@ pub fn prepare_root(
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
             None,
         )
-        .map_err(failed("cannot mount proc on", &proc))?;
+        .map_err(failed("cannot mount proc on", Path::new("/proc")))?;
         for name in PROC_READ_ONLY {
-            let path = proc.join(name);
-            if sys.exists(&path) {
+            let inside = Path::new("/proc").join(name);
+            if let Some(path) = existing(sys, staging, &inside)? {
                 sys.mount(
                     Some(&path),
                     &path,
@@ -206,13 +267,14 @@ pub fn prepare_root(
                     MsFlags::MS_BIND | MsFlags::MS_REC,
                     None,
                 )
-                .map_err(failed("cannot bind", &path))?;
-                remount_read_only(sys, &path, &path)?;
+                .map_err(failed("cannot bind", &inside))?;
+                let bound = mount_point(sys, staging, &inside, Node::Dir)?;
+                remount_read_only(sys, &bound, &bound, &inside)?;
             }
         }
         for name in PROC_MASKED {
-            let path = proc.join(name);
-            if sys.exists(&path) {
+            let inside = Path::new("/proc").join(name);
+            if let Some(path) = existing(sys, staging, &inside)? {
                 sys.mount(
                     Some(Path::new("/dev/null")),
                     &path,
@@ -220,54 +282,36 @@ pub fn prepare_root(
                     MsFlags::MS_BIND,
                     None,
                 )
-                .map_err(failed("cannot mask", &path))?;
+                .map_err(failed("cannot mask", &inside))?;
             }
         }
     }
 
-    // 7. Secrets inside bound directories: files become /dev/null,
-    //    directories an empty read-only tmpfs.
-    for mask in &root.masks {
-        let target = inside(mask);
-        if !sys.exists(&target) {
-            continue;
-        }
-        if sys.is_dir(&target) {
-            sys.mount(
-                Some(Path::new("tmpfs")),
-                &target,
-                Some("tmpfs"),
-                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some("mode=0000,size=4k"),
-            )
-            .map_err(failed("cannot mask", &target))?;
-        } else {
-            sys.mount(
-                Some(Path::new("/dev/null")),
-                &target,
-                None,
-                MsFlags::MS_BIND,
-                None,
-            )
-            .map_err(failed("cannot mask", &target))?;
-        }
-    }
-
-    Ok(())
+    // 7. Secrets inside bound directories.
+    mask_all(sys, staging, &root.masks)
 }
 
-/// Binds the workload's own paths and enters the prepared root (steps
-/// 8–10).
+/// Binds the workload's own paths, hides again what they could uncover,
+/// and enters the prepared root (steps 8–11).
 pub fn enter_root(root: &RootFs, binds: &[Bind], sys: &mut dyn Syscalls) -> Result<(), MountError> {
     let staging = root.staging.as_path();
     // 8. The workload's own paths.
     bind_all(sys, staging, binds)?;
 
-    // 9. Enter the new root; the old one (the host's) is detached for good.
-    let old = staging.join(".old-root");
-    sys.mkdir_all(&old, 0o700)
-        .map_err(failed("cannot create directory", &old))?;
-    sys.pivot_root(staging, &old)
+    // 9. A bind may land on or above a masked path (a script beside the
+    //    kernel's config file): mask those again, on top.
+    let covered: Vec<PathBuf> = root
+        .masks
+        .iter()
+        .filter(|mask| binds.iter().any(|bind| mask.starts_with(&bind.target)))
+        .cloned()
+        .collect();
+    mask_all(sys, staging, &covered)?;
+
+    // 10. Enter the new root; the old one (the host's) is detached for good.
+    mount_point(sys, staging, Path::new("/.old-root"), Node::Dir)?;
+    let put_old = staging.join(".old-root");
+    sys.pivot_root(staging, &put_old)
         .map_err(failed("cannot pivot_root into", staging))?;
     sys.chdir(Path::new("/"))
         .map_err(failed("cannot chdir to", Path::new("/")))?;
@@ -276,7 +320,7 @@ pub fn enter_root(root: &RootFs, binds: &[Bind], sys: &mut dyn Syscalls) -> Resu
         .map_err(failed("cannot detach the old root at", old))?;
     sys.rmdir(old).map_err(failed("cannot remove", old))?;
 
-    // 10. Only the scratch mounts stay writable.
+    // 11. Only the scratch mounts stay writable.
     sys.mount(
         None,
         Path::new("/"),
@@ -295,10 +339,20 @@ pub fn enter_root(root: &RootFs, binds: &[Bind], sys: &mut dyn Syscalls) -> Resu
 /// marked writable.
 fn bind_all(sys: &mut dyn Syscalls, staging: &Path, binds: &[Bind]) -> Result<(), MountError> {
     for bind in binds {
-        let target = staging.join(bind.target.strip_prefix("/").unwrap_or(&bind.target));
-        make_mount_point(sys, &bind.source, &target)?;
+        if !is_plain(&bind.source) {
+            return Err(not_plain(&bind.source));
+        }
+        let node = if sys.is_dir(&bind.source) {
+            Node::Dir
+        } else {
+            Node::File
+        };
+        let target = mount_point(sys, staging, &bind.target, node)?;
+        let source = sys
+            .source(&bind.source)
+            .map_err(failed("cannot open bind source", &bind.source))?;
         sys.mount(
-            Some(&bind.source),
+            Some(&source),
             &target,
             None,
             MsFlags::MS_BIND | MsFlags::MS_REC,
@@ -306,48 +360,111 @@ fn bind_all(sys: &mut dyn Syscalls, staging: &Path, binds: &[Bind]) -> Result<()
         )
         .map_err(failed("cannot bind", &bind.source))?;
         if !bind.writable {
-            remount_read_only(sys, &bind.source, &target)?;
+            // Resolved afresh: the name held for the mount point still
+            // names what the bind now covers.
+            let bound = mount_point(sys, staging, &bind.target, node)?;
+            remount_read_only(sys, &bind.source, &bound, &bind.target)?;
         }
     }
     Ok(())
 }
 
-fn make_mount_point(
-    sys: &mut dyn Syscalls,
-    source: &Path,
-    target: &Path,
-) -> Result<(), MountError> {
-    if sys.is_dir(source) {
-        sys.mkdir_all(target, 0o755)
-            .map_err(failed("cannot create directory", target))
-    } else {
-        if let Some(parent) = target.parent() {
-            sys.mkdir_all(parent, 0o755)
-                .map_err(failed("cannot create directory", parent))?;
+/// Hides each path that exists inside `staging`: a file becomes /dev/null,
+/// a directory an empty read-only tmpfs.
+fn mask_all(sys: &mut dyn Syscalls, staging: &Path, masks: &[PathBuf]) -> Result<(), MountError> {
+    for mask in masks {
+        let Some(target) = existing(sys, staging, mask)? else {
+            continue;
+        };
+        if sys.is_dir(&target) {
+            sys.mount(
+                Some(Path::new("tmpfs")),
+                &target,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("mode=0000,size=4k"),
+            )
+            .map_err(failed("cannot mask", mask))?;
+        } else {
+            sys.mount(
+                Some(Path::new("/dev/null")),
+                &target,
+                None,
+                MsFlags::MS_BIND,
+                None,
+            )
+            .map_err(failed("cannot mask", mask))?;
         }
-        sys.touch(target)
-            .map_err(failed("cannot create mount point", target))
     }
+    Ok(())
 }
 
+/// Creates the link `path` (inside `staging`) pointing to `target`.
+fn make_symlink(
+    sys: &mut dyn Syscalls,
+    staging: &Path,
+    path: &Path,
+    target: &Path,
+) -> Result<(), MountError> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(not_plain(path));
+    };
+    let parent = mount_point(sys, staging, parent, Node::Dir)?;
+    sys.symlink(target, &parent.join(name))
+        .map_err(failed("cannot create symlink", path))
+}
+
+/// Remounts the mount at `target` read-only; `flags_of` is a path on the
+/// mount whose locked flags must be kept.
 fn remount_read_only(
     sys: &mut dyn Syscalls,
-    source: &Path,
+    flags_of: &Path,
     target: &Path,
+    named: &Path,
 ) -> Result<(), MountError> {
     let flags = MsFlags::MS_REMOUNT
         | MsFlags::MS_BIND
         | MsFlags::MS_RDONLY
         | MsFlags::MS_NOSUID
         | MsFlags::MS_NODEV
-        | sys.locked_flags(source);
+        | sys.locked_flags(flags_of);
     sys.mount(None, target, None, flags, None)
-        .map_err(failed("cannot make read-only", target))
+        .map_err(failed("cannot make read-only", named))
 }
 
-/// The real system calls.
+/// The real system calls. Holds the descriptors behind the names it hands
+/// out (`/proc/self/fd/N`) until it is dropped.
 #[derive(Debug, Default)]
-pub struct Real;
+pub struct Real {
+    held: Vec<std::os::fd::OwnedFd>,
+}
+
+impl Real {
+    /// A name for `fd`'s file that path-based calls follow to exactly it.
+    fn hold(&mut self, fd: std::os::fd::OwnedFd) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        let name = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        self.held.push(fd);
+        name
+    }
+}
+
+/// Opens `relative` beneath `root` as if `root` were `/` (O_PATH).
+fn open_in_root(root: &std::os::fd::OwnedFd, relative: &Path) -> nix::Result<std::os::fd::OwnedFd> {
+    use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+    let relative = if relative.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        relative
+    };
+    openat2(
+        root,
+        relative,
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    )
+}
 
 impl Syscalls for Real {
     fn mount(
@@ -361,21 +478,71 @@ impl Syscalls for Real {
         nix::mount::mount(source, target, fstype, flags, data).map_err(io::Error::from)
     }
 
-    fn mkdir_all(&mut self, path: &Path, mode: u32) -> io::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(path)
+    fn beneath(
+        &mut self,
+        root: &Path,
+        path: &Path,
+        create: Option<Node>,
+    ) -> io::Result<Option<PathBuf>> {
+        use nix::errno::Errno;
+        use nix::fcntl::OFlag;
+        use nix::sys::stat::Mode;
+        let root = nix::fcntl::open(
+            root,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        let node = match (open_in_root(&root, relative), create) {
+            (Ok(fd), _) => return Ok(Some(self.hold(fd))),
+            (Err(Errno::ENOENT), Some(node)) => node,
+            (Err(Errno::ENOENT), None) => return Ok(None),
+            (Err(errno), _) => return Err(errno.into()),
+        };
+        // Create what is missing one component at a time, each in its
+        // parent as resolved beneath the root.
+        let names: Vec<&std::ffi::OsStr> = relative.iter().collect();
+        for depth in 1..=names.len() {
+            let prefix: PathBuf = names[..depth].iter().collect();
+            match open_in_root(&root, &prefix) {
+                Ok(_) => continue,
+                Err(Errno::ENOENT) => {}
+                Err(errno) => return Err(errno.into()),
+            }
+            let parent: PathBuf = names[..depth - 1].iter().collect();
+            let parent = open_in_root(&root, &parent)?;
+            let name = names[depth - 1];
+            if depth == names.len() && node == Node::File {
+                nix::fcntl::openat(
+                    &parent,
+                    name,
+                    OFlag::O_CREAT
+                        | OFlag::O_EXCL
+                        | OFlag::O_WRONLY
+                        | OFlag::O_NOFOLLOW
+                        | OFlag::O_CLOEXEC,
+                    Mode::from_bits_truncate(0o644),
+                )?;
+            } else {
+                match nix::sys::stat::mkdirat(&parent, name, Mode::from_bits_truncate(0o755)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(errno) => return Err(errno.into()),
+                }
+            }
+        }
+        Ok(Some(self.hold(open_in_root(&root, relative)?)))
     }
 
-    fn touch(&mut self, path: &Path) -> io::Result<()> {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map(drop)
+    fn source(&mut self, path: &Path) -> io::Result<PathBuf> {
+        use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+        let fd = openat2(
+            nix::fcntl::AT_FDCWD,
+            path,
+            OpenHow::new()
+                .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+                .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS),
+        )?;
+        Ok(self.hold(fd))
     }
 
     fn symlink(&mut self, target: &Path, path: &Path) -> io::Result<()> {
@@ -384,10 +551,6 @@ impl Syscalls for Real {
 
     fn is_dir(&mut self, path: &Path) -> bool {
         path.is_dir()
-    }
-
-    fn exists(&mut self, path: &Path) -> bool {
-        path.exists()
     }
 
     fn locked_flags(&mut self, path: &Path) -> MsFlags {
@@ -474,14 +637,31 @@ mod tests {
             self.calls.push(words.join(" "));
             Ok(())
         }
-        fn mkdir_all(&mut self, path: &Path, mode: u32) -> io::Result<()> {
-            self.calls
-                .push(format!("mkdir {} {mode:o}", path.display()));
-            Ok(())
+        fn beneath(
+            &mut self,
+            root: &Path,
+            path: &Path,
+            create: Option<Node>,
+        ) -> io::Result<Option<PathBuf>> {
+            let full = root.join(path.strip_prefix("/").unwrap_or(path));
+            if full == root || self.is_dir(&full) || self.existing.contains(&full) {
+                return Ok(Some(full));
+            }
+            match create {
+                Some(Node::Dir) => {
+                    self.calls.push(format!("mkdir {}", full.display()));
+                    self.dirs.push(full.clone());
+                }
+                Some(Node::File) => {
+                    self.calls.push(format!("touch {}", full.display()));
+                    self.existing.push(full.clone());
+                }
+                None => return Ok(None),
+            }
+            Ok(Some(full))
         }
-        fn touch(&mut self, path: &Path) -> io::Result<()> {
-            self.calls.push(format!("touch {}", path.display()));
-            Ok(())
+        fn source(&mut self, path: &Path) -> io::Result<PathBuf> {
+            Ok(path.to_path_buf())
         }
         fn symlink(&mut self, target: &Path, path: &Path) -> io::Result<()> {
             self.calls.push(format!(
@@ -493,9 +673,6 @@ mod tests {
         }
         fn is_dir(&mut self, path: &Path) -> bool {
             self.dirs.iter().any(|d| d == path)
-        }
-        fn exists(&mut self, path: &Path) -> bool {
-            self.is_dir(path) || self.existing.iter().any(|e| e == path)
         }
         fn locked_flags(&mut self, path: &Path) -> MsFlags {
             if path == Path::new("/usr") {
@@ -620,6 +797,116 @@ mod tests {
         assert!(calls[..pivot]
             .iter()
             .all(|c| !c.starts_with("mount / bind remount")));
+    }
+
+    #[test]
+    fn a_mask_under_a_claimed_directory_is_mounted_again_after_its_bind() {
+        let root = RootFs {
+            staging: "/stage".into(),
+            masks: vec!["/srv/agents/agentosd.toml".into(), "/etc/shadow".into()],
+            ..RootFs::default()
+        };
+        let mut sys = Recorder {
+            dirs: vec!["/srv/agents".into()],
+            existing: vec![
+                "/stage/srv/agents/agentosd.toml".into(),
+                "/stage/etc/shadow".into(),
+            ],
+            ..Recorder::default()
+        };
+        prepare_root(&root, None, &mut sys).unwrap();
+        let scripts = Bind {
+            source: "/srv/agents".into(),
+            target: "/srv/agents".into(),
+            writable: false,
+        };
+        enter_root(&root, &[scripts], &mut sys).unwrap();
+        let calls = &sys.calls;
+        let bind = position(calls, "mount /stage/srv/agents from /srv/agents bind rec");
+        let mask = "mount /stage/srv/agents/agentosd.toml from /dev/null bind";
+        let last_mask = calls.iter().rposition(|c| c == mask).unwrap();
+        assert!(last_mask > bind, "{calls:#?}");
+        // Masks no claimed directory covers are not mounted twice.
+        let shadow = "mount /stage/etc/shadow from /dev/null bind";
+        assert_eq!(calls.iter().filter(|c| *c == shadow).count(), 1);
+    }
+
+    #[test]
+    fn paths_with_dot_or_dot_dot_are_refused() {
+        let root = RootFs {
+            staging: "/stage".into(),
+            ..RootFs::default()
+        };
+        for (source, target) in [
+            ("/tmp/../etc", "/tmp/../etc"),
+            ("/srv/a", "/tmp/../../etc"),
+            ("/srv/./a", "/srv/a"),
+            ("srv/a", "/srv/a"),
+        ] {
+            let bind = Bind {
+                source: source.into(),
+                target: target.into(),
+                writable: false,
+            };
+            let mut sys = Recorder::default();
+            let err = enter_root(&root, &[bind], &mut sys).unwrap_err();
+            assert_eq!(err.source.kind(), io::ErrorKind::InvalidInput, "{err}");
+            assert!(
+                !sys.calls.iter().any(|c| c.starts_with("mount")),
+                "{:?}",
+                sys.calls
+            );
+        }
+        let masked = RootFs {
+            masks: vec!["/etc/../root".into()],
+            ..root
+        };
+        assert!(prepare_root(&masked, None, &mut Recorder::default()).is_err());
+    }
+
+    /// The real resolution never leaves the root, whatever symlinks the
+    /// bound directories hold.
+    #[test]
+    fn mount_points_are_made_beneath_the_root_even_through_symlinks() {
+        let outside = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("absolute")).unwrap();
+        std::os::unix::fs::symlink("../../../..", root.path().join("upward")).unwrap();
+        let mut sys = Real::default();
+        // `..` stops at the root.
+        let made = sys.beneath(root.path(), Path::new("/upward/made"), Some(Node::Dir));
+        assert!(made.unwrap().is_some());
+        assert!(root.path().join("made").is_dir());
+        // An absolute link resolves from the root: while its target does
+        // not exist there, nothing is made through it...
+        let through = Path::new("/absolute/made");
+        assert!(sys.beneath(root.path(), through, Some(Node::Dir)).is_err());
+        assert!(sys.beneath(root.path(), through, None).unwrap().is_none());
+        // ...and once it does, it is made there, inside.
+        let target_inside = root.path().join(outside.path().strip_prefix("/").unwrap());
+        std::fs::create_dir_all(&target_inside).unwrap();
+        let made = sys.beneath(root.path(), through, Some(Node::Dir)).unwrap();
+        assert!(made.is_some());
+        assert!(target_inside.join("made").is_dir());
+        let file = sys.beneath(root.path(), Path::new("/absolute/file"), Some(Node::File));
+        assert!(file.unwrap().is_some());
+        assert!(target_inside.join("file").is_file());
+        assert_eq!(
+            std::fs::read_dir(outside.path()).unwrap().count(),
+            0,
+            "something was created outside the root"
+        );
+    }
+
+    #[test]
+    fn bind_sources_are_opened_without_following_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+        let mut sys = Real::default();
+        assert!(sys.source(&real).is_ok());
+        assert!(sys.source(&dir.path().join("link")).is_err());
     }
 
     #[test]

@@ -37,6 +37,28 @@ const FORWARDED: [Signal; 6] = [
 /// processes it left behind to close their copy of its output.
 const OUTPUT_LINGER: Duration = Duration::from_secs(1);
 
+/// The signals the init handles: the workload's end, and those it passes on.
+fn handled_signals() -> SigSet {
+    let mut handled = SigSet::empty();
+    handled.add(Signal::SIGCHLD);
+    for signal in FORWARDED {
+        handled.add(signal);
+    }
+    handled
+}
+
+/// Blocks the signals the init handles, first thing. The init is PID 1 of
+/// its namespace, and the kernel discards a signal sent to a PID 1 that
+/// has no handler for it — unless it is blocked, when it waits. So a
+/// SIGTERM (a KILL, the kernel stopping) that arrives while the sandbox
+/// is still being set up is held, and passed on to the workload as soon as
+/// it runs, instead of being lost.
+pub fn hold_signals() -> Result<(), Failure> {
+    handled_signals()
+        .thread_block()
+        .map_err(|err| Failure::internal(format!("cannot block signals: {err}")))
+}
+
 /// Whether the daemon has died (its end of the lifeline is closed).
 pub fn lifeline_cut() -> bool {
     let mut pfd = [libc::pollfd {
@@ -75,17 +97,10 @@ pub fn run(spec: &SandboxSpec, claim: &Claim) -> Result<i32, Failure> {
     let (output_read, output_write) = pipe()?;
     let (exec_read, exec_write) = pipe()?;
 
-    // Block the signals we handle before forking, so none is lost between
-    // fork and the signalfd; the workload unblocks them before exec.
-    let mut handled = SigSet::empty();
-    handled.add(Signal::SIGCHLD);
-    for signal in FORWARDED {
-        handled.add(signal);
-    }
-    handled
-        .thread_block()
-        .map_err(|err| Failure::internal(format!("cannot block signals: {err}")))?;
-
+    // The init blocked the signals it handles when it started (see
+    // `hold_signals`): any that came since wait in the signalfd, and go on
+    // to the workload once it runs. The workload unblocks them before exec.
+    let handled = handled_signals();
     // SAFETY: this process is single-threaded, so the child may run any code.
     let child = match unsafe { nix::unistd::fork() } {
         Ok(ForkResult::Child) => workload(&exec, &output_write, &exec_write),

@@ -75,10 +75,12 @@ pub struct Workload {
     pub env: Vec<(String, String)>,
     /// Working directory; the workspace when `None`.
     pub cwd: Option<PathBuf>,
-    /// A script the program runs: its directory becomes visible read-only.
+    /// A script the program runs, checked before it starts.
     pub script: Option<PathBuf>,
-    /// The interpreter, when it lives outside the system directories.
-    pub interpreter: Option<PathBuf>,
+    /// Host directories the workload needs beyond the system ones (its
+    /// script's, its interpreter's), bound read-only; plain, resolved
+    /// paths.
+    pub binds: Vec<Bind>,
     /// The host socket to bind at [`SOCKET_INSIDE`].
     pub socket: PathBuf,
 }
@@ -99,6 +101,19 @@ impl Shape {
         sandboxed: true,
         network: false,
     };
+
+    /// Every shape there is.
+    pub const ALL: [Shape; 3] = [
+        Shape::DEFAULT,
+        Shape {
+            sandboxed: true,
+            network: true,
+        },
+        Shape {
+            sandboxed: false,
+            network: false,
+        },
+    ];
 }
 
 /// A sandbox of `shape` under `profile`, ready to be claimed.
@@ -182,24 +197,7 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
 pub fn claim(shape: Shape, workload: &Workload) -> Claim {
     let mut binds = Vec::new();
     if shape.sandboxed {
-        let needed = workload
-            .interpreter
-            .iter()
-            .flat_map(|i| interpreter_dirs(i))
-            .chain(
-                workload
-                    .script
-                    .as_deref()
-                    .and_then(Path::parent)
-                    .map(Path::to_path_buf),
-            );
-        for dir in needed {
-            let visible = SYSTEM_DIRS.iter().any(|d| dir.starts_with(d))
-                || binds.iter().any(|b: &Bind| dir.starts_with(&b.source));
-            if !visible && dir != Path::new("/") {
-                binds.push(read_only(&dir));
-            }
-        }
+        binds.extend(workload.binds.iter().cloned());
         binds.push(Bind {
             source: workload.socket.clone(),
             target: SOCKET_INSIDE.into(),
@@ -221,6 +219,11 @@ pub fn claim(shape: Shape, workload: &Workload) -> Claim {
     }
 }
 
+/// Whether `path` lies in a system directory every sandbox sees.
+pub fn is_system(path: &Path) -> bool {
+    SYSTEM_DIRS.iter().any(|dir| path.starts_with(dir))
+}
+
 /// `agent-<name>`, within the kernel's 64-byte limit.
 pub fn hostname_for(name: &str) -> String {
     let mut hostname = format!("agent-{name}");
@@ -234,39 +237,6 @@ fn read_only(path: &Path) -> Bind {
         target: path.to_path_buf(),
         writable: false,
     }
-}
-
-/// The directories an interpreter outside the system directories needs:
-/// its installation (the parent of its `bin/`, after resolving symlinks),
-/// and for a virtual environment the environment itself and the base
-/// installation its `pyvenv.cfg` names.
-pub fn interpreter_dirs(interpreter: &Path) -> Vec<PathBuf> {
-    let system = |p: &Path| SYSTEM_DIRS.iter().any(|d| p.starts_with(d));
-    let install_of = |bin_file: &Path| {
-        let bin = bin_file.parent()?;
-        (bin.file_name()? == "bin").then(|| bin.parent().map(Path::to_path_buf))?
-    };
-    let mut dirs = Vec::new();
-    if let Ok(real) = std::fs::canonicalize(interpreter) {
-        dirs.extend(install_of(&real));
-    }
-    if let Some(venv) = install_of(interpreter) {
-        if let Ok(config) = std::fs::read_to_string(venv.join("pyvenv.cfg")) {
-            let home = config.lines().find_map(|line| {
-                let (key, value) = line.split_once('=')?;
-                (key.trim() == "home").then(|| PathBuf::from(value.trim()))
-            });
-            dirs.extend(home.and_then(|h| h.parent().map(Path::to_path_buf)));
-            dirs.push(venv);
-        }
-    }
-    dirs.retain(|d| !system(d));
-    dirs.sort();
-    dirs.dedup();
-    // Drop directories inside another one in the list.
-    let all = dirs.clone();
-    dirs.retain(|d| !all.iter().any(|other| other != d && d.starts_with(other)));
-    dirs
 }
 
 #[cfg(test)]
@@ -300,7 +270,7 @@ mod tests {
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             cwd: None,
             script: Some("/srv/agents/a.py".into()),
-            interpreter: None,
+            binds: vec![read_only(Path::new("/srv/agents"))],
             socket: "/run/agentos/agents/1.sock".into(),
         }
     }
@@ -366,34 +336,10 @@ mod tests {
     }
 
     #[test]
-    fn a_virtual_environment_brings_its_base_installation() {
-        let base = tempfile::tempdir().unwrap();
-        let install = base.path().join("versions/3.11");
-        std::fs::create_dir_all(install.join("bin")).unwrap();
-        std::fs::write(install.join("bin/python3.11"), "").unwrap();
-        let venv = base.path().join("project/.venv");
-        std::fs::create_dir_all(venv.join("bin")).unwrap();
-        std::os::unix::fs::symlink(install.join("bin/python3.11"), venv.join("bin/python"))
-            .unwrap();
-        std::fs::write(
-            venv.join("pyvenv.cfg"),
-            format!(
-                "home = {}\ninclude-system-site-packages = false\n",
-                install.join("bin").display()
-            ),
-        )
-        .unwrap();
-        let dirs = interpreter_dirs(&venv.join("bin/python"));
-        let real_install = std::fs::canonicalize(&install).unwrap();
-        assert!(
-            dirs.contains(&real_install) || dirs.contains(&install),
-            "{dirs:?}"
-        );
-        assert!(dirs.contains(&venv), "{dirs:?}");
-    }
-
-    #[test]
-    fn system_interpreters_need_nothing_extra() {
-        assert!(interpreter_dirs(Path::new("/usr/bin/python3")).is_empty());
+    fn system_directories_are_recognised() {
+        assert!(is_system(Path::new("/usr/bin/python3")));
+        assert!(is_system(Path::new("/etc")));
+        assert!(!is_system(Path::new("/srv/agents")));
+        assert!(!is_system(Path::new("/usrlocal")));
     }
 }

@@ -93,11 +93,16 @@ pub struct Caller {
 
 impl Kernel {
     /// Kernel state for `config`; agent sockets and sandbox roots go under
-    /// `run_dir` (the kernel socket's directory).
-    pub fn new(config: Config, waker: Arc<Waker>, run_dir: &Path) -> io::Result<Kernel> {
+    /// a directory beside the kernel's `socket`.
+    pub fn new(config: Config, waker: Arc<Waker>, socket: &Path) -> io::Result<Kernel> {
         let deferred = config.deferred_opcodes();
-        let agents = Agents::new(&config, waker.clone(), run_dir)?;
-        let llm = Llm::new(&config.llm, waker, &config.agents.log_dir());
+        let agents = Agents::new(&config, waker.clone(), socket)?;
+        let llm = Llm::new(
+            &config.llm,
+            waker,
+            &config.agents.log_dir(),
+            agents.confinement(),
+        );
         Ok(Kernel {
             config,
             deferred,
@@ -146,13 +151,8 @@ impl Kernel {
             Opcode::HELLO => {
                 answer(hello::parse(payload).map(|req| hello::handle(self, caller, req)))
             }
-            Opcode::LIST => answer(list::parse(payload).map(|req| list::handle(self, req))),
-            Opcode::SPAWN => match spawn::parse(payload)
-                .and_then(|req| self.agents.spawn(io, caller.identity, req, reply_to))
-            {
-                Ok(()) => Outcome::Later,
-                Err(err) => Outcome::Reply(err.to_json()),
-            },
+            Opcode::LIST => answer(list::parse(payload).map(|req| list::handle(self, caller, req))),
+            Opcode::SPAWN => spawn::handle(self, io, caller, reply_to, payload),
             Opcode::KILL => Outcome::Reply(kill::handle(self, io, caller, payload)),
             Opcode::EXIT => exit::handle(),
             Opcode::THINK => think::handle(self, io, caller, reply_to, payload),

@@ -34,25 +34,28 @@ fn asker(kernel: &Kernel, identity: Identity) -> Result<Asker, ErrorReply> {
         return Ok(Asker {
             id: identity.id(),
             weight: 1,
-            quota: None,
+            budgets: Vec::new(),
         });
     };
-    let (name, permissions) = kernel.agents.grant(agent).ok_or_else(|| {
+    let grant = kernel.agents.grant(agent).ok_or_else(|| {
         ErrorReply::new(
             ErrorCode::PermissionDenied,
             format!("agent {agent} is not known"),
         )
     })?;
-    if !permissions.think {
+    if !grant.permissions.think {
         return Err(ErrorReply::new(
             ErrorCode::PermissionDenied,
-            format!("agent {name} may not THINK (its permissions.think is false)"),
+            format!(
+                "agent {} may not THINK (its permissions.think is false)",
+                grant.name
+            ),
         ));
     }
     Ok(Asker {
         id: agent,
-        weight: kernel.llm.weight_of(name),
-        quota: (permissions.llm_tokens > 0).then_some(permissions.llm_tokens),
+        weight: kernel.llm.weight_of(grant.name),
+        budgets: grant.budgets.to_vec(),
     })
 }
 

@@ -18,7 +18,9 @@ pub use exec::{ExecReply, ExecRequest, Language, Truncated};
 pub use hello::{CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, ProtocolLimits};
 pub use kill::{AgentRef, KillReply, KillRequest, DEFAULT_GRACE_MS};
 pub use list::{AgentInfo, AgentState, CpuStats, ListRequest, LlmStats, MemoryStats, PidStats};
-pub use spawn::{Isolation, Limits, Permissions, RestartPolicy, SpawnReply, SpawnRequest};
+pub use spawn::{
+    Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
+};
 pub use task::{
     TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind, TaskListReply, TaskRef,
     TaskReply, TaskRequest, TaskState, TaskWait,

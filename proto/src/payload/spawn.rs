@@ -88,6 +88,46 @@ fn yes() -> bool {
     true
 }
 
+/// The `permissions` of a SPAWN request: what the new agent may do. An
+/// absent field takes the kernel's default for an operator's SPAWN, and
+/// the parent's own value for an agent's (which may ask for less, never
+/// more).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermissionsRequest {
+    /// May use THINK.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub think: Option<bool>,
+    /// May use EXEC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<bool>,
+    /// May SPAWN agents of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawn: Option<bool>,
+    /// LLM token budget; 0 means unlimited (for an operator's SPAWN) or
+    /// "share the parent's" (for an agent's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm_tokens: Option<u64>,
+}
+
+impl PermissionsRequest {
+    /// The permissions asked for, with `defaults` where nothing was asked.
+    ///
+    /// ```
+    /// use agentos_proto::payload::{Permissions, PermissionsRequest};
+    /// let asked = PermissionsRequest { spawn: Some(true), ..Default::default() };
+    /// let granted = asked.or(Permissions::default());
+    /// assert!(granted.spawn && granted.think);
+    /// ```
+    pub fn or(&self, defaults: Permissions) -> Permissions {
+        Permissions {
+            think: self.think.unwrap_or(defaults.think),
+            exec: self.exec.unwrap_or(defaults.exec),
+            spawn: self.spawn.unwrap_or(defaults.spawn),
+            llm_tokens: self.llm_tokens.unwrap_or(defaults.llm_tokens),
+        }
+    }
+}
+
 fn default_max_restarts() -> u32 {
     5
 }
@@ -157,7 +197,7 @@ pub struct SpawnRequest {
     pub restart_window: u64,
     /// What the agent may ask of the kernel.
     #[serde(default)]
-    pub permissions: Permissions,
+    pub permissions: PermissionsRequest,
 }
 
 impl SpawnRequest {
@@ -239,8 +279,10 @@ pub struct SpawnReply {
     pub id: u32,
     /// The agent's name.
     pub name: String,
-    /// The host pid of the agent's top process.
-    pub pid: u32,
+    /// The pid of the agent's top process as the caller sees it: the host
+    /// pid for an operator; `null` for an agent, which cannot see its
+    /// children's processes.
+    pub pid: Option<u32>,
     /// Its state right after the spawn.
     pub status: AgentState,
     /// What isolation is in force.
@@ -259,7 +301,11 @@ mod tests {
         assert_eq!(request.restart_policy, RestartPolicy::Never);
         assert_eq!(request.max_restarts, 5);
         assert_eq!(request.restart_window, 300);
-        assert_eq!(request.permissions, Permissions::default());
+        assert_eq!(
+            request.permissions.or(Permissions::default()),
+            Permissions::default()
+        );
+        assert_eq!(request.permissions, PermissionsRequest::default());
     }
 
     #[test]

@@ -1,0 +1,230 @@
+//! The kernel's own children — the local model server now, MCP servers
+//! next — run confined, by the rule for everything the kernel starts: as
+//! the sandbox user, with no capabilities, `no_new_privs` and the seccomp
+//! filter, on the same read-only view of the filesystem an agent gets
+//! (system directories, the program's own directories, masks over the
+//! secrets and the kernel's files) — keeping only what they need: the
+//! host's network, so the kernel can reach a server on 127.0.0.1.
+//!
+//! Unlike an agent, such a child is the supervisor's own process: its
+//! stdin, stdout and pid are the supervisor's to use. So there is no init
+//! and no PID namespace; the daemon's binary is run in a confining role
+//! (`agentosd __agentos-confined <orders>`) that sets everything up in its
+//! own mount namespace and then *becomes* the program, in this order:
+//! 1. a private mount namespace (in a user namespace of its own, mapping
+//!    only the daemon's uid, when the daemon is not root);
+//! 2. the root filesystem, built and entered as a sandbox's;
+//! 3. no core dumps; every privilege dropped, the user switched;
+//! 4. the parent-death signal (re-armed: the user switch cleared it);
+//! 5. seccomp;
+//! 6. exec the program, with the environment and descriptors it was given.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use super::plan::{self, Profile, Shape};
+use super::spec::{Bind, RootFs, User};
+use super::{mounts, privileges, seccomp};
+
+/// The hidden first argument that selects this role in `agentosd`.
+pub const ARG: &str = "__agentos-confined";
+
+/// How the kernel confines its children: fixed for the daemon's life.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Confinement {
+    /// The root filesystem (without the program's own directories).
+    root: RootFs,
+    /// The user the child runs as; `None`: the daemon's own (not root).
+    user: Option<User>,
+    /// Whether a user namespace is needed to mount (the daemon is not
+    /// root): the daemon's uid and gid, mapped to themselves.
+    map_self: Option<(u32, u32)>,
+}
+
+/// What the confining role is told: the confinement, and the program.
+#[derive(Debug, Serialize, Deserialize)]
+struct Orders {
+    confinement: Confinement,
+    /// The program's own directories, bound read-only.
+    binds: Vec<Bind>,
+    program: PathBuf,
+    argv: Vec<String>,
+}
+
+impl Confinement {
+    /// The confinement for children of a daemon whose sandboxes follow
+    /// `profile`: an agent's view with the host's network, a private /tmp,
+    /// and no /proc of its own (there is no PID namespace to show).
+    pub fn for_kernel_children(profile: &Profile) -> Option<Confinement> {
+        let shape = Shape {
+            sandboxed: true,
+            network: true,
+        };
+        let mut root = plan::sandbox(profile, shape).root?;
+        root.proc = false;
+        root.tmpfs.retain(|tmpfs| tmpfs.target == Path::new("/tmp"));
+        let map_self = profile.user_namespace.then(|| {
+            (
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+            )
+        });
+        Some(Confinement {
+            root,
+            user: profile.user,
+            map_self,
+        })
+    }
+
+    /// A command that runs `program` with `argv` confined; `binds` are the
+    /// program's own directories. The caller sets its environment, its
+    /// standard streams and any descriptor it passes on, as for the program
+    /// itself.
+    pub fn command(
+        &self,
+        program: &Path,
+        argv: &[String],
+        binds: Vec<Bind>,
+    ) -> io::Result<Command> {
+        let orders = Orders {
+            confinement: self.clone(),
+            binds,
+            program: program.to_path_buf(),
+            argv: argv.to_vec(),
+        };
+        let mut command = Command::new("/proc/self/exe");
+        command
+            .arg0("agentos-confine")
+            .arg(ARG)
+            .arg(serde_json::to_string(&orders).map_err(io::Error::other)?);
+        Ok(command)
+    }
+}
+
+/// Runs the confining role; returns only to report why it failed.
+pub fn main() -> ! {
+    let orders = std::env::args_os()
+        .nth(2)
+        .ok_or_else(|| "no orders".to_owned())
+        .and_then(|text| {
+            serde_json::from_slice::<Orders>(text.as_bytes()).map_err(|err| err.to_string())
+        });
+    let failure = match orders.and_then(|orders| confine_and_exec(&orders)) {
+        Ok(never) => match never {},
+        Err(failure) => failure,
+    };
+    eprintln!("agentos-confine: {failure}");
+    std::process::exit(126)
+}
+
+/// Steps 1–6; returns only on failure.
+fn confine_and_exec(orders: &Orders) -> Result<std::convert::Infallible, String> {
+    let confinement = &orders.confinement;
+    // 1. A mount namespace of its own.
+    match confinement.map_self {
+        Some((uid, gid)) => {
+            nix::sched::unshare(
+                nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS,
+            )
+            .map_err(|err| format!("cannot create namespaces: {err}"))?;
+            std::fs::write("/proc/self/setgroups", "deny")
+                .and_then(|()| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
+                .and_then(|()| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")))
+                .map_err(|err| format!("cannot map the user namespace: {err}"))?;
+        }
+        None => nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+            .map_err(|err| format!("cannot create a mount namespace: {err}"))?,
+    }
+    // 2. The view.
+    let mut sys = mounts::Real::default();
+    mounts::prepare_root(&confinement.root, confinement.user, &mut sys)
+        .and_then(|()| mounts::enter_root(&confinement.root, &orders.binds, &mut sys))
+        .map_err(|err| format!("cannot build its root: {err}"))?;
+    drop(sys);
+    // 3. Privileges.
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
+        .map_err(|err| format!("cannot turn core dumps off: {err}"))?;
+    privileges::drop_all(confinement.user)?;
+    // 4. Die with the supervisor.
+    privileges::tie_to_parent().map_err(|err| format!("cannot tie itself to the kernel: {err}"))?;
+    // 5. seccomp.
+    seccomp::install(&seccomp::filter())?;
+    // 6. Become the program.
+    let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| "a NUL byte in the program".to_owned());
+    let program = c(orders.program.as_os_str().as_bytes())?;
+    let argv: Vec<CString> = orders
+        .argv
+        .iter()
+        .map(|a| c(OsStr::new(a).as_bytes()))
+        .collect::<Result<_, _>>()?;
+    let err = nix::unistd::execv(&program, &argv).unwrap_err();
+    Err(format!(
+        "cannot execute {}: {err}",
+        orders.program.display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::spec::Rlimits;
+
+    fn profile() -> Profile {
+        Profile {
+            staging: "/run/agentos/root".into(),
+            user: Some(User {
+                uid: 65534,
+                gid: 65534,
+            }),
+            user_namespace: false,
+            tmp_size: 64 << 20,
+            workspace_size: 256 << 20,
+            rlimits: Rlimits {
+                nofile: 1024,
+                fsize: 1 << 30,
+            },
+            log_cap: 1 << 20,
+            extra_masks: vec!["/etc/agentos/agentosd.toml".into()],
+        }
+    }
+
+    #[test]
+    fn kernel_children_see_an_agents_view_with_a_private_tmp_and_no_proc() {
+        let confinement = Confinement::for_kernel_children(&profile()).unwrap();
+        let root = &confinement.root;
+        assert!(root.binds.iter().any(|b| b.target == Path::new("/usr")));
+        assert!(root.binds.iter().all(|b| !b.writable));
+        assert!(root.masks.contains(&PathBuf::from("/etc/shadow")));
+        assert!(root
+            .masks
+            .contains(&PathBuf::from("/etc/agentos/agentosd.toml")));
+        let scratch: Vec<&Path> = root.tmpfs.iter().map(|t| t.target.as_path()).collect();
+        assert_eq!(scratch, [Path::new("/tmp")]);
+        assert!(!root.proc);
+        assert_eq!(confinement.user.map(|u| u.uid), Some(65534));
+        assert!(confinement.map_self.is_none());
+    }
+
+    #[test]
+    fn orders_travel_whole() {
+        let confinement = Confinement::for_kernel_children(&profile()).unwrap();
+        let command = confinement
+            .command(
+                Path::new("/usr/bin/python3"),
+                &["python3".into(), "/dev/fd/3".into()],
+                Vec::new(),
+            )
+            .unwrap();
+        let args: Vec<&OsStr> = command.get_args().collect();
+        assert_eq!(args[0], ARG);
+        let orders: Orders = serde_json::from_slice(args[1].as_bytes()).unwrap();
+        assert_eq!(orders.confinement, confinement);
+        assert_eq!(orders.argv, ["python3", "/dev/fd/3"]);
+    }
+}
