@@ -92,6 +92,16 @@ fn main() -> anyhow::Result<()> {
     }
     let loaded_rss = kernel.rss_mib();
 
+    // A crowd: a thousand clients connect, each sends one NOOP, and all
+    // leave; then the servers are idle again.
+    raise_fd_limit();
+    let mut crowd_rss = [0.0; 2];
+    for (i, server) in servers.iter().enumerate() {
+        crowd_rss[i] = crowd(server, CROWD, args.payload)?;
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let after_crowd = [kernel.rss_mib(), echo.rss_mib()];
+
     let [kernel_lat, echo_lat] = latency.map(|mut v| {
         v.sort_unstable();
         v
@@ -157,12 +167,54 @@ fn main() -> anyhow::Result<()> {
         verdict(idle_rss <= 15.0)
     );
     println!(
+        "{:<26} {:>12.1} {:>12}",
+        "RSS after load (MiB)", loaded_rss, ""
+    );
+    println!(
         "{:<26} {:>12.1} {:>12.1}",
-        "RSS after load (MiB)",
-        loaded_rss,
-        echo.rss_mib()
+        format!("RSS with {CROWD} clients"),
+        crowd_rss[0],
+        crowd_rss[1]
+    );
+    let growth = after_crowd[0] - idle_rss;
+    println!(
+        "{:<26} {:>12.1} {:>12.1} {:>7.2}x   <= idle + 2 MiB  {}",
+        "RSS idle after (MiB)",
+        after_crowd[0],
+        after_crowd[1],
+        after_crowd[0] / idle_rss,
+        verdict(growth <= 2.0)
     );
     Ok(())
+}
+
+/// Clients in the crowd.
+const CROWD: usize = 1000;
+
+/// `clients` connections, each sending one NOOP and reading its reply;
+/// returns the server's RSS while they are all connected, then closes them.
+fn crowd(server: &Server, clients: usize, payload: usize) -> anyhow::Result<f64> {
+    let frame = encode_frame(Opcode::NOOP, 0, &vec![0x42u8; payload]);
+    let mut reply = vec![0u8; HEADER_LEN + payload];
+    let mut streams = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let mut stream = UnixStream::connect(&server.socket)?;
+        stream.write_all(&frame)?;
+        streams.push(stream);
+    }
+    for stream in &mut streams {
+        stream.read_exact(&mut reply)?;
+    }
+    Ok(server.rss_mib())
+}
+
+/// Raises this process's open-files limit to its hard limit (a crowd needs
+/// a descriptor per client).
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
 }
 
 fn verdict(met: bool) -> &'static str {

@@ -7,13 +7,20 @@
 //!    interleaved one for one. Ratio of THINK to direct.
 //! 2. Fairness: four clients keep THINKs queued at a stand-in provider
 //!    whose service time is proportional to the tokens it generates, each
-//!    asking for answers of a different length (16 to 128 tokens). Jain's
-//!    index over the tokens each was served while all four were
-//!    backlogged: 1.0 is perfectly even, 0.25 one client taking all.
+//!    getting answers of a different length (16 to 128 tokens) — first
+//!    asking for exactly that many, then, as real clients do, asking for
+//!    256 and getting fewer. Jain's index over the tokens each was served
+//!    while all four were backlogged: 1.0 is perfectly even, 0.25 one
+//!    client taking all.
+//! 3. A newcomer: one client keeps 30 THINKs queued at a provider that
+//!    takes 50 ms a request and reports 10 tokens each, far fewer than the
+//!    256 asked for; another sends one THINK at a time, idle in between,
+//!    so each is a newcomer's. How many service times each waited, against
+//!    first come, first served (the backlog's length).
 //!
 //! Prints figures and ratios; asserts nothing.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,7 +62,11 @@ fn main() -> anyhow::Result<()> {
     let agentosd = args.agentosd.clone().unwrap_or(sibling("agentosd")?);
     overhead(&args, &agentosd)?;
     println!();
-    fairness(&args, &agentosd)?;
+    fairness(&args, &agentosd, Asking::Exactly)?;
+    println!();
+    fairness(&args, &agentosd, Asking::More)?;
+    println!();
+    newcomer(&agentosd)?;
     Ok(())
 }
 
@@ -154,10 +165,25 @@ fn overhead(args: &Args, agentosd: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fairness(args: &Args, agentosd: &std::path::Path) -> anyhow::Result<()> {
+/// What the fairness clients ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Asking {
+    /// `max_tokens` is the length of the answer they get.
+    Exactly,
+    /// `max_tokens` is 256, and answers are shorter: the kernel's estimate
+    /// is far above what each request really costs.
+    More,
+}
+
+fn fairness(args: &Args, agentosd: &std::path::Path, asking: Asking) -> anyhow::Result<()> {
     // Service time grows with the answer, as a model's does: 0.5 ms a token.
+    // The prompt names the answer's length.
     let stub = Stub::start(|request, _| {
-        let tokens = request.json()["max_tokens"].as_u64().unwrap_or(16);
+        let tokens = request.json()["messages"][0]["content"]
+            .as_str()
+            .and_then(|prompt| prompt.strip_prefix("answer in "))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(16);
         Reply::openai("x", 10, tokens).after(Duration::from_micros(500 * tokens))
     });
     let dir = tempfile::tempdir()?;
@@ -181,7 +207,13 @@ fn fairness(args: &Args, agentosd: &std::path::Path) -> anyhow::Result<()> {
         clients.push(std::thread::spawn(move || -> anyhow::Result<()> {
             let mut client = Client::connect(&socket)?;
             client.set_timeout(Some(Duration::from_secs(60)))?;
-            let payload = serde_json::to_vec(&json!({"prompt": "go", "max_tokens": max_tokens}))?;
+            let asked = match asking {
+                Asking::Exactly => max_tokens,
+                Asking::More => 256,
+            };
+            let payload = serde_json::to_vec(
+                &json!({"prompt": format!("answer in {max_tokens}"), "max_tokens": asked}),
+            )?;
             // Keep eight in the kernel's queue at all times: backlogged.
             const DEPTH: usize = 8;
             for _ in 0..DEPTH {
@@ -219,8 +251,14 @@ fn fairness(args: &Args, agentosd: &std::path::Path) -> anyhow::Result<()> {
 
     println!(
         "THINK fairness: 4 clients kept 8 THINKs queued each for {} s; one request at a time at \
-         a provider taking 0.5 ms per generated token",
-        args.fairness_secs
+         a provider taking 0.5 ms per generated token; {}",
+        args.fairness_secs,
+        match asking {
+            Asking::Exactly => "each asks for exactly the answer length it gets",
+            Asking::More =>
+                "each asks for 256 tokens and gets its answer length (usage far below \
+                             the estimate)",
+        }
     );
     println!(
         "{:<10}{:>16}{:>16}",
@@ -237,6 +275,76 @@ fn fairness(args: &Args, agentosd: &std::path::Path) -> anyhow::Result<()> {
         "Jain's index over tokens served: {jain:.3} (requests served in turn would give \
          {by_request:.3}) -- target >= 0.95: {}",
         if jain >= 0.95 { "met" } else { "MISSED" }
+    );
+    Ok(())
+}
+
+fn newcomer(agentosd: &std::path::Path) -> anyhow::Result<()> {
+    const SERVICE: Duration = Duration::from_millis(50);
+    const BACKLOG: usize = 30;
+    const ARRIVALS: usize = 10;
+    let stub = Stub::start(|_, _| Reply::openai("ok", 5, 5).after(SERVICE));
+    let dir = tempfile::tempdir()?;
+    let config = format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"stub\"\nconcurrency = 1\n",
+        stub.url()
+    );
+    let kernel = start_agentosd_with(agentosd, dir.path(), &config)?;
+    let payload = serde_json::to_vec(&json!({"prompt": "hi", "max_tokens": 256}))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let greedy = {
+        let (socket, stop, payload) = (kernel.socket.clone(), stop.clone(), payload.clone());
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            let mut client = Client::connect(&socket)?;
+            client.set_timeout(Some(Duration::from_secs(120)))?;
+            for _ in 0..BACKLOG {
+                client.send(Opcode::THINK, &payload)?;
+            }
+            let mut outstanding = BACKLOG;
+            while outstanding > 0 {
+                client.recv()?;
+                outstanding -= 1;
+                if !stop.load(Ordering::SeqCst) {
+                    client.send(Opcode::THINK, &payload)?;
+                    outstanding += 1;
+                }
+            }
+            Ok(())
+        })
+    };
+    std::thread::sleep(SERVICE * 3);
+    let mut polite = Client::connect(&kernel.socket)?;
+    polite.set_timeout(Some(Duration::from_secs(120)))?;
+    let mut waits = Vec::with_capacity(ARRIVALS);
+    for _ in 0..ARRIVALS {
+        let start = Instant::now();
+        polite.call(Opcode::THINK, &payload)?;
+        waits.push(start.elapsed().as_secs_f64() / SERVICE.as_secs_f64());
+        std::thread::sleep(SERVICE * 3);
+    }
+    stop.store(true, Ordering::SeqCst);
+    greedy
+        .join()
+        .map_err(|_| anyhow::anyhow!("the greedy client panicked"))??;
+    kernel.stop();
+    waits.sort_by(f64::total_cmp);
+    let fifo = (BACKLOG + 1) as f64;
+    println!(
+        "THINK newcomer: one client keeps {BACKLOG} THINKs queued, one request at a time at a \
+         provider taking {} ms and reporting 10 tokens (256 asked for); another sends {ARRIVALS} \
+         THINKs, one at a time",
+        SERVICE.as_millis()
+    );
+    println!(
+        "newcomer's wait in service times: median {:.1}, worst {:.1} (first come, first served: \
+         ~{fifo:.0}) -- target <= 2: {}",
+        waits[waits.len() / 2],
+        waits[waits.len() - 1],
+        if waits[waits.len() - 1] <= 2.0 {
+            "met"
+        } else {
+            "MISSED"
+        }
     );
     Ok(())
 }
@@ -273,12 +381,17 @@ impl ModelServer {
             .arg("-c")
             .arg(LAUNCHER)
             .args([MODEL, "4", "0"])
-            .env("AGENTOS_LLM_LOCAL_KEY", KEY)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("cannot run {}", python.display()))?;
+        // The key is the first line of its stdin, which then stays open.
+        child
+            .stdin
+            .as_mut()
+            .context("no stdin")?
+            .write_all(format!("{KEY}\n").as_bytes())?;
         let stdout = child.stdout.take().context("no stdout")?;
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
