@@ -10,7 +10,6 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@ use agentos_bench::llm_stub::{Reply, Stub};
 use agentos_proto::Opcode;
 use common::{
     act, agent_info, agent_log, listed_names, request, shared_dir, wait_for_state, write_actor,
-    write_script, Daemon, StopOnDrop, WorldExecutable, AGENTOSD, PY_KERNEL,
+    write_script, Daemon, UnprivilegedDaemon, PY_KERNEL,
 };
 use serde_json::{json, Value};
 
@@ -519,42 +518,14 @@ except (EOFError, OSError) as e:
 #[test]
 fn an_agent_of_an_unprivileged_kernel_is_never_taken_for_an_operator() {
     require_root!("running the kernel as another user");
-    const NOBODY: u32 = 65534;
-    let daemon_bin = WorldExecutable::copy_of(AGENTOSD);
     // The kernel's socket lies in the directory of the agent's script.
-    let dir = shared_dir();
-    let socket = dir.path().join("k.sock");
-    nix::unistd::chown(
-        dir.path(),
-        Some(nix::unistd::Uid::from_raw(NOBODY)),
-        Some(nix::unistd::Gid::from_raw(NOBODY)),
-    )
-    .unwrap();
-    let impostor = write_script(dir.path(), "impostor.py", IMPOSTOR);
-    let daemon = StopOnDrop(
-        Command::new(&daemon_bin.path)
-            .arg("--socket")
-            .arg(&socket)
-            .env_clear()
-            .env("AGENTOS_CONFIG", "/dev/null")
-            .env("AGENTOS_AGENT_LOG_DIR", dir.path().join("logs"))
-            .env("AGENTOS_LOG_LEVEL", "info")
-            .stderr(fs::File::create(dir.path().join("daemon.log")).unwrap())
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "the kernel did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut client = agentos_proto::Client::connect(&socket).unwrap();
+    let daemon = UnprivilegedDaemon::start();
+    let impostor = write_script(daemon.dir.path(), "impostor.py", IMPOSTOR);
+    let mut client = daemon.client();
     let reply = request(
         &mut client,
         Opcode::SPAWN,
-        &json!({"name": "impostor", "script": impostor, "args": [socket]}),
+        &json!({"name": "impostor", "script": impostor, "args": [daemon.socket]}),
     );
     assert_eq!(reply["success"], true, "{reply}");
     if reply["isolation"]["namespaces"]
@@ -570,16 +541,7 @@ fn an_agent_of_an_unprivileged_kernel_is_never_taken_for_an_operator() {
         return;
     }
     let id = reply["id"].as_u64().unwrap();
-    let log_path = dir.path().join("logs").join(format!("impostor-{id}.log"));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let log = loop {
-        let log = fs::read_to_string(&log_path).unwrap_or_default();
-        if log.contains("CONNECT FAILED") || log.contains("SPAWN") || log.contains("CLOSED") {
-            break log;
-        }
-        assert!(Instant::now() < deadline, "no report:\n{log}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let log = daemon.agent_log_with("impostor", id, &["CONNECT FAILED", "SPAWN", "CLOSED"]);
     eprintln!("impostor: {log}");
     assert!(
         !log.contains("\"success\":true"),
@@ -587,7 +549,7 @@ fn an_agent_of_an_unprivileged_kernel_is_never_taken_for_an_operator() {
     );
     assert!(!listed_names(&mut client).contains(&"escaped".to_owned()));
     drop(client);
-    assert!(daemon.stop().success());
+    assert!(daemon.process.stop().success());
 }
 
 #[test]

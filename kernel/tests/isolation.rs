@@ -10,15 +10,13 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
 use common::{
-    agent_info, agent_log, request, shared_dir, wait_for_state, write_script, Daemon, StopOnDrop,
-    WorldExecutable, AGENTOSD,
+    agent_info, agent_log, request, shared_dir, wait_for_state, write_script, Daemon,
+    UnprivilegedDaemon,
 };
 use serde_json::json;
 
@@ -536,40 +534,8 @@ fn agent_logs_stay_under_their_cap() {
 #[test]
 fn an_unprivileged_kernel_still_spawns_and_reports_what_it_lacks() {
     require_root!("running the kernel as another user");
-    const NOBODY: u32 = 65534;
-    let daemon_bin = WorldExecutable::copy_of(AGENTOSD);
-    let dir = shared_dir();
-    let socket = dir.path().join("k.sock");
-    nix::unistd::chown(
-        dir.path(),
-        Some(nix::unistd::Uid::from_raw(NOBODY)),
-        Some(nix::unistd::Gid::from_raw(NOBODY)),
-    )
-    .unwrap();
-    let daemon = StopOnDrop(
-        Command::new(&daemon_bin.path)
-            .arg("--socket")
-            .arg(&socket)
-            .env_clear()
-            .env("AGENTOS_CONFIG", "/dev/null")
-            .env("AGENTOS_AGENT_LOG_DIR", dir.path().join("logs"))
-            .env("AGENTOS_LOG_LEVEL", "info")
-            .stderr(fs::File::create(dir.path().join("daemon.log")).unwrap())
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "{}",
-            fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut client = agentos_proto::Client::connect(&socket).unwrap();
+    let daemon = UnprivilegedDaemon::start();
+    let mut client = daemon.client();
     let hello = client.hello().unwrap();
     assert!(hello.features.spawn);
     assert!(hello.features.cgroup.is_none(), "no cgroups without root");
@@ -593,19 +559,10 @@ fn an_unprivileged_kernel_still_spawns_and_reports_what_it_lacks() {
         assert!(namespaces.contains(&json!("user")), "{isolation}");
     }
     let id = reply["id"].as_u64().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let log_path = dir.path().join("logs").join(format!("u-{id}.log"));
-    loop {
-        let log = fs::read_to_string(&log_path).unwrap_or_default();
-        if log.contains("uid=") {
-            if !namespaces.is_empty() {
-                assert!(log.contains("uid=0 host=agent-u"), "{log}");
-            }
-            break;
-        }
-        assert!(Instant::now() < deadline, "no output: {log}");
-        std::thread::sleep(Duration::from_millis(20));
+    let log = daemon.agent_log_with("u", id, &["uid="]);
+    if !namespaces.is_empty() {
+        assert!(log.contains("uid=0 host=agent-u"), "{log}");
     }
     drop(client);
-    assert!(daemon.stop().success());
+    assert!(daemon.process.stop().success());
 }

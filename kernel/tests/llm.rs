@@ -49,6 +49,20 @@ fn assert_answered(reply: &serde_json::Value) {
     );
 }
 
+/// A connection that has sent `count` THINKs of `payload` at once.
+fn pipeline_thinks(
+    daemon: &Daemon,
+    count: usize,
+    payload: &[u8],
+) -> std::os::unix::net::UnixStream {
+    let mut stream = daemon.raw();
+    let batch: Vec<u8> = (0..count)
+        .flat_map(|_| encode_frame(Opcode::THINK, 0, payload))
+        .collect();
+    stream.write_all(&batch).unwrap();
+    stream
+}
+
 /// The gap between the first and second request the stub saw.
 fn retry_gap(requests: &[Recorded]) -> Duration {
     assert!(requests.len() >= 2, "{} requests", requests.len());
@@ -332,12 +346,7 @@ fn a_closed_connection_takes_its_queued_thinks_with_it() {
     let stub = Stub::start(|_, _| Reply::openai("slow", 1, 1).after(Duration::from_millis(300)));
     let daemon = daemon_for("openai", &stub, "concurrency = 1\n");
     {
-        let mut raw = daemon.raw();
-        let mut batch = Vec::new();
-        for _ in 0..10 {
-            batch.extend(encode_frame(Opcode::THINK, 0, b"hi"));
-        }
-        raw.write_all(&batch).unwrap();
+        let _raw = pipeline_thinks(&daemon, 10, b"hi");
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(1000));
@@ -357,16 +366,7 @@ fn a_backlog_does_not_delay_another_caller() {
     const SERVICE: Duration = Duration::from_millis(50);
     let stub = Stub::start(|_, _| Reply::openai("ok", 10, 10).after(SERVICE));
     let daemon = daemon_for("openai", &stub, "concurrency = 1\n");
-    let mut greedy = daemon.raw();
-    let mut batch = Vec::new();
-    for _ in 0..30 {
-        batch.extend(encode_frame(
-            Opcode::THINK,
-            0,
-            br#"{"prompt":"hi","max_tokens":10}"#,
-        ));
-    }
-    greedy.write_all(&batch).unwrap();
+    let mut greedy = pipeline_thinks(&daemon, 30, br#"{"prompt":"hi","max_tokens":10}"#);
     std::thread::sleep(SERVICE * 2);
     let mut polite = daemon.client();
     let mut waits = Vec::new();
@@ -403,16 +403,7 @@ fn a_newcomer_is_next_whatever_the_usage_says() {
             Reply::openai("ok", usage / 2, usage - usage / 2).after(SERVICE)
         });
         let daemon = daemon_for("openai", &stub, "concurrency = 1\n");
-        let mut greedy = daemon.raw();
-        let mut batch = Vec::new();
-        for _ in 0..30 {
-            batch.extend(encode_frame(
-                Opcode::THINK,
-                0,
-                br#"{"prompt":"greedy","max_tokens":256}"#,
-            ));
-        }
-        greedy.write_all(&batch).unwrap();
+        let mut greedy = pipeline_thinks(&daemon, 30, br#"{"prompt":"greedy","max_tokens":256}"#);
         std::thread::sleep(SERVICE * 4);
         let mut polite = daemon.client();
         let seen_before = stub.requests().len();
@@ -453,12 +444,7 @@ fn a_newcomer_is_next_whatever_the_usage_says() {
 fn noops_stay_fast_while_thinks_queue() {
     let stub = Stub::start(|_, _| Reply::openai("ok", 10, 10).after(Duration::from_millis(50)));
     let daemon = daemon_for("openai", &stub, "concurrency = 1\n");
-    let mut thinker = daemon.raw();
-    let mut batch = Vec::new();
-    for _ in 0..50 {
-        batch.extend(encode_frame(Opcode::THINK, 0, b"hi"));
-    }
-    thinker.write_all(&batch).unwrap();
+    let mut thinker = pipeline_thinks(&daemon, 50, b"hi");
     std::thread::sleep(Duration::from_millis(100));
     let mut pinger = daemon.client();
     let mut samples: Vec<Duration> = (0..500)
@@ -490,24 +476,8 @@ fn noops_stay_fast_while_thinks_queue() {
 fn two_backlogged_callers_share_the_provider_evenly() {
     let stub = Stub::start(|_, _| Reply::openai("ok", 10, 10).after(Duration::from_millis(10)));
     let daemon = daemon_for("openai", &stub, "concurrency = 1\n");
-    let mut a = daemon.raw();
-    let mut b = daemon.raw();
-    let mut batch_a = Vec::new();
-    let mut batch_b = Vec::new();
-    for _ in 0..40 {
-        batch_a.extend(encode_frame(
-            Opcode::THINK,
-            0,
-            br#"{"prompt":"light","max_tokens":10}"#,
-        ));
-        batch_b.extend(encode_frame(
-            Opcode::THINK,
-            0,
-            br#"{"prompt":"heavy","max_tokens":10}"#,
-        ));
-    }
-    a.write_all(&batch_a).unwrap();
-    b.write_all(&batch_b).unwrap();
+    let mut a = pipeline_thinks(&daemon, 40, br#"{"prompt":"light","max_tokens":10}"#);
+    let mut b = pipeline_thinks(&daemon, 40, br#"{"prompt":"heavy","max_tokens":10}"#);
     for _ in 0..40 {
         recv(&mut a);
         recv(&mut b);

@@ -173,26 +173,7 @@ fn confine_and_exec(orders: &Orders) -> Result<std::convert::Infallible, String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::spec::Rlimits;
-
-    fn profile() -> Profile {
-        Profile {
-            staging: "/run/agentos/root".into(),
-            user: Some(User {
-                uid: 65534,
-                gid: 65534,
-            }),
-            user_namespace: false,
-            tmp_size: 64 << 20,
-            workspace_size: 256 << 20,
-            rlimits: Rlimits {
-                nofile: 1024,
-                fsize: 1 << 30,
-            },
-            log_cap: 1 << 20,
-            extra_masks: vec!["/etc/agentos/agentosd.toml".into()],
-        }
-    }
+    use crate::sandbox::plan::test_profile as profile;
 
     #[test]
     fn kernel_children_see_an_agents_view_with_a_private_tmp_and_no_proc() {

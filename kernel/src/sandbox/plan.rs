@@ -239,27 +239,33 @@ fn read_only(path: &Path) -> Bind {
     }
 }
 
+/// A root daemon's profile, for tests.
+#[cfg(test)]
+pub fn test_profile() -> Profile {
+    Profile {
+        staging: "/run/agentos/root".into(),
+        user: Some(User {
+            uid: 65534,
+            gid: 65534,
+        }),
+        user_namespace: false,
+        tmp_size: 64 << 20,
+        workspace_size: 256 << 20,
+        rlimits: Rlimits {
+            nofile: 1024,
+            fsize: 1 << 30,
+        },
+        log_cap: 1 << 20,
+        extra_masks: vec!["/etc/agentos/agentosd.toml".into()],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn profile() -> Profile {
-        Profile {
-            staging: "/run/agentos/root".into(),
-            user: Some(User {
-                uid: 65534,
-                gid: 65534,
-            }),
-            user_namespace: false,
-            tmp_size: 64 << 20,
-            workspace_size: 256 << 20,
-            rlimits: Rlimits {
-                nofile: 1024,
-                fsize: 1 << 30,
-            },
-            log_cap: 1 << 20,
-            extra_masks: vec!["/etc/agentos/agentosd.toml".into()],
-        }
+        test_profile()
     }
 
     fn workload() -> Workload {

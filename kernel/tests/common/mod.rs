@@ -413,6 +413,89 @@ impl WorldExecutable {
     }
 }
 
+/// The uid of `nobody`, which an unprivileged kernel runs as in tests.
+pub const NOBODY: u32 = 65534;
+
+/// A daemon run as `nobody` (needs root to start), serving `<dir>/k.sock`
+/// from a directory it owns, where its log and its agents' logs go too.
+/// Stopped on drop.
+pub struct UnprivilegedDaemon {
+    pub process: StopOnDrop,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    _binary: WorldExecutable,
+}
+
+impl UnprivilegedDaemon {
+    pub fn start() -> UnprivilegedDaemon {
+        use std::os::unix::process::CommandExt;
+        let binary = WorldExecutable::copy_of(AGENTOSD);
+        let dir = shared_dir();
+        let socket = dir.path().join("k.sock");
+        nix::unistd::chown(
+            dir.path(),
+            Some(nix::unistd::Uid::from_raw(NOBODY)),
+            Some(nix::unistd::Gid::from_raw(NOBODY)),
+        )
+        .unwrap();
+        let log = dir.path().join("daemon.log");
+        let process = StopOnDrop(
+            Command::new(&binary.path)
+                .arg("--socket")
+                .arg(&socket)
+                .env_clear()
+                .env("AGENTOS_CONFIG", "/dev/null")
+                .env("AGENTOS_AGENT_LOG_DIR", dir.path().join("logs"))
+                .env("AGENTOS_LOG_LEVEL", "info")
+                .stderr(fs::File::create(&log).unwrap())
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .spawn()
+                .unwrap(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the unprivileged kernel did not start:\n{}",
+                fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        UnprivilegedDaemon {
+            process,
+            dir,
+            socket,
+            _binary: binary,
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket).unwrap()
+    }
+
+    /// Waits until agent `name` (`id`)'s log holds `until`; returns the log.
+    pub fn agent_log_with(&self, name: &str, id: u64, until: &[&str]) -> String {
+        let path = self
+            .dir
+            .path()
+            .join("logs")
+            .join(format!("{name}-{id}.log"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = fs::read_to_string(&path).unwrap_or_default();
+            if until.iter().any(|u| log.contains(u)) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent {name} said no {until:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// Sends a JSON request and returns the JSON reply.
 pub fn request(
     client: &mut agentos_proto::Client,
