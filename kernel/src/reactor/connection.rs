@@ -71,8 +71,8 @@ pub struct Connection {
     /// With a write-stall timer pending: `sent_total` and the unsent bytes
     /// when it was armed, to judge the progress made since.
     pub stall_mark: Option<(u64, usize)>,
-    /// When it last read or wrote anything.
-    pub last_active: Instant,
+    /// It read or wrote something since the last idle sweep.
+    pub active: bool,
 }
 
 impl Connection {
@@ -100,7 +100,7 @@ impl Connection {
             frame_timer: false,
             sent_total: 0,
             stall_mark: None,
-            last_active: Instant::now(),
+            active: true,
         }
     }
 
@@ -109,10 +109,10 @@ impl Connection {
         self.decoder.capacity() > 0 || self.replies.holds_memory()
     }
 
-    /// Gives back its buffers if it has been quiet since `quiet_since`;
-    /// returns the bytes released.
-    pub fn release_if_quiet(&mut self, quiet_since: Instant) -> usize {
-        if self.last_active > quiet_since {
+    /// Gives back its buffers if it has been quiet since the last sweep
+    /// (and starts the next quiet period); returns the bytes released.
+    pub fn release_if_quiet(&mut self) -> usize {
+        if std::mem::take(&mut self.active) {
             return 0;
         }
         self.decoder.release() + self.replies.release()
@@ -221,7 +221,7 @@ impl Connection {
                 }
                 Ok(n) => {
                     self.decoder.advance(n);
-                    self.last_active = Instant::now();
+                    self.active = true;
                     budget = budget.saturating_sub(n);
                     // A short read emptied the socket: any later data raises
                     // a new edge, so there is no need to read until EAGAIN —
@@ -261,7 +261,7 @@ impl Connection {
         let sent = self.replies.write_to(&mut self.stream)?;
         if sent > 0 {
             self.sent_total += sent as u64;
-            self.last_active = Instant::now();
+            self.active = true;
         }
         Ok(())
     }

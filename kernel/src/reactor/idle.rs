@@ -3,13 +3,14 @@
 //! in the allocator's heap; neither matters while clients are busy, but
 //! after a burst of a thousand connections the kernel should not sit at
 //! several times its idle size. So, at most once a second while there is
-//! anything to give back, connections quiet for a second release their
-//! buffers, and the allocator is asked to return free pages to the system.
+//! anything to give back, connections that were quiet since the last sweep
+//! release their buffers (being active costs a flag, not a clock read),
+//! and the allocator is asked to return free pages to the system.
 
 use std::time::Duration;
 
-/// How often the sweep runs while there is work for it, and how long a
-/// connection must have been quiet to lose its buffers.
+/// How often the sweep runs while there is work for it: a connection
+/// quiet for a whole period loses its buffers.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Returns the heap's free pages to the system.

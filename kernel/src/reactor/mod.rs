@@ -650,11 +650,10 @@ impl Reactor {
     /// released or closed goes back to the system (see [`idle`]).
     fn sweep(&mut self, now: Instant) {
         self.sweep_pending = false;
-        let quiet_since = now.checked_sub(idle::SWEEP_EVERY).unwrap_or(now);
         let mut released = 0;
         let mut holding = false;
         for (_, conn) in self.connections.iter_mut() {
-            released += conn.release_if_quiet(quiet_since);
+            released += conn.release_if_quiet();
             holding |= conn.holds_memory();
         }
         if released > 0 || self.closed_since_sweep > 0 {
