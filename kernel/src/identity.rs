@@ -108,7 +108,7 @@ pub fn peer_pid_namespaces(socket: &impl AsFd, peer: &PeerCred) -> io::Result<Op
     }
     if let Some(pidfd) = pinned {
         // SAFETY: pidfd_send_signal with signal 0 only checks the process.
-        let alive = unsafe {
+        let checked = unsafe {
             libc::syscall(
                 libc::SYS_pidfd_send_signal,
                 pidfd.as_raw_fd(),
@@ -116,8 +116,9 @@ pub fn peer_pid_namespaces(socket: &impl AsFd, peer: &PeerCred) -> io::Result<Op
                 std::ptr::null::<libc::siginfo_t>(),
                 0,
             )
-        } == 0;
-        if !alive {
+        };
+        // ESRCH: it has exited, and its pid may be another's by now.
+        if checked != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
             return Err(io::ErrorKind::NotFound.into());
         }
     }
