@@ -523,3 +523,50 @@ fn sigterm_stops_every_agent_and_removes_their_sockets() {
     }
     assert!(!agents_dir.exists(), "agent sockets left behind");
 }
+
+/// Served on the system socket, `/run/agentos/agentos.sock` — the very path
+/// an agent's own socket has inside its sandbox — the kernel hides its own
+/// socket from agents without hiding theirs.
+#[test]
+fn agents_of_the_system_socket_reach_their_own() {
+    let system = std::path::Path::new("/run/agentos/agentos.sock");
+    if !common::is_root() {
+        eprintln!("!!! NOT TESTED: serving the system socket needs root");
+        return;
+    }
+    if system.exists() || std::path::Path::new("/run/agentos/agentos.sock.lock").exists() {
+        eprintln!(
+            "!!! NOT TESTED: an agentosd already serves {}",
+            system.display()
+        );
+        return;
+    }
+    let created_dir = !system.parent().unwrap().exists();
+    let daemon = Daemon::spawn_at(tempfile::tempdir().unwrap(), system.into(), "");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(system).is_err() {
+        assert!(Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dir = shared_dir();
+    let script = write_script(
+        dir.path(),
+        "hello.py",
+        &format!(
+            "{PY_KERNEL}\n_, r = call(0, b'still me')\nprint('ECHO', r.decode(), flush=True)\n"
+        ),
+    );
+    let mut client = daemon.client();
+    let reply = spawn(&mut client, json!({"name": "system", "script": script}));
+    assert_eq!(reply["success"], true, "{reply}");
+    let id = reply["id"].as_u64().unwrap();
+    let info = wait_for_state(&mut client, id, &["exited"], Duration::from_secs(10));
+    let log = agent_log(&daemon, "system", id);
+    assert_eq!(info["exit_code"], 0, "{log}");
+    assert!(log.contains("ECHO still me"), "{log}");
+    drop(client);
+    assert!(daemon.stop().success());
+    if created_dir {
+        let _ = std::fs::remove_dir(system.parent().unwrap());
+    }
+}

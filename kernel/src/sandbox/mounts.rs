@@ -26,8 +26,8 @@
 //!
 //! Entry ([`enter_root`]), once the claim has said what the workload needs:
 //! 8. bind the workload's own paths (script directory, interpreter, socket);
-//! 9. hide again every secret lying under one of those binds: a mask is
-//!    always mounted after every bind that could cover it;
+//! 9. hide again every secret lying in one of the directories bound: a
+//!    mask is always mounted after every bind that could uncover it;
 //! 10. pivot_root into the new root and detach the old one — from here on
 //!     the host filesystem is unreachable;
 //! 11. make the new root itself read-only.
@@ -298,12 +298,19 @@ pub fn enter_root(root: &RootFs, binds: &[Bind], sys: &mut dyn Syscalls) -> Resu
     // 8. The workload's own paths.
     bind_all(sys, staging, binds)?;
 
-    // 9. A bind may land on or above a masked path (a script beside the
-    //    kernel's config file): mask those again, on top.
+    // 9. A directory bound on or above a masked path (a script beside the
+    //    kernel's config file) would show what the mask hides: mask those
+    //    again, on top. A file bound at a path (the workload's socket, at
+    //    the path the kernel's own socket has on the host) simply is that
+    //    file, and stays.
     let covered: Vec<PathBuf> = root
         .masks
         .iter()
-        .filter(|mask| binds.iter().any(|bind| mask.starts_with(&bind.target)))
+        .filter(|mask| {
+            binds
+                .iter()
+                .any(|bind| mask.starts_with(&bind.target) && sys.is_dir(&bind.source))
+        })
         .cloned()
         .collect();
     mask_all(sys, staging, &covered)?;
@@ -829,6 +836,31 @@ mod tests {
         // Masks no claimed directory covers are not mounted twice.
         let shadow = "mount /stage/etc/shadow from /dev/null bind";
         assert_eq!(calls.iter().filter(|c| *c == shadow).count(), 1);
+    }
+
+    /// The system socket is `/run/agentos/agentos.sock` on the host, and
+    /// the workload's own socket has that path inside: masking the host's
+    /// must not hide the workload's.
+    #[test]
+    fn the_workloads_socket_is_not_masked_as_the_kernels() {
+        let root = RootFs {
+            staging: "/stage".into(),
+            masks: vec!["/run/agentos/agentos.sock".into()],
+            ..RootFs::default()
+        };
+        let mut sys = Recorder::default();
+        prepare_root(&root, None, &mut sys).unwrap();
+        let socket = Bind {
+            source: "/run/agentos/agentos.sock.d/agents/7.sock".into(),
+            target: "/run/agentos/agentos.sock".into(),
+            writable: true,
+        };
+        enter_root(&root, &[socket], &mut sys).unwrap();
+        assert!(
+            !sys.calls.iter().any(|c| c.contains("from /dev/null")),
+            "{:#?}",
+            sys.calls
+        );
     }
 
     #[test]
