@@ -76,6 +76,22 @@ def test_spawn_test_agent_runs_as_an_operator_script(kernel):
     assert "all killed" in out.stdout
 
 
+def test_spawn_test_agent_runs_as_an_agent_spawning_children_from_its_own_view(kernel):
+    """As an agent, it names its workers' script and interpreter by the paths
+    it sees; the kernel resolves them in its view, and LIST shows it its
+    workers, which it may kill."""
+    with AgentOSClient(kernel.socket_path) as client:
+        reply = client.spawn("orchestrator", AGENTS / "spawn_test.py", python=sys.executable,
+                             permissions={"spawn": True})
+        info = wait_state(client, reply["id"], {"exited", "failed"}, timeout=60)
+        log = log_of(kernel, "orchestrator", reply["id"])
+        assert info["exit_code"] == 0, log
+        assert "duplicate refused: already_exists" in log
+        assert "all killed" in log
+        workers = [a for a in client.list_agents() if a["name"].startswith("worker-")]
+        assert len(workers) == 3 and all(a["state"] == "killed" for a in workers), workers
+
+
 def test_fault_isolation_demo_prints_its_table(kernel):
     if os.geteuid() != 0:
         print("!!! NOT TESTED: the fault isolation demo needs cgroups, so root (CI runs as root)")
