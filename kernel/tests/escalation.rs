@@ -644,6 +644,14 @@ fn an_agent_started_as_the_kernel_stops_still_gets_a_graceful_stop() {
     let took = stopping.elapsed();
     eprintln!("the kernel stopped in {took:?} (agents' grace {GRACE:?})");
     assert!(status.success());
+    // The SPAWNs were taken, and their agents started while the kernel
+    // was stopping: the race this test is about did happen.
+    let started = (0..4)
+        .map_while(|_| common::try_recv_json(&mut raw))
+        .filter(|reply| reply["success"] == true)
+        .count();
+    eprintln!("{started} of 4 agents started during the shutdown");
+    assert!(started > 0, "no agent started: the race was not run");
     assert!(
         took < GRACE / 2,
         "agents that started during shutdown waited out the grace: {took:?}\n{}",

@@ -327,6 +327,17 @@ pub fn recv_json(stream: &mut UnixStream) -> (Header, serde_json::Value) {
     (header, value)
 }
 
+/// Reads one reply frame's JSON, or `None` once the kernel has closed the
+/// connection.
+pub fn try_recv_json(stream: &mut UnixStream) -> Option<serde_json::Value> {
+    let mut header = [0u8; HEADER_LEN];
+    stream.read_exact(&mut header).ok()?;
+    let header = Header::decode(&header).ok()?;
+    let mut payload = vec![0u8; header.payload_len as usize];
+    stream.read_exact(&mut payload).ok()?;
+    serde_json::from_slice(&payload).ok()
+}
+
 /// Sends a request and reads its JSON reply.
 pub fn call_json(stream: &mut UnixStream, opcode: Opcode, payload: &[u8]) -> serde_json::Value {
     send(stream, opcode, payload);
