@@ -92,7 +92,7 @@ pub fn peer_pid_namespaces(socket: &impl AsFd, peer: &PeerCred) -> io::Result<Op
     let own = std::fs::metadata("/proc/self/ns/pid")?.ino();
     let mut current = OwnedFd::from(namespace);
     for _ in 0..MAX_PID_NAMESPACE_DEPTH {
-        let inode = File::from(current.try_clone()?).metadata()?.ino();
+        let inode = nix::sys::stat::fstat(&current)?.st_ino;
         chain.push(inode);
         if inode == own {
             break;

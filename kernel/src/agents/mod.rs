@@ -1555,7 +1555,6 @@ fn kernel_files(config: &Config, socket: &Path, state: &Path, logs: &Path) -> Ve
     }
     files.push(state.to_path_buf());
     files.extend(std::fs::canonicalize(logs).ok());
-    files.retain(|path| crate::sandbox::mounts::is_plain(path));
     files
 }
 

@@ -78,15 +78,10 @@ impl Lookup<'_> {
     fn entry(&self, path: &Path) -> Option<Found> {
         match self {
             Lookup::Host => {
-                let name = path.file_name()?;
-                let entry = std::fs::canonicalize(path.parent()?).ok()?.join(name);
-                std::fs::symlink_metadata(&entry).ok()?;
-                let meta = std::fs::metadata(&entry).ok()?;
-                Some(Found {
-                    inside: entry.clone(),
-                    host: entry,
-                    meta,
-                })
+                let entry = std::fs::canonicalize(path.parent()?)
+                    .ok()?
+                    .join(path.file_name()?);
+                found(entry.clone(), entry)
             }
             Lookup::View(view) => seen(view.resolve_entry(path).ok()?),
         }

@@ -134,6 +134,23 @@ pub fn is_plain(path: &Path) -> bool {
             .all(|name| name != b"." && name != b"..")
 }
 
+/// `path` resolved beneath `root`, created as `create` says if missing.
+fn resolve(
+    sys: &mut dyn Syscalls,
+    root: &Path,
+    path: &Path,
+    create: Option<Node>,
+) -> Result<Option<PathBuf>, MountError> {
+    if !is_plain(path) {
+        return Err(not_plain(path));
+    }
+    let step = match create {
+        Some(_) => "cannot create mount point",
+        None => "cannot resolve",
+    };
+    sys.beneath(root, path, create).map_err(failed(step, path))
+}
+
 /// The mount point for `path` inside `root`, created as `node` if missing.
 fn mount_point(
     sys: &mut dyn Syscalls,
@@ -141,11 +158,7 @@ fn mount_point(
     path: &Path,
     node: Node,
 ) -> Result<PathBuf, MountError> {
-    if !is_plain(path) {
-        return Err(not_plain(path));
-    }
-    sys.beneath(root, path, Some(node))
-        .map_err(failed("cannot create mount point", path))?
+    resolve(sys, root, path, Some(node))?
         .ok_or_else(|| failed("cannot create mount point", path)(io::ErrorKind::NotFound.into()))
 }
 
@@ -155,11 +168,7 @@ fn existing(
     root: &Path,
     path: &Path,
 ) -> Result<Option<PathBuf>, MountError> {
-    if !is_plain(path) {
-        return Err(not_plain(path));
-    }
-    sys.beneath(root, path, None)
-        .map_err(failed("cannot resolve", path))
+    resolve(sys, root, path, None)
 }
 
 fn not_plain(path: &Path) -> MountError {
