@@ -13,6 +13,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod identity;
+pub mod process;
 pub mod llm;
 pub mod reactor;
 pub mod sandbox;

@@ -17,7 +17,8 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 
 use crate::cgroup::{AgentCgroup, CgroupLimits, Cgroups};
-use crate::sandbox::{CgroupJoin, LaunchRequest, Launched, Launcher, SandboxSpec};
+use crate::cgroup::CgroupJoin;
+use crate::sandbox::{LaunchRequest, Launched, Launcher, SandboxSpec};
 
 /// One sandbox to prepare.
 #[derive(Debug)]

@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 
 pub use agentos_proto::payload::CgroupVersion;
 
-use crate::sandbox::CgroupJoin;
 use cgroups_rs::{Cgroup, MaxValue, Resources};
 
 /// Name of the directory holding every daemon's cgroups.
@@ -296,19 +295,24 @@ impl Cgroups {
             backend: Arc::clone(&self.backend),
             rel: rel.to_path_buf(),
         };
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            group.kill_all();
-            match group.remove() {
-                Ok(()) => return,
-                Err(err) if Instant::now() >= deadline => {
-                    log::warn!("cannot remove stale cgroup {}: {err}", rel.display());
-                    return;
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
+        if let Err(err) = group.remove_within(Duration::from_secs(2)) {
+            log::warn!("cannot remove stale cgroup {}: {err}", rel.display());
         }
     }
+}
+
+/// How a process tree enters its cgroup.
+#[derive(Debug)]
+pub enum CgroupJoin<T> {
+    /// cgroup v2: clone straight into this cgroup directory
+    /// (`CLONE_INTO_CGROUP`), with no migration at all.
+    Into(T),
+    /// cgroup v1: the child writes `0` (itself) into these `tasks` files
+    /// before it executes the init. Moving a single thread that is the
+    /// writer itself spares the kernel the global threadgroup lock that
+    /// moving a process by pid takes — tens of microseconds instead of
+    /// tens of milliseconds, during which every fork on the host waits.
+    JoinSelf(Vec<T>),
 }
 
 /// Whether `pid` is running, so its instance must be left alone. Any
@@ -423,6 +427,21 @@ impl AgentCgroup {
             // has gone meanwhile gives ESRCH, which is fine.
             unsafe {
                 libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// Kills what is in the cgroup and removes it, retrying for up to
+    /// `patience` while its processes die (shutdown and start-up only: it
+    /// sleeps between tries).
+    pub fn remove_within(&self, patience: Duration) -> Result<(), CgroupError> {
+        let deadline = Instant::now() + patience;
+        loop {
+            self.kill_all();
+            match self.remove() {
+                Ok(()) => return Ok(()),
+                Err(err) if Instant::now() >= deadline => return Err(err),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
     }

@@ -12,7 +12,7 @@
 
 pub mod admission;
 pub mod call;
-pub mod config;
+
 pub mod local;
 pub mod provider;
 pub mod retry;
@@ -31,14 +31,14 @@ use mio::Waker;
 
 use self::admission::Admission;
 use self::call::{CallDone, CallJob, Callers, Endpoint, Fixed, RetryBudget};
-use self::config::{LlmConfig, ProviderKind};
+use crate::config::llm::{LlmConfig, ProviderKind};
 use self::local::{LocalServer, LocalSetup};
 use self::provider::anthropic::Anthropic;
 use self::provider::gemini::Gemini;
 use self::provider::openai::OpenAi;
 use self::provider::{Chat, Completion, Failure, Provider};
 use self::scheduler::{FlowId, Full, Scheduler, Waiting};
-use crate::agents::program::interpreter_binds;
+use crate::sandbox::lookup::interpreter_binds;
 use crate::identity::FIRST_OPERATOR_ID;
 use crate::reactor::ReplyTo;
 use crate::sandbox::confine::Confinement;

@@ -21,6 +21,7 @@ use nix::sys::socket::{
 };
 
 use super::init;
+use crate::cgroup::CgroupJoin;
 use super::spec::{fds, Claim, SandboxSpec};
 use super::status::{Status, StatusReader};
 
@@ -37,20 +38,6 @@ pub struct Launcher {
     /// so when the daemon dies, however it dies, every init sees it close.
     lifeline_read: OwnedFd,
     _lifeline_write: OwnedFd,
-}
-
-/// How a sandbox enters its cgroup.
-#[derive(Debug)]
-pub enum CgroupJoin<T> {
-    /// cgroup v2: clone straight into this cgroup directory
-    /// (`CLONE_INTO_CGROUP`), with no migration at all.
-    Into(T),
-    /// cgroup v1: the child writes `0` (itself) into these `tasks` files
-    /// before it executes the init. Moving a single thread that is the
-    /// writer itself spares the kernel the global threadgroup lock that
-    /// moving a process by pid takes — tens of microseconds instead of
-    /// tens of milliseconds, during which every fork on the host waits.
-    JoinSelf(Vec<T>),
 }
 
 /// What to start.

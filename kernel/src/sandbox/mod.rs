@@ -15,6 +15,7 @@ pub mod confine;
 mod control;
 pub mod init;
 pub mod launch;
+pub mod lookup;
 pub mod mounts;
 mod network;
 mod pid1;
@@ -25,6 +26,6 @@ pub mod spec;
 pub mod status;
 pub mod view;
 
-pub use launch::{CgroupJoin, Control, LaunchRequest, Launched, Launcher};
+pub use launch::{Control, LaunchRequest, Launched, Launcher};
 pub use spec::{Claim, Namespaces, SandboxSpec, User};
 pub use status::{Status, StatusReader};

@@ -11,6 +11,7 @@ pub mod anthropic;
 pub mod gemini;
 pub mod openai;
 
+pub use crate::config::llm::ApiKey;
 use std::fmt;
 use std::time::Duration;
 
@@ -51,36 +52,6 @@ impl Chat {
             )
             .collect();
         (!parts.is_empty()).then(|| parts.join("\n\n"))
-    }
-}
-
-/// An API key. Never printed: `Debug` and `Display` show only that one is
-/// set, so a key cannot reach a log line by accident.
-#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
-#[serde(transparent)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    /// Wraps a key.
-    pub fn new(key: impl Into<String>) -> ApiKey {
-        ApiKey(key.into())
-    }
-
-    /// The key itself, for the one header that carries it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey(<hidden>)")
-    }
-}
-
-impl fmt::Display for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<hidden>")
     }
 }
 

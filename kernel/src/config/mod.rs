@@ -6,6 +6,8 @@
 //! `/etc/agentos/agentosd.toml` if it exists, else none: `agentosd --socket
 //! PATH` needs nothing else to run.
 
+pub mod llm;
+
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use std::time::Duration;
 use agentos_proto::{socket_path, Opcode, MAX_REPLY_BYTES};
 use serde::Deserialize;
 
-use crate::llm::config::LlmConfig;
+use llm::LlmConfig;
 
 /// The service's config file, read when present and nothing else is named.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentos/agentosd.toml";

@@ -13,8 +13,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
-use super::provider::ApiKey;
-use crate::config::{parse_env, ConfigError};
+use super::{parse_env, ConfigError};
 
 /// Which API THINK talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -305,6 +304,36 @@ impl LlmConfig {
             );
         }
         Ok(())
+    }
+}
+
+/// An API key. Never printed: `Debug` and `Display` show only that one is
+/// set, so a key cannot reach a log line by accident.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wraps a key.
+    pub fn new(key: impl Into<String>) -> ApiKey {
+        ApiKey(key.into())
+    }
+
+    /// The key itself, for the one header that carries it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<hidden>)")
+    }
+}
+
+impl fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<hidden>")
     }
 }
 
