@@ -7,17 +7,19 @@
 //! ([`syscall`]), and hands blocking work to worker threads ([`workers`]).
 //! [`daemon`] puts it together from a [`config::Config`].
 
+pub mod address;
 pub mod agents;
 pub mod cgroup;
 pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod identity;
-pub mod process;
 pub mod llm;
+pub mod process;
 pub mod reactor;
 pub mod sandbox;
 pub mod socket;
+pub mod state_dir;
 pub mod syscall;
 pub mod timers;
 pub mod workers;

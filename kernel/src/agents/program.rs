@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use agentos_proto::payload::{bad_request, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use crate::sandbox::lookup::{executable, interpreter_dirs, Dirs};
 pub use crate::sandbox::lookup::Lookup;
+use crate::sandbox::lookup::{executable, interpreter_dirs, Dirs};
 use crate::sandbox::spec::Bind;
 
 /// The resolved program.

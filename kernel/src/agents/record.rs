@@ -1,23 +1,20 @@
 //! One agent: what was asked for, what is running, how it ended.
 
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
+use super::inheritance::Grant;
+use super::program::Program;
+use super::restart::Restarts;
+use crate::address::ReplyTo;
+use crate::cgroup::CgroupStats;
+use crate::clock::rfc3339;
+use crate::llm::Budget;
+use crate::sandbox::runtime::{DoorKey, SandboxKey};
 use agentos_proto::payload::{
     AgentInfo, AgentState, CpuStats, Isolation, Limits, LlmStats, MemoryStats, Permissions,
     PidStats, SpawnRequest,
 };
-use mio::Token;
-
-use super::door::Door;
-use super::inheritance::Grant;
-use super::program::Program;
-use super::restart::Restarts;
-use crate::cgroup::{AgentCgroup, CgroupStats};
-use crate::clock::rfc3339;
-use crate::llm::Budget;
-use crate::reactor::ReplyTo;
 
 /// Why an agent is being stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,16 +73,14 @@ pub struct Agent {
     /// Runs so far; a run's events carry its number, so stale ones are
     /// recognised.
     pub run_number: u32,
-    /// The sandbox of the current run (a key into the sandboxes table).
-    pub sandbox: Option<usize>,
+    /// The sandbox of the current run.
+    pub sandbox: Option<SandboxKey>,
     /// The current run's init pid on the host.
     pub pid: Option<i32>,
     /// What the status pipe said about the current or last run.
     pub outcome: Outcome,
     /// Whether the memory controller killed one of its processes (this run).
     pub oom_killed: bool,
-    /// The cgroup's OOM-kill count when this run began.
-    pub oom_baseline: u64,
     /// Restart bookkeeping.
     pub restarts: Restarts,
     /// When the current run began.
@@ -98,14 +93,8 @@ pub struct Agent {
     pub stop: Option<Stop>,
     /// A SPAWN waiting for the first run to start.
     pub spawn_reply: Option<SpawnWaiter>,
-    /// The current run's cgroup.
-    pub cgroup: Option<AgentCgroup>,
-    /// The OOM watch on that cgroup, and its token.
-    pub oom_watch: Option<(OwnedFd, Token)>,
-    /// Its own socket and the listener's token.
-    pub door: Option<(Door, Token)>,
-    /// The current run's pid namespace (inode), for checking who knocks.
-    pub pid_namespace: Option<u64>,
+    /// Its own socket, while it lives.
+    pub door: Option<DoorKey>,
     /// Its log file.
     pub log: PathBuf,
     /// The last ended run's figures, read just before its cgroup went, so
@@ -131,9 +120,10 @@ impl Agent {
         }
     }
 
-    /// The LIST entry, with figures read from the cgroup now.
-    pub fn info(&self, now: Instant) -> AgentInfo {
-        let stats = self.cgroup.as_ref().map_or(self.last_run, |c| c.stats());
+    /// The LIST entry, with `usage` read from the running sandbox's cgroup
+    /// now (`None`: the last run's figures stand).
+    pub fn info(&self, now: Instant, usage: Option<CgroupStats>) -> AgentInfo {
+        let stats = usage.unwrap_or(self.last_run);
         let until = self.ended.unwrap_or(now);
         AgentInfo {
             id: self.id,

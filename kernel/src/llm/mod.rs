@@ -31,17 +31,17 @@ use mio::Waker;
 
 use self::admission::Admission;
 use self::call::{CallDone, CallJob, Callers, Endpoint, Fixed, RetryBudget};
-use crate::config::llm::{LlmConfig, ProviderKind};
 use self::local::{LocalServer, LocalSetup};
 use self::provider::anthropic::Anthropic;
 use self::provider::gemini::Gemini;
 use self::provider::openai::OpenAi;
 use self::provider::{Chat, Completion, Failure, Provider};
 use self::scheduler::{FlowId, Full, Scheduler, Waiting};
-use crate::sandbox::lookup::interpreter_binds;
+use crate::address::ReplyTo;
+use crate::config::llm::{LlmConfig, ProviderKind};
 use crate::identity::FIRST_OPERATOR_ID;
-use crate::reactor::ReplyTo;
 use crate::sandbox::confine::Confinement;
+use crate::sandbox::lookup::interpreter_binds;
 use crate::timers::Timers;
 
 /// A token budget: `tokens` set on agent `owner`, shared by it and every
@@ -402,7 +402,7 @@ impl Llm {
     /// Drops the queued THINKs of a connection that has closed: nobody
     /// would read their answers. (Ones already at the provider finish.)
     pub fn connection_closed(&mut self, connection: u64) {
-        let dropped = self.withdraw(|pending| pending.reply_to.connection() == connection);
+        let dropped = self.withdraw(|pending| pending.reply_to.connection() == Some(connection));
         if !dropped.is_empty() {
             log::debug!(
                 "conn {connection}: {} queued THINK(s) dropped",

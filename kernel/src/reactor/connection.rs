@@ -8,9 +8,9 @@ use agentos_proto::{DecodeError, ErrorCode, ErrorReply, FrameDecoder, Opcode};
 use mio::net::UnixStream;
 
 use super::replies::ReplyQueue;
-use super::{ConnKey, ReplyTo};
+use crate::address::{ConnKey, ReplyTo};
 use crate::identity::PeerCred;
-use crate::syscall::{Caller, Io, Kernel, Outcome};
+use crate::syscall::{Caller, Kernel, Outcome, Request};
 use crate::workers::WorkerPool;
 
 /// Per-connection limits, from the configuration.
@@ -137,7 +137,6 @@ impl Connection {
         &mut self,
         key: ConnKey,
         kernel: &mut Kernel,
-        kernel_io: &mut Io<'_>,
         workers: &WorkerPool<ReplyTo>,
         limits: &ConnectionLimits,
     ) -> io::Result<ReadTurn> {
@@ -149,17 +148,16 @@ impl Connection {
                     Ok(Some(frame)) => {
                         self.frame_started = None;
                         let opcode = frame.header.opcode;
-                        let reply_to = ReplyTo {
-                            conn: key,
-                            seq: self.replies.next_seq(),
-                        };
-                        match kernel.dispatch(
-                            kernel_io,
-                            &self.caller,
-                            reply_to,
+                        let request = Request {
+                            caller: self.caller,
+                            reply_to: ReplyTo::Request {
+                                conn: key,
+                                seq: self.replies.next_seq(),
+                            },
                             opcode,
-                            frame.payload,
-                        ) {
+                            payload: frame.payload,
+                        };
+                        match kernel.dispatch(&request) {
                             Outcome::Echo => self.replies.push_ready(opcode, frame.payload),
                             Outcome::Reply(payload) => self.replies.push_ready(opcode, &payload),
                             Outcome::ReplyAndClose(payload) => {
@@ -171,7 +169,7 @@ impl Connection {
                             }
                             Outcome::Deferred(job) => {
                                 let seq = self.replies.push_pending(opcode);
-                                let to = ReplyTo { conn: key, seq };
+                                let to = ReplyTo::Request { conn: key, seq };
                                 if workers.submit(self.serial, to, job).is_err() {
                                     let busy = ErrorReply::new(
                                         ErrorCode::Busy,

@@ -7,36 +7,40 @@
 //! are read in bounded turns so one busy client cannot starve the others,
 //! and replies leave in request order.
 
+mod accept;
 mod capacity;
 mod connection;
 mod idle;
 mod replies;
 
 use std::collections::VecDeque;
-use std::io::{self, Write};
+use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::{encode_frame, ErrorCode, ErrorReply, Opcode};
 use mio::event::Event;
-use mio::net::UnixStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
+use crate::address::{ConnKey, ReplyTo};
 use crate::config::Config;
-use crate::identity::{peer_cred, peer_groups, peer_pid_namespaces, Authority, Identity, PeerCred};
+use crate::identity::Authority;
 use crate::socket::KernelSocket;
-use crate::syscall::{Caller, Io, Kernel};
+use crate::syscall::Kernel;
 use crate::timers::Timers;
 use crate::workers::WorkerPool;
+use accept::LogThrottle;
 use capacity::Capacity;
 use connection::{Connection, ConnectionLimits, ReadTurn};
 
 const LISTENER: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
 const SIGNALS: Token = Token(usize::MAX - 2);
+/// The kernel's own sources take tokens from here on; connections take
+/// the slots below.
+const KERNEL_TOKENS: usize = 1 << 40;
 
 /// Bytes one connection may read per turn before others are served.
 const READ_BUDGET: usize = 256 * 1024;
@@ -46,41 +50,6 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// pending replies (or all of them): trickling a byte at a time does not
 /// keep a connection and its buffers alive.
 const MIN_DRAIN: u64 = 64 * 1024;
-
-/// Names a connection across slot reuse: a completion for a connection that
-/// has closed (and whose slot now holds another) is recognised and dropped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnKey {
-    index: usize,
-    serial: u64,
-}
-
-/// Where a deferred reply goes: a connection and the request's sequence
-/// number on it.
-#[derive(Clone, Copy, Debug)]
-pub struct ReplyTo {
-    conn: ConnKey,
-    seq: u64,
-}
-
-impl ReplyTo {
-    /// The connection's serial number: unique for the daemon's lifetime.
-    pub fn connection(&self) -> u64 {
-        self.conn.serial
-    }
-
-    /// An address for unit tests of code that only carries it along.
-    #[cfg(test)]
-    pub fn for_tests() -> ReplyTo {
-        ReplyTo {
-            conn: ConnKey {
-                index: 0,
-                serial: 0,
-            },
-            seq: 0,
-        }
-    }
-}
 
 #[derive(Debug)]
 enum Deadline {
@@ -92,30 +61,6 @@ enum Deadline {
     AcceptRetry,
     /// Release quiet connections' buffers and return freed memory.
     IdleSweep,
-}
-
-/// Lets a repeatable warning through at most once a second, counting what
-/// it held back: clients can trigger some warnings at will, and the log
-/// must not become their megaphone.
-#[derive(Debug, Default)]
-struct LogThrottle {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl LogThrottle {
-    /// `Some(n)`: log now, mentioning `n` suppressed since the last one.
-    fn allow(&mut self, now: Instant) -> Option<u64> {
-        if self
-            .last
-            .is_some_and(|last| now.duration_since(last) < Duration::from_secs(1))
-        {
-            self.suppressed += 1;
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.suppressed))
-    }
 }
 
 /// The event loop of `agentosd`.
@@ -132,10 +77,6 @@ pub struct Reactor {
     /// ran out, or a limit that paused them was lifted.
     ready: VecDeque<ConnKey>,
     timers: Timers<Deadline>,
-    /// Replies the kernel completed, waiting to be placed on connections.
-    kernel_replies: Vec<(ReplyTo, Vec<u8>)>,
-    /// Connections the kernel accepted on agents' sockets.
-    adopted: Vec<(UnixStream, Identity)>,
     accept_retry_pending: bool,
     /// An idle sweep is scheduled.
     sweep_pending: bool,
@@ -173,7 +114,13 @@ impl Reactor {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         let authority = Authority::new(nix::unistd::geteuid().as_raw(), socket.gid());
-        let kernel = Kernel::new(config.clone(), waker, socket.path())?;
+        let kernel = Kernel::new(
+            config.clone(),
+            poll.registry(),
+            waker,
+            socket.path(),
+            KERNEL_TOKENS,
+        )?;
         let limits = ConnectionLimits {
             max_request_bytes: config.max_request_bytes,
             max_in_flight: config.max_in_flight as usize,
@@ -190,8 +137,6 @@ impl Reactor {
             next_serial: 0,
             ready: VecDeque::new(),
             timers: Timers::default(),
-            kernel_replies: Vec::new(),
-            adopted: Vec::new(),
             accept_retry_pending: false,
             sweep_pending: false,
             closed_since_sweep: 0,
@@ -223,18 +168,21 @@ impl Reactor {
                     LISTENER => self.accept_all(),
                     WAKER => {
                         self.deliver_completions();
-                        self.launches_done();
-                        self.llm_calls_done();
+                        self.kernel.on_wake();
+                        self.kernel_output();
                     }
                     SIGNALS => self.handle_signals(),
-                    token if self.kernel.agents().owns(token) => self.kernel_event(token, event),
+                    token if self.kernel.owns(token) => {
+                        self.kernel.on_event(token);
+                        self.kernel_output();
+                    }
                     Token(index) => self.on_connection_event(index, event),
                 }
             }
             self.serve_ready();
             self.fire_timers();
             if let Some(deadline) = self.drain_deadline {
-                if self.connections.is_empty() && self.kernel.agents().is_idle() {
+                if self.connections.is_empty() && self.kernel.is_idle() {
                     log::info!("all connections drained, all agents stopped");
                     break;
                 }
@@ -249,55 +197,31 @@ impl Reactor {
         }
         self.socket.close();
         self.connections.clear();
-        self.kernel.agents().finish_shutdown(self.poll.registry());
-        self.kernel.llm().shutdown();
+        self.kernel.finish_shutdown();
         self.workers.shutdown();
         Ok(())
-    }
-
-    /// The kernel's launches that finished (they share the waker).
-    fn launches_done(&mut self) {
-        let mut io = Io {
-            registry: self.poll.registry(),
-            replies: &mut self.kernel_replies,
-            adopted: &mut self.adopted,
-        };
-        self.kernel.agents().poll_launches(&mut io);
-        self.kernel_output();
-    }
-
-    /// THINK calls that finished (they share the waker).
-    fn llm_calls_done(&mut self) {
-        self.kernel.llm().poll(&mut self.kernel_replies);
-        self.kernel_output();
-    }
-
-    /// Readiness of one of the kernel's own sources.
-    fn kernel_event(&mut self, token: Token, event: &Event) {
-        let mut io = Io {
-            registry: self.poll.registry(),
-            replies: &mut self.kernel_replies,
-            adopted: &mut self.adopted,
-        };
-        self.kernel.agents().on_event(&mut io, token, event);
-        self.kernel_output();
     }
 
     /// Places replies the kernel completed and admits connections it
     /// accepted.
     fn kernel_output(&mut self) {
-        let replies = std::mem::take(&mut self.kernel_replies);
-        let mut touched: Vec<ConnKey> = Vec::with_capacity(replies.len());
-        for (ReplyTo { conn: key, seq }, payload) in replies {
-            if let Some(conn) = self.connection(key) {
-                conn.replies.complete(seq, payload);
-                touched.push(key);
+        let output = self.kernel.take_output();
+        if output.is_empty() {
+            return;
+        }
+        let mut touched: Vec<ConnKey> = Vec::with_capacity(output.replies.len());
+        for (to, payload) in output.replies {
+            if let ReplyTo::Request { conn: key, seq } = to {
+                if let Some(conn) = self.connection(key) {
+                    conn.replies.complete(seq, payload);
+                    touched.push(key);
+                }
             }
         }
         for key in touched {
             self.settle(key);
         }
-        for (stream, identity) in std::mem::take(&mut self.adopted) {
+        for (stream, identity) in output.adopted {
             self.admit_as(stream, identity);
         }
     }
@@ -309,8 +233,7 @@ impl Reactor {
         let now = Instant::now();
         let timer = [
             self.timers.time_to_next(now),
-            self.kernel.agents_ref().next_deadline(now),
-            self.kernel.llm_ref().next_deadline(now),
+            self.kernel.next_deadline(now),
         ]
         .into_iter()
         .flatten()
@@ -326,145 +249,6 @@ impl Reactor {
 
     fn connection(&mut self, key: ConnKey) -> Option<&mut Connection> {
         lookup(&mut self.connections, key)
-    }
-
-    fn accept_all(&mut self) {
-        loop {
-            let Some(listener) = self.socket.listener() else {
-                return;
-            };
-            match listener.accept() {
-                Ok((stream, _)) => self.admit(stream),
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
-                Err(err)
-                    if err.kind() == io::ErrorKind::Interrupted
-                        || err.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(err) => {
-                    // With edge-triggered readiness no new event comes for
-                    // connections already waiting, so retry on a timer.
-                    if !self.accept_retry_pending {
-                        log::warn!(
-                            "cannot accept: {err} ({} connections open); retrying every {:?}",
-                            self.connections.len(),
-                            ACCEPT_RETRY
-                        );
-                        self.accept_retry_pending = true;
-                        self.timers
-                            .schedule(Instant::now() + ACCEPT_RETRY, Deadline::AcceptRetry);
-                    }
-                    return;
-                }
-            }
-        }
-    }
-
-    /// A new connection on the kernel socket: an operator, or refused.
-    fn admit(&mut self, mut stream: UnixStream) {
-        let peer = match peer_cred(&stream) {
-            Ok(peer) => peer,
-            Err(err) => {
-                log::debug!("dropping a connection whose credentials cannot be read: {err}");
-                return;
-            }
-        };
-        // uid 0 in a sandbox's user namespace is the daemon's own uid out
-        // here: whatever the credentials say, nothing inside a sandbox is
-        // an operator. (Agents reach the kernel through their own sockets.)
-        match peer_pid_namespaces(&stream, &peer) {
-            Ok(Some(chain)) if self.kernel.agents_ref().is_inside_a_sandbox(&chain) => {
-                if let Some(suppressed) = self.refusals.allow(Instant::now()) {
-                    log::warn!(
-                        "refusing pid {}: it lives in a sandbox, and this socket serves \
-                         operators ({suppressed} more refusals not logged)",
-                        peer.pid
-                    );
-                }
-                refuse(
-                    &mut stream,
-                    ErrorCode::PermissionDenied,
-                    "this socket serves operators; an agent talks to the kernel through its \
-                     own socket, $AGENTOS_SOCKET",
-                );
-                return;
-            }
-            Ok(_) => {}
-            Err(err) => {
-                log::debug!("dropping a connection whose peer is gone: {err}");
-                return;
-            }
-        }
-        let identity = match self
-            .authority
-            .identify(&peer, || peer_groups(&stream).unwrap_or_default())
-        {
-            Ok(identity) => identity,
-            Err(reason) => {
-                if let Some(suppressed) = self.refusals.allow(Instant::now()) {
-                    log::warn!(
-                        "refusing pid {} uid {}: {reason} ({suppressed} more refusals not logged)",
-                        peer.pid,
-                        peer.uid
-                    );
-                }
-                refuse(&mut stream, ErrorCode::PermissionDenied, &reason);
-                return;
-            }
-        };
-        if self.has_room(&mut stream, &peer, identity) {
-            self.install(stream, peer, identity);
-        }
-    }
-
-    /// A connection the kernel accepted on an agent's own socket.
-    fn admit_as(&mut self, mut stream: UnixStream, identity: Identity) {
-        let Ok(peer) = peer_cred(&stream) else {
-            return;
-        };
-        if self.has_room(&mut stream, &peer, identity) {
-            self.install(stream, peer, identity);
-        }
-    }
-
-    /// Whether another connection for `identity` fits; if not, tells the
-    /// peer `busy`.
-    fn has_room(&mut self, stream: &mut UnixStream, peer: &PeerCred, identity: Identity) -> bool {
-        let Err(reason) = self.capacity.check(identity) else {
-            return true;
-        };
-        if let Some(suppressed) = self.refusals.allow(Instant::now()) {
-            log::warn!(
-                "refusing a connection from pid {}: {reason} ({suppressed} more refusals not \
-                 logged)",
-                peer.pid,
-            );
-        }
-        refuse(stream, ErrorCode::Busy, &reason);
-        false
-    }
-
-    fn install(&mut self, mut stream: UnixStream, peer: PeerCred, identity: Identity) {
-        let serial = self.next_serial;
-        self.next_serial += 1;
-        let entry = self.connections.vacant_entry();
-        let index = entry.key();
-        if let Err(err) =
-            self.poll
-                .registry()
-                .register(&mut stream, Token(index), Interest::READABLE)
-        {
-            log::error!("cannot register a new connection: {err}");
-            return;
-        }
-        log::debug!(
-            "conn {serial}: accepted pid {} uid {} gid {} as {identity:?}",
-            peer.pid,
-            peer.uid,
-            peer.gid,
-        );
-        let caller = Caller { identity };
-        entry.insert(Connection::new(stream, serial, caller, peer, &self.limits));
-        self.capacity.opened(identity);
-        self.schedule_sweep(Instant::now());
     }
 
     fn on_connection_event(&mut self, index: usize, event: &Event) {
@@ -497,12 +281,7 @@ impl Reactor {
         if conn.read_closed {
             return;
         }
-        let mut io = Io {
-            registry: self.poll.registry(),
-            replies: &mut self.kernel_replies,
-            adopted: &mut self.adopted,
-        };
-        match conn.read_turn(key, &mut self.kernel, &mut io, &self.workers, &self.limits) {
+        match conn.read_turn(key, &mut self.kernel, &self.workers, &self.limits) {
             Ok(ReadTurn::BudgetSpent) => enqueue(&mut self.ready, conn, key),
             Ok(ReadTurn::Drained | ReadTurn::Paused | ReadTurn::Closed) => {}
             Err(err) => {
@@ -574,7 +353,7 @@ impl Reactor {
         self.schedule_sweep(Instant::now());
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let dropped_jobs = self.workers.cancel(conn.serial);
-        self.kernel.llm().connection_closed(conn.serial);
+        self.kernel.connection_closed(conn.serial);
         log::debug!(
             "conn {}: closed ({} replies never delivered, {dropped_jobs} queued jobs dropped)",
             conn.serial,
@@ -600,7 +379,9 @@ impl Reactor {
         let completed: Vec<_> = self.workers.completed().collect();
         let mut touched: Vec<ConnKey> = Vec::with_capacity(completed.len());
         for completion in completed {
-            let ReplyTo { conn: key, seq } = completion.address;
+            let ReplyTo::Request { conn: key, seq } = completion.address else {
+                continue;
+            };
             if let Some(conn) = self.connection(key) {
                 conn.replies.complete(seq, completion.payload);
                 touched.push(key);
@@ -615,15 +396,7 @@ impl Reactor {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
-        let mut io = Io {
-            registry: self.poll.registry(),
-            replies: &mut self.kernel_replies,
-            adopted: &mut self.adopted,
-        };
-        self.kernel.agents().on_deadlines(&mut io, now);
-        self.kernel
-            .llm()
-            .on_deadlines(now, &mut self.kernel_replies);
+        self.kernel.on_deadlines(now);
         self.kernel_output();
         while let Some(deadline) = self.timers.pop_due(now) {
             match deadline {
@@ -750,14 +523,7 @@ impl Reactor {
         }
         self.socket.close();
         self.drain_deadline = Some(Instant::now() + self.shutdown_grace);
-        let mut io = Io {
-            registry: self.poll.registry(),
-            replies: &mut self.kernel_replies,
-            adopted: &mut self.adopted,
-        };
-        self.kernel
-            .agents()
-            .begin_shutdown(&mut io, self.shutdown_grace);
+        self.kernel.begin_shutdown(self.shutdown_grace);
         self.kernel_output();
         let keys: Vec<ConnKey> = self
             .connections
@@ -813,11 +579,4 @@ fn enqueue(ready: &mut VecDeque<ConnKey>, conn: &mut Connection, key: ConnKey) {
         conn.queued = true;
         ready.push_back(key);
     }
-}
-
-/// Tells a connection it cannot be served, then drops it. Best effort: the
-/// frame is small and the socket fresh, so it fits in the socket buffer.
-fn refuse(stream: &mut UnixStream, code: ErrorCode, reason: &str) {
-    let reply = ErrorReply::new(code, reason).to_json();
-    let _ = stream.write(&encode_frame(Opcode::EXIT, 0, &reply));
 }

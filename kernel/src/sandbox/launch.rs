@@ -21,9 +21,9 @@ use nix::sys::socket::{
 };
 
 use super::init;
-use crate::cgroup::CgroupJoin;
 use super::spec::{fds, Claim, SandboxSpec};
 use super::status::{Status, StatusReader};
+use crate::cgroup::CgroupJoin;
 
 /// Descriptors are staged above this number before the clone, so that
 /// placing them at their fixed numbers in the child never overwrites one

@@ -183,4 +183,3 @@ pub fn interpreter_dirs(interpreter: &Found, lookup: Lookup<'_>, dirs: &mut Dirs
         dirs.add(venv);
     }
 }
-

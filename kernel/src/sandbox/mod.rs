@@ -21,6 +21,7 @@ mod network;
 mod pid1;
 pub mod plan;
 mod privileges;
+pub mod runtime;
 mod seccomp;
 pub mod spec;
 pub mod status;

@@ -1,11 +1,11 @@
 //! EXIT (0xFF): say goodbye, then close.
 
-use super::Outcome;
+use super::{Kernel, Outcome, Request};
 
 /// The EXIT reply payload.
 pub const GOODBYE: &[u8] = b"goodbye";
 
 /// Answers `goodbye`; the reactor closes the connection after delivering it.
-pub fn handle() -> Outcome {
+pub fn handle(_kernel: &mut Kernel, _request: &Request<'_>) -> Outcome {
     Outcome::ReplyAndClose(GOODBYE.to_vec())
 }

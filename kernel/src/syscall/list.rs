@@ -2,21 +2,21 @@
 
 use std::time::Instant;
 
-use agentos_proto::payload::{AgentInfo, ListRequest};
-use agentos_proto::ErrorReply;
+use agentos_proto::payload::ListRequest;
 
-use super::{Caller, Kernel};
-
-pub fn parse(payload: &[u8]) -> Result<ListRequest, ErrorReply> {
-    ListRequest::parse(payload)
-}
+use super::{reply, Kernel, Outcome, Request};
 
 /// Live agents and those that ended recently (for an agent: itself and its
 /// descendants), with figures from their cgroups read now.
-pub fn handle(kernel: &mut Kernel, caller: &Caller, _request: ListRequest) -> Vec<AgentInfo> {
-    let mut agents = kernel.agents().list(caller.identity, Instant::now());
-    for agent in &mut agents {
-        agent.llm = kernel.llm_ref().stats(agent.id);
-    }
-    agents
+pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
+    reply(ListRequest::parse(request.payload).map(|_| {
+        let mut agents =
+            kernel
+                .agents
+                .list(&kernel.sandboxes, request.caller.identity, Instant::now());
+        for agent in &mut agents {
+            agent.llm = kernel.llm.stats(agent.id);
+        }
+        agents
+    }))
 }

@@ -1,37 +1,34 @@
-//! Syscalls: one handler per opcode, each a small function from a typed
-//! request (parsed and validated by `agentos-proto`) to a typed reply.
+//! Syscalls: one handler per opcode, each owning its syscall — parsing and
+//! validating the request (through `agentos-proto`), checking what the
+//! caller may do, acting on the kernel, and building the typed reply. Every
+//! handler has one shape: `fn handle(&mut Kernel, &Request) -> Outcome`.
 //!
 //! Handlers run on the reactor thread and must not block. Work that might
 //! block is returned as [`Outcome::Deferred`] and runs on a worker; work
 //! that finishes on a later event (SPAWN waits for its workload to start)
-//! is [`Outcome::Later`], and its reply is delivered through [`Io`]. Either
-//! way the reactor writes replies in request order.
+//! is [`Outcome::Later`], and its reply goes to the request's
+//! [`ReplyTo`] address through the kernel's outbox. Either way the reactor
+//! writes replies in request order.
 
 mod exit;
 mod hello;
+mod kernel;
 mod kill;
 mod list;
 mod spawn;
 mod think;
 mod unavailable;
 
-use std::io;
-use std::path::Path;
 use std::time::Duration;
 
 use agentos_proto::payload::to_json;
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
-use mio::net::UnixStream;
-use mio::{Registry, Waker};
 use serde::Serialize;
-use std::sync::Arc;
 
-use crate::agents::Agents;
-use crate::config::Config;
+use crate::address::ReplyTo;
 use crate::identity::Identity;
-use crate::llm::Llm;
-use crate::reactor::ReplyTo;
 use crate::workers::Job;
+pub use kernel::Kernel;
 
 /// What a syscall decided.
 pub enum Outcome {
@@ -45,7 +42,7 @@ pub enum Outcome {
     ReplyAndClose(Vec<u8>),
     /// Reply with what this job returns, computed on a worker thread.
     Deferred(Job),
-    /// The kernel will deliver the reply itself, through [`Io::replies`],
+    /// The kernel will deliver the reply itself, to the request's address,
     /// when a later event completes the request.
     Later,
 }
@@ -62,28 +59,6 @@ impl std::fmt::Debug for Outcome {
     }
 }
 
-/// What the kernel may touch of the reactor while handling a request or an
-/// event: the registry for its own event sources, and two outboxes the
-/// reactor empties afterwards.
-#[derive(Debug)]
-pub struct Io<'a> {
-    /// For registering the kernel's event sources.
-    pub registry: &'a Registry,
-    /// Replies to [`Outcome::Later`] requests that are now complete.
-    pub replies: &'a mut Vec<(ReplyTo, Vec<u8>)>,
-    /// Connections accepted on agents' own sockets, with their identity.
-    pub adopted: &'a mut Vec<(UnixStream, Identity)>,
-}
-
-/// The kernel state syscalls act on. Owned by the reactor thread.
-#[derive(Debug)]
-pub struct Kernel {
-    config: Config,
-    deferred: Vec<Opcode>,
-    agents: Agents,
-    llm: Llm,
-}
-
 /// Who sent a request.
 #[derive(Clone, Copy, Debug)]
 pub struct Caller {
@@ -91,87 +66,39 @@ pub struct Caller {
     pub identity: Identity,
 }
 
+/// One request, as every handler receives it.
+#[derive(Debug)]
+pub struct Request<'a> {
+    /// Who sent it.
+    pub caller: Caller,
+    /// Where a [`Outcome::Later`] reply must go.
+    pub reply_to: ReplyTo,
+    /// Its opcode.
+    pub opcode: Opcode,
+    /// Its payload.
+    pub payload: &'a [u8],
+}
+
+/// A syscall handler.
+type Handler = fn(&mut Kernel, &Request<'_>) -> Outcome;
+
 impl Kernel {
-    /// Kernel state for `config`; agent sockets and sandbox roots go under
-    /// a directory beside the kernel's `socket`.
-    pub fn new(config: Config, waker: Arc<Waker>, socket: &Path) -> io::Result<Kernel> {
-        let deferred = config.deferred_opcodes();
-        let agents = Agents::new(&config, waker.clone(), socket)?;
-        let llm = Llm::new(
-            &config.llm,
-            waker,
-            &config.agents.log_dir(),
-            agents.confinement(),
-        );
-        Ok(Kernel {
-            config,
-            deferred,
-            agents,
-            llm,
-        })
-    }
-
-    /// The configuration in force.
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    /// The agents.
-    pub fn agents(&mut self) -> &mut Agents {
-        &mut self.agents
-    }
-
-    /// The agents, to look at.
-    pub fn agents_ref(&self) -> &Agents {
-        &self.agents
-    }
-
-    /// THINK.
-    pub fn llm(&mut self) -> &mut Llm {
-        &mut self.llm
-    }
-
-    /// THINK, to look at.
-    pub fn llm_ref(&self) -> &Llm {
-        &self.llm
-    }
-
-    /// Runs the syscall for one request. `reply_to` is where a
-    /// [`Outcome::Later`] reply must go.
-    pub fn dispatch(
-        &mut self,
-        io: &mut Io<'_>,
-        caller: &Caller,
-        reply_to: ReplyTo,
-        opcode: Opcode,
-        payload: &[u8],
-    ) -> Outcome {
-        let outcome = match opcode {
-            Opcode::NOOP => Outcome::Echo,
-            Opcode::HELLO => {
-                answer(hello::parse(payload).map(|req| hello::handle(self, caller, req)))
-            }
-            Opcode::LIST => answer(list::parse(payload).map(|req| list::handle(self, caller, req))),
-            Opcode::SPAWN => spawn::handle(self, io, caller, reply_to, payload),
-            Opcode::KILL => Outcome::Reply(kill::handle(self, io, caller, payload)),
-            Opcode::EXIT => exit::handle(),
-            Opcode::THINK => think::handle(self, io, caller, reply_to, payload),
-            Opcode::EXEC | Opcode::TASK => {
-                Outcome::Reply(unavailable::handle(opcode, payload).to_json())
-            }
-            unknown => Outcome::Reply(
-                ErrorReply::new(
-                    ErrorCode::UnknownOpcode,
-                    format!(
-                        "opcode {unknown} is not one this kernel serves; \
-                         see the protocol's opcode table"
-                    ),
-                )
-                .to_json(),
-            ),
+    /// Runs the syscall for one request.
+    pub fn dispatch(&mut self, request: &Request<'_>) -> Outcome {
+        let handler: Handler = match request.opcode {
+            Opcode::NOOP => noop,
+            Opcode::HELLO => hello::handle,
+            Opcode::LIST => list::handle,
+            Opcode::SPAWN => spawn::handle,
+            Opcode::KILL => kill::handle,
+            Opcode::EXIT => exit::handle,
+            Opcode::THINK => think::handle,
+            Opcode::EXEC | Opcode::TASK => unavailable::handle,
+            _ => unknown,
         };
-        if self.deferred.contains(&opcode) {
-            self.defer(outcome, payload)
+        let outcome = handler(self, request);
+        if self.deferred.contains(&request.opcode) {
+            self.defer(outcome, request.payload)
         } else {
             outcome
         }
@@ -193,8 +120,27 @@ impl Kernel {
     }
 }
 
-/// Turns a handler's typed result into reply bytes.
-fn answer<R: Serialize>(result: Result<R, ErrorReply>) -> Outcome {
+/// NOOP (0x00): the payload comes back as it is.
+fn noop(_kernel: &mut Kernel, _request: &Request<'_>) -> Outcome {
+    Outcome::Echo
+}
+
+/// An opcode no handler serves.
+fn unknown(_kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
+    Outcome::Reply(
+        ErrorReply::new(
+            ErrorCode::UnknownOpcode,
+            format!(
+                "opcode {} is not one this kernel serves; see the protocol's opcode table",
+                request.opcode
+            ),
+        )
+        .to_json(),
+    )
+}
+
+/// A typed result as reply bytes.
+fn reply<R: Serialize>(result: Result<R, ErrorReply>) -> Outcome {
     match result {
         Ok(reply) => Outcome::Reply(to_json(&reply)),
         Err(err) => Outcome::Reply(err.to_json()),

@@ -5,21 +5,16 @@
 use agentos_proto::payload::{to_json, ThinkReply, ThinkRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::{Caller, Io, Kernel, Outcome};
+use super::{Kernel, Outcome, Request};
 use crate::identity::Identity;
 use crate::llm::Asker;
-use crate::reactor::ReplyTo;
 
-pub fn handle(
-    kernel: &mut Kernel,
-    io: &mut Io<'_>,
-    caller: &Caller,
-    reply_to: ReplyTo,
-    payload: &[u8],
-) -> Outcome {
-    let queued = ThinkRequest::parse(payload).and_then(|request| {
-        let asker = asker(kernel, caller.identity)?;
-        kernel.llm.think(&asker, reply_to, request, io.replies)
+pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
+    let queued = ThinkRequest::parse(request.payload).and_then(|think| {
+        let asker = asker(kernel, request.caller.identity)?;
+        kernel
+            .llm
+            .think(&asker, request.reply_to, think, &mut kernel.outbox.replies)
     });
     match queued {
         Ok(()) => Outcome::Later,

@@ -6,14 +6,17 @@
 use agentos_proto::payload::{ExecRequest, TaskRequest};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 
+use super::{Kernel, Outcome, Request};
+
 /// The error reply for a request to a missing subsystem.
-pub fn handle(opcode: Opcode, payload: &[u8]) -> ErrorReply {
+pub fn handle(_kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
+    let opcode = request.opcode;
     let valid = match opcode {
-        Opcode::EXEC => ExecRequest::parse(payload).map(drop),
-        Opcode::TASK => TaskRequest::parse(payload).map(drop),
+        Opcode::EXEC => ExecRequest::parse(request.payload).map(drop),
+        Opcode::TASK => TaskRequest::parse(request.payload).map(drop),
         _ => Ok(()),
     };
-    match valid {
+    let err = match valid {
         Err(err) => err,
         Ok(()) => ErrorReply::new(
             ErrorCode::Unavailable,
@@ -23,5 +26,6 @@ pub fn handle(opcode: Opcode, payload: &[u8]) -> ErrorReply {
                 env!("CARGO_PKG_VERSION")
             ),
         ),
-    }
+    };
+    Outcome::Reply(err.to_json())
 }

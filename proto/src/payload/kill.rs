@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{bad_request, check_range, parse_json, validate_name};
-use crate::ErrorReply;
+use crate::{ErrorCode, ErrorReply};
 
 /// Default time between SIGTERM and SIGKILL.
 pub const DEFAULT_GRACE_MS: u64 = 5000;
@@ -77,6 +77,36 @@ pub struct KillReply {
     pub killed: bool,
     /// The agent's id.
     pub id: Option<u32>,
+    /// Why not, when `killed` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The error code, when `killed` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+}
+
+impl KillReply {
+    /// The reply for an agent now being stopped.
+    pub fn killed(id: u32) -> KillReply {
+        KillReply {
+            success: true,
+            killed: true,
+            id: Some(id),
+            error: None,
+            code: None,
+        }
+    }
+
+    /// The reply for no such live agent: `killed` false, with the error.
+    pub fn not_found(err: ErrorReply) -> KillReply {
+        KillReply {
+            success: false,
+            killed: false,
+            id: None,
+            error: Some(err.error),
+            code: Some(err.code),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
-//! An agent's own socket. Each agent reaches the kernel through a socket
-//! that exists only for it: bound into its sandbox at the fixed path every
-//! agent uses, invisible to everyone else (its directory on the host is
-//! 0700). So a connection arriving here comes from that agent, whatever
-//! header it sends — the door is the identity, checked against the peer's
-//! pid namespace on top.
+//! A door: the socket one sandboxed caller (an agent) reaches the kernel
+//! through. It exists only for that caller: bound into its sandbox at the
+//! fixed path every sandbox uses, invisible to everyone else (its
+//! directory on the host is 0700). So a connection arriving here comes
+//! from that caller, whatever header it sends — the door is the identity,
+//! checked against the peer's pid namespace on top.
 
 use std::fs;
 use std::io;
@@ -12,18 +12,18 @@ use std::path::{Path, PathBuf};
 
 use mio::net::UnixListener;
 
-/// A listening socket for one agent; removed from disk when dropped.
+/// A listening socket for one caller; removed from disk when dropped.
 #[derive(Debug)]
 pub struct Door {
-    /// The listener (registered with the reactor by the agents table).
+    /// The listener (registered with the reactor by the runtime).
     pub listener: UnixListener,
     path: PathBuf,
 }
 
 impl Door {
-    /// Binds `<dir>/<id>.sock`, replacing a leftover file of that name.
-    pub fn open(dir: &Path, id: u32) -> io::Result<Door> {
-        let path = dir.join(format!("{id}.sock"));
+    /// Binds `<dir>/<name>.sock`, replacing a leftover file of that name.
+    pub fn open(dir: &Path, name: &str) -> io::Result<Door> {
+        let path = dir.join(format!("{name}.sock"));
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(err) if err.kind() == io::ErrorKind::NotFound => {}

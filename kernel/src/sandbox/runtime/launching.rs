@@ -5,6 +5,10 @@
 //! all that over and hears back through its waker. What the thread
 //! returns is a sandbox waiting for its claim.
 //!
+//! Failures are typed ([`LaunchError`]), each naming the step or path that
+//! failed; [`LaunchError::code`] is the one place they become protocol
+//! error codes.
+//!
 //! The thread lives as long as the daemon: it is the parent of every
 //! sandbox init, and an init's parent-death signal fires when the thread
 //! that cloned it exits.
@@ -12,13 +16,75 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 
-use crate::cgroup::{AgentCgroup, CgroupLimits, Cgroups};
-use crate::cgroup::CgroupJoin;
+use agentos_proto::ErrorCode;
+
+use crate::cgroup::{AgentCgroup, CgroupError, CgroupJoin, CgroupLimits, Cgroups};
 use crate::sandbox::{LaunchRequest, Launched, Launcher, SandboxSpec};
+
+/// Why a sandbox could not be prepared, claimed or watched.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Its cgroup could not be created.
+    #[error("cannot create the sandbox's cgroup: {0}")]
+    CreateCgroup(#[source] CgroupError),
+    /// A file of its cgroup could not be opened for the init to join.
+    #[error("cannot open {}: {source}", path.display())]
+    JoinCgroup {
+        /// The cgroup directory or `tasks` file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The init could not be cloned or told to go.
+    #[error("cannot start the sandbox: {0}")]
+    Start(#[source] io::Error),
+    /// The reactor could not watch the sandbox's pidfd or status pipe.
+    #[error("cannot watch the sandbox: {0}")]
+    Watch(#[source] io::Error),
+    /// The workload's log could not be opened.
+    #[error("cannot open the agent log {}: {source}", path.display())]
+    Log {
+        /// The log file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The claim could not be sent to the init.
+    #[error("cannot hand the sandbox its workload: {0}")]
+    Claim(#[source] io::Error),
+    /// The cgroup could not be renamed after its owner or limited.
+    #[error("{0}")]
+    ClaimCgroup(#[source] CgroupError),
+    /// The init could not be told to start the workload.
+    #[error("cannot start the sandbox: {0}")]
+    Go(#[source] io::Error),
+    /// The sandbox ended before it could be claimed.
+    #[error("the sandbox ended before it could be claimed")]
+    Gone,
+}
+
+impl LaunchError {
+    /// The protocol error code a request that needed this sandbox gets:
+    /// each of these is the kernel's or the host's failure, never the
+    /// caller's.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            LaunchError::CreateCgroup(_)
+            | LaunchError::JoinCgroup { .. }
+            | LaunchError::Start(_)
+            | LaunchError::Watch(_)
+            | LaunchError::Log { .. }
+            | LaunchError::Claim(_)
+            | LaunchError::ClaimCgroup(_)
+            | LaunchError::Go(_)
+            | LaunchError::Gone => ErrorCode::Internal,
+        }
+    }
+}
 
 /// One sandbox to prepare.
 #[derive(Debug)]
@@ -39,7 +105,7 @@ pub struct LaunchDone {
     /// The job's `seq`.
     pub seq: u64,
     /// The sandbox and its cgroup, or why it could not start.
-    pub result: Result<(Launched, Option<AgentCgroup>), String>,
+    pub result: Result<(Launched, Option<AgentCgroup>), LaunchError>,
 }
 
 /// The handle to the launch thread.
@@ -79,7 +145,7 @@ impl LaunchThread {
     pub fn submit(&self, job: LaunchJob) {
         // Fails only if the thread died, which only a panic could cause.
         if self.jobs.send(job).is_err() {
-            log::error!("the launch thread is gone; agents cannot be started");
+            log::error!("the launch thread is gone; sandboxes cannot be started");
         }
     }
 
@@ -98,12 +164,12 @@ fn launch(
     launcher: &Launcher,
     cgroups: Option<&Cgroups>,
     job: LaunchJob,
-) -> Result<(Launched, Option<AgentCgroup>), String> {
+) -> Result<(Launched, Option<AgentCgroup>), LaunchError> {
     let cgroup = match (cgroups, &job.cgroup) {
         (Some(cgroups), Some((name, limits))) => Some(
             cgroups
                 .create(name, limits)
-                .map_err(|err| format!("cannot create the sandbox's cgroup: {err}"))?,
+                .map_err(LaunchError::CreateCgroup)?,
         ),
         _ => None,
     };
@@ -119,7 +185,7 @@ fn launch(
             tasks
                 .iter()
                 .map(|path| open(path, OpenOptions::new().write(true)))
-                .collect::<Result<Vec<File>, String>>()?,
+                .collect::<Result<Vec<File>, LaunchError>>()?,
         )),
     };
     let launched = launcher.launch(LaunchRequest {
@@ -133,13 +199,16 @@ fn launch(
             if let Some(cgroup) = cgroup {
                 let _ = cgroup.remove();
             }
-            Err(format!("cannot start the sandbox: {err}"))
+            Err(LaunchError::Start(err))
         }
     }
 }
 
-fn open(path: &PathBuf, options: &mut OpenOptions) -> Result<File, String> {
+fn open(path: &Path, options: &mut OpenOptions) -> Result<File, LaunchError> {
     options
         .open(path)
-        .map_err(|err| format!("cannot open {}: {err}", path.display()))
+        .map_err(|source| LaunchError::JoinCgroup {
+            path: path.to_path_buf(),
+            source,
+        })
 }

@@ -1,0 +1,73 @@
+//! Where replies go, and what subsystems hand back to the reactor.
+//!
+//! A reply goes to the request it answers on a connection, or to a task,
+//! which outlives any connection and collects its replies itself.
+//! Subsystems only ever see these addresses; they never know the reactor
+//! exists, and the reactor never looks inside a subsystem. This module
+//! depends on nothing in the crate but [`crate::identity`], so every other
+//! module may use it without making an import cycle.
+
+use mio::net::UnixStream;
+
+use crate::identity::Identity;
+
+/// Names a connection across slot reuse: a reply for a connection that has
+/// closed (and whose slot now holds another) is recognised and dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnKey {
+    /// Its slot in the reactor's connection table.
+    pub index: usize,
+    /// Unique for the daemon's lifetime.
+    pub serial: u64,
+}
+
+/// Where a reply goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyTo {
+    /// The request numbered `seq` on a connection.
+    Request {
+        /// The connection.
+        conn: ConnKey,
+        /// The request's place in the connection's reply order.
+        seq: u64,
+    },
+    /// A background task, by id.
+    Task(u64),
+}
+
+impl ReplyTo {
+    /// The serial number of the connection waiting for this reply, if a
+    /// connection is.
+    pub fn connection(&self) -> Option<u64> {
+        match self {
+            ReplyTo::Request { conn, .. } => Some(conn.serial),
+            ReplyTo::Task(_) => None,
+        }
+    }
+
+    /// An address for unit tests of code that only carries it along.
+    #[cfg(test)]
+    pub fn for_tests() -> ReplyTo {
+        ReplyTo::Task(0)
+    }
+}
+
+/// A finished reply: its address and its payload.
+pub type Reply = (ReplyTo, Vec<u8>);
+
+/// What the kernel hands back to the reactor after an event: finished
+/// replies, and connections it accepted on agents' own sockets.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// Replies to requests answered later than they arrived.
+    pub replies: Vec<Reply>,
+    /// Connections accepted on an agent's own socket, with who they are.
+    pub adopted: Vec<(UnixStream, Identity)>,
+}
+
+impl Outbox {
+    /// Whether there is nothing to hand over.
+    pub fn is_empty(&self) -> bool {
+        self.replies.is_empty() && self.adopted.is_empty()
+    }
+}

@@ -1,0 +1,460 @@
+//! The life of an agent: each run acquires a sandbox, claims it, and ends;
+//! then the restart policy decides between another run and the end. Every
+//! step is driven by a [`SandboxEvent`] or a deadline, and nothing here
+//! touches a process directly: the sandbox runtime does, through the
+//! [`Sandboxes`] seam.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use agentos_proto::payload::{to_json, AgentState, SpawnReply};
+use agentos_proto::{ErrorCode, ErrorReply};
+
+use super::record::{Agent, Outcome, Stop};
+use super::restart::{Decision, RunEnd};
+use super::{cgroup_limits, program, shape_of, Agents, Deadline, Run};
+use crate::address::Reply;
+use crate::cgroup::CgroupStats;
+use crate::process::ProcessEnd;
+use crate::sandbox::plan::{Workload, SOCKET_INSIDE, WORKSPACE};
+use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
+use crate::sandbox::Status;
+
+impl Agents {
+    /// Takes in what happened to a run's sandbox.
+    pub fn on_sandbox(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        replies: &mut Vec<Reply>,
+        event: SandboxEvent<Run>,
+        now: Instant,
+    ) {
+        match event {
+            SandboxEvent::Ready { owner, sandbox } => {
+                self.sandbox_ready(sandboxes, replies, owner, sandbox, now)
+            }
+            SandboxEvent::Failed { owner, error } => {
+                if self.current(owner).is_some() {
+                    let message = error.to_string();
+                    self.fail_start(sandboxes, replies, owner.agent, error.code(), message, now);
+                }
+            }
+            SandboxEvent::Status { owner, status } => {
+                if let Some(agent) = self.current(owner) {
+                    apply_status(agent, status, replies);
+                }
+            }
+            SandboxEvent::OomKill { owner } => {
+                if let Some(agent) = self.current(owner).filter(|a| !a.oom_killed) {
+                    log::info!(
+                        "agent {} ({}): the memory limit killed a process",
+                        agent.id,
+                        agent.name
+                    );
+                    agent.oom_killed = true;
+                }
+            }
+            SandboxEvent::Ended {
+                owner,
+                init,
+                oom_killed,
+                usage,
+            } => {
+                if self.current(owner).is_some() {
+                    let end = SandboxEnd {
+                        init,
+                        oom_killed,
+                        usage,
+                    };
+                    self.run_ended(sandboxes, replies, owner.agent, end, now);
+                }
+            }
+        }
+    }
+
+    /// How long until the earliest deadline.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        self.deadlines.time_to_next(now)
+    }
+
+    /// Handles the deadlines that are due.
+    pub fn on_deadlines(&mut self, sandboxes: &mut impl Sandboxes<Run>, now: Instant) {
+        while let Some(deadline) = self.deadlines.pop_due(now) {
+            match deadline {
+                Deadline::Escalate(run) => {
+                    if let Some(sandbox) = self.current(run).and_then(|a| a.sandbox) {
+                        log::info!("agent {}: grace over, SIGKILL", run.agent);
+                        sandboxes.signal(sandbox, libc::SIGKILL);
+                    }
+                }
+                Deadline::Restart(run) => {
+                    let due = self
+                        .current(run)
+                        .is_some_and(|a| a.state == AgentState::Restarting);
+                    if due {
+                        self.start_run(sandboxes, run.agent, now);
+                    }
+                }
+                Deadline::Forget { id } => {
+                    if self.table.get(&id).is_some_and(|a| !a.is_live()) {
+                        self.table.remove(&id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops every agent: SIGTERM now, SIGKILL after the stop grace (or
+    /// `grace`, if shorter).
+    pub fn begin_shutdown(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        replies: &mut Vec<Reply>,
+        grace: Duration,
+    ) {
+        self.shutting_down = true;
+        let now = Instant::now();
+        let grace = grace.min(self.stop_grace);
+        let live: Vec<u32> = self
+            .table
+            .values()
+            .filter(|a| a.is_live())
+            .map(|a| a.id)
+            .collect();
+        if !live.is_empty() {
+            log::info!("stopping {} agent(s)", live.len());
+        }
+        for id in live {
+            self.stop(sandboxes, replies, id, Stop::Shutdown, grace, now);
+        }
+    }
+
+    /// The agent, if `run` is its current run.
+    fn current(&mut self, run: Run) -> Option<&mut Agent> {
+        self.table
+            .get_mut(&run.agent)
+            .filter(|a| a.run_number == run.number)
+    }
+
+    /// Starts the agent's next run: in a warm sandbox if one fits, else in
+    /// one prepared for it.
+    pub(super) fn start_run(&mut self, sandboxes: &mut impl Sandboxes<Run>, id: u32, now: Instant) {
+        let Some(agent) = self.table.get_mut(&id) else {
+            return;
+        };
+        agent.run_number += 1;
+        agent.state = AgentState::Starting;
+        agent.outcome = Outcome::default();
+        agent.oom_killed = false;
+        agent.started_at = SystemTime::now();
+        agent.started = now;
+        let run = Run {
+            agent: id,
+            number: agent.run_number,
+        };
+        let shape = shape_of(sandboxes, &agent.request);
+        if let Some(sandbox) = sandboxes.acquire(run, shape, now) {
+            self.claim(sandboxes, sandbox, run);
+        }
+    }
+
+    /// A sandbox arrived for `run`: claim it, unless the run was stopped
+    /// (or superseded) while it was prepared.
+    fn sandbox_ready(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        replies: &mut Vec<Reply>,
+        run: Run,
+        sandbox: SandboxKey,
+        now: Instant,
+    ) {
+        let wanted = self
+            .current(run)
+            .is_some_and(|a| a.state == AgentState::Starting && a.stop.is_none());
+        if wanted {
+            return self.claim(sandboxes, sandbox, run);
+        }
+        sandboxes.discard(sandbox);
+        let stopped_early = self
+            .table
+            .get(&run.agent)
+            .is_some_and(|a| a.stop.is_some() && a.is_live() && a.sandbox.is_none());
+        if stopped_early {
+            self.killed_before_start(sandboxes, replies, run.agent, now);
+        }
+    }
+
+    /// Gives the sandbox to the run: it is told what to run, and its cgroup
+    /// becomes the agent's, with the agent's limits.
+    fn claim(&mut self, sandboxes: &mut impl Sandboxes<Run>, sandbox: SandboxKey, run: Run) {
+        let Some(agent) = self.table.get_mut(&run.agent) else {
+            return sandboxes.discard(sandbox);
+        };
+        let id = agent.id;
+        let door = agent
+            .door
+            .and_then(|door| sandboxes.door_path(door))
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        let (socket, home) = if shape_of(sandboxes, &agent.request).sandboxed {
+            (PathBuf::from(SOCKET_INSIDE), PathBuf::from(WORKSPACE))
+        } else {
+            let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+            (door.clone(), home)
+        };
+        let workload = Workload {
+            name: agent.name.clone(),
+            program: agent.program.program.clone(),
+            argv: agent.program.argv.clone(),
+            env: program::environment(&agent.request, id, &socket, &home),
+            cwd: agent.program.cwd.clone(),
+            script: agent.program.script.clone(),
+            binds: agent.program.binds.clone(),
+            socket: door,
+        };
+        let order = ClaimOrder {
+            workload: &workload,
+            log: &agent.log,
+            cgroup_name: format!("agent-{id}-{}", run.number),
+            limits: cgroup_limits(&agent.limits),
+            door: agent.door,
+        };
+        let claimed = sandboxes.claim(sandbox, run, order);
+        agent.sandbox = Some(sandbox);
+        match claimed {
+            Ok(claimed) => agent.pid = Some(claimed.pid),
+            Err(error) => {
+                log::error!("agent {id}: {error}");
+                agent.outcome.start_error = Some((error.code(), error.to_string()));
+            }
+        }
+    }
+
+    /// The agent's current run has ended.
+    fn run_ended(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        replies: &mut Vec<Reply>,
+        id: u32,
+        end: SandboxEnd,
+        now: Instant,
+    ) {
+        let Some(agent) = self.table.get_mut(&id) else {
+            return;
+        };
+        agent.sandbox = None;
+        agent.pid = None;
+        // The init reports the workload's ending; if it could not (it was
+        // killed itself: SIGKILL, OOM), its own wait status stands in.
+        if agent.outcome.exit_code.is_none() && agent.outcome.signal.is_none() {
+            match end.init {
+                Some(ProcessEnd::Exited(code)) if agent.outcome.start_error.is_none() => {
+                    agent.outcome.exit_code = Some(code)
+                }
+                Some(ProcessEnd::Signaled(signal)) => agent.outcome.signal = Some(signal),
+                _ => {}
+            }
+        }
+        agent.oom_killed |= end.oom_killed;
+        agent.last_run = end.usage;
+        if let Some((code, message)) = agent.outcome.start_error.clone() {
+            log::info!("agent {id} ({}): could not start: {message}", agent.name);
+            return self.fail_start(sandboxes, replies, id, code, message, now);
+        }
+        if !agent.outcome.ready {
+            let message = if agent.stop.is_some() {
+                "the agent was stopped before it started".to_owned()
+            } else {
+                "the sandbox ended before the workload started; see the agent log".to_owned()
+            };
+            return self.fail_start(sandboxes, replies, id, ErrorCode::Internal, message, now);
+        }
+        let end = match (agent.stop, agent.outcome.exit_code, agent.outcome.signal) {
+            (Some(_), _, _) => RunEnd::Stopped,
+            (None, Some(0), None) if !agent.oom_killed => RunEnd::Success,
+            _ => RunEnd::Failure,
+        };
+        agent.state = if agent.stop.is_some() {
+            AgentState::Killed
+        } else if agent.oom_killed && agent.outcome.signal == Some(libc::SIGKILL) {
+            AgentState::OomKilled
+        } else {
+            AgentState::Exited
+        };
+        log::info!(
+            "agent {id} ({}): {} (exit code {:?}, signal {:?}{})",
+            agent.name,
+            agent.state.as_str(),
+            agent.outcome.exit_code,
+            agent.outcome.signal,
+            if agent.oom_killed { ", OOM kill" } else { "" }
+        );
+        self.after_run(sandboxes, id, end, now);
+    }
+
+    /// A run could not start: answer a waiting SPAWN (the agent is then
+    /// simply `failed`), or let the restart policy decide.
+    fn fail_start(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        replies: &mut Vec<Reply>,
+        id: u32,
+        code: ErrorCode,
+        message: String,
+        now: Instant,
+    ) {
+        let Some(agent) = self.table.get_mut(&id) else {
+            return;
+        };
+        agent.state = if agent.stop.is_some() {
+            AgentState::Killed
+        } else {
+            AgentState::Failed
+        };
+        if let Some(waiter) = agent.spawn_reply.take() {
+            replies.push((waiter.reply_to, ErrorReply::new(code, message).to_json()));
+            return self.finish(sandboxes, id, now);
+        }
+        let end = if agent.stop.is_some() {
+            RunEnd::Stopped
+        } else {
+            RunEnd::Failure
+        };
+        self.after_run(sandboxes, id, end, now);
+    }
+
+    /// A run stopped before it had a sandbox: a SPAWN still waiting hears so.
+    fn killed_before_start(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        replies: &mut Vec<Reply>,
+        id: u32,
+        now: Instant,
+    ) {
+        let message = format!("agent {id} was killed before it started");
+        self.fail_start(sandboxes, replies, id, ErrorCode::NotFound, message, now);
+    }
+
+    /// A run is over: restart it, or let the agent end.
+    fn after_run(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        id: u32,
+        end: RunEnd,
+        now: Instant,
+    ) {
+        let Some(agent) = self.table.get_mut(&id) else {
+            return;
+        };
+        if self.shutting_down {
+            return self.finish(sandboxes, id, now);
+        }
+        match agent.restarts.decide(end, now) {
+            Decision::RestartAfter(delay) => {
+                log::info!("agent {id} ({}): restarting in {delay:?}", agent.name);
+                agent.state = AgentState::Restarting;
+                let run = Run {
+                    agent: id,
+                    number: agent.run_number,
+                };
+                self.deadlines.schedule(now + delay, Deadline::Restart(run));
+            }
+            Decision::Rest => self.finish(sandboxes, id, now),
+            Decision::GiveUp => {
+                log::warn!("agent {id} ({}): restarts used up; failed", agent.name);
+                agent.state = AgentState::Failed;
+                self.finish(sandboxes, id, now);
+            }
+        }
+    }
+
+    /// The agent has ended for good: close its socket, and forget it after
+    /// the retention time.
+    fn finish(&mut self, sandboxes: &mut impl Sandboxes<Run>, id: u32, now: Instant) {
+        let Some(agent) = self.table.get_mut(&id) else {
+            return;
+        };
+        agent.ended = Some(now);
+        if let Some(door) = agent.door.take() {
+            sandboxes.close_door(door);
+        }
+        self.deadlines
+            .schedule(now + self.retention, Deadline::Forget { id });
+    }
+
+    /// Asks a live agent to stop.
+    pub(super) fn stop(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        replies: &mut Vec<Reply>,
+        id: u32,
+        why: Stop,
+        grace: Duration,
+        now: Instant,
+    ) {
+        let Some(agent) = self.table.get_mut(&id) else {
+            return;
+        };
+        agent.stop = Some(why);
+        if agent.state == AgentState::Restarting {
+            agent.state = AgentState::Killed;
+            return self.finish(sandboxes, id, now);
+        }
+        let run = Run {
+            agent: id,
+            number: agent.run_number,
+        };
+        let sandbox = agent.sandbox;
+        if sandboxes.withdraw(run) {
+            // Waiting for any sandbox: nothing runs yet, so it ends here.
+            return self.killed_before_start(sandboxes, replies, id, now);
+        }
+        let Some(sandbox) = sandbox else {
+            // Its own sandbox is still being prepared: it is discarded on arrival.
+            return;
+        };
+        if grace.is_zero() {
+            sandboxes.signal(sandbox, libc::SIGKILL);
+        } else {
+            sandboxes.signal(sandbox, libc::SIGTERM);
+            self.deadlines
+                .schedule(now + grace, Deadline::Escalate(run));
+        }
+    }
+}
+
+/// How a run's sandbox ended, as the runtime reported it.
+#[derive(Clone, Copy, Debug)]
+struct SandboxEnd {
+    init: Option<ProcessEnd>,
+    oom_killed: bool,
+    usage: CgroupStats,
+}
+
+/// Applies one status line to an agent.
+fn apply_status(agent: &mut Agent, status: Status, replies: &mut Vec<Reply>) {
+    match status {
+        Status::Ready { .. } => {
+            agent.outcome.ready = true;
+            if agent.stop.is_none() {
+                agent.state = AgentState::Running;
+            }
+            if let Some(waiter) = agent.spawn_reply.take() {
+                let reply = SpawnReply {
+                    success: true,
+                    id: agent.id,
+                    name: agent.name.clone(),
+                    // An agent cannot see its children's processes.
+                    pid: agent.pid.filter(|_| !waiter.by_agent).map(|p| p as u32),
+                    status: agent.state,
+                    isolation: agent.isolation.clone(),
+                };
+                replies.push((waiter.reply_to, to_json(&reply)));
+            }
+            log::info!("agent {} ({}): running", agent.id, agent.name);
+        }
+        Status::Error { code, message } => agent.outcome.start_error = Some((code, message)),
+        Status::Exited(code) => agent.outcome.exit_code = Some(code),
+        Status::Signaled(signal) => agent.outcome.signal = Some(signal),
+    }
+}

@@ -1,0 +1,564 @@
+//! The agent state machine, driven through the [`Sandboxes`] seam by a fake
+//! runtime: no processes, no root, no sleeps — time is whatever `now` the
+//! test passes.
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agentos_proto::payload::{AgentState, KillRequest, SpawnRequest};
+use agentos_proto::ErrorCode;
+use serde_json::Value;
+
+use super::{Agents, Run};
+use crate::address::{Reply, ReplyTo};
+use crate::cgroup::CgroupStats;
+use crate::config::Config;
+use crate::identity::Identity;
+use crate::process::ProcessEnd;
+use crate::sandbox::plan::Shape;
+use crate::sandbox::runtime::host::Host;
+use crate::sandbox::runtime::{
+    ClaimOrder, Claimed, DoorKey, LaunchError, SandboxEvent, SandboxKey, Sandboxes,
+};
+use crate::sandbox::spec::Bind;
+use crate::sandbox::view::View;
+use crate::sandbox::Status;
+
+const OPERATOR: Identity = Identity::Operator { id: 1 << 20 };
+const PID: i32 = 4242;
+
+/// A runtime that records what it is asked and hands out keys.
+#[derive(Debug, Default)]
+struct FakeSandboxes {
+    host: Host,
+    /// Warm sandboxes left in the pool.
+    warm: usize,
+    next_key: usize,
+    /// Runs waiting for a default sandbox.
+    waiting: Vec<Run>,
+    /// Runs a sandbox is being prepared for (not the pool's shape).
+    preparing: Vec<Run>,
+    claims: Vec<(SandboxKey, Run, String)>,
+    discarded: Vec<SandboxKey>,
+    signals: RefCell<Vec<(SandboxKey, i32)>>,
+    closed_doors: Vec<DoorKey>,
+    next_door: usize,
+    fail_claims: bool,
+}
+
+impl FakeSandboxes {
+    fn key(&mut self) -> SandboxKey {
+        self.next_key += 1;
+        SandboxKey::for_tests(self.next_key)
+    }
+
+    fn signals(&self) -> Vec<i32> {
+        self.signals.borrow().iter().map(|(_, s)| *s).collect()
+    }
+}
+
+impl Sandboxes<Run> for FakeSandboxes {
+    fn host(&self) -> &Host {
+        &self.host
+    }
+
+    fn view(&self, _shape: Shape, _binds: &[Bind]) -> Option<View> {
+        None
+    }
+
+    fn acquire(&mut self, owner: Run, shape: Shape, _now: Instant) -> Option<SandboxKey> {
+        if shape != Shape::DEFAULT {
+            self.preparing.push(owner);
+            return None;
+        }
+        if self.warm > 0 {
+            self.warm -= 1;
+            return Some(self.key());
+        }
+        self.waiting.push(owner);
+        None
+    }
+
+    fn withdraw(&mut self, owner: Run) -> bool {
+        let before = self.waiting.len();
+        self.waiting.retain(|w| *w != owner);
+        self.waiting.len() < before
+    }
+
+    fn claim(
+        &mut self,
+        sandbox: SandboxKey,
+        owner: Run,
+        order: ClaimOrder<'_>,
+    ) -> Result<Claimed, LaunchError> {
+        self.claims.push((sandbox, owner, order.cgroup_name));
+        if self.fail_claims {
+            return Err(LaunchError::Gone);
+        }
+        Ok(Claimed { pid: PID })
+    }
+
+    fn discard(&mut self, sandbox: SandboxKey) {
+        self.discarded.push(sandbox);
+    }
+
+    fn signal(&self, sandbox: SandboxKey, signal: i32) {
+        self.signals.borrow_mut().push((sandbox, signal));
+    }
+
+    fn usage(&self, _sandbox: SandboxKey) -> Option<CgroupStats> {
+        None
+    }
+
+    fn open_door(&mut self, _name: &str, _identity: Identity) -> std::io::Result<DoorKey> {
+        self.next_door += 1;
+        Ok(DoorKey::for_tests(self.next_door))
+    }
+
+    fn door_path(&self, _door: DoorKey) -> Option<&Path> {
+        Some(Path::new("/run/agentos-test/door.sock"))
+    }
+
+    fn close_door(&mut self, door: DoorKey) {
+        self.closed_doors.push(door);
+    }
+}
+
+/// Agents, a fake runtime, and the replies so far.
+struct Bench {
+    agents: Agents,
+    sandboxes: FakeSandboxes,
+    replies: Vec<Reply>,
+    start: Instant,
+    _logs: tempfile::TempDir,
+}
+
+impl Bench {
+    fn new(warm: usize) -> Bench {
+        let logs = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.agents.log_dir = Some(logs.path().to_path_buf());
+        config.agents.retention_secs = 60;
+        Bench {
+            agents: Agents::new(&config).unwrap(),
+            sandboxes: FakeSandboxes {
+                warm,
+                ..FakeSandboxes::default()
+            },
+            replies: Vec::new(),
+            start: Instant::now(),
+            _logs: logs,
+        }
+    }
+
+    fn at(&self, secs: u64) -> Instant {
+        self.start + Duration::from_secs(secs)
+    }
+
+    /// SPAWNs `json` as an operator; returns the new agent's id.
+    fn spawn(&mut self, json: &str) -> u32 {
+        let request = SpawnRequest::parse(json.as_bytes()).unwrap();
+        let id = self.agents.next_id;
+        self.agents
+            .spawn(
+                &mut self.sandboxes,
+                OPERATOR,
+                request,
+                None,
+                ReplyTo::Task(1),
+            )
+            .unwrap();
+        id
+    }
+
+    fn event(&mut self, event: SandboxEvent<Run>, secs: u64) {
+        let now = self.at(secs);
+        self.agents
+            .on_sandbox(&mut self.sandboxes, &mut self.replies, event, now);
+    }
+
+    fn status(&mut self, run: Run, status: Status, secs: u64) {
+        self.event(SandboxEvent::Status { owner: run, status }, secs);
+    }
+
+    /// The run's sandbox ended; the init reports the workload's `end`.
+    fn ended(&mut self, run: Run, end: Status, oom_killed: bool, secs: u64) {
+        let init = match end {
+            Status::Signaled(signal) => ProcessEnd::Signaled(signal),
+            _ => ProcessEnd::Exited(0),
+        };
+        self.status(run, end, secs);
+        self.event(
+            SandboxEvent::Ended {
+                owner: run,
+                init: Some(init),
+                oom_killed,
+                usage: CgroupStats::default(),
+            },
+            secs,
+        );
+    }
+
+    fn deadlines(&mut self, secs: u64) {
+        let now = self.at(secs);
+        self.agents.on_deadlines(&mut self.sandboxes, now);
+    }
+
+    fn kill(&mut self, id: u32, grace_ms: u64, secs: u64) {
+        let json = format!(r#"{{"id":{id},"grace_ms":{grace_ms}}}"#);
+        let request = KillRequest::parse(json.as_bytes()).unwrap();
+        self.agents
+            .kill(&mut self.sandboxes, &mut self.replies, OPERATOR, &request)
+            .unwrap();
+        self.deadlines(secs);
+    }
+
+    fn state(&self, id: u32) -> Option<AgentState> {
+        self.agents.table.get(&id).map(|a| a.state)
+    }
+
+    fn run(&self, id: u32) -> Run {
+        Run {
+            agent: id,
+            number: self.agents.table[&id].run_number,
+        }
+    }
+
+    /// The one reply so far, parsed.
+    fn only_reply(&self) -> Value {
+        assert_eq!(self.replies.len(), 1, "{:?}", self.replies);
+        serde_json::from_slice(&self.replies[0].1).unwrap()
+    }
+
+    /// Brings a freshly spawned agent's run to `running`.
+    fn runs(&mut self, id: u32, secs: u64) -> Run {
+        let run = self.run(id);
+        self.status(run, Status::Ready { pid: 1 }, secs);
+        assert_eq!(self.state(id), Some(AgentState::Running));
+        run
+    }
+}
+
+const TRUE: &str = r#"{"name":"w","command":["/bin/true"]}"#;
+
+#[test]
+fn a_warm_sandbox_is_claimed_at_once_and_the_spawn_answered_once_the_workload_runs() {
+    let mut bench = Bench::new(1);
+    let id = bench.spawn(TRUE);
+    assert_eq!(bench.state(id), Some(AgentState::Starting));
+    let (_, run, cgroup) = &bench.sandboxes.claims[0];
+    assert_eq!(
+        *run,
+        Run {
+            agent: id,
+            number: 1
+        }
+    );
+    assert_eq!(cgroup, &format!("agent-{id}-1"));
+    assert!(
+        bench.replies.is_empty(),
+        "no reply before the workload runs"
+    );
+    bench.runs(id, 0);
+    let reply = bench.only_reply();
+    assert_eq!(reply["success"], true);
+    assert_eq!(reply["id"], id);
+    assert_eq!(reply["pid"], PID);
+    assert_eq!(reply["status"], "running");
+}
+
+#[test]
+fn a_run_waits_for_the_next_sandbox_and_claims_it_when_it_arrives() {
+    let mut bench = Bench::new(0);
+    let id = bench.spawn(TRUE);
+    let run = bench.run(id);
+    assert_eq!(bench.sandboxes.waiting, vec![run]);
+    assert!(bench.sandboxes.claims.is_empty());
+    let sandbox = SandboxKey::for_tests(99);
+    bench.event(
+        SandboxEvent::Ready {
+            owner: run,
+            sandbox,
+        },
+        0,
+    );
+    assert_eq!(bench.sandboxes.claims[0].0, sandbox);
+    bench.runs(id, 0);
+}
+
+#[test]
+fn a_clean_exit_ends_the_agent_which_is_forgotten_after_retention() {
+    let mut bench = Bench::new(1);
+    let id = bench.spawn(TRUE);
+    let run = bench.runs(id, 0);
+    bench.ended(run, Status::Exited(0), false, 1);
+    assert_eq!(bench.state(id), Some(AgentState::Exited));
+    let info = bench.agents.list(&bench.sandboxes, OPERATOR, bench.at(1));
+    assert_eq!(info[0].exit_code, Some(0));
+    assert_eq!(info[0].pid, None);
+    assert_eq!(bench.sandboxes.closed_doors.len(), 1, "its socket closes");
+    bench.deadlines(30);
+    assert_eq!(
+        bench.state(id),
+        Some(AgentState::Exited),
+        "kept for retention"
+    );
+    bench.deadlines(62);
+    assert_eq!(bench.state(id), None, "forgotten after retention");
+}
+
+#[test]
+fn kill_sends_sigterm_then_sigkill_after_the_grace_and_ends_killed() {
+    let mut bench = Bench::new(1);
+    let id = bench.spawn(TRUE);
+    let run = bench.runs(id, 0);
+    bench.kill(id, 2000, 0);
+    assert_eq!(bench.sandboxes.signals(), vec![libc::SIGTERM]);
+    bench.deadlines(1);
+    assert_eq!(
+        bench.sandboxes.signals(),
+        vec![libc::SIGTERM],
+        "grace not over"
+    );
+    bench.deadlines(3);
+    assert_eq!(
+        bench.sandboxes.signals(),
+        vec![libc::SIGTERM, libc::SIGKILL]
+    );
+    bench.ended(run, Status::Signaled(libc::SIGKILL), false, 3);
+    assert_eq!(bench.state(id), Some(AgentState::Killed));
+}
+
+#[test]
+fn a_kill_with_no_grace_is_sigkill_at_once_and_a_stopped_run_never_restarts() {
+    let mut bench = Bench::new(1);
+    let id = bench.spawn(r#"{"name":"w","command":["/bin/true"],"restart_policy":"always"}"#);
+    let run = bench.runs(id, 0);
+    bench.kill(id, 0, 0);
+    assert_eq!(bench.sandboxes.signals(), vec![libc::SIGKILL]);
+    bench.ended(run, Status::Signaled(libc::SIGKILL), false, 0);
+    assert_eq!(bench.state(id), Some(AgentState::Killed));
+    bench.deadlines(3600);
+    assert_eq!(bench.sandboxes.claims.len(), 1, "no second run");
+}
+
+#[test]
+fn a_memory_kill_is_oom_killed_whether_the_watch_or_the_end_reports_it() {
+    let mut bench = Bench::new(2);
+    let watched = bench.spawn(r#"{"name":"a","command":["/bin/true"]}"#);
+    let run = bench.runs(watched, 0);
+    bench.event(SandboxEvent::OomKill { owner: run }, 1);
+    bench.ended(run, Status::Signaled(libc::SIGKILL), true, 1);
+    // The workload died before the watch was read: the end says it all.
+    let unwatched = bench.spawn(r#"{"name":"b","command":["/bin/true"]}"#);
+    let run = bench.runs(unwatched, 1);
+    bench.ended(run, Status::Signaled(libc::SIGKILL), true, 2);
+    let info = bench.agents.list(&bench.sandboxes, OPERATOR, bench.at(2));
+    for (id, agent) in [watched, unwatched].into_iter().zip(&info) {
+        assert_eq!(bench.state(id), Some(AgentState::OomKilled));
+        assert!(agent.oom_killed);
+        assert_eq!(agent.signal, Some(libc::SIGKILL));
+    }
+}
+
+#[test]
+fn a_kill_signal_without_an_oom_kill_is_a_plain_exit() {
+    let mut bench = Bench::new(1);
+    let id = bench.spawn(TRUE);
+    let run = bench.runs(id, 0);
+    bench.ended(run, Status::Signaled(libc::SIGKILL), false, 1);
+    assert_eq!(bench.state(id), Some(AgentState::Exited));
+}
+
+#[test]
+fn a_failing_agent_restarts_with_backoff_until_its_restarts_are_used_up() {
+    let mut bench = Bench::new(3);
+    let id = bench.spawn(
+        r#"{"name":"w","command":["/bin/true"],"restart_policy":"on-failure","max_restarts":2}"#,
+    );
+    let first = bench.runs(id, 0);
+    bench.ended(first, Status::Exited(1), false, 1);
+    assert_eq!(bench.state(id), Some(AgentState::Restarting));
+    assert_eq!(bench.sandboxes.claims.len(), 1, "waits out its backoff");
+    bench.deadlines(3);
+    let second = bench.run(id);
+    assert_eq!(second.number, 2);
+    assert_eq!(bench.sandboxes.claims[1].2, format!("agent-{id}-2"));
+    // What the first run's sandbox still says is stale.
+    bench.status(first, Status::Exited(7), 3);
+    bench.runs(id, 3);
+    bench.ended(second, Status::Exited(1), false, 4);
+    bench.deadlines(10);
+    let third = bench.runs(id, 10);
+    bench.ended(third, Status::Exited(1), false, 11);
+    assert_eq!(
+        bench.state(id),
+        Some(AgentState::Failed),
+        "two restarts, then failed"
+    );
+    let info = bench.agents.list(&bench.sandboxes, OPERATOR, bench.at(11));
+    assert_eq!(info[0].restarts, 2);
+    assert_eq!(info[0].exit_code, Some(1));
+}
+
+#[test]
+fn restarts_outside_the_window_do_not_count() {
+    let mut bench = Bench::new(3);
+    let id = bench.spawn(
+        r#"{"name":"w","command":["/bin/true"],"restart_policy":"always","max_restarts":1,"restart_window":10}"#,
+    );
+    let first = bench.runs(id, 0);
+    bench.ended(first, Status::Exited(0), false, 0);
+    bench.deadlines(2);
+    let second = bench.runs(id, 2);
+    // Twenty seconds on, the first restart is out of the window.
+    bench.ended(second, Status::Exited(0), false, 20);
+    assert_eq!(bench.state(id), Some(AgentState::Restarting));
+    bench.deadlines(22);
+    let third = bench.runs(id, 22);
+    bench.ended(third, Status::Exited(0), false, 23);
+    assert_eq!(bench.state(id), Some(AgentState::Failed));
+}
+
+#[test]
+fn a_sandbox_that_cannot_be_prepared_fails_the_spawn() {
+    let mut bench = Bench::new(0);
+    let id = bench.spawn(TRUE);
+    let run = bench.run(id);
+    let error = LaunchError::Start(std::io::Error::other("no room"));
+    bench.event(SandboxEvent::Failed { owner: run, error }, 0);
+    let reply = bench.only_reply();
+    assert_eq!(reply["code"], "internal");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot start the sandbox: no room"),
+        "{reply}"
+    );
+    assert_eq!(bench.state(id), Some(AgentState::Failed));
+}
+
+#[test]
+fn a_claim_that_fails_fails_the_spawn_once_the_sandbox_is_gone() {
+    let mut bench = Bench::new(1);
+    bench.sandboxes.fail_claims = true;
+    let id = bench.spawn(TRUE);
+    let run = bench.run(id);
+    assert!(bench.replies.is_empty());
+    bench.event(
+        SandboxEvent::Ended {
+            owner: run,
+            init: Some(ProcessEnd::Signaled(libc::SIGKILL)),
+            oom_killed: false,
+            usage: CgroupStats::default(),
+        },
+        0,
+    );
+    let reply = bench.only_reply();
+    assert_eq!(reply["code"], "internal");
+    assert_eq!(bench.state(id), Some(AgentState::Failed));
+}
+
+#[test]
+fn an_agent_killed_while_waiting_for_a_sandbox_never_gets_one() {
+    let mut bench = Bench::new(0);
+    let id = bench.spawn(TRUE);
+    bench.kill(id, 1000, 0);
+    assert!(
+        bench.sandboxes.waiting.is_empty(),
+        "withdrawn from the queue"
+    );
+    let reply = bench.only_reply();
+    assert_eq!(
+        reply["code"],
+        serde_json::to_value(ErrorCode::NotFound).unwrap()
+    );
+    assert!(reply["error"]
+        .as_str()
+        .unwrap()
+        .contains("killed before it started"));
+    assert_eq!(bench.state(id), Some(AgentState::Killed));
+    assert!(bench.sandboxes.signals().is_empty());
+}
+
+#[test]
+fn a_sandbox_arriving_for_a_killed_run_is_discarded() {
+    let mut bench = Bench::new(0);
+    // With a network, the sandbox is not the pool's shape: one is prepared.
+    let id = bench.spawn(r#"{"name":"w","command":["/bin/true"],"network":true}"#);
+    let run = bench.run(id);
+    assert_eq!(bench.sandboxes.preparing, vec![run]);
+    bench.kill(id, 1000, 0);
+    assert!(bench.replies.is_empty(), "its sandbox is still on its way");
+    let sandbox = SandboxKey::for_tests(5);
+    bench.event(
+        SandboxEvent::Ready {
+            owner: run,
+            sandbox,
+        },
+        0,
+    );
+    assert_eq!(bench.sandboxes.discarded, vec![sandbox]);
+    assert!(bench.sandboxes.claims.is_empty());
+    assert!(bench.only_reply()["error"]
+        .as_str()
+        .unwrap()
+        .contains("killed before it started"));
+    assert_eq!(bench.state(id), Some(AgentState::Killed));
+}
+
+#[test]
+fn shutdown_stops_every_live_agent_and_restarts_none() {
+    let mut bench = Bench::new(2);
+    let a = bench.spawn(r#"{"name":"a","command":["/bin/true"],"restart_policy":"always"}"#);
+    let b = bench.spawn(r#"{"name":"b","command":["/bin/true"]}"#);
+    let (run_a, run_b) = (bench.runs(a, 0), bench.runs(b, 0));
+    bench.agents.begin_shutdown(
+        &mut bench.sandboxes,
+        &mut bench.replies,
+        Duration::from_secs(1),
+    );
+    assert_eq!(
+        bench.sandboxes.signals(),
+        vec![libc::SIGTERM, libc::SIGTERM]
+    );
+    bench.ended(run_a, Status::Exited(0), false, 0);
+    bench.ended(run_b, Status::Exited(0), false, 0);
+    assert_eq!(bench.state(a), Some(AgentState::Killed));
+    assert_eq!(bench.state(b), Some(AgentState::Killed));
+    let spawn = SpawnRequest::parse(TRUE.as_bytes()).unwrap();
+    let refused = bench
+        .agents
+        .spawn(
+            &mut bench.sandboxes,
+            OPERATOR,
+            spawn,
+            None,
+            ReplyTo::Task(2),
+        )
+        .unwrap_err();
+    assert_eq!(refused.code, ErrorCode::Unavailable);
+}
+
+#[test]
+fn a_live_name_is_taken_until_its_agent_ends() {
+    let mut bench = Bench::new(2);
+    let id = bench.spawn(TRUE);
+    let run = bench.runs(id, 0);
+    let again = SpawnRequest::parse(TRUE.as_bytes()).unwrap();
+    let refused = bench
+        .agents
+        .spawn(
+            &mut bench.sandboxes,
+            OPERATOR,
+            again,
+            None,
+            ReplyTo::Task(2),
+        )
+        .unwrap_err();
+    assert_eq!(refused.code, ErrorCode::AlreadyExists);
+    bench.ended(run, Status::Exited(0), false, 1);
+    bench.spawn(TRUE);
+}

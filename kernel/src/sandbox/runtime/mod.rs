@@ -1,0 +1,893 @@
+//! The sandbox runtime: everything that keeps sandboxes alive, for any
+//! owner — an agent's run today, an EXEC next.
+//!
+//! Sandboxes are prepared on the launch thread ([`launching`]): ahead of
+//! time for the warm pool ([`pool`]), or on demand for a shape the pool
+//! does not hold. An owner [`acquire`](Sandboxes::acquire)s one — at once
+//! from the pool, or later through a [`SandboxEvent::Ready`] — then
+//! *claims* it: the sandbox is told what to run and where its output goes,
+//! and its cgroup is renamed after the owner and given the owner's limits.
+//! Claiming a warm sandbox costs a few small writes, so a default SPAWN
+//! does not wait for namespaces, a root filesystem or a cgroup migration.
+//!
+//! Everything afterwards arrives as readiness of the runtime's own sources
+//! — a sandbox's pidfd (exit), its status pipe, its cgroup's OOM watch, a
+//! [`door`] — and leaves as [`SandboxEvent`]s for the owner, which the
+//! kernel collects with [`Runtime::take_events`]. The runtime never looks
+//! inside an owner: owners are opaque values of type `O`.
+//!
+//! Everything here runs on the reactor thread and never blocks, except
+//! [`Runtime::finish_shutdown`].
+
+pub mod door;
+mod handle;
+pub mod host;
+pub mod launching;
+mod pool;
+mod retire;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token, Waker};
+use slab::Slab;
+
+use crate::address::Outbox;
+use crate::cgroup::{CgroupLimits, CgroupStats};
+use crate::identity::{peer_cred, peer_pid_namespaces, Identity};
+use crate::process::{self, ProcessEnd};
+use crate::sandbox::confine::Confinement;
+use crate::sandbox::plan::{self, Profile, Shape, Workload};
+use crate::sandbox::spec::Bind;
+use crate::sandbox::view::{View, Viewer};
+use crate::sandbox::{Launcher, SandboxSpec, Status};
+use crate::timers::Timers;
+use door::Door;
+use handle::Sandbox;
+use host::Host;
+pub use launching::LaunchError;
+use launching::{LaunchDone, LaunchJob, LaunchThread};
+use pool::Pool;
+use retire::Retiring;
+
+/// How many tokens the runtime's sources may take, from its base.
+pub const TOKEN_SPAN: usize = 1 << 40;
+/// After a warm sandbox fails, wait this long before preparing another.
+const POOL_RETRY: Duration = Duration::from_secs(1);
+/// After a claim, wait this long before preparing its replacement: on a
+/// small machine, preparing a sandbox competes for the CPU with the
+/// workload just started and with the reply going out.
+const POOL_REFILL_DELAY: Duration = Duration::from_millis(20);
+
+/// Names a launched sandbox while it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SandboxKey(usize);
+
+/// Names an open door.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DoorKey(usize);
+
+#[cfg(test)]
+impl SandboxKey {
+    /// A key for unit tests of owners, whose fake runtime hands out its own.
+    pub fn for_tests(n: usize) -> SandboxKey {
+        SandboxKey(n)
+    }
+}
+
+#[cfg(test)]
+impl DoorKey {
+    /// A key for unit tests of owners.
+    pub fn for_tests(n: usize) -> DoorKey {
+        DoorKey(n)
+    }
+}
+
+/// What happened to an owner's sandbox.
+#[derive(Debug)]
+pub enum SandboxEvent<O> {
+    /// A sandbox the owner acquired is ready: claim it, or discard it.
+    Ready {
+        /// Whose it is.
+        owner: O,
+        /// The sandbox.
+        sandbox: SandboxKey,
+    },
+    /// No sandbox could be prepared for the owner.
+    Failed {
+        /// Whose it was to be.
+        owner: O,
+        /// Why.
+        error: LaunchError,
+    },
+    /// The claimed sandbox's init reported this.
+    Status {
+        /// Whose sandbox.
+        owner: O,
+        /// The report.
+        status: Status,
+    },
+    /// The memory limit killed a process in the claimed sandbox (told once
+    /// per claim).
+    OomKill {
+        /// Whose sandbox.
+        owner: O,
+    },
+    /// The claimed sandbox has ended; its cgroup is being removed.
+    Ended {
+        /// Whose sandbox.
+        owner: O,
+        /// How its init ended, if it could be reaped.
+        init: Option<ProcessEnd>,
+        /// Whether the memory limit killed a process since the claim.
+        oom_killed: bool,
+        /// What the cgroup counted (nothing current: it is all gone).
+        usage: CgroupStats,
+    },
+}
+
+/// What a claim gives the sandbox.
+#[derive(Debug)]
+pub struct ClaimOrder<'a> {
+    /// What to run.
+    pub workload: &'a Workload,
+    /// Where its output goes (opened for appending, created if need be).
+    pub log: &'a Path,
+    /// The cgroup's new name.
+    pub cgroup_name: String,
+    /// The cgroup's limits.
+    pub limits: CgroupLimits,
+    /// The door whose callers must come from this sandbox.
+    pub door: Option<DoorKey>,
+}
+
+/// What a successful claim tells the owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    /// The init's pid on the host.
+    pub pid: i32,
+}
+
+/// What owners ask of the runtime: the seam between an owner's policy and
+/// the machinery of sandboxes (unit tests of owners implement it without
+/// processes or root).
+pub trait Sandboxes<O> {
+    /// What the host supports.
+    fn host(&self) -> &Host;
+    /// What a workload of `shape` with these binds sees (`None`: it is not
+    /// sandboxed, so it sees the host).
+    fn view(&self, shape: Shape, binds: &[Bind]) -> Option<View>;
+    /// A sandbox of `shape` for `owner`: one from the pool at once, or
+    /// `None` and a [`SandboxEvent::Ready`] (or `Failed`) later.
+    fn acquire(&mut self, owner: O, shape: Shape, now: Instant) -> Option<SandboxKey>;
+    /// Takes a waiting owner out of the pool's queue; whether it was there
+    /// (if not, a sandbox is being prepared for it, or it has one).
+    fn withdraw(&mut self, owner: O) -> bool;
+    /// Gives the sandbox to `owner` and starts `order`'s workload in it.
+    /// On failure the sandbox is killed, still the owner's: its `Ended`
+    /// follows.
+    fn claim(
+        &mut self,
+        sandbox: SandboxKey,
+        owner: O,
+        order: ClaimOrder<'_>,
+    ) -> Result<Claimed, LaunchError>;
+    /// Kills a sandbox nobody will use.
+    fn discard(&mut self, sandbox: SandboxKey);
+    /// Signals a sandbox's init.
+    fn signal(&self, sandbox: SandboxKey, signal: i32);
+    /// What a sandbox's cgroup counts now.
+    fn usage(&self, sandbox: SandboxKey) -> Option<CgroupStats>;
+    /// Opens a door named `name` whose callers are `identity`.
+    fn open_door(&mut self, name: &str, identity: Identity) -> io::Result<DoorKey>;
+    /// Where a door is on the host.
+    fn door_path(&self, door: DoorKey) -> Option<&Path>;
+    /// Closes a door and removes its socket.
+    fn close_door(&mut self, door: DoorKey);
+}
+
+/// Who a launch is for.
+#[derive(Clone, Copy, Debug)]
+enum LaunchFor<O> {
+    /// The warm pool (or whoever waits for it first).
+    Pool,
+    /// This owner.
+    Owner(O),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    Exit(usize),
+    Status(usize),
+    Oom(usize),
+    Door(usize),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Deadline {
+    /// Try again to remove the cgroups of ended sandboxes.
+    SweepCgroups,
+    /// Prepare warm sandboxes (after a claim, or again after a failure).
+    RefillPool,
+}
+
+/// An open door and who comes through it.
+#[derive(Debug)]
+struct DoorEntry {
+    door: Door,
+    token: Token,
+    identity: Identity,
+    /// The pid namespace its callers must live in (set at each claim).
+    expected: Option<u64>,
+}
+
+/// How the runtime is set up.
+#[derive(Debug)]
+pub struct RuntimeSetup {
+    /// How sandboxes are built.
+    pub profile: Profile,
+    /// Sandboxes to keep warm.
+    pub warm_pool: usize,
+    /// Limits of a sandbox's cgroup until its claim sets the owner's.
+    pub default_limits: CgroupLimits,
+    /// The directory doors are made in.
+    pub doors: PathBuf,
+    /// The first of the runtime's [`TOKEN_SPAN`] tokens.
+    pub token_base: usize,
+}
+
+/// The sandbox runtime.
+#[derive(Debug)]
+pub struct Runtime<O> {
+    registry: Registry,
+    token_base: usize,
+    sources: Slab<Source>,
+    sandboxes: Slab<Sandbox<O>>,
+    pool: Pool<O>,
+    refill_pending: bool,
+    launches: LaunchThread,
+    pending: HashMap<u64, (LaunchFor<O>, Shape)>,
+    next_launch: u64,
+    deadlines: Timers<Deadline>,
+    retiring: Retiring,
+    doors: Slab<DoorEntry>,
+    doors_dir: PathBuf,
+    host: Host,
+    profile: Profile,
+    /// The spec of each shape, built once: the profile never changes, and
+    /// building it probes the host's system directories.
+    shapes: HashMap<Shape, SandboxSpec>,
+    /// Whose permissions a sandboxed workload has on the host's files.
+    viewer: Viewer,
+    default_limits: CgroupLimits,
+    events: Vec<SandboxEvent<O>>,
+    shutting_down: bool,
+}
+
+impl<O: Copy + PartialEq + Debug> Runtime<O> {
+    /// Starts the launch thread (finished launches wake `waker`) and the
+    /// first warm sandboxes. `registry` is the reactor's, for the
+    /// runtime's own sources.
+    pub fn new(
+        setup: RuntimeSetup,
+        host: Host,
+        registry: &Registry,
+        waker: Arc<Waker>,
+    ) -> io::Result<Runtime<O>> {
+        let launcher = Launcher::new(Path::new("/proc/self/exe"))?;
+        let viewer = match setup.profile.user {
+            Some(user) => Viewer {
+                uid: user.uid,
+                gid: user.gid,
+            },
+            None => Viewer {
+                uid: nix::unistd::geteuid().as_raw(),
+                gid: nix::unistd::getegid().as_raw(),
+            },
+        };
+        // Without namespaces there is nothing worth preparing ahead.
+        let warm = if host.has_namespaces() {
+            setup.warm_pool
+        } else {
+            0
+        };
+        let mut runtime = Runtime {
+            registry: registry.try_clone()?,
+            token_base: setup.token_base,
+            sources: Slab::new(),
+            sandboxes: Slab::new(),
+            pool: Pool::new(warm),
+            refill_pending: false,
+            launches: LaunchThread::start(launcher, host.cgroups.clone(), waker)?,
+            pending: HashMap::new(),
+            next_launch: 0,
+            deadlines: Timers::default(),
+            retiring: Retiring::default(),
+            doors: Slab::new(),
+            doors_dir: setup.doors,
+            shapes: Shape::ALL
+                .iter()
+                .map(|shape| (*shape, plan::sandbox(&setup.profile, *shape)))
+                .collect(),
+            profile: setup.profile,
+            host,
+            viewer,
+            default_limits: setup.default_limits,
+            events: Vec::new(),
+            shutting_down: false,
+        };
+        runtime.fill_pool();
+        Ok(runtime)
+    }
+
+    /// Whether a token is one of the runtime's.
+    pub fn owns(&self, token: Token) -> bool {
+        (self.token_base..self.token_base + TOKEN_SPAN).contains(&token.0)
+    }
+
+    /// How the kernel's own children are confined (`None`: this host gives
+    /// the daemon no namespaces, so they run as the daemon does).
+    pub fn confinement(&self) -> Option<Confinement> {
+        if !self.host.has_namespaces() {
+            return None;
+        }
+        Confinement::for_kernel_children(&self.profile)
+    }
+
+    /// Whether a process in these PID namespaces (its own first, then its
+    /// ancestors) lives inside one of the runtime's sandboxes.
+    pub fn is_inside_a_sandbox(&self, pid_namespaces: &[u64]) -> bool {
+        self.sandboxes
+            .iter()
+            .filter_map(|(_, sandbox)| sandbox.pid_namespace)
+            .any(|namespace| pid_namespaces.contains(&namespace))
+    }
+
+    /// What happened since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<SandboxEvent<O>> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Handles readiness of one of the runtime's tokens. Connections
+    /// accepted on doors go to `out`.
+    pub fn on_event(&mut self, token: Token, out: &mut Outbox) {
+        let now = Instant::now();
+        let Some(source) = self.sources.get(token.0 - self.token_base).copied() else {
+            return;
+        };
+        match source {
+            Source::Door(key) => self.knock(key, out),
+            Source::Status(key) => self.read_status(key),
+            Source::Exit(key) => self.exited(key, now),
+            Source::Oom(key) => self.oom_event(key),
+        }
+    }
+
+    /// Takes in the launches the launch thread has finished (after a
+    /// wake-up).
+    pub fn on_wake(&mut self) {
+        let now = Instant::now();
+        let finished: Vec<LaunchDone> = self.launches.completed().collect();
+        for done in finished {
+            self.launched(done, now);
+        }
+    }
+
+    /// How long until the earliest deadline.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        self.deadlines.time_to_next(now)
+    }
+
+    /// Handles the deadlines that are due.
+    pub fn on_deadlines(&mut self, now: Instant) {
+        while let Some(deadline) = self.deadlines.pop_due(now) {
+            match deadline {
+                Deadline::SweepCgroups => {
+                    if self.retiring.sweep() {
+                        self.schedule_sweep(now);
+                    }
+                }
+                Deadline::RefillPool => {
+                    self.refill_pending = false;
+                    self.fill_pool();
+                }
+            }
+        }
+    }
+
+    /// Stops preparing sandboxes and kills the parked ones.
+    pub fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+        for key in self.pool.drain() {
+            if let Some(sandbox) = self.sandboxes.get(key) {
+                sandbox.signal(libc::SIGKILL);
+            }
+        }
+    }
+
+    /// No sandbox process and no launch remains.
+    pub fn is_idle(&self) -> bool {
+        self.pending.is_empty() && self.sandboxes.is_empty()
+    }
+
+    /// Last step of shutdown (may block briefly): kills what remains and
+    /// removes cgroups and doors.
+    pub fn finish_shutdown(&mut self) {
+        // Launches still in flight come back and are killed at once.
+        while !self.pending.is_empty() {
+            let Some(done) = self.launches.wait_completed(Duration::from_secs(2)) else {
+                break;
+            };
+            self.pending.remove(&done.seq);
+            if let Ok((launched, cgroup)) = done.result {
+                let _ = process::signal(launched.pidfd.as_fd(), libc::SIGKILL);
+                process::wait(launched.pidfd.as_fd(), true);
+                if let Some(cgroup) = cgroup {
+                    retire::remove_now(&cgroup);
+                }
+            }
+        }
+        for mut sandbox in self.sandboxes.drain() {
+            sandbox.signal(libc::SIGKILL);
+            process::wait(sandbox.pidfd.as_fd(), true);
+            let _ = self
+                .registry
+                .deregister(&mut SourceFd(&sandbox.pidfd.as_raw_fd()));
+            if let Some(cgroup) = sandbox.cgroup.take() {
+                retire::remove_now(&cgroup);
+            }
+        }
+        self.retiring.remove_all();
+        self.doors.clear();
+        if let Some(cgroups) = &self.host.cgroups {
+            cgroups.shutdown();
+        }
+    }
+
+    // ---- launches and the pool -----------------------------------------
+
+    /// Asks the launch thread for a sandbox of `shape`.
+    fn launch(&mut self, for_whom: LaunchFor<O>, shape: Shape) {
+        let seq = self.next_launch;
+        self.next_launch += 1;
+        let cgroup = (shape.sandboxed && self.host.cgroups.is_some())
+            .then(|| (format!("sandbox-{seq}"), self.default_limits));
+        self.pending.insert(seq, (for_whom, shape));
+        self.launches.submit(LaunchJob {
+            seq,
+            spec: self.shapes[&shape].clone(),
+            cgroup,
+            map_to: if shape.sandboxed {
+                self.host.map_to
+            } else {
+                None
+            },
+        });
+    }
+
+    /// Keeps the warm pool at its size.
+    fn fill_pool(&mut self) {
+        if self.shutting_down || self.refill_pending {
+            return;
+        }
+        let coming = self
+            .pending
+            .values()
+            .filter(|(f, _)| matches!(f, LaunchFor::Pool))
+            .count();
+        for _ in 0..self.pool.shortfall(coming) {
+            self.launch(LaunchFor::Pool, Shape::DEFAULT);
+        }
+    }
+
+    /// Refills the pool after `delay` (unless a refill is already due).
+    fn refill_later(&mut self, now: Instant, delay: Duration) {
+        if !self.refill_pending {
+            self.refill_pending = true;
+            self.deadlines.schedule(now + delay, Deadline::RefillPool);
+        }
+    }
+
+    fn schedule_sweep(&mut self, now: Instant) {
+        self.deadlines
+            .schedule(now + retire::RETRY_EVERY, Deadline::SweepCgroups);
+    }
+
+    /// A sandbox came back from the launch thread.
+    fn launched(&mut self, done: LaunchDone, now: Instant) {
+        let Some((for_whom, shape)) = self.pending.remove(&done.seq) else {
+            return;
+        };
+        let (launched, cgroup) = match done.result {
+            Ok(result) => result,
+            Err(error) => {
+                log::error!("{error}");
+                let owner = match for_whom {
+                    LaunchFor::Pool => {
+                        self.refill_later(now, POOL_RETRY);
+                        self.pool.next_waiting()
+                    }
+                    LaunchFor::Owner(owner) => Some(owner),
+                };
+                if let Some(owner) = owner {
+                    self.events.push(SandboxEvent::Failed { owner, error });
+                }
+                return;
+            }
+        };
+        let pid_namespace = shape
+            .sandboxed
+            .then(|| process::pid_namespace_of(launched.pid))
+            .flatten();
+        let key = self.sandboxes.vacant_entry().key();
+        let exit_token = self.token(Source::Exit(key));
+        let status_token = self.token(Source::Status(key));
+        let registered =
+            watch(&self.registry, launched.pidfd.as_raw_fd(), exit_token).and_then(|()| {
+                watch(
+                    &self.registry,
+                    launched.status.fd().as_raw_fd(),
+                    status_token,
+                )
+            });
+        self.sandboxes.insert(Sandbox {
+            pid: launched.pid,
+            pidfd: launched.pidfd,
+            exit_token,
+            status: Some((launched.status, status_token)),
+            control: launched.control,
+            cgroup,
+            shape,
+            serving: None,
+            pid_namespace,
+            oom_watch: None,
+            oom_baseline: 0,
+            oom_reported: false,
+        });
+        if let Err(err) = registered {
+            log::error!("cannot watch a new sandbox: {err}");
+            self.discard(SandboxKey(key));
+            if let LaunchFor::Owner(owner) = for_whom {
+                let error = LaunchError::Watch(err);
+                self.events.push(SandboxEvent::Failed { owner, error });
+            }
+            return;
+        }
+        let owner = match for_whom {
+            LaunchFor::Owner(owner) => owner,
+            LaunchFor::Pool => match self.pool.next_waiting() {
+                Some(owner) => {
+                    self.refill_later(now, POOL_REFILL_DELAY);
+                    owner
+                }
+                None if self.shutting_down => return self.discard(SandboxKey(key)),
+                None => return self.pool.park(key),
+            },
+        };
+        self.events.push(SandboxEvent::Ready {
+            owner,
+            sandbox: SandboxKey(key),
+        });
+    }
+
+    // ---- events from sandboxes -----------------------------------------
+
+    /// Status lines from a sandbox's init.
+    fn read_status(&mut self, key: usize) {
+        let Some(sandbox) = self.sandboxes.get_mut(key) else {
+            return;
+        };
+        let Some((reader, token)) = sandbox.status.as_mut() else {
+            return;
+        };
+        let token = *token;
+        let (statuses, closed) = reader.read_available();
+        if closed {
+            if let Some((reader, _)) = sandbox.status.take() {
+                let _ = self
+                    .registry
+                    .deregister(&mut SourceFd(&reader.fd().as_raw_fd()));
+            }
+            self.sources.try_remove(token.0 - self.token_base);
+        }
+        match sandbox.serving {
+            Some(owner) => self.events.extend(
+                statuses
+                    .into_iter()
+                    .map(|status| SandboxEvent::Status { owner, status }),
+            ),
+            None => {
+                for status in statuses {
+                    if let Status::Error { message, .. } = status {
+                        log::error!("warm sandbox (pid {}) failed: {message}", sandbox.pid);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A sandbox's init exited.
+    fn exited(&mut self, key: usize, now: Instant) {
+        // Take in what the status pipe still holds: how the workload ended.
+        self.read_status(key);
+        if !self.sandboxes.contains(key) {
+            return;
+        }
+        let mut sandbox = self.sandboxes.remove(key);
+        let init = process::wait(sandbox.pidfd.as_fd(), false);
+        self.forget_source(sandbox.pidfd.as_raw_fd(), sandbox.exit_token);
+        if let Some((reader, token)) = sandbox.status.take() {
+            self.forget_source(reader.fd().as_raw_fd(), token);
+        }
+        if let Some((watch, token)) = sandbox.oom_watch.take() {
+            self.forget_source(watch.as_raw_fd(), token);
+        }
+        let oom_killed = sandbox.oom_killed();
+        let usage = sandbox
+            .cgroup
+            .as_ref()
+            .map_or_else(CgroupStats::default, |c| CgroupStats {
+                memory_current: 0,
+                pids_current: 0,
+                ..c.stats()
+            });
+        if let Some(cgroup) = sandbox.cgroup.take() {
+            if self.retiring.retire(cgroup) {
+                self.schedule_sweep(now);
+            }
+        }
+        if self.pool.remove(key) {
+            log::warn!("a warm sandbox (pid {}) ended: {init:?}", sandbox.pid);
+            self.refill_later(now, POOL_RETRY);
+        }
+        if let Some(owner) = sandbox.serving {
+            self.events.push(SandboxEvent::Ended {
+                owner,
+                init,
+                oom_killed,
+                usage,
+            });
+        }
+    }
+
+    fn oom_event(&mut self, key: usize) {
+        let Some(sandbox) = self.sandboxes.get_mut(key) else {
+            return;
+        };
+        let (Some(cgroup), Some((watch, _))) = (&sandbox.cgroup, &sandbox.oom_watch) else {
+            return;
+        };
+        cgroup.drain_watch(watch);
+        if cgroup.oom_kills() > sandbox.oom_baseline && !sandbox.oom_reported {
+            sandbox.oom_reported = true;
+            if let Some(owner) = sandbox.serving {
+                self.events.push(SandboxEvent::OomKill { owner });
+            }
+        }
+    }
+
+    /// Connections on a door: admitted as the door's identity if they come
+    /// from inside the sandbox it serves.
+    fn knock(&mut self, key: usize, out: &mut Outbox) {
+        let Some(entry) = self.doors.get(key) else {
+            return;
+        };
+        loop {
+            match entry.door.listener.accept() {
+                Ok((stream, _)) => {
+                    if let Some(expected) = entry.expected {
+                        let inside = peer_cred(&stream)
+                            .and_then(|peer| peer_pid_namespaces(&stream, &peer))
+                            .ok()
+                            .flatten()
+                            .is_some_and(|chain| chain.contains(&expected));
+                        if !inside {
+                            log::warn!(
+                                "{:?}: refusing a connection on its socket from outside its \
+                                 sandbox",
+                                entry.identity
+                            );
+                            continue;
+                        }
+                    }
+                    out.adopted.push((stream, entry.identity));
+                }
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => {
+                    log::warn!("{:?}: accept failed: {err}", entry.identity);
+                    return;
+                }
+            }
+        }
+    }
+
+    // ---- sources -------------------------------------------------------
+
+    /// A token for a new source.
+    fn token(&mut self, source: Source) -> Token {
+        Token(self.token_base + self.sources.insert(source))
+    }
+
+    /// Stops watching a descriptor and frees its token.
+    fn forget_source(&mut self, fd: RawFd, token: Token) {
+        let _ = self.registry.deregister(&mut SourceFd(&fd));
+        self.sources.try_remove(token.0 - self.token_base);
+    }
+
+    /// Watches the claimed sandbox's cgroup for OOM kills.
+    fn watch_oom(&mut self, key: usize) {
+        let Some(fd) = self
+            .sandboxes
+            .get(key)
+            .and_then(|s| s.cgroup.as_ref())
+            .and_then(|c| {
+                c.watch_oom()
+                    .map_err(|err| log::warn!("sandbox {key}: no OOM watch: {err}"))
+                    .ok()
+            })
+        else {
+            return;
+        };
+        let token = self.token(Source::Oom(key));
+        if watch(&self.registry, fd.as_raw_fd(), token).is_err() {
+            self.sources.try_remove(token.0 - self.token_base);
+            return;
+        }
+        if let Some(sandbox) = self.sandboxes.get_mut(key) {
+            sandbox.oom_watch = Some((fd, token));
+        }
+    }
+}
+
+impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
+    fn host(&self) -> &Host {
+        &self.host
+    }
+
+    fn view(&self, shape: Shape, binds: &[Bind]) -> Option<View> {
+        let root = self.shapes.get(&shape)?.root.as_ref()?;
+        Some(View::of(root, binds, self.viewer))
+    }
+
+    fn acquire(&mut self, owner: O, shape: Shape, now: Instant) -> Option<SandboxKey> {
+        if shape != Shape::DEFAULT {
+            self.launch(LaunchFor::Owner(owner), shape);
+            return None;
+        }
+        match self.pool.take() {
+            Some(key) => {
+                self.refill_later(now, POOL_REFILL_DELAY);
+                Some(SandboxKey(key))
+            }
+            None => {
+                self.pool.wait(owner);
+                self.launch(LaunchFor::Pool, shape);
+                None
+            }
+        }
+    }
+
+    fn withdraw(&mut self, owner: O) -> bool {
+        self.pool.withdraw(&owner)
+    }
+
+    fn claim(
+        &mut self,
+        key: SandboxKey,
+        owner: O,
+        order: ClaimOrder<'_>,
+    ) -> Result<Claimed, LaunchError> {
+        let Some(sandbox) = self.sandboxes.get_mut(key.0) else {
+            return Err(LaunchError::Gone);
+        };
+        sandbox.serving = Some(owner);
+        if let Some(door) = order.door.and_then(|door| self.doors.get_mut(door.0)) {
+            door.expected = sandbox.pid_namespace;
+        }
+        // The claim goes first: the init enters its root while the cgroup
+        // is named and limited here; it starts the workload only after.
+        let sent = open_log(order.log)
+            .and_then(|log| {
+                sandbox
+                    .control
+                    .claim(&plan::claim(sandbox.shape, order.workload), &log)
+                    .map_err(LaunchError::Claim)
+            })
+            .and_then(|()| match sandbox.cgroup.as_mut() {
+                Some(cgroup) => cgroup
+                    .rename(&order.cgroup_name)
+                    .and_then(|()| cgroup.apply(&order.limits))
+                    .map_err(LaunchError::ClaimCgroup),
+                None => Ok(()),
+            })
+            .and_then(|()| sandbox.control.start().map_err(LaunchError::Go));
+        sandbox.oom_baseline = sandbox.cgroup.as_ref().map_or(0, |c| c.oom_kills());
+        if let Err(error) = sent {
+            sandbox.signal(libc::SIGKILL);
+            return Err(error);
+        }
+        let claimed = Claimed { pid: sandbox.pid };
+        self.watch_oom(key.0);
+        Ok(claimed)
+    }
+
+    fn discard(&mut self, key: SandboxKey) {
+        if let Some(sandbox) = self.sandboxes.get_mut(key.0) {
+            sandbox.serving = None;
+            sandbox.signal(libc::SIGKILL);
+        }
+        self.pool.remove(key.0);
+    }
+
+    fn signal(&self, key: SandboxKey, signal: i32) {
+        if let Some(sandbox) = self.sandboxes.get(key.0) {
+            sandbox.signal(signal);
+        }
+    }
+
+    fn usage(&self, key: SandboxKey) -> Option<CgroupStats> {
+        self.sandboxes
+            .get(key.0)?
+            .cgroup
+            .as_ref()
+            .map(|c| c.stats())
+    }
+
+    fn open_door(&mut self, name: &str, identity: Identity) -> io::Result<DoorKey> {
+        let door = Door::open(&self.doors_dir, name)?;
+        let entry = self.doors.vacant_entry();
+        let key = entry.key();
+        let token = Token(self.token_base + self.sources.insert(Source::Door(key)));
+        if let Err(err) = watch(&self.registry, door.listener.as_raw_fd(), token) {
+            self.sources.try_remove(token.0 - self.token_base);
+            return Err(err);
+        }
+        entry.insert(DoorEntry {
+            door,
+            token,
+            identity,
+            expected: None,
+        });
+        Ok(DoorKey(key))
+    }
+
+    fn door_path(&self, door: DoorKey) -> Option<&Path> {
+        self.doors.get(door.0).map(|entry| entry.door.path())
+    }
+
+    fn close_door(&mut self, door: DoorKey) {
+        if let Some(entry) = self.doors.try_remove(door.0) {
+            self.forget_source(entry.door.listener.as_raw_fd(), entry.token);
+        }
+    }
+}
+
+/// Registers `fd` for readability under `token`.
+fn watch(registry: &Registry, fd: RawFd, token: Token) -> io::Result<()> {
+    registry.register(&mut SourceFd(&fd), token, Interest::READABLE)
+}
+
+/// Opens a workload's log for the sandbox to write.
+fn open_log(path: &Path) -> Result<File, LaunchError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o640)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| LaunchError::Log {
+            path: path.to_path_buf(),
+            source,
+        })
+}

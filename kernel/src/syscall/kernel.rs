@@ -1,0 +1,254 @@
+//! The kernel's state and the one place its subsystems are wired: the
+//! sandbox runtime, the agents table and THINK. The reactor knows only
+//! this interface — requests in ([`Kernel::dispatch`]), readiness of the
+//! kernel's own sources, wake-ups, deadlines, closed connections and
+//! shutdown in, replies and adopted connections out
+//! ([`Kernel::take_output`]). Adding a subsystem means adding it here.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentos_proto::Opcode;
+use mio::{Registry, Token, Waker};
+
+use crate::address::{Outbox, Reply, ReplyTo};
+use crate::agents::{cgroup_limits, default_limits, Agents, Run};
+use crate::config::Config;
+use crate::llm::Llm;
+use crate::sandbox::plan::Profile;
+use crate::sandbox::runtime::host::Host;
+use crate::sandbox::runtime::{Runtime, RuntimeSetup};
+use crate::sandbox::spec::Rlimits;
+use crate::sandbox::User;
+use crate::state_dir::{kernel_files, StateDir};
+
+/// The kernel state syscalls act on. Owned by the reactor thread.
+#[derive(Debug)]
+pub struct Kernel {
+    pub(super) config: Config,
+    pub(super) deferred: Vec<Opcode>,
+    state: StateDir,
+    /// Sandboxes, for agents' runs.
+    pub(super) sandboxes: Runtime<Run>,
+    pub(super) agents: Agents,
+    pub(super) llm: Llm,
+    /// What is ready for the reactor.
+    pub(super) outbox: Outbox,
+    /// Replies addressed to tasks, by task id, until they are collected.
+    task_replies: HashMap<u64, Vec<Vec<u8>>>,
+}
+
+impl Kernel {
+    /// Kernel state for `config`: probes the host, makes the state
+    /// directory beside the kernel's `socket`, and starts the subsystems.
+    /// The kernel's own event sources are registered with `registry` under
+    /// tokens from `token_base` on; finished background work wakes `waker`.
+    pub fn new(
+        config: Config,
+        registry: &Registry,
+        waker: Arc<Waker>,
+        socket: &Path,
+        token_base: usize,
+    ) -> io::Result<Kernel> {
+        let deferred = config.deferred_opcodes();
+        let host = Host::probe();
+        let state = StateDir::fresh(socket)?;
+        let agents = Agents::new(&config)?;
+        let log_dir = config.agents.log_dir();
+        let profile = sandbox_profile(&config, &host, &state, socket);
+        let setup = RuntimeSetup {
+            profile,
+            warm_pool: config.agents.warm_pool,
+            default_limits: cgroup_limits(&default_limits(&config)),
+            doors: state.doors.clone(),
+            token_base,
+        };
+        let sandboxes = Runtime::new(setup, host, registry, waker.clone())?;
+        let llm = Llm::new(&config.llm, waker, &log_dir, sandboxes.confinement());
+        Ok(Kernel {
+            config,
+            deferred,
+            state,
+            sandboxes,
+            agents,
+            llm,
+            outbox: Outbox::default(),
+            task_replies: HashMap::new(),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Whether a token is one of the kernel's own sources.
+    pub fn owns(&self, token: Token) -> bool {
+        self.sandboxes.owns(token)
+    }
+
+    /// Whether a process in these PID namespaces (its own first, then its
+    /// ancestors) lives inside one of the kernel's sandboxes.
+    pub fn is_inside_a_sandbox(&self, pid_namespaces: &[u64]) -> bool {
+        self.sandboxes.is_inside_a_sandbox(pid_namespaces)
+    }
+
+    /// Readiness of one of the kernel's own sources.
+    pub fn on_event(&mut self, token: Token) {
+        self.sandboxes.on_event(token, &mut self.outbox);
+        self.settle(Instant::now());
+    }
+
+    /// Background work finished: launches, LLM calls.
+    pub fn on_wake(&mut self) {
+        self.sandboxes.on_wake();
+        self.llm.poll(&mut self.outbox.replies);
+        self.settle(Instant::now());
+    }
+
+    /// How long until the kernel's earliest deadline.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        [
+            self.sandboxes.next_deadline(now),
+            self.agents.next_deadline(now),
+            self.llm.next_deadline(now),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Handles the deadlines that are due (cheap when none is: it runs on
+    /// every turn of the reactor).
+    pub fn on_deadlines(&mut self, now: Instant) {
+        self.sandboxes.on_deadlines(now);
+        self.agents.on_deadlines(&mut self.sandboxes, now);
+        self.llm.on_deadlines(now, &mut self.outbox.replies);
+        self.settle(now);
+    }
+
+    /// A connection closed: work queued only for it is dropped.
+    pub fn connection_closed(&mut self, serial: u64) {
+        self.llm.connection_closed(serial);
+    }
+
+    /// Stops everything that runs: sandboxes, agents (within `grace`).
+    pub fn begin_shutdown(&mut self, grace: Duration) {
+        self.sandboxes.begin_shutdown();
+        self.agents
+            .begin_shutdown(&mut self.sandboxes, &mut self.outbox.replies, grace);
+        self.settle(Instant::now());
+    }
+
+    /// Nothing the kernel started is still running.
+    pub fn is_idle(&self) -> bool {
+        self.sandboxes.is_idle()
+    }
+
+    /// Last step of shutdown (may block briefly): kills what remains,
+    /// removes cgroups and the state directory, stops THINK.
+    pub fn finish_shutdown(&mut self) {
+        self.sandboxes.finish_shutdown();
+        self.llm.shutdown();
+        self.state.remove();
+    }
+
+    /// What is ready for the reactor: replies to connections' requests, and
+    /// connections accepted on agents' sockets. Replies addressed to tasks
+    /// stay with the kernel.
+    pub fn take_output(&mut self) -> Outbox {
+        let mut outbox = std::mem::take(&mut self.outbox);
+        for (task, payload) in keep_task_replies(&mut outbox.replies) {
+            self.task_replies.entry(task).or_default().push(payload);
+        }
+        outbox
+    }
+
+    /// Replies delivered to a task so far, oldest first (taken).
+    pub fn task_replies(&mut self, task: u64) -> Vec<Vec<u8>> {
+        self.task_replies.remove(&task).unwrap_or_default()
+    }
+
+    /// Hands the sandbox runtime's events to their owners, until none is
+    /// left (handling one may cause another).
+    fn settle(&mut self, now: Instant) {
+        loop {
+            let events = self.sandboxes.take_events();
+            if events.is_empty() {
+                return;
+            }
+            for event in events {
+                self.agents
+                    .on_sandbox(&mut self.sandboxes, &mut self.outbox.replies, event, now);
+            }
+        }
+    }
+}
+
+/// Takes the replies addressed to tasks out of `replies`, in order.
+fn keep_task_replies(replies: &mut Vec<Reply>) -> Vec<(u64, Vec<u8>)> {
+    let mut tasks = Vec::new();
+    replies.retain_mut(|(to, payload)| match to {
+        ReplyTo::Task(task) => {
+            tasks.push((*task, std::mem::take(payload)));
+            false
+        }
+        ReplyTo::Request { .. } => true,
+    });
+    tasks
+}
+
+/// How agents' sandboxes are built on this host.
+fn sandbox_profile(config: &Config, host: &Host, state: &StateDir, socket: &Path) -> Profile {
+    let agents = &config.agents;
+    let root = nix::unistd::geteuid().is_root();
+    let log_dir = agents.log_dir();
+    Profile {
+        staging: state.staging.clone(),
+        user: root.then_some(User {
+            uid: agents.uid,
+            gid: agents.gid,
+        }),
+        user_namespace: host.map_to.is_some(),
+        tmp_size: agents.tmp_bytes,
+        workspace_size: agents.workspace_bytes,
+        rlimits: Rlimits {
+            nofile: agents.nofile,
+            fsize: agents.max_file_bytes,
+        },
+        log_cap: agents.log_bytes,
+        extra_masks: kernel_files(config, socket, &state.root, &log_dir),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::address::ConnKey;
+
+    #[test]
+    fn replies_to_tasks_stay_with_the_kernel_and_the_rest_keep_their_order() {
+        let request = |seq| ReplyTo::Request {
+            conn: ConnKey {
+                index: 0,
+                serial: 7,
+            },
+            seq,
+        };
+        let mut replies = vec![
+            (request(1), b"a".to_vec()),
+            (ReplyTo::Task(3), b"b".to_vec()),
+            (request(2), b"c".to_vec()),
+            (ReplyTo::Task(3), b"d".to_vec()),
+        ];
+        let tasks = keep_task_replies(&mut replies);
+        assert_eq!(
+            replies,
+            vec![(request(1), b"a".to_vec()), (request(2), b"c".to_vec())]
+        );
+        assert_eq!(tasks, vec![(3, b"b".to_vec()), (3, b"d".to_vec())]);
+    }
+}
