@@ -15,6 +15,7 @@ pub mod call;
 
 pub mod local;
 pub mod provider;
+mod reply;
 pub mod retry;
 pub mod scheduler;
 
@@ -23,9 +24,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{
-    to_json, ChatMessage, LlmInfo, LlmStats, ThinkReply, ThinkRequest, Usage,
-};
+use agentos_proto::payload::{ChatMessage, LlmInfo, LlmStats, ThinkRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::Waker;
 
@@ -36,6 +35,7 @@ use self::provider::anthropic::Anthropic;
 use self::provider::gemini::Gemini;
 use self::provider::openai::OpenAi;
 use self::provider::{Chat, Completion, Failure, Provider};
+use self::reply::{answered, failed};
 use self::scheduler::{FlowId, Full, Scheduler, Waiting};
 use crate::address::ReplyTo;
 use crate::config::llm::{LlmConfig, ProviderKind};
@@ -634,46 +634,10 @@ fn estimate_prompt_tokens(chat: &Chat) -> u64 {
     (characters as u64).div_ceil(4) + 4 * chat.messages.len() as u64 + TEMPLATE_TOKENS
 }
 
-fn answered(completion: Completion, asked: &str, queue: Duration, latency: Duration) -> Vec<u8> {
-    let Completion {
-        content,
-        usage,
-        model,
-    } = completion;
-    to_json(&ThinkReply {
-        success: true,
-        content,
-        tokens: usage.total_tokens,
-        error: None,
-        code: None,
-        usage: Some(usage),
-        model: Some(if model.is_empty() {
-            asked.to_owned()
-        } else {
-            model
-        }),
-        queue_ms: Some(queue.as_millis() as u64),
-        latency_ms: Some(latency.as_millis() as u64),
-    })
-}
-
-fn failed(failure: &Failure, model: &str, queue: Duration, latency: Duration) -> Vec<u8> {
-    to_json(&ThinkReply {
-        success: false,
-        content: String::new(),
-        tokens: 0,
-        error: Some(failure.message.clone()),
-        code: Some(failure.code),
-        usage: Some(Usage::default()),
-        model: Some(model.to_owned()),
-        queue_ms: Some(queue.as_millis() as u64),
-        latency_ms: Some(latency.as_millis() as u64),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentos_proto::payload::Usage;
 
     fn in_flight(estimate: u64, prompt_estimate: u64) -> InFlight {
         InFlight {

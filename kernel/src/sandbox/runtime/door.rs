@@ -11,6 +11,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use mio::net::UnixListener;
+use mio::Token;
+
+use crate::address::Outbox;
+use crate::identity::{peer_cred, peer_pid_namespaces, Identity};
 
 /// A listening socket for one caller; removed from disk when dropped.
 #[derive(Debug)]
@@ -45,5 +49,54 @@ impl Door {
 impl Drop for Door {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// An open door and who comes through it.
+#[derive(Debug)]
+pub struct DoorEntry {
+    /// The socket.
+    pub door: Door,
+    /// Its listener's token.
+    pub token: Token,
+    /// Who comes through it.
+    pub identity: Identity,
+    /// The pid namespace its callers must live in (set at each claim).
+    pub expected: Option<u64>,
+}
+
+impl DoorEntry {
+    /// Accepts what is waiting: connections from inside the sandbox the
+    /// door serves are handed over as the door's identity, others refused.
+    pub fn accept_all(&self, out: &mut Outbox) {
+        let entry = self;
+        loop {
+            match entry.door.listener.accept() {
+                Ok((stream, _)) => {
+                    if let Some(expected) = entry.expected {
+                        let inside = peer_cred(&stream)
+                            .and_then(|peer| peer_pid_namespaces(&stream, &peer))
+                            .ok()
+                            .flatten()
+                            .is_some_and(|chain| chain.contains(&expected));
+                        if !inside {
+                            log::warn!(
+                                "{:?}: refusing a connection on its socket from outside its \
+                                 sandbox",
+                                entry.identity
+                            );
+                            continue;
+                        }
+                    }
+                    out.adopted.push((stream, entry.identity));
+                }
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => {
+                    log::warn!("{:?}: accept failed: {err}", entry.identity);
+                    return;
+                }
+            }
+        }
     }
 }

@@ -25,13 +25,12 @@ pub mod host;
 pub mod launching;
 mod pool;
 mod retire;
+mod seam;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,21 +41,20 @@ use slab::Slab;
 
 use crate::address::Outbox;
 use crate::cgroup::{CgroupLimits, CgroupStats};
-use crate::identity::{peer_cred, peer_pid_namespaces, Identity};
-use crate::process::{self, ProcessEnd};
+use crate::process;
 use crate::sandbox::confine::Confinement;
-use crate::sandbox::plan::{self, Profile, Shape, Workload};
-use crate::sandbox::spec::Bind;
-use crate::sandbox::view::{View, Viewer};
+use crate::sandbox::plan::{self, Profile, Shape};
+use crate::sandbox::view::Viewer;
 use crate::sandbox::{Launcher, SandboxSpec, Status};
 use crate::timers::Timers;
-use door::Door;
+use door::DoorEntry;
 use handle::Sandbox;
 use host::Host;
 pub use launching::LaunchError;
 use launching::{LaunchDone, LaunchJob, LaunchThread};
 use pool::Pool;
 use retire::Retiring;
+pub use seam::{ClaimOrder, Claimed, DoorKey, SandboxEvent, SandboxKey, Sandboxes};
 
 /// How many tokens the runtime's sources may take, from its base.
 pub const TOKEN_SPAN: usize = 1 << 40;
@@ -66,133 +64,6 @@ const POOL_RETRY: Duration = Duration::from_secs(1);
 /// small machine, preparing a sandbox competes for the CPU with the
 /// workload just started and with the reply going out.
 const POOL_REFILL_DELAY: Duration = Duration::from_millis(20);
-
-/// Names a launched sandbox while it lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SandboxKey(usize);
-
-/// Names an open door.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DoorKey(usize);
-
-#[cfg(test)]
-impl SandboxKey {
-    /// A key for unit tests of owners, whose fake runtime hands out its own.
-    pub fn for_tests(n: usize) -> SandboxKey {
-        SandboxKey(n)
-    }
-}
-
-#[cfg(test)]
-impl DoorKey {
-    /// A key for unit tests of owners.
-    pub fn for_tests(n: usize) -> DoorKey {
-        DoorKey(n)
-    }
-}
-
-/// What happened to an owner's sandbox.
-#[derive(Debug)]
-pub enum SandboxEvent<O> {
-    /// A sandbox the owner acquired is ready: claim it, or discard it.
-    Ready {
-        /// Whose it is.
-        owner: O,
-        /// The sandbox.
-        sandbox: SandboxKey,
-    },
-    /// No sandbox could be prepared for the owner.
-    Failed {
-        /// Whose it was to be.
-        owner: O,
-        /// Why.
-        error: LaunchError,
-    },
-    /// The claimed sandbox's init reported this.
-    Status {
-        /// Whose sandbox.
-        owner: O,
-        /// The report.
-        status: Status,
-    },
-    /// The memory limit killed a process in the claimed sandbox (told once
-    /// per claim).
-    OomKill {
-        /// Whose sandbox.
-        owner: O,
-    },
-    /// The claimed sandbox has ended; its cgroup is being removed.
-    Ended {
-        /// Whose sandbox.
-        owner: O,
-        /// How its init ended, if it could be reaped.
-        init: Option<ProcessEnd>,
-        /// Whether the memory limit killed a process since the claim.
-        oom_killed: bool,
-        /// What the cgroup counted (nothing current: it is all gone).
-        usage: CgroupStats,
-    },
-}
-
-/// What a claim gives the sandbox.
-#[derive(Debug)]
-pub struct ClaimOrder<'a> {
-    /// What to run.
-    pub workload: &'a Workload,
-    /// Where its output goes (opened for appending, created if need be).
-    pub log: &'a Path,
-    /// The cgroup's new name.
-    pub cgroup_name: String,
-    /// The cgroup's limits.
-    pub limits: CgroupLimits,
-    /// The door whose callers must come from this sandbox.
-    pub door: Option<DoorKey>,
-}
-
-/// What a successful claim tells the owner.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Claimed {
-    /// The init's pid on the host.
-    pub pid: i32,
-}
-
-/// What owners ask of the runtime: the seam between an owner's policy and
-/// the machinery of sandboxes (unit tests of owners implement it without
-/// processes or root).
-pub trait Sandboxes<O> {
-    /// What the host supports.
-    fn host(&self) -> &Host;
-    /// What a workload of `shape` with these binds sees (`None`: it is not
-    /// sandboxed, so it sees the host).
-    fn view(&self, shape: Shape, binds: &[Bind]) -> Option<View>;
-    /// A sandbox of `shape` for `owner`: one from the pool at once, or
-    /// `None` and a [`SandboxEvent::Ready`] (or `Failed`) later.
-    fn acquire(&mut self, owner: O, shape: Shape, now: Instant) -> Option<SandboxKey>;
-    /// Takes a waiting owner out of the pool's queue; whether it was there
-    /// (if not, a sandbox is being prepared for it, or it has one).
-    fn withdraw(&mut self, owner: O) -> bool;
-    /// Gives the sandbox to `owner` and starts `order`'s workload in it.
-    /// On failure the sandbox is killed, still the owner's: its `Ended`
-    /// follows.
-    fn claim(
-        &mut self,
-        sandbox: SandboxKey,
-        owner: O,
-        order: ClaimOrder<'_>,
-    ) -> Result<Claimed, LaunchError>;
-    /// Kills a sandbox nobody will use.
-    fn discard(&mut self, sandbox: SandboxKey);
-    /// Signals a sandbox's init.
-    fn signal(&self, sandbox: SandboxKey, signal: i32);
-    /// What a sandbox's cgroup counts now.
-    fn usage(&self, sandbox: SandboxKey) -> Option<CgroupStats>;
-    /// Opens a door named `name` whose callers are `identity`.
-    fn open_door(&mut self, name: &str, identity: Identity) -> io::Result<DoorKey>;
-    /// Where a door is on the host.
-    fn door_path(&self, door: DoorKey) -> Option<&Path>;
-    /// Closes a door and removes its socket.
-    fn close_door(&mut self, door: DoorKey);
-}
 
 /// Who a launch is for.
 #[derive(Clone, Copy, Debug)]
@@ -217,16 +88,6 @@ enum Deadline {
     SweepCgroups,
     /// Prepare warm sandboxes (after a claim, or again after a failure).
     RefillPool,
-}
-
-/// An open door and who comes through it.
-#[derive(Debug)]
-struct DoorEntry {
-    door: Door,
-    token: Token,
-    identity: Identity,
-    /// The pid namespace its callers must live in (set at each claim).
-    expected: Option<u64>,
 }
 
 /// How the runtime is set up.
@@ -364,7 +225,11 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
             return;
         };
         match source {
-            Source::Door(key) => self.knock(key, out),
+            Source::Door(key) => {
+                if let Some(door) = self.doors.get(key) {
+                    door.accept_all(out);
+                }
+            }
             Source::Status(key) => self.read_status(key),
             Source::Exit(key) => self.exited(key, now),
             Source::Oom(key) => self.oom_event(key),
@@ -674,42 +539,6 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
         }
     }
 
-    /// Connections on a door: admitted as the door's identity if they come
-    /// from inside the sandbox it serves.
-    fn knock(&mut self, key: usize, out: &mut Outbox) {
-        let Some(entry) = self.doors.get(key) else {
-            return;
-        };
-        loop {
-            match entry.door.listener.accept() {
-                Ok((stream, _)) => {
-                    if let Some(expected) = entry.expected {
-                        let inside = peer_cred(&stream)
-                            .and_then(|peer| peer_pid_namespaces(&stream, &peer))
-                            .ok()
-                            .flatten()
-                            .is_some_and(|chain| chain.contains(&expected));
-                        if !inside {
-                            log::warn!(
-                                "{:?}: refusing a connection on its socket from outside its \
-                                 sandbox",
-                                entry.identity
-                            );
-                            continue;
-                        }
-                    }
-                    out.adopted.push((stream, entry.identity));
-                }
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => {
-                    log::warn!("{:?}: accept failed: {err}", entry.identity);
-                    return;
-                }
-            }
-        }
-    }
-
     // ---- sources -------------------------------------------------------
 
     /// A token for a new source.
@@ -748,146 +577,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
     }
 }
 
-impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
-    fn host(&self) -> &Host {
-        &self.host
-    }
-
-    fn view(&self, shape: Shape, binds: &[Bind]) -> Option<View> {
-        let root = self.shapes.get(&shape)?.root.as_ref()?;
-        Some(View::of(root, binds, self.viewer))
-    }
-
-    fn acquire(&mut self, owner: O, shape: Shape, now: Instant) -> Option<SandboxKey> {
-        if shape != Shape::DEFAULT {
-            self.launch(LaunchFor::Owner(owner), shape);
-            return None;
-        }
-        match self.pool.take() {
-            Some(key) => {
-                self.refill_later(now, POOL_REFILL_DELAY);
-                Some(SandboxKey(key))
-            }
-            None => {
-                self.pool.wait(owner);
-                self.launch(LaunchFor::Pool, shape);
-                None
-            }
-        }
-    }
-
-    fn withdraw(&mut self, owner: O) -> bool {
-        self.pool.withdraw(&owner)
-    }
-
-    fn claim(
-        &mut self,
-        key: SandboxKey,
-        owner: O,
-        order: ClaimOrder<'_>,
-    ) -> Result<Claimed, LaunchError> {
-        let Some(sandbox) = self.sandboxes.get_mut(key.0) else {
-            return Err(LaunchError::Gone);
-        };
-        sandbox.serving = Some(owner);
-        if let Some(door) = order.door.and_then(|door| self.doors.get_mut(door.0)) {
-            door.expected = sandbox.pid_namespace;
-        }
-        // The claim goes first: the init enters its root while the cgroup
-        // is named and limited here; it starts the workload only after.
-        let sent = open_log(order.log)
-            .and_then(|log| {
-                sandbox
-                    .control
-                    .claim(&plan::claim(sandbox.shape, order.workload), &log)
-                    .map_err(LaunchError::Claim)
-            })
-            .and_then(|()| match sandbox.cgroup.as_mut() {
-                Some(cgroup) => cgroup
-                    .rename(&order.cgroup_name)
-                    .and_then(|()| cgroup.apply(&order.limits))
-                    .map_err(LaunchError::ClaimCgroup),
-                None => Ok(()),
-            })
-            .and_then(|()| sandbox.control.start().map_err(LaunchError::Go));
-        sandbox.oom_baseline = sandbox.cgroup.as_ref().map_or(0, |c| c.oom_kills());
-        if let Err(error) = sent {
-            sandbox.signal(libc::SIGKILL);
-            return Err(error);
-        }
-        let claimed = Claimed { pid: sandbox.pid };
-        self.watch_oom(key.0);
-        Ok(claimed)
-    }
-
-    fn discard(&mut self, key: SandboxKey) {
-        if let Some(sandbox) = self.sandboxes.get_mut(key.0) {
-            sandbox.serving = None;
-            sandbox.signal(libc::SIGKILL);
-        }
-        self.pool.remove(key.0);
-    }
-
-    fn signal(&self, key: SandboxKey, signal: i32) {
-        if let Some(sandbox) = self.sandboxes.get(key.0) {
-            sandbox.signal(signal);
-        }
-    }
-
-    fn usage(&self, key: SandboxKey) -> Option<CgroupStats> {
-        self.sandboxes
-            .get(key.0)?
-            .cgroup
-            .as_ref()
-            .map(|c| c.stats())
-    }
-
-    fn open_door(&mut self, name: &str, identity: Identity) -> io::Result<DoorKey> {
-        let door = Door::open(&self.doors_dir, name)?;
-        let entry = self.doors.vacant_entry();
-        let key = entry.key();
-        let token = Token(self.token_base + self.sources.insert(Source::Door(key)));
-        if let Err(err) = watch(&self.registry, door.listener.as_raw_fd(), token) {
-            self.sources.try_remove(token.0 - self.token_base);
-            return Err(err);
-        }
-        entry.insert(DoorEntry {
-            door,
-            token,
-            identity,
-            expected: None,
-        });
-        Ok(DoorKey(key))
-    }
-
-    fn door_path(&self, door: DoorKey) -> Option<&Path> {
-        self.doors.get(door.0).map(|entry| entry.door.path())
-    }
-
-    fn close_door(&mut self, door: DoorKey) {
-        if let Some(entry) = self.doors.try_remove(door.0) {
-            self.forget_source(entry.door.listener.as_raw_fd(), entry.token);
-        }
-    }
-}
-
 /// Registers `fd` for readability under `token`.
 fn watch(registry: &Registry, fd: RawFd, token: Token) -> io::Result<()> {
     registry.register(&mut SourceFd(&fd), token, Interest::READABLE)
-}
-
-/// Opens a workload's log for the sandbox to write.
-fn open_log(path: &Path) -> Result<File, LaunchError> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o640)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|source| LaunchError::Log {
-            path: path.to_path_buf(),
-            source,
-        })
 }
