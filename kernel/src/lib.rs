@@ -6,6 +6,12 @@
 //! ([`identity`]), answers each opcode through its syscall handler
 //! ([`syscall`]), and hands blocking work to worker threads ([`workers`]).
 //! [`daemon`] puts it together from a [`config::Config`].
+//!
+//! The subsystems — the sandbox runtime ([`sandbox::runtime`]), the agents
+//! ([`agents`]) and THINK ([`llm`]) — are wired in one place, the
+//! [`syscall::Kernel`]; replies travel by [`address`]. Modules depend on
+//! each other without cycles (a test reads the sources to keep it so);
+//! `docs/architecture.md` draws the map.
 
 pub mod address;
 pub mod agents;

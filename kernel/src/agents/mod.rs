@@ -2,8 +2,8 @@
 //! stops.
 //!
 //! This module is the agent table and its policy — who may spawn, kill and
-//! list what, what a child may be given ([`inheritance`]), what runs
-//! ([`program`]), and each agent's life ([`lifecycle`]). The sandboxes
+//! list what, what a child may be given (`inheritance`), what runs
+//! ([`program`]), and each agent's life (`lifecycle`). The sandboxes
 //! agents run in belong to the sandbox runtime ([`crate::sandbox::runtime`]),
 //! reached only through its [`Sandboxes`] seam: each run of an agent
 //! acquires a sandbox, claims it, and hears back through

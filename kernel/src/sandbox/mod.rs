@@ -10,6 +10,10 @@
 //! inside a sandbox, so an agent's requests are read in its own view.
 //! [`confine`] gives the kernel's own children (the local model server)
 //! the same view and privileges, without an init of their own.
+//!
+//! [`runtime`] keeps sandboxes alive for whoever owns them — an agent's
+//! run, an EXEC: the launch thread, the warm pool, the doors, and the
+//! events each owner hears.
 
 pub mod confine;
 mod control;
