@@ -14,6 +14,7 @@ pub mod config;
 pub mod daemon;
 pub mod identity;
 pub mod llm;
+pub mod process;
 pub mod reactor;
 pub mod sandbox;
 pub mod socket;

@@ -27,8 +27,8 @@ use agentos_proto::ErrorCode;
 use super::call::Endpoint;
 use super::provider::openai::OpenAi;
 use super::provider::{ApiKey, Failure, Provider};
+use crate::process::memfd_with;
 use crate::sandbox::confine::Confinement;
-use crate::sandbox::launch::memfd_with;
 use crate::sandbox::spec::Bind;
 
 /// The launcher the server runs (with the environment's Python). It is
