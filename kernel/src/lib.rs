@@ -18,6 +18,7 @@ pub mod process;
 pub mod reactor;
 pub mod sandbox;
 pub mod socket;
+pub mod supervisor;
 pub mod syscall;
 pub mod timers;
 pub mod workers;
