@@ -5,7 +5,9 @@
 //! connection, identifies callers from their socket credentials
 //! ([`identity`]), answers each opcode through its syscall handler
 //! ([`syscall`]), and hands blocking work to worker threads ([`workers`]).
-//! [`daemon`] puts it together from a [`config::Config`].
+//! [`daemon`] puts it together from a [`config::Config`]. Subsystems that
+//! run processes of their own share [`process`] (pidfds, memfds) and
+//! [`supervisor`] (a long-running child, restarted when it ends).
 
 pub mod agents;
 pub mod cgroup;
