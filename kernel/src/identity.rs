@@ -11,6 +11,8 @@ use std::os::unix::fs::MetadataExt;
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
+use crate::process;
+
 /// Operator connection ids start here, so they never collide with agent ids.
 pub const FIRST_OPERATOR_ID: u32 = 1_000_000;
 
@@ -107,18 +109,10 @@ pub fn peer_pid_namespaces(socket: &impl AsFd, peer: &PeerCred) -> io::Result<Op
         current = unsafe { OwnedFd::from_raw_fd(parent) };
     }
     if let Some(pidfd) = pinned {
-        // SAFETY: pidfd_send_signal with signal 0 only checks the process.
-        let checked = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                pidfd.as_raw_fd(),
-                0,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
         // ESRCH: it has exited, and its pid may be another's by now.
-        if checked != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        let gone = process::signal(pidfd.as_fd(), 0)
+            .is_err_and(|err| err.raw_os_error() == Some(libc::ESRCH));
+        if gone {
             return Err(io::ErrorKind::NotFound.into());
         }
     }

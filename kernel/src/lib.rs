@@ -9,9 +9,11 @@
 //!
 //! The subsystems — the sandbox runtime ([`sandbox::runtime`]), the agents
 //! ([`agents`]) and THINK ([`llm`]) — are wired in one place, the
-//! [`syscall::Kernel`]; replies travel by [`address`]. Modules depend on
-//! each other without cycles (a test reads the sources to keep it so);
-//! `docs/architecture.md` draws the map.
+//! [`syscall::Kernel`]; replies travel by [`address`]. Subsystems that run
+//! processes of their own share [`process`] (pidfds, memfds) and
+//! [`supervisor`] (a long-running child, restarted when it ends). Modules
+//! depend on each other without cycles (a test reads the sources to keep
+//! it so); `docs/architecture.md` draws the map.
 
 pub mod address;
 pub mod agents;
@@ -26,6 +28,7 @@ pub mod reactor;
 pub mod sandbox;
 pub mod socket;
 pub mod state_dir;
+pub mod supervisor;
 pub mod syscall;
 pub mod timers;
 pub mod workers;

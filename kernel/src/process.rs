@@ -1,10 +1,17 @@
-//! Process helpers on pidfds and memory files, shared by sandboxes and the
-//! kernel's supervised children.
+//! Small helpers for the kernel's own child processes: signalling and
+//! reaping them through pidfds, finding their PID namespace, and handing
+//! them data in anonymous memory files.
+//!
+//! A pidfd names one process for as long as the descriptor is open, so a
+//! signal sent or a wait made through it can never reach a process that
+//! merely inherited the pid. This module imports nothing from the rest of
+//! the kernel, so any subsystem may use it.
 
 use std::ffi::CStr;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 
 /// How a process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,10 +22,13 @@ pub enum ProcessEnd {
     Signaled(i32),
 }
 
-/// pidfd_send_signal(2). Signal 0 checks that the process exists.
+/// Sends `signal` to the process behind `pidfd` (pidfd_send_signal(2)).
+/// Signal 0 sends nothing and only checks that the process still exists:
+/// ESRCH means it has ended.
 pub fn signal(pidfd: BorrowedFd<'_>, signal: i32) -> io::Result<()> {
-    // SAFETY: pidfd_send_signal on a borrowed descriptor; the info
-    // pointer may be NULL.
+    // SAFETY: the descriptor is borrowed, so it stays open for the call; the
+    // siginfo pointer may be NULL (the kernel then fills it in as kill(2)
+    // would), and the flags must be 0.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_pidfd_send_signal,
@@ -35,35 +45,49 @@ pub fn signal(pidfd: BorrowedFd<'_>, signal: i32) -> io::Result<()> {
     }
 }
 
-/// Reaps the process behind `pidfd` (waiting for it if `block`).
+/// Reaps the child process behind `pidfd`, waiting for it to end if
+/// `block`. `None`: it has not ended yet (without `block`), or it cannot be
+/// waited for (not our child, or already reaped).
 pub fn wait(pidfd: BorrowedFd<'_>, block: bool) -> Option<ProcessEnd> {
-    // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // Not nix's `waitid`: it reaps first and then fails on a signal it has
+    // no name for (a real-time one), and the ending would be lost.
     let flags = libc::WEXITED | if block { 0 } else { libc::WNOHANG };
-    // SAFETY: waitid on a pidfd, with a valid siginfo pointer.
-    let rc = unsafe {
-        libc::waitid(
-            libc::P_PIDFD,
-            pidfd.as_raw_fd() as libc::id_t,
-            &mut info,
-            flags,
-        )
-    };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: waitid filled in a SIGCHLD siginfo; these accessors read it.
-    let (code, status) = unsafe { (info.si_code, info.si_status()) };
-    match code {
-        libc::CLD_EXITED => Some(ProcessEnd::Exited(status)),
-        libc::CLD_KILLED | libc::CLD_DUMPED => Some(ProcessEnd::Signaled(status)),
-        _ => None,
+    loop {
+        // SAFETY: siginfo_t is plain old data; all-zero is a valid value,
+        // and stays so when WNOHANG finds the process still running.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on a borrowed (so open) pidfd, with a valid
+        // siginfo pointer.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PIDFD,
+                pidfd.as_raw_fd() as libc::id_t,
+                &mut info,
+                flags,
+            )
+        };
+        if rc != 0 {
+            // A signal handler interrupted a blocking wait: the process
+            // has not been reaped, so wait again.
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return None;
+        }
+        // SAFETY: waitid filled in a SIGCHLD siginfo (or left it zeroed);
+        // these accessors read its fields.
+        let (code, status) = unsafe { (info.si_code, info.si_status()) };
+        return match code {
+            libc::CLD_EXITED => Some(ProcessEnd::Exited(status)),
+            libc::CLD_KILLED | libc::CLD_DUMPED => Some(ProcessEnd::Signaled(status)),
+            _ => None,
+        };
     }
 }
 
-/// The inode of a process's pid namespace.
+/// The inode of the PID namespace process `pid` lives in, when it can be
+/// read (the process exists and we may look at it).
 pub fn pid_namespace_of(pid: i32) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
     std::fs::metadata(format!("/proc/{pid}/ns/pid"))
         .ok()
         .map(|m| m.ino())
@@ -76,6 +100,92 @@ pub fn memfd_with(name: &CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
     let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
     let mut file = File::from(fd);
     file.write_all(bytes)?;
-    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0))?;
+    file.seek(SeekFrom::Start(0))?;
     Ok(OwnedFd::from(file))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::{AsFd, FromRawFd};
+    use std::process::Command;
+
+    /// Starts `program` with `args` and returns its pid and a pidfd
+    /// (pidfd_open(2)) through which the test reaps it.
+    fn spawn(program: &str, args: &[&str]) -> (i32, OwnedFd) {
+        let pid = Command::new(program)
+            .args(args)
+            .spawn()
+            .expect("the program starts")
+            .id() as libc::pid_t;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new
+        // descriptor or -1. The child is not reaped until the test waits
+        // through the pidfd, so the pid is still its own.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        assert!(fd >= 0, "pidfd_open: {}", io::Error::last_os_error());
+        // SAFETY: a fresh descriptor nothing else owns.
+        (pid, unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    }
+
+    fn sleeper() -> (i32, OwnedFd) {
+        spawn("sleep", &["30"])
+    }
+
+    #[test]
+    fn a_signalled_process_is_reaped_as_signaled() {
+        let (_, pidfd) = sleeper();
+        signal(pidfd.as_fd(), libc::SIGTERM).expect("the signal is sent");
+        assert_eq!(
+            wait(pidfd.as_fd(), true),
+            Some(ProcessEnd::Signaled(libc::SIGTERM))
+        );
+    }
+
+    #[test]
+    fn an_exiting_process_is_reaped_with_its_code() {
+        let (_, pidfd) = spawn("/bin/sh", &["-c", "exit 3"]);
+        assert_eq!(wait(pidfd.as_fd(), true), Some(ProcessEnd::Exited(3)));
+    }
+
+    #[test]
+    fn a_running_process_is_not_reaped_without_blocking() {
+        let (_, pidfd) = sleeper();
+        assert_eq!(wait(pidfd.as_fd(), false), None);
+        signal(pidfd.as_fd(), libc::SIGKILL).expect("the signal is sent");
+        assert_eq!(
+            wait(pidfd.as_fd(), true),
+            Some(ProcessEnd::Signaled(libc::SIGKILL))
+        );
+        // Once reaped there is nothing left to wait for.
+        assert_eq!(wait(pidfd.as_fd(), false), None);
+    }
+
+    #[test]
+    fn signal_zero_tells_whether_the_process_still_exists() {
+        let (_, pidfd) = sleeper();
+        assert!(signal(pidfd.as_fd(), 0).is_ok());
+        signal(pidfd.as_fd(), libc::SIGKILL).expect("the signal is sent");
+        wait(pidfd.as_fd(), true);
+        let gone = signal(pidfd.as_fd(), 0).expect_err("the process has ended");
+        assert_eq!(gone.raw_os_error(), Some(libc::ESRCH));
+    }
+
+    #[test]
+    fn a_child_shares_our_pid_namespace() {
+        let own = pid_namespace_of(std::process::id() as i32);
+        assert!(own.is_some());
+        let (pid, pidfd) = sleeper();
+        assert_eq!(pid_namespace_of(pid), own);
+        signal(pidfd.as_fd(), libc::SIGKILL).expect("the signal is sent");
+        wait(pidfd.as_fd(), true);
+    }
+
+    #[test]
+    fn a_memfd_reads_back_its_bytes_from_the_start() {
+        let fd = memfd_with(c"agentos-test", b"hello, memfd").expect("memfd");
+        let mut text = String::new();
+        File::from(fd).read_to_string(&mut text).expect("readable");
+        assert_eq!(text, "hello, memfd");
+    }
 }

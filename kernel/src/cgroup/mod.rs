@@ -422,12 +422,11 @@ impl AgentCgroup {
 
     /// Sends SIGKILL to every process in the cgroup.
     pub fn kill_all(&self) {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
         for pid in self.pids() {
-            // SAFETY: kill(2) has no memory-safety preconditions; a pid that
-            // has gone meanwhile gives ESRCH, which is fine.
-            unsafe {
-                libc::kill(pid as libc::pid_t, libc::SIGKILL);
-            }
+            // A pid that has gone meanwhile gives ESRCH, which is fine.
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
     }
 

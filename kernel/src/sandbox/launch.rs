@@ -10,8 +10,8 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{self, IoSlice, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -24,6 +24,7 @@ use super::init;
 use super::spec::{fds, Claim, SandboxSpec};
 use super::status::{Status, StatusReader};
 use crate::cgroup::CgroupJoin;
+use crate::process;
 
 /// Descriptors are staged above this number before the clone, so that
 /// placing them at their fixed numbers in the child never overwrites one
@@ -223,16 +224,7 @@ impl Launcher {
             Ok::<(), io::Error>(())
         })();
         if let Err(err) = started {
-            // SAFETY: pidfd_send_signal on the pidfd clone3 just gave us.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    pidfd.as_raw_fd(),
-                    libc::SIGKILL,
-                    0,
-                    0,
-                );
-            }
+            let _ = process::signal(pidfd.as_fd(), libc::SIGKILL);
             return Err(err);
         }
         Ok(Launched {
@@ -370,18 +362,7 @@ fn stage(fd: RawFd) -> io::Result<OwnedFd> {
 /// A memfd holding `value` as JSON, positioned at its start.
 fn json_memfd(name: &std::ffi::CStr, value: &impl serde::Serialize) -> io::Result<OwnedFd> {
     let json = serde_json::to_vec(value).map_err(io::Error::other)?;
-    memfd_with(name, &json)
-}
-
-/// An anonymous memory file (close-on-exec) holding `bytes`, positioned at
-/// its start: nothing touches the disk, and whoever inherits it reads it
-/// from the beginning.
-pub fn memfd_with(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
-    let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
-    let mut file = File::from(fd);
-    file.write_all(bytes)?;
-    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0))?;
-    Ok(OwnedFd::from(file))
+    process::memfd_with(name, &json)
 }
 
 /// Maps uid/gid 0 inside the child's user namespace to `uid`/`gid` outside.

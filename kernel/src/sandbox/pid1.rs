@@ -6,7 +6,7 @@
 //! a size cap; the lifeline tells it when the daemon is gone.
 
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -16,8 +16,9 @@ use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::uio::{pread, pwrite};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::{ForkResult, Pid};
+use nix::unistd::{ftruncate, lseek, read, write, ForkResult, Pid, Whence};
 
 use super::init::{readable, report, Failure};
 use super::spec::{fds, Claim, SandboxSpec};
@@ -61,14 +62,18 @@ pub fn hold_signals() -> Result<(), Failure> {
 
 /// Whether the daemon has died (its end of the lifeline is closed).
 pub fn lifeline_cut() -> bool {
-    let mut pfd = [libc::pollfd {
-        fd: fds::LIFELINE,
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    // SAFETY: one valid pollfd, zero timeout.
-    let ready = unsafe { libc::poll(pfd.as_mut_ptr(), 1, 0) };
-    ready > 0 && pfd[0].revents != 0
+    let mut polled = [PollFd::new(lifeline(), PollFlags::POLLIN)];
+    // With one descriptor, "one ready" means it hung up (or has data,
+    // which the daemon never writes).
+    matches!(poll(&mut polled, PollTimeout::ZERO), Ok(ready) if ready > 0)
+}
+
+/// The read end of the lifeline.
+fn lifeline() -> BorrowedFd<'static> {
+    // SAFETY: the launcher places the lifeline at its fixed number before
+    // the init runs, and the init never closes it: it is open for the life
+    // of this process.
+    unsafe { BorrowedFd::borrow_raw(fds::LIFELINE) }
 }
 
 /// Starts the workload and supervises it; returns the init's exit code.
@@ -196,18 +201,12 @@ impl Exec {
 /// The forked child: becomes the workload. Reports a failure on
 /// `exec_write` as "<step> <errno>" and exits 127.
 fn workload(exec: &Exec, output: &OwnedFd, exec_write: &OwnedFd) -> ! {
-    let fail = |step: &str| -> ! {
-        let message = format!("{step} {}", Errno::last_raw());
-        // SAFETY: writing a local buffer to our pipe, then leaving the
-        // forked child without running the parent's destructors.
-        unsafe {
-            libc::write(
-                exec_write.as_raw_fd(),
-                message.as_ptr().cast(),
-                message.len(),
-            );
-            libc::_exit(127)
-        }
+    let fail = |step: &str, errno: Errno| -> ! {
+        let message = format!("{step} {}", errno as i32);
+        let _ = write(exec_write, message.as_bytes());
+        // SAFETY: _exit has no preconditions; it leaves the forked child
+        // without running the parent's destructors or atexit handlers.
+        unsafe { libc::_exit(127) }
     };
     // Signals: default dispositions (SIGPIPE included — the daemon ignores
     // it, and ignored signals survive exec) and nothing blocked.
@@ -223,27 +222,18 @@ fn workload(exec: &Exec, output: &OwnedFd, exec_write: &OwnedFd) -> ! {
     // Its own session and process group, so the whole group can be
     // signalled when there is no PID namespace to do it.
     let _ = nix::unistd::setsid();
-    // SAFETY: dup2 onto stdout/stderr of this process.
-    unsafe {
-        if libc::dup2(output.as_raw_fd(), 1) < 0 || libc::dup2(output.as_raw_fd(), 2) < 0 {
-            fail("dup2");
-        }
+    if let Err(errno) =
+        nix::unistd::dup2_stdout(output).and_then(|()| nix::unistd::dup2_stderr(output))
+    {
+        fail("dup2", errno);
     }
     // The init keeps the OOM killer off itself; the workload is fair game.
     let _ = std::fs::write("/proc/self/oom_score_adj", "0");
-    // SAFETY: chdir and execve with NUL-terminated strings and
-    // NULL-terminated arrays built before fork.
-    unsafe {
-        if libc::chdir(exec.cwd.as_ptr()) != 0 {
-            fail("chdir");
-        }
-        let mut argv: Vec<*const libc::c_char> = exec.argv.iter().map(|a| a.as_ptr()).collect();
-        argv.push(std::ptr::null());
-        let mut env: Vec<*const libc::c_char> = exec.env.iter().map(|e| e.as_ptr()).collect();
-        env.push(std::ptr::null());
-        libc::execve(exec.program.as_ptr(), argv.as_ptr(), env.as_ptr());
+    if let Err(errno) = nix::unistd::chdir(exec.cwd.as_c_str()) {
+        fail("chdir", errno);
     }
-    fail("exec")
+    let Err(errno) = nix::unistd::execve(&exec.program, &exec.argv, &exec.env);
+    fail("exec", errno)
 }
 
 fn exec_failure(reason: &str, spec: &Claim, program: &Path) -> Failure {
@@ -301,13 +291,16 @@ fn supervise(
         .map_err(|err| Failure::internal(format!("cannot create signalfd: {err}")))?;
     set_nonblocking(&output);
     let own_pid_namespace = spec.namespaces.pid;
-    let mut log = LogWriter::new(fds::LOG, spec.log_cap);
+    // SAFETY: the claim placed the log at its fixed number before the
+    // workload started, and the init never closes it: it is open for the
+    // life of this process.
+    let log_fd = unsafe { BorrowedFd::borrow_raw(fds::LOG) };
+    let mut log = LogWriter::new(log_fd, spec.log_cap);
     let mut ending: Option<Status> = None;
     let mut output_open = true;
     let mut linger_until: Option<Instant> = None;
     let mut buffer = vec![0u8; 64 * 1024];
-    // SAFETY: the lifeline stays open for the life of this process.
-    let lifeline = unsafe { std::os::fd::BorrowedFd::borrow_raw(fds::LIFELINE) };
+    let lifeline = lifeline();
 
     while ending.is_none() || output_open {
         if linger_until.is_some_and(|t| Instant::now() >= t) {
@@ -393,34 +386,33 @@ fn signal_workload(own_pid_namespace: bool, workload: Pid, signal: Signal) {
 }
 
 /// Copies what is available; returns whether the output is still open.
-fn copy_output(output: &OwnedFd, buffer: &mut [u8], log: &mut LogWriter) -> bool {
+fn copy_output(output: &OwnedFd, buffer: &mut [u8], log: &mut LogWriter<'_>) -> bool {
     loop {
-        // SAFETY: reading into a buffer of the given length.
-        let n = unsafe { libc::read(output.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) };
-        match n {
-            0 => return false,
-            n if n > 0 => log.write(&buffer[..n as usize]),
-            _ => return matches!(Errno::last(), Errno::EAGAIN | Errno::EINTR),
+        match read(output, buffer) {
+            Ok(0) => return false,
+            Ok(n) => log.write(&buffer[..n]),
+            Err(errno) => return matches!(errno, Errno::EAGAIN | Errno::EINTR),
         }
     }
 }
 
 /// Appends to the agent's log, keeping it under `cap` bytes: when full, the
 /// newer half is moved to the front and the older half dropped.
-struct LogWriter {
-    fd: RawFd,
+struct LogWriter<'fd> {
+    fd: BorrowedFd<'fd>,
     cap: u64,
 }
 
-impl LogWriter {
-    fn new(fd: RawFd, cap: u64) -> LogWriter {
+impl<'fd> LogWriter<'fd> {
+    fn new(fd: BorrowedFd<'fd>, cap: u64) -> LogWriter<'fd> {
         LogWriter { fd, cap }
     }
 
     fn size(&self) -> u64 {
-        // SAFETY: lseek on our log descriptor.
-        let end = unsafe { libc::lseek(self.fd, 0, libc::SEEK_END) };
-        u64::try_from(end).unwrap_or(0)
+        lseek(self.fd, 0, Whence::SeekEnd)
+            .ok()
+            .and_then(|end| u64::try_from(end).ok())
+            .unwrap_or(0)
     }
 
     fn write(&mut self, mut data: &[u8]) {
@@ -432,12 +424,10 @@ impl LogWriter {
             }
         }
         while !data.is_empty() {
-            // SAFETY: writing from a valid buffer at the file's end.
-            let n = unsafe { libc::write(self.fd, data.as_ptr().cast(), data.len()) };
-            if n <= 0 {
-                return;
+            match write(self.fd, data) {
+                Ok(n) if n > 0 => data = &data[n..],
+                _ => return,
             }
-            data = &data[n as usize..];
         }
     }
 
@@ -450,43 +440,23 @@ impl LogWriter {
             let start = size - keep;
             while copied < keep {
                 let want = chunk.len().min((keep - copied) as usize);
-                // SAFETY: pread/pwrite within our own buffer and file.
-                let n = unsafe {
-                    libc::pread(
-                        self.fd,
-                        chunk.as_mut_ptr().cast(),
-                        want,
-                        (start + copied) as libc::off_t,
-                    )
+                let n = match pread(self.fd, &mut chunk[..want], (start + copied) as libc::off_t) {
+                    Ok(n) if n > 0 => n,
+                    _ => break,
                 };
-                if n <= 0 {
-                    break;
-                }
-                // SAFETY: as above; the destination range precedes the source.
-                unsafe {
-                    libc::pwrite(
-                        self.fd,
-                        chunk.as_ptr().cast(),
-                        n as usize,
-                        copied as libc::off_t,
-                    );
-                }
+                // The destination range precedes the source, so nothing
+                // still to be read is overwritten.
+                let _ = pwrite(self.fd, &chunk[..n], copied as libc::off_t);
                 copied += n as u64;
             }
         }
-        // SAFETY: truncating our own log file, then positioning at its end.
-        unsafe {
-            libc::ftruncate(self.fd, copied as libc::off_t);
-            libc::lseek(self.fd, 0, libc::SEEK_END);
-        }
+        let _ = ftruncate(self.fd, copied as libc::off_t);
+        let _ = lseek(self.fd, 0, Whence::SeekEnd);
         let marker = format!(
             "\n[agentos: older output dropped to keep this log under {} bytes]\n",
             self.cap
         );
-        // SAFETY: writing a local buffer.
-        unsafe {
-            libc::write(self.fd, marker.as_ptr().cast(), marker.len());
-        }
+        let _ = write(self.fd, marker.as_bytes());
     }
 }
 
@@ -496,23 +466,21 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
 }
 
 fn set_nonblocking(fd: &OwnedFd) {
-    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
-    unsafe {
-        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) {
+        let flags = OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK;
+        let _ = fcntl(fd, FcntlArg::F_SETFL(flags));
     }
 }
 
 fn read_to_end(fd: &OwnedFd, out: &mut Vec<u8>) {
     let mut chunk = [0u8; 256];
     loop {
-        // SAFETY: reading into a local buffer of the given length.
-        let n = unsafe { libc::read(fd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
-        match n {
-            n if n > 0 => out.extend_from_slice(&chunk[..n as usize]),
-            0 => return,
-            _ if Errno::last() == Errno::EINTR => {}
-            _ => return,
+        match read(fd, &mut chunk) {
+            Ok(0) => return,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(Errno::EINTR) => {}
+            Err(_) => return,
         }
     }
 }
@@ -520,24 +488,19 @@ fn read_to_end(fd: &OwnedFd, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::IntoRawFd;
+    use std::os::unix::fs::FileExt;
 
     #[test]
     fn log_keeps_its_newer_half_under_the_cap() {
         let file = tempfile::tempfile().unwrap();
-        let fd = file.into_raw_fd();
-        let mut log = LogWriter::new(fd, 1000);
+        let mut log = LogWriter::new(file.as_fd(), 1000);
         for i in 0..200 {
             log.write(format!("line {i:04}\n").as_bytes());
         }
         let size = log.size();
         assert!(size <= 1000 + 100, "{size}");
         let mut text = vec![0u8; size as usize];
-        // SAFETY: reading our temp file from the start.
-        unsafe {
-            libc::pread(fd, text.as_mut_ptr().cast(), text.len(), 0);
-            libc::close(fd);
-        }
+        file.read_exact_at(&mut text, 0).unwrap();
         let text = String::from_utf8(text).unwrap();
         assert!(text.contains("line 0199"), "{text}");
         assert!(!text.contains("line 0000"), "{text}");
