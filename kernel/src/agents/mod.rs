@@ -191,7 +191,7 @@ impl Agents {
                 Ok(()) => (Some(Arc::new(cgroups)), None),
                 Err(err) => (None, Some(format!("cgroups could not be set up: {err}"))),
             },
-            Err(reason) => (None, Some(reason)),
+            Err(reason) => (None, Some(reason.to_string())),
         };
         match (&cgroups, &no_cgroups) {
             (Some(c), _) => {
