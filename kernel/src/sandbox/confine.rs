@@ -150,11 +150,11 @@ fn confine_and_exec(orders: &Orders) -> Result<std::convert::Infallible, String>
     // 3. Privileges.
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
         .map_err(|err| format!("cannot turn core dumps off: {err}"))?;
-    privileges::drop_all(confinement.user)?;
+    privileges::drop_all(confinement.user).map_err(|err| err.to_string())?;
     // 4. Die with the supervisor.
     privileges::tie_to_parent().map_err(|err| format!("cannot tie itself to the kernel: {err}"))?;
     // 5. seccomp.
-    seccomp::install(&seccomp::filter())?;
+    seccomp::install(&seccomp::filter()).map_err(|err| err.to_string())?;
     // 6. Become the program.
     let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| "a NUL byte in the program".to_owned());
     let program = c(orders.program.as_os_str().as_bytes())?;

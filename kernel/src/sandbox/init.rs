@@ -103,7 +103,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
         nix::unistd::sethostname(hostname).map_err(|e| setup("cannot set hostname")(&e))?;
     }
     if spec.drop_privileges {
-        privileges::drop_all(spec.user).map_err(Failure::internal)?;
+        privileges::drop_all(spec.user).map_err(|err| Failure::internal(err.to_string()))?;
     }
     privileges::tie_to_parent()
         .map_err(|err| Failure::internal(format!("cannot tie the sandbox to the kernel: {err}")))?;
@@ -112,7 +112,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
         std::process::exit(1);
     }
     if let Some(filter) = &filter {
-        seccomp::install(filter).map_err(Failure::internal)?;
+        seccomp::install(filter).map_err(|err| Failure::internal(err.to_string()))?;
     }
     control::wait_for_start()?;
     pid1::run(spec, &claim)
