@@ -13,6 +13,7 @@
 
 pub mod confine;
 mod control;
+mod error;
 pub mod init;
 pub mod launch;
 pub mod mounts;
