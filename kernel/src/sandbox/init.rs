@@ -22,8 +22,9 @@
 //! 9. become PID 1 for the workload: fork and exec it, reap, forward
 //!    signals, copy its output to the log, and report how it ended.
 //!
-//! Any failure is reported on the status pipe as one `error` line, which
-//! becomes the SPAWN reply.
+//! Any failure is a `SetupError`, reported on the status pipe as one
+//! `error` line with the protocol word `SetupError::code` gives it; the
+//! line becomes the SPAWN reply.
 
 use std::io::Read;
 use std::os::fd::FromRawFd;
