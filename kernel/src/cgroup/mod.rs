@@ -131,6 +131,48 @@ trait Backend: fmt::Debug + Send + Sync {
     }
 }
 
+/// Why this host offers no usable cgroups, in the sentence a SPAWN reply
+/// and LIST show in `degraded_reason`.
+#[derive(Debug, thiserror::Error)]
+pub enum DetectError {
+    /// Creating cgroups needs root.
+    #[error(
+        "agentosd is not running as root, so it cannot create cgroups: \
+         memory, cpu and pids limits are not enforced"
+    )]
+    NotRoot,
+    /// A file that says which controllers exist could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable {
+        /// `/proc/self/mountinfo` (v1) or `cgroup.controllers` (v2).
+        path: PathBuf,
+        /// Why it could not be read.
+        source: io::Error,
+    },
+    /// The unified tree lacks controllers agents need.
+    #[error(
+        "cgroup v2 at {} does not offer the {} controller(s): limits cannot be enforced",
+        mount.display(),
+        missing.join(", ")
+    )]
+    MissingV2Controllers {
+        /// Where the unified tree is mounted.
+        mount: PathBuf,
+        /// The controllers it lacks.
+        missing: Vec<&'static str>,
+    },
+    /// No v1 hierarchy carries a controller agents need (and the host is
+    /// not v2).
+    #[error(
+        "no cgroup v1 hierarchy with the {controller} controller is mounted, and \
+         /sys/fs/cgroup is not cgroup v2: limits cannot be enforced"
+    )]
+    MissingV1Hierarchy {
+        /// The first controller found missing.
+        controller: &'static str,
+    },
+}
+
 /// This daemon's cgroups.
 #[derive(Debug)]
 pub struct Cgroups {
@@ -141,14 +183,10 @@ pub struct Cgroups {
 
 impl Cgroups {
     /// Finds usable controllers on this host. `Err` says why there are none
-    /// (not root, controllers missing) in a sentence for `degraded_reason`.
-    pub fn detect() -> Result<Cgroups, String> {
+    /// (not root, controllers missing); its sentence is for `degraded_reason`.
+    pub fn detect() -> Result<Cgroups, DetectError> {
         if !nix::unistd::geteuid().is_root() {
-            return Err(
-                "agentosd is not running as root, so it cannot create cgroups: \
-                        memory, cpu and pids limits are not enforced"
-                    .into(),
-            );
+            return Err(DetectError::NotRoot);
         }
         let backend: Arc<dyn Backend> = match v2::Unified::detect() {
             Ok(Some(unified)) => Arc::new(unified),

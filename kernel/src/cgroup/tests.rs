@@ -289,3 +289,37 @@ fn real_cgroup_limits_a_process_and_is_removed_after_it() {
         assert!(!dir.exists(), "{} left behind", dir.display());
     }
 }
+
+#[test]
+fn why_a_host_has_no_cgroups_is_one_sentence_for_degraded_reason() {
+    let reasons = [
+        (
+            DetectError::NotRoot,
+            "agentosd is not running as root, so it cannot create cgroups: memory, cpu and pids \
+             limits are not enforced",
+        ),
+        (
+            DetectError::Unreadable {
+                path: "/proc/self/mountinfo".into(),
+                source: io::Error::other("gone"),
+            },
+            "cannot read /proc/self/mountinfo: gone",
+        ),
+        (
+            DetectError::MissingV2Controllers {
+                mount: "/sys/fs/cgroup".into(),
+                missing: vec!["memory", "pids"],
+            },
+            "cgroup v2 at /sys/fs/cgroup does not offer the memory, pids controller(s): limits \
+             cannot be enforced",
+        ),
+        (
+            DetectError::MissingV1Hierarchy { controller: "cpu" },
+            "no cgroup v1 hierarchy with the cpu controller is mounted, and /sys/fs/cgroup is \
+             not cgroup v2: limits cannot be enforced",
+        ),
+    ];
+    for (reason, sentence) in reasons {
+        assert_eq!(reason.to_string(), sentence);
+    }
+}

@@ -14,7 +14,7 @@ use cgroups_rs::memory::MemController;
 use cgroups_rs::pid::PidController;
 use cgroups_rs::{Hierarchy, Subsystem};
 
-use super::{keyed_value, number_in, Backend, CgroupStats, CgroupVersion};
+use super::{keyed_value, number_in, Backend, CgroupStats, CgroupVersion, DetectError};
 
 /// Where each controller's hierarchy is mounted.
 #[derive(Clone, Debug)]
@@ -28,16 +28,16 @@ pub struct Legacy {
 impl Legacy {
     /// Finds the memory, cpu, cpuacct and pids hierarchies in
     /// `/proc/self/mountinfo`; `Err` names what is missing.
-    pub fn detect() -> Result<Legacy, String> {
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|err| format!("cannot read /proc/self/mountinfo: {err}"))?;
-        let find = |controller: &str| {
-            mountpoint_of(&mountinfo, controller).ok_or_else(|| {
-                format!(
-                    "no cgroup v1 hierarchy with the {controller} controller is mounted, and \
-                     /sys/fs/cgroup is not cgroup v2: limits cannot be enforced"
-                )
-            })
+    pub fn detect() -> Result<Legacy, DetectError> {
+        const MOUNTINFO: &str = "/proc/self/mountinfo";
+        let mountinfo =
+            fs::read_to_string(MOUNTINFO).map_err(|source| DetectError::Unreadable {
+                path: MOUNTINFO.into(),
+                source,
+            })?;
+        let find = |controller: &'static str| {
+            mountpoint_of(&mountinfo, controller)
+                .ok_or(DetectError::MissingV1Hierarchy { controller })
         };
         Ok(Legacy {
             memory: find("memory")?,

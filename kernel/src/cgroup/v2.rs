@@ -12,7 +12,7 @@ use cgroups_rs::memory::MemController;
 use cgroups_rs::pid::PidController;
 use cgroups_rs::{Hierarchy, Subsystem};
 
-use super::{keyed_value, number_in, Backend, CgroupStats, CgroupVersion};
+use super::{keyed_value, number_in, Backend, CgroupStats, CgroupVersion, DetectError};
 
 const MOUNT: &str = "/sys/fs/cgroup";
 /// Controllers agents need, in the order they are delegated.
@@ -27,7 +27,7 @@ pub struct Unified {
 impl Unified {
     /// `Ok(None)` when `/sys/fs/cgroup` is not cgroup v2 (v1 or hybrid);
     /// `Err` when it is, but lacks a controller agents need.
-    pub fn detect() -> Result<Option<Unified>, String> {
+    pub fn detect() -> Result<Option<Unified>, DetectError> {
         let Ok(fs) = nix::sys::statfs::statfs(MOUNT) else {
             return Ok(None);
         };
@@ -35,18 +35,20 @@ impl Unified {
             return Ok(None);
         }
         let unified = Unified { root: MOUNT.into() };
-        let available = fs::read_to_string(unified.root.join("cgroup.controllers"))
-            .map_err(|err| format!("cannot read {MOUNT}/cgroup.controllers: {err}"))?;
+        let listing = unified.root.join("cgroup.controllers");
+        let available = fs::read_to_string(&listing).map_err(|source| DetectError::Unreadable {
+            path: listing.clone(),
+            source,
+        })?;
         let missing: Vec<&str> = CONTROLLERS
             .into_iter()
             .filter(|c| !available.split_whitespace().any(|a| a == *c))
             .collect();
         if !missing.is_empty() {
-            return Err(format!(
-                "cgroup v2 at {MOUNT} does not offer the {} controller(s): limits cannot be \
-                 enforced",
-                missing.join(", ")
-            ));
+            return Err(DetectError::MissingV2Controllers {
+                mount: unified.root,
+                missing,
+            });
         }
         Ok(Some(unified))
     }

@@ -26,14 +26,72 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
 
+use super::mounts::MountError;
 use super::plan::{self, Profile, Shape};
+use super::privileges::PrivilegeError;
+use super::seccomp::SeccompError;
 use super::spec::{Bind, RootFs, User};
 use super::{mounts, privileges, seccomp};
 
 /// The hidden first argument that selects this role in `agentosd`.
 pub const ARG: &str = "__agentos-confined";
+
+/// The step of the confining role that failed. There is no status pipe:
+/// the role writes it to its stderr, which the supervisor logs, and exits
+/// 126.
+#[derive(Debug, thiserror::Error)]
+enum ConfineError {
+    /// The command line carried no orders.
+    #[error("no orders")]
+    NoOrders,
+    /// The orders could not be read.
+    #[error("bad orders: {0}")]
+    BadOrders(#[source] serde_json::Error),
+    /// The user and mount namespaces could not be created.
+    #[error("cannot create namespaces: {0}")]
+    Namespaces(#[source] Errno),
+    /// A file mapping the user namespace could not be written.
+    #[error("cannot map the user namespace: {path}: {source}")]
+    MapUser {
+        /// `/proc/self/setgroups`, `uid_map` or `gid_map`.
+        path: &'static str,
+        /// Why it failed.
+        source: io::Error,
+    },
+    /// The mount namespace could not be created.
+    #[error("cannot create a mount namespace: {0}")]
+    MountNamespace(#[source] Errno),
+    /// Building or entering the root filesystem failed; the mount error
+    /// names the step and the path.
+    #[error("cannot build its root: {0}")]
+    Root(#[from] MountError),
+    /// Core dumps could not be turned off.
+    #[error("cannot turn core dumps off: {0}")]
+    CoreDumps(#[source] Errno),
+    /// Dropping capabilities or switching user failed.
+    #[error(transparent)]
+    Privileges(#[from] PrivilegeError),
+    /// The parent-death signal or non-dumpability could not be set.
+    #[error("cannot tie itself to the kernel: {0}")]
+    TieToParent(#[source] io::Error),
+    /// The seccomp filter could not be installed.
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+    /// The program's path or an argument holds a NUL byte.
+    #[error("a NUL byte in the program")]
+    NulByte,
+    /// execv(2) failed.
+    #[error("cannot execute {}: {source}", program.display())]
+    Exec {
+        /// The program.
+        program: PathBuf,
+        /// Why it failed.
+        source: Errno,
+    },
+}
 
 /// How the kernel confines its children: fixed for the daemon's life.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,9 +169,9 @@ impl Confinement {
 pub fn main() -> ! {
     let orders = std::env::args_os()
         .nth(2)
-        .ok_or_else(|| "no orders".to_owned())
+        .ok_or(ConfineError::NoOrders)
         .and_then(|text| {
-            serde_json::from_slice::<Orders>(text.as_bytes()).map_err(|err| err.to_string())
+            serde_json::from_slice::<Orders>(text.as_bytes()).map_err(ConfineError::BadOrders)
         });
     let failure = match orders.and_then(|orders| confine_and_exec(&orders)) {
         Ok(never) => match never {},
@@ -124,7 +182,7 @@ pub fn main() -> ! {
 }
 
 /// Steps 1–6; returns only on failure.
-fn confine_and_exec(orders: &Orders) -> Result<std::convert::Infallible, String> {
+fn confine_and_exec(orders: &Orders) -> Result<std::convert::Infallible, ConfineError> {
     let confinement = &orders.confinement;
     // 1. A mount namespace of its own.
     match confinement.map_self {
@@ -132,42 +190,44 @@ fn confine_and_exec(orders: &Orders) -> Result<std::convert::Infallible, String>
             nix::sched::unshare(
                 nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS,
             )
-            .map_err(|err| format!("cannot create namespaces: {err}"))?;
-            std::fs::write("/proc/self/setgroups", "deny")
-                .and_then(|()| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
-                .and_then(|()| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")))
-                .map_err(|err| format!("cannot map the user namespace: {err}"))?;
+            .map_err(ConfineError::Namespaces)?;
+            let map = |path: &'static str, contents: String| {
+                std::fs::write(path, contents)
+                    .map_err(|source| ConfineError::MapUser { path, source })
+            };
+            map("/proc/self/setgroups", "deny".to_owned())?;
+            map("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
+            map("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
         }
         None => nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-            .map_err(|err| format!("cannot create a mount namespace: {err}"))?,
+            .map_err(ConfineError::MountNamespace)?,
     }
     // 2. The view.
     let mut sys = mounts::Real::default();
-    mounts::prepare_root(&confinement.root, confinement.user, &mut sys)
-        .and_then(|()| mounts::enter_root(&confinement.root, &orders.binds, &mut sys))
-        .map_err(|err| format!("cannot build its root: {err}"))?;
+    mounts::prepare_root(&confinement.root, confinement.user, &mut sys)?;
+    mounts::enter_root(&confinement.root, &orders.binds, &mut sys)?;
     drop(sys);
     // 3. Privileges.
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
-        .map_err(|err| format!("cannot turn core dumps off: {err}"))?;
+        .map_err(ConfineError::CoreDumps)?;
     privileges::drop_all(confinement.user)?;
     // 4. Die with the supervisor.
-    privileges::tie_to_parent().map_err(|err| format!("cannot tie itself to the kernel: {err}"))?;
+    privileges::tie_to_parent().map_err(ConfineError::TieToParent)?;
     // 5. seccomp.
     seccomp::install(&seccomp::filter())?;
     // 6. Become the program.
-    let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| "a NUL byte in the program".to_owned());
+    let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| ConfineError::NulByte);
     let program = c(orders.program.as_os_str().as_bytes())?;
     let argv: Vec<CString> = orders
         .argv
         .iter()
         .map(|a| c(OsStr::new(a).as_bytes()))
         .collect::<Result<_, _>>()?;
-    let err = nix::unistd::execv(&program, &argv).unwrap_err();
-    Err(format!(
-        "cannot execute {}: {err}",
-        orders.program.display()
-    ))
+    let source = nix::unistd::execv(&program, &argv).unwrap_err();
+    Err(ConfineError::Exec {
+        program: orders.program.clone(),
+        source,
+    })
 }
 
 #[cfg(test)]

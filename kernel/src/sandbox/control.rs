@@ -1,17 +1,40 @@
 //! The init's side of the control socket: the claim that says what to run,
 //! then the start that says its cgroup is ready for it.
 
-use std::io::{IoSliceMut, Read};
+use std::io::{self, IoSliceMut, Read};
 use std::os::fd::{FromRawFd, RawFd};
 
+use nix::errno::Errno;
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 
-use super::init::Failure;
 use super::spec::{fds, Claim};
+
+/// What went wrong on the control socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The claim's message could not be received.
+    #[error("cannot read the claim: {0}")]
+    ReceiveClaim(#[source] Errno),
+    /// The descriptors it carries could not be read.
+    #[error("bad claim: {0}")]
+    ClaimDescriptors(#[source] Errno),
+    /// It did not carry exactly two descriptors.
+    #[error("a claim must carry its spec and its log")]
+    ClaimIncomplete,
+    /// Its spec could not be read from its memfd.
+    #[error("cannot read the claim: {0}")]
+    ReadClaim(#[source] io::Error),
+    /// Its spec is not a [`Claim`].
+    #[error("bad claim: {0}")]
+    ParseClaim(#[source] serde_json::Error),
+    /// The start could not be received.
+    #[error("cannot read the start: {0}")]
+    ReceiveStart(#[source] Errno),
+}
 
 /// Blocks until a workload claims this sandbox; takes over the log it
 /// brings as the init's stdout, stderr and `fds::LOG`.
-pub fn wait_for_claim() -> Result<Claim, Failure> {
+pub fn wait_for_claim() -> Result<Claim, ControlError> {
     let mut tag = [0u8; 16];
     let mut space = nix::cmsg_space!([RawFd; 2]);
     let received: Vec<RawFd> = loop {
@@ -24,9 +47,7 @@ pub fn wait_for_claim() -> Result<Claim, Failure> {
         ) {
             Ok(message) if message.bytes == 0 => std::process::exit(0),
             Ok(message) => {
-                let cmsgs = message
-                    .cmsgs()
-                    .map_err(|err| Failure::internal(format!("bad claim: {err}")))?;
+                let cmsgs = message.cmsgs().map_err(ControlError::ClaimDescriptors)?;
                 break cmsgs
                     .flat_map(|cmsg| match cmsg {
                         ControlMessageOwned::ScmRights(fds) => fds,
@@ -34,12 +55,12 @@ pub fn wait_for_claim() -> Result<Claim, Failure> {
                     })
                     .collect();
             }
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(err) => return Err(Failure::internal(format!("cannot read the claim: {err}"))),
+            Err(Errno::EINTR) => {}
+            Err(err) => return Err(ControlError::ReceiveClaim(err)),
         }
     };
     let [memfd, log] = received[..] else {
-        return Err(Failure::internal("a claim must carry its spec and its log"));
+        return Err(ControlError::ClaimIncomplete);
     };
     // SAFETY: both descriptors were just received and belong to nobody else.
     let (mut claim_file, log) = unsafe { (std::fs::File::from_raw_fd(memfd), log) };
@@ -61,21 +82,21 @@ pub fn wait_for_claim() -> Result<Claim, Failure> {
     let mut text = String::new();
     claim_file
         .read_to_string(&mut text)
-        .map_err(|err| Failure::internal(format!("cannot read the claim: {err}")))?;
-    serde_json::from_str(&text).map_err(|err| Failure::internal(format!("bad claim: {err}")))
+        .map_err(ControlError::ReadClaim)?;
+    serde_json::from_str(&text).map_err(ControlError::ParseClaim)
 }
 
 /// Blocks until the daemon says the workload may start: it has put the
 /// sandbox's cgroup in order (name, limits) while the init entered its
 /// root. EOF: it gave up on this sandbox, and the init leaves quietly.
-pub fn wait_for_start() -> Result<(), Failure> {
+pub fn wait_for_start() -> Result<(), ControlError> {
     let mut message = [0u8; 16];
     loop {
         match nix::sys::socket::recv(fds::CONTROL, &mut message, MsgFlags::empty()) {
             Ok(0) => std::process::exit(0),
             Ok(_) => return Ok(()),
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(err) => return Err(Failure::internal(format!("cannot read the start: {err}"))),
+            Err(Errno::EINTR) => {}
+            Err(err) => return Err(ControlError::ReceiveStart(err)),
         }
     }
 }

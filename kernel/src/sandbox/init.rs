@@ -22,15 +22,15 @@
 //! 9. become PID 1 for the workload: fork and exec it, reap, forward
 //!    signals, copy its output to the log, and report how it ended.
 //!
-//! Any failure is reported on the status pipe as one `error` line, which
-//! becomes the SPAWN reply.
+//! Any failure is a `SetupError`, reported on the status pipe as one
+//! `error` line with the protocol word `SetupError::code` gives it; the
+//! line becomes the SPAWN reply.
 
 use std::io::Read;
 use std::os::fd::FromRawFd;
 use std::path::Path;
 
-use agentos_proto::ErrorCode;
-
+use super::error::SetupError;
 use super::spec::{fds, SandboxSpec};
 use super::status::Status;
 use super::{control, mounts, network, pid1, privileges, seccomp};
@@ -38,34 +38,15 @@ use super::{control, mounts, network, pid1, privileges, seccomp};
 /// The hidden first argument that selects this role in `agentosd`.
 pub const ARG: &str = "__agentos-sandbox-init";
 
-/// Why the sandbox could not start its workload.
-#[derive(Debug)]
-pub struct Failure {
-    /// The protocol word for the SPAWN reply.
-    pub code: ErrorCode,
-    /// The sentence for the SPAWN reply.
-    pub message: String,
-}
-
-impl Failure {
-    /// A failure of the kernel's own making.
-    pub fn internal(message: impl Into<String>) -> Failure {
-        Failure {
-            code: ErrorCode::Internal,
-            message: message.into(),
-        }
-    }
-}
-
 /// Runs the init role; never returns.
 pub fn main() -> ! {
     set_process_name(b"agentos-init\0");
     let code = match read_spec().and_then(|spec| run(&spec)) {
         Ok(code) => code,
-        Err(failure) => {
+        Err(err) => {
             report(&Status::Error {
-                code: failure.code,
-                message: failure.message,
+                code: err.code(),
+                message: err.to_string(),
             });
             127
         }
@@ -73,59 +54,52 @@ pub fn main() -> ! {
     std::process::exit(code)
 }
 
-fn run(spec: &SandboxSpec) -> Result<i32, Failure> {
+fn run(spec: &SandboxSpec) -> Result<i32, SetupError> {
     pid1::hold_signals()?;
     keep_fds_from_the_workload();
     // The OOM killer should take the workload, never the init that reports
     // on it. Lowering needs CAP_SYS_RESOURCE, which a user namespace lacks:
     // then the init simply stays a candidate.
     let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
-    let setup = |what: &str| {
-        let what = what.to_owned();
-        move |err: &dyn std::fmt::Display| Failure::internal(format!("{what}: {err}"))
-    };
     if let Some(root) = &spec.root {
-        mounts::prepare_root(root, spec.user, &mut mounts::Real::default())
-            .map_err(|e| setup("sandbox setup failed")(&e))?;
+        mounts::prepare_root(root, spec.user, &mut mounts::Real::default())?;
     }
     if spec.namespaces.net {
-        network::loopback_up().map_err(|e| setup("cannot bring up loopback")(&e))?;
+        network::loopback_up().map_err(SetupError::Loopback)?;
     }
-    privileges::set_rlimits(&spec.rlimits).map_err(|e| setup("cannot set resource limits")(&e))?;
+    privileges::set_rlimits(&spec.rlimits).map_err(SetupError::Rlimits)?;
     let filter = spec.drop_privileges.then(seccomp::filter);
 
     let claim = control::wait_for_claim()?;
     if let Some(root) = &spec.root {
-        mounts::enter_root(root, &claim.binds, &mut mounts::Real::default())
-            .map_err(|e| setup("sandbox setup failed")(&e))?;
+        mounts::enter_root(root, &claim.binds, &mut mounts::Real::default())?;
     }
     if let Some(hostname) = &claim.hostname {
-        nix::unistd::sethostname(hostname).map_err(|e| setup("cannot set hostname")(&e))?;
+        nix::unistd::sethostname(hostname).map_err(SetupError::Hostname)?;
     }
     if spec.drop_privileges {
-        privileges::drop_all(spec.user).map_err(Failure::internal)?;
+        privileges::drop_all(spec.user)?;
     }
-    privileges::tie_to_parent()
-        .map_err(|err| Failure::internal(format!("cannot tie the sandbox to the kernel: {err}")))?;
+    privileges::tie_to_parent().map_err(SetupError::TieToParent)?;
     if pid1::lifeline_cut() {
         // The daemon died before the parent-death signal was armed.
         std::process::exit(1);
     }
     if let Some(filter) = &filter {
-        seccomp::install(filter).map_err(Failure::internal)?;
+        seccomp::install(filter)?;
     }
     control::wait_for_start()?;
-    pid1::run(spec, &claim)
+    Ok(pid1::run(spec, &claim)?)
 }
 
-fn read_spec() -> Result<SandboxSpec, Failure> {
+fn read_spec() -> Result<SandboxSpec, SetupError> {
     // SAFETY: the launcher put the spec memfd at this number for us, and
     // nothing else in this process uses it.
     let mut file = unsafe { std::fs::File::from_raw_fd(fds::SPEC) };
     let mut text = String::new();
     file.read_to_string(&mut text)
-        .map_err(|err| Failure::internal(format!("cannot read the sandbox spec: {err}")))?;
-    serde_json::from_str(&text).map_err(|err| Failure::internal(format!("bad sandbox spec: {err}")))
+        .map_err(SetupError::ReadSpec)?;
+    serde_json::from_str(&text).map_err(SetupError::ParseSpec)
 }
 
 /// Marks every descriptor the launcher handed us close-on-exec, so none

@@ -6,7 +6,8 @@
 //! as [`init`]). The init side builds the root filesystem ([`mounts`]),
 //! brings up loopback ([`network`]), gives up privileges ([`privileges`],
 //! [`seccomp`]) and runs the workload as its PID 1 ([`pid1`]), reporting
-//! over the status pipe ([`status`]). [`view`] answers what a path names
+//! over the status pipe ([`status`]) that it started, how it ended, or
+//! which step failed ([`error`]). [`view`] answers what a path names
 //! inside a sandbox, so an agent's requests are read in its own view.
 //! [`confine`] gives the kernel's own children (the local model server)
 //! the same view and privileges, without an init of their own.
@@ -17,6 +18,7 @@
 
 pub mod confine;
 mod control;
+pub mod error;
 pub mod init;
 pub mod launch;
 pub mod lookup;

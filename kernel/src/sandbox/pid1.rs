@@ -11,7 +11,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agentos_proto::ErrorCode;
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, SigSet, Signal};
@@ -20,7 +19,8 @@ use nix::sys::uio::{pread, pwrite};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ftruncate, lseek, read, write, ForkResult, Pid, Whence};
 
-use super::init::{readable, report, Failure};
+use super::error::WorkloadError;
+use super::init::{readable, report};
 use super::spec::{fds, Claim, SandboxSpec};
 use super::status::Status;
 
@@ -54,10 +54,13 @@ fn handled_signals() -> SigSet {
 /// SIGTERM (a KILL, the kernel stopping) that arrives while the sandbox
 /// is still being set up is held, and passed on to the workload as soon as
 /// it runs, instead of being lost.
-pub fn hold_signals() -> Result<(), Failure> {
+pub fn hold_signals() -> Result<(), WorkloadError> {
     handled_signals()
         .thread_block()
-        .map_err(|err| Failure::internal(format!("cannot block signals: {err}")))
+        .map_err(|errno| WorkloadError::Supervise {
+            step: "cannot block signals",
+            errno,
+        })
 }
 
 /// Whether the daemon has died (its end of the lifeline is closed).
@@ -77,24 +80,16 @@ fn lifeline() -> BorrowedFd<'static> {
 }
 
 /// Starts the workload and supervises it; returns the init's exit code.
-pub fn run(spec: &SandboxSpec, claim: &Claim) -> Result<i32, Failure> {
+pub fn run(spec: &SandboxSpec, claim: &Claim) -> Result<i32, WorkloadError> {
     let program = resolve_program(claim)?;
     if let Some(script) = &claim.script {
         if !script.exists() {
-            return Err(Failure {
-                code: ErrorCode::NotFound,
-                message: format!("script {} does not exist in the sandbox", script.display()),
-            });
+            return Err(WorkloadError::ScriptMissing(script.clone()));
         }
         if !readable(script) {
-            return Err(Failure {
-                code: ErrorCode::PermissionDenied,
-                message: format!(
-                    "script {} is not readable by the agent's user (uid {}); make it and its \
-                     directories readable by others",
-                    script.display(),
-                    nix::unistd::getuid()
-                ),
+            return Err(WorkloadError::ScriptUnreadable {
+                script: script.clone(),
+                uid: nix::unistd::getuid().as_raw(),
             });
         }
     }
@@ -110,10 +105,11 @@ pub fn run(spec: &SandboxSpec, claim: &Claim) -> Result<i32, Failure> {
     let child = match unsafe { nix::unistd::fork() } {
         Ok(ForkResult::Child) => workload(&exec, &output_write, &exec_write),
         Ok(ForkResult::Parent { child }) => child,
-        Err(err) => {
-            return Err(Failure::internal(format!(
-                "cannot fork the workload: {err}"
-            )))
+        Err(errno) => {
+            return Err(WorkloadError::Supervise {
+                step: "cannot fork the workload",
+                errno,
+            })
         }
     };
     drop(output_write);
@@ -144,7 +140,7 @@ pub fn run(spec: &SandboxSpec, claim: &Claim) -> Result<i32, Failure> {
 }
 
 /// The executable to run: absolute, or found on the workload's PATH.
-fn resolve_program(spec: &Claim) -> Result<PathBuf, Failure> {
+fn resolve_program(spec: &Claim) -> Result<PathBuf, WorkloadError> {
     if spec.program.is_absolute() {
         return Ok(spec.program.clone());
     }
@@ -156,12 +152,9 @@ fn resolve_program(spec: &Claim) -> Result<PathBuf, Failure> {
     path.split(':')
         .map(|dir| Path::new(dir).join(&spec.program))
         .find(|candidate| nix::unistd::access(candidate, nix::unistd::AccessFlags::X_OK).is_ok())
-        .ok_or_else(|| Failure {
-            code: ErrorCode::NotFound,
-            message: format!(
-                "program {:?} was not found on the sandbox's PATH ({path})",
-                spec.program
-            ),
+        .ok_or_else(|| WorkloadError::NotOnPath {
+            program: spec.program.clone(),
+            path: path.to_owned(),
         })
 }
 
@@ -174,13 +167,8 @@ struct Exec {
 }
 
 impl Exec {
-    fn prepare(spec: &Claim, program: &Path) -> Result<Exec, Failure> {
-        let c = |bytes: &[u8]| {
-            CString::new(bytes).map_err(|_| Failure {
-                code: ErrorCode::BadRequest,
-                message: "arguments and environment must not contain NUL bytes".into(),
-            })
-        };
+    fn prepare(spec: &Claim, program: &Path) -> Result<Exec, WorkloadError> {
+        let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| WorkloadError::NulByte);
         Ok(Exec {
             program: c(program.as_os_str().as_bytes())?,
             argv: spec
@@ -236,48 +224,26 @@ fn workload(exec: &Exec, output: &OwnedFd, exec_write: &OwnedFd) -> ! {
     fail("exec", errno)
 }
 
-fn exec_failure(reason: &str, spec: &Claim, program: &Path) -> Failure {
+fn exec_failure(reason: &str, spec: &Claim, program: &Path) -> WorkloadError {
     let (step, errno) = reason.split_once(' ').unwrap_or((reason, "0"));
     let errno = Errno::from_raw(errno.trim().parse().unwrap_or(0));
-    let (code, message) = match (step, errno) {
-        ("exec", Errno::ENOENT) => (
-            ErrorCode::NotFound,
-            format!(
-                "program {} does not exist in the sandbox",
-                program.display()
-            ),
-        ),
-        ("exec", Errno::EACCES) => (
-            ErrorCode::PermissionDenied,
-            format!(
-                "program {} is not executable by the agent's user",
-                program.display()
-            ),
-        ),
-        ("exec", other) => (
-            ErrorCode::BadRequest,
-            format!("cannot execute {}: {other}", program.display()),
-        ),
-        ("chdir", Errno::ENOENT) => (
-            ErrorCode::NotFound,
-            format!(
-                "working directory {} does not exist in the sandbox",
-                spec.cwd.display()
-            ),
-        ),
-        ("chdir", other) => (
-            ErrorCode::PermissionDenied,
-            format!(
-                "cannot enter working directory {}: {other}",
-                spec.cwd.display()
-            ),
-        ),
-        (step, other) => (
-            ErrorCode::Internal,
-            format!("workload setup failed at {step}: {other}"),
-        ),
-    };
-    Failure { code, message }
+    match (step, errno) {
+        ("exec", Errno::ENOENT) => WorkloadError::ProgramMissing(program.to_path_buf()),
+        ("exec", Errno::EACCES) => WorkloadError::NotExecutable(program.to_path_buf()),
+        ("exec", errno) => WorkloadError::Exec {
+            program: program.to_path_buf(),
+            errno,
+        },
+        ("chdir", Errno::ENOENT) => WorkloadError::CwdMissing(spec.cwd.clone()),
+        ("chdir", errno) => WorkloadError::Cwd {
+            cwd: spec.cwd.clone(),
+            errno,
+        },
+        (step, errno) => WorkloadError::Setup {
+            step: step.to_owned(),
+            errno,
+        },
+    }
 }
 
 /// Runs until the workload has ended and its output is drained.
@@ -286,9 +252,12 @@ fn supervise(
     child: Pid,
     handled: &SigSet,
     output: OwnedFd,
-) -> Result<Status, Failure> {
+) -> Result<Status, WorkloadError> {
     let signals = SignalFd::with_flags(handled, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(|err| Failure::internal(format!("cannot create signalfd: {err}")))?;
+        .map_err(|errno| WorkloadError::Supervise {
+            step: "cannot create signalfd",
+            errno,
+        })?;
     set_nonblocking(&output);
     let own_pid_namespace = spec.namespaces.pid;
     // SAFETY: the claim placed the log at its fixed number before the
@@ -316,7 +285,12 @@ fn supervise(
         match poll(&mut polled[..watched], timeout) {
             Ok(_) => {}
             Err(Errno::EINTR) => continue,
-            Err(err) => return Err(Failure::internal(format!("poll: {err}"))),
+            Err(errno) => {
+                return Err(WorkloadError::Supervise {
+                    step: "poll",
+                    errno,
+                })
+            }
         }
         let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
         if ready(&polled[1]) {
@@ -460,9 +434,11 @@ impl<'fd> LogWriter<'fd> {
     }
 }
 
-fn pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|err| Failure::internal(format!("cannot create a pipe: {err}")))
+fn pipe() -> Result<(OwnedFd, OwnedFd), WorkloadError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|errno| WorkloadError::Supervise {
+        step: "cannot create a pipe",
+        errno,
+    })
 }
 
 fn set_nonblocking(fd: &OwnedFd) {

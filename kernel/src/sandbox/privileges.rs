@@ -8,10 +8,44 @@
 
 use std::io;
 
-use caps::CapSet;
+use caps::errors::CapsError;
+use caps::{CapSet, Capability};
+use nix::errno::Errno;
 use nix::unistd::{Gid, Uid};
 
 use super::spec::{Rlimits, User};
+
+/// The step of [`drop_all`] that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivilegeError {
+    /// A capability could not be dropped from the bounding set.
+    #[error("cannot drop {capability} from the bounding set: {source}")]
+    Bounding {
+        /// The capability.
+        capability: Capability,
+        /// Why it failed.
+        source: CapsError,
+    },
+    /// One of the calls that switch to the workload's user failed.
+    #[error("{call}: {source}")]
+    SwitchUser {
+        /// `setgroups`, `setresgid` or `setresuid`.
+        call: &'static str,
+        /// Why it failed.
+        source: Errno,
+    },
+    /// A capability set could not be cleared.
+    #[error("cannot clear {set:?} capabilities: {source}")]
+    Clear {
+        /// The set.
+        set: CapSet,
+        /// Why it failed.
+        source: CapsError,
+    },
+    /// `no_new_privs` could not be set.
+    #[error("no_new_privs: {0}")]
+    NoNewPrivs(#[source] io::Error),
+}
 
 /// Lowers the resource limits the workload will inherit. Core dumps are off.
 pub fn set_rlimits(limits: &Rlimits) -> io::Result<()> {
@@ -23,17 +57,18 @@ pub fn set_rlimits(limits: &Rlimits) -> io::Result<()> {
 }
 
 /// Drops every capability for good and, if given, becomes `user`.
-pub fn drop_all(user: Option<User>) -> Result<(), String> {
-    for cap in caps::all() {
-        caps::drop(None, CapSet::Bounding, cap)
-            .map_err(|err| format!("cannot drop {cap} from the bounding set: {err}"))?;
+pub fn drop_all(user: Option<User>) -> Result<(), PrivilegeError> {
+    for capability in caps::all() {
+        caps::drop(None, CapSet::Bounding, capability)
+            .map_err(|source| PrivilegeError::Bounding { capability, source })?;
     }
     if let Some(user) = user {
         let gid = Gid::from_raw(user.gid);
         let uid = Uid::from_raw(user.uid);
-        nix::unistd::setgroups(&[gid]).map_err(|err| format!("setgroups: {err}"))?;
-        nix::unistd::setresgid(gid, gid, gid).map_err(|err| format!("setresgid: {err}"))?;
-        nix::unistd::setresuid(uid, uid, uid).map_err(|err| format!("setresuid: {err}"))?;
+        let switch = |call| move |source| PrivilegeError::SwitchUser { call, source };
+        nix::unistd::setgroups(&[gid]).map_err(switch("setgroups"))?;
+        nix::unistd::setresgid(gid, gid, gid).map_err(switch("setresgid"))?;
+        nix::unistd::setresuid(uid, uid, uid).map_err(switch("setresuid"))?;
     }
     for set in [
         CapSet::Ambient,
@@ -41,12 +76,11 @@ pub fn drop_all(user: Option<User>) -> Result<(), String> {
         CapSet::Effective,
         CapSet::Permitted,
     ] {
-        caps::clear(None, set)
-            .map_err(|err| format!("cannot clear {set:?} capabilities: {err}"))?;
+        caps::clear(None, set).map_err(|source| PrivilegeError::Clear { set, source })?;
     }
     // SAFETY: prctl with constant arguments.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!("no_new_privs: {}", io::Error::last_os_error()));
+        return Err(PrivilegeError::NoNewPrivs(io::Error::last_os_error()));
     }
     Ok(())
 }

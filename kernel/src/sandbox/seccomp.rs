@@ -249,11 +249,26 @@ fn ret(value: u32) -> libc::sock_filter {
     }
 }
 
+/// Why the filter could not be installed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// The filter has more instructions than a BPF program may hold.
+    #[error("seccomp filter too long: {instructions} instructions")]
+    TooLong {
+        /// How many it has.
+        instructions: usize,
+    },
+    /// seccomp(2) refused it.
+    #[error("cannot install the seccomp filter: {0}")]
+    Install(#[source] std::io::Error),
+}
+
 /// Installs the filter on the calling thread (and so on everything it
 /// forks). Needs no_new_privs or CAP_SYS_ADMIN.
-pub fn install(filter: &Filter) -> Result<(), String> {
+pub fn install(filter: &Filter) -> Result<(), SeccompError> {
+    let instructions = filter.code.len();
     let program = libc::sock_fprog {
-        len: u16::try_from(filter.code.len()).map_err(|_| "seccomp filter too long".to_owned())?,
+        len: u16::try_from(instructions).map_err(|_| SeccompError::TooLong { instructions })?,
         filter: filter.code.as_ptr().cast_mut(),
     };
     // SAFETY: seccomp(2) reads the program, which outlives the call.
@@ -266,10 +281,7 @@ pub fn install(filter: &Filter) -> Result<(), String> {
         )
     };
     if installed != 0 {
-        return Err(format!(
-            "cannot install the seccomp filter: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(SeccompError::Install(std::io::Error::last_os_error()));
     }
     Ok(())
 }

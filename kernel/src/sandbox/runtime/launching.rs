@@ -6,8 +6,7 @@
 //! returns is a sandbox waiting for its claim.
 //!
 //! Failures are typed ([`LaunchError`]), each naming the step or path that
-//! failed; [`LaunchError::code`] is the one place they become protocol
-//! error codes.
+//! failed.
 //!
 //! The thread lives as long as the daemon: it is the parent of every
 //! sandbox init, and an init's parent-death signal fires when the thread
@@ -16,75 +15,13 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 
-use agentos_proto::ErrorCode;
-
-use crate::cgroup::{AgentCgroup, CgroupError, CgroupJoin, CgroupLimits, Cgroups};
+use crate::cgroup::{AgentCgroup, CgroupJoin, CgroupLimits, Cgroups};
+pub use crate::sandbox::error::LaunchError;
 use crate::sandbox::{LaunchRequest, Launched, Launcher, SandboxSpec};
-
-/// Why a sandbox could not be prepared, claimed or watched.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// Its cgroup could not be created.
-    #[error("cannot create the sandbox's cgroup: {0}")]
-    CreateCgroup(#[source] CgroupError),
-    /// A file of its cgroup could not be opened for the init to join.
-    #[error("cannot open {}: {source}", path.display())]
-    JoinCgroup {
-        /// The cgroup directory or `tasks` file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// The init could not be cloned or told to go.
-    #[error("cannot start the sandbox: {0}")]
-    Start(#[source] io::Error),
-    /// The reactor could not watch the sandbox's pidfd or status pipe.
-    #[error("cannot watch the sandbox: {0}")]
-    Watch(#[source] io::Error),
-    /// The workload's log could not be opened.
-    #[error("cannot open the agent log {}: {source}", path.display())]
-    Log {
-        /// The log file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// The claim could not be sent to the init.
-    #[error("cannot hand the sandbox its workload: {0}")]
-    Claim(#[source] io::Error),
-    /// The cgroup could not be renamed after its owner or limited.
-    #[error("{0}")]
-    ClaimCgroup(#[source] CgroupError),
-    /// The init could not be told to start the workload.
-    #[error("cannot start the sandbox: {0}")]
-    Go(#[source] io::Error),
-    /// The sandbox ended before it could be claimed.
-    #[error("the sandbox ended before it could be claimed")]
-    Gone,
-}
-
-impl LaunchError {
-    /// The protocol error code a request that needed this sandbox gets:
-    /// each of these is the kernel's or the host's failure, never the
-    /// caller's.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            LaunchError::CreateCgroup(_)
-            | LaunchError::JoinCgroup { .. }
-            | LaunchError::Start(_)
-            | LaunchError::Watch(_)
-            | LaunchError::Log { .. }
-            | LaunchError::Claim(_)
-            | LaunchError::ClaimCgroup(_)
-            | LaunchError::Go(_)
-            | LaunchError::Gone => ErrorCode::Internal,
-        }
-    }
-}
 
 /// One sandbox to prepare.
 #[derive(Debug)]
