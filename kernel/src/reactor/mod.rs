@@ -205,10 +205,9 @@ impl Reactor {
     /// Places replies the kernel completed and admits connections it
     /// accepted.
     fn kernel_output(&mut self) {
-        let output = self.kernel.take_output();
-        if output.is_empty() {
+        let Some(output) = self.kernel.take_output() else {
             return;
-        }
+        };
         let mut touched: Vec<ConnKey> = Vec::with_capacity(output.replies.len());
         for (to, payload) in output.replies {
             if let ReplyTo::Request { conn: key, seq } = to {

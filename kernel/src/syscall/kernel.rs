@@ -156,15 +156,25 @@ impl Kernel {
         self.state.remove();
     }
 
-    /// What is ready for the reactor: replies to connections' requests, and
-    /// connections accepted on agents' sockets. Replies addressed to tasks
-    /// stay with the kernel.
-    pub fn take_output(&mut self) -> Outbox {
-        let mut outbox = std::mem::take(&mut self.outbox);
-        for (task, payload) in keep_task_replies(&mut outbox.replies) {
-            self.task_replies.entry(task).or_default().push(payload);
+    /// What is ready for the reactor, if anything: replies to connections'
+    /// requests, and connections accepted on agents' sockets. Replies
+    /// addressed to tasks stay with the kernel. (Called after every event:
+    /// the common answer, nothing, costs two length checks.)
+    pub fn take_output(&mut self) -> Option<Outbox> {
+        if self.outbox.is_empty() {
+            return None;
         }
-        outbox
+        let mut outbox = std::mem::take(&mut self.outbox);
+        if outbox
+            .replies
+            .iter()
+            .any(|(to, _)| matches!(to, ReplyTo::Task(_)))
+        {
+            for (task, payload) in keep_task_replies(&mut outbox.replies) {
+                self.task_replies.entry(task).or_default().push(payload);
+            }
+        }
+        Some(outbox)
     }
 
     /// Replies delivered to a task so far, oldest first (taken).
