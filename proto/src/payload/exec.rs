@@ -1,14 +1,20 @@
-//! EXEC (0x02): run code in a pooled sandbox.
+//! EXEC (0x02): run code in a pooled sandbox, and manage sessions and
+//! their snapshots. The request's `op` (default `run`) picks which.
 
 use std::collections::BTreeMap;
+use std::path::{Component, Path};
 
 use serde::{Deserialize, Serialize};
 
-use super::{bad_request, check_range, parse_json, validate_name};
+use super::{bad_request, parse_json, validate_name, Limits};
 use crate::ErrorReply;
 
 /// The longest EXEC timeout a request may ask for (one hour).
 pub const MAX_EXEC_TIMEOUT_MS: u64 = 3_600_000;
+/// Most files one request may bring in or collect.
+pub const MAX_EXEC_FILES: usize = 256;
+/// Longest path of a file brought in or collected.
+pub const MAX_EXEC_PATH_LEN: usize = 1024;
 
 /// The language of EXEC code.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,11 +27,12 @@ pub enum Language {
     Bash,
 }
 
-/// An EXEC request in its canonical form.
+/// An EXEC `run` request in its canonical form.
 ///
-/// The wire also accepts the shell shorthand
-/// `{"command": "ls -la", "cwd": "...", "timeout": 30}`, which [`parse`](Self::parse)
-/// turns into `language: bash` with the timeout in milliseconds.
+/// The wire also accepts the Clove SDK's shell form
+/// `{"command": "ls -la", "cwd": "...", "timeout": 30, "async": false}`,
+/// which [`parse`](Self::parse) turns into `language: bash` with the
+/// timeout in milliseconds; unknown fields (its `request_id`) are ignored.
 ///
 /// ```
 /// use agentos_proto::payload::{ExecRequest, Language};
@@ -52,9 +59,20 @@ pub struct ExecRequest {
     /// Working directory inside the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// Files written under `/workspace` before the run: relative path to
+    /// base64 content.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, String>,
+    /// Files under `/workspace` returned after the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collect: Vec<String>,
+    /// Limits for this run, within the caller's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
 }
 
-/// Everything the wire may carry, before the shorthand is resolved.
+/// Everything a `run` may carry on the wire, before the shell form is
+/// resolved.
 #[derive(Deserialize)]
 struct ExecWire {
     code: Option<String>,
@@ -63,16 +81,34 @@ struct ExecWire {
     timeout_ms: Option<u64>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    #[serde(default)]
+    files: BTreeMap<String, String>,
+    #[serde(default)]
+    collect: Vec<String>,
+    limits: Option<Limits>,
     command: Option<String>,
     cwd: Option<String>,
-    /// Seconds, for the `command` shorthand.
+    /// Seconds, for the shell form.
     timeout: Option<u64>,
+    /// The shell form's asynchronous mode, which is TASK's business.
+    #[serde(rename = "async")]
+    asynchronous: Option<bool>,
 }
 
 impl ExecRequest {
-    /// Parses and validates an EXEC payload.
+    /// Parses and validates an EXEC `run` payload.
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         let wire: ExecWire = parse_json("EXEC", payload)?;
+        Self::from_wire(wire)
+    }
+
+    fn from_wire(wire: ExecWire) -> Result<Self, ErrorReply> {
+        if wire.asynchronous == Some(true) {
+            return Err(bad_request(
+                "EXEC field `async`: EXEC answers when the run ends; for background work \
+                 dispatch it with TASK (op \"dispatch\", kind \"exec\")",
+            ));
+        }
         let (code, language) = match (wire.code, wire.command) {
             (Some(_), Some(_)) => {
                 return Err(bad_request(
@@ -81,7 +117,8 @@ impl ExecRequest {
             }
             (None, None) => {
                 return Err(bad_request(
-                    "EXEC needs `code` (with `language`) or a shell `command`",
+                    "EXEC field `code` is missing: give `code` (with `language`) or a shell \
+                     `command`",
                 ))
             }
             (Some(code), None) => (code, wire.language.unwrap_or_default()),
@@ -96,17 +133,26 @@ impl ExecRequest {
                 .or(wire.timeout.map(|secs| secs.saturating_mul(1000))),
             env: wire.env,
             cwd: wire.cwd,
+            files: wire.files,
+            collect: wire.collect,
+            limits: wire.limits,
         };
         request.validate()?;
         Ok(request)
     }
 
-    /// Checks the protocol's rules for an EXEC request.
+    /// Checks the protocol's rules for an EXEC `run` request.
     pub fn validate(&self) -> Result<(), ErrorReply> {
         if let Some(session) = &self.session {
             validate_name("session", session)?;
         }
-        check_range("timeout_ms", self.timeout_ms, 1, MAX_EXEC_TIMEOUT_MS)?;
+        if let Some(timeout) = self.timeout_ms {
+            if !(1..=MAX_EXEC_TIMEOUT_MS).contains(&timeout) {
+                return Err(bad_request(format!(
+                    "EXEC field `timeout_ms` is {timeout}, outside 1..={MAX_EXEC_TIMEOUT_MS}"
+                )));
+            }
+        }
         if let Some(key) = self
             .env
             .keys()
@@ -116,7 +162,157 @@ impl ExecRequest {
                 "EXEC field `env`: {key:?} is not a valid variable name"
             )));
         }
+        if let Some(cwd) = &self.cwd {
+            if cwd.contains('\0') {
+                return Err(bad_request("EXEC field `cwd` contains a NUL byte"));
+            }
+        }
+        check_paths("files", self.files.keys().map(String::as_str))?;
+        check_paths("collect", self.collect.iter().map(String::as_str))?;
+        if let Some(limits) = &self.limits {
+            if limits.cpu_period.is_some() {
+                return Err(bad_request(
+                    "EXEC field `limits.cpu_period`: a run's CPU limit is `cpu_quota` per the \
+                     kernel's period",
+                ));
+            }
+            limits.validate()?;
+        }
         Ok(())
+    }
+}
+
+/// Checks the paths of `files` or `collect`: relative to `/workspace`,
+/// plain names only — no `..`, no absolute path, nothing empty.
+fn check_paths<'a>(
+    field: &str,
+    paths: impl ExactSizeIterator<Item = &'a str>,
+) -> Result<(), ErrorReply> {
+    if paths.len() > MAX_EXEC_FILES {
+        return Err(bad_request(format!(
+            "EXEC field `{field}` names {} files; at most {MAX_EXEC_FILES}",
+            paths.len()
+        )));
+    }
+    for path in paths {
+        let plain = !path.is_empty()
+            && path.len() <= MAX_EXEC_PATH_LEN
+            && !path.contains('\0')
+            && Path::new(path)
+                .components()
+                .all(|c| matches!(c, Component::Normal(_)));
+        if !plain {
+            return Err(bad_request(format!(
+                "EXEC field `{field}`: {path:?} is not a path under /workspace (relative, \
+                 without `..`, at most {MAX_EXEC_PATH_LEN} bytes)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// An EXEC request: a run, or an operation on the caller's sessions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecCall {
+    /// Run code.
+    Run(ExecRequest),
+    /// List the caller's sessions.
+    Sessions,
+    /// End a session and delete its workspace.
+    Close {
+        /// The session.
+        session: String,
+    },
+    /// Save the files of a session's `/workspace` under a name.
+    Snapshot {
+        /// The session.
+        session: String,
+        /// The snapshot's name.
+        name: String,
+    },
+    /// Replace a session's `/workspace` with a snapshot and restart its
+    /// interpreter.
+    Restore {
+        /// The session.
+        session: String,
+        /// The snapshot's name.
+        name: String,
+    },
+    /// List a session's snapshots.
+    Snapshots {
+        /// The session.
+        session: String,
+    },
+}
+
+/// The operations of EXEC.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ExecOp {
+    #[default]
+    Run,
+    Sessions,
+    Close,
+    Snapshot,
+    Restore,
+    Snapshots,
+}
+
+/// The fields of a session operation.
+#[derive(Deserialize)]
+struct OpWire {
+    #[serde(default)]
+    op: ExecOp,
+    session: Option<String>,
+    name: Option<String>,
+}
+
+impl ExecCall {
+    /// Parses and validates an EXEC payload of any `op`.
+    ///
+    /// ```
+    /// use agentos_proto::payload::ExecCall;
+    /// let call = ExecCall::parse(br#"{"op":"close","session":"s1"}"#).unwrap();
+    /// assert_eq!(call, ExecCall::Close { session: "s1".into() });
+    /// ```
+    pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
+        let value: serde_json::Value = parse_json("EXEC", payload)?;
+        let op: OpWire = super::from_value("EXEC", value.clone())?;
+        let session = || -> Result<String, ErrorReply> {
+            let session = op.session.clone().ok_or_else(|| {
+                bad_request("EXEC field `session` is missing: this op names a session")
+            })?;
+            validate_name("session", &session)?;
+            Ok(session)
+        };
+        let name = || -> Result<String, ErrorReply> {
+            let name = op.name.clone().ok_or_else(|| {
+                bad_request("EXEC field `name` is missing: this op names a snapshot")
+            })?;
+            validate_name("name", &name)?;
+            Ok(name)
+        };
+        Ok(match op.op {
+            ExecOp::Run => {
+                let wire: ExecWire = super::from_value("EXEC", value)?;
+                ExecCall::Run(ExecRequest::from_wire(wire)?)
+            }
+            ExecOp::Sessions => ExecCall::Sessions,
+            ExecOp::Close => ExecCall::Close {
+                session: session()?,
+            },
+            ExecOp::Snapshot => ExecCall::Snapshot {
+                session: session()?,
+                name: name()?,
+            },
+            ExecOp::Restore => ExecCall::Restore {
+                session: session()?,
+                name: name()?,
+            },
+            ExecOp::Snapshots => ExecCall::Snapshots {
+                session: session()?,
+            },
+        })
     }
 }
 
@@ -129,38 +325,112 @@ pub struct Truncated {
     pub stderr: u64,
 }
 
-/// The reply to EXEC; `success` is `exit_code == 0`.
+/// The reply to an EXEC run.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecReply {
-    /// Whether the code exited with status 0.
+    /// The code exited with status 0 and was not timed out.
     pub success: bool,
     /// Captured standard output (head and tail kept when capped).
     pub stdout: String,
     /// Captured standard error.
     pub stderr: String,
-    /// The exit status, if the code ran.
+    /// The exit status, if the code ended by exiting.
     pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// An uncaught exception's `Type: message`, or why the run failed.
+    pub error: Option<String>,
     /// Wall-clock run time.
     pub duration_ms: u64,
     /// Whether the timeout stopped it.
     pub timed_out: bool,
+    /// Whether the memory limit killed one of its processes.
+    pub oom_killed: bool,
     /// Bytes cut from each stream.
     pub truncated: Truncated,
     /// Tool calls the code made.
     pub tool_calls: u64,
     /// Bytes those tool calls returned into the sandbox.
     pub tool_bytes: u64,
-    /// Why the request failed before or outside the code, if it did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The machine word of such a failure.
+    /// The collected files: path to base64 content.
+    pub files: BTreeMap<String, String>,
+    /// The session the run used, if any.
+    pub session: Option<String>,
+    /// The machine word, when the run could not happen at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<crate::ErrorCode>,
+}
+
+/// One of the caller's sessions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Its name.
+    pub session: String,
+    /// When its first run started (RFC 3339).
+    pub created_at: String,
+    /// When its last run started (RFC 3339).
+    pub last_used_at: String,
+    /// Runs so far.
+    pub runs: u64,
+    /// Bytes of files in its `/workspace`.
+    pub workspace_bytes: u64,
+}
+
+/// The reply to `{"op":"sessions"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionsReply {
+    /// Always true.
+    pub success: bool,
+    /// The caller's sessions.
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// The reply to `{"op":"close"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClosedReply {
+    /// Always true.
+    pub success: bool,
+    /// The session existed and is gone.
+    pub closed: bool,
+}
+
+/// One snapshot of a session's workspace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// Its name.
+    pub name: String,
+    /// Bytes of files in it.
+    pub bytes: u64,
+    /// When it was taken (RFC 3339).
+    pub created_at: String,
+}
+
+/// The reply to `{"op":"snapshot"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotReply {
+    /// Always true.
+    pub success: bool,
+    /// The snapshot taken.
+    pub snapshot: SnapshotInfo,
+}
+
+/// The reply to `{"op":"snapshots"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotsReply {
+    /// Always true.
+    pub success: bool,
+    /// The session's snapshots, oldest first.
+    pub snapshots: Vec<SnapshotInfo>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorCode;
+
+    fn refused(json: &str) -> ErrorReply {
+        ExecCall::parse(json.as_bytes()).unwrap_err()
+    }
 
     #[test]
     fn code_defaults_to_python() {
@@ -172,13 +442,127 @@ mod tests {
     #[test]
     fn code_and_command_together_or_neither_are_refused() {
         assert!(ExecRequest::parse(br#"{"code":"x","command":"y"}"#).is_err());
-        assert!(ExecRequest::parse(br#"{"session":"s"}"#).is_err());
+        let err = ExecRequest::parse(br#"{"session":"s"}"#).unwrap_err();
+        assert!(err.error.contains("`code`"), "{}", err.error);
     }
 
     #[test]
-    fn out_of_range_timeout_and_bad_session_are_refused() {
-        let err = ExecRequest::parse(br#"{"code":"x","timeout_ms":0}"#).unwrap_err();
-        assert!(err.error.contains("timeout_ms"), "{}", err.error);
+    fn out_of_range_timeouts_and_bad_sessions_are_bad_requests_naming_the_field() {
+        for json in [
+            r#"{"code":"x","timeout_ms":0}"#,
+            r#"{"code":"x","timeout_ms":99999999999}"#,
+        ] {
+            let err = refused(json);
+            assert_eq!(err.code, ErrorCode::BadRequest, "{json}");
+            assert!(err.error.contains("timeout_ms"), "{}", err.error);
+        }
         assert!(ExecRequest::parse(br#"{"code":"x","session":"../s"}"#).is_err());
+    }
+
+    #[test]
+    fn an_unknown_language_is_named() {
+        let err = refused(r#"{"code":"x","language":"ruby"}"#);
+        assert_eq!(err.code, ErrorCode::BadRequest);
+        assert!(err.error.contains("language"), "{}", err.error);
+    }
+
+    #[test]
+    fn the_clove_shell_form_is_bash_in_milliseconds_with_unknown_fields_ignored() {
+        let call = ExecCall::parse(
+            br#"{"command":"ls -la","cwd":"/tmp","timeout":30,"async":false,"request_id":7}"#,
+        )
+        .unwrap();
+        let ExecCall::Run(request) = call else {
+            panic!("not a run: {call:?}");
+        };
+        assert_eq!(request.language, Language::Bash);
+        assert_eq!(request.code, "ls -la");
+        assert_eq!(request.timeout_ms, Some(30_000));
+        assert_eq!(request.cwd.as_deref(), Some("/tmp"));
+        let err = refused(r#"{"command":"ls","async":true}"#);
+        assert_eq!(err.code, ErrorCode::BadRequest);
+        assert!(err.error.contains("TASK"), "{}", err.error);
+    }
+
+    #[test]
+    fn files_and_collect_stay_under_the_workspace() {
+        for path in [
+            "../x",
+            "/etc/passwd",
+            "a/../../b",
+            "",
+            "a/./b/..",
+            "x\u{0}y",
+        ] {
+            for field in ["files", "collect"] {
+                let json = if field == "files" {
+                    serde_json::json!({"code": "x", "files": {path: "aGk="}})
+                } else {
+                    serde_json::json!({"code": "x", "collect": [path]})
+                };
+                let err = refused(&json.to_string());
+                assert_eq!(err.code, ErrorCode::BadRequest, "{path:?}");
+                assert!(err.error.contains(field), "{}", err.error);
+            }
+        }
+        let ok = ExecCall::parse(
+            br#"{"code":"x","files":{"data/in.csv":"aGk="},"collect":["out.png"]}"#,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn session_operations_name_what_they_miss() {
+        assert_eq!(
+            ExecCall::parse(br#"{"op":"sessions"}"#).unwrap(),
+            ExecCall::Sessions
+        );
+        assert_eq!(
+            ExecCall::parse(br#"{"op":"restore","session":"s1","name":"before"}"#).unwrap(),
+            ExecCall::Restore {
+                session: "s1".into(),
+                name: "before".into()
+            }
+        );
+        assert!(refused(r#"{"op":"close"}"#).error.contains("session"));
+        assert!(refused(r#"{"op":"snapshot","session":"s1"}"#)
+            .error
+            .contains("name"));
+        assert!(refused(r#"{"op":"snapshot","session":"s1","name":"../x"}"#)
+            .error
+            .contains("name"));
+        assert!(refused(r#"{"op":"launch"}"#).error.contains("op"));
+    }
+
+    #[test]
+    fn run_limits_are_checked_and_take_no_period() {
+        let err = refused(r#"{"code":"x","limits":{"max_pids":0}}"#);
+        assert!(err.error.contains("limits.max_pids"), "{}", err.error);
+        let err = refused(r#"{"code":"x","limits":{"cpu_period":100000}}"#);
+        assert!(err.error.contains("cpu_period"), "{}", err.error);
+    }
+
+    #[test]
+    fn the_reply_has_every_field_of_the_contract() {
+        let reply = serde_json::to_value(ExecReply::default()).unwrap();
+        for field in [
+            "success",
+            "stdout",
+            "stderr",
+            "exit_code",
+            "signal",
+            "error",
+            "duration_ms",
+            "timed_out",
+            "oom_killed",
+            "truncated",
+            "tool_calls",
+            "tool_bytes",
+            "files",
+            "session",
+        ] {
+            assert!(reply.get(field).is_some(), "{field} missing from {reply}");
+        }
+        assert!(reply.get("code").is_none());
     }
 }

@@ -14,7 +14,10 @@ mod spawn;
 mod task;
 mod think;
 
-pub use exec::{ExecReply, ExecRequest, Language, Truncated};
+pub use exec::{
+    ClosedReply, ExecCall, ExecReply, ExecRequest, Language, SessionInfo, SessionsReply,
+    SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated,
+};
 pub use hello::{CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, ProtocolLimits};
 pub use kill::{AgentRef, KillReply, KillRequest, DEFAULT_GRACE_MS};
 pub use list::{AgentInfo, AgentState, CpuStats, ListRequest, LlmStats, MemoryStats, PidStats};
