@@ -21,6 +21,7 @@ pub mod cgroup;
 pub mod clock;
 pub mod config;
 pub mod daemon;
+pub mod exec;
 pub mod identity;
 pub mod llm;
 pub mod process;

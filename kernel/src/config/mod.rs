@@ -6,6 +6,7 @@
 //! `/etc/agentos/agentosd.toml` if it exists, else none: `agentosd --socket
 //! PATH` needs nothing else to run.
 
+pub mod exec;
 pub mod llm;
 
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use std::time::Duration;
 use agentos_proto::{socket_path, Opcode, MAX_REPLY_BYTES};
 use serde::Deserialize;
 
+use exec::ExecConfig;
 use llm::LlmConfig;
 
 /// The service's config file, read when present and nothing else is named.
@@ -68,6 +70,8 @@ pub struct Config {
     pub agents: AgentsConfig,
     /// THINK: the provider, its limits, fair queueing.
     pub llm: LlmConfig,
+    /// EXEC: exec hosts, output caps, sessions.
+    pub exec: ExecConfig,
     /// Diagnostics for tests; never needed in production.
     pub debug: DebugConfig,
 }
@@ -219,6 +223,7 @@ impl Default for Config {
             max_queued_jobs: 1024,
             agents: AgentsConfig::default(),
             llm: LlmConfig::default(),
+            exec: ExecConfig::default(),
             debug: DebugConfig::default(),
         }
     }
@@ -426,6 +431,7 @@ impl Config {
         }
         self.agents.validate()?;
         self.llm.validate()?;
+        self.exec.validate()?;
         if let Some(name) = self
             .debug
             .defer_opcodes

@@ -1,0 +1,99 @@
+//! EXEC's settings: the `[exec]` table of the config file.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// How EXEC runs code.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecConfig {
+    /// The Python that exec hosts run (and runs use).
+    pub python: PathBuf,
+    /// Exec hosts kept running: each a sandbox holding one interpreter that
+    /// prepares runs.
+    pub hosts: usize,
+    /// Runs each host keeps prepared and waiting for code.
+    pub ready_runs: usize,
+    /// Bytes each of a run's streams keeps (its head and its tail).
+    pub output_bytes: usize,
+    /// A run's timeout when it gives none, in milliseconds.
+    pub default_timeout_ms: u64,
+    /// A session unused this long is closed, in seconds.
+    pub session_idle_secs: u64,
+    /// Sessions one owner (an agent, or an operator's uid) may hold.
+    pub max_sessions: usize,
+    /// Largest file a run may bring in or collect, in bytes.
+    pub max_file_bytes: u64,
+    /// A run's memory limit when it gives none, in bytes (never more than
+    /// the caller's own).
+    pub default_memory: u64,
+    /// A run's process limit when it gives none.
+    pub default_max_pids: u64,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        ExecConfig {
+            python: PathBuf::from("/usr/bin/python3"),
+            hosts: 1,
+            ready_runs: 4,
+            output_bytes: 64 << 10,
+            default_timeout_ms: 30_000,
+            session_idle_secs: 900,
+            max_sessions: 8,
+            max_file_bytes: 8 << 20,
+            default_memory: 256 << 20,
+            default_max_pids: 64,
+        }
+    }
+}
+
+impl ExecConfig {
+    /// Checks every setting against its allowed range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        if !self.python.is_absolute() {
+            return invalid("exec.python", "must be an absolute path");
+        }
+        if self.ready_runs == 0 {
+            return invalid("exec.ready_runs", "must be at least 1");
+        }
+        // The marker line between head and tail needs room of its own.
+        if !(256..=16 << 20).contains(&self.output_bytes) {
+            return invalid("exec.output_bytes", "must be 256 bytes to 16 MiB");
+        }
+        if !(1..=agentos_proto::payload::MAX_EXEC_TIMEOUT_MS).contains(&self.default_timeout_ms) {
+            return invalid("exec.default_timeout_ms", "must be 1 ms to one hour");
+        }
+        if self.session_idle_secs == 0 {
+            return invalid("exec.session_idle_secs", "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid_and_nonsense_is_named() {
+        assert!(ExecConfig::default().validate().is_ok());
+        let tiny = ExecConfig {
+            output_bytes: 10,
+            ..ExecConfig::default()
+        };
+        let Err(ConfigError::Invalid { field, .. }) = tiny.validate() else {
+            panic!("a 10-byte output cap was accepted");
+        };
+        assert_eq!(field, "exec.output_bytes");
+    }
+}
