@@ -20,10 +20,17 @@ use crate::config::Config;
 use crate::llm::Llm;
 use crate::sandbox::plan::Profile;
 use crate::sandbox::runtime::host::Host;
-use crate::sandbox::runtime::{Runtime, RuntimeSetup};
+use crate::sandbox::runtime::{OwnersOf, Runtime, RuntimeSetup};
 use crate::sandbox::spec::Rlimits;
 use crate::sandbox::User;
 use crate::state_dir::{kernel_files, StateDir};
+
+/// Who owns a sandbox of the kernel's runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// A run of an agent.
+    Agent(Run),
+}
 
 /// The kernel state syscalls act on. Owned by the reactor thread.
 #[derive(Debug)]
@@ -31,8 +38,8 @@ pub struct Kernel {
     pub(super) config: Config,
     pub(super) deferred: Vec<Opcode>,
     state: StateDir,
-    /// Sandboxes, for agents' runs.
-    pub(super) sandboxes: Runtime<Run>,
+    /// Sandboxes, for every kind of owner.
+    pub(super) sandboxes: Runtime<Owner>,
     pub(super) agents: Agents,
     pub(super) llm: Llm,
     /// What is ready for the reactor.
@@ -125,7 +132,8 @@ impl Kernel {
     /// every turn of the reactor).
     pub fn on_deadlines(&mut self, now: Instant) {
         self.sandboxes.on_deadlines(now);
-        self.agents.on_deadlines(&mut self.sandboxes, now);
+        self.agents
+            .on_deadlines(&mut agent_sandboxes(&mut self.sandboxes), now);
         self.llm.on_deadlines(now, &mut self.outbox.replies);
         self.settle(now);
     }
@@ -138,8 +146,11 @@ impl Kernel {
     /// Stops everything that runs: sandboxes, agents (within `grace`).
     pub fn begin_shutdown(&mut self, grace: Duration) {
         self.sandboxes.begin_shutdown();
-        self.agents
-            .begin_shutdown(&mut self.sandboxes, &mut self.outbox.replies, grace);
+        self.agents.begin_shutdown(
+            &mut agent_sandboxes(&mut self.sandboxes),
+            &mut self.outbox.replies,
+            grace,
+        );
         self.settle(Instant::now());
     }
 
@@ -191,11 +202,25 @@ impl Kernel {
                 return;
             }
             for event in events {
-                self.agents
-                    .on_sandbox(&mut self.sandboxes, &mut self.outbox.replies, event, now);
+                match *event.owner() {
+                    Owner::Agent(_) => {
+                        let event = event.map(|Owner::Agent(run)| run);
+                        self.agents.on_sandbox(
+                            &mut agent_sandboxes(&mut self.sandboxes),
+                            &mut self.outbox.replies,
+                            event,
+                            now,
+                        );
+                    }
+                }
             }
         }
     }
+}
+
+/// The runtime as agents see it: their runs wrapped as owners.
+pub(super) fn agent_sandboxes(runtime: &mut Runtime<Owner>) -> OwnersOf<'_, Owner, Run> {
+    OwnersOf::new(runtime, Owner::Agent)
 }
 
 /// Takes the replies addressed to tasks out of `replies`, in order.

@@ -3,6 +3,7 @@
 use agentos_proto::payload::{to_json, KillReply, KillRequest};
 use agentos_proto::ErrorCode;
 
+use super::kernel::agent_sandboxes;
 use super::{Kernel, Outcome, Request};
 
 /// The KILL reply: `killed: true` once the agent is being stopped; for no
@@ -12,7 +13,7 @@ use super::{Kernel, Outcome, Request};
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let killed = KillRequest::parse(request.payload).and_then(|kill| {
         kernel.agents.kill(
-            &mut kernel.sandboxes,
+            &mut agent_sandboxes(&mut kernel.sandboxes),
             &mut kernel.outbox.replies,
             request.caller.identity,
             &kill,

@@ -10,6 +10,7 @@
 use agentos_proto::payload::SpawnRequest;
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::kernel::agent_sandboxes;
 use super::{Kernel, Outcome, Request};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
@@ -19,7 +20,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             None => None,
         };
         kernel.agents.spawn(
-            &mut kernel.sandboxes,
+            &mut agent_sandboxes(&mut kernel.sandboxes),
             request.caller.identity,
             spawn,
             tokens_left,

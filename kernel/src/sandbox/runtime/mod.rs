@@ -54,7 +54,7 @@ pub use launching::LaunchError;
 use launching::{LaunchDone, LaunchJob, LaunchThread};
 use pool::Pool;
 use retire::Retiring;
-pub use seam::{ClaimOrder, Claimed, DoorKey, SandboxEvent, SandboxKey, Sandboxes};
+pub use seam::{ClaimOrder, Claimed, DoorKey, OwnersOf, SandboxEvent, SandboxKey, Sandboxes};
 
 /// How many tokens the runtime's sources may take, from its base.
 pub const TOKEN_SPAN: usize = 1 << 40;

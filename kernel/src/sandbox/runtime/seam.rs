@@ -92,6 +92,49 @@ pub enum SandboxEvent<O> {
     },
 }
 
+impl<O> SandboxEvent<O> {
+    /// Whose sandbox it is.
+    pub fn owner(&self) -> &O {
+        match self {
+            SandboxEvent::Ready { owner, .. }
+            | SandboxEvent::Failed { owner, .. }
+            | SandboxEvent::Status { owner, .. }
+            | SandboxEvent::OomKill { owner }
+            | SandboxEvent::Ended { owner, .. } => owner,
+        }
+    }
+
+    /// The same event for the owner `owner` maps to.
+    pub fn map<P>(self, owner: impl FnOnce(O) -> P) -> SandboxEvent<P> {
+        match self {
+            SandboxEvent::Ready { owner: o, sandbox } => SandboxEvent::Ready {
+                owner: owner(o),
+                sandbox,
+            },
+            SandboxEvent::Failed { owner: o, error } => SandboxEvent::Failed {
+                owner: owner(o),
+                error,
+            },
+            SandboxEvent::Status { owner: o, status } => SandboxEvent::Status {
+                owner: owner(o),
+                status,
+            },
+            SandboxEvent::OomKill { owner: o } => SandboxEvent::OomKill { owner: owner(o) },
+            SandboxEvent::Ended {
+                owner: o,
+                init,
+                oom_killed,
+                usage,
+            } => SandboxEvent::Ended {
+                owner: owner(o),
+                init,
+                oom_killed,
+                usage,
+            },
+        }
+    }
+}
+
 /// What a claim gives the sandbox.
 #[derive(Debug)]
 pub struct ClaimOrder<'a> {
@@ -289,4 +332,71 @@ fn open_log(path: &Path) -> Result<File, LaunchError> {
             path: path.to_path_buf(),
             source,
         })
+}
+
+/// One kind of owner's share of a runtime that several kinds share: its
+/// owners are wrapped into the runtime's (an agent's run into the kernel's
+/// `Owner::Agent`, say) on the way in.
+#[derive(Debug)]
+pub struct OwnersOf<'a, O, P> {
+    runtime: &'a mut Runtime<O>,
+    wrap: fn(P) -> O,
+}
+
+impl<'a, O, P> OwnersOf<'a, O, P> {
+    /// `runtime`, as seen by owners that `wrap` turns into its own.
+    pub fn new(runtime: &'a mut Runtime<O>, wrap: fn(P) -> O) -> Self {
+        OwnersOf { runtime, wrap }
+    }
+}
+
+impl<O: Copy + PartialEq + Debug, P> Sandboxes<P> for OwnersOf<'_, O, P> {
+    fn host(&self) -> &Host {
+        self.runtime.host()
+    }
+
+    fn view(&self, shape: Shape, binds: &[Bind]) -> Option<View> {
+        self.runtime.view(shape, binds)
+    }
+
+    fn acquire(&mut self, owner: P, shape: Shape, now: Instant) -> Option<SandboxKey> {
+        self.runtime.acquire((self.wrap)(owner), shape, now)
+    }
+
+    fn withdraw(&mut self, owner: P) -> bool {
+        self.runtime.withdraw((self.wrap)(owner))
+    }
+
+    fn claim(
+        &mut self,
+        sandbox: SandboxKey,
+        owner: P,
+        order: ClaimOrder<'_>,
+    ) -> Result<Claimed, LaunchError> {
+        self.runtime.claim(sandbox, (self.wrap)(owner), order)
+    }
+
+    fn discard(&mut self, sandbox: SandboxKey) {
+        self.runtime.discard(sandbox)
+    }
+
+    fn signal(&self, sandbox: SandboxKey, signal: i32) {
+        self.runtime.signal(sandbox, signal)
+    }
+
+    fn usage(&self, sandbox: SandboxKey) -> Option<CgroupStats> {
+        self.runtime.usage(sandbox)
+    }
+
+    fn open_door(&mut self, name: &str, identity: Identity) -> io::Result<DoorKey> {
+        self.runtime.open_door(name, identity)
+    }
+
+    fn door_path(&self, door: DoorKey) -> Option<&Path> {
+        self.runtime.door_path(door)
+    }
+
+    fn close_door(&mut self, door: DoorKey) {
+        self.runtime.close_door(door)
+    }
 }
