@@ -150,3 +150,96 @@ fn a_sandboxed_shell_sees_only_its_own_world() {
         "/etc/shadow must read as empty:\n{log}"
     );
 }
+
+#[test]
+fn a_claims_channel_reaches_the_workload_alone() {
+    if !is_root() {
+        eprintln!("!!! NOT TESTED: sandboxes with a separate agent user need root; run the suite as root (CI does)");
+        return;
+    }
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("host.log");
+    let log = fs::File::create(&log_path).unwrap();
+    let socket = dir.path().join("agent.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    // The workload answers on its channel, closes it, and lingers: the
+    // daemon's end must see the close while the sandbox still runs, so no
+    // other process of the sandbox may hold a copy.
+    let workload = Workload {
+        name: "host".into(),
+        program: PathBuf::from("/bin/sh"),
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "read line <&8; echo \"pong $line\" >&8; exec 8>&-; sleep 3".into(),
+        ],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        cwd: None,
+        script: None,
+        binds: Vec::new(),
+        socket,
+    };
+    let spec = plan::sandbox(&profile(dir.path()), Shape::DEFAULT);
+    let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
+    let mut launched = launcher
+        .launch(LaunchRequest {
+            spec,
+            cgroup: None,
+            map_to: None,
+        })
+        .unwrap();
+    let (mut ours, theirs) = UnixStream::pair().unwrap();
+    launched
+        .control
+        .claim_with_channel(
+            &plan::claim(Shape::DEFAULT, &workload),
+            &log,
+            Some(theirs.as_fd()),
+        )
+        .unwrap();
+    drop(theirs);
+    launched.control.start().unwrap();
+    ours.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    ours.write_all(b"ping\n").unwrap();
+    let mut reader = BufReader::new(ours.try_clone().unwrap());
+    let mut line = String::new();
+    let answered = reader.read_line(&mut line);
+    let statuses = launched.status.read_available().0;
+    let log = fs::read_to_string(&log_path).unwrap();
+    assert!(answered.is_ok(), "{answered:?}\n{statuses:?}\n{log}");
+    assert_eq!(line, "pong ping\n", "{statuses:?}\n{log}");
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    let (_, closed) = launched.status.read_available();
+    assert!(
+        !closed,
+        "the channel closed only when the whole sandbox ended: someone else held it"
+    );
+    // SAFETY: pidfd_send_signal on our own child's pidfd.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            launched.pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            0,
+            0,
+        );
+    }
+    // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid on our own child's pidfd with a valid siginfo pointer.
+    unsafe {
+        libc::waitid(
+            libc::P_PIDFD,
+            launched.pidfd.as_raw_fd() as libc::id_t,
+            &mut info,
+            libc::WEXITED,
+        );
+    }
+}

@@ -218,6 +218,7 @@ impl Agents {
             cgroup_name: format!("agent-{id}-{}", run.number),
             limits: cgroup_limits(&agent.limits),
             door: agent.door,
+            channel: None,
         };
         let claimed = sandboxes.claim(sandbox, run, order);
         agent.sandbox = Some(sandbox);

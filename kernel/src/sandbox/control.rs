@@ -18,8 +18,8 @@ pub enum ControlError {
     /// The descriptors it carries could not be read.
     #[error("bad claim: {0}")]
     ClaimDescriptors(#[source] Errno),
-    /// It did not carry exactly two descriptors.
-    #[error("a claim must carry its spec and its log")]
+    /// It did not carry its spec and its log (and at most a channel).
+    #[error("a claim must carry its spec, its log and at most a channel")]
     ClaimIncomplete,
     /// Its spec could not be read from its memfd.
     #[error("cannot read the claim: {0}")]
@@ -33,10 +33,12 @@ pub enum ControlError {
 }
 
 /// Blocks until a workload claims this sandbox; takes over the log it
-/// brings as the init's stdout, stderr and `fds::LOG`.
+/// brings as the init's stdout, stderr and `fds::LOG`, and the channel it
+/// may bring as `fds::CHANNEL` (close-on-exec: only the workload's own
+/// process keeps it, see `pid1`).
 pub fn wait_for_claim() -> Result<Claim, ControlError> {
     let mut tag = [0u8; 16];
-    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let mut space = nix::cmsg_space!([RawFd; 3]);
     let received: Vec<RawFd> = loop {
         let mut iov = [IoSliceMut::new(&mut tag)];
         match recvmsg::<()>(
@@ -59,9 +61,21 @@ pub fn wait_for_claim() -> Result<Claim, ControlError> {
             Err(err) => return Err(ControlError::ReceiveClaim(err)),
         }
     };
-    let [memfd, log] = received[..] else {
-        return Err(ControlError::ClaimIncomplete);
+    let (memfd, log, channel) = match received[..] {
+        [memfd, log] => (memfd, log, None),
+        [memfd, log, channel] => (memfd, log, Some(channel)),
+        _ => return Err(ControlError::ClaimIncomplete),
     };
+    // The descriptors arrive at the lowest free numbers, which may be the
+    // channel's fixed one: park the channel out of the way until the spec
+    // and the log are in place.
+    // SAFETY: F_DUPFD_CLOEXEC of a descriptor just received, then closing
+    // that original, which nothing else owns.
+    let channel = channel.map(|channel| unsafe {
+        let parked = libc::fcntl(channel, libc::F_DUPFD_CLOEXEC, PARKED_FLOOR);
+        libc::close(channel);
+        parked
+    });
     // SAFETY: both descriptors were just received and belong to nobody else.
     let (mut claim_file, log) = unsafe { (std::fs::File::from_raw_fd(memfd), log) };
     // SAFETY: dup2 onto our own standard descriptors and the fixed log slot;
@@ -83,8 +97,21 @@ pub fn wait_for_claim() -> Result<Claim, ControlError> {
     claim_file
         .read_to_string(&mut text)
         .map_err(ControlError::ReadClaim)?;
+    drop(claim_file);
+    if let Some(parked) = channel {
+        // SAFETY: dup3 onto the fixed channel slot, free now that the spec
+        // and the log's original are closed; the parked copy is closed.
+        unsafe {
+            libc::dup3(parked, fds::CHANNEL, libc::O_CLOEXEC);
+            libc::close(parked);
+        }
+    }
     serde_json::from_str(&text).map_err(ControlError::ParseClaim)
 }
+
+/// Where a received channel waits while the other descriptors are placed:
+/// above every fixed number.
+const PARKED_FLOOR: RawFd = 100;
 
 /// Blocks until the daemon says the workload may start: it has put the
 /// sandbox's cgroup in order (name, limits) while the init entered its

@@ -11,7 +11,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -72,12 +72,24 @@ pub struct Control {
 }
 
 impl Control {
-    /// Hands the sandbox its workload and the log its output goes to. The
+    /// Hands the sandbox its workload, the log its output goes to and, if
+    /// given, the workload's channel to the daemon (see `fds::CHANNEL`). The
     /// claim travels in a memfd, so its size is never a concern, and the
     /// send never blocks: each control socket carries three small messages.
     pub fn claim(&self, claim: &Claim, log: &File) -> io::Result<()> {
+        self.claim_with_channel(claim, log, None)
+    }
+
+    /// [`claim`](Self::claim), handing the workload `channel` too.
+    pub fn claim_with_channel(
+        &self,
+        claim: &Claim,
+        log: &File,
+        channel: Option<BorrowedFd<'_>>,
+    ) -> io::Result<()> {
         let memfd = json_memfd(c"agentos-claim", claim)?;
-        let fds = [memfd.as_raw_fd(), log.as_raw_fd()];
+        let mut fds = vec![memfd.as_raw_fd(), log.as_raw_fd()];
+        fds.extend(channel.map(|fd| fd.as_raw_fd()));
         sendmsg::<()>(
             self.socket.as_raw_fd(),
             &[IoSlice::new(b"claim")],

@@ -114,6 +114,9 @@ pub fn run(spec: &SandboxSpec, claim: &Claim) -> Result<i32, WorkloadError> {
     };
     drop(output_write);
     drop(exec_write);
+    // The channel (if the claim brought one) is the workload's alone: the
+    // daemon must see it close when the workload ends.
+    let _ = nix::unistd::close(fds::CHANNEL);
 
     // The exec pipe closes on a successful exec; anything written to it is
     // the reason the exec did not happen.
@@ -214,6 +217,12 @@ fn workload(exec: &Exec, output: &OwnedFd, exec_write: &OwnedFd) -> ! {
         nix::unistd::dup2_stdout(output).and_then(|()| nix::unistd::dup2_stderr(output))
     {
         fail("dup2", errno);
+    }
+    // The channel, if there is one, stays open across exec.
+    // SAFETY: F_SETFD on a fixed descriptor number; EBADF (no channel) is
+    // harmless.
+    unsafe {
+        libc::fcntl(fds::CHANNEL, libc::F_SETFD, 0);
     }
     // The init keeps the OOM killer off itself; the workload is fair game.
     let _ = std::fs::write("/proc/self/oom_score_adj", "0");

@@ -26,6 +26,10 @@ pub mod fds {
     /// Where the workload's log lands once claimed (also the init's own
     /// stdout and stderr from then on).
     pub const LOG: RawFd = 7;
+    /// The workload's channel to the daemon, when its claim brings one (an
+    /// exec host's): the workload finds it open at this number, and the
+    /// init keeps no copy.
+    pub const CHANNEL: RawFd = 8;
 }
 
 /// A sandbox's shape: everything that does not depend on which program

@@ -6,7 +6,7 @@
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Instant;
@@ -148,6 +148,9 @@ pub struct ClaimOrder<'a> {
     pub limits: CgroupLimits,
     /// The door whose callers must come from this sandbox.
     pub door: Option<DoorKey>,
+    /// The workload's channel to its owner, open in the workload at
+    /// `fds::CHANNEL` (an exec host's).
+    pub channel: Option<BorrowedFd<'a>>,
 }
 
 /// What a successful claim tells the owner.
@@ -246,7 +249,11 @@ impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
             .and_then(|log| {
                 sandbox
                     .control
-                    .claim(&plan::claim(sandbox.shape, order.workload), &log)
+                    .claim_with_channel(
+                        &plan::claim(sandbox.shape, order.workload),
+                        &log,
+                        order.channel,
+                    )
                     .map_err(LaunchError::Claim)
             })
             .and_then(|()| match sandbox.cgroup.as_mut() {
