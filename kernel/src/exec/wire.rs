@@ -1,0 +1,164 @@
+//! What the kernel and an exec host say to each other (the host's side is
+//! `zygote.py`).
+//!
+//! The host's channel carries one datagram per prepared run child —
+//! `{"ready": n}` with three descriptors: the run's socket and the read
+//! ends of its stdout and stderr pipes. A run's socket carries frames both
+//! ways, each a 4-byte little-endian length and JSON: the kernel's
+//! [`RunOrder`], then the run's [`RunEnd`].
+
+use std::collections::BTreeMap;
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use serde::{Deserialize, Serialize};
+
+/// The zygote's source, run as `python -I -S -c`.
+pub const ZYGOTE: &str = include_str!("zygote.py");
+
+/// Largest channel datagram the host sends.
+const READY_MAX: usize = 256;
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunOrder {
+    /// The program text.
+    pub code: String,
+    /// `python` or `bash`.
+    pub language: String,
+    /// The run's whole environment.
+    pub env: BTreeMap<String, String>,
+    /// Its working directory, if not the host's.
+    pub cwd: Option<String>,
+}
+
+/// How a run ended, as the run child reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunEnd {
+    /// The code's exit status.
+    pub exit_code: i32,
+    /// An uncaught exception's `Type: message`, or why the code could not
+    /// run.
+    pub error: Option<String>,
+}
+
+/// A run child the host has prepared.
+#[derive(Debug)]
+pub struct Ready {
+    /// The host's number for it.
+    pub number: u64,
+    /// Its socket: the order goes in, its end comes out.
+    pub socket: OwnedFd,
+    /// The read end of its stdout.
+    pub stdout: OwnedFd,
+    /// The read end of its stderr.
+    pub stderr: OwnedFd,
+}
+
+#[derive(Deserialize)]
+struct ReadyMessage {
+    ready: u64,
+}
+
+/// Encodes one frame.
+pub fn frame<T: Serialize>(value: &T) -> Vec<u8> {
+    let json = serde_json::to_vec(value).unwrap_or_default();
+    let mut out = Vec::with_capacity(4 + json.len());
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    out
+}
+
+/// Takes one whole frame off the front of `buffer`, if one is there.
+pub fn take_frame<T: for<'de> Deserialize<'de>>(buffer: &mut Vec<u8>) -> Option<io::Result<T>> {
+    let header: [u8; 4] = buffer.get(..4)?.try_into().ok()?;
+    let length = u32::from_le_bytes(header) as usize;
+    let body = buffer.get(4..4 + length)?;
+    let value = serde_json::from_slice(body).map_err(io::Error::other);
+    buffer.drain(..4 + length);
+    Some(value)
+}
+
+/// Receives one `ready` datagram from a host's channel. `Ok(None)`: the
+/// host has gone.
+pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
+    let mut bytes = [0u8; READY_MAX];
+    let mut space = nix::cmsg_space!([RawFd; 3]);
+    let (length, fds) = loop {
+        let mut iov = [IoSliceMut::new(&mut bytes)];
+        match recvmsg::<()>(
+            channel.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(message) => {
+                let fds: Vec<RawFd> = message
+                    .cmsgs()?
+                    .flat_map(|cmsg| match cmsg {
+                        ControlMessageOwned::ScmRights(fds) => fds,
+                        _ => Vec::new(),
+                    })
+                    .collect();
+                break (message.bytes, fds);
+            }
+            Err(Errno::EINTR) => {}
+            Err(err) => return Err(err.into()),
+        }
+    };
+    // SAFETY: each descriptor was just received and belongs to nobody else.
+    let owned: Vec<OwnedFd> = fds
+        .into_iter()
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect();
+    if length == 0 && owned.is_empty() {
+        return Ok(None);
+    }
+    let message: ReadyMessage = serde_json::from_slice(&bytes[..length])
+        .map_err(|err| io::Error::other(format!("bad message from an exec host: {err}")))?;
+    let [socket, stdout, stderr]: [OwnedFd; 3] = owned.try_into().map_err(|fds: Vec<_>| {
+        io::Error::other(format!(
+            "an exec host's ready message carried {} descriptors, not 3",
+            fds.len()
+        ))
+    })?;
+    Ok(Some(Ready {
+        number: message.ready,
+        socket,
+        stdout,
+        stderr,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_come_apart_as_they_went_together_even_in_pieces() {
+        let end = RunEnd {
+            exit_code: 3,
+            error: Some("ValueError: no".into()),
+        };
+        let bytes = [frame(&end), frame(&end)].concat();
+        let mut buffer = Vec::new();
+        let mut got = Vec::new();
+        for piece in bytes.chunks(5) {
+            buffer.extend_from_slice(piece);
+            while let Some(value) = take_frame::<RunEnd>(&mut buffer) {
+                got.push(value.unwrap());
+            }
+        }
+        assert_eq!(got, vec![end.clone(), end]);
+        assert!(buffer.is_empty());
+    }
+
+    #[test]
+    fn a_frame_that_is_not_json_is_an_error_not_a_hang() {
+        let mut buffer = vec![3, 0, 0, 0, b'n', b'o', b'!'];
+        assert!(take_frame::<RunEnd>(&mut buffer).unwrap().is_err());
+        assert!(buffer.is_empty());
+    }
+}

@@ -1,0 +1,244 @@
+//! The exec host on its own: the zygote as the workload of a real sandbox
+//! (the built agentosd's launcher and init), driven over its channel the
+//! way the kernel drives it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentos_kernel::exec::wire::{self, Ready, RunEnd, RunOrder};
+use agentos_kernel::sandbox::plan::{self, Profile, Shape, Workload};
+use agentos_kernel::sandbox::spec::Rlimits;
+use agentos_kernel::sandbox::{LaunchRequest, Launched, Launcher, User};
+use common::{is_root, AGENTOSD};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// A running exec host and the kernel's end of its channel.
+struct Host {
+    launched: Launched,
+    /// Holds the lifeline: the host lives only as long as its launcher.
+    _launcher: Launcher,
+    channel: OwnedFd,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn start() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = dir.path().join("root");
+        fs::create_dir_all(&staging).unwrap();
+        let profile = Profile {
+            staging,
+            user: Some(User {
+                uid: 65534,
+                gid: 65534,
+            }),
+            user_namespace: false,
+            tmp_size: 16 << 20,
+            workspace_size: 16 << 20,
+            rlimits: Rlimits {
+                nofile: 256,
+                fsize: 64 << 20,
+            },
+            log_cap: 1 << 20,
+            extra_masks: vec![],
+        };
+        let socket = dir.path().join("host.sock");
+        std::mem::forget(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+        let workload = Workload {
+            name: "exec-host".into(),
+            program: PathBuf::from(PYTHON),
+            argv: vec![
+                "python3".into(),
+                "-I".into(),
+                "-S".into(),
+                "-c".into(),
+                wire::ZYGOTE.into(),
+            ],
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("AGENTOS_EXEC_READY_RUNS".into(), "2".into()),
+            ],
+            cwd: None,
+            script: None,
+            binds: Vec::new(),
+            socket,
+        };
+        let log = dir.path().join("host.log");
+        let log_file = fs::File::create(&log).unwrap();
+        let spec = plan::sandbox(&profile, Shape::DEFAULT);
+        let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
+        let launched = launcher
+            .launch(LaunchRequest {
+                spec,
+                cgroup: None,
+                map_to: None,
+            })
+            .unwrap();
+        let (channel, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        launched
+            .control
+            .claim_with_channel(
+                &plan::claim(Shape::DEFAULT, &workload),
+                &log_file,
+                Some(theirs.as_fd()),
+            )
+            .unwrap();
+        drop(theirs);
+        launched.control.start().unwrap();
+        Host {
+            launched,
+            _launcher: launcher,
+            channel,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// The next prepared run child, waiting up to ten seconds.
+    fn next_ready(&mut self) -> Ready {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match wire::receive_ready(self.channel.as_fd()) {
+                Ok(Some(ready)) => return ready,
+                Ok(None) => {
+                    // What the host said on its way out comes just after.
+                    std::thread::sleep(Duration::from_millis(500));
+                    panic!(
+                        "the host went away: {:?}\n{}",
+                        self.launched.status.read_available().0,
+                        self.log()
+                    )
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(err) => panic!("{err}: {}", self.log()),
+            }
+            assert!(Instant::now() < deadline, "no run child: {}", self.log());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // SAFETY: pidfd_send_signal on our own child's pidfd.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.launched.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                0,
+                0,
+            );
+        }
+        // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child's pidfd with a valid siginfo pointer.
+        unsafe {
+            libc::waitid(
+                libc::P_PIDFD,
+                self.launched.pidfd.as_raw_fd() as libc::id_t,
+                &mut info,
+                libc::WEXITED,
+            );
+        }
+    }
+}
+
+/// Runs `code` on a prepared child; returns stdout, stderr and its end.
+fn run(ready: Ready, language: &str, code: &str) -> (String, String, RunEnd) {
+    let mut socket = UnixStream::from(ready.socket);
+    let order = RunOrder {
+        code: code.into(),
+        language: language.into(),
+        env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
+        cwd: None,
+    };
+    socket.write_all(&wire::frame(&order)).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buffer = Vec::new();
+    let end = loop {
+        if let Some(end) = wire::take_frame::<RunEnd>(&mut buffer) {
+            break end.unwrap();
+        }
+        let mut chunk = [0u8; 4096];
+        let n = socket.read(&mut chunk).unwrap();
+        assert!(n > 0, "the run ended without saying how");
+        buffer.extend_from_slice(&chunk[..n]);
+    };
+    let drain = |fd: OwnedFd| {
+        let mut text = String::new();
+        fs::File::from(fd).read_to_string(&mut text).unwrap();
+        text
+    };
+    (drain(ready.stdout), drain(ready.stderr), end)
+}
+
+#[test]
+fn the_zygote_hands_over_run_children_that_run_python_and_bash() {
+    if !is_root() {
+        eprintln!("!!! NOT TESTED: sandboxes with a separate agent user need root; run the suite as root (CI does)");
+        return;
+    }
+    let mut host = Host::start();
+    let (stdout, stderr, end) = run(host.next_ready(), "python", "print(6 * 7)");
+    assert_eq!((stdout.as_str(), stderr.as_str()), ("42\n", ""));
+    assert_eq!(
+        end,
+        RunEnd {
+            exit_code: 0,
+            error: None
+        }
+    );
+    let (stdout, stderr, end) = run(
+        host.next_ready(),
+        "python",
+        "print('before')\nraise ValueError('no such thing')",
+    );
+    assert_eq!(stdout, "before\n");
+    assert!(stderr.contains("Traceback"), "{stderr}");
+    assert_eq!(end.exit_code, 1);
+    assert_eq!(end.error.as_deref(), Some("ValueError: no such thing"));
+    let (_, _, end) = run(host.next_ready(), "python", "import sys; sys.exit(3)");
+    assert_eq!(end.exit_code, 3);
+    let (stdout, _, end) = run(host.next_ready(), "bash", "echo $((2+3)); exit 4");
+    assert_eq!((stdout.as_str(), end.exit_code), ("5\n", 4));
+}
+
+#[test]
+fn every_run_child_is_a_fresh_process_forked_for_it() {
+    if !is_root() {
+        eprintln!("!!! NOT TESTED: sandboxes with a separate agent user need root; run the suite as root (CI does)");
+        return;
+    }
+    let mut host = Host::start();
+    let code = "import os\nprint(os.getpid())\nleaked = 'secret'";
+    let (first, _, _) = run(host.next_ready(), "python", code);
+    let (second, _, _) = run(host.next_ready(), "python", "print('leaked' in globals())");
+    let (third, _, _) = run(host.next_ready(), "python", "import os\nprint(os.getpid())");
+    assert_eq!(second, "False\n");
+    assert_ne!(first, third, "a run child served twice");
+}
