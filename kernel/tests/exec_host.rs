@@ -14,8 +14,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use agentos_kernel::exec::host::{self, HostSetup};
 use agentos_kernel::exec::wire::{self, Ready, RunEnd, RunOrder};
-use agentos_kernel::sandbox::plan::{self, Profile, Shape, Workload};
+use agentos_kernel::sandbox::plan::{self, Profile, Shape};
 use agentos_kernel::sandbox::spec::Rlimits;
 use agentos_kernel::sandbox::{LaunchRequest, Launched, Launcher, User};
 use common::{is_root, AGENTOSD};
@@ -56,28 +57,16 @@ impl Host {
         };
         let socket = dir.path().join("host.sock");
         std::mem::forget(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-        let workload = Workload {
-            name: "exec-host".into(),
-            program: PathBuf::from(PYTHON),
-            argv: vec![
-                "python3".into(),
-                "-I".into(),
-                "-S".into(),
-                "-c".into(),
-                wire::ZYGOTE.into(),
-            ],
-            env: vec![
-                ("PATH".into(), "/usr/bin:/bin".into()),
-                ("AGENTOS_EXEC_READY_RUNS".into(), "2".into()),
-            ],
-            cwd: None,
-            script: None,
-            binds: Vec::new(),
-            socket,
+        let setup = HostSetup {
+            python: PathBuf::from(PYTHON),
+            ready_runs: 2,
+            tmp_bytes: 8 << 20,
+            workspace_bytes: 8 << 20,
         };
+        let workload = host::zygote_workload(&setup, &socket);
         let log = dir.path().join("host.log");
         let log_file = fs::File::create(&log).unwrap();
-        let spec = plan::sandbox(&profile, Shape::DEFAULT);
+        let spec = plan::sandbox(&profile, Shape::EXEC_HOST);
         let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
         let launched = launcher
             .launch(LaunchRequest {
@@ -96,7 +85,7 @@ impl Host {
         launched
             .control
             .claim_with_channel(
-                &plan::claim(Shape::DEFAULT, &workload),
+                &plan::claim(Shape::EXEC_HOST, &workload),
                 &log_file,
                 Some(theirs.as_fd()),
             )
@@ -166,8 +155,17 @@ impl Drop for Host {
     }
 }
 
+/// A prepared run child, with the pidfd it sends first.
+fn claim(ready: Ready) -> (Ready, OwnedFd) {
+    let pidfd = wire::receive_pidfd(ready.socket.as_fd())
+        .unwrap()
+        .expect("the run child went away before sending its pidfd");
+    (ready, pidfd)
+}
+
 /// Runs `code` on a prepared child; returns stdout, stderr and its end.
 fn run(ready: Ready, language: &str, code: &str) -> (String, String, RunEnd) {
+    let (ready, _pidfd) = claim(ready);
     let mut socket = UnixStream::from(ready.socket);
     let order = RunOrder {
         code: code.into(),
@@ -229,16 +227,93 @@ fn the_zygote_hands_over_run_children_that_run_python_and_bash() {
 }
 
 #[test]
-fn every_run_child_is_a_fresh_process_forked_for_it() {
+fn every_run_child_is_a_fresh_interpreter_forked_for_it() {
     if !is_root() {
         eprintln!("!!! NOT TESTED: sandboxes with a separate agent user need root; run the suite as root (CI does)");
         return;
     }
     let mut host = Host::start();
-    let code = "import os\nprint(os.getpid())\nleaked = 'secret'";
+    let code = "import sys\nsys.left_by_first = True\nleaked = 'secret'\nprint('set')";
     let (first, _, _) = run(host.next_ready(), "python", code);
-    let (second, _, _) = run(host.next_ready(), "python", "print('leaked' in globals())");
-    let (third, _, _) = run(host.next_ready(), "python", "import os\nprint(os.getpid())");
-    assert_eq!(second, "False\n");
-    assert_ne!(first, third, "a run child served twice");
+    let (second, _, _) = run(
+        host.next_ready(),
+        "python",
+        "import sys\nprint('leaked' in globals(), hasattr(sys, 'left_by_first'))",
+    );
+    assert_eq!(
+        (first.as_str(), second.as_str()),
+        ("set\n", "False False\n")
+    );
+}
+
+#[test]
+fn runs_see_none_of_each_others_files_or_processes() {
+    if !is_root() {
+        eprintln!("!!! NOT TESTED: sandboxes with a separate agent user need root; run the suite as root (CI does)");
+        return;
+    }
+    let mut host = Host::start();
+    let leave = "open('/tmp/left', 'w').write('x')\nopen('/workspace/left', 'w').write('x')\n\
+                 import subprocess\nsubprocess.Popen(['sleep', '30'])\nprint('left')";
+    let (stdout, stderr, _) = run(host.next_ready(), "python", leave);
+    assert_eq!(stdout, "left\n", "{stderr}");
+    let look = "import os\n\
+                print(os.path.exists('/tmp/left'), os.path.exists('/workspace/left'))\n\
+                print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n\
+                print(os.uname().nodename)";
+    let (stdout, stderr, _) = run(host.next_ready(), "python", look);
+    assert_eq!(stdout, "False False\n[1]\nrun\n", "{stderr}");
+}
+
+#[test]
+fn a_run_has_no_privileges_and_the_whole_filter() {
+    if !is_root() {
+        eprintln!("!!! NOT TESTED: sandboxes with a separate agent user need root; run the suite as root (CI does)");
+        return;
+    }
+    let mut host = Host::start();
+    let probe = "import ctypes, os\n\
+                 libc = ctypes.CDLL(None, use_errno=True)\n\
+                 status = open('/proc/self/status').read()\n\
+                 print([l.split()[1] for l in status.splitlines() if l.startswith(('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs', 'Seccomp:'))])\n\
+                 print(libc.unshare(0x10000000), ctypes.get_errno() == 1)\n\
+                 print(len(open('/proc/keys', 'rb').read(16)))\n\
+                 try:\n    open('/proc/sys/kernel/hostname', 'w').write('x')\nexcept OSError as e:\n    print(e.errno)";
+    let (stdout, stderr, _) = run(host.next_ready(), "python", probe);
+    assert_eq!(
+        stdout,
+        "['0000000000000000', '0000000000000000', '0000000000000000', '1', '2']\n-1 True\n0\n30\n",
+        "{stderr}"
+    );
+}
+
+#[test]
+fn killing_a_run_through_its_pidfd_ends_all_it_started() {
+    if !is_root() {
+        eprintln!("!!! NOT TESTED: sandboxes with a separate agent user need root; run the suite as root (CI does)");
+        return;
+    }
+    let mut host = Host::start();
+    let (ready, pidfd) = claim(host.next_ready());
+    let mut socket = UnixStream::from(ready.socket);
+    let order = RunOrder {
+        code: "import subprocess\nsubprocess.Popen(['sleep', '300'])\nprint('spinning', flush=True)\nwhile True: pass".into(),
+        language: "python".into(),
+        env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
+        cwd: None,
+    };
+    socket.write_all(&wire::frame(&order)).unwrap();
+    let mut stdout = fs::File::from(ready.stdout);
+    let mut first = [0u8; 9];
+    stdout.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"spinning\n");
+    agentos_kernel::process::signal(pidfd.as_fd(), libc::SIGKILL).unwrap();
+    // Every writer of the pipe is gone, the sleep included: EOF, at once.
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let mut end = Vec::new();
+    socket.read_to_end(&mut end).unwrap();
+    assert!(end.is_empty(), "a killed run said how it ended: {end:?}");
 }

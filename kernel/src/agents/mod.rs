@@ -411,6 +411,7 @@ fn shape_of(sandboxes: &impl Sandboxes<Run>, request: &SpawnRequest) -> Shape {
         sandboxed,
         // Outside a sandbox there is only the host's network.
         network: request.network && sandboxed,
+        nested: false,
     }
 }
 

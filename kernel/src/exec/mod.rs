@@ -6,5 +6,6 @@
 //! waiting for code, and hands them to the kernel over the channel its
 //! claim brought ([`wire`]).
 
+pub mod host;
 pub mod output;
 pub mod wire;

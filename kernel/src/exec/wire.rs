@@ -132,6 +132,46 @@ pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
     }))
 }
 
+/// Receives a run child's first message: a pidfd of itself, PID 1 of its
+/// namespace. Blocks if the socket does; `Ok(None)`: it went away first.
+pub fn receive_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    loop {
+        let mut iov = [IoSliceMut::new(&mut byte)];
+        match recvmsg::<()>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(message) => {
+                let fds: Vec<RawFd> = message
+                    .cmsgs()?
+                    .flat_map(|cmsg| match cmsg {
+                        ControlMessageOwned::ScmRights(fds) => fds,
+                        _ => Vec::new(),
+                    })
+                    .collect();
+                // SAFETY: each descriptor was just received and belongs to
+                // nobody else.
+                let mut owned = fds
+                    .into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+                return match (message.bytes, owned.next()) {
+                    (0, _) => Ok(None),
+                    (_, Some(pidfd)) => Ok(Some(pidfd)),
+                    (_, None) => Err(io::Error::other(
+                        "a run child's first message carried no pidfd",
+                    )),
+                };
+            }
+            Err(Errno::EINTR) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,17 @@
 # stderr pipes. A run child serves one run (or, for a session, many), then
 # exits; the zygote reaps it and prepares another.
 #
+# Isolation per run. The zygote first makes a user namespace of its own
+# (the host's seccomp filter lets it; it is uid 0 there, the host's
+# unprivileged uid outside). Each run child then gets fresh mount, PID,
+# IPC and UTS namespaces owned by it: a private /tmp and /workspace, a
+# /proc that shows only its own processes (guarded as an agent's is), and
+# no way to see or signal another run. Before any code arrives it drops
+# every capability, sets no_new_privs and installs the kernel's whole
+# seccomp filter (from AGENTOS_EXEC_RUN_FILTER) on top of the host's. Its
+# first message on its socket carries a pidfd of itself, PID 1 of its
+# namespace: killing it ends everything the run started.
+#
 # Run socket frames, both ways: a 4-byte little-endian length, then JSON.
 #   kernel -> run:  {"code": "...", "language": "python"|"bash",
 #                    "env": {...}, "cwd": "..." | null}
@@ -16,6 +27,7 @@
 # Started as `python -I -S -c <this>`: no site, no user paths, nothing from
 # the environment but what the kernel set.
 
+import ctypes
 import gc
 import json
 import os
@@ -26,8 +38,142 @@ import sys
 import traceback
 
 CHANNEL_FD = 8
-READY_RUNS = int(os.environ.get("AGENTOS_EXEC_READY_RUNS", "4"))
+SETTINGS = {
+    key: os.environ.pop(key, "")
+    for key in [
+        "AGENTOS_EXEC_READY_RUNS",
+        "AGENTOS_EXEC_RUN_FILTER",
+        "AGENTOS_EXEC_TMP_BYTES",
+        "AGENTOS_EXEC_WORKSPACE_BYTES",
+        "AGENTOS_EXEC_PROC_MASKED",
+        "AGENTOS_EXEC_PROC_READ_ONLY",
+    ]
+}
+READY_RUNS = int(SETTINGS["AGENTOS_EXEC_READY_RUNS"] or "4")
 REHEARSAL = "total = sum(range(100))\nprint(total)\n"
+
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def check(result, what):
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def write(path, text):
+    with open(path, "w") as file:
+        file.write(text)
+
+
+def mount(source, target, fstype, flags, data=None):
+    check(
+        libc.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
+
+
+def own_namespaces():
+    """Makes the zygote uid 0 of a user namespace of its own, so it may
+    make the namespaces of its runs."""
+    uid, gid = os.getuid(), os.getgid()
+    check(libc.unshare(CLONE_NEWUSER), "unshare(user)")
+    write("/proc/self/setgroups", "deny")
+    write("/proc/self/uid_map", f"0 {uid} 1")
+    write("/proc/self/gid_map", f"0 {gid} 1")
+
+
+def isolate_run():
+    """In a new run child: its own mount, PID, IPC and UTS namespaces, with
+    a private /tmp and /workspace. The PID namespace holds the next child
+    forked, which is PID 1 there."""
+    check(
+        libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS),
+        "unshare(run namespaces)",
+    )
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    scratch = MS_NOSUID | MS_NODEV
+    tmp = SETTINGS["AGENTOS_EXEC_TMP_BYTES"] or str(16 << 20)
+    mount("tmpfs", "/tmp", "tmpfs", scratch, f"size={tmp},mode=1777")
+    workspace = SETTINGS["AGENTOS_EXEC_WORKSPACE_BYTES"] or str(64 << 20)
+    mount("tmpfs", "/workspace", "tmpfs", scratch, f"size={workspace},mode=700")
+    check(libc.sethostname(b"run", 3), "sethostname")
+
+
+def guard_proc():
+    """PID 1 of a run: a /proc of its own namespace, guarded as an agent's."""
+    locked = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    mount("proc", "/proc", "proc", locked)
+    for name in filter(None, SETTINGS["AGENTOS_EXEC_PROC_READ_ONLY"].split(":")):
+        path = f"/proc/{name}"
+        if os.path.exists(path):
+            mount(path, path, None, MS_BIND | MS_REC)
+            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | locked)
+    for name in filter(None, SETTINGS["AGENTOS_EXEC_PROC_MASKED"].split(":")):
+        path = f"/proc/{name}"
+        if os.path.exists(path):
+            mount("/dev/null", path, None, MS_BIND)
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def drop_privileges(program):
+    """No capabilities, no_new_privs, and the kernel's seccomp filter: from
+    here on the run can do no more than an agent can."""
+    for capability in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            break  # past the last capability this kernel knows
+    check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient")
+    header = CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (CapData * 2)()
+    check(libc.capset(ctypes.byref(header), data), "capset")
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    check(
+        libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0),
+        "seccomp",
+    )
 
 
 def send_frame(sock, value):
@@ -133,7 +279,7 @@ def rehearse():
             sys.stdout = saved
 
 
-def prepare(channel, number):
+def prepare(channel, number, program):
     """Forks one run child and hands its descriptors to the kernel."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     stdout_r, stdout_w = os.pipe()
@@ -146,10 +292,16 @@ def prepare(channel, number):
             os.close(stdout_r)
             os.close(stderr_r)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            rehearse()
-            gc.collect()
-            gc.freeze()
-            serve_run(theirs, stdout_w, stderr_w)
+            isolate_run()
+            run = os.fork()
+            if run == 0:
+                become_run(theirs, stdout_w, stderr_w, program)
+            # Stays as the run's parent, only to say when it has ended.
+            theirs.close()
+            os.close(stdout_w)
+            os.close(stderr_w)
+            _, status = os.waitpid(run, 0)
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -165,14 +317,37 @@ def prepare(channel, number):
     return pid
 
 
+def become_run(sock, stdout_w, stderr_w, program):
+    """PID 1 of the run's namespace: guard its /proc, tell the kernel how to
+    kill it, give up every privilege, rehearse, then wait for code."""
+    try:
+        guard_proc()
+        pidfd = os.pidfd_open(os.getpid())
+        socket.send_fds(sock, [b"R"], [pidfd])
+        os.close(pidfd)
+        drop_privileges(program)
+        rehearse()
+        gc.collect()
+        gc.freeze()
+        serve_run(sock, stdout_w, stderr_w)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(70)
+
+
 def main():
     channel = socket.socket(fileno=CHANNEL_FD)
+    program = bytes.fromhex(SETTINGS["AGENTOS_EXEC_RUN_FILTER"])
+    if not program:
+        raise SystemExit("AGENTOS_EXEC_RUN_FILTER is empty: runs would have no seccomp filter")
+    own_namespaces()
     children = set()
     number = 0
     while True:
         while len(children) < READY_RUNS:
             number += 1
-            children.add(prepare(channel, number))
+            children.add(prepare(channel, number, program))
         # Wait for a child to end (it served its run) or the kernel to go.
         try:
             pid, _ = os.waitpid(-1, 0)

@@ -123,6 +123,7 @@ impl Confinement {
         let shape = Shape {
             sandboxed: true,
             network: true,
+            nested: false,
         };
         let mut root = plan::sandbox(profile, shape).root?;
         root.proc = false;

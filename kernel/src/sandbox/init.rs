@@ -68,7 +68,9 @@ fn run(spec: &SandboxSpec) -> Result<i32, SetupError> {
         network::loopback_up().map_err(SetupError::Loopback)?;
     }
     privileges::set_rlimits(&spec.rlimits).map_err(SetupError::Rlimits)?;
-    let filter = spec.drop_privileges.then(seccomp::filter);
+    let filter = spec
+        .drop_privileges
+        .then(|| seccomp::filter_for(spec.nested_namespaces));
 
     let claim = control::wait_for_claim()?;
     if let Some(root) = &spec.root {

@@ -28,7 +28,7 @@ mod pid1;
 pub mod plan;
 mod privileges;
 pub mod runtime;
-mod seccomp;
+pub mod seccomp;
 pub mod spec;
 pub mod status;
 pub mod view;

@@ -92,6 +92,9 @@ pub struct Shape {
     pub sandboxed: bool,
     /// Share the host's network (only when sandboxed).
     pub network: bool,
+    /// An exec host: its workload makes namespaces per run (see
+    /// `SandboxSpec::nested_namespaces`).
+    pub nested: bool,
 }
 
 impl Shape {
@@ -100,19 +103,30 @@ impl Shape {
     pub const DEFAULT: Shape = Shape {
         sandboxed: true,
         network: false,
+        nested: false,
+    };
+
+    /// An exec host: sandboxed, loopback only, making namespaces per run.
+    pub const EXEC_HOST: Shape = Shape {
+        sandboxed: true,
+        network: false,
+        nested: true,
     };
 
     /// Every shape there is.
-    pub const ALL: [Shape; 3] = [
+    pub const ALL: [Shape; 4] = [
         Shape::DEFAULT,
         Shape {
             sandboxed: true,
             network: true,
+            nested: false,
         },
         Shape {
             sandboxed: false,
             network: false,
+            nested: false,
         },
+        Shape::EXEC_HOST,
     ];
 }
 
@@ -126,6 +140,7 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
             root: None,
             user: None,
             drop_privileges: false,
+            nested_namespaces: false,
             rlimits: profile.rlimits,
             log_cap: profile.log_cap,
         };
@@ -185,9 +200,11 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
             masks,
             devices: DEVICES.iter().map(PathBuf::from).collect(),
             proc: true,
+            proc_guards: !shape.nested,
         }),
         user: profile.user,
         drop_privileges: true,
+        nested_namespaces: shape.nested,
         rlimits: profile.rlimits,
         log_cap: profile.log_cap,
     }
@@ -314,10 +331,22 @@ mod tests {
     }
 
     #[test]
+    fn an_exec_host_makes_namespaces_per_run_and_guards_each_runs_proc_itself() {
+        let spec = sandbox(&profile(), Shape::EXEC_HOST);
+        assert!(spec.nested_namespaces && spec.drop_privileges);
+        assert!(spec.namespaces.net, "loopback only");
+        let root = spec.root.unwrap();
+        assert!(root.proc && !root.proc_guards);
+        let agent = sandbox(&profile(), Shape::DEFAULT);
+        assert!(!agent.nested_namespaces && agent.root.unwrap().proc_guards);
+    }
+
+    #[test]
     fn network_true_keeps_the_host_network() {
         let shape = Shape {
             sandboxed: true,
             network: true,
+            nested: false,
         };
         assert!(!sandbox(&profile(), shape).namespaces.net);
     }
@@ -327,6 +356,7 @@ mod tests {
         let shape = Shape {
             sandboxed: false,
             network: false,
+            nested: false,
         };
         let spec = sandbox(&profile(), shape);
         assert!(spec.root.is_none() && !spec.drop_privileges && spec.user.is_none());

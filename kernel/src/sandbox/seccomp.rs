@@ -114,10 +114,16 @@ enum Verdict {
     CheckSocketFamily,
 }
 
+/// What an exec host's zygote may do beyond a workload: make a user
+/// namespace and, inside it, a set of namespaces and mounts per run. Each
+/// run installs the whole filter on top before any code arrives.
+const NESTED_ALLOWED: [libc::c_long; 2] = [libc::SYS_unshare, libc::SYS_mount];
+
 /// Calls that get anything but [`Verdict::Allow`], by number.
-fn verdicts() -> Vec<(u32, Verdict)> {
+fn verdicts(nested: bool) -> Vec<(u32, Verdict)> {
     let mut table: Vec<(u32, Verdict)> = DENIED
         .iter()
+        .filter(|nr| !(nested && NESTED_ALLOWED.contains(nr)))
         .map(|nr| (*nr as u32, Verdict::Refuse))
         .chain([
             (libc::SYS_clone as u32, Verdict::CheckCloneFlags),
@@ -136,11 +142,33 @@ pub struct Filter {
     code: Vec<libc::sock_filter>,
 }
 
+impl Filter {
+    /// The program as the kernel takes it: each instruction's `code` (u16),
+    /// `jt`, `jf` (u8) and `k` (u32), in native byte order — for a process
+    /// that installs it itself (an exec host's runs).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(self.code.len() * 8);
+        for instruction in &self.code {
+            bytes.extend_from_slice(&instruction.code.to_ne_bytes());
+            bytes.push(instruction.jt);
+            bytes.push(instruction.jf);
+            bytes.extend_from_slice(&instruction.k.to_ne_bytes());
+        }
+        bytes
+    }
+}
+
 /// Entries a leaf of the tree compares one by one.
 const LEAF_SIZE: usize = 4;
 
-/// Builds the filter.
+/// Builds the filter sandboxed code runs under.
 pub fn filter() -> Filter {
+    filter_for(false)
+}
+
+/// Builds the filter; `nested`: the variant for an exec host's zygote
+/// (see [`NESTED_ALLOWED`]).
+pub fn filter_for(nested: bool) -> Filter {
     let mut code = vec![
         load(ARCH_OFFSET),
         jump(libc::BPF_JEQ, AUDIT_ARCH, 1, 0),
@@ -153,7 +181,7 @@ pub fn filter() -> Filter {
         ret(libc::SECCOMP_RET_KILL_PROCESS),
     ]);
     let mut exits = Vec::new();
-    decide(&verdicts(), &mut code, &mut exits);
+    decide(&verdicts(nested), &mut code, &mut exits);
 
     // The verdicts, each after every jump to it (BPF jumps only forward).
     // The argument checks come first: the socket check jumps over the
@@ -345,6 +373,20 @@ mod tests {
             assert_ne!(arg0, libc::AF_VSOCK as u64);
             assert_eq!(run(&filter, AUDIT_ARCH, nr, arg0).0, expected, "call {nr}");
         }
+    }
+
+    #[test]
+    fn an_exec_hosts_filter_lets_through_namespaces_and_mounts_and_nothing_more() {
+        let (workload, host) = (filter(), filter_for(true));
+        for nr in [libc::SYS_unshare, libc::SYS_mount] {
+            assert_eq!(run(&workload, AUDIT_ARCH, nr as u32, 0).0, EPERM);
+            assert_eq!(run(&host, AUDIT_ARCH, nr as u32, 0).0, ALLOW);
+        }
+        for nr in DENIED.iter().filter(|nr| !NESTED_ALLOWED.contains(nr)) {
+            assert_eq!(run(&host, AUDIT_ARCH, *nr as u32, 0).0, EPERM, "{nr}");
+        }
+        // Runs install the workload's filter from its bytes.
+        assert_eq!(workload.to_bytes().len(), workload.code.len() * 8);
     }
 
     #[test]

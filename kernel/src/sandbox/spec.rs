@@ -48,6 +48,11 @@ pub struct SandboxSpec {
     /// Drop every capability, set no_new_privs and install the seccomp
     /// filter before the workload starts.
     pub drop_privileges: bool,
+    /// The workload may make namespaces of its own, inside a user
+    /// namespace it creates (an exec host's zygote, which makes a set per
+    /// run): the filter lets `unshare` and `mount` through; everything
+    /// else of it holds, and each run adds the whole filter on top.
+    pub nested_namespaces: bool,
     /// Resource limits for the workload.
     pub rlimits: Rlimits,
     /// Keep the log file under this many bytes (its newer half survives).
@@ -150,6 +155,11 @@ pub struct RootFs {
     pub devices: Vec<PathBuf>,
     /// Mount a fresh /proc (needs a PID namespace).
     pub proc: bool,
+    /// Mask, and make read-only, the parts of that /proc sandboxed code
+    /// never needs. An exec host leaves this to its runs: each mounts a
+    /// /proc of its own and guards it, which the kernel allows a user
+    /// namespace only while a fully visible /proc exists.
+    pub proc_guards: bool,
 }
 
 /// A bind mount.

@@ -361,6 +361,7 @@ mod tests {
                 masks: vec!["/srv/agent/secret.toml".into()],
                 devices: vec!["/dev/null".into()],
                 proc: true,
+                proc_guards: true,
             };
             let claimed = [
                 bind("agent", "/srv/agent"),

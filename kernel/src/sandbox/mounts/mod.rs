@@ -111,9 +111,9 @@ fn failed<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> M
 }
 
 /// Files under /proc that expose the host kernel and are masked with /dev/null.
-const PROC_MASKED: [&str; 4] = ["kcore", "keys", "timer_list", "sysrq-trigger"];
+pub const PROC_MASKED: [&str; 4] = ["kcore", "keys", "timer_list", "sysrq-trigger"];
 /// Directories under /proc made read-only.
-const PROC_READ_ONLY: [&str; 4] = ["sys", "irq", "bus", "fs"];
+pub const PROC_READ_ONLY: [&str; 4] = ["sys", "irq", "bus", "fs"];
 /// Links every /dev has.
 const DEV_LINKS: [(&str, &str); 4] = [
     ("/dev/fd", "/proc/self/fd"),
@@ -266,32 +266,34 @@ pub fn prepare_root(
             None,
         )
         .map_err(failed("cannot mount proc on", Path::new("/proc")))?;
-        for name in PROC_READ_ONLY {
-            let inside = Path::new("/proc").join(name);
-            if let Some(path) = existing(sys, staging, &inside)? {
-                sys.mount(
-                    Some(&path),
-                    &path,
-                    None,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    None,
-                )
-                .map_err(failed("cannot bind", &inside))?;
-                let bound = mount_point(sys, staging, &inside, Node::Dir)?;
-                remount_read_only(sys, &bound, &bound, &inside)?;
+        if root.proc_guards {
+            for name in PROC_READ_ONLY {
+                let inside = Path::new("/proc").join(name);
+                if let Some(path) = existing(sys, staging, &inside)? {
+                    sys.mount(
+                        Some(&path),
+                        &path,
+                        None,
+                        MsFlags::MS_BIND | MsFlags::MS_REC,
+                        None,
+                    )
+                    .map_err(failed("cannot bind", &inside))?;
+                    let bound = mount_point(sys, staging, &inside, Node::Dir)?;
+                    remount_read_only(sys, &bound, &bound, &inside)?;
+                }
             }
-        }
-        for name in PROC_MASKED {
-            let inside = Path::new("/proc").join(name);
-            if let Some(path) = existing(sys, staging, &inside)? {
-                sys.mount(
-                    Some(Path::new("/dev/null")),
-                    &path,
-                    None,
-                    MsFlags::MS_BIND,
-                    None,
-                )
-                .map_err(failed("cannot mask", &inside))?;
+            for name in PROC_MASKED {
+                let inside = Path::new("/proc").join(name);
+                if let Some(path) = existing(sys, staging, &inside)? {
+                    sys.mount(
+                        Some(Path::new("/dev/null")),
+                        &path,
+                        None,
+                        MsFlags::MS_BIND,
+                        None,
+                    )
+                    .map_err(failed("cannot mask", &inside))?;
+                }
             }
         }
     }

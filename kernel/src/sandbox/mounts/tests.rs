@@ -143,6 +143,7 @@ fn root_is_built_in_a_safe_order() {
         masks: vec!["/etc/shadow".into(), "/etc/agentos".into()],
         devices: vec!["/dev/null".into()],
         proc: true,
+        proc_guards: true,
     };
     let mut sys = Recorder {
         dirs: vec![
