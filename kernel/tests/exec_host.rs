@@ -55,15 +55,13 @@ impl Host {
             log_cap: 1 << 20,
             extra_masks: vec![],
         };
-        let socket = dir.path().join("host.sock");
-        std::mem::forget(std::os::unix::net::UnixListener::bind(&socket).unwrap());
         let setup = HostSetup {
             python: PathBuf::from(PYTHON),
             ready_runs: 2,
             tmp_bytes: 8 << 20,
             workspace_bytes: 8 << 20,
         };
-        let workload = host::zygote_workload(&setup, &socket);
+        let workload = host::zygote_workload(&setup);
         let log = dir.path().join("host.log");
         let log_file = fs::File::create(&log).unwrap();
         let spec = plan::sandbox(&profile, Shape::EXEC_HOST);

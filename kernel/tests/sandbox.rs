@@ -62,7 +62,7 @@ fn run_shell(script: &str) -> Run {
         cwd: None,
         script: None,
         binds: Vec::new(),
-        socket,
+        socket: Some(socket),
     };
     let spec = plan::sandbox(&profile(dir.path()), Shape::DEFAULT);
     let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
@@ -181,7 +181,7 @@ fn a_claims_channel_reaches_the_workload_alone() {
         cwd: None,
         script: None,
         binds: Vec::new(),
-        socket,
+        socket: Some(socket),
     };
     let spec = plan::sandbox(&profile(dir.path()), Shape::DEFAULT);
     let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();

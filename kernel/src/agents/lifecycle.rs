@@ -210,7 +210,7 @@ impl Agents {
             cwd: agent.program.cwd.clone(),
             script: agent.program.script.clone(),
             binds: agent.program.binds.clone(),
-            socket: door,
+            socket: Some(door),
         };
         let order = ClaimOrder {
             workload: &workload,

@@ -1,7 +1,7 @@
 //! What an exec host runs: the zygote, with the settings it reads from its
 //! environment (and removes from it before anything else runs).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::sandbox::mounts::{PROC_MASKED, PROC_READ_ONLY};
 use crate::sandbox::plan::Workload;
@@ -22,9 +22,8 @@ pub struct HostSetup {
     pub workspace_bytes: u64,
 }
 
-/// The zygote as a sandbox workload. `socket` is the host socket bound at
-/// the sandbox's socket path (the door a run's tools call through).
-pub fn zygote_workload(setup: &HostSetup, socket: &Path) -> Workload {
+/// The zygote as a sandbox workload.
+pub fn zygote_workload(setup: &HostSetup) -> Workload {
     let filter: String = seccomp::filter()
         .to_bytes()
         .iter()
@@ -62,6 +61,6 @@ pub fn zygote_workload(setup: &HostSetup, socket: &Path) -> Workload {
         cwd: None,
         script: None,
         binds: Vec::new(),
-        socket: socket.to_path_buf(),
+        socket: None,
     }
 }

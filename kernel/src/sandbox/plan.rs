@@ -81,8 +81,9 @@ pub struct Workload {
     /// script's, its interpreter's), bound read-only; plain, resolved
     /// paths.
     pub binds: Vec<Bind>,
-    /// The host socket to bind at [`SOCKET_INSIDE`].
-    pub socket: PathBuf,
+    /// The host socket to bind at [`SOCKET_INSIDE`], if the workload gets
+    /// one.
+    pub socket: Option<PathBuf>,
 }
 
 /// What kind of sandbox a workload needs.
@@ -215,11 +216,11 @@ pub fn claim(shape: Shape, workload: &Workload) -> Claim {
     let mut binds = Vec::new();
     if shape.sandboxed {
         binds.extend(workload.binds.iter().cloned());
-        binds.push(Bind {
-            source: workload.socket.clone(),
+        binds.extend(workload.socket.iter().map(|socket| Bind {
+            source: socket.clone(),
             target: SOCKET_INSIDE.into(),
             writable: true,
-        });
+        }));
     }
     Claim {
         name: workload.name.clone(),
@@ -294,7 +295,7 @@ mod tests {
             cwd: None,
             script: Some("/srv/agents/a.py".into()),
             binds: vec![read_only(Path::new("/srv/agents"))],
-            socket: "/run/agentos/agents/1.sock".into(),
+            socket: Some("/run/agentos/agents/1.sock".into()),
         }
     }
 
