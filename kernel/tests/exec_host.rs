@@ -89,6 +89,12 @@ impl Host {
             )
             .unwrap();
         drop(theirs);
+        nix::sys::socket::send(
+            channel.as_raw_fd(),
+            &host::zygote_settings(&setup),
+            nix::sys::socket::MsgFlags::empty(),
+        )
+        .unwrap();
         launched.control.start().unwrap();
         Host {
             launched,

@@ -47,12 +47,14 @@ fn hello_reports_protocol_identity_and_honest_features() {
     assert_eq!(reply["kernel_version"], env!("CARGO_PKG_VERSION"));
     assert!(reply["agent_id"].as_u64().unwrap() >= 1_000_000);
     let features = &reply["features"];
-    // Test daemons run without an LLM, and EXEC and TASK do not exist
-    // yet: HELLO must not claim them.
+    // Test daemons run without an LLM, and TASK does not exist yet: HELLO
+    // must not claim them. EXEC works wherever namespaces do (as root).
     assert_eq!(features["think"], false);
     assert_eq!(reply["llm"]["provider"], "none");
     assert_eq!(reply["llm"]["ready"], false);
-    assert_eq!(features["exec"], false);
+    if common::is_root() {
+        assert_eq!(features["exec"], true);
+    }
     assert_eq!(features["task"], false);
     assert_eq!(features["spawn"], true);
     if common::is_root() {
@@ -131,9 +133,8 @@ fn requests_pipelined_before_exit_are_answered_and_after_it_ignored() {
 fn opcodes_without_their_subsystem_answer_unavailable_after_validating_the_request() {
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
-    let valid: [(Opcode, &[u8]); 3] = [
+    let valid: [(Opcode, &[u8]); 2] = [
         (Opcode::THINK, b"What is 2+2?"),
-        (Opcode::EXEC, br#"{"code":"print(1)"}"#),
         (Opcode::TASK, br#"{"op":"list"}"#),
     ];
     for (opcode, payload) in valid {

@@ -1,5 +1,5 @@
-//! What an exec host runs: the zygote, with the settings it reads from its
-//! environment (and removes from it before anything else runs).
+//! What an exec host runs: the zygote, and the settings it reads first
+//! from its channel.
 
 use std::path::PathBuf;
 
@@ -22,13 +22,9 @@ pub struct HostSetup {
     pub workspace_bytes: u64,
 }
 
-/// The zygote as a sandbox workload.
+/// The zygote as a sandbox workload. Its environment holds nothing but
+/// what any program needs: every run's `/proc/1/environ` shows it.
 pub fn zygote_workload(setup: &HostSetup) -> Workload {
-    let filter: String = seccomp::filter()
-        .to_bytes()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect();
     Workload {
         name: "exec-host".into(),
         program: setup.python.clone(),
@@ -42,25 +38,29 @@ pub fn zygote_workload(setup: &HostSetup) -> Workload {
         env: vec![
             ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
             ("LANG".into(), "C.UTF-8".into()),
-            (
-                "AGENTOS_EXEC_READY_RUNS".into(),
-                setup.ready_runs.to_string(),
-            ),
-            ("AGENTOS_EXEC_RUN_FILTER".into(), filter),
-            ("AGENTOS_EXEC_TMP_BYTES".into(), setup.tmp_bytes.to_string()),
-            (
-                "AGENTOS_EXEC_WORKSPACE_BYTES".into(),
-                setup.workspace_bytes.to_string(),
-            ),
-            ("AGENTOS_EXEC_PROC_MASKED".into(), PROC_MASKED.join(":")),
-            (
-                "AGENTOS_EXEC_PROC_READ_ONLY".into(),
-                PROC_READ_ONLY.join(":"),
-            ),
         ],
         cwd: None,
         script: None,
         binds: Vec::new(),
         socket: None,
     }
+}
+
+/// The zygote's settings: the first datagram on its channel.
+pub fn zygote_settings(setup: &HostSetup) -> Vec<u8> {
+    let filter: String = seccomp::filter()
+        .to_bytes()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    serde_json::json!({
+        "ready_runs": setup.ready_runs,
+        "run_filter": filter,
+        "tmp_bytes": setup.tmp_bytes,
+        "workspace_bytes": setup.workspace_bytes,
+        "proc_masked": PROC_MASKED,
+        "proc_read_only": PROC_READ_ONLY,
+    })
+    .to_string()
+    .into_bytes()
 }

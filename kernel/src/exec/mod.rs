@@ -1,11 +1,670 @@
 //! EXEC: agent-written code run in pooled, isolated sandboxes. Only what a
 //! run prints comes back, each stream capped in fixed memory ([`output`]).
 //!
-//! An exec host is a sandbox whose workload is a Python zygote
-//! (`zygote.py`): it keeps run children forked from its warm image, each
-//! waiting for code, and hands them to the kernel over the channel its
-//! claim brought ([`wire`]).
+//! An exec host is a sandbox of the runtime (the exec-host shape) whose
+//! workload is a Python zygote ([`host`], `zygote.py`): it keeps run
+//! children forked from its warm image, each already isolated and waiting
+//! for code, and hands them to the kernel over the channel its claim
+//! brought ([`wire`]). A request takes the oldest ready child, sends it the
+//! code, and is answered once the child has said how it ended and its
+//! output pipes have closed ([`run`]); a child serves one run and is gone,
+//! and the host prepares another. A timeout kills the run's whole PID
+//! namespace through the pidfd the child sent first.
+//!
+//! Everything here runs on the reactor thread and never blocks.
 
 pub mod host;
 pub mod output;
+pub mod run;
 pub mod wire;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use agentos_proto::payload::{to_json, ExecRequest, Language};
+use agentos_proto::{ErrorCode, ErrorReply};
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
+use slab::Slab;
+
+use crate::address::{Reply, ReplyTo};
+use crate::cgroup::CgroupLimits;
+use crate::config::Config;
+use crate::sandbox::plan::Shape;
+use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
+use crate::timers::Timers;
+use host::HostSetup;
+use run::{Kill, RunChild, Running, Stage, Stream};
+
+/// How many tokens EXEC's sources may take, from its base.
+pub const TOKEN_SPAN: usize = 1 << 40;
+/// After a host fails or ends, wait this long before starting another.
+const HOST_RETRY: Duration = Duration::from_secs(1);
+/// Requests that may wait for a ready run child; beyond this, `busy`.
+const MAX_WAITING: usize = 1024;
+
+/// Names an exec host: the owner of its sandbox.
+pub type HostId = u32;
+
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    Channel(usize),
+    Socket(usize),
+    Output(usize, Stream),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Wake {
+    /// A run's timeout, if it is still that run.
+    Timeout { child: usize, started: Instant },
+    /// Start the hosts that are missing.
+    StartHosts,
+}
+
+/// An exec host.
+#[derive(Debug)]
+struct Host {
+    id: HostId,
+    sandbox: Option<SandboxKey>,
+    /// The kernel's end of its channel and its token, once claimed.
+    channel: Option<(OwnedFd, Token)>,
+}
+
+/// A request waiting for a run child.
+#[derive(Debug)]
+struct Waiting {
+    request: ExecRequest,
+    reply_to: ReplyTo,
+}
+
+/// The EXEC subsystem.
+#[derive(Debug)]
+pub struct Exec {
+    registry: Registry,
+    token_base: usize,
+    sources: Slab<Source>,
+    hosts: Slab<Host>,
+    next_host: HostId,
+    wanted_hosts: usize,
+    children: Slab<RunChild>,
+    /// Ready children, oldest first.
+    ready: VecDeque<usize>,
+    waiting: VecDeque<Waiting>,
+    timers: Timers<Wake>,
+    setup: HostSetup,
+    /// Each host's cgroup: room for its zygote and every prepared run.
+    host_limits: CgroupLimits,
+    log: PathBuf,
+    output_bytes: usize,
+    default_timeout: Duration,
+    /// Why EXEC cannot work on this host, if it cannot.
+    unavailable: Option<String>,
+    shutting_down: bool,
+}
+
+impl Exec {
+    /// EXEC as configured; hosts start with [`Exec::start_hosts`]. Its
+    /// sources are registered with `registry` from `token_base` on.
+    pub fn new(
+        config: &Config,
+        registry: &Registry,
+        token_base: usize,
+        namespaces: bool,
+    ) -> io::Result<Exec> {
+        let exec = &config.exec;
+        let unavailable = if !namespaces {
+            Some(
+                "EXEC needs namespaces for its isolation, and this host gives the daemon none"
+                    .to_owned(),
+            )
+        } else if !exec.python.exists() {
+            Some(format!(
+                "exec.python ({}) does not exist",
+                exec.python.display()
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = &unavailable {
+            log::warn!("EXEC unavailable: {reason}");
+        }
+        Ok(Exec {
+            registry: registry.try_clone()?,
+            token_base,
+            sources: Slab::new(),
+            hosts: Slab::new(),
+            next_host: 1,
+            wanted_hosts: if unavailable.is_some() { 0 } else { exec.hosts },
+            children: Slab::new(),
+            ready: VecDeque::new(),
+            waiting: VecDeque::new(),
+            timers: Timers::default(),
+            setup: HostSetup {
+                python: exec.python.clone(),
+                ready_runs: exec.ready_runs,
+                tmp_bytes: config.agents.tmp_bytes,
+                workspace_bytes: config.agents.workspace_bytes,
+            },
+            host_limits: {
+                let share = exec.ready_runs as u64 + 1;
+                CgroupLimits {
+                    memory: exec.default_memory.saturating_mul(share),
+                    cpu_quota: None,
+                    cpu_period: 100_000,
+                    max_pids: exec.default_max_pids.saturating_mul(share),
+                }
+            },
+            log: config.agents.log_dir().join("exec-host.log"),
+            output_bytes: exec.output_bytes,
+            default_timeout: Duration::from_millis(exec.default_timeout_ms),
+            unavailable,
+            shutting_down: false,
+        })
+    }
+
+    /// Whether EXEC can serve runs on this host.
+    pub fn is_available(&self) -> bool {
+        self.unavailable.is_none()
+    }
+
+    /// Whether a token is one of EXEC's.
+    pub fn owns(&self, token: Token) -> bool {
+        (self.token_base..self.token_base + TOKEN_SPAN).contains(&token.0)
+    }
+
+    /// Asks the runtime for the hosts that are missing.
+    pub fn start_hosts(&mut self, sandboxes: &mut impl Sandboxes<HostId>, now: Instant) {
+        if self.shutting_down {
+            return;
+        }
+        while self.hosts.len() < self.wanted_hosts {
+            let id = self.next_host;
+            self.next_host += 1;
+            let key = self.hosts.insert(Host {
+                id,
+                sandbox: None,
+                channel: None,
+            });
+            if let Some(sandbox) = sandboxes.acquire(id, Shape::EXEC_HOST, now) {
+                self.claim_host(sandboxes, key, sandbox);
+            }
+        }
+    }
+
+    /// A run request. Refusals come back at once; otherwise the reply is
+    /// pushed to `replies` when the run ends.
+    pub fn run(
+        &mut self,
+        request: ExecRequest,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), ErrorReply> {
+        if let Some(reason) = &self.unavailable {
+            return Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("EXEC is unavailable: {reason}"),
+            ));
+        }
+        if self.shutting_down {
+            return Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                "the kernel is shutting down",
+            ));
+        }
+        for (field, given) in [
+            ("session", request.session.is_some()),
+            ("files", !request.files.is_empty()),
+            ("collect", !request.collect.is_empty()),
+            ("limits", request.limits.is_some()),
+        ] {
+            if given {
+                return Err(ErrorReply::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "EXEC field `{field}` is not served by this kernel yet; runs without \
+                         it work"
+                    ),
+                ));
+            }
+        }
+        if self.waiting.len() >= MAX_WAITING {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "{} runs are waiting for a sandbox; retry later",
+                    self.waiting.len()
+                ),
+            ));
+        }
+        self.waiting.push_back(Waiting { request, reply_to });
+        self.dispatch(replies, Instant::now());
+        Ok(())
+    }
+
+    /// Takes in what happened to a host's sandbox.
+    pub fn on_sandbox(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        event: SandboxEvent<HostId>,
+        now: Instant,
+    ) {
+        let Some(key) = self.host_key(*event.owner()) else {
+            if let SandboxEvent::Ready { sandbox, .. } = event {
+                sandboxes.discard(sandbox);
+            }
+            return;
+        };
+        match event {
+            SandboxEvent::Ready { sandbox, .. } if self.shutting_down => {
+                // Prepared while the kernel began to stop: never started.
+                sandboxes.discard(sandbox);
+                self.hosts.remove(key);
+            }
+            SandboxEvent::Ready { sandbox, .. } => self.claim_host(sandboxes, key, sandbox),
+            SandboxEvent::Failed { error, .. } => {
+                log::error!("exec host {}: {error}", self.hosts[key].id);
+                self.host_gone(key, now);
+            }
+            SandboxEvent::Status { status, .. } => {
+                if let crate::sandbox::Status::Error { message, .. } = status {
+                    log::error!("exec host {}: {message}", self.hosts[key].id);
+                }
+            }
+            SandboxEvent::OomKill { .. } => {
+                log::warn!(
+                    "exec host {}: the memory limit killed a process",
+                    self.hosts[key].id
+                );
+            }
+            SandboxEvent::Ended { init, .. } => {
+                if self.shutting_down {
+                    log::info!("exec host {} stopped", self.hosts[key].id);
+                } else {
+                    log::warn!("exec host {} ended: {init:?}", self.hosts[key].id);
+                }
+                self.host_gone(key, now);
+            }
+        }
+    }
+
+    /// Readiness of one of EXEC's tokens.
+    pub fn on_event(&mut self, token: Token, replies: &mut Vec<Reply>) {
+        let now = Instant::now();
+        let Some(source) = self.sources.get(token.0 - self.token_base).copied() else {
+            return;
+        };
+        match source {
+            Source::Channel(host) => self.take_children(host, replies, now),
+            Source::Socket(child) => {
+                let Some(run) = self.children.get_mut(child) else {
+                    return;
+                };
+                match run.stage {
+                    Stage::Preparing => match run.receive_pidfd() {
+                        Ok(true) => {
+                            self.ready.push_back(child);
+                            self.dispatch(replies, now);
+                        }
+                        Ok(false) => {}
+                        Err(_) => self.drop_child(child),
+                    },
+                    Stage::Ready => {
+                        // It went away while waiting (its host ended).
+                        run.read_socket();
+                        self.drop_child(child);
+                    }
+                    Stage::Running(_) => {
+                        if let Err(err) = run.flush() {
+                            log::debug!("exec run: cannot send the order: {err}");
+                            run.kill(Kill::Shutdown);
+                        }
+                        run.read_socket();
+                        self.finish_if_done(child, replies, now);
+                    }
+                }
+            }
+            Source::Output(child, stream) => {
+                if let Some(run) = self.children.get_mut(child) {
+                    if run.read_stream(stream) {
+                        self.forget_output(child, stream);
+                    }
+                    self.finish_if_done(child, replies, now);
+                }
+            }
+        }
+    }
+
+    /// How long until the earliest deadline.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        self.timers.time_to_next(now)
+    }
+
+    /// Handles the deadlines that are due.
+    pub fn on_deadlines(&mut self, sandboxes: &mut impl Sandboxes<HostId>, now: Instant) {
+        while let Some(wake) = self.timers.pop_due(now) {
+            match wake {
+                Wake::Timeout { child, started } => {
+                    if let Some(run) = self.children.get_mut(child) {
+                        if matches!(&run.stage, Stage::Running(r) if r.started == started) {
+                            run.kill(Kill::Timeout);
+                        }
+                    }
+                }
+                Wake::StartHosts => self.start_hosts(sandboxes, now),
+            }
+        }
+    }
+
+    /// Stops taking runs: waiting ones are refused, running ones killed
+    /// (their replies still go out), hosts stopped.
+    pub fn begin_shutdown(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        replies: &mut Vec<Reply>,
+    ) {
+        self.shutting_down = true;
+        for waiting in std::mem::take(&mut self.waiting) {
+            let refusal = ErrorReply::new(ErrorCode::Unavailable, "the kernel is shutting down");
+            replies.push((waiting.reply_to, refusal.to_json()));
+        }
+        for (_, run) in self.children.iter_mut() {
+            if matches!(run.stage, Stage::Running(_)) {
+                run.kill(Kill::Shutdown);
+            }
+        }
+        for (_, host) in self.hosts.iter() {
+            if let Some(sandbox) = host.sandbox {
+                sandboxes.signal(sandbox, libc::SIGKILL);
+            }
+        }
+    }
+
+    // ---- hosts ---------------------------------------------------------
+
+    fn host_key(&self, id: HostId) -> Option<usize> {
+        self.hosts
+            .iter()
+            .find(|(_, host)| host.id == id)
+            .map(|(key, _)| key)
+    }
+
+    /// Starts the zygote in a host's sandbox, with a channel to it.
+    fn claim_host(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        key: usize,
+        sandbox: SandboxKey,
+    ) {
+        let Some(id) = self.hosts.get(key).map(|host| host.id) else {
+            return sandboxes.discard(sandbox);
+        };
+        self.hosts[key].sandbox = Some(sandbox);
+        let pair = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        );
+        let (ours, theirs) = match pair {
+            Ok(pair) => pair,
+            Err(err) => {
+                log::error!("exec host {id}: cannot make its channel: {err}");
+                return sandboxes.signal(sandbox, libc::SIGKILL);
+            }
+        };
+        let workload = host::zygote_workload(&self.setup);
+        let order = ClaimOrder {
+            workload: &workload,
+            log: &self.log,
+            cgroup_name: format!("exec-host-{id}"),
+            limits: self.host_limits,
+            door: None,
+            channel: Some(theirs.as_fd()),
+        };
+        if let Err(error) = sandboxes.claim(sandbox, id, order) {
+            // The sandbox is killed; its end comes as an event.
+            log::error!("exec host {id}: {error}");
+            return;
+        }
+        // The zygote holds its end now; ours must not keep a copy alive.
+        drop(theirs);
+        let settings = host::zygote_settings(&self.setup);
+        if let Err(err) =
+            nix::sys::socket::send(ours.as_raw_fd(), &settings, MsgFlags::MSG_NOSIGNAL)
+        {
+            log::error!("exec host {id}: cannot send its settings: {err}");
+            return sandboxes.signal(sandbox, libc::SIGKILL);
+        }
+        let entry = self.sources.vacant_entry();
+        let token = Token(self.token_base + entry.key());
+        if let Err(err) = watch(&self.registry, ours.as_raw_fd(), token, Interest::READABLE) {
+            log::error!("exec host {id}: cannot watch its channel: {err}");
+            return sandboxes.signal(sandbox, libc::SIGKILL);
+        }
+        entry.insert(Source::Channel(key));
+        self.hosts[key].channel = Some((ours, token));
+        log::info!("exec host {id} starting");
+    }
+
+    /// A host failed or ended: its children go with it; another starts
+    /// after a pause.
+    fn host_gone(&mut self, key: usize, now: Instant) {
+        let host = self.hosts.remove(key);
+        if let Some((channel, token)) = host.channel {
+            self.forget_source(channel.as_raw_fd(), token);
+        }
+        if !self.shutting_down {
+            self.timers.schedule(now + HOST_RETRY, Wake::StartHosts);
+        }
+    }
+
+    /// Run children a host has handed over.
+    fn take_children(&mut self, key: usize, replies: &mut Vec<Reply>, now: Instant) {
+        loop {
+            let Some((channel, _)) = self.hosts.get(key).and_then(|h| h.channel.as_ref()) else {
+                return;
+            };
+            let ready = match wire::receive_ready(channel.as_fd()) {
+                Ok(Some(ready)) => ready,
+                Ok(None) => return,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Err(err) => {
+                    log::warn!("exec host: {err}");
+                    return;
+                }
+            };
+            let nonblocking = [&ready.socket, &ready.stdout, &ready.stderr]
+                .into_iter()
+                .try_for_each(set_nonblocking);
+            if let Err(err) = nonblocking {
+                log::warn!("exec host: cannot use a run child: {err}");
+                continue;
+            }
+            let child = self.children.insert(RunChild {
+                host: key,
+                socket: ready.socket,
+                stdout: Some(ready.stdout),
+                stderr: Some(ready.stderr),
+                pidfd: None,
+                stage: Stage::Preparing,
+            });
+            let socket = self.children[child].socket.as_raw_fd();
+            let stdout = self.children[child].stdout.as_ref().map(AsRawFd::as_raw_fd);
+            let stderr = self.children[child].stderr.as_ref().map(AsRawFd::as_raw_fd);
+            let registered = self
+                .register(
+                    socket,
+                    Source::Socket(child),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .and_then(|()| {
+                    self.register(
+                        stdout.unwrap_or(-1),
+                        Source::Output(child, Stream::Stdout),
+                        Interest::READABLE,
+                    )
+                })
+                .and_then(|()| {
+                    self.register(
+                        stderr.unwrap_or(-1),
+                        Source::Output(child, Stream::Stderr),
+                        Interest::READABLE,
+                    )
+                });
+            if let Err(err) = registered {
+                log::warn!("exec host: cannot watch a run child: {err}");
+                self.drop_child(child);
+                continue;
+            }
+            // Its pidfd may already be there.
+            if let Ok(true) = self.children[child].receive_pidfd() {
+                self.ready.push_back(child);
+                self.dispatch(replies, now);
+            }
+        }
+    }
+
+    // ---- runs ----------------------------------------------------------
+
+    /// Gives waiting requests to ready children.
+    fn dispatch(&mut self, replies: &mut Vec<Reply>, now: Instant) {
+        while !self.waiting.is_empty() {
+            let Some(child) = self.ready.pop_front() else {
+                return;
+            };
+            if !matches!(
+                self.children.get(child).map(|c| &c.stage),
+                Some(Stage::Ready)
+            ) {
+                continue;
+            }
+            let Some(waiting) = self.waiting.pop_front() else {
+                return;
+            };
+            let timeout = waiting
+                .request
+                .timeout_ms
+                .map_or(self.default_timeout, Duration::from_millis);
+            let order = order_for(waiting.request);
+            let running = Running::new(waiting.reply_to, timeout, self.output_bytes, now);
+            let run = &mut self.children[child];
+            if let Err(err) = run.start(&order, running) {
+                log::debug!("exec run: cannot send the order: {err}");
+                run.kill(Kill::Shutdown);
+            }
+            self.timers.schedule(
+                now + timeout,
+                Wake::Timeout {
+                    child,
+                    started: now,
+                },
+            );
+            self.finish_if_done(child, replies, now);
+        }
+    }
+
+    /// Answers a run that has ended, and lets its child go.
+    fn finish_if_done(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
+        if !self.children.get(child).is_some_and(RunChild::is_finished) {
+            return;
+        }
+        let token = self.socket_token(child);
+        let run = self.children.remove(child);
+        if let Some(token) = token {
+            self.forget_source(run.socket.as_raw_fd(), token);
+        }
+        if let Some((reply_to, reply)) = run.into_reply(now) {
+            replies.push((reply_to, to_json(&reply)));
+        }
+    }
+
+    fn drop_child(&mut self, child: usize) {
+        if !self.children.contains(child) {
+            return;
+        }
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            self.forget_output(child, stream);
+        }
+        let token = self.socket_token(child);
+        let run = self.children.remove(child);
+        if let Some(token) = token {
+            self.forget_source(run.socket.as_raw_fd(), token);
+        }
+        self.ready.retain(|c| *c != child);
+    }
+
+    fn forget_output(&mut self, child: usize, stream: Stream) {
+        let token = self
+            .sources
+            .iter()
+            .find(|(_, s)| matches!(s, Source::Output(c, st) if *c == child && *st == stream))
+            .map(|(key, _)| key);
+        if let Some(key) = token {
+            self.sources.remove(key);
+        }
+        if let Some(run) = self.children.get_mut(child) {
+            let pipe = match stream {
+                Stream::Stdout => run.stdout.take(),
+                Stream::Stderr => run.stderr.take(),
+            };
+            if let Some(pipe) = pipe {
+                let _ = self.registry.deregister(&mut SourceFd(&pipe.as_raw_fd()));
+            }
+        }
+    }
+
+    fn socket_token(&self, child: usize) -> Option<Token> {
+        self.sources
+            .iter()
+            .find(|(_, s)| matches!(s, Source::Socket(c) if *c == child))
+            .map(|(key, _)| Token(self.token_base + key))
+    }
+
+    fn register(&mut self, fd: RawFd, source: Source, interest: Interest) -> io::Result<()> {
+        let entry = self.sources.vacant_entry();
+        let token = Token(self.token_base + entry.key());
+        watch(&self.registry, fd, token, interest)?;
+        entry.insert(source);
+        Ok(())
+    }
+
+    fn forget_source(&mut self, fd: RawFd, token: Token) {
+        let _ = self.registry.deregister(&mut SourceFd(&fd));
+        self.sources.try_remove(token.0 - self.token_base);
+    }
+}
+
+/// What a request becomes for the run child.
+fn order_for(request: ExecRequest) -> wire::RunOrder {
+    let mut env = BTreeMap::from([
+        ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ("HOME".to_owned(), "/workspace".to_owned()),
+    ]);
+    env.extend(request.env);
+    wire::RunOrder {
+        code: request.code,
+        language: match request.language {
+            Language::Python => "python",
+            Language::Bash => "bash",
+        }
+        .to_owned(),
+        env,
+        cwd: request.cwd,
+    }
+}
+
+fn watch(registry: &Registry, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+    registry.register(&mut SourceFd(&fd), token, interest)
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}

@@ -13,7 +13,7 @@
 # /proc that shows only its own processes (guarded as an agent's is), and
 # no way to see or signal another run. Before any code arrives it drops
 # every capability, sets no_new_privs and installs the kernel's whole
-# seccomp filter (from AGENTOS_EXEC_RUN_FILTER) on top of the host's. Its
+# seccomp filter (sent by the kernel) on top of the host's. Its
 # first message on its socket carries a pidfd of itself, PID 1 of its
 # namespace: killing it ends everything the run started.
 #
@@ -38,18 +38,9 @@ import sys
 import traceback
 
 CHANNEL_FD = 8
-SETTINGS = {
-    key: os.environ.pop(key, "")
-    for key in [
-        "AGENTOS_EXEC_READY_RUNS",
-        "AGENTOS_EXEC_RUN_FILTER",
-        "AGENTOS_EXEC_TMP_BYTES",
-        "AGENTOS_EXEC_WORKSPACE_BYTES",
-        "AGENTOS_EXEC_PROC_MASKED",
-        "AGENTOS_EXEC_PROC_READ_ONLY",
-    ]
-}
-READY_RUNS = int(SETTINGS["AGENTOS_EXEC_READY_RUNS"] or "4")
+# Set by main() from the kernel's first datagram on the channel (never the
+# environment: every run can read PID 1's initial environment).
+SETTINGS = {}
 REHEARSAL = "total = sum(range(100))\nprint(total)\n"
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -119,9 +110,9 @@ def isolate_run():
     )
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     scratch = MS_NOSUID | MS_NODEV
-    tmp = SETTINGS["AGENTOS_EXEC_TMP_BYTES"] or str(16 << 20)
+    tmp = SETTINGS["tmp_bytes"]
     mount("tmpfs", "/tmp", "tmpfs", scratch, f"size={tmp},mode=1777")
-    workspace = SETTINGS["AGENTOS_EXEC_WORKSPACE_BYTES"] or str(64 << 20)
+    workspace = SETTINGS["workspace_bytes"]
     mount("tmpfs", "/workspace", "tmpfs", scratch, f"size={workspace},mode=700")
     check(libc.sethostname(b"run", 3), "sethostname")
 
@@ -130,12 +121,12 @@ def guard_proc():
     """PID 1 of a run: a /proc of its own namespace, guarded as an agent's."""
     locked = MS_NOSUID | MS_NODEV | MS_NOEXEC
     mount("proc", "/proc", "proc", locked)
-    for name in filter(None, SETTINGS["AGENTOS_EXEC_PROC_READ_ONLY"].split(":")):
+    for name in SETTINGS["proc_read_only"]:
         path = f"/proc/{name}"
         if os.path.exists(path):
             mount(path, path, None, MS_BIND | MS_REC)
             mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | locked)
-    for name in filter(None, SETTINGS["AGENTOS_EXEC_PROC_MASKED"].split(":")):
+    for name in SETTINGS["proc_masked"]:
         path = f"/proc/{name}"
         if os.path.exists(path):
             mount("/dev/null", path, None, MS_BIND)
@@ -215,7 +206,8 @@ def run_python(code):
         print(stop.code, file=sys.stderr)
         return 1, None
     except BaseException as err:  # the run's own failure, reported as such
-        traceback.print_exc()
+        # From the run's own code on: this file's frame is not the run's.
+        traceback.print_exception(type(err), err, err.__traceback__.tb_next)
         return 1, f"{type(err).__name__}: {err}"
 
 
@@ -338,14 +330,16 @@ def become_run(sock, stdout_w, stderr_w, program):
 
 def main():
     channel = socket.socket(fileno=CHANNEL_FD)
-    program = bytes.fromhex(SETTINGS["AGENTOS_EXEC_RUN_FILTER"])
+    channel.setblocking(True)
+    SETTINGS.update(json.loads(channel.recv(1 << 20)))
+    program = bytes.fromhex(SETTINGS["run_filter"])
     if not program:
-        raise SystemExit("AGENTOS_EXEC_RUN_FILTER is empty: runs would have no seccomp filter")
+        raise SystemExit("the kernel sent no seccomp filter: runs would have none")
     own_namespaces()
     children = set()
     number = 0
     while True:
-        while len(children) < READY_RUNS:
+        while len(children) < SETTINGS["ready_runs"]:
             number += 1
             children.add(prepare(channel, number, program))
         # Wait for a child to end (it served its run) or the kernel to go.

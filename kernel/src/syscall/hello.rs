@@ -18,7 +18,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             agent_id: request.caller.identity.id(),
             features: Features {
                 think: kernel.llm.is_available(),
-                exec: false,
+                exec: kernel.exec.is_available(),
                 spawn: true,
                 task: false,
                 cgroup: kernel.sandboxes.host().cgroup_version(),

@@ -17,10 +17,11 @@ use mio::{Registry, Token, Waker};
 use crate::address::{Outbox, Reply, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents, Run};
 use crate::config::Config;
+use crate::exec::{Exec, HostId};
 use crate::llm::Llm;
 use crate::sandbox::plan::Profile;
 use crate::sandbox::runtime::host::Host;
-use crate::sandbox::runtime::{OwnersOf, Runtime, RuntimeSetup};
+use crate::sandbox::runtime::{self, OwnersOf, Runtime, RuntimeSetup};
 use crate::sandbox::spec::Rlimits;
 use crate::sandbox::User;
 use crate::state_dir::{kernel_files, StateDir};
@@ -30,6 +31,8 @@ use crate::state_dir::{kernel_files, StateDir};
 pub enum Owner {
     /// A run of an agent.
     Agent(Run),
+    /// An exec host.
+    ExecHost(HostId),
 }
 
 /// The kernel state syscalls act on. Owned by the reactor thread.
@@ -42,6 +45,7 @@ pub struct Kernel {
     pub(super) sandboxes: Runtime<Owner>,
     pub(super) agents: Agents,
     pub(super) llm: Llm,
+    pub(super) exec: Exec,
     /// What is ready for the reactor.
     pub(super) outbox: Outbox,
     /// Replies addressed to tasks, by task id, until they are collected.
@@ -62,6 +66,7 @@ impl Kernel {
     ) -> io::Result<Kernel> {
         let deferred = config.deferred_opcodes();
         let host = Host::probe();
+        let namespaces = host.has_namespaces();
         let state = StateDir::fresh(socket)?;
         let agents = Agents::new(&config)?;
         let log_dir = config.agents.log_dir();
@@ -73,8 +78,11 @@ impl Kernel {
             doors: state.doors.clone(),
             token_base,
         };
-        let sandboxes = Runtime::new(setup, host, registry, waker.clone())?;
+        let mut sandboxes = Runtime::new(setup, host, registry, waker.clone())?;
         let llm = Llm::new(&config.llm, waker, &log_dir, sandboxes.confinement());
+        let exec_tokens = token_base + runtime::TOKEN_SPAN;
+        let mut exec = Exec::new(&config, registry, exec_tokens, namespaces)?;
+        exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         Ok(Kernel {
             config,
             deferred,
@@ -82,6 +90,7 @@ impl Kernel {
             sandboxes,
             agents,
             llm,
+            exec,
             outbox: Outbox::default(),
             task_replies: HashMap::new(),
         })
@@ -94,7 +103,7 @@ impl Kernel {
 
     /// Whether a token is one of the kernel's own sources.
     pub fn owns(&self, token: Token) -> bool {
-        self.sandboxes.owns(token)
+        self.sandboxes.owns(token) || self.exec.owns(token)
     }
 
     /// Whether a process in these PID namespaces (its own first, then its
@@ -105,7 +114,11 @@ impl Kernel {
 
     /// Readiness of one of the kernel's own sources.
     pub fn on_event(&mut self, token: Token) {
-        self.sandboxes.on_event(token, &mut self.outbox);
+        if self.exec.owns(token) {
+            self.exec.on_event(token, &mut self.outbox.replies);
+        } else {
+            self.sandboxes.on_event(token, &mut self.outbox);
+        }
         self.settle(Instant::now());
     }
 
@@ -122,6 +135,7 @@ impl Kernel {
             self.sandboxes.next_deadline(now),
             self.agents.next_deadline(now),
             self.llm.next_deadline(now),
+            self.exec.next_deadline(now),
         ]
         .into_iter()
         .flatten()
@@ -135,6 +149,8 @@ impl Kernel {
         self.agents
             .on_deadlines(&mut agent_sandboxes(&mut self.sandboxes), now);
         self.llm.on_deadlines(now, &mut self.outbox.replies);
+        self.exec
+            .on_deadlines(&mut exec_sandboxes(&mut self.sandboxes), now);
         self.settle(now);
     }
 
@@ -150,6 +166,10 @@ impl Kernel {
             &mut agent_sandboxes(&mut self.sandboxes),
             &mut self.outbox.replies,
             grace,
+        );
+        self.exec.begin_shutdown(
+            &mut exec_sandboxes(&mut self.sandboxes),
+            &mut self.outbox.replies,
         );
         self.settle(Instant::now());
     }
@@ -203,14 +223,19 @@ impl Kernel {
             }
             for event in events {
                 match *event.owner() {
-                    Owner::Agent(_) => {
-                        let event = event.map(|Owner::Agent(run)| run);
+                    Owner::Agent(run) => {
+                        let event = event.map(|_| run);
                         self.agents.on_sandbox(
                             &mut agent_sandboxes(&mut self.sandboxes),
                             &mut self.outbox.replies,
                             event,
                             now,
                         );
+                    }
+                    Owner::ExecHost(id) => {
+                        let event = event.map(|_| id);
+                        self.exec
+                            .on_sandbox(&mut exec_sandboxes(&mut self.sandboxes), event, now);
                     }
                 }
             }
@@ -221,6 +246,11 @@ impl Kernel {
 /// The runtime as agents see it: their runs wrapped as owners.
 pub(super) fn agent_sandboxes(runtime: &mut Runtime<Owner>) -> OwnersOf<'_, Owner, Run> {
     OwnersOf::new(runtime, Owner::Agent)
+}
+
+/// The runtime as EXEC sees it: its hosts wrapped as owners.
+pub(super) fn exec_sandboxes(runtime: &mut Runtime<Owner>) -> OwnersOf<'_, Owner, HostId> {
+    OwnersOf::new(runtime, Owner::ExecHost)
 }
 
 /// Takes the replies addressed to tasks out of `replies`, in order.

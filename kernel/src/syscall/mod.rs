@@ -10,6 +10,7 @@
 //! [`ReplyTo`] address through the kernel's outbox. Either way the reactor
 //! writes replies in request order.
 
+mod exec;
 mod exit;
 mod hello;
 mod kernel;
@@ -93,7 +94,8 @@ impl Kernel {
             Opcode::KILL => kill::handle,
             Opcode::EXIT => exit::handle,
             Opcode::THINK => think::handle,
-            Opcode::EXEC | Opcode::TASK => unavailable::handle,
+            Opcode::EXEC => exec::handle,
+            Opcode::TASK => unavailable::handle,
             _ => unknown,
         };
         let outcome = handler(self, request);

@@ -3,7 +3,7 @@
 //! malformed payload (`bad_request`) before it learns the subsystem is
 //! missing (`unavailable`).
 
-use agentos_proto::payload::{ExecCall, TaskRequest};
+use agentos_proto::payload::TaskRequest;
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 
 use super::{Kernel, Outcome, Request};
@@ -12,7 +12,6 @@ use super::{Kernel, Outcome, Request};
 pub fn handle(_kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let opcode = request.opcode;
     let valid = match opcode {
-        Opcode::EXEC => ExecCall::parse(request.payload).map(drop),
         Opcode::TASK => TaskRequest::parse(request.payload).map(drop),
         _ => Ok(()),
     };

@@ -1,0 +1,285 @@
+//! One run child, from the moment its host hands it over: it sends its
+//! pidfd, waits as `Ready`, takes one order, and is `Running` until its
+//! socket and both output pipes have closed — then the reply is built.
+//! Nothing here blocks: every descriptor is non-blocking and read to
+//! `WouldBlock` on each readiness event.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use agentos_proto::payload::{ExecReply, Truncated};
+
+use super::output::Capture;
+use super::wire::{self, RunEnd};
+use crate::address::ReplyTo;
+use crate::process;
+
+/// Where a run child is in its life.
+#[derive(Debug)]
+pub enum Stage {
+    /// Handed over; its pidfd has not arrived yet.
+    Preparing,
+    /// Waiting for code.
+    Ready,
+    /// Running an order.
+    Running(Box<Running>),
+}
+
+/// A run in progress.
+#[derive(Debug)]
+pub struct Running {
+    /// Where the reply goes.
+    pub reply_to: ReplyTo,
+    /// When the order went out.
+    pub started: Instant,
+    /// Its wall-clock limit.
+    pub timeout: Duration,
+    stdout: Capture,
+    stderr: Capture,
+    /// Order bytes not yet written.
+    unsent: Vec<u8>,
+    /// Bytes read from the socket, not yet a whole frame.
+    received: Vec<u8>,
+    end: Option<RunEnd>,
+    socket_closed: bool,
+    /// The kernel killed it: its timeout passed (or the kernel is stopping).
+    killed: Option<Kill>,
+}
+
+/// Why the kernel killed a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kill {
+    /// Its timeout passed.
+    Timeout,
+    /// The kernel is shutting down.
+    Shutdown,
+}
+
+/// A run child and its descriptors.
+#[derive(Debug)]
+pub struct RunChild {
+    /// The host it belongs to.
+    pub host: usize,
+    /// Its socket (non-blocking).
+    pub socket: OwnedFd,
+    /// Its stdout and stderr read ends, until each closes.
+    pub stdout: Option<OwnedFd>,
+    /// See `stdout`.
+    pub stderr: Option<OwnedFd>,
+    /// PID 1 of its namespace, once it has said so.
+    pub pidfd: Option<OwnedFd>,
+    /// Where it is.
+    pub stage: Stage,
+}
+
+/// Which of a child's output streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+impl RunChild {
+    /// Takes in its pidfd, if it has come. `Ok(false)`: not yet.
+    pub fn receive_pidfd(&mut self) -> io::Result<bool> {
+        match wire::receive_pidfd(self.socket.as_fd()) {
+            Ok(Some(pidfd)) => {
+                self.pidfd = Some(pidfd);
+                self.stage = Stage::Ready;
+                Ok(true)
+            }
+            Ok(None) => Err(io::ErrorKind::UnexpectedEof.into()),
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Gives it an order; returns whether bytes remain to be written (the
+    /// socket must then be watched for writability).
+    pub fn start(&mut self, order: &wire::RunOrder, running: Running) -> io::Result<bool> {
+        let mut running = running;
+        running.unsent = wire::frame(order);
+        self.stage = Stage::Running(Box::new(running));
+        self.flush()
+    }
+
+    /// Writes what the socket takes of the order; whether bytes remain.
+    pub fn flush(&mut self) -> io::Result<bool> {
+        let Stage::Running(running) = &mut self.stage else {
+            return Ok(false);
+        };
+        while !running.unsent.is_empty() {
+            match write(self.socket.as_fd(), &running.unsent) {
+                Ok(n) => {
+                    running.unsent.drain(..n);
+                }
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(true),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Reads what the socket holds: the run's end frame, or its close.
+    pub fn read_socket(&mut self) {
+        let Stage::Running(running) = &mut self.stage else {
+            return;
+        };
+        let mut chunk = [0u8; 4096];
+        loop {
+            match read(self.socket.as_fd(), &mut chunk) {
+                Ok(0) => {
+                    running.socket_closed = true;
+                    break;
+                }
+                Ok(n) => running.received.extend_from_slice(&chunk[..n]),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    running.socket_closed = true;
+                    break;
+                }
+            }
+        }
+        if running.end.is_none() {
+            if let Some(Ok(end)) = wire::take_frame::<RunEnd>(&mut running.received) {
+                running.end = Some(end);
+            }
+        }
+    }
+
+    /// Drains one output pipe into its capture; returns whether it closed
+    /// (the caller then stops watching it).
+    pub fn read_stream(&mut self, stream: Stream) -> bool {
+        let pipe = match stream {
+            Stream::Stdout => &self.stdout,
+            Stream::Stderr => &self.stderr,
+        };
+        let Some(pipe) = pipe else {
+            return true;
+        };
+        let mut chunk = [0u8; 16 * 1024];
+        let closed = loop {
+            match read(pipe.as_fd(), &mut chunk) {
+                Ok(0) => break true,
+                Ok(n) => {
+                    if let Stage::Running(running) = &mut self.stage {
+                        match stream {
+                            Stream::Stdout => running.stdout.push(&chunk[..n]),
+                            Stream::Stderr => running.stderr.push(&chunk[..n]),
+                        }
+                    }
+                }
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break false,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break true,
+            }
+        };
+        if closed {
+            match stream {
+                Stream::Stdout => self.stdout = None,
+                Stream::Stderr => self.stderr = None,
+            }
+        }
+        closed
+    }
+
+    /// Kills the run: SIGKILL to PID 1 of its namespace ends all in it.
+    pub fn kill(&mut self, why: Kill) {
+        if let Stage::Running(running) = &mut self.stage {
+            running.killed.get_or_insert(why);
+        }
+        if let Some(pidfd) = &self.pidfd {
+            let _ = process::signal(pidfd.as_fd(), libc::SIGKILL);
+        }
+    }
+
+    /// Whether the run is over: it said how it ended (or its socket
+    /// closed), and both pipes are drained to their end.
+    pub fn is_finished(&self) -> bool {
+        matches!(&self.stage, Stage::Running(running)
+            if (running.end.is_some() || running.socket_closed)
+                && self.stdout.is_none()
+                && self.stderr.is_none())
+    }
+
+    /// The reply for a finished run, and where it goes.
+    pub fn into_reply(self, now: Instant) -> Option<(ReplyTo, ExecReply)> {
+        let Stage::Running(running) = self.stage else {
+            return None;
+        };
+        let running = *running;
+        let stdout = running.stdout.finish();
+        let stderr = running.stderr.finish();
+        let (exit_code, signal, error) = match (running.killed, running.end) {
+            (Some(Kill::Timeout), _) => (
+                None,
+                Some(libc::SIGKILL),
+                Some(format!(
+                    "the run took longer than its timeout of {} ms and was killed",
+                    running.timeout.as_millis()
+                )),
+            ),
+            (Some(Kill::Shutdown), _) => (
+                None,
+                Some(libc::SIGKILL),
+                Some("the kernel is shutting down; the run was killed".to_owned()),
+            ),
+            (None, Some(end)) => (Some(end.exit_code), None, end.error),
+            (None, None) => (
+                None,
+                Some(libc::SIGKILL),
+                Some("the run ended without saying how (it was killed)".to_owned()),
+            ),
+        };
+        let timed_out = running.killed == Some(Kill::Timeout);
+        let reply = ExecReply {
+            success: exit_code == Some(0) && !timed_out,
+            stdout: stdout.text,
+            stderr: stderr.text,
+            exit_code,
+            signal,
+            error,
+            duration_ms: now.saturating_duration_since(running.started).as_millis() as u64,
+            timed_out,
+            truncated: Truncated {
+                stdout: stdout.dropped,
+                stderr: stderr.dropped,
+            },
+            ..ExecReply::default()
+        };
+        Some((running.reply_to, reply))
+    }
+}
+
+impl Running {
+    /// A run about to start, keeping `output_bytes` of each stream.
+    pub fn new(reply_to: ReplyTo, timeout: Duration, output_bytes: usize, now: Instant) -> Self {
+        Running {
+            reply_to,
+            started: now,
+            timeout,
+            stdout: Capture::new(output_bytes),
+            stderr: Capture::new(output_bytes),
+            unsent: Vec::new(),
+            received: Vec::new(),
+            end: None,
+            socket_closed: false,
+            killed: None,
+        }
+    }
+}
+
+/// read(2), with errors as `io::Error` (`WouldBlock` included).
+fn read(fd: BorrowedFd<'_>, buffer: &mut [u8]) -> io::Result<usize> {
+    nix::unistd::read(fd, buffer).map_err(io::Error::from)
+}
+
+/// write(2), with errors as `io::Error`.
+fn write(fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<usize> {
+    nix::unistd::write(fd, bytes).map_err(io::Error::from)
+}

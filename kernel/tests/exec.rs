@@ -1,0 +1,304 @@
+//! EXEC against a real agentosd: runs, their isolation from each other and
+//! from the host, timeouts, capped output, the Clove shell form, bad
+//! requests — and what a hostile run tries.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use agentos_proto::Opcode;
+use common::{call_json, Daemon};
+use serde_json::{json, Value};
+
+fn exec(stream: &mut std::os::unix::net::UnixStream, request: Value) -> Value {
+    call_json(stream, Opcode::EXEC, request.to_string().as_bytes())
+}
+
+/// Processes whose command line holds `marker` (and, if given, that live
+/// in the cgroups of the kernel with pid `kernel`).
+fn processes_with(marker: &str, kernel: Option<i32>) -> usize {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            kernel.is_none_or(|pid| {
+                fs::read_to_string(e.path().join("cgroup"))
+                    .is_ok_and(|cgroups| cgroups.contains(&format!("agentosd-{pid}/")))
+            })
+        })
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmdline| {
+            String::from_utf8_lossy(cmdline)
+                .replace('\0', " ")
+                .contains(marker)
+        })
+        .count()
+}
+
+/// Waits up to `within` for no process to hold `marker`.
+fn none_left(marker: &str, kernel: Option<i32>, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while processes_with(marker, kernel) > 0 {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+#[test]
+fn a_run_answers_with_every_field_of_the_reply() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let reply = exec(&mut stream, json!({"code": "print(6 * 7)"}));
+    assert_eq!(reply["success"], true, "{reply}");
+    assert_eq!(reply["stdout"], "42\n");
+    assert_eq!(reply["stderr"], "");
+    assert_eq!(reply["exit_code"], 0);
+    assert!(reply["signal"].is_null() && reply["error"].is_null());
+    assert_eq!(reply["timed_out"], false);
+    assert_eq!(reply["oom_killed"], false);
+    assert_eq!(reply["truncated"], json!({"stdout": 0, "stderr": 0}));
+    assert_eq!(reply["files"], json!({}));
+    assert!(reply["session"].is_null());
+    assert!(reply["duration_ms"].as_u64().is_some());
+    let failed = exec(
+        &mut stream,
+        json!({"code": "print('so far')\nraise ValueError('bad input')"}),
+    );
+    assert_eq!(failed["success"], false);
+    assert_eq!(failed["stdout"], "so far\n");
+    assert_eq!(failed["exit_code"], 1);
+    assert_eq!(failed["error"], "ValueError: bad input");
+    let traceback = failed["stderr"].as_str().unwrap();
+    assert!(traceback.contains("Traceback") && traceback.contains("ValueError: bad input"));
+    assert!(
+        !traceback.contains("run_python"),
+        "the host's own frame: {traceback}"
+    );
+    let exited = exec(&mut stream, json!({"code": "import sys; sys.exit(5)"}));
+    assert_eq!(
+        (exited["exit_code"].clone(), exited["success"].clone()),
+        (json!(5), json!(false))
+    );
+}
+
+#[test]
+fn the_clove_shell_form_runs_as_bash() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let reply = exec(
+        &mut stream,
+        json!({"command": "echo hi; echo oops >&2", "timeout": 30, "async": false, "request_id": "r-1"}),
+    );
+    assert_eq!(reply["success"], true, "{reply}");
+    assert_eq!(reply["stdout"], "hi\n");
+    assert_eq!(reply["stderr"], "oops\n");
+    assert_eq!(reply["exit_code"], 0);
+    let failing = exec(&mut stream, json!({"command": "exit 7"}));
+    assert_eq!(
+        (failing["success"].clone(), failing["exit_code"].clone()),
+        (json!(false), json!(7))
+    );
+    let background = exec(&mut stream, json!({"command": "ls", "async": true}));
+    assert_eq!(background["success"], false);
+    assert_eq!(background["code"], "bad_request");
+    assert!(
+        background["error"].as_str().unwrap().contains("TASK"),
+        "{background}"
+    );
+}
+
+#[test]
+fn an_endless_run_is_killed_at_its_timeout_with_nothing_of_it_left() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let started = Instant::now();
+    let reply = exec(
+        &mut stream,
+        json!({
+            "code": "import subprocess\nsubprocess.Popen(['sleep', '313'])\nprint('looping', flush=True)\nwhile True: pass",
+            "timeout_ms": 500,
+        }),
+    );
+    let took = started.elapsed();
+    assert_eq!(reply["timed_out"], true, "{reply}");
+    assert_eq!(reply["success"], false);
+    assert_eq!(reply["signal"], libc::SIGKILL);
+    assert_eq!(reply["stdout"], "looping\n", "the output so far comes back");
+    assert!(took < Duration::from_secs(1), "answered after {took:?}");
+    assert!(
+        none_left("sleep 313", None, Duration::from_secs(1)),
+        "the run's background process outlived it"
+    );
+}
+
+#[test]
+fn ten_megabytes_of_output_come_back_as_head_and_tail() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let rss_before = daemon.rss_kib();
+    let reply = exec(
+        &mut stream,
+        json!({"code": "import sys\nsys.stdout.write('HEAD\\n' + 'x' * (10 << 20) + '\\nTAIL\\n')"}),
+    );
+    assert_eq!(reply["success"], true, "{}", reply["error"]);
+    let stdout = reply["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("HEAD\n"), "{}", &stdout[..20]);
+    assert!(stdout.ends_with("\nTAIL\n"));
+    assert!(stdout.contains("bytes dropped"));
+    assert!(
+        stdout.len() < (64 << 10) + 100,
+        "{} bytes came back",
+        stdout.len()
+    );
+    let dropped = reply["truncated"]["stdout"].as_u64().unwrap();
+    assert_eq!(dropped as usize, 5 + (10 << 20) + 6 - (64 << 10));
+    let grown = daemon.rss_kib().saturating_sub(rss_before);
+    assert!(grown < 8 << 10, "the kernel grew by {grown} KiB");
+}
+
+#[test]
+fn bad_requests_name_their_field() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    for (request, field) in [
+        (json!({"code": "1", "language": "ruby"}), "language"),
+        (json!({"language": "python"}), "code"),
+        (json!({"code": "1", "timeout_ms": 0}), "timeout_ms"),
+        (json!({"code": "1", "timeout_ms": 1u64 << 40}), "timeout_ms"),
+        (json!({"code": "1", "files": {"../x": "aGk="}}), "files"),
+        (json!({"code": "1", "files": {"/etc/x": "aGk="}}), "files"),
+        (json!({"code": "1", "collect": ["a/../../b"]}), "collect"),
+    ] {
+        let reply = exec(&mut stream, request.clone());
+        assert_eq!(reply["success"], false, "{request}");
+        assert_eq!(reply["code"], "bad_request", "{request}: {reply}");
+        assert!(
+            reply["error"].as_str().unwrap().contains(field),
+            "{request}: {reply}"
+        );
+    }
+    // The connection is still usable.
+    assert_eq!(
+        exec(&mut stream, json!({"code": "print(1)"}))["stdout"],
+        "1\n"
+    );
+}
+
+#[test]
+fn runs_never_see_each_others_files_processes_or_state() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let first = exec(
+        &mut stream,
+        json!({"code": "import subprocess, sys\nopen('/tmp/mine', 'w').write('1')\nopen('/workspace/mine', 'w').write('1')\nsubprocess.Popen(['sleep', '317'])\nsys.modules['left_over'] = sys\nprint('left')"}),
+    );
+    assert_eq!(first["stdout"], "left\n", "{first}");
+    let second = exec(
+        &mut stream,
+        json!({"code": "import os, sys\nprint(os.path.exists('/tmp/mine'), os.path.exists('/workspace/mine'), 'left_over' in sys.modules)\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"}),
+    );
+    assert_eq!(second["stdout"], "False False False\n[1]\n", "{second}");
+    assert!(
+        none_left("sleep 317", None, Duration::from_secs(2)),
+        "a run's process outlived it"
+    );
+}
+
+#[test]
+fn a_hostile_run_reaches_nothing_of_the_host() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let probe = r#"
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(what, action):
+    try:
+        action()
+        print(what, 'REACHED')
+    except OSError as err:
+        print(what, 'denied', err.errno)
+attempt('/root', lambda: os.listdir('/root'))
+attempt('/etc/shadow', lambda: open('/etc/shadow').read(1) or (_ for _ in ()).throw(OSError(0, 'empty')))
+attempt('/usr', lambda: open('/usr/agentos-probe', 'w'))
+attempt('network', lambda: socket.create_connection(('1.1.1.1', 53), timeout=1))
+print('unshare', libc.unshare(0x10000000), ctypes.get_errno())
+print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())
+status = open('/proc/self/status').read()
+print([l.split()[1] for l in status.splitlines() if l.startswith(('CapEff', 'CapBnd', 'NoNewPrivs'))])
+environ = open('/proc/1/environ', 'rb').read().decode()
+print('environ', sorted(v.split('=')[0] for v in environ.split('\0') if v))
+print('hosts', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
+"#;
+    let reply = exec(&mut stream, json!({"code": probe}));
+    let stdout = reply["stdout"].as_str().unwrap();
+    assert!(!stdout.contains("REACHED"), "{stdout}\n{}", reply["stderr"]);
+    for line in [
+        "/root denied",
+        "/etc/shadow denied",
+        "/usr denied 30",
+        "network denied",
+        "unshare -1 1",
+        "mount -1 1",
+        "['0000000000000000', '0000000000000000', '1']",
+        "environ ['LANG', 'PATH']",
+        "hosts [1]",
+    ] {
+        assert!(
+            stdout.contains(line),
+            "missing {line:?} in\n{stdout}\n{}",
+            reply["stderr"]
+        );
+    }
+}
+
+#[test]
+fn a_killed_kernel_leaves_no_exec_host_or_run_behind() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    // A run still going when the kernel dies.
+    common::send(
+        &mut stream,
+        Opcode::EXEC,
+        json!({"code": "import subprocess, time\nsubprocess.Popen(['sleep', '331'])\ntime.sleep(60)"})
+            .to_string()
+            .as_bytes(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while processes_with("sleep 331", None) == 0 {
+        assert!(Instant::now() < deadline, "the run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kernel = Some(daemon.pid());
+    assert!(
+        processes_with("The exec host's interpreter", kernel) > 0,
+        "no zygote found"
+    );
+    daemon.signal(libc::SIGKILL);
+    assert!(
+        none_left("sleep 331", None, Duration::from_secs(2)),
+        "a run outlived the kernel"
+    );
+    assert!(
+        none_left(
+            "The exec host's interpreter",
+            kernel,
+            Duration::from_secs(2)
+        ),
+        "a zygote or run child outlived the kernel"
+    );
+}
