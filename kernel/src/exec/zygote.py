@@ -254,7 +254,12 @@ def serve_run(sock, stdout_w, stderr_w):
             stream.flush()
         except OSError:
             pass
+    # Close everything the kernel waits on before exiting: tearing down
+    # this process (its address space first) then happens after the reply.
+    os.close(1)
+    os.close(2)
     send_frame(sock, {"exit_code": exit_code, "error": error})
+    sock.close()
     os._exit(0)
 
 
