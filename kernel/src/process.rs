@@ -104,6 +104,31 @@ pub fn memfd_with(name: &CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(file))
 }
 
+/// The pid (in the caller's namespace) of the process behind `pidfd`,
+/// from its fdinfo; `None` once it has been reaped.
+pub fn pid_of(pidfd: BorrowedFd<'_>) -> Option<i32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("Pid:"))
+        .and_then(|pid| pid.trim().parse().ok())
+        .filter(|pid: &i32| *pid > 0)
+}
+
+/// Moves the process behind `pidfd` to the normal scheduling class at nice
+/// 0 (from the idle class its preparation ran in). Needs `CAP_SYS_NICE`.
+pub fn normal_priority(pidfd: BorrowedFd<'_>) -> io::Result<()> {
+    let pid = pid_of(pidfd).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler with a valid parameter struct; the pid is
+    // that of a live process we hold a pidfd to, so it cannot be reused.
+    let rc = unsafe { libc::sched_setscheduler(pid, libc::SCHED_OTHER, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,200 @@
+//! `bench-exec`: EXEC latency (request to reply) of `print(1)` in a fresh,
+//! isolated run, against the same program as a fresh `python3 -I -S`
+//! process and as a fresh isolated one (`unshare ... python3 -I -S`), all
+//! measured in the same run; and fresh runs per second sustained by
+//! concurrent clients. Prints figures and ratios; asserts nothing.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agentos_bench::{percentile, sibling, start_agentosd};
+use agentos_proto::{Client, Opcode};
+use anyhow::{bail, Context};
+use clap::Parser;
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// Benchmark EXEC against fresh Python processes.
+#[derive(Debug, Parser)]
+#[command(name = "bench-exec")]
+struct Args {
+    /// agentosd binary [default: next to this program]
+    #[arg(long)]
+    agentosd: Option<std::path::PathBuf>,
+    /// Warm EXECs measured
+    #[arg(long, default_value_t = 1000)]
+    runs: usize,
+    /// Pause before each measured EXEC, so the host has prepared the next
+    /// run (the steady state of code run now and then)
+    #[arg(long, default_value_t = 5)]
+    pause_ms: u64,
+    /// Baseline processes measured (each side)
+    #[arg(long, default_value_t = 100)]
+    baseline_runs: usize,
+    /// Clients in the sustained test
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Seconds of the sustained test
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+}
+
+const CODE: &[u8] = br#"{"code":"print(1)"}"#;
+
+fn exec_once(client: &mut Client) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let reply = client.call(Opcode::EXEC, CODE)?;
+    let took = start.elapsed();
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
+    if reply["stdout"] != "1\n" {
+        bail!("EXEC failed: {reply}");
+    }
+    Ok(took)
+}
+
+fn process_once(isolated: bool) -> anyhow::Result<Duration> {
+    let mut command = if isolated {
+        let mut command = Command::new("unshare");
+        command.args([
+            "--pid",
+            "--net",
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--fork",
+            "--mount-proc",
+            PYTHON,
+        ]);
+        command
+    } else {
+        Command::new(PYTHON)
+    };
+    command.args(["-I", "-S", "-c", "print(1)"]);
+    let start = Instant::now();
+    let output = command.output().context("cannot run the baseline")?;
+    let took = start.elapsed();
+    if output.stdout != b"1\n" {
+        bail!("baseline failed: {output:?}");
+    }
+    Ok(took)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if !nix::unistd::geteuid().is_root() {
+        bail!("bench-exec needs root: EXEC's isolation and the unshare baseline both do");
+    }
+    let agentosd = args.agentosd.clone().unwrap_or(sibling("agentosd")?);
+    let dir = tempfile::tempdir()?;
+    let kernel = start_agentosd(&agentosd, dir.path())?;
+    let mut client = Client::connect(&kernel.socket)?;
+    client.set_timeout(Some(Duration::from_secs(30)))?;
+    // The host comes up in the background: wait for its first run.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while exec_once(&mut client).is_err() {
+        if Instant::now() > deadline {
+            bail!("EXEC never answered; see {}", dir.path().display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let pause = Duration::from_millis(args.pause_ms);
+    let mut warm = Vec::with_capacity(args.runs);
+    for _ in 0..args.runs {
+        std::thread::sleep(pause);
+        warm.push(exec_once(&mut client)?);
+    }
+    let mut fresh = Vec::new();
+    let mut isolated = Vec::new();
+    for _ in 0..args.baseline_runs {
+        fresh.push(process_once(false)?);
+        isolated.push(process_once(true)?);
+    }
+    for series in [&mut warm, &mut fresh, &mut isolated] {
+        series.sort_unstable();
+    }
+
+    // Sustained: each client sends its next EXEC as soon as the last is
+    // answered, for a fixed time.
+    let stop_at = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let counts: Vec<anyhow::Result<usize>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..args.clients)
+            .map(|_| {
+                let socket = kernel.socket.clone();
+                scope.spawn(move || -> anyhow::Result<usize> {
+                    let mut client = Client::connect(&socket)?;
+                    client.set_timeout(Some(Duration::from_secs(30)))?;
+                    let mut done = 0;
+                    while Instant::now() < stop_at {
+                        exec_once(&mut client)?;
+                        done += 1;
+                    }
+                    Ok(done)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| bail!("a client panicked")))
+            .collect()
+    });
+    let elapsed = started.elapsed();
+    let total: usize = counts
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .iter()
+        .sum();
+    let per_second = total as f64 / elapsed.as_secs_f64();
+
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "bench-exec: print(1) as a fresh isolated run (pid, mnt, ipc, uts namespaces per run, \
+         seccomp, no capabilities) against fresh python3 -I -S processes, {} runs {} ms apart, \
+         {} of each baseline",
+        args.runs, args.pause_ms, args.baseline_runs
+    );
+    println!();
+    println!(
+        "{:<38} {:>9} {:>9} {:>12} {:>12}",
+        "", "p50 ms", "p99 ms", "p50 vs fresh", "p50 vs isol."
+    );
+    let (f50, i50) = (percentile(&fresh, 0.5), percentile(&isolated, 0.5));
+    for (label, samples) in [
+        ("EXEC print(1), warm", &warm),
+        ("python3 -I -S -c (fresh process)", &fresh),
+        ("unshare ... python3 (fresh, isolated)", &isolated),
+    ] {
+        let (p50, p99) = (percentile(samples, 0.5), percentile(samples, 0.99));
+        println!(
+            "{label:<38} {:>9.2} {:>9.2} {:>11.3}x {:>11.3}x",
+            ms(p50),
+            ms(p99),
+            ms(p50) / ms(f50),
+            ms(p50) / ms(i50)
+        );
+    }
+    println!();
+    println!(
+        "sustained: {per_second:.0} fresh isolated runs/s with {} clients over {:.1} s",
+        args.clients,
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "targets: warm p50 <= 0.5 ms {}, p99 <= 2 ms {}; >= 300 runs/s {}",
+        verdict(percentile(&warm, 0.5) <= Duration::from_micros(500)),
+        verdict(percentile(&warm, 0.99) <= Duration::from_millis(2)),
+        verdict(per_second >= 300.0)
+    );
+    drop(client);
+    kernel.stop();
+    Ok(())
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
