@@ -168,6 +168,15 @@ mod tests {
     }
 
     #[test]
+    fn a_pidfd_names_its_process_until_it_is_reaped() {
+        let (pid, pidfd) = sleeper();
+        assert_eq!(pid_of(pidfd.as_fd()), Some(pid));
+        signal(pidfd.as_fd(), libc::SIGKILL).expect("the signal is sent");
+        wait(pidfd.as_fd(), true);
+        assert_eq!(pid_of(pidfd.as_fd()), None);
+    }
+
+    #[test]
     fn an_exiting_process_is_reaped_with_its_code() {
         let (_, pidfd) = spawn("/bin/sh", &["-c", "exit 3"]);
         assert_eq!(wait(pidfd.as_fd(), true), Some(ProcessEnd::Exited(3)));
