@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -313,6 +314,84 @@ class AgentOSClient:
             request["grace_ms"] = grace_ms
         return self.call_json(Opcode.KILL, request)
 
+    def exec(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        session: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+        env: Optional[Mapping[str, str]] = None,
+        files: Optional[Mapping[str, Union[bytes, str]]] = None,
+        collect: Optional[Sequence[str]] = None,
+        limits: Optional[Mapping[str, int]] = None,
+    ) -> dict:
+        """EXEC: runs ``code`` (``language`` ``python`` or ``bash``) in a fresh,
+        isolated sandbox and returns the reply once it has ended::
+
+            with AgentOSClient() as client:
+                run = client.exec("print(6 * 7)")
+                print(run["stdout"], run["exit_code"])
+
+        The reply has ``success`` (exit code 0 and not timed out),
+        ``stdout``, ``stderr`` (each capped to its head and tail, with
+        ``truncated`` counting the bytes dropped), ``exit_code``, ``signal``,
+        ``error`` (an uncaught exception's ``Type: message``), ``duration_ms``,
+        ``timed_out``, ``oom_killed``, ``files`` and ``session``. Code that
+        fails is a reply with ``success`` false, not an exception:
+        :class:`AgentOSError` is raised only when the kernel refused the run
+        (``bad_request``, ``permission_denied``, ``busy``, ``unavailable``).
+        ``files`` (path under ``/workspace`` to content; bytes are sent
+        base64-encoded, str as UTF-8) are written before the run, and the
+        ``collect`` paths come back in ``files``, base64-encoded. The client's
+        ``timeout`` must allow for ``timeout_ms``.
+        """
+        request: dict = {"code": code, "language": language}
+        optional = {
+            "session": session,
+            "timeout_ms": timeout_ms,
+            "env": dict(env) if env is not None else None,
+            "files": _base64_files(files) if files is not None else None,
+            "collect": list(collect) if collect is not None else None,
+            "limits": dict(limits) if limits is not None else None,
+        }
+        request.update({k: v for k, v in optional.items() if v is not None})
+        _, _, data = self.call(Opcode.EXEC, request)
+        try:
+            reply = json.loads(data)
+        except ValueError as err:
+            raise ProtocolError(f"EXEC reply is not JSON: {data[:200]!r}") from err
+        if isinstance(reply, dict) and reply.get("code"):
+            # Refused before any code ran (a run that failed has no code).
+            _raise_if_failed(reply)
+        return reply
+
+    def sessions(self) -> list:
+        """EXEC ``sessions``: your sessions, each with ``session``,
+        ``created_at``, ``last_used_at``, ``runs`` and ``workspace_bytes``."""
+        return self.call_json(Opcode.EXEC, {"op": "sessions"})["sessions"]
+
+    def close_session(self, session: str) -> bool:
+        """EXEC ``close``: ends a session and deletes its workspace."""
+        return self.call_json(Opcode.EXEC, {"op": "close", "session": session})["closed"]
+
+    def snapshot(self, session: str, name: str) -> dict:
+        """EXEC ``snapshot``: saves the files of a session's ``/workspace``
+        as ``name``; returns ``name``, ``bytes`` and ``created_at``."""
+        request = {"op": "snapshot", "session": session, "name": name}
+        return self.call_json(Opcode.EXEC, request)["snapshot"]
+
+    def restore(self, session: str, name: str) -> None:
+        """EXEC ``restore``: replaces a session's ``/workspace`` with a
+        snapshot and restarts its interpreter."""
+        self.call_json(Opcode.EXEC, {"op": "restore", "session": session, "name": name})
+
+    def snapshots(self, session: str) -> list:
+        """EXEC ``snapshots``: a session's snapshots, oldest first."""
+        return self.call_json(Opcode.EXEC, {"op": "snapshots", "session": session})[
+            "snapshots"
+        ]
+
     def exit(self) -> None:
         """EXIT: the kernel says goodbye and closes; so does the client."""
         with self._lock:
@@ -390,6 +469,16 @@ def _failure(value: Any) -> Optional[AgentOSError]:
             str(value.get("code") or "internal"),
         )
     return None
+
+
+def _base64_files(files: Mapping[str, Union[bytes, str]]) -> dict:
+    """EXEC's ``files``: each content base64-encoded (str as UTF-8)."""
+    return {
+        path: base64.b64encode(
+            content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        ).decode("ascii")
+        for path, content in files.items()
+    }
 
 
 def _raise_if_failed(value: Any) -> None:

@@ -56,6 +56,9 @@ enum Command {
     Spawn(SpawnArgs),
     /// Ask the kernel's LLM: prints the answer, and its figures on stderr
     Think(ThinkArgs),
+    /// Run code in a fresh, isolated sandbox: prints its output and exits
+    /// with its exit code (128 + the signal if one ended it)
+    Exec(ExecArgs),
     /// Stop an agent (SIGTERM to its tree, SIGKILL after the grace)
     Kill {
         /// Agent name, or id
@@ -104,6 +107,25 @@ struct SpawnArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct ExecArgs {
+    /// The code (its words are joined by spaces); `-` reads it from stdin
+    #[arg(required = true, allow_hyphen_values = true)]
+    code: Vec<String>,
+    /// Run it in this session's interpreter and /workspace
+    #[arg(short, long)]
+    session: Option<String>,
+    /// The code is bash, not Python
+    #[arg(long)]
+    bash: bool,
+    /// Wall-clock limit for the run
+    #[arg(long, value_name = "MS")]
+    timeout_ms: Option<u64>,
+    /// Print the EXEC reply as JSON
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 struct ThinkArgs {
     /// The prompt (its words are joined by spaces); `-` reads it from stdin
     #[arg(required = true)]
@@ -128,7 +150,7 @@ struct ThinkArgs {
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             eprintln!("agentos: {err:#}");
             ExitCode::FAILURE
@@ -136,11 +158,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
+fn run(args: Args) -> anyhow::Result<ExitCode> {
     let path = resolve_socket_path(args.socket.as_deref());
     // A THINK may wait its turn in the kernel's queue and for a slow model.
-    let default_timeout = match args.command {
+    let default_timeout = match &args.command {
         Command::Think(_) => 180.0,
+        // The run's own limit, with room for its reply.
+        Command::Exec(exec) => exec.timeout_ms.map_or(60.0, |ms| ms as f64 / 1e3 + 30.0),
         _ => 30.0,
     };
     let timeout = args.timeout.unwrap_or(default_timeout);
@@ -149,14 +173,62 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut client = Client::connect(&path)?;
     client.set_timeout(Some(Duration::from_secs_f64(timeout)))?;
-    match args.command {
+    let done = match args.command {
         Command::Hello { json } => hello(&mut client, json),
         Command::Ping { count, size } => ping(&mut client, &path, count, size),
         Command::Ps { json } => ps(&mut client, json),
         Command::Spawn(spawn_args) => spawn(&mut client, spawn_args),
         Command::Kill { agent, grace_ms } => kill(&mut client, &agent, grace_ms),
         Command::Think(think_args) => think(&mut client, think_args),
+        Command::Exec(exec_args) => return exec(&mut client, exec_args),
+    };
+    done.map(|()| ExitCode::SUCCESS)
+}
+
+fn exec(client: &mut Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
+    let code = if args.code == ["-"] {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
+        text
+    } else {
+        args.code.join(" ")
+    };
+    let mut request = serde_json::json!({
+        "code": code,
+        "language": if args.bash { "bash" } else { "python" },
+    });
+    if let Some(session) = args.session {
+        request["session"] = session.into();
     }
+    if let Some(timeout_ms) = args.timeout_ms {
+        request["timeout_ms"] = timeout_ms.into();
+    }
+    let reply = client.call(Opcode::EXEC, &serde_json::to_vec(&request)?)?;
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
+    if let Some(code) = reply["code"].as_str() {
+        bail!(
+            "{} ({code})",
+            reply["error"].as_str().unwrap_or("EXEC failed")
+        );
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+    } else {
+        print!("{}", reply["stdout"].as_str().unwrap_or_default());
+        eprint!("{}", reply["stderr"].as_str().unwrap_or_default());
+        if reply["timed_out"] == true {
+            eprintln!(
+                "agentos: {}",
+                reply["error"].as_str().unwrap_or("timed out")
+            );
+        }
+    }
+    let status = match (reply["exit_code"].as_i64(), reply["signal"].as_i64()) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => 128 + signal,
+        (None, None) => 1,
+    };
+    Ok(ExitCode::from(u8::try_from(status & 0xff).unwrap_or(1)))
 }
 
 fn think(client: &mut Client, args: ThinkArgs) -> anyhow::Result<()> {

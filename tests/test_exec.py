@@ -1,0 +1,64 @@
+"""EXEC through the Python SDK and the CLI, against a real agentosd."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from agentos import AgentOSClient, AgentOSError
+from conftest import binary
+
+
+def has_root() -> bool:
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: EXEC's isolation needs namespaces, so root (CI runs as root)")
+        return False
+    return True
+
+
+def test_exec_returns_the_run_and_failing_code_is_a_reply_not_an_exception(kernel):
+    if not has_root():
+        return
+    with AgentOSClient(kernel.socket_path) as client:
+        assert client.hello()["features"]["exec"] is True
+        run = client.exec("print(6 * 7)")
+        assert run["success"] is True
+        assert (run["stdout"], run["stderr"], run["exit_code"]) == ("42\n", "", 0)
+        failed = client.exec("raise ValueError('no')")
+        assert failed["success"] is False
+        assert failed["exit_code"] == 1
+        assert failed["error"] == "ValueError: no"
+        bash = client.exec("echo $((40 + 2)); exit 3", language="bash")
+        assert (bash["stdout"], bash["exit_code"]) == ("42\n", 3)
+        timed = client.exec("while True: pass", timeout_ms=300)
+        assert timed["timed_out"] is True and timed["signal"] == 9
+
+
+def test_a_refused_run_raises_with_its_code(kernel):
+    if not has_root():
+        return
+    with AgentOSClient(kernel.socket_path) as client:
+        with pytest.raises(AgentOSError) as refused:
+            client.exec("1", language="ruby")
+        assert refused.value.code == "bad_request"
+        assert "language" in str(refused.value)
+
+
+def test_the_cli_prints_the_output_and_exits_with_the_runs_code(kernel):
+    if not has_root():
+        return
+    agentos = binary("agentos")
+    result = subprocess.run(
+        [agentos, "--socket", kernel.socket_path, "exec", "print('out'); import sys; "
+         "print('err', file=sys.stderr); sys.exit(4)"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert (result.stdout, result.returncode) == ("out\n", 4), result.stderr
+    assert "err\n" in result.stderr
+    piped = subprocess.run(
+        [agentos, "--socket", kernel.socket_path, "exec", "--bash", "-"],
+        input="echo from-stdin", capture_output=True, text=True, timeout=30,
+    )
+    assert (piped.stdout, piped.returncode) == ("from-stdin\n", 0), piped.stderr
