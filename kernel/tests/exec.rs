@@ -302,3 +302,50 @@ fn a_killed_kernel_leaves_no_exec_host_or_run_behind() {
         "a zygote or run child outlived the kernel"
     );
 }
+
+#[test]
+fn a_hundred_concurrent_runs_are_all_answered_while_noops_stay_fast() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let noops_done = std::sync::atomic::AtomicBool::new(false);
+    let (answered, noop_p99) = std::thread::scope(|scope| {
+        let runners: Vec<_> = (0..10)
+            .map(|connection| {
+                let daemon = &daemon;
+                scope.spawn(move || {
+                    let mut stream = daemon.raw();
+                    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                    // Ten EXECs pipelined on the connection, answered in order.
+                    for run in 0..10 {
+                        let code = json!({"code": format!("print({connection} * 100 + {run})")});
+                        common::send(&mut stream, Opcode::EXEC, code.to_string().as_bytes());
+                    }
+                    (0..10)
+                        .filter(|run| {
+                            let (_, reply) = common::recv_json(&mut stream);
+                            reply["stdout"] == format!("{}\n", connection * 100 + run)
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        let noops = scope.spawn(|| {
+            let mut stream = daemon.raw();
+            let mut latencies = Vec::new();
+            while !noops_done.load(std::sync::atomic::Ordering::Relaxed) {
+                let started = Instant::now();
+                common::send(&mut stream, Opcode::NOOP, b"ping");
+                common::recv(&mut stream);
+                latencies.push(started.elapsed());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            latencies.sort_unstable();
+            latencies[latencies.len() * 99 / 100]
+        });
+        let answered: usize = runners.into_iter().map(|r| r.join().unwrap()).sum();
+        noops_done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (answered, noops.join().unwrap())
+    });
+    assert_eq!(answered, 100, "every run answered, with its own output");
+    assert!(noop_p99 < Duration::from_millis(5), "NOOP p99 {noop_p99:?} meanwhile");
+}
