@@ -203,14 +203,17 @@ fn runs_never_see_each_others_files_processes_or_state() {
     let mut stream = daemon.raw();
     let first = exec(
         &mut stream,
-        json!({"code": "import subprocess, sys\nopen('/tmp/mine', 'w').write('1')\nopen('/workspace/mine', 'w').write('1')\nsubprocess.Popen(['sleep', '317'])\nsys.modules['left_over'] = sys\nprint('left')"}),
+        json!({"code": "import subprocess, sys\nopen('/tmp/mine', 'w').write('1')\nopen('/workspace/mine', 'w').write('1')\nopen('relative', 'w').write('1')\nsubprocess.Popen(['sleep', '317'])\nsys.modules['left_over'] = sys\nprint('left')"}),
     );
     assert_eq!(first["stdout"], "left\n", "{first}");
     let second = exec(
         &mut stream,
-        json!({"code": "import os, sys\nprint(os.path.exists('/tmp/mine'), os.path.exists('/workspace/mine'), 'left_over' in sys.modules)\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"}),
+        json!({"code": "import os, sys\nprint(os.path.exists('/tmp/mine'), os.path.exists('/workspace/mine'), os.path.exists('relative'), 'left_over' in sys.modules)\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), os.getcwd())"}),
     );
-    assert_eq!(second["stdout"], "False False False\n[1]\n", "{second}");
+    assert_eq!(
+        second["stdout"], "False False False False\n[1] /workspace\n",
+        "{second}"
+    );
     assert!(
         none_left("sleep 317", None, Duration::from_secs(2)),
         "a run's process outlived it"
@@ -314,7 +317,9 @@ fn a_hundred_concurrent_runs_are_all_answered_while_noops_stay_fast() {
                 let daemon = &daemon;
                 scope.spawn(move || {
                     let mut stream = daemon.raw();
-                    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                    stream
+                        .set_read_timeout(Some(Duration::from_secs(60)))
+                        .unwrap();
                     // Ten EXECs pipelined on the connection, answered in order.
                     for run in 0..10 {
                         let code = json!({"code": format!("print({connection} * 100 + {run})")});
@@ -347,5 +352,41 @@ fn a_hundred_concurrent_runs_are_all_answered_while_noops_stay_fast() {
         (answered, noops.join().unwrap())
     });
     assert_eq!(answered, 100, "every run answered, with its own output");
-    assert!(noop_p99 < Duration::from_millis(5), "NOOP p99 {noop_p99:?} meanwhile");
+    assert!(
+        noop_p99 < Duration::from_millis(5),
+        "NOOP p99 {noop_p99:?} meanwhile"
+    );
+}
+
+#[test]
+fn files_go_in_before_the_run_and_collected_ones_come_back() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start_with("[exec]\nmax_file_bytes = 1000\n");
+    let mut stream = daemon.raw();
+    let code = "data = open('data/in.txt').read()\n\
+                open('out.txt', 'w').write(data.upper())\n\
+                import os\nos.symlink('/etc/hostname', 'link')\n\
+                open('big.bin', 'wb').write(b'x' * 2000)";
+    let reply = exec(
+        &mut stream,
+        json!({
+            "code": code,
+            "files": {"data/in.txt": "aGVsbG8="},
+            "collect": ["out.txt", "link", "big.bin", "missing.txt"],
+        }),
+    );
+    assert_eq!(reply["exit_code"], 0, "{reply}");
+    assert_eq!(reply["files"], json!({"out.txt": "SEVMTE8="}), "{reply}");
+    let error = reply["error"].as_str().unwrap();
+    for problem in ["link", "big.bin: 2000 bytes", "missing.txt: no such file"] {
+        assert!(error.contains(problem), "{problem:?} not in {error}");
+    }
+    let too_big = exec(
+        &mut stream,
+        json!({"code": "1", "files": {"huge": "QUFB".repeat(400)}}),
+    );
+    assert_eq!(too_big["code"], "bad_request", "{too_big}");
+    assert!(too_big["error"].as_str().unwrap().contains("files"));
+    let not_base64 = exec(&mut stream, json!({"code": "1", "files": {"x": "%%%"}}));
+    assert_eq!(not_base64["code"], "bad_request", "{not_base64}");
 }

@@ -176,6 +176,9 @@ fn run(ready: Ready, language: &str, code: &str) -> (String, String, RunEnd) {
         language: language.into(),
         env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
         cwd: None,
+        files: BTreeMap::new(),
+        collect: Vec::new(),
+        max_file_bytes: 1 << 20,
     };
     socket.write_all(&wire::frame(&order)).unwrap();
     socket
@@ -212,7 +215,9 @@ fn the_zygote_hands_over_run_children_that_run_python_and_bash() {
         end,
         RunEnd {
             exit_code: 0,
-            error: None
+            error: None,
+            files: BTreeMap::new(),
+            uncollected: Vec::new(),
         }
     );
     let (stdout, stderr, end) = run(
@@ -305,6 +310,9 @@ fn killing_a_run_through_its_pidfd_ends_all_it_started() {
         language: "python".into(),
         env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
         cwd: None,
+        files: BTreeMap::new(),
+        collect: Vec::new(),
+        max_file_bytes: 1 << 20,
     };
     socket.write_all(&wire::frame(&order)).unwrap();
     let mut stdout = fs::File::from(ready.stdout);

@@ -13,6 +13,7 @@
 //!
 //! Everything here runs on the reactor thread and never blocks.
 
+pub mod files;
 pub mod host;
 pub mod output;
 pub mod run;
@@ -100,6 +101,7 @@ pub struct Exec {
     host_limits: CgroupLimits,
     log: PathBuf,
     output_bytes: usize,
+    max_file_bytes: u64,
     default_timeout: Duration,
     /// Why EXEC cannot work on this host, if it cannot.
     unavailable: Option<String>,
@@ -160,6 +162,7 @@ impl Exec {
             },
             log: config.agents.log_dir().join("exec-host.log"),
             output_bytes: exec.output_bytes,
+            max_file_bytes: exec.max_file_bytes,
             default_timeout: Duration::from_millis(exec.default_timeout_ms),
             unavailable,
             shutting_down: false,
@@ -215,10 +218,9 @@ impl Exec {
                 "the kernel is shutting down",
             ));
         }
+        files::check(&request.files, self.max_file_bytes)?;
         for (field, given) in [
             ("session", request.session.is_some()),
-            ("files", !request.files.is_empty()),
-            ("collect", !request.collect.is_empty()),
             ("limits", request.limits.is_some()),
         ] {
             if given {
@@ -549,7 +551,7 @@ impl Exec {
                 .request
                 .timeout_ms
                 .map_or(self.default_timeout, Duration::from_millis);
-            let order = order_for(waiting.request);
+            let order = order_for(waiting.request, self.max_file_bytes);
             let running = Running::new(waiting.reply_to, timeout, self.output_bytes, now);
             let run = &mut self.children[child];
             if let Err(err) = run.start(&order, running) {
@@ -639,7 +641,7 @@ impl Exec {
 }
 
 /// What a request becomes for the run child.
-fn order_for(request: ExecRequest) -> wire::RunOrder {
+fn order_for(request: ExecRequest, max_file_bytes: u64) -> wire::RunOrder {
     let mut env = BTreeMap::from([
         ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
         ("LANG".to_owned(), "C.UTF-8".to_owned()),
@@ -655,6 +657,9 @@ fn order_for(request: ExecRequest) -> wire::RunOrder {
         .to_owned(),
         env,
         cwd: request.cwd,
+        files: request.files,
+        collect: request.collect,
+        max_file_bytes,
     }
 }
 

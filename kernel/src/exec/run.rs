@@ -219,6 +219,7 @@ impl RunChild {
         let running = *running;
         let stdout = running.stdout.finish();
         let stderr = running.stderr.finish();
+        let mut files = Default::default();
         let (exit_code, signal, error) = match (running.killed, running.end) {
             (Some(Kill::Timeout), _) => (
                 None,
@@ -233,7 +234,13 @@ impl RunChild {
                 Some(libc::SIGKILL),
                 Some("the kernel is shutting down; the run was killed".to_owned()),
             ),
-            (None, Some(end)) => (Some(end.exit_code), None, end.error),
+            (None, Some(end)) => {
+                let error = end
+                    .error
+                    .or_else(|| (!end.uncollected.is_empty()).then(|| end.uncollected.join("; ")));
+                files = end.files;
+                (Some(end.exit_code), None, error)
+            }
             (None, None) => (
                 None,
                 Some(libc::SIGKILL),
@@ -254,6 +261,7 @@ impl RunChild {
                 stdout: stdout.dropped,
                 stderr: stderr.dropped,
             },
+            files,
             ..ExecReply::default()
         };
         Some((running.reply_to, reply))

@@ -32,6 +32,15 @@ pub struct RunOrder {
     pub env: BTreeMap<String, String>,
     /// Its working directory, if not the host's.
     pub cwd: Option<String>,
+    /// Files to write under `/workspace` first: path to base64 content.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// Files under `/workspace` to send back once the code has ended.
+    #[serde(default)]
+    pub collect: Vec<String>,
+    /// Largest file collected, in bytes.
+    #[serde(default)]
+    pub max_file_bytes: u64,
 }
 
 /// How a run ended, as the run child reports it.
@@ -42,6 +51,12 @@ pub struct RunEnd {
     /// An uncaught exception's `Type: message`, or why the code could not
     /// run.
     pub error: Option<String>,
+    /// The collected files: path to base64 content.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// Why some of `collect` could not be sent back, if any could not.
+    #[serde(default)]
+    pub uncollected: Vec<String>,
 }
 
 /// A run child the host has prepared.
@@ -181,6 +196,8 @@ mod tests {
         let end = RunEnd {
             exit_code: 3,
             error: Some("ValueError: no".into()),
+            files: BTreeMap::from([("out.txt".into(), "aGk=".into())]),
+            uncollected: Vec::new(),
         };
         let bytes = [frame(&end), frame(&end)].concat();
         let mut buffer = Vec::new();

@@ -27,9 +27,11 @@
 # Started as `python -I -S -c <this>`: no site, no user paths, nothing from
 # the environment but what the kernel set.
 
+import base64
 import ctypes
 import gc
 import json
+import stat
 import os
 import signal
 import socket
@@ -224,6 +226,62 @@ def run_bash(code, env):
     return os.WEXITSTATUS(status), None
 
 
+WORKSPACE = "/workspace"
+
+
+def open_beneath(path, flags, create_dirs=False):
+    """Opens /workspace/<path> without following a symlink anywhere on the
+    way (the kernel checked the path is plain and relative). Directories
+    missing on the way are made when ``create_dirs``."""
+    parts = path.split("/")
+    directory = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts[:-1]:
+            if create_dirs:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=directory)
+                except FileExistsError:
+                    pass
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def write_files(files):
+    for path, content in files.items():
+        fd = open_beneath(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, create_dirs=True)
+        with os.fdopen(fd, "wb") as file:
+            file.write(base64.b64decode(content))
+
+
+def collect_files(paths, max_bytes):
+    """The named files' contents (base64), and why any could not be read."""
+    files, problems = {}, []
+    for path in paths:
+        try:
+            fd = open_beneath(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            problems.append(f"cannot collect {path}: no such file in /workspace")
+            continue
+        except OSError as err:
+            problems.append(f"cannot collect {path}: {err.strerror}")
+            continue
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                problems.append(f"cannot collect {path}: not a regular file")
+            elif info.st_size > max_bytes:
+                problems.append(
+                    f"cannot collect {path}: {info.st_size} bytes, over {max_bytes}"
+                )
+            else:
+                files[path] = base64.b64encode(file.read(max_bytes + 1)[:max_bytes]).decode()
+    return files, problems
+
+
 def serve_run(sock, stdout_w, stderr_w):
     """The run child: wait for code, run it with its output on the pipes,
     report how it ended."""
@@ -237,10 +295,14 @@ def serve_run(sock, stdout_w, stderr_w):
     os.dup2(stderr_w, 2)
     os.close(stdout_w)
     os.close(stderr_w)
-    cwd = request.get("cwd")
+    cwd = request.get("cwd") or WORKSPACE
     exit_code, error = 0, None
     try:
-        if cwd:
+        write_files(request.get("files") or {})
+    except (OSError, ValueError) as err:
+        exit_code, error = 1, f"cannot write the request's files: {err}"
+    try:
+        if error is None:
             os.chdir(cwd)
     except OSError as err:
         exit_code, error = 1, f"cannot enter {cwd}: {err.strerror}"
@@ -254,11 +316,17 @@ def serve_run(sock, stdout_w, stderr_w):
             stream.flush()
         except OSError:
             pass
+    files, problems = collect_files(
+        request.get("collect") or [], request.get("max_file_bytes") or 0
+    )
     # Close everything the kernel waits on before exiting: tearing down
     # this process (its address space first) then happens after the reply.
     os.close(1)
     os.close(2)
-    send_frame(sock, {"exit_code": exit_code, "error": error})
+    send_frame(
+        sock,
+        {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems},
+    )
     sock.close()
     os._exit(0)
 
