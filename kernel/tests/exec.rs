@@ -390,3 +390,87 @@ fn files_go_in_before_the_run_and_collected_ones_come_back() {
     let not_base64 = exec(&mut stream, json!({"code": "1", "files": {"x": "%%%"}}));
     assert_eq!(not_base64["code"], "bad_request", "{not_base64}");
 }
+
+#[test]
+fn a_session_keeps_its_interpreter_and_workspace_and_only_its_owner_sees_it() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start_with("[exec]\nmax_sessions = 2\n");
+    let mut stream = daemon.raw();
+    let first = exec(
+        &mut stream,
+        json!({"code": "import os\ncount = 1\nopen('notes.txt', 'w').write('kept')\nprint(os.getpid())", "session": "s1"}),
+    );
+    assert_eq!(first["success"], true, "{first}");
+    assert_eq!(first["session"], "s1");
+    let second = exec(
+        &mut stream,
+        json!({"code": "count += 1\nprint(count, open('notes.txt').read())", "session": "s1"}),
+    );
+    assert_eq!(second["stdout"], "2 kept\n", "{second}");
+    // A sessionless run, and another session, see none of it.
+    let fresh = exec(
+        &mut stream,
+        json!({"code": "import os\nprint('count' in globals(), os.path.exists('notes.txt'))"}),
+    );
+    assert_eq!(fresh["stdout"], "False False\n");
+    let other = exec(
+        &mut stream,
+        json!({"code": "import os\nprint('count' in globals(), os.path.exists('notes.txt'))", "session": "s2"}),
+    );
+    assert_eq!(other["stdout"], "False False\n");
+    // The cap per owner.
+    let third = exec(&mut stream, json!({"code": "1", "session": "s3"}));
+    assert_eq!(third["code"], "limit_exceeded", "{third}");
+    let listed = call_json(&mut stream, Opcode::EXEC, br#"{"op":"sessions"}"#);
+    let names: Vec<&str> = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["s1", "s2"], "{listed}");
+    assert_eq!(listed["sessions"][0]["runs"], 2);
+    assert_eq!(listed["sessions"][0]["workspace_bytes"], 4);
+    // Another connection of the same uid reaches the same sessions.
+    let mut again = daemon.raw();
+    let third_run = exec(&mut again, json!({"code": "print(count)", "session": "s1"}));
+    assert_eq!(third_run["stdout"], "2\n");
+    let closed = call_json(
+        &mut stream,
+        Opcode::EXEC,
+        br#"{"op":"close","session":"s1"}"#,
+    );
+    assert_eq!(closed, json!({"success": true, "closed": true}));
+    let reopened = exec(
+        &mut stream,
+        json!({"code": "print('count' in globals())", "session": "s1"}),
+    );
+    assert_eq!(
+        reopened["stdout"], "False\n",
+        "a closed session comes back fresh"
+    );
+    let unknown = call_json(
+        &mut stream,
+        Opcode::EXEC,
+        br#"{"op":"close","session":"nope"}"#,
+    );
+    assert_eq!(unknown["closed"], false);
+}
+
+#[test]
+fn a_session_killed_at_its_timeout_ends_and_the_next_run_starts_fresh() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    exec(&mut stream, json!({"code": "x = 1", "session": "s"}));
+    let timed = exec(
+        &mut stream,
+        json!({"code": "while True: pass", "session": "s", "timeout_ms": 300}),
+    );
+    assert_eq!(timed["timed_out"], true, "{timed}");
+    let after = exec(
+        &mut stream,
+        json!({"code": "print('x' in globals())", "session": "s"}),
+    );
+    assert_eq!(after["stdout"], "False\n", "{after}");
+}

@@ -179,6 +179,7 @@ fn run(ready: Ready, language: &str, code: &str) -> (String, String, RunEnd) {
         files: BTreeMap::new(),
         collect: Vec::new(),
         max_file_bytes: 1 << 20,
+        keep: false,
     };
     socket.write_all(&wire::frame(&order)).unwrap();
     socket
@@ -218,6 +219,7 @@ fn the_zygote_hands_over_run_children_that_run_python_and_bash() {
             error: None,
             files: BTreeMap::new(),
             uncollected: Vec::new(),
+            workspace_bytes: None,
         }
     );
     let (stdout, stderr, end) = run(
@@ -313,6 +315,7 @@ fn killing_a_run_through_its_pidfd_ends_all_it_started() {
         files: BTreeMap::new(),
         collect: Vec::new(),
         max_file_bytes: 1 << 20,
+        keep: false,
     };
     socket.write_all(&wire::frame(&order)).unwrap();
     let mut stdout = fs::File::from(ready.stdout);

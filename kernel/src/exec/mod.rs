@@ -19,13 +19,13 @@ pub mod output;
 pub mod run;
 pub mod wire;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use agentos_proto::payload::{to_json, ExecRequest, Language};
+use agentos_proto::payload::{to_json, ExecRequest, Language, SessionInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -34,6 +34,7 @@ use slab::Slab;
 
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
+use crate::clock::rfc3339;
 use crate::config::Config;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
@@ -58,12 +59,39 @@ enum Source {
     Output(usize, Stream),
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Wake {
     /// A run's timeout, if it is still that run.
     Timeout { child: usize, started: Instant },
     /// Start the hosts that are missing.
     StartHosts,
+    /// Close a session unused since `last_used`, if it still is.
+    SessionIdle { key: SessionKey, last_used: Instant },
+}
+
+/// Who a session belongs to: an agent, or (for operators) a uid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SessionOwner {
+    /// An agent, by id.
+    Agent(u32),
+    /// An operator's user id.
+    User(u32),
+}
+
+type SessionKey = (SessionOwner, String);
+
+/// A session: a run child kept with its interpreter and /workspace.
+#[derive(Debug)]
+struct Session {
+    child: usize,
+    created_at: SystemTime,
+    last_used_at: SystemTime,
+    last_used: Instant,
+    runs: u64,
+    /// Requests waiting for its child, oldest first.
+    queue: VecDeque<Waiting>,
+    /// A run of it is going.
+    busy: bool,
 }
 
 /// An exec host.
@@ -80,6 +108,8 @@ struct Host {
 struct Waiting {
     request: ExecRequest,
     reply_to: ReplyTo,
+    /// The session it runs in, if any.
+    session: Option<SessionKey>,
 }
 
 /// The EXEC subsystem.
@@ -95,6 +125,9 @@ pub struct Exec {
     /// Ready children, oldest first.
     ready: VecDeque<usize>,
     waiting: VecDeque<Waiting>,
+    sessions: HashMap<SessionKey, Session>,
+    session_idle: Duration,
+    max_sessions: usize,
     timers: Timers<Wake>,
     setup: HostSetup,
     /// Each host's cgroup: room for its zygote and every prepared run.
@@ -144,6 +177,9 @@ impl Exec {
             children: Slab::new(),
             ready: VecDeque::new(),
             waiting: VecDeque::new(),
+            sessions: HashMap::new(),
+            session_idle: Duration::from_secs(exec.session_idle_secs),
+            max_sessions: exec.max_sessions,
             timers: Timers::default(),
             setup: HostSetup {
                 python: exec.python.clone(),
@@ -203,6 +239,7 @@ impl Exec {
     pub fn run(
         &mut self,
         request: ExecRequest,
+        owner: SessionOwner,
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
@@ -219,10 +256,7 @@ impl Exec {
             ));
         }
         files::check(&request.files, self.max_file_bytes)?;
-        for (field, given) in [
-            ("session", request.session.is_some()),
-            ("limits", request.limits.is_some()),
-        ] {
+        for (field, given) in [("limits", request.limits.is_some())] {
             if given {
                 return Err(ErrorReply::new(
                     ErrorCode::Unavailable,
@@ -242,9 +276,104 @@ impl Exec {
                 ),
             ));
         }
-        self.waiting.push_back(Waiting { request, reply_to });
-        self.dispatch(replies, Instant::now());
+        let now = Instant::now();
+        let session = request.session.clone().map(|name| (owner, name));
+        if let Some(key) = &session {
+            if let Some(open) = self.sessions.get_mut(key) {
+                open.queue.push_back(Waiting {
+                    request,
+                    reply_to,
+                    session: session.clone(),
+                });
+                self.serve_session(key, replies, now);
+                return Ok(());
+            }
+            let held = self.sessions.keys().filter(|(o, _)| *o == owner).count();
+            if held >= self.max_sessions {
+                return Err(ErrorReply::new(
+                    ErrorCode::LimitExceeded,
+                    format!(
+                        "you hold {held} sessions, the most exec.max_sessions allows; close \
+                         one ({{\"op\":\"close\"}}) first"
+                    ),
+                ));
+            }
+        }
+        self.waiting.push_back(Waiting {
+            request,
+            reply_to,
+            session,
+        });
+        self.dispatch(replies, now);
         Ok(())
+    }
+
+    /// The owner's sessions (`op: sessions`).
+    pub fn sessions(&self, owner: SessionOwner) -> Vec<SessionInfo> {
+        let mut mine: Vec<(&SessionKey, &Session)> = self
+            .sessions
+            .iter()
+            .filter(|((o, _), _)| *o == owner)
+            .collect();
+        mine.sort_by_key(|((_, name), session)| (session.created_at, name.clone()));
+        mine.into_iter()
+            .map(|((_, name), session)| SessionInfo {
+                session: name.clone(),
+                created_at: rfc3339(session.created_at),
+                last_used_at: rfc3339(session.last_used_at),
+                runs: session.runs,
+                workspace_bytes: self
+                    .children
+                    .get(session.child)
+                    .and_then(|c| c.workspace_bytes)
+                    .unwrap_or(0),
+            })
+            .collect()
+    }
+
+    /// Ends a session (`op: close`): its interpreter and /workspace go;
+    /// a run of it still going is killed. Whether there was one.
+    pub fn close(&mut self, owner: SessionOwner, name: &str, replies: &mut Vec<Reply>) -> bool {
+        let Some(session) = self.sessions.remove(&(owner, name.to_owned())) else {
+            return false;
+        };
+        for waiting in session.queue {
+            let refusal = ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("session {name:?} was closed before this run could start"),
+            );
+            replies.push((waiting.reply_to, refusal.to_json()));
+        }
+        if let Some(child) = self.children.get_mut(session.child) {
+            child.kill(Kill::Closed);
+            if !matches!(child.stage, Stage::Running(_)) {
+                self.drop_child(session.child);
+            }
+        }
+        true
+    }
+
+    /// Starts the next queued run of a session whose child is free.
+    fn serve_session(&mut self, key: &SessionKey, replies: &mut Vec<Reply>, now: Instant) {
+        let Some(session) = self.sessions.get_mut(key) else {
+            return;
+        };
+        if session.busy
+            || !self
+                .children
+                .get(session.child)
+                .is_some_and(RunChild::is_alive)
+        {
+            return;
+        }
+        let Some(waiting) = session.queue.pop_front() else {
+            return;
+        };
+        session.busy = true;
+        session.last_used = now;
+        session.last_used_at = SystemTime::now();
+        let child = session.child;
+        self.start(child, waiting, replies, now);
     }
 
     /// Takes in what happened to a host's sandbox.
@@ -315,9 +444,11 @@ impl Exec {
                         Err(_) => self.drop_child(child),
                     },
                     Stage::Ready => {
-                        // It went away while waiting (its host ended).
-                        run.read_socket();
-                        self.drop_child(child);
+                        // Writability comes and goes; only a close matters:
+                        // it went away while waiting (its host ended).
+                        if run.has_hung_up() {
+                            self.child_gone(child, replies);
+                        }
                     }
                     Stage::Running(_) => {
                         if let Err(err) = run.flush() {
@@ -357,6 +488,16 @@ impl Exec {
                     }
                 }
                 Wake::StartHosts => self.start_hosts(sandboxes, now),
+                Wake::SessionIdle { key, last_used } => {
+                    let idle = self
+                        .sessions
+                        .get(&key)
+                        .is_some_and(|s| !s.busy && s.last_used == last_used);
+                    if idle {
+                        log::debug!("exec session {:?} closed after being idle", key.1);
+                        self.close(key.0, &key.1, &mut Vec::new());
+                    }
+                }
             }
         }
     }
@@ -493,6 +634,8 @@ impl Exec {
                 stderr: Some(ready.stderr),
                 pidfd: None,
                 stage: Stage::Preparing,
+                received: Vec::new(),
+                workspace_bytes: None,
             });
             let socket = self.children[child].socket.as_raw_fd();
             let stdout = self.children[child].stdout.as_ref().map(AsRawFd::as_raw_fd);
@@ -532,9 +675,23 @@ impl Exec {
 
     // ---- runs ----------------------------------------------------------
 
-    /// Gives waiting requests to ready children.
+    /// Gives waiting requests to ready children; a request for a session
+    /// opened meanwhile joins that session's queue.
     fn dispatch(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        while !self.waiting.is_empty() {
+        while let Some(waiting) = self.waiting.front() {
+            if let Some(key) = waiting
+                .session
+                .clone()
+                .filter(|k| self.sessions.contains_key(k))
+            {
+                if let (Some(waiting), Some(session)) =
+                    (self.waiting.pop_front(), self.sessions.get_mut(&key))
+                {
+                    session.queue.push_back(waiting);
+                }
+                self.serve_session(&key, replies, now);
+                continue;
+            }
             let Some(child) = self.ready.pop_front() else {
                 return;
             };
@@ -547,41 +704,139 @@ impl Exec {
             let Some(waiting) = self.waiting.pop_front() else {
                 return;
             };
-            let timeout = waiting
-                .request
-                .timeout_ms
-                .map_or(self.default_timeout, Duration::from_millis);
-            let order = order_for(waiting.request, self.max_file_bytes);
-            let running = Running::new(waiting.reply_to, timeout, self.output_bytes, now);
-            let run = &mut self.children[child];
-            if let Err(err) = run.start(&order, running) {
-                log::debug!("exec run: cannot send the order: {err}");
-                run.kill(Kill::Shutdown);
+            if let Some(key) = waiting.session.clone() {
+                let created = SystemTime::now();
+                self.sessions.insert(
+                    key,
+                    Session {
+                        child,
+                        created_at: created,
+                        last_used_at: created,
+                        last_used: now,
+                        runs: 0,
+                        queue: VecDeque::new(),
+                        busy: true,
+                    },
+                );
             }
-            self.timers.schedule(
-                now + timeout,
-                Wake::Timeout {
-                    child,
-                    started: now,
-                },
-            );
-            self.finish_if_done(child, replies, now);
+            self.start(child, waiting, replies, now);
         }
     }
 
-    /// Answers a run that has ended, and lets its child go.
-    fn finish_if_done(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
-        if !self.children.get(child).is_some_and(RunChild::is_finished) {
+    /// Sends a request to a child (a session's keeps it for more).
+    fn start(&mut self, child: usize, waiting: Waiting, replies: &mut Vec<Reply>, now: Instant) {
+        let timeout = waiting
+            .request
+            .timeout_ms
+            .map_or(self.default_timeout, Duration::from_millis);
+        let keep = waiting.session.is_some();
+        let order = order_for(waiting.request, self.max_file_bytes, keep);
+        let session = waiting.session.map(|(_, name)| name);
+        let running = Running::new(waiting.reply_to, timeout, self.output_bytes, session, now);
+        let Some(run) = self.children.get_mut(child) else {
             return;
+        };
+        if let Err(err) = run.start(&order, running) {
+            log::debug!("exec run: cannot send the order: {err}");
+            run.kill(Kill::Shutdown);
         }
-        let token = self.socket_token(child);
-        let run = self.children.remove(child);
-        if let Some(token) = token {
-            self.forget_source(run.socket.as_raw_fd(), token);
-        }
-        if let Some((reply_to, reply)) = run.into_reply(now) {
+        self.timers.schedule(
+            now + timeout,
+            Wake::Timeout {
+                child,
+                started: now,
+            },
+        );
+        self.finish_if_done(child, replies, now);
+    }
+
+    /// Answers a run that has ended, and lets its child go — unless a
+    /// session keeps it.
+    fn finish_if_done(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
+        let Some(run) = self.children.get_mut(child).filter(|c| c.is_finished()) else {
+            return;
+        };
+        if let Some((reply_to, reply)) = run.finish(now) {
             replies.push((reply_to, to_json(&reply)));
         }
+        let alive = run.is_alive();
+        let key = self
+            .sessions
+            .iter()
+            .find(|(_, session)| session.child == child)
+            .map(|(key, _)| key.clone());
+        let Some(key) = key else {
+            return self.drop_child(child);
+        };
+        if !alive {
+            // Its interpreter is gone (killed at a timeout, or it died):
+            // so is the session, and what waited for it.
+            if let Some(session) = self.sessions.remove(&key) {
+                for waiting in session.queue {
+                    let ended = ErrorReply::new(
+                        ErrorCode::NotFound,
+                        format!(
+                            "session {:?} ended before this run could start (its interpreter \
+                             was killed); run again to start a new one",
+                            key.1
+                        ),
+                    );
+                    replies.push((waiting.reply_to, ended.to_json()));
+                }
+            }
+            return self.drop_child(child);
+        }
+        if let Err(err) = self.watch_outputs(child) {
+            log::warn!("exec session: cannot watch its output: {err}");
+            self.sessions.remove(&key);
+            return self.drop_child(child);
+        }
+        if let Some(session) = self.sessions.get_mut(&key) {
+            session.busy = false;
+            session.runs += 1;
+            session.last_used = now;
+            self.timers.schedule(
+                now + self.session_idle,
+                Wake::SessionIdle {
+                    key: key.clone(),
+                    last_used: now,
+                },
+            );
+        }
+        self.serve_session(&key, replies, now);
+    }
+
+    /// Watches a child's (new) stdout and stderr pipes.
+    fn watch_outputs(&mut self, child: usize) -> io::Result<()> {
+        let Some(run) = self.children.get(child) else {
+            return Ok(());
+        };
+        let stdout = run.stdout.as_ref().map(AsRawFd::as_raw_fd);
+        let stderr = run.stderr.as_ref().map(AsRawFd::as_raw_fd);
+        for (fd, stream) in [(stdout, Stream::Stdout), (stderr, Stream::Stderr)] {
+            let Some(fd) = fd else { continue };
+            if let Some(pipe) = self.children.get(child).and_then(|c| match stream {
+                Stream::Stdout => c.stdout.as_ref(),
+                Stream::Stderr => c.stderr.as_ref(),
+            }) {
+                set_nonblocking(pipe)?;
+            }
+            self.register(fd, Source::Output(child, stream), Interest::READABLE)?;
+        }
+        Ok(())
+    }
+
+    /// A waiting child went away: a session it held ends with it.
+    fn child_gone(&mut self, child: usize, replies: &mut Vec<Reply>) {
+        let key = self
+            .sessions
+            .iter()
+            .find(|(_, session)| session.child == child)
+            .map(|(key, _)| key.clone());
+        if let Some((owner, name)) = key {
+            self.close(owner, &name, replies);
+        }
+        self.drop_child(child);
     }
 
     fn drop_child(&mut self, child: usize) {
@@ -641,7 +896,7 @@ impl Exec {
 }
 
 /// What a request becomes for the run child.
-fn order_for(request: ExecRequest, max_file_bytes: u64) -> wire::RunOrder {
+fn order_for(request: ExecRequest, max_file_bytes: u64, keep: bool) -> wire::RunOrder {
     let mut env = BTreeMap::from([
         ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
         ("LANG".to_owned(), "C.UTF-8".to_owned()),
@@ -660,6 +915,7 @@ fn order_for(request: ExecRequest, max_file_bytes: u64) -> wire::RunOrder {
         files: request.files,
         collect: request.collect,
         max_file_bytes,
+        keep,
     }
 }
 

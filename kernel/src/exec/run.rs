@@ -5,7 +5,7 @@
 //! `WouldBlock` on each readiness event.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{ExecReply, Truncated};
@@ -43,6 +43,10 @@ pub struct Running {
     received: Vec<u8>,
     end: Option<RunEnd>,
     socket_closed: bool,
+    /// Kept for a session: it hands over fresh pipes after its end.
+    keep: bool,
+    /// The session's name, for the reply.
+    session: Option<String>,
     /// The kernel killed it: its timeout passed (or the kernel is stopping).
     killed: Option<Kill>,
 }
@@ -54,6 +58,8 @@ pub enum Kill {
     Timeout,
     /// The kernel is shutting down.
     Shutdown,
+    /// Its session was closed.
+    Closed,
 }
 
 /// A run child and its descriptors.
@@ -71,6 +77,11 @@ pub struct RunChild {
     pub pidfd: Option<OwnedFd>,
     /// Where it is.
     pub stage: Stage,
+    /// Descriptors it sent since its last run began (a session's fresh
+    /// stdout and stderr pipes).
+    pub received: Vec<OwnedFd>,
+    /// What its /workspace held after its last run (a session's).
+    pub workspace_bytes: Option<u64>,
 }
 
 /// Which of a child's output streams.
@@ -128,19 +139,23 @@ impl RunChild {
         Ok(false)
     }
 
-    /// Reads what the socket holds: the run's end frame, or its close.
+    /// Reads what the socket holds: the run's end frame (and a session's
+    /// fresh pipes), or its close.
     pub fn read_socket(&mut self) {
         let Stage::Running(running) = &mut self.stage else {
             return;
         };
         let mut chunk = [0u8; 4096];
         loop {
-            match read(self.socket.as_fd(), &mut chunk) {
-                Ok(0) => {
+            match wire::receive_with_fds(self.socket.as_fd(), &mut chunk) {
+                Ok((0, _)) => {
                     running.socket_closed = true;
                     break;
                 }
-                Ok(n) => running.received.extend_from_slice(&chunk[..n]),
+                Ok((n, fds)) => {
+                    running.received.extend_from_slice(&chunk[..n]);
+                    self.received.extend(fds);
+                }
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
@@ -203,23 +218,56 @@ impl RunChild {
     }
 
     /// Whether the run is over: it said how it ended (or its socket
-    /// closed), and both pipes are drained to their end.
+    /// closed), both pipes are drained to their end, and a session's run
+    /// has handed over its next pipes (or died).
     pub fn is_finished(&self) -> bool {
         matches!(&self.stage, Stage::Running(running)
             if (running.end.is_some() || running.socket_closed)
                 && self.stdout.is_none()
-                && self.stderr.is_none())
+                && self.stderr.is_none()
+                && (!running.keep || running.socket_closed || self.received.len() >= 2))
     }
 
-    /// The reply for a finished run, and where it goes.
-    pub fn into_reply(self, now: Instant) -> Option<(ReplyTo, ExecReply)> {
-        let Stage::Running(running) = self.stage else {
+    /// Whether its socket has closed (peeked; what is queued stays).
+    pub fn has_hung_up(&self) -> bool {
+        use nix::sys::socket::{recv, MsgFlags};
+        let mut byte = [0u8; 1];
+        matches!(
+            recv(
+                self.socket.as_raw_fd(),
+                &mut byte,
+                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
+            ),
+            Ok(0) | Err(nix::errno::Errno::ECONNRESET)
+        )
+    }
+
+    /// Whether it can take another order (a session's child whose last
+    /// run ended well, or a fresh one).
+    pub fn is_alive(&self) -> bool {
+        matches!(self.stage, Stage::Ready)
+    }
+
+    /// The reply for a finished run, and where it goes. A session's child
+    /// that handed over fresh pipes is `Ready` again, with those pipes;
+    /// any other is done (`Preparing` again, never to be ready).
+    pub fn finish(&mut self, now: Instant) -> Option<(ReplyTo, ExecReply)> {
+        let Stage::Running(running) = std::mem::replace(&mut self.stage, Stage::Preparing) else {
             return None;
         };
         let running = *running;
+        if running.keep && !running.socket_closed && running.killed.is_none() {
+            let mut pipes = std::mem::take(&mut self.received).into_iter();
+            if let (Some(stdout), Some(stderr)) = (pipes.next(), pipes.next()) {
+                self.stdout = Some(stdout);
+                self.stderr = Some(stderr);
+                self.stage = Stage::Ready;
+            }
+        }
         let stdout = running.stdout.finish();
         let stderr = running.stderr.finish();
         let mut files = Default::default();
+        let mut workspace_bytes = None;
         let (exit_code, signal, error) = match (running.killed, running.end) {
             (Some(Kill::Timeout), _) => (
                 None,
@@ -234,11 +282,17 @@ impl RunChild {
                 Some(libc::SIGKILL),
                 Some("the kernel is shutting down; the run was killed".to_owned()),
             ),
+            (Some(Kill::Closed), _) => (
+                None,
+                Some(libc::SIGKILL),
+                Some("the run's session was closed; the run was killed".to_owned()),
+            ),
             (None, Some(end)) => {
                 let error = end
                     .error
                     .or_else(|| (!end.uncollected.is_empty()).then(|| end.uncollected.join("; ")));
                 files = end.files;
+                workspace_bytes = end.workspace_bytes;
                 (Some(end.exit_code), None, error)
             }
             (None, None) => (
@@ -262,15 +316,23 @@ impl RunChild {
                 stderr: stderr.dropped,
             },
             files,
+            session: running.session,
             ..ExecReply::default()
         };
+        self.workspace_bytes = workspace_bytes.or(self.workspace_bytes);
         Some((running.reply_to, reply))
     }
 }
 
 impl Running {
     /// A run about to start, keeping `output_bytes` of each stream.
-    pub fn new(reply_to: ReplyTo, timeout: Duration, output_bytes: usize, now: Instant) -> Self {
+    pub fn new(
+        reply_to: ReplyTo,
+        timeout: Duration,
+        output_bytes: usize,
+        session: Option<String>,
+        now: Instant,
+    ) -> Self {
         Running {
             reply_to,
             started: now,
@@ -281,6 +343,8 @@ impl Running {
             received: Vec::new(),
             end: None,
             socket_closed: false,
+            keep: session.is_some(),
+            session,
             killed: None,
         }
     }

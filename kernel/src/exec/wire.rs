@@ -41,6 +41,9 @@ pub struct RunOrder {
     /// Largest file collected, in bytes.
     #[serde(default)]
     pub max_file_bytes: u64,
+    /// Keep the run child for more orders (a session).
+    #[serde(default)]
+    pub keep: bool,
 }
 
 /// How a run ended, as the run child reports it.
@@ -57,6 +60,9 @@ pub struct RunEnd {
     /// Why some of `collect` could not be sent back, if any could not.
     #[serde(default)]
     pub uncollected: Vec<String>,
+    /// Bytes of files in `/workspace` after the run (a session's).
+    #[serde(default)]
+    pub workspace_bytes: Option<u64>,
 }
 
 /// A run child the host has prepared.
@@ -147,6 +153,36 @@ pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
     }))
 }
 
+/// Receives what a run's socket holds (non-blocking if the socket is),
+/// with any descriptors that came along. `Ok((0, _))`: it closed.
+pub fn receive_with_fds(
+    socket: BorrowedFd<'_>,
+    buffer: &mut [u8],
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let mut iov = [IoSliceMut::new(buffer)];
+    let message = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let fds: Vec<RawFd> = message
+        .cmsgs()?
+        .flat_map(|cmsg| match cmsg {
+            ControlMessageOwned::ScmRights(fds) => fds,
+            _ => Vec::new(),
+        })
+        .collect();
+    let bytes = message.bytes;
+    // SAFETY: each descriptor was just received and belongs to nobody else.
+    let owned = fds
+        .into_iter()
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect();
+    Ok((bytes, owned))
+}
+
 /// Receives a run child's first message: a pidfd of itself, PID 1 of its
 /// namespace. Blocks if the socket does; `Ok(None)`: it went away first.
 pub fn receive_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
@@ -198,6 +234,7 @@ mod tests {
             error: Some("ValueError: no".into()),
             files: BTreeMap::from([("out.txt".into(), "aGk=".into())]),
             uncollected: Vec::new(),
+            workspace_bytes: None,
         };
         let bytes = [frame(&end), frame(&end)].concat();
         let mut buffer = Vec::new();

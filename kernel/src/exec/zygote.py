@@ -19,8 +19,14 @@
 #
 # Run socket frames, both ways: a 4-byte little-endian length, then JSON.
 #   kernel -> run:  {"code": "...", "language": "python"|"bash",
-#                    "env": {...}, "cwd": "..." | null}
-#   run -> kernel:  {"exit_code": 0, "error": null | "Type: message"}
+#                    "env": {...}, "cwd": "..." | null, "files": {...},
+#                    "collect": [...], "max_file_bytes": n, "keep": false}
+#   run -> kernel:  {"exit_code": 0, "error": null | "Type: message",
+#                    "files": {...}, "uncollected": [...],
+#                    "workspace_bytes": n}
+# A run kept for a session ("keep": true) stays with its interpreter state
+# and /workspace: after its end frame it sends one byte "P" with the read
+# ends of fresh stdout and stderr pipes, and waits for its next order.
 # Channel messages, zygote -> kernel (one datagram each, descriptors as
 # SCM_RIGHTS):  {"ready": <run number>}  [run socket, stdout, stderr]
 #
@@ -194,9 +200,9 @@ def receive_exactly(sock, length):
     return b"".join(chunks)
 
 
-def run_python(code):
-    """Runs code as __main__; returns (exit code, error sentence)."""
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+def run_python(code, scope):
+    """Runs code as __main__ in ``scope``; returns (exit code, error
+    sentence)."""
     try:
         exec(compile(code, "<exec>", "exec"), scope)
         return 0, None
@@ -282,12 +288,50 @@ def collect_files(paths, max_bytes):
     return files, problems
 
 
+def workspace_bytes():
+    total = 0
+    for root, dirs, files in os.walk(WORKSPACE):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
 def serve_run(sock, stdout_w, stderr_w):
     """The run child: wait for code, run it with its output on the pipes,
-    report how it ended."""
-    request = receive_frame(sock)
-    if request is None:
-        os._exit(0)
+    report how it ended; for a session, again and again."""
+    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    while True:
+        request = receive_frame(sock)
+        if request is None:
+            os._exit(0)
+        keep = bool(request.get("keep"))
+        end = run_order(request, scope, stdout_w, stderr_w)
+        if keep:
+            end["workspace_bytes"] = workspace_bytes()
+        send_frame(sock, end)
+        if not keep:
+            sock.close()
+            os._exit(0)
+        # Hold 1 and 2 with /dev/null, so the new pipes land elsewhere.
+        null = os.open(os.devnull, os.O_RDWR)
+        for target in (1, 2):
+            if target != null:
+                os.dup2(null, target)
+        if null not in (1, 2):
+            os.close(null)
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        socket.send_fds(sock, [b"P"], [stdout_r, stderr_r])
+        os.close(stdout_r)
+        os.close(stderr_r)
+
+
+def run_order(request, scope, stdout_w, stderr_w):
+    """Runs one order with its output on the given pipes, which are closed
+    when it is done; returns its end frame."""
     env = dict(request.get("env") or {})
     os.environ.clear()
     os.environ.update(env)
@@ -310,7 +354,7 @@ def serve_run(sock, stdout_w, stderr_w):
         if request.get("language") == "bash":
             exit_code, error = run_bash(request["code"], env)
         else:
-            exit_code, error = run_python(request["code"])
+            exit_code, error = run_python(request["code"], scope)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -319,16 +363,11 @@ def serve_run(sock, stdout_w, stderr_w):
     files, problems = collect_files(
         request.get("collect") or [], request.get("max_file_bytes") or 0
     )
-    # Close everything the kernel waits on before exiting: tearing down
+    # Close what the kernel waits on before anything else: tearing down
     # this process (its address space first) then happens after the reply.
     os.close(1)
     os.close(2)
-    send_frame(
-        sock,
-        {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems},
-    )
-    sock.close()
-    os._exit(0)
+    return {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems}
 
 
 def rehearse():

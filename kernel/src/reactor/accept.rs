@@ -173,7 +173,10 @@ impl Reactor {
             peer.uid,
             peer.gid,
         );
-        let caller = Caller { identity };
+        let caller = Caller {
+            identity,
+            uid: peer.uid,
+        };
         entry.insert(Connection::new(stream, serial, caller, peer, &self.limits));
         self.capacity.opened(identity);
         self.schedule_sweep(Instant::now());

@@ -3,33 +3,59 @@
 //! full queue) come at once, in EXEC's reply shape, so a client reading
 //! `stdout`/`exit_code` finds them too.
 
-use agentos_proto::payload::{to_json, ExecCall, ExecReply};
+use agentos_proto::payload::{to_json, ClosedReply, ExecCall, ExecReply, SessionsReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::{Kernel, Outcome, Request};
+use crate::exec::SessionOwner;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
-    let started = ExecCall::parse(request.payload).and_then(|call| {
+    let call = match ExecCall::parse(request.payload).and_then(|call| {
         may_exec(kernel, request)?;
-        match call {
-            ExecCall::Run(run) => {
-                kernel
-                    .exec
-                    .run(run, request.reply_to, &mut kernel.outbox.replies)
+        Ok(call)
+    }) {
+        Ok(call) => call,
+        Err(err) => return Outcome::Reply(refusal(err)),
+    };
+    let owner = owner_of(request);
+    match call {
+        ExecCall::Run(run) => {
+            match kernel
+                .exec
+                .run(run, owner, request.reply_to, &mut kernel.outbox.replies)
+            {
+                Ok(()) => Outcome::Later,
+                Err(err) => Outcome::Reply(refusal(err)),
             }
-            ExecCall::Sessions
-            | ExecCall::Close { .. }
-            | ExecCall::Snapshot { .. }
-            | ExecCall::Restore { .. }
-            | ExecCall::Snapshots { .. } => Err(ErrorReply::new(
-                ErrorCode::Unavailable,
-                "EXEC sessions are not served by this kernel yet; runs without `session` work",
-            )),
         }
-    });
-    match started {
-        Ok(()) => Outcome::Later,
-        Err(err) => Outcome::Reply(refusal(err)),
+        ExecCall::Sessions => Outcome::Reply(to_json(&SessionsReply {
+            success: true,
+            sessions: kernel.exec.sessions(owner),
+        })),
+        ExecCall::Close { session } => Outcome::Reply(to_json(&ClosedReply {
+            success: true,
+            closed: kernel
+                .exec
+                .close(owner, &session, &mut kernel.outbox.replies),
+        })),
+        ExecCall::Snapshot { .. } | ExecCall::Restore { .. } | ExecCall::Snapshots { .. } => {
+            Outcome::Reply(
+                ErrorReply::new(
+                    ErrorCode::Unavailable,
+                    "EXEC snapshots are not served by this kernel yet; sessions are",
+                )
+                .to_json(),
+            )
+        }
+    }
+}
+
+/// Whose sessions a caller reaches: an agent's own, or those of the
+/// operator's uid.
+fn owner_of(request: &Request<'_>) -> SessionOwner {
+    match request.caller.identity.agent() {
+        Some(agent) => SessionOwner::Agent(agent),
+        None => SessionOwner::User(request.caller.uid),
     }
 }
 

@@ -65,6 +65,9 @@ impl std::fmt::Debug for Outcome {
 pub struct Caller {
     /// The caller's identity, derived from its socket.
     pub identity: Identity,
+    /// Its user id, from its socket's credentials (what an operator's
+    /// sessions belong to).
+    pub uid: u32,
 }
 
 /// One request, as every handler receives it.
