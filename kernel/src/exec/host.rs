@@ -1,6 +1,7 @@
 //! What an exec host runs: the zygote, and the settings it reads first
 //! from its channel.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::sandbox::mounts::{PROC_MASKED, PROC_READ_ONLY};
@@ -60,7 +61,17 @@ pub fn zygote_settings(setup: &HostSetup) -> Vec<u8> {
         "workspace_bytes": setup.workspace_bytes,
         "proc_masked": PROC_MASKED,
         "proc_read_only": PROC_READ_ONLY,
+        "run_env": run_env(),
     })
     .to_string()
     .into_bytes()
+}
+
+/// The environment every run starts with; a request's `env` adds to it.
+pub fn run_env() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ("HOME".to_owned(), "/workspace".to_owned()),
+    ])
 }

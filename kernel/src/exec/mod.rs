@@ -19,7 +19,7 @@ pub mod output;
 pub mod run;
 pub mod wire;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
@@ -897,11 +897,7 @@ impl Exec {
 
 /// What a request becomes for the run child.
 fn order_for(request: ExecRequest, max_file_bytes: u64, keep: bool) -> wire::RunOrder {
-    let mut env = BTreeMap::from([
-        ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
-        ("LANG".to_owned(), "C.UTF-8".to_owned()),
-        ("HOME".to_owned(), "/workspace".to_owned()),
-    ]);
+    let mut env = host::run_env();
     env.extend(request.env);
     wire::RunOrder {
         code: request.code,

@@ -299,16 +299,34 @@ def workspace_bytes():
     return total
 
 
+def place_output(stdout_w, stderr_w):
+    """The pipes become the run's stdout and stderr, before code arrives."""
+    os.dup2(stdout_w, 1)
+    os.dup2(stderr_w, 2)
+    os.close(stdout_w)
+    os.close(stderr_w)
+
+
+def settle_in():
+    """What every run starts with, set while waiting rather than on the
+    request path: the base environment and /workspace as the directory."""
+    os.environ.clear()
+    os.environ.update(SETTINGS["run_env"])
+    os.chdir(WORKSPACE)
+
+
 def serve_run(sock, stdout_w, stderr_w):
     """The run child: wait for code, run it with its output on the pipes,
     report how it ended; for a session, again and again."""
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    place_output(stdout_w, stderr_w)
+    settle_in()
     while True:
         request = receive_frame(sock)
         if request is None:
             os._exit(0)
         keep = bool(request.get("keep"))
-        end = run_order(request, scope, stdout_w, stderr_w)
+        end = run_order(request, scope)
         if keep:
             end["workspace_bytes"] = workspace_bytes()
         send_frame(sock, end)
@@ -324,21 +342,21 @@ def serve_run(sock, stdout_w, stderr_w):
             os.close(null)
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
+        place_output(stdout_w, stderr_w)
+        if os.getcwd() != WORKSPACE or dict(os.environ) != SETTINGS["run_env"]:
+            settle_in()
         socket.send_fds(sock, [b"P"], [stdout_r, stderr_r])
         os.close(stdout_r)
         os.close(stderr_r)
 
 
-def run_order(request, scope, stdout_w, stderr_w):
-    """Runs one order with its output on the given pipes, which are closed
-    when it is done; returns its end frame."""
-    env = dict(request.get("env") or {})
-    os.environ.clear()
-    os.environ.update(env)
-    os.dup2(stdout_w, 1)
-    os.dup2(stderr_w, 2)
-    os.close(stdout_w)
-    os.close(stderr_w)
+def run_order(request, scope):
+    """Runs one order with its output on stdout and stderr (the pipes),
+    which are closed when it is done; returns its end frame."""
+    env = request.get("env") or {}
+    if env != SETTINGS["run_env"]:
+        os.environ.clear()
+        os.environ.update(env)
     cwd = request.get("cwd") or WORKSPACE
     exit_code, error = 0, None
     try:
@@ -346,7 +364,7 @@ def run_order(request, scope, stdout_w, stderr_w):
     except (OSError, ValueError) as err:
         exit_code, error = 1, f"cannot write the request's files: {err}"
     try:
-        if error is None:
+        if error is None and cwd != WORKSPACE:
             os.chdir(cwd)
     except OSError as err:
         exit_code, error = 1, f"cannot enter {cwd}: {err.strerror}"
