@@ -449,8 +449,6 @@ def become_run(sock, stdout_w, stderr_w, program):
         os.close(pidfd)
         drop_privileges(program)
         rehearse()
-        gc.collect()
-        gc.freeze()
         serve_run(sock, stdout_w, stderr_w)
     except BaseException:
         traceback.print_exc()
@@ -470,6 +468,10 @@ def main():
     if not program:
         raise SystemExit("the kernel sent no seccomp filter: runs would have none")
     own_namespaces()
+    # Everything the zygote holds now is permanent: no collection in a run
+    # child ever walks (and so copies) the pages it shares with the zygote.
+    gc.collect()
+    gc.freeze()
     children = set()
     number = 0
     while True:
