@@ -474,3 +474,60 @@ fn a_session_killed_at_its_timeout_ends_and_the_next_run_starts_fresh() {
     );
     assert_eq!(after["stdout"], "False\n", "{after}");
 }
+
+/// Code that finds the run's own socket to the kernel (its only socket).
+const FIND_SOCKET: &str = "import os, socket, stat\n\
+    sock_fd = next(fd for fd in range(3, 256) if (lambda s: s is not None and stat.S_ISSOCK(s.st_mode))(\n\
+        (lambda fd: os.fstat(fd) if os.path.exists(f'/proc/self/fd/{fd}') else None)(fd)))\n";
+
+#[test]
+fn a_run_flooding_its_kernel_socket_is_killed_and_the_kernel_stays_small() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    exec(&mut stream, json!({"code": "print(1)"}));
+    let rss_before = daemon.rss_kib();
+    let code = format!(
+        "{FIND_SOCKET}chunk = b'x' * (1 << 20)\nfor _ in range(64):\n    os.write(sock_fd, chunk)\n"
+    );
+    let reply = exec(&mut stream, json!({"code": code, "timeout_ms": 20000}));
+    assert_eq!(reply["signal"], libc::SIGKILL, "{reply}");
+    assert!(
+        reply["error"].as_str().unwrap().contains("kernel socket"),
+        "{reply}"
+    );
+    let grown = daemon.rss_kib().saturating_sub(rss_before);
+    assert!(grown < 40 << 10, "the kernel grew by {grown} KiB");
+    // Still serving.
+    assert_eq!(
+        exec(&mut stream, json!({"code": "print(2)"}))["stdout"],
+        "2\n"
+    );
+}
+
+#[test]
+fn descriptors_a_run_sends_the_kernel_are_closed_not_kept() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    exec(&mut stream, json!({"code": "print(1)"}));
+    let fds_before = common::settled_fd_count(&daemon);
+    let code = format!(
+        "{FIND_SOCKET}s = socket.socket(fileno=os.dup(sock_fd))\n\
+         fds = [os.open('/dev/null', os.O_RDONLY) for _ in range(4)]\n\
+         for _ in range(500):\n    socket.send_fds(s, [b'z'], fds)\nprint('sent')"
+    );
+    for session in [json!(null), json!("s")] {
+        let reply = exec(&mut stream, json!({"code": code, "session": session}));
+        assert!(
+            reply["stdout"].as_str().unwrap_or("").contains("sent") || reply["error"].is_string(),
+            "{reply}"
+        );
+    }
+    exec(&mut stream, json!({"op": "close", "session": "s"}));
+    let fds_after = common::settled_fd_count(&daemon);
+    assert!(
+        fds_after <= fds_before + 8,
+        "the kernel holds {fds_after} descriptors, {fds_before} before"
+    );
+}

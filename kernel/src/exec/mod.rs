@@ -456,6 +456,9 @@ impl Exec {
                             run.kill(Kill::Shutdown);
                         }
                         run.read_socket();
+                        if run.overflowed() {
+                            run.kill_quietly();
+                        }
                         self.finish_if_done(child, replies, now);
                     }
                 }

@@ -15,6 +15,10 @@ use super::wire::{self, RunEnd};
 use crate::address::ReplyTo;
 use crate::process;
 
+/// The most a run's end frame may hold: the reply's own limit, which its
+/// collected files must fit in.
+pub const MAX_END_FRAME: usize = agentos_proto::MAX_REPLY_BYTES as usize;
+
 /// Where a run child is in its life.
 #[derive(Debug)]
 pub enum Stage {
@@ -47,6 +51,9 @@ pub struct Running {
     keep: bool,
     /// The session's name, for the reply.
     session: Option<String>,
+    /// It wrote on its socket what no run child sends: more than an end
+    /// frame can hold, or not a frame at all.
+    overflowed: bool,
     /// The kernel killed it: its timeout passed (or the kernel is stopping).
     killed: Option<Kill>,
 }
@@ -153,8 +160,22 @@ impl RunChild {
                     break;
                 }
                 Ok((n, fds)) => {
+                    // The code can reach this socket too: what it sends is
+                    // bounded, and descriptors beyond a session's two
+                    // pipes are closed at once.
+                    if running.received.len() + n > MAX_END_FRAME {
+                        running.overflowed = true;
+                        running.socket_closed = true;
+                        running.received = Vec::new();
+                        break;
+                    }
                     running.received.extend_from_slice(&chunk[..n]);
-                    self.received.extend(fds);
+                    let room = if running.keep {
+                        2 - self.received.len().min(2)
+                    } else {
+                        0
+                    };
+                    self.received.extend(fds.into_iter().take(room));
                 }
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
@@ -164,9 +185,23 @@ impl RunChild {
                 }
             }
         }
-        if running.end.is_none() {
-            if let Some(Ok(end)) = wire::take_frame::<RunEnd>(&mut running.received) {
-                running.end = Some(end);
+        if running.end.is_none() && !running.overflowed {
+            let declared = running
+                .received
+                .get(..4)
+                .map(|header| u32::from_le_bytes([header[0], header[1], header[2], header[3]]));
+            match wire::take_frame::<RunEnd>(&mut running.received) {
+                Some(Ok(end)) => running.end = Some(end),
+                // Not a frame the run child would send: the code wrote on
+                // the socket itself.
+                Some(Err(_)) => running.overflowed = true,
+                None if declared.is_some_and(|length| length as usize > MAX_END_FRAME) => {
+                    running.overflowed = true
+                }
+                None => {}
+            }
+            if running.overflowed {
+                running.received = Vec::new();
             }
         }
     }
@@ -205,6 +240,19 @@ impl RunChild {
             }
         }
         closed
+    }
+
+    /// Whether it sent more on its socket than an end frame can be.
+    pub fn overflowed(&self) -> bool {
+        matches!(&self.stage, Stage::Running(running) if running.overflowed)
+    }
+
+    /// Kills the run without naming a reason of the kernel's (the reply
+    /// says what the run did).
+    pub fn kill_quietly(&self) {
+        if let Some(pidfd) = &self.pidfd {
+            let _ = process::signal(pidfd.as_fd(), libc::SIGKILL);
+        }
     }
 
     /// Kills the run: SIGKILL to PID 1 of its namespace ends all in it.
@@ -295,10 +343,23 @@ impl RunChild {
                 workspace_bytes = end.workspace_bytes;
                 (Some(end.exit_code), None, error)
             }
-            (None, None) => (
+            (None, None) if running.overflowed => (
                 None,
                 Some(libc::SIGKILL),
-                Some("the run ended without saying how (it was killed)".to_owned()),
+                Some(
+                    "the run wrote on its kernel socket what the kernel does not take (more \
+                     than an end frame can hold, or not a frame) and was killed"
+                        .to_owned(),
+                ),
+            ),
+            (None, None) => (
+                None,
+                None,
+                Some(
+                    "the run ended without reporting how (it exited on its own, or was \
+                     killed from inside)"
+                        .to_owned(),
+                ),
             ),
         };
         let timed_out = running.killed == Some(Kill::Timeout);
@@ -345,6 +406,7 @@ impl Running {
             socket_closed: false,
             keep: session.is_some(),
             session,
+            overflowed: false,
             killed: None,
         }
     }
