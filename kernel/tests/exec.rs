@@ -531,3 +531,56 @@ fn descriptors_a_run_sends_the_kernel_are_closed_not_kept() {
         "the kernel holds {fds_after} descriptors, {fds_before} before"
     );
 }
+
+#[test]
+fn agents_need_permission_and_their_sessions_are_their_own() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let dir = common::shared_dir();
+    let actor = common::write_actor(dir.path());
+    let mut client = daemon.client();
+    let exec_op = Opcode::EXEC.0;
+    // An operator's session, which no agent may reach.
+    let mut stream = daemon.raw();
+    exec(
+        &mut stream,
+        json!({"code": "secret = 'operator'", "session": "shared-name"}),
+    );
+    let (_, denied) = common::act(
+        &daemon,
+        &mut client,
+        &actor,
+        "no-exec",
+        json!({"permissions": {"exec": false}}),
+        json!([[exec_op, {"code": "print(1)"}]]),
+    );
+    assert_eq!(
+        denied[0]["reply"]["code"], "permission_denied",
+        "{denied:?}"
+    );
+    let (_, allowed) = common::act(
+        &daemon,
+        &mut client,
+        &actor,
+        "with-exec",
+        json!({}),
+        json!([
+            [exec_op, {"code": "print('secret' in globals())", "session": "shared-name"}],
+            [exec_op, {"op": "sessions"}],
+        ]),
+    );
+    assert_eq!(allowed[0]["reply"]["stdout"], "False\n", "{allowed:?}");
+    let names: Vec<&str> = allowed[1]["reply"]["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["shared-name"], "the agent's own session only");
+    // The operator's session is untouched.
+    let still = exec(
+        &mut stream,
+        json!({"code": "print(secret)", "session": "shared-name"}),
+    );
+    assert_eq!(still["stdout"], "operator\n");
+}
