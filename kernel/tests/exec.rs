@@ -475,9 +475,11 @@ fn a_session_killed_at_its_timeout_ends_and_the_next_run_starts_fresh() {
     assert_eq!(after["stdout"], "False\n", "{after}");
 }
 
-/// Code that finds the run's own socket to the kernel (its only socket).
+/// Code that finds the socket its run child talks to the kernel on (not
+/// its kernel connection, which the reactor serves like any other).
 const FIND_SOCKET: &str = "import os, socket, stat\n\
-    sock_fd = next(fd for fd in range(3, 256) if (lambda s: s is not None and stat.S_ISSOCK(s.st_mode))(\n\
+    mine = int(os.environ.get('AGENTOS_SOCKET_FD', -1))\n\
+    sock_fd = next(fd for fd in range(3, 256) if fd != mine and (lambda s: s is not None and stat.S_ISSOCK(s.st_mode))(\n\
         (lambda fd: os.fstat(fd) if os.path.exists(f'/proc/self/fd/{fd}') else None)(fd)))\n";
 
 #[test]
@@ -583,4 +585,36 @@ fn agents_need_permission_and_their_sessions_are_their_own() {
         json!({"code": "print(secret)", "session": "shared-name"}),
     );
     assert_eq!(still["stdout"], "operator\n");
+}
+
+#[test]
+fn a_runs_own_kernel_connection_acts_as_its_caller() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let dir = common::shared_dir();
+    let actor = common::write_actor(dir.path());
+    let mut client = daemon.client();
+    let mut stream = daemon.raw();
+    let me = call_json(&mut stream, Opcode::HELLO, b"")["agent_id"].clone();
+    let hello = "import os, socket, struct, json\n\
+                 s = socket.socket(fileno=int(os.environ['AGENTOS_SOCKET_FD']))\n\
+                 s.sendall(struct.pack('<IIBQ', 0x41474E54, 0, 0xFE, 0))\n\
+                 h = b''\nwhile len(h) < 17: h += s.recv(17 - len(h))\n\
+                 n = struct.unpack('<Q', h[9:17])[0]\nb = b''\nwhile len(b) < n: b += s.recv(n - len(b))\n\
+                 print(json.loads(b)['agent_id'])";
+    let as_operator = exec(&mut stream, json!({"code": hello}));
+    assert_eq!(as_operator["stdout"], format!("{me}\n"), "{as_operator}");
+    let (id, replies) = common::act(
+        &daemon,
+        &mut client,
+        &actor,
+        "runner",
+        json!({}),
+        json!([[Opcode::EXEC.0, {"code": hello}]]),
+    );
+    assert_eq!(
+        replies[0]["reply"]["stdout"],
+        format!("{id}\n"),
+        "{replies:?}"
+    );
 }

@@ -47,6 +47,10 @@ class AgentOSClient:
         """``timeout`` bounds each blocking socket operation, in seconds
         (``None`` waits forever)."""
         self.socket_path: str = resolve_socket_path(socket_path)
+        # Code run by EXEC inherits its own connection to the kernel, which
+        # acts as whoever started the run.
+        inherited = os.environ.get("AGENTOS_SOCKET_FD") if socket_path is None else None
+        self._inherited_fd: Optional[int] = int(inherited) if inherited else None
         self.timeout = timeout
         self._sock: Optional[socket.socket] = None
         self._lock = threading.RLock()
@@ -68,6 +72,11 @@ class AgentOSClient:
         """Opens the connection (a no-op if already open). Returns ``self``."""
         with self._lock:
             if self._sock is not None:
+                return self
+            if self._inherited_fd is not None:
+                sock = socket.socket(fileno=os.dup(self._inherited_fd))
+                sock.settimeout(self.timeout)
+                self._sock = sock
                 return self
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout)

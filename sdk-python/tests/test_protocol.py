@@ -58,3 +58,30 @@ def test_recv_never_opens_a_connection(tmp_path):
     client = AgentOSClient(tmp_path / "none.sock")
     with pytest.raises(AgentOSConnectionError, match="not connected"):
         client.recv()
+
+
+def test_an_inherited_kernel_connection_is_used_when_no_path_is_given(monkeypatch):
+    """Code run by EXEC finds its own connection in AGENTOS_SOCKET_FD."""
+    import os
+    import socket
+    import threading
+
+    from agentos import AgentOSClient
+    from agentos.protocol import HEADER_LEN, decode_header, encode_frame
+
+    ours, theirs = socket.socketpair()
+
+    def echo_one() -> None:
+        header = decode_header(ours.recv(HEADER_LEN))
+        payload = ours.recv(header.payload_len) if header.payload_len else b""
+        ours.sendall(encode_frame(header.opcode, payload, agent_id=7))
+
+    server = threading.Thread(target=echo_one)
+    server.start()
+    monkeypatch.setenv("AGENTOS_SOCKET_FD", str(theirs.fileno()))
+    with AgentOSClient() as client:
+        assert client.noop(b"hi") == b"hi"
+        assert client.agent_id == 7
+    server.join()
+    ours.close()
+    theirs.close()

@@ -36,6 +36,7 @@ use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::clock::rfc3339;
 use crate::config::Config;
+use crate::identity::Identity;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
 use crate::timers::Timers;
@@ -108,6 +109,8 @@ struct Host {
 struct Waiting {
     request: ExecRequest,
     reply_to: ReplyTo,
+    /// Who asked: the run's own connection to the kernel is theirs.
+    caller: Identity,
     /// The session it runs in, if any.
     session: Option<SessionKey>,
 }
@@ -129,6 +132,8 @@ pub struct Exec {
     session_idle: Duration,
     max_sessions: usize,
     timers: Timers<Wake>,
+    /// Runs' own connections to the kernel, for the reactor to admit.
+    adopted: Vec<(mio::net::UnixStream, Identity)>,
     setup: HostSetup,
     /// Each host's cgroup: room for its zygote and every prepared run.
     host_limits: CgroupLimits,
@@ -181,6 +186,7 @@ impl Exec {
             session_idle: Duration::from_secs(exec.session_idle_secs),
             max_sessions: exec.max_sessions,
             timers: Timers::default(),
+            adopted: Vec::new(),
             setup: HostSetup {
                 python: exec.python.clone(),
                 ready_runs: exec.ready_runs,
@@ -203,6 +209,17 @@ impl Exec {
             unavailable,
             shutting_down: false,
         })
+    }
+
+    /// Runs' connections to the kernel made since the last call, each with
+    /// the identity of the caller whose run holds it.
+    pub fn take_adopted(&mut self) -> Vec<(mio::net::UnixStream, Identity)> {
+        std::mem::take(&mut self.adopted)
+    }
+
+    /// Whether runs' connections wait for the reactor.
+    pub fn has_adopted(&self) -> bool {
+        !self.adopted.is_empty()
     }
 
     /// Whether EXEC can serve runs on this host.
@@ -240,6 +257,7 @@ impl Exec {
         &mut self,
         request: ExecRequest,
         owner: SessionOwner,
+        caller: Identity,
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
@@ -283,6 +301,7 @@ impl Exec {
                 open.queue.push_back(Waiting {
                     request,
                     reply_to,
+                    caller,
                     session: session.clone(),
                 });
                 self.serve_session(key, replies, now);
@@ -302,6 +321,7 @@ impl Exec {
         self.waiting.push_back(Waiting {
             request,
             reply_to,
+            caller,
             session,
         });
         self.dispatch(replies, now);
@@ -739,7 +759,28 @@ impl Exec {
         let Some(run) = self.children.get_mut(child) else {
             return;
         };
-        if let Err(err) = run.start(&order, running) {
+        // The run's own connection to the kernel: its calls are the caller's.
+        let connection = match mio::net::UnixStream::pair() {
+            Ok((ours, theirs)) => {
+                let theirs = std::os::unix::net::UnixStream::from(theirs);
+                // The run's end blocks, as any socket a program opens does.
+                match theirs.set_nonblocking(false) {
+                    Ok(()) => {
+                        self.adopted.push((ours, waiting.caller));
+                        Some(OwnedFd::from(theirs))
+                    }
+                    Err(err) => {
+                        log::warn!("exec run: no kernel connection for it: {err}");
+                        None
+                    }
+                }
+            }
+            Err(err) => {
+                log::warn!("exec run: no kernel connection for it: {err}");
+                None
+            }
+        };
+        if let Err(err) = run.start(&order, running, connection) {
             log::debug!("exec run: cannot send the order: {err}");
             run.kill(Kill::Shutdown);
         }

@@ -43,6 +43,9 @@ pub struct Running {
     stderr: Capture,
     /// Order bytes not yet written.
     unsent: Vec<u8>,
+    /// The run's own connection to the kernel, sent with the order's
+    /// first bytes.
+    connection: Option<OwnedFd>,
     /// Bytes read from the socket, not yet a whole frame.
     received: Vec<u8>,
     end: Option<RunEnd>,
@@ -121,9 +124,15 @@ impl RunChild {
 
     /// Gives it an order; returns whether bytes remain to be written (the
     /// socket must then be watched for writability).
-    pub fn start(&mut self, order: &wire::RunOrder, running: Running) -> io::Result<bool> {
+    pub fn start(
+        &mut self,
+        order: &wire::RunOrder,
+        running: Running,
+        connection: Option<OwnedFd>,
+    ) -> io::Result<bool> {
         let mut running = running;
         running.unsent = wire::frame(order);
+        running.connection = connection;
         self.stage = Stage::Running(Box::new(running));
         self.flush()
     }
@@ -134,7 +143,17 @@ impl RunChild {
             return Ok(false);
         };
         while !running.unsent.is_empty() {
-            match write(self.socket.as_fd(), &running.unsent) {
+            let sent = match running.connection.as_ref() {
+                Some(connection) => {
+                    wire::send_with_fd(self.socket.as_fd(), &running.unsent, connection.as_fd())
+                }
+                None => write(self.socket.as_fd(), &running.unsent),
+            };
+            if sent.is_ok() {
+                // Sent along with the first bytes; the run holds it now.
+                running.connection = None;
+            }
+            match sent {
                 Ok(n) => {
                     running.unsent.drain(..n);
                 }
@@ -401,6 +420,7 @@ impl Running {
             stdout: Capture::new(output_bytes),
             stderr: Capture::new(output_bytes),
             unsent: Vec::new(),
+            connection: None,
             received: Vec::new(),
             end: None,
             socket_closed: false,

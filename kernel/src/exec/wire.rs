@@ -153,6 +153,21 @@ pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
     }))
 }
 
+/// Sends `bytes` on a run's socket with `fd` attached to them; returns how
+/// many bytes went.
+pub fn send_with_fd(socket: BorrowedFd<'_>, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
+    use nix::sys::socket::{sendmsg, ControlMessage};
+    let fds = [fd.as_raw_fd()];
+    let sent = sendmsg::<()>(
+        socket.as_raw_fd(),
+        &[std::io::IoSlice::new(bytes)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    Ok(sent)
+}
+
 /// Receives what a run's socket holds (non-blocking if the socket is),
 /// with any descriptors that came along. `Ok((0, _))`: it closed.
 pub fn receive_with_fds(

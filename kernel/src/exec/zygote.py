@@ -180,13 +180,22 @@ def send_frame(sock, value):
     sock.sendall(struct.pack("<I", len(data)) + data)
 
 
-def receive_frame(sock):
-    header = receive_exactly(sock, 4)
-    if header is None:
-        return None
+def receive_order(sock):
+    """An order, and the run's own kernel connection that comes with its
+    first bytes (None, None when the kernel has gone)."""
+    header, fds, _, _ = socket.recv_fds(sock, 4, 1)
+    if not header:
+        return None, None
+    if len(header) < 4:
+        rest = receive_exactly(sock, 4 - len(header))
+        if rest is None:
+            return None, None
+        header += rest
     (length,) = struct.unpack("<I", header)
     body = receive_exactly(sock, length)
-    return None if body is None else json.loads(body)
+    if body is None:
+        return None, None
+    return json.loads(body), (fds[0] if fds else None)
 
 
 def receive_exactly(sock, length):
@@ -322,11 +331,11 @@ def serve_run(sock, stdout_w, stderr_w):
     place_output(stdout_w, stderr_w)
     settle_in()
     while True:
-        request = receive_frame(sock)
+        request, connection = receive_order(sock)
         if request is None:
             os._exit(0)
         keep = bool(request.get("keep"))
-        end = run_order(request, scope)
+        end = run_order(request, scope, connection)
         if keep:
             end["workspace_bytes"] = workspace_bytes()
         send_frame(sock, end)
@@ -350,13 +359,17 @@ def serve_run(sock, stdout_w, stderr_w):
         os.close(stderr_r)
 
 
-def run_order(request, scope):
+def run_order(request, scope, connection):
     """Runs one order with its output on stdout and stderr (the pipes),
-    which are closed when it is done; returns its end frame."""
+    which are closed when it is done; returns its end frame. The run's own
+    kernel connection, if it came, is in AGENTOS_SOCKET_FD while it runs."""
     env = request.get("env") or {}
     if env != SETTINGS["run_env"]:
         os.environ.clear()
         os.environ.update(env)
+    if connection is not None:
+        os.set_inheritable(connection, True)
+        os.environ["AGENTOS_SOCKET_FD"] = str(connection)
     cwd = request.get("cwd") or WORKSPACE
     exit_code, error = 0, None
     try:
@@ -381,6 +394,12 @@ def run_order(request, scope):
     files, problems = collect_files(
         request.get("collect") or [], request.get("max_file_bytes") or 0
     )
+    if connection is not None:
+        os.environ.pop("AGENTOS_SOCKET_FD", None)
+        try:
+            os.close(connection)
+        except OSError:
+            pass
     # Close what the kernel waits on before anything else: tearing down
     # this process (its address space first) then happens after the reply.
     os.close(1)

@@ -20,10 +20,13 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let owner = owner_of(request);
     match call {
         ExecCall::Run(run) => {
-            match kernel
-                .exec
-                .run(run, owner, request.reply_to, &mut kernel.outbox.replies)
-            {
+            match kernel.exec.run(
+                run,
+                owner,
+                request.caller.identity,
+                request.reply_to,
+                &mut kernel.outbox.replies,
+            ) {
                 Ok(()) => Outcome::Later,
                 Err(err) => Outcome::Reply(refusal(err)),
             }

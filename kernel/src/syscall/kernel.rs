@@ -192,10 +192,11 @@ impl Kernel {
     /// addressed to tasks stay with the kernel. (Called after every event:
     /// the common answer, nothing, costs two length checks.)
     pub fn take_output(&mut self) -> Option<Outbox> {
-        if self.outbox.is_empty() {
+        if self.outbox.is_empty() && !self.exec.has_adopted() {
             return None;
         }
         let mut outbox = std::mem::take(&mut self.outbox);
+        outbox.adopted.extend(self.exec.take_adopted());
         if outbox
             .replies
             .iter()
