@@ -618,3 +618,83 @@ fn a_runs_own_kernel_connection_acts_as_its_caller() {
         "{replies:?}"
     );
 }
+
+/// Pids of processes whose command line holds `marker`, in the cgroups of
+/// the kernel with pid `kernel`.
+fn pids_with(marker: &str, kernel: i32) -> Vec<i32> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .is_ok_and(|cgroups| cgroups.contains(&format!("agentosd-{kernel}/")))
+        })
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(marker)
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_crashed_exec_host_is_replaced_and_its_runs_are_answered() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    assert_eq!(
+        exec(&mut stream, json!({"code": "print(1)"}))["stdout"],
+        "1\n"
+    );
+    // A run in flight when its host dies.
+    common::send(
+        &mut stream,
+        Opcode::EXEC,
+        json!({"code": "import time\nprint('working', flush=True)\ntime.sleep(30)"})
+            .to_string()
+            .as_bytes(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // The zygote is the oldest process holding its source.
+    let zygote = *pids_with("The exec host's interpreter", daemon.pid())
+        .iter()
+        .min()
+        .expect("a zygote");
+    // SAFETY: kill(2) on a process of the kernel under test.
+    unsafe {
+        libc::kill(zygote, libc::SIGKILL);
+    }
+    let (_, in_flight) = common::recv_json(&mut stream);
+    assert_eq!(in_flight["success"], false, "{in_flight}");
+    assert_eq!(in_flight["stdout"], "working\n", "{in_flight}");
+    // Another host comes up, and runs work again.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let reply = exec(&mut stream, json!({"code": "print(2)", "timeout_ms": 5000}));
+        if reply["stdout"] == "2\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no new host: {reply}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_run_waiting_for_a_host_that_never_comes_is_answered_at_its_timeout() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    // A "Python" that exits at once: the host never comes up.
+    let daemon = Daemon::start_with("[exec]\npython = \"/bin/false\"\n");
+    let mut stream = daemon.raw();
+    let started = Instant::now();
+    let reply = exec(&mut stream, json!({"code": "print(1)", "timeout_ms": 700}));
+    let took = started.elapsed();
+    assert_eq!(reply["timed_out"], true, "{reply}");
+    assert_eq!(reply["code"], "timeout", "{reply}");
+    assert!(
+        took >= Duration::from_millis(600) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}

@@ -68,6 +68,8 @@ enum Wake {
     StartHosts,
     /// Close a session unused since `last_used`, if it still is.
     SessionIdle { key: SessionKey, last_used: Instant },
+    /// Answer the waiting requests whose deadline has passed.
+    WaitedTooLong,
 }
 
 /// Who a session belongs to: an agent, or (for operators) a uid.
@@ -111,6 +113,9 @@ struct Waiting {
     reply_to: ReplyTo,
     /// Who asked: the run's own connection to the kernel is theirs.
     caller: Identity,
+    /// Past this, waiting counts against the run's timeout: it is
+    /// answered `timeout` rather than left waiting.
+    deadline: Instant,
     /// The session it runs in, if any.
     session: Option<SessionKey>,
 }
@@ -295,6 +300,11 @@ impl Exec {
             ));
         }
         let now = Instant::now();
+        let deadline = now
+            + request
+                .timeout_ms
+                .map_or(self.default_timeout, Duration::from_millis);
+        self.timers.schedule(deadline, Wake::WaitedTooLong);
         let session = request.session.clone().map(|name| (owner, name));
         if let Some(key) = &session {
             if let Some(open) = self.sessions.get_mut(key) {
@@ -302,6 +312,7 @@ impl Exec {
                     request,
                     reply_to,
                     caller,
+                    deadline,
                     session: session.clone(),
                 });
                 self.serve_session(key, replies, now);
@@ -322,6 +333,7 @@ impl Exec {
             request,
             reply_to,
             caller,
+            deadline,
             session,
         });
         self.dispatch(replies, now);
@@ -371,6 +383,34 @@ impl Exec {
             }
         }
         true
+    }
+
+    /// Answers `timeout` to requests that waited past their deadline for a
+    /// sandbox (none was ready: the host is starting, or failing).
+    fn expire_waiting(&mut self, replies: &mut Vec<Reply>, now: Instant) {
+        let expired = |waiting: &Waiting| waiting.deadline <= now;
+        let mut late: Vec<Waiting> = Vec::new();
+        for queue in std::iter::once(&mut self.waiting)
+            .chain(self.sessions.values_mut().map(|session| &mut session.queue))
+        {
+            let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
+                std::mem::take(queue).into_iter().partition(expired);
+            *queue = kept;
+            late.extend(gone);
+        }
+        for waiting in late {
+            let reply = agentos_proto::payload::ExecReply {
+                timed_out: true,
+                error: Some(
+                    "no sandbox was ready for this run within its timeout; the exec host is \
+                     starting or failing (see the kernel's log)"
+                        .to_owned(),
+                ),
+                code: Some(ErrorCode::Timeout),
+                ..Default::default()
+            };
+            replies.push((waiting.reply_to, to_json(&reply)));
+        }
     }
 
     /// Starts the next queued run of a session whose child is free.
@@ -500,7 +540,12 @@ impl Exec {
     }
 
     /// Handles the deadlines that are due.
-    pub fn on_deadlines(&mut self, sandboxes: &mut impl Sandboxes<HostId>, now: Instant) {
+    pub fn on_deadlines(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        replies: &mut Vec<Reply>,
+        now: Instant,
+    ) {
         while let Some(wake) = self.timers.pop_due(now) {
             match wake {
                 Wake::Timeout { child, started } => {
@@ -511,6 +556,7 @@ impl Exec {
                     }
                 }
                 Wake::StartHosts => self.start_hosts(sandboxes, now),
+                Wake::WaitedTooLong => self.expire_waiting(replies, now),
                 Wake::SessionIdle { key, last_used } => {
                     let idle = self
                         .sessions
@@ -518,7 +564,7 @@ impl Exec {
                         .is_some_and(|s| !s.busy && s.last_used == last_used);
                     if idle {
                         log::debug!("exec session {:?} closed after being idle", key.1);
-                        self.close(key.0, &key.1, &mut Vec::new());
+                        self.close(key.0, &key.1, replies);
                     }
                 }
             }

@@ -149,8 +149,11 @@ impl Kernel {
         self.agents
             .on_deadlines(&mut agent_sandboxes(&mut self.sandboxes), now);
         self.llm.on_deadlines(now, &mut self.outbox.replies);
-        self.exec
-            .on_deadlines(&mut exec_sandboxes(&mut self.sandboxes), now);
+        self.exec.on_deadlines(
+            &mut exec_sandboxes(&mut self.sandboxes),
+            &mut self.outbox.replies,
+            now,
+        );
         self.settle(now);
     }
 
