@@ -167,11 +167,9 @@ fn claim(ready: Ready) -> (Ready, OwnedFd) {
     (ready, pidfd)
 }
 
-/// Runs `code` on a prepared child; returns stdout, stderr and its end.
-fn run(ready: Ready, language: &str, code: &str) -> (String, String, RunEnd) {
-    let (ready, _pidfd) = claim(ready);
-    let mut socket = UnixStream::from(ready.socket);
-    let order = RunOrder {
+/// A sessionless order for `code`.
+fn order(language: &str, code: &str) -> RunOrder {
+    RunOrder {
         code: code.into(),
         language: language.into(),
         env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
@@ -180,8 +178,16 @@ fn run(ready: Ready, language: &str, code: &str) -> (String, String, RunEnd) {
         collect: Vec::new(),
         max_file_bytes: 1 << 20,
         keep: false,
-    };
-    socket.write_all(&wire::frame(&order)).unwrap();
+    }
+}
+
+/// Runs `code` on a prepared child; returns stdout, stderr and its end.
+fn run(ready: Ready, language: &str, code: &str) -> (String, String, RunEnd) {
+    let (ready, _pidfd) = claim(ready);
+    let mut socket = UnixStream::from(ready.socket);
+    socket
+        .write_all(&wire::frame(&order(language, code)))
+        .unwrap();
     socket
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
@@ -307,17 +313,11 @@ fn killing_a_run_through_its_pidfd_ends_all_it_started() {
     let mut host = Host::start();
     let (ready, pidfd) = claim(host.next_ready());
     let mut socket = UnixStream::from(ready.socket);
-    let order = RunOrder {
-        code: "import subprocess\nsubprocess.Popen(['sleep', '300'])\nprint('spinning', flush=True)\nwhile True: pass".into(),
-        language: "python".into(),
-        env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
-        cwd: None,
-        files: BTreeMap::new(),
-        collect: Vec::new(),
-        max_file_bytes: 1 << 20,
-        keep: false,
-    };
-    socket.write_all(&wire::frame(&order)).unwrap();
+    let spin = "import subprocess\nsubprocess.Popen(['sleep', '300'])\n\
+                print('spinning', flush=True)\nwhile True: pass";
+    socket
+        .write_all(&wire::frame(&order("python", spin)))
+        .unwrap();
     let mut stdout = fs::File::from(ready.stdout);
     let mut first = [0u8; 9];
     stdout.read_exact(&mut first).unwrap();

@@ -15,38 +15,38 @@
 
 pub mod files;
 pub mod host;
+mod hosts;
 pub mod output;
 pub mod run;
+mod sessions;
 pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use agentos_proto::payload::{to_json, ExecRequest, Language, SessionInfo};
+use agentos_proto::payload::{to_json, ExecRequest, Language};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
-use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 use slab::Slab;
 
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
-use crate::clock::rfc3339;
 use crate::config::Config;
 use crate::identity::Identity;
-use crate::sandbox::plan::Shape;
-use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
+use crate::sandbox::runtime::Sandboxes;
 use crate::timers::Timers;
 use host::HostSetup;
+use hosts::Host;
 use run::{Kill, RunChild, Running, Stage, Stream};
+pub use sessions::SessionOwner;
+use sessions::{Session, SessionKey};
 
 /// How many tokens EXEC's sources may take, from its base.
 pub const TOKEN_SPAN: usize = 1 << 40;
-/// After a host fails or ends, wait this long before starting another.
-const HOST_RETRY: Duration = Duration::from_secs(1);
 /// Requests that may wait for a ready run child; beyond this, `busy`.
 const MAX_WAITING: usize = 1024;
 
@@ -70,40 +70,6 @@ enum Wake {
     SessionIdle { key: SessionKey, last_used: Instant },
     /// Answer the waiting requests whose deadline has passed.
     WaitedTooLong,
-}
-
-/// Who a session belongs to: an agent, or (for operators) a uid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SessionOwner {
-    /// An agent, by id.
-    Agent(u32),
-    /// An operator's user id.
-    User(u32),
-}
-
-type SessionKey = (SessionOwner, String);
-
-/// A session: a run child kept with its interpreter and /workspace.
-#[derive(Debug)]
-struct Session {
-    child: usize,
-    created_at: SystemTime,
-    last_used_at: SystemTime,
-    last_used: Instant,
-    runs: u64,
-    /// Requests waiting for its child, oldest first.
-    queue: VecDeque<Waiting>,
-    /// A run of it is going.
-    busy: bool,
-}
-
-/// An exec host.
-#[derive(Debug)]
-struct Host {
-    id: HostId,
-    sandbox: Option<SandboxKey>,
-    /// The kernel's end of its channel and its token, once claimed.
-    channel: Option<(OwnedFd, Token)>,
 }
 
 /// A request waiting for a run child.
@@ -237,25 +203,6 @@ impl Exec {
         (self.token_base..self.token_base + TOKEN_SPAN).contains(&token.0)
     }
 
-    /// Asks the runtime for the hosts that are missing.
-    pub fn start_hosts(&mut self, sandboxes: &mut impl Sandboxes<HostId>, now: Instant) {
-        if self.shutting_down {
-            return;
-        }
-        while self.hosts.len() < self.wanted_hosts {
-            let id = self.next_host;
-            self.next_host += 1;
-            let key = self.hosts.insert(Host {
-                id,
-                sandbox: None,
-                channel: None,
-            });
-            if let Some(sandbox) = sandboxes.acquire(id, Shape::EXEC_HOST, now) {
-                self.claim_host(sandboxes, key, sandbox);
-            }
-        }
-    }
-
     /// A run request. Refusals come back at once; otherwise the reply is
     /// pushed to `replies` when the run ends.
     pub fn run(
@@ -338,148 +285,6 @@ impl Exec {
         });
         self.dispatch(replies, now);
         Ok(())
-    }
-
-    /// The owner's sessions (`op: sessions`).
-    pub fn sessions(&self, owner: SessionOwner) -> Vec<SessionInfo> {
-        let mut mine: Vec<(&SessionKey, &Session)> = self
-            .sessions
-            .iter()
-            .filter(|((o, _), _)| *o == owner)
-            .collect();
-        mine.sort_by_key(|((_, name), session)| (session.created_at, name.clone()));
-        mine.into_iter()
-            .map(|((_, name), session)| SessionInfo {
-                session: name.clone(),
-                created_at: rfc3339(session.created_at),
-                last_used_at: rfc3339(session.last_used_at),
-                runs: session.runs,
-                workspace_bytes: self
-                    .children
-                    .get(session.child)
-                    .and_then(|c| c.workspace_bytes)
-                    .unwrap_or(0),
-            })
-            .collect()
-    }
-
-    /// Ends a session (`op: close`): its interpreter and /workspace go;
-    /// a run of it still going is killed. Whether there was one.
-    pub fn close(&mut self, owner: SessionOwner, name: &str, replies: &mut Vec<Reply>) -> bool {
-        let Some(session) = self.sessions.remove(&(owner, name.to_owned())) else {
-            return false;
-        };
-        for waiting in session.queue {
-            let refusal = ErrorReply::new(
-                ErrorCode::NotFound,
-                format!("session {name:?} was closed before this run could start"),
-            );
-            replies.push((waiting.reply_to, refusal.to_json()));
-        }
-        if let Some(child) = self.children.get_mut(session.child) {
-            child.kill(Kill::Closed);
-            if !matches!(child.stage, Stage::Running(_)) {
-                self.drop_child(session.child);
-            }
-        }
-        true
-    }
-
-    /// Answers `timeout` to requests that waited past their deadline for a
-    /// sandbox (none was ready: the host is starting, or failing).
-    fn expire_waiting(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        let expired = |waiting: &Waiting| waiting.deadline <= now;
-        let mut late: Vec<Waiting> = Vec::new();
-        for queue in std::iter::once(&mut self.waiting)
-            .chain(self.sessions.values_mut().map(|session| &mut session.queue))
-        {
-            let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
-                std::mem::take(queue).into_iter().partition(expired);
-            *queue = kept;
-            late.extend(gone);
-        }
-        for waiting in late {
-            let reply = agentos_proto::payload::ExecReply {
-                timed_out: true,
-                error: Some(
-                    "no sandbox was ready for this run within its timeout; the exec host is \
-                     starting or failing (see the kernel's log)"
-                        .to_owned(),
-                ),
-                code: Some(ErrorCode::Timeout),
-                ..Default::default()
-            };
-            replies.push((waiting.reply_to, to_json(&reply)));
-        }
-    }
-
-    /// Starts the next queued run of a session whose child is free.
-    fn serve_session(&mut self, key: &SessionKey, replies: &mut Vec<Reply>, now: Instant) {
-        let Some(session) = self.sessions.get_mut(key) else {
-            return;
-        };
-        if session.busy
-            || !self
-                .children
-                .get(session.child)
-                .is_some_and(RunChild::is_alive)
-        {
-            return;
-        }
-        let Some(waiting) = session.queue.pop_front() else {
-            return;
-        };
-        session.busy = true;
-        session.last_used = now;
-        session.last_used_at = SystemTime::now();
-        let child = session.child;
-        self.start(child, waiting, replies, now);
-    }
-
-    /// Takes in what happened to a host's sandbox.
-    pub fn on_sandbox(
-        &mut self,
-        sandboxes: &mut impl Sandboxes<HostId>,
-        event: SandboxEvent<HostId>,
-        now: Instant,
-    ) {
-        let Some(key) = self.host_key(*event.owner()) else {
-            if let SandboxEvent::Ready { sandbox, .. } = event {
-                sandboxes.discard(sandbox);
-            }
-            return;
-        };
-        match event {
-            SandboxEvent::Ready { sandbox, .. } if self.shutting_down => {
-                // Prepared while the kernel began to stop: never started.
-                sandboxes.discard(sandbox);
-                self.hosts.remove(key);
-            }
-            SandboxEvent::Ready { sandbox, .. } => self.claim_host(sandboxes, key, sandbox),
-            SandboxEvent::Failed { error, .. } => {
-                log::error!("exec host {}: {error}", self.hosts[key].id);
-                self.host_gone(key, now);
-            }
-            SandboxEvent::Status { status, .. } => {
-                if let crate::sandbox::Status::Error { message, .. } = status {
-                    log::error!("exec host {}: {message}", self.hosts[key].id);
-                }
-            }
-            SandboxEvent::OomKill { .. } => {
-                log::warn!(
-                    "exec host {}: the memory limit killed a process",
-                    self.hosts[key].id
-                );
-            }
-            SandboxEvent::Ended { init, .. } => {
-                if self.shutting_down {
-                    log::info!("exec host {} stopped", self.hosts[key].id);
-                } else {
-                    log::warn!("exec host {} ended: {init:?}", self.hosts[key].id);
-                }
-                self.host_gone(key, now);
-            }
-        }
     }
 
     /// Readiness of one of EXEC's tokens.
@@ -591,153 +396,6 @@ impl Exec {
         for (_, host) in self.hosts.iter() {
             if let Some(sandbox) = host.sandbox {
                 sandboxes.signal(sandbox, libc::SIGKILL);
-            }
-        }
-    }
-
-    // ---- hosts ---------------------------------------------------------
-
-    fn host_key(&self, id: HostId) -> Option<usize> {
-        self.hosts
-            .iter()
-            .find(|(_, host)| host.id == id)
-            .map(|(key, _)| key)
-    }
-
-    /// Starts the zygote in a host's sandbox, with a channel to it.
-    fn claim_host(
-        &mut self,
-        sandboxes: &mut impl Sandboxes<HostId>,
-        key: usize,
-        sandbox: SandboxKey,
-    ) {
-        let Some(id) = self.hosts.get(key).map(|host| host.id) else {
-            return sandboxes.discard(sandbox);
-        };
-        self.hosts[key].sandbox = Some(sandbox);
-        let pair = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-        );
-        let (ours, theirs) = match pair {
-            Ok(pair) => pair,
-            Err(err) => {
-                log::error!("exec host {id}: cannot make its channel: {err}");
-                return sandboxes.signal(sandbox, libc::SIGKILL);
-            }
-        };
-        let workload = host::zygote_workload(&self.setup);
-        let order = ClaimOrder {
-            workload: &workload,
-            log: &self.log,
-            cgroup_name: format!("exec-host-{id}"),
-            limits: self.host_limits,
-            door: None,
-            channel: Some(theirs.as_fd()),
-        };
-        if let Err(error) = sandboxes.claim(sandbox, id, order) {
-            // The sandbox is killed; its end comes as an event.
-            log::error!("exec host {id}: {error}");
-            return;
-        }
-        // The zygote holds its end now; ours must not keep a copy alive.
-        drop(theirs);
-        let settings = host::zygote_settings(&self.setup);
-        if let Err(err) =
-            nix::sys::socket::send(ours.as_raw_fd(), &settings, MsgFlags::MSG_NOSIGNAL)
-        {
-            log::error!("exec host {id}: cannot send its settings: {err}");
-            return sandboxes.signal(sandbox, libc::SIGKILL);
-        }
-        let entry = self.sources.vacant_entry();
-        let token = Token(self.token_base + entry.key());
-        if let Err(err) = watch(&self.registry, ours.as_raw_fd(), token, Interest::READABLE) {
-            log::error!("exec host {id}: cannot watch its channel: {err}");
-            return sandboxes.signal(sandbox, libc::SIGKILL);
-        }
-        entry.insert(Source::Channel(key));
-        self.hosts[key].channel = Some((ours, token));
-        log::info!("exec host {id} starting");
-    }
-
-    /// A host failed or ended: its children go with it; another starts
-    /// after a pause.
-    fn host_gone(&mut self, key: usize, now: Instant) {
-        let host = self.hosts.remove(key);
-        if let Some((channel, token)) = host.channel {
-            self.forget_source(channel.as_raw_fd(), token);
-        }
-        if !self.shutting_down {
-            self.timers.schedule(now + HOST_RETRY, Wake::StartHosts);
-        }
-    }
-
-    /// Run children a host has handed over.
-    fn take_children(&mut self, key: usize, replies: &mut Vec<Reply>, now: Instant) {
-        loop {
-            let Some((channel, _)) = self.hosts.get(key).and_then(|h| h.channel.as_ref()) else {
-                return;
-            };
-            let ready = match wire::receive_ready(channel.as_fd()) {
-                Ok(Some(ready)) => ready,
-                Ok(None) => return,
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
-                Err(err) => {
-                    log::warn!("exec host: {err}");
-                    return;
-                }
-            };
-            let nonblocking = [&ready.socket, &ready.stdout, &ready.stderr]
-                .into_iter()
-                .try_for_each(set_nonblocking);
-            if let Err(err) = nonblocking {
-                log::warn!("exec host: cannot use a run child: {err}");
-                continue;
-            }
-            let child = self.children.insert(RunChild {
-                host: key,
-                socket: ready.socket,
-                stdout: Some(ready.stdout),
-                stderr: Some(ready.stderr),
-                pidfd: None,
-                stage: Stage::Preparing,
-                received: Vec::new(),
-                workspace_bytes: None,
-            });
-            let socket = self.children[child].socket.as_raw_fd();
-            let stdout = self.children[child].stdout.as_ref().map(AsRawFd::as_raw_fd);
-            let stderr = self.children[child].stderr.as_ref().map(AsRawFd::as_raw_fd);
-            let registered = self
-                .register(
-                    socket,
-                    Source::Socket(child),
-                    Interest::READABLE | Interest::WRITABLE,
-                )
-                .and_then(|()| {
-                    self.register(
-                        stdout.unwrap_or(-1),
-                        Source::Output(child, Stream::Stdout),
-                        Interest::READABLE,
-                    )
-                })
-                .and_then(|()| {
-                    self.register(
-                        stderr.unwrap_or(-1),
-                        Source::Output(child, Stream::Stderr),
-                        Interest::READABLE,
-                    )
-                });
-            if let Err(err) = registered {
-                log::warn!("exec host: cannot watch a run child: {err}");
-                self.drop_child(child);
-                continue;
-            }
-            // Its pidfd may already be there.
-            if let Ok(true) = self.children[child].receive_pidfd() {
-                self.ready.push_back(child);
-                self.dispatch(replies, now);
             }
         }
     }

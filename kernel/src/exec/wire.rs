@@ -106,34 +106,7 @@ pub fn take_frame<T: for<'de> Deserialize<'de>>(buffer: &mut Vec<u8>) -> Option<
 /// host has gone.
 pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
     let mut bytes = [0u8; READY_MAX];
-    let mut space = nix::cmsg_space!([RawFd; 3]);
-    let (length, fds) = loop {
-        let mut iov = [IoSliceMut::new(&mut bytes)];
-        match recvmsg::<()>(
-            channel.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
-        ) {
-            Ok(message) => {
-                let fds: Vec<RawFd> = message
-                    .cmsgs()?
-                    .flat_map(|cmsg| match cmsg {
-                        ControlMessageOwned::ScmRights(fds) => fds,
-                        _ => Vec::new(),
-                    })
-                    .collect();
-                break (message.bytes, fds);
-            }
-            Err(Errno::EINTR) => {}
-            Err(err) => return Err(err.into()),
-        }
-    };
-    // SAFETY: each descriptor was just received and belongs to nobody else.
-    let owned: Vec<OwnedFd> = fds
-        .into_iter()
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .collect();
+    let (length, owned) = receive(channel, &mut bytes, MsgFlags::MSG_DONTWAIT)?;
     if length == 0 && owned.is_empty() {
         return Ok(None);
     }
@@ -174,42 +147,38 @@ pub fn receive_with_fds(
     socket: BorrowedFd<'_>,
     buffer: &mut [u8],
 ) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    let mut iov = [IoSliceMut::new(buffer)];
-    let message = recvmsg::<()>(
-        socket.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
-    let fds: Vec<RawFd> = message
-        .cmsgs()?
-        .flat_map(|cmsg| match cmsg {
-            ControlMessageOwned::ScmRights(fds) => fds,
-            _ => Vec::new(),
-        })
-        .collect();
-    let bytes = message.bytes;
-    // SAFETY: each descriptor was just received and belongs to nobody else.
-    let owned = fds
-        .into_iter()
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .collect();
-    Ok((bytes, owned))
+    receive(socket, buffer, MsgFlags::empty())
 }
 
 /// Receives a run child's first message: a pidfd of itself, PID 1 of its
 /// namespace. Blocks if the socket does; `Ok(None)`: it went away first.
 pub fn receive_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     let mut byte = [0u8; 1];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let (length, fds) = receive(socket, &mut byte, MsgFlags::empty())?;
+    match (length, fds.into_iter().next()) {
+        (0, _) => Ok(None),
+        (_, Some(pidfd)) => Ok(Some(pidfd)),
+        (_, None) => Err(io::Error::other(
+            "a run child's first message carried no pidfd",
+        )),
+    }
+}
+
+/// One recvmsg(2): the bytes into `buffer`, and the descriptors that came
+/// with them (close-on-exec, owned); retried on EINTR.
+fn receive(
+    socket: BorrowedFd<'_>,
+    buffer: &mut [u8],
+    flags: MsgFlags,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut space = nix::cmsg_space!([RawFd; 4]);
     loop {
-        let mut iov = [IoSliceMut::new(&mut byte)];
+        let mut iov = [IoSliceMut::new(buffer)];
         match recvmsg::<()>(
             socket.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            flags | MsgFlags::MSG_CMSG_CLOEXEC,
         ) {
             Ok(message) => {
                 let fds: Vec<RawFd> = message
@@ -219,18 +188,14 @@ pub fn receive_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
                         _ => Vec::new(),
                     })
                     .collect();
+                let length = message.bytes;
                 // SAFETY: each descriptor was just received and belongs to
                 // nobody else.
-                let mut owned = fds
+                let owned = fds
                     .into_iter()
-                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
-                return match (message.bytes, owned.next()) {
-                    (0, _) => Ok(None),
-                    (_, Some(pidfd)) => Ok(Some(pidfd)),
-                    (_, None) => Err(io::Error::other(
-                        "a run child's first message carried no pidfd",
-                    )),
-                };
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+                    .collect();
+                return Ok((length, owned));
             }
             Err(Errno::EINTR) => {}
             Err(err) => return Err(err.into()),

@@ -1,0 +1,239 @@
+//! Exec hosts: started through the sandbox runtime, each claimed with the
+//! zygote as its workload and a channel to it, replaced when one fails or
+//! ends; the run children a host hands over are taken in here.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use mio::{Interest, Token};
+use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
+
+use super::run::{RunChild, Stage, Stream};
+use super::{host, set_nonblocking, watch, wire, Exec, HostId, Source, Wake};
+use crate::address::Reply;
+use crate::sandbox::plan::Shape;
+use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
+
+/// After a host fails or ends, wait this long before starting another.
+const HOST_RETRY: Duration = Duration::from_secs(1);
+/// An exec host.
+#[derive(Debug)]
+pub(super) struct Host {
+    pub(super) id: HostId,
+    pub(super) sandbox: Option<SandboxKey>,
+    /// The kernel's end of its channel and its token, once claimed.
+    pub(super) channel: Option<(OwnedFd, Token)>,
+}
+
+impl Exec {
+    /// Asks the runtime for the hosts that are missing.
+    pub fn start_hosts(&mut self, sandboxes: &mut impl Sandboxes<HostId>, now: Instant) {
+        if self.shutting_down {
+            return;
+        }
+        while self.hosts.len() < self.wanted_hosts {
+            let id = self.next_host;
+            self.next_host += 1;
+            let key = self.hosts.insert(Host {
+                id,
+                sandbox: None,
+                channel: None,
+            });
+            if let Some(sandbox) = sandboxes.acquire(id, Shape::EXEC_HOST, now) {
+                self.claim_host(sandboxes, key, sandbox);
+            }
+        }
+    }
+
+    /// Takes in what happened to a host's sandbox.
+    pub fn on_sandbox(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        event: SandboxEvent<HostId>,
+        now: Instant,
+    ) {
+        let Some(key) = self.host_key(*event.owner()) else {
+            if let SandboxEvent::Ready { sandbox, .. } = event {
+                sandboxes.discard(sandbox);
+            }
+            return;
+        };
+        match event {
+            SandboxEvent::Ready { sandbox, .. } if self.shutting_down => {
+                // Prepared while the kernel began to stop: never started.
+                sandboxes.discard(sandbox);
+                self.hosts.remove(key);
+            }
+            SandboxEvent::Ready { sandbox, .. } => self.claim_host(sandboxes, key, sandbox),
+            SandboxEvent::Failed { error, .. } => {
+                log::error!("exec host {}: {error}", self.hosts[key].id);
+                self.host_gone(key, now);
+            }
+            SandboxEvent::Status { status, .. } => {
+                if let crate::sandbox::Status::Error { message, .. } = status {
+                    log::error!("exec host {}: {message}", self.hosts[key].id);
+                }
+            }
+            SandboxEvent::OomKill { .. } => {
+                log::warn!(
+                    "exec host {}: the memory limit killed a process",
+                    self.hosts[key].id
+                );
+            }
+            SandboxEvent::Ended { init, .. } => {
+                if self.shutting_down {
+                    log::info!("exec host {} stopped", self.hosts[key].id);
+                } else {
+                    log::warn!("exec host {} ended: {init:?}", self.hosts[key].id);
+                }
+                self.host_gone(key, now);
+            }
+        }
+    }
+
+    fn host_key(&self, id: HostId) -> Option<usize> {
+        self.hosts
+            .iter()
+            .find(|(_, host)| host.id == id)
+            .map(|(key, _)| key)
+    }
+
+    /// Starts the zygote in a host's sandbox, with a channel to it.
+    fn claim_host(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        key: usize,
+        sandbox: SandboxKey,
+    ) {
+        let Some(id) = self.hosts.get(key).map(|host| host.id) else {
+            return sandboxes.discard(sandbox);
+        };
+        self.hosts[key].sandbox = Some(sandbox);
+        let pair = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        );
+        let (ours, theirs) = match pair {
+            Ok(pair) => pair,
+            Err(err) => {
+                log::error!("exec host {id}: cannot make its channel: {err}");
+                return sandboxes.signal(sandbox, libc::SIGKILL);
+            }
+        };
+        let workload = host::zygote_workload(&self.setup);
+        let order = ClaimOrder {
+            workload: &workload,
+            log: &self.log,
+            cgroup_name: format!("exec-host-{id}"),
+            limits: self.host_limits,
+            door: None,
+            channel: Some(theirs.as_fd()),
+        };
+        if let Err(error) = sandboxes.claim(sandbox, id, order) {
+            // The sandbox is killed; its end comes as an event.
+            log::error!("exec host {id}: {error}");
+            return;
+        }
+        // The zygote holds its end now; ours must not keep a copy alive.
+        drop(theirs);
+        let settings = host::zygote_settings(&self.setup);
+        if let Err(err) =
+            nix::sys::socket::send(ours.as_raw_fd(), &settings, MsgFlags::MSG_NOSIGNAL)
+        {
+            log::error!("exec host {id}: cannot send its settings: {err}");
+            return sandboxes.signal(sandbox, libc::SIGKILL);
+        }
+        let entry = self.sources.vacant_entry();
+        let token = Token(self.token_base + entry.key());
+        if let Err(err) = watch(&self.registry, ours.as_raw_fd(), token, Interest::READABLE) {
+            log::error!("exec host {id}: cannot watch its channel: {err}");
+            return sandboxes.signal(sandbox, libc::SIGKILL);
+        }
+        entry.insert(Source::Channel(key));
+        self.hosts[key].channel = Some((ours, token));
+        log::info!("exec host {id} starting");
+    }
+
+    /// A host failed or ended: its children go with it; another starts
+    /// after a pause.
+    fn host_gone(&mut self, key: usize, now: Instant) {
+        let host = self.hosts.remove(key);
+        if let Some((channel, token)) = host.channel {
+            self.forget_source(channel.as_raw_fd(), token);
+        }
+        if !self.shutting_down {
+            self.timers.schedule(now + HOST_RETRY, Wake::StartHosts);
+        }
+    }
+
+    /// Run children a host has handed over.
+    pub(super) fn take_children(&mut self, key: usize, replies: &mut Vec<Reply>, now: Instant) {
+        loop {
+            let Some((channel, _)) = self.hosts.get(key).and_then(|h| h.channel.as_ref()) else {
+                return;
+            };
+            let ready = match wire::receive_ready(channel.as_fd()) {
+                Ok(Some(ready)) => ready,
+                Ok(None) => return,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Err(err) => {
+                    log::warn!("exec host: {err}");
+                    return;
+                }
+            };
+            let nonblocking = [&ready.socket, &ready.stdout, &ready.stderr]
+                .into_iter()
+                .try_for_each(set_nonblocking);
+            if let Err(err) = nonblocking {
+                log::warn!("exec host: cannot use a run child: {err}");
+                continue;
+            }
+            let child = self.children.insert(RunChild {
+                host: key,
+                socket: ready.socket,
+                stdout: Some(ready.stdout),
+                stderr: Some(ready.stderr),
+                pidfd: None,
+                stage: Stage::Preparing,
+                received: Vec::new(),
+                workspace_bytes: None,
+            });
+            let socket = self.children[child].socket.as_raw_fd();
+            let stdout = self.children[child].stdout.as_ref().map(AsRawFd::as_raw_fd);
+            let stderr = self.children[child].stderr.as_ref().map(AsRawFd::as_raw_fd);
+            let registered = self
+                .register(
+                    socket,
+                    Source::Socket(child),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .and_then(|()| {
+                    self.register(
+                        stdout.unwrap_or(-1),
+                        Source::Output(child, Stream::Stdout),
+                        Interest::READABLE,
+                    )
+                })
+                .and_then(|()| {
+                    self.register(
+                        stderr.unwrap_or(-1),
+                        Source::Output(child, Stream::Stderr),
+                        Interest::READABLE,
+                    )
+                });
+            if let Err(err) = registered {
+                log::warn!("exec host: cannot watch a run child: {err}");
+                self.drop_child(child);
+                continue;
+            }
+            // Its pidfd may already be there.
+            if let Ok(true) = self.children[child].receive_pidfd() {
+                self.ready.push_back(child);
+                self.dispatch(replies, now);
+            }
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Sessions: a run child kept for its owner with its interpreter state and
+//! /workspace, the runs queued behind each other for it, and the requests
+//! that waited too long for any child.
+
+use std::collections::VecDeque;
+use std::time::{Instant, SystemTime};
+
+use agentos_proto::payload::{to_json, SessionInfo};
+use agentos_proto::{ErrorCode, ErrorReply};
+
+use super::run::{Kill, RunChild, Stage};
+use super::{Exec, Waiting};
+use crate::address::Reply;
+use crate::clock::rfc3339;
+
+/// Who a session belongs to: an agent, or (for operators) a uid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SessionOwner {
+    /// An agent, by id.
+    Agent(u32),
+    /// An operator's user id.
+    User(u32),
+}
+
+pub(super) type SessionKey = (SessionOwner, String);
+
+/// A session: a run child kept with its interpreter and /workspace.
+#[derive(Debug)]
+pub(super) struct Session {
+    pub(super) child: usize,
+    pub(super) created_at: SystemTime,
+    pub(super) last_used_at: SystemTime,
+    pub(super) last_used: Instant,
+    pub(super) runs: u64,
+    /// Requests waiting for its child, oldest first.
+    pub(super) queue: VecDeque<Waiting>,
+    /// A run of it is going.
+    pub(super) busy: bool,
+}
+
+impl Exec {
+    /// The owner's sessions (`op: sessions`).
+    pub fn sessions(&self, owner: SessionOwner) -> Vec<SessionInfo> {
+        let mut mine: Vec<(&SessionKey, &Session)> = self
+            .sessions
+            .iter()
+            .filter(|((o, _), _)| *o == owner)
+            .collect();
+        mine.sort_by_key(|((_, name), session)| (session.created_at, name.clone()));
+        mine.into_iter()
+            .map(|((_, name), session)| SessionInfo {
+                session: name.clone(),
+                created_at: rfc3339(session.created_at),
+                last_used_at: rfc3339(session.last_used_at),
+                runs: session.runs,
+                workspace_bytes: self
+                    .children
+                    .get(session.child)
+                    .and_then(|c| c.workspace_bytes)
+                    .unwrap_or(0),
+            })
+            .collect()
+    }
+
+    /// Ends a session (`op: close`): its interpreter and /workspace go;
+    /// a run of it still going is killed. Whether there was one.
+    pub fn close(&mut self, owner: SessionOwner, name: &str, replies: &mut Vec<Reply>) -> bool {
+        let Some(session) = self.sessions.remove(&(owner, name.to_owned())) else {
+            return false;
+        };
+        for waiting in session.queue {
+            let refusal = ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("session {name:?} was closed before this run could start"),
+            );
+            replies.push((waiting.reply_to, refusal.to_json()));
+        }
+        if let Some(child) = self.children.get_mut(session.child) {
+            child.kill(Kill::Closed);
+            if !matches!(child.stage, Stage::Running(_)) {
+                self.drop_child(session.child);
+            }
+        }
+        true
+    }
+
+    /// Answers `timeout` to requests that waited past their deadline for a
+    /// sandbox (none was ready: the host is starting, or failing).
+    pub(super) fn expire_waiting(&mut self, replies: &mut Vec<Reply>, now: Instant) {
+        let expired = |waiting: &Waiting| waiting.deadline <= now;
+        let mut late: Vec<Waiting> = Vec::new();
+        for queue in std::iter::once(&mut self.waiting)
+            .chain(self.sessions.values_mut().map(|session| &mut session.queue))
+        {
+            let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
+                std::mem::take(queue).into_iter().partition(expired);
+            *queue = kept;
+            late.extend(gone);
+        }
+        for waiting in late {
+            let reply = agentos_proto::payload::ExecReply {
+                timed_out: true,
+                error: Some(
+                    "no sandbox was ready for this run within its timeout; the exec host is \
+                     starting or failing (see the kernel's log)"
+                        .to_owned(),
+                ),
+                code: Some(ErrorCode::Timeout),
+                ..Default::default()
+            };
+            replies.push((waiting.reply_to, to_json(&reply)));
+        }
+    }
+
+    /// Starts the next queued run of a session whose child is free.
+    pub(super) fn serve_session(
+        &mut self,
+        key: &SessionKey,
+        replies: &mut Vec<Reply>,
+        now: Instant,
+    ) {
+        let Some(session) = self.sessions.get_mut(key) else {
+            return;
+        };
+        if session.busy
+            || !self
+                .children
+                .get(session.child)
+                .is_some_and(RunChild::is_alive)
+        {
+            return;
+        }
+        let Some(waiting) = session.queue.pop_front() else {
+            return;
+        };
+        session.busy = true;
+        session.last_used = now;
+        session.last_used_at = SystemTime::now();
+        let child = session.child;
+        self.start(child, waiting, replies, now);
+    }
+}
