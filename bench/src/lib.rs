@@ -123,3 +123,12 @@ pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
+
+/// How a target came out, as the benchmarks print it.
+pub fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "MISSED"
+    }
+}

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentos_bench::{percentile, sibling, Server};
+use agentos_bench::{percentile, sibling, verdict, Server};
 use agentos_proto::{encode_frame, Opcode, HEADER_LEN};
 use anyhow::bail;
 use clap::Parser;
@@ -214,14 +214,6 @@ fn raise_fd_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
-}
-
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "met"
-    } else {
-        "MISSED"
     }
 }
 

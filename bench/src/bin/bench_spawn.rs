@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentos_bench::{percentile, sibling, start_agentosd};
+use agentos_bench::{percentile, sibling, start_agentosd, verdict};
 use agentos_proto::{Client, Opcode};
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -187,12 +187,4 @@ fn main() -> anyhow::Result<()> {
     drop(client);
     kernel.stop();
     Ok(())
-}
-
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "met"
-    } else {
-        "MISSED"
-    }
 }
