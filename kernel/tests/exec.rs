@@ -698,3 +698,14 @@ fn a_run_waiting_for_a_host_that_never_comes_is_answered_at_its_timeout() {
         "{took:?}"
     );
 }
+
+#[test]
+fn code_larger_than_a_socket_buffer_reaches_its_run_whole() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    // Near the request limit: the order goes out over several writes.
+    let code = format!("x = '{}'\nprint(len(x))", "a".repeat(900_000));
+    let reply = exec(&mut stream, json!({"code": code}));
+    assert_eq!(reply["stdout"], "900000\n", "{}", reply["error"]);
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use mio::{Interest, Token};
 use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 
-use super::run::{RunChild, Stage, Stream};
+use super::run::{RunChild, Stage};
 use super::{host, set_nonblocking, watch, wire, Exec, HostId, Source, Wake};
 use crate::address::Reply;
 use crate::sandbox::plan::Shape;
@@ -184,10 +184,8 @@ impl Exec {
                     return;
                 }
             };
-            let nonblocking = [&ready.socket, &ready.stdout, &ready.stderr]
-                .into_iter()
-                .try_for_each(set_nonblocking);
-            if let Err(err) = nonblocking {
+            // The pipes are made non-blocking as they are watched.
+            if let Err(err) = set_nonblocking(&ready.socket) {
                 log::warn!("exec host: cannot use a run child: {err}");
                 continue;
             }
@@ -200,29 +198,16 @@ impl Exec {
                 stage: Stage::Preparing,
                 received: Vec::new(),
                 workspace_bytes: None,
+                socket_token: None,
+                output_tokens: [None, None],
+                writable: false,
             });
             let socket = self.children[child].socket.as_raw_fd();
-            let stdout = self.children[child].stdout.as_ref().map(AsRawFd::as_raw_fd);
-            let stderr = self.children[child].stderr.as_ref().map(AsRawFd::as_raw_fd);
             let registered = self
-                .register(
-                    socket,
-                    Source::Socket(child),
-                    Interest::READABLE | Interest::WRITABLE,
-                )
-                .and_then(|()| {
-                    self.register(
-                        stdout.unwrap_or(-1),
-                        Source::Output(child, Stream::Stdout),
-                        Interest::READABLE,
-                    )
-                })
-                .and_then(|()| {
-                    self.register(
-                        stderr.unwrap_or(-1),
-                        Source::Output(child, Stream::Stderr),
-                        Interest::READABLE,
-                    )
+                .register(socket, Source::Socket(child), Interest::READABLE)
+                .and_then(|token| {
+                    self.children[child].socket_token = Some(token);
+                    self.watch_outputs(child)
                 });
             if let Err(err) = registered {
                 log::warn!("exec host: cannot watch a run child: {err}");

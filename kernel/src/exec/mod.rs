@@ -79,6 +79,8 @@ struct Waiting {
     reply_to: ReplyTo,
     /// Who asked: the run's own connection to the kernel is theirs.
     caller: Identity,
+    /// Its wall-clock limit.
+    timeout: Duration,
     /// Past this, waiting counts against the run's timeout: it is
     /// answered `timeout` rather than left waiting.
     deadline: Instant,
@@ -226,32 +228,25 @@ impl Exec {
             ));
         }
         files::check(&request.files, self.max_file_bytes)?;
-        for (field, given) in [("limits", request.limits.is_some())] {
-            if given {
-                return Err(ErrorReply::new(
-                    ErrorCode::Unavailable,
-                    format!(
-                        "EXEC field `{field}` is not served by this kernel yet; runs without \
-                         it work"
-                    ),
-                ));
-            }
+        if request.limits.is_some() {
+            return Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                "EXEC field `limits` is not served by this kernel yet; runs without it work",
+            ));
         }
-        if self.waiting.len() >= MAX_WAITING {
+        let queued =
+            self.waiting.len() + self.sessions.values().map(|s| s.queue.len()).sum::<usize>();
+        if queued >= MAX_WAITING {
             return Err(ErrorReply::new(
                 ErrorCode::Busy,
-                format!(
-                    "{} runs are waiting for a sandbox; retry later",
-                    self.waiting.len()
-                ),
+                format!("{queued} runs are waiting for a sandbox; retry later"),
             ));
         }
         let now = Instant::now();
-        let deadline = now
-            + request
-                .timeout_ms
-                .map_or(self.default_timeout, Duration::from_millis);
-        self.timers.schedule(deadline, Wake::WaitedTooLong);
+        let timeout = request
+            .timeout_ms
+            .map_or(self.default_timeout, Duration::from_millis);
+        let deadline = now + timeout;
         let session = request.session.clone().map(|name| (owner, name));
         if let Some(key) = &session {
             if let Some(open) = self.sessions.get_mut(key) {
@@ -259,10 +254,12 @@ impl Exec {
                     request,
                     reply_to,
                     caller,
+                    timeout,
                     deadline,
                     session: session.clone(),
                 });
                 self.serve_session(key, replies, now);
+                self.expire_if_still_waiting(reply_to, deadline);
                 return Ok(());
             }
             let held = self.sessions.keys().filter(|(o, _)| *o == owner).count();
@@ -280,11 +277,26 @@ impl Exec {
             request,
             reply_to,
             caller,
+            timeout,
             deadline,
             session,
         });
         self.dispatch(replies, now);
+        self.expire_if_still_waiting(reply_to, deadline);
         Ok(())
+    }
+
+    /// A request that could not start at once is answered at its deadline
+    /// if it is still waiting then.
+    fn expire_if_still_waiting(&mut self, reply_to: ReplyTo, deadline: Instant) {
+        let waiting = self
+            .waiting
+            .iter()
+            .chain(self.sessions.values().flat_map(|s| s.queue.iter()))
+            .any(|w| w.reply_to == reply_to);
+        if waiting {
+            self.timers.schedule(deadline, Wake::WaitedTooLong);
+        }
     }
 
     /// Readiness of one of EXEC's tokens.
@@ -309,23 +321,26 @@ impl Exec {
                         Err(_) => self.drop_child(child),
                     },
                     Stage::Ready => {
-                        // Writability comes and goes; only a close matters:
-                        // it went away while waiting (its host ended).
+                        // A waiting child says nothing: this is its close
+                        // (its host ended).
                         if run.has_hung_up() {
                             self.child_gone(child, replies);
                         }
                     }
                     Stage::Running(_) => {
-                        if let Err(err) = run.flush() {
+                        let unsent = run.flush().unwrap_or_else(|err| {
                             log::debug!("exec run: cannot send the order: {err}");
                             run.kill(Kill::Shutdown);
-                        }
+                            false
+                        });
                         run.read_socket();
                         if run.overflowed() {
                             run.kill_quietly();
                         }
+                        self.watch_writable(child, unsent);
                         self.finish_if_done(child, replies, now);
                     }
+                    Stage::Ended => {}
                 }
             }
             Source::Output(child, stream) => {
@@ -452,10 +467,7 @@ impl Exec {
 
     /// Sends a request to a child (a session's keeps it for more).
     fn start(&mut self, child: usize, waiting: Waiting, replies: &mut Vec<Reply>, now: Instant) {
-        let timeout = waiting
-            .request
-            .timeout_ms
-            .map_or(self.default_timeout, Duration::from_millis);
+        let timeout = waiting.timeout;
         let keep = waiting.session.is_some();
         let order = order_for(waiting.request, self.max_file_bytes, keep);
         let session = waiting.session.map(|(_, name)| name);
@@ -484,10 +496,14 @@ impl Exec {
                 None
             }
         };
-        if let Err(err) = run.start(&order, running, connection) {
-            log::debug!("exec run: cannot send the order: {err}");
-            run.kill(Kill::Shutdown);
-        }
+        let unsent = run
+            .start(&order, running, connection)
+            .unwrap_or_else(|err| {
+                log::debug!("exec run: cannot send the order: {err}");
+                run.kill(Kill::Shutdown);
+                false
+            });
+        self.watch_writable(child, unsent);
         self.timers.schedule(
             now + timeout,
             Wake::Timeout {
@@ -556,22 +572,44 @@ impl Exec {
 
     /// Watches a child's (new) stdout and stderr pipes.
     fn watch_outputs(&mut self, child: usize) -> io::Result<()> {
-        let Some(run) = self.children.get(child) else {
-            return Ok(());
-        };
-        let stdout = run.stdout.as_ref().map(AsRawFd::as_raw_fd);
-        let stderr = run.stderr.as_ref().map(AsRawFd::as_raw_fd);
-        for (fd, stream) in [(stdout, Stream::Stdout), (stderr, Stream::Stderr)] {
-            let Some(fd) = fd else { continue };
-            if let Some(pipe) = self.children.get(child).and_then(|c| match stream {
-                Stream::Stdout => c.stdout.as_ref(),
-                Stream::Stderr => c.stderr.as_ref(),
-            }) {
-                set_nonblocking(pipe)?;
-            }
-            self.register(fd, Source::Output(child, stream), Interest::READABLE)?;
+        for stream in Stream::BOTH {
+            let Some(run) = self.children.get(child) else {
+                return Ok(());
+            };
+            let Some(pipe) = run.pipe(stream) else {
+                continue;
+            };
+            set_nonblocking(pipe)?;
+            let fd = pipe.as_raw_fd();
+            let token = self.register(fd, Source::Output(child, stream), Interest::READABLE)?;
+            self.children[child].output_tokens[stream.index()] = Some(token);
         }
         Ok(())
+    }
+
+    /// Watches a child's socket for writability while an order is unsent,
+    /// and only then (a waiting child's socket is otherwise writable all
+    /// along).
+    fn watch_writable(&mut self, child: usize, writable: bool) {
+        let Some(run) = self.children.get_mut(child) else {
+            return;
+        };
+        let Some(token) = run.socket_token.filter(|_| run.writable != writable) else {
+            return;
+        };
+        let interest = if writable {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        let fd = run.socket.as_raw_fd();
+        match self
+            .registry
+            .reregister(&mut SourceFd(&fd), token, interest)
+        {
+            Ok(()) => run.writable = writable,
+            Err(err) => log::warn!("exec run: cannot watch its socket: {err}"),
+        }
     }
 
     /// A waiting child went away: a session it held ends with it.
@@ -591,50 +629,40 @@ impl Exec {
         if !self.children.contains(child) {
             return;
         }
-        for stream in [Stream::Stdout, Stream::Stderr] {
+        for stream in Stream::BOTH {
             self.forget_output(child, stream);
         }
-        let token = self.socket_token(child);
         let run = self.children.remove(child);
-        if let Some(token) = token {
+        if let Some(token) = run.socket_token {
             self.forget_source(run.socket.as_raw_fd(), token);
         }
         self.ready.retain(|c| *c != child);
     }
 
+    /// Stops watching one of a child's pipes (closed already, or not).
     fn forget_output(&mut self, child: usize, stream: Stream) {
-        let token = self
-            .sources
-            .iter()
-            .find(|(_, s)| matches!(s, Source::Output(c, st) if *c == child && *st == stream))
-            .map(|(key, _)| key);
-        if let Some(key) = token {
-            self.sources.remove(key);
+        let Some(run) = self.children.get_mut(child) else {
+            return;
+        };
+        let token = run.output_tokens[stream.index()].take();
+        let pipe = match stream {
+            Stream::Stdout => run.stdout.take(),
+            Stream::Stderr => run.stderr.take(),
+        };
+        if let Some(token) = token {
+            self.sources.try_remove(token.0 - self.token_base);
         }
-        if let Some(run) = self.children.get_mut(child) {
-            let pipe = match stream {
-                Stream::Stdout => run.stdout.take(),
-                Stream::Stderr => run.stderr.take(),
-            };
-            if let Some(pipe) = pipe {
-                let _ = self.registry.deregister(&mut SourceFd(&pipe.as_raw_fd()));
-            }
+        if let Some(pipe) = pipe {
+            let _ = self.registry.deregister(&mut SourceFd(&pipe.as_raw_fd()));
         }
     }
 
-    fn socket_token(&self, child: usize) -> Option<Token> {
-        self.sources
-            .iter()
-            .find(|(_, s)| matches!(s, Source::Socket(c) if *c == child))
-            .map(|(key, _)| Token(self.token_base + key))
-    }
-
-    fn register(&mut self, fd: RawFd, source: Source, interest: Interest) -> io::Result<()> {
+    fn register(&mut self, fd: RawFd, source: Source, interest: Interest) -> io::Result<Token> {
         let entry = self.sources.vacant_entry();
         let token = Token(self.token_base + entry.key());
         watch(&self.registry, fd, token, interest)?;
         entry.insert(source);
-        Ok(())
+        Ok(token)
     }
 
     fn forget_source(&mut self, fd: RawFd, token: Token) {

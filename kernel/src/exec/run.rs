@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{ExecReply, Truncated};
+use mio::Token;
 
 use super::output::Capture;
 use super::wire::{self, RunEnd};
@@ -28,6 +29,8 @@ pub enum Stage {
     Ready,
     /// Running an order.
     Running(Box<Running>),
+    /// Its run is over and it takes no more: about to be dropped.
+    Ended,
 }
 
 /// A run in progress.
@@ -92,6 +95,13 @@ pub struct RunChild {
     pub received: Vec<OwnedFd>,
     /// What its /workspace held after its last run (a session's).
     pub workspace_bytes: Option<u64>,
+    /// Its socket's token, once watched.
+    pub socket_token: Option<Token>,
+    /// Its stdout's and stderr's tokens (by [`Stream::index`]), while
+    /// watched.
+    pub output_tokens: [Option<Token>; 2],
+    /// Its socket is watched for writability too (an order is unsent).
+    pub writable: bool,
 }
 
 /// Which of a child's output streams.
@@ -101,6 +111,19 @@ pub enum Stream {
     Stdout,
     /// Standard error.
     Stderr,
+}
+
+impl Stream {
+    /// Both, in index order.
+    pub const BOTH: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
+
+    /// Its place in per-stream arrays.
+    pub fn index(self) -> usize {
+        match self {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        }
+    }
 }
 
 impl RunChild {
@@ -225,12 +248,22 @@ impl RunChild {
         }
     }
 
+    /// One of its output pipes, while open.
+    pub fn pipe(&self, stream: Stream) -> Option<&OwnedFd> {
+        match stream {
+            Stream::Stdout => self.stdout.as_ref(),
+            Stream::Stderr => self.stderr.as_ref(),
+        }
+    }
+
     /// Drains one output pipe into its capture; returns whether it closed
     /// (the caller then stops watching it).
     pub fn read_stream(&mut self, stream: Stream) -> bool {
+        // The fields themselves, not `pipe`: the capture in `stage` is
+        // written while the pipe is read.
         let pipe = match stream {
-            Stream::Stdout => &self.stdout,
-            Stream::Stderr => &self.stderr,
+            Stream::Stdout => self.stdout.as_ref(),
+            Stream::Stderr => self.stderr.as_ref(),
         };
         let Some(pipe) = pipe else {
             return true;
@@ -317,9 +350,9 @@ impl RunChild {
 
     /// The reply for a finished run, and where it goes. A session's child
     /// that handed over fresh pipes is `Ready` again, with those pipes;
-    /// any other is done (`Preparing` again, never to be ready).
+    /// any other has `Ended`.
     pub fn finish(&mut self, now: Instant) -> Option<(ReplyTo, ExecReply)> {
-        let Stage::Running(running) = std::mem::replace(&mut self.stage, Stage::Preparing) else {
+        let Stage::Running(running) = std::mem::replace(&mut self.stage, Stage::Ended) else {
             return None;
         };
         let running = *running;
