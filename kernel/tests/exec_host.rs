@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 use agentos_kernel::exec::host::{self, HostSetup};
 use agentos_kernel::exec::wire::{self, Ready, RunEnd, RunOrder};
-use agentos_kernel::sandbox::plan::{self, Profile, Shape};
-use agentos_kernel::sandbox::spec::Rlimits;
-use agentos_kernel::sandbox::{LaunchRequest, Launched, Launcher, User};
+use agentos_kernel::sandbox::plan::{self, Shape};
+use agentos_kernel::sandbox::{LaunchRequest, Launched, Launcher};
 use common::{is_root, AGENTOSD};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
@@ -37,24 +36,7 @@ struct Host {
 impl Host {
     fn start() -> Host {
         let dir = tempfile::tempdir().unwrap();
-        let staging = dir.path().join("root");
-        fs::create_dir_all(&staging).unwrap();
-        let profile = Profile {
-            staging,
-            user: Some(User {
-                uid: 65534,
-                gid: 65534,
-            }),
-            user_namespace: false,
-            tmp_size: 16 << 20,
-            workspace_size: 16 << 20,
-            rlimits: Rlimits {
-                nofile: 256,
-                fsize: 64 << 20,
-            },
-            log_cap: 1 << 20,
-            extra_masks: vec![],
-        };
+        let profile = common::sandbox_profile(dir.path());
         let setup = HostSetup {
             python: PathBuf::from(PYTHON),
             ready_runs: 2,
@@ -135,27 +117,7 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
-        // SAFETY: pidfd_send_signal on our own child's pidfd.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.launched.pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                0,
-                0,
-            );
-        }
-        // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waitid on our own child's pidfd with a valid siginfo pointer.
-        unsafe {
-            libc::waitid(
-                libc::P_PIDFD,
-                self.launched.pidfd.as_raw_fd() as libc::id_t,
-                &mut info,
-                libc::WEXITED,
-            );
-        }
+        common::kill_and_reap(&self.launched);
     }
 }
 

@@ -7,39 +7,18 @@ mod common;
 
 use std::fs;
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agentos_kernel::sandbox::plan::{self, Profile, Shape, Workload};
-use agentos_kernel::sandbox::spec::Rlimits;
-use agentos_kernel::sandbox::{LaunchRequest, Launcher, Status, User};
+use agentos_kernel::process;
+use agentos_kernel::sandbox::plan::{self, Shape, Workload};
+use agentos_kernel::sandbox::{LaunchRequest, Launcher, Status};
 use common::{is_root, AGENTOSD};
 
 struct Run {
     statuses: Vec<Status>,
     log: String,
-}
-
-fn profile(dir: &Path) -> Profile {
-    let staging = dir.join("root");
-    fs::create_dir_all(&staging).unwrap();
-    Profile {
-        staging,
-        user: Some(User {
-            uid: 65534,
-            gid: 65534,
-        }),
-        user_namespace: false,
-        tmp_size: 16 << 20,
-        workspace_size: 16 << 20,
-        rlimits: Rlimits {
-            nofile: 256,
-            fsize: 64 << 20,
-        },
-        log_cap: 1 << 20,
-        extra_masks: vec![],
-    }
 }
 
 fn run_shell(script: &str) -> Run {
@@ -64,7 +43,7 @@ fn run_shell(script: &str) -> Run {
         binds: Vec::new(),
         socket: Some(socket),
     };
-    let spec = plan::sandbox(&profile(dir.path()), Shape::DEFAULT);
+    let spec = plan::sandbox(&common::sandbox_profile(dir.path()), Shape::DEFAULT);
     let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
     let mut launched = launcher
         .launch(LaunchRequest {
@@ -93,17 +72,7 @@ fn run_shell(script: &str) -> Run {
         std::thread::sleep(Duration::from_millis(10));
     }
     // Reap the init.
-    // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: waitid on our own child's pidfd with a valid siginfo pointer.
-    unsafe {
-        libc::waitid(
-            libc::P_PIDFD,
-            launched.pidfd.as_raw_fd() as libc::id_t,
-            &mut info,
-            libc::WEXITED,
-        );
-    }
+    process::wait(launched.pidfd.as_fd(), true);
     let mut log = String::new();
     fs::File::open(&log_path)
         .unwrap()
@@ -158,7 +127,6 @@ fn a_claims_channel_reaches_the_workload_alone() {
         return;
     }
     use std::io::{BufRead, BufReader, Write};
-    use std::os::fd::AsFd;
     use std::os::unix::net::UnixStream;
 
     let dir = tempfile::tempdir().unwrap();
@@ -183,7 +151,7 @@ fn a_claims_channel_reaches_the_workload_alone() {
         binds: Vec::new(),
         socket: Some(socket),
     };
-    let spec = plan::sandbox(&profile(dir.path()), Shape::DEFAULT);
+    let spec = plan::sandbox(&common::sandbox_profile(dir.path()), Shape::DEFAULT);
     let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
     let mut launched = launcher
         .launch(LaunchRequest {
@@ -221,25 +189,5 @@ fn a_claims_channel_reaches_the_workload_alone() {
         !closed,
         "the channel closed only when the whole sandbox ended: someone else held it"
     );
-    // SAFETY: pidfd_send_signal on our own child's pidfd.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            launched.pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            0,
-            0,
-        );
-    }
-    // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: waitid on our own child's pidfd with a valid siginfo pointer.
-    unsafe {
-        libc::waitid(
-            libc::P_PIDFD,
-            launched.pidfd.as_raw_fd() as libc::id_t,
-            &mut info,
-            libc::WEXITED,
-        );
-    }
+    common::kill_and_reap(&launched);
 }
