@@ -180,6 +180,11 @@ fn bad_requests_name_their_field() {
         (json!({"code": "1", "files": {"../x": "aGk="}}), "files"),
         (json!({"code": "1", "files": {"/etc/x": "aGk="}}), "files"),
         (json!({"code": "1", "collect": ["a/../../b"]}), "collect"),
+        (json!({"code": "1", "collect": vec!["f"; 300]}), "collect"),
+        (json!({"code": "1", "session": "../other"}), "session"),
+        (json!({"code": "1", "env": {"A=B": "x"}}), "env"),
+        (json!({"code": "1", "env": {"A": "x\u{0}y"}}), "env"),
+        (json!({"code": "1", "cwd": "/tmp\u{0}"}), "cwd"),
     ] {
         let reply = exec(&mut stream, request.clone());
         assert_eq!(reply["success"], false, "{request}");
@@ -189,6 +194,17 @@ fn bad_requests_name_their_field() {
             "{request}: {reply}"
         );
     }
+    // Limits out of range are named, as SPAWN's are.
+    let zero = exec(&mut stream, json!({"code": "1", "limits": {"max_pids": 0}}));
+    assert_eq!(zero["code"], "limit_exceeded", "{zero}");
+    assert!(zero["error"].as_str().unwrap().contains("limits.max_pids"));
+    // Limits are checked, then refused until per-run limits exist: a run
+    // never gets more than a kernel default, let alone its caller's.
+    let limited = exec(
+        &mut stream,
+        json!({"code": "1", "limits": {"memory": 1u64 << 40}}),
+    );
+    assert_eq!(limited["code"], "unavailable", "{limited}");
     // The connection is still usable.
     assert_eq!(
         exec(&mut stream, json!({"code": "print(1)"}))["stdout"],
@@ -708,4 +724,34 @@ fn code_larger_than_a_socket_buffer_reaches_its_run_whole() {
     let code = format!("x = '{}'\nprint(len(x))", "a".repeat(900_000));
     let reply = exec(&mut stream, json!({"code": code}));
     assert_eq!(reply["stdout"], "900000\n", "{}", reply["error"]);
+}
+
+#[test]
+fn collected_files_never_outgrow_the_reply() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    // Three files of 6 MiB, each within exec.max_file_bytes (8 MiB): the
+    // reply (16 MiB, with base64 a third larger) holds only one of them.
+    let code = "for name in 'abc':\n    open(name, 'wb').write(b'x' * (6 << 20))";
+    let reply = exec(
+        &mut stream,
+        json!({"code": code, "collect": ["a", "b", "c"]}),
+    );
+    assert_eq!(reply["exit_code"], 0, "{}", reply["error"]);
+    let files = reply["files"].as_object().unwrap();
+    assert_eq!(
+        files.len(),
+        1,
+        "collected {:?}",
+        files.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("would not fit in the reply"),
+        "{}",
+        reply["error"]
+    );
 }

@@ -139,6 +139,7 @@ fn order(language: &str, code: &str) -> RunOrder {
         files: BTreeMap::new(),
         collect: Vec::new(),
         max_file_bytes: 1 << 20,
+        max_collect_bytes: 4 << 20,
         keep: false,
     }
 }

@@ -469,7 +469,8 @@ impl Exec {
     fn start(&mut self, child: usize, waiting: Waiting, replies: &mut Vec<Reply>, now: Instant) {
         let timeout = waiting.timeout;
         let keep = waiting.session.is_some();
-        let order = order_for(waiting.request, self.max_file_bytes, keep);
+        let limits = (self.max_file_bytes, self.max_collect_bytes());
+        let order = order_for(waiting.request, limits, keep);
         let session = waiting.session.map(|(_, name)| name);
         let running = Running::new(waiting.reply_to, timeout, self.output_bytes, session, now);
         let Some(run) = self.children.get_mut(child) else {
@@ -671,8 +672,21 @@ impl Exec {
     }
 }
 
+impl Exec {
+    /// What a run may collect in all: the reply's limit, less its output
+    /// and room for its other fields, as raw bytes before base64.
+    fn max_collect_bytes(&self) -> u64 {
+        let room = (run::MAX_END_FRAME as u64)
+            .saturating_sub(2 * self.output_bytes as u64)
+            .saturating_sub(64 << 10);
+        room / 4 * 3
+    }
+}
+
 /// What a request becomes for the run child.
-fn order_for(request: ExecRequest, max_file_bytes: u64, keep: bool) -> wire::RunOrder {
+/// `limits`: the largest file collected, and the most collected in all.
+fn order_for(request: ExecRequest, limits: (u64, u64), keep: bool) -> wire::RunOrder {
+    let (max_file_bytes, max_collect_bytes) = limits;
     let mut env = host::run_env();
     env.extend(request.env);
     wire::RunOrder {
@@ -687,6 +701,7 @@ fn order_for(request: ExecRequest, max_file_bytes: u64, keep: bool) -> wire::Run
         files: request.files,
         collect: request.collect,
         max_file_bytes,
+        max_collect_bytes,
         keep,
     }
 }

@@ -41,6 +41,10 @@ pub struct RunOrder {
     /// Largest file collected, in bytes.
     #[serde(default)]
     pub max_file_bytes: u64,
+    /// Most bytes collected in all: what fits in the reply, base64-encoded
+    /// beside the output.
+    #[serde(default)]
+    pub max_collect_bytes: u64,
     /// Keep the run child for more orders (a session).
     #[serde(default)]
     pub keep: bool,

@@ -272,8 +272,9 @@ def write_files(files):
             file.write(base64.b64decode(content))
 
 
-def collect_files(paths, max_bytes):
-    """The named files' contents (base64), and why any could not be read."""
+def collect_files(paths, max_bytes, budget):
+    """The named files' contents (base64), and why any could not be read:
+    each within ``max_bytes``, all within ``budget``."""
     files, problems = {}, []
     for path in paths:
         try:
@@ -292,8 +293,14 @@ def collect_files(paths, max_bytes):
                 problems.append(
                     f"cannot collect {path}: {info.st_size} bytes, over {max_bytes}"
                 )
+            elif info.st_size > budget:
+                problems.append(
+                    f"cannot collect {path}: the files collected would not fit in the reply"
+                )
             else:
-                files[path] = base64.b64encode(file.read(max_bytes + 1)[:max_bytes]).decode()
+                data = file.read(info.st_size)
+                budget -= len(data)
+                files[path] = base64.b64encode(data).decode()
     return files, problems
 
 
@@ -392,7 +399,9 @@ def run_order(request, scope, connection):
         except OSError:
             pass
     files, problems = collect_files(
-        request.get("collect") or [], request.get("max_file_bytes") or 0
+        request.get("collect") or [],
+        request.get("max_file_bytes") or 0,
+        request.get("max_collect_bytes") or 0,
     )
     if connection is not None:
         os.environ.pop("AGENTOS_SOCKET_FD", None)

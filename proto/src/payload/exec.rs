@@ -162,6 +162,16 @@ impl ExecRequest {
                 "EXEC field `env`: {key:?} is not a valid variable name"
             )));
         }
+        if let Some(key) = self
+            .env
+            .iter()
+            .find(|(_, v)| v.contains('\0'))
+            .map(|(k, _)| k)
+        {
+            return Err(bad_request(format!(
+                "EXEC field `env`: the value of {key:?} contains a NUL byte"
+            )));
+        }
         if let Some(cwd) = &self.cwd {
             if cwd.contains('\0') {
                 return Err(bad_request("EXEC field `cwd` contains a NUL byte"));
