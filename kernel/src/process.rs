@@ -129,6 +129,20 @@ pub fn normal_priority(pidfd: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
+/// Moves the calling thread to the idle scheduling class: it runs only
+/// when nothing else wants the CPU (background work).
+pub fn idle_priority_for_this_thread() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler with a valid parameter struct; pid 0 is
+    // the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

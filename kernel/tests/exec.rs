@@ -198,13 +198,16 @@ fn bad_requests_name_their_field() {
     let zero = exec(&mut stream, json!({"code": "1", "limits": {"max_pids": 0}}));
     assert_eq!(zero["code"], "limit_exceeded", "{zero}");
     assert!(zero["error"].as_str().unwrap().contains("limits.max_pids"));
-    // Limits are checked, then refused until per-run limits exist: a run
-    // never gets more than a kernel default, let alone its caller's.
-    let limited = exec(
+    // A run's CPU limit is a quota per 100 ms; it takes no period.
+    let period = exec(
         &mut stream,
-        json!({"code": "1", "limits": {"memory": 1u64 << 40}}),
+        json!({"code": "1", "limits": {"cpu_period": 50000}}),
     );
-    assert_eq!(limited["code"], "unavailable", "{limited}");
+    assert_eq!(period["code"], "bad_request", "{period}");
+    assert!(period["error"]
+        .as_str()
+        .unwrap()
+        .contains("limits.cpu_period"));
     // The connection is still usable.
     assert_eq!(
         exec(&mut stream, json!({"code": "print(1)"}))["stdout"],
@@ -604,6 +607,35 @@ fn agents_need_permission_and_their_sessions_are_their_own() {
 }
 
 #[test]
+fn an_agents_runs_never_get_more_than_the_agent() {
+    require_root!("EXEC (its isolation needs namespaces and cgroups)");
+    let daemon = Daemon::start();
+    let dir = common::shared_dir();
+    let actor = common::write_actor(dir.path());
+    let mut client = daemon.client();
+    let exec_op = Opcode::EXEC.0;
+    let (_, replies) = common::act(
+        &daemon,
+        &mut client,
+        &actor,
+        "bounded",
+        json!({"limits": {"memory": 100u64 << 20}}),
+        json!([
+            // Within EXEC's default, but not within the agent's own.
+            [exec_op, {"code": "x = b'x' * (150 << 20)"}],
+            [exec_op, {"code": "1", "limits": {"memory": 200u64 << 20}}],
+            [exec_op, {"code": "x = b'x' * (50 << 20); print(len(x))",
+                       "limits": {"memory": 100u64 << 20}}],
+        ]),
+    );
+    assert_eq!(replies[0]["reply"]["oom_killed"], true, "{replies:?}");
+    let more = &replies[1]["reply"];
+    assert_eq!(more["code"], "permission_denied", "{more}");
+    assert!(more["error"].as_str().unwrap().contains("limits.memory"));
+    assert_eq!(replies[2]["reply"]["stdout"], "52428800\n", "{replies:?}");
+}
+
+#[test]
 fn a_runs_own_kernel_connection_acts_as_its_caller() {
     require_root!("EXEC (its isolation needs namespaces)");
     let daemon = Daemon::start();
@@ -753,5 +785,97 @@ fn collected_files_never_outgrow_the_reply() {
             .contains("would not fit in the reply"),
         "{}",
         reply["error"]
+    );
+}
+
+/// A run's limits, within its caller's, hold: memory (the OOM kill is
+/// reported), processes and CPU — and one run's limits are not the next's.
+#[test]
+fn a_runs_limits_contain_memory_and_fork_bombs_and_a_busy_loop() {
+    require_root!("EXEC (its isolation needs namespaces and cgroups)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let bomb = exec(
+        &mut stream,
+        json!({"code": "x = b'x' * (512 << 20)\nprint('survived')",
+               "limits": {"memory": 64u64 << 20}}),
+    );
+    assert_eq!(bomb["oom_killed"], true, "{bomb}");
+    assert_eq!(bomb["success"], false);
+    assert_eq!(bomb["signal"], 9);
+    assert!(
+        bomb["error"].as_str().unwrap().contains("memory limit"),
+        "{bomb}"
+    );
+    // Without asking, a run has EXEC's default memory limit (256 MiB).
+    let default_bomb = exec(&mut stream, json!({"code": "x = b'x' * (1 << 30)"}));
+    assert_eq!(default_bomb["oom_killed"], true, "{default_bomb}");
+    // A process of the run killed for memory is reported too, while the
+    // run itself goes on.
+    let inner = exec(
+        &mut stream,
+        json!({"language": "bash",
+               "code": "python3 -c 'x = b\"x\" * (512 << 20)'; echo \"after $?\"",
+               "limits": {"memory": 64u64 << 20}}),
+    );
+    assert_eq!(inner["stdout"], "after 137\n", "{inner}");
+    assert_eq!(inner["exit_code"], 0);
+    assert_eq!(inner["oom_killed"], true);
+    // Processes: a run may hold `max_pids`, the process that waits for it
+    // aside. Forking stops there with EAGAIN.
+    let forks = exec(
+        &mut stream,
+        json!({"code": concat!(
+                   "import os, time\n",
+                   "started = 0\n",
+                   "try:\n",
+                   "    while True:\n",
+                   "        if os.fork() == 0:\n",
+                   "            time.sleep(30)\n",
+                   "            os._exit(0)\n",
+                   "        started += 1\n",
+                   "except OSError as err:\n",
+                   "    print(started, err.errno)\n"),
+               "limits": {"max_pids": 8}}),
+    );
+    assert_eq!(forks["stdout"], "7 11\n", "{forks}");
+    // A bash fork bomb is contained and answered at its timeout.
+    let started = Instant::now();
+    let fork_bomb = exec(
+        &mut stream,
+        json!({"language": "bash", "code": ":(){ :|:& };:; sleep 60",
+               "timeout_ms": 2000, "limits": {"max_pids": 32}}),
+    );
+    assert_eq!(fork_bomb["timed_out"], true, "{fork_bomb}");
+    assert!(started.elapsed() < Duration::from_secs(4));
+    // CPU: a second of busy looping at a 10% quota gets about 0.1 s.
+    let busy = concat!(
+        "import time\n",
+        "end = time.time() + 1\n",
+        "while time.time() < end: pass\n",
+        "print(round(time.process_time(), 2))\n"
+    );
+    let throttled = exec(
+        &mut stream,
+        json!({"code": busy, "limits": {"cpu_quota": 10000}}),
+    );
+    let cpu: f64 = throttled["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(cpu < 0.35, "a 10% quota let the run use {cpu} s in 1 s");
+    // The next run is not held to the last one's limits.
+    let free = exec(
+        &mut stream,
+        json!({"code": "x = b'x' * (100 << 20); print(len(x))"}),
+    );
+    assert_eq!(free["stdout"], "104857600\n", "{free}");
+    // Nothing of the bombs is left, and the kernel still answers.
+    assert!(none_left("sleep 60", None, Duration::from_secs(5)));
+    assert_eq!(
+        exec(&mut stream, json!({"code": "print(1)"}))["stdout"],
+        "1\n"
     );
 }

@@ -78,6 +78,8 @@ pub struct AgentGrant<'a> {
     pub name: &'a str,
     /// Its permissions.
     pub permissions: Permissions,
+    /// Its limits in force.
+    pub limits: Limits,
     /// The token budgets it draws on.
     pub budgets: &'a [Budget],
 }
@@ -131,6 +133,7 @@ impl Agents {
         self.table.get(&id).map(|agent| AgentGrant {
             name: &agent.name,
             permissions: agent.permissions,
+            limits: agent.limits,
             budgets: &agent.budgets,
         })
     }

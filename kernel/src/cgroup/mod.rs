@@ -414,13 +414,25 @@ impl AgentCgroup {
     /// directory; on v1 the new process writes itself into each
     /// hierarchy's `tasks`.
     pub fn join(&self) -> CgroupJoin<PathBuf> {
-        let mut dirs = self.backend.dirs(&self.rel);
         match self.backend.version() {
-            CgroupVersion::V2 => CgroupJoin::Into(dirs.swap_remove(0)),
-            CgroupVersion::V1 => {
-                CgroupJoin::JoinSelf(dirs.into_iter().map(|d| d.join("tasks")).collect())
-            }
+            CgroupVersion::V2 => CgroupJoin::Into(self.backend.dirs(&self.rel).swap_remove(0)),
+            CgroupVersion::V1 => CgroupJoin::JoinSelf(self.self_join_files()),
         }
+    }
+
+    /// The files a process writes `0` into, one per hierarchy, to move
+    /// itself in: v1's `tasks` (moving only the writing thread spares the
+    /// global lock that moving a whole process takes), v2's `cgroup.procs`.
+    pub fn self_join_files(&self) -> Vec<PathBuf> {
+        let file = match self.backend.version() {
+            CgroupVersion::V1 => "tasks",
+            CgroupVersion::V2 => "cgroup.procs",
+        };
+        self.backend
+            .dirs(&self.rel)
+            .into_iter()
+            .map(|dir| dir.join(file))
+            .collect()
     }
 
     /// The `cgroup.procs` file of each hierarchy.

@@ -1,7 +1,9 @@
 //! Exec hosts: started through the sandbox runtime, each claimed with the
 //! zygote as its workload and a channel to it, replaced when one fails or
-//! ends; the run children a host hands over are taken in here.
+//! ends; the run children a host hands over are taken in here, and so are
+//! the cgroups made for them, which go to the host a few ahead of need.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -12,11 +14,15 @@ use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 use super::run::{RunChild, Stage};
 use super::{host, set_nonblocking, watch, wire, Exec, HostId, Source, Wake};
 use crate::address::Reply;
+use crate::cgroup::AgentCgroup;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
 
 /// After a host fails or ends, wait this long before starting another.
 const HOST_RETRY: Duration = Duration::from_secs(1);
+/// Run cgroups a host holds beyond its prepared runs, so that preparing
+/// the next run never waits for one to be made.
+const SPARE_CGROUPS: usize = 2;
 /// An exec host.
 #[derive(Debug)]
 pub(super) struct Host {
@@ -24,6 +30,11 @@ pub(super) struct Host {
     pub(super) sandbox: Option<SandboxKey>,
     /// The kernel's end of its channel and its token, once claimed.
     pub(super) channel: Option<(OwnedFd, Token)>,
+    /// Run cgroups sent to it and not yet taken by a run child, by the
+    /// number it knows each by.
+    pub(super) cgroups: HashMap<u64, AgentCgroup>,
+    /// The number of the last cgroup sent.
+    pub(super) last_cgroup: u64,
 }
 
 impl Exec {
@@ -39,6 +50,8 @@ impl Exec {
                 id,
                 sandbox: None,
                 channel: None,
+                cgroups: HashMap::new(),
+                last_cgroup: 0,
             });
             if let Some(sandbox) = sandboxes.acquire(id, Shape::EXEC_HOST, now) {
                 self.claim_host(sandboxes, key, sandbox);
@@ -154,6 +167,9 @@ impl Exec {
         }
         entry.insert(Source::Channel(key));
         self.hosts[key].channel = Some((ours, token));
+        if let Some(cgroups) = &self.run_cgroups {
+            cgroups.make(id, self.setup.ready_runs + SPARE_CGROUPS);
+        }
         log::info!("exec host {id} starting");
     }
 
@@ -163,6 +179,9 @@ impl Exec {
         let host = self.hosts.remove(key);
         if let Some((channel, token)) = host.channel {
             self.forget_source(channel.as_raw_fd(), token);
+        }
+        if let Some(cgroups) = &self.run_cgroups {
+            host.cgroups.into_values().for_each(|c| cgroups.remove(c));
         }
         if !self.shutting_down {
             self.timers.schedule(now + HOST_RETRY, Wake::StartHosts);
@@ -184,6 +203,11 @@ impl Exec {
                     return;
                 }
             };
+            let cgroup = self.hosts[key].cgroups.remove(&ready.cgroup);
+            if let Some(cgroups) = &self.run_cgroups {
+                cgroups.make(self.hosts[key].id, 1);
+            }
+            let cgroup = cgroup.map(|cgroup| (cgroup, self.run_defaults.cgroup_limits()));
             // The pipes are made non-blocking as they are watched.
             if let Err(err) = set_nonblocking(&ready.socket) {
                 log::warn!("exec host: cannot use a run child: {err}");
@@ -201,6 +225,7 @@ impl Exec {
                 socket_token: None,
                 output_tokens: [None, None],
                 writable: false,
+                cgroup,
             });
             let socket = self.children[child].socket.as_raw_fd();
             let registered = self
@@ -218,6 +243,58 @@ impl Exec {
             if let Ok(true) = self.children[child].receive_pidfd() {
                 self.ready.push_back(child);
                 self.dispatch(replies, now);
+            }
+        }
+    }
+}
+
+impl Exec {
+    /// Sends the cgroups made since the last call to their hosts.
+    pub fn on_wake(&mut self) {
+        let Some(cgroups) = &self.run_cgroups else {
+            return;
+        };
+        for made in cgroups.made() {
+            let host = self
+                .hosts
+                .iter_mut()
+                .find(|(_, host)| host.id == made.host && host.channel.is_some())
+                .map(|(_, host)| host);
+            let Some(host) = host else {
+                // Its host is gone.
+                if let Ok((cgroup, _)) = made.result {
+                    cgroups.remove(cgroup);
+                }
+                continue;
+            };
+            let Some((channel, _)) = &host.channel else {
+                continue;
+            };
+            host.last_cgroup += 1;
+            let number = host.last_cgroup;
+            let sent = match made.result {
+                Ok((cgroup, files)) => {
+                    let sent = wire::send_cgroup(channel.as_fd(), number, &files);
+                    match sent {
+                        Ok(()) => {
+                            host.cgroups.insert(number, cgroup);
+                        }
+                        Err(_) => cgroups.remove(cgroup),
+                    }
+                    sent
+                }
+                Err(err) => {
+                    // The host must not stall for want of one: its next
+                    // run goes without (and refuses limits of its own).
+                    log::error!("exec host {}: no cgroup for a run: {err}", host.id);
+                    wire::send_cgroup(channel.as_fd(), 0, &[])
+                }
+            };
+            if let Err(err) = sent {
+                log::warn!(
+                    "exec host {}: cannot send it a run's cgroup: {err}",
+                    host.id
+                );
             }
         }
     }

@@ -7,15 +7,20 @@
 //! for code, and hands them to the kernel over the channel its claim
 //! brought ([`wire`]). A request takes the oldest ready child, sends it the
 //! code, and is answered once the child has said how it ended and its
-//! output pipes have closed ([`run`]); a child serves one run and is gone,
-//! and the host prepares another. A timeout kills the run's whole PID
-//! namespace through the pidfd the child sent first.
+//! output pipes have closed (`dispatch`, [`run`]); a child serves one run
+//! and is gone, and the host prepares another. A timeout kills the run's
+//! whole PID namespace through the pidfd the child sent first. Each run
+//! has a cgroup of its own, made ahead of need off the reactor (`cgroups`),
+//! with limits within its caller's ([`limits`]).
 //!
 //! Everything here runs on the reactor thread and never blocks.
 
+mod cgroups;
+mod dispatch;
 pub mod files;
 pub mod host;
 mod hosts;
+pub mod limits;
 pub mod output;
 pub mod run;
 mod sessions;
@@ -23,25 +28,28 @@ pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{to_json, ExecRequest, Language};
+use agentos_proto::payload::{ExecRequest, Limits};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use slab::Slab;
 
 use crate::address::{Reply, ReplyTo};
-use crate::cgroup::CgroupLimits;
+use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::config::Config;
 use crate::identity::Identity;
 use crate::sandbox::runtime::Sandboxes;
 use crate::timers::Timers;
+use cgroups::RunCgroups;
 use host::HostSetup;
 use hosts::Host;
-use run::{Kill, RunChild, Running, Stage, Stream};
+use limits::RunDefaults;
+use run::{Kill, RunChild, Stage, Stream};
 pub use sessions::SessionOwner;
 use sessions::{Session, SessionKey};
 
@@ -72,6 +80,17 @@ enum Wake {
     WaitedTooLong,
 }
 
+/// Who asks for a run.
+#[derive(Clone, Copy, Debug)]
+pub struct RunCaller {
+    /// Whose sessions it reaches.
+    pub owner: SessionOwner,
+    /// Who it is: the run's own connection to the kernel is theirs.
+    pub identity: Identity,
+    /// Its own limits, which bound the run's (an operator has none).
+    pub limits: Limits,
+}
+
 /// A request waiting for a run child.
 #[derive(Debug)]
 struct Waiting {
@@ -79,6 +98,8 @@ struct Waiting {
     reply_to: ReplyTo,
     /// Who asked: the run's own connection to the kernel is theirs.
     caller: Identity,
+    /// The run's cgroup limits.
+    limits: CgroupLimits,
     /// Its wall-clock limit.
     timeout: Duration,
     /// Past this, waiting counts against the run's timeout: it is
@@ -110,6 +131,10 @@ pub struct Exec {
     setup: HostSetup,
     /// Each host's cgroup: room for its zygote and every prepared run.
     host_limits: CgroupLimits,
+    /// Makes and removes runs' own cgroups (none without cgroups).
+    run_cgroups: Option<RunCgroups>,
+    /// A run's limits when it asks for none.
+    run_defaults: RunDefaults,
     log: PathBuf,
     output_bytes: usize,
     max_file_bytes: u64,
@@ -121,12 +146,16 @@ pub struct Exec {
 
 impl Exec {
     /// EXEC as configured; hosts start with [`Exec::start_hosts`]. Its
-    /// sources are registered with `registry` from `token_base` on.
+    /// sources are registered with `registry` from `token_base` on. With
+    /// `cgroups`, each run gets a cgroup of its own, made in the
+    /// background, which wakes `waker`.
     pub fn new(
         config: &Config,
         registry: &Registry,
         token_base: usize,
         namespaces: bool,
+        cgroups: Option<Arc<Cgroups>>,
+        waker: Arc<mio::Waker>,
     ) -> io::Result<Exec> {
         let exec = &config.exec;
         let unavailable = if !namespaces {
@@ -145,6 +174,18 @@ impl Exec {
         if let Some(reason) = &unavailable {
             log::warn!("EXEC unavailable: {reason}");
         }
+        let run_defaults = RunDefaults {
+            memory: exec.default_memory,
+            max_pids: exec.default_max_pids,
+        };
+        let run_cgroups = match cgroups.filter(|_| unavailable.is_none()) {
+            Some(cgroups) => Some(RunCgroups::start(
+                cgroups,
+                run_defaults.cgroup_limits(),
+                waker,
+            )?),
+            None => None,
+        };
         Ok(Exec {
             registry: registry.try_clone()?,
             token_base,
@@ -165,6 +206,7 @@ impl Exec {
                 ready_runs: exec.ready_runs,
                 tmp_bytes: config.agents.tmp_bytes,
                 workspace_bytes: config.agents.workspace_bytes,
+                run_cgroups: run_cgroups.is_some(),
             },
             host_limits: {
                 let share = exec.ready_runs as u64 + 1;
@@ -175,6 +217,8 @@ impl Exec {
                     max_pids: exec.default_max_pids.saturating_mul(share),
                 }
             },
+            run_cgroups,
+            run_defaults,
             log: config.agents.log_dir().join("exec-host.log"),
             output_bytes: exec.output_bytes,
             max_file_bytes: exec.max_file_bytes,
@@ -210,8 +254,7 @@ impl Exec {
     pub fn run(
         &mut self,
         request: ExecRequest,
-        owner: SessionOwner,
-        caller: Identity,
+        caller: RunCaller,
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
@@ -228,12 +271,17 @@ impl Exec {
             ));
         }
         files::check(&request.files, self.max_file_bytes)?;
-        if request.limits.is_some() {
+        if request.limits.is_some() && self.run_cgroups.is_none() {
             return Err(ErrorReply::new(
                 ErrorCode::Unavailable,
-                "EXEC field `limits` is not served by this kernel yet; runs without it work",
+                "EXEC field `limits`: this host gives the kernel no cgroups, so a run cannot \
+                 have limits of its own",
             ));
         }
+        let limits =
+            limits::run_limits(&caller.limits, request.limits.as_ref(), self.run_defaults)?;
+        let owner = caller.owner;
+        let caller = caller.identity;
         let queued =
             self.waiting.len() + self.sessions.values().map(|s| s.queue.len()).sum::<usize>();
         if queued >= MAX_WAITING {
@@ -254,6 +302,7 @@ impl Exec {
                     request,
                     reply_to,
                     caller,
+                    limits,
                     timeout,
                     deadline,
                     session: session.clone(),
@@ -277,6 +326,7 @@ impl Exec {
             request,
             reply_to,
             caller,
+            limits,
             timeout,
             deadline,
             session,
@@ -415,294 +465,21 @@ impl Exec {
         }
     }
 
-    // ---- runs ----------------------------------------------------------
-
-    /// Gives waiting requests to ready children; a request for a session
-    /// opened meanwhile joins that session's queue.
-    fn dispatch(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        while let Some(waiting) = self.waiting.front() {
-            if let Some(key) = waiting
-                .session
-                .clone()
-                .filter(|k| self.sessions.contains_key(k))
-            {
-                if let (Some(waiting), Some(session)) =
-                    (self.waiting.pop_front(), self.sessions.get_mut(&key))
-                {
-                    session.queue.push_back(waiting);
-                }
-                self.serve_session(&key, replies, now);
-                continue;
-            }
-            let Some(child) = self.ready.pop_front() else {
-                return;
-            };
-            if !matches!(
-                self.children.get(child).map(|c| &c.stage),
-                Some(Stage::Ready)
-            ) {
-                continue;
-            }
-            let Some(waiting) = self.waiting.pop_front() else {
-                return;
-            };
-            if let Some(key) = waiting.session.clone() {
-                let created = SystemTime::now();
-                self.sessions.insert(
-                    key,
-                    Session {
-                        child,
-                        created_at: created,
-                        last_used_at: created,
-                        last_used: now,
-                        runs: 0,
-                        queue: VecDeque::new(),
-                        busy: true,
-                    },
-                );
-            }
-            self.start(child, waiting, replies, now);
-        }
-    }
-
-    /// Sends a request to a child (a session's keeps it for more).
-    fn start(&mut self, child: usize, waiting: Waiting, replies: &mut Vec<Reply>, now: Instant) {
-        let timeout = waiting.timeout;
-        let keep = waiting.session.is_some();
-        let limits = (self.max_file_bytes, self.max_collect_bytes());
-        let order = order_for(waiting.request, limits, keep);
-        let session = waiting.session.map(|(_, name)| name);
-        let running = Running::new(waiting.reply_to, timeout, self.output_bytes, session, now);
-        let Some(run) = self.children.get_mut(child) else {
+    /// Last step of shutdown (may block briefly): the runs' cgroups are
+    /// removed, and whatever is left in them killed.
+    pub fn finish_shutdown(&mut self) {
+        let Some(mut cgroups) = self.run_cgroups.take() else {
             return;
         };
-        // The run's own connection to the kernel: its calls are the caller's.
-        let connection = match mio::net::UnixStream::pair() {
-            Ok((ours, theirs)) => {
-                let theirs = std::os::unix::net::UnixStream::from(theirs);
-                // The run's end blocks, as any socket a program opens does.
-                match theirs.set_nonblocking(false) {
-                    Ok(()) => {
-                        self.adopted.push((ours, waiting.caller));
-                        Some(OwnedFd::from(theirs))
-                    }
-                    Err(err) => {
-                        log::warn!("exec run: no kernel connection for it: {err}");
-                        None
-                    }
-                }
+        for (_, host) in self.hosts.iter_mut() {
+            host.cgroups.drain().for_each(|(_, c)| cgroups.remove(c));
+        }
+        for (_, child) in self.children.iter_mut() {
+            if let Some((cgroup, _)) = child.cgroup.take() {
+                cgroups.remove(cgroup);
             }
-            Err(err) => {
-                log::warn!("exec run: no kernel connection for it: {err}");
-                None
-            }
-        };
-        let unsent = run
-            .start(&order, running, connection)
-            .unwrap_or_else(|err| {
-                log::debug!("exec run: cannot send the order: {err}");
-                run.kill(Kill::Shutdown);
-                false
-            });
-        self.watch_writable(child, unsent);
-        self.timers.schedule(
-            now + timeout,
-            Wake::Timeout {
-                child,
-                started: now,
-            },
-        );
-        self.finish_if_done(child, replies, now);
-    }
-
-    /// Answers a run that has ended, and lets its child go — unless a
-    /// session keeps it.
-    fn finish_if_done(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
-        let Some(run) = self.children.get_mut(child).filter(|c| c.is_finished()) else {
-            return;
-        };
-        if let Some((reply_to, reply)) = run.finish(now) {
-            replies.push((reply_to, to_json(&reply)));
         }
-        let alive = run.is_alive();
-        let key = self
-            .sessions
-            .iter()
-            .find(|(_, session)| session.child == child)
-            .map(|(key, _)| key.clone());
-        let Some(key) = key else {
-            return self.drop_child(child);
-        };
-        if !alive {
-            // Its interpreter is gone (killed at a timeout, or it died):
-            // so is the session, and what waited for it.
-            if let Some(session) = self.sessions.remove(&key) {
-                for waiting in session.queue {
-                    let ended = ErrorReply::new(
-                        ErrorCode::NotFound,
-                        format!(
-                            "session {:?} ended before this run could start (its interpreter \
-                             was killed); run again to start a new one",
-                            key.1
-                        ),
-                    );
-                    replies.push((waiting.reply_to, ended.to_json()));
-                }
-            }
-            return self.drop_child(child);
-        }
-        if let Err(err) = self.watch_outputs(child) {
-            log::warn!("exec session: cannot watch its output: {err}");
-            self.sessions.remove(&key);
-            return self.drop_child(child);
-        }
-        if let Some(session) = self.sessions.get_mut(&key) {
-            session.busy = false;
-            session.runs += 1;
-            session.last_used = now;
-            self.timers.schedule(
-                now + self.session_idle,
-                Wake::SessionIdle {
-                    key: key.clone(),
-                    last_used: now,
-                },
-            );
-        }
-        self.serve_session(&key, replies, now);
-    }
-
-    /// Watches a child's (new) stdout and stderr pipes.
-    fn watch_outputs(&mut self, child: usize) -> io::Result<()> {
-        for stream in Stream::BOTH {
-            let Some(run) = self.children.get(child) else {
-                return Ok(());
-            };
-            let Some(pipe) = run.pipe(stream) else {
-                continue;
-            };
-            set_nonblocking(pipe)?;
-            let fd = pipe.as_raw_fd();
-            let token = self.register(fd, Source::Output(child, stream), Interest::READABLE)?;
-            self.children[child].output_tokens[stream.index()] = Some(token);
-        }
-        Ok(())
-    }
-
-    /// Watches a child's socket for writability while an order is unsent,
-    /// and only then (a waiting child's socket is otherwise writable all
-    /// along).
-    fn watch_writable(&mut self, child: usize, writable: bool) {
-        let Some(run) = self.children.get_mut(child) else {
-            return;
-        };
-        let Some(token) = run.socket_token.filter(|_| run.writable != writable) else {
-            return;
-        };
-        let interest = if writable {
-            Interest::READABLE | Interest::WRITABLE
-        } else {
-            Interest::READABLE
-        };
-        let fd = run.socket.as_raw_fd();
-        match self
-            .registry
-            .reregister(&mut SourceFd(&fd), token, interest)
-        {
-            Ok(()) => run.writable = writable,
-            Err(err) => log::warn!("exec run: cannot watch its socket: {err}"),
-        }
-    }
-
-    /// A waiting child went away: a session it held ends with it.
-    fn child_gone(&mut self, child: usize, replies: &mut Vec<Reply>) {
-        let key = self
-            .sessions
-            .iter()
-            .find(|(_, session)| session.child == child)
-            .map(|(key, _)| key.clone());
-        if let Some((owner, name)) = key {
-            self.close(owner, &name, replies);
-        }
-        self.drop_child(child);
-    }
-
-    fn drop_child(&mut self, child: usize) {
-        if !self.children.contains(child) {
-            return;
-        }
-        for stream in Stream::BOTH {
-            self.forget_output(child, stream);
-        }
-        let run = self.children.remove(child);
-        if let Some(token) = run.socket_token {
-            self.forget_source(run.socket.as_raw_fd(), token);
-        }
-        self.ready.retain(|c| *c != child);
-    }
-
-    /// Stops watching one of a child's pipes (closed already, or not).
-    fn forget_output(&mut self, child: usize, stream: Stream) {
-        let Some(run) = self.children.get_mut(child) else {
-            return;
-        };
-        let token = run.output_tokens[stream.index()].take();
-        let pipe = match stream {
-            Stream::Stdout => run.stdout.take(),
-            Stream::Stderr => run.stderr.take(),
-        };
-        if let Some(token) = token {
-            self.sources.try_remove(token.0 - self.token_base);
-        }
-        if let Some(pipe) = pipe {
-            let _ = self.registry.deregister(&mut SourceFd(&pipe.as_raw_fd()));
-        }
-    }
-
-    fn register(&mut self, fd: RawFd, source: Source, interest: Interest) -> io::Result<Token> {
-        let entry = self.sources.vacant_entry();
-        let token = Token(self.token_base + entry.key());
-        watch(&self.registry, fd, token, interest)?;
-        entry.insert(source);
-        Ok(token)
-    }
-
-    fn forget_source(&mut self, fd: RawFd, token: Token) {
-        let _ = self.registry.deregister(&mut SourceFd(&fd));
-        self.sources.try_remove(token.0 - self.token_base);
-    }
-}
-
-impl Exec {
-    /// What a run may collect in all: the reply's limit, less its output
-    /// and room for its other fields, as raw bytes before base64.
-    fn max_collect_bytes(&self) -> u64 {
-        let room = (run::MAX_END_FRAME as u64)
-            .saturating_sub(2 * self.output_bytes as u64)
-            .saturating_sub(64 << 10);
-        room / 4 * 3
-    }
-}
-
-/// What a request becomes for the run child.
-/// `limits`: the largest file collected, and the most collected in all.
-fn order_for(request: ExecRequest, limits: (u64, u64), keep: bool) -> wire::RunOrder {
-    let (max_file_bytes, max_collect_bytes) = limits;
-    let mut env = host::run_env();
-    env.extend(request.env);
-    wire::RunOrder {
-        code: request.code,
-        language: match request.language {
-            Language::Python => "python",
-            Language::Bash => "bash",
-        }
-        .to_owned(),
-        env,
-        cwd: request.cwd,
-        files: request.files,
-        collect: request.collect,
-        max_file_bytes,
-        max_collect_bytes,
-        keep,
+        cgroups.finish();
     }
 }
 

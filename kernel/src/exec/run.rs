@@ -14,6 +14,7 @@ use mio::Token;
 use super::output::Capture;
 use super::wire::{self, RunEnd};
 use crate::address::ReplyTo;
+use crate::cgroup::{AgentCgroup, CgroupLimits};
 use crate::process;
 
 /// The most a run's end frame may hold: the reply's own limit, which its
@@ -62,6 +63,9 @@ pub struct Running {
     overflowed: bool,
     /// The kernel killed it: its timeout passed (or the kernel is stopping).
     killed: Option<Kill>,
+    /// OOM kills its cgroup had seen before this run (a session's child
+    /// keeps its cgroup from run to run).
+    oom_kills_before: u64,
 }
 
 /// Why the kernel killed a run.
@@ -102,6 +106,8 @@ pub struct RunChild {
     pub output_tokens: [Option<Token>; 2],
     /// Its socket is watched for writability too (an order is unsent).
     pub writable: bool,
+    /// Its own cgroup, if it has one, and the limits in force there.
+    pub cgroup: Option<(AgentCgroup, CgroupLimits)>,
 }
 
 /// Which of a child's output streams.
@@ -145,6 +151,31 @@ impl RunChild {
         }
     }
 
+    /// Gives its cgroup `limits`, if they are not in force already. A
+    /// child without a cgroup of its own runs in the host's, which is
+    /// refused when the run asked for limits of its own (`asked`).
+    pub fn limit(&mut self, limits: &CgroupLimits, asked: bool) -> Result<(), String> {
+        match &mut self.cgroup {
+            Some((cgroup, in_force)) if in_force != limits => {
+                cgroup.apply(limits).map_err(|err| err.to_string())?;
+                *in_force = *limits;
+                Ok(())
+            }
+            Some(_) => Ok(()),
+            None if asked => Err(
+                "the sandbox this run got has no cgroup of its own (see the kernel's log)".into(),
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// OOM kills in its cgroup so far (0 without one).
+    fn oom_kills(&self) -> u64 {
+        self.cgroup
+            .as_ref()
+            .map_or(0, |(cgroup, _)| cgroup.oom_kills())
+    }
+
     /// Gives it an order; returns whether bytes remain to be written (the
     /// socket must then be watched for writability).
     pub fn start(
@@ -154,6 +185,9 @@ impl RunChild {
         connection: Option<OwnedFd>,
     ) -> io::Result<bool> {
         let mut running = running;
+        if running.keep {
+            running.oom_kills_before = self.oom_kills();
+        }
         running.unsent = wire::frame(order);
         running.connection = connection;
         self.stage = Stage::Running(Box::new(running));
@@ -366,6 +400,7 @@ impl RunChild {
         }
         let stdout = running.stdout.finish();
         let stderr = running.stderr.finish();
+        let oom_killed = self.oom_kills() > running.oom_kills_before;
         let mut files = Default::default();
         let mut workspace_bytes = None;
         let (exit_code, signal, error) = match (running.killed, running.end) {
@@ -395,6 +430,14 @@ impl RunChild {
                 workspace_bytes = end.workspace_bytes;
                 (Some(end.exit_code), None, error)
             }
+            (None, None) if oom_killed => (
+                None,
+                Some(libc::SIGKILL),
+                Some(format!(
+                    "the run went over its memory limit ({} bytes) and was killed",
+                    self.cgroup.as_ref().map_or(0, |(_, limits)| limits.memory)
+                )),
+            ),
             (None, None) if running.overflowed => (
                 None,
                 Some(libc::SIGKILL),
@@ -424,6 +467,7 @@ impl RunChild {
             error,
             duration_ms: now.saturating_duration_since(running.started).as_millis() as u64,
             timed_out,
+            oom_killed,
             truncated: Truncated {
                 stdout: stdout.dropped,
                 stderr: stderr.dropped,
@@ -461,6 +505,7 @@ impl Running {
             session,
             overflowed: false,
             killed: None,
+            oom_kills_before: 0,
         }
     }
 }

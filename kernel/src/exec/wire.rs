@@ -2,8 +2,11 @@
 //! `zygote.py`).
 //!
 //! The host's channel carries one datagram per prepared run child —
-//! `{"ready": n}` with three descriptors: the run's socket and the read
-//! ends of its stdout and stderr pipes. A run's socket carries frames both
+//! `{"ready": n, "cgroup": c}` with three descriptors: the run's socket and
+//! the read ends of its stdout and stderr pipes; `c` names the run's own
+//! cgroup (0: none). The other way, after the settings, the kernel sends
+//! `{"cgroup": c}` with the files the next run child writes `0` into to
+//! move itself into its cgroup (no descriptors: that run goes without). A run's socket carries frames both
 //! ways, each a 4-byte little-endian length and JSON: the kernel's
 //! [`RunOrder`], then the run's [`RunEnd`].
 
@@ -74,6 +77,8 @@ pub struct RunEnd {
 pub struct Ready {
     /// The host's number for it.
     pub number: u64,
+    /// The number of the cgroup it moved itself into (0: none).
+    pub cgroup: u64,
     /// Its socket: the order goes in, its end comes out.
     pub socket: OwnedFd,
     /// The read end of its stdout.
@@ -85,6 +90,27 @@ pub struct Ready {
 #[derive(Deserialize)]
 struct ReadyMessage {
     ready: u64,
+    #[serde(default)]
+    cgroup: u64,
+}
+
+/// Gives a host the cgroup numbered `number` for its next run child: the
+/// files to write `0` into, one per hierarchy (none: that child goes
+/// without a cgroup of its own).
+pub fn send_cgroup(channel: BorrowedFd<'_>, number: u64, files: &[OwnedFd]) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage};
+    let message = format!("{{\"cgroup\": {number}}}");
+    let fds: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
+    let rights = [ControlMessage::ScmRights(&fds)];
+    let control: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
+    sendmsg::<()>(
+        channel.as_raw_fd(),
+        &[std::io::IoSlice::new(message.as_bytes())],
+        control,
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    Ok(())
 }
 
 /// Encodes one frame.
@@ -110,7 +136,11 @@ pub fn take_frame<T: for<'de> Deserialize<'de>>(buffer: &mut Vec<u8>) -> Option<
 /// host has gone.
 pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
     let mut bytes = [0u8; READY_MAX];
-    let (length, owned) = receive(channel, &mut bytes, MsgFlags::MSG_DONTWAIT)?;
+    let (length, owned) = match receive(channel, &mut bytes, MsgFlags::MSG_DONTWAIT) {
+        // It went with cgroups sent to it still unread.
+        Err(err) if err.kind() == io::ErrorKind::ConnectionReset => return Ok(None),
+        received => received?,
+    };
     if length == 0 && owned.is_empty() {
         return Ok(None);
     }
@@ -124,6 +154,7 @@ pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
     })?;
     Ok(Some(Ready {
         number: message.ready,
+        cgroup: message.cgroup,
         socket,
         stdout,
         stderr,

@@ -27,8 +27,14 @@
 # A run kept for a session ("keep": true) stays with its interpreter state
 # and /workspace: after its end frame it sends one byte "P" with the read
 # ends of fresh stdout and stderr pipes, and waits for its next order.
-# Channel messages, zygote -> kernel (one datagram each, descriptors as
-# SCM_RIGHTS):  {"ready": <run number>}  [run socket, stdout, stderr]
+# Channel messages (one datagram each, descriptors as SCM_RIGHTS):
+#   zygote -> kernel:  {"ready": <run number>, "cgroup": <cgroup number>}
+#                      [run socket, stdout, stderr]
+#   kernel -> zygote:  the settings first; then, when runs have cgroups of
+#                      their own, {"cgroup": <number>} [one file per
+#                      hierarchy]: the next run child writes "0" into each
+#                      to move itself in, then closes them (number 0 and no
+#                      files: that child stays in the host's cgroup).
 #
 # Started as `python -I -S -c <this>`: no site, no user paths, nothing from
 # the environment but what the kernel set.
@@ -429,14 +435,35 @@ def rehearse():
             sys.stdout = saved
 
 
-def prepare(channel, number, program):
+def next_cgroup(channel):
+    """The number of the next run's own cgroup and the files that move a
+    process into it, from the kernel (0 and none when runs have none)."""
+    if not SETTINGS["run_cgroups"]:
+        return 0, []
+    message, fds, _, _ = socket.recv_fds(channel, 256, 8)
+    if not message:
+        raise SystemExit(0)  # the kernel has gone
+    return json.loads(message)["cgroup"], fds
+
+
+def join_cgroup(files):
+    """Moves this (single-threaded) process into the run's cgroup: each
+    write moves the writing thread only, which takes no global lock."""
+    for fd in files:
+        os.write(fd, b"0")
+        os.close(fd)
+
+
+def prepare(channel, number, program, cgroup):
     """Forks one run child and hands its descriptors to the kernel."""
+    cgroup_number, cgroup_files = cgroup
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            join_cgroup(cgroup_files)
             channel.close()
             ours.close()
             os.close(stdout_r)
@@ -456,10 +483,12 @@ def prepare(channel, number, program):
             traceback.print_exc()
         finally:
             os._exit(70)
+    for fd in cgroup_files:
+        os.close(fd)
     theirs.close()
     os.close(stdout_w)
     os.close(stderr_w)
-    message = json.dumps({"ready": number}).encode()
+    message = json.dumps({"ready": number, "cgroup": cgroup_number}).encode()
     socket.send_fds(channel, [message], [ours.fileno(), stdout_r, stderr_r])
     ours.close()
     os.close(stdout_r)
@@ -505,7 +534,7 @@ def main():
     while True:
         while len(children) < SETTINGS["ready_runs"]:
             number += 1
-            children.add(prepare(channel, number, program))
+            children.add(prepare(channel, number, program, next_cgroup(channel)))
         # Wait for a child to end (it served its run) or the kernel to go.
         try:
             pid, _ = os.waitpid(-1, 0)

@@ -7,7 +7,9 @@ use agentos_proto::payload::{to_json, ClosedReply, ExecCall, ExecReply, Sessions
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::{Kernel, Outcome, Request};
-use crate::exec::SessionOwner;
+use agentos_proto::payload::Limits;
+
+use crate::exec::{RunCaller, SessionOwner};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let call = match ExecCall::parse(request.payload).and_then(|call| {
@@ -20,13 +22,15 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let owner = owner_of(request);
     match call {
         ExecCall::Run(run) => {
-            match kernel.exec.run(
-                run,
+            let caller = RunCaller {
                 owner,
-                request.caller.identity,
-                request.reply_to,
-                &mut kernel.outbox.replies,
-            ) {
+                identity: request.caller.identity,
+                limits: own_limits(kernel, request),
+            };
+            match kernel
+                .exec
+                .run(run, caller, request.reply_to, &mut kernel.outbox.replies)
+            {
                 Ok(()) => Outcome::Later,
                 Err(err) => Outcome::Reply(refusal(err)),
             }
@@ -60,6 +64,18 @@ fn owner_of(request: &Request<'_>) -> SessionOwner {
         Some(agent) => SessionOwner::Agent(agent),
         None => SessionOwner::User(request.caller.uid),
     }
+}
+
+/// The caller's own limits, which bound its runs': an agent's in force;
+/// an operator has none.
+fn own_limits(kernel: &Kernel, request: &Request<'_>) -> Limits {
+    request
+        .caller
+        .identity
+        .agent()
+        .and_then(|agent| kernel.agents.grant(agent))
+        .map(|grant| grant.limits)
+        .unwrap_or_default()
 }
 
 /// Agents need `permissions.exec`; operators may always.

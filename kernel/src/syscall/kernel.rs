@@ -78,10 +78,22 @@ impl Kernel {
             doors: state.doors.clone(),
             token_base,
         };
-        let mut sandboxes = Runtime::new(setup, host, registry, waker.clone())?;
-        let llm = Llm::new(&config.llm, waker, &log_dir, sandboxes.confinement());
+        let mut sandboxes = Runtime::new(setup, host, registry, Arc::clone(&waker))?;
+        let llm = Llm::new(
+            &config.llm,
+            Arc::clone(&waker),
+            &log_dir,
+            sandboxes.confinement(),
+        );
         let exec_tokens = token_base + runtime::TOKEN_SPAN;
-        let mut exec = Exec::new(&config, registry, exec_tokens, namespaces)?;
+        let mut exec = Exec::new(
+            &config,
+            registry,
+            exec_tokens,
+            namespaces,
+            sandboxes.cgroups(),
+            Arc::clone(&waker),
+        )?;
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         Ok(Kernel {
             config,
@@ -122,9 +134,10 @@ impl Kernel {
         self.settle(Instant::now());
     }
 
-    /// Background work finished: launches, LLM calls.
+    /// Background work finished: launches, run cgroups, LLM calls.
     pub fn on_wake(&mut self) {
         self.sandboxes.on_wake();
+        self.exec.on_wake();
         self.llm.poll(&mut self.outbox.replies);
         self.settle(Instant::now());
     }
@@ -185,6 +198,7 @@ impl Kernel {
     /// Last step of shutdown (may block briefly): kills what remains,
     /// removes cgroups and the state directory, stops THINK.
     pub fn finish_shutdown(&mut self) {
+        self.exec.finish_shutdown();
         self.sandboxes.finish_shutdown();
         self.llm.shutdown();
         self.state.remove();

@@ -24,7 +24,7 @@ mod handle;
 pub mod host;
 pub mod launching;
 mod pool;
-mod retire;
+pub mod retire;
 mod seam;
 
 use std::collections::HashMap;
@@ -40,7 +40,7 @@ use mio::{Interest, Registry, Token, Waker};
 use slab::Slab;
 
 use crate::address::Outbox;
-use crate::cgroup::{CgroupLimits, CgroupStats};
+use crate::cgroup::{CgroupLimits, CgroupStats, Cgroups};
 use crate::process;
 use crate::sandbox::confine::Confinement;
 use crate::sandbox::plan::{self, Profile, Shape};
@@ -192,6 +192,11 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
     /// Whether a token is one of the runtime's.
     pub fn owns(&self, token: Token) -> bool {
         (self.token_base..self.token_base + TOKEN_SPAN).contains(&token.0)
+    }
+
+    /// The daemon's cgroups, when this host gives it any.
+    pub fn cgroups(&self) -> Option<Arc<Cgroups>> {
+        self.host.cgroups.clone()
     }
 
     /// How the kernel's own children are confined (`None`: this host gives
