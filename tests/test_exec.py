@@ -46,6 +46,26 @@ def test_a_refused_run_raises_with_its_code(kernel):
         assert "language" in str(refused.value)
 
 
+def test_sessions_and_snapshots_through_the_sdk(kernel):
+    if not has_root():
+        return
+    with AgentOSClient(kernel.socket_path) as client:
+        client.exec("import os; open('notes.txt', 'w').write('v1'); os.symlink('/etc', 'l'); n = 1",
+                    session="work")
+        taken = client.snapshot("work", "v1")
+        assert (taken["name"], taken["bytes"], taken["left_out"]) == ("v1", 2, ["l"])
+        client.exec("open('notes.txt', 'w').write('v2'); n = 2", session="work")
+        assert [s["name"] for s in client.snapshots("work")] == ["v1"]
+        assert client.restore("work", "v1") == []
+        after = client.exec("print(open('notes.txt').read(), 'n' in globals())", session="work")
+        assert after["stdout"] == "v1 False\n"
+        assert [s["session"] for s in client.sessions()] == ["work"]
+        assert client.close_session("work") is True
+        with pytest.raises(AgentOSError) as gone:
+            client.snapshots("work")
+        assert gone.value.code == "not_found"
+
+
 def test_the_cli_prints_the_output_and_exits_with_the_runs_code(kernel):
     if not has_root():
         return

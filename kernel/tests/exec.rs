@@ -879,3 +879,133 @@ fn a_runs_limits_contain_memory_and_fork_bombs_and_a_busy_loop() {
         "1\n"
     );
 }
+
+#[test]
+fn a_snapshot_restores_a_sessions_files_into_a_fresh_interpreter_following_no_symlink() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let setup = concat!(
+        "import os\n",
+        "os.makedirs('sub')\n",
+        "open('a.txt', 'w').write('one')\n",
+        "open('sub/b.bin', 'wb').write(b'12345')\n",
+        "os.symlink('/etc', 'etc-link')\n",
+        "os.symlink('/etc/passwd', 'pw')\n",
+        "os.mkfifo('fifo')\n",
+        "x = 41\n"
+    );
+    let ran = exec(&mut stream, json!({"code": setup, "session": "s"}));
+    assert_eq!(ran["success"], true, "{ran}");
+    let taken = exec(
+        &mut stream,
+        json!({"op": "snapshot", "session": "s", "name": "before"}),
+    );
+    assert_eq!(taken["success"], true, "{taken}");
+    assert_eq!(taken["snapshot"]["name"], "before");
+    assert_eq!(taken["snapshot"]["bytes"], 8, "{taken}");
+    assert!(taken["snapshot"]["created_at"].is_string());
+    let mut left_out: Vec<&str> = taken["left_out"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    left_out.sort_unstable();
+    assert_eq!(left_out, ["etc-link", "fifo", "pw"]);
+    exec(
+        &mut stream,
+        json!({"code": "import shutil; open('a.txt', 'w').write('two'); shutil.rmtree('sub'); x = 42",
+               "session": "s"}),
+    );
+    let listed = exec(&mut stream, json!({"op": "snapshots", "session": "s"}));
+    assert_eq!(listed["snapshots"][0]["name"], "before", "{listed}");
+    let restored = exec(
+        &mut stream,
+        json!({"op": "restore", "session": "s", "name": "before"}),
+    );
+    assert_eq!(restored["success"], true, "{restored}");
+    let after = exec(
+        &mut stream,
+        json!({"code": "import os; print(open('a.txt').read(), open('sub/b.bin').read(), \
+                        sorted(os.listdir('.')), 'x' in globals())",
+               "session": "s"}),
+    );
+    assert_eq!(
+        after["stdout"], "one 12345 ['a.txt', 'sub'] False\n",
+        "the files come back, the interpreter is fresh: {after}"
+    );
+    let sessions = exec(&mut stream, json!({"op": "sessions"}));
+    assert_eq!(
+        sessions["sessions"][0]["runs"], 3,
+        "the session carries on, counting runs of code: {sessions}"
+    );
+    let missing = exec(
+        &mut stream,
+        json!({"op": "restore", "session": "s", "name": "nope"}),
+    );
+    assert_eq!(missing["code"], "not_found", "{missing}");
+    let nowhere = exec(
+        &mut stream,
+        json!({"op": "snapshot", "session": "none", "name": "x"}),
+    );
+    assert_eq!(nowhere["code"], "not_found", "{nowhere}");
+    // Closing the session deletes its snapshots.
+    exec(&mut stream, json!({"op": "close", "session": "s"}));
+    let gone = exec(&mut stream, json!({"op": "snapshots", "session": "s"}));
+    assert_eq!(gone["code"], "not_found", "{gone}");
+}
+
+/// A session's code controls its interpreter, so it can write whatever it
+/// likes as its snapshot. Restoring it still makes nothing but plain
+/// directories and files inside /workspace.
+#[test]
+fn a_forged_snapshot_restores_nothing_outside_the_workspace() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let forge = concat!(
+        "import io, os, sys, tarfile\n",
+        "def forged(fd):\n",
+        "    with os.fdopen(fd, 'wb') as sink, tarfile.open(fileobj=sink, mode='w:gz') as tar:\n",
+        "        link = tarfile.TarInfo('evil'); link.type = tarfile.SYMTYPE; link.linkname = '/etc'\n",
+        "        tar.addfile(link)\n",
+        "        for name in ('evil/owned', '../escape', '/abs', 'ok.txt'):\n",
+        "            info = tarfile.TarInfo(name); info.size = 2\n",
+        "            tar.addfile(info, io.BytesIO(b'hi'))\n",
+        "        dev = tarfile.TarInfo('dev'); dev.type = tarfile.CHRTYPE; dev.devmajor = 1; dev.devminor = 3\n",
+        "        tar.addfile(dev)\n",
+        "    return {'exit_code': 0, 'error': None, 'left_out': [], 'snapshot_bytes': 2}\n",
+        "sys.modules['__main__'].save_workspace = forged\n"
+    );
+    let ran = exec(&mut stream, json!({"code": forge, "session": "f"}));
+    assert_eq!(ran["success"], true, "{ran}");
+    let taken = exec(
+        &mut stream,
+        json!({"op": "snapshot", "session": "f", "name": "forged"}),
+    );
+    assert_eq!(taken["success"], true, "{taken}");
+    let restored = exec(
+        &mut stream,
+        json!({"op": "restore", "session": "f", "name": "forged"}),
+    );
+    assert_eq!(restored["success"], true, "{restored}");
+    let mut left_out: Vec<&str> = restored["left_out"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    left_out.sort_unstable();
+    assert_eq!(left_out, ["../escape", "/abs", "dev", "evil"], "{restored}");
+    let look = exec(
+        &mut stream,
+        json!({"code": "import os; print(os.path.islink('evil'), sorted(os.listdir('.')), \
+                        open('ok.txt').read(), os.path.exists('/escape'))",
+               "session": "f"}),
+    );
+    assert_eq!(
+        look["stdout"], "False ['evil', 'ok.txt'] hi False\n",
+        "{look}"
+    );
+}

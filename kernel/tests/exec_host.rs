@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentos_kernel::exec::host::{self, HostSetup};
-use agentos_kernel::exec::wire::{self, Ready, RunEnd, RunOrder};
+use agentos_kernel::exec::wire::{self, OrderOp, Ready, RunEnd, RunOrder};
 use agentos_kernel::sandbox::plan::{self, Shape};
 use agentos_kernel::sandbox::{LaunchRequest, Launched, Launcher};
 use common::{is_root, AGENTOSD};
@@ -133,6 +133,7 @@ fn claim(ready: Ready) -> (Ready, OwnedFd) {
 /// A sessionless order for `code`.
 fn order(language: &str, code: &str) -> RunOrder {
     RunOrder {
+        op: OrderOp::Run,
         code: code.into(),
         language: language.into(),
         env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
@@ -190,6 +191,8 @@ fn the_zygote_hands_over_run_children_that_run_python_and_bash() {
             files: BTreeMap::new(),
             uncollected: Vec::new(),
             workspace_bytes: None,
+            snapshot_bytes: None,
+            left_out: Vec::new(),
         }
     );
     let (stdout, stderr, end) = run(

@@ -385,15 +385,20 @@ class AgentOSClient:
         return self.call_json(Opcode.EXEC, {"op": "close", "session": session})["closed"]
 
     def snapshot(self, session: str, name: str) -> dict:
-        """EXEC ``snapshot``: saves the files of a session's ``/workspace``
-        as ``name``; returns ``name``, ``bytes`` and ``created_at``."""
+        """EXEC ``snapshot``: saves the directories and regular files of a
+        session's ``/workspace`` as ``name``; returns ``name``, ``bytes``,
+        ``created_at`` and ``left_out`` (symlinks and special files, which
+        are never followed or saved)."""
         request = {"op": "snapshot", "session": session, "name": name}
-        return self.call_json(Opcode.EXEC, request)["snapshot"]
+        reply = self.call_json(Opcode.EXEC, request)
+        return {**reply["snapshot"], "left_out": reply.get("left_out", [])}
 
-    def restore(self, session: str, name: str) -> None:
+    def restore(self, session: str, name: str) -> list:
         """EXEC ``restore``: replaces a session's ``/workspace`` with a
-        snapshot and restarts its interpreter."""
-        self.call_json(Opcode.EXEC, {"op": "restore", "session": session, "name": name})
+        snapshot and restarts its interpreter; returns what of the snapshot
+        was left out (anything but plain directories and files)."""
+        request = {"op": "restore", "session": session, "name": name}
+        return self.call_json(Opcode.EXEC, request).get("left_out", [])
 
     def snapshots(self, session: str) -> list:
         """EXEC ``snapshots``: a session's snapshots, oldest first."""

@@ -32,6 +32,8 @@ pub struct ExecConfig {
     pub default_memory: u64,
     /// A run's process limit when it gives none.
     pub default_max_pids: u64,
+    /// Bytes of session snapshots (compressed) one owner may keep in all.
+    pub snapshot_bytes: u64,
 }
 
 impl Default for ExecConfig {
@@ -47,6 +49,7 @@ impl Default for ExecConfig {
             max_file_bytes: 8 << 20,
             default_memory: 256 << 20,
             default_max_pids: 64,
+            snapshot_bytes: 512 << 20,
         }
     }
 }

@@ -12,10 +12,12 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 
-use super::run::{self, Kill, Running, Stage, Stream};
+use super::run::{self, Kill, Running, Stage, Stream, Work};
 use super::sessions::Session;
+use super::snapshots::Carried;
 use super::{host, set_nonblocking, watch, wire, Exec, Source, Waiting, Wake};
 use crate::address::Reply;
+use crate::identity::Identity;
 
 impl Exec {
     /// Gives waiting requests to ready children; a request for a session
@@ -44,20 +46,26 @@ impl Exec {
             ) {
                 continue;
             }
-            let Some(waiting) = self.waiting.pop_front() else {
+            let Some(mut waiting) = self.waiting.pop_front() else {
                 return;
             };
             if let Some(key) = waiting.session.clone() {
+                // A new session, or one a restore carries over.
                 let created = SystemTime::now();
+                let carried = waiting.carried.take().unwrap_or(Carried {
+                    created_at: created,
+                    runs: 0,
+                    queue: VecDeque::new(),
+                });
                 self.sessions.insert(
                     key,
                     Session {
                         child,
-                        created_at: created,
+                        created_at: carried.created_at,
                         last_used_at: created,
                         last_used: now,
-                        runs: 0,
-                        queue: VecDeque::new(),
+                        runs: carried.runs,
+                        queue: carried.queue,
                         busy: true,
                     },
                 );
@@ -78,9 +86,23 @@ impl Exec {
         let keep = waiting.session.is_some();
         let collect_caps = (self.max_file_bytes, self.max_collect_bytes());
         let asked_limits = waiting.request.limits.is_some();
-        let order = order_for(waiting.request, collect_caps, keep);
+        let mut order = order_for(waiting.request, collect_caps, keep);
+        order.op = waiting.work.op();
+        // A run gets its own kernel connection; a snapshot or restore, the
+        // memfd that holds it.
+        let attached = match &waiting.work {
+            Work::Run => self.run_connection(waiting.caller),
+            Work::Snapshot { data, .. } | Work::Restore { data } => data.try_clone().ok(),
+        };
         let session = waiting.session.map(|(_, name)| name);
-        let running = Running::new(waiting.reply_to, timeout, self.output_bytes, session, now);
+        let running = Running::new(
+            waiting.reply_to,
+            waiting.work,
+            timeout,
+            self.output_bytes,
+            session,
+            now,
+        );
         let Some(run) = self.children.get_mut(child) else {
             return;
         };
@@ -99,34 +121,11 @@ impl Exec {
             replies.push((waiting.reply_to, refusal.to_json()));
             return self.child_gone(child, replies);
         }
-        // The run's own connection to the kernel: its calls are the caller's.
-        let connection = match mio::net::UnixStream::pair() {
-            Ok((ours, theirs)) => {
-                let theirs = std::os::unix::net::UnixStream::from(theirs);
-                // The run's end blocks, as any socket a program opens does.
-                match theirs.set_nonblocking(false) {
-                    Ok(()) => {
-                        self.adopted.push((ours, waiting.caller));
-                        Some(OwnedFd::from(theirs))
-                    }
-                    Err(err) => {
-                        log::warn!("exec run: no kernel connection for it: {err}");
-                        None
-                    }
-                }
-            }
-            Err(err) => {
-                log::warn!("exec run: no kernel connection for it: {err}");
-                None
-            }
-        };
-        let unsent = run
-            .start(&order, running, connection)
-            .unwrap_or_else(|err| {
-                log::debug!("exec run: cannot send the order: {err}");
-                run.kill(Kill::Shutdown);
-                false
-            });
+        let unsent = run.start(&order, running, attached).unwrap_or_else(|err| {
+            log::debug!("exec run: cannot send the order: {err}");
+            run.kill(Kill::Shutdown);
+            false
+        });
         self.watch_writable(child, unsent);
         self.timers.schedule(
             now + timeout,
@@ -138,27 +137,57 @@ impl Exec {
         self.finish_if_done(child, replies, now);
     }
 
+    /// The run's own connection to the kernel, whose calls are `caller`'s:
+    /// the kernel adopts one end, the run gets the other.
+    fn run_connection(&mut self, caller: Identity) -> Option<OwnedFd> {
+        let (ours, theirs) = match mio::net::UnixStream::pair() {
+            Ok(pair) => pair,
+            Err(err) => {
+                log::warn!("exec run: no kernel connection for it: {err}");
+                return None;
+            }
+        };
+        let theirs = std::os::unix::net::UnixStream::from(theirs);
+        // The run's end blocks, as any socket a program opens does.
+        if let Err(err) = theirs.set_nonblocking(false) {
+            log::warn!("exec run: no kernel connection for it: {err}");
+            return None;
+        }
+        self.adopted.push((ours, caller));
+        Some(OwnedFd::from(theirs))
+    }
+
     /// Answers a run that has ended, and lets its child go — unless a
     /// session keeps it.
     pub(super) fn finish_if_done(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
         let Some(run) = self.children.get_mut(child).filter(|c| c.is_finished()) else {
             return;
         };
-        if let Some((reply_to, reply)) = run.finish(now) {
-            replies.push((reply_to, to_json(&reply)));
-        }
+        let finished = run.finish(now);
+        let ran_code = finished
+            .as_ref()
+            .is_some_and(|f| matches!(f.work, Work::Run));
         let alive = run.is_alive();
         let key = self
             .sessions
             .iter()
             .find(|(_, session)| session.child == child)
             .map(|(key, _)| key.clone());
+        if let Some(finished) = finished {
+            let reply_to = finished.reply_to;
+            let reply = match &key {
+                Some(key) => self.snapshot_reply(key, finished),
+                None => to_json(&finished.reply),
+            };
+            replies.push((reply_to, reply));
+        }
         let Some(key) = key else {
             return self.drop_child(child);
         };
         if !alive {
             // Its interpreter is gone (killed at a timeout, or it died):
-            // so is the session, and what waited for it.
+            // so is the session, its snapshots, and what waited for it.
+            self.snapshots.remove(&key);
             if let Some(session) = self.sessions.remove(&key) {
                 for waiting in session.queue {
                     let ended = ErrorReply::new(
@@ -176,12 +205,13 @@ impl Exec {
         }
         if let Err(err) = self.watch_outputs(child) {
             log::warn!("exec session: cannot watch its output: {err}");
+            self.snapshots.remove(&key);
             self.sessions.remove(&key);
             return self.drop_child(child);
         }
         if let Some(session) = self.sessions.get_mut(&key) {
             session.busy = false;
-            session.runs += 1;
+            session.runs += u64::from(ran_code);
             session.last_used = now;
             self.timers.schedule(
                 now + self.session_idle,
@@ -321,6 +351,7 @@ fn order_for(request: ExecRequest, limits: (u64, u64), keep: bool) -> wire::RunO
     let mut env = host::run_env();
     env.extend(request.env);
     wire::RunOrder {
+        op: wire::OrderOp::Run,
         code: request.code,
         language: match request.language {
             Language::Python => "python",

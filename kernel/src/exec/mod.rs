@@ -24,6 +24,7 @@ pub mod limits;
 pub mod output;
 pub mod run;
 mod sessions;
+mod snapshots;
 pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
@@ -49,9 +50,10 @@ use cgroups::RunCgroups;
 use host::HostSetup;
 use hosts::Host;
 use limits::RunDefaults;
-use run::{Kill, RunChild, Stage, Stream};
+use run::{Kill, RunChild, Stage, Stream, Work};
 pub use sessions::SessionOwner;
 use sessions::{Session, SessionKey};
+use snapshots::{Carried, Snapshot};
 
 /// How many tokens EXEC's sources may take, from its base.
 pub const TOKEN_SPAN: usize = 1 << 40;
@@ -107,6 +109,10 @@ struct Waiting {
     deadline: Instant,
     /// The session it runs in, if any.
     session: Option<SessionKey>,
+    /// What it asks for.
+    work: Work,
+    /// For a restore whose turn has come: the session it carries over.
+    carried: Option<Carried>,
 }
 
 /// The EXEC subsystem.
@@ -123,6 +129,10 @@ pub struct Exec {
     ready: VecDeque<usize>,
     waiting: VecDeque<Waiting>,
     sessions: HashMap<SessionKey, Session>,
+    /// Sessions' snapshots, oldest first.
+    snapshots: HashMap<SessionKey, Vec<Snapshot>>,
+    /// Bytes of snapshots one owner may keep.
+    snapshot_bytes: u64,
     session_idle: Duration,
     max_sessions: usize,
     timers: Timers<Wake>,
@@ -197,6 +207,8 @@ impl Exec {
             ready: VecDeque::new(),
             waiting: VecDeque::new(),
             sessions: HashMap::new(),
+            snapshots: HashMap::new(),
+            snapshot_bytes: exec.snapshot_bytes,
             session_idle: Duration::from_secs(exec.session_idle_secs),
             max_sessions: exec.max_sessions,
             timers: Timers::default(),
@@ -306,6 +318,8 @@ impl Exec {
                     timeout,
                     deadline,
                     session: session.clone(),
+                    work: Work::Run,
+                    carried: None,
                 });
                 self.serve_session(key, replies, now);
                 self.expire_if_still_waiting(reply_to, deadline);
@@ -330,6 +344,8 @@ impl Exec {
             timeout,
             deadline,
             session,
+            work: Work::Run,
+            carried: None,
         });
         self.dispatch(replies, now);
         self.expire_if_still_waiting(reply_to, deadline);

@@ -34,6 +34,51 @@ pub enum Stage {
     Ended,
 }
 
+/// What a child is asked to do.
+#[derive(Debug)]
+pub enum Work {
+    /// Run code.
+    Run,
+    /// Save the session's `/workspace` into `data` (a memfd) under `name`.
+    Snapshot {
+        /// The snapshot's name.
+        name: String,
+        /// Where it is written.
+        data: OwnedFd,
+    },
+    /// Fill `/workspace` from the snapshot in `data`.
+    Restore {
+        /// The snapshot.
+        data: OwnedFd,
+    },
+}
+
+impl Work {
+    /// The order's op.
+    pub fn op(&self) -> wire::OrderOp {
+        match self {
+            Work::Run => wire::OrderOp::Run,
+            Work::Snapshot { .. } => wire::OrderOp::Snapshot,
+            Work::Restore { .. } => wire::OrderOp::Restore,
+        }
+    }
+}
+
+/// A finished order: its reply, where it goes, and what the order was.
+#[derive(Debug)]
+pub struct Finished {
+    /// Where the reply goes.
+    pub reply_to: ReplyTo,
+    /// How it ended, as a run's reply.
+    pub reply: ExecReply,
+    /// What it was.
+    pub work: Work,
+    /// What a snapshot or restore left out.
+    pub left_out: Vec<String>,
+    /// A snapshot's bytes of files.
+    pub snapshot_bytes: Option<u64>,
+}
+
 /// A run in progress.
 #[derive(Debug)]
 pub struct Running {
@@ -66,6 +111,8 @@ pub struct Running {
     /// OOM kills its cgroup had seen before this run (a session's child
     /// keeps its cgroup from run to run).
     oom_kills_before: u64,
+    /// What the order is.
+    work: Work,
 }
 
 /// Why the kernel killed a run.
@@ -385,7 +432,7 @@ impl RunChild {
     /// The reply for a finished run, and where it goes. A session's child
     /// that handed over fresh pipes is `Ready` again, with those pipes;
     /// any other has `Ended`.
-    pub fn finish(&mut self, now: Instant) -> Option<(ReplyTo, ExecReply)> {
+    pub fn finish(&mut self, now: Instant) -> Option<Finished> {
         let Stage::Running(running) = std::mem::replace(&mut self.stage, Stage::Ended) else {
             return None;
         };
@@ -403,6 +450,8 @@ impl RunChild {
         let oom_killed = self.oom_kills() > running.oom_kills_before;
         let mut files = Default::default();
         let mut workspace_bytes = None;
+        let mut left_out = Vec::new();
+        let mut snapshot_bytes = None;
         let (exit_code, signal, error) = match (running.killed, running.end) {
             (Some(Kill::Timeout), _) => (
                 None,
@@ -428,6 +477,8 @@ impl RunChild {
                     .or_else(|| (!end.uncollected.is_empty()).then(|| end.uncollected.join("; ")));
                 files = end.files;
                 workspace_bytes = end.workspace_bytes;
+                left_out = end.left_out;
+                snapshot_bytes = end.snapshot_bytes;
                 (Some(end.exit_code), None, error)
             }
             (None, None) if oom_killed => (
@@ -477,7 +528,13 @@ impl RunChild {
             ..ExecReply::default()
         };
         self.workspace_bytes = workspace_bytes.or(self.workspace_bytes);
-        Some((running.reply_to, reply))
+        Some(Finished {
+            reply_to: running.reply_to,
+            reply,
+            work: running.work,
+            left_out,
+            snapshot_bytes,
+        })
     }
 }
 
@@ -485,6 +542,7 @@ impl Running {
     /// A run about to start, keeping `output_bytes` of each stream.
     pub fn new(
         reply_to: ReplyTo,
+        work: Work,
         timeout: Duration,
         output_bytes: usize,
         session: Option<String>,
@@ -506,6 +564,7 @@ impl Running {
             overflowed: false,
             killed: None,
             oom_kills_before: 0,
+            work,
         }
     }
 }

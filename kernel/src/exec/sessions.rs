@@ -8,7 +8,7 @@ use std::time::{Instant, SystemTime};
 use agentos_proto::payload::{to_json, SessionInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::run::{Kill, RunChild, Stage};
+use super::run::{Kill, RunChild, Stage, Work};
 use super::{Exec, Waiting};
 use crate::address::Reply;
 use crate::clock::rfc3339;
@@ -65,7 +65,9 @@ impl Exec {
     /// Ends a session (`op: close`): its interpreter and /workspace go;
     /// a run of it still going is killed. Whether there was one.
     pub fn close(&mut self, owner: SessionOwner, name: &str, replies: &mut Vec<Reply>) -> bool {
-        let Some(session) = self.sessions.remove(&(owner, name.to_owned())) else {
+        let key = (owner, name.to_owned());
+        self.snapshots.remove(&key);
+        let Some(session) = self.sessions.remove(&key) else {
             return false;
         };
         for waiting in session.queue {
@@ -133,6 +135,9 @@ impl Exec {
         let Some(waiting) = session.queue.pop_front() else {
             return;
         };
+        if matches!(waiting.work, Work::Restore { .. }) && waiting.carried.is_none() {
+            return self.begin_restore(key, waiting, replies, now);
+        }
         session.busy = true;
         session.last_used = now;
         session.last_used_at = SystemTime::now();

@@ -24,9 +24,25 @@ pub const ZYGOTE: &str = include_str!("zygote.py");
 /// Largest channel datagram the host sends.
 const READY_MAX: usize = 256;
 
+/// What a run child is asked to do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderOp {
+    /// Run code, with the run's own kernel connection attached.
+    #[default]
+    Run,
+    /// Write the session's `/workspace` into the memfd attached.
+    Snapshot,
+    /// Fill `/workspace` from the snapshot in the memfd attached.
+    Restore,
+}
+
 /// What to run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunOrder {
+    /// What to do (the fields below matter for `run` only).
+    #[serde(default)]
+    pub op: OrderOp,
     /// The program text.
     pub code: String,
     /// `python` or `bash`.
@@ -70,6 +86,13 @@ pub struct RunEnd {
     /// Bytes of files in `/workspace` after the run (a session's).
     #[serde(default)]
     pub workspace_bytes: Option<u64>,
+    /// A snapshot's bytes of files saved.
+    #[serde(default)]
+    pub snapshot_bytes: Option<u64>,
+    /// Paths a snapshot or restore left out (symlinks, special files,
+    /// paths that are not plain).
+    #[serde(default)]
+    pub left_out: Vec<String>,
 }
 
 /// A run child the host has prepared.
@@ -250,6 +273,8 @@ mod tests {
             files: BTreeMap::from([("out.txt".into(), "aGk=".into())]),
             uncollected: Vec::new(),
             workspace_bytes: None,
+            snapshot_bytes: None,
+            left_out: Vec::new(),
         };
         let bytes = [frame(&end), frame(&end)].concat();
         let mut buffer = Vec::new();

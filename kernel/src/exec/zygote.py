@@ -18,12 +18,18 @@
 # namespace: killing it ends everything the run started.
 #
 # Run socket frames, both ways: a 4-byte little-endian length, then JSON.
-#   kernel -> run:  {"code": "...", "language": "python"|"bash",
-#                    "env": {...}, "cwd": "..." | null, "files": {...},
-#                    "collect": [...], "max_file_bytes": n, "keep": false}
+#   kernel -> run:  {"op": "run", "code": "...",
+#                    "language": "python"|"bash", "env": {...},
+#                    "cwd": "..." | null, "files": {...}, "collect": [...],
+#                    "max_file_bytes": n, "keep": false}
+#                   with the run's own kernel connection attached; or
+#                   {"op": "snapshot"|"restore", "keep": true} with a
+#                   memfd attached: the session's /workspace is written
+#                   into it (a gzip'd tar of its directories and regular
+#                   files), or replaced by what it holds
 #   run -> kernel:  {"exit_code": 0, "error": null | "Type: message",
 #                    "files": {...}, "uncollected": [...],
-#                    "workspace_bytes": n}
+#                    "workspace_bytes": n, "left_out": [...]}
 # A run kept for a session ("keep": true) stays with its interpreter state
 # and /workspace: after its end frame it sends one byte "P" with the read
 # ends of fresh stdout and stderr pipes, and waits for its next order.
@@ -348,7 +354,13 @@ def serve_run(sock, stdout_w, stderr_w):
         if request is None:
             os._exit(0)
         keep = bool(request.get("keep"))
-        end = run_order(request, scope, connection)
+        op = request.get("op", "run")
+        if op == "snapshot":
+            end = finish_output(save_workspace(connection))
+        elif op == "restore":
+            end = finish_output(restore_workspace(connection))
+        else:
+            end = run_order(request, scope, connection)
         if keep:
             end["workspace_bytes"] = workspace_bytes()
         send_frame(sock, end)
@@ -415,11 +427,154 @@ def run_order(request, scope, connection):
             os.close(connection)
         except OSError:
             pass
-    # Close what the kernel waits on before anything else: tearing down
-    # this process (its address space first) then happens after the reply.
+    end = {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems}
+    return finish_output(end)
+
+
+def finish_output(end):
+    """Closes what the kernel waits on before anything else (tearing down
+    this process, its address space first, then happens after the reply);
+    returns the end frame."""
     os.close(1)
     os.close(2)
-    return {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems}
+    return end
+
+
+def save_workspace(fd):
+    """Writes the directories and regular files of /workspace into ``fd``
+    as a gzip'd tar. Symlinks and special files are left out (and named):
+    none is ever followed."""
+    import tarfile
+
+    left_out, saved = [], 0
+    try:
+        with os.fdopen(fd, "wb") as sink, tarfile.open(fileobj=sink, mode="w:gz") as tar:
+            pending = [""]
+            while pending:
+                relative = pending.pop()
+                for name, kind in list_beneath(relative, left_out):
+                    path = f"{relative}/{name}" if relative else name
+                    if kind == "dir":
+                        info = tarfile.TarInfo(path)
+                        info.type, info.mode = tarfile.DIRTYPE, 0o755
+                        tar.addfile(info)
+                        pending.append(path)
+                    elif kind == "file":
+                        saved += add_file(tar, path, left_out)
+                    else:
+                        left_out.append(path)
+    except (OSError, tarfile.TarError) as err:
+        return {"exit_code": 1, "error": f"cannot take the snapshot: {err}", "left_out": left_out}
+    return {"exit_code": 0, "error": None, "left_out": left_out, "snapshot_bytes": saved}
+
+
+def list_beneath(relative, left_out):
+    """The entries of a directory under /workspace as (name, kind), opened
+    without following a symlink on the way (one swapped in meanwhile is
+    left out, not followed)."""
+    try:
+        if relative:
+            fd = open_beneath(relative, os.O_RDONLY | os.O_DIRECTORY)
+        else:
+            fd = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        left_out.append(relative)
+        return []
+    try:
+        listed = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    kind = "dir"
+                elif entry.is_file(follow_symlinks=False):
+                    kind = "file"
+                else:
+                    kind = "other"
+                listed.append((entry.name, kind))
+        return sorted(listed)
+    finally:
+        os.close(fd)
+
+
+def add_file(tar, path, left_out):
+    """Adds one regular file, opened without following a symlink (it may
+    have been swapped for one); returns its size."""
+    import tarfile
+
+    try:
+        fd = open_beneath(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        left_out.append(path)
+        return 0
+    with os.fdopen(fd, "rb") as file:
+        status = os.fstat(file.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            left_out.append(path)
+            return 0
+        info = tarfile.TarInfo(path)
+        info.size = status.st_size
+        info.mode = 0o755 if status.st_mode & 0o111 else 0o644
+        info.mtime = int(status.st_mtime)
+        tar.addfile(info, file)
+        return info.size
+
+
+def restore_workspace(fd):
+    """Empties /workspace and fills it from the snapshot in ``fd``: only
+    directories and regular files at plain relative paths are made (anything
+    else is left out and named), never through a symlink."""
+    import shutil
+    import tarfile
+
+    for entry in os.scandir(WORKSPACE):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+    left_out, restored = [], 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        with os.fdopen(fd, "rb") as source, tarfile.open(fileobj=source, mode="r:gz") as tar:
+            for member in tar:
+                parts = member.name.split("/")
+                plain = all(part not in ("", ".", "..") for part in parts)
+                if not plain or not (member.isdir() or member.isfile()):
+                    left_out.append(member.name)
+                elif member.isdir():
+                    make_dirs_beneath(parts)
+                else:
+                    restored += write_member(tar, member, left_out)
+    except (OSError, tarfile.TarError, EOFError) as err:
+        return {"exit_code": 1, "error": f"cannot restore the snapshot: {err}", "left_out": left_out}
+    return {"exit_code": 0, "error": None, "left_out": left_out, "workspace_bytes": restored}
+
+
+def make_dirs_beneath(parts):
+    directory = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=directory)
+            except FileExistsError:
+                pass
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+    finally:
+        os.close(directory)
+
+
+def write_member(tar, member, left_out):
+    try:
+        fd = open_beneath(member.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, create_dirs=True)
+    except OSError:
+        left_out.append(member.name)
+        return 0
+    with os.fdopen(fd, "wb") as file, tar.extractfile(member) as content:
+        while chunk := content.read(1 << 20):
+            file.write(chunk)
+        os.fchmod(file.fileno(), 0o755 if member.mode & 0o111 else 0o644)
+    return member.size
 
 
 def rehearse():

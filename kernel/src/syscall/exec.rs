@@ -3,12 +3,12 @@
 //! full queue) come at once, in EXEC's reply shape, so a client reading
 //! `stdout`/`exit_code` finds them too.
 
-use agentos_proto::payload::{to_json, ClosedReply, ExecCall, ExecReply, SessionsReply};
+use agentos_proto::payload::{
+    to_json, ClosedReply, ExecCall, ExecReply, Limits, SessionsReply, SnapshotsReply,
+};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::{Kernel, Outcome, Request};
-use agentos_proto::payload::Limits;
-
 use crate::exec::{RunCaller, SessionOwner};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
@@ -19,41 +19,49 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Ok(call) => call,
         Err(err) => return Outcome::Reply(refusal(err)),
     };
-    let owner = owner_of(request);
-    match call {
-        ExecCall::Run(run) => {
-            let caller = RunCaller {
-                owner,
-                identity: request.caller.identity,
-                limits: own_limits(kernel, request),
-            };
-            match kernel
+    let caller = RunCaller {
+        owner: owner_of(request),
+        identity: request.caller.identity,
+        limits: own_limits(kernel, request),
+    };
+    let replies = &mut kernel.outbox.replies;
+    let started = match call {
+        ExecCall::Run(run) => kernel.exec.run(run, caller, request.reply_to, replies),
+        ExecCall::Snapshot { session, name } => {
+            kernel
                 .exec
-                .run(run, caller, request.reply_to, &mut kernel.outbox.replies)
-            {
-                Ok(()) => Outcome::Later,
-                Err(err) => Outcome::Reply(refusal(err)),
-            }
+                .snapshot(caller, &session, &name, request.reply_to, replies)
         }
-        ExecCall::Sessions => Outcome::Reply(to_json(&SessionsReply {
-            success: true,
-            sessions: kernel.exec.sessions(owner),
-        })),
-        ExecCall::Close { session } => Outcome::Reply(to_json(&ClosedReply {
-            success: true,
-            closed: kernel
+        ExecCall::Restore { session, name } => {
+            kernel
                 .exec
-                .close(owner, &session, &mut kernel.outbox.replies),
-        })),
-        ExecCall::Snapshot { .. } | ExecCall::Restore { .. } | ExecCall::Snapshots { .. } => {
-            Outcome::Reply(
-                ErrorReply::new(
-                    ErrorCode::Unavailable,
-                    "EXEC snapshots are not served by this kernel yet; sessions are",
-                )
-                .to_json(),
-            )
+                .restore(caller, &session, &name, request.reply_to, replies)
         }
+        ExecCall::Sessions => {
+            return Outcome::Reply(to_json(&SessionsReply {
+                success: true,
+                sessions: kernel.exec.sessions(caller.owner),
+            }))
+        }
+        ExecCall::Close { session } => {
+            return Outcome::Reply(to_json(&ClosedReply {
+                success: true,
+                closed: kernel.exec.close(caller.owner, &session, replies),
+            }))
+        }
+        ExecCall::Snapshots { session } => {
+            return Outcome::Reply(match kernel.exec.snapshots(caller.owner, &session) {
+                Ok(snapshots) => to_json(&SnapshotsReply {
+                    success: true,
+                    snapshots,
+                }),
+                Err(err) => err.to_json(),
+            })
+        }
+    };
+    match started {
+        Ok(()) => Outcome::Later,
+        Err(err) => Outcome::Reply(refusal(err)),
     }
 }
 

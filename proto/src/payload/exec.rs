@@ -422,6 +422,21 @@ pub struct SnapshotReply {
     pub success: bool,
     /// The snapshot taken.
     pub snapshot: SnapshotInfo,
+    /// Paths under `/workspace` not saved: symlinks and special files
+    /// (never followed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
+}
+
+/// The reply to `{"op":"restore"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoredReply {
+    /// Always true.
+    pub success: bool,
+    /// Entries of the snapshot not restored: anything but a directory or a
+    /// regular file at a plain relative path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
 }
 
 /// The reply to `{"op":"snapshots"}`.

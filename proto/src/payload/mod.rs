@@ -15,8 +15,9 @@ mod task;
 mod think;
 
 pub use exec::{
-    ClosedReply, ExecCall, ExecReply, ExecRequest, Language, SessionInfo, SessionsReply,
-    SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated, MAX_EXEC_FILES, MAX_EXEC_TIMEOUT_MS,
+    ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, SessionInfo,
+    SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated, MAX_EXEC_FILES,
+    MAX_EXEC_TIMEOUT_MS,
 };
 pub use hello::{CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, ProtocolLimits};
 pub use kill::{AgentRef, KillReply, KillRequest, DEFAULT_GRACE_MS};
