@@ -821,6 +821,26 @@ fn a_runs_limits_contain_memory_and_fork_bombs_and_a_busy_loop() {
     assert_eq!(inner["stdout"], "after 137\n", "{inner}");
     assert_eq!(inner["exit_code"], 0);
     assert_eq!(inner["oom_killed"], true);
+    // In a session, an OOM kill is reported by the run it happened in only.
+    let killer = concat!(
+        "import subprocess\n",
+        "print(subprocess.run(['python3', '-c', 'x = b\"x\" * (512 << 20)']).returncode)\n"
+    );
+    let first = exec(
+        &mut stream,
+        json!({"code": killer, "session": "oom", "limits": {"memory": 64u64 << 20}}),
+    );
+    assert_eq!(
+        (first["stdout"].clone(), first["oom_killed"].clone()),
+        (json!("-9\n"), json!(true)),
+        "{first}"
+    );
+    let next = exec(&mut stream, json!({"code": "print(1)", "session": "oom"}));
+    assert_eq!(
+        (next["stdout"].clone(), next["oom_killed"].clone()),
+        (json!("1\n"), json!(false)),
+        "{next}"
+    );
     // Processes: a run may hold `max_pids`, the process that waits for it
     // aside. Forking stops there with EAGAIN.
     let forks = exec(

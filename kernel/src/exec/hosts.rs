@@ -226,6 +226,7 @@ impl Exec {
                 output_tokens: [None, None],
                 writable: false,
                 cgroup,
+                oom_kills_seen: 0,
             });
             let socket = self.children[child].socket.as_raw_fd();
             let registered = self

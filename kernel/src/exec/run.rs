@@ -108,9 +108,6 @@ pub struct Running {
     overflowed: bool,
     /// The kernel killed it: its timeout passed (or the kernel is stopping).
     killed: Option<Kill>,
-    /// OOM kills its cgroup had seen before this run (a session's child
-    /// keeps its cgroup from run to run).
-    oom_kills_before: u64,
     /// What the order is.
     work: Work,
 }
@@ -155,6 +152,9 @@ pub struct RunChild {
     pub writable: bool,
     /// Its own cgroup, if it has one, and the limits in force there.
     pub cgroup: Option<(AgentCgroup, CgroupLimits)>,
+    /// OOM kills its cgroup had seen when its last run ended (a session's
+    /// child keeps its cgroup from run to run).
+    pub oom_kills_seen: u64,
 }
 
 /// Which of a child's output streams.
@@ -232,9 +232,6 @@ impl RunChild {
         connection: Option<OwnedFd>,
     ) -> io::Result<bool> {
         let mut running = running;
-        if running.keep {
-            running.oom_kills_before = self.oom_kills();
-        }
         running.unsent = wire::frame(order);
         running.connection = connection;
         self.stage = Stage::Running(Box::new(running));
@@ -447,7 +444,9 @@ impl RunChild {
         }
         let stdout = running.stdout.finish();
         let stderr = running.stderr.finish();
-        let oom_killed = self.oom_kills() > running.oom_kills_before;
+        let oom_kills = self.oom_kills();
+        let oom_killed = oom_kills > self.oom_kills_seen;
+        self.oom_kills_seen = oom_kills;
         let mut files = Default::default();
         let mut workspace_bytes = None;
         let mut left_out = Vec::new();
@@ -563,7 +562,6 @@ impl Running {
             session,
             overflowed: false,
             killed: None,
-            oom_kills_before: 0,
             work,
         }
     }
