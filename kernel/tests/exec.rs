@@ -1029,3 +1029,37 @@ fn a_forged_snapshot_restores_nothing_outside_the_workspace() {
         "{look}"
     );
 }
+
+#[test]
+fn a_bash_run_takes_a_shell_started_before_it_came() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    // Every prepared run has a shell: Python runs must stop it first.
+    let daemon = Daemon::start_with("[exec]\nready_runs = 2\nready_shells = 2\n");
+    let mut stream = daemon.raw();
+    for _ in 0..3 {
+        let python = exec(&mut stream, json!({"code": "print(1)"}));
+        assert_eq!(python["stdout"], "1\n", "{python}");
+    }
+    let script = concat!(
+        "echo \"$BASH_EXECUTION_STRING\"\n",
+        "pwd\n",
+        "echo \"$X\"\n",
+        "[ -S /proc/self/fd/$AGENTOS_SOCKET_FD ] && echo socket\n",
+        "exit 3"
+    );
+    let bash = exec(
+        &mut stream,
+        json!({"language": "bash", "code": script, "cwd": "/tmp", "env": {"X": "it's \"here\""}}),
+    );
+    assert_eq!(
+        bash["stdout"], ". /proc/self/fd/3\n/tmp\nit's \"here\"\nsocket\n",
+        "a shell started before the run, given its directory, environment and connection: {bash}"
+    );
+    assert_eq!(bash["exit_code"], 3);
+    // An environment bash cannot say is given to a shell started for it.
+    let odd = exec(
+        &mut stream,
+        json!({"language": "bash", "code": "echo \"$BASH_EXECUTION_STRING\"", "env": {"A.B": "x"}}),
+    );
+    assert_eq!(odd["stdout"], "echo \"$BASH_EXECUTION_STRING\"\n", "{odd}");
+}

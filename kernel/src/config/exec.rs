@@ -17,6 +17,9 @@ pub struct ExecConfig {
     pub hosts: usize,
     /// Runs each host keeps prepared and waiting for code.
     pub ready_runs: usize,
+    /// Of the prepared runs in all, how many have a shell started for a
+    /// bash run (a shell costs a process start, wasted on a Python run).
+    pub ready_shells: usize,
     /// Bytes each of a run's streams keeps (its head and its tail).
     pub output_bytes: usize,
     /// A run's timeout when it gives none, in milliseconds.
@@ -42,6 +45,7 @@ impl Default for ExecConfig {
             python: PathBuf::from("/usr/bin/python3"),
             hosts: 1,
             ready_runs: 4,
+            ready_shells: 1,
             output_bytes: 64 << 10,
             default_timeout_ms: 30_000,
             session_idle_secs: 900,

@@ -37,7 +37,9 @@ impl Exec {
                 self.serve_session(&key, replies, now);
                 continue;
             }
-            let Some(child) = self.ready.pop_front() else {
+            let bash =
+                matches!(waiting.work, Work::Run) && waiting.request.language == Language::Bash;
+            let Some(child) = self.take_ready(bash) else {
                 return;
             };
             if !matches!(
@@ -74,6 +76,19 @@ impl Exec {
         }
     }
 
+    /// The ready child for a request: the oldest of those with a shell
+    /// started for a bash run, of those without for anything else — or
+    /// the oldest of all.
+    fn take_ready(&mut self, bash: bool) -> Option<usize> {
+        let children = &self.children;
+        let index = self
+            .ready
+            .iter()
+            .position(|c| children.get(*c).is_some_and(|c| c.shell == bash))
+            .unwrap_or(0);
+        self.ready.remove(index)
+    }
+
     /// Sends a request to a child (a session's keeps it for more).
     pub(super) fn start(
         &mut self,
@@ -91,7 +106,21 @@ impl Exec {
         // A run gets its own kernel connection; a snapshot or restore, the
         // memfd that holds it.
         let attached = match &waiting.work {
-            Work::Run => self.run_connection(waiting.caller),
+            Work::Run => {
+                let first = self.children.get_mut(child).and_then(|c| {
+                    // A run uses up its shell, or has it stopped.
+                    c.shell = false;
+                    c.first_connection.take()
+                });
+                match first {
+                    // The child has it already (and a shell it started, too).
+                    Some(ours) => {
+                        self.adopted.push((ours, waiting.caller));
+                        None
+                    }
+                    None => self.run_connection(waiting.caller),
+                }
+            }
             Work::Snapshot { data, .. } | Work::Restore { data } => data.try_clone().ok(),
         };
         let session = waiting.session.map(|(_, name)| name);

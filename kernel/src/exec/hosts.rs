@@ -227,6 +227,8 @@ impl Exec {
                 writable: false,
                 cgroup,
                 oom_kills_seen: 0,
+                first_connection: None,
+                shell: false,
             });
             let socket = self.children[child].socket.as_raw_fd();
             let registered = self
@@ -242,8 +244,7 @@ impl Exec {
             }
             // Its pidfd may already be there.
             if let Ok(true) = self.children[child].receive_pidfd() {
-                self.ready.push_back(child);
-                self.dispatch(replies, now);
+                self.child_ready(child, replies, now);
             }
         }
     }
@@ -298,5 +299,35 @@ impl Exec {
                 );
             }
         }
+    }
+}
+
+impl Exec {
+    /// A child has said it is ready: it gets its first run's own kernel
+    /// connection now — and, if too few ready children have one, starts a
+    /// shell with it for a bash run — then waits for an order.
+    pub(super) fn child_ready(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
+        let shells = self
+            .ready
+            .iter()
+            .filter(|c| self.children.get(**c).is_some_and(|c| c.shell))
+            .count();
+        let shell = shells < self.ready_shells;
+        let prepared = match mio::net::UnixStream::pair() {
+            Ok((ours, theirs)) => {
+                let theirs = std::os::unix::net::UnixStream::from(theirs);
+                theirs
+                    .set_nonblocking(false)
+                    .and_then(|()| self.children[child].prepare(ours, OwnedFd::from(theirs), shell))
+            }
+            Err(err) => Err(err),
+        };
+        if let Err(err) = prepared {
+            log::warn!("exec host: cannot prepare a run child: {err}");
+            self.children[child].kill_quietly();
+            return self.drop_child(child);
+        }
+        self.ready.push_back(child);
+        self.dispatch(replies, now);
     }
 }

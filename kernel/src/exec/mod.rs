@@ -145,6 +145,8 @@ pub struct Exec {
     run_cgroups: Option<RunCgroups>,
     /// A run's limits when it asks for none.
     run_defaults: RunDefaults,
+    /// Ready children to keep with a shell started.
+    ready_shells: usize,
     log: PathBuf,
     output_bytes: usize,
     max_file_bytes: u64,
@@ -231,6 +233,7 @@ impl Exec {
             },
             run_cgroups,
             run_defaults,
+            ready_shells: exec.ready_shells,
             log: config.agents.log_dir().join("exec-host.log"),
             output_bytes: exec.output_bytes,
             max_file_bytes: exec.max_file_bytes,
@@ -379,10 +382,7 @@ impl Exec {
                 };
                 match run.stage {
                     Stage::Preparing => match run.receive_pidfd() {
-                        Ok(true) => {
-                            self.ready.push_back(child);
-                            self.dispatch(replies, now);
-                        }
+                        Ok(true) => self.child_ready(child, replies, now),
                         Ok(false) => {}
                         Err(_) => self.drop_child(child),
                     },

@@ -155,6 +155,11 @@ pub struct RunChild {
     /// OOM kills its cgroup had seen when its last run ended (a session's
     /// child keeps its cgroup from run to run).
     pub oom_kills_seen: u64,
+    /// The kernel's end of the connection the child got when it became
+    /// ready, for its first run (adopted with that run's caller).
+    pub first_connection: Option<mio::net::UnixStream>,
+    /// It has a shell started for a bash run.
+    pub shell: bool,
 }
 
 /// Which of a child's output streams.
@@ -221,6 +226,34 @@ impl RunChild {
         self.cgroup
             .as_ref()
             .map_or(0, |(cgroup, _)| cgroup.oom_kills())
+    }
+
+    /// Gives a ready child its first run's kernel connection (`theirs`;
+    /// the kernel keeps `ours` until that run's caller is known), and has
+    /// it start a shell with it if `shell`. The socket is empty and the
+    /// message small: it goes whole or not at all.
+    pub fn prepare(
+        &mut self,
+        ours: mio::net::UnixStream,
+        theirs: OwnedFd,
+        shell: bool,
+    ) -> io::Result<()> {
+        #[derive(serde::Serialize)]
+        struct Prepare {
+            op: &'static str,
+            shell: bool,
+        }
+        let message = wire::frame(&Prepare {
+            op: "prepare",
+            shell,
+        });
+        let sent = wire::send_with_fd(self.socket.as_fd(), &message, theirs.as_fd())?;
+        if sent != message.len() {
+            return Err(io::Error::other("the prepare message went in part"));
+        }
+        self.first_connection = Some(ours);
+        self.shell = shell;
+        Ok(())
     }
 
     /// Gives it an order; returns whether bytes remain to be written (the

@@ -18,11 +18,16 @@
 # namespace: killing it ends everything the run started.
 #
 # Run socket frames, both ways: a 4-byte little-endian length, then JSON.
-#   kernel -> run:  {"op": "run", "code": "...",
+#   kernel -> run:  first, once it is ready: {"op": "prepare", "shell":
+#                   true|false} with its first run's own kernel connection
+#                   attached (a shell, if asked, is started with it at
+#                   once); then orders:
+#                   {"op": "run", "code": "...",
 #                    "language": "python"|"bash", "env": {...},
 #                    "cwd": "..." | null, "files": {...}, "collect": [...],
 #                    "max_file_bytes": n, "keep": false}
-#                   with the run's own kernel connection attached; or
+#                   with the run's own kernel connection attached (none
+#                   for the first run: it came with "prepare"); or
 #                   {"op": "snapshot"|"restore", "keep": true} with a
 #                   memfd attached: the session's /workspace is written
 #                   into it (a gzip'd tar of its directories and regular
@@ -47,6 +52,7 @@
 
 import base64
 import ctypes
+import fcntl
 import gc
 import json
 import stat
@@ -241,16 +247,76 @@ def run_python(code, scope):
 
 
 def run_bash(code, env):
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.execve("/bin/bash", ["bash", "-c", code], env)
-        finally:
-            os._exit(127)
+    # posix_spawn shares the address space until exec (no copy of this
+    # interpreter's page tables, which a fork makes).
+    pid = os.posix_spawn("/bin/bash", ["bash", "-c", code], env)
+    return bash_status(pid)
+
+
+def bash_status(pid):
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status), None
     return os.WEXITSTATUS(status), None
+
+
+# The pre-started shell reads its script to the end from descriptor 3 and
+# runs it as if given with -c; its kernel connection is descriptor 4.
+SHELL_BOOTSTRAP = ". /proc/self/fd/3"
+
+
+class Shell:
+    """A bash started while the run waited, blocked reading its script: a
+    bash run then costs no process start. It holds the run's output pipes
+    and its first kernel connection, as a shell started for the run would."""
+
+    def __init__(self, connection):
+        read, self.script = os.pipe()
+        # The shell finds its script at 3 and its connection at 4: both are
+        # moved clear of those numbers first, so neither lands on the other.
+        script_in = fcntl.fcntl(read, fcntl.F_DUPFD_CLOEXEC, 10)
+        kernel = fcntl.fcntl(connection, fcntl.F_DUPFD_CLOEXEC, 10)
+        os.close(read)
+        env = dict(SETTINGS["run_env"], AGENTOS_SOCKET_FD="4")
+        actions = [(os.POSIX_SPAWN_DUP2, script_in, 3), (os.POSIX_SPAWN_DUP2, kernel, 4)]
+        try:
+            self.pid = os.posix_spawn(
+                "/bin/bash", ["bash", "--norc", "--noprofile", "-c", SHELL_BOOTSTRAP], env,
+                file_actions=actions,
+            )
+        finally:
+            os.close(script_in)
+            os.close(kernel)
+
+    def run(self, code, env, cwd):
+        """Gives it the script: the request's environment and directory,
+        then the code; returns how it ended. None (and it is stopped) if
+        the environment cannot be said in bash."""
+        lines = []
+        for name, value in env.items():
+            if not name.isidentifier() or not name.isascii():
+                self.stop()
+                return None
+            lines.append(f"export {name}={quote(value)}")
+        lines.append(f"cd -- {quote(cwd)} || exit 1")
+        script = memoryview(("\n".join(lines) + "\n" + code + "\n").encode())
+        try:
+            while script:
+                script = script[os.write(self.script, script):]
+        except OSError:
+            pass  # it died: its status says how
+        finally:
+            os.close(self.script)
+        return bash_status(self.pid)
+
+    def stop(self):
+        os.close(self.script)
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+
+
+def quote(value):
+    return "'" + value.replace("'", "'\\''") + "'"
 
 
 WORKSPACE = "/workspace"
@@ -349,18 +415,31 @@ def serve_run(sock, stdout_w, stderr_w):
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
     place_output(stdout_w, stderr_w)
     settle_in()
+    first_connection, shell = None, None
     while True:
-        request, connection = receive_order(sock)
+        request, attached = receive_order(sock)
         if request is None:
             os._exit(0)
         keep = bool(request.get("keep"))
         op = request.get("op", "run")
+        if op == "prepare":
+            first_connection = attached
+            if request.get("shell") and attached is not None:
+                shell = Shell(attached)
+            continue
         if op == "snapshot":
-            end = finish_output(save_workspace(connection))
+            end = finish_output(save_workspace(attached))
         elif op == "restore":
-            end = finish_output(restore_workspace(connection))
+            end = finish_output(restore_workspace(attached))
         else:
-            end = run_order(request, scope, connection)
+            if attached is None:
+                attached, first_connection = first_connection, None
+            if shell is not None and request.get("language") != "bash":
+                # It holds the output pipes: they would never close.
+                shell.stop()
+                shell = None
+            end = run_order(request, scope, attached, shell)
+            shell = None
         if keep:
             end["workspace_bytes"] = workspace_bytes()
         send_frame(sock, end)
@@ -384,7 +463,7 @@ def serve_run(sock, stdout_w, stderr_w):
         os.close(stderr_r)
 
 
-def run_order(request, scope, connection):
+def run_order(request, scope, connection, shell):
     """Runs one order with its output on stdout and stderr (the pipes),
     which are closed when it is done; returns its end frame. The run's own
     kernel connection, if it came, is in AGENTOS_SOCKET_FD while it runs."""
@@ -408,7 +487,8 @@ def run_order(request, scope, connection):
         exit_code, error = 1, f"cannot enter {cwd}: {err.strerror}"
     if error is None:
         if request.get("language") == "bash":
-            exit_code, error = run_bash(request["code"], env)
+            ran = shell.run(request["code"], env, cwd) if shell else None
+            exit_code, error = ran or run_bash(request["code"], dict(os.environ))
         else:
             exit_code, error = run_python(request["code"], scope)
     for stream in (sys.stdout, sys.stderr):
