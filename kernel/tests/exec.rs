@@ -375,6 +375,25 @@ fn a_hundred_concurrent_runs_are_all_answered_while_noops_stay_fast() {
         noop_p99 < Duration::from_millis(5),
         "NOOP p99 {noop_p99:?} meanwhile"
     );
+    // Runs' cgroups serve run after run: a hundred runs leave a handful of
+    // them, not a hundred.
+    if !std::path::Path::new("/sys/fs/cgroup/memory").is_dir() {
+        eprintln!("!!! NOT TESTED: run cgroups are counted on cgroup v1's memory hierarchy only");
+        return;
+    }
+    let instance = format!("/sys/fs/cgroup/memory/agentos/agentosd-{}", daemon.pid());
+    let run_cgroups = fs::read_dir(&instance)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("exec-run-"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert!(
+        (1..=48).contains(&run_cgroups),
+        "{run_cgroups} run cgroups in {instance}"
+    );
 }
 
 #[test]

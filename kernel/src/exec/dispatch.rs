@@ -319,8 +319,8 @@ impl Exec {
         if let Some(token) = run.socket_token {
             self.forget_source(run.socket.as_raw_fd(), token);
         }
-        if let (Some((cgroup, _)), Some(cgroups)) = (run.cgroup, &self.run_cgroups) {
-            cgroups.remove(cgroup);
+        if let (Some(cgroup), Some(cgroups)) = (run.cgroup, &self.run_cgroups) {
+            cgroups.recycle(cgroup);
         }
         self.ready.retain(|c| *c != child);
     }

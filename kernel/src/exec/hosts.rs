@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use mio::{Interest, Token};
 use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 
+use super::cgroups::RunCgroup;
 use super::run::{RunChild, Stage};
 use super::{host, set_nonblocking, watch, wire, Exec, HostId, Source, Wake};
 use crate::address::Reply;
-use crate::cgroup::AgentCgroup;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
 
@@ -32,7 +32,7 @@ pub(super) struct Host {
     pub(super) channel: Option<(OwnedFd, Token)>,
     /// Run cgroups sent to it and not yet taken by a run child, by the
     /// number it knows each by.
-    pub(super) cgroups: HashMap<u64, AgentCgroup>,
+    pub(super) cgroups: HashMap<u64, RunCgroup>,
     /// The number of the last cgroup sent.
     pub(super) last_cgroup: u64,
 }
@@ -181,7 +181,7 @@ impl Exec {
             self.forget_source(channel.as_raw_fd(), token);
         }
         if let Some(cgroups) = &self.run_cgroups {
-            host.cgroups.into_values().for_each(|c| cgroups.remove(c));
+            host.cgroups.into_values().for_each(|c| cgroups.recycle(c));
         }
         if !self.shutting_down {
             self.timers.schedule(now + HOST_RETRY, Wake::StartHosts);
@@ -207,7 +207,6 @@ impl Exec {
             if let Some(cgroups) = &self.run_cgroups {
                 cgroups.make(self.hosts[key].id, 1);
             }
-            let cgroup = cgroup.map(|cgroup| (cgroup, self.run_defaults.cgroup_limits()));
             // The pipes are made non-blocking as they are watched.
             if let Err(err) = set_nonblocking(&ready.socket) {
                 log::warn!("exec host: cannot use a run child: {err}");
@@ -225,8 +224,8 @@ impl Exec {
                 socket_token: None,
                 output_tokens: [None, None],
                 writable: false,
+                oom_kills_seen: cgroup.as_ref().map_or(0, |c| c.oom_kills),
                 cgroup,
-                oom_kills_seen: 0,
                 first_connection: None,
                 shell: false,
             });
@@ -264,8 +263,8 @@ impl Exec {
                 .map(|(_, host)| host);
             let Some(host) = host else {
                 // Its host is gone.
-                if let Ok((cgroup, _)) = made.result {
-                    cgroups.remove(cgroup);
+                if let Ok(run) = made.result {
+                    cgroups.recycle(run);
                 }
                 continue;
             };
@@ -275,13 +274,13 @@ impl Exec {
             host.last_cgroup += 1;
             let number = host.last_cgroup;
             let sent = match made.result {
-                Ok((cgroup, files)) => {
-                    let sent = wire::send_cgroup(channel.as_fd(), number, &files);
+                Ok(run) => {
+                    let sent = wire::send_cgroup(channel.as_fd(), number, &run.join_files);
                     match sent {
                         Ok(()) => {
-                            host.cgroups.insert(number, cgroup);
+                            host.cgroups.insert(number, run);
                         }
-                        Err(_) => cgroups.remove(cgroup),
+                        Err(_) => cgroups.recycle(run),
                     }
                     sent
                 }
@@ -292,11 +291,14 @@ impl Exec {
                     wire::send_cgroup(channel.as_fd(), 0, &[])
                 }
             };
-            if let Err(err) = sent {
-                log::warn!(
+            match sent {
+                Ok(()) => {}
+                // It has ended; its end comes as an event.
+                Err(err) if err.kind() == io::ErrorKind::BrokenPipe => {}
+                Err(err) => log::warn!(
                     "exec host {}: cannot send it a run's cgroup: {err}",
                     host.id
-                );
+                ),
             }
         }
     }

@@ -488,11 +488,11 @@ impl Exec {
             return;
         };
         for (_, host) in self.hosts.iter_mut() {
-            host.cgroups.drain().for_each(|(_, c)| cgroups.remove(c));
+            host.cgroups.drain().for_each(|(_, c)| cgroups.recycle(c));
         }
         for (_, child) in self.children.iter_mut() {
-            if let Some((cgroup, _)) = child.cgroup.take() {
-                cgroups.remove(cgroup);
+            if let Some(cgroup) = child.cgroup.take() {
+                cgroups.recycle(cgroup);
             }
         }
         cgroups.finish();

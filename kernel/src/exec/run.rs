@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use agentos_proto::payload::{ExecReply, Truncated};
 use mio::Token;
 
+use super::cgroups::RunCgroup;
 use super::output::Capture;
 use super::wire::{self, RunEnd};
 use crate::address::ReplyTo;
-use crate::cgroup::{AgentCgroup, CgroupLimits};
+use crate::cgroup::CgroupLimits;
 use crate::process;
 
 /// The most a run's end frame may hold: the reply's own limit, which its
@@ -150,8 +151,8 @@ pub struct RunChild {
     pub output_tokens: [Option<Token>; 2],
     /// Its socket is watched for writability too (an order is unsent).
     pub writable: bool,
-    /// Its own cgroup, if it has one, and the limits in force there.
-    pub cgroup: Option<(AgentCgroup, CgroupLimits)>,
+    /// Its own cgroup, if it has one.
+    pub cgroup: Option<RunCgroup>,
     /// OOM kills its cgroup had seen when its last run ended (a session's
     /// child keeps its cgroup from run to run).
     pub oom_kills_seen: u64,
@@ -208,9 +209,9 @@ impl RunChild {
     /// refused when the run asked for limits of its own (`asked`).
     pub fn limit(&mut self, limits: &CgroupLimits, asked: bool) -> Result<(), String> {
         match &mut self.cgroup {
-            Some((cgroup, in_force)) if in_force != limits => {
-                cgroup.apply(limits).map_err(|err| err.to_string())?;
-                *in_force = *limits;
+            Some(run) if run.limits != *limits => {
+                run.cgroup.apply(limits).map_err(|err| err.to_string())?;
+                run.limits = *limits;
                 Ok(())
             }
             Some(_) => Ok(()),
@@ -223,9 +224,7 @@ impl RunChild {
 
     /// OOM kills in its cgroup so far (0 without one).
     fn oom_kills(&self) -> u64 {
-        self.cgroup
-            .as_ref()
-            .map_or(0, |(cgroup, _)| cgroup.oom_kills())
+        self.cgroup.as_ref().map_or(0, |run| run.cgroup.oom_kills())
     }
 
     /// Gives a ready child its first run's kernel connection (`theirs`;
@@ -518,7 +517,7 @@ impl RunChild {
                 Some(libc::SIGKILL),
                 Some(format!(
                     "the run went over its memory limit ({} bytes) and was killed",
-                    self.cgroup.as_ref().map_or(0, |(_, limits)| limits.memory)
+                    self.cgroup.as_ref().map_or(0, |run| run.limits.memory)
                 )),
             ),
             (None, None) if running.overflowed => (
