@@ -1052,9 +1052,15 @@ fn a_forged_snapshot_restores_nothing_outside_the_workspace() {
 #[test]
 fn a_bash_run_takes_a_shell_started_before_it_came() {
     require_root!("EXEC (its isolation needs namespaces)");
-    // Every prepared run has a shell: Python runs must stop it first.
+    // Once bash runs come, every run prepared has a shell: Python runs
+    // given one must stop it first.
     let daemon = Daemon::start_with("[exec]\nready_runs = 2\nready_shells = 2\n");
     let mut stream = daemon.raw();
+    let first = exec(
+        &mut stream,
+        json!({"language": "bash", "code": "echo first"}),
+    );
+    assert_eq!(first["stdout"], "first\n", "{first}");
     for _ in 0..3 {
         let python = exec(&mut stream, json!({"code": "print(1)"}));
         assert_eq!(python["stdout"], "1\n", "{python}");
@@ -1066,10 +1072,21 @@ fn a_bash_run_takes_a_shell_started_before_it_came() {
         "[ -S /proc/self/fd/$AGENTOS_SOCKET_FD ] && echo socket\n",
         "exit 3"
     );
-    let bash = exec(
-        &mut stream,
-        json!({"language": "bash", "code": script, "cwd": "/tmp", "env": {"X": "it's \"here\""}}),
-    );
+    let request = json!({"language": "bash", "code": script, "cwd": "/tmp",
+                         "env": {"X": "it's \"here\""}});
+    // The shells start in the background: a run may come before one is.
+    let mut bash = exec(&mut stream, request.clone());
+    for _ in 0..50 {
+        if bash["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with(". /proc/self/fd/3")
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        bash = exec(&mut stream, request.clone());
+    }
     assert_eq!(
         bash["stdout"], ". /proc/self/fd/3\n/tmp\nit's \"here\"\nsocket\n",
         "a shell started before the run, given its directory, environment and connection: {bash}"

@@ -23,6 +23,9 @@ const HOST_RETRY: Duration = Duration::from_secs(1);
 /// Run cgroups a host holds beyond its prepared runs, so that preparing
 /// the next run never waits for one to be made.
 const SPARE_CGROUPS: usize = 2;
+/// Shells are kept started while bash runs have come this recently: a
+/// shell a Python run gets is wasted.
+const SHELLS_FOR: Duration = Duration::from_secs(60);
 /// An exec host.
 #[derive(Debug)]
 pub(super) struct Host {
@@ -306,15 +309,19 @@ impl Exec {
 
 impl Exec {
     /// A child has said it is ready: it gets its first run's own kernel
-    /// connection now — and, if too few ready children have one, starts a
-    /// shell with it for a bash run — then waits for an order.
+    /// connection now — and, if bash runs have come lately and too few
+    /// ready children have one, starts a shell with it for the next — then
+    /// waits for an order.
     pub(super) fn child_ready(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
         let shells = self
             .ready
             .iter()
             .filter(|c| self.children.get(**c).is_some_and(|c| c.shell))
             .count();
-        let shell = shells < self.ready_shells;
+        let bash_lately = self
+            .last_bash
+            .is_some_and(|at| now.saturating_duration_since(at) < SHELLS_FOR);
+        let shell = bash_lately && shells < self.ready_shells;
         let prepared = match mio::net::UnixStream::pair() {
             Ok((ours, theirs)) => {
                 let theirs = std::os::unix::net::UnixStream::from(theirs);

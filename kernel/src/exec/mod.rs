@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{ExecRequest, Limits};
+use agentos_proto::payload::{ExecRequest, Language, Limits};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -145,8 +145,10 @@ pub struct Exec {
     run_cgroups: Option<RunCgroups>,
     /// A run's limits when it asks for none.
     run_defaults: RunDefaults,
-    /// Ready children to keep with a shell started.
+    /// Ready children to keep with a shell started, while bash runs come.
     ready_shells: usize,
+    /// When the last bash run came, if one has.
+    last_bash: Option<Instant>,
     log: PathBuf,
     output_bytes: usize,
     max_file_bytes: u64,
@@ -234,6 +236,7 @@ impl Exec {
             run_cgroups,
             run_defaults,
             ready_shells: exec.ready_shells,
+            last_bash: None,
             log: config.agents.log_dir().join("exec-host.log"),
             output_bytes: exec.output_bytes,
             max_file_bytes: exec.max_file_bytes,
@@ -306,6 +309,9 @@ impl Exec {
             ));
         }
         let now = Instant::now();
+        if request.language == Language::Bash {
+            self.last_bash = Some(now);
+        }
         let timeout = request
             .timeout_ms
             .map_or(self.default_timeout, Duration::from_millis);
