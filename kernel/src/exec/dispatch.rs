@@ -196,7 +196,7 @@ impl Exec {
         let ran_code = finished
             .as_ref()
             .is_some_and(|f| matches!(f.work, Work::Run));
-        let alive = run.is_alive();
+        let alive = run.is_kept();
         let key = self
             .sessions
             .iter()
@@ -249,6 +249,24 @@ impl Exec {
                     last_used: now,
                 },
             );
+        }
+        self.serve_session(&key, replies, now);
+    }
+
+    /// A session's child has handed over its next run's pipes: watched,
+    /// they let the session's next run start.
+    pub(super) fn renewed(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
+        let key = self
+            .sessions
+            .iter()
+            .find(|(_, session)| session.child == child)
+            .map(|(key, _)| key.clone());
+        let Some(key) = key else {
+            return self.drop_child(child);
+        };
+        if let Err(err) = self.watch_outputs(child) {
+            log::warn!("exec session: cannot watch its output: {err}");
+            return self.child_gone(child, replies);
         }
         self.serve_session(&key, replies, now);
     }

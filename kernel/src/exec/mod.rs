@@ -412,6 +412,14 @@ impl Exec {
                         self.watch_writable(child, unsent);
                         self.finish_if_done(child, replies, now);
                     }
+                    Stage::Renewing => match run.receive_pipes() {
+                        Ok(true) => self.renewed(child, replies, now),
+                        Ok(false) => {}
+                        Err(_) => {
+                            run.kill_quietly();
+                            self.child_gone(child, replies);
+                        }
+                    },
                     Stage::Ended => {}
                 }
             }

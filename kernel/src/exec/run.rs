@@ -31,6 +31,9 @@ pub enum Stage {
     Ready,
     /// Running an order.
     Running(Box<Running>),
+    /// A session's child whose run is answered, until it hands over the
+    /// fresh stdout and stderr pipes of its next run.
+    Renewing,
     /// Its run is over and it takes no more: about to be dropped.
     Ended,
 }
@@ -428,14 +431,49 @@ impl RunChild {
     }
 
     /// Whether the run is over: it said how it ended (or its socket
-    /// closed), both pipes are drained to their end, and a session's run
-    /// has handed over its next pipes (or died).
+    /// closed), and both pipes are drained to their end. (A session's
+    /// child hands over its next pipes after that, off the request path.)
     pub fn is_finished(&self) -> bool {
         matches!(&self.stage, Stage::Running(running)
             if (running.end.is_some() || running.socket_closed)
                 && self.stdout.is_none()
-                && self.stderr.is_none()
-                && (!running.keep || running.socket_closed || self.received.len() >= 2))
+                && self.stderr.is_none())
+    }
+
+    /// Takes in a renewing child's fresh pipes (one byte `P` with two
+    /// descriptors). `Ok(true)`: it is ready again. An error: it closed its
+    /// socket or sent what a child does not, and is done.
+    pub fn receive_pipes(&mut self) -> io::Result<bool> {
+        let mut byte = [0u8; 1];
+        loop {
+            match wire::receive_with_fds(self.socket.as_fd(), &mut byte) {
+                Ok((1, fds)) if byte == *b"P" && self.received.is_empty() && fds.len() == 2 => {
+                    self.received = fds;
+                }
+                Ok(_) => {
+                    return Err(io::Error::other(
+                        "a session's child sent what it should not",
+                    ))
+                }
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(self.take_pipes())
+    }
+
+    /// Makes the pipes received its stdout and stderr, and it `Ready`, if
+    /// both are there.
+    fn take_pipes(&mut self) -> bool {
+        if self.received.len() < 2 {
+            return false;
+        }
+        let mut pipes = std::mem::take(&mut self.received).into_iter();
+        self.stdout = pipes.next();
+        self.stderr = pipes.next();
+        self.stage = Stage::Ready;
+        true
     }
 
     /// Whether its socket has closed (peeked; what is queued stays).
@@ -458,21 +496,26 @@ impl RunChild {
         matches!(self.stage, Stage::Ready)
     }
 
+    /// Whether it lives on after its run: ready again, or about to be.
+    pub fn is_kept(&self) -> bool {
+        matches!(self.stage, Stage::Ready | Stage::Renewing)
+    }
+
     /// The reply for a finished run, and where it goes. A session's child
-    /// that handed over fresh pipes is `Ready` again, with those pipes;
-    /// any other has `Ended`.
+    /// whose run ended well is `Ready` again with fresh pipes, or
+    /// `Renewing` until they come; any other has `Ended`.
     pub fn finish(&mut self, now: Instant) -> Option<Finished> {
         let Stage::Running(running) = std::mem::replace(&mut self.stage, Stage::Ended) else {
             return None;
         };
         let running = *running;
-        if running.keep && !running.socket_closed && running.killed.is_none() {
-            let mut pipes = std::mem::take(&mut self.received).into_iter();
-            if let (Some(stdout), Some(stderr)) = (pipes.next(), pipes.next()) {
-                self.stdout = Some(stdout);
-                self.stderr = Some(stderr);
-                self.stage = Stage::Ready;
-            }
+        if running.keep
+            && !running.socket_closed
+            && running.killed.is_none()
+            && running.end.is_some()
+            && !self.take_pipes()
+        {
+            self.stage = Stage::Renewing;
         }
         let stdout = running.stdout.finish();
         let stderr = running.stderr.finish();
