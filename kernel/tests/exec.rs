@@ -82,6 +82,16 @@ fn a_run_answers_with_every_field_of_the_reply() {
         !traceback.contains("run_python"),
         "the host's own frame: {traceback}"
     );
+    // Code that closes its own stdout still gets its reply.
+    let closed = exec(
+        &mut stream,
+        json!({"code": "import os\nprint('bye', flush=True)\nos.close(1)"}),
+    );
+    assert_eq!(
+        (closed["stdout"].clone(), closed["exit_code"].clone()),
+        (json!("bye\n"), json!(0)),
+        "{closed}"
+    );
     let exited = exec(&mut stream, json!({"code": "import sys; sys.exit(5)"}));
     assert_eq!(
         (exited["exit_code"].clone(), exited["success"].clone()),

@@ -428,9 +428,9 @@ def serve_run(sock, stdout_w, stderr_w):
                 shell = Shell(attached)
             continue
         if op == "snapshot":
-            end = finish_output(save_workspace(attached))
+            end = save_workspace(attached)
         elif op == "restore":
-            end = finish_output(restore_workspace(attached))
+            end = restore_workspace(attached)
         else:
             if attached is None:
                 attached, first_connection = first_connection, None
@@ -442,7 +442,21 @@ def serve_run(sock, stdout_w, stderr_w):
             shell = None
         if keep:
             end["workspace_bytes"] = workspace_bytes()
+        # What the kernel waits on, all at once: the output pipes close and
+        # the end frame follows. Then the rest, after the reply: the run's
+        # kernel connection closes, and this process is torn down (its
+        # address space first) or renews its pipes.
+        for fd in (1, 2):
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the code closed it itself
         send_frame(sock, end)
+        if op == "run" and attached is not None:
+            try:
+                os.close(attached)
+            except OSError:
+                pass
         if not keep:
             sock.close()
             os._exit(0)
@@ -464,9 +478,9 @@ def serve_run(sock, stdout_w, stderr_w):
 
 
 def run_order(request, scope, connection, shell):
-    """Runs one order with its output on stdout and stderr (the pipes),
-    which are closed when it is done; returns its end frame. The run's own
-    kernel connection, if it came, is in AGENTOS_SOCKET_FD while it runs."""
+    """Runs one order with its output on stdout and stderr (the pipes);
+    returns its end frame. The run's own kernel connection, if it came, is
+    in AGENTOS_SOCKET_FD while it runs."""
     env = request.get("env") or {}
     if env != SETTINGS["run_env"]:
         os.environ.clear()
@@ -503,21 +517,7 @@ def run_order(request, scope, connection, shell):
     )
     if connection is not None:
         os.environ.pop("AGENTOS_SOCKET_FD", None)
-        try:
-            os.close(connection)
-        except OSError:
-            pass
-    end = {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems}
-    return finish_output(end)
-
-
-def finish_output(end):
-    """Closes what the kernel waits on before anything else (tearing down
-    this process, its address space first, then happens after the reply);
-    returns the end frame."""
-    os.close(1)
-    os.close(2)
-    return end
+    return {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems}
 
 
 def save_workspace(fd):
