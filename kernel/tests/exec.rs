@@ -274,6 +274,7 @@ print([l.split()[1] for l in status.splitlines() if l.startswith(('CapEff', 'Cap
 environ = open('/proc/1/environ', 'rb').read().decode()
 print('environ', sorted(v.split('=')[0] for v in environ.split('\0') if v))
 print('hosts', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
+print('root', 0 in (os.getuid(), os.geteuid(), os.getgid(), os.getegid()))
 "#;
     let reply = exec(&mut stream, json!({"code": probe}));
     let stdout = reply["stdout"].as_str().unwrap();
@@ -288,6 +289,7 @@ print('hosts', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
         "['0000000000000000', '0000000000000000', '1']",
         "environ ['LANG', 'PATH']",
         "hosts [1]",
+        "root False",
     ] {
         assert!(
             stdout.contains(line),

@@ -7,8 +7,8 @@
 # exits; the zygote reaps it and prepares another.
 #
 # Isolation per run. The zygote first makes a user namespace of its own
-# (the host's seccomp filter lets it; it is uid 0 there, the host's
-# unprivileged uid outside). Each run child then gets fresh mount, PID,
+# (the host's seccomp filter lets it), keeping the host's unprivileged uid
+# there too. Each run child then gets fresh mount, PID,
 # IPC and UTS namespaces owned by it: a private /tmp and /workspace, a
 # /proc that shows only its own processes (guarded as an agent's is), and
 # no way to see or signal another run. Before any code arrives it drops
@@ -117,13 +117,15 @@ def mount(source, target, fstype, flags, data=None):
 
 
 def own_namespaces():
-    """Makes the zygote uid 0 of a user namespace of its own, so it may
-    make the namespaces of its runs."""
+    """Gives the zygote a user namespace of its own, so it may make the
+    namespaces of its runs. Its uid there is its uid outside, the host's
+    unprivileged one: it holds the namespace's capabilities as its creator,
+    not as root, and every run is that uid too (never uid 0, even inside)."""
     uid, gid = os.getuid(), os.getgid()
     check(libc.unshare(CLONE_NEWUSER), "unshare(user)")
     write("/proc/self/setgroups", "deny")
-    write("/proc/self/uid_map", f"0 {uid} 1")
-    write("/proc/self/gid_map", f"0 {gid} 1")
+    write("/proc/self/uid_map", f"{uid} {uid} 1")
+    write("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
 def isolate_run():
