@@ -32,4 +32,5 @@ pub mod state_dir;
 pub mod supervisor;
 pub mod syscall;
 pub mod timers;
+pub mod tools;
 pub mod workers;

@@ -1,0 +1,317 @@
+use super::*;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The messages the client wrote since the last look.
+fn sent(client: &mut McpClient) -> Vec<Value> {
+    String::from_utf8(client.take_output())
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn reply(client: &mut McpClient, id: u64, result: Value, now: Instant) -> Vec<ClientEvent> {
+    let mut events = Vec::new();
+    client.on_message(
+        Incoming::Response {
+            id,
+            outcome: Ok(result),
+        },
+        now,
+        &mut events,
+    );
+    events
+}
+
+fn tool(name: &str) -> Value {
+    json!({"name": name, "description": format!("does {name}"), "inputSchema": {"type": "object"}})
+}
+
+/// A client whose server has answered the handshake and listed `names`.
+fn ready(names: &[&str], now: Instant) -> McpClient {
+    let mut client = McpClient::new("everything", TIMEOUT, now);
+    sent(&mut client);
+    let init = json!({"protocolVersion": PROTOCOL, "capabilities": {"tools": {}}});
+    reply(&mut client, 1, init, now);
+    sent(&mut client);
+    let tools: Vec<Value> = names.iter().map(|n| tool(n)).collect();
+    let events = reply(&mut client, 2, json!({"tools": tools}), now);
+    assert_eq!(events, vec![ClientEvent::ToolsListed(names.len())]);
+    client
+}
+
+#[test]
+fn the_handshake_offers_the_new_protocol_then_lists_every_page() {
+    let now = Instant::now();
+    let mut client = McpClient::new("everything", TIMEOUT, now);
+    let hello = sent(&mut client);
+    assert_eq!(hello[0]["method"], "initialize");
+    assert_eq!(hello[0]["params"]["protocolVersion"], "2025-11-25");
+    assert_eq!(client.state(), &ServerState::Starting);
+    let init =
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"tools": {"listChanged": true}}});
+    assert!(reply(&mut client, 1, init, now).is_empty());
+    let next = sent(&mut client);
+    assert_eq!(next[0]["method"], "notifications/initialized");
+    assert!(next[0].get("id").is_none());
+    assert_eq!(next[1]["method"], "tools/list");
+    let page = json!({"tools": [tool("echo"), {"description": "no name"}], "nextCursor": "p2"});
+    assert!(reply(&mut client, 2, page, now).is_empty());
+    let second = sent(&mut client);
+    assert_eq!(second[0]["params"]["cursor"], "p2");
+    let events = reply(&mut client, 3, json!({"tools": [tool("get-sum")]}), now);
+    assert_eq!(events, vec![ClientEvent::ToolsListed(2)]);
+    assert_eq!(client.state(), &ServerState::Ready);
+    let names: Vec<&str> = client.tools().iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["echo", "get-sum"]);
+    assert_eq!(client.tools()[0].description, "does echo");
+}
+
+#[test]
+fn an_unknown_protocol_version_fails_the_server_with_a_sentence() {
+    let now = Instant::now();
+    let mut client = McpClient::new("old", TIMEOUT, now);
+    sent(&mut client);
+    let events = reply(
+        &mut client,
+        1,
+        json!({"protocolVersion": "2024-11-05"}),
+        now,
+    );
+    let why = "speaks MCP protocol 2024-11-05; the kernel speaks 2025-11-25 and 2025-06-18";
+    assert_eq!(events, vec![ClientEvent::Failed(why.into())]);
+    assert_eq!(client.state(), &ServerState::Failed(why.into()));
+    assert!(client.call(1, "x", json!({}), now + TIMEOUT).is_err());
+}
+
+#[test]
+fn a_repeated_cursor_stops_the_listing() {
+    let now = Instant::now();
+    let mut client = McpClient::new("loop", TIMEOUT, now);
+    sent(&mut client);
+    reply(
+        &mut client,
+        1,
+        json!({"protocolVersion": PROTOCOL, "capabilities": {"tools": {}}}),
+        now,
+    );
+    reply(&mut client, 2, json!({"tools": [], "nextCursor": "a"}), now);
+    reply(&mut client, 3, json!({"tools": [], "nextCursor": "b"}), now);
+    let events = reply(&mut client, 4, json!({"tools": [], "nextCursor": "a"}), now);
+    assert!(
+        matches!(&events[..], [ClientEvent::Failed(why)] if why.contains("repeated the cursor")),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn a_changed_list_is_listed_again_even_mid_listing() {
+    let now = Instant::now();
+    let mut client = ready(&["echo"], now);
+    let mut events = Vec::new();
+    let changed = Incoming::Notification {
+        method: "notifications/tools/list_changed".into(),
+        params: Value::Null,
+    };
+    client.on_message(changed.clone(), now, &mut events);
+    let list = sent(&mut client);
+    assert_eq!(list[0]["method"], "tools/list");
+    let id = list[0]["id"].as_u64().unwrap();
+    // It changes again before the answer: one more listing follows.
+    client.on_message(changed, now, &mut events);
+    assert!(sent(&mut client).is_empty());
+    let events = reply(
+        &mut client,
+        id,
+        json!({"tools": [tool("echo"), tool("add")]}),
+        now,
+    );
+    assert_eq!(events, vec![ClientEvent::ToolsListed(2)]);
+    assert_eq!(sent(&mut client)[0]["method"], "tools/list");
+}
+
+#[test]
+fn the_servers_requests_are_answered() {
+    let now = Instant::now();
+    let mut client = ready(&[], now);
+    let mut events = Vec::new();
+    for (id, method) in [(json!(7), "ping"), (json!("x"), "sampling/createMessage")] {
+        client.on_message(
+            Incoming::Request {
+                id,
+                method: method.into(),
+            },
+            now,
+            &mut events,
+        );
+    }
+    let answers = sent(&mut client);
+    assert_eq!(answers[0], json!({"jsonrpc": "2.0", "id": 7, "result": {}}));
+    assert_eq!(answers[1]["id"], "x");
+    assert_eq!(answers[1]["error"]["code"], -32601);
+    assert!(events.is_empty());
+}
+
+#[test]
+fn calls_end_in_a_result_a_tool_error_or_an_rpc_error() {
+    let now = Instant::now();
+    let mut client = ready(&["echo"], now);
+    for call in 1..=3 {
+        client
+            .call(call, "echo", json!({"message": "hi"}), now + TIMEOUT)
+            .unwrap();
+    }
+    let calls = sent(&mut client);
+    assert_eq!(calls[0]["method"], "tools/call");
+    assert_eq!(
+        calls[0]["params"],
+        json!({"name": "echo", "arguments": {"message": "hi"}})
+    );
+    let ids: Vec<u64> = calls.iter().map(|c| c["id"].as_u64().unwrap()).collect();
+    let done = reply(
+        &mut client,
+        ids[0],
+        json!({"content": [{"type": "text", "text": "{\"a\":1}"}], "structuredContent": {"a": 1}}),
+        now,
+    );
+    assert_eq!(
+        done,
+        vec![ClientEvent::CallEnded {
+            call: 1,
+            outcome: CallOutcome::Done {
+                content: json!([{"type": "text", "text": "{\"a\":1}"}]),
+                structured: Some(json!({"a": 1})),
+            }
+        }]
+    );
+    let tool_error = reply(
+        &mut client,
+        ids[1],
+        json!({"content": [{"type": "text", "text": "no such file"}], "isError": true}),
+        now,
+    );
+    assert!(
+        matches!(&tool_error[0], ClientEvent::CallEnded { call: 2, outcome: CallOutcome::ToolError { message, .. } } if message == "no such file")
+    );
+    let mut events = Vec::new();
+    client.on_message(
+        Incoming::Response {
+            id: ids[2],
+            outcome: Err(RpcError {
+                code: -32602,
+                message: "Invalid arguments for tool echo".into(),
+                data: None,
+            }),
+        },
+        now,
+        &mut events,
+    );
+    assert_eq!(
+        events,
+        vec![ClientEvent::CallEnded {
+            call: 3,
+            outcome: CallOutcome::Failed("Invalid arguments for tool echo".into())
+        }]
+    );
+}
+
+#[test]
+fn a_call_past_its_deadline_is_cancelled_and_its_late_reply_ignored() {
+    let now = Instant::now();
+    let mut client = ready(&["slow"], now);
+    client
+        .call(9, "slow", json!({}), now + Duration::from_millis(100))
+        .unwrap();
+    let id = sent(&mut client)[0]["id"].as_u64().unwrap();
+    assert_eq!(
+        client.next_deadline(),
+        Some(now + Duration::from_millis(100))
+    );
+    let mut events = Vec::new();
+    client.on_deadlines(now + Duration::from_millis(50), &mut events);
+    assert!(events.is_empty());
+    client.on_deadlines(now + Duration::from_millis(100), &mut events);
+    assert!(matches!(
+        &events[..],
+        [ClientEvent::CallEnded {
+            call: 9,
+            outcome: CallOutcome::Failed(_)
+        }]
+    ));
+    let cancelled = sent(&mut client);
+    assert_eq!(cancelled[0]["method"], "notifications/cancelled");
+    assert_eq!(cancelled[0]["params"]["requestId"], id);
+    assert!(reply(&mut client, id, json!({"content": []}), now).is_empty());
+    assert_eq!(client.state(), &ServerState::Ready);
+}
+
+#[test]
+fn a_cancelled_call_is_told_and_forgotten() {
+    let now = Instant::now();
+    let mut client = ready(&["slow"], now);
+    client.call(4, "slow", json!({}), now + TIMEOUT).unwrap();
+    let id = sent(&mut client)[0]["id"].as_u64().unwrap();
+    client.cancel(4, "the caller went away");
+    let told = sent(&mut client);
+    assert_eq!(
+        told[0]["params"],
+        json!({"requestId": id, "reason": "the caller went away"})
+    );
+    assert!(reply(&mut client, id, json!({"content": []}), now).is_empty());
+    assert_eq!(client.next_deadline(), None);
+}
+
+#[test]
+fn a_server_that_never_answers_initialize_fails_at_its_timeout() {
+    let now = Instant::now();
+    let mut client = McpClient::new("mute", Duration::from_millis(300), now);
+    let mut events = Vec::new();
+    client.on_deadlines(now + Duration::from_millis(300), &mut events);
+    assert_eq!(
+        events,
+        vec![ClientEvent::Failed(
+            "did not answer initialize within 300 ms".into()
+        )]
+    );
+}
+
+#[test]
+fn an_oversized_reply_fails_its_call_and_garbage_is_reported() {
+    let now = Instant::now();
+    let mut client = ready(&["big"], now);
+    client.call(5, "big", json!({}), now + TIMEOUT).unwrap();
+    let id = sent(&mut client)[0]["id"].as_u64().unwrap();
+    let mut events = Vec::new();
+    client.on_message(Incoming::Garbage("Server started".into()), now, &mut events);
+    client.on_message(
+        Incoming::Oversized {
+            id: Some(id),
+            bytes: 10 << 20,
+        },
+        now,
+        &mut events,
+    );
+    assert_eq!(events[0], ClientEvent::Garbage("Server started".into()));
+    assert!(
+        matches!(&events[1], ClientEvent::CallEnded { call: 5, outcome: CallOutcome::Failed(why) } if why.contains("over the limit"))
+    );
+    assert_eq!(client.state(), &ServerState::Ready);
+}
+
+#[test]
+fn a_server_that_ends_fails_its_calls() {
+    let now = Instant::now();
+    let mut client = ready(&["echo"], now);
+    client.call(1, "echo", json!({}), now + TIMEOUT).unwrap();
+    let mut events = Vec::new();
+    client.ended("it exited with status 1", &mut events);
+    assert!(
+        matches!(&events[0], ClientEvent::CallEnded { call: 1, outcome: CallOutcome::Failed(why) } if why.contains("exited"))
+    );
+    assert_eq!(
+        events[1],
+        ClientEvent::Failed("it exited with status 1".into())
+    );
+    assert_eq!(client.next_deadline(), None);
+}
