@@ -133,9 +133,10 @@ fn requests_pipelined_before_exit_are_answered_and_after_it_ignored() {
 fn opcodes_without_their_subsystem_answer_unavailable_after_validating_the_request() {
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
-    let valid: [(Opcode, &[u8]); 2] = [
+    let valid: [(Opcode, &[u8]); 3] = [
         (Opcode::THINK, b"What is 2+2?"),
         (Opcode::TASK, br#"{"op":"list"}"#),
+        (Opcode::TOOL, br#"{"op":"list"}"#),
     ];
     for (opcode, payload) in valid {
         let reply = call_json(&mut stream, opcode, payload);
@@ -146,6 +147,12 @@ fn opcodes_without_their_subsystem_answer_unavailable_after_validating_the_reque
             .unwrap()
             .contains(opcode.name().unwrap()));
     }
+    // A malformed TOOL request is told so first.
+    let bad = call_json(&mut stream, Opcode::TOOL, br#"{"op":"call","tool":"echo"}"#);
+    assert_eq!(bad["code"], "bad_request", "{bad}");
+    assert!(bad["error"].as_str().unwrap().contains("`server`"));
+    let hello = call_json(&mut stream, Opcode::HELLO, b"");
+    assert_eq!(hello["features"]["tools"], false, "{hello}");
 }
 
 #[test]

@@ -25,6 +25,8 @@ impl Opcode {
     pub const THINK: Opcode = Opcode(0x01);
     /// Run code in a pooled sandbox.
     pub const EXEC: Opcode = Opcode(0x02);
+    /// List, search and call tools (MCP servers' and the kernel's).
+    pub const TOOL: Opcode = Opcode(0x05);
     /// Start an agent process.
     pub const SPAWN: Opcode = Opcode(0x10);
     /// Stop an agent process tree.
@@ -40,10 +42,11 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 9] = [
+    pub const ALL: [Opcode; 10] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
+        Opcode::TOOL,
         Opcode::SPAWN,
         Opcode::KILL,
         Opcode::LIST,
@@ -58,6 +61,7 @@ impl Opcode {
             Opcode::NOOP => "NOOP",
             Opcode::THINK => "THINK",
             Opcode::EXEC => "EXEC",
+            Opcode::TOOL => "TOOL",
             Opcode::SPAWN => "SPAWN",
             Opcode::KILL => "KILL",
             Opcode::LIST => "LIST",
@@ -118,6 +122,7 @@ mod tests {
             (0x00, "NOOP"),
             (0x01, "THINK"),
             (0x02, "EXEC"),
+            (0x05, "TOOL"),
             (0x10, "SPAWN"),
             (0x11, "KILL"),
             (0x12, "LIST"),

@@ -28,6 +28,7 @@ class Opcode(enum.IntEnum):
     NOOP = 0x00
     THINK = 0x01
     EXEC = 0x02
+    TOOL = 0x05
     SPAWN = 0x10
     KILL = 0x11
     LIST = 0x12

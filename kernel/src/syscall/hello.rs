@@ -20,6 +20,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 think: kernel.llm.is_available(),
                 exec: kernel.exec.is_available(),
                 spawn: true,
+                tools: false,
                 task: false,
                 cgroup: kernel.sandboxes.host().cgroup_version(),
             },

@@ -98,7 +98,7 @@ impl Kernel {
             Opcode::EXIT => exit::handle,
             Opcode::THINK => think::handle,
             Opcode::EXEC => exec::handle,
-            Opcode::TASK => unavailable::handle,
+            Opcode::TASK | Opcode::TOOL => unavailable::handle,
             _ => unknown,
         };
         let outcome = handler(self, request);

@@ -3,7 +3,7 @@
 //! malformed payload (`bad_request`) before it learns the subsystem is
 //! missing (`unavailable`).
 
-use agentos_proto::payload::TaskRequest;
+use agentos_proto::payload::{TaskRequest, ToolCall};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 
 use super::{Kernel, Outcome, Request};
@@ -13,6 +13,7 @@ pub fn handle(_kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let opcode = request.opcode;
     let valid = match opcode {
         Opcode::TASK => TaskRequest::parse(request.payload).map(drop),
+        Opcode::TOOL => ToolCall::parse(request.payload).map(drop),
         _ => Ok(()),
     };
     let err = match valid {

@@ -46,6 +46,9 @@ pub struct Features {
     pub exec: bool,
     /// SPAWN starts agents.
     pub spawn: bool,
+    /// TOOL lists and calls tools.
+    #[serde(default)]
+    pub tools: bool,
     /// TASK runs background work.
     #[serde(default)]
     pub task: bool,
@@ -117,7 +120,7 @@ mod tests {
         }
         assert_eq!(
             serde_json::to_string(&Features::default()).unwrap(),
-            r#"{"think":false,"exec":false,"spawn":false,"task":false,"cgroup":null}"#
+            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null}"#
         );
     }
 

@@ -13,6 +13,7 @@ mod list;
 mod spawn;
 mod task;
 mod think;
+mod tool;
 
 pub use exec::{
     ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, SessionInfo,
@@ -30,6 +31,7 @@ pub use task::{
     TaskReply, TaskRequest, TaskState, TaskWait,
 };
 pub use think::{ChatMessage, ThinkReply, ThinkRequest, Usage};
+pub use tool::{Detail, ToolCall, MAX_QUERY_BYTES, MAX_SEARCH_LIMIT, MAX_TOOL_TIMEOUT_MS};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
