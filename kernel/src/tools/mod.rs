@@ -2,6 +2,9 @@
 //! code run by EXEC.
 //!
 //! [`mcp`] holds the MCP client: the JSON-RPC framing of a server's stdio
-//! and the client's state machine, both without I/O.
+//! and the client's state machine, both without I/O. [`catalog`] names
+//! tools for Python, matches agents' `permissions.tools` patterns and
+//! ranks searches.
 
+pub mod catalog;
 pub mod mcp;
