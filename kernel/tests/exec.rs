@@ -1111,3 +1111,43 @@ fn a_bash_run_takes_a_shell_started_before_it_came() {
     );
     assert_eq!(odd["stdout"], "echo \"$BASH_EXECUTION_STRING\"\n", "{odd}");
 }
+
+/// A restore given a child with a shell started stops the shell (it holds
+/// the output pipes the kernel waits on) and finishes.
+#[test]
+fn a_restore_on_a_child_with_a_shell_finishes() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon =
+        Daemon::start_with("[exec]\nready_runs = 1\nready_shells = 1\ndefault_timeout_ms = 5000\n");
+    let mut stream = daemon.raw();
+    // Bash runs have come: every child prepared from now on has a shell.
+    exec(&mut stream, json!({"language": "bash", "code": "true"}));
+    std::thread::sleep(Duration::from_millis(300));
+    let ran = exec(
+        &mut stream,
+        json!({"code": "open('kept.txt', 'w').write('yes')", "session": "s"}),
+    );
+    assert_eq!(ran["success"], true, "{ran}");
+    let taken = exec(
+        &mut stream,
+        json!({"op": "snapshot", "session": "s", "name": "n"}),
+    );
+    assert_eq!(taken["success"], true, "{taken}");
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let restored = exec(
+        &mut stream,
+        json!({"op": "restore", "session": "s", "name": "n"}),
+    );
+    assert_eq!(restored["success"], true, "{restored}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let after = exec(
+        &mut stream,
+        json!({"code": "print(open('kept.txt').read())", "session": "s"}),
+    );
+    assert_eq!(after["stdout"], "yes\n", "{after}");
+}

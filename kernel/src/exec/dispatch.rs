@@ -105,13 +105,16 @@ impl Exec {
         order.op = waiting.work.op();
         // A run gets its own kernel connection; a snapshot or restore, the
         // memfd that holds it.
+        if let Some(run) = self.children.get_mut(child) {
+            // Any order uses up the child's shell, or has it stopped.
+            run.shell = false;
+        }
         let attached = match &waiting.work {
             Work::Run => {
-                let first = self.children.get_mut(child).and_then(|c| {
-                    // A run uses up its shell, or has it stopped.
-                    c.shell = false;
-                    c.first_connection.take()
-                });
+                let first = self
+                    .children
+                    .get_mut(child)
+                    .and_then(|c| c.first_connection.take());
                 match first {
                     // The child has it already (and a shell it started, too).
                     Some(ours) => {

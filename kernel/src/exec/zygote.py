@@ -429,6 +429,10 @@ def serve_run(sock, stdout_w, stderr_w):
             if request.get("shell") and attached is not None:
                 shell = Shell(attached)
             continue
+        if shell is not None and (op != "run" or request.get("language") != "bash"):
+            # It holds the output pipes: they would never close.
+            shell.stop()
+            shell = None
         if op == "snapshot":
             end = save_workspace(attached)
         elif op == "restore":
@@ -436,10 +440,6 @@ def serve_run(sock, stdout_w, stderr_w):
         else:
             if attached is None:
                 attached, first_connection = first_connection, None
-            if shell is not None and request.get("language") != "bash":
-                # It holds the output pipes: they would never close.
-                shell.stop()
-                shell = None
             end = run_order(request, scope, attached, shell)
             shell = None
         if keep:
