@@ -479,9 +479,14 @@ impl Exec {
         replies: &mut Vec<Reply>,
     ) {
         self.shutting_down = true;
-        for waiting in std::mem::take(&mut self.waiting) {
+        let waiting = std::mem::take(&mut self.waiting);
+        // A restore waiting for its sandbox carries its session's queue.
+        let carried = waiting
+            .iter()
+            .flat_map(|w| w.carried.iter().flat_map(|c| c.queue.iter()));
+        for reply_to in waiting.iter().chain(carried).map(|w| w.reply_to) {
             let refusal = ErrorReply::new(ErrorCode::Unavailable, "the kernel is shutting down");
-            replies.push((waiting.reply_to, refusal.to_json()));
+            replies.push((reply_to, refusal.to_json()));
         }
         for (_, run) in self.children.iter_mut() {
             if matches!(run.stage, Stage::Running(_)) {

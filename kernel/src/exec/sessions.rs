@@ -99,7 +99,23 @@ impl Exec {
             *queue = kept;
             late.extend(gone);
         }
-        for waiting in late {
+        for mut waiting in late {
+            // A restore that never got its sandbox ends its session: what
+            // the session carried is answered, its snapshots deleted.
+            if let (Some(carried), Some(key)) = (waiting.carried.take(), &waiting.session) {
+                self.snapshots.remove(key);
+                for queued in carried.queue {
+                    let ended = ErrorReply::new(
+                        ErrorCode::NotFound,
+                        format!(
+                            "session {:?} ended: restoring it found no sandbox within its \
+                             timeout",
+                            key.1
+                        ),
+                    );
+                    replies.push((queued.reply_to, ended.to_json()));
+                }
+            }
             let reply = agentos_proto::payload::ExecReply {
                 timed_out: true,
                 error: Some(
