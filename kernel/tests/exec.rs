@@ -1151,3 +1151,36 @@ fn a_restore_on_a_child_with_a_shell_finishes() {
     );
     assert_eq!(after["stdout"], "yes\n", "{after}");
 }
+
+#[test]
+fn snapshots_stay_within_what_an_owner_and_the_kernel_may_keep() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    for (config, named) in [
+        (
+            "[exec]\nsnapshot_bytes = 100\n",
+            "exec.snapshot_bytes (100)",
+        ),
+        (
+            "[exec]\nsnapshot_bytes_total = 100\n",
+            "exec.snapshot_bytes_total (100)",
+        ),
+    ] {
+        let daemon = Daemon::start_with(config);
+        let mut stream = daemon.raw();
+        exec(
+            &mut stream,
+            json!({"code": "import os; open('r.bin', 'wb').write(os.urandom(4096))", "session": "s"}),
+        );
+        let taken = exec(
+            &mut stream,
+            json!({"op": "snapshot", "session": "s", "name": "big"}),
+        );
+        assert_eq!(taken["code"], "limit_exceeded", "{config}: {taken}");
+        assert!(
+            taken["error"].as_str().unwrap().contains(named),
+            "{config}: {taken}"
+        );
+        let listed = exec(&mut stream, json!({"op": "snapshots", "session": "s"}));
+        assert_eq!(listed["snapshots"], json!([]), "nothing kept: {listed}");
+    }
+}

@@ -37,6 +37,9 @@ pub struct ExecConfig {
     pub default_max_pids: u64,
     /// Bytes of session snapshots (compressed) one owner may keep in all.
     pub snapshot_bytes: u64,
+    /// Bytes of session snapshots (compressed) all owners together may
+    /// keep: snapshots are held in the kernel's memory.
+    pub snapshot_bytes_total: u64,
 }
 
 impl Default for ExecConfig {
@@ -54,6 +57,7 @@ impl Default for ExecConfig {
             default_memory: 256 << 20,
             default_max_pids: 64,
             snapshot_bytes: 512 << 20,
+            snapshot_bytes_total: 2 << 30,
         }
     }
 }

@@ -131,8 +131,8 @@ pub struct Exec {
     sessions: HashMap<SessionKey, Session>,
     /// Sessions' snapshots, oldest first.
     snapshots: HashMap<SessionKey, Vec<Snapshot>>,
-    /// Bytes of snapshots one owner may keep.
-    snapshot_bytes: u64,
+    /// Bytes of snapshots one owner may keep, and all together.
+    snapshot_bytes: (u64, u64),
     session_idle: Duration,
     max_sessions: usize,
     timers: Timers<Wake>,
@@ -212,7 +212,7 @@ impl Exec {
             waiting: VecDeque::new(),
             sessions: HashMap::new(),
             snapshots: HashMap::new(),
-            snapshot_bytes: exec.snapshot_bytes,
+            snapshot_bytes: (exec.snapshot_bytes, exec.snapshot_bytes_total),
             session_idle: Duration::from_secs(exec.session_idle_secs),
             max_sessions: exec.max_sessions,
             timers: Timers::default(),

@@ -15,8 +15,9 @@
 //! child, with the session's queue, age and run count carried over.
 //!
 //! Snapshots last as long as their session: closing it, or its interpreter
-//! dying, deletes them. Each session keeps at most [`MAX_SNAPSHOTS`], and
-//! each owner at most `exec.snapshot_bytes` of them in all.
+//! dying, deletes them. Each session keeps at most [`MAX_SNAPSHOTS`], each
+//! owner at most `exec.snapshot_bytes` of them in all, and the kernel at
+//! most [`MAX_SNAPSHOTS_TOTAL`] and `exec.snapshot_bytes_total`.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
@@ -33,6 +34,9 @@ use crate::clock::rfc3339;
 
 /// Snapshots one session may keep.
 pub const MAX_SNAPSHOTS: usize = 16;
+/// Snapshots all sessions together may keep (each holds a descriptor of
+/// the kernel's).
+pub const MAX_SNAPSHOTS_TOTAL: usize = 1024;
 
 /// One snapshot: a sealed memfd holding a gzip'd tar.
 #[derive(Debug)]
@@ -80,6 +84,13 @@ impl Exec {
                     "session {session:?} holds {held} snapshots, the most one may; take it \
                      under an existing name to replace that one"
                 ),
+            ));
+        }
+        let total: usize = self.snapshots.values().map(Vec::len).sum();
+        if total >= MAX_SNAPSHOTS_TOTAL && !replaces {
+            return Err(ErrorReply::new(
+                ErrorCode::LimitExceeded,
+                format!("the kernel holds {total} snapshots, the most it keeps; retry later"),
             ));
         }
         let data = memfd().map_err(|err| {
@@ -267,13 +278,23 @@ impl Exec {
             })
             .map(|s| s.stored)
             .sum();
-        if held + stored > self.snapshot_bytes {
+        let (per_owner, in_all) = self.snapshot_bytes;
+        if held + stored > per_owner {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,
                 format!(
                     "this snapshot takes {stored} bytes and your snapshots {held} already, over \
-                     exec.snapshot_bytes ({}); close a session or replace a snapshot",
-                    self.snapshot_bytes
+                     exec.snapshot_bytes ({per_owner}); close a session or replace a snapshot"
+                ),
+            ));
+        }
+        let everyone: u64 = self.snapshots.values().flatten().map(|s| s.stored).sum();
+        if everyone + stored > in_all {
+            return Err(ErrorReply::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "this snapshot takes {stored} bytes and the kernel holds {everyone} of \
+                     snapshots already, over exec.snapshot_bytes_total ({in_all}); retry later"
                 ),
             ));
         }
