@@ -1184,3 +1184,43 @@ fn snapshots_stay_within_what_an_owner_and_the_kernel_may_keep() {
         assert_eq!(listed["snapshots"], json!([]), "nothing kept: {listed}");
     }
 }
+
+/// New sessions whose first runs are still waiting for a sandbox count
+/// against the owner's cap: sending many at once opens no more.
+#[test]
+fn sessions_waiting_to_open_count_against_the_cap() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start_with("[exec]\nmax_sessions = 2\nready_runs = 1\n");
+    let mut stream = daemon.raw();
+    // The host is up once one run has gone through.
+    exec(&mut stream, json!({"code": "1"}));
+    for i in 0..6 {
+        let request = json!({"code": "import time; time.sleep(0.2)", "session": format!("p{i}")});
+        common::send(&mut stream, Opcode::EXEC, request.to_string().as_bytes());
+    }
+    let replies: Vec<Value> = (0..6).map(|_| common::recv_json(&mut stream).1).collect();
+    let opened = replies.iter().filter(|r| r["success"] == true).count();
+    let refused = replies
+        .iter()
+        .filter(|r| r["code"] == "limit_exceeded")
+        .count();
+    assert_eq!((opened, refused), (2, 4), "{replies:?}");
+    let listed = exec(&mut stream, json!({"op": "sessions"}));
+    assert_eq!(listed["sessions"].as_array().unwrap().len(), 2, "{listed}");
+}
+
+/// Children kept by sessions never hold up new ones: with one run kept
+/// prepared, three sessions open one after another and a sessionless run
+/// still goes through.
+#[test]
+fn sessions_never_starve_other_runs() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start_with("[exec]\nready_runs = 1\ndefault_timeout_ms = 5000\n");
+    let mut stream = daemon.raw();
+    for name in ["a", "b", "c"] {
+        let opened = exec(&mut stream, json!({"code": "x = 1", "session": name}));
+        assert_eq!(opened["success"], true, "session {name}: {opened}");
+    }
+    let free = exec(&mut stream, json!({"code": "print('through')"}));
+    assert_eq!(free["stdout"], "through\n", "{free}");
+}

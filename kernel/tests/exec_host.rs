@@ -42,7 +42,6 @@ impl Host {
             ready_runs: 2,
             tmp_bytes: 8 << 20,
             workspace_bytes: 8 << 20,
-            run_cgroups: false,
         };
         let workload = host::zygote_workload(&setup);
         let log = dir.path().join("host.log");
@@ -88,8 +87,10 @@ impl Host {
         }
     }
 
-    /// The next prepared run child, waiting up to ten seconds.
+    /// Asks for one more run child (with no cgroup of its own) and waits
+    /// up to ten seconds for it.
     fn next_ready(&mut self) -> Ready {
+        wire::send_cgroup(self.channel.as_fd(), 0, &[]).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match wire::receive_ready(self.channel.as_fd()) {

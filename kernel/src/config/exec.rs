@@ -28,6 +28,8 @@ pub struct ExecConfig {
     pub session_idle_secs: u64,
     /// Sessions one owner (an agent, or an operator's uid) may hold.
     pub max_sessions: usize,
+    /// Sessions all owners together may hold: each keeps an interpreter.
+    pub max_sessions_total: usize,
     /// Largest file a run may bring in or collect, in bytes.
     pub max_file_bytes: u64,
     /// A run's memory limit when it gives none, in bytes (never more than
@@ -53,6 +55,7 @@ impl Default for ExecConfig {
             default_timeout_ms: 30_000,
             session_idle_secs: 900,
             max_sessions: 8,
+            max_sessions_total: 256,
             max_file_bytes: 8 << 20,
             default_memory: 256 << 20,
             default_max_pids: 64,

@@ -108,6 +108,10 @@ impl Exec {
         if let Some(run) = self.children.get_mut(child) {
             // Any order uses up the child's shell, or has it stopped.
             run.shell = false;
+            if std::mem::take(&mut run.counted) {
+                let host = run.host;
+                self.child_taken(host);
+            }
         }
         let attached = match &waiting.work {
             Work::Run => {
@@ -337,6 +341,9 @@ impl Exec {
             self.forget_output(child, stream);
         }
         let run = self.children.remove(child);
+        if run.counted {
+            self.child_taken(run.host);
+        }
         if let Some(token) = run.socket_token {
             self.forget_source(run.socket.as_raw_fd(), token);
         }

@@ -21,9 +21,6 @@ pub struct HostSetup {
     pub tmp_bytes: u64,
     /// Size of each run's /workspace, in bytes.
     pub workspace_bytes: u64,
-    /// Each run moves itself into a cgroup of its own, whose files the
-    /// kernel sends (else runs stay in the host's).
-    pub run_cgroups: bool,
 }
 
 /// The zygote as a sandbox workload. Its environment holds nothing but
@@ -58,14 +55,12 @@ pub fn zygote_settings(setup: &HostSetup) -> Vec<u8> {
         .map(|byte| format!("{byte:02x}"))
         .collect();
     serde_json::json!({
-        "ready_runs": setup.ready_runs,
         "run_filter": filter,
         "tmp_bytes": setup.tmp_bytes,
         "workspace_bytes": setup.workspace_bytes,
         "proc_masked": PROC_MASKED,
         "proc_read_only": PROC_READ_ONLY,
         "run_env": run_env(),
-        "run_cgroups": setup.run_cgroups,
     })
     .to_string()
     .into_bytes()

@@ -20,9 +20,6 @@ use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
 
 /// After a host fails or ends, wait this long before starting another.
 const HOST_RETRY: Duration = Duration::from_secs(1);
-/// Run cgroups a host holds beyond its prepared runs, so that preparing
-/// the next run never waits for one to be made.
-const SPARE_CGROUPS: usize = 2;
 /// Shells are kept started while bash runs have come this recently: a
 /// shell a Python run gets is wasted.
 const SHELLS_FOR: Duration = Duration::from_secs(60);
@@ -38,6 +35,9 @@ pub(super) struct Host {
     pub(super) cgroups: HashMap<u64, RunCgroup>,
     /// The number of the last cgroup sent.
     pub(super) last_cgroup: u64,
+    /// Run children asked of it and not yet given an order (or lost): it
+    /// is asked for more while these are fewer than `exec.ready_runs`.
+    pub(super) requested: usize,
 }
 
 impl Exec {
@@ -55,6 +55,7 @@ impl Exec {
                 channel: None,
                 cgroups: HashMap::new(),
                 last_cgroup: 0,
+                requested: 0,
             });
             if let Some(sandbox) = sandboxes.acquire(id, Shape::EXEC_HOST, now) {
                 self.claim_host(sandboxes, key, sandbox);
@@ -170,9 +171,7 @@ impl Exec {
         }
         entry.insert(Source::Channel(key));
         self.hosts[key].channel = Some((ours, token));
-        if let Some(cgroups) = &self.run_cgroups {
-            cgroups.make(id, self.setup.ready_runs + SPARE_CGROUPS);
-        }
+        self.ask_for_children(key);
         log::info!("exec host {id} starting");
     }
 
@@ -180,6 +179,11 @@ impl Exec {
     /// after a pause.
     fn host_gone(&mut self, key: usize, now: Instant) {
         let host = self.hosts.remove(key);
+        // Its children go with it; they count for no host (the key may
+        // name a new one).
+        for (_, child) in self.children.iter_mut().filter(|(_, c)| c.host == key) {
+            child.counted = false;
+        }
         if let Some((channel, token)) = host.channel {
             self.forget_source(channel.as_raw_fd(), token);
         }
@@ -207,9 +211,6 @@ impl Exec {
                 }
             };
             let cgroup = self.hosts[key].cgroups.remove(&ready.cgroup);
-            if let Some(cgroups) = &self.run_cgroups {
-                cgroups.make(self.hosts[key].id, 1);
-            }
             // The pipes are made non-blocking as they are watched.
             if let Err(err) = set_nonblocking(&ready.socket) {
                 log::warn!("exec host: cannot use a run child: {err}");
@@ -231,6 +232,7 @@ impl Exec {
                 cgroup,
                 first_connection: None,
                 shell: false,
+                counted: true,
             });
             let socket = self.children[child].socket.as_raw_fd();
             let registered = self
@@ -338,5 +340,42 @@ impl Exec {
         }
         self.ready.push_back(child);
         self.dispatch(replies, now);
+    }
+}
+
+impl Exec {
+    /// Asks a host for run children until it has been asked for
+    /// `exec.ready_runs` that have not yet had an order: each comes with a
+    /// cgroup of its own (made first, in the background) or none.
+    pub(super) fn ask_for_children(&mut self, key: usize) {
+        if self.shutting_down {
+            return;
+        }
+        let Some(host) = self.hosts.get_mut(key) else {
+            return;
+        };
+        let Some((channel, _)) = &host.channel else {
+            return;
+        };
+        while host.requested < self.setup.ready_runs {
+            host.requested += 1;
+            match &self.run_cgroups {
+                Some(cgroups) => cgroups.make(host.id, 1),
+                None => {
+                    if let Err(err) = wire::send_cgroup(channel.as_fd(), 0, &[]) {
+                        log::debug!("exec host {}: cannot ask it for a run: {err}", host.id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A child of `key` no longer counts as asked for (it has its order,
+    /// or is gone before it had one): the host is asked for another.
+    pub(super) fn child_taken(&mut self, key: usize) {
+        if let Some(host) = self.hosts.get_mut(key) {
+            host.requested = host.requested.saturating_sub(1);
+        }
+        self.ask_for_children(key);
     }
 }

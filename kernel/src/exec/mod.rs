@@ -135,6 +135,8 @@ pub struct Exec {
     snapshot_bytes: (u64, u64),
     session_idle: Duration,
     max_sessions: usize,
+    /// Sessions all owners together may hold.
+    max_sessions_total: usize,
     timers: Timers<Wake>,
     /// Runs' own connections to the kernel, for the reactor to admit.
     adopted: Vec<(mio::net::UnixStream, Identity)>,
@@ -215,6 +217,7 @@ impl Exec {
             snapshot_bytes: (exec.snapshot_bytes, exec.snapshot_bytes_total),
             session_idle: Duration::from_secs(exec.session_idle_secs),
             max_sessions: exec.max_sessions,
+            max_sessions_total: exec.max_sessions_total,
             timers: Timers::default(),
             adopted: Vec::new(),
             setup: HostSetup {
@@ -222,7 +225,6 @@ impl Exec {
                 ready_runs: exec.ready_runs,
                 tmp_bytes: config.agents.tmp_bytes,
                 workspace_bytes: config.agents.workspace_bytes,
-                run_cgroups: run_cgroups.is_some(),
             },
             host_limits: {
                 let share = exec.ready_runs as u64 + 1;
@@ -334,13 +336,26 @@ impl Exec {
                 self.expire_if_still_waiting(reply_to, deadline);
                 return Ok(());
             }
-            let held = self.sessions.keys().filter(|(o, _)| *o == owner).count();
+            // Sessions open, and those a waiting run will open.
+            let mut keys: std::collections::HashSet<&SessionKey> = self.sessions.keys().collect();
+            keys.extend(self.waiting.iter().filter_map(|w| w.session.as_ref()));
+            let held = keys.iter().filter(|(o, _)| *o == owner).count();
             if held >= self.max_sessions {
                 return Err(ErrorReply::new(
                     ErrorCode::LimitExceeded,
                     format!(
                         "you hold {held} sessions, the most exec.max_sessions allows; close \
                          one ({{\"op\":\"close\"}}) first"
+                    ),
+                ));
+            }
+            if keys.len() >= self.max_sessions_total {
+                return Err(ErrorReply::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "the kernel holds {} sessions, the most exec.max_sessions_total \
+                         allows; retry later",
+                        keys.len()
                     ),
                 ));
             }

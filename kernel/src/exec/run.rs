@@ -164,6 +164,9 @@ pub struct RunChild {
     pub first_connection: Option<mio::net::UnixStream>,
     /// It has a shell started for a bash run.
     pub shell: bool,
+    /// It counts among the children asked of its host (it has had no
+    /// order yet).
+    pub counted: bool,
 }
 
 /// Which of a child's output streams.

@@ -1,10 +1,10 @@
-# The exec host's interpreter: it never runs request code itself. It keeps
-# a few run children forked from its own warm image, each rehearsed (its
-# pages touched by a sample run) and blocked waiting for code, and hands
-# each to the kernel over its channel (fd 8, see sandbox::spec::fds) as
-# three descriptors: the run's socket, the read ends of its stdout and
-# stderr pipes. A run child serves one run (or, for a session, many), then
-# exits; the zygote reaps it and prepares another.
+# The exec host's interpreter: it never runs request code itself. For
+# each run child the kernel asks for, it forks one from its own warm image,
+# rehearsed (its pages touched by a sample run) and blocked waiting for
+# code, and hands it to the kernel over its channel (fd 8, see
+# sandbox::spec::fds) as three descriptors: the run's socket, the read ends
+# of its stdout and stderr pipes. A run child serves one run (or, for a
+# session, many), then exits; the zygote reaps it.
 #
 # Isolation per run. The zygote first makes a user namespace of its own
 # (the host's seccomp filter lets it), keeping the host's unprivileged uid
@@ -41,11 +41,11 @@
 # Channel messages (one datagram each, descriptors as SCM_RIGHTS):
 #   zygote -> kernel:  {"ready": <run number>, "cgroup": <cgroup number>}
 #                      [run socket, stdout, stderr]
-#   kernel -> zygote:  the settings first; then, when runs have cgroups of
-#                      their own, {"cgroup": <number>} [one file per
-#                      hierarchy]: the next run child writes "0" into each
-#                      to move itself in, then closes them (number 0 and no
-#                      files: that child stays in the host's cgroup).
+#   kernel -> zygote:  the settings first; then, for each run child it
+#                      wants prepared, {"cgroup": <number>} [one file per
+#                      hierarchy]: the child writes "0" into each to move
+#                      itself into its own cgroup, then closes them (number
+#                      0 and no files: it stays in the host's cgroup).
 #
 # Started as `python -I -S -c <this>`: no site, no user paths, nothing from
 # the environment but what the kernel set.
@@ -673,10 +673,9 @@ def rehearse():
 
 
 def next_cgroup(channel):
-    """The number of the next run's own cgroup and the files that move a
-    process into it, from the kernel (0 and none when runs have none)."""
-    if not SETTINGS["run_cgroups"]:
-        return 0, []
+    """Waits for the kernel to ask for the next run child: the number of
+    its cgroup and the files that move a process into it (0 and none: it
+    has no cgroup of its own)."""
     message, fds, _, _ = socket.recv_fds(channel, 256, 8)
     if not message:
         raise SystemExit(0)  # the kernel has gone
@@ -766,18 +765,26 @@ def main():
     # child ever walks (and so copies) the pages it shares with the zygote.
     gc.collect()
     gc.freeze()
-    children = set()
+    # The kernel decides how many children are prepared: one per request.
+    # (Children kept by sessions live on without holding up new ones.)
+    signal.signal(signal.SIGCHLD, reap)
     number = 0
     while True:
-        while len(children) < SETTINGS["ready_runs"]:
-            number += 1
-            children.add(prepare(channel, number, program, next_cgroup(channel)))
-        # Wait for a child to end (it served its run) or the kernel to go.
+        cgroup = next_cgroup(channel)
+        number += 1
+        prepare(channel, number, program, cgroup)
+
+
+def reap(_signum, _frame):
+    """Reaps every child that has ended (a run's waiting parent, once its
+    run is over), so none lingers as a zombie holding its cgroup's pids."""
+    while True:
         try:
-            pid, _ = os.waitpid(-1, 0)
+            pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            continue
-        children.discard(pid)
+            return
+        if pid == 0:
+            return
 
 
 if __name__ == "__main__":
