@@ -118,6 +118,9 @@ trait Backend: fmt::Debug + Send + Sync {
     fn stats(&self, rel: &Path) -> CgroupStats;
     /// Processes the memory controller has killed in `rel`.
     fn oom_kills(&self, rel: &Path) -> u64;
+    /// The memory limit in force in `rel`, in bytes (`None`: unreadable or
+    /// unlimited).
+    fn memory_limit(&self, rel: &Path) -> Option<u64>;
     /// A descriptor that becomes readable when `rel` sees an OOM kill.
     fn watch_oom(&self, rel: &Path) -> io::Result<OwnedFd>;
     /// Consumes the readiness of a [`watch_oom`](Self::watch_oom) descriptor.
@@ -404,10 +407,30 @@ impl AgentCgroup {
         resources.pid.maximum_number_of_processes =
             Some(MaxValue::Value(clamp_i64(limits.max_pids)));
         let cgroup = Cgroup::load(self.backend.hierarchy(), &self.rel);
-        cgroup.apply(&resources).map_err(|err| CgroupError::Limits {
-            path: self.rel.clone(),
-            message: err.to_string(),
-        })
+        // v1 takes a memory limit only up to the memory+swap one, and
+        // cgroups-rs ignores a refused write: writing both twice raises
+        // either one first. What is in force is then checked.
+        for _ in 0..2 {
+            cgroup
+                .apply(&resources)
+                .map_err(|err| CgroupError::Limits {
+                    path: self.rel.clone(),
+                    message: err.to_string(),
+                })?;
+        }
+        let page = 4096;
+        match self.backend.memory_limit(&self.rel) {
+            Some(in_force) if in_force / page != limits.memory.min(i64::MAX as u64) / page => {
+                Err(CgroupError::Limits {
+                    path: self.rel.clone(),
+                    message: format!(
+                        "the memory limit in force is {in_force} bytes, not {}",
+                        limits.memory
+                    ),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// How a new sandbox enters this cgroup: v2 clones straight into its

@@ -323,3 +323,34 @@ fn why_a_host_has_no_cgroups_is_one_sentence_for_degraded_reason() {
         assert_eq!(reason.to_string(), sentence);
     }
 }
+
+#[test]
+fn real_memory_limits_can_be_raised_as_well_as_lowered() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "!!! NOT TESTED: creating real cgroups needs root; run the suite as root (CI does)"
+        );
+        return;
+    }
+    let cgroups = Cgroups::detect().expect("root, but no usable cgroups on this host");
+    cgroups.start().unwrap();
+    let name = format!("unit-raise-{}", std::process::id());
+    let small = CgroupLimits {
+        memory: 64 << 20,
+        ..LIMITS
+    };
+    let cgroup = cgroups.create(&name, &small).unwrap();
+    let real = RealCgroup { cgroups, cgroup };
+    let in_force = || real.cgroups.backend.memory_limit(real.cgroup.rel());
+    assert_eq!(in_force(), Some(64 << 20));
+    // v1 refuses a memory limit above the memory+swap one: raising must
+    // write that one first.
+    let big = CgroupLimits {
+        memory: 256 << 20,
+        ..LIMITS
+    };
+    real.cgroup.apply(&big).unwrap();
+    assert_eq!(in_force(), Some(256 << 20));
+    real.cgroup.apply(&small).unwrap();
+    assert_eq!(in_force(), Some(64 << 20));
+}

@@ -132,6 +132,14 @@ impl Backend for Legacy {
         keyed_value(&control, "oom_kill")
     }
 
+    fn memory_limit(&self, rel: &Path) -> Option<u64> {
+        fs::read_to_string(self.memory.join(rel).join("memory.limit_in_bytes"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     fn watch_oom(&self, rel: &Path) -> io::Result<OwnedFd> {
         // v1 reports OOM through an eventfd registered on memory.oom_control
         // via cgroup.event_control: "<eventfd> <oom_control fd>".

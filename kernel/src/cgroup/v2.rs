@@ -108,6 +108,15 @@ impl Backend for Unified {
         }
     }
 
+    fn memory_limit(&self, rel: &Path) -> Option<u64> {
+        // "max" (no limit) parses as nothing.
+        fs::read_to_string(self.root.join(rel).join("memory.max"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     fn oom_kills(&self, rel: &Path) -> u64 {
         // `oom_kill` counts kills; `oom` counts OOM events, kills or not.
         let events =

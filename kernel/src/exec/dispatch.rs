@@ -108,10 +108,6 @@ impl Exec {
         if let Some(run) = self.children.get_mut(child) {
             // Any order uses up the child's shell, or has it stopped.
             run.shell = false;
-            if std::mem::take(&mut run.counted) {
-                let host = run.host;
-                self.child_taken(host);
-            }
         }
         let attached = match &waiting.work {
             Work::Run => {
@@ -220,6 +216,14 @@ impl Exec {
         let Some(key) = key else {
             return self.drop_child(child);
         };
+        if let Some(run) = self.children.get_mut(child) {
+            // Kept for its session, it is no longer one of its host's
+            // prepared children: the host prepares another.
+            if std::mem::take(&mut run.counted) {
+                let host = run.host;
+                self.child_taken(host);
+            }
+        }
         if !alive {
             // Its interpreter is gone (killed at a timeout, or it died):
             // so is the session, its snapshots, and what waited for it.

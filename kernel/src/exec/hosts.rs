@@ -35,8 +35,10 @@ pub(super) struct Host {
     pub(super) cgroups: HashMap<u64, RunCgroup>,
     /// The number of the last cgroup sent.
     pub(super) last_cgroup: u64,
-    /// Run children asked of it and not yet given an order (or lost): it
-    /// is asked for more while these are fewer than `exec.ready_runs`.
+    /// Run children asked of it whose first run has not ended (and that
+    /// are not lost): it is asked for more while these are fewer than
+    /// `exec.ready_runs`. A child a session keeps stops counting once its
+    /// first run has ended.
     pub(super) requested: usize,
 }
 
@@ -344,9 +346,10 @@ impl Exec {
 }
 
 impl Exec {
-    /// Asks a host for run children until it has been asked for
-    /// `exec.ready_runs` that have not yet had an order: each comes with a
-    /// cgroup of its own (made first, in the background) or none.
+    /// Asks a host for run children until `exec.ready_runs` count: each
+    /// comes with a cgroup of its own (made first, in the background) or
+    /// none. Asking after a run has ended, not when it starts, keeps the
+    /// preparing off the run's way.
     pub(super) fn ask_for_children(&mut self, key: usize) {
         if self.shutting_down {
             return;
@@ -370,8 +373,8 @@ impl Exec {
         }
     }
 
-    /// A child of `key` no longer counts as asked for (it has its order,
-    /// or is gone before it had one): the host is asked for another.
+    /// A child of `key` no longer counts (its first run has ended, or it is
+    /// gone): the host is asked for another.
     pub(super) fn child_taken(&mut self, key: usize) {
         if let Some(host) = self.hosts.get_mut(key) {
             host.requested = host.requested.saturating_sub(1);

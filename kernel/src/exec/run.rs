@@ -164,8 +164,8 @@ pub struct RunChild {
     pub first_connection: Option<mio::net::UnixStream>,
     /// It has a shell started for a bash run.
     pub shell: bool,
-    /// It counts among the children asked of its host (it has had no
-    /// order yet).
+    /// It counts among the children asked of its host (its first run has
+    /// not ended).
     pub counted: bool,
 }
 
