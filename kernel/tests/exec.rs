@@ -1224,3 +1224,24 @@ fn sessions_never_starve_other_runs() {
     let free = exec(&mut stream, json!({"code": "print('through')"}));
     assert_eq!(free["stdout"], "through\n", "{free}");
 }
+
+/// A second run for a session whose first run still waits opens nothing
+/// new: it is not refused for the cap that session already counts in.
+#[test]
+fn runs_for_a_session_about_to_open_are_not_refused() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start_with("[exec]\nmax_sessions = 1\nready_runs = 1\n");
+    let mut stream = daemon.raw();
+    exec(&mut stream, json!({"code": "1"}));
+    // A sessionless run holds the one prepared child; the session's runs
+    // wait, the first of them to open it.
+    let busy = json!({"code": "import time; time.sleep(0.3)"});
+    common::send(&mut stream, Opcode::EXEC, busy.to_string().as_bytes());
+    for code in ["x = 1", "print(x)"] {
+        let request = json!({"code": code, "session": "only"});
+        common::send(&mut stream, Opcode::EXEC, request.to_string().as_bytes());
+    }
+    let replies: Vec<Value> = (0..3).map(|_| common::recv_json(&mut stream).1).collect();
+    assert!(replies.iter().all(|r| r["success"] == true), "{replies:?}");
+    assert_eq!(replies[2]["stdout"], "1\n", "{replies:?}");
+}

@@ -319,60 +319,67 @@ impl Exec {
             .map_or(self.default_timeout, Duration::from_millis);
         let deadline = now + timeout;
         let session = request.session.clone().map(|name| (owner, name));
-        if let Some(key) = &session {
-            if let Some(open) = self.sessions.get_mut(key) {
-                open.queue.push_back(Waiting {
-                    request,
-                    reply_to,
-                    caller,
-                    limits,
-                    timeout,
-                    deadline,
-                    session: session.clone(),
-                    work: Work::Run,
-                    carried: None,
-                });
-                self.serve_session(key, replies, now);
-                self.expire_if_still_waiting(reply_to, deadline);
-                return Ok(());
-            }
-            // Sessions open, and those a waiting run will open.
-            let mut keys: std::collections::HashSet<&SessionKey> = self.sessions.keys().collect();
-            keys.extend(self.waiting.iter().filter_map(|w| w.session.as_ref()));
-            let held = keys.iter().filter(|(o, _)| *o == owner).count();
-            if held >= self.max_sessions {
-                return Err(ErrorReply::new(
-                    ErrorCode::LimitExceeded,
-                    format!(
-                        "you hold {held} sessions, the most exec.max_sessions allows; close \
-                         one ({{\"op\":\"close\"}}) first"
-                    ),
-                ));
-            }
-            if keys.len() >= self.max_sessions_total {
-                return Err(ErrorReply::new(
-                    ErrorCode::Busy,
-                    format!(
-                        "the kernel holds {} sessions, the most exec.max_sessions_total \
-                         allows; retry later",
-                        keys.len()
-                    ),
-                ));
-            }
+        // A run for a session neither open nor about to open (by a run
+        // already waiting) opens one.
+        let opens_session = session.as_ref().is_some_and(|key| {
+            !self.sessions.contains_key(key)
+                && !self.waiting.iter().any(|w| w.session.as_ref() == Some(key))
+        });
+        if opens_session {
+            self.may_open_session(owner)?;
         }
-        self.waiting.push_back(Waiting {
+        let waiting = Waiting {
             request,
             reply_to,
             caller,
             limits,
             timeout,
             deadline,
-            session,
+            session: session.clone(),
             work: Work::Run,
             carried: None,
-        });
-        self.dispatch(replies, now);
+        };
+        match session.filter(|key| self.sessions.contains_key(key)) {
+            Some(key) => {
+                if let Some(open) = self.sessions.get_mut(&key) {
+                    open.queue.push_back(waiting);
+                }
+                self.serve_session(&key, replies, now);
+            }
+            None => {
+                self.waiting.push_back(waiting);
+                self.dispatch(replies, now);
+            }
+        }
         self.expire_if_still_waiting(reply_to, deadline);
+        Ok(())
+    }
+
+    /// Whether `owner` may open one more session: sessions open, and those
+    /// a waiting run will open, count against its cap and the kernel's.
+    fn may_open_session(&self, owner: SessionOwner) -> Result<(), ErrorReply> {
+        let mut keys: std::collections::HashSet<&SessionKey> = self.sessions.keys().collect();
+        keys.extend(self.waiting.iter().filter_map(|w| w.session.as_ref()));
+        let held = keys.iter().filter(|(o, _)| *o == owner).count();
+        if held >= self.max_sessions {
+            return Err(ErrorReply::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you hold {held} sessions, the most exec.max_sessions allows; close \
+                     one ({{\"op\":\"close\"}}) first"
+                ),
+            ));
+        }
+        if keys.len() >= self.max_sessions_total {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "the kernel holds {} sessions, the most exec.max_sessions_total allows; \
+                     retry later",
+                    keys.len()
+                ),
+            ));
+        }
         Ok(())
     }
 
