@@ -407,30 +407,39 @@ impl AgentCgroup {
         resources.pid.maximum_number_of_processes =
             Some(MaxValue::Value(clamp_i64(limits.max_pids)));
         let cgroup = Cgroup::load(self.backend.hierarchy(), &self.rel);
+        let write = || {
+            cgroup.apply(&resources).map_err(|err| CgroupError::Limits {
+                path: self.rel.clone(),
+                message: err.to_string(),
+            })
+        };
+        write()?;
         // v1 takes a memory limit only up to the memory+swap one, and
-        // cgroups-rs ignores a refused write: writing both twice raises
-        // either one first. What is in force is then checked.
-        for _ in 0..2 {
-            cgroup
-                .apply(&resources)
-                .map_err(|err| CgroupError::Limits {
-                    path: self.rel.clone(),
-                    message: err.to_string(),
-                })?;
-        }
-        let page = 4096;
-        match self.backend.memory_limit(&self.rel) {
-            Some(in_force) if in_force / page != limits.memory.min(i64::MAX as u64) / page => {
-                Err(CgroupError::Limits {
+        // cgroups-rs ignores a refused write: a raised limit needs the
+        // second write, after memory+swap was raised by the first.
+        if !self.memory_limit_is(limits.memory) {
+            write()?;
+            if !self.memory_limit_is(limits.memory) {
+                return Err(CgroupError::Limits {
                     path: self.rel.clone(),
                     message: format!(
-                        "the memory limit in force is {in_force} bytes, not {}",
+                        "the memory limit in force is {:?} bytes, not {}",
+                        self.backend.memory_limit(&self.rel),
                         limits.memory
                     ),
-                })
+                });
             }
-            _ => Ok(()),
         }
+        Ok(())
+    }
+
+    /// Whether the memory limit in force is `memory` (to the page; an
+    /// unreadable one counts as right).
+    fn memory_limit_is(&self, memory: u64) -> bool {
+        let page = 4096;
+        self.backend
+            .memory_limit(&self.rel)
+            .is_none_or(|in_force| in_force / page == memory.min(i64::MAX as u64) / page)
     }
 
     /// How a new sandbox enters this cgroup: v2 clones straight into its
