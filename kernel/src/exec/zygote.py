@@ -328,11 +328,21 @@ def open_beneath(path, flags, create_dirs=False):
     """Opens /workspace/<path> without following a symlink anywhere on the
     way (the kernel checked the path is plain and relative). Directories
     missing on the way are made when ``create_dirs``."""
-    parts = path.split("/")
+    *dirs, name = path.split("/")
+    directory = walk_beneath(dirs, create_dirs)
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def walk_beneath(dirs, create):
+    """A descriptor of /workspace/<dirs...>, each opened without following
+    a symlink, each made first if ``create`` and missing."""
     directory = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        for part in parts[:-1]:
-            if create_dirs:
+        for part in dirs:
+            if create:
                 try:
                     os.mkdir(part, 0o755, dir_fd=directory)
                 except FileExistsError:
@@ -340,9 +350,10 @@ def open_beneath(path, flags, create_dirs=False):
             inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
             os.close(directory)
             directory = inner
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory)
-    finally:
+    except BaseException:
         os.close(directory)
+        raise
+    return directory
 
 
 def write_files(files):
@@ -613,7 +624,7 @@ def restore_workspace(fd):
             shutil.rmtree(entry.path)
         else:
             os.unlink(entry.path)
-    left_out, restored = [], 0
+    left_out = []
     os.lseek(fd, 0, os.SEEK_SET)
     try:
         with os.fdopen(fd, "rb") as source, tarfile.open(fileobj=source, mode="r:gz") as tar:
@@ -623,27 +634,12 @@ def restore_workspace(fd):
                 if not plain or not (member.isdir() or member.isfile()):
                     left_out.append(member.name)
                 elif member.isdir():
-                    make_dirs_beneath(parts)
+                    os.close(walk_beneath(parts, create=True))
                 else:
-                    restored += write_member(tar, member, left_out)
+                    write_member(tar, member, left_out)
     except (OSError, tarfile.TarError, EOFError) as err:
         return {"exit_code": 1, "error": f"cannot restore the snapshot: {err}", "left_out": left_out}
-    return {"exit_code": 0, "error": None, "left_out": left_out, "workspace_bytes": restored}
-
-
-def make_dirs_beneath(parts):
-    directory = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for part in parts:
-            try:
-                os.mkdir(part, 0o755, dir_fd=directory)
-            except FileExistsError:
-                pass
-            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
-            os.close(directory)
-            directory = inner
-    finally:
-        os.close(directory)
+    return {"exit_code": 0, "error": None, "left_out": left_out}
 
 
 def write_member(tar, member, left_out):
@@ -651,12 +647,11 @@ def write_member(tar, member, left_out):
         fd = open_beneath(member.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, create_dirs=True)
     except OSError:
         left_out.append(member.name)
-        return 0
+        return
     with os.fdopen(fd, "wb") as file, tar.extractfile(member) as content:
         while chunk := content.read(1 << 20):
             file.write(chunk)
         os.fchmod(file.fileno(), 0o755 if member.mode & 0o111 else 0o644)
-    return member.size
 
 
 def rehearse():
