@@ -931,6 +931,18 @@ fn a_runs_limits_contain_memory_and_fork_bombs_and_a_busy_loop() {
     );
 }
 
+/// A JSON list of strings, sorted.
+fn sorted(list: &Value) -> Vec<&str> {
+    let mut items: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item.as_str().unwrap())
+        .collect();
+    items.sort_unstable();
+    items
+}
+
 #[test]
 fn a_snapshot_restores_a_sessions_files_into_a_fresh_interpreter_following_no_symlink() {
     require_root!("EXEC (its isolation needs namespaces)");
@@ -956,14 +968,7 @@ fn a_snapshot_restores_a_sessions_files_into_a_fresh_interpreter_following_no_sy
     assert_eq!(taken["snapshot"]["name"], "before");
     assert_eq!(taken["snapshot"]["bytes"], 8, "{taken}");
     assert!(taken["snapshot"]["created_at"].is_string());
-    let mut left_out: Vec<&str> = taken["left_out"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p.as_str().unwrap())
-        .collect();
-    left_out.sort_unstable();
-    assert_eq!(left_out, ["etc-link", "fifo", "pw"]);
+    assert_eq!(sorted(&taken["left_out"]), ["etc-link", "fifo", "pw"]);
     exec(
         &mut stream,
         json!({"code": "import shutil; open('a.txt', 'w').write('two'); shutil.rmtree('sub'); x = 42",
@@ -1041,14 +1046,11 @@ fn a_forged_snapshot_restores_nothing_outside_the_workspace() {
         json!({"op": "restore", "session": "f", "name": "forged"}),
     );
     assert_eq!(restored["success"], true, "{restored}");
-    let mut left_out: Vec<&str> = restored["left_out"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p.as_str().unwrap())
-        .collect();
-    left_out.sort_unstable();
-    assert_eq!(left_out, ["../escape", "/abs", "dev", "evil"], "{restored}");
+    assert_eq!(
+        sorted(&restored["left_out"]),
+        ["../escape", "/abs", "dev", "evil"],
+        "{restored}"
+    );
     let look = exec(
         &mut stream,
         json!({"code": "import os; print(os.path.islink('evil'), sorted(os.listdir('.')), \

@@ -235,19 +235,27 @@ impl Drop for RealCgroup {
     }
 }
 
-#[test]
-fn real_cgroup_limits_a_process_and_is_removed_after_it() {
+/// This host's cgroups, started — or `None`, said loudly, without root.
+fn real_cgroups() -> Option<Cgroups> {
     if !nix::unistd::geteuid().is_root() {
         eprintln!(
             "!!! NOT TESTED: creating real cgroups needs root; run the suite as root (CI does)"
         );
-        return;
+        return None;
     }
     let cgroups = match Cgroups::detect() {
         Ok(cgroups) => cgroups,
         Err(reason) => panic!("root, but no usable cgroups on this host: {reason}"),
     };
     cgroups.start().unwrap();
+    Some(cgroups)
+}
+
+#[test]
+fn real_cgroup_limits_a_process_and_is_removed_after_it() {
+    let Some(cgroups) = real_cgroups() else {
+        return;
+    };
     let name = format!("unit-{}", std::process::id());
     let cgroup = cgroups.create(&name, &LIMITS).unwrap();
     let real = RealCgroup { cgroups, cgroup };
@@ -326,14 +334,9 @@ fn why_a_host_has_no_cgroups_is_one_sentence_for_degraded_reason() {
 
 #[test]
 fn real_memory_limits_can_be_raised_as_well_as_lowered() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!(
-            "!!! NOT TESTED: creating real cgroups needs root; run the suite as root (CI does)"
-        );
+    let Some(cgroups) = real_cgroups() else {
         return;
-    }
-    let cgroups = Cgroups::detect().expect("root, but no usable cgroups on this host");
-    cgroups.start().unwrap();
+    };
     let name = format!("unit-raise-{}", std::process::id());
     let small = CgroupLimits {
         memory: 64 << 20,
