@@ -33,6 +33,10 @@ pub enum ReplyTo {
     },
     /// A background task, by id.
     Task(u64),
+    /// A built-in tool's call, by the kernel's number for it: the reply is
+    /// the subsystem's own (a THINK reply for `llm.think`), turned into a
+    /// TOOL reply before it goes on to the caller.
+    Tool(u64),
 }
 
 impl ReplyTo {
@@ -41,7 +45,7 @@ impl ReplyTo {
     pub fn connection(&self) -> Option<u64> {
         match self {
             ReplyTo::Request { conn, .. } => Some(conn.serial),
-            ReplyTo::Task(_) => None,
+            ReplyTo::Task(_) | ReplyTo::Tool(_) => None,
         }
     }
 
@@ -55,14 +59,27 @@ impl ReplyTo {
 /// A finished reply: its address and its payload.
 pub type Reply = (ReplyTo, Vec<u8>);
 
+/// A connection the kernel made or accepted itself, for the reactor to
+/// serve: one accepted on an agent's own socket, or an EXEC run's.
+#[derive(Debug)]
+pub struct Adopted {
+    /// The connection.
+    pub stream: UnixStream,
+    /// Whose calls it carries.
+    pub identity: Identity,
+    /// The EXEC run it belongs to (its tag), whose reply counts its tool
+    /// calls.
+    pub run: Option<u64>,
+}
+
 /// What the kernel hands back to the reactor after an event: finished
 /// replies, and connections it accepted on agents' own sockets.
 #[derive(Debug, Default)]
 pub struct Outbox {
     /// Replies to requests answered later than they arrived.
     pub replies: Vec<Reply>,
-    /// Connections accepted on an agent's own socket, with who they are.
-    pub adopted: Vec<(UnixStream, Identity)>,
+    /// Connections the kernel made or accepted itself.
+    pub adopted: Vec<Adopted>,
 }
 
 impl Outbox {

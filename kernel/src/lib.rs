@@ -25,6 +25,7 @@ pub mod exec;
 pub mod identity;
 pub mod llm;
 pub mod process;
+pub mod python_names;
 pub mod reactor;
 pub mod sandbox;
 pub mod socket;

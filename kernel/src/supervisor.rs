@@ -1,5 +1,5 @@
 //! Keeps one of the kernel's own long-running children alive: the local
-//! model server now, MCP tool servers next.
+//! model server, and each MCP tool server.
 //!
 //! A [`Supervisor`] runs a thread that starts the child a [`Service`]
 //! describes, lets the service make it ready, waits for it to end and
@@ -118,6 +118,17 @@ impl Supervisor {
         }
         drop(control);
         self.shared.stopping.notify_all();
+    }
+}
+
+impl Supervisor {
+    /// Kills the running child (SIGKILL), if there is one: it is started
+    /// again after the backoff delay, as after any end. For a child that
+    /// is alive but of no use (it stopped answering).
+    pub fn restart(&self) {
+        if let Some(pid) = lock(&self.shared.control).child {
+            let _ = kill(pid, Signal::SIGKILL);
+        }
     }
 }
 

@@ -173,7 +173,7 @@ fn server_everything_lists_its_tools_and_answers_calls_and_errors() {
     // Arguments that fail the tool's schema: the server's own error
     // surfaces, as a tool error or a JSON-RPC error.
     let message = match session.call(3, "echo", json!({})) {
-        CallOutcome::ToolError { message, .. } | CallOutcome::Failed(message) => message,
+        CallOutcome::ToolError { message, .. } | CallOutcome::Rejected(message) => message,
         done => panic!("echo without its argument succeeded: {done:?}"),
     };
     assert!(message.contains("message"), "{message}");

@@ -29,6 +29,8 @@ pub enum ErrorCode {
     Unavailable,
     /// A kernel fault; the message says what failed.
     Internal,
+    /// A tool reported an error of its own (TOOL); the message is its text.
+    ToolError,
     /// Framing: the frame did not start with the magic. The connection closes.
     BadMagic,
     /// Framing: `payload_len` is over the limit. The connection closes.
@@ -52,6 +54,7 @@ impl ErrorCode {
             ErrorCode::Timeout => "timeout",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::ToolError => "tool_error",
             ErrorCode::BadMagic => "bad_magic",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Other => "other",

@@ -16,8 +16,10 @@
 use agentos_proto::payload::{Limits, Permissions, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use crate::tools::catalog::covered_by;
+
 /// What an agent was given, which bounds what it may give.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     /// Whether it shares the host's network.
     pub network: bool,
@@ -117,6 +119,20 @@ fn child_permissions(
             return Err(denied(field, "its parent does not have it"));
         }
     }
+    if let Some(wider) = asked
+        .tools
+        .iter()
+        .flatten()
+        .find(|pattern| !covered_by(&parent.tools, pattern))
+    {
+        return Err(denied(
+            "permissions.tools",
+            &format!(
+                "{wider:?} allows tools its parent's {:?} do not",
+                parent.tools
+            ),
+        ));
+    }
     let llm_tokens = match (asked.llm_tokens.unwrap_or(0), tokens_left) {
         // Its own budget, carved out of what the tree has left.
         (tokens, Some(left)) if tokens > left => {
@@ -129,7 +145,7 @@ fn child_permissions(
     };
     Ok(Permissions {
         llm_tokens,
-        ..asked.or(*parent)
+        ..asked.or(parent.clone())
     })
 }
 
@@ -158,6 +174,7 @@ mod tests {
                 exec: true,
                 spawn: true,
                 llm_tokens: 1000,
+                tools: vec!["everything.*".into(), "time.get_current_time".into()],
             },
         }
     }
@@ -218,6 +235,18 @@ mod tests {
                 r#"{"name":"c","command":["x"],"permissions":{"llm_tokens":601}}"#,
                 "`permissions.llm_tokens`",
             ),
+            (
+                r#"{"name":"c","command":["x"],"permissions":{"tools":["*"]}}"#,
+                "`permissions.tools`",
+            ),
+            (
+                r#"{"name":"c","command":["x"],"permissions":{"tools":["time.*"]}}"#,
+                "`permissions.tools`",
+            ),
+            (
+                r#"{"name":"c","command":["x"],"permissions":{"tools":["everything*"]}}"#,
+                "`permissions.tools`",
+            ),
         ] {
             let error = refused_field(json);
             assert!(error.contains(field), "{json}: {error}");
@@ -254,7 +283,8 @@ mod tests {
     fn less_is_always_fine() {
         let grant = child(
             r#"{"name":"c","command":["x"],"limits":{"memory":1048576,"max_pids":2},
-                "permissions":{"exec":false,"spawn":false,"llm_tokens":600}}"#,
+                "permissions":{"exec":false,"spawn":false,"llm_tokens":600,
+                               "tools":["everything.echo","everything.get-*","time.get_current_time"]}}"#,
             Some(600),
         )
         .unwrap();
@@ -262,6 +292,7 @@ mod tests {
         assert_eq!(grant.limits.max_pids, Some(2));
         assert!(!grant.permissions.exec && !grant.permissions.spawn);
         assert_eq!(grant.permissions.llm_tokens, 600);
+        assert_eq!(grant.permissions.tools.len(), 3);
     }
 
     #[test]

@@ -77,7 +77,7 @@ pub struct AgentGrant<'a> {
     /// Its name.
     pub name: &'a str,
     /// Its permissions.
-    pub permissions: Permissions,
+    pub permissions: &'a Permissions,
     /// Its limits in force.
     pub limits: Limits,
     /// The token budgets it draws on.
@@ -132,7 +132,7 @@ impl Agents {
     pub fn grant(&self, id: u32) -> Option<AgentGrant<'_>> {
         self.table.get(&id).map(|agent| AgentGrant {
             name: &agent.name,
-            permissions: agent.permissions,
+            permissions: &agent.permissions,
             limits: agent.limits,
             budgets: &agent.budgets,
         })

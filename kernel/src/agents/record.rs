@@ -116,7 +116,7 @@ impl Agent {
         Grant {
             network: self.request.network,
             limits: self.limits,
-            permissions: self.permissions,
+            permissions: self.permissions.clone(),
         }
     }
 

@@ -8,6 +8,7 @@
 
 pub mod exec;
 pub mod llm;
+pub mod mcp;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -18,6 +19,7 @@ use serde::Deserialize;
 
 use exec::ExecConfig;
 use llm::LlmConfig;
+use mcp::McpConfig;
 
 /// The service's config file, read when present and nothing else is named.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentos/agentosd.toml";
@@ -72,6 +74,8 @@ pub struct Config {
     pub llm: LlmConfig,
     /// EXEC: exec hosts, output caps, sessions.
     pub exec: ExecConfig,
+    /// `[mcp]`: the MCP servers whose tools TOOL and EXEC offer.
+    pub mcp: McpConfig,
     /// Diagnostics for tests; never needed in production.
     pub debug: DebugConfig,
 }
@@ -224,6 +228,7 @@ impl Default for Config {
             agents: AgentsConfig::default(),
             llm: LlmConfig::default(),
             exec: ExecConfig::default(),
+            mcp: McpConfig::default(),
             debug: DebugConfig::default(),
         }
     }
@@ -432,6 +437,7 @@ impl Config {
         self.agents.validate()?;
         self.llm.validate()?;
         self.exec.validate()?;
+        self.mcp.validate()?;
         if let Some(name) = self
             .debug
             .defer_opcodes

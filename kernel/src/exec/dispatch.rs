@@ -16,7 +16,7 @@ use super::run::{self, Kill, Running, Stage, Stream, Work};
 use super::sessions::Session;
 use super::snapshots::Carried;
 use super::{host, set_nonblocking, watch, wire, Exec, Source, Waiting, Wake};
-use crate::address::Reply;
+use crate::address::{Adopted, Reply};
 use crate::identity::Identity;
 
 impl Exec {
@@ -109,6 +109,8 @@ impl Exec {
             // Any order uses up the child's shell, or has it stopped.
             run.shell = false;
         }
+        let tag = self.next_tag;
+        self.next_tag += 1;
         let attached = match &waiting.work {
             Work::Run => {
                 let first = self
@@ -117,17 +119,22 @@ impl Exec {
                     .and_then(|c| c.first_connection.take());
                 match first {
                     // The child has it already (and a shell it started, too).
-                    Some(ours) => {
-                        self.adopted.push((ours, waiting.caller));
+                    Some(stream) => {
+                        self.adopted.push(Adopted {
+                            stream,
+                            identity: waiting.caller,
+                            run: Some(tag),
+                        });
                         None
                     }
-                    None => self.run_connection(waiting.caller),
+                    None => self.run_connection(waiting.caller, tag),
                 }
             }
             Work::Snapshot { data, .. } | Work::Restore { data } => data.try_clone().ok(),
         };
         let session = waiting.session.map(|(_, name)| name);
         let running = Running::new(
+            tag,
             waiting.reply_to,
             waiting.work,
             timeout,
@@ -169,9 +176,10 @@ impl Exec {
         self.finish_if_done(child, replies, now);
     }
 
-    /// The run's own connection to the kernel, whose calls are `caller`'s:
-    /// the kernel adopts one end, the run gets the other.
-    fn run_connection(&mut self, caller: Identity) -> Option<OwnedFd> {
+    /// The run's own connection to the kernel, whose calls are `caller`'s
+    /// and counted in the reply of the run tagged `tag`: the kernel adopts
+    /// one end, the run gets the other.
+    fn run_connection(&mut self, caller: Identity, tag: u64) -> Option<OwnedFd> {
         let (ours, theirs) = match mio::net::UnixStream::pair() {
             Ok(pair) => pair,
             Err(err) => {
@@ -185,7 +193,11 @@ impl Exec {
             log::warn!("exec run: no kernel connection for it: {err}");
             return None;
         }
-        self.adopted.push((ours, caller));
+        self.adopted.push(Adopted {
+            stream: ours,
+            identity: caller,
+            run: Some(tag),
+        });
         Some(OwnedFd::from(theirs))
     }
 

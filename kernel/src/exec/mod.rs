@@ -40,7 +40,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use slab::Slab;
 
-use crate::address::{Reply, ReplyTo};
+use crate::address::{Adopted, Reply, ReplyTo};
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::config::Config;
 use crate::identity::Identity;
@@ -139,7 +139,9 @@ pub struct Exec {
     max_sessions_total: usize,
     timers: Timers<Wake>,
     /// Runs' own connections to the kernel, for the reactor to admit.
-    adopted: Vec<(mio::net::UnixStream, Identity)>,
+    adopted: Vec<Adopted>,
+    /// The tag the next run gets (see [`Exec::tool_delivered`]).
+    next_tag: u64,
     setup: HostSetup,
     /// Each host's cgroup: room for its zygote and every prepared run.
     host_limits: CgroupLimits,
@@ -220,6 +222,7 @@ impl Exec {
             max_sessions_total: exec.max_sessions_total,
             timers: Timers::default(),
             adopted: Vec::new(),
+            next_tag: 1,
             setup: HostSetup {
                 python: exec.python.clone(),
                 ready_runs: exec.ready_runs,
@@ -248,9 +251,25 @@ impl Exec {
         })
     }
 
+    /// A TOOL call made on the kernel connection of the run tagged `tag`
+    /// was answered with `bytes`: the run's reply counts it.
+    pub fn tool_delivered(&mut self, tag: u64, bytes: usize) {
+        let running = self
+            .children
+            .iter_mut()
+            .find_map(|(_, child)| match &mut child.stage {
+                Stage::Running(running) if running.tag == tag => Some(running),
+                _ => None,
+            });
+        if let Some(running) = running {
+            running.tool_calls += 1;
+            running.tool_bytes += bytes as u64;
+        }
+    }
+
     /// Runs' connections to the kernel made since the last call, each with
     /// the identity of the caller whose run holds it.
-    pub fn take_adopted(&mut self) -> Vec<(mio::net::UnixStream, Identity)> {
+    pub fn take_adopted(&mut self) -> Vec<Adopted> {
         std::mem::take(&mut self.adopted)
     }
 

@@ -86,6 +86,12 @@ pub struct Finished {
 /// A run in progress.
 #[derive(Debug)]
 pub struct Running {
+    /// The run's tag: its kernel connection's TOOL calls are counted here.
+    pub tag: u64,
+    /// TOOL calls answered on its kernel connection.
+    pub tool_calls: u64,
+    /// Bytes of their replies, delivered into the sandbox.
+    pub tool_bytes: u64,
     /// Where the reply goes.
     pub reply_to: ReplyTo,
     /// When the order went out.
@@ -602,6 +608,8 @@ impl RunChild {
             },
             files,
             session: running.session,
+            tool_calls: running.tool_calls,
+            tool_bytes: running.tool_bytes,
             ..ExecReply::default()
         };
         self.workspace_bytes = workspace_bytes.or(self.workspace_bytes);
@@ -618,6 +626,7 @@ impl RunChild {
 impl Running {
     /// A run about to start, keeping `output_bytes` of each stream.
     pub fn new(
+        tag: u64,
         reply_to: ReplyTo,
         work: Work,
         timeout: Duration,
@@ -626,6 +635,9 @@ impl Running {
         now: Instant,
     ) -> Self {
         Running {
+            tag,
+            tool_calls: 0,
+            tool_bytes: 0,
             reply_to,
             started: now,
             timeout,

@@ -234,7 +234,7 @@ impl Service for ModelServer {
         ];
         let mut command = match &setup.confinement {
             Some((confinement, binds)) => {
-                confinement.command(&setup.python, &argv, binds.clone())?
+                confinement.command(&setup.python, &argv, binds.clone(), None)?
             }
             None => {
                 let mut command = Command::new(&setup.python);

@@ -12,6 +12,7 @@ use mio::{Interest, Token};
 
 use super::connection::Connection;
 use super::{Deadline, Reactor, ACCEPT_RETRY};
+use crate::address::Adopted;
 use crate::identity::{peer_cred, peer_groups, peer_pid_namespaces, Identity, PeerCred};
 use crate::syscall::Caller;
 
@@ -123,17 +124,22 @@ impl Reactor {
             }
         };
         if self.has_room(&mut stream, &peer, identity) {
-            self.install(stream, peer, identity);
+            self.install(stream, peer, identity, None);
         }
     }
 
-    /// A connection the kernel accepted on an agent's own socket.
-    pub(super) fn admit_as(&mut self, mut stream: UnixStream, identity: Identity) {
+    /// A connection the kernel made or accepted itself.
+    pub(super) fn admit_adopted(&mut self, adopted: Adopted) {
+        let Adopted {
+            mut stream,
+            identity,
+            run,
+        } = adopted;
         let Ok(peer) = peer_cred(&stream) else {
             return;
         };
         if self.has_room(&mut stream, &peer, identity) {
-            self.install(stream, peer, identity);
+            self.install(stream, peer, identity, run);
         }
     }
 
@@ -154,7 +160,13 @@ impl Reactor {
         false
     }
 
-    fn install(&mut self, mut stream: UnixStream, peer: PeerCred, identity: Identity) {
+    fn install(
+        &mut self,
+        mut stream: UnixStream,
+        peer: PeerCred,
+        identity: Identity,
+        run: Option<u64>,
+    ) {
         let serial = self.next_serial;
         self.next_serial += 1;
         let entry = self.connections.vacant_entry();
@@ -176,6 +188,7 @@ impl Reactor {
         let caller = Caller {
             identity,
             uid: peer.uid,
+            run,
         };
         entry.insert(Connection::new(stream, serial, caller, peer, &self.limits));
         self.capacity.opened(identity);

@@ -220,8 +220,8 @@ impl Reactor {
         for key in touched {
             self.settle(key);
         }
-        for (stream, identity) in output.adopted {
-            self.admit_as(stream, identity);
+        for adopted in output.adopted {
+            self.admit_adopted(adopted);
         }
     }
 

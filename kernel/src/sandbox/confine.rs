@@ -13,7 +13,8 @@
 //! own mount namespace and then *becomes* the program, in this order:
 //! 1. a private mount namespace (in a user namespace of its own, mapping
 //!    only the daemon's uid, when the daemon is not root);
-//! 2. the root filesystem, built and entered as a sandbox's;
+//! 2. the root filesystem, built and entered as a sandbox's, and the
+//!    working directory the program was given;
 //! 3. no core dumps; every privilege dropped, the user switched;
 //! 4. the parent-death signal (re-armed: the user switch cleared it);
 //! 5. seccomp;
@@ -68,6 +69,14 @@ enum ConfineError {
     /// names the step and the path.
     #[error("cannot build its root: {0}")]
     Root(#[from] MountError),
+    /// The working directory is not there, or not open to the child.
+    #[error("cannot enter its working directory {}: {source}", path.display())]
+    Chdir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: Errno,
+    },
     /// Core dumps could not be turned off.
     #[error("cannot turn core dumps off: {0}")]
     CoreDumps(#[source] Errno),
@@ -113,6 +122,8 @@ struct Orders {
     binds: Vec<Bind>,
     program: PathBuf,
     argv: Vec<String>,
+    /// Its working directory inside the view (default `/`).
+    cwd: Option<PathBuf>,
 }
 
 impl Confinement {
@@ -141,21 +152,23 @@ impl Confinement {
         })
     }
 
-    /// A command that runs `program` with `argv` confined; `binds` are the
-    /// program's own directories. The caller sets its environment, its
-    /// standard streams and any descriptor it passes on, as for the program
-    /// itself.
+    /// A command that runs `program` with `argv` confined, in `cwd` (else
+    /// `/`); `binds` are the program's own directories. The caller sets its
+    /// environment, its standard streams and any descriptor it passes on,
+    /// as for the program itself.
     pub fn command(
         &self,
         program: &Path,
         argv: &[String],
         binds: Vec<Bind>,
+        cwd: Option<&Path>,
     ) -> io::Result<Command> {
         let orders = Orders {
             confinement: self.clone(),
             binds,
             program: program.to_path_buf(),
             argv: argv.to_vec(),
+            cwd: cwd.map(Path::to_path_buf),
         };
         let mut command = Command::new("/proc/self/exe");
         command
@@ -208,6 +221,12 @@ fn confine_and_exec(orders: &Orders) -> Result<std::convert::Infallible, Confine
     mounts::prepare_root(&confinement.root, confinement.user, &mut sys)?;
     mounts::enter_root(&confinement.root, &orders.binds, &mut sys)?;
     drop(sys);
+    if let Some(cwd) = &orders.cwd {
+        nix::unistd::chdir(cwd).map_err(|source| ConfineError::Chdir {
+            path: cwd.clone(),
+            source,
+        })?;
+    }
     // 3. Privileges.
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
         .map_err(ConfineError::CoreDumps)?;
@@ -261,6 +280,7 @@ mod tests {
                 Path::new("/usr/bin/python3"),
                 &["python3".into(), "/dev/fd/3".into()],
                 Vec::new(),
+                None,
             )
             .unwrap();
         let args: Vec<&OsStr> = command.get_args().collect();

@@ -20,7 +20,9 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 think: kernel.llm.is_available(),
                 exec: kernel.exec.is_available(),
                 spawn: true,
-                tools: false,
+                // The built-in tools always work; each server's state is
+                // in `tool_servers`.
+                tools: true,
                 task: false,
                 cgroup: kernel.sandboxes.host().cgroup_version(),
             },
@@ -30,6 +32,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 max_in_flight: config.max_in_flight,
             }),
             llm: Some(kernel.llm.info()),
+            tool_servers: Some(kernel.tools.info()),
         }
     }))
 }

@@ -1,5 +1,5 @@
 //! The kernel's state and the one place its subsystems are wired: the
-//! sandbox runtime, the agents table and THINK. The reactor knows only
+//! sandbox runtime, the agents table, THINK, EXEC and the tool servers. The reactor knows only
 //! this interface — requests in ([`Kernel::dispatch`]), readiness of the
 //! kernel's own sources, wake-ups, deadlines, closed connections and
 //! shutdown in, replies and adopted connections out
@@ -25,6 +25,7 @@ use crate::sandbox::runtime::{self, OwnersOf, Runtime, RuntimeSetup};
 use crate::sandbox::spec::Rlimits;
 use crate::sandbox::User;
 use crate::state_dir::{kernel_files, StateDir};
+use crate::tools::servers::Servers;
 
 /// Who owns a sandbox of the kernel's runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +34,15 @@ pub enum Owner {
     Agent(Run),
     /// An exec host.
     ExecHost(HostId),
+}
+
+/// Who is waiting for a built-in tool call's reply.
+#[derive(Clone, Copy, Debug)]
+pub struct ToolCaller {
+    /// Where the TOOL reply goes.
+    pub reply_to: ReplyTo,
+    /// The EXEC run that made the call, whose reply counts it.
+    pub tag: Option<u64>,
 }
 
 /// The kernel state syscalls act on. Owned by the reactor thread.
@@ -46,6 +56,12 @@ pub struct Kernel {
     pub(super) agents: Agents,
     pub(super) llm: Llm,
     pub(super) exec: Exec,
+    /// The MCP tool servers.
+    pub(super) tools: Servers,
+    /// Built-in tool calls answered through another subsystem (`llm.think`
+    /// through THINK), by the kernel's number for them.
+    tool_calls_through: HashMap<u64, ToolCaller>,
+    next_tool_call: u64,
     /// What is ready for the reactor.
     pub(super) outbox: Outbox,
     /// Replies addressed to tasks, by task id, until they are collected.
@@ -85,6 +101,13 @@ impl Kernel {
             &log_dir,
             sandboxes.confinement(),
         );
+        let tools = Servers::start(
+            &config.mcp,
+            sandboxes.confinement(),
+            registry,
+            Arc::clone(&waker),
+            token_base + runtime::TOKEN_SPAN + crate::exec::TOKEN_SPAN,
+        )?;
         let exec_tokens = token_base + runtime::TOKEN_SPAN;
         let mut exec = Exec::new(
             &config,
@@ -103,6 +126,9 @@ impl Kernel {
             agents,
             llm,
             exec,
+            tools,
+            tool_calls_through: HashMap::new(),
+            next_tool_call: 1,
             outbox: Outbox::default(),
             task_replies: HashMap::new(),
         })
@@ -115,7 +141,7 @@ impl Kernel {
 
     /// Whether a token is one of the kernel's own sources.
     pub fn owns(&self, token: Token) -> bool {
-        self.sandboxes.owns(token) || self.exec.owns(token)
+        self.sandboxes.owns(token) || self.exec.owns(token) || self.tools.owns(token)
     }
 
     /// Whether a process in these PID namespaces (its own first, then its
@@ -128,6 +154,9 @@ impl Kernel {
     pub fn on_event(&mut self, token: Token) {
         if self.exec.owns(token) {
             self.exec.on_event(token, &mut self.outbox.replies);
+        } else if self.tools.owns(token) {
+            self.tools
+                .on_event(token, &mut self.outbox.replies, Instant::now());
         } else {
             self.sandboxes.on_event(token, &mut self.outbox);
         }
@@ -139,6 +168,7 @@ impl Kernel {
         self.sandboxes.on_wake();
         self.exec.on_wake();
         self.llm.poll(&mut self.outbox.replies);
+        self.tools.on_wake(&mut self.outbox.replies, Instant::now());
         self.settle(Instant::now());
     }
 
@@ -149,6 +179,7 @@ impl Kernel {
             self.agents.next_deadline(now),
             self.llm.next_deadline(now),
             self.exec.next_deadline(now),
+            self.tools.next_deadline(now),
         ]
         .into_iter()
         .flatten()
@@ -162,6 +193,7 @@ impl Kernel {
         self.agents
             .on_deadlines(&mut agent_sandboxes(&mut self.sandboxes), now);
         self.llm.on_deadlines(now, &mut self.outbox.replies);
+        self.tools.on_deadlines(now, &mut self.outbox.replies);
         self.exec.on_deadlines(
             &mut exec_sandboxes(&mut self.sandboxes),
             &mut self.outbox.replies,
@@ -173,6 +205,7 @@ impl Kernel {
     /// A connection closed: work queued only for it is dropped.
     pub fn connection_closed(&mut self, serial: u64) {
         self.llm.connection_closed(serial);
+        self.tools.connection_closed(serial);
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).
@@ -187,6 +220,7 @@ impl Kernel {
             &mut exec_sandboxes(&mut self.sandboxes),
             &mut self.outbox.replies,
         );
+        self.tools.shutdown(&mut self.outbox.replies);
         self.settle(Instant::now());
     }
 
@@ -212,18 +246,56 @@ impl Kernel {
         if self.outbox.is_empty() && !self.exec.has_adopted() {
             return None;
         }
+        for delivered in self.tools.take_delivered() {
+            self.exec.tool_delivered(delivered.tag, delivered.bytes);
+        }
         let mut outbox = std::mem::take(&mut self.outbox);
         outbox.adopted.extend(self.exec.take_adopted());
         if outbox
             .replies
             .iter()
-            .any(|(to, _)| matches!(to, ReplyTo::Task(_)))
+            .any(|(to, _)| !matches!(to, ReplyTo::Request { .. }))
         {
+            self.answer_tool_calls_through(&mut outbox.replies);
             for (task, payload) in keep_task_replies(&mut outbox.replies) {
                 self.task_replies.entry(task).or_default().push(payload);
             }
         }
         Some(outbox)
+    }
+
+    /// The address a built-in tool call answered through another
+    /// subsystem gives it: that subsystem's reply comes back here
+    /// ([`ReplyTo::Tool`]) to be made a TOOL reply for `caller`.
+    pub(super) fn tool_call_through(&mut self, caller: ToolCaller) -> ReplyTo {
+        let call = self.next_tool_call;
+        self.next_tool_call += 1;
+        self.tool_calls_through.insert(call, caller);
+        ReplyTo::Tool(call)
+    }
+
+    /// A built-in tool call was answered with a reply of `bytes`: an EXEC
+    /// run that made it counts it.
+    pub(super) fn tools_delivered(&mut self, tag: Option<u64>, bytes: usize) {
+        if let Some(tag) = tag {
+            self.exec.tool_delivered(tag, bytes);
+        }
+    }
+
+    /// Replies to built-in tool calls made through another subsystem,
+    /// readdressed to their callers as TOOL replies.
+    fn answer_tool_calls_through(&mut self, replies: &mut [Reply]) {
+        for (to, payload) in replies.iter_mut() {
+            let ReplyTo::Tool(call) = *to else {
+                continue;
+            };
+            let Some(caller) = self.tool_calls_through.remove(&call) else {
+                continue;
+            };
+            *payload = crate::tools::builtin::from_think(payload);
+            *to = caller.reply_to;
+            self.tools_delivered(caller.tag, payload.len());
+        }
     }
 
     /// Replies delivered to a task so far, oldest first (taken).
@@ -279,7 +351,7 @@ fn keep_task_replies(replies: &mut Vec<Reply>) -> Vec<(u64, Vec<u8>)> {
             tasks.push((*task, std::mem::take(payload)));
             false
         }
-        ReplyTo::Request { .. } => true,
+        ReplyTo::Request { .. } | ReplyTo::Tool(_) => true,
     });
     tasks
 }

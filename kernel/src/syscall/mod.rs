@@ -18,6 +18,7 @@ mod kill;
 mod list;
 mod spawn;
 mod think;
+mod tool;
 mod unavailable;
 
 use std::time::Duration;
@@ -68,6 +69,9 @@ pub struct Caller {
     /// Its user id, from its socket's credentials (what an operator's
     /// sessions belong to).
     pub uid: u32,
+    /// The EXEC run whose own kernel connection this is (its tag): the
+    /// run's reply counts the TOOL calls made on it.
+    pub run: Option<u64>,
 }
 
 /// One request, as every handler receives it.
@@ -98,7 +102,8 @@ impl Kernel {
             Opcode::EXIT => exit::handle,
             Opcode::THINK => think::handle,
             Opcode::EXEC => exec::handle,
-            Opcode::TASK | Opcode::TOOL => unavailable::handle,
+            Opcode::TOOL => tool::handle,
+            Opcode::TASK => unavailable::handle,
             _ => unknown,
         };
         let outcome = handler(self, request);

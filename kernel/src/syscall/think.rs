@@ -24,7 +24,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 
 /// Who is asking: an agent's weight and quota come from its name and its
 /// SPAWN permissions; operators have neither limit.
-fn asker(kernel: &Kernel, identity: Identity) -> Result<Asker, ErrorReply> {
+pub fn asker(kernel: &Kernel, identity: Identity) -> Result<Asker, ErrorReply> {
     let Some(agent) = identity.agent() else {
         return Ok(Asker {
             id: identity.id(),

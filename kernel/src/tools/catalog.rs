@@ -2,41 +2,7 @@
 //! code in EXEC, the `permissions.tools` patterns agents are given, and
 //! the ranking of a TOOL search.
 
-/// A name as a Python identifier: every character that may not be in one
-/// becomes `_` (`get-sum` → `get_sum`); a leading digit or a Python
-/// keyword gets a `_` more (`2fa` → `_2fa`, `import` → `import_`).
-///
-/// ```
-/// use agentos_kernel::tools::catalog::python_name;
-/// assert_eq!(python_name("get-sum"), "get_sum");
-/// assert_eq!(python_name("read.file v2"), "read_file_v2");
-/// ```
-pub fn python_name(name: &str) -> String {
-    let mut out: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
-        out.insert(0, '_');
-    }
-    if PYTHON_KEYWORDS.contains(&out.as_str()) {
-        out.push('_');
-    }
-    out
-}
-
-const PYTHON_KEYWORDS: [&str; 38] = [
-    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
-    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
-    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
-    "with", "yield", "match", "case", "type",
-];
+pub use crate::python_names::python_name;
 
 /// Whether `server.tool` is within a `permissions.tools` pattern: `*`
 /// stands for any run of characters (`"*"`, `"everything.*"`,
@@ -54,6 +20,22 @@ pub fn allowed(pattern: &str, server: &str, tool: &str) -> bool {
 /// Whether any of `patterns` allows `server.tool`.
 pub fn allowed_by(patterns: &[String], server: &str, tool: &str) -> bool {
     patterns.iter().any(|p| allowed(p, server, tool))
+}
+
+/// Whether every `server.tool` that `pattern` allows is allowed by one of
+/// `patterns` too (a child's pattern against its parent's): `pattern` read
+/// as plain text must match one of them, its own `*`s taken by theirs.
+///
+/// ```
+/// use agentos_kernel::tools::catalog::covered_by;
+/// let parent = ["everything.*".to_owned()];
+/// assert!(covered_by(&parent, "everything.get-*"));
+/// assert!(!covered_by(&parent, "*"));
+/// ```
+pub fn covered_by(patterns: &[String], pattern: &str) -> bool {
+    patterns
+        .iter()
+        .any(|p| glob(p.as_bytes(), pattern.as_bytes()))
 }
 
 /// `*`-only glob matching, iterative (no backtracking blow-up).

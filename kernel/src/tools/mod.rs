@@ -1,10 +1,15 @@
-//! Tools: MCP servers the kernel talks to, for the TOOL opcode and for
-//! code run by EXEC.
+//! Tools: MCP servers the kernel talks to, and its built-ins, for the TOOL
+//! opcode and for code run by EXEC.
 //!
 //! [`mcp`] holds the MCP client: the JSON-RPC framing of a server's stdio
-//! and the client's state machine, both without I/O. [`catalog`] names
-//! tools for Python, matches agents' `permissions.tools` patterns and
-//! ranks searches.
+//! and the client's state machine, both without I/O. [`process`] starts a
+//! server under the shared supervisor; [`servers`] keeps every configured
+//! server's pipes, client and calls on the reactor. [`builtin`] describes
+//! the kernel's own tools. [`catalog`] names tools for Python, matches
+//! agents' `permissions.tools` patterns and ranks searches.
 
+pub mod builtin;
 pub mod catalog;
 pub mod mcp;
+pub mod process;
+pub mod servers;

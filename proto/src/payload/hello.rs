@@ -87,6 +87,9 @@ pub struct HelloReply {
     /// THINK's provider and model (never its key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmInfo>,
+    /// The MCP tool servers and their states.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_servers: Option<Vec<super::ServerInfo>>,
 }
 
 /// What THINK talks to.

@@ -31,7 +31,10 @@ pub use task::{
     TaskReply, TaskRequest, TaskState, TaskWait,
 };
 pub use think::{ChatMessage, ThinkReply, ThinkRequest, Usage};
-pub use tool::{Detail, ToolCall, MAX_QUERY_BYTES, MAX_SEARCH_LIMIT, MAX_TOOL_TIMEOUT_MS};
+pub use tool::{
+    Detail, ServerInfo, ToolCall, ToolDescription, ToolListReply, ToolReply, ToolSearchReply,
+    MAX_QUERY_BYTES, MAX_SEARCH_LIMIT, MAX_TOOL_TIMEOUT_MS,
+};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

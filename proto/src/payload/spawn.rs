@@ -68,7 +68,7 @@ pub enum RestartPolicy {
 }
 
 /// What an agent may ask of the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Permissions {
     /// May use THINK.
     #[serde(default = "yes")]
@@ -82,17 +82,30 @@ pub struct Permissions {
     /// LLM token quota; 0 means unlimited.
     #[serde(default)]
     pub llm_tokens: u64,
+    /// The tools it may call, as `server.tool` patterns where `*` stands
+    /// for any run of characters.
+    #[serde(default = "every_tool")]
+    pub tools: Vec<String>,
+}
+
+fn every_tool() -> Vec<String> {
+    vec!["*".to_owned()]
 }
 
 fn yes() -> bool {
     true
 }
 
+/// Most patterns in `permissions.tools`.
+pub const MAX_TOOL_PATTERNS: usize = 64;
+/// Longest pattern in `permissions.tools`, in bytes.
+pub const MAX_TOOL_PATTERN: usize = 256;
+
 /// The `permissions` of a SPAWN request: what the new agent may do. An
 /// absent field takes the kernel's default for an operator's SPAWN, and
 /// the parent's own value for an agent's (which may ask for less, never
 /// more).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PermissionsRequest {
     /// May use THINK.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -107,6 +120,9 @@ pub struct PermissionsRequest {
     /// "share the parent's" (for an agent's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm_tokens: Option<u64>,
+    /// The tools it may call (`server.tool` patterns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
 }
 
 impl PermissionsRequest {
@@ -124,6 +140,7 @@ impl PermissionsRequest {
             exec: self.exec.unwrap_or(defaults.exec),
             spawn: self.spawn.unwrap_or(defaults.spawn),
             llm_tokens: self.llm_tokens.unwrap_or(defaults.llm_tokens),
+            tools: self.tools.clone().unwrap_or(defaults.tools),
         }
     }
 }
@@ -143,6 +160,7 @@ impl Default for Permissions {
             exec: true,
             spawn: false,
             llm_tokens: 0,
+            tools: every_tool(),
         }
     }
 }
@@ -249,6 +267,18 @@ impl SpawnRequest {
             return Err(bad_request(
                 "SPAWN `command`, `args` and `env` values must not contain NUL bytes",
             ));
+        }
+        if let Some(patterns) = &self.permissions.tools {
+            if patterns.len() > MAX_TOOL_PATTERNS
+                || patterns
+                    .iter()
+                    .any(|p| p.is_empty() || p.len() > MAX_TOOL_PATTERN || p.contains('\0'))
+            {
+                return Err(bad_request(format!(
+                    "SPAWN field `permissions.tools`: at most {MAX_TOOL_PATTERNS} patterns of 1 \
+                     to {MAX_TOOL_PATTERN} bytes, like \"everything.*\""
+                )));
+            }
         }
         self.limits.validate()?;
         check_range("max_restarts", Some(u64::from(self.max_restarts)), 0, 1000)?;

@@ -143,6 +143,101 @@ impl ToolCall {
     }
 }
 
+/// A tool as TOOL `list` and `search` describe it. `search` leaves out
+/// what its `detail` does not ask for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolDescription {
+    /// Its server.
+    pub server: String,
+    /// Its name, as its server gives it.
+    pub name: String,
+    /// What it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON schema of its arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
+    /// The JSON schema of its structured result (`null`: it gives none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+}
+
+/// A tool server as TOOL `list` and HELLO describe it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    /// Its name.
+    pub name: String,
+    /// `starting`, `ready`, `failed` or `stopped`.
+    pub state: String,
+    /// Why it failed, while it is `failed`.
+    pub error: Option<String>,
+    /// How many tools it offers.
+    pub tools: usize,
+}
+
+/// TOOL `list`'s reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolListReply {
+    /// Always true.
+    pub success: bool,
+    /// Every tool the caller may use.
+    pub tools: Vec<ToolDescription>,
+    /// Every server, whatever its state.
+    pub servers: Vec<ServerInfo>,
+}
+
+/// TOOL `search`'s reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSearchReply {
+    /// Always true.
+    pub success: bool,
+    /// The matching tools the caller may use, best first.
+    pub tools: Vec<ToolDescription>,
+}
+
+/// TOOL `call`'s reply when the tool ran: its result, or the error it
+/// reported (`code` `tool_error`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolReply {
+    /// Whether the tool succeeded.
+    pub success: bool,
+    /// The structured result, else the text parsed as JSON, else the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// The tool's content blocks.
+    pub content: Value,
+    /// The tool's error text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `tool_error` when the tool reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<crate::ErrorCode>,
+}
+
+impl ToolReply {
+    /// A tool's result.
+    pub fn done(result: Value, content: Value) -> ToolReply {
+        ToolReply {
+            success: true,
+            result: Some(result),
+            content,
+            error: None,
+            code: None,
+        }
+    }
+
+    /// An error the tool reported.
+    pub fn tool_error(error: String, content: Value) -> ToolReply {
+        ToolReply {
+            success: false,
+            result: None,
+            content,
+            error: Some(error),
+            code: Some(crate::ErrorCode::ToolError),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use mio::net::UnixListener;
 use mio::Token;
 
-use crate::address::Outbox;
+use crate::address::{Adopted, Outbox};
 use crate::identity::{peer_cred, peer_pid_namespaces, Identity};
 
 /// A listening socket for one caller; removed from disk when dropped.
@@ -88,7 +88,11 @@ impl DoorEntry {
                             continue;
                         }
                     }
-                    out.adopted.push((stream, entry.identity));
+                    out.adopted.push(Adopted {
+                        stream,
+                        identity: entry.identity,
+                        run: None,
+                    });
                 }
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}

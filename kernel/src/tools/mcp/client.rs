@@ -70,7 +70,12 @@ pub enum CallOutcome {
         /// The content blocks.
         content: Value,
     },
-    /// The call failed: a JSON-RPC error, its deadline, the server's end.
+    /// The server refused the call with a JSON-RPC error (unknown tool,
+    /// arguments that fail its schema): its message.
+    Rejected(String),
+    /// The call's deadline passed first.
+    TimedOut(String),
+    /// The call failed otherwise: the server's end, a reply over the limit.
     Failed(String),
 }
 
@@ -263,7 +268,7 @@ impl McpClient {
                     self.tell_cancelled(id, "timeout");
                     events.push(ClientEvent::CallEnded {
                         call,
-                        outcome: CallOutcome::Failed(format!(
+                        outcome: CallOutcome::TimedOut(format!(
                             "server {} did not answer within the call's deadline",
                             self.name
                         )),
@@ -307,7 +312,9 @@ impl McpClient {
                 call,
                 outcome: match outcome {
                     Ok(result) => call_outcome(result),
-                    Err(error) => CallOutcome::Failed(error.message),
+                    // Code 0 is the client's own: a reply too big to read.
+                    Err(error) if error.code == 0 => CallOutcome::Failed(error.message),
+                    Err(error) => CallOutcome::Rejected(error.message),
                 },
             }),
         }

@@ -211,7 +211,7 @@ fn calls_end_in_a_result_a_tool_error_or_an_rpc_error() {
         events,
         vec![ClientEvent::CallEnded {
             call: 3,
-            outcome: CallOutcome::Failed("Invalid arguments for tool echo".into())
+            outcome: CallOutcome::Rejected("Invalid arguments for tool echo".into())
         }]
     );
 }
@@ -236,7 +236,7 @@ fn a_call_past_its_deadline_is_cancelled_and_its_late_reply_ignored() {
         &events[..],
         [ClientEvent::CallEnded {
             call: 9,
-            outcome: CallOutcome::Failed(_)
+            outcome: CallOutcome::TimedOut(_)
         }]
     ));
     let cancelled = sent(&mut client);

@@ -1,0 +1,108 @@
+//! The kernel's own tools, listed beside the MCP servers' and called the
+//! same way: server `llm` (`think`: a prompt through the THINK scheduler,
+//! charged to the caller) and server `kernel` (`list_agents`).
+
+use std::sync::OnceLock;
+
+use agentos_proto::payload::{to_json, ThinkReply, ToolReply};
+use agentos_proto::{ErrorCode, ErrorReply};
+use serde_json::{json, Value};
+
+use super::mcp::client::ToolInfo;
+
+/// The built-in servers' names.
+pub const LLM: &str = "llm";
+/// The kernel's own server.
+pub const KERNEL: &str = "kernel";
+
+/// A built-in tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Builtin {
+    /// `llm.think`.
+    Think,
+    /// `kernel.list_agents`.
+    ListAgents,
+}
+
+impl Builtin {
+    /// The built-in `server.tool`, if it is one.
+    pub fn find(server: &str, tool: &str) -> Option<Builtin> {
+        match (server, tool) {
+            (LLM, "think") => Some(Builtin::Think),
+            (KERNEL, "list_agents") => Some(Builtin::ListAgents),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `server` is a built-in one.
+pub fn is_builtin_server(server: &str) -> bool {
+    server == LLM || server == KERNEL
+}
+
+/// Every built-in tool, with its server.
+pub fn tools() -> &'static [(&'static str, ToolInfo)] {
+    static TOOLS: OnceLock<Vec<(&'static str, ToolInfo)>> = OnceLock::new();
+    TOOLS.get_or_init(|| {
+        vec![
+            (
+                LLM,
+                ToolInfo {
+                    name: "think".into(),
+                    description: "Ask the kernel's shared LLM: a prompt in, its answer out \
+                                  (text). Charged to the caller's token quota."
+                        .into(),
+                    input_schema: json!({
+                        "type": "object",
+                        "properties": {
+                            "prompt": {"type": "string", "description": "What to ask."},
+                            "system": {"type": "string", "description": "A system prompt."},
+                            "max_tokens": {"type": "integer", "minimum": 1,
+                                           "description": "Most tokens in the answer."},
+                            "temperature": {"type": "number", "minimum": 0},
+                        },
+                        "required": ["prompt"],
+                    }),
+                    output_schema: None,
+                },
+            ),
+            (
+                KERNEL,
+                ToolInfo {
+                    name: "list_agents".into(),
+                    description: "List the agents the kernel runs: id, name, state, limits \
+                                  and use of memory, CPU and the LLM."
+                        .into(),
+                    input_schema: json!({"type": "object", "properties": {}}),
+                    output_schema: None,
+                },
+            ),
+        ]
+    })
+}
+
+/// One text content block.
+pub fn text_content(text: String) -> Value {
+    serde_json::json!([{"type": "text", "text": text}])
+}
+
+/// A THINK reply, as the TOOL reply of `llm.think`: the answer's text is
+/// the result.
+pub fn from_think(payload: &[u8]) -> Vec<u8> {
+    match serde_json::from_slice::<ThinkReply>(payload) {
+        Ok(think) if think.success => {
+            let answer = Value::String(think.content.clone());
+            to_json(&ToolReply::done(answer, text_content(think.content)))
+        }
+        Ok(think) => ErrorReply::new(
+            think.code.unwrap_or(ErrorCode::Internal),
+            think.error.unwrap_or_else(|| "THINK failed".into()),
+        )
+        .to_json(),
+        Err(err) => ErrorReply::new(
+            ErrorCode::Internal,
+            format!("llm.think: THINK's reply could not be read: {err}"),
+        )
+        .to_json(),
+    }
+}

@@ -1,0 +1,655 @@
+//! The configured MCP servers, on the reactor's side: each one's
+//! supervised process ([`super::process`]), its pipes as mio sources, its
+//! [`McpClient`], and the calls under way. A call's reply goes to its
+//! [`ReplyTo`] when the server answers, its deadline passes, or the server
+//! dies — whichever comes first.
+//!
+//! One server failing never touches another: each has its own process,
+//! pipes, client and state, and a server that stops making sense (its
+//! handshake fails or times out, it closes its output) is killed and
+//! started again by its supervisor, with backoff.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentos_proto::payload::{to_json, ServerInfo, ToolReply};
+use agentos_proto::{ErrorCode, ErrorReply};
+use mio::unix::pipe;
+use mio::{Interest, Registry, Token, Waker};
+use serde_json::Value;
+
+use super::mcp::client::{CallId, CallOutcome, ClientEvent, McpClient, ServerState, ToolInfo};
+use super::mcp::jsonrpc::LineReader;
+use super::process::{redact, truncate_text, Launched, ServerCommand, ServerProcess, RESTART};
+use crate::address::Reply;
+use crate::address::ReplyTo;
+use crate::config::mcp::McpConfig;
+use crate::sandbox::confine::Confinement;
+use crate::supervisor::Supervisor;
+
+/// Tokens the servers use: two per server (stdout, stdin).
+pub const TOKEN_SPAN: usize = 1 << 40;
+/// The largest message a server may send: a bigger one fails the call it
+/// answers (or is dropped), and costs no more memory than this.
+const MAX_MESSAGE: usize = 8 << 20;
+/// Bytes read from a server per readiness event before others get a turn.
+const READ_CHUNK: usize = 64 << 10;
+
+/// A call under way, by the kernel's call number.
+#[derive(Debug)]
+struct Pending {
+    reply_to: ReplyTo,
+    server: usize,
+    /// Who is told the size of its result (an EXEC run's tag).
+    tag: Option<u64>,
+}
+
+/// A finished call, for whoever counts tool use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// The tag the call was made with.
+    pub tag: u64,
+    /// Bytes of its reply.
+    pub bytes: usize,
+}
+
+/// One tool call, as TOOL asks it of a server.
+#[derive(Debug)]
+pub struct CallRequest<'a> {
+    /// The server's name.
+    pub server: &'a str,
+    /// The tool's name.
+    pub tool: &'a str,
+    /// Its arguments (a JSON object).
+    pub arguments: Value,
+    /// How long it may take; the server's `timeout_ms` when `None`.
+    pub timeout: Option<Duration>,
+    /// Where the reply goes.
+    pub reply_to: ReplyTo,
+    /// Who is told the size of its reply (an EXEC run's tag).
+    pub tag: Option<u64>,
+}
+
+/// The configured MCP servers.
+#[derive(Debug)]
+pub struct Servers {
+    servers: Vec<Server>,
+    launches: Receiver<Launched>,
+    registry: Registry,
+    token_base: usize,
+    calls: HashMap<CallId, Pending>,
+    next_call: CallId,
+    /// Bumped whenever the tools on offer change.
+    generation: u64,
+    delivered: Vec<Delivered>,
+}
+
+#[derive(Debug)]
+struct Server {
+    name: String,
+    timeout: Duration,
+    /// `None`: it could not be started at all (see `error`).
+    supervisor: Option<Supervisor>,
+    client: Option<McpClient>,
+    pipes: Option<Pipes>,
+    /// Why it last failed, secrets blotted out.
+    error: Option<String>,
+    last_words: Arc<Mutex<String>>,
+    secrets: Vec<String>,
+    stopped: bool,
+}
+
+#[derive(Debug)]
+struct Pipes {
+    stdin: pipe::Sender,
+    stdout: pipe::Receiver,
+    reader: LineReader,
+    /// Bytes for its stdin the pipe has not taken yet.
+    unsent: Vec<u8>,
+    /// Whether stdin is registered for writability.
+    watching_stdin: bool,
+}
+
+impl Servers {
+    /// Starts every enabled server of `config`, each under its own
+    /// supervisor; confined by `confinement` when there is one.
+    pub fn start(
+        config: &McpConfig,
+        confinement: Option<Confinement>,
+        registry: &Registry,
+        waker: Arc<Waker>,
+        token_base: usize,
+    ) -> io::Result<Servers> {
+        let (sender, launches) = channel();
+        let path = std::env::var("PATH").ok();
+        let mut servers = Vec::new();
+        if confinement.is_none() && config.enabled().next().is_some() {
+            log::warn!(
+                "MCP servers run unconfined, as the daemon's own user: this host gives the \
+                 daemon no namespaces"
+            );
+        }
+        for (index, (name, server)) in config.enabled().enumerate() {
+            let last_words = Arc::new(Mutex::new(String::new()));
+            let mut entry = Server {
+                name: name.clone(),
+                timeout: Duration::from_millis(server.timeout_ms),
+                supervisor: None,
+                client: None,
+                pipes: None,
+                error: None,
+                last_words: last_words.clone(),
+                secrets: server.env.values().cloned().collect(),
+                stopped: false,
+            };
+            match ServerCommand::resolve(server, path.as_deref()) {
+                Ok(command) => {
+                    let process = ServerProcess {
+                        index,
+                        label: format!("mcp-{name}"),
+                        command,
+                        confinement: confinement.clone(),
+                        launches: sender.clone(),
+                        waker: waker.clone(),
+                        last_words,
+                    };
+                    entry.supervisor = Some(Supervisor::start(process, RESTART)?);
+                }
+                Err(why) => {
+                    log::error!("MCP server {name} cannot start: {why}");
+                    entry.error = Some(why);
+                }
+            }
+            servers.push(entry);
+        }
+        Ok(Servers {
+            servers,
+            launches,
+            registry: registry.try_clone()?,
+            token_base,
+            calls: HashMap::new(),
+            next_call: 1,
+            generation: 0,
+            delivered: Vec::new(),
+        })
+    }
+
+    /// Whether a token is one of the servers' pipes.
+    pub fn owns(&self, token: Token) -> bool {
+        (self.token_base..self.token_base + TOKEN_SPAN).contains(&token.0)
+    }
+
+    /// Changes with every change of the tools on offer.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether `name` is a configured server.
+    pub fn has(&self, name: &str) -> bool {
+        self.index_of(name).is_some()
+    }
+
+    /// Every ready server's tools, with the server's name.
+    pub fn tools(&self) -> impl Iterator<Item = (&str, &ToolInfo)> {
+        self.servers.iter().flat_map(|server| {
+            let tools = match &server.client {
+                Some(client) if client.state() == &ServerState::Ready => client.tools(),
+                _ => &[],
+            };
+            tools.iter().map(move |tool| (server.name.as_str(), tool))
+        })
+    }
+
+    /// Each server's state, as TOOL `list` and HELLO give it.
+    pub fn info(&self) -> Vec<ServerInfo> {
+        self.servers
+            .iter()
+            .map(|server| {
+                let (state, tools) = match (&server.client, server.stopped) {
+                    (_, true) => ("stopped", 0),
+                    (Some(client), _) => match client.state() {
+                        ServerState::Ready => ("ready", client.tools().len()),
+                        ServerState::Starting => ("starting", 0),
+                        ServerState::Failed(_) => ("failed", 0),
+                    },
+                    (None, _) if server.supervisor.is_none() => ("failed", 0),
+                    (None, _) if server.error.is_some() => ("failed", 0),
+                    (None, _) => ("starting", 0),
+                };
+                ServerInfo {
+                    name: server.name.clone(),
+                    state: state.to_owned(),
+                    error: (state == "failed").then(|| server.error.clone()).flatten(),
+                    tools,
+                }
+            })
+            .collect()
+    }
+
+    /// Calls a tool of a configured server; the reply goes to the call's
+    /// `reply_to` by its timeout (the server's own when it gives none).
+    pub fn call(&mut self, call: CallRequest<'_>, now: Instant) -> Result<(), ErrorReply> {
+        let CallRequest {
+            server,
+            tool,
+            arguments,
+            timeout,
+            reply_to,
+            tag,
+        } = call;
+        let index = self.index_of(server).ok_or_else(|| {
+            ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("there is no tool server {server:?}; TOOL list names the servers"),
+            )
+        })?;
+        let entry = &mut self.servers[index];
+        let unavailable = |why: String| ErrorReply::new(ErrorCode::Unavailable, why);
+        let Some(client) = entry.client.as_mut() else {
+            return Err(unavailable(match &entry.error {
+                Some(error) => format!("tool server {server} is down: {error}"),
+                None => format!("tool server {server} is starting"),
+            }));
+        };
+        if client.state() == &ServerState::Ready && !client.tools().iter().any(|t| t.name == tool) {
+            return Err(ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("tool server {server} has no tool {tool:?}; TOOL list names its tools"),
+            ));
+        }
+        let number = self.next_call;
+        let deadline = now + timeout.unwrap_or(entry.timeout);
+        client
+            .call(number, tool, arguments, deadline)
+            .map_err(unavailable)?;
+        self.next_call += 1;
+        self.calls.insert(
+            number,
+            Pending {
+                reply_to,
+                server: index,
+                tag,
+            },
+        );
+        self.flush(index);
+        Ok(())
+    }
+
+    /// Calls answered by a connection that has closed are given up on.
+    pub fn connection_closed(&mut self, serial: u64) {
+        let gone: Vec<CallId> = self
+            .calls
+            .iter()
+            .filter(|(_, p)| p.reply_to.connection() == Some(serial))
+            .map(|(id, _)| *id)
+            .collect();
+        for call in gone {
+            if let Some(pending) = self.calls.remove(&call) {
+                if let Some(client) = self.servers[pending.server].client.as_mut() {
+                    client.cancel(call, "the caller went away");
+                }
+                self.flush(pending.server);
+            }
+        }
+    }
+
+    /// Pipes of servers that have (re)started.
+    pub fn on_wake(&mut self, replies: &mut Vec<Reply>, now: Instant) {
+        while let Ok(launched) = self.launches.try_recv() {
+            self.adopt(launched, replies, now);
+        }
+    }
+
+    /// Readiness of a server's pipe.
+    pub fn on_event(&mut self, token: Token, replies: &mut Vec<Reply>, now: Instant) {
+        let offset = token.0 - self.token_base;
+        let index = offset / 2;
+        if index >= self.servers.len() {
+            return;
+        }
+        if offset % 2 == 0 {
+            self.read(index, replies, now);
+        } else {
+            self.flush(index);
+        }
+    }
+
+    /// The earliest deadline of any server's request.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        self.servers
+            .iter()
+            .filter_map(|s| s.client.as_ref()?.next_deadline())
+            .min()
+            .map(|at| at.saturating_duration_since(now))
+    }
+
+    /// Requests past their deadline fail.
+    pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<Reply>) {
+        for index in 0..self.servers.len() {
+            let due = self.servers[index]
+                .client
+                .as_ref()
+                .and_then(McpClient::next_deadline)
+                .is_some_and(|at| at <= now);
+            if !due {
+                continue;
+            }
+            let mut events = Vec::new();
+            if let Some(client) = self.servers[index].client.as_mut() {
+                client.on_deadlines(now, &mut events);
+            }
+            self.handle(index, events, replies);
+            self.flush(index);
+        }
+    }
+
+    /// Reports of delivered calls' sizes (taken).
+    pub fn take_delivered(&mut self) -> Vec<Delivered> {
+        std::mem::take(&mut self.delivered)
+    }
+
+    /// Stops every server for good; calls under way fail.
+    pub fn shutdown(&mut self, replies: &mut Vec<Reply>) {
+        for index in 0..self.servers.len() {
+            let server = &mut self.servers[index];
+            server.stopped = true;
+            if let Some(supervisor) = &server.supervisor {
+                supervisor.stop();
+            }
+            let mut events = Vec::new();
+            if let Some(client) = server.client.as_mut() {
+                client.ended("the kernel is stopping", &mut events);
+            }
+            self.handle(index, events, replies);
+            self.close_pipes(index);
+        }
+    }
+
+    fn index_of(&self, name: &str) -> Option<usize> {
+        self.servers.iter().position(|s| s.name == name)
+    }
+
+    /// A (re)started server's pipes: registered, and a new client speaks
+    /// first.
+    fn adopt(&mut self, launched: Launched, replies: &mut Vec<Reply>, now: Instant) {
+        let index = launched.server;
+        self.close_pipes(index);
+        let stdin = pipe::Sender::from(launched.stdin);
+        let mut stdout = pipe::Receiver::from(launched.stdout);
+        let registered = stdin
+            .set_nonblocking(true)
+            .and_then(|()| stdout.set_nonblocking(true))
+            .and_then(|()| {
+                self.registry
+                    .register(&mut stdout, self.stdout_token(index), Interest::READABLE)
+            });
+        let server = &mut self.servers[index];
+        if let Err(err) = registered {
+            log::error!("MCP server {}: cannot watch its pipes: {err}", server.name);
+            self.restart(
+                index,
+                format!("its pipes cannot be watched: {err}"),
+                replies,
+            );
+            return;
+        }
+        server.client = Some(McpClient::new(&server.name, server.timeout, now));
+        server.pipes = Some(Pipes {
+            stdin,
+            stdout,
+            reader: LineReader::new(MAX_MESSAGE),
+            unsent: Vec::new(),
+            watching_stdin: false,
+        });
+        self.flush(index);
+    }
+
+    fn stdout_token(&self, index: usize) -> Token {
+        Token(self.token_base + 2 * index)
+    }
+
+    fn stdin_token(&self, index: usize) -> Token {
+        Token(self.token_base + 2 * index + 1)
+    }
+
+    /// Reads what the server wrote, up to [`READ_CHUNK`] bytes a turn.
+    fn read(&mut self, index: usize, replies: &mut Vec<Reply>, now: Instant) {
+        let mut messages = Vec::new();
+        let mut closed = false;
+        let token = self.stdout_token(index);
+        let Some(pipes) = self.servers[index].pipes.as_mut() else {
+            return;
+        };
+        let mut chunk = [0u8; 16 << 10];
+        let mut taken = 0;
+        while taken < READ_CHUNK {
+            match pipes.stdout.read(&mut chunk) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    taken += n;
+                    pipes.reader.push(&chunk[..n], &mut messages);
+                }
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if taken >= READ_CHUNK {
+            // More may be waiting: edge-triggered readiness will not say so
+            // again, so the reactor is asked to come back.
+            let _ = self
+                .registry
+                .reregister(&mut pipes.stdout, token, Interest::READABLE);
+        }
+        let mut events = Vec::new();
+        if let Some(client) = self.servers[index].client.as_mut() {
+            for message in messages {
+                client.on_message(message, now, &mut events);
+            }
+        }
+        self.handle(index, events, replies);
+        self.flush(index);
+        if closed {
+            let words = crate::tools::process::redact(
+                &self.servers[index]
+                    .last_words
+                    .lock()
+                    .map(|w| w.clone())
+                    .unwrap_or_default(),
+                &self.servers[index].secrets,
+            );
+            let why = if words.is_empty() {
+                "it exited (its output closed)".to_owned()
+            } else {
+                format!("it exited (its output closed); its stderr said: {words}")
+            };
+            self.restart(index, why, replies);
+        }
+    }
+
+    /// Writes what the client has for the server's stdin, as far as the
+    /// pipe takes it; watches for room when it does not.
+    fn flush(&mut self, index: usize) {
+        let token = self.stdin_token(index);
+        let server = &mut self.servers[index];
+        let (Some(client), Some(pipes)) = (server.client.as_mut(), server.pipes.as_mut()) else {
+            return;
+        };
+        pipes.unsent.extend(client.take_output());
+        let mut written = 0;
+        while written < pipes.unsent.len() {
+            match pipes.stdin.write(&pipes.unsent[written..]) {
+                Ok(n) => written += n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                // WouldBlock, or a closed pipe (the read side notices the end).
+                Err(_) => break,
+            }
+        }
+        pipes.unsent.drain(..written);
+        let want = !pipes.unsent.is_empty();
+        if want != pipes.watching_stdin {
+            let watched = if want {
+                self.registry
+                    .register(&mut pipes.stdin, token, Interest::WRITABLE)
+            } else {
+                self.registry.deregister(&mut pipes.stdin)
+            };
+            if watched.is_ok() {
+                pipes.watching_stdin = want;
+            }
+        }
+    }
+
+    /// What the client reported: calls answered, the server ready or
+    /// failed.
+    fn handle(&mut self, index: usize, events: Vec<ClientEvent>, replies: &mut Vec<Reply>) {
+        for event in events {
+            match event {
+                ClientEvent::ToolsListed(count) => {
+                    let server = &mut self.servers[index];
+                    server.error = None;
+                    self.generation += 1;
+                    log::info!("MCP server {} ready with {count} tools", server.name);
+                }
+                ClientEvent::Failed(why) => {
+                    // The handshake or a listing failed: it is of no use
+                    // until it starts over.
+                    self.restart(index, why, replies);
+                }
+                ClientEvent::CallEnded { call, outcome } => {
+                    let Some(pending) = self.calls.remove(&call) else {
+                        continue;
+                    };
+                    let server = &self.servers[index];
+                    let payload = reply_for(outcome, &server.name, &server.secrets);
+                    if let Some(tag) = pending.tag {
+                        self.delivered.push(Delivered {
+                            tag,
+                            bytes: payload.len(),
+                        });
+                    }
+                    replies.push((pending.reply_to, payload));
+                }
+                ClientEvent::Garbage(line) => {
+                    let server = &self.servers[index];
+                    let mut line = redact(&line, &server.secrets);
+                    truncate_text(&mut line, 200);
+                    log::warn!("MCP server {} printed a non-message: {line}", server.name);
+                }
+            }
+        }
+    }
+
+    /// The server is of no use as it is: everything under way fails with
+    /// `why`, and its supervisor starts it again after the backoff.
+    fn restart(&mut self, index: usize, why: String, replies: &mut Vec<Reply>) {
+        let server = &mut self.servers[index];
+        let why = redact(&why, &server.secrets);
+        if !server.stopped {
+            log::warn!("MCP server {} failed: {why}", server.name);
+        }
+        let mut events = Vec::new();
+        let mut had_tools = false;
+        if let Some(mut client) = server.client.take() {
+            had_tools = client.state() == &ServerState::Ready;
+            client.ended(&why, &mut events);
+        }
+        server.error = Some(why);
+        if let Some(supervisor) = &server.supervisor {
+            supervisor.restart();
+        }
+        // Only the calls it ended are handled: its failure is this one.
+        events.retain(|e| matches!(e, ClientEvent::CallEnded { .. }));
+        self.handle(index, events, replies);
+        self.close_pipes(index);
+        if had_tools {
+            self.generation += 1;
+        }
+    }
+
+    fn close_pipes(&mut self, index: usize) {
+        if let Some(mut pipes) = self.servers[index].pipes.take() {
+            let _ = self.registry.deregister(&mut pipes.stdout);
+            if pipes.watching_stdin {
+                let _ = self.registry.deregister(&mut pipes.stdin);
+            }
+        }
+    }
+}
+
+/// TOOL `call`'s reply for what a call came to; text from the server has
+/// its secrets blotted out.
+fn reply_for(outcome: CallOutcome, server: &str, secrets: &[String]) -> Vec<u8> {
+    match outcome {
+        CallOutcome::Done {
+            content,
+            structured,
+        } => to_json(&ToolReply::done(result_of(&content, structured), content)),
+        CallOutcome::ToolError { message, content } => {
+            to_json(&ToolReply::tool_error(redact(&message, secrets), content))
+        }
+        CallOutcome::Rejected(why) => {
+            let why = redact(&why, secrets);
+            ErrorReply::new(ErrorCode::ToolError, format!("{server}: {why}")).to_json()
+        }
+        CallOutcome::TimedOut(why) => ErrorReply::new(ErrorCode::Timeout, why).to_json(),
+        CallOutcome::Failed(why) => {
+            let why = redact(&why, secrets);
+            ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("tool server {server}: {why}"),
+            )
+            .to_json()
+        }
+    }
+}
+
+/// A call's `result`: its structured content if it gave any, else its
+/// text parsed as JSON if it is JSON, else the text (several text blocks
+/// joined by newlines), else null.
+pub fn result_of(content: &Value, structured: Option<Value>) -> Value {
+    if let Some(structured) = structured {
+        return structured;
+    }
+    let texts: Vec<&str> = content
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|b| b["type"] == "text")
+                .filter_map(|b| b["text"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    if texts.is_empty() {
+        return Value::Null;
+    }
+    let text = texts.join("\n");
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_result_prefers_structured_content_then_json_text_then_text() {
+        let content = json!([{"type": "text", "text": "{\"sum\": 3}"}]);
+        assert_eq!(result_of(&content, Some(json!({"s": 1}))), json!({"s": 1}));
+        assert_eq!(result_of(&content, None), json!({"sum": 3}));
+        let prose = json!([{"type": "text", "text": "Echo: hi"}, {"type": "text", "text": "more"}]);
+        assert_eq!(result_of(&prose, None), json!("Echo: hi\nmore"));
+        let image = json!([{"type": "image", "data": "...", "mimeType": "image/png"}]);
+        assert_eq!(result_of(&image, None), Value::Null);
+    }
+}
