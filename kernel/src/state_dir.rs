@@ -19,6 +19,9 @@ pub struct StateDir {
     pub doors: PathBuf,
     /// An empty directory to build sandbox roots on.
     pub staging: PathBuf,
+    /// The `tools` package EXEC runs import, readable by them (it is
+    /// their `/tools`).
+    pub tools: PathBuf,
 }
 
 impl StateDir {
@@ -32,10 +35,13 @@ impl StateDir {
         for dir in [&doors, &staging] {
             fresh_private_dir(dir)?;
         }
+        let tools = root.join("tools");
+        fresh_dir(&tools, 0o755)?;
         Ok(StateDir {
             root,
             doors,
             staging,
+            tools,
         })
     }
 
@@ -81,6 +87,11 @@ pub fn kernel_files(config: &Config, socket: &Path, state: &Path, logs: &Path) -
 /// Makes `dir` a new, empty directory only its owner may enter, removing
 /// whatever was there.
 fn fresh_private_dir(dir: &Path) -> io::Result<()> {
+    fresh_dir(dir, 0o700)
+}
+
+/// Makes `dir` (with `mode`), empty.
+fn fresh_dir(dir: &Path, mode: u32) -> io::Result<()> {
     match std::fs::remove_dir_all(dir) {
         Ok(()) => log::info!("removed what an earlier kernel left in {}", dir.display()),
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
@@ -92,7 +103,7 @@ fn fresh_private_dir(dir: &Path) -> io::Result<()> {
         }
     }
     std::fs::DirBuilder::new()
-        .mode(0o700)
+        .mode(mode)
         .create(dir)
         .map_err(|err| {
             io::Error::new(

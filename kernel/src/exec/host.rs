@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use crate::sandbox::mounts::{PROC_MASKED, PROC_READ_ONLY};
 use crate::sandbox::plan::Workload;
 use crate::sandbox::seccomp;
+use crate::sandbox::spec::Bind;
 
 use super::wire::ZYGOTE;
 
@@ -21,7 +22,12 @@ pub struct HostSetup {
     pub tmp_bytes: u64,
     /// Size of each run's /workspace, in bytes.
     pub workspace_bytes: u64,
+    /// The `tools` package's directory, seen by runs as [`TOOLS_PATH`].
+    pub tools_dir: Option<PathBuf>,
 }
+
+/// Where runs find the `tools` package (on their `sys.path`).
+pub const TOOLS_PATH: &str = "/tools";
 
 /// The zygote as a sandbox workload. Its environment holds nothing but
 /// what any program needs: every run's `/proc/1/environ` shows it.
@@ -42,7 +48,15 @@ pub fn zygote_workload(setup: &HostSetup) -> Workload {
         ],
         cwd: None,
         script: None,
-        binds: Vec::new(),
+        binds: setup
+            .tools_dir
+            .iter()
+            .map(|dir| Bind {
+                source: dir.clone(),
+                target: PathBuf::from(TOOLS_PATH),
+                writable: false,
+            })
+            .collect(),
         socket: None,
     }
 }
@@ -61,6 +75,7 @@ pub fn zygote_settings(setup: &HostSetup) -> Vec<u8> {
         "proc_masked": PROC_MASKED,
         "proc_read_only": PROC_READ_ONLY,
         "run_env": run_env(),
+        "tools_path": setup.tools_dir.as_ref().map(|_| TOOLS_PATH),
     })
     .to_string()
     .into_bytes()

@@ -29,7 +29,7 @@ pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -174,6 +174,7 @@ impl Exec {
         namespaces: bool,
         cgroups: Option<Arc<Cgroups>>,
         waker: Arc<mio::Waker>,
+        tools_dir: Option<PathBuf>,
     ) -> io::Result<Exec> {
         let exec = &config.exec;
         let unavailable = if !namespaces {
@@ -228,6 +229,7 @@ impl Exec {
                 ready_runs: exec.ready_runs,
                 tmp_bytes: config.agents.tmp_bytes,
                 workspace_bytes: config.agents.workspace_bytes,
+                tools_dir,
             },
             host_limits: {
                 let share = exec.ready_runs as u64 + 1;
@@ -249,6 +251,26 @@ impl Exec {
             unavailable,
             shutting_down: false,
         })
+    }
+
+    /// The `tools` package has changed: each host's zygote imports it
+    /// again, and the children it prepared with the old one are replaced
+    /// (sessions keep theirs).
+    pub fn tools_changed(&mut self) {
+        for (_, host) in &self.hosts {
+            if let Some((channel, _)) = &host.channel {
+                if let Err(err) = wire::send_reload_tools(channel.as_fd()) {
+                    log::debug!("exec host {}: cannot tell it of new tools: {err}", host.id);
+                }
+            }
+        }
+        let ready: Vec<usize> = self.ready.drain(..).collect();
+        for child in ready {
+            if let Some(run) = self.children.get_mut(child) {
+                run.kill_quietly();
+            }
+            self.drop_child(child);
+        }
     }
 
     /// A TOOL call made on the kernel connection of the run tagged `tag`

@@ -117,6 +117,16 @@ struct ReadyMessage {
     cgroup: u64,
 }
 
+/// Tells a zygote to import the `tools` package again.
+pub fn send_reload_tools(channel: BorrowedFd<'_>) -> io::Result<()> {
+    nix::sys::socket::send(
+        channel.as_raw_fd(),
+        b"{\"reload_tools\": true}",
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+    )?;
+    Ok(())
+}
+
 /// Gives a host the cgroup numbered `number` for its next run child: the
 /// files to write `0` into, one per hierarchy (none: that child goes
 /// without a cgroup of its own).

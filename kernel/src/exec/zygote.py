@@ -45,7 +45,9 @@
 #                      wants prepared, {"cgroup": <number>} [one file per
 #                      hierarchy]: the child writes "0" into each to move
 #                      itself into its own cgroup, then closes them (number
-#                      0 and no files: it stays in the host's cgroup).
+#                      0 and no files: it stays in the host's cgroup); and
+#                      {"reload_tools": true} when the kernel's tools have
+#                      changed: the `tools` package is imported again.
 #
 # Started as `python -I -S -c <this>`: no site, no user paths, nothing from
 # the environment but what the kernel set.
@@ -54,6 +56,7 @@ import base64
 import ctypes
 import fcntl
 import gc
+import importlib
 import json
 import stat
 import os
@@ -671,10 +674,33 @@ def next_cgroup(channel):
     """Waits for the kernel to ask for the next run child: the number of
     its cgroup and the files that move a process into it (0 and none: it
     has no cgroup of its own)."""
-    message, fds, _, _ = socket.recv_fds(channel, 256, 8)
-    if not message:
-        raise SystemExit(0)  # the kernel has gone
-    return json.loads(message)["cgroup"], fds
+    while True:
+        message, fds, _, _ = socket.recv_fds(channel, 256, 8)
+        if not message:
+            raise SystemExit(0)  # the kernel has gone
+        order = json.loads(message)
+        if order.get("reload_tools"):
+            import_tools()
+            continue
+        return order["cgroup"], fds
+
+
+def import_tools():
+    """Imports the kernel's `tools` package (again), so every run child
+    forked from here has it loaded. A broken catalog leaves runs without
+    tools, never without a zygote."""
+    path = SETTINGS.get("tools_path")
+    if not path:
+        return
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    try:
+        if "tools" in sys.modules:
+            importlib.reload(sys.modules["tools"])
+        else:
+            importlib.import_module("tools")
+    except Exception:
+        traceback.print_exc()
 
 
 def join_cgroup(files):
@@ -756,6 +782,7 @@ def main():
     if not program:
         raise SystemExit("the kernel sent no seccomp filter: runs would have none")
     own_namespaces()
+    import_tools()
     # Everything the zygote holds now is permanent: no collection in a run
     # child ever walks (and so copies) the pages it shares with the zygote.
     gc.collect()

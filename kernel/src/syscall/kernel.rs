@@ -25,6 +25,8 @@ use crate::sandbox::runtime::{self, OwnersOf, Runtime, RuntimeSetup};
 use crate::sandbox::spec::Rlimits;
 use crate::sandbox::User;
 use crate::state_dir::{kernel_files, StateDir};
+use crate::tools::builtin;
+use crate::tools::package::{CatalogServer, Package};
 use crate::tools::servers::Servers;
 
 /// Who owns a sandbox of the kernel's runtime.
@@ -35,6 +37,10 @@ pub enum Owner {
     /// An exec host.
     ExecHost(HostId),
 }
+
+/// How long the tools on offer must stay unchanged before the `tools`
+/// package is written for them.
+const CATALOG_SETTLE: Duration = Duration::from_millis(100);
 
 /// Who is waiting for a built-in tool call's reply.
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +64,13 @@ pub struct Kernel {
     pub(super) exec: Exec,
     /// The MCP tool servers.
     pub(super) tools: Servers,
+    /// The `tools` package EXEC runs import.
+    package: Option<Package>,
+    /// The servers' generation the package was last written for.
+    catalog_generation: Option<u64>,
+    /// When to write it next: changes come in bursts (a server lists its
+    /// tools again right after starting), and each write renews the pool.
+    catalog_due: Option<Instant>,
     /// Built-in tool calls answered through another subsystem (`llm.think`
     /// through THINK), by the kernel's number for them.
     tool_calls_through: HashMap<u64, ToolCaller>,
@@ -109,6 +122,9 @@ impl Kernel {
             token_base + runtime::TOKEN_SPAN + crate::exec::TOKEN_SPAN,
         )?;
         let exec_tokens = token_base + runtime::TOKEN_SPAN;
+        let package = Package::create(&state.tools)
+            .map_err(|err| log::error!("EXEC runs get no `tools` package: {err}"))
+            .ok();
         let mut exec = Exec::new(
             &config,
             registry,
@@ -116,6 +132,7 @@ impl Kernel {
             namespaces,
             sandboxes.cgroups(),
             Arc::clone(&waker),
+            package.as_ref().map(|p| p.dir().to_path_buf()),
         )?;
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         Ok(Kernel {
@@ -127,6 +144,9 @@ impl Kernel {
             llm,
             exec,
             tools,
+            package,
+            catalog_generation: None,
+            catalog_due: Some(Instant::now()),
             tool_calls_through: HashMap::new(),
             next_tool_call: 1,
             outbox: Outbox::default(),
@@ -180,6 +200,8 @@ impl Kernel {
             self.llm.next_deadline(now),
             self.exec.next_deadline(now),
             self.tools.next_deadline(now),
+            self.catalog_due
+                .map(|due| due.saturating_duration_since(now)),
         ]
         .into_iter()
         .flatten()
@@ -194,6 +216,9 @@ impl Kernel {
             .on_deadlines(&mut agent_sandboxes(&mut self.sandboxes), now);
         self.llm.on_deadlines(now, &mut self.outbox.replies);
         self.tools.on_deadlines(now, &mut self.outbox.replies);
+        if self.catalog_due.is_some_and(|due| due <= now) {
+            self.write_catalog();
+        }
         self.exec.on_deadlines(
             &mut exec_sandboxes(&mut self.sandboxes),
             &mut self.outbox.replies,
@@ -303,9 +328,42 @@ impl Kernel {
         self.task_replies.remove(&task).unwrap_or_default()
     }
 
+    /// Writes the `tools` package's catalog for the tools on offer now;
+    /// if it changed, exec hosts take it up.
+    fn write_catalog(&mut self) {
+        self.catalog_due = None;
+        self.catalog_generation = Some(self.tools.generation());
+        let Some(package) = self.package.as_mut() else {
+            return;
+        };
+        let mut servers: Vec<CatalogServer<'_>> = Vec::new();
+        for (server, tool) in builtin::tools()
+            .iter()
+            .map(|(server, tool)| (*server, tool))
+            .chain(self.tools.tools())
+        {
+            match servers.iter_mut().find(|s| s.name == server) {
+                Some(entry) => entry.tools.push(tool),
+                None => servers.push(CatalogServer {
+                    name: server,
+                    description: builtin::describe_server(server),
+                    tools: vec![tool],
+                }),
+            }
+        }
+        match package.update(&servers) {
+            Ok(true) => self.exec.tools_changed(),
+            Ok(false) => {}
+            Err(err) => log::error!("cannot write the `tools` package: {err}"),
+        }
+    }
+
     /// Hands the sandbox runtime's events to their owners, until none is
     /// left (handling one may cause another).
     fn settle(&mut self, now: Instant) {
+        if self.catalog_due.is_none() && self.catalog_generation != Some(self.tools.generation()) {
+            self.catalog_due = Some(now + CATALOG_SETTLE);
+        }
         loop {
             let events = self.sandboxes.take_events();
             if events.is_empty() {

@@ -35,6 +35,15 @@ impl Builtin {
     }
 }
 
+/// What a server is, for its SKILL.md.
+pub fn describe_server(server: &str) -> String {
+    match server {
+        LLM => "The kernel's shared LLM, through its fair queue and the caller's quota.".into(),
+        KERNEL => "The AgentOS kernel itself: its agents.".into(),
+        other => format!("The MCP server `{other}`, run by the kernel."),
+    }
+}
+
 /// Whether `server` is a built-in one.
 pub fn is_builtin_server(server: &str) -> bool {
     server == LLM || server == KERNEL

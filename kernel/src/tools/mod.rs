@@ -5,11 +5,13 @@
 //! and the client's state machine, both without I/O. [`process`] starts a
 //! server under the shared supervisor; [`servers`] keeps every configured
 //! server's pipes, client and calls on the reactor. [`builtin`] describes
-//! the kernel's own tools. [`catalog`] names tools for Python, matches
-//! agents' `permissions.tools` patterns and ranks searches.
+//! the kernel's own tools. [`package`] writes the `tools` package EXEC runs
+//! import. [`catalog`] matches agents' `permissions.tools` patterns and
+//! ranks searches.
 
 pub mod builtin;
 pub mod catalog;
 pub mod mcp;
+pub mod package;
 pub mod process;
 pub mod servers;

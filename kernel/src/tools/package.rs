@@ -1,0 +1,256 @@
+//! The `tools` package EXEC runs import, kept in a directory every exec
+//! host sees as `/tools`: the runtime module (`tools.py`, fixed), the
+//! catalog it builds its functions from (`catalog.json`: every server's
+//! tools with their Python names and schemas), and a `SKILL.md` per server
+//! for the LLM to read. Files are replaced whole (written aside, then
+//! renamed), so a reader never sees half of one.
+//!
+//! The catalog lists every tool on offer; what a caller may use is checked
+//! when it calls (TOOL, with its `permissions.tools`). Nothing here comes
+//! from a server's configuration: no command, no environment.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::mcp::client::ToolInfo;
+use crate::python_names::python_name;
+
+/// The runtime module, as runs import it.
+const RUNTIME: &str = include_str!("runtime.py");
+
+/// One server of the catalog.
+#[derive(Debug)]
+pub struct CatalogServer<'a> {
+    /// Its name (a Python identifier: the config checks it).
+    pub name: &'a str,
+    /// What it is, for its SKILL.md and docstring.
+    pub description: String,
+    /// Its tools now.
+    pub tools: Vec<&'a ToolInfo>,
+}
+
+/// The package's directory and what was last written there.
+#[derive(Debug)]
+pub struct Package {
+    dir: PathBuf,
+    catalog: Vec<u8>,
+}
+
+impl Package {
+    /// Writes the runtime module into `dir`, with an empty catalog.
+    pub fn create(dir: &Path) -> io::Result<Package> {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+        write_whole(&dir.join("tools.py"), RUNTIME.as_bytes())?;
+        let mut package = Package {
+            dir: dir.to_path_buf(),
+            catalog: Vec::new(),
+        };
+        package.update(&[])?;
+        Ok(package)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes the catalog and each server's SKILL.md for `servers`; returns
+    /// whether the catalog changed.
+    pub fn update(&mut self, servers: &[CatalogServer<'_>]) -> io::Result<bool> {
+        let catalog = catalog(servers);
+        if catalog == self.catalog {
+            return Ok(false);
+        }
+        for server in servers {
+            let dir = self.dir.join(server.name);
+            match fs::create_dir(&dir) {
+                Ok(()) => fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?,
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(err),
+            }
+            write_whole(&dir.join("SKILL.md"), skill(server).as_bytes())?;
+        }
+        write_whole(&self.dir.join("catalog.json"), &catalog)?;
+        self.catalog = catalog;
+        Ok(true)
+    }
+}
+
+/// The catalog: each server's tools with a Python name, unique within the
+/// server (`get-sum` → `get_sum`; a second `get_sum` → `get_sum_2`).
+fn catalog(servers: &[CatalogServer<'_>]) -> Vec<u8> {
+    let servers: Vec<Value> = servers
+        .iter()
+        .map(|server| {
+            let tools: Vec<Value> = python_names(&server.tools)
+                .into_iter()
+                .zip(&server.tools)
+                .map(|(python, tool)| {
+                    json!({
+                        "name": tool.name,
+                        "python": python,
+                        "description": tool.description,
+                        "input_schema": tool.input_schema,
+                    })
+                })
+                .collect();
+            json!({"name": server.name, "description": server.description, "tools": tools})
+        })
+        .collect();
+    serde_json::to_vec(&json!({ "servers": servers })).unwrap_or_default()
+}
+
+/// Python names for `tools`, in order, none twice and none taken by what
+/// every server namespace has.
+fn python_names(tools: &[&ToolInfo]) -> Vec<String> {
+    let mut taken: HashSet<String> = HashSet::new();
+    tools
+        .iter()
+        .map(|tool| {
+            let base = python_name(&tool.name);
+            let mut name = base.clone();
+            let mut n = 1;
+            while name.starts_with("__") || !taken.insert(name.clone()) {
+                n += 1;
+                name = format!("{base}_{n}");
+            }
+            name
+        })
+        .collect()
+}
+
+/// A server's SKILL.md: how to call each of its tools from a run.
+fn skill(server: &CatalogServer<'_>) -> String {
+    let mut text = format!(
+        "---\nname: {name}\ndescription: {description}\n---\n\n# {name}\n\n{description}\n\n\
+         Call its tools from Python in an EXEC run; each returns the tool's result as a \
+         Python value and raises `tools.ToolError` when the tool fails:\n\n\
+         ```python\nimport tools\n```\n",
+        name = server.name,
+        description = server.description.replace('\n', " "),
+    );
+    if server.tools.is_empty() {
+        text.push_str("\nIt offers no tools right now (see `agentos tools`).\n");
+    }
+    for (python, tool) in python_names(&server.tools).iter().zip(&server.tools) {
+        let args = arguments(&tool.input_schema);
+        let call: Vec<String> = args.iter().map(|a| format!("{}=...", a.name)).collect();
+        let _ = write!(
+            text,
+            "\n## {name}\n\n```python\ntools.{server}.{python}({call})\n```\n\n{description}\n",
+            name = tool.name,
+            server = server.name,
+            call = call.join(", "),
+            description = tool.description.trim(),
+        );
+        for arg in &args {
+            let _ = writeln!(
+                text,
+                "- `{}` ({}, {}){}",
+                arg.name,
+                arg.kind,
+                if arg.required { "required" } else { "optional" },
+                if arg.description.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", arg.description.replace('\n', " "))
+                }
+            );
+        }
+    }
+    text
+}
+
+struct Argument {
+    name: String,
+    kind: String,
+    required: bool,
+    description: String,
+}
+
+/// The arguments an input schema names, in its order.
+fn arguments(schema: &Value) -> Vec<Argument> {
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    schema["properties"]
+        .as_object()
+        .map(|properties| {
+            properties
+                .iter()
+                .map(|(name, spec)| Argument {
+                    name: name.clone(),
+                    kind: spec["type"].as_str().unwrap_or("any").to_owned(),
+                    required: required.contains(&name.as_str()),
+                    description: spec["description"].as_str().unwrap_or("").to_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Replaces `path` with `bytes` (mode 0644): written aside, then renamed.
+fn write_whole(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let aside = path.with_extension("new");
+    fs::write(&aside, bytes)?;
+    fs::set_permissions(&aside, fs::Permissions::from_mode(0o644))?;
+    fs::rename(&aside, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> ToolInfo {
+        ToolInfo {
+            name: name.into(),
+            description: format!("Does {name}."),
+            input_schema: json!({
+                "type": "object",
+                "properties": {"a": {"type": "number", "description": "First."}, "b": {}},
+                "required": ["a"],
+            }),
+            output_schema: None,
+        }
+    }
+
+    #[test]
+    fn the_catalog_names_tools_for_python_and_changes_only_when_they_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut package = Package::create(dir.path()).unwrap();
+        let (sum, same, import) = (tool("get-sum"), tool("get_sum"), tool("import"));
+        let servers = [CatalogServer {
+            name: "everything",
+            description: "Everything.".into(),
+            tools: vec![&sum, &same, &import],
+        }];
+        assert!(package.update(&servers).unwrap());
+        assert!(!package.update(&servers).unwrap());
+        let catalog: Value =
+            serde_json::from_slice(&fs::read(dir.path().join("catalog.json")).unwrap()).unwrap();
+        let names: Vec<&str> = catalog["servers"][0]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["python"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["get_sum", "get_sum_2", "import_"]);
+        let skill = fs::read_to_string(dir.path().join("everything/SKILL.md")).unwrap();
+        assert!(
+            skill.contains("tools.everything.get_sum(a=..., b=...)"),
+            "{skill}"
+        );
+        assert!(
+            skill.contains("- `a` (number, required): First."),
+            "{skill}"
+        );
+        assert!(dir.path().join("tools.py").exists());
+    }
+}

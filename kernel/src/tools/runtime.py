@@ -1,0 +1,168 @@
+"""The kernel's tools, as Python functions.
+
+    import tools
+    tools.everything.echo(message="hi")       # -> "Echo: hi"
+    tools.search("read file")                 # -> [{"server", "name", "description"}]
+    tools.call("time", "get_current_time", timezone="UTC")
+
+Each MCP server the kernel runs is a namespace here, each of its tools a
+function taking keyword arguments (see its docstring, or
+/tools/<server>/SKILL.md). A call is a TOOL request on this run's own
+kernel connection, made as the run's caller; its result comes back as a
+Python value: the tool's structured result, else its text parsed as JSON,
+else the text. A tool that fails raises ToolError with the server's
+message. Names that are not Python identifiers have every other character
+turned into "_" (get-sum -> get_sum); tools.call takes the real name.
+"""
+
+import inspect
+import json
+import os
+import struct
+import threading
+
+__all__ = ["ToolError", "call", "search"]
+
+_CATALOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "catalog.json")
+_MAGIC = 0x41474E54
+_TOOL = 0x05
+_HEADER = struct.Struct("<IIBQ")
+# One request at a time on the run's connection: replies come in order.
+_lock = threading.Lock()
+
+
+class ToolError(Exception):
+    """A tool call that failed: `code` is the kernel's word for why
+    (tool_error: the tool itself reported it), `content` the tool's
+    content blocks, if it gave any."""
+
+    def __init__(self, message, code="tool_error", content=None):
+        super().__init__(message)
+        self.code = code
+        self.content = content
+
+
+def _connection():
+    fd = os.environ.get("AGENTOS_SOCKET_FD")
+    if fd is None:
+        raise ToolError("this process has no kernel connection (AGENTOS_SOCKET_FD)", "unavailable")
+    return int(fd)
+
+
+def _exchange(request):
+    payload = json.dumps(request).encode()
+    frame = _HEADER.pack(_MAGIC, 0, _TOOL, len(payload)) + payload
+    with _lock:
+        fd = _connection()
+        view = memoryview(frame)
+        while view:
+            view = view[os.write(fd, view):]
+        magic, _, opcode, length = _HEADER.unpack(_read(fd, _HEADER.size))
+        body = _read(fd, length)
+    if magic != _MAGIC or opcode != _TOOL:
+        raise ToolError("the kernel's reply was not a TOOL frame", "internal")
+    return json.loads(body)
+
+
+def _read(fd, size):
+    chunks = []
+    while size:
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            raise ToolError("the kernel closed this run's connection", "unavailable")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def call(server, tool, /, **arguments):
+    """Calls `tool` of `server` (names as the kernel lists them) with
+    keyword arguments; returns its result, or raises ToolError."""
+    reply = _exchange({"op": "call", "server": server, "tool": tool, "arguments": arguments})
+    if not reply.get("success"):
+        raise ToolError(
+            reply.get("error") or "the call failed",
+            reply.get("code") or "internal",
+            reply.get("content"),
+        )
+    return reply.get("result")
+
+
+def search(query, detail="summary", limit=10):
+    """The tools this run's caller may use whose names and descriptions
+    match `query`, best first: dicts with `server` and `name`, and for
+    detail "summary" the description, for "full" the schemas too."""
+    reply = _exchange({"op": "search", "query": query, "detail": detail, "limit": limit})
+    if not reply.get("success"):
+        raise ToolError(reply.get("error") or "the search failed", reply.get("code") or "internal")
+    return reply["tools"]
+
+
+class _Server:
+    """One tool server: its tools as attributes."""
+
+    def __init__(self, name, description):
+        self.__name__ = name
+        self.__doc__ = description
+
+    def __repr__(self):
+        names = sorted(k for k in vars(self) if not k.startswith("__"))
+        return f"<tools.{self.__name__}: {', '.join(names)}>"
+
+
+_KINDS = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
+
+
+def _function(server, tool):
+    name, python = tool["name"], tool["python"]
+    schema = tool.get("input_schema") or {}
+    properties = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    parameters, lines = [], []
+    for arg, spec in properties.items():
+        spec = spec if isinstance(spec, dict) else {}
+        kind = spec.get("type")
+        if arg.isidentifier():
+            parameters.append(
+                inspect.Parameter(
+                    arg,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=inspect.Parameter.empty if arg in required else None,
+                    annotation=_KINDS.get(kind, inspect.Parameter.empty) if isinstance(kind, str) else inspect.Parameter.empty,
+                )
+            )
+        need = "required" if arg in required else "optional"
+        about = spec.get("description", "")
+        lines.append(f"    {arg} ({kind or 'any'}, {need}){': ' + about if about else ''}")
+
+    def tool_function(**arguments):
+        return call(server, name, **arguments)
+
+    tool_function.__name__ = tool_function.__qualname__ = python
+    tool_function.__module__ = f"tools.{server}"
+    doc = tool.get("description") or ""
+    if lines:
+        doc += "\n\nArguments:\n" + "\n".join(lines)
+    tool_function.__doc__ = doc
+    try:
+        tool_function.__signature__ = inspect.Signature(parameters)
+    except ValueError:
+        pass
+    return tool_function
+
+
+def _load():
+    try:
+        with open(_CATALOG) as file:
+            catalog = json.load(file)
+    except (OSError, ValueError):
+        return
+    for server in catalog.get("servers", []):
+        namespace = _Server(server["name"], server.get("description", ""))
+        for tool in server.get("tools", []):
+            setattr(namespace, tool["python"], _function(server["name"], tool))
+        globals()[server["name"]] = namespace
+        __all__.append(server["name"])
+
+
+_load()
