@@ -42,6 +42,7 @@ impl Host {
             ready_runs: 2,
             tmp_bytes: 8 << 20,
             workspace_bytes: 8 << 20,
+            tools_dir: None,
         };
         let workload = host::zygote_workload(&setup);
         let log = dir.path().join("host.log");
