@@ -406,6 +406,41 @@ class AgentOSClient:
             "snapshots"
         ]
 
+    def tools(self) -> dict:
+        """TOOL ``list``: every tool you may use and every tool server's
+        state. Returns ``{"tools": [...], "servers": [...]}``: each tool has
+        ``server``, ``name``, ``description``, ``input_schema`` and
+        ``output_schema``; each server ``name``, ``state`` (``starting``,
+        ``ready``, ``failed`` or ``stopped``), ``error`` and ``tools`` (how
+        many). Built-in servers ``llm`` and ``kernel`` are among the tools."""
+        reply = self.call_json(Opcode.TOOL, {"op": "list"})
+        return {"tools": reply["tools"], "servers": reply["servers"]}
+
+    def search_tools(self, query: str, detail: str = "summary", limit: int = 10) -> list:
+        """TOOL ``search``: the tools you may use whose names and
+        descriptions match ``query``, best first. ``detail`` is ``name``
+        (server and name only), ``summary`` (and the description) or
+        ``full`` (and the schemas)."""
+        request = {"op": "search", "query": query, "detail": detail, "limit": limit}
+        return self.call_json(Opcode.TOOL, request)["tools"]
+
+    def call_tool(
+        self, server: str, tool: str, /, *, timeout_ms: Optional[int] = None, **arguments: Any
+    ) -> Any:
+        """TOOL ``call``: calls ``tool`` of ``server`` with keyword
+        arguments and returns its ``result`` (its structured result, else
+        its text parsed as JSON, else its text)::
+
+            client.call_tool("everything", "get-sum", a=1, b=2)
+
+        A tool that reports an error raises :class:`AgentOSError` with code
+        ``tool_error`` and the tool's message; a call past ``timeout_ms``
+        (else the server's own deadline) raises with code ``timeout``."""
+        request: dict = {"op": "call", "server": server, "tool": tool, "arguments": arguments}
+        if timeout_ms is not None:
+            request["timeout_ms"] = timeout_ms
+        return self.call_json(Opcode.TOOL, request).get("result")
+
     def exit(self) -> None:
         """EXIT: the kernel says goodbye and closes; so does the client."""
         with self._lock:
