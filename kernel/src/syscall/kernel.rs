@@ -38,9 +38,9 @@ pub enum Owner {
     ExecHost(HostId),
 }
 
-/// How long the tools on offer must stay unchanged before the `tools`
-/// package is written for them.
-const CATALOG_SETTLE: Duration = Duration::from_millis(100);
+/// How long the tools on offer must stay unchanged before exec hosts
+/// renew their pools for them.
+const POOL_RENEWAL_SETTLE: Duration = Duration::from_millis(100);
 
 /// Who is waiting for a built-in tool call's reply.
 #[derive(Clone, Copy, Debug)]
@@ -68,9 +68,10 @@ pub struct Kernel {
     package: Option<Package>,
     /// The servers' generation the package was last written for.
     catalog_generation: Option<u64>,
-    /// When to write it next: changes come in bursts (a server lists its
-    /// tools again right after starting), and each write renews the pool.
-    catalog_due: Option<Instant>,
+    /// When exec hosts take up the package last written: changes come in
+    /// bursts (a server lists its tools again right after starting), and
+    /// each renews the pool.
+    pool_renewal: Option<Instant>,
     /// Built-in tool calls answered through another subsystem (`llm.think`
     /// through THINK), by the kernel's number for them.
     tool_calls_through: HashMap<u64, ToolCaller>,
@@ -146,7 +147,7 @@ impl Kernel {
             tools,
             package,
             catalog_generation: None,
-            catalog_due: Some(Instant::now()),
+            pool_renewal: None,
             tool_calls_through: HashMap::new(),
             next_tool_call: 1,
             outbox: Outbox::default(),
@@ -200,7 +201,7 @@ impl Kernel {
             self.llm.next_deadline(now),
             self.exec.next_deadline(now),
             self.tools.next_deadline(now),
-            self.catalog_due
+            self.pool_renewal
                 .map(|due| due.saturating_duration_since(now)),
         ]
         .into_iter()
@@ -216,8 +217,9 @@ impl Kernel {
             .on_deadlines(&mut agent_sandboxes(&mut self.sandboxes), now);
         self.llm.on_deadlines(now, &mut self.outbox.replies);
         self.tools.on_deadlines(now, &mut self.outbox.replies);
-        if self.catalog_due.is_some_and(|due| due <= now) {
-            self.write_catalog();
+        if self.pool_renewal.is_some_and(|due| due <= now) {
+            self.pool_renewal = None;
+            self.exec.tools_changed();
         }
         self.exec.on_deadlines(
             &mut exec_sandboxes(&mut self.sandboxes),
@@ -328,10 +330,10 @@ impl Kernel {
         self.task_replies.remove(&task).unwrap_or_default()
     }
 
-    /// Writes the `tools` package's catalog for the tools on offer now;
-    /// if it changed, exec hosts take it up.
-    fn write_catalog(&mut self) {
-        self.catalog_due = None;
+    /// Writes the `tools` package's catalog for the tools on offer now
+    /// (runs that find a tool missing read it again); if it changed, exec
+    /// hosts take it up once changes settle.
+    fn write_catalog(&mut self, now: Instant) {
         self.catalog_generation = Some(self.tools.generation());
         let Some(package) = self.package.as_mut() else {
             return;
@@ -352,7 +354,7 @@ impl Kernel {
             }
         }
         match package.update(&servers) {
-            Ok(true) => self.exec.tools_changed(),
+            Ok(true) => self.pool_renewal = Some(now + POOL_RENEWAL_SETTLE),
             Ok(false) => {}
             Err(err) => log::error!("cannot write the `tools` package: {err}"),
         }
@@ -361,8 +363,8 @@ impl Kernel {
     /// Hands the sandbox runtime's events to their owners, until none is
     /// left (handling one may cause another).
     fn settle(&mut self, now: Instant) {
-        if self.catalog_due.is_none() && self.catalog_generation != Some(self.tools.generation()) {
-            self.catalog_due = Some(now + CATALOG_SETTLE);
+        if self.catalog_generation != Some(self.tools.generation()) {
+            self.write_catalog(now);
         }
         loop {
             let events = self.sandboxes.take_events();

@@ -162,7 +162,18 @@ def _load():
         for tool in server.get("tools", []):
             setattr(namespace, tool["python"], _function(server["name"], tool))
         globals()[server["name"]] = namespace
-        __all__.append(server["name"])
+        if server["name"] not in __all__:
+            __all__.append(server["name"])
+
+
+def __getattr__(name):
+    # A server that came up after this interpreter imported the package:
+    # the catalog on disk is always current.
+    if not name.startswith("_"):
+        _load()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module 'tools' has no attribute {name!r}; no tool server is called that")
 
 
 _load()

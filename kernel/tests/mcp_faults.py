@@ -1,0 +1,111 @@
+"""An MCP server (stdio) that misbehaves on purpose, for the kernel's tool
+tests. The first argument picks how:
+
+  exit     says why on stderr and exits at once
+  hang     never answers `initialize`
+  garbage  prints lines that are not messages around every answer
+  serve    behaves (the tools below do the damage when called)
+
+Its tools: `huge` (a 10 MB text), `never` (no answer, ever), `die` (exits
+mid-call), `fail` (isError), `env` (whether SECRET is in its environment),
+and three whose names are not Python identifiers: `get-sum`, `2fa`, `class`.
+Its listing comes in two pages. With `--leak` it prints its SECRET on
+stderr at start (the kernel must not log it).
+"""
+
+import json
+import os
+import sys
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "serve"
+TOOLS = [
+    {"name": "huge", "description": "Returns 10 MB of text."},
+    {"name": "never", "description": "Never answers."},
+    {"name": "die", "description": "Exits in the middle of the call."},
+    {"name": "fail", "description": "Reports an error of its own."},
+    {"name": "env", "description": "Says whether SECRET is in its environment."},
+    {
+        "name": "get-sum",
+        "description": "Adds a and b.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"],
+        },
+    },
+    {"name": "2fa", "description": "A name that starts with a digit."},
+    {"name": "class", "description": "A name that is a Python keyword."},
+]
+for tool in TOOLS:
+    tool.setdefault("inputSchema", {"type": "object", "properties": {}})
+
+
+def send(message):
+    if MODE == "garbage":
+        sys.stdout.write("this is not json\n{\"broken\": \n")
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def answer(request_id, result):
+    send({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+
+def text(value, is_error=False):
+    return {"content": [{"type": "text", "text": value}], "isError": is_error}
+
+
+def call(request_id, name, arguments):
+    if name == "huge":
+        answer(request_id, text("x" * (10 << 20)))
+    elif name == "never":
+        pass
+    elif name == "die":
+        os._exit(9)
+    elif name == "fail":
+        answer(request_id, text("the disk is on fire", is_error=True))
+    elif name == "env":
+        answer(request_id, text(json.dumps({"has_secret": "SECRET" in os.environ})))
+    elif name == "get-sum":
+        answer(request_id, text(json.dumps(arguments.get("a", 0) + arguments.get("b", 0))))
+    elif name in ("2fa", "class"):
+        answer(request_id, text(f"{name} ran"))
+    else:
+        send({"jsonrpc": "2.0", "id": request_id,
+              "error": {"code": -32602, "message": f"Unknown tool: {name}"}})
+
+
+def main():
+    if "--leak" in sys.argv:
+        print(f"starting with key {os.environ.get('SECRET')}", file=sys.stderr, flush=True)
+    if MODE == "exit":
+        print("cannot start: no licence file", file=sys.stderr, flush=True)
+        sys.exit(3)
+    for line in sys.stdin:
+        message = json.loads(line)
+        method, request_id = message.get("method"), message.get("id")
+        if request_id is None:
+            continue  # a notification
+        if method == "initialize":
+            if MODE == "hang":
+                continue
+            answer(request_id, {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"tools": {"listChanged": False}},
+                "serverInfo": {"name": "faults", "version": "1"},
+            })
+        elif method == "tools/list":
+            cursor = (message.get("params") or {}).get("cursor")
+            if cursor is None:
+                answer(request_id, {"tools": TOOLS[:4], "nextCursor": "page-2"})
+            else:
+                answer(request_id, {"tools": TOOLS[4:]})
+        elif method == "tools/call":
+            params = message.get("params") or {}
+            call(request_id, params.get("name"), params.get("arguments") or {})
+        else:
+            send({"jsonrpc": "2.0", "id": request_id,
+                  "error": {"code": -32601, "message": "Method not found"}})
+
+
+main()

@@ -1,0 +1,572 @@
+//! TOOL and `import tools` against a real agentosd running real MCP
+//! servers (npm's server-everything and server-filesystem, PyPI's
+//! mcp-server-time, installed by the project's setup) and one that
+//! misbehaves on purpose (`mcp_faults.py`): listings, calls from clients
+//! and from EXEC runs, faults of every kind, secrets, permissions.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::fs;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentos_proto::Opcode;
+use common::{act, call_json, shared_dir, write_actor, Daemon, AGENTOS};
+use serde_json::{json, Value};
+
+const EXEC: u8 = 0x02;
+const TOOL: u8 = 0x05;
+/// How long servers may take to be ready (node starts in about a second).
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The real servers' programs, if the project's setup has installed them.
+fn real_servers() -> Option<[PathBuf; 3]> {
+    let programs = [
+        "scripts/mcp-servers/node_modules/.bin/mcp-server-everything",
+        "scripts/mcp-servers/node_modules/.bin/mcp-server-filesystem",
+        ".venv/bin/mcp-server-time",
+    ]
+    .map(|relative| repo().join(relative));
+    if let Some(missing) = programs.iter().find(|p| !p.exists()) {
+        eprintln!(
+            "!!! NOT TESTED: {} is not installed (run scripts/setup)",
+            missing.display()
+        );
+        return None;
+    }
+    Some(programs)
+}
+
+/// A `[mcp.servers.<name>]` table for the misbehaving server.
+fn faulty(name: &str, args: &str, extra: &str) -> String {
+    let script = repo().join("kernel/tests/mcp_faults.py");
+    format!(
+        "[mcp.servers.{name}]\ncommand = \"/usr/bin/python3\"\n\
+         args = [\"{}\", {args}]\n{extra}\n",
+        script.display()
+    )
+}
+
+fn everything(program: &Path, extra: &str) -> String {
+    format!(
+        "[mcp.servers.everything]\ncommand = \"{}\"\n{extra}\n",
+        program.display()
+    )
+}
+
+fn tool(stream: &mut UnixStream, request: Value) -> Value {
+    call_json(stream, Opcode::TOOL, request.to_string().as_bytes())
+}
+
+fn exec(stream: &mut UnixStream, code: &str) -> Value {
+    let request = json!({"code": code, "timeout_ms": 60_000});
+    call_json(stream, Opcode::EXEC, request.to_string().as_bytes())
+}
+
+/// Waits until every server of `settled` is `ready` or `failed`; returns
+/// the TOOL list reply.
+fn settled(stream: &mut UnixStream, servers: &[&str]) -> Value {
+    let deadline = Instant::now() + READY_WITHIN;
+    loop {
+        let list = tool(stream, json!({"op": "list"}));
+        let done =
+            servers.iter().all(|name| {
+                list["servers"].as_array().unwrap().iter().any(|s| {
+                    s["name"] == *name && (s["state"] == "ready" || s["state"] == "failed")
+                })
+            });
+        if done {
+            return list;
+        }
+        assert!(Instant::now() < deadline, "servers not settled: {list}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn server<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no server {name}: {list}"))
+}
+
+fn tool_names(list: &Value) -> Vec<String> {
+    list["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            format!(
+                "{}.{}",
+                t["server"].as_str().unwrap(),
+                t["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+/// Lines of a run's stdout.
+fn lines(run: &Value) -> Vec<String> {
+    assert_eq!(run["success"], true, "{run}");
+    run["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_real_servers_tools_are_listed_and_called_over_tool_and_from_exec() {
+    require_root!("MCP servers confined as the sandbox user, and EXEC");
+    let Some([everything_bin, filesystem_bin, time_bin]) = real_servers() else {
+        return;
+    };
+    let data = shared_dir();
+    fs::write(data.path().join("notes.txt"), "first line\nsecond line\n").unwrap();
+    let config = format!(
+        "{}[mcp.servers.filesystem]\ncommand = \"{}\"\nargs = [\"{}\"]\n\
+         [mcp.servers.time]\ncommand = \"{}\"\n",
+        everything(&everything_bin, ""),
+        filesystem_bin.display(),
+        data.path().display(),
+        time_bin.display(),
+    );
+    let daemon = Daemon::start_with(&config);
+    let mut stream = daemon.raw();
+    let list = settled(&mut stream, &["everything", "filesystem", "time"]);
+    for name in ["everything", "filesystem", "time"] {
+        assert_eq!(server(&list, name)["state"], "ready", "{list}");
+    }
+    let names = tool_names(&list);
+    for expected in [
+        "llm.think",
+        "kernel.list_agents",
+        "everything.echo",
+        "everything.get-sum",
+        "filesystem.read_text_file",
+        "time.get_current_time",
+    ] {
+        assert!(
+            names.contains(&expected.to_owned()),
+            "{expected}: {names:?}"
+        );
+    }
+    let hello = call_json(&mut stream, Opcode::HELLO, b"");
+    assert_eq!(hello["features"]["tools"], true);
+    assert_eq!(
+        hello["tool_servers"].as_array().unwrap().len(),
+        3,
+        "{hello}"
+    );
+
+    // Over TOOL: the result is the structured content, else parsed text.
+    let echo = tool(
+        &mut stream,
+        json!({"op": "call", "server": "everything", "tool": "echo", "arguments": {"message": "hi"}}),
+    );
+    assert_eq!(echo["result"], "Echo: hi", "{echo}");
+    assert_eq!(echo["content"][0]["type"], "text");
+    let now = tool(
+        &mut stream,
+        json!({"op": "call", "server": "time", "tool": "get_current_time", "arguments": {"timezone": "UTC"}}),
+    );
+    assert_eq!(now["result"]["timezone"], "UTC", "{now}");
+
+    // Search: ranked, with as much detail as asked.
+    let found = tool(
+        &mut stream,
+        json!({"op": "search", "query": "current time", "detail": "name", "limit": 3}),
+    );
+    assert_eq!(found["tools"][0]["name"], "get_current_time", "{found}");
+    assert!(found["tools"][0].get("description").is_none(), "{found}");
+
+    // From EXEC: every server, keyword arguments, names made identifiers,
+    // docstrings and SKILL.md from the schemas, calls counted.
+    let path = data.path().join("notes.txt");
+    let run = exec(
+        &mut stream,
+        &format!(
+            r#"
+import tools, inspect
+print(tools.everything.echo(message="from a run"))
+print(tools.everything.get_sum(a=40, b=2))
+read = tools.filesystem.read_text_file(path="{}")
+print(read["content"] if isinstance(read, dict) else read, end="")
+print(tools.time.get_current_time(timezone="UTC")["timezone"])
+print(inspect.signature(tools.everything.get_sum))
+print("a (number, required)" in tools.everything.get_sum.__doc__)
+print("tools.everything.get_sum(a=..., b=...)" in open("/tools/everything/SKILL.md").read())
+"#,
+            path.display()
+        ),
+    );
+    assert_eq!(
+        lines(&run),
+        [
+            "Echo: from a run",
+            "The sum of 40 and 2 is 42.",
+            "first line",
+            "second line",
+            "UTC",
+            "(*, a: float, b: float)",
+            "True",
+            "True"
+        ],
+        "{run}"
+    );
+    assert_eq!(run["tool_calls"], 4, "{run}");
+    let tool_bytes = run["tool_bytes"].as_u64().unwrap();
+    assert!(tool_bytes > 200, "{run}");
+
+    // What goes wrong is said: unknown server and tool, the server's own
+    // complaint about arguments that fail its schema.
+    let unknown = tool(
+        &mut stream,
+        json!({"op": "call", "server": "nope", "tool": "x"}),
+    );
+    assert_eq!(unknown["code"], "not_found", "{unknown}");
+    let no_tool = tool(
+        &mut stream,
+        json!({"op": "call", "server": "everything", "tool": "nope"}),
+    );
+    assert_eq!(no_tool["code"], "not_found", "{no_tool}");
+    let bad_args = tool(
+        &mut stream,
+        json!({"op": "call", "server": "everything", "tool": "echo", "arguments": {"message": 5}}),
+    );
+    assert_eq!(bad_args["success"], false, "{bad_args}");
+    assert_eq!(bad_args["code"], "tool_error", "{bad_args}");
+    assert!(
+        bad_args["error"].as_str().unwrap().contains("message"),
+        "{bad_args}"
+    );
+    let raised = exec(
+        &mut stream,
+        "import tools\ntry:\n    tools.everything.echo()\nexcept tools.ToolError as e:\n    print(e.code, 'message' in str(e))",
+    );
+    assert_eq!(lines(&raised), ["tool_error True"], "{raised}");
+
+    // The CLI, on the same kernel.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(AGENTOS)
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let listing = cli(&["tools"]);
+    assert!(listing.contains("server time ready (2 tools)"), "{listing}");
+    assert!(listing.contains("filesystem.read_text_file"), "{listing}");
+    assert_eq!(
+        cli(&["call", "everything.get-sum", "a=1", "b=2"]),
+        "The sum of 1 and 2 is 3.\n"
+    );
+    assert!(cli(&["tools", "current", "time"]).starts_with("time.get_current_time"));
+}
+
+#[test]
+fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast() {
+    require_root!("MCP servers confined as the sandbox user");
+    let Some([everything_bin, ..]) = real_servers() else {
+        return;
+    };
+    let config = format!(
+        "{}{}{}{}",
+        everything(&everything_bin, ""),
+        faulty("broken", "\"exit\"", ""),
+        faulty("hung", "\"hang\"", "timeout_ms = 500"),
+        faulty("noisy", "\"garbage\"", ""),
+    );
+    let daemon = Daemon::start_with(&config);
+    let mut stream = daemon.raw();
+    // The kernel stays responsive while servers start, fail and restart.
+    let mut rtts = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(2) {
+        let sent = Instant::now();
+        assert_eq!(call_json_noop(&mut stream), b"ping");
+        rtts.push(sent.elapsed());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    rtts.sort();
+    let p99 = rtts[rtts.len() * 99 / 100];
+    assert!(p99 < Duration::from_millis(5), "NOOP p99 {p99:?}");
+
+    let list = settled(&mut stream, &["everything", "broken", "hung", "noisy"]);
+    let broken = server(&list, "broken");
+    assert_eq!(broken["state"], "failed", "{list}");
+    assert!(
+        broken["error"]
+            .as_str()
+            .unwrap()
+            .contains("no licence file"),
+        "the error should carry the server's last words: {list}"
+    );
+    let hung = server(&list, "hung");
+    assert_eq!(hung["state"], "failed", "{list}");
+    assert!(
+        hung["error"]
+            .as_str()
+            .unwrap()
+            .contains("initialize within 500 ms"),
+        "{list}"
+    );
+    // Garbage lines around every message, and a listing in two pages.
+    assert_eq!(server(&list, "noisy")["state"], "ready", "{list}");
+    assert_eq!(server(&list, "noisy")["tools"], 8, "{list}");
+    assert_eq!(server(&list, "everything")["state"], "ready", "{list}");
+    let echo = tool(
+        &mut stream,
+        json!({"op": "call", "server": "everything", "tool": "echo", "arguments": {"message": "ok"}}),
+    );
+    assert_eq!(echo["result"], "Echo: ok");
+    let down = tool(
+        &mut stream,
+        json!({"op": "call", "server": "broken", "tool": "x"}),
+    );
+    assert_eq!(down["code"], "unavailable", "{down}");
+    assert!(
+        down["error"].as_str().unwrap().contains("no licence file"),
+        "{down}"
+    );
+    let hello = call_json(&mut stream, Opcode::HELLO, b"");
+    let states: Vec<&str> = hello["tool_servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert!(
+        states.contains(&"failed") && states.contains(&"ready"),
+        "{hello}"
+    );
+}
+
+fn call_json_noop(stream: &mut UnixStream) -> Vec<u8> {
+    common::send(stream, Opcode::NOOP, b"ping");
+    common::recv(stream).1
+}
+
+#[test]
+fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
+    require_root!("MCP servers confined as the sandbox user, and EXEC");
+    let Some([everything_bin, ..]) = real_servers() else {
+        return;
+    };
+    let config = format!(
+        "{}{}",
+        everything(&everything_bin, ""),
+        faulty("faults", "\"serve\"", "timeout_ms = 20000"),
+    );
+    let daemon = Daemon::start_with(&config);
+    let mut stream = daemon.raw();
+    let list = settled(&mut stream, &["everything", "faults"]);
+    assert_eq!(server(&list, "faults")["state"], "ready", "{list}");
+    let call = |stream: &mut UnixStream, name: &str, timeout_ms: u64| {
+        let started = Instant::now();
+        let reply = tool(
+            stream,
+            json!({"op": "call", "server": "faults", "tool": name, "timeout_ms": timeout_ms}),
+        );
+        (reply, started.elapsed())
+    };
+
+    // A 10 MB answer is refused in bounded memory, in time.
+    let (huge, took) = call(&mut stream, "huge", 10_000);
+    assert_eq!(
+        huge["success"],
+        false,
+        "{}",
+        &huge.to_string()[..200.min(huge.to_string().len())]
+    );
+    assert!(
+        huge["error"].as_str().unwrap().contains("over the limit"),
+        "{huge}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+
+    // No answer: the call's own deadline ends it, and other calls go on
+    // meanwhile (on another connection).
+    let mut other = daemon.raw();
+    common::send(
+        &mut stream,
+        Opcode::TOOL,
+        json!({"op": "call", "server": "faults", "tool": "never", "timeout_ms": 700})
+            .to_string()
+            .as_bytes(),
+    );
+    let started = Instant::now();
+    let echo = tool(
+        &mut other,
+        json!({"op": "call", "server": "everything", "tool": "echo", "arguments": {"message": "meanwhile"}}),
+    );
+    assert_eq!(echo["result"], "Echo: meanwhile");
+    let sum = tool(
+        &mut other,
+        json!({"op": "call", "server": "faults", "tool": "get-sum", "arguments": {"a": 2, "b": 3}}),
+    );
+    assert_eq!(sum["result"], 5, "{sum}");
+    let (_, never) = common::recv_json(&mut stream);
+    let took = started.elapsed();
+    assert_eq!(never["code"], "timeout", "{never}");
+    assert!(
+        took >= Duration::from_millis(650) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+
+    // The tool's own error, with its content.
+    let (fail, _) = call(&mut stream, "fail", 5_000);
+    assert_eq!(fail["code"], "tool_error", "{fail}");
+    assert_eq!(fail["error"], "the disk is on fire", "{fail}");
+    assert_eq!(fail["content"][0]["text"], "the disk is on fire");
+
+    // A server that dies mid-call: the call fails at once, the server is
+    // started again and serves.
+    let (died, took) = call(&mut stream, "die", 20_000);
+    assert_eq!(died["code"], "unavailable", "{died}");
+    assert!(died["error"].as_str().unwrap().contains("exited"), "{died}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let deadline = Instant::now() + READY_WITHIN;
+    loop {
+        let (env, _) = call(&mut stream, "env", 5_000);
+        if env["success"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not restarted: {env}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Tools whose names are not Python identifiers, from a run.
+    let run = exec(
+        &mut stream,
+        "import tools\nprint(tools.faults.get_sum(a=1, b=2), tools.faults._2fa(), tools.faults.class_())\n\
+         print(tools.call('faults', '2fa'))",
+    );
+    assert_eq!(lines(&run), ["3 2fa ran class ran", "2fa ran"], "{run}");
+}
+
+#[test]
+fn secrets_never_enter_runs_replies_or_logs() {
+    require_root!("MCP servers confined as the sandbox user, and EXEC");
+    const SECRET: &str = "sk-agentos-test-9f3a1c77";
+    let config = faulty(
+        "faults",
+        "\"serve\", \"--leak\"",
+        &format!("env = {{ SECRET = \"{SECRET}\" }}"),
+    );
+    let daemon = Daemon::start_with(&config);
+    let mut stream = daemon.raw();
+    let list = settled(&mut stream, &["faults"]);
+    assert_eq!(server(&list, "faults")["state"], "ready", "{list}");
+    // The server has its key...
+    let env = tool(
+        &mut stream,
+        json!({"op": "call", "server": "faults", "tool": "env"}),
+    );
+    assert_eq!(env["result"]["has_secret"], true, "{env}");
+    // ...and nothing else does: not a run's environment, any process it
+    // can see, the tools package, nor any reply.
+    let run = exec(
+        &mut stream,
+        &format!(
+            r#"
+import os, glob
+secret = {SECRET:?}
+found = [k for k, v in os.environ.items() if secret in v]
+for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline") + glob.glob("/tools/**", recursive=True):
+    try:
+        if os.path.isfile(path) and secret.encode() in open(path, "rb").read():
+            found.append(path)
+    except OSError:
+        pass
+import tools
+print(tools.faults.env()["has_secret"], found)
+"#
+        ),
+    );
+    assert_eq!(lines(&run), ["True []"], "{run}");
+    let hello = call_json(&mut stream, Opcode::HELLO, b"");
+    for reply in [&list, &env, &run, &hello] {
+        assert!(!reply.to_string().contains(SECRET), "{reply}");
+    }
+    // The server printed its key on stderr: the log has it blotted out.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !daemon.log().contains("starting with key") {
+        assert!(Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = daemon.log();
+    assert!(!log.contains(SECRET), "the key reached the log");
+    assert!(log.contains("starting with key [secret]"), "{log}");
+}
+
+#[test]
+fn an_agent_lists_and_calls_only_the_tools_its_permissions_allow() {
+    require_root!("agents, MCP servers and EXEC");
+    let config = faulty("faults", "\"serve\"", "");
+    let daemon = Daemon::start_with(&config);
+    let mut stream = daemon.raw();
+    settled(&mut stream, &["faults"]);
+    let dir = shared_dir();
+    let actor = write_actor(dir.path());
+    let mut client = daemon.client();
+    let code = "import tools\ntry:\n    tools.faults.env()\nexcept tools.ToolError as e:\n    \
+                print(e.code)\nprint(tools.faults.get_sum(a=1, b=1))";
+    let (_, replies) = act(
+        &daemon,
+        &mut client,
+        &actor,
+        "limited",
+        json!({"permissions": {"tools": ["faults.get-*"]}}),
+        json!([
+            [TOOL, {"op": "list"}],
+            [TOOL, {"op": "call", "server": "faults", "tool": "env"}],
+            [TOOL, {"op": "call", "server": "llm", "tool": "think", "arguments": {"prompt": "hi"}}],
+            [TOOL, {"op": "call", "server": "faults", "tool": "get-sum", "arguments": {"a": 2, "b": 2}}],
+            [EXEC, {"code": code}],
+        ]),
+    );
+    let reply = |i: usize| &replies[i]["reply"];
+    assert_eq!(tool_names(reply(0)), ["faults.get-sum"], "{}", reply(0));
+    for denied in [reply(1), reply(2)] {
+        assert_eq!(denied["code"], "permission_denied", "{denied}");
+        assert!(
+            denied["error"].as_str().unwrap().contains("faults.get-*"),
+            "{denied}"
+        );
+    }
+    assert_eq!(reply(3)["result"], 4, "{}", reply(3));
+    // A run's calls are its caller's: the agent's permissions hold there.
+    assert_eq!(reply(4)["stdout"], "permission_denied\n2\n", "{}", reply(4));
+    assert_eq!(reply(4)["tool_calls"], 1, "{}", reply(4));
+
+    // An agent may not give a child tools it lacks.
+    let (_, replies) = act(
+        &daemon,
+        &mut client,
+        &actor,
+        "parent",
+        json!({"permissions": {"spawn": true, "tools": ["faults.env"]}}),
+        json!([[0x10, {"name": "child", "command": ["/bin/true"], "permissions": {"tools": ["*"]}}]]),
+    );
+    assert_eq!(
+        replies[0]["reply"]["code"], "permission_denied",
+        "{replies:?}"
+    );
+}
