@@ -253,6 +253,18 @@ fn exec(client: &mut Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", reply["stdout"].as_str().unwrap_or_default());
         eprint!("{}", reply["stderr"].as_str().unwrap_or_default());
+        let tool_calls = reply["tool_calls"].as_u64().unwrap_or(0);
+        if tool_calls > 0 {
+            // What programmatic tool calling saved: tool results stayed in
+            // the sandbox, only the output came back.
+            let returned = reply["stdout"].as_str().map_or(0, str::len)
+                + reply["stderr"].as_str().map_or(0, str::len);
+            eprintln!(
+                "agentos: {tool_calls} tool calls brought {} bytes into the run; {returned} \
+                 bytes came back",
+                reply["tool_bytes"]
+            );
+        }
         if reply["timed_out"] == true {
             eprintln!(
                 "agentos: {}",

@@ -404,7 +404,7 @@ impl McpClient {
         if matches!(self.state, ServerState::Failed(_)) {
             return;
         }
-        log::warn!("MCP server {}: {why}", self.name);
+        log::debug!("MCP server {}: {why}", self.name);
         self.listing = None;
         self.state = ServerState::Failed(why.clone());
         self.fail_all(&why, events);
