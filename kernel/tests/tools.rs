@@ -497,10 +497,20 @@ for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline") + glob.g
         pass
 import tools
 print(tools.faults.env()["has_secret"], found)
+# Nor can a run change what other runs import.
+try:
+    open("/tools/tools.py", "a").write("print('hijacked')")
+    print("tools.py written")
+except OSError as err:
+    print("refused")
 "#
         ),
     );
-    assert_eq!(lines(&run), ["True []"], "{run}");
+    assert_eq!(
+        lines(&run),
+        ["True []", "refused"],
+        "{run}"
+    );
     let hello = call_json(&mut stream, Opcode::HELLO, b"");
     for reply in [&list, &env, &run, &hello] {
         assert!(!reply.to_string().contains(SECRET), "{reply}");

@@ -35,6 +35,9 @@ pub const TOKEN_SPAN: usize = 1 << 40;
 /// The largest message a server may send: a bigger one fails the call it
 /// answers (or is dropped), and costs no more memory than this.
 const MAX_MESSAGE: usize = 8 << 20;
+/// Calls one server may have under way; more are refused with `busy`, so
+/// callers cannot pile up work (and memory) behind a slow server.
+const MAX_CALLS_PER_SERVER: usize = 1024;
 /// Bytes read from a server per readiness event before others get a turn.
 const READ_CHUNK: usize = 64 << 10;
 
@@ -258,6 +261,16 @@ impl Servers {
             return Err(ErrorReply::new(
                 ErrorCode::NotFound,
                 format!("tool server {server} has no tool {tool:?}; TOOL list names its tools"),
+            ));
+        }
+        let under_way = self.calls.values().filter(|c| c.server == index).count();
+        if under_way >= MAX_CALLS_PER_SERVER {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "tool server {server} has {MAX_CALLS_PER_SERVER} calls under way; retry \
+                     when some have ended"
+                ),
             ));
         }
         let number = self.next_call;
