@@ -287,11 +287,12 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
         return;
     };
     let config = format!(
-        "{}{}{}{}",
+        "{}{}{}{}{}",
         everything(&everything_bin, ""),
         faulty("broken", "\"exit\"", ""),
         faulty("hung", "\"hang\"", "timeout_ms = 500"),
         faulty("noisy", "\"garbage\"", ""),
+        faulty("off", "\"serve\"", "enabled = false"),
     );
     let daemon = Daemon::start_with(&config);
     let mut stream = daemon.raw();
@@ -331,6 +332,8 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
     assert_eq!(server(&list, "noisy")["state"], "ready", "{list}");
     assert_eq!(server(&list, "noisy")["tools"], 8, "{list}");
     assert_eq!(server(&list, "everything")["state"], "ready", "{list}");
+    assert_eq!(server(&list, "off")["state"], "stopped", "{list}");
+    assert!(!tool_names(&list).iter().any(|t| t.starts_with("off.")));
     let echo = tool(
         &mut stream,
         json!({"op": "call", "server": "everything", "tool": "echo", "arguments": {"message": "ok"}}),
@@ -506,11 +509,7 @@ except OSError as err:
 "#
         ),
     );
-    assert_eq!(
-        lines(&run),
-        ["True []", "refused"],
-        "{run}"
-    );
+    assert_eq!(lines(&run), ["True []", "refused"], "{run}");
     let hello = call_json(&mut stream, Opcode::HELLO, b"");
     for reply in [&list, &env, &run, &hello] {
         assert!(!reply.to_string().contains(SECRET), "{reply}");

@@ -14,7 +14,8 @@ use agentos_proto::payload::{
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde_json::{Map, Value};
 
-use super::kernel::{agent_sandboxes, ToolCaller};
+use super::kernel::ToolCaller;
+use super::list::agents_seen_by;
 use super::think::asker;
 use super::{Kernel, Outcome, Request};
 use crate::tools::builtin::{self, Builtin};
@@ -141,14 +142,7 @@ fn call_tool(
     let tag = request.caller.run;
     match Builtin::find(server, tool) {
         Some(Builtin::ListAgents) => {
-            let mut agents = kernel.agents.list(
-                &agent_sandboxes(&mut kernel.sandboxes),
-                request.caller.identity,
-                Instant::now(),
-            );
-            for agent in &mut agents {
-                agent.llm = kernel.llm.stats(agent.id);
-            }
+            let agents = agents_seen_by(kernel, request.caller.identity);
             let result = serde_json::to_value(&agents).unwrap_or(Value::Null);
             let text = result.to_string();
             let reply = to_json(&ToolReply::done(result, builtin::text_content(text)));

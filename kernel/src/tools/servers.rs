@@ -118,7 +118,8 @@ struct Pipes {
 
 impl Servers {
     /// Starts every enabled server of `config`, each under its own
-    /// supervisor; confined by `confinement` when there is one.
+    /// supervisor, confined by `confinement` when there is one; a disabled
+    /// one is listed as `stopped`.
     pub fn start(
         config: &McpConfig,
         confinement: Option<Confinement>,
@@ -135,7 +136,7 @@ impl Servers {
                  daemon no namespaces"
             );
         }
-        for (index, (name, server)) in config.enabled().enumerate() {
+        for (index, (name, server)) in config.servers.iter().enumerate() {
             let last_words = Arc::new(Mutex::new(String::new()));
             let mut entry = Server {
                 name: name.clone(),
@@ -146,8 +147,13 @@ impl Servers {
                 error: None,
                 last_words: last_words.clone(),
                 secrets: server.env.values().cloned().collect(),
-                stopped: false,
+                stopped: !server.enabled,
             };
+            if !server.enabled {
+                // Listed as `stopped`: its tools are not offered.
+                servers.push(entry);
+                continue;
+            }
             match ServerCommand::resolve(server, path.as_deref()) {
                 Ok(command) => {
                     let process = ServerProcess {
@@ -252,9 +258,12 @@ impl Servers {
         let entry = &mut self.servers[index];
         let unavailable = |why: String| ErrorReply::new(ErrorCode::Unavailable, why);
         let Some(client) = entry.client.as_mut() else {
-            return Err(unavailable(match &entry.error {
-                Some(error) => format!("tool server {server} is down: {error}"),
-                None => format!("tool server {server} is starting"),
+            return Err(unavailable(match (&entry.error, entry.stopped) {
+                (_, true) => {
+                    format!("tool server {server} is stopped (disabled, or the kernel is stopping)")
+                }
+                (Some(error), _) => format!("tool server {server} is down: {error}"),
+                (None, _) => format!("tool server {server} is starting"),
             }));
         };
         if client.state() == &ServerState::Ready && !client.tools().iter().any(|t| t.name == tool) {
