@@ -90,6 +90,9 @@ struct Shared {
 #[derive(Debug, Default)]
 struct Control {
     stop: bool,
+    /// The supervisor's thread is done: its child has ended and been
+    /// reaped, and none follows.
+    finished: bool,
     /// The running child's pid, until it is about to be reaped.
     child: Option<Pid>,
 }
@@ -122,9 +125,24 @@ impl Supervisor {
 }
 
 impl Supervisor {
-    /// Kills the running child (SIGKILL), if there is one: it is started
-    /// again after the backoff delay, as after any end. For a child that
-    /// is alive but of no use (it stopped answering).
+    /// Waits up to `timeout` for the supervisor to finish after [`stop`]
+    /// (its child ended and reaped); returns whether it has.
+    ///
+    /// [`stop`]: Supervisor::stop
+    pub fn wait_finished(&self, timeout: Duration) -> bool {
+        let control = lock(&self.shared.control);
+        let (control, _) = self
+            .shared
+            .stopping
+            .wait_timeout_while(control, timeout, |control| !control.finished)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        control.finished
+    }
+
+    /// Kills the running child (SIGKILL), if there is one: unless the
+    /// supervisor is stopping, it is started again after the backoff
+    /// delay, as after any end. For a child that is alive but of no use
+    /// (it stopped answering), or that ignores being told to stop.
     pub fn restart(&self) {
         if let Some(pid) = lock(&self.shared.control).child {
             let _ = kill(pid, Signal::SIGKILL);
@@ -173,6 +191,8 @@ fn supervise(shared: &Shared, service: &mut impl Service, backoff: Backoff) {
         }
     }
     service.stopped();
+    lock(&shared.control).finished = true;
+    shared.stopping.notify_all();
 }
 
 /// Starts the child, lets the service make it ready, and waits for it to
@@ -343,6 +363,7 @@ mod tests {
         supervisor.stop();
         assert!(matches!(next(&events), Event::Ended(_)));
         assert!(matches!(next(&events), Event::Stopped));
+        assert!(supervisor.wait_finished(PATIENCE));
         assert!(stopped_at.elapsed() < Duration::from_secs(5));
         // The thread has finished: nothing else will ever be reported.
         assert!(events.recv().is_err());

@@ -10,12 +10,15 @@ Its tools: `huge` (a 10 MB text), `never` (no answer, ever), `die` (exits
 mid-call), `fail` (isError), `env` (whether SECRET is in its environment),
 and three whose names are not Python identifiers: `get-sum`, `2fa`, `class`.
 Its listing comes in two pages. With `--leak` it prints its SECRET on
-stderr at start (the kernel must not log it).
+stderr at start (the kernel must not log it); with `--ignore-term` it
+ignores SIGTERM and outlives its stdin.
 """
 
 import json
 import os
+import signal
 import sys
+import time
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "serve"
 TOOLS = [
@@ -78,6 +81,8 @@ def call(request_id, name, arguments):
 def main():
     if "--leak" in sys.argv:
         print(f"starting with key {os.environ.get('SECRET')}", file=sys.stderr, flush=True)
+    if "--ignore-term" in sys.argv:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if MODE == "exit":
         print("cannot start: no licence file", file=sys.stderr, flush=True)
         sys.exit(3)
@@ -106,6 +111,8 @@ def main():
         else:
             send({"jsonrpc": "2.0", "id": request_id,
                   "error": {"code": -32601, "message": "Method not found"}})
+    while "--ignore-term" in sys.argv:
+        time.sleep(60)
 
 
 main()

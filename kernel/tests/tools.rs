@@ -286,15 +286,25 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
     let Some([everything_bin, ..]) = real_servers() else {
         return;
     };
+    // Marks this kernel's servers among other tests' (the script ignores it).
+    let marker = format!("--marker={}", std::process::id());
     let config = format!(
         "{}{}{}{}{}",
         everything(&everything_bin, ""),
         faulty("broken", "\"exit\"", ""),
-        faulty("hung", "\"hang\"", "timeout_ms = 500"),
-        faulty("noisy", "\"garbage\"", ""),
+        faulty(
+            "hung",
+            &format!("\"hang\", \"{marker}\""),
+            "timeout_ms = 500"
+        ),
+        faulty(
+            "noisy",
+            &format!("\"garbage\", \"--ignore-term\", \"{marker}\""),
+            "",
+        ),
         faulty("off", "\"serve\"", "enabled = false"),
     );
-    let daemon = Daemon::start_with(&config);
+    let mut daemon = Daemon::start_with(&config);
     let mut stream = daemon.raw();
     // The kernel stays responsive while servers start, fail and restart.
     let mut rtts = Vec::new();
@@ -359,6 +369,20 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
         states.contains(&"failed") && states.contains(&"ready"),
         "{hello}"
     );
+    // Stopped with the kernel, even one that ignores SIGTERM: none is
+    // left behind.
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait(Duration::from_secs(10)).success());
+    let log = daemon.log();
+    assert!(log.contains("MCP server noisy ignored SIGTERM"), "{log}");
+    let left: Vec<String> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 fn call_json_noop(stream: &mut UnixStream) -> Vec<u8> {

@@ -260,6 +260,7 @@ impl Kernel {
     /// removes cgroups and the state directory, stops THINK.
     pub fn finish_shutdown(&mut self) {
         self.exec.finish_shutdown();
+        self.tools.finish_shutdown();
         self.sandboxes.finish_shutdown();
         self.llm.shutdown();
         self.state.remove();

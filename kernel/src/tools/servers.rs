@@ -38,6 +38,8 @@ const MAX_MESSAGE: usize = 8 << 20;
 /// Calls one server may have under way; more are refused with `busy`, so
 /// callers cannot pile up work (and memory) behind a slow server.
 const MAX_CALLS_PER_SERVER: usize = 1024;
+/// How long a server has to end once told to stop, at shutdown.
+const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Bytes read from a server per readiness event before others get a turn.
 const READ_CHUNK: usize = 64 << 10;
 
@@ -385,8 +387,26 @@ impl Servers {
             if let Some(client) = server.client.as_mut() {
                 client.ended("the kernel is stopping", &mut events);
             }
+            // Its calls end; it is not restarted (the supervisor stops it
+            // gently: SIGTERM, and closing its stdin).
+            events.retain(|e| matches!(e, ClientEvent::CallEnded { .. }));
             self.handle(index, events, replies);
             self.close_pipes(index);
+        }
+    }
+
+    /// Last step of shutdown (blocks briefly): waits for the servers to
+    /// end, killing any that ignored being told to stop.
+    pub fn finish_shutdown(&self) {
+        for server in &self.servers {
+            let Some(supervisor) = &server.supervisor else {
+                continue;
+            };
+            if !supervisor.wait_finished(STOP_GRACE) {
+                log::warn!("MCP server {} ignored SIGTERM; killing it", server.name);
+                supervisor.restart();
+                supervisor.wait_finished(STOP_GRACE);
+            }
         }
     }
 
