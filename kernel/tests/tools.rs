@@ -457,6 +457,25 @@ fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
         "{took:?}"
     );
 
+    // One caller cannot take every place at a server: past 64 calls under
+    // way it is told `busy`, while another caller is still served.
+    let never = json!({"op": "call", "server": "faults", "tool": "never", "timeout_ms": 1500});
+    for _ in 0..65 {
+        common::send(&mut stream, Opcode::TOOL, never.to_string().as_bytes());
+    }
+    let sum = tool(
+        &mut other,
+        json!({"op": "call", "server": "faults", "tool": "get-sum", "arguments": {"a": 1, "b": 1}}),
+    );
+    assert_eq!(sum["result"], 2, "{sum}");
+    // Replies come in request order: the refusal after the 64 before it.
+    for _ in 0..64 {
+        let (_, timed_out) = common::recv_json(&mut stream);
+        assert_eq!(timed_out["code"], "timeout", "{timed_out}");
+    }
+    let (_, busy) = common::recv_json(&mut stream);
+    assert_eq!(busy["code"], "busy", "{busy}");
+
     // The tool's own error, with its content.
     let (fail, _) = call(&mut stream, "fail", 5_000);
     assert_eq!(fail["code"], "tool_error", "{fail}");
@@ -492,19 +511,21 @@ fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
 fn secrets_never_enter_runs_replies_or_logs() {
     require_root!("MCP servers confined as the sandbox user, and EXEC");
     const SECRET: &str = "sk-agentos-test-9f3a1c77";
+    // Named `json`, as a module the tools runtime itself uses: a server's
+    // name never clashes with the runtime's own names.
     let config = faulty(
-        "faults",
+        "json",
         "\"serve\", \"--leak\"",
         &format!("env = {{ SECRET = \"{SECRET}\" }}"),
     );
     let daemon = Daemon::start_with(&config);
     let mut stream = daemon.raw();
-    let list = settled(&mut stream, &["faults"]);
-    assert_eq!(server(&list, "faults")["state"], "ready", "{list}");
+    let list = settled(&mut stream, &["json"]);
+    assert_eq!(server(&list, "json")["state"], "ready", "{list}");
     // The server has its key...
     let env = tool(
         &mut stream,
-        json!({"op": "call", "server": "faults", "tool": "env"}),
+        json!({"op": "call", "server": "json", "tool": "env"}),
     );
     assert_eq!(env["result"]["has_secret"], true, "{env}");
     // ...and nothing else does: not a run's environment, any process it
@@ -523,7 +544,7 @@ for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline") + glob.g
     except OSError:
         pass
 import tools
-print(tools.faults.env()["has_secret"], found)
+print(tools.json.env()["has_secret"], found)
 # Nor can a run change what other runs import.
 try:
     open("/tools/tools.py", "a").write("print('hijacked')")

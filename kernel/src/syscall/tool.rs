@@ -174,6 +174,7 @@ fn call_tool(
                 timeout,
                 reply_to: request.reply_to,
                 tag,
+                caller: request.caller.identity.id(),
             };
             kernel.tools.call(call, Instant::now())?;
             Ok(None)

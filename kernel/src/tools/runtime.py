@@ -15,20 +15,21 @@ message. Names that are not Python identifiers have every other character
 turned into "_" (get-sum -> get_sum); tools.call takes the real name.
 """
 
-import inspect
-import json
-import os
-import struct
-import threading
+# Modules under private names: every public name here is a server's.
+import inspect as _inspect
+import json as _json
+import os as _os
+import struct as _struct
+import threading as _threading
 
 __all__ = ["ToolError", "call", "search"]
 
-_CATALOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "catalog.json")
+_CATALOG = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "catalog.json")
 _MAGIC = 0x41474E54
 _TOOL = 0x05
-_HEADER = struct.Struct("<IIBQ")
+_HEADER = _struct.Struct("<IIBQ")
 # One request at a time on the run's connection: replies come in order.
-_lock = threading.Lock()
+_lock = _threading.Lock()
 
 
 class ToolError(Exception):
@@ -43,31 +44,31 @@ class ToolError(Exception):
 
 
 def _connection():
-    fd = os.environ.get("AGENTOS_SOCKET_FD")
+    fd = _os.environ.get("AGENTOS_SOCKET_FD")
     if fd is None:
         raise ToolError("this process has no kernel connection (AGENTOS_SOCKET_FD)", "unavailable")
     return int(fd)
 
 
 def _exchange(request):
-    payload = json.dumps(request).encode()
+    payload = _json.dumps(request).encode()
     frame = _HEADER.pack(_MAGIC, 0, _TOOL, len(payload)) + payload
     with _lock:
         fd = _connection()
         view = memoryview(frame)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[_os.write(fd, view):]
         magic, _, opcode, length = _HEADER.unpack(_read(fd, _HEADER.size))
         body = _read(fd, length)
     if magic != _MAGIC or opcode != _TOOL:
         raise ToolError("the kernel's reply was not a TOOL frame", "internal")
-    return json.loads(body)
+    return _json.loads(body)
 
 
 def _read(fd, size):
     chunks = []
     while size:
-        chunk = os.read(fd, min(size, 1 << 20))
+        chunk = _os.read(fd, min(size, 1 << 20))
         if not chunk:
             raise ToolError("the kernel closed this run's connection", "unavailable")
         chunks.append(chunk)
@@ -124,11 +125,11 @@ def _function(server, tool):
         kind = spec.get("type")
         if arg.isidentifier():
             parameters.append(
-                inspect.Parameter(
+                _inspect.Parameter(
                     arg,
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=inspect.Parameter.empty if arg in required else None,
-                    annotation=_KINDS.get(kind, inspect.Parameter.empty) if isinstance(kind, str) else inspect.Parameter.empty,
+                    _inspect.Parameter.KEYWORD_ONLY,
+                    default=_inspect.Parameter.empty if arg in required else None,
+                    annotation=_KINDS.get(kind, _inspect.Parameter.empty) if isinstance(kind, str) else _inspect.Parameter.empty,
                 )
             )
         need = "required" if arg in required else "optional"
@@ -145,7 +146,7 @@ def _function(server, tool):
         doc += "\n\nArguments:\n" + "\n".join(lines)
     tool_function.__doc__ = doc
     try:
-        tool_function.__signature__ = inspect.Signature(parameters)
+        tool_function.__signature__ = _inspect.Signature(parameters)
     except ValueError:
         pass
     return tool_function
@@ -154,7 +155,7 @@ def _function(server, tool):
 def _load():
     try:
         with open(_CATALOG) as file:
-            catalog = json.load(file)
+            catalog = _json.load(file)
     except (OSError, ValueError):
         return
     for server in catalog.get("servers", []):

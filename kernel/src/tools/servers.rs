@@ -38,6 +38,11 @@ const MAX_MESSAGE: usize = 8 << 20;
 /// Calls one server may have under way; more are refused with `busy`, so
 /// callers cannot pile up work (and memory) behind a slow server.
 const MAX_CALLS_PER_SERVER: usize = 1024;
+/// Calls one caller may have under way at one server, so that one caller
+/// cannot take a server's every place.
+const MAX_CALLS_PER_CALLER: usize = 64;
+/// Non-messages a server's start may print that are logged one by one.
+const GARBAGE_LOGGED: usize = 10;
 /// How long a server has to end once told to stop, at shutdown.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Bytes read from a server per readiness event before others get a turn.
@@ -48,6 +53,7 @@ const READ_CHUNK: usize = 64 << 10;
 struct Pending {
     reply_to: ReplyTo,
     server: usize,
+    caller: u32,
     /// Who is told the size of its result (an EXEC run's tag).
     tag: Option<u64>,
 }
@@ -76,6 +82,9 @@ pub struct CallRequest<'a> {
     pub reply_to: ReplyTo,
     /// Who is told the size of its reply (an EXEC run's tag).
     pub tag: Option<u64>,
+    /// Who calls (an agent's or operator's id): each has a share of the
+    /// server's places.
+    pub caller: u32,
 }
 
 /// The configured MCP servers.
@@ -105,6 +114,8 @@ struct Server {
     last_words: Arc<Mutex<String>>,
     secrets: Vec<String>,
     stopped: bool,
+    /// Non-messages logged since it started.
+    garbage: usize,
 }
 
 #[derive(Debug)]
@@ -150,6 +161,7 @@ impl Servers {
                 last_words: last_words.clone(),
                 secrets: server.env.values().cloned().collect(),
                 stopped: !server.enabled,
+                garbage: 0,
             };
             if !server.enabled {
                 // Listed as `stopped`: its tools are not offered.
@@ -250,6 +262,7 @@ impl Servers {
             timeout,
             reply_to,
             tag,
+            caller,
         } = call;
         let index = self.index_of(server).ok_or_else(|| {
             ErrorReply::new(
@@ -274,12 +287,17 @@ impl Servers {
                 format!("tool server {server} has no tool {tool:?}; TOOL list names its tools"),
             ));
         }
-        let under_way = self.calls.values().filter(|c| c.server == index).count();
-        if under_way >= MAX_CALLS_PER_SERVER {
+        let at_server = || self.calls.values().filter(|c| c.server == index);
+        let (all, own) = (
+            at_server().count(),
+            at_server().filter(|c| c.caller == caller).count(),
+        );
+        if all >= MAX_CALLS_PER_SERVER || own >= MAX_CALLS_PER_CALLER {
             return Err(ErrorReply::new(
                 ErrorCode::Busy,
                 format!(
-                    "tool server {server} has {MAX_CALLS_PER_SERVER} calls under way; retry \
+                    "tool server {server} has {all} calls under way, {own} of them yours (at \
+                     most {MAX_CALLS_PER_SERVER}, {MAX_CALLS_PER_CALLER} per caller); retry \
                      when some have ended"
                 ),
             ));
@@ -295,6 +313,7 @@ impl Servers {
             Pending {
                 reply_to,
                 server: index,
+                caller,
                 tag,
             },
         );
@@ -439,6 +458,7 @@ impl Servers {
             return;
         }
         server.client = Some(McpClient::new(&server.name, server.timeout, now));
+        server.garbage = 0;
         server.pipes = Some(Pipes {
             stdin,
             stdout,
@@ -582,10 +602,21 @@ impl Servers {
                     replies.push((pending.reply_to, payload));
                 }
                 ClientEvent::Garbage(line) => {
-                    let server = &self.servers[index];
-                    let mut line = redact(&line, &server.secrets);
-                    truncate_text(&mut line, 200);
-                    log::warn!("MCP server {} printed a non-message: {line}", server.name);
+                    // A server that prints nothing but garbage must not
+                    // flood the log.
+                    let server = &mut self.servers[index];
+                    server.garbage += 1;
+                    if server.garbage <= GARBAGE_LOGGED {
+                        let mut line = redact(&line, &server.secrets);
+                        truncate_text(&mut line, 200);
+                        log::warn!("MCP server {} printed a non-message: {line}", server.name);
+                    }
+                    if server.garbage == GARBAGE_LOGGED {
+                        log::warn!(
+                            "MCP server {}: further non-messages are not logged",
+                            server.name
+                        );
+                    }
                 }
             }
         }
