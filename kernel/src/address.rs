@@ -36,7 +36,13 @@ pub enum ReplyTo {
     /// A built-in tool's call, by the kernel's number for it: the reply is
     /// the subsystem's own (a THINK reply for `llm.think`), turned into a
     /// TOOL reply before it goes on to the caller.
-    Tool(u64),
+    Tool {
+        /// The kernel's number for the call.
+        call: u64,
+        /// The serial of the connection waiting for it, if one is: work
+        /// for a connection that closes is withdrawn.
+        connection: Option<u64>,
+    },
 }
 
 impl ReplyTo {
@@ -45,7 +51,8 @@ impl ReplyTo {
     pub fn connection(&self) -> Option<u64> {
         match self {
             ReplyTo::Request { conn, .. } => Some(conn.serial),
-            ReplyTo::Task(_) | ReplyTo::Tool(_) => None,
+            ReplyTo::Task(_) => None,
+            ReplyTo::Tool { connection, .. } => *connection,
         }
     }
 

@@ -7,10 +7,12 @@
 //! ([`Backoff`]). [`Supervisor::stop`] tells the child to go and keeps it
 //! from coming back.
 //!
-//! The child is signalled by pid, which is safe only while the pid is
-//! still its own: the supervisor waits for the child's end without reaping
-//! it, forgets the pid, and only then reaps it, so `stop` never signals a
-//! pid the system has given to someone else.
+//! The child is signalled by pid — with its process group, when it leads
+//! one, so what it started goes with it — which is safe only while the pid
+//! is still its own: the supervisor waits for the child's end without
+//! reaping it, ends what is left of its group, forgets the pid, and only
+//! then reaps it, so nothing ever signals a pid (or group) the system has
+//! given to someone else.
 
 use std::io;
 use std::process::{Child, ExitStatus};
@@ -29,8 +31,10 @@ pub trait Service: Send + 'static {
     /// (`llm-local`).
     fn name(&self) -> &str;
 
-    /// Starts one run of the child.
-    fn spawn(&mut self) -> io::Result<Child>;
+    /// Starts run number `run` (1 first) of the child — in a process group
+    /// of its own, if whatever it starts should end with it. The number is
+    /// what [`Supervisor::restart`] takes.
+    fn spawn(&mut self, run: u64) -> io::Result<Child>;
 
     /// Makes the started child ready to serve (hands it what it needs on
     /// its pipes, waits for it to say it is up). The child may already be
@@ -95,6 +99,8 @@ struct Control {
     finished: bool,
     /// The running child's pid, until it is about to be reaped.
     child: Option<Pid>,
+    /// The number of the run started last.
+    run: u64,
 }
 
 impl Supervisor {
@@ -117,7 +123,7 @@ impl Supervisor {
         let mut control = lock(&self.shared.control);
         control.stop = true;
         if let Some(pid) = control.child {
-            terminate(pid);
+            signal_run(pid, Signal::SIGTERM);
         }
         drop(control);
         self.shared.stopping.notify_all();
@@ -139,13 +145,17 @@ impl Supervisor {
         control.finished
     }
 
-    /// Kills the running child (SIGKILL), if there is one: unless the
-    /// supervisor is stopping, it is started again after the backoff
-    /// delay, as after any end. For a child that is alive but of no use
-    /// (it stopped answering), or that ignores being told to stop.
-    pub fn restart(&self) {
-        if let Some(pid) = lock(&self.shared.control).child {
-            let _ = kill(pid, Signal::SIGKILL);
+    /// Kills run number `run` of the child (SIGKILL), if it is the one
+    /// running: unless the supervisor is stopping, the child is started
+    /// again after the backoff delay, as after any end. For a run that is
+    /// alive but of no use (it stopped answering), or that ignores being
+    /// told to stop. A later run is never touched.
+    pub fn restart(&self, run: u64) {
+        let control = lock(&self.shared.control);
+        if control.run == run {
+            if let Some(pid) = control.child {
+                signal_run(pid, Signal::SIGKILL);
+            }
         }
     }
 }
@@ -198,7 +208,12 @@ fn supervise(shared: &Shared, service: &mut impl Service, backoff: Backoff) {
 /// Starts the child, lets the service make it ready, and waits for it to
 /// end; returns how it ended.
 fn run_once(shared: &Shared, service: &mut impl Service) -> io::Result<ExitStatus> {
-    let mut child = service.spawn()?;
+    let run = {
+        let mut control = lock(&shared.control);
+        control.run += 1;
+        control.run
+    };
+    let mut child = service.spawn(run)?;
     let pid = Pid::from_raw(child.id() as i32);
     let stopping = {
         let mut control = lock(&shared.control);
@@ -207,10 +222,10 @@ fn run_once(shared: &Shared, service: &mut impl Service) -> io::Result<ExitStatu
     };
     if stopping {
         // `stop` came before the pid was known to it.
-        terminate(pid);
+        signal_run(pid, Signal::SIGTERM);
     } else if let Err(why) = service.started(&mut child) {
         log::warn!("{} {why}; stopping it", service.name());
-        terminate(pid);
+        signal_run(pid, Signal::SIGTERM);
     }
     // Its stdin stays open while we wait (`Child::wait` would close it).
     let lifeline = child.stdin.take();
@@ -224,16 +239,22 @@ fn run_once(shared: &Shared, service: &mut impl Service) -> io::Result<ExitStatu
             Ok(_) => break,
         }
     }
+    // What it started ends with it (its group's id is still reserved: the
+    // leader is not reaped yet).
+    let _ = kill(Pid::from_raw(-pid.as_raw()), Signal::SIGKILL);
     lock(&shared.control).child = None;
     let status = child.wait()?;
     drop(lifeline);
     Ok(status)
 }
 
-/// Asks the child to go. The pid is our own unreaped child's, so it cannot
-/// have been reused; an error means it is already gone.
-fn terminate(pid: Pid) {
-    let _ = kill(pid, Signal::SIGTERM);
+/// Signals the child and, when it leads a process group, the whole group.
+/// The pid is our own unreaped child's, so neither can have been reused;
+/// an error means it is already gone.
+fn signal_run(pid: Pid, signal: Signal) {
+    if kill(Pid::from_raw(-pid.as_raw()), signal).is_err() {
+        let _ = kill(pid, signal);
+    }
 }
 
 #[cfg(test)]
@@ -267,7 +288,7 @@ mod tests {
             "test-script"
         }
 
-        fn spawn(&mut self) -> io::Result<Child> {
+        fn spawn(&mut self, _run: u64) -> io::Result<Child> {
             let run = self.runs[self.spawned.min(self.runs.len() - 1)];
             self.spawned += 1;
             let _ = self.events.send(Event::Spawned(Instant::now()));

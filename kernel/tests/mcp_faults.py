@@ -7,8 +7,12 @@ tests. The first argument picks how:
   serve    behaves (the tools below do the damage when called)
 
 Its tools: `huge` (a 10 MB text), `never` (no answer, ever), `die` (exits
-mid-call), `fail` (isError), `env` (whether SECRET is in its environment),
-and three whose names are not Python identifiers: `get-sum`, `2fa`, `class`.
+mid-call), `orphan` (exits mid-call, leaving a child that holds its
+output), `fail` (isError), `env` (whether SECRET is in its environment),
+`leak` and `leak_error` (SECRET in a result, and in an error), three whose
+names are not Python identifiers (`get-sum`, `2fa`, `class`), `send` (an
+argument named `from`), `odd` (a schema that is not one) and `deafen`
+(it stops reading its input, for good).
 Its listing comes in two pages. With `--leak` it prints its SECRET on
 stderr at start (the kernel must not log it); with `--ignore-term` it
 ignores SIGTERM and outlives its stdin.
@@ -17,6 +21,7 @@ ignores SIGTERM and outlives its stdin.
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -38,6 +43,24 @@ TOOLS = [
     },
     {"name": "2fa", "description": "A name that starts with a digit."},
     {"name": "class", "description": "A name that is a Python keyword."},
+    {"name": "orphan", "description": "Exits, leaving a child holding its output."},
+    {"name": "deafen", "description": "Stops reading its input."},
+    {"name": "leak", "description": "Returns its key."},
+    {"name": "leak_error", "description": "Fails, naming its key."},
+    {
+        "name": "send",
+        "description": "An argument named after a Python keyword.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"from": {"type": "string"}, "to": {"type": "string"}},
+            "required": ["from"],
+        },
+    },
+    {
+        "name": "odd",
+        "description": "A schema that is not one.",
+        "inputSchema": {"type": "object", "properties": ["x"], "required": "x"},
+    },
 ]
 for tool in TOOLS:
     tool.setdefault("inputSchema", {"type": "object", "properties": {}})
@@ -71,8 +94,20 @@ def call(request_id, name, arguments):
         answer(request_id, text(json.dumps({"has_secret": "SECRET" in os.environ})))
     elif name == "get-sum":
         answer(request_id, text(json.dumps(arguments.get("a", 0) + arguments.get("b", 0))))
-    elif name in ("2fa", "class"):
+    elif name in ("2fa", "class", "odd"):
         answer(request_id, text(f"{name} ran"))
+    elif name == "deafen":
+        while True:
+            time.sleep(60)
+    elif name == "orphan":
+        subprocess.Popen(["sleep", "61.5"], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os._exit(9)
+    elif name == "leak":
+        answer(request_id, text(json.dumps({"key": os.environ.get("SECRET")})))
+    elif name == "leak_error":
+        answer(request_id, text(f"key {os.environ.get('SECRET')} refused", is_error=True))
+    elif name == "send":
+        answer(request_id, text(f"{arguments.get('from')}->{arguments.get('to')}"))
     else:
         send({"jsonrpc": "2.0", "id": request_id,
               "error": {"code": -32602, "message": f"Unknown tool: {name}"}})

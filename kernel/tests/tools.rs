@@ -340,7 +340,7 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
     );
     // Garbage lines around every message, and a listing in two pages.
     assert_eq!(server(&list, "noisy")["state"], "ready", "{list}");
-    assert_eq!(server(&list, "noisy")["tools"], 8, "{list}");
+    assert_eq!(server(&list, "noisy")["tools"], 14, "{list}");
     assert_eq!(server(&list, "everything")["state"], "ready", "{list}");
     assert_eq!(server(&list, "off")["state"], "stopped", "{list}");
     assert!(!tool_names(&list).iter().any(|t| t.starts_with("off.")));
@@ -375,14 +375,21 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
     assert!(daemon.wait(Duration::from_secs(10)).success());
     let log = daemon.log();
     assert!(log.contains("MCP server noisy ignored SIGTERM"), "{log}");
-    let left: Vec<String> = fs::read_dir("/proc")
+    let left: Vec<String> = processes()
+        .into_iter()
+        .filter(|c| c.contains(&marker))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Every process's command line.
+fn processes() -> Vec<String> {
+    fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(&marker))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
+        .collect()
 }
 
 fn call_json_noop(stream: &mut UnixStream) -> Vec<u8> {
@@ -498,13 +505,54 @@ fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    // Tools whose names are not Python identifiers, from a run.
+    // A server that dies leaving a child holding its output: the call
+    // fails at once (what it started ends with it) and it serves again.
+    let (orphaned, took) = call(&mut stream, "orphan", 20_000);
+    assert_eq!(orphaned["code"], "unavailable", "{orphaned}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let deadline = Instant::now() + READY_WITHIN;
+    while call(&mut stream, "env", 5_000).0["success"] != true {
+        assert!(Instant::now() < deadline, "not restarted");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !processes().iter().any(|c| c.contains("sleep 61.5")),
+        "the server's child outlived it"
+    );
+
+    // Tools whose names are not Python identifiers, an argument named
+    // `from`, and a schema that is not one — from a run.
     let run = exec(
         &mut stream,
-        "import tools\nprint(tools.faults.get_sum(a=1, b=2), tools.faults._2fa(), tools.faults.class_())\n\
-         print(tools.call('faults', '2fa'))",
+        "import tools, inspect\n\
+         print(tools.faults.get_sum(a=1, b=2), tools.faults._2fa(), tools.faults.class_())\n\
+         print(tools.call('faults', '2fa'), tools.faults.odd())\n\
+         print(tools.faults.send(**{'from': 'me', 'to': 'you'}), inspect.signature(tools.faults.send))",
     );
-    assert_eq!(lines(&run), ["3 2fa ran class ran", "2fa ran"], "{run}");
+    assert_eq!(
+        lines(&run),
+        [
+            "3 2fa ran class ran",
+            "2fa ran odd ran",
+            "me->you (*, to: str = None)"
+        ],
+        "{run}"
+    );
+
+    // A server that stops reading its input: what waits for it is capped,
+    // and further calls are told `busy`, not queued without end.
+    let (deaf, _) = call(&mut stream, "deafen", 300);
+    assert_eq!(deaf["code"], "timeout", "{deaf}");
+    let bulky = json!({"op": "call", "server": "faults", "tool": "env", "timeout_ms": 50,
+                       "arguments": {"padding": "x".repeat(900_000)}});
+    let refused = (0..12)
+        .map(|_| tool(&mut stream, bulky.clone()))
+        .find(|reply| reply["code"] == "busy")
+        .expect("calls to a server that reads nothing were queued without end");
+    assert!(
+        refused["error"].as_str().unwrap().contains("not reading"),
+        "{refused}"
+    );
 }
 
 #[test]
@@ -555,8 +603,29 @@ except OSError as err:
         ),
     );
     assert_eq!(lines(&run), ["True []", "refused"], "{run}");
+    // A server that hands its key out in a result or an error: the kernel
+    // blots it out of the reply, and out of what a run gets.
+    let leak = tool(
+        &mut stream,
+        json!({"op": "call", "server": "json", "tool": "leak"}),
+    );
+    assert_eq!(leak["result"]["key"], "[secret]", "{leak}");
+    let leak_error = tool(
+        &mut stream,
+        json!({"op": "call", "server": "json", "tool": "leak_error"}),
+    );
+    assert_eq!(leak_error["error"], "key [secret] refused", "{leak_error}");
+    let leaked_in_run = exec(&mut stream, "import tools\nprint(tools.json.leak())");
     let hello = call_json(&mut stream, Opcode::HELLO, b"");
-    for reply in [&list, &env, &run, &hello] {
+    for reply in [
+        &list,
+        &env,
+        &run,
+        &hello,
+        &leak,
+        &leak_error,
+        &leaked_in_run,
+    ] {
         assert!(!reply.to_string().contains(SECRET), "{reply}");
     }
     // The server printed its key on stderr: the log has it blotted out.
@@ -623,4 +692,65 @@ fn an_agent_lists_and_calls_only_the_tools_its_permissions_allow() {
         replies[0]["reply"]["code"], "permission_denied",
         "{replies:?}"
     );
+}
+
+#[test]
+fn llm_think_as_a_tool_goes_through_think_and_is_charged_to_its_caller() {
+    use agentos_bench::llm_stub::{Reply, Stub};
+    let stub = Stub::start(|_, _| Reply::openai("stub says hi", 10, 5));
+    let daemon = Daemon::start_with(&format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"sk-test-key\"\n\
+         model = \"stub-model\"\n",
+        stub.url()
+    ));
+    let mut stream = daemon.raw();
+    let think = json!({"op": "call", "server": "llm", "tool": "think",
+                       "arguments": {"prompt": "hello", "max_tokens": 20}});
+    let answer = tool(&mut stream, think.clone());
+    assert_eq!(answer["result"], "stub says hi", "{answer}");
+    assert_eq!(answer["content"][0]["text"], "stub says hi");
+    let bad = tool(
+        &mut stream,
+        json!({"op": "call", "server": "llm", "tool": "think", "arguments": {"prompt": 7}}),
+    );
+    assert_eq!(bad["code"], "tool_error", "{bad}");
+
+    // An agent: refused without permissions.think; charged to its own
+    // quota, and refused once the quota is spent.
+    let dir = shared_dir();
+    let actor = write_actor(dir.path());
+    let mut client = daemon.client();
+    let (_, replies) = act(
+        &daemon,
+        &mut client,
+        &actor,
+        "thoughtless",
+        json!({"permissions": {"think": false}}),
+        json!([[TOOL, think.clone()]]),
+    );
+    assert_eq!(
+        replies[0]["reply"]["code"], "permission_denied",
+        "{replies:?}"
+    );
+    let (id, replies) = act(
+        &daemon,
+        &mut client,
+        &actor,
+        "frugal",
+        json!({"permissions": {"llm_tokens": 40}}),
+        json!([
+            [TOOL, think.clone()],
+            [TOOL, think.clone()],
+            [TOOL, think.clone()]
+        ]),
+    );
+    assert_eq!(replies[0]["reply"]["result"], "stub says hi", "{replies:?}");
+    assert!(
+        replies
+            .iter()
+            .any(|r| r["reply"]["code"] == "limit_exceeded"),
+        "a spent quota was not enforced: {replies:?}"
+    );
+    let listed = common::agent_info(&mut client, id);
+    assert!(listed["llm"]["tokens"].as_u64().unwrap() >= 15, "{listed}");
 }

@@ -214,7 +214,7 @@ impl Service for ModelServer {
         "llm-local"
     }
 
-    fn spawn(&mut self) -> std::io::Result<Child> {
+    fn spawn(&mut self, _run: u64) -> std::io::Result<Child> {
         let setup = &self.setup;
         let log = File::create(&setup.log)?;
         let launcher = memfd_with(c"agentos-llm-launcher", LAUNCHER.as_bytes())?;
@@ -249,7 +249,9 @@ impl Service for ModelServer {
             .env("HOME", "/tmp")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(log);
+            .stderr(log)
+            // A group of its own: whatever it starts ends with it.
+            .process_group(0);
         // SAFETY: prctl, dup2 and fcntl are async-signal-safe and touch no
         // memory of ours.
         unsafe {

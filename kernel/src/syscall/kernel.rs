@@ -233,6 +233,8 @@ impl Kernel {
     pub fn connection_closed(&mut self, serial: u64) {
         self.llm.connection_closed(serial);
         self.tools.connection_closed(serial);
+        self.tool_calls_through
+            .retain(|_, caller| caller.reply_to.connection() != Some(serial));
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).
@@ -299,7 +301,17 @@ impl Kernel {
         let call = self.next_tool_call;
         self.next_tool_call += 1;
         self.tool_calls_through.insert(call, caller);
-        ReplyTo::Tool(call)
+        ReplyTo::Tool {
+            call,
+            connection: caller.reply_to.connection(),
+        }
+    }
+
+    /// A built-in tool call that was refused before it went anywhere.
+    pub(super) fn tool_call_refused(&mut self, via: ReplyTo) {
+        if let ReplyTo::Tool { call, .. } = via {
+            self.tool_calls_through.remove(&call);
+        }
     }
 
     /// A built-in tool call was answered with a reply of `bytes`: an EXEC
@@ -314,7 +326,7 @@ impl Kernel {
     /// readdressed to their callers as TOOL replies.
     fn answer_tool_calls_through(&mut self, replies: &mut [Reply]) {
         for (to, payload) in replies.iter_mut() {
-            let ReplyTo::Tool(call) = *to else {
+            let ReplyTo::Tool { call, .. } = *to else {
                 continue;
             };
             let Some(caller) = self.tool_calls_through.remove(&call) else {
@@ -343,7 +355,7 @@ impl Kernel {
         for (server, tool) in builtin::tools()
             .iter()
             .map(|(server, tool)| (*server, tool))
-            .chain(self.tools.tools())
+            .chain(self.tools.known_tools())
         {
             match servers.iter_mut().find(|s| s.name == server) {
                 Some(entry) => entry.tools.push(tool),
@@ -412,7 +424,7 @@ fn keep_task_replies(replies: &mut Vec<Reply>) -> Vec<(u64, Vec<u8>)> {
             tasks.push((*task, std::mem::take(payload)));
             false
         }
-        ReplyTo::Request { .. } | ReplyTo::Tool(_) => true,
+        ReplyTo::Request { .. } | ReplyTo::Tool { .. } => true,
     });
     tasks
 }

@@ -157,10 +157,13 @@ fn call_tool(
                 reply_to: request.reply_to,
                 tag,
             });
-            kernel
+            let queued = kernel
                 .llm
-                .think(&asker, via, think, &mut kernel.outbox.replies)?;
-            Ok(None)
+                .think(&asker, via, think, &mut kernel.outbox.replies);
+            if queued.is_err() {
+                kernel.tool_call_refused(via);
+            }
+            queued.map(|()| None)
         }
         None if builtin::is_builtin_server(server) => Err(ErrorReply::new(
             ErrorCode::NotFound,

@@ -14,4 +14,6 @@ pub mod catalog;
 pub mod mcp;
 pub mod package;
 pub mod process;
+pub mod reply;
+pub mod secrets;
 pub mod servers;

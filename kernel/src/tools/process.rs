@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use mio::Waker;
 
+use super::secrets::{truncate_text, Secrets};
 use crate::config::mcp::McpServerConfig;
 use crate::sandbox::confine::Confinement;
 use crate::sandbox::lookup::interpreter_binds;
@@ -39,6 +40,8 @@ const STDERR_LINE: usize = 512;
 pub struct Launched {
     /// Which server (its place in the kernel's list).
     pub server: usize,
+    /// Which run of it (the supervisor's number, for restarting it).
+    pub run: u64,
     /// Its stdin.
     pub stdin: ChildStdin,
     /// Its stdout.
@@ -176,6 +179,8 @@ pub struct ServerProcess {
     pub waker: Arc<Waker>,
     /// The last line of its stderr, for the error when it ends.
     pub last_words: Arc<Mutex<String>>,
+    /// The run started last.
+    pub run: u64,
 }
 
 impl Service for ServerProcess {
@@ -183,7 +188,8 @@ impl Service for ServerProcess {
         &self.label
     }
 
-    fn spawn(&mut self) -> std::io::Result<Child> {
+    fn spawn(&mut self, run: u64) -> std::io::Result<Child> {
+        self.run = run;
         let command = &self.command;
         let mut process = match &self.confinement {
             Some(confinement) => confinement.command(
@@ -216,7 +222,9 @@ impl Service for ServerProcess {
             .envs(&command.env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            // A group of its own: what it starts ends with it.
+            .process_group(0);
         *lock(&self.last_words) = String::new();
         process.spawn()
     }
@@ -228,7 +236,7 @@ impl Service for ServerProcess {
             return Err("has no pipes".into());
         };
         let label = self.label.clone();
-        let secrets: Vec<String> = self.command.env.values().cloned().collect();
+        let secrets = Secrets::new(self.command.env.values());
         let last_words = self.last_words.clone();
         std::thread::Builder::new()
             .name(format!("{label}-stderr"))
@@ -236,6 +244,7 @@ impl Service for ServerProcess {
             .map_err(|err| format!("cannot watch its stderr: {err}"))?;
         let launched = Launched {
             server: self.index,
+            run: self.run,
             stdin,
             stdout,
         };
@@ -260,7 +269,7 @@ fn lock(mutex: &Mutex<String>) -> std::sync::MutexGuard<'_, String> {
 /// Logs a server's stderr line by line until it closes: the first
 /// [`STDERR_LOG_CAP`] bytes of it, with every value of its environment
 /// replaced by `[secret]`; the last line is kept as its last words.
-fn log_stderr(label: &str, stderr: impl Read, secrets: &[String], last_words: &Mutex<String>) {
+fn log_stderr(label: &str, stderr: impl Read, secrets: &Secrets, last_words: &Mutex<String>) {
     let mut logged = 0;
     let mut reader = BufReader::new(stderr);
     let mut line = Vec::new();
@@ -274,7 +283,7 @@ fn log_stderr(label: &str, stderr: impl Read, secrets: &[String], last_words: &M
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        let text = redact(String::from_utf8_lossy(&line).trim_end(), secrets);
+        let text = secrets.redact(String::from_utf8_lossy(&line).trim_end());
         if text.is_empty() {
             continue;
         }
@@ -287,31 +296,10 @@ fn log_stderr(label: &str, stderr: impl Read, secrets: &[String], last_words: &M
         }
         let mut kept = text;
         truncate_text(&mut kept, STDERR_LINE);
+        // A cut may have split a secret.
+        let kept = secrets.redact(&kept);
         *lock(last_words) = kept;
     }
-}
-
-/// Cuts `text` to at most `max` bytes, at a character boundary.
-pub fn truncate_text(text: &mut String, max: usize) {
-    if text.len() > max {
-        let cut = (0..=max)
-            .rev()
-            .find(|i| text.is_char_boundary(*i))
-            .unwrap_or(0);
-        text.truncate(cut);
-    }
-}
-
-/// `text` with each secret (a value of the server's environment, of 4
-/// bytes or more) replaced.
-pub fn redact(text: &str, secrets: &[String]) -> String {
-    let mut text = text.to_owned();
-    for secret in secrets.iter().filter(|s| s.len() >= 4) {
-        if text.contains(secret.as_str()) {
-            text = text.replace(secret.as_str(), "[secret]");
-        }
-    }
-    text
 }
 
 #[cfg(test)]
@@ -354,14 +342,5 @@ mod tests {
         assert!(seen.contains(&(data.as_path(), false)), "{seen:?}");
         assert!(seen.contains(&(dir.path().join("out").as_path(), true)));
         assert!(!seen.iter().any(|(p, _)| p.starts_with("/usr")), "{seen:?}");
-    }
-
-    #[test]
-    fn secrets_never_reach_the_log() {
-        let secrets = vec!["sk-abcdef123".to_owned(), "1".to_owned()];
-        assert_eq!(
-            redact("auth failed for sk-abcdef123 (1 try)", &secrets),
-            "auth failed for [secret] (1 try)"
-        );
     }
 }

@@ -18,6 +18,7 @@ turned into "_" (get-sum -> get_sum); tools.call takes the real name.
 # Modules under private names: every public name here is a server's.
 import inspect as _inspect
 import json as _json
+import keyword as _keyword
 import os as _os
 import struct as _struct
 import threading as _threading
@@ -115,25 +116,31 @@ _KINDS = {"string": str, "integer": int, "number": float, "boolean": bool, "arra
 
 
 def _function(server, tool):
+    """A function for one tool. Schemas come from servers and may be odd:
+    what cannot be read is left out of the signature, never fatal."""
     name, python = tool["name"], tool["python"]
-    schema = tool.get("input_schema") or {}
-    properties = schema.get("properties") or {}
-    required = set(schema.get("required") or [])
+    schema = tool.get("input_schema")
+    schema = schema if isinstance(schema, dict) else {}
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    required = schema.get("required")
+    required = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
     parameters, lines = [], []
     for arg, spec in properties.items():
         spec = spec if isinstance(spec, dict) else {}
-        kind = spec.get("type")
-        if arg.isidentifier():
+        kind = spec.get("type") if isinstance(spec.get("type"), str) else None
+        # `from=` cannot be a parameter's name: it is passed as **{"from": ...}.
+        if arg.isidentifier() and not _keyword.iskeyword(arg):
             parameters.append(
                 _inspect.Parameter(
                     arg,
                     _inspect.Parameter.KEYWORD_ONLY,
                     default=_inspect.Parameter.empty if arg in required else None,
-                    annotation=_KINDS.get(kind, _inspect.Parameter.empty) if isinstance(kind, str) else _inspect.Parameter.empty,
+                    annotation=_KINDS.get(kind, _inspect.Parameter.empty),
                 )
             )
         need = "required" if arg in required else "optional"
-        about = spec.get("description", "")
+        about = spec.get("description") if isinstance(spec.get("description"), str) else ""
         lines.append(f"    {arg} ({kind or 'any'}, {need}){': ' + about if about else ''}")
 
     def tool_function(**arguments):
@@ -141,13 +148,13 @@ def _function(server, tool):
 
     tool_function.__name__ = tool_function.__qualname__ = python
     tool_function.__module__ = f"tools.{server}"
-    doc = tool.get("description") or ""
+    doc = tool.get("description") if isinstance(tool.get("description"), str) else ""
     if lines:
         doc += "\n\nArguments:\n" + "\n".join(lines)
     tool_function.__doc__ = doc
     try:
         tool_function.__signature__ = _inspect.Signature(parameters)
-    except ValueError:
+    except (TypeError, ValueError):
         pass
     return tool_function
 
@@ -161,7 +168,10 @@ def _load():
     for server in catalog.get("servers", []):
         namespace = _Server(server["name"], server.get("description", ""))
         for tool in server.get("tools", []):
-            setattr(namespace, tool["python"], _function(server["name"], tool))
+            try:
+                setattr(namespace, tool["python"], _function(server["name"], tool))
+            except Exception:  # one odd tool never costs the others
+                pass
         globals()[server["name"]] = namespace
         if server["name"] not in __all__:
             __all__.append(server["name"])

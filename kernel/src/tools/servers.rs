@@ -15,15 +15,17 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{to_json, ServerInfo, ToolReply};
+use agentos_proto::payload::ServerInfo;
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::pipe;
 use mio::{Interest, Registry, Token, Waker};
 use serde_json::Value;
 
-use super::mcp::client::{CallId, CallOutcome, ClientEvent, McpClient, ServerState, ToolInfo};
+use super::mcp::client::{CallId, ClientEvent, McpClient, ServerState, ToolInfo};
 use super::mcp::jsonrpc::LineReader;
-use super::process::{redact, truncate_text, Launched, ServerCommand, ServerProcess, RESTART};
+use super::process::{Launched, ServerCommand, ServerProcess, RESTART};
+use super::reply::reply_for;
+use super::secrets::{truncate_text, Secrets};
 use crate::address::Reply;
 use crate::address::ReplyTo;
 use crate::config::mcp::McpConfig;
@@ -41,6 +43,9 @@ const MAX_CALLS_PER_SERVER: usize = 1024;
 /// Calls one caller may have under way at one server, so that one caller
 /// cannot take a server's every place.
 const MAX_CALLS_PER_CALLER: usize = 64;
+/// Bytes waiting for a server's stdin past which new calls are refused
+/// (`busy`): a server that stops reading must not grow the kernel.
+const MAX_UNSENT: usize = 4 << 20;
 /// Non-messages a server's start may print that are logged one by one.
 const GARBAGE_LOGGED: usize = 10;
 /// How long a server has to end once told to stop, at shutdown.
@@ -112,10 +117,15 @@ struct Server {
     /// Why it last failed, secrets blotted out.
     error: Option<String>,
     last_words: Arc<Mutex<String>>,
-    secrets: Vec<String>,
+    secrets: Secrets,
     stopped: bool,
     /// Non-messages logged since it started.
     garbage: usize,
+    /// The supervisor's number for the run whose pipes these are.
+    run: u64,
+    /// Its tools as last listed, kept while it restarts: what `import
+    /// tools` offers does not flap with a server's restarts.
+    known_tools: Vec<ToolInfo>,
 }
 
 #[derive(Debug)]
@@ -159,9 +169,11 @@ impl Servers {
                 pipes: None,
                 error: None,
                 last_words: last_words.clone(),
-                secrets: server.env.values().cloned().collect(),
+                secrets: Secrets::new(server.env.values()),
                 stopped: !server.enabled,
                 garbage: 0,
+                run: 0,
+                known_tools: Vec::new(),
             };
             if !server.enabled {
                 // Listed as `stopped`: its tools are not offered.
@@ -178,6 +190,7 @@ impl Servers {
                         launches: sender.clone(),
                         waker: waker.clone(),
                         last_words,
+                        run: 0,
                     };
                     entry.supervisor = Some(Supervisor::start(process, RESTART)?);
                 }
@@ -213,6 +226,20 @@ impl Servers {
     /// Whether `name` is a configured server.
     pub fn has(&self, name: &str) -> bool {
         self.index_of(name).is_some()
+    }
+
+    /// Every running server's tools as last listed, with the server's
+    /// name: what the `tools` package offers.
+    pub fn known_tools(&self) -> impl Iterator<Item = (&str, &ToolInfo)> {
+        self.servers
+            .iter()
+            .filter(|server| !server.stopped)
+            .flat_map(|server| {
+                server
+                    .known_tools
+                    .iter()
+                    .map(move |tool| (server.name.as_str(), tool))
+            })
     }
 
     /// Every ready server's tools, with the server's name.
@@ -285,6 +312,16 @@ impl Servers {
             return Err(ErrorReply::new(
                 ErrorCode::NotFound,
                 format!("tool server {server} has no tool {tool:?}; TOOL list names its tools"),
+            ));
+        }
+        let unsent = entry.pipes.as_ref().map_or(0, |p| p.unsent.len());
+        if unsent > MAX_UNSENT {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "tool server {server} is not reading its input ({unsent} bytes wait for \
+                     it); retry later"
+                ),
             ));
         }
         let at_server = || self.calls.values().filter(|c| c.server == index);
@@ -417,15 +454,21 @@ impl Servers {
     /// Last step of shutdown (blocks briefly): waits for the servers to
     /// end, killing any that ignored being told to stop.
     pub fn finish_shutdown(&self) {
+        let deadline = Instant::now() + STOP_GRACE;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let mut killed = Vec::new();
         for server in &self.servers {
             let Some(supervisor) = &server.supervisor else {
                 continue;
             };
-            if !supervisor.wait_finished(STOP_GRACE) {
+            if !supervisor.wait_finished(left()) {
                 log::warn!("MCP server {} ignored SIGTERM; killing it", server.name);
-                supervisor.restart();
-                supervisor.wait_finished(STOP_GRACE);
+                supervisor.restart(server.run);
+                killed.push(supervisor);
             }
+        }
+        for supervisor in killed {
+            supervisor.wait_finished(STOP_GRACE);
         }
     }
 
@@ -437,7 +480,21 @@ impl Servers {
     /// first.
     fn adopt(&mut self, launched: Launched, replies: &mut Vec<Reply>, now: Instant) {
         let index = launched.server;
-        self.close_pipes(index);
+        if self.servers[index].stopped {
+            // Started just as the kernel began to stop: its pipes close
+            // here, and its supervisor ends it.
+            return;
+        }
+        // A run whose end was never seen (something it started still holds
+        // its output): its calls fail now, not never.
+        if self.servers[index].client.is_some() {
+            self.restart(
+                index,
+                "it was started again before its output closed".into(),
+                replies,
+            );
+        }
+        self.servers[index].run = launched.run;
         let stdin = pipe::Sender::from(launched.stdin);
         let mut stdout = pipe::Receiver::from(launched.stdout);
         let registered = stdin
@@ -521,14 +578,12 @@ impl Servers {
         self.handle(index, events, replies);
         self.flush(index);
         if closed {
-            let words = crate::tools::process::redact(
-                &self.servers[index]
-                    .last_words
-                    .lock()
-                    .map(|w| w.clone())
-                    .unwrap_or_default(),
-                &self.servers[index].secrets,
-            );
+            // Its last words were redacted when they were kept.
+            let words = self.servers[index]
+                .last_words
+                .lock()
+                .map(|w| w.clone())
+                .unwrap_or_default();
             let why = if words.is_empty() {
                 "it exited (its output closed)".to_owned()
             } else {
@@ -579,6 +634,9 @@ impl Servers {
                 ClientEvent::ToolsListed(count) => {
                     let server = &mut self.servers[index];
                     server.error = None;
+                    if let Some(client) = &server.client {
+                        server.known_tools = client.tools().to_vec();
+                    }
                     self.generation += 1;
                     log::info!("MCP server {} ready with {count} tools", server.name);
                 }
@@ -607,8 +665,9 @@ impl Servers {
                     let server = &mut self.servers[index];
                     server.garbage += 1;
                     if server.garbage <= GARBAGE_LOGGED {
-                        let mut line = redact(&line, &server.secrets);
+                        let mut line = line;
                         truncate_text(&mut line, 200);
+                        let line = server.secrets.redact(&line);
                         log::warn!("MCP server {} printed a non-message: {line}", server.name);
                     }
                     if server.garbage == GARBAGE_LOGGED {
@@ -626,27 +685,22 @@ impl Servers {
     /// `why`, and its supervisor starts it again after the backoff.
     fn restart(&mut self, index: usize, why: String, replies: &mut Vec<Reply>) {
         let server = &mut self.servers[index];
-        let why = redact(&why, &server.secrets);
+        let why = server.secrets.redact(&why);
         if !server.stopped {
             log::warn!("MCP server {} failed: {why}", server.name);
         }
         let mut events = Vec::new();
-        let mut had_tools = false;
         if let Some(mut client) = server.client.take() {
-            had_tools = client.state() == &ServerState::Ready;
             client.ended(&why, &mut events);
         }
         server.error = Some(why);
         if let Some(supervisor) = &server.supervisor {
-            supervisor.restart();
+            supervisor.restart(server.run);
         }
         // Only the calls it ended are handled: its failure is this one.
         events.retain(|e| matches!(e, ClientEvent::CallEnded { .. }));
         self.handle(index, events, replies);
         self.close_pipes(index);
-        if had_tools {
-            self.generation += 1;
-        }
     }
 
     fn close_pipes(&mut self, index: usize) {
@@ -656,73 +710,5 @@ impl Servers {
                 let _ = self.registry.deregister(&mut pipes.stdin);
             }
         }
-    }
-}
-
-/// TOOL `call`'s reply for what a call came to; text from the server has
-/// its secrets blotted out.
-fn reply_for(outcome: CallOutcome, server: &str, secrets: &[String]) -> Vec<u8> {
-    match outcome {
-        CallOutcome::Done {
-            content,
-            structured,
-        } => to_json(&ToolReply::done(result_of(&content, structured), content)),
-        CallOutcome::ToolError { message, content } => {
-            to_json(&ToolReply::tool_error(redact(&message, secrets), content))
-        }
-        CallOutcome::Rejected(why) => {
-            let why = redact(&why, secrets);
-            ErrorReply::new(ErrorCode::ToolError, format!("{server}: {why}")).to_json()
-        }
-        CallOutcome::TimedOut(why) => ErrorReply::new(ErrorCode::Timeout, why).to_json(),
-        CallOutcome::Failed(why) => {
-            let why = redact(&why, secrets);
-            ErrorReply::new(
-                ErrorCode::Unavailable,
-                format!("tool server {server}: {why}"),
-            )
-            .to_json()
-        }
-    }
-}
-
-/// A call's `result`: its structured content if it gave any, else its
-/// text parsed as JSON if it is JSON, else the text (several text blocks
-/// joined by newlines), else null.
-pub fn result_of(content: &Value, structured: Option<Value>) -> Value {
-    if let Some(structured) = structured {
-        return structured;
-    }
-    let texts: Vec<&str> = content
-        .as_array()
-        .map(|blocks| {
-            blocks
-                .iter()
-                .filter(|b| b["type"] == "text")
-                .filter_map(|b| b["text"].as_str())
-                .collect()
-        })
-        .unwrap_or_default();
-    if texts.is_empty() {
-        return Value::Null;
-    }
-    let text = texts.join("\n");
-    serde_json::from_str(&text).unwrap_or(Value::String(text))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn a_result_prefers_structured_content_then_json_text_then_text() {
-        let content = json!([{"type": "text", "text": "{\"sum\": 3}"}]);
-        assert_eq!(result_of(&content, Some(json!({"s": 1}))), json!({"s": 1}));
-        assert_eq!(result_of(&content, None), json!({"sum": 3}));
-        let prose = json!([{"type": "text", "text": "Echo: hi"}, {"type": "text", "text": "more"}]);
-        assert_eq!(result_of(&prose, None), json!("Echo: hi\nmore"));
-        let image = json!([{"type": "image", "data": "...", "mimeType": "image/png"}]);
-        assert_eq!(result_of(&image, None), Value::Null);
     }
 }

@@ -240,12 +240,14 @@ impl McpClient {
                     )));
                     return;
                 };
-                let error = RpcError {
-                    code: 0,
-                    message: format!("the server's reply was {bytes} bytes, over the limit"),
-                    data: None,
-                };
-                self.answered(pending, Err(error), now, events);
+                let why = format!("the server's reply was {bytes} bytes, over the limit");
+                match pending {
+                    Pending::Call(call) => events.push(ClientEvent::CallEnded {
+                        call,
+                        outcome: CallOutcome::Failed(why),
+                    }),
+                    Pending::Initialize | Pending::List => self.fail(why, events),
+                }
             }
         }
     }
@@ -312,8 +314,6 @@ impl McpClient {
                 call,
                 outcome: match outcome {
                     Ok(result) => call_outcome(result),
-                    // Code 0 is the client's own: a reply too big to read.
-                    Err(error) if error.code == 0 => CallOutcome::Failed(error.message),
                     Err(error) => CallOutcome::Rejected(error.message),
                 },
             }),
