@@ -27,8 +27,9 @@ pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
 };
 pub use task::{
-    TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind, TaskListReply, TaskRef,
-    TaskReply, TaskRequest, TaskState, TaskWait,
+    PromptRequest, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind, TaskList,
+    TaskListReply, TaskProgress, TaskRef, TaskReply, TaskRequest, TaskState, TaskWait,
+    MAX_ITERATIONS, MAX_LIST_LIMIT, MAX_WAIT_MS,
 };
 pub use think::{ChatMessage, ThinkReply, ThinkRequest, Usage};
 pub use tool::{

@@ -1,4 +1,6 @@
-//! TASK (0x13): background work owned by the caller.
+//! TASK (0x13): background work owned by the caller — an EXEC run, a
+//! THINK, or the kernel's prompt-to-program loop — that outlives the
+//! connection that dispatched it.
 
 use serde::{Deserialize, Serialize};
 
@@ -7,22 +9,50 @@ use crate::ErrorReply;
 
 /// Longest a `wait` may block (ten minutes).
 pub const MAX_WAIT_MS: u64 = 600_000;
+/// Most tasks one `list` returns.
+pub const MAX_LIST_LIMIT: u64 = 1000;
+/// Longest label, in bytes.
+pub const MAX_LABEL_BYTES: usize = 256;
+/// Most iterations a prompt loop may be given.
+pub const MAX_ITERATIONS: u32 = 50;
+/// Longest prompt or system text of a prompt task, in bytes.
+pub const MAX_PROMPT_BYTES: usize = 256 << 10;
 
 /// What a task runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskKind {
-    /// An EXEC request.
+    /// An EXEC `run` request.
     Exec,
     /// A THINK request.
     Think,
+    /// The prompt-to-program loop: THINK writes code, EXEC runs it.
+    Prompt,
+}
+
+impl TaskKind {
+    /// Its name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskKind::Exec => "exec",
+            TaskKind::Think => "think",
+            TaskKind::Prompt => "prompt",
+        }
+    }
+
+    /// The kind named `name`.
+    pub fn from_name(name: &str) -> Option<TaskKind> {
+        [TaskKind::Exec, TaskKind::Think, TaskKind::Prompt]
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+    }
 }
 
 /// A task's lifecycle state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
-    /// Waiting for a worker.
+    /// Waiting for its turn.
     Queued,
     /// Being worked on.
     Running,
@@ -34,15 +64,76 @@ pub enum TaskState {
     Cancelled,
     /// Stopped by its deadline.
     TimedOut,
+    /// It was running when the kernel stopped.
+    Interrupted,
+}
+
+impl TaskState {
+    /// Its name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Queued => "queued",
+            TaskState::Running => "running",
+            TaskState::Completed => "completed",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+            TaskState::TimedOut => "timed_out",
+            TaskState::Interrupted => "interrupted",
+        }
+    }
+
+    /// The state named `name`.
+    pub fn from_name(name: &str) -> Option<TaskState> {
+        [
+            TaskState::Queued,
+            TaskState::Running,
+            TaskState::Completed,
+            TaskState::Failed,
+            TaskState::Cancelled,
+            TaskState::TimedOut,
+            TaskState::Interrupted,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == name)
+    }
+
+    /// Whether the task has ended for good.
+    pub fn is_finished(self) -> bool {
+        !matches!(self, TaskState::Queued | TaskState::Running)
+    }
+}
+
+/// A prompt task's request: the kernel's loop.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromptRequest {
+    /// What to do.
+    pub prompt: String,
+    /// Rounds of THINK and EXEC at most.
+    #[serde(default = "default_iterations")]
+    pub max_iterations: u32,
+    /// A system instruction added to the kernel's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// The EXEC session the code runs in (one of the task's own if none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
+fn default_iterations() -> u32 {
+    5
 }
 
 /// `dispatch`: start work in the background.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskDispatch {
-    /// EXEC or THINK.
+    /// EXEC, THINK or the prompt loop.
     pub kind: TaskKind,
-    /// The EXEC or THINK payload, as JSON (a THINK prompt may be a string).
+    /// The EXEC `run` or THINK payload (a THINK prompt may be a string), or
+    /// a [`PromptRequest`].
     pub request: serde_json::Value,
+    /// The owner's own name for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
 }
 
 /// `status` and `cancel`: names a task.
@@ -52,14 +143,31 @@ pub struct TaskRef {
     pub task_id: String,
 }
 
-/// `wait`: block until the task ends or `timeout_ms` passes.
+/// `wait`: until the task ends or `timeout_ms` passes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskWait {
     /// The task's id.
     pub task_id: String,
-    /// How long to wait.
+    /// How long to wait (default 30 s, at most ten minutes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+}
+
+/// `list`: the caller's tasks, newest first, a page at a time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskList {
+    /// Only tasks in this state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TaskState>,
+    /// Only tasks of this kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<TaskKind>,
+    /// Most tasks returned (default 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// Only tasks older than this one (the last page's `next`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<String>,
 }
 
 /// A TASK request, selected by `op`.
@@ -78,17 +186,17 @@ pub enum TaskRequest {
     Dispatch(TaskDispatch),
     /// Look a task up.
     Status(TaskRef),
-    /// Block until the task ends or the timeout passes.
+    /// Until the task ends or the timeout passes.
     Wait(TaskWait),
     /// The caller's tasks.
-    List,
+    List(TaskList),
     /// Stop a task.
     Cancel(TaskRef),
 }
 
 impl TaskRequest {
-    /// Parses and validates a TASK payload, including the embedded EXEC or
-    /// THINK request of a dispatch.
+    /// Parses and validates a TASK payload, including the embedded request
+    /// of a dispatch.
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         // Selected by hand rather than through serde's tagged-enum support,
         // which buffers the fields and so loses the name of a field at fault.
@@ -100,7 +208,7 @@ impl TaskRequest {
             Some("dispatch") => TaskRequest::Dispatch(from_value("TASK", value)?),
             Some("status") => TaskRequest::Status(from_value("TASK", value)?),
             Some("wait") => TaskRequest::Wait(from_value("TASK", value)?),
-            Some("list") => TaskRequest::List,
+            Some("list") => TaskRequest::List(from_value("TASK", value)?),
             Some("cancel") => TaskRequest::Cancel(from_value("TASK", value)?),
             Some(other) => {
                 return Err(bad_request(format!(
@@ -117,48 +225,109 @@ impl TaskRequest {
         match &request {
             TaskRequest::Dispatch(dispatch) => dispatch.validate()?,
             TaskRequest::Wait(wait) => check_range("timeout_ms", wait.timeout_ms, 0, MAX_WAIT_MS)?,
-            TaskRequest::Status(_) | TaskRequest::List | TaskRequest::Cancel(_) => {}
+            TaskRequest::List(list) => check_range("limit", list.limit, 1, MAX_LIST_LIMIT)?,
+            TaskRequest::Status(_) | TaskRequest::Cancel(_) => {}
         }
         Ok(request)
     }
 }
 
 impl TaskDispatch {
-    /// Checks the embedded request as EXEC or THINK would.
+    /// Checks the label and the embedded request as EXEC, THINK or the
+    /// prompt loop would.
     pub fn validate(&self) -> Result<(), ErrorReply> {
-        let embedded = match &self.request {
-            serde_json::Value::String(prompt) if self.kind == TaskKind::Think => {
-                prompt.clone().into_bytes()
+        if let Some(label) = &self.label {
+            if label.len() > MAX_LABEL_BYTES || label.chars().any(char::is_control) {
+                return Err(bad_request(format!(
+                    "TASK field `label`: at most {MAX_LABEL_BYTES} bytes, no control characters"
+                )));
             }
-            other => serde_json::to_vec(other).unwrap_or_default(),
-        };
-        match self.kind {
-            TaskKind::Exec => ExecRequest::parse(&embedded).map(drop),
-            TaskKind::Think => ThinkRequest::parse(&embedded).map(drop),
         }
-        .map_err(|mut err| {
+        let field = |mut err: ErrorReply| {
             err.error = format!("TASK field `request`: {}", err.error);
             err
-        })
+        };
+        match self.kind {
+            TaskKind::Exec => self.exec().map(drop),
+            TaskKind::Think => self.think().map(drop),
+            TaskKind::Prompt => self.prompt().map(drop),
+        }
+        .map_err(field)
+    }
+
+    /// The embedded EXEC request.
+    pub fn exec(&self) -> Result<ExecRequest, ErrorReply> {
+        ExecRequest::parse(&serde_json::to_vec(&self.request).unwrap_or_default())
+    }
+
+    /// The embedded THINK request (a string is the prompt itself).
+    pub fn think(&self) -> Result<ThinkRequest, ErrorReply> {
+        let bytes = match &self.request {
+            serde_json::Value::String(prompt) => prompt.clone().into_bytes(),
+            other => serde_json::to_vec(other).unwrap_or_default(),
+        };
+        ThinkRequest::parse(&bytes)
+    }
+
+    /// The embedded prompt-loop request.
+    pub fn prompt(&self) -> Result<PromptRequest, ErrorReply> {
+        let prompt: PromptRequest = from_value("prompt", self.request.clone())?;
+        if prompt.prompt.trim().is_empty() {
+            return Err(bad_request("`prompt` is empty"));
+        }
+        let too_long = [Some(&prompt.prompt), prompt.system.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|text| text.len() > MAX_PROMPT_BYTES);
+        if too_long {
+            return Err(bad_request(format!(
+                "`prompt` and `system` may be at most {MAX_PROMPT_BYTES} bytes"
+            )));
+        }
+        check_range(
+            "max_iterations",
+            Some(u64::from(prompt.max_iterations)),
+            1,
+            u64::from(MAX_ITERATIONS),
+        )?;
+        if let Some(session) = &prompt.session {
+            super::validate_name("session", session)?;
+        }
+        Ok(prompt)
     }
 }
 
-/// A task as reported by `status`, `wait` and `list`.
+/// What a running task has done so far.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskProgress {
+    /// The tail of what it has printed.
+    pub output: String,
+    /// For a prompt loop: the iteration under way (1 first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iteration: Option<u32>,
+}
+
+/// A task as `status`, `wait` and `list` report it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskInfo {
     /// `t-...`.
     pub task_id: String,
-    /// EXEC or THINK.
+    /// What it runs.
     pub kind: TaskKind,
+    /// The owner's name for it.
+    pub label: Option<String>,
     /// Lifecycle state.
     pub state: TaskState,
     /// RFC 3339 UTC times.
     pub created_at: String,
-    /// When a worker took it.
+    /// When it started running.
     pub started_at: Option<String>,
     /// When it ended.
     pub finished_at: Option<String>,
-    /// The EXEC/THINK reply, once finished (from `wait`).
+    /// While it runs: what it has done so far.
+    pub progress: Option<TaskProgress>,
+    /// Once it has finished (`wait`): the EXEC or THINK reply, or the
+    /// prompt loop's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
 }
@@ -186,8 +355,10 @@ pub struct TaskReply {
 pub struct TaskListReply {
     /// Always `true`.
     pub success: bool,
-    /// The caller's tasks.
+    /// The caller's tasks, newest first.
     pub tasks: Vec<TaskInfo>,
+    /// `before` for the next page; `null` on the last.
+    pub next: Option<String>,
 }
 
 /// Reply to `cancel`.
@@ -195,7 +366,7 @@ pub struct TaskListReply {
 pub struct TaskCancelReply {
     /// Always `true`.
     pub success: bool,
-    /// Whether the task was still running and is now cancelled.
+    /// Whether the task was queued or running and is now cancelled.
     pub cancelled: bool,
 }
 
@@ -220,13 +391,44 @@ mod tests {
             err.error
         );
         assert!(TaskRequest::parse(br#"{"op":"dispatch","kind":"think","request":"hi"}"#).is_ok());
+        let prompt = TaskRequest::parse(
+            br#"{"op":"dispatch","kind":"prompt","request":{"prompt":"sum 1..10"},"label":"x"}"#,
+        )
+        .unwrap();
+        let TaskRequest::Dispatch(dispatch) = prompt else {
+            panic!("not a dispatch")
+        };
+        assert_eq!(dispatch.prompt().unwrap().max_iterations, 5);
+        for bad in [
+            r#"{"op":"dispatch","kind":"prompt","request":{"prompt":""}}"#,
+            r#"{"op":"dispatch","kind":"prompt","request":{"prompt":"x","max_iterations":0}}"#,
+            r#"{"op":"dispatch","kind":"nap","request":{}}"#,
+            r#"{"op":"dispatch","kind":"think","request":"hi","label":"a\nb"}"#,
+        ] {
+            assert!(TaskRequest::parse(bad.as_bytes()).is_err(), "{bad}");
+        }
     }
 
     #[test]
-    fn list_needs_no_fields() {
+    fn list_filters_and_pages() {
         assert_eq!(
             TaskRequest::parse(br#"{"op":"list"}"#).unwrap(),
-            TaskRequest::List
+            TaskRequest::List(TaskList::default())
         );
+        let list = TaskRequest::parse(
+            br#"{"op":"list","state":"running","kind":"exec","limit":5,"before":"t-1"}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            list,
+            TaskRequest::List(TaskList {
+                state: Some(TaskState::Running),
+                kind: Some(TaskKind::Exec),
+                limit: Some(5),
+                ..
+            })
+        ));
+        assert!(TaskRequest::parse(br#"{"op":"list","state":"napping"}"#).is_err());
+        assert!(TaskRequest::parse(br#"{"op":"list","limit":0}"#).is_err());
     }
 }
