@@ -70,6 +70,7 @@ def start_kernel(workdir: Path, config: str = "", llm: bool = False) -> Kernel:
     }
     env["AGENTOS_LOG_LEVEL"] = "debug"
     env["AGENTOS_AGENT_LOG_DIR"] = str(workdir / "logs")
+    env["AGENTOS_STATE_DIR"] = str(workdir / "state")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [binary("agentosd"), "--socket", sock, "--config", config_path],

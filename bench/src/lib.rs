@@ -105,7 +105,8 @@ pub fn start_agentosd_with(binary: &Path, dir: &Path, config_text: &str) -> anyh
         .arg(&config)
         .arg("--log-level")
         .arg("warn")
-        .env("AGENTOS_AGENT_LOG_DIR", dir.join("logs"));
+        .env("AGENTOS_AGENT_LOG_DIR", dir.join("logs"))
+        .env("AGENTOS_STATE_DIR", dir.join("state"));
     Server::start("agentosd", command, socket)
 }
 

@@ -32,6 +32,7 @@ pub mod socket;
 pub mod state_dir;
 pub mod supervisor;
 pub mod syscall;
+pub mod tasks;
 pub mod timers;
 pub mod tools;
 pub mod workers;

@@ -55,7 +55,7 @@ fn hello_reports_protocol_identity_and_honest_features() {
     if common::is_root() {
         assert_eq!(features["exec"], true);
     }
-    assert_eq!(features["task"], false);
+    assert_eq!(features["task"], true);
     assert_eq!(features["spawn"], true);
     if common::is_root() {
         assert!(
@@ -130,27 +130,21 @@ fn requests_pipelined_before_exit_are_answered_and_after_it_ignored() {
 }
 
 #[test]
-fn opcodes_without_their_subsystem_answer_unavailable_after_validating_the_request() {
+fn think_without_a_provider_answers_unavailable_after_validating_the_request() {
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
-    let valid: [(Opcode, &[u8]); 2] = [
-        (Opcode::THINK, b"What is 2+2?"),
-        (Opcode::TASK, br#"{"op":"list"}"#),
-    ];
-    for (opcode, payload) in valid {
-        let reply = call_json(&mut stream, opcode, payload);
-        assert_eq!(reply["success"], false, "{opcode}");
-        assert_eq!(reply["code"], "unavailable", "{opcode}: {reply}");
-        assert!(reply["error"]
-            .as_str()
-            .unwrap()
-            .contains(opcode.name().unwrap()));
-    }
-    // A malformed TASK request is told so first.
-    let bad = call_json(&mut stream, Opcode::TASK, br#"{"op":"fly"}"#);
+    let reply = call_json(&mut stream, Opcode::THINK, b"What is 2+2?");
+    assert_eq!(reply["success"], false);
+    assert_eq!(reply["code"], "unavailable", "{reply}");
+    assert!(
+        reply["error"].as_str().unwrap().contains("THINK"),
+        "{reply}"
+    );
+    // A malformed request is told so first.
+    let bad = call_json(&mut stream, Opcode::THINK, br#"{"prompt": 7}"#);
     assert_eq!(bad["code"], "bad_request", "{bad}");
     let hello = call_json(&mut stream, Opcode::HELLO, b"");
-    assert_eq!(hello["features"]["task"], false, "{hello}");
+    assert_eq!(hello["features"]["think"], false, "{hello}");
 }
 
 #[test]

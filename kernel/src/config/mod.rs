@@ -9,6 +9,7 @@
 pub mod exec;
 pub mod llm;
 pub mod mcp;
+pub mod tasks;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -20,6 +21,7 @@ use serde::Deserialize;
 use exec::ExecConfig;
 use llm::LlmConfig;
 use mcp::McpConfig;
+use tasks::TasksConfig;
 
 /// The service's config file, read when present and nothing else is named.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentos/agentosd.toml";
@@ -76,6 +78,8 @@ pub struct Config {
     pub exec: ExecConfig,
     /// `[mcp]`: the MCP servers whose tools TOOL and EXEC offer.
     pub mcp: McpConfig,
+    /// TASK: the task store, caps, retention.
+    pub tasks: TasksConfig,
     /// Diagnostics for tests; never needed in production.
     pub debug: DebugConfig,
 }
@@ -229,6 +233,7 @@ impl Default for Config {
             llm: LlmConfig::default(),
             exec: ExecConfig::default(),
             mcp: McpConfig::default(),
+            tasks: TasksConfig::default(),
             debug: DebugConfig::default(),
         }
     }
@@ -357,6 +362,9 @@ impl Config {
         if let Some(v) = get("AGENTOS_AGENT_LOG_DIR") {
             self.agents.log_dir = Some(PathBuf::from(v));
         }
+        if let Some(v) = get("AGENTOS_STATE_DIR") {
+            self.tasks.state_dir = Some(PathBuf::from(v));
+        }
         parse_env(
             &get,
             "AGENTOS_MAX_REQUEST_BYTES",
@@ -438,6 +446,7 @@ impl Config {
         self.llm.validate()?;
         self.exec.validate()?;
         self.mcp.validate()?;
+        self.tasks.validate()?;
         if let Some(name) = self
             .debug
             .defer_opcodes

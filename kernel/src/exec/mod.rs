@@ -273,6 +273,28 @@ impl Exec {
         }
     }
 
+    /// Cancels the run whose reply goes to `reply_to`: one still waiting
+    /// for a sandbox is dropped; a running one is killed (SIGKILL to PID 1
+    /// of its namespace, so everything it started dies), and its reply
+    /// still goes out, saying so. Returns whether there was one.
+    pub fn cancel(&mut self, reply_to: ReplyTo) -> bool {
+        let before = self.waiting.len();
+        self.waiting.retain(|w| w.reply_to != reply_to);
+        let mut found = self.waiting.len() != before;
+        for session in self.sessions.values_mut() {
+            let queued = session.queue.len();
+            session.queue.retain(|w| w.reply_to != reply_to);
+            found |= session.queue.len() != queued;
+        }
+        for (_, run) in self.children.iter_mut() {
+            if matches!(&run.stage, Stage::Running(r) if r.reply_to == reply_to) {
+                run.kill(Kill::Cancelled);
+                found = true;
+            }
+        }
+        found
+    }
+
     /// A TOOL call made on the kernel connection of the run tagged `tag`
     /// was answered with `bytes`: the run's reply counts it.
     pub fn tool_delivered(&mut self, tag: u64, bytes: usize) {

@@ -131,6 +131,8 @@ pub enum Kill {
     Shutdown,
     /// Its session was closed.
     Closed,
+    /// Whoever asked for it cancelled it (a task).
+    Cancelled,
 }
 
 /// A run child and its descriptors.
@@ -553,6 +555,11 @@ impl RunChild {
                 None,
                 Some(libc::SIGKILL),
                 Some("the run's session was closed; the run was killed".to_owned()),
+            ),
+            (Some(Kill::Cancelled), _) => (
+                None,
+                Some(libc::SIGKILL),
+                Some("the run was cancelled and killed".to_owned()),
             ),
             (None, Some(end)) => {
                 let error = end

@@ -411,6 +411,15 @@ impl Llm {
         }
     }
 
+    /// Withdraws the queued THINK whose reply goes to `reply_to` (a
+    /// cancelled task's); returns whether it was still queued. One already
+    /// at the provider runs on, and its reply is for no one.
+    pub fn withdraw_reply(&mut self, reply_to: ReplyTo) -> bool {
+        !self
+            .withdraw(|pending| pending.reply_to == reply_to)
+            .is_empty()
+    }
+
     /// Takes the queued requests `reject` picks out of the queue and frees
     /// their budget reservations; the caller answers them (or not).
     fn withdraw(&mut self, reject: impl Fn(&Pending) -> bool) -> Vec<Waiting<Pending>> {

@@ -23,7 +23,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 // The built-in tools always work; each server's state is
                 // in `tool_servers`.
                 tools: true,
-                task: false,
+                task: true,
                 cgroup: kernel.sandboxes.host().cgroup_version(),
             },
             limits: Some(ProtocolLimits {

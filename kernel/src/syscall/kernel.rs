@@ -11,13 +11,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::Opcode;
+use agentos_proto::payload::{Limits, TaskKind};
+use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 use mio::{Registry, Token, Waker};
 
 use crate::address::{Outbox, Reply, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents, Run};
 use crate::config::Config;
-use crate::exec::{Exec, HostId};
+use crate::exec::{Exec, HostId, RunCaller, SessionOwner};
+use crate::identity::{Identity, FIRST_OPERATOR_ID};
 use crate::llm::Llm;
 use crate::sandbox::plan::Profile;
 use crate::sandbox::runtime::host::Host;
@@ -25,6 +27,7 @@ use crate::sandbox::runtime::{self, OwnersOf, Runtime, RuntimeSetup};
 use crate::sandbox::spec::Rlimits;
 use crate::sandbox::User;
 use crate::state_dir::{kernel_files, StateDir};
+use crate::tasks::{OwnerRef, Stop, Tasks};
 use crate::tools::builtin;
 use crate::tools::package::{CatalogServer, Package};
 use crate::tools::servers::Servers;
@@ -78,8 +81,8 @@ pub struct Kernel {
     next_tool_call: u64,
     /// What is ready for the reactor.
     pub(super) outbox: Outbox,
-    /// Replies addressed to tasks, by task id, until they are collected.
-    task_replies: HashMap<u64, Vec<Vec<u8>>>,
+    /// Background tasks.
+    pub(super) tasks: Tasks,
 }
 
 impl Kernel {
@@ -136,7 +139,9 @@ impl Kernel {
             package.as_ref().map(|p| p.dir().to_path_buf()),
         )?;
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
-        Ok(Kernel {
+        let tasks = Tasks::open(&config.tasks, Instant::now())
+            .map_err(|err| io::Error::other(err.to_string()))?;
+        let mut kernel = Kernel {
             config,
             deferred,
             state,
@@ -151,8 +156,11 @@ impl Kernel {
             tool_calls_through: HashMap::new(),
             next_tool_call: 1,
             outbox: Outbox::default(),
-            task_replies: HashMap::new(),
-        })
+            tasks,
+        };
+        // Tasks queued before a restart run now.
+        kernel.start_tasks();
+        Ok(kernel)
     }
 
     /// The configuration in force.
@@ -201,6 +209,7 @@ impl Kernel {
             self.llm.next_deadline(now),
             self.exec.next_deadline(now),
             self.tools.next_deadline(now),
+            self.tasks.next_deadline(now),
             self.pool_renewal
                 .map(|due| due.saturating_duration_since(now)),
         ]
@@ -217,6 +226,7 @@ impl Kernel {
             .on_deadlines(&mut agent_sandboxes(&mut self.sandboxes), now);
         self.llm.on_deadlines(now, &mut self.outbox.replies);
         self.tools.on_deadlines(now, &mut self.outbox.replies);
+        self.tasks.on_deadlines(now, &mut self.outbox.replies);
         if self.pool_renewal.is_some_and(|due| due <= now) {
             self.pool_renewal = None;
             self.exec.tools_changed();
@@ -233,12 +243,16 @@ impl Kernel {
     pub fn connection_closed(&mut self, serial: u64) {
         self.llm.connection_closed(serial);
         self.tools.connection_closed(serial);
+        self.tasks.connection_closed(serial);
         self.tool_calls_through
             .retain(|_, caller| caller.reply_to.connection() != Some(serial));
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).
     pub fn begin_shutdown(&mut self, grace: Duration) {
+        // Tasks still running end `interrupted` now, before their work is
+        // stopped; queued ones stay queued for the next kernel.
+        self.tasks.interrupt_running(&mut self.outbox.replies);
         self.sandboxes.begin_shutdown();
         self.agents.begin_shutdown(
             &mut agent_sandboxes(&mut self.sandboxes),
@@ -279,19 +293,107 @@ impl Kernel {
         for delivered in self.tools.take_delivered() {
             self.exec.tool_delivered(delivered.tag, delivered.bytes);
         }
-        let mut outbox = std::mem::take(&mut self.outbox);
-        outbox.adopted.extend(self.exec.take_adopted());
-        if outbox
+        // Replies to tasks finish them, which answers their waiters and
+        // starts the next ones, which may be answered at once.
+        while self
+            .outbox
             .replies
             .iter()
             .any(|(to, _)| !matches!(to, ReplyTo::Request { .. }))
         {
-            self.answer_tool_calls_through(&mut outbox.replies);
-            for (task, payload) in keep_task_replies(&mut outbox.replies) {
-                self.task_replies.entry(task).or_default().push(payload);
+            let mut replies = std::mem::take(&mut self.outbox.replies);
+            self.answer_tool_calls_through(&mut replies);
+            let finished = keep_task_replies(&mut replies);
+            self.outbox.replies.extend(replies);
+            for (number, payload) in finished {
+                self.tasks
+                    .on_reply(number, payload, &mut self.outbox.replies);
+            }
+            self.start_tasks();
+        }
+        let mut outbox = std::mem::take(&mut self.outbox);
+        outbox.adopted.extend(self.exec.take_adopted());
+        Some(outbox)
+    }
+
+    /// Starts the queued tasks whose owners have room: an EXEC run or a
+    /// THINK, whose reply comes back to the task. One that cannot start
+    /// fails with the reason.
+    pub(super) fn start_tasks(&mut self) {
+        for start in self.tasks.startable() {
+            let reply_to = ReplyTo::Task(start.number);
+            let started = match start.dispatch.kind {
+                TaskKind::Exec => start.dispatch.exec().and_then(|run| {
+                    let caller = self.task_run_caller(start.owner)?;
+                    self.exec
+                        .run(run, caller, reply_to, &mut self.outbox.replies)
+                }),
+                TaskKind::Think => start.dispatch.think().and_then(|think| {
+                    let asker = super::think::asker(self, self.task_identity(start.owner)?)?;
+                    self.llm
+                        .think(&asker, reply_to, think, &mut self.outbox.replies)
+                }),
+                TaskKind::Prompt => Err(ErrorReply::new(
+                    ErrorCode::Unavailable,
+                    "the prompt loop is not served by this kernel yet",
+                )),
+            };
+            if let Err(err) = started {
+                self.tasks
+                    .failed_to_start(start.number, err, &mut self.outbox.replies);
             }
         }
-        Some(outbox)
+    }
+
+    /// Stops a cancelled task's work: its EXEC run is killed, its THINK
+    /// withdrawn from the queue (one already at the provider answers no
+    /// one).
+    pub(super) fn stop_task(&mut self, stop: Stop) {
+        let reply_to = ReplyTo::Task(stop.number);
+        if matches!(stop.kind, TaskKind::Exec | TaskKind::Prompt) {
+            self.exec.cancel(reply_to);
+        }
+        if matches!(stop.kind, TaskKind::Think | TaskKind::Prompt) {
+            self.llm.withdraw_reply(reply_to);
+        }
+    }
+
+    /// Who a task's work runs as: its agent (which must still be alive),
+    /// or an operator.
+    fn task_identity(&self, owner: OwnerRef) -> Result<Identity, ErrorReply> {
+        match owner {
+            OwnerRef::Agent(id) => match self.agents.grant(id) {
+                Some(_) => Ok(Identity::Agent { id }),
+                None => Err(ErrorReply::new(
+                    ErrorCode::Unavailable,
+                    format!("the task's agent {id} has ended"),
+                )),
+            },
+            OwnerRef::User(_) => Ok(Identity::Operator {
+                id: FIRST_OPERATOR_ID,
+            }),
+        }
+    }
+
+    /// What an EXEC task runs as: its owner's identity, sessions and limits.
+    fn task_run_caller(&self, owner: OwnerRef) -> Result<RunCaller, ErrorReply> {
+        let identity = self.task_identity(owner)?;
+        Ok(match owner {
+            OwnerRef::Agent(id) => RunCaller {
+                owner: SessionOwner::Agent(id),
+                identity,
+                limits: self
+                    .agents
+                    .grant(id)
+                    .map(|grant| grant.limits)
+                    .unwrap_or_default(),
+            },
+            OwnerRef::User(uid) => RunCaller {
+                owner: SessionOwner::User(uid),
+                identity,
+                limits: Limits::default(),
+            },
+        })
     }
 
     /// The address a built-in tool call answered through another
@@ -336,11 +438,6 @@ impl Kernel {
             *to = caller.reply_to;
             self.tools_delivered(caller.tag, payload.len());
         }
-    }
-
-    /// Replies delivered to a task so far, oldest first (taken).
-    pub fn task_replies(&mut self, task: u64) -> Vec<Vec<u8>> {
-        self.task_replies.remove(&task).unwrap_or_default()
     }
 
     /// Writes the `tools` package's catalog for the tools on offer now

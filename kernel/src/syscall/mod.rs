@@ -17,9 +17,9 @@ mod kernel;
 mod kill;
 mod list;
 mod spawn;
+mod task;
 mod think;
 mod tool;
-mod unavailable;
 
 use std::time::Duration;
 
@@ -103,7 +103,7 @@ impl Kernel {
             Opcode::THINK => think::handle,
             Opcode::EXEC => exec::handle,
             Opcode::TOOL => tool::handle,
-            Opcode::TASK => unavailable::handle,
+            Opcode::TASK => task::handle,
             _ => unknown,
         };
         let outcome = handler(self, request);

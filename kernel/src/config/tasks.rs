@@ -1,0 +1,81 @@
+//! TASK's settings: the `[tasks]` table of the config file.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// How background tasks are kept and run.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TasksConfig {
+    /// Where the task store lives (`AGENTOS_STATE_DIR`); default
+    /// `/var/lib/agentos` as root, else `$XDG_STATE_HOME/agentos`.
+    pub state_dir: Option<PathBuf>,
+    /// How long a finished task and its result are kept, in seconds.
+    pub retention_secs: u64,
+    /// Tasks one owner may have running at once; the rest wait, queued.
+    pub max_running_per_owner: usize,
+    /// Tasks one owner may have queued.
+    pub max_queued_per_owner: usize,
+    /// Tasks kept in all (finished ones beyond it go, oldest first).
+    pub max_retained: usize,
+    /// Bytes of finished results kept in memory; older ones are read back
+    /// from the store when asked for.
+    pub result_cache_bytes: usize,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        TasksConfig {
+            state_dir: None,
+            retention_secs: 86_400,
+            max_running_per_owner: 8,
+            max_queued_per_owner: 1024,
+            max_retained: 100_000,
+            result_cache_bytes: 64 << 20,
+        }
+    }
+}
+
+impl TasksConfig {
+    /// The state directory, defaulted by who runs the daemon.
+    pub fn state_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.state_dir {
+            return dir.clone();
+        }
+        if nix::unistd::geteuid().is_root() {
+            return PathBuf::from("/var/lib/agentos");
+        }
+        std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(std::env::temp_dir)
+            .join("agentos")
+    }
+
+    /// Checks every setting against its allowed range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.state_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
+            return invalid("tasks.state_dir", "must be an absolute path");
+        }
+        if self.retention_secs == 0 {
+            return invalid("tasks.retention_secs", "must be at least 1");
+        }
+        if self.max_running_per_owner == 0 || self.max_queued_per_owner == 0 {
+            return invalid("tasks.max_running_per_owner", "limits must be at least 1");
+        }
+        if self.max_retained < 100 {
+            return invalid("tasks.max_retained", "must be at least 100");
+        }
+        Ok(())
+    }
+}

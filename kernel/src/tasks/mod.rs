@@ -1,0 +1,768 @@
+//! TASK: background work that belongs to its caller's principal (an agent,
+//! or an operator's uid), outlives the connection that dispatched it, and —
+//! through the [`store`] — the kernel process that ran it.
+//!
+//! This module decides; the kernel acts. Dispatched tasks queue per owner
+//! and start while the owner has fewer than `tasks.max_running_per_owner`
+//! running ([`Tasks::startable`] hands the kernel what to start, each with a
+//! number its reply comes back under: `ReplyTo::Task(number)`). A reply
+//! finishes the task and answers its waiters; a cancel ends it at once and
+//! tells the kernel what to stop; a reply that comes after is ignored.
+//!
+//! Nothing here blocks: the store is written by its own thread, and a
+//! result no longer held in memory is read back by a worker.
+
+pub mod store;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentos_proto::payload::{
+    to_json, TaskDispatch, TaskInfo, TaskKind, TaskList, TaskListReply, TaskProgress, TaskReply,
+    TaskState,
+};
+use agentos_proto::{ErrorCode, ErrorReply};
+use serde_json::Value;
+
+use crate::address::{Reply, ReplyTo};
+use crate::clock::rfc3339;
+use crate::config::tasks::TasksConfig;
+use store::{now_ms, Record, Store, Write};
+
+/// How often expired tasks are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// A `wait` without a timeout waits this long.
+const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+/// Whose a task is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// An agent of this kernel's life (`boot`): agents do not outlive the
+    /// kernel, so neither does their claim on tasks.
+    Agent {
+        /// This kernel's boot number.
+        boot: u64,
+        /// The agent's id.
+        id: u32,
+    },
+    /// An operator, by uid: their tasks are theirs across restarts.
+    User(u32),
+}
+
+impl Owner {
+    /// How the store names it.
+    pub fn key(self) -> String {
+        match self {
+            Owner::Agent { boot, id } => format!("agent:{boot:x}:{id}"),
+            Owner::User(uid) => format!("user:{uid}"),
+        }
+    }
+}
+
+/// What the kernel should start: a task's work, replying to
+/// `ReplyTo::Task(number)`.
+#[derive(Debug)]
+pub struct Start {
+    /// The number its reply comes back under.
+    pub number: u64,
+    /// Whose it is.
+    pub owner: OwnerRef,
+    /// What it runs, as dispatched.
+    pub dispatch: TaskDispatch,
+}
+
+/// A task's owner as the kernel needs it to act for them: the live
+/// principal, or one from before a restart (only operators run then).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerRef {
+    /// An agent of this kernel.
+    Agent(u32),
+    /// An operator, by uid.
+    User(u32),
+}
+
+/// What the kernel should stop after a cancel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stop {
+    /// The number the task's work replies under.
+    pub number: u64,
+    /// What kind of work it is.
+    pub kind: TaskKind,
+}
+
+/// What a `wait` came to.
+#[derive(Debug)]
+pub enum Waited {
+    /// The reply, now.
+    Reply(Vec<u8>),
+    /// The task has finished but its result is only in the store: read it
+    /// (on a worker) and answer with it.
+    ReadResult {
+        /// The database.
+        path: PathBuf,
+        /// The task as it is, without its result.
+        task: TaskInfo,
+    },
+    /// The reply comes when the task ends or the wait times out.
+    Later,
+}
+
+#[derive(Debug)]
+struct Task {
+    id: String,
+    seq: u64,
+    owner: String,
+    kind: TaskKind,
+    label: Option<String>,
+    state: TaskState,
+    created_ms: i64,
+    started_ms: Option<i64>,
+    finished_ms: Option<i64>,
+    /// What to run, until it has started.
+    dispatch: Option<TaskDispatch>,
+    /// The finished result, while held in memory.
+    result: Option<Arc<Vec<u8>>>,
+    /// The number its running work replies under.
+    number: Option<u64>,
+    /// What it has printed, for `status` while it runs.
+    output: String,
+}
+
+impl Task {
+    fn info(&self, result: Option<Value>) -> TaskInfo {
+        TaskInfo {
+            task_id: self.id.clone(),
+            kind: self.kind,
+            label: self.label.clone(),
+            state: self.state,
+            created_at: rfc3339_ms(self.created_ms),
+            started_at: self.started_ms.map(rfc3339_ms),
+            finished_at: self.finished_ms.map(rfc3339_ms),
+            progress: (self.state == TaskState::Running).then(|| TaskProgress {
+                output: self.output.clone(),
+                iteration: None,
+            }),
+            result,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: String,
+    reply_to: ReplyTo,
+    deadline: Instant,
+}
+
+/// Every task, and the store behind them.
+#[derive(Debug)]
+pub struct Tasks {
+    tasks: HashMap<String, Task>,
+    /// Ids by creation order.
+    by_seq: BTreeMap<u64, String>,
+    /// Queued ids, oldest first.
+    queue: VecDeque<String>,
+    /// Running tasks by the number their work replies under.
+    running: HashMap<u64, String>,
+    running_per_owner: HashMap<String, usize>,
+    queued_per_owner: HashMap<String, usize>,
+    waiters: Vec<Waiter>,
+    store: Store,
+    /// Writes handed to the store so far, and how many it has applied:
+    /// a result leaves memory only once it is on disk.
+    written: u64,
+    applied: Arc<AtomicU64>,
+    /// Results in memory, oldest first, with the write that saved each.
+    cached: VecDeque<(String, u64, usize)>,
+    cached_bytes: usize,
+    next_seq: u64,
+    next_number: u64,
+    boot: u64,
+    config: TasksConfig,
+    next_sweep: Instant,
+}
+
+impl Tasks {
+    /// The tasks of the store in `config`'s state directory: queued ones
+    /// an operator dispatched run again; an agent's from an earlier kernel
+    /// end `interrupted` (the agent is gone), as do those that were running.
+    pub fn open(config: &TasksConfig, now: Instant) -> Result<Tasks, store::StoreError> {
+        let dir = config.state_dir();
+        let (store, records) = Store::open(&dir)?;
+        let boot = random_u64();
+        let mut tasks = Tasks {
+            tasks: HashMap::new(),
+            by_seq: BTreeMap::new(),
+            queue: VecDeque::new(),
+            running: HashMap::new(),
+            running_per_owner: HashMap::new(),
+            queued_per_owner: HashMap::new(),
+            waiters: Vec::new(),
+            written: 0,
+            applied: store.applied(),
+            store,
+            cached: VecDeque::new(),
+            cached_bytes: 0,
+            next_seq: 1,
+            next_number: 1,
+            boot,
+            config: config.clone(),
+            next_sweep: now,
+        };
+        let count = records.len();
+        for record in records {
+            tasks.restore(record);
+        }
+        log::info!(
+            "tasks: {count} in the store at {} ({} queued to run)",
+            dir.display(),
+            tasks.queue.len()
+        );
+        Ok(tasks)
+    }
+
+    /// A task from the store.
+    fn restore(&mut self, record: Record) {
+        let Some(kind) = TaskKind::from_name(&record.kind) else {
+            return;
+        };
+        let mut state = TaskState::from_name(&record.state).unwrap_or(TaskState::Interrupted);
+        let dispatch = serde_json::from_str::<Value>(&record.request)
+            .ok()
+            .map(|request| TaskDispatch {
+                kind,
+                request,
+                label: record.label.clone(),
+            });
+        let mut finished_ms = record.finished_ms;
+        if state == TaskState::Queued && (dispatch.is_none() || !record.owner.starts_with("user:"))
+        {
+            // Its agent is gone with the kernel that ran it.
+            state = TaskState::Interrupted;
+            finished_ms = Some(now_ms());
+            self.write(Write::Finished {
+                id: record.id.clone(),
+                state: state.as_str().into(),
+                finished_ms: now_ms(),
+                result: Arc::new(interrupted_result("its agent ended with the kernel")),
+                output: None,
+            });
+        }
+        self.next_seq = self.next_seq.max(record.seq + 1);
+        let task = Task {
+            id: record.id.clone(),
+            seq: record.seq,
+            owner: record.owner,
+            kind,
+            label: record.label,
+            state,
+            created_ms: record.created_ms,
+            started_ms: record.started_ms,
+            finished_ms,
+            dispatch: (state == TaskState::Queued).then_some(dispatch).flatten(),
+            result: None,
+            number: None,
+            output: record.output.unwrap_or_default(),
+        };
+        if state == TaskState::Queued {
+            self.queue.push_back(task.id.clone());
+            *self.queued_per_owner.entry(task.owner.clone()).or_default() += 1;
+        }
+        self.by_seq.insert(task.seq, task.id.clone());
+        self.tasks.insert(task.id.clone(), task);
+    }
+
+    /// This kernel's boot number (agents' tasks are tied to it).
+    pub fn boot(&self) -> u64 {
+        self.boot
+    }
+
+    /// Queues a task for `owner`; returns its id.
+    pub fn dispatch(&mut self, owner: Owner, dispatch: TaskDispatch) -> Result<String, ErrorReply> {
+        let key = owner.key();
+        let queued = self.queued_per_owner.get(&key).copied().unwrap_or(0);
+        if queued >= self.config.max_queued_per_owner {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "you have {queued} tasks queued, the most tasks.max_queued_per_owner allows; \
+                     wait for some to start"
+                ),
+            ));
+        }
+        if self.tasks.len() >= self.config.max_retained && !self.drop_oldest_finished() {
+            return Err(ErrorReply::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "the kernel keeps {} tasks, none of them finished; wait for some to end",
+                    self.tasks.len()
+                ),
+            ));
+        }
+        let id = new_id();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let created_ms = now_ms();
+        self.write(Write::Insert(Record {
+            id: id.clone(),
+            seq,
+            owner: key.clone(),
+            kind: dispatch.kind.as_str().into(),
+            label: dispatch.label.clone(),
+            state: TaskState::Queued.as_str().into(),
+            request: dispatch.request.to_string(),
+            created_ms,
+            started_ms: None,
+            finished_ms: None,
+            output: None,
+        }));
+        let task = Task {
+            id: id.clone(),
+            seq,
+            owner: key.clone(),
+            kind: dispatch.kind,
+            label: dispatch.label.clone(),
+            state: TaskState::Queued,
+            created_ms,
+            started_ms: None,
+            finished_ms: None,
+            dispatch: Some(dispatch),
+            result: None,
+            number: None,
+            output: String::new(),
+        };
+        self.by_seq.insert(seq, id.clone());
+        self.tasks.insert(id.clone(), task);
+        self.queue.push_back(id.clone());
+        *self.queued_per_owner.entry(key).or_default() += 1;
+        Ok(id)
+    }
+
+    /// Queued tasks whose owners have room to run one more, now running:
+    /// the kernel starts each, replying to `ReplyTo::Task(number)`.
+    pub fn startable(&mut self) -> Vec<Start> {
+        let mut starts = Vec::new();
+        let mut skipped = VecDeque::new();
+        while let Some(id) = self.queue.pop_front() {
+            let Some(task) = self.tasks.get_mut(&id) else {
+                continue;
+            };
+            let running = self
+                .running_per_owner
+                .entry(task.owner.clone())
+                .or_default();
+            if *running >= self.config.max_running_per_owner {
+                skipped.push_back(id);
+                continue;
+            }
+            let Some(dispatch) = task.dispatch.take() else {
+                continue;
+            };
+            *running += 1;
+            if let Some(queued) = self.queued_per_owner.get_mut(&task.owner) {
+                *queued = queued.saturating_sub(1);
+            }
+            let number = self.next_number;
+            self.next_number += 1;
+            task.state = TaskState::Running;
+            task.number = Some(number);
+            let started_ms = now_ms();
+            task.started_ms = Some(started_ms);
+            let owner = owner_ref(&task.owner);
+            let id = task.id.clone();
+            self.running.insert(number, id.clone());
+            self.write(Write::Started { id, started_ms });
+            starts.push(Start {
+                number,
+                owner,
+                dispatch,
+            });
+        }
+        self.queue = skipped;
+        starts
+    }
+
+    /// The reply of the work numbered `number`: its task has finished
+    /// (a reply for a task cancelled meanwhile is ignored). Its waiters
+    /// are answered.
+    pub fn on_reply(&mut self, number: u64, payload: Vec<u8>, replies: &mut Vec<Reply>) {
+        let Some(id) = self.running.remove(&number) else {
+            return;
+        };
+        let state = state_of_reply(&payload);
+        self.finish(&id, state, payload, replies);
+    }
+
+    /// Ends a task: its result kept, its waiters answered, its owner's
+    /// place freed.
+    fn finish(&mut self, id: &str, state: TaskState, result: Vec<u8>, replies: &mut Vec<Reply>) {
+        let Some(task) = self.tasks.get_mut(id) else {
+            return;
+        };
+        let was = task.state;
+        if was.is_finished() {
+            return;
+        }
+        let counts = if was == TaskState::Running {
+            &mut self.running_per_owner
+        } else {
+            &mut self.queued_per_owner
+        };
+        if let Some(count) = counts.get_mut(&task.owner) {
+            *count = count.saturating_sub(1);
+        }
+        if was == TaskState::Queued {
+            self.queue.retain(|queued| queued != id);
+        }
+        if let Some(number) = task.number.take() {
+            self.running.remove(&number);
+        }
+        let finished_ms = now_ms();
+        task.state = state;
+        task.finished_ms = Some(finished_ms);
+        task.dispatch = None;
+        let result = Arc::new(result);
+        task.result = Some(result.clone());
+        let output = (!task.output.is_empty()).then(|| std::mem::take(&mut task.output));
+        let info = task.info(serde_json::from_slice(&result).ok());
+        self.write(Write::Finished {
+            id: id.to_owned(),
+            state: state.as_str().into(),
+            finished_ms,
+            result: result.clone(),
+            output,
+        });
+        self.cached
+            .push_back((id.to_owned(), self.written, result.len()));
+        self.cached_bytes += result.len();
+        self.evict();
+        let payload = to_json(&TaskReply {
+            success: true,
+            task: info,
+        });
+        self.waiters.retain(|waiter| {
+            if waiter.id == id {
+                replies.push((waiter.reply_to, payload.clone()));
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// The kernel could not start a task's work: it fails with `why`.
+    pub fn failed_to_start(&mut self, number: u64, why: ErrorReply, replies: &mut Vec<Reply>) {
+        if let Some(id) = self.running.remove(&number) {
+            self.finish(&id, TaskState::Failed, why.to_json(), replies);
+        }
+    }
+
+    /// A task of `owner`'s, as `status` gives it.
+    pub fn status(&self, owner: Owner, id: &str) -> Result<TaskInfo, ErrorReply> {
+        Ok(self.owned(owner, id)?.info(None))
+    }
+
+    /// `wait`: the task with its result once it has finished; until then
+    /// the reply waits, up to `timeout`.
+    pub fn wait(
+        &mut self,
+        owner: Owner,
+        id: &str,
+        timeout: Option<Duration>,
+        reply_to: ReplyTo,
+        now: Instant,
+    ) -> Result<Waited, ErrorReply> {
+        let task = self.owned(owner, id)?;
+        if task.state.is_finished() {
+            return Ok(match &task.result {
+                Some(result) => Waited::Reply(to_json(&TaskReply {
+                    success: true,
+                    task: task.info(serde_json::from_slice(result).ok()),
+                })),
+                None => Waited::ReadResult {
+                    path: self.store.path().to_path_buf(),
+                    task: task.info(None),
+                },
+            });
+        }
+        let timeout = timeout.unwrap_or(DEFAULT_WAIT);
+        if timeout.is_zero() {
+            return Ok(Waited::Reply(to_json(&TaskReply {
+                success: true,
+                task: task.info(None),
+            })));
+        }
+        self.waiters.push(Waiter {
+            id: id.to_owned(),
+            reply_to,
+            deadline: now + timeout,
+        });
+        Ok(Waited::Later)
+    }
+
+    /// `list`: `owner`'s tasks, newest first, filtered and paged.
+    pub fn list(&self, owner: Owner, filter: &TaskList) -> Result<TaskListReply, ErrorReply> {
+        let key = owner.key();
+        let before = match &filter.before {
+            Some(id) => self.owned(owner, id)?.seq,
+            None => u64::MAX,
+        };
+        let limit = filter.limit.unwrap_or(50) as usize;
+        let mut tasks = Vec::new();
+        let mut next = None;
+        for (_, id) in self.by_seq.range(..before).rev() {
+            let Some(task) = self.tasks.get(id) else {
+                continue;
+            };
+            if task.owner != key
+                || filter.state.is_some_and(|s| s != task.state)
+                || filter.kind.is_some_and(|k| k != task.kind)
+            {
+                continue;
+            }
+            if tasks.len() == limit {
+                next = tasks.last().map(|t: &TaskInfo| t.task_id.clone());
+                break;
+            }
+            tasks.push(task.info(None));
+        }
+        Ok(TaskListReply {
+            success: true,
+            tasks,
+            next,
+        })
+    }
+
+    /// `cancel`: a queued task is cancelled at once; a running one too,
+    /// and the kernel stops its work. Returns whether it was still going,
+    /// and what to stop.
+    pub fn cancel(
+        &mut self,
+        owner: Owner,
+        id: &str,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(bool, Option<Stop>), ErrorReply> {
+        let task = self.owned(owner, id)?;
+        if task.state.is_finished() {
+            return Ok((false, None));
+        }
+        let stop = task.number.map(|number| Stop {
+            number,
+            kind: task.kind,
+        });
+        let result = ErrorReply::new(ErrorCode::Other, "the task was cancelled by its owner");
+        let mut result = serde_json::to_value(&result).unwrap_or(Value::Null);
+        result["code"] = Value::String("cancelled".into());
+        let id = id.to_owned();
+        self.finish(
+            &id,
+            TaskState::Cancelled,
+            serde_json::to_vec(&result).unwrap_or_default(),
+            replies,
+        );
+        Ok((true, stop))
+    }
+
+    /// A running task printed `output` (the tail so far).
+    pub fn progress(&mut self, number: u64, output: String) {
+        if let Some(task) = self
+            .running
+            .get(&number)
+            .and_then(|id| self.tasks.get_mut(id))
+        {
+            task.output = output;
+        }
+    }
+
+    /// The kernel is stopping: running tasks end `interrupted`, with what
+    /// they had printed; their work's replies, when the kernel stops it,
+    /// are for no one.
+    pub fn interrupt_running(&mut self, replies: &mut Vec<Reply>) {
+        let running: Vec<String> = self.running.values().cloned().collect();
+        for id in running {
+            let result = interrupted_result("the kernel stopped while it ran");
+            self.finish(&id, TaskState::Interrupted, result, replies);
+        }
+    }
+
+    /// Waits for a connection that closed are dropped.
+    pub fn connection_closed(&mut self, serial: u64) {
+        self.waiters
+            .retain(|waiter| waiter.reply_to.connection() != Some(serial));
+    }
+
+    /// When the next wait times out, or the next sweep is due.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        self.waiters
+            .iter()
+            .map(|w| w.deadline)
+            .chain([self.next_sweep])
+            .min()
+            .map(|at| at.saturating_duration_since(now))
+    }
+
+    /// Waits that timed out are answered with their task as it is;
+    /// expired tasks are removed.
+    pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<Reply>) {
+        let tasks = &self.tasks;
+        self.waiters.retain(|waiter| {
+            if waiter.deadline > now {
+                return true;
+            }
+            if let Some(task) = tasks.get(&waiter.id) {
+                let payload = to_json(&TaskReply {
+                    success: true,
+                    task: task.info(None),
+                });
+                replies.push((waiter.reply_to, payload));
+            }
+            false
+        });
+        if now >= self.next_sweep {
+            let retention = Duration::from_secs(self.config.retention_secs);
+            self.next_sweep = now + SWEEP_EVERY.min(retention);
+            self.expire(now_ms());
+        }
+    }
+
+    /// Removes finished tasks older than the retention.
+    fn expire(&mut self, now_ms: i64) {
+        let horizon = now_ms - (self.config.retention_secs as i64) * 1000;
+        let expired: Vec<String> = self
+            .tasks
+            .values()
+            .filter(|t| t.state.is_finished() && t.finished_ms.is_some_and(|f| f < horizon))
+            .map(|t| t.id.clone())
+            .collect();
+        if !expired.is_empty() {
+            log::debug!("tasks: {} expired", expired.len());
+            self.remove(&expired);
+        }
+    }
+
+    /// Makes room for one more task: the oldest finished one goes.
+    fn drop_oldest_finished(&mut self) -> bool {
+        let oldest = self
+            .by_seq
+            .values()
+            .find(|id| self.tasks.get(*id).is_some_and(|t| t.state.is_finished()))
+            .cloned();
+        match oldest {
+            Some(id) => {
+                self.remove(&[id]);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn remove(&mut self, ids: &[String]) {
+        let gone: HashSet<&String> = ids.iter().collect();
+        for id in ids {
+            if let Some(task) = self.tasks.remove(id) {
+                self.by_seq.remove(&task.seq);
+                if let Some(result) = task.result {
+                    self.cached_bytes = self.cached_bytes.saturating_sub(result.len());
+                }
+            }
+        }
+        self.cached.retain(|(id, _, _)| !gone.contains(id));
+        self.write(Write::Delete(ids.to_vec()));
+    }
+
+    /// Results beyond the memory budget leave memory, oldest first, once
+    /// the store has them.
+    fn evict(&mut self) {
+        let applied = self.applied.load(Ordering::Acquire);
+        while self.cached_bytes > self.config.result_cache_bytes {
+            let Some((_, saved_by, _)) = self.cached.front() else {
+                break;
+            };
+            if *saved_by > applied {
+                break;
+            }
+            let Some((id, _, bytes)) = self.cached.pop_front() else {
+                break;
+            };
+            self.cached_bytes = self.cached_bytes.saturating_sub(bytes);
+            if let Some(task) = self.tasks.get_mut(&id) {
+                task.result = None;
+            }
+        }
+    }
+
+    /// The task `id` if it is `owner`'s; anyone else's is `not_found`, so
+    /// ids tell nothing about other owners' tasks.
+    fn owned(&self, owner: Owner, id: &str) -> Result<&Task, ErrorReply> {
+        let key = owner.key();
+        self.tasks
+            .get(id)
+            .filter(|task| task.owner == key)
+            .ok_or_else(|| {
+                ErrorReply::new(
+                    ErrorCode::NotFound,
+                    format!("you have no task {id:?} (TASK list names yours)"),
+                )
+            })
+    }
+
+    fn write(&mut self, write: Write) {
+        self.written += 1;
+        self.store.write(write);
+    }
+
+    /// How many tasks are kept, and how many results are in memory.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.tasks.len(), self.cached.len())
+    }
+}
+
+/// Unix milliseconds as RFC 3339 UTC.
+fn rfc3339_ms(ms: i64) -> String {
+    rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+}
+
+/// A task's final state from its work's reply: EXEC's `timed_out` is
+/// `timed_out`; `success` false is `failed`.
+fn state_of_reply(payload: &[u8]) -> TaskState {
+    let reply: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
+    if reply["timed_out"] == true {
+        TaskState::TimedOut
+    } else if reply["success"] == true {
+        TaskState::Completed
+    } else {
+        TaskState::Failed
+    }
+}
+
+/// The result of a task that could not go on.
+fn interrupted_result(why: &str) -> Vec<u8> {
+    let mut reply =
+        serde_json::to_value(ErrorReply::new(ErrorCode::Unavailable, why)).unwrap_or(Value::Null);
+    reply["code"] = Value::String("interrupted".into());
+    serde_json::to_vec(&reply).unwrap_or_default()
+}
+
+fn owner_ref(key: &str) -> OwnerRef {
+    if let Some(uid) = key.strip_prefix("user:") {
+        return OwnerRef::User(uid.parse().unwrap_or(u32::MAX));
+    }
+    let id = key.rsplit(':').next().and_then(|id| id.parse().ok());
+    OwnerRef::Agent(id.unwrap_or(0))
+}
+
+/// `t-` and 64 random bits: ids say nothing about other tasks.
+fn new_id() -> String {
+    format!("t-{:016x}", random_u64())
+}
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    if let Ok(mut file) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut file, &mut bytes);
+    }
+    u64::from_ne_bytes(bytes)
+}

@@ -1,0 +1,346 @@
+//! TASK against a real agentosd: background EXEC and THINK work that
+//! belongs to its owner, outlives its connection and the kernel process,
+//! and is really stopped when cancelled.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::fs;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use agentos_proto::Opcode;
+use common::{act, call_json, shared_dir, write_actor, Daemon};
+use serde_json::{json, Value};
+
+const TASK: u8 = 0x13;
+
+fn task(stream: &mut UnixStream, request: Value) -> Value {
+    call_json(stream, Opcode::TASK, request.to_string().as_bytes())
+}
+
+fn dispatch(stream: &mut UnixStream, kind: &str, request: Value) -> String {
+    let reply = task(
+        stream,
+        json!({"op": "dispatch", "kind": kind, "request": request}),
+    );
+    assert_eq!(reply["success"], true, "{reply}");
+    let id = reply["task_id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("t-"), "{id}");
+    id
+}
+
+fn wait(stream: &mut UnixStream, id: &str, timeout_ms: u64) -> Value {
+    let reply = task(
+        stream,
+        json!({"op": "wait", "task_id": id, "timeout_ms": timeout_ms}),
+    );
+    assert_eq!(reply["success"], true, "{reply}");
+    reply["task"].clone()
+}
+
+fn status(stream: &mut UnixStream, id: &str) -> Value {
+    task(stream, json!({"op": "status", "task_id": id}))["task"].clone()
+}
+
+fn until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn twenty_exec_tasks_are_dispatched_and_all_collected_and_listed_newest_first() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let ids: Vec<String> = (0..20)
+        .map(|i| {
+            dispatch(
+                &mut stream,
+                "exec",
+                json!({"code": format!("print({i} * {i})")}),
+            )
+        })
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        let done = wait(&mut stream, id, 60_000);
+        assert_eq!(done["state"], "completed", "{done}");
+        assert_eq!(done["kind"], "exec");
+        assert_eq!(done["result"]["stdout"], format!("{}\n", i * i), "{done}");
+        assert!(done["started_at"].is_string() && done["finished_at"].is_string());
+    }
+    // Newest first, seven to a page.
+    let mut listed = Vec::new();
+    let mut before: Option<String> = None;
+    loop {
+        let mut request = json!({"op": "list", "limit": 7, "kind": "exec", "state": "completed"});
+        if let Some(before) = &before {
+            request["before"] = json!(before);
+        }
+        let page = task(&mut stream, request);
+        let tasks = page["tasks"].as_array().unwrap();
+        assert!(tasks.len() <= 7);
+        listed.extend(
+            tasks
+                .iter()
+                .map(|t| t["task_id"].as_str().unwrap().to_owned()),
+        );
+        match page["next"].as_str() {
+            Some(next) => before = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(listed, newest_first);
+    let none = task(&mut stream, json!({"op": "list", "state": "running"}));
+    assert_eq!(none["tasks"], json!([]), "{none}");
+}
+
+#[test]
+fn an_endless_task_is_cancelled_within_half_a_second_with_nothing_left() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let marker = format!("endless-{}", std::process::id());
+    let code = format!(
+        "import subprocess\nsubprocess.Popen(['sleep', '300'], env={{'M': '{marker}'}})\n\
+         import sys\nsys.argv = ['{marker}']\nwhile True:\n    pass"
+    );
+    let id = dispatch(
+        &mut stream,
+        "exec",
+        json!({"code": code, "timeout_ms": 120_000}),
+    );
+    until("the task runs", Duration::from_secs(20), || {
+        status(&mut stream, &id)["state"] == "running"
+    });
+    // The run and what it started are there to be killed.
+    let sleepers = || {
+        fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| fs::read(e.path().join("environ")).ok())
+            .filter(|env| String::from_utf8_lossy(env).contains(&marker))
+            .count()
+    };
+    until("the task's child starts", Duration::from_secs(10), || {
+        sleepers() > 0
+    });
+    let cancelled_at = Instant::now();
+    let reply = task(&mut stream, json!({"op": "cancel", "task_id": id}));
+    assert_eq!(reply, json!({"success": true, "cancelled": true}));
+    let after = status(&mut stream, &id);
+    assert_eq!(after["state"], "cancelled", "{after}");
+    // The run is killed with everything it started.
+    until(
+        "nothing of the task is left",
+        Duration::from_millis(500),
+        || sleepers() == 0,
+    );
+    eprintln!("cancelled and gone in {:?}", cancelled_at.elapsed());
+    let done = wait(&mut stream, &id, 1000);
+    assert_eq!(done["result"]["code"], "cancelled", "{done}");
+    // Cancelling again changes nothing.
+    let again = task(&mut stream, json!({"op": "cancel", "task_id": id}));
+    assert_eq!(again["cancelled"], false);
+}
+
+#[test]
+fn a_wait_that_times_out_changes_nothing_and_the_task_completes() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let id = dispatch(
+        &mut stream,
+        "exec",
+        json!({"code": "import time\ntime.sleep(1.5)\nprint('woke')"}),
+    );
+    let started = Instant::now();
+    let early = wait(&mut stream, &id, 200);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(
+        early["state"] == "running" || early["state"] == "queued",
+        "{early}"
+    );
+    assert!(early.get("result").is_none(), "{early}");
+    // Meanwhile the connection serves other requests.
+    assert_eq!(call_json(&mut stream, Opcode::HELLO, b"")["success"], true);
+    let done = wait(&mut stream, &id, 30_000);
+    assert_eq!(done["state"], "completed", "{done}");
+    assert_eq!(done["result"]["stdout"], "woke\n");
+}
+
+#[test]
+fn a_task_outlives_the_connection_that_dispatched_it() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let id = {
+        let mut first = daemon.raw();
+        dispatch(
+            &mut first,
+            "exec",
+            json!({"code": "import time\ntime.sleep(0.5)\nprint('still here')"}),
+        )
+    };
+    let mut second = daemon.raw();
+    let done = wait(&mut second, &id, 30_000);
+    assert_eq!(done["result"]["stdout"], "still here\n", "{done}");
+}
+
+#[test]
+fn tasks_are_their_owners_alone_and_bad_requests_are_named() {
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let id = dispatch(&mut stream, "think", json!("what is 2+2?"));
+    // No LLM: the THINK task fails, with THINK's own reply as its result.
+    let done = wait(&mut stream, &id, 10_000);
+    assert_eq!(done["state"], "failed", "{done}");
+    assert_eq!(done["result"]["code"], "unavailable", "{done}");
+
+    // An agent sees none of the operator's tasks, even by id.
+    let dir = shared_dir();
+    let actor = write_actor(dir.path());
+    let mut client = daemon.client();
+    let (_, replies) = act(
+        &daemon,
+        &mut client,
+        &actor,
+        "snoop",
+        json!({}),
+        json!([
+            [TASK, {"op": "status", "task_id": id}],
+            [TASK, {"op": "wait", "task_id": id, "timeout_ms": 10}],
+            [TASK, {"op": "cancel", "task_id": id}],
+            [TASK, {"op": "list"}],
+        ]),
+    );
+    for reply in &replies[..3] {
+        assert_eq!(reply["reply"]["code"], "not_found", "{reply}");
+    }
+    assert_eq!(replies[3]["reply"]["tasks"], json!([]), "{replies:?}");
+
+    for (request, code, names) in [
+        (json!({"op": "fly"}), "bad_request", "fly"),
+        (
+            json!({"op": "dispatch", "kind": "nap", "request": {}}),
+            "bad_request",
+            "kind",
+        ),
+        (
+            json!({"op": "dispatch", "kind": "exec", "request": {"code": 7}}),
+            "bad_request",
+            "`request`",
+        ),
+        (
+            json!({"op": "status", "task_id": "t-0000000000000000"}),
+            "not_found",
+            "t-0000",
+        ),
+        (
+            json!({"op": "status", "task_id": "../../etc/passwd"}),
+            "not_found",
+            "passwd",
+        ),
+        (
+            json!({"op": "wait", "task_id": id, "timeout_ms": 600_001}),
+            "limit_exceeded",
+            "timeout_ms",
+        ),
+        (json!({"op": "list", "limit": 0}), "limit_exceeded", "limit"),
+    ] {
+        let reply = task(&mut stream, request.clone());
+        assert_eq!(reply["code"], code, "{request} -> {reply}");
+        assert!(reply["error"].as_str().unwrap().contains(names), "{reply}");
+    }
+}
+
+#[test]
+fn after_kill_9_finished_tasks_are_intact_queued_ones_run_and_running_ones_are_interrupted() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let config = "[tasks]\nmax_running_per_owner = 1\n";
+    let mut daemon = Daemon::start_with(config);
+    let mut stream = daemon.raw();
+    let finished = dispatch(&mut stream, "exec", json!({"code": "print('before')"}));
+    assert_eq!(wait(&mut stream, &finished, 30_000)["state"], "completed");
+    let running = dispatch(
+        &mut stream,
+        "exec",
+        json!({"code": "print('started', flush=True)\nimport time\ntime.sleep(60)"}),
+    );
+    let queued: Vec<String> = (0..3)
+        .map(|i| {
+            dispatch(
+                &mut stream,
+                "exec",
+                json!({"code": format!("print('queued {i}')")}),
+            )
+        })
+        .collect();
+    until("the long task runs", Duration::from_secs(20), || {
+        status(&mut stream, &running)["state"] == "running"
+    });
+    assert_eq!(status(&mut stream, &queued[0])["state"], "queued");
+    std::thread::sleep(Duration::from_millis(300));
+    daemon.signal(libc::SIGKILL);
+    daemon.restart(config);
+    let mut stream = daemon.raw();
+    let before = wait(&mut stream, &finished, 1000);
+    assert_eq!(before["state"], "completed");
+    assert_eq!(before["result"]["stdout"], "before\n", "{before}");
+    let interrupted = wait(&mut stream, &running, 1000);
+    assert_eq!(interrupted["state"], "interrupted", "{interrupted}");
+    for (i, id) in queued.iter().enumerate() {
+        let done = wait(&mut stream, id, 60_000);
+        assert_eq!(done["state"], "completed", "{done}");
+        assert_eq!(done["result"]["stdout"], format!("queued {i}\n"));
+    }
+}
+
+#[test]
+fn ten_thousand_finished_tasks_are_paged_with_memory_bounded_and_expire() {
+    // THINK tasks without an LLM fail at once: ten thousand finished tasks
+    // in seconds.
+    let daemon = Daemon::start_with("[tasks]\nretention_secs = 4\n");
+    let mut stream = daemon.raw();
+    let rss_before = daemon.rss_kib();
+    let mut batch = Vec::new();
+    let request = json!({"op": "dispatch", "kind": "think", "request": "hi"}).to_string();
+    for _ in 0..10_000 {
+        batch.extend(agentos_proto::encode_frame(
+            Opcode::TASK,
+            0,
+            request.as_bytes(),
+        ));
+    }
+    std::io::Write::write_all(&mut stream, &batch).unwrap();
+    for _ in 0..10_000 {
+        let (_, reply) = common::recv_json(&mut stream);
+        assert_eq!(reply["success"], true, "{reply}");
+    }
+    let mut seen = 0;
+    let mut before: Option<String> = None;
+    loop {
+        let mut request = json!({"op": "list", "limit": 1000});
+        if let Some(before) = &before {
+            request["before"] = json!(before);
+        }
+        let page = task(&mut stream, request);
+        seen += page["tasks"].as_array().unwrap().len();
+        match page["next"].as_str() {
+            Some(next) => before = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, 10_000);
+    let grown = daemon.rss_kib().saturating_sub(rss_before);
+    eprintln!("10 000 finished tasks: RSS grew by {grown} KiB");
+    assert!(grown < 64 * 1024, "RSS grew by {grown} KiB");
+    // Expiry: past their retention, they are gone.
+    until("finished tasks expire", Duration::from_secs(15), || {
+        task(&mut stream, json!({"op": "list", "limit": 1}))["tasks"] == json!([])
+    });
+}
