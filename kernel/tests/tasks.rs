@@ -280,11 +280,12 @@ fn after_kill_9_finished_tasks_are_intact_queued_ones_run_and_running_ones_are_i
             )
         })
         .collect();
-    until("the long task runs", Duration::from_secs(20), || {
-        status(&mut stream, &running)["state"] == "running"
+    until("the long task prints", Duration::from_secs(20), || {
+        status(&mut stream, &running)["progress"]["output"] == "started\n"
     });
     assert_eq!(status(&mut stream, &queued[0])["state"], "queued");
-    std::thread::sleep(Duration::from_millis(300));
+    // Its output is saved within a second of being printed.
+    std::thread::sleep(Duration::from_millis(1500));
     daemon.signal(libc::SIGKILL);
     daemon.restart(config);
     let mut stream = daemon.raw();
@@ -293,6 +294,10 @@ fn after_kill_9_finished_tasks_are_intact_queued_ones_run_and_running_ones_are_i
     assert_eq!(before["result"]["stdout"], "before\n", "{before}");
     let interrupted = wait(&mut stream, &running, 1000);
     assert_eq!(interrupted["state"], "interrupted", "{interrupted}");
+    assert_eq!(
+        interrupted["result"]["output"], "started\n",
+        "{interrupted}"
+    );
     for (i, id) in queued.iter().enumerate() {
         let done = wait(&mut stream, id, 60_000);
         assert_eq!(done["state"], "completed", "{done}");

@@ -295,6 +295,17 @@ impl Exec {
         found
     }
 
+    /// What the run whose reply goes to `reply_to` has printed so far
+    /// (within `max` bytes), while it runs.
+    pub fn output_so_far(&self, reply_to: ReplyTo, max: usize) -> Option<String> {
+        self.children.iter().find_map(|(_, run)| match &run.stage {
+            Stage::Running(running) if running.reply_to == reply_to => {
+                Some(running.output_so_far(max))
+            }
+            _ => None,
+        })
+    }
+
     /// A TOOL call made on the kernel connection of the run tagged `tag`
     /// was answered with `bytes`: the run's reply counts it.
     pub fn tool_delivered(&mut self, tag: u64, bytes: usize) {

@@ -62,6 +62,16 @@ impl Capture {
         self.total
     }
 
+    /// The last `max` bytes received so far (invalid UTF-8 replaced): what
+    /// a task's progress shows while it runs.
+    pub fn latest(&self, max: usize) -> String {
+        let from_tail = self.tail.len().min(max);
+        let from_head = (max - from_tail).min(self.head.len());
+        let mut bytes = self.head[self.head.len() - from_head..].to_vec();
+        bytes.extend(self.tail.iter().skip(self.tail.len() - from_tail));
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
     /// The stream as the reply gives it (invalid UTF-8 replaced).
     pub fn finish(self) -> Captured {
         let kept = (self.head.len() + self.tail.len()) as u64;
@@ -137,6 +147,16 @@ mod tests {
         assert!(capture.head.capacity() <= 1024);
         assert!(capture.tail.len() <= 512);
         assert_eq!(capture.total(), 10_000 * 4096);
+    }
+
+    #[test]
+    fn the_latest_bytes_come_from_head_and_tail_alike() {
+        let mut capture = Capture::new(8);
+        capture.push(b"ab");
+        assert_eq!(capture.latest(3), "ab");
+        capture.push(b"cdefghij");
+        assert_eq!(capture.latest(3), "hij");
+        assert_eq!(capture.latest(100), "abcdghij");
     }
 
     #[test]

@@ -631,6 +631,18 @@ impl RunChild {
 }
 
 impl Running {
+    /// What the run has printed so far: the latest of its stdout, and of
+    /// its stderr if it wrote any, within `max` bytes.
+    pub fn output_so_far(&self, max: usize) -> String {
+        let errors = self.stderr.latest(max / 4);
+        let mut output = self.stdout.latest(max - errors.len());
+        if !errors.is_empty() {
+            output.push_str("\n[stderr]\n");
+            output.push_str(&errors);
+        }
+        output
+    }
+
     /// A run about to start, keeping `output_bytes` of each stream.
     pub fn new(
         tag: u64,

@@ -27,7 +27,7 @@ use crate::sandbox::runtime::{self, OwnersOf, Runtime, RuntimeSetup};
 use crate::sandbox::spec::Rlimits;
 use crate::sandbox::User;
 use crate::state_dir::{kernel_files, StateDir};
-use crate::tasks::{OwnerRef, Stop, Tasks};
+use crate::tasks::{OwnerRef, Stop, Tasks, PROGRESS_BYTES};
 use crate::tools::builtin;
 use crate::tools::package::{CatalogServer, Package};
 use crate::tools::servers::Servers;
@@ -227,6 +227,9 @@ impl Kernel {
         self.llm.on_deadlines(now, &mut self.outbox.replies);
         self.tools.on_deadlines(now, &mut self.outbox.replies);
         self.tasks.on_deadlines(now, &mut self.outbox.replies);
+        if self.tasks.progress_due(now) {
+            self.refresh_task_progress(true);
+        }
         if self.pool_renewal.is_some_and(|due| due <= now) {
             self.pool_renewal = None;
             self.exec.tools_changed();
@@ -250,8 +253,10 @@ impl Kernel {
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).
     pub fn begin_shutdown(&mut self, grace: Duration) {
-        // Tasks still running end `interrupted` now, before their work is
-        // stopped; queued ones stay queued for the next kernel.
+        // Tasks still running end `interrupted` now, with what they had
+        // printed, before their work is stopped; queued ones stay queued
+        // for the next kernel.
+        self.refresh_task_progress(false);
         self.tasks.interrupt_running(&mut self.outbox.replies);
         self.sandboxes.begin_shutdown();
         self.agents.begin_shutdown(
@@ -341,6 +346,19 @@ impl Kernel {
             if let Err(err) = started {
                 self.tasks
                     .failed_to_start(start.number, err, &mut self.outbox.replies);
+            }
+        }
+    }
+
+    /// Running tasks' progress: what their runs have printed so far
+    /// (`save`: and into the store).
+    pub(super) fn refresh_task_progress(&mut self, save: bool) {
+        for number in self.tasks.running() {
+            if let Some(output) = self
+                .exec
+                .output_so_far(ReplyTo::Task(number), PROGRESS_BYTES)
+            {
+                self.tasks.progress(number, output, save);
             }
         }
     }

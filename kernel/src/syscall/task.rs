@@ -35,6 +35,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 }),
         ),
         TaskRequest::Status(task) => {
+            kernel.refresh_task_progress(false);
             reply(
                 kernel
                     .tasks

@@ -36,6 +36,11 @@ use store::{now_ms, Record, Store, Write};
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// A `wait` without a timeout waits this long.
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+/// How often running tasks' output is looked at and saved (so a task
+/// interrupted by a crash keeps what it had printed).
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Bytes of a running task's output its progress shows.
+pub const PROGRESS_BYTES: usize = 4096;
 
 /// Whose a task is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -129,6 +134,8 @@ struct Task {
     number: Option<u64>,
     /// What it has printed, for `status` while it runs.
     output: String,
+    /// Whether `output` has changed since it was saved.
+    output_unsaved: bool,
 }
 
 impl Task {
@@ -183,6 +190,8 @@ pub struct Tasks {
     boot: u64,
     config: TasksConfig,
     next_sweep: Instant,
+    /// When running tasks' output is next looked at.
+    next_progress: Instant,
 }
 
 impl Tasks {
@@ -211,6 +220,7 @@ impl Tasks {
             boot,
             config: config.clone(),
             next_sweep: now,
+            next_progress: now,
         };
         let count = records.len();
         for record in records {
@@ -247,7 +257,7 @@ impl Tasks {
                 id: record.id.clone(),
                 state: state.as_str().into(),
                 finished_ms: now_ms(),
-                result: Arc::new(interrupted_result("its agent ended with the kernel")),
+                result: Arc::new(interrupted_result("its agent ended with the kernel", "")),
                 output: None,
             });
         }
@@ -266,6 +276,7 @@ impl Tasks {
             result: None,
             number: None,
             output: record.output.unwrap_or_default(),
+            output_unsaved: false,
         };
         if state == TaskState::Queued {
             self.queue.push_back(task.id.clone());
@@ -333,6 +344,7 @@ impl Tasks {
             result: None,
             number: None,
             output: String::new(),
+            output_unsaved: false,
         };
         self.by_seq.insert(seq, id.clone());
         self.tasks.insert(id.clone(), task);
@@ -566,14 +578,41 @@ impl Tasks {
         Ok((true, stop))
     }
 
-    /// A running task printed `output` (the tail so far).
-    pub fn progress(&mut self, number: u64, output: String) {
-        if let Some(task) = self
+    /// The numbers of the work of every running task.
+    pub fn running(&self) -> Vec<u64> {
+        self.running.keys().copied().collect()
+    }
+
+    /// Whether running tasks' output is due to be looked at (and saved).
+    pub fn progress_due(&mut self, now: Instant) -> bool {
+        if self.running.is_empty() || now < self.next_progress {
+            return false;
+        }
+        self.next_progress = now + PROGRESS_EVERY;
+        true
+    }
+
+    /// A running task has printed `output` so far (its tail). With `save`,
+    /// a change goes to the store too.
+    pub fn progress(&mut self, number: u64, output: String, save: bool) {
+        let Some(task) = self
             .running
             .get(&number)
             .and_then(|id| self.tasks.get_mut(id))
-        {
+        else {
+            return;
+        };
+        if task.output != output {
             task.output = output;
+            task.output_unsaved = true;
+        }
+        if save && task.output_unsaved {
+            task.output_unsaved = false;
+            let write = Write::Output {
+                id: task.id.clone(),
+                output: task.output.clone(),
+            };
+            self.write(write);
         }
     }
 
@@ -583,7 +622,8 @@ impl Tasks {
     pub fn interrupt_running(&mut self, replies: &mut Vec<Reply>) {
         let running: Vec<String> = self.running.values().cloned().collect();
         for id in running {
-            let result = interrupted_result("the kernel stopped while it ran");
+            let output = self.tasks.get(&id).map_or("", |t| t.output.as_str());
+            let result = interrupted_result("the kernel stopped while the task ran", output);
             self.finish(&id, TaskState::Interrupted, result, replies);
         }
     }
@@ -596,10 +636,12 @@ impl Tasks {
 
     /// When the next wait times out, or the next sweep is due.
     pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        let progress = (!self.running.is_empty()).then_some(self.next_progress);
         self.waiters
             .iter()
             .map(|w| w.deadline)
             .chain([self.next_sweep])
+            .chain(progress)
             .min()
             .map(|at| at.saturating_duration_since(now))
     }
@@ -738,11 +780,12 @@ fn state_of_reply(payload: &[u8]) -> TaskState {
     }
 }
 
-/// The result of a task that could not go on.
-fn interrupted_result(why: &str) -> Vec<u8> {
+/// The result of a task that could not go on, with what it had printed.
+fn interrupted_result(why: &str, output: &str) -> Vec<u8> {
     let mut reply =
         serde_json::to_value(ErrorReply::new(ErrorCode::Unavailable, why)).unwrap_or(Value::Null);
     reply["code"] = Value::String("interrupted".into());
+    reply["output"] = Value::String(output.to_owned());
     serde_json::to_vec(&reply).unwrap_or_default()
 }
 

@@ -170,7 +170,10 @@ impl Store {
         connection.execute_batch(SCHEMA).map_err(database)?;
         connection
             .execute(
-                "UPDATE tasks SET state = 'interrupted', finished_ms = ?1 \
+                "UPDATE tasks SET state = 'interrupted', finished_ms = ?1, \
+                 result = CAST(json_object('success', json('false'), 'code', 'interrupted', \
+                 'error', 'the kernel stopped while the task ran', \
+                 'output', coalesce(output, '')) AS BLOB) \
                  WHERE state = 'running'",
                 params![now_ms()],
             )
@@ -384,6 +387,7 @@ pub fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn record(id: &str, seq: u64, state: &str) -> Record {
         Record {
@@ -464,6 +468,10 @@ mod tests {
             ]
         );
         assert_eq!(records[1].output.as_deref(), Some("half way"));
+        let interrupted: Value =
+            serde_json::from_slice(&read_result(store.path(), "t-b").unwrap().unwrap()).unwrap();
+        assert_eq!(interrupted["code"], "interrupted");
+        assert_eq!(interrupted["output"], "half way");
         assert_eq!(
             read_result(store.path(), "t-c").unwrap().unwrap(),
             b"{\"success\":true}"
