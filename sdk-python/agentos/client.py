@@ -441,6 +441,61 @@ class AgentOSClient:
             request["timeout_ms"] = timeout_ms
         return self.call_json(Opcode.TOOL, request).get("result")
 
+    def dispatch(self, kind: str, request: Any, label: Optional[str] = None) -> str:
+        """TASK ``dispatch``: starts ``request`` in the background and
+        returns its task id at once. ``kind`` is ``exec`` (``request`` is an
+        EXEC run, e.g. ``{"code": "print(1)"}``) or ``think`` (a THINK
+        payload, or the prompt as a string). The task is yours (your agent's,
+        or your uid's) and outlives this connection::
+
+            ids = [client.dispatch("exec", {"code": f"print({i})"}) for i in range(3)]
+            results = [client.wait_task(i)["result"]["stdout"] for i in ids]
+        """
+        body: dict = {"op": "dispatch", "kind": kind, "request": request}
+        if label is not None:
+            body["label"] = label
+        return self.call_json(Opcode.TASK, body)["task_id"]
+
+    def task_status(self, task_id: str) -> dict:
+        """TASK ``status``: the task as it is: ``task_id``, ``kind``,
+        ``label``, ``state`` (``queued``, ``running``, ``completed``,
+        ``failed``, ``cancelled``, ``timed_out``, ``interrupted``), its
+        times, and while it runs ``progress`` (the tail of its output)."""
+        return self.call_json(Opcode.TASK, {"op": "status", "task_id": task_id})["task"]
+
+    def wait_task(self, task_id: str, timeout_ms: Optional[int] = None) -> dict:
+        """TASK ``wait``: the task once it has finished, with ``result`` (the
+        EXEC or THINK reply), or as it is when ``timeout_ms`` (default 30 s,
+        at most 600 s) passes first — a wait that times out changes nothing.
+        The client's own ``timeout`` must allow for ``timeout_ms``."""
+        body: dict = {"op": "wait", "task_id": task_id}
+        if timeout_ms is not None:
+            body["timeout_ms"] = timeout_ms
+        return self.call_json(Opcode.TASK, body)["task"]
+
+    def list_tasks(
+        self,
+        state: Optional[str] = None,
+        kind: Optional[str] = None,
+        limit: Optional[int] = None,
+        before: Optional[str] = None,
+    ) -> dict:
+        """TASK ``list``: your tasks, newest first: ``{"tasks": [...],
+        "next": id or None}``; pass ``next`` as ``before`` for the next
+        page."""
+        body: dict = {"op": "list"}
+        body.update({k: v for k, v in
+                     {"state": state, "kind": kind, "limit": limit, "before": before}.items()
+                     if v is not None})
+        reply = self.call_json(Opcode.TASK, body)
+        return {"tasks": reply["tasks"], "next": reply.get("next")}
+
+    def cancel_task(self, task_id: str) -> bool:
+        """TASK ``cancel``: stops a queued or running task (a running EXEC is
+        killed with everything it started); returns whether it was still
+        going."""
+        return self.call_json(Opcode.TASK, {"op": "cancel", "task_id": task_id})["cancelled"]
+
     def exit(self) -> None:
         """EXIT: the kernel says goodbye and closes; so does the client."""
         with self._lock:

@@ -10,6 +10,12 @@ use agentos_proto::{Client, Opcode};
 use anyhow::bail;
 use clap::{Parser, Subcommand};
 
+mod task;
+mod tools;
+
+use task::{task, TaskCommand};
+use tools::{call_tool, tools, CallArgs};
+
 /// Talk to the AgentOS kernel.
 #[derive(Debug, Parser)]
 #[command(name = "agentos", version)]
@@ -71,6 +77,9 @@ enum Command {
     /// Call a tool: `agentos call SERVER.TOOL key=value ...` (a value that
     /// is JSON is sent as JSON, anything else as a string); prints its result
     Call(CallArgs),
+    /// Background tasks: dispatch, status, wait, list, cancel
+    #[command(subcommand)]
+    Task(TaskCommand),
     /// Stop an agent (SIGTERM to its tree, SIGKILL after the grace)
     Kill {
         /// Agent name, or id
@@ -138,21 +147,6 @@ struct ExecArgs {
 }
 
 #[derive(Debug, clap::Args)]
-struct CallArgs {
-    /// The tool, as SERVER.TOOL (`everything.echo`)
-    tool: String,
-    /// Its arguments, as key=value
-    #[arg(value_name = "KEY=VALUE")]
-    arguments: Vec<String>,
-    /// How long the call may take [default: the server's own]
-    #[arg(long, value_name = "MS")]
-    timeout_ms: Option<u64>,
-    /// Print the TOOL reply as JSON
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Debug, clap::Args)]
 struct ThinkArgs {
     /// The prompt (its words are joined by spaces); `-` reads it from stdin
     #[arg(required = true)]
@@ -200,6 +194,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         // The run's own limit, with room for its reply.
         Command::Exec(exec) => exec.timeout_ms.map_or(60.0, |ms| ms as f64 / 1e3 + 30.0),
         Command::Call(call) => call.timeout_ms.map_or(3630.0, |ms| ms as f64 / 1e3 + 30.0),
+        Command::Task(TaskCommand::Wait { timeout_ms, .. }) => *timeout_ms as f64 / 1e3 + 30.0,
         _ => 30.0,
     };
     let timeout = args.timeout.unwrap_or(default_timeout);
@@ -218,6 +213,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Exec(exec_args) => return exec(&mut client, exec_args),
         Command::Tools { search, json } => tools(&mut client, &search, json),
         Command::Call(call_args) => call_tool(&mut client, call_args),
+        Command::Task(command) => return task(&mut client, command),
     };
     done.map(|()| ExitCode::SUCCESS)
 }
@@ -278,99 +274,6 @@ fn exec(client: &mut Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
         (None, None) => 1,
     };
     Ok(ExitCode::from(u8::try_from(status & 0xff).unwrap_or(1)))
-}
-
-fn tools(client: &mut Client, search: &[String], json: bool) -> anyhow::Result<()> {
-    let request = if search.is_empty() {
-        serde_json::json!({"op": "list"})
-    } else {
-        serde_json::json!({"op": "search", "query": search.join(" "), "limit": 50})
-    };
-    let reply: serde_json::Value =
-        client.call_json(Opcode::TOOL, &serde_json::to_vec(&request)?)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&reply)?);
-        return Ok(());
-    }
-    for server in reply["servers"].as_array().into_iter().flatten() {
-        let error = server["error"]
-            .as_str()
-            .map(|e| format!(": {e}"))
-            .unwrap_or_default();
-        println!(
-            "server {} {} ({} tools){error}",
-            server["name"].as_str().unwrap_or("?"),
-            server["state"].as_str().unwrap_or("?"),
-            server["tools"],
-        );
-    }
-    let tools = reply["tools"].as_array().cloned().unwrap_or_default();
-    let width = tools.iter().map(|t| tool_name(t).len()).max().unwrap_or(0);
-    for tool in &tools {
-        let description = tool["description"].as_str().unwrap_or("");
-        let first_line = description.lines().next().unwrap_or("");
-        let mut summary: String = first_line.chars().take(100).collect();
-        if summary.len() < first_line.len() {
-            summary.push('…');
-        }
-        println!("{:width$}  {summary}", tool_name(tool));
-    }
-    if tools.is_empty() && !search.is_empty() {
-        eprintln!("agentos: no tool matches {:?}", search.join(" "));
-    }
-    Ok(())
-}
-
-/// `server.name` of a tool in a TOOL reply.
-fn tool_name(tool: &serde_json::Value) -> String {
-    format!(
-        "{}.{}",
-        tool["server"].as_str().unwrap_or("?"),
-        tool["name"].as_str().unwrap_or("?")
-    )
-}
-
-fn call_tool(client: &mut Client, args: CallArgs) -> anyhow::Result<()> {
-    let Some((server, tool)) = args.tool.split_once('.') else {
-        bail!(
-            "name the tool as SERVER.TOOL (like everything.echo), not {:?}",
-            args.tool
-        );
-    };
-    let mut arguments = serde_json::Map::new();
-    for pair in &args.arguments {
-        let Some((key, value)) = pair.split_once('=') else {
-            bail!("arguments are key=value, not {pair:?}");
-        };
-        let value = serde_json::from_str(value)
-            .unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
-        arguments.insert(key.to_owned(), value);
-    }
-    let mut request = serde_json::json!({
-        "op": "call", "server": server, "tool": tool, "arguments": arguments,
-    });
-    if let Some(timeout_ms) = args.timeout_ms {
-        request["timeout_ms"] = timeout_ms.into();
-    }
-    let reply = client.call(Opcode::TOOL, &serde_json::to_vec(&request)?)?;
-    let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&reply)?);
-    }
-    if reply["success"] != true {
-        bail!(
-            "{} ({})",
-            reply["error"].as_str().unwrap_or("the call failed"),
-            reply["code"].as_str().unwrap_or("?")
-        );
-    }
-    if !args.json {
-        match &reply["result"] {
-            serde_json::Value::String(text) => println!("{text}"),
-            result => println!("{}", serde_json::to_string_pretty(result)?),
-        }
-    }
-    Ok(())
 }
 
 fn think(client: &mut Client, args: ThinkArgs) -> anyhow::Result<()> {

@@ -1,0 +1,182 @@
+//! `agentos task ...`: background tasks.
+
+use std::process::ExitCode;
+
+use agentos_proto::{Client, Opcode};
+use clap::Subcommand;
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCommand {
+    /// Start code (or, with --think, a prompt) in the background; prints
+    /// the task id
+    Dispatch {
+        /// The code, or the prompt (its words are joined by spaces); `-`
+        /// reads it from stdin
+        #[arg(required = true, allow_hyphen_values = true)]
+        text: Vec<String>,
+        /// The text is a prompt for the LLM, not code
+        #[arg(long)]
+        think: bool,
+        /// The code is bash, not Python
+        #[arg(long, conflicts_with = "think")]
+        bash: bool,
+        /// Your own name for the task
+        #[arg(long)]
+        label: Option<String>,
+        /// Wall-clock limit for the run
+        #[arg(long, value_name = "MS")]
+        timeout_ms: Option<u64>,
+    },
+    /// A task as it is (with what it has printed, while it runs)
+    Status {
+        /// The task's id
+        task_id: String,
+    },
+    /// Wait for a task to end and print its result (a run's output, a
+    /// THINK's answer); exits non-zero unless it completed
+    Wait {
+        /// The task's id
+        task_id: String,
+        /// Give up waiting after this long (the task goes on)
+        #[arg(long, value_name = "MS", default_value_t = 600_000)]
+        timeout_ms: u64,
+        /// Print the task as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Your tasks, newest first
+    List {
+        /// Only tasks in this state (queued, running, completed, ...)
+        #[arg(long)]
+        state: Option<String>,
+        /// Only tasks of this kind (exec, think)
+        #[arg(long)]
+        kind: Option<String>,
+        /// Most tasks shown
+        #[arg(long, default_value_t = 50)]
+        limit: u64,
+        /// Print the TASK reply as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a queued or running task
+    Cancel {
+        /// The task's id
+        task_id: String,
+    },
+}
+
+pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCode> {
+    use serde_json::{json, Value};
+    let mut call = |body: Value| -> anyhow::Result<Value> {
+        Ok(client.call_json(Opcode::TASK, &serde_json::to_vec(&body)?)?)
+    };
+    match command {
+        TaskCommand::Dispatch {
+            text,
+            think,
+            bash,
+            label,
+            timeout_ms,
+        } => {
+            let text = if text == ["-"] {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
+                text
+            } else {
+                text.join(" ")
+            };
+            let (kind, mut request) = if think {
+                ("think", json!({"prompt": text}))
+            } else {
+                let language = if bash { "bash" } else { "python" };
+                ("exec", json!({"code": text, "language": language}))
+            };
+            if let Some(timeout_ms) = timeout_ms {
+                request["timeout_ms"] = timeout_ms.into();
+            }
+            let mut body = json!({"op": "dispatch", "kind": kind, "request": request});
+            if let Some(label) = label {
+                body["label"] = label.into();
+            }
+            let reply = call(body)?;
+            println!("{}", reply["task_id"].as_str().unwrap_or_default());
+        }
+        TaskCommand::Status { task_id } => {
+            let reply = call(json!({"op": "status", "task_id": task_id}))?;
+            println!("{}", serde_json::to_string_pretty(&reply["task"])?);
+        }
+        TaskCommand::Wait {
+            task_id,
+            timeout_ms,
+            json,
+        } => {
+            let reply = call(json!({"op": "wait", "task_id": task_id, "timeout_ms": timeout_ms}))?;
+            let task = &reply["task"];
+            if json {
+                println!("{}", serde_json::to_string_pretty(task)?);
+            } else if let Some(result) = task.get("result") {
+                // A run's output, a THINK's answer, or why it did not end well.
+                print!("{}", result["stdout"].as_str().unwrap_or_default());
+                eprint!("{}", result["stderr"].as_str().unwrap_or_default());
+                if let Some(answer) = result["content"].as_str() {
+                    println!("{answer}");
+                }
+                if let Some(error) = result["error"].as_str() {
+                    eprintln!("agentos: {error}");
+                }
+            }
+            let state = task["state"].as_str().unwrap_or("?");
+            if state == "completed" {
+                return Ok(ExitCode::SUCCESS);
+            }
+            eprintln!("agentos: task {task_id} is {state}");
+            return Ok(ExitCode::FAILURE);
+        }
+        TaskCommand::List {
+            state,
+            kind,
+            limit,
+            json,
+        } => {
+            let mut body = json!({"op": "list", "limit": limit});
+            if let Some(state) = state {
+                body["state"] = state.into();
+            }
+            if let Some(kind) = kind {
+                body["kind"] = kind.into();
+            }
+            let reply = call(body)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&reply)?);
+            } else {
+                println!(
+                    "{:<20} {:<6} {:<11} {:<24} LABEL",
+                    "TASK", "KIND", "STATE", "CREATED"
+                );
+                for task in reply["tasks"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<20} {:<6} {:<11} {:<24} {}",
+                        task["task_id"].as_str().unwrap_or("?"),
+                        task["kind"].as_str().unwrap_or("?"),
+                        task["state"].as_str().unwrap_or("?"),
+                        task["created_at"].as_str().unwrap_or("?"),
+                        task["label"].as_str().unwrap_or(""),
+                    );
+                }
+                if let Some(next) = reply["next"].as_str() {
+                    eprintln!("agentos: more tasks before {next}");
+                }
+            }
+        }
+        TaskCommand::Cancel { task_id } => {
+            let reply = call(json!({"op": "cancel", "task_id": task_id}))?;
+            if reply["cancelled"] == true {
+                println!("cancelled {task_id}");
+            } else {
+                println!("{task_id} had already ended");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
