@@ -349,3 +349,83 @@ fn ten_thousand_finished_tasks_are_paged_with_memory_bounded_and_expire() {
         task(&mut stream, json!({"op": "list", "limit": 1}))["tasks"] == json!([])
     });
 }
+
+/// A daemon whose THINK goes to `stub`.
+fn with_stub(stub: &agentos_bench::llm_stub::Stub) -> Daemon {
+    Daemon::start_with(&format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"sk-test\"\n\
+         model = \"stub-model\"\n",
+        stub.url()
+    ))
+}
+
+#[test]
+fn the_prompt_loop_runs_failing_code_twice_then_answers_after_the_third() {
+    use agentos_bench::llm_stub::{Reply, Stub};
+    require_root!("EXEC (its isolation needs namespaces)");
+    let stub = Stub::start(|_, n| {
+        let content = match n {
+            0 => "Let me try.\n```python\nraise ValueError('first try')\n```",
+            1 => "```python\nopen('/workspace/n', 'w').write('55')\nraise ValueError('second try')\n```",
+            2 => "```python\nprint(open('/workspace/n').read())\n```",
+            _ => "The sum of 1..10 is 55.",
+        };
+        Reply::openai(content, 10, 5)
+    });
+    let daemon = with_stub(&stub);
+    let mut stream = daemon.raw();
+    let id = dispatch(
+        &mut stream,
+        "prompt",
+        json!({"prompt": "What is the sum of 1..10?", "max_iterations": 5}),
+    );
+    let done = wait(&mut stream, &id, 60_000);
+    assert_eq!(done["state"], "completed", "{done}");
+    let result = &done["result"];
+    assert_eq!(result["answer"], "The sum of 1..10 is 55.", "{result}");
+    let iterations = result["iterations"].as_array().unwrap();
+    let exit_codes: Vec<&Value> = iterations.iter().map(|i| &i["exit_code"]).collect();
+    assert_eq!(exit_codes, [&json!(1), &json!(1), &json!(0)], "{result}");
+    assert_eq!(iterations[2]["stdout"], "55\n", "{result}");
+    assert_eq!(result["tokens"], 60, "{result}");
+    // THINK was told the task, the tools, and each run's error.
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 4);
+    let first = String::from_utf8_lossy(&requests[0].body).into_owned();
+    assert!(first.contains("sum of 1..10") && first.contains("tools.kernel.list_agents"));
+    let second = String::from_utf8_lossy(&requests[1].body).into_owned();
+    assert!(second.contains("ValueError: first try"), "{second}");
+    // The task's session is gone with it.
+    let sessions = call_json(
+        &mut stream,
+        Opcode::EXEC,
+        json!({"op": "sessions"}).to_string().as_bytes(),
+    );
+    assert_eq!(sessions["sessions"], json!([]), "{sessions}");
+}
+
+#[test]
+fn a_prompt_loop_that_never_answers_stops_at_max_iterations_with_its_transcript() {
+    use agentos_bench::llm_stub::{Reply, Stub};
+    require_root!("EXEC (its isolation needs namespaces)");
+    let stub = Stub::start(|_, n| Reply::openai(&format!("```python\nprint({n})\n```"), 10, 5));
+    let daemon = with_stub(&stub);
+    let mut stream = daemon.raw();
+    let id = dispatch(
+        &mut stream,
+        "prompt",
+        json!({"prompt": "count forever", "max_iterations": 3}),
+    );
+    let done = wait(&mut stream, &id, 60_000);
+    assert_eq!(done["state"], "failed", "{done}");
+    let result = &done["result"];
+    assert_eq!(result["answer"], Value::Null);
+    let outputs: Vec<&Value> = result["iterations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["stdout"])
+        .collect();
+    assert_eq!(outputs, [&json!("0\n"), &json!("1\n"), &json!("2\n")]);
+    assert!(result["error"].as_str().unwrap().contains("max_iterations"));
+}

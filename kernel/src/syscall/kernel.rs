@@ -27,7 +27,7 @@ use crate::sandbox::runtime::{self, OwnersOf, Runtime, RuntimeSetup};
 use crate::sandbox::spec::Rlimits;
 use crate::sandbox::User;
 use crate::state_dir::{kernel_files, StateDir};
-use crate::tasks::{OwnerRef, Stop, Tasks, PROGRESS_BYTES};
+use crate::tasks::{OwnerRef, Start, Stop, Tasks, Work, PROGRESS_BYTES};
 use crate::tools::builtin;
 use crate::tools::package::{CatalogServer, Package};
 use crate::tools::servers::Servers;
@@ -311,9 +311,14 @@ impl Kernel {
             let finished = keep_task_replies(&mut replies);
             self.outbox.replies.extend(replies);
             for (number, payload) in finished {
-                self.tasks
+                let next = self
+                    .tasks
                     .on_reply(number, payload, &mut self.outbox.replies);
+                if let Some(next) = next {
+                    self.start_task_work(next);
+                }
             }
+            self.close_ended_task_sessions();
             self.start_tasks();
         }
         let mut outbox = std::mem::take(&mut self.outbox);
@@ -321,32 +326,67 @@ impl Kernel {
         Some(outbox)
     }
 
-    /// Starts the queued tasks whose owners have room: an EXEC run or a
-    /// THINK, whose reply comes back to the task. One that cannot start
-    /// fails with the reason.
+    /// Starts the queued tasks whose owners have room.
     pub(super) fn start_tasks(&mut self) {
-        for start in self.tasks.startable() {
-            let reply_to = ReplyTo::Task(start.number);
-            let started = match start.dispatch.kind {
-                TaskKind::Exec => start.dispatch.exec().and_then(|run| {
-                    let caller = self.task_run_caller(start.owner)?;
-                    self.exec
-                        .run(run, caller, reply_to, &mut self.outbox.replies)
-                }),
-                TaskKind::Think => start.dispatch.think().and_then(|think| {
-                    let asker = super::think::asker(self, self.task_identity(start.owner)?)?;
-                    self.llm
-                        .think(&asker, reply_to, think, &mut self.outbox.replies)
-                }),
-                TaskKind::Prompt => Err(ErrorReply::new(
-                    ErrorCode::Unavailable,
-                    "the prompt loop is not served by this kernel yet",
-                )),
-            };
-            if let Err(err) = started {
-                self.tasks
-                    .failed_to_start(start.number, err, &mut self.outbox.replies);
+        let tools = if self.tasks.prompt_queued() {
+            self.tools_summary()
+        } else {
+            String::new()
+        };
+        for start in self.tasks.startable(&tools) {
+            self.start_task_work(start);
+        }
+    }
+
+    /// Starts a piece of a task's work — an EXEC run or a THINK, as its
+    /// owner — whose reply comes back to the task. Work that cannot start
+    /// fails the task with the reason.
+    fn start_task_work(&mut self, start: Start) {
+        let reply_to = ReplyTo::Task(start.number);
+        let started = start.work.and_then(|work| match work {
+            Work::Exec(run) => {
+                let caller = self.task_run_caller(start.owner)?;
+                self.exec
+                    .run(run, caller, reply_to, &mut self.outbox.replies)
             }
+            Work::Think(think) => {
+                let asker = super::think::asker(self, self.task_identity(start.owner)?)?;
+                self.llm
+                    .think(&asker, reply_to, think, &mut self.outbox.replies)
+            }
+        });
+        if let Err(err) = started {
+            self.tasks
+                .failed_to_start(start.number, err, &mut self.outbox.replies);
+        }
+    }
+
+    /// The tools a prompt loop's THINK is told of: one line each, as code
+    /// calls them.
+    fn tools_summary(&self) -> String {
+        builtin::tools()
+            .iter()
+            .map(|(server, tool)| (*server, tool))
+            .chain(self.tools.known_tools())
+            .map(|(server, tool)| {
+                let summary = tool.description.lines().next().unwrap_or("");
+                format!(
+                    "- tools.{server}.{}(...): {summary}",
+                    crate::python_names::python_name(&tool.name)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The EXEC sessions of prompt loops that have ended go.
+    pub(super) fn close_ended_task_sessions(&mut self) {
+        for (owner, session) in self.tasks.take_ended_sessions() {
+            let owner = match owner {
+                OwnerRef::Agent(id) => SessionOwner::Agent(id),
+                OwnerRef::User(uid) => SessionOwner::User(uid),
+            };
+            self.exec.close(owner, &session, &mut self.outbox.replies);
         }
     }
 

@@ -70,6 +70,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 if let Some(stop) = stop {
                     kernel.stop_task(stop);
                 }
+                kernel.close_ended_task_sessions();
                 TaskCancelReply {
                     success: true,
                     cancelled,
@@ -94,13 +95,6 @@ fn owner_of(kernel: &Kernel, request: &Request<'_>) -> Owner {
 /// A task needs what its work needs: `permissions.exec` for EXEC,
 /// `permissions.think` for THINK, both for the prompt loop.
 fn may_dispatch(kernel: &Kernel, request: &Request<'_>, kind: TaskKind) -> Result<(), ErrorReply> {
-    if kind == TaskKind::Prompt {
-        return Err(ErrorReply::new(
-            ErrorCode::Unavailable,
-            "TASK kind `prompt` (the prompt-to-program loop) is not served by this kernel yet; \
-             kinds exec and think are",
-        ));
-    }
     let Some(agent) = request.caller.identity.agent() else {
         return Ok(());
     };

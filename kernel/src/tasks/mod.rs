@@ -12,6 +12,7 @@
 //! Nothing here blocks: the store is written by its own thread, and a
 //! result no longer held in memory is read back by a worker.
 
+pub mod prompt;
 pub mod store;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -21,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    to_json, TaskDispatch, TaskInfo, TaskKind, TaskList, TaskListReply, TaskProgress, TaskReply,
-    TaskState,
+    to_json, ExecRequest, TaskDispatch, TaskInfo, TaskKind, TaskList, TaskListReply, TaskProgress,
+    TaskReply, TaskState, ThinkRequest,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde_json::Value;
@@ -30,6 +31,7 @@ use serde_json::Value;
 use crate::address::{Reply, ReplyTo};
 use crate::clock::rfc3339;
 use crate::config::tasks::TasksConfig;
+use prompt::{PromptLoop, Step};
 use store::{now_ms, Record, Store, Write};
 
 /// How often expired tasks are swept.
@@ -67,7 +69,7 @@ impl Owner {
     }
 }
 
-/// What the kernel should start: a task's work, replying to
+/// What the kernel should start for a task, replying to
 /// `ReplyTo::Task(number)`.
 #[derive(Debug)]
 pub struct Start {
@@ -75,8 +77,17 @@ pub struct Start {
     pub number: u64,
     /// Whose it is.
     pub owner: OwnerRef,
-    /// What it runs, as dispatched.
-    pub dispatch: TaskDispatch,
+    /// What to run (or why it cannot be run).
+    pub work: Result<Work, ErrorReply>,
+}
+
+/// A piece of a task's work.
+#[derive(Debug)]
+pub enum Work {
+    /// An EXEC run.
+    Exec(ExecRequest),
+    /// A THINK.
+    Think(ThinkRequest),
 }
 
 /// A task's owner as the kernel needs it to act for them: the live
@@ -134,6 +145,8 @@ struct Task {
     number: Option<u64>,
     /// What it has printed, for `status` while it runs.
     output: String,
+    /// For a prompt loop: the iteration under way.
+    iteration: Option<u32>,
     /// Whether `output` has changed since it was saved.
     output_unsaved: bool,
 }
@@ -150,7 +163,7 @@ impl Task {
             finished_at: self.finished_ms.map(rfc3339_ms),
             progress: (self.state == TaskState::Running).then(|| TaskProgress {
                 output: self.output.clone(),
-                iteration: None,
+                iteration: self.iteration,
             }),
             result,
         }
@@ -175,6 +188,10 @@ pub struct Tasks {
     /// Running tasks by the number their work replies under.
     running: HashMap<u64, String>,
     running_per_owner: HashMap<String, usize>,
+    /// Prompt tasks' loops, by task id.
+    prompts: HashMap<String, PromptLoop>,
+    /// Sessions of prompt loops that have ended, for the kernel to close.
+    ended_sessions: Vec<(OwnerRef, String)>,
     queued_per_owner: HashMap<String, usize>,
     waiters: Vec<Waiter>,
     store: Store,
@@ -208,6 +225,8 @@ impl Tasks {
             queue: VecDeque::new(),
             running: HashMap::new(),
             running_per_owner: HashMap::new(),
+            prompts: HashMap::new(),
+            ended_sessions: Vec::new(),
             queued_per_owner: HashMap::new(),
             waiters: Vec::new(),
             written: 0,
@@ -276,6 +295,7 @@ impl Tasks {
             result: None,
             number: None,
             output: record.output.unwrap_or_default(),
+            iteration: None,
             output_unsaved: false,
         };
         if state == TaskState::Queued {
@@ -344,6 +364,7 @@ impl Tasks {
             result: None,
             number: None,
             output: String::new(),
+            iteration: None,
             output_unsaved: false,
         };
         self.by_seq.insert(seq, id.clone());
@@ -355,7 +376,26 @@ impl Tasks {
 
     /// Queued tasks whose owners have room to run one more, now running:
     /// the kernel starts each, replying to `ReplyTo::Task(number)`.
-    pub fn startable(&mut self) -> Vec<Start> {
+    /// Whether a prompt task is waiting to start (its first THINK needs the
+    /// list of tools).
+    pub fn prompt_queued(&self) -> bool {
+        self.queue.iter().any(|id| {
+            self.tasks
+                .get(id)
+                .is_some_and(|t| t.kind == TaskKind::Prompt)
+        })
+    }
+
+    /// The sessions of prompt loops that have ended (taken): the kernel
+    /// closes them.
+    pub fn take_ended_sessions(&mut self) -> Vec<(OwnerRef, String)> {
+        std::mem::take(&mut self.ended_sessions)
+    }
+
+    /// Queued tasks whose owners have room to run one more, now running:
+    /// the kernel starts each, replying to `ReplyTo::Task(number)`. A
+    /// prompt loop's THINK is told of `tools` (a line each).
+    pub fn startable(&mut self, tools: &str) -> Vec<Start> {
         let mut starts = Vec::new();
         let mut skipped = VecDeque::new();
         while let Some(id) = self.queue.pop_front() {
@@ -385,12 +425,26 @@ impl Tasks {
             task.started_ms = Some(started_ms);
             let owner = owner_ref(&task.owner);
             let id = task.id.clone();
+            let work = match dispatch.kind {
+                TaskKind::Exec => dispatch.exec().map(Work::Exec),
+                TaskKind::Think => dispatch.think().map(Work::Think),
+                TaskKind::Prompt => dispatch.prompt().map(|request| {
+                    let session = request
+                        .session
+                        .clone()
+                        .unwrap_or_else(|| format!("task-{id}"));
+                    let (prompt, think) = PromptLoop::start(request, session, tools);
+                    task.iteration = Some(prompt.iteration());
+                    self.prompts.insert(id.clone(), prompt);
+                    Work::Think(think)
+                }),
+            };
             self.running.insert(number, id.clone());
             self.write(Write::Started { id, started_ms });
             starts.push(Start {
                 number,
                 owner,
-                dispatch,
+                work,
             });
         }
         self.queue = skipped;
@@ -400,12 +454,50 @@ impl Tasks {
     /// The reply of the work numbered `number`: its task has finished
     /// (a reply for a task cancelled meanwhile is ignored). Its waiters
     /// are answered.
-    pub fn on_reply(&mut self, number: u64, payload: Vec<u8>, replies: &mut Vec<Reply>) {
-        let Some(id) = self.running.remove(&number) else {
-            return;
-        };
+    /// A prompt loop's step is answered instead: what it does next comes
+    /// back as work for the kernel to start.
+    pub fn on_reply(
+        &mut self,
+        number: u64,
+        payload: Vec<u8>,
+        replies: &mut Vec<Reply>,
+    ) -> Option<Start> {
+        let id = self.running.get(&number)?.clone();
+        if let Some(prompt) = self.prompts.get_mut(&id) {
+            let reply: Value = serde_json::from_slice(&payload).unwrap_or(Value::Null);
+            let step = if prompt.is_running_code() {
+                prompt.on_exec(&reply)
+            } else {
+                prompt.on_think(&reply)
+            };
+            let iteration = prompt.iteration();
+            let owner = self.tasks.get_mut(&id).map(|task| {
+                task.iteration = Some(iteration);
+                owner_ref(&task.owner)
+            })?;
+            let work = match step {
+                Step::Think(think) => Work::Think(think),
+                Step::Exec(run) => Work::Exec(run),
+                Step::Done { answered, result } => {
+                    let state = if answered {
+                        TaskState::Completed
+                    } else {
+                        TaskState::Failed
+                    };
+                    self.finish(&id, state, result, replies);
+                    return None;
+                }
+            };
+            return Some(Start {
+                number,
+                owner,
+                work: Ok(work),
+            });
+        }
+        self.running.remove(&number);
         let state = state_of_reply(&payload);
         self.finish(&id, state, payload, replies);
+        None
     }
 
     /// Ends a task: its result kept, its waiters answered, its owner's
@@ -431,6 +523,10 @@ impl Tasks {
         }
         if let Some(number) = task.number.take() {
             self.running.remove(&number);
+        }
+        if let Some(prompt) = self.prompts.remove(id) {
+            self.ended_sessions
+                .push((owner_ref(&task.owner), prompt.session().to_owned()));
         }
         let finished_ms = now_ms();
         task.state = state;

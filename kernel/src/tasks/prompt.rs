@@ -1,0 +1,367 @@
+//! The prompt-to-program loop of a `prompt` task, as a state machine the
+//! kernel drives: THINK is told the task and the tools there are, and
+//! answers with a fenced ```python (or ```bash) block; the code runs with
+//! EXEC in the task's own session; its output (capped) or its error goes
+//! back to THINK; until THINK answers without code — its answer — or the
+//! iterations are spent.
+
+use agentos_proto::payload::{ChatMessage, ExecRequest, Language, PromptRequest, ThinkRequest};
+use serde::Serialize;
+use serde_json::Value;
+
+/// Bytes of a run's stdout and of its stderr fed back to THINK.
+const FEEDBACK_BYTES: usize = 4096;
+/// A run's timeout inside the loop.
+const RUN_TIMEOUT_MS: u64 = 60_000;
+
+/// What the kernel should do next for a prompt task.
+#[derive(Debug)]
+pub enum Step {
+    /// Ask THINK.
+    Think(ThinkRequest),
+    /// Run the code THINK wrote.
+    Exec(ExecRequest),
+    /// The loop is over: the task's state is `completed` (an answer) or
+    /// `failed`, with this result.
+    Done {
+        /// Whether THINK answered.
+        answered: bool,
+        /// The result (JSON).
+        result: Vec<u8>,
+    },
+}
+
+/// One round of the loop.
+#[derive(Clone, Debug, Serialize)]
+pub struct Iteration {
+    /// The code THINK wrote.
+    pub code: String,
+    /// Its language.
+    pub language: String,
+    /// What it printed.
+    pub stdout: String,
+    /// Its errors.
+    pub stderr: String,
+    /// Its exit code (`null`: it was killed or never ran).
+    pub exit_code: Option<i64>,
+}
+
+/// The loop's result.
+#[derive(Debug, Serialize)]
+struct Outcome<'a> {
+    success: bool,
+    answer: Option<&'a str>,
+    iterations: &'a [Iteration],
+    tokens: u64,
+    tool_calls: u64,
+    tool_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// A prompt task's loop.
+#[derive(Debug)]
+pub struct PromptLoop {
+    request: PromptRequest,
+    /// The EXEC session its code runs in.
+    session: String,
+    messages: Vec<ChatMessage>,
+    iterations: Vec<Iteration>,
+    /// The code under way (its language and text).
+    running: Option<(String, String)>,
+    tokens: u64,
+    tool_calls: u64,
+    tool_bytes: u64,
+}
+
+impl PromptLoop {
+    /// A loop for `request`, whose code runs in `session`; `tools` lists
+    /// the tools there are, a line each. Its first step is this THINK.
+    pub fn start(
+        request: PromptRequest,
+        session: String,
+        tools: &str,
+    ) -> (PromptLoop, ThinkRequest) {
+        let mut system = format!(
+            "You solve the user's task by writing code that the AgentOS kernel runs for you.\n\
+             Reply with exactly one fenced code block, ```python or ```bash, when you need to \
+             run code; you will get back what it printed. When you know the answer, reply \
+             with the answer alone and no code block.\n\
+             The code runs in a sandbox with a /workspace that persists between your code \
+             blocks. Tools are Python functions: `import tools`, then \
+             `tools.<server>.<tool>(argument=...)`; `tools.search(\"words\")` finds more. \
+             Print only what you need to see.\n\nTools:\n{tools}"
+        );
+        if let Some(extra) = &request.system {
+            system.push_str("\n\n");
+            system.push_str(extra);
+        }
+        let messages = vec![
+            ChatMessage {
+                role: "system".into(),
+                content: system,
+            },
+            ChatMessage {
+                role: "user".into(),
+                content: request.prompt.clone(),
+            },
+        ];
+        let prompt = PromptLoop {
+            request,
+            session,
+            messages,
+            iterations: Vec::new(),
+            running: None,
+            tokens: 0,
+            tool_calls: 0,
+            tool_bytes: 0,
+        };
+        let think = prompt.think_request();
+        (prompt, think)
+    }
+
+    /// Whether its code is running (the next reply is EXEC's).
+    pub fn is_running_code(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// The session its code runs in.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// The iteration under way (1 first).
+    pub fn iteration(&self) -> u32 {
+        self.iterations.len() as u32 + 1
+    }
+
+    /// THINK's reply: code to run, or the answer.
+    pub fn on_think(&mut self, reply: &Value) -> Step {
+        self.tokens += reply["tokens"].as_u64().unwrap_or(0);
+        if reply["success"] != true {
+            let why = reply["error"].as_str().unwrap_or("THINK failed");
+            return self.done(None, Some(format!("THINK failed: {why}")));
+        }
+        let content = reply["content"].as_str().unwrap_or_default().to_owned();
+        let Some((language, code)) = first_code_block(&content) else {
+            return self.done(Some(content.trim()), None);
+        };
+        if self.iterations.len() as u32 >= self.request.max_iterations {
+            return self.done(
+                None,
+                Some(format!(
+                    "THINK still wrote code after {} iterations (max_iterations)",
+                    self.request.max_iterations
+                )),
+            );
+        }
+        self.messages.push(ChatMessage {
+            role: "assistant".into(),
+            content,
+        });
+        let run = ExecRequest {
+            code: code.clone(),
+            language: if language == "bash" {
+                Language::Bash
+            } else {
+                Language::Python
+            },
+            session: Some(self.session.clone()),
+            timeout_ms: Some(RUN_TIMEOUT_MS),
+            ..ExecRequest::default()
+        };
+        self.running = Some((language, code));
+        Step::Exec(run)
+    }
+
+    /// EXEC's reply for the code under way: fed back to THINK, or the end
+    /// when the iterations are spent.
+    pub fn on_exec(&mut self, reply: &Value) -> Step {
+        let (language, code) = self.running.take().unwrap_or_default();
+        let text = |field: &str| reply[field].as_str().unwrap_or_default().to_owned();
+        self.tool_calls += reply["tool_calls"].as_u64().unwrap_or(0);
+        self.tool_bytes += reply["tool_bytes"].as_u64().unwrap_or(0);
+        let iteration = Iteration {
+            code,
+            language,
+            stdout: text("stdout"),
+            stderr: text("stderr"),
+            exit_code: reply["exit_code"].as_i64(),
+        };
+        let mut feedback = format!(
+            "Your code ran (exit code {}).\nstdout:\n{}",
+            iteration
+                .exit_code
+                .map_or_else(|| "none".to_owned(), |c| c.to_string()),
+            tail(&iteration.stdout)
+        );
+        if !iteration.stderr.is_empty() {
+            feedback.push_str(&format!("\nstderr:\n{}", tail(&iteration.stderr)));
+        }
+        if let Some(error) = reply["error"].as_str() {
+            feedback.push_str(&format!("\nerror: {error}"));
+        }
+        self.iterations.push(iteration);
+        if self.iterations.len() as u32 >= self.request.max_iterations {
+            return self.done(
+                None,
+                Some(format!(
+                    "no answer within max_iterations ({})",
+                    self.request.max_iterations
+                )),
+            );
+        }
+        self.messages.push(ChatMessage {
+            role: "user".into(),
+            content: feedback,
+        });
+        self.think()
+    }
+
+    /// The loop so far, for a task that ends before it does (cancelled).
+    pub fn output(&self) -> String {
+        self.iterations
+            .last()
+            .map(|i| tail(&i.stdout).to_owned())
+            .unwrap_or_default()
+    }
+
+    fn think(&self) -> Step {
+        Step::Think(self.think_request())
+    }
+
+    fn think_request(&self) -> ThinkRequest {
+        ThinkRequest {
+            messages: Some(self.messages.clone()),
+            ..ThinkRequest::default()
+        }
+    }
+
+    fn done(&self, answer: Option<&str>, error: Option<String>) -> Step {
+        let outcome = Outcome {
+            success: answer.is_some(),
+            answer,
+            iterations: &self.iterations,
+            tokens: self.tokens,
+            tool_calls: self.tool_calls,
+            tool_bytes: self.tool_bytes,
+            error,
+        };
+        Step::Done {
+            answered: answer.is_some(),
+            result: serde_json::to_vec(&outcome).unwrap_or_default(),
+        }
+    }
+}
+
+/// The last [`FEEDBACK_BYTES`] of `text`, at a character boundary.
+fn tail(text: &str) -> &str {
+    let mut start = text.len().saturating_sub(FEEDBACK_BYTES);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+/// The first fenced code block of `text` marked python, py, bash or sh (or
+/// unmarked: Python), as (language, code).
+pub fn first_code_block(text: &str) -> Option<(String, String)> {
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let Some(tag) = line.trim_start().strip_prefix("```") else {
+            continue;
+        };
+        let language = match tag.trim().to_ascii_lowercase().as_str() {
+            "" | "python" | "py" | "python3" => "python",
+            "bash" | "sh" | "shell" => "bash",
+            _ => continue,
+        };
+        let code: Vec<&str> = lines
+            .by_ref()
+            .take_while(|l| !l.trim_start().starts_with("```"))
+            .collect();
+        return Some((language.to_owned(), code.join("\n")));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn code_blocks_are_found_by_their_language() {
+        let text = "Let me look.\n```python\nprint(1)\nprint(2)\n```\nthen more";
+        assert_eq!(
+            first_code_block(text),
+            Some(("python".into(), "print(1)\nprint(2)".into()))
+        );
+        assert_eq!(first_code_block("```bash\nls\n```").unwrap().0, "bash");
+        assert_eq!(first_code_block("```json\n{}\n```"), None);
+        assert_eq!(first_code_block("The answer is 4."), None);
+    }
+
+    fn think(content: &str) -> Value {
+        json!({"success": true, "content": content, "tokens": 10})
+    }
+
+    fn request(max_iterations: u32) -> PromptRequest {
+        PromptRequest {
+            prompt: "sum 1..10".into(),
+            max_iterations,
+            system: None,
+            session: None,
+        }
+    }
+
+    #[test]
+    fn failing_code_twice_then_success_then_an_answer() {
+        let (mut prompt, first) = PromptLoop::start(request(5), "s".into(), "- tools.x.y");
+        let system = &first.messages.unwrap()[0].content;
+        assert!(system.contains("- tools.x.y"), "{system}");
+        for exit_code in [1, 1, 0] {
+            let Step::Exec(run) = prompt.on_think(&think("```python\nprint(55)\n```")) else {
+                panic!("no run");
+            };
+            assert_eq!(run.session.as_deref(), Some("s"));
+            let reply = json!({"stdout": "55\n", "stderr": "", "exit_code": exit_code,
+                               "tool_calls": 2, "tool_bytes": 100});
+            assert!(matches!(prompt.on_exec(&reply), Step::Think(_)));
+        }
+        let Step::Done { answered, result } = prompt.on_think(&think("It is 55.")) else {
+            panic!("not done");
+        };
+        assert!(answered);
+        let result: Value = serde_json::from_slice(&result).unwrap();
+        assert_eq!(result["answer"], "It is 55.");
+        assert_eq!(result["iterations"].as_array().unwrap().len(), 3);
+        assert_eq!(result["tokens"], 40);
+        assert_eq!(result["tool_calls"], 6);
+        assert_eq!(result["tool_bytes"], 300);
+    }
+
+    #[test]
+    fn a_model_that_always_writes_code_stops_at_max_iterations() {
+        let (mut prompt, _) = PromptLoop::start(request(2), "s".into(), "");
+        let mut last = None;
+        for _ in 0..3 {
+            match prompt.on_think(&think("```python\nprint(1)\n```")) {
+                Step::Exec(_) => {
+                    last = Some(prompt.on_exec(&json!({"stdout": "1\n", "exit_code": 0})));
+                    if matches!(last, Some(Step::Done { .. })) {
+                        break;
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let Some(Step::Done { answered, result }) = last else {
+            panic!("did not stop");
+        };
+        assert!(!answered);
+        let result: Value = serde_json::from_slice(&result).unwrap();
+        assert_eq!(result["iterations"].as_array().unwrap().len(), 2);
+        assert!(result["error"].as_str().unwrap().contains("max_iterations"));
+    }
+}
