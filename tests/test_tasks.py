@@ -82,3 +82,18 @@ def test_the_cli_dispatches_waits_lists_and_cancels(kernel):
     failing = cli("task", "dispatch", "raise SystemExit(3)")
     assert cli("task", "wait", failing.stdout.strip()).returncode == 1
     assert "had already ended" in cli("task", "cancel", task_id).stdout
+
+
+def test_run_reports_a_loop_that_cannot_think(kernel):
+    # This kernel has no LLM: the loop's first THINK is refused, and the
+    # task says so rather than hanging or pretending.
+    with AgentOSClient(kernel.socket_path, timeout=60) as client:
+        task = client.run("What is 2+2?", max_iterations=2, label="no model")
+        assert task["kind"] == "prompt" and task["label"] == "no model"
+        assert task["state"] == "failed"
+        assert task["result"]["code"] == "unavailable"
+        assert "THINK" in task["result"]["error"]
+    out = subprocess.run([binary("agentos"), "--socket", kernel.socket_path, "run", "2+2?"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "failed" in out.stderr and "THINK" in out.stderr

@@ -429,3 +429,60 @@ fn a_prompt_loop_that_never_answers_stops_at_max_iterations_with_its_transcript(
     assert_eq!(outputs, [&json!("0\n"), &json!("1\n"), &json!("2\n")]);
     assert!(result["error"].as_str().unwrap().contains("max_iterations"));
 }
+
+#[test]
+fn a_prompt_loop_cancelled_while_its_code_runs_stops_and_its_session_goes() {
+    use agentos_bench::llm_stub::{Reply, Stub};
+    require_root!("EXEC (its isolation needs namespaces)");
+    let stub = Stub::start(|_, _| {
+        Reply::openai(
+            "```python\nprint('working', flush=True)\nimport time\ntime.sleep(60)\n```",
+            10,
+            5,
+        )
+    });
+    let daemon = with_stub(&stub);
+    let mut stream = daemon.raw();
+    let id = dispatch(&mut stream, "prompt", json!({"prompt": "take your time"}));
+    until("the loop's code runs", Duration::from_secs(20), || {
+        let task = status(&mut stream, &id);
+        task["progress"]["output"] == "working\n" && task["progress"]["iteration"] == 1
+    });
+    let reply = task(&mut stream, json!({"op": "cancel", "task_id": id}));
+    assert_eq!(reply["cancelled"], true, "{reply}");
+    assert_eq!(status(&mut stream, &id)["state"], "cancelled");
+    until("its session is closed", Duration::from_secs(5), || {
+        let sessions = call_json(
+            &mut stream,
+            Opcode::EXEC,
+            json!({"op": "sessions"}).to_string().as_bytes(),
+        );
+        sessions["sessions"] == json!([])
+    });
+    assert_eq!(
+        stub.requests().len(),
+        1,
+        "THINK was asked again after the cancel"
+    );
+}
+
+#[test]
+fn tasks_running_at_a_clean_stop_end_interrupted_with_their_output() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let mut daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let id = dispatch(
+        &mut stream,
+        "exec",
+        json!({"code": "print('halfway', flush=True)\nimport time\ntime.sleep(60)"}),
+    );
+    until("the task prints", Duration::from_secs(20), || {
+        status(&mut stream, &id)["progress"]["output"] == "halfway\n"
+    });
+    daemon.signal(libc::SIGTERM);
+    daemon.restart("");
+    let mut stream = daemon.raw();
+    let task = wait(&mut stream, &id, 1000);
+    assert_eq!(task["state"], "interrupted", "{task}");
+    assert_eq!(task["result"]["output"], "halfway\n", "{task}");
+}

@@ -444,8 +444,10 @@ class AgentOSClient:
     def dispatch(self, kind: str, request: Any, label: Optional[str] = None) -> str:
         """TASK ``dispatch``: starts ``request`` in the background and
         returns its task id at once. ``kind`` is ``exec`` (``request`` is an
-        EXEC run, e.g. ``{"code": "print(1)"}``) or ``think`` (a THINK
-        payload, or the prompt as a string). The task is yours (your agent's,
+        EXEC run, e.g. ``{"code": "print(1)"}``), ``think`` (a THINK
+        payload, or the prompt as a string) or ``prompt`` (the kernel's
+        loop: ``{"prompt": ..., "max_iterations": 5}``; see :meth:`run`).
+        The task is yours (your agent's,
         or your uid's) and outlives this connection::
 
             ids = [client.dispatch("exec", {"code": f"print({i})"}) for i in range(3)]
@@ -489,6 +491,35 @@ class AgentOSClient:
                      if v is not None})
         reply = self.call_json(Opcode.TASK, body)
         return {"tasks": reply["tasks"], "next": reply.get("next")}
+
+    def run(
+        self,
+        prompt: str,
+        *,
+        max_iterations: Optional[int] = None,
+        system: Optional[str] = None,
+        session: Optional[str] = None,
+        label: Optional[str] = None,
+        timeout_ms: int = 600_000,
+    ) -> dict:
+        """The kernel's prompt-to-program loop, waited for: THINK writes
+        code, EXEC runs it, the output goes back, until THINK answers
+        (``state`` ``completed``) or ``max_iterations`` (default 5) are spent
+        (``failed``). Returns the task; its ``result`` has ``answer``,
+        ``iterations`` (each ``code``, ``stdout``, ``stderr``,
+        ``exit_code``), ``tokens``, ``tool_calls`` and ``tool_bytes``::
+
+            task = client.run("How many lines are in /etc/services?")
+            print(task["result"]["answer"])
+
+        The task goes on if the wait gives up first (``state`` still
+        ``running``); :meth:`wait_task` picks it up again. The client's own
+        ``timeout`` must allow for ``timeout_ms``."""
+        request: dict = {"prompt": prompt}
+        optional = {"max_iterations": max_iterations, "system": system, "session": session}
+        request.update({k: v for k, v in optional.items() if v is not None})
+        task_id = self.dispatch("prompt", request, label=label)
+        return self.wait_task(task_id, timeout_ms=timeout_ms)
 
     def cancel_task(self, task_id: str) -> bool:
         """TASK ``cancel``: stops a queued or running task (a running EXEC is

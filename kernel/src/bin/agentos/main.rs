@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 mod task;
 mod tools;
 
-use task::{task, TaskCommand};
+use task::{run_prompt, task, RunArgs, TaskCommand};
 use tools::{call_tool, tools, CallArgs};
 
 /// Talk to the AgentOS kernel.
@@ -77,6 +77,10 @@ enum Command {
     /// Call a tool: `agentos call SERVER.TOOL key=value ...` (a value that
     /// is JSON is sent as JSON, anything else as a string); prints its result
     Call(CallArgs),
+    /// The prompt-to-program loop: the LLM writes code, the kernel runs it
+    /// and feeds back its output, until the LLM answers; prints the answer
+    /// (the transcript with --json)
+    Run(RunArgs),
     /// Background tasks: dispatch, status, wait, list, cancel
     #[command(subcommand)]
     Task(TaskCommand),
@@ -214,6 +218,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Tools { search, json } => tools(&mut client, &search, json),
         Command::Call(call_args) => call_tool(&mut client, call_args),
         Command::Task(command) => return task(&mut client, command),
+        Command::Run(run_args) => return run_prompt(&mut client, run_args),
     };
     done.map(|()| ExitCode::SUCCESS)
 }

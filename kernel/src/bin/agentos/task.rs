@@ -66,6 +66,95 @@ pub enum TaskCommand {
     },
 }
 
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// What to do (its words are joined by spaces); `-` reads it from stdin
+    #[arg(required = true)]
+    prompt: Vec<String>,
+    /// Rounds of code and output at most
+    #[arg(long, value_name = "N")]
+    max_iterations: Option<u32>,
+    /// A system instruction added to the kernel's own
+    #[arg(long)]
+    system: Option<String>,
+    /// Print the whole task (every iteration's code and output) as JSON
+    #[arg(long)]
+    json: bool,
+}
+
+/// `agentos run`: dispatches a prompt task and follows it to its end, with
+/// a progress line on a terminal.
+pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode> {
+    use serde_json::{json, Value};
+    use std::io::IsTerminal;
+    let prompt = if args.prompt == ["-"] {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
+        text
+    } else {
+        args.prompt.join(" ")
+    };
+    let mut request = json!({"prompt": prompt});
+    if let Some(n) = args.max_iterations {
+        request["max_iterations"] = n.into();
+    }
+    if let Some(system) = args.system {
+        request["system"] = system.into();
+    }
+    let mut call = |body: Value| -> anyhow::Result<Value> {
+        Ok(client.call_json(Opcode::TASK, &serde_json::to_vec(&body)?)?)
+    };
+    let task_id = call(json!({"op": "dispatch", "kind": "prompt", "request": request}))?["task_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let live = std::io::stderr().is_terminal();
+    let task = loop {
+        // Short waits, so a terminal sees where the loop is meanwhile.
+        let body = json!({"op": "wait", "task_id": task_id, "timeout_ms": 500});
+        let task = call(body)?["task"].clone();
+        if task.get("result").is_some() {
+            break task;
+        }
+        if live {
+            let status = call(json!({"op": "status", "task_id": task_id}))?["task"].clone();
+            let iteration = status["progress"]["iteration"].as_u64().unwrap_or(1);
+            let last = status["progress"]["output"]
+                .as_str()
+                .and_then(|o| o.lines().last())
+                .unwrap_or("");
+            let line: String = format!("iteration {iteration}: {last}")
+                .chars()
+                .take(70)
+                .collect();
+            eprint!("\r\x1b[2K[{task_id}] {line}");
+        }
+    };
+    if live {
+        eprint!("\r\x1b[2K");
+    }
+    let result = &task["result"];
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&task)?);
+    } else if let Some(answer) = result["answer"].as_str() {
+        println!("{answer}");
+    }
+    let iterations = result["iterations"].as_array().map_or(0, Vec::len);
+    eprintln!(
+        "agentos: {} in {iterations} iteration(s), {} tokens, {} tool calls",
+        task["state"].as_str().unwrap_or("?"),
+        result["tokens"],
+        result["tool_calls"]
+    );
+    if task["state"] == "completed" {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(error) = result["error"].as_str() {
+        eprintln!("agentos: {error}");
+    }
+    Ok(ExitCode::FAILURE)
+}
+
 pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCode> {
     use serde_json::{json, Value};
     let mut call = |body: Value| -> anyhow::Result<Value> {
