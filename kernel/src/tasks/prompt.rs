@@ -274,7 +274,11 @@ pub fn first_code_block(text: &str) -> Option<(String, String)> {
         let language = match tag.trim().to_ascii_lowercase().as_str() {
             "" | "python" | "py" | "python3" => "python",
             "bash" | "sh" | "shell" => "bash",
-            _ => continue,
+            _ => {
+                // Another language's block: its closing fence opens nothing.
+                lines.by_ref().find(|l| l.trim_start().starts_with("```"));
+                continue;
+            }
         };
         let code: Vec<&str> = lines
             .by_ref()
@@ -299,6 +303,10 @@ mod tests {
         );
         assert_eq!(first_code_block("```bash\nls\n```").unwrap().0, "bash");
         assert_eq!(first_code_block("```json\n{}\n```"), None);
+        assert_eq!(
+            first_code_block("```json\n{}\n```\n```python\nprint(2)\n```"),
+            Some(("python".into(), "print(2)".into()))
+        );
         assert_eq!(first_code_block("The answer is 4."), None);
     }
 
