@@ -140,6 +140,21 @@ pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode
         println!("{answer}");
     }
     let iterations = result["iterations"].as_array().map_or(0, Vec::len);
+    if !args.json {
+        // The transcript in brief: what each round ran and how it ended.
+        for (n, iteration) in result["iterations"].as_array().into_iter().flatten().enumerate() {
+            let code = iteration["code"].as_str().unwrap_or_default();
+            let first = code.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+            eprintln!(
+                "agentos: iteration {}: {} line(s) of {}, exit {}, starting `{}`",
+                n + 1,
+                code.lines().count(),
+                iteration["language"].as_str().unwrap_or("?"),
+                iteration["exit_code"],
+                first.chars().take(60).collect::<String>()
+            );
+        }
+    }
     eprintln!(
         "agentos: {} in {iterations} iteration(s), {} tokens, {} tool calls",
         task["state"].as_str().unwrap_or("?"),
