@@ -81,7 +81,10 @@ fn main() -> anyhow::Result<()> {
     client.set_timeout(Some(Duration::from_secs(120)))?;
     // Warm the exec host.
     let warm = dispatch(&mut client, "print(1)")?;
-    call(&mut client, json!({"op": "wait", "task_id": warm, "timeout_ms": 60_000}))?;
+    call(
+        &mut client,
+        json!({"op": "wait", "task_id": warm, "timeout_ms": 60_000}),
+    )?;
 
     // Dispatch to running, and cancel to nothing of the task left.
     let mut to_running = Vec::new();
@@ -124,7 +127,10 @@ fn main() -> anyhow::Result<()> {
     }
     let dispatched = started.elapsed();
     for id in &ids {
-        let done = call(&mut client, json!({"op": "wait", "task_id": id, "timeout_ms": 600_000}))?;
+        let done = call(
+            &mut client,
+            json!({"op": "wait", "task_id": id, "timeout_ms": 600_000}),
+        )?;
         if done["task"]["state"] != "completed" {
             bail!("a trivial task did not complete: {done}");
         }

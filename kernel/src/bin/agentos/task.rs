@@ -142,7 +142,12 @@ pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode
     let iterations = result["iterations"].as_array().map_or(0, Vec::len);
     if !args.json {
         // The transcript in brief: what each round ran and how it ended.
-        for (n, iteration) in result["iterations"].as_array().into_iter().flatten().enumerate() {
+        for (n, iteration) in result["iterations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             let code = iteration["code"].as_str().unwrap_or_default();
             let first = code.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
             eprintln!(
