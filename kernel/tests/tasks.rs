@@ -467,22 +467,32 @@ fn a_prompt_loop_cancelled_while_its_code_runs_stops_and_its_session_goes() {
 }
 
 #[test]
-fn tasks_running_at_a_clean_stop_end_interrupted_with_their_output() {
+fn tasks_running_at_a_clean_stop_end_interrupted_with_their_output_and_queued_ones_wait() {
     require_root!("EXEC (its isolation needs namespaces)");
-    let mut daemon = Daemon::start();
+    let config = "[tasks]\nmax_running_per_owner = 1\n";
+    let mut daemon = Daemon::start_with(config);
     let mut stream = daemon.raw();
     let id = dispatch(
         &mut stream,
         "exec",
         json!({"code": "print('halfway', flush=True)\nimport time\ntime.sleep(60)"}),
     );
+    let queued = dispatch(
+        &mut stream,
+        "exec",
+        json!({"code": "print('after the restart')"}),
+    );
     until("the task prints", Duration::from_secs(20), || {
         status(&mut stream, &id)["progress"]["output"] == "halfway\n"
     });
     daemon.signal(libc::SIGTERM);
-    daemon.restart("");
+    daemon.restart(config);
     let mut stream = daemon.raw();
     let task = wait(&mut stream, &id, 1000);
     assert_eq!(task["state"], "interrupted", "{task}");
     assert_eq!(task["result"]["output"], "halfway\n", "{task}");
+    // The queued one did not start while the kernel stopped: it runs now.
+    let later = wait(&mut stream, &queued, 30_000);
+    assert_eq!(later["state"], "completed", "{later}");
+    assert_eq!(later["result"]["stdout"], "after the restart\n");
 }

@@ -1,6 +1,6 @@
 //! TASK's settings: the `[tasks]` table of the config file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -19,8 +19,11 @@ pub struct TasksConfig {
     pub max_running_per_owner: usize,
     /// Tasks one owner may have queued.
     pub max_queued_per_owner: usize,
-    /// Tasks kept in all (finished ones beyond it go, oldest first).
+    /// Tasks kept in all: past it, a new task makes room by dropping its
+    /// owner's oldest finished one (never another owner's).
     pub max_retained: usize,
+    /// Tasks one owner may have kept (the same way).
+    pub max_retained_per_owner: usize,
     /// Bytes of finished results kept in memory; older ones are read back
     /// from the store when asked for.
     pub result_cache_bytes: usize,
@@ -34,17 +37,41 @@ impl Default for TasksConfig {
             max_running_per_owner: 8,
             max_queued_per_owner: 1024,
             max_retained: 100_000,
+            max_retained_per_owner: 20_000,
             result_cache_bytes: 64 << 20,
         }
     }
 }
 
 impl TasksConfig {
-    /// The state directory, defaulted by who runs the daemon.
-    pub fn state_dir(&self) -> PathBuf {
+    /// The state directory of the kernel serving `socket`: the configured
+    /// one; else the default (by who runs the daemon) for the default
+    /// socket, and a directory of its own under it for any other socket, so
+    /// that kernels on different sockets never share a task store.
+    pub fn state_dir(&self, socket: &Path) -> PathBuf {
         if let Some(dir) = &self.state_dir {
             return dir.clone();
         }
+        let base = Self::default_base();
+        if socket == agentos_proto::socket_path::resolve_socket_path(None) {
+            return base;
+        }
+        let name: String = socket
+            .to_string_lossy()
+            .trim_start_matches('/')
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        base.join("sockets").join(name)
+    }
+
+    fn default_base() -> PathBuf {
         if nix::unistd::geteuid().is_root() {
             return PathBuf::from("/var/lib/agentos");
         }
@@ -73,8 +100,8 @@ impl TasksConfig {
         if self.max_running_per_owner == 0 || self.max_queued_per_owner == 0 {
             return invalid("tasks.max_running_per_owner", "limits must be at least 1");
         }
-        if self.max_retained < 100 {
-            return invalid("tasks.max_retained", "must be at least 100");
+        if self.max_retained < 100 || self.max_retained_per_owner < 100 {
+            return invalid("tasks.max_retained", "limits must be at least 100");
         }
         Ok(())
     }

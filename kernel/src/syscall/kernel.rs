@@ -139,7 +139,7 @@ impl Kernel {
             package.as_ref().map(|p| p.dir().to_path_buf()),
         )?;
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
-        let tasks = Tasks::open(&config.tasks, Instant::now())
+        let tasks = Tasks::open(&config.tasks, socket, Arc::clone(&waker), Instant::now())
             .map_err(|err| io::Error::other(err.to_string()))?;
         let mut kernel = Kernel {
             config,
@@ -198,6 +198,7 @@ impl Kernel {
         self.exec.on_wake();
         self.llm.poll(&mut self.outbox.replies);
         self.tools.on_wake(&mut self.outbox.replies, Instant::now());
+        self.tasks.on_saved(&mut self.outbox.replies);
         self.settle(Instant::now());
     }
 
@@ -257,7 +258,7 @@ impl Kernel {
         // printed, before their work is stopped; queued ones stay queued
         // for the next kernel.
         self.refresh_task_progress(false);
-        self.tasks.interrupt_running(&mut self.outbox.replies);
+        self.tasks.stop(&mut self.outbox.replies);
         self.sandboxes.begin_shutdown();
         self.agents.begin_shutdown(
             &mut agent_sandboxes(&mut self.sandboxes),
@@ -282,6 +283,7 @@ impl Kernel {
     pub fn finish_shutdown(&mut self) {
         self.exec.finish_shutdown();
         self.tools.finish_shutdown();
+        self.tasks.finish_shutdown();
         self.sandboxes.finish_shutdown();
         self.llm.shutdown();
         self.state.remove();
@@ -484,18 +486,22 @@ impl Kernel {
 
     /// Replies to built-in tool calls made through another subsystem,
     /// readdressed to their callers as TOOL replies.
-    fn answer_tool_calls_through(&mut self, replies: &mut [Reply]) {
-        for (to, payload) in replies.iter_mut() {
+    /// One whose caller has gone is dropped.
+    fn answer_tool_calls_through(&mut self, replies: &mut Vec<Reply>) {
+        replies.retain_mut(|(to, payload)| {
             let ReplyTo::Tool { call, .. } = *to else {
-                continue;
+                return true;
             };
             let Some(caller) = self.tool_calls_through.remove(&call) else {
-                continue;
+                return false;
             };
             *payload = crate::tools::builtin::from_think(payload);
             *to = caller.reply_to;
-            self.tools_delivered(caller.tag, payload.len());
-        }
+            if let Some(tag) = caller.tag {
+                self.exec.tool_delivered(tag, payload.len());
+            }
+            true
+        });
     }
 
     /// Writes the `tools` package's catalog for the tools on offer now

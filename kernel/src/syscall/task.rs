@@ -23,17 +23,23 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     };
     let owner = owner_of(kernel, request);
     match task {
-        TaskRequest::Dispatch(dispatch) => reply(
-            may_dispatch(kernel, request, dispatch.kind)
+        TaskRequest::Dispatch(dispatch) => {
+            match may_dispatch(kernel, request, dispatch.kind)
                 .and_then(|()| kernel.tasks.dispatch(owner, dispatch))
-                .map(|task_id| {
-                    kernel.start_tasks();
-                    TaskDispatchReply {
+            {
+                Ok(task_id) => {
+                    // The id goes out once the task is on disk.
+                    let reply = to_json(&TaskDispatchReply {
                         success: true,
                         task_id,
-                    }
-                }),
-        ),
+                    });
+                    kernel.tasks.reply_once_saved(request.reply_to, reply);
+                    kernel.start_tasks();
+                    Outcome::Later
+                }
+                Err(err) => Outcome::Reply(err.to_json()),
+            }
+        }
         TaskRequest::Status(task) => {
             kernel.refresh_task_progress(false);
             reply(

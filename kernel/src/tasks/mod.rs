@@ -188,6 +188,11 @@ pub struct Tasks {
     /// Running tasks by the number their work replies under.
     running: HashMap<u64, String>,
     running_per_owner: HashMap<String, usize>,
+    /// Tasks kept, per owner.
+    kept_per_owner: HashMap<String, usize>,
+    /// Dispatch replies held until the task's record is saved (the write
+    /// that saves it, where the reply goes, the reply).
+    unsaved: VecDeque<(u64, ReplyTo, Vec<u8>)>,
     /// Prompt tasks' loops, by task id.
     prompts: HashMap<String, PromptLoop>,
     /// Sessions of prompt loops that have ended, for the kernel to close.
@@ -209,15 +214,23 @@ pub struct Tasks {
     next_sweep: Instant,
     /// When running tasks' output is next looked at.
     next_progress: Instant,
+    /// The kernel is stopping: no task starts.
+    stopping: bool,
 }
 
 impl Tasks {
-    /// The tasks of the store in `config`'s state directory: queued ones
+    /// The tasks of the store in the state directory of the kernel serving
+    /// `socket` (see `TasksConfig::state_dir`): queued ones
     /// an operator dispatched run again; an agent's from an earlier kernel
     /// end `interrupted` (the agent is gone), as do those that were running.
-    pub fn open(config: &TasksConfig, now: Instant) -> Result<Tasks, store::StoreError> {
-        let dir = config.state_dir();
-        let (store, records) = Store::open(&dir)?;
+    pub fn open(
+        config: &TasksConfig,
+        socket: &std::path::Path,
+        waker: Arc<mio::Waker>,
+        now: Instant,
+    ) -> Result<Tasks, store::StoreError> {
+        let dir = config.state_dir(socket);
+        let (store, records) = Store::open(&dir, waker)?;
         let boot = random_u64();
         let mut tasks = Tasks {
             tasks: HashMap::new(),
@@ -225,6 +238,8 @@ impl Tasks {
             queue: VecDeque::new(),
             running: HashMap::new(),
             running_per_owner: HashMap::new(),
+            kept_per_owner: HashMap::new(),
+            unsaved: VecDeque::new(),
             prompts: HashMap::new(),
             ended_sessions: Vec::new(),
             queued_per_owner: HashMap::new(),
@@ -240,6 +255,7 @@ impl Tasks {
             config: config.clone(),
             next_sweep: now,
             next_progress: now,
+            stopping: false,
         };
         let count = records.len();
         for record in records {
@@ -303,12 +319,41 @@ impl Tasks {
             *self.queued_per_owner.entry(task.owner.clone()).or_default() += 1;
         }
         self.by_seq.insert(task.seq, task.id.clone());
+        *self.kept_per_owner.entry(task.owner.clone()).or_default() += 1;
         self.tasks.insert(task.id.clone(), task);
     }
 
     /// This kernel's boot number (agents' tasks are tied to it).
     pub fn boot(&self) -> u64 {
         self.boot
+    }
+
+    /// `reply` (a dispatch's) goes to `reply_to` once everything written
+    /// so far — the task's record with it — is saved: an id a caller holds
+    /// survives a crash.
+    pub fn reply_once_saved(&mut self, reply_to: ReplyTo, reply: Vec<u8>) {
+        self.unsaved.push_back((self.written, reply_to, reply));
+    }
+
+    /// Replies whose writes are saved (after the writer's wake-up).
+    /// Once the store has failed (it says so in the log), nothing more is
+    /// saved: replies go at once rather than never.
+    pub fn on_saved(&mut self, replies: &mut Vec<Reply>) {
+        let applied = if self.store.has_failed() {
+            u64::MAX
+        } else {
+            self.applied.load(Ordering::Acquire)
+        };
+        while self
+            .unsaved
+            .front()
+            .is_some_and(|(write, _, _)| *write <= applied)
+        {
+            if let Some((_, reply_to, reply)) = self.unsaved.pop_front() {
+                replies.push((reply_to, reply));
+            }
+        }
+        self.evict();
     }
 
     /// Queues a task for `owner`; returns its id.
@@ -324,12 +369,19 @@ impl Tasks {
                 ),
             ));
         }
-        if self.tasks.len() >= self.config.max_retained && !self.drop_oldest_finished() {
+        // Room is made from the owner's own finished tasks, never from
+        // anyone else's.
+        let kept = self.kept_per_owner.get(&key).copied().unwrap_or(0);
+        let full = kept >= self.config.max_retained_per_owner
+            || self.tasks.len() >= self.config.max_retained;
+        if full && !self.drop_oldest_finished(&key) {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,
                 format!(
-                    "the kernel keeps {} tasks, none of them finished; wait for some to end",
-                    self.tasks.len()
+                    "the kernel keeps {} tasks, {kept} of them yours (at most {} each), and \
+                     none of yours has finished; wait for some to end",
+                    self.tasks.len(),
+                    self.config.max_retained_per_owner
                 ),
             ));
         }
@@ -368,6 +420,7 @@ impl Tasks {
             output_unsaved: false,
         };
         self.by_seq.insert(seq, id.clone());
+        *self.kept_per_owner.entry(key.clone()).or_default() += 1;
         self.tasks.insert(id.clone(), task);
         self.queue.push_back(id.clone());
         *self.queued_per_owner.entry(key).or_default() += 1;
@@ -397,6 +450,9 @@ impl Tasks {
     /// prompt loop's THINK is told of `tools` (a line each).
     pub fn startable(&mut self, tools: &str) -> Vec<Start> {
         let mut starts = Vec::new();
+        if self.stopping {
+            return starts;
+        }
         let mut skipped = VecDeque::new();
         while let Some(id) = self.queue.pop_front() {
             let Some(task) = self.tasks.get_mut(&id) else {
@@ -525,8 +581,12 @@ impl Tasks {
             self.running.remove(&number);
         }
         if let Some(prompt) = self.prompts.remove(id) {
-            self.ended_sessions
-                .push((owner_ref(&task.owner), prompt.session().to_owned()));
+            // A session the loop made for itself goes with it; one its
+            // owner named stays the owner's.
+            if prompt.owns_session() {
+                self.ended_sessions
+                    .push((owner_ref(&task.owner), prompt.session().to_owned()));
+            }
         }
         let finished_ms = now_ms();
         task.state = state;
@@ -712,16 +772,23 @@ impl Tasks {
         }
     }
 
-    /// The kernel is stopping: running tasks end `interrupted`, with what
+    /// The kernel is stopping: nothing more starts (queued tasks wait for
+    /// the next kernel), and running tasks end `interrupted`, with what
     /// they had printed; their work's replies, when the kernel stops it,
     /// are for no one.
-    pub fn interrupt_running(&mut self, replies: &mut Vec<Reply>) {
+    pub fn stop(&mut self, replies: &mut Vec<Reply>) {
+        self.stopping = true;
         let running: Vec<String> = self.running.values().cloned().collect();
         for id in running {
             let output = self.tasks.get(&id).map_or("", |t| t.output.as_str());
             let result = interrupted_result("the kernel stopped while the task ran", output);
             self.finish(&id, TaskState::Interrupted, result, replies);
         }
+    }
+
+    /// Last step of shutdown (blocks briefly): every change is saved.
+    pub fn finish_shutdown(&mut self) {
+        self.store.close();
     }
 
     /// Waits for a connection that closed are dropped.
@@ -781,12 +848,17 @@ impl Tasks {
         }
     }
 
-    /// Makes room for one more task: the oldest finished one goes.
-    fn drop_oldest_finished(&mut self) -> bool {
+    /// Makes room for one more task of `owner`: its oldest finished one
+    /// goes.
+    fn drop_oldest_finished(&mut self, owner: &str) -> bool {
         let oldest = self
             .by_seq
             .values()
-            .find(|id| self.tasks.get(*id).is_some_and(|t| t.state.is_finished()))
+            .find(|id| {
+                self.tasks
+                    .get(*id)
+                    .is_some_and(|t| t.owner == owner && t.state.is_finished())
+            })
             .cloned();
         match oldest {
             Some(id) => {
@@ -802,6 +874,12 @@ impl Tasks {
         for id in ids {
             if let Some(task) = self.tasks.remove(id) {
                 self.by_seq.remove(&task.seq);
+                if let Some(kept) = self.kept_per_owner.get_mut(&task.owner) {
+                    *kept = kept.saturating_sub(1);
+                    if *kept == 0 {
+                        self.kept_per_owner.remove(&task.owner);
+                    }
+                }
                 if let Some(result) = task.result {
                     self.cached_bytes = self.cached_bytes.saturating_sub(result.len());
                 }
@@ -898,10 +976,23 @@ fn new_id() -> String {
     format!("t-{:016x}", random_u64())
 }
 
+/// 64 random bits from the kernel (getrandom(2), which waits for the pool
+/// at boot rather than failing). Should it fail even so, the clock and a
+/// counter keep ids unique, if guessable, and the log says so.
 fn random_u64() -> u64 {
+    static FALLBACK: AtomicU64 = AtomicU64::new(0);
     let mut bytes = [0u8; 8];
-    if let Ok(mut file) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut file, &mut bytes);
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into `bytes`.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got == bytes.len() as isize {
+        return u64::from_ne_bytes(bytes);
     }
-    u64::from_ne_bytes(bytes)
+    log::error!(
+        "getrandom failed ({}): task ids fall back to the clock",
+        std::io::Error::last_os_error()
+    );
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ FALLBACK.fetch_add(1, Ordering::Relaxed).rotate_left(32)
 }

@@ -125,14 +125,20 @@ impl PromptLoop {
         self.running.is_some()
     }
 
+    /// Whether its session is its own (none was named), to close when it
+    /// ends.
+    pub fn owns_session(&self) -> bool {
+        self.request.session.is_none()
+    }
+
     /// The session its code runs in.
     pub fn session(&self) -> &str {
         &self.session
     }
 
-    /// The iteration under way (1 first).
+    /// The iteration under way (1 first; after the last run, the last).
     pub fn iteration(&self) -> u32 {
-        self.iterations.len() as u32 + 1
+        (self.iterations.len() as u32 + 1).min(self.request.max_iterations)
     }
 
     /// THINK's reply: code to run, or the answer.
@@ -203,13 +209,8 @@ impl PromptLoop {
         }
         self.iterations.push(iteration);
         if self.iterations.len() as u32 >= self.request.max_iterations {
-            return self.done(
-                None,
-                Some(format!(
-                    "no answer within max_iterations ({})",
-                    self.request.max_iterations
-                )),
-            );
+            // The last run's output still gets its answer.
+            feedback.push_str("\nNo more code can run: answer now, without a code block.");
         }
         self.messages.push(ChatMessage {
             role: "user".into(),
@@ -324,6 +325,25 @@ mod tests {
     }
 
     #[test]
+    fn the_last_runs_output_still_gets_an_answer() {
+        let (mut prompt, _) = PromptLoop::start(request(1), "s".into(), "");
+        assert!(matches!(
+            prompt.on_think(&think("```python\nprint(55)\n```")),
+            Step::Exec(_)
+        ));
+        let Step::Think(last) = prompt.on_exec(&json!({"stdout": "55\n", "exit_code": 0})) else {
+            panic!("the answer was not asked for");
+        };
+        let messages = last.messages.unwrap();
+        let asked = &messages.last().unwrap().content;
+        assert!(asked.contains("answer now"), "{asked}");
+        let Step::Done { answered, .. } = prompt.on_think(&think("55")) else {
+            panic!("not done");
+        };
+        assert!(answered);
+    }
+
+    #[test]
     fn failing_code_twice_then_success_then_an_answer() {
         let (mut prompt, first) = PromptLoop::start(request(5), "s".into(), "- tools.x.y");
         let system = &first.messages.unwrap()[0].content;
@@ -352,21 +372,21 @@ mod tests {
     #[test]
     fn a_model_that_always_writes_code_stops_at_max_iterations() {
         let (mut prompt, _) = PromptLoop::start(request(2), "s".into(), "");
-        let mut last = None;
-        for _ in 0..3 {
+        let mut runs = 0;
+        let (answered, result) = loop {
             match prompt.on_think(&think("```python\nprint(1)\n```")) {
                 Step::Exec(_) => {
-                    last = Some(prompt.on_exec(&json!({"stdout": "1\n", "exit_code": 0})));
-                    if matches!(last, Some(Step::Done { .. })) {
-                        break;
-                    }
+                    runs += 1;
+                    assert!(matches!(
+                        prompt.on_exec(&json!({"stdout": "1\n", "exit_code": 0})),
+                        Step::Think(_)
+                    ));
                 }
-                other => panic!("{other:?}"),
+                Step::Done { answered, result } => break (answered, result),
+                Step::Think(_) => panic!("a THINK for a THINK"),
             }
-        }
-        let Some(Step::Done { answered, result }) = last else {
-            panic!("did not stop");
         };
+        assert_eq!(runs, 2);
         assert!(!answered);
         let result: Value = serde_json::from_slice(&result).unwrap();
         assert_eq!(result["iterations"].as_array().unwrap().len(), 2);

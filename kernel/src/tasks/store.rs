@@ -19,6 +19,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mio::Waker;
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// The database's file name in the state directory.
@@ -129,9 +130,13 @@ pub enum Write {
 #[derive(Debug)]
 pub struct Store {
     path: PathBuf,
-    writes: Sender<Write>,
+    /// `None` once closed.
+    writes: Option<Sender<Write>>,
+    writer: Option<std::thread::JoinHandle<()>>,
     /// How many writes the thread has saved (in the order they were sent).
     applied: Arc<AtomicU64>,
+    /// Set when a batch could not be saved.
+    failed: Arc<std::sync::atomic::AtomicBool>,
     /// Held for the kernel's life: the lock.
     _lock: File,
 }
@@ -139,8 +144,10 @@ pub struct Store {
 impl Store {
     /// Opens (or makes) the store in `dir`: takes its lock, makes the
     /// schema, ends tasks that were running as `interrupted`, and returns
-    /// every record, oldest first.
-    pub fn open(dir: &Path) -> Result<(Store, Vec<Record>), StoreError> {
+    /// every record, oldest first. After each batch it saves, the writer
+    /// wakes the reactor with `waker` (replies that wait for a save go
+    /// then).
+    pub fn open(dir: &Path, waker: Arc<Waker>) -> Result<(Store, Vec<Record>), StoreError> {
         std::fs::create_dir_all(dir).map_err(|source| StoreError::Directory {
             path: dir.to_path_buf(),
             source,
@@ -183,9 +190,20 @@ impl Store {
         let thread_path = path.clone();
         let applied = Arc::new(AtomicU64::new(0));
         let counter = applied.clone();
-        std::thread::Builder::new()
+        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let failure = failed.clone();
+        let writer = std::thread::Builder::new()
             .name("agentos-task-store".into())
-            .spawn(move || write_all(connection, &thread_path, received, &counter))
+            .spawn(move || {
+                write_all(
+                    connection,
+                    &thread_path,
+                    received,
+                    &counter,
+                    &failure,
+                    &waker,
+                )
+            })
             .map_err(|err| StoreError::Lock {
                 path: path.clone(),
                 source: err,
@@ -193,8 +211,10 @@ impl Store {
         Ok((
             Store {
                 path,
-                writes,
+                writes: Some(writes),
+                writer: Some(writer),
                 applied,
+                failed,
                 _lock: lock,
             },
             records,
@@ -203,12 +223,31 @@ impl Store {
 
     /// Hands a change to the writer thread (it never blocks).
     pub fn write(&self, write: Write) {
-        if self.writes.send(write).is_err() {
+        let sent = self
+            .writes
+            .as_ref()
+            .is_some_and(|writes| writes.send(write).is_ok());
+        if !sent {
             log::error!(
                 "the task store's writer has stopped: changes to {} are lost",
                 self.path.display()
             );
         }
+    }
+
+    /// Saves what is still waiting and stops the writer (blocks until it
+    /// has).
+    pub fn close(&mut self) {
+        self.writes = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+
+    /// Whether a batch has failed to save (logged): from then on nothing
+    /// counts as saved.
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
     }
 
     /// How many of the writes sent so far are saved: the count goes up
@@ -279,6 +318,8 @@ fn write_all(
     path: &Path,
     writes: Receiver<Write>,
     applied: &AtomicU64,
+    failure: &std::sync::atomic::AtomicBool,
+    waker: &Waker,
 ) {
     // After a failed batch the count stops: what follows it is saved, but
     // counting on would call the failed writes saved too.
@@ -289,10 +330,13 @@ fn write_all(
         match apply(&mut connection, &batch) {
             Ok(()) if !failed => {
                 applied.fetch_add(batch.len() as u64, Ordering::Release);
+                let _ = waker.wake();
             }
             Ok(()) => {}
             Err(err) => {
                 failed = true;
+                failure.store(true, Ordering::Release);
+                let _ = waker.wake();
                 log::error!(
                     "the task store {} could not save {} change(s): {err}",
                     path.display(),
@@ -389,6 +433,11 @@ mod tests {
     use super::*;
     use serde_json::Value;
 
+    fn waker() -> Arc<Waker> {
+        let poll = mio::Poll::new().unwrap();
+        Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap())
+    }
+
     fn record(id: &str, seq: u64, state: &str) -> Record {
         Record {
             id: id.into(),
@@ -427,7 +476,7 @@ mod tests {
     fn records_and_results_outlive_the_store_and_running_ones_end_interrupted() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let (store, records) = Store::open(dir.path()).unwrap();
+            let (store, records) = Store::open(dir.path(), waker()).unwrap();
             assert!(records.is_empty());
             store.write(Write::Insert(record("t-a", 1, "queued")));
             store.write(Write::Insert(record("t-b", 2, "queued")));
@@ -450,10 +499,10 @@ mod tests {
             store.write(Write::Insert(record("marker", 4, "queued")));
             settle(&store);
             // A second kernel is kept away while this one holds the store.
-            let err = Store::open(dir.path()).unwrap_err();
+            let err = Store::open(dir.path(), waker()).unwrap_err();
             assert!(matches!(err, StoreError::Locked { .. }), "{err}");
         }
-        let (store, records) = Store::open(dir.path()).unwrap();
+        let (store, records) = Store::open(dir.path(), waker()).unwrap();
         let states: Vec<(&str, &str)> = records
             .iter()
             .map(|r| (r.id.as_str(), r.state.as_str()))
@@ -483,7 +532,7 @@ mod tests {
     fn a_file_that_is_not_a_database_is_named_at_start() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(FILE), vec![7u8; 4096]).unwrap();
-        let err = Store::open(dir.path()).unwrap_err().to_string();
+        let err = Store::open(dir.path(), waker()).unwrap_err().to_string();
         assert!(err.contains("tasks.db"), "{err}");
     }
 }
