@@ -496,3 +496,58 @@ fn tasks_running_at_a_clean_stop_end_interrupted_with_their_output_and_queued_on
     assert_eq!(later["state"], "completed", "{later}");
     assert_eq!(later["result"]["stdout"], "after the restart\n");
 }
+
+#[test]
+fn results_that_left_memory_are_read_back_from_the_store() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    // A cache of one byte: every result leaves memory once it is saved.
+    let daemon = Daemon::start_with("[tasks]\nresult_cache_bytes = 1\n");
+    let mut stream = daemon.raw();
+    let id = dispatch(
+        &mut stream,
+        "exec",
+        json!({"code": "print('kept on disk')"}),
+    );
+    assert_eq!(wait(&mut stream, &id, 30_000)["state"], "completed");
+    std::thread::sleep(Duration::from_millis(200));
+    for _ in 0..3 {
+        let again = wait(&mut stream, &id, 1000);
+        assert_eq!(again["result"]["stdout"], "kept on disk\n", "{again}");
+    }
+}
+
+#[test]
+fn one_agents_tasks_are_invisible_to_another_even_as_a_list_cursor() {
+    let daemon = Daemon::start();
+    let dir = shared_dir();
+    let actor = write_actor(dir.path());
+    let mut client = daemon.client();
+    let (_, replies) = act(
+        &daemon,
+        &mut client,
+        &actor,
+        "owner",
+        json!({}),
+        json!([[TASK, {"op": "dispatch", "kind": "think", "request": "hi", "label": "mine"}]]),
+    );
+    let id = replies[0]["reply"]["task_id"].as_str().unwrap().to_owned();
+    let (_, replies) = act(
+        &daemon,
+        &mut client,
+        &actor,
+        "other",
+        json!({}),
+        json!([
+            [TASK, {"op": "status", "task_id": id}],
+            [TASK, {"op": "list", "before": id}],
+            [TASK, {"op": "cancel", "task_id": id}],
+        ]),
+    );
+    for reply in &replies {
+        assert_eq!(reply["reply"]["code"], "not_found", "{reply}");
+    }
+    // Nor does the operator see an agent's task.
+    let mut stream = daemon.raw();
+    let seen = task(&mut stream, json!({"op": "status", "task_id": id}));
+    assert_eq!(seen["code"], "not_found", "{seen}");
+}
