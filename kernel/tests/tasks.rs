@@ -551,3 +551,41 @@ fn one_agents_tasks_are_invisible_to_another_even_as_a_list_cursor() {
     let seen = task(&mut stream, json!({"op": "status", "task_id": id}));
     assert_eq!(seen["code"], "not_found", "{seen}");
 }
+
+#[test]
+fn a_task_store_that_is_not_a_database_stops_the_kernel_at_start_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    fs::create_dir_all(&state).unwrap();
+    fs::write(state.join("tasks.db"), vec![0x5a; 8192]).unwrap();
+    let socket = dir.path().join("agentos.sock");
+    let mut daemon = Daemon::spawn_at(dir, socket, "");
+    let status = daemon.wait(Duration::from_secs(10));
+    assert!(!status.success(), "{status}");
+    let log = daemon.log();
+    assert!(log.contains("tasks.db"), "{log}");
+}
+
+#[test]
+fn an_owner_past_its_queue_cap_is_told_busy() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon =
+        Daemon::start_with("[tasks]\nmax_running_per_owner = 1\nmax_queued_per_owner = 2\n");
+    let mut stream = daemon.raw();
+    let long = json!({"code": "import time\ntime.sleep(30)", "timeout_ms": 60_000});
+    let running = dispatch(&mut stream, "exec", long.clone());
+    until("it runs", Duration::from_secs(20), || {
+        status(&mut stream, &running)["state"] == "running"
+    });
+    dispatch(&mut stream, "exec", long.clone());
+    dispatch(&mut stream, "exec", long.clone());
+    let refused = task(
+        &mut stream,
+        json!({"op": "dispatch", "kind": "exec", "request": long}),
+    );
+    assert_eq!(refused["code"], "busy", "{refused}");
+    assert!(refused["error"]
+        .as_str()
+        .unwrap()
+        .contains("max_queued_per_owner"));
+}
