@@ -236,7 +236,21 @@ impl Cgroups {
             .delegate(Path::new(BASE))
             .map_err(io_error("cannot delegate controllers to", Path::new(BASE)))?;
         self.remove_stale_instances();
-        self.make_dirs(&self.instance)?;
+        // Another daemon that is stopping removes `agentos/` when it looks
+        // empty, which it may just before our instance is in it: make both
+        // again then.
+        let mut attempts = 0;
+        while let Err(err) = self.make_dirs(&self.instance) {
+            attempts += 1;
+            let parent_gone = matches!(
+                &err,
+                CgroupError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound
+            );
+            if attempts == 5 || !parent_gone {
+                return Err(err);
+            }
+            self.make_dirs(Path::new(BASE))?;
+        }
         self.backend
             .delegate(&self.instance)
             .map_err(io_error("cannot delegate controllers to", &self.instance))
