@@ -589,3 +589,44 @@ fn an_owner_past_its_queue_cap_is_told_busy() {
         .unwrap()
         .contains("max_queued_per_owner"));
 }
+
+#[test]
+fn cancel_withdraws_a_queued_think_and_discards_a_running_ones_answer() {
+    use agentos_bench::llm_stub::{Reply, Stub};
+    // One request at a time, each taking a second: the first THINK task is
+    // at the provider while the second waits in the kernel's queue.
+    let stub = Stub::start(|_, _| {
+        std::thread::sleep(Duration::from_millis(1000));
+        Reply::openai("slow answer", 10, 5)
+    });
+    let daemon = Daemon::start_with(&format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"sk-test\"\n\
+         model = \"stub-model\"\nconcurrency = 1\n",
+        stub.url()
+    ));
+    let mut stream = daemon.raw();
+    let running = dispatch(&mut stream, "think", json!("first"));
+    until(
+        "the first THINK reaches the provider",
+        Duration::from_secs(5),
+        || !stub.requests().is_empty() || status(&mut stream, &running)["state"] == "running",
+    );
+    let queued = dispatch(&mut stream, "think", json!("second"));
+    for id in [&queued, &running] {
+        let reply = task(&mut stream, json!({"op": "cancel", "task_id": id}));
+        assert_eq!(reply["cancelled"], true, "{reply}");
+    }
+    // The provider's answer to the first comes, and changes nothing; the
+    // second never reaches it.
+    std::thread::sleep(Duration::from_millis(2500));
+    for id in [&running, &queued] {
+        let done = wait(&mut stream, id, 1000);
+        assert_eq!(done["state"], "cancelled", "{done}");
+        assert_eq!(done["result"]["code"], "cancelled", "{done}");
+    }
+    assert_eq!(
+        stub.requests().len(),
+        1,
+        "the queued THINK reached the provider"
+    );
+}
