@@ -8,7 +8,7 @@ use agentos_proto::payload::{
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::{Kernel, Outcome, Request};
+use super::{agent_grant, Kernel, Outcome, Request};
 use crate::exec::{RunCaller, SessionOwner};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
@@ -88,13 +88,9 @@ fn own_limits(kernel: &Kernel, request: &Request<'_>) -> Limits {
 
 /// Agents need `permissions.exec`; operators may always.
 fn may_exec(kernel: &Kernel, request: &Request<'_>) -> Result<(), ErrorReply> {
-    let Some(agent) = request.caller.identity.agent() else {
+    let Some(grant) = agent_grant(kernel, request.caller.identity)? else {
         return Ok(());
     };
-    let grant = kernel
-        .agents
-        .grant(agent)
-        .ok_or_else(|| ErrorReply::new(ErrorCode::PermissionDenied, "unknown calling agent"))?;
     if !grant.permissions.exec {
         return Err(ErrorReply::new(
             ErrorCode::PermissionDenied,

@@ -28,6 +28,7 @@ use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 use serde::Serialize;
 
 use crate::address::ReplyTo;
+use crate::agents::AgentGrant;
 use crate::identity::Identity;
 use crate::workers::Job;
 pub use kernel::Kernel;
@@ -147,6 +148,20 @@ fn unknown(_kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         )
         .to_json(),
     )
+}
+
+/// What the calling agent was given; `None` for an operator. An agent the
+/// kernel does not know (any more) is refused.
+fn agent_grant(kernel: &Kernel, identity: Identity) -> Result<Option<AgentGrant<'_>>, ErrorReply> {
+    let Some(agent) = identity.agent() else {
+        return Ok(None);
+    };
+    kernel.agents.grant(agent).map(Some).ok_or_else(|| {
+        ErrorReply::new(
+            ErrorCode::PermissionDenied,
+            format!("agent {agent} is not known"),
+        )
+    })
 }
 
 /// A typed result as reply bytes.

@@ -12,7 +12,7 @@ use agentos_proto::payload::{
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::{reply, Kernel, Outcome, Request};
+use super::{agent_grant, reply, Kernel, Outcome, Request};
 use crate::tasks::store::read_result;
 use crate::tasks::{Owner, Waited};
 
@@ -101,13 +101,9 @@ fn owner_of(kernel: &Kernel, request: &Request<'_>) -> Owner {
 /// A task needs what its work needs: `permissions.exec` for EXEC,
 /// `permissions.think` for THINK, both for the prompt loop.
 fn may_dispatch(kernel: &Kernel, request: &Request<'_>, kind: TaskKind) -> Result<(), ErrorReply> {
-    let Some(agent) = request.caller.identity.agent() else {
+    let Some(grant) = agent_grant(kernel, request.caller.identity)? else {
         return Ok(());
     };
-    let grant = kernel
-        .agents
-        .grant(agent)
-        .ok_or_else(|| ErrorReply::new(ErrorCode::PermissionDenied, "unknown calling agent"))?;
     let (needs, has) = match kind {
         TaskKind::Exec => ("exec", grant.permissions.exec),
         TaskKind::Think => ("think", grant.permissions.think),

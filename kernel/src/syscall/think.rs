@@ -5,7 +5,7 @@
 use agentos_proto::payload::{to_json, ThinkReply, ThinkRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::{Kernel, Outcome, Request};
+use super::{agent_grant, Kernel, Outcome, Request};
 use crate::identity::Identity;
 use crate::llm::Asker;
 
@@ -25,19 +25,13 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 /// Who is asking: an agent's weight and quota come from its name and its
 /// SPAWN permissions; operators have neither limit.
 pub fn asker(kernel: &Kernel, identity: Identity) -> Result<Asker, ErrorReply> {
-    let Some(agent) = identity.agent() else {
+    let Some(grant) = agent_grant(kernel, identity)? else {
         return Ok(Asker {
             id: identity.id(),
             weight: 1,
             budgets: Vec::new(),
         });
     };
-    let grant = kernel.agents.grant(agent).ok_or_else(|| {
-        ErrorReply::new(
-            ErrorCode::PermissionDenied,
-            format!("agent {agent} is not known"),
-        )
-    })?;
     if !grant.permissions.think {
         return Err(ErrorReply::new(
             ErrorCode::PermissionDenied,
@@ -48,7 +42,7 @@ pub fn asker(kernel: &Kernel, identity: Identity) -> Result<Asker, ErrorReply> {
         ));
     }
     Ok(Asker {
-        id: agent,
+        id: identity.id(),
         weight: kernel.llm.weight_of(grant.name),
         budgets: grant.budgets.to_vec(),
     })

@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use super::kernel::ToolCaller;
 use super::list::agents_seen_by;
 use super::think::asker;
-use super::{Kernel, Outcome, Request};
+use super::{agent_grant, Kernel, Outcome, Request};
 use crate::tools::builtin::{self, Builtin};
 use crate::tools::catalog::{self, allowed_by, Searchable};
 use crate::tools::mcp::client::ToolInfo;
@@ -96,16 +96,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 /// An agent's `permissions.tools`; `None` for an operator, who may use
 /// every tool.
 fn patterns_of(kernel: &Kernel, request: &Request<'_>) -> Result<Option<Vec<String>>, ErrorReply> {
-    let Some(agent) = request.caller.identity.agent() else {
-        return Ok(None);
-    };
-    let grant = kernel.agents.grant(agent).ok_or_else(|| {
-        ErrorReply::new(
-            ErrorCode::PermissionDenied,
-            format!("agent {agent} is not known"),
-        )
-    })?;
-    Ok(Some(grant.permissions.tools.clone()))
+    Ok(agent_grant(kernel, request.caller.identity)?.map(|grant| grant.permissions.tools.clone()))
 }
 
 /// Every tool on offer now: the built-ins, then each ready server's.

@@ -223,14 +223,20 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     done.map(|()| ExitCode::SUCCESS)
 }
 
-fn exec(client: &mut Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
-    let code = if args.code == ["-"] {
+/// Text given as words on the command line (joined by spaces), or `-`
+/// for all of stdin.
+fn words_or_stdin(words: &[String]) -> std::io::Result<String> {
+    if words == ["-"] {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
-        text
+        Ok(text)
     } else {
-        args.code.join(" ")
-    };
+        Ok(words.join(" "))
+    }
+}
+
+fn exec(client: &mut Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
+    let code = words_or_stdin(&args.code)?;
     let mut request = serde_json::json!({
         "code": code,
         "language": if args.bash { "bash" } else { "python" },
@@ -282,13 +288,7 @@ fn exec(client: &mut Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn think(client: &mut Client, args: ThinkArgs) -> anyhow::Result<()> {
-    let prompt = if args.prompt == ["-"] {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
-        text
-    } else {
-        args.prompt.join(" ")
-    };
+    let prompt = words_or_stdin(&args.prompt)?;
     let request = ThinkRequest {
         prompt: Some(prompt),
         system: args.system,

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use agentos_proto::{Client, Opcode};
 use clap::Subcommand;
 
+use crate::words_or_stdin;
+
 #[derive(Debug, Subcommand)]
 pub enum TaskCommand {
     /// Start code (or, with --think, a prompt) in the background; prints
@@ -87,13 +89,7 @@ pub struct RunArgs {
 pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode> {
     use serde_json::{json, Value};
     use std::io::IsTerminal;
-    let prompt = if args.prompt == ["-"] {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
-        text
-    } else {
-        args.prompt.join(" ")
-    };
+    let prompt = words_or_stdin(&args.prompt)?;
     let mut request = json!({"prompt": prompt});
     if let Some(n) = args.max_iterations {
         request["max_iterations"] = n.into();
@@ -188,13 +184,7 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
             label,
             timeout_ms,
         } => {
-            let text = if text == ["-"] {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
-                text
-            } else {
-                text.join(" ")
-            };
+            let text = words_or_stdin(&text)?;
             let (kind, mut request) = if think {
                 ("think", json!({"prompt": text}))
             } else {
