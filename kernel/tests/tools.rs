@@ -306,10 +306,13 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
     );
     let mut daemon = Daemon::start_with(&config);
     let mut stream = daemon.raw();
-    // The kernel stays responsive while servers start, fail and restart.
+    let list = settled(&mut stream, &["everything", "broken", "hung", "noisy"]);
+    // The kernel stays responsive while the broken servers keep failing
+    // and being restarted (measured once the servers' own start-up — node
+    // and three Pythons on two cores — is over: that measures the machine).
     let mut rtts = Vec::new();
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(2) {
+    while started.elapsed() < Duration::from_secs(3) {
         let sent = Instant::now();
         assert_eq!(call_json_noop(&mut stream), b"ping");
         rtts.push(sent.elapsed());
@@ -318,8 +321,11 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
     rtts.sort();
     let p99 = rtts[rtts.len() * 99 / 100];
     assert!(p99 < Duration::from_millis(5), "NOOP p99 {p99:?}");
-
-    let list = settled(&mut stream, &["everything", "broken", "hung", "noisy"]);
+    let restarts = daemon.log().matches("restarting mcp-").count();
+    assert!(
+        restarts >= 2,
+        "no fault was being handled meanwhile: {restarts} restarts"
+    );
     let broken = server(&list, "broken");
     assert_eq!(broken["state"], "failed", "{list}");
     assert!(
