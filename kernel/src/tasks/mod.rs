@@ -31,6 +31,7 @@ use serde_json::Value;
 use crate::address::{Reply, ReplyTo};
 use crate::clock::rfc3339;
 use crate::config::tasks::TasksConfig;
+use crate::timers::Timers;
 use prompt::{PromptLoop, Step};
 use store::{now_ms, Record, Store, Write};
 
@@ -170,13 +171,6 @@ impl Task {
     }
 }
 
-#[derive(Debug)]
-struct Waiter {
-    id: String,
-    reply_to: ReplyTo,
-    deadline: Instant,
-}
-
 /// Every task, and the store behind them.
 #[derive(Debug)]
 pub struct Tasks {
@@ -198,7 +192,12 @@ pub struct Tasks {
     /// Sessions of prompt loops that have ended, for the kernel to close.
     ended_sessions: Vec<(OwnerRef, String)>,
     queued_per_owner: HashMap<String, usize>,
-    waiters: Vec<Waiter>,
+    /// Waits under way, by task id: each waiter's number and address.
+    waiters: HashMap<String, Vec<(u64, ReplyTo)>>,
+    /// When each wait times out (a wait answered meanwhile is gone from
+    /// `waiters` and its timer does nothing).
+    wait_timers: Timers<(String, u64)>,
+    next_waiter: u64,
     store: Store,
     /// Writes handed to the store so far, and how many it has applied:
     /// a result leaves memory only once it is on disk.
@@ -243,7 +242,9 @@ impl Tasks {
             prompts: HashMap::new(),
             ended_sessions: Vec::new(),
             queued_per_owner: HashMap::new(),
-            waiters: Vec::new(),
+            waiters: HashMap::new(),
+            wait_timers: Timers::default(),
+            next_waiter: 1,
             written: 0,
             applied: store.applied(),
             store,
@@ -611,14 +612,9 @@ impl Tasks {
             success: true,
             task: info,
         });
-        self.waiters.retain(|waiter| {
-            if waiter.id == id {
-                replies.push((waiter.reply_to, payload.clone()));
-                false
-            } else {
-                true
-            }
-        });
+        for (_, reply_to) in self.waiters.remove(id).unwrap_or_default() {
+            replies.push((reply_to, payload.clone()));
+        }
     }
 
     /// The kernel could not start a task's work: it fails with `why`.
@@ -663,11 +659,14 @@ impl Tasks {
                 task: task.info(None),
             })));
         }
-        self.waiters.push(Waiter {
-            id: id.to_owned(),
-            reply_to,
-            deadline: now + timeout,
-        });
+        let number = self.next_waiter;
+        self.next_waiter += 1;
+        self.waiters
+            .entry(id.to_owned())
+            .or_default()
+            .push((number, reply_to));
+        self.wait_timers
+            .schedule(now + timeout, (id.to_owned(), number));
         Ok(Waited::Later)
     }
 
@@ -793,39 +792,45 @@ impl Tasks {
 
     /// Waits for a connection that closed are dropped.
     pub fn connection_closed(&mut self, serial: u64) {
-        self.waiters
-            .retain(|waiter| waiter.reply_to.connection() != Some(serial));
+        self.waiters.retain(|_, waiting| {
+            waiting.retain(|(_, reply_to)| reply_to.connection() != Some(serial));
+            !waiting.is_empty()
+        });
     }
 
     /// When the next wait times out, or the next sweep is due.
     pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
         let progress = (!self.running.is_empty()).then_some(self.next_progress);
-        self.waiters
-            .iter()
-            .map(|w| w.deadline)
-            .chain([self.next_sweep])
+        [self.next_sweep]
+            .into_iter()
             .chain(progress)
-            .min()
             .map(|at| at.saturating_duration_since(now))
+            .chain(self.wait_timers.time_to_next(now))
+            .min()
     }
 
     /// Waits that timed out are answered with their task as it is;
     /// expired tasks are removed.
     pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<Reply>) {
-        let tasks = &self.tasks;
-        self.waiters.retain(|waiter| {
-            if waiter.deadline > now {
-                return true;
+        while let Some((id, number)) = self.wait_timers.pop_due(now) {
+            let Some(waiting) = self.waiters.get_mut(&id) else {
+                continue;
+            };
+            let Some(at) = waiting.iter().position(|(n, _)| *n == number) else {
+                continue;
+            };
+            let (_, reply_to) = waiting.swap_remove(at);
+            if waiting.is_empty() {
+                self.waiters.remove(&id);
             }
-            if let Some(task) = tasks.get(&waiter.id) {
+            if let Some(task) = self.tasks.get(&id) {
                 let payload = to_json(&TaskReply {
                     success: true,
                     task: task.info(None),
                 });
-                replies.push((waiter.reply_to, payload));
+                replies.push((reply_to, payload));
             }
-            false
-        });
+        }
         if now >= self.next_sweep {
             let retention = Duration::from_secs(self.config.retention_secs);
             self.next_sweep = now + SWEEP_EVERY.min(retention);
