@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{act, call_json, shared_dir, write_actor, Daemon};
+use common::{act, call_json, shared_dir, until, with_llm_stub, write_actor, Daemon};
 use serde_json::{json, Value};
 
 const TASK: u8 = 0x13;
@@ -42,14 +42,6 @@ fn wait(stream: &mut UnixStream, id: &str, timeout_ms: u64) -> Value {
 
 fn status(stream: &mut UnixStream, id: &str) -> Value {
     task(stream, json!({"op": "status", "task_id": id}))["task"].clone()
-}
-
-fn until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
@@ -350,15 +342,6 @@ fn ten_thousand_finished_tasks_are_paged_with_memory_bounded_and_expire() {
     });
 }
 
-/// A daemon whose THINK goes to `stub`.
-fn with_stub(stub: &agentos_bench::llm_stub::Stub) -> Daemon {
-    Daemon::start_with(&format!(
-        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"sk-test\"\n\
-         model = \"stub-model\"\n",
-        stub.url()
-    ))
-}
-
 #[test]
 fn the_prompt_loop_runs_failing_code_twice_then_answers_after_the_third() {
     use agentos_bench::llm_stub::{Reply, Stub};
@@ -372,7 +355,7 @@ fn the_prompt_loop_runs_failing_code_twice_then_answers_after_the_third() {
         };
         Reply::openai(content, 10, 5)
     });
-    let daemon = with_stub(&stub);
+    let daemon = with_llm_stub(&stub.url(), "");
     let mut stream = daemon.raw();
     let id = dispatch(
         &mut stream,
@@ -409,7 +392,7 @@ fn a_prompt_loop_that_never_answers_stops_at_max_iterations_with_its_transcript(
     use agentos_bench::llm_stub::{Reply, Stub};
     require_root!("EXEC (its isolation needs namespaces)");
     let stub = Stub::start(|_, n| Reply::openai(&format!("```python\nprint({n})\n```"), 10, 5));
-    let daemon = with_stub(&stub);
+    let daemon = with_llm_stub(&stub.url(), "");
     let mut stream = daemon.raw();
     let id = dispatch(
         &mut stream,
@@ -441,7 +424,7 @@ fn a_prompt_loop_cancelled_while_its_code_runs_stops_and_its_session_goes() {
             5,
         )
     });
-    let daemon = with_stub(&stub);
+    let daemon = with_llm_stub(&stub.url(), "");
     let mut stream = daemon.raw();
     let id = dispatch(&mut stream, "prompt", json!({"prompt": "take your time"}));
     until("the loop's code runs", Duration::from_secs(20), || {
@@ -599,11 +582,7 @@ fn cancel_withdraws_a_queued_think_and_discards_a_running_ones_answer() {
         std::thread::sleep(Duration::from_millis(1000));
         Reply::openai("slow answer", 10, 5)
     });
-    let daemon = Daemon::start_with(&format!(
-        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"sk-test\"\n\
-         model = \"stub-model\"\nconcurrency = 1\n",
-        stub.url()
-    ));
+    let daemon = with_llm_stub(&stub.url(), "concurrency = 1\n");
     let mut stream = daemon.raw();
     let running = dispatch(&mut stream, "think", json!("first"));
     until(

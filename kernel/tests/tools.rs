@@ -704,11 +704,7 @@ fn an_agent_lists_and_calls_only_the_tools_its_permissions_allow() {
 fn llm_think_as_a_tool_goes_through_think_and_is_charged_to_its_caller() {
     use agentos_bench::llm_stub::{Reply, Stub};
     let stub = Stub::start(|_, _| Reply::openai("stub says hi", 10, 5));
-    let daemon = Daemon::start_with(&format!(
-        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"sk-test-key\"\n\
-         model = \"stub-model\"\n",
-        stub.url()
-    ));
+    let daemon = common::with_llm_stub(&stub.url(), "");
     let mut stream = daemon.raw();
     let think = json!({"op": "call", "server": "llm", "tool": "think",
                        "arguments": {"prompt": "hello", "max_tokens": 20}});

@@ -730,3 +730,21 @@ pub fn kill_and_reap(launched: &agentos_kernel::sandbox::Launched) {
     let _ = agentos_kernel::process::signal(launched.pidfd.as_fd(), libc::SIGKILL);
     agentos_kernel::process::wait(launched.pidfd.as_fd(), true);
 }
+
+/// A daemon whose THINK goes to the stand-in provider at `stub_url`
+/// (OpenAI-compatible), with `extra` lines for its `[llm]` table.
+pub fn with_llm_stub(stub_url: &str, extra: &str) -> Daemon {
+    Daemon::start_with(&format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{stub_url}/v1\"\napi_key = \"sk-test\"\n\
+         model = \"stub-model\"\n{extra}"
+    ))
+}
+
+/// Polls `done` until it holds; fails the test naming `what` after `within`.
+pub fn until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
