@@ -934,11 +934,6 @@ impl Tasks {
         self.written += 1;
         self.store.write(write);
     }
-
-    /// How many tasks are kept, and how many results are in memory.
-    pub fn counts(&self) -> (usize, usize) {
-        (self.tasks.len(), self.cached.len())
-    }
 }
 
 /// Unix milliseconds as RFC 3339 UTC.

@@ -219,14 +219,6 @@ impl PromptLoop {
         self.think()
     }
 
-    /// The loop so far, for a task that ends before it does (cancelled).
-    pub fn output(&self) -> String {
-        self.iterations
-            .last()
-            .map(|i| tail(&i.stdout).to_owned())
-            .unwrap_or_default()
-    }
-
     fn think(&self) -> Step {
         Step::Think(self.think_request())
     }

@@ -223,11 +223,6 @@ impl Servers {
         self.generation
     }
 
-    /// Whether `name` is a configured server.
-    pub fn has(&self, name: &str) -> bool {
-        self.index_of(name).is_some()
-    }
-
     /// Every running server's tools as last listed, with the server's
     /// name: what the `tools` package offers.
     pub fn known_tools(&self) -> impl Iterator<Item = (&str, &ToolInfo)> {
