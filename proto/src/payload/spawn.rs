@@ -324,6 +324,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tool_patterns_are_bounded_in_number_and_size() {
+        let with = |patterns: serde_json::Value| {
+            let body = serde_json::json!({"name": "a", "command": ["x"],
+                                          "permissions": {"tools": patterns}});
+            SpawnRequest::parse(body.to_string().as_bytes())
+        };
+        assert!(with(serde_json::json!(["everything.*"])).is_ok());
+        let many: Vec<String> = (0..=MAX_TOOL_PATTERNS).map(|i| format!("s.t{i}")).collect();
+        for bad in [
+            serde_json::json!(many),
+            serde_json::json!(["x".repeat(MAX_TOOL_PATTERN + 1)]),
+            serde_json::json!([""]),
+            serde_json::json!(["a\u{0}b"]),
+        ] {
+            let err = with(bad).unwrap_err();
+            assert!(err.error.contains("permissions.tools"), "{}", err.error);
+        }
+    }
+
+    #[test]
     fn defaults_follow_the_protocol() {
         let request = SpawnRequest::parse(br#"{"name":"w","command":["/bin/true"]}"#).unwrap();
         assert!(request.sandboxed);
