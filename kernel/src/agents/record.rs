@@ -12,8 +12,8 @@ use crate::clock::rfc3339;
 use crate::llm::Budget;
 use crate::sandbox::runtime::{DoorKey, SandboxKey};
 use agentos_proto::payload::{
-    AgentInfo, AgentState, CpuStats, Isolation, Limits, LlmStats, MemoryStats, Permissions,
-    PidStats, SpawnRequest,
+    AgentInfo, AgentState, CpuStats, ExecStats, Isolation, Limits, LlmStats, MemoryStats,
+    Permissions, PidStats, SpawnRequest,
 };
 
 /// Why an agent is being stopped.
@@ -153,6 +153,7 @@ impl Agent {
                 max: self.limits.max_pids,
             },
             llm: LlmStats::default(),
+            exec: ExecStats::default(),
             isolation: self.isolation.clone(),
         }
     }

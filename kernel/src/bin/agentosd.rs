@@ -36,6 +36,10 @@ struct Args {
     /// Interpreter for SPAWN scripts that name none
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
+    /// Check the configuration (file, environment, flags) and exit: 0 when
+    /// it is valid, 2 with the reason when not
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn main() -> ExitCode {
@@ -65,6 +69,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.check_config {
+        match &config.file {
+            Some(file) => println!("agentosd: {} is valid", file.display()),
+            None => println!("agentosd: no config file; the settings are valid"),
+        }
+        return ExitCode::SUCCESS;
+    }
     daemon::init_logging(config.log_level.as_deref());
     match daemon::run(config) {
         Ok(()) => ExitCode::SUCCESS,

@@ -160,6 +160,8 @@ pub struct Exec {
     /// Why EXEC cannot work on this host, if it cannot.
     unavailable: Option<String>,
     shutting_down: bool,
+    /// Runs accepted from each agent (for LIST), by agent id.
+    runs_by_agent: HashMap<u32, u64>,
 }
 
 impl Exec {
@@ -217,6 +219,7 @@ impl Exec {
             waiting: VecDeque::new(),
             sessions: HashMap::new(),
             snapshots: HashMap::new(),
+            runs_by_agent: HashMap::new(),
             snapshot_bytes: (exec.snapshot_bytes, exec.snapshot_bytes_total),
             session_idle: Duration::from_secs(exec.session_idle_secs),
             max_sessions: exec.max_sessions,
@@ -426,7 +429,15 @@ impl Exec {
             }
         }
         self.expire_if_still_waiting(reply_to, deadline);
+        if let Identity::Agent { id, .. } = caller {
+            *self.runs_by_agent.entry(id).or_default() += 1;
+        }
         Ok(())
+    }
+
+    /// EXEC runs accepted from `agent`, its tasks' included.
+    pub fn runs_by(&self, agent: u32) -> u64 {
+        self.runs_by_agent.get(&agent).copied().unwrap_or(0)
     }
 
     /// Whether `owner` may open one more session: sessions open, and those

@@ -26,6 +26,7 @@ pub fn agents_seen_by(kernel: &mut Kernel, identity: Identity) -> Vec<AgentInfo>
     );
     for agent in &mut agents {
         agent.llm = kernel.llm.stats(agent.id);
+        agent.exec.runs = kernel.exec.runs_by(agent.id);
     }
     agents
 }

@@ -92,6 +92,13 @@ pub struct LlmStats {
     pub queue_ms: u64,
 }
 
+/// The agent's use of EXEC.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecStats {
+    /// Runs accepted, its tasks' included.
+    pub runs: u64,
+}
+
 /// One entry of the LIST reply.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentInfo {
@@ -130,6 +137,9 @@ pub struct AgentInfo {
     pub pids: PidStats,
     /// LLM use.
     pub llm: LlmStats,
+    /// EXEC use.
+    #[serde(default)]
+    pub exec: ExecStats,
     /// Isolation in force.
     pub isolation: Isolation,
 }

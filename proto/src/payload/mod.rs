@@ -22,7 +22,9 @@ pub use exec::{
 };
 pub use hello::{CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, ProtocolLimits};
 pub use kill::{AgentRef, KillReply, KillRequest, DEFAULT_GRACE_MS};
-pub use list::{AgentInfo, AgentState, CpuStats, ListRequest, LlmStats, MemoryStats, PidStats};
+pub use list::{
+    AgentInfo, AgentState, CpuStats, ExecStats, ListRequest, LlmStats, MemoryStats, PidStats,
+};
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
 };
