@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 
 mod task;
 mod tools;
+mod top;
 
 use task::{run_prompt, task, RunArgs, TaskCommand};
 use tools::{call_tool, tools, CallArgs};
@@ -84,6 +85,9 @@ enum Command {
     /// Background tasks: dispatch, status, wait, list, cancel
     #[command(subcommand)]
     Task(TaskCommand),
+    /// A live view of the agents: state, CPU %, memory against its limit,
+    /// restarts, LLM tokens, EXEC runs; refreshed each second, q quits
+    Top(top::TopArgs),
     /// Stop an agent (SIGTERM to its tree, SIGKILL after the grace)
     Kill {
         /// Agent name, or id
@@ -219,6 +223,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Call(call_args) => call_tool(&mut client, call_args),
         Command::Task(command) => return task(&mut client, command),
         Command::Run(run_args) => return run_prompt(&mut client, run_args),
+        Command::Top(top_args) => top::top(&mut client, &path, top_args),
     };
     done.map(|()| ExitCode::SUCCESS)
 }
