@@ -1,13 +1,14 @@
 //! Clients written from the protocol alone, in other languages, with only
-//! their standard libraries (`examples/clients/`): each does HELLO, NOOP,
-//! THINK and LIST against a real agentosd.
+//! their standard libraries (`examples/clients/`; Bash borrows socat or nc
+//! for the socket): each does HELLO, NOOP, THINK and LIST against a real
+//! agentosd.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use common::Daemon;
 use serde_json::Value;
@@ -66,4 +67,24 @@ fn a_perl_client() {
 #[test]
 fn a_java_client() {
     check("Java", "java", &["examples/clients/Client.java"]);
+}
+
+#[test]
+fn a_bash_client() {
+    // Bash cannot open a Unix socket: without a helper the client can only
+    // say so, which is not a failure of the client.
+    let runs = |program: &str| {
+        Command::new(program)
+            .arg("-h")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok()
+    };
+    if !runs("socat") && !runs("nc") {
+        eprintln!("!!! NOT TESTED: the Bash client: neither socat nor nc is installed");
+        return;
+    }
+    check("Bash", "bash", &["examples/clients/client.sh"]);
 }
