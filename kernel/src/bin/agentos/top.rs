@@ -246,16 +246,16 @@ impl View<'_> {
             hello.protocol_version,
             self.socket.display()
         );
-        if let Some(llm) = &hello.llm {
-            let state = match (llm.ready, &llm.reason) {
-                (true, _) => "ready",
-                (false, _) if llm.provider == "none" => "off",
-                (false, _) => "not ready",
-            };
-            line.push_str(&format!(
-                " · llm {} {} {state}, {} tokens",
-                llm.provider, llm.model, llm.tokens
-            ));
+        match &hello.llm {
+            Some(llm) if llm.provider == "none" => line.push_str(" · no LLM"),
+            Some(llm) => line.push_str(&format!(
+                " · LLM {} {} ({}), {} tokens in all",
+                llm.provider,
+                llm.model,
+                if llm.ready { "ready" } else { "not ready" },
+                llm.tokens
+            )),
+            None => {}
         }
         if let Some(interval) = self.interval {
             line.push_str(&format!(" · every {}s, q quits", interval.as_secs_f64()));
@@ -271,7 +271,8 @@ fn totals_line(now: &Sample, cpu: &[Option<f64>]) -> String {
     let cpu_total = if measured.is_empty() && live > 0 {
         "-".to_owned()
     } else {
-        format!("{:.1}%", measured.iter().sum::<f64>())
+        // `fold` from 0.0: an empty `sum` of floats is -0.0.
+        format!("{:.1}%", measured.iter().fold(0.0, |all, cpu| all + cpu))
     };
     let memory_total: u64 = now.agents.iter().map(|agent| agent.memory.current).sum();
     let tokens: u64 = now.agents.iter().map(|agent| agent.llm.tokens).sum();
@@ -287,9 +288,10 @@ fn totals_line(now: &Sample, cpu: &[Option<f64>]) -> String {
         runs.iter().sum::<u64>().to_string()
     };
     format!(
-        "{} agents, {live} live · CPU {cpu_total} · memory {} · LLM tokens {tokens} · EXEC runs \
+        "{} agent{}, {live} live · CPU {cpu_total} · memory {} · LLM tokens {tokens} · EXEC runs \
          {exec_runs}",
         now.agents.len(),
+        if now.agents.len() == 1 { "" } else { "s" },
         human_size(memory_total)
     )
 }
