@@ -6,8 +6,10 @@ use std::io;
 
 use signal_hook_mio::v1_0::Signals;
 
+use agentos_proto::socket_path::SYSTEM_SOCKET;
+
 use crate::config::Config;
-use crate::reactor::{Reactor, SHUTDOWN_SIGNALS};
+use crate::reactor::{ConfigSource, Reactor, HANDLED_SIGNALS};
 use crate::socket::{KernelSocket, SocketError};
 
 /// Descriptors kept for the kernel's own use beyond client connections.
@@ -24,9 +26,12 @@ pub enum DaemonError {
     Reactor(#[from] io::Error),
 }
 
-/// Runs the kernel in the foreground until SIGTERM, SIGINT, SIGHUP or
-/// SIGQUIT.
-pub fn run(mut config: Config) -> Result<(), DaemonError> {
+/// The group whose members may use the system socket.
+pub const SERVICE_GROUP: &str = "agentos";
+
+/// Runs the kernel in the foreground until SIGTERM, SIGINT or SIGQUIT;
+/// SIGHUP reloads the configuration from `reload`.
+pub fn run(mut config: Config, reload: ConfigSource) -> Result<(), DaemonError> {
     ignore_sigpipe();
     let fd_limit = raise_fd_limit().unwrap_or_else(|err| {
         log::warn!("cannot raise the file descriptor limit: {err}");
@@ -45,10 +50,11 @@ pub fn run(mut config: Config) -> Result<(), DaemonError> {
     }
     // Catch the shutdown signals before the socket exists: once a client
     // can connect, SIGTERM must mean a clean shutdown, never sudden death.
-    let signals = Signals::new(SHUTDOWN_SIGNALS).map_err(DaemonError::Reactor)?;
+    let signals = Signals::new(HANDLED_SIGNALS).map_err(DaemonError::Reactor)?;
     // Bind before any thread exists: binding briefly changes the umask.
     let path = config.socket_path();
-    let socket = KernelSocket::bind(&path, config.socket_group.as_deref())?;
+    let group = config.socket_group.clone().or_else(|| service_group(&path));
+    let socket = KernelSocket::bind(&path, group.as_deref())?;
     log::info!(
         "agentosd {} listening on {} (pid {}, socket group {})",
         env!("CARGO_PKG_VERSION"),
@@ -63,9 +69,27 @@ pub fn run(mut config: Config) -> Result<(), DaemonError> {
             config.debug.defer_delay_ms
         );
     }
-    Reactor::new(config, socket, signals)?.run()?;
+    Reactor::new(config, socket, signals, reload)?.run()?;
     log::info!("agentosd stopped");
     Ok(())
+}
+
+/// The group of the system socket when none is configured: `agentos`
+/// (members may use the kernel), if `scripts/install-service` made it.
+fn service_group(path: &std::path::Path) -> Option<String> {
+    if path != std::path::Path::new(SYSTEM_SOCKET) {
+        return None;
+    }
+    match nix::unistd::Group::from_name(SERVICE_GROUP) {
+        Ok(Some(_)) => Some(SERVICE_GROUP.to_owned()),
+        _ => {
+            log::warn!(
+                "group {SERVICE_GROUP:?} does not exist (scripts/install-service creates it): \
+                 only root may use {SYSTEM_SOCKET}"
+            );
+            None
+        }
+    }
 }
 
 /// Sets up logging: an explicit filter wins, then `RUST_LOG`, then `info`.
@@ -77,7 +101,13 @@ pub fn init_logging(filter: Option<&str>) {
         (None, Ok(filter)) => builder.parse_filters(&filter),
         (None, Err(_)) => builder.parse_filters("info"),
     };
-    builder.format_timestamp_millis().init();
+    // Under systemd the journal stamps each line itself.
+    if std::env::var_os("JOURNAL_STREAM").is_some() {
+        builder.format_timestamp(None);
+    } else {
+        builder.format_timestamp_millis();
+    }
+    builder.init();
 }
 
 /// A peer that disconnects while we write must be an `EPIPE` error on that

@@ -28,6 +28,7 @@ pub mod process;
 pub mod python_names;
 pub mod reactor;
 pub mod sandbox;
+pub mod service;
 pub mod socket;
 pub mod state_dir;
 pub mod supervisor;

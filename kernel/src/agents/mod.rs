@@ -150,6 +150,63 @@ impl Agents {
         tokens_left: Option<u64>,
         reply_to: ReplyTo,
     ) -> Result<(), ErrorReply> {
+        let waiter = SpawnWaiter {
+            reply_to,
+            by_agent: caller.agent().is_some(),
+        };
+        self.admit(sandboxes, caller, request, tokens_left, Some(waiter))
+            .map(|_| ())
+    }
+
+    /// Starts a boot agent (`[[agents.boot]]`), as the operator would;
+    /// returns its id. LIST marks it `boot: true`.
+    pub fn spawn_boot(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        request: SpawnRequest,
+    ) -> Result<u32, ErrorReply> {
+        let operator = Identity::Operator {
+            id: crate::identity::FIRST_OPERATOR_ID,
+        };
+        let id = self.admit(sandboxes, operator, request, None, None)?;
+        if let Some(agent) = self.table.get_mut(&id) {
+            agent.boot = true;
+        }
+        Ok(id)
+    }
+
+    /// Checks every `[[agents.boot]]` entry as SPAWN would (its program
+    /// found, its environment allowed) without starting anything: a bad
+    /// entry stops the kernel before it starts, naming the entry.
+    pub fn check_boot(config: &Config) -> Result<(), String> {
+        for (index, request) in config.agents.boot.iter().enumerate() {
+            program::resolve(request, &config.agents.python, Lookup::Host)
+                .and_then(|_| program::check_env(request))
+                .map_err(|err| {
+                    format!("agents.boot[{index}] ({:?}): {}", request.name, err.error)
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The live agent named `name`, if any: its id and whether it is a
+    /// boot agent.
+    pub fn live_named(&self, name: &str) -> Option<(u32, bool)> {
+        self.table
+            .values()
+            .find(|a| a.is_live() && a.name == name)
+            .map(|a| (a.id, a.boot))
+    }
+
+    /// Admits and starts an agent; `waiter` hears when its first run starts.
+    fn admit(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        caller: Identity,
+        request: SpawnRequest,
+        tokens_left: Option<u64>,
+        waiter: Option<SpawnWaiter>,
+    ) -> Result<u32, ErrorReply> {
         if self.shutting_down {
             return Err(ErrorReply::new(
                 ErrorCode::Unavailable,
@@ -243,17 +300,15 @@ impl Agents {
                 started: now,
                 ended: None,
                 stop: None,
-                spawn_reply: Some(SpawnWaiter {
-                    reply_to,
-                    by_agent: parent.is_some(),
-                }),
+                spawn_reply: waiter,
                 door: Some(door),
                 log,
                 last_run: Default::default(),
+                boot: false,
             },
         );
         self.start_run(sandboxes, id, now);
-        Ok(())
+        Ok(id)
     }
 
     /// What agent `parent_id` may give the child `request` asks for: its

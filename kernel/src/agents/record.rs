@@ -100,6 +100,8 @@ pub struct Agent {
     /// The last ended run's figures, read just before its cgroup went, so
     /// LIST still shows what an ended agent used.
     pub last_run: CgroupStats,
+    /// Started from `[[agents.boot]]`.
+    pub boot: bool,
 }
 
 impl Agent {
@@ -154,6 +156,7 @@ impl Agent {
             },
             llm: LlmStats::default(),
             exec: ExecStats::default(),
+            boot: self.boot,
             isolation: self.isolation.clone(),
         }
     }

@@ -77,7 +77,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     daemon::init_logging(config.log_level.as_deref());
-    match daemon::run(config) {
+    // SIGHUP reads the same layers again: file, environment, flags.
+    let reload = Box::new(move || Config::load(&flags).map_err(|err| err.to_string()));
+    match daemon::run(config, reload) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             log::error!("{err}");

@@ -6,6 +6,7 @@
 //! `/etc/agentos/agentosd.toml` if it exists, else none: `agentosd --socket
 //! PATH` needs nothing else to run.
 
+pub mod boot;
 pub mod exec;
 pub mod llm;
 pub mod mcp;
@@ -128,6 +129,9 @@ pub struct AgentsConfig {
     pub stop_grace_ms: u64,
     /// Connections one agent may hold on its socket at once.
     pub max_connections: usize,
+    /// Agents started with the kernel (`[[agents.boot]]`).
+    #[serde(deserialize_with = "boot::deserialize")]
+    pub boot: Vec<agentos_proto::payload::SpawnRequest>,
 }
 
 impl Default for AgentsConfig {
@@ -151,6 +155,7 @@ impl Default for AgentsConfig {
             warm_pool: 2,
             stop_grace_ms: 5_000,
             max_connections: 64,
+            boot: Vec::new(),
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod call;
 
 pub mod local;
 pub mod provider;
+mod reload;
 mod reply;
 pub mod retry;
 pub mod scheduler;
@@ -125,6 +126,11 @@ pub struct Llm {
     unavailable: Option<String>,
     local: Option<Arc<LocalServer>>,
     callers: Option<Callers>,
+    /// The call threads of providers a reload replaced, while their calls
+    /// finish.
+    retiring: Vec<Callers>,
+    /// Local model servers a reload replaced, stopped once idle.
+    retiring_local: Vec<Arc<LocalServer>>,
     scheduler: Scheduler<Pending>,
     admission: Admission,
     in_flight: HashMap<u64, InFlight>,
@@ -161,6 +167,8 @@ impl Llm {
             unavailable: None,
             local: None,
             callers: None,
+            retiring: Vec::new(),
+            retiring_local: Vec::new(),
             scheduler: Scheduler::new(config.max_queued),
             admission: Admission::new(config.rpm, config.tpm, Instant::now()),
             in_flight: HashMap::new(),
@@ -348,14 +356,21 @@ impl Llm {
 
     /// Collects finished calls, answers them, and sends what may go next.
     pub fn poll(&mut self, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
-        let finished: Vec<CallDone> = match &self.callers {
-            Some(callers) => callers.finished().collect(),
-            None => return,
-        };
+        let finished: Vec<CallDone> = self
+            .callers
+            .iter()
+            .chain(&self.retiring)
+            .flat_map(Callers::finished)
+            .collect();
         for done in finished {
             self.finished(done, replies);
         }
-        self.pump(Instant::now(), replies);
+        if !self.retiring.is_empty() || !self.retiring_local.is_empty() {
+            self.retire_when_idle();
+        }
+        if self.callers.is_some() {
+            self.pump(Instant::now(), replies);
+        }
     }
 
     /// Handles deadlines that are due: expired requests, admission. Does
@@ -435,7 +450,7 @@ impl Llm {
         if let Some(callers) = &mut self.callers {
             callers.stop();
         }
-        if let Some(local) = &self.local {
+        for local in self.local.iter().chain(&self.retiring_local) {
             local.stop();
         }
     }

@@ -85,6 +85,12 @@ pub struct Scheduler<T> {
 }
 
 impl<T> Scheduler<T> {
+    /// Holds at most `capacity` requests from now on; those already queued
+    /// stay.
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity;
+    }
+
     /// An empty scheduler holding at most `capacity` requests.
     pub fn new(capacity: usize) -> Scheduler<T> {
         Scheduler {

@@ -27,6 +27,7 @@ use slab::Slab;
 use crate::address::{ConnKey, ReplyTo};
 use crate::config::Config;
 use crate::identity::Authority;
+use crate::service::ServiceManager;
 use crate::socket::KernelSocket;
 use crate::syscall::Kernel;
 use crate::timers::Timers;
@@ -92,7 +93,14 @@ pub struct Reactor {
     /// Set once a shutdown signal arrived: the loop ends when every
     /// connection is finished or this passes.
     drain_deadline: Option<Instant>,
+    /// Reads the configuration again, for SIGHUP.
+    reload: ConfigSource,
+    /// systemd, when the kernel runs as its service.
+    service: ServiceManager,
 }
+
+/// Where the configuration comes from, read again on SIGHUP.
+pub type ConfigSource = Box<dyn Fn() -> Result<Config, String>>;
 
 impl Reactor {
     /// Builds the reactor around a bound socket and the shutdown signals,
@@ -102,6 +110,7 @@ impl Reactor {
         config: Config,
         mut socket: KernelSocket,
         mut signals: Signals,
+        reload: ConfigSource,
     ) -> io::Result<Reactor> {
         let poll = Poll::new()?;
         if let Some(listener) = socket.listener() {
@@ -148,6 +157,8 @@ impl Reactor {
             shutdown_grace: config.shutdown_grace(),
             drain_deadline: None,
             kernel,
+            reload,
+            service: ServiceManager::from_env(),
         })
     }
 
@@ -155,6 +166,7 @@ impl Reactor {
     /// drained (or the grace period ended). Removes the socket on the way out.
     pub fn run(mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
+        self.service.ready(&self.status());
         loop {
             let timeout = self.poll_timeout();
             if let Err(err) = self.poll.poll(&mut events, timeout) {
@@ -500,6 +512,10 @@ impl Reactor {
         let received: Vec<i32> = self.signals.pending().collect();
         for signal in received {
             let name = signal_name(signal);
+            if signal == SIGHUP {
+                self.reload_config();
+                continue;
+            }
             if self.drain_deadline.is_some() {
                 log::warn!("{name} again: stopping now");
                 self.drain_deadline = Some(Instant::now());
@@ -509,9 +525,33 @@ impl Reactor {
         }
     }
 
+    /// SIGHUP: the kernel takes up what is safe to change of its
+    /// configuration as read now; a configuration that does not load
+    /// changes nothing.
+    fn reload_config(&mut self) {
+        if self.drain_deadline.is_some() {
+            return;
+        }
+        self.service.reloading();
+        match (self.reload)() {
+            Ok(config) => {
+                self.kernel.reload(config);
+                self.kernel_output();
+            }
+            Err(err) => log::error!("SIGHUP: the configuration was not reloaded: {err}"),
+        }
+        self.service.ready(&self.status());
+    }
+
+    /// What the service manager shows for the kernel.
+    fn status(&self) -> String {
+        format!("serving {}", self.socket.path().display())
+    }
+
     /// Stops accepting, stops reading requests, and lets replies to requests
     /// already taken go out within the grace period.
     fn begin_drain(&mut self, signal: &str) {
+        self.service.stopping();
         log::info!(
             "{signal}: shutting down; finishing {} connection(s) within {:?}",
             self.connections.len(),
@@ -551,8 +591,9 @@ impl std::fmt::Debug for Reactor {
     }
 }
 
-/// The signals that shut the kernel down cleanly.
-pub const SHUTDOWN_SIGNALS: [i32; 4] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT];
+/// The signals the reactor handles: SIGHUP reloads the configuration, the
+/// others shut the kernel down cleanly.
+pub const HANDLED_SIGNALS: [i32; 4] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT];
 
 fn signal_name(signal: i32) -> &'static str {
     match signal {

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{Limits, TaskKind};
+use agentos_proto::payload::{Limits, SpawnRequest, TaskKind};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 use mio::{Registry, Token, Waker};
 
@@ -70,7 +70,7 @@ pub struct Kernel {
     /// The `tools` package EXEC runs import.
     package: Option<Package>,
     /// The servers' generation the package was last written for.
-    catalog_generation: Option<u64>,
+    pub(super) catalog_generation: Option<u64>,
     /// When exec hosts take up the package last written: changes come in
     /// bursts (a server lists its tools again right after starting), and
     /// each renews the pool.
@@ -83,6 +83,12 @@ pub struct Kernel {
     pub(super) outbox: Outbox,
     /// Background tasks.
     pub(super) tasks: Tasks,
+    /// Boot agents a reload changed, waiting for their old selves to end.
+    pub(super) boot_pending: Vec<SpawnRequest>,
+    /// What a reload needs to start subsystems anew.
+    pub(super) registry: Registry,
+    pub(super) waker: Arc<Waker>,
+    pub(super) tools_token: usize,
 }
 
 impl Kernel {
@@ -97,6 +103,8 @@ impl Kernel {
         socket: &Path,
         token_base: usize,
     ) -> io::Result<Kernel> {
+        // A bad boot agent entry stops the kernel before anything starts.
+        Agents::check_boot(&config).map_err(io::Error::other)?;
         let deferred = config.deferred_opcodes();
         let host = Host::probe();
         let namespaces = host.has_namespaces();
@@ -118,12 +126,13 @@ impl Kernel {
             &log_dir,
             sandboxes.confinement(),
         );
+        let tools_token = token_base + runtime::TOKEN_SPAN + crate::exec::TOKEN_SPAN;
         let tools = Servers::start(
             &config.mcp,
             sandboxes.confinement(),
             registry,
             Arc::clone(&waker),
-            token_base + runtime::TOKEN_SPAN + crate::exec::TOKEN_SPAN,
+            tools_token,
         )?;
         let exec_tokens = token_base + runtime::TOKEN_SPAN;
         let package = Package::create(&state.tools)
@@ -157,9 +166,14 @@ impl Kernel {
             next_tool_call: 1,
             outbox: Outbox::default(),
             tasks,
+            boot_pending: Vec::new(),
+            registry: registry.try_clone()?,
+            waker,
+            tools_token,
         };
         // Tasks queued before a restart run now.
         kernel.start_tasks();
+        kernel.start_boot_agents();
         Ok(kernel)
     }
 
@@ -540,6 +554,7 @@ impl Kernel {
         if self.catalog_generation != Some(self.tools.generation()) {
             self.write_catalog(now);
         }
+        self.start_replaced_boot_agents();
         loop {
             let events = self.sandboxes.take_events();
             if events.is_empty() {

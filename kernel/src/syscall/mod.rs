@@ -16,6 +16,7 @@ mod hello;
 mod kernel;
 mod kill;
 mod list;
+mod reload;
 mod spawn;
 mod task;
 mod think;

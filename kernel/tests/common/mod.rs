@@ -21,6 +21,7 @@ pub struct Daemon {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     log: PathBuf,
+    config: PathBuf,
 }
 
 /// Variables that would point a daemon at an LLM from outside the test;
@@ -68,6 +69,22 @@ impl Daemon {
         daemon
     }
 
+    /// A daemon with this TOML config and these environment variables.
+    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("agentos.sock");
+        let (child, log, config) = launch_with(dir.path(), &socket, config, None, env);
+        let daemon = Daemon {
+            child: Some(child),
+            dir,
+            socket,
+            log,
+            config,
+        };
+        daemon.wait_ready();
+        daemon
+    }
+
     /// Spawns a daemon without waiting for it (for tests of start-up failures).
     pub fn spawn_at(dir: tempfile::TempDir, socket: PathBuf, config: &str) -> Daemon {
         Daemon::spawn(dir, socket, config, None)
@@ -87,19 +104,21 @@ impl Daemon {
     pub fn restart(&mut self, config: &str) {
         let status = self.wait(Duration::from_secs(10));
         eprintln!("previous agentosd ended: {status}");
-        let (child, log) = launch(self.dir.path(), &self.socket, config, None);
+        let (child, log, config) = launch(self.dir.path(), &self.socket, config, None);
         self.child = Some(child);
         self.log = log;
+        self.config = config;
         self.wait_ready();
     }
 
     fn spawn(dir: tempfile::TempDir, socket: PathBuf, config: &str, nofile: Option<u64>) -> Daemon {
-        let (child, log) = launch(dir.path(), &socket, config, nofile);
+        let (child, log, config) = launch(dir.path(), &socket, config, nofile);
         Daemon {
             child: Some(child),
             dir,
             socket,
             log,
+            config,
         }
     }
 
@@ -118,6 +137,11 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(5));
         }
         panic!("agentosd did not come up; log:\n{}", self.log());
+    }
+
+    /// Replaces the daemon's config file (for SIGHUP).
+    pub fn rewrite_config(&self, config: &str) {
+        fs::write(&self.config, with_llm_off_by_default(config)).unwrap();
     }
 
     pub fn pid(&self) -> i32 {
@@ -195,7 +219,17 @@ fn launch(
     socket: &std::path::Path,
     config: &str,
     nofile: Option<u64>,
-) -> (Child, PathBuf) {
+) -> (Child, PathBuf, PathBuf) {
+    launch_with(dir, socket, config, nofile, &[])
+}
+
+fn launch_with(
+    dir: &std::path::Path,
+    socket: &std::path::Path,
+    config: &str,
+    nofile: Option<u64>,
+    env: &[(&str, &str)],
+) -> (Child, PathBuf, PathBuf) {
     use std::os::unix::process::CommandExt;
     let config_path = dir.join(format!("agentosd-{}.toml", unique()));
     fs::write(&config_path, with_llm_off_by_default(config)).unwrap();
@@ -228,12 +262,13 @@ fn launch(
         .env("AGENTOS_LOG_LEVEL", "debug")
         .env("AGENTOS_AGENT_LOG_DIR", dir.join("logs"))
         .env("AGENTOS_STATE_DIR", dir.join("state"))
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    (child, log)
+    (child, log, config_path)
 }
 
 impl Drop for Daemon {

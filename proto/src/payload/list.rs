@@ -140,6 +140,9 @@ pub struct AgentInfo {
     /// EXEC use.
     #[serde(default)]
     pub exec: ExecStats,
+    /// Started from the kernel's `[[agents.boot]]` config.
+    #[serde(default)]
+    pub boot: bool,
     /// Isolation in force.
     pub isolation: Isolation,
 }

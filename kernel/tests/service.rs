@@ -1,0 +1,250 @@
+//! The kernel as a system service: boot agents (`[[agents.boot]]`), SIGHUP
+//! reloading what is safe to change, and the systemd notifications, against
+//! a real agentosd.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::time::Duration;
+
+use agentos_bench::llm_stub::{Reply, Stub};
+use agentos_proto::Opcode;
+use common::{call_json, request, until, Daemon};
+use serde_json::{json, Value};
+
+const SOON: Duration = Duration::from_secs(20);
+
+fn list(daemon: &Daemon) -> Vec<Value> {
+    let mut client = daemon.client();
+    request(&mut client, Opcode::LIST, &json!({}))
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// The live agent named `name`, if there is one.
+fn live(daemon: &Daemon, name: &str) -> Option<Value> {
+    list(daemon).into_iter().find(|a| {
+        a["name"] == name
+            && matches!(
+                a["state"].as_str(),
+                Some("starting" | "running" | "restarting")
+            )
+    })
+}
+
+fn running(daemon: &Daemon, name: &str) -> Value {
+    let mut found = None;
+    until(&format!("boot agent {name} running"), SOON, || {
+        found = live(daemon, name).filter(|a| a["state"] == "running");
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+fn boot_entry(name: &str, command: &str, extra: &str) -> String {
+    format!("[[agents.boot]]\nname = \"{name}\"\ncommand = {command}\n{extra}\n")
+}
+
+fn sleeper(name: &str, seconds: u32) -> String {
+    boot_entry(name, &format!("[\"/bin/sleep\", \"{seconds}\"]"), "")
+}
+
+#[test]
+fn boot_agents_start_with_the_kernel_and_restart_by_policy() {
+    let config = format!(
+        "{}{}",
+        sleeper("steady", 1000),
+        boot_entry(
+            "flaky",
+            "[\"/bin/sh\", \"-c\", \"sleep 0.2; exit 3\"]",
+            "restart_policy = \"on-failure\"\nmax_restarts = 2\nrestart_window = 60\n\
+             limits = { memory = 67108864, max_pids = 16 }"
+        )
+    );
+    let daemon = Daemon::start_with(&config);
+    let steady = running(&daemon, "steady");
+    assert_eq!(steady["boot"], true, "{steady}");
+    // Restarted by its policy, twice, then given up on.
+    let mut flaky = Value::Null;
+    until("flaky restarted twice and failed", SOON, || {
+        flaky = list(&daemon)
+            .into_iter()
+            .find(|a| a["name"] == "flaky")
+            .unwrap();
+        flaky["restarts"] == 2 && flaky["state"] == "failed"
+    });
+    assert_eq!(flaky["boot"], true, "{flaky}");
+    assert_eq!(flaky["exit_code"], 3, "{flaky}");
+    assert_eq!(flaky["limits"]["memory"], 67108864, "{flaky}");
+    // An operator's agent is not a boot agent.
+    let mut client = daemon.client();
+    let spawned = request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "mine", "command": ["/bin/sleep", "1000"]}),
+    );
+    assert_eq!(spawned["success"], true, "{spawned}");
+    assert_eq!(running(&daemon, "mine")["boot"], false);
+    assert!(daemon.log().contains("boot agent \"steady\" started"));
+}
+
+/// A start-up that must fail, and what it said.
+fn refused(config: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agentos.sock");
+    let mut daemon = Daemon::spawn_at(dir, socket.clone(), config);
+    let status = daemon.wait(SOON);
+    assert!(!socket.exists(), "a refused kernel left its socket");
+    (status.code().unwrap_or(-1), daemon.log())
+}
+
+#[test]
+fn a_bad_boot_entry_is_a_start_up_error_naming_it() {
+    let (code, log) = refused(&format!(
+        "{}{}",
+        sleeper("fine", 10),
+        boot_entry("ghost", "[\"/nonexistent/agent\"]", "")
+    ));
+    assert_ne!(code, 0, "{log}");
+    assert!(log.contains("agents.boot[1] (\"ghost\")"), "{log}");
+    assert!(log.contains("/nonexistent/agent"), "{log}");
+    assert!(!log.contains("boot agent \"fine\" started"), "{log}");
+
+    for (entry, says) in [
+        (
+            boot_entry("typo", "[\"/bin/true\"]", "restart_polcy = \"always\""),
+            "restart_polcy",
+        ),
+        (
+            boot_entry("bad name!", "[\"/bin/true\"]", ""),
+            "agents.boot[0]",
+        ),
+        (
+            boot_entry("big", "[\"/bin/true\"]", "limits = { memory = 1 }"),
+            "memory",
+        ),
+        (
+            format!("{}{}", sleeper("twin", 1), sleeper("twin", 2)),
+            "another boot agent",
+        ),
+    ] {
+        let (code, log) = refused(&entry);
+        assert_eq!(code, 2, "{entry}: {log}");
+        assert!(log.contains(says), "{entry}: {log}");
+    }
+}
+
+#[test]
+fn sighup_applies_boot_agent_changes_and_names_what_needs_a_restart() {
+    let daemon = Daemon::start_with(&format!(
+        "{}{}{}",
+        sleeper("removed", 1000),
+        sleeper("changed", 1000),
+        sleeper("kept", 1000)
+    ));
+    let removed = running(&daemon, "removed");
+    let changed = running(&daemon, "changed");
+    let kept = running(&daemon, "kept");
+    // An operator's agent that has a boot entry's name is not touched.
+    let mut client = daemon.client();
+    let spawned = request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "operators", "command": ["/bin/sleep", "1000"]}),
+    );
+    assert_eq!(spawned["success"], true, "{spawned}");
+
+    daemon.rewrite_config(&format!(
+        "[exec]\ndefault_timeout_ms = 12345\n{}{}{}",
+        sleeper("changed", 2000),
+        sleeper("kept", 1000),
+        sleeper("added", 1000)
+    ));
+    daemon.signal(libc::SIGHUP);
+    running(&daemon, "added");
+    until("the removed boot agent stopped", SOON, || {
+        live(&daemon, "removed").is_none()
+    });
+    let mut renewed = Value::Null;
+    until("the changed boot agent restarted", SOON, || {
+        renewed = live(&daemon, "changed").unwrap_or(Value::Null);
+        renewed["state"] == "running" && renewed["id"] != changed["id"]
+    });
+    assert_eq!(renewed["boot"], true);
+    assert_eq!(live(&daemon, "kept").unwrap()["id"], kept["id"]);
+    assert!(live(&daemon, "operators").is_some());
+    let ended = list(&daemon)
+        .into_iter()
+        .find(|a| a["id"] == removed["id"])
+        .unwrap();
+    assert_eq!(ended["state"], "killed", "{ended}");
+    let log = daemon.log();
+    assert!(
+        log.contains("SIGHUP: configuration reloaded; applied: agents.boot"),
+        "{log}"
+    );
+    assert!(log.contains("only after a restart: [exec]"), "{log}");
+    // The kernel still serves.
+    assert_eq!(
+        call_json(&mut daemon.raw(), Opcode::HELLO, b"")["success"],
+        true
+    );
+
+    // A configuration that does not load changes nothing.
+    daemon.rewrite_config("[[agents.boot]]\nname = \"broken\"\n");
+    daemon.signal(libc::SIGHUP);
+    until("the failed reload logged", SOON, || {
+        daemon.log().contains("the configuration was not reloaded")
+    });
+    assert!(live(&daemon, "added").is_some());
+    assert!(live(&daemon, "broken").is_none());
+}
+
+#[test]
+fn sighup_takes_up_a_new_llm_provider() {
+    let daemon = Daemon::start();
+    let think = |daemon: &Daemon| call_json(&mut daemon.raw(), Opcode::THINK, b"hi");
+    assert_eq!(think(&daemon)["code"], "unavailable");
+    let stub = Stub::start(|_, _| Reply::openai("reloaded", 3, 1));
+    daemon.rewrite_config(&format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"sk-test\"\n\
+         model = \"stub-model\"\n",
+        stub.url()
+    ));
+    daemon.signal(libc::SIGHUP);
+    let mut reply = Value::Null;
+    until("THINK answered by the new provider", SOON, || {
+        reply = think(&daemon);
+        reply["success"] == true
+    });
+    assert_eq!(reply["content"], "reloaded", "{reply}");
+    assert!(daemon.log().contains("applied: llm"));
+}
+
+#[test]
+fn systemd_hears_ready_reloading_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify_path = dir.path().join("notify");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(SOON)).unwrap();
+    let daemon = Daemon::start_with_env("", &[("NOTIFY_SOCKET", notify_path.to_str().unwrap())]);
+    let mut buf = [0u8; 512];
+    let mut next = || {
+        let n = notify.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let ready = next();
+    assert!(ready.starts_with("READY=1\n"), "{ready}");
+    assert!(
+        ready.contains(&daemon.socket.display().to_string()),
+        "{ready}"
+    );
+    daemon.signal(libc::SIGHUP);
+    assert!(next().starts_with("RELOADING=1\nMONOTONIC_USEC="));
+    assert!(next().starts_with("READY=1"));
+    daemon.signal(libc::SIGTERM);
+    assert!(next().starts_with("STOPPING=1"));
+}
