@@ -35,6 +35,8 @@ impl Opcode {
     pub const LIST: Opcode = Opcode(0x12);
     /// Background work: dispatch, status, wait, list, cancel.
     pub const TASK: Opcode = Opcode(0x13);
+    /// An agent's log: its tail, or what it writes next.
+    pub const LOGS: Opcode = Opcode(0x16);
     /// Protocol and feature discovery.
     pub const HELLO: Opcode = Opcode(0xFE);
     /// Say goodbye and close the connection. Also the opcode of a `bad_magic`
@@ -42,7 +44,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 10] = [
+    pub const ALL: [Opcode; 11] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -51,6 +53,7 @@ impl Opcode {
         Opcode::KILL,
         Opcode::LIST,
         Opcode::TASK,
+        Opcode::LOGS,
         Opcode::HELLO,
         Opcode::EXIT,
     ];
@@ -66,6 +69,7 @@ impl Opcode {
             Opcode::KILL => "KILL",
             Opcode::LIST => "LIST",
             Opcode::TASK => "TASK",
+            Opcode::LOGS => "LOGS",
             Opcode::HELLO => "HELLO",
             Opcode::EXIT => "EXIT",
             _ => return None,
@@ -127,6 +131,7 @@ mod tests {
             (0x11, "KILL"),
             (0x12, "LIST"),
             (0x13, "TASK"),
+            (0x16, "LOGS"),
             (0xFE, "HELLO"),
             (0xFF, "EXIT"),
         ];

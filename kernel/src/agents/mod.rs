@@ -19,6 +19,7 @@
 
 mod inheritance;
 mod lifecycle;
+pub mod log_reader;
 pub mod program;
 mod record;
 pub mod restart;
@@ -414,6 +415,31 @@ impl Agents {
             .collect()
     }
 
+    /// The log of the agent `target` names, if `caller` may see that agent
+    /// (as in LIST): by name, the live agent, else the latest one.
+    pub fn log_of(&self, caller: Identity, target: &AgentRef) -> Option<AgentLog> {
+        let visible = |a: &&Agent| match caller.agent() {
+            None => true,
+            Some(asker) => a.id == asker || self.is_descendant(a.id, asker),
+        };
+        let agent = match target {
+            AgentRef::Id(id) => self.table.get(id).filter(visible),
+            AgentRef::Name(name) => self
+                .table
+                .values()
+                .filter(|a| &a.name == name)
+                .filter(visible)
+                .max_by_key(|a| (a.is_live(), a.id)),
+        }?;
+        Some(AgentLog {
+            id: agent.id,
+            name: agent.name.clone(),
+            path: agent.log.clone(),
+            state: agent.state,
+            live: agent.is_live(),
+        })
+    }
+
     fn is_descendant(&self, id: u32, ancestor: u32) -> bool {
         let mut current = self.table.get(&id).and_then(|a| a.parent);
         // Ids only grow, so a parent chain cannot loop; the bound is belt and braces.
@@ -439,6 +465,21 @@ impl Agents {
             max_pids: asked.max_pids.or(self.defaults.max_pids),
         }
     }
+}
+
+/// Where an agent's log is, and whether more may come.
+#[derive(Clone, Debug)]
+pub struct AgentLog {
+    /// The agent's id.
+    pub id: u32,
+    /// Its name.
+    pub name: String,
+    /// Its log file.
+    pub path: PathBuf,
+    /// Its state now.
+    pub state: AgentState,
+    /// Whether it may still write.
+    pub live: bool,
 }
 
 /// The limits an agent gets for what its SPAWN leaves out.

@@ -15,6 +15,7 @@ use agentos_proto::payload::{Limits, SpawnRequest, TaskKind};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 use mio::{Registry, Token, Waker};
 
+use super::logs::LogFollower;
 use crate::address::{Outbox, Reply, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents, Run};
 use crate::config::Config;
@@ -83,6 +84,8 @@ pub struct Kernel {
     pub(super) outbox: Outbox,
     /// Background tasks.
     pub(super) tasks: Tasks,
+    /// LOGS follows waiting for their agents to write.
+    pub(super) log_followers: Vec<LogFollower>,
     /// Boot agents a reload changed, waiting for their old selves to end.
     pub(super) boot_pending: Vec<SpawnRequest>,
     /// What a reload needs to start subsystems anew.
@@ -166,6 +169,7 @@ impl Kernel {
             next_tool_call: 1,
             outbox: Outbox::default(),
             tasks,
+            log_followers: Vec::new(),
             boot_pending: Vec::new(),
             registry: registry.try_clone()?,
             waker,
@@ -227,6 +231,7 @@ impl Kernel {
             self.tasks.next_deadline(now),
             self.pool_renewal
                 .map(|due| due.saturating_duration_since(now)),
+            self.next_log_look(now),
         ]
         .into_iter()
         .flatten()
@@ -242,6 +247,7 @@ impl Kernel {
         self.llm.on_deadlines(now, &mut self.outbox.replies);
         self.tools.on_deadlines(now, &mut self.outbox.replies);
         self.tasks.on_deadlines(now, &mut self.outbox.replies);
+        self.serve_log_followers(now, false);
         if self.tasks.progress_due(now) {
             self.refresh_task_progress(true);
         }
@@ -262,6 +268,7 @@ impl Kernel {
         self.llm.connection_closed(serial);
         self.tools.connection_closed(serial);
         self.tasks.connection_closed(serial);
+        self.drop_log_followers_of(serial);
         self.tool_calls_through
             .retain(|_, caller| caller.reply_to.connection() != Some(serial));
     }
@@ -273,6 +280,7 @@ impl Kernel {
         // for the next kernel.
         self.refresh_task_progress(false);
         self.tasks.stop(&mut self.outbox.replies);
+        self.serve_log_followers(Instant::now(), true);
         self.sandboxes.begin_shutdown();
         self.agents.begin_shutdown(
             &mut agent_sandboxes(&mut self.sandboxes),

@@ -16,6 +16,7 @@ mod hello;
 mod kernel;
 mod kill;
 mod list;
+mod logs;
 mod reload;
 mod spawn;
 mod task;
@@ -106,6 +107,7 @@ impl Kernel {
             Opcode::EXEC => exec::handle,
             Opcode::TOOL => tool::handle,
             Opcode::TASK => task::handle,
+            Opcode::LOGS => logs::handle,
             _ => unknown,
         };
         let outcome = handler(self, request);

@@ -19,6 +19,21 @@ pub enum AgentRef {
     Name(String),
 }
 
+impl AgentRef {
+    /// The agent an `op` request names by exactly one of `id` and `name`.
+    pub fn from_fields(op: &str, id: Option<u32>, name: Option<&str>) -> Result<Self, ErrorReply> {
+        match (id, name) {
+            (Some(id), None) => Ok(AgentRef::Id(id)),
+            (None, Some(name)) => {
+                validate_name("name", name)?;
+                Ok(AgentRef::Name(name.to_owned()))
+            }
+            (Some(_), Some(_)) => Err(bad_request(format!("{op} takes `id` or `name`, not both"))),
+            (None, None) => Err(bad_request(format!("{op} needs an agent `id` or `name`"))),
+        }
+    }
+}
+
 /// A KILL request: `{"id": N}` or `{"name": "..."}`, optional `grace_ms`.
 ///
 /// ```
@@ -51,15 +66,7 @@ impl KillRequest {
 
     /// The agent named by the request.
     pub fn target(&self) -> Result<AgentRef, ErrorReply> {
-        match (self.id, &self.name) {
-            (Some(id), None) => Ok(AgentRef::Id(id)),
-            (None, Some(name)) => {
-                validate_name("name", name)?;
-                Ok(AgentRef::Name(name.clone()))
-            }
-            (Some(_), Some(_)) => Err(bad_request("KILL takes `id` or `name`, not both")),
-            (None, None) => Err(bad_request("KILL needs an agent `id` or `name`")),
-        }
+        AgentRef::from_fields("KILL", self.id, self.name.as_deref())
     }
 
     /// The grace period, defaulted.

@@ -10,6 +10,7 @@ mod exec;
 mod hello;
 mod kill;
 mod list;
+mod logs;
 mod spawn;
 mod task;
 mod think;
@@ -24,6 +25,10 @@ pub use hello::{CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, Prot
 pub use kill::{AgentRef, KillReply, KillRequest, DEFAULT_GRACE_MS};
 pub use list::{
     AgentInfo, AgentState, CpuStats, ExecStats, ListRequest, LlmStats, MemoryStats, PidStats,
+};
+pub use logs::{
+    LogsReply, LogsRequest, DEFAULT_FOLLOW_WAIT_MS, DEFAULT_LOG_LINES, MAX_FOLLOW_WAIT_MS,
+    MAX_LOG_CHUNK, MAX_LOG_LINES,
 };
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
