@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 from types import TracebackType
-from typing import Any, Mapping, NamedTuple, Optional, Sequence, Type, Union
+from typing import Any, Iterator, Mapping, NamedTuple, Optional, Sequence, Type, Union
 
 from .errors import AgentOSConnectionError, AgentOSError, ProtocolError
 from .paths import PathLike, resolve_socket_path
@@ -322,6 +322,41 @@ class AgentOSClient:
         if grace_ms is not None:
             request["grace_ms"] = grace_ms
         return self.call_json(Opcode.KILL, request)
+
+    def logs(
+        self, agent: Union[int, str], follow: bool = False, lines: Optional[int] = None
+    ) -> Union[str, Iterator[str]]:
+        """LOGS: an agent's log, by id (int) or name (str).
+
+        Without ``follow``, the text of its last ``lines`` lines (default
+        100). With ``follow``, an iterator: the last lines, then each piece
+        the agent writes as it comes, ending when the agent has ended and
+        its log is read to the end::
+
+            for text in client.logs("worker1", follow=True):
+                print(text, end="")
+
+        Raises :class:`AgentOSError` with code ``not_found`` for an agent
+        that does not exist or is not yours to see."""
+        request: dict = {"id": agent} if isinstance(agent, int) else {"name": agent}
+        if lines is not None:
+            request["lines"] = lines
+        if not follow:
+            return self.call_json(Opcode.LOGS, request)["text"]
+        return self._follow_logs(request)
+
+    def _follow_logs(self, request: dict) -> Iterator[str]:
+        reply = self.call_json(Opcode.LOGS, request)
+        # Each wait stays well inside the socket timeout.
+        wait_ms = 10_000 if self.timeout is None else max(100, min(10_000, int(self.timeout * 500)))
+        while True:
+            if reply["text"]:
+                yield reply["text"]
+            if reply["ended"]:
+                return
+            follow = {"id": reply["id"], "after": reply["offset"], "follow": True,
+                      "wait_ms": wait_ms}
+            reply = self.call_json(Opcode.LOGS, follow)
 
     def exec(
         self,

@@ -33,6 +33,7 @@ class Opcode(enum.IntEnum):
     KILL = 0x11
     LIST = 0x12
     TASK = 0x13
+    LOGS = 0x16
     HELLO = 0xFE
     EXIT = 0xFF
 

@@ -10,6 +10,7 @@ use agentos_proto::{Client, Opcode};
 use anyhow::bail;
 use clap::{Parser, Subcommand};
 
+mod logs;
 mod task;
 mod tools;
 mod top;
@@ -88,6 +89,9 @@ enum Command {
     /// A live view of the agents: state, CPU %, memory against its limit,
     /// restarts, LLM tokens, EXEC runs; refreshed each second, q quits
     Top(top::TopArgs),
+    /// Print an agent's log: its last lines, and with -f what it writes
+    /// next, until it ends
+    Logs(logs::LogsArgs),
     /// Stop an agent (SIGTERM to its tree, SIGKILL after the grace)
     Kill {
         /// Agent name, or id
@@ -224,6 +228,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Task(command) => return task(&mut client, command),
         Command::Run(run_args) => return run_prompt(&mut client, run_args),
         Command::Top(top_args) => top::top(&mut client, &path, top_args),
+        Command::Logs(logs_args) => logs::logs(&mut client, logs_args),
     };
     done.map(|()| ExitCode::SUCCESS)
 }
