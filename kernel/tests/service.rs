@@ -140,10 +140,11 @@ fn a_bad_boot_entry_is_a_start_up_error_naming_it() {
 #[test]
 fn sighup_applies_boot_agent_changes_and_names_what_needs_a_restart() {
     let daemon = Daemon::start_with(&format!(
-        "{}{}{}",
+        "{}{}{}{}",
         sleeper("removed", 1000),
         sleeper("changed", 1000),
-        sleeper("kept", 1000)
+        sleeper("kept", 1000),
+        sleeper("revived", 1000)
     ));
     let removed = running(&daemon, "removed");
     let changed = running(&daemon, "changed");
@@ -157,11 +158,24 @@ fn sighup_applies_boot_agent_changes_and_names_what_needs_a_restart() {
     );
     assert_eq!(spawned["success"], true, "{spawned}");
 
+    // A boot agent KILLed by hand starts again on reload, as declared.
+    let revived = running(&daemon, "revived");
+    let killed = request(
+        &mut client,
+        Opcode::KILL,
+        &json!({"name": "revived", "grace_ms": 0}),
+    );
+    assert_eq!(killed["killed"], true, "{killed}");
+    until("revived killed", SOON, || {
+        live(&daemon, "revived").is_none()
+    });
+
     daemon.rewrite_config(&format!(
-        "[exec]\ndefault_timeout_ms = 12345\n{}{}{}",
+        "[exec]\ndefault_timeout_ms = 12345\n{}{}{}{}",
         sleeper("changed", 2000),
         sleeper("kept", 1000),
-        sleeper("added", 1000)
+        sleeper("added", 1000),
+        sleeper("revived", 1000)
     ));
     daemon.signal(libc::SIGHUP);
     running(&daemon, "added");
@@ -175,6 +189,7 @@ fn sighup_applies_boot_agent_changes_and_names_what_needs_a_restart() {
     });
     assert_eq!(renewed["boot"], true);
     assert_eq!(live(&daemon, "kept").unwrap()["id"], kept["id"]);
+    assert_ne!(running(&daemon, "revived")["id"], revived["id"]);
     assert!(live(&daemon, "operators").is_some());
     let ended = list(&daemon)
         .into_iter()

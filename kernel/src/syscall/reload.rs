@@ -152,7 +152,17 @@ impl Kernel {
         }
         for entry in new {
             match old.iter().find(|o| o.name == entry.name) {
-                Some(previous) if previous == entry => {}
+                Some(previous) if previous == entry => {
+                    // A reload brings the declared agents back: one that was
+                    // KILLed, gave up restarting, or never got its name.
+                    if self.agents.live_named(&entry.name).is_none() {
+                        log::info!(
+                            "SIGHUP: boot agent {:?} is not running; starting it",
+                            entry.name
+                        );
+                        self.start_boot_agent(entry.clone());
+                    }
+                }
                 Some(_) => {
                     log::info!(
                         "SIGHUP: boot agent {:?} changed; restarting it with its new entry",
