@@ -263,3 +263,93 @@ fn systemd_hears_ready_reloading_and_stopping() {
     daemon.signal(libc::SIGTERM);
     assert!(next().starts_with("STOPPING=1"));
 }
+
+/// A `[mcp.servers.<name>]` table for the test server that behaves.
+fn mcp_server(name: &str) -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_faults.py");
+    format!(
+        "[mcp.servers.{name}]\ncommand = \"/usr/bin/python3\"\nargs = [\"{}\", \"serve\"]\n",
+        script.display()
+    )
+}
+
+/// The MCP servers HELLO reports, by name, with their states.
+fn tool_servers(daemon: &Daemon) -> Vec<(String, String)> {
+    let hello = call_json(&mut daemon.raw(), Opcode::HELLO, b"");
+    hello["tool_servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_owned(),
+                s["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn sighup_restarts_the_mcp_servers_as_configured() {
+    let daemon = Daemon::start_with(&mcp_server("first"));
+    until("the first server ready", SOON, || {
+        tool_servers(&daemon) == [("first".to_owned(), "ready".to_owned())]
+    });
+    daemon.rewrite_config(&mcp_server("second"));
+    daemon.signal(libc::SIGHUP);
+    until("only the second server, ready", SOON, || {
+        tool_servers(&daemon) == [("second".to_owned(), "ready".to_owned())]
+    });
+    let tools = call_json(&mut daemon.raw(), Opcode::TOOL, br#"{"op":"list"}"#);
+    let servers: std::collections::BTreeSet<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["server"].as_str())
+        .collect();
+    assert!(servers.contains("second"), "{tools}");
+    assert!(!servers.contains("first"), "{tools}");
+    // The first server's process is gone: one server is left among the
+    // daemon's descendants.
+    until("the old server ended", SOON, || {
+        descendants(daemon.pid())
+            .iter()
+            .filter(|pid| cmdline(**pid).contains("mcp_faults.py"))
+            .count()
+            == 1
+    });
+    assert!(daemon.log().contains("applied: mcp"));
+}
+
+fn cmdline(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| String::from_utf8_lossy(&raw).into_owned())
+        .unwrap_or_default()
+}
+
+/// Every process below `root`, from each process's parent in /proc.
+fn descendants(root: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let after_name = &stat[stat.rfind(')')? + 2..];
+            let ppid = after_name.split(' ').nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut at = 0;
+    while at < found.len() {
+        let parent = found[at];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(pid, _)| *pid),
+        );
+        at += 1;
+    }
+    found.split_off(1)
+}
