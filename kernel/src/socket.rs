@@ -25,7 +25,7 @@ use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixA
 use nix::sys::stat::{umask, Mode};
 use nix::unistd::{chown, Gid, Group};
 
-use agentos_proto::socket_path::private_fallback_dir;
+use agentos_proto::socket_path::{private_fallback_dir, SYSTEM_SOCKET};
 
 /// Longest socket path the kernel accepts (`sun_path` is 108 bytes with NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -225,7 +225,10 @@ fn resolve_group(group: &str) -> Result<Gid, SocketError> {
 /// Creates the socket's directory if missing. The per-user fallback under
 /// /tmp is 0700 and must be owned by us; other directories we create are
 /// 0750 and belong to the socket group, so its members can reach the socket.
-/// Existing directories other than the fallback are left as they are.
+/// Existing directories are left as they are, but for the fallback (which
+/// is checked) and the system socket's `/run/agentos`, which is the
+/// kernel's own: it gets the socket group again at each start, so one made
+/// before the group existed does not lock the group's members out.
 fn prepare_directory(dir: &Path, gid: Gid) -> Result<(), SocketError> {
     let euid = nix::unistd::geteuid().as_raw();
     let private = dir == private_fallback_dir(euid);
@@ -233,6 +236,16 @@ fn prepare_directory(dir: &Path, gid: Gid) -> Result<(), SocketError> {
         Ok(meta) => {
             if private {
                 check_private_dir(dir, &meta, euid)?;
+            }
+            let system = Path::new(SYSTEM_SOCKET).parent() == Some(dir);
+            if system && meta.is_dir() && meta.uid() == euid && meta.gid() != gid.as_raw() {
+                fs::set_permissions(dir, fs::Permissions::from_mode(0o750))
+                    .map_err(io_error("cannot set mode of", dir))?;
+                chown(dir, None, Some(gid)).map_err(|errno| SocketError::Io {
+                    action: "cannot give the socket directory to its group",
+                    path: dir.to_path_buf(),
+                    source: errno.into(),
+                })?;
             }
             Ok(())
         }

@@ -353,3 +353,100 @@ fn descendants(root: i32) -> Vec<i32> {
     }
     found.split_off(1)
 }
+
+/// Puts back on drop what the system-socket test changed: the `agentos`
+/// group if it made it, and `/run/agentos` as it was (or not there).
+struct PutBack {
+    made_group: bool,
+    run_dir: Option<(u32, u32)>,
+}
+
+impl Drop for PutBack {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        match self.run_dir {
+            Some((gid, mode)) => {
+                let _ = nix::unistd::chown("/run/agentos", None, Some(gid.into()));
+                let _ =
+                    std::fs::set_permissions("/run/agentos", std::fs::Permissions::from_mode(mode));
+            }
+            None => {
+                let _ = std::fs::remove_dir("/run/agentos");
+            }
+        }
+        if self.made_group {
+            let _ = std::process::Command::new("groupdel")
+                .arg("agentos")
+                .status();
+        }
+    }
+}
+
+#[test]
+fn with_no_flags_root_serves_the_system_socket_to_group_agentos() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    const SYSTEM_SOCKET: &str = "/run/agentos/agentos.sock";
+    if !common::is_root() {
+        eprintln!("!!! NOT TESTED: the system socket needs root");
+        return;
+    }
+    if std::os::unix::net::UnixStream::connect(SYSTEM_SOCKET).is_ok() {
+        eprintln!("!!! NOT TESTED: a kernel already serves {SYSTEM_SOCKET}");
+        return;
+    }
+    let existed = nix::unistd::Group::from_name("agentos").unwrap().is_some();
+    let _put_back = PutBack {
+        made_group: !existed,
+        run_dir: std::fs::metadata("/run/agentos")
+            .ok()
+            .map(|m| (m.gid(), m.permissions().mode() & 0o7777)),
+    };
+    if !existed {
+        let made = std::process::Command::new("groupadd")
+            .args(["--system", "agentos"])
+            .status()
+            .unwrap();
+        assert!(made.success());
+    }
+    let gid = nix::unistd::Group::from_name("agentos")
+        .unwrap()
+        .unwrap()
+        .gid;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agentosd.toml");
+    std::fs::write(&config, "[llm]\nprovider = \"none\"\n").unwrap();
+    let log = dir.path().join("agentosd.log");
+    // No flags: only the environment keeps it off this machine's real
+    // config, state and logs.
+    let child = std::process::Command::new(common::AGENTOSD)
+        .env_remove("AGENTOS_SOCKET")
+        .env("AGENTOS_CONFIG", &config)
+        .env("AGENTOS_STATE_DIR", dir.path().join("state"))
+        .env("AGENTOS_AGENT_LOG_DIR", dir.path().join("logs"))
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let daemon = common::StopOnDrop(child);
+    until("the system socket answers", SOON, || {
+        std::os::unix::net::UnixStream::connect(SYSTEM_SOCKET).is_ok()
+    });
+    let socket = std::fs::metadata(SYSTEM_SOCKET).unwrap();
+    assert_eq!(socket.permissions().mode() & 0o777, 0o660);
+    assert_eq!(socket.gid(), gid.as_raw());
+    let parent = std::fs::metadata("/run/agentos").unwrap();
+    assert_eq!(parent.gid(), gid.as_raw());
+    assert_eq!(
+        parent.permissions().mode() & 0o007,
+        0,
+        "others may not enter"
+    );
+    let mut raw = std::os::unix::net::UnixStream::connect(SYSTEM_SOCKET).unwrap();
+    assert_eq!(call_json(&mut raw, Opcode::HELLO, b"")["success"], true);
+    let status = daemon.stop();
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(!std::path::Path::new(SYSTEM_SOCKET).exists());
+}
