@@ -112,6 +112,19 @@ fn a_bad_boot_entry_is_a_start_up_error_naming_it() {
     assert!(log.contains("agents.boot[1] (\"ghost\")"), "{log}");
     assert!(log.contains("/nonexistent/agent"), "{log}");
     assert!(!log.contains("boot agent \"fine\" started"), "{log}");
+    // --check-config says the same without starting.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agentosd.toml");
+    std::fs::write(&file, boot_entry("ghost", "[\"/nonexistent/agent\"]", "")).unwrap();
+    let checked = std::process::Command::new(common::AGENTOSD)
+        .arg("--config")
+        .arg(&file)
+        .arg("--check-config")
+        .output()
+        .unwrap();
+    assert_eq!(checked.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&checked.stderr);
+    assert!(said.contains("agents.boot[0] (\"ghost\")"), "{said}");
 
     for (entry, says) in [
         (

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentos_kernel::config::{Config, Flags};
-use agentos_kernel::{daemon, sandbox};
+use agentos_kernel::{agents, daemon, sandbox};
 use clap::Parser;
 
 /// The AgentOS kernel: serves the AgentOS protocol on a Unix socket.
@@ -70,6 +70,10 @@ fn main() -> ExitCode {
         }
     };
     if args.check_config {
+        if let Err(err) = agents::Agents::check_boot(&config) {
+            eprintln!("agentosd: {err}");
+            return ExitCode::from(2);
+        }
         match &config.file {
             Some(file) => println!("agentosd: {} is valid", file.display()),
             None => println!("agentosd: no config file; the settings are valid"),

