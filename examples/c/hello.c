@@ -1,11 +1,13 @@
-/* A C client of the AgentOS kernel: HELLO, NOOP, LIST, THINK and EXEC
- * through libagentos. Build and run:
+/* A C client of the AgentOS kernel through libagentos: HELLO, NOOP, LIST,
+ * THINK, EXEC, TOOL and TASK; an agent SPAWNed, its LOGS followed until it
+ * has spoken, and KILLed. Build and run:
  *
  *     cc examples/c/hello.c -Isdk-c/include -Ltarget/release -lagentos -o hello
  *     LD_LIBRARY_PATH=target/release ./hello [SOCKET]
  */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agentos.h"
 
@@ -31,6 +33,24 @@ int main(int argc, char **argv) {
     failed |= show("list", agentos_list(client, ""));
     failed |= show("think", agentos_think(client, "What is 2+2?"));
     failed |= show("exec", agentos_exec(client, "{\"code\": \"print(6 * 7)\"}"));
+    failed |= show("tool", agentos_tool(client, "{\"op\": \"list\"}"));
+    failed |= show("task", agentos_task(client, "{\"op\": \"list\"}"));
+
+    /* An agent of our own: its first words come through LOGS, which waits
+     * for them (follow from the log's start), then it is stopped. */
+    char request[512];
+    snprintf(request, sizeof request,
+             "{\"name\": \"c-example-%d\", \"command\": [\"/bin/sh\", \"-c\", "
+             "\"echo hello from the C example; sleep 60\"]}",
+             (int)getpid());
+    failed |= show("spawn", agentos_spawn(client, request));
+    snprintf(request, sizeof request,
+             "{\"name\": \"c-example-%d\", \"after\": 0, \"follow\": true, \"wait_ms\": 10000}",
+             (int)getpid());
+    failed |= show("logs", agentos_logs(client, request));
+    snprintf(request, sizeof request, "{\"name\": \"c-example-%d\", \"grace_ms\": 0}",
+             (int)getpid());
+    failed |= show("kill", agentos_kill(client, request));
 
     /* The raw call, with a binary-safe payload. */
     uint8_t *reply = NULL;

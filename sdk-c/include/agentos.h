@@ -53,6 +53,7 @@ enum {
     AGENTOS_KILL = 0x11,
     AGENTOS_LIST = 0x12,
     AGENTOS_TASK = 0x13,
+    AGENTOS_LOGS = 0x16,
     AGENTOS_HELLO = 0xFE,
     AGENTOS_EXIT = 0xFF
 };
@@ -92,6 +93,7 @@ char *agentos_spawn(agentos_client *client, const char *request); /* SPAWN's JSO
 char *agentos_kill(agentos_client *client, const char *request);  /* {"name": "worker"} */
 char *agentos_list(agentos_client *client, const char *request);  /* "" or "{}" */
 char *agentos_task(agentos_client *client, const char *request);  /* {"op": "list"} */
+char *agentos_logs(agentos_client *client, const char *request);  /* {"name": "worker", "lines": 20} */
 
 #ifdef __cplusplus
 }

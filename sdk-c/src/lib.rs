@@ -272,3 +272,7 @@ typed!(
     /// TASK: `request` is TASK's JSON (`{"op": "list"}`).
     agentos_task, Opcode::TASK
 );
+typed!(
+    /// LOGS: `request` is LOGS' JSON (`{"name": "worker", "lines": 20}`).
+    agentos_logs, Opcode::LOGS
+);

@@ -108,7 +108,7 @@ int main(void) {
         (void *)agentos_free, (void *)agentos_last_error, (void *)agentos_hello,
         (void *)agentos_noop, (void *)agentos_think, (void *)agentos_exec,
         (void *)agentos_tool, (void *)agentos_spawn, (void *)agentos_kill,
-        (void *)agentos_list, (void *)agentos_task,
+        (void *)agentos_list, (void *)agentos_task, (void *)agentos_logs,
     };
     agentos_status ok = AGENTOS_OK;
     printf("%zu %d\n", sizeof symbols / sizeof symbols[0], (int)ok);
@@ -152,6 +152,10 @@ fn the_c_example_talks_to_a_live_kernel_and_valgrind_finds_nothing() {
     assert!(stdout.contains("noop: ping\n"), "{stdout}");
     assert!(stdout.contains("think: {"), "{stdout}");
     assert!(stdout.contains("raw noop: 3 bytes back"), "{stdout}");
+    assert!(stdout.contains("tool: {\"success\":true"), "{stdout}");
+    assert!(stdout.contains("task: {\"success\":true"), "{stdout}");
+    assert!(stdout.contains("hello from the C example\\n"), "{stdout}");
+    assert!(stdout.contains("\"killed\":true"), "{stdout}");
 
     if Command::new("valgrind").arg("--version").output().is_err() {
         eprintln!(
