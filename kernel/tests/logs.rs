@@ -233,3 +233,24 @@ fn an_agent_reads_its_own_log_and_its_childs_but_no_one_elses() {
         replies[1]
     );
 }
+
+#[test]
+fn one_caller_has_at_most_sixteen_follows_waiting() {
+    use common::{recv_json, send};
+    let daemon = Daemon::start();
+    let id = spawn_sh(&daemon, "silent", "sleep 1000");
+    let mut raw = daemon.raw();
+    let follow = json!({"id": id, "follow": true, "wait_ms": 500}).to_string();
+    for _ in 0..17 {
+        send(&mut raw, Opcode::LOGS, follow.as_bytes());
+    }
+    let replies: Vec<Value> = (0..17).map(|_| recv_json(&mut raw).1).collect();
+    for reply in &replies[..16] {
+        assert_eq!(reply["success"], true, "{reply}");
+        assert_eq!(reply["text"], "", "{reply}");
+    }
+    assert_eq!(replies[16]["code"], "busy", "{}", replies[16]);
+    // Another connection is another operator, with follows of its own.
+    let other = logs(&daemon, json!({"id": id, "follow": true, "wait_ms": 100}));
+    assert_eq!(other["success"], true, "{other}");
+}

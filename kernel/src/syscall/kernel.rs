@@ -15,7 +15,7 @@ use agentos_proto::payload::{Limits, SpawnRequest, TaskKind};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 use mio::{Registry, Token, Waker};
 
-use super::logs::LogFollower;
+use super::logs::LogFollowers;
 use crate::address::{Outbox, Reply, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents, Run};
 use crate::config::Config;
@@ -85,7 +85,7 @@ pub struct Kernel {
     /// Background tasks.
     pub(super) tasks: Tasks,
     /// LOGS follows waiting for their agents to write.
-    pub(super) log_followers: Vec<LogFollower>,
+    pub(super) log_followers: LogFollowers,
     /// Boot agents a reload changed, waiting for their old selves to end.
     pub(super) boot_pending: Vec<SpawnRequest>,
     /// What a reload needs to start subsystems anew.
@@ -169,7 +169,7 @@ impl Kernel {
             next_tool_call: 1,
             outbox: Outbox::default(),
             tasks,
-            log_followers: Vec::new(),
+            log_followers: LogFollowers::default(),
             boot_pending: Vec::new(),
             registry: registry.try_clone()?,
             waker,

@@ -18,18 +18,30 @@ use crate::agents::log_reader::{self, Chunk};
 use crate::agents::AgentLog;
 use crate::identity::Identity;
 
-/// How often a waiting follower's log is looked at.
+/// How often the waiting followers' logs are looked at, all together.
 const FOLLOW_POLL: Duration = Duration::from_millis(100);
+/// Follows one caller (an agent, or an operator's connection) may have
+/// waiting at once.
+pub const MAX_FOLLOWS_PER_CALLER: usize = 16;
+/// Follows waiting at once, from everyone.
+pub const MAX_FOLLOWS: usize = 1024;
+
+/// The follows waiting for their agents to write.
+#[derive(Debug, Default)]
+pub struct LogFollowers {
+    waiting: Vec<LogFollower>,
+    /// When their logs are next looked at.
+    next_look: Option<Instant>,
+}
 
 /// A follow waiting for its agent to write.
 #[derive(Debug)]
-pub struct LogFollower {
+struct LogFollower {
     reply_to: ReplyTo,
     caller: Identity,
     agent: u32,
     after: u64,
     deadline: Instant,
-    next_look: Instant,
 }
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
@@ -54,14 +66,33 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     };
     let now = Instant::now();
     if parsed.follow && log.live && log_reader::size(&log.path) == after {
-        kernel.log_followers.push(LogFollower {
+        let followers = &mut kernel.log_followers;
+        let own = followers
+            .waiting
+            .iter()
+            .filter(|f| f.caller == caller)
+            .count();
+        if own >= MAX_FOLLOWS_PER_CALLER || followers.waiting.len() >= MAX_FOLLOWS {
+            return Outcome::Reply(
+                ErrorReply::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "{} LOGS follows are waiting ({own} of them yours; at most \
+                         {MAX_FOLLOWS_PER_CALLER} each); retry when one has been answered",
+                        followers.waiting.len()
+                    ),
+                )
+                .to_json(),
+            );
+        }
+        followers.waiting.push(LogFollower {
             reply_to: request.reply_to,
             caller,
             agent: log.id,
             after,
             deadline: now + Duration::from_millis(parsed.wait_ms()),
-            next_look: now + FOLLOW_POLL,
         });
+        followers.next_look.get_or_insert(now + FOLLOW_POLL);
         return Outcome::Later;
     }
     Outcome::Reply(answer(&log, log_reader::read_after(&log.path, after)))
@@ -101,25 +132,23 @@ fn answer(log: &AgentLog, read: std::io::Result<Chunk>) -> Vec<u8> {
 }
 
 impl Kernel {
-    /// Answers the followers whose agent wrote, ended or was forgotten,
-    /// or whose wait is over; with `all`, every follower (at shutdown).
+    /// Looks at the waiting followers' logs when their time has come (cheap
+    /// otherwise: it runs on every turn of the reactor) and answers those
+    /// whose agent wrote, ended or was forgotten, or whose wait is over;
+    /// with `all`, every follower at once (at shutdown).
     pub(super) fn serve_log_followers(&mut self, now: Instant, all: bool) {
-        if self.log_followers.is_empty() {
-            return;
+        match self.log_followers.next_look {
+            Some(due) if all || due <= now => {}
+            _ => return,
         }
-        let followers = std::mem::take(&mut self.log_followers);
-        for mut follower in followers {
-            if !all && follower.next_look > now {
-                self.log_followers.push(follower);
-                continue;
-            }
+        let waiting = std::mem::take(&mut self.log_followers.waiting);
+        for follower in waiting {
             let reply = match find(self, follower.caller, &AgentRef::Id(follower.agent)) {
                 Err(err) => err.to_json(),
                 Ok(log) => {
                     let grown = log_reader::size(&log.path) != follower.after;
                     if !(all || grown || !log.live || now >= follower.deadline) {
-                        follower.next_look = now + FOLLOW_POLL;
-                        self.log_followers.push(follower);
+                        self.log_followers.waiting.push(follower);
                         continue;
                     }
                     answer(&log, log_reader::read_after(&log.path, follower.after))
@@ -127,19 +156,21 @@ impl Kernel {
             };
             self.outbox.replies.push((follower.reply_to, reply));
         }
+        self.log_followers.next_look =
+            (!self.log_followers.waiting.is_empty()).then(|| now + FOLLOW_POLL);
     }
 
-    /// When a follower's log must next be looked at.
+    /// When the followers' logs must next be looked at.
     pub(super) fn next_log_look(&self, now: Instant) -> Option<Duration> {
         self.log_followers
-            .iter()
-            .map(|f| f.next_look.saturating_duration_since(now))
-            .min()
+            .next_look
+            .map(|due| due.saturating_duration_since(now))
     }
 
     /// Followers whose connection closed wait for no one.
     pub(super) fn drop_log_followers_of(&mut self, connection: u64) {
         self.log_followers
+            .waiting
             .retain(|f| f.reply_to.connection() != Some(connection));
     }
 }
