@@ -250,6 +250,19 @@ fn sighup_takes_up_a_new_llm_provider() {
     });
     assert_eq!(reply["content"], "reloaded", "{reply}");
     assert!(daemon.log().contains("applied: llm"));
+    // Limits alone: the provider stays as it is.
+    daemon.rewrite_config(&format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"sk-test\"\n\
+         model = \"stub-model\"\nrpm = 600\nmax_queued = 7\n",
+        stub.url()
+    ));
+    daemon.signal(libc::SIGHUP);
+    until("the new limits taken up", SOON, || {
+        daemon
+            .log()
+            .contains("THINK: new limits; provider openai and model stub-model unchanged")
+    });
+    assert_eq!(think(&daemon)["content"], "reloaded");
 }
 
 #[test]

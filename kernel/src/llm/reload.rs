@@ -14,14 +14,26 @@ use crate::config::llm::LlmConfig;
 use crate::sandbox::confine::Confinement;
 
 impl Llm {
-    /// Takes up `config` (see the module doc).
+    /// Takes up `config` in place of `old` (see the module doc). When only
+    /// the kernel's own limits changed, the provider stays connected (and a
+    /// loaded local model stays loaded).
     pub fn reconfigure(
         &mut self,
+        old: &LlmConfig,
         config: &LlmConfig,
         waker: Arc<Waker>,
         log_dir: &Path,
         confinement: Option<Confinement>,
     ) {
+        if same_provider(old, config) {
+            log::info!(
+                "THINK: new limits; provider {} and model {} unchanged",
+                self.kind,
+                self.model
+            );
+            self.take_limits(config);
+            return;
+        }
         let fresh = Llm::new(config, waker, log_dir, confinement);
         if let Some(mut callers) = self.callers.take() {
             // Its threads end once their current calls have; their answers
@@ -37,14 +49,20 @@ impl Llm {
         self.unavailable = fresh.unavailable;
         self.local = fresh.local;
         self.callers = fresh.callers;
-        self.admission = Admission::new(config.rpm, config.tpm, Instant::now());
         self.concurrency = config.concurrency;
+        self.take_limits(config);
+        self.retire_when_idle();
+    }
+
+    /// The kernel-side limits of `config`: rates, queue, time, tokens,
+    /// weights.
+    fn take_limits(&mut self, config: &LlmConfig) {
+        self.admission = Admission::new(config.rpm, config.tpm, Instant::now());
         self.timeout = Duration::from_millis(config.timeout_ms);
         self.default_max_tokens = config.default_max_tokens;
         self.max_tokens_limit = config.max_tokens_limit;
         self.weights = config.weights.clone();
         self.scheduler.set_capacity(config.max_queued);
-        self.retire_when_idle();
     }
 
     /// Lets go of the old provider's threads and stops the old local model
@@ -57,5 +75,50 @@ impl Llm {
         for local in self.retiring_local.drain(..) {
             local.stop();
         }
+    }
+}
+
+/// Whether `old` and `new` differ only in the kernel's own limits, not in
+/// what it connects to or how (provider, URL, model, key, concurrency,
+/// retries, the local server).
+fn same_provider(old: &LlmConfig, new: &LlmConfig) -> bool {
+    let connection = |c: &LlmConfig| LlmConfig {
+        rpm: 0,
+        tpm: 0,
+        max_queued: 0,
+        timeout_ms: 0,
+        default_max_tokens: 0,
+        max_tokens_limit: 0,
+        weights: Default::default(),
+        ..c.clone()
+    };
+    connection(old) == connection(new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_alone_keep_the_provider() {
+        let old = LlmConfig::default();
+        let limits = LlmConfig {
+            rpm: 60,
+            tpm: 1000,
+            max_queued: 3,
+            weights: [("a".to_owned(), 2)].into(),
+            ..old.clone()
+        };
+        assert!(same_provider(&old, &limits));
+        let model = LlmConfig {
+            model: Some("other".into()),
+            ..old.clone()
+        };
+        assert!(!same_provider(&old, &model));
+        let wider = LlmConfig {
+            concurrency: old.concurrency + 1,
+            ..old.clone()
+        };
+        assert!(!same_provider(&old, &wider));
     }
 }

@@ -106,8 +106,13 @@ impl Kernel {
         log::info!("SIGHUP: [llm] changed; THINK takes it up from the next request on");
         let log_dir = self.config.agents.log_dir();
         let confinement = self.sandboxes.confinement();
-        self.llm
-            .reconfigure(&new.llm, Arc::clone(&self.waker), &log_dir, confinement);
+        self.llm.reconfigure(
+            &self.config.llm,
+            &new.llm,
+            Arc::clone(&self.waker),
+            &log_dir,
+            confinement,
+        );
     }
 
     /// The MCP servers start anew as configured: calls under way fail,
