@@ -254,3 +254,37 @@ fn one_caller_has_at_most_sixteen_follows_waiting() {
     let other = logs(&daemon, json!({"id": id, "follow": true, "wait_ms": 100}));
     assert_eq!(other["success"], true, "{other}");
 }
+
+#[test]
+fn a_new_kernels_agent_never_reads_an_earlier_kernels_log() {
+    let mut daemon = Daemon::start();
+    let first = spawn_sh(
+        &daemon,
+        "payroll",
+        "echo API_KEY=sk-very-secret; sleep 1000",
+    );
+    wait_for_text(&daemon, "payroll", "sk-very-secret");
+    daemon.signal(libc::SIGTERM);
+    // The next kernel numbers its agents from 1 again: the same name and id
+    // name the same file.
+    daemon.restart("");
+    let second = spawn_sh(&daemon, "payroll", "sleep 1000");
+    assert_eq!(first, second, "the test needs the id reused");
+    for body in [
+        json!({"id": second}),
+        json!({"id": second, "after": 0}),
+        json!({"name": "payroll", "lines": 100000}),
+    ] {
+        let reply = logs(&daemon, body.clone());
+        assert_eq!(reply["success"], true, "{body}: {reply}");
+        assert_eq!(reply["text"], "", "{body}: {reply}");
+    }
+    // The operator still has it, beside the new one.
+    let kept = daemon
+        .dir
+        .path()
+        .join(format!("logs/payroll-{first}.log.prev"));
+    assert!(std::fs::read_to_string(kept)
+        .unwrap()
+        .contains("sk-very-secret"));
+}

@@ -263,6 +263,7 @@ impl Agents {
         self.next_id += 1;
         let isolation = isolation(sandboxes, &request);
         let log = self.log_dir.join(format!("{}-{id}.log", request.name));
+        set_aside_earlier_log(&log);
         log::info!(
             "agent {id} ({}) spawning: {} (log {})",
             request.name,
@@ -463,6 +464,26 @@ impl Agents {
             }),
             cpu_period: asked.cpu_period.or(self.defaults.cpu_period),
             max_pids: asked.max_pids.or(self.defaults.max_pids),
+        }
+    }
+}
+
+/// Ids start again at 1 with each kernel, so a new agent's log path may
+/// hold the log of an earlier kernel's agent of the same name and id. It
+/// is kept beside it as `<name>-<id>.log.prev` for the operator, out of
+/// LOGS' reach: what a new agent, or its parent, reads is its own.
+fn set_aside_earlier_log(log: &std::path::Path) {
+    let mut earlier = log.as_os_str().to_owned();
+    earlier.push(".prev");
+    match std::fs::rename(log, &earlier) {
+        Ok(()) => log::debug!("an earlier agent's log moved to {earlier:?}"),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        Err(err) => {
+            log::warn!(
+                "cannot move aside the earlier log {}: {err}; removing it",
+                log.display()
+            );
+            let _ = std::fs::remove_file(log);
         }
     }
 }
