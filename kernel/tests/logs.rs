@@ -288,3 +288,66 @@ fn a_new_kernels_agent_never_reads_an_earlier_kernels_log() {
         .unwrap()
         .contains("sk-very-secret"));
 }
+
+/// An agent that spawns a child, then waits on 16 follows of the child's
+/// log from one connection and asks a 17th on another: an agent has one
+/// allowance, however many connections it opens (its children's follows
+/// count in it too: they are keyed by the family's eldest).
+const FAMILY_FOLLOWS: &str = r#"
+import json, os, socket, struct
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["AGENTOS_SOCKET"])
+    return s
+def exact(s, n):
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+def send(s, op, body):
+    payload = json.dumps(body).encode()
+    s.sendall(struct.pack("<IIBQ", 0x41474E54, 0, op, len(payload)) + payload)
+def recv(s):
+    _, _, _, n = struct.unpack("<IIBQ", exact(s, 17))
+    return json.loads(exact(s, n))
+first, second = connect(), connect()
+send(first, 0x10, {"name": "quiet-kid", "command": ["/bin/sleep", "60"]})
+kid = recv(first)["id"]
+follow = {"id": kid, "follow": True, "wait_ms": 1500}
+for _ in range(16):
+    send(first, 0x16, follow)
+send(second, 0x16, follow)
+print("SEVENTEENTH " + json.dumps(recv(second)), flush=True)
+codes = [recv(first).get("code", "ok") for _ in range(16)]
+print("FIRST16 " + json.dumps(codes), flush=True)
+"#;
+
+#[test]
+fn an_agent_has_one_follow_allowance_across_its_connections() {
+    let daemon = Daemon::start();
+    let dir = shared_dir();
+    let script = common::write_script(dir.path(), "family.py", FAMILY_FOLLOWS);
+    let reply = request(
+        &mut daemon.client(),
+        Opcode::SPAWN,
+        &json!({"name": "family", "script": script, "permissions": {"spawn": true}}),
+    );
+    assert_eq!(reply["success"], true, "{reply}");
+    let log = wait_for_text(&daemon, "family", "FIRST16");
+    let text = log["text"].as_str().unwrap();
+    let line = |prefix: &str| -> Value {
+        let found = text.lines().find_map(|l| l.strip_prefix(prefix)).unwrap();
+        serde_json::from_str(found).unwrap()
+    };
+    assert_eq!(line("SEVENTEENTH ")["code"], "busy", "{text}");
+    assert_eq!(line("FIRST16 "), json!(vec!["ok"; 16]), "{text}");
+    // The operator is not held back by the agents' follows.
+    let kid = logs(
+        &daemon,
+        json!({"name": "quiet-kid", "follow": true, "wait_ms": 100}),
+    );
+    assert_eq!(kid["success"], true, "{kid}");
+}

@@ -97,6 +97,8 @@ pub struct Agents {
     retention: Duration,
     stop_grace: Duration,
     max_agents: usize,
+    /// Names only boot agents may have (see `reserve_boot_names`).
+    boot_names: std::collections::HashSet<String>,
     shutting_down: bool,
 }
 
@@ -124,6 +126,7 @@ impl Agents {
             retention: Duration::from_secs(agents.retention_secs),
             stop_grace: Duration::from_millis(agents.stop_grace_ms),
             max_agents: agents.max_agents,
+            boot_names: Default::default(),
             shutting_down: false,
         })
     }
@@ -190,6 +193,27 @@ impl Agents {
         Ok(())
     }
 
+    /// Keeps the names of `boot` entries for boot agents: an agent may not
+    /// SPAWN a child under one, so none can stand in for a boot agent that
+    /// is down (operators may; they run the config).
+    pub fn reserve_boot_names(&mut self, boot: &[SpawnRequest]) {
+        self.boot_names = boot.iter().map(|r| r.name.clone()).collect();
+    }
+
+    /// The agent at the top of `id`'s family: itself, or its eldest
+    /// ancestor still known.
+    pub fn root_of(&self, id: u32) -> u32 {
+        let mut root = id;
+        // Ids only grow, so a parent chain cannot loop; the bound is belt and braces.
+        for _ in 0..self.table.len() {
+            match self.table.get(&root).and_then(|a| a.parent) {
+                Some(parent) if self.table.contains_key(&parent) => root = parent,
+                _ => break,
+            }
+        }
+        root
+    }
+
     /// The live agent named `name`, if any: its id and whether it is a
     /// boot agent.
     pub fn live_named(&self, name: &str) -> Option<(u32, bool)> {
@@ -225,7 +249,18 @@ impl Agents {
                 };
                 (grant, program, Vec::new())
             }
-            Some(parent_id) => self.child_of(sandboxes, parent_id, &request, tokens_left)?,
+            Some(parent_id) => {
+                if self.boot_names.contains(&request.name) {
+                    return Err(ErrorReply::new(
+                        ErrorCode::AlreadyExists,
+                        format!(
+                            "the name {:?} is reserved for a boot agent; choose another",
+                            request.name
+                        ),
+                    ));
+                }
+                self.child_of(sandboxes, parent_id, &request, tokens_left)?
+            }
         };
         program::check_env(&request)?;
         let live = self.table.values().filter(|a| a.is_live()).count();

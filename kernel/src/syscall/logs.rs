@@ -20,11 +20,17 @@ use crate::identity::Identity;
 
 /// How often the waiting followers' logs are looked at, all together.
 const FOLLOW_POLL: Duration = Duration::from_millis(100);
-/// Follows one caller (an agent, or an operator's connection) may have
-/// waiting at once.
-pub const MAX_FOLLOWS_PER_CALLER: usize = 16;
+/// Follows one owner (an agent with its whole family, or an operator's
+/// connection) may have waiting at once.
+pub const MAX_FOLLOWS_PER_OWNER: usize = 16;
 /// Follows waiting at once, from everyone.
 pub const MAX_FOLLOWS: usize = 1024;
+/// Of those, kept for operators: agents cannot take them all.
+const OPERATOR_FOLLOWS: usize = 64;
+/// Log text one look at the followers answers with, about: a thousand
+/// followers of a log that has just grown are answered over several looks,
+/// not in one burst of memory.
+const FOLLOW_BYTES_PER_LOOK: usize = 4 << 20;
 
 /// The follows waiting for their agents to write.
 #[derive(Debug, Default)]
@@ -34,10 +40,48 @@ pub struct LogFollowers {
     next_look: Option<Instant>,
 }
 
+/// Whose follows count together: an agent's with its whole family's (it
+/// may make children at will), an operator's per connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FollowOwner {
+    Tree(u32),
+    Operator(Identity),
+}
+
+impl LogFollowers {
+    /// Whether `owner` may have one more follow waiting; `busy` if not.
+    fn has_room_for(&self, owner: FollowOwner) -> Result<(), ErrorReply> {
+        let own = self.waiting.iter().filter(|f| f.owner == owner).count();
+        let (taken, room) = match owner {
+            FollowOwner::Tree(_) => (
+                self.waiting
+                    .iter()
+                    .filter(|f| matches!(f.owner, FollowOwner::Tree(_)))
+                    .count(),
+                MAX_FOLLOWS - OPERATOR_FOLLOWS,
+            ),
+            FollowOwner::Operator(_) => (self.waiting.len(), MAX_FOLLOWS),
+        };
+        if own < MAX_FOLLOWS_PER_OWNER && taken < room {
+            return Ok(());
+        }
+        Err(ErrorReply::new(
+            ErrorCode::Busy,
+            format!(
+                "{} LOGS follows are waiting ({own} of them yours; at most \
+                 {MAX_FOLLOWS_PER_OWNER} for an agent and its family, or for an operator's \
+                 connection); retry when one has been answered",
+                self.waiting.len()
+            ),
+        ))
+    }
+}
+
 /// A follow waiting for its agent to write.
 #[derive(Debug)]
 struct LogFollower {
     reply_to: ReplyTo,
+    owner: FollowOwner,
     caller: Identity,
     agent: u32,
     after: u64,
@@ -61,32 +105,26 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         (Some(after), _) => after,
         (None, true) => log_reader::size(&log.path),
         (None, false) => {
-            return Outcome::Reply(answer(&log, log_reader::tail(&log.path, parsed.lines())))
+            return Outcome::Reply(answer(
+                &log,
+                log_reader::tail(&log.path, parsed.lines(), log.live),
+            ))
         }
     };
+    let read = log_reader::read_after(&log.path, after, log.live);
     let now = Instant::now();
-    if parsed.follow && log.live && log_reader::size(&log.path) == after {
-        let followers = &mut kernel.log_followers;
-        let own = followers
-            .waiting
-            .iter()
-            .filter(|f| f.caller == caller)
-            .count();
-        if own >= MAX_FOLLOWS_PER_CALLER || followers.waiting.len() >= MAX_FOLLOWS {
-            return Outcome::Reply(
-                ErrorReply::new(
-                    ErrorCode::Busy,
-                    format!(
-                        "{} LOGS follows are waiting ({own} of them yours; at most \
-                         {MAX_FOLLOWS_PER_CALLER} each); retry when one has been answered",
-                        followers.waiting.len()
-                    ),
-                )
-                .to_json(),
-            );
+    if parsed.follow && log.live && read.as_ref().is_ok_and(Chunk::is_empty) {
+        let owner = match caller.agent() {
+            Some(agent) => FollowOwner::Tree(kernel.agents.root_of(agent)),
+            None => FollowOwner::Operator(caller),
+        };
+        if let Err(err) = kernel.log_followers.has_room_for(owner) {
+            return Outcome::Reply(err.to_json());
         }
+        let followers = &mut kernel.log_followers;
         followers.waiting.push(LogFollower {
             reply_to: request.reply_to,
+            owner,
             caller,
             agent: log.id,
             after,
@@ -95,7 +133,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         followers.next_look.get_or_insert(now + FOLLOW_POLL);
         return Outcome::Later;
     }
-    Outcome::Reply(answer(&log, log_reader::read_after(&log.path, after)))
+    Outcome::Reply(answer(&log, read))
 }
 
 /// The agent's log, if the caller may see the agent.
@@ -135,23 +173,37 @@ impl Kernel {
     /// Looks at the waiting followers' logs when their time has come (cheap
     /// otherwise: it runs on every turn of the reactor) and answers those
     /// whose agent wrote, ended or was forgotten, or whose wait is over;
-    /// with `all`, every follower at once (at shutdown).
+    /// with `all`, every follower at once (at shutdown). One look answers
+    /// with about `FOLLOW_BYTES_PER_LOOK` of log text at most; the rest
+    /// wait for the next.
     pub(super) fn serve_log_followers(&mut self, now: Instant, all: bool) {
         match self.log_followers.next_look {
             Some(due) if all || due <= now => {}
             _ => return,
         }
+        let mut budget = FOLLOW_BYTES_PER_LOOK;
         let waiting = std::mem::take(&mut self.log_followers.waiting);
         for follower in waiting {
             let reply = match find(self, follower.caller, &AgentRef::Id(follower.agent)) {
                 Err(err) => err.to_json(),
                 Ok(log) => {
+                    let over = all || !log.live || now >= follower.deadline;
                     let grown = log_reader::size(&log.path) != follower.after;
-                    if !(all || grown || !log.live || now >= follower.deadline) {
-                        self.log_followers.waiting.push(follower);
-                        continue;
+                    let read = (over || (grown && budget > 0))
+                        .then(|| log_reader::read_after(&log.path, follower.after, log.live));
+                    match read {
+                        // A log that grew by half a character has nothing
+                        // to give yet.
+                        Some(read) if over || !read.as_ref().is_ok_and(Chunk::is_empty) => {
+                            let sent = read.as_ref().map_or(0, |chunk| chunk.bytes.len());
+                            budget = budget.saturating_sub(sent);
+                            answer(&log, read)
+                        }
+                        _ => {
+                            self.log_followers.waiting.push(follower);
+                            continue;
+                        }
                     }
-                    answer(&log, log_reader::read_after(&log.path, follower.after))
                 }
             };
             self.outbox.replies.push((follower.reply_to, reply));

@@ -23,6 +23,7 @@ impl Kernel {
     /// before the kernel started (`Agents::check_boot`); one that still
     /// fails to start is logged and the others go on.
     pub fn start_boot_agents(&mut self) {
+        self.agents.reserve_boot_names(&self.config.agents.boot);
         for request in self.config.agents.boot.clone() {
             self.start_boot_agent(request);
         }
@@ -73,8 +74,10 @@ impl Kernel {
             self.reload_tools(&new);
             changed.push("mcp");
         }
+        // Always: declared boot agents that are not running start again
+        // even when no entry changed.
+        self.reload_boot_agents(&old.agents.boot, &new.agents.boot);
         if old.agents.boot != new.agents.boot {
-            self.reload_boot_agents(&old.agents.boot, &new.agents.boot);
             changed.push("agents.boot");
         }
         let needs_restart = sections_needing_restart(&old, &new);
@@ -151,6 +154,7 @@ impl Kernel {
     }
 
     fn reload_boot_agents(&mut self, old: &[SpawnRequest], new: &[SpawnRequest]) {
+        self.agents.reserve_boot_names(new);
         for gone in old.iter().filter(|o| !new.iter().any(|n| n.name == o.name)) {
             log::info!("SIGHUP: boot agent {:?} removed; stopping it", gone.name);
             self.stop_boot_agent(&gone.name);

@@ -10,9 +10,10 @@ use crate::ErrorReply;
 pub const DEFAULT_LOG_LINES: u64 = 100;
 /// Most lines one tail may ask for.
 pub const MAX_LOG_LINES: u64 = 100_000;
-/// Most bytes of log text one reply carries; a follower asks again from
-/// the reply's `offset` for the rest.
-pub const MAX_LOG_CHUNK: u64 = 1 << 20;
+/// Most bytes of log text one reply carries (JSON escapes make a reply up
+/// to six times that); a follower asks again from the reply's `offset`
+/// for the rest.
+pub const MAX_LOG_CHUNK: u64 = 256 << 10;
 /// How long a follow waits for new output when the request names no time.
 pub const DEFAULT_FOLLOW_WAIT_MS: u64 = 10_000;
 /// Longest wait a follow may ask for.
