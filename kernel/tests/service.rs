@@ -89,6 +89,25 @@ fn boot_agents_start_with_the_kernel_and_restart_by_policy() {
     assert_eq!(spawned["success"], true, "{spawned}");
     assert_eq!(running(&daemon, "mine")["boot"], false);
     assert!(daemon.log().contains("boot agent \"steady\" started"));
+    // No agent may take a boot agent's name, even while that agent is down
+    // (an operator may: the config is theirs).
+    let dir = common::shared_dir();
+    let actor = common::write_actor(dir.path());
+    let (_, replies) = common::act(
+        &daemon,
+        &mut client,
+        &actor,
+        "squatter",
+        json!({"permissions": {"spawn": true}}),
+        json!([[0x10, {"name": "flaky", "command": ["/bin/sleep", "1000"]}]]),
+    );
+    let refused = &replies[0]["reply"];
+    assert_eq!(refused["code"], "already_exists", "{refused}");
+    assert!(refused["error"]
+        .as_str()
+        .unwrap()
+        .contains("reserved for a boot agent"));
+    assert!(live(&daemon, "flaky").is_none());
 }
 
 /// A start-up that must fail, and what it said.
@@ -162,7 +181,8 @@ fn sighup_applies_boot_agent_changes_and_names_what_needs_a_restart() {
     let removed = running(&daemon, "removed");
     let changed = running(&daemon, "changed");
     let kept = running(&daemon, "kept");
-    // An operator's agent that has a boot entry's name is not touched.
+    // An operator's agent under the name of an entry the reload adds is
+    // not touched, and the entry waits.
     let mut client = daemon.client();
     let spawned = request(
         &mut client,
@@ -183,13 +203,15 @@ fn sighup_applies_boot_agent_changes_and_names_what_needs_a_restart() {
         live(&daemon, "revived").is_none()
     });
 
-    daemon.rewrite_config(&format!(
-        "[exec]\ndefault_timeout_ms = 12345\n{}{}{}{}",
+    let reloaded = format!(
+        "[exec]\ndefault_timeout_ms = 12345\n{}{}{}{}{}",
         sleeper("changed", 2000),
         sleeper("kept", 1000),
         sleeper("added", 1000),
-        sleeper("revived", 1000)
-    ));
+        sleeper("revived", 1000),
+        sleeper("operators", 5)
+    );
+    daemon.rewrite_config(&reloaded);
     daemon.signal(libc::SIGHUP);
     running(&daemon, "added");
     until("the removed boot agent stopped", SOON, || {
@@ -203,7 +225,9 @@ fn sighup_applies_boot_agent_changes_and_names_what_needs_a_restart() {
     assert_eq!(renewed["boot"], true);
     assert_eq!(live(&daemon, "kept").unwrap()["id"], kept["id"]);
     assert_ne!(running(&daemon, "revived")["id"], revived["id"]);
-    assert!(live(&daemon, "operators").is_some());
+    let operators = live(&daemon, "operators").unwrap();
+    assert_eq!(operators["id"], spawned["id"], "{operators}");
+    assert_eq!(operators["boot"], false, "{operators}");
     let ended = list(&daemon)
         .into_iter()
         .find(|a| a["id"] == removed["id"])
@@ -215,6 +239,23 @@ fn sighup_applies_boot_agent_changes_and_names_what_needs_a_restart() {
         "{log}"
     );
     assert!(log.contains("only after a restart: [exec]"), "{log}");
+    assert!(
+        log.contains("boot agent \"operators\" not started"),
+        "{log}"
+    );
+
+    // Nothing changed in the file, but a boot agent that is down comes back.
+    let killed = request(
+        &mut client,
+        Opcode::KILL,
+        &json!({"name": "kept", "grace_ms": 0}),
+    );
+    assert_eq!(killed["killed"], true, "{killed}");
+    until("kept killed", SOON, || live(&daemon, "kept").is_none());
+    daemon.signal(libc::SIGHUP);
+    let back = running(&daemon, "kept");
+    assert_ne!(back["id"], kept["id"]);
+    assert_eq!(back["boot"], true);
     // The kernel still serves.
     assert_eq!(
         call_json(&mut daemon.raw(), Opcode::HELLO, b"")["success"],
@@ -321,6 +362,14 @@ fn sighup_restarts_the_mcp_servers_as_configured() {
     until("the first server ready", SOON, || {
         tool_servers(&daemon) == [("first".to_owned(), "ready".to_owned())]
     });
+    let server_pids = |daemon: &Daemon| -> Vec<i32> {
+        descendants(daemon.pid())
+            .into_iter()
+            .filter(|pid| cmdline(*pid).contains("mcp_faults.py"))
+            .collect()
+    };
+    let first = server_pids(&daemon);
+    assert_eq!(first.len(), 1, "{first:?}");
     daemon.rewrite_config(&mcp_server("second"));
     daemon.signal(libc::SIGHUP);
     until("only the second server, ready", SOON, || {
@@ -335,15 +384,12 @@ fn sighup_restarts_the_mcp_servers_as_configured() {
         .collect();
     assert!(servers.contains("second"), "{tools}");
     assert!(!servers.contains("first"), "{tools}");
-    // The first server's process is gone: one server is left among the
-    // daemon's descendants.
+    // The first server's process is gone; the second's runs.
     until("the old server ended", SOON, || {
-        descendants(daemon.pid())
-            .iter()
-            .filter(|pid| cmdline(**pid).contains("mcp_faults.py"))
-            .count()
-            == 1
+        let now = server_pids(&daemon);
+        now.len() == 1 && now[0] != first[0]
     });
+    assert!(!std::path::Path::new(&format!("/proc/{}", first[0])).exists());
     assert!(daemon.log().contains("applied: mcp"));
 }
 

@@ -291,7 +291,8 @@ impl Kernel {
             &mut exec_sandboxes(&mut self.sandboxes),
             &mut self.outbox.replies,
         );
-        self.tools.shutdown(&mut self.outbox.replies);
+        self.tools
+            .shutdown("the kernel is stopping", &mut self.outbox.replies);
         self.settle(Instant::now());
     }
 

@@ -70,8 +70,9 @@ impl Kernel {
             self.reload_llm(&new);
             changed.push("llm");
         }
-        if old.mcp != new.mcp {
-            self.reload_tools(&new);
+        let mut mcp = old.mcp.clone();
+        if old.mcp != new.mcp && self.reload_tools(&new) {
+            mcp = new.mcp.clone();
             changed.push("mcp");
         }
         // Always: declared boot agents that are not running start again
@@ -84,7 +85,7 @@ impl Kernel {
         // Only what was applied changes the configuration in force, so a
         // later reload compares against what actually runs.
         self.config.llm = new.llm;
-        self.config.mcp = new.mcp;
+        self.config.mcp = mcp;
         self.config.agents.boot = new.agents.boot;
         match (changed.is_empty(), needs_restart.is_empty()) {
             (true, true) => log::info!("SIGHUP: configuration reloaded; nothing changed"),
@@ -120,7 +121,9 @@ impl Kernel {
 
     /// The MCP servers start anew as configured: calls under way fail,
     /// and the old servers are given their grace to stop off the reactor.
-    fn reload_tools(&mut self, new: &Config) {
+    /// Returns whether the new ones took over (if not, the old ones serve
+    /// on, and the next SIGHUP tries again).
+    fn reload_tools(&mut self, new: &Config) -> bool {
         let names = |c: &Config| c.mcp.servers.keys().cloned().collect::<Vec<_>>().join(", ");
         log::info!(
             "SIGHUP: [mcp] changed; restarting the MCP servers (were: {}; now: {})",
@@ -138,11 +141,14 @@ impl Kernel {
             Ok(fresh) => fresh,
             Err(err) => {
                 log::error!("SIGHUP: cannot start the new MCP servers ({err}); the old ones stay");
-                return;
+                return false;
             }
         };
         let mut old = std::mem::replace(&mut self.tools, fresh);
-        old.shutdown(&mut self.outbox.replies);
+        old.shutdown(
+            "the MCP servers were restarted for a new configuration (SIGHUP)",
+            &mut self.outbox.replies,
+        );
         let stopping = std::thread::Builder::new()
             .name("mcp-retire".into())
             .spawn(move || old.finish_shutdown());
@@ -151,6 +157,7 @@ impl Kernel {
         }
         // The `tools` package is written again for the new servers.
         self.catalog_generation = None;
+        true
     }
 
     fn reload_boot_agents(&mut self, old: &[SpawnRequest], new: &[SpawnRequest]) {

@@ -426,8 +426,8 @@ impl Servers {
         std::mem::take(&mut self.delivered)
     }
 
-    /// Stops every server for good; calls under way fail.
-    pub fn shutdown(&mut self, replies: &mut Vec<Reply>) {
+    /// Stops every server for good; calls under way fail, saying `why`.
+    pub fn shutdown(&mut self, why: &str, replies: &mut Vec<Reply>) {
         for index in 0..self.servers.len() {
             let server = &mut self.servers[index];
             server.stopped = true;
@@ -436,7 +436,7 @@ impl Servers {
             }
             let mut events = Vec::new();
             if let Some(client) = server.client.as_mut() {
-                client.ended("the kernel is stopping", &mut events);
+                client.ended(why, &mut events);
             }
             // Its calls end; it is not restarted (the supervisor stops it
             // gently: SIGTERM, and closing its stdin).
