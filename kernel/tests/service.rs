@@ -304,6 +304,35 @@ fn sighup_takes_up_a_new_llm_provider() {
             .contains("THINK: new limits; provider openai and model stub-model unchanged")
     });
     assert_eq!(think(&daemon)["content"], "reloaded");
+
+    // A THINK at the provider when another takes over is answered by the
+    // one it went to; the next goes to the new one.
+    let slow =
+        Stub::start(|_, _| Reply::openai("old provider", 3, 1).after(Duration::from_millis(800)));
+    let provider = |stub: &Stub| {
+        format!(
+            "[llm]\nprovider = \"openai\"\nbase_url = \"{}/v1\"\napi_key = \"sk-test\"\n\
+             model = \"stub-model\"\n",
+            stub.url()
+        )
+    };
+    daemon.rewrite_config(&provider(&slow));
+    daemon.signal(libc::SIGHUP);
+    until("the slow provider answering", SOON, || {
+        think(&daemon)["content"] == "old provider"
+    });
+    let mut asking = daemon.raw();
+    let in_flight = std::thread::spawn(move || call_json(&mut asking, Opcode::THINK, b"hi"));
+    until("the THINK at the slow provider", SOON, || {
+        slow.requests().len() >= 2
+    });
+    daemon.rewrite_config(&provider(&stub));
+    daemon.signal(libc::SIGHUP);
+    let answered = in_flight.join().unwrap();
+    assert_eq!(answered["content"], "old provider", "{answered}");
+    until("the new provider answering", SOON, || {
+        think(&daemon)["content"] == "reloaded"
+    });
 }
 
 #[test]

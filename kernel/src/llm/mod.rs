@@ -75,6 +75,9 @@ struct Pending {
     /// Where the answer goes; its connection's closing drops the request.
     reply_to: ReplyTo,
     chat: Chat,
+    /// The request named no model: the one configured when it is sent
+    /// goes (a reload may change it while the request waits).
+    default_model: bool,
     enqueued: Instant,
     deadline: Instant,
 }
@@ -89,6 +92,8 @@ struct InFlight {
     prompt_estimate: u64,
     queue_ms: u64,
     model: String,
+    /// The provider it went to (see `provider_generation`).
+    generation: u64,
 }
 
 /// Deadlines the subsystem keeps.
@@ -126,11 +131,12 @@ pub struct Llm {
     unavailable: Option<String>,
     local: Option<Arc<LocalServer>>,
     callers: Option<Callers>,
-    /// The call threads of providers a reload replaced, while their calls
-    /// finish.
-    retiring: Vec<Callers>,
-    /// Local model servers a reload replaced, stopped once idle.
-    retiring_local: Vec<Arc<LocalServer>>,
+    /// Counts the providers reloads put in place; calls carry the one they
+    /// went to.
+    provider_generation: u64,
+    /// Providers a reload replaced, by generation, while their calls
+    /// finish: their call threads, and a local model server to stop.
+    retiring: Vec<(u64, Callers, Option<Arc<LocalServer>>)>,
     scheduler: Scheduler<Pending>,
     admission: Admission,
     in_flight: HashMap<u64, InFlight>,
@@ -167,8 +173,8 @@ impl Llm {
             unavailable: None,
             local: None,
             callers: None,
+            provider_generation: 0,
             retiring: Vec::new(),
-            retiring_local: Vec::new(),
             scheduler: Scheduler::new(config.max_queued),
             admission: Admission::new(config.rpm, config.tpm, Instant::now()),
             in_flight: HashMap::new(),
@@ -299,6 +305,7 @@ impl Llm {
                 format!("THINK is unavailable: {reason}"),
             ));
         }
+        let default_model = request.model.is_none();
         let mut chat = self.chat_for(request)?;
         let prompt_tokens = estimate_prompt_tokens(&chat);
         if let Some((budget, left)) = self.tightest(&asker.budgets) {
@@ -332,6 +339,7 @@ impl Llm {
             budgets: budgets.clone(),
             reply_to,
             chat,
+            default_model,
             enqueued: now,
             deadline,
         };
@@ -359,14 +367,14 @@ impl Llm {
         let finished: Vec<CallDone> = self
             .callers
             .iter()
-            .chain(&self.retiring)
+            .chain(self.retiring.iter().map(|(_, callers, _)| callers))
             .flat_map(Callers::finished)
             .collect();
         for done in finished {
             self.finished(done, replies);
         }
-        if !self.retiring.is_empty() || !self.retiring_local.is_empty() {
-            self.retire_when_idle();
+        if !self.retiring.is_empty() {
+            self.retire_finished();
         }
         if self.callers.is_some() {
             self.pump(Instant::now(), replies);
@@ -450,7 +458,11 @@ impl Llm {
         if let Some(callers) = &mut self.callers {
             callers.stop();
         }
-        for local in self.local.iter().chain(&self.retiring_local) {
+        let retiring = self
+            .retiring
+            .iter()
+            .filter_map(|(_, _, local)| local.as_ref());
+        for local in self.local.iter().chain(retiring) {
             local.stop();
         }
     }
@@ -504,7 +516,10 @@ impl Llm {
             let Some((flow, waiting)) = self.scheduler.pop() else {
                 return;
             };
-            let pending = waiting.item;
+            let mut pending = waiting.item;
+            if pending.default_model {
+                pending.chat.model.clone_from(&self.model);
+            }
             let queue_ms = now.saturating_duration_since(pending.enqueued).as_millis() as u64;
             self.in_flight.insert(
                 waiting.ticket,
@@ -516,6 +531,7 @@ impl Llm {
                     prompt_estimate: waiting.estimate - u64::from(pending.chat.max_tokens),
                     queue_ms,
                     model: pending.chat.model.clone(),
+                    generation: self.provider_generation,
                 },
             );
             let job = CallJob {

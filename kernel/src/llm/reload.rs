@@ -31,33 +31,42 @@ impl Llm {
                 self.kind,
                 self.model
             );
-            self.take_limits(config);
+            self.take_limits(old, config);
             return;
         }
         let fresh = Llm::new(config, waker, log_dir, confinement);
-        if let Some(mut callers) = self.callers.take() {
-            // Its threads end once their current calls have; their answers
-            // still arrive (see `poll`).
-            callers.stop();
-            self.retiring.push(callers);
+        match self.callers.take() {
+            Some(mut callers) => {
+                // Its threads end once their current calls have; their
+                // answers still arrive (see `poll`).
+                callers.stop();
+                self.retiring
+                    .push((self.provider_generation, callers, self.local.take()));
+            }
+            None => {
+                if let Some(local) = self.local.take() {
+                    local.stop();
+                }
+            }
         }
-        if let Some(local) = self.local.take() {
-            self.retiring_local.push(local);
-        }
+        self.provider_generation += 1;
         self.kind = fresh.kind;
         self.model = fresh.model;
         self.unavailable = fresh.unavailable;
         self.local = fresh.local;
         self.callers = fresh.callers;
         self.concurrency = config.concurrency;
-        self.take_limits(config);
-        self.retire_when_idle();
+        self.take_limits(old, config);
+        self.retire_finished();
     }
 
-    /// The kernel-side limits of `config`: rates, queue, time, tokens,
-    /// weights.
-    fn take_limits(&mut self, config: &LlmConfig) {
-        self.admission = Admission::new(config.rpm, config.tpm, Instant::now());
+    /// The kernel-side limits of `config`: rates (counted afresh only when
+    /// they changed, so a reload is no way around them), queue, time,
+    /// tokens, weights.
+    fn take_limits(&mut self, old: &LlmConfig, config: &LlmConfig) {
+        if (old.rpm, old.tpm) != (config.rpm, config.tpm) {
+            self.admission = Admission::new(config.rpm, config.tpm, Instant::now());
+        }
         self.timeout = Duration::from_millis(config.timeout_ms);
         self.default_max_tokens = config.default_max_tokens;
         self.max_tokens_limit = config.max_tokens_limit;
@@ -65,16 +74,21 @@ impl Llm {
         self.scheduler.set_capacity(config.max_queued);
     }
 
-    /// Lets go of the old provider's threads and stops the old local model
-    /// once no call is under way.
-    pub(super) fn retire_when_idle(&mut self) {
-        if !self.in_flight.is_empty() {
-            return;
-        }
-        self.retiring.clear();
-        for local in self.retiring_local.drain(..) {
-            local.stop();
-        }
+    /// Lets go of each replaced provider whose calls have all finished:
+    /// its threads, and its local model server, stopped.
+    pub(super) fn retire_finished(&mut self) {
+        let in_flight = &self.in_flight;
+        self.retiring.retain(|(generation, _, local)| {
+            let busy = in_flight
+                .values()
+                .any(|call| call.generation == *generation);
+            if !busy {
+                if let Some(local) = local {
+                    local.stop();
+                }
+            }
+            busy
+        });
     }
 }
 
