@@ -688,6 +688,7 @@ mod tests {
             prompt_estimate,
             queue_ms: 0,
             model: "m".into(),
+            generation: 0,
         }
     }
 
