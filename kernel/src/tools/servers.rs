@@ -336,9 +336,15 @@ impl Servers {
         }
         let number = self.next_call;
         let deadline = now + timeout.unwrap_or(entry.timeout);
+        // A server starting over after a failure is named with that failure:
+        // "starting" alone would hide why it is not serving.
+        let last_failure = &entry.error;
         client
             .call(number, tool, arguments, deadline)
-            .map_err(unavailable)?;
+            .map_err(|why| match last_failure {
+                Some(last) => unavailable(format!("{why}; it last failed: {last}")),
+                None => unavailable(why),
+            })?;
         self.next_call += 1;
         self.calls.insert(
             number,
