@@ -70,6 +70,14 @@ pub fn run(mut config: Config, reload: ConfigSource) -> Result<(), DaemonError> 
         );
     }
     Reactor::new(config, socket, signals, reload)?.run()?;
+    // The system socket's directory is the kernel's own: it goes with the
+    // kernel once empty (the state directory beside the socket is gone by
+    // now), as a service's runtime directory would.
+    if let Some(dir) = std::path::Path::new(SYSTEM_SOCKET).parent() {
+        if path.parent() == Some(dir) {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
     log::info!("agentosd stopped");
     Ok(())
 }

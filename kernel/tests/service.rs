@@ -496,7 +496,7 @@ fn with_no_flags_root_serves_the_system_socket_to_group_agentos() {
         return;
     }
     let existed = nix::unistd::Group::from_name("agentos").unwrap().is_some();
-    let _put_back = PutBack {
+    let put_back = PutBack {
         made_group: !existed,
         run_dir: std::fs::metadata("/run/agentos")
             .ok()
@@ -550,4 +550,10 @@ fn with_no_flags_root_serves_the_system_socket_to_group_agentos() {
         std::fs::read_to_string(&log).unwrap()
     );
     assert!(!std::path::Path::new(SYSTEM_SOCKET).exists());
+    if put_back.run_dir.is_none() {
+        assert!(
+            !std::path::Path::new("/run/agentos").exists(),
+            "the kernel made /run/agentos and left it"
+        );
+    }
 }
