@@ -483,26 +483,19 @@ fn agents_cannot_take_the_operators_connections() {
 
 /// Connects to the main socket at `argv[1]`, says HELLO and tries a SPAWN
 /// outside any sandbox; prints what happened.
-const IMPOSTOR: &str = r#"
-import json, socket, struct, sys
+const IMPOSTOR: &str = concat!(
+    crate::py_frames!(),
+    r#"
 s = socket.socket(socket.AF_UNIX)
 try:
     s.connect(sys.argv[1])
 except OSError as e:
     print("CONNECT FAILED", e.errno, flush=True)
     sys.exit(0)
-def exact(n):
-    data = b""
-    while len(data) < n:
-        chunk = s.recv(n - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return data
 def call(op, payload):
-    s.sendall(struct.pack("<IIBQ", 0x41474E54, 0, op, len(payload)) + payload)
-    _, agent_id, opcode, n = struct.unpack("<IIBQ", exact(17))
-    return agent_id, opcode, exact(n).decode()
+    send(s, op, payload)
+    agent_id, opcode, body = recv(s)
+    return agent_id, opcode, body.decode()
 try:
     print("HELLO", *call(0xFE, b"{}"), flush=True)
     spawn = {"name": "escaped", "command": ["/bin/sleep", "30"], "sandboxed": False}
@@ -513,7 +506,8 @@ except (EOFError, OSError) as e:
     except OSError:
         left = b""
     print("CLOSED", e, left[17:].decode(errors="replace"), flush=True)
-"#;
+"#
+);
 
 #[test]
 fn an_agent_of_an_unprivileged_kernel_is_never_taken_for_an_operator() {

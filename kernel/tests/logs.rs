@@ -293,37 +293,27 @@ fn a_new_kernels_agent_never_reads_an_earlier_kernels_log() {
 /// log from one connection and asks a 17th on another: an agent has one
 /// allowance, however many connections it opens (its children's follows
 /// count in it too: they are keyed by the family's eldest).
-const FAMILY_FOLLOWS: &str = r#"
-import json, os, socket, struct
+const FAMILY_FOLLOWS: &str = concat!(
+    crate::py_frames!(),
+    r#"
 def connect():
     s = socket.socket(socket.AF_UNIX)
     s.connect(os.environ["AGENTOS_SOCKET"])
     return s
-def exact(s, n):
-    data = b""
-    while len(data) < n:
-        chunk = s.recv(n - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return data
-def send(s, op, body):
-    payload = json.dumps(body).encode()
-    s.sendall(struct.pack("<IIBQ", 0x41474E54, 0, op, len(payload)) + payload)
-def recv(s):
-    _, _, _, n = struct.unpack("<IIBQ", exact(s, 17))
-    return json.loads(exact(s, n))
+def reply(s):
+    return json.loads(recv(s)[2])
 first, second = connect(), connect()
 send(first, 0x10, {"name": "quiet-kid", "command": ["/bin/sleep", "60"]})
-kid = recv(first)["id"]
+kid = reply(first)["id"]
 follow = {"id": kid, "follow": True, "wait_ms": 1500}
 for _ in range(16):
     send(first, 0x16, follow)
 send(second, 0x16, follow)
-print("SEVENTEENTH " + json.dumps(recv(second)), flush=True)
-codes = [recv(first).get("code", "ok") for _ in range(16)]
+print("SEVENTEENTH " + json.dumps(reply(second)), flush=True)
+codes = [reply(first).get("code", "ok") for _ in range(16)]
 print("FIRST16 " + json.dumps(codes), flush=True)
-"#;
+"#
+);
 
 #[test]
 fn an_agent_has_one_follow_allowance_across_its_connections() {

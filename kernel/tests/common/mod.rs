@@ -608,26 +608,47 @@ pub fn write_script(dir: &std::path::Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
-/// Python helpers agents use to speak the protocol with no SDK installed.
-pub const PY_KERNEL: &str = r#"
+/// Python frames over any socket, for scripts with no SDK installed:
+/// `send(s, op, payload, claim=0)` (bytes, or anything JSON) and
+/// `recv(s)` -> `(agent_id, opcode, payload)`.
+#[macro_export]
+macro_rules! py_frames {
+    () => {
+        r#"
 import json, os, socket, struct, sys
-_sock = socket.socket(socket.AF_UNIX)
-_sock.connect(os.environ["AGENTOS_SOCKET"])
-def _exact(n):
+def exact(s, n):
     data = b""
     while len(data) < n:
-        chunk = _sock.recv(n - len(data))
+        chunk = s.recv(n - len(data))
         if not chunk:
             raise EOFError("kernel closed the connection")
         data += chunk
     return data
-def call(op, payload=b"", claim=0):
+def send(s, op, payload=b"", claim=0):
     if not isinstance(payload, bytes):
         payload = json.dumps(payload).encode()
-    _sock.sendall(struct.pack("<IIBQ", 0x41474E54, claim, op, len(payload)) + payload)
-    _, agent_id, opcode, n = struct.unpack("<IIBQ", _exact(17))
-    return agent_id, _exact(n)
-"#;
+    s.sendall(struct.pack("<IIBQ", 0x41474E54, claim, op, len(payload)) + payload)
+def recv(s):
+    _, agent_id, opcode, n = struct.unpack("<IIBQ", exact(s, 17))
+    return agent_id, opcode, exact(s, n)
+"#
+    };
+}
+
+/// Python helpers agents use to speak the protocol with no SDK installed:
+/// [`py_frames`], and `call(op, payload, claim=0)` -> `(agent_id,
+/// payload)` on one connection to `$AGENTOS_SOCKET`.
+pub const PY_KERNEL: &str = concat!(
+    py_frames!(),
+    r#"
+_sock = socket.socket(socket.AF_UNIX)
+_sock.connect(os.environ["AGENTOS_SOCKET"])
+def call(op, payload=b"", claim=0):
+    send(_sock, op, payload, claim)
+    agent_id, _, body = recv(_sock)
+    return agent_id, body
+"#
+);
 
 /// The agent log of agent `id` named `name` under the daemon's log dir.
 pub fn agent_log(daemon: &Daemon, name: &str, id: u64) -> String {
