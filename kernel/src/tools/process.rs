@@ -238,9 +238,15 @@ impl Service for ServerProcess {
         let label = self.label.clone();
         let secrets = Secrets::new(self.command.env.values());
         let last_words = self.last_words.clone();
+        let waker = self.waker.clone();
         std::thread::Builder::new()
             .name(format!("{label}-stderr"))
-            .spawn(move || log_stderr(&label, stderr, &secrets, &last_words))
+            .spawn(move || {
+                log_stderr(&label, stderr, &secrets, &last_words);
+                // Its stderr closed: the kernel may be waiting for these
+                // last words to say why it ended.
+                let _ = waker.wake();
+            })
             .map_err(|err| format!("cannot watch its stderr: {err}"))?;
         let launched = Launched {
             server: self.index,

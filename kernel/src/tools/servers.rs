@@ -126,6 +126,9 @@ struct Server {
     /// Its tools as last listed, kept while it restarts: what `import
     /// tools` offers does not flap with a server's restarts.
     known_tools: Vec<ToolInfo>,
+    /// Its output closed before its stderr was read to the end: its last
+    /// words join `error` when they come.
+    awaiting_words: bool,
 }
 
 #[derive(Debug)]
@@ -174,6 +177,7 @@ impl Servers {
                 garbage: 0,
                 run: 0,
                 known_tools: Vec::new(),
+                awaiting_words: false,
             };
             if !server.enabled {
                 // Listed as `stopped`: its tools are not offered.
@@ -379,6 +383,15 @@ impl Servers {
 
     /// Pipes of servers that have (re)started.
     pub fn on_wake(&mut self, replies: &mut Vec<Reply>, now: Instant) {
+        // Last words first: they belong to runs that ended before any
+        // run now being adopted began.
+        for server in self.servers.iter_mut().filter(|s| s.awaiting_words) {
+            let words = last_words(server);
+            if let (false, Some(error)) = (words.is_empty(), server.error.as_mut()) {
+                server.awaiting_words = false;
+                error.push_str(&format!("; its stderr said: {words}"));
+            }
+        }
         while let Ok(launched) = self.launches.try_recv() {
             self.adopt(launched, replies, now);
         }
@@ -481,6 +494,7 @@ impl Servers {
     /// first.
     fn adopt(&mut self, launched: Launched, replies: &mut Vec<Reply>, now: Instant) {
         let index = launched.server;
+        self.servers[index].awaiting_words = false;
         if self.servers[index].stopped {
             // Started just as the kernel began to stop: its pipes close
             // here, and its supervisor ends it.
@@ -579,18 +593,14 @@ impl Servers {
         self.handle(index, events, replies);
         self.flush(index);
         if closed {
-            // Its last words were redacted when they were kept.
-            let words = self.servers[index]
-                .last_words
-                .lock()
-                .map(|w| w.clone())
-                .unwrap_or_default();
+            let words = last_words(&self.servers[index]);
             let why = if words.is_empty() {
                 "it exited (its output closed)".to_owned()
             } else {
                 format!("it exited (its output closed); its stderr said: {words}")
             };
             self.restart(index, why, replies);
+            self.servers[index].awaiting_words = words.is_empty();
         }
     }
 
@@ -712,4 +722,13 @@ impl Servers {
             }
         }
     }
+}
+
+/// What a server last said on its stderr (redacted when it was kept).
+fn last_words(server: &Server) -> String {
+    server
+        .last_words
+        .lock()
+        .map(|words| words.clone())
+        .unwrap_or_default()
 }
