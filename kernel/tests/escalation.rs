@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use agentos_bench::llm_stub::{Reply, Stub};
 use agentos_proto::Opcode;
 use common::{
-    act, agent_info, agent_log, listed_names, request, shared_dir, wait_for_state, write_actor,
+    act, act_in, agent_info, agent_log, listed_names, request, shared_dir, wait_for_state,
     write_script, Daemon, UnprivilegedDaemon, PY_KERNEL,
 };
 use serde_json::{json, Value};
@@ -45,13 +45,9 @@ fn assert_denied(reply: &Value, field: &str) {
 #[test]
 fn a_child_never_gets_the_network_its_parent_lacks() {
     let daemon = Daemon::start();
-    let dir = shared_dir();
-    let actor = write_actor(dir.path());
     let mut client = daemon.client();
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "offline",
         json!({"permissions": {"spawn": true}}),
         json!([[SPAWN, {"name": "online-child", "command": ["/bin/sleep", "30"], "network": true}]]),
@@ -67,7 +63,6 @@ fn an_agents_paths_are_resolved_in_its_own_view_and_hidden_ones_look_missing() {
     require_root!("agents as another user, with a view of their own");
     let daemon = Daemon::start();
     let dir = shared_dir();
-    let actor = write_actor(dir.path());
     let child = write_script(dir.path(), "child.py", "print('child ran', flush=True)\n");
     // Host files the parent cannot see: another directory, a directory it
     // may not enter, a link in its own directory pointing outside.
@@ -101,10 +96,9 @@ fn an_agents_paths_are_resolved_in_its_own_view_and_hidden_ones_look_missing() {
     ];
     let requests: Vec<Value> = attempts.iter().map(|a| json!([SPAWN, a])).collect();
     let mut client = daemon.client();
-    let (_, replies) = act(
+    let (_, replies) = act_in(
         &daemon,
-        &mut client,
-        &actor,
+        dir.path(),
         "explorer",
         json!({"permissions": {"spawn": true}}),
         Value::from(requests),
@@ -262,14 +256,10 @@ except OSError as e:
 #[test]
 fn a_child_never_gets_more_than_its_parent() {
     let daemon = Daemon::start();
-    let dir = shared_dir();
-    let actor = write_actor(dir.path());
     let mut client = daemon.client();
     let sleep = json!(["/bin/sleep", "30"]);
     let (parent, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "small",
         json!({"limits": {"memory": 64u64 << 20, "max_pids": 16, "cpu_quota": 20000, "cpu_period": 100000},
                "permissions": {"spawn": true, "think": false, "llm_tokens": 1000}}),
@@ -348,7 +338,6 @@ fn a_tree_of_agents_shares_one_token_budget() {
         stub.url()
     ));
     let dir = shared_dir();
-    let actor = write_actor(dir.path());
     let thinker = write_script(
         dir.path(),
         "thinker.py",
@@ -359,10 +348,9 @@ fn a_tree_of_agents_shares_one_token_budget() {
     let children: Vec<Value> = (0..3)
         .map(|i| json!([SPAWN, {"name": format!("spender{i}"), "script": thinker}]))
         .collect();
-    let (parent, replies) = act(
+    let (parent, replies) = act_in(
         &daemon,
-        &mut client,
-        &actor,
+        dir.path(),
         "budgeted",
         json!({"permissions": {"spawn": true, "llm_tokens": BUDGET}}),
         Value::from(children),
@@ -663,8 +651,6 @@ fn an_agent_started_as_the_kernel_stops_still_gets_a_graceful_stop() {
 #[test]
 fn an_agent_lists_itself_and_its_descendants_with_the_pids_it_can_see() {
     let daemon = Daemon::start();
-    let dir = shared_dir();
-    let actor = write_actor(dir.path());
     let mut client = daemon.client();
     let stranger = request(
         &mut client,
@@ -674,8 +660,6 @@ fn an_agent_lists_itself_and_its_descendants_with_the_pids_it_can_see() {
     assert_eq!(stranger["success"], true);
     let (parent, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "curious",
         json!({"permissions": {"spawn": true}}),
         json!([

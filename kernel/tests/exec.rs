@@ -588,9 +588,6 @@ fn descriptors_a_run_sends_the_kernel_are_closed_not_kept() {
 fn agents_need_permission_and_their_sessions_are_their_own() {
     require_root!("EXEC (its isolation needs namespaces)");
     let daemon = Daemon::start();
-    let dir = common::shared_dir();
-    let actor = common::write_actor(dir.path());
-    let mut client = daemon.client();
     let exec_op = Opcode::EXEC.0;
     // An operator's session, which no agent may reach.
     let mut stream = daemon.raw();
@@ -600,8 +597,6 @@ fn agents_need_permission_and_their_sessions_are_their_own() {
     );
     let (_, denied) = common::act(
         &daemon,
-        &mut client,
-        &actor,
         "no-exec",
         json!({"permissions": {"exec": false}}),
         json!([[exec_op, {"code": "print(1)"}]]),
@@ -612,8 +607,6 @@ fn agents_need_permission_and_their_sessions_are_their_own() {
     );
     let (_, allowed) = common::act(
         &daemon,
-        &mut client,
-        &actor,
         "with-exec",
         json!({}),
         json!([
@@ -641,14 +634,9 @@ fn agents_need_permission_and_their_sessions_are_their_own() {
 fn an_agents_runs_never_get_more_than_the_agent() {
     require_root!("EXEC (its isolation needs namespaces and cgroups)");
     let daemon = Daemon::start();
-    let dir = common::shared_dir();
-    let actor = common::write_actor(dir.path());
-    let mut client = daemon.client();
     let exec_op = Opcode::EXEC.0;
     let (_, replies) = common::act(
         &daemon,
-        &mut client,
-        &actor,
         "bounded",
         json!({"limits": {"memory": 100u64 << 20}}),
         json!([
@@ -670,9 +658,6 @@ fn an_agents_runs_never_get_more_than_the_agent() {
 fn a_runs_own_kernel_connection_acts_as_its_caller() {
     require_root!("EXEC (its isolation needs namespaces)");
     let daemon = Daemon::start();
-    let dir = common::shared_dir();
-    let actor = common::write_actor(dir.path());
-    let mut client = daemon.client();
     let mut stream = daemon.raw();
     let me = call_json(&mut stream, Opcode::HELLO, b"")["agent_id"].clone();
     let hello = "import os, socket, struct, json\n\
@@ -685,8 +670,6 @@ fn a_runs_own_kernel_connection_acts_as_its_caller() {
     assert_eq!(as_operator["stdout"], format!("{me}\n"), "{as_operator}");
     let (id, replies) = common::act(
         &daemon,
-        &mut client,
-        &actor,
         "runner",
         json!({}),
         json!([[Opcode::EXEC.0, {"code": hello}]]),

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{act, request, shared_dir, wait_for_state, write_actor, Daemon};
+use common::{act, request, shared_dir, wait_for_state, Daemon};
 use serde_json::{json, Value};
 
 const LOGS: u8 = 0x16;
@@ -169,15 +169,11 @@ fn missing_agents_and_bad_requests() {
 #[test]
 fn an_agent_reads_its_own_log_and_its_childs_but_no_one_elses() {
     let daemon = Daemon::start();
-    let dir = shared_dir();
-    let actor = write_actor(dir.path());
     let mut client = daemon.client();
     let secret = spawn_sh(&daemon, "secret", "echo the operator secret; sleep 1000");
     wait_for_text(&daemon, "secret", "secret");
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "snoop",
         json!({"permissions": {"spawn": true}}),
         json!([
@@ -202,8 +198,6 @@ fn an_agent_reads_its_own_log_and_its_childs_but_no_one_elses() {
     let child = reply(0)["id"].as_u64().unwrap();
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "parent",
         json!({"permissions": {"spawn": true}}),
         json!([[LOGS, {"id": child}]]),
@@ -217,8 +211,6 @@ fn an_agent_reads_its_own_log_and_its_childs_but_no_one_elses() {
     // has written.
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "guardian",
         json!({"permissions": {"spawn": true}}),
         json!([

@@ -91,12 +91,8 @@ fn boot_agents_start_with_the_kernel_and_restart_by_policy() {
     assert!(daemon.log().contains("boot agent \"steady\" started"));
     // No agent may take a boot agent's name, even while that agent is down
     // (an operator may: the config is theirs).
-    let dir = common::shared_dir();
-    let actor = common::write_actor(dir.path());
     let (_, replies) = common::act(
         &daemon,
-        &mut client,
-        &actor,
         "squatter",
         json!({"permissions": {"spawn": true}}),
         json!([[0x10, {"name": "flaky", "command": ["/bin/sleep", "1000"]}]]),

@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{act, call_json, shared_dir, until, with_llm_stub, write_actor, Daemon};
+use common::{act, call_json, until, with_llm_stub, Daemon};
 use serde_json::{json, Value};
 
 const TASK: u8 = 0x13;
@@ -194,13 +194,8 @@ fn tasks_are_their_owners_alone_and_bad_requests_are_named() {
     assert_eq!(done["result"]["code"], "unavailable", "{done}");
 
     // An agent sees none of the operator's tasks, even by id.
-    let dir = shared_dir();
-    let actor = write_actor(dir.path());
-    let mut client = daemon.client();
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "snoop",
         json!({}),
         json!([
@@ -502,13 +497,8 @@ fn results_that_left_memory_are_read_back_from_the_store() {
 #[test]
 fn one_agents_tasks_are_invisible_to_another_even_as_a_list_cursor() {
     let daemon = Daemon::start();
-    let dir = shared_dir();
-    let actor = write_actor(dir.path());
-    let mut client = daemon.client();
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "owner",
         json!({}),
         json!([[TASK, {"op": "dispatch", "kind": "think", "request": "hi", "label": "mine"}]]),
@@ -516,8 +506,6 @@ fn one_agents_tasks_are_invisible_to_another_even_as_a_list_cursor() {
     let id = replies[0]["reply"]["task_id"].as_str().unwrap().to_owned();
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "other",
         json!({}),
         json!([

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{act, call_json, shared_dir, write_actor, Daemon, AGENTOS};
+use common::{act, call_json, shared_dir, Daemon, AGENTOS};
 use serde_json::{json, Value};
 
 const EXEC: u8 = 0x02;
@@ -652,15 +652,10 @@ fn an_agent_lists_and_calls_only_the_tools_its_permissions_allow() {
     let daemon = Daemon::start_with(&config);
     let mut stream = daemon.raw();
     settled(&mut stream, &["faults"]);
-    let dir = shared_dir();
-    let actor = write_actor(dir.path());
-    let mut client = daemon.client();
     let code = "import tools\ntry:\n    tools.faults.env()\nexcept tools.ToolError as e:\n    \
                 print(e.code)\nprint(tools.faults.get_sum(a=1, b=1))";
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "limited",
         json!({"permissions": {"tools": ["faults.get-*"]}}),
         json!([
@@ -688,8 +683,6 @@ fn an_agent_lists_and_calls_only_the_tools_its_permissions_allow() {
     // An agent may not give a child tools it lacks.
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "parent",
         json!({"permissions": {"spawn": true, "tools": ["faults.env"]}}),
         json!([[0x10, {"name": "child", "command": ["/bin/true"], "permissions": {"tools": ["*"]}}]]),
@@ -719,13 +712,9 @@ fn llm_think_as_a_tool_goes_through_think_and_is_charged_to_its_caller() {
 
     // An agent: refused without permissions.think; charged to its own
     // quota, and refused once the quota is spent.
-    let dir = shared_dir();
-    let actor = write_actor(dir.path());
     let mut client = daemon.client();
     let (_, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "thoughtless",
         json!({"permissions": {"think": false}}),
         json!([[TOOL, think.clone()]]),
@@ -736,8 +725,6 @@ fn llm_think_as_a_tool_goes_through_think_and_is_charged_to_its_caller() {
     );
     let (id, replies) = act(
         &daemon,
-        &mut client,
-        &actor,
         "frugal",
         json!({"permissions": {"llm_tokens": 40}}),
         json!([

@@ -707,17 +707,30 @@ pub fn write_actor(dir: &std::path::Path) -> PathBuf {
     write_script(dir, "actor.py", &format!("{PY_KERNEL}{ACTOR}"))
 }
 
-/// Spawns `actor` (see [`write_actor`]) as agent `name` with the extra SPAWN
-/// fields in `spawn`, has it send `requests`, and returns its id and the
-/// replies it got.
+/// Spawns [`ACTOR`] (written to a directory of its own) as agent `name`
+/// with the extra SPAWN fields in `spawn`, has it send `requests`, and
+/// returns its id and the replies it got.
 pub fn act(
     daemon: &Daemon,
-    client: &mut agentos_proto::Client,
-    actor: &std::path::Path,
     name: &str,
     spawn: serde_json::Value,
     requests: serde_json::Value,
 ) -> (u64, Vec<serde_json::Value>) {
+    act_in(daemon, shared_dir().path(), name, spawn, requests)
+}
+
+/// [`act`] with the actor written into `dir`, so the agent sees what else
+/// the test put there.
+pub fn act_in(
+    daemon: &Daemon,
+    dir: &std::path::Path,
+    name: &str,
+    spawn: serde_json::Value,
+    requests: serde_json::Value,
+) -> (u64, Vec<serde_json::Value>) {
+    let actor = write_actor(dir);
+    let mut client = daemon.client();
+    let client = &mut client;
     let mut body =
         serde_json::json!({"name": name, "script": actor, "args": [requests.to_string()]});
     for (key, value) in spawn.as_object().unwrap() {
