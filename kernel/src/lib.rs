@@ -26,6 +26,7 @@ pub mod identity;
 pub mod llm;
 pub mod process;
 pub mod python_names;
+pub mod random;
 pub mod reactor;
 pub mod sandbox;
 pub mod service;

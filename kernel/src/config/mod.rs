@@ -169,12 +169,7 @@ impl AgentsConfig {
         if nix::unistd::geteuid().is_root() {
             return PathBuf::from("/var/log/agentos");
         }
-        let state = std::env::var_os("XDG_STATE_HOME")
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-            .unwrap_or_else(std::env::temp_dir);
-        state.join("agentos").join("logs")
+        user_state_dir().join("logs")
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -202,6 +197,17 @@ impl AgentsConfig {
         }
         Ok(())
     }
+}
+
+/// A user's own state directory for the kernel: `$XDG_STATE_HOME/agentos`,
+/// or `~/.local/state/agentos` (the temporary directory without a home).
+pub fn user_state_dir() -> PathBuf {
+    std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("agentos")
 }
 
 /// Diagnostic switches.

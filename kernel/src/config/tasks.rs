@@ -75,12 +75,7 @@ impl TasksConfig {
         if nix::unistd::geteuid().is_root() {
             return PathBuf::from("/var/lib/agentos");
         }
-        std::env::var_os("XDG_STATE_HOME")
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-            .unwrap_or_else(std::env::temp_dir)
-            .join("agentos")
+        super::user_state_dir()
     }
 
     /// Checks every setting against its allowed range.

@@ -15,7 +15,7 @@
 //! pipe, and a parent-death signal backs that up).
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -353,6 +353,6 @@ fn read_address(child: &mut Child) -> Result<String, String> {
 /// 128 random bits, hex.
 fn random_key() -> std::io::Result<String> {
     let mut bytes = [0u8; 16];
-    File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    crate::random::fill(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -976,21 +976,15 @@ fn new_id() -> String {
     format!("t-{:016x}", random_u64())
 }
 
-/// 64 random bits from the kernel (getrandom(2), which waits for the pool
-/// at boot rather than failing). Should it fail even so, the clock and a
-/// counter keep ids unique, if guessable, and the log says so.
+/// 64 random bits. Should the pool fail, the clock and a counter keep ids
+/// unique, if guessable, and the log says so.
 fn random_u64() -> u64 {
     static FALLBACK: AtomicU64 = AtomicU64::new(0);
     let mut bytes = [0u8; 8];
-    // SAFETY: getrandom writes at most `bytes.len()` bytes into `bytes`.
-    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if got == bytes.len() as isize {
-        return u64::from_ne_bytes(bytes);
+    match crate::random::fill(&mut bytes) {
+        Ok(()) => return u64::from_ne_bytes(bytes),
+        Err(err) => log::error!("no random bytes ({err}): task ids fall back to the clock"),
     }
-    log::error!(
-        "getrandom failed ({}): task ids fall back to the clock",
-        std::io::Error::last_os_error()
-    );
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);

@@ -12,7 +12,6 @@
 //! kernels would each take the other's running tasks for interrupted ones.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -20,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mio::Waker;
+use nix::fcntl::{Flock, FlockArg};
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// The database's file name in the state directory.
@@ -138,7 +138,7 @@ pub struct Store {
     /// Set when a batch could not be saved.
     failed: Arc<std::sync::atomic::AtomicBool>,
     /// Held for the kernel's life: the lock.
-    _lock: File,
+    _lock: Flock<File>,
 }
 
 impl Store {
@@ -162,12 +162,11 @@ impl Store {
                 path: lock_path.clone(),
                 source,
             })?;
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(StoreError::Locked {
+        let lock = Flock::lock(lock, FlockArg::LockExclusiveNonblock).map_err(|_| {
+            StoreError::Locked {
                 dir: dir.to_path_buf(),
-            });
-        }
+            }
+        })?;
         let path = dir.join(FILE);
         let database = |source| StoreError::Database {
             path: path.clone(),
