@@ -16,6 +16,12 @@ use crate::process;
 /// Operator connection ids start here, so they never collide with agent ids.
 pub const FIRST_OPERATOR_ID: u32 = 1_000_000;
 
+/// The operator the kernel acts as for work of its own (boot agents, an
+/// operator's background tasks), with the first operator id.
+pub const KERNEL_OPERATOR: Identity = Identity::Operator {
+    id: FIRST_OPERATOR_ID,
+};
+
 /// The peer's credentials as the kernel saw them when it connected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerCred {

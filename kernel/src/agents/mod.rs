@@ -39,7 +39,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::config::Config;
-use crate::identity::Identity;
+use crate::identity::{Identity, KERNEL_OPERATOR};
 use crate::llm::Budget;
 use crate::sandbox::plan::{Shape, SOCKET_INSIDE};
 use crate::sandbox::runtime::Sandboxes;
@@ -97,8 +97,6 @@ pub struct Agents {
     retention: Duration,
     stop_grace: Duration,
     max_agents: usize,
-    /// Names only boot agents may have (see `reserve_boot_names`).
-    boot_names: std::collections::HashSet<String>,
     shutting_down: bool,
 }
 
@@ -126,7 +124,6 @@ impl Agents {
             retention: Duration::from_secs(agents.retention_secs),
             stop_grace: Duration::from_millis(agents.stop_grace_ms),
             max_agents: agents.max_agents,
-            boot_names: Default::default(),
             shutting_down: false,
         })
     }
@@ -169,10 +166,7 @@ impl Agents {
         sandboxes: &mut impl Sandboxes<Run>,
         request: SpawnRequest,
     ) -> Result<u32, ErrorReply> {
-        let operator = Identity::Operator {
-            id: crate::identity::FIRST_OPERATOR_ID,
-        };
-        let id = self.admit(sandboxes, operator, request, None, None)?;
+        let id = self.admit(sandboxes, KERNEL_OPERATOR, request, None, None)?;
         if let Some(agent) = self.table.get_mut(&id) {
             agent.boot = true;
         }
@@ -193,25 +187,13 @@ impl Agents {
         Ok(())
     }
 
-    /// Keeps the names of `boot` entries for boot agents: an agent may not
-    /// SPAWN a child under one, so none can stand in for a boot agent that
-    /// is down (operators may; they run the config).
-    pub fn reserve_boot_names(&mut self, boot: &[SpawnRequest]) {
-        self.boot_names = boot.iter().map(|r| r.name.clone()).collect();
-    }
-
     /// The agent at the top of `id`'s family: itself, or its eldest
     /// ancestor still known.
     pub fn root_of(&self, id: u32) -> u32 {
-        let mut root = id;
-        // Ids only grow, so a parent chain cannot loop; the bound is belt and braces.
-        for _ in 0..self.table.len() {
-            match self.table.get(&root).and_then(|a| a.parent) {
-                Some(parent) if self.table.contains_key(&parent) => root = parent,
-                _ => break,
-            }
-        }
-        root
+        self.ancestors(id)
+            .filter(|ancestor| self.table.contains_key(ancestor))
+            .last()
+            .unwrap_or(id)
     }
 
     /// The live agent named `name`, if any: its id and whether it is a
@@ -249,18 +231,7 @@ impl Agents {
                 };
                 (grant, program, Vec::new())
             }
-            Some(parent_id) => {
-                if self.boot_names.contains(&request.name) {
-                    return Err(ErrorReply::new(
-                        ErrorCode::AlreadyExists,
-                        format!(
-                            "the name {:?} is reserved for a boot agent; choose another",
-                            request.name
-                        ),
-                    ));
-                }
-                self.child_of(sandboxes, parent_id, &request, tokens_left)?
-            }
+            Some(parent_id) => self.child_of(sandboxes, parent_id, &request, tokens_left)?,
         };
         program::check_env(&request)?;
         let live = self.table.values().filter(|a| a.is_live()).count();
@@ -440,7 +411,7 @@ impl Agents {
             .is_some_and(|a| shape_of(sandboxes, &a.request).sandboxed);
         self.table
             .values()
-            .filter(|a| a.id == asker || self.is_descendant(a.id, asker))
+            .filter(|a| self.sees(caller, a.id))
             .map(|a| {
                 let mut entry = info(a);
                 if sandboxed {
@@ -454,10 +425,7 @@ impl Agents {
     /// The log of the agent `target` names, if `caller` may see that agent
     /// (as in LIST): by name, the live agent, else the latest one.
     pub fn log_of(&self, caller: Identity, target: &AgentRef) -> Option<AgentLog> {
-        let visible = |a: &&Agent| match caller.agent() {
-            None => true,
-            Some(asker) => a.id == asker || self.is_descendant(a.id, asker),
-        };
+        let visible = |a: &&Agent| self.sees(caller, a.id);
         let agent = match target {
             AgentRef::Id(id) => self.table.get(id).filter(visible),
             AgentRef::Name(name) => self
@@ -477,16 +445,26 @@ impl Agents {
     }
 
     fn is_descendant(&self, id: u32, ancestor: u32) -> bool {
-        let mut current = self.table.get(&id).and_then(|a| a.parent);
+        self.ancestors(id).any(|a| a == ancestor)
+    }
+
+    /// `id`'s parent, its parent's parent, and so on, as far as the table
+    /// knows them.
+    fn ancestors(&self, id: u32) -> impl Iterator<Item = u32> + '_ {
         // Ids only grow, so a parent chain cannot loop; the bound is belt and braces.
-        for _ in 0..self.table.len() {
-            match current {
-                Some(parent) if parent == ancestor => return true,
-                Some(parent) => current = self.table.get(&parent).and_then(|a| a.parent),
-                None => return false,
-            }
+        std::iter::successors(self.table.get(&id).and_then(|a| a.parent), |parent| {
+            self.table.get(parent).and_then(|a| a.parent)
+        })
+        .take(self.table.len())
+    }
+
+    /// Whether `caller` may see agent `id`: an operator every agent, an
+    /// agent itself and its descendants.
+    fn sees(&self, caller: Identity, id: u32) -> bool {
+        match caller.agent() {
+            None => true,
+            Some(asker) => id == asker || self.is_descendant(id, asker),
         }
-        false
     }
 
     fn effective_limits(&self, asked: &Limits) -> Limits {

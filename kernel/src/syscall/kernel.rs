@@ -20,7 +20,7 @@ use crate::address::{Outbox, Reply, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents, Run};
 use crate::config::Config;
 use crate::exec::{Exec, HostId, RunCaller, SessionOwner};
-use crate::identity::{Identity, FIRST_OPERATOR_ID};
+use crate::identity::{Identity, KERNEL_OPERATOR};
 use crate::llm::Llm;
 use crate::sandbox::plan::Profile;
 use crate::sandbox::runtime::host::Host;
@@ -452,9 +452,7 @@ impl Kernel {
                     format!("the task's agent {id} has ended"),
                 )),
             },
-            OwnerRef::User(_) => Ok(Identity::Operator {
-                id: FIRST_OPERATOR_ID,
-            }),
+            OwnerRef::User(_) => Ok(KERNEL_OPERATOR),
         }
     }
 

@@ -10,20 +10,14 @@ use agentos_proto::payload::{KillRequest, SpawnRequest};
 use super::kernel::agent_sandboxes;
 use super::Kernel;
 use crate::config::Config;
-use crate::identity::{Identity, FIRST_OPERATOR_ID};
+use crate::identity::KERNEL_OPERATOR;
 use crate::tools::servers::Servers;
-
-/// Who stops boot agents a reload removed: the operator.
-const OPERATOR: Identity = Identity::Operator {
-    id: FIRST_OPERATOR_ID,
-};
 
 impl Kernel {
     /// Starts the configured boot agents. Their entries were checked
     /// before the kernel started (`Agents::check_boot`); one that still
     /// fails to start is logged and the others go on.
     pub fn start_boot_agents(&mut self) {
-        self.agents.reserve_boot_names(&self.config.agents.boot);
         for request in self.config.agents.boot.clone() {
             self.start_boot_agent(request);
         }
@@ -161,7 +155,6 @@ impl Kernel {
     }
 
     fn reload_boot_agents(&mut self, old: &[SpawnRequest], new: &[SpawnRequest]) {
-        self.agents.reserve_boot_names(new);
         for gone in old.iter().filter(|o| !new.iter().any(|n| n.name == o.name)) {
             log::info!("SIGHUP: boot agent {:?} removed; stopping it", gone.name);
             self.stop_boot_agent(&gone.name);
@@ -213,7 +206,7 @@ impl Kernel {
         if let Err(err) = self.agents.kill(
             &mut agent_sandboxes(&mut self.sandboxes),
             &mut self.outbox.replies,
-            OPERATOR,
+            KERNEL_OPERATOR,
             &kill,
         ) {
             log::warn!(

@@ -53,6 +53,22 @@ fn may_spawn(
             ),
         ));
     }
+    // A boot agent that is down must not find a stand-in under its name.
+    if kernel
+        .config
+        .agents
+        .boot
+        .iter()
+        .any(|b| b.name == spawn.name)
+    {
+        return Err(ErrorReply::new(
+            ErrorCode::AlreadyExists,
+            format!(
+                "the name {:?} is reserved for a boot agent; choose another",
+                spawn.name
+            ),
+        ));
+    }
     if !spawn.sandboxed {
         return Err(ErrorReply::new(
             ErrorCode::PermissionDenied,

@@ -162,11 +162,10 @@ impl Store {
                 path: lock_path.clone(),
                 source,
             })?;
-        let lock = Flock::lock(lock, FlockArg::LockExclusiveNonblock).map_err(|_| {
-            StoreError::Locked {
+        let lock =
+            Flock::lock(lock, FlockArg::LockExclusiveNonblock).map_err(|_| StoreError::Locked {
                 dir: dir.to_path_buf(),
-            }
-        })?;
+            })?;
         let path = dir.join(FILE);
         let database = |source| StoreError::Database {
             path: path.clone(),
