@@ -89,51 +89,47 @@ struct LogFollower {
 }
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
-    let parsed = match LogsRequest::parse(request.payload) {
-        Ok(parsed) => parsed,
-        Err(err) => return Outcome::Reply(err.to_json()),
-    };
+    match logs(kernel, request) {
+        Ok(Some(reply)) => Outcome::Reply(to_json(&reply)),
+        Ok(None) => Outcome::Later,
+        Err(err) => Outcome::Reply(err.to_json()),
+    }
+}
+
+/// The reply, or `None` when the request waits as a follower.
+fn logs(kernel: &mut Kernel, request: &Request<'_>) -> Result<Option<LogsReply>, ErrorReply> {
+    let parsed = LogsRequest::parse(request.payload)?;
     let caller = request.caller.identity;
-    let log = match parsed
-        .target()
-        .and_then(|target| find(kernel, caller, &target))
-    {
-        Ok(log) => log,
-        Err(err) => return Outcome::Reply(err.to_json()),
-    };
+    let log = find(kernel, caller, &parsed.target()?)?;
     let after = match (parsed.after, parsed.follow) {
         (Some(after), _) => after,
         (None, true) => log_reader::size(&log.path),
         (None, false) => {
-            return Outcome::Reply(answer(
-                &log,
-                log_reader::tail(&log.path, parsed.lines(), log.live),
-            ))
+            let tail = log_reader::tail(&log.path, parsed.lines(), log.live);
+            return answer(&log, tail).map(Some);
         }
     };
     let read = log_reader::read_after(&log.path, after, log.live);
-    let now = Instant::now();
-    if parsed.follow && log.live && read.as_ref().is_ok_and(Chunk::is_empty) {
-        let owner = match caller.agent() {
-            Some(agent) => FollowOwner::Tree(kernel.agents.root_of(agent)),
-            None => FollowOwner::Operator(caller),
-        };
-        if let Err(err) = kernel.log_followers.has_room_for(owner) {
-            return Outcome::Reply(err.to_json());
-        }
-        let followers = &mut kernel.log_followers;
-        followers.waiting.push(LogFollower {
-            reply_to: request.reply_to,
-            owner,
-            caller,
-            agent: log.id,
-            after,
-            deadline: now + Duration::from_millis(parsed.wait_ms()),
-        });
-        followers.next_look.get_or_insert(now + FOLLOW_POLL);
-        return Outcome::Later;
+    if !(parsed.follow && log.live && read.as_ref().is_ok_and(Chunk::is_empty)) {
+        return answer(&log, read).map(Some);
     }
-    Outcome::Reply(answer(&log, read))
+    let owner = match caller.agent() {
+        Some(agent) => FollowOwner::Tree(kernel.agents.root_of(agent)),
+        None => FollowOwner::Operator(caller),
+    };
+    kernel.log_followers.has_room_for(owner)?;
+    let now = Instant::now();
+    let followers = &mut kernel.log_followers;
+    followers.waiting.push(LogFollower {
+        reply_to: request.reply_to,
+        owner,
+        caller,
+        agent: log.id,
+        after,
+        deadline: now + Duration::from_millis(parsed.wait_ms()),
+    });
+    followers.next_look.get_or_insert(now + FOLLOW_POLL);
+    Ok(None)
 }
 
 /// The agent's log, if the caller may see the agent.
@@ -149,24 +145,23 @@ fn find(kernel: &Kernel, caller: Identity, target: &AgentRef) -> Result<AgentLog
     })
 }
 
-fn answer(log: &AgentLog, read: std::io::Result<Chunk>) -> Vec<u8> {
-    match read {
-        Ok(chunk) => to_json(&LogsReply {
-            success: true,
-            id: log.id,
-            name: log.name.clone(),
-            state: log.state,
-            text: String::from_utf8_lossy(&chunk.bytes).into_owned(),
-            ended: !log.live && chunk.offset >= chunk.size,
-            offset: chunk.offset,
-            truncated: chunk.truncated,
-        }),
-        Err(err) => ErrorReply::new(
+fn answer(log: &AgentLog, read: std::io::Result<Chunk>) -> Result<LogsReply, ErrorReply> {
+    let chunk = read.map_err(|err| {
+        ErrorReply::new(
             ErrorCode::Internal,
             format!("cannot read the log of agent {}: {err}", log.id),
         )
-        .to_json(),
-    }
+    })?;
+    Ok(LogsReply {
+        success: true,
+        id: log.id,
+        name: log.name.clone(),
+        state: log.state,
+        text: String::from_utf8_lossy(&chunk.bytes).into_owned(),
+        ended: !log.live && chunk.offset >= chunk.size,
+        offset: chunk.offset,
+        truncated: chunk.truncated,
+    })
 }
 
 impl Kernel {
@@ -184,27 +179,28 @@ impl Kernel {
         let mut budget = FOLLOW_BYTES_PER_LOOK;
         let waiting = std::mem::take(&mut self.log_followers.waiting);
         for follower in waiting {
-            let reply = match find(self, follower.caller, &AgentRef::Id(follower.agent)) {
-                Err(err) => err.to_json(),
-                Ok(log) => {
-                    let over = all || !log.live || now >= follower.deadline;
-                    let grown = log_reader::size(&log.path) != follower.after;
-                    let read = (over || (grown && budget > 0))
-                        .then(|| log_reader::read_after(&log.path, follower.after, log.live));
-                    match read {
-                        // A log that grew by half a character has nothing
-                        // to give yet.
-                        Some(read) if over || !read.as_ref().is_ok_and(Chunk::is_empty) => {
-                            let sent = read.as_ref().map_or(0, |chunk| chunk.bytes.len());
-                            budget = budget.saturating_sub(sent);
-                            answer(&log, read)
-                        }
-                        _ => {
-                            self.log_followers.waiting.push(follower);
-                            continue;
-                        }
-                    }
+            let log = match find(self, follower.caller, &AgentRef::Id(follower.agent)) {
+                Ok(log) => log,
+                Err(err) => {
+                    self.outbox.replies.push((follower.reply_to, err.to_json()));
+                    continue;
                 }
+            };
+            let over = all || !log.live || now >= follower.deadline;
+            if !over && budget == 0 {
+                self.log_followers.waiting.push(follower);
+                continue;
+            }
+            let read = log_reader::read_after(&log.path, follower.after, log.live);
+            // Nothing new yet (or only half a character).
+            if !over && read.as_ref().is_ok_and(Chunk::is_empty) {
+                self.log_followers.waiting.push(follower);
+                continue;
+            }
+            budget = budget.saturating_sub(read.as_ref().map_or(0, |chunk| chunk.bytes.len()));
+            let reply = match answer(&log, read) {
+                Ok(reply) => to_json(&reply),
+                Err(err) => err.to_json(),
             };
             self.outbox.replies.push((follower.reply_to, reply));
         }
