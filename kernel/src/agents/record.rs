@@ -107,10 +107,7 @@ pub struct Agent {
 impl Agent {
     /// Alive: starting, running, or waiting to restart.
     pub fn is_live(&self) -> bool {
-        matches!(
-            self.state,
-            AgentState::Starting | AgentState::Running | AgentState::Restarting
-        )
+        self.state.is_live()
     }
 
     /// What it was given: the bounds of what it may give a child.

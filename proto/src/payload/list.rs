@@ -37,6 +37,19 @@ pub enum AgentState {
 }
 
 impl AgentState {
+    /// The states of an agent that is alive: starting, running, or
+    /// waiting to restart.
+    pub const LIVE: [AgentState; 3] = [
+        AgentState::Starting,
+        AgentState::Running,
+        AgentState::Restarting,
+    ];
+
+    /// Whether this is one of [`AgentState::LIVE`].
+    pub fn is_live(self) -> bool {
+        AgentState::LIVE.contains(&self)
+    }
+
     /// The protocol word, e.g. `"oom_killed"`.
     pub fn as_str(self) -> &'static str {
         match self {

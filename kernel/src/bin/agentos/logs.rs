@@ -22,10 +22,7 @@ pub struct LogsArgs {
 }
 
 pub fn logs(client: &mut Client, args: LogsArgs) -> anyhow::Result<()> {
-    let (id, name) = match args.agent.parse::<u32>() {
-        Ok(id) => (Some(id), None),
-        Err(_) => (None, Some(args.agent.clone())),
-    };
+    let (id, name) = super::id_or_name(&args.agent);
     let mut request = LogsRequest {
         id,
         name,

@@ -405,11 +405,17 @@ fn spawn(client: &mut Client, args: SpawnArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn kill(client: &mut Client, agent: &str, grace_ms: Option<u64>) -> anyhow::Result<()> {
-    let (id, name) = match agent.parse::<u32>() {
+/// An agent named on the command line: a number is an id, anything else
+/// a name (as `id` and `name` fields of a request).
+fn id_or_name(agent: &str) -> (Option<u32>, Option<String>) {
+    match agent.parse::<u32>() {
         Ok(id) => (Some(id), None),
         Err(_) => (None, Some(agent.to_owned())),
-    };
+    }
+}
+
+fn kill(client: &mut Client, agent: &str, grace_ms: Option<u64>) -> anyhow::Result<()> {
+    let (id, name) = id_or_name(agent);
     let reply = client.kill(&KillRequest { id, name, grace_ms })?;
     println!(
         "agent {} is being stopped",

@@ -97,9 +97,7 @@ pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode
     if let Some(system) = args.system {
         request["system"] = system.into();
     }
-    let mut call = |body: Value| -> anyhow::Result<Value> {
-        Ok(client.call_json(Opcode::TASK, &serde_json::to_vec(&body)?)?)
-    };
+    let mut call = |body: Value| task_call(client, &body);
     let task_id = call(json!({"op": "dispatch", "kind": "prompt", "request": request}))?["task_id"]
         .as_str()
         .unwrap_or_default()
@@ -173,9 +171,7 @@ pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode
 
 pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCode> {
     use serde_json::{json, Value};
-    let mut call = |body: Value| -> anyhow::Result<Value> {
-        Ok(client.call_json(Opcode::TASK, &serde_json::to_vec(&body)?)?)
-    };
+    let mut call = |body: Value| task_call(client, &body);
     match command {
         TaskCommand::Dispatch {
             text,
@@ -278,4 +274,9 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One TASK request, its reply as JSON (an error reply as an error).
+fn task_call(client: &mut Client, body: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
+    Ok(client.call_json(Opcode::TASK, &serde_json::to_vec(body)?)?)
 }

@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{CpuStats, HelloReply, Limits, LlmStats, MemoryStats};
+use agentos_proto::payload::{
+    AgentState, CpuStats, ExecStats, HelloReply, Limits, LlmStats, MemoryStats,
+};
 use agentos_proto::{Client, Opcode};
 use anyhow::{bail, Context};
 use nix::errno::Errno;
@@ -121,17 +123,12 @@ struct Entry {
     exec: Option<ExecStats>,
 }
 
-/// An agent's use of EXEC.
-#[derive(Debug, Deserialize)]
-struct ExecStats {
-    #[serde(default)]
-    runs: u64,
-}
-
 impl Entry {
     /// Whether it has (or is about to have) processes using CPU.
     fn is_live(&self) -> bool {
-        matches!(self.state.as_str(), "starting" | "running" | "restarting")
+        AgentState::LIVE
+            .iter()
+            .any(|live| live.as_str() == self.state)
     }
 }
 
