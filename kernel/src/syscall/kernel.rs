@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{Limits, SpawnRequest, TaskKind};
+use agentos_proto::payload::{Limits, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 use mio::{Registry, Token, Waker};
 
@@ -432,13 +432,11 @@ impl Kernel {
     /// withdrawn from the queue (one already at the provider answers no
     /// one).
     pub(super) fn stop_task(&mut self, stop: Stop) {
+        // Its work is an EXEC run or a THINK (a prompt task's, either):
+        // each subsystem stops what it has under this address, if anything.
         let reply_to = ReplyTo::Task(stop.number);
-        if matches!(stop.kind, TaskKind::Exec | TaskKind::Prompt) {
-            self.exec.cancel(reply_to);
-        }
-        if matches!(stop.kind, TaskKind::Think | TaskKind::Prompt) {
-            self.llm.withdraw_reply(reply_to);
-        }
+        self.exec.cancel(reply_to);
+        self.llm.withdraw_reply(reply_to);
     }
 
     /// Who a task's work runs as: its agent (which must still be alive),

@@ -101,13 +101,12 @@ pub enum OwnerRef {
     User(u32),
 }
 
-/// What the kernel should stop after a cancel.
+/// What the kernel should stop after a cancel: the work replying under
+/// this number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stop {
     /// The number the task's work replies under.
     pub number: u64,
-    /// What kind of work it is.
-    pub kind: TaskKind,
 }
 
 /// What a `wait` came to.
@@ -596,7 +595,11 @@ impl Tasks {
         let result = Arc::new(result);
         task.result = Some(result.clone());
         let output = (!task.output.is_empty()).then(|| std::mem::take(&mut task.output));
-        let info = task.info(serde_json::from_slice(&result).ok());
+        // Only a waiter needs the task as a reply.
+        let info = self
+            .waiters
+            .contains_key(id)
+            .then(|| task.info(serde_json::from_slice(&result).ok()));
         self.write(Write::Finished {
             id: id.to_owned(),
             state: state.as_str().into(),
@@ -608,12 +611,14 @@ impl Tasks {
             .push_back((id.to_owned(), self.written, result.len()));
         self.cached_bytes += result.len();
         self.evict();
-        let payload = to_json(&TaskReply {
-            success: true,
-            task: info,
-        });
-        for (_, reply_to) in self.waiters.remove(id).unwrap_or_default() {
-            replies.push((reply_to, payload.clone()));
+        if let (Some(info), Some(waiters)) = (info, self.waiters.remove(id)) {
+            let payload = to_json(&TaskReply {
+                success: true,
+                task: info,
+            });
+            for (_, reply_to) in waiters {
+                replies.push((reply_to, payload.clone()));
+            }
         }
     }
 
@@ -716,10 +721,7 @@ impl Tasks {
         if task.state.is_finished() {
             return Ok((false, None));
         }
-        let stop = task.number.map(|number| Stop {
-            number,
-            kind: task.kind,
-        });
+        let stop = task.number.map(|number| Stop { number });
         let result = ErrorReply::new(ErrorCode::Other, "the task was cancelled by its owner");
         let mut result = serde_json::to_value(&result).unwrap_or(Value::Null);
         result["code"] = Value::String("cancelled".into());
