@@ -18,6 +18,8 @@ pub fn reply_for(outcome: CallOutcome, server: &str, secrets: &Secrets) -> Vec<u
         } => {
             secrets.redact_value(&mut content);
             let mut result = result_of(&content, structured);
+            // Again: `result` may be the text parsed as JSON, whose escapes
+            // (`\u0073k-...`) can spell a secret the text did not.
             secrets.redact_value(&mut result);
             to_json(&ToolReply::done(result, content))
         }
