@@ -450,18 +450,12 @@ impl Servers {
         for index in 0..self.servers.len() {
             let server = &mut self.servers[index];
             server.stopped = true;
+            // It is not restarted: the supervisor stops it gently (SIGTERM,
+            // and closing its stdin).
             if let Some(supervisor) = &server.supervisor {
                 supervisor.stop();
             }
-            let mut events = Vec::new();
-            if let Some(client) = server.client.as_mut() {
-                client.ended(why, &mut events);
-            }
-            // Its calls end; it is not restarted (the supervisor stops it
-            // gently: SIGTERM, and closing its stdin).
-            events.retain(|e| matches!(e, ClientEvent::CallEnded { .. }));
-            self.handle(index, events, replies);
-            self.close_pipes(index);
+            self.end_calls(index, why, replies);
         }
     }
 
@@ -700,15 +694,23 @@ impl Servers {
         if !server.stopped {
             log::warn!("MCP server {} failed: {why}", server.name);
         }
-        let mut events = Vec::new();
-        if let Some(mut client) = server.client.take() {
-            client.ended(&why, &mut events);
-        }
-        server.error = Some(why);
         if let Some(supervisor) = &server.supervisor {
             supervisor.restart(server.run);
         }
-        // Only the calls it ended are handled: its failure is this one.
+        self.end_calls(index, &why, replies);
+        let server = &mut self.servers[index];
+        server.client = None;
+        server.error = Some(why);
+    }
+
+    /// Ends the calls under way at server `index`, saying `why`, and stops
+    /// reading and writing its pipes.
+    fn end_calls(&mut self, index: usize, why: &str, replies: &mut Vec<Reply>) {
+        let mut events = Vec::new();
+        if let Some(client) = self.servers[index].client.as_mut() {
+            client.ended(why, &mut events);
+        }
+        // Only the calls it ended are handled: its end is this one.
         events.retain(|e| matches!(e, ClientEvent::CallEnded { .. }));
         self.handle(index, events, replies);
         self.close_pipes(index);
