@@ -419,12 +419,17 @@ impl Kernel {
     /// (`save`: and into the store).
     pub(super) fn refresh_task_progress(&mut self, save: bool) {
         for number in self.tasks.running() {
-            if let Some(output) = self
-                .exec
-                .output_so_far(ReplyTo::Task(number), PROGRESS_BYTES)
-            {
-                self.tasks.progress(number, output, save);
-            }
+            self.refresh_progress_of(number, save);
+        }
+    }
+
+    /// The same, for the task whose work runs under `number`.
+    pub(super) fn refresh_progress_of(&mut self, number: u64, save: bool) {
+        if let Some(output) = self
+            .exec
+            .output_so_far(ReplyTo::Task(number), PROGRESS_BYTES)
+        {
+            self.tasks.progress(number, output, save);
         }
     }
 

@@ -41,7 +41,10 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             }
         }
         TaskRequest::Status(task) => {
-            kernel.refresh_task_progress(false);
+            // Only the task asked about needs its output read now.
+            if let Some(number) = kernel.tasks.number_of(&task.task_id) {
+                kernel.refresh_progress_of(number, false);
+            }
             reply(
                 kernel
                     .tasks

@@ -740,6 +740,11 @@ impl Tasks {
         self.running.keys().copied().collect()
     }
 
+    /// The number of task `id`'s work, while it runs.
+    pub fn number_of(&self, id: &str) -> Option<u64> {
+        self.tasks.get(id)?.number
+    }
+
     /// Whether running tasks' output is due to be looked at (and saved).
     pub fn progress_due(&mut self, now: Instant) -> bool {
         if self.running.is_empty() || now < self.next_progress {
