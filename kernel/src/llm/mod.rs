@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod call;
+mod connection;
 
 pub mod local;
 pub mod provider;
@@ -30,19 +31,16 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use mio::Waker;
 
 use self::admission::Admission;
-use self::call::{CallDone, CallJob, Callers, Endpoint, Fixed, RetryBudget};
-use self::local::{LocalServer, LocalSetup};
-use self::provider::anthropic::Anthropic;
-use self::provider::gemini::Gemini;
-use self::provider::openai::OpenAi;
-use self::provider::{Chat, Completion, Failure, Provider};
+use self::call::{CallDone, CallJob, Callers};
+use self::connection::Connection;
+use self::local::LocalServer;
+use self::provider::{Chat, Completion, Failure};
 use self::reply::{answered, failed};
 use self::scheduler::{FlowId, Full, Scheduler, Waiting};
 use crate::address::ReplyTo;
 use crate::config::llm::{LlmConfig, ProviderKind};
 use crate::identity::FIRST_OPERATOR_ID;
 use crate::sandbox::confine::Confinement;
-use crate::sandbox::lookup::interpreter_binds;
 use crate::timers::Timers;
 
 /// A token budget: `tokens` set on agent `owner`, shared by it and every
@@ -165,14 +163,13 @@ impl Llm {
         log_dir: &Path,
         confinement: Option<Confinement>,
     ) -> Llm {
-        let kind = config.kind();
-        let model = config.model();
-        let mut llm = Llm {
-            kind,
-            model: model.clone(),
-            unavailable: None,
-            local: None,
-            callers: None,
+        let connection = Connection::open(config, waker, log_dir, confinement);
+        Llm {
+            kind: connection.kind,
+            model: connection.model,
+            unavailable: connection.unavailable,
+            local: connection.local,
+            callers: connection.callers,
             provider_generation: 0,
             retiring: Vec::new(),
             scheduler: Scheduler::new(config.max_queued),
@@ -188,70 +185,7 @@ impl Llm {
             total: Use::default(),
             timers: Timers::default(),
             admit_wake: None,
-        };
-        let endpoint: Arc<dyn Endpoint> = match kind {
-            ProviderKind::None => {
-                llm.unavailable = Some(
-                    "no LLM provider is configured (llm.provider = \"none\"); set \
-                     AGENTOS_LLM_PROVIDER to local, openai, anthropic or gemini"
-                        .to_owned(),
-                );
-                return llm;
-            }
-            ProviderKind::Local => {
-                let python = match local::find_python(config.local.python.as_deref()) {
-                    Ok(python) => python,
-                    Err(reason) => {
-                        log::warn!("THINK unavailable: {reason}");
-                        llm.unavailable = Some(reason);
-                        return llm;
-                    }
-                };
-                if confinement.is_none() {
-                    log::warn!(
-                        "the local model server runs unconfined, as the daemon's own user: \
-                         this host gives the daemon no namespaces"
-                    );
-                }
-                let setup = LocalSetup {
-                    confinement: confinement.map(|c| (c, interpreter_binds(&python))),
-                    python,
-                    model,
-                    parallel: config.concurrency,
-                    threads: config.local.threads,
-                    log: log_dir.join("llm-local.log"),
-                };
-                match LocalServer::start(setup) {
-                    Ok(server) => {
-                        let server = Arc::new(server);
-                        llm.local = Some(server.clone());
-                        server
-                    }
-                    Err(err) => {
-                        llm.unavailable = Some(format!("cannot start the local model: {err}"));
-                        return llm;
-                    }
-                }
-            }
-            remote => Arc::new(Fixed(remote_provider(remote, config))),
-        };
-        let budget = RetryBudget {
-            max_wait: Duration::from_millis(config.max_retry_ms),
-            attempt_timeout: Duration::from_millis(config.attempt_timeout_ms),
-        };
-        match Callers::start(config.concurrency, endpoint, budget, waker) {
-            Ok(callers) => llm.callers = Some(callers),
-            Err(err) => llm.unavailable = Some(format!("cannot start LLM call threads: {err}")),
         }
-        log::info!(
-            "THINK: provider {kind}, model {}{}",
-            llm.model,
-            match &llm.unavailable {
-                Some(reason) => format!(" — unavailable: {reason}"),
-                None => String::new(),
-            }
-        );
-        llm
     }
 
     /// Whether THINK can be served on this host.
@@ -647,17 +581,6 @@ fn charged_tokens(completion: &Completion, call: &InFlight) -> u64 {
         call.prompt_estimate + (completion.content.len() as u64).div_ceil(4)
     };
     tokens.min(call.estimate.saturating_mul(8).saturating_add(1024))
-}
-
-/// The provider for a remote kind.
-fn remote_provider(kind: ProviderKind, config: &LlmConfig) -> Arc<dyn Provider> {
-    let base_url = config.base_url();
-    let key = config.api_key.clone();
-    match kind {
-        ProviderKind::Anthropic => Arc::new(Anthropic::new(&base_url, key)),
-        ProviderKind::Gemini => Arc::new(Gemini::new(&base_url, key)),
-        _ => Arc::new(OpenAi::new("openai", &base_url, key)),
-    }
 }
 
 /// Tokens a chat template adds before any message: role markers, and the

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use mio::Waker;
 
 use super::admission::Admission;
+use super::connection::Connection;
 use super::Llm;
 use crate::config::llm::LlmConfig;
 use crate::sandbox::confine::Confinement;
@@ -34,7 +35,7 @@ impl Llm {
             self.take_limits(old, config);
             return;
         }
-        let fresh = Llm::new(config, waker, log_dir, confinement);
+        let fresh = Connection::open(config, waker, log_dir, confinement);
         match self.callers.take() {
             Some(mut callers) => {
                 // Its threads end once their current calls have; their
