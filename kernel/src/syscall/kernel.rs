@@ -335,6 +335,8 @@ impl Kernel {
             self.answer_tool_calls_through(&mut replies);
             let finished = keep_task_replies(&mut replies);
             self.outbox.replies.extend(replies);
+            // Only a task that finished makes room for a queued one.
+            let made_room = !finished.is_empty();
             for (number, payload) in finished {
                 let next = self
                     .tasks
@@ -344,7 +346,9 @@ impl Kernel {
                 }
             }
             self.close_ended_task_sessions();
-            self.start_tasks();
+            if made_room {
+                self.start_tasks();
+            }
         }
         let mut outbox = std::mem::take(&mut self.outbox);
         outbox.adopted.extend(self.exec.take_adopted());

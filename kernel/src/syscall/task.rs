@@ -80,6 +80,8 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                     kernel.stop_task(stop);
                 }
                 kernel.close_ended_task_sessions();
+                // Its place is free for a queued task of its owner's.
+                kernel.start_tasks();
                 TaskCancelReply {
                     success: true,
                     cancelled,
