@@ -333,3 +333,33 @@ fn an_agent_has_one_follow_allowance_across_its_connections() {
     );
     assert_eq!(kid["success"], true, "{kid}");
 }
+
+#[test]
+fn an_agent_asking_for_extreme_offsets_and_sizes_gets_bounded_answers() {
+    let daemon = Daemon::start();
+    let (id, replies) = act(
+        &daemon,
+        "extremes",
+        json!({}),
+        json!([
+            [LOGS, {"name": "extremes", "after": u64::MAX}],
+            [LOGS, {"name": "extremes", "lines": 100_000}],
+            [LOGS, {"name": "extremes", "follow": true, "wait_ms": 0}],
+            [LOGS, {"id": u64::from(u32::MAX) + 1}],
+            [LOGS, {"id": u32::MAX}],
+            [LOGS, {"name": "extremes", "lines": -1}],
+        ]),
+    );
+    let reply = |n: usize| &replies[n]["reply"];
+    // An offset past any log: read again from its start, and said so.
+    assert_eq!(reply(0)["success"], true, "{}", reply(0));
+    assert_eq!(reply(0)["truncated"], true, "{}", reply(0));
+    assert_eq!(reply(0)["id"], id);
+    assert_eq!(reply(1)["success"], true, "{}", reply(1));
+    // A follow with no time to wait answers at the next look.
+    assert_eq!(reply(2)["success"], true, "{}", reply(2));
+    assert_eq!(reply(2)["ended"], false, "{}", reply(2));
+    assert_eq!(reply(3)["code"], "bad_request", "{}", reply(3));
+    assert_eq!(reply(4)["code"], "not_found", "{}", reply(4));
+    assert_eq!(reply(5)["code"], "bad_request", "{}", reply(5));
+}
