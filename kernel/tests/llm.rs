@@ -438,6 +438,56 @@ fn a_newcomer_is_next_whatever_the_usage_says() {
     }
 }
 
+/// One caller never holds every slot at the provider while another waits:
+/// with four slots and a provider taking 3 s a call, a client pipelining
+/// eight THINKs has three at the provider, and a second client's THINK
+/// takes the fourth at once instead of waiting out one of the first's.
+#[test]
+fn a_caller_with_slow_thinks_leaves_a_slot_for_another() {
+    const SLOW: Duration = Duration::from_secs(3);
+    let stub = Stub::start(|_, _| Reply::openai("ok", 10, 10).after(SLOW));
+    let daemon = daemon_for("openai", &stub, "concurrency = 4\n");
+    let mut greedy = pipeline_thinks(&daemon, 8, br#"{"prompt":"greedy","max_tokens":10}"#);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut other = daemon.client();
+    let started = Instant::now();
+    let reply = request(
+        &mut other,
+        Opcode::THINK,
+        &json!({"prompt": "other", "max_tokens": 10}),
+    );
+    let took = started.elapsed();
+    assert_eq!(reply["success"], true, "{reply}");
+    let queue_ms = reply["queue_ms"].as_u64().unwrap();
+    let greedy_before = stub
+        .requests()
+        .iter()
+        .position(|r| r.json()["messages"][0]["content"] == "other")
+        .unwrap();
+    eprintln!(
+        "the second caller's THINK queued {queue_ms} ms, answered in {took:?}, behind \
+         {greedy_before} of the first caller's at the provider"
+    );
+    assert!(
+        queue_ms < 500,
+        "the second caller's THINK queued {queue_ms} ms behind the first caller's calls"
+    );
+    assert!(
+        took < SLOW + Duration::from_secs(1),
+        "the second caller's THINK took {took:?} with a provider taking {SLOW:?}"
+    );
+    assert_eq!(
+        greedy_before, 3,
+        "the first caller had {greedy_before} THINKs at the provider of 4 slots"
+    );
+    // The first caller's THINKs all go in the end.
+    for _ in 0..8 {
+        let (_, payload) = recv(&mut greedy);
+        let reply: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+        assert_eq!(reply["success"], true, "{reply}");
+    }
+}
+
 /// The reactor never waits for the provider: NOOPs stay fast while 50
 /// THINKs are queued behind a slow one.
 #[test]

@@ -164,7 +164,7 @@ impl Llm {
         confinement: Option<Confinement>,
     ) -> Llm {
         let connection = Connection::open(config, waker, log_dir, confinement);
-        Llm {
+        let mut llm = Llm {
             kind: connection.kind,
             model: connection.model,
             unavailable: connection.unavailable,
@@ -185,7 +185,16 @@ impl Llm {
             total: Use::default(),
             timers: Timers::default(),
             admit_wake: None,
-        }
+        };
+        llm.set_concurrency(config.concurrency);
+        llm
+    }
+
+    /// Lets `concurrency` requests be at the provider at once, and caps
+    /// each caller's share of them (see [`flow_cap`]).
+    fn set_concurrency(&mut self, concurrency: usize) {
+        self.concurrency = concurrency;
+        self.scheduler.set_flow_cap(flow_cap(concurrency));
     }
 
     /// Whether THINK can be served on this host.
@@ -431,7 +440,8 @@ impl Llm {
     }
 
     /// Sends queued requests while there is room at the provider and the
-    /// rate limits allow.
+    /// rate limits allow, passing over callers at their cap (the
+    /// scheduler's `peek` shows none of theirs).
     fn pump(&mut self, now: Instant, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
         if self.callers.is_none() {
             return;
@@ -569,6 +579,18 @@ impl Llm {
     }
 }
 
+/// How many of `concurrency` provider slots one caller may hold: all but
+/// one, so a caller whose turn comes while another's slow requests are at
+/// the provider is sent at once rather than after one of them finishes.
+/// (A newcomer starts no lower than the callers already waiting, so the
+/// fair order puts it first; the free slot makes that order count.) With
+/// one slot, that one.
+fn flow_cap(concurrency: usize) -> u32 {
+    u32::try_from(concurrency.saturating_sub(1))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
 /// What an answered call is charged: the provider's count, or, if it gave
 /// none, an estimate from the prompt and the answer's length — never more
 /// than a generous multiple of what was expected, so a provider reporting
@@ -624,6 +646,14 @@ mod tests {
             },
             model: "m".into(),
         }
+    }
+
+    #[test]
+    fn one_slot_is_left_for_another_caller() {
+        assert_eq!(flow_cap(4), 3);
+        assert_eq!(flow_cap(256), 255);
+        assert_eq!(flow_cap(2), 1);
+        assert_eq!(flow_cap(1), 1, "a lone slot is still usable");
     }
 
     #[test]

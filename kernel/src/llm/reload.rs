@@ -56,7 +56,10 @@ impl Llm {
         self.unavailable = fresh.unavailable;
         self.local = fresh.local;
         self.callers = fresh.callers;
-        self.concurrency = config.concurrency;
+        // Calls still at the old provider count against the new
+        // concurrency and per-caller cap alike: a smaller one sends
+        // nothing more until they are under it.
+        self.set_concurrency(config.concurrency);
         self.take_limits(old, config);
         self.retire_finished();
     }

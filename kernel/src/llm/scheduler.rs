@@ -17,6 +17,13 @@
 //! are about to be refunded, which would let that backlog win turn after
 //! turn when answers are much shorter than asked for.
 //!
+//! A flow may have at most a set number of requests taken and not yet
+//! settled (its *cap*, see [`Scheduler::set_flow_cap`]). A flow at its cap
+//! is passed over, its queue kept as it is, and the next flow in the
+//! fair order goes instead: otherwise a caller with many slow requests
+//! could hold every slot at the provider while a caller that the fair
+//! order puts first waits for one of them to finish.
+//!
 //! The scheduler knows nothing of sockets, threads or time: it orders
 //! requests, and [`super::Llm`] decides when one may go.
 
@@ -52,7 +59,8 @@ struct Flow<T> {
     weight: u32,
     /// Requests taken and not yet settled: a flow is kept while it has
     /// any, so the provider's count always corrects the counter it was
-    /// charged to.
+    /// charged to. At the scheduler's `flow_cap`, the flow is passed
+    /// over.
     in_flight: u32,
 }
 
@@ -64,6 +72,14 @@ impl<T> Flow<T> {
     /// What the flow has been served, its requests at the provider aside.
     fn settled(&self) -> u64 {
         self.counter - self.outstanding
+    }
+
+    /// Its next request, if it may have one more taken.
+    fn eligible_head(&self, cap: u32) -> Option<&Waiting<T>> {
+        if self.in_flight >= cap {
+            return None;
+        }
+        self.queue.front()
     }
 }
 
@@ -77,6 +93,8 @@ pub struct Scheduler<T> {
     flows: HashMap<FlowId, Flow<T>>,
     queued: usize,
     capacity: usize,
+    /// Requests a flow may have taken and not settled at once.
+    flow_cap: u32,
     /// The highest settled counter any flow has reached: the scheduler's
     /// virtual time. A flow that turns backlogged while no other is starts
     /// here.
@@ -91,12 +109,22 @@ impl<T> Scheduler<T> {
         self.capacity = capacity;
     }
 
-    /// An empty scheduler holding at most `capacity` requests.
+    /// Lets a flow have at most `cap` (at least 1) requests taken and not
+    /// yet settled; a flow at its cap is passed over until one of them is.
+    /// A lower cap than before takes no request back: a flow above it
+    /// waits until it is below.
+    pub fn set_flow_cap(&mut self, cap: u32) {
+        self.flow_cap = cap.max(1);
+    }
+
+    /// An empty scheduler holding at most `capacity` requests, with no
+    /// flow cap.
     pub fn new(capacity: usize) -> Scheduler<T> {
         Scheduler {
             flows: HashMap::new(),
             queued: 0,
             capacity,
+            flow_cap: u32::MAX,
             floor: 0,
             next_ticket: 1,
         }
@@ -141,11 +169,16 @@ impl<T> Scheduler<T> {
         Ok(ticket)
     }
 
-    /// The request that goes next, without taking it.
+    /// The request that goes next, without taking it: the head of the
+    /// flow with the smallest counter among those below their cap.
+    /// `None` when nothing waits, or every flow that waits is at its cap.
     pub fn peek(&self) -> Option<(FlowId, &Waiting<T>)> {
         self.flows
             .iter()
-            .filter_map(|(id, flow)| flow.queue.front().map(|head| (flow.counter, head, *id)))
+            .filter_map(|(id, flow)| {
+                flow.eligible_head(self.flow_cap)
+                    .map(|head| (flow.counter, head, *id))
+            })
             .min_by_key(|(counter, head, _)| (*counter, head.ticket))
             .map(|(_, head, id)| (id, head))
     }
@@ -402,5 +435,83 @@ mod tests {
             run <= 2,
             "caller 1 was served {run} times in a row: {order:?}"
         );
+    }
+
+    #[test]
+    fn a_lone_flow_keeps_all_but_one_slot() {
+        // Four slots at the provider: a flow may have three.
+        let mut s = Scheduler::new(100);
+        s.set_flow_cap(3);
+        let tickets: Vec<u64> = (0..8).map(|_| s.push(1, 1, 100, ()).unwrap()).collect();
+        let taken: Vec<u64> = (0..3).map(|_| s.pop().unwrap().1.ticket).collect();
+        assert_eq!(taken, tickets[..3]);
+        assert!(s.peek().is_none(), "a fourth request of the flow went");
+        assert_eq!(s.len(), 5);
+        // A newcomer takes the slot left.
+        s.push(2, 1, 100, ()).unwrap();
+        assert_eq!(s.pop().unwrap().0, 2);
+        // Once one of its requests is settled, the flow goes on in order.
+        s.settle(1, 100, 100);
+        let (flow, next) = s.pop().unwrap();
+        assert_eq!((flow, next.ticket), (1, tickets[3]));
+        assert!(s.pop().is_none());
+    }
+
+    #[test]
+    fn a_flow_at_its_cap_lets_the_next_flow_go() {
+        let mut s = Scheduler::new(100);
+        s.set_flow_cap(2);
+        // Flow 1's weight keeps its counter far below flow 2's, so the fair
+        // order always puts it first.
+        let ones: Vec<u64> = (0..6).map(|_| s.push(1, 1000, 100, ()).unwrap()).collect();
+        for _ in 0..3 {
+            s.push(2, 1, 100, ()).unwrap();
+        }
+        let order: Vec<FlowId> = (0..4).map(|_| s.pop().unwrap().0).collect();
+        assert_eq!(order, [1, 2, 1, 2], "flow 1 was first until its cap");
+        // Both at their cap: nothing goes, and nothing is lost.
+        assert!(s.peek().is_none());
+        assert_eq!(s.len(), 5);
+        // A slot of flow 2 frees: flow 2 goes, flow 1 still at its cap.
+        s.settle(2, 100, 100);
+        assert_eq!(s.pop().unwrap().0, 2);
+        // Flow 1 resumes with its next request, first in the fair order again.
+        s.settle(1, 100, 100);
+        s.push(2, 1, 100, ()).unwrap();
+        let (flow, next) = s.pop().unwrap();
+        assert_eq!((flow, next.ticket), (1, ones[2]));
+        // Every request of flow 1 goes in the order it came.
+        let mut rest = Vec::new();
+        s.set_flow_cap(u32::MAX);
+        while let Some((flow, w)) = s.pop() {
+            if flow == 1 {
+                rest.push(w.ticket);
+            }
+        }
+        assert_eq!(rest, ones[3..]);
+    }
+
+    #[test]
+    fn a_lower_cap_takes_nothing_back() {
+        let mut s = Scheduler::new(100);
+        s.set_flow_cap(4);
+        for _ in 0..6 {
+            s.push(1, 1, 100, ()).unwrap();
+        }
+        for _ in 0..4 {
+            s.pop().unwrap();
+        }
+        // The provider shrinks to two slots (a reload): the flow's four
+        // calls run on, and it waits until it is below its new cap.
+        s.set_flow_cap(1);
+        for _ in 0..3 {
+            assert!(s.pop().is_none());
+            s.settle(1, 100, 100);
+        }
+        assert!(s.pop().is_none());
+        s.settle(1, 100, 100);
+        assert_eq!(s.pop().unwrap().0, 1);
+        assert!(s.pop().is_none());
+        assert_eq!(s.len(), 1);
     }
 }
