@@ -1,6 +1,7 @@
 //! The MCP client's state machine against the real servers the project's
-//! setup installs (npm's server-everything, PyPI's mcp-server-time),
-//! driven over their stdio by a small blocking loop.
+//! setup installs (npm's server-everything, PyPI's mcp-server-time), and
+//! the one that misbehaves on purpose (`mcp_faults.py`), driven over their
+//! stdio by a small blocking loop.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -193,4 +194,33 @@ fn mcp_server_time_answers_from_python() {
     };
     let answer: Value = serde_json::from_str(&text_of(&content)).unwrap();
     assert_eq!(answer["timezone"], "UTC", "{answer}");
+}
+
+#[test]
+fn a_malformed_reply_ends_its_call_at_once_naming_the_fault() {
+    let script = repo().join("kernel/tests/mcp_faults.py");
+    let mut session = Session::start(
+        Path::new("/usr/bin/python3"),
+        &[script.to_str().unwrap(), "malformed"],
+    );
+    session.ready();
+    for (call, tool, fault) in [
+        (1, "nul", "a raw NUL byte"),
+        (2, "deep", "nested deeper than 128 levels"),
+    ] {
+        let started = Instant::now();
+        let CallOutcome::Rejected(message) = session.call(call, tool, json!({})) else {
+            panic!("{tool} did not fail: {:?}", session.events);
+        };
+        assert!(
+            message.contains("reply was malformed") && message.contains(fault),
+            "{message}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(3), "{tool}");
+    }
+    let CallOutcome::Done { content, .. } = session.call(3, "get-sum", json!({"a": 2, "b": 3}))
+    else {
+        panic!("get-sum failed: {:?}", session.events);
+    };
+    assert_eq!(text_of(&content), "5");
 }

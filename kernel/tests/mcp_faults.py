@@ -5,6 +5,9 @@ tests. The first argument picks how:
   hang     never answers `initialize`
   garbage  prints lines that are not messages around every answer
   serve    behaves (the tools below do the damage when called)
+  malformed  serves, and lists two more tools whose answers cannot be
+           parsed: `nul` (a raw NUL byte inside a string) and `deep` (a
+           result nested 200 levels deep, its id written last)
 
 Its tools: `huge` (a 10 MB text), `never` (no answer, ever), `die` (exits
 mid-call), `orphan` (exits mid-call, leaving a child that holds its
@@ -62,6 +65,11 @@ TOOLS = [
         "inputSchema": {"type": "object", "properties": ["x"], "required": "x"},
     },
 ]
+if MODE == "malformed":
+    TOOLS += [
+        {"name": "nul", "description": "Answers with a raw NUL byte inside a string."},
+        {"name": "deep", "description": "Answers with a result nested 200 levels deep."},
+    ]
 for tool in TOOLS:
     tool.setdefault("inputSchema", {"type": "object", "properties": {}})
 
@@ -70,6 +78,12 @@ def send(message):
     if MODE == "garbage":
         sys.stdout.write("this is not json\n{\"broken\": \n")
     sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def send_line(line):
+    """Writes `line` as it is: json.dumps would make it well formed."""
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
@@ -108,6 +122,14 @@ def call(request_id, name, arguments):
         answer(request_id, text(f"key {os.environ.get('SECRET')} refused", is_error=True))
     elif name == "send":
         answer(request_id, text(f"{arguments.get('from')}->{arguments.get('to')}"))
+    elif name == "nul":
+        send_line('{"jsonrpc": "2.0", "id": %s, "result": {"content": '
+                  '[{"type": "text", "text": "a\x00b"}]}}' % json.dumps(request_id))
+    elif name == "deep":
+        # Like a JavaScript server, the id last: after what the parser gives up on.
+        nested = "[" * 200 + "]" * 200
+        send_line('{"jsonrpc": "2.0", "result": {"content": [], "structuredContent": '
+                  '{"deep": %s}}, "id": %s}' % (nested, json.dumps(request_id)))
     else:
         send({"jsonrpc": "2.0", "id": request_id,
               "error": {"code": -32602, "message": f"Unknown tool: {name}"}})

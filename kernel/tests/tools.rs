@@ -562,6 +562,50 @@ fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
 }
 
 #[test]
+fn a_malformed_reply_fails_its_call_at_once_naming_the_fault_and_the_server_serves_on() {
+    require_root!("MCP servers confined as the sandbox user");
+    let config = faulty("faults", "\"malformed\"", "timeout_ms = 20000");
+    let daemon = Daemon::start_with(&config);
+    let mut stream = daemon.raw();
+    let list = settled(&mut stream, &["faults"]);
+    assert_eq!(server(&list, "faults")["state"], "ready", "{list}");
+    // A call under way meanwhile, on another connection: a malformed reply
+    // ends only the call its id names.
+    let mut other = daemon.raw();
+    let never = json!({"op": "call", "server": "faults", "tool": "never", "timeout_ms": 2000});
+    common::send(&mut other, Opcode::TOOL, never.to_string().as_bytes());
+    for (name, fault) in [
+        ("nul", "a raw NUL byte"),
+        ("deep", "nested deeper than 128 levels"),
+    ] {
+        let started = Instant::now();
+        let reply = tool(
+            &mut stream,
+            json!({"op": "call", "server": "faults", "tool": name, "timeout_ms": 20_000}),
+        );
+        let took = started.elapsed();
+        assert_eq!(reply["code"], "tool_error", "{reply}");
+        let error = reply["error"].as_str().unwrap();
+        assert!(
+            error.contains("reply was malformed") && error.contains(fault),
+            "{reply}"
+        );
+        assert!(took < Duration::from_secs(3), "{name} took {took:?}");
+    }
+    let (_, never) = common::recv_json(&mut other);
+    assert_eq!(never["code"], "timeout", "{never}");
+    // The server was not restarted, and it and the kernel serve on.
+    let sum = tool(
+        &mut stream,
+        json!({"op": "call", "server": "faults", "tool": "get-sum", "arguments": {"a": 2, "b": 3}}),
+    );
+    assert_eq!(sum["result"], 5, "{sum}");
+    assert_eq!(call_json_noop(&mut stream), b"ping");
+    let log = daemon.log();
+    assert!(!log.contains("restarting mcp-faults"), "{log}");
+}
+
+#[test]
 fn secrets_never_enter_runs_replies_or_logs() {
     require_root!("MCP servers confined as the sandbox user, and EXEC");
     const SECRET: &str = "sk-agentos-test-9f3a1c77";

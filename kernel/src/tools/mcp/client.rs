@@ -10,7 +10,10 @@
 //! requests are answered: `ping` with `{}`, anything else "method not
 //! found". A call past its deadline, or cancelled, is told to the server
 //! (`notifications/cancelled`) and forgotten: its late reply is ignored.
-//! `isError` results and JSON-RPC errors are errors to the caller.
+//! `isError` results and JSON-RPC errors are errors to the caller; so is a
+//! reply that cannot be read, at once, when its id says which call it
+//! answers (a line that names none is logged and skipped: see
+//! [`McpClient::on_message`]).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -70,8 +73,10 @@ pub enum CallOutcome {
         /// The content blocks.
         content: Value,
     },
-    /// The server refused the call with a JSON-RPC error (unknown tool,
-    /// arguments that fail its schema): its message.
+    /// The server answered the call with an error instead of a result: a
+    /// JSON-RPC error (unknown tool, arguments that fail its schema), or a
+    /// reply that cannot be read. The error's message, or what is wrong
+    /// with the reply.
     Rejected(String),
     /// The call's deadline passed first.
     TimedOut(String),
@@ -232,24 +237,59 @@ impl McpClient {
                     }
                 }
             }
+            // A line that names no request is not pinned on one, not even
+            // on the only call under way, and does not restart the server:
+            // servers print log lines (broken JSON too) between their
+            // messages, a guess would fail a call whose answer follows and
+            // make a call's outcome hang on what else is under way, and a
+            // restart would fail every call for one stray line. A call
+            // whose answer is such a line ends at its deadline, like one
+            // never answered.
             Incoming::Garbage(text) => events.push(ClientEvent::Garbage(text)),
+            Incoming::Malformed { id, why } => {
+                // The server is up and answered, wrongly: the call's error
+                // is its answer (`Rejected`), not the server being gone.
+                let why = format!("the server's reply was malformed: {why}");
+                if !self.unreadable_reply(Some(id), &why, CallOutcome::Rejected, events) {
+                    events.push(ClientEvent::Garbage(format!(
+                        "{why} (to request {id}, no longer awaited)"
+                    )));
+                }
+            }
             Incoming::Oversized { id, bytes } => {
-                let Some((pending, _)) = id.and_then(|id| self.pending.remove(&id)) else {
+                // Perhaps a good answer, but more than the kernel takes.
+                let why = format!("the server's reply was {bytes} bytes, over the limit");
+                if !self.unreadable_reply(id, &why, CallOutcome::Failed, events) {
                     events.push(ClientEvent::Garbage(format!(
                         "a message of {bytes} bytes, over the limit, was dropped"
                     )));
-                    return;
-                };
-                let why = format!("the server's reply was {bytes} bytes, over the limit");
-                match pending {
-                    Pending::Call(call) => events.push(ClientEvent::CallEnded {
-                        call,
-                        outcome: CallOutcome::Failed(why),
-                    }),
-                    Pending::Initialize | Pending::List => self.fail(why, events),
                 }
             }
         }
+    }
+
+    /// A reply that cannot be read ends the request `id` names, if it is
+    /// awaited: a call with `outcome` of `why`; the handshake or a listing
+    /// by failing the server, as any answer to them that makes no sense
+    /// does. Whether it was awaited.
+    fn unreadable_reply(
+        &mut self,
+        id: Option<u64>,
+        why: &str,
+        outcome: fn(String) -> CallOutcome,
+        events: &mut Vec<ClientEvent>,
+    ) -> bool {
+        let Some((pending, _)) = id.and_then(|id| self.pending.remove(&id)) else {
+            return false;
+        };
+        match pending {
+            Pending::Call(call) => events.push(ClientEvent::CallEnded {
+                call,
+                outcome: outcome(why.to_owned()),
+            }),
+            Pending::Initialize | Pending::List => self.fail(why.to_owned(), events),
+        }
+        true
     }
 
     /// Requests past their deadline fail; calls are told to the server as

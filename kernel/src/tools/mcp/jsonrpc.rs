@@ -7,13 +7,23 @@
 //! prints — and reported as [`Incoming::Oversized`], with the id of the
 //! response it was when its first or last bytes say so (JavaScript servers
 //! write `"id"` last).
+//!
+//! A line that is meant as a response but cannot be read as one — not
+//! JSON (a raw control byte in a string, nesting past the parser's limit,
+//! a line cut short), or without exactly one of `result` and `error` — is
+//! reported as [`Incoming::Malformed`] with the reason, when the id of its
+//! outermost object can still be read by a plain scan of its bytes; a line
+//! that names no id is garbage like any other.
 
+use serde_json::error::Category;
 use serde_json::{json, Value};
 
 /// How much of a dropped line's start and end is kept to find its id.
 const KEPT: usize = 4096;
 /// How much of a garbage line is kept for the log.
 const GARBAGE_SHOWN: usize = 200;
+/// How deep serde_json nests before it gives up (its recursion limit).
+const MAX_DEPTH: usize = 128;
 
 /// A JSON-RPC error object.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,6 +63,14 @@ pub enum Incoming {
     },
     /// A line that is not a JSON-RPC message (its start).
     Garbage(String),
+    /// A response that cannot be read: its id, and why (in the kernel's
+    /// words, never the server's text).
+    Malformed {
+        /// The id its outermost object gives.
+        id: u64,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A line over the limit, dropped.
     Oversized {
         /// The id of the response it was, if its start or end says.
@@ -149,8 +167,18 @@ impl LineReader {
 /// One line as a message.
 fn parse(text: &str) -> Incoming {
     let garbage = || Incoming::Garbage(text.chars().take(GARBAGE_SHOWN).collect());
-    let Ok(Value::Object(message)) = serde_json::from_str::<Value>(text) else {
-        return garbage();
+    let message = match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(message)) => message,
+        Ok(_) => return garbage(),
+        Err(error) => {
+            return match response_id_of(text) {
+                Some(id) => Incoming::Malformed {
+                    id,
+                    why: unreadable(text, &error),
+                },
+                None => garbage(),
+            }
+        }
     };
     let method = message.get("method").and_then(Value::as_str);
     let id = message.get("id").filter(|id| !id.is_null());
@@ -170,7 +198,14 @@ fn parse(text: &str) -> Incoming {
             let outcome = match (message.get("result"), message.get("error")) {
                 (Some(result), None) => Ok(result.clone()),
                 (None, Some(error)) => Err(rpc_error(error)),
-                _ => return garbage(),
+                (Some(_), Some(_)) => {
+                    let why = "it has both a result and an error".to_owned();
+                    return Incoming::Malformed { id, why };
+                }
+                (None, None) => {
+                    let why = "it has neither a result nor an error".to_owned();
+                    return Incoming::Malformed { id, why };
+                }
             };
             Incoming::Response { id, outcome }
         }
@@ -188,6 +223,120 @@ fn rpc_error(error: &Value) -> RpcError {
             .to_owned(),
         data: error.get("data").cloned(),
     }
+}
+
+/// Why `text` is not JSON, from the parser's `error`: its own words (which
+/// hold no text of the server's), plainer for the faults a server is
+/// likely to make.
+fn unreadable(text: &str, error: &serde_json::Error) -> String {
+    let said = error.to_string();
+    // serde_json names these only in its message.
+    if said.starts_with("recursion limit exceeded") {
+        return format!("it is nested deeper than {MAX_DEPTH} levels");
+    }
+    if said.starts_with("control character") {
+        // The column is the 1-based byte offset of the byte at fault (one
+        // line: the reader split at newlines).
+        let at = error.column().checked_sub(1);
+        return match at.and_then(|at| text.as_bytes().get(at)) {
+            Some(0) => "it holds a raw NUL byte inside a string".to_owned(),
+            Some(byte) => format!("it holds a raw control byte (0x{byte:02x}) inside a string"),
+            None => "it holds a raw control byte inside a string".to_owned(),
+        };
+    }
+    match error.classify() {
+        Category::Eof => "it ends in the middle of the message".to_owned(),
+        _ => format!("it is not JSON ({said})"),
+    }
+}
+
+/// The id of a response on a line that does not parse: the number after
+/// the `"id"` key of the line's outermost object, found by a scan of its
+/// bytes that keeps track of strings and nesting (so an `"id"` inside a
+/// value is not taken, and what broke the parser — depth, a control byte,
+/// a cut — does not hide it). A line with a `"method"` key is the server's
+/// own request or notification, whose `"id"` is not the kernel's: none.
+/// So is an object with two ids, or one that is not a number.
+fn response_id_of(text: &str) -> Option<u64> {
+    let bytes = text.as_bytes();
+    if bytes.first() != Some(&b'{') {
+        return None;
+    }
+    let mut id = None;
+    let mut depth = 0usize;
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'"' => {
+                let Some(end) = string_end(bytes, at) else {
+                    // Cut inside a string: what came before is all there is.
+                    break;
+                };
+                let after = skip_space(bytes, end + 1);
+                if depth == 1 && bytes.get(after) == Some(&b':') {
+                    match &bytes[at + 1..end] {
+                        b"method" => return None,
+                        b"id" if id.is_none() => id = Some(number_at(bytes, after + 1)?),
+                        b"id" => return None,
+                        _ => {}
+                    }
+                }
+                at = end + 1;
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                at += 1;
+            }
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    break;
+                }
+                at += 1;
+            }
+            _ => at += 1,
+        }
+    }
+    id
+}
+
+/// Where the string that opens at `open` closes (its closing quote).
+fn string_end(bytes: &[u8], open: usize) -> Option<usize> {
+    let mut at = open + 1;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'\\' => at += 2,
+            b'"' => return Some(at),
+            _ => at += 1,
+        }
+    }
+    None
+}
+
+fn skip_space(bytes: &[u8], mut at: usize) -> usize {
+    while bytes.get(at).is_some_and(u8::is_ascii_whitespace) {
+        at += 1;
+    }
+    at
+}
+
+/// The whole number that starts at `at` (after spaces), if one does and
+/// nothing but a delimiter follows it (`5.0` or `5e3` are not ids the
+/// kernel sent).
+fn number_at(bytes: &[u8], at: usize) -> Option<u64> {
+    let start = skip_space(bytes, at);
+    let digits = bytes
+        .get(start..)?
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    let end = start + digits;
+    let ends_well = matches!(bytes.get(end), None | Some(b',' | b'}'))
+        || bytes.get(end).is_some_and(u8::is_ascii_whitespace);
+    if digits == 0 || !ends_well {
+        return None;
+    }
+    std::str::from_utf8(&bytes[start..end]).ok()?.parse().ok()
 }
 
 /// The number after `"id":` in part of a line, if there is one.
@@ -301,6 +450,70 @@ mod tests {
                 outcome: Ok(Value::Null)
             }
         );
+    }
+
+    #[test]
+    fn an_unreadable_response_names_its_id_and_the_fault() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let malformed = |id: u64, why: &str| Incoming::Malformed {
+            id,
+            why: why.to_owned(),
+        };
+        let cases = [
+            (
+                "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"text\":\"a\0b\"}}".to_owned(),
+                malformed(1, "it holds a raw NUL byte inside a string"),
+            ),
+            (
+                "{\"id\": 2 ,\"result\":\"\u{1b}[0m\"}".to_owned(),
+                malformed(2, "it holds a raw control byte (0x1b) inside a string"),
+            ),
+            // The id last, past the depth the parser stops at; the ids of
+            // inner objects, and "id" inside strings, are not the message's.
+            (
+                format!(
+                    "{{\"result\":{{\"id\":7,\"t\":\"\\\"id\\\":8,\",\"d\":{deep}}},\"id\":3}}"
+                ),
+                malformed(3, "it is nested deeper than 128 levels"),
+            ),
+            (
+                "{\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{\"content\":[".to_owned(),
+                malformed(4, "it ends in the middle of the message"),
+            ),
+            (
+                "{\"id\":5}".to_owned(),
+                malformed(5, "it has neither a result nor an error"),
+            ),
+            (
+                "{\"id\":6,\"result\":1,\"error\":{}}".to_owned(),
+                malformed(6, "it has both a result and an error"),
+            ),
+        ];
+        for (line, expected) in cases {
+            let mut reader = LineReader::new(1 << 20);
+            assert_eq!(
+                read(&mut reader, format!("{line}\n").as_bytes()),
+                [expected]
+            );
+        }
+        // No id of the kernel's to be read: garbage.
+        for line in [
+            "{\"broken\": ",
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"x\":\"\0\"}",
+            "{\"method\":\"notifications/message\",\"params\":{\"id\":1,\"x\":\"\0\"}}",
+            "{\"id\":\"s-1\",\"result\":\"\0\"}",
+            "{\"id\":1.5,\"result\":\"\0\"}",
+            "{\"id\":1,\"id\":2,\"result\":\"\0\"}",
+            "{\"text\":\"\\\"id\\\":1\0\"}",
+            "[{\"id\":1,\"result\":\"\0\"}]",
+        ] {
+            let mut reader = LineReader::new(1 << 20);
+            let got = read(&mut reader, format!("{line}\n").as_bytes());
+            assert!(
+                matches!(&got[..], [Incoming::Garbage(_)]),
+                "{line:?}: {got:?}"
+            );
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
 use super::*;
+use crate::tools::mcp::jsonrpc::LineReader;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -297,6 +298,137 @@ fn an_oversized_reply_fails_its_call_and_garbage_is_reported() {
         matches!(&events[1], ClientEvent::CallEnded { call: 5, outcome: CallOutcome::Failed(why) } if why.contains("over the limit"))
     );
     assert_eq!(client.state(), &ServerState::Ready);
+}
+
+/// What the client makes of `bytes` as the server prints them.
+fn printed(client: &mut McpClient, bytes: &[u8], now: Instant) -> Vec<ClientEvent> {
+    let mut messages = Vec::new();
+    LineReader::new(1 << 20).push(bytes, &mut messages);
+    let mut events = Vec::new();
+    for message in messages {
+        client.on_message(message, now, &mut events);
+    }
+    events
+}
+
+/// The calls `events` ended as refused, with their reasons.
+fn refusals(events: &[ClientEvent]) -> Vec<(CallId, String)> {
+    events
+        .iter()
+        .map(|event| match event {
+            ClientEvent::CallEnded {
+                call,
+                outcome: CallOutcome::Rejected(why),
+            } => (*call, why.clone()),
+            other => panic!("not a refused call: {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_malformed_reply_ends_the_call_its_id_names_at_once_saying_why() {
+    let now = Instant::now();
+    let mut client = ready(&["echo"], now);
+    for call in 1..=4 {
+        client.call(call, "echo", json!({}), now + TIMEOUT).unwrap();
+    }
+    let ids: Vec<u64> = sent(&mut client)
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect();
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let lines = [
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"content\":[{{\"type\":\"text\",\
+             \"text\":\"a\0b\"}}]}}}}\n",
+            ids[0]
+        ),
+        // The id last, after the nesting (as JavaScript servers write it);
+        // an "id" inside the result is not the message's.
+        format!(
+            "{{\"result\":{{\"structuredContent\":{{\"id\":{},\"deep\":{deep}}}}},\"id\":{}}}\n",
+            ids[3], ids[1]
+        ),
+        format!("{{\"jsonrpc\":\"2.0\",\"id\":{}}}\n", ids[2]),
+    ];
+    let mut events = Vec::new();
+    for line in &lines {
+        events.extend(printed(&mut client, line.as_bytes(), now));
+    }
+    let refused = refusals(&events);
+    let expected = [
+        (1, "a raw NUL byte inside a string"),
+        (2, "nested deeper than 128 levels"),
+        (3, "neither a result nor an error"),
+    ];
+    assert_eq!(refused.len(), expected.len(), "{refused:?}");
+    for ((call, why), (expected_call, fault)) in refused.iter().zip(expected) {
+        assert_eq!(*call, expected_call, "{refused:?}");
+        assert!(why.contains("the server's reply was malformed"), "{why}");
+        assert!(why.contains(fault), "{why}");
+    }
+    // The fourth call waits on; the server stays of use.
+    assert_eq!(client.next_deadline(), Some(now + TIMEOUT));
+    assert_eq!(client.state(), &ServerState::Ready);
+}
+
+#[test]
+fn an_unreadable_line_that_names_no_awaited_request_is_only_reported() {
+    let now = Instant::now();
+    let mut client = ready(&["echo"], now);
+    client.call(1, "echo", json!({}), now + TIMEOUT).unwrap();
+    let id = sent(&mut client)[0]["id"].as_u64().unwrap();
+    let lines = [
+        // Cut short before any id.
+        "{\"broken\": \n".to_owned(),
+        // A notification of the server's, its params naming the call.
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\
+             \"params\":{{\"id\":{id},\"text\":\"a\0b\"}}}}\n"
+        ),
+        // A request of the server's: its id is the server's own number.
+        format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\",\"x\":\"\0\"}}\n"),
+        // The answer to a request no longer awaited.
+        "{\"jsonrpc\":\"2.0\",\"id\":999,\"result\":\"\0\"}\n".to_owned(),
+    ];
+    for line in &lines {
+        let events = printed(&mut client, line.as_bytes(), now);
+        assert!(
+            matches!(&events[..], [ClientEvent::Garbage(_)]),
+            "{line:?}: {events:?}"
+        );
+    }
+    let events = printed(
+        &mut client,
+        format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"content\":[]}}}}\n").as_bytes(),
+        now,
+    );
+    assert!(
+        matches!(
+            &events[..],
+            [ClientEvent::CallEnded {
+                call: 1,
+                outcome: CallOutcome::Done { .. }
+            }]
+        ),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn a_malformed_answer_to_the_handshake_fails_the_server() {
+    let now = Instant::now();
+    let mut client = McpClient::new("broken", TIMEOUT, now);
+    sent(&mut client);
+    let events = printed(
+        &mut client,
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocolVersion\":\"\0\"}}\n",
+        now,
+    );
+    assert!(
+        matches!(&events[..], [ClientEvent::Failed(why)] if why.contains("a raw NUL byte")),
+        "{events:?}"
+    );
 }
 
 #[test]
