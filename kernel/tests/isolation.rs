@@ -429,19 +429,36 @@ fn killing_the_kernel_takes_its_agents_down_and_the_next_one_cleans_up() {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(client);
-    drop(daemon);
+    let mut daemon = daemon;
+    daemon.wait(Duration::from_secs(10));
     let stale = format!("/sys/fs/cgroup/memory/agentos/agentosd-{dead_pid}");
     assert!(
         Path::new(&stale).exists(),
         "expected the dead kernel's cgroups to remain for now"
     );
-    // The next kernel to start removes what the dead one left.
-    let next = Daemon::start();
+    let state = daemon.dir.path().join("agentos.sock.d");
+    assert_eq!(mounts_at(&state), 1, "the dead kernel's state tmpfs stays");
+    // The next kernel to start removes what the dead one left; the next on
+    // its socket, its state directory too.
+    daemon.restart("");
     assert!(
         !Path::new(&stale).exists(),
         "stale cgroups survived the next start"
     );
-    assert!(next.log().contains(&format!("agentosd pid {dead_pid}")));
+    assert!(daemon.log().contains(&format!("agentosd pid {dead_pid}")));
+    assert_eq!(mounts_at(&state), 1, "only the new kernel's state tmpfs");
+    assert!(daemon.stop().success());
+    assert_eq!(mounts_at(&state), 0, "a state tmpfs left after shutdown");
+}
+
+/// Mounts at `path` in the host's mount table.
+fn mounts_at(path: &Path) -> usize {
+    let path = path.to_str().unwrap();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|line| line.split(' ').nth(4) == Some(path))
+        .count()
 }
 
 #[test]
@@ -582,4 +599,187 @@ fn an_unprivileged_kernel_still_spawns_and_reports_what_it_lacks() {
     }
     drop(client);
     assert!(daemon.process.stop().success());
+}
+
+// ---- what an agent's mount table tells it ----------------------------------------
+
+/// Prints the mount table twice over (`/proc/self/mountinfo` and
+/// `/proc/self/mounts`) as one JSON line, `TABLES {...}`.
+const PRINT_TABLES: &str = r#"
+import json
+tables = {name: open("/proc/self/" + name).read() for name in ("mountinfo", "mounts")}
+print("TABLES " + json.dumps(tables), flush=True)
+"#;
+
+/// Runs `script` ([`PRINT_TABLES`]) as agent `tables`: its id, and the two
+/// tables it printed as one text.
+fn agent_tables(
+    daemon: &Daemon,
+    client: &mut agentos_proto::Client,
+    script: &Path,
+) -> (u64, String) {
+    let id = spawn(client, json!({"name": "tables", "script": script}));
+    wait_for_state(client, id, &["exited"], Duration::from_secs(20));
+    (id, tables_in(&agent_log(daemon, "tables", id)))
+}
+
+fn tables_in(output: &str) -> String {
+    let line = output
+        .lines()
+        .find_map(|l| l.strip_prefix("TABLES "))
+        .unwrap_or_else(|| panic!("no mount tables printed:\n{output}"));
+    let tables: serde_json::Value = serde_json::from_str(line).unwrap();
+    format!(
+        "{}{}",
+        tables["mountinfo"].as_str().unwrap(),
+        tables["mounts"].as_str().unwrap()
+    )
+}
+
+/// Asserts no line of `tables` holds any of `hidden` (what, path).
+fn assert_names_none(tables: &str, hidden: &[(&str, String)]) {
+    for (what, path) in hidden {
+        let naming: Vec<&str> = tables
+            .lines()
+            .filter(|l| l.contains(path.as_str()))
+            .collect();
+        assert!(
+            naming.is_empty(),
+            "the mount table names {what} ({path}):\n{}\n\nwhole table:\n{tables}",
+            naming.join("\n")
+        );
+    }
+}
+
+/// Asserts each mount's root (mountinfo's 4th field: where in its
+/// filesystem the mounted tree lies) shows no host path but the one the
+/// agent sees it at: `/`, the mount point's own path (`/usr` at `/usr`,
+/// `/sys` at `/proc/sys`), or a path of a filesystem of the kernel's own
+/// that is nowhere on the host (`/null` of devtmpfs masking a secret).
+fn assert_roots_are_their_mount_points(tables: &str) {
+    for line in tables.lines().filter(|l| l.contains(" - ")) {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (root, mount_point) = (fields[3], fields[4]);
+        assert!(
+            root == "/" || mount_point.ends_with(root) || !Path::new(root).exists(),
+            "a mount shows the host path {root} at {mount_point}: {line}\n\nwhole table:\n{tables}"
+        );
+    }
+}
+
+/// What of a daemon's files no agent may find named in its mount table:
+/// the daemon's own directory (its config and log) and, by name, anything
+/// in it wherever its filesystem is mounted; its socket; its state
+/// directory (agents' sockets — the agent's own too —, the sandbox
+/// staging root, EXEC's tools package); its logs; its task store.
+fn daemon_paths(daemon: &Daemon, agent: Option<(&str, u64)>) -> Vec<(&'static str, String)> {
+    let dir = daemon.dir.path();
+    let state = dir.join("agentos.sock.d");
+    let mut hidden = vec![
+        ("the daemon's directory", dir.display().to_string()),
+        (
+            "the daemon's directory by name",
+            dir.file_name().unwrap().to_string_lossy().into_owned(),
+        ),
+        ("the kernel's socket", daemon.socket.display().to_string()),
+        ("the state directory", state.display().to_string()),
+        (
+            "the agents' sockets",
+            state.join("agents").display().to_string(),
+        ),
+        (
+            "the staging root",
+            state.join("sandbox-root").display().to_string(),
+        ),
+        (
+            "the tools package",
+            state.join("tools").display().to_string(),
+        ),
+        ("the log directory", dir.join("logs").display().to_string()),
+        ("the task store", dir.join("state").display().to_string()),
+    ];
+    if let Some((name, id)) = agent {
+        hidden.push((
+            "the agent's own socket on the host",
+            state
+                .join(format!("agents/{id}.sock"))
+                .display()
+                .to_string(),
+        ));
+        hidden.push((
+            "the agent's log",
+            dir.join(format!("logs/{name}-{id}.log"))
+                .display()
+                .to_string(),
+        ));
+    }
+    hidden
+}
+
+/// An agent can read its mount table: the table must not tell it where the
+/// kernel keeps its socket, its state or its logs. (The directories it was
+/// given it sees at their own paths, so those may show.)
+#[test]
+fn an_agents_mounts_name_no_host_path_it_was_not_given() {
+    require_root!("running agents as another user");
+    let daemon = Daemon::start();
+    let dir = shared_dir();
+    let script = write_script(dir.path(), "tables.py", PRINT_TABLES);
+    let mut client = daemon.client();
+    let (id, tables) = agent_tables(&daemon, &mut client, &script);
+    // What it was given shows, at its own path.
+    assert!(tables.contains(" /run/agentos/agentos.sock "), "{tables}");
+    assert!(
+        tables.contains(&format!(" {} ", dir.path().display())),
+        "{tables}"
+    );
+    assert_names_none(&tables, &daemon_paths(&daemon, Some(("tables", id))));
+    assert_roots_are_their_mount_points(&tables);
+}
+
+/// A script kept beside the kernel's socket, config and logs is an
+/// innocent choice: the agent is given that directory, and sees the names
+/// of the kernel's files in it (hidden, empty) — but nothing inside them:
+/// not the agents' sockets, not the staging directory its own root was
+/// built on.
+#[test]
+fn an_agent_beside_the_kernels_files_sees_nothing_inside_them_in_its_mounts() {
+    require_root!("running agents as another user");
+    let daemon = Daemon::start_in(shared_dir(), "");
+    let script = write_script(daemon.dir.path(), "tables.py", PRINT_TABLES);
+    let mut client = daemon.client();
+    let (_, tables) = agent_tables(&daemon, &mut client, &script);
+    let state = daemon.dir.path().join("agentos.sock.d");
+    let logs = daemon.dir.path().join("logs");
+    assert_names_none(
+        &tables,
+        &[
+            (
+                "inside the state directory",
+                format!("{}/", state.display()),
+            ),
+            ("inside the log directory", format!("{}/", logs.display())),
+            ("the staging root by name", "sandbox-root".to_owned()),
+        ],
+    );
+    assert_roots_are_their_mount_points(&tables);
+}
+
+/// EXEC runs are built by the same sandbox layer, inside an exec host that
+/// is given EXEC's tools package from the kernel's state directory.
+#[test]
+fn an_exec_runs_mounts_name_no_host_path_it_was_not_given() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let reply = common::call_json(
+        &mut stream,
+        Opcode::EXEC,
+        json!({"code": PRINT_TABLES}).to_string().as_bytes(),
+    );
+    assert_eq!(reply["success"], true, "{reply}");
+    let tables = tables_in(reply["stdout"].as_str().unwrap());
+    assert!(tables.contains(" /tools "), "{tables}");
+    assert_names_none(&tables, &daemon_paths(&daemon, None));
+    assert_roots_are_their_mount_points(&tables);
 }

@@ -273,11 +273,21 @@ fn launch_with(
 
 impl Drop for Daemon {
     /// Stops the daemon the way an operator would (SIGTERM), so it removes
-    /// its cgroups and agents; SIGKILL only if it does not go in time.
+    /// its cgroups and agents; SIGKILL only if it does not go in time. A
+    /// daemon a test killed leaves the tmpfs on its state directory for the
+    /// next kernel on its socket to clear; none comes, so it goes here.
     fn drop(&mut self) {
         if let Some(child) = self.child.as_mut() {
             terminate(child);
         }
+        let mut state = self.socket.as_os_str().to_owned();
+        state.push(".d");
+        while nix::mount::umount2(
+            std::path::Path::new(&state),
+            nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,
+        )
+        .is_ok()
+        {}
     }
 }
 
@@ -753,6 +763,22 @@ pub fn act_in(
         assert!(
             Instant::now() < deadline,
             "agent {name} did not finish its requests:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Agent `id`'s log once it holds the line `line` (within 20 s).
+pub fn agent_log_with_line(daemon: &Daemon, name: &str, id: u64, line: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = agent_log(daemon, name, id);
+        if log.lines().any(|l| l == line) {
+            return log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent {name} never wrote {line:?}:\n{log}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -16,7 +16,8 @@
 //! Preparation ([`prepare_root`]), which a sandbox of the warm pool does
 //! before any workload has claimed it:
 //! 1. make every mount private, so nothing propagates to or from the host;
-//! 2. mount a tmpfs on the staging directory: the new root;
+//! 2. mount a tmpfs on the staging directory: the new root, unbindable,
+//!    so that no recursive bind copies it into itself;
 //! 3. a fresh /dev with a handful of device nodes bound from the host;
 //! 4. writable tmpfs scratch space (/tmp, /workspace, /dev/shm);
 //! 5. bind what every program needs (read-only) and create symlinks;
@@ -207,6 +208,14 @@ pub fn prepare_root(
         Some("mode=0755,size=4m"),
     )
     .map_err(failed("cannot mount the root tmpfs on", staging))?;
+    // Unbindable, because a directory the workload is given may hold the
+    // staging directory (a script kept beside the kernel's socket): its
+    // recursive bind would carry a copy of this very root, every mount of
+    // it, into the sandbox — and its mount table would list them all at
+    // their paths under the kernel's state directory, masked or not. A
+    // recursive bind leaves unbindable mounts out.
+    sys.mount(None, staging, None, MsFlags::MS_UNBINDABLE, None)
+        .map_err(failed("cannot make the root unbindable at", staging))?;
 
     // 3. /dev: a tmpfs with only the harmless devices.
     if !root.devices.is_empty() {

@@ -36,6 +36,7 @@ impl Syscalls for Recorder {
             (MsFlags::MS_REMOUNT, "remount"),
             (MsFlags::MS_RDONLY, "ro"),
             (MsFlags::MS_PRIVATE, "private"),
+            (MsFlags::MS_UNBINDABLE, "unbindable"),
             (MsFlags::MS_NOEXEC, "noexec"),
         ] {
             if flags.contains(flag) {
@@ -174,6 +175,10 @@ fn root_is_built_in_a_safe_order() {
         calls[1],
         "mount /stage from tmpfs type tmpfs [mode=0755,size=4m]"
     );
+    // The new root is left out of recursive binds before anything is
+    // bound, so a bound directory holding the staging directory cannot
+    // carry a copy of the root (and its mounts) into itself.
+    assert_eq!(calls[2], "mount /stage unbindable");
     // A read-only bind repeats the source mount's locked flags.
     let bind = position(calls, "mount /stage/usr from /usr bind rec");
     assert_eq!(calls[bind + 1], "mount /stage/usr bind remount ro noexec");
