@@ -82,6 +82,15 @@ def test_the_cli_dispatches_waits_lists_and_cancels(kernel):
     failing = cli("task", "dispatch", "raise SystemExit(3)")
     assert cli("task", "wait", failing.stdout.strip()).returncode == 1
     assert "had already ended" in cli("task", "cancel", task_id).stdout
+    # An operator lists everyone's, each with its owner.
+    everyone = cli("task", "list", "--owner", "*")
+    assert everyone.returncode == 0, everyone.stderr
+    assert "OWNER" in everyone.stdout.splitlines()[0]
+    line = next(l for l in everyone.stdout.splitlines() if task_id in l)
+    assert f"uid {os.geteuid()}" in line, everyone.stdout
+    with AgentOSClient(kernel.socket_path) as client:
+        listed = client.list_tasks(owner="*")["tasks"]
+        assert {"kind": "operator", "uid": os.geteuid()} in [t["owner"] for t in listed]
 
 
 def test_run_reports_a_loop_that_cannot_think(kernel):

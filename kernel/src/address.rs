@@ -22,7 +22,7 @@ pub struct ConnKey {
 }
 
 /// Where a reply goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReplyTo {
     /// The request numbered `seq` on a connection.
     Request {
@@ -73,10 +73,17 @@ pub struct Adopted {
     /// The connection.
     pub stream: UnixStream,
     /// Whose calls it carries.
-    pub identity: Identity,
-    /// The EXEC run it belongs to (its tag), whose reply counts its tool
-    /// calls.
-    pub run: Option<u64>,
+    pub peer: Adoptee,
+}
+
+/// Whose calls an adopted connection carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adoptee {
+    /// A caller with a known identity (an agent, through its own socket).
+    Known(Identity),
+    /// The EXEC run of this number: the connection gets an identity of its
+    /// own (a run's, never its caller's) as it is admitted.
+    Run(u64),
 }
 
 /// What the kernel hands back to the reactor after an event: finished

@@ -55,13 +55,7 @@ pub fn run(mut config: Config, reload: ConfigSource) -> Result<(), DaemonError> 
     let path = config.socket_path();
     let group = config.socket_group.clone().or_else(|| service_group(&path));
     let socket = KernelSocket::bind(&path, group.as_deref())?;
-    log::info!(
-        "agentosd {} listening on {} (pid {}, socket group {})",
-        env!("CARGO_PKG_VERSION"),
-        path.display(),
-        std::process::id(),
-        socket.gid()
-    );
+    let gid = socket.gid();
     if !config.debug.defer_opcodes.is_empty() {
         log::warn!(
             "diagnostics: replies to {:?} are produced on worker threads with {} ms delay",
@@ -69,7 +63,17 @@ pub fn run(mut config: Config, reload: ConfigSource) -> Result<(), DaemonError> 
             config.debug.defer_delay_ms
         );
     }
-    Reactor::new(config, socket, signals, reload)?.run()?;
+    // Said once everything that serves a request is up: a kernel that
+    // fails to start after binding (a bad boot agent, a locked task
+    // store) never claimed to listen.
+    let reactor = Reactor::new(config, socket, signals, reload)?;
+    log::info!(
+        "agentosd {} listening on {} (pid {}, socket group {gid})",
+        env!("CARGO_PKG_VERSION"),
+        path.display(),
+        std::process::id(),
+    );
+    reactor.run()?;
     // The system socket's directory is the kernel's own: it goes with the
     // kernel once empty (the state directory beside the socket is gone by
     // now), as a service's runtime directory would.

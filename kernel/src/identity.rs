@@ -3,6 +3,12 @@
 //! and derives the caller's identity from that alone — together with the
 //! peer's PID namespace, because uid 0 inside a sandbox's user namespace is
 //! the daemon's own uid outside it.
+//!
+//! A connection's [`Identity`] is what its replies carry; its [`Principal`]
+//! is whom its work is done for, charged to and owned by: an operator's
+//! uid, an agent, or an EXEC run. A run is a principal of its own — code an
+//! LLM wrote is hostile, and the connection it holds never acts as the
+//! caller that started it.
 
 use std::fs::File;
 use std::io;
@@ -145,6 +151,29 @@ fn peer_pidfd(socket: &impl AsFd) -> Option<OwnedFd> {
     (rc == 0 && fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Whom work is done for: the owner of sessions, tasks and queued work,
+/// and whose permissions and budgets a request is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Principal {
+    /// An operator, by uid: every connection of that uid is the same
+    /// principal.
+    Operator {
+        /// The user id.
+        uid: u32,
+    },
+    /// An agent, by the id SPAWN returned.
+    Agent {
+        /// The agent's id.
+        id: u32,
+    },
+    /// An EXEC run, by the kernel's number for it; whose run it is and
+    /// what it was given are the kernel's run table's.
+    Run {
+        /// The run's number.
+        number: u64,
+    },
+}
+
 /// The caller's identity, carried as `agent_id` in every reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Identity {
@@ -161,13 +190,23 @@ pub enum Identity {
         /// The id SPAWN returned, the same across restarts.
         id: u32,
     },
+    /// The kernel connection of an EXEC run: made by the kernel and handed
+    /// into the run, no path leads to it. It speaks for the run, never for
+    /// the run's caller.
+    Run {
+        /// The connection's own id, from the operators' range (so it is
+        /// never taken for an agent's).
+        id: u32,
+        /// The run's number.
+        run: u64,
+    },
 }
 
 impl Identity {
     /// The id written into reply headers.
     pub fn id(self) -> u32 {
         match self {
-            Identity::Operator { id } | Identity::Agent { id } => id,
+            Identity::Operator { id } | Identity::Agent { id } | Identity::Run { id, .. } => id,
         }
     }
 
@@ -175,7 +214,16 @@ impl Identity {
     pub fn agent(self) -> Option<u32> {
         match self {
             Identity::Agent { id } => Some(id),
-            Identity::Operator { .. } => None,
+            Identity::Operator { .. } | Identity::Run { .. } => None,
+        }
+    }
+
+    /// Whom the connection speaks for, given its peer's `uid`.
+    pub fn principal(self, uid: u32) -> Principal {
+        match self {
+            Identity::Operator { .. } => Principal::Operator { uid },
+            Identity::Agent { id } => Principal::Agent { id },
+            Identity::Run { run, .. } => Principal::Run { number: run },
         }
     }
 }
@@ -217,12 +265,27 @@ impl Authority {
                 peer.uid, self.daemon_uid, self.socket_gid
             ));
         }
+        Ok(Identity::Operator {
+            id: self.connection_id(),
+        })
+    }
+
+    /// The identity of an EXEC run's own connection to the kernel.
+    pub fn run_connection(&mut self, run: u64) -> Identity {
+        Identity::Run {
+            id: self.connection_id(),
+            run,
+        }
+    }
+
+    /// A fresh id from the operators' range.
+    fn connection_id(&mut self) -> u32 {
         let id = self.next_operator_id;
         self.next_operator_id = self
             .next_operator_id
             .checked_add(1)
             .unwrap_or(FIRST_OPERATOR_ID);
-        Ok(Identity::Operator { id })
+        id
     }
 }
 

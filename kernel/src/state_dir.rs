@@ -120,7 +120,7 @@ pub fn state_dir_of(socket: &Path) -> PathBuf {
 
 /// The kernel's own files, which no sandbox may see even when they lie in
 /// a directory bound into it: its config files, its socket and lock, its
-/// state directory (other agents' sockets), the logs.
+/// state directory (other agents' sockets), the task store, the logs.
 pub fn kernel_files(config: &Config, socket: &Path, state: &Path, logs: &Path) -> Vec<PathBuf> {
     let mut files = vec![PathBuf::from(DEFAULT_CONFIG_PATH)];
     files.extend(
@@ -139,6 +139,10 @@ pub fn kernel_files(config: &Config, socket: &Path, state: &Path, logs: &Path) -
         files.push(dir.join(lock));
     }
     files.push(state.to_path_buf());
+    // The task store's directory is made later, by the store; masked by
+    // name, it is hidden even before it exists.
+    let tasks = config.tasks.state_dir(socket);
+    files.push(std::fs::canonicalize(&tasks).unwrap_or(tasks));
     files.extend(std::fs::canonicalize(logs).ok());
     files
 }

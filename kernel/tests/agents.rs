@@ -231,12 +231,33 @@ fn bad_spawn_requests_name_the_field_or_the_range() {
             "{body}: {error:?} should mention {mentions}"
         );
     }
-    // Unknown fields are ignored.
-    let reply = spawn(
-        &mut client,
-        json!({"name": "ok", "command": ["/bin/true"], "colour": "teal"}),
-    );
-    assert_eq!(reply["success"], true, "{reply}");
+    // Unknown fields are refused, naming them, at any depth: a misspelt
+    // field must not pass as a default.
+    for (body, field) in [
+        (
+            json!({"name": "ok", "command": ["/bin/true"], "colour": "teal"}),
+            "`colour`",
+        ),
+        (
+            json!({"name": "ok", "command": ["/bin/true"], "restart_polcy": "always"}),
+            "`restart_polcy`",
+        ),
+        (
+            json!({"name": "ok", "command": ["/bin/true"], "permissions": {"thnk": false}}),
+            "`thnk`",
+        ),
+        (
+            json!({"name": "ok", "command": ["/bin/true"], "limits": {"memroy": 1}}),
+            "`memroy`",
+        ),
+    ] {
+        let reply = spawn(&mut client, body.clone());
+        assert_eq!(reply["code"], "bad_request", "{body} -> {reply}");
+        assert!(
+            reply["error"].as_str().unwrap().contains(field),
+            "{body} -> {reply}"
+        );
+    }
 }
 
 #[test]

@@ -151,6 +151,79 @@ fn wrong_field_types_name_the_field() {
 }
 
 #[test]
+fn a_field_no_request_knows_is_refused_naming_it_at_any_depth() {
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    for (opcode, body, field) in [
+        (
+            Opcode::SPAWN,
+            r#"{"name":"a","command":["/bin/true"],"restart_polcy":"always"}"#,
+            "restart_polcy",
+        ),
+        (
+            Opcode::SPAWN,
+            r#"{"name":"a","command":["/bin/true"],"permissions":{"thnk":false}}"#,
+            "thnk",
+        ),
+        (
+            Opcode::SPAWN,
+            r#"{"name":"a","command":["/bin/true"],"limits":{"memroy":1048576}}"#,
+            "memroy",
+        ),
+        (
+            Opcode::EXEC,
+            r#"{"code":"print(1)","timout_ms":5}"#,
+            "timout_ms",
+        ),
+        (
+            Opcode::EXEC,
+            r#"{"code":"print(1)","permissions":{"spwn":true}}"#,
+            "spwn",
+        ),
+        (Opcode::EXEC, r#"{"op":"sessions","sesion":"x"}"#, "sesion"),
+        (Opcode::TASK, r#"{"op":"list","sate":"running"}"#, "sate"),
+        (
+            Opcode::TASK,
+            r#"{"op":"dispatch","kind":"exec","request":{"code":"1","limits":{"cpu":1}}}"#,
+            "cpu",
+        ),
+        (
+            Opcode::TOOL,
+            r#"{"op":"call","server":"kernel","tool":"list_agents","argumnets":{}}"#,
+            "argumnets",
+        ),
+        (
+            Opcode::THINK,
+            r#"{"prompt":"hi","max_token":5}"#,
+            "max_token",
+        ),
+        (Opcode::KILL, r#"{"name":"a","grace":1}"#, "grace"),
+        (Opcode::LIST, r#"{"all":true}"#, "all"),
+        (Opcode::LOGS, r#"{"name":"a","tail":5}"#, "tail"),
+        (Opcode::HELLO, r#"{"version":2}"#, "version"),
+    ] {
+        let reply = call_json(&mut stream, opcode, body.as_bytes());
+        assert_eq!(reply["success"], false, "{body} -> {reply}");
+        assert_eq!(reply["code"], "bad_request", "{body} -> {reply}");
+        assert!(
+            reply["error"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("`{field}`")),
+            "{body} -> {reply}"
+        );
+    }
+    // The Clove SDK's shell form keeps its extra fields.
+    let clove = call_json(
+        &mut stream,
+        Opcode::EXEC,
+        br#"{"command":"echo hi","cwd":"/tmp","timeout":5,"async":false,"request_id":"r1"}"#,
+    );
+    assert_ne!(clove["code"], "bad_request", "{clove}");
+    assert_usable(&mut stream);
+}
+
+#[test]
 fn unknown_opcode_is_refused_and_the_connection_stays_usable() {
     let daemon = Daemon::start();
     let mut stream = daemon.raw();

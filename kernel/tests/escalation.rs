@@ -81,6 +81,12 @@ fn an_agents_paths_are_resolved_in_its_own_view_and_hidden_ones_look_missing() {
         elsewhere.path().file_name().unwrap().to_str().unwrap()
     );
     let missing = dir.path().join("missing.py");
+    // A file it may not read, a directory it may not enter, beside ones
+    // that do not exist.
+    let unreadable = write_script(dir.path(), "unreadable.py", "print('read')\n");
+    fs::set_permissions(&unreadable, fs::Permissions::from_mode(0o600)).unwrap();
+    let missing_dir = dir.path().join("missing-dir");
+    let missing_python = elsewhere.path().join("python9");
 
     let attempts = [
         json!({"name": "c-secret", "script": secret}),
@@ -93,6 +99,10 @@ fn an_agents_paths_are_resolved_in_its_own_view_and_hidden_ones_look_missing() {
         json!({"name": "c-tool", "command": [tool]}),
         json!({"name": "c-nothing", "command": [elsewhere.path().join("nothing.sh")]}),
         json!({"name": "c-ok", "script": child}),
+        json!({"name": "c-unreadable", "script": unreadable}),
+        json!({"name": "c-locked", "script": child, "cwd": private}),
+        json!({"name": "c-nowhere", "script": child, "cwd": missing_dir}),
+        json!({"name": "c-no-python", "python": missing_python, "script": child}),
     ];
     let requests: Vec<Value> = attempts.iter().map(|a| json!([SPAWN, a])).collect();
     let mut client = daemon.client();
@@ -117,9 +127,16 @@ fn an_agents_paths_are_resolved_in_its_own_view_and_hidden_ones_look_missing() {
     assert_eq!(shape(4, &dotdot), missing_script);
     let missing_program = shape(8, elsewhere.path().join("nothing.sh").to_str().unwrap());
     assert_eq!(shape(7, tool.to_str().unwrap()), missing_program);
-    for n in [1, 5] {
-        assert_eq!(reply(&replies, n)["code"], "not_found", "{}", attempts[n]);
-    }
+    assert_eq!(shape(1, secret.to_str().unwrap()), missing_script);
+    assert_eq!(shape(10, unreadable.to_str().unwrap()), missing_script);
+    assert_eq!(
+        shape(5, tool.to_str().unwrap()),
+        shape(13, missing_python.to_str().unwrap())
+    );
+    assert_eq!(
+        shape(11, private.to_str().unwrap()),
+        shape(12, missing_dir.to_str().unwrap())
+    );
     // What it can see, its child can have.
     assert_eq!(
         reply(&replies, 9)["success"],

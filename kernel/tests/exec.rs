@@ -10,45 +10,11 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{call_json, Daemon};
+use common::{call_json, none_left, processes_with, Daemon};
 use serde_json::{json, Value};
 
 fn exec(stream: &mut std::os::unix::net::UnixStream, request: Value) -> Value {
     call_json(stream, Opcode::EXEC, request.to_string().as_bytes())
-}
-
-/// Processes whose command line holds `marker` (and, if given, that live
-/// in the cgroups of the kernel with pid `kernel`).
-fn processes_with(marker: &str, kernel: Option<i32>) -> usize {
-    fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter(|e| {
-            kernel.is_none_or(|pid| {
-                fs::read_to_string(e.path().join("cgroup"))
-                    .is_ok_and(|cgroups| cgroups.contains(&format!("agentosd-{pid}/")))
-            })
-        })
-        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
-        .filter(|cmdline| {
-            String::from_utf8_lossy(cmdline)
-                .replace('\0', " ")
-                .contains(marker)
-        })
-        .count()
-}
-
-/// Waits up to `within` for no process to hold `marker`.
-fn none_left(marker: &str, kernel: Option<i32>, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while processes_with(marker, kernel) > 0 {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
 }
 
 #[test]
@@ -655,30 +621,45 @@ fn an_agents_runs_never_get_more_than_the_agent() {
 }
 
 #[test]
-fn a_runs_own_kernel_connection_acts_as_its_caller() {
+fn a_runs_own_kernel_connection_is_a_run_of_its_caller_never_the_caller() {
     require_root!("EXEC (its isolation needs namespaces)");
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
-    let me = call_json(&mut stream, Opcode::HELLO, b"")["agent_id"].clone();
+    let me = call_json(&mut stream, Opcode::HELLO, b"");
+    assert_eq!(
+        me["principal"],
+        json!({"kind": "operator", "uid": 0}),
+        "{me}"
+    );
     let hello = "import os, socket, struct, json\n\
                  s = socket.socket(fileno=int(os.environ['AGENTOS_SOCKET_FD']))\n\
                  s.sendall(struct.pack('<IIBQ', 0x41474E54, 0, 0xFE, 0))\n\
                  h = b''\nwhile len(h) < 17: h += s.recv(17 - len(h))\n\
                  n = struct.unpack('<Q', h[9:17])[0]\nb = b''\nwhile len(b) < n: b += s.recv(n - len(b))\n\
-                 print(json.loads(b)['agent_id'])";
+                 print(json.dumps(json.loads(b)))";
     let as_operator = exec(&mut stream, json!({"code": hello}));
-    assert_eq!(as_operator["stdout"], format!("{me}\n"), "{as_operator}");
+    let seen: Value = serde_json::from_str(as_operator["stdout"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        seen["principal"],
+        json!({"kind": "run", "of": {"kind": "operator", "uid": 0}}),
+        "{seen}"
+    );
+    assert_ne!(seen["agent_id"], me["agent_id"], "{seen}");
+    assert!(seen["agent_id"].as_u64().unwrap() >= 1_000_000, "{seen}");
     let (id, replies) = common::act(
         &daemon,
         "runner",
         json!({}),
         json!([[Opcode::EXEC.0, {"code": hello}]]),
     );
+    let seen: Value =
+        serde_json::from_str(replies[0]["reply"]["stdout"].as_str().unwrap()).unwrap();
     assert_eq!(
-        replies[0]["reply"]["stdout"],
-        format!("{id}\n"),
+        seen["principal"],
+        json!({"kind": "run", "of": {"kind": "agent", "id": id, "name": "runner"}}),
         "{replies:?}"
     );
+    assert_ne!(seen["agent_id"], json!(id), "{seen}");
 }
 
 /// Pids of processes whose command line holds `marker`, in the cgroups of
@@ -907,7 +888,11 @@ fn a_runs_limits_contain_memory_and_fork_bombs_and_a_busy_loop() {
     );
     assert_eq!(free["stdout"], "104857600\n", "{free}");
     // Nothing of the bombs is left, and the kernel still answers.
-    assert!(none_left("sleep 60", None, Duration::from_secs(5)));
+    assert!(none_left(
+        "sleep 60",
+        Some(daemon.pid()),
+        Duration::from_secs(5)
+    ));
     assert_eq!(
         exec(&mut stream, json!({"code": "print(1)"}))["stdout"],
         "1\n"

@@ -145,6 +145,7 @@ fn order(language: &str, code: &str) -> RunOrder {
         max_file_bytes: 1 << 20,
         max_collect_bytes: 4 << 20,
         keep: false,
+        join: 0,
     }
 }
 

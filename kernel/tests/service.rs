@@ -127,6 +127,8 @@ fn a_bad_boot_entry_is_a_start_up_error_naming_it() {
     assert!(log.contains("agents.boot[1] (\"ghost\")"), "{log}");
     assert!(log.contains("/nonexistent/agent"), "{log}");
     assert!(!log.contains("boot agent \"fine\" started"), "{log}");
+    // It never claimed to serve.
+    assert!(!log.contains("listening"), "{log}");
     // --check-config says the same without starting.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("agentosd.toml");

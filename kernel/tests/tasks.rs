@@ -517,10 +517,10 @@ fn one_agents_tasks_are_invisible_to_another_even_as_a_list_cursor() {
     for reply in &replies {
         assert_eq!(reply["reply"]["code"], "not_found", "{reply}");
     }
-    // Nor does the operator see an agent's task.
+    // An operator reaches any task by its id.
     let mut stream = daemon.raw();
     let seen = task(&mut stream, json!({"op": "status", "task_id": id}));
-    assert_eq!(seen["code"], "not_found", "{seen}");
+    assert_eq!(seen["task"]["label"], "mine", "{seen}");
 }
 
 #[test]
@@ -595,5 +595,334 @@ fn cancel_withdraws_a_queued_think_and_discards_a_running_ones_answer() {
         stub.requests().len(),
         1,
         "the queued THINK reached the provider"
+    );
+}
+
+/// A tmpfs of a set size on a directory, unmounted when the test ends,
+/// however it ends.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={size}").as_str()),
+        )
+        .unwrap();
+        Tmpfs(dir.to_path_buf())
+    }
+
+    /// Gives it another size, keeping what it holds.
+    fn resize(&self, size: &str) {
+        nix::mount::mount(
+            None::<&str>,
+            &self.0,
+            None::<&str>,
+            nix::mount::MsFlags::MS_REMOUNT,
+            Some(format!("size={size}").as_str()),
+        )
+        .unwrap();
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Detached: a daemon still holding files in it cannot keep it.
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Dispatches EXEC tasks running `code` until the store's disk is full:
+/// the ids acknowledged, and the first refusal.
+fn fill_the_disk(stream: &mut UnixStream, code: &str) -> (Vec<String>, Value) {
+    let exec = json!({"op": "dispatch", "kind": "exec", "request": {"code": code}});
+    let mut acknowledged = Vec::new();
+    loop {
+        let reply = task(stream, exec.clone());
+        if reply["success"] != true {
+            eprintln!(
+                "{} dispatches acknowledged, then: {reply}",
+                acknowledged.len()
+            );
+            return (acknowledged, reply);
+        }
+        acknowledged.push(reply["task_id"].as_str().unwrap().to_owned());
+        assert!(acknowledged.len() < 100, "the disk never filled");
+    }
+}
+
+/// A dispatch's refusal names the full disk.
+fn assert_refused_for_a_full_disk(refused: &Value) {
+    assert_eq!(refused["success"], false, "{refused}");
+    assert_eq!(refused["code"], "unavailable", "{refused}");
+    let error = refused["error"].as_str().unwrap();
+    assert!(
+        error.contains("No space left on device") && error.contains("not queued"),
+        "{error}"
+    );
+    assert!(refused.get("task_id").is_none(), "{refused}");
+}
+
+/// A daemon whose state directory (AGENTOS_STATE_DIR, which a restart
+/// keeps) is a tmpfs of `size`; the tmpfs goes when the test ends, after
+/// the daemon.
+fn daemon_on_a_tmpfs(size: &str) -> (Tmpfs, Daemon) {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    fs::create_dir(&state).unwrap();
+    let disk = Tmpfs::mount(&state, size);
+    (disk, Daemon::start_in(dir, ""))
+}
+
+#[test]
+fn on_a_full_disk_dispatches_are_refused_naming_the_cause_none_acknowledged_is_lost_and_room_brings_them_back(
+) {
+    require_root!("mounting a tmpfs, and EXEC (its isolation needs namespaces)");
+    let (disk, mut daemon) = daemon_on_a_tmpfs("300k");
+    let mut stream = daemon.raw();
+    // A record of some 20 KiB each: the disk is full after a few.
+    let code = format!("# {}\nprint('done')", "x".repeat(20 * 1024));
+    let (acknowledged, first_refusal) = fill_the_disk(&mut stream, &code);
+    assert!(acknowledged.len() >= 3, "{first_refusal}");
+    // Every dispatch past the full disk is refused, naming the cause.
+    assert_refused_for_a_full_disk(&first_refusal);
+    for _ in 0..5 {
+        let refused = task(
+            &mut stream,
+            json!({"op": "dispatch", "kind": "exec", "request": {"code": code}}),
+        );
+        assert_refused_for_a_full_disk(&refused);
+    }
+    // None acknowledged is lost: each runs to its end; none refused is
+    // listed.
+    for id in &acknowledged {
+        let done = wait(&mut stream, id, 60_000);
+        assert_eq!(done["state"], "completed", "{done}");
+        assert_eq!(done["result"]["stdout"], "done\n", "{done}");
+    }
+    let listed = task(&mut stream, json!({"op": "list", "limit": 1000}));
+    let mut listed: Vec<String> = listed["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task_id"].as_str().unwrap().to_owned())
+        .collect();
+    listed.reverse();
+    assert_eq!(listed, acknowledged);
+    // Room again: dispatches succeed, with no restart.
+    disk.resize("4m");
+    let after = dispatch(&mut stream, "exec", json!({"code": code}));
+    assert_eq!(wait(&mut stream, &after, 60_000)["state"], "completed");
+    let log = daemon.log();
+    assert!(log.contains("No space left on device"), "{log}");
+    assert!(log.contains("saves again"), "{log}");
+    // And what waited to be saved meanwhile (the ends of the tasks that
+    // ran while the disk was full) is on disk: after a restart each task
+    // is there, finished.
+    daemon.signal(libc::SIGTERM);
+    daemon.restart("");
+    let mut stream = daemon.raw();
+    for id in acknowledged.iter().chain([&after]) {
+        let done = wait(&mut stream, id, 1000);
+        assert_eq!(done["state"], "completed", "{done}");
+        assert_eq!(done["result"]["stdout"], "done\n", "{done}");
+    }
+}
+
+#[test]
+fn a_kernel_stopped_on_a_full_disk_names_what_it_could_not_save_and_the_next_one_what_it_found() {
+    require_root!("mounting a tmpfs, and EXEC (its isolation needs namespaces)");
+    let (disk, mut daemon) = daemon_on_a_tmpfs("300k");
+    let mut stream = daemon.raw();
+    // Each result (40 KB printed) is larger than any record the full disk
+    // still takes: the tasks' ends cannot be saved.
+    let code = format!("# {}\nprint('y' * 40000)", "x".repeat(20 * 1024));
+    let (acknowledged, refused) = fill_the_disk(&mut stream, &code);
+    assert_refused_for_a_full_disk(&refused);
+    for id in &acknowledged {
+        assert_eq!(wait(&mut stream, id, 60_000)["state"], "completed");
+    }
+    daemon.signal(libc::SIGTERM);
+    daemon.wait(Duration::from_secs(10));
+    // The stopping kernel says, task by task, what is lost.
+    let log = daemon.log();
+    assert!(log.contains("before the kernel stopped"), "{log}");
+    let lost: Vec<&String> = acknowledged
+        .iter()
+        .filter(|id| log.contains(&format!("task {id}: not saved:")))
+        .collect();
+    assert!(!lost.is_empty(), "{log}");
+    for id in &lost {
+        assert!(
+            log.contains(&format!(
+                "task {id}: not saved: its start, its end (completed)"
+            )) || log.contains(&format!("task {id}: not saved: its end (completed)")),
+            "{log}"
+        );
+    }
+    // The next kernel (with room) has each acknowledged task still: one
+    // whose start was saved but not its end ends interrupted, named in
+    // its log; one whose start was lost is queued again, and runs.
+    disk.resize("4m");
+    daemon.restart("");
+    let mut stream = daemon.raw();
+    let log = daemon.log();
+    for id in &acknowledged {
+        let task = wait(&mut stream, id, 60_000);
+        match task["state"].as_str() {
+            Some("interrupted") => assert!(
+                log.contains("end interrupted") && log.contains(id.as_str()),
+                "{id}: {log}"
+            ),
+            Some("completed") => {}
+            _ => panic!("{task}"),
+        }
+    }
+}
+
+#[test]
+fn the_task_store_is_private_whatever_the_umask_and_however_an_earlier_kernel_left_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &std::path::Path| fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+    // A store left open to all: its directory and lock.
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    fs::create_dir(&state).unwrap();
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o777)).unwrap();
+    fs::write(state.join("agentosd.lock"), b"").unwrap();
+    fs::set_permissions(
+        state.join("agentosd.lock"),
+        fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    // The most permissive umask there is: nextest runs each test in a
+    // process of its own, whose umask the daemon inherits.
+    // SAFETY: umask(2) only sets the process's mask.
+    let previous = unsafe { libc::umask(0) };
+    let daemon = Daemon::start_in(dir, "");
+    // SAFETY: as above.
+    unsafe { libc::umask(previous) };
+    let mut stream = daemon.raw();
+    // Without an LLM a THINK task fails at once: records and a result are
+    // written, so SQLite has made its -wal and -shm.
+    let id = dispatch(&mut stream, "think", json!("hi"));
+    assert_eq!(wait(&mut stream, &id, 10_000)["state"], "failed");
+    assert_eq!(mode(&state), 0o700);
+    for name in ["agentosd.lock", "tasks.db", "tasks.db-wal", "tasks.db-shm"] {
+        assert_eq!(mode(&state.join(name)), 0o600, "{name}");
+    }
+    let log = daemon.log();
+    assert!(
+        log.contains(&format!("{} was mode 777; made 700", state.display())),
+        "{log}"
+    );
+    assert!(
+        log.contains("agentosd.lock was mode 666; made 600"),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_agents_tasks_end_with_it_and_an_operator_lists_and_cancels_anyones() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let mine = dispatch(&mut stream, "think", json!("an operator's own"));
+    // An agent dispatches 50 long EXEC tasks, then exits.
+    let long = json!({"code": "import time; time.sleep(120)", "timeout_ms": 200_000});
+    let requests: Vec<Value> = (0..50)
+        .map(|_| json!([Opcode::TASK.0, {"op": "dispatch", "kind": "exec", "request": long}]))
+        .collect();
+    let dir = common::shared_dir();
+    let actor = common::write_actor(dir.path());
+    let mut client = daemon.client();
+    let spawned = common::request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "dispatcher", "script": actor,
+                "args": [Value::Array(requests).to_string(), "3"]}),
+    );
+    assert_eq!(spawned["success"], true, "{spawned}");
+    let id = spawned["id"].as_u64().unwrap();
+    let log = common::agent_log_with_line(&daemon, "dispatcher", id, "DONE");
+    let ids: Vec<String> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("REPLY "))
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["reply"]["task_id"].clone())
+        .map(|id| id.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 50, "{log}");
+    // The operator lists them by their agent, each saying whose it is…
+    let listed = task(
+        &mut stream,
+        json!({"op": "list", "owner": id, "limit": 100}),
+    );
+    assert_eq!(listed["tasks"].as_array().unwrap().len(), 50, "{listed}");
+    assert_eq!(
+        listed["tasks"][0]["owner"],
+        json!({"kind": "agent", "id": id, "name": "dispatcher"}),
+        "{listed}"
+    );
+    // …and by name, and everyone's with its own among them.
+    let by_name = task(
+        &mut stream,
+        json!({"op": "list", "owner": "dispatcher", "limit": 100}),
+    );
+    assert_eq!(by_name["tasks"].as_array().unwrap().len(), 50, "{by_name}");
+    let everyone = task(
+        &mut stream,
+        json!({"op": "list", "owner": "*", "limit": 100}),
+    );
+    assert_eq!(
+        everyone["tasks"].as_array().unwrap().len(),
+        51,
+        "{everyone}"
+    );
+    // Its own list stays its own.
+    let own = task(&mut stream, json!({"op": "list"}));
+    let own_ids: Vec<&str> = own["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(own_ids, [mine.as_str()], "{own}");
+    // The operator cancels one of the agent's by its id.
+    let cancelled = task(&mut stream, json!({"op": "cancel", "task_id": ids[0]}));
+    assert_eq!(cancelled["cancelled"], true, "{cancelled}");
+    // The agent exits: all its tasks end, running and queued alike.
+    let mut client = daemon.client();
+    until("the dispatcher exits", Duration::from_secs(10), || {
+        common::agent_info(&mut client, id)["state"] == "exited"
+    });
+    until(
+        "the agent's tasks end with it",
+        Duration::from_secs(5),
+        || {
+            ids.iter()
+                .all(|t| status(&mut stream, t)["state"] == "cancelled")
+        },
+    );
+    let ended = wait(&mut stream, &ids[10], 1000);
+    assert!(
+        ended["result"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("agent that asked for it has ended"),
+        "{ended}"
+    );
+    // An agent may not list another owner's tasks.
+    let (_, replies) = act(
+        &daemon,
+        "nosy",
+        json!({}),
+        json!([[Opcode::TASK.0, {"op": "list", "owner": "*"}]]),
+    );
+    assert_eq!(
+        replies[0]["reply"]["code"], "permission_denied",
+        "{replies:?}"
     );
 }

@@ -47,8 +47,8 @@ class AgentOSClient:
         """``timeout`` bounds each blocking socket operation, in seconds
         (``None`` waits forever)."""
         self.socket_path: str = resolve_socket_path(socket_path)
-        # Code run by EXEC inherits its own connection to the kernel, which
-        # acts as whoever started the run.
+        # Code run by EXEC inherits its own connection to the kernel: a run
+        # of whoever started it, with what that EXEC request gave the run.
         inherited = os.environ.get("AGENTOS_SOCKET_FD") if socket_path is None else None
         self._inherited_fd: Optional[int] = int(inherited) if inherited else None
         self.timeout = timeout
@@ -516,13 +516,16 @@ class AgentOSClient:
         kind: Optional[str] = None,
         limit: Optional[int] = None,
         before: Optional[str] = None,
+        owner: Optional[Union[int, str]] = None,
     ) -> dict:
         """TASK ``list``: your tasks, newest first: ``{"tasks": [...],
         "next": id or None}``; pass ``next`` as ``before`` for the next
-        page."""
+        page. An operator may pass ``owner`` — an agent's id or name, or
+        ``"*"`` for everyone's — to list another owner's tasks."""
         body: dict = {"op": "list"}
         body.update({k: v for k, v in
-                     {"state": state, "kind": kind, "limit": limit, "before": before}.items()
+                     {"state": state, "kind": kind, "limit": limit, "before": before,
+                      "owner": owner}.items()
                      if v is not None})
         reply = self.call_json(Opcode.TASK, body)
         return {"tasks": reply["tasks"], "next": reply.get("next")}

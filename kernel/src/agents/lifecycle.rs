@@ -243,6 +243,9 @@ impl Agents {
         let Some(agent) = self.table.get_mut(&id) else {
             return;
         };
+        // Whatever comes next (a restart, or the end), the work it started
+        // ends with this run.
+        self.ended.push(id);
         agent.sandbox = None;
         agent.pid = None;
         // The init reports the workload's ending; if it could not (it was
@@ -396,6 +399,8 @@ impl Agents {
         let Some(agent) = self.table.get_mut(&id) else {
             return;
         };
+        // Its work ends now, not once its processes have heeded the signal.
+        self.ended.push(id);
         agent.stop = Some(why);
         if agent.state == AgentState::Restarting {
             agent.state = AgentState::Killed;

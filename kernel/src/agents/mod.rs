@@ -39,7 +39,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::config::Config;
-use crate::identity::{Identity, KERNEL_OPERATOR};
+use crate::identity::Identity;
 use crate::llm::Budget;
 use crate::sandbox::plan::{Shape, SOCKET_INSIDE};
 use crate::sandbox::runtime::Sandboxes;
@@ -47,7 +47,7 @@ use crate::sandbox::spec::Bind;
 use crate::sandbox::view::View;
 use crate::sandbox::Namespaces;
 use crate::timers::Timers;
-use inheritance::Grant;
+pub use inheritance::Grant;
 use program::{Lookup, Program};
 use record::{Agent, Outcome, SpawnWaiter, Stop};
 use restart::Restarts;
@@ -81,8 +81,53 @@ pub struct AgentGrant<'a> {
     pub permissions: &'a Permissions,
     /// Its limits in force.
     pub limits: Limits,
+    /// Whether it shares the host's network.
+    pub network: bool,
     /// The token budgets it draws on.
     pub budgets: &'a [Budget],
+}
+
+/// Whose view of the agents table a request gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Viewer {
+    /// An operator: every agent.
+    Operator,
+    /// An agent: itself and its descendants.
+    Agent(u32),
+    /// An EXEC run: the agents it started, and their descendants.
+    Run(u64),
+}
+
+/// Who asks for a SPAWN, and so what the child may be given.
+#[derive(Debug)]
+pub enum Spawner {
+    /// An operator: what the request asks, paths on the host.
+    Operator,
+    /// An agent (whose permissions allow it): never more than it has, paths
+    /// in its own view.
+    Agent(u32),
+    /// An EXEC run (whose permissions allow it): never more than the run
+    /// was given. The child joins the tree of the agent the run is of (if
+    /// an agent's), its paths are looked up in what runs see, and it ends
+    /// when the run does.
+    Run(Box<RunSpawner>),
+}
+
+/// An EXEC run that spawns, and what its child may be given.
+#[derive(Debug)]
+pub struct RunSpawner {
+    /// The run's number.
+    pub number: u64,
+    /// The agent whose tree the child joins, if the run is an agent's.
+    pub parent: Option<u32>,
+    /// What the run was given.
+    pub grant: Grant,
+    /// The token budgets the run draws on.
+    pub budgets: Vec<Budget>,
+    /// What the run sees of the filesystem.
+    pub view: Option<View>,
+    /// The interpreter a script runs with when the request names none.
+    pub python: PathBuf,
 }
 
 /// The agents table and everything that keeps it current.
@@ -98,6 +143,9 @@ pub struct Agents {
     stop_grace: Duration,
     max_agents: usize,
     shutting_down: bool,
+    /// Agents whose run has ended or is being stopped since the last
+    /// [`Agents::take_ended`]: the work they started ends with it.
+    ended: Vec<u32>,
 }
 
 impl Agents {
@@ -125,6 +173,7 @@ impl Agents {
             stop_grace: Duration::from_millis(agents.stop_grace_ms),
             max_agents: agents.max_agents,
             shutting_down: false,
+            ended: Vec::new(),
         })
     }
 
@@ -135,8 +184,50 @@ impl Agents {
             name: &agent.name,
             permissions: &agent.permissions,
             limits: agent.limits,
+            network: agent.request.network,
             budgets: &agent.budgets,
         })
+    }
+
+    /// The sandbox of agent `id`'s current run, if it has one.
+    pub fn sandbox_of(&self, id: u32) -> Option<crate::sandbox::runtime::SandboxKey> {
+        self.table.get(&id).and_then(|agent| agent.sandbox)
+    }
+
+    /// Whether an agent's run has ended, or it is being stopped, since the
+    /// last [`take_ended`](Self::take_ended).
+    pub fn has_ended(&self) -> bool {
+        !self.ended.is_empty()
+    }
+
+    /// Agents whose run has ended or is being stopped since the last call:
+    /// the work they started — EXEC runs, sessions, tasks — ends with it.
+    pub fn take_ended(&mut self) -> Vec<u32> {
+        let mut ended = std::mem::take(&mut self.ended);
+        ended.sort_unstable();
+        ended.dedup();
+        ended
+    }
+
+    /// Stops the live agents EXEC run `number` started, and everything
+    /// they started in turn: they end with the run.
+    pub fn stop_started_by(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Run>,
+        replies: &mut Vec<Reply>,
+        number: u64,
+    ) {
+        let doomed: Vec<u32> = self
+            .table
+            .values()
+            .filter(|a| a.is_live() && self.sees(Viewer::Run(number), a.id))
+            .map(|a| a.id)
+            .collect();
+        let now = Instant::now();
+        for id in doomed {
+            log::info!("agent {id}: stopped, as the EXEC run that started it has ended");
+            self.stop(sandboxes, replies, id, Stop::Kill, Duration::ZERO, now);
+        }
     }
 
     /// SPAWN: starts an agent. `Ok` means the reply will go to `reply_to`
@@ -146,16 +237,16 @@ impl Agents {
     pub fn spawn(
         &mut self,
         sandboxes: &mut impl Sandboxes<Run>,
-        caller: Identity,
+        spawner: Spawner,
         request: SpawnRequest,
         tokens_left: Option<u64>,
         reply_to: ReplyTo,
     ) -> Result<(), ErrorReply> {
         let waiter = SpawnWaiter {
             reply_to,
-            by_agent: caller.agent().is_some(),
+            by_agent: !matches!(spawner, Spawner::Operator),
         };
-        self.admit(sandboxes, caller, request, tokens_left, Some(waiter))
+        self.admit(sandboxes, spawner, request, tokens_left, Some(waiter))
             .map(|_| ())
     }
 
@@ -166,7 +257,7 @@ impl Agents {
         sandboxes: &mut impl Sandboxes<Run>,
         request: SpawnRequest,
     ) -> Result<u32, ErrorReply> {
-        let id = self.admit(sandboxes, KERNEL_OPERATOR, request, None, None)?;
+        let id = self.admit(sandboxes, Spawner::Operator, request, None, None)?;
         if let Some(agent) = self.table.get_mut(&id) {
             agent.boot = true;
         }
@@ -209,7 +300,7 @@ impl Agents {
     fn admit(
         &mut self,
         sandboxes: &mut impl Sandboxes<Run>,
-        caller: Identity,
+        spawner: Spawner,
         request: SpawnRequest,
         tokens_left: Option<u64>,
         waiter: Option<SpawnWaiter>,
@@ -220,9 +311,13 @@ impl Agents {
                 "the kernel is shutting down",
             ));
         }
-        let parent = caller.agent();
-        let (grant, program, inherited) = match parent {
-            None => {
+        let (parent, started_by) = match &spawner {
+            Spawner::Operator => (None, None),
+            Spawner::Agent(parent) => (Some(*parent), None),
+            Spawner::Run(run) => (run.parent, Some(run.number)),
+        };
+        let (grant, program, inherited) = match spawner {
+            Spawner::Operator => {
                 let program = program::resolve(&request, &self.python, Lookup::Host)?;
                 let grant = Grant {
                     network: request.network,
@@ -231,7 +326,15 @@ impl Agents {
                 };
                 (grant, program, Vec::new())
             }
-            Some(parent_id) => self.child_of(sandboxes, parent_id, &request, tokens_left)?,
+            Spawner::Agent(parent_id) => {
+                self.child_of(sandboxes, parent_id, &request, tokens_left)?
+            }
+            Spawner::Run(run) => {
+                let child = inheritance::child_grant(&run.grant, &request, tokens_left)?;
+                let lookup = run.view.as_ref().map_or(Lookup::Host, Lookup::View);
+                let program = program::resolve(&request, &run.python, lookup)?;
+                (child, program, run.budgets)
+            }
         };
         program::check_env(&request)?;
         let live = self.table.values().filter(|a| a.is_live()).count();
@@ -287,6 +390,7 @@ impl Agents {
                 id,
                 name: request.name.clone(),
                 parent,
+                started_by,
                 restarts: Restarts::new(
                     request.restart_policy,
                     request.max_restarts,
@@ -353,7 +457,7 @@ impl Agents {
         &mut self,
         sandboxes: &mut impl Sandboxes<Run>,
         replies: &mut Vec<Reply>,
-        caller: Identity,
+        caller: Viewer,
         request: &KillRequest,
     ) -> Result<u32, ErrorReply> {
         let target = request.target()?;
@@ -377,13 +481,22 @@ impl Agents {
                     },
                 )
             })?;
-        if let Some(caller_id) = caller.agent() {
-            if !self.is_descendant(id, caller_id) {
-                return Err(ErrorReply::new(
-                    ErrorCode::PermissionDenied,
-                    "agents may only kill agents they spawned (directly or through their children)",
-                ));
-            }
+        let may = match caller {
+            Viewer::Operator => true,
+            Viewer::Agent(caller_id) => self.is_descendant(id, caller_id),
+            Viewer::Run(_) => self.sees(caller, id),
+        };
+        if !may {
+            return Err(ErrorReply::new(
+                ErrorCode::PermissionDenied,
+                match caller {
+                    Viewer::Run(_) => "an EXEC run may only kill agents it spawned itself",
+                    _ => {
+                        "agents may only kill agents they spawned (directly or through their \
+                         children)"
+                    }
+                },
+            ));
         }
         log::info!("agent {id}: KILL (grace {} ms)", request.grace_ms());
         let grace = Duration::from_millis(request.grace_ms());
@@ -398,24 +511,27 @@ impl Agents {
     pub fn list(
         &self,
         sandboxes: &impl Sandboxes<Run>,
-        caller: Identity,
+        caller: Viewer,
         now: Instant,
     ) -> Vec<AgentInfo> {
         let info = |a: &Agent| a.info(now, a.sandbox.and_then(|key| sandboxes.usage(key)));
-        let Some(asker) = caller.agent() else {
-            return self.table.values().map(info).collect();
+        let own_pid_namespace = match caller {
+            Viewer::Operator => return self.table.values().map(info).collect(),
+            Viewer::Agent(asker) => self
+                .table
+                .get(&asker)
+                .is_some_and(|a| shape_of(sandboxes, &a.request).sandboxed)
+                .then_some(Some(asker)),
+            // A run sees no process outside its own namespace.
+            Viewer::Run(_) => Some(None),
         };
-        let sandboxed = self
-            .table
-            .get(&asker)
-            .is_some_and(|a| shape_of(sandboxes, &a.request).sandboxed);
         self.table
             .values()
             .filter(|a| self.sees(caller, a.id))
             .map(|a| {
                 let mut entry = info(a);
-                if sandboxed {
-                    entry.pid = (a.id == asker && entry.pid.is_some()).then_some(1);
+                if let Some(asker) = own_pid_namespace {
+                    entry.pid = (Some(a.id) == asker && entry.pid.is_some()).then_some(1);
                 }
                 entry
             })
@@ -424,7 +540,7 @@ impl Agents {
 
     /// The log of the agent `target` names, if `caller` may see that agent
     /// (as in LIST): by name, the live agent, else the latest one.
-    pub fn log_of(&self, caller: Identity, target: &AgentRef) -> Option<AgentLog> {
+    pub fn log_of(&self, caller: Viewer, target: &AgentRef) -> Option<AgentLog> {
         let visible = |a: &&Agent| self.sees(caller, a.id);
         let agent = match target {
             AgentRef::Id(id) => self.table.get(id).filter(visible),
@@ -459,11 +575,17 @@ impl Agents {
     }
 
     /// Whether `caller` may see agent `id`: an operator every agent, an
-    /// agent itself and its descendants.
-    fn sees(&self, caller: Identity, id: u32) -> bool {
-        match caller.agent() {
-            None => true,
-            Some(asker) => id == asker || self.is_descendant(id, asker),
+    /// agent itself and its descendants, an EXEC run the agents it started
+    /// and their descendants.
+    fn sees(&self, caller: Viewer, id: u32) -> bool {
+        match caller {
+            Viewer::Operator => true,
+            Viewer::Agent(asker) => id == asker || self.is_descendant(id, asker),
+            Viewer::Run(number) => std::iter::once(id).chain(self.ancestors(id)).any(|a| {
+                self.table
+                    .get(&a)
+                    .is_some_and(|a| a.started_by == Some(number))
+            }),
         }
     }
 

@@ -53,7 +53,16 @@ pub fn resolve(
                 "SPAWN field `cwd` must be an absolute path (got {cwd:?})"
             )))
         }
-        // Resolved by the workload's own chdir, inside its sandbox.
+        // Entered by the workload's own chdir, inside its sandbox. An agent's
+        // child may only be sent where the agent itself may go: a directory
+        // it cannot enter is answered as one that does not exist, here,
+        // rather than by a chdir that would tell the two apart.
+        Some(cwd) if matches!(lookup, Lookup::View(_)) && !lookup.enterable(Path::new(cwd)) => {
+            return Err(ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("directory {cwd} does not exist{}", lookup.context()),
+            ))
+        }
         cwd => cwd.as_ref().map(PathBuf::from),
     };
     let mut dirs = Dirs::default();
@@ -64,7 +73,7 @@ pub fn resolve(
                  relative paths absolute for you"
             )));
         }
-        let script = lookup.file(Path::new(script)).ok_or_else(|| {
+        let script = lookup.readable(Path::new(script)).ok_or_else(|| {
             ErrorReply::new(
                 ErrorCode::NotFound,
                 format!("script {script} does not exist{}", lookup.context()),

@@ -54,8 +54,12 @@ pub struct Agent {
     pub id: u32,
     /// Its name.
     pub name: String,
-    /// The agent that spawned it, if an agent did.
+    /// The agent that spawned it, if an agent did (for a child an agent's
+    /// EXEC run spawned: that agent).
     pub parent: Option<u32>,
+    /// The EXEC run that spawned it, if one did: it is the run's to see,
+    /// kill and read, and ends when the run does.
+    pub started_by: Option<u64>,
     /// What SPAWN asked for (kept for restarts).
     pub request: SpawnRequest,
     /// What runs.

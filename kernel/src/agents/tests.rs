@@ -10,7 +10,7 @@ use agentos_proto::payload::{AgentState, KillRequest, SpawnRequest};
 use agentos_proto::ErrorCode;
 use serde_json::Value;
 
-use super::{Agents, Run};
+use super::{Agents, Run, Spawner, Viewer};
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupStats;
 use crate::config::Config;
@@ -25,7 +25,6 @@ use crate::sandbox::spec::Bind;
 use crate::sandbox::view::View;
 use crate::sandbox::Status;
 
-const OPERATOR: Identity = Identity::Operator { id: 1 << 20 };
 const PID: i32 = 4242;
 
 /// A runtime that records what it is asked and hands out keys.
@@ -163,7 +162,7 @@ impl Bench {
         self.agents
             .spawn(
                 &mut self.sandboxes,
-                OPERATOR,
+                Spawner::Operator,
                 request,
                 None,
                 ReplyTo::Task(1),
@@ -209,7 +208,12 @@ impl Bench {
         let json = format!(r#"{{"id":{id},"grace_ms":{grace_ms}}}"#);
         let request = KillRequest::parse(json.as_bytes()).unwrap();
         self.agents
-            .kill(&mut self.sandboxes, &mut self.replies, OPERATOR, &request)
+            .kill(
+                &mut self.sandboxes,
+                &mut self.replies,
+                Viewer::Operator,
+                &request,
+            )
             .unwrap();
         self.deadlines(secs);
     }
@@ -294,7 +298,9 @@ fn a_clean_exit_ends_the_agent_which_is_forgotten_after_retention() {
     let run = bench.runs(id, 0);
     bench.ended(run, Status::Exited(0), false, 1);
     assert_eq!(bench.state(id), Some(AgentState::Exited));
-    let info = bench.agents.list(&bench.sandboxes, OPERATOR, bench.at(1));
+    let info = bench
+        .agents
+        .list(&bench.sandboxes, Viewer::Operator, bench.at(1));
     assert_eq!(info[0].exit_code, Some(0));
     assert_eq!(info[0].pid, None);
     assert_eq!(bench.sandboxes.closed_doors.len(), 1, "its socket closes");
@@ -354,7 +360,9 @@ fn a_memory_kill_is_oom_killed_whether_the_watch_or_the_end_reports_it() {
     let unwatched = bench.spawn(r#"{"name":"b","command":["/bin/true"]}"#);
     let run = bench.runs(unwatched, 1);
     bench.ended(run, Status::Signaled(libc::SIGKILL), true, 2);
-    let info = bench.agents.list(&bench.sandboxes, OPERATOR, bench.at(2));
+    let info = bench
+        .agents
+        .list(&bench.sandboxes, Viewer::Operator, bench.at(2));
     for (id, agent) in [watched, unwatched].into_iter().zip(&info) {
         assert_eq!(bench.state(id), Some(AgentState::OomKilled));
         assert!(agent.oom_killed);
@@ -397,7 +405,9 @@ fn a_failing_agent_restarts_with_backoff_until_its_restarts_are_used_up() {
         Some(AgentState::Failed),
         "two restarts, then failed"
     );
-    let info = bench.agents.list(&bench.sandboxes, OPERATOR, bench.at(11));
+    let info = bench
+        .agents
+        .list(&bench.sandboxes, Viewer::Operator, bench.at(11));
     assert_eq!(info[0].restarts, 2);
     assert_eq!(info[0].exit_code, Some(1));
 }
@@ -533,7 +543,7 @@ fn shutdown_stops_every_live_agent_and_restarts_none() {
         .agents
         .spawn(
             &mut bench.sandboxes,
-            OPERATOR,
+            Spawner::Operator,
             spawn,
             None,
             ReplyTo::Task(2),
@@ -552,7 +562,7 @@ fn a_live_name_is_taken_until_its_agent_ends() {
         .agents
         .spawn(
             &mut bench.sandboxes,
-            OPERATOR,
+            Spawner::Operator,
             again,
             None,
             ReplyTo::Task(2),

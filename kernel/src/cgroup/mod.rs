@@ -121,6 +121,16 @@ trait Backend: fmt::Debug + Send + Sync {
     /// The memory limit in force in `rel`, in bytes (`None`: unreadable or
     /// unlimited).
     fn memory_limit(&self, rel: &Path) -> Option<u64>;
+    /// Memory `rel` (and what is below it) is charged for now, in bytes.
+    fn memory_in_use(&self, rel: &Path) -> u64;
+    /// Asks the kernel to reclaim what it can of the memory `rel` is
+    /// charged for (page cache; not the pages of live processes or of files
+    /// still open). May take a moment: never on the reactor.
+    fn reclaim(&self, rel: &Path) -> io::Result<()>;
+    /// Whether a cgroup made below `rel` while processes live in `rel` can
+    /// carry limits of its own (v1: always; v2: never — a cgroup with
+    /// processes hands no controllers down).
+    fn limits_beside_processes(&self) -> bool;
     /// A descriptor that becomes readable when `rel` sees an OOM kill.
     fn watch_oom(&self, rel: &Path) -> io::Result<OwnedFd>;
     /// Consumes the readiness of a [`watch_oom`](Self::watch_oom) descriptor.
@@ -262,6 +272,32 @@ impl Cgroups {
         let cgroup = self.make_agent_dirs(name)?;
         cgroup.apply(limits)?;
         Ok(cgroup)
+    }
+
+    /// Creates a cgroup inside `parent` (an agent's, whose processes live
+    /// in it): what its processes use counts against `parent`'s limits too.
+    /// Returns whether it carries `limits` of its own: on v2 it cannot,
+    /// and shares `parent`'s.
+    pub fn create_inside(
+        &self,
+        parent: &Path,
+        name: &str,
+        limits: &CgroupLimits,
+    ) -> Result<(AgentCgroup, bool), CgroupError> {
+        let rel = parent.join(name);
+        self.make_dirs(&rel)?;
+        let cgroup = AgentCgroup {
+            backend: Arc::clone(&self.backend),
+            rel,
+        };
+        let own_limits = self.backend.limits_beside_processes();
+        if own_limits {
+            if let Err(err) = cgroup.apply(limits) {
+                let _ = cgroup.remove();
+                return Err(err);
+            }
+        }
+        Ok((cgroup, own_limits))
     }
 
     fn make_agent_dirs(&self, name: &str) -> Result<AgentCgroup, CgroupError> {
@@ -496,6 +532,20 @@ impl AgentCgroup {
         self.backend.oom_kills(&self.rel)
     }
 
+    /// Memory the cgroup is charged for now, in bytes.
+    pub fn memory_in_use(&self) -> u64 {
+        self.backend.memory_in_use(&self.rel)
+    }
+
+    /// Reclaims what can be of the memory it is charged for (may take a
+    /// moment: never on the reactor). A failure is logged: what is left
+    /// shows in [`memory_in_use`](Self::memory_in_use).
+    pub fn reclaim(&self) {
+        if let Err(err) = self.backend.reclaim(&self.rel) {
+            log::debug!("cannot reclaim the memory of {}: {err}", self.rel.display());
+        }
+    }
+
     /// A descriptor that becomes readable on each OOM kill in this cgroup.
     pub fn watch_oom(&self) -> io::Result<OwnedFd> {
         self.backend.watch_oom(&self.rel)
@@ -516,13 +566,29 @@ impl AgentCgroup {
             .unwrap_or_default()
     }
 
-    /// Sends SIGKILL to every process in the cgroup.
+    /// Sends SIGKILL to every process in the cgroup, and in the cgroups
+    /// made inside it.
     pub fn kill_all(&self) {
         use nix::sys::signal::{kill, Signal};
         use nix::unistd::Pid;
-        for pid in self.pids() {
-            // A pid that has gone meanwhile gives ESRCH, which is fine.
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        let Some(dir) = self.backend.dirs(&self.rel).into_iter().next() else {
+            return;
+        };
+        let mut dirs = vec![dir];
+        while let Some(dir) = dirs.pop() {
+            let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // A pid that has gone meanwhile gives ESRCH, which is fine.
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            if let Ok(entries) = fs::read_dir(&dir) {
+                dirs.extend(
+                    entries
+                        .flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
         }
     }
 
@@ -541,17 +607,31 @@ impl AgentCgroup {
         }
     }
 
-    /// Removes the cgroup's directories. Fails (EBUSY) while processes
-    /// remain; never waits.
+    /// Removes the cgroup's directories, and first those of cgroups made
+    /// inside it (an agent's runs'), which are empty by then or make this
+    /// fail too. Fails (EBUSY) while processes remain; never waits.
     pub fn remove(&self) -> Result<(), CgroupError> {
         for dir in self.backend.dirs(&self.rel) {
-            match fs::remove_dir(&dir) {
-                Ok(()) => {}
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => return Err(io_error("cannot remove cgroup", &dir)(err)),
-            }
+            remove_dir_and_inner(&dir)?;
         }
         Ok(())
+    }
+}
+
+/// Removes a cgroup directory and the cgroup directories inside it,
+/// deepest first (a cgroup's own files go with it).
+fn remove_dir_and_inner(dir: &Path) -> Result<(), CgroupError> {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_dir_and_inner(&entry.path())?;
+            }
+        }
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(io_error("cannot remove cgroup", dir)(err)),
     }
 }
 

@@ -140,6 +140,20 @@ impl Backend for Legacy {
             .ok()
     }
 
+    fn memory_in_use(&self, rel: &Path) -> u64 {
+        number_in(&self.memory.join(rel).join("memory.usage_in_bytes"))
+    }
+
+    fn reclaim(&self, rel: &Path) -> io::Result<()> {
+        // Reclaims all it can of the cgroup's charges (it has no processes
+        // by then: those of a live process stay).
+        fs::write(self.memory.join(rel).join("memory.force_empty"), "0")
+    }
+
+    fn limits_beside_processes(&self) -> bool {
+        true
+    }
+
     fn watch_oom(&self, rel: &Path) -> io::Result<OwnedFd> {
         // v1 reports OOM through an eventfd registered on memory.oom_control
         // via cgroup.event_control: "<eventfd> <oom_control fd>".

@@ -124,6 +124,25 @@ impl Backend for Unified {
         keyed_value(&events, "oom_kill")
     }
 
+    fn memory_in_use(&self, rel: &Path) -> u64 {
+        number_in(&self.root.join(rel).join("memory.current"))
+    }
+
+    fn reclaim(&self, rel: &Path) -> io::Result<()> {
+        // Asks for as much as it holds; the kernel reclaims what it can and
+        // answers EAGAIN if that was less.
+        let dir = self.root.join(rel);
+        let held = number_in(&dir.join("memory.current"));
+        match fs::write(dir.join("memory.reclaim"), held.to_string()) {
+            Err(err) if err.raw_os_error() == Some(libc::EAGAIN) => Ok(()),
+            done => done,
+        }
+    }
+
+    fn limits_beside_processes(&self) -> bool {
+        false
+    }
+
     fn watch_oom(&self, rel: &Path) -> io::Result<OwnedFd> {
         // memory.events is modified whenever one of its counters changes.
         // SAFETY: inotify_init1 has no memory-safety preconditions; the

@@ -20,6 +20,11 @@ pub struct ExecConfig {
     /// Of the prepared runs in all, how many have a shell started for a
     /// bash run (a shell costs a process start, wasted on a Python run).
     pub ready_shells: usize,
+    /// Runs one owner (an agent with its whole tree, or an operator's uid)
+    /// may hold at once; the rest wait their turn. Default: half of
+    /// `hosts × ready_runs`, at least 1. Agents together always leave one
+    /// of those for operators.
+    pub max_running_per_owner: Option<usize>,
     /// Bytes each of a run's streams keeps (its head and its tail).
     pub output_bytes: usize,
     /// A run's timeout when it gives none, in milliseconds.
@@ -51,6 +56,7 @@ impl Default for ExecConfig {
             hosts: 1,
             ready_runs: 4,
             ready_shells: 1,
+            max_running_per_owner: None,
             output_bytes: 64 << 10,
             default_timeout_ms: 30_000,
             session_idle_secs: 900,
@@ -79,6 +85,9 @@ impl ExecConfig {
         }
         if self.ready_runs == 0 {
             return invalid("exec.ready_runs", "must be at least 1");
+        }
+        if self.max_running_per_owner == Some(0) {
+            return invalid("exec.max_running_per_owner", "must be at least 1");
         }
         // The marker line between head and tail needs room of its own.
         if !(256..=16 << 20).contains(&self.output_bytes) {

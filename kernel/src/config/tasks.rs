@@ -71,6 +71,19 @@ impl TasksConfig {
         base.join("sockets").join(name)
     }
 
+    /// Where the kernel serving `socket` starts keeping the way to its
+    /// state directory private (each directory 0700 and its own): the
+    /// default base when the state directory is a socket's own under it,
+    /// so `sockets/` and the socket's directory are private too; else the
+    /// state directory itself — a configured one's parents are the
+    /// operator's, never changed.
+    pub fn private_from(&self, socket: &Path) -> PathBuf {
+        if self.state_dir.is_some() {
+            return self.state_dir(socket);
+        }
+        Self::default_base()
+    }
+
     fn default_base() -> PathBuf {
         if nix::unistd::geteuid().is_root() {
             return PathBuf::from("/var/lib/agentos");
@@ -99,5 +112,34 @@ impl TasksConfig {
             return invalid("tasks.max_retained", "limits must be at least 100");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sockets_own_store_is_private_from_the_default_base_and_a_configured_one_alone() {
+        let config = TasksConfig::default();
+        let socket = Path::new("/tmp/some test/agentos.sock");
+        let dir = config.state_dir(socket);
+        let from = config.private_from(socket);
+        assert_eq!(
+            dir.strip_prefix(&from).unwrap(),
+            Path::new("sockets/tmp_some_test_agentos.sock")
+        );
+        let configured = TasksConfig {
+            state_dir: Some(PathBuf::from("/srv/agentos/state")),
+            ..TasksConfig::default()
+        };
+        assert_eq!(
+            configured.private_from(socket),
+            Path::new("/srv/agentos/state")
+        );
+        assert_eq!(
+            configured.state_dir(socket),
+            configured.private_from(socket)
+        );
     }
 }

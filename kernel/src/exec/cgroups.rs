@@ -11,11 +11,20 @@
 //! and the run child it forks next moves itself in before anything else
 //! and closes them.
 //!
-//! A finished run's cgroup comes back here. Once its processes are gone it
-//! gets the default limits again and serves another run: making and
-//! removing a memory cgroup costs far more CPU than the run it holds (about
-//! a millisecond per run here), so cgroups are removed only beyond a few
-//! spare, when they do not empty, and at shutdown.
+//! A finished run's cgroup comes back here. Once its processes are gone and
+//! its memory is given back it gets the default limits again and serves
+//! another run: making and removing a memory cgroup costs far more CPU than
+//! the run it holds (about a millisecond per run here), so cgroups are
+//! removed only beyond a few spare, when they do not empty, and at
+//! shutdown. Memory can outlive a cgroup's processes — pages of a file the
+//! kernel still holds (a session's snapshot), page cache — and would count
+//! against the next run's limit, so a cgroup is reused only once what it
+//! is charged for is reclaimed to under [`LEFT_OVER`].
+//!
+//! An agent's runs get cgroups made inside the agent's own (so their
+//! memory and processes add up against the agent's limits), on demand;
+//! each comes back after its run to serve the same agent's next one, and
+//! goes when the agent's cgroup does.
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
@@ -26,7 +35,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::HostId;
+use super::{ChargedTo, HostId};
 use crate::cgroup::{AgentCgroup, CgroupError, CgroupLimits, Cgroups};
 use crate::process;
 use crate::sandbox::runtime::retire::{self, RETRY_EVERY};
@@ -36,6 +45,9 @@ const SPARE: usize = 32;
 /// Tries for a returned cgroup to empty; past half of them, what is left
 /// in it is killed, and past all it is removed.
 const TRIES: u32 = 100;
+/// Memory a returned cgroup may still be charged for (kernel objects that
+/// reclaim cannot free) and serve another run; with more it is removed.
+pub const LEFT_OVER: u64 = 1 << 20;
 
 /// A run's cgroup and what the kernel needs of it.
 #[derive(Debug)]
@@ -50,22 +62,42 @@ pub struct RunCgroup {
     /// OOM kills it had seen when it was handed out (it may have served
     /// runs before).
     pub oom_kills: u64,
+    /// Whether limits of its own can be written into it: not inside an
+    /// agent's cgroup on cgroup v2, where a cgroup beside the agent's own
+    /// processes gets no controllers and its runs share the agent's limits.
+    pub own_limits: bool,
+    /// The agent whose cgroup it is inside, if it is.
+    pub inside: Option<ChargedTo>,
 }
 
 enum Job {
     /// Hand out `count` cgroups for a host's next runs.
     Make { host: HostId, count: usize },
-    /// Take back a cgroup whose run is over, to serve another once empty.
+    /// Hand out a cgroup inside an agent's, for its next run.
+    MakeInside(ChargedTo),
+    /// Take back a cgroup whose run is over, to serve another once empty
+    /// (one inside an agent's goes back to that agent).
     Recycle(RunCgroup),
+    /// Remove a cgroup once empty (one inside an agent that has ended).
+    Remove(RunCgroup),
     /// Remove everything held, killing what is left, and stop.
     Finish,
 }
 
-/// A cgroup handed out for one of a host's runs (or why none could be).
+/// Whom a cgroup is handed out for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MadeFor {
+    /// A host's next run child.
+    Host(HostId),
+    /// An agent's next run, inside its cgroup.
+    Agent(ChargedTo),
+}
+
+/// A cgroup handed out (or why none could be).
 #[derive(Debug)]
 pub struct Made {
-    /// The host it is for.
-    pub host: HostId,
+    /// Whom it is for.
+    pub made_for: MadeFor,
     /// The cgroup.
     pub result: Result<RunCgroup, CgroupError>,
 }
@@ -97,8 +129,10 @@ impl RunCgroups {
                     free: VecDeque::new(),
                     draining: Vec::new(),
                     number: 0,
+                    made: &made_tx,
+                    waker: &waker,
                 };
-                stock.serve(&job_rx, &made_tx, &waker);
+                stock.serve(&job_rx);
             })?;
         Ok(RunCgroups {
             jobs,
@@ -112,9 +146,19 @@ impl RunCgroups {
         self.send(Job::Make { host, count });
     }
 
+    /// Asks for a cgroup inside `to`'s, for that agent's next run.
+    pub fn make_inside(&self, to: ChargedTo) {
+        self.send(Job::MakeInside(to));
+    }
+
     /// Hands back a cgroup whose run is over.
     pub fn recycle(&self, cgroup: RunCgroup) {
         self.send(Job::Recycle(cgroup));
+    }
+
+    /// Hands back a cgroup no run will use again, to be removed.
+    pub fn remove(&self, cgroup: RunCgroup) {
+        self.send(Job::Remove(cgroup));
     }
 
     /// cgroups handed out since the last call.
@@ -145,17 +189,30 @@ impl RunCgroups {
 }
 
 /// The thread's cgroups: emptied ones ready to hand out, and returned ones
-/// waiting for their processes to go.
+/// waiting for their processes (and their memory) to go.
 struct Stock<'a> {
     cgroups: &'a Cgroups,
     limits: CgroupLimits,
     free: VecDeque<RunCgroup>,
-    draining: Vec<(RunCgroup, u32)>,
+    /// Returned cgroups not yet empty, with the tries each has had and
+    /// whether it is to be removed rather than used again.
+    draining: Vec<(RunCgroup, u32, Fate)>,
     number: u64,
+    made: &'a Sender<Made>,
+    waker: &'a mio::Waker,
+}
+
+/// What becomes of a returned cgroup once empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    /// It serves another run (its agent's, if it is inside one).
+    Reuse,
+    /// It is removed.
+    Remove,
 }
 
 impl Stock<'_> {
-    fn serve(&mut self, jobs: &Receiver<Job>, made: &Sender<Made>, waker: &mio::Waker) {
+    fn serve(&mut self, jobs: &Receiver<Job>) {
         // Runs' cgroups are made ahead of need: that work yields to requests.
         if let Err(err) = process::idle_priority_for_this_thread() {
             log::debug!("the run-cgroup thread keeps normal priority: {err}");
@@ -170,39 +227,58 @@ impl Stock<'_> {
                 jobs.recv_timeout(next_look.saturating_duration_since(Instant::now()))
             };
             if Instant::now() >= next_look {
-                for (run, tries) in std::mem::take(&mut self.draining) {
-                    self.take_back(run, tries + 1);
+                for (run, tries, fate) in std::mem::take(&mut self.draining) {
+                    self.take_back(run, tries + 1, fate);
                 }
                 next_look = Instant::now() + RETRY_EVERY;
             }
-            match job {
-                Ok(Job::Make { host, count }) => {
-                    for _ in 0..count {
-                        let result = self.hand_out();
-                        if made.send(Made { host, result }).is_err() {
-                            return;
-                        }
-                    }
-                    let _ = waker.wake();
+            let sent = match job {
+                Ok(Job::Make { host, count }) => (0..count).all(|_| {
+                    let result = self.hand_out();
+                    self.send(MadeFor::Host(host), result)
+                }),
+                Ok(Job::MakeInside(to)) => {
+                    let result = self.make_inside(&to);
+                    self.send(MadeFor::Agent(to), result)
                 }
-                Ok(Job::Recycle(run)) => self.take_back(run, 0),
-                Err(RecvTimeoutError::Timeout) => {}
-                Ok(Job::Finish) | Err(RecvTimeoutError::Disconnected) => {
-                    for job in jobs.try_iter() {
-                        if let Job::Recycle(run) = job {
-                            retire::remove_now(&run.cgroup);
-                        }
-                    }
-                    let held = self
-                        .free
-                        .drain(..)
-                        .chain(self.draining.drain(..).map(|(r, _)| r));
-                    for run in held {
-                        retire::remove_now(&run.cgroup);
-                    }
-                    return;
+                Ok(Job::Recycle(run)) => {
+                    self.take_back(run, 0, Fate::Reuse);
+                    true
                 }
+                Ok(Job::Remove(run)) => {
+                    self.take_back(run, 0, Fate::Remove);
+                    true
+                }
+                Err(RecvTimeoutError::Timeout) => true,
+                Ok(Job::Finish) | Err(RecvTimeoutError::Disconnected) => false,
+            };
+            if !sent {
+                return self.remove_everything(jobs);
             }
+        }
+    }
+
+    /// Hands a cgroup (or why there is none) to the kernel; false once the
+    /// kernel is gone.
+    fn send(&self, made_for: MadeFor, result: Result<RunCgroup, CgroupError>) -> bool {
+        let sent = self.made.send(Made { made_for, result }).is_ok();
+        let _ = self.waker.wake();
+        sent
+    }
+
+    /// Shutdown: what is held and what is still being returned goes.
+    fn remove_everything(&mut self, jobs: &Receiver<Job>) {
+        for job in jobs.try_iter() {
+            if let Job::Recycle(run) | Job::Remove(run) = job {
+                retire::remove_now(&run.cgroup);
+            }
+        }
+        let held = self
+            .free
+            .drain(..)
+            .chain(self.draining.drain(..).map(|(run, _, _)| run));
+        for run in held {
+            retire::remove_now(&run.cgroup);
         }
     }
 
@@ -215,45 +291,63 @@ impl Stock<'_> {
         let cgroup = self
             .cgroups
             .create(&format!("exec-run-{}", self.number), &self.limits)?;
-        let mut join_files = Vec::new();
-        for path in cgroup.self_join_files() {
-            let opened = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path);
-            match opened {
-                Ok(file) => join_files.push(OwnedFd::from(file)),
-                Err(source) => {
-                    retire::remove_now(&cgroup);
-                    return Err(CgroupError::Io {
-                        action: "cannot open",
-                        path,
-                        source,
-                    });
-                }
-            }
-        }
-        Ok(RunCgroup {
-            cgroup,
-            join_files,
-            limits: self.limits,
-            oom_kills: 0,
-        })
+        ready_to_join(cgroup, self.limits, true, None)
     }
 
-    /// A returned cgroup: spare once empty and back to the default limits;
-    /// removed if there are spares enough, or if it does not empty.
-    fn take_back(&mut self, mut run: RunCgroup, tries: u32) {
+    /// A new cgroup inside an agent's, for its runs: with the default
+    /// limits of a run where it can carry limits of its own.
+    fn make_inside(&mut self, to: &ChargedTo) -> Result<RunCgroup, CgroupError> {
+        self.number += 1;
+        let name = format!("exec-run-{}", self.number);
+        let (cgroup, own_limits) = self
+            .cgroups
+            .create_inside(&to.cgroup, &name, &self.limits)?;
+        ready_to_join(cgroup, self.limits, own_limits, Some(to.clone()))
+    }
+
+    /// A returned cgroup. Once its processes are gone and its memory is
+    /// given back (within [`LEFT_OVER`]), it is spare, with the default
+    /// limits again — or goes back to the agent it is inside — unless it is
+    /// to be removed, there are spares enough, or it does not empty.
+    fn take_back(&mut self, mut run: RunCgroup, tries: u32, fate: Fate) {
         if !run.cgroup.pids().is_empty() {
             if tries > TRIES / 2 {
                 run.cgroup.kill_all();
             }
             if tries < TRIES {
-                self.draining.push((run, tries));
+                self.draining.push((run, tries, fate));
             } else {
                 log::warn!("a run's cgroup did not empty; removing it");
                 retire::remove_now(&run.cgroup);
             }
+            return;
+        }
+        if fate == Fate::Remove {
+            return retire::remove_now(&run.cgroup);
+        }
+        let charged = run.cgroup.memory_in_use();
+        if charged > LEFT_OVER {
+            run.cgroup.reclaim();
+            let left = run.cgroup.memory_in_use();
+            if left > LEFT_OVER {
+                // A process that moved out may still be going (its pages
+                // stay charged here until it has); past that, memory the
+                // kernel holds for longer, such as a session's snapshot.
+                if tries < TRIES {
+                    self.draining.push((run, tries, fate));
+                } else {
+                    log::debug!(
+                        "a run's cgroup is still charged for {left} bytes with its processes \
+                         gone; removing it rather than giving it to another run"
+                    );
+                    retire::remove_now(&run.cgroup);
+                }
+                return;
+            }
+        }
+        run.oom_kills = run.cgroup.oom_kills();
+        if let Some(to) = run.inside.clone() {
+            self.send(MadeFor::Agent(to), Ok(run));
             return;
         }
         if self.free.len() >= SPARE {
@@ -266,7 +360,43 @@ impl Stock<'_> {
             }
             run.limits = self.limits;
         }
-        run.oom_kills = run.cgroup.oom_kills();
         self.free.push_back(run);
     }
+}
+
+/// A new cgroup with the files a process writes `0` into to move itself
+/// in, opened now (by the kernel, which may).
+fn ready_to_join(
+    cgroup: AgentCgroup,
+    limits: CgroupLimits,
+    own_limits: bool,
+    inside: Option<ChargedTo>,
+) -> Result<RunCgroup, CgroupError> {
+    let mut join_files = Vec::new();
+    for path in cgroup.self_join_files() {
+        let opened = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path);
+        match opened {
+            Ok(file) => join_files.push(OwnedFd::from(file)),
+            Err(source) => {
+                retire::remove_now(&cgroup);
+                return Err(CgroupError::Io {
+                    action: "cannot open",
+                    path,
+                    source,
+                });
+            }
+        }
+    }
+    let oom_kills = cgroup.oom_kills();
+    Ok(RunCgroup {
+        cgroup,
+        join_files,
+        limits,
+        oom_kills,
+        own_limits,
+        inside,
+    })
 }

@@ -2,6 +2,7 @@
 //! reply built when the child has ended, and the child let go (or kept
 //! for its session) — with the bookkeeping of the descriptors it holds.
 
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -12,43 +13,45 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 
-use super::run::{self, Kill, Running, Stage, Stream, Work};
-use super::sessions::Session;
+use super::cgroups::RunCgroup;
+use super::run::{self, Kill, OrderOf, RunChild, Running, Stage, Stream, Work};
+use super::sessions::{Session, SessionKey};
 use super::snapshots::Carried;
 use super::{host, set_nonblocking, watch, wire, Exec, Source, Waiting, Wake};
-use crate::address::{Adopted, Reply};
-use crate::identity::Identity;
+use super::{AgentRunCgroups, ChargedTo, MAX_LOST_SESSIONS};
+use crate::address::{Adopted, Adoptee, Reply};
 
 impl Exec {
-    /// Gives waiting requests to ready children; a request for a session
-    /// opened meanwhile joins that session's queue.
+    /// Gives waiting requests to ready children, owner by owner in turn,
+    /// each within its share; a request for a session opened meanwhile
+    /// joins that session's queue.
     pub(super) fn dispatch(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        while let Some(waiting) = self.waiting.front() {
-            if let Some(key) = waiting
-                .session
-                .clone()
-                .filter(|k| self.sessions.contains_key(k))
-            {
-                if let (Some(waiting), Some(session)) =
-                    (self.waiting.pop_front(), self.sessions.get_mut(&key))
-                {
-                    session.queue.push_back(waiting);
-                }
-                self.serve_session(&key, replies, now);
+        let sessions = &self.sessions;
+        let opened = self
+            .queues
+            .take_where(|w| w.session.as_ref().is_some_and(|k| sessions.contains_key(k)));
+        for waiting in opened {
+            let Some(key) = waiting.session.clone() else {
                 continue;
+            };
+            if let Some(session) = self.sessions.get_mut(&key) {
+                session.queue.push_back(waiting);
             }
+            self.serve_session(&key, replies, now);
+        }
+        self.ask_for_agent_cgroups();
+        while !self.ready.is_empty() {
+            let agent_cgroups = &self.agent_cgroups;
+            let Some((_, mut waiting)) = self.queues.next(
+                |w| has_cgroup_for(agent_cgroups, w.charged_to.as_ref()),
+                Waiting::is_nested,
+            ) else {
+                return;
+            };
             let bash =
                 matches!(waiting.work, Work::Run) && waiting.request.language == Language::Bash;
             let Some(child) = self.take_ready(bash) else {
-                return;
-            };
-            if !matches!(
-                self.children.get(child).map(|c| &c.stage),
-                Some(Stage::Ready)
-            ) {
-                continue;
-            }
-            let Some(mut waiting) = self.waiting.pop_front() else {
+                self.queues.push_front(waiting.share, waiting);
                 return;
             };
             if let Some(key) = waiting.session.clone() {
@@ -81,6 +84,11 @@ impl Exec {
     /// the oldest of all.
     fn take_ready(&mut self, bash: bool) -> Option<usize> {
         let children = &self.children;
+        self.ready.retain(|c| {
+            children
+                .get(*c)
+                .is_some_and(|c| matches!(c.stage, Stage::Ready))
+        });
         let index = self
             .ready
             .iter()
@@ -89,7 +97,8 @@ impl Exec {
         self.ready.remove(index)
     }
 
-    /// Sends a request to a child (a session's keeps it for more).
+    /// Sends a request to a child (a session's keeps it for more). A run
+    /// counts against its owner's share until it ends.
     pub(super) fn start(
         &mut self,
         child: usize,
@@ -103,38 +112,54 @@ impl Exec {
         let asked_limits = waiting.request.limits.is_some();
         let mut order = order_for(waiting.request, collect_caps, keep);
         order.op = waiting.work.op();
+        let Some(run) = self.children.get_mut(child) else {
+            return;
+        };
+        // Any order uses up the child's shell, or has it stopped.
+        run.shell = false;
+        // The first order of an agent's work moves the child into a cgroup
+        // inside the agent's, before anything else: from then on what it
+        // uses counts against the agent's limits.
+        let mut attached: Vec<OwnedFd> = Vec::new();
+        if run.charged.is_none() {
+            if let Some(charged) = waiting
+                .charged_to
+                .as_ref()
+                .and_then(|to| take_agent_cgroup(&mut self.agent_cgroups, to))
+            {
+                attached.extend(charged.join_files.iter().filter_map(|f| f.try_clone().ok()));
+                order.join = attached.len();
+                run.charge_to(charged);
+            }
+        }
         // A run gets its own kernel connection; a snapshot or restore, the
         // memfd that holds it.
-        if let Some(run) = self.children.get_mut(child) {
-            // Any order uses up the child's shell, or has it stopped.
-            run.shell = false;
-        }
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        let attached = match &waiting.work {
-            Work::Run => {
-                let first = self
-                    .children
-                    .get_mut(child)
-                    .and_then(|c| c.first_connection.take());
-                match first {
-                    // The child has it already (and a shell it started, too).
-                    Some(stream) => {
-                        self.adopted.push(Adopted {
-                            stream,
-                            identity: waiting.caller,
-                            run: Some(tag),
-                        });
-                        None
-                    }
-                    None => self.run_connection(waiting.caller, tag),
-                }
+        match (&waiting.work, waiting.run) {
+            (Work::Run, Some(number)) => match run.first_connection.take() {
+                // The child has it already (and a shell it started, too).
+                Some(stream) => self.adopted.push(Adopted {
+                    stream,
+                    peer: Adoptee::Run(number),
+                }),
+                None => attached.extend(self.run_connection(number)),
+            },
+            (Work::Run, None) => {}
+            (Work::Snapshot { data, .. } | Work::Restore { data }, _) => {
+                attached.extend(data.try_clone().ok())
             }
-            Work::Snapshot { data, .. } | Work::Restore { data } => data.try_clone().ok(),
+        }
+        let holds = matches!(waiting.work, Work::Run).then_some(waiting.share);
+        if let Some(share) = holds {
+            self.queues.started(share);
+        }
+        let of = OrderOf {
+            run: waiting.run,
+            owner: waiting.owner,
+            holds,
         };
         let session = waiting.session.map(|(_, name)| name);
         let running = Running::new(
-            tag,
+            of,
             waiting.reply_to,
             waiting.work,
             timeout,
@@ -150,6 +175,9 @@ impl Exec {
             // the child (and a session it held) ends.
             run.kill_quietly();
             run.stage = Stage::Ended;
+            if let Some(share) = holds {
+                self.queues.ended(share);
+            }
             let refusal = ErrorReply::new(
                 ErrorCode::BadRequest,
                 format!(
@@ -176,10 +204,9 @@ impl Exec {
         self.finish_if_done(child, replies, now);
     }
 
-    /// The run's own connection to the kernel, whose calls are `caller`'s
-    /// and counted in the reply of the run tagged `tag`: the kernel adopts
-    /// one end, the run gets the other.
-    fn run_connection(&mut self, caller: Identity, tag: u64) -> Option<OwnedFd> {
+    /// Run `number`'s own connection to the kernel, whose calls are the
+    /// run's: the kernel adopts one end, the run gets the other.
+    fn run_connection(&mut self, number: u64) -> Option<OwnedFd> {
         let (ours, theirs) = match mio::net::UnixStream::pair() {
             Ok(pair) => pair,
             Err(err) => {
@@ -195,16 +222,48 @@ impl Exec {
         }
         self.adopted.push(Adopted {
             stream: ours,
-            identity: caller,
-            run: Some(tag),
+            peer: Adoptee::Run(number),
         });
         Some(OwnedFd::from(theirs))
     }
 
     /// Answers a run that has ended, and lets its child go — unless a
-    /// session keeps it.
+    /// session keeps it. Its owner's share has room again: what waited
+    /// for that room starts.
     pub(super) fn finish_if_done(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
-        let Some(run) = self.children.get_mut(child).filter(|c| c.is_finished()) else {
+        let Some(holds) = self
+            .children
+            .get(child)
+            .filter(|c| c.is_finished())
+            .map(RunChild::holds)
+        else {
+            return;
+        };
+        self.finish_order(child, replies, now);
+        if let Some(share) = holds {
+            self.queues.ended(share);
+            self.serve_waiting(replies, now);
+        }
+    }
+
+    /// Starts what waits, now that there may be room: queued requests, and
+    /// sessions' queued runs whose child is free.
+    pub(super) fn serve_waiting(&mut self, replies: &mut Vec<Reply>, now: Instant) {
+        self.dispatch(replies, now);
+        let waiting: Vec<SessionKey> = self
+            .sessions
+            .iter()
+            .filter(|(_, session)| !session.busy && !session.queue.is_empty())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in waiting {
+            self.serve_session(&key, replies, now);
+        }
+    }
+
+    /// The reply to a finished order, and what becomes of its child.
+    fn finish_order(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
+        let Some(run) = self.children.get_mut(child) else {
             return;
         };
         let finished = run.finish(now);
@@ -336,7 +395,9 @@ impl Exec {
         }
     }
 
-    /// A waiting child went away: a session it held ends with it.
+    /// A waiting child went away: a session it held ends with it. If the
+    /// memory controller killed it (its agent's runs and sessions together
+    /// went over the agent's limit, say), the session's next run is told.
     pub(super) fn child_gone(&mut self, child: usize, replies: &mut Vec<Reply>) {
         let key = self
             .sessions
@@ -344,6 +405,14 @@ impl Exec {
             .find(|(_, session)| session.child == child)
             .map(|(key, _)| key.clone());
         if let Some((owner, name)) = key {
+            let oom_killed = self
+                .children
+                .get(child)
+                .is_some_and(RunChild::was_oom_killed);
+            if oom_killed && self.lost_to_memory.len() < MAX_LOST_SESSIONS {
+                log::debug!("exec session {name:?}: its idle interpreter was killed for memory");
+                self.lost_to_memory.insert((owner, name.clone()));
+            }
             self.close(owner, &name, replies);
         }
         self.drop_child(child);
@@ -356,15 +425,18 @@ impl Exec {
         for stream in Stream::BOTH {
             self.forget_output(child, stream);
         }
-        let run = self.children.remove(child);
+        let mut run = self.children.remove(child);
+        if let Some(share) = run.holds() {
+            self.queues.ended(share);
+        }
         if run.counted {
             self.child_taken(run.host);
         }
         if let Some(token) = run.socket_token {
             self.forget_source(run.socket.as_raw_fd(), token);
         }
-        if let (Some(cgroup), Some(cgroups)) = (run.cgroup, &self.run_cgroups) {
-            cgroups.recycle(cgroup);
+        if let Some(cgroups) = &self.run_cgroups {
+            run.cgroups().for_each(|cgroup| cgroups.recycle(cgroup));
         }
         self.ready.retain(|c| *c != child);
     }
@@ -417,6 +489,27 @@ impl Exec {
     }
 }
 
+/// Whether a request charged to an agent (`to`) has a cgroup inside the
+/// agent's ready for it (one that is not charged needs none).
+fn has_cgroup_for(agents: &HashMap<u32, AgentRunCgroups>, to: Option<&ChargedTo>) -> bool {
+    to.is_none_or(|to| {
+        agents
+            .get(&to.agent)
+            .is_some_and(|made| made.cgroup == to.cgroup && !made.spare.is_empty())
+    })
+}
+
+/// A spare cgroup inside the agent's, for a run charged to it.
+fn take_agent_cgroup(
+    agents: &mut HashMap<u32, AgentRunCgroups>,
+    to: &ChargedTo,
+) -> Option<RunCgroup> {
+    agents
+        .get_mut(&to.agent)
+        .filter(|made| made.cgroup == to.cgroup)
+        .and_then(|made| made.spare.pop())
+}
+
 /// What a request becomes for the run child.
 /// `limits`: the largest file collected, and the most collected in all.
 fn order_for(request: ExecRequest, limits: (u64, u64), keep: bool) -> wire::RunOrder {
@@ -438,5 +531,6 @@ fn order_for(request: ExecRequest, limits: (u64, u64), keep: bool) -> wire::RunO
         max_file_bytes,
         max_collect_bytes,
         keep,
+        join: 0,
     }
 }

@@ -48,17 +48,23 @@ pub fn zygote_workload(setup: &HostSetup) -> Workload {
         ],
         cwd: None,
         script: None,
-        binds: setup
-            .tools_dir
-            .iter()
-            .map(|dir| Bind {
-                source: dir.clone(),
-                target: PathBuf::from(TOOLS_PATH),
-                writable: false,
-            })
-            .collect(),
+        binds: host_binds(setup),
         socket: None,
     }
+}
+
+/// What an exec host's workload binds into its sandbox, beside the shape's
+/// own: the `tools` package.
+pub fn host_binds(setup: &HostSetup) -> Vec<Bind> {
+    setup
+        .tools_dir
+        .iter()
+        .map(|dir| Bind {
+            source: dir.clone(),
+            target: PathBuf::from(TOOLS_PATH),
+            writable: false,
+        })
+        .collect()
 }
 
 /// The zygote's settings: the first datagram on its channel.

@@ -11,10 +11,14 @@ use std::time::{Duration, Instant};
 use mio::{Interest, Token};
 use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 
-use super::cgroups::RunCgroup;
+use super::cgroups::{Made, MadeFor, RunCgroup};
 use super::run::{RunChild, Stage};
-use super::{host, set_nonblocking, watch, wire, Exec, HostId, Source, Wake};
+use super::{
+    host, set_nonblocking, watch, wire, AgentRunCgroups, ChargedTo, Exec, HostId, Source, Wake,
+    AGENT_SPARES,
+};
 use crate::address::Reply;
+use crate::cgroup::CgroupError;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
 
@@ -232,6 +236,7 @@ impl Exec {
                 writable: false,
                 oom_kills_seen: cgroup.as_ref().map_or(0, |c| c.oom_kills),
                 cgroup,
+                charged: None,
                 first_connection: None,
                 shell: false,
                 counted: true,
@@ -257,56 +262,158 @@ impl Exec {
 }
 
 impl Exec {
-    /// Sends the cgroups made since the last call to their hosts.
-    pub fn on_wake(&mut self) {
+    /// Sends the cgroups made since the last call to their hosts, and keeps
+    /// those made inside agents' for their runs, which may start now.
+    pub fn on_wake(&mut self, replies: &mut Vec<Reply>) {
         let Some(cgroups) = &self.run_cgroups else {
             return;
         };
-        for made in cgroups.made() {
-            let host = self
-                .hosts
-                .iter_mut()
-                .find(|(_, host)| host.id == made.host && host.channel.is_some())
-                .map(|(_, host)| host);
-            let Some(host) = host else {
-                // Its host is gone.
-                if let Ok(run) = made.result {
-                    cgroups.recycle(run);
+        let made: Vec<Made> = cgroups.made().collect();
+        let mut for_agents = false;
+        for made in made {
+            match made.made_for {
+                MadeFor::Host(host) => self.cgroup_for_host(host, made.result),
+                MadeFor::Agent(to) => {
+                    self.cgroup_for_agent(to, made.result);
+                    for_agents = true;
                 }
-                continue;
-            };
-            let Some((channel, _)) = &host.channel else {
-                continue;
-            };
-            host.last_cgroup += 1;
-            let number = host.last_cgroup;
-            let sent = match made.result {
-                Ok(run) => {
-                    let sent = wire::send_cgroup(channel.as_fd(), number, &run.join_files);
-                    match sent {
-                        Ok(()) => {
-                            host.cgroups.insert(number, run);
-                        }
-                        Err(_) => cgroups.recycle(run),
-                    }
-                    sent
-                }
-                Err(err) => {
-                    // The host must not stall for want of one: its next
-                    // run goes without (and refuses limits of its own).
-                    log::error!("exec host {}: no cgroup for a run: {err}", host.id);
-                    wire::send_cgroup(channel.as_fd(), 0, &[])
-                }
-            };
-            match sent {
-                Ok(()) => {}
-                // It has ended; its end comes as an event.
-                Err(err) if err.kind() == io::ErrorKind::BrokenPipe => {}
-                Err(err) => log::warn!(
-                    "exec host {}: cannot send it a run's cgroup: {err}",
-                    host.id
-                ),
             }
+        }
+        if for_agents {
+            self.dispatch(replies, Instant::now());
+        }
+    }
+
+    /// A cgroup made inside an agent's (or returned after a run of its):
+    /// kept for its next runs while the agent's cgroup is the same, else
+    /// removed.
+    fn cgroup_for_agent(&mut self, to: ChargedTo, result: Result<RunCgroup, CgroupError>) {
+        let Some(cgroups) = &self.run_cgroups else {
+            return;
+        };
+        let agent = self
+            .agent_cgroups
+            .get_mut(&to.agent)
+            .filter(|made| made.cgroup == to.cgroup);
+        match (agent, result) {
+            (Some(agent), Ok(run)) => {
+                agent.asked = agent.asked.saturating_sub(1);
+                if agent.spare.len() < AGENT_SPARES {
+                    agent.spare.push(run);
+                } else {
+                    cgroups.remove(run);
+                }
+            }
+            (None, Ok(run)) => cgroups.remove(run),
+            (agent, Err(err)) => {
+                log::error!(
+                    "agent {}: no cgroup inside its own for a run: {err}",
+                    to.agent
+                );
+                if let Some(agent) = agent {
+                    agent.asked = agent.asked.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// Asks the cgroup thread for a cgroup inside each agent's whose next
+    /// queued run needs one and has none spare (or coming).
+    pub(super) fn ask_for_agent_cgroups(&mut self) {
+        let Some(cgroups) = &self.run_cgroups else {
+            return;
+        };
+        let wanted: Vec<ChargedTo> = self
+            .queues
+            .iter()
+            .chain(self.sessions.values().flat_map(|s| s.queue.iter()))
+            .filter_map(|w| w.charged_to.clone())
+            .collect();
+        for to in wanted {
+            let agent = self
+                .agent_cgroups
+                .entry(to.agent)
+                .or_insert_with(|| AgentRunCgroups {
+                    cgroup: to.cgroup.clone(),
+                    spare: Vec::new(),
+                    asked: 0,
+                });
+            if agent.cgroup != to.cgroup {
+                // The agent has restarted in a new cgroup: the old one's
+                // spares go with it.
+                for run in agent.spare.drain(..) {
+                    cgroups.remove(run);
+                }
+                agent.cgroup = to.cgroup.clone();
+                agent.asked = 0;
+            }
+            if agent.spare.is_empty() && agent.asked == 0 {
+                agent.asked += 1;
+                cgroups.make_inside(to);
+            }
+        }
+    }
+
+    /// An agent's cgroup is going: the cgroups made inside it for its runs
+    /// go first.
+    pub(super) fn forget_agent_cgroups(&mut self, agent: u32) {
+        let Some(made) = self.agent_cgroups.remove(&agent) else {
+            return;
+        };
+        if let Some(cgroups) = &self.run_cgroups {
+            made.spare.into_iter().for_each(|run| cgroups.remove(run));
+        }
+    }
+
+    /// Sends a cgroup made for a host's next run child (or says there is
+    /// none, so the child goes without).
+    fn cgroup_for_host(&mut self, host: HostId, result: Result<RunCgroup, CgroupError>) {
+        let Some(cgroups) = &self.run_cgroups else {
+            return;
+        };
+        let host = self
+            .hosts
+            .iter_mut()
+            .find(|(_, h)| h.id == host && h.channel.is_some())
+            .map(|(_, host)| host);
+        let Some(host) = host else {
+            // Its host is gone.
+            if let Ok(run) = result {
+                cgroups.recycle(run);
+            }
+            return;
+        };
+        let Some((channel, _)) = &host.channel else {
+            return;
+        };
+        host.last_cgroup += 1;
+        let number = host.last_cgroup;
+        let sent = match result {
+            Ok(run) => {
+                let sent = wire::send_cgroup(channel.as_fd(), number, &run.join_files);
+                match sent {
+                    Ok(()) => {
+                        host.cgroups.insert(number, run);
+                    }
+                    Err(_) => cgroups.recycle(run),
+                }
+                sent
+            }
+            Err(err) => {
+                // The host must not stall for want of one: its next run
+                // goes without (and refuses limits of its own).
+                log::error!("exec host {}: no cgroup for a run: {err}", host.id);
+                wire::send_cgroup(channel.as_fd(), 0, &[])
+            }
+        };
+        match sent {
+            Ok(()) => {}
+            // It has ended; its end comes as an event.
+            Err(err) if err.kind() == io::ErrorKind::BrokenPipe => {}
+            Err(err) => log::warn!(
+                "exec host {}: cannot send it a run's cgroup: {err}",
+                host.id
+            ),
         }
     }
 }

@@ -11,7 +11,15 @@
 //! and is gone, and the host prepares another. A timeout kills the run's
 //! whole PID namespace through the pidfd the child sent first. Each run
 //! has a cgroup of its own, made ahead of need off the reactor (`cgroups`),
-//! with limits within its caller's ([`limits`]).
+//! with limits within its caller's ([`limits`]); an agent's runs have theirs
+//! inside the agent's own cgroup, so what they use adds up against the
+//! agent's limits.
+//!
+//! EXEC is shared fairly between owners ([`queues`]): each agent tree and
+//! each operator has a queue of its own, served in turn, with a cap on the
+//! runs one owner holds and room always kept for operators. An owner's
+//! work ends with it: a closed connection's runs, an ended agent's runs
+//! and sessions.
 //!
 //! Everything here runs on the reactor thread and never blocks.
 
@@ -22,6 +30,7 @@ pub mod host;
 mod hosts;
 pub mod limits;
 pub mod output;
+pub mod queues;
 pub mod run;
 mod sessions;
 mod snapshots;
@@ -34,7 +43,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{ExecRequest, Language, Limits};
+use agentos_proto::payload::{to_json, ExecReply, ExecRequest, Language, Limits};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -43,15 +52,16 @@ use slab::Slab;
 use crate::address::{Adopted, Reply, ReplyTo};
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::config::Config;
-use crate::identity::Identity;
+use crate::identity::Principal;
 use crate::sandbox::runtime::Sandboxes;
 use crate::timers::Timers;
-use cgroups::RunCgroups;
+use cgroups::{RunCgroup, RunCgroups};
 use host::HostSetup;
 use hosts::Host;
 use limits::RunDefaults;
+pub use queues::Share;
+use queues::{Caps, Queues};
 use run::{Kill, RunChild, Stage, Stream, Work};
-pub use sessions::SessionOwner;
 use sessions::{Session, SessionKey};
 use snapshots::{Carried, Snapshot};
 
@@ -59,6 +69,8 @@ use snapshots::{Carried, Snapshot};
 pub const TOKEN_SPAN: usize = 1 << 40;
 /// Requests that may wait for a ready run child; beyond this, `busy`.
 const MAX_WAITING: usize = 1024;
+/// Sessions lost to the memory controller remembered for their owners.
+const MAX_LOST_SESSIONS: usize = 1024;
 
 /// Names an exec host: the owner of its sandbox.
 pub type HostId = u32;
@@ -83,23 +95,66 @@ enum Wake {
 }
 
 /// Who asks for a run.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RunCaller {
-    /// Whose sessions it reaches.
-    pub owner: SessionOwner,
-    /// Who it is: the run's own connection to the kernel is theirs.
-    pub identity: Identity,
+    /// Whose work it is: the owner of the sessions it reaches.
+    pub principal: Principal,
+    /// Whose share of EXEC it counts against.
+    pub share: Share,
     /// Its own limits, which bound the run's (an operator has none).
     pub limits: Limits,
+    /// The agent cgroup its runs are charged under, if it is an agent's
+    /// (or an agent's run's) work.
+    pub charged_to: Option<ChargedTo>,
 }
+
+/// An agent whose runs live inside its own cgroup, so their memory and
+/// processes count against its limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChargedTo {
+    /// The agent.
+    pub agent: u32,
+    /// Its cgroup now (relative to each hierarchy's root; a restart gives
+    /// it another).
+    pub cgroup: PathBuf,
+}
+
+/// Cgroups made inside one agent's, for its runs.
+#[derive(Debug)]
+struct AgentRunCgroups {
+    /// The agent's cgroup they are made in.
+    cgroup: PathBuf,
+    /// Ready for its next runs.
+    spare: Vec<RunCgroup>,
+    /// Asked of the cgroup thread and not yet come.
+    asked: usize,
+}
+
+impl Waiting {
+    /// Whether a run asked for it: its share's cap does not hold it back
+    /// (the run that asked waits for it).
+    fn is_nested(&self) -> bool {
+        matches!(self.owner, Principal::Run { .. })
+    }
+}
+
+/// Spare cgroups kept inside one agent's for its next runs.
+const AGENT_SPARES: usize = 2;
 
 /// A request waiting for a run child.
 #[derive(Debug)]
 struct Waiting {
     request: ExecRequest,
     reply_to: ReplyTo,
-    /// Who asked: the run's own connection to the kernel is theirs.
-    caller: Identity,
+    /// Whose work it is (the owner of its session).
+    owner: Principal,
+    /// Whose share of EXEC it counts against.
+    share: Share,
+    /// The run's number, for a run: its own kernel connection speaks for
+    /// it.
+    run: Option<u64>,
+    /// The agent cgroup it is charged under, if any.
+    charged_to: Option<ChargedTo>,
     /// The run's cgroup limits.
     limits: CgroupLimits,
     /// Its wall-clock limit.
@@ -113,6 +168,8 @@ struct Waiting {
     work: Work,
     /// For a restore whose turn has come: the session it carries over.
     carried: Option<Carried>,
+    /// When it was queued.
+    queued_at: Instant,
 }
 
 /// The EXEC subsystem.
@@ -127,8 +184,15 @@ pub struct Exec {
     children: Slab<RunChild>,
     /// Ready children, oldest first.
     ready: VecDeque<usize>,
-    waiting: VecDeque<Waiting>,
+    /// Requests waiting for a ready child, by owner.
+    queues: Queues<Waiting>,
     sessions: HashMap<SessionKey, Session>,
+    /// Sessions whose idle interpreter the memory controller killed, until
+    /// their owner names them again and is told (at most
+    /// [`MAX_LOST_SESSIONS`] remembered).
+    lost_to_memory: std::collections::HashSet<SessionKey>,
+    /// Cgroups inside agents' own for their runs, by agent.
+    agent_cgroups: HashMap<u32, AgentRunCgroups>,
     /// Sessions' snapshots, oldest first.
     snapshots: HashMap<SessionKey, Vec<Snapshot>>,
     /// Bytes of snapshots one owner may keep, and all together.
@@ -140,8 +204,6 @@ pub struct Exec {
     timers: Timers<Wake>,
     /// Runs' own connections to the kernel, for the reactor to admit.
     adopted: Vec<Adopted>,
-    /// The tag the next run gets (see [`Exec::tool_delivered`]).
-    next_tag: u64,
     setup: HostSetup,
     /// Each host's cgroup: room for its zygote and every prepared run.
     host_limits: CgroupLimits,
@@ -216,8 +278,13 @@ impl Exec {
             wanted_hosts: if unavailable.is_some() { 0 } else { exec.hosts },
             children: Slab::new(),
             ready: VecDeque::new(),
-            waiting: VecDeque::new(),
+            queues: Queues::new(Caps::for_slots(
+                exec.hosts * exec.ready_runs,
+                exec.max_running_per_owner,
+            )),
             sessions: HashMap::new(),
+            lost_to_memory: std::collections::HashSet::new(),
+            agent_cgroups: HashMap::new(),
             snapshots: HashMap::new(),
             runs_by_agent: HashMap::new(),
             snapshot_bytes: (exec.snapshot_bytes, exec.snapshot_bytes_total),
@@ -226,7 +293,6 @@ impl Exec {
             max_sessions_total: exec.max_sessions_total,
             timers: Timers::default(),
             adopted: Vec::new(),
-            next_tag: 1,
             setup: HostSetup {
                 python: exec.python.clone(),
                 ready_runs: exec.ready_runs,
@@ -281,9 +347,10 @@ impl Exec {
     /// of its namespace, so everything it started dies), and its reply
     /// still goes out, saying so. Returns whether there was one.
     pub fn cancel(&mut self, reply_to: ReplyTo) -> bool {
-        let before = self.waiting.len();
-        self.waiting.retain(|w| w.reply_to != reply_to);
-        let mut found = self.waiting.len() != before;
+        let mut found = !self
+            .queues
+            .take_where(|w| w.reply_to == reply_to)
+            .is_empty();
         for session in self.sessions.values_mut() {
             let queued = session.queue.len();
             session.queue.retain(|w| w.reply_to != reply_to);
@@ -298,6 +365,79 @@ impl Exec {
         found
     }
 
+    /// A connection closed: the runs it asked for end with it — those
+    /// waiting are answered (to no one) at once, those running are killed.
+    pub fn connection_closed(&mut self, serial: u64, replies: &mut Vec<Reply>) {
+        let of_it = |to: &ReplyTo| to.connection() == Some(serial);
+        self.end_where(
+            |w| of_it(&w.reply_to),
+            |r| of_it(&r.reply_to),
+            "the connection that asked for it closed",
+            Kill::Cancelled,
+            replies,
+        );
+    }
+
+    /// `principal` has ended (an agent that exited, was killed or is
+    /// restarting; a run whose reply has gone): its waiting and running
+    /// runs end, and so do its sessions, with their snapshots. An agent's
+    /// spare cgroups go with the cgroup they were made in.
+    pub fn end_work_of(&mut self, principal: Principal, why: &str, replies: &mut Vec<Reply>) {
+        self.end_where(
+            |w| w.owner == principal,
+            |r| r.of.owner == principal,
+            why,
+            Kill::OwnerEnded,
+            replies,
+        );
+        let sessions: Vec<String> = self
+            .sessions
+            .keys()
+            .filter(|(owner, _)| *owner == principal)
+            .map(|(_, name)| name.clone())
+            .collect();
+        for name in sessions {
+            self.close(principal, &name, replies);
+        }
+        self.lost_to_memory.retain(|(owner, _)| *owner != principal);
+        if let Principal::Agent { id } = principal {
+            self.forget_agent_cgroups(id);
+        }
+    }
+
+    /// Ends the runs `waiting` or `running` picks: waiting ones are
+    /// answered with `why`, running ones killed (their replies say so).
+    fn end_where(
+        &mut self,
+        mut waiting: impl FnMut(&Waiting) -> bool,
+        running: impl Fn(&run::Running) -> bool,
+        why: &str,
+        kill: Kill,
+        replies: &mut Vec<Reply>,
+    ) {
+        let mut ended = self.queues.take_where(&mut waiting);
+        for session in self.sessions.values_mut() {
+            let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
+                std::mem::take(&mut session.queue)
+                    .into_iter()
+                    .partition(&mut waiting);
+            session.queue = kept;
+            ended.extend(gone);
+        }
+        for waiting in ended {
+            let refusal = ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("the run was not started: {why}"),
+            );
+            replies.push((waiting.reply_to, refusal.to_json()));
+        }
+        for (_, child) in self.children.iter_mut() {
+            if matches!(&child.stage, Stage::Running(r) if running(r)) {
+                child.kill(kill);
+            }
+        }
+    }
+
     /// What the run whose reply goes to `reply_to` has printed so far
     /// (within `max` bytes), while it runs.
     pub fn output_so_far(&self, reply_to: ReplyTo, max: usize) -> Option<String> {
@@ -309,14 +449,14 @@ impl Exec {
         })
     }
 
-    /// A TOOL call made on the kernel connection of the run tagged `tag`
-    /// was answered with `bytes`: the run's reply counts it.
-    pub fn tool_delivered(&mut self, tag: u64, bytes: usize) {
+    /// A TOOL call made on the kernel connection of run `number` was
+    /// answered with `bytes`: the run's reply counts it.
+    pub fn tool_delivered(&mut self, number: u64, bytes: usize) {
         let running = self
             .children
             .iter_mut()
             .find_map(|(_, child)| match &mut child.stage {
-                Stage::Running(running) if running.tag == tag => Some(running),
+                Stage::Running(running) if running.of.run == Some(number) => Some(running),
                 _ => None,
             });
         if let Some(running) = running {
@@ -325,8 +465,8 @@ impl Exec {
         }
     }
 
-    /// Runs' connections to the kernel made since the last call, each with
-    /// the identity of the caller whose run holds it.
+    /// Runs' connections to the kernel made since the last call, each
+    /// tagged with its run's number.
     pub fn take_adopted(&mut self) -> Vec<Adopted> {
         std::mem::take(&mut self.adopted)
     }
@@ -346,12 +486,36 @@ impl Exec {
         (self.token_base..self.token_base + TOKEN_SPAN).contains(&token.0)
     }
 
-    /// A run request. Refusals come back at once; otherwise the reply is
-    /// pushed to `replies` when the run ends.
+    /// What a run sees of the filesystem beyond its private `/tmp` and
+    /// `/workspace`, as the binds of its host's sandbox (the exec-host
+    /// shape's own aside).
+    pub fn host_binds(&self) -> Vec<crate::sandbox::spec::Bind> {
+        host::host_binds(&self.setup)
+    }
+
+    /// The interpreter runs use.
+    pub fn python(&self) -> &std::path::Path {
+        &self.setup.python
+    }
+
+    /// A run's cgroup limits: what `asked` asks for, else the defaults —
+    /// never more than `caller`'s own.
+    pub fn run_limits(
+        &self,
+        caller: &RunCaller,
+        asked: Option<&Limits>,
+    ) -> Result<CgroupLimits, ErrorReply> {
+        limits::run_limits(&caller.limits, asked, self.run_defaults)
+    }
+
+    /// A run request; `run` is its number, whose principal its own kernel
+    /// connection speaks for. Refusals come back at once; otherwise the
+    /// reply is pushed to `replies` when the run ends.
     pub fn run(
         &mut self,
         request: ExecRequest,
         caller: RunCaller,
+        run: u64,
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
@@ -375,12 +539,9 @@ impl Exec {
                  have limits of its own",
             ));
         }
-        let limits =
-            limits::run_limits(&caller.limits, request.limits.as_ref(), self.run_defaults)?;
-        let owner = caller.owner;
-        let caller = caller.identity;
+        let limits = self.run_limits(&caller, request.limits.as_ref())?;
         let queued =
-            self.waiting.len() + self.sessions.values().map(|s| s.queue.len()).sum::<usize>();
+            self.queues.len() + self.sessions.values().map(|s| s.queue.len()).sum::<usize>();
         if queued >= MAX_WAITING {
             return Err(ErrorReply::new(
                 ErrorCode::Busy,
@@ -395,26 +556,54 @@ impl Exec {
             .timeout_ms
             .map_or(self.default_timeout, Duration::from_millis);
         let deadline = now + timeout;
-        let session = request.session.clone().map(|name| (owner, name));
+        let session = request.session.clone().map(|name| (caller.principal, name));
+        if let Some(lost) = session
+            .as_ref()
+            .filter(|k| self.lost_to_memory.contains(*k))
+        {
+            // Told once: the run after this one opens a new session.
+            self.lost_to_memory.remove(lost);
+            let reply = ExecReply {
+                oom_killed: true,
+                error: Some(format!(
+                    "session {:?} ended while it waited: its interpreter was killed for memory \
+                     (the run's limit, or its agent's, which its runs and sessions share); \
+                     this run did not start, and the next one opens a new session",
+                    lost.1
+                )),
+                code: Some(ErrorCode::NotFound),
+                session: Some(lost.1.clone()),
+                ..ExecReply::default()
+            };
+            replies.push((reply_to, to_json(&reply)));
+            return Ok(());
+        }
         // A run for a session neither open nor about to open (by a run
         // already waiting) opens one.
         let opens_session = session.as_ref().is_some_and(|key| {
             !self.sessions.contains_key(key)
-                && !self.waiting.iter().any(|w| w.session.as_ref() == Some(key))
+                && !self.queues.iter().any(|w| w.session.as_ref() == Some(key))
         });
         if opens_session {
-            self.may_open_session(owner)?;
+            self.may_open_session(caller.principal)?;
+        }
+        if let Principal::Agent { id } = caller.principal {
+            *self.runs_by_agent.entry(id).or_default() += 1;
         }
         let waiting = Waiting {
             request,
             reply_to,
-            caller,
+            owner: caller.principal,
+            share: caller.share,
+            run: Some(run),
+            charged_to: caller.charged_to,
             limits,
             timeout,
             deadline,
             session: session.clone(),
             work: Work::Run,
             carried: None,
+            queued_at: now,
         };
         match session.filter(|key| self.sessions.contains_key(key)) {
             Some(key) => {
@@ -424,14 +613,11 @@ impl Exec {
                 self.serve_session(&key, replies, now);
             }
             None => {
-                self.waiting.push_back(waiting);
+                self.queues.push_back(caller.share, waiting);
                 self.dispatch(replies, now);
             }
         }
         self.expire_if_still_waiting(reply_to, deadline);
-        if let Identity::Agent { id, .. } = caller {
-            *self.runs_by_agent.entry(id).or_default() += 1;
-        }
         Ok(())
     }
 
@@ -442,9 +628,9 @@ impl Exec {
 
     /// Whether `owner` may open one more session: sessions open, and those
     /// a waiting run will open, count against its cap and the kernel's.
-    fn may_open_session(&self, owner: SessionOwner) -> Result<(), ErrorReply> {
+    fn may_open_session(&self, owner: Principal) -> Result<(), ErrorReply> {
         let mut keys: std::collections::HashSet<&SessionKey> = self.sessions.keys().collect();
-        keys.extend(self.waiting.iter().filter_map(|w| w.session.as_ref()));
+        keys.extend(self.queues.iter().filter_map(|w| w.session.as_ref()));
         let held = keys.iter().filter(|(o, _)| *o == owner).count();
         if held >= self.max_sessions {
             return Err(ErrorReply::new(
@@ -472,7 +658,7 @@ impl Exec {
     /// if it is still waiting then.
     fn expire_if_still_waiting(&mut self, reply_to: ReplyTo, deadline: Instant) {
         let waiting = self
-            .waiting
+            .queues
             .iter()
             .chain(self.sessions.values().flat_map(|s| s.queue.iter()))
             .any(|w| w.reply_to == reply_to);
@@ -586,7 +772,7 @@ impl Exec {
         replies: &mut Vec<Reply>,
     ) {
         self.shutting_down = true;
-        let waiting = std::mem::take(&mut self.waiting);
+        let waiting = self.queues.take_where(|_| true);
         // A restore waiting for its sandbox carries its session's queue.
         let carried = waiting
             .iter()
@@ -617,9 +803,10 @@ impl Exec {
             host.cgroups.drain().for_each(|(_, c)| cgroups.recycle(c));
         }
         for (_, child) in self.children.iter_mut() {
-            if let Some(cgroup) = child.cgroup.take() {
-                cgroups.recycle(cgroup);
-            }
+            child.cgroups().for_each(|c| cgroups.recycle(c));
+        }
+        for (_, agent) in self.agent_cgroups.drain() {
+            agent.spare.into_iter().for_each(|c| cgroups.recycle(c));
         }
         cgroups.finish();
     }

@@ -13,9 +13,11 @@ use mio::Token;
 
 use super::cgroups::RunCgroup;
 use super::output::Capture;
+use super::queues::Share;
 use super::wire::{self, RunEnd};
 use crate::address::ReplyTo;
 use crate::cgroup::CgroupLimits;
+use crate::identity::Principal;
 use crate::process;
 
 /// The most a run's end frame may hold: the reply's own limit, which its
@@ -83,11 +85,23 @@ pub struct Finished {
     pub snapshot_bytes: Option<u64>,
 }
 
+/// Whose an order is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OrderOf {
+    /// The run's number, for a run (not a snapshot or restore): its kernel
+    /// connection speaks for it, and its TOOL calls are counted here.
+    pub run: Option<u64>,
+    /// Whose work it is.
+    pub owner: Principal,
+    /// Whose share of EXEC it holds while it runs, if it counts against one.
+    pub holds: Option<Share>,
+}
+
 /// A run in progress.
 #[derive(Debug)]
 pub struct Running {
-    /// The run's tag: its kernel connection's TOOL calls are counted here.
-    pub tag: u64,
+    /// Whose it is.
+    pub of: OrderOf,
     /// TOOL calls answered on its kernel connection.
     pub tool_calls: u64,
     /// Bytes of their replies, delivered into the sandbox.
@@ -102,9 +116,8 @@ pub struct Running {
     stderr: Capture,
     /// Order bytes not yet written.
     unsent: Vec<u8>,
-    /// The run's own connection to the kernel, sent with the order's
-    /// first bytes.
-    connection: Option<OwnedFd>,
+    /// Descriptors sent with the order's first bytes.
+    attached: Vec<OwnedFd>,
     /// Bytes read from the socket, not yet a whole frame.
     received: Vec<u8>,
     end: Option<RunEnd>,
@@ -131,8 +144,10 @@ pub enum Kill {
     Shutdown,
     /// Its session was closed.
     Closed,
-    /// Whoever asked for it cancelled it (a task).
+    /// Whoever asked for it cancelled it (a task), or went away.
     Cancelled,
+    /// The agent or run whose work it is has ended.
+    OwnerEnded,
 }
 
 /// A run child and its descriptors.
@@ -162,8 +177,13 @@ pub struct RunChild {
     pub output_tokens: [Option<Token>; 2],
     /// Its socket is watched for writability too (an order is unsent).
     pub writable: bool,
-    /// Its own cgroup, if it has one.
+    /// Its own cgroup, if it has one: the one it moved itself into when it
+    /// was prepared.
     pub cgroup: Option<RunCgroup>,
+    /// The cgroup inside an agent's it moved itself into when its first
+    /// order came, for an agent's run (or session): its memory and
+    /// processes count against the agent's limits from then on.
+    pub charged: Option<RunCgroup>,
     /// OOM kills its cgroup had seen when its last run ended (a session's
     /// child keeps its cgroup from run to run).
     pub oom_kills_seen: u64,
@@ -218,11 +238,37 @@ impl RunChild {
         }
     }
 
+    /// The cgroup its code runs in: the one inside its agent's, if it
+    /// moved there, else its own.
+    fn current_cgroup(&self) -> Option<&RunCgroup> {
+        self.charged.as_ref().or(self.cgroup.as_ref())
+    }
+
+    /// Its cgroups, taken (to be recycled).
+    pub fn cgroups(&mut self) -> impl Iterator<Item = RunCgroup> {
+        self.cgroup.take().into_iter().chain(self.charged.take())
+    }
+
     /// Gives its cgroup `limits`, if they are not in force already. A
     /// child without a cgroup of its own runs in the host's, which is
-    /// refused when the run asked for limits of its own (`asked`).
+    /// refused when the run asked for limits of its own (`asked`); so is a
+    /// cgroup that cannot carry limits of its own (inside an agent's on
+    /// cgroup v2, whose runs share the agent's).
     pub fn limit(&mut self, limits: &CgroupLimits, asked: bool) -> Result<(), String> {
-        match &mut self.cgroup {
+        let current = match &mut self.charged {
+            Some(charged) => Some(charged),
+            None => self.cgroup.as_mut(),
+        };
+        match current {
+            Some(run) if !run.own_limits => {
+                if asked {
+                    return Err("on this host an agent's runs share the agent's own limits \
+                                (cgroup v2 allows no limits of their own beside the agent's \
+                                processes); ask for none"
+                        .into());
+                }
+                Ok(())
+            }
             Some(run) if run.limits != *limits => {
                 run.cgroup.apply(limits).map_err(|err| err.to_string())?;
                 run.limits = *limits;
@@ -236,9 +282,31 @@ impl RunChild {
         }
     }
 
-    /// OOM kills in its cgroup so far (0 without one).
+    /// The share of EXEC its run in progress holds, if it holds one.
+    pub fn holds(&self) -> Option<Share> {
+        match &self.stage {
+            Stage::Running(running) => running.of.holds,
+            _ => None,
+        }
+    }
+
+    /// OOM kills in the cgroup its code runs in so far (0 without one).
     fn oom_kills(&self) -> u64 {
-        self.cgroup.as_ref().map_or(0, |run| run.cgroup.oom_kills())
+        self.current_cgroup()
+            .map_or(0, |run| run.cgroup.oom_kills())
+    }
+
+    /// Whether the memory controller has killed one of its processes since
+    /// its last run ended (while it waited, for a session's).
+    pub fn was_oom_killed(&self) -> bool {
+        self.oom_kills() > self.oom_kills_seen
+    }
+
+    /// Takes the cgroup inside its agent's it is to move itself into with
+    /// its first order: from now on its OOM kills are counted there.
+    pub fn charge_to(&mut self, cgroup: RunCgroup) {
+        self.oom_kills_seen = cgroup.oom_kills;
+        self.charged = Some(cgroup);
     }
 
     /// Gives a ready child its first run's kernel connection (`theirs`;
@@ -260,7 +328,7 @@ impl RunChild {
             op: "prepare",
             shell,
         });
-        let sent = wire::send_with_fd(self.socket.as_fd(), &message, theirs.as_fd())?;
+        let sent = wire::send_with_fds(self.socket.as_fd(), &message, &[theirs])?;
         if sent != message.len() {
             return Err(io::Error::other("the prepare message went in part"));
         }
@@ -269,17 +337,19 @@ impl RunChild {
         Ok(())
     }
 
-    /// Gives it an order; returns whether bytes remain to be written (the
-    /// socket must then be watched for writability).
+    /// Gives it an order, with `attached` descriptors (the files that move
+    /// it into its agent's cgroup first, then the run's kernel connection
+    /// or a snapshot's memfd); returns whether bytes remain to be written
+    /// (the socket must then be watched for writability).
     pub fn start(
         &mut self,
         order: &wire::RunOrder,
         running: Running,
-        connection: Option<OwnedFd>,
+        attached: Vec<OwnedFd>,
     ) -> io::Result<bool> {
         let mut running = running;
         running.unsent = wire::frame(order);
-        running.connection = connection;
+        running.attached = attached;
         self.stage = Stage::Running(Box::new(running));
         self.flush()
     }
@@ -290,15 +360,14 @@ impl RunChild {
             return Ok(false);
         };
         while !running.unsent.is_empty() {
-            let sent = match running.connection.as_ref() {
-                Some(connection) => {
-                    wire::send_with_fd(self.socket.as_fd(), &running.unsent, connection.as_fd())
-                }
-                None => write(self.socket.as_fd(), &running.unsent),
+            let sent = if running.attached.is_empty() {
+                write(self.socket.as_fd(), &running.unsent)
+            } else {
+                wire::send_with_fds(self.socket.as_fd(), &running.unsent, &running.attached)
             };
             if sent.is_ok() {
-                // Sent along with the first bytes; the run holds it now.
-                running.connection = None;
+                // Sent along with the first bytes; the run holds them now.
+                running.attached.clear();
             }
             match sent {
                 Ok(n) => {
@@ -561,6 +630,11 @@ impl RunChild {
                 Some(libc::SIGKILL),
                 Some("the run was cancelled and killed".to_owned()),
             ),
+            (Some(Kill::OwnerEnded), _) => (
+                None,
+                Some(libc::SIGKILL),
+                Some("the agent or run whose work it was has ended; the run was killed".to_owned()),
+            ),
             (None, Some(end)) => {
                 let error = end
                     .error
@@ -574,10 +648,17 @@ impl RunChild {
             (None, None) if oom_killed => (
                 None,
                 Some(libc::SIGKILL),
-                Some(format!(
-                    "the run went over its memory limit ({} bytes) and was killed",
-                    self.cgroup.as_ref().map_or(0, |run| run.limits.memory)
-                )),
+                Some(match self.current_cgroup() {
+                    Some(run) if self.charged.is_some() => format!(
+                        "the run went over its memory limit ({} bytes), or its agent's with \
+                         everything else the agent holds, and was killed",
+                        run.limits.memory
+                    ),
+                    run => format!(
+                        "the run went over its memory limit ({} bytes) and was killed",
+                        run.map_or(0, |run| run.limits.memory)
+                    ),
+                }),
             ),
             (None, None) if running.overflowed => (
                 None,
@@ -645,7 +726,7 @@ impl Running {
 
     /// A run about to start, keeping `output_bytes` of each stream.
     pub fn new(
-        tag: u64,
+        of: OrderOf,
         reply_to: ReplyTo,
         work: Work,
         timeout: Duration,
@@ -654,7 +735,7 @@ impl Running {
         now: Instant,
     ) -> Self {
         Running {
-            tag,
+            of,
             tool_calls: 0,
             tool_bytes: 0,
             reply_to,
@@ -663,7 +744,7 @@ impl Running {
             stdout: Capture::new(output_bytes),
             stderr: Capture::new(output_bytes),
             unsent: Vec::new(),
-            connection: None,
+            attached: Vec::new(),
             received: Vec::new(),
             end: None,
             socket_closed: false,

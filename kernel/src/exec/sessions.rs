@@ -12,17 +12,10 @@ use super::run::{Kill, RunChild, Stage, Work};
 use super::{Exec, Waiting};
 use crate::address::Reply;
 use crate::clock::rfc3339;
+use crate::identity::Principal;
 
-/// Who a session belongs to: an agent, or (for operators) a uid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SessionOwner {
-    /// An agent, by id.
-    Agent(u32),
-    /// An operator's user id.
-    User(u32),
-}
-
-pub(super) type SessionKey = (SessionOwner, String);
+/// A session by its owner (an agent, an operator's uid, or a run) and name.
+pub(super) type SessionKey = (Principal, String);
 
 /// A session: a run child kept with its interpreter and /workspace.
 #[derive(Debug)]
@@ -40,7 +33,7 @@ pub(super) struct Session {
 
 impl Exec {
     /// The owner's sessions (`op: sessions`).
-    pub fn sessions(&self, owner: SessionOwner) -> Vec<SessionInfo> {
+    pub fn sessions(&self, owner: Principal) -> Vec<SessionInfo> {
         let mut mine: Vec<(&SessionKey, &Session)> = self
             .sessions
             .iter()
@@ -64,7 +57,7 @@ impl Exec {
 
     /// Ends a session (`op: close`): its interpreter and /workspace go;
     /// a run of it still going is killed. Whether there was one.
-    pub fn close(&mut self, owner: SessionOwner, name: &str, replies: &mut Vec<Reply>) -> bool {
+    pub fn close(&mut self, owner: Principal, name: &str, replies: &mut Vec<Reply>) -> bool {
         let key = (owner, name.to_owned());
         self.snapshots.remove(&key);
         let Some(session) = self.sessions.remove(&key) else {
@@ -86,19 +79,27 @@ impl Exec {
         true
     }
 
-    /// Answers `timeout` to requests that waited past their deadline for a
-    /// sandbox (none was ready: the host is starting, or failing).
+    /// Answers `timeout` to requests that waited past their deadline, saying
+    /// why they waited: behind other work (their owner's share was full, or
+    /// every sandbox was busy), or for an exec host that is starting or
+    /// failing.
     pub(super) fn expire_waiting(&mut self, replies: &mut Vec<Reply>, now: Instant) {
         let expired = |waiting: &Waiting| waiting.deadline <= now;
-        let mut late: Vec<Waiting> = Vec::new();
-        for queue in std::iter::once(&mut self.waiting)
-            .chain(self.sessions.values_mut().map(|session| &mut session.queue))
-        {
+        let mut late: Vec<Waiting> = self.queues.take_where(expired);
+        for session in self.sessions.values_mut() {
             let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
-                std::mem::take(queue).into_iter().partition(expired);
-            *queue = kept;
+                std::mem::take(&mut session.queue)
+                    .into_iter()
+                    .partition(expired);
+            session.queue = kept;
             late.extend(gone);
         }
+        let hosts_up = self.hosts.iter().any(|(_, host)| host.channel.is_some());
+        let running = self
+            .children
+            .iter()
+            .filter(|(_, child)| matches!(child.stage, Stage::Running(_)))
+            .count();
         for mut waiting in late {
             // A restore that never got its sandbox ends its session: what
             // the session carried is answered, its snapshots deleted.
@@ -116,13 +117,26 @@ impl Exec {
                     replies.push((queued.reply_to, ended.to_json()));
                 }
             }
+            let waited = now.saturating_duration_since(waiting.queued_at).as_millis();
+            let why = if !hosts_up || running == 0 {
+                format!(
+                    "no sandbox was ready for this run within its timeout ({waited} ms); the \
+                     exec host is starting or failing (see the kernel's log)"
+                )
+            } else {
+                let caps = self.queues.caps();
+                format!(
+                    "the run waited {waited} ms, its whole timeout, queued behind other work: \
+                     {running} runs were running, {} of them yours (exec.max_running_per_owner \
+                     is {}), and {} more waited; retry, or give it a longer timeout_ms",
+                    self.queues.held_by(waiting.share),
+                    caps.per_owner,
+                    self.queues.len()
+                )
+            };
             let reply = agentos_proto::payload::ExecReply {
                 timed_out: true,
-                error: Some(
-                    "no sandbox was ready for this run within its timeout; the exec host is \
-                     starting or failing (see the kernel's log)"
-                        .to_owned(),
-                ),
+                error: Some(why),
                 code: Some(ErrorCode::Timeout),
                 ..Default::default()
             };
@@ -146,6 +160,13 @@ impl Exec {
                 .get(session.child)
                 .is_some_and(RunChild::is_alive)
         {
+            return;
+        }
+        // A run of it counts against its owner's share; it waits for room.
+        let Some(head) = session.queue.front() else {
+            return;
+        };
+        if matches!(head.work, Work::Run) && !self.queues.has_room(head.share, head.is_nested()) {
             return;
         }
         let Some(waiting) = session.queue.pop_front() else {

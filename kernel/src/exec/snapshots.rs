@@ -27,10 +27,11 @@ use agentos_proto::payload::{to_json, ExecRequest, RestoredReply, SnapshotInfo, 
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::run::{Finished, Work};
-use super::sessions::{SessionKey, SessionOwner};
-use super::{limits, Exec, RunCaller, Waiting};
+use super::sessions::SessionKey;
+use super::{Exec, RunCaller, Waiting};
 use crate::address::{Reply, ReplyTo};
 use crate::clock::rfc3339;
+use crate::identity::Principal;
 
 /// Snapshots one session may keep.
 pub const MAX_SNAPSHOTS: usize = 16;
@@ -70,7 +71,7 @@ impl Exec {
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
-        let key = (caller.owner, session.to_owned());
+        let key = (caller.principal, session.to_owned());
         self.live_session(&key)?;
         let held = self.snapshots.get(&key).map_or(0, Vec::len);
         let replaces = self
@@ -116,7 +117,7 @@ impl Exec {
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
-        let key = (caller.owner, session.to_owned());
+        let key = (caller.principal, session.to_owned());
         self.live_session(&key)?;
         let snapshot = self
             .snapshots
@@ -140,7 +141,7 @@ impl Exec {
     /// `op: snapshots`: a session's snapshots, oldest first.
     pub fn snapshots(
         &self,
-        owner: SessionOwner,
+        owner: Principal,
         session: &str,
     ) -> Result<Vec<SnapshotInfo>, ErrorReply> {
         let key = (owner, session.to_owned());
@@ -171,19 +172,24 @@ impl Exec {
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
         let now = Instant::now();
+        let limits = self.run_limits(&caller, None)?;
         let waiting = Waiting {
             request: ExecRequest {
                 session: Some(key.1.clone()),
                 ..ExecRequest::default()
             },
             reply_to,
-            caller: caller.identity,
-            limits: limits::run_limits(&caller.limits, None, self.run_defaults)?,
+            owner: caller.principal,
+            share: caller.share,
+            run: None,
+            charged_to: caller.charged_to,
+            limits,
             timeout: self.default_timeout,
             deadline: now + self.default_timeout,
             session: Some(key.clone()),
             work,
             carried: None,
+            queued_at: now,
         };
         if let Some(session) = self.sessions.get_mut(&key) {
             session.queue.push_back(waiting);
@@ -213,7 +219,7 @@ impl Exec {
             runs: session.runs,
             queue: session.queue,
         });
-        self.waiting.push_front(waiting);
+        self.queues.push_front(waiting.share, waiting);
         self.dispatch(replies, now);
     }
 

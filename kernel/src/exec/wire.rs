@@ -6,9 +6,9 @@
 //! the read ends of its stdout and stderr pipes; `c` names the run's own
 //! cgroup (0: none). The other way, after the settings, the kernel sends
 //! `{"cgroup": c}` with the files the next run child writes `0` into to
-//! move itself into its cgroup (no descriptors: that run goes without). A run's socket carries frames both
-//! ways, each a 4-byte little-endian length and JSON: the kernel's
-//! [`RunOrder`], then the run's [`RunEnd`].
+//! move itself into its cgroup (no descriptors: that run goes without). A
+//! run's socket carries frames both ways, each a 4-byte little-endian
+//! length and JSON: the kernel's [`RunOrder`], then the run's [`RunEnd`].
 
 use std::collections::BTreeMap;
 use std::io::{self, IoSliceMut};
@@ -67,6 +67,11 @@ pub struct RunOrder {
     /// Keep the run child for more orders (a session).
     #[serde(default)]
     pub keep: bool,
+    /// How many of the descriptors attached are files the child writes
+    /// `0` into first, to move itself into a cgroup inside its agent's
+    /// (they come first; the run's connection or a memfd after them).
+    #[serde(default)]
+    pub join: usize,
 }
 
 /// How a run ended, as the run child reports it.
@@ -194,11 +199,11 @@ pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
     }))
 }
 
-/// Sends `bytes` on a run's socket with `fd` attached to them; returns how
+/// Sends `bytes` on a run's socket with `fds` attached to them; returns how
 /// many bytes went.
-pub fn send_with_fd(socket: BorrowedFd<'_>, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
+pub fn send_with_fds(socket: BorrowedFd<'_>, bytes: &[u8], fds: &[OwnedFd]) -> io::Result<usize> {
     use nix::sys::socket::{sendmsg, ControlMessage};
-    let fds = [fd.as_raw_fd()];
+    let fds: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let sent = sendmsg::<()>(
         socket.as_raw_fd(),
         &[std::io::IoSlice::new(bytes)],

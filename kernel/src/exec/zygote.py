@@ -25,9 +25,11 @@
 #                   {"op": "run", "code": "...",
 #                    "language": "python"|"bash", "env": {...},
 #                    "cwd": "..." | null, "files": {...}, "collect": [...],
-#                    "max_file_bytes": n, "keep": false}
+#                    "max_file_bytes": n, "keep": false, "join": n}
 #                   with the run's own kernel connection attached (none
-#                   for the first run: it came with "prepare"); or
+#                   for the first run: it came with "prepare"), after the
+#                   "join" files, if any: an agent's work moves into a
+#                   cgroup inside the agent's before anything else; or
 #                   {"op": "snapshot"|"restore", "keep": true} with a
 #                   memfd attached: the session's /workspace is written
 #                   into it (a gzip'd tar of its directories and regular
@@ -204,21 +206,21 @@ def send_frame(sock, value):
 
 
 def receive_order(sock):
-    """An order, and the run's own kernel connection that comes with its
-    first bytes (None, None when the kernel has gone)."""
-    header, fds, _, _ = socket.recv_fds(sock, 4, 1)
+    """An order, and the descriptors that come with its first bytes (None,
+    [] when the kernel has gone)."""
+    header, fds, _, _ = socket.recv_fds(sock, 4, 8)
     if not header:
-        return None, None
+        return None, []
     if len(header) < 4:
         rest = receive_exactly(sock, 4 - len(header))
         if rest is None:
-            return None, None
+            return None, []
         header += rest
     (length,) = struct.unpack("<I", header)
     body = receive_exactly(sock, length)
     if body is None:
-        return None, None
-    return json.loads(body), (fds[0] if fds else None)
+        return None, []
+    return json.loads(body), fds
 
 
 def receive_exactly(sock, length):
@@ -433,21 +435,34 @@ def serve_run(sock, stdout_w, stderr_w):
     settle_in()
     first_connection, shell = None, None
     while True:
-        request, attached = receive_order(sock)
+        request, fds = receive_order(sock)
         if request is None:
             os._exit(0)
         keep = bool(request.get("keep"))
         op = request.get("op", "run")
+        join = request.get("join", 0)
+        joins, rest = fds[:join], fds[join:]
+        attached = rest[0] if rest else None
+        for extra in rest[1:]:
+            os.close(extra)
         if op == "prepare":
             first_connection = attached
             if request.get("shell") and attached is not None:
                 shell = Shell(attached)
             continue
-        if shell is not None and (op != "run" or request.get("language") != "bash"):
-            # It holds the output pipes: they would never close.
+        if shell is not None and (
+            joins or op != "run" or request.get("language") != "bash"
+        ):
+            # It holds the output pipes: they would never close. (And a
+            # shell started before a move into the agent's cgroup would
+            # stay outside it.)
             shell.stop()
             shell = None
-        if op == "snapshot":
+        refused = join_agent_cgroup(joins) if joins else None
+        if refused is not None:
+            # Half moved, it serves no more orders.
+            end, keep = refused, False
+        elif op == "snapshot":
             end = save_workspace(attached)
         elif op == "restore":
             end = restore_workspace(attached)
@@ -701,6 +716,29 @@ def import_tools():
             importlib.import_module("tools")
     except Exception:
         traceback.print_exc()
+
+
+def join_agent_cgroup(files):
+    """Moves this run child into the cgroup inside its agent's that the
+    kernel sent, before any of the agent's code runs: what it uses from now
+    on counts against the agent's limits. None once moved; if it cannot
+    move, the end frame that refuses the order (the code never runs
+    outside the agent's limits)."""
+    try:
+        join_cgroup(files)
+        return None
+    except OSError as err:
+        for fd in files:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        return {
+            "exit_code": 1,
+            "error": f"cannot enter the agent's cgroup: {err.strerror}; nothing ran",
+            "files": {},
+            "uncollected": [],
+        }
 
 
 def join_cgroup(files):

@@ -12,7 +12,7 @@ use mio::{Interest, Token};
 
 use super::connection::Connection;
 use super::{Deadline, Reactor, ACCEPT_RETRY};
-use crate::address::Adopted;
+use crate::address::{Adopted, Adoptee};
 use crate::identity::{peer_cred, peer_groups, peer_pid_namespaces, Identity, PeerCred};
 use crate::syscall::Caller;
 
@@ -124,22 +124,22 @@ impl Reactor {
             }
         };
         if self.has_room(&mut stream, &peer, identity) {
-            self.install(stream, peer, identity, None);
+            self.install(stream, peer, identity);
         }
     }
 
     /// A connection the kernel made or accepted itself.
     pub(super) fn admit_adopted(&mut self, adopted: Adopted) {
-        let Adopted {
-            mut stream,
-            identity,
-            run,
-        } = adopted;
+        let Adopted { mut stream, peer } = adopted;
+        let identity = match peer {
+            Adoptee::Known(identity) => identity,
+            Adoptee::Run(run) => self.authority.run_connection(run),
+        };
         let Ok(peer) = peer_cred(&stream) else {
             return;
         };
         if self.has_room(&mut stream, &peer, identity) {
-            self.install(stream, peer, identity, run);
+            self.install(stream, peer, identity);
         }
     }
 
@@ -160,13 +160,7 @@ impl Reactor {
         false
     }
 
-    fn install(
-        &mut self,
-        mut stream: UnixStream,
-        peer: PeerCred,
-        identity: Identity,
-        run: Option<u64>,
-    ) {
+    fn install(&mut self, mut stream: UnixStream, peer: PeerCred, identity: Identity) {
         let serial = self.next_serial;
         self.next_serial += 1;
         let entry = self.connections.vacant_entry();
@@ -188,7 +182,6 @@ impl Reactor {
         let caller = Caller {
             identity,
             uid: peer.uid,
-            run,
         };
         entry.insert(Connection::new(stream, serial, caller, peer, &self.limits));
         self.capacity.opened(identity);

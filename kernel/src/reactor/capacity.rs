@@ -2,7 +2,10 @@
 //! all; of those, agents together never hold more than their share (the
 //! rest is the operators' reserve), and one agent never more than
 //! `agents.max_connections`. An agent hoarding connections on its own
-//! socket therefore cannot keep an operator — or another agent — out.
+//! socket therefore cannot keep an operator — or another agent — out. An
+//! EXEC run's own connection counts in the total only: the kernel makes
+//! exactly one per run in progress, and runs in progress are bounded by
+//! EXEC's own caps.
 
 use std::collections::HashMap;
 

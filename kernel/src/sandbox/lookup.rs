@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::plan::is_system;
 use super::spec::Bind;
-use super::view::{Seen, View, MAY_EXECUTE};
+use super::view::{Seen, View, MAY_EXECUTE, MAY_READ};
 
 /// Where paths are looked up.
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +54,31 @@ impl Lookup<'_> {
                 found(entry.clone(), entry)
             }
             Lookup::View(view) => seen(view.resolve_entry(path).ok()?),
+        }
+    }
+
+    /// The file `path` names if the caller may read it: one it may not is
+    /// answered as one that does not exist (a script the child could not
+    /// open would otherwise tell the parent that the file is there).
+    pub fn readable(&self, path: &Path) -> Option<Found> {
+        let file = self.file(path)?;
+        match self {
+            Lookup::Host => Some(file),
+            Lookup::View(view) => view.may(&file.meta, MAY_READ).then_some(file),
+        }
+    }
+
+    /// Whether `path` is a directory the caller may enter, or a place in
+    /// its own sandbox (its `/tmp`, `/workspace`), which every sandbox has.
+    pub fn enterable(&self, path: &Path) -> bool {
+        match self {
+            Lookup::Host => path.is_dir(),
+            Lookup::View(view) => match view.resolve(path) {
+                Ok(Seen::Private(_)) => true,
+                Ok(Seen::Host { host, .. }) => std::fs::metadata(host)
+                    .is_ok_and(|meta| meta.is_dir() && view.may(&meta, MAY_EXECUTE)),
+                Err(_) => false,
+            },
         }
     }
 

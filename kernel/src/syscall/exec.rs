@@ -2,55 +2,61 @@
 //! answered when it ends; refusals (a malformed request, no permission, a
 //! full queue) come at once, in EXEC's reply shape, so a client reading
 //! `stdout`/`exit_code` finds them too.
+//!
+//! The run is a principal of its own (see `runs`): its kernel connection
+//! gets what the request's `permissions` ask for, within the caller's, and
+//! nothing of the caller's beyond that. Sessions belong to the caller's
+//! principal — an agent, an operator's uid, or a run.
 
 use agentos_proto::payload::{
-    to_json, ClosedReply, ExecCall, ExecReply, Limits, SessionsReply, SnapshotsReply,
+    to_json, ClosedReply, ExecCall, ExecReply, SessionsReply, SnapshotsReply,
 };
-use agentos_proto::{ErrorCode, ErrorReply};
+use agentos_proto::ErrorReply;
 
-use super::{agent_grant, Kernel, Outcome, Request};
-use crate::exec::{RunCaller, SessionOwner};
+use super::runs::Power;
+use super::{actor, Kernel, Outcome, Request};
+use crate::exec::RunCaller;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
-    let call = match ExecCall::parse(request.payload).and_then(|call| {
-        may_exec(kernel, request)?;
+    let call = ExecCall::parse(request.payload).and_then(|call| {
+        actor(kernel, request)?.may(Power::Exec)?;
         Ok(call)
-    }) {
+    });
+    let call = match call {
         Ok(call) => call,
         Err(err) => return Outcome::Reply(refusal(err)),
     };
-    let caller = RunCaller {
-        owner: owner_of(request),
-        identity: request.caller.identity,
-        limits: own_limits(kernel, request),
-    };
-    let replies = &mut kernel.outbox.replies;
+    let principal = request.caller.principal();
     let started = match call {
-        ExecCall::Run(run) => kernel.exec.run(run, caller, request.reply_to, replies),
-        ExecCall::Snapshot { session, name } => {
+        ExecCall::Run(run) => kernel.start_run(*run, principal, request.reply_to),
+        ExecCall::Snapshot { session, name } => run_caller(kernel, request).and_then(|caller| {
+            let replies = &mut kernel.outbox.replies;
             kernel
                 .exec
                 .snapshot(caller, &session, &name, request.reply_to, replies)
-        }
-        ExecCall::Restore { session, name } => {
+        }),
+        ExecCall::Restore { session, name } => run_caller(kernel, request).and_then(|caller| {
+            let replies = &mut kernel.outbox.replies;
             kernel
                 .exec
                 .restore(caller, &session, &name, request.reply_to, replies)
-        }
+        }),
         ExecCall::Sessions => {
             return Outcome::Reply(to_json(&SessionsReply {
                 success: true,
-                sessions: kernel.exec.sessions(caller.owner),
+                sessions: kernel.exec.sessions(principal),
             }))
         }
         ExecCall::Close { session } => {
             return Outcome::Reply(to_json(&ClosedReply {
                 success: true,
-                closed: kernel.exec.close(caller.owner, &session, replies),
+                closed: kernel
+                    .exec
+                    .close(principal, &session, &mut kernel.outbox.replies),
             }))
         }
         ExecCall::Snapshots { session } => {
-            return Outcome::Reply(match kernel.exec.snapshots(caller.owner, &session) {
+            return Outcome::Reply(match kernel.exec.snapshots(principal, &session) {
                 Ok(snapshots) => to_json(&SnapshotsReply {
                     success: true,
                     snapshots,
@@ -65,42 +71,9 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     }
 }
 
-/// Whose sessions a caller reaches: an agent's own, or those of the
-/// operator's uid.
-fn owner_of(request: &Request<'_>) -> SessionOwner {
-    match request.caller.identity.agent() {
-        Some(agent) => SessionOwner::Agent(agent),
-        None => SessionOwner::User(request.caller.uid),
-    }
-}
-
-/// The caller's own limits, which bound its runs': an agent's in force;
-/// an operator has none.
-fn own_limits(kernel: &Kernel, request: &Request<'_>) -> Limits {
-    request
-        .caller
-        .identity
-        .agent()
-        .and_then(|agent| kernel.agents.grant(agent))
-        .map(|grant| grant.limits)
-        .unwrap_or_default()
-}
-
-/// Agents need `permissions.exec`; operators may always.
-fn may_exec(kernel: &Kernel, request: &Request<'_>) -> Result<(), ErrorReply> {
-    let Some(grant) = agent_grant(kernel, request.caller.identity)? else {
-        return Ok(());
-    };
-    if !grant.permissions.exec {
-        return Err(ErrorReply::new(
-            ErrorCode::PermissionDenied,
-            format!(
-                "agent {} may not EXEC (its permissions.exec is false)",
-                grant.name
-            ),
-        ));
-    }
-    Ok(())
+/// What EXEC needs to know of the caller of a session's snapshot or restore.
+fn run_caller(kernel: &Kernel, request: &Request<'_>) -> Result<RunCaller, ErrorReply> {
+    Ok(kernel.run_caller(&actor(kernel, request)?))
 }
 
 /// A refusal with EXEC's reply fields: no output, no exit code.

@@ -16,6 +16,11 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             protocol_version: PROTOCOL_VERSION,
             kernel_version: env!("CARGO_PKG_VERSION").to_owned(),
             agent_id: request.caller.identity.id(),
+            principal: Some(
+                kernel
+                    .runs
+                    .describe(request.caller.principal(), &kernel.agents),
+            ),
             features: Features {
                 think: kernel.llm.is_available(),
                 exec: kernel.exec.is_available(),

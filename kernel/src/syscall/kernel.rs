@@ -11,16 +11,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{Limits, SpawnRequest};
+use agentos_proto::payload::{ExecRequest, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 use mio::{Registry, Token, Waker};
 
 use super::logs::LogFollowers;
+use super::runs::{Actor, Power, Runs};
 use crate::address::{Outbox, Reply, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents, Run};
 use crate::config::Config;
-use crate::exec::{Exec, HostId, RunCaller, SessionOwner};
-use crate::identity::{Identity, KERNEL_OPERATOR};
+use crate::exec::{ChargedTo, Exec, HostId, RunCaller};
+use crate::identity::{Principal, KERNEL_OPERATOR};
 use crate::llm::Llm;
 use crate::sandbox::plan::Profile;
 use crate::sandbox::runtime::host::Host;
@@ -28,7 +29,7 @@ use crate::sandbox::runtime::{self, OwnersOf, Runtime, RuntimeSetup};
 use crate::sandbox::spec::Rlimits;
 use crate::sandbox::User;
 use crate::state_dir::{kernel_files, StateDir};
-use crate::tasks::{OwnerRef, Start, Stop, Tasks, Work, PROGRESS_BYTES};
+use crate::tasks::{self, Start, Stop, Tasks, Work, PROGRESS_BYTES};
 use crate::tools::builtin;
 use crate::tools::package::{CatalogServer, Package};
 use crate::tools::servers::Servers;
@@ -52,7 +53,7 @@ pub struct ToolCaller {
     /// Where the TOOL reply goes.
     pub reply_to: ReplyTo,
     /// The EXEC run that made the call, whose reply counts it.
-    pub tag: Option<u64>,
+    pub run: Option<u64>,
 }
 
 /// The kernel state syscalls act on. Owned by the reactor thread.
@@ -64,6 +65,8 @@ pub struct Kernel {
     /// Sandboxes, for every kind of owner.
     pub(super) sandboxes: Runtime<Owner>,
     pub(super) agents: Agents,
+    /// EXEC runs in progress: each a principal of its own.
+    pub(super) runs: Runs,
     pub(super) llm: Llm,
     pub(super) exec: Exec,
     /// The MCP tool servers.
@@ -159,6 +162,7 @@ impl Kernel {
             state,
             sandboxes,
             agents,
+            runs: Runs::default(),
             llm,
             exec,
             tools,
@@ -213,10 +217,13 @@ impl Kernel {
     /// Background work finished: launches, run cgroups, LLM calls.
     pub fn on_wake(&mut self) {
         self.sandboxes.on_wake();
-        self.exec.on_wake();
+        self.exec.on_wake(&mut self.outbox.replies);
         self.llm.poll(&mut self.outbox.replies);
         self.tools.on_wake(&mut self.outbox.replies, Instant::now());
-        self.tasks.on_saved(&mut self.outbox.replies);
+        // Tasks join the queue once their records are saved.
+        if self.tasks.on_saved(&mut self.outbox.replies) {
+            self.start_tasks();
+        }
         self.settle(Instant::now());
     }
 
@@ -265,6 +272,8 @@ impl Kernel {
 
     /// A connection closed: work queued only for it is dropped.
     pub fn connection_closed(&mut self, serial: u64) {
+        self.exec
+            .connection_closed(serial, &mut self.outbox.replies);
         self.llm.connection_closed(serial);
         self.tools.connection_closed(serial);
         self.tasks.connection_closed(serial);
@@ -317,20 +326,45 @@ impl Kernel {
     /// addressed to tasks stay with the kernel. (Called after every event:
     /// the common answer, nothing, costs two length checks.)
     pub fn take_output(&mut self) -> Option<Outbox> {
-        if self.outbox.is_empty() && !self.exec.has_adopted() {
+        if self.outbox.is_empty() && !self.exec.has_adopted() && !self.agents.has_ended() {
             return None;
         }
         for delivered in self.tools.take_delivered() {
             self.exec.tool_delivered(delivered.tag, delivered.bytes);
         }
-        // Replies to tasks finish them, which answers their waiters and
-        // starts the next ones, which may be answered at once.
-        while self
-            .outbox
-            .replies
-            .iter()
-            .any(|(to, _)| !matches!(to, ReplyTo::Request { .. }))
-        {
+        loop {
+            // The work of agents that have ended or are stopping ends too.
+            for id in self.agents.take_ended() {
+                self.end_agent_work(id);
+            }
+            // A run whose reply is here is over, and so is what it started
+            // (which may add replies of its own).
+            let runs = &mut self.runs;
+            let ended: Vec<u64> = if runs.is_empty() {
+                Vec::new()
+            } else {
+                self.outbox
+                    .replies
+                    .iter()
+                    .filter_map(|(to, _)| runs.answered(to).map(|(number, _)| number))
+                    .collect()
+            };
+            for number in &ended {
+                self.end_run(*number);
+            }
+            let for_tasks = self
+                .outbox
+                .replies
+                .iter()
+                .any(|(to, _)| !matches!(to, ReplyTo::Request { .. }));
+            if !for_tasks {
+                if ended.is_empty() && !self.agents.has_ended() {
+                    break;
+                }
+                continue;
+            }
+            // Replies to tasks finish them, which answers their waiters and
+            // starts the next ones, which may be answered at once.
             let mut replies = std::mem::take(&mut self.outbox.replies);
             self.answer_tool_calls_through(&mut replies);
             let finished = keep_task_replies(&mut replies);
@@ -357,13 +391,21 @@ impl Kernel {
 
     /// Starts the queued tasks whose owners have room.
     pub(super) fn start_tasks(&mut self) {
-        let tools = if self.tasks.prompt_queued() {
-            self.tools_summary()
-        } else {
-            String::new()
-        };
-        for start in self.tasks.startable(&tools) {
-            self.start_task_work(start);
+        // Work that cannot start fails its task at once, which frees its
+        // owner's place: look again until nothing more starts.
+        loop {
+            let tools = if self.tasks.prompt_queued() {
+                self.tools_summary()
+            } else {
+                String::new()
+            };
+            let starts = self.tasks.startable(&tools);
+            if starts.is_empty() {
+                return;
+            }
+            for start in starts {
+                self.start_task_work(start);
+            }
         }
     }
 
@@ -372,14 +414,12 @@ impl Kernel {
     /// fails the task with the reason.
     fn start_task_work(&mut self, start: Start) {
         let reply_to = ReplyTo::Task(start.number);
+        let principal = start.owner;
         let started = start.work.and_then(|work| match work {
-            Work::Exec(run) => {
-                let caller = self.task_run_caller(start.owner)?;
-                self.exec
-                    .run(run, caller, reply_to, &mut self.outbox.replies)
-            }
+            Work::Exec(run) => self.start_run(run, principal, reply_to),
             Work::Think(think) => {
-                let asker = super::think::asker(self, self.task_identity(start.owner)?)?;
+                let actor = self.task_actor(principal)?;
+                let asker = super::think::asker(self, &actor, KERNEL_OPERATOR.id())?;
                 self.llm
                     .think(&asker, reply_to, think, &mut self.outbox.replies)
             }
@@ -411,10 +451,6 @@ impl Kernel {
     /// The EXEC sessions of prompt loops that have ended go.
     pub(super) fn close_ended_task_sessions(&mut self) {
         for (owner, session) in self.tasks.take_ended_sessions() {
-            let owner = match owner {
-                OwnerRef::Agent(id) => SessionOwner::Agent(id),
-                OwnerRef::User(uid) => SessionOwner::User(uid),
-            };
             self.exec.close(owner, &session, &mut self.outbox.replies);
         }
     }
@@ -448,40 +484,107 @@ impl Kernel {
         self.llm.withdraw_reply(reply_to);
     }
 
-    /// Who a task's work runs as: its agent (which must still be alive),
-    /// or an operator.
-    fn task_identity(&self, owner: OwnerRef) -> Result<Identity, ErrorReply> {
-        match owner {
-            OwnerRef::Agent(id) => match self.agents.grant(id) {
-                Some(_) => Ok(Identity::Agent { id }),
-                None => Err(ErrorReply::new(
-                    ErrorCode::Unavailable,
-                    format!("the task's agent {id} has ended"),
-                )),
-            },
-            OwnerRef::User(_) => Ok(KERNEL_OPERATOR),
+    /// Who a task's work is done for, with what it was given: its agent,
+    /// which must still be alive.
+    fn task_actor(&self, principal: Principal) -> Result<Actor<'_>, ErrorReply> {
+        Actor::of(principal, &self.agents, &self.runs)
+            .map_err(|_| ErrorReply::new(ErrorCode::Unavailable, "the task's owner has ended"))
+    }
+
+    /// Starts an EXEC run for `principal`, answered at `reply_to`. The run
+    /// is a principal of its own: what `request` asks for it, within what
+    /// `principal` has, recorded under its number, which its own kernel
+    /// connection speaks for.
+    pub(super) fn start_run(
+        &mut self,
+        request: ExecRequest,
+        principal: Principal,
+        reply_to: ReplyTo,
+    ) -> Result<(), ErrorReply> {
+        let actor = self.task_actor(principal)?;
+        actor.may(Power::Exec)?;
+        let caller = self.run_caller(&actor);
+        let limits = self.exec.run_limits(&caller, request.limits.as_ref())?;
+        let tokens_left = self.llm.tokens_left(actor.budgets());
+        let grant = actor.grant_run(
+            &request,
+            &limits,
+            tokens_left,
+            reply_to,
+            self.runs.next_number(),
+        )?;
+        let number = self.runs.admit(grant);
+        self.exec
+            .run(request, caller, number, reply_to, &mut self.outbox.replies)
+            .inspect_err(|_| self.runs.refused(number))
+    }
+
+    /// What EXEC needs to know of whoever asks for a run: whose work it is
+    /// and whose share it counts against, its limits, and the agent cgroup
+    /// its memory and processes are charged under.
+    pub(super) fn run_caller(&self, actor: &Actor<'_>) -> RunCaller {
+        let charged_to = actor.root().agent().and_then(|agent| {
+            let sandbox = self.agents.sandbox_of(agent)?;
+            let cgroup = self.sandboxes.cgroup_of(sandbox)?;
+            Some(ChargedTo {
+                agent,
+                cgroup: cgroup.to_path_buf(),
+            })
+        });
+        RunCaller {
+            principal: actor.principal(),
+            share: actor.share(&self.agents),
+            limits: actor.limits(),
+            charged_to,
         }
     }
 
-    /// What an EXEC task runs as: its owner's identity, sessions and limits.
-    fn task_run_caller(&self, owner: OwnerRef) -> Result<RunCaller, ErrorReply> {
-        let identity = self.task_identity(owner)?;
-        Ok(match owner {
-            OwnerRef::Agent(id) => RunCaller {
-                owner: SessionOwner::Agent(id),
-                identity,
-                limits: self
-                    .agents
-                    .grant(id)
-                    .map(|grant| grant.limits)
-                    .unwrap_or_default(),
-            },
-            OwnerRef::User(uid) => RunCaller {
-                owner: SessionOwner::User(uid),
-                identity,
-                limits: Limits::default(),
-            },
-        })
+    /// Run `number` is over (its reply has gone): the agents it spawned are
+    /// stopped, and its own runs and sessions end.
+    fn end_run(&mut self, number: u64) {
+        self.agents.stop_started_by(
+            &mut agent_sandboxes(&mut self.sandboxes),
+            &mut self.outbox.replies,
+            number,
+        );
+        self.end_work_of(
+            Principal::Run { number },
+            "the EXEC run that asked for it has ended",
+        );
+    }
+
+    /// Agent `id`'s run has ended, or it is being stopped: its EXEC runs,
+    /// sessions and tasks end.
+    fn end_agent_work(&mut self, id: u32) {
+        self.end_work_of(
+            Principal::Agent { id },
+            "the agent that asked for it has ended",
+        );
+    }
+
+    /// What `principal` asked for ends with it, because `why`: its EXEC
+    /// runs and sessions, and its tasks (an operator's are never ended so).
+    fn end_work_of(&mut self, principal: Principal, why: &str) {
+        self.exec
+            .end_work_of(principal, why, &mut self.outbox.replies);
+        if matches!(principal, Principal::Operator { .. }) {
+            return;
+        }
+        let owner = self.task_owner(principal);
+        for stop in self.tasks.end_owner(owner, why, &mut self.outbox.replies) {
+            self.stop_task(stop);
+        }
+        self.close_ended_task_sessions();
+    }
+
+    /// Whose tasks `principal`'s are, as the task store names owners.
+    pub(super) fn task_owner(&self, principal: Principal) -> tasks::Owner {
+        let boot = self.tasks.boot();
+        match principal {
+            Principal::Operator { uid } => tasks::Owner::User(uid),
+            Principal::Agent { id } => tasks::Owner::Agent { boot, id },
+            Principal::Run { number } => tasks::Owner::Run { boot, number },
+        }
     }
 
     /// The address a built-in tool call answered through another
@@ -506,9 +609,9 @@ impl Kernel {
 
     /// A built-in tool call was answered with a reply of `bytes`: an EXEC
     /// run that made it counts it.
-    pub(super) fn tools_delivered(&mut self, tag: Option<u64>, bytes: usize) {
-        if let Some(tag) = tag {
-            self.exec.tool_delivered(tag, bytes);
+    pub(super) fn tools_delivered(&mut self, run: Option<u64>, bytes: usize) {
+        if let Some(run) = run {
+            self.exec.tool_delivered(run, bytes);
         }
     }
 
@@ -525,8 +628,8 @@ impl Kernel {
             };
             *payload = crate::tools::builtin::from_think(payload);
             *to = caller.reply_to;
-            if let Some(tag) = caller.tag {
-                self.exec.tool_delivered(tag, payload.len());
+            if let Some(run) = caller.run {
+                self.exec.tool_delivered(run, payload.len());
             }
             true
         });

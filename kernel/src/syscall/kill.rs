@@ -4,18 +4,20 @@ use agentos_proto::payload::{to_json, KillReply, KillRequest};
 use agentos_proto::ErrorCode;
 
 use super::kernel::agent_sandboxes;
-use super::{Kernel, Outcome, Request};
+use super::{actor, Kernel, Outcome, Request};
 
 /// The KILL reply: `killed: true` once the agent is being stopped; for no
 /// such live agent, `killed: false` with the error and code `not_found`.
 /// Whom a caller may kill is the agents table's rule: an operator anyone,
-/// an agent only its descendants.
+/// an agent only its descendants, an EXEC run only the agents it spawned
+/// (and theirs).
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let killed = KillRequest::parse(request.payload).and_then(|kill| {
+        let viewer = actor(kernel, request)?.viewer();
         kernel.agents.kill(
             &mut agent_sandboxes(&mut kernel.sandboxes),
             &mut kernel.outbox.replies,
-            request.caller.identity,
+            viewer,
             &kill,
         )
     });

@@ -5,23 +5,24 @@ use std::time::Instant;
 use agentos_proto::payload::{AgentInfo, ListRequest};
 
 use super::kernel::agent_sandboxes;
-use super::{reply, Kernel, Outcome, Request};
-use crate::identity::Identity;
+use super::{actor, reply, Kernel, Outcome, Request};
+use crate::agents::Viewer;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
-    reply(
-        ListRequest::parse(request.payload)
-            .map(|_| agents_seen_by(kernel, request.caller.identity)),
-    )
+    reply(ListRequest::parse(request.payload).and_then(|_| {
+        let viewer = actor(kernel, request)?.viewer();
+        Ok(agents_seen_by(kernel, viewer))
+    }))
 }
 
 /// Live agents and those that ended recently (for an agent: itself and its
-/// descendants), with figures from their cgroups read now. Also the
-/// built-in tool `kernel.list_agents`.
-pub fn agents_seen_by(kernel: &mut Kernel, identity: Identity) -> Vec<AgentInfo> {
+/// descendants; for an EXEC run: the agents it spawned and theirs), with
+/// figures from their cgroups read now. Also the built-in tool
+/// `kernel.list_agents`.
+pub fn agents_seen_by(kernel: &mut Kernel, viewer: Viewer) -> Vec<AgentInfo> {
     let mut agents = kernel.agents.list(
         &agent_sandboxes(&mut kernel.sandboxes),
-        identity,
+        viewer,
         Instant::now(),
     );
     for agent in &mut agents {

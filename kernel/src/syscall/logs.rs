@@ -4,18 +4,21 @@
 //! from (`offset`), and `ended` once the agent is gone and its log is read
 //! to the end, so a follower is a loop of requests, each with one reply.
 //!
-//! An agent sees the logs of itself and its descendants, as in LIST; any
-//! other agent is `not_found`, exactly as one that does not exist.
+//! An agent sees the logs of itself and its descendants, as in LIST, and an
+//! EXEC run those of the agents it spawned; any other agent is
+//! `not_found`, exactly as one that does not exist.
 
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{to_json, AgentRef, LogsReply, LogsRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::{Kernel, Outcome, Request};
+use super::runs::Root;
+use super::{actor, Kernel, Outcome, Request};
 use crate::address::ReplyTo;
 use crate::agents::log_reader::{self, Chunk};
 use crate::agents::AgentLog;
+use crate::agents::Viewer;
 use crate::identity::Identity;
 
 /// How often the waiting followers' logs are looked at, all together.
@@ -40,12 +43,14 @@ pub struct LogFollowers {
     next_look: Option<Instant>,
 }
 
-/// Whose follows count together: an agent's with its whole family's (it
-/// may make children at will), an operator's per connection.
+/// Whose follows count together: an agent's with its whole family's and
+/// its runs' (it may make children at will), an operator's per connection,
+/// an operator's run's its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FollowOwner {
     Tree(u32),
     Operator(Identity),
+    Run(Identity),
 }
 
 impl LogFollowers {
@@ -53,10 +58,10 @@ impl LogFollowers {
     fn has_room_for(&self, owner: FollowOwner) -> Result<(), ErrorReply> {
         let own = self.waiting.iter().filter(|f| f.owner == owner).count();
         let (taken, room) = match owner {
-            FollowOwner::Tree(_) => (
+            FollowOwner::Tree(_) | FollowOwner::Run(_) => (
                 self.waiting
                     .iter()
-                    .filter(|f| matches!(f.owner, FollowOwner::Tree(_)))
+                    .filter(|f| !matches!(f.owner, FollowOwner::Operator(_)))
                     .count(),
                 MAX_FOLLOWS - OPERATOR_FOLLOWS,
             ),
@@ -82,7 +87,7 @@ impl LogFollowers {
 struct LogFollower {
     reply_to: ReplyTo,
     owner: FollowOwner,
-    caller: Identity,
+    viewer: Viewer,
     agent: u32,
     after: u64,
     deadline: Instant,
@@ -99,8 +104,15 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 /// The reply, or `None` when the request waits as a follower.
 fn logs(kernel: &mut Kernel, request: &Request<'_>) -> Result<Option<LogsReply>, ErrorReply> {
     let parsed = LogsRequest::parse(request.payload)?;
-    let caller = request.caller.identity;
-    let log = find(kernel, caller, &parsed.target()?)?;
+    let actor = actor(kernel, request)?;
+    let viewer = actor.viewer();
+    let identity = request.caller.identity;
+    let owner = match (actor.root(), identity) {
+        (Root::Agent(agent), _) => FollowOwner::Tree(kernel.agents.root_of(agent)),
+        (Root::Operator(_), Identity::Run { .. }) => FollowOwner::Run(identity),
+        (Root::Operator(_), _) => FollowOwner::Operator(identity),
+    };
+    let log = find(kernel, viewer, &parsed.target()?)?;
     let after = match (parsed.after, parsed.follow) {
         (Some(after), _) => after,
         (None, true) => log_reader::size(&log.path),
@@ -113,17 +125,13 @@ fn logs(kernel: &mut Kernel, request: &Request<'_>) -> Result<Option<LogsReply>,
     if !(parsed.follow && log.live && read.as_ref().is_ok_and(Chunk::is_empty)) {
         return answer(&log, read).map(Some);
     }
-    let owner = match caller.agent() {
-        Some(agent) => FollowOwner::Tree(kernel.agents.root_of(agent)),
-        None => FollowOwner::Operator(caller),
-    };
     kernel.log_followers.has_room_for(owner)?;
     let now = Instant::now();
     let followers = &mut kernel.log_followers;
     followers.waiting.push(LogFollower {
         reply_to: request.reply_to,
         owner,
-        caller,
+        viewer,
         agent: log.id,
         after,
         deadline: now + Duration::from_millis(parsed.wait_ms()),
@@ -133,8 +141,8 @@ fn logs(kernel: &mut Kernel, request: &Request<'_>) -> Result<Option<LogsReply>,
 }
 
 /// The agent's log, if the caller may see the agent.
-fn find(kernel: &Kernel, caller: Identity, target: &AgentRef) -> Result<AgentLog, ErrorReply> {
-    kernel.agents.log_of(caller, target).ok_or_else(|| {
+fn find(kernel: &Kernel, viewer: Viewer, target: &AgentRef) -> Result<AgentLog, ErrorReply> {
+    kernel.agents.log_of(viewer, target).ok_or_else(|| {
         ErrorReply::new(
             ErrorCode::NotFound,
             match target {
@@ -179,7 +187,7 @@ impl Kernel {
         let mut budget = FOLLOW_BYTES_PER_LOOK;
         let waiting = std::mem::take(&mut self.log_followers.waiting);
         for follower in waiting {
-            let log = match find(self, follower.caller, &AgentRef::Id(follower.agent)) {
+            let log = match find(self, follower.viewer, &AgentRef::Id(follower.agent)) {
                 Ok(log) => log,
                 Err(err) => {
                     self.outbox.replies.push((follower.reply_to, err.to_json()));

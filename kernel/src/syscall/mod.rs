@@ -18,6 +18,7 @@ mod kill;
 mod list;
 mod logs;
 mod reload;
+mod runs;
 mod spawn;
 mod task;
 mod think;
@@ -30,10 +31,10 @@ use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 use serde::Serialize;
 
 use crate::address::ReplyTo;
-use crate::agents::AgentGrant;
-use crate::identity::Identity;
+use crate::identity::{Identity, Principal};
 use crate::workers::Job;
 pub use kernel::Kernel;
+use runs::Actor;
 
 /// What a syscall decided.
 pub enum Outcome {
@@ -72,9 +73,22 @@ pub struct Caller {
     /// Its user id, from its socket's credentials (what an operator's
     /// sessions belong to).
     pub uid: u32,
-    /// The EXEC run whose own kernel connection this is (its tag): the
+}
+
+impl Caller {
+    /// Whom the connection speaks for.
+    pub fn principal(&self) -> Principal {
+        self.identity.principal(self.uid)
+    }
+
+    /// The EXEC run whose own kernel connection this is, if it is one: the
     /// run's reply counts the TOOL calls made on it.
-    pub run: Option<u64>,
+    pub fn run(&self) -> Option<u64> {
+        match self.identity {
+            Identity::Run { run, .. } => Some(run),
+            Identity::Operator { .. } | Identity::Agent { .. } => None,
+        }
+    }
 }
 
 /// One request, as every handler receives it.
@@ -153,18 +167,10 @@ fn unknown(_kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     )
 }
 
-/// What the calling agent was given; `None` for an operator. An agent the
-/// kernel does not know (any more) is refused.
-fn agent_grant(kernel: &Kernel, identity: Identity) -> Result<Option<AgentGrant<'_>>, ErrorReply> {
-    let Some(agent) = identity.agent() else {
-        return Ok(None);
-    };
-    kernel.agents.grant(agent).map(Some).ok_or_else(|| {
-        ErrorReply::new(
-            ErrorCode::PermissionDenied,
-            format!("agent {agent} is not known"),
-        )
-    })
+/// Who sent `request`, with what it was given; an agent the kernel does not
+/// know (any more), or a run that is over, is refused.
+fn actor<'k>(kernel: &'k Kernel, request: &Request<'_>) -> Result<Actor<'k>, ErrorReply> {
+    Actor::of(request.caller.principal(), &kernel.agents, &kernel.runs)
 }
 
 /// A typed result as reply bytes.

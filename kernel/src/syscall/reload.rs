@@ -9,8 +9,8 @@ use agentos_proto::payload::{KillRequest, SpawnRequest};
 
 use super::kernel::agent_sandboxes;
 use super::Kernel;
+use crate::agents::Viewer;
 use crate::config::Config;
-use crate::identity::KERNEL_OPERATOR;
 use crate::tools::servers::Servers;
 
 impl Kernel {
@@ -206,7 +206,7 @@ impl Kernel {
         if let Err(err) = self.agents.kill(
             &mut agent_sandboxes(&mut self.sandboxes),
             &mut self.outbox.replies,
-            KERNEL_OPERATOR,
+            Viewer::Operator,
             &kill,
         ) {
             log::warn!(

@@ -5,23 +5,28 @@
 //! An operator may spawn anything its request describes. An agent may
 //! spawn only if its permissions say so, only sandboxed children, and
 //! never a child with more than it has (the agents table's inheritance
-//! rules), drawing on what its token budgets still allow.
+//! rules), drawing on what its token budgets still allow. An EXEC run may
+//! spawn only if its EXEC request gave it `permissions.spawn`, and then as
+//! an agent would, within what the run was given: the child joins the tree
+//! of the agent the run is of, its paths are those runs see, and it ends
+//! when the run does.
 
 use agentos_proto::payload::SpawnRequest;
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::kernel::agent_sandboxes;
-use super::{Kernel, Outcome, Request};
+use super::runs::{Actor, Power};
+use super::{actor, Kernel, Outcome, Request};
+use crate::agents::{RunSpawner, Spawner};
+use crate::sandbox::plan::Shape;
+use crate::sandbox::runtime::Sandboxes;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let started = SpawnRequest::parse(request.payload).and_then(|spawn| {
-        let tokens_left = match request.caller.identity.agent() {
-            Some(parent) => may_spawn(kernel, parent, &spawn)?,
-            None => None,
-        };
+        let (spawner, tokens_left) = spawner_for(kernel, request, &spawn)?;
         kernel.agents.spawn(
             &mut agent_sandboxes(&mut kernel.sandboxes),
-            request.caller.identity,
+            spawner,
             spawn,
             tokens_left,
             request.reply_to,
@@ -33,26 +38,18 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     }
 }
 
-/// Whether agent `parent` may make this SPAWN; if so, the tokens its
-/// budgets still allow (`None`: it has no budget).
-fn may_spawn(
+/// Who asks for `spawn` and may make it, with what its token budgets still
+/// allow (`None`: it has no budget).
+fn spawner_for(
     kernel: &Kernel,
-    parent: u32,
+    request: &Request<'_>,
     spawn: &SpawnRequest,
-) -> Result<Option<u64>, ErrorReply> {
-    let grant = kernel
-        .agents
-        .grant(parent)
-        .ok_or_else(|| ErrorReply::new(ErrorCode::PermissionDenied, "unknown calling agent"))?;
-    if !grant.permissions.spawn {
-        return Err(ErrorReply::new(
-            ErrorCode::PermissionDenied,
-            format!(
-                "agent {} may not spawn agents (its permissions.spawn is false)",
-                grant.name
-            ),
-        ));
+) -> Result<(Spawner, Option<u64>), ErrorReply> {
+    let actor = actor(kernel, request)?;
+    if let Actor::Operator { .. } = actor {
+        return Ok((Spawner::Operator, None));
     }
+    actor.may(Power::Spawn)?;
     // A boot agent that is down must not find a stand-in under its name.
     if kernel
         .config
@@ -72,8 +69,27 @@ fn may_spawn(
     if !spawn.sandboxed {
         return Err(ErrorReply::new(
             ErrorCode::PermissionDenied,
-            "SPAWN field `sandboxed`: agents may only spawn sandboxed agents",
+            format!(
+                "SPAWN field `sandboxed`: {} may only spawn sandboxed agents",
+                actor.name()
+            ),
         ));
     }
-    Ok(kernel.llm.tokens_left(grant.budgets))
+    let tokens_left = kernel.llm.tokens_left(actor.budgets());
+    let spawner = match actor {
+        Actor::Run { number, grant } => {
+            let binds = kernel.exec.host_binds();
+            Spawner::Run(Box::new(RunSpawner {
+                number,
+                parent: grant.root.agent(),
+                grant: grant.as_parent(),
+                budgets: grant.budgets.clone(),
+                view: kernel.sandboxes.view(Shape::EXEC_HOST, &binds),
+                python: kernel.exec.python().to_path_buf(),
+            }))
+        }
+        Actor::Agent { id, .. } => Spawner::Agent(id),
+        Actor::Operator { .. } => Spawner::Operator,
+    };
+    Ok((spawner, tokens_left))
 }

@@ -1,6 +1,7 @@
 //! TASK (0x13): background work owned by the caller's principal — the
-//! agent, or the operator's uid. Another owner's task is `not_found`, so
-//! ids tell nothing. `dispatch` answers with the id at once; `wait` is
+//! agent, the operator's uid, or an EXEC run (given `permissions.task`).
+//! Another owner's task is `not_found`, so ids tell nothing — except to an
+//! operator, who may look at, list and cancel anyone's. `dispatch` answers with the id at once; `wait` is
 //! answered when the task ends or its timeout passes, while the
 //! connection's other requests go on.
 
@@ -8,20 +9,32 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    to_json, TaskCancelReply, TaskDispatchReply, TaskInfo, TaskKind, TaskReply, TaskRequest,
+    to_json, TaskCancelReply, TaskDispatchReply, TaskInfo, TaskKind, TaskList, TaskListReply,
+    TaskOwner, TaskReply, TaskRequest,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::{agent_grant, reply, Kernel, Outcome, Request};
+use super::runs::{Actor, Power};
+use super::{actor, reply, Kernel, Outcome, Request};
+use crate::identity::Principal;
 use crate::tasks::store::read_result;
-use crate::tasks::{Owner, Waited};
+use crate::tasks::{Owner, Reach, Waited};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let task = match TaskRequest::parse(request.payload) {
         Ok(task) => task,
         Err(err) => return Outcome::Reply(err.to_json()),
     };
-    let owner = owner_of(kernel, request);
+    let (owner, operator) = match owner_of(kernel, request) {
+        Ok(owner) => owner,
+        Err(err) => return Outcome::Reply(err.to_json()),
+    };
+    // An operator reaches every task by its id; anyone else only its own.
+    let reach = if operator {
+        Reach::Any
+    } else {
+        Reach::Own(owner)
+    };
     match task {
         TaskRequest::Dispatch(dispatch) => {
             match may_dispatch(kernel, request, dispatch.kind)
@@ -48,7 +61,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             reply(
                 kernel
                     .tasks
-                    .status(owner, &task.task_id)
+                    .status(reach, &task.task_id)
                     .map(|task| TaskReply {
                         success: true,
                         task,
@@ -60,21 +73,21 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             let now = Instant::now();
             match kernel
                 .tasks
-                .wait(owner, &wait.task_id, timeout, request.reply_to, now)
+                .wait(reach, &wait.task_id, timeout, request.reply_to, now)
             {
                 Ok(Waited::Reply(reply)) => Outcome::Reply(reply),
                 Ok(Waited::Later) => Outcome::Later,
                 Ok(Waited::ReadResult { path, task }) => {
-                    Outcome::Deferred(Box::new(move || with_result(&path, task)))
+                    Outcome::Deferred(Box::new(move || with_result(&path, *task)))
                 }
                 Err(err) => Outcome::Reply(err.to_json()),
             }
         }
-        TaskRequest::List(filter) => reply(kernel.tasks.list(owner, &filter)),
+        TaskRequest::List(filter) => reply(list(kernel, owner, operator, &filter)),
         TaskRequest::Cancel(task) => {
             let cancelled = kernel
                 .tasks
-                .cancel(owner, &task.task_id, &mut kernel.outbox.replies);
+                .cancel(reach, &task.task_id, &mut kernel.outbox.replies);
             reply(cancelled.map(|(cancelled, stop)| {
                 if let Some(stop) = stop {
                     kernel.stop_task(stop);
@@ -91,43 +104,64 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     }
 }
 
-/// Whose tasks the caller reaches: its agent's (of this kernel's life), or
-/// its operator uid's.
-fn owner_of(kernel: &Kernel, request: &Request<'_>) -> Owner {
-    match request.caller.identity.agent() {
-        Some(id) => Owner::Agent {
-            boot: kernel.tasks.boot(),
-            id,
-        },
-        None => Owner::User(request.caller.uid),
+/// Whose tasks the caller's are (its agent's of this kernel's life, its
+/// operator uid's, or its run's), and whether it is an operator. A run
+/// needs `permissions.task` for any of it.
+fn owner_of(kernel: &Kernel, request: &Request<'_>) -> Result<(Owner, bool), ErrorReply> {
+    let actor = actor(kernel, request)?;
+    if let Actor::Run { .. } = actor {
+        actor.may(Power::Task)?;
     }
+    let operator = matches!(actor, Actor::Operator { .. });
+    Ok((kernel.task_owner(actor.principal()), operator))
+}
+
+/// `list`: the caller's own tasks; for an operator naming an `owner`, that
+/// agent's (by id or name) or everyone's (`"*"`), each saying whose it is.
+fn list(
+    kernel: &Kernel,
+    own: Owner,
+    operator: bool,
+    filter: &TaskList,
+) -> Result<TaskListReply, ErrorReply> {
+    let Some(whose) = &filter.owner else {
+        return kernel.tasks.list(Reach::Own(own), filter, None);
+    };
+    if !operator {
+        return Err(ErrorReply::new(
+            ErrorCode::PermissionDenied,
+            "TASK field `owner`: only operators may list another owner's tasks",
+        ));
+    }
+    let reach = match whose {
+        TaskOwner::Agent(id) => Reach::Own(kernel.task_owner(Principal::Agent { id: *id })),
+        owner if owner.is_everyone() => Reach::Any,
+        TaskOwner::Name(name) => {
+            let id = kernel
+                .agents
+                .live_named(name)
+                .map(|(id, _)| id)
+                .ok_or_else(|| {
+                    ErrorReply::new(
+                        ErrorCode::NotFound,
+                        format!("TASK field `owner`: no live agent named {name:?}"),
+                    )
+                })?;
+            Reach::Own(kernel.task_owner(Principal::Agent { id }))
+        }
+    };
+    let describe = |principal| kernel.runs.describe(principal, &kernel.agents);
+    kernel.tasks.list(reach, filter, Some(&describe))
 }
 
 /// A task needs what its work needs: `permissions.exec` for EXEC,
 /// `permissions.think` for THINK, both for the prompt loop.
 fn may_dispatch(kernel: &Kernel, request: &Request<'_>, kind: TaskKind) -> Result<(), ErrorReply> {
-    let Some(grant) = agent_grant(kernel, request.caller.identity)? else {
-        return Ok(());
-    };
-    let (needs, has) = match kind {
-        TaskKind::Exec => ("exec", grant.permissions.exec),
-        TaskKind::Think => ("think", grant.permissions.think),
-        TaskKind::Prompt => (
-            "exec and think",
-            grant.permissions.exec && grant.permissions.think,
-        ),
-    };
-    if has {
-        Ok(())
-    } else {
-        Err(ErrorReply::new(
-            ErrorCode::PermissionDenied,
-            format!(
-                "agent {} may not dispatch a {} task (it needs permissions.{needs})",
-                grant.name,
-                kind.as_str()
-            ),
-        ))
+    let actor = actor(kernel, request)?;
+    match kind {
+        TaskKind::Exec => actor.may(Power::Exec),
+        TaskKind::Think => actor.may(Power::Think),
+        TaskKind::Prompt => actor.may(Power::Exec).and(actor.may(Power::Think)),
     }
 }
 

@@ -3,15 +3,19 @@
 //! quota, a full queue) are answered at once, in THINK's reply shape.
 
 use agentos_proto::payload::{to_json, ThinkReply, ThinkRequest};
-use agentos_proto::{ErrorCode, ErrorReply};
+use agentos_proto::ErrorReply;
 
-use super::{agent_grant, Kernel, Outcome, Request};
-use crate::identity::Identity;
+use super::runs::{Actor, Power};
+use super::{actor, Kernel, Outcome, Request};
 use crate::llm::Asker;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let queued = ThinkRequest::parse(request.payload).and_then(|think| {
-        let asker = asker(kernel, request.caller.identity)?;
+        let asker = asker(
+            kernel,
+            &actor(kernel, request)?,
+            request.caller.identity.id(),
+        )?;
         kernel
             .llm
             .think(&asker, request.reply_to, think, &mut kernel.outbox.replies)
@@ -22,29 +26,22 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     }
 }
 
-/// Who is asking: an agent's weight and quota come from its name and its
-/// SPAWN permissions; operators have neither limit.
-pub fn asker(kernel: &Kernel, identity: Identity) -> Result<Asker, ErrorReply> {
-    let Some(grant) = agent_grant(kernel, identity)? else {
-        return Ok(Asker {
-            id: identity.id(),
-            weight: 1,
-            budgets: Vec::new(),
-        });
-    };
-    if !grant.permissions.think {
-        return Err(ErrorReply::new(
-            ErrorCode::PermissionDenied,
-            format!(
-                "agent {} may not THINK (its permissions.think is false)",
-                grant.name
-            ),
-        ));
-    }
+/// Who is asking, as the fair queue and the token budgets know it. An
+/// agent's weight and quota come from its name and its SPAWN permissions;
+/// an EXEC run's THINKs are its agent's — queued and charged as the
+/// agent's, within the run's own budget too if it has one — and an
+/// operator's (or an operator's run's) are those of `flow`, the asking
+/// connection, with neither limit.
+pub fn asker(kernel: &Kernel, actor: &Actor<'_>, flow: u32) -> Result<Asker, ErrorReply> {
+    actor.may(Power::Think)?;
+    let agent = actor.root().agent();
+    let weight = agent
+        .and_then(|id| kernel.agents.grant(id))
+        .map_or(1, |grant| kernel.llm.weight_of(grant.name));
     Ok(Asker {
-        id: identity.id(),
-        weight: kernel.llm.weight_of(grant.name),
-        budgets: grant.budgets.to_vec(),
+        id: agent.unwrap_or(flow),
+        weight,
+        budgets: actor.budgets().to_vec(),
     })
 }
 

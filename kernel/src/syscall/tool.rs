@@ -1,6 +1,7 @@
 //! TOOL (0x05): list, search and call tools — the MCP servers' and the
 //! kernel's built-ins. An agent sees and calls only the tools its
-//! `permissions.tools` patterns allow; a call outside them is
+//! `permissions.tools` patterns allow, and an EXEC run those its request
+//! allowed (within its caller's); a call outside them is
 //! `permission_denied`, as is `llm.think` without `permissions.think`.
 //! A call is answered when its server answers (or its deadline passes);
 //! refusals come at once.
@@ -17,7 +18,7 @@ use serde_json::{Map, Value};
 use super::kernel::ToolCaller;
 use super::list::agents_seen_by;
 use super::think::asker;
-use super::{agent_grant, Kernel, Outcome, Request};
+use super::{actor, Kernel, Outcome, Request};
 use crate::tools::builtin::{self, Builtin};
 use crate::tools::catalog::{self, allowed_by, Searchable};
 use crate::tools::mcp::client::ToolInfo;
@@ -25,7 +26,7 @@ use crate::tools::servers::CallRequest;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let answer = ToolCall::parse(request.payload).and_then(|call| {
-        let patterns = patterns_of(kernel, request)?;
+        let patterns = actor(kernel, request)?.tools().map(<[String]>::to_vec);
         let may = |server: &str, tool: &str| {
             patterns
                 .as_deref()
@@ -75,7 +76,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                     return Err(ErrorReply::new(
                         ErrorCode::PermissionDenied,
                         format!(
-                            "the tool {server}.{tool} is not in this agent's permissions.tools \
+                            "the tool {server}.{tool} is not in the caller's permissions.tools \
                              {:?}",
                             patterns.unwrap_or_default()
                         ),
@@ -91,12 +92,6 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Ok(None) => Outcome::Later,
         Err(err) => Outcome::Reply(err.to_json()),
     }
-}
-
-/// An agent's `permissions.tools`; `None` for an operator, who may use
-/// every tool.
-fn patterns_of(kernel: &Kernel, request: &Request<'_>) -> Result<Option<Vec<String>>, ErrorReply> {
-    Ok(agent_grant(kernel, request.caller.identity)?.map(|grant| grant.permissions.tools.clone()))
 }
 
 /// Every tool on offer now: the built-ins, then each ready server's.
@@ -130,23 +125,28 @@ fn call_tool(
     arguments: Map<String, Value>,
     timeout: Option<Duration>,
 ) -> Result<Option<Vec<u8>>, ErrorReply> {
-    let tag = request.caller.run;
+    let run = request.caller.run();
     match Builtin::find(server, tool) {
         Some(Builtin::ListAgents) => {
-            let agents = agents_seen_by(kernel, request.caller.identity);
+            let viewer = actor(kernel, request)?.viewer();
+            let agents = agents_seen_by(kernel, viewer);
             let result = serde_json::to_value(&agents).unwrap_or(Value::Null);
             let text = result.to_string();
             let reply = to_json(&ToolReply::done(result, builtin::text_content(text)));
-            kernel.tools_delivered(tag, reply.len());
+            kernel.tools_delivered(run, reply.len());
             Ok(Some(reply))
         }
         Some(Builtin::Think) => {
             let think = ThinkRequest::parse(&serde_json::to_vec(&arguments).unwrap_or_default())
                 .map_err(|err| ErrorReply::new(ErrorCode::ToolError, err.error))?;
-            let asker = asker(kernel, request.caller.identity)?;
+            let asker = asker(
+                kernel,
+                &actor(kernel, request)?,
+                request.caller.identity.id(),
+            )?;
             let via = kernel.tool_call_through(ToolCaller {
                 reply_to: request.reply_to,
-                tag,
+                run,
             });
             let queued = kernel
                 .llm
@@ -167,7 +167,7 @@ fn call_tool(
                 arguments: Value::Object(arguments),
                 timeout,
                 reply_to: request.reply_to,
-                tag,
+                tag: run,
                 caller: request.caller.identity.id(),
             };
             kernel.tools.call(call, Instant::now())?;

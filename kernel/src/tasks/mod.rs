@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    to_json, ExecRequest, TaskDispatch, TaskInfo, TaskKind, TaskList, TaskListReply, TaskProgress,
-    TaskReply, TaskState, ThinkRequest,
+    to_json, ExecRequest, PrincipalInfo, TaskDispatch, TaskInfo, TaskKind, TaskList, TaskListReply,
+    TaskProgress, TaskReply, TaskState, ThinkRequest,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde_json::Value;
@@ -31,6 +31,7 @@ use serde_json::Value;
 use crate::address::{Reply, ReplyTo};
 use crate::clock::rfc3339;
 use crate::config::tasks::TasksConfig;
+use crate::identity::Principal;
 use crate::timers::Timers;
 use prompt::{PromptLoop, Step};
 use store::{now_ms, Record, Store, Write};
@@ -58,6 +59,13 @@ pub enum Owner {
     },
     /// An operator, by uid: their tasks are theirs across restarts.
     User(u32),
+    /// An EXEC run of this kernel's life: its tasks end with it.
+    Run {
+        /// This kernel's boot number.
+        boot: u64,
+        /// The run's number.
+        number: u64,
+    },
 }
 
 impl Owner {
@@ -66,8 +74,18 @@ impl Owner {
         match self {
             Owner::Agent { boot, id } => format!("agent:{boot:x}:{id}"),
             Owner::User(uid) => format!("user:{uid}"),
+            Owner::Run { boot, number } => format!("run:{boot:x}:{number}"),
         }
     }
+}
+
+/// Which tasks a request reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// One owner's: everyone else's are `not_found`.
+    Own(Owner),
+    /// Every owner's (an operator's reach).
+    Any,
 }
 
 /// What the kernel should start for a task, replying to
@@ -77,7 +95,7 @@ pub struct Start {
     /// The number its reply comes back under.
     pub number: u64,
     /// Whose it is.
-    pub owner: OwnerRef,
+    pub owner: Principal,
     /// What to run (or why it cannot be run).
     pub work: Result<Work, ErrorReply>,
 }
@@ -89,16 +107,6 @@ pub enum Work {
     Exec(ExecRequest),
     /// A THINK.
     Think(ThinkRequest),
-}
-
-/// A task's owner as the kernel needs it to act for them: the live
-/// principal, or one from before a restart (only operators run then).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OwnerRef {
-    /// An agent of this kernel.
-    Agent(u32),
-    /// An operator, by uid.
-    User(u32),
 }
 
 /// What the kernel should stop after a cancel: the work replying under
@@ -120,7 +128,7 @@ pub enum Waited {
         /// The database.
         path: PathBuf,
         /// The task as it is, without its result.
-        task: TaskInfo,
+        task: Box<TaskInfo>,
     },
     /// The reply comes when the task ends or the wait times out.
     Later,
@@ -166,8 +174,20 @@ impl Task {
                 iteration: self.iteration,
             }),
             result,
+            owner: None,
         }
     }
+}
+
+/// A dispatch's reply, held until its task's record is saved.
+#[derive(Debug)]
+struct Held {
+    /// The write that saves the record.
+    write: u64,
+    /// The task, waiting out of the queue.
+    task: Option<String>,
+    reply_to: ReplyTo,
+    reply: Vec<u8>,
 }
 
 /// Every task, and the store behind them.
@@ -183,13 +203,15 @@ pub struct Tasks {
     running_per_owner: HashMap<String, usize>,
     /// Tasks kept, per owner.
     kept_per_owner: HashMap<String, usize>,
-    /// Dispatch replies held until the task's record is saved (the write
-    /// that saves it, where the reply goes, the reply).
-    unsaved: VecDeque<(u64, ReplyTo, Vec<u8>)>,
+    /// Dispatches held until their task's record is saved; their tasks
+    /// wait out of the queue meanwhile.
+    unsaved: VecDeque<Held>,
+    /// The last new task's record handed to the store: the write, the task.
+    last_insert: Option<(u64, String)>,
     /// Prompt tasks' loops, by task id.
     prompts: HashMap<String, PromptLoop>,
     /// Sessions of prompt loops that have ended, for the kernel to close.
-    ended_sessions: Vec<(OwnerRef, String)>,
+    ended_sessions: Vec<(Principal, String)>,
     queued_per_owner: HashMap<String, usize>,
     /// Waits under way, by task id: each waiter's number and address.
     waiters: HashMap<String, Vec<(u64, ReplyTo)>>,
@@ -228,7 +250,7 @@ impl Tasks {
         now: Instant,
     ) -> Result<Tasks, store::StoreError> {
         let dir = config.state_dir(socket);
-        let (store, records) = Store::open(&dir, waker)?;
+        let (store, records) = Store::open(&dir, &config.private_from(socket), waker)?;
         let boot = random_u64();
         let mut tasks = Tasks {
             tasks: HashMap::new(),
@@ -238,6 +260,7 @@ impl Tasks {
             running_per_owner: HashMap::new(),
             kept_per_owner: HashMap::new(),
             unsaved: VecDeque::new(),
+            last_insert: None,
             prompts: HashMap::new(),
             ended_sessions: Vec::new(),
             queued_per_owner: HashMap::new(),
@@ -330,30 +353,107 @@ impl Tasks {
 
     /// `reply` (a dispatch's) goes to `reply_to` once everything written
     /// so far — the task's record with it — is saved: an id a caller holds
-    /// survives a crash.
+    /// survives a crash. Until then the task waits out of the queue, so a
+    /// task whose record cannot be saved never runs.
     pub fn reply_once_saved(&mut self, reply_to: ReplyTo, reply: Vec<u8>) {
-        self.unsaved.push_back((self.written, reply_to, reply));
+        let task = self
+            .last_insert
+            .take()
+            .filter(|(write, _)| *write == self.written)
+            .map(|(_, id)| id);
+        if let Some(id) = &task {
+            if self.queue.back() == Some(id) {
+                self.queue.pop_back();
+            } else {
+                self.queue.retain(|queued| queued != id);
+            }
+        }
+        self.unsaved.push_back(Held {
+            write: self.written,
+            task,
+            reply_to,
+            reply,
+        });
     }
 
-    /// Replies whose writes are saved (after the writer's wake-up).
-    /// Once the store has failed (it says so in the log), nothing more is
-    /// saved: replies go at once rather than never.
-    pub fn on_saved(&mut self, replies: &mut Vec<Reply>) {
-        let applied = if self.store.has_failed() {
-            u64::MAX
-        } else {
-            self.applied.load(Ordering::Acquire)
-        };
+    /// After the writer's wake-up: dispatches whose records are saved are
+    /// answered and their tasks queued; those the store could not save
+    /// are answered with the cause (`unavailable`) and their tasks
+    /// forgotten. True when tasks were queued: the kernel starts them.
+    pub fn on_saved(&mut self, replies: &mut Vec<Reply>) -> bool {
+        // The count first: the writer reports a refusal before it counts
+        // past it, so every refusal the count covers is in hand.
+        let applied = self.applied.load(Ordering::Acquire);
+        for refused in self.store.take_refused() {
+            let why = ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "the task store cannot save tasks: {}; the task was not queued",
+                    refused.cause
+                ),
+            );
+            for id in &refused.tasks {
+                let held = self
+                    .unsaved
+                    .iter()
+                    .position(|held| held.task.as_ref() == Some(id));
+                if let Some(held) = held.and_then(|at| self.unsaved.remove(at)) {
+                    replies.push((held.reply_to, why.to_json()));
+                }
+                self.forget_unsaved(id, &why, replies);
+            }
+        }
+        let mut queued = false;
         while self
             .unsaved
             .front()
-            .is_some_and(|(write, _, _)| *write <= applied)
+            .is_some_and(|held| held.write <= applied)
         {
-            if let Some((_, reply_to, reply)) = self.unsaved.pop_front() {
-                replies.push((reply_to, reply));
+            let Some(held) = self.unsaved.pop_front() else {
+                break;
+            };
+            // A task cancelled (or gone) meanwhile stays out of the queue.
+            if let Some(id) = held.task.filter(|id| {
+                self.tasks
+                    .get(id)
+                    .is_some_and(|task| task.state == TaskState::Queued)
+            }) {
+                self.queue.push_back(id);
+                queued = true;
             }
+            replies.push((held.reply_to, held.reply));
         }
         self.evict();
+        queued
+    }
+
+    /// Removes a task whose record the store could not save: it never ran
+    /// (it waited for the save), and no one is told of it again; whoever
+    /// waits for it (having seen it listed) is answered with `why`.
+    fn forget_unsaved(&mut self, id: &str, why: &ErrorReply, replies: &mut Vec<Reply>) {
+        let Some(task) = self.tasks.remove(id) else {
+            return;
+        };
+        self.by_seq.remove(&task.seq);
+        if let Some(kept) = self.kept_per_owner.get_mut(&task.owner) {
+            *kept = kept.saturating_sub(1);
+            if *kept == 0 {
+                self.kept_per_owner.remove(&task.owner);
+            }
+        }
+        if task.state == TaskState::Queued {
+            self.queue.retain(|queued| queued != id);
+            if let Some(queued) = self.queued_per_owner.get_mut(&task.owner) {
+                *queued = queued.saturating_sub(1);
+            }
+        }
+        if let Some(result) = task.result {
+            self.cached_bytes = self.cached_bytes.saturating_sub(result.len());
+            self.cached.retain(|(cached, _, _)| cached != id);
+        }
+        for (_, reply_to) in self.waiters.remove(id).unwrap_or_default() {
+            replies.push((reply_to, why.to_json()));
+        }
     }
 
     /// Queues a task for `owner`; returns its id.
@@ -441,7 +541,7 @@ impl Tasks {
 
     /// The sessions of prompt loops that have ended (taken): the kernel
     /// closes them.
-    pub fn take_ended_sessions(&mut self) -> Vec<(OwnerRef, String)> {
+    pub fn take_ended_sessions(&mut self) -> Vec<(Principal, String)> {
         std::mem::take(&mut self.ended_sessions)
     }
 
@@ -629,22 +729,22 @@ impl Tasks {
         }
     }
 
-    /// A task of `owner`'s, as `status` gives it.
-    pub fn status(&self, owner: Owner, id: &str) -> Result<TaskInfo, ErrorReply> {
-        Ok(self.owned(owner, id)?.info(None))
+    /// A task within `reach`, as `status` gives it.
+    pub fn status(&self, reach: Reach, id: &str) -> Result<TaskInfo, ErrorReply> {
+        Ok(self.owned(reach, id)?.info(None))
     }
 
     /// `wait`: the task with its result once it has finished; until then
     /// the reply waits, up to `timeout`.
     pub fn wait(
         &mut self,
-        owner: Owner,
+        reach: Reach,
         id: &str,
         timeout: Option<Duration>,
         reply_to: ReplyTo,
         now: Instant,
     ) -> Result<Waited, ErrorReply> {
-        let task = self.owned(owner, id)?;
+        let task = self.owned(reach, id)?;
         if task.state.is_finished() {
             return Ok(match &task.result {
                 Some(result) => Waited::Reply(to_json(&TaskReply {
@@ -653,7 +753,7 @@ impl Tasks {
                 })),
                 None => Waited::ReadResult {
                     path: self.store.path().to_path_buf(),
-                    task: task.info(None),
+                    task: Box::new(task.info(None)),
                 },
             });
         }
@@ -675,11 +775,20 @@ impl Tasks {
         Ok(Waited::Later)
     }
 
-    /// `list`: `owner`'s tasks, newest first, filtered and paged.
-    pub fn list(&self, owner: Owner, filter: &TaskList) -> Result<TaskListReply, ErrorReply> {
-        let key = owner.key();
+    /// `list`: the tasks within `reach`, newest first, filtered and paged;
+    /// with `describe`, each says whose it is.
+    pub fn list(
+        &self,
+        reach: Reach,
+        filter: &TaskList,
+        describe: Option<&dyn Fn(Principal) -> PrincipalInfo>,
+    ) -> Result<TaskListReply, ErrorReply> {
+        let key = match reach {
+            Reach::Own(owner) => Some(owner.key()),
+            Reach::Any => None,
+        };
         let before = match &filter.before {
-            Some(id) => self.owned(owner, id)?.seq,
+            Some(id) => self.owned(reach, id)?.seq,
             None => u64::MAX,
         };
         let limit = filter.limit.unwrap_or(50) as usize;
@@ -689,7 +798,7 @@ impl Tasks {
             let Some(task) = self.tasks.get(id) else {
                 continue;
             };
-            if task.owner != key
+            if key.as_ref().is_some_and(|key| task.owner != *key)
                 || filter.state.is_some_and(|s| s != task.state)
                 || filter.kind.is_some_and(|k| k != task.kind)
             {
@@ -699,7 +808,9 @@ impl Tasks {
                 next = tasks.last().map(|t: &TaskInfo| t.task_id.clone());
                 break;
             }
-            tasks.push(task.info(None));
+            let mut info = task.info(None);
+            info.owner = describe.map(|describe| describe(owner_ref(&task.owner)));
+            tasks.push(info);
         }
         Ok(TaskListReply {
             success: true,
@@ -713,26 +824,57 @@ impl Tasks {
     /// and what to stop.
     pub fn cancel(
         &mut self,
-        owner: Owner,
+        reach: Reach,
         id: &str,
         replies: &mut Vec<Reply>,
     ) -> Result<(bool, Option<Stop>), ErrorReply> {
-        let task = self.owned(owner, id)?;
+        let task = self.owned(reach, id)?;
         if task.state.is_finished() {
             return Ok((false, None));
         }
-        let stop = task.number.map(|number| Stop { number });
-        let result = ErrorReply::new(ErrorCode::Other, "the task was cancelled by its owner");
-        let mut result = serde_json::to_value(&result).unwrap_or(Value::Null);
-        result["code"] = Value::String("cancelled".into());
+        let why = match reach {
+            Reach::Own(_) => "the task was cancelled by its owner",
+            Reach::Any => "the task was cancelled by an operator",
+        };
         let id = id.to_owned();
+        Ok((true, self.cancel_with(&id, why, replies)))
+    }
+
+    /// Ends `owner`'s queued and running tasks, cancelled because `why`
+    /// (an agent or a run has ended, and its work with it). Returns what
+    /// the kernel must stop.
+    pub fn end_owner(&mut self, owner: Owner, why: &str, replies: &mut Vec<Reply>) -> Vec<Stop> {
+        let key = owner.key();
+        let going: Vec<String> = self
+            .tasks
+            .values()
+            .filter(|task| task.owner == key && !task.state.is_finished())
+            .map(|task| task.id.clone())
+            .collect();
+        going
+            .iter()
+            .filter_map(|id| self.cancel_with(id, why, replies))
+            .collect()
+    }
+
+    /// Ends a task that is still going as `cancelled`, with `why`; returns
+    /// what to stop of its work.
+    fn cancel_with(&mut self, id: &str, why: &str, replies: &mut Vec<Reply>) -> Option<Stop> {
+        let stop = self
+            .tasks
+            .get(id)
+            .and_then(|task| task.number)
+            .map(|number| Stop { number });
+        let mut result =
+            serde_json::to_value(ErrorReply::new(ErrorCode::Other, why)).unwrap_or(Value::Null);
+        result["code"] = Value::String("cancelled".into());
         self.finish(
-            &id,
+            id,
             TaskState::Cancelled,
             serde_json::to_vec(&result).unwrap_or_default(),
             replies,
         );
-        Ok((true, stop))
+        stop
     }
 
     /// The numbers of the work of every running task.
@@ -792,7 +934,8 @@ impl Tasks {
         }
     }
 
-    /// Last step of shutdown (blocks briefly): every change is saved.
+    /// Last step of shutdown (blocks briefly): every change is saved, or
+    /// the log names what could not be.
     pub fn finish_shutdown(&mut self) {
         self.store.close();
     }
@@ -922,13 +1065,16 @@ impl Tasks {
         }
     }
 
-    /// The task `id` if it is `owner`'s; anyone else's is `not_found`, so
-    /// ids tell nothing about other owners' tasks.
-    fn owned(&self, owner: Owner, id: &str) -> Result<&Task, ErrorReply> {
-        let key = owner.key();
+    /// The task `id` if it is within `reach`; anyone else's is
+    /// `not_found`, so ids tell nothing about other owners' tasks.
+    fn owned(&self, reach: Reach, id: &str) -> Result<&Task, ErrorReply> {
+        let key = match reach {
+            Reach::Own(owner) => Some(owner.key()),
+            Reach::Any => None,
+        };
         self.tasks
             .get(id)
-            .filter(|task| task.owner == key)
+            .filter(|task| key.as_ref().is_none_or(|key| task.owner == *key))
             .ok_or_else(|| {
                 ErrorReply::new(
                     ErrorCode::NotFound,
@@ -939,6 +1085,9 @@ impl Tasks {
 
     fn write(&mut self, write: Write) {
         self.written += 1;
+        if let Write::Insert(record) = &write {
+            self.last_insert = Some((self.written, record.id.clone()));
+        }
         self.store.write(write);
     }
 }
@@ -970,12 +1119,22 @@ fn interrupted_result(why: &str, output: &str) -> Vec<u8> {
     serde_json::to_vec(&reply).unwrap_or_default()
 }
 
-fn owner_ref(key: &str) -> OwnerRef {
+/// Whom a task of the store's `key` is for.
+fn owner_ref(key: &str) -> Principal {
     if let Some(uid) = key.strip_prefix("user:") {
-        return OwnerRef::User(uid.parse().unwrap_or(u32::MAX));
+        return Principal::Operator {
+            uid: uid.parse().unwrap_or(u32::MAX),
+        };
     }
-    let id = key.rsplit(':').next().and_then(|id| id.parse().ok());
-    OwnerRef::Agent(id.unwrap_or(0))
+    let last = key.rsplit(':').next().and_then(|n| n.parse::<u64>().ok());
+    match key.split(':').next() {
+        Some("run") => Principal::Run {
+            number: last.unwrap_or(0),
+        },
+        _ => Principal::Agent {
+            id: last.map_or(0, |id| id as u32),
+        },
+    }
 }
 
 /// `t-` and 64 random bits: ids say nothing about other tasks.
@@ -996,4 +1155,208 @@ fn random_u64() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     nanos ^ FALLBACK.fetch_add(1, Ordering::Relaxed).rotate_left(32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const OPERATOR: Owner = Owner::User(0);
+
+    /// Tasks on a store whose disk fails while the test says so: every new
+    /// record and every change to one fails, as on a full disk, with
+    /// `CAUSE` (a trigger in the database raises it).
+    struct Faulty {
+        tasks: Tasks,
+        disk: rusqlite::Connection,
+        _dir: tempfile::TempDir,
+    }
+
+    const CAUSE: &str = "the disk is full (simulated)";
+
+    impl Faulty {
+        fn open(config: TasksConfig) -> Faulty {
+            let dir = tempfile::tempdir().unwrap();
+            let config = TasksConfig {
+                state_dir: Some(dir.path().to_path_buf()),
+                ..config
+            };
+            let open = || {
+                let poll = mio::Poll::new().unwrap();
+                let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
+                let socket = std::path::Path::new("/unused.sock");
+                Tasks::open(&config, socket, waker, Instant::now()).unwrap()
+            };
+            open().finish_shutdown();
+            let disk = rusqlite::Connection::open(dir.path().join("tasks.db")).unwrap();
+            disk.busy_timeout(Duration::from_secs(5)).unwrap();
+            disk.execute_batch(&format!(
+                "CREATE TABLE fault (failing INTEGER);
+                 CREATE TRIGGER insert_fails BEFORE INSERT ON tasks
+                 WHEN EXISTS (SELECT 1 FROM fault) BEGIN SELECT RAISE(ABORT, '{CAUSE}'); END;
+                 CREATE TRIGGER update_fails BEFORE UPDATE ON tasks
+                 WHEN EXISTS (SELECT 1 FROM fault) BEGIN SELECT RAISE(ABORT, '{CAUSE}'); END;"
+            ))
+            .unwrap();
+            Faulty {
+                tasks: open(),
+                disk,
+                _dir: dir,
+            }
+        }
+
+        fn fail(&self, failing: bool) {
+            let change = if failing {
+                "INSERT INTO fault VALUES (1)"
+            } else {
+                "DELETE FROM fault"
+            };
+            self.disk.execute(change, []).unwrap();
+        }
+
+        /// Dispatches an EXEC task; its reply is held until it is saved.
+        fn dispatch(&mut self, code: &str) -> String {
+            let id = self
+                .tasks
+                .dispatch(
+                    OPERATOR,
+                    TaskDispatch {
+                        kind: TaskKind::Exec,
+                        request: json!({ "code": code }),
+                        label: None,
+                    },
+                )
+                .unwrap();
+            self.tasks
+                .reply_once_saved(ReplyTo::Task(u64::MAX), id.clone().into_bytes());
+            id
+        }
+
+        /// What the writer's wake-ups bring, once they bring a reply.
+        fn answered(&mut self) -> (bool, Vec<Reply>) {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                let mut replies = Vec::new();
+                let queued = self.tasks.on_saved(&mut replies);
+                if !replies.is_empty() {
+                    return (queued, replies);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            panic!("no dispatch was answered");
+        }
+    }
+
+    #[test]
+    fn a_dispatch_whose_record_cannot_be_saved_is_refused_with_the_cause_and_its_task_never_runs() {
+        let mut faulty = Faulty::open(TasksConfig::default());
+        faulty.fail(true);
+        let id = faulty.dispatch("print('never')");
+        // Until its record is saved, a task does not start.
+        assert!(faulty.tasks.startable("").is_empty());
+        let (queued, replies) = faulty.answered();
+        assert!(!queued);
+        let reply: Value = serde_json::from_slice(&replies[0].1).unwrap();
+        assert_eq!(reply["success"], false, "{reply}");
+        assert_eq!(reply["code"], "unavailable", "{reply}");
+        assert_eq!(
+            reply["error"],
+            format!("the task store cannot save tasks: {CAUSE}; the task was not queued")
+        );
+        // It is gone: never listed, never started, its place in the queue
+        // free.
+        let status = faulty.tasks.status(Reach::Own(OPERATOR), &id).unwrap_err();
+        assert_eq!(status.code, ErrorCode::NotFound);
+        let list = faulty
+            .tasks
+            .list(Reach::Own(OPERATOR), &TaskList::default(), None)
+            .unwrap();
+        assert!(list.tasks.is_empty(), "{list:?}");
+        assert!(faulty.tasks.startable("").is_empty());
+        assert!(faulty.tasks.queued_per_owner.values().all(|n| *n == 0));
+        assert!(faulty.tasks.kept_per_owner.is_empty());
+
+        // The store recovers by itself: the next dispatch is saved,
+        // answered, and its task starts.
+        faulty.fail(false);
+        let id = faulty.dispatch("print('saved')");
+        let (queued, replies) = faulty.answered();
+        assert!(queued);
+        assert_eq!(replies[0].1, id.as_bytes());
+        let starts = faulty.tasks.startable("");
+        assert_eq!(starts.len(), 1);
+        assert_eq!(
+            faulty
+                .tasks
+                .status(Reach::Own(OPERATOR), &id)
+                .unwrap()
+                .state,
+            TaskState::Running
+        );
+    }
+
+    #[test]
+    fn an_end_that_cannot_be_saved_keeps_its_result_in_memory_and_is_saved_once_the_disk_recovers()
+    {
+        // Every result leaves memory once it is saved, and not before.
+        let mut faulty = Faulty::open(TasksConfig {
+            result_cache_bytes: 1,
+            ..TasksConfig::default()
+        });
+        let id = faulty.dispatch("print(1)");
+        faulty.answered();
+        let start = faulty.tasks.startable("").pop().unwrap();
+        let state = |disk: &rusqlite::Connection| -> String {
+            disk.query_row("SELECT state FROM tasks WHERE id = ?1", [&id], |row| {
+                row.get(0)
+            })
+            .unwrap()
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while state(&faulty.disk) != "running" {
+            assert!(Instant::now() < deadline, "the start was never saved");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        faulty.fail(true);
+        let mut replies = Vec::new();
+        let result = br#"{"success":true,"stdout":"1\n"}"#.to_vec();
+        faulty.tasks.on_reply(start.number, result, &mut replies);
+        std::thread::sleep(Duration::from_millis(300));
+        faulty.tasks.on_saved(&mut replies);
+        let waited = faulty
+            .tasks
+            .wait(
+                Reach::Own(OPERATOR),
+                &id,
+                None,
+                ReplyTo::Task(1),
+                Instant::now(),
+            )
+            .unwrap();
+        assert!(matches!(waited, Waited::Reply(_)), "{waited:?}");
+        assert_eq!(state(&faulty.disk), "running");
+        // Tried again every second, it is saved once it can be.
+        faulty.fail(false);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            faulty.tasks.on_saved(&mut replies);
+            let waited = faulty
+                .tasks
+                .wait(
+                    Reach::Own(OPERATOR),
+                    &id,
+                    None,
+                    ReplyTo::Task(1),
+                    Instant::now(),
+                )
+                .unwrap();
+            if matches!(waited, Waited::ReadResult { .. }) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the end was never saved");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(state(&faulty.disk), "completed");
+    }
 }

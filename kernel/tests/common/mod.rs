@@ -835,6 +835,40 @@ pub fn with_llm_stub(stub_url: &str, extra: &str) -> Daemon {
     ))
 }
 
+/// Processes whose command line holds `marker` (and, if given, that live
+/// in the cgroups of the kernel with pid `kernel`).
+pub fn processes_with(marker: &str, kernel: Option<i32>) -> usize {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            kernel.is_none_or(|pid| {
+                fs::read_to_string(e.path().join("cgroup"))
+                    .is_ok_and(|cgroups| cgroups.contains(&format!("agentosd-{pid}/")))
+            })
+        })
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmdline| {
+            String::from_utf8_lossy(cmdline)
+                .replace('\0', " ")
+                .contains(marker)
+        })
+        .count()
+}
+
+/// Waits up to `within` for no process to hold `marker`.
+pub fn none_left(marker: &str, kernel: Option<i32>, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while processes_with(marker, kernel) > 0 {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
 /// Polls `done` until it holds; fails the test naming `what` after `within`.
 pub fn until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;

@@ -30,9 +30,11 @@ pub enum Language {
 /// An EXEC `run` request in its canonical form.
 ///
 /// The wire also accepts the Clove SDK's shell form
-/// `{"command": "ls -la", "cwd": "...", "timeout": 30, "async": false}`,
-/// which [`parse`](Self::parse) turns into `language: bash` with the
-/// timeout in milliseconds; unknown fields (its `request_id`) are ignored.
+/// `{"command": "ls -la", "cwd": "...", "timeout": 30, "async": false,
+/// "request_id": "..."}`, which [`parse`](Self::parse) turns into
+/// `language: bash` with the timeout in milliseconds. Those are the only
+/// fields beyond the protocol's that a run accepts; any other unknown field
+/// is refused, naming it.
 ///
 /// ```
 /// use agentos_proto::payload::{ExecRequest, Language};
@@ -69,12 +71,59 @@ pub struct ExecRequest {
     /// Limits for this run, within the caller's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// What the run's own kernel connection may do beyond TOOL and THINK.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<RunPermissions>,
+    /// Whether the run shares the host's network (default: loopback only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+}
+
+/// What a run's own kernel connection may do beyond TOOL and THINK, as an
+/// EXEC request asks for it. A field left out is the default: `think` and
+/// `tools` as the caller has them, `spawn`, `exec` and `task` not at all,
+/// and no token budget of the run's own (it draws on the caller's).
+///
+/// ```
+/// use agentos_proto::payload::ExecRequest;
+/// let request = ExecRequest::parse(
+///     br#"{"code":"print(1)","permissions":{"spawn":true,"tools":["time.*"]}}"#,
+/// ).unwrap();
+/// assert_eq!(request.permissions.unwrap().spawn, Some(true));
+/// assert!(ExecRequest::parse(br#"{"code":"1","permissions":{"thnk":false}}"#).is_err());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunPermissions {
+    /// May SPAWN agents (sandboxed, within the run's own limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawn: Option<bool>,
+    /// May EXEC runs of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<bool>,
+    /// May dispatch TASKs of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<bool>,
+    /// May THINK.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub think: Option<bool>,
+    /// LLM tokens of its own, carved out of the caller's budget (0: none of
+    /// its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm_tokens: Option<u64>,
+    /// The tools it may call (`server.tool` patterns), within the caller's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
 }
 
 /// Everything a `run` may carry on the wire, before the shell form is
 /// resolved.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ExecWire {
+    /// `run`, or left out.
+    #[serde(default, rename = "op")]
+    _op: Option<RunOp>,
     code: Option<String>,
     language: Option<Language>,
     session: Option<String>,
@@ -86,6 +135,8 @@ struct ExecWire {
     #[serde(default)]
     collect: Vec<String>,
     limits: Option<Limits>,
+    permissions: Option<RunPermissions>,
+    network: Option<bool>,
     command: Option<String>,
     cwd: Option<String>,
     /// Seconds, for the shell form.
@@ -93,6 +144,10 @@ struct ExecWire {
     /// The shell form's asynchronous mode, which is TASK's business.
     #[serde(rename = "async")]
     asynchronous: Option<bool>,
+    /// The shell form's own name for the request; the reply goes in order,
+    /// so it is not needed.
+    #[serde(default, rename = "request_id")]
+    _request_id: Option<serde_json::Value>,
 }
 
 impl ExecRequest {
@@ -136,6 +191,8 @@ impl ExecRequest {
             files: wire.files,
             collect: wire.collect,
             limits: wire.limits,
+            permissions: wire.permissions,
+            network: wire.network,
         };
         request.validate()?;
         Ok(request)
@@ -188,6 +245,9 @@ impl ExecRequest {
             }
             limits.validate()?;
         }
+        if let Some(tools) = self.permissions.as_ref().and_then(|p| p.tools.as_ref()) {
+            super::spawn::check_tool_patterns("EXEC field `permissions.tools`", tools)?;
+        }
         Ok(())
     }
 }
@@ -225,7 +285,7 @@ fn check_paths<'a>(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExecCall {
     /// Run code.
-    Run(ExecRequest),
+    Run(Box<ExecRequest>),
     /// List the caller's sessions.
     Sessions,
     /// End a session and delete its workspace.
@@ -268,11 +328,27 @@ enum ExecOp {
     Snapshots,
 }
 
-/// The fields of a session operation.
+/// The one `op` a run's payload may name.
 #[derive(Deserialize)]
-struct OpWire {
+#[serde(rename_all = "lowercase")]
+enum RunOp {
+    Run,
+}
+
+/// Which operation a payload asks for (its other fields are each
+/// operation's own business).
+#[derive(Deserialize)]
+struct OpOnly {
     #[serde(default)]
     op: ExecOp,
+}
+
+/// The fields of a session operation.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpWire {
+    #[serde(rename = "op")]
+    _op: ExecOp,
     session: Option<String>,
     name: Option<String>,
 }
@@ -287,42 +363,58 @@ impl ExecCall {
     /// ```
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         let value: serde_json::Value = parse_json("EXEC", payload)?;
-        let op: OpWire = super::from_value("EXEC", value.clone())?;
-        let session = || -> Result<String, ErrorReply> {
-            let session = op.session.clone().ok_or_else(|| {
-                bad_request("EXEC field `session` is missing: this op names a session")
-            })?;
-            validate_name("session", &session)?;
-            Ok(session)
-        };
-        let name = || -> Result<String, ErrorReply> {
-            let name = op.name.clone().ok_or_else(|| {
-                bad_request("EXEC field `name` is missing: this op names a snapshot")
-            })?;
-            validate_name("name", &name)?;
-            Ok(name)
-        };
-        Ok(match op.op {
-            ExecOp::Run => {
-                let wire: ExecWire = super::from_value("EXEC", value)?;
-                ExecCall::Run(ExecRequest::from_wire(wire)?)
+        let OpOnly { op } = super::from_value("EXEC", value.clone())?;
+        let fields = |value| -> Result<OpWire, ErrorReply> { super::from_value("EXEC", value) };
+        Ok(match op {
+            ExecOp::Run => ExecCall::Run(Box::new(ExecRequest::from_wire(super::from_value(
+                "EXEC", value,
+            )?)?)),
+            ExecOp::Sessions => {
+                fields(value)?;
+                ExecCall::Sessions
             }
-            ExecOp::Sessions => ExecCall::Sessions,
             ExecOp::Close => ExecCall::Close {
-                session: session()?,
+                session: fields(value)?.session()?,
             },
-            ExecOp::Snapshot => ExecCall::Snapshot {
-                session: session()?,
-                name: name()?,
-            },
-            ExecOp::Restore => ExecCall::Restore {
-                session: session()?,
-                name: name()?,
-            },
+            ExecOp::Snapshot => {
+                let fields = fields(value)?;
+                ExecCall::Snapshot {
+                    session: fields.session()?,
+                    name: fields.name()?,
+                }
+            }
+            ExecOp::Restore => {
+                let fields = fields(value)?;
+                ExecCall::Restore {
+                    session: fields.session()?,
+                    name: fields.name()?,
+                }
+            }
             ExecOp::Snapshots => ExecCall::Snapshots {
-                session: session()?,
+                session: fields(value)?.session()?,
             },
         })
+    }
+}
+
+impl OpWire {
+    /// The session an op names.
+    fn session(&self) -> Result<String, ErrorReply> {
+        let session = self.session.clone().ok_or_else(|| {
+            bad_request("EXEC field `session` is missing: this op names a session")
+        })?;
+        validate_name("session", &session)?;
+        Ok(session)
+    }
+
+    /// The snapshot an op names.
+    fn name(&self) -> Result<String, ErrorReply> {
+        let name = self
+            .name
+            .clone()
+            .ok_or_else(|| bad_request("EXEC field `name` is missing: this op names a snapshot"))?;
+        validate_name("name", &name)?;
+        Ok(name)
     }
 }
 

@@ -7,10 +7,11 @@ use crate::ErrorReply;
 
 /// A HELLO request: an empty payload or `{}`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HelloRequest {}
 
 impl HelloRequest {
-    /// Parses a HELLO payload: empty, or a JSON object whose fields are ignored.
+    /// Parses a HELLO payload: empty, or `{}`.
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         parse_empty_or_object("HELLO", payload)
     }
@@ -79,6 +80,10 @@ pub struct HelloReply {
     pub kernel_version: String,
     /// The caller's identity as the kernel sees it.
     pub agent_id: u32,
+    /// Whom the connection speaks for: an operator, an agent, or a run of
+    /// EXEC code (never its caller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<PrincipalInfo>,
     /// What works right now.
     pub features: Features,
     /// Limits in force on this connection.
@@ -90,6 +95,44 @@ pub struct HelloReply {
     /// The MCP tool servers and their states.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_servers: Option<Vec<super::ServerInfo>>,
+}
+
+/// Whom a connection speaks for, on the wire:
+/// `{"kind": "operator", "uid": 0}`, `{"kind": "agent", "id": 7, "name": "w1"}`,
+/// or `{"kind": "run", "of": <the caller's principal>}`.
+///
+/// ```
+/// use agentos_proto::payload::PrincipalInfo;
+/// let run = PrincipalInfo::Run { of: Some(Box::new(PrincipalInfo::Operator { uid: 0 })) };
+/// assert_eq!(
+///     serde_json::to_string(&run).unwrap(),
+///     r#"{"kind":"run","of":{"kind":"operator","uid":0}}"#
+/// );
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum PrincipalInfo {
+    /// A trusted local user, by uid.
+    Operator {
+        /// The user id.
+        uid: u32,
+    },
+    /// An agent the kernel spawned.
+    Agent {
+        /// Its id.
+        id: u32,
+        /// Its name, while the kernel knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+    },
+    /// The kernel connection of an EXEC run: a principal of its own, acting
+    /// for `of` within what the run was given.
+    Run {
+        /// Whose run it is (left out for a run that is over, whose tasks
+        /// an operator lists).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        of: Option<Box<PrincipalInfo>>,
+    },
 }
 
 /// What THINK talks to.

@@ -43,6 +43,7 @@ impl AgentRef {
 /// assert_eq!(request.grace_ms(), 5000);
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KillRequest {
     /// The agent's id.
     #[serde(default, skip_serializing_if = "Option::is_none")]

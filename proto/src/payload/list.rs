@@ -7,10 +7,11 @@ use crate::ErrorReply;
 
 /// A LIST request: an empty payload (or `{}`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListRequest {}
 
 impl ListRequest {
-    /// Parses a LIST payload: empty, or a JSON object whose fields are ignored.
+    /// Parses a LIST payload: empty, or `{}`.
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         parse_empty_or_object("LIST", payload)
     }
@@ -165,10 +166,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn empty_or_object_payloads_are_accepted() {
+    fn empty_or_empty_object_payloads_are_accepted_and_fields_refused() {
         assert!(ListRequest::parse(b"").is_ok());
         assert!(ListRequest::parse(b"{}").is_ok());
-        assert!(ListRequest::parse(br#"{"filter":"x"}"#).is_ok());
+        let err = ListRequest::parse(br#"{"filter":"x"}"#).unwrap_err();
+        assert!(err.error.contains("`filter`"), "{}", err.error);
         assert!(ListRequest::parse(b"[1]").is_err());
     }
 

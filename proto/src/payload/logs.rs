@@ -30,6 +30,7 @@ pub const MAX_FOLLOW_WAIT_MS: u64 = 60_000;
 /// assert_eq!(follow.wait_ms(), 10_000);
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LogsRequest {
     /// The agent's id.
     #[serde(default, skip_serializing_if = "Option::is_none")]

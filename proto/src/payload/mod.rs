@@ -3,8 +3,11 @@
 //! Parsing never panics: a payload that is not valid JSON, has a field of the
 //! wrong type, or breaks a rule of the protocol becomes an [`ErrorReply`] with
 //! code `bad_request` (or `limit_exceeded` for out-of-range limits) whose
-//! message names the offending field. Unknown fields are ignored, so newer
-//! clients keep working with older kernels.
+//! message names the offending field. A field the protocol does not know is
+//! refused the same way, in every request and every object nested in one:
+//! a misspelt `restart_polcy` or `permissions.thnk` would otherwise be
+//! silently dropped, and the agent would get what it did not ask for. (The
+//! Clove SDK's extra EXEC fields are the one exception; see [`ExecRequest`].)
 
 mod exec;
 mod hello;
@@ -17,11 +20,13 @@ mod think;
 mod tool;
 
 pub use exec::{
-    ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, SessionInfo,
-    SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated, MAX_EXEC_FILES,
-    MAX_EXEC_TIMEOUT_MS,
+    ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, RunPermissions,
+    SessionInfo, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated,
+    MAX_EXEC_FILES, MAX_EXEC_TIMEOUT_MS,
 };
-pub use hello::{CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, ProtocolLimits};
+pub use hello::{
+    CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, PrincipalInfo, ProtocolLimits,
+};
 pub use kill::{AgentRef, KillReply, KillRequest, DEFAULT_GRACE_MS};
 pub use list::{
     AgentInfo, AgentState, CpuStats, ExecStats, ListRequest, LlmStats, MemoryStats, PidStats,
@@ -35,7 +40,7 @@ pub use spawn::{
 };
 pub use task::{
     PromptRequest, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind, TaskList,
-    TaskListReply, TaskProgress, TaskRef, TaskReply, TaskRequest, TaskState, TaskWait,
+    TaskListReply, TaskOwner, TaskProgress, TaskRef, TaskReply, TaskRequest, TaskState, TaskWait,
     MAX_ITERATIONS, MAX_LIST_LIMIT, MAX_WAIT_MS,
 };
 pub use think::{ChatMessage, ThinkReply, ThinkRequest, Usage};
@@ -204,6 +209,105 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.error.contains("`limits.memory`"), "{}", err.error);
+    }
+
+    #[test]
+    fn every_request_refuses_a_field_it_does_not_know_naming_it() {
+        type Parse = fn(&[u8]) -> Result<(), ErrorReply>;
+        let exec: Parse = |p| ExecCall::parse(p).map(drop);
+        let task: Parse = |p| TaskRequest::parse(p).map(drop);
+        let think: Parse = |p| ThinkRequest::parse(p).map(drop);
+        let refused: [(Parse, &str, &str); 17] = [
+            (
+                |p| HelloRequest::parse(p).map(drop),
+                r#"{"client":"x"}"#,
+                "client",
+            ),
+            (
+                |p| ListRequest::parse(p).map(drop),
+                r#"{"all":true}"#,
+                "all",
+            ),
+            (
+                |p| KillRequest::parse(p).map(drop),
+                r#"{"id":1,"grace":5}"#,
+                "grace",
+            ),
+            (
+                |p| LogsRequest::parse(p).map(drop),
+                r#"{"id":1,"folow":true}"#,
+                "folow",
+            ),
+            (think, r#"{"prompt":"hi","temprature":1}"#, "temprature"),
+            (
+                think,
+                r#"{"messages":[{"role":"user","content":"hi","nmae":"x"}]}"#,
+                "nmae",
+            ),
+            (
+                |p| ToolCall::parse(p).map(drop),
+                r#"{"op":"list","serach":"x"}"#,
+                "serach",
+            ),
+            (exec, r#"{"code":"1","timout_ms":5}"#, "timout_ms"),
+            (
+                exec,
+                r#"{"code":"1","limits":{"memroy":1048576}}"#,
+                "memroy",
+            ),
+            (exec, r#"{"code":"1","permissions":{"thnk":false}}"#, "thnk"),
+            (
+                exec,
+                r#"{"op":"close","session":"s","sesion":"t"}"#,
+                "sesion",
+            ),
+            (
+                task,
+                r#"{"op":"dispatch","kind":"think","request":"hi","lable":"x"}"#,
+                "lable",
+            ),
+            (
+                task,
+                r#"{"op":"dispatch","kind":"exec","request":{"code":"1","sesion":"s"}}"#,
+                "sesion",
+            ),
+            (
+                task,
+                r#"{"op":"dispatch","kind":"prompt","request":{"prompt":"x","max_iteration":2}}"#,
+                "max_iteration",
+            ),
+            (task, r#"{"op":"status","task_id":"t","tsak":1}"#, "tsak"),
+            (task, r#"{"op":"list","sate":"running"}"#, "sate"),
+            (
+                |p| SpawnRequest::parse(p).map(drop),
+                r#"{"name":"a","command":["x"],"permissions":{"spwn":true}}"#,
+                "spwn",
+            ),
+        ];
+        for (parse, json, misspelt) in refused {
+            let err = parse(json.as_bytes()).unwrap_err();
+            assert_eq!(err.code, ErrorCode::BadRequest, "{json}");
+            assert!(
+                err.error.contains(&format!("`{misspelt}`")),
+                "{json}: {}",
+                err.error
+            );
+        }
+    }
+
+    #[test]
+    fn the_clove_sdks_exec_fields_stay_accepted() {
+        let call = ExecCall::parse(
+            br#"{"command":"ls","cwd":"/tmp","timeout":3,"async":false,"request_id":"r-1"}"#,
+        )
+        .unwrap();
+        let ExecCall::Run(run) = call else {
+            panic!("not a run: {call:?}")
+        };
+        assert_eq!((run.language, run.timeout_ms), (Language::Bash, Some(3000)));
+        // The one op a run names is `run`.
+        assert!(ExecCall::parse(br#"{"op":"run","code":"1"}"#).is_ok());
+        assert!(ExecRequest::parse(br#"{"op":"close","code":"1"}"#).is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::ErrorReply;
 /// Resource limits of an agent's cgroup. Absent fields take the kernel's
 /// defaults.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Hard memory limit in bytes, swap excluded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +107,7 @@ pub const MAX_TOOL_PATTERN: usize = 256;
 /// the parent's own value for an agent's (which may ask for less, never
 /// more).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PermissionsRequest {
     /// May use THINK.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -174,6 +176,7 @@ impl Default for Permissions {
 /// assert!(!request.network);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SpawnRequest {
     /// Unique among live agents, `[A-Za-z0-9_.-]{1,64}`.
     pub name: String,
@@ -269,21 +272,25 @@ impl SpawnRequest {
             ));
         }
         if let Some(patterns) = &self.permissions.tools {
-            if patterns.len() > MAX_TOOL_PATTERNS
-                || patterns
-                    .iter()
-                    .any(|p| p.is_empty() || p.len() > MAX_TOOL_PATTERN || p.contains('\0'))
-            {
-                return Err(bad_request(format!(
-                    "SPAWN field `permissions.tools`: at most {MAX_TOOL_PATTERNS} patterns of 1 \
-                     to {MAX_TOOL_PATTERN} bytes, like \"everything.*\""
-                )));
-            }
+            check_tool_patterns("SPAWN field `permissions.tools`", patterns)?;
         }
         self.limits.validate()?;
         check_range("max_restarts", Some(u64::from(self.max_restarts)), 0, 1000)?;
         check_range("restart_window", Some(self.restart_window), 1, 86_400)
     }
+}
+
+/// Checks a list of tool patterns against the protocol's bounds; `field`
+/// names it in the message.
+pub(crate) fn check_tool_patterns(field: &str, patterns: &[String]) -> Result<(), ErrorReply> {
+    let bad = |p: &String| p.is_empty() || p.len() > MAX_TOOL_PATTERN || p.contains('\0');
+    if patterns.len() > MAX_TOOL_PATTERNS || patterns.iter().any(bad) {
+        return Err(bad_request(format!(
+            "{field}: at most {MAX_TOOL_PATTERNS} patterns of 1 to {MAX_TOOL_PATTERN} bytes, like \
+             \"everything.*\""
+        )));
+    }
+    Ok(())
 }
 
 /// Which isolation is in force for an agent.
@@ -388,9 +395,28 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_are_ignored() {
-        assert!(
-            SpawnRequest::parse(br#"{"name":"w","command":["/bin/true"],"colour":"blue"}"#).is_ok()
-        );
+    fn unknown_fields_are_refused_naming_them_at_any_depth() {
+        for (json, named) in [
+            (
+                r#"{"name":"w","command":["/bin/true"],"colour":"blue"}"#,
+                "`colour`",
+            ),
+            (
+                r#"{"name":"w","command":["/bin/true"],"restart_polcy":"always"}"#,
+                "`restart_polcy`",
+            ),
+            (
+                r#"{"name":"w","command":["/bin/true"],"permissions":{"thnk":false}}"#,
+                "`thnk`",
+            ),
+            (
+                r#"{"name":"w","command":["/bin/true"],"limits":{"memroy":1}}"#,
+                "`memroy`",
+            ),
+        ] {
+            let err = SpawnRequest::parse(json.as_bytes()).unwrap_err();
+            assert_eq!(err.code, crate::ErrorCode::BadRequest, "{json}");
+            assert!(err.error.contains(named), "{json}: {}", err.error);
+        }
     }
 }

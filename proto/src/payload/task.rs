@@ -105,6 +105,7 @@ impl TaskState {
 
 /// A prompt task's request: the kernel's loop.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PromptRequest {
     /// What to do.
     pub prompt: String,
@@ -125,6 +126,7 @@ fn default_iterations() -> u32 {
 
 /// `dispatch`: start work in the background.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TaskDispatch {
     /// EXEC, THINK or the prompt loop.
     pub kind: TaskKind,
@@ -138,6 +140,7 @@ pub struct TaskDispatch {
 
 /// `status` and `cancel`: names a task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TaskRef {
     /// The task's id.
     pub task_id: String,
@@ -145,6 +148,7 @@ pub struct TaskRef {
 
 /// `wait`: until the task ends or `timeout_ms` passes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TaskWait {
     /// The task's id.
     pub task_id: String,
@@ -155,6 +159,7 @@ pub struct TaskWait {
 
 /// `list`: the caller's tasks, newest first, a page at a time.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TaskList {
     /// Only tasks in this state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -168,6 +173,27 @@ pub struct TaskList {
     /// Only tasks older than this one (the last page's `next`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub before: Option<String>,
+    /// Whose tasks (operators only): an agent by id or name, or `"*"` for
+    /// everyone's. Left out, the caller's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<TaskOwner>,
+}
+
+/// Whose tasks a `list` asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TaskOwner {
+    /// An agent, by id.
+    Agent(u32),
+    /// An agent by name, or `"*"` for every owner.
+    Name(String),
+}
+
+impl TaskOwner {
+    /// Whether it asks for every owner's tasks.
+    pub fn is_everyone(&self) -> bool {
+        matches!(self, TaskOwner::Name(name) if name == "*")
+    }
 }
 
 /// A TASK request, selected by `op`.
@@ -201,10 +227,12 @@ impl TaskRequest {
         // Selected by hand rather than through serde's tagged-enum support,
         // which buffers the fields and so loses the name of a field at fault.
         let value: serde_json::Value = parse_json("TASK", payload)?;
-        if !value.is_object() {
+        let serde_json::Value::Object(mut fields) = value else {
             return Err(bad_request("TASK payload must be a JSON object"));
-        }
-        let request = match value.get("op").and_then(serde_json::Value::as_str) {
+        };
+        let op = fields.remove("op");
+        let value = serde_json::Value::Object(fields);
+        let request = match op.as_ref().and_then(serde_json::Value::as_str) {
             Some("dispatch") => TaskRequest::Dispatch(from_value("TASK", value)?),
             Some("status") => TaskRequest::Status(from_value("TASK", value)?),
             Some("wait") => TaskRequest::Wait(from_value("TASK", value)?),
@@ -225,7 +253,14 @@ impl TaskRequest {
         match &request {
             TaskRequest::Dispatch(dispatch) => dispatch.validate()?,
             TaskRequest::Wait(wait) => check_range("timeout_ms", wait.timeout_ms, 0, MAX_WAIT_MS)?,
-            TaskRequest::List(list) => check_range("limit", list.limit, 1, MAX_LIST_LIMIT)?,
+            TaskRequest::List(list) => {
+                check_range("limit", list.limit, 1, MAX_LIST_LIMIT)?;
+                if let Some(TaskOwner::Name(name)) = &list.owner {
+                    if name != "*" {
+                        super::validate_name("owner", name)?;
+                    }
+                }
+            }
             TaskRequest::Status(_) | TaskRequest::Cancel(_) => {}
         }
         Ok(request)
@@ -330,6 +365,9 @@ pub struct TaskInfo {
     /// prompt loop's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
+    /// Whose it is, when an operator looks at another owner's tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<super::PrincipalInfo>,
 }
 
 /// Reply to `dispatch`.

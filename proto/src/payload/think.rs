@@ -7,6 +7,7 @@ use crate::{ErrorCode, ErrorReply};
 
 /// One chat message of a structured THINK request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     /// `system`, `user` or `assistant`.
     pub role: String,
@@ -24,6 +25,7 @@ pub struct ChatMessage {
 /// assert_eq!(structured.system.as_deref(), Some("be brief"));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ThinkRequest {
     /// The user prompt (`prompt` or `messages` is required).
     #[serde(default, skip_serializing_if = "Option::is_none")]

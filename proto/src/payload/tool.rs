@@ -65,6 +65,7 @@ enum Op {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Wire {
     #[serde(default)]
     op: Op,

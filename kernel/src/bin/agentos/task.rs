@@ -57,6 +57,10 @@ pub enum TaskCommand {
         /// Most tasks shown
         #[arg(long, default_value_t = 50)]
         limit: u64,
+        /// Another owner's tasks (operators only): an agent's id or name,
+        /// or `*` for everyone's
+        #[arg(long)]
+        owner: Option<String>,
         /// Print the TASK reply as JSON
         #[arg(long)]
         json: bool,
@@ -232,6 +236,7 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
             state,
             kind,
             limit,
+            owner,
             json,
         } => {
             let mut body = json!({"op": "list", "limit": limit});
@@ -241,21 +246,38 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
             if let Some(kind) = kind {
                 body["kind"] = kind.into();
             }
+            if let Some(owner) = &owner {
+                // An agent's id is a number; anything else, a name or `*`.
+                body["owner"] = owner
+                    .parse::<u32>()
+                    .map_or_else(|_| owner.as_str().into(), Into::into);
+            }
             let reply = call(body)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&reply)?);
             } else {
+                // Whose each task is, when they may be another's.
+                let whose = |task: &serde_json::Value| match owner {
+                    Some(_) => format!("{:<20} ", owner_name(&task["owner"])),
+                    None => String::new(),
+                };
+                let heading = if owner.is_some() { "OWNER" } else { "" };
                 println!(
-                    "{:<20} {:<6} {:<11} {:<24} LABEL",
-                    "TASK", "KIND", "STATE", "CREATED"
+                    "{:<20} {:<6} {:<11} {:<24} {heading:<width$}LABEL",
+                    "TASK",
+                    "KIND",
+                    "STATE",
+                    "CREATED",
+                    width = if owner.is_some() { 21 } else { 0 },
                 );
                 for task in reply["tasks"].as_array().into_iter().flatten() {
                     println!(
-                        "{:<20} {:<6} {:<11} {:<24} {}",
+                        "{:<20} {:<6} {:<11} {:<24} {}{}",
                         task["task_id"].as_str().unwrap_or("?"),
                         task["kind"].as_str().unwrap_or("?"),
                         task["state"].as_str().unwrap_or("?"),
                         task["created_at"].as_str().unwrap_or("?"),
+                        whose(task),
                         task["label"].as_str().unwrap_or(""),
                     );
                 }
@@ -279,4 +301,18 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
 /// One TASK request, its reply as JSON (an error reply as an error).
 fn task_call(client: &mut Client, body: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
     Ok(client.call_json(Opcode::TASK, &serde_json::to_vec(body)?)?)
+}
+
+/// A task's owner in a few characters: `uid 0`, `worker1 (7)`, `run of worker1 (7)`.
+fn owner_name(owner: &serde_json::Value) -> String {
+    match owner["kind"].as_str() {
+        Some("operator") => format!("uid {}", owner["uid"]),
+        Some("agent") => match owner["name"].as_str() {
+            Some(name) => format!("{name} ({})", owner["id"]),
+            None => format!("agent {}", owner["id"]),
+        },
+        Some("run") if owner["of"].is_object() => format!("run of {}", owner_name(&owner["of"])),
+        Some("run") => "a run".to_owned(),
+        _ => "?".to_owned(),
+    }
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use mio::net::UnixListener;
 use mio::Token;
 
-use crate::address::{Adopted, Outbox};
+use crate::address::{Adopted, Adoptee, Outbox};
 use crate::identity::{peer_cred, peer_pid_namespaces, Identity};
 
 /// A listening socket for one caller; removed from disk when dropped.
@@ -90,8 +90,7 @@ impl DoorEntry {
                     }
                     out.adopted.push(Adopted {
                         stream,
-                        identity: entry.identity,
-                        run: None,
+                        peer: Adoptee::Known(entry.identity),
                     });
                 }
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,

@@ -134,6 +134,15 @@ pub struct Runtime<O> {
 }
 
 impl<O: Copy + PartialEq + Debug> Runtime<O> {
+    /// A sandbox's cgroup, relative to each hierarchy's root, if it has one.
+    pub fn cgroup_of(&self, key: SandboxKey) -> Option<&Path> {
+        self.sandboxes
+            .get(key.0)?
+            .cgroup
+            .as_ref()
+            .map(|cgroup| cgroup.rel())
+    }
+
     /// Starts the launch thread (finished launches wake `waker`) and the
     /// first warm sandboxes. `registry` is the reactor's, for the
     /// runtime's own sources.

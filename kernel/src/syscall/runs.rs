@@ -1,0 +1,588 @@
+//! Who is asking, and what it may do: an operator; an agent, within what
+//! its SPAWN gave it; or an EXEC run, within what its EXEC request gave it.
+//!
+//! Code that EXEC runs — an LLM's included — is hostile, so a run is a
+//! principal of its own, never its caller. The kernel connection inside a
+//! run speaks for the run: by default it may use TOOL (within the caller's
+//! tools) and THINK (charged to the caller), and what EXEC's `permissions`
+//! added — checked as a SPAWN's would be, never more than the caller has,
+//! and never more than a sandboxed agent may have. A run's own work (the
+//! agents it spawned, its runs, sessions and tasks) is the run's alone, and
+//! ends when the run does.
+
+use std::collections::HashMap;
+
+use agentos_proto::payload::{ExecRequest, Limits, Permissions, PrincipalInfo};
+use agentos_proto::{ErrorCode, ErrorReply};
+
+use crate::address::ReplyTo;
+use crate::agents::{AgentGrant, Agents, Grant, Viewer};
+use crate::cgroup::CgroupLimits;
+use crate::exec::Share;
+use crate::identity::Principal;
+use crate::llm::Budget;
+use crate::tools::catalog::covered_by;
+
+/// The operator or agent at the end of a run's chain of callers (for a run
+/// of a run of agent 7: agent 7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Root {
+    /// An operator, by uid.
+    Operator(u32),
+    /// An agent, by id.
+    Agent(u32),
+}
+
+impl Root {
+    /// The agent, if it is one.
+    pub fn agent(self) -> Option<u32> {
+        match self {
+            Root::Agent(id) => Some(id),
+            Root::Operator(_) => None,
+        }
+    }
+}
+
+/// The token budget a run's own `llm_tokens` sets is kept under this key
+/// and the run's number, clear of every agent's id.
+const RUN_BUDGETS: u32 = 1 << 31;
+
+/// What an EXEC run was given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunGrant {
+    /// Whose run it is.
+    pub of: Principal,
+    /// The operator or agent at the end of the chain of callers.
+    pub root: Root,
+    /// What its connection may do.
+    pub permissions: Permissions,
+    /// Whether it may dispatch TASKs.
+    pub task: bool,
+    /// Its limits in force.
+    pub limits: Limits,
+    /// Whether it shares the host's network.
+    pub network: bool,
+    /// The token budgets it draws on: its own, if it has one, then its
+    /// caller's.
+    pub budgets: Vec<Budget>,
+    /// Where its reply goes: once that reply has gone, the run is over.
+    pub reply_to: ReplyTo,
+}
+
+impl RunGrant {
+    /// What it may give an agent it spawns: never more than it has.
+    pub fn as_parent(&self) -> Grant {
+        Grant {
+            network: self.network,
+            limits: self.limits,
+            permissions: self.permissions.clone(),
+        }
+    }
+}
+
+/// The runs in progress, by number.
+#[derive(Debug, Default)]
+pub struct Runs {
+    grants: HashMap<u64, RunGrant>,
+    by_reply: HashMap<ReplyTo, u64>,
+    next: u64,
+}
+
+impl Runs {
+    /// The number the next run gets.
+    pub fn next_number(&self) -> u64 {
+        self.next + 1
+    }
+
+    /// Admits a run under the number [`next_number`](Self::next_number)
+    /// gave; returns it.
+    pub fn admit(&mut self, grant: RunGrant) -> u64 {
+        self.next += 1;
+        let number = self.next;
+        self.by_reply.insert(grant.reply_to, number);
+        self.grants.insert(number, grant);
+        number
+    }
+
+    /// The key run `number`'s own token budget is kept under.
+    pub fn budget_key(number: u64) -> u32 {
+        RUN_BUDGETS | (number as u32 & !RUN_BUDGETS)
+    }
+
+    /// What run `number` was given, while it lasts.
+    pub fn get(&self, number: u64) -> Option<&RunGrant> {
+        self.grants.get(&number)
+    }
+
+    /// Forgets a run that was refused before it began.
+    pub fn refused(&mut self, number: u64) {
+        if let Some(grant) = self.grants.remove(&number) {
+            self.by_reply.remove(&grant.reply_to);
+        }
+    }
+
+    /// The run whose reply goes to `reply_to`, if one does: that reply
+    /// ends it.
+    pub fn answered(&mut self, reply_to: &ReplyTo) -> Option<(u64, RunGrant)> {
+        let number = self.by_reply.remove(reply_to)?;
+        self.grants.remove(&number).map(|grant| (number, grant))
+    }
+
+    /// Whether any run is in progress (so replies need looking at).
+    pub fn is_empty(&self) -> bool {
+        self.grants.is_empty()
+    }
+
+    /// `principal` as HELLO says it: a run as a run of its caller's.
+    pub fn describe(&self, principal: Principal, agents: &Agents) -> PrincipalInfo {
+        match principal {
+            Principal::Operator { uid } => PrincipalInfo::Operator { uid },
+            Principal::Agent { id } => PrincipalInfo::Agent {
+                id,
+                name: agents.grant(id).map(|grant| grant.name.to_owned()),
+            },
+            // A run that is over is no one's any more.
+            Principal::Run { number } => PrincipalInfo::Run {
+                of: self
+                    .grants
+                    .get(&number)
+                    .map(|grant| Box::new(self.describe(grant.of, agents))),
+            },
+        }
+    }
+}
+
+/// Who is asking, with what it was given.
+#[derive(Clone, Copy, Debug)]
+pub enum Actor<'a> {
+    /// An operator: anything the protocol allows.
+    Operator {
+        /// Its user id.
+        uid: u32,
+    },
+    /// An agent, within its grant.
+    Agent {
+        /// Its id.
+        id: u32,
+        /// What it was given.
+        grant: AgentGrant<'a>,
+    },
+    /// An EXEC run, within what its request gave it.
+    Run {
+        /// Its number.
+        number: u64,
+        /// What it was given.
+        grant: &'a RunGrant,
+    },
+}
+
+impl<'a> Actor<'a> {
+    /// Who `principal` is, with what it was given; an agent the kernel
+    /// does not know (any more), or a run that is over, is refused.
+    pub fn of(
+        principal: Principal,
+        agents: &'a Agents,
+        runs: &'a Runs,
+    ) -> Result<Self, ErrorReply> {
+        match principal {
+            Principal::Operator { uid } => Ok(Actor::Operator { uid }),
+            Principal::Agent { id } => agents
+                .grant(id)
+                .map(|grant| Actor::Agent { id, grant })
+                .ok_or_else(|| {
+                    ErrorReply::new(
+                        ErrorCode::PermissionDenied,
+                        format!("agent {id} is not known"),
+                    )
+                }),
+            Principal::Run { number } => runs
+                .get(number)
+                .map(|grant| Actor::Run { number, grant })
+                .ok_or_else(|| {
+                    ErrorReply::new(ErrorCode::PermissionDenied, "this EXEC run is over")
+                }),
+        }
+    }
+
+    /// The principal it is.
+    pub fn principal(&self) -> Principal {
+        match *self {
+            Actor::Operator { uid } => Principal::Operator { uid },
+            Actor::Agent { id, .. } => Principal::Agent { id },
+            Actor::Run { number, .. } => Principal::Run { number },
+        }
+    }
+
+    /// The operator or agent at the end of its chain of callers.
+    pub fn root(&self) -> Root {
+        match *self {
+            Actor::Operator { uid } => Root::Operator(uid),
+            Actor::Agent { id, .. } => Root::Agent(id),
+            Actor::Run { grant, .. } => grant.root,
+        }
+    }
+
+    /// How it sees the agents table.
+    pub fn viewer(&self) -> Viewer {
+        match *self {
+            Actor::Operator { .. } => Viewer::Operator,
+            Actor::Agent { id, .. } => Viewer::Agent(id),
+            Actor::Run { number, .. } => Viewer::Run(number),
+        }
+    }
+
+    /// Whose share of EXEC its runs count against: an agent's whole tree,
+    /// or an operator's uid (a run's, its root's).
+    pub fn share(&self, agents: &Agents) -> Share {
+        match self.root() {
+            Root::Agent(id) => Share::Tree(agents.root_of(id)),
+            Root::Operator(uid) => Share::Operator(uid),
+        }
+    }
+
+    /// How it is named in refusals.
+    pub fn name(&self) -> String {
+        match self {
+            Actor::Operator { uid } => format!("operator uid {uid}"),
+            Actor::Agent { grant, .. } => format!("agent {}", grant.name),
+            Actor::Run { number, .. } => format!("EXEC run {number}"),
+        }
+    }
+
+    /// What it may do, as a bound on what it may give.
+    fn powers(&self) -> Powers<'_> {
+        match self {
+            Actor::Operator { .. } => Powers {
+                think: true,
+                exec: true,
+                spawn: true,
+                task: true,
+                tools: None,
+                network: true,
+                limits: Limits::default(),
+                budgets: &[],
+            },
+            Actor::Agent { grant, .. } => Powers {
+                think: grant.permissions.think,
+                exec: grant.permissions.exec,
+                spawn: grant.permissions.spawn,
+                // An agent dispatches the tasks its other permissions allow.
+                task: grant.permissions.exec || grant.permissions.think,
+                tools: Some(&grant.permissions.tools),
+                network: grant.network,
+                limits: grant.limits,
+                budgets: grant.budgets,
+            },
+            Actor::Run { grant, .. } => Powers {
+                think: grant.permissions.think,
+                exec: grant.permissions.exec,
+                spawn: grant.permissions.spawn,
+                task: grant.task,
+                tools: Some(&grant.permissions.tools),
+                network: grant.network,
+                limits: grant.limits,
+                budgets: &grant.budgets,
+            },
+        }
+    }
+
+    /// Its own limits, which bound its runs' (an operator has none).
+    pub fn limits(&self) -> Limits {
+        self.powers().limits
+    }
+
+    /// The token budgets it draws on.
+    pub fn budgets(&self) -> &[Budget] {
+        self.powers().budgets
+    }
+
+    /// The tool patterns it is held to (`None`: every tool).
+    pub fn tools(&self) -> Option<&[String]> {
+        self.powers().tools
+    }
+
+    /// Whether it may use THINK; if not, why not.
+    pub fn may(&self, what: Power) -> Result<(), ErrorReply> {
+        let powers = self.powers();
+        let (has, field) = match what {
+            Power::Think => (powers.think, "think"),
+            Power::Exec => (powers.exec, "exec"),
+            Power::Spawn => (powers.spawn, "spawn"),
+            Power::Task => (powers.task, "task"),
+        };
+        if has {
+            return Ok(());
+        }
+        let whose = match self {
+            Actor::Run { .. } => "its EXEC request's permissions",
+            _ => "its permissions",
+        };
+        Err(ErrorReply::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "{} may not {} ({whose}.{field} is false)",
+                self.name(),
+                what.verb()
+            ),
+        ))
+    }
+
+    /// What a run it asks for may do: `request`'s `permissions` and
+    /// `network`, each within what this caller has (never more than a
+    /// sandboxed agent may be given: a run never shares the host's view,
+    /// never spawns unsandboxed, and reaches only what it starts itself).
+    /// `limits` are the run's, already within the caller's; `tokens_left`
+    /// what the caller's budgets still allow.
+    pub fn grant_run(
+        &self,
+        request: &ExecRequest,
+        limits: &CgroupLimits,
+        tokens_left: Option<u64>,
+        reply_to: ReplyTo,
+        number: u64,
+    ) -> Result<RunGrant, ErrorReply> {
+        let powers = self.powers();
+        let asked = request.permissions.clone().unwrap_or_default();
+        for (field, asked, has) in [
+            ("think", asked.think, powers.think),
+            ("exec", asked.exec, powers.exec),
+            ("spawn", asked.spawn, powers.spawn),
+            ("task", asked.task, powers.task),
+        ] {
+            if asked == Some(true) && !has {
+                return Err(denied(
+                    &format!("permissions.{field}"),
+                    &format!("{} does not have it", self.name()),
+                ));
+            }
+        }
+        if request.network == Some(true) && !powers.network {
+            return Err(denied(
+                "network",
+                &format!("{} has no host network", self.name()),
+            ));
+        }
+        if request.network == Some(true) {
+            return Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                "EXEC field `network`: runs reach loopback only on this kernel; run code that \
+                 needs the network in an agent spawned with `network: true`",
+            ));
+        }
+        let tools = match (&asked.tools, powers.tools) {
+            (Some(wanted), Some(own)) => {
+                if let Some(wider) = wanted.iter().find(|p| !covered_by(own, p)) {
+                    return Err(denied(
+                        "permissions.tools",
+                        &format!("{wider:?} allows tools {}'s {own:?} do not", self.name()),
+                    ));
+                }
+                wanted.clone()
+            }
+            (Some(wanted), None) => wanted.clone(),
+            (None, Some(own)) => own.to_vec(),
+            (None, None) => vec!["*".to_owned()],
+        };
+        let own_tokens = asked.llm_tokens.unwrap_or(0);
+        if let Some(left) = tokens_left.filter(|left| own_tokens > *left) {
+            return Err(denied(
+                "permissions.llm_tokens",
+                &format!(
+                    "asks for {own_tokens} tokens; {}'s budget has {left} left",
+                    self.name()
+                ),
+            ));
+        }
+        let budgets = (own_tokens > 0)
+            .then_some(Budget {
+                owner: Runs::budget_key(number),
+                tokens: own_tokens,
+            })
+            .into_iter()
+            .chain(powers.budgets.iter().copied())
+            .collect();
+        Ok(RunGrant {
+            of: self.principal(),
+            root: self.root(),
+            permissions: Permissions {
+                think: asked.think.unwrap_or(powers.think),
+                exec: asked.exec.unwrap_or(false),
+                spawn: asked.spawn.unwrap_or(false),
+                llm_tokens: own_tokens,
+                tools,
+            },
+            task: asked.task.unwrap_or(false),
+            limits: Limits {
+                memory: Some(limits.memory),
+                cpu_quota: limits.cpu_quota,
+                cpu_period: Some(limits.cpu_period),
+                max_pids: Some(limits.max_pids.saturating_sub(1).max(1)),
+            },
+            network: false,
+            budgets,
+            reply_to,
+        })
+    }
+}
+
+/// What an actor may do.
+struct Powers<'a> {
+    think: bool,
+    exec: bool,
+    spawn: bool,
+    task: bool,
+    /// `None`: every tool.
+    tools: Option<&'a [String]>,
+    network: bool,
+    limits: Limits,
+    budgets: &'a [Budget],
+}
+
+/// A permission a request needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Power {
+    /// THINK.
+    Think,
+    /// EXEC.
+    Exec,
+    /// SPAWN.
+    Spawn,
+    /// TASK.
+    Task,
+}
+
+impl Power {
+    fn verb(self) -> &'static str {
+        match self {
+            Power::Think => "THINK",
+            Power::Exec => "EXEC",
+            Power::Spawn => "spawn agents",
+            Power::Task => "dispatch TASKs",
+        }
+    }
+}
+
+fn denied(field: &str, why: &str) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::PermissionDenied,
+        format!("EXEC field `{field}`: {why} (a run never gets more than its caller)"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::address::ConnKey;
+
+    fn reply_to() -> ReplyTo {
+        ReplyTo::Request {
+            conn: ConnKey {
+                index: 0,
+                serial: 1,
+            },
+            seq: 1,
+        }
+    }
+
+    fn limits() -> CgroupLimits {
+        CgroupLimits {
+            memory: 64 << 20,
+            cpu_quota: None,
+            cpu_period: 100_000,
+            max_pids: 65,
+        }
+    }
+
+    fn run_of(actor: &Actor<'_>, json: &str) -> Result<RunGrant, ErrorReply> {
+        let request = ExecRequest::parse(json.as_bytes()).unwrap();
+        actor.grant_run(&request, &limits(), Some(500), reply_to(), 1)
+    }
+
+    #[test]
+    fn an_operators_run_gets_tools_and_think_only_by_default() {
+        let operator = Actor::Operator { uid: 0 };
+        let grant = run_of(&operator, r#"{"code":"1"}"#).unwrap();
+        assert_eq!(grant.of, Principal::Operator { uid: 0 });
+        assert!(grant.permissions.think);
+        assert!(!grant.permissions.spawn && !grant.permissions.exec && !grant.task);
+        assert_eq!(grant.permissions.tools, ["*"]);
+        assert!(!grant.network);
+        assert_eq!(grant.limits.memory, Some(64 << 20));
+        assert_eq!(grant.limits.max_pids, Some(64), "the waiting parent aside");
+    }
+
+    #[test]
+    fn a_run_never_gets_more_than_its_caller() {
+        let permissions = Permissions {
+            think: false,
+            exec: true,
+            spawn: false,
+            llm_tokens: 0,
+            tools: vec!["time.*".into()],
+        };
+        let budgets = [Budget {
+            owner: 7,
+            tokens: 1000,
+        }];
+        let agent = Actor::Agent {
+            id: 7,
+            grant: AgentGrant {
+                name: "w",
+                permissions: &permissions,
+                limits: Limits::default(),
+                network: false,
+                budgets: &budgets,
+            },
+        };
+        for (json, field) in [
+            (
+                r#"{"code":"1","permissions":{"spawn":true}}"#,
+                "permissions.spawn",
+            ),
+            (
+                r#"{"code":"1","permissions":{"think":true}}"#,
+                "permissions.think",
+            ),
+            (
+                r#"{"code":"1","permissions":{"tools":["*"]}}"#,
+                "permissions.tools",
+            ),
+            (
+                r#"{"code":"1","permissions":{"llm_tokens":501}}"#,
+                "permissions.llm_tokens",
+            ),
+            (r#"{"code":"1","network":true}"#, "network"),
+        ] {
+            let err = run_of(&agent, json).unwrap_err();
+            assert_eq!(err.code, ErrorCode::PermissionDenied, "{json}");
+            assert!(err.error.contains(field), "{json}: {}", err.error);
+        }
+        let grant = run_of(
+            &agent,
+            r#"{"code":"1","permissions":{"exec":true,"task":true,"llm_tokens":300}}"#,
+        )
+        .unwrap();
+        assert!(grant.permissions.exec && grant.task && !grant.permissions.think);
+        assert_eq!(grant.permissions.tools, ["time.*"]);
+        assert_eq!(grant.budgets.len(), 2, "its own, then the agent's");
+        assert_eq!(grant.root, Root::Agent(7));
+    }
+
+    #[test]
+    fn a_run_of_a_run_is_held_to_the_first_runs_grant() {
+        let operator = Actor::Operator { uid: 0 };
+        let first = run_of(&operator, r#"{"code":"1","permissions":{"exec":true}}"#).unwrap();
+        let run = Actor::Run {
+            number: 4,
+            grant: &first,
+        };
+        let err = run_of(&run, r#"{"code":"1","permissions":{"spawn":true}}"#).unwrap_err();
+        assert!(err.error.contains("permissions.spawn"), "{}", err.error);
+        let nested = run_of(&run, r#"{"code":"1"}"#).unwrap();
+        assert_eq!(nested.of, Principal::Run { number: 4 });
+        assert_eq!(nested.root, Root::Operator(0));
+        assert!(run.may(Power::Exec).is_ok());
+        assert!(run.may(Power::Spawn).is_err());
+        assert!(run.may(Power::Task).is_err());
+    }
+}
