@@ -2,7 +2,9 @@
 //! isolated run and through a session (and of a bash `echo 1`), against
 //! the same program as a fresh `python3 -I -S` process and as a fresh isolated one (`unshare ... python3 -I -S`), all
 //! measured in the same run; and fresh runs per second sustained by
-//! concurrent clients. Prints figures and ratios; asserts nothing.
+//! concurrent clients; and the operator's `print(1)` again while an agent
+//! floods EXEC with long runs from many connections, against the figure
+//! without the flood. Prints figures and ratios; asserts nothing.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -37,7 +39,32 @@ struct Args {
     /// Seconds of the sustained test
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Connections the flooding agent keeps a long run going on
+    #[arg(long, default_value_t = 12)]
+    flood_connections: usize,
 }
+
+/// An agent that keeps a long EXEC run going on each of `argv[1]`
+/// connections, sending the next as soon as one is answered.
+const FLOODER: &str = r#"
+import json, os, socket, struct, sys, threading
+def flood():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["AGENTOS_SOCKET"])
+    body = json.dumps({"code": "import time; time.sleep(2)", "timeout_ms": 60000}).encode()
+    while True:
+        s.sendall(struct.pack("<IIBQ", 0x41474E54, 0, 0x02, len(body)) + body)
+        head = b""
+        while len(head) < 17:
+            head += s.recv(17 - len(head))
+        size = struct.unpack("<Q", head[9:17])[0]
+        while size:
+            size -= len(s.recv(min(size, 65536)))
+for _ in range(int(sys.argv[1])):
+    threading.Thread(target=flood, daemon=True).start()
+print("flooding", flush=True)
+threading.Event().wait()
+"#;
 
 const CODE: &[u8] = br#"{"code":"print(1)"}"#;
 const SESSION_CODE: &[u8] = br#"{"code":"print(1)","session":"bench"}"#;
@@ -230,7 +257,74 @@ fn main() -> anyhow::Result<()> {
         verdict(percentile(&session, 0.5) <= Duration::from_micros(200)),
         verdict(per_second >= 300.0)
     );
+
+    // The operator's print(1) again, while an agent keeps long runs going
+    // on many connections: EXEC is shared between owners, so the agent
+    // holds its share of the runs and the operator's are served beside it.
+    let flooded = under_flood(&mut client, &kernel.socket, &args, dir.path())?;
+    println!();
+    println!(
+        "operator EXEC print(1) while one agent floods EXEC ({} connections, each a 2 s run \
+         after another), {} runs {} ms apart:",
+        args.flood_connections, args.runs, args.pause_ms
+    );
+    println!(
+        "{:<38} {:>9} {:>9} {:>12}",
+        "", "p50 ms", "p99 ms", "p50 vs quiet"
+    );
+    for (label, samples) in [("quiet (above)", &warm), ("while flooded", &flooded)] {
+        let (p50, p99) = (percentile(samples, 0.5), percentile(samples, 0.99));
+        println!(
+            "{label:<38} {:>9.2} {:>9.2} {:>11.3}x",
+            ms(p50),
+            ms(p99),
+            ms(p50) / ms(percentile(&warm, 0.5))
+        );
+    }
     drop(client);
     kernel.stop();
     Ok(())
+}
+
+/// The operator's warm `print(1)` latencies, sorted, while an agent floods
+/// EXEC from `args.flood_connections` connections.
+fn under_flood(
+    client: &mut Client,
+    socket: &std::path::Path,
+    args: &Args,
+    dir: &std::path::Path,
+) -> anyhow::Result<Vec<Duration>> {
+    use std::os::unix::fs::PermissionsExt;
+    // The agent's user must be able to read its script.
+    let scripts = dir.join("agent");
+    std::fs::create_dir_all(&scripts)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(&scripts, std::fs::Permissions::from_mode(0o755))?;
+    let script = scripts.join("flooder.py");
+    std::fs::write(&script, FLOODER)?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644))?;
+    let spawn = serde_json::json!({
+        "name": "flooder",
+        "python": PYTHON,
+        "script": script,
+        "args": [args.flood_connections.to_string()],
+    });
+    let mut operator = Client::connect(socket)?;
+    let reply = operator.call(Opcode::SPAWN, spawn.to_string().as_bytes())?;
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
+    if reply["success"] != true {
+        bail!("cannot spawn the flooding agent: {reply}");
+    }
+    // Let its runs take what they may.
+    std::thread::sleep(Duration::from_secs(3));
+    let pause = Duration::from_millis(args.pause_ms);
+    let mut flooded = Vec::with_capacity(args.runs);
+    for _ in 0..args.runs {
+        std::thread::sleep(pause);
+        flooded.push(exec_once(client)?);
+    }
+    flooded.sort_unstable();
+    let kill = serde_json::json!({"name": "flooder", "grace_ms": 0});
+    operator.call(Opcode::KILL, kill.to_string().as_bytes())?;
+    Ok(flooded)
 }

@@ -228,6 +228,12 @@ impl Llm {
         }
     }
 
+    /// Forgets what was spent of the budget kept under `owner` (a run's
+    /// own, once the run is over: its number is never used again).
+    pub fn forget_budget(&mut self, owner: u32) {
+        self.budgets.remove(&owner);
+    }
+
     /// The weight configured for an agent of this name.
     pub fn weight_of(&self, agent_name: &str) -> u32 {
         self.weights.get(agent_name).copied().unwrap_or(1)

@@ -542,6 +542,7 @@ impl Kernel {
     /// Run `number` is over (its reply has gone): the agents it spawned are
     /// stopped, and its own runs and sessions end.
     fn end_run(&mut self, number: u64) {
+        self.llm.forget_budget(Runs::budget_key(number));
         self.agents.stop_started_by(
             &mut agent_sandboxes(&mut self.sandboxes),
             &mut self.outbox.replies,
