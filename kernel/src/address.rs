@@ -94,11 +94,13 @@ pub struct Outbox {
     pub replies: Vec<Reply>,
     /// Connections the kernel made or accepted itself.
     pub adopted: Vec<Adopted>,
+    /// EXEC runs that are over: their connections close.
+    pub runs_over: Vec<u64>,
 }
 
 impl Outbox {
     /// Whether there is nothing to hand over.
     pub fn is_empty(&self) -> bool {
-        self.replies.is_empty() && self.adopted.is_empty()
+        self.replies.is_empty() && self.adopted.is_empty() && self.runs_over.is_empty()
     }
 }

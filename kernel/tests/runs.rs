@@ -594,3 +594,139 @@ fn a_run_cgroup_is_given_to_the_next_run_empty_of_memory() {
         assert_eq!(reply["stdout"], "fits\n", "run {n}: {reply}");
     }
 }
+
+#[test]
+fn a_runs_connection_dies_with_the_run_even_where_its_code_kept_a_copy() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    // A session's code keeps a copy of its run's connection...
+    let kept = exec(
+        &mut stream,
+        json!({"code": format!("{KERNEL_CALL}\nimport os\nkept = os.dup(_kernel.fileno())\nprint(call(0xFE, b'')['principal']['kind'])"),
+               "session": "keeper"}),
+    );
+    assert_eq!(kept["stdout"], "run\n", "{kept}");
+    // ...which the next run finds closed: the run it belonged to is over.
+    let later = exec(
+        &mut stream,
+        json!({"code": "s = socket.socket(fileno=kept)\ntry:\n    s.sendall(struct.pack('<IIBQ', 0x41474E54, 0, 0, 2) + b'hi')\n    print(repr(s.recv(64)))\nexcept OSError as err:\n    print('closed', err.errno)",
+               "session": "keeper"}),
+    );
+    let said = later["stdout"].as_str().unwrap();
+    assert!(said == "b''\n" || said.starts_with("closed"), "{later}");
+}
+
+#[test]
+fn a_sessions_runs_all_ask_what_its_first_asked() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let first = exec(&mut stream, json!({"code": "x = 1", "session": "s"}));
+    assert_eq!(first["success"], true, "{first}");
+    // A later run may not bring more to what the first left running.
+    let more = exec(
+        &mut stream,
+        json!({"code": "print(x)", "session": "s", "permissions": {"spawn": true}}),
+    );
+    assert_eq!(more["code"], "bad_request", "{more}");
+    assert!(
+        more["error"].as_str().unwrap().contains("session"),
+        "{more}"
+    );
+    let same = exec(&mut stream, json!({"code": "print(x)", "session": "s"}));
+    assert_eq!(same["stdout"], "1\n", "{same}");
+}
+
+#[test]
+fn a_run_may_not_give_its_runs_runs_of_their_own() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    let reply = exec(
+        &mut stream,
+        json!({"code": hostile(r#"{
+            "deeper": call(0x02, {"code": "print(1)", "permissions": {"exec": True}}),
+            "nested": call(0x02, {"code": "print(2)"}),
+        }"#),
+        "permissions": {"exec": true}}),
+    );
+    let got = printed(&reply);
+    assert_eq!(got["deeper"]["code"], "permission_denied", "{got}");
+    assert!(
+        got["deeper"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("permissions.exec"),
+        "{got}"
+    );
+    assert_eq!(got["nested"]["stdout"], "2\n", "{got}");
+}
+
+#[test]
+fn runs_cannot_reach_each_other_over_loopback() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    // A session listens on a loopback port and an abstract socket...
+    let listening = exec(
+        &mut stream,
+        json!({"code": "import socket\nl = socket.socket()\nl.bind(('127.0.0.1', 47123))\nl.listen()\na = socket.socket(socket.AF_UNIX)\na.bind('\\0agentos-test-run')\na.listen()\nprint('up')",
+               "session": "listener"}),
+    );
+    assert_eq!(listening["stdout"], "up\n", "{listening}");
+    // ...that no other run reaches.
+    let tries = exec(
+        &mut stream,
+        json!({"code": "import socket\nfor family, address in [(socket.AF_INET, ('127.0.0.1', 47123)), (socket.AF_UNIX, '\\0agentos-test-run')]:\n    s = socket.socket(family)\n    try:\n        s.connect(address)\n        print('reached')\n    except OSError as err:\n        print('refused', err.errno)"}),
+    );
+    let said = tries["stdout"].as_str().unwrap();
+    assert!(!said.contains("reached"), "{tries}");
+    assert_eq!(said.lines().count(), 2, "{tries}");
+    // Its own loopback works.
+    let own = exec(
+        &mut stream,
+        json!({"code": "import socket\nl = socket.socket()\nl.bind(('127.0.0.1', 0))\nl.listen()\nc = socket.create_connection(l.getsockname())\nprint('own loopback')"}),
+    );
+    assert_eq!(own["stdout"], "own loopback\n", "{own}");
+}
+
+#[test]
+fn an_agent_that_a_runs_child_spawned_ends_with_the_run_too() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    // The run's child spawns a grandchild, then exits.
+    let spawner = format!(
+        "{}\n_, reply = call(0x10, {{'name': 'grandchild', 'command': ['/bin/sleep', '300']}})\n\
+         print(reply.decode(), flush=True)\n",
+        common::PY_KERNEL
+    );
+    let tries = format!(
+        r#"{{"child": call(0x10, {{"name": "child", "command": ["/usr/bin/python3", "-c", {}],
+                                   "permissions": {{"spawn": True}}}})}}"#,
+        serde_json::to_string(&spawner).unwrap()
+    );
+    let reply = exec(
+        &mut stream,
+        json!({"code": hostile(&tries) + "\nimport time\ntime.sleep(2)\n",
+               "permissions": {"spawn": true}, "timeout_ms": 20000}),
+    );
+    let got = printed(&reply);
+    assert_eq!(got["child"]["success"], true, "{reply}");
+    let mut client = daemon.client();
+    let grandchild = common::listed_names(&mut client);
+    assert!(
+        grandchild.contains(&"grandchild".to_owned()),
+        "{grandchild:?}"
+    );
+    let id = request(&mut client, Opcode::LIST, &json!({}))
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "grandchild")
+        .unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    ends_with_its_run(&daemon, id);
+}

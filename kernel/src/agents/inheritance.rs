@@ -114,6 +114,7 @@ fn child_permissions(
         ("permissions.think", asked.think, parent.think),
         ("permissions.exec", asked.exec, parent.exec),
         ("permissions.spawn", asked.spawn, parent.spawn),
+        ("permissions.task", asked.task, parent.task),
     ] {
         if asked == Some(true) && !own {
             return Err(denied(field, "its parent does not have it"));
@@ -173,6 +174,7 @@ mod tests {
                 think: false,
                 exec: true,
                 spawn: true,
+                task: true,
                 llm_tokens: 1000,
                 tools: vec!["everything.*".into(), "time.get_current_time".into()],
             },

@@ -278,13 +278,11 @@ impl Agents {
         Ok(())
     }
 
-    /// The agent at the top of `id`'s family: itself, or its eldest
-    /// ancestor still known.
+    /// The agent at the top of `id`'s family: the eldest ancestor it had
+    /// when it was spawned (itself, if none). Kept with the agent, so a
+    /// family stays one however its middle generations come and go.
     pub fn root_of(&self, id: u32) -> u32 {
-        self.ancestors(id)
-            .filter(|ancestor| self.table.contains_key(ancestor))
-            .last()
-            .unwrap_or(id)
+        self.table.get(&id).map_or(id, |agent| agent.root)
     }
 
     /// The live agent named `name`, if any: its id and whether it is a
@@ -313,7 +311,12 @@ impl Agents {
         }
         let (parent, started_by) = match &spawner {
             Spawner::Operator => (None, None),
-            Spawner::Agent(parent) => (Some(*parent), None),
+            // An agent a run's agent spawns is the run's too: it ends with
+            // the run, even once the agent between them is forgotten.
+            Spawner::Agent(parent) => (
+                Some(*parent),
+                self.table.get(parent).and_then(|p| p.started_by),
+            ),
             Spawner::Run(run) => (run.parent, Some(run.number)),
         };
         let (grant, program, inherited) = match spawner {
@@ -391,6 +394,7 @@ impl Agents {
                 name: request.name.clone(),
                 parent,
                 started_by,
+                root: parent.map_or(id, |p| self.root_of(p)),
                 restarts: Restarts::new(
                     request.restart_policy,
                     request.max_restarts,
@@ -581,11 +585,10 @@ impl Agents {
         match caller {
             Viewer::Operator => true,
             Viewer::Agent(asker) => id == asker || self.is_descendant(id, asker),
-            Viewer::Run(number) => std::iter::once(id).chain(self.ancestors(id)).any(|a| {
-                self.table
-                    .get(&a)
-                    .is_some_and(|a| a.started_by == Some(number))
-            }),
+            Viewer::Run(number) => self
+                .table
+                .get(&id)
+                .is_some_and(|a| a.started_by == Some(number)),
         }
     }
 

@@ -57,9 +57,13 @@ pub struct Agent {
     /// The agent that spawned it, if an agent did (for a child an agent's
     /// EXEC run spawned: that agent).
     pub parent: Option<u32>,
-    /// The EXEC run that spawned it, if one did: it is the run's to see,
-    /// kill and read, and ends when the run does.
+    /// The EXEC run that spawned it (or spawned the agent that spawned it),
+    /// if one did: it is the run's to see, kill and read, and ends when the
+    /// run does.
     pub started_by: Option<u64>,
+    /// The eldest ancestor it had when spawned (itself, if none): its
+    /// family, whose members share EXEC and LOGS as one.
+    pub root: u32,
     /// What SPAWN asked for (kept for restarts).
     pub request: SpawnRequest,
     /// What runs.

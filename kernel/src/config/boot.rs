@@ -34,7 +34,7 @@ const FIELDS: &[&str] = &[
 /// Fields of an entry's `limits`.
 const LIMIT_FIELDS: &[&str] = &["memory", "cpu_quota", "cpu_period", "max_pids"];
 /// Fields of an entry's `permissions`.
-const PERMISSION_FIELDS: &[&str] = &["think", "exec", "spawn", "llm_tokens", "tools"];
+const PERMISSION_FIELDS: &[&str] = &["think", "exec", "spawn", "task", "llm_tokens", "tools"];
 
 /// Reads the `boot` array: each entry a SPAWN request that follows the
 /// protocol's rules, with no field SPAWN does not know (a misspelt
@@ -126,6 +126,7 @@ mod tests {
                 think: Some(true),
                 exec: Some(true),
                 spawn: Some(true),
+                task: Some(true),
                 llm_tokens: Some(1),
                 tools: Some(vec![]),
             },

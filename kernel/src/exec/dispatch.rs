@@ -15,7 +15,7 @@ use mio::{Interest, Token};
 
 use super::cgroups::RunCgroup;
 use super::run::{self, Kill, OrderOf, RunChild, Running, Stage, Stream, Work};
-use super::sessions::{Session, SessionKey};
+use super::sessions::{RunAsk, Session, SessionKey};
 use super::snapshots::Carried;
 use super::{host, set_nonblocking, watch, wire, Exec, Source, Waiting, Wake};
 use super::{AgentRunCgroups, ChargedTo, MAX_LOST_SESSIONS};
@@ -42,9 +42,10 @@ impl Exec {
         self.ask_for_agent_cgroups();
         while !self.ready.is_empty() {
             let agent_cgroups = &self.agent_cgroups;
+            let lending = self.lending_runs();
             let Some((_, mut waiting)) = self.queues.next(
                 |w| has_cgroup_for(agent_cgroups, w.charged_to.as_ref()),
-                Waiting::is_nested,
+                |w| w.is_lent(&lending),
             ) else {
                 return;
             };
@@ -57,10 +58,11 @@ impl Exec {
             if let Some(key) = waiting.session.clone() {
                 // A new session, or one a restore carries over.
                 let created = SystemTime::now();
-                let carried = waiting.carried.take().unwrap_or(Carried {
+                let carried = waiting.carried.take().unwrap_or_else(|| Carried {
                     created_at: created,
                     runs: 0,
                     queue: VecDeque::new(),
+                    grant: RunAsk::of(&waiting.request),
                 });
                 self.sessions.insert(
                     key,
@@ -71,6 +73,7 @@ impl Exec {
                         last_used: now,
                         runs: carried.runs,
                         queue: carried.queue,
+                        grant: carried.grant,
                         busy: true,
                     },
                 );
@@ -247,9 +250,13 @@ impl Exec {
     }
 
     /// Starts what waits, now that there may be room: queued requests, and
-    /// sessions' queued runs whose child is free.
+    /// sessions' queued runs whose child is free — each first in turn, so
+    /// neither can keep the room from the other.
     pub(super) fn serve_waiting(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        self.dispatch(replies, now);
+        self.sessions_first = !self.sessions_first;
+        if !self.sessions_first {
+            self.dispatch(replies, now);
+        }
         let waiting: Vec<SessionKey> = self
             .sessions
             .iter()
@@ -258,6 +265,9 @@ impl Exec {
             .collect();
         for key in waiting {
             self.serve_session(&key, replies, now);
+        }
+        if self.sessions_first {
+            self.dispatch(replies, now);
         }
     }
 

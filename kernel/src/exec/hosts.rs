@@ -8,6 +8,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use agentos_proto::{ErrorCode, ErrorReply};
 use mio::{Interest, Token};
 use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 
@@ -274,7 +275,7 @@ impl Exec {
             match made.made_for {
                 MadeFor::Host(host) => self.cgroup_for_host(host, made.result),
                 MadeFor::Agent(to) => {
-                    self.cgroup_for_agent(to, made.result);
+                    self.cgroup_for_agent(to, made.result, replies);
                     for_agents = true;
                 }
             }
@@ -287,7 +288,12 @@ impl Exec {
     /// A cgroup made inside an agent's (or returned after a run of its):
     /// kept for its next runs while the agent's cgroup is the same, else
     /// removed.
-    fn cgroup_for_agent(&mut self, to: ChargedTo, result: Result<RunCgroup, CgroupError>) {
+    fn cgroup_for_agent(
+        &mut self,
+        to: ChargedTo,
+        result: Result<RunCgroup, CgroupError>,
+        replies: &mut Vec<Reply>,
+    ) {
         let Some(cgroups) = &self.run_cgroups else {
             return;
         };
@@ -312,6 +318,18 @@ impl Exec {
                 );
                 if let Some(agent) = agent {
                     agent.asked = agent.asked.saturating_sub(1);
+                }
+                // Its waiting runs are answered now, rather than asking
+                // again and again until their deadlines.
+                let failed = ErrorReply::new(
+                    ErrorCode::Internal,
+                    format!("no cgroup could be made for the run inside its agent's: {err}"),
+                );
+                for waiting in self
+                    .queues
+                    .take_where(|w| w.charged_to.as_ref().is_some_and(|c| c.agent == to.agent))
+                {
+                    self.answer_waiting(waiting, &failed, replies);
                 }
             }
         }

@@ -67,8 +67,13 @@ use snapshots::{Carried, Snapshot};
 
 /// How many tokens EXEC's sources may take, from its base.
 pub const TOKEN_SPAN: usize = 1 << 40;
-/// Requests that may wait for a ready run child; beyond this, `busy`.
+/// Requests that may wait for a run child, from everyone; beyond this,
+/// `busy`.
 const MAX_WAITING: usize = 1024;
+/// Of those, from one owner (its sessions' queues included)...
+const MAX_WAITING_PER_OWNER: usize = 256;
+/// ...and kept for operators: agents cannot fill the queues.
+const OPERATOR_WAITING: usize = 256;
 /// Sessions lost to the memory controller remembered for their owners.
 const MAX_LOST_SESSIONS: usize = 1024;
 
@@ -131,10 +136,10 @@ struct AgentRunCgroups {
 }
 
 impl Waiting {
-    /// Whether a run asked for it: its share's cap does not hold it back
-    /// (the run that asked waits for it).
-    fn is_nested(&self) -> bool {
-        matches!(self.owner, Principal::Run { .. })
+    /// Whether it may go past its owner's cap: a run's own run, while that
+    /// run (which waits for it, in a place of its own) has none going.
+    fn is_lent(&self, lending: &std::collections::HashSet<u64>) -> bool {
+        matches!(self.owner, Principal::Run { number } if !lending.contains(&number))
     }
 }
 
@@ -186,6 +191,9 @@ pub struct Exec {
     ready: VecDeque<usize>,
     /// Requests waiting for a ready child, by owner.
     queues: Queues<Waiting>,
+    /// Whether sessions' queued runs were served before the queues last
+    /// time room came (the two take turns).
+    sessions_first: bool,
     sessions: HashMap<SessionKey, Session>,
     /// Sessions whose idle interpreter the memory controller killed, until
     /// their owner names them again and is told (at most
@@ -282,6 +290,7 @@ impl Exec {
                 exec.hosts * exec.ready_runs,
                 exec.max_running_per_owner,
             )),
+            sessions_first: false,
             sessions: HashMap::new(),
             lost_to_memory: std::collections::HashSet::new(),
             agent_cgroups: HashMap::new(),
@@ -346,15 +355,32 @@ impl Exec {
     /// for a sandbox is dropped; a running one is killed (SIGKILL to PID 1
     /// of its namespace, so everything it started dies), and its reply
     /// still goes out, saying so. Returns whether there was one.
-    pub fn cancel(&mut self, reply_to: ReplyTo) -> bool {
-        let mut found = !self
-            .queues
-            .take_where(|w| w.reply_to == reply_to)
-            .is_empty();
-        for session in self.sessions.values_mut() {
-            let queued = session.queue.len();
-            session.queue.retain(|w| w.reply_to != reply_to);
-            found |= session.queue.len() != queued;
+    pub fn cancel(&mut self, reply_to: ReplyTo, replies: &mut Vec<Reply>) -> bool {
+        let mut waiting = self.queues.take_where(|w| w.reply_to == reply_to);
+        let queues = self
+            .sessions
+            .values_mut()
+            .map(|session| &mut session.queue)
+            // One waiting in a restored session's queue, carried by the
+            // restore.
+            .chain(
+                self.queues
+                    .iter_mut()
+                    .filter_map(|w| w.carried.as_mut().map(|c| &mut c.queue)),
+            );
+        for queue in queues {
+            let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) = std::mem::take(queue)
+                .into_iter()
+                .partition(|w| w.reply_to == reply_to);
+            *queue = kept;
+            waiting.extend(gone);
+        }
+        let mut found = !waiting.is_empty();
+        // Answered (to no one who waits) all the same: the answer is what
+        // tells the kernel the run is over.
+        let cancelled = ErrorReply::new(ErrorCode::Unavailable, "the run was cancelled");
+        for waiting in waiting {
+            self.answer_waiting(waiting, &cancelled, replies);
         }
         for (_, run) in self.children.iter_mut() {
             if matches!(&run.stage, Stage::Running(r) if r.reply_to == reply_to) {
@@ -429,13 +455,47 @@ impl Exec {
                 ErrorCode::Unavailable,
                 format!("the run was not started: {why}"),
             );
-            replies.push((waiting.reply_to, refusal.to_json()));
+            self.answer_waiting(waiting, &refusal, replies);
         }
         for (_, child) in self.children.iter_mut() {
             if matches!(&child.stage, Stage::Running(r) if running(r)) {
                 child.kill(kill);
             }
         }
+    }
+
+    /// Answers a request taken from a queue with `refusal`. A restore that
+    /// carries its session takes the session with it: what waited for the
+    /// session is answered too, and its snapshots go.
+    fn answer_waiting(
+        &mut self,
+        mut waiting: Waiting,
+        refusal: &ErrorReply,
+        replies: &mut Vec<Reply>,
+    ) {
+        if let (Some(carried), Some(key)) = (waiting.carried.take(), &waiting.session) {
+            self.snapshots.remove(key);
+            let ended = ErrorReply::new(
+                ErrorCode::NotFound,
+                format!(
+                    "session {:?} ended while it was being restored; run again to start a new \
+                     one",
+                    key.1
+                ),
+            );
+            for queued in carried.queue {
+                replies.push((queued.reply_to, ended.to_json()));
+            }
+        }
+        replies.push((waiting.reply_to, refusal.to_json()));
+    }
+
+    /// The restore waiting for a sandbox that carries session `key`, taken
+    /// out of its queue, if there is one.
+    fn take_restore_of(&mut self, key: &SessionKey) -> Option<Waiting> {
+        self.queues
+            .take_where(|w| w.carried.is_some() && w.session.as_ref() == Some(key))
+            .pop()
     }
 
     /// What the run whose reply goes to `reply_to` has printed so far
@@ -540,14 +600,7 @@ impl Exec {
             ));
         }
         let limits = self.run_limits(&caller, request.limits.as_ref())?;
-        let queued =
-            self.queues.len() + self.sessions.values().map(|s| s.queue.len()).sum::<usize>();
-        if queued >= MAX_WAITING {
-            return Err(ErrorReply::new(
-                ErrorCode::Busy,
-                format!("{queued} runs are waiting for a sandbox; retry later"),
-            ));
-        }
+        self.may_wait(caller.share)?;
         let now = Instant::now();
         if request.language == Language::Bash {
             self.last_bash = Some(now);
@@ -577,6 +630,26 @@ impl Exec {
             };
             replies.push((reply_to, to_json(&reply)));
             return Ok(());
+        }
+        // A session's runs all ask the same of their connection as the run
+        // that opened it.
+        if let Some(key) = &session {
+            let opened = self
+                .sessions
+                .get(key)
+                .map(|open| open.grant.clone())
+                .or_else(|| self.opening_grant(key));
+            if opened.is_some_and(|grant| grant != sessions::RunAsk::of(&request)) {
+                return Err(ErrorReply::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "EXEC field `permissions`: session {:?} was opened by a run that asked \
+                         for other permissions (or network); its runs must all ask the same \
+                         (close it to open one with others)",
+                        key.1
+                    ),
+                ));
+            }
         }
         // A run for a session neither open nor about to open (by a run
         // already waiting) opens one.
@@ -619,6 +692,63 @@ impl Exec {
         }
         self.expire_if_still_waiting(reply_to, deadline);
         Ok(())
+    }
+
+    /// Whether one more request of `share` may wait: at most
+    /// [`MAX_WAITING_PER_OWNER`] of one owner's, [`MAX_WAITING`] in all, of
+    /// which agents leave [`OPERATOR_WAITING`] to operators.
+    fn may_wait(&self, share: Share) -> Result<(), ErrorReply> {
+        let waiting = self
+            .queues
+            .iter()
+            .chain(self.sessions.values().flat_map(|s| s.queue.iter()));
+        let (mut own, mut agents, mut all) = (0, 0, 0);
+        for w in waiting {
+            own += usize::from(w.share == share);
+            agents += usize::from(matches!(w.share, Share::Tree(_)));
+            all += 1;
+        }
+        let room_for_agents = MAX_WAITING - OPERATOR_WAITING;
+        let full = own >= MAX_WAITING_PER_OWNER
+            || all >= MAX_WAITING
+            || (matches!(share, Share::Tree(_)) && agents >= room_for_agents);
+        if full {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "{all} runs are waiting for a sandbox, {own} of them yours (at most \
+                     {MAX_WAITING_PER_OWNER} of one owner's); retry later"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The runs that have a run of their own going (each may lend its place
+    /// to one at a time).
+    fn lending_runs(&self) -> std::collections::HashSet<u64> {
+        self.children
+            .iter()
+            .filter_map(|(_, child)| match &child.stage {
+                Stage::Running(running) => match running.of.owner {
+                    Principal::Run { number } => Some(number),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// What the run waiting to open session `key` asked of its connection,
+    /// or a restore carrying it holds.
+    fn opening_grant(&self, key: &SessionKey) -> Option<sessions::RunAsk> {
+        self.queues
+            .iter()
+            .find(|w| w.session.as_ref() == Some(key))
+            .map(|w| match &w.carried {
+                Some(carried) => carried.grant.clone(),
+                None => sessions::RunAsk::of(&w.request),
+            })
     }
 
     /// EXEC runs accepted from `agent`, its tasks' included.

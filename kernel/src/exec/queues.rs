@@ -3,10 +3,10 @@
 //! the queues are served round robin: one request from each owner that has
 //! room, in turn. An owner holds at most `per_owner` runs at once, and
 //! agents together at most `for_agents`, so a flood from one agent (or from
-//! many) always leaves room for an operator. A run asked for by a run (a
-//! nested run) may go past its owner's cap, never past the agents': the
-//! run that asked waits for it, holding a place of its own, and would
-//! otherwise wait for ever.
+//! many) always leaves room for an operator. A run that a run asked for
+//! (the run that asked waiting for it in a place of its own) may go past
+//! its owner's cap — never past the agents' — if it is the only one of that
+//! run's going: otherwise an owner at its cap would wait on itself.
 //!
 //! Nothing here knows of children, sockets or time: it orders requests and
 //! counts what each owner holds; the rest of EXEC decides when a run can
@@ -100,11 +100,11 @@ impl<T> Queues<T> {
         self.queues.entry(share).or_default()
     }
 
-    /// Whether `share` may hold one more run now (`nested`: one a run asked
-    /// for, which only the agents' cap holds back).
-    pub fn has_room(&self, share: Share, nested: bool) -> bool {
+    /// Whether `share` may hold one more run now (`lent`: a run's own run,
+    /// which only the agents' cap holds back).
+    pub fn has_room(&self, share: Share, lent: bool) -> bool {
         let own = self.held.get(&share).copied().unwrap_or(0);
-        (nested || own < self.caps.per_owner)
+        (lent || own < self.caps.per_owner)
             && (matches!(share, Share::Operator(_)) || self.held_by_agents < self.caps.for_agents)
     }
 
@@ -116,18 +116,18 @@ impl<T> Queues<T> {
     /// Takes the next request to start: the first in the round of owners
     /// with room whose request at the head of its line `ready` accepts
     /// (one that cannot start yet keeps its place and holds up only its
-    /// own line); `nested` says which requests a run asked for. That owner
-    /// goes to the back of the round.
+    /// own line); `lent` says which may go past their owner's cap. That
+    /// owner goes to the back of the round.
     pub fn next(
         &mut self,
         mut ready: impl FnMut(&T) -> bool,
-        nested: impl Fn(&T) -> bool,
+        lent: impl Fn(&T) -> bool,
     ) -> Option<(Share, T)> {
         let turn = self.turns.iter().position(|share| {
             self.queues
                 .get(share)
                 .and_then(VecDeque::front)
-                .is_some_and(|head| self.has_room(*share, nested(head)) && ready(head))
+                .is_some_and(|head| self.has_room(*share, lent(head)) && ready(head))
         })?;
         let share = self.turns.remove(turn)?;
         let line = self.queues.get_mut(&share)?;
@@ -179,6 +179,11 @@ impl<T> Queues<T> {
     /// Every queued request.
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         self.queues.values().flatten()
+    }
+
+    /// Every queued request, to change it in place.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.queues.values_mut().flatten()
     }
 }
 
@@ -260,19 +265,19 @@ mod tests {
     }
 
     #[test]
-    fn a_nested_run_goes_past_its_owners_cap_but_not_the_agents() {
+    fn a_lent_run_goes_past_its_owners_cap_but_not_the_agents() {
         let mut q = queues(1, 2);
         q.push_back(A, 1);
         q.push_back(A, 2);
         q.push_back(A, 3);
-        let nested = |n: &u32| *n >= 2;
-        assert_eq!(q.next(|_| true, nested), Some((A, 1)));
+        let lent = |n: &u32| *n >= 2;
+        assert_eq!(q.next(|_| true, lent), Some((A, 1)));
         q.started(A);
-        assert_eq!(q.next(|_| true, nested), Some((A, 2)));
+        assert_eq!(q.next(|_| true, lent), Some((A, 2)));
         q.started(A);
-        assert_eq!(q.next(|_| true, nested), None, "the agents' cap holds");
+        assert_eq!(q.next(|_| true, lent), None, "the agents' cap holds");
         q.push_back(ROOT, 9);
-        assert_eq!(q.next(|_| true, nested), Some((ROOT, 9)));
+        assert_eq!(q.next(|_| true, lent), Some((ROOT, 9)));
     }
 
     #[test]

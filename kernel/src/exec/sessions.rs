@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::{Instant, SystemTime};
 
-use agentos_proto::payload::{to_json, SessionInfo};
+use agentos_proto::payload::{to_json, ExecRequest, RunPermissions, SessionInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::run::{Kill, RunChild, Stage, Work};
@@ -16,6 +16,25 @@ use crate::identity::Principal;
 
 /// A session by its owner (an agent, an operator's uid, or a run) and name.
 pub(super) type SessionKey = (Principal, String);
+
+/// What a run asked for its own kernel connection: a session's runs must
+/// all ask the same, for what one run leaves running in the interpreter
+/// (a thread) lives on into the next and could use its connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct RunAsk {
+    permissions: Option<RunPermissions>,
+    network: Option<bool>,
+}
+
+impl RunAsk {
+    /// What `request` asks.
+    pub(super) fn of(request: &ExecRequest) -> RunAsk {
+        RunAsk {
+            permissions: request.permissions.clone(),
+            network: request.network,
+        }
+    }
+}
 
 /// A session: a run child kept with its interpreter and /workspace.
 #[derive(Debug)]
@@ -29,6 +48,8 @@ pub(super) struct Session {
     pub(super) queue: VecDeque<Waiting>,
     /// A run of it is going.
     pub(super) busy: bool,
+    /// What the run that opened it asked for its connection.
+    pub(super) grant: RunAsk,
 }
 
 impl Exec {
@@ -60,6 +81,15 @@ impl Exec {
     pub fn close(&mut self, owner: Principal, name: &str, replies: &mut Vec<Reply>) -> bool {
         let key = (owner, name.to_owned());
         self.snapshots.remove(&key);
+        // A session being restored waits in its restore, for a sandbox.
+        if let Some(restore) = self.take_restore_of(&key) {
+            let closed = ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("session {name:?} was closed before it was restored"),
+            );
+            self.answer_waiting(restore, &closed, replies);
+            return true;
+        }
         let Some(session) = self.sessions.remove(&key) else {
             return false;
         };
@@ -151,6 +181,7 @@ impl Exec {
         replies: &mut Vec<Reply>,
         now: Instant,
     ) {
+        let lending = self.lending_runs();
         let Some(session) = self.sessions.get_mut(key) else {
             return;
         };
@@ -166,7 +197,8 @@ impl Exec {
         let Some(head) = session.queue.front() else {
             return;
         };
-        if matches!(head.work, Work::Run) && !self.queues.has_room(head.share, head.is_nested()) {
+        let lent = head.is_lent(&lending);
+        if matches!(head.work, Work::Run) && !self.queues.has_room(head.share, lent) {
             return;
         }
         let Some(waiting) = session.queue.pop_front() else {

@@ -27,7 +27,7 @@ use agentos_proto::payload::{to_json, ExecRequest, RestoredReply, SnapshotInfo, 
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::run::{Finished, Work};
-use super::sessions::SessionKey;
+use super::sessions::{RunAsk, SessionKey};
 use super::{Exec, RunCaller, Waiting};
 use crate::address::{Reply, ReplyTo};
 use crate::clock::rfc3339;
@@ -58,6 +58,7 @@ pub(super) struct Carried {
     pub(super) created_at: SystemTime,
     pub(super) runs: u64,
     pub(super) queue: VecDeque<Waiting>,
+    pub(super) grant: RunAsk,
 }
 
 impl Exec {
@@ -173,6 +174,7 @@ impl Exec {
     ) -> Result<(), ErrorReply> {
         let now = Instant::now();
         let limits = self.run_limits(&caller, None)?;
+        self.may_wait(caller.share)?;
         let waiting = Waiting {
             request: ExecRequest {
                 session: Some(key.1.clone()),
@@ -218,6 +220,7 @@ impl Exec {
             created_at: session.created_at,
             runs: session.runs,
             queue: session.queue,
+            grant: session.grant,
         });
         self.queues.push_front(waiting.share, waiting);
         self.dispatch(replies, now);

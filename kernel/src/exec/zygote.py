@@ -80,6 +80,10 @@ CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -134,13 +138,18 @@ def own_namespaces():
 
 
 def isolate_run():
-    """In a new run child: its own mount, PID, IPC and UTS namespaces, with
-    a private /tmp and /workspace. The PID namespace holds the next child
-    forked, which is PID 1 there."""
+    """In a new run child: its own mount, PID, IPC, UTS and network
+    namespaces, with a private /tmp and /workspace and a loopback of its
+    own (runs of different owners share an exec host: on one loopback, or
+    through abstract Unix sockets, they could reach each other). The PID
+    namespace holds the next child forked, which is PID 1 there."""
     check(
-        libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS),
+        libc.unshare(
+            CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET
+        ),
         "unshare(run namespaces)",
     )
+    loopback_up()
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     scratch = MS_NOSUID | MS_NODEV
     tmp = SETTINGS["tmp_bytes"]
@@ -148,6 +157,15 @@ def isolate_run():
     workspace = SETTINGS["workspace_bytes"]
     mount("tmpfs", "/workspace", "tmpfs", scratch, f"size={workspace},mode=700")
     check(libc.sethostname(b"run", 3), "sethostname")
+
+
+def loopback_up():
+    """Brings up the loopback of the run's own network namespace (struct
+    ifreq: a 16-byte name, then its flags, 40 bytes in all)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sh22x", b"lo", 0)
+        flags = struct.unpack("16sh22x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | IFF_UP))
 
 
 def guard_proc():

@@ -552,8 +552,12 @@ impl Llm {
         if flow < FIRST_OPERATOR_ID {
             add(self.agents.entry(flow).or_default());
         }
+        // A budget is there since the request reserved from it, unless it
+        // was forgotten meanwhile (a run's, its run over): nothing to charge.
         for owner in budgets {
-            self.budgets.entry(*owner).or_default().used += tokens;
+            if let Some(spent) = self.budgets.get_mut(owner) {
+                spent.used += tokens;
+            }
         }
     }
 

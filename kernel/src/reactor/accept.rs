@@ -12,7 +12,7 @@ use mio::{Interest, Token};
 
 use super::connection::Connection;
 use super::{Deadline, Reactor, ACCEPT_RETRY};
-use crate::address::{Adopted, Adoptee};
+use crate::address::{Adopted, Adoptee, ConnKey};
 use crate::identity::{peer_cred, peer_groups, peer_pid_namespaces, Identity, PeerCred};
 use crate::syscall::Caller;
 
@@ -184,6 +184,12 @@ impl Reactor {
             uid: peer.uid,
         };
         entry.insert(Connection::new(stream, serial, caller, peer, &self.limits));
+        if let Some(run) = caller.run() {
+            self.run_connections
+                .entry(run)
+                .or_default()
+                .push(ConnKey { index, serial });
+        }
         self.capacity.opened(identity);
         self.schedule_sweep(Instant::now());
     }

@@ -13,7 +13,7 @@ mod connection;
 mod idle;
 mod replies;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,6 +73,9 @@ pub struct Reactor {
     kernel: Kernel,
     authority: Authority,
     connections: Slab<Connection>,
+    /// The open connections of each EXEC run in progress (its own, and any
+    /// copy its code made of it): they close when the run ends.
+    run_connections: HashMap<u64, Vec<ConnKey>>,
     next_serial: u64,
     /// Connections to serve without waiting for an event: their read budget
     /// ran out, or a limit that paused them was lifted.
@@ -143,6 +146,7 @@ impl Reactor {
             workers,
             authority,
             connections: Slab::new(),
+            run_connections: HashMap::new(),
             next_serial: 0,
             ready: VecDeque::new(),
             timers: Timers::default(),
@@ -231,6 +235,14 @@ impl Reactor {
         }
         for key in touched {
             self.settle(key);
+        }
+        // A run that is over speaks no more: whatever of it still holds its
+        // connection (a thread it left in a session) is cut off, and what
+        // the connection had under way is withdrawn.
+        for run in output.runs_over {
+            for key in self.run_connections.remove(&run).unwrap_or_default() {
+                self.close(key);
+            }
         }
         for adopted in output.adopted {
             self.admit_adopted(adopted);
@@ -360,6 +372,14 @@ impl Reactor {
         }
         let mut conn = self.connections.remove(key.index);
         self.capacity.closed(conn.caller.identity);
+        if let Some(run) = conn.caller.run() {
+            if let Some(keys) = self.run_connections.get_mut(&run) {
+                keys.retain(|k| *k != key);
+                if keys.is_empty() {
+                    self.run_connections.remove(&run);
+                }
+            }
+        }
         self.closed_since_sweep += 1;
         self.schedule_sweep(Instant::now());
         let _ = self.poll.registry().deregister(&mut conn.stream);

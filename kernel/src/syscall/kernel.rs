@@ -352,6 +352,7 @@ impl Kernel {
             for number in &ended {
                 self.end_run(*number);
             }
+            self.outbox.runs_over.extend(&ended);
             let for_tasks = self
                 .outbox
                 .replies
@@ -480,7 +481,7 @@ impl Kernel {
         // Its work is an EXEC run or a THINK (a prompt task's, either):
         // each subsystem stops what it has under this address, if anything.
         let reply_to = ReplyTo::Task(stop.number);
-        self.exec.cancel(reply_to);
+        self.exec.cancel(reply_to, &mut self.outbox.replies);
         self.llm.withdraw_reply(reply_to);
     }
 
@@ -576,6 +577,9 @@ impl Kernel {
             self.stop_task(stop);
         }
         self.close_ended_task_sessions();
+        if let Principal::Run { .. } = principal {
+            self.tasks.forget_owner(owner);
+        }
     }
 
     /// Whose tasks `principal`'s are, as the task store names owners.

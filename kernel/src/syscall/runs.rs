@@ -56,8 +56,6 @@ pub struct RunGrant {
     pub root: Root,
     /// What its connection may do.
     pub permissions: Permissions,
-    /// Whether it may dispatch TASKs.
-    pub task: bool,
     /// Its limits in force.
     pub limits: Limits,
     /// Whether it shares the host's network.
@@ -267,7 +265,7 @@ impl<'a> Actor<'a> {
                 exec: grant.permissions.exec,
                 spawn: grant.permissions.spawn,
                 // An agent dispatches the tasks its other permissions allow.
-                task: grant.permissions.exec || grant.permissions.think,
+                task: grant.permissions.task && (grant.permissions.exec || grant.permissions.think),
                 tools: Some(&grant.permissions.tools),
                 network: grant.network,
                 limits: grant.limits,
@@ -277,7 +275,7 @@ impl<'a> Actor<'a> {
                 think: grant.permissions.think,
                 exec: grant.permissions.exec,
                 spawn: grant.permissions.spawn,
-                task: grant.task,
+                task: grant.permissions.task,
                 tools: Some(&grant.permissions.tools),
                 network: grant.network,
                 limits: grant.limits,
@@ -356,6 +354,14 @@ impl<'a> Actor<'a> {
                 ));
             }
         }
+        // One level of nesting: a run's runs hold places of their own while
+        // it waits for them, so deeper chains would only wait on each other.
+        if asked.exec == Some(true) && matches!(self, Actor::Run { .. }) {
+            return Err(denied(
+                "permissions.exec",
+                "a run's own runs may not run code of their own (one level of nesting)",
+            ));
+        }
         if request.network == Some(true) && !powers.network {
             return Err(denied(
                 "network",
@@ -408,10 +414,10 @@ impl<'a> Actor<'a> {
                 think: asked.think.unwrap_or(powers.think),
                 exec: asked.exec.unwrap_or(false),
                 spawn: asked.spawn.unwrap_or(false),
+                task: asked.task.unwrap_or(false),
                 llm_tokens: own_tokens,
                 tools,
             },
-            task: asked.task.unwrap_or(false),
             limits: Limits {
                 memory: Some(limits.memory),
                 cpu_quota: limits.cpu_quota,
@@ -504,7 +510,7 @@ mod tests {
         let grant = run_of(&operator, r#"{"code":"1"}"#).unwrap();
         assert_eq!(grant.of, Principal::Operator { uid: 0 });
         assert!(grant.permissions.think);
-        assert!(!grant.permissions.spawn && !grant.permissions.exec && !grant.task);
+        assert!(!grant.permissions.spawn && !grant.permissions.exec && !grant.permissions.task);
         assert_eq!(grant.permissions.tools, ["*"]);
         assert!(!grant.network);
         assert_eq!(grant.limits.memory, Some(64 << 20));
@@ -517,6 +523,7 @@ mod tests {
             think: false,
             exec: true,
             spawn: false,
+            task: true,
             llm_tokens: 0,
             tools: vec!["time.*".into()],
         };
@@ -562,7 +569,7 @@ mod tests {
             r#"{"code":"1","permissions":{"exec":true,"task":true,"llm_tokens":300}}"#,
         )
         .unwrap();
-        assert!(grant.permissions.exec && grant.task && !grant.permissions.think);
+        assert!(grant.permissions.exec && grant.permissions.task && !grant.permissions.think);
         assert_eq!(grant.permissions.tools, ["time.*"]);
         assert_eq!(grant.budgets.len(), 2, "its own, then the agent's");
         assert_eq!(grant.root, Root::Agent(7));

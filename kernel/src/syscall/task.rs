@@ -154,10 +154,12 @@ fn list(
     kernel.tasks.list(reach, filter, Some(&describe))
 }
 
-/// A task needs what its work needs: `permissions.exec` for EXEC,
-/// `permissions.think` for THINK, both for the prompt loop.
+/// A task needs `permissions.task` and what its work needs:
+/// `permissions.exec` for EXEC, `permissions.think` for THINK, both for the
+/// prompt loop.
 fn may_dispatch(kernel: &Kernel, request: &Request<'_>, kind: TaskKind) -> Result<(), ErrorReply> {
     let actor = actor(kernel, request)?;
+    actor.may(Power::Task)?;
     match kind {
         TaskKind::Exec => actor.may(Power::Exec),
         TaskKind::Think => actor.may(Power::Think),

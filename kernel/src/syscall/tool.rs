@@ -161,6 +161,12 @@ fn call_tool(
             format!("the kernel's server {server} has no tool {tool:?}"),
         )),
         None => {
+            // An agent's runs count among the agent's own calls at a
+            // server: they cannot multiply its share of the server.
+            let caller = actor(kernel, request)?
+                .root()
+                .agent()
+                .unwrap_or(request.caller.identity.id());
             let call = CallRequest {
                 server,
                 tool,
@@ -168,7 +174,7 @@ fn call_tool(
                 timeout,
                 reply_to: request.reply_to,
                 tag: run,
-                caller: request.caller.identity.id(),
+                caller,
             };
             kernel.tools.call(call, Instant::now())?;
             Ok(None)

@@ -443,9 +443,7 @@ impl Tasks {
         }
         if task.state == TaskState::Queued {
             self.queue.retain(|queued| queued != id);
-            if let Some(queued) = self.queued_per_owner.get_mut(&task.owner) {
-                *queued = queued.saturating_sub(1);
-            }
+            count_down(&mut self.queued_per_owner, &task.owner);
         }
         if let Some(result) = task.result {
             self.cached_bytes = self.cached_bytes.saturating_sub(result.len());
@@ -558,21 +556,19 @@ impl Tasks {
             let Some(task) = self.tasks.get_mut(&id) else {
                 continue;
             };
-            let running = self
-                .running_per_owner
-                .entry(task.owner.clone())
-                .or_default();
-            if *running >= self.config.max_running_per_owner {
+            let running = self.running_per_owner.get(&task.owner).copied();
+            if running.unwrap_or(0) >= self.config.max_running_per_owner {
                 skipped.push_back(id);
                 continue;
             }
             let Some(dispatch) = task.dispatch.take() else {
                 continue;
             };
-            *running += 1;
-            if let Some(queued) = self.queued_per_owner.get_mut(&task.owner) {
-                *queued = queued.saturating_sub(1);
-            }
+            *self
+                .running_per_owner
+                .entry(task.owner.clone())
+                .or_default() += 1;
+            count_down(&mut self.queued_per_owner, &task.owner);
             let number = self.next_number;
             self.next_number += 1;
             task.state = TaskState::Running;
@@ -671,9 +667,7 @@ impl Tasks {
         } else {
             &mut self.queued_per_owner
         };
-        if let Some(count) = counts.get_mut(&task.owner) {
-            *count = count.saturating_sub(1);
-        }
+        count_down(counts, &task.owner);
         if was == TaskState::Queued {
             self.queue.retain(|queued| queued != id);
         }
@@ -809,7 +803,7 @@ impl Tasks {
                 break;
             }
             let mut info = task.info(None);
-            info.owner = describe.map(|describe| describe(owner_ref(&task.owner)));
+            info.owner = describe.map(|describe| self.describe_owner(&task.owner, describe));
             tasks.push(info);
         }
         Ok(TaskListReply {
@@ -817,6 +811,25 @@ impl Tasks {
             tasks,
             next,
         })
+    }
+
+    /// Whose a task of owner `key` is, as a list says it: this kernel's
+    /// agents and runs by what `describe` knows of them, an earlier
+    /// kernel's by their number alone (this kernel's may have the same).
+    fn describe_owner(
+        &self,
+        key: &str,
+        describe: &dyn Fn(Principal) -> PrincipalInfo,
+    ) -> PrincipalInfo {
+        let owner = owner_ref(key);
+        let this_boot = key.starts_with("user:")
+            || key.split(':').nth(1) == Some(format!("{:x}", self.boot).as_str());
+        match owner {
+            _ if this_boot => describe(owner),
+            Principal::Agent { id } => PrincipalInfo::Agent { id, name: None },
+            Principal::Run { .. } => PrincipalInfo::Run { of: None },
+            Principal::Operator { uid } => PrincipalInfo::Operator { uid },
+        }
     }
 
     /// `cancel`: a queued task is cancelled at once; a running one too,
@@ -855,6 +868,22 @@ impl Tasks {
             .iter()
             .filter_map(|id| self.cancel_with(id, why, replies))
             .collect()
+    }
+
+    /// Removes every task of `owner`: a run's, once the run is over and
+    /// its tasks have ended — no one but an operator could ask for them
+    /// again, and they would hold their room for a day.
+    pub fn forget_owner(&mut self, owner: Owner) {
+        let key = owner.key();
+        let ids: Vec<String> = self
+            .tasks
+            .values()
+            .filter(|task| task.owner == key)
+            .map(|task| task.id.clone())
+            .collect();
+        if !ids.is_empty() {
+            self.remove(&ids);
+        }
     }
 
     /// Ends a task that is still going as `cancelled`, with `why`; returns
@@ -1092,6 +1121,17 @@ impl Tasks {
     }
 }
 
+/// One fewer of `owner`'s; an owner with none left is forgotten, so owners
+/// that come and go (runs) leave nothing behind.
+fn count_down(counts: &mut HashMap<String, usize>, owner: &str) {
+    if let Some(count) = counts.get_mut(owner) {
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            counts.remove(owner);
+        }
+    }
+}
+
 /// Unix milliseconds as RFC 3339 UTC.
 fn rfc3339_ms(ms: i64) -> String {
     rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
@@ -1274,7 +1314,7 @@ mod tests {
             .unwrap();
         assert!(list.tasks.is_empty(), "{list:?}");
         assert!(faulty.tasks.startable("").is_empty());
-        assert!(faulty.tasks.queued_per_owner.values().all(|n| *n == 0));
+        assert!(faulty.tasks.queued_per_owner.is_empty());
         assert!(faulty.tasks.kept_per_owner.is_empty());
 
         // The store recovers by itself: the next dispatch is saved,

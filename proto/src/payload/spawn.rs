@@ -80,6 +80,9 @@ pub struct Permissions {
     /// May SPAWN agents of its own.
     #[serde(default)]
     pub spawn: bool,
+    /// May dispatch TASKs (of the kinds its other permissions allow).
+    #[serde(default = "yes")]
+    pub task: bool,
     /// LLM token quota; 0 means unlimited.
     #[serde(default)]
     pub llm_tokens: u64,
@@ -118,6 +121,9 @@ pub struct PermissionsRequest {
     /// May SPAWN agents of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spawn: Option<bool>,
+    /// May dispatch TASKs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<bool>,
     /// LLM token budget; 0 means unlimited (for an operator's SPAWN) or
     /// "share the parent's" (for an agent's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -141,6 +147,7 @@ impl PermissionsRequest {
             think: self.think.unwrap_or(defaults.think),
             exec: self.exec.unwrap_or(defaults.exec),
             spawn: self.spawn.unwrap_or(defaults.spawn),
+            task: self.task.unwrap_or(defaults.task),
             llm_tokens: self.llm_tokens.unwrap_or(defaults.llm_tokens),
             tools: self.tools.clone().unwrap_or(defaults.tools),
         }
@@ -161,6 +168,7 @@ impl Default for Permissions {
             think: true,
             exec: true,
             spawn: false,
+            task: true,
             llm_tokens: 0,
             tools: every_tool(),
         }
