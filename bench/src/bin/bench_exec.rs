@@ -214,7 +214,7 @@ fn main() -> anyhow::Result<()> {
 
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "bench-exec: print(1) as a fresh isolated run (pid, mnt, ipc, uts namespaces per run, \
+        "bench-exec: print(1) as a fresh isolated run (pid, mnt, ipc, uts, net namespaces per run, \
          seccomp, no capabilities) and through one session, against fresh python3 -I -S \
          processes, {} runs of each {} ms apart, {} bash runs 25 ms apart and {} of each \
          baseline",
