@@ -6,8 +6,17 @@
 //! exists, and the reactor never looks inside a subsystem. This module
 //! depends on nothing in the crate but [`crate::identity`], so every other
 //! module may use it without making an import cycle.
+//!
+//! Replies stay typed ([`Answer`]) while they are inside the kernel: a task
+//! reads its EXEC run's or THINK's reply as a value, and the reactor turns
+//! each into JSON only as it writes it.
 
+use std::io;
+
+use agentos_proto::payload::{to_json, ExecReply, ThinkReply, ToolReply};
+use agentos_proto::ErrorReply;
 use mio::net::UnixStream;
+use serde::Serialize;
 
 use crate::identity::Identity;
 
@@ -63,8 +72,107 @@ impl ReplyTo {
     }
 }
 
-/// A finished reply: its address and its payload.
-pub type Reply = (ReplyTo, Vec<u8>);
+/// A finished reply: its address and what it says.
+pub type Reply = (ReplyTo, Answer);
+
+/// What a reply says, typed while the kernel holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    /// An EXEC run's reply.
+    Exec(Box<ExecReply>),
+    /// THINK's reply.
+    Think(Box<ThinkReply>),
+    /// TOOL `call`'s reply when the tool ran.
+    Tool(Box<ToolReply>),
+    /// A refusal or failure, of any request.
+    Error(ErrorReply),
+    /// A reply no part of the kernel reads again, already JSON.
+    Json(Vec<u8>),
+}
+
+impl Answer {
+    /// A reply of any other type, as JSON.
+    pub fn json<T: Serialize>(reply: &T) -> Answer {
+        Answer::Json(to_json(reply))
+    }
+
+    /// Whether it reports success (an EXEC run's says whether its code
+    /// succeeded).
+    pub fn is_success(&self) -> bool {
+        match self {
+            Answer::Exec(reply) => reply.success,
+            Answer::Think(reply) => reply.success,
+            Answer::Tool(_) | Answer::Json(_) => true,
+            Answer::Error(_) => false,
+        }
+    }
+
+    /// The JSON the reactor writes.
+    pub fn into_json(self) -> Vec<u8> {
+        match self {
+            Answer::Exec(reply) => to_json(&reply),
+            Answer::Think(reply) => to_json(&reply),
+            Answer::Tool(reply) => to_json(&reply),
+            Answer::Error(reply) => reply.to_json(),
+            Answer::Json(json) => json,
+        }
+    }
+
+    /// How many bytes its JSON takes, without writing it out.
+    pub fn json_len(&self) -> usize {
+        let mut counter = ByteCounter(0);
+        let counted = match self {
+            Answer::Exec(reply) => serde_json::to_writer(&mut counter, reply),
+            Answer::Think(reply) => serde_json::to_writer(&mut counter, reply),
+            Answer::Tool(reply) => serde_json::to_writer(&mut counter, reply),
+            Answer::Error(reply) => serde_json::to_writer(&mut counter, reply),
+            Answer::Json(json) => return json.len(),
+        };
+        match counted {
+            Ok(()) => counter.0,
+            // What `to_json` writes in its place is small.
+            Err(_) => 0,
+        }
+    }
+}
+
+impl From<ErrorReply> for Answer {
+    fn from(reply: ErrorReply) -> Answer {
+        Answer::Error(reply)
+    }
+}
+
+impl From<ExecReply> for Answer {
+    fn from(reply: ExecReply) -> Answer {
+        Answer::Exec(Box::new(reply))
+    }
+}
+
+impl From<ThinkReply> for Answer {
+    fn from(reply: ThinkReply) -> Answer {
+        Answer::Think(Box::new(reply))
+    }
+}
+
+impl From<ToolReply> for Answer {
+    fn from(reply: ToolReply) -> Answer {
+        Answer::Tool(Box::new(reply))
+    }
+}
+
+/// Counts what is written to it.
+struct ByteCounter(usize);
+
+impl io::Write for ByteCounter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
 
 /// A connection the kernel made or accepted itself, for the reactor to
 /// serve: one accepted on an agent's own socket, or an EXEC run's.

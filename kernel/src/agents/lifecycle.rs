@@ -7,13 +7,13 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use agentos_proto::payload::{to_json, AgentState, SpawnReply};
+use agentos_proto::payload::{AgentState, SpawnReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::record::{Agent, Outcome, Stop};
 use super::restart::{Decision, RunEnd};
 use super::{cgroup_limits, program, shape_of, Agents, Deadline, Run};
-use crate::address::Reply;
+use crate::address::{Answer, Reply};
 use crate::cgroup::CgroupStats;
 use crate::process::ProcessEnd;
 use crate::sandbox::plan::{Workload, SOCKET_INSIDE, WORKSPACE};
@@ -316,7 +316,7 @@ impl Agents {
             AgentState::Failed
         };
         if let Some(waiter) = agent.spawn_reply.take() {
-            replies.push((waiter.reply_to, ErrorReply::new(code, message).to_json()));
+            replies.push((waiter.reply_to, ErrorReply::new(code, message).into()));
             return self.finish(sandboxes, id, now);
         }
         let end = if agent.stop.is_some() {
@@ -455,7 +455,7 @@ fn apply_status(agent: &mut Agent, status: Status, replies: &mut Vec<Reply>) {
                     status: agent.state,
                     isolation: agent.isolation.clone(),
                 };
-                replies.push((waiter.reply_to, to_json(&reply)));
+                replies.push((waiter.reply_to, Answer::json(&reply)));
             }
             log::info!("agent {} ({}): running", agent.id, agent.name);
         }

@@ -232,7 +232,7 @@ impl Bench {
     /// The one reply so far, parsed.
     fn only_reply(&self) -> Value {
         assert_eq!(self.replies.len(), 1, "{:?}", self.replies);
-        serde_json::from_slice(&self.replies[0].1).unwrap()
+        serde_json::from_slice(&self.replies[0].1.clone().into_json()).unwrap()
     }
 
     /// Brings a freshly spawned agent's run to `running`.

@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Instant, SystemTime};
 
-use agentos_proto::payload::{to_json, ExecRequest, Language};
+use agentos_proto::payload::{ExecRequest, Language};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
@@ -188,7 +188,7 @@ impl Exec {
                      limit must leave room for the interpreter)"
                 ),
             );
-            replies.push((waiting.reply_to, refusal.to_json()));
+            replies.push((waiting.reply_to, refusal.into()));
             return self.child_gone(child, replies);
         }
         let unsent = run.start(&order, running, attached).unwrap_or_else(|err| {
@@ -290,7 +290,7 @@ impl Exec {
             let reply_to = finished.reply_to;
             let reply = match &key {
                 Some(key) => self.snapshot_reply(key, finished),
-                None => to_json(&finished.reply),
+                None => finished.reply.into(),
             };
             replies.push((reply_to, reply));
         }
@@ -319,7 +319,7 @@ impl Exec {
                             key.1
                         ),
                     );
-                    replies.push((waiting.reply_to, ended.to_json()));
+                    replies.push((waiting.reply_to, ended.into()));
                 }
             }
             return self.drop_child(child);

@@ -43,7 +43,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{to_json, ExecReply, ExecRequest, Language, Limits};
+use agentos_proto::payload::{ExecReply, ExecRequest, Language, Limits};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -484,10 +484,10 @@ impl Exec {
                 ),
             );
             for queued in carried.queue {
-                replies.push((queued.reply_to, ended.to_json()));
+                replies.push((queued.reply_to, ended.clone().into()));
             }
         }
-        replies.push((waiting.reply_to, refusal.to_json()));
+        replies.push((waiting.reply_to, refusal.clone().into()));
     }
 
     /// The restore waiting for a sandbox that carries session `key`, taken
@@ -628,7 +628,7 @@ impl Exec {
                 session: Some(lost.1.clone()),
                 ..ExecReply::default()
             };
-            replies.push((reply_to, to_json(&reply)));
+            replies.push((reply_to, reply.into()));
             return Ok(());
         }
         // A session's runs all ask the same of their connection as the run
@@ -909,7 +909,7 @@ impl Exec {
             .flat_map(|w| w.carried.iter().flat_map(|c| c.queue.iter()));
         for reply_to in waiting.iter().chain(carried).map(|w| w.reply_to) {
             let refusal = ErrorReply::new(ErrorCode::Unavailable, "the kernel is shutting down");
-            replies.push((reply_to, refusal.to_json()));
+            replies.push((reply_to, refusal.into()));
         }
         for (_, run) in self.children.iter_mut() {
             if matches!(run.stage, Stage::Running(_)) {

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::{Instant, SystemTime};
 
-use agentos_proto::payload::{to_json, ExecRequest, RunPermissions, SessionInfo};
+use agentos_proto::payload::{ExecRequest, RunPermissions, SessionInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::run::{Kill, RunChild, Stage, Work};
@@ -98,7 +98,7 @@ impl Exec {
                 ErrorCode::NotFound,
                 format!("session {name:?} was closed before this run could start"),
             );
-            replies.push((waiting.reply_to, refusal.to_json()));
+            replies.push((waiting.reply_to, refusal.into()));
         }
         if let Some(child) = self.children.get_mut(session.child) {
             child.kill(Kill::Closed);
@@ -144,7 +144,7 @@ impl Exec {
                             key.1
                         ),
                     );
-                    replies.push((queued.reply_to, ended.to_json()));
+                    replies.push((queued.reply_to, ended.clone().into()));
                 }
             }
             let waited = now.saturating_duration_since(waiting.queued_at).as_millis();
@@ -170,7 +170,7 @@ impl Exec {
                 code: Some(ErrorCode::Timeout),
                 ..Default::default()
             };
-            replies.push((waiting.reply_to, to_json(&reply)));
+            replies.push((waiting.reply_to, reply.into()));
         }
     }
 

@@ -23,13 +23,13 @@ use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Instant, SystemTime};
 
-use agentos_proto::payload::{to_json, ExecRequest, RestoredReply, SnapshotInfo, SnapshotReply};
+use agentos_proto::payload::{ExecRequest, RestoredReply, SnapshotInfo, SnapshotReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::run::{Finished, Work};
 use super::sessions::{RunAsk, SessionKey};
 use super::{Exec, RunCaller, Waiting};
-use crate::address::{Reply, ReplyTo};
+use crate::address::{Answer, Reply, ReplyTo};
 use crate::clock::rfc3339;
 use crate::identity::Principal;
 
@@ -228,20 +228,20 @@ impl Exec {
 
     /// The reply to a finished order of a session's: a run's is its own,
     /// a snapshot's or restore's says what was saved or restored.
-    pub(super) fn snapshot_reply(&mut self, key: &SessionKey, finished: Finished) -> Vec<u8> {
+    pub(super) fn snapshot_reply(&mut self, key: &SessionKey, finished: Finished) -> Answer {
         let failure = match (&finished.reply.exit_code, &finished.reply.error) {
             (Some(0), None) => None,
             (_, Some(error)) => Some(error.clone()),
             (_, None) => Some("the session's interpreter ended before it was done".to_owned()),
         };
         match finished.work {
-            Work::Run => to_json(&finished.reply),
+            Work::Run => finished.reply.into(),
             Work::Restore { .. } => match failure {
-                None => to_json(&RestoredReply {
+                None => Answer::json(&RestoredReply {
                     success: true,
                     left_out: finished.left_out,
                 }),
-                Some(error) => ErrorReply::new(ErrorCode::Internal, error).to_json(),
+                Some(error) => ErrorReply::new(ErrorCode::Internal, error).into(),
             },
             Work::Snapshot { name, data } => {
                 let taken = match failure {
@@ -249,12 +249,12 @@ impl Exec {
                     Some(error) => Err(ErrorReply::new(ErrorCode::Internal, error)),
                 };
                 match taken {
-                    Ok(snapshot) => to_json(&SnapshotReply {
+                    Ok(snapshot) => Answer::json(&SnapshotReply {
                         success: true,
                         snapshot,
                         left_out: finished.left_out,
                     }),
-                    Err(err) => err.to_json(),
+                    Err(err) => err.into(),
                 }
             }
         }

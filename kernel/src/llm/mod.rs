@@ -37,7 +37,7 @@ use self::local::LocalServer;
 use self::provider::{Chat, Completion, Failure};
 use self::reply::{answered, failed};
 use self::scheduler::{FlowId, Full, Scheduler, Waiting};
-use crate::address::ReplyTo;
+use crate::address::{Reply, ReplyTo};
 use crate::config::llm::{LlmConfig, ProviderKind};
 use crate::identity::FIRST_OPERATOR_ID;
 use crate::sandbox::confine::Confinement;
@@ -246,7 +246,7 @@ impl Llm {
         asker: &Asker,
         reply_to: ReplyTo,
         request: ThinkRequest,
-        replies: &mut Vec<(ReplyTo, Vec<u8>)>,
+        replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
         if let Some(reason) = &self.unavailable {
             return Err(ErrorReply::new(
@@ -312,7 +312,7 @@ impl Llm {
     }
 
     /// Collects finished calls, answers them, and sends what may go next.
-    pub fn poll(&mut self, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
+    pub fn poll(&mut self, replies: &mut Vec<Reply>) {
         let finished: Vec<CallDone> = self
             .callers
             .iter()
@@ -332,7 +332,7 @@ impl Llm {
 
     /// Handles deadlines that are due: expired requests, admission. Does
     /// nothing (it runs on every turn of the reactor) when none is.
-    pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
+    pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<Reply>) {
         let (mut expire, mut admit) = (false, false);
         while let Some(wake) = self.timers.pop_due(now) {
             match wake {
@@ -359,7 +359,7 @@ impl Llm {
                 );
                 replies.push((
                     expired.item.reply_to,
-                    failed(&failure, &expired.item.chat.model, waited, Duration::ZERO),
+                    failed(&failure, &expired.item.chat.model, waited, Duration::ZERO).into(),
                 ));
             }
         }
@@ -448,7 +448,7 @@ impl Llm {
     /// Sends queued requests while there is room at the provider and the
     /// rate limits allow, passing over callers at their cap (the
     /// scheduler's `peek` shows none of theirs).
-    fn pump(&mut self, now: Instant, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
+    fn pump(&mut self, now: Instant, replies: &mut Vec<Reply>) {
         if self.callers.is_none() {
             return;
         }
@@ -510,7 +510,7 @@ impl Llm {
     }
 
     /// Answers a finished call and settles its accounts.
-    fn finished(&mut self, done: CallDone, replies: &mut Vec<(ReplyTo, Vec<u8>)>) {
+    fn finished(&mut self, done: CallDone, replies: &mut Vec<Reply>) {
         let Some(call) = self.in_flight.remove(&done.ticket) else {
             return;
         };
@@ -538,7 +538,7 @@ impl Llm {
                 failed(&failure, &call.model, queue, done.latency)
             }
         };
-        replies.push((call.reply_to, payload));
+        replies.push((call.reply_to, payload.into()));
     }
 
     /// Counts an answered THINK, and charges it to its budgets.

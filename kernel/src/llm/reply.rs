@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use agentos_proto::payload::{to_json, ThinkReply, Usage};
+use agentos_proto::payload::{ThinkReply, Usage};
 
 use super::provider::{Completion, Failure};
 
@@ -14,13 +14,13 @@ pub fn answered(
     asked: &str,
     queue: Duration,
     latency: Duration,
-) -> Vec<u8> {
+) -> ThinkReply {
     let Completion {
         content,
         usage,
         model,
     } = completion;
-    to_json(&ThinkReply {
+    ThinkReply {
         success: true,
         content,
         tokens: usage.total_tokens,
@@ -34,12 +34,12 @@ pub fn answered(
         }),
         queue_ms: Some(queue.as_millis() as u64),
         latency_ms: Some(latency.as_millis() as u64),
-    })
+    }
 }
 
 /// The reply to a THINK that failed.
-pub fn failed(failure: &Failure, model: &str, queue: Duration, latency: Duration) -> Vec<u8> {
-    to_json(&ThinkReply {
+pub fn failed(failure: &Failure, model: &str, queue: Duration, latency: Duration) -> ThinkReply {
+    ThinkReply {
         success: false,
         content: String::new(),
         tokens: 0,
@@ -49,5 +49,5 @@ pub fn failed(failure: &Failure, model: &str, queue: Duration, latency: Duration
         model: Some(model.to_owned()),
         queue_ms: Some(queue.as_millis() as u64),
         latency_ms: Some(latency.as_millis() as u64),
-    })
+    }
 }

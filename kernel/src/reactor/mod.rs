@@ -228,7 +228,7 @@ impl Reactor {
         for (to, payload) in output.replies {
             if let ReplyTo::Request { conn: key, seq } = to {
                 if let Some(conn) = self.connection(key) {
-                    conn.replies.complete(seq, payload);
+                    conn.replies.complete(seq, payload.into_json());
                     touched.push(key);
                 }
             }

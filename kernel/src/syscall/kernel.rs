@@ -17,7 +17,7 @@ use mio::{Registry, Token, Waker};
 
 use super::logs::LogFollowers;
 use super::runs::{Actor, Power, Runs};
-use crate::address::{Outbox, Reply, ReplyTo};
+use crate::address::{Answer, Outbox, Reply, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents, Run};
 use crate::config::Config;
 use crate::exec::{ChargedTo, Exec, HostId, RunCaller};
@@ -631,10 +631,11 @@ impl Kernel {
             let Some(caller) = self.tool_calls_through.remove(&call) else {
                 return false;
             };
-            *payload = crate::tools::builtin::from_think(payload);
+            let think = std::mem::replace(payload, Answer::Json(Vec::new()));
+            *payload = crate::tools::builtin::from_think(think);
             *to = caller.reply_to;
             if let Some(run) = caller.run {
-                self.exec.tool_delivered(run, payload.len());
+                self.exec.tool_delivered(run, payload.json_len());
             }
             true
         });
@@ -715,15 +716,16 @@ pub(super) fn exec_sandboxes(runtime: &mut Runtime<Owner>) -> OwnersOf<'_, Owner
 }
 
 /// Takes the replies addressed to tasks out of `replies`, in order.
-fn keep_task_replies(replies: &mut Vec<Reply>) -> Vec<(u64, Vec<u8>)> {
+fn keep_task_replies(replies: &mut Vec<Reply>) -> Vec<(u64, Answer)> {
     let mut tasks = Vec::new();
-    replies.retain_mut(|(to, payload)| match to {
-        ReplyTo::Task(task) => {
-            tasks.push((*task, std::mem::take(payload)));
-            false
+    let mut rest = Vec::with_capacity(replies.len());
+    for (to, answer) in replies.drain(..) {
+        match to {
+            ReplyTo::Task(task) => tasks.push((task, answer)),
+            ReplyTo::Request { .. } | ReplyTo::Tool { .. } => rest.push((to, answer)),
         }
-        ReplyTo::Request { .. } | ReplyTo::Tool { .. } => true,
-    });
+    }
+    *replies = rest;
     tasks
 }
 
@@ -764,17 +766,18 @@ mod tests {
             },
             seq,
         };
+        let json = |text: &[u8]| Answer::Json(text.to_vec());
         let mut replies = vec![
-            (request(1), b"a".to_vec()),
-            (ReplyTo::Task(3), b"b".to_vec()),
-            (request(2), b"c".to_vec()),
-            (ReplyTo::Task(3), b"d".to_vec()),
+            (request(1), json(b"a")),
+            (ReplyTo::Task(3), json(b"b")),
+            (request(2), json(b"c")),
+            (ReplyTo::Task(3), json(b"d")),
         ];
         let tasks = keep_task_replies(&mut replies);
         assert_eq!(
             replies,
-            vec![(request(1), b"a".to_vec()), (request(2), b"c".to_vec())]
+            vec![(request(1), json(b"a")), (request(2), json(b"c"))]
         );
-        assert_eq!(tasks, vec![(3, b"b".to_vec()), (3, b"d".to_vec())]);
+        assert_eq!(tasks, vec![(3, json(b"b")), (3, json(b"d"))]);
     }
 }

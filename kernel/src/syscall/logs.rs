@@ -15,7 +15,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::runs::Root;
 use super::{actor, Kernel, Outcome, Request};
-use crate::address::ReplyTo;
+use crate::address::{Answer, ReplyTo};
 use crate::agents::log_reader::{self, Chunk};
 use crate::agents::AgentLog;
 use crate::agents::Viewer;
@@ -190,7 +190,7 @@ impl Kernel {
             let log = match find(self, follower.viewer, &AgentRef::Id(follower.agent)) {
                 Ok(log) => log,
                 Err(err) => {
-                    self.outbox.replies.push((follower.reply_to, err.to_json()));
+                    self.outbox.replies.push((follower.reply_to, err.into()));
                     continue;
                 }
             };
@@ -207,8 +207,8 @@ impl Kernel {
             }
             budget = budget.saturating_sub(read.as_ref().map_or(0, |chunk| chunk.bytes.len()));
             let reply = match answer(&log, read) {
-                Ok(reply) => to_json(&reply),
-                Err(err) => err.to_json(),
+                Ok(reply) => Answer::json(&reply),
+                Err(err) => err.into(),
             };
             self.outbox.replies.push((follower.reply_to, reply));
         }

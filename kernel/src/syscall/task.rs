@@ -16,6 +16,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::runs::{Actor, Power};
 use super::{actor, reply, Kernel, Outcome, Request};
+use crate::address::Answer;
 use crate::identity::Principal;
 use crate::tasks::store::read_result;
 use crate::tasks::{Owner, Reach, Waited};
@@ -42,7 +43,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             {
                 Ok(task_id) => {
                     // The id goes out once the task is on disk.
-                    let reply = to_json(&TaskDispatchReply {
+                    let reply = Answer::json(&TaskDispatchReply {
                         success: true,
                         task_id,
                     });

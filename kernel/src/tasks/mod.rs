@@ -28,7 +28,7 @@ use agentos_proto::payload::{
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde_json::Value;
 
-use crate::address::{Reply, ReplyTo};
+use crate::address::{Answer, Reply, ReplyTo};
 use crate::clock::rfc3339;
 use crate::config::tasks::TasksConfig;
 use crate::identity::Principal;
@@ -187,7 +187,7 @@ struct Held {
     /// The task, waiting out of the queue.
     task: Option<String>,
     reply_to: ReplyTo,
-    reply: Vec<u8>,
+    reply: Answer,
 }
 
 /// Every task, and the store behind them.
@@ -355,7 +355,7 @@ impl Tasks {
     /// so far — the task's record with it — is saved: an id a caller holds
     /// survives a crash. Until then the task waits out of the queue, so a
     /// task whose record cannot be saved never runs.
-    pub fn reply_once_saved(&mut self, reply_to: ReplyTo, reply: Vec<u8>) {
+    pub fn reply_once_saved(&mut self, reply_to: ReplyTo, reply: Answer) {
         let task = self
             .last_insert
             .take()
@@ -398,7 +398,7 @@ impl Tasks {
                     .iter()
                     .position(|held| held.task.as_ref() == Some(id));
                 if let Some(held) = held.and_then(|at| self.unsaved.remove(at)) {
-                    replies.push((held.reply_to, why.to_json()));
+                    replies.push((held.reply_to, why.clone().into()));
                 }
                 self.forget_unsaved(id, &why, replies);
             }
@@ -450,7 +450,7 @@ impl Tasks {
             self.cached.retain(|(cached, _, _)| cached != id);
         }
         for (_, reply_to) in self.waiters.remove(id).unwrap_or_default() {
-            replies.push((reply_to, why.to_json()));
+            replies.push((reply_to, why.clone().into()));
         }
     }
 
@@ -611,17 +611,12 @@ impl Tasks {
     pub fn on_reply(
         &mut self,
         number: u64,
-        payload: Vec<u8>,
+        answer: Answer,
         replies: &mut Vec<Reply>,
     ) -> Option<Start> {
         let id = self.running.get(&number)?.clone();
         if let Some(prompt) = self.prompts.get_mut(&id) {
-            let reply: Value = serde_json::from_slice(&payload).unwrap_or(Value::Null);
-            let step = if prompt.is_running_code() {
-                prompt.on_exec(&reply)
-            } else {
-                prompt.on_think(&reply)
-            };
+            let step = prompt.on_answer(answer);
             let iteration = prompt.iteration();
             let owner = self.tasks.get_mut(&id).map(|task| {
                 task.iteration = Some(iteration);
@@ -647,8 +642,8 @@ impl Tasks {
             });
         }
         self.running.remove(&number);
-        let state = state_of_reply(&payload);
-        self.finish(&id, state, payload, replies);
+        let state = state_of(&answer);
+        self.finish(&id, state, answer.into_json(), replies);
         None
     }
 
@@ -706,7 +701,7 @@ impl Tasks {
         self.cached_bytes += result.len();
         self.evict();
         if let (Some(info), Some(waiters)) = (info, self.waiters.remove(id)) {
-            let payload = to_json(&TaskReply {
+            let payload = Answer::json(&TaskReply {
                 success: true,
                 task: info,
             });
@@ -1003,7 +998,7 @@ impl Tasks {
                 self.waiters.remove(&id);
             }
             if let Some(task) = self.tasks.get(&id) {
-                let payload = to_json(&TaskReply {
+                let payload = Answer::json(&TaskReply {
                     success: true,
                     task: task.info(None),
                 });
@@ -1137,16 +1132,13 @@ fn rfc3339_ms(ms: i64) -> String {
     rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
 }
 
-/// A task's final state from its work's reply: EXEC's `timed_out` is
-/// `timed_out`; `success` false is `failed`.
-fn state_of_reply(payload: &[u8]) -> TaskState {
-    let reply: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
-    if reply["timed_out"] == true {
-        TaskState::TimedOut
-    } else if reply["success"] == true {
-        TaskState::Completed
-    } else {
-        TaskState::Failed
+/// A task's final state from its work's reply: an EXEC run that timed out
+/// is `timed_out`; one that did not succeed is `failed`.
+fn state_of(answer: &Answer) -> TaskState {
+    match answer {
+        Answer::Exec(run) if run.timed_out => TaskState::TimedOut,
+        answer if answer.is_success() => TaskState::Completed,
+        _ => TaskState::Failed,
     }
 }
 
@@ -1268,8 +1260,10 @@ mod tests {
                     },
                 )
                 .unwrap();
-            self.tasks
-                .reply_once_saved(ReplyTo::Task(u64::MAX), id.clone().into_bytes());
+            self.tasks.reply_once_saved(
+                ReplyTo::Task(u64::MAX),
+                Answer::Json(id.clone().into_bytes()),
+            );
             id
         }
 
@@ -1297,7 +1291,7 @@ mod tests {
         assert!(faulty.tasks.startable("").is_empty());
         let (queued, replies) = faulty.answered();
         assert!(!queued);
-        let reply: Value = serde_json::from_slice(&replies[0].1).unwrap();
+        let reply: Value = serde_json::from_slice(&replies[0].1.clone().into_json()).unwrap();
         assert_eq!(reply["success"], false, "{reply}");
         assert_eq!(reply["code"], "unavailable", "{reply}");
         assert_eq!(
@@ -1323,7 +1317,7 @@ mod tests {
         let id = faulty.dispatch("print('saved')");
         let (queued, replies) = faulty.answered();
         assert!(queued);
-        assert_eq!(replies[0].1, id.as_bytes());
+        assert_eq!(replies[0].1, Answer::Json(id.clone().into_bytes()));
         let starts = faulty.tasks.startable("");
         assert_eq!(starts.len(), 1);
         assert_eq!(
@@ -1360,8 +1354,14 @@ mod tests {
         }
         faulty.fail(true);
         let mut replies = Vec::new();
-        let result = br#"{"success":true,"stdout":"1\n"}"#.to_vec();
-        faulty.tasks.on_reply(start.number, result, &mut replies);
+        let result = agentos_proto::payload::ExecReply {
+            success: true,
+            stdout: "1\n".into(),
+            ..Default::default()
+        };
+        faulty
+            .tasks
+            .on_reply(start.number, result.into(), &mut replies);
         std::thread::sleep(Duration::from_millis(300));
         faulty.tasks.on_saved(&mut replies);
         let waited = faulty

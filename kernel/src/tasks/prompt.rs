@@ -5,9 +5,13 @@
 //! back to THINK; until THINK answers without code — its answer — or the
 //! iterations are spent.
 
-use agentos_proto::payload::{ChatMessage, ExecRequest, Language, PromptRequest, ThinkRequest};
+use agentos_proto::payload::{
+    ChatMessage, ExecReply, ExecRequest, Language, PromptRequest, ThinkReply, ThinkRequest,
+};
+use agentos_proto::{ErrorCode, ErrorReply};
 use serde::Serialize;
-use serde_json::Value;
+
+use crate::address::Answer;
 
 /// Bytes of a run's stdout and of its stderr fed back to THINK.
 const FEEDBACK_BYTES: usize = 4096;
@@ -125,6 +129,26 @@ impl PromptLoop {
         self.running.is_some()
     }
 
+    /// The answer to the step under way: EXEC's to the code it runs,
+    /// THINK's otherwise. A refusal is that step's failure.
+    pub fn on_answer(&mut self, answer: Answer) -> Step {
+        if self.is_running_code() {
+            let reply = match answer {
+                Answer::Exec(reply) => *reply,
+                Answer::Error(refused) => failed_run(refused),
+                other => failed_run(unexpected("EXEC", &other)),
+            };
+            self.on_exec(&reply)
+        } else {
+            let reply = match answer {
+                Answer::Think(reply) => *reply,
+                Answer::Error(refused) => failed_think(refused),
+                other => failed_think(unexpected("THINK", &other)),
+            };
+            self.on_think(&reply)
+        }
+    }
+
     /// Whether its session is its own (none was named), to close when it
     /// ends.
     pub fn owns_session(&self) -> bool {
@@ -142,13 +166,13 @@ impl PromptLoop {
     }
 
     /// THINK's reply: code to run, or the answer.
-    pub fn on_think(&mut self, reply: &Value) -> Step {
-        self.tokens += reply["tokens"].as_u64().unwrap_or(0);
-        if reply["success"] != true {
-            let why = reply["error"].as_str().unwrap_or("THINK failed");
+    pub fn on_think(&mut self, reply: &ThinkReply) -> Step {
+        self.tokens += reply.tokens;
+        if !reply.success {
+            let why = reply.error.as_deref().unwrap_or("THINK failed");
             return self.done(None, Some(format!("THINK failed: {why}")));
         }
-        let content = reply["content"].as_str().unwrap_or_default().to_owned();
+        let content = reply.content.clone();
         let Some((language, code)) = first_code_block(&content) else {
             return self.done(Some(content.trim()), None);
         };
@@ -182,17 +206,16 @@ impl PromptLoop {
 
     /// EXEC's reply for the code under way: fed back to THINK, or the end
     /// when the iterations are spent.
-    pub fn on_exec(&mut self, reply: &Value) -> Step {
+    pub fn on_exec(&mut self, reply: &ExecReply) -> Step {
         let (language, code) = self.running.take().unwrap_or_default();
-        let text = |field: &str| reply[field].as_str().unwrap_or_default().to_owned();
-        self.tool_calls += reply["tool_calls"].as_u64().unwrap_or(0);
-        self.tool_bytes += reply["tool_bytes"].as_u64().unwrap_or(0);
+        self.tool_calls += reply.tool_calls;
+        self.tool_bytes += reply.tool_bytes;
         let iteration = Iteration {
             code,
             language,
-            stdout: text("stdout"),
-            stderr: text("stderr"),
-            exit_code: reply["exit_code"].as_i64(),
+            stdout: reply.stdout.clone(),
+            stderr: reply.stderr.clone(),
+            exit_code: reply.exit_code.map(i64::from),
         };
         let mut feedback = format!(
             "Your code ran (exit code {}).\nstdout:\n{}",
@@ -204,7 +227,7 @@ impl PromptLoop {
         if !iteration.stderr.is_empty() {
             feedback.push_str(&format!("\nstderr:\n{}", tail(&iteration.stderr)));
         }
-        if let Some(error) = reply["error"].as_str() {
+        if let Some(error) = &reply.error {
             feedback.push_str(&format!("\nerror: {error}"));
         }
         self.iterations.push(iteration);
@@ -282,10 +305,48 @@ pub fn first_code_block(text: &str) -> Option<(String, String)> {
     None
 }
 
+/// A run that could not happen, as its reply.
+fn failed_run(refused: ErrorReply) -> ExecReply {
+    ExecReply {
+        error: Some(refused.error),
+        code: Some(refused.code),
+        ..ExecReply::default()
+    }
+}
+
+/// A THINK that could not happen, as its reply.
+fn failed_think(refused: ErrorReply) -> ThinkReply {
+    ThinkReply {
+        success: false,
+        content: String::new(),
+        tokens: 0,
+        error: Some(refused.error),
+        code: Some(refused.code),
+        usage: None,
+        model: None,
+        queue_ms: None,
+        latency_ms: None,
+    }
+}
+
+/// A step answered with another request's kind of reply.
+fn unexpected(step: &str, answer: &Answer) -> ErrorReply {
+    let kind = match answer {
+        Answer::Exec(_) => "EXEC",
+        Answer::Think(_) => "THINK",
+        Answer::Tool(_) => "TOOL",
+        Answer::Error(_) | Answer::Json(_) => "another request",
+    };
+    ErrorReply::new(
+        ErrorCode::Internal,
+        format!("the loop's {step} was answered with {kind}'s reply"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::Value;
 
     #[test]
     fn code_blocks_are_found_by_their_language() {
@@ -303,8 +364,21 @@ mod tests {
         assert_eq!(first_code_block("The answer is 4."), None);
     }
 
-    fn think(content: &str) -> Value {
-        json!({"success": true, "content": content, "tokens": 10})
+    fn think(content: &str) -> ThinkReply {
+        ThinkReply {
+            success: true,
+            content: content.into(),
+            tokens: 10,
+            ..failed_think(ErrorReply::new(ErrorCode::Internal, ""))
+        }
+    }
+
+    fn ran(stdout: &str, exit_code: i32) -> ExecReply {
+        ExecReply {
+            stdout: stdout.into(),
+            exit_code: Some(exit_code),
+            ..ExecReply::default()
+        }
     }
 
     fn request(max_iterations: u32) -> PromptRequest {
@@ -323,7 +397,7 @@ mod tests {
             prompt.on_think(&think("```python\nprint(55)\n```")),
             Step::Exec(_)
         ));
-        let Step::Think(last) = prompt.on_exec(&json!({"stdout": "55\n", "exit_code": 0})) else {
+        let Step::Think(last) = prompt.on_exec(&ran("55\n", 0)) else {
             panic!("the answer was not asked for");
         };
         let messages = last.messages.unwrap();
@@ -345,8 +419,11 @@ mod tests {
                 panic!("no run");
             };
             assert_eq!(run.session.as_deref(), Some("s"));
-            let reply = json!({"stdout": "55\n", "stderr": "", "exit_code": exit_code,
-                               "tool_calls": 2, "tool_bytes": 100});
+            let reply = ExecReply {
+                tool_calls: 2,
+                tool_bytes: 100,
+                ..ran("55\n", exit_code)
+            };
             assert!(matches!(prompt.on_exec(&reply), Step::Think(_)));
         }
         let Step::Done { answered, result } = prompt.on_think(&think("It is 55.")) else {
@@ -369,10 +446,7 @@ mod tests {
             match prompt.on_think(&think("```python\nprint(1)\n```")) {
                 Step::Exec(_) => {
                     runs += 1;
-                    assert!(matches!(
-                        prompt.on_exec(&json!({"stdout": "1\n", "exit_code": 0})),
-                        Step::Think(_)
-                    ));
+                    assert!(matches!(prompt.on_exec(&ran("1\n", 0)), Step::Think(_)));
                 }
                 Step::Done { answered, result } => break (answered, result),
                 Step::Think(_) => panic!("a THINK for a THINK"),

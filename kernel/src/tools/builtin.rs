@@ -4,11 +4,12 @@
 
 use std::sync::OnceLock;
 
-use agentos_proto::payload::{to_json, ThinkReply, ToolReply};
+use agentos_proto::payload::ToolReply;
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde_json::{json, Value};
 
 use super::mcp::client::ToolInfo;
+use crate::address::Answer;
 
 /// The built-in servers' names.
 pub const LLM: &str = "llm";
@@ -95,23 +96,24 @@ pub fn text_content(text: String) -> Value {
     serde_json::json!([{"type": "text", "text": text}])
 }
 
-/// A THINK reply, as the TOOL reply of `llm.think`: the answer's text is
-/// the result.
-pub fn from_think(payload: &[u8]) -> Vec<u8> {
-    match serde_json::from_slice::<ThinkReply>(payload) {
-        Ok(think) if think.success => {
+/// THINK's answer, as the TOOL reply of `llm.think`: the answer's text is
+/// the result; a failure stays one.
+pub fn from_think(answer: Answer) -> Answer {
+    match answer {
+        Answer::Think(think) if think.success => {
             let answer = Value::String(think.content.clone());
-            to_json(&ToolReply::done(answer, text_content(think.content)))
+            ToolReply::done(answer, text_content(think.content)).into()
         }
-        Ok(think) => ErrorReply::new(
+        Answer::Think(think) => ErrorReply::new(
             think.code.unwrap_or(ErrorCode::Internal),
             think.error.unwrap_or_else(|| "THINK failed".into()),
         )
-        .to_json(),
-        Err(err) => ErrorReply::new(
+        .into(),
+        Answer::Error(refused) => refused.into(),
+        Answer::Exec(_) | Answer::Tool(_) | Answer::Json(_) => ErrorReply::new(
             ErrorCode::Internal,
-            format!("llm.think: THINK's reply could not be read: {err}"),
+            "llm.think: THINK answered with something other than a THINK reply",
         )
-        .to_json(),
+        .into(),
     }
 }

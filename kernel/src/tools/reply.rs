@@ -2,16 +2,17 @@
 //! the protocol defines it, the server's secrets blotted out of all of it,
 //! and never more than a reply may carry.
 
-use agentos_proto::payload::{to_json, ToolReply};
+use agentos_proto::payload::ToolReply;
 use agentos_proto::{ErrorCode, ErrorReply, MAX_REPLY_BYTES};
 use serde_json::Value;
 
 use super::mcp::client::CallOutcome;
 use super::secrets::Secrets;
+use crate::address::Answer;
 
 /// The reply for `outcome`, a call to `server`.
-pub fn reply_for(outcome: CallOutcome, server: &str, secrets: &Secrets) -> Vec<u8> {
-    let reply = match outcome {
+pub fn reply_for(outcome: CallOutcome, server: &str, secrets: &Secrets) -> Answer {
+    let reply: Answer = match outcome {
         CallOutcome::Done {
             mut content,
             structured,
@@ -21,40 +22,40 @@ pub fn reply_for(outcome: CallOutcome, server: &str, secrets: &Secrets) -> Vec<u
             // Again: `result` may be the text parsed as JSON, whose escapes
             // (`\u0073k-...`) can spell a secret the text did not.
             secrets.redact_value(&mut result);
-            to_json(&ToolReply::done(result, content))
+            ToolReply::done(result, content).into()
         }
         CallOutcome::ToolError {
             message,
             mut content,
         } => {
             secrets.redact_value(&mut content);
-            to_json(&ToolReply::tool_error(secrets.redact(&message), content))
+            ToolReply::tool_error(secrets.redact(&message), content).into()
         }
         CallOutcome::Rejected(why) => {
             let why = secrets.redact(&why);
-            ErrorReply::new(ErrorCode::ToolError, format!("{server}: {why}")).to_json()
+            ErrorReply::new(ErrorCode::ToolError, format!("{server}: {why}")).into()
         }
-        CallOutcome::TimedOut(why) => ErrorReply::new(ErrorCode::Timeout, why).to_json(),
+        CallOutcome::TimedOut(why) => ErrorReply::new(ErrorCode::Timeout, why).into(),
         CallOutcome::Failed(why) => {
             let why = secrets.redact(&why);
             ErrorReply::new(
                 ErrorCode::Unavailable,
                 format!("tool server {server}: {why}"),
             )
-            .to_json()
+            .into()
         }
     };
-    if reply.len() as u64 > MAX_REPLY_BYTES {
+    let bytes = reply.json_len();
+    if bytes as u64 > MAX_REPLY_BYTES {
         return ErrorReply::new(
             ErrorCode::LimitExceeded,
             format!(
-                "{server} answered, but its result makes a reply of {} bytes, over the {} a \
+                "{server} answered, but its result makes a reply of {bytes} bytes, over the {} a \
                  reply may carry",
-                reply.len(),
                 MAX_REPLY_BYTES
             ),
         )
-        .to_json();
+        .into();
     }
     reply
 }
@@ -106,14 +107,14 @@ mod tests {
             content: json!([{"type": "text", "text": "{\"KEY\": \"sk-abcdef123\"}"}]),
             structured: None,
         };
-        let reply = String::from_utf8(reply_for(outcome, "s", &secrets)).unwrap();
+        let reply = String::from_utf8(reply_for(outcome, "s", &secrets).into_json()).unwrap();
         assert!(!reply.contains("sk-abcdef123"), "{reply}");
         assert!(reply.contains("[secret]"), "{reply}");
         let failed = CallOutcome::ToolError {
             message: "bad key sk-abcdef123".into(),
             content: json!([{"type": "text", "text": "bad key sk-abcdef123"}]),
         };
-        let reply = String::from_utf8(reply_for(failed, "s", &secrets)).unwrap();
+        let reply = String::from_utf8(reply_for(failed, "s", &secrets).into_json()).unwrap();
         assert!(!reply.contains("sk-abcdef123"), "{reply}");
     }
 
@@ -125,7 +126,8 @@ mod tests {
             structured: None,
         };
         let reply: Value =
-            serde_json::from_slice(&reply_for(outcome, "s", &Secrets::default())).unwrap();
+            serde_json::from_slice(&reply_for(outcome, "s", &Secrets::default()).into_json())
+                .unwrap();
         assert_eq!(reply["code"], "limit_exceeded", "{}", reply["error"]);
     }
 }

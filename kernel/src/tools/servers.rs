@@ -659,7 +659,7 @@ impl Servers {
                     if let Some(tag) = pending.tag {
                         self.delivered.push(Delivered {
                             tag,
-                            bytes: payload.len(),
+                            bytes: payload.json_len(),
                         });
                     }
                     replies.push((pending.reply_to, payload));
