@@ -9,7 +9,7 @@ use signal_hook_mio::v1_0::Signals;
 use agentos_proto::socket_path::SYSTEM_SOCKET;
 
 use crate::config::Config;
-use crate::reactor::{ConfigSource, Reactor, HANDLED_SIGNALS};
+use crate::reactor::{ConfigSource, Reactor, ReactorError, HANDLED_SIGNALS};
 use crate::socket::{KernelSocket, SocketError};
 
 /// Descriptors kept for the kernel's own use beyond client connections.
@@ -21,9 +21,15 @@ pub enum DaemonError {
     /// The socket could not be set up.
     #[error(transparent)]
     Socket(#[from] SocketError),
-    /// The reactor could not be built or failed while running.
-    #[error("reactor: {0}")]
-    Reactor(#[from] io::Error),
+    /// The shutdown signals could not be caught.
+    #[error("cannot catch the shutdown signals: {0}")]
+    Signals(io::Error),
+    /// The reactor or the kernel could not start.
+    #[error(transparent)]
+    Start(#[from] ReactorError),
+    /// The event loop failed while running.
+    #[error("the event loop failed: {0}")]
+    Run(#[from] io::Error),
 }
 
 /// The group whose members may use the system socket.
@@ -50,7 +56,7 @@ pub fn run(mut config: Config, reload: ConfigSource) -> Result<(), DaemonError> 
     }
     // Catch the shutdown signals before the socket exists: once a client
     // can connect, SIGTERM must mean a clean shutdown, never sudden death.
-    let signals = Signals::new(HANDLED_SIGNALS).map_err(DaemonError::Reactor)?;
+    let signals = Signals::new(HANDLED_SIGNALS).map_err(DaemonError::Signals)?;
     // Bind before any thread exists: binding briefly changes the umask.
     let path = config.socket_path();
     let group = config.socket_group.clone().or_else(|| service_group(&path));

@@ -1,19 +1,24 @@
-//! The AgentOS kernel: the `agentosd` daemon and the `agentos` command-line
-//! client.
+//! The AgentOS kernel: the `agentosd` daemon.
 //!
 //! One reactor thread ([`reactor`]) owns the socket ([`socket`]) and every
 //! connection, identifies callers from their socket credentials
 //! ([`identity`]), answers each opcode through its syscall handler
 //! ([`syscall`]), and hands blocking work to worker threads ([`workers`]).
-//! [`daemon`] puts it together from a [`config::Config`].
+//! [`daemon`] puts it together from a [`config::Config`] and runs it as a
+//! service ([`service`]), with its files beside the socket ([`state_dir`]).
 //!
-//! The subsystems — the sandbox runtime ([`sandbox::runtime`]), the agents
-//! ([`agents`]) and THINK ([`llm`]) — are wired in one place, the
-//! [`syscall::Kernel`]; replies travel by [`address`]. Subsystems that run
-//! processes of their own share [`process`] (pidfds, memfds) and
-//! [`supervisor`] (a long-running child, restarted when it ends). Modules
-//! depend on each other without cycles (a test reads the sources to keep
-//! it so); `docs/architecture.md` draws the map.
+//! The handlers act on the [`kernel::Kernel`], where every subsystem is
+//! wired: the sandbox runtime and the one-shot sandboxes it keeps
+//! ([`sandbox`], on [`cgroup`]), the agents ([`agents`]), THINK ([`llm`]),
+//! EXEC ([`exec`]), the tools ([`tools`]) and the background tasks
+//! ([`tasks`]). Replies travel by [`address`] and stay typed until the
+//! reactor writes them. Subsystems that run processes of their own share
+//! [`process`] (pidfds, memfds) and [`supervisor`] (a long-running child,
+//! restarted when it ends); the leaves — [`clock`], [`timers`], [`random`], [`python_names`]
+//! — serve everyone. Dependencies point from the reactor down to the
+//! leaves, never back up, and no file depends on one that depends on it:
+//! a test reads the sources to keep it so, and `docs/architecture.md`
+//! draws the map.
 
 pub mod address;
 pub mod agents;
@@ -23,6 +28,7 @@ pub mod config;
 pub mod daemon;
 pub mod exec;
 pub mod identity;
+pub mod kernel;
 pub mod llm;
 pub mod process;
 pub mod python_names;

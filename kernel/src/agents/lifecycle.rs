@@ -1,5 +1,5 @@
-//! The life of an agent: each run acquires a sandbox, claims it, and ends;
-//! then the restart policy decides between another run and the end. Every
+//! The life of an agent: each incarnation acquires a sandbox, claims it, and ends;
+//! then the restart policy decides between another incarnation and the end. Every
 //! step is driven by a [`SandboxEvent`] or a deadline, and nothing here
 //! touches a process directly: the sandbox runtime does, through the
 //! [`Sandboxes`] seam.
@@ -11,8 +11,8 @@ use agentos_proto::payload::{AgentState, SpawnReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::record::{Agent, Outcome, Stop};
-use super::restart::{Decision, RunEnd};
-use super::{cgroup_limits, program, shape_of, Agents, Deadline, Run};
+use super::restart::{Decision, Ending};
+use super::{cgroup_limits, program, shape_of, Agents, Deadline, Incarnation};
 use crate::address::{Answer, Reply};
 use crate::cgroup::CgroupStats;
 use crate::process::ProcessEnd;
@@ -21,12 +21,12 @@ use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
 use crate::sandbox::Status;
 
 impl Agents {
-    /// Takes in what happened to a run's sandbox.
+    /// Takes in what happened to an incarnation's sandbox.
     pub fn on_sandbox(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
-        event: SandboxEvent<Run>,
+        event: SandboxEvent<Incarnation>,
         now: Instant,
     ) {
         match event {
@@ -78,21 +78,21 @@ impl Agents {
     }
 
     /// Handles the deadlines that are due.
-    pub fn on_deadlines(&mut self, sandboxes: &mut impl Sandboxes<Run>, now: Instant) {
+    pub fn on_deadlines(&mut self, sandboxes: &mut impl Sandboxes<Incarnation>, now: Instant) {
         while let Some(deadline) = self.deadlines.pop_due(now) {
             match deadline {
-                Deadline::Escalate(run) => {
-                    if let Some(sandbox) = self.current(run).and_then(|a| a.sandbox) {
-                        log::info!("agent {}: grace over, SIGKILL", run.agent);
+                Deadline::Escalate(incarnation) => {
+                    if let Some(sandbox) = self.current(incarnation).and_then(|a| a.sandbox) {
+                        log::info!("agent {}: grace over, SIGKILL", incarnation.agent);
                         sandboxes.signal(sandbox, libc::SIGKILL);
                     }
                 }
-                Deadline::Restart(run) => {
+                Deadline::Restart(incarnation) => {
                     let due = self
-                        .current(run)
+                        .current(incarnation)
                         .is_some_and(|a| a.state == AgentState::Restarting);
                     if due {
-                        self.start_run(sandboxes, run.agent, now);
+                        self.start_incarnation(sandboxes, incarnation.agent, now);
                     }
                 }
                 Deadline::Forget { id } => {
@@ -108,7 +108,7 @@ impl Agents {
     /// `grace`, if shorter).
     pub fn begin_shutdown(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
         grace: Duration,
     ) {
@@ -129,65 +129,75 @@ impl Agents {
         }
     }
 
-    /// The agent, if `run` is its current run.
-    fn current(&mut self, run: Run) -> Option<&mut Agent> {
+    /// The agent, if `incarnation` is its current incarnation.
+    fn current(&mut self, incarnation: Incarnation) -> Option<&mut Agent> {
         self.table
-            .get_mut(&run.agent)
-            .filter(|a| a.run_number == run.number)
+            .get_mut(&incarnation.agent)
+            .filter(|a| a.incarnation == incarnation.number)
     }
 
-    /// Starts the agent's next run: in a warm sandbox if one fits, else in
+    /// Starts the agent's next incarnation: in a warm sandbox if one fits, else in
     /// one prepared for it.
-    pub(super) fn start_run(&mut self, sandboxes: &mut impl Sandboxes<Run>, id: u32, now: Instant) {
+    pub(super) fn start_incarnation(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
+        id: u32,
+        now: Instant,
+    ) {
         let Some(agent) = self.table.get_mut(&id) else {
             return;
         };
-        agent.run_number += 1;
+        agent.incarnation += 1;
         agent.state = AgentState::Starting;
         agent.outcome = Outcome::default();
         agent.oom_killed = false;
         agent.started_at = SystemTime::now();
         agent.started = now;
-        let run = Run {
+        let incarnation = Incarnation {
             agent: id,
-            number: agent.run_number,
+            number: agent.incarnation,
         };
         let shape = shape_of(sandboxes, &agent.request);
-        if let Some(sandbox) = sandboxes.acquire(run, shape, now) {
-            self.claim(sandboxes, sandbox, run);
+        if let Some(sandbox) = sandboxes.acquire(incarnation, shape, now) {
+            self.claim(sandboxes, sandbox, incarnation);
         }
     }
 
-    /// A sandbox arrived for `run`: claim it, unless the run was stopped
+    /// A sandbox arrived for `incarnation`: claim it, unless the incarnation was stopped
     /// (or superseded) while it was prepared.
     fn sandbox_ready(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
-        run: Run,
+        incarnation: Incarnation,
         sandbox: SandboxKey,
         now: Instant,
     ) {
         let wanted = self
-            .current(run)
+            .current(incarnation)
             .is_some_and(|a| a.state == AgentState::Starting && a.stop.is_none());
         if wanted {
-            return self.claim(sandboxes, sandbox, run);
+            return self.claim(sandboxes, sandbox, incarnation);
         }
         sandboxes.discard(sandbox);
         let stopped_early = self
             .table
-            .get(&run.agent)
+            .get(&incarnation.agent)
             .is_some_and(|a| a.stop.is_some() && a.is_live() && a.sandbox.is_none());
         if stopped_early {
-            self.killed_before_start(sandboxes, replies, run.agent, now);
+            self.killed_before_start(sandboxes, replies, incarnation.agent, now);
         }
     }
 
-    /// Gives the sandbox to the run: it is told what to run, and its cgroup
+    /// Gives the sandbox to the incarnation: it is told what to run, and its cgroup
     /// becomes the agent's, with the agent's limits.
-    fn claim(&mut self, sandboxes: &mut impl Sandboxes<Run>, sandbox: SandboxKey, run: Run) {
-        let Some(agent) = self.table.get_mut(&run.agent) else {
+    fn claim(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
+        sandbox: SandboxKey,
+        incarnation: Incarnation,
+    ) {
+        let Some(agent) = self.table.get_mut(&incarnation.agent) else {
             return sandboxes.discard(sandbox);
         };
         let id = agent.id;
@@ -215,12 +225,12 @@ impl Agents {
         let order = ClaimOrder {
             workload: &workload,
             log: &agent.log,
-            cgroup_name: format!("agent-{id}-{}", run.number),
+            cgroup_name: format!("agent-{id}-{}", incarnation.number),
             limits: cgroup_limits(&agent.limits),
             door: agent.door,
             channel: None,
         };
-        let claimed = sandboxes.claim(sandbox, run, order);
+        let claimed = sandboxes.claim(sandbox, incarnation, order);
         agent.sandbox = Some(sandbox);
         match claimed {
             Ok(claimed) => agent.pid = Some(claimed.pid),
@@ -231,10 +241,10 @@ impl Agents {
         }
     }
 
-    /// The agent's current run has ended.
+    /// The agent's current incarnation has ended.
     fn run_ended(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
         id: u32,
         end: SandboxEnd,
@@ -244,7 +254,7 @@ impl Agents {
             return;
         };
         // Whatever comes next (a restart, or the end), the work it started
-        // ends with this run.
+        // ends with this incarnation.
         self.ended.push(id);
         agent.sandbox = None;
         agent.pid = None;
@@ -274,9 +284,9 @@ impl Agents {
             return self.fail_start(sandboxes, replies, id, ErrorCode::Internal, message, now);
         }
         let end = match (agent.stop, agent.outcome.exit_code, agent.outcome.signal) {
-            (Some(_), _, _) => RunEnd::Stopped,
-            (None, Some(0), None) if !agent.oom_killed => RunEnd::Success,
-            _ => RunEnd::Failure,
+            (Some(_), _, _) => Ending::Stopped,
+            (None, Some(0), None) if !agent.oom_killed => Ending::Success,
+            _ => Ending::Failure,
         };
         agent.state = if agent.stop.is_some() {
             AgentState::Killed
@@ -296,11 +306,11 @@ impl Agents {
         self.after_run(sandboxes, id, end, now);
     }
 
-    /// A run could not start: answer a waiting SPAWN (the agent is then
+    /// An incarnation could not start: answer a waiting SPAWN (the agent is then
     /// simply `failed`), or let the restart policy decide.
     fn fail_start(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
         id: u32,
         code: ErrorCode,
@@ -320,17 +330,17 @@ impl Agents {
             return self.finish(sandboxes, id, now);
         }
         let end = if agent.stop.is_some() {
-            RunEnd::Stopped
+            Ending::Stopped
         } else {
-            RunEnd::Failure
+            Ending::Failure
         };
         self.after_run(sandboxes, id, end, now);
     }
 
-    /// A run stopped before it had a sandbox: a SPAWN still waiting hears so.
+    /// An incarnation stopped before it had a sandbox: a SPAWN still waiting hears so.
     fn killed_before_start(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
         id: u32,
         now: Instant,
@@ -339,12 +349,12 @@ impl Agents {
         self.fail_start(sandboxes, replies, id, ErrorCode::NotFound, message, now);
     }
 
-    /// A run is over: restart it, or let the agent end.
+    /// An incarnation is over: restart it, or let the agent end.
     fn after_run(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         id: u32,
-        end: RunEnd,
+        end: Ending,
         now: Instant,
     ) {
         let Some(agent) = self.table.get_mut(&id) else {
@@ -357,11 +367,12 @@ impl Agents {
             Decision::RestartAfter(delay) => {
                 log::info!("agent {id} ({}): restarting in {delay:?}", agent.name);
                 agent.state = AgentState::Restarting;
-                let run = Run {
+                let incarnation = Incarnation {
                     agent: id,
-                    number: agent.run_number,
+                    number: agent.incarnation,
                 };
-                self.deadlines.schedule(now + delay, Deadline::Restart(run));
+                self.deadlines
+                    .schedule(now + delay, Deadline::Restart(incarnation));
             }
             Decision::Rest => self.finish(sandboxes, id, now),
             Decision::GiveUp => {
@@ -374,7 +385,7 @@ impl Agents {
 
     /// The agent has ended for good: close its socket, and forget it after
     /// the retention time.
-    fn finish(&mut self, sandboxes: &mut impl Sandboxes<Run>, id: u32, now: Instant) {
+    fn finish(&mut self, sandboxes: &mut impl Sandboxes<Incarnation>, id: u32, now: Instant) {
         let Some(agent) = self.table.get_mut(&id) else {
             return;
         };
@@ -389,7 +400,7 @@ impl Agents {
     /// Asks a live agent to stop.
     pub(super) fn stop(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
         id: u32,
         why: Stop,
@@ -406,12 +417,12 @@ impl Agents {
             agent.state = AgentState::Killed;
             return self.finish(sandboxes, id, now);
         }
-        let run = Run {
+        let incarnation = Incarnation {
             agent: id,
-            number: agent.run_number,
+            number: agent.incarnation,
         };
         let sandbox = agent.sandbox;
-        if sandboxes.withdraw(run) {
+        if sandboxes.withdraw(incarnation) {
             // Waiting for any sandbox: nothing runs yet, so it ends here.
             return self.killed_before_start(sandboxes, replies, id, now);
         }
@@ -424,12 +435,12 @@ impl Agents {
         } else {
             sandboxes.signal(sandbox, libc::SIGTERM);
             self.deadlines
-                .schedule(now + grace, Deadline::Escalate(run));
+                .schedule(now + grace, Deadline::Escalate(incarnation));
         }
     }
 }
 
-/// How a run's sandbox ended, as the runtime reported it.
+/// How an incarnation's sandbox ended, as the runtime reported it.
 #[derive(Clone, Copy, Debug)]
 struct SandboxEnd {
     init: Option<ProcessEnd>,

@@ -5,7 +5,7 @@
 //! list what, what a child may be given (`inheritance`), what runs
 //! ([`program`]), and each agent's life (`lifecycle`). The sandboxes
 //! agents run in belong to the sandbox runtime ([`crate::sandbox::runtime`]),
-//! reached only through its [`Sandboxes`] seam: each run of an agent
+//! reached only through its [`Sandboxes`] seam: each incarnation of an agent
 //! acquires a sandbox, claims it, and hears back through
 //! [`SandboxEvent`](crate::sandbox::runtime::SandboxEvent)s.
 //!
@@ -52,24 +52,37 @@ use program::{Lookup, Program};
 use record::{Agent, Outcome, SpawnWaiter, Stop};
 use restart::Restarts;
 
-/// One run of one agent: what owns a sandbox. A run's events carry its
-/// number, so events of an earlier run are recognised as stale.
+/// One incarnation of an agent (it has one more each time it restarts):
+/// what owns a sandbox. An incarnation's events carry its number, so events
+/// of an earlier one are recognised as stale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Run {
+pub struct Incarnation {
     /// The agent.
     pub agent: u32,
-    /// Which of its runs.
+    /// Which of its incarnations.
     pub number: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Deadline {
-    /// SIGKILL a run that SIGTERM did not end.
-    Escalate(Run),
-    /// Start the next run after its backoff.
-    Restart(Run),
+    /// SIGKILL an incarnation that SIGTERM did not end.
+    Escalate(Incarnation),
+    /// Start the next incarnation after its backoff.
+    Restart(Incarnation),
     /// Drop an ended agent from the table.
     Forget { id: u32 },
+}
+
+/// A `[[agents.boot]]` entry SPAWN would refuse.
+#[derive(Debug, thiserror::Error)]
+#[error("agents.boot[{index}] ({name:?}): {reason}")]
+pub struct BadBootEntry {
+    /// Its place in the list.
+    pub index: usize,
+    /// The agent's name.
+    pub name: String,
+    /// Why SPAWN would refuse it.
+    pub reason: String,
 }
 
 /// What an agent may ask of the kernel (see [`Agents::grant`]).
@@ -143,7 +156,7 @@ pub struct Agents {
     stop_grace: Duration,
     max_agents: usize,
     shutting_down: bool,
-    /// Agents whose run has ended or is being stopped since the last
+    /// Agents whose incarnation has ended or is being stopped since the last
     /// [`Agents::take_ended`]: the work they started ends with it.
     ended: Vec<u32>,
 }
@@ -189,18 +202,20 @@ impl Agents {
         })
     }
 
-    /// The sandbox of agent `id`'s current run, if it has one.
+    /// The sandbox of agent `id`'s current incarnation, if it has one.
     pub fn sandbox_of(&self, id: u32) -> Option<crate::sandbox::runtime::SandboxKey> {
         self.table.get(&id).and_then(|agent| agent.sandbox)
     }
 
-    /// Whether an agent's run has ended, or it is being stopped, since the
+    /// Whether an agent's incarnation has ended, or it is being stopped,
+    /// since the
     /// last [`take_ended`](Self::take_ended).
     pub fn has_ended(&self) -> bool {
         !self.ended.is_empty()
     }
 
-    /// Agents whose run has ended or is being stopped since the last call:
+    /// Agents whose incarnation has ended or is being stopped since the last
+    /// call:
     /// the work they started — EXEC runs, sessions, tasks — ends with it.
     pub fn take_ended(&mut self) -> Vec<u32> {
         let mut ended = std::mem::take(&mut self.ended);
@@ -213,7 +228,7 @@ impl Agents {
     /// they started in turn: they end with the run.
     pub fn stop_started_by(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
         number: u64,
     ) {
@@ -236,7 +251,7 @@ impl Agents {
     /// what its token budgets still allow.
     pub fn spawn(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         spawner: Spawner,
         request: SpawnRequest,
         tokens_left: Option<u64>,
@@ -254,7 +269,7 @@ impl Agents {
     /// returns its id. LIST marks it `boot: true`.
     pub fn spawn_boot(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         request: SpawnRequest,
     ) -> Result<u32, ErrorReply> {
         let id = self.admit(sandboxes, Spawner::Operator, request, None, None)?;
@@ -267,12 +282,14 @@ impl Agents {
     /// Checks every `[[agents.boot]]` entry as SPAWN would (its program
     /// found, its environment allowed) without starting anything: a bad
     /// entry stops the kernel before it starts, naming the entry.
-    pub fn check_boot(config: &Config) -> Result<(), String> {
+    pub fn check_boot(config: &Config) -> Result<(), BadBootEntry> {
         for (index, request) in config.agents.boot.iter().enumerate() {
             program::resolve(request, &config.agents.python, Lookup::Host)
                 .and_then(|_| program::check_env(request))
-                .map_err(|err| {
-                    format!("agents.boot[{index}] ({:?}): {}", request.name, err.error)
+                .map_err(|refused| BadBootEntry {
+                    index,
+                    name: request.name.clone(),
+                    reason: refused.error,
                 })?;
         }
         Ok(())
@@ -294,10 +311,11 @@ impl Agents {
             .map(|a| (a.id, a.boot))
     }
 
-    /// Admits and starts an agent; `waiter` hears when its first run starts.
+    /// Admits and starts an agent; `waiter` hears when its first incarnation
+    /// starts.
     fn admit(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         spawner: Spawner,
         request: SpawnRequest,
         tokens_left: Option<u64>,
@@ -407,7 +425,7 @@ impl Agents {
                 budgets: own_budget.into_iter().chain(inherited).collect(),
                 isolation,
                 state: AgentState::Starting,
-                run_number: 0,
+                incarnation: 0,
                 sandbox: None,
                 pid: None,
                 outcome: Outcome::default(),
@@ -423,7 +441,7 @@ impl Agents {
                 boot: false,
             },
         );
-        self.start_run(sandboxes, id, now);
+        self.start_incarnation(sandboxes, id, now);
         Ok(id)
     }
 
@@ -432,7 +450,7 @@ impl Agents {
     /// in the parent's own view), and the token budgets it inherits.
     fn child_of(
         &self,
-        sandboxes: &impl Sandboxes<Run>,
+        sandboxes: &impl Sandboxes<Incarnation>,
         parent_id: u32,
         request: &SpawnRequest,
         tokens_left: Option<u64>,
@@ -459,7 +477,7 @@ impl Agents {
     /// `grace_ms`). Returns its id.
     pub fn kill(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Run>,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
         caller: Viewer,
         request: &KillRequest,
@@ -514,7 +532,7 @@ impl Agents {
     /// processes it cannot see at all.
     pub fn list(
         &self,
-        sandboxes: &impl Sandboxes<Run>,
+        sandboxes: &impl Sandboxes<Incarnation>,
         caller: Viewer,
         now: Instant,
     ) -> Vec<AgentInfo> {
@@ -663,8 +681,8 @@ pub fn cgroup_limits(limits: &Limits) -> CgroupLimits {
 }
 
 /// The sandbox shape a request needs on this host.
-fn shape_of(sandboxes: &impl Sandboxes<Run>, request: &SpawnRequest) -> Shape {
-    let sandboxed = request.sandboxed && sandboxes.host().has_namespaces();
+fn shape_of(sandboxes: &impl Sandboxes<Incarnation>, request: &SpawnRequest) -> Shape {
+    let sandboxed = request.sandboxed && sandboxes.machine().has_namespaces();
     Shape {
         sandboxed,
         // Outside a sandbox there is only the host's network.
@@ -675,7 +693,7 @@ fn shape_of(sandboxes: &impl Sandboxes<Run>, request: &SpawnRequest) -> Shape {
 
 /// What a sandboxed agent sees of the filesystem (`None`: it is not
 /// sandboxed, so it sees the host).
-fn view_of(sandboxes: &impl Sandboxes<Run>, agent: &Agent) -> Option<View> {
+fn view_of(sandboxes: &impl Sandboxes<Incarnation>, agent: &Agent) -> Option<View> {
     let mut binds = agent.program.binds.clone();
     if let Some(door) = agent.door.and_then(|door| sandboxes.door_path(door)) {
         binds.push(Bind {
@@ -689,15 +707,15 @@ fn view_of(sandboxes: &impl Sandboxes<Run>, agent: &Agent) -> Option<View> {
 
 /// The isolation a request gets on this host, and why it is less than
 /// asked, if it is.
-fn isolation(sandboxes: &impl Sandboxes<Run>, request: &SpawnRequest) -> Isolation {
-    let host = sandboxes.host();
+fn isolation(sandboxes: &impl Sandboxes<Incarnation>, request: &SpawnRequest) -> Isolation {
+    let machine = sandboxes.machine();
     let shape = shape_of(sandboxes, request);
     let mut missing = Vec::new();
     if request.sandboxed {
-        if let Some(reason) = &host.no_namespaces {
+        if let Some(reason) = &machine.no_namespaces {
             missing.push(format!("no namespaces: {reason}"));
         }
-        if let Some(reason) = &host.no_cgroups {
+        if let Some(reason) = &machine.no_cgroups {
             missing.push(format!("no cgroup limits: {reason}"));
         }
     }
@@ -707,13 +725,13 @@ fn isolation(sandboxes: &impl Sandboxes<Run>, request: &SpawnRequest) -> Isolati
         mount: shape.sandboxed,
         uts: shape.sandboxed,
         ipc: shape.sandboxed,
-        user: shape.sandboxed && host.map_to.is_some(),
+        user: shape.sandboxed && machine.map_to.is_some(),
     };
     Isolation {
         sandboxed: shape.sandboxed,
         namespaces: namespaces.names(),
         cgroup: if shape.sandboxed {
-            host.cgroup_version()
+            machine.cgroup_version()
         } else {
             None
         },

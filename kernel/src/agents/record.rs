@@ -25,7 +25,7 @@ pub enum Stop {
     Shutdown,
 }
 
-/// A SPAWN waiting for the agent's first run to start.
+/// A SPAWN waiting for the agent's first incarnation to start.
 #[derive(Clone, Copy, Debug)]
 pub struct SpawnWaiter {
     /// Where the reply goes.
@@ -34,7 +34,8 @@ pub struct SpawnWaiter {
     pub by_agent: bool,
 }
 
-/// How the current or last run's workload fared, from the status pipe.
+/// How the current or last incarnation's workload fared, from the status
+/// pipe.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     /// The workload was exec'd.
@@ -78,20 +79,22 @@ pub struct Agent {
     pub isolation: Isolation,
     /// Lifecycle state.
     pub state: AgentState,
-    /// Runs so far; a run's events carry its number, so stale ones are
+    /// Incarnations so far; an incarnation's events carry its number, so
+    /// stale ones are
     /// recognised.
-    pub run_number: u32,
-    /// The sandbox of the current run.
+    pub incarnation: u32,
+    /// The sandbox of the current incarnation.
     pub sandbox: Option<SandboxKey>,
-    /// The current run's init pid on the host.
+    /// The current incarnation's init pid on the host.
     pub pid: Option<i32>,
-    /// What the status pipe said about the current or last run.
+    /// What the status pipe said about the current or last incarnation.
     pub outcome: Outcome,
-    /// Whether the memory controller killed one of its processes (this run).
+    /// Whether the memory controller killed one of its processes (this
+    /// incarnation).
     pub oom_killed: bool,
     /// Restart bookkeeping.
     pub restarts: Restarts,
-    /// When the current run began.
+    /// When the current incarnation began.
     pub started_at: SystemTime,
     /// The same, for durations.
     pub started: Instant,
@@ -99,13 +102,14 @@ pub struct Agent {
     pub ended: Option<Instant>,
     /// Why it is being stopped, once asked.
     pub stop: Option<Stop>,
-    /// A SPAWN waiting for the first run to start.
+    /// A SPAWN waiting for the first incarnation to start.
     pub spawn_reply: Option<SpawnWaiter>,
     /// Its own socket, while it lives.
     pub door: Option<DoorKey>,
     /// Its log file.
     pub log: PathBuf,
-    /// The last ended run's figures, read just before its cgroup went, so
+    /// The last ended incarnation's figures, read just before its cgroup
+    /// went, so
     /// LIST still shows what an ended agent used.
     pub last_run: CgroupStats,
     /// Started from `[[agents.boot]]`.
@@ -128,7 +132,7 @@ impl Agent {
     }
 
     /// The LIST entry, with `usage` read from the running sandbox's cgroup
-    /// now (`None`: the last run's figures stand).
+    /// now (`None`: the last incarnation's figures stand).
     pub fn info(&self, now: Instant, usage: Option<CgroupStats>) -> AgentInfo {
         let stats = usage.unwrap_or(self.last_run);
         let until = self.ended.unwrap_or(now);

@@ -11,9 +11,9 @@ use agentos_proto::payload::RestartPolicy;
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
-/// How a run ended, as far as the policy cares.
+/// How an incarnation ended, as far as the policy cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RunEnd {
+pub enum Ending {
     /// Exit status 0.
     Success,
     /// Non-zero exit, a signal, an OOM kill, or a failed start.
@@ -59,11 +59,11 @@ impl Restarts {
 
     /// Decides what follows an ending at `now`, and records the restart if
     /// there is one.
-    pub fn decide(&mut self, end: RunEnd, now: Instant) -> Decision {
+    pub fn decide(&mut self, end: Ending, now: Instant) -> Decision {
         let wanted = match (self.policy, end) {
-            (_, RunEnd::Stopped) | (RestartPolicy::Never, _) => false,
-            (RestartPolicy::OnFailure, RunEnd::Success) => false,
-            (RestartPolicy::OnFailure, RunEnd::Failure) | (RestartPolicy::Always, _) => true,
+            (_, Ending::Stopped) | (RestartPolicy::Never, _) => false,
+            (RestartPolicy::OnFailure, Ending::Success) => false,
+            (RestartPolicy::OnFailure, Ending::Failure) | (RestartPolicy::Always, _) => true,
         };
         if !wanted {
             return Decision::Rest;
@@ -100,18 +100,18 @@ mod tests {
     fn never_means_never_and_stops_are_final() {
         let now = Instant::now();
         let mut never = Restarts::new(RestartPolicy::Never, 5, secs(300));
-        assert_eq!(never.decide(RunEnd::Failure, now), Decision::Rest);
+        assert_eq!(never.decide(Ending::Failure, now), Decision::Rest);
         let mut always = Restarts::new(RestartPolicy::Always, 5, secs(300));
-        assert_eq!(always.decide(RunEnd::Stopped, now), Decision::Rest);
+        assert_eq!(always.decide(Ending::Stopped, now), Decision::Rest);
     }
 
     #[test]
     fn on_failure_restarts_failures_only() {
         let now = Instant::now();
         let mut restarts = Restarts::new(RestartPolicy::OnFailure, 5, secs(300));
-        assert_eq!(restarts.decide(RunEnd::Success, now), Decision::Rest);
+        assert_eq!(restarts.decide(Ending::Success, now), Decision::Rest);
         assert_eq!(
-            restarts.decide(RunEnd::Failure, now),
+            restarts.decide(Ending::Failure, now),
             Decision::RestartAfter(secs(1))
         );
     }
@@ -121,7 +121,7 @@ mod tests {
         let start = Instant::now();
         let mut restarts = Restarts::new(RestartPolicy::Always, 8, secs(3600));
         let delays: Vec<Decision> = (0..9)
-            .map(|i| restarts.decide(RunEnd::Success, start + secs(i)))
+            .map(|i| restarts.decide(Ending::Success, start + secs(i)))
             .collect();
         assert_eq!(
             delays,
@@ -145,19 +145,19 @@ mod tests {
         let start = Instant::now();
         let mut restarts = Restarts::new(RestartPolicy::Always, 2, secs(10));
         assert!(matches!(
-            restarts.decide(RunEnd::Failure, start),
+            restarts.decide(Ending::Failure, start),
             Decision::RestartAfter(_)
         ));
         assert!(matches!(
-            restarts.decide(RunEnd::Failure, start + secs(1)),
+            restarts.decide(Ending::Failure, start + secs(1)),
             Decision::RestartAfter(_)
         ));
         assert_eq!(
-            restarts.decide(RunEnd::Failure, start + secs(2)),
+            restarts.decide(Ending::Failure, start + secs(2)),
             Decision::GiveUp
         );
         assert_eq!(
-            restarts.decide(RunEnd::Failure, start + secs(20)),
+            restarts.decide(Ending::Failure, start + secs(20)),
             Decision::RestartAfter(secs(1))
         );
     }

@@ -10,14 +10,14 @@ use agentos_proto::payload::{AgentState, KillRequest, SpawnRequest};
 use agentos_proto::ErrorCode;
 use serde_json::Value;
 
-use super::{Agents, Run, Spawner, Viewer};
+use super::{Agents, Incarnation, Spawner, Viewer};
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupStats;
 use crate::config::Config;
 use crate::identity::Identity;
 use crate::process::ProcessEnd;
 use crate::sandbox::plan::Shape;
-use crate::sandbox::runtime::host::Host;
+use crate::sandbox::runtime::machine::Machine;
 use crate::sandbox::runtime::{
     ClaimOrder, Claimed, DoorKey, LaunchError, SandboxEvent, SandboxKey, Sandboxes,
 };
@@ -30,15 +30,15 @@ const PID: i32 = 4242;
 /// A runtime that records what it is asked and hands out keys.
 #[derive(Debug, Default)]
 struct FakeSandboxes {
-    host: Host,
+    host: Machine,
     /// Warm sandboxes left in the pool.
     warm: usize,
     next_key: usize,
     /// Runs waiting for a default sandbox.
-    waiting: Vec<Run>,
+    waiting: Vec<Incarnation>,
     /// Runs a sandbox is being prepared for (not the pool's shape).
-    preparing: Vec<Run>,
-    claims: Vec<(SandboxKey, Run, String)>,
+    preparing: Vec<Incarnation>,
+    claims: Vec<(SandboxKey, Incarnation, String)>,
     discarded: Vec<SandboxKey>,
     signals: RefCell<Vec<(SandboxKey, i32)>>,
     closed_doors: Vec<DoorKey>,
@@ -57,8 +57,8 @@ impl FakeSandboxes {
     }
 }
 
-impl Sandboxes<Run> for FakeSandboxes {
-    fn host(&self) -> &Host {
+impl Sandboxes<Incarnation> for FakeSandboxes {
+    fn machine(&self) -> &Machine {
         &self.host
     }
 
@@ -66,7 +66,7 @@ impl Sandboxes<Run> for FakeSandboxes {
         None
     }
 
-    fn acquire(&mut self, owner: Run, shape: Shape, _now: Instant) -> Option<SandboxKey> {
+    fn acquire(&mut self, owner: Incarnation, shape: Shape, _now: Instant) -> Option<SandboxKey> {
         if shape != Shape::DEFAULT {
             self.preparing.push(owner);
             return None;
@@ -79,7 +79,7 @@ impl Sandboxes<Run> for FakeSandboxes {
         None
     }
 
-    fn withdraw(&mut self, owner: Run) -> bool {
+    fn withdraw(&mut self, owner: Incarnation) -> bool {
         let before = self.waiting.len();
         self.waiting.retain(|w| *w != owner);
         self.waiting.len() < before
@@ -88,7 +88,7 @@ impl Sandboxes<Run> for FakeSandboxes {
     fn claim(
         &mut self,
         sandbox: SandboxKey,
-        owner: Run,
+        owner: Incarnation,
         order: ClaimOrder<'_>,
     ) -> Result<Claimed, LaunchError> {
         self.claims.push((sandbox, owner, order.cgroup_name));
@@ -171,18 +171,18 @@ impl Bench {
         id
     }
 
-    fn event(&mut self, event: SandboxEvent<Run>, secs: u64) {
+    fn event(&mut self, event: SandboxEvent<Incarnation>, secs: u64) {
         let now = self.at(secs);
         self.agents
             .on_sandbox(&mut self.sandboxes, &mut self.replies, event, now);
     }
 
-    fn status(&mut self, run: Run, status: Status, secs: u64) {
+    fn status(&mut self, run: Incarnation, status: Status, secs: u64) {
         self.event(SandboxEvent::Status { owner: run, status }, secs);
     }
 
     /// The run's sandbox ended; the init reports the workload's `end`.
-    fn ended(&mut self, run: Run, end: Status, oom_killed: bool, secs: u64) {
+    fn ended(&mut self, run: Incarnation, end: Status, oom_killed: bool, secs: u64) {
         let init = match end {
             Status::Signaled(signal) => ProcessEnd::Signaled(signal),
             _ => ProcessEnd::Exited(0),
@@ -222,10 +222,10 @@ impl Bench {
         self.agents.table.get(&id).map(|a| a.state)
     }
 
-    fn run(&self, id: u32) -> Run {
-        Run {
+    fn run(&self, id: u32) -> Incarnation {
+        Incarnation {
             agent: id,
-            number: self.agents.table[&id].run_number,
+            number: self.agents.table[&id].incarnation,
         }
     }
 
@@ -236,7 +236,7 @@ impl Bench {
     }
 
     /// Brings a freshly spawned agent's run to `running`.
-    fn runs(&mut self, id: u32, secs: u64) -> Run {
+    fn runs(&mut self, id: u32, secs: u64) -> Incarnation {
         let run = self.run(id);
         self.status(run, Status::Ready { pid: 1 }, secs);
         assert_eq!(self.state(id), Some(AgentState::Running));
@@ -254,7 +254,7 @@ fn a_warm_sandbox_is_claimed_at_once_and_the_spawn_answered_once_the_workload_ru
     let (_, run, cgroup) = &bench.sandboxes.claims[0];
     assert_eq!(
         *run,
-        Run {
+        Incarnation {
             agent: id,
             number: 1
         }

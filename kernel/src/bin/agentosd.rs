@@ -82,7 +82,7 @@ fn main() -> ExitCode {
     }
     daemon::init_logging(config.log_level.as_deref());
     // SIGHUP reads the same layers again: file, environment, flags.
-    let reload = Box::new(move || Config::load(&flags).map_err(|err| err.to_string()));
+    let reload = Box::new(move || Config::load(&flags));
     match daemon::run(config, reload) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -10,7 +10,8 @@ use mio::net::UnixStream;
 use super::replies::ReplyQueue;
 use crate::address::{ConnKey, ReplyTo};
 use crate::identity::PeerCred;
-use crate::syscall::{Caller, Kernel, Outcome, Request};
+use crate::kernel::Kernel;
+use crate::syscall::{self, Caller, Outcome, Request};
 use crate::workers::WorkerPool;
 
 /// Per-connection limits, from the configuration.
@@ -157,9 +158,11 @@ impl Connection {
                             opcode,
                             payload: frame.payload,
                         };
-                        match kernel.dispatch(&request) {
+                        match syscall::dispatch(kernel, &request) {
                             Outcome::Echo => self.replies.push_ready(opcode, frame.payload),
-                            Outcome::Reply(payload) => self.replies.push_ready(opcode, &payload),
+                            Outcome::Reply(answer) => {
+                                self.replies.push_ready(opcode, &answer.into_json())
+                            }
                             Outcome::ReplyAndClose(payload) => {
                                 self.replies.push_ready(opcode, &payload);
                                 self.read_closed = true;

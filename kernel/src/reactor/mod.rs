@@ -25,11 +25,11 @@ use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
 use crate::address::{ConnKey, ReplyTo};
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::identity::Authority;
+use crate::kernel::{Kernel, StartError};
 use crate::service::ServiceManager;
 use crate::socket::KernelSocket;
-use crate::syscall::Kernel;
 use crate::timers::Timers;
 use crate::workers::WorkerPool;
 use accept::LogThrottle;
@@ -103,7 +103,18 @@ pub struct Reactor {
 }
 
 /// Where the configuration comes from, read again on SIGHUP.
-pub type ConfigSource = Box<dyn Fn() -> Result<Config, String>>;
+pub type ConfigSource = Box<dyn Fn() -> Result<Config, ConfigError>>;
+
+/// Why the reactor could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ReactorError {
+    /// The event loop, its waker or the worker threads could not be set up.
+    #[error("the event loop could not be set up: {0}")]
+    Setup(#[from] io::Error),
+    /// The kernel could not start.
+    #[error(transparent)]
+    Kernel(#[from] StartError),
+}
 
 impl Reactor {
     /// Builds the reactor around a bound socket and the shutdown signals,
@@ -114,7 +125,7 @@ impl Reactor {
         mut socket: KernelSocket,
         mut signals: Signals,
         reload: ConfigSource,
-    ) -> io::Result<Reactor> {
+    ) -> Result<Reactor, ReactorError> {
         let poll = Poll::new()?;
         if let Some(listener) = socket.listener() {
             poll.registry()

@@ -8,18 +8,17 @@
 //! nothing of the caller's beyond that. Sessions belong to the caller's
 //! principal — an agent, an operator's uid, or a run.
 
-use agentos_proto::payload::{
-    to_json, ClosedReply, ExecCall, ExecReply, SessionsReply, SnapshotsReply,
-};
+use agentos_proto::payload::{ClosedReply, ExecCall, ExecReply, SessionsReply, SnapshotsReply};
 use agentos_proto::ErrorReply;
 
-use super::runs::Power;
-use super::{actor, Kernel, Outcome, Request};
+use super::request::{actor, reply, Outcome, Request};
+use crate::address::Answer;
 use crate::exec::RunCaller;
+use crate::kernel::{Kernel, Permission};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let call = ExecCall::parse(request.payload).and_then(|call| {
-        actor(kernel, request)?.may(Power::Exec)?;
+        actor(kernel, request)?.require(Permission::Exec)?;
         Ok(call)
     });
     let call = match call {
@@ -42,13 +41,13 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 .restore(caller, &session, &name, request.reply_to, replies)
         }),
         ExecCall::Sessions => {
-            return Outcome::Reply(to_json(&SessionsReply {
+            return Outcome::Reply(Answer::json(&SessionsReply {
                 success: true,
                 sessions: kernel.exec.sessions(principal),
             }))
         }
         ExecCall::Close { session } => {
-            return Outcome::Reply(to_json(&ClosedReply {
+            return Outcome::Reply(Answer::json(&ClosedReply {
                 success: true,
                 closed: kernel
                     .exec
@@ -56,13 +55,12 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             }))
         }
         ExecCall::Snapshots { session } => {
-            return Outcome::Reply(match kernel.exec.snapshots(principal, &session) {
-                Ok(snapshots) => to_json(&SnapshotsReply {
+            return reply(kernel.exec.snapshots(principal, &session).map(|snapshots| {
+                SnapshotsReply {
                     success: true,
                     snapshots,
-                }),
-                Err(err) => err.to_json(),
-            })
+                }
+            }))
         }
     };
     match started {
@@ -77,10 +75,11 @@ fn run_caller(kernel: &Kernel, request: &Request<'_>) -> Result<RunCaller, Error
 }
 
 /// A refusal with EXEC's reply fields: no output, no exit code.
-fn refusal(err: ErrorReply) -> Vec<u8> {
-    to_json(&ExecReply {
+fn refusal(err: ErrorReply) -> Answer {
+    ExecReply {
         error: Some(err.error),
         code: Some(err.code),
         ..ExecReply::default()
-    })
+    }
+    .into()
 }

@@ -1,6 +1,7 @@
 //! EXIT (0xFF): say goodbye, then close.
 
-use super::{Kernel, Outcome, Request};
+use super::request::{Outcome, Request};
+use crate::kernel::Kernel;
 
 /// The EXIT reply payload.
 pub const GOODBYE: &[u8] = b"goodbye";

@@ -3,14 +3,15 @@
 use agentos_proto::payload::{Features, HelloReply, HelloRequest, ProtocolLimits};
 use agentos_proto::{MAX_REPLY_BYTES, PROTOCOL_VERSION};
 
-use super::{reply, Kernel, Outcome, Request};
+use super::request::{reply, Outcome, Request};
+use crate::kernel::Kernel;
 use crate::sandbox::runtime::Sandboxes;
 
 /// Reports what really works on this host now: subsystems not yet present in
 /// this kernel are `false`.
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     reply(HelloRequest::parse(request.payload).map(|_| {
-        let config = &kernel.config;
+        let config = kernel.config();
         HelloReply {
             success: true,
             protocol_version: PROTOCOL_VERSION,
@@ -29,7 +30,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 // in `tool_servers`.
                 tools: true,
                 task: true,
-                cgroup: kernel.sandboxes.host().cgroup_version(),
+                cgroup: kernel.sandboxes.machine().cgroup_version(),
             },
             limits: Some(ProtocolLimits {
                 max_request_bytes: config.max_request_bytes,

@@ -1,10 +1,11 @@
 //! KILL (0x11): stop an agent's process tree.
 
-use agentos_proto::payload::{to_json, KillReply, KillRequest};
+use agentos_proto::payload::{KillReply, KillRequest};
 use agentos_proto::ErrorCode;
 
-use super::kernel::agent_sandboxes;
-use super::{actor, Kernel, Outcome, Request};
+use super::request::{actor, Outcome, Request};
+use crate::address::Answer;
+use crate::kernel::{agent_sandboxes, Kernel};
 
 /// The KILL reply: `killed: true` once the agent is being stopped; for no
 /// such live agent, `killed: false` with the error and code `not_found`.
@@ -22,8 +23,8 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         )
     });
     Outcome::Reply(match killed {
-        Ok(id) => to_json(&KillReply::killed(id)),
-        Err(err) if err.code == ErrorCode::NotFound => to_json(&KillReply::not_found(err)),
-        Err(err) => err.to_json(),
+        Ok(id) => Answer::json(&KillReply::killed(id)),
+        Err(err) if err.code == ErrorCode::NotFound => Answer::json(&KillReply::not_found(err)),
+        Err(err) => err.into(),
     })
 }

@@ -4,9 +4,10 @@ use std::time::Instant;
 
 use agentos_proto::payload::{AgentInfo, ListRequest};
 
-use super::kernel::agent_sandboxes;
-use super::{actor, reply, Kernel, Outcome, Request};
+use super::request::{actor, reply, Outcome, Request};
 use crate::agents::Viewer;
+use crate::kernel::agent_sandboxes;
+use crate::kernel::Kernel;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     reply(ListRequest::parse(request.payload).and_then(|_| {

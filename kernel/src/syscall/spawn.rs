@@ -14,10 +14,11 @@
 use agentos_proto::payload::SpawnRequest;
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::kernel::agent_sandboxes;
-use super::runs::{Actor, Power};
-use super::{actor, Kernel, Outcome, Request};
+use super::request::{actor, Outcome, Request};
 use crate::agents::{RunSpawner, Spawner};
+use crate::kernel::agent_sandboxes;
+use crate::kernel::Kernel;
+use crate::kernel::{Actor, Permission};
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::Sandboxes;
 
@@ -34,7 +35,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     });
     match started {
         Ok(()) => Outcome::Later,
-        Err(err) => Outcome::Reply(err.to_json()),
+        Err(err) => Outcome::Reply(err.into()),
     }
 }
 
@@ -49,10 +50,10 @@ fn spawner_for(
     if let Actor::Operator { .. } = actor {
         return Ok((Spawner::Operator, None));
     }
-    actor.may(Power::Spawn)?;
+    actor.require(Permission::Spawn)?;
     // A boot agent that is down must not find a stand-in under its name.
     if kernel
-        .config
+        .config()
         .agents
         .boot
         .iter()

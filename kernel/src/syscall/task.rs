@@ -14,21 +14,22 @@ use agentos_proto::payload::{
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::runs::{Actor, Power};
-use super::{actor, reply, Kernel, Outcome, Request};
+use super::request::{actor, reply, Outcome, Request};
 use crate::address::Answer;
 use crate::identity::Principal;
+use crate::kernel::Kernel;
+use crate::kernel::{Actor, Permission};
 use crate::tasks::store::read_result;
 use crate::tasks::{Owner, Reach, Waited};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let task = match TaskRequest::parse(request.payload) {
         Ok(task) => task,
-        Err(err) => return Outcome::Reply(err.to_json()),
+        Err(err) => return Outcome::Reply(err.into()),
     };
     let (owner, operator) = match owner_of(kernel, request) {
         Ok(owner) => owner,
-        Err(err) => return Outcome::Reply(err.to_json()),
+        Err(err) => return Outcome::Reply(err.into()),
     };
     // An operator reaches every task by its id; anyone else only its own.
     let reach = if operator {
@@ -51,7 +52,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                     kernel.start_tasks();
                     Outcome::Later
                 }
-                Err(err) => Outcome::Reply(err.to_json()),
+                Err(err) => Outcome::Reply(err.into()),
             }
         }
         TaskRequest::Status(task) => {
@@ -76,12 +77,12 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 .tasks
                 .wait(reach, &wait.task_id, timeout, request.reply_to, now)
             {
-                Ok(Waited::Reply(reply)) => Outcome::Reply(reply),
+                Ok(Waited::Reply(reply)) => Outcome::Reply(Answer::Json(reply)),
                 Ok(Waited::Later) => Outcome::Later,
                 Ok(Waited::ReadResult { path, task }) => {
                     Outcome::Deferred(Box::new(move || with_result(&path, *task)))
                 }
-                Err(err) => Outcome::Reply(err.to_json()),
+                Err(err) => Outcome::Reply(err.into()),
             }
         }
         TaskRequest::List(filter) => reply(list(kernel, owner, operator, &filter)),
@@ -111,7 +112,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 fn owner_of(kernel: &Kernel, request: &Request<'_>) -> Result<(Owner, bool), ErrorReply> {
     let actor = actor(kernel, request)?;
     if let Actor::Run { .. } = actor {
-        actor.may(Power::Task)?;
+        actor.require(Permission::Task)?;
     }
     let operator = matches!(actor, Actor::Operator { .. });
     Ok((kernel.task_owner(actor.principal()), operator))
@@ -160,11 +161,13 @@ fn list(
 /// prompt loop.
 fn may_dispatch(kernel: &Kernel, request: &Request<'_>, kind: TaskKind) -> Result<(), ErrorReply> {
     let actor = actor(kernel, request)?;
-    actor.may(Power::Task)?;
+    actor.require(Permission::Task)?;
     match kind {
-        TaskKind::Exec => actor.may(Power::Exec),
-        TaskKind::Think => actor.may(Power::Think),
-        TaskKind::Prompt => actor.may(Power::Exec).and(actor.may(Power::Think)),
+        TaskKind::Exec => actor.require(Permission::Exec),
+        TaskKind::Think => actor.require(Permission::Think),
+        TaskKind::Prompt => actor
+            .require(Permission::Exec)
+            .and(actor.require(Permission::Think)),
     }
 }
 

@@ -9,19 +9,19 @@
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    to_json, Detail, ThinkRequest, ToolCall, ToolDescription, ToolListReply, ToolReply,
-    ToolSearchReply,
+    Detail, ThinkRequest, ToolCall, ToolDescription, ToolListReply, ToolReply, ToolSearchReply,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde_json::{Map, Value};
 
-use super::kernel::ToolCaller;
 use super::list::agents_seen_by;
-use super::think::asker;
-use super::{actor, Kernel, Outcome, Request};
+use super::request::{actor, Outcome, Request};
+use crate::address::Answer;
+use crate::kernel::{Kernel, ToolCaller};
 use crate::tools::builtin::{self, Builtin};
 use crate::tools::catalog::{self, allowed_by, Searchable};
 use crate::tools::mcp::client::ToolInfo;
+use crate::tools::offer::{offered, Listing, Offered};
 use crate::tools::servers::CallRequest;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
@@ -33,11 +33,12 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 .is_none_or(|patterns| allowed_by(patterns, server, tool))
         };
         match call {
-            ToolCall::List => Ok(Some(to_json(&ToolListReply {
+            ToolCall::List => Ok(Some(Answer::json(&ToolListReply {
                 success: true,
-                tools: offered(kernel)
-                    .filter(|(server, tool)| may(server, &tool.name))
-                    .map(|(server, tool)| describe(server, tool, Detail::Full))
+                tools: offered(&kernel.tools, Listing::Ready)
+                    .iter()
+                    .filter(|offered| may(offered.server, &offered.tool.name))
+                    .map(|offered| describe(offered, Detail::Full))
                     .collect(),
                 servers: kernel.tools.info(),
             }))),
@@ -46,23 +47,24 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 detail,
                 limit,
             } => {
-                let tools: Vec<(&str, &ToolInfo)> = offered(kernel)
-                    .filter(|(server, tool)| may(server, &tool.name))
+                let tools: Vec<Offered<'_>> = offered(&kernel.tools, Listing::Ready)
+                    .into_iter()
+                    .filter(|offered| may(offered.server, &offered.tool.name))
                     .collect();
                 let searchable: Vec<Searchable<'_>> = tools
                     .iter()
-                    .map(|(server, tool)| Searchable {
-                        server,
-                        name: &tool.name,
-                        description: &tool.description,
+                    .map(|offered| Searchable {
+                        server: offered.server,
+                        name: &offered.tool.name,
+                        description: &offered.tool.description,
                     })
                     .collect();
                 let ranked = catalog::search(&searchable, &query, limit as usize);
-                Ok(Some(to_json(&ToolSearchReply {
+                Ok(Some(Answer::json(&ToolSearchReply {
                     success: true,
                     tools: ranked
                         .into_iter()
-                        .map(|i| describe(tools[i].0, tools[i].1, detail))
+                        .map(|i| describe(&tools[i], detail))
                         .collect(),
                 })))
             }
@@ -83,31 +85,24 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                     ));
                 }
                 let timeout = timeout_ms.map(Duration::from_millis);
-                call_tool(kernel, request, &server, &tool, arguments, timeout)
+                call_tool(kernel, request, &server, &tool, arguments, timeout).map(|()| None)
             }
         }
     });
     match answer {
         Ok(Some(reply)) => Outcome::Reply(reply),
         Ok(None) => Outcome::Later,
-        Err(err) => Outcome::Reply(err.to_json()),
+        Err(err) => Outcome::Reply(err.into()),
     }
 }
 
-/// Every tool on offer now: the built-ins, then each ready server's.
-fn offered(kernel: &Kernel) -> impl Iterator<Item = (&str, &ToolInfo)> {
-    builtin::tools()
-        .iter()
-        .map(|(server, tool)| (*server, tool))
-        .chain(kernel.tools.tools())
-}
-
 /// A tool as `list` and `search` give it, saying as much as `detail` asks.
-fn describe(server: &str, tool: &ToolInfo, detail: Detail) -> ToolDescription {
+fn describe(offered: &Offered<'_>, detail: Detail) -> ToolDescription {
+    let tool: &ToolInfo = offered.tool;
     let summary = detail != Detail::Name;
     let full = detail == Detail::Full;
     ToolDescription {
-        server: server.to_owned(),
+        server: offered.server.to_owned(),
         name: tool.name.clone(),
         description: summary.then(|| tool.description.clone()),
         input_schema: full.then(|| tool.input_schema.clone()),
@@ -115,8 +110,10 @@ fn describe(server: &str, tool: &ToolInfo, detail: Detail) -> ToolDescription {
     }
 }
 
-/// Calls a tool the caller may use: a built-in at once (or through THINK),
-/// an MCP server's through its client. `Ok(None)`: the reply comes later.
+/// Calls a tool the caller may use: a built-in (at once, or through
+/// THINK), an MCP server's through its client. Every call's reply comes
+/// back through the kernel's TOOL calls, which count it against the EXEC
+/// run that made it.
 fn call_tool(
     kernel: &mut Kernel,
     request: &Request<'_>,
@@ -124,37 +121,34 @@ fn call_tool(
     tool: &str,
     arguments: Map<String, Value>,
     timeout: Option<Duration>,
-) -> Result<Option<Vec<u8>>, ErrorReply> {
-    let run = request.caller.run();
+) -> Result<(), ErrorReply> {
+    let caller = ToolCaller {
+        reply_to: request.reply_to,
+        run: request.caller.run(),
+    };
     match Builtin::find(server, tool) {
         Some(Builtin::ListAgents) => {
             let viewer = actor(kernel, request)?.viewer();
             let agents = agents_seen_by(kernel, viewer);
             let result = serde_json::to_value(&agents).unwrap_or(Value::Null);
             let text = result.to_string();
-            let reply = to_json(&ToolReply::done(result, builtin::text_content(text)));
-            kernel.tools_delivered(run, reply.len());
-            Ok(Some(reply))
+            let reply = ToolReply::done(result, builtin::text_content(text));
+            let via = kernel.tool_call(caller);
+            kernel.outbox.replies.push((via, reply.into()));
+            Ok(())
         }
         Some(Builtin::Think) => {
             let think = ThinkRequest::parse(&serde_json::to_vec(&arguments).unwrap_or_default())
                 .map_err(|err| ErrorReply::new(ErrorCode::ToolError, err.error))?;
-            let asker = asker(
-                kernel,
-                &actor(kernel, request)?,
-                request.caller.identity.id(),
-            )?;
-            let via = kernel.tool_call_through(ToolCaller {
-                reply_to: request.reply_to,
-                run,
-            });
+            let asker = kernel.asker(&actor(kernel, request)?, request.caller.identity.id())?;
+            let via = kernel.tool_call(caller);
             let queued = kernel
                 .llm
                 .think(&asker, via, think, &mut kernel.outbox.replies);
             if queued.is_err() {
                 kernel.tool_call_refused(via);
             }
-            queued.map(|()| None)
+            queued
         }
         None if builtin::is_builtin_server(server) => Err(ErrorReply::new(
             ErrorCode::NotFound,
@@ -163,21 +157,24 @@ fn call_tool(
         None => {
             // An agent's runs count among the agent's own calls at a
             // server: they cannot multiply its share of the server.
-            let caller = actor(kernel, request)?
+            let calling = actor(kernel, request)?
                 .root()
                 .agent()
                 .unwrap_or(request.caller.identity.id());
+            let via = kernel.tool_call(caller);
             let call = CallRequest {
                 server,
                 tool,
                 arguments: Value::Object(arguments),
                 timeout,
-                reply_to: request.reply_to,
-                tag: run,
-                caller,
+                reply_to: via,
+                caller: calling,
             };
-            kernel.tools.call(call, Instant::now())?;
-            Ok(None)
+            let called = kernel.tools.call(call, Instant::now());
+            if called.is_err() {
+                kernel.tool_call_refused(via);
+            }
+            called
         }
     }
 }

@@ -96,9 +96,10 @@ pub fn text_content(text: String) -> Value {
     serde_json::json!([{"type": "text", "text": text}])
 }
 
-/// THINK's answer, as the TOOL reply of `llm.think`: the answer's text is
-/// the result; a failure stays one.
-pub fn from_think(answer: Answer) -> Answer {
+/// A TOOL call's reply as the caller gets it: THINK's answer to
+/// `llm.think` as a TOOL reply (its text is the result; a failure stays
+/// one); a TOOL reply or a refusal as it is.
+pub fn as_tool_reply(answer: Answer) -> Answer {
     match answer {
         Answer::Think(think) if think.success => {
             let answer = Value::String(think.content.clone());
@@ -109,10 +110,10 @@ pub fn from_think(answer: Answer) -> Answer {
             think.error.unwrap_or_else(|| "THINK failed".into()),
         )
         .into(),
-        Answer::Error(refused) => refused.into(),
-        Answer::Exec(_) | Answer::Tool(_) | Answer::Json(_) => ErrorReply::new(
+        Answer::Tool(_) | Answer::Error(_) => answer,
+        Answer::Exec(_) | Answer::Json(_) => ErrorReply::new(
             ErrorCode::Internal,
-            "llm.think: THINK answered with something other than a THINK reply",
+            "a TOOL call was answered with another request's kind of reply",
         )
         .into(),
     }

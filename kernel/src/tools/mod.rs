@@ -5,13 +5,15 @@
 //! and the client's state machine, both without I/O. [`process`] starts a
 //! server under the shared supervisor; [`servers`] keeps every configured
 //! server's pipes, client and calls on the reactor. [`builtin`] describes
-//! the kernel's own tools. [`package`] writes the `tools` package EXEC runs
-//! import. [`catalog`] matches agents' `permissions.tools` patterns and
+//! the kernel's own tools. [`offer`] is the one list of tools on offer,
+//! each with its name in Python. [`package`] writes the `tools` package EXEC
+//! runs import. [`catalog`] matches agents' `permissions.tools` patterns and
 //! ranks searches.
 
 pub mod builtin;
 pub mod catalog;
 pub mod mcp;
+pub mod offer;
 pub mod package;
 pub mod process;
 pub mod reply;

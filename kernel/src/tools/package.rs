@@ -9,7 +9,6 @@
 //! when it calls (TOOL, with its `permissions.tools`). Nothing here comes
 //! from a server's configuration: no command, no environment.
 
-use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::fs;
 use std::io;
@@ -18,21 +17,37 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::mcp::client::ToolInfo;
-use crate::python_names::python_name;
+use super::builtin::describe_server;
+use super::offer::Offered;
 
 /// The runtime module, as runs import it.
 const RUNTIME: &str = include_str!("runtime.py");
 
-/// One server of the catalog.
+/// One server of the catalog, with its tools on offer.
 #[derive(Debug)]
-pub struct CatalogServer<'a> {
+struct CatalogServer<'a, 'b> {
     /// Its name (a Python identifier: the config checks it).
-    pub name: &'a str,
+    name: &'a str,
     /// What it is, for its SKILL.md and docstring.
-    pub description: String,
+    description: String,
     /// Its tools now.
-    pub tools: Vec<&'a ToolInfo>,
+    tools: Vec<&'b Offered<'a>>,
+}
+
+/// The tools on offer, grouped by server in order of first appearance.
+fn by_server<'a, 'b>(offered: &'b [Offered<'a>]) -> Vec<CatalogServer<'a, 'b>> {
+    let mut servers: Vec<CatalogServer<'a, 'b>> = Vec::new();
+    for tool in offered {
+        match servers.iter_mut().find(|s| s.name == tool.server) {
+            Some(server) => server.tools.push(tool),
+            None => servers.push(CatalogServer {
+                name: tool.server,
+                description: describe_server(tool.server),
+                tools: vec![tool],
+            }),
+        }
+    }
+    servers
 }
 
 /// The package's directory and what was last written there.
@@ -60,14 +75,15 @@ impl Package {
         &self.dir
     }
 
-    /// Writes the catalog and each server's SKILL.md for `servers`; returns
-    /// whether the catalog changed.
-    pub fn update(&mut self, servers: &[CatalogServer<'_>]) -> io::Result<bool> {
-        let catalog = catalog(servers);
+    /// Writes the catalog and each server's SKILL.md for the tools on
+    /// offer; returns whether the catalog changed.
+    pub fn update(&mut self, offered: &[Offered<'_>]) -> io::Result<bool> {
+        let servers = by_server(offered);
+        let catalog = catalog(&servers);
         if catalog == self.catalog {
             return Ok(false);
         }
-        for server in servers {
+        for server in &servers {
             let dir = self.dir.join(server.name);
             match fs::create_dir(&dir) {
                 Ok(()) => fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?,
@@ -82,21 +98,20 @@ impl Package {
     }
 }
 
-/// The catalog: each server's tools with a Python name, unique within the
-/// server (`get-sum` → `get_sum`; a second `get_sum` → `get_sum_2`).
-fn catalog(servers: &[CatalogServer<'_>]) -> Vec<u8> {
+/// The catalog: each server's tools with their Python names.
+fn catalog(servers: &[CatalogServer<'_, '_>]) -> Vec<u8> {
     let servers: Vec<Value> = servers
         .iter()
         .map(|server| {
-            let tools: Vec<Value> = python_names(&server.tools)
-                .into_iter()
-                .zip(&server.tools)
-                .map(|(python, tool)| {
+            let tools: Vec<Value> = server
+                .tools
+                .iter()
+                .map(|offered| {
                     json!({
-                        "name": tool.name,
-                        "python": python,
-                        "description": tool.description,
-                        "input_schema": tool.input_schema,
+                        "name": offered.tool.name,
+                        "python": offered.python,
+                        "description": offered.tool.description,
+                        "input_schema": offered.tool.input_schema,
                     })
                 })
                 .collect();
@@ -106,27 +121,8 @@ fn catalog(servers: &[CatalogServer<'_>]) -> Vec<u8> {
     serde_json::to_vec(&json!({ "servers": servers })).unwrap_or_default()
 }
 
-/// Python names for `tools`, in order, none twice and none taken by what
-/// every server namespace has.
-fn python_names(tools: &[&ToolInfo]) -> Vec<String> {
-    let mut taken: HashSet<String> = HashSet::new();
-    tools
-        .iter()
-        .map(|tool| {
-            let base = python_name(&tool.name);
-            let mut name = base.clone();
-            let mut n = 1;
-            while name.starts_with("__") || !taken.insert(name.clone()) {
-                n += 1;
-                name = format!("{base}_{n}");
-            }
-            name
-        })
-        .collect()
-}
-
 /// A server's SKILL.md: how to call each of its tools from a run.
-fn skill(server: &CatalogServer<'_>) -> String {
+fn skill(server: &CatalogServer<'_, '_>) -> String {
     let mut text = format!(
         "---\nname: {name}\ndescription: {description}\n---\n\n# {name}\n\n{description}\n\n\
          Call its tools from Python in an EXEC run; each returns the tool's result as a \
@@ -138,7 +134,7 @@ fn skill(server: &CatalogServer<'_>) -> String {
     if server.tools.is_empty() {
         text.push_str("\nIt offers no tools right now (see `agentos tools`).\n");
     }
-    for (python, tool) in python_names(&server.tools).iter().zip(&server.tools) {
+    for Offered { tool, python, .. } in &server.tools {
         let args = arguments(&tool.input_schema);
         let call: Vec<String> = args.iter().map(|a| format!("{}=...", a.name)).collect();
         let _ = write!(
@@ -207,6 +203,8 @@ fn write_whole(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::mcp::client::ToolInfo;
+    use crate::tools::offer::name_for_python;
 
     fn tool(name: &str) -> ToolInfo {
         ToolInfo {
@@ -226,13 +224,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut package = Package::create(dir.path()).unwrap();
         let (sum, same, import) = (tool("get-sum"), tool("get_sum"), tool("import"));
-        let servers = [CatalogServer {
-            name: "everything",
-            description: "Everything.".into(),
-            tools: vec![&sum, &same, &import],
-        }];
-        assert!(package.update(&servers).unwrap());
-        assert!(!package.update(&servers).unwrap());
+        let offered = name_for_python([
+            ("everything", &sum),
+            ("everything", &same),
+            ("everything", &import),
+        ]);
+        assert!(package.update(&offered).unwrap());
+        assert!(!package.update(&offered).unwrap());
         let catalog: Value =
             serde_json::from_slice(&fs::read(dir.path().join("catalog.json")).unwrap()).unwrap();
         let names: Vec<&str> = catalog["servers"][0]["tools"]

@@ -59,17 +59,6 @@ struct Pending {
     reply_to: ReplyTo,
     server: usize,
     caller: u32,
-    /// Who is told the size of its result (an EXEC run's tag).
-    tag: Option<u64>,
-}
-
-/// A finished call, for whoever counts tool use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Delivered {
-    /// The tag the call was made with.
-    pub tag: u64,
-    /// Bytes of its reply.
-    pub bytes: usize,
 }
 
 /// One tool call, as TOOL asks it of a server.
@@ -85,8 +74,6 @@ pub struct CallRequest<'a> {
     pub timeout: Option<Duration>,
     /// Where the reply goes.
     pub reply_to: ReplyTo,
-    /// Who is told the size of its reply (an EXEC run's tag).
-    pub tag: Option<u64>,
     /// Who calls (an agent's or operator's id): each has a share of the
     /// server's places.
     pub caller: u32,
@@ -103,7 +90,6 @@ pub struct Servers {
     next_call: CallId,
     /// Bumped whenever the tools on offer change.
     generation: u64,
-    delivered: Vec<Delivered>,
 }
 
 #[derive(Debug)]
@@ -213,7 +199,6 @@ impl Servers {
             calls: HashMap::new(),
             next_call: 1,
             generation: 0,
-            delivered: Vec::new(),
         })
     }
 
@@ -287,7 +272,6 @@ impl Servers {
             arguments,
             timeout,
             reply_to,
-            tag,
             caller,
         } = call;
         let index = self.index_of(server).ok_or_else(|| {
@@ -356,7 +340,6 @@ impl Servers {
                 reply_to,
                 server: index,
                 caller,
-                tag,
             },
         );
         self.flush(index);
@@ -438,11 +421,6 @@ impl Servers {
             self.handle(index, events, replies);
             self.flush(index);
         }
-    }
-
-    /// Reports of delivered calls' sizes (taken).
-    pub fn take_delivered(&mut self) -> Vec<Delivered> {
-        std::mem::take(&mut self.delivered)
     }
 
     /// Stops every server for good; calls under way fail, saying `why`.
@@ -655,14 +633,8 @@ impl Servers {
                         continue;
                     };
                     let server = &self.servers[index];
-                    let payload = reply_for(outcome, &server.name, &server.secrets);
-                    if let Some(tag) = pending.tag {
-                        self.delivered.push(Delivered {
-                            tag,
-                            bytes: payload.json_len(),
-                        });
-                    }
-                    replies.push((pending.reply_to, payload));
+                    let reply = reply_for(outcome, &server.name, &server.secrets);
+                    replies.push((pending.reply_to, reply));
                 }
                 ClientEvent::Garbage(line) => {
                     // A server that prints nothing but garbage must not

@@ -21,8 +21,8 @@
 
 pub mod door;
 mod handle;
-pub mod host;
 pub mod launching;
+pub mod machine;
 mod pool;
 pub mod retire;
 mod seam;
@@ -49,9 +49,9 @@ use crate::sandbox::{Launcher, SandboxSpec, Status};
 use crate::timers::Timers;
 use door::DoorEntry;
 use handle::Sandbox;
-use host::Host;
 pub use launching::LaunchError;
 use launching::{LaunchDone, LaunchJob, LaunchThread};
+use machine::Machine;
 use pool::Pool;
 use retire::Retiring;
 pub use seam::{ClaimOrder, Claimed, DoorKey, OwnersOf, SandboxEvent, SandboxKey, Sandboxes};
@@ -121,7 +121,7 @@ pub struct Runtime<O> {
     retiring: Retiring,
     doors: Slab<DoorEntry>,
     doors_dir: PathBuf,
-    host: Host,
+    machine: Machine,
     profile: Profile,
     /// The spec of each shape, built once: the profile never changes, and
     /// building it probes the host's system directories.
@@ -148,7 +148,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
     /// runtime's own sources.
     pub fn new(
         setup: RuntimeSetup,
-        host: Host,
+        machine: Machine,
         registry: &Registry,
         waker: Arc<Waker>,
     ) -> io::Result<Runtime<O>> {
@@ -164,7 +164,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
             },
         };
         // Without namespaces there is nothing worth preparing ahead.
-        let warm = if host.has_namespaces() {
+        let warm = if machine.has_namespaces() {
             setup.warm_pool
         } else {
             0
@@ -176,7 +176,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
             sandboxes: Slab::new(),
             pool: Pool::new(warm),
             refill_pending: false,
-            launches: LaunchThread::start(launcher, host.cgroups.clone(), waker)?,
+            launches: LaunchThread::start(launcher, machine.cgroups.clone(), waker)?,
             pending: HashMap::new(),
             next_launch: 0,
             deadlines: Timers::default(),
@@ -188,7 +188,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
                 .map(|shape| (*shape, plan::sandbox(&setup.profile, *shape)))
                 .collect(),
             profile: setup.profile,
-            host,
+            machine,
             viewer,
             default_limits: setup.default_limits,
             events: Vec::new(),
@@ -205,13 +205,13 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
 
     /// The daemon's cgroups, when this host gives it any.
     pub fn cgroups(&self) -> Option<Arc<Cgroups>> {
-        self.host.cgroups.clone()
+        self.machine.cgroups.clone()
     }
 
     /// How the kernel's own children are confined (`None`: this host gives
     /// the daemon no namespaces, so they run as the daemon does).
     pub fn confinement(&self) -> Option<Confinement> {
-        if !self.host.has_namespaces() {
+        if !self.machine.has_namespaces() {
             return None;
         }
         Confinement::for_kernel_children(&self.profile)
@@ -326,7 +326,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
         }
         self.retiring.remove_all();
         self.doors.clear();
-        if let Some(cgroups) = &self.host.cgroups {
+        if let Some(cgroups) = &self.machine.cgroups {
             cgroups.shutdown();
         }
     }
@@ -337,7 +337,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
     fn launch(&mut self, for_whom: LaunchFor<O>, shape: Shape) {
         let seq = self.next_launch;
         self.next_launch += 1;
-        let cgroup = (shape.sandboxed && self.host.cgroups.is_some())
+        let cgroup = (shape.sandboxed && self.machine.cgroups.is_some())
             .then(|| (format!("sandbox-{seq}"), self.default_limits));
         self.pending.insert(seq, (for_whom, shape));
         self.launches.submit(LaunchJob {
@@ -345,7 +345,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
             spec: self.shapes[&shape].clone(),
             cgroup,
             map_to: if shape.sandboxed {
-                self.host.map_to
+                self.machine.map_to
             } else {
                 None
             },

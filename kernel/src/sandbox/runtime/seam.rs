@@ -14,8 +14,8 @@ use std::time::Instant;
 use mio::Token;
 
 use super::door::{Door, DoorEntry};
-use super::host::Host;
 use super::launching::LaunchError;
+use super::machine::Machine;
 use super::{watch, LaunchFor, Runtime, Source, POOL_REFILL_DELAY};
 use crate::cgroup::{CgroupLimits, CgroupStats};
 use crate::identity::Identity;
@@ -164,8 +164,8 @@ pub struct Claimed {
 /// the machinery of sandboxes (unit tests of owners implement it without
 /// processes or root).
 pub trait Sandboxes<O> {
-    /// What the host supports.
-    fn host(&self) -> &Host;
+    /// What the machine supports.
+    fn machine(&self) -> &Machine;
     /// What a workload of `shape` with these binds sees (`None`: it is not
     /// sandboxed, so it sees the host).
     fn view(&self, shape: Shape, binds: &[Bind]) -> Option<View>;
@@ -199,8 +199,8 @@ pub trait Sandboxes<O> {
 }
 
 impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
-    fn host(&self) -> &Host {
-        &self.host
+    fn machine(&self) -> &Machine {
+        &self.machine
     }
 
     fn view(&self, shape: Shape, binds: &[Bind]) -> Option<View> {
@@ -358,8 +358,8 @@ impl<'a, O, P> OwnersOf<'a, O, P> {
 }
 
 impl<O: Copy + PartialEq + Debug, P> Sandboxes<P> for OwnersOf<'_, O, P> {
-    fn host(&self) -> &Host {
-        self.runtime.host()
+    fn machine(&self) -> &Machine {
+        self.runtime.machine()
     }
 
     fn view(&self, shape: Shape, binds: &[Bind]) -> Option<View> {

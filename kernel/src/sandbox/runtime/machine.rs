@@ -1,4 +1,4 @@
-//! What this host lets the kernel give a sandbox: cgroups for limits, and
+//! What this machine lets the kernel give a sandbox: cgroups for limits, and
 //! namespaces (as root, or through a user namespace when the daemon is
 //! not root). Probed once at start; a missing piece degrades isolation,
 //! and every SPAWN reply says so.
@@ -9,9 +9,9 @@ use agentos_proto::payload::CgroupVersion;
 
 use crate::cgroup::Cgroups;
 
-/// The host's support for sandboxes.
+/// The machine's support for sandboxes.
 #[derive(Debug, Default)]
-pub struct Host {
+pub struct Machine {
     /// cgroups in use, if any.
     pub cgroups: Option<Arc<Cgroups>>,
     /// Why there are no cgroups, when there are none.
@@ -23,9 +23,9 @@ pub struct Host {
     pub map_to: Option<(u32, u32)>,
 }
 
-impl Host {
+impl Machine {
     /// Probes cgroups and namespaces, logging what is missing.
-    pub fn probe() -> Host {
+    pub fn probe() -> Machine {
         let (cgroups, no_cgroups) = match Cgroups::detect() {
             Ok(cgroups) => match cgroups.start() {
                 Ok(()) => (Some(Arc::new(cgroups)), None),
@@ -52,7 +52,7 @@ impl Host {
         if let Some(reason) = &no_namespaces {
             log::warn!("{reason}");
         }
-        Host {
+        Machine {
             cgroups,
             no_cgroups,
             no_namespaces,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use agentos_proto::payload::{KillRequest, SpawnRequest};
 
-use super::kernel::agent_sandboxes;
+use super::sandboxes::agent_sandboxes;
+use super::sources::Source;
 use super::Kernel;
 use crate::agents::Viewer;
 use crate::config::Config;
@@ -129,7 +130,7 @@ impl Kernel {
             self.sandboxes.confinement(),
             &self.registry,
             Arc::clone(&self.waker),
-            self.tools_token,
+            self.tokens.first(Source::Tools),
         );
         let fresh = match started {
             Ok(fresh) => fresh,
@@ -150,7 +151,7 @@ impl Kernel {
             log::error!("cannot wait for the old MCP servers to stop: {err}");
         }
         // The `tools` package is written again for the new servers.
-        self.catalog_generation = None;
+        self.catalog.forget();
         true
     }
 

@@ -10,145 +10,17 @@
 //! agents it spawned, its runs, sessions and tasks) is the run's alone, and
 //! ends when the run does.
 
-use std::collections::HashMap;
-
-use agentos_proto::payload::{ExecRequest, Limits, Permissions, PrincipalInfo};
+use agentos_proto::payload::{ExecRequest, Limits, Permissions};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::runs::{Root, RunGrant, Runs};
 use crate::address::ReplyTo;
-use crate::agents::{AgentGrant, Agents, Grant, Viewer};
+use crate::agents::{AgentGrant, Agents, Viewer};
 use crate::cgroup::CgroupLimits;
 use crate::exec::Share;
 use crate::identity::Principal;
 use crate::llm::Budget;
 use crate::tools::catalog::covered_by;
-
-/// The operator or agent at the end of a run's chain of callers (for a run
-/// of a run of agent 7: agent 7).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Root {
-    /// An operator, by uid.
-    Operator(u32),
-    /// An agent, by id.
-    Agent(u32),
-}
-
-impl Root {
-    /// The agent, if it is one.
-    pub fn agent(self) -> Option<u32> {
-        match self {
-            Root::Agent(id) => Some(id),
-            Root::Operator(_) => None,
-        }
-    }
-}
-
-/// The token budget a run's own `llm_tokens` sets is kept under this key
-/// and the run's number, clear of every agent's id.
-const RUN_BUDGETS: u32 = 1 << 31;
-
-/// What an EXEC run was given.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RunGrant {
-    /// Whose run it is.
-    pub of: Principal,
-    /// The operator or agent at the end of the chain of callers.
-    pub root: Root,
-    /// What its connection may do.
-    pub permissions: Permissions,
-    /// Its limits in force.
-    pub limits: Limits,
-    /// Whether it shares the host's network.
-    pub network: bool,
-    /// The token budgets it draws on: its own, if it has one, then its
-    /// caller's.
-    pub budgets: Vec<Budget>,
-    /// Where its reply goes: once that reply has gone, the run is over.
-    pub reply_to: ReplyTo,
-}
-
-impl RunGrant {
-    /// What it may give an agent it spawns: never more than it has.
-    pub fn as_parent(&self) -> Grant {
-        Grant {
-            network: self.network,
-            limits: self.limits,
-            permissions: self.permissions.clone(),
-        }
-    }
-}
-
-/// The runs in progress, by number.
-#[derive(Debug, Default)]
-pub struct Runs {
-    grants: HashMap<u64, RunGrant>,
-    by_reply: HashMap<ReplyTo, u64>,
-    next: u64,
-}
-
-impl Runs {
-    /// The number the next run gets.
-    pub fn next_number(&self) -> u64 {
-        self.next + 1
-    }
-
-    /// Admits a run under the number [`next_number`](Self::next_number)
-    /// gave; returns it.
-    pub fn admit(&mut self, grant: RunGrant) -> u64 {
-        self.next += 1;
-        let number = self.next;
-        self.by_reply.insert(grant.reply_to, number);
-        self.grants.insert(number, grant);
-        number
-    }
-
-    /// The key run `number`'s own token budget is kept under.
-    pub fn budget_key(number: u64) -> u32 {
-        RUN_BUDGETS | (number as u32 & !RUN_BUDGETS)
-    }
-
-    /// What run `number` was given, while it lasts.
-    pub fn get(&self, number: u64) -> Option<&RunGrant> {
-        self.grants.get(&number)
-    }
-
-    /// Forgets a run that was refused before it began.
-    pub fn refused(&mut self, number: u64) {
-        if let Some(grant) = self.grants.remove(&number) {
-            self.by_reply.remove(&grant.reply_to);
-        }
-    }
-
-    /// The run whose reply goes to `reply_to`, if one does: that reply
-    /// ends it.
-    pub fn answered(&mut self, reply_to: &ReplyTo) -> Option<(u64, RunGrant)> {
-        let number = self.by_reply.remove(reply_to)?;
-        self.grants.remove(&number).map(|grant| (number, grant))
-    }
-
-    /// Whether any run is in progress (so replies need looking at).
-    pub fn is_empty(&self) -> bool {
-        self.grants.is_empty()
-    }
-
-    /// `principal` as HELLO says it: a run as a run of its caller's.
-    pub fn describe(&self, principal: Principal, agents: &Agents) -> PrincipalInfo {
-        match principal {
-            Principal::Operator { uid } => PrincipalInfo::Operator { uid },
-            Principal::Agent { id } => PrincipalInfo::Agent {
-                id,
-                name: agents.grant(id).map(|grant| grant.name.to_owned()),
-            },
-            // A run that is over is no one's any more.
-            Principal::Run { number } => PrincipalInfo::Run {
-                of: self
-                    .grants
-                    .get(&number)
-                    .map(|grant| Box::new(self.describe(grant.of, agents))),
-            },
-        }
-    }
-}
 
 /// Who is asking, with what it was given.
 #[derive(Clone, Copy, Debug)]
@@ -299,14 +171,14 @@ impl<'a> Actor<'a> {
         self.powers().tools
     }
 
-    /// Whether it may use THINK; if not, why not.
-    pub fn may(&self, what: Power) -> Result<(), ErrorReply> {
+    /// Whether it has `what`; if not, why not.
+    pub fn require(&self, what: Permission) -> Result<(), ErrorReply> {
         let powers = self.powers();
         let (has, field) = match what {
-            Power::Think => (powers.think, "think"),
-            Power::Exec => (powers.exec, "exec"),
-            Power::Spawn => (powers.spawn, "spawn"),
-            Power::Task => (powers.task, "task"),
+            Permission::Think => (powers.think, "think"),
+            Permission::Exec => (powers.exec, "exec"),
+            Permission::Spawn => (powers.spawn, "spawn"),
+            Permission::Task => (powers.task, "task"),
         };
         if has {
             return Ok(());
@@ -446,7 +318,7 @@ struct Powers<'a> {
 
 /// A permission a request needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Power {
+pub enum Permission {
     /// THINK.
     Think,
     /// EXEC.
@@ -457,13 +329,13 @@ pub enum Power {
     Task,
 }
 
-impl Power {
+impl Permission {
     fn verb(self) -> &'static str {
         match self {
-            Power::Think => "THINK",
-            Power::Exec => "EXEC",
-            Power::Spawn => "spawn agents",
-            Power::Task => "dispatch TASKs",
+            Permission::Think => "THINK",
+            Permission::Exec => "EXEC",
+            Permission::Spawn => "spawn agents",
+            Permission::Task => "dispatch TASKs",
         }
     }
 }
@@ -588,8 +460,8 @@ mod tests {
         let nested = run_of(&run, r#"{"code":"1"}"#).unwrap();
         assert_eq!(nested.of, Principal::Run { number: 4 });
         assert_eq!(nested.root, Root::Operator(0));
-        assert!(run.may(Power::Exec).is_ok());
-        assert!(run.may(Power::Spawn).is_err());
-        assert!(run.may(Power::Task).is_err());
+        assert!(run.require(Permission::Exec).is_ok());
+        assert!(run.require(Permission::Spawn).is_err());
+        assert!(run.require(Permission::Task).is_err());
     }
 }

@@ -1,0 +1,108 @@
+//! A task's work, started as its owner on EXEC or THINK with the task as
+//! the reply address, and stopped when the task is cancelled; its progress
+//! read from what its run has printed so far.
+
+use agentos_proto::{ErrorCode, ErrorReply};
+
+use super::actor::Actor;
+use super::Kernel;
+use crate::address::ReplyTo;
+use crate::identity::{Principal, KERNEL_OPERATOR};
+use crate::tasks::{self, Start, Stop, Work, PROGRESS_BYTES};
+use crate::tools::offer::{self, offered, Listing};
+
+impl Kernel {
+    /// Starts the queued tasks whose owners have room.
+    pub fn start_tasks(&mut self) {
+        // Work that cannot start fails its task at once, which frees its
+        // owner's place: look again until nothing more starts.
+        loop {
+            let tools = if self.tasks.prompt_queued() {
+                offer::summary(&offered(&self.tools, Listing::Known))
+            } else {
+                String::new()
+            };
+            let starts = self.tasks.startable(&tools);
+            if starts.is_empty() {
+                return;
+            }
+            for start in starts {
+                self.start_task_work(start);
+            }
+        }
+    }
+
+    /// Starts a piece of a task's work — an EXEC run or a THINK, as its
+    /// owner — whose reply comes back to the task. Work that cannot start
+    /// fails the task with the reason.
+    pub(super) fn start_task_work(&mut self, start: Start) {
+        let reply_to = ReplyTo::Task(start.number);
+        let principal = start.owner;
+        let started = start.work.and_then(|work| match work {
+            Work::Exec(run) => self.start_run(run, principal, reply_to),
+            Work::Think(think) => {
+                let actor = self.task_actor(principal)?;
+                let asker = self.asker(&actor, KERNEL_OPERATOR.id())?;
+                self.llm
+                    .think(&asker, reply_to, think, &mut self.outbox.replies)
+            }
+        });
+        if let Err(err) = started {
+            self.tasks
+                .failed_to_start(start.number, err, &mut self.outbox.replies);
+        }
+    }
+
+    /// The EXEC sessions of prompt loops that have ended go.
+    pub fn close_ended_task_sessions(&mut self) {
+        for (owner, session) in self.tasks.take_ended_sessions() {
+            self.exec.close(owner, &session, &mut self.outbox.replies);
+        }
+    }
+
+    /// Running tasks' progress: what their runs have printed so far
+    /// (`save`: and into the store).
+    pub(super) fn refresh_task_progress(&mut self, save: bool) {
+        for number in self.tasks.running() {
+            self.refresh_progress_of(number, save);
+        }
+    }
+
+    /// The same, for the task whose work runs under `number`.
+    pub fn refresh_progress_of(&mut self, number: u64, save: bool) {
+        if let Some(output) = self
+            .exec
+            .output_so_far(ReplyTo::Task(number), PROGRESS_BYTES)
+        {
+            self.tasks.progress(number, output, save);
+        }
+    }
+
+    /// Stops a cancelled task's work: its EXEC run is killed, its THINK
+    /// withdrawn from the queue (one already at the provider answers no
+    /// one).
+    pub fn stop_task(&mut self, stop: Stop) {
+        // Its work is an EXEC run or a THINK (a prompt task's, either):
+        // each subsystem stops what it has under this address, if anything.
+        let reply_to = ReplyTo::Task(stop.number);
+        self.exec.cancel(reply_to, &mut self.outbox.replies);
+        self.llm.withdraw_reply(reply_to);
+    }
+
+    /// Who a task's work is done for, with what it was given: its owner,
+    /// which must still be there.
+    pub(super) fn task_actor(&self, principal: Principal) -> Result<Actor<'_>, ErrorReply> {
+        Actor::of(principal, &self.agents, &self.runs)
+            .map_err(|_| ErrorReply::new(ErrorCode::Unavailable, "the task's owner has ended"))
+    }
+
+    /// Whose tasks `principal`'s are, as the task store names owners.
+    pub fn task_owner(&self, principal: Principal) -> tasks::Owner {
+        let boot = self.tasks.boot();
+        match principal {
+            Principal::Operator { uid } => tasks::Owner::User(uid),
+            Principal::Agent { id } => tasks::Owner::Agent { boot, id },
+            Principal::Run { number } => tasks::Owner::Run { boot, number },
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The tools on offer, as one list for everything that shows them: TOOL's
+//! `list` and `search`, the `tools` package EXEC runs import, and what the
+//! prompt loop tells THINK. Each tool comes with the name code in a run
+//! calls it by, unique within its server, so all three always agree.
+
+use std::collections::{HashMap, HashSet};
+
+use super::builtin;
+use super::mcp::client::ToolInfo;
+use super::servers::Servers;
+use crate::python_names::python_name;
+
+/// Whose tools a list holds, besides the built-ins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listing {
+    /// The servers a call reaches now: the ready ones.
+    Ready,
+    /// Every running server's tools as last listed, one restarting
+    /// included: what code that imports `tools` keeps across a restart.
+    Known,
+}
+
+/// A tool on offer.
+#[derive(Clone, Debug)]
+pub struct Offered<'a> {
+    /// Its server.
+    pub server: &'a str,
+    /// The tool, as its server describes it.
+    pub tool: &'a ToolInfo,
+    /// Its name in Python: `tools.<server>.<python>(...)`.
+    pub python: String,
+}
+
+/// The built-ins, then the servers' tools `listing` names, in order.
+pub fn offered(servers: &Servers, listing: Listing) -> Vec<Offered<'_>> {
+    let listed: Vec<(&str, &ToolInfo)> = match listing {
+        Listing::Ready => servers.tools().collect(),
+        Listing::Known => servers.known_tools().collect(),
+    };
+    let tools = builtin::tools()
+        .iter()
+        .map(|(server, tool)| (*server, tool))
+        .chain(listed);
+    name_for_python(tools)
+}
+
+/// Names each tool for Python, none twice within a server and none taken
+/// by what every server's namespace has (`get-sum` is `get_sum`; a second
+/// `get_sum`, `get_sum_2`).
+pub fn name_for_python<'a>(
+    tools: impl IntoIterator<Item = (&'a str, &'a ToolInfo)>,
+) -> Vec<Offered<'a>> {
+    let mut taken: HashMap<&str, HashSet<String>> = HashMap::new();
+    tools
+        .into_iter()
+        .map(|(server, tool)| {
+            let taken = taken.entry(server).or_default();
+            let base = python_name(&tool.name);
+            let mut python = base.clone();
+            let mut n = 1;
+            while python.starts_with("__") || !taken.insert(python.clone()) {
+                n += 1;
+                python = format!("{base}_{n}");
+            }
+            Offered {
+                server,
+                tool,
+                python,
+            }
+        })
+        .collect()
+}
+
+/// One line per tool, as code calls it, with the first line of its
+/// description.
+pub fn summary(offered: &[Offered<'_>]) -> String {
+    offered
+        .iter()
+        .map(|offered| {
+            let summary = offered.tool.description.lines().next().unwrap_or("");
+            format!(
+                "- tools.{}.{}(...): {summary}",
+                offered.server, offered.python
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> ToolInfo {
+        ToolInfo {
+            name: name.into(),
+            description: format!("Does {name}.\nMore."),
+            input_schema: serde_json::json!({"type": "object"}),
+            output_schema: None,
+        }
+    }
+
+    #[test]
+    fn colliding_names_get_the_same_python_name_everywhere_they_are_shown() {
+        let (sum, same, import, other) = (
+            tool("get-sum"),
+            tool("get_sum"),
+            tool("import"),
+            tool("get_sum"),
+        );
+        let offered = name_for_python([
+            ("everything", &sum),
+            ("everything", &same),
+            ("everything", &import),
+            ("other", &other),
+        ]);
+        let names: Vec<&str> = offered.iter().map(|o| o.python.as_str()).collect();
+        assert_eq!(names, ["get_sum", "get_sum_2", "import_", "get_sum"]);
+        let summary = summary(&offered);
+        assert_eq!(
+            summary.lines().nth(1),
+            Some("- tools.everything.get_sum_2(...): Does get_sum.")
+        );
+    }
+}
