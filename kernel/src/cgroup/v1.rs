@@ -14,7 +14,9 @@ use cgroups_rs::memory::MemController;
 use cgroups_rs::pid::PidController;
 use cgroups_rs::{Hierarchy, Subsystem};
 
-use super::{keyed_value, number_in, Backend, CgroupStats, CgroupVersion, DetectError};
+use agentos_proto::payload::CgroupVersion;
+
+use super::backend::{keyed_value, number_in, Backend, CgroupStats, DetectError};
 
 /// Where each controller's hierarchy is mounted.
 #[derive(Clone, Debug)]

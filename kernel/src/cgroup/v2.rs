@@ -12,7 +12,9 @@ use cgroups_rs::memory::MemController;
 use cgroups_rs::pid::PidController;
 use cgroups_rs::{Hierarchy, Subsystem};
 
-use super::{keyed_value, number_in, Backend, CgroupStats, CgroupVersion, DetectError};
+use agentos_proto::payload::CgroupVersion;
+
+use super::backend::{keyed_value, number_in, Backend, CgroupStats, DetectError};
 
 const MOUNT: &str = "/sys/fs/cgroup";
 /// Controllers agents need, in the order they are delegated.

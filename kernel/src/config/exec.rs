@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::ConfigError;
+use super::common::ConfigError;
 
 /// How EXEC runs code.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]

@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
-use super::{parse_env, ConfigError};
+use super::common::{parse_env, ConfigError};
 
 /// Which API THINK talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::ConfigError;
+use super::common::ConfigError;
 
 /// Names no server may take: the built-in servers, and what `import tools`
 /// itself defines beside the servers.

@@ -7,18 +7,20 @@
 //! PATH` needs nothing else to run.
 
 pub mod boot;
+mod common;
 pub mod exec;
 pub mod llm;
 pub mod mcp;
 pub mod tasks;
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use agentos_proto::{socket_path, Opcode, MAX_REPLY_BYTES};
 use serde::Deserialize;
 
+use common::parse_env;
+pub use common::{user_state_dir, ConfigError};
 use exec::ExecConfig;
 use llm::LlmConfig;
 use mcp::McpConfig;
@@ -199,17 +201,6 @@ impl AgentsConfig {
     }
 }
 
-/// A user's own state directory for the kernel: `$XDG_STATE_HOME/agentos`,
-/// or `~/.local/state/agentos` (the temporary directory without a home).
-pub fn user_state_dir() -> PathBuf {
-    std::env::var_os("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("agentos")
-}
-
 /// Diagnostic switches.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -267,45 +258,6 @@ pub struct Flags {
     pub workers: Option<usize>,
     /// `--python`
     pub python: Option<PathBuf>,
-}
-
-/// Why the configuration cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The config file could not be read.
-    #[error("cannot read config file {}: {source}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The config file is not valid TOML for this schema.
-    #[error("config file {}: {source}", path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// What the parser said (names the key).
-        source: Box<toml::de::Error>,
-    },
-    /// An environment variable has a value that cannot be used.
-    #[error("environment variable {name}={value:?}: {reason}")]
-    Env {
-        /// The variable.
-        name: &'static str,
-        /// Its value.
-        value: String,
-        /// Why it was refused.
-        reason: String,
-    },
-    /// A setting is out of its allowed range.
-    #[error("setting `{field}`: {reason}")]
-    Invalid {
-        /// The setting.
-        field: &'static str,
-        /// Why it was refused.
-        reason: String,
-    },
 }
 
 impl Config {
@@ -516,27 +468,6 @@ impl Config {
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_millis(self.shutdown_grace_ms)
     }
-}
-
-pub(crate) fn parse_env<T: FromStr>(
-    get: &dyn Fn(&'static str) -> Option<String>,
-    name: &'static str,
-    target: &mut T,
-) -> Result<(), ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    if let Some(value) = get(name) {
-        *target = value
-            .trim()
-            .parse()
-            .map_err(|err: T::Err| ConfigError::Env {
-                name,
-                value: value.clone(),
-                reason: err.to_string(),
-            })?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::ConfigError;
+use super::common::{user_state_dir, ConfigError};
 
 /// How background tasks are kept and run.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -88,7 +88,7 @@ impl TasksConfig {
         if nix::unistd::geteuid().is_root() {
             return PathBuf::from("/var/lib/agentos");
         }
-        super::user_state_dir()
+        user_state_dir()
     }
 
     /// Checks every setting against its allowed range.

@@ -4,7 +4,7 @@
 //! at most once a second.
 
 use std::io::{self, Write};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use agentos_proto::{encode_frame, ErrorCode, ErrorReply, Opcode};
 use mio::net::UnixStream;
@@ -15,30 +15,6 @@ use super::{Deadline, Reactor, ACCEPT_RETRY};
 use crate::address::{Adopted, Adoptee, ConnKey};
 use crate::identity::{peer_cred, peer_groups, peer_pid_namespaces, Identity, PeerCred};
 use crate::syscall::Caller;
-
-/// Lets a repeatable warning through at most once a second, counting what
-/// it held back: clients can trigger some warnings at will, and the log
-/// must not become their megaphone.
-#[derive(Debug, Default)]
-pub(super) struct LogThrottle {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl LogThrottle {
-    /// `Some(n)`: log now, mentioning `n` suppressed since the last one.
-    fn allow(&mut self, now: Instant) -> Option<u64> {
-        if self
-            .last
-            .is_some_and(|last| now.duration_since(last) < Duration::from_secs(1))
-        {
-            self.suppressed += 1;
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.suppressed))
-    }
-}
 
 impl Reactor {
     pub(super) fn accept_all(&mut self) {

@@ -11,6 +11,7 @@ mod accept;
 mod capacity;
 mod connection;
 mod idle;
+mod log_throttle;
 mod replies;
 
 use std::collections::{HashMap, VecDeque};
@@ -32,9 +33,9 @@ use crate::service::ServiceManager;
 use crate::socket::KernelSocket;
 use crate::timers::Timers;
 use crate::workers::WorkerPool;
-use accept::LogThrottle;
 use capacity::Capacity;
 use connection::{Connection, ConnectionLimits, ReadTurn};
+use log_throttle::LogThrottle;
 
 const LISTENER: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);

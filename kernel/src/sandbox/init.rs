@@ -28,11 +28,10 @@
 
 use std::io::Read;
 use std::os::fd::FromRawFd;
-use std::path::Path;
 
 use super::error::SetupError;
 use super::spec::{fds, SandboxSpec};
-use super::status::Status;
+use super::status::{report, Status};
 use super::{control, mounts, network, pid1, privileges, seccomp};
 
 /// The hidden first argument that selects this role in `agentosd`.
@@ -115,30 +114,9 @@ fn keep_fds_from_the_workload() {
     }
 }
 
-/// Writes one status line to the daemon. If the daemon is gone there is
-/// nobody to tell, so errors are ignored.
-pub fn report(status: &Status) {
-    let line = status.encode();
-    let mut rest = line.as_bytes();
-    while !rest.is_empty() {
-        // SAFETY: writing from a valid buffer to our status pipe.
-        let n = unsafe { libc::write(fds::STATUS, rest.as_ptr().cast(), rest.len()) };
-        if n <= 0 {
-            return;
-        }
-        rest = &rest[n as usize..];
-    }
-}
-
 fn set_process_name(name: &[u8]) {
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
     unsafe {
         libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0);
     }
-}
-
-/// Whether `path` can be opened for reading by this process (after the
-/// user switch, so by the workload's user).
-pub fn readable(path: &Path) -> bool {
-    std::fs::File::open(path).is_ok()
 }

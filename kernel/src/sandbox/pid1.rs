@@ -20,8 +20,8 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ftruncate, lseek, read, write, ForkResult, Pid, Whence};
 
 use super::error::WorkloadError;
-use super::init::{readable, report};
 use super::spec::{fds, Claim, SandboxSpec};
+use super::status::report;
 use super::status::Status;
 
 /// Signals passed on to the workload.
@@ -468,6 +468,12 @@ fn read_to_end(fd: &OwnedFd, out: &mut Vec<u8>) {
             Err(_) => return,
         }
     }
+}
+
+/// Whether `path` can be opened for reading by this process (after the
+/// user switch, so by the workload's user).
+fn readable(path: &Path) -> bool {
+    std::fs::File::open(path).is_ok()
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use agentos_proto::ErrorCode;
 
+use super::spec::fds;
+
 /// One status line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -136,6 +138,21 @@ impl StatusReader {
             }
         }
         (statuses, closed)
+    }
+}
+
+/// Writes one status line to the daemon. If the daemon is gone there is
+/// nobody to tell, so errors are ignored.
+pub fn report(status: &Status) {
+    let line = status.encode();
+    let mut rest = line.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: writing from a valid buffer to our status pipe.
+        let n = unsafe { libc::write(fds::STATUS, rest.as_ptr().cast(), rest.len()) };
+        if n <= 0 {
+            return;
+        }
+        rest = &rest[n as usize..];
     }
 }
 

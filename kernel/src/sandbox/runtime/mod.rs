@@ -23,6 +23,7 @@ pub mod door;
 mod handle;
 pub mod launching;
 pub mod machine;
+pub mod owners;
 mod pool;
 pub mod retire;
 mod seam;
@@ -54,7 +55,7 @@ use launching::{LaunchDone, LaunchJob, LaunchThread};
 use machine::Machine;
 use pool::Pool;
 use retire::Retiring;
-pub use seam::{ClaimOrder, Claimed, DoorKey, OwnersOf, SandboxEvent, SandboxKey, Sandboxes};
+pub use seam::{ClaimOrder, Claimed, DoorKey, SandboxEvent, SandboxKey, Sandboxes};
 
 /// How many tokens the runtime's sources may take, from its base.
 pub const TOKEN_SPAN: usize = 1 << 40;
