@@ -138,8 +138,8 @@ fn ignore_sigpipe() {
     }
 }
 
-/// Raises the soft open-files limit to the hard limit: each connection and
-/// (later) each agent costs descriptors. Returns the new soft limit.
+/// Raises the soft open-files limit to the hard limit: each connection,
+/// agent, exec host and run costs descriptors. Returns the new soft limit.
 fn raise_fd_limit() -> io::Result<u64> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;

@@ -1,5 +1,5 @@
 //! Sandboxes: isolated process trees, one implementation for agents (SPAWN)
-//! and, later, EXEC's pooled interpreters.
+//! and EXEC's exec hosts.
 //!
 //! The daemon side plans the sandbox ([`plan`] → [`SandboxSpec`]) and starts
 //! it ([`launch`]: clone3 into new namespaces, exec the daemon's own binary

@@ -7,8 +7,8 @@ use super::request::{reply, Outcome, Request};
 use crate::kernel::Kernel;
 use crate::sandbox::runtime::Sandboxes;
 
-/// Reports what really works on this host now: subsystems not yet present in
-/// this kernel are `false`.
+/// Reports what really works on this host now: a subsystem that is not
+/// configured or is down is `false`.
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     reply(HelloRequest::parse(request.payload).map(|_| {
         let config = kernel.config();

@@ -1,5 +1,5 @@
 //! The sandbox runtime: everything that keeps sandboxes alive, for any
-//! owner — an agent's run today, an EXEC next.
+//! owner: an agent's incarnation or an exec host.
 //!
 //! Sandboxes are prepared on the launch thread ([`launching`]): ahead of
 //! time for the warm pool ([`pool`]), or on demand for a shape the pool
