@@ -30,6 +30,7 @@ pub mod exec;
 pub mod identity;
 pub mod kernel;
 pub mod llm;
+pub mod permissions;
 pub mod process;
 pub mod python_names;
 pub mod random;

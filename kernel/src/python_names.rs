@@ -42,3 +42,24 @@ const KEYWORDS: [&str; 38] = [
 pub fn is_keyword(name: &str) -> bool {
     KEYWORDS.contains(&name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_python_identifiers() {
+        for (name, python) in [
+            ("echo", "echo"),
+            ("get-sum", "get_sum"),
+            ("read_text_file", "read_text_file"),
+            ("a.b/c d", "a_b_c_d"),
+            ("2fa", "_2fa"),
+            ("import", "import_"),
+            ("", "_"),
+            ("héllo", "h_llo"),
+        ] {
+            assert_eq!(python_name(name), python, "{name:?}");
+        }
+    }
+}

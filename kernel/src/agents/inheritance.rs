@@ -16,7 +16,7 @@
 use agentos_proto::payload::{Limits, Permissions, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use crate::tools::catalog::covered_by;
+use crate::permissions::covered_by;
 
 /// What an agent was given, which bounds what it may give.
 #[derive(Clone, Debug, PartialEq, Eq)]

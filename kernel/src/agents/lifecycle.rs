@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use agentos_proto::payload::{AgentState, SpawnReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::record::{Agent, Outcome, Stop};
+use super::record::{Agent, StopReason, WorkloadReport};
 use super::restart::{Decision, Ending};
 use super::{cgroup_limits, program, shape_of, Agents, Deadline, Incarnation};
 use crate::address::{Answer, Reply};
@@ -125,7 +125,7 @@ impl Agents {
             log::info!("stopping {} agent(s)", live.len());
         }
         for id in live {
-            self.stop(sandboxes, replies, id, Stop::Shutdown, grace, now);
+            self.stop(sandboxes, replies, id, StopReason::Shutdown, grace, now);
         }
     }
 
@@ -149,7 +149,7 @@ impl Agents {
         };
         agent.incarnation += 1;
         agent.state = AgentState::Starting;
-        agent.outcome = Outcome::default();
+        agent.workload = WorkloadReport::default();
         agent.oom_killed = false;
         agent.started_at = SystemTime::now();
         agent.started = now;
@@ -236,7 +236,7 @@ impl Agents {
             Ok(claimed) => agent.pid = Some(claimed.pid),
             Err(error) => {
                 log::error!("agent {id}: {error}");
-                agent.outcome.start_error = Some((error.code(), error.to_string()));
+                agent.workload.start_error = Some((error.code(), error.to_string()));
             }
         }
     }
@@ -260,22 +260,22 @@ impl Agents {
         agent.pid = None;
         // The init reports the workload's ending; if it could not (it was
         // killed itself: SIGKILL, OOM), its own wait status stands in.
-        if agent.outcome.exit_code.is_none() && agent.outcome.signal.is_none() {
+        if agent.workload.exit_code.is_none() && agent.workload.signal.is_none() {
             match end.init {
-                Some(ProcessEnd::Exited(code)) if agent.outcome.start_error.is_none() => {
-                    agent.outcome.exit_code = Some(code)
+                Some(ProcessEnd::Exited(code)) if agent.workload.start_error.is_none() => {
+                    agent.workload.exit_code = Some(code)
                 }
-                Some(ProcessEnd::Signaled(signal)) => agent.outcome.signal = Some(signal),
+                Some(ProcessEnd::Signaled(signal)) => agent.workload.signal = Some(signal),
                 _ => {}
             }
         }
         agent.oom_killed |= end.oom_killed;
         agent.last_run = end.usage;
-        if let Some((code, message)) = agent.outcome.start_error.clone() {
+        if let Some((code, message)) = agent.workload.start_error.clone() {
             log::info!("agent {id} ({}): could not start: {message}", agent.name);
             return self.fail_start(sandboxes, replies, id, code, message, now);
         }
-        if !agent.outcome.ready {
+        if !agent.workload.ready {
             let message = if agent.stop.is_some() {
                 "the agent was stopped before it started".to_owned()
             } else {
@@ -283,14 +283,14 @@ impl Agents {
             };
             return self.fail_start(sandboxes, replies, id, ErrorCode::Internal, message, now);
         }
-        let end = match (agent.stop, agent.outcome.exit_code, agent.outcome.signal) {
+        let end = match (agent.stop, agent.workload.exit_code, agent.workload.signal) {
             (Some(_), _, _) => Ending::Stopped,
             (None, Some(0), None) if !agent.oom_killed => Ending::Success,
             _ => Ending::Failure,
         };
         agent.state = if agent.stop.is_some() {
             AgentState::Killed
-        } else if agent.oom_killed && agent.outcome.signal == Some(libc::SIGKILL) {
+        } else if agent.oom_killed && agent.workload.signal == Some(libc::SIGKILL) {
             AgentState::OomKilled
         } else {
             AgentState::Exited
@@ -299,8 +299,8 @@ impl Agents {
             "agent {id} ({}): {} (exit code {:?}, signal {:?}{})",
             agent.name,
             agent.state.as_str(),
-            agent.outcome.exit_code,
-            agent.outcome.signal,
+            agent.workload.exit_code,
+            agent.workload.signal,
             if agent.oom_killed { ", OOM kill" } else { "" }
         );
         self.after_run(sandboxes, id, end, now);
@@ -403,7 +403,7 @@ impl Agents {
         sandboxes: &mut impl Sandboxes<Incarnation>,
         replies: &mut Vec<Reply>,
         id: u32,
-        why: Stop,
+        why: StopReason,
         grace: Duration,
         now: Instant,
     ) {
@@ -452,7 +452,7 @@ struct SandboxEnd {
 fn apply_status(agent: &mut Agent, status: Status, replies: &mut Vec<Reply>) {
     match status {
         Status::Ready { .. } => {
-            agent.outcome.ready = true;
+            agent.workload.ready = true;
             if agent.stop.is_none() {
                 agent.state = AgentState::Running;
             }
@@ -470,8 +470,8 @@ fn apply_status(agent: &mut Agent, status: Status, replies: &mut Vec<Reply>) {
             }
             log::info!("agent {} ({}): running", agent.id, agent.name);
         }
-        Status::Error { code, message } => agent.outcome.start_error = Some((code, message)),
-        Status::Exited(code) => agent.outcome.exit_code = Some(code),
-        Status::Signaled(signal) => agent.outcome.signal = Some(signal),
+        Status::Error { code, message } => agent.workload.start_error = Some((code, message)),
+        Status::Exited(code) => agent.workload.exit_code = Some(code),
+        Status::Signaled(signal) => agent.workload.signal = Some(signal),
     }
 }

@@ -25,6 +25,7 @@ mod record;
 pub mod restart;
 #[cfg(test)]
 mod tests;
+mod views;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -32,7 +33,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{
-    AgentInfo, AgentRef, AgentState, Isolation, KillRequest, Limits, Permissions, SpawnRequest,
+    AgentRef, AgentState, Isolation, KillRequest, Limits, Permissions, SpawnRequest,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
@@ -40,7 +41,7 @@ use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::config::Config;
 use crate::identity::Identity;
-use crate::llm::Budget;
+use crate::permissions::Budget;
 use crate::sandbox::plan::{Shape, SOCKET_INSIDE};
 use crate::sandbox::runtime::Sandboxes;
 use crate::sandbox::spec::Bind;
@@ -49,7 +50,7 @@ use crate::sandbox::Namespaces;
 use crate::timers::Timers;
 pub use inheritance::Grant;
 use program::{Lookup, Program};
-use record::{Agent, Outcome, SpawnWaiter, Stop};
+use record::{Agent, SpawnWaiter, StopReason, WorkloadReport};
 use restart::Restarts;
 
 /// One incarnation of an agent (it has one more each time it restarts):
@@ -241,7 +242,14 @@ impl Agents {
         let now = Instant::now();
         for id in doomed {
             log::info!("agent {id}: stopped, as the EXEC run that started it has ended");
-            self.stop(sandboxes, replies, id, Stop::Kill, Duration::ZERO, now);
+            self.stop(
+                sandboxes,
+                replies,
+                id,
+                StopReason::Kill,
+                Duration::ZERO,
+                now,
+            );
         }
     }
 
@@ -428,7 +436,7 @@ impl Agents {
                 incarnation: 0,
                 sandbox: None,
                 pid: None,
-                outcome: Outcome::default(),
+                workload: WorkloadReport::default(),
                 oom_killed: false,
                 started_at: SystemTime::now(),
                 started: now,
@@ -522,92 +530,15 @@ impl Agents {
         }
         log::info!("agent {id}: KILL (grace {} ms)", request.grace_ms());
         let grace = Duration::from_millis(request.grace_ms());
-        self.stop(sandboxes, replies, id, Stop::Kill, grace, Instant::now());
+        self.stop(
+            sandboxes,
+            replies,
+            id,
+            StopReason::Kill,
+            grace,
+            Instant::now(),
+        );
         Ok(id)
-    }
-
-    /// LIST: every agent, live or recently ended, for an operator; for an
-    /// agent, itself and its descendants, with pids as it sees them: its
-    /// own top process is PID 1 of its namespace, and its children's
-    /// processes it cannot see at all.
-    pub fn list(
-        &self,
-        sandboxes: &impl Sandboxes<Incarnation>,
-        caller: Viewer,
-        now: Instant,
-    ) -> Vec<AgentInfo> {
-        let info = |a: &Agent| a.info(now, a.sandbox.and_then(|key| sandboxes.usage(key)));
-        let own_pid_namespace = match caller {
-            Viewer::Operator => return self.table.values().map(info).collect(),
-            Viewer::Agent(asker) => self
-                .table
-                .get(&asker)
-                .is_some_and(|a| shape_of(sandboxes, &a.request).sandboxed)
-                .then_some(Some(asker)),
-            // A run sees no process outside its own namespace.
-            Viewer::Run(_) => Some(None),
-        };
-        self.table
-            .values()
-            .filter(|a| self.sees(caller, a.id))
-            .map(|a| {
-                let mut entry = info(a);
-                if let Some(asker) = own_pid_namespace {
-                    entry.pid = (Some(a.id) == asker && entry.pid.is_some()).then_some(1);
-                }
-                entry
-            })
-            .collect()
-    }
-
-    /// The log of the agent `target` names, if `caller` may see that agent
-    /// (as in LIST): by name, the live agent, else the latest one.
-    pub fn log_of(&self, caller: Viewer, target: &AgentRef) -> Option<AgentLog> {
-        let visible = |a: &&Agent| self.sees(caller, a.id);
-        let agent = match target {
-            AgentRef::Id(id) => self.table.get(id).filter(visible),
-            AgentRef::Name(name) => self
-                .table
-                .values()
-                .filter(|a| &a.name == name)
-                .filter(visible)
-                .max_by_key(|a| (a.is_live(), a.id)),
-        }?;
-        Some(AgentLog {
-            id: agent.id,
-            name: agent.name.clone(),
-            path: agent.log.clone(),
-            state: agent.state,
-            live: agent.is_live(),
-        })
-    }
-
-    fn is_descendant(&self, id: u32, ancestor: u32) -> bool {
-        self.ancestors(id).any(|a| a == ancestor)
-    }
-
-    /// `id`'s parent, its parent's parent, and so on, as far as the table
-    /// knows them.
-    fn ancestors(&self, id: u32) -> impl Iterator<Item = u32> + '_ {
-        // Ids only grow, so a parent chain cannot loop; the bound is belt and braces.
-        std::iter::successors(self.table.get(&id).and_then(|a| a.parent), |parent| {
-            self.table.get(parent).and_then(|a| a.parent)
-        })
-        .take(self.table.len())
-    }
-
-    /// Whether `caller` may see agent `id`: an operator every agent, an
-    /// agent itself and its descendants, an EXEC run the agents it started
-    /// and their descendants.
-    fn sees(&self, caller: Viewer, id: u32) -> bool {
-        match caller {
-            Viewer::Operator => true,
-            Viewer::Agent(asker) => id == asker || self.is_descendant(id, asker),
-            Viewer::Run(number) => self
-                .table
-                .get(&id)
-                .is_some_and(|a| a.started_by == Some(number)),
-        }
     }
 
     fn effective_limits(&self, asked: &Limits) -> Limits {

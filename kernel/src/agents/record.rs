@@ -9,7 +9,7 @@ use super::restart::Restarts;
 use crate::address::ReplyTo;
 use crate::cgroup::CgroupStats;
 use crate::clock::rfc3339;
-use crate::llm::Budget;
+use crate::permissions::Budget;
 use crate::sandbox::runtime::{DoorKey, SandboxKey};
 use agentos_proto::payload::{
     AgentInfo, AgentState, CpuStats, ExecStats, Isolation, Limits, LlmStats, MemoryStats,
@@ -18,7 +18,7 @@ use agentos_proto::payload::{
 
 /// Why an agent is being stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
+pub enum StopReason {
     /// A KILL request.
     Kill,
     /// The kernel is shutting down.
@@ -37,7 +37,7 @@ pub struct SpawnWaiter {
 /// How the current or last incarnation's workload fared, from the status
 /// pipe.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Outcome {
+pub struct WorkloadReport {
     /// The workload was exec'd.
     pub ready: bool,
     /// Setup failed: the code and message of the `error` line.
@@ -88,7 +88,7 @@ pub struct Agent {
     /// The current incarnation's init pid on the host.
     pub pid: Option<i32>,
     /// What the status pipe said about the current or last incarnation.
-    pub outcome: Outcome,
+    pub workload: WorkloadReport,
     /// Whether the memory controller killed one of its processes (this
     /// incarnation).
     pub oom_killed: bool,
@@ -101,7 +101,7 @@ pub struct Agent {
     /// When the agent ended for good.
     pub ended: Option<Instant>,
     /// Why it is being stopped, once asked.
-    pub stop: Option<Stop>,
+    pub stop: Option<StopReason>,
     /// A SPAWN waiting for the first incarnation to start.
     pub spawn_reply: Option<SpawnWaiter>,
     /// Its own socket, while it lives.
@@ -143,8 +143,8 @@ impl Agent {
             state: self.state,
             status: self.state,
             running: self.state == AgentState::Running,
-            exit_code: self.outcome.exit_code,
-            signal: self.outcome.signal,
+            exit_code: self.workload.exit_code,
+            signal: self.workload.signal,
             oom_killed: self.oom_killed,
             restarts: self.restarts.total,
             started_at: rfc3339(self.started_at),

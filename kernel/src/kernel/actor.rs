@@ -19,8 +19,8 @@ use crate::agents::{AgentGrant, Agents, Viewer};
 use crate::cgroup::CgroupLimits;
 use crate::exec::Share;
 use crate::identity::Principal;
-use crate::llm::Budget;
-use crate::tools::catalog::covered_by;
+use crate::permissions::covered_by;
+use crate::permissions::Budget;
 
 /// Who is asking, with what it was given.
 #[derive(Clone, Copy, Debug)]

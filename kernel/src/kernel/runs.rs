@@ -9,7 +9,7 @@ use agentos_proto::payload::{Limits, Permissions, PrincipalInfo};
 use crate::address::ReplyTo;
 use crate::agents::{Agents, Grant};
 use crate::identity::Principal;
-use crate::llm::Budget;
+use crate::permissions::Budget;
 
 /// The operator or agent at the end of a run's chain of callers (for a run
 /// of a run of agent 7: agent 7).

@@ -40,18 +40,9 @@ use self::scheduler::{FlowId, Full, Scheduler, Waiting};
 use crate::address::{Reply, ReplyTo};
 use crate::config::llm::{LlmConfig, ProviderKind};
 use crate::identity::FIRST_OPERATOR_ID;
+use crate::permissions::Budget;
 use crate::sandbox::confine::Confinement;
 use crate::timers::Timers;
-
-/// A token budget: `tokens` set on agent `owner`, shared by it and every
-/// agent it spawned, directly or not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Budget {
-    /// The agent whose `permissions.llm_tokens` set it.
-    pub owner: u32,
-    /// Its size.
-    pub tokens: u64,
-}
 
 /// Who is asking, as the kernel knows them.
 #[derive(Clone, Debug)]

@@ -18,10 +18,11 @@ use super::list::agents_seen_by;
 use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
 use crate::kernel::{Kernel, ToolCaller};
+use crate::permissions::allowed_by;
 use crate::tools::builtin::{self, Builtin};
-use crate::tools::catalog::{self, allowed_by, Searchable};
 use crate::tools::mcp::client::ToolInfo;
 use crate::tools::offer::{offered, Listing, Offered};
+use crate::tools::search::{self, Searchable};
 use crate::tools::servers::CallRequest;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
@@ -59,7 +60,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                         description: &offered.tool.description,
                     })
                     .collect();
-                let ranked = catalog::search(&searchable, &query, limit as usize);
+                let ranked = search::search(&searchable, &query, limit as usize);
                 Ok(Some(Answer::json(&ToolSearchReply {
                     success: true,
                     tools: ranked

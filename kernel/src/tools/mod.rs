@@ -7,15 +7,16 @@
 //! server's pipes, client and calls on the reactor. [`builtin`] describes
 //! the kernel's own tools. [`offer`] is the one list of tools on offer,
 //! each with its name in Python. [`package`] writes the `tools` package EXEC
-//! runs import. [`catalog`] matches agents' `permissions.tools` patterns and
-//! ranks searches.
+//! runs import. [`search`] ranks a TOOL search; [`reply`] makes a call's
+//! outcome a TOOL reply, with [`secrets`] blotted out. Which tools a caller
+//! may use is [`crate::permissions`]' to say.
 
 pub mod builtin;
-pub mod catalog;
 pub mod mcp;
 pub mod offer;
 pub mod package;
 pub mod process;
 pub mod reply;
+pub mod search;
 pub mod secrets;
 pub mod servers;

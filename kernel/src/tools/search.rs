@@ -1,0 +1,120 @@
+//! The ranking of a TOOL search.
+
+/// A tool as a search sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Searchable<'a> {
+    /// Its server.
+    pub server: &'a str,
+    /// Its name.
+    pub name: &'a str,
+    /// Its description.
+    pub description: &'a str,
+}
+
+/// The indices of the tools matching `query`, best first, at most
+/// `limit`. Each word of the query scores where it is found: a whole word
+/// of the tool's name counts most, part of its name or its server's name
+/// less, a word of its description least (a word of four letters or more
+/// also matches words it begins, so `read` finds `reading`). Tools that
+/// match no word are left out; ties keep server and name order.
+pub fn search(tools: &[Searchable<'_>], query: &str, limit: usize) -> Vec<usize> {
+    let wanted = words(query);
+    let mut scored: Vec<(u32, usize)> = tools
+        .iter()
+        .enumerate()
+        .filter_map(|(index, tool)| {
+            let score = score(tool, &wanted);
+            (score > 0).then_some((score, index))
+        })
+        .collect();
+    scored.sort_by(|(a_score, a), (b_score, b)| {
+        b_score.cmp(a_score).then_with(|| {
+            (tools[*a].server, tools[*a].name).cmp(&(tools[*b].server, tools[*b].name))
+        })
+    });
+    scored
+        .into_iter()
+        .take(limit)
+        .map(|(_, index)| index)
+        .collect()
+}
+
+fn score(tool: &Searchable<'_>, wanted: &[String]) -> u32 {
+    let name_words = words(tool.name);
+    let description_words = words(tool.description);
+    let name = tool.name.to_ascii_lowercase();
+    let server = tool.server.to_ascii_lowercase();
+    wanted
+        .iter()
+        .map(|word| {
+            if name_words.iter().any(|w| same(w, word)) {
+                6
+            } else if name.contains(word.as_str()) || server.contains(word.as_str()) {
+                3
+            } else if description_words.iter().any(|w| same(w, word)) {
+                1
+            } else {
+                0
+            }
+        })
+        .sum()
+}
+
+/// A word of the tool's matches a word of the query: the same, or begun
+/// by a query word of four letters or more.
+fn same(word: &str, wanted: &str) -> bool {
+    word == wanted || (wanted.len() >= 4 && word.starts_with(wanted))
+}
+
+/// Lower-case words: runs of letters and digits.
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_search_ranks_names_above_descriptions_and_leaves_out_the_rest() {
+        let tools = [
+            Searchable {
+                server: "filesystem",
+                name: "read_text_file",
+                description: "Read the complete contents of a file as text",
+            },
+            Searchable {
+                server: "filesystem",
+                name: "write_file",
+                description: "Create a new file or overwrite an existing one",
+            },
+            Searchable {
+                server: "everything",
+                name: "echo",
+                description: "Echoes back the input",
+            },
+            Searchable {
+                server: "filesystem",
+                name: "list_directory",
+                description: "Get a listing of files, reading the directory",
+            },
+        ];
+        let found = search(&tools, "read file", 10);
+        assert_eq!(
+            found,
+            vec![0, 1, 3],
+            "read_text_file, then write_file, then a mention"
+        );
+        assert_eq!(search(&tools, "read file", 1), vec![0]);
+        assert_eq!(search(&tools, "ECHO", 10), vec![2]);
+        assert!(search(&tools, "weather", 10).is_empty());
+        assert_eq!(
+            search(&tools, "everything", 10),
+            vec![2],
+            "a server's name counts"
+        );
+    }
+}
