@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    to_json, ExecRequest, PrincipalInfo, TaskDispatch, TaskInfo, TaskKind, TaskList, TaskListReply,
-    TaskProgress, TaskReply, TaskState, ThinkRequest,
+    to_json, ExecRequest, PrincipalInfo, StoppedResult, TaskDispatch, TaskInfo, TaskKind, TaskList,
+    TaskListReply, TaskProgress, TaskReply, TaskState, ThinkRequest,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde_json::Value;
@@ -889,15 +889,8 @@ impl Tasks {
             .get(id)
             .and_then(|task| task.number)
             .map(|number| Stop { number });
-        let mut result =
-            serde_json::to_value(ErrorReply::new(ErrorCode::Other, why)).unwrap_or(Value::Null);
-        result["code"] = Value::String("cancelled".into());
-        self.finish(
-            id,
-            TaskState::Cancelled,
-            serde_json::to_vec(&result).unwrap_or_default(),
-            replies,
-        );
+        let result = to_json(&StoppedResult::cancelled(why));
+        self.finish(id, TaskState::Cancelled, result, replies);
         stop
     }
 
@@ -1144,11 +1137,7 @@ fn state_of(answer: &Answer) -> TaskState {
 
 /// The result of a task that could not go on, with what it had printed.
 fn interrupted_result(why: &str, output: &str) -> Vec<u8> {
-    let mut reply =
-        serde_json::to_value(ErrorReply::new(ErrorCode::Unavailable, why)).unwrap_or(Value::Null);
-    reply["code"] = Value::String("interrupted".into());
-    reply["output"] = Value::String(output.to_owned());
-    serde_json::to_vec(&reply).unwrap_or_default()
+    to_json(&StoppedResult::interrupted(why, output))
 }
 
 /// Whom a task of the store's `key` is for.
@@ -1279,6 +1268,30 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(5));
             }
             panic!("no dispatch was answered");
+        }
+    }
+
+    #[test]
+    fn stopped_results_are_the_bytes_they_have_always_been() {
+        // How a cancelled and an interrupted task's results were written
+        // before they were typed: an error reply, its code replaced.
+        let why = "the task was cancelled by its owner";
+        let mut cancelled = serde_json::to_value(ErrorReply::new(ErrorCode::Other, why)).unwrap();
+        cancelled["code"] = Value::String("cancelled".into());
+        assert_eq!(
+            to_json(&StoppedResult::cancelled(why)),
+            serde_json::to_vec(&cancelled).unwrap()
+        );
+        for output in ["", "1\n2\n\"quoted\" \u{e9}"] {
+            let why = "the kernel stopped while the task ran";
+            let mut interrupted =
+                serde_json::to_value(ErrorReply::new(ErrorCode::Unavailable, why)).unwrap();
+            interrupted["code"] = Value::String("interrupted".into());
+            interrupted["output"] = Value::String(output.to_owned());
+            assert_eq!(
+                interrupted_result(why, output),
+                serde_json::to_vec(&interrupted).unwrap()
+            );
         }
     }
 
