@@ -3,6 +3,7 @@
 //! finished — or cancelled, refused by the store, or interrupted by the
 //! kernel's stop on the way.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -163,7 +164,7 @@ impl<S: Store> Tasks<S> {
         if self.stopping {
             return starts;
         }
-        let mut skipped = std::collections::VecDeque::new();
+        let mut skipped = VecDeque::new();
         let mut order = self.queue.take_order();
         while let Some(id) = order.pop_front() {
             let Some(task) = self.table.get_mut(&id) else {

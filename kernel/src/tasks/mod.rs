@@ -10,8 +10,9 @@
 //! finishes the task and answers its waiters; a cancel ends it at once and
 //! tells the kernel what to stop; a reply that comes after is ignored.
 //!
-//! Nothing here blocks: the store ([`Store`]) saves on a thread of its
-//! own, and a result no longer held in memory is read back by a worker.
+//! Nothing here blocks: the store ([`SqliteStore`], behind the [`Store`]
+//! seam) saves on a thread of its own, and a result no longer held in
+//! memory is read back by a worker.
 
 mod end;
 mod lifecycle;
@@ -43,10 +44,9 @@ use crate::address::{Answer, Reply, ReplyTo};
 use crate::config::tasks::TasksConfig;
 use crate::identity::Principal;
 use end::{interrupted, AGENT_ENDED_WITH_KERNEL};
-use owner::OwnerKey;
 #[cfg(test)]
 use owner::PerOwner;
-pub use owner::Reach;
+pub use owner::{OwnerKey, OwnerKeyError, Reach};
 use prompts::PromptLoops;
 use queue::TaskQueue;
 use results::ResultCache;
@@ -137,8 +137,8 @@ impl<S: Store> Tasks<S> {
         };
         for row in loaded.unreadable {
             log::error!(
-                "tasks: {row}; it is left in the store as it is and not loaded (no task, not \
-                 even an operator's, reaches it)"
+                "tasks: {row}; it is left in the store untouched and not loaded, so no request \
+                 reaches it"
             );
             // Its place in creation order stays its own.
             tasks.next_seq = tasks.next_seq.max(row.seq() + 1);
