@@ -136,7 +136,7 @@ impl<S: Store> Tasks<S> {
             }
             replies.push((held.reply_to, held.reply));
         }
-        self.results.evict(applied);
+        self.results.evict(self.store.applied());
         queued
     }
 
