@@ -35,6 +35,12 @@ pub enum ErrorCode {
     BadMagic,
     /// Framing: `payload_len` is over the limit. The connection closes.
     PayloadTooLarge,
+    /// A task's result: the task was cancelled — by its owner, by an
+    /// operator, or because its owner ended — before its work answered.
+    Cancelled,
+    /// A task's result: the task could not go on — it was running when the
+    /// kernel stopped, or its agent ended with an earlier kernel.
+    Interrupted,
     /// A code this version does not know (from a newer kernel).
     #[serde(other)]
     Other,
@@ -57,6 +63,8 @@ impl ErrorCode {
             ErrorCode::ToolError => "tool_error",
             ErrorCode::BadMagic => "bad_magic",
             ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::Cancelled => "cancelled",
+            ErrorCode::Interrupted => "interrupted",
             ErrorCode::Other => "other",
         }
     }
@@ -129,6 +137,8 @@ mod tests {
             ErrorCode::Internal,
             ErrorCode::BadMagic,
             ErrorCode::PayloadTooLarge,
+            ErrorCode::Cancelled,
+            ErrorCode::Interrupted,
         ];
         for code in all {
             let json = serde_json::to_string(&code).unwrap();

@@ -115,13 +115,15 @@ impl Kernel {
         if matches!(principal, Principal::Operator { .. }) {
             return;
         }
-        let owner = self.task_owner(principal);
-        for stop in self.tasks.end_owner(owner, why, &mut self.outbox.replies) {
+        for stop in self
+            .tasks
+            .end_owner(principal, why, &mut self.outbox.replies)
+        {
             self.stop_task(stop);
         }
         self.close_ended_task_sessions();
         if let Principal::Run { .. } = principal {
-            self.tasks.forget_owner(owner);
+            self.tasks.forget_owner(principal);
         }
     }
 }

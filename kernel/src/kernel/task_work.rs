@@ -8,7 +8,7 @@ use super::actor::Actor;
 use super::Kernel;
 use crate::address::ReplyTo;
 use crate::identity::{Principal, KERNEL_OPERATOR};
-use crate::tasks::{self, Start, Stop, Work, PROGRESS_BYTES};
+use crate::tasks::{CancelledWork, Start, WorkRequest, PROGRESS_BYTES};
 use crate::tools::offer::{self, offered, Listing};
 
 impl Kernel {
@@ -39,8 +39,8 @@ impl Kernel {
         let reply_to = ReplyTo::Task(start.number);
         let principal = start.owner;
         let started = start.work.and_then(|work| match work {
-            Work::Exec(run) => self.start_run(run, principal, reply_to),
-            Work::Think(think) => {
+            WorkRequest::Exec(run) => self.start_run(run, principal, reply_to),
+            WorkRequest::Think(think) => {
                 let actor = self.task_actor(principal)?;
                 let asker = self.asker(&actor, KERNEL_OPERATOR.id())?;
                 self.llm
@@ -81,7 +81,7 @@ impl Kernel {
     /// Stops a cancelled task's work: its EXEC run is killed, its THINK
     /// withdrawn from the queue (one already at the provider answers no
     /// one).
-    pub fn stop_task(&mut self, stop: Stop) {
+    pub fn stop_task(&mut self, stop: CancelledWork) {
         // Its work is an EXEC run or a THINK (a prompt task's, either):
         // each subsystem stops what it has under this address, if anything.
         let reply_to = ReplyTo::Task(stop.number);
@@ -94,15 +94,5 @@ impl Kernel {
     pub(super) fn task_actor(&self, principal: Principal) -> Result<Actor<'_>, ErrorReply> {
         Actor::of(principal, &self.agents, &self.runs)
             .map_err(|_| ErrorReply::new(ErrorCode::Unavailable, "the task's owner has ended"))
-    }
-
-    /// Whose tasks `principal`'s are, as the task store names owners.
-    pub fn task_owner(&self, principal: Principal) -> tasks::Owner {
-        let boot = self.tasks.boot();
-        match principal {
-            Principal::Operator { uid } => tasks::Owner::User(uid),
-            Principal::Agent { id } => tasks::Owner::Agent { boot, id },
-            Principal::Run { number } => tasks::Owner::Run { boot, number },
-        }
     }
 }

@@ -5,7 +5,6 @@
 //! answered when the task ends or its timeout passes, while the
 //! connection's other requests go on.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
@@ -19,8 +18,8 @@ use crate::address::Answer;
 use crate::identity::Principal;
 use crate::kernel::Kernel;
 use crate::kernel::{Actor, Permission};
-use crate::tasks::store::read_result;
-use crate::tasks::{Owner, Reach, Waited};
+use crate::tasks::store::ReadBack;
+use crate::tasks::{Reach, Waited};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let task = match TaskRequest::parse(request.payload) {
@@ -79,8 +78,8 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             {
                 Ok(Waited::Reply(reply)) => Outcome::Reply(Answer::Json(reply)),
                 Ok(Waited::Later) => Outcome::Later,
-                Ok(Waited::ReadResult { path, task }) => {
-                    Outcome::Deferred(Box::new(move || with_result(&path, *task)))
+                Ok(Waited::ReadResult { read, task }) => {
+                    Outcome::Deferred(Box::new(move || with_result(read, *task)))
                 }
                 Err(err) => Outcome::Reply(err.into()),
             }
@@ -109,20 +108,20 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 /// Whose tasks the caller's are (its agent's of this kernel's life, its
 /// operator uid's, or its run's), and whether it is an operator. A run
 /// needs `permissions.task` for any of it.
-fn owner_of(kernel: &Kernel, request: &Request<'_>) -> Result<(Owner, bool), ErrorReply> {
+fn owner_of(kernel: &Kernel, request: &Request<'_>) -> Result<(Principal, bool), ErrorReply> {
     let actor = actor(kernel, request)?;
     if let Actor::Run { .. } = actor {
         actor.require(Permission::Task)?;
     }
     let operator = matches!(actor, Actor::Operator { .. });
-    Ok((kernel.task_owner(actor.principal()), operator))
+    Ok((actor.principal(), operator))
 }
 
 /// `list`: the caller's own tasks; for an operator naming an `owner`, that
 /// agent's (by id or name) or everyone's (`"*"`), each saying whose it is.
 fn list(
     kernel: &Kernel,
-    own: Owner,
+    own: Principal,
     operator: bool,
     filter: &TaskList,
 ) -> Result<TaskListReply, ErrorReply> {
@@ -136,7 +135,7 @@ fn list(
         ));
     }
     let reach = match whose {
-        TaskOwner::Agent(id) => Reach::Own(kernel.task_owner(Principal::Agent { id: *id })),
+        TaskOwner::Agent(id) => Reach::Own(Principal::Agent { id: *id }),
         owner if owner.is_everyone() => Reach::Any,
         TaskOwner::Name(name) => {
             let id = kernel
@@ -149,7 +148,7 @@ fn list(
                         format!("TASK field `owner`: no live agent named {name:?}"),
                     )
                 })?;
-            Reach::Own(kernel.task_owner(Principal::Agent { id }))
+            Reach::Own(Principal::Agent { id })
         }
     };
     let describe = |principal| kernel.runs.describe(principal, &kernel.agents);
@@ -173,8 +172,8 @@ fn may_dispatch(kernel: &Kernel, request: &Request<'_>, kind: TaskKind) -> Resul
 
 /// `wait`'s reply for a finished task whose result is read back from the
 /// store (on a worker).
-fn with_result(path: &Path, mut task: TaskInfo) -> Vec<u8> {
-    match read_result(path, &task.task_id) {
+fn with_result(read: ReadBack, mut task: TaskInfo) -> Vec<u8> {
+    match read.read() {
         Ok(result) => {
             task.result = result.and_then(|bytes| serde_json::from_slice(&bytes).ok());
             to_json(&TaskReply {

@@ -52,7 +52,7 @@ pub struct Iteration {
 
 /// The loop's result.
 #[derive(Debug, Serialize)]
-struct Outcome<'a> {
+struct LoopResult<'a> {
     success: bool,
     answer: Option<&'a str>,
     iterations: &'a [Iteration],
@@ -254,7 +254,7 @@ impl PromptLoop {
     }
 
     fn done(&self, answer: Option<&str>, error: Option<String>) -> Step {
-        let outcome = Outcome {
+        let result = LoopResult {
             success: answer.is_some(),
             answer,
             iterations: &self.iterations,
@@ -265,7 +265,7 @@ impl PromptLoop {
         };
         Step::Done {
             answered: answer.is_some(),
-            result: serde_json::to_vec(&outcome).unwrap_or_default(),
+            result: serde_json::to_vec(&result).unwrap_or_default(),
         }
     }
 }

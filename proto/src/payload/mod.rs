@@ -39,9 +39,9 @@ pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
 };
 pub use task::{
-    PromptRequest, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind, TaskList,
-    TaskListReply, TaskOwner, TaskProgress, TaskRef, TaskReply, TaskRequest, TaskState, TaskWait,
-    MAX_ITERATIONS, MAX_LIST_LIMIT, MAX_WAIT_MS,
+    PromptRequest, StoppedResult, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo,
+    TaskKind, TaskList, TaskListReply, TaskOwner, TaskProgress, TaskRef, TaskReply, TaskRequest,
+    TaskState, TaskWait, MAX_ITERATIONS, MAX_LIST_LIMIT, MAX_WAIT_MS,
 };
 pub use think::{ChatMessage, ThinkReply, ThinkRequest, Usage};
 pub use tool::{

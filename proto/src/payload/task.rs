@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{bad_request, check_range, from_value, parse_json, ExecRequest, ThinkRequest};
-use crate::ErrorReply;
+use crate::{ErrorCode, ErrorReply};
 
 /// Longest a `wait` may block (ten minutes).
 pub const MAX_WAIT_MS: u64 = 600_000;
@@ -368,6 +368,58 @@ pub struct TaskInfo {
     /// Whose it is, when an operator looks at another owner's tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<super::PrincipalInfo>,
+}
+
+/// The result of a task stopped before its work answered: `cancelled`,
+/// or `interrupted` with the `output` it had printed. Its fields are
+/// written in this order (the order a task's result has always had).
+///
+/// ```
+/// use agentos_proto::payload::StoppedResult;
+/// let cancelled = StoppedResult::cancelled("the task was cancelled by its owner");
+/// assert_eq!(
+///     serde_json::to_string(&cancelled).unwrap(),
+///     r#"{"code":"cancelled","error":"the task was cancelled by its owner","success":false}"#
+/// );
+/// let interrupted = StoppedResult::interrupted("the kernel stopped while the task ran", "1\n");
+/// assert_eq!(
+///     serde_json::to_string(&interrupted).unwrap(),
+///     r#"{"code":"interrupted","error":"the kernel stopped while the task ran","output":"1\n","success":false}"#
+/// );
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoppedResult {
+    /// `cancelled` or `interrupted`.
+    pub code: ErrorCode,
+    /// Why it was stopped.
+    pub error: String,
+    /// An interrupted task's: what it had printed (the tail).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// Always `false`.
+    pub success: bool,
+}
+
+impl StoppedResult {
+    /// A task cancelled because `why`.
+    pub fn cancelled(why: impl Into<String>) -> StoppedResult {
+        StoppedResult {
+            code: ErrorCode::Cancelled,
+            error: why.into(),
+            output: None,
+            success: false,
+        }
+    }
+
+    /// A task that could not go on because `why`, having printed `output`.
+    pub fn interrupted(why: impl Into<String>, output: impl Into<String>) -> StoppedResult {
+        StoppedResult {
+            code: ErrorCode::Interrupted,
+            error: why.into(),
+            output: Some(output.into()),
+            success: false,
+        }
+    }
 }
 
 /// Reply to `dispatch`.

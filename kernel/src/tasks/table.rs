@@ -1,0 +1,151 @@
+//! The task table: every task the kernel keeps, by id and in creation
+//! order, and how many each owner keeps.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use agentos_proto::payload::{TaskDispatch, TaskInfo, TaskKind, TaskProgress, TaskState};
+
+use super::owner::{OwnerKey, PerOwner};
+use crate::clock::rfc3339;
+
+/// A task as the kernel keeps it.
+#[derive(Debug)]
+pub struct Task {
+    /// `t-` and 64 random bits.
+    pub id: String,
+    /// Creation order.
+    pub seq: u64,
+    /// Whose it is.
+    pub owner: OwnerKey,
+    /// What it runs.
+    pub kind: TaskKind,
+    /// The owner's name for it.
+    pub label: Option<String>,
+    /// Where it is in its life.
+    pub state: TaskState,
+    /// Unix times in milliseconds.
+    pub created_ms: i64,
+    /// When it started running.
+    pub started_ms: Option<i64>,
+    /// When it finished.
+    pub finished_ms: Option<i64>,
+    /// What to run, until it has started.
+    pub dispatch: Option<TaskDispatch>,
+    /// The number its running work replies under.
+    pub number: Option<u64>,
+    /// What it has printed, for `status` while it runs.
+    pub output: String,
+    /// For a prompt loop: the iteration under way.
+    pub iteration: Option<u32>,
+    /// Whether `output` has changed since it was saved.
+    pub output_unsaved: bool,
+}
+
+impl Task {
+    /// The task as `status`, `wait` and `list` report it; with its
+    /// `result` (JSON), once it has finished and a `wait` asks for it.
+    pub fn info(&self, result: Option<&[u8]>) -> TaskInfo {
+        TaskInfo {
+            task_id: self.id.clone(),
+            kind: self.kind,
+            label: self.label.clone(),
+            state: self.state,
+            created_at: rfc3339_ms(self.created_ms),
+            started_at: self.started_ms.map(rfc3339_ms),
+            finished_at: self.finished_ms.map(rfc3339_ms),
+            progress: (self.state == TaskState::Running).then(|| TaskProgress {
+                output: self.output.clone(),
+                iteration: self.iteration,
+            }),
+            // Embedded as a JSON value, whose keys the reply writes in
+            // order, as it always has; nothing here reads it.
+            result: result.and_then(|json| serde_json::from_slice(json).ok()),
+            owner: None,
+        }
+    }
+}
+
+/// Every task kept.
+#[derive(Debug, Default)]
+pub struct TaskTable {
+    tasks: HashMap<String, Task>,
+    /// Ids by creation order.
+    by_seq: BTreeMap<u64, String>,
+    /// Tasks kept, per owner.
+    kept: PerOwner,
+}
+
+impl TaskTable {
+    /// Keeps `task`.
+    pub fn insert(&mut self, task: Task) {
+        self.by_seq.insert(task.seq, task.id.clone());
+        self.kept.add(task.owner);
+        self.tasks.insert(task.id.clone(), task);
+    }
+
+    /// Forgets task `id`; returns it.
+    pub fn remove(&mut self, id: &str) -> Option<Task> {
+        let task = self.tasks.remove(id)?;
+        self.by_seq.remove(&task.seq);
+        self.kept.remove(task.owner);
+        Some(task)
+    }
+
+    /// Task `id`.
+    pub fn get(&self, id: &str) -> Option<&Task> {
+        self.tasks.get(id)
+    }
+
+    /// Task `id`, to change.
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut Task> {
+        self.tasks.get_mut(id)
+    }
+
+    /// How many tasks are kept.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// How many of `owner`'s tasks are kept.
+    pub fn kept(&self, owner: OwnerKey) -> usize {
+        self.kept.of(owner)
+    }
+
+    /// The ids of the tasks `which` picks, in no order.
+    pub fn ids(&self, which: impl Fn(&Task) -> bool) -> Vec<String> {
+        self.tasks
+            .values()
+            .filter(|task| which(task))
+            .map(|task| task.id.clone())
+            .collect()
+    }
+
+    /// The oldest task `which` picks.
+    pub fn oldest(&self, which: impl Fn(&Task) -> bool) -> Option<&Task> {
+        self.by_seq
+            .values()
+            .filter_map(|id| self.tasks.get(id))
+            .find(|task| which(task))
+    }
+
+    /// The tasks created before the one of creation order `before`,
+    /// newest first.
+    pub fn newest_first(&self, before: u64) -> impl Iterator<Item = &Task> {
+        self.by_seq
+            .range(..before)
+            .rev()
+            .filter_map(|(_, id)| self.tasks.get(id))
+    }
+
+    /// How many tasks each owner keeps.
+    #[cfg(test)]
+    pub fn kept_per_owner(&self) -> &PerOwner {
+        &self.kept
+    }
+}
+
+/// Unix milliseconds as RFC 3339 UTC.
+fn rfc3339_ms(ms: i64) -> String {
+    rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+}
