@@ -7,10 +7,10 @@
 //! through its [`mio::Waker`].
 //!
 //! The queue is bounded (a full queue is the caller's `busy`) and fair: each
-//! job belongs to an owner (a connection), and workers take jobs from the
-//! owners with queued work in turn, so one owner's backlog never delays
-//! another owner's first job by more than one job per owner ahead of it.
-//! An owner that goes away has its queued jobs dropped unrun.
+//! job belongs to a connection, and workers take jobs from the connections
+//! with queued work in turn, so one connection's backlog never delays
+//! another's first job by more than one job per connection ahead of it. A
+//! connection that closes has its queued jobs dropped unrun.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -22,8 +22,9 @@ use agentos_proto::{ErrorCode, ErrorReply};
 /// Blocking work: returns the reply payload.
 pub type Job = Box<dyn FnOnce() -> Vec<u8> + Send>;
 
-/// Who a job belongs to; jobs of one owner can be cancelled together.
-pub type Owner = u64;
+/// The serial of the connection a job is for: a connection's jobs are
+/// served in turn with others' and cancelled together when it closes.
+pub type ConnectionSerial = u64;
 
 /// A finished job, addressed back to whoever submitted it.
 #[derive(Debug)]
@@ -44,46 +45,46 @@ impl std::fmt::Debug for QueueFull {
 }
 
 struct Queue<A> {
-    per_owner: HashMap<Owner, VecDeque<(A, Job)>>,
+    per_connection: HashMap<ConnectionSerial, VecDeque<(A, Job)>>,
     /// Owners with queued jobs, in the order they get their next turn.
-    turns: VecDeque<Owner>,
+    turns: VecDeque<ConnectionSerial>,
     queued: usize,
     capacity: usize,
     closed: bool,
 }
 
 impl<A> Queue<A> {
-    fn push(&mut self, owner: Owner, address: A, job: Job) -> Result<(), QueueFull> {
+    fn push(&mut self, connection: ConnectionSerial, address: A, job: Job) -> Result<(), QueueFull> {
         if self.queued >= self.capacity {
             return Err(QueueFull(job));
         }
-        let jobs = self.per_owner.entry(owner).or_default();
+        let jobs = self.per_connection.entry(connection).or_default();
         if jobs.is_empty() {
-            self.turns.push_back(owner);
+            self.turns.push_back(connection);
         }
         jobs.push_back((address, job));
         self.queued += 1;
         Ok(())
     }
 
-    /// The next job, round-robin across owners.
+    /// The next job, round-robin across connections.
     fn pop(&mut self) -> Option<(A, Job)> {
-        let owner = self.turns.pop_front()?;
-        let jobs = self.per_owner.get_mut(&owner)?;
+        let connection = self.turns.pop_front()?;
+        let jobs = self.per_connection.get_mut(&connection)?;
         let next = jobs.pop_front();
         if jobs.is_empty() {
-            self.per_owner.remove(&owner);
+            self.per_connection.remove(&connection);
         } else {
-            self.turns.push_back(owner);
+            self.turns.push_back(connection);
         }
         self.queued -= usize::from(next.is_some());
         next
     }
 
-    fn cancel(&mut self, owner: Owner) -> usize {
-        let dropped = self.per_owner.remove(&owner).map_or(0, |jobs| jobs.len());
+    fn cancel(&mut self, connection: ConnectionSerial) -> usize {
+        let dropped = self.per_connection.remove(&connection).map_or(0, |jobs| jobs.len());
         if dropped > 0 {
-            self.turns.retain(|o| *o != owner);
+            self.turns.retain(|o| *o != connection);
             self.queued -= dropped;
         }
         dropped
@@ -127,7 +128,7 @@ impl<A: Send + 'static> WorkerPool<A> {
     pub fn start(count: usize, capacity: usize, waker: Arc<mio::Waker>) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
-                per_owner: HashMap::new(),
+                per_connection: HashMap::new(),
                 turns: VecDeque::new(),
                 queued: 0,
                 capacity,
@@ -151,17 +152,17 @@ impl<A: Send + 'static> WorkerPool<A> {
         })
     }
 
-    /// Queues a job for `owner`; its completion will carry `address`.
-    pub fn submit(&self, owner: Owner, address: A, job: Job) -> Result<(), QueueFull> {
-        self.shared.lock().push(owner, address, job)?;
+    /// Queues a job for `connection`; its completion will carry `address`.
+    pub fn submit(&self, connection: ConnectionSerial, address: A, job: Job) -> Result<(), QueueFull> {
+        self.shared.lock().push(connection, address, job)?;
         self.shared.available.notify_one();
         Ok(())
     }
 
-    /// Drops `owner`'s queued jobs (a job already running still completes).
+    /// Drops `connection`'s queued jobs (a job already running still completes).
     /// Returns how many were dropped.
-    pub fn cancel(&self, owner: Owner) -> usize {
-        self.shared.lock().cancel(owner)
+    pub fn cancel(&self, connection: ConnectionSerial) -> usize {
+        self.shared.lock().cancel(connection)
     }
 
     /// Completions that have arrived, without blocking.
@@ -175,7 +176,7 @@ impl<A: Send + 'static> WorkerPool<A> {
     pub fn shutdown(&self) {
         let mut queue = self.shared.lock();
         queue.closed = true;
-        queue.per_owner.clear();
+        queue.per_connection.clear();
         queue.turns.clear();
         queue.queued = 0;
         drop(queue);
@@ -252,7 +253,7 @@ mod tests {
 
     fn queue(capacity: usize) -> Queue<u32> {
         Queue {
-            per_owner: HashMap::new(),
+            per_connection: HashMap::new(),
             turns: VecDeque::new(),
             queued: 0,
             capacity,
