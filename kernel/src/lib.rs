@@ -13,8 +13,9 @@
 //! EXEC ([`exec`]), the tools ([`tools`]) and the background tasks
 //! ([`tasks`]). Replies travel by [`address`] and stay typed until the
 //! reactor writes them. Subsystems that run processes of their own share
-//! [`process`] (pidfds, memfds) and [`supervisor`] (a long-running child,
-//! restarted when it ends); the leaves — [`clock`], [`timers`], [`random`], [`python_names`]
+//! [`process`] (pidfds, memfds), [`fd`] (descriptors passed over Unix
+//! sockets, non-blocking mode, watching one with mio) and [`supervisor`] (a
+//! long-running child, restarted when it ends); the leaves — [`clock`], [`timers`], [`random`], [`python_names`]
 //! — serve everyone. Dependencies point from the reactor down to the
 //! leaves, never back up, and no file depends on one that depends on it:
 //! a test reads the sources to keep it so, and `docs/architecture.md`
@@ -27,6 +28,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod exec;
+pub mod fd;
 pub mod identity;
 pub mod kernel;
 pub mod llm;

@@ -17,9 +17,10 @@ use super::cgroups::RunCgroup;
 use super::run::{self, Kill, OrderOf, RunChild, Running, Stage, Stream, Work};
 use super::sessions::{RunAsk, Session, SessionKey};
 use super::snapshots::Carried;
-use super::{host, set_nonblocking, watch, wire, Exec, Source, Waiting, Wake};
+use super::{host, wire, Exec, Source, Waiting, Wake};
 use super::{AgentRunCgroups, ChargedTo, MAX_LOST_SESSIONS};
 use crate::address::{Adopted, Adoptee, Reply};
+use crate::fd;
 
 impl Exec {
     /// Gives waiting requests to ready children, owner by owner in turn,
@@ -372,7 +373,7 @@ impl Exec {
             let Some(pipe) = run.pipe(stream) else {
                 continue;
             };
-            set_nonblocking(pipe)?;
+            fd::set_nonblocking(pipe)?;
             let fd = pipe.as_raw_fd();
             let token = self.register(fd, Source::Output(child, stream), Interest::READABLE)?;
             self.children[child].output_tokens[stream.index()] = Some(token);
@@ -477,7 +478,7 @@ impl Exec {
     ) -> io::Result<Token> {
         let entry = self.sources.vacant_entry();
         let token = Token(self.token_base + entry.key());
-        watch(&self.registry, fd, token, interest)?;
+        fd::watch(&self.registry, fd, token, interest)?;
         entry.insert(source);
         Ok(token)
     }

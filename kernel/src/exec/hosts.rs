@@ -14,12 +14,10 @@ use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 
 use super::cgroups::{Made, MadeFor, RunCgroup};
 use super::run::{RunChild, Stage};
-use super::{
-    host, set_nonblocking, watch, wire, AgentRunCgroups, ChargedTo, Exec, HostId, Source, Wake,
-    AGENT_SPARES,
-};
+use super::{host, wire, AgentRunCgroups, ChargedTo, Exec, HostId, Source, Wake, AGENT_SPARES};
 use crate::address::Reply;
 use crate::cgroup::CgroupError;
+use crate::fd;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
 
@@ -172,7 +170,7 @@ impl Exec {
         }
         let entry = self.sources.vacant_entry();
         let token = Token(self.token_base + entry.key());
-        if let Err(err) = watch(&self.registry, ours.as_raw_fd(), token, Interest::READABLE) {
+        if let Err(err) = fd::watch(&self.registry, ours.as_raw_fd(), token, Interest::READABLE) {
             log::error!("exec host {id}: cannot watch its channel: {err}");
             return sandboxes.signal(sandbox, libc::SIGKILL);
         }
@@ -219,7 +217,7 @@ impl Exec {
             };
             let cgroup = self.hosts[key].cgroups.remove(&ready.cgroup);
             // The pipes are made non-blocking as they are watched.
-            if let Err(err) = set_nonblocking(&ready.socket) {
+            if let Err(err) = fd::set_nonblocking(&ready.socket) {
                 log::warn!("exec host: cannot use a run child: {err}");
                 continue;
             }

@@ -38,15 +38,14 @@ pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{ExecReply, ExecRequest, Language, Limits};
 use agentos_proto::{ErrorCode, ErrorReply};
-use mio::unix::SourceFd;
-use mio::{Interest, Registry, Token};
+use mio::{Registry, Token};
 use slab::Slab;
 
 use crate::address::{Adopted, Reply, ReplyTo};
@@ -940,15 +939,4 @@ impl Exec {
         }
         cgroups.finish();
     }
-}
-
-fn watch(registry: &Registry, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
-    registry.register(&mut SourceFd(&fd), token, interest)
-}
-
-fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
-    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-    Ok(())
 }

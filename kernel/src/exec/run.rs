@@ -17,6 +17,7 @@ use super::queues::Share;
 use super::wire::{self, RunEnd};
 use crate::address::ReplyTo;
 use crate::cgroup::CgroupLimits;
+use crate::fd;
 use crate::identity::Principal;
 use crate::process;
 
@@ -328,7 +329,7 @@ impl RunChild {
             op: "prepare",
             shell,
         });
-        let sent = wire::send_with_fds(self.socket.as_fd(), &message, &[theirs])?;
+        let sent = fd::send_with_fds(self.socket.as_fd(), &message, &[theirs])?;
         if sent != message.len() {
             return Err(io::Error::other("the prepare message went in part"));
         }
@@ -363,7 +364,7 @@ impl RunChild {
             let sent = if running.attached.is_empty() {
                 write(self.socket.as_fd(), &running.unsent)
             } else {
-                wire::send_with_fds(self.socket.as_fd(), &running.unsent, &running.attached)
+                fd::send_with_fds(self.socket.as_fd(), &running.unsent, &running.attached)
             };
             if sent.is_ok() {
                 // Sent along with the first bytes; the run holds them now.

@@ -11,18 +11,22 @@
 //! length and JSON: the kernel's [`RunOrder`], then the run's [`RunEnd`].
 
 use std::collections::BTreeMap;
-use std::io::{self, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
-use nix::errno::Errno;
-use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::MsgFlags;
 use serde::{Deserialize, Serialize};
+
+use crate::fd;
 
 /// The zygote's source, run as `python -I -S -c`.
 pub const ZYGOTE: &str = include_str!("zygote.py");
 
 /// Largest channel datagram the host sends.
 const READY_MAX: usize = 256;
+/// The most descriptors one message to the kernel carries: a ready run
+/// child's three.
+const RECEIVED_FDS: usize = 4;
 
 /// What a run child is asked to do.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,18 +140,8 @@ pub fn send_reload_tools(channel: BorrowedFd<'_>) -> io::Result<()> {
 /// files to write `0` into, one per hierarchy (none: that child goes
 /// without a cgroup of its own).
 pub fn send_cgroup(channel: BorrowedFd<'_>, number: u64, files: &[OwnedFd]) -> io::Result<()> {
-    use nix::sys::socket::{sendmsg, ControlMessage};
     let message = format!("{{\"cgroup\": {number}}}");
-    let fds: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
-    let rights = [ControlMessage::ScmRights(&fds)];
-    let control: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
-    sendmsg::<()>(
-        channel.as_raw_fd(),
-        &[std::io::IoSlice::new(message.as_bytes())],
-        control,
-        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-        None,
-    )?;
+    fd::send_with_fds(channel, message.as_bytes(), files)?;
     Ok(())
 }
 
@@ -199,21 +193,6 @@ pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
     }))
 }
 
-/// Sends `bytes` on a run's socket with `fds` attached to them; returns how
-/// many bytes went.
-pub fn send_with_fds(socket: BorrowedFd<'_>, bytes: &[u8], fds: &[OwnedFd]) -> io::Result<usize> {
-    use nix::sys::socket::{sendmsg, ControlMessage};
-    let fds: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
-    let sent = sendmsg::<()>(
-        socket.as_raw_fd(),
-        &[std::io::IoSlice::new(bytes)],
-        &[ControlMessage::ScmRights(&fds)],
-        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-        None,
-    )?;
-    Ok(sent)
-}
-
 /// Receives what a run's socket holds (non-blocking if the socket is),
 /// with any descriptors that came along. `Ok((0, _))`: it closed.
 pub fn receive_with_fds(
@@ -237,43 +216,14 @@ pub fn receive_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     }
 }
 
-/// One recvmsg(2): the bytes into `buffer`, and the descriptors that came
-/// with them (close-on-exec, owned); retried on EINTR.
+/// One recvmsg(2) on a host's channel or a run's socket, with room for
+/// the descriptors either sends at once.
 fn receive(
     socket: BorrowedFd<'_>,
     buffer: &mut [u8],
     flags: MsgFlags,
 ) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    loop {
-        let mut iov = [IoSliceMut::new(buffer)];
-        match recvmsg::<()>(
-            socket.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            flags | MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(message) => {
-                let fds: Vec<RawFd> = message
-                    .cmsgs()?
-                    .flat_map(|cmsg| match cmsg {
-                        ControlMessageOwned::ScmRights(fds) => fds,
-                        _ => Vec::new(),
-                    })
-                    .collect();
-                let length = message.bytes;
-                // SAFETY: each descriptor was just received and belongs to
-                // nobody else.
-                let owned = fds
-                    .into_iter()
-                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-                    .collect();
-                return Ok((length, owned));
-            }
-            Err(Errno::EINTR) => {}
-            Err(err) => return Err(err.into()),
-        }
-    }
+    Ok(fd::receive_with_fds(socket, buffer, flags, RECEIVED_FDS)?)
 }
 
 #[cfg(test)]

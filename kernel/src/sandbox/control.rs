@@ -1,13 +1,14 @@
 //! The init's side of the control socket: the claim that says what to run,
 //! then the start that says its cgroup is ready for it.
 
-use std::io::{self, IoSliceMut, Read};
-use std::os::fd::{FromRawFd, RawFd};
+use std::io::{self, Read};
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, RawFd};
 
 use nix::errno::Errno;
-use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::MsgFlags;
 
 use super::spec::{fds, Claim};
+use crate::fd::{self, ReceiveError};
 
 /// What went wrong on the control socket.
 #[derive(Debug, thiserror::Error)]
@@ -38,28 +39,15 @@ pub enum ControlError {
 /// process keeps it, see `pid1`).
 pub fn wait_for_claim() -> Result<Claim, ControlError> {
     let mut tag = [0u8; 16];
-    let mut space = nix::cmsg_space!([RawFd; 3]);
-    let received: Vec<RawFd> = loop {
-        let mut iov = [IoSliceMut::new(&mut tag)];
-        match recvmsg::<()>(
-            fds::CONTROL,
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(message) if message.bytes == 0 => std::process::exit(0),
-            Ok(message) => {
-                let cmsgs = message.cmsgs().map_err(ControlError::ClaimDescriptors)?;
-                break cmsgs
-                    .flat_map(|cmsg| match cmsg {
-                        ControlMessageOwned::ScmRights(fds) => fds,
-                        _ => Vec::new(),
-                    })
-                    .collect();
-            }
-            Err(Errno::EINTR) => {}
-            Err(err) => return Err(ControlError::ReceiveClaim(err)),
-        }
+    // SAFETY: the control socket is open at its fixed number for the life
+    // of the init.
+    let control = unsafe { BorrowedFd::borrow_raw(fds::CONTROL) };
+    let received: Vec<RawFd> = match fd::receive_with_fds(control, &mut tag, MsgFlags::empty(), 3) {
+        Ok((0, _)) => std::process::exit(0),
+        // Placed by hand below, at fixed numbers.
+        Ok((_, owned)) => owned.into_iter().map(IntoRawFd::into_raw_fd).collect(),
+        Err(ReceiveError::Receive(err)) => return Err(ControlError::ReceiveClaim(err)),
+        Err(ReceiveError::Descriptors(err)) => return Err(ControlError::ClaimDescriptors(err)),
     };
     let (memfd, log, channel) = match received[..] {
         [memfd, log] => (memfd, log, None),

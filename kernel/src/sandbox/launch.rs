@@ -16,14 +16,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use agentos_proto::ErrorCode;
-use nix::sys::socket::{
-    sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
-};
+use nix::sys::socket::{sendmsg, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 
 use super::init;
 use super::spec::{fds, Claim, SandboxSpec};
 use super::status::{Status, StatusReader};
 use crate::cgroup::CgroupJoin;
+use crate::fd;
 use crate::process;
 
 /// Descriptors are staged above this number before the clone, so that
@@ -88,15 +87,9 @@ impl Control {
         channel: Option<BorrowedFd<'_>>,
     ) -> io::Result<()> {
         let memfd = json_memfd(c"agentos-claim", claim)?;
-        let mut fds = vec![memfd.as_raw_fd(), log.as_raw_fd()];
-        fds.extend(channel.map(|fd| fd.as_raw_fd()));
-        sendmsg::<()>(
-            self.socket.as_raw_fd(),
-            &[IoSlice::new(b"claim")],
-            &[ControlMessage::ScmRights(&fds)],
-            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-            None,
-        )?;
+        let mut fds = vec![memfd.as_fd(), log.as_fd()];
+        fds.extend(channel);
+        fd::send_with_fds(self.socket.as_fd(), b"claim", &fds)?;
         Ok(())
     }
 

@@ -23,6 +23,7 @@ use super::error::WorkloadError;
 use super::spec::{fds, Claim, SandboxSpec};
 use super::status::report;
 use super::status::Status;
+use crate::fd;
 
 /// Signals passed on to the workload.
 const FORWARDED: [Signal; 6] = [
@@ -267,7 +268,7 @@ fn supervise(
             step: "cannot create signalfd",
             errno,
         })?;
-    set_nonblocking(&output);
+    let _ = fd::set_nonblocking(&output);
     let own_pid_namespace = spec.namespaces.pid;
     // SAFETY: the claim placed the log at its fixed number before the
     // workload started, and the init never closes it: it is open for the
@@ -448,14 +449,6 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), WorkloadError> {
         step: "cannot create a pipe",
         errno,
     })
-}
-
-fn set_nonblocking(fd: &OwnedFd) {
-    use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) {
-        let flags = OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK;
-        let _ = fcntl(fd, FcntlArg::F_SETFL(flags));
-    }
 }
 
 fn read_to_end(fd: &OwnedFd, out: &mut Vec<u8>) {

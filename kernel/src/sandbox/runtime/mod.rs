@@ -42,6 +42,7 @@ use slab::Slab;
 
 use crate::address::Outbox;
 use crate::cgroup::{CgroupLimits, CgroupStats, Cgroups};
+use crate::fd;
 use crate::process;
 use crate::sandbox::confine::Confinement;
 use crate::sandbox::plan::{self, Profile, Shape};
@@ -410,14 +411,20 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
         let key = self.sandboxes.vacant_entry().key();
         let exit_token = self.token(Source::Exit(key));
         let status_token = self.token(Source::Status(key));
-        let registered =
-            watch(&self.registry, launched.pidfd.as_raw_fd(), exit_token).and_then(|()| {
-                watch(
-                    &self.registry,
-                    launched.status.fd().as_raw_fd(),
-                    status_token,
-                )
-            });
+        let registered = fd::watch(
+            &self.registry,
+            launched.pidfd.as_raw_fd(),
+            exit_token,
+            Interest::READABLE,
+        )
+        .and_then(|()| {
+            fd::watch(
+                &self.registry,
+                launched.status.fd().as_raw_fd(),
+                status_token,
+                Interest::READABLE,
+            )
+        });
         self.sandboxes.insert(Sandbox {
             pid: launched.pid,
             pidfd: launched.pidfd,
@@ -582,7 +589,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
             return;
         };
         let token = self.token(Source::Oom(key));
-        if watch(&self.registry, fd.as_raw_fd(), token).is_err() {
+        if fd::watch(&self.registry, fd.as_raw_fd(), token, Interest::READABLE).is_err() {
             self.sources.try_remove(token.0 - self.token_base);
             return;
         }
@@ -590,9 +597,4 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
             sandbox.oom_watch = Some((fd, token));
         }
     }
-}
-
-/// Registers `fd` for readability under `token`.
-fn watch(registry: &Registry, fd: RawFd, token: Token) -> io::Result<()> {
-    registry.register(&mut SourceFd(&fd), token, Interest::READABLE)
 }

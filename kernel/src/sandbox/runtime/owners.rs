@@ -10,14 +10,15 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Instant;
 
-use mio::Token;
+use mio::{Interest, Token};
 
 use super::door::{Door, DoorEntry};
 use super::launching::LaunchError;
 use super::machine::Machine;
 use super::seam::{ClaimOrder, Claimed, DoorKey, SandboxKey, Sandboxes};
-use super::{watch, LaunchFor, Runtime, Source, POOL_REFILL_DELAY};
+use super::{LaunchFor, Runtime, Source, POOL_REFILL_DELAY};
 use crate::cgroup::CgroupStats;
+use crate::fd;
 use crate::identity::Identity;
 use crate::sandbox::plan::{self, Shape};
 use crate::sandbox::spec::Bind;
@@ -126,7 +127,8 @@ impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
         let entry = self.doors.vacant_entry();
         let key = entry.key();
         let token = Token(self.token_base + self.sources.insert(Source::Door(key)));
-        if let Err(err) = watch(&self.registry, door.listener.as_raw_fd(), token) {
+        let listener = door.listener.as_raw_fd();
+        if let Err(err) = fd::watch(&self.registry, listener, token, Interest::READABLE) {
             self.sources.try_remove(token.0 - self.token_base);
             return Err(err);
         }
