@@ -194,7 +194,7 @@ impl Exec {
         }
         let unsent = run.start(&order, running, attached).unwrap_or_else(|err| {
             log::debug!("exec run: cannot send the order: {err}");
-            run.kill(Kill::Shutdown);
+            run.kill(Kill::Unsent);
             false
         });
         self.watch_writable(child, unsent);

@@ -824,7 +824,7 @@ impl Exec {
                     Stage::Running(_) => {
                         let unsent = run.flush().unwrap_or_else(|err| {
                             log::debug!("exec run: cannot send the order: {err}");
-                            run.kill(Kill::Shutdown);
+                            run.kill(Kill::Unsent);
                             false
                         });
                         run.read_socket();
@@ -872,8 +872,12 @@ impl Exec {
             match wake {
                 Wake::Timeout { child, started } => {
                     if let Some(run) = self.children.get_mut(child) {
-                        if matches!(&run.stage, Stage::Running(r) if r.started == started) {
-                            run.kill(Kill::Timeout);
+                        let timeout = match &run.stage {
+                            Stage::Running(r) if r.started == started => Some(r.timeout),
+                            _ => None,
+                        };
+                        if let Some(timeout) = timeout {
+                            run.kill(Kill::Timeout(timeout));
                         }
                     }
                 }

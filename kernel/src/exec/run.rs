@@ -4,6 +4,7 @@
 //! Nothing here blocks: every descriptor is non-blocking and read to
 //! `WouldBlock` on each readiness event.
 
+use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use super::output::Capture;
 use super::queues::Share;
 use super::wire::{self, RunEnd};
 use crate::address::ReplyTo;
-use crate::cgroup::CgroupLimits;
+use crate::cgroup::{CgroupError, CgroupLimits};
 use crate::fd;
 use crate::identity::Principal;
 use crate::process;
@@ -136,11 +137,12 @@ pub struct Running {
     work: Work,
 }
 
-/// Why the kernel killed a run.
+/// Why the kernel killed a run; its `Display` is what the run's reply
+/// says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kill {
-    /// Its timeout passed.
-    Timeout,
+    /// Its timeout (this long) passed.
+    Timeout(Duration),
     /// The kernel is shutting down.
     Shutdown,
     /// Its session was closed.
@@ -149,6 +151,47 @@ pub enum Kill {
     Cancelled,
     /// The agent or run whose work it is has ended.
     OwnerEnded,
+    /// Its order could not be sent to its run child.
+    Unsent,
+}
+
+impl fmt::Display for Kill {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Kill::Timeout(timeout) => write!(
+                f,
+                "the run took longer than its timeout of {} ms and was killed",
+                timeout.as_millis()
+            ),
+            Kill::Shutdown => f.write_str("the kernel is shutting down; the run was killed"),
+            Kill::Closed => f.write_str("the run's session was closed; the run was killed"),
+            Kill::Cancelled => f.write_str("the run was cancelled and killed"),
+            Kill::OwnerEnded => {
+                f.write_str("the agent or run whose work it was has ended; the run was killed")
+            }
+            Kill::Unsent => {
+                f.write_str("the kernel could not send the run child its order; the run was killed")
+            }
+        }
+    }
+}
+
+/// Why a run's limits could not be put in force.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    /// Its cgroup is inside its agent's on cgroup v2, which gives it no
+    /// limits of its own, and the run asked for some.
+    #[error(
+        "on this host an agent's runs share the agent's own limits (cgroup v2 allows no \
+         limits of their own beside the agent's processes); ask for none"
+    )]
+    SharedWithAgent,
+    /// Writing them into its cgroup failed.
+    #[error(transparent)]
+    Apply(#[from] CgroupError),
+    /// It has no cgroup of its own, and the run asked for limits.
+    #[error("the sandbox this run got has no cgroup of its own (see the kernel's log)")]
+    NoCgroup,
 }
 
 /// A run child and its descriptors.
@@ -255,7 +298,7 @@ impl RunChild {
     /// refused when the run asked for limits of its own (`asked`); so is a
     /// cgroup that cannot carry limits of its own (inside an agent's on
     /// cgroup v2, whose runs share the agent's).
-    pub fn limit(&mut self, limits: &CgroupLimits, asked: bool) -> Result<(), String> {
+    pub fn limit(&mut self, limits: &CgroupLimits, asked: bool) -> Result<(), LimitError> {
         let current = match &mut self.charged {
             Some(charged) => Some(charged),
             None => self.cgroup.as_mut(),
@@ -263,22 +306,17 @@ impl RunChild {
         match current {
             Some(run) if !run.own_limits => {
                 if asked {
-                    return Err("on this host an agent's runs share the agent's own limits \
-                                (cgroup v2 allows no limits of their own beside the agent's \
-                                processes); ask for none"
-                        .into());
+                    return Err(LimitError::SharedWithAgent);
                 }
                 Ok(())
             }
             Some(run) if run.limits != *limits => {
-                run.cgroup.apply(limits).map_err(|err| err.to_string())?;
+                run.cgroup.apply(limits)?;
                 run.limits = *limits;
                 Ok(())
             }
             Some(_) => Ok(()),
-            None if asked => Err(
-                "the sandbox this run got has no cgroup of its own (see the kernel's log)".into(),
-            ),
+            None if asked => Err(LimitError::NoCgroup),
             None => Ok(()),
         }
     }
@@ -608,34 +646,7 @@ impl RunChild {
         let mut left_out = Vec::new();
         let mut snapshot_bytes = None;
         let (exit_code, signal, error) = match (running.killed, running.end) {
-            (Some(Kill::Timeout), _) => (
-                None,
-                Some(libc::SIGKILL),
-                Some(format!(
-                    "the run took longer than its timeout of {} ms and was killed",
-                    running.timeout.as_millis()
-                )),
-            ),
-            (Some(Kill::Shutdown), _) => (
-                None,
-                Some(libc::SIGKILL),
-                Some("the kernel is shutting down; the run was killed".to_owned()),
-            ),
-            (Some(Kill::Closed), _) => (
-                None,
-                Some(libc::SIGKILL),
-                Some("the run's session was closed; the run was killed".to_owned()),
-            ),
-            (Some(Kill::Cancelled), _) => (
-                None,
-                Some(libc::SIGKILL),
-                Some("the run was cancelled and killed".to_owned()),
-            ),
-            (Some(Kill::OwnerEnded), _) => (
-                None,
-                Some(libc::SIGKILL),
-                Some("the agent or run whose work it was has ended; the run was killed".to_owned()),
-            ),
+            (Some(kill), _) => (None, Some(libc::SIGKILL), Some(kill.to_string())),
             (None, Some(end)) => {
                 let error = end
                     .error
@@ -680,7 +691,7 @@ impl RunChild {
                 ),
             ),
         };
-        let timed_out = running.killed == Some(Kill::Timeout);
+        let timed_out = matches!(running.killed, Some(Kill::Timeout(_)));
         let reply = ExecReply {
             success: exit_code == Some(0) && !timed_out,
             stdout: stdout.text,
