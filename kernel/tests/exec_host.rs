@@ -14,8 +14,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agentos_kernel::exec::host::{self, HostSetup};
 use agentos_kernel::exec::wire::{self, OrderOp, Ready, RunEnd, RunOrder};
+use agentos_kernel::exec::zygote::{self, ExecHostSetup};
 use agentos_kernel::sandbox::plan::{self, Shape};
 use agentos_kernel::sandbox::{LaunchRequest, Launched, Launcher};
 use common::{is_root, AGENTOSD};
@@ -37,14 +37,14 @@ impl Host {
     fn start() -> Host {
         let dir = tempfile::tempdir().unwrap();
         let profile = common::sandbox_profile(dir.path());
-        let setup = HostSetup {
+        let setup = ExecHostSetup {
             python: PathBuf::from(PYTHON),
             ready_runs: 2,
             tmp_bytes: 8 << 20,
             workspace_bytes: 8 << 20,
             tools_dir: None,
         };
-        let workload = host::zygote_workload(&setup);
+        let workload = zygote::workload(&setup);
         let log = dir.path().join("host.log");
         let log_file = fs::File::create(&log).unwrap();
         let spec = plan::sandbox(&profile, Shape::EXEC_HOST);
@@ -74,7 +74,7 @@ impl Host {
         drop(theirs);
         nix::sys::socket::send(
             channel.as_raw_fd(),
-            &host::zygote_settings(&setup),
+            &zygote::settings(&setup),
             nix::sys::socket::MsgFlags::empty(),
         )
         .unwrap();
@@ -137,7 +137,7 @@ fn order(language: &str, code: &str) -> RunOrder {
     RunOrder {
         op: OrderOp::Run,
         code: code.into(),
-        language: language.into(),
+        language: serde_json::from_value(language.into()).unwrap(),
         env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
         cwd: None,
         files: BTreeMap::new(),

@@ -1,4 +1,5 @@
-//! Each run's own cgroup, made, recycled and removed off the reactor.
+//! The thread that makes each run's own cgroup ([`RunCgroup`]), recycles
+//! and removes it, off the reactor.
 //!
 //! Making a cgroup takes a fraction of a millisecond at the median and
 //! tens at the tail, and moving a process into one by pid takes the
@@ -35,7 +36,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::{ChargedTo, HostId};
+use super::exec_host::HostId;
+use super::run_cgroup::{ChargedTo, RunCgroup};
 use crate::cgroup::{AgentCgroup, CgroupError, CgroupLimits, Cgroups};
 use crate::process;
 use crate::sandbox::runtime::retire::{self, RETRY_EVERY};
@@ -48,27 +50,6 @@ const TRIES: u32 = 100;
 /// Memory a returned cgroup may still be charged for (kernel objects that
 /// reclaim cannot free) and serve another run; with more it is removed.
 pub const LEFT_OVER: u64 = 1 << 20;
-
-/// A run's cgroup and what the kernel needs of it.
-#[derive(Debug)]
-pub struct RunCgroup {
-    /// The cgroup.
-    pub cgroup: AgentCgroup,
-    /// The files (opened for writing) a process writes `0` into to join
-    /// it, one per hierarchy.
-    pub join_files: Vec<OwnedFd>,
-    /// The limits in force in it.
-    pub limits: CgroupLimits,
-    /// OOM kills it had seen when it was handed out (it may have served
-    /// runs before).
-    pub oom_kills: u64,
-    /// Whether limits of its own can be written into it: not inside an
-    /// agent's cgroup on cgroup v2, where a cgroup beside the agent's own
-    /// processes gets no controllers and its runs share the agent's limits.
-    pub own_limits: bool,
-    /// The agent whose cgroup it is inside, if it is.
-    pub inside: Option<ChargedTo>,
-}
 
 enum Job {
     /// Hand out `count` cgroups for a host's next runs.

@@ -1,8 +1,7 @@
-//! Runs: waiting requests given to ready children, an order sent, the
+//! Dispatch: waiting requests given to ready children, an order sent, the
 //! reply built when the child has ended, and the child let go (or kept
 //! for its session) — with the bookkeeping of the descriptors it holds.
 
-use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -13,12 +12,12 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 
-use super::cgroups::RunCgroup;
-use super::run::{self, Kill, OrderOf, RunChild, Running, Stage, Stream, Work};
-use super::sessions::{RunAsk, Session, SessionKey};
-use super::snapshots::Carried;
-use super::{host, wire, Exec, Source, Waiting, Wake};
-use super::{AgentRunCgroups, ChargedTo, MAX_LOST_SESSIONS};
+use super::child::{RunChild, Stage};
+use super::order::{Kill, Order, OrderOf, Running};
+use super::output::Stream;
+use super::run_cgroup::{has_cgroup_for, take_agent_cgroup};
+use super::waiting::{Carried, RunAsk, Session, SessionKey, Waiting};
+use super::{wire, zygote, Exec, Source, Wake, MAX_LOST_SESSIONS};
 use crate::address::{Adopted, Adoptee, Reply};
 use crate::fd;
 
@@ -51,7 +50,7 @@ impl Exec {
                 return;
             };
             let bash =
-                matches!(waiting.work, Work::Run) && waiting.request.language == Language::Bash;
+                matches!(waiting.order, Order::Run) && waiting.request.language == Language::Bash;
             let Some(child) = self.take_ready(bash) else {
                 self.queues.push_front(waiting.share, waiting);
                 return;
@@ -115,7 +114,7 @@ impl Exec {
         let collect_caps = (self.max_file_bytes, self.max_collect_bytes());
         let asked_limits = waiting.request.limits.is_some();
         let mut order = order_for(waiting.request, collect_caps, keep);
-        order.op = waiting.work.op();
+        order.op = waiting.order.op();
         let Some(run) = self.children.get_mut(child) else {
             return;
         };
@@ -138,8 +137,8 @@ impl Exec {
         }
         // A run gets its own kernel connection; a snapshot or restore, the
         // memfd that holds it.
-        match (&waiting.work, waiting.run) {
-            (Work::Run, Some(number)) => match run.first_connection.take() {
+        match (&waiting.order, waiting.run) {
+            (Order::Run, Some(number)) => match run.first_connection.take() {
                 // The child has it already (and a shell it started, too).
                 Some(stream) => self.adopted.push(Adopted {
                     stream,
@@ -147,12 +146,12 @@ impl Exec {
                 }),
                 None => attached.extend(self.run_connection(number)),
             },
-            (Work::Run, None) => {}
-            (Work::Snapshot { data, .. } | Work::Restore { data }, _) => {
+            (Order::Run, None) => {}
+            (Order::Snapshot { data, .. } | Order::Restore { data }, _) => {
                 attached.extend(data.try_clone().ok())
             }
         }
-        let holds = matches!(waiting.work, Work::Run).then_some(waiting.share);
+        let holds = matches!(waiting.order, Order::Run).then_some(waiting.share);
         if let Some(share) = holds {
             self.queues.started(share);
         }
@@ -165,7 +164,7 @@ impl Exec {
         let running = Running::new(
             of,
             waiting.reply_to,
-            waiting.work,
+            waiting.order,
             timeout,
             self.output_bytes,
             session,
@@ -280,7 +279,7 @@ impl Exec {
         let finished = run.finish(now);
         let ran_code = finished
             .as_ref()
-            .is_some_and(|f| matches!(f.work, Work::Run));
+            .is_some_and(|f| matches!(f.order, Order::Run));
         let alive = run.is_kept();
         let key = self
             .sessions
@@ -493,48 +492,23 @@ impl Exec {
     /// What a run may collect in all: the reply's limit, less its output
     /// and room for its other fields, as raw bytes before base64.
     pub(super) fn max_collect_bytes(&self) -> u64 {
-        let room = (run::MAX_END_FRAME as u64)
+        let room = (wire::MAX_END_FRAME as u64)
             .saturating_sub(2 * self.output_bytes as u64)
             .saturating_sub(64 << 10);
         room / 4 * 3
     }
 }
 
-/// Whether a request charged to an agent (`to`) has a cgroup inside the
-/// agent's ready for it (one that is not charged needs none).
-fn has_cgroup_for(agents: &HashMap<u32, AgentRunCgroups>, to: Option<&ChargedTo>) -> bool {
-    to.is_none_or(|to| {
-        agents
-            .get(&to.agent)
-            .is_some_and(|made| made.cgroup == to.cgroup && !made.spare.is_empty())
-    })
-}
-
-/// A spare cgroup inside the agent's, for a run charged to it.
-fn take_agent_cgroup(
-    agents: &mut HashMap<u32, AgentRunCgroups>,
-    to: &ChargedTo,
-) -> Option<RunCgroup> {
-    agents
-        .get_mut(&to.agent)
-        .filter(|made| made.cgroup == to.cgroup)
-        .and_then(|made| made.spare.pop())
-}
-
 /// What a request becomes for the run child.
 /// `limits`: the largest file collected, and the most collected in all.
 fn order_for(request: ExecRequest, limits: (u64, u64), keep: bool) -> wire::RunOrder {
     let (max_file_bytes, max_collect_bytes) = limits;
-    let mut env = host::run_env();
+    let mut env = zygote::run_env();
     env.extend(request.env);
     wire::RunOrder {
         op: wire::OrderOp::Run,
         code: request.code,
-        language: match request.language {
-            Language::Python => "python",
-            Language::Bash => "bash",
-        }
-        .to_owned(),
+        language: request.language,
         env,
         cwd: request.cwd,
         files: request.files,

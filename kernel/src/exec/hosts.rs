@@ -3,7 +3,6 @@
 //! ends; the run children a host hands over are taken in here, and so are
 //! the cgroups made for them, which go to the host a few ahead of need.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -12,9 +11,11 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use mio::{Interest, Token};
 use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 
-use super::cgroups::{Made, MadeFor, RunCgroup};
-use super::run::{RunChild, Stage};
-use super::{host, wire, AgentRunCgroups, ChargedTo, Exec, HostId, Source, Wake, AGENT_SPARES};
+use super::cgroups::{Made, MadeFor};
+use super::child::{RunChild, Stage};
+use super::exec_host::{ExecHost, HostId};
+use super::run_cgroup::{AgentRunCgroups, ChargedTo, RunCgroup, AGENT_SPARES};
+use super::{wire, zygote, Exec, Source, Wake};
 use crate::address::Reply;
 use crate::cgroup::CgroupError;
 use crate::fd;
@@ -26,24 +27,6 @@ const HOST_RETRY: Duration = Duration::from_secs(1);
 /// Shells are kept started while bash runs have come this recently: a
 /// shell a Python run gets is wasted.
 const SHELLS_FOR: Duration = Duration::from_secs(60);
-/// An exec host.
-#[derive(Debug)]
-pub(super) struct Host {
-    pub(super) id: HostId,
-    pub(super) sandbox: Option<SandboxKey>,
-    /// The kernel's end of its channel and its token, once claimed.
-    pub(super) channel: Option<(OwnedFd, Token)>,
-    /// Run cgroups sent to it and not yet taken by a run child, by the
-    /// number it knows each by.
-    pub(super) cgroups: HashMap<u64, RunCgroup>,
-    /// The number of the last cgroup sent.
-    pub(super) last_cgroup: u64,
-    /// Run children asked of it whose first run has not ended (and that
-    /// are not lost): it is asked for more while these are fewer than
-    /// `exec.ready_runs`. A child a session keeps stops counting once its
-    /// first run has ended.
-    pub(super) requested: usize,
-}
 
 impl Exec {
     /// Asks the runtime for the hosts that are missing.
@@ -54,14 +37,7 @@ impl Exec {
         while self.hosts.len() < self.wanted_hosts {
             let id = self.next_host;
             self.next_host += 1;
-            let key = self.hosts.insert(Host {
-                id,
-                sandbox: None,
-                channel: None,
-                cgroups: HashMap::new(),
-                last_cgroup: 0,
-                requested: 0,
-            });
+            let key = self.hosts.insert(ExecHost::new(id));
             if let Some(sandbox) = sandboxes.acquire(id, Shape::EXEC_HOST, now) {
                 self.claim_host(sandboxes, key, sandbox);
             }
@@ -145,7 +121,7 @@ impl Exec {
                 return sandboxes.signal(sandbox, libc::SIGKILL);
             }
         };
-        let workload = host::zygote_workload(&self.setup);
+        let workload = zygote::workload(&self.setup);
         let order = ClaimOrder {
             workload: &workload,
             log: &self.log,
@@ -161,7 +137,7 @@ impl Exec {
         }
         // The zygote holds its end now; ours must not keep a copy alive.
         drop(theirs);
-        let settings = host::zygote_settings(&self.setup);
+        let settings = zygote::settings(&self.setup);
         if let Err(err) =
             nix::sys::socket::send(ours.as_raw_fd(), &settings, MsgFlags::MSG_NOSIGNAL)
         {

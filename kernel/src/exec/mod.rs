@@ -1,42 +1,54 @@
 //! EXEC: agent-written code run in pooled, isolated sandboxes. Only what a
 //! run prints comes back, each stream capped in fixed memory ([`output`]).
 //!
-//! An exec host is a sandbox of the runtime (the exec-host shape) whose
-//! workload is a Python zygote ([`host`], `zygote.py`): it keeps run
-//! children forked from its warm image, each already isolated and waiting
-//! for code, and hands them to the kernel over the channel its claim
-//! brought ([`wire`]). A request takes the oldest ready child, sends it the
-//! code, and is answered once the child has said how it ended and its
-//! output pipes have closed (`dispatch`, [`run`]); a child serves one run
-//! and is gone, and the host prepares another. A timeout kills the run's
-//! whole PID namespace through the pidfd the child sent first. Each run
-//! has a cgroup of its own, made ahead of need off the reactor (`cgroups`),
-//! with limits within its caller's ([`limits`]); an agent's runs have theirs
-//! inside the agent's own cgroup, so what they use adds up against the
-//! agent's limits.
+//! An exec host ([`exec_host`], started and replaced by `hosts`) is a
+//! sandbox of the runtime (the exec-host shape) whose workload is a Python
+//! zygote ([`zygote`]): it keeps run children forked from its warm image,
+//! each already isolated and waiting for code, and hands them to the kernel
+//! over the channel its claim brought ([`wire`]). A request waits
+//! ([`waiting`]) until `dispatch` gives it the oldest ready child
+//! ([`child`]), which is sent the order and answers once it has said how it
+//! ended and its output pipes have closed ([`order`]); a child serves one
+//! run and is gone, and the host prepares another. A timeout kills the
+//! run's whole PID namespace through the pidfd the child sent first. Each
+//! run has a cgroup of its own ([`run_cgroup`]), made ahead of need off the
+//! reactor (`cgroups`), with limits within its caller's ([`limits`]); an
+//! agent's runs have theirs inside the agent's own cgroup, so what they use
+//! adds up against the agent's limits. Sessions keep their child, and their
+//! snapshots ([`snapshots`]), from run to run (`sessions`).
 //!
 //! EXEC is shared fairly between owners ([`queues`]): each agent tree and
 //! each operator has a queue of its own, served in turn, with a cap on the
 //! runs one owner holds and room always kept for operators. An owner's
-//! work ends with it: a closed connection's runs, an ended agent's runs
-//! and sessions.
+//! work ends with it (`ending`): a closed connection's runs, an ended
+//! agent's runs and sessions.
 //!
-//! Everything here runs on the reactor thread and never blocks.
+//! This file holds [`Exec`] and the requests it takes; the files that add
+//! to it (`admission`, `dispatch`, `hosts`, `sessions`, `ending`) build on
+//! the others,
+//! which never name it. Everything here runs on the reactor thread and
+//! never blocks.
 
+mod admission;
 mod cgroups;
+pub mod child;
 mod dispatch;
+mod ending;
+pub mod exec_host;
 pub mod files;
-pub mod host;
 mod hosts;
 pub mod limits;
+pub mod order;
 pub mod output;
 pub mod queues;
-pub mod run;
+pub mod run_cgroup;
 mod sessions;
-mod snapshots;
+pub mod snapshots;
+pub mod waiting;
 pub mod wire;
+pub mod zygote;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -54,15 +66,20 @@ use crate::config::Config;
 use crate::identity::Principal;
 use crate::sandbox::runtime::Sandboxes;
 use crate::timers::Timers;
-use cgroups::{RunCgroup, RunCgroups};
-use host::HostSetup;
-use hosts::Host;
+use cgroups::RunCgroups;
+use child::{RunChild, Stage};
+use exec_host::ExecHost;
+pub use exec_host::HostId;
 use limits::RunDefaults;
+use order::{Kill, Order};
+use output::Stream;
 pub use queues::Share;
 use queues::{Caps, Queues};
-use run::{Kill, RunChild, Stage, Stream, Work};
-use sessions::{Session, SessionKey};
-use snapshots::{Carried, Snapshot};
+use run_cgroup::AgentRunCgroups;
+pub use run_cgroup::ChargedTo;
+use snapshots::Snapshots;
+use waiting::{RunAsk, Session, SessionKey, Waiting};
+use zygote::ExecHostSetup;
 
 /// How many tokens EXEC's sources may take, from its base.
 pub const TOKEN_SPAN: usize = 1 << 40;
@@ -76,16 +93,18 @@ const OPERATOR_WAITING: usize = 256;
 /// Sessions lost to the memory controller remembered for their owners.
 const MAX_LOST_SESSIONS: usize = 1024;
 
-/// Names an exec host: the owner of its sandbox.
-pub type HostId = u32;
-
+/// What one of EXEC's tokens stands for.
 #[derive(Clone, Copy, Debug)]
 enum Source {
+    /// A host's channel, by the host's key.
     Channel(usize),
+    /// A run child's socket, by the child's key.
     Socket(usize),
+    /// One of a run child's output pipes.
     Output(usize, Stream),
 }
 
+/// What one of EXEC's timers is for.
 #[derive(Clone, Debug)]
 enum Wake {
     /// A run's timeout, if it is still that run.
@@ -112,77 +131,13 @@ pub struct RunCaller {
     pub charged_to: Option<ChargedTo>,
 }
 
-/// An agent whose runs live inside its own cgroup, so their memory and
-/// processes count against its limits.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChargedTo {
-    /// The agent.
-    pub agent: u32,
-    /// Its cgroup now (relative to each hierarchy's root; a restart gives
-    /// it another).
-    pub cgroup: PathBuf,
-}
-
-/// Cgroups made inside one agent's, for its runs.
-#[derive(Debug)]
-struct AgentRunCgroups {
-    /// The agent's cgroup they are made in.
-    cgroup: PathBuf,
-    /// Ready for its next runs.
-    spare: Vec<RunCgroup>,
-    /// Asked of the cgroup thread and not yet come.
-    asked: usize,
-}
-
-impl Waiting {
-    /// Whether it may go past its owner's cap: a run's own run, while that
-    /// run (which waits for it, in a place of its own) has none going.
-    fn is_lent(&self, lending: &std::collections::HashSet<u64>) -> bool {
-        matches!(self.owner, Principal::Run { number } if !lending.contains(&number))
-    }
-}
-
-/// Spare cgroups kept inside one agent's for its next runs.
-const AGENT_SPARES: usize = 2;
-
-/// A request waiting for a run child.
-#[derive(Debug)]
-struct Waiting {
-    request: ExecRequest,
-    reply_to: ReplyTo,
-    /// Whose work it is (the owner of its session).
-    owner: Principal,
-    /// Whose share of EXEC it counts against.
-    share: Share,
-    /// The run's number, for a run: its own kernel connection speaks for
-    /// it.
-    run: Option<u64>,
-    /// The agent cgroup it is charged under, if any.
-    charged_to: Option<ChargedTo>,
-    /// The run's cgroup limits.
-    limits: CgroupLimits,
-    /// Its wall-clock limit.
-    timeout: Duration,
-    /// Past this, waiting counts against the run's timeout: it is
-    /// answered `timeout` rather than left waiting.
-    deadline: Instant,
-    /// The session it runs in, if any.
-    session: Option<SessionKey>,
-    /// What it asks for.
-    work: Work,
-    /// For a restore whose turn has come: the session it carries over.
-    carried: Option<Carried>,
-    /// When it was queued.
-    queued_at: Instant,
-}
-
 /// The EXEC subsystem.
 #[derive(Debug)]
 pub struct Exec {
     registry: Registry,
     token_base: usize,
     sources: Slab<Source>,
-    hosts: Slab<Host>,
+    hosts: Slab<ExecHost>,
     next_host: HostId,
     wanted_hosts: usize,
     children: Slab<RunChild>,
@@ -197,13 +152,11 @@ pub struct Exec {
     /// Sessions whose idle interpreter the memory controller killed, until
     /// their owner names them again and is told (at most
     /// [`MAX_LOST_SESSIONS`] remembered).
-    lost_to_memory: std::collections::HashSet<SessionKey>,
+    lost_to_memory: HashSet<SessionKey>,
     /// Cgroups inside agents' own for their runs, by agent.
     agent_cgroups: HashMap<u32, AgentRunCgroups>,
-    /// Sessions' snapshots, oldest first.
-    snapshots: HashMap<SessionKey, Vec<Snapshot>>,
-    /// Bytes of snapshots one owner may keep, and all together.
-    snapshot_bytes: (u64, u64),
+    /// Sessions' snapshots.
+    snapshots: Snapshots,
     session_idle: Duration,
     max_sessions: usize,
     /// Sessions all owners together may hold.
@@ -211,7 +164,7 @@ pub struct Exec {
     timers: Timers<Wake>,
     /// Runs' own connections to the kernel, for the reactor to admit.
     adopted: Vec<Adopted>,
-    setup: HostSetup,
+    setup: ExecHostSetup,
     /// Each host's cgroup: room for its zygote and every prepared run.
     host_limits: CgroupLimits,
     /// Makes and removes runs' own cgroups (none without cgroups).
@@ -291,17 +244,16 @@ impl Exec {
             )),
             sessions_first: false,
             sessions: HashMap::new(),
-            lost_to_memory: std::collections::HashSet::new(),
+            lost_to_memory: HashSet::new(),
             agent_cgroups: HashMap::new(),
-            snapshots: HashMap::new(),
+            snapshots: Snapshots::new(exec.snapshot_bytes, exec.snapshot_bytes_total),
             runs_by_agent: HashMap::new(),
-            snapshot_bytes: (exec.snapshot_bytes, exec.snapshot_bytes_total),
             session_idle: Duration::from_secs(exec.session_idle_secs),
             max_sessions: exec.max_sessions,
             max_sessions_total: exec.max_sessions_total,
             timers: Timers::default(),
             adopted: Vec::new(),
-            setup: HostSetup {
+            setup: ExecHostSetup {
                 python: exec.python.clone(),
                 ready_runs: exec.ready_runs,
                 tmp_bytes: config.agents.tmp_bytes,
@@ -348,153 +300,6 @@ impl Exec {
             }
             self.drop_child(child);
         }
-    }
-
-    /// Cancels the run whose reply goes to `reply_to`: one still waiting
-    /// for a sandbox is dropped; a running one is killed (SIGKILL to PID 1
-    /// of its namespace, so everything it started dies), and its reply
-    /// still goes out, saying so. Returns whether there was one.
-    pub fn cancel(&mut self, reply_to: ReplyTo, replies: &mut Vec<Reply>) -> bool {
-        let mut waiting = self.queues.take_where(|w| w.reply_to == reply_to);
-        let queues = self
-            .sessions
-            .values_mut()
-            .map(|session| &mut session.queue)
-            // One waiting in a restored session's queue, carried by the
-            // restore.
-            .chain(
-                self.queues
-                    .iter_mut()
-                    .filter_map(|w| w.carried.as_mut().map(|c| &mut c.queue)),
-            );
-        for queue in queues {
-            let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) = std::mem::take(queue)
-                .into_iter()
-                .partition(|w| w.reply_to == reply_to);
-            *queue = kept;
-            waiting.extend(gone);
-        }
-        let mut found = !waiting.is_empty();
-        // Answered (to no one who waits) all the same: the answer is what
-        // tells the kernel the run is over.
-        let cancelled = ErrorReply::new(ErrorCode::Unavailable, "the run was cancelled");
-        for waiting in waiting {
-            self.answer_waiting(waiting, &cancelled, replies);
-        }
-        for (_, run) in self.children.iter_mut() {
-            if matches!(&run.stage, Stage::Running(r) if r.reply_to == reply_to) {
-                run.kill(Kill::Cancelled);
-                found = true;
-            }
-        }
-        found
-    }
-
-    /// A connection closed: the runs it asked for end with it — those
-    /// waiting are answered (to no one) at once, those running are killed.
-    pub fn connection_closed(&mut self, serial: u64, replies: &mut Vec<Reply>) {
-        let of_it = |to: &ReplyTo| to.connection() == Some(serial);
-        self.end_where(
-            |w| of_it(&w.reply_to),
-            |r| of_it(&r.reply_to),
-            "the connection that asked for it closed",
-            Kill::Cancelled,
-            replies,
-        );
-    }
-
-    /// `principal` has ended (an agent that exited, was killed or is
-    /// restarting; a run whose reply has gone): its waiting and running
-    /// runs end, and so do its sessions, with their snapshots. An agent's
-    /// spare cgroups go with the cgroup they were made in.
-    pub fn end_work_of(&mut self, principal: Principal, why: &str, replies: &mut Vec<Reply>) {
-        self.end_where(
-            |w| w.owner == principal,
-            |r| r.of.owner == principal,
-            why,
-            Kill::OwnerEnded,
-            replies,
-        );
-        let sessions: Vec<String> = self
-            .sessions
-            .keys()
-            .filter(|(owner, _)| *owner == principal)
-            .map(|(_, name)| name.clone())
-            .collect();
-        for name in sessions {
-            self.close(principal, &name, replies);
-        }
-        self.lost_to_memory.retain(|(owner, _)| *owner != principal);
-        if let Principal::Agent { id } = principal {
-            self.forget_agent_cgroups(id);
-        }
-    }
-
-    /// Ends the runs `waiting` or `running` picks: waiting ones are
-    /// answered with `why`, running ones killed (their replies say so).
-    fn end_where(
-        &mut self,
-        mut waiting: impl FnMut(&Waiting) -> bool,
-        running: impl Fn(&run::Running) -> bool,
-        why: &str,
-        kill: Kill,
-        replies: &mut Vec<Reply>,
-    ) {
-        let mut ended = self.queues.take_where(&mut waiting);
-        for session in self.sessions.values_mut() {
-            let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
-                std::mem::take(&mut session.queue)
-                    .into_iter()
-                    .partition(&mut waiting);
-            session.queue = kept;
-            ended.extend(gone);
-        }
-        for waiting in ended {
-            let refusal = ErrorReply::new(
-                ErrorCode::Unavailable,
-                format!("the run was not started: {why}"),
-            );
-            self.answer_waiting(waiting, &refusal, replies);
-        }
-        for (_, child) in self.children.iter_mut() {
-            if matches!(&child.stage, Stage::Running(r) if running(r)) {
-                child.kill(kill);
-            }
-        }
-    }
-
-    /// Answers a request taken from a queue with `refusal`. A restore that
-    /// carries its session takes the session with it: what waited for the
-    /// session is answered too, and its snapshots go.
-    fn answer_waiting(
-        &mut self,
-        mut waiting: Waiting,
-        refusal: &ErrorReply,
-        replies: &mut Vec<Reply>,
-    ) {
-        if let (Some(carried), Some(key)) = (waiting.carried.take(), &waiting.session) {
-            self.snapshots.remove(key);
-            let ended = ErrorReply::new(
-                ErrorCode::NotFound,
-                format!(
-                    "session {:?} ended while it was being restored; run again to start a new \
-                     one",
-                    key.1
-                ),
-            );
-            for queued in carried.queue {
-                replies.push((queued.reply_to, ended.clone().into()));
-            }
-        }
-        replies.push((waiting.reply_to, refusal.clone().into()));
-    }
-
-    /// The restore waiting for a sandbox that carries session `key`, taken
-    /// out of its queue, if there is one.
-    fn take_restore_of(&mut self, key: &SessionKey) -> Option<Waiting> {
-        self.queues
-            .take_where(|w| w.carried.is_some() && w.session.as_ref() == Some(key))
-            .pop()
     }
 
     /// What the run whose reply goes to `reply_to` has printed so far
@@ -549,7 +354,7 @@ impl Exec {
     /// `/workspace`, as the binds of its host's sandbox (the exec-host
     /// shape's own aside).
     pub fn host_binds(&self) -> Vec<crate::sandbox::spec::Bind> {
-        host::host_binds(&self.setup)
+        zygote::binds(&self.setup)
     }
 
     /// The interpreter runs use.
@@ -638,7 +443,7 @@ impl Exec {
                 .get(key)
                 .map(|open| open.grant.clone())
                 .or_else(|| self.opening_grant(key));
-            if opened.is_some_and(|grant| grant != sessions::RunAsk::of(&request)) {
+            if opened.is_some_and(|grant| grant != RunAsk::of(&request)) {
                 return Err(ErrorReply::new(
                     ErrorCode::BadRequest,
                     format!(
@@ -673,7 +478,7 @@ impl Exec {
             timeout,
             deadline,
             session: session.clone(),
-            work: Work::Run,
+            order: Order::Run,
             carried: None,
             queued_at: now,
         };
@@ -693,107 +498,9 @@ impl Exec {
         Ok(())
     }
 
-    /// Whether one more request of `share` may wait: at most
-    /// [`MAX_WAITING_PER_OWNER`] of one owner's, [`MAX_WAITING`] in all, of
-    /// which agents leave [`OPERATOR_WAITING`] to operators.
-    fn may_wait(&self, share: Share) -> Result<(), ErrorReply> {
-        let waiting = self
-            .queues
-            .iter()
-            .chain(self.sessions.values().flat_map(|s| s.queue.iter()));
-        let (mut own, mut agents, mut all) = (0, 0, 0);
-        for w in waiting {
-            own += usize::from(w.share == share);
-            agents += usize::from(matches!(w.share, Share::Tree(_)));
-            all += 1;
-        }
-        let room_for_agents = MAX_WAITING - OPERATOR_WAITING;
-        let full = own >= MAX_WAITING_PER_OWNER
-            || all >= MAX_WAITING
-            || (matches!(share, Share::Tree(_)) && agents >= room_for_agents);
-        if full {
-            return Err(ErrorReply::new(
-                ErrorCode::Busy,
-                format!(
-                    "{all} runs are waiting for a sandbox, {own} of them yours (at most \
-                     {MAX_WAITING_PER_OWNER} of one owner's); retry later"
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The runs that have a run of their own going (each may lend its place
-    /// to one at a time).
-    fn lending_runs(&self) -> std::collections::HashSet<u64> {
-        self.children
-            .iter()
-            .filter_map(|(_, child)| match &child.stage {
-                Stage::Running(running) => match running.of.owner {
-                    Principal::Run { number } => Some(number),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// What the run waiting to open session `key` asked of its connection,
-    /// or a restore carrying it holds.
-    fn opening_grant(&self, key: &SessionKey) -> Option<sessions::RunAsk> {
-        self.queues
-            .iter()
-            .find(|w| w.session.as_ref() == Some(key))
-            .map(|w| match &w.carried {
-                Some(carried) => carried.grant.clone(),
-                None => sessions::RunAsk::of(&w.request),
-            })
-    }
-
     /// EXEC runs accepted from `agent`, its tasks' included.
     pub fn runs_by(&self, agent: u32) -> u64 {
         self.runs_by_agent.get(&agent).copied().unwrap_or(0)
-    }
-
-    /// Whether `owner` may open one more session: sessions open, and those
-    /// a waiting run will open, count against its cap and the kernel's.
-    fn may_open_session(&self, owner: Principal) -> Result<(), ErrorReply> {
-        let mut keys: std::collections::HashSet<&SessionKey> = self.sessions.keys().collect();
-        keys.extend(self.queues.iter().filter_map(|w| w.session.as_ref()));
-        let held = keys.iter().filter(|(o, _)| *o == owner).count();
-        if held >= self.max_sessions {
-            return Err(ErrorReply::new(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "you hold {held} sessions, the most exec.max_sessions allows; close \
-                     one ({{\"op\":\"close\"}}) first"
-                ),
-            ));
-        }
-        if keys.len() >= self.max_sessions_total {
-            return Err(ErrorReply::new(
-                ErrorCode::Busy,
-                format!(
-                    "the kernel holds {} sessions, the most exec.max_sessions_total allows; \
-                     retry later",
-                    keys.len()
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// A request that could not start at once is answered at its deadline
-    /// if it is still waiting then.
-    fn expire_if_still_waiting(&mut self, reply_to: ReplyTo, deadline: Instant) {
-        let waiting = self
-            .queues
-            .iter()
-            .chain(self.sessions.values().flat_map(|s| s.queue.iter()))
-            .any(|w| w.reply_to == reply_to);
-        if waiting {
-            self.timers.schedule(deadline, Wake::WaitedTooLong);
-        }
     }
 
     /// Readiness of one of EXEC's tokens.
@@ -895,52 +602,5 @@ impl Exec {
                 }
             }
         }
-    }
-
-    /// Stops taking runs: waiting ones are refused, running ones killed
-    /// (their replies still go out), hosts stopped.
-    pub fn begin_shutdown(
-        &mut self,
-        sandboxes: &mut impl Sandboxes<HostId>,
-        replies: &mut Vec<Reply>,
-    ) {
-        self.shutting_down = true;
-        let waiting = self.queues.take_where(|_| true);
-        // A restore waiting for its sandbox carries its session's queue.
-        let carried = waiting
-            .iter()
-            .flat_map(|w| w.carried.iter().flat_map(|c| c.queue.iter()));
-        for reply_to in waiting.iter().chain(carried).map(|w| w.reply_to) {
-            let refusal = ErrorReply::new(ErrorCode::Unavailable, "the kernel is shutting down");
-            replies.push((reply_to, refusal.into()));
-        }
-        for (_, run) in self.children.iter_mut() {
-            if matches!(run.stage, Stage::Running(_)) {
-                run.kill(Kill::Shutdown);
-            }
-        }
-        for (_, host) in self.hosts.iter() {
-            if let Some(sandbox) = host.sandbox {
-                sandboxes.signal(sandbox, libc::SIGKILL);
-            }
-        }
-    }
-
-    /// Last step of shutdown (may block briefly): the runs' cgroups are
-    /// removed, and whatever is left in them killed.
-    pub fn finish_shutdown(&mut self) {
-        let Some(mut cgroups) = self.run_cgroups.take() else {
-            return;
-        };
-        for (_, host) in self.hosts.iter_mut() {
-            host.cgroups.drain().for_each(|(_, c)| cgroups.recycle(c));
-        }
-        for (_, child) in self.children.iter_mut() {
-            child.cgroups().for_each(|c| cgroups.recycle(c));
-        }
-        for (_, agent) in self.agent_cgroups.drain() {
-            agent.spare.into_iter().for_each(|c| cgroups.recycle(c));
-        }
-        cgroups.finish();
     }
 }

@@ -1,9 +1,31 @@
-//! A run's output stream, captured in fixed memory however much is
+//! A run's output streams, each captured in fixed memory however much is
 //! printed: the first half of the cap is kept as it arrives, the last half
 //! as a ring of the latest bytes, and what fell between them is counted and
 //! named by one marker line.
 
 use std::collections::VecDeque;
+
+/// Which of a run's output streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+impl Stream {
+    /// Both, in index order.
+    pub const BOTH: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
+
+    /// Its place in per-stream arrays.
+    pub fn index(self) -> usize {
+        match self {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        }
+    }
+}
 
 /// One captured stream.
 #[derive(Debug)]

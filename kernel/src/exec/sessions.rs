@@ -1,56 +1,24 @@
 //! Sessions: a run child kept for its owner with its interpreter state and
-//! /workspace, the runs queued behind each other for it, and the requests
-//! that waited too long for any child.
+//! `/workspace` ([`Session`](super::waiting::Session)), the orders queued
+//! behind each other for it — runs, snapshots and restores — and the
+//! requests that waited too long for any child.
 
 use std::collections::VecDeque;
 use std::time::{Instant, SystemTime};
 
-use agentos_proto::payload::{ExecRequest, RunPermissions, SessionInfo};
+use agentos_proto::payload::{
+    ExecReply, ExecRequest, RestoredReply, SessionInfo, SnapshotInfo, SnapshotReply,
+};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::run::{Kill, RunChild, Stage, Work};
-use super::{Exec, Waiting};
-use crate::address::Reply;
+use super::child::{RunChild, Stage};
+use super::order::{Finished, Kill, Order};
+use super::snapshots;
+use super::waiting::{Carried, Session, SessionKey, Waiting};
+use super::{Exec, RunCaller};
+use crate::address::{Answer, Reply, ReplyTo};
 use crate::clock::rfc3339;
 use crate::identity::Principal;
-
-/// A session by its owner (an agent, an operator's uid, or a run) and name.
-pub(super) type SessionKey = (Principal, String);
-
-/// What a run asked for its own kernel connection: a session's runs must
-/// all ask the same, for what one run leaves running in the interpreter
-/// (a thread) lives on into the next and could use its connection.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct RunAsk {
-    permissions: Option<RunPermissions>,
-    network: Option<bool>,
-}
-
-impl RunAsk {
-    /// What `request` asks.
-    pub(super) fn of(request: &ExecRequest) -> RunAsk {
-        RunAsk {
-            permissions: request.permissions.clone(),
-            network: request.network,
-        }
-    }
-}
-
-/// A session: a run child kept with its interpreter and /workspace.
-#[derive(Debug)]
-pub(super) struct Session {
-    pub(super) child: usize,
-    pub(super) created_at: SystemTime,
-    pub(super) last_used_at: SystemTime,
-    pub(super) last_used: Instant,
-    pub(super) runs: u64,
-    /// Requests waiting for its child, oldest first.
-    pub(super) queue: VecDeque<Waiting>,
-    /// A run of it is going.
-    pub(super) busy: bool,
-    /// What the run that opened it asked for its connection.
-    pub(super) grant: RunAsk,
-}
 
 impl Exec {
     /// The owner's sessions (`op: sessions`).
@@ -164,7 +132,7 @@ impl Exec {
                     self.queues.len()
                 )
             };
-            let reply = agentos_proto::payload::ExecReply {
+            let reply = ExecReply {
                 timed_out: true,
                 error: Some(why),
                 code: Some(ErrorCode::Timeout),
@@ -198,13 +166,13 @@ impl Exec {
             return;
         };
         let lent = head.is_lent(&lending);
-        if matches!(head.work, Work::Run) && !self.queues.has_room(head.share, lent) {
+        if matches!(head.order, Order::Run) && !self.queues.has_room(head.share, lent) {
             return;
         }
         let Some(waiting) = session.queue.pop_front() else {
             return;
         };
-        if matches!(waiting.work, Work::Restore { .. }) && waiting.carried.is_none() {
+        if matches!(waiting.order, Order::Restore { .. }) && waiting.carried.is_none() {
             return self.begin_restore(key, waiting, replies, now);
         }
         session.busy = true;
@@ -212,5 +180,178 @@ impl Exec {
         session.last_used_at = SystemTime::now();
         let child = session.child;
         self.start(child, waiting, replies, now);
+    }
+}
+
+impl Exec {
+    /// `op: snapshot`: queued behind the session's runs; answered once the
+    /// session's child has written it.
+    pub fn snapshot(
+        &mut self,
+        caller: RunCaller,
+        session: &str,
+        name: &str,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), ErrorReply> {
+        let key = (caller.principal, session.to_owned());
+        self.live_session(&key)?;
+        self.snapshots.room_for(&key, name)?;
+        let data = snapshots::memfd().map_err(|err| {
+            ErrorReply::new(
+                ErrorCode::Internal,
+                format!("cannot make room for the snapshot: {err}"),
+            )
+        })?;
+        let order = Order::Snapshot {
+            name: name.to_owned(),
+            data,
+        };
+        self.queue_for_session(key, caller, order, reply_to, replies)
+    }
+
+    /// `op: restore`: queued behind the session's runs; then the session
+    /// gets a fresh interpreter whose `/workspace` is the snapshot's.
+    pub fn restore(
+        &mut self,
+        caller: RunCaller,
+        session: &str,
+        name: &str,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), ErrorReply> {
+        let key = (caller.principal, session.to_owned());
+        self.live_session(&key)?;
+        let snapshot = self.snapshots.data(&key, name).ok_or_else(|| {
+            ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("session {session:?} has no snapshot named {name:?}"),
+            )
+        })?;
+        let data = snapshot.try_clone().map_err(|err| {
+            ErrorReply::new(
+                ErrorCode::Internal,
+                format!("cannot read the snapshot: {err}"),
+            )
+        })?;
+        self.queue_for_session(key, caller, Order::Restore { data }, reply_to, replies)
+    }
+
+    /// `op: snapshots`: a session's snapshots, oldest first.
+    pub fn snapshots(
+        &self,
+        owner: Principal,
+        session: &str,
+    ) -> Result<Vec<SnapshotInfo>, ErrorReply> {
+        let key = (owner, session.to_owned());
+        self.live_session(&key)?;
+        Ok(self.snapshots.list(&key))
+    }
+
+    fn live_session(&self, key: &SessionKey) -> Result<(), ErrorReply> {
+        if self.sessions.contains_key(key) {
+            return Ok(());
+        }
+        Err(ErrorReply::new(
+            ErrorCode::NotFound,
+            format!("no session {:?} (a run with `session` opens one)", key.1),
+        ))
+    }
+
+    fn queue_for_session(
+        &mut self,
+        key: SessionKey,
+        caller: RunCaller,
+        order: Order,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), ErrorReply> {
+        let now = Instant::now();
+        let limits = self.run_limits(&caller, None)?;
+        self.may_wait(caller.share)?;
+        let waiting = Waiting {
+            request: ExecRequest {
+                session: Some(key.1.clone()),
+                ..ExecRequest::default()
+            },
+            reply_to,
+            owner: caller.principal,
+            share: caller.share,
+            run: None,
+            charged_to: caller.charged_to,
+            limits,
+            timeout: self.default_timeout,
+            deadline: now + self.default_timeout,
+            session: Some(key.clone()),
+            order,
+            carried: None,
+            queued_at: now,
+        };
+        if let Some(session) = self.sessions.get_mut(&key) {
+            session.queue.push_back(waiting);
+        }
+        self.serve_session(&key, replies, now);
+        Ok(())
+    }
+
+    /// A restore's turn has come: the session's child goes, and the
+    /// restore waits first in line for a fresh one, carrying the session.
+    pub(super) fn begin_restore(
+        &mut self,
+        key: &SessionKey,
+        mut waiting: Waiting,
+        replies: &mut Vec<Reply>,
+        now: Instant,
+    ) {
+        let Some(session) = self.sessions.remove(key) else {
+            return;
+        };
+        if let Some(child) = self.children.get(session.child) {
+            child.kill_quietly();
+        }
+        self.drop_child(session.child);
+        waiting.carried = Some(Carried {
+            created_at: session.created_at,
+            runs: session.runs,
+            queue: session.queue,
+            grant: session.grant,
+        });
+        self.queues.push_front(waiting.share, waiting);
+        self.dispatch(replies, now);
+    }
+
+    /// The reply to a finished order of a session's: a run's is its own,
+    /// a snapshot's or restore's says what was saved or restored.
+    pub(super) fn snapshot_reply(&mut self, key: &SessionKey, finished: Finished) -> Answer {
+        let failure = match (&finished.reply.exit_code, &finished.reply.error) {
+            (Some(0), None) => None,
+            (_, Some(error)) => Some(error.clone()),
+            (_, None) => Some("the session's interpreter ended before it was done".to_owned()),
+        };
+        match finished.order {
+            Order::Run => finished.reply.into(),
+            Order::Restore { .. } => match failure {
+                None => Answer::json(&RestoredReply {
+                    success: true,
+                    left_out: finished.left_out,
+                }),
+                Some(error) => ErrorReply::new(ErrorCode::Internal, error).into(),
+            },
+            Order::Snapshot { name, data } => {
+                let bytes = finished.snapshot_bytes.unwrap_or(0);
+                let taken = match failure {
+                    None => self.snapshots.keep(key, name, data, bytes),
+                    Some(error) => Err(ErrorReply::new(ErrorCode::Internal, error)),
+                };
+                match taken {
+                    Ok(snapshot) => Answer::json(&SnapshotReply {
+                        success: true,
+                        snapshot,
+                        left_out: finished.left_out,
+                    }),
+                    Err(err) => err.into(),
+                }
+            }
+        }
     }
 }

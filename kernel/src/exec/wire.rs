@@ -1,37 +1,88 @@
-//! What the kernel and an exec host say to each other (the host's side is
-//! `zygote.py`).
+//! What the kernel and an exec host say to each other, written once: the
+//! zygote's side (`zygote/*.py`) takes every name and size it shares with
+//! the kernel from a prelude made from this file ([`python_prelude`]).
 //!
-//! The host's channel carries one datagram per prepared run child —
-//! `{"ready": n, "cgroup": c}` with three descriptors: the run's socket and
-//! the read ends of its stdout and stderr pipes; `c` names the run's own
-//! cgroup (0: none). The other way, after the settings, the kernel sends
-//! `{"cgroup": c}` with the files the next run child writes `0` into to
-//! move itself into its cgroup (no descriptors: that run goes without). A
-//! run's socket carries frames both ways, each a 4-byte little-endian
-//! length and JSON: the kernel's [`RunOrder`], then the run's [`RunEnd`].
+//! **The host's channel** is a `SOCK_SEQPACKET` pair: one datagram per
+//! message, descriptors as `SCM_RIGHTS`, the zygote's end at
+//! [`CHANNEL_FD`].
+//! - kernel → zygote, first: its [`Settings`], at most [`SETTINGS_MAX`]
+//!   bytes (never the environment: every run can read PID 1's).
+//! - kernel → zygote, then: a [`HostOrder`] each, at most
+//!   [`CHANNEL_MESSAGE_MAX`] bytes. `{"cgroup": c}` asks for one more run
+//!   child, with the files it writes `0` into to move itself into run
+//!   cgroup `c` (no files and 0: it stays in the host's);
+//!   `{"reload_tools": true}` has the zygote import `tools` again.
+//! - zygote → kernel: `{"ready": n, "cgroup": c}` for each run child
+//!   prepared ([`Ready`]), with three descriptors: its socket and the read
+//!   ends of its stdout and stderr pipes; `c` is the cgroup it moved into.
+//!
+//! **A run child's socket** is a `SOCK_STREAM` pair. The child first sends
+//! one byte, [`PIDFD_MARK`], with a pidfd of itself: PID 1 of its run's
+//! namespace, so killing it ends everything the run started. Then frames
+//! go both ways, each a [`FRAME_HEADER`]-byte little-endian length and
+//! JSON:
+//! - kernel → child, once it is ready: a [`PrepareOrder`], with its first
+//!   run's own kernel connection attached (a shell, if asked, starts with
+//!   it at once);
+//! - kernel → child, then: a [`RunOrder`] (`op` run, snapshot or restore)
+//!   with its descriptors attached to its first bytes: the
+//!   [`RunOrder::join`] files that move the child into a cgroup inside its
+//!   agent's first, then the run's own kernel connection (none for the
+//!   first run: it came with the prepare order) or the snapshot's memfd;
+//! - child → kernel: a [`RunEnd`], at most [`MAX_END_FRAME`] bytes, once
+//!   its output pipes are closed. A child kept for a session
+//!   ([`RunOrder::keep`]) then sends one byte, [`PIPES_MARK`], with the
+//!   read ends of fresh stdout and stderr pipes, and waits for its next
+//!   order.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
+use agentos_proto::payload::Language;
 use nix::sys::socket::MsgFlags;
 use serde::{Deserialize, Serialize};
 
 use crate::fd;
+use crate::sandbox::spec::fds;
 
-/// The zygote's source, run as `python -I -S -c`.
-pub const ZYGOTE: &str = include_str!("zygote.py");
-
-/// Largest channel datagram the host sends.
-const READY_MAX: usize = 256;
+/// Where the zygote finds its channel.
+pub const CHANNEL_FD: RawFd = fds::CHANNEL;
+/// Largest settings datagram.
+pub const SETTINGS_MAX: usize = 1 << 20;
+/// Largest channel datagram after the settings, either way.
+pub const CHANNEL_MESSAGE_MAX: usize = 256;
+/// The most descriptors the zygote or a run child takes with one message:
+/// a cgroup's join files (one per hierarchy) and a connection or memfd.
+pub const ZYGOTE_FDS_MAX: usize = 8;
 /// The most descriptors one message to the kernel carries: a ready run
 /// child's three.
-const RECEIVED_FDS: usize = 4;
+const KERNEL_FDS_MAX: usize = 4;
+/// Bytes of a frame's length, before its JSON.
+pub const FRAME_HEADER: usize = 4;
+/// Python's `struct` format of a frame's length: a little-endian `u32`,
+/// as [`frame`] writes it.
+const FRAME_LENGTH_FORMAT: &str = "<I";
+/// The most a run's end frame may hold: the reply's own limit, which its
+/// collected files must fit in.
+pub const MAX_END_FRAME: usize = agentos_proto::MAX_REPLY_BYTES as usize;
+/// The byte a run child's first message carries, with its pidfd.
+pub const PIDFD_MARK: [u8; 1] = *b"R";
+/// The byte a session's child sends with its fresh pipes.
+pub const PIPES_MARK: [u8; 1] = *b"P";
+/// The key of a [`HostOrder::Prepare`].
+const HOST_PREPARE: &str = "cgroup";
+/// The key of a [`HostOrder::ReloadTools`].
+const HOST_RELOAD_TOOLS: &str = "reload_tools";
 
 /// What a run child is asked to do.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OrderOp {
+    /// Once ready: take the first run's kernel connection attached, and
+    /// start a shell with it if asked ([`PrepareOrder`]).
+    Prepare,
     /// Run code, with the run's own kernel connection attached.
     #[default]
     Run,
@@ -41,7 +92,41 @@ pub enum OrderOp {
     Restore,
 }
 
-/// What to run.
+impl OrderOp {
+    /// Every op.
+    pub const ALL: [OrderOp; 4] = [
+        OrderOp::Prepare,
+        OrderOp::Run,
+        OrderOp::Snapshot,
+        OrderOp::Restore,
+    ];
+}
+
+/// The languages a [`RunOrder`] may be in.
+pub const LANGUAGES: [Language; 2] = [Language::Python, Language::Bash];
+
+/// What a ready run child is told first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PrepareOrder {
+    /// Always [`OrderOp::Prepare`].
+    op: OrderOp,
+    /// Start a shell at once, with the connection attached, for a bash
+    /// run to come.
+    shell: bool,
+}
+
+impl PrepareOrder {
+    /// The prepare order, with a shell or not.
+    pub fn new(shell: bool) -> PrepareOrder {
+        PrepareOrder {
+            op: OrderOp::Prepare,
+            shell,
+        }
+    }
+}
+
+/// What a run child is told to do: run code, or a session's snapshot or
+/// restore.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunOrder {
     /// What to do (the fields below matter for `run` only).
@@ -49,8 +134,8 @@ pub struct RunOrder {
     pub op: OrderOp,
     /// The program text.
     pub code: String,
-    /// `python` or `bash`.
-    pub language: String,
+    /// What it is written in.
+    pub language: Language,
     /// The run's whole environment.
     pub env: BTreeMap<String, String>,
     /// Its working directory, if not the host's.
@@ -104,6 +189,58 @@ pub struct RunEnd {
     pub left_out: Vec<String>,
 }
 
+/// The zygote's settings: the first datagram on its channel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Settings {
+    /// The seccomp filter every run installs on top of the host's: its
+    /// BPF program's bytes, in hex.
+    pub run_filter: String,
+    /// Size of each run's `/tmp`, in bytes.
+    pub tmp_bytes: u64,
+    /// Size of each run's `/workspace`, in bytes.
+    pub workspace_bytes: u64,
+    /// Entries under a run's `/proc` hidden behind `/dev/null`.
+    pub proc_masked: &'static [&'static str],
+    /// Directories under a run's `/proc` made read-only.
+    pub proc_read_only: &'static [&'static str],
+    /// The environment every run starts with.
+    pub run_env: BTreeMap<String, String>,
+    /// Where runs import the `tools` package from, if there is one.
+    pub tools_path: Option<&'static str>,
+}
+
+impl Settings {
+    /// The datagram.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// What the kernel asks of an exec host's zygote after its settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostOrder {
+    /// Prepare one more run child, which moves itself into the run cgroup
+    /// numbered `cgroup` (0: none) through the files sent along.
+    Prepare {
+        /// The cgroup's number, for the child's [`Ready`].
+        cgroup: u64,
+    },
+    /// Import the `tools` package again.
+    ReloadTools,
+}
+
+impl HostOrder {
+    /// The datagram: `{"cgroup": c}` or `{"reload_tools": true}`.
+    fn encode(self) -> Vec<u8> {
+        let (key, value) = match self {
+            HostOrder::Prepare { cgroup } => (HOST_PREPARE, serde_json::Value::from(cgroup)),
+            HostOrder::ReloadTools => (HOST_RELOAD_TOOLS, serde_json::Value::from(true)),
+        };
+        let message = serde_json::Map::from_iter([(key.to_owned(), value)]);
+        serde_json::to_vec(&message).unwrap_or_default()
+    }
+}
+
 /// A run child the host has prepared.
 #[derive(Debug)]
 pub struct Ready {
@@ -119,20 +256,42 @@ pub struct Ready {
     pub stderr: OwnedFd,
 }
 
-#[derive(Deserialize)]
+/// A [`Ready`] as the zygote writes it.
+#[derive(Debug, Serialize, Deserialize)]
 struct ReadyMessage {
     ready: u64,
     #[serde(default)]
     cgroup: u64,
 }
 
+/// What an exec host or a run child sent that it should not have.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// A channel datagram that is not a [`Ready`].
+    #[error("bad message from an exec host: {0}")]
+    BadReady(#[source] serde_json::Error),
+    /// A ready message with other than three descriptors.
+    #[error("an exec host's ready message carried {0} descriptors, not 3")]
+    ReadyDescriptors(usize),
+    /// A run child's first message without its pidfd.
+    #[error("a run child's first message carried no pidfd")]
+    NoPidfd,
+    /// The prepare order did not go whole.
+    #[error("the prepare message went in part ({sent} of {length} bytes)")]
+    PreparePartly {
+        /// Bytes sent.
+        sent: usize,
+        /// Bytes it has.
+        length: usize,
+    },
+    /// A session's child sent something other than its fresh pipes.
+    #[error("a session's child sent what it should not")]
+    NotPipes,
+}
+
 /// Tells a zygote to import the `tools` package again.
 pub fn send_reload_tools(channel: BorrowedFd<'_>) -> io::Result<()> {
-    nix::sys::socket::send(
-        channel.as_raw_fd(),
-        b"{\"reload_tools\": true}",
-        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-    )?;
+    fd::send_with_fds::<OwnedFd>(channel, &HostOrder::ReloadTools.encode(), &[])?;
     Ok(())
 }
 
@@ -140,15 +299,15 @@ pub fn send_reload_tools(channel: BorrowedFd<'_>) -> io::Result<()> {
 /// files to write `0` into, one per hierarchy (none: that child goes
 /// without a cgroup of its own).
 pub fn send_cgroup(channel: BorrowedFd<'_>, number: u64, files: &[OwnedFd]) -> io::Result<()> {
-    let message = format!("{{\"cgroup\": {number}}}");
-    fd::send_with_fds(channel, message.as_bytes(), files)?;
+    let order = HostOrder::Prepare { cgroup: number };
+    fd::send_with_fds(channel, &order.encode(), files)?;
     Ok(())
 }
 
 /// Encodes one frame.
 pub fn frame<T: Serialize>(value: &T) -> Vec<u8> {
     let json = serde_json::to_vec(value).unwrap_or_default();
-    let mut out = Vec::with_capacity(4 + json.len());
+    let mut out = Vec::with_capacity(FRAME_HEADER + json.len());
     out.extend_from_slice(&(json.len() as u32).to_le_bytes());
     out.extend_from_slice(&json);
     out
@@ -156,18 +315,18 @@ pub fn frame<T: Serialize>(value: &T) -> Vec<u8> {
 
 /// Takes one whole frame off the front of `buffer`, if one is there.
 pub fn take_frame<T: for<'de> Deserialize<'de>>(buffer: &mut Vec<u8>) -> Option<io::Result<T>> {
-    let header: [u8; 4] = buffer.get(..4)?.try_into().ok()?;
+    let header: [u8; FRAME_HEADER] = buffer.get(..FRAME_HEADER)?.try_into().ok()?;
     let length = u32::from_le_bytes(header) as usize;
-    let body = buffer.get(4..4 + length)?;
+    let body = buffer.get(FRAME_HEADER..FRAME_HEADER + length)?;
     let value = serde_json::from_slice(body).map_err(io::Error::other);
-    buffer.drain(..4 + length);
+    buffer.drain(..FRAME_HEADER + length);
     Some(value)
 }
 
 /// Receives one `ready` datagram from a host's channel. `Ok(None)`: the
 /// host has gone.
 pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
-    let mut bytes = [0u8; READY_MAX];
+    let mut bytes = [0u8; CHANNEL_MESSAGE_MAX];
     let (length, owned) = match receive(channel, &mut bytes, MsgFlags::MSG_DONTWAIT) {
         // It went with cgroups sent to it still unread.
         Err(err) if err.kind() == io::ErrorKind::ConnectionReset => return Ok(None),
@@ -177,13 +336,10 @@ pub fn receive_ready(channel: BorrowedFd<'_>) -> io::Result<Option<Ready>> {
         return Ok(None);
     }
     let message: ReadyMessage = serde_json::from_slice(&bytes[..length])
-        .map_err(|err| io::Error::other(format!("bad message from an exec host: {err}")))?;
-    let [socket, stdout, stderr]: [OwnedFd; 3] = owned.try_into().map_err(|fds: Vec<_>| {
-        io::Error::other(format!(
-            "an exec host's ready message carried {} descriptors, not 3",
-            fds.len()
-        ))
-    })?;
+        .map_err(|err| io::Error::other(WireError::BadReady(err)))?;
+    let [socket, stdout, stderr]: [OwnedFd; 3] = owned
+        .try_into()
+        .map_err(|fds: Vec<_>| io::Error::other(WireError::ReadyDescriptors(fds.len())))?;
     Ok(Some(Ready {
         number: message.ready,
         cgroup: message.cgroup,
@@ -210,9 +366,7 @@ pub fn receive_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     match (length, fds.into_iter().next()) {
         (0, _) => Ok(None),
         (_, Some(pidfd)) => Ok(Some(pidfd)),
-        (_, None) => Err(io::Error::other(
-            "a run child's first message carried no pidfd",
-        )),
+        (_, None) => Err(io::Error::other(WireError::NoPidfd)),
     }
 }
 
@@ -223,7 +377,60 @@ fn receive(
     buffer: &mut [u8],
     flags: MsgFlags,
 ) -> io::Result<(usize, Vec<OwnedFd>)> {
-    Ok(fd::receive_with_fds(socket, buffer, flags, RECEIVED_FDS)?)
+    Ok(fd::receive_with_fds(socket, buffer, flags, KERNEL_FDS_MAX)?)
+}
+
+/// The zygote's first lines: every name and size above that its side of
+/// the wire uses, as Python constants. Its parts use these, never their
+/// own copies.
+pub fn python_prelude() -> String {
+    let mut out = String::from(
+        "# The wire's names and sizes, from the kernel's exec/wire.rs (one source\n\
+         # for both sides).\n",
+    );
+    let mut constant = |name: &str, value: String| {
+        let _ = writeln!(out, "{name} = {value}");
+    };
+    constant("CHANNEL_FD", CHANNEL_FD.to_string());
+    constant("SETTINGS_MAX", SETTINGS_MAX.to_string());
+    constant("CHANNEL_MESSAGE_MAX", CHANNEL_MESSAGE_MAX.to_string());
+    constant("FDS_MAX", ZYGOTE_FDS_MAX.to_string());
+    constant("FRAME_HEADER", FRAME_HEADER.to_string());
+    constant("FRAME_LENGTH", python_str(FRAME_LENGTH_FORMAT));
+    constant("PIDFD_MARK", python_bytes(&PIDFD_MARK));
+    constant("PIPES_MARK", python_bytes(&PIPES_MARK));
+    constant("HOST_PREPARE", python_str(HOST_PREPARE));
+    constant("HOST_RELOAD_TOOLS", python_str(HOST_RELOAD_TOOLS));
+    for op in OrderOp::ALL {
+        let name = serde_name(&op);
+        constant(&format!("OP_{}", name.to_uppercase()), python_str(&name));
+    }
+    for language in LANGUAGES {
+        let name = serde_name(&language);
+        constant(
+            &format!("LANGUAGE_{}", name.to_uppercase()),
+            python_str(&name),
+        );
+    }
+    out
+}
+
+/// A value's name as serde writes it (a unit variant: a JSON string).
+fn serde_name<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(name)) => name,
+        other => format!("{other:?}"),
+    }
+}
+
+/// A Python string literal of plain ASCII text.
+fn python_str(text: &str) -> String {
+    format!("{:?}", text)
+}
+
+/// A Python bytes literal of plain ASCII bytes.
+fn python_bytes(bytes: &[u8]) -> String {
+    format!("b{:?}", String::from_utf8_lossy(bytes))
 }
 
 #[cfg(test)]
@@ -259,5 +466,54 @@ mod tests {
         let mut buffer = vec![3, 0, 0, 0, b'n', b'o', b'!'];
         assert!(take_frame::<RunEnd>(&mut buffer).unwrap().is_err());
         assert!(buffer.is_empty());
+    }
+
+    #[test]
+    fn orders_read_as_the_zygote_reads_them() {
+        let prepare: serde_json::Value =
+            serde_json::from_slice(&frame(&PrepareOrder::new(true))[FRAME_HEADER..]).unwrap();
+        assert_eq!(prepare, serde_json::json!({"op": "prepare", "shell": true}));
+        let cgroup: serde_json::Value =
+            serde_json::from_slice(&HostOrder::Prepare { cgroup: 5 }.encode()).unwrap();
+        assert_eq!(cgroup, serde_json::json!({"cgroup": 5}));
+        let reload: serde_json::Value =
+            serde_json::from_slice(&HostOrder::ReloadTools.encode()).unwrap();
+        assert_eq!(reload, serde_json::json!({"reload_tools": true}));
+        let ready: ReadyMessage = serde_json::from_str(r#"{"ready": 2, "cgroup": 7}"#).unwrap();
+        assert_eq!((ready.ready, ready.cgroup), (2, 7));
+        assert!(HostOrder::Prepare { cgroup: u64::MAX }.encode().len() <= CHANNEL_MESSAGE_MAX);
+    }
+
+    #[test]
+    fn the_python_prelude_says_what_the_rust_says() {
+        let prelude = python_prelude();
+        let says = |line: String| {
+            assert!(
+                prelude.lines().any(|l| l == line),
+                "the prelude lacks {line:?}:\n{prelude}"
+            )
+        };
+        for op in OrderOp::ALL {
+            let name = serde_json::to_value(op).unwrap();
+            let name = name.as_str().unwrap();
+            says(format!("OP_{} = \"{name}\"", name.to_uppercase()));
+        }
+        for language in LANGUAGES {
+            let name = serde_json::to_value(language).unwrap();
+            let name = name.as_str().unwrap();
+            says(format!("LANGUAGE_{} = \"{name}\"", name.to_uppercase()));
+        }
+        says(format!("CHANNEL_FD = {}", fds::CHANNEL));
+        says(format!("SETTINGS_MAX = {SETTINGS_MAX}"));
+        says(format!("CHANNEL_MESSAGE_MAX = {CHANNEL_MESSAGE_MAX}"));
+        says(format!("FDS_MAX = {ZYGOTE_FDS_MAX}"));
+        says(format!("FRAME_HEADER = {FRAME_HEADER}"));
+        says("PIDFD_MARK = b\"R\"".to_owned());
+        says("PIPES_MARK = b\"P\"".to_owned());
+        says("HOST_PREPARE = \"cgroup\"".to_owned());
+        says("HOST_RELOAD_TOOLS = \"reload_tools\"".to_owned());
+        // A frame's length is the u32 `frame` writes.
+        assert_eq!(FRAME_HEADER, std::mem::size_of::<u32>());
+        says("FRAME_LENGTH = \"<I\"".to_owned());
     }
 }

@@ -1,19 +1,22 @@
-//! What an exec host runs: the zygote, and the settings it reads first
-//! from its channel.
+//! What an exec host runs: the zygote, a Python program that never runs
+//! request code itself but forks run children from its warm image, as a
+//! sandbox workload; and the settings it reads first from its channel.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use super::wire::Settings;
 use crate::sandbox::mounts::{PROC_MASKED, PROC_READ_ONLY};
 use crate::sandbox::plan::Workload;
 use crate::sandbox::seccomp;
 use crate::sandbox::spec::Bind;
 
-use super::wire::ZYGOTE;
+/// The zygote's source, run as `python -I -S -c`.
+pub const ZYGOTE: &str = include_str!("zygote.py");
 
 /// How an exec host is set up.
 #[derive(Clone, Debug)]
-pub struct HostSetup {
+pub struct ExecHostSetup {
     /// The Python the zygote (and every run) uses.
     pub python: PathBuf,
     /// Run children kept prepared.
@@ -31,7 +34,7 @@ pub const TOOLS_PATH: &str = "/tools";
 
 /// The zygote as a sandbox workload. Its environment holds nothing but
 /// what any program needs: every run's `/proc/1/environ` shows it.
-pub fn zygote_workload(setup: &HostSetup) -> Workload {
+pub fn workload(setup: &ExecHostSetup) -> Workload {
     Workload {
         name: "exec-host".into(),
         program: setup.python.clone(),
@@ -48,14 +51,14 @@ pub fn zygote_workload(setup: &HostSetup) -> Workload {
         ],
         cwd: None,
         script: None,
-        binds: host_binds(setup),
+        binds: binds(setup),
         socket: None,
     }
 }
 
 /// What an exec host's workload binds into its sandbox, beside the shape's
 /// own: the `tools` package.
-pub fn host_binds(setup: &HostSetup) -> Vec<Bind> {
+pub fn binds(setup: &ExecHostSetup) -> Vec<Bind> {
     setup
         .tools_dir
         .iter()
@@ -68,23 +71,22 @@ pub fn host_binds(setup: &HostSetup) -> Vec<Bind> {
 }
 
 /// The zygote's settings: the first datagram on its channel.
-pub fn zygote_settings(setup: &HostSetup) -> Vec<u8> {
-    let filter: String = seccomp::filter()
+pub fn settings(setup: &ExecHostSetup) -> Vec<u8> {
+    let run_filter: String = seccomp::filter()
         .to_bytes()
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect();
-    serde_json::json!({
-        "run_filter": filter,
-        "tmp_bytes": setup.tmp_bytes,
-        "workspace_bytes": setup.workspace_bytes,
-        "proc_masked": PROC_MASKED,
-        "proc_read_only": PROC_READ_ONLY,
-        "run_env": run_env(),
-        "tools_path": setup.tools_dir.as_ref().map(|_| TOOLS_PATH),
-    })
-    .to_string()
-    .into_bytes()
+    Settings {
+        run_filter,
+        tmp_bytes: setup.tmp_bytes,
+        workspace_bytes: setup.workspace_bytes,
+        proc_masked: &PROC_MASKED,
+        proc_read_only: &PROC_READ_ONLY,
+        run_env: run_env(),
+        tools_path: setup.tools_dir.as_ref().map(|_| TOOLS_PATH),
+    }
+    .encode()
 }
 
 /// The environment every run starts with; a request's `env` adds to it.
