@@ -1,7 +1,8 @@
 //! Files brought into a run (`files`, base64) are checked here before any
 //! run starts: valid base64, each within `exec.max_file_bytes` once
 //! decoded. The run child writes them under `/workspace`, and reads what
-//! `collect` names back, never following a symlink out (see `zygote.py`).
+//! `collect` names back, never following a symlink out (see
+//! `zygote/files.py`).
 
 use std::collections::BTreeMap;
 

@@ -258,10 +258,12 @@ pub struct Ready {
 
 /// A [`Ready`] as the zygote writes it.
 #[derive(Debug, Serialize, Deserialize)]
-struct ReadyMessage {
-    ready: u64,
+pub struct ReadyMessage {
+    /// The host's number for the child.
+    pub ready: u64,
+    /// The number of the cgroup it moved itself into (0: none).
     #[serde(default)]
-    cgroup: u64,
+    pub cgroup: u64,
 }
 
 /// What an exec host or a run child sent that it should not have.

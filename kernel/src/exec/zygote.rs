@@ -1,18 +1,59 @@
 //! What an exec host runs: the zygote, a Python program that never runs
 //! request code itself but forks run children from its warm image, as a
 //! sandbox workload; and the settings it reads first from its channel.
+//!
+//! The program is one `python -I -S -c` text joined from parts in
+//! `zygote/`, each owning one concern and saying so at its top, in a fixed
+//! order: the wire's names and sizes first, generated from `wire`
+//! ([`wire::python_prelude`]) so the two sides cannot drift, then this
+//! file's own names ([`WORKSPACE`]), then the parts. Each part may use
+//! what an earlier one defines at its top level; functions may call any.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
-use super::wire::Settings;
+use super::wire::{self, Settings};
 use crate::sandbox::mounts::{PROC_MASKED, PROC_READ_ONLY};
 use crate::sandbox::plan::Workload;
 use crate::sandbox::seccomp;
 use crate::sandbox::spec::Bind;
 
+/// The zygote's parts, in the order they are joined.
+const PARTS: &str = concat!(
+    include_str!("zygote/framing.py"),
+    "\n\n",
+    include_str!("zygote/isolation.py"),
+    "\n\n",
+    include_str!("zygote/cgroups.py"),
+    "\n\n",
+    include_str!("zygote/files.py"),
+    "\n\n",
+    include_str!("zygote/snapshots.py"),
+    "\n\n",
+    include_str!("zygote/running.py"),
+    "\n\n",
+    include_str!("zygote/child.py"),
+    "\n\n",
+    include_str!("zygote/main.py"),
+);
+
+/// Each run's working directory and home, a tmpfs of its own.
+pub const WORKSPACE: &str = "/workspace";
+
+/// The zygote's whole program: the wire's prelude, this file's names, then
+/// the parts.
+static PROGRAM: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{}WORKSPACE = {WORKSPACE:?}\n\n\n{PARTS}",
+        wire::python_prelude()
+    )
+});
+
 /// The zygote's source, run as `python -I -S -c`.
-pub const ZYGOTE: &str = include_str!("zygote.py");
+pub fn program() -> &'static str {
+    &PROGRAM
+}
 
 /// How an exec host is set up.
 #[derive(Clone, Debug)]
@@ -43,7 +84,7 @@ pub fn workload(setup: &ExecHostSetup) -> Workload {
             "-I".into(),
             "-S".into(),
             "-c".into(),
-            ZYGOTE.into(),
+            program().into(),
         ],
         env: vec![
             ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
@@ -94,6 +135,271 @@ pub fn run_env() -> BTreeMap<String, String> {
     BTreeMap::from([
         ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
         ("LANG".to_owned(), "C.UTF-8".to_owned()),
-        ("HOME".to_owned(), "/workspace".to_owned()),
+        ("HOME".to_owned(), WORKSPACE.to_owned()),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    use agentos_proto::payload::Language;
+
+    use super::*;
+    use crate::exec::wire::{OrderOp, PrepareOrder, ReadyMessage, RunEnd, RunOrder, LANGUAGES};
+
+    /// The keys of `value` as serde writes it (a struct: its fields).
+    fn fields<T: serde::Serialize>(value: &T) -> BTreeSet<String> {
+        match serde_json::to_value(value).unwrap() {
+            serde_json::Value::Object(map) => map.keys().cloned().collect(),
+            other => panic!("not a struct: {other}"),
+        }
+    }
+
+    fn is_ident(c: char) -> bool {
+        c.is_ascii_alphanumeric() || c == '_'
+    }
+
+    /// A string literal in Python code: its text, where it starts (its
+    /// prefix or opening quote) and where what follows it starts.
+    struct Literal {
+        text: String,
+        start: usize,
+        end: usize,
+    }
+
+    /// The plain string literals of Python `code` (bytes aside); comments
+    /// skipped.
+    fn python_strings(code: &str) -> Vec<Literal> {
+        let bytes = code.as_bytes();
+        let mut found = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'#' => {
+                    while i < bytes.len() && bytes[i] != b'\n' {
+                        i += 1;
+                    }
+                }
+                quote @ (b'"' | b'\'') => {
+                    let mut start = i;
+                    while start > 0 && bytes[start - 1].is_ascii_alphabetic() {
+                        start -= 1;
+                    }
+                    let prefix = code[start..i].to_ascii_lowercase();
+                    let triple = bytes[i..].starts_with(&[quote; 3]);
+                    let delimiter = if triple { 3 } else { 1 };
+                    let mut j = i + delimiter;
+                    while j < bytes.len() && !bytes[j..].starts_with(&vec![quote; delimiter]) {
+                        j += if bytes[j] == b'\\' { 2 } else { 1 };
+                    }
+                    let end = (j + delimiter).min(bytes.len());
+                    if !prefix.contains('b') {
+                        found.push(Literal {
+                            text: code[i + delimiter..j.min(bytes.len())].to_owned(),
+                            start,
+                            end,
+                        });
+                    }
+                    i = end;
+                }
+                _ => i += 1,
+            }
+        }
+        found
+    }
+
+    /// The names `receiver` is read at: `receiver["name"]` and
+    /// `receiver.get("name"`.
+    fn keys_read(code: &str, receiver: &str) -> BTreeSet<String> {
+        let mut keys = BTreeSet::new();
+        for opening in [format!("{receiver}[\""), format!("{receiver}.get(\"")] {
+            for (at, _) in code.match_indices(&opening) {
+                if code[..at].chars().next_back().is_some_and(is_ident) {
+                    continue;
+                }
+                let rest = &code[at + opening.len()..];
+                keys.insert(rest.chars().take_while(|c| is_ident(*c)).collect());
+            }
+        }
+        keys
+    }
+
+    /// The keys of the dict literals in `code`: `{"name": ` and `, "name": `.
+    fn dict_keys(code: &str) -> BTreeSet<String> {
+        python_strings(code)
+            .into_iter()
+            .filter(|literal| {
+                let before = code[..literal.start].trim_end();
+                code[literal.end..].starts_with(':')
+                    && (before.ends_with('{') || before.ends_with(','))
+            })
+            .map(|literal| literal.text)
+            .collect()
+    }
+
+    fn a_run_order() -> RunOrder {
+        RunOrder {
+            op: OrderOp::Run,
+            code: String::new(),
+            language: Language::Python,
+            env: BTreeMap::new(),
+            cwd: None,
+            files: BTreeMap::new(),
+            collect: Vec::new(),
+            max_file_bytes: 0,
+            max_collect_bytes: 0,
+            keep: false,
+            join: 0,
+        }
+    }
+
+    #[test]
+    fn the_program_is_the_prelude_then_every_part_in_order() {
+        let program = program();
+        assert!(program.starts_with(&wire::python_prelude()));
+        assert!(program.contains("\nWORKSPACE = \"/workspace\"\n"));
+        let parts = [
+            include_str!("zygote/framing.py"),
+            include_str!("zygote/isolation.py"),
+            include_str!("zygote/cgroups.py"),
+            include_str!("zygote/files.py"),
+            include_str!("zygote/snapshots.py"),
+            include_str!("zygote/running.py"),
+            include_str!("zygote/child.py"),
+            include_str!("zygote/main.py"),
+        ];
+        let mut from = 0;
+        for part in parts {
+            // Each says what it owns before anything else.
+            assert!(part.starts_with("# "), "{}", &part[..40]);
+            let at = program[from..].find(part).expect("every part, in order");
+            from += at + part.len();
+        }
+        assert!(program.ends_with("if __name__ == \"__main__\":\n    main()\n"));
+    }
+
+    #[test]
+    fn python_strings_are_found_outside_comments_and_bytes() {
+        let code = "a = \"x\"  # \"y\"\nb = b\"z\" + 'w' + \"\"\"t\"q\"\"\" + f\"{a}\\\"\"";
+        let found: Vec<String> = python_strings(code).into_iter().map(|l| l.text).collect();
+        assert_eq!(found, ["x", "w", "t\"q", "{a}\\\""]);
+        assert_eq!(
+            keys_read("request.get(\"op\", 1) + xrequest[\"no\"]", "request").len(),
+            1
+        );
+        assert_eq!(
+            dict_keys("{\"a\": 1, \"b\": f(\"c\"), 'd':\"e\"}"),
+            BTreeSet::from(["a".to_owned(), "b".to_owned(), "d".to_owned()])
+        );
+    }
+
+    #[test]
+    fn the_program_compiles_as_python() {
+        let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
+            .into_iter()
+            .find(|path| std::path::Path::new(path).exists());
+        let Some(python) = python else {
+            eprintln!("!!! NOT TESTED: no python3 to compile the zygote with");
+            return;
+        };
+        let mut child = Command::new(python)
+            .args(["-I", "-S", "-c"])
+            .arg("import sys; compile(sys.stdin.read(), '<zygote>', 'exec')")
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(program().as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    #[test]
+    fn the_parts_take_the_wires_names_from_the_prelude() {
+        let mut names: Vec<String> = OrderOp::ALL
+            .iter()
+            .map(|op| serde_json::to_value(op).unwrap())
+            .chain(LANGUAGES.iter().map(|l| serde_json::to_value(l).unwrap()))
+            .map(|name| name.as_str().unwrap().to_owned())
+            .collect();
+        names.push("cgroup".into());
+        names.push("reload_tools".into());
+        for literal in python_strings(PARTS) {
+            // A program's name in an argv (["bash", ...]) is not the wire's,
+            // nor is a dict's key (a message's field, checked below).
+            let argv0 = PARTS[..literal.start].trim_end().ends_with('[');
+            let is_key = PARTS[literal.end..].starts_with(':');
+            assert!(
+                !names.contains(&literal.text) || argv0 || is_key,
+                "a part spells the wire's {:?} itself, before: {}",
+                literal.text,
+                PARTS[..literal.start].lines().last().unwrap_or_default()
+            );
+        }
+    }
+
+    #[test]
+    fn the_parts_read_and_write_only_fields_the_wire_has() {
+        let orders: BTreeSet<String> = fields(&a_run_order())
+            .into_iter()
+            .chain(fields(&PrepareOrder::new(false)))
+            .collect();
+        let read = keys_read(PARTS, "request");
+        assert!(!read.is_empty());
+        assert!(read.is_subset(&orders), "{read:?} not all in {orders:?}");
+
+        let settings = fields(&crate::exec::wire::Settings {
+            run_filter: String::new(),
+            tmp_bytes: 0,
+            workspace_bytes: 0,
+            proc_masked: &[],
+            proc_read_only: &[],
+            run_env: BTreeMap::new(),
+            tools_path: None,
+        });
+        let read = keys_read(PARTS, "SETTINGS");
+        assert!(
+            read.is_subset(&settings),
+            "{read:?} not all in {settings:?}"
+        );
+        assert_eq!(read, settings, "every setting is read");
+
+        let end = RunEnd {
+            exit_code: 0,
+            error: None,
+            files: BTreeMap::new(),
+            uncollected: Vec::new(),
+            workspace_bytes: None,
+            snapshot_bytes: None,
+            left_out: Vec::new(),
+        };
+        let ends = fields(&end);
+        let ready = fields(&ReadyMessage {
+            ready: 0,
+            cgroup: 0,
+        });
+        let written = keys_read(PARTS, "end");
+        assert!(written.is_subset(&ends), "{written:?} not all in {ends:?}");
+        let scope = BTreeSet::from(["__name__".to_owned(), "__builtins__".to_owned()]);
+        let keys = dict_keys(PARTS);
+        assert!(keys.contains("exit_code") && keys.contains("ready"));
+        for key in keys {
+            assert!(
+                ends.contains(&key) || ready.contains(&key) || scope.contains(&key),
+                "a part writes {key:?}, which no message of the wire has"
+            );
+        }
+    }
 }

@@ -1,0 +1,161 @@
+# Running code: one order's code as Python in the run's own scope, or as
+# bash (a shell started ahead, or one spawned for it), with the request's
+# environment, directory and files; and the rehearsal that touches a
+# run's pages before any request comes.
+
+import fcntl
+import os
+import signal
+import sys
+import traceback
+
+
+REHEARSAL = "total = sum(range(100))\nprint(total)\n"
+
+
+def run_order(request, scope, connection, shell):
+    """Runs one order with its output on stdout and stderr (the pipes);
+    returns its end frame. The run's own kernel connection, if it came, is
+    in AGENTOS_SOCKET_FD while it runs."""
+    env = request.get("env") or {}
+    if env != SETTINGS["run_env"]:
+        os.environ.clear()
+        os.environ.update(env)
+    if connection is not None:
+        os.set_inheritable(connection, True)
+        os.environ["AGENTOS_SOCKET_FD"] = str(connection)
+    cwd = request.get("cwd") or WORKSPACE
+    exit_code, error = 0, None
+    try:
+        write_files(request.get("files") or {})
+    except (OSError, ValueError) as err:
+        exit_code, error = 1, f"cannot write the request's files: {err}"
+    try:
+        if error is None and cwd != WORKSPACE:
+            os.chdir(cwd)
+    except OSError as err:
+        exit_code, error = 1, f"cannot enter {cwd}: {err.strerror}"
+    if error is None:
+        if request.get("language") == LANGUAGE_BASH:
+            ran = shell.run(request["code"], env, cwd) if shell else None
+            exit_code, error = ran or run_bash(request["code"], dict(os.environ))
+        else:
+            exit_code, error = run_python(request["code"], scope)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass
+    files, problems = collect_files(
+        request.get("collect") or [],
+        request.get("max_file_bytes") or 0,
+        request.get("max_collect_bytes") or 0,
+    )
+    if connection is not None:
+        os.environ.pop("AGENTOS_SOCKET_FD", None)
+    return {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems}
+
+
+def run_python(code, scope):
+    """Runs code as __main__ in ``scope``; returns (exit code, error
+    sentence)."""
+    try:
+        exec(compile(code, "<exec>", "exec"), scope)
+        return 0, None
+    except SystemExit as stop:
+        if stop.code is None:
+            return 0, None
+        if isinstance(stop.code, int):
+            return stop.code, None
+        print(stop.code, file=sys.stderr)
+        return 1, None
+    except BaseException as err:  # the run's own failure, reported as such
+        # From the run's own code on: this file's frame is not the run's.
+        traceback.print_exception(type(err), err, err.__traceback__.tb_next)
+        return 1, f"{type(err).__name__}: {err}"
+
+
+def run_bash(code, env):
+    # posix_spawn shares the address space until exec (no copy of this
+    # interpreter's page tables, which a fork makes).
+    pid = os.posix_spawn("/bin/bash", ["bash", "-c", code], env)
+    return bash_status(pid)
+
+
+def bash_status(pid):
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status), None
+    return os.WEXITSTATUS(status), None
+
+
+# The pre-started shell reads its script to the end from descriptor 3 and
+# runs it as if given with -c; its kernel connection is descriptor 4.
+SHELL_BOOTSTRAP = ". /proc/self/fd/3"
+
+
+class Shell:
+    """A bash started while the run waited, blocked reading its script: a
+    bash run then costs no process start. It holds the run's output pipes
+    and its first kernel connection, as a shell started for the run would."""
+
+    def __init__(self, connection):
+        read, self.script = os.pipe()
+        # The shell finds its script at 3 and its connection at 4: both are
+        # moved clear of those numbers first, so neither lands on the other.
+        script_in = fcntl.fcntl(read, fcntl.F_DUPFD_CLOEXEC, 10)
+        kernel = fcntl.fcntl(connection, fcntl.F_DUPFD_CLOEXEC, 10)
+        os.close(read)
+        env = dict(SETTINGS["run_env"], AGENTOS_SOCKET_FD="4")
+        actions = [(os.POSIX_SPAWN_DUP2, script_in, 3), (os.POSIX_SPAWN_DUP2, kernel, 4)]
+        try:
+            self.pid = os.posix_spawn(
+                "/bin/bash", ["bash", "--norc", "--noprofile", "-c", SHELL_BOOTSTRAP], env,
+                file_actions=actions,
+            )
+        finally:
+            os.close(script_in)
+            os.close(kernel)
+
+    def run(self, code, env, cwd):
+        """Gives it the script: the request's environment and directory,
+        then the code; returns how it ended. None (and it is stopped) if
+        the environment cannot be said in bash."""
+        lines = []
+        for name, value in env.items():
+            if not name.isidentifier() or not name.isascii():
+                self.stop()
+                return None
+            lines.append(f"export {name}={quote(value)}")
+        lines.append(f"cd -- {quote(cwd)} || exit 1")
+        script = memoryview(("\n".join(lines) + "\n" + code + "\n").encode())
+        try:
+            while script:
+                script = script[os.write(self.script, script):]
+        except OSError:
+            pass  # it died: its status says how
+        finally:
+            os.close(self.script)
+        return bash_status(self.pid)
+
+    def stop(self):
+        os.close(self.script)
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+
+
+def quote(value):
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def rehearse():
+    """Touches the pages a run uses, so the first real one does not fault
+    them in on the request path."""
+    scope = {"__name__": "__rehearsal__"}
+    with open(os.devnull, "w") as sink:
+        saved = sys.stdout
+        sys.stdout = sink
+        try:
+            exec(compile(REHEARSAL, "<rehearsal>", "exec"), scope)
+        finally:
+            sys.stdout = saved
