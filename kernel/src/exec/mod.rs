@@ -1,21 +1,21 @@
 //! EXEC: agent-written code run in pooled, isolated sandboxes. Only what a
 //! run prints comes back, each stream capped in fixed memory ([`output`]).
 //!
-//! An exec host ([`exec_host`], started and replaced by `hosts`) is a
+//! An exec host (`exec_host`, started and replaced by `hosts`) is a
 //! sandbox of the runtime (the exec-host shape) whose workload is a Python
 //! zygote ([`zygote`]): it keeps run children forked from its warm image,
 //! each already isolated and waiting for code, and hands them to the kernel
 //! over the channel its claim brought ([`wire`]). A request waits
-//! ([`waiting`]) until `dispatch` gives it the oldest ready child
-//! ([`child`]), which is sent the order and answers once it has said how it
-//! ended and its output pipes have closed ([`order`]); a child serves one
+//! (`waiting`) until `dispatch` gives it the oldest ready child
+//! (`child`), which is sent the order and answers once it has said how it
+//! ended and its output pipes have closed (`order`); a child serves one
 //! run and is gone, and the host prepares another. A timeout kills the
 //! run's whole PID namespace through the pidfd the child sent first. Each
-//! run has a cgroup of its own ([`run_cgroup`]), made ahead of need off the
+//! run has a cgroup of its own (`run_cgroup`), made ahead of need off the
 //! reactor (`cgroups`), with limits within its caller's ([`limits`]); an
 //! agent's runs have theirs inside the agent's own cgroup, so what they use
 //! adds up against the agent's limits. Sessions keep their child, and their
-//! snapshots ([`snapshots`]), from run to run (`sessions`).
+//! snapshots (`snapshots`), from run to run (`sessions`).
 //!
 //! EXEC is shared fairly between owners ([`queues`]): each agent tree and
 //! each operator has a queue of its own, served in turn, with a cap on the
@@ -25,26 +25,25 @@
 //!
 //! This file holds [`Exec`] and the requests it takes; the files that add
 //! to it (`admission`, `dispatch`, `hosts`, `sessions`, `ending`) build on
-//! the others,
-//! which never name it. Everything here runs on the reactor thread and
-//! never blocks.
+//! the others, which never name it. Everything here runs on the reactor
+//! thread and never blocks.
 
 mod admission;
 mod cgroups;
-pub mod child;
+mod child;
 mod dispatch;
 mod ending;
-pub mod exec_host;
+mod exec_host;
 pub mod files;
 mod hosts;
 pub mod limits;
-pub mod order;
+mod order;
 pub mod output;
 pub mod queues;
-pub mod run_cgroup;
+mod run_cgroup;
 mod sessions;
-pub mod snapshots;
-pub mod waiting;
+mod snapshots;
+mod waiting;
 pub mod wire;
 pub mod zygote;
 
