@@ -54,7 +54,12 @@ struct Queue<A> {
 }
 
 impl<A> Queue<A> {
-    fn push(&mut self, connection: ConnectionSerial, address: A, job: Job) -> Result<(), QueueFull> {
+    fn push(
+        &mut self,
+        connection: ConnectionSerial,
+        address: A,
+        job: Job,
+    ) -> Result<(), QueueFull> {
         if self.queued >= self.capacity {
             return Err(QueueFull(job));
         }
@@ -82,7 +87,10 @@ impl<A> Queue<A> {
     }
 
     fn cancel(&mut self, connection: ConnectionSerial) -> usize {
-        let dropped = self.per_connection.remove(&connection).map_or(0, |jobs| jobs.len());
+        let dropped = self
+            .per_connection
+            .remove(&connection)
+            .map_or(0, |jobs| jobs.len());
         if dropped > 0 {
             self.turns.retain(|o| *o != connection);
             self.queued -= dropped;
@@ -153,7 +161,12 @@ impl<A: Send + 'static> WorkerPool<A> {
     }
 
     /// Queues a job for `connection`; its completion will carry `address`.
-    pub fn submit(&self, connection: ConnectionSerial, address: A, job: Job) -> Result<(), QueueFull> {
+    pub fn submit(
+        &self,
+        connection: ConnectionSerial,
+        address: A,
+        job: Job,
+    ) -> Result<(), QueueFull> {
         self.shared.lock().push(connection, address, job)?;
         self.shared.available.notify_one();
         Ok(())
