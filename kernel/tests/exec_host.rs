@@ -11,14 +11,14 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agentos_kernel::exec::host::{self, HostSetup};
 use agentos_kernel::exec::wire::{self, OrderOp, Ready, RunEnd, RunOrder};
 use agentos_kernel::sandbox::plan::{self, Shape};
 use agentos_kernel::sandbox::{LaunchRequest, Launched, Launcher};
-use common::{is_root, AGENTOSD};
+use common::{agentosd, is_root};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -48,7 +48,7 @@ impl Host {
         let log = dir.path().join("host.log");
         let log_file = fs::File::create(&log).unwrap();
         let spec = plan::sandbox(&profile, Shape::EXEC_HOST);
-        let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
+        let launcher = Launcher::new(agentosd()).unwrap();
         let launched = launcher
             .launch(LaunchRequest {
                 spec,

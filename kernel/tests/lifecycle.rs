@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use agentos_proto::Opcode;
 use common::{
-    assert_closed, assert_usable, is_root, recv_json, send, Daemon, StopOnDrop, WorldExecutable,
-    AGENTOS, AGENTOSD,
+    agentos, agentosd, assert_closed, assert_usable, is_root, recv_json, send, Daemon, StopOnDrop,
+    WorldExecutable,
 };
 
 #[test]
@@ -102,7 +102,7 @@ fn invalid_configuration_exits_with_status_2_naming_the_setting() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.toml");
     fs::write(&config, "max_request_bytes = 0\n").unwrap();
-    let output = Command::new(AGENTOSD)
+    let output = Command::new(agentosd())
         .arg("--socket")
         .arg(dir.path().join("s.sock"))
         .arg("--config")
@@ -125,7 +125,7 @@ fn users_outside_the_socket_group_are_refused_and_members_admitted() {
         return;
     }
     let daemon = Daemon::start();
-    let cli = WorldExecutable::copy_of(AGENTOS);
+    let cli = WorldExecutable::copy_of(agentos());
     // Open the path up so the kernel's own check is what decides.
     fs::set_permissions(daemon.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     fs::set_permissions(&daemon.socket, fs::Permissions::from_mode(0o666)).unwrap();
@@ -181,8 +181,8 @@ fn an_unprivileged_daemon_serves_from_its_private_runtime_directory() {
     }
     use std::os::unix::fs::MetadataExt;
     const NOBODY: u32 = 65534;
-    let daemon_bin = WorldExecutable::copy_of(AGENTOSD);
-    let cli = WorldExecutable::copy_of(AGENTOS);
+    let daemon_bin = WorldExecutable::copy_of(agentosd());
+    let cli = WorldExecutable::copy_of(agentos());
     // No socket named anywhere and no XDG_RUNTIME_DIR: the protocol's rule
     // gives /tmp/agentos-65534/agentos.sock, for the daemon and clients alike.
     let dir = std::path::PathBuf::from(format!("/tmp/agentos-{NOBODY}"));

@@ -8,13 +8,13 @@ mod common;
 use std::fs;
 use std::io::Read;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agentos_kernel::process;
 use agentos_kernel::sandbox::plan::{self, Shape, Workload};
 use agentos_kernel::sandbox::{LaunchRequest, Launcher, Status};
-use common::{is_root, AGENTOSD};
+use common::{agentosd, is_root};
 
 struct Run {
     statuses: Vec<Status>,
@@ -44,7 +44,7 @@ fn run_shell(script: &str) -> Run {
         socket: Some(socket),
     };
     let spec = plan::sandbox(&common::sandbox_profile(dir.path()), Shape::DEFAULT);
-    let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
+    let launcher = Launcher::new(agentosd()).unwrap();
     let mut launched = launcher
         .launch(LaunchRequest {
             spec,
@@ -152,7 +152,7 @@ fn a_claims_channel_reaches_the_workload_alone() {
         socket: Some(socket),
     };
     let spec = plan::sandbox(&common::sandbox_profile(dir.path()), Shape::DEFAULT);
-    let launcher = Launcher::new(Path::new(AGENTOSD)).unwrap();
+    let launcher = Launcher::new(agentosd()).unwrap();
     let mut launched = launcher
         .launch(LaunchRequest {
             spec,

@@ -133,7 +133,7 @@ fn a_bad_boot_entry_is_a_start_up_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("agentosd.toml");
     std::fs::write(&file, boot_entry("ghost", "[\"/nonexistent/agent\"]", "")).unwrap();
-    let checked = std::process::Command::new(common::AGENTOSD)
+    let checked = std::process::Command::new(common::agentosd())
         .arg("--config")
         .arg(&file)
         .arg("--check-config")
@@ -517,7 +517,7 @@ fn with_no_flags_root_serves_the_system_socket_to_group_agentos() {
     let log = dir.path().join("agentosd.log");
     // No flags: only the environment keeps it off this machine's real
     // config, state and logs.
-    let child = std::process::Command::new(common::AGENTOSD)
+    let child = std::process::Command::new(common::agentosd())
         .env_remove("AGENTOS_SOCKET")
         .env("AGENTOS_CONFIG", &config)
         .env("AGENTOS_STATE_DIR", dir.path().join("state"))

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{act, call_json, shared_dir, Daemon, AGENTOS};
+use common::{act, agentos, call_json, shared_dir, Daemon};
 use serde_json::{json, Value};
 
 const EXEC: u8 = 0x02;
@@ -261,7 +261,7 @@ print("tools.everything.get_sum(a=..., b=...)" in open("/tools/everything/SKILL.
 
     // The CLI, on the same kernel.
     let cli = |args: &[&str]| {
-        let out = std::process::Command::new(AGENTOS)
+        let out = std::process::Command::new(agentos())
             .arg("--socket")
             .arg(&daemon.socket)
             .args(args)

@@ -6,14 +6,42 @@
 use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use agentos_proto::{encode_frame, Client, Header, Opcode, HEADER_LEN};
 
-pub const AGENTOSD: &str = env!("CARGO_BIN_EXE_agentosd");
-pub const AGENTOS: &str = env!("CARGO_BIN_EXE_agentos");
+/// The daemon under test, `target/<profile>/agentosd`.
+pub fn agentosd() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| built("agentosd"))
+}
+
+/// The command-line client, `target/<profile>/agentos` (crate
+/// `agentos-cli`, which `cargo build --workspace` builds).
+pub fn agentos() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| built("agentos"))
+}
+
+/// A binary of the workspace, from the directory cargo builds binaries
+/// into: the parent of this test executable's `deps/`.
+fn built(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|profile| profile.join(name))
+        .unwrap_or_else(|| panic!("no target directory above {}", exe.display()));
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace first (cargo build --workspace)",
+        path.display()
+    );
+    path
+}
 
 /// A running daemon, killed on drop if still alive.
 pub struct Daemon {
@@ -234,7 +262,7 @@ fn launch_with(
     let config_path = dir.join(format!("agentosd-{}.toml", unique()));
     fs::write(&config_path, with_llm_off_by_default(config)).unwrap();
     let log = dir.join(format!("agentosd-{}.log", unique()));
-    let mut command = Command::new(AGENTOSD);
+    let mut command = Command::new(agentosd());
     if let Some(limit) = nofile {
         // SAFETY: setrlimit is async-signal-safe; nothing else runs
         // between fork and exec here.
@@ -454,16 +482,14 @@ pub struct WorldExecutable {
 }
 
 impl WorldExecutable {
-    pub fn copy_of(binary: &str) -> WorldExecutable {
+    pub fn copy_of(binary: &Path) -> WorldExecutable {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::Builder::new()
             .prefix("agentos-bin-")
             .tempdir()
             .unwrap();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-        let path = dir
-            .path()
-            .join(std::path::Path::new(binary).file_name().unwrap());
+        let path = dir.path().join(binary.file_name().unwrap());
         fs::copy(binary, &path).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
         WorldExecutable { _dir: dir, path }
@@ -486,7 +512,7 @@ pub struct UnprivilegedDaemon {
 impl UnprivilegedDaemon {
     pub fn start() -> UnprivilegedDaemon {
         use std::os::unix::process::CommandExt;
-        let binary = WorldExecutable::copy_of(AGENTOSD);
+        let binary = WorldExecutable::copy_of(agentosd());
         let dir = shared_dir();
         let socket = dir.path().join("k.sock");
         nix::unistd::chown(
