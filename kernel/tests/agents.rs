@@ -4,12 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{
+use agentos_test_support as support;
+use agentos_test_support::{
     agent_info, agent_log, request, shared_dir, wait_for_state, write_script, Daemon, PY_KERNEL,
 };
 use serde_json::json;
@@ -139,14 +138,14 @@ fn start_failures_are_the_spawn_reply() {
             .all(|a| a["state"] == "failed"),
         "{list}"
     );
-    if common::is_root() {
+    if support::is_root() {
         let instance = format!("/sys/fs/cgroup/memory/agentos/agentosd-{}", daemon.pid());
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let agents: Vec<_> = std::fs::read_dir(&instance)
                 .map(|d| {
                     d.flatten()
-                        .filter(|e| e.path().is_dir() && common::is_agent_cgroup(e))
+                        .filter(|e| e.path().is_dir() && support::is_agent_cgroup(e))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -551,7 +550,7 @@ fn sigterm_stops_every_agent_and_removes_their_sockets() {
 #[test]
 fn agents_of_the_system_socket_reach_their_own() {
     let system = std::path::Path::new("/run/agentos/agentos.sock");
-    if !common::is_root() {
+    if !support::is_root() {
         eprintln!("!!! NOT TESTED: serving the system socket needs root");
         return;
     }

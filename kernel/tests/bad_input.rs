@@ -3,14 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use agentos_proto::{encode_frame, Header, Opcode, MAGIC};
-use common::{
+use agentos_test_support as support;
+use agentos_test_support::{
     assert_closed, assert_usable, call_json, raise_fd_limit, recv, recv_json, send, Daemon,
 };
 
@@ -239,7 +238,7 @@ fn unknown_opcode_is_refused_and_the_connection_stays_usable() {
 fn a_thousand_concurrent_connections_are_all_served() {
     raise_fd_limit();
     let daemon = Daemon::start();
-    let fds_before = common::settled_fd_count(&daemon);
+    let fds_before = support::settled_fd_count(&daemon);
     let mut streams: Vec<UnixStream> = (0..1000).map(|_| daemon.raw()).collect();
     for (i, stream) in streams.iter_mut().enumerate() {
         send(stream, Opcode::NOOP, format!("conn-{i}").as_bytes());
@@ -271,7 +270,7 @@ fn a_thousand_concurrent_connections_are_all_served() {
 fn memory_returns_near_idle_after_a_thousand_connections_come_and_go() {
     raise_fd_limit();
     let daemon = Daemon::start();
-    let fds_idle = common::settled_fd_count(&daemon);
+    let fds_idle = support::settled_fd_count(&daemon);
     let idle = daemon.rss_kib();
     let mut streams: Vec<UnixStream> = (0..1000).map(|_| daemon.raw()).collect();
     for (i, stream) in streams.iter_mut().enumerate() {
@@ -466,7 +465,7 @@ fn a_half_closed_client_gets_every_reply_then_the_close() {
 #[test]
 fn a_client_that_dies_mid_frame_is_forgotten() {
     let daemon = Daemon::start();
-    let fds_before = common::settled_fd_count(&daemon);
+    let fds_before = support::settled_fd_count(&daemon);
     // A large send buffer lets the whole partial frame leave at once, so the
     // kernel sees data and the hang-up in one go.
     let socket = daemon.socket.clone();

@@ -6,17 +6,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentos_bench::llm_stub::{Reply, Stub};
 use agentos_proto::Opcode;
-use common::{
+use agentos_test_support as support;
+use agentos_test_support::llm_stub::{Reply, Stub};
+use agentos_test_support::require_root;
+use agentos_test_support::{
     act, act_in, agent_info, agent_log, listed_names, request, shared_dir, wait_for_state,
     write_script, Daemon, UnprivilegedDaemon, PY_KERNEL,
 };
@@ -454,7 +454,7 @@ fn hoard(daemon: &Daemon, client: &mut agentos_proto::Client, script: &Path, nam
 
 #[test]
 fn agents_cannot_take_the_operators_connections() {
-    common::raise_fd_limit();
+    support::raise_fd_limit();
     let daemon = Daemon::start_with("max_connections = 160\n");
     let dir = shared_dir();
     let hoarder = write_script(dir.path(), "hoarder.py", HOARDER);
@@ -465,8 +465,8 @@ fn agents_cannot_take_the_operators_connections() {
     let mut operators = Vec::new();
     for _ in 0..10 {
         let mut operator = daemon.raw();
-        common::send(&mut operator, Opcode::NOOP, b"me too");
-        let (header, payload) = common::recv(&mut operator);
+        support::send(&mut operator, Opcode::NOOP, b"me too");
+        let (header, payload) = support::recv(&mut operator);
         if header.opcode == Opcode::NOOP && payload == b"me too" {
             served += 1;
         }
@@ -489,7 +489,7 @@ fn agents_cannot_take_the_operators_connections() {
 /// Connects to the main socket at `argv[1]`, says HELLO and tries a SPAWN
 /// outside any sandbox; prints what happened.
 const IMPOSTOR: &str = concat!(
-    crate::py_frames!(),
+    agentos_test_support::py_frames!(),
     r#"
 s = socket.socket(socket.AF_UNIX)
 try:
@@ -636,7 +636,7 @@ fn an_agent_started_as_the_kernel_stops_still_gets_a_graceful_stop() {
         let mut raw = daemon.raw();
         for i in 0..4 {
             let body = json!({"name": format!("late{i}"), "command": ["/bin/sleep", "60"]});
-            common::send(&mut raw, Opcode::SPAWN, body.to_string().as_bytes());
+            support::send(&mut raw, Opcode::SPAWN, body.to_string().as_bytes());
         }
         std::thread::sleep(Duration::from_millis(2));
         let stopping = Instant::now();
@@ -646,7 +646,7 @@ fn an_agent_started_as_the_kernel_stops_still_gets_a_graceful_stop() {
         eprintln!("attempt {attempt}: the kernel stopped in {took:?} (agents' grace {GRACE:?})");
         assert!(status.success());
         let started = (0..4)
-            .map_while(|_| common::try_recv_json(&mut raw))
+            .map_while(|_| support::try_recv_json(&mut raw))
             .filter(|reply| reply["success"] == true)
             .count();
         eprintln!("{started} of 4 agents started during the shutdown");

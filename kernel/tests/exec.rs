@@ -4,13 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::fs;
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{call_json, none_left, processes_with, Daemon};
+use agentos_test_support as support;
+use agentos_test_support::require_root;
+use agentos_test_support::{call_json, none_left, processes_with, Daemon};
 use serde_json::{json, Value};
 
 fn exec(stream: &mut std::os::unix::net::UnixStream, request: Value) -> Value {
@@ -271,7 +271,7 @@ fn a_killed_kernel_leaves_no_exec_host_or_run_behind() {
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
     // A run still going when the kernel dies.
-    common::send(
+    support::send(
         &mut stream,
         Opcode::EXEC,
         json!({"code": "import subprocess, time\nsubprocess.Popen(['sleep', '331'])\ntime.sleep(60)"})
@@ -320,11 +320,11 @@ fn a_hundred_concurrent_runs_are_all_answered_while_noops_stay_fast() {
                     // Ten EXECs pipelined on the connection, answered in order.
                     for run in 0..10 {
                         let code = json!({"code": format!("print({connection} * 100 + {run})")});
-                        common::send(&mut stream, Opcode::EXEC, code.to_string().as_bytes());
+                        support::send(&mut stream, Opcode::EXEC, code.to_string().as_bytes());
                     }
                     (0..10)
                         .filter(|run| {
-                            let (_, reply) = common::recv_json(&mut stream);
+                            let (_, reply) = support::recv_json(&mut stream);
                             reply["stdout"] == format!("{}\n", connection * 100 + run)
                         })
                         .count()
@@ -336,8 +336,8 @@ fn a_hundred_concurrent_runs_are_all_answered_while_noops_stay_fast() {
             let mut latencies = Vec::new();
             while !noops_done.load(std::sync::atomic::Ordering::Relaxed) {
                 let started = Instant::now();
-                common::send(&mut stream, Opcode::NOOP, b"ping");
-                common::recv(&mut stream);
+                support::send(&mut stream, Opcode::NOOP, b"ping");
+                support::recv(&mut stream);
                 latencies.push(started.elapsed());
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -529,7 +529,7 @@ fn descriptors_a_run_sends_the_kernel_are_closed_not_kept() {
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
     exec(&mut stream, json!({"code": "print(1)"}));
-    let fds_before = common::settled_fd_count(&daemon);
+    let fds_before = support::settled_fd_count(&daemon);
     let code = format!(
         "{FIND_SOCKET}s = socket.socket(fileno=os.dup(sock_fd))\n\
          fds = [os.open('/dev/null', os.O_RDONLY) for _ in range(4)]\n\
@@ -543,7 +543,7 @@ fn descriptors_a_run_sends_the_kernel_are_closed_not_kept() {
         );
     }
     exec(&mut stream, json!({"op": "close", "session": "s"}));
-    let fds_after = common::settled_fd_count(&daemon);
+    let fds_after = support::settled_fd_count(&daemon);
     assert!(
         fds_after <= fds_before + 8,
         "the kernel holds {fds_after} descriptors, {fds_before} before"
@@ -561,7 +561,7 @@ fn agents_need_permission_and_their_sessions_are_their_own() {
         &mut stream,
         json!({"code": "secret = 'operator'", "session": "shared-name"}),
     );
-    let (_, denied) = common::act(
+    let (_, denied) = support::act(
         &daemon,
         "no-exec",
         json!({"permissions": {"exec": false}}),
@@ -571,7 +571,7 @@ fn agents_need_permission_and_their_sessions_are_their_own() {
         denied[0]["reply"]["code"], "permission_denied",
         "{denied:?}"
     );
-    let (_, allowed) = common::act(
+    let (_, allowed) = support::act(
         &daemon,
         "with-exec",
         json!({}),
@@ -601,7 +601,7 @@ fn an_agents_runs_never_get_more_than_the_agent() {
     require_root!("EXEC (its isolation needs namespaces and cgroups)");
     let daemon = Daemon::start();
     let exec_op = Opcode::EXEC.0;
-    let (_, replies) = common::act(
+    let (_, replies) = support::act(
         &daemon,
         "bounded",
         json!({"limits": {"memory": 100u64 << 20}}),
@@ -646,7 +646,7 @@ fn a_runs_own_kernel_connection_is_a_run_of_its_caller_never_the_caller() {
     );
     assert_ne!(seen["agent_id"], me["agent_id"], "{seen}");
     assert!(seen["agent_id"].as_u64().unwrap() >= 1_000_000, "{seen}");
-    let (id, replies) = common::act(
+    let (id, replies) = support::act(
         &daemon,
         "runner",
         json!({}),
@@ -693,7 +693,7 @@ fn a_crashed_exec_host_is_replaced_and_its_runs_are_answered() {
         "1\n"
     );
     // A run in flight when its host dies.
-    common::send(
+    support::send(
         &mut stream,
         Opcode::EXEC,
         json!({"code": "import time\nprint('working', flush=True)\ntime.sleep(30)"})
@@ -710,7 +710,7 @@ fn a_crashed_exec_host_is_replaced_and_its_runs_are_answered() {
     unsafe {
         libc::kill(zygote, libc::SIGKILL);
     }
-    let (_, in_flight) = common::recv_json(&mut stream);
+    let (_, in_flight) = support::recv_json(&mut stream);
     assert_eq!(in_flight["success"], false, "{in_flight}");
     assert_eq!(in_flight["stdout"], "working\n", "{in_flight}");
     // Another host comes up, and runs work again.
@@ -1166,9 +1166,9 @@ fn sessions_waiting_to_open_count_against_the_cap() {
     exec(&mut stream, json!({"code": "1"}));
     for i in 0..6 {
         let request = json!({"code": "import time; time.sleep(0.2)", "session": format!("p{i}")});
-        common::send(&mut stream, Opcode::EXEC, request.to_string().as_bytes());
+        support::send(&mut stream, Opcode::EXEC, request.to_string().as_bytes());
     }
-    let replies: Vec<Value> = (0..6).map(|_| common::recv_json(&mut stream).1).collect();
+    let replies: Vec<Value> = (0..6).map(|_| support::recv_json(&mut stream).1).collect();
     let opened = replies.iter().filter(|r| r["success"] == true).count();
     let refused = replies
         .iter()
@@ -1206,12 +1206,12 @@ fn runs_for_a_session_about_to_open_are_not_refused() {
     // A sessionless run holds the one prepared child; the session's runs
     // wait, the first of them to open it.
     let busy = json!({"code": "import time; time.sleep(0.3)"});
-    common::send(&mut stream, Opcode::EXEC, busy.to_string().as_bytes());
+    support::send(&mut stream, Opcode::EXEC, busy.to_string().as_bytes());
     for code in ["x = 1", "print(x)"] {
         let request = json!({"code": code, "session": "only"});
-        common::send(&mut stream, Opcode::EXEC, request.to_string().as_bytes());
+        support::send(&mut stream, Opcode::EXEC, request.to_string().as_bytes());
     }
-    let replies: Vec<Value> = (0..3).map(|_| common::recv_json(&mut stream).1).collect();
+    let replies: Vec<Value> = (0..3).map(|_| support::recv_json(&mut stream).1).collect();
     assert!(replies.iter().all(|r| r["success"] == true), "{replies:?}");
     assert_eq!(replies[2]["stdout"], "1\n", "{replies:?}");
 }

@@ -18,7 +18,7 @@ use agentos_kernel::exec::host::{self, HostSetup};
 use agentos_kernel::exec::wire::{self, OrderOp, Ready, RunEnd, RunOrder};
 use agentos_kernel::sandbox::plan::{self, Shape};
 use agentos_kernel::sandbox::{LaunchRequest, Launched, Launcher};
-use common::{agentosd, is_root};
+use agentos_test_support::{agentosd, is_root};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
 const PYTHON: &str = "/usr/bin/python3";

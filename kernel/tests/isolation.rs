@@ -6,15 +6,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{
+use agentos_test_support as support;
+use agentos_test_support::require_root;
+use agentos_test_support::{
     agent_info, agent_log, request, shared_dir, wait_for_state, write_script, Daemon,
     UnprivilegedDaemon,
 };
@@ -345,7 +345,7 @@ fn nothing_of_an_agent_remains_after_it_ends() {
         let left: Vec<_> = fs::read_dir(&instance)
             .unwrap()
             .flatten()
-            .filter(|e| e.path().is_dir() && common::is_agent_cgroup(e))
+            .filter(|e| e.path().is_dir() && support::is_agent_cgroup(e))
             .map(|e| e.file_name())
             .collect();
         if left.is_empty() {
@@ -467,7 +467,7 @@ fn two_hundred_spawns_in_a_burst_leak_nothing() {
     let daemon = Daemon::start();
     let mut client = daemon.client();
     client.noop(b"warm").unwrap();
-    let fds_before = common::settled_fd_count(&daemon);
+    let fds_before = support::settled_fd_count(&daemon);
     // Pipelined: all 200 requests go out before the first reply is read.
     for i in 0..200 {
         let body = json!({"name": format!("burst{i}"), "command": ["/bin/true"]});
@@ -491,7 +491,7 @@ fn two_hundred_spawns_in_a_burst_leak_nothing() {
         let left = fs::read_dir(&instance)
             .unwrap()
             .flatten()
-            .filter(|e| e.path().is_dir() && common::is_agent_cgroup(e))
+            .filter(|e| e.path().is_dir() && support::is_agent_cgroup(e))
             .count();
         let fds = daemon.fd_count();
         if left == 0 && fds <= fds_before {
@@ -772,7 +772,7 @@ fn an_exec_runs_mounts_name_no_host_path_it_was_not_given() {
     require_root!("EXEC (its isolation needs namespaces)");
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
-    let reply = common::call_json(
+    let reply = support::call_json(
         &mut stream,
         Opcode::EXEC,
         json!({"code": PRINT_TABLES}).to_string().as_bytes(),

@@ -3,8 +3,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -12,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use agentos_proto::Opcode;
-use common::{
+use agentos_test_support::{
     agentos, agentosd, assert_closed, assert_usable, is_root, recv_json, send, Daemon, StopOnDrop,
     WorldExecutable,
 };

@@ -4,14 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use agentos_bench::llm_stub::{Recorded, Reply, Stub};
 use agentos_proto::{encode_frame, Opcode};
-use common::{recv, request, Daemon};
+use agentos_test_support::llm_stub::{Recorded, Reply, Stub};
+use agentos_test_support::{recv, request, Daemon};
 use serde_json::json;
 
 const KEY: &str = "sk-test-0123456789abcdef";

@@ -4,12 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{act, request, shared_dir, wait_for_state, Daemon};
+use agentos_test_support as support;
+use agentos_test_support::{act, request, shared_dir, wait_for_state, Daemon};
 use serde_json::{json, Value};
 
 const LOGS: u8 = 0x16;
@@ -228,7 +227,7 @@ fn an_agent_reads_its_own_log_and_its_childs_but_no_one_elses() {
 
 #[test]
 fn one_caller_has_at_most_sixteen_follows_waiting() {
-    use common::{recv_json, send};
+    use agentos_test_support::{recv_json, send};
     let daemon = Daemon::start();
     let id = spawn_sh(&daemon, "silent", "sleep 1000");
     let mut raw = daemon.raw();
@@ -286,7 +285,7 @@ fn a_new_kernels_agent_never_reads_an_earlier_kernels_log() {
 /// allowance, however many connections it opens (its children's follows
 /// count in it too: they are keyed by the family's eldest).
 const FAMILY_FOLLOWS: &str = concat!(
-    crate::py_frames!(),
+    agentos_test_support::py_frames!(),
     r#"
 def connect():
     s = socket.socket(socket.AF_UNIX)
@@ -311,7 +310,7 @@ print("FIRST16 " + json.dumps(codes), flush=True)
 fn an_agent_has_one_follow_allowance_across_its_connections() {
     let daemon = Daemon::start();
     let dir = shared_dir();
-    let script = common::write_script(dir.path(), "family.py", FAMILY_FOLLOWS);
+    let script = support::write_script(dir.path(), "family.py", FAMILY_FOLLOWS);
     let reply = request(
         &mut daemon.client(),
         Opcode::SPAWN,

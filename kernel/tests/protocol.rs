@@ -4,12 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::Duration;
 
 use agentos_proto::{encode_frame, Opcode};
-use common::{assert_closed, assert_usable, call_json, recv, recv_json, send, Daemon};
+use agentos_test_support as support;
+use agentos_test_support::{
+    assert_closed, assert_usable, call_json, recv, recv_json, send, Daemon,
+};
 use std::io::Write;
 
 #[test]
@@ -52,12 +53,12 @@ fn hello_reports_protocol_identity_and_honest_features() {
     assert_eq!(features["think"], false);
     assert_eq!(reply["llm"]["provider"], "none");
     assert_eq!(reply["llm"]["ready"], false);
-    if common::is_root() {
+    if support::is_root() {
         assert_eq!(features["exec"], true);
     }
     assert_eq!(features["task"], true);
     assert_eq!(features["spawn"], true);
-    if common::is_root() {
+    if support::is_root() {
         assert!(
             matches!(features["cgroup"].as_str(), Some("v1" | "v2")),
             "{features}"

@@ -5,12 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::Daemon;
+use agentos_test_support::Daemon;
 use serde_json::Value;
 
 /// Runs `program args... SOCKET` and checks its four replies; says loudly

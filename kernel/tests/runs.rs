@@ -4,14 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::fs;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{act, agent_info, call_json, request, until, Daemon};
+use agentos_test_support as support;
+use agentos_test_support::require_root;
+use agentos_test_support::{act, agent_info, call_json, request, until, Daemon};
 use serde_json::{json, Value};
 
 fn exec(stream: &mut UnixStream, request: Value) -> Value {
@@ -322,7 +322,7 @@ fn an_agents_run_spawns_into_the_agents_tree_within_the_run_and_the_agent() {
 
 #[test]
 fn a_prompt_tasks_code_cannot_spawn_kill_or_reach_the_operators_tasks() {
-    use agentos_bench::llm_stub::{Reply, Stub};
+    use agentos_test_support::llm_stub::{Reply, Stub};
     require_root!("EXEC (its isolation needs namespaces)");
     let code = hostile(
         r#"{
@@ -339,7 +339,7 @@ fn a_prompt_tasks_code_cannot_spawn_kill_or_reach_the_operators_tasks() {
         };
         Reply::openai(&content, 10, 5)
     });
-    let daemon = common::with_llm_stub(&stub.url(), "");
+    let daemon = support::with_llm_stub(&stub.url(), "");
     let mut stream = daemon.raw();
     let targets = targets(&daemon, &mut stream);
     let dispatched = call_json(
@@ -365,16 +365,16 @@ fn a_prompt_tasks_code_cannot_spawn_kill_or_reach_the_operators_tasks() {
 
 /// Processes in the kernel's cgroups whose command line holds `marker`.
 fn processes_with(marker: &str, kernel: i32) -> usize {
-    common::processes_with(marker, Some(kernel))
+    support::processes_with(marker, Some(kernel))
 }
 
 #[test]
 fn an_agent_flooding_exec_leaves_the_operator_room_and_its_runs_end_with_it() {
     require_root!("EXEC (its isolation needs namespaces)");
     let daemon = Daemon::start();
-    let dir = common::shared_dir();
+    let dir = support::shared_dir();
     // Twelve connections, each with a long run that waits on a child.
-    let flood = common::write_script(
+    let flood = support::write_script(
         dir.path(),
         "flood.py",
         &format!(
@@ -390,7 +390,7 @@ fn an_agent_flooding_exec_leaves_the_operator_room_and_its_runs_end_with_it() {
              [t.start() for t in threads]\n\
              print('FLOODING', flush=True)\n\
              time.sleep(300)\n",
-            common::PY_KERNEL
+            support::PY_KERNEL
         ),
     );
     let mut client = daemon.client();
@@ -440,7 +440,7 @@ fn a_run_queued_behind_other_work_says_so_at_its_timeout() {
     require_root!("EXEC (its isolation needs namespaces)");
     let daemon = Daemon::start_with("[exec]\nmax_running_per_owner = 1\n");
     let mut stream = daemon.raw();
-    common::send(
+    support::send(
         &mut stream,
         Opcode::EXEC,
         json!({"code": "import time; time.sleep(3)", "timeout_ms": 10000})
@@ -462,7 +462,7 @@ fn a_connections_runs_end_when_it_closes() {
     let daemon = Daemon::start();
     {
         let mut stream = daemon.raw();
-        common::send(
+        support::send(
             &mut stream,
             Opcode::EXEC,
             json!({"code": "import subprocess; subprocess.run(['/bin/sleep', '978'])",
@@ -700,7 +700,7 @@ fn an_agent_that_a_runs_child_spawned_ends_with_the_run_too() {
     let spawner = format!(
         "{}\n_, reply = call(0x10, {{'name': 'grandchild', 'command': ['/bin/sleep', '300']}})\n\
          print(reply.decode(), flush=True)\n",
-        common::PY_KERNEL
+        support::PY_KERNEL
     );
     let tries = format!(
         r#"{{"child": call(0x10, {{"name": "child", "command": ["/usr/bin/python3", "-c", {}],
@@ -715,7 +715,7 @@ fn an_agent_that_a_runs_child_spawned_ends_with_the_run_too() {
     let got = printed(&reply);
     assert_eq!(got["child"]["success"], true, "{reply}");
     let mut client = daemon.client();
-    let grandchild = common::listed_names(&mut client);
+    let grandchild = support::listed_names(&mut client);
     assert!(
         grandchild.contains(&"grandchild".to_owned()),
         "{grandchild:?}"

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use agentos_kernel::process;
 use agentos_kernel::sandbox::plan::{self, Shape, Workload};
 use agentos_kernel::sandbox::{LaunchRequest, Launcher, Status};
-use common::{agentosd, is_root};
+use agentos_test_support::{agentosd, is_root};
 
 struct Run {
     statuses: Vec<Status>,

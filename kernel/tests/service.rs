@@ -4,14 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
-use agentos_bench::llm_stub::{Reply, Stub};
 use agentos_proto::Opcode;
-use common::{call_json, request, until, Daemon};
+use agentos_test_support as support;
+use agentos_test_support::llm_stub::{Reply, Stub};
+use agentos_test_support::{call_json, request, until, Daemon};
 use serde_json::{json, Value};
 
 const SOON: Duration = Duration::from_secs(20);
@@ -91,7 +90,7 @@ fn boot_agents_start_with_the_kernel_and_restart_by_policy() {
     assert!(daemon.log().contains("boot agent \"steady\" started"));
     // No agent may take a boot agent's name, even while that agent is down
     // (an operator may: the config is theirs).
-    let (_, replies) = common::act(
+    let (_, replies) = support::act(
         &daemon,
         "squatter",
         json!({"permissions": {"spawn": true}}),
@@ -133,7 +132,7 @@ fn a_bad_boot_entry_is_a_start_up_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("agentosd.toml");
     std::fs::write(&file, boot_entry("ghost", "[\"/nonexistent/agent\"]", "")).unwrap();
-    let checked = std::process::Command::new(common::agentosd())
+    let checked = std::process::Command::new(support::agentosd())
         .arg("--config")
         .arg(&file)
         .arg("--check-config")
@@ -485,7 +484,7 @@ impl Drop for PutBack {
 fn with_no_flags_root_serves_the_system_socket_to_group_agentos() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     const SYSTEM_SOCKET: &str = "/run/agentos/agentos.sock";
-    if !common::is_root() {
+    if !support::is_root() {
         eprintln!("!!! NOT TESTED: the system socket needs root");
         return;
     }
@@ -517,7 +516,7 @@ fn with_no_flags_root_serves_the_system_socket_to_group_agentos() {
     let log = dir.path().join("agentosd.log");
     // No flags: only the environment keeps it off this machine's real
     // config, state and logs.
-    let child = std::process::Command::new(common::agentosd())
+    let child = std::process::Command::new(support::agentosd())
         .env_remove("AGENTOS_SOCKET")
         .env("AGENTOS_CONFIG", &config)
         .env("AGENTOS_STATE_DIR", dir.path().join("state"))
@@ -525,7 +524,7 @@ fn with_no_flags_root_serves_the_system_socket_to_group_agentos() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let daemon = common::StopOnDrop(child);
+    let daemon = support::StopOnDrop(child);
     until("the system socket answers", SOON, || {
         std::os::unix::net::UnixStream::connect(SYSTEM_SOCKET).is_ok()
     });

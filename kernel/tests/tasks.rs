@@ -4,14 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::fs;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{act, call_json, until, with_llm_stub, Daemon};
+use agentos_test_support as support;
+use agentos_test_support::require_root;
+use agentos_test_support::{act, call_json, until, with_llm_stub, Daemon};
 use serde_json::{json, Value};
 
 const TASK: u8 = 0x13;
@@ -310,7 +310,7 @@ fn ten_thousand_finished_tasks_are_paged_with_memory_bounded_and_expire() {
     }
     std::io::Write::write_all(&mut stream, &batch).unwrap();
     for _ in 0..10_000 {
-        let (_, reply) = common::recv_json(&mut stream);
+        let (_, reply) = support::recv_json(&mut stream);
         assert_eq!(reply["success"], true, "{reply}");
     }
     let mut seen = 0;
@@ -339,7 +339,7 @@ fn ten_thousand_finished_tasks_are_paged_with_memory_bounded_and_expire() {
 
 #[test]
 fn the_prompt_loop_runs_failing_code_twice_then_answers_after_the_third() {
-    use agentos_bench::llm_stub::{Reply, Stub};
+    use agentos_test_support::llm_stub::{Reply, Stub};
     require_root!("EXEC (its isolation needs namespaces)");
     let stub = Stub::start(|_, n| {
         let content = match n {
@@ -384,7 +384,7 @@ fn the_prompt_loop_runs_failing_code_twice_then_answers_after_the_third() {
 
 #[test]
 fn a_prompt_loop_that_never_answers_stops_at_max_iterations_with_its_transcript() {
-    use agentos_bench::llm_stub::{Reply, Stub};
+    use agentos_test_support::llm_stub::{Reply, Stub};
     require_root!("EXEC (its isolation needs namespaces)");
     let stub = Stub::start(|_, n| Reply::openai(&format!("```python\nprint({n})\n```"), 10, 5));
     let daemon = with_llm_stub(&stub.url(), "");
@@ -410,7 +410,7 @@ fn a_prompt_loop_that_never_answers_stops_at_max_iterations_with_its_transcript(
 
 #[test]
 fn a_prompt_loop_cancelled_while_its_code_runs_stops_and_its_session_goes() {
-    use agentos_bench::llm_stub::{Reply, Stub};
+    use agentos_test_support::llm_stub::{Reply, Stub};
     require_root!("EXEC (its isolation needs namespaces)");
     let stub = Stub::start(|_, _| {
         Reply::openai(
@@ -563,7 +563,7 @@ fn an_owner_past_its_queue_cap_is_told_busy() {
 
 #[test]
 fn cancel_withdraws_a_queued_think_and_discards_a_running_ones_answer() {
-    use agentos_bench::llm_stub::{Reply, Stub};
+    use agentos_test_support::llm_stub::{Reply, Stub};
     // One request at a time, each taking a second: the first THINK task is
     // at the provider while the second waits in the kernel's queue.
     let stub = Stub::start(|_, _| {
@@ -836,10 +836,10 @@ fn an_agents_tasks_end_with_it_and_an_operator_lists_and_cancels_anyones() {
     let requests: Vec<Value> = (0..50)
         .map(|_| json!([Opcode::TASK.0, {"op": "dispatch", "kind": "exec", "request": long}]))
         .collect();
-    let dir = common::shared_dir();
-    let actor = common::write_actor(dir.path());
+    let dir = support::shared_dir();
+    let actor = support::write_actor(dir.path());
     let mut client = daemon.client();
-    let spawned = common::request(
+    let spawned = support::request(
         &mut client,
         Opcode::SPAWN,
         &json!({"name": "dispatcher", "script": actor,
@@ -847,7 +847,7 @@ fn an_agents_tasks_end_with_it_and_an_operator_lists_and_cancels_anyones() {
     );
     assert_eq!(spawned["success"], true, "{spawned}");
     let id = spawned["id"].as_u64().unwrap();
-    let log = common::agent_log_with_line(&daemon, "dispatcher", id, "DONE");
+    let log = support::agent_log_with_line(&daemon, "dispatcher", id, "DONE");
     let ids: Vec<String> = log
         .lines()
         .filter_map(|l| l.strip_prefix("REPLY "))
@@ -896,7 +896,7 @@ fn an_agents_tasks_end_with_it_and_an_operator_lists_and_cancels_anyones() {
     // The agent exits: all its tasks end, running and queued alike.
     let mut client = daemon.client();
     until("the dispatcher exits", Duration::from_secs(10), || {
-        common::agent_info(&mut client, id)["state"] == "exited"
+        support::agent_info(&mut client, id)["state"] == "exited"
     });
     until(
         "the agent's tasks end with it",

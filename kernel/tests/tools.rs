@@ -6,15 +6,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::fs;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use common::{act, agentos, call_json, shared_dir, Daemon};
+use agentos_test_support as support;
+use agentos_test_support::require_root;
+use agentos_test_support::{act, agentos, call_json, shared_dir, Daemon};
 use serde_json::{json, Value};
 
 const EXEC: u8 = 0x02;
@@ -399,8 +399,8 @@ fn processes() -> Vec<String> {
 }
 
 fn call_json_noop(stream: &mut UnixStream) -> Vec<u8> {
-    common::send(stream, Opcode::NOOP, b"ping");
-    common::recv(stream).1
+    support::send(stream, Opcode::NOOP, b"ping");
+    support::recv(stream).1
 }
 
 #[test]
@@ -444,7 +444,7 @@ fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
     // No answer: the call's own deadline ends it, and other calls go on
     // meanwhile (on another connection).
     let mut other = daemon.raw();
-    common::send(
+    support::send(
         &mut stream,
         Opcode::TOOL,
         json!({"op": "call", "server": "faults", "tool": "never", "timeout_ms": 700})
@@ -462,7 +462,7 @@ fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
         json!({"op": "call", "server": "faults", "tool": "get-sum", "arguments": {"a": 2, "b": 3}}),
     );
     assert_eq!(sum["result"], 5, "{sum}");
-    let (_, never) = common::recv_json(&mut stream);
+    let (_, never) = support::recv_json(&mut stream);
     let took = started.elapsed();
     assert_eq!(never["code"], "timeout", "{never}");
     assert!(
@@ -474,7 +474,7 @@ fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
     // way it is told `busy`, while another caller is still served.
     let never = json!({"op": "call", "server": "faults", "tool": "never", "timeout_ms": 1500});
     for _ in 0..65 {
-        common::send(&mut stream, Opcode::TOOL, never.to_string().as_bytes());
+        support::send(&mut stream, Opcode::TOOL, never.to_string().as_bytes());
     }
     let sum = tool(
         &mut other,
@@ -483,10 +483,10 @@ fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
     assert_eq!(sum["result"], 2, "{sum}");
     // Replies come in request order: the refusal after the 64 before it.
     for _ in 0..64 {
-        let (_, timed_out) = common::recv_json(&mut stream);
+        let (_, timed_out) = support::recv_json(&mut stream);
         assert_eq!(timed_out["code"], "timeout", "{timed_out}");
     }
-    let (_, busy) = common::recv_json(&mut stream);
+    let (_, busy) = support::recv_json(&mut stream);
     assert_eq!(busy["code"], "busy", "{busy}");
 
     // The tool's own error, with its content.
@@ -573,7 +573,7 @@ fn a_malformed_reply_fails_its_call_at_once_naming_the_fault_and_the_server_serv
     // ends only the call its id names.
     let mut other = daemon.raw();
     let never = json!({"op": "call", "server": "faults", "tool": "never", "timeout_ms": 2000});
-    common::send(&mut other, Opcode::TOOL, never.to_string().as_bytes());
+    support::send(&mut other, Opcode::TOOL, never.to_string().as_bytes());
     for (name, fault) in [
         ("nul", "a raw NUL byte"),
         ("deep", "nested deeper than 128 levels"),
@@ -592,7 +592,7 @@ fn a_malformed_reply_fails_its_call_at_once_naming_the_fault_and_the_server_serv
         );
         assert!(took < Duration::from_secs(3), "{name} took {took:?}");
     }
-    let (_, never) = common::recv_json(&mut other);
+    let (_, never) = support::recv_json(&mut other);
     assert_eq!(never["code"], "timeout", "{never}");
     // The server was not restarted, and it and the kernel serve on.
     let sum = tool(
@@ -739,9 +739,9 @@ fn an_agent_lists_and_calls_only_the_tools_its_permissions_allow() {
 
 #[test]
 fn llm_think_as_a_tool_goes_through_think_and_is_charged_to_its_caller() {
-    use agentos_bench::llm_stub::{Reply, Stub};
+    use agentos_test_support::llm_stub::{Reply, Stub};
     let stub = Stub::start(|_, _| Reply::openai("stub says hi", 10, 5));
-    let daemon = common::with_llm_stub(&stub.url(), "");
+    let daemon = support::with_llm_stub(&stub.url(), "");
     let mut stream = daemon.raw();
     let think = json!({"op": "call", "server": "llm", "tool": "think",
                        "arguments": {"prompt": "hello", "max_tokens": 20}});
@@ -784,6 +784,6 @@ fn llm_think_as_a_tool_goes_through_think_and_is_charged_to_its_caller() {
             .any(|r| r["reply"]["code"] == "limit_exceeded"),
         "a spent quota was not enforced: {replies:?}"
     );
-    let listed = common::agent_info(&mut client, id);
+    let listed = support::agent_info(&mut client, id);
     assert!(listed["llm"]["tokens"].as_u64().unwrap() >= 15, "{listed}");
 }
