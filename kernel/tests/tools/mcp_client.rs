@@ -3,8 +3,6 @@
 //! the one that misbehaves on purpose (`mcp_faults.py`), driven over their
 //! stdio by a small blocking loop.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,14 +13,9 @@ use agentos_kernel::tools::mcp::client::{CallOutcome, ClientEvent, McpClient, Se
 use agentos_kernel::tools::mcp::jsonrpc::LineReader;
 use serde_json::{json, Value};
 
-const TIMEOUT: Duration = Duration::from_secs(20);
+use crate::repo;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+const TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A server's program, if the project's setup has installed it.
 fn installed(relative: &str) -> Option<PathBuf> {

@@ -1,15 +1,12 @@
 //! SPAWN, KILL and LIST against a real agentosd: the lifecycle, the replies,
-//! bad input, identity and permissions. (What the sandbox keeps out is in
-//! isolation.rs.)
-
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! bad input, identity and permissions.
 
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use agentos_test_support as support;
 use agentos_test_support::{
-    agent_info, agent_log, request, shared_dir, wait_for_state, write_script, Daemon, PY_KERNEL,
+    self as support, agent_info, agent_log, request, shared_dir, wait_for_state, write_script,
+    Daemon, PY_KERNEL,
 };
 use serde_json::json;
 

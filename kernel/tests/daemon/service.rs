@@ -2,15 +2,12 @@
 //! reloading what is safe to change, and the systemd notifications, against
 //! a real agentosd.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
 use agentos_proto::Opcode;
-use agentos_test_support as support;
 use agentos_test_support::llm_stub::{Reply, Stub};
-use agentos_test_support::{call_json, request, until, Daemon};
+use agentos_test_support::{self as support, call_json, request, until, Daemon};
 use serde_json::{json, Value};
 
 const SOON: Duration = Duration::from_secs(20);

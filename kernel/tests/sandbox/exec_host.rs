@@ -2,10 +2,6 @@
 //! (the built agentosd's launcher and init), driven over its channel the
 //! way the kernel drives it.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
@@ -36,7 +32,7 @@ struct Host {
 impl Host {
     fn start() -> Host {
         let dir = tempfile::tempdir().unwrap();
-        let profile = common::sandbox_profile(dir.path());
+        let profile = crate::sandbox_profile(dir.path());
         let setup = HostSetup {
             python: PathBuf::from(PYTHON),
             ready_runs: 2,
@@ -120,7 +116,7 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
-        common::kill_and_reap(&self.launched);
+        crate::kill_and_reap(&self.launched);
     }
 }
 

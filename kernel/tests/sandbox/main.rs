@@ -1,7 +1,30 @@
-//! What the sandbox-level tests share: they drive the kernel's own
-//! launcher, so this part of the harness needs the kernel crate.
+//! The sandbox: the mechanism on its own (the kernel's launcher and init,
+//! driven from here), the exec host inside it, and what the sandbox and
+//! cgroups do to agents, measured from outside.
+//!
+//! These need root (CI runs as root); without it each says so loudly.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod exec_host;
+mod launch;
+mod limits;
+mod views;
 
 use std::fs;
+
+use agentos_proto::Opcode;
+use agentos_test_support::request;
+
+fn spawn(client: &mut agentos_proto::Client, body: serde_json::Value) -> u64 {
+    let reply = request(client, Opcode::SPAWN, &body);
+    assert_eq!(reply["success"], true, "{body} -> {reply}");
+    reply["id"].as_u64().unwrap()
+}
+
+// The two helpers below drive the kernel's own launcher, so they live
+// here, beside the tests that import the kernel crate, and not in
+// agentos-test-support, which drives the daemon only as its clients do.
 
 /// The profile sandbox-level tests build sandboxes with: the agent user,
 /// small scratch filesystems, a staging directory under `dir`.

@@ -2,16 +2,13 @@
 //! reply, identity in reply headers, in-order pipelining and the worker
 //! completion path.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
+use std::io::Write;
 use std::time::Duration;
 
 use agentos_proto::{encode_frame, Opcode};
-use agentos_test_support as support;
 use agentos_test_support::{
-    assert_closed, assert_usable, call_json, recv, recv_json, send, Daemon,
+    self as support, assert_closed, assert_usable, call_json, recv, recv_json, send, Daemon,
 };
-use std::io::Write;
 
 #[test]
 fn noop_echoes_its_payload_byte_for_byte() {

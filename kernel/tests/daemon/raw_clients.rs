@@ -3,8 +3,6 @@
 //! for the socket): each does HELLO, NOOP, THINK and LIST against a real
 //! agentosd.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 

@@ -1,10 +1,6 @@
 //! The sandbox mechanism on its own: launch a workload through the real
 //! launcher and init (the built agentosd), and look at what it saw.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
-
 use std::fs;
 use std::io::Read;
 use std::os::fd::AsFd;
@@ -43,7 +39,7 @@ fn run_shell(script: &str) -> Run {
         binds: Vec::new(),
         socket: Some(socket),
     };
-    let spec = plan::sandbox(&common::sandbox_profile(dir.path()), Shape::DEFAULT);
+    let spec = plan::sandbox(&crate::sandbox_profile(dir.path()), Shape::DEFAULT);
     let launcher = Launcher::new(agentosd()).unwrap();
     let mut launched = launcher
         .launch(LaunchRequest {
@@ -151,7 +147,7 @@ fn a_claims_channel_reaches_the_workload_alone() {
         binds: Vec::new(),
         socket: Some(socket),
     };
-    let spec = plan::sandbox(&common::sandbox_profile(dir.path()), Shape::DEFAULT);
+    let spec = plan::sandbox(&crate::sandbox_profile(dir.path()), Shape::DEFAULT);
     let launcher = Launcher::new(agentosd()).unwrap();
     let mut launched = launcher
         .launch(LaunchRequest {
@@ -189,5 +185,5 @@ fn a_claims_channel_reaches_the_workload_alone() {
         !closed,
         "the channel closed only when the whole sandbox ended: someone else held it"
     );
-    common::kill_and_reap(&launched);
+    crate::kill_and_reap(&launched);
 }

@@ -2,13 +2,10 @@
 //! following until the agent ends, and agents that ask for logs that are
 //! not theirs.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::time::{Duration, Instant};
 
 use agentos_proto::Opcode;
-use agentos_test_support as support;
-use agentos_test_support::{act, request, shared_dir, wait_for_state, Daemon};
+use agentos_test_support::{self as support, act, request, shared_dir, wait_for_state, Daemon};
 use serde_json::{json, Value};
 
 const LOGS: u8 = 0x16;

@@ -1,8 +1,6 @@
 //! The daemon's life: its socket (mode, lock, stale files, removal), who may
 //! connect, signals, draining, and configuration errors.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
