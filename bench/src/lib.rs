@@ -1,8 +1,6 @@
 //! Shared pieces of the benchmark programs: starting the servers under
-//! test, percentiles, and a stand-in LLM provider ([`llm_stub`], also used
-//! by the kernel's tests).
-
-pub mod llm_stub;
+//! test and percentiles. The stand-in LLM provider the THINK benchmark
+//! uses is the tests' (`agentos_test_support::llm_stub`).
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

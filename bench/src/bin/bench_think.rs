@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentos_bench::llm_stub::{Reply, Stub};
 use agentos_bench::{percentile, sibling, start_agentosd_with};
 use agentos_proto::{Client, Opcode};
+use agentos_test_support::llm_stub::{Reply, Stub};
 use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::json;
