@@ -426,8 +426,22 @@ fn kill(client: &mut Client, agent: &str, grace_ms: Option<u64>) -> anyhow::Resu
     Ok(())
 }
 
+/// Why a size on the command line cannot be read.
+#[derive(Debug, thiserror::Error)]
+enum BadSize {
+    /// No number leads it.
+    #[error("{0:?} is not a size (try 512M)")]
+    NotANumber(String),
+    /// Its unit is none of K, M, G.
+    #[error("unknown unit in {0:?}: use K, M or G")]
+    UnknownUnit(String),
+    /// It does not fit in 64 bits.
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+}
+
 /// `512`, `64K`, `50M`, `2G` to bytes.
-fn parse_size(text: &str) -> Result<u64, String> {
+fn parse_size(text: &str) -> Result<u64, BadSize> {
     let text = text.trim();
     let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
@@ -435,18 +449,18 @@ fn parse_size(text: &str) -> Result<u64, String> {
     };
     let number: u64 = digits
         .parse()
-        .map_err(|_| format!("{text:?} is not a size (try 512M)"))?;
+        .map_err(|_| BadSize::NotANumber(text.to_owned()))?;
     let unit = unit.to_ascii_uppercase();
     let scale: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
         "" => 1,
         "K" => 1 << 10,
         "M" => 1 << 20,
         "G" => 1 << 30,
-        _ => return Err(format!("unknown unit in {text:?}: use K, M or G")),
+        _ => return Err(BadSize::UnknownUnit(text.to_owned())),
     };
     number
         .checked_mul(scale)
-        .ok_or_else(|| format!("{text:?} is too large"))
+        .ok_or_else(|| BadSize::TooLarge(text.to_owned()))
 }
 
 fn hello(client: &mut Client, json: bool) -> anyhow::Result<()> {
