@@ -7,7 +7,7 @@ use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, RawFd};
 use nix::errno::Errno;
 use nix::sys::socket::MsgFlags;
 
-use super::spec::{fds, Claim};
+use super::spec::{fds, Claim, ControlMessage};
 use crate::fd::{self, ReceiveError};
 
 /// What went wrong on the control socket.
@@ -31,6 +31,25 @@ pub enum ControlError {
     /// The start could not be received.
     #[error("cannot read the start: {0}")]
     ReceiveStart(#[source] Errno),
+    /// Another message came than the one the init waits for.
+    #[error("the control socket said {got:?} where the init waits for {expected:?}")]
+    Unexpected {
+        /// The message waited for.
+        expected: ControlMessage,
+        /// What came instead.
+        got: String,
+    },
+}
+
+/// Checks that `received` is `expected`.
+fn expect(expected: ControlMessage, received: &[u8]) -> Result<(), ControlError> {
+    if expected.is(received) {
+        return Ok(());
+    }
+    Err(ControlError::Unexpected {
+        expected,
+        got: String::from_utf8_lossy(received).into_owned(),
+    })
 }
 
 /// Blocks until a workload claims this sandbox; takes over the log it
@@ -45,7 +64,11 @@ pub fn wait_for_claim() -> Result<Claim, ControlError> {
     let received: Vec<RawFd> = match fd::receive_with_fds(control, &mut tag, MsgFlags::empty(), 3) {
         Ok((0, _)) => std::process::exit(0),
         // Placed by hand below, at fixed numbers.
-        Ok((_, owned)) => owned.into_iter().map(IntoRawFd::into_raw_fd).collect(),
+        Ok((length, owned)) => {
+            // What came with another message closes as `owned` goes.
+            expect(ControlMessage::Claim, &tag[..length])?;
+            owned.into_iter().map(IntoRawFd::into_raw_fd).collect()
+        }
         Err(ReceiveError::Receive(err)) => return Err(ControlError::ReceiveClaim(err)),
         Err(ReceiveError::Descriptors(err)) => return Err(ControlError::ClaimDescriptors(err)),
     };
@@ -109,7 +132,7 @@ pub fn wait_for_start() -> Result<(), ControlError> {
     loop {
         match nix::sys::socket::recv(fds::CONTROL, &mut message, MsgFlags::empty()) {
             Ok(0) => std::process::exit(0),
-            Ok(_) => return Ok(()),
+            Ok(length) => return expect(ControlMessage::Start, &message[..length]),
             Err(Errno::EINTR) => {}
             Err(err) => return Err(ControlError::ReceiveStart(err)),
         }

@@ -19,7 +19,7 @@ use agentos_proto::ErrorCode;
 use nix::sys::socket::{sendmsg, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 
 use super::init;
-use super::spec::{fds, Claim, SandboxSpec};
+use super::spec::{fds, Claim, ControlMessage, SandboxSpec};
 use super::status::{Status, StatusReader};
 use crate::cgroup::CgroupJoin;
 use crate::fd;
@@ -89,7 +89,7 @@ impl Control {
         let memfd = json_memfd(c"agentos-claim", claim)?;
         let mut fds = vec![memfd.as_fd(), log.as_fd()];
         fds.extend(channel);
-        fd::send_with_fds(self.socket.as_fd(), b"claim", &fds)?;
+        fd::send_with_fds(self.socket.as_fd(), ControlMessage::Claim.tag(), &fds)?;
         Ok(())
     }
 
@@ -97,7 +97,7 @@ impl Control {
     pub fn start(&self) -> io::Result<()> {
         sendmsg::<()>(
             self.socket.as_raw_fd(),
-            &[IoSlice::new(b"start")],
+            &[IoSlice::new(ControlMessage::Start.tag())],
             &[],
             MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
             None,
@@ -225,7 +225,11 @@ impl Launcher {
             if let Some((uid, gid)) = request.map_to {
                 write_id_maps(pid, uid, gid)?;
             }
-            nix::sys::socket::send(control.as_raw_fd(), b"go", MsgFlags::MSG_NOSIGNAL)?;
+            nix::sys::socket::send(
+                control.as_raw_fd(),
+                ControlMessage::Go.tag(),
+                MsgFlags::MSG_NOSIGNAL,
+            )?;
             Ok::<(), io::Error>(())
         })();
         if let Err(err) = started {
@@ -338,7 +342,11 @@ unsafe fn child(
         loop {
             let received = libc::recv(fds::CONTROL, go.as_mut_ptr().cast(), go.len(), 0);
             if received > 0 {
-                break;
+                if ControlMessage::Go.is(&go[..received as usize]) {
+                    break;
+                }
+                // Anything else is not the daemon's word to go.
+                libc::_exit(125);
             }
             if received == 0 {
                 // The daemon gave up on this sandbox.

@@ -15,10 +15,9 @@ pub mod fds {
     pub const SPEC: RawFd = 3;
     /// Write end of the status pipe (init → daemon), see `status`.
     pub const STATUS: RawFd = 4;
-    /// The control socket (daemon → init): first `go` (once the daemon has
-    /// written the user-namespace maps; read before the init is executed),
-    /// later the [`Claim`](super::Claim), then `start`. EOF: the daemon
-    /// gave up on this sandbox.
+    /// The control socket (daemon → init), carrying the
+    /// [`ControlMessage`](super::ControlMessage)s in their order. EOF: the
+    /// daemon gave up on this sandbox.
     pub const CONTROL: RawFd = 5;
     /// Read end of the lifeline, whose write end only the daemon holds:
     /// it hangs up when the daemon dies, and the sandbox dies with it.
@@ -30,6 +29,37 @@ pub mod fds {
     /// exec host's): the workload finds it open at this number, and the
     /// init keeps no copy.
     pub const CHANNEL: RawFd = 8;
+}
+
+/// What the daemon says on a sandbox's control socket: one datagram each,
+/// in this order. The receiver checks that what came is what it waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlMessage {
+    /// The init may be executed: in a new user namespace its id maps are
+    /// written (read before the init is executed).
+    Go,
+    /// A workload claims the sandbox: the datagram carries the
+    /// [`Claim`]'s memfd, the log and, for an exec host, its channel.
+    Claim,
+    /// The workload may start: the sandbox's cgroup is in order.
+    Start,
+}
+
+impl ControlMessage {
+    /// Its bytes on the socket.
+    pub const fn tag(self) -> &'static [u8] {
+        match self {
+            ControlMessage::Go => b"go",
+            ControlMessage::Claim => b"claim",
+            ControlMessage::Start => b"start",
+        }
+    }
+
+    /// Whether `received` is this message. Compares bytes only, so the
+    /// launcher's child may call it between clone3 and execve.
+    pub fn is(self, received: &[u8]) -> bool {
+        received == self.tag()
+    }
 }
 
 /// A sandbox's shape: everything that does not depend on which program
@@ -193,4 +223,25 @@ pub struct Tmpfs {
     pub mode: u32,
     /// Owned by the workload's user rather than root.
     pub owned_by_user: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_control_message_is_told_from_the_others() {
+        let all = [
+            ControlMessage::Go,
+            ControlMessage::Claim,
+            ControlMessage::Start,
+        ];
+        for message in all {
+            for other in all {
+                assert_eq!(message.is(other.tag()), message == other);
+            }
+            assert!(!message.is(b""));
+            assert!(!message.is(&[message.tag(), b"x"].concat()));
+        }
+    }
 }
