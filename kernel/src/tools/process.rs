@@ -183,7 +183,24 @@ pub struct ServerProcess {
     pub run: u64,
 }
 
+/// Why a started server cannot be handed to the reactor; logged after its
+/// label (`mcp-fs has no pipes`).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadyError {
+    /// Its stdin, stdout or stderr is not a pipe to the daemon.
+    #[error("has no pipes")]
+    NoPipes,
+    /// The thread that logs its stderr could not be started.
+    #[error("cannot watch its stderr: {0}")]
+    Stderr(#[source] std::io::Error),
+    /// The reactor that takes its pipes is gone (the kernel is stopping).
+    #[error("has no kernel to serve")]
+    NoKernel,
+}
+
 impl Service for ServerProcess {
+    type ReadyError = ReadyError;
+
     fn name(&self) -> &str {
         &self.label
     }
@@ -229,11 +246,11 @@ impl Service for ServerProcess {
         process.spawn()
     }
 
-    fn started(&mut self, child: &mut Child) -> Result<(), String> {
+    fn started(&mut self, child: &mut Child) -> Result<(), ReadyError> {
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
-            return Err("has no pipes".into());
+            return Err(ReadyError::NoPipes);
         };
         let label = self.label.clone();
         let secrets = Secrets::new(self.command.env.values());
@@ -247,7 +264,7 @@ impl Service for ServerProcess {
                 // last words to say why it ended.
                 let _ = waker.wake();
             })
-            .map_err(|err| format!("cannot watch its stderr: {err}"))?;
+            .map_err(ReadyError::Stderr)?;
         let launched = Launched {
             server: self.index,
             run: self.run,
@@ -256,7 +273,7 @@ impl Service for ServerProcess {
         };
         self.launches
             .send(launched)
-            .map_err(|_| "has no kernel to serve".to_owned())?;
+            .map_err(|_| ReadyError::NoKernel)?;
         let _ = self.waker.wake();
         Ok(())
     }
