@@ -66,7 +66,10 @@ pub struct ServerCommand {
 impl ServerCommand {
     /// The command for `config`; a bare `command` is looked up on `path`
     /// (the kernel's `PATH`).
-    pub fn resolve(config: &McpServerConfig, path: Option<&str>) -> Result<ServerCommand, String> {
+    pub fn resolve(
+        config: &McpServerConfig,
+        path: Option<&str>,
+    ) -> Result<ServerCommand, CommandError> {
         let program = find_program(&config.command, path)?;
         let binds = server_binds(&program, config);
         let mut argv = vec![config.command.clone()];
@@ -81,16 +84,28 @@ impl ServerCommand {
     }
 }
 
+/// Why a server's program cannot be found; the words follow the server's
+/// name (`MCP server fs cannot start: its command ...`).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// A command given as a path names no file.
+    #[error("its command {} does not exist", .0.display())]
+    Missing(PathBuf),
+    /// A bare command is in none of the `PATH`'s directories.
+    #[error("its command {0:?} is not on the kernel's PATH")]
+    NotOnPath(String),
+}
+
 /// The program's path: as given if it has a `/`, else the first match on
 /// `path`.
-fn find_program(command: &str, path: Option<&str>) -> Result<PathBuf, String> {
+fn find_program(command: &str, path: Option<&str>) -> Result<PathBuf, CommandError> {
     let is_file = |p: &Path| p.metadata().is_ok_and(|m| m.is_file());
     if command.contains('/') {
         let program = PathBuf::from(command);
         return if is_file(&program) {
             Ok(program)
         } else {
-            Err(format!("its command {command} does not exist"))
+            Err(CommandError::Missing(program))
         };
     }
     path.unwrap_or("/usr/local/bin:/usr/bin:/bin")
@@ -98,7 +113,7 @@ fn find_program(command: &str, path: Option<&str>) -> Result<PathBuf, String> {
         .filter(|dir| !dir.is_empty())
         .map(|dir| Path::new(dir).join(command))
         .find(|candidate| is_file(candidate))
-        .ok_or_else(|| format!("its command {command:?} is not on the kernel's PATH"))
+        .ok_or_else(|| CommandError::NotOnPath(command.to_owned()))
 }
 
 /// What a confined server sees beside the system directories: its
@@ -336,7 +351,7 @@ mod tests {
             Path::new("/bin/sh")
         );
         let missing = find_program("no-such-server", Some("/bin")).unwrap_err();
-        assert!(missing.contains("no-such-server"), "{missing}");
+        assert!(missing.to_string().contains("no-such-server"), "{missing}");
         assert!(find_program("/no/such/file", None).is_err());
     }
 
