@@ -228,6 +228,22 @@ impl Identity {
     }
 }
 
+/// A peer the kernel does not serve: it is neither root, nor the daemon's
+/// user, nor in the socket's group.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "uid {uid} is not allowed to use this kernel: only root, uid {daemon_uid} and members of \
+     group {socket_gid} are operators"
+)]
+pub struct NotOperator {
+    /// The peer's uid.
+    pub uid: u32,
+    /// The daemon's uid.
+    pub daemon_uid: u32,
+    /// The group the socket belongs to.
+    pub socket_gid: u32,
+}
+
 /// Decides who a peer is and whether it may talk to the kernel at all.
 #[derive(Debug)]
 pub struct Authority {
@@ -253,17 +269,17 @@ impl Authority {
         &mut self,
         peer: &PeerCred,
         groups: impl FnOnce() -> Vec<u32>,
-    ) -> Result<Identity, String> {
+    ) -> Result<Identity, NotOperator> {
         let trusted = peer.uid == 0
             || peer.uid == self.daemon_uid
             || peer.gid == self.socket_gid
             || groups().contains(&self.socket_gid);
         if !trusted {
-            return Err(format!(
-                "uid {} is not allowed to use this kernel: only root, uid {} and members of \
-                 group {} are operators",
-                peer.uid, self.daemon_uid, self.socket_gid
-            ));
+            return Err(NotOperator {
+                uid: peer.uid,
+                daemon_uid: self.daemon_uid,
+                socket_gid: self.socket_gid,
+            });
         }
         Ok(Identity::Operator {
             id: self.connection_id(),
@@ -319,7 +335,8 @@ mod tests {
             .is_ok());
         let err = authority
             .identify(&peer(1234, 1234), || vec![7])
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("uid 1234"), "{err}");
     }
 

@@ -27,6 +27,10 @@ use nix::unistd::Pid;
 /// What to supervise: how to start one run of the child and what to do
 /// around it. Its methods run on the supervisor's thread.
 pub trait Service: Send + 'static {
+    /// Why a started child will not serve ([`Service::started`]); logged
+    /// after the service's name (`mcp-fs has no pipes; stopping it`).
+    type ReadyError: std::error::Error;
+
     /// A short name, for the supervisor's thread and log lines
     /// (`llm-local`).
     fn name(&self) -> &str;
@@ -44,7 +48,7 @@ pub trait Service: Send + 'static {
     ///
     /// Whatever is left of the child's stdin stays open until the child
     /// has ended: closing it is how some children are told to go.
-    fn started(&mut self, child: &mut Child) -> Result<(), String>;
+    fn started(&mut self, child: &mut Child) -> Result<(), Self::ReadyError>;
 
     /// The run has ended (or the child could not be started at all); it is
     /// started again after the backoff delay unless the supervisor stops.
@@ -284,6 +288,8 @@ mod tests {
     }
 
     impl Service for Script {
+        type ReadyError = std::convert::Infallible;
+
         fn name(&self) -> &str {
             "test-script"
         }
@@ -298,7 +304,7 @@ mod tests {
                 .spawn()
         }
 
-        fn started(&mut self, _child: &mut Child) -> Result<(), String> {
+        fn started(&mut self, _child: &mut Child) -> Result<(), Self::ReadyError> {
             let _ = self.events.send(Event::Started);
             Ok(())
         }

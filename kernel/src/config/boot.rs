@@ -74,19 +74,39 @@ fn entry_name(index: usize, table: &toml::Table) -> String {
     }
 }
 
-fn nested_fields(table: &toml::Table, key: &str, known: &[&str]) -> Result<(), String> {
+/// A field a boot entry (or its `limits` or `permissions`) does not have.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown field `{field}`, expected one of {}", .known.join(", "))]
+struct UnknownField {
+    /// The field, with the table it is in (`limits.memroy`).
+    field: String,
+    /// The fields that table has.
+    known: &'static [&'static str],
+}
+
+/// Checks the fields of the table under `key`, if there is one.
+fn nested_fields(
+    table: &toml::Table,
+    key: &str,
+    known: &'static [&'static str],
+) -> Result<(), UnknownField> {
     match table.get(key) {
         Some(toml::Value::Table(nested)) => check_fields(nested, known, &format!("{key}.")),
         _ => Ok(()),
     }
 }
 
-fn check_fields(table: &toml::Table, known: &[&str], prefix: &str) -> Result<(), String> {
+/// Checks that `table` has only `known` fields; `prefix` names the table.
+fn check_fields(
+    table: &toml::Table,
+    known: &'static [&'static str],
+    prefix: &str,
+) -> Result<(), UnknownField> {
     match table.keys().find(|key| !known.contains(&key.as_str())) {
-        Some(key) => Err(format!(
-            "unknown field `{prefix}{key}`, expected one of {}",
-            known.join(", ")
-        )),
+        Some(key) => Err(UnknownField {
+            field: format!("{prefix}{key}"),
+            known,
+        }),
         None => Ok(()),
     }
 }
@@ -102,10 +122,8 @@ mod tests {
         boot: Vec<SpawnRequest>,
     }
 
-    fn parse(text: &str) -> Result<Vec<SpawnRequest>, String> {
-        toml::from_str::<Holder>(text)
-            .map(|h| h.boot)
-            .map_err(|e| e.to_string())
+    fn parse(text: &str) -> Result<Vec<SpawnRequest>, toml::de::Error> {
+        toml::from_str::<Holder>(text).map(|h| h.boot)
     }
 
     /// The field lists are SPAWN's own: a request with every field set
@@ -196,14 +214,17 @@ mod tests {
             ),
         ];
         for (entry, expected) in cases {
-            let err = parse(&format!("[[boot]]\n{entry}\n")).unwrap_err();
+            let err = parse(&format!("[[boot]]\n{entry}\n"))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("agents.boot[0]"), "{entry}: {err}");
             assert!(err.contains(expected), "{entry}: {err}");
         }
         let err = parse(
             "[[boot]]\nname = \"a\"\ncommand = [\"/x\"]\n[[boot]]\nname = \"a\"\ncommand = [\"/y\"]\n",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("agents.boot[1] (\"a\")"), "{err}");
         assert!(err.contains("another boot agent"), "{err}");
     }

@@ -77,7 +77,7 @@ impl McpConfig {
                 })
             };
             if let Err(why) = check_name(name) {
-                return invalid(why);
+                return invalid(why.to_string());
             }
             if server.command.is_empty() {
                 return invalid("`command` is required".into());
@@ -98,20 +98,32 @@ impl McpConfig {
     }
 }
 
+/// Why a server's name cannot be used.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum BadName {
+    /// It is not a plain lowercase identifier, or it is too long.
+    #[error(
+        "a name is 1 to {} lowercase letters, digits and `_`, starting with a letter",
+        MAX_NAME
+    )]
+    NotPlain,
+    /// It is one of [`RESERVED_NAMES`] or a Python keyword.
+    #[error("the name is reserved")]
+    Reserved,
+}
+
 /// A server's name must be a plain Python identifier (it is a module name
 /// inside EXEC) of lowercase letters, digits and `_`, and not reserved.
-fn check_name(name: &str) -> Result<(), String> {
+fn check_name(name: &str) -> Result<(), BadName> {
     let plain = name.starts_with(|c: char| c.is_ascii_lowercase())
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !plain || name.len() > MAX_NAME {
-        return Err(format!(
-            "a name is 1 to {MAX_NAME} lowercase letters, digits and `_`, starting with a letter"
-        ));
+        return Err(BadName::NotPlain);
     }
     if RESERVED_NAMES.contains(&name) || crate::python_names::is_keyword(name) {
-        return Err("the name is reserved".into());
+        return Err(BadName::Reserved);
     }
     Ok(())
 }

@@ -58,7 +58,7 @@ impl Connection {
                     Ok(python) => python,
                     Err(reason) => {
                         log::warn!("THINK unavailable: {reason}");
-                        connection.unavailable = Some(reason);
+                        connection.unavailable = Some(reason.to_string());
                         return connection;
                     }
                 };

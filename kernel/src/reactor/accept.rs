@@ -95,7 +95,11 @@ impl Reactor {
                         peer.uid
                     );
                 }
-                refuse(&mut stream, ErrorCode::PermissionDenied, &reason);
+                refuse(
+                    &mut stream,
+                    ErrorCode::PermissionDenied,
+                    &reason.to_string(),
+                );
                 return;
             }
         };
@@ -132,7 +136,7 @@ impl Reactor {
                 peer.pid,
             );
         }
-        refuse(stream, ErrorCode::Busy, &reason);
+        refuse(stream, ErrorCode::Busy, &reason.to_string());
         false
     }
 

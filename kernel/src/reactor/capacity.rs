@@ -12,6 +12,37 @@ use std::collections::HashMap;
 use crate::config::Config;
 use crate::identity::Identity;
 
+/// Why a connection does not fit; the refusal's message says which limit.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoRoom {
+    /// The kernel serves `max_connections` already.
+    #[error("the kernel is serving its maximum of {max} connections; retry later")]
+    Kernel {
+        /// `max_connections`.
+        max: usize,
+    },
+    /// The agent holds `agents.max_connections` already.
+    #[error(
+        "agent {id} already holds {own} connections, its maximum \
+         (agents.max_connections); close one first"
+    )]
+    Agent {
+        /// The agent.
+        id: u32,
+        /// The connections it holds.
+        own: usize,
+    },
+    /// Agents together hold their whole share.
+    #[error(
+        "agents hold {held} connections, all they may (the rest is kept for operators); \
+         retry later"
+    )]
+    Agents {
+        /// The connections agents hold.
+        held: usize,
+    },
+}
+
 /// Connections held, against the limits.
 #[derive(Debug)]
 pub struct Capacity {
@@ -37,29 +68,21 @@ impl Capacity {
     }
 
     /// Whether one more connection for `identity` fits; if not, why not.
-    pub fn check(&self, identity: Identity) -> Result<(), String> {
+    pub fn check(&self, identity: Identity) -> Result<(), NoRoom> {
         if self.total >= self.max_total {
-            return Err(format!(
-                "the kernel is serving its maximum of {} connections; retry later",
-                self.max_total
-            ));
+            return Err(NoRoom::Kernel {
+                max: self.max_total,
+            });
         }
         let Some(id) = identity.agent() else {
             return Ok(());
         };
         let own = self.by_agent.get(&id).copied().unwrap_or(0);
         if own >= self.per_agent {
-            return Err(format!(
-                "agent {id} already holds {own} connections, its maximum \
-                 (agents.max_connections); close one first"
-            ));
+            return Err(NoRoom::Agent { id, own });
         }
         if self.agents >= self.agents_share {
-            return Err(format!(
-                "agents hold {} connections, all they may (the rest is kept for operators); \
-                 retry later",
-                self.agents
-            ));
+            return Err(NoRoom::Agents { held: self.agents });
         }
         Ok(())
     }
@@ -121,9 +144,17 @@ mod tests {
         let mut c = capacity(160, 64, 64);
         assert_eq!(fill(&mut c, A), 64);
         assert_eq!(fill(&mut c, B), 32);
-        assert!(c.check(B).unwrap_err().contains("kept for operators"));
+        assert!(c
+            .check(B)
+            .unwrap_err()
+            .to_string()
+            .contains("kept for operators"));
         assert_eq!(fill(&mut c, OPERATOR), 64);
-        assert!(c.check(OPERATOR).unwrap_err().contains("maximum of 160"));
+        assert!(c
+            .check(OPERATOR)
+            .unwrap_err()
+            .to_string()
+            .contains("maximum of 160"));
     }
 
     #[test]

@@ -66,7 +66,10 @@ pub struct ServerCommand {
 impl ServerCommand {
     /// The command for `config`; a bare `command` is looked up on `path`
     /// (the kernel's `PATH`).
-    pub fn resolve(config: &McpServerConfig, path: Option<&str>) -> Result<ServerCommand, String> {
+    pub fn resolve(
+        config: &McpServerConfig,
+        path: Option<&str>,
+    ) -> Result<ServerCommand, CommandError> {
         let program = find_program(&config.command, path)?;
         let binds = server_binds(&program, config);
         let mut argv = vec![config.command.clone()];
@@ -81,16 +84,28 @@ impl ServerCommand {
     }
 }
 
+/// Why a server's program cannot be found; the words follow the server's
+/// name (`MCP server fs cannot start: its command ...`).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// A command given as a path names no file.
+    #[error("its command {} does not exist", .0.display())]
+    Missing(PathBuf),
+    /// A bare command is in none of the `PATH`'s directories.
+    #[error("its command {0:?} is not on the kernel's PATH")]
+    NotOnPath(String),
+}
+
 /// The program's path: as given if it has a `/`, else the first match on
 /// `path`.
-fn find_program(command: &str, path: Option<&str>) -> Result<PathBuf, String> {
+fn find_program(command: &str, path: Option<&str>) -> Result<PathBuf, CommandError> {
     let is_file = |p: &Path| p.metadata().is_ok_and(|m| m.is_file());
     if command.contains('/') {
         let program = PathBuf::from(command);
         return if is_file(&program) {
             Ok(program)
         } else {
-            Err(format!("its command {command} does not exist"))
+            Err(CommandError::Missing(program))
         };
     }
     path.unwrap_or("/usr/local/bin:/usr/bin:/bin")
@@ -98,7 +113,7 @@ fn find_program(command: &str, path: Option<&str>) -> Result<PathBuf, String> {
         .filter(|dir| !dir.is_empty())
         .map(|dir| Path::new(dir).join(command))
         .find(|candidate| is_file(candidate))
-        .ok_or_else(|| format!("its command {command:?} is not on the kernel's PATH"))
+        .ok_or_else(|| CommandError::NotOnPath(command.to_owned()))
 }
 
 /// What a confined server sees beside the system directories: its
@@ -183,7 +198,24 @@ pub struct ServerProcess {
     pub run: u64,
 }
 
+/// Why a started server cannot be handed to the reactor; logged after its
+/// label (`mcp-fs has no pipes`).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadyError {
+    /// Its stdin, stdout or stderr is not a pipe to the daemon.
+    #[error("has no pipes")]
+    NoPipes,
+    /// The thread that logs its stderr could not be started.
+    #[error("cannot watch its stderr: {0}")]
+    Stderr(#[source] std::io::Error),
+    /// The reactor that takes its pipes is gone (the kernel is stopping).
+    #[error("has no kernel to serve")]
+    NoKernel,
+}
+
 impl Service for ServerProcess {
+    type ReadyError = ReadyError;
+
     fn name(&self) -> &str {
         &self.label
     }
@@ -229,11 +261,11 @@ impl Service for ServerProcess {
         process.spawn()
     }
 
-    fn started(&mut self, child: &mut Child) -> Result<(), String> {
+    fn started(&mut self, child: &mut Child) -> Result<(), ReadyError> {
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
-            return Err("has no pipes".into());
+            return Err(ReadyError::NoPipes);
         };
         let label = self.label.clone();
         let secrets = Secrets::new(self.command.env.values());
@@ -247,7 +279,7 @@ impl Service for ServerProcess {
                 // last words to say why it ended.
                 let _ = waker.wake();
             })
-            .map_err(|err| format!("cannot watch its stderr: {err}"))?;
+            .map_err(ReadyError::Stderr)?;
         let launched = Launched {
             server: self.index,
             run: self.run,
@@ -256,7 +288,7 @@ impl Service for ServerProcess {
         };
         self.launches
             .send(launched)
-            .map_err(|_| "has no kernel to serve".to_owned())?;
+            .map_err(|_| ReadyError::NoKernel)?;
         let _ = self.waker.wake();
         Ok(())
     }
@@ -319,7 +351,7 @@ mod tests {
             Path::new("/bin/sh")
         );
         let missing = find_program("no-such-server", Some("/bin")).unwrap_err();
-        assert!(missing.contains("no-such-server"), "{missing}");
+        assert!(missing.to_string().contains("no-such-server"), "{missing}");
         assert!(find_program("/no/such/file", None).is_err());
     }
 

@@ -46,7 +46,7 @@ impl Machine {
         } else {
             match probe_user_namespaces() {
                 Ok(()) => (None, Some((euid.as_raw(), nix::unistd::getegid().as_raw()))),
-                Err(reason) => (Some(reason), None),
+                Err(reason) => (Some(reason.to_string()), None),
             }
         };
         if let Some(reason) = &no_namespaces {
@@ -71,9 +71,23 @@ impl Machine {
     }
 }
 
+/// Why an unprivileged daemon cannot give sandboxes namespaces.
+#[derive(Debug, thiserror::Error)]
+enum NoUserNamespaces {
+    /// The probe's child could not create a user namespace.
+    #[error(
+        "agentosd is not root and this host does not let it create user \
+         namespaces: agents run without namespaces"
+    )]
+    Refused,
+    /// The probe's child could not be started.
+    #[error("cannot probe user namespaces: {0}")]
+    Probe(#[source] nix::errno::Errno),
+}
+
 /// Whether this (unprivileged) process may create a user namespace: tried
 /// in a short-lived child so the daemon itself is untouched.
-fn probe_user_namespaces() -> Result<(), String> {
+fn probe_user_namespaces() -> Result<(), NoUserNamespaces> {
     // SAFETY: the child only calls unshare and _exit.
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
@@ -86,13 +100,9 @@ fn probe_user_namespaces() -> Result<(), String> {
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             match nix::sys::wait::waitpid(child, None) {
                 Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
-                _ => Err(
-                    "agentosd is not root and this host does not let it create user \
-                          namespaces: agents run without namespaces"
-                        .into(),
-                ),
+                _ => Err(NoUserNamespaces::Refused),
             }
         }
-        Err(err) => Err(format!("cannot probe user namespaces: {err}")),
+        Err(err) => Err(NoUserNamespaces::Probe(err)),
     }
 }

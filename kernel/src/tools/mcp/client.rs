@@ -53,6 +53,25 @@ pub enum ServerState {
     Failed(String),
 }
 
+/// Why the server takes no call now.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotServing {
+    /// Its handshake or first listing has not finished.
+    #[error("server {server} is starting")]
+    Starting {
+        /// The server's name.
+        server: String,
+    },
+    /// It cannot be used ([`ServerState::Failed`]).
+    #[error("server {server} failed: {why}")]
+    Failed {
+        /// The server's name.
+        server: String,
+        /// Why it cannot be used.
+        why: String,
+    },
+}
+
 /// A tool call's own number, given by whoever made it.
 pub type CallId = u64;
 
@@ -179,11 +198,20 @@ impl McpClient {
         tool: &str,
         arguments: Value,
         deadline: Instant,
-    ) -> Result<(), String> {
+    ) -> Result<(), NotServing> {
         match &self.state {
             ServerState::Ready => {}
-            ServerState::Starting => return Err(format!("server {} is starting", self.name)),
-            ServerState::Failed(why) => return Err(format!("server {} failed: {why}", self.name)),
+            ServerState::Starting => {
+                return Err(NotServing::Starting {
+                    server: self.name.clone(),
+                })
+            }
+            ServerState::Failed(why) => {
+                return Err(NotServing::Failed {
+                    server: self.name.clone(),
+                    why: why.clone(),
+                })
+            }
         }
         let params = json!({"name": tool, "arguments": arguments});
         self.send(Pending::Call(call), "tools/call", params, deadline);
