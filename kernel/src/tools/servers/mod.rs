@@ -188,7 +188,7 @@ impl Servers {
                 }
                 Err(why) => {
                     log::error!("MCP server {name} cannot start: {why}");
-                    entry.error = Some(why);
+                    entry.error = Some(why.to_string());
                 }
             }
             servers.push(entry);
@@ -333,7 +333,7 @@ impl Servers {
             .call(number, tool, arguments, deadline)
             .map_err(|why| match last_failure {
                 Some(last) => unavailable(format!("{why}; it last failed: {last}")),
-                None => unavailable(why),
+                None => unavailable(why.to_string()),
             })?;
         self.next_call += 1;
         self.calls.insert(
