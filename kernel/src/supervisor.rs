@@ -3,7 +3,8 @@
 //!
 //! A [`Supervisor`] runs a thread that starts the child a [`Service`]
 //! describes, lets the service make it ready, waits for it to end and
-//! starts it again after a delay that grows while runs keep ending early
+//! starts it again after a delay that grows while its incarnations keep
+//! ending early
 //! ([`Backoff`]). [`Supervisor::stop`] tells the child to go and keeps it
 //! from coming back.
 //!
@@ -24,7 +25,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::Pid;
 
-/// What to supervise: how to start one run of the child and what to do
+/// What to supervise: how to start one incarnation of the child and what to do
 /// around it. Its methods run on the supervisor's thread.
 pub trait Service: Send + 'static {
     /// Why a started child will not serve ([`Service::started`]); logged
@@ -35,10 +36,10 @@ pub trait Service: Send + 'static {
     /// (`llm-local`).
     fn name(&self) -> &str;
 
-    /// Starts run number `run` (1 first) of the child — in a process group
+    /// Starts incarnation number `incarnation` (1 first) of the child — in a process group
     /// of its own, if whatever it starts should end with it. The number is
     /// what [`Supervisor::restart`] takes.
-    fn spawn(&mut self, run: u64) -> io::Result<Child>;
+    fn spawn(&mut self, incarnation: u64) -> io::Result<Child>;
 
     /// Makes the started child ready to serve (hands it what it needs on
     /// its pipes, waits for it to say it is up). The child may already be
@@ -50,27 +51,28 @@ pub trait Service: Send + 'static {
     /// has ended: closing it is how some children are told to go.
     fn started(&mut self, child: &mut Child) -> Result<(), Self::ReadyError>;
 
-    /// The run has ended (or the child could not be started at all); it is
+    /// The incarnation has ended (or the child could not be started at all); it is
     /// started again after the backoff delay unless the supervisor stops.
     fn ended(&mut self);
 
-    /// The supervisor has stopped for good: no run follows.
+    /// The supervisor has stopped for good: no incarnation follows.
     fn stopped(&mut self);
 }
 
 /// How long to wait before starting a child again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
-    /// The delay after the first run that ends early.
+    /// The delay after the first incarnation that ends early.
     pub first: Duration,
-    /// The longest delay: it doubles per run that ends early, up to this.
+    /// The longest delay: it doubles per incarnation that ends early, up to
+    /// this.
     pub max: Duration,
-    /// A run at least this long was healthy: the delay starts over.
+    /// An incarnation at least this long was healthy: the delay starts over.
     pub healthy: Duration,
 }
 
 impl Backoff {
-    /// The delay before the next run, after one that lasted `ran`, when the
+    /// The delay before the next incarnation, after one that lasted `ran`, when the
     /// delay before it was `previous` (`None`: there was none).
     pub fn delay(&self, previous: Option<Duration>, ran: Duration) -> Duration {
         match previous {
@@ -103,8 +105,8 @@ struct Control {
     finished: bool,
     /// The running child's pid, until it is about to be reaped.
     child: Option<Pid>,
-    /// The number of the run started last.
-    run: u64,
+    /// The number of the incarnation started last.
+    incarnation: u64,
 }
 
 impl Supervisor {
@@ -149,14 +151,14 @@ impl Supervisor {
         control.finished
     }
 
-    /// Kills run number `run` of the child (SIGKILL), if it is the one
+    /// Kills incarnation number `incarnation` of the child (SIGKILL), if it is the one
     /// running: unless the supervisor is stopping, the child is started
-    /// again after the backoff delay, as after any end. For a run that is
+    /// again after the backoff delay, as after any end. For an incarnation that is
     /// alive but of no use (it stopped answering), or that ignores being
-    /// told to stop. A later run is never touched.
-    pub fn restart(&self, run: u64) {
+    /// told to stop. A later incarnation is never touched.
+    pub fn restart(&self, incarnation: u64) {
         let control = lock(&self.shared.control);
-        if control.run == run {
+        if control.incarnation == incarnation {
             if let Some(pid) = control.child {
                 signal_run(pid, Signal::SIGKILL);
             }
@@ -176,7 +178,7 @@ fn lock(mutex: &Mutex<Control>) -> MutexGuard<'_, Control> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The supervisor's thread: runs the child again and again until stopped.
+/// The supervisor's thread: starts the child again and again until stopped.
 fn supervise(shared: &Shared, service: &mut impl Service, backoff: Backoff) {
     let mut delay = None;
     loop {
@@ -212,12 +214,12 @@ fn supervise(shared: &Shared, service: &mut impl Service, backoff: Backoff) {
 /// Starts the child, lets the service make it ready, and waits for it to
 /// end; returns how it ended.
 fn run_once(shared: &Shared, service: &mut impl Service) -> io::Result<ExitStatus> {
-    let run = {
+    let incarnation = {
         let mut control = lock(&shared.control);
-        control.run += 1;
-        control.run
+        control.incarnation += 1;
+        control.incarnation
     };
-    let mut child = service.spawn(run)?;
+    let mut child = service.spawn(incarnation)?;
     let pid = Pid::from_raw(child.id() as i32);
     let stopping = {
         let mut control = lock(&shared.control);
@@ -294,7 +296,7 @@ mod tests {
             "test-script"
         }
 
-        fn spawn(&mut self, _run: u64) -> io::Result<Child> {
+        fn spawn(&mut self, _incarnation: u64) -> io::Result<Child> {
             let run = self.runs[self.spawned.min(self.runs.len() - 1)];
             self.spawned += 1;
             let _ = self.events.send(Event::Spawned(Instant::now()));
@@ -398,7 +400,7 @@ mod tests {
 
     #[test]
     fn a_healthy_run_resets_the_delay() {
-        // Four early ends make the next delay 160 ms; the healthy run after
+        // Four early ends make the next delay 160 ms; the healthy incarnation after
         // them brings it back to 10 ms.
         let backoff = Backoff {
             first: millis(10),

@@ -274,7 +274,7 @@ impl Service for ModelServer {
         "llm-local"
     }
 
-    fn spawn(&mut self, _run: u64) -> std::io::Result<Child> {
+    fn spawn(&mut self, _incarnation: u64) -> std::io::Result<Child> {
         let setup = &self.setup;
         let log = File::create(&setup.log)?;
         let launcher = memfd_with(c"agentos-llm-launcher", LAUNCHER.as_bytes())?;

@@ -2,7 +2,7 @@
 //! program found, the directories it needs, started confined (the rule for
 //! kernel children: the sandbox user, no capabilities, a read-only view)
 //! with **only** the environment its config gives it. Once started, its
-//! stdin and stdout go to the reactor ([`Launched`]); its stderr is logged
+//! stdin and stdout go to the reactor ([`StartedServer`]); its stderr is logged
 //! by a thread of its own, capped, with the config's secrets blotted out.
 
 use std::collections::BTreeMap;
@@ -30,18 +30,20 @@ pub const RESTART: Backoff = Backoff {
     max: Duration::from_secs(30),
     healthy: Duration::from_secs(60),
 };
-/// Bytes of a server's stderr logged per run; the rest is read and dropped.
+/// Bytes of a server's stderr logged per incarnation; the rest is read and
+/// dropped.
 const STDERR_LOG_CAP: usize = 64 << 10;
 /// Longest stderr line kept whole (a line says why a server died).
 const STDERR_LINE: usize = 512;
 
 /// A started server's pipes, handed to the reactor.
 #[derive(Debug)]
-pub struct Launched {
+pub struct StartedServer {
     /// Which server (its place in the kernel's list).
     pub server: usize,
-    /// Which run of it (the supervisor's number, for restarting it).
-    pub run: u64,
+    /// Which incarnation of it (the supervisor's number, for restarting
+    /// it).
+    pub incarnation: u64,
     /// Its stdin.
     pub stdin: ChildStdin,
     /// Its stdout.
@@ -189,13 +191,13 @@ pub struct ServerProcess {
     /// How to confine it; `None`: it runs as the daemon does.
     pub confinement: Option<Confinement>,
     /// Where its pipes go.
-    pub launches: Sender<Launched>,
+    pub launches: Sender<StartedServer>,
     /// Wakes the reactor when they have gone.
     pub waker: Arc<Waker>,
     /// The last line of its stderr, for the error when it ends.
     pub last_words: Arc<Mutex<String>>,
-    /// The run started last.
-    pub run: u64,
+    /// The incarnation started last.
+    pub incarnation: u64,
 }
 
 /// Why a started server cannot be handed to the reactor; logged after its
@@ -220,8 +222,8 @@ impl Service for ServerProcess {
         &self.label
     }
 
-    fn spawn(&mut self, run: u64) -> std::io::Result<Child> {
-        self.run = run;
+    fn spawn(&mut self, incarnation: u64) -> std::io::Result<Child> {
+        self.incarnation = incarnation;
         let command = &self.command;
         let mut process = match &self.confinement {
             Some(confinement) => confinement.command(
@@ -280,9 +282,9 @@ impl Service for ServerProcess {
                 let _ = waker.wake();
             })
             .map_err(ReadyError::Stderr)?;
-        let launched = Launched {
+        let launched = StartedServer {
             server: self.index,
-            run: self.run,
+            incarnation: self.incarnation,
             stdin,
             stdout,
         };

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use super::mcp::client::{CallId, ClientEvent, McpClient, ServerState, ToolInfo};
 use super::mcp::jsonrpc::LineReader;
-use super::process::{Launched, ServerCommand, ServerProcess, RESTART};
+use super::process::{ServerCommand, ServerProcess, StartedServer, RESTART};
 use super::reply::reply_for;
 use super::secrets::{truncate_text, Secrets};
 use crate::address::Reply;
@@ -85,7 +85,7 @@ pub struct CallRequest<'a> {
 #[derive(Debug)]
 pub struct Servers {
     servers: Vec<Server>,
-    launches: Receiver<Launched>,
+    launches: Receiver<StartedServer>,
     registry: Registry,
     token_base: usize,
     calls: HashMap<CallId, Pending>,
@@ -109,8 +109,8 @@ struct Server {
     stopped: bool,
     /// Non-messages logged since it started.
     garbage: usize,
-    /// The supervisor's number for the run whose pipes these are.
-    run: u64,
+    /// The supervisor's number for the incarnation whose pipes these are.
+    incarnation: u64,
     /// Its tools as last listed, kept while it restarts: what `import
     /// tools` offers does not flap with a server's restarts.
     known_tools: Vec<ToolInfo>,
@@ -163,7 +163,7 @@ impl Servers {
                 secrets: Secrets::new(server.env.values()),
                 stopped: !server.enabled,
                 garbage: 0,
-                run: 0,
+                incarnation: 0,
                 known_tools: Vec::new(),
                 awaiting_words: false,
             };
@@ -182,7 +182,7 @@ impl Servers {
                         launches: sender.clone(),
                         waker: waker.clone(),
                         last_words,
-                        run: 0,
+                        incarnation: 0,
                     };
                     entry.supervisor = Some(Supervisor::start(process, RESTART)?);
                 }
@@ -368,8 +368,8 @@ impl Servers {
 
     /// Pipes of servers that have (re)started.
     pub fn on_wake(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        // Last words first: they belong to runs that ended before any
-        // run now being adopted began.
+        // Last words first: they belong to incarnations that ended before
+        // any incarnation now being adopted began.
         for server in self.servers.iter_mut().filter(|s| s.awaiting_words) {
             let words = last_words(server);
             if let (false, Some(error)) = (words.is_empty(), server.error.as_mut()) {
@@ -451,7 +451,7 @@ impl Servers {
             };
             if !supervisor.wait_finished(left()) {
                 log::warn!("MCP server {} ignored SIGTERM; killing it", server.name);
-                supervisor.restart(server.run);
+                supervisor.restart(server.incarnation);
                 killed.push(supervisor);
             }
         }
@@ -522,7 +522,7 @@ impl Servers {
             log::warn!("MCP server {} failed: {why}", server.name);
         }
         if let Some(supervisor) = &server.supervisor {
-            supervisor.restart(server.run);
+            supervisor.restart(server.incarnation);
         }
         self.end_calls(index, &why, replies);
         let server = &mut self.servers[index];

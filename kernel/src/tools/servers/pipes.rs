@@ -11,12 +11,17 @@ use super::{last_words, Pipes, Servers, MAX_MESSAGE, READ_CHUNK};
 use crate::address::Reply;
 use crate::tools::mcp::client::McpClient;
 use crate::tools::mcp::jsonrpc::LineReader;
-use crate::tools::process::Launched;
+use crate::tools::process::StartedServer;
 
 impl Servers {
     /// A (re)started server's pipes: registered, and a new client speaks
     /// first.
-    pub(super) fn adopt(&mut self, launched: Launched, replies: &mut Vec<Reply>, now: Instant) {
+    pub(super) fn adopt(
+        &mut self,
+        launched: StartedServer,
+        replies: &mut Vec<Reply>,
+        now: Instant,
+    ) {
         let index = launched.server;
         self.servers[index].awaiting_words = false;
         if self.servers[index].stopped {
@@ -24,7 +29,7 @@ impl Servers {
             // here, and its supervisor ends it.
             return;
         }
-        // A run whose end was never seen (something it started still holds
+        // An incarnation whose end was never seen (something it started still holds
         // its output): its calls fail now, not never.
         if self.servers[index].client.is_some() {
             self.restart(
@@ -33,7 +38,7 @@ impl Servers {
                 replies,
             );
         }
-        self.servers[index].run = launched.run;
+        self.servers[index].incarnation = launched.incarnation;
         let stdin = pipe::Sender::from(launched.stdin);
         let mut stdout = pipe::Receiver::from(launched.stdout);
         let registered = stdin
