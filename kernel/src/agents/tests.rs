@@ -177,20 +177,26 @@ impl Bench {
             .on_sandbox(&mut self.sandboxes, &mut self.replies, event, now);
     }
 
-    fn status(&mut self, run: Incarnation, status: Status, secs: u64) {
-        self.event(SandboxEvent::Status { owner: run, status }, secs);
+    fn status(&mut self, incarnation: Incarnation, status: Status, secs: u64) {
+        self.event(
+            SandboxEvent::Status {
+                owner: incarnation,
+                status,
+            },
+            secs,
+        );
     }
 
-    /// The run's sandbox ended; the init reports the workload's `end`.
-    fn ended(&mut self, run: Incarnation, end: Status, oom_killed: bool, secs: u64) {
+    /// The incarnation's sandbox ended; the init reports the workload's `end`.
+    fn ended(&mut self, incarnation: Incarnation, end: Status, oom_killed: bool, secs: u64) {
         let init = match end {
             Status::Signaled(signal) => ProcessEnd::Signaled(signal),
             _ => ProcessEnd::Exited(0),
         };
-        self.status(run, end, secs);
+        self.status(incarnation, end, secs);
         self.event(
             SandboxEvent::Ended {
-                owner: run,
+                owner: incarnation,
                 init: Some(init),
                 oom_killed,
                 usage: CgroupStats::default(),
@@ -222,7 +228,7 @@ impl Bench {
         self.agents.table.get(&id).map(|a| a.state)
     }
 
-    fn run(&self, id: u32) -> Incarnation {
+    fn incarnation(&self, id: u32) -> Incarnation {
         Incarnation {
             agent: id,
             number: self.agents.table[&id].incarnation,
@@ -235,12 +241,12 @@ impl Bench {
         serde_json::from_slice(&self.replies[0].1.clone().into_json()).unwrap()
     }
 
-    /// Brings a freshly spawned agent's run to `running`.
-    fn runs(&mut self, id: u32, secs: u64) -> Incarnation {
-        let run = self.run(id);
-        self.status(run, Status::Ready { pid: 1 }, secs);
+    /// Brings a freshly spawned agent's incarnation to `running`.
+    fn running(&mut self, id: u32, secs: u64) -> Incarnation {
+        let incarnation = self.incarnation(id);
+        self.status(incarnation, Status::Ready { pid: 1 }, secs);
         assert_eq!(self.state(id), Some(AgentState::Running));
-        run
+        incarnation
     }
 }
 
@@ -251,9 +257,9 @@ fn a_warm_sandbox_is_claimed_at_once_and_the_spawn_answered_once_the_workload_ru
     let mut bench = Bench::new(1);
     let id = bench.spawn(TRUE);
     assert_eq!(bench.state(id), Some(AgentState::Starting));
-    let (_, run, cgroup) = &bench.sandboxes.claims[0];
+    let (_, incarnation, cgroup) = &bench.sandboxes.claims[0];
     assert_eq!(
-        *run,
+        *incarnation,
         Incarnation {
             agent: id,
             number: 1
@@ -264,7 +270,7 @@ fn a_warm_sandbox_is_claimed_at_once_and_the_spawn_answered_once_the_workload_ru
         bench.replies.is_empty(),
         "no reply before the workload runs"
     );
-    bench.runs(id, 0);
+    bench.running(id, 0);
     let reply = bench.only_reply();
     assert_eq!(reply["success"], true);
     assert_eq!(reply["id"], id);
@@ -276,27 +282,27 @@ fn a_warm_sandbox_is_claimed_at_once_and_the_spawn_answered_once_the_workload_ru
 fn a_run_waits_for_the_next_sandbox_and_claims_it_when_it_arrives() {
     let mut bench = Bench::new(0);
     let id = bench.spawn(TRUE);
-    let run = bench.run(id);
-    assert_eq!(bench.sandboxes.waiting, vec![run]);
+    let incarnation = bench.incarnation(id);
+    assert_eq!(bench.sandboxes.waiting, vec![incarnation]);
     assert!(bench.sandboxes.claims.is_empty());
     let sandbox = SandboxKey::for_tests(99);
     bench.event(
         SandboxEvent::Ready {
-            owner: run,
+            owner: incarnation,
             sandbox,
         },
         0,
     );
     assert_eq!(bench.sandboxes.claims[0].0, sandbox);
-    bench.runs(id, 0);
+    bench.running(id, 0);
 }
 
 #[test]
 fn a_clean_exit_ends_the_agent_which_is_forgotten_after_retention() {
     let mut bench = Bench::new(1);
     let id = bench.spawn(TRUE);
-    let run = bench.runs(id, 0);
-    bench.ended(run, Status::Exited(0), false, 1);
+    let incarnation = bench.running(id, 0);
+    bench.ended(incarnation, Status::Exited(0), false, 1);
     assert_eq!(bench.state(id), Some(AgentState::Exited));
     let info = bench
         .agents
@@ -318,7 +324,7 @@ fn a_clean_exit_ends_the_agent_which_is_forgotten_after_retention() {
 fn kill_sends_sigterm_then_sigkill_after_the_grace_and_ends_killed() {
     let mut bench = Bench::new(1);
     let id = bench.spawn(TRUE);
-    let run = bench.runs(id, 0);
+    let incarnation = bench.running(id, 0);
     bench.kill(id, 2000, 0);
     assert_eq!(bench.sandboxes.signals(), vec![libc::SIGTERM]);
     bench.deadlines(1);
@@ -332,7 +338,7 @@ fn kill_sends_sigterm_then_sigkill_after_the_grace_and_ends_killed() {
         bench.sandboxes.signals(),
         vec![libc::SIGTERM, libc::SIGKILL]
     );
-    bench.ended(run, Status::Signaled(libc::SIGKILL), false, 3);
+    bench.ended(incarnation, Status::Signaled(libc::SIGKILL), false, 3);
     assert_eq!(bench.state(id), Some(AgentState::Killed));
 }
 
@@ -340,10 +346,10 @@ fn kill_sends_sigterm_then_sigkill_after_the_grace_and_ends_killed() {
 fn a_kill_with_no_grace_is_sigkill_at_once_and_a_stopped_run_never_restarts() {
     let mut bench = Bench::new(1);
     let id = bench.spawn(r#"{"name":"w","command":["/bin/true"],"restart_policy":"always"}"#);
-    let run = bench.runs(id, 0);
+    let incarnation = bench.running(id, 0);
     bench.kill(id, 0, 0);
     assert_eq!(bench.sandboxes.signals(), vec![libc::SIGKILL]);
-    bench.ended(run, Status::Signaled(libc::SIGKILL), false, 0);
+    bench.ended(incarnation, Status::Signaled(libc::SIGKILL), false, 0);
     assert_eq!(bench.state(id), Some(AgentState::Killed));
     bench.deadlines(3600);
     assert_eq!(bench.sandboxes.claims.len(), 1, "no second run");
@@ -353,13 +359,13 @@ fn a_kill_with_no_grace_is_sigkill_at_once_and_a_stopped_run_never_restarts() {
 fn a_memory_kill_is_oom_killed_whether_the_watch_or_the_end_reports_it() {
     let mut bench = Bench::new(2);
     let watched = bench.spawn(r#"{"name":"a","command":["/bin/true"]}"#);
-    let run = bench.runs(watched, 0);
-    bench.event(SandboxEvent::OomKill { owner: run }, 1);
-    bench.ended(run, Status::Signaled(libc::SIGKILL), true, 1);
+    let incarnation = bench.running(watched, 0);
+    bench.event(SandboxEvent::OomKill { owner: incarnation }, 1);
+    bench.ended(incarnation, Status::Signaled(libc::SIGKILL), true, 1);
     // The workload died before the watch was read: the end says it all.
     let unwatched = bench.spawn(r#"{"name":"b","command":["/bin/true"]}"#);
-    let run = bench.runs(unwatched, 1);
-    bench.ended(run, Status::Signaled(libc::SIGKILL), true, 2);
+    let incarnation = bench.running(unwatched, 1);
+    bench.ended(incarnation, Status::Signaled(libc::SIGKILL), true, 2);
     let info = bench
         .agents
         .list(&bench.sandboxes, Viewer::Operator, bench.at(2));
@@ -374,8 +380,8 @@ fn a_memory_kill_is_oom_killed_whether_the_watch_or_the_end_reports_it() {
 fn a_kill_signal_without_an_oom_kill_is_a_plain_exit() {
     let mut bench = Bench::new(1);
     let id = bench.spawn(TRUE);
-    let run = bench.runs(id, 0);
-    bench.ended(run, Status::Signaled(libc::SIGKILL), false, 1);
+    let incarnation = bench.running(id, 0);
+    bench.ended(incarnation, Status::Signaled(libc::SIGKILL), false, 1);
     assert_eq!(bench.state(id), Some(AgentState::Exited));
 }
 
@@ -385,20 +391,20 @@ fn a_failing_agent_restarts_with_backoff_until_its_restarts_are_used_up() {
     let id = bench.spawn(
         r#"{"name":"w","command":["/bin/true"],"restart_policy":"on-failure","max_restarts":2}"#,
     );
-    let first = bench.runs(id, 0);
+    let first = bench.running(id, 0);
     bench.ended(first, Status::Exited(1), false, 1);
     assert_eq!(bench.state(id), Some(AgentState::Restarting));
     assert_eq!(bench.sandboxes.claims.len(), 1, "waits out its backoff");
     bench.deadlines(3);
-    let second = bench.run(id);
+    let second = bench.incarnation(id);
     assert_eq!(second.number, 2);
     assert_eq!(bench.sandboxes.claims[1].2, format!("agent-{id}-2"));
-    // What the first run's sandbox still says is stale.
+    // What the first incarnation's sandbox still says is stale.
     bench.status(first, Status::Exited(7), 3);
-    bench.runs(id, 3);
+    bench.running(id, 3);
     bench.ended(second, Status::Exited(1), false, 4);
     bench.deadlines(10);
-    let third = bench.runs(id, 10);
+    let third = bench.running(id, 10);
     bench.ended(third, Status::Exited(1), false, 11);
     assert_eq!(
         bench.state(id),
@@ -418,15 +424,15 @@ fn restarts_outside_the_window_do_not_count() {
     let id = bench.spawn(
         r#"{"name":"w","command":["/bin/true"],"restart_policy":"always","max_restarts":1,"restart_window":10}"#,
     );
-    let first = bench.runs(id, 0);
+    let first = bench.running(id, 0);
     bench.ended(first, Status::Exited(0), false, 0);
     bench.deadlines(2);
-    let second = bench.runs(id, 2);
+    let second = bench.running(id, 2);
     // Twenty seconds on, the first restart is out of the window.
     bench.ended(second, Status::Exited(0), false, 20);
     assert_eq!(bench.state(id), Some(AgentState::Restarting));
     bench.deadlines(22);
-    let third = bench.runs(id, 22);
+    let third = bench.running(id, 22);
     bench.ended(third, Status::Exited(0), false, 23);
     assert_eq!(bench.state(id), Some(AgentState::Failed));
 }
@@ -435,9 +441,15 @@ fn restarts_outside_the_window_do_not_count() {
 fn a_sandbox_that_cannot_be_prepared_fails_the_spawn() {
     let mut bench = Bench::new(0);
     let id = bench.spawn(TRUE);
-    let run = bench.run(id);
+    let incarnation = bench.incarnation(id);
     let error = LaunchError::Start(std::io::Error::other("no room"));
-    bench.event(SandboxEvent::Failed { owner: run, error }, 0);
+    bench.event(
+        SandboxEvent::Failed {
+            owner: incarnation,
+            error,
+        },
+        0,
+    );
     let reply = bench.only_reply();
     assert_eq!(reply["code"], "internal");
     assert!(
@@ -455,11 +467,11 @@ fn a_claim_that_fails_fails_the_spawn_once_the_sandbox_is_gone() {
     let mut bench = Bench::new(1);
     bench.sandboxes.fail_claims = true;
     let id = bench.spawn(TRUE);
-    let run = bench.run(id);
+    let incarnation = bench.incarnation(id);
     assert!(bench.replies.is_empty());
     bench.event(
         SandboxEvent::Ended {
-            owner: run,
+            owner: incarnation,
             init: Some(ProcessEnd::Signaled(libc::SIGKILL)),
             oom_killed: false,
             usage: CgroupStats::default(),
@@ -498,14 +510,14 @@ fn a_sandbox_arriving_for_a_killed_run_is_discarded() {
     let mut bench = Bench::new(0);
     // With a network, the sandbox is not the pool's shape: one is prepared.
     let id = bench.spawn(r#"{"name":"w","command":["/bin/true"],"network":true}"#);
-    let run = bench.run(id);
-    assert_eq!(bench.sandboxes.preparing, vec![run]);
+    let incarnation = bench.incarnation(id);
+    assert_eq!(bench.sandboxes.preparing, vec![incarnation]);
     bench.kill(id, 1000, 0);
     assert!(bench.replies.is_empty(), "its sandbox is still on its way");
     let sandbox = SandboxKey::for_tests(5);
     bench.event(
         SandboxEvent::Ready {
-            owner: run,
+            owner: incarnation,
             sandbox,
         },
         0,
@@ -524,7 +536,7 @@ fn shutdown_stops_every_live_agent_and_restarts_none() {
     let mut bench = Bench::new(2);
     let a = bench.spawn(r#"{"name":"a","command":["/bin/true"],"restart_policy":"always"}"#);
     let b = bench.spawn(r#"{"name":"b","command":["/bin/true"]}"#);
-    let (run_a, run_b) = (bench.runs(a, 0), bench.runs(b, 0));
+    let (run_a, run_b) = (bench.running(a, 0), bench.running(b, 0));
     bench.agents.begin_shutdown(
         &mut bench.sandboxes,
         &mut bench.replies,
@@ -556,7 +568,7 @@ fn shutdown_stops_every_live_agent_and_restarts_none() {
 fn a_live_name_is_taken_until_its_agent_ends() {
     let mut bench = Bench::new(2);
     let id = bench.spawn(TRUE);
-    let run = bench.runs(id, 0);
+    let incarnation = bench.running(id, 0);
     let again = SpawnRequest::parse(TRUE.as_bytes()).unwrap();
     let refused = bench
         .agents
@@ -569,6 +581,6 @@ fn a_live_name_is_taken_until_its_agent_ends() {
         )
         .unwrap_err();
     assert_eq!(refused.code, ErrorCode::AlreadyExists);
-    bench.ended(run, Status::Exited(0), false, 1);
+    bench.ended(incarnation, Status::Exited(0), false, 1);
     bench.spawn(TRUE);
 }

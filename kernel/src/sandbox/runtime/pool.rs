@@ -3,7 +3,7 @@
 //! owner takes the next default sandbox that comes back from the launch
 //! thread, whether it was launched for it or for the pool. The pool knows
 //! sandboxes only by key and owners only as values: whatever claims from
-//! it (an agent's run, an EXEC) is the caller's business.
+//! it (an agent's incarnation, an exec host) is the caller's business.
 
 use std::collections::VecDeque;
 
