@@ -5,6 +5,8 @@
 //! agents, THINK, the tools and the kernel share them without reaching
 //! into each other.
 
+use agentos_proto::{ErrorCode, ErrorReply};
+
 /// A token budget: `tokens` set on agent `owner`, shared by it and every
 /// agent it spawned, directly or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,6 +15,15 @@ pub struct Budget {
     pub owner: u32,
     /// Its size.
     pub tokens: u64,
+}
+
+/// The refusal of an EXEC request that asks, in `field`, for more than
+/// its caller has.
+pub fn beyond_caller(field: &str, why: &str) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::PermissionDenied,
+        format!("EXEC field `{field}`: {why} (a run never gets more than its caller)"),
+    )
 }
 
 /// Whether `server.tool` is within a `permissions.tools` pattern: `*`

@@ -8,9 +8,10 @@
 //! gives it that share as it is when the run asks for none.
 
 use agentos_proto::payload::Limits;
-use agentos_proto::{ErrorCode, ErrorReply};
+use agentos_proto::ErrorReply;
 
 use crate::cgroup::CgroupLimits;
+use crate::permissions::beyond_caller;
 
 /// The CPU period of every run, in microseconds.
 pub const RUN_CPU_PERIOD: u64 = 100_000;
@@ -58,7 +59,7 @@ pub fn run_limits(
         (Some(own_quota), Some(own_period), Some(quota)) => {
             let share_of = |quota: u64, period: u64| u128::from(quota) * u128::from(period);
             if share_of(quota, own_period) > share_of(own_quota, RUN_CPU_PERIOD) {
-                return Err(denied(
+                return Err(beyond_caller(
                     "limits.cpu_quota",
                     &format!(
                         "asks for {quota} us every {RUN_CPU_PERIOD} us, more CPU than the \
@@ -86,7 +87,7 @@ fn at_most(
     default: u64,
 ) -> Result<u64, ErrorReply> {
     match (asked, own) {
-        (Some(asked), Some(own)) if asked > own => Err(denied(
+        (Some(asked), Some(own)) if asked > own => Err(beyond_caller(
             field,
             &format!("asks for {asked}, more than the caller's own {own}"),
         )),
@@ -101,16 +102,10 @@ fn with_parent(max_pids: u64) -> u64 {
     max_pids.saturating_add(1)
 }
 
-fn denied(field: &str, why: &str) -> ErrorReply {
-    ErrorReply::new(
-        ErrorCode::PermissionDenied,
-        format!("EXEC field `{field}`: {why} (a run never gets more than its caller)"),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentos_proto::ErrorCode;
 
     const DEFAULTS: RunDefaults = RunDefaults {
         memory: 256 << 20,

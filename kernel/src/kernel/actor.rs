@@ -19,8 +19,8 @@ use crate::agents::{AgentGrant, Agents, Viewer};
 use crate::cgroup::CgroupLimits;
 use crate::exec::Share;
 use crate::identity::Principal;
-use crate::permissions::covered_by;
 use crate::permissions::Budget;
+use crate::permissions::{beyond_caller, covered_by};
 
 /// Who is asking, with what it was given.
 #[derive(Clone, Copy, Debug)]
@@ -220,7 +220,7 @@ impl<'a> Actor<'a> {
             ("task", asked.task, powers.task),
         ] {
             if asked == Some(true) && !has {
-                return Err(denied(
+                return Err(beyond_caller(
                     &format!("permissions.{field}"),
                     &format!("{} does not have it", self.name()),
                 ));
@@ -229,13 +229,13 @@ impl<'a> Actor<'a> {
         // One level of nesting: a run's runs hold places of their own while
         // it waits for them, so deeper chains would only wait on each other.
         if asked.exec == Some(true) && matches!(self, Actor::Run { .. }) {
-            return Err(denied(
+            return Err(beyond_caller(
                 "permissions.exec",
                 "a run's own runs may not run code of their own (one level of nesting)",
             ));
         }
         if request.network == Some(true) && !powers.network {
-            return Err(denied(
+            return Err(beyond_caller(
                 "network",
                 &format!("{} has no host network", self.name()),
             ));
@@ -250,7 +250,7 @@ impl<'a> Actor<'a> {
         let tools = match (&asked.tools, powers.tools) {
             (Some(wanted), Some(own)) => {
                 if let Some(wider) = wanted.iter().find(|p| !covered_by(own, p)) {
-                    return Err(denied(
+                    return Err(beyond_caller(
                         "permissions.tools",
                         &format!("{wider:?} allows tools {}'s {own:?} do not", self.name()),
                     ));
@@ -263,7 +263,7 @@ impl<'a> Actor<'a> {
         };
         let own_tokens = asked.llm_tokens.unwrap_or(0);
         if let Some(left) = tokens_left.filter(|left| own_tokens > *left) {
-            return Err(denied(
+            return Err(beyond_caller(
                 "permissions.llm_tokens",
                 &format!(
                     "asks for {own_tokens} tokens; {}'s budget has {left} left",
@@ -338,13 +338,6 @@ impl Permission {
             Permission::Task => "dispatch TASKs",
         }
     }
-}
-
-fn denied(field: &str, why: &str) -> ErrorReply {
-    ErrorReply::new(
-        ErrorCode::PermissionDenied,
-        format!("EXEC field `{field}`: {why} (a run never gets more than its caller)"),
-    )
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ impl<S: Store> Tasks<S> {
         let seq = self.next_seq;
         self.next_seq += 1;
         let created_ms = now_ms();
-        self.write(Write::Insert(Record {
+        let record = Record {
             id: id.clone(),
             seq,
             owner,
@@ -69,23 +69,9 @@ impl<S: Store> Tasks<S> {
             started_ms: None,
             finished_ms: None,
             output: None,
-        }));
-        self.table.insert(Task {
-            id: id.clone(),
-            seq,
-            owner,
-            kind: dispatch.kind,
-            label: dispatch.label.clone(),
-            state: TaskState::Queued,
-            created_ms,
-            started_ms: None,
-            finished_ms: None,
-            dispatch: Some(dispatch),
-            number: None,
-            output: String::new(),
-            iteration: None,
-            output_unsaved: false,
-        });
+        };
+        self.write(Write::Insert(record.clone()));
+        self.table.insert(Task::from_record(record, Some(dispatch)));
         self.queue.push(id.clone(), owner);
         Ok(id)
     }

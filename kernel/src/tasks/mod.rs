@@ -150,8 +150,7 @@ impl<S: Store> Tasks<S> {
     }
 
     /// A task from the store.
-    fn restore(&mut self, record: Record) {
-        let mut state = record.state;
+    fn restore(&mut self, mut record: Record) {
         let dispatch = serde_json::from_str(&record.request)
             .ok()
             .map(|request| TaskDispatch {
@@ -159,37 +158,22 @@ impl<S: Store> Tasks<S> {
                 request,
                 label: record.label.clone(),
             });
-        let mut finished_ms = record.finished_ms;
-        if state == TaskState::Queued && (dispatch.is_none() || !record.owner.is_operator()) {
+        if record.state == TaskState::Queued && (dispatch.is_none() || !record.owner.is_operator())
+        {
             // Its agent is gone with the kernel that ran it.
-            state = TaskState::Interrupted;
-            finished_ms = Some(now_ms());
+            record.state = TaskState::Interrupted;
+            record.finished_ms = Some(now_ms());
             self.write(Write::Finished {
                 id: record.id.clone(),
-                state,
+                state: record.state,
                 finished_ms: now_ms(),
                 result: Arc::new(interrupted(AGENT_ENDED_WITH_KERNEL, "")),
                 output: None,
             });
         }
         self.next_seq = self.next_seq.max(record.seq + 1);
-        let task = Task {
-            id: record.id,
-            seq: record.seq,
-            owner: record.owner,
-            kind: record.kind,
-            label: record.label,
-            state,
-            created_ms: record.created_ms,
-            started_ms: record.started_ms,
-            finished_ms,
-            dispatch: (state == TaskState::Queued).then_some(dispatch).flatten(),
-            number: None,
-            output: record.output.unwrap_or_default(),
-            iteration: None,
-            output_unsaved: false,
-        };
-        if state == TaskState::Queued {
+        let task = Task::from_record(record, dispatch);
+        if task.state == TaskState::Queued {
             self.queue.push(task.id.clone(), task.owner);
         }
         self.table.insert(task);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use agentos_proto::payload::{TaskDispatch, TaskInfo, TaskKind, TaskProgress, TaskState};
 
 use super::owner::{OwnerKey, PerOwner};
+use super::store::Record;
 use crate::clock::rfc3339;
 
 /// A task as the kernel keeps it.
@@ -43,6 +44,28 @@ pub struct Task {
 }
 
 impl Task {
+    /// The task a stored record describes; `dispatch` is what it runs, kept
+    /// only while it is queued.
+    pub fn from_record(record: Record, dispatch: Option<TaskDispatch>) -> Task {
+        let queued = record.state == TaskState::Queued;
+        Task {
+            id: record.id,
+            seq: record.seq,
+            owner: record.owner,
+            kind: record.kind,
+            label: record.label,
+            state: record.state,
+            created_ms: record.created_ms,
+            started_ms: record.started_ms,
+            finished_ms: record.finished_ms,
+            dispatch: dispatch.filter(|_| queued),
+            number: None,
+            output: record.output.unwrap_or_default(),
+            iteration: None,
+            output_unsaved: false,
+        }
+    }
+
     /// The task as `status`, `wait` and `list` report it; with its
     /// `result` (JSON), once it has finished and a `wait` asks for it.
     pub fn info(&self, result: Option<&[u8]>) -> TaskInfo {
