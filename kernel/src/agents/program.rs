@@ -205,7 +205,7 @@ pub fn environment(
 mod tests {
     use super::*;
     use crate::sandbox::spec::RootFs;
-    use crate::sandbox::view::{View, Viewer};
+    use crate::sandbox::view::{View, ViewUser};
     use std::os::unix::fs::PermissionsExt;
 
     fn request(json: &str) -> SpawnRequest {
@@ -417,7 +417,7 @@ mod tests {
             target: "/srv/agent".into(),
             writable: false,
         }];
-        let viewer = Viewer {
+        let viewer = ViewUser {
             uid: 65534,
             gid: 65534,
         };

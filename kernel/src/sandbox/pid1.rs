@@ -94,7 +94,7 @@ pub fn run(spec: &SandboxSpec, claim: &Claim) -> Result<i32, WorkloadError> {
             });
         }
     }
-    let exec = Exec::prepare(claim, &program)?;
+    let exec = ExecArgs::prepare(claim, &program)?;
     let (output_read, output_write) = pipe()?;
     let (exec_read, exec_write) = pipe()?;
 
@@ -163,17 +163,17 @@ fn resolve_program(spec: &Claim) -> Result<PathBuf, WorkloadError> {
 }
 
 /// argv and environment, converted before fork.
-struct Exec {
+struct ExecArgs {
     program: CString,
     argv: Vec<CString>,
     env: Vec<CString>,
     cwd: CString,
 }
 
-impl Exec {
-    fn prepare(spec: &Claim, program: &Path) -> Result<Exec, WorkloadError> {
+impl ExecArgs {
+    fn prepare(spec: &Claim, program: &Path) -> Result<ExecArgs, WorkloadError> {
         let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| WorkloadError::NulByte);
-        Ok(Exec {
+        Ok(ExecArgs {
             program: c(program.as_os_str().as_bytes())?,
             argv: spec
                 .argv
@@ -192,7 +192,7 @@ impl Exec {
 
 /// The forked child: becomes the workload. Reports a failure on
 /// `exec_write` as "<step> <errno>" and exits 127.
-fn workload(exec: &Exec, output: &OwnedFd, exec_write: &OwnedFd) -> ! {
+fn workload(exec: &ExecArgs, output: &OwnedFd, exec_write: &OwnedFd) -> ! {
     let fail = |step: &str, errno: Errno| -> ! {
         let message = format!("{step} {}", errno as i32);
         let _ = write(exec_write, message.as_bytes());

@@ -23,7 +23,7 @@ const MAX_LINKS: usize = 40;
 
 /// The user a view belongs to, for permission checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Viewer {
+pub struct ViewUser {
     /// Its uid on the host.
     pub uid: u32,
     /// Its gid on the host (its only group).
@@ -72,12 +72,12 @@ pub struct View {
     links: Vec<Symlink>,
     /// Masked paths, resolved inside the view.
     masks: Vec<PathBuf>,
-    viewer: Viewer,
+    viewer: ViewUser,
 }
 
 impl View {
     /// The view of a sandbox with `root` whose workload claimed `binds`.
-    pub fn of(root: &RootFs, binds: &[Bind], viewer: Viewer) -> View {
+    pub fn of(root: &RootFs, binds: &[Bind], viewer: ViewUser) -> View {
         let mut view = View {
             binds: Vec::new(),
             private: Vec::new(),
@@ -277,7 +277,7 @@ pub const MAY_READ: u32 = 0o4;
 pub const MAY_EXECUTE: u32 = 0o1;
 
 /// Whether `viewer` has `mode` on a file with `meta`, by its mode bits.
-fn permits(meta: &Metadata, viewer: Viewer, mode: u32) -> bool {
+fn permits(meta: &Metadata, viewer: ViewUser, mode: u32) -> bool {
     if viewer.uid == 0 {
         return mode & MAY_EXECUTE == 0 || meta.is_dir() || meta.mode() & 0o111 != 0;
     }
@@ -299,7 +299,7 @@ mod tests {
     use std::fs;
     use std::os::unix::fs::symlink;
 
-    const NOBODY: Viewer = Viewer {
+    const NOBODY: ViewUser = ViewUser {
         uid: 65534,
         gid: 65534,
     };

@@ -46,7 +46,7 @@ use crate::fd;
 use crate::process;
 use crate::sandbox::confine::Confinement;
 use crate::sandbox::plan::{self, Profile, Shape};
-use crate::sandbox::view::Viewer;
+use crate::sandbox::view::ViewUser;
 use crate::sandbox::{Launcher, SandboxSpec, Status};
 use crate::timers::Timers;
 use door::DoorEntry;
@@ -129,7 +129,7 @@ pub struct Runtime<O> {
     /// building it probes the host's system directories.
     shapes: HashMap<Shape, SandboxSpec>,
     /// Whose permissions a sandboxed workload has on the host's files.
-    viewer: Viewer,
+    viewer: ViewUser,
     default_limits: CgroupLimits,
     events: Vec<SandboxEvent<O>>,
     shutting_down: bool,
@@ -156,11 +156,11 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
     ) -> io::Result<Runtime<O>> {
         let launcher = Launcher::new(Path::new("/proc/self/exe"))?;
         let viewer = match setup.profile.user {
-            Some(user) => Viewer {
+            Some(user) => ViewUser {
                 uid: user.uid,
                 gid: user.gid,
             },
-            None => Viewer {
+            None => ViewUser {
                 uid: nix::unistd::geteuid().as_raw(),
                 gid: nix::unistd::getegid().as_raw(),
             },
