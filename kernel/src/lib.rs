@@ -11,15 +11,17 @@
 //! wired: the sandbox runtime and the one-shot sandboxes it keeps
 //! ([`sandbox`], on [`cgroup`]), the agents ([`agents`]), THINK ([`llm`]),
 //! EXEC ([`exec`]), the tools ([`tools`]) and the background tasks
-//! ([`tasks`]). Replies travel by [`address`] and stay typed until the
-//! reactor writes them. Subsystems that run processes of their own share
-//! [`process`] (pidfds, memfds), [`fd`] (descriptors passed over Unix
-//! sockets, non-blocking mode, watching one with mio) and [`supervisor`] (a
-//! long-running child, restarted when it ends); the leaves — [`clock`], [`timers`], [`random`], [`python_names`]
-//! — serve everyone. Dependencies point from the reactor down to the
-//! leaves, never back up, and no file depends on one that depends on it:
-//! a test reads the sources to keep it so, and `docs/architecture.md`
-//! draws the map.
+//! ([`tasks`]). What a principal may be given — tool patterns, token
+//! budgets — is [`permissions`], below them all. Replies travel by
+//! [`address`] and stay typed until the reactor writes them. Subsystems
+//! that run processes of their own share [`process`] (pidfds, memfds),
+//! [`fd`] (descriptors passed over Unix sockets, non-blocking mode,
+//! watching one with mio) and [`supervisor`] (a long-running child,
+//! restarted when it ends); the leaves — [`clock`], [`timers`],
+//! [`random`], [`python_names`] — serve everyone. Dependencies point from
+//! the reactor down to the leaves, never back up, and no file depends on
+//! one that depends on it: a test reads the sources to keep it so, and
+//! `docs/architecture.md` draws the map.
 
 pub mod address;
 pub mod agents;

@@ -114,28 +114,33 @@ pub fn pid_of(pidfd: BorrowedFd<'_>) -> Option<i32> {
         .filter(|pid: &i32| *pid > 0)
 }
 
-/// Moves the process behind `pidfd` to the normal scheduling class at nice
-/// 0 (from the idle class its preparation ran in). Needs `CAP_SYS_NICE`.
+/// The nice value of work done ahead of need (preparing runs, making their
+/// cgroups): it leaves most of the CPU to runs and requests, yet is never
+/// starved. On a busy host a request that waits for such work is served
+/// late, not never — as it would be in the idle scheduling class, which
+/// runs only when nothing else wants the CPU.
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Gives the process behind `pidfd` normal priority (nice 0), from the
+/// background priority its preparation ran at. Needs `CAP_SYS_NICE`.
 pub fn normal_priority(pidfd: BorrowedFd<'_>) -> io::Result<()> {
     let pid = pid_of(pidfd).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sched_setscheduler with a valid parameter struct; the pid is
-    // that of a live process we hold a pidfd to, so it cannot be reused.
-    let rc = unsafe { libc::sched_setscheduler(pid, libc::SCHED_OTHER, &param) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    // The pid is that of a live process we hold a pidfd to, so it cannot
+    // have been reused.
+    set_nice(pid, 0)
 }
 
-/// Moves the calling thread to the idle scheduling class: it runs only
-/// when nothing else wants the CPU (background work).
-pub fn idle_priority_for_this_thread() -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sched_setscheduler with a valid parameter struct; pid 0 is
-    // the calling thread.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+/// Moves the calling thread to the background priority (`BACKGROUND_NICE`).
+pub fn background_priority_for_this_thread() -> io::Result<()> {
+    // On Linux a nice value is a thread's: 0 names the calling thread.
+    set_nice(0, BACKGROUND_NICE)
+}
+
+fn set_nice(pid: i32, nice: i32) -> io::Result<()> {
+    let who =
+        libc::id_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: setpriority takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, nice) };
     if rc == 0 {
         Ok(())
     } else {

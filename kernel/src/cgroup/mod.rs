@@ -5,7 +5,7 @@
 //!
 //! The version-specific parts — where the controllers live, how a parent
 //! hands controllers to its children, which files hold the figures, how an
-//! OOM kill is signalled — sit behind [`Backend`], with [`v1`] and [`v2`]
+//! OOM kill is signalled — sit behind `Backend`, with `v1.rs` and `v2.rs`
 //! implementations. Limits are written through `cgroups-rs`, over
 //! hierarchies rooted where our backends say (so tests can point them at a
 //! fake cgroupfs in a temporary directory); the figures LIST needs are read

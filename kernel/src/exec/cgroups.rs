@@ -195,7 +195,7 @@ enum Fate {
 impl Stock<'_> {
     fn serve(&mut self, jobs: &Receiver<Job>) {
         // Runs' cgroups are made ahead of need: that work yields to requests.
-        if let Err(err) = process::idle_priority_for_this_thread() {
+        if let Err(err) = process::background_priority_for_this_thread() {
             log::debug!("the run-cgroup thread keeps normal priority: {err}");
         }
         // Returned cgroups are looked at again every RETRY_EVERY, however

@@ -109,9 +109,9 @@ impl RunChild {
     pub fn receive_pidfd(&mut self) -> io::Result<bool> {
         match wire::receive_pidfd(self.socket.as_fd()) {
             Ok(Some(pidfd)) => {
-                // Prepared in the idle class, it runs at normal priority.
+                // Prepared in the background, it runs at normal priority.
                 if let Err(err) = process::normal_priority(pidfd.as_fd()) {
-                    log::debug!("a run keeps the idle priority it was prepared in: {err}");
+                    log::debug!("a run keeps the background priority it was prepared at: {err}");
                 }
                 self.pidfd = Some(pidfd);
                 self.stage = Stage::Ready;

@@ -44,8 +44,8 @@ use agentos_proto::payload::Language;
 use nix::sys::socket::MsgFlags;
 use serde::{Deserialize, Serialize};
 
-use crate::fd;
 use crate::sandbox::spec::fds;
+use crate::{fd, process};
 
 /// Where the zygote finds its channel.
 pub const CHANNEL_FD: RawFd = fds::CHANNEL;
@@ -403,6 +403,7 @@ pub fn python_prelude() -> String {
     constant("PIPES_MARK", python_bytes(&PIPES_MARK));
     constant("HOST_PREPARE", python_str(HOST_PREPARE));
     constant("HOST_RELOAD_TOOLS", python_str(HOST_RELOAD_TOOLS));
+    constant("BACKGROUND_NICE", process::BACKGROUND_NICE.to_string());
     for op in OrderOp::ALL {
         let name = serde_name(&op);
         constant(&format!("OP_{}", name.to_uppercase()), python_str(&name));
@@ -514,6 +515,7 @@ mod tests {
         says("PIPES_MARK = b\"P\"".to_owned());
         says("HOST_PREPARE = \"cgroup\"".to_owned());
         says("HOST_RELOAD_TOOLS = \"reload_tools\"".to_owned());
+        says("BACKGROUND_NICE = 10".to_owned());
         // A frame's length is the u32 `frame` writes.
         assert_eq!(FRAME_HEADER, std::mem::size_of::<u32>());
         says("FRAME_LENGTH = \"<I\"".to_owned());

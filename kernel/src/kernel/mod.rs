@@ -7,11 +7,11 @@
 //! [`Kernel::take_output`]. Adding a subsystem means adding it here.
 //!
 //! What goes between subsystems lives in this module's files: a task's work
-//! started on EXEC or THINK and its reply handed back ([`task_work`]), the
-//! replies routed to tasks and TOOL callers ([`output`]), who asks with
-//! what it was given ([`actor`], [`runs`]) and what ends with whom
-//! ([`run_work`]), the `tools` package ([`tool_catalog`]), boot agents and
-//! SIGHUP ([`reload`]), and LOGS follows ([`log_follows`]).
+//! started on EXEC or THINK and its reply handed back (`task_work.rs`), the
+//! replies routed to tasks and TOOL callers (`output.rs`), who asks with
+//! what it was given (`actor.rs`, `runs.rs`) and what ends with whom
+//! (`run_work.rs`), the `tools` package (`tool_catalog.rs`), boot agents and
+//! SIGHUP (`reload.rs`), and LOGS follows (`log_follows.rs`).
 
 mod actor;
 mod log_follows;

@@ -15,6 +15,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use agentos_proto::ErrorCode;
 
 use super::spec::fds;
+use crate::fd::set_nonblocking;
 
 /// One status line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,14 +83,7 @@ pub struct StatusReader {
 impl StatusReader {
     /// Wraps the pipe's read end, making it non-blocking.
     pub fn new(fd: OwnedFd) -> io::Result<StatusReader> {
-        // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
-        unsafe {
-            let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-            if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-        }
+        set_nonblocking(&fd)?;
         Ok(StatusReader {
             fd,
             partial: Vec::new(),

@@ -1,7 +1,7 @@
 //! The exec hosts behind EXEC: the run children they prepare (with a shell
 //! once bash runs come), many runs at once with the reactor still fast, a
 //! host that crashes or never comes, and none left behind by a killed
-//! kernel.
+//! kernel, and runs prepared in the background yet served on a busy host.
 
 use std::fs;
 use std::time::{Duration, Instant};
@@ -250,4 +250,105 @@ fn a_bash_run_takes_a_shell_started_before_it_came() {
         json!({"language": "bash", "code": "echo \"$BASH_EXECUTION_STRING\"", "env": {"A.B": "x"}}),
     );
     assert_eq!(odd["stdout"], "echo \"$BASH_EXECUTION_STRING\"\n", "{odd}");
+}
+
+#[test]
+fn runs_are_prepared_at_background_priority_and_still_served_while_every_cpu_is_busy() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start_with("[exec]\nhosts = 1\nready_runs = 1\n");
+    let mut stream = daemon.raw();
+    let nice = "import os; print(os.getpriority(os.PRIO_PROCESS, 0))";
+    let reply = exec(&mut stream, json!({"code": nice}));
+    assert_eq!(
+        reply["stdout"], "0\n",
+        "a run runs at normal priority: {reply}"
+    );
+    let zygotes: Vec<i32> = pids_with("The exec host's interpreter", daemon.pid())
+        .into_iter()
+        .filter(|pid| {
+            fs::read(format!("/proc/{}/cmdline", parent_of(*pid)))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__agentos-sandbox-init"))
+        })
+        .collect();
+    assert_eq!(zygotes.len(), 1, "one zygote: {zygotes:?}");
+    let run_cgroups = fs::read_dir(format!("/proc/{}/task", daemon.pid()))
+        .unwrap()
+        .flatten()
+        .find(|task| {
+            fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.starts_with("agentos-run-cg"))
+        })
+        .expect("the kernel's run-cgroup thread")
+        .path();
+    let run_cgroups = format!(
+        "{}/task/{}",
+        daemon.pid(),
+        run_cgroups.file_name().unwrap().to_string_lossy()
+    );
+    for (what, task) in [
+        ("the zygote", zygotes[0].to_string()),
+        ("the run-cgroup thread", run_cgroups),
+    ] {
+        // Normal scheduling (policy 0, not the idle class's 5) at nice 10.
+        assert_eq!(
+            stat_field(&task, 41),
+            0,
+            "{what} is in the normal scheduling class"
+        );
+        assert_eq!(
+            stat_field(&task, 19),
+            10,
+            "{what} works at background priority"
+        );
+    }
+    // Every CPU kept busy twice over at normal priority: in the idle class
+    // the zygote would never prepare the next run.
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let _hogs = Hogs::start(2 * cpus);
+    for _ in 0..3 {
+        let started = Instant::now();
+        let reply = exec(&mut stream, json!({"code": nice, "timeout_ms": 30000}));
+        assert_eq!(reply["stdout"], "0\n", "{reply}");
+        eprintln!("a run on a busy host answered in {:?}", started.elapsed());
+    }
+}
+
+/// Field `index` (1-based, as proc(5) counts) of /proc/`task`/stat, where
+/// `task` is a pid or `pid/task/tid`.
+fn stat_field(task: &str, index: usize) -> i64 {
+    let stat = fs::read_to_string(format!("/proc/{task}/stat")).unwrap();
+    // The command may hold spaces and parentheses: count after its last ')'.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split(' ').nth(index - 3).unwrap().parse().unwrap()
+}
+
+fn parent_of(pid: i32) -> i32 {
+    stat_field(&pid.to_string(), 4) as i32
+}
+
+/// Shells spinning at normal priority, killed when dropped.
+struct Hogs(Vec<std::process::Child>);
+
+impl Hogs {
+    fn start(count: usize) -> Hogs {
+        Hogs(
+            (0..count)
+                .map(|_| {
+                    std::process::Command::new("/bin/sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for hog in &mut self.0 {
+            let _ = hog.kill();
+            let _ = hog.wait();
+        }
+    }
 }

@@ -17,10 +17,12 @@ import traceback
 
 
 def main():
-    # Preparing runs is background work: it yields the CPU to every run and
-    # request. The kernel gives each run normal priority back once it is
-    # prepared (an unprivileged process cannot leave the idle class).
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    # Preparing runs is background work: it leaves most of the CPU to runs
+    # and requests, but is never starved. The kernel gives each run normal
+    # priority back once it is prepared (an unprivileged process cannot
+    # lower its nice value again).
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, max(nice, BACKGROUND_NICE))
     channel = socket.socket(fileno=CHANNEL_FD)
     channel.setblocking(True)
     SETTINGS.update(receive_settings(channel))
