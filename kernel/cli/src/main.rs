@@ -416,7 +416,12 @@ fn id_or_name(agent: &str) -> (Option<u32>, Option<String>) {
 
 fn kill(client: &mut Client, agent: &str, grace_ms: Option<u64>) -> anyhow::Result<()> {
     let (id, name) = id_or_name(agent);
-    let reply = client.kill(&KillRequest { id, name, grace_ms })?;
+    let reply = client.kill(&KillRequest {
+        id,
+        name,
+        grace_ms,
+        ..KillRequest::default()
+    })?;
     println!(
         "agent {} is being stopped",
         reply

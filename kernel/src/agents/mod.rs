@@ -17,6 +17,8 @@
 //!
 //! Everything here runs on the reactor thread and never blocks.
 
+mod admission;
+mod control;
 mod inheritance;
 mod lifecycle;
 pub mod log_reader;
@@ -40,7 +42,6 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::config::Config;
-use crate::identity::Identity;
 use crate::permissions::Budget;
 use crate::sandbox::plan::{Shape, SOCKET_INSIDE};
 use crate::sandbox::runtime::Sandboxes;
@@ -48,6 +49,7 @@ use crate::sandbox::spec::Bind;
 use crate::sandbox::view::View;
 use crate::sandbox::Namespaces;
 use crate::timers::Timers;
+pub use control::Restarted;
 pub use inheritance::Grant;
 use program::{Lookup, Program};
 use record::{Agent, SpawnWaiter, StopReason, WorkloadReport};
@@ -329,12 +331,7 @@ impl Agents {
         tokens_left: Option<u64>,
         waiter: Option<SpawnWaiter>,
     ) -> Result<u32, ErrorReply> {
-        if self.shutting_down {
-            return Err(ErrorReply::new(
-                ErrorCode::Unavailable,
-                "the kernel is shutting down",
-            ));
-        }
+        self.refuse_if_shutting_down()?;
         let (parent, started_by) = match &spawner {
             Spawner::Operator => (None, None),
             // An agent a run's agent spawns is the run's too: it ends with
@@ -366,38 +363,10 @@ impl Agents {
             }
         };
         program::check_env(&request)?;
-        let live = self.table.values().filter(|a| a.is_live()).count();
-        if live >= self.max_agents {
-            return Err(ErrorReply::new(
-                ErrorCode::LimitExceeded,
-                format!("{live} agents are running, the configured maximum; kill one first"),
-            ));
-        }
-        if let Some(existing) = self
-            .table
-            .values()
-            .find(|a| a.is_live() && a.name == request.name)
-        {
-            return Err(ErrorReply::new(
-                ErrorCode::AlreadyExists,
-                format!(
-                    "agent {:?} already exists (id {}, {}); kill it or choose another name",
-                    request.name,
-                    existing.id,
-                    existing.state.as_str()
-                ),
-            ));
-        }
+        self.check_room_for(&request.name)?;
 
         let id = self.next_id;
-        let door = sandboxes
-            .open_door(&id.to_string(), Identity::Agent { id })
-            .map_err(|err| {
-                ErrorReply::new(
-                    ErrorCode::Internal,
-                    format!("cannot create the agent's socket: {err}"),
-                )
-            })?;
+        let door = admission::open_door(sandboxes, id)?;
         self.next_id += 1;
         let isolation = isolation(sandboxes, &request);
         let log = self.log_dir.join(format!("{}-{id}.log", request.name));
@@ -511,12 +480,7 @@ impl Agents {
                     },
                 )
             })?;
-        let may = match caller {
-            Viewer::Operator => true,
-            Viewer::Agent(caller_id) => self.is_descendant(id, caller_id),
-            Viewer::Run(_) => self.sees(caller, id),
-        };
-        if !may {
+        if !self.may_stop(caller, id) {
             return Err(ErrorReply::new(
                 ErrorCode::PermissionDenied,
                 match caller {

@@ -21,6 +21,8 @@ use agentos_proto::payload::{
 pub enum StopReason {
     /// A KILL request.
     Kill,
+    /// A KILL request with `restart`: the agent starts again once stopped.
+    Restart,
     /// The kernel is shutting down.
     Shutdown,
 }
@@ -167,6 +169,15 @@ impl Agent {
             exec: ExecStats::default(),
             boot: self.boot,
             isolation: self.isolation.clone(),
+            // The spec, never its environment: values there may be secrets.
+            command: self.program.argv.clone(),
+            cwd: self.request.cwd.clone(),
+            sandboxed: self.request.sandboxed,
+            network: self.request.network,
+            permissions: self.permissions.clone(),
+            restart_policy: self.request.restart_policy,
+            max_restarts: self.request.max_restarts,
+            restart_window: self.request.restart_window,
         }
     }
 }

@@ -201,8 +201,7 @@ impl Kernel {
         };
         let kill = KillRequest {
             id: Some(id),
-            name: None,
-            grace_ms: None,
+            ..KillRequest::default()
         };
         if let Err(err) = self.agents.kill(
             &mut agent_sandboxes(&mut self.sandboxes),

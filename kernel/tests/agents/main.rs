@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod control;
 mod identity;
 mod inheritance;
 mod lifecycle;
