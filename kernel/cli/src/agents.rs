@@ -452,16 +452,18 @@ pub fn rm(client: &mut Client, args: RmArgs, wait_for: Duration, json: bool) -> 
         if records.is_empty() {
             return Err(no_such_agent(agent));
         }
+        // Nothing of a name goes while one of its agents still runs,
+        // unless -f.
+        if let Some(live) = records.iter().find(|a| a.state.is_live() && !args.force) {
+            anyhow::bail!(
+                "agent '{agent}' (id {}) is {}; stop it first (agentos stop {agent}), or use \
+                 agentos rm -f",
+                live.id,
+                live.state.as_str()
+            );
+        }
         for record in records {
             if record.state.is_live() {
-                if !args.force {
-                    anyhow::bail!(
-                        "agent '{agent}' (id {}) is {}; stop it first (agentos stop {agent}), or \
-                         use agentos rm -f",
-                        record.id,
-                        record.state.as_str()
-                    );
-                }
                 let stop = KillRequest {
                     id: Some(record.id),
                     grace_ms: args.grace_ms,

@@ -63,7 +63,7 @@ pub fn sessions(client: &mut Client, json: bool) -> anyhow::Result<()> {
             session["session"].as_str().unwrap_or("?"),
             session["created_at"].as_str().unwrap_or("?"),
             session["last_used_at"].as_str().unwrap_or("?"),
-            session["runs"],
+            session["runs"].as_u64().unwrap_or(0),
             human_size(session["workspace_bytes"].as_u64().unwrap_or(0)),
         );
     }

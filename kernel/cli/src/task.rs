@@ -1,7 +1,7 @@
 //! `agentos task ...`: background tasks.
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agentos_proto::{Client, Opcode};
 use clap::Subcommand;
@@ -9,6 +9,10 @@ use serde_json::Value;
 
 use crate::format::print_json;
 use crate::words_or_stdin;
+
+/// The longest one TASK `wait` request waits: well inside the kernel's
+/// bound on it.
+const WAIT_STEP: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Subcommand)]
 pub enum TaskCommand {
@@ -214,8 +218,20 @@ pub fn task(
             }
         }
         TaskCommand::Wait { task_id } => {
-            let timeout_ms = wait_for.as_millis() as u64;
-            let reply = call(json!({"op": "wait", "task_id": task_id, "timeout_ms": timeout_ms}))?;
+            // In steps the kernel accepts, until the task ends or the wait
+            // asked for is over.
+            let deadline = Instant::now() + wait_for;
+            let reply = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let step = left.min(WAIT_STEP);
+                let timeout_ms = step.as_millis() as u64;
+                let body = json!({"op": "wait", "task_id": task_id, "timeout_ms": timeout_ms});
+                let reply = call(body)?;
+                let state = reply["task"]["state"].as_str().unwrap_or("");
+                if !matches!(state, "queued" | "running") || left <= step {
+                    break reply;
+                }
+            };
             let task = &reply["task"];
             if json {
                 print_json(task)?;

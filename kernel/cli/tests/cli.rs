@@ -151,12 +151,22 @@ fn ps_inspect_restart_and_rm_follow_an_agent_through_its_life() {
 
     let removed = ok(&daemon, &["rm", "other"]);
     assert!(removed.contains("removed agent"), "{removed}");
+    // Nothing of a name goes while one of its agents runs, unless -f.
+    ok(&daemon, &["stop", "worker", "--grace-ms", "0"]);
+    let second = id_of(&daemon, "worker");
+    assert_eq!(agentos(&daemon, &["rm", "worker"]).code, 1);
+    let both = agentos(&daemon, &["--json", "ps", "-a", "--filter", "name=worker"]).json();
+    assert_eq!(both.as_array().unwrap().len(), 2, "{both}");
     let forced = agentos(
         &daemon,
         &["--json", "rm", "-f", "--grace-ms", "0", "worker"],
     )
     .json();
-    assert_eq!(forced[0]["removed"], true, "{forced}");
+    assert_eq!(forced.as_array().unwrap().len(), 2, "{forced}");
+    assert_eq!(
+        forced[1],
+        serde_json::json!({"success": true, "removed": true, "id": second})
+    );
     assert!(
         listed_names(&mut client).is_empty(),
         "{:?}",

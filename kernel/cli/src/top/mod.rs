@@ -275,7 +275,7 @@ impl View<'_> {
         let mut lines = vec![
             self.kernel_line(&now.hello),
             agents::totals_line(now, &cpu),
-            String::new(),
+            self.keys_line(),
         ];
         let room = self.height.saturating_sub(HEADER_LINES);
         lines.extend(match self.pane {
@@ -321,13 +321,22 @@ impl View<'_> {
             None => {}
         }
         if let Some(interval) = self.interval {
-            let sort = format!("{:?}", self.sort).to_lowercase();
-            line.push_str(&format!(
-                " · every {}s · q quits, a/t/s views, c/m/n/r/i sort (by {sort})",
-                interval.as_secs_f64()
-            ));
+            line.push_str(&format!(" · every {}s, q quits", interval.as_secs_f64()));
         }
         line
+    }
+
+    /// The third line, in the live view: what is shown, and the keys.
+    fn keys_line(&self) -> String {
+        if self.interval.is_none() {
+            return String::new();
+        }
+        let shown = match self.pane {
+            Pane::Agents => format!("agents by {}", format!("{:?}", self.sort).to_lowercase()),
+            Pane::Tasks => "tasks, newest first".to_owned(),
+            Pane::Servers => "tool servers".to_owned(),
+        };
+        format!("{shown} · keys: a t s (Tab) views; c m n r i sort agents")
     }
 }
 

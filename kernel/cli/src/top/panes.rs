@@ -39,7 +39,7 @@ pub fn servers_table(servers: &[Value], room: usize) -> Vec<String> {
             "{:<24} {:<9} {:>6}  {}",
             server["name"].as_str().unwrap_or("?"),
             server["state"].as_str().unwrap_or("?"),
-            server["tools"],
+            server["tools"].as_u64().unwrap_or(0),
             server["error"].as_str().unwrap_or(""),
         )
     });
@@ -62,7 +62,7 @@ pub fn rows(
             lines.push(format!("… {} more", count - n));
             return;
         }
-        lines.push(row(n));
+        lines.push(row(n).trim_end().to_owned());
     }
     if count == 0 {
         lines.push(none.to_owned());
