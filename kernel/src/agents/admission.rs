@@ -41,19 +41,19 @@ impl Agents {
         }
         Ok(())
     }
-}
 
-/// Agent `id`'s own socket: what it, and its children, connect to.
-pub(super) fn open_door(
-    sandboxes: &mut impl Sandboxes<Incarnation>,
-    id: u32,
-) -> Result<DoorKey, ErrorReply> {
-    sandboxes
-        .open_door(&id.to_string(), Identity::Agent { id })
-        .map_err(|err| {
-            ErrorReply::new(
-                ErrorCode::Internal,
-                format!("cannot create the agent's socket: {err}"),
-            )
-        })
+    /// Agent `id`'s own socket: what it, and its children, connect to.
+    pub(super) fn open_door(
+        sandboxes: &mut impl Sandboxes<Incarnation>,
+        id: u32,
+    ) -> Result<DoorKey, ErrorReply> {
+        sandboxes
+            .open_door(&id.to_string(), Identity::Agent { id })
+            .map_err(|err| {
+                ErrorReply::new(
+                    ErrorCode::Internal,
+                    format!("cannot create the agent's socket: {err}"),
+                )
+            })
+    }
 }

@@ -9,19 +9,11 @@ use std::time::{Duration, Instant};
 use agentos_proto::payload::{AgentRef, KillRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::record::Restarted;
 use super::record::{Agent, StopReason};
-use super::{admission, Agents, Incarnation, Viewer};
+use super::{Agents, Incarnation, Viewer};
 use crate::address::Reply;
 use crate::sandbox::runtime::Sandboxes;
-
-/// What a restart did first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Restarted {
-    /// A live incarnation is being stopped; the next starts once it ends.
-    AfterStop,
-    /// The agent had ended; it is starting now.
-    FromEnded,
-}
 
 impl Agents {
     /// KILL `remove`: forgets the record of an ended agent. Returns its id.
@@ -64,7 +56,7 @@ impl Agents {
         }
         self.refuse_if_shutting_down()?;
         self.check_room_for(&self.table[&id].name)?;
-        let door = admission::open_door(sandboxes, id)?;
+        let door = Self::open_door(sandboxes, id)?;
         log::info!("agent {id}: KILL restart of an ended agent");
         if let Some(agent) = self.table.get_mut(&id) {
             agent.door = Some(door);

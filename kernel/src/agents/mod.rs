@@ -49,9 +49,9 @@ use crate::sandbox::spec::Bind;
 use crate::sandbox::view::View;
 use crate::sandbox::Namespaces;
 use crate::timers::Timers;
-pub use control::Restarted;
 pub use inheritance::Grant;
 use program::{Lookup, Program};
+pub use record::Restarted;
 use record::{Agent, SpawnWaiter, StopReason, WorkloadReport};
 use restart::Restarts;
 
@@ -366,7 +366,7 @@ impl Agents {
         self.check_room_for(&request.name)?;
 
         let id = self.next_id;
-        let door = admission::open_door(sandboxes, id)?;
+        let door = Self::open_door(sandboxes, id)?;
         self.next_id += 1;
         let isolation = isolation(sandboxes, &request);
         let log = self.log_dir.join(format!("{}-{id}.log", request.name));

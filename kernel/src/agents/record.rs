@@ -27,6 +27,15 @@ pub enum StopReason {
     Shutdown,
 }
 
+/// What a restart did first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restarted {
+    /// A live incarnation is being stopped; the next starts once it ends.
+    AfterStop,
+    /// The agent had ended; it is starting now.
+    FromEnded,
+}
+
 /// A SPAWN waiting for the agent's first incarnation to start.
 #[derive(Clone, Copy, Debug)]
 pub struct SpawnWaiter {
