@@ -39,8 +39,8 @@ struct Args {
     socket: Option<PathBuf>,
     /// How long this command waits, in seconds: for the kernel's reply, and
     /// for what it waits on (an agent to stop or restart, a task to end)
-    /// [default: 30; think 180; task wait 600; exec and call their own
-    /// limit plus 30]
+    /// [default: 30; think 180; task wait and run 600; exec and call
+    /// their own limit plus 30]
     #[arg(long, global = true, value_name = "SECS")]
     timeout: Option<f64>,
     /// Print machine-readable JSON: the kernel's reply, or for commands
@@ -100,7 +100,7 @@ enum Command {
     /// next, until it ends
     Logs(logs::LogsArgs),
     /// A live view of agents, tasks and tool servers, refreshed each
-    /// second; q quits, ? lists the keys
+    /// second; its third line lists the keys, q quits
     Top(top::TopArgs),
     /// Ask the kernel's LLM: prints the answer, and its figures on stderr
     Think(ThinkArgs),
@@ -126,7 +126,8 @@ enum Command {
     Call(CallArgs),
     /// The prompt-to-program loop: the LLM writes code, the kernel runs it
     /// and feeds back its output, until the LLM answers; prints the answer
-    /// (the transcript with --json)
+    /// (the transcript with --json). --timeout is how long it follows the
+    /// task (the task goes on)
     Run(RunArgs),
     /// Background tasks: dispatch, status, wait, list, cancel
     #[command(subcommand)]
@@ -263,7 +264,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     let default_timeout = match &args.command {
         // A THINK may wait its turn in the kernel's queue and for a slow model.
         Command::Think(_) => 180.0,
-        Command::Task(TaskCommand::Wait { .. }) => 600.0,
+        Command::Task(TaskCommand::Wait { .. }) | Command::Run(_) => 600.0,
         // The run's own limit, with room for its reply.
         Command::Exec(exec) => exec.run_timeout.map_or(60.0, |secs| secs + 30.0),
         Command::Call(call) => call.call_timeout.map_or(3630.0, |secs| secs + 30.0),
@@ -293,7 +294,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Tools { search } => tools(client, &search, json),
         Command::Call(call_args) => call_tool(client, call_args, json),
         Command::Task(command) => return task(client, command, wait_for, json),
-        Command::Run(run_args) => return run_prompt(client, run_args, json),
+        Command::Run(run_args) => return run_prompt(client, run_args, wait_for, json),
         Command::Top(top_args) => top::top(client, &path, top_args, json),
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
         Command::Completion { .. } => unreachable!("answered before connecting"),

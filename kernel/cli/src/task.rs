@@ -87,7 +87,13 @@ pub struct RunArgs {
 
 /// `agentos run`: dispatches a prompt task and follows it to its end, with
 /// a progress line on a terminal.
-pub fn run_prompt(client: &mut Client, args: RunArgs, json: bool) -> anyhow::Result<ExitCode> {
+/// `wait_for` is how long it follows the task: the global `--timeout`.
+pub fn run_prompt(
+    client: &mut Client,
+    args: RunArgs,
+    wait_for: Duration,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     use serde_json::json;
     use std::io::IsTerminal;
     let prompt = words_or_stdin(&args.prompt)?;
@@ -104,12 +110,24 @@ pub fn run_prompt(client: &mut Client, args: RunArgs, json: bool) -> anyhow::Res
         .unwrap_or_default()
         .to_owned();
     let live = std::io::stderr().is_terminal();
+    let deadline = Instant::now() + wait_for;
     let task = loop {
         // Short waits, so a terminal sees where the loop is meanwhile.
         let body = json!({"op": "wait", "task_id": task_id, "timeout_ms": 500});
         let task = call(body)?["task"].clone();
         if task.get("result").is_some() {
             break task;
+        }
+        if Instant::now() >= deadline {
+            if live {
+                eprint!("\r\x1b[2K");
+            }
+            anyhow::bail!(
+                "task {task_id} is still {} after {:.0} s; it goes on: agentos task wait {task_id} \
+                 (--timeout SECS waits longer)",
+                task["state"].as_str().unwrap_or("running"),
+                wait_for.as_secs_f64()
+            );
         }
         if live {
             let status = call(json!({"op": "status", "task_id": task_id}))?["task"].clone();
