@@ -644,3 +644,26 @@ fn an_ended_agent_is_restarted_or_removed_but_a_live_one_is_not_removed() {
     let gone = bench.agents.remove(Viewer::Operator, &remove).unwrap_err();
     assert_eq!(gone.code, ErrorCode::NotFound);
 }
+
+#[test]
+fn a_restart_before_the_first_start_leaves_the_spawn_waiting_for_the_next() {
+    let mut bench = Bench::new(0);
+    let id = bench.spawn(TRUE);
+    assert_eq!(restart(&mut bench, id), super::Restarted::AfterStop);
+    assert!(bench.replies.is_empty(), "the SPAWN still waits");
+    let next = bench.incarnation(id);
+    assert_eq!(
+        (next.number, bench.sandboxes.waiting.clone()),
+        (2, vec![next])
+    );
+    let sandbox = SandboxKey::for_tests(7);
+    bench.event(
+        SandboxEvent::Ready {
+            owner: next,
+            sandbox,
+        },
+        0,
+    );
+    bench.running(id, 0);
+    assert_eq!(bench.only_reply()["success"], true);
+}
