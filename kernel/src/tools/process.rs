@@ -20,6 +20,7 @@ use super::stderr::{lock, read_stderr, Ending, StderrLog};
 use super::view::{server_binds, Withheld};
 use crate::config::mcp::McpServerConfig;
 use crate::sandbox::confine::Confinement;
+use crate::sandbox::plan::is_system;
 use crate::sandbox::spec::Bind;
 use crate::supervisor::{Backoff, Service};
 
@@ -71,13 +72,18 @@ impl ServerCommand {
     ) -> Result<ServerCommand, CommandError> {
         let program = find_program(&config.command, path)?;
         let binds = server_binds(&program, config, home, withheld);
-        let mut argv = vec![config.command.clone()];
+        let (program, mut argv) = match uv_beside_uvx(&program) {
+            Some(uv) => (uv, vec!["uv".into(), "tool".into(), "uvx".into()]),
+            None => (program, vec![config.command.clone()]),
+        };
         argv.extend(config.args.iter().cloned());
         let mut env = config.env.clone();
         if let Some(home) = home {
             env.entry("HOME".to_owned())
                 .or_insert_with(|| home.display().to_string());
         }
+        env.entry("PATH".to_owned())
+            .or_insert_with(|| default_path(&program));
         Ok(ServerCommand {
             program,
             argv,
@@ -85,6 +91,32 @@ impl ServerCommand {
             cwd: config.cwd.clone(),
             binds,
         })
+    }
+}
+
+/// The `uv` that a `uvx` program would run. `uvx` is only a launcher: it
+/// finds `uv` beside its own file through `/proc/self/exe` and runs `uv
+/// tool uvx` with its arguments — but a confined server has no `/proc`
+/// (it has no PID namespace whose processes /proc could show), so the
+/// server is started as that `uv tool uvx` directly.
+fn uv_beside_uvx(program: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(program).ok()?;
+    if real.file_name()? != "uvx" {
+        return None;
+    }
+    let uv = real.with_file_name("uv");
+    uv.is_file().then_some(uv)
+}
+
+/// The `PATH` of a server whose config sets none: its program's directory
+/// (where `npx` finds `node`, a virtual environment its commands), then
+/// the system's. Launchers need one: `npx` runs a package's command
+/// through the shell, and `#!/usr/bin/env node` looks `node` up.
+fn default_path(program: &Path) -> String {
+    let system = "/usr/local/bin:/usr/bin:/bin";
+    match program.parent().filter(|dir| !is_system(dir)) {
+        Some(dir) => format!("{}:{system}", dir.display()),
+        None => system.to_owned(),
     }
 }
 
@@ -265,5 +297,40 @@ mod tests {
         let missing = find_program("no-such-server", Some("/bin")).unwrap_err();
         assert!(missing.to_string().contains("no-such-server"), "{missing}");
         assert!(find_program("/no/such/file", None).is_err());
+    }
+
+    #[test]
+    fn uvx_is_started_as_the_uv_tool_uvx_it_would_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let (uvx, uv) = (dir.path().join("uvx"), dir.path().join("uv"));
+        std::fs::write(&uvx, "").unwrap();
+        assert_eq!(uv_beside_uvx(&uvx), None, "no uv beside it");
+        std::fs::write(&uv, "").unwrap();
+        assert_eq!(uv_beside_uvx(&uvx), Some(uv.clone()));
+        let config = McpServerConfig {
+            command: uvx.display().to_string(),
+            args: vec!["mcp-server-time".into()],
+            ..McpServerConfig::default()
+        };
+        let withheld = Withheld {
+            homes: vec![],
+            state_dir: "/nonexistent".into(),
+        };
+        let command = ServerCommand::resolve(&config, None, None, &withheld).unwrap();
+        assert_eq!(command.program, uv);
+        assert_eq!(command.argv, ["uv", "tool", "uvx", "mcp-server-time"]);
+        assert_eq!(uv_beside_uvx(Path::new("/bin/sh")), None);
+    }
+
+    #[test]
+    fn a_server_without_a_path_gets_its_programs_directory_and_the_systems() {
+        assert_eq!(
+            default_path(Path::new("/usr/bin/npx")),
+            "/usr/local/bin:/usr/bin:/bin"
+        );
+        assert_eq!(
+            default_path(Path::new("/opt/node/bin/npx")),
+            "/opt/node/bin:/usr/local/bin:/usr/bin:/bin"
+        );
     }
 }
