@@ -216,3 +216,41 @@ fn python_dash_m_runs_a_module_of_its_environment() {
     );
     assert_eq!(now["result"]["timezone"], "UTC", "{now}");
 }
+
+#[test]
+fn help_on_a_tool_says_what_it_takes_and_returns() {
+    require_root!("MCP servers confined as the sandbox user, and EXEC");
+    let time = installed(".venv/bin/mcp-server-time");
+    let everything = installed("scripts/mcp-servers/node_modules/.bin/mcp-server-everything");
+    let config = format!(
+        "[mcp.servers.time]\ncommand = \"{}\"\n[mcp.servers.everything]\ncommand = \"{}\"\n",
+        time.display(),
+        everything.display()
+    );
+    let daemon = Daemon::start_with(&config);
+    let mut stream = daemon.raw();
+    settled(&mut stream, &["time", "everything"]);
+    let run = crate::exec(
+        &mut stream,
+        "import pydoc, tools\n\
+         for f in (tools.time.get_current_time, tools.everything.echo):\n    \
+             print(pydoc.render_doc(f, renderer=pydoc.plaintext))\n\
+         print(open('/tools/time/SKILL.md').read())\n",
+    );
+    let shown = run["stdout"].as_str().unwrap_or_default();
+    eprintln!("{shown}");
+    for expected in [
+        "get_current_time(*, timezone: str) -> dict",
+        "Returns:\n        a dict (the tool's structured content) with these keys:",
+        "- `timezone` (string)",
+        "echo(*, message: str)\n",
+        "Returns:\n        the tool's text content as a str",
+        "Raises tools.ToolError when the tool fails.",
+        "Returns a dict (the tool's structured content) with these keys:",
+    ] {
+        assert!(
+            shown.contains(expected),
+            "{expected:?} not in:\n{shown}\n{run}"
+        );
+    }
+}
