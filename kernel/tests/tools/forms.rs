@@ -254,3 +254,32 @@ fn help_on_a_tool_says_what_it_takes_and_returns() {
         );
     }
 }
+
+#[test]
+fn a_failed_servers_error_blots_out_its_key_but_not_its_home() {
+    require_root!("MCP servers confined as the sandbox user");
+    let state = tempfile::tempdir().unwrap();
+    let config = "[mcp.servers.keyed]\ncommand = \"/usr/bin/python3\"\n\
+                  args = [\"-c\", \"import os, sys; sys.exit('cannot open ' + os.environ['HOME'] + \
+                  '/.config; key ' + os.environ['API_KEY'] + ' refused')\"]\n\
+                  env = { API_KEY = \"sk-live-0123456789\" }\n";
+    let daemon = daemon_with_state(config, state.path());
+    let home = state.path().join("mcp/keyed/home");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let error = loop {
+        let (summary, _) = ready(&daemon, "keyed");
+        let error = summary["error"].as_str().unwrap_or_default().to_owned();
+        if error.starts_with("it exited with") || Instant::now() > deadline {
+            break error;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        error,
+        format!(
+            "it exited with status 1: cannot open {}/.config; key [secret] refused",
+            home.display()
+        )
+    );
+    assert!(!daemon.log().contains("sk-live-0123456789"));
+}
