@@ -66,8 +66,14 @@ impl Withheld {
     fn withholds(&self, dir: &Path) -> bool {
         dir == Path::new("/")
             || self.homes.iter().any(|home| home.starts_with(dir))
-            || self.state_dir.starts_with(dir)
-            || dir.starts_with(&self.state_dir)
+            || self.touches_state(dir)
+    }
+
+    /// Whether `path` (resolved) holds or lies in the state directory,
+    /// which no server sees, whoever names it.
+    fn touches_state(&self, path: &Path) -> bool {
+        let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        self.state_dir.starts_with(&real) || real.starts_with(&self.state_dir)
     }
 }
 
@@ -124,7 +130,12 @@ pub fn server_binds(
 ) -> Vec<Bind> {
     let mut binds = Vec::new();
     let mut read_only = |path: &Path| {
-        if path.is_absolute() && path.exists() && !is_system(path) && path != Path::new("/") {
+        if path.is_absolute()
+            && path.exists()
+            && !is_system(path)
+            && path != Path::new("/")
+            && !withheld.touches_state(path)
+        {
             binds.push(Bind {
                 source: path.to_path_buf(),
                 target: path.to_path_buf(),
@@ -315,6 +326,27 @@ mod tests {
             state_dir: "/nonexistent".into(),
         };
         assert!(everyone.withholds(Path::new("/")));
+        // Named outright, the state directory and what is in it stay
+        // hidden too.
+        let tasks = host.file("state/tasks.db");
+        let link = host.path("srv/link.js");
+        fs::create_dir_all(host.path("srv")).unwrap();
+        std::os::unix::fs::symlink(&planted, &link).unwrap();
+        let config = McpServerConfig {
+            command: "node".into(),
+            args: [
+                &tasks,
+                &host.path("state"),
+                &link,
+                &host.dir.path().to_owned(),
+            ]
+            .map(|p| p.display().to_string())
+            .into(),
+            cwd: Some(host.path("state/mcp")),
+            ..McpServerConfig::default()
+        };
+        let binds = server_binds(Path::new("/usr/bin/node"), &config, None, &host.withheld);
+        assert!(binds.is_empty(), "{binds:?}");
         // Binds fall back to the script alone.
         let config = McpServerConfig {
             command: "node".into(),

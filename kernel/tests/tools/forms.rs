@@ -51,6 +51,32 @@ fn call(daemon: &Daemon, server: &str, name: &str, arguments: Value) -> Value {
     )
 }
 
+/// The error of failed server `name` once its exit status and stderr are
+/// in (at first it says only that its output closed).
+fn ended_error(daemon: &Daemon, name: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (summary, _) = ready(daemon, name);
+        assert_eq!(summary["state"], "failed", "{summary}");
+        let error = summary["error"].as_str().unwrap().to_owned();
+        if error.starts_with("it exited with") || Instant::now() > deadline {
+            return error;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `time` server answers a call.
+fn assert_time_is_served(daemon: &Daemon) {
+    let now = call(
+        daemon,
+        "time",
+        "get_current_time",
+        json!({"timezone": "UTC"}),
+    );
+    assert_eq!(now["result"]["timezone"], "UTC", "{now}");
+}
+
 /// Copies a cache the setup filled into a server's home, owned by the
 /// user the server runs as (it writes its index and its installs there).
 fn seed_home(state: &Path, server: &str, cache: &Path, inside_home: &str) -> PathBuf {
@@ -114,17 +140,7 @@ fn a_script_missing_its_dependency_fails_naming_the_module_and_its_exit_status()
         dist.join("index.js").display()
     );
     let daemon = Daemon::start_with(&config);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let error = loop {
-        let (summary, _) = ready(&daemon, "broken");
-        assert_eq!(summary["state"], "failed", "{summary}");
-        let error = summary["error"].as_str().unwrap().to_owned();
-        // At first only "its output closed"; the status and stderr follow.
-        if error.starts_with("it exited with") || Instant::now() > deadline {
-            break error;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let error = ended_error(&daemon, "broken");
     assert!(
         error.starts_with(
             "it exited with status 1: Error [ERR_MODULE_NOT_FOUND]: Cannot find package 'zod'"
@@ -188,13 +204,7 @@ fn uvx_starts_a_pypi_package_offline_from_the_servers_private_cache() {
     let (summary, took) = ready(&daemon, "time");
     assert_eq!(summary["state"], "ready", "{summary}\n{}", daemon.log());
     eprintln!("uvx: start ready in {took:?}");
-    let now = call(
-        &daemon,
-        "time",
-        "get_current_time",
-        json!({"timezone": "UTC"}),
-    );
-    assert_eq!(now["result"]["timezone"], "UTC", "{now}");
+    assert_time_is_served(&daemon);
 }
 
 #[test]
@@ -208,13 +218,7 @@ fn python_dash_m_runs_a_module_of_its_environment() {
     let daemon = Daemon::start_with(&config);
     let (summary, _) = ready(&daemon, "time");
     assert_eq!(summary["state"], "ready", "{summary}\n{}", daemon.log());
-    let now = call(
-        &daemon,
-        "time",
-        "get_current_time",
-        json!({"timezone": "UTC"}),
-    );
-    assert_eq!(now["result"]["timezone"], "UTC", "{now}");
+    assert_time_is_served(&daemon);
 }
 
 #[test]
@@ -265,15 +269,7 @@ fn a_failed_servers_error_blots_out_its_key_but_not_its_home() {
                   env = { API_KEY = \"sk-live-0123456789\" }\n";
     let daemon = daemon_with_state(config, state.path());
     let home = state.path().join("mcp/keyed/home");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let error = loop {
-        let (summary, _) = ready(&daemon, "keyed");
-        let error = summary["error"].as_str().unwrap_or_default().to_owned();
-        if error.starts_with("it exited with") || Instant::now() > deadline {
-            break error;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let error = ended_error(&daemon, "keyed");
     assert_eq!(
         error,
         format!(
