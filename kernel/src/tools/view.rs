@@ -2,7 +2,7 @@
 //! private home it writes in.
 //!
 //! Read-only: its program's installation (the `node_modules` tree it lies
-//! in, else its directory), the interpreter its `#!` line names (with a
+//! in, else its directory, else only itself), the interpreter its `#!` line names (with a
 //! Python environment's base installation), its working directory, the
 //! existing absolute paths among its arguments — and for an argument that
 //! is a script (`.js`, `.mjs`, `.cjs`, `.py`), the whole package the script
@@ -144,14 +144,16 @@ pub fn server_binds(
         }
     };
     let real = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
-    match real.ancestors().find(|dir| dir.ends_with("node_modules")) {
-        Some(_) => {
-            if let Some(package) = package_of(&real, withheld) {
-                read_only(&package);
-            }
-        }
-        None => read_only(real.parent().unwrap_or(Path::new("/"))),
-    }
+    // A program in a `node_modules` tree needs the tree; any other, its
+    // directory (its libraries beside it) — unless that is withheld: then
+    // only the program itself.
+    let in_modules = real.ancestors().any(|dir| dir.ends_with("node_modules"));
+    let installation = match real.parent() {
+        _ if in_modules => package_of(&real, withheld),
+        Some(dir) if !withheld.withholds(dir) => Some(dir.to_owned()),
+        _ => None,
+    };
+    read_only(installation.as_deref().unwrap_or(&real));
     let interpreter = shebang(&real);
     if let Some(interpreter) = &interpreter {
         read_only(interpreter.parent().unwrap_or(Path::new("/")));
@@ -347,6 +349,15 @@ mod tests {
         };
         let binds = server_binds(Path::new("/usr/bin/node"), &config, None, &host.withheld);
         assert!(binds.is_empty(), "{binds:?}");
+        // A program right in a home brings in only itself.
+        let program = host.file("home/ann/server");
+        let config = McpServerConfig {
+            command: program.display().to_string(),
+            ..McpServerConfig::default()
+        };
+        let binds = server_binds(&program, &config, None, &host.withheld);
+        let targets: Vec<&Path> = binds.iter().map(|b| b.target.as_path()).collect();
+        assert_eq!(targets, [program.as_path()]);
         // Binds fall back to the script alone.
         let config = McpServerConfig {
             command: "node".into(),
