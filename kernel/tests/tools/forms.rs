@@ -1,7 +1,8 @@
 //! Each way users configure a server, against the real servers the
 //! project's setup installs: `node` with a package's script, `npx -y` and
-//! `uvx` started offline from the server's own cache, `python -m`, and a
-//! failing script whose error names what is wrong. (A package's bin shim
+//! `uvx` started offline from the server's own cache, `python -m`, `uv
+//! run` in a synced project, and a failing script whose error names what
+//! is wrong. (A package's bin shim
 //! and a virtual environment's console script are the forms of
 //! `the_real_servers_tools_are_listed_and_called_over_tool_and_from_exec`.)
 
@@ -278,4 +279,22 @@ fn a_failed_servers_error_blots_out_its_key_but_not_its_home() {
         )
     );
     assert!(!daemon.log().contains("sk-live-0123456789"));
+}
+
+#[test]
+fn uv_runs_a_synced_projects_command_with_the_project_read_only() {
+    require_root!("MCP servers confined as the sandbox user");
+    let uv = installed(".venv/bin/uv");
+    let project = installed("scripts/mcp-servers/uv-project");
+    installed("scripts/mcp-servers/uv-project/.venv/bin/mcp-server-time");
+    let config = format!(
+        "[mcp.servers.time]\ncommand = \"{}\"\n\
+         args = [\"--directory\", \"{}\", \"run\", \"--frozen\", \"mcp-server-time\"]\n",
+        uv.display(),
+        project.display()
+    );
+    let daemon = Daemon::start_with(&config);
+    let (summary, _) = ready(&daemon, "time");
+    assert_eq!(summary["state"], "ready", "{summary}\n{}", daemon.log());
+    assert_time_is_served(&daemon);
 }
