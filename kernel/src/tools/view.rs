@@ -2,12 +2,13 @@
 //! private home it writes in.
 //!
 //! Read-only: its program's installation (the `node_modules` tree it lies
-//! in, else its directory, else only itself), the interpreter its `#!` line names (with a
-//! Python environment's base installation), its working directory, the
-//! existing absolute paths among its arguments — and for an argument that
-//! is a script (`.js`, `.mjs`, `.cjs`, `.py`), the whole package the script
-//! belongs to, which `node` or `python` must read to import its
-//! dependencies. Writable: its `writable` directories and its home.
+//! in, else its directory, else only itself), the interpreter its `#!`
+//! line names, its working directory, the existing absolute paths among
+//! its arguments — and for an argument that is a script (`.js`, `.mjs`,
+//! `.cjs`, `.py`), the whole package the script belongs to, which `node`
+//! or `python` must read to import its dependencies — and the Python
+//! installation each environment among those was made from. Writable: its
+//! `writable` directories and its home.
 //!
 //! A package is never one of the directories a server must not see whole:
 //! `/`, a user's home directory (or a directory holding one), or the
@@ -167,6 +168,18 @@ pub fn server_binds(
             None => read_only(arg),
         }
     }
+    // A Python environment among what it sees (a project's `.venv`) runs
+    // on the installation it was made from, which must be seen too.
+    let environments: Vec<PathBuf> = binds
+        .iter()
+        .flat_map(|b| {
+            [
+                b.source.join("bin/python"),
+                b.source.join(".venv/bin/python"),
+            ]
+        })
+        .filter(|python| python.exists())
+        .collect();
     let mut binds: Vec<Bind> = binds
         .into_iter()
         .chain(interpreter_binds(program))
@@ -174,6 +187,11 @@ pub fn server_binds(
             interpreter
                 .map(|i| interpreter_binds(&i))
                 .unwrap_or_default(),
+        )
+        .chain(
+            environments
+                .iter()
+                .flat_map(|python| interpreter_binds(python)),
         )
         .collect();
     binds.sort_by(|a, b| a.target.cmp(&b.target));
@@ -395,6 +413,32 @@ mod tests {
         assert!(seen.contains(&(host.path("out").as_path(), true)));
         assert!(seen.contains(&(home.as_path(), true)), "{seen:?}");
         assert!(!seen.iter().any(|(p, _)| p.starts_with("/usr")), "{seen:?}");
+    }
+
+    #[test]
+    fn a_projects_environment_brings_the_python_it_was_made_from() {
+        let host = Host::new();
+        let python = host.file("opt/python3.11/bin/python3");
+        let project = host.path("srv/project");
+        fs::create_dir_all(project.join(".venv/bin")).unwrap();
+        std::os::unix::fs::symlink(&python, project.join(".venv/bin/python")).unwrap();
+        fs::write(
+            project.join(".venv/pyvenv.cfg"),
+            format!("home = {}\n", python.parent().unwrap().display()),
+        )
+        .unwrap();
+        let config = McpServerConfig {
+            command: "uv".into(),
+            args: ["--directory", project.to_str().unwrap(), "run", "server"]
+                .map(String::from)
+                .into(),
+            ..McpServerConfig::default()
+        };
+        let binds = server_binds(Path::new("/usr/bin/uv"), &config, None, &host.withheld);
+        let targets: Vec<&Path> = binds.iter().map(|b| b.target.as_path()).collect();
+        let base = host.path("opt/python3.11");
+        assert!(targets.contains(&base.as_path()), "{targets:?}");
+        assert!(targets.contains(&project.as_path()), "{targets:?}");
     }
 
     #[test]
