@@ -298,3 +298,32 @@ fn uv_runs_a_synced_projects_command_with_the_project_read_only() {
     assert_eq!(summary["state"], "ready", "{summary}\n{}", daemon.log());
     assert_time_is_served(&daemon);
 }
+
+#[test]
+fn python_running_a_script_sees_the_modules_beside_it() {
+    require_root!("MCP servers confined as the sandbox user");
+    let python = installed(".venv/bin/python");
+    let project = shared_dir();
+    let script = project.path().join("server.py");
+    fs::write(&script, "from helper import main\nmain()\n").unwrap();
+    fs::write(
+        project.path().join("helper.py"),
+        "from mcp_server_time import main\n",
+    )
+    .unwrap();
+    Command::new("chmod")
+        .args(["a+r"])
+        .arg(&script)
+        .arg(project.path().join("helper.py"))
+        .status()
+        .unwrap();
+    let config = format!(
+        "[mcp.servers.time]\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+        python.display(),
+        script.display()
+    );
+    let daemon = Daemon::start_with(&config);
+    let (summary, _) = ready(&daemon, "time");
+    assert_eq!(summary["state"], "ready", "{summary}\n{}", daemon.log());
+    assert_time_is_served(&daemon);
+}
