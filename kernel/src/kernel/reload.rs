@@ -125,9 +125,11 @@ impl Kernel {
             names(&self.config),
             names(new)
         );
+        let state_dir = self.tools.state_dir().to_owned();
         let started = Servers::start(
             &new.mcp,
             self.sandboxes.confinement(),
+            &state_dir,
             &self.registry,
             Arc::clone(&self.waker),
             self.tokens.first(Source::Tools),

@@ -356,7 +356,7 @@ impl Service for ModelServer {
         Ok(())
     }
 
-    fn ended(&mut self) {
+    fn ended(&mut self, _status: Option<std::process::ExitStatus>) {
         *lock(&self.state) = State::Starting;
     }
 
