@@ -18,6 +18,7 @@
 //! Everything here runs on the reactor thread and never blocks.
 
 mod inheritance;
+mod interpreter;
 mod lifecycle;
 pub mod log_reader;
 pub mod program;
@@ -49,6 +50,7 @@ use crate::sandbox::view::View;
 use crate::sandbox::Namespaces;
 use crate::timers::Timers;
 pub use inheritance::Grant;
+use interpreter::SdkCheck;
 use program::{Lookup, Program};
 use record::{Agent, SpawnWaiter, StopReason, WorkloadReport};
 use restart::Restarts;
@@ -152,6 +154,8 @@ pub struct Agents {
     deadlines: Timers<Deadline>,
     log_dir: PathBuf,
     python: PathBuf,
+    /// Whether interpreters can import the SDK, remembered.
+    sdk_check: SdkCheck,
     defaults: Limits,
     retention: Duration,
     stop_grace: Duration,
@@ -181,7 +185,8 @@ impl Agents {
             next_id: 1,
             deadlines: Timers::default(),
             log_dir,
-            python: agents.python.clone(),
+            python: agents.python(),
+            sdk_check: SdkCheck::default(),
             defaults: default_limits(config),
             retention: Duration::from_secs(agents.retention_secs),
             stop_grace: Duration::from_millis(agents.stop_grace_ms),
@@ -268,6 +273,7 @@ impl Agents {
         let waiter = SpawnWaiter {
             reply_to,
             by_agent: !matches!(spawner, Spawner::Operator),
+            warnings: Vec::new(),
         };
         self.admit(sandboxes, spawner, request, tokens_left, Some(waiter))
             .map(|_| ())
@@ -292,7 +298,7 @@ impl Agents {
     /// entry stops the kernel before it starts, naming the entry.
     pub fn check_boot(config: &Config) -> Result<(), BadBootEntry> {
         for (index, request) in config.agents.boot.iter().enumerate() {
-            program::resolve(request, &config.agents.python, Lookup::Host)
+            program::resolve(request, &config.agents.python(), Lookup::Host)
                 .and_then(|_| program::check_env(request))
                 .map_err(|refused| BadBootEntry {
                     index,
@@ -327,7 +333,7 @@ impl Agents {
         spawner: Spawner,
         request: SpawnRequest,
         tokens_left: Option<u64>,
-        waiter: Option<SpawnWaiter>,
+        mut waiter: Option<SpawnWaiter>,
     ) -> Result<u32, ErrorReply> {
         if self.shutting_down {
             return Err(ErrorReply::new(
@@ -408,6 +414,15 @@ impl Agents {
             program.argv.join(" "),
             log.display()
         );
+        let warnings = self
+            .sdk_check
+            .warnings(program.interpreter_on_host.as_deref());
+        for warning in &warnings {
+            log::warn!("agent {id} ({}): {warning}", request.name);
+        }
+        if let Some(waiter) = waiter.as_mut() {
+            waiter.warnings = warnings;
+        }
         let own_budget = (grant.permissions.llm_tokens > 0).then_some(Budget {
             owner: id,
             tokens: grant.permissions.llm_tokens,

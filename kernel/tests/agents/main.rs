@@ -6,6 +6,7 @@
 
 mod identity;
 mod inheritance;
+mod interpreter;
 mod lifecycle;
 mod logs;
 
