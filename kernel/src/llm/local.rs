@@ -85,6 +85,8 @@ pub struct LocalSetup {
     pub parallel: usize,
     /// Inference threads (0: llama.cpp's choice).
     pub threads: u32,
+    /// Tokens of context, shared by the requests in progress.
+    pub context_tokens: u32,
     /// The server's own log (truncated at each start).
     pub log: PathBuf,
 }
@@ -269,6 +271,7 @@ impl Service for ModelServer {
             setup.model.clone(),
             setup.parallel.to_string(),
             setup.threads.to_string(),
+            setup.context_tokens.to_string(),
         ];
         let mut command = match &setup.confinement {
             Some((confinement, binds)) => {
