@@ -402,6 +402,9 @@ fn spawn(client: &mut Client, args: SpawnArgs) -> anyhow::Result<()> {
     if let Some(reason) = &isolation.degraded_reason {
         println!("degraded: {reason}");
     }
+    for warning in &reply.warnings {
+        eprintln!("warning: {warning}");
+    }
     Ok(())
 }
 
