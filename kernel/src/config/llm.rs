@@ -449,6 +449,23 @@ mod tests {
     }
 
     #[test]
+    fn the_context_is_known_for_the_local_model_and_bounded() {
+        let config = loaded(&[]).unwrap();
+        assert_eq!(config.context_tokens(), Some(LOCAL_MAX_CONTEXT_TOKENS));
+        let remote = loaded(&[("OPENAI_API_KEY", "k")]).unwrap();
+        assert_eq!(remote.context_tokens(), None, "a remote model's is unknown");
+        for tokens in [256, LOCAL_MAX_CONTEXT_TOKENS + 1] {
+            let mut config = LlmConfig::default();
+            config.local.context_tokens = tokens;
+            let err = config.validate().unwrap_err();
+            assert!(
+                err.to_string().contains("llm.local.context_tokens"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn the_key_never_shows_in_debug_output() {
         let config = loaded(&[("OPENAI_API_KEY", "sk-very-secret")]).unwrap();
         assert!(!format!("{config:?}").contains("sk-very-secret"));
