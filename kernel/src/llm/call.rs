@@ -34,6 +34,14 @@ pub trait Endpoint: Send + Sync + std::fmt::Debug {
     /// The provider to call now, or why there is none (a transient
     /// failure is retried).
     fn provider(&self) -> Result<Arc<dyn Provider>, Failure>;
+
+    /// Whether a refused connection means a server the kernel is about to
+    /// start again (the local model's, whose supervisor restarts it): then
+    /// it is waited for within the request's deadline, not reported
+    /// unreachable after two tries.
+    fn restarts_itself(&self) -> bool {
+        false
+    }
 }
 
 /// A provider that is always there.
@@ -200,6 +208,7 @@ fn call(
         let delay = match failure.retry {
             Retry::Never => break Err(failure),
             Retry::After(hint) => backoff.delay(attempts - 1, hint),
+            Retry::Reconnect if endpoint.restarts_itself() => backoff.delay(attempts - 1, None),
             Retry::Reconnect => {
                 connect_failures += 1;
                 if connect_failures >= CONNECT_ATTEMPTS {

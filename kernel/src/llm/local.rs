@@ -212,6 +212,10 @@ impl Endpoint for LocalServer {
             )),
         }
     }
+
+    fn restarts_itself(&self) -> bool {
+        true
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
