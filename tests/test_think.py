@@ -154,7 +154,9 @@ def test_hello_names_the_local_model_and_never_its_key(llm_kernel):
     assert llm["provider"] == "local"
     assert isinstance(llm["model"], str) and llm["model"]
     assert isinstance(llm["ready"], bool)
-    assert set(llm) <= {"provider", "model", "ready", "reason", "calls", "tokens"}, llm
+    assert set(llm) <= {"provider", "model", "ready", "reason", "state", "unreachable_since",
+                        "last_error", "calls", "tokens"}, llm
+    assert llm["state"] in ("ready", "starting"), llm
     assert not [k for k in llm if "key" in k.lower() or "secret" in k.lower()]
     # The key reaches the server on its stdin: it is in none of the places
     # a process's secrets leak from, nor in HELLO or the kernel's log.

@@ -452,6 +452,9 @@ fn spawn(client: &mut Client, args: SpawnArgs, json: bool) -> anyhow::Result<()>
     if json {
         return print_json(&reply);
     }
+    for warning in &reply.warnings {
+        eprintln!("warning: {warning}");
+    }
     agents::print_spawned(&reply);
     Ok(())
 }

@@ -486,6 +486,7 @@ fn apply_status(agent: &mut Agent, status: Status, replies: &mut Vec<Reply>) {
                     pid: agent.pid.filter(|_| !waiter.by_agent).map(|p| p as u32),
                     status: agent.state,
                     isolation: agent.isolation.clone(),
+                    warnings: waiter.warnings,
                 };
                 replies.push((waiter.reply_to, Answer::json(&reply)));
             }

@@ -20,6 +20,7 @@
 mod admission;
 mod control;
 mod inheritance;
+mod interpreter;
 mod lifecycle;
 pub mod log_reader;
 pub mod program;
@@ -50,6 +51,7 @@ use crate::sandbox::view::View;
 use crate::sandbox::Namespaces;
 use crate::timers::Timers;
 pub use inheritance::Grant;
+use interpreter::SdkCheck;
 use program::{Lookup, Program};
 pub use record::Restarted;
 use record::{Agent, SpawnWaiter, StopReason, WorkloadReport};
@@ -154,6 +156,8 @@ pub struct Agents {
     deadlines: Timers<Deadline>,
     log_dir: PathBuf,
     python: PathBuf,
+    /// Whether interpreters can import the SDK, remembered.
+    sdk_check: SdkCheck,
     defaults: Limits,
     retention: Duration,
     stop_grace: Duration,
@@ -183,7 +187,8 @@ impl Agents {
             next_id: 1,
             deadlines: Timers::default(),
             log_dir,
-            python: agents.python.clone(),
+            python: agents.python(),
+            sdk_check: SdkCheck::default(),
             defaults: default_limits(config),
             retention: Duration::from_secs(agents.retention_secs),
             stop_grace: Duration::from_millis(agents.stop_grace_ms),
@@ -270,6 +275,7 @@ impl Agents {
         let waiter = SpawnWaiter {
             reply_to,
             by_agent: !matches!(spawner, Spawner::Operator),
+            warnings: Vec::new(),
         };
         self.admit(sandboxes, spawner, request, tokens_left, Some(waiter))
             .map(|_| ())
@@ -294,7 +300,7 @@ impl Agents {
     /// entry stops the kernel before it starts, naming the entry.
     pub fn check_boot(config: &Config) -> Result<(), BadBootEntry> {
         for (index, request) in config.agents.boot.iter().enumerate() {
-            program::resolve(request, &config.agents.python, Lookup::Host)
+            program::resolve(request, &config.agents.python(), Lookup::Host)
                 .and_then(|_| program::check_env(request))
                 .map_err(|refused| BadBootEntry {
                     index,
@@ -329,7 +335,7 @@ impl Agents {
         spawner: Spawner,
         request: SpawnRequest,
         tokens_left: Option<u64>,
-        waiter: Option<SpawnWaiter>,
+        mut waiter: Option<SpawnWaiter>,
     ) -> Result<u32, ErrorReply> {
         self.refuse_if_shutting_down()?;
         let (parent, started_by) = match &spawner {
@@ -377,6 +383,15 @@ impl Agents {
             program.argv.join(" "),
             log.display()
         );
+        let warnings = self
+            .sdk_check
+            .warnings(program.interpreter_on_host.as_deref());
+        for warning in &warnings {
+            log::warn!("agent {id} ({}): {warning}", request.name);
+        }
+        if let Some(waiter) = waiter.as_mut() {
+            waiter.warnings = warnings;
+        }
         let own_budget = (grant.permissions.llm_tokens > 0).then_some(Budget {
             owner: id,
             tokens: grant.permissions.llm_tokens,

@@ -37,12 +37,14 @@ pub enum Restarted {
 }
 
 /// A SPAWN waiting for the agent's first incarnation to start.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SpawnWaiter {
     /// Where the reply goes.
     pub reply_to: ReplyTo,
     /// Whether an agent asked: its reply has no host pid in it.
     pub by_agent: bool,
+    /// What the reply warns of (see `interpreter`).
+    pub warnings: Vec<String>,
 }
 
 /// How the current or last incarnation's workload fared, from the status

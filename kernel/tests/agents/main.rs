@@ -7,6 +7,7 @@
 mod control;
 mod identity;
 mod inheritance;
+mod interpreter;
 mod lifecycle;
 mod logs;
 
