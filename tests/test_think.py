@@ -129,6 +129,15 @@ def test_think_answers_with_content_token_usage_and_timings(llm_kernel):
     assert_answered(reply)
 
 
+def test_a_think_slower_than_the_client_timeout_is_not_cut_short(llm_kernel):
+    # No model answers in 50 ms; the client waits for THINK's own deadline.
+    with AgentOSClient(llm_kernel.socket_path, timeout=0.05) as client:
+        reply = client.think("Name one colour.", max_tokens=8)
+        assert client.connected
+    assert_answered(reply)
+    assert reply["queue_ms"] + reply["latency_ms"] > 50
+
+
 def test_a_plain_text_payload_is_a_prompt(llm_kernel):
     with client_of(llm_kernel) as client:
         _, opcode, payload = client.call(Opcode.THINK, b"Name one colour.")

@@ -13,7 +13,14 @@ import threading
 from types import TracebackType
 from typing import Any, NamedTuple, Optional, Type, Union
 
-from .errors import AgentOSConnectionError, AgentOSError, ProtocolError, Timeout, error_for
+from .errors import (
+    AgentOSConnectionError,
+    AgentOSError,
+    PayloadTooLarge,
+    ProtocolError,
+    Timeout,
+    error_for,
+)
 from .paths import PathLike, resolve_socket_path
 from .protocol import HEADER_LEN, MAX_REPLY_BYTES, Opcode, decode_header, encode_frame
 
@@ -256,16 +263,18 @@ class Connection:
         )
 
     def _read_refusal(self) -> Optional[AgentOSError]:
-        """The kernel's parting words on a connection it refused: an error
-        reply under opcode EXIT. A reply to an earlier pipelined request is
-        not one."""
+        """The kernel's parting words on a connection it closed while we
+        wrote: a refused connection's error under opcode EXIT, or a request
+        too large to read. A reply to an earlier pipelined request is not
+        one."""
         try:
             reply = self.recv()
-            if reply.opcode != Opcode.EXIT:
-                return None
-            return failure_of(json.loads(reply.payload))
+            failure = failure_of(json.loads(reply.payload))
         except (AgentOSError, ValueError):
             return None
+        if reply.opcode == Opcode.EXIT or isinstance(failure, PayloadTooLarge):
+            return failure
+        return None
 
 
 def decode_json(reply: Reply, opcode: int) -> Any:
