@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import REPO, Kernel, start_kernel, wait_state
+from conftest import REPO, Kernel, kernel_with, wait_state
 
 import agentos
 from agentos import AgentOSClient, Opcode
@@ -125,12 +124,8 @@ def tool_kernel() -> Iterator[Kernel]:
     everything = REPO / "scripts/mcp-servers/node_modules/.bin/mcp-server-everything"
     if not everything.exists():
         pytest.fail(f"{everything} is not installed: run scripts/setup --test")
-    workdir = Path(tempfile.mkdtemp(prefix="agentos-sdk-errors-"))
-    kernel = start_kernel(workdir, f'[mcp.servers.everything]\ncommand = "{everything}"\n')
-    yield kernel
-    kernel.process.send_signal(signal.SIGTERM)
-    kernel.process.wait(timeout=10)
-    shutil.rmtree(workdir, ignore_errors=True)
+    with kernel_with(f'[mcp.servers.everything]\ncommand = "{everything}"\n') as kernel:
+        yield kernel
 
 
 def ready(client: AgentOSClient) -> None:

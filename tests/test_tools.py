@@ -4,16 +4,12 @@ mcp-server-time (installed into the project's .venv by scripts/setup)."""
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from agentos import AgentOSClient, NotFound, ToolError
-from conftest import REPO, start_kernel
+from conftest import REPO, kernel_with
 
 TIME_SERVER = REPO / ".venv" / "bin" / "mcp-server-time"
 
@@ -25,12 +21,8 @@ def tool_kernel():
         pytest.skip("needs root")
     if not TIME_SERVER.exists():
         pytest.fail(f"{TIME_SERVER} is not installed: run scripts/setup")
-    workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
-    kernel = start_kernel(workdir, f'[mcp.servers.time]\ncommand = "{TIME_SERVER}"\n')
-    yield kernel
-    kernel.process.send_signal(signal.SIGTERM)
-    kernel.process.wait(timeout=10)
-    shutil.rmtree(workdir, ignore_errors=True)
+    with kernel_with(f'[mcp.servers.time]\ncommand = "{TIME_SERVER}"\n') as kernel:
+        yield kernel
 
 
 def ready(client: AgentOSClient) -> dict:
