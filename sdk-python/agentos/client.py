@@ -45,10 +45,12 @@ COMPLETION_POLL_MS = 250
 COMPLETION_BATCH = 32
 #: The largest page TASK ``list`` gives.
 MAX_TASK_PAGE = 1000
-#: EXEC's and THINK's deadlines in the kernel's default configuration, for
-#: requests that name none (``exec.default_timeout_ms``, ``llm.timeout_ms``).
+#: The kernel's deadlines in its default configuration, for requests that
+#: name none (``exec.default_timeout_ms``, ``llm.timeout_ms``, and a tool
+#: server's ``timeout_ms``): HELLO does not report the configured ones.
 DEFAULT_EXEC_DEADLINE_MS = 30_000
 DEFAULT_THINK_DEADLINE_MS = 120_000
+DEFAULT_TOOL_DEADLINE_MS = 30_000
 
 AgentRef = Union[int, str]
 
@@ -64,10 +66,6 @@ class AgentOSClient(Connection):
     Results are plain dicts typed in :mod:`agentos.types`; failures raise
     the :class:`~agentos.AgentOSError` subclass for their code.
     """
-
-    def __enter__(self) -> "AgentOSClient":
-        self.connect()
-        return self
 
     # -- basics -----------------------------------------------------------
 
@@ -270,7 +268,7 @@ class AgentOSClient(Connection):
         session's ``/workspace`` as ``name``."""
         request = {"op": "snapshot", "session": session, "name": name}
         reply = self.call_json(Opcode.EXEC, request)
-        return {**reply["snapshot"], "left_out": reply.get("left_out", [])}  # type: ignore[typeddict-item]
+        return {**reply["snapshot"], "left_out": reply.get("left_out", [])}
 
     def restore(self, session: str, name: str) -> List[str]:
         """EXEC ``restore``: replaces a session's ``/workspace`` with a
@@ -313,7 +311,8 @@ class AgentOSClient(Connection):
         request: Dict[str, Any] = {"op": "call", "server": server, "tool": tool,
                                    "arguments": arguments}
         request.update(_present(timeout_ms=timeout_ms))
-        return self.call_json(Opcode.TOOL, request, deadline_ms=timeout_ms).get("result")
+        deadline = timeout_ms if timeout_ms is not None else DEFAULT_TOOL_DEADLINE_MS
+        return self.call_json(Opcode.TOOL, request, deadline_ms=deadline).get("result")
 
     # -- tasks ------------------------------------------------------------
 
@@ -428,15 +427,18 @@ class AgentOSClient(Connection):
 
     def _wait_many(self, task_ids: Sequence[str], wait_ms: int) -> List[Task]:
         """One TASK ``wait`` per task, pipelined: the kernel works on them at
-        once, so a round takes ``wait_ms`` at most, however many there are."""
+        once, so a batch takes ``wait_ms`` at most, however many it holds.
+        Batches keep the requests in flight under the kernel's limit; only
+        the first waits, the rest look at how their tasks are now."""
         tasks: List[Task] = []
         for start in range(0, len(task_ids), COMPLETION_BATCH):
             batch = task_ids[start:start + COMPLETION_BATCH]
+            batch_wait_ms = wait_ms if start == 0 else 0
             with self._lock:
                 for task_id in batch:
                     self.send(Opcode.TASK, {"op": "wait", "task_id": task_id,
-                                            "timeout_ms": wait_ms})
-                replies = [self.recv(deadline_ms=wait_ms) for _ in batch]
+                                            "timeout_ms": batch_wait_ms})
+                replies = [self.recv(deadline_ms=batch_wait_ms) for _ in batch]
             for reply in replies:
                 value = decode_json(reply, Opcode.TASK)
                 raise_if_failed(value)

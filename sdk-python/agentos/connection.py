@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 from types import TracebackType
-from typing import Any, NamedTuple, Optional, Type, Union
+from typing import Any, NamedTuple, Optional, Type, TypeVar, Union
 
 from .errors import (
     AgentOSConnectionError,
@@ -25,6 +25,7 @@ from .paths import PathLike, resolve_socket_path
 from .protocol import HEADER_LEN, MAX_REPLY_BYTES, Opcode, decode_header, encode_frame
 
 Payload = Union[bytes, bytearray, memoryview, str, dict, list, None]
+_Self = TypeVar("_Self", bound="Connection")
 
 #: How long, beyond a request's own deadline, the client waits for its
 #: reply: the kernel may queue it (for a sandbox, for the model) before its
@@ -77,7 +78,7 @@ class Connection:
         """The identity the kernel gave this connection (after a reply)."""
         return self._agent_id
 
-    def connect(self) -> "Connection":
+    def connect(self: _Self) -> _Self:
         """Opens the connection (a no-op if already open). Returns ``self``."""
         with self._lock:
             if self._sock is not None:
@@ -114,8 +115,9 @@ class Connection:
 
     close = disconnect
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
-        return self.connect()
+    def __enter__(self: _Self) -> _Self:
+        self.connect()
+        return self
 
     def __exit__(
         self,

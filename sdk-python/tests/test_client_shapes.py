@@ -179,6 +179,19 @@ def test_as_completed_yields_tasks_in_the_order_they_end(fake_kernel):
     assert ended == [("t-2", "completed"), ("t-1", "completed"), ("t-3", "failed")]
 
 
+def test_as_completed_waits_in_the_first_batch_only(fake_kernel):
+    ids = [f"t-{i}" for i in range(40)]
+
+    def answer(request):
+        return {"success": True, "task": task(request["task_id"], "completed")}
+
+    fake = fake_kernel([answer] * len(ids))
+    with AgentOSClient(fake.path, timeout=5) as client:
+        assert sorted(t["task_id"] for t in client.as_completed(ids)) == sorted(ids)
+    waits = [r["timeout_ms"] for r in fake.json_requests()]
+    assert waits == [250] * 32 + [0] * 8
+
+
 def test_as_completed_raises_timeout_for_tasks_still_going(fake_kernel):
     def running(request):
         time.sleep(request["timeout_ms"] / 1000)
