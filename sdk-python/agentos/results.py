@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Dict, Mapping, Union, cast
 
+from .errors import ProtocolError
 from .types import Execution, Task, TaskResult, Thought
 
 FileContent = Union[bytes, bytearray, memoryview, str]
@@ -35,9 +36,16 @@ def execution(reply: Mapping[str, Any]) -> Execution:
     result = without_success(reply)
     result["ok"] = bool(reply.get("success"))
     result["files"] = {
-        path: base64.b64decode(content) for path, content in (reply.get("files") or {}).items()
+        path: _decoded_file(path, content) for path, content in (reply.get("files") or {}).items()
     }
     return cast(Execution, result)
+
+
+def _decoded_file(path: str, content: Any) -> bytes:
+    try:
+        return base64.b64decode(content, validate=True)
+    except (TypeError, ValueError) as err:
+        raise ProtocolError(f"EXEC reply's files[{path!r}] is not base64: {err}") from err
 
 
 def thought(reply: Mapping[str, Any]) -> Thought:

@@ -8,7 +8,7 @@ import time
 import pytest
 from fake_kernel import fake_kernel, socket_dir  # noqa: F401  (fixtures)
 
-from agentos import AgentOSClient, NotFound, Timeout
+from agentos import AgentOSClient, NotFound, ProtocolError, Timeout
 
 RUN = {
     "success": True, "stdout": "42\n", "stderr": "", "exit_code": 0, "signal": None,
@@ -38,6 +38,13 @@ def test_exec_sends_files_as_base64_and_returns_collected_files_as_bytes(fake_ke
     assert run["files"] == {"out.bin": b"\x00\xffdata"}
     assert run["ok"] is True and "success" not in run
     assert run["stdout"] == "42\n"
+
+
+def test_a_collected_file_that_is_not_base64_is_a_protocol_error(fake_kernel):
+    fake = fake_kernel([{**RUN, "files": {"out.bin": "not base64!"}}])
+    with AgentOSClient(fake.path, timeout=5) as client:
+        with pytest.raises(ProtocolError, match="out.bin"):
+            client.exec("print(42)", collect=["out.bin"])
 
 
 def test_code_that_fails_is_a_result_not_an_exception(fake_kernel):
