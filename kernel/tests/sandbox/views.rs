@@ -65,7 +65,13 @@ print("REPORT " + json.dumps(report), flush=True)
 "#,
     );
     let mut client = daemon.client();
-    let id = spawn(&mut client, json!({"name": "probe", "script": probe}));
+    // The system's interpreter, outside /root: the kernel's default may be
+    // the project's virtual environment, whose directories the agent is
+    // given (and so sees /root's path to them).
+    let id = spawn(
+        &mut client,
+        json!({"name": "probe", "script": probe, "python": "/usr/bin/python3"}),
+    );
     wait_for_state(&mut client, id, &["exited"], Duration::from_secs(20));
     let log = agent_log(&daemon, "probe", id);
     let line = log
