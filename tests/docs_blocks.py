@@ -8,6 +8,8 @@ A block's info string says what it is:
   continuations) are the commands, run as a ``bash`` block, the rest is
   their output;
 - ``python``: a program, run by the project's ``.venv`` Python;
+- ``python exec``, ``bash exec``: code for an EXEC run (``import tools``
+  works there), run with ``agentos exec``;
 - ``toml``: a config file, or part of one, checked by
   ``agentosd --check-config``;
 - ``text``, ``json``, ``c``, ...: shown, never run (output, payloads,
@@ -29,6 +31,7 @@ from typing import Iterator, Optional
 # Languages the runner executes, and how it names each kind.
 RUNNERS = {"bash": "bash", "sh": "bash", "console": "console", "python": "python", "toml": "toml"}
 NO_RUN = "no-run"
+IN_EXEC = "exec"
 
 # An opening fence: up to three spaces (more inside list items), three or
 # more backticks or tildes, the info string.
@@ -61,6 +64,12 @@ class Block:
         if len(words) < 2 or words[1] != NO_RUN:
             return None
         return " ".join(words[2:])
+
+    @property
+    def in_exec(self) -> bool:
+        """Whether it is code for an EXEC run, not for the host."""
+        words = self.info.split()
+        return len(words) >= 2 and words[1] == IN_EXEC and self.language in ("python", "bash")
 
     @property
     def id(self) -> str:

@@ -3,7 +3,8 @@ agentosd: each block is a test named after its file and line.
 
 bash, sh and console blocks run in bash with ``agentos`` and ``agentosd``
 on PATH and ``AGENTOS_SOCKET`` set to the test's kernel; python blocks run
-with the project's .venv Python; toml blocks are checked by
+with the project's .venv Python; ``python exec`` and ``bash exec`` blocks
+run inside EXEC, through ``agentos exec``; toml blocks are checked by
 ``agentosd --check-config``. A block marked ``no-run`` is skipped and
 listed with its reason; a fence without a language fails. The conventions
 are in docs/README.md and ``docs_blocks.py``.
@@ -143,16 +144,19 @@ def block_env(kernel: Kernel) -> dict:
     return env
 
 
-def command_for(block: docs_blocks.Block, scratch: Path) -> list:
-    """The command that runs (or checks) one block."""
+def command_for(block: docs_blocks.Block, scratch: Path) -> tuple:
+    """The command that runs (or checks) one block, and its stdin."""
+    if block.in_exec:
+        language = ["--bash"] if block.language == "bash" else []
+        return [str(binary("agentos")), "exec", *language, "-"], block.code
     if block.runner == "python":
-        return [str(VENV_PYTHON), "-c", block.code]
+        return [str(VENV_PYTHON), "-c", block.code], None
     if block.runner == "toml":
         config = scratch / "block.toml"
         config.write_text(block.code)
-        return [str(binary("agentosd")), "--config", str(config), "--check-config"]
+        return [str(binary("agentosd")), "--config", str(config), "--check-config"], None
     code = block.code if block.runner == "bash" else docs_blocks.console_commands(block.code)
-    return ["bash", "-e", "-o", "pipefail", "-c", code]
+    return ["bash", "-e", "-o", "pipefail", "-c", code], None
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=[block.id for block in RUNNABLE])
@@ -163,10 +167,11 @@ def test_block_runs(block: docs_blocks.Block, kernels: KernelPerFile) -> None:
         pytest.skip(block.no_run_reason)
     kernel = kernels.for_file(block.name)
     with tempfile.TemporaryDirectory(prefix="agentos-block-") as scratch:
+        command, stdin = command_for(block, Path(scratch))
         try:
             done = subprocess.run(
-                command_for(block, Path(scratch)), cwd=REPO, env=block_env(kernel),
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=BLOCK_TIMEOUT,
+                command, cwd=REPO, env=block_env(kernel), input=stdin or "",
+                capture_output=True, text=True, timeout=BLOCK_TIMEOUT,
             )
         except subprocess.TimeoutExpired as err:
             pytest.fail(f"{block.id}: still running after {BLOCK_TIMEOUT} s\n{err.stdout}\n{err.stderr}", pytrace=False)
@@ -194,6 +199,7 @@ def test_blocks_are_found_as_markdown_draws_them(tmp_path: Path) -> None:
         "1. A step:\n\n   ```python no-run needs a remote key\n   print(2)\n   ```\n\n"
         "````text\n```\nnested\n```\n````\n\n"
         "```\nbare\n```\n"
+        "```python exec\nimport tools\n```\n"
     )
     found = list(docs_blocks.blocks(page, "page.md"))
     assert [(b.line, b.language, b.runner, b.no_run_reason, b.code) for b in found] == [
@@ -201,7 +207,9 @@ def test_blocks_are_found_as_markdown_draws_them(tmp_path: Path) -> None:
         (9, "python", "python", "needs a remote key", "print(2)\n"),
         (13, "text", None, None, "```\nnested\n```\n"),
         (19, "", None, None, "bare\n"),
+        (22, "python", "python", None, "import tools\n"),
     ]
+    assert [b.in_exec for b in found] == [False, False, False, False, True]
     assert found[0].id == "page.md:3"
 
 
