@@ -103,3 +103,20 @@ fn exit_and_quit_end_the_run_with_their_status() {
         "{reply}"
     );
 }
+
+#[test]
+fn pydoc_is_imported_only_by_a_run_that_asks_for_help() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut stream = daemon.raw();
+    // Held by the zygote, pydoc would weigh on every run's fork and exit.
+    let reply = run(
+        &mut stream,
+        "import sys\nprint('pydoc' in sys.modules)\nhelp(len)\nprint('pydoc' in sys.modules)",
+    );
+    let out = stdout(&reply);
+    assert!(
+        out.starts_with("False\n") && out.ends_with("True\n"),
+        "{reply}"
+    );
+}
