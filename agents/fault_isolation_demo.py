@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from agentos import AgentOSClient, AgentOSError
+from agentos import AgentOSClient, NotFound
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
@@ -32,9 +32,8 @@ def stop_all(kernel: AgentOSClient, ids: list[int], grace_ms: int = 1000) -> Non
     for agent_id in ids:
         try:
             kernel.kill(agent_id, grace_ms=grace_ms)
-        except AgentOSError as err:
-            if err.code != "not_found":  # not_found: it had already ended
-                raise
+        except NotFound:  # it had already ended
+            pass
     deadline = time.monotonic() + grace_ms / 1000 + 5
     while time.monotonic() < deadline:
         live = [a for a in kernel.list_agents() if a["id"] in ids and a["state"] in LIVE_STATES]
@@ -47,10 +46,10 @@ def stop_all(kernel: AgentOSClient, ids: list[int], grace_ms: int = 1000) -> Non
 def spawn_all(kernel: AgentOSClient, suffix: str) -> dict[str, dict]:
     python = sys.executable
     plan = {
-        "cpu-hog": ("cpu_hog_agent.py", {"cpu_quota": 10_000, "cpu_period": 100_000}),
-        "mem-hog": ("memory_hog_agent.py", {"memory": 50 * MIB}),
+        "cpu-hog": ("cpu_hog_agent.py", {"cpus": 0.1}),
+        "mem-hog": ("memory_hog_agent.py", {"memory": "50M"}),
         "fork-bomb": ("fork_bomb_agent.py", {"max_pids": 16}),
-        "healthy": ("healthy_agent.py", {"memory": 128 * MIB}),
+        "healthy": ("healthy_agent.py", {"memory": "128M"}),
     }
     agents = {}
     for role, (script, limits) in plan.items():

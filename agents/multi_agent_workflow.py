@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from agentos import AgentOSClient, AgentOSError
+from agentos import AgentOSClient, AgentOSError, NotFound
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_QUESTIONS = (
@@ -37,7 +37,7 @@ def spawn_workers(kernel: AgentOSClient, questions: list[str]) -> dict[int, str]
             os.path.join(HERE, "thinking_agent.py"),
             python=sys.executable,
             args=[question],
-            limits={"memory": 256 << 20, "max_pids": 32},
+            limits={"memory": "256M", "max_pids": 32},
         )
         print(f"spawned {reply['name']} as agent {reply['id']}: {question}", flush=True)
         workers[reply["id"]] = question
@@ -58,9 +58,8 @@ def wait_for(kernel: AgentOSClient, ids: set[int]) -> dict[int, dict]:
             for agent_id in live:
                 try:
                     kernel.kill(agent_id, grace_ms=1000)
-                except AgentOSError as err:
-                    if err.code != "not_found":  # not_found: it ended meanwhile
-                        raise
+                except NotFound:  # it ended meanwhile
+                    pass
             return entries
         time.sleep(0.2)
 

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from agentos import AgentOSClient, AgentOSError
+from agentos import AgentOSClient, AlreadyExists
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,7 +24,7 @@ def main() -> int:
                 name,
                 os.path.join(HERE, "worker_agent.py"),
                 python=sys.executable,
-                limits={"memory": 128 << 20, "max_pids": 32},
+                limits={"memory": "128M", "max_pids": 32},
             )
             for name in names
         ]
@@ -41,7 +41,7 @@ def main() -> int:
             kernel.spawn(names[0], os.path.join(HERE, "worker_agent.py"), python=sys.executable)
             print("a duplicate name was accepted", flush=True)
             return 1
-        except AgentOSError as err:
+        except AlreadyExists as err:
             print(f"duplicate refused: {err.code}", flush=True)
         for reply in spawned:
             kernel.kill(reply["id"], grace_ms=2000)

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from agentos import AgentOSClient, AgentOSConnectionError, AgentOSError, Opcode
+from agentos import AgentOSClient, AgentOSConnectionError, AgentOSError, BadRequest, Opcode
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,8 +65,23 @@ def main() -> int:
 
         try:
             client.spawn("../etc", hello_agent)
-        except AgentOSError as err:
+        except BadRequest as err:
             print(f"a bad request is refused: {err.code} — {err.message}")
+
+        if features.get("exec"):
+            run = client.exec(
+                "import csv; rows = list(csv.reader(open('data.csv')))\n"
+                "open('sum.txt', 'w').write(str(sum(int(r[1]) for r in rows)))",
+                files={"data.csv": b"a,1\nb,2\nc,39\n"},
+                collect=["sum.txt"],
+                limits={"memory": "128M", "cpus": 0.5},
+            )
+            print(f"EXEC in a fresh sandbox: ok {run['ok']}, sum.txt = {run['files']['sum.txt']!r}, "
+                  f"{run['duration_ms']} ms")
+            ids = [client.dispatch("exec", {"code": f"import time; time.sleep({d}); print({d})"})
+                   for d in (2, 0, 1)]
+            order = [task["result"]["stdout"].strip() for task in client.as_completed(ids, timeout=60)]
+            print(f"3 background tasks ended in the order {', '.join(order)}")
 
         try:
             if features.get("think"):

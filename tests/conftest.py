@@ -6,6 +6,7 @@ the workspace's ``target/debug``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -92,22 +93,31 @@ def start_kernel(workdir: Path, config: str = "", llm: bool = False) -> Kernel:
     pytest.fail(f"agentosd did not come up:\n{log_path.read_text()}")
 
 
-@pytest.fixture
-def kernel() -> Iterator[Kernel]:
+@contextlib.contextmanager
+def kernel_with(config: str = "", llm: bool = False) -> Iterator[Kernel]:
+    """A kernel with this config, stopped and cleaned up afterwards."""
     # A short directory of our own: pytest's tmp_path can push a socket path
     # past the 107 bytes a Unix socket address holds.
     workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
-    k = start_kernel(workdir)
-    yield k
-    # Stop it as an operator would, so it removes its agents and cgroups.
-    if k.process.poll() is None:
-        k.process.send_signal(signal.SIGTERM)
-        try:
-            k.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            k.process.kill()
-            k.process.wait()
-    shutil.rmtree(workdir, ignore_errors=True)
+    k = start_kernel(workdir, config, llm)
+    try:
+        yield k
+    finally:
+        # Stop it as an operator would, so it removes its agents and cgroups.
+        if k.process.poll() is None:
+            k.process.send_signal(signal.SIGTERM)
+            try:
+                k.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                k.process.kill()
+                k.process.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def kernel() -> Iterator[Kernel]:
+    with kernel_with() as k:
+        yield k
 
 
 def wait_state(client, agent_id: int, states: set[str], timeout: float = 15) -> dict:

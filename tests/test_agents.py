@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agentos import AgentOSClient, AgentOSError
+from agentos import AgentOSClient, AgentOSError, AlreadyExists, NotFound
 from conftest import REPO, log_of, wait_state
 
 AGENTS = REPO / "agents"
@@ -19,25 +19,25 @@ AGENTS = REPO / "agents"
 def test_spawn_list_and_kill_through_the_sdk(kernel):
     with AgentOSClient(kernel.socket_path) as client:
         reply = client.spawn("worker", AGENTS / "worker_agent.py", python=sys.executable,
-                             limits={"memory": 128 << 20})
-        assert reply["success"] is True
+                             limits={"memory": "128M"})
+        assert "success" not in reply
         assert reply["status"] == "running"
         agent_id = reply["id"]
         assert 0 < agent_id < 1_000_000
         listed = {a["id"]: a for a in client.list_agents()}
         assert listed[agent_id]["name"] == "worker"
         assert listed[agent_id]["limits"]["memory"] == 128 << 20
-        with pytest.raises(AgentOSError) as duplicate:
+        with pytest.raises(AlreadyExists) as duplicate:
             client.spawn("worker", AGENTS / "worker_agent.py", python=sys.executable)
         assert duplicate.value.code == "already_exists"
         time.sleep(1.5)
         killed = client.kill("worker", grace_ms=3000)
-        assert killed == {"success": True, "killed": True, "id": agent_id}
+        assert killed == {"killed": True, "id": agent_id}
         info = wait_state(client, agent_id, {"killed"})
         # The worker handles SIGTERM and exits cleanly, saying so.
         assert info["exit_code"] == 0
         assert "stopping after" in log_of(kernel, "worker", agent_id)
-        with pytest.raises(AgentOSError) as gone:
+        with pytest.raises(NotFound) as gone:
             client.kill(agent_id)
         assert gone.value.code == "not_found"
 
@@ -56,7 +56,7 @@ def test_relative_script_paths_are_made_absolute_by_the_sdk(kernel, monkeypatch)
     monkeypatch.chdir(AGENTS)
     with AgentOSClient(kernel.socket_path) as client:
         reply = client.spawn("relative", "hello_agent.py", python=sys.executable)
-        assert reply["success"] is True
+        assert reply["status"] == "running"
 
 
 def test_missing_script_is_a_clear_error(kernel):

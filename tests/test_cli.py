@@ -18,7 +18,7 @@ def agentos(kernel, *args: str) -> subprocess.CompletedProcess:
 
 
 def state_of(kernel, name: str) -> str:
-    listed = json.loads(agentos(kernel, "ps", "--json").stdout)
+    listed = json.loads(agentos(kernel, "ps", "-a", "--json").stdout)
     return next(a["state"] for a in listed if a["name"] == name)
 
 
@@ -78,10 +78,10 @@ def test_spawn_ps_and_kill(kernel):
         time.sleep(0.02)
     again = agentos(kernel, "kill", "sleeper")
     assert again.returncode == 1
-    assert "not_found" in again.stderr
+    assert again.stderr == "agentos: no agent named 'sleeper' (agentos ps -a lists them)\n"
 
 
 def test_spawn_of_a_missing_script_fails_clearly(kernel):
     out = agentos(kernel, "spawn", "ghost", "/no/such/agent.py")
     assert out.returncode == 1
-    assert "does not exist" in out.stderr and "not_found" in out.stderr
+    assert "does not exist" in out.stderr and "not_found" not in out.stderr

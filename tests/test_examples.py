@@ -28,6 +28,8 @@ def test_quickstart_runs_against_a_kernel(kernel):
     assert "100 pipelined NOOPs answered in order: True" in out.stdout
     assert "exited with exit code 0" in out.stdout, out.stdout
     assert "bad_request" in out.stdout
+    assert "EXEC in a fresh sandbox: ok True, sum.txt = b'42'" in out.stdout, out.stdout
+    assert "3 background tasks ended in the order 0, 1, 2" in out.stdout, out.stdout
     assert "THINK: unavailable" in out.stdout
 
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from agentos import AgentOSClient, AgentOSError
+from agentos import AgentOSClient, AgentOSError, BadRequest
 from conftest import binary
 
 
@@ -24,10 +24,10 @@ def test_exec_returns_the_run_and_failing_code_is_a_reply_not_an_exception(kerne
     with AgentOSClient(kernel.socket_path) as client:
         assert client.hello()["features"]["exec"] is True
         run = client.exec("print(6 * 7)")
-        assert run["success"] is True
+        assert run["ok"] is True and "success" not in run
         assert (run["stdout"], run["stderr"], run["exit_code"]) == ("42\n", "", 0)
         failed = client.exec("raise ValueError('no')")
-        assert failed["success"] is False
+        assert failed["ok"] is False
         assert failed["exit_code"] == 1
         assert failed["error"] == "ValueError: no"
         bash = client.exec("echo $((40 + 2)); exit 3", language="bash")
@@ -40,7 +40,7 @@ def test_a_refused_run_raises_with_its_code(kernel):
     if not has_root():
         return
     with AgentOSClient(kernel.socket_path) as client:
-        with pytest.raises(AgentOSError) as refused:
+        with pytest.raises(BadRequest) as refused:
             client.exec("1", language="ruby")
         assert refused.value.code == "bad_request"
         assert "language" in str(refused.value)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agentos import AgentOSClient, AgentOSError
+from agentos import AgentOSClient, NotFound
 from conftest import binary
 
 
@@ -31,10 +31,10 @@ def test_sdk_tail_and_follow(kernel):
         client.spawn("ticker", command=["/bin/sh", "-c",
                                         "echo a; sleep 0.3; echo b; sleep 0.3; echo c"])
         # A follow gives everything, piece by piece, and ends with the agent.
-        pieces = list(client.logs("ticker", follow=True))
+        pieces = list(client.follow_logs("ticker"))
         assert "".join(pieces) == "a\nb\nc\n"
         assert len(pieces) >= 2, pieces
-        with pytest.raises(AgentOSError) as missing:
+        with pytest.raises(NotFound) as missing:
             client.logs("nobody")
         assert missing.value.code == "not_found"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -32,7 +33,7 @@ def test_socket_path_comes_from_the_environment(kernel, monkeypatch):
 def test_hello_reports_version_identity_and_features(kernel):
     with AgentOSClient(kernel.socket_path) as client:
         hello = client.hello()
-    assert hello["success"] is True
+    assert "success" not in hello
     assert hello["protocol_version"] == 1
     assert hello["agent_id"] >= 1_000_000
     assert client.agent_id == hello["agent_id"]
@@ -121,3 +122,69 @@ def test_kernel_going_away_is_a_connection_error(kernel):
     assert kernel.stop() == 0
     with pytest.raises(AgentOSConnectionError):
         client.echo("anyone?")
+
+
+# -- shapes and waits ----------------------------------------------------------
+
+
+def test_a_run_longer_than_the_client_timeout_is_not_cut_short(kernel):
+    with AgentOSClient(kernel.socket_path, timeout=0.5) as client:
+        started = time.monotonic()
+        run = client.exec("import time; time.sleep(2); print('slept')", timeout_ms=20_000)
+        assert run["ok"] and run["stdout"] == "slept\n"
+        assert time.monotonic() - started >= 2
+        task_id = client.dispatch("exec", {"code": "import time; time.sleep(2)"})
+        assert client.wait_task(task_id)["state"] == "completed"
+        assert client.connected
+
+
+def test_wait_task_gives_up_at_its_own_timeout(kernel):
+    with AgentOSClient(kernel.socket_path) as client:
+        task_id = client.dispatch("exec", {"code": "import time; time.sleep(60)"})
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            client.wait_task(task_id, timeout=1)
+        assert 1 <= time.monotonic() - started < 5
+        assert client.task_status(task_id)["state"] in ("queued", "running")
+        client.cancel_task(task_id)
+
+
+def test_as_completed_yields_tasks_as_they_end(kernel):
+    with AgentOSClient(kernel.socket_path) as client:
+        naps = {client.dispatch("exec", {"code": f"import time; time.sleep({s})"}): s
+                for s in (2.4, 0.2, 1.2)}
+        order = [naps[t["task_id"]] for t in client.as_completed(naps, timeout=60)]
+        assert order == [0.2, 1.2, 2.4]
+        late = client.dispatch("exec", {"code": "import time; time.sleep(60)"})
+        with pytest.raises(TimeoutError):
+            list(client.as_completed([late], timeout=0.5))
+        client.cancel_task(late)
+
+
+def test_collected_files_come_back_as_bytes(kernel):
+    with AgentOSClient(kernel.socket_path) as client:
+        run = client.exec("open('out.bin', 'wb').write(open('in.bin', 'rb').read()[::-1])",
+                          files={"in.bin": b"\x00\x01\xfe\xff"}, collect=["out.bin"])
+        assert run["files"] == {"out.bin": b"\xff\xfe\x01\x00"}
+        task = client.wait_task(client.dispatch(
+            "exec", {"code": "print(open('in.bin','rb').read())",
+                     "files": {"in.bin": b"\x00raw"}}), timeout=60)
+        assert task["result"]["stdout"] == "b'\\x00raw'\n"
+
+
+def test_limits_as_sizes_and_cpus_reach_the_agent(kernel):
+    with AgentOSClient(kernel.socket_path) as client:
+        agent = client.spawn("limited", command=["/bin/sleep", "30"],
+                             limits={"memory": "96M", "cpus": 0.25, "max_pids": 8})
+        entry = next(a for a in client.list_agents() if a["id"] == agent["id"])
+    assert entry["limits"]["memory"] == 96 << 20
+    assert (entry["limits"]["cpu_quota"], entry["limits"]["cpu_period"]) == (25_000, 100_000)
+    assert entry["limits"]["max_pids"] == 8
+
+
+def test_no_result_has_a_success_key(kernel):
+    with AgentOSClient(kernel.socket_path) as client:
+        agent = client.spawn("plain", command=["/bin/sleep", "30"])
+        results = [client.hello(), agent, client.kill("plain"), client.exec("print(1)"),
+                   *client.list_agents(), *client.list_tasks()]
+    assert all("success" not in r for r in results), results

@@ -32,14 +32,14 @@ def test_three_tasks_dispatched_work_goes_on_and_all_are_collected(kernel):
         assert client.echo("still here") == "still here"
         statuses = {client.task_status(i)["state"] for i in ids}
         assert statuses <= {"queued", "running", "completed"}
-        results = [client.wait_task(i, timeout_ms=60_000) for i in ids]
+        results = [client.wait_task(i, timeout=60) for i in ids]
         assert [r["state"] for r in results] == ["completed"] * 3
         assert [r["result"]["stdout"] for r in results] == ["0\n", "7\n", "14\n"]
         assert [r["label"] for r in results] == ["job 0", "job 1", "job 2"]
         listed = client.list_tasks(kind="exec", limit=2)
-        assert [t["task_id"] for t in listed["tasks"]] == [ids[2], ids[1]]
-        assert listed["next"] == ids[1]
-        assert [t["task_id"] for t in client.list_tasks(before=listed["next"])["tasks"]] == [ids[0]]
+        assert [t["task_id"] for t in listed] == [ids[2], ids[1]]
+        assert [t["task_id"] for t in client.list_tasks(before=listed[-1]["task_id"])] == [ids[0]]
+        assert [t["task_id"] for t in client.list_tasks()] == ids[::-1]
 
 
 def test_cancel_and_errors_through_the_sdk(kernel):
@@ -89,7 +89,7 @@ def test_the_cli_dispatches_waits_lists_and_cancels(kernel):
     line = next(l for l in everyone.stdout.splitlines() if task_id in l)
     assert f"uid {os.geteuid()}" in line, everyone.stdout
     with AgentOSClient(kernel.socket_path) as client:
-        listed = client.list_tasks(owner="*")["tasks"]
+        listed = client.list_tasks(owner="*")
         assert {"kind": "operator", "uid": os.geteuid()} in [t["owner"] for t in listed]
 
 

@@ -84,9 +84,13 @@ def run_agent(kernel: Kernel, script: str, *args: str) -> subprocess.CompletedPr
     )
 
 
-def assert_answered(reply: dict) -> None:
-    assert reply["success"] is True, reply
-    assert reply["error"] is None
+def assert_answered(reply: dict, wire: bool = False) -> None:
+    """Checks an answer: the SDK's (no ``success``, no ``error``), or the
+    kernel's own reply on the wire."""
+    if wire:
+        assert reply["success"] is True and reply["error"] is None, reply
+    else:
+        assert "success" not in reply and "error" not in reply, reply
     assert reply["content"].strip()
     usage = reply["usage"]
     assert usage["prompt_tokens"] > 0
@@ -125,11 +129,20 @@ def test_think_answers_with_content_token_usage_and_timings(llm_kernel):
     assert_answered(reply)
 
 
+def test_a_think_slower_than_the_client_timeout_is_not_cut_short(llm_kernel):
+    # No model answers in 50 ms; the client waits for THINK's own deadline.
+    with AgentOSClient(llm_kernel.socket_path, timeout=0.05) as client:
+        reply = client.think("Name one colour.", max_tokens=8)
+        assert client.connected
+    assert_answered(reply)
+    assert reply["queue_ms"] + reply["latency_ms"] > 50
+
+
 def test_a_plain_text_payload_is_a_prompt(llm_kernel):
     with client_of(llm_kernel) as client:
         _, opcode, payload = client.call(Opcode.THINK, b"Name one colour.")
     assert opcode == Opcode.THINK
-    assert_answered(json.loads(payload))
+    assert_answered(json.loads(payload), wire=True)
 
 
 def test_messages_and_a_system_instruction_are_answered(llm_kernel):
@@ -154,7 +167,9 @@ def test_hello_names_the_local_model_and_never_its_key(llm_kernel):
     assert llm["provider"] == "local"
     assert isinstance(llm["model"], str) and llm["model"]
     assert isinstance(llm["ready"], bool)
-    assert set(llm) <= {"provider", "model", "ready", "reason", "calls", "tokens"}, llm
+    assert set(llm) <= {"provider", "model", "ready", "reason", "state", "unreachable_since",
+                        "last_error", "calls", "tokens"}, llm
+    assert llm["state"] in ("ready", "starting"), llm
     assert not [k for k in llm if "key" in k.lower() or "secret" in k.lower()]
     # The key reaches the server on its stdin: it is in none of the places
     # a process's secrets leak from, nor in HELLO or the kernel's log.

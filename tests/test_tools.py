@@ -4,16 +4,12 @@ mcp-server-time (installed into the project's .venv by scripts/setup)."""
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-from agentos import AgentOSClient, AgentOSError
-from conftest import REPO, start_kernel
+from agentos import AgentOSClient, NotFound, ToolError
+from conftest import REPO, kernel_with
 
 TIME_SERVER = REPO / ".venv" / "bin" / "mcp-server-time"
 
@@ -25,22 +21,18 @@ def tool_kernel():
         pytest.skip("needs root")
     if not TIME_SERVER.exists():
         pytest.fail(f"{TIME_SERVER} is not installed: run scripts/setup")
-    workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
-    kernel = start_kernel(workdir, f'[mcp.servers.time]\ncommand = "{TIME_SERVER}"\n')
-    yield kernel
-    kernel.process.send_signal(signal.SIGTERM)
-    kernel.process.wait(timeout=10)
-    shutil.rmtree(workdir, ignore_errors=True)
+    with kernel_with(f'[mcp.servers.time]\ncommand = "{TIME_SERVER}"\n') as kernel:
+        yield kernel
 
 
 def ready(client: AgentOSClient) -> dict:
     deadline = time.monotonic() + 30
     while True:
-        listing = client.tools()
-        states = {s["name"]: s["state"] for s in listing["servers"]}
+        servers = client.tool_servers()
+        states = {s["name"]: s["state"] for s in servers}
         if states.get("time") in ("ready", "failed"):
-            return listing
-        assert time.monotonic() < deadline, listing["servers"]
+            return {"servers": servers, "tools": client.tools()}
+        assert time.monotonic() < deadline, servers
         time.sleep(0.05)
 
 
@@ -60,10 +52,10 @@ def test_tools_search_and_call_through_the_sdk(tool_kernel):
         assert client.call_tool("kernel", "list_agents") == []
 
         # The server's own complaint, as an error with its code.
-        with pytest.raises(AgentOSError) as refused:
+        with pytest.raises(ToolError) as refused:
             client.call_tool("time", "get_current_time", timezone="Mars/Olympus")
         assert refused.value.code == "tool_error"
         assert "Mars/Olympus" in str(refused.value)
-        with pytest.raises(AgentOSError) as missing:
+        with pytest.raises(NotFound) as missing:
             client.call_tool("time", "no_such_tool")
         assert missing.value.code == "not_found"

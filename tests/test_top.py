@@ -195,5 +195,5 @@ def test_top_once_with_no_agents_and_a_bad_interval(kernel):
     assert out.stdout.splitlines()[1].startswith("0 agents, 0 live · CPU 0.0%"), out.stdout
     assert out.stdout.rstrip().endswith("(no agents)"), out.stdout
     bad = agentos_top(kernel, "--once", "--interval", "0")
-    assert bad.returncode == 1
+    assert bad.returncode == 2  # a usage error
     assert "--interval must be between 0.1 and 3600 seconds" in bad.stderr

@@ -51,9 +51,10 @@ pub trait Service: Send + 'static {
     /// has ended: closing it is how some children are told to go.
     fn started(&mut self, child: &mut Child) -> Result<(), Self::ReadyError>;
 
-    /// The incarnation has ended (or the child could not be started at all); it is
-    /// started again after the backoff delay unless the supervisor stops.
-    fn ended(&mut self);
+    /// The incarnation has ended with `status` (`None`: the child could not
+    /// be started at all, or not waited for); it is started again after the
+    /// backoff delay unless the supervisor stops.
+    fn ended(&mut self, status: Option<ExitStatus>);
 
     /// The supervisor has stopped for good: no incarnation follows.
     fn stopped(&mut self);
@@ -186,11 +187,17 @@ fn supervise(shared: &Shared, service: &mut impl Service, backoff: Backoff) {
             break;
         }
         let started = Instant::now();
-        match run_once(shared, service) {
-            Ok(status) => log::warn!("{} ended ({status})", service.name()),
-            Err(err) => log::error!("{} failed: {err}", service.name()),
-        }
-        service.ended();
+        let status = match run_once(shared, service) {
+            Ok(status) => {
+                log::warn!("{} ended ({status})", service.name());
+                Some(status)
+            }
+            Err(err) => {
+                log::error!("{} failed: {err}", service.name());
+                None
+            }
+        };
+        service.ended(status);
         let wait = backoff.delay(delay, started.elapsed());
         delay = Some(wait);
         let control = lock(&shared.control);
@@ -311,7 +318,7 @@ mod tests {
             Ok(())
         }
 
-        fn ended(&mut self) {
+        fn ended(&mut self, _status: Option<ExitStatus>) {
             let _ = self.events.send(Event::Ended(Instant::now()));
         }
 

@@ -6,8 +6,31 @@
     'Hello!'
 """
 
-from .client import AgentOSClient, Reply
-from .errors import AgentOSConnectionError, AgentOSError, ProtocolError
+from . import types
+from .client import AgentOSClient
+from .connection import Connection, Reply
+from .errors import (
+    AgentOSConnectionError,
+    AgentOSError,
+    AlreadyExists,
+    BadMagic,
+    BadRequest,
+    Busy,
+    Cancelled,
+    InternalError,
+    Interrupted,
+    LimitExceeded,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    ProtocolError,
+    Timeout,
+    ToolError,
+    Unavailable,
+    UnknownOpcode,
+    error_for,
+)
+from .limits import parse_size
 from .paths import resolve_socket_path
 from .protocol import HEADER_LEN, MAGIC, MAX_REPLY_BYTES, Opcode
 
@@ -17,11 +40,30 @@ __all__ = [
     "AgentOSClient",
     "AgentOSConnectionError",
     "AgentOSError",
+    "AlreadyExists",
+    "BadMagic",
+    "BadRequest",
+    "Busy",
+    "Cancelled",
+    "Connection",
     "HEADER_LEN",
+    "InternalError",
+    "Interrupted",
+    "LimitExceeded",
     "MAGIC",
     "MAX_REPLY_BYTES",
+    "NotFound",
     "Opcode",
+    "PayloadTooLarge",
+    "PermissionDenied",
     "ProtocolError",
     "Reply",
+    "Timeout",
+    "ToolError",
+    "Unavailable",
+    "UnknownOpcode",
+    "error_for",
+    "parse_size",
     "resolve_socket_path",
+    "types",
 ]

@@ -3,70 +3,18 @@
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import tempfile
-import threading
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+from fake_kernel import FakeKernel, socket_dir  # noqa: F401  (a fixture)
 
-from agentos import HEADER_LEN, AgentOSClient, AgentOSError, Opcode
-from agentos.protocol import decode_header, encode_frame
+from agentos import AgentOSClient, AgentOSError, LimitExceeded, Opcode
 
 ANSWER = {
     "success": True, "content": "4", "tokens": 31, "error": None,
     "usage": {"prompt_tokens": 30, "completion_tokens": 1, "total_tokens": 31},
     "model": "SmolLM2-135M-Instruct", "queue_ms": 0, "latency_ms": 120,
 }
-
-
-class FakeKernel:
-    """Accepts one connection, records each request and answers it with the
-    next scripted reply."""
-
-    def __init__(self, path: str, replies: list[dict]) -> None:
-        self.path = path
-        self.replies = list(replies)
-        self.requests: list[tuple[int, bytes]] = []
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(path)
-        self._server.listen(1)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        conn, _ = self._server.accept()
-        with conn:
-            for reply in self.replies:
-                header = decode_header(_read_exact(conn, HEADER_LEN))
-                payload = _read_exact(conn, header.payload_len)
-                self.requests.append((header.opcode, payload))
-                body = json.dumps(reply).encode()
-                conn.sendall(encode_frame(header.opcode, body, agent_id=1_000_000))
-
-    def close(self) -> None:
-        self._server.close()
-        self._thread.join(timeout=5)
-
-
-def _read_exact(conn: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = conn.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("client went away")
-        data += chunk
-    return data
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    # Short, unlike tmp_path: a Unix socket address holds 107 bytes.
-    path = Path(tempfile.mkdtemp(prefix="agentos-sdk-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def ask(socket_dir: Path, reply: dict, **kwargs):
@@ -89,7 +37,7 @@ def ask(socket_dir: Path, reply: dict, **kwargs):
 def test_think_sends_only_the_fields_given_and_returns_the_reply(socket_dir):
     reply, request = ask(socket_dir, ANSWER, prompt="What is 2+2?")
     assert request == {"prompt": "What is 2+2?"}
-    assert reply == ANSWER
+    assert reply == {k: v for k, v in ANSWER.items() if k not in ("success", "error")}
     assert reply["content"] == "4"
 
 
@@ -116,7 +64,7 @@ def test_a_failed_think_raises_with_the_kernels_code_and_message(socket_dir):
         "error": "agent 3 has used 50 of its 50 LLM tokens",
     }
     err, _ = ask(socket_dir, refusal, prompt="more?")
-    assert isinstance(err, AgentOSError)
+    assert isinstance(err, LimitExceeded)
     assert err.code == "limit_exceeded"
     assert err.message == refusal["error"]
 

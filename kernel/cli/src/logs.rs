@@ -21,8 +21,8 @@ pub struct LogsArgs {
     lines: u64,
 }
 
-pub fn logs(client: &mut Client, args: LogsArgs) -> anyhow::Result<()> {
-    let (id, name) = super::id_or_name(&args.agent);
+pub fn logs(client: &mut Client, args: LogsArgs, json: bool) -> anyhow::Result<()> {
+    let (id, name) = crate::agents::id_or_name(&args.agent);
     let mut request = LogsRequest {
         id,
         name,
@@ -31,14 +31,21 @@ pub fn logs(client: &mut Client, args: LogsArgs) -> anyhow::Result<()> {
     };
     let mut stdout = std::io::stdout().lock();
     loop {
-        let reply: LogsReply = client.call_json(Opcode::LOGS, &serde_json::to_vec(&request)?)?;
-        if reply.truncated {
+        let reply: LogsReply = client
+            .call_json(Opcode::LOGS, &serde_json::to_vec(&request)?)
+            .map_err(|err| crate::failure::about_agent(&args.agent, err.into()))?;
+        if json {
+            // One reply per line, so that a follower reads them as they come.
+            writeln!(stdout, "{}", serde_json::to_string(&reply)?)?;
+        } else if reply.truncated {
             eprintln!(
                 "agentos: the log of {} was cut; going on from its start",
                 reply.name
             );
         }
-        stdout.write_all(reply.text.as_bytes())?;
+        if !json {
+            stdout.write_all(reply.text.as_bytes())?;
+        }
         stdout.flush()?;
         if !args.follow || reply.ended {
             return Ok(());

@@ -1,20 +1,31 @@
 //! `agentos`: the AgentOS command-line client.
+//!
+//! Every command takes `--json` (the protocol's reply, or a stable JSON
+//! shape where the command makes several requests) and `--timeout SECS`
+//! (how long the command waits for the kernel, and for what it waits on:
+//! an agent to stop, a task to end). Exit codes: 0 ok, 1 the operation
+//! failed, 2 the command line was wrong.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{AgentInfo, KillRequest, SpawnReply, ThinkRequest};
+use agentos_proto::payload::ThinkRequest;
 use agentos_proto::socket_path::resolve_socket_path;
 use agentos_proto::{Client, Opcode};
-use anyhow::bail;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
+mod agents;
+mod failure;
+mod format;
 mod logs;
+mod sessions;
 mod task;
 mod tools;
 mod top;
 
+use failure::usage;
+use format::print_json;
 use task::{run_prompt, task, RunArgs, TaskCommand};
 use tools::{call_tool, tools, CallArgs};
 
@@ -26,9 +37,16 @@ struct Args {
     /// else $XDG_RUNTIME_DIR/agentos/agentos.sock or /tmp/agentos-$UID/agentos.sock]
     #[arg(long, global = true, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Give up on a reply after this many seconds [default: 30, or 180 for think]
+    /// How long this command waits, in seconds: for the kernel's reply, and
+    /// for what it waits on (an agent to stop or restart, a task to end)
+    /// [default: 30; think 180; task wait and run 600; exec and call
+    /// their own limit plus 30]
     #[arg(long, global = true, value_name = "SECS")]
     timeout: Option<f64>,
+    /// Print machine-readable JSON: the kernel's reply, or for commands
+    /// that make several requests a stable JSON shape
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,11 +54,7 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show the kernel's version, your identity and what the kernel provides
-    Hello {
-        /// Print the raw JSON reply
-        #[arg(long)]
-        json: bool,
-    },
+    Hello,
     /// Measure NOOP round trips
     Ping {
         /// Number of round trips
@@ -50,11 +64,14 @@ enum Command {
         #[arg(short, long, default_value_t = 0)]
         size: usize,
     },
-    /// List agents
-    Ps {
-        /// Print the LIST reply as JSON
-        #[arg(long)]
-        json: bool,
+    /// List live agents (-a: ended ones too)
+    Ps(agents::PsArgs),
+    /// Show agents' command, limits, permissions, network, isolation and
+    /// restarts
+    Inspect {
+        /// Agent names, or ids
+        #[arg(required = true)]
+        agents: Vec<String>,
     },
     /// Start an agent: `agentos spawn [OPTIONS] NAME SCRIPT.py [ARGS...]`, or
     /// `agentos spawn [OPTIONS] NAME -- PROGRAM [ARGS...]`
@@ -62,43 +79,64 @@ enum Command {
     /// Options go before the script or program: everything after it is
     /// passed to it as its arguments.
     Spawn(SpawnArgs),
+    /// Stop agents (SIGTERM to each one's tree, SIGKILL after the grace)
+    /// and return once they have ended
+    Stop(agents::StopArgs),
+    /// Signal agents to stop (SIGTERM, SIGKILL after the grace); returns at
+    /// once unless --wait
+    Kill {
+        #[command(flatten)]
+        stop: agents::StopArgs,
+        /// Return only once the agents have ended (within --timeout)
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Stop agents and start them again (same spec, same id); returns once
+    /// each runs again
+    Restart(agents::StopArgs),
+    /// Remove ended agents from the list (-f stops a live one first)
+    Rm(agents::RmArgs),
+    /// Print an agent's log: its last lines, and with -f what it writes
+    /// next, until it ends
+    Logs(logs::LogsArgs),
+    /// A live view of agents, tasks and tool servers, refreshed each
+    /// second; its third line lists the keys, q quits
+    Top(top::TopArgs),
     /// Ask the kernel's LLM: prints the answer, and its figures on stderr
     Think(ThinkArgs),
     /// Run code in a fresh, isolated sandbox: prints its output and exits
     /// with its exit code (128 + the signal if one ended it)
     Exec(ExecArgs),
+    /// Your EXEC sessions (interpreters and /workspace kept between runs)
+    Sessions,
+    /// Save a session's /workspace as a named snapshot (--list: its
+    /// snapshots)
+    Snapshot(sessions::SnapshotArgs),
+    /// Put a session's /workspace back as a snapshot had it, with a new
+    /// interpreter
+    Restore(sessions::RestoreArgs),
     /// List the tools you may use and the tool servers' states; with
     /// words, search the tools for them (best first)
     Tools {
         /// Words to look for in tools' names and descriptions
         search: Vec<String>,
-        /// Print the TOOL reply as JSON
-        #[arg(long)]
-        json: bool,
     },
-    /// Call a tool: `agentos call SERVER.TOOL key=value ...` (a value that
-    /// is JSON is sent as JSON, anything else as a string); prints its result
+    /// Call a tool: `agentos call SERVER.TOOL key=value ...` (values typed
+    /// as the tool's input schema says); prints its result
     Call(CallArgs),
     /// The prompt-to-program loop: the LLM writes code, the kernel runs it
     /// and feeds back its output, until the LLM answers; prints the answer
-    /// (the transcript with --json)
+    /// (the transcript with --json). --timeout is how long it follows the
+    /// task (the task goes on)
     Run(RunArgs),
     /// Background tasks: dispatch, status, wait, list, cancel
     #[command(subcommand)]
     Task(TaskCommand),
-    /// A live view of the agents: state, CPU %, memory against its limit,
-    /// restarts, LLM tokens, EXEC runs; refreshed each second, q quits
-    Top(top::TopArgs),
-    /// Print an agent's log: its last lines, and with -f what it writes
-    /// next, until it ends
-    Logs(logs::LogsArgs),
-    /// Stop an agent (SIGTERM to its tree, SIGKILL after the grace)
-    Kill {
-        /// Agent name, or id
-        agent: String,
-        /// Milliseconds between SIGTERM and SIGKILL
-        #[arg(long, value_name = "MS")]
-        grace_ms: Option<u64>,
+    /// Print a shell completion script: `agentos completion bash >
+    /// /etc/bash_completion.d/agentos`
+    Completion {
+        /// The shell
+        shell: clap_complete::Shell,
     },
 }
 
@@ -150,12 +188,11 @@ struct ExecArgs {
     /// The code is bash, not Python
     #[arg(long)]
     bash: bool,
-    /// Wall-clock limit for the run
-    #[arg(long, value_name = "MS")]
-    timeout_ms: Option<u64>,
-    /// Print the EXEC reply as JSON
-    #[arg(long)]
-    json: bool,
+    /// The run's own wall-clock limit, in seconds, enforced by the kernel
+    /// [default: the kernel's]; the global --timeout is how long this
+    /// command waits for the reply
+    #[arg(long, value_name = "SECS")]
+    run_timeout: Option<f64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -175,9 +212,6 @@ struct ThinkArgs {
     /// Sampling temperature, 0 to 2
     #[arg(long)]
     temperature: Option<f64>,
-    /// Print the THINK reply as JSON
-    #[arg(long)]
-    json: bool,
 }
 
 fn main() -> ExitCode {
@@ -191,44 +225,79 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match run(args) {
         Ok(code) => code,
-        Err(err) => {
-            eprintln!("agentos: {err:#}");
-            ExitCode::FAILURE
-        }
+        Err(err) => failure::report(&err),
     }
 }
 
+/// Seconds as a positive duration, for a flag named `flag`.
+fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
+    if !(secs > 0.0 && secs.is_finite() && secs < 1e9) {
+        return Err(usage(format!(
+            "{flag} must be a positive number of seconds"
+        )));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
 fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let json = args.json;
+    if let Command::Completion { shell } = args.command {
+        if json {
+            return Err(usage(
+                "completion prints a shell script; --json does not apply",
+            ));
+        }
+        let mut command = Args::command();
+        clap_complete::generate(shell, &mut command, "agentos", &mut std::io::stdout());
+        return Ok(ExitCode::SUCCESS);
+    }
     let path = resolve_socket_path(args.socket.as_deref());
-    // A THINK may wait its turn in the kernel's queue and for a slow model.
+    let run_timeout = match &args.command {
+        Command::Exec(exec) => exec.run_timeout,
+        Command::Call(call) => call.call_timeout,
+        _ => None,
+    };
+    if let Some(secs) = run_timeout {
+        seconds("the run's limit", secs)?;
+    }
+    // What the command waits on, when the flag leaves it to the command.
     let default_timeout = match &args.command {
+        // A THINK may wait its turn in the kernel's queue and for a slow model.
         Command::Think(_) => 180.0,
+        Command::Task(TaskCommand::Wait { .. }) | Command::Run(_) => 600.0,
         // The run's own limit, with room for its reply.
-        Command::Exec(exec) => exec.timeout_ms.map_or(60.0, |ms| ms as f64 / 1e3 + 30.0),
-        Command::Call(call) => call.timeout_ms.map_or(3630.0, |ms| ms as f64 / 1e3 + 30.0),
-        Command::Task(TaskCommand::Wait { timeout_ms, .. }) => *timeout_ms as f64 / 1e3 + 30.0,
+        Command::Exec(exec) => exec.run_timeout.map_or(60.0, |secs| secs + 30.0),
+        Command::Call(call) => call.call_timeout.map_or(3630.0, |secs| secs + 30.0),
         _ => 30.0,
     };
-    let timeout = args.timeout.unwrap_or(default_timeout);
-    if !(timeout > 0.0 && timeout.is_finite()) {
-        bail!("--timeout must be a positive number of seconds");
-    }
+    let wait_for = seconds("--timeout", args.timeout.unwrap_or(default_timeout))?;
     let mut client = Client::connect(&path)?;
-    client.set_timeout(Some(Duration::from_secs_f64(timeout)))?;
+    // A command that waits on something asks the kernel in steps, each
+    // well inside this.
+    client.set_timeout(Some(wait_for + Duration::from_secs(5)))?;
+    let client = &mut client;
     let done = match args.command {
-        Command::Hello { json } => hello(&mut client, json),
-        Command::Ping { count, size } => ping(&mut client, &path, count, size),
-        Command::Ps { json } => ps(&mut client, json),
-        Command::Spawn(spawn_args) => spawn(&mut client, spawn_args),
-        Command::Kill { agent, grace_ms } => kill(&mut client, &agent, grace_ms),
-        Command::Think(think_args) => think(&mut client, think_args),
-        Command::Exec(exec_args) => return exec(&mut client, exec_args),
-        Command::Tools { search, json } => tools(&mut client, &search, json),
-        Command::Call(call_args) => call_tool(&mut client, call_args),
-        Command::Task(command) => return task(&mut client, command),
-        Command::Run(run_args) => return run_prompt(&mut client, run_args),
-        Command::Top(top_args) => top::top(&mut client, &path, top_args),
-        Command::Logs(logs_args) => logs::logs(&mut client, logs_args),
+        Command::Hello => hello(client, json),
+        Command::Ping { count, size } => ping(client, &path, count, size, json),
+        Command::Ps(ps_args) => agents::ps(client, ps_args, json),
+        Command::Inspect { agents: names } => agents::inspect(client, &names, json),
+        Command::Spawn(spawn_args) => spawn(client, spawn_args, json),
+        Command::Stop(stop) => agents::stop(client, stop, true, wait_for, json),
+        Command::Kill { stop, wait } => agents::stop(client, stop, wait, wait_for, json),
+        Command::Restart(stop) => agents::restart(client, stop, wait_for, json),
+        Command::Rm(rm_args) => agents::rm(client, rm_args, wait_for, json),
+        Command::Think(think_args) => think(client, think_args, json),
+        Command::Exec(exec_args) => return exec(client, exec_args, json),
+        Command::Sessions => sessions::sessions(client, json),
+        Command::Snapshot(snapshot_args) => sessions::snapshot(client, snapshot_args, json),
+        Command::Restore(restore_args) => sessions::restore(client, restore_args, json),
+        Command::Tools { search } => tools(client, &search, json),
+        Command::Call(call_args) => call_tool(client, call_args, json),
+        Command::Task(command) => return task(client, command, wait_for, json),
+        Command::Run(run_args) => return run_prompt(client, run_args, wait_for, json),
+        Command::Top(top_args) => top::top(client, &path, top_args, json),
+        Command::Logs(logs_args) => logs::logs(client, logs_args, json),
+        Command::Completion { .. } => unreachable!("answered before connecting"),
     };
     done.map(|()| ExitCode::SUCCESS)
 }
@@ -245,7 +314,7 @@ fn words_or_stdin(words: &[String]) -> std::io::Result<String> {
     }
 }
 
-fn exec(client: &mut Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
+fn exec(client: &mut Client, args: ExecArgs, json: bool) -> anyhow::Result<ExitCode> {
     let code = words_or_stdin(&args.code)?;
     let mut request = serde_json::json!({
         "code": code,
@@ -254,20 +323,19 @@ fn exec(client: &mut Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
     if let Some(session) = args.session {
         request["session"] = session.into();
     }
-    if let Some(timeout_ms) = args.timeout_ms {
-        request["timeout_ms"] = timeout_ms.into();
+    if let Some(secs) = args.run_timeout {
+        request["timeout_ms"] = ((secs * 1e3).round() as u64).into();
     }
     let reply = client.call(Opcode::EXEC, &serde_json::to_vec(&request)?)?;
     let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-    if let Some(code) = reply["code"].as_str() {
-        bail!(
-            "{} ({code})",
-            reply["error"].as_str().unwrap_or("EXEC failed")
-        );
+    if json {
+        print_json(&reply)?;
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&reply)?);
-    } else {
+    if reply.get("code").is_some() {
+        let refusal: agentos_proto::ErrorReply = serde_json::from_value(reply)?;
+        return Err(refusal.into());
+    }
+    if !json {
         print!("{}", reply["stdout"].as_str().unwrap_or_default());
         eprint!("{}", reply["stderr"].as_str().unwrap_or_default());
         let tool_calls = reply["tool_calls"].as_u64().unwrap_or(0);
@@ -297,7 +365,7 @@ fn exec(client: &mut Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(u8::try_from(status & 0xff).unwrap_or(1)))
 }
 
-fn think(client: &mut Client, args: ThinkArgs) -> anyhow::Result<()> {
+fn think(client: &mut Client, args: ThinkArgs, json: bool) -> anyhow::Result<()> {
     let prompt = words_or_stdin(&args.prompt)?;
     let request = ThinkRequest {
         prompt: Some(prompt),
@@ -308,9 +376,8 @@ fn think(client: &mut Client, args: ThinkArgs) -> anyhow::Result<()> {
         ..ThinkRequest::default()
     };
     let reply = client.think(&request)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&reply)?);
-        return Ok(());
+    if json {
+        return print_json(&reply);
     }
     println!("{}", reply.content.trim_end());
     eprintln!(
@@ -323,12 +390,12 @@ fn think(client: &mut Client, args: ThinkArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn spawn(client: &mut Client, args: SpawnArgs) -> anyhow::Result<()> {
+fn spawn(client: &mut Client, args: SpawnArgs, json: bool) -> anyhow::Result<()> {
     let mut request = serde_json::json!({ "name": args.name });
     let (first, rest) = args
         .program
         .split_first()
-        .ok_or_else(|| anyhow::anyhow!("give a script or a program"))?;
+        .ok_or_else(|| usage("give a script or a program"))?;
     if first.ends_with(".py") {
         request["script"] = serde_json::json!(std::path::absolute(first)?);
         request["args"] = serde_json::json!(rest);
@@ -341,7 +408,7 @@ fn spawn(client: &mut Client, args: SpawnArgs) -> anyhow::Result<()> {
     }
     if let Some(cpus) = args.cpus {
         if !(cpus > 0.0 && cpus.is_finite()) {
-            bail!("--cpus must be a positive number");
+            return Err(usage("--cpus must be a positive number"));
         }
         limits.insert("cpu_period".into(), 100_000.into());
         limits.insert(
@@ -363,7 +430,7 @@ fn spawn(client: &mut Client, args: SpawnArgs) -> anyhow::Result<()> {
         for pair in &args.env {
             let (key, value) = pair
                 .split_once('=')
-                .ok_or_else(|| anyhow::anyhow!("--env takes KEY=VALUE, not {pair:?}"))?;
+                .ok_or_else(|| usage(format!("--env takes KEY=VALUE, not {pair:?}")))?;
             env.insert(key.into(), value.into());
         }
         request["env"] = env.into();
@@ -380,49 +447,15 @@ fn spawn(client: &mut Client, args: SpawnArgs) -> anyhow::Result<()> {
     if args.no_sandbox {
         request["sandboxed"] = false.into();
     }
-    let reply: SpawnReply = client.call_json(Opcode::SPAWN, &serde_json::to_vec(&request)?)?;
-    println!(
-        "agent {} ({}) {} as pid {}",
-        reply.id,
-        reply.name,
-        reply.status.as_str(),
-        reply.pid.map_or_else(|| "-".into(), |p| p.to_string())
-    );
-    let isolation = &reply.isolation;
-    println!(
-        "isolation: {}namespaces [{}], cgroup {}",
-        if isolation.sandboxed {
-            ""
-        } else {
-            "not sandboxed, "
-        },
-        isolation.namespaces.join(" "),
-        isolation.cgroup.map_or("none", |v| v.as_str())
-    );
-    if let Some(reason) = &isolation.degraded_reason {
-        println!("degraded: {reason}");
+    let reply: agentos_proto::payload::SpawnReply =
+        client.call_json(Opcode::SPAWN, &serde_json::to_vec(&request)?)?;
+    if json {
+        return print_json(&reply);
     }
-    Ok(())
-}
-
-/// An agent named on the command line: a number is an id, anything else
-/// a name (as `id` and `name` fields of a request).
-fn id_or_name(agent: &str) -> (Option<u32>, Option<String>) {
-    match agent.parse::<u32>() {
-        Ok(id) => (Some(id), None),
-        Err(_) => (None, Some(agent.to_owned())),
+    for warning in &reply.warnings {
+        eprintln!("warning: {warning}");
     }
-}
-
-fn kill(client: &mut Client, agent: &str, grace_ms: Option<u64>) -> anyhow::Result<()> {
-    let (id, name) = id_or_name(agent);
-    let reply = client.kill(&KillRequest { id, name, grace_ms })?;
-    println!(
-        "agent {} is being stopped",
-        reply
-            .id
-            .map_or_else(|| agent.to_owned(), |id| id.to_string())
-    );
+    agents::print_spawned(&reply);
     Ok(())
 }
 
@@ -466,8 +499,7 @@ fn parse_size(text: &str) -> Result<u64, BadSize> {
 fn hello(client: &mut Client, json: bool) -> anyhow::Result<()> {
     let reply = client.hello()?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&reply)?);
-        return Ok(());
+        return print_json(&reply);
     }
     let features = &reply.features;
     let yes_no = |b: bool| if b { "yes" } else { "no" };
@@ -508,9 +540,10 @@ fn ping(
     path: &std::path::Path,
     count: usize,
     size: usize,
+    json: bool,
 ) -> anyhow::Result<()> {
     if count == 0 {
-        bail!("-n must be at least 1");
+        return Err(usage("-n must be at least 1"));
     }
     let payload = vec![0x5Au8; size];
     let mut samples = Vec::with_capacity(count);
@@ -519,11 +552,19 @@ fn ping(
         let echoed = client.noop(&payload)?;
         samples.push(start.elapsed());
         if echoed != payload {
-            bail!("NOOP {i} came back altered ({} bytes)", echoed.len());
+            anyhow::bail!("NOOP {i} came back altered ({} bytes)", echoed.len());
         }
     }
     samples.sort_unstable();
     let pct = |p: f64| samples[((samples.len() - 1) as f64 * p).round() as usize];
+    if json {
+        let us = |d: Duration| (d.as_secs_f64() * 1e7).round() / 10.0;
+        return print_json(&serde_json::json!({
+            "count": count, "size": size, "socket": path,
+            "p50_us": us(pct(0.50)), "p99_us": us(pct(0.99)),
+            "min_us": us(samples[0]), "max_us": us(samples[samples.len() - 1]),
+        }));
+    }
     println!(
         "{count} NOOP round trips ({size} bytes) to {}: p50 {}, p99 {}, min {}, max {}",
         path.display(),
@@ -537,55 +578,4 @@ fn ping(
 
 fn micros(d: Duration) -> String {
     format!("{:.1} µs", d.as_secs_f64() * 1e6)
-}
-
-fn ps(client: &mut Client, json: bool) -> anyhow::Result<()> {
-    let agents = client.list()?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&agents)?);
-        return Ok(());
-    }
-    print!("{}", format_table(&agents));
-    Ok(())
-}
-
-/// The `ps` table: one line per agent under a header.
-fn format_table(agents: &[AgentInfo]) -> String {
-    let mut out = table_row([
-        "ID", "NAME", "PID", "STATE", "RESTARTS", "UPTIME", "MEMORY", "PEAK", "CPU", "EXIT",
-    ]);
-    let mib = |bytes: u64| format!("{:.1}M", bytes as f64 / (1 << 20) as f64);
-    for agent in agents {
-        let exit = match (agent.exit_code, agent.signal, agent.oom_killed) {
-            (_, _, true) => "OOM".to_owned(),
-            (Some(code), _, _) => code.to_string(),
-            (None, Some(signal), _) => format!("sig{signal}"),
-            (None, None, false) => "-".to_owned(),
-        };
-        out.push_str(&table_row([
-            &agent.id.to_string(),
-            &agent.name,
-            &agent.pid.map_or_else(|| "-".into(), |p| p.to_string()),
-            agent.state.as_str(),
-            &agent.restarts.to_string(),
-            &format!("{:.1}s", agent.uptime_ms as f64 / 1000.0),
-            &mib(agent.memory.current),
-            &mib(agent.memory.peak),
-            &format!("{:.2}s", agent.cpu.usage_usec as f64 / 1e6),
-            &exit,
-        ]));
-    }
-    if agents.is_empty() {
-        out.push_str("(no agents)\n");
-    }
-    out
-}
-
-/// One line of the `ps` table, columns aligned.
-fn table_row(cells: [&str; 10]) -> String {
-    let [id, name, pid, state, restarts, uptime, memory, peak, cpu, exit] = cells;
-    format!(
-        "{id:>7}  {name:<20} {pid:>8}  {state:<11} {restarts:>8} {uptime:>8} \
-         {memory:>8} {peak:>8} {cpu:>8} {exit:>6}\n"
-    )
 }

@@ -1,11 +1,18 @@
 //! `agentos task ...`: background tasks.
 
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use agentos_proto::{Client, Opcode};
 use clap::Subcommand;
+use serde_json::Value;
 
+use crate::format::print_json;
 use crate::words_or_stdin;
+
+/// The longest one TASK `wait` request waits: well inside the kernel's
+/// bound on it.
+const WAIT_STEP: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Subcommand)]
 pub enum TaskCommand {
@@ -25,9 +32,10 @@ pub enum TaskCommand {
         /// Your own name for the task
         #[arg(long)]
         label: Option<String>,
-        /// Wall-clock limit for the run
-        #[arg(long, value_name = "MS")]
-        timeout_ms: Option<u64>,
+        /// The run's own wall-clock limit, in seconds, enforced by the
+        /// kernel [default: the kernel's]
+        #[arg(long, value_name = "SECS")]
+        run_timeout: Option<f64>,
     },
     /// A task as it is (with what it has printed, while it runs)
     Status {
@@ -35,16 +43,11 @@ pub enum TaskCommand {
         task_id: String,
     },
     /// Wait for a task to end and print its result (a run's output, a
-    /// THINK's answer); exits non-zero unless it completed
+    /// THINK's answer); exits non-zero unless it completed. The global
+    /// --timeout is how long to wait (default 600 s; the task goes on)
     Wait {
         /// The task's id
         task_id: String,
-        /// Give up waiting after this long (the task goes on)
-        #[arg(long, value_name = "MS", default_value_t = 600_000)]
-        timeout_ms: u64,
-        /// Print the task as JSON
-        #[arg(long)]
-        json: bool,
     },
     /// Your tasks, newest first
     List {
@@ -61,9 +64,6 @@ pub enum TaskCommand {
         /// or `*` for everyone's
         #[arg(long)]
         owner: Option<String>,
-        /// Print the TASK reply as JSON
-        #[arg(long)]
-        json: bool,
     },
     /// Stop a queued or running task
     Cancel {
@@ -83,15 +83,18 @@ pub struct RunArgs {
     /// A system instruction added to the kernel's own
     #[arg(long)]
     system: Option<String>,
-    /// Print the whole task (every iteration's code and output) as JSON
-    #[arg(long)]
-    json: bool,
 }
 
 /// `agentos run`: dispatches a prompt task and follows it to its end, with
 /// a progress line on a terminal.
-pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode> {
-    use serde_json::{json, Value};
+/// `wait_for` is how long it follows the task: the global `--timeout`.
+pub fn run_prompt(
+    client: &mut Client,
+    args: RunArgs,
+    wait_for: Duration,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use serde_json::json;
     use std::io::IsTerminal;
     let prompt = words_or_stdin(&args.prompt)?;
     let mut request = json!({"prompt": prompt});
@@ -107,12 +110,24 @@ pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode
         .unwrap_or_default()
         .to_owned();
     let live = std::io::stderr().is_terminal();
+    let deadline = Instant::now() + wait_for;
     let task = loop {
         // Short waits, so a terminal sees where the loop is meanwhile.
         let body = json!({"op": "wait", "task_id": task_id, "timeout_ms": 500});
         let task = call(body)?["task"].clone();
         if task.get("result").is_some() {
             break task;
+        }
+        if Instant::now() >= deadline {
+            if live {
+                eprint!("\r\x1b[2K");
+            }
+            anyhow::bail!(
+                "task {task_id} is still {} after {:.0} s; it goes on: agentos task wait {task_id} \
+                 (--timeout SECS waits longer)",
+                task["state"].as_str().unwrap_or("running"),
+                wait_for.as_secs_f64()
+            );
         }
         if live {
             let status = call(json!({"op": "status", "task_id": task_id}))?["task"].clone();
@@ -132,13 +147,13 @@ pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode
         eprint!("\r\x1b[2K");
     }
     let result = &task["result"];
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&task)?);
+    if json {
+        print_json(&task)?;
     } else if let Some(answer) = result["answer"].as_str() {
         println!("{answer}");
     }
     let iterations = result["iterations"].as_array().map_or(0, Vec::len);
-    if !args.json {
+    if !json {
         // The transcript in brief: what each round ran and how it ended.
         for (n, iteration) in result["iterations"]
             .as_array()
@@ -173,8 +188,14 @@ pub fn run_prompt(client: &mut Client, args: RunArgs) -> anyhow::Result<ExitCode
     Ok(ExitCode::FAILURE)
 }
 
-pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCode> {
-    use serde_json::{json, Value};
+/// `wait_for` is how long `wait` waits: the global `--timeout`.
+pub fn task(
+    client: &mut Client,
+    command: TaskCommand,
+    wait_for: Duration,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use serde_json::json;
     let mut call = |body: Value| task_call(client, &body);
     match command {
         TaskCommand::Dispatch {
@@ -182,7 +203,7 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
             think,
             bash,
             label,
-            timeout_ms,
+            run_timeout,
         } => {
             let text = words_or_stdin(&text)?;
             let (kind, mut request) = if think {
@@ -191,29 +212,47 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
                 let language = if bash { "bash" } else { "python" };
                 ("exec", json!({"code": text, "language": language}))
             };
-            if let Some(timeout_ms) = timeout_ms {
-                request["timeout_ms"] = timeout_ms.into();
+            if let Some(secs) = run_timeout {
+                crate::seconds("--run-timeout", secs)?;
+                request["timeout_ms"] = ((secs * 1e3).round() as u64).into();
             }
             let mut body = json!({"op": "dispatch", "kind": kind, "request": request});
             if let Some(label) = label {
                 body["label"] = label.into();
             }
             let reply = call(body)?;
-            println!("{}", reply["task_id"].as_str().unwrap_or_default());
+            if json {
+                print_json(&reply)?;
+            } else {
+                println!("{}", reply["task_id"].as_str().unwrap_or_default());
+            }
         }
         TaskCommand::Status { task_id } => {
             let reply = call(json!({"op": "status", "task_id": task_id}))?;
-            println!("{}", serde_json::to_string_pretty(&reply["task"])?);
+            if json {
+                print_json(&reply)?;
+            } else {
+                print!("{}", describe(&reply["task"]));
+            }
         }
-        TaskCommand::Wait {
-            task_id,
-            timeout_ms,
-            json,
-        } => {
-            let reply = call(json!({"op": "wait", "task_id": task_id, "timeout_ms": timeout_ms}))?;
+        TaskCommand::Wait { task_id } => {
+            // In steps the kernel accepts, until the task ends or the wait
+            // asked for is over.
+            let deadline = Instant::now() + wait_for;
+            let reply = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let step = left.min(WAIT_STEP);
+                let timeout_ms = step.as_millis() as u64;
+                let body = json!({"op": "wait", "task_id": task_id, "timeout_ms": timeout_ms});
+                let reply = call(body)?;
+                let state = reply["task"]["state"].as_str().unwrap_or("");
+                if !matches!(state, "queued" | "running") || left <= step {
+                    break reply;
+                }
+            };
             let task = &reply["task"];
             if json {
-                println!("{}", serde_json::to_string_pretty(task)?);
+                print_json(task)?;
             } else if let Some(result) = task.get("result") {
                 // A run's output, a THINK's answer, or why it did not end well.
                 print!("{}", result["stdout"].as_str().unwrap_or_default());
@@ -237,7 +276,6 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
             kind,
             limit,
             owner,
-            json,
         } => {
             let mut body = json!({"op": "list", "limit": limit});
             if let Some(state) = state {
@@ -254,7 +292,7 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
             }
             let reply = call(body)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&reply)?);
+                print_json(&reply)?;
             } else {
                 // Whose each task is, when they may be another's.
                 let whose = |task: &serde_json::Value| match owner {
@@ -288,7 +326,9 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
         }
         TaskCommand::Cancel { task_id } => {
             let reply = call(json!({"op": "cancel", "task_id": task_id}))?;
-            if reply["cancelled"] == true {
+            if json {
+                print_json(&reply)?;
+            } else if reply["cancelled"] == true {
                 println!("cancelled {task_id}");
             } else {
                 println!("{task_id} had already ended");
@@ -296,6 +336,46 @@ pub fn task(client: &mut Client, command: TaskCommand) -> anyhow::Result<ExitCod
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `task status`'s text: the task's kind, label and state, its times, and
+/// while it runs what it has printed so far.
+fn describe(task: &Value) -> String {
+    let text = |field: &str| task[field].as_str().unwrap_or("-").to_owned();
+    let label = task["label"]
+        .as_str()
+        .map(|l| format!(" \"{l}\""))
+        .unwrap_or_default();
+    let mut out = format!(
+        "task {}{label} ({}): {}\n",
+        text("task_id"),
+        text("kind"),
+        text("state")
+    );
+    out.push_str(&format!(
+        "created {}, started {}, finished {}\n",
+        text("created_at"),
+        text("started_at"),
+        text("finished_at")
+    ));
+    let progress = &task["progress"];
+    if let Some(iteration) = progress["iteration"].as_u64() {
+        out.push_str(&format!("iteration {iteration}\n"));
+    }
+    if let Some(output) = progress["output"].as_str().filter(|o| !o.is_empty()) {
+        out.push_str("output so far:\n");
+        for line in output.lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+    if let Some(error) = task["result"]["error"].as_str() {
+        out.push_str(&format!("error: {error}\n"));
+    }
+    if task["state"] != "queued" && task["state"] != "running" {
+        let id = text("task_id");
+        out.push_str(&format!("its result: agentos task wait {id}\n"));
+    }
+    out
 }
 
 /// One TASK request, its reply as JSON (an error reply as an error).
@@ -314,5 +394,29 @@ fn owner_name(owner: &serde_json::Value) -> String {
         Some("run") if owner["of"].is_object() => format!("run of {}", owner_name(&owner["of"])),
         Some("run") => "a run".to_owned(),
         _ => "?".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_reads_as_text_with_the_output_so_far() {
+        let task = serde_json::json!({
+            "task_id": "t-1", "kind": "exec", "label": "nightly", "state": "running",
+            "created_at": "2026-11-26T08:00:00Z", "started_at": "2026-11-26T08:00:01Z",
+            "finished_at": null, "progress": {"output": "step 1\nstep 2\n"}});
+        let text = describe(&task);
+        assert!(
+            text.starts_with("task t-1 \"nightly\" (exec): running\n"),
+            "{text}"
+        );
+        assert!(text.contains("finished -"), "{text}");
+        assert!(
+            text.contains("output so far:\n  step 1\n  step 2\n"),
+            "{text}"
+        );
+        assert!(!text.contains('{'), "no JSON: {text}");
     }
 }

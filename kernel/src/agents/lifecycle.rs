@@ -96,7 +96,18 @@ impl Agents {
                     }
                 }
                 Deadline::Forget { id } => {
-                    if self.table.get(&id).is_some_and(|a| !a.is_live()) {
+                    // A restart may have revived it, and it may have ended
+                    // again since: only the retention of its last end counts.
+                    let expired = |a: &Agent| {
+                        a.ended.is_some_and(|ended| {
+                            now.saturating_duration_since(ended) >= self.retention
+                        })
+                    };
+                    if self
+                        .table
+                        .get(&id)
+                        .is_some_and(|a| !a.is_live() && expired(a))
+                    {
                         self.table.remove(&id);
                     }
                 }
@@ -325,7 +336,9 @@ impl Agents {
         } else {
             AgentState::Failed
         };
-        if let Some(waiter) = agent.spawn_reply.take() {
+        // A SPAWN still waiting hears of the incarnation a restart starts.
+        let restarting = agent.stop == Some(StopReason::Restart);
+        if let Some(waiter) = agent.spawn_reply.take_if(|_| !restarting) {
             replies.push((waiter.reply_to, ErrorReply::new(code, message).into()));
             return self.finish(sandboxes, id, now);
         }
@@ -362,6 +375,10 @@ impl Agents {
         };
         if self.shutting_down {
             return self.finish(sandboxes, id, now);
+        }
+        if agent.stop == Some(StopReason::Restart) {
+            log::info!("agent {id} ({}): stopped; starting it again", agent.name);
+            return self.start_again(sandboxes, id, now);
         }
         match agent.restarts.decide(end, now) {
             Decision::RestartAfter(delay) => {
@@ -414,6 +431,10 @@ impl Agents {
         self.ended.push(id);
         agent.stop = Some(why);
         if agent.state == AgentState::Restarting {
+            // Nothing runs while it waits out its backoff.
+            if why == StopReason::Restart {
+                return self.start_again(sandboxes, id, now);
+            }
             agent.state = AgentState::Killed;
             return self.finish(sandboxes, id, now);
         }
@@ -465,6 +486,7 @@ fn apply_status(agent: &mut Agent, status: Status, replies: &mut Vec<Reply>) {
                     pid: agent.pid.filter(|_| !waiter.by_agent).map(|p| p as u32),
                     status: agent.state,
                     isolation: agent.isolation.clone(),
+                    warnings: waiter.warnings,
                 };
                 replies.push((waiter.reply_to, Answer::json(&reply)));
             }

@@ -17,7 +17,10 @@
 //!
 //! Everything here runs on the reactor thread and never blocks.
 
+mod admission;
+mod control;
 mod inheritance;
+mod interpreter;
 mod lifecycle;
 pub mod log_reader;
 pub mod program;
@@ -40,7 +43,6 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::config::Config;
-use crate::identity::Identity;
 use crate::permissions::Budget;
 use crate::sandbox::plan::{Shape, SOCKET_INSIDE};
 use crate::sandbox::runtime::Sandboxes;
@@ -49,7 +51,9 @@ use crate::sandbox::view::View;
 use crate::sandbox::Namespaces;
 use crate::timers::Timers;
 pub use inheritance::Grant;
+use interpreter::SdkCheck;
 use program::{Lookup, Program};
+pub use record::Restarted;
 use record::{Agent, SpawnWaiter, StopReason, WorkloadReport};
 use restart::Restarts;
 
@@ -152,6 +156,8 @@ pub struct Agents {
     deadlines: Timers<Deadline>,
     log_dir: PathBuf,
     python: PathBuf,
+    /// Whether interpreters can import the SDK, remembered.
+    sdk_check: SdkCheck,
     defaults: Limits,
     retention: Duration,
     stop_grace: Duration,
@@ -181,7 +187,8 @@ impl Agents {
             next_id: 1,
             deadlines: Timers::default(),
             log_dir,
-            python: agents.python.clone(),
+            python: agents.python(),
+            sdk_check: SdkCheck::default(),
             defaults: default_limits(config),
             retention: Duration::from_secs(agents.retention_secs),
             stop_grace: Duration::from_millis(agents.stop_grace_ms),
@@ -268,6 +275,7 @@ impl Agents {
         let waiter = SpawnWaiter {
             reply_to,
             by_agent: !matches!(spawner, Spawner::Operator),
+            warnings: Vec::new(),
         };
         self.admit(sandboxes, spawner, request, tokens_left, Some(waiter))
             .map(|_| ())
@@ -292,7 +300,7 @@ impl Agents {
     /// entry stops the kernel before it starts, naming the entry.
     pub fn check_boot(config: &Config) -> Result<(), BadBootEntry> {
         for (index, request) in config.agents.boot.iter().enumerate() {
-            program::resolve(request, &config.agents.python, Lookup::Host)
+            program::resolve(request, &config.agents.python(), Lookup::Host)
                 .and_then(|_| program::check_env(request))
                 .map_err(|refused| BadBootEntry {
                     index,
@@ -327,14 +335,9 @@ impl Agents {
         spawner: Spawner,
         request: SpawnRequest,
         tokens_left: Option<u64>,
-        waiter: Option<SpawnWaiter>,
+        mut waiter: Option<SpawnWaiter>,
     ) -> Result<u32, ErrorReply> {
-        if self.shutting_down {
-            return Err(ErrorReply::new(
-                ErrorCode::Unavailable,
-                "the kernel is shutting down",
-            ));
-        }
+        self.refuse_if_shutting_down()?;
         let (parent, started_by) = match &spawner {
             Spawner::Operator => (None, None),
             // An agent a run's agent spawns is the run's too: it ends with
@@ -366,38 +369,10 @@ impl Agents {
             }
         };
         program::check_env(&request)?;
-        let live = self.table.values().filter(|a| a.is_live()).count();
-        if live >= self.max_agents {
-            return Err(ErrorReply::new(
-                ErrorCode::LimitExceeded,
-                format!("{live} agents are running, the configured maximum; kill one first"),
-            ));
-        }
-        if let Some(existing) = self
-            .table
-            .values()
-            .find(|a| a.is_live() && a.name == request.name)
-        {
-            return Err(ErrorReply::new(
-                ErrorCode::AlreadyExists,
-                format!(
-                    "agent {:?} already exists (id {}, {}); kill it or choose another name",
-                    request.name,
-                    existing.id,
-                    existing.state.as_str()
-                ),
-            ));
-        }
+        self.check_room_for(&request.name)?;
 
         let id = self.next_id;
-        let door = sandboxes
-            .open_door(&id.to_string(), Identity::Agent { id })
-            .map_err(|err| {
-                ErrorReply::new(
-                    ErrorCode::Internal,
-                    format!("cannot create the agent's socket: {err}"),
-                )
-            })?;
+        let door = Self::open_door(sandboxes, id)?;
         self.next_id += 1;
         let isolation = isolation(sandboxes, &request);
         let log = self.log_dir.join(format!("{}-{id}.log", request.name));
@@ -408,6 +383,15 @@ impl Agents {
             program.argv.join(" "),
             log.display()
         );
+        let warnings = self
+            .sdk_check
+            .warnings(program.interpreter_on_host.as_deref());
+        for warning in &warnings {
+            log::warn!("agent {id} ({}): {warning}", request.name);
+        }
+        if let Some(waiter) = waiter.as_mut() {
+            waiter.warnings = warnings;
+        }
         let own_budget = (grant.permissions.llm_tokens > 0).then_some(Budget {
             owner: id,
             tokens: grant.permissions.llm_tokens,
@@ -511,12 +495,7 @@ impl Agents {
                     },
                 )
             })?;
-        let may = match caller {
-            Viewer::Operator => true,
-            Viewer::Agent(caller_id) => self.is_descendant(id, caller_id),
-            Viewer::Run(_) => self.sees(caller, id),
-        };
-        if !may {
+        if !self.may_stop(caller, id) {
             return Err(ErrorReply::new(
                 ErrorCode::PermissionDenied,
                 match caller {

@@ -30,6 +30,9 @@ pub struct Program {
     /// The interpreter, when the request gave a script (its own name, not
     /// its symlinks' target: a virtual environment's `bin/python`).
     pub interpreter: Option<PathBuf>,
+    /// The same interpreter on the host, for what the kernel checks of it
+    /// itself (see `interpreter`).
+    pub interpreter_on_host: Option<PathBuf>,
     /// The working directory, when the request gave one.
     pub cwd: Option<PathBuf>,
     /// Directories outside the system ones the workload needs, read-only:
@@ -117,6 +120,7 @@ pub fn resolve(
             program: interpreter.inside.clone(),
             argv,
             script: Some(script.inside),
+            interpreter_on_host: Some(interpreter.host),
             interpreter: Some(interpreter.inside),
             cwd,
             binds: dirs.binds(),
@@ -154,6 +158,7 @@ pub fn resolve(
         argv,
         script: None,
         interpreter: None,
+        interpreter_on_host: None,
         cwd,
         binds: dirs.binds(),
     })

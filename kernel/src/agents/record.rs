@@ -21,17 +21,30 @@ use agentos_proto::payload::{
 pub enum StopReason {
     /// A KILL request.
     Kill,
+    /// A KILL request with `restart`: the agent starts again once stopped.
+    Restart,
     /// The kernel is shutting down.
     Shutdown,
 }
 
+/// What a restart did first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restarted {
+    /// A live incarnation is being stopped; the next starts once it ends.
+    AfterStop,
+    /// The agent had ended; it is starting now.
+    FromEnded,
+}
+
 /// A SPAWN waiting for the agent's first incarnation to start.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SpawnWaiter {
     /// Where the reply goes.
     pub reply_to: ReplyTo,
     /// Whether an agent asked: its reply has no host pid in it.
     pub by_agent: bool,
+    /// What the reply warns of (see `interpreter`).
+    pub warnings: Vec<String>,
 }
 
 /// How the current or last incarnation's workload fared, from the status
@@ -167,6 +180,15 @@ impl Agent {
             exec: ExecStats::default(),
             boot: self.boot,
             isolation: self.isolation.clone(),
+            // The spec, never its environment: values there may be secrets.
+            command: self.program.argv.clone(),
+            cwd: self.request.cwd.clone(),
+            sandboxed: self.request.sandboxed,
+            network: self.request.network,
+            permissions: self.permissions.clone(),
+            restart_policy: self.request.restart_policy,
+            max_restarts: self.request.max_restarts,
+            restart_window: self.request.restart_window,
         }
     }
 }

@@ -584,3 +584,86 @@ fn a_live_name_is_taken_until_its_agent_ends() {
     bench.ended(incarnation, Status::Exited(0), false, 1);
     bench.spawn(TRUE);
 }
+
+/// A KILL request with `extra` fields for agent `id`.
+fn kill_request(id: u32, extra: &str) -> KillRequest {
+    KillRequest::parse(format!(r#"{{"id":{id},"grace_ms":0{extra}}}"#).as_bytes()).unwrap()
+}
+
+/// An operator's KILL `restart` of agent `id`: how it went.
+fn restart(bench: &mut Bench, id: u32) -> super::Restarted {
+    let request = kill_request(id, r#","restart":true"#);
+    let (restarted, how) = bench
+        .agents
+        .restart(
+            &mut bench.sandboxes,
+            &mut bench.replies,
+            Viewer::Operator,
+            &request,
+        )
+        .unwrap();
+    assert_eq!(restarted, id);
+    how
+}
+
+#[test]
+fn restart_stops_the_live_incarnation_then_starts_the_next_under_the_same_id() {
+    let mut bench = Bench::new(2);
+    let id = bench.spawn(TRUE);
+    let first = bench.running(id, 0);
+    assert_eq!(restart(&mut bench, id), super::Restarted::AfterStop);
+    assert_eq!(bench.sandboxes.signals(), vec![libc::SIGKILL]);
+    bench.ended(first, Status::Signaled(libc::SIGKILL), false, 1);
+    assert_eq!(bench.incarnation(id).number, 2, "the next incarnation");
+    bench.running(id, 1);
+    assert_eq!(bench.agents.table[&id].restarts.total, 1);
+    assert!(bench.sandboxes.closed_doors.is_empty(), "its socket stays");
+}
+
+#[test]
+fn an_ended_agent_is_restarted_or_removed_but_a_live_one_is_not_removed() {
+    let mut bench = Bench::new(2);
+    let id = bench.spawn(TRUE);
+    let incarnation = bench.running(id, 0);
+    let remove = kill_request(id, r#","remove":true"#);
+    let refused = bench.agents.remove(Viewer::Operator, &remove).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::BadRequest);
+    assert!(refused.error.contains("still running"), "{}", refused.error);
+    bench.ended(incarnation, Status::Exited(0), false, 1);
+    assert_eq!(restart(&mut bench, id), super::Restarted::FromEnded);
+    let second = bench.running(id, 2);
+    bench.ended(second, Status::Exited(0), false, 3);
+    bench.deadlines(62);
+    assert_eq!(
+        bench.state(id),
+        Some(AgentState::Exited),
+        "the first end's retention no longer counts"
+    );
+    assert_eq!(bench.agents.remove(Viewer::Operator, &remove).unwrap(), id);
+    assert_eq!(bench.state(id), None);
+    let gone = bench.agents.remove(Viewer::Operator, &remove).unwrap_err();
+    assert_eq!(gone.code, ErrorCode::NotFound);
+}
+
+#[test]
+fn a_restart_before_the_first_start_leaves_the_spawn_waiting_for_the_next() {
+    let mut bench = Bench::new(0);
+    let id = bench.spawn(TRUE);
+    assert_eq!(restart(&mut bench, id), super::Restarted::AfterStop);
+    assert!(bench.replies.is_empty(), "the SPAWN still waits");
+    let next = bench.incarnation(id);
+    assert_eq!(
+        (next.number, bench.sandboxes.waiting.clone()),
+        (2, vec![next])
+    );
+    let sandbox = SandboxKey::for_tests(7);
+    bench.event(
+        SandboxEvent::Ready {
+            owner: next,
+            sandbox,
+        },
+        0,
+    );
+    bench.running(id, 0);
+    assert_eq!(bench.only_reply()["success"], true);
+}

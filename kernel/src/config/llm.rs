@@ -135,6 +135,11 @@ pub struct LlmConfig {
     pub default_max_tokens: u32,
     /// Largest `max_tokens` a request may ask for.
     pub max_tokens_limit: u32,
+    /// Tokens of context the remote provider's model takes, prompt and
+    /// answer together, when the operator knows it; the prompt loop keeps
+    /// its tool list within a share of it. Unset: unknown, and every tool
+    /// is listed. (The local model's is `local.context_tokens`.)
+    pub context_tokens: Option<u32>,
     /// Fair-queueing weights by agent name (default 1): an agent of weight
     /// 2 is served twice the tokens of a backlogged agent of weight 1.
     pub weights: BTreeMap<String, u32>,
@@ -158,14 +163,19 @@ impl Default for LlmConfig {
             attempt_timeout_ms: 60_000,
             default_max_tokens: 512,
             max_tokens_limit: 32_768,
+            context_tokens: None,
             weights: BTreeMap::new(),
             local: LocalConfig::default(),
         }
     }
 }
 
+/// Tokens of context SmolLM2-135M was trained for, and the most the local
+/// model may be given.
+pub const LOCAL_MAX_CONTEXT_TOKENS: u32 = 8192;
+
 /// How the local model is served.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LocalConfig {
     /// The Python of the environment holding `xllamacpp` and
@@ -174,6 +184,20 @@ pub struct LocalConfig {
     pub python: Option<PathBuf>,
     /// CPU threads for inference (0: llama.cpp's choice, one per core).
     pub threads: u32,
+    /// Tokens of context one request may use, prompt and answer together.
+    /// The requests in progress share one cache of this many tokens, so
+    /// memory does not grow with `llm.concurrency`.
+    pub context_tokens: u32,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            python: None,
+            threads: 0,
+            context_tokens: LOCAL_MAX_CONTEXT_TOKENS,
+        }
+    }
 }
 
 impl LlmConfig {
@@ -240,6 +264,15 @@ impl LlmConfig {
             .unwrap_or_else(|| self.kind().default_model().to_owned())
     }
 
+    /// Tokens of context a THINK may use, when known: the local model's,
+    /// or what the operator says of a remote provider's model.
+    pub fn context_tokens(&self) -> Option<u32> {
+        match self.kind() {
+            ProviderKind::Local => Some(self.local.context_tokens),
+            _ => self.context_tokens,
+        }
+    }
+
     /// The base URL in force (for `local`, the server's own address is
     /// known only once it runs).
     pub fn base_url(&self) -> String {
@@ -272,6 +305,18 @@ impl LlmConfig {
                 format!(
                     "must be between 1 and llm.max_tokens_limit ({})",
                     self.max_tokens_limit
+                ),
+            );
+        }
+        if self.context_tokens.is_some_and(|tokens| tokens < 512) {
+            return invalid("llm.context_tokens", "must be at least 512".into());
+        }
+        if !(512..=LOCAL_MAX_CONTEXT_TOKENS).contains(&self.local.context_tokens) {
+            return invalid(
+                "llm.local.context_tokens",
+                format!(
+                    "{} is outside 512..={LOCAL_MAX_CONTEXT_TOKENS} (the local model's trained context)",
+                    self.local.context_tokens
                 ),
             );
         }
@@ -401,6 +446,23 @@ mod tests {
         assert!(err.to_string().contains("AGENTOS_LLM_PROVIDER"), "{err}");
         let err = loaded(&[("AGENTOS_LLM_CONCURRENCY", "0")]).unwrap_err();
         assert!(err.to_string().contains("llm.concurrency"), "{err}");
+    }
+
+    #[test]
+    fn the_context_is_known_for_the_local_model_and_bounded() {
+        let config = loaded(&[]).unwrap();
+        assert_eq!(config.context_tokens(), Some(LOCAL_MAX_CONTEXT_TOKENS));
+        let remote = loaded(&[("OPENAI_API_KEY", "k")]).unwrap();
+        assert_eq!(remote.context_tokens(), None, "a remote model's is unknown");
+        for tokens in [256, LOCAL_MAX_CONTEXT_TOKENS + 1] {
+            let mut config = LlmConfig::default();
+            config.local.context_tokens = tokens;
+            let err = config.validate().unwrap_err();
+            assert!(
+                err.to_string().contains("llm.local.context_tokens"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod common;
 pub mod exec;
 pub mod llm;
 pub mod mcp;
+pub mod python_env;
 pub mod tasks;
 
 use std::path::{Path, PathBuf};
@@ -25,6 +26,10 @@ use exec::ExecConfig;
 use llm::LlmConfig;
 use mcp::McpConfig;
 use tasks::TasksConfig;
+
+/// The file by which an environment holds the `agentos` SDK, relative to
+/// its site directory.
+pub const SDK_PACKAGE: &str = "agentos/__init__.py";
 
 /// The service's config file, read when present and nothing else is named.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentos/agentosd.toml";
@@ -92,7 +97,9 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct AgentsConfig {
     /// The interpreter for SPAWN's `script` when the request names none.
-    pub python: PathBuf,
+    /// Default: the project's `.venv` when it holds the `agentos` SDK (see
+    /// [`AgentsConfig::python`]), else `/usr/bin/python3`.
+    pub python: Option<PathBuf>,
     /// The user sandboxed workloads run as when the daemon is root.
     pub uid: u32,
     /// Their group.
@@ -139,7 +146,7 @@ pub struct AgentsConfig {
 impl Default for AgentsConfig {
     fn default() -> Self {
         AgentsConfig {
-            python: PathBuf::from("/usr/bin/python3"),
+            python: None,
             uid: 65534,
             gid: 65534,
             log_dir: None,
@@ -163,6 +170,16 @@ impl Default for AgentsConfig {
 }
 
 impl AgentsConfig {
+    /// The interpreter agents' scripts run with when SPAWN names none: the
+    /// configured one, else the project's `.venv` when it holds the
+    /// `agentos` SDK (as the local model's is found), else the system's.
+    pub fn python(&self) -> PathBuf {
+        self.python
+            .clone()
+            .or_else(|| python_env::project_python_with(SDK_PACKAGE))
+            .unwrap_or_else(|| PathBuf::from(python_env::SYSTEM_PYTHON))
+    }
+
     /// The log directory, defaulted by who runs the daemon.
     pub fn log_dir(&self) -> PathBuf {
         if let Some(dir) = &self.log_dir {
@@ -185,7 +202,7 @@ impl AgentsConfig {
         if self.max_connections == 0 {
             return invalid("agents.max_connections", "must be at least 1".into());
         }
-        if !self.python.is_absolute() {
+        if self.python.as_ref().is_some_and(|p| !p.is_absolute()) {
             return invalid("agents.python", "must be an absolute path".into());
         }
         let defaults = agentos_proto::payload::Limits {
@@ -320,7 +337,7 @@ impl Config {
             self.log_level = Some(v);
         }
         if let Some(v) = get("AGENTOS_PYTHON") {
-            self.agents.python = PathBuf::from(v);
+            self.agents.python = Some(PathBuf::from(v));
         }
         if let Some(v) = get("AGENTOS_AGENT_LOG_DIR") {
             self.agents.log_dir = Some(PathBuf::from(v));
@@ -357,7 +374,7 @@ impl Config {
             self.workers = v;
         }
         if let Some(v) = &flags.python {
-            self.agents.python = v.clone();
+            self.agents.python = Some(v.clone());
         }
     }
 

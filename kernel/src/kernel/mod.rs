@@ -142,6 +142,7 @@ impl Kernel {
         let tools = Servers::start(
             &config.mcp,
             sandboxes.confinement(),
+            &config.tasks.state_dir(socket),
             registry,
             Arc::clone(&waker),
             tokens.first(Source::Tools),

@@ -125,9 +125,11 @@ impl Kernel {
             names(&self.config),
             names(new)
         );
+        let state_dir = self.tools.state_dir().to_owned();
         let started = Servers::start(
             &new.mcp,
             self.sandboxes.confinement(),
+            &state_dir,
             &self.registry,
             Arc::clone(&self.waker),
             self.tokens.first(Source::Tools),
@@ -201,8 +203,7 @@ impl Kernel {
         };
         let kill = KillRequest {
             id: Some(id),
-            name: None,
-            grace_ms: None,
+            ..KillRequest::default()
         };
         if let Err(err) = self.agents.kill(
             &mut agent_sandboxes(&mut self.sandboxes),

@@ -8,8 +8,9 @@ use super::actor::Actor;
 use super::Kernel;
 use crate::address::ReplyTo;
 use crate::identity::{Principal, KERNEL_OPERATOR};
+use crate::tasks::tool_menu::ToolMenu;
 use crate::tasks::{CancelledWork, Start, WorkRequest, PROGRESS_BYTES};
-use crate::tools::offer::{self, offered, Listing};
+use crate::tools::offer::{self, offered, Listing, Offered};
 
 impl Kernel {
     /// Starts the queued tasks whose owners have room.
@@ -17,12 +18,18 @@ impl Kernel {
         // Work that cannot start fails its task at once, which frees its
         // owner's place: look again until nothing more starts.
         loop {
-            let tools = if self.tasks.prompt_queued() {
-                offer::summary(&offered(&self.tools, Listing::Known))
-            } else {
-                String::new()
+            let starts = {
+                let on_offer = if self.tasks.prompt_queued() {
+                    offered(&self.tools, Listing::Known)
+                } else {
+                    Vec::new()
+                };
+                let menu = ToolMenu::new(
+                    |prompt: &str| ranked_for(&on_offer, prompt),
+                    self.llm.context_tokens(),
+                );
+                self.tasks.startable(&menu)
             };
-            let starts = self.tasks.startable(&tools);
             if starts.is_empty() {
                 return;
             }
@@ -95,4 +102,16 @@ impl Kernel {
         Actor::of(principal, &self.agents, &self.runs)
             .map_err(|_| ErrorReply::new(ErrorCode::Unavailable, "the task's owner has ended"))
     }
+}
+
+/// Every tool on offer as a line of the prompt loop's list, the ones TOOL's
+/// search ranks for `prompt` first, the rest after in their usual order.
+fn ranked_for(on_offer: &[Offered<'_>], prompt: &str) -> Vec<String> {
+    let best = offer::ranked(on_offer, prompt, on_offer.len());
+    let rest = (0..on_offer.len()).filter(|index| !best.contains(index));
+    best.iter()
+        .copied()
+        .chain(rest)
+        .map(|index| offer::summary(std::slice::from_ref(&on_offer[index])))
+        .collect()
 }

@@ -19,6 +19,14 @@ use super::retry::Backoff;
 
 /// Largest provider reply read; a bigger one is an error.
 const MAX_REPLY_BYTES: u64 = 16 << 20;
+/// Attempts at a provider that cannot be connected to, and the pause
+/// between them: down is reported within about a second, not after the
+/// minute of polite retries a busy provider gets.
+const CONNECT_ATTEMPTS: u32 = 2;
+const RECONNECT_DELAY: Duration = Duration::from_millis(750);
+/// Longest wait for a connection (name lookup, TCP, TLS): a host that
+/// drops packets is unreachable as surely as one that refuses them.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where calls go: a fixed provider, or one that is not always there (the
 /// local model server between restarts).
@@ -26,6 +34,14 @@ pub trait Endpoint: Send + Sync + std::fmt::Debug {
     /// The provider to call now, or why there is none (a transient
     /// failure is retried).
     fn provider(&self) -> Result<Arc<dyn Provider>, Failure>;
+
+    /// Whether a refused connection means a server the kernel is about to
+    /// start again (the local model's, whose supervisor restarts it): then
+    /// it is waited for within the request's deadline, not reported
+    /// unreachable after two tries.
+    fn restarts_itself(&self) -> bool {
+        false
+    }
 }
 
 /// A provider that is always there.
@@ -60,6 +76,9 @@ pub struct CallDone {
     pub latency: Duration,
     /// Attempts made.
     pub attempts: u32,
+    /// The call failed because no connection could be made to the
+    /// provider: HELLO reports it unreachable until a call succeeds.
+    pub unreachable: bool,
 }
 
 /// Retry limits.
@@ -99,6 +118,7 @@ impl Callers {
             // an error, not a hop.
             .max_redirects(0)
             .max_idle_connections_per_host(count.max(1))
+            .timeout_connect(Some(CONNECT_TIMEOUT))
             .user_agent(concat!("agentosd/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
@@ -130,6 +150,7 @@ impl Callers {
                         )),
                         latency: Duration::ZERO,
                         attempts: 1,
+                        unreachable: false,
                     });
                     if done.send(finished).is_err() {
                         return;
@@ -177,16 +198,25 @@ fn call(
     let mut backoff = Backoff::new();
     let mut waited = Duration::ZERO;
     let mut attempts = 0u32;
+    let mut connect_failures = 0u32;
     let result = loop {
         attempts += 1;
         let failure = match attempt(agent, endpoint, &job.chat, job.deadline, budget) {
             Ok(completion) => break Ok(completion),
             Err(failure) => failure,
         };
-        let Retry::After(hint) = failure.retry else {
-            break Err(failure);
+        let delay = match failure.retry {
+            Retry::Never => break Err(failure),
+            Retry::After(hint) => backoff.delay(attempts - 1, hint),
+            Retry::Reconnect if endpoint.restarts_itself() => backoff.delay(attempts - 1, None),
+            Retry::Reconnect => {
+                connect_failures += 1;
+                if connect_failures >= CONNECT_ATTEMPTS {
+                    break Err(gave_up(failure, attempts, "the provider is unreachable"));
+                }
+                RECONNECT_DELAY
+            }
         };
-        let delay = backoff.delay(attempts - 1, hint);
         let now = Instant::now();
         if now + delay >= job.deadline {
             break Err(gave_up(failure, attempts, "the request's deadline is near"));
@@ -202,11 +232,13 @@ fn call(
         std::thread::sleep(delay);
         waited += delay;
     };
+    let unreachable = result.is_err() && connect_failures >= CONNECT_ATTEMPTS;
     CallDone {
         ticket: job.ticket,
         result,
         latency: started.elapsed(),
         attempts,
+        unreachable,
     }
 }
 
@@ -272,7 +304,7 @@ fn send(
         .timeout_global(Some(timeout))
         .build()
         .send(&request.body[..])
-        .map_err(|err| transport_failure(provider, &err))?;
+        .map_err(|err| transport_failure(provider, host_of(&request.url), &err))?;
     let status = response.status().as_u16();
     let headers = ReplyHeaders(
         response
@@ -303,26 +335,78 @@ fn send(
     Ok((status, headers, body))
 }
 
-/// A failure below HTTP: timeouts and connection trouble are worth
-/// retrying; a bad URL or TLS setup is not.
-fn transport_failure(provider: &str, err: &ureq::Error) -> Failure {
+/// A failure below HTTP, naming the host it concerns: no connection at
+/// all is [`Failure::unreachable`]; a timeout or trouble on a connection
+/// made is worth retrying; a bad URL or TLS setup is not.
+fn transport_failure(provider: &str, host: &str, err: &ureq::Error) -> Failure {
+    use std::io::ErrorKind as K;
     use ureq::Error as E;
+    use ureq::Timeout as T;
     match err {
+        E::ConnectionFailed | E::HostNotFound | E::Timeout(T::Connect | T::Resolve) => {
+            Failure::unreachable(format!("cannot connect to {provider} at {host}: {err}"))
+        }
+        E::Io(io)
+            if matches!(
+                io.kind(),
+                K::ConnectionRefused
+                    | K::HostUnreachable
+                    | K::NetworkUnreachable
+                    | K::AddrNotAvailable
+                    | K::NotFound
+            ) =>
+        {
+            Failure::unreachable(format!("cannot connect to {provider} at {host}: {err}"))
+        }
         E::Timeout(_) => Failure::transient(
             ErrorCode::Timeout,
             None,
-            format!("{provider} did not answer in time"),
+            format!("{provider} at {host} did not answer in time"),
         ),
-        E::Io(_) | E::ConnectionFailed | E::HostNotFound | E::Protocol(_) | E::BodyStalled => {
-            Failure::transient(
-                ErrorCode::Unavailable,
-                None,
-                format!("cannot reach {provider}: {err}"),
-            )
-        }
+        E::Io(_) | E::Protocol(_) | E::BodyStalled => Failure::transient(
+            ErrorCode::Unavailable,
+            None,
+            format!("lost {provider} at {host}: {err}"),
+        ),
         _ => Failure::fatal(
             ErrorCode::Unavailable,
-            format!("cannot call {provider}: {err}"),
+            format!("cannot call {provider} at {host}: {err}"),
         ),
+    }
+}
+
+/// The `host:port` of a URL, as errors name it (the URL's path may carry
+/// a model name, never a key, but the host is what the operator checks).
+fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split(['/', '?', '#']).next().unwrap_or(rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_host_and_port_not_the_path() {
+        assert_eq!(host_of("https://api.openai.com/v1/chat"), "api.openai.com");
+        assert_eq!(host_of("http://127.0.0.1:9/v1"), "127.0.0.1:9");
+        assert_eq!(host_of("http://[::1]:8000?x=1"), "[::1]:8000");
+    }
+
+    #[test]
+    fn a_refused_connection_is_unreachable_a_dropped_one_is_retried() {
+        let refused = ureq::Error::Io(std::io::ErrorKind::ConnectionRefused.into());
+        let failure = transport_failure("openai", "127.0.0.1:9", &refused);
+        assert_eq!(failure.retry, Retry::Reconnect);
+        assert!(
+            failure.message.contains("127.0.0.1:9"),
+            "{}",
+            failure.message
+        );
+        let reset = ureq::Error::Io(std::io::ErrorKind::ConnectionReset.into());
+        assert_eq!(
+            transport_failure("openai", "h", &reset).retry,
+            Retry::After(None)
+        );
     }
 }

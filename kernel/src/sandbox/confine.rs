@@ -152,6 +152,11 @@ impl Confinement {
         })
     }
 
+    /// The user its children run as; `None`: the daemon's own.
+    pub fn user(&self) -> Option<User> {
+        self.user
+    }
+
     /// A command that runs `program` with `argv` confined, in `cwd` (else
     /// `/`); `binds` are the program's own directories. The caller sets its
     /// environment, its standard streams and any descriptor it passes on,

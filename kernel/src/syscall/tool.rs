@@ -21,8 +21,7 @@ use crate::kernel::{Kernel, ToolCaller};
 use crate::permissions::allowed_by;
 use crate::tools::builtin::{self, Builtin};
 use crate::tools::mcp::client::ToolInfo;
-use crate::tools::offer::{offered, Listing, Offered};
-use crate::tools::search::{self, Searchable};
+use crate::tools::offer::{self, offered, Listing, Offered};
 use crate::tools::servers::CallRequest;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
@@ -52,15 +51,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                     .into_iter()
                     .filter(|offered| may(offered.server, &offered.tool.name))
                     .collect();
-                let searchable: Vec<Searchable<'_>> = tools
-                    .iter()
-                    .map(|offered| Searchable {
-                        server: offered.server,
-                        name: &offered.tool.name,
-                        description: &offered.tool.description,
-                    })
-                    .collect();
-                let ranked = search::search(&searchable, &query, limit as usize);
+                let ranked = offer::ranked(&tools, &query, limit as usize);
                 Ok(Some(Answer::json(&ToolSearchReply {
                     success: true,
                     tools: ranked

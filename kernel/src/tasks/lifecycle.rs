@@ -3,6 +3,7 @@
 //! finished — or cancelled, refused by the store, or interrupted by the
 //! kernel's stop on the way.
 
+use super::tool_menu::ToolMenu;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -144,8 +145,8 @@ impl<S: Store> Tasks<S> {
 
     /// Queued tasks whose owners have room to run one more, now running:
     /// the kernel starts each, replying to `ReplyTo::Task(number)`. A
-    /// prompt loop's THINK is told of `tools` (a line each).
-    pub fn startable(&mut self, tools: &str) -> Vec<Start> {
+    /// prompt loop's THINK is told of the tools on the menu that fit.
+    pub fn startable(&mut self, tools: &ToolMenu<'_>) -> Vec<Start> {
         let mut starts = Vec::new();
         if self.stopping {
             return starts;
@@ -176,7 +177,8 @@ impl<S: Store> Tasks<S> {
                 TaskKind::Exec => dispatch.exec().map(WorkRequest::Exec),
                 TaskKind::Think => dispatch.think().map(WorkRequest::Think),
                 TaskKind::Prompt => dispatch.prompt().map(|request| {
-                    let (think, iteration) = self.prompts.start(&id, request, tools);
+                    let listed = tools.for_prompt(&request.prompt);
+                    let (think, iteration) = self.prompts.start(&id, request, &listed);
                     task.iteration = Some(iteration);
                     WorkRequest::Think(think)
                 }),

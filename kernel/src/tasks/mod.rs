@@ -26,6 +26,7 @@ pub mod store;
 mod table;
 #[cfg(test)]
 mod tests;
+pub mod tool_menu;
 mod waiters;
 mod work;
 

@@ -3,7 +3,8 @@
 //!
 //! [`mcp`] holds the MCP client: the JSON-RPC framing of a server's stdio
 //! and the client's state machine, both without I/O. [`process`] starts a
-//! server under the shared supervisor; [`servers`] keeps every configured
+//! server under the shared supervisor, [`view`] says what it sees, and
+//! [`stderr`] reads its stderr for the log and its error; [`servers`] keeps every configured
 //! server's pipes, client and calls on the reactor. [`builtin`] describes
 //! the kernel's own tools. [`offer`] is the one list of tools on offer,
 //! each with its name in Python. [`package`] writes the `tools` package EXEC
@@ -20,3 +21,5 @@ pub mod reply;
 pub mod search;
 pub mod secrets;
 pub mod servers;
+pub mod stderr;
+pub mod view;

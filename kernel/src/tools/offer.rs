@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::builtin;
 use super::mcp::client::ToolInfo;
+use super::search::{search, Searchable};
 use super::servers::Servers;
 use crate::python_names::python_name;
 
@@ -29,6 +30,20 @@ pub struct Offered<'a> {
     pub tool: &'a ToolInfo,
     /// Its name in Python: `tools.<server>.<python>(...)`.
     pub python: String,
+}
+
+/// The indices of the tools in `on_offer` that match `query`, best first,
+/// at most `limit` (ranked as [`search`] does).
+pub fn ranked(on_offer: &[Offered<'_>], query: &str, limit: usize) -> Vec<usize> {
+    let searchable: Vec<Searchable<'_>> = on_offer
+        .iter()
+        .map(|offered| Searchable {
+            server: offered.server,
+            name: &offered.tool.name,
+            description: &offered.tool.description,
+        })
+        .collect();
+    search(&searchable, query, limit)
 }
 
 /// The built-ins, then the servers' tools `listing` names, in order.

@@ -112,6 +112,8 @@ fn catalog(servers: &[CatalogServer<'_, '_>]) -> Vec<u8> {
                         "python": offered.python,
                         "description": offered.tool.description,
                         "input_schema": offered.tool.input_schema,
+                        "output_schema": offered.tool.output_schema,
+                        "returns": returns(offered.tool.output_schema.as_ref()),
                     })
                 })
                 .collect();
@@ -159,6 +161,42 @@ fn skill(server: &CatalogServer<'_, '_>) -> String {
                 }
             );
         }
+        let _ = writeln!(text, "\nReturns {}", returns(tool.output_schema.as_ref()));
+    }
+    text
+}
+
+/// What a tool's function returns, as its docstring and SKILL.md say it:
+/// what `tools.call` gives back for a tool with this output schema.
+fn returns(output_schema: Option<&Value>) -> String {
+    let Some(schema) = output_schema else {
+        return "the tool's text content as a str (text that is JSON comes back parsed: a \
+                dict, list or number)."
+            .to_owned();
+    };
+    let fields = arguments(schema);
+    if fields.is_empty() {
+        return "a dict: the tool's structured content, as its output schema describes it."
+            .to_owned();
+    }
+    let mut text = "a dict (the tool's structured content) with these keys:".to_owned();
+    for field in fields {
+        let _ = write!(
+            text,
+            "\n- `{}` ({}{}){}",
+            field.name,
+            field.kind,
+            if field.required {
+                ""
+            } else {
+                ", may be absent"
+            },
+            if field.description.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", field.description.replace('\n', " "))
+            }
+        );
     }
     text
 }
@@ -183,13 +221,28 @@ fn arguments(schema: &Value) -> Vec<Argument> {
                 .iter()
                 .map(|(name, spec)| Argument {
                     name: name.clone(),
-                    kind: spec["type"].as_str().unwrap_or("any").to_owned(),
+                    kind: kind_of(spec),
                     required: required.contains(&name.as_str()),
                     description: spec["description"].as_str().unwrap_or("").to_owned(),
                 })
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A property's type as its schema names it: its `type`, else the
+/// definition a `$ref` names (`#/$defs/TimeResult` is a `TimeResult`),
+/// else `any`.
+fn kind_of(spec: &Value) -> String {
+    let named = spec["$ref"]
+        .as_str()
+        .and_then(|reference| reference.rsplit('/').next());
+    spec["type"]
+        .as_str()
+        .or(named)
+        .filter(|kind| !kind.is_empty())
+        .unwrap_or("any")
+        .to_owned()
 }
 
 /// Replaces `path` with `bytes` (mode 0644): written aside, then renamed.
@@ -250,5 +303,31 @@ mod tests {
             "{skill}"
         );
         assert!(dir.path().join("tools.py").exists());
+        assert!(
+            skill.contains("Returns the tool's text content as a str"),
+            "{skill}"
+        );
+    }
+
+    #[test]
+    fn what_a_tool_returns_comes_from_its_output_schema() {
+        assert!(returns(None).starts_with("the tool's text content as a str"));
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "timezone": {"type": "string", "description": "IANA name."},
+                "is_dst": {"type": "boolean"},
+                "source": {"$ref": "#/$defs/TimeResult"},
+            },
+            "required": ["timezone"],
+        });
+        assert_eq!(
+            returns(Some(&schema)),
+            "a dict (the tool's structured content) with these keys:\n\
+             - `is_dst` (boolean, may be absent)\n\
+             - `source` (TimeResult, may be absent)\n\
+             - `timezone` (string): IANA name."
+        );
+        assert!(returns(Some(&json!({"type": "object"}))).starts_with("a dict: the tool's"));
     }
 }

@@ -2,24 +2,24 @@
 //! program found, the directories it needs, started confined (the rule for
 //! kernel children: the sandbox user, no capabilities, a read-only view)
 //! with **only** the environment its config gives it. Once started, its
-//! stdin and stdout go to the reactor ([`StartedServer`]); its stderr is logged
-//! by a thread of its own, capped, with the config's secrets blotted out.
+//! stdin and stdout go to the reactor ([`StartedServer`]); its stderr is read
+//! by a thread of its own ([`super::stderr`]).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mio::Waker;
 
-use super::secrets::{truncate_text, Secrets};
+use super::secrets::Secrets;
+use super::stderr::{lock, read_stderr, Ending, StderrLog};
+use super::view::{server_binds, Withheld};
 use crate::config::mcp::McpServerConfig;
 use crate::sandbox::confine::Confinement;
-use crate::sandbox::lookup::interpreter_binds;
 use crate::sandbox::plan::is_system;
 use crate::sandbox::spec::Bind;
 use crate::supervisor::{Backoff, Service};
@@ -30,11 +30,6 @@ pub const RESTART: Backoff = Backoff {
     max: Duration::from_secs(30),
     healthy: Duration::from_secs(60),
 };
-/// Bytes of a server's stderr logged per incarnation; the rest is read and
-/// dropped.
-const STDERR_LOG_CAP: usize = 64 << 10;
-/// Longest stderr line kept whole (a line says why a server died).
-const STDERR_LINE: usize = 512;
 
 /// A started server's pipes, handed to the reactor.
 #[derive(Debug)]
@@ -67,22 +62,61 @@ pub struct ServerCommand {
 
 impl ServerCommand {
     /// The command for `config`; a bare `command` is looked up on `path`
-    /// (the kernel's `PATH`).
+    /// (the kernel's `PATH`). `home` is the server's private home: its
+    /// `HOME` unless its config sets one.
     pub fn resolve(
         config: &McpServerConfig,
         path: Option<&str>,
+        home: Option<&Path>,
+        withheld: &Withheld,
     ) -> Result<ServerCommand, CommandError> {
         let program = find_program(&config.command, path)?;
-        let binds = server_binds(&program, config);
-        let mut argv = vec![config.command.clone()];
+        let binds = server_binds(&program, config, home, withheld);
+        let (program, mut argv) = match uv_beside_uvx(&program) {
+            Some(uv) => (uv, vec!["uv".into(), "tool".into(), "uvx".into()]),
+            None => (program, vec![config.command.clone()]),
+        };
         argv.extend(config.args.iter().cloned());
+        let mut env = config.env.clone();
+        if let Some(home) = home {
+            env.entry("HOME".to_owned())
+                .or_insert_with(|| home.display().to_string());
+        }
+        env.entry("PATH".to_owned())
+            .or_insert_with(|| default_path(&program));
         Ok(ServerCommand {
             program,
             argv,
-            env: config.env.clone(),
+            env,
             cwd: config.cwd.clone(),
             binds,
         })
+    }
+}
+
+/// The `uv` that a `uvx` program would run. `uvx` is only a launcher: it
+/// finds `uv` beside its own file through `/proc/self/exe` and runs `uv
+/// tool uvx` with its arguments — but a confined server has no `/proc`
+/// (it has no PID namespace whose processes /proc could show), so the
+/// server is started as that `uv tool uvx` directly.
+fn uv_beside_uvx(program: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(program).ok()?;
+    if real.file_name()? != "uvx" {
+        return None;
+    }
+    let uv = real.with_file_name("uv");
+    uv.is_file().then_some(uv)
+}
+
+/// The `PATH` of a server whose config sets none: its program's directory
+/// (where `npx` finds `node`, a virtual environment its commands), then
+/// the system's. Launchers need one: `npx` runs a package's command
+/// through the shell, and `#!/usr/bin/env node` looks `node` up.
+fn default_path(program: &Path) -> String {
+    let system = "/usr/local/bin:/usr/bin:/bin";
+    match program.parent().filter(|dir| !is_system(dir)) {
+        Some(dir) => format!("{}:{system}", dir.display()),
+        None => system.to_owned(),
     }
 }
 
@@ -118,67 +152,6 @@ fn find_program(command: &str, path: Option<&str>) -> Result<PathBuf, CommandErr
         .ok_or_else(|| CommandError::NotOnPath(command.to_owned()))
 }
 
-/// What a confined server sees beside the system directories: its
-/// program's installation (a Python environment, a `node_modules` tree,
-/// else its directory), the interpreter its `#!` line names, its working
-/// directory and the existing absolute paths among its arguments
-/// (read-only), and the directories it may write.
-fn server_binds(program: &Path, config: &McpServerConfig) -> Vec<Bind> {
-    let mut binds = Vec::new();
-    let mut read_only = |path: &Path| {
-        if path.is_absolute() && path.exists() && !is_system(path) && path != Path::new("/") {
-            binds.push(Bind {
-                source: path.to_path_buf(),
-                target: path.to_path_buf(),
-                writable: false,
-            });
-        }
-    };
-    let real = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
-    match real.ancestors().find(|dir| dir.ends_with("node_modules")) {
-        Some(modules) => read_only(modules),
-        None => read_only(real.parent().unwrap_or(Path::new("/"))),
-    }
-    if let Some(interpreter) = shebang(&real) {
-        read_only(interpreter.parent().unwrap_or(Path::new("/")));
-    }
-    for path in config.cwd.iter() {
-        read_only(path);
-    }
-    for arg in &config.args {
-        read_only(Path::new(arg));
-    }
-    let mut binds: Vec<Bind> = binds
-        .into_iter()
-        .chain(interpreter_binds(program))
-        .chain(
-            shebang(&real)
-                .map(|i| interpreter_binds(&i))
-                .unwrap_or_default(),
-        )
-        .collect();
-    binds.sort_by(|a, b| a.target.cmp(&b.target));
-    binds.dedup_by(|a, b| a.target == b.target);
-    // Writable directories last, so they lie over a read-only one above.
-    binds.extend(config.writable.iter().map(|dir| Bind {
-        source: dir.clone(),
-        target: dir.clone(),
-        writable: true,
-    }));
-    binds
-}
-
-/// The interpreter a script's `#!` line names, unless it is a system one
-/// (`/usr/bin/env node` finds node among the system directories).
-fn shebang(program: &Path) -> Option<PathBuf> {
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
-    let line = head[..n].strip_prefix(b"#!")?;
-    let line = String::from_utf8_lossy(line);
-    let interpreter = PathBuf::from(line.lines().next()?.split_whitespace().next()?);
-    (!is_system(&interpreter)).then_some(interpreter)
-}
-
 /// The server as the supervisor runs it.
 #[derive(Debug)]
 pub struct ServerProcess {
@@ -194,8 +167,10 @@ pub struct ServerProcess {
     pub launches: Sender<StartedServer>,
     /// Wakes the reactor when they have gone.
     pub waker: Arc<Waker>,
-    /// The last line of its stderr, for the error when it ends.
-    pub last_words: Arc<Mutex<String>>,
+    /// How its current incarnation ended, for its error.
+    pub ending: Arc<Mutex<Ending>>,
+    /// What its stderr has logged, across incarnations.
+    pub stderr_log: Arc<Mutex<StderrLog>>,
     /// The incarnation started last.
     pub incarnation: u64,
 }
@@ -259,7 +234,7 @@ impl Service for ServerProcess {
             .stderr(Stdio::piped())
             // A group of its own: what it starts ends with it.
             .process_group(0);
-        *lock(&self.last_words) = String::new();
+        *lock(&self.ending) = Ending::of(incarnation);
         process.spawn()
     }
 
@@ -270,15 +245,15 @@ impl Service for ServerProcess {
             return Err(ReadyError::NoPipes);
         };
         let label = self.label.clone();
-        let secrets = Secrets::new(self.command.env.values());
-        let last_words = self.last_words.clone();
+        let secrets = Secrets::of_env(&self.command.env);
+        let (log, ending) = (self.stderr_log.clone(), self.ending.clone());
         let waker = self.waker.clone();
         std::thread::Builder::new()
             .name(format!("{label}-stderr"))
             .spawn(move || {
-                log_stderr(&label, stderr, &secrets, &last_words);
-                // Its stderr closed: the kernel may be waiting for these
-                // last words to say why it ended.
+                read_stderr(&label, stderr, &secrets, &log, &ending);
+                // Its stderr closed: the kernel may be waiting for its
+                // error line to say why it ended.
                 let _ = waker.wake();
             })
             .map_err(ReadyError::Stderr)?;
@@ -295,51 +270,18 @@ impl Service for ServerProcess {
         Ok(())
     }
 
-    fn ended(&mut self) {}
+    fn ended(&mut self, status: Option<ExitStatus>) {
+        let mut ending = lock(&self.ending);
+        if ending.incarnation == self.incarnation {
+            ending.status = status;
+            ending.ended = true;
+        }
+        drop(ending);
+        // The kernel may be waiting for the status to say why it ended.
+        let _ = self.waker.wake();
+    }
 
     fn stopped(&mut self) {}
-}
-
-fn lock(mutex: &Mutex<String>) -> std::sync::MutexGuard<'_, String> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Logs a server's stderr line by line until it closes: the first
-/// [`STDERR_LOG_CAP`] bytes of it, with every value of its environment
-/// replaced by `[secret]`; the last line is kept as its last words.
-fn log_stderr(label: &str, stderr: impl Read, secrets: &Secrets, last_words: &Mutex<String>) {
-    let mut logged = 0;
-    let mut reader = BufReader::new(stderr);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        // At most one line's worth held, however long the line.
-        match (&mut reader)
-            .take(STDERR_LOG_CAP as u64)
-            .read_until(b'\n', &mut line)
-        {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let text = secrets.redact(String::from_utf8_lossy(&line).trim_end());
-        if text.is_empty() {
-            continue;
-        }
-        if logged < STDERR_LOG_CAP {
-            logged += text.len();
-            log::info!("{label}: {text}");
-            if logged >= STDERR_LOG_CAP {
-                log::info!("{label}: more on its stderr is not logged");
-            }
-        }
-        let mut kept = text;
-        truncate_text(&mut kept, STDERR_LINE);
-        // A cut may have split a secret.
-        let kept = secrets.redact(&kept);
-        *lock(last_words) = kept;
-    }
 }
 
 #[cfg(test)]
@@ -358,29 +300,37 @@ mod tests {
     }
 
     #[test]
-    fn a_server_sees_its_package_its_arguments_and_what_it_may_write() {
+    fn uvx_is_started_as_the_uv_tool_uvx_it_would_run() {
         let dir = tempfile::tempdir().unwrap();
-        let modules = dir.path().join("node_modules");
-        let package = modules.join("server/dist");
-        std::fs::create_dir_all(&package).unwrap();
-        let script = package.join("index.js");
-        std::fs::write(&script, "#!/usr/bin/env node\n").unwrap();
-        let data = dir.path().join("data");
-        std::fs::create_dir(&data).unwrap();
+        let (uvx, uv) = (dir.path().join("uvx"), dir.path().join("uv"));
+        std::fs::write(&uvx, "").unwrap();
+        assert_eq!(uv_beside_uvx(&uvx), None, "no uv beside it");
+        std::fs::write(&uv, "").unwrap();
+        assert_eq!(uv_beside_uvx(&uvx), Some(uv.clone()));
         let config = McpServerConfig {
-            command: script.display().to_string(),
-            args: vec![data.display().to_string(), "/usr/share".into(), "-v".into()],
-            writable: vec![dir.path().join("out")],
+            command: uvx.display().to_string(),
+            args: vec!["mcp-server-time".into()],
             ..McpServerConfig::default()
         };
-        let binds = server_binds(&script, &config);
-        let seen: Vec<(&Path, bool)> = binds
-            .iter()
-            .map(|b| (b.target.as_path(), b.writable))
-            .collect();
-        assert!(seen.contains(&(modules.as_path(), false)), "{seen:?}");
-        assert!(seen.contains(&(data.as_path(), false)), "{seen:?}");
-        assert!(seen.contains(&(dir.path().join("out").as_path(), true)));
-        assert!(!seen.iter().any(|(p, _)| p.starts_with("/usr")), "{seen:?}");
+        let withheld = Withheld {
+            homes: vec![],
+            state_dir: "/nonexistent".into(),
+        };
+        let command = ServerCommand::resolve(&config, None, None, &withheld).unwrap();
+        assert_eq!(command.program, uv);
+        assert_eq!(command.argv, ["uv", "tool", "uvx", "mcp-server-time"]);
+        assert_eq!(uv_beside_uvx(Path::new("/bin/sh")), None);
+    }
+
+    #[test]
+    fn a_server_without_a_path_gets_its_programs_directory_and_the_systems() {
+        assert_eq!(
+            default_path(Path::new("/usr/bin/npx")),
+            "/usr/local/bin:/usr/bin:/bin"
+        );
+        assert_eq!(
+            default_path(Path::new("/opt/node/bin/npx")),
+            "/opt/node/bin:/usr/local/bin:/usr/bin:/bin"
+        );
     }
 }

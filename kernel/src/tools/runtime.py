@@ -151,9 +151,16 @@ def _function(server, tool):
     doc = tool.get("description") if isinstance(tool.get("description"), str) else ""
     if lines:
         doc += "\n\nArguments:\n" + "\n".join(lines)
+    returns = tool.get("returns")
+    if isinstance(returns, str) and returns:
+        doc += "\n\nReturns:\n" + "\n".join("    " + line for line in returns.splitlines())
+    doc += "\n\nRaises tools.ToolError when the tool fails."
     tool_function.__doc__ = doc
+    structured = isinstance(tool.get("output_schema"), dict)
     try:
-        tool_function.__signature__ = _inspect.Signature(parameters)
+        tool_function.__signature__ = _inspect.Signature(
+            parameters, return_annotation=dict if structured else _inspect.Signature.empty
+        )
     except (TypeError, ValueError):
         pass
     return tool_function

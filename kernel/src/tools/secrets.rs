@@ -11,6 +11,8 @@
 //! server that means to leak its keys: it can always transform one in a way
 //! no filter recognises.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 /// What stands in for a secret.
@@ -41,6 +43,30 @@ const URL_ENCODERS: [(&str, &str); 5] = [
     ("-._*", "+"),
 ];
 
+/// Variables that configure where and how a program runs, never a key:
+/// their values are paths, locales and settings, and blotting them out
+/// would turn every path in an error into `[secret]`.
+const NOT_SECRET_NAMES: [&str; 8] = [
+    "HOME", "PATH", "LANG", "TZ", "TERM", "USER", "SHELL", "TMPDIR",
+];
+/// Families of such variables, by prefix (`LC_ALL`, `NODE_OPTIONS`,
+/// `npm_config_cache`, `PYTHONPATH`, `UV_CACHE_DIR`, `XDG_CACHE_HOME`).
+const NOT_SECRET_PREFIXES: [&str; 6] = ["LC_", "NODE_", "npm_config_", "PYTHON", "UV_", "XDG_"];
+/// Words that make a variable of those families a secret after all
+/// (`NODE_AUTH_TOKEN`, `npm_config_//registry.example/:_authToken`,
+/// `UV_INDEX_PASSWORD`), matched in any case.
+const SECRET_WORDS: [&str; 6] = ["TOKEN", "KEY", "SECRET", "PASSWORD", "AUTH", "CREDENTIAL"];
+
+/// Whether the variable `name` is a well-known setting rather than a
+/// possible key.
+pub fn is_plain_setting(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    if SECRET_WORDS.iter().any(|word| upper.contains(word)) {
+        return false;
+    }
+    NOT_SECRET_NAMES.contains(&name) || NOT_SECRET_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 /// One server's secrets.
 #[derive(Clone, Debug, Default)]
 pub struct Secrets(Vec<Secret>);
@@ -59,6 +85,17 @@ struct Secret {
 }
 
 impl Secrets {
+    /// The secrets of a server's environment `env`: every value long enough
+    /// to be a key, except those of well-known settings
+    /// ([`is_plain_setting`]).
+    pub fn of_env(env: &BTreeMap<String, String>) -> Secrets {
+        Secrets::new(
+            env.iter()
+                .filter(|(name, _)| !is_plain_setting(name))
+                .map(|(_, value)| value),
+        )
+    }
+
     /// The values of a server's environment that are long enough to be
     /// keys.
     pub fn new<'a>(values: impl IntoIterator<Item = &'a String>) -> Secrets {
@@ -238,6 +275,39 @@ mod tests {
 
     fn secrets() -> Secrets {
         Secrets::new(&["sk-abcdef123".to_owned(), "1".to_owned()])
+    }
+
+    #[test]
+    fn a_key_is_blotted_out_but_a_home_path_and_other_settings_are_not() {
+        let env: BTreeMap<String, String> = [
+            ("API_KEY", "sk-live-0123456789"),
+            ("HOME", "/var/lib/agentos/mcp/github/home"),
+            ("PATH", "/usr/local/bin:/usr/bin"),
+            ("LC_ALL", "C.UTF-8"),
+            ("NODE_OPTIONS", "--max-old-space-size=512"),
+            ("NODE_AUTH_TOKEN", "npm-token-abcdef"),
+            ("npm_config_cache", "/srv/npm-cache"),
+            (
+                "npm_config_//registry.example/:_authToken",
+                "tok-registry-99",
+            ),
+            ("PYTHONPATH", "/srv/lib/python"),
+            ("UV_CACHE_DIR", "/srv/uv-cache"),
+            ("UV_INDEX_PASSWORD", "hunter22"),
+            ("XDG_CACHE_HOME", "/srv/cache"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let secrets = Secrets::of_env(&env);
+        let all: Vec<&str> = env.values().map(String::as_str).collect();
+        let redacted = secrets.redact(&all.join(" "));
+        assert_eq!(
+            redacted,
+            "[secret] /var/lib/agentos/mcp/github/home C.UTF-8 [secret] --max-old-space-size=512 \
+             /usr/local/bin:/usr/bin /srv/lib/python /srv/uv-cache [secret] /srv/cache \
+             [secret] /srv/npm-cache"
+        );
     }
 
     #[test]

@@ -149,7 +149,15 @@ impl std::fmt::Debug for Stub {
 impl Stub {
     /// Starts a stub answering by `script`.
     pub fn start(script: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static) -> Stub {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        Stub::start_at("127.0.0.1:0", script)
+    }
+
+    /// Starts a stub on `address` (`127.0.0.1:PORT`), answering by `script`.
+    pub fn start_at(
+        address: &str,
+        script: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static,
+    ) -> Stub {
+        let listener = TcpListener::bind(address).unwrap_or_else(|e| panic!("bind {address}: {e}"));
         let addr = listener.local_addr().expect("local address");
         let requests = Arc::new(Mutex::new(Vec::new()));
         let stopped = Arc::new(AtomicBool::new(false));

@@ -4,8 +4,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod control;
 mod identity;
 mod inheritance;
+mod interpreter;
 mod lifecycle;
 mod logs;
 

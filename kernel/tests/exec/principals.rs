@@ -276,6 +276,9 @@ fn a_run_given_spawn_exec_and_task_still_reaches_only_its_own() {
         "host_path": call(0x10, {{"name": "evil2", "script": "{hidden}"}}),
         "missing_path": call(0x10, {{"name": "evil3", "script": "/nonexistent/x.py"}}),
         "kill": call(0x11, {{"name": "victim"}}),
+        "restart": call(0x11, {{"name": "victim", "restart": True}}),
+        "remove": call(0x11, {{"name": "victim", "remove": True}}),
+        "restart_missing": call(0x11, {{"name": "nobody", "restart": True}}),
         "logs": call(0x16, {{"name": "victim"}}),
         "list": call(0x12, b""),
         "task_list": call(0x13, {{"op": "list"}}),
@@ -287,6 +290,7 @@ fn a_run_given_spawn_exec_and_task_still_reaches_only_its_own() {
         "nested_more": call(0x02, {{"code": "print(8)", "network": True}}),
         "own_child": call(0x10, {{"name": "mine", "command": ["/bin/sleep", "300"]}}),
         "own_list": call(0x12, b""),
+        "own_restart": call(0x11, {{"name": "mine", "restart": True, "grace_ms": 0}}),
     }}"#,
         hidden = hidden.display(),
         task = targets.task_id,
@@ -315,6 +319,18 @@ fn a_run_given_spawn_exec_and_task_still_reaches_only_its_own() {
         "{got}"
     );
     assert_eq!(got["kill"]["code"], "permission_denied", "{got}");
+    // Restarting or removing what it did not start is answered as for no
+    // such agent.
+    let missing = got["restart_missing"]["error"].as_str().unwrap();
+    for tried in ["restart", "remove"] {
+        assert_eq!(got[tried]["code"], "not_found", "{got}");
+        assert_eq!(
+            got[tried]["error"],
+            missing.replace("nobody", "victim"),
+            "{got}"
+        );
+    }
+    assert_eq!(got["own_restart"]["restarted"], true, "{got}");
     assert_eq!(got["logs"]["code"], "not_found", "{got}");
     assert_eq!(got["list"], json!([]), "{got}");
     assert_eq!(got["task_list"]["tasks"], json!([]), "{got}");

@@ -4,7 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod context;
 mod providers;
+mod reachability;
 mod scheduling;
 
 use agentos_test_support::llm_stub::Stub;

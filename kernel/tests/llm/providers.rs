@@ -298,3 +298,32 @@ fn a_redirect_is_not_followed_so_the_key_goes_nowhere_else() {
         "the request (and its key) followed the redirect"
     );
 }
+
+#[test]
+fn the_local_model_refuses_a_model_name_it_does_not_serve() {
+    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup, which installs the local model",
+        python.display()
+    );
+    // The refusal comes before the model is needed: no wait for it to load.
+    let daemon = Daemon::start_with("[llm]\nprovider = \"local\"\n");
+    let mut client = daemon.client();
+    let hello = request(&mut client, Opcode::HELLO, &json!({}));
+    assert_eq!(hello["features"]["think"], true, "{hello}");
+    let reply = request(
+        &mut client,
+        Opcode::THINK,
+        &json!({"prompt": "hi", "model": "gpt-4"}),
+    );
+    assert_eq!(reply["success"], false, "{reply}");
+    assert_eq!(reply["code"], "bad_request", "{reply}");
+    let error = reply["error"].as_str().unwrap();
+    assert!(
+        error.contains("`model`")
+            && error.contains("SmolLM2-135M-Instruct")
+            && error.contains("gpt-4"),
+        "{error}"
+    );
+}

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod access;
+mod forms;
 mod mcp_client;
 mod servers;
 

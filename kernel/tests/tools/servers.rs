@@ -237,12 +237,23 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
     );
     let broken = server(&list, "broken");
     assert_eq!(broken["state"], "failed", "{list}");
+    assert_eq!(
+        broken["error"], "it exited with status 3: cannot start: no licence file",
+        "the error should carry the server's exit status and last words: {list}"
+    );
+    // Restarting in a loop, it logs its words once, then counts repeats.
+    let log = daemon.log();
+    let broken_restarts = log.matches("restarting mcp-broken").count();
+    assert!(broken_restarts >= 2, "{broken_restarts} restarts");
+    assert_eq!(
+        log.matches("mcp-broken: cannot start: no licence file")
+            .count(),
+        1,
+        "{log}"
+    );
     assert!(
-        broken["error"]
-            .as_str()
-            .unwrap()
-            .contains("no licence file"),
-        "the error should carry the server's last words: {list}"
+        log.contains("mcp-broken: 1 more line of its stderr repeated what it printed before"),
+        "{log}"
     );
     let hung = server(&list, "hung");
     assert_eq!(hung["state"], "failed", "{list}");

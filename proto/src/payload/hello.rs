@@ -148,6 +148,18 @@ pub struct LlmInfo {
     /// Why THINK is unavailable or not ready, when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// `ready`, `starting` (the local model is loading), `unreachable`
+    /// (the last call could not connect to the provider; THINKs are still
+    /// tried) or `unavailable` (THINK cannot work as configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// While `unreachable`: since when (RFC 3339, UTC), the first failed
+    /// call's time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable_since: Option<String>,
+    /// While `unreachable`: the last connection error, naming the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
     /// THINKs answered since the kernel started.
     pub calls: u64,
     /// Tokens used since the kernel started.

@@ -34,13 +34,19 @@ impl AgentRef {
     }
 }
 
-/// A KILL request: `{"id": N}` or `{"name": "..."}`, optional `grace_ms`.
+/// A KILL request: `{"id": N}` or `{"name": "..."}`, optional `grace_ms`,
+/// and at most one of `remove` (forget an ended agent's record) and
+/// `restart` (stop it if live, then start it again).
 ///
 /// ```
-/// use agentos_proto::payload::{AgentRef, KillRequest};
+/// use agentos_proto::payload::{AgentRef, KillAction, KillRequest};
 /// let request = KillRequest::parse(br#"{"name":"w1"}"#).unwrap();
 /// assert_eq!(request.target().unwrap(), AgentRef::Name("w1".into()));
 /// assert_eq!(request.grace_ms(), 5000);
+/// assert_eq!(request.action(), KillAction::Stop);
+/// let restart = KillRequest::parse(br#"{"id":3,"restart":true}"#).unwrap();
+/// assert_eq!(restart.action(), KillAction::Restart);
+/// assert!(KillRequest::parse(br#"{"id":3,"restart":true,"remove":true}"#).is_err());
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,6 +60,28 @@ pub struct KillRequest {
     /// Time between SIGTERM and SIGKILL (default 5000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_ms: Option<u64>,
+    /// Forget the record of an ended agent instead of stopping a live one.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub remove: bool,
+    /// Stop the live incarnation (if any), then start the agent again
+    /// with the same spec and id.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub restart: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
+}
+
+/// What a KILL request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillAction {
+    /// Stop a live agent.
+    Stop,
+    /// Forget an ended agent's record.
+    Remove,
+    /// Stop it if live, then start it again.
+    Restart,
 }
 
 impl KillRequest {
@@ -62,7 +90,22 @@ impl KillRequest {
         let request: KillRequest = parse_json("KILL", payload)?;
         request.target()?;
         check_range("grace_ms", request.grace_ms, 0, MAX_GRACE_MS)?;
+        if request.remove && request.restart {
+            return Err(bad_request(
+                "KILL takes `remove` or `restart`, not both: remove forgets an ended agent, \
+                 restart starts it again",
+            ));
+        }
         Ok(request)
+    }
+
+    /// What the request asks for.
+    pub fn action(&self) -> KillAction {
+        match (self.remove, self.restart) {
+            (true, _) => KillAction::Remove,
+            (false, true) => KillAction::Restart,
+            (false, false) => KillAction::Stop,
+        }
     }
 
     /// The agent named by the request.
@@ -117,6 +160,43 @@ impl KillReply {
     }
 }
 
+/// The reply to KILL with `remove`: `{"success":true,"removed":true,"id":N}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveReply {
+    /// Always true: a refusal is an error reply.
+    pub success: bool,
+    /// The record is forgotten.
+    pub removed: bool,
+    /// The agent's id.
+    pub id: u32,
+}
+
+impl RemoveReply {
+    /// The reply for agent `id`'s record, now forgotten.
+    pub fn removed(id: u32) -> RemoveReply {
+        RemoveReply {
+            success: true,
+            removed: true,
+            id,
+        }
+    }
+}
+
+/// The reply to KILL with `restart`: `{"success":true,"restarted":true,
+/// "killed":bool,"id":N}`, where `killed` says whether a live incarnation
+/// was being stopped first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartReply {
+    /// Always true: a refusal is an error reply.
+    pub success: bool,
+    /// The agent is being started again.
+    pub restarted: bool,
+    /// A live incarnation was stopped first (false: the agent had ended).
+    pub killed: bool,
+    /// The agent's id.
+    pub id: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +212,20 @@ mod tests {
                 .unwrap(),
             AgentRef::Id(7)
         );
+    }
+
+    #[test]
+    fn remove_and_restart_are_exclusive_and_typed() {
+        let err = KillRequest::parse(br#"{"id":1,"remove":true,"restart":true}"#).unwrap_err();
+        assert_eq!(err.code, ErrorCode::BadRequest);
+        assert!(err.error.contains("`remove` or `restart`"), "{}", err.error);
+        let remove = KillRequest::parse(br#"{"name":"a","remove":true}"#).unwrap();
+        assert_eq!(remove.action(), KillAction::Remove);
+        let plain = KillRequest::parse(br#"{"name":"a","restart":false}"#).unwrap();
+        assert_eq!(plain.action(), KillAction::Stop);
+        assert!(KillRequest::parse(br#"{"id":1,"remove":"yes"}"#).is_err());
+        let err = KillRequest::parse(br#"{"id":1,"purge":true}"#).unwrap_err();
+        assert!(err.error.contains("purge"), "{}", err.error);
     }
 
     #[test]

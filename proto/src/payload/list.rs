@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{parse_empty_or_object, Isolation, Limits};
+use super::{parse_empty_or_object, Isolation, Limits, Permissions, RestartPolicy};
 use crate::ErrorReply;
 
 /// A LIST request: an empty payload (or `{}`).
@@ -159,6 +159,31 @@ pub struct AgentInfo {
     pub boot: bool,
     /// Isolation in force.
     pub isolation: Isolation,
+    /// The argv it runs; for a script, `[python, script, args...]`.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The working directory SPAWN asked for.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Whether SPAWN asked for namespaces and a cgroup (`isolation` says
+    /// what is in force).
+    #[serde(default)]
+    pub sandboxed: bool,
+    /// The network SPAWN asked for, as SPAWN's `network`.
+    #[serde(default)]
+    pub network: bool,
+    /// What it may ask of the kernel.
+    #[serde(default)]
+    pub permissions: Permissions,
+    /// When it is restarted.
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// Restarts allowed within `restart_window`.
+    #[serde(default)]
+    pub max_restarts: u32,
+    /// The restart-counting window, in seconds.
+    #[serde(default)]
+    pub restart_window: u64,
 }
 
 #[cfg(test)]

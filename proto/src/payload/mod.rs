@@ -27,7 +27,9 @@ pub use exec::{
 pub use hello::{
     CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, PrincipalInfo, ProtocolLimits,
 };
-pub use kill::{AgentRef, KillReply, KillRequest, DEFAULT_GRACE_MS};
+pub use kill::{
+    AgentRef, KillAction, KillReply, KillRequest, RemoveReply, RestartReply, DEFAULT_GRACE_MS,
+};
 pub use list::{
     AgentInfo, AgentState, CpuStats, ExecStats, ListRequest, LlmStats, MemoryStats, PidStats,
 };

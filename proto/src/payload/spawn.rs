@@ -332,6 +332,11 @@ pub struct SpawnReply {
     pub status: AgentState,
     /// What isolation is in force.
     pub isolation: Isolation,
+    /// What the caller should know although the agent started, as
+    /// sentences (an interpreter that cannot import the SDK, …); absent
+    /// when there is nothing to say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[cfg(test)]

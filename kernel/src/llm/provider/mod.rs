@@ -125,6 +125,10 @@ pub enum Retry {
     Never,
     /// Yes, after the provider's hint if it gave one (else by backoff).
     After(Option<Duration>),
+    /// No connection could be made: tried again once, soon, in case it was
+    /// a blip — a provider that is down should be reported in seconds, not
+    /// waited for like one that is busy.
+    Reconnect,
 }
 
 /// A call that did not produce a completion.
@@ -144,6 +148,15 @@ impl Failure {
         Failure {
             retry: Retry::Never,
             code,
+            message: message.into(),
+        }
+    }
+
+    /// A provider that could not be reached (see [`Retry::Reconnect`]).
+    pub fn unreachable(message: impl Into<String>) -> Failure {
+        Failure {
+            retry: Retry::Reconnect,
+            code: ErrorCode::Unavailable,
             message: message.into(),
         }
     }

@@ -2,6 +2,7 @@
 //! an agent's or a run's end with it, and what is left of an earlier
 //! kernel's is reached by operators, who see its owner by number alone.
 
+use crate::tasks::tool_menu::ToolMenu;
 use std::time::Instant;
 
 use agentos_proto::payload::{PrincipalInfo, StoppedResult, TaskList, TaskState};
@@ -53,7 +54,7 @@ fn an_operators_queued_task_runs_again_and_an_earlier_agents_ends_interrupted() 
     assert_eq!(id, "t-agent");
     let interrupted = StoppedResult::interrupted("its agent ended with the kernel", "");
     assert_eq!(result.as_slice(), serde_json::to_vec(&interrupted).unwrap());
-    let starts = tasks.startable("");
+    let starts = tasks.startable(&ToolMenu::empty());
     assert_eq!(starts.len(), 1);
     assert_eq!(starts[0].owner, OPERATOR);
     assert!(matches!(starts[0].work, Ok(WorkRequest::Exec(_))));

@@ -2,6 +2,7 @@
 //! new record and every change to one fails, as on a full disk, with
 //! `CAUSE` (a trigger in the database raises it).
 
+use crate::tasks::tool_menu::ToolMenu;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,7 +109,7 @@ fn a_dispatch_whose_record_cannot_be_saved_is_refused_with_the_cause_and_its_tas
     faulty.fail(true);
     let id = faulty.dispatch("print('never')");
     // Until its record is saved, a task does not start.
-    assert!(faulty.tasks.startable("").is_empty());
+    assert!(faulty.tasks.startable(&ToolMenu::empty()).is_empty());
     let (queued, replies) = faulty.answered();
     assert!(!queued);
     let reply: Value = serde_json::from_slice(&replies[0].1.clone().into_json()).unwrap();
@@ -127,7 +128,7 @@ fn a_dispatch_whose_record_cannot_be_saved_is_refused_with_the_cause_and_its_tas
         .list(Reach::Own(OPERATOR), &TaskList::default(), None)
         .unwrap();
     assert!(list.tasks.is_empty(), "{list:?}");
-    assert!(faulty.tasks.startable("").is_empty());
+    assert!(faulty.tasks.startable(&ToolMenu::empty()).is_empty());
     assert!(faulty.tasks.queued_per_owner().is_empty());
     assert!(faulty.tasks.kept_per_owner().is_empty());
 
@@ -138,7 +139,7 @@ fn a_dispatch_whose_record_cannot_be_saved_is_refused_with_the_cause_and_its_tas
     let (queued, replies) = faulty.answered();
     assert!(queued);
     assert_eq!(replies[0].1, Answer::Json(id.clone().into_bytes()));
-    let starts = faulty.tasks.startable("");
+    let starts = faulty.tasks.startable(&ToolMenu::empty());
     assert_eq!(starts.len(), 1);
     assert_eq!(
         faulty
@@ -159,7 +160,7 @@ fn an_end_that_cannot_be_saved_keeps_its_result_in_memory_and_is_saved_once_the_
     });
     let id = faulty.dispatch("print(1)");
     faulty.answered();
-    let start = faulty.tasks.startable("").pop().unwrap();
+    let start = faulty.tasks.startable(&ToolMenu::empty()).pop().unwrap();
     let state = |disk: &rusqlite::Connection| -> String {
         disk.query_row("SELECT state FROM tasks WHERE id = ?1", [&id], |row| {
             row.get(0)

@@ -7,6 +7,7 @@ mod fake;
 mod faulty_disk;
 mod prompt_loop;
 
+use crate::tasks::tool_menu::ToolMenu;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
@@ -85,7 +86,10 @@ fn save(tasks: &mut Tasks<FakeStore>) -> (bool, Vec<Reply>) {
 fn started(tasks: &mut Tasks<FakeStore>, owner: Principal, code: &str) -> (String, Start) {
     let id = dispatch(tasks, owner, exec(code));
     save(tasks);
-    let start = tasks.startable("").pop().expect("the task starts");
+    let start = tasks
+        .startable(&ToolMenu::empty())
+        .pop()
+        .expect("the task starts");
     (id, start)
 }
 
@@ -116,13 +120,13 @@ fn a_task_is_answered_and_starts_once_saved_and_its_reply_finishes_it_for_its_wa
     let mut replies = Vec::new();
     assert!(!tasks.on_saved(&mut replies));
     assert!(replies.is_empty());
-    assert!(tasks.startable("").is_empty());
+    assert!(tasks.startable(&ToolMenu::empty()).is_empty());
     assert_eq!(state(&tasks, &id), TaskState::Queued);
     // Saved: the dispatch is answered and the task queued, then started.
     let (queued, replies) = save(&mut tasks);
     assert!(queued);
     assert_eq!(replies, [(caller(0), dispatch_reply(&id))]);
-    let start = tasks.startable("").pop().unwrap();
+    let start = tasks.startable(&ToolMenu::empty()).pop().unwrap();
     assert_eq!(start.owner, AGENT);
     assert!(
         matches!(&start.work, Ok(WorkRequest::Exec(run)) if run.code == "print(1)"),
@@ -171,7 +175,7 @@ fn a_dispatch_the_store_refuses_is_answered_unavailable_and_its_task_forgotten()
     assert_eq!(replies, [(caller(0), Answer::Error(refused))]);
     let status = tasks.status(Reach::Any, &id).unwrap_err();
     assert_eq!(status.code, ErrorCode::NotFound);
-    assert!(tasks.startable("").is_empty());
+    assert!(tasks.startable(&ToolMenu::empty()).is_empty());
     assert!(tasks.queued_per_owner().is_empty());
     assert!(tasks.kept_per_owner().is_empty());
 }
@@ -185,7 +189,10 @@ fn cancelling_a_running_task_ends_it_cancelled_names_its_work_and_ignores_its_la
     let (id, start) = started(&mut tasks, AGENT, "while True: pass");
     let next = dispatch(&mut tasks, AGENT, exec("print(2)"));
     save(&mut tasks);
-    assert!(tasks.startable("").is_empty(), "its owner has no room");
+    assert!(
+        tasks.startable(&ToolMenu::empty()).is_empty(),
+        "its owner has no room"
+    );
     tasks
         .wait(Reach::Own(AGENT), &id, None, caller(1), Instant::now())
         .unwrap();
@@ -215,7 +222,7 @@ fn cancelling_a_running_task_ends_it_cancelled_names_its_work_and_ignores_its_la
         Ok((false, None))
     );
     // Its place is free for its owner's next task.
-    let starts = tasks.startable("");
+    let starts = tasks.startable(&ToolMenu::empty());
     assert_eq!(starts.len(), 1);
     assert_eq!(tasks.number_of(&next), Some(starts[0].number));
 }
@@ -232,7 +239,7 @@ fn a_queued_task_cancelled_by_an_operator_never_starts_and_leaves_no_work_to_sto
     let (queued, replies) = save(&mut tasks);
     assert!(!queued);
     assert_eq!(replies, [(caller(0), dispatch_reply(&id))]);
-    assert!(tasks.startable("").is_empty());
+    assert!(tasks.startable(&ToolMenu::empty()).is_empty());
     let task = tasks.status(Reach::Own(AGENT), &id).unwrap();
     assert_eq!(task.state, TaskState::Cancelled);
     assert!(tasks.queued_per_owner().is_empty());
@@ -274,7 +281,7 @@ fn each_owner_runs_at_most_its_cap_and_queues_at_most_its_share_in_order() {
     assert_eq!(busy.code, ErrorCode::Busy);
     let operators = dispatch(&mut tasks, OPERATOR, exec("4"));
     save(&mut tasks);
-    let starts = tasks.startable("");
+    let starts = tasks.startable(&ToolMenu::empty());
     let started: Vec<Principal> = starts.iter().map(|start| start.owner).collect();
     assert_eq!(started, [AGENT, OPERATOR]);
     assert_eq!(state(&tasks, &first), TaskState::Running);
@@ -284,7 +291,7 @@ fn each_owner_runs_at_most_its_cap_and_queues_at_most_its_share_in_order() {
     tasks.dispatch(AGENT, exec("5")).unwrap();
     let mut replies = Vec::new();
     tasks.on_reply(starts[0].number, ran("1").into(), &mut replies);
-    let next = tasks.startable("");
+    let next = tasks.startable(&ToolMenu::empty());
     assert_eq!(next.len(), 1);
     assert_eq!(tasks.number_of(&second), Some(next[0].number));
 }
@@ -408,7 +415,7 @@ fn the_kernels_stop_interrupts_running_tasks_with_their_output_and_starts_nothin
     assert_eq!(task.state, TaskState::Interrupted);
     let result = StoppedResult::interrupted("the kernel stopped while the task ran", "half way");
     assert_eq!(task.result, Some(serde_json::to_value(result).unwrap()));
-    assert!(tasks.startable("").is_empty());
+    assert!(tasks.startable(&ToolMenu::empty()).is_empty());
     assert_eq!(state(&tasks, &queued), TaskState::Queued);
     tasks.finish_shutdown();
     assert!(tasks.store.closed);

@@ -1,6 +1,7 @@
 //! A prompt task's loop as the tasks drive it: each step's work comes
 //! back under the task's number until THINK answers without code.
 
+use crate::tasks::tool_menu::ToolMenu;
 use agentos_proto::payload::{ExecReply, TaskDispatch, TaskKind, TaskState, ThinkReply};
 use serde_json::json;
 
@@ -33,7 +34,13 @@ fn a_prompt_task_thinks_runs_its_code_in_its_own_session_and_ends_with_the_answe
     let id = dispatch(&mut tasks, OPERATOR, prompt);
     save(&mut tasks);
     assert!(tasks.prompt_queued());
-    let start = tasks.startable("- tools.x.y(...): why").pop().unwrap();
+    let start = tasks
+        .startable(&ToolMenu::new(
+            |_| vec!["- tools.x.y(...): why".into()],
+            None,
+        ))
+        .pop()
+        .unwrap();
     let Ok(WorkRequest::Think(first)) = &start.work else {
         panic!("{start:?}");
     };

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,6 +27,8 @@ use super::mcp::jsonrpc::LineReader;
 use super::process::{ServerCommand, ServerProcess, StartedServer, RESTART};
 use super::reply::reply_for;
 use super::secrets::{truncate_text, Secrets};
+use super::stderr::{lock, Ending};
+use super::view::{private_home, Withheld};
 use crate::address::Reply;
 use crate::address::ReplyTo;
 use crate::config::mcp::McpConfig;
@@ -92,6 +95,8 @@ pub struct Servers {
     next_call: CallId,
     /// Bumped whenever the tools on offer change.
     generation: u64,
+    /// The kernel's state directory, where the servers' homes are.
+    state_dir: PathBuf,
 }
 
 #[derive(Debug)]
@@ -104,7 +109,8 @@ struct Server {
     pipes: Option<Pipes>,
     /// Why it last failed, secrets blotted out.
     error: Option<String>,
-    last_words: Arc<Mutex<String>>,
+    /// How its current incarnation ended, as its process reports it.
+    ending: Arc<Mutex<Ending>>,
     secrets: Secrets,
     stopped: bool,
     /// Non-messages logged since it started.
@@ -114,9 +120,9 @@ struct Server {
     /// Its tools as last listed, kept while it restarts: what `import
     /// tools` offers does not flap with a server's restarts.
     known_tools: Vec<ToolInfo>,
-    /// Its output closed before its stderr was read to the end: its last
-    /// words join `error` when they come.
-    awaiting_words: bool,
+    /// Its output closed before its exit status and stderr were in: they
+    /// replace `error` when they come.
+    awaiting_end: bool,
 }
 
 #[derive(Debug)]
@@ -132,17 +138,20 @@ struct Pipes {
 
 impl Servers {
     /// Starts every enabled server of `config`, each under its own
-    /// supervisor, confined by `confinement` when there is one; a disabled
-    /// one is listed as `stopped`.
+    /// supervisor, confined by `confinement` when there is one, with a
+    /// private home under `state_dir`; a disabled one is listed as
+    /// `stopped`.
     pub fn start(
         config: &McpConfig,
         confinement: Option<Confinement>,
+        state_dir: &Path,
         registry: &Registry,
         waker: Arc<Waker>,
         token_base: usize,
     ) -> io::Result<Servers> {
         let (sender, launches) = channel();
         let path = std::env::var("PATH").ok();
+        let withheld = Withheld::of_host(state_dir);
         let mut servers = Vec::new();
         if confinement.is_none() && config.enabled().next().is_some() {
             log::warn!(
@@ -151,7 +160,7 @@ impl Servers {
             );
         }
         for (index, (name, server)) in config.servers.iter().enumerate() {
-            let last_words = Arc::new(Mutex::new(String::new()));
+            let ending = Arc::new(Mutex::new(Ending::default()));
             let mut entry = Server {
                 name: name.clone(),
                 timeout: Duration::from_millis(server.timeout_ms),
@@ -159,20 +168,30 @@ impl Servers {
                 client: None,
                 pipes: None,
                 error: None,
-                last_words: last_words.clone(),
-                secrets: Secrets::new(server.env.values()),
+                ending: ending.clone(),
+                secrets: Secrets::of_env(&server.env),
                 stopped: !server.enabled,
                 garbage: 0,
                 incarnation: 0,
                 known_tools: Vec::new(),
-                awaiting_words: false,
+                awaiting_end: false,
             };
             if !server.enabled {
                 // Listed as `stopped`: its tools are not offered.
                 servers.push(entry);
                 continue;
             }
-            match ServerCommand::resolve(server, path.as_deref()) {
+            let user = confinement.as_ref().and_then(Confinement::user);
+            let home = match private_home(state_dir, name, user) {
+                Ok(home) => home,
+                Err(why) => {
+                    log::error!("MCP server {name} cannot start: its home: {why}");
+                    entry.error = Some(format!("its home cannot be made: {why}"));
+                    servers.push(entry);
+                    continue;
+                }
+            };
+            match ServerCommand::resolve(server, path.as_deref(), Some(&home), &withheld) {
                 Ok(command) => {
                     let process = ServerProcess {
                         index,
@@ -181,7 +200,8 @@ impl Servers {
                         confinement: confinement.clone(),
                         launches: sender.clone(),
                         waker: waker.clone(),
-                        last_words,
+                        ending,
+                        stderr_log: Arc::default(),
                         incarnation: 0,
                     };
                     entry.supervisor = Some(Supervisor::start(process, RESTART)?);
@@ -201,7 +221,13 @@ impl Servers {
             calls: HashMap::new(),
             next_call: 1,
             generation: 0,
+            state_dir: state_dir.to_owned(),
         })
+    }
+
+    /// The kernel's state directory, where the servers' homes are.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
     }
 
     /// Whether a token is one of the servers' pipes.
@@ -368,13 +394,12 @@ impl Servers {
 
     /// Pipes of servers that have (re)started.
     pub fn on_wake(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        // Last words first: they belong to incarnations that ended before
-        // any incarnation now being adopted began.
-        for server in self.servers.iter_mut().filter(|s| s.awaiting_words) {
-            let words = last_words(server);
-            if let (false, Some(error)) = (words.is_empty(), server.error.as_mut()) {
-                server.awaiting_words = false;
-                error.push_str(&format!("; its stderr said: {words}"));
+        // Endings first: they belong to incarnations that ended before any
+        // incarnation now being adopted began.
+        for server in self.servers.iter_mut().filter(|s| s.awaiting_end) {
+            if let Some(why) = ending_of(server) {
+                server.awaiting_end = false;
+                server.error = Some(why);
             }
         }
         while let Ok(launched) = self.launches.try_recv() {
@@ -553,11 +578,11 @@ impl Servers {
     }
 }
 
-/// What a server last said on its stderr (redacted when it was kept).
-fn last_words(server: &Server) -> String {
-    server
-        .last_words
-        .lock()
-        .map(|words| words.clone())
-        .unwrap_or_default()
+/// Why the server's adopted incarnation ended (its exit status and the
+/// error line of its stderr, redacted when it was kept), once known.
+fn ending_of(server: &Server) -> Option<String> {
+    let ending = lock(&server.ending);
+    (ending.incarnation == server.incarnation)
+        .then(|| ending.describe())
+        .flatten()
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use mio::unix::pipe;
 use mio::{Interest, Token};
 
-use super::{last_words, Pipes, Servers, MAX_MESSAGE, READ_CHUNK};
+use super::{ending_of, Pipes, Servers, MAX_MESSAGE, READ_CHUNK};
 use crate::address::Reply;
 use crate::tools::mcp::client::McpClient;
 use crate::tools::mcp::jsonrpc::LineReader;
@@ -23,7 +23,7 @@ impl Servers {
         now: Instant,
     ) {
         let index = launched.server;
-        self.servers[index].awaiting_words = false;
+        self.servers[index].awaiting_end = false;
         if self.servers[index].stopped {
             // Started just as the kernel began to stop: its pipes close
             // here, and its supervisor ends it.
@@ -122,14 +122,11 @@ impl Servers {
         self.handle(index, events, replies);
         self.flush(index);
         if closed {
-            let words = last_words(&self.servers[index]);
-            let why = if words.is_empty() {
-                "it exited (its output closed)".to_owned()
-            } else {
-                format!("it exited (its output closed); its stderr said: {words}")
-            };
+            let ending = ending_of(&self.servers[index]);
+            let known = ending.is_some();
+            let why = ending.unwrap_or_else(|| "it exited (its output closed)".to_owned());
             self.restart(index, why, replies);
-            self.servers[index].awaiting_words = words.is_empty();
+            self.servers[index].awaiting_end = !known;
         }
     }
 

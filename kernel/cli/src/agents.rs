@@ -1,0 +1,547 @@
+//! The agent commands: `ps`, `inspect`, `spawn`, `kill`, `stop`,
+//! `restart`, `rm`. What the kernel knows of an agent comes from LIST;
+//! waiting for an agent to end is polling LIST, since KILL answers as soon
+//! as the stop has begun.
+
+use std::time::{Duration, Instant};
+
+use agentos_proto::payload::{AgentInfo, AgentState, KillRequest, SpawnReply};
+use agentos_proto::{Client, Opcode};
+use serde_json::{json, Value};
+
+use crate::failure::{self, no_such_agent, usage};
+use crate::format::{human_size, print_json};
+
+/// How often LIST is asked while waiting for an agent.
+const POLL: Duration = Duration::from_millis(50);
+
+/// `agentos ps`'s options.
+#[derive(Debug, clap::Args)]
+pub struct PsArgs {
+    /// Show ended agents too (the kernel keeps them for a while)
+    #[arg(short, long)]
+    all: bool,
+    /// Only agents matching KEY=VALUE: state=running (any state word, or
+    /// live), name=TEXT (names containing TEXT); repeatable, all must match
+    #[arg(long = "filter", value_name = "KEY=VALUE")]
+    filters: Vec<String>,
+}
+
+/// A `--filter` of `ps`.
+#[derive(Debug, PartialEq, Eq)]
+enum Filter {
+    /// In this state (`live`: any live state).
+    State(String),
+    /// Named with this text in it.
+    Name(String),
+}
+
+impl Filter {
+    fn parse(text: &str) -> anyhow::Result<Filter> {
+        match text.split_once('=') {
+            Some(("state", state)) => {
+                let known = [
+                    "live",
+                    "starting",
+                    "running",
+                    "exited",
+                    "killed",
+                    "oom_killed",
+                    "failed",
+                    "restarting",
+                ];
+                if !known.contains(&state) {
+                    return Err(usage(format!(
+                        "unknown state {state:?} in --filter: use one of {}",
+                        known.join(", ")
+                    )));
+                }
+                Ok(Filter::State(state.to_owned()))
+            }
+            Some(("name", name)) => Ok(Filter::Name(name.to_owned())),
+            _ => Err(usage(format!(
+                "--filter takes state=STATE or name=TEXT, not {text:?}"
+            ))),
+        }
+    }
+
+    fn matches(&self, agent: &AgentInfo) -> bool {
+        match self {
+            Filter::State(state) if state == "live" => agent.state.is_live(),
+            Filter::State(state) => agent.state.as_str() == state,
+            Filter::Name(text) => agent.name.contains(text.as_str()),
+        }
+    }
+}
+
+pub fn ps(client: &mut Client, args: PsArgs, json: bool) -> anyhow::Result<()> {
+    let filters = args
+        .filters
+        .iter()
+        .map(|f| Filter::parse(f))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // A state filter names what to show; otherwise only live ones unless -a.
+    let by_state = filters.iter().any(|f| matches!(f, Filter::State(_)));
+    let agents: Vec<AgentInfo> = client
+        .list()?
+        .into_iter()
+        .filter(|a| args.all || by_state || a.state.is_live())
+        .filter(|a| filters.iter().all(|f| f.matches(a)))
+        .collect();
+    if json {
+        return print_json(&agents);
+    }
+    print!("{}", format_table(&agents));
+    if agents.is_empty() && !args.all {
+        eprintln!("agentos: no live agents (agentos ps -a shows ended ones too)");
+    }
+    Ok(())
+}
+
+/// The `ps` table: one line per agent under a header.
+fn format_table(agents: &[AgentInfo]) -> String {
+    let mut out = table_row([
+        "ID", "NAME", "PID", "STATE", "RESTARTS", "UPTIME", "MEMORY", "PEAK", "CPU", "EXIT",
+    ]);
+    for agent in agents {
+        out.push_str(&table_row([
+            &agent.id.to_string(),
+            &agent.name,
+            &agent.pid.map_or_else(|| "-".into(), |p| p.to_string()),
+            agent.state.as_str(),
+            &agent.restarts.to_string(),
+            &format!("{:.1}s", agent.uptime_ms as f64 / 1000.0),
+            &human_size(agent.memory.current),
+            &human_size(agent.memory.peak),
+            &format!("{:.2}s", agent.cpu.usage_usec as f64 / 1e6),
+            &ending(agent),
+        ]));
+    }
+    out
+}
+
+/// How an ended agent ended: its exit code, `sigN`, or `OOM`.
+fn ending(agent: &AgentInfo) -> String {
+    match (agent.exit_code, agent.signal, agent.oom_killed) {
+        (_, _, true) => "OOM".to_owned(),
+        (Some(code), _, _) => code.to_string(),
+        (None, Some(signal), _) => format!("sig{signal}"),
+        (None, None, false) => "-".to_owned(),
+    }
+}
+
+/// One line of the `ps` table, columns aligned.
+fn table_row(cells: [&str; 10]) -> String {
+    let [id, name, pid, state, restarts, uptime, memory, peak, cpu, exit] = cells;
+    format!(
+        "{id:>7}  {name:<20} {pid:>8}  {state:<11} {restarts:>8} {uptime:>8} \
+         {memory:>8} {peak:>8} {cpu:>8} {exit:>6}\n"
+    )
+}
+
+/// The agent named on the command line (a number is an id): the live one
+/// of that name, else the latest that ended.
+fn find<'a>(agents: &'a [AgentInfo], agent: &str) -> Option<&'a AgentInfo> {
+    let by_id = agent.parse::<u32>().ok();
+    agents
+        .iter()
+        .filter(|a| Some(a.id) == by_id || a.name == agent)
+        .max_by_key(|a| (a.state.is_live(), a.id))
+}
+
+/// An agent named on the command line as a request's `id` or `name`.
+pub fn id_or_name(agent: &str) -> (Option<u32>, Option<String>) {
+    match agent.parse::<u32>() {
+        Ok(id) => (Some(id), None),
+        Err(_) => (None, Some(agent.to_owned())),
+    }
+}
+
+pub fn inspect(client: &mut Client, names: &[String], json: bool) -> anyhow::Result<()> {
+    let agents = client.list()?;
+    let found = names
+        .iter()
+        .map(|name| find(&agents, name).ok_or_else(|| no_such_agent(name)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if json {
+        return print_json(&found);
+    }
+    for (n, agent) in found.iter().enumerate() {
+        if n > 0 {
+            println!();
+        }
+        print!("{}", describe(agent));
+    }
+    Ok(())
+}
+
+/// `inspect`'s text for one agent.
+fn describe(agent: &AgentInfo) -> String {
+    let pid = agent.pid.map_or_else(String::new, |p| format!(", pid {p}"));
+    let limits = &agent.limits;
+    let cpu = match (limits.cpu_quota, limits.cpu_period) {
+        (Some(quota), Some(period)) if period > 0 => {
+            format!("{:.2} CPUs", quota as f64 / period as f64)
+        }
+        _ => "no cpu limit".to_owned(),
+    };
+    let permissions = &agent.permissions;
+    let allowed: Vec<&str> = [
+        ("think", permissions.think),
+        ("exec", permissions.exec),
+        ("spawn", permissions.spawn),
+        ("task", permissions.task),
+    ]
+    .iter()
+    .filter(|(_, yes)| *yes)
+    .map(|(name, _)| *name)
+    .collect();
+    let tokens = match permissions.llm_tokens {
+        0 => "unlimited".to_owned(),
+        n => n.to_string(),
+    };
+    let isolation = &agent.isolation;
+    let mut lines = vec![
+        format!(
+            "agent {} ({}): {}{pid}, up {:.1}s",
+            agent.id,
+            agent.name,
+            agent.state.as_str(),
+            agent.uptime_ms as f64 / 1e3
+        ),
+        format!("command:     {}", shell_words(&agent.command)),
+        format!(
+            "cwd:         {}",
+            agent.cwd.as_deref().unwrap_or("(default)")
+        ),
+        format!(
+            "limits:      memory {}, {cpu}, processes {}",
+            limits.memory.map_or_else(|| "unlimited".into(), human_size),
+            limits
+                .max_pids
+                .map_or_else(|| "unlimited".into(), |n| n.to_string())
+        ),
+        format!(
+            "permissions: {}; tools {}; LLM tokens {tokens}",
+            if allowed.is_empty() {
+                "none".to_owned()
+            } else {
+                allowed.join(", ")
+            },
+            permissions.tools.join(" ")
+        ),
+        format!(
+            "network:     {}",
+            if agent.network {
+                "the host's"
+            } else {
+                "loopback only"
+            }
+        ),
+        format!(
+            "isolation:   {}",
+            if isolation.sandboxed {
+                format!(
+                    "namespaces {}, cgroup {}",
+                    isolation.namespaces.join(" "),
+                    isolation.cgroup.map_or("none", |v| v.as_str())
+                )
+            } else if agent.sandboxed {
+                "none in force (asked for a sandbox)".to_owned()
+            } else {
+                "none (not sandboxed)".to_owned()
+            }
+        ),
+        format!(
+            "restarts:    {} so far; policy {}, at most {} in {} s",
+            agent.restarts,
+            serde_json::to_value(agent.restart_policy)
+                .ok()
+                .as_ref()
+                .and_then(Value::as_str)
+                .unwrap_or("?"),
+            agent.max_restarts,
+            agent.restart_window
+        ),
+    ];
+    if let Some(reason) = &isolation.degraded_reason {
+        lines.push(format!("degraded:    {reason}"));
+    }
+    if !agent.state.is_live() {
+        lines.push(format!("ended:       {}", ending(agent)));
+    }
+    lines.iter().map(|l| format!("{l}\n")).collect()
+}
+
+/// An argv as a shell would take it back: words with spaces or quotes
+/// in single quotes.
+fn shell_words(argv: &[String]) -> String {
+    let quote = |word: &String| {
+        let plain = !word.is_empty()
+            && word
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/._-=:,+@%".contains(c));
+        if plain {
+            word.clone()
+        } else {
+            format!("'{}'", word.replace('\'', r"'\''"))
+        }
+    };
+    argv.iter().map(quote).collect::<Vec<_>>().join(" ")
+}
+
+/// `kill`, `stop`: what to stop and how.
+#[derive(Debug, clap::Args)]
+pub struct StopArgs {
+    /// Agent names, or ids
+    #[arg(required = true)]
+    agents: Vec<String>,
+    /// Milliseconds between SIGTERM and SIGKILL [default: 5000]
+    #[arg(long, value_name = "MS")]
+    grace_ms: Option<u64>,
+}
+
+/// Stops each agent; with `wait`, returns once each has ended (within
+/// `wait_for`).
+pub fn stop(
+    client: &mut Client,
+    args: StopArgs,
+    wait: bool,
+    wait_for: Duration,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut replies = Vec::new();
+    for agent in &args.agents {
+        let (id, name) = id_or_name(agent);
+        let request = KillRequest {
+            id,
+            name,
+            grace_ms: args.grace_ms,
+            ..KillRequest::default()
+        };
+        let reply = client
+            .kill(&request)
+            .map_err(|err| failure::about_agent(agent, err.into()))?;
+        let id = reply.id.unwrap_or_default();
+        let mut shown = serde_json::to_value(&reply)?;
+        if wait {
+            let ended = wait_until(client, id, wait_for, |a| !a.state.is_live())
+                .map_err(|err| err.context(format!("agent '{agent}' is still stopping")))?;
+            shown["state"] = json!(ended.as_ref().map(|a| a.state));
+            if !json {
+                let state = ended.map_or("gone", |a| a.state.as_str());
+                println!("agent {id} ({agent}) stopped: {state}");
+            }
+        } else if !json {
+            println!("agent {id} ({agent}) is being stopped");
+        }
+        replies.push(shown);
+    }
+    if json {
+        print_json(&one_or_all(replies))?;
+    }
+    Ok(())
+}
+
+/// Polls LIST until agent `id` satisfies `done` (or is gone: `None`).
+fn wait_until(
+    client: &mut Client,
+    id: u32,
+    within: Duration,
+    done: impl Fn(&AgentInfo) -> bool,
+) -> anyhow::Result<Option<AgentInfo>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let agent = client.list()?.into_iter().find(|a| a.id == id);
+        match agent {
+            None => return Ok(None),
+            Some(agent) if done(&agent) => return Ok(Some(agent)),
+            Some(agent) if Instant::now() >= deadline => anyhow::bail!(
+                "still {} after {:.0} s (--timeout SECS waits longer)",
+                agent.state.as_str(),
+                within.as_secs_f64()
+            ),
+            Some(_) => std::thread::sleep(POLL),
+        }
+    }
+}
+
+/// One reply as itself, several as an array.
+fn one_or_all(mut replies: Vec<Value>) -> Value {
+    if replies.len() == 1 {
+        replies.remove(0)
+    } else {
+        Value::Array(replies)
+    }
+}
+
+/// `restart`: stops the agent and waits until its next incarnation runs.
+pub fn restart(
+    client: &mut Client,
+    args: StopArgs,
+    wait_for: Duration,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut replies = Vec::new();
+    for agent in &args.agents {
+        let before = client.list()?;
+        let restarts = find(&before, agent)
+            .ok_or_else(|| no_such_agent(agent))?
+            .restarts;
+        let (id, name) = id_or_name(agent);
+        let mut request = json!({"id": id, "name": name, "restart": true});
+        if let Some(grace) = args.grace_ms {
+            request["grace_ms"] = grace.into();
+        }
+        strip_nulls(&mut request);
+        let reply: Value = client
+            .call_json(Opcode::KILL, &serde_json::to_vec(&request)?)
+            .map_err(|err| failure::about_agent(agent, err.into()))?;
+        let id = reply["id"].as_u64().unwrap_or_default() as u32;
+        let after = wait_until(client, id, wait_for, |a| {
+            a.restarts > restarts && !matches!(a.state, AgentState::Starting)
+        })?
+        .ok_or_else(|| anyhow::anyhow!("agent '{agent}' was removed while restarting"))?;
+        if !json {
+            println!("agent {id} ({agent}) restarted: {}", after.state.as_str());
+        }
+        if after.state != AgentState::Running && !after.state.is_live() {
+            anyhow::bail!(
+                "agent '{agent}' ended right after its restart: {} ({}; agentos logs {agent})",
+                after.state.as_str(),
+                ending(&after)
+            );
+        }
+        replies.push(reply);
+    }
+    if json {
+        print_json(&one_or_all(replies))?;
+    }
+    Ok(())
+}
+
+fn strip_nulls(request: &mut Value) {
+    if let Some(fields) = request.as_object_mut() {
+        fields.retain(|_, value| !value.is_null());
+    }
+}
+
+/// `rm`'s options.
+#[derive(Debug, clap::Args)]
+pub struct RmArgs {
+    /// Agent names, or ids: every ended record of a name goes
+    #[arg(required = true)]
+    agents: Vec<String>,
+    /// Stop a live agent first (with the grace), instead of refusing
+    #[arg(short, long)]
+    force: bool,
+    /// Milliseconds between SIGTERM and SIGKILL, with -f [default: 5000]
+    #[arg(long, value_name = "MS")]
+    grace_ms: Option<u64>,
+}
+
+pub fn rm(client: &mut Client, args: RmArgs, wait_for: Duration, json: bool) -> anyhow::Result<()> {
+    let mut removed = Vec::new();
+    for agent in &args.agents {
+        let agents = client.list()?;
+        let by_id = agent.parse::<u32>().ok();
+        let records: Vec<&AgentInfo> = agents
+            .iter()
+            .filter(|a| Some(a.id) == by_id || a.name == *agent)
+            .collect();
+        if records.is_empty() {
+            return Err(no_such_agent(agent));
+        }
+        // Nothing of a name goes while one of its agents still runs,
+        // unless -f.
+        if let Some(live) = records.iter().find(|a| a.state.is_live() && !args.force) {
+            anyhow::bail!(
+                "agent '{agent}' (id {}) is {}; stop it first (agentos stop {agent}), or use \
+                 agentos rm -f",
+                live.id,
+                live.state.as_str()
+            );
+        }
+        for record in records {
+            if record.state.is_live() {
+                let stop = KillRequest {
+                    id: Some(record.id),
+                    grace_ms: args.grace_ms,
+                    ..KillRequest::default()
+                };
+                client.kill(&stop)?;
+                wait_until(client, record.id, wait_for, |a| !a.state.is_live())?;
+            }
+            let request = json!({"id": record.id, "remove": true});
+            let reply: Value = client
+                .call_json(Opcode::KILL, &serde_json::to_vec(&request)?)
+                .map_err(|err| failure::about_agent(agent, err.into()))?;
+            if !json {
+                println!("removed agent {} ({})", record.id, record.name);
+            }
+            removed.push(reply);
+        }
+    }
+    if json {
+        print_json(&removed)?;
+    }
+    Ok(())
+}
+
+/// Prints a SPAWN reply for a person.
+pub fn print_spawned(reply: &SpawnReply) {
+    println!(
+        "agent {} ({}) {} as pid {}",
+        reply.id,
+        reply.name,
+        reply.status.as_str(),
+        reply.pid.map_or_else(|| "-".into(), |p| p.to_string())
+    );
+    let isolation = &reply.isolation;
+    println!(
+        "isolation: {}namespaces [{}], cgroup {}",
+        if isolation.sandboxed {
+            ""
+        } else {
+            "not sandboxed, "
+        },
+        isolation.namespaces.join(" "),
+        isolation.cgroup.map_or("none", |v| v.as_str())
+    );
+    if let Some(reason) = &isolation.degraded_reason {
+        println!("degraded: {reason}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_read_state_and_name_and_refuse_anything_else() {
+        assert_eq!(
+            Filter::parse("state=running").unwrap(),
+            Filter::State("running".into())
+        );
+        assert_eq!(
+            Filter::parse("name=work").unwrap(),
+            Filter::Name("work".into())
+        );
+        for bad in ["state=sleeping", "colour=red", "state"] {
+            let err = Filter::parse(bad).unwrap_err();
+            assert!(
+                err.downcast_ref::<failure::Usage>().is_some(),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn argv_is_quoted_as_a_shell_would_read_it() {
+        let argv = ["/usr/bin/python3", "/a b/w.py", "it's", "--x=1"].map(String::from);
+        assert_eq!(
+            shell_words(&argv),
+            r"/usr/bin/python3 '/a b/w.py' 'it'\''s' --x=1"
+        );
+    }
+}

@@ -1,0 +1,342 @@
+//! `agentos` end to end against a real agentosd: the commands a new user
+//! types in the first hour, what they print, and their exit codes (0 ok,
+//! 1 the operation failed, 2 the command line was wrong).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use agentos_test_support::{agent_info, listed_names, Daemon};
+use serde_json::Value;
+
+/// What one `agentos` command did.
+struct Ran {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|err| panic!("not JSON ({err}): {}", self.stdout))
+    }
+}
+
+/// Runs `agentos --socket <daemon's> ARGS`.
+fn agentos(daemon: &Daemon, args: &[&str]) -> Ran {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = std::process::Command::new(env!("CARGO_BIN_EXE_agentos"))
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(args)
+        .output()
+        .unwrap();
+    Ran {
+        code: status.code().unwrap_or(-1),
+        stdout: String::from_utf8(stdout).unwrap(),
+        stderr: String::from_utf8(stderr).unwrap(),
+    }
+}
+
+/// Runs a command that must succeed; its stdout.
+fn ok(daemon: &Daemon, args: &[&str]) -> String {
+    let ran = agentos(daemon, args);
+    assert_eq!(ran.code, 0, "{args:?}: {}{}", ran.stdout, ran.stderr);
+    ran.stdout
+}
+
+fn id_of(daemon: &Daemon, name: &str) -> u64 {
+    let spawned = agentos(daemon, &["--json", "spawn", name, "--", "/bin/sleep", "30"]);
+    assert_eq!(spawned.code, 0, "{}", spawned.stderr);
+    spawned.json()["id"].as_u64().unwrap()
+}
+
+#[test]
+fn kill_wait_frees_the_name_at_once_and_stop_always_waits() {
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    for _ in 0..3 {
+        let id = id_of(&daemon, "again");
+        ok(&daemon, &["kill", "again", "--wait", "--grace-ms", "0"]);
+        assert_eq!(agent_info(&mut client, id)["state"], "killed");
+    }
+    let id = id_of(&daemon, "polite");
+    let said = ok(&daemon, &["stop", "polite"]);
+    assert!(said.contains("stopped: killed"), "{said}");
+    assert_eq!(agent_info(&mut client, id)["state"], "killed");
+    let waited = agentos(
+        &daemon,
+        &["--json", "kill", "--wait", &id_of(&daemon, "j").to_string()],
+    );
+    assert_eq!(waited.json()["state"], "killed", "{}", waited.stdout);
+}
+
+#[test]
+fn ps_inspect_restart_and_rm_follow_an_agent_through_its_life() {
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    let id = id_of(&daemon, "worker");
+    ok(
+        &daemon,
+        &[
+            "spawn",
+            "--restart",
+            "on-failure",
+            "other",
+            "--",
+            "/bin/sleep",
+            "30",
+        ],
+    );
+
+    let table = ok(&daemon, &["ps"]);
+    assert!(table.lines().next().unwrap().contains("NAME"), "{table}");
+    assert!(
+        table.contains("worker") && table.contains("other"),
+        "{table}"
+    );
+    let filtered = agentos(&daemon, &["--json", "ps", "--filter", "name=work"]).json();
+    assert_eq!(filtered.as_array().unwrap().len(), 1, "{filtered}");
+    assert_eq!(filtered[0]["name"], "worker");
+
+    let text = ok(&daemon, &["inspect", "worker"]);
+    for line in [
+        &format!("agent {id} (worker): running"),
+        "command:     /bin/sleep 30",
+        "network:     loopback only",
+        "permissions: think, exec, task; tools *; LLM tokens unlimited",
+        "restarts:    0 so far; policy never, at most",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    assert!(text.contains("limits:      memory"), "{text}");
+    assert!(text.contains("isolation:   namespaces"), "{text}");
+    let inspected = agentos(&daemon, &["inspect", "--json", "other"]).json();
+    assert_eq!(inspected[0]["restart_policy"], "on-failure", "{inspected}");
+    assert_eq!(inspected[0]["command"][0], "/bin/sleep");
+
+    let pid = agent_info(&mut client, id)["pid"].clone();
+    let restarted = ok(&daemon, &["restart", "worker", "--grace-ms", "0"]);
+    assert!(restarted.contains("restarted: running"), "{restarted}");
+    let info = agent_info(&mut client, id);
+    assert_eq!(
+        (info["state"].as_str(), info["restarts"].as_u64()),
+        (Some("running"), Some(1))
+    );
+    assert_ne!(info["pid"], pid);
+
+    let refused = agentos(&daemon, &["rm", "worker"]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("stop it first"),
+        "{}",
+        refused.stderr
+    );
+    ok(&daemon, &["stop", "other", "--grace-ms", "0"]);
+    let live = ok(&daemon, &["ps"]);
+    assert!(
+        !live.contains("other"),
+        "ps shows live agents only:\n{live}"
+    );
+    let all = ok(&daemon, &["ps", "-a"]);
+    assert!(all.contains("other") && all.contains("killed"), "{all}");
+    let killed = agentos(&daemon, &["--json", "ps", "--filter", "state=killed"]).json();
+    assert_eq!(killed.as_array().unwrap().len(), 1, "{killed}");
+
+    let removed = ok(&daemon, &["rm", "other"]);
+    assert!(removed.contains("removed agent"), "{removed}");
+    // Nothing of a name goes while one of its agents runs, unless -f.
+    ok(&daemon, &["stop", "worker", "--grace-ms", "0"]);
+    let second = id_of(&daemon, "worker");
+    assert_eq!(agentos(&daemon, &["rm", "worker"]).code, 1);
+    let both = agentos(&daemon, &["--json", "ps", "-a", "--filter", "name=worker"]).json();
+    assert_eq!(both.as_array().unwrap().len(), 2, "{both}");
+    let forced = agentos(
+        &daemon,
+        &["--json", "rm", "-f", "--grace-ms", "0", "worker"],
+    )
+    .json();
+    assert_eq!(forced.as_array().unwrap().len(), 2, "{forced}");
+    assert_eq!(
+        forced[1],
+        serde_json::json!({"success": true, "removed": true, "id": second})
+    );
+    assert!(
+        listed_names(&mut client).is_empty(),
+        "{:?}",
+        listed_names(&mut client)
+    );
+}
+
+#[test]
+fn errors_speak_the_clis_terms_and_exit_codes_say_which_kind() {
+    let daemon = Daemon::start();
+    for args in [
+        &["kill", "nobody"][..],
+        &["inspect", "nobody"],
+        &["restart", "nobody"],
+        &["rm", "nobody"],
+        &["logs", "nobody"],
+    ] {
+        let ran = agentos(&daemon, args);
+        assert_eq!(ran.code, 1, "{args:?}: {}", ran.stderr);
+        assert_eq!(
+            ran.stderr, "agentos: no agent named 'nobody' (agentos ps -a lists them)\n",
+            "{args:?}"
+        );
+    }
+    let by_id = agentos(&daemon, &["stop", "4242"]);
+    assert_eq!(
+        by_id.stderr,
+        "agentos: no agent with id 4242 (agentos ps -a lists them)\n"
+    );
+    for args in [
+        &["ps", "--filter", "colour=red"][..],
+        &["ps", "--filter", "state=asleep"],
+        &["task", "wait", "t-1", "--timeout-ms", "5"],
+        &["call", "x.y", "--timeout-ms", "5"],
+        &["exec", "--run-timeout", "-1", "print(1)"],
+        &["--timeout", "0", "ps"],
+        &["spawn", "w", "--env", "NOEQUALS", "--", "/bin/true"],
+        &["--json", "completion", "bash"],
+        &["no-such-command"],
+    ] {
+        let ran = agentos(&daemon, args);
+        assert_eq!(ran.code, 2, "{args:?} is a usage error: {}", ran.stderr);
+    }
+}
+
+#[test]
+fn completion_scripts_name_the_commands_for_each_shell() {
+    let daemon = Daemon::start();
+    let bash = ok(&daemon, &["completion", "bash"]);
+    assert!(
+        bash.contains("_agentos") && bash.contains("inspect"),
+        "{bash}"
+    );
+    let zsh = ok(&daemon, &["completion", "zsh"]);
+    assert!(zsh.starts_with("#compdef agentos"), "{zsh}");
+    let fish = ok(&daemon, &["completion", "fish"]);
+    assert!(fish.contains("complete -c agentos"), "{fish}");
+}
+
+/// The repository's root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+#[test]
+fn call_types_each_argument_as_the_tools_schema_says() {
+    let script = repo().join("kernel/tests/mcp_faults.py");
+    let daemon = Daemon::start_with(&format!(
+        "[mcp.servers.faulty]\ncommand = \"/usr/bin/python3\"\nargs = [\"{}\", \"serve\"]\n",
+        script.display()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ok(&daemon, &["tools"]).contains("server faulty ready") {
+        assert!(Instant::now() < deadline, "{}", ok(&daemon, &["tools"]));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // `from` and `to` are strings: sent as typed, not read as JSON (which
+    // would make them 1.5 and True on the server's side).
+    assert_eq!(
+        ok(&daemon, &["call", "faulty.send", "from=1.50", "to=true"]),
+        "1.50->true\n"
+    );
+    // `a` and `b` are numbers.
+    assert_eq!(
+        ok(&daemon, &["call", "faulty.get-sum", "a=1.5", "b=2"]),
+        "3.5\n"
+    );
+    let refused = agentos(&daemon, &["call", "faulty.get-sum", "a=one", "b=2"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("`a` is a number"),
+        "{}",
+        refused.stderr
+    );
+    let reply = agentos(&daemon, &["--json", "call", "faulty.send", "from=x"]).json();
+    assert_eq!(reply["success"], true, "{reply}");
+}
+
+#[test]
+fn sessions_snapshot_restore_and_tasks_read_as_text() {
+    let daemon = Daemon::start();
+    let write = |text: &str| {
+        let code = format!("open('/workspace/f', 'w').write('{text}')");
+        ok(&daemon, &["exec", "--session", "s1", &code]);
+    };
+    write("one");
+    let taken = ok(&daemon, &["snapshot", "s1", "before"]);
+    assert!(taken.contains("agentos restore s1 before"), "{taken}");
+    write("two");
+    ok(&daemon, &["restore", "s1", "before"]);
+    let read = ok(
+        &daemon,
+        &[
+            "exec",
+            "--session",
+            "s1",
+            "print(open('/workspace/f').read())",
+        ],
+    );
+    assert_eq!(read, "one\n");
+    let sessions = ok(&daemon, &["sessions"]);
+    assert!(
+        sessions.lines().nth(1).unwrap().starts_with("s1 "),
+        "{sessions}"
+    );
+    assert_eq!(
+        agentos(&daemon, &["--json", "sessions"]).json()["sessions"][0]["session"],
+        "s1"
+    );
+    let listed = ok(&daemon, &["snapshot", "s1", "--list"]);
+    assert!(listed.contains("before"), "{listed}");
+    let missing = agentos(&daemon, &["restore", "nope", "before"]);
+    assert_eq!(missing.code, 1);
+    assert!(
+        missing.stderr.contains("agentos sessions lists yours"),
+        "{}",
+        missing.stderr
+    );
+
+    let task = ok(&daemon, &["task", "dispatch", "print(41 + 1)"]);
+    let task = task.trim();
+    assert_eq!(ok(&daemon, &["task", "wait", task]), "42\n");
+    let status = ok(&daemon, &["task", "status", task]);
+    assert!(
+        status.starts_with(&format!("task {task} (exec): completed\n")),
+        "{status}"
+    );
+    assert!(!status.contains('{'), "text, not JSON: {status}");
+    let raw = agentos(&daemon, &["task", "status", task, "--json"]).json();
+    assert_eq!(raw["task"]["state"], "completed", "{raw}");
+
+    // The global --timeout is how long `task wait` waits; the task goes on.
+    let slow = ok(
+        &daemon,
+        &["task", "dispatch", "import time; time.sleep(30)"],
+    );
+    let started = Instant::now();
+    let waited = agentos(&daemon, &["--timeout", "1", "task", "wait", slow.trim()]);
+    assert_eq!(waited.code, 1, "{}", waited.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        waited.stderr.contains("is running") || waited.stderr.contains("is queued"),
+        "{}",
+        waited.stderr
+    );
+}

@@ -1,0 +1,129 @@
+//! The tools a prompt loop tells THINK of. Every tool on offer is a line
+//! of the loop's system text, and a model with a small context (the local
+//! one: a few thousand tokens) cannot take them all and still have room
+//! for the task, the code and its output. So the list is ranked for the
+//! task's prompt, kept within a share of the model's context, and says how
+//! many tools it leaves out and how code finds them (`tools.search`).
+
+/// Share of the model's context the tool list may take: the rest is the
+/// loop's instructions, the task, the code THINK writes and what it prints,
+/// over several iterations.
+const CONTEXT_SHARE: u64 = 4;
+/// Characters a token stands for, roughly (as the THINK queue estimates).
+const CHARS_PER_TOKEN: u64 = 4;
+
+/// Ranks the tools on offer for a prompt: every tool's line
+/// (`- tools.<server>.<tool>(...): summary`), the most relevant first.
+pub type Rank<'a> = dyn Fn(&str) -> Vec<String> + 'a;
+
+/// The tools on offer, and how many of them a loop's THINK may be told of.
+pub struct ToolMenu<'a> {
+    rank: Box<Rank<'a>>,
+    /// The most tokens the list may take; `None`: no limit.
+    budget_tokens: Option<u64>,
+}
+
+impl std::fmt::Debug for ToolMenu<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolMenu")
+            .field("budget_tokens", &self.budget_tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> ToolMenu<'a> {
+    /// The tools `rank` orders, within a share of `context_tokens` (the
+    /// model's context, when known; unknown: every tool is listed).
+    pub fn new(rank: impl Fn(&str) -> Vec<String> + 'a, context_tokens: Option<u32>) -> Self {
+        ToolMenu {
+            rank: Box::new(rank),
+            budget_tokens: context_tokens.map(|tokens| u64::from(tokens) / CONTEXT_SHARE),
+        }
+    }
+
+    /// No tools at all (no prompt loop is starting).
+    pub fn empty() -> ToolMenu<'static> {
+        ToolMenu {
+            rank: Box::new(|_| Vec::new()),
+            budget_tokens: None,
+        }
+    }
+
+    /// The list for a loop whose task is `prompt`: the most relevant tools
+    /// that fit, a line each, then a line saying how many were left out.
+    pub fn for_prompt(&self, prompt: &str) -> String {
+        let lines = (self.rank)(prompt);
+        let total = lines.len();
+        let mut listed = Vec::new();
+        let mut tokens = 0u64;
+        for line in lines {
+            let cost = (line.len() as u64 + 1).div_ceil(CHARS_PER_TOKEN);
+            if self
+                .budget_tokens
+                .is_some_and(|budget| tokens + cost > budget)
+            {
+                break;
+            }
+            tokens += cost;
+            listed.push(line);
+        }
+        let left_out = total - listed.len();
+        if left_out > 0 {
+            log::debug!(
+                "prompt loop: {} of {total} tools listed, {left_out} left out to fit the model's context",
+                listed.len()
+            );
+            listed.push(format!(
+                "({left_out} more tools are not listed here; `tools.search(\"words\")` finds them.)"
+            ));
+        }
+        listed.join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(count: usize) -> Vec<String> {
+        (0..count)
+            .map(|i| format!("- tools.s.tool{i:02}(...): does thing number {i}"))
+            .collect()
+    }
+
+    #[test]
+    fn every_tool_is_listed_when_the_context_is_unknown() {
+        let menu = ToolMenu::new(|_| lines(40), None);
+        let listed = menu.for_prompt("anything");
+        assert_eq!(listed.lines().count(), 40);
+        assert!(!listed.contains("not listed"), "{listed}");
+    }
+
+    #[test]
+    fn a_small_context_lists_the_best_tools_and_counts_the_rest() {
+        // A quarter of 2048 tokens is 512; a line of 43 or 44 characters
+        // (with its newline) costs 11 tokens: 46 lines fit.
+        let menu = ToolMenu::new(|_| lines(100), Some(2048));
+        let listed = menu.for_prompt("anything");
+        let tools: Vec<&str> = listed.lines().filter(|l| l.starts_with("- ")).collect();
+        assert_eq!(tools.len(), 46, "{listed}");
+        assert_eq!(tools[0], lines(1)[0], "the best first");
+        assert!(
+            listed.ends_with(
+                "(54 more tools are not listed here; `tools.search(\"words\")` finds them.)"
+            ),
+            "{listed}"
+        );
+        let characters: usize = tools.iter().map(|l| l.len() + 1).sum();
+        assert!(characters as u64 <= 512 * CHARS_PER_TOKEN, "{characters}");
+    }
+
+    #[test]
+    fn the_ranking_sees_the_prompt() {
+        let menu = ToolMenu::new(
+            |prompt: &str| vec![format!("- tools.s.first(...): for {prompt}")],
+            Some(8192),
+        );
+        assert_eq!(menu.for_prompt("time"), "- tools.s.first(...): for time");
+    }
+}

@@ -1,0 +1,268 @@
+"""The shapes of what :class:`~agentos.AgentOSClient` returns.
+
+Each result is a plain ``dict`` at run time, typed here as a ``TypedDict``
+so editors and type checkers know its keys, and with ``Literal`` types for
+the words the protocol fixes (states, kinds). No result has a ``success``
+key: a failure raises an :class:`~agentos.AgentOSError` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, TypedDict, Union
+
+AgentState = Literal[
+    "starting", "running", "exited", "killed", "oom_killed", "failed", "restarting"
+]
+RestartPolicy = Literal["never", "on-failure", "always"]
+TaskState = Literal[
+    "queued", "running", "completed", "failed", "cancelled", "timed_out", "interrupted"
+]
+TaskKind = Literal["exec", "think", "prompt"]
+Language = Literal["python", "bash"]
+ToolServerState = Literal["starting", "ready", "failed", "stopped"]
+SearchDetail = Literal["name", "summary", "full"]
+CgroupVersion = Literal["v1", "v2"]
+
+#: The states a task does not leave.
+FINISHED_TASK_STATES = frozenset(
+    {"completed", "failed", "cancelled", "timed_out", "interrupted"}
+)
+
+
+class Features(TypedDict):
+    """What works on this host right now."""
+
+    think: bool
+    exec: bool
+    spawn: bool
+    tools: bool
+    task: bool
+    cgroup: Optional[CgroupVersion]
+
+
+class _HelloRequired(TypedDict):
+    protocol_version: int
+    kernel_version: str
+    agent_id: int
+    features: Features
+
+
+class Hello(_HelloRequired, total=False):
+    """HELLO: who you are to the kernel and what it offers. ``principal`` is
+    ``{"kind": "operator", "uid": 0}``, ``{"kind": "agent", "id", "name"}``
+    or ``{"kind": "run", "of": ...}``; ``limits`` the sizes a request and a
+    reply may have; ``llm`` THINK's provider and model."""
+
+    principal: Dict[str, Any]
+    limits: Dict[str, int]
+    llm: Dict[str, Any]
+    tool_servers: List["ToolServer"]
+
+
+class Isolation(TypedDict, total=False):
+    """What isolation an agent got (``degraded_reason`` when the host could
+    not give all that was asked)."""
+
+    sandboxed: bool
+    namespaces: List[str]
+    cgroup: Optional[CgroupVersion]
+    degraded_reason: Optional[str]
+
+
+class Spawned(TypedDict):
+    """SPAWN: the new agent."""
+
+    id: int
+    name: str
+    pid: Optional[int]
+    status: AgentState
+    isolation: Isolation
+
+
+class Killed(TypedDict):
+    """KILL: the agent being stopped."""
+
+    killed: bool
+    id: int
+
+
+class _AgentRequired(TypedDict):
+    id: int
+    name: str
+    pid: Optional[int]
+    state: AgentState
+    status: AgentState
+    running: bool
+
+
+class Agent(_AgentRequired, total=False):
+    """LIST: one agent, live or recently ended, with what its cgroup reads."""
+
+    exit_code: Optional[int]
+    signal: Optional[int]
+    oom_killed: bool
+    restarts: int
+    started_at: str
+    uptime_ms: int
+    limits: Dict[str, int]
+    memory: Dict[str, int]
+    cpu: Dict[str, int]
+    llm: Dict[str, int]
+    isolation: Isolation
+
+
+class Usage(TypedDict):
+    """Tokens a THINK used."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class _ThoughtRequired(TypedDict):
+    content: str
+    tokens: int
+
+
+class Thought(_ThoughtRequired, total=False):
+    """THINK: the model's answer, what it cost, and how long it took."""
+
+    usage: Usage
+    model: str
+    queue_ms: int
+    latency_ms: int
+
+
+class Truncated(TypedDict):
+    """Bytes dropped from the middle of each output stream."""
+
+    stdout: int
+    stderr: int
+
+
+class _ExecutionRequired(TypedDict):
+    stdout: str
+    stderr: str
+    exit_code: Optional[int]
+    signal: Optional[int]
+    error: Optional[str]
+    duration_ms: int
+    timed_out: bool
+    oom_killed: bool
+    truncated: Truncated
+    tool_calls: int
+    tool_bytes: int
+    files: Dict[str, bytes]
+    session: Optional[str]
+
+
+class Execution(_ExecutionRequired, total=False):
+    """EXEC: how a run ended. It succeeded when ``ok`` is true: exit code 0,
+    not timed out. ``files`` holds the collected files' contents as bytes;
+    ``network`` counts connections when a network policy applied."""
+
+    ok: bool
+    network: Dict[str, int]
+
+
+class Session(TypedDict):
+    """An EXEC session of yours."""
+
+    session: str
+    created_at: str
+    last_used_at: str
+    runs: int
+    workspace_bytes: int
+
+
+class Snapshot(TypedDict, total=False):
+    """A saved copy of a session's ``/workspace``; ``left_out`` names what
+    was not saved (symlinks and special files are never followed)."""
+
+    name: str
+    bytes: int
+    created_at: str
+    left_out: List[str]
+
+
+class _ToolRequired(TypedDict):
+    server: str
+    name: str
+
+
+class Tool(_ToolRequired, total=False):
+    """A tool you may call (search results carry less with ``detail``)."""
+
+    description: str
+    input_schema: Dict[str, Any]
+    output_schema: Optional[Dict[str, Any]]
+
+
+class ToolServer(TypedDict):
+    """A tool server and its state (``tools``: how many it offers)."""
+
+    name: str
+    state: ToolServerState
+    error: Optional[str]
+    tools: int
+
+
+class TaskProgress(TypedDict, total=False):
+    """A running task's output so far (its tail), and its loop iteration."""
+
+    output: str
+    iteration: Optional[int]
+
+
+class Iteration(TypedDict, total=False):
+    """One round of the prompt loop: the code THINK wrote and how it ran."""
+
+    code: str
+    language: Language
+    stdout: str
+    stderr: str
+    exit_code: Optional[int]
+
+
+class PromptResult(TypedDict, total=False):
+    """A ``prompt`` task's result: THINK's answer and the code it ran."""
+
+    answer: str
+    iterations: List[Iteration]
+    tokens: int
+    tool_calls: int
+    tool_bytes: int
+
+
+class TaskFailure(TypedDict, total=False):
+    """The result of a task whose work failed before answering (a THINK
+    refused, a task cancelled or interrupted): what went wrong, its
+    ``code``, and for an interrupted run the ``output`` it had printed.
+    The fields of the failed reply, if any, come with them."""
+
+    error: str
+    code: str
+    output: str
+
+
+TaskResult = Union[Execution, Thought, PromptResult, TaskFailure]
+
+
+class _TaskRequired(TypedDict):
+    task_id: str
+    kind: TaskKind
+    label: Optional[str]
+    state: TaskState
+    created_at: str
+    started_at: Optional[str]
+    finished_at: Optional[str]
+
+
+class Task(_TaskRequired, total=False):
+    """A background task. ``result`` is there once it has finished;
+    ``progress`` while it runs; ``owner`` (a principal) when an operator
+    lists other owners' tasks."""
+
+    progress: Optional[TaskProgress]
+    result: TaskResult
+    owner: Dict[str, Any]
