@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
-from agentos import AgentOSClient
+from agentos import AgentOSClient, Opcode
 
 import docs_blocks
 from conftest import BIN_DIR, LLM_VARIABLES, REPO, Kernel, binary, start_kernel
@@ -99,7 +99,8 @@ def tool_servers_ready(kernel: Kernel) -> None:
     deadline = time.monotonic() + TOOLS_READY_WITHIN
     with AgentOSClient(kernel.socket_path) as client:
         while True:
-            states = {s["name"]: s["state"] for s in client.tools()["servers"]}
+            listing = client.call_json(Opcode.TOOL, {"op": "list"})
+            states = {s["name"]: s["state"] for s in listing["servers"]}
             if all(states.get(name) == "ready" for name in TOOL_SERVERS):
                 return
             if time.monotonic() > deadline or "failed" in states.values():
