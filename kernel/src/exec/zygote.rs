@@ -35,6 +35,8 @@ const PARTS: &str = concat!(
     "\n\n",
     include_str!("zygote/child.py"),
     "\n\n",
+    include_str!("zygote/site_builtins.py"),
+    "\n\n",
     include_str!("zygote/main.py"),
 );
 
@@ -269,6 +271,7 @@ mod tests {
             include_str!("zygote/snapshots.py"),
             include_str!("zygote/running.py"),
             include_str!("zygote/child.py"),
+            include_str!("zygote/site_builtins.py"),
             include_str!("zygote/main.py"),
         ];
         let mut from = 0;

@@ -10,6 +10,7 @@ mod owners;
 mod principals;
 mod requests;
 mod sessions;
+mod site_builtins;
 
 use std::time::Duration;
 

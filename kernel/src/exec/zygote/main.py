@@ -30,6 +30,7 @@ def main():
     if not program:
         raise SystemExit("the kernel sent no seccomp filter: runs would have none")
     own_namespaces()
+    install_site_builtins()
     import_tools()
     # Everything the zygote holds now is permanent: no collection in a run
     # child ever walks (and so copies) the pages it shares with the zygote.
