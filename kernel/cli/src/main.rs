@@ -19,6 +19,7 @@ mod agents;
 mod failure;
 mod format;
 mod logs;
+mod mcp;
 mod sessions;
 mod task;
 mod tools;
@@ -132,6 +133,10 @@ enum Command {
     /// Background tasks: dispatch, status, wait, list, cancel
     #[command(subcommand)]
     Task(TaskCommand),
+    /// Serve MCP over stdin and stdout: exec, think, spawn and more as
+    /// tools for an MCP client, acting as you (`claude mcp add agentos --
+    /// agentos mcp`)
+    Mcp,
     /// Print a shell completion script: `agentos completion bash >
     /// /etc/bash_completion.d/agentos`
     Completion {
@@ -252,6 +257,17 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let path = resolve_socket_path(args.socket.as_deref());
+    if let Command::Mcp = args.command {
+        if json || args.timeout.is_some() {
+            return Err(usage(
+                "mcp speaks MCP on stdin and stdout; --json and --timeout do not apply",
+            ));
+        }
+        // Each tool call connects on its own, so an absent kernel is a
+        // tool error the client sees, not a server that fails to start.
+        mcp::serve(path)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let run_timeout = match &args.command {
         Command::Exec(exec) => exec.run_timeout,
         Command::Call(call) => call.call_timeout,
@@ -297,7 +313,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Run(run_args) => return run_prompt(client, run_args, wait_for, json),
         Command::Top(top_args) => top::top(client, &path, top_args, json),
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
-        Command::Completion { .. } => unreachable!("answered before connecting"),
+        Command::Completion { .. } | Command::Mcp => unreachable!("answered before connecting"),
     };
     done.map(|()| ExitCode::SUCCESS)
 }

@@ -1,0 +1,157 @@
+//! The tools' arguments: their types (whose JSON schemas are the tools'
+//! input schemas) and reading them with errors that name the argument.
+
+use std::collections::BTreeMap;
+
+use rmcp::model::JsonObject;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+/// Reads a tool's arguments as `T`. The error names the argument at fault
+/// (`argument timeout_ms: invalid type ...`), which a model can act on;
+/// serde alone would say only what was wrong, not where.
+pub fn read<T: DeserializeOwned>(arguments: JsonObject) -> Result<T, String> {
+    serde_path_to_error::deserialize(serde_json::Value::Object(arguments)).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if path == "." {
+            format!("bad arguments: {inner}")
+        } else {
+            format!("argument {path}: {inner}")
+        }
+    })
+}
+
+/// The language of an `exec` run.
+#[derive(Debug, Default, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    #[default]
+    Python,
+    Bash,
+}
+
+impl Language {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Bash => "bash",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecArguments {
+    /// The code to run.
+    pub code: String,
+    /// python (default) or bash.
+    #[serde(default)]
+    pub language: Language,
+    /// Keep interpreter state and /workspace across calls under this name.
+    pub session: Option<String>,
+    /// The run's wall-clock limit in ms (default: the kernel's).
+    #[schemars(range(min = 1))]
+    pub timeout_ms: Option<u64>,
+    /// Environment variables for the run.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ThinkArguments {
+    /// The prompt.
+    pub prompt: String,
+    /// Upper bound on the answer's tokens.
+    pub max_tokens: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListAgentsArguments {
+    /// Include agents that have ended.
+    #[serde(default)]
+    pub all: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnArguments {
+    /// Agent name ([A-Za-z0-9_.-], up to 64).
+    pub name: String,
+    /// A Python script to run (give this or command).
+    pub script: Option<String>,
+    /// A program and its arguments (give this or script).
+    pub command: Option<Vec<String>>,
+    /// Arguments for the script.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Resource limits.
+    pub limits: Option<SpawnLimits>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnLimits {
+    /// Memory limit in bytes.
+    pub memory_bytes: Option<u64>,
+    /// CPU share in CPUs (0.5 = half of one CPU).
+    pub cpus: Option<f64>,
+    /// Process limit.
+    pub max_pids: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillArguments {
+    /// The agent's name (give this or id).
+    pub name: Option<String>,
+    /// The agent's id (give this or name).
+    pub id: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoArguments {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(value: serde_json::Value) -> JsonObject {
+        value.as_object().expect("an object").clone()
+    }
+
+    #[test]
+    fn a_wrongly_typed_argument_is_named() {
+        let err = read::<ExecArguments>(object(serde_json::json!({
+            "code": "print(1)", "timeout_ms": "soon"
+        })))
+        .unwrap_err();
+        assert!(err.starts_with("argument timeout_ms:"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_or_unknown_argument_is_named() {
+        let err =
+            read::<ExecArguments>(object(serde_json::json!({"language": "bash"}))).unwrap_err();
+        assert!(err.contains("`code`"), "{err}");
+        let err = read::<ExecArguments>(object(serde_json::json!({"code": "", "sesion": "a"})))
+            .unwrap_err();
+        assert!(err.contains("`sesion`"), "{err}");
+    }
+
+    #[test]
+    fn a_language_other_than_python_or_bash_is_refused() {
+        let err = read::<ExecArguments>(object(serde_json::json!({
+            "code": "puts 1", "language": "ruby"
+        })))
+        .unwrap_err();
+        assert!(
+            err.starts_with("argument language:") && err.contains("ruby"),
+            "{err}"
+        );
+    }
+}

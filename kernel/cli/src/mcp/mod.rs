@@ -1,0 +1,35 @@
+//! `agentos mcp`: AgentOS as an MCP server over stdio.
+//!
+//! An MCP client (Claude Code, Claude Desktop) starts `agentos mcp` and
+//! talks JSON-RPC on its stdin and stdout; each tool call becomes one
+//! request to agentosd on a connection of the caller's own, so the kernel
+//! sees the same uid it would see from any other `agentos` command. The
+//! server holds no identity or power of its own.
+//!
+//! Tokio lives here only: the rest of the CLI, and the kernel, are
+//! blocking or have their own runtime.
+
+mod arguments;
+mod kernel;
+mod results;
+mod server;
+
+use std::path::PathBuf;
+
+use rmcp::ServiceExt;
+
+use kernel::KernelLink;
+use server::AgentosServer;
+
+/// Serves MCP on stdin and stdout until the client closes them.
+pub fn serve(socket: PathBuf) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let server = AgentosServer::new(KernelLink::new(socket));
+        let running = server.serve(rmcp::transport::stdio()).await?;
+        running.waiting().await?;
+        anyhow::Ok(())
+    })
+}

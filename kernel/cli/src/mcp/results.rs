@@ -1,0 +1,107 @@
+//! The tools' structured results: their types (whose JSON schemas are the
+//! tools' output schemas), read from the kernel's replies.
+
+use rmcp::model::{CallToolResult, ContentBlock};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What an `exec` run did.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ExecOutput {
+    pub stdout: String,
+    pub stderr: String,
+    /// Null when a signal ended the run.
+    pub exit_code: Option<i64>,
+    pub signal: Option<i64>,
+    pub timed_out: bool,
+    /// Why the run failed, if it did (an exception's `Type: message`).
+    pub error: Option<String>,
+    /// Tool calls the code made from inside the sandbox.
+    pub tool_calls: u64,
+    /// Bytes those tool calls brought into the sandbox.
+    pub tool_bytes: u64,
+}
+
+impl ExecOutput {
+    /// The output as a person reads it: stdout, then stderr, then why the
+    /// run failed if it did.
+    pub fn text(&self) -> String {
+        let mut text = self.stdout.clone();
+        text.push_str(&self.stderr);
+        if let Some(error) = &self.error {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(error);
+        }
+        if text.is_empty() {
+            text = match (self.exit_code, self.signal) {
+                (Some(code), _) => format!("(no output; exit code {code})"),
+                (None, Some(signal)) => format!("(no output; ended by signal {signal})"),
+                (None, None) => "(no output)".to_owned(),
+            };
+        }
+        text
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ThinkOutput {
+    pub content: String,
+    pub tokens: u64,
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct AgentsOutput {
+    /// The agents as the kernel's LIST describes them.
+    pub agents: Vec<Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct SpawnOutput {
+    pub id: u32,
+    pub name: String,
+    pub pid: Option<u32>,
+    pub status: String,
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct KillOutput {
+    pub killed: bool,
+    pub id: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct StatusOutput {
+    pub kernel_version: String,
+    pub protocol_version: u32,
+    /// Who the kernel takes the caller to be.
+    pub agent_id: u32,
+    pub principal: Option<Value>,
+    pub features: Value,
+    pub llm: Option<Value>,
+}
+
+/// Reads a kernel reply as a tool's output type.
+pub fn from_reply<T: for<'de> Deserialize<'de>>(reply: Value) -> Result<T, String> {
+    serde_json::from_value(reply).map_err(|err| format!("unexpected reply from the kernel: {err}"))
+}
+
+/// A successful result carrying `output` as structured content, and `text`
+/// for clients (and models) that read only the text.
+pub fn structured<T: Serialize>(output: &T, text: String) -> Result<CallToolResult, String> {
+    let value = serde_json::to_value(output).map_err(|err| err.to_string())?;
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = Some(value);
+    Ok(result)
+}
+
+/// A successful result whose text is the structured content as JSON.
+pub fn structured_json<T: Serialize>(output: &T) -> Result<CallToolResult, String> {
+    let text = serde_json::to_string_pretty(output).map_err(|err| err.to_string())?;
+    structured(output, text)
+}

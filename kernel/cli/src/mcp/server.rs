@@ -1,0 +1,259 @@
+//! The MCP tools: each reads its arguments, makes one kernel request and
+//! shapes the reply. A kernel refusal becomes a tool error (`isError`)
+//! with the kernel's message, so the model sees why and can try again.
+
+use std::borrow::Cow;
+
+use agentos_proto::Opcode;
+use rmcp::handler::server::common::{schema_for_input, schema_for_output};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, Implementation, JsonObject, ProtocolVersion, ServerCapabilities, ServerConfig,
+};
+use rmcp::{tool, tool_handler, tool_router, ServerHandler};
+use serde_json::{json, Value};
+
+use super::arguments::{
+    read, ExecArguments, KillArguments, ListAgentsArguments, NoArguments, SpawnArguments,
+    ThinkArguments,
+};
+use super::kernel::{KernelLink, Wait};
+use super::results::{
+    from_reply, structured, structured_json, AgentsOutput, ExecOutput, KillOutput, SpawnOutput,
+    StatusOutput, ThinkOutput,
+};
+
+/// The newest MCP revision this server implements: the one with the
+/// `initialize` handshake, which is how stdio clients start today.
+const NEWEST_REVISION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+
+/// The input schema of a tool whose arguments are `T`; a type that has no
+/// schema is a mistake in this file, found by the first tools/list.
+macro_rules! input_schema {
+    ($arguments:ty) => {
+        schema_for_input::<$arguments>()
+            .expect(concat!(stringify!($arguments), " has an object schema"))
+    };
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentosServer {
+    kernel: KernelLink,
+}
+
+#[tool_router]
+impl AgentosServer {
+    pub fn new(kernel: KernelLink) -> AgentosServer {
+        AgentosServer { kernel }
+    }
+
+    #[tool(
+        description = "Run Python or bash in an isolated sandbox; MCP tools are importable Python modules there.",
+        input_schema = input_schema!(ExecArguments),
+        output_schema = schema_for_output::<ExecOutput>(),
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
+    )]
+    async fn exec(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, String> {
+        let arguments: ExecArguments = read(arguments)?;
+        let mut request = json!({
+            "code": arguments.code,
+            "language": arguments.language.as_str(),
+        });
+        if let Some(session) = arguments.session {
+            request["session"] = session.into();
+        }
+        if let Some(timeout_ms) = arguments.timeout_ms {
+            request["timeout_ms"] = timeout_ms.into();
+        }
+        if !arguments.env.is_empty() {
+            request["env"] = json!(arguments.env);
+        }
+        let reply = self
+            .kernel
+            .request(Opcode::EXEC, &request, Wait::AsLongAsTheKernel)
+            .await?;
+        let output: ExecOutput = from_reply(reply)?;
+        let text = output.text();
+        structured(&output, text)
+    }
+
+    #[tool(
+        description = "Ask the kernel's LLM.",
+        input_schema = input_schema!(ThinkArguments),
+        output_schema = schema_for_output::<ThinkOutput>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = false)
+    )]
+    async fn think(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, String> {
+        let arguments: ThinkArguments = read(arguments)?;
+        let mut request = json!({ "prompt": arguments.prompt });
+        if let Some(max_tokens) = arguments.max_tokens {
+            request["max_tokens"] = max_tokens.into();
+        }
+        let reply = self
+            .kernel
+            .request(Opcode::THINK, &request, Wait::AsLongAsTheKernel)
+            .await?;
+        let output: ThinkOutput = from_reply(reply)?;
+        let text = output.content.clone();
+        structured(&output, text)
+    }
+
+    #[tool(
+        description = "List your agents (all: ended ones too).",
+        input_schema = input_schema!(ListAgentsArguments),
+        output_schema = schema_for_output::<AgentsOutput>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
+    )]
+    async fn list_agents(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, String> {
+        let arguments: ListAgentsArguments = read(arguments)?;
+        let reply = self
+            .kernel
+            .request(Opcode::LIST, &Value::Null, Wait::Quick)
+            .await?;
+        let Value::Array(agents) = reply else {
+            return Err(format!("unexpected LIST reply from the kernel: {reply}"));
+        };
+        let agents = agents
+            .into_iter()
+            .filter(|agent| arguments.all || agent["running"] == true)
+            .collect();
+        structured_json(&AgentsOutput { agents })
+    }
+
+    #[tool(
+        description = "Start an agent in its own sandbox from a Python script or a command.",
+        input_schema = input_schema!(SpawnArguments),
+        output_schema = schema_for_output::<SpawnOutput>(),
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
+    )]
+    async fn spawn(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, String> {
+        let arguments: SpawnArguments = read(arguments)?;
+        let request = spawn_request(arguments)?;
+        let reply = self
+            .kernel
+            .request(Opcode::SPAWN, &request, Wait::Quick)
+            .await?;
+        structured_json(&from_reply::<SpawnOutput>(reply)?)
+    }
+
+    #[tool(
+        description = "Stop an agent (SIGTERM, then SIGKILL after a grace).",
+        input_schema = input_schema!(KillArguments),
+        output_schema = schema_for_output::<KillOutput>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
+    )]
+    async fn kill(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, String> {
+        let arguments: KillArguments = read(arguments)?;
+        let request = match (arguments.name, arguments.id) {
+            (Some(name), None) => json!({ "name": name }),
+            (None, Some(id)) => json!({ "id": id }),
+            _ => return Err("give exactly one of the arguments name and id".to_owned()),
+        };
+        let reply = self
+            .kernel
+            .request(Opcode::KILL, &request, Wait::Quick)
+            .await?;
+        structured_json(&from_reply::<KillOutput>(reply)?)
+    }
+
+    #[tool(
+        description = "The kernel's version, features, LLM, and who you are to it.",
+        input_schema = input_schema!(NoArguments),
+        output_schema = schema_for_output::<StatusOutput>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
+    )]
+    async fn status(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, String> {
+        let NoArguments {} = read(arguments)?;
+        let reply = self
+            .kernel
+            .request(Opcode::HELLO, &Value::Null, Wait::Quick)
+            .await?;
+        structured_json(&from_reply::<StatusOutput>(reply)?)
+    }
+}
+
+/// The SPAWN request for `arguments`, in the kernel's terms.
+fn spawn_request(arguments: SpawnArguments) -> Result<Value, String> {
+    let mut request = json!({ "name": arguments.name });
+    match (arguments.script, arguments.command) {
+        (Some(script), None) => {
+            // The kernel resolves nothing against this server's directory,
+            // so a relative script path is made absolute here, as the CLI
+            // does.
+            let script =
+                std::path::absolute(&script).map_err(|err| format!("argument script: {err}"))?;
+            request["script"] = json!(script);
+            request["args"] = json!(arguments.args);
+        }
+        (None, Some(command)) => {
+            if command.is_empty() {
+                return Err("argument command: give the program to run".to_owned());
+            }
+            if !arguments.args.is_empty() {
+                return Err(
+                    "argument args: goes with script; put a command's arguments in command"
+                        .to_owned(),
+                );
+            }
+            request["command"] = json!(command);
+        }
+        _ => return Err("give exactly one of the arguments script and command".to_owned()),
+    }
+    if let Some(limits) = arguments.limits {
+        let mut kernel_limits = serde_json::Map::new();
+        if let Some(memory) = limits.memory_bytes {
+            kernel_limits.insert("memory".into(), memory.into());
+        }
+        if let Some(cpus) = limits.cpus {
+            if !(cpus > 0.0 && cpus.is_finite()) {
+                return Err("argument limits.cpus: must be a positive number".to_owned());
+            }
+            // The kernel takes a CFS quota per period, as the CLI's --cpus.
+            kernel_limits.insert("cpu_period".into(), 100_000.into());
+            kernel_limits.insert(
+                "cpu_quota".into(),
+                ((cpus * 100_000.0).round() as u64).into(),
+            );
+        }
+        if let Some(max_pids) = limits.max_pids {
+            kernel_limits.insert("max_pids".into(), max_pids.into());
+        }
+        request["limits"] = kernel_limits.into();
+    }
+    Ok(request)
+}
+
+#[tool_handler]
+impl ServerHandler for AgentosServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("agentos", env!("CARGO_PKG_VERSION")))
+            .with_protocol_version(NEWEST_REVISION)
+            .with_instructions(
+                "AgentOS: isolated code execution (exec), agents (spawn, list_agents, kill), \
+                 the kernel's LLM (think). Calls act as the user who started this server.",
+            )
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::known_up_to(&NEWEST_REVISION))
+    }
+}
