@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Awaitable, Callable
+import os
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+
+import pytest
 
 import mcp.types as types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from conftest import binary
+from agentos import AgentOSClient
+from conftest import REPO, Kernel, binary, kernel_with
 
-TOOLS = {"exec", "think", "list_agents", "spawn", "kill", "status"}
+TOOLS = {
+    "exec", "think", "list_agents", "spawn", "kill", "status", "agent_logs",
+    "exec_sessions", "exec_close", "exec_snapshot", "exec_restore",
+    "task_dispatch", "task_status", "task_wait", "task_cancel", "task_list",
+    "tools_search", "tools_call",
+}
 
 
 @contextlib.asynccontextmanager
@@ -62,6 +72,13 @@ def test_initialize_and_list_tools(kernel):
     )
     assert tools["kill"].annotations.destructive_hint is True
     assert tools["list_agents"].annotations.read_only_hint is True
+    assert tools["task_cancel"].annotations.destructive_hint is True
+    assert tools["task_status"].annotations.read_only_hint is True
+    assert tools["tools_call"].annotations.read_only_hint is False
+    assert tools["tools_search"].input_schema["required"] == ["query"]
+    assert "detail" in tools["tools_search"].input_schema["properties"]
+    assert "timeout_ms" in tools["task_wait"].input_schema["properties"]
+    assert sorted(tools["tools_call"].input_schema["required"]) == ["server", "tool"]
 
 
 def test_exec_returns_structured_output(kernel):
@@ -202,3 +219,199 @@ def test_an_absent_kernel_is_a_tool_error(tmp_path):
     result = run(Absent, body)
     assert result.is_error
     assert "cannot connect to the AgentOS kernel" in text_of(result), text_of(result)
+
+
+def test_a_task_is_dispatched_and_waited_for(kernel):
+    async def body(session: ClientSession):
+        await session.initialize()
+        dispatched = await session.call_tool(
+            "task_dispatch", {"code": "print(6 * 7)", "label": "answer"}
+        )
+        task_id = dispatched.structured_content["task_id"]
+        waited = await session.call_tool("task_wait", {"task_id": task_id, "timeout_ms": 30000})
+        listed = await session.call_tool("task_list", {})
+        return dispatched, waited, listed
+
+    dispatched, waited, listed = run(kernel, body)
+    assert not dispatched.is_error, text_of(dispatched)
+    assert not waited.is_error, text_of(waited)
+    task = waited.structured_content["task"]
+    assert task["task_id"] == dispatched.structured_content["task_id"]
+    assert task["state"] == "completed" and task["kind"] == "exec" and task["label"] == "answer"
+    assert task["result"]["stdout"] == "42\n"
+    assert [t["label"] for t in listed.structured_content["tasks"]] == ["answer"]
+
+
+def test_a_cancelled_task_stops(kernel):
+    async def body(session: ClientSession):
+        await session.initialize()
+        dispatched = await session.call_tool(
+            "task_dispatch", {"code": "import time\nprint('started', flush=True)\ntime.sleep(120)"}
+        )
+        task_id = dispatched.structured_content["task_id"]
+        for _ in range(300):
+            running = await session.call_tool("task_status", {"task_id": task_id})
+            if running.structured_content["task"]["state"] == "running":
+                break
+            await asyncio.sleep(0.1)
+        short = await session.call_tool("task_wait", {"task_id": task_id, "timeout_ms": 200})
+        cancelled = await session.call_tool("task_cancel", {"task_id": task_id})
+        waited = await session.call_tool("task_wait", {"task_id": task_id, "timeout_ms": 30000})
+        status = await session.call_tool("task_status", {"task_id": task_id})
+        return running, short, cancelled, waited, status
+
+    running, short, cancelled, waited, status = run(kernel, body)
+    assert running.structured_content["task"]["state"] == "running", running.structured_content
+    # A wait that times out changes nothing: the task still runs.
+    assert short.structured_content["task"]["state"] == "running"
+    assert not cancelled.is_error and cancelled.structured_content == {"cancelled": True}
+    assert waited.structured_content["task"]["state"] == "cancelled", waited.structured_content
+    task = status.structured_content["task"]
+    assert task["state"] == "cancelled" and task["finished_at"] is not None, task
+
+
+def test_a_session_is_snapshotted_restored_and_closed(kernel):
+    async def body(session: ClientSession):
+        await session.initialize()
+        call = session.call_tool
+        await call("exec", {"code": "open('/workspace/a.txt', 'w').write('before'); x = 1",
+                            "session": "snap"})
+        snapshot = await call("exec_snapshot", {"session": "snap", "name": "s1"})
+        await call("exec", {"code": "open('/workspace/a.txt', 'w').write('after')",
+                            "session": "snap"})
+        changed = await call("exec", {"code": "print(open('/workspace/a.txt').read())",
+                                      "session": "snap"})
+        restored = await call("exec_restore", {"session": "snap", "name": "s1"})
+        after = await call("exec", {"code": "print(open('/workspace/a.txt').read())",
+                                    "session": "snap"})
+        fresh = await call("exec", {"code": "print(x)", "session": "snap"})
+        sessions = await call("exec_sessions", {})
+        closed = await call("exec_close", {"session": "snap"})
+        gone = await call("exec_sessions", {})
+        missing = await call("exec_restore", {"session": "snap", "name": "nope"})
+        return snapshot, changed, restored, after, fresh, sessions, closed, gone, missing
+
+    snapshot, changed, restored, after, fresh, sessions, closed, gone, missing = run(kernel, body)
+    assert not snapshot.is_error, text_of(snapshot)
+    assert snapshot.structured_content["snapshot"]["name"] == "s1"
+    assert changed.structured_content["stdout"] == "after\n"
+    assert not restored.is_error, text_of(restored)
+    assert restored.structured_content == {"session": "snap", "name": "s1", "restored": True}
+    assert after.structured_content["stdout"] == "before\n"
+    # The interpreter was restarted: its variables are gone.
+    assert "NameError" in fresh.structured_content["error"]
+    assert [s["session"] for s in sessions.structured_content["sessions"]] == ["snap"]
+    assert closed.structured_content == {"closed": True}
+    assert gone.structured_content["sessions"] == []
+    assert missing.is_error, text_of(missing)
+
+
+EVERYTHING = REPO / "scripts/mcp-servers/node_modules/.bin/mcp-server-everything"
+
+
+@pytest.fixture(scope="module")
+def everything_kernel() -> Iterator[Kernel]:
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: tool servers run confined as the sandbox user, which needs root")
+        pytest.skip("needs root")
+    if not EVERYTHING.exists():
+        pytest.fail(f"{EVERYTHING} is not installed: run scripts/setup --test")
+    with kernel_with(f'[mcp.servers.everything]\ncommand = "{EVERYTHING}"\n') as kernel:
+        with AgentOSClient(kernel.socket_path) as client:
+            deadline = time.monotonic() + 60
+            while {s["name"]: s["state"] for s in client.tool_servers()}.get("everything") != "ready":
+                assert time.monotonic() < deadline, client.tool_servers()
+                time.sleep(0.1)
+        yield kernel
+
+
+def test_tools_search_and_call_reach_the_kernels_mcp_servers(everything_kernel):
+    async def body(session: ClientSession):
+        await session.initialize()
+        brief = await session.call_tool("tools_search", {"query": "echo message back"})
+        full = await session.call_tool("tools_search", {"query": "add two numbers sum",
+                                                        "detail": True, "limit": 3})
+        echo = await session.call_tool(
+            "tools_call", {"server": "everything", "tool": "echo", "arguments": {"message": "hi"}}
+        )
+        added = await session.call_tool(
+            "tools_call", {"server": "everything", "tool": "get-sum", "arguments": {"a": 2, "b": 3}}
+        )
+        unknown = await session.call_tool("tools_call", {"server": "everything", "tool": "nope"})
+        return brief, full, echo, added, unknown
+
+    brief, full, echo, added, unknown = run(everything_kernel, body)
+    assert not brief.is_error, text_of(brief)
+    found = brief.structured_content["tools"]
+    assert ("everything", "echo") in {(t["server"], t["name"]) for t in found}, found
+    assert all(t["description"] for t in found)
+    assert all("input_schema" not in t for t in found), found
+    detailed = full.structured_content["tools"]
+    sums = [t for t in detailed if t["name"] == "get-sum"]
+    assert sums and "properties" in sums[0]["input_schema"], detailed
+    assert len(detailed) <= 3
+    assert not echo.is_error, text_of(echo)
+    assert "hi" in str(echo.structured_content["result"]), echo.structured_content
+    assert echo.structured_content["content"], echo.structured_content
+    assert not added.is_error, text_of(added)
+    assert "5" in str(added.structured_content["result"]), added.structured_content
+    assert unknown.is_error and "nope" in text_of(unknown), text_of(unknown)
+
+
+def test_agent_logs_of_a_spawned_agent(kernel):
+    async def body(session: ClientSession):
+        await session.initialize()
+        spawned = await session.call_tool(
+            "spawn", {"name": "talker",
+                      "command": ["sh", "-c", "echo one; echo two; echo three; sleep 300"]}
+        )
+        for _ in range(150):
+            logs = await session.call_tool("agent_logs", {"name": "talker", "lines": 2})
+            if not logs.is_error and logs.structured_content["text"].count("\n") == 2:
+                break
+            await asyncio.sleep(0.1)
+        by_id = await session.call_tool(
+            "agent_logs", {"id": spawned.structured_content["id"]}
+        )
+        await session.call_tool("kill", {"name": "talker"})
+        missing = await session.call_tool("agent_logs", {"name": "no-such-agent"})
+        return spawned, logs, by_id, missing
+
+    spawned, logs, by_id, missing = run(kernel, body)
+    assert not spawned.is_error, text_of(spawned)
+    assert not logs.is_error, text_of(logs)
+    assert logs.structured_content["text"] == "two\nthree\n", logs.structured_content
+    assert logs.structured_content["name"] == "talker" and logs.structured_content["ended"] is False
+    assert text_of(logs) == "two\nthree\n"
+    assert by_id.structured_content["text"] == "one\ntwo\nthree\n", by_id.structured_content
+    assert missing.is_error and "(not_found)" in text_of(missing), text_of(missing)
+
+
+def test_bad_arguments_on_the_new_tools(kernel):
+    async def body(session: ClientSession):
+        await session.initialize()
+        return [
+            await session.call_tool("task_wait", {"task_id": "t-1", "timeout_ms": "soon"}),
+            await session.call_tool("task_dispatch", {"code": "print(1)", "prompt": "hi"}),
+            await session.call_tool("task_dispatch", {"prompt": "hi", "session": "s"}),
+            await session.call_tool("tools_call", {"tool": "echo"}),
+            await session.call_tool("exec_snapshot", {"session": "s"}),
+            await session.call_tool("agent_logs", {}),
+            await session.call_tool("task_status", {"task_id": "t-no-such-task"}),
+            await session.call_tool("exec_sessions", {}),
+        ]
+
+    results = run(kernel, body)
+    *refused, still = results
+    for result in refused:
+        assert result.is_error, text_of(result)
+        assert result.structured_content is None
+    texts = [text_of(result) for result in refused]
+    assert texts[0].startswith("argument timeout_ms:"), texts[0]
+    assert "code and prompt" in texts[1], texts[1]
+    assert "go with code" in texts[2], texts[2]
+    assert "`server`" in texts[3], texts[3]
+    assert "`name`" in texts[4], texts[4]
+    assert "name and id" in texts[5], texts[5]
+    assert "(not_found)" in texts[6], texts[6]
+    assert not still.is_error and still.structured_content == {"sessions": []}

@@ -116,6 +116,115 @@ pub struct KillArguments {
 #[serde(deny_unknown_fields)]
 pub struct NoArguments {}
 
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentLogsArguments {
+    /// The agent's name (give this or id).
+    pub name: Option<String>,
+    /// The agent's id (give this or name).
+    pub id: Option<u32>,
+    /// How many of the log's last lines (default 100).
+    #[schemars(range(min = 0, max = 100_000))]
+    pub lines: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionArguments {
+    /// The session's name.
+    pub session: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotArguments {
+    /// The session's name.
+    pub session: String,
+    /// The snapshot's name.
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskDispatchArguments {
+    /// Code to run as an exec task (give this or prompt).
+    pub code: Option<String>,
+    /// For code: python (default) or bash.
+    pub language: Option<Language>,
+    /// For code: the exec session to run in.
+    pub session: Option<String>,
+    /// For code: the run's wall-clock limit in ms.
+    #[schemars(range(min = 1))]
+    pub timeout_ms: Option<u64>,
+    /// For code: environment variables for the run.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// A prompt for the LLM as a think task (give this or code).
+    pub prompt: Option<String>,
+    /// For prompt: upper bound on the answer's tokens.
+    pub max_tokens: Option<u32>,
+    /// A label to find the task by.
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskArguments {
+    /// The task's id (t-...).
+    pub task_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskWaitArguments {
+    /// The task's id (t-...).
+    pub task_id: String,
+    /// How long to wait for the task to finish, in ms (default: the kernel's).
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskListArguments {
+    /// Only tasks in this state (queued, running, completed, failed, cancelled, ...).
+    pub state: Option<String>,
+    /// Only tasks of this kind (exec, think, prompt).
+    pub kind: Option<String>,
+    /// At most this many tasks.
+    #[schemars(range(min = 1))]
+    pub limit: Option<u32>,
+    /// Tasks older than this task id (a previous listing's next).
+    pub before: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsSearchArguments {
+    /// Words describing what the tool should do.
+    pub query: String,
+    /// Give each tool's full input and output schemas, not only name and description.
+    #[serde(default)]
+    pub detail: bool,
+    /// At most this many tools (default: the kernel's).
+    #[schemars(range(min = 1))]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsCallArguments {
+    /// The MCP server, as tools_search names it.
+    pub server: String,
+    /// The tool's name.
+    pub tool: String,
+    /// The tool's arguments, as its input schema describes them.
+    #[serde(default)]
+    pub arguments: JsonObject,
+    /// The call's limit in ms (default: the kernel's).
+    #[schemars(range(min = 1))]
+    pub timeout_ms: Option<u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

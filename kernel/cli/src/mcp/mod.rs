@@ -9,10 +9,22 @@
 //! Tokio lives here only: the rest of the CLI, and the kernel, are
 //! blocking or have their own runtime.
 
+/// The input schema of a tool whose arguments are `T`; a type that has no
+/// schema is a mistake in the tool modules, found by the first tools/list.
+macro_rules! input_schema {
+    ($arguments:ty) => {
+        schema_for_input::<$arguments>()
+            .expect(concat!(stringify!($arguments), " has an object schema"))
+    };
+}
+
 mod arguments;
+mod catalogue;
 mod kernel;
 mod results;
 mod server;
+mod sessions;
+mod tasks;
 
 use std::path::PathBuf;
 

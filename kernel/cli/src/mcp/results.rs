@@ -86,6 +86,83 @@ pub struct StatusOutput {
     pub llm: Option<Value>,
 }
 
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct AgentLogsOutput {
+    pub id: u32,
+    pub name: String,
+    /// The agent's state (running, exited, killed, ...).
+    pub state: String,
+    /// The log's last lines.
+    pub text: String,
+    /// The agent has ended and the text reaches the end of its log.
+    pub ended: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct SessionsOutput {
+    /// Each with session, created_at, last_used_at, runs, workspace_bytes.
+    pub sessions: Vec<Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct CloseOutput {
+    pub closed: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct SnapshotOutput {
+    /// The snapshot's name, bytes and created_at.
+    pub snapshot: Value,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct RestoreOutput {
+    pub session: String,
+    /// The snapshot its /workspace now holds.
+    pub name: String,
+    pub restored: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct DispatchOutput {
+    pub task_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TaskOutput {
+    /// task_id, kind, label, state, created_at, started_at, finished_at,
+    /// progress, and once finished its result (the EXEC or THINK reply).
+    pub task: Value,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct CancelOutput {
+    pub cancelled: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TaskListOutput {
+    /// Newest first.
+    pub tasks: Vec<Value>,
+    /// The `before` of the next page, if there is one.
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ToolsSearchOutput {
+    /// Best match first: server, name, description (and schemas with detail).
+    pub tools: Vec<Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ToolsCallOutput {
+    /// The tool's structured result, else its text as JSON if it is JSON, else its text.
+    pub result: Value,
+    /// The tool's content blocks.
+    #[serde(default)]
+    pub content: Vec<Value>,
+}
+
 /// Reads a kernel reply as a tool's output type.
 pub fn from_reply<T: for<'de> Deserialize<'de>>(reply: Value) -> Result<T, String> {
     serde_json::from_value(reply).map_err(|err| format!("unexpected reply from the kernel: {err}"))

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use agentos_proto::Opcode;
 use rmcp::handler::server::common::{schema_for_input, schema_for_output};
+use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, Implementation, JsonObject, ProtocolVersion, ServerCapabilities, ServerConfig,
@@ -14,37 +15,33 @@ use rmcp::{tool, tool_handler, tool_router, ServerHandler};
 use serde_json::{json, Value};
 
 use super::arguments::{
-    read, ExecArguments, KillArguments, ListAgentsArguments, NoArguments, SpawnArguments,
-    ThinkArguments,
+    read, AgentLogsArguments, ExecArguments, KillArguments, ListAgentsArguments, NoArguments,
+    SpawnArguments, ThinkArguments,
 };
 use super::kernel::{KernelLink, Wait};
 use super::results::{
-    from_reply, structured, structured_json, AgentsOutput, ExecOutput, KillOutput, SpawnOutput,
-    StatusOutput, ThinkOutput,
+    from_reply, structured, structured_json, AgentLogsOutput, AgentsOutput, ExecOutput, KillOutput,
+    SpawnOutput, StatusOutput, ThinkOutput,
 };
 
 /// The newest MCP revision this server implements: the one with the
 /// `initialize` handshake, which is how stdio clients start today.
 const NEWEST_REVISION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
 
-/// The input schema of a tool whose arguments are `T`; a type that has no
-/// schema is a mistake in this file, found by the first tools/list.
-macro_rules! input_schema {
-    ($arguments:ty) => {
-        schema_for_input::<$arguments>()
-            .expect(concat!(stringify!($arguments), " has an object schema"))
-    };
-}
-
 #[derive(Debug, Clone)]
 pub struct AgentosServer {
-    kernel: KernelLink,
+    pub(super) kernel: KernelLink,
 }
 
 #[tool_router]
 impl AgentosServer {
     pub fn new(kernel: KernelLink) -> AgentosServer {
         AgentosServer { kernel }
+    }
+
+    /// Every tool: these, and those of the other tool modules.
+    fn all_tools() -> ToolRouter<AgentosServer> {
+        Self::tool_router() + Self::session_tools() + Self::task_tools() + Self::catalogue_tools()
     }
 
     #[tool(
@@ -188,6 +185,34 @@ impl AgentosServer {
             .await?;
         structured_json(&from_reply::<StatusOutput>(reply)?)
     }
+
+    #[tool(
+        description = "The last lines of an agent's log (what it wrote to stdout and stderr).",
+        input_schema = input_schema!(AgentLogsArguments),
+        output_schema = schema_for_output::<AgentLogsOutput>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
+    )]
+    async fn agent_logs(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, String> {
+        let arguments: AgentLogsArguments = read(arguments)?;
+        let mut request = match (arguments.name, arguments.id) {
+            (Some(name), None) => json!({ "name": name }),
+            (None, Some(id)) => json!({ "id": id }),
+            _ => return Err("give exactly one of the arguments name and id".to_owned()),
+        };
+        if let Some(lines) = arguments.lines {
+            request["lines"] = lines.into();
+        }
+        let reply = self
+            .kernel
+            .request(Opcode::LOGS, &request, Wait::Quick)
+            .await?;
+        let output: AgentLogsOutput = from_reply(reply)?;
+        let text = output.text.clone();
+        structured(&output, text)
+    }
 }
 
 /// The SPAWN request for `arguments`, in the kernel's terms.
@@ -241,15 +266,17 @@ fn spawn_request(arguments: SpawnArguments) -> Result<Value, String> {
     Ok(request)
 }
 
-#[tool_handler]
+#[tool_handler(router = Self::all_tools())]
 impl ServerHandler for AgentosServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("agentos", env!("CARGO_PKG_VERSION")))
             .with_protocol_version(NEWEST_REVISION)
             .with_instructions(
-                "AgentOS: isolated code execution (exec), agents (spawn, list_agents, kill), \
-                 the kernel's LLM (think). Calls act as the user who started this server.",
+                "AgentOS: isolated code execution (exec, exec_* for sessions), agents \
+                 (spawn, list_agents, kill, agent_logs), the kernel's LLM (think), \
+                 background tasks (task_*), and the kernel's MCP tools (tools_search, \
+                 tools_call). Calls act as the user who started this server.",
             )
     }
 
