@@ -584,7 +584,7 @@ fn every_kind_of_path_is_an_edge() {
         (
             "crate::a",
             "mod inner; use super::{b::{self, Thing as T}, c};\n\
-             fn f() -> inner::X { todo!() }",
+             fn f() -> inner::X { inner::X }",
         ),
         ("crate::a::inner", "pub(crate) use crate::d::*;"),
         (

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::arguments::{read, ToolsCallArguments, ToolsSearchArguments};
 use super::kernel::Wait;
-use super::results::{from_reply, structured_json, ToolsCallOutput, ToolsSearchOutput};
+use super::results::{ToolsCallOutput, ToolsSearchOutput};
 use super::server::AgentosServer;
 
 #[tool_router(router = catalogue_tools, vis = "pub(super)")]
@@ -31,11 +31,8 @@ impl AgentosServer {
         if let Some(limit) = arguments.limit {
             request["limit"] = limit.into();
         }
-        let reply = self
-            .kernel
-            .request(Opcode::TOOL, &request, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<ToolsSearchOutput>(reply)?)
+        self.answer::<ToolsSearchOutput>(Opcode::TOOL, &request, Wait::Quick)
+            .await
     }
 
     #[tool(
@@ -59,10 +56,7 @@ impl AgentosServer {
             request["timeout_ms"] = timeout_ms.into();
         }
         // The kernel ends the call at its timeout.
-        let reply = self
-            .kernel
-            .request(Opcode::TOOL, &request, Wait::AsLongAsTheKernel)
-            .await?;
-        structured_json(&from_reply::<ToolsCallOutput>(reply)?)
+        self.answer::<ToolsCallOutput>(Opcode::TOOL, &request, Wait::AsLongAsTheKernel)
+            .await
     }
 }

@@ -33,6 +33,23 @@ pub struct AgentosServer {
     pub(super) kernel: KernelLink,
 }
 
+impl AgentosServer {
+    /// Sends `request` and answers the tool call with the kernel's reply,
+    /// read as `T`, as structured content.
+    pub(super) async fn answer<T>(
+        &self,
+        opcode: Opcode,
+        request: &Value,
+        wait: Wait,
+    ) -> Result<CallToolResult, String>
+    where
+        T: for<'de> serde::Deserialize<'de> + serde::Serialize,
+    {
+        let reply = self.kernel.request(opcode, request, wait).await?;
+        structured_json(&from_reply::<T>(reply)?)
+    }
+}
+
 #[tool_router]
 impl AgentosServer {
     pub fn new(kernel: KernelLink) -> AgentosServer {
@@ -138,11 +155,8 @@ impl AgentosServer {
     ) -> Result<CallToolResult, String> {
         let arguments: SpawnArguments = read(arguments)?;
         let request = spawn_request(arguments)?;
-        let reply = self
-            .kernel
-            .request(Opcode::SPAWN, &request, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<SpawnOutput>(reply)?)
+        self.answer::<SpawnOutput>(Opcode::SPAWN, &request, Wait::Quick)
+            .await
     }
 
     #[tool(
@@ -161,11 +175,8 @@ impl AgentosServer {
             (None, Some(id)) => json!({ "id": id }),
             _ => return Err("give exactly one of the arguments name and id".to_owned()),
         };
-        let reply = self
-            .kernel
-            .request(Opcode::KILL, &request, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<KillOutput>(reply)?)
+        self.answer::<KillOutput>(Opcode::KILL, &request, Wait::Quick)
+            .await
     }
 
     #[tool(
@@ -179,11 +190,8 @@ impl AgentosServer {
         Parameters(arguments): Parameters<JsonObject>,
     ) -> Result<CallToolResult, String> {
         let NoArguments {} = read(arguments)?;
-        let reply = self
-            .kernel
-            .request(Opcode::HELLO, &Value::Null, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<StatusOutput>(reply)?)
+        self.answer::<StatusOutput>(Opcode::HELLO, &Value::Null, Wait::Quick)
+            .await
     }
 
     #[tool(

@@ -10,9 +10,7 @@ use serde_json::json;
 
 use super::arguments::{read, NoArguments, SessionArguments, SnapshotArguments};
 use super::kernel::Wait;
-use super::results::{
-    from_reply, structured_json, CloseOutput, RestoreOutput, SessionsOutput, SnapshotOutput,
-};
+use super::results::{structured_json, CloseOutput, RestoreOutput, SessionsOutput, SnapshotOutput};
 use super::server::AgentosServer;
 
 #[tool_router(router = session_tools, vis = "pub(super)")]
@@ -28,11 +26,8 @@ impl AgentosServer {
         Parameters(arguments): Parameters<JsonObject>,
     ) -> Result<CallToolResult, String> {
         let NoArguments {} = read(arguments)?;
-        let reply = self
-            .kernel
-            .request(Opcode::EXEC, &json!({ "op": "sessions" }), Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<SessionsOutput>(reply)?)
+        self.answer::<SessionsOutput>(Opcode::EXEC, &json!({ "op": "sessions" }), Wait::Quick)
+            .await
     }
 
     #[tool(
@@ -47,11 +42,8 @@ impl AgentosServer {
     ) -> Result<CallToolResult, String> {
         let arguments: SessionArguments = read(arguments)?;
         let request = json!({ "op": "close", "session": arguments.session });
-        let reply = self
-            .kernel
-            .request(Opcode::EXEC, &request, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<CloseOutput>(reply)?)
+        self.answer::<CloseOutput>(Opcode::EXEC, &request, Wait::Quick)
+            .await
     }
 
     #[tool(
@@ -68,11 +60,8 @@ impl AgentosServer {
         let request = json!({
             "op": "snapshot", "session": arguments.session, "name": arguments.name,
         });
-        let reply = self
-            .kernel
-            .request(Opcode::EXEC, &request, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<SnapshotOutput>(reply)?)
+        self.answer::<SnapshotOutput>(Opcode::EXEC, &request, Wait::Quick)
+            .await
     }
 
     #[tool(

@@ -12,9 +12,7 @@ use super::arguments::{
     read, TaskArguments, TaskDispatchArguments, TaskListArguments, TaskWaitArguments,
 };
 use super::kernel::Wait;
-use super::results::{
-    from_reply, structured_json, CancelOutput, DispatchOutput, TaskListOutput, TaskOutput,
-};
+use super::results::{CancelOutput, DispatchOutput, TaskListOutput, TaskOutput};
 use super::server::AgentosServer;
 
 #[tool_router(router = task_tools, vis = "pub(super)")]
@@ -31,11 +29,8 @@ impl AgentosServer {
     ) -> Result<CallToolResult, String> {
         let arguments: TaskDispatchArguments = read(arguments)?;
         let request = dispatch_request(arguments)?;
-        let reply = self
-            .kernel
-            .request(Opcode::TASK, &request, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<DispatchOutput>(reply)?)
+        self.answer::<DispatchOutput>(Opcode::TASK, &request, Wait::Quick)
+            .await
     }
 
     #[tool(
@@ -50,11 +45,8 @@ impl AgentosServer {
     ) -> Result<CallToolResult, String> {
         let arguments: TaskArguments = read(arguments)?;
         let request = json!({ "op": "status", "task_id": arguments.task_id });
-        let reply = self
-            .kernel
-            .request(Opcode::TASK, &request, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<TaskOutput>(reply)?)
+        self.answer::<TaskOutput>(Opcode::TASK, &request, Wait::Quick)
+            .await
     }
 
     #[tool(
@@ -73,11 +65,8 @@ impl AgentosServer {
             request["timeout_ms"] = timeout_ms.into();
         }
         // The kernel ends the wait at timeout_ms (or its own default).
-        let reply = self
-            .kernel
-            .request(Opcode::TASK, &request, Wait::AsLongAsTheKernel)
-            .await?;
-        structured_json(&from_reply::<TaskOutput>(reply)?)
+        self.answer::<TaskOutput>(Opcode::TASK, &request, Wait::AsLongAsTheKernel)
+            .await
     }
 
     #[tool(
@@ -92,11 +81,8 @@ impl AgentosServer {
     ) -> Result<CallToolResult, String> {
         let arguments: TaskArguments = read(arguments)?;
         let request = json!({ "op": "cancel", "task_id": arguments.task_id });
-        let reply = self
-            .kernel
-            .request(Opcode::TASK, &request, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<CancelOutput>(reply)?)
+        self.answer::<CancelOutput>(Opcode::TASK, &request, Wait::Quick)
+            .await
     }
 
     #[tool(
@@ -123,11 +109,8 @@ impl AgentosServer {
         if let Some(before) = arguments.before {
             request["before"] = before.into();
         }
-        let reply = self
-            .kernel
-            .request(Opcode::TASK, &request, Wait::Quick)
-            .await?;
-        structured_json(&from_reply::<TaskListOutput>(reply)?)
+        self.answer::<TaskListOutput>(Opcode::TASK, &request, Wait::Quick)
+            .await
     }
 }
 
