@@ -133,16 +133,39 @@ enum Command {
     /// Background tasks: dispatch, status, wait, list, cancel
     #[command(subcommand)]
     Task(TaskCommand),
-    /// Serve MCP over stdin and stdout: exec, think, spawn and more as
-    /// tools for an MCP client, acting as you (`claude mcp add agentos --
-    /// agentos mcp`)
-    Mcp,
+    /// Serve MCP over stdin and stdout (or HTTP with --http): exec, think,
+    /// spawn and more as tools for an MCP client, acting as you (`claude
+    /// mcp add agentos -- agentos mcp`)
+    Mcp(McpArgs),
     /// Print a shell completion script: `agentos completion bash >
     /// /etc/bash_completion.d/agentos`
     Completion {
         /// The shell
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct McpArgs {
+    /// Serve Streamable HTTP at ADDR (host:port, :port or port; port alone
+    /// is 127.0.0.1) on path /mcp instead of stdio. A non-loopback host
+    /// needs a token
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
+    /// With --http: every request must carry `Authorization: Bearer` and
+    /// the token in this file (mode 600); else the token in
+    /// $AGENTOS_MCP_TOKEN, if set. Never on the command line, where `ps`
+    /// shows it
+    #[arg(long, value_name = "PATH", requires = "http")]
+    token_file: Option<PathBuf>,
+    /// With --http: a browser origin (scheme://host:port, port * for any)
+    /// allowed besides localhost's; others get 403. Repeatable
+    #[arg(long, value_name = "ORIGIN", requires = "http")]
+    allow_origin: Vec<String>,
+    /// With --http: a Host header value allowed besides localhost and the
+    /// bound address (DNS rebinding guard). Repeatable
+    #[arg(long, value_name = "HOST", requires = "http")]
+    allow_host: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -257,15 +280,24 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let path = resolve_socket_path(args.socket.as_deref());
-    if let Command::Mcp = args.command {
+    if let Command::Mcp(mcp_args) = args.command {
         if json || args.timeout.is_some() {
             return Err(usage(
-                "mcp speaks MCP on stdin and stdout; --json and --timeout do not apply",
+                "mcp speaks MCP to its client; --json and --timeout do not apply",
             ));
         }
+        let transport = match mcp_args.http {
+            None => mcp::Transport::Stdio,
+            Some(listen) => mcp::Transport::Http(mcp::HttpOptions {
+                listen,
+                token_file: mcp_args.token_file,
+                allow_origins: mcp_args.allow_origin,
+                allow_hosts: mcp_args.allow_host,
+            }),
+        };
         // Each tool call connects on its own, so an absent kernel is a
         // tool error the client sees, not a server that fails to start.
-        mcp::serve(path)?;
+        mcp::serve(path, transport)?;
         return Ok(ExitCode::SUCCESS);
     }
     let run_timeout = match &args.command {
@@ -313,7 +345,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Run(run_args) => return run_prompt(client, run_args, wait_for, json),
         Command::Top(top_args) => top::top(client, &path, top_args, json),
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
-        Command::Completion { .. } | Command::Mcp => unreachable!("answered before connecting"),
+        Command::Completion { .. } | Command::Mcp(_) => unreachable!("answered before connecting"),
     };
     done.map(|()| ExitCode::SUCCESS)
 }

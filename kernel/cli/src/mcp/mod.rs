@@ -1,7 +1,8 @@
-//! `agentos mcp`: AgentOS as an MCP server over stdio.
+//! `agentos mcp`: AgentOS as an MCP server, over stdio or HTTP.
 //!
 //! An MCP client (Claude Code, Claude Desktop) starts `agentos mcp` and
-//! talks JSON-RPC on its stdin and stdout; each tool call becomes one
+//! talks JSON-RPC on its stdin and stdout, or reaches `agentos mcp --http`
+//! over Streamable HTTP (see `http`); each tool call becomes one
 //! request to agentosd on a connection of the caller's own, so the kernel
 //! sees the same uid it would see from any other `agentos` command. The
 //! server holds no identity or power of its own.
@@ -20,6 +21,7 @@ macro_rules! input_schema {
 
 mod arguments;
 mod catalogue;
+mod http;
 mod kernel;
 mod results;
 mod server;
@@ -27,21 +29,53 @@ mod sessions;
 mod tasks;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use rmcp::ServiceExt;
 
+pub use http::HttpOptions;
+use http::HttpPlan;
 use kernel::KernelLink;
 use server::AgentosServer;
 
-/// Serves MCP on stdin and stdout until the client closes them.
-pub fn serve(socket: PathBuf) -> anyhow::Result<()> {
+/// How the server meets its client.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// JSON-RPC lines on stdin and stdout, until the client closes them.
+    Stdio,
+    /// Streamable HTTP, until SIGINT or SIGTERM.
+    Http(HttpOptions),
+}
+
+/// Serves MCP on `transport`, each tool call reaching the kernel at
+/// `socket`.
+pub fn serve(socket: PathBuf, transport: Transport) -> anyhow::Result<()> {
+    // Flags are checked before anything starts.
+    let plan = match &transport {
+        Transport::Stdio => None,
+        Transport::Http(options) => Some(HttpPlan::new(options)?),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
-        let server = AgentosServer::new(KernelLink::new(socket));
-        let running = server.serve(rmcp::transport::stdio()).await?;
-        running.waiting().await?;
-        anyhow::Ok(())
-    })
+    let server = AgentosServer::new(KernelLink::new(socket));
+    let served = runtime.block_on(async move {
+        match plan {
+            None => serve_stdio(server).await,
+            Some(plan) => http::serve(server, plan).await,
+        }
+    });
+    // A kernel call still blocking a thread (an EXEC run) does not hold
+    // the exit up: the kernel finishes or ends the run on its own.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served
+}
+
+/// rmcp bounds a stdio line at 16 MiB and drops longer ones; a shorter
+/// request too big for the kernel reaches it and is refused as a tool
+/// error, which tells the client more than silence would.
+async fn serve_stdio(server: AgentosServer) -> anyhow::Result<()> {
+    let running = server.serve(rmcp::transport::stdio()).await?;
+    running.waiting().await?;
+    Ok(())
 }

@@ -9,9 +9,11 @@ use rmcp::handler::server::common::{schema_for_input, schema_for_output};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, Implementation, JsonObject, ProtocolVersion, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolResult, DiscoverResult, Implementation, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
 };
-use rmcp::{tool, tool_handler, tool_router, ServerHandler};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
 use super::arguments::{
@@ -24,9 +26,20 @@ use super::results::{
     SpawnOutput, StatusOutput, ThinkOutput,
 };
 
-/// The newest MCP revision this server implements: the one with the
-/// `initialize` handshake, which is how stdio clients start today.
-const NEWEST_REVISION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+/// The newest MCP revision this server implements: 2026-07-28, stateless,
+/// where a client may start with `server/discover` and every request
+/// carries its own protocol version. Every older revision is served too.
+const NEWEST_REVISION: ProtocolVersion = ProtocolVersion::V_2026_07_28;
+
+/// What `initialize` answers a client that asks for a revision without
+/// the handshake (or one this server does not know): the newest revision
+/// that has it.
+const NEWEST_HANDSHAKE_REVISION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+
+/// How long a client may cache the tool list and the discovery result
+/// (2026-07-28's `ttlMs`). Both are fixed for a given `agentos` binary
+/// and the same for every caller; the bound is for an upgrade.
+const LISTS_FRESH_FOR_MS: u64 = 5 * 60 * 1000;
 
 #[derive(Debug, Clone)]
 pub struct AgentosServer {
@@ -279,7 +292,7 @@ impl ServerHandler for AgentosServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("agentos", env!("CARGO_PKG_VERSION")))
-            .with_protocol_version(NEWEST_REVISION)
+            .with_protocol_version(NEWEST_HANDSHAKE_REVISION)
             .with_instructions(
                 "AgentOS: isolated code execution (exec, exec_* for sessions), agents \
                  (spawn, list_agents, kill, agent_logs), the kernel's LLM (think), \
@@ -290,5 +303,35 @@ impl ServerHandler for AgentosServer {
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         Cow::Borrowed(ProtocolVersion::known_up_to(&NEWEST_REVISION))
+    }
+
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        )
+        .with_ttl_ms(LISTS_FRESH_FOR_MS)
+        .with_cache_scope(CacheScope::Public))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let mut result = ListToolsResult::with_all_items(Self::all_tools().list_all());
+        // Cache hints exist from 2026-07-28 on; older clients get the
+        // result without them.
+        if context
+            .protocol_version()
+            .is_some_and(|version| version >= NEWEST_REVISION)
+        {
+            result.ttl_ms = Some(LISTS_FRESH_FOR_MS);
+            result.cache_scope = Some(CacheScope::Public);
+        }
+        Ok(result)
     }
 }
