@@ -170,8 +170,10 @@ impl Client {
         if let Err(err) = self.stream.write_all(&self.scratch) {
             self.broken = true;
             // The kernel may have refused this connection (not an operator,
-            // too many connections) and closed it before we wrote: its
-            // reason is then waiting to be read, and says more than EPIPE.
+            // too many connections) and closed it before we wrote, or
+            // refused this request's payload as too large from its header
+            // alone: its reason is then waiting to be read, and says more
+            // than EPIPE.
             if matches!(
                 err.kind(),
                 io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
@@ -219,14 +221,16 @@ impl Client {
     }
 
     /// The kernel's parting words on a connection it closed: an error reply
-    /// under opcode EXIT. Anything else (such as a reply to an earlier
-    /// pipelined request) is not a refusal.
+    /// under opcode EXIT, or `payload_too_large` (under the request's
+    /// opcode). Anything else (such as a reply to an earlier pipelined
+    /// request) is not a refusal.
     fn read_refusal(&mut self) -> Option<ErrorReply> {
         let reply = self.read_frame().ok()?;
-        if reply.opcode != Opcode::EXIT {
+        let refusal = error_reply(&reply.payload)?;
+        if reply.opcode != Opcode::EXIT && refusal.code != ErrorCode::PayloadTooLarge {
             return None;
         }
-        error_reply(&reply.payload)
+        Some(refusal)
     }
 
     /// Sends a request and waits for its reply.
@@ -348,6 +352,33 @@ mod tests {
             .write_all(&encode_frame(Opcode::HELLO, 1, b"{}"))
             .unwrap();
         assert!(matches!(client.noop(b"x"), Err(ClientError::Broken)));
+    }
+
+    #[test]
+    fn a_payload_refused_from_its_header_is_the_kernels_reason_not_epipe() {
+        let (client_end, mut kernel_end) = UnixStream::pair().unwrap();
+        let mut client = Client::from_stream(client_end);
+        // The kernel reads the header only, answers and closes, as it does
+        // for a payload over max_request_bytes.
+        let kernel = std::thread::spawn(move || {
+            let mut header = [0u8; crate::HEADER_LEN];
+            kernel_end.read_exact(&mut header).unwrap();
+            kernel_end
+                .write_all(&encode_frame(
+                    Opcode::EXEC,
+                    1,
+                    br#"{"success":false,"code":"payload_too_large","error":"too big"}"#,
+                ))
+                .unwrap();
+        });
+        match client.call(Opcode::EXEC, &vec![b'#'; 8 << 20]) {
+            Err(ClientError::Remote(err)) => {
+                assert_eq!(err.code, ErrorCode::PayloadTooLarge);
+                assert_eq!(err.error, "too big");
+            }
+            other => panic!("expected the kernel's refusal, got {other:?}"),
+        }
+        kernel.join().unwrap();
     }
 
     #[test]
