@@ -471,12 +471,16 @@ def test_unsafe_settings_are_refused_before_listening(kernel, tmp_path):
     assert "--token" in refused_start(kernel, "--http", "0", "--token", "x" * 32)
 
 
-def test_an_allowed_origin_is_let_in(kernel):
+def test_an_allowed_origin_and_host_are_let_in(kernel):
     with mcp_http_server(
-        kernel.socket_path, "127.0.0.1:0", "--allow-origin", "https://app.example"
+        kernel.socket_path, "127.0.0.1:0", "--allow-origin", "https://app.example",
+        "--allow-host", "agentos.example",
     ) as server:
         assert post(server, PING, {"Origin": "https://app.example"})[0] == 200
         assert post(server, PING, {"Origin": "https://app.example.evil"})[0] == 403
+        assert post(server, PING, {"Host": f"agentos.example:{server.port}"})[0] == 200
+        assert post(server, PING, {"Host": f"localhost:{server.port}"})[0] == 200
+        assert post(server, PING, {"Host": f"other.example:{server.port}"})[0] == 403
 
 
 def test_sigint_stops_the_server_too(kernel):
