@@ -435,6 +435,31 @@ def test_a_bind_others_can_reach_needs_the_token(kernel, tmp_path):
     assert kernel_state(kernel) == before
 
 
+def test_without_a_token_only_the_servers_own_user_is_served(kernel):
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: a client of another uid needs root to start")
+        pytest.skip("needs root")
+    # Any local user can reach a loopback port: another one is refused.
+    client = (
+        "import http.client, sys\n"
+        "connection = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=30)\n"
+        "connection.request('POST', '/mcp', body=sys.argv[2], headers="
+        "{'Content-Type': 'application/json', 'Accept': sys.argv[3]})\n"
+        "response = connection.getresponse()\n"
+        "print(response.status, response.read().decode())\n"
+    )
+    with mcp_http_server(kernel.socket_path) as server:
+        other = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             "/usr/bin/python3", "-c", client, str(server.port), PING.decode(), ACCEPT],
+            capture_output=True, text=True, timeout=60, cwd="/",
+        )
+        assert other.returncode == 0, other.stderr
+        assert other.stdout.startswith("403 "), other.stdout
+        assert "serves uid 0 only" in other.stdout and "uid 65534" in other.stdout, other.stdout
+        assert post(server, PING)[0] == 200
+
+
 def test_the_token_can_come_from_the_environment(kernel):
     token = os.urandom(32).hex()
     with mcp_http_server(kernel.socket_path, env={"AGENTOS_MCP_TOKEN": token}) as server:

@@ -6,8 +6,10 @@
 //! request body, and stopping on SIGINT or SIGTERM.
 //!
 //! Whoever reaches the endpoint acts as the uid that runs `agentos mcp`,
-//! so a bind that other machines can reach requires a token, and a
-//! browser page from a foreign origin is refused even on loopback.
+//! so a bind that other machines can reach requires a token; without one,
+//! a loopback bind serves that uid's own connections only (any local user
+//! can reach a loopback port); and a browser page from a foreign origin is
+//! refused either way.
 
 use std::convert::Infallible;
 use std::io::Read;
@@ -36,6 +38,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
+use super::loopback_peer;
 use super::server::AgentosServer;
 
 /// The largest request body read. The kernel takes requests up to 1 MiB
@@ -83,6 +86,8 @@ pub struct HttpPlan {
     /// Empty means any `Host`: only for a wildcard bind, which requires a
     /// token.
     allowed_hosts: Vec<String>,
+    /// Without a token, the one uid whose connections are served.
+    only_uid: Option<u32>,
 }
 
 impl HttpPlan {
@@ -129,11 +134,13 @@ impl HttpPlan {
             }
             allowed_hosts.extend(options.allow_hosts.iter().cloned());
         }
+        let only_uid = token.is_none().then(super::effective_uid);
         Ok(HttpPlan {
             address,
             token,
             allowed_origins,
             allowed_hosts,
+            only_uid,
         })
     }
 
@@ -277,8 +284,8 @@ pub async fn serve(server: AgentosServer, plan: HttpPlan) -> anyhow::Result<()> 
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _peer)) => stream,
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
                     Err(err) => {
                         // Out of descriptors and the like: wait a little
                         // rather than spin, and keep serving.
@@ -287,10 +294,20 @@ pub async fn serve(server: AgentosServer, plan: HttpPlan) -> anyhow::Result<()> 
                         continue;
                     }
                 };
+                let refusal = match plan.only_uid {
+                    Some(uid) => refuse_other_users(uid, peer, address).await,
+                    None => None,
+                };
                 let gate = gate.clone();
                 let service = service_fn(move |request| {
                     let gate = gate.clone();
-                    async move { Ok::<_, Infallible>(gate.handle(request).await) }
+                    let refusal = refusal.clone();
+                    async move {
+                        Ok::<_, Infallible>(match refusal {
+                            Some(refusal) => plain(StatusCode::FORBIDDEN, refusal),
+                            None => gate.handle(request).await,
+                        })
+                    }
                 });
                 let connection = http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -319,6 +336,21 @@ pub async fn serve(server: AgentosServer, plan: HttpPlan) -> anyhow::Result<()> 
         eprintln!("agentos mcp: requests still running after {SHUTDOWN_GRACE:?}; leaving them");
     }
     Ok(())
+}
+
+/// Why the connection from `peer` is refused, unless `uid` owns it.
+async fn refuse_other_users(uid: u32, peer: SocketAddr, local: SocketAddr) -> Option<String> {
+    let owner = tokio::task::spawn_blocking(move || loopback_peer::peer_uid(peer, local)).await;
+    match owner {
+        Ok(Ok(Some(owner))) if owner == uid => None,
+        Ok(Ok(Some(owner))) => Some(format!(
+            "Forbidden: without a token this server serves uid {uid} only, and this connection \
+             is uid {owner}'s; start it with --token-file to share it"
+        )),
+        Ok(Ok(None)) => Some("Forbidden: the connection's owner cannot be found".to_owned()),
+        Ok(Err(err)) => Some(format!("Forbidden: the connection's owner: {err}")),
+        Err(err) => Some(format!("Forbidden: the connection's owner: {err}")),
+    }
 }
 
 /// What every request passes before rmcp sees it.

@@ -23,6 +23,7 @@ mod arguments;
 mod catalogue;
 mod http;
 mod kernel;
+mod loopback_peer;
 mod results;
 mod server;
 mod sessions;
@@ -37,6 +38,12 @@ pub use http::HttpOptions;
 use http::HttpPlan;
 use kernel::KernelLink;
 use server::AgentosServer;
+
+/// The user this process runs as.
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
 
 /// How the server meets its client.
 #[derive(Debug, Clone)]
