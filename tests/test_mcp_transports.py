@@ -486,6 +486,10 @@ def test_unsafe_settings_are_refused_before_listening(kernel, tmp_path):
     assert "chmod 600" in refused_start(
         kernel, "--http", "0.0.0.0:0", "--token-file", str(readable)
     )
+    too_long = write_token(tmp_path, "x" * 5000)
+    assert "longer than 4096" in refused_start(
+        kernel, "--http", "0", "--token-file", str(too_long)
+    )
     assert "at least 16" in refused_start(
         kernel, "--http", "0", env={"AGENTOS_MCP_TOKEN": "short"}
     )

@@ -54,6 +54,10 @@ pub const ENDPOINT_PATH: &str = "/mcp";
 /// `ps`.
 pub const TOKEN_ENV: &str = "AGENTOS_MCP_TOKEN";
 
+/// A token file is one token and a line end: anything longer is a
+/// wrong file.
+const MAX_TOKEN_FILE_BYTES: u64 = 4096;
+
 /// A token shorter than this is refused as guessable.
 const MIN_TOKEN_BYTES: usize = 16;
 
@@ -228,9 +232,15 @@ impl Token {
             );
         }
         let mut bytes = Vec::new();
-        file.take(4096)
+        file.take(MAX_TOKEN_FILE_BYTES + 1)
             .read_to_end(&mut bytes)
             .with_context(|| format!("--token-file {}", path.display()))?;
+        if bytes.len() as u64 > MAX_TOKEN_FILE_BYTES {
+            bail!(
+                "--token-file {}: longer than {MAX_TOKEN_FILE_BYTES} bytes; it holds one token",
+                path.display()
+            );
+        }
         Token::new(bytes, &format!("--token-file {}", path.display()))
     }
 
