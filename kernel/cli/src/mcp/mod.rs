@@ -21,6 +21,8 @@ macro_rules! input_schema {
 mod arguments;
 mod catalogue;
 mod kernel;
+mod long_work;
+mod prompt;
 mod results;
 mod server;
 mod sessions;
