@@ -326,39 +326,45 @@ print("DONE", flush=True)
 """
 
 
+@contextlib.contextmanager
+def agent_script(source: str) -> Iterator[tuple[Path, Path]]:
+    """`source` as a script, and a copy of `agentos`, where an agent's
+    sandbox can see them (it shows the script's directory)."""
+    script_dir = Path(tempfile.mkdtemp(prefix="agentos-mcp-tasks-"))
+    try:
+        script_dir.chmod(0o755)
+        script = script_dir / "script.py"
+        script.write_text(source)
+        script.chmod(0o644)
+        agentos = script_dir / "agentos"
+        shutil.copy(binary("agentos"), agentos)
+        agentos.chmod(0o755)
+        yield script, agentos
+    finally:
+        shutil.rmtree(script_dir, ignore_errors=True)
+
+
 def test_another_callers_task_is_unknown_to_it(kernel):
     """An operator's task, asked for by an agent's own `agentos mcp`: the
     same answer as for a task that never was, and the task runs on."""
-    script_dir = Path(tempfile.mkdtemp(prefix="agentos-mcp-tasks-"))
-    script_dir.chmod(0o755)
-    script = script_dir / "ask_for_task.py"
-    script.write_text(ASK_FOR_TASK)
-    script.chmod(0o644)
-    # Where the agent can see it: its sandbox shows the script's directory.
-    agentos = script_dir / "agentos"
-    shutil.copy(binary("agentos"), agentos)
-    agentos.chmod(0o755)
-    try:
-        with AgentOSClient(kernel.socket_path) as client:
-            dispatched = client.call_json(
-                Opcode.TASK,
-                {"op": "dispatch", "kind": "exec",
-                 "request": {"code": "import time; time.sleep(120)"}},
+    with agent_script(ASK_FOR_TASK) as (script, agentos), AgentOSClient(
+        kernel.socket_path
+    ) as client:
+        dispatched = client.call_json(
+            Opcode.TASK,
+            {"op": "dispatch", "kind": "exec",
+             "request": {"code": "import time; time.sleep(120)"}},
+        )
+        task_id = dispatched["task_id"]
+        texts = {}
+        for asked in (task_id, "t-0000000000000000"):
+            name = f"asker{len(texts)}"
+            client.call_json(
+                Opcode.SPAWN, {"name": name, "script": str(script), "args": [str(agentos), asked]}
             )
-            task_id = dispatched["task_id"]
-            texts = {}
-            for asked in (task_id, "t-0000000000000000"):
-                name = f"asker{len(texts)}"
-                client.call_json(
-                    Opcode.SPAWN,
-                    {"name": name, "script": str(script),
-                     "args": [str(agentos), asked]},
-                )
-                texts[asked] = agent_log_until(client, name, "DONE")
-            status = client.call_json(Opcode.TASK, {"op": "status", "task_id": task_id})
-            client.call_json(Opcode.TASK, {"op": "cancel", "task_id": task_id})
-    finally:
-        shutil.rmtree(script_dir, ignore_errors=True)
+            texts[asked] = agent_log_until(client, name, "DONE")
+        status = client.call_json(Opcode.TASK, {"op": "status", "task_id": task_id})
+        client.call_json(Opcode.TASK, {"op": "cancel", "task_id": task_id})
     theirs = texts[task_id].replace(task_id, "ID")
     never_was = texts["t-0000000000000000"].replace("t-0000000000000000", "ID")
     assert f"tasks/get {INVALID_PARAMS} " in theirs and "not_found" in theirs, theirs
@@ -367,6 +373,52 @@ def test_another_callers_task_is_unknown_to_it(kernel):
     # Nothing tells the task apart from one that never was.
     assert theirs == never_was, (theirs, never_was)
     assert status["task"]["state"] == "running", status
+
+
+# An agent that runs `agentos mcp` and calls exec with a progress token.
+EXEC_WITH_PROGRESS = """\
+import asyncio
+import os
+import sys
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+
+async def ignore(progress, total, message):
+    pass
+
+
+async def main():
+    socket = os.environ["AGENTOS_SOCKET"]
+    server = StdioServerParameters(command=sys.argv[1], args=["--socket", socket, "mcp"])
+    async with stdio_client(server) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            result = await session.call_tool(
+                "exec", {"code": "print(6 * 7)"}, progress_callback=ignore
+            )
+            print("ERROR" if result.is_error else "OK", result.content[0].text.strip(), flush=True)
+
+
+asyncio.run(main())
+print("DONE", flush=True)
+"""
+
+
+def test_a_caller_without_tasks_still_gets_its_exec_with_a_progress_token(kernel):
+    """An agent that may not dispatch tasks asks for progress: the run
+    runs as a plain EXEC."""
+    with agent_script(EXEC_WITH_PROGRESS) as (script, agentos), AgentOSClient(
+        kernel.socket_path
+    ) as client:
+        client.call_json(
+            Opcode.SPAWN,
+            {"name": "no-tasks", "script": str(script), "args": [str(agentos)],
+             "permissions": {"task": False}},
+        )
+        text = agent_log_until(client, "no-tasks", "DONE")
+    assert "OK 42" in text.splitlines(), text
 
 
 def agent_log_until(client: AgentOSClient, name: str, line: str, seconds: float = 60) -> str:

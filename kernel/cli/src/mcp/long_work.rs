@@ -75,24 +75,51 @@ pub async fn run(
     answer: Answer,
     context: &RequestContext<RoleServer>,
 ) -> Result<CallToolResponse, String> {
+    let task_id = dispatch(kernel, kind, request).await?;
+    answer_for(kernel, &task_id, answer, context).await
+}
+
+/// Starts `request` as a kernel task of `kind`; its id.
+pub async fn dispatch(
+    kernel: &KernelLink,
+    kind: TaskKind,
+    request: Value,
+) -> Result<String, String> {
     let dispatch = json!({ "op": "dispatch", "kind": kind.as_str(), "request": request });
     let reply = kernel.request(Opcode::TASK, &dispatch, Wait::Quick).await?;
-    let Some(task_id) = reply["task_id"].as_str().map(str::to_owned) else {
-        return Err(format!(
+    match reply["task_id"].as_str() {
+        Some(task_id) => Ok(task_id.to_owned()),
+        None => Err(format!(
             "unexpected TASK dispatch reply from the kernel: {reply}"
-        ));
-    };
+        )),
+    }
+}
+
+/// Whether a dispatch failed because the caller may not have tasks here
+/// (an agent without `permissions.task`, a kernel whose task store is
+/// unavailable), where the same work may still run without one.
+pub fn tasks_refused(error: &str) -> bool {
+    refused_with(error, "permission_denied") || refused_with(error, "unavailable")
+}
+
+/// The call's answer for dispatched task `task_id`, as `answer` says.
+pub async fn answer_for(
+    kernel: &KernelLink,
+    task_id: &str,
+    answer: Answer,
+    context: &RequestContext<RoleServer>,
+) -> Result<CallToolResponse, String> {
     let progress = match answer {
         Answer::TaskHandle => {
             // The task outlives this call: the client follows it with
             // tasks/get and ends it with tasks/cancel.
-            let task = task_state(kernel, &task_id).await?;
+            let task = task_state(kernel, task_id).await?;
             return Ok(CreateTaskResult::new(mcp_task(&task)).into());
         }
         Answer::WithProgress(token) => Some(ProgressReport::new(token, context.peer.clone())),
         Answer::AtTheEnd => None,
     };
-    let task = follow(kernel, &task_id, progress, context).await?;
+    let task = follow(kernel, task_id, progress, context).await?;
     tool_result(&task).map(CallToolResponse::from)
 }
 

@@ -97,7 +97,15 @@ impl AgentosServer {
         }
         let answer = Answer::asked_for(&context);
         if !matches!(answer, Answer::AtTheEnd) {
-            return long_work::run(&self.kernel, TaskKind::Exec, request, answer, &context).await;
+            match long_work::dispatch(&self.kernel, TaskKind::Exec, request.clone()).await {
+                Ok(task_id) => {
+                    return long_work::answer_for(&self.kernel, &task_id, answer, &context).await
+                }
+                // Without tasks the run still runs: as a plain EXEC,
+                // without a task handle or progress.
+                Err(err) if long_work::tasks_refused(&err) => {}
+                Err(err) => return Err(err),
+            }
         }
         // The fast path, one EXEC. A client that cancels the call closes
         // its connection, and the kernel kills the run.
