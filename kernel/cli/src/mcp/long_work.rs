@@ -146,7 +146,13 @@ async fn follow(
             cancel_unless_finished.cancel_now().await;
             return Err("the call was cancelled, and its task with it".to_owned());
         }
-        let task = task_of(reply?)?;
+        let task = match reply.and_then(task_of) {
+            Ok(task) => task,
+            Err(err) => {
+                cancel_unless_finished.cancel_now().await;
+                return Err(err);
+            }
+        };
         if task.state.is_finished() {
             cancel_unless_finished.disarm();
             return Ok(task);
