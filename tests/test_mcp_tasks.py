@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -255,6 +256,44 @@ def test_a_client_cancelling_a_blocking_exec_kills_its_run(kernel, with_progress
 
     after = run(body)
     assert after.structured_content["stdout"] == "after\n", after
+    if with_progress:
+        with AgentOSClient(kernel.socket_path) as client:
+            listed = client.call_json(Opcode.TASK, {"op": "list", "kind": "exec"})
+        assert [task["state"] for task in listed["tasks"]] == ["cancelled"], listed
+
+
+@pytest.mark.parametrize("with_progress", [False, True], ids=["plain", "with-progress"])
+def test_a_server_stopping_mid_call_leaves_nothing_running(kernel, with_progress):
+    """The client closes the server's stdin with an exec under way and no
+    cancellation: the server ends, and the run with it. (Raw JSON-RPC: an
+    MCP client that leaves cancels its calls first.)"""
+    marker = new_marker()
+    server = subprocess.Popen(
+        [binary("agentos"), "--socket", kernel.socket_path, "mcp"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    params: dict[str, Any] = {"name": "exec", "arguments": sleeper(marker)}
+    if with_progress:
+        params["_meta"] = {"progressToken": "p1"}
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params},
+    ]
+    try:
+        for message in messages:
+            server.stdin.write(json.dumps(message).encode() + b"\n")
+        server.stdin.flush()
+        asyncio.run(until_process(marker, present=True))
+        server.stdin.close()
+        server.wait(timeout=30)
+        asyncio.run(until_process(marker, present=False, seconds=15))
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
     if with_progress:
         with AgentOSClient(kernel.socket_path) as client:
             listed = client.call_json(Opcode.TASK, {"op": "list", "kind": "exec"})

@@ -184,12 +184,15 @@ impl CancelsOnDrop {
     }
 
     async fn cancel_now(&mut self) {
-        if let Some(task_id) = self.task_id.take() {
+        if let Some(task_id) = &self.task_id {
             // Nothing to tell a client that has gone; the kernel logs it.
             let _ = self
                 .kernel
-                .request(Opcode::TASK, &cancel_request(&task_id), Wait::Quick)
+                .request(Opcode::TASK, &cancel_request(task_id), Wait::Quick)
                 .await;
+            // Only now: dropped before the kernel answered (the server
+            // stopping), the drop asks again.
+            self.task_id = None;
         }
     }
 }
