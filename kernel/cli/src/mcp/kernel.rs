@@ -88,7 +88,7 @@ impl KernelLink {
                 .map_err(|err| format!("cannot use the kernel connection: {err}"))?,
         );
         let call = tokio::task::spawn_blocking(move || {
-            request_blocking(Client::from_stream(stream), opcode, &payload, wait)
+            call_on(Client::from_stream(stream), opcode, &payload, wait)
         });
         tokio::select! {
             joined = call => joined
@@ -96,9 +96,7 @@ impl KernelLink {
             () = cancelled => Err("the call was cancelled".to_owned()),
         }
     }
-}
 
-impl KernelLink {
     /// As [`KernelLink::request`], blocking this thread: for where no
     /// future can run, such as a `Drop`.
     pub fn request_blocking(
@@ -109,12 +107,12 @@ impl KernelLink {
     ) -> Result<Value, String> {
         let payload = serde_json::to_vec(body).map_err(|err| err.to_string())?;
         let client = Client::connect(&self.socket).map_err(|err| err.to_string())?;
-        request_blocking(client, opcode, &payload, wait)
+        call_on(client, opcode, &payload, wait)
     }
 }
 
 /// Whether `error`, from a request, is the kernel's refusal with `code`
-/// (`not_found`, `bad_request`, ...), as [`request_blocking`] words it.
+/// (`not_found`, `bad_request`, ...), as [`call_on`] words it.
 pub fn refused_with(error: &str, code: &str) -> bool {
     error
         .strip_suffix(')')
@@ -134,7 +132,8 @@ impl Drop for ClosesOnDrop {
     }
 }
 
-fn request_blocking(
+/// Sends one request on `client` and reads the reply, blocking.
+fn call_on(
     mut client: Client,
     opcode: Opcode,
     payload: &[u8],

@@ -132,15 +132,23 @@ impl AgentosServer {
     async fn think(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, String> {
         let arguments: ThinkArguments = read(arguments)?;
         let mut request = json!({ "prompt": arguments.prompt });
         if let Some(max_tokens) = arguments.max_tokens {
             request["max_tokens"] = max_tokens.into();
         }
+        // A THINK still queued when the client cancels is dropped with its
+        // connection, and never reaches the model.
         let reply = self
             .kernel
-            .request(Opcode::THINK, &request, Wait::AsLongAsTheKernel)
+            .request_until(
+                Opcode::THINK,
+                &request,
+                Wait::AsLongAsTheKernel,
+                context.ct.cancelled(),
+            )
             .await?;
         let output: ThinkOutput = from_reply(reply)?;
         let text = output.content.clone();
