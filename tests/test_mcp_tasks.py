@@ -536,3 +536,25 @@ def test_run_prompt_blocking_gives_the_loops_answer_and_rounds(llm_kernel):
         assert text == output["answer"]
     else:
         assert text.startswith("(no answer"), text
+
+
+def test_run_prompt_as_an_mcp_task_completes_with_the_loops_result(llm_kernel):
+    async def body():
+        async with tasks_session(llm_kernel) as dispatcher:
+            handle = await call(
+                dispatcher, "tools/call",
+                {"name": "run_prompt",
+                 "arguments": {"prompt": "Print 2 + 2 with Python.", "max_iterations": 1}},
+            )
+            done = await task_until(
+                dispatcher, handle["taskId"], lambda task: task["status"] != "working",
+                seconds=600,
+            )
+            return handle, done
+
+    handle, done = run(body)
+    assert handle["resultType"] == "task", handle
+    assert done["status"] == "completed", done
+    output = done["result"]["structuredContent"]
+    assert output["tokens"] > 0 and len(output["iterations"]) <= 1, output
+    assert kernel_task(llm_kernel, handle["taskId"])["kind"] == "prompt"
