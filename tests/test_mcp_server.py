@@ -22,7 +22,7 @@ TOOLS = {
     "exec", "think", "list_agents", "spawn", "kill", "status", "agent_logs",
     "exec_sessions", "exec_close", "exec_snapshot", "exec_restore",
     "task_dispatch", "task_status", "task_wait", "task_cancel", "task_list",
-    "tools_search", "tools_call",
+    "tools_search", "tools_call", "run_prompt",
 }
 
 

@@ -30,17 +30,12 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from agentos import AgentOSClient
 from conftest import Kernel, binary, kernel_with
 from mcp_http import HttpServer, mcp_http_server
+from test_mcp_server import TOOLS
 
 HANDSHAKE = "2025-11-25"
 STATELESS = "2026-07-28"
 TRANSPORTS = ["stdio", "http"]
 REVISIONS = [HANDSHAKE, STATELESS]
-TOOLS = {
-    "exec", "think", "list_agents", "spawn", "kill", "status", "agent_logs",
-    "exec_sessions", "exec_close", "exec_snapshot", "exec_restore",
-    "task_dispatch", "task_status", "task_wait", "task_cancel", "task_list",
-    "tools_search", "tools_call",
-}
 ACCEPT = "application/json, text/event-stream"
 
 

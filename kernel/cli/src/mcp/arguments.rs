@@ -70,6 +70,20 @@ pub struct ThinkArguments {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct RunPromptArguments {
+    /// What to do: the kernel's LLM writes code, runs it, reads the output, and answers.
+    pub prompt: String,
+    /// Rounds of writing and running code at most (default 5).
+    #[schemars(range(min = 1, max = 50))]
+    pub max_iterations: Option<u32>,
+    /// A system instruction added to the kernel's own.
+    pub system: Option<String>,
+    /// The exec session the code runs in (a fresh one of the task's own if none).
+    pub session: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ListAgentsArguments {
     /// Include agents that have ended.
     #[serde(default)]

@@ -5,11 +5,18 @@
 //! hold up a LIST) and costs a socket connect, which is cheap next to any
 //! kernel operation. EXEC sessions belong to the caller's uid, not to a
 //! connection, so they last across calls.
+//!
+//! A call's connection closes when the call ends or is given up: the
+//! kernel ends a closed connection's runs, so a cancelled `exec` stops in
+//! the kernel too.
 
+use std::future::Future;
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agentos_proto::{Client, Opcode};
+use agentos_proto::{Client, ClientError, Opcode};
 use serde_json::Value;
 
 /// How long a quick request (LIST, SPAWN, KILL, HELLO) may take before
@@ -42,26 +49,96 @@ impl KernelLink {
     /// is an `Err` carrying the kernel's own message and code, as is
     /// failing to reach the kernel at all.
     pub async fn request(&self, opcode: Opcode, body: &Value, wait: Wait) -> Result<Value, String> {
-        let socket = self.socket.clone();
+        self.request_until(opcode, body, wait, std::future::pending())
+            .await
+    }
+
+    /// As [`KernelLink::request`], unless `cancelled` resolves first: then
+    /// the call fails at once. Either way, once this future ends or is
+    /// dropped the request's connection is closed, and the kernel ends the
+    /// work that connection asked for (a closed connection's EXEC runs are
+    /// killed, its queued THINKs dropped): a call the client gave up on
+    /// leaves nothing running.
+    pub async fn request_until(
+        &self,
+        opcode: Opcode,
+        body: &Value,
+        wait: Wait,
+        cancelled: impl Future<Output = ()>,
+    ) -> Result<Value, String> {
         // Requests that take no arguments (LIST, HELLO) want an empty
         // payload, not the text `null`.
         let payload = match body {
             Value::Null => Vec::new(),
             _ => serde_json::to_vec(body).map_err(|err| err.to_string())?,
         };
-        tokio::task::spawn_blocking(move || request_blocking(&socket, opcode, &payload, wait))
-            .await
-            .map_err(|err| format!("the kernel request did not finish: {err}"))?
+        // Connecting to a local socket does not wait on the kernel (the
+        // reactor accepts at once), so it is done here, where the handle
+        // that can close the connection is kept.
+        let stream = UnixStream::connect(&self.socket).map_err(|error| {
+            ClientError::Connect {
+                path: self.socket.clone(),
+                error,
+            }
+            .to_string()
+        })?;
+        let _closer = ClosesOnDrop(
+            stream
+                .try_clone()
+                .map_err(|err| format!("cannot use the kernel connection: {err}"))?,
+        );
+        let call = tokio::task::spawn_blocking(move || {
+            call_on(Client::from_stream(stream), opcode, &payload, wait)
+        });
+        tokio::select! {
+            joined = call => joined
+                .map_err(|err| format!("the kernel request did not finish: {err}"))?,
+            () = cancelled => Err("the call was cancelled".to_owned()),
+        }
+    }
+
+    /// As [`KernelLink::request`], blocking this thread: for where no
+    /// future can run, such as a `Drop`.
+    pub fn request_blocking(
+        &self,
+        opcode: Opcode,
+        body: &Value,
+        wait: Wait,
+    ) -> Result<Value, String> {
+        let payload = serde_json::to_vec(body).map_err(|err| err.to_string())?;
+        let client = Client::connect(&self.socket).map_err(|err| err.to_string())?;
+        call_on(client, opcode, &payload, wait)
     }
 }
 
-fn request_blocking(
-    socket: &std::path::Path,
+/// Whether `error`, from a request, is the kernel's refusal with `code`
+/// (`not_found`, `bad_request`, ...), as [`call_on`] words it.
+pub fn refused_with(error: &str, code: &str) -> bool {
+    error
+        .strip_suffix(')')
+        .and_then(|rest| rest.rsplit_once(" ("))
+        .is_some_and(|(_, refused)| refused == code)
+}
+
+/// A kernel connection's other handle, which shuts it down when dropped:
+/// the blocking call on it returns, and the kernel sees the connection
+/// close. After a reply has come this changes nothing.
+struct ClosesOnDrop(UnixStream);
+
+impl Drop for ClosesOnDrop {
+    fn drop(&mut self) {
+        // Fails only if the connection is already gone, which is the goal.
+        let _ = self.0.shutdown(Shutdown::Both);
+    }
+}
+
+/// Sends one request on `client` and reads the reply, blocking.
+fn call_on(
+    mut client: Client,
     opcode: Opcode,
     payload: &[u8],
     wait: Wait,
 ) -> Result<Value, String> {
-    let mut client = Client::connect(socket).map_err(|err| err.to_string())?;
     let limit = match wait {
         Wait::Quick => Some(QUICK_REPLY_LIMIT),
         Wait::AsLongAsTheKernel => None,
@@ -81,4 +158,21 @@ fn request_blocking(
     // The connection ends with the call; a polite EXIT would cost another
     // round trip for nothing the kernel needs.
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_told_by_its_code_alone() {
+        let refused = "no task t-1 (of yours) (not_found)";
+        assert!(refused_with(refused, "not_found"));
+        assert!(!refused_with(refused, "found"));
+        assert!(!refused_with("no task t-1 (not_found", "not_found"));
+        assert!(!refused_with(
+            "i/o error talking to the kernel: reset",
+            "not_found"
+        ));
+    }
 }

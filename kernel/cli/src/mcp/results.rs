@@ -53,6 +53,45 @@ pub struct ThinkOutput {
     pub model: Option<String>,
 }
 
+/// What a `run_prompt` loop did.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct RunPromptOutput {
+    /// The LLM's answer; null if it gave none within the iterations.
+    pub answer: Option<String>,
+    /// Each round: the code it wrote and what running it printed.
+    pub iterations: Vec<PromptIteration>,
+    /// LLM tokens the loop used.
+    pub tokens: u64,
+    /// Tool calls its code made from inside the sandbox.
+    pub tool_calls: u64,
+    /// Bytes those tool calls brought into the sandbox.
+    pub tool_bytes: u64,
+    /// Why the loop stopped without an answer, if it did.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct PromptIteration {
+    pub code: String,
+    pub language: String,
+    pub stdout: String,
+    pub stderr: String,
+    /// Null when the code was killed or never ran.
+    pub exit_code: Option<i64>,
+}
+
+impl RunPromptOutput {
+    /// The answer, or why there is none.
+    pub fn text(&self) -> String {
+        match (&self.answer, &self.error) {
+            (Some(answer), _) => answer.clone(),
+            (None, Some(error)) => format!("(no answer: {error})"),
+            (None, None) => "(no answer)".to_owned(),
+        }
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct AgentsOutput {
     /// The agents as the kernel's LIST describes them.

@@ -4,13 +4,15 @@
 
 use std::borrow::Cow;
 
+use agentos_proto::payload::TaskKind;
 use agentos_proto::Opcode;
 use rmcp::handler::server::common::{schema_for_input, schema_for_output};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CacheScope, CallToolResult, DiscoverResult, Implementation, JsonObject, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolResponse, CallToolResult, CancelTaskParams, DiscoverResult, GetTaskParams,
+    GetTaskResult, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
+    ProtocolVersion, ServerCapabilities, ServerConfig, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
@@ -21,6 +23,7 @@ use super::arguments::{
     SpawnArguments, ThinkArguments,
 };
 use super::kernel::{KernelLink, Wait};
+use super::long_work::{self, Answer};
 use super::results::{
     from_reply, structured, structured_json, AgentLogsOutput, AgentsOutput, ExecOutput, KillOutput,
     SpawnOutput, StatusOutput, ThinkOutput,
@@ -71,7 +74,11 @@ impl AgentosServer {
 
     /// Every tool: these, and those of the other tool modules.
     fn all_tools() -> ToolRouter<AgentosServer> {
-        Self::tool_router() + Self::session_tools() + Self::task_tools() + Self::catalogue_tools()
+        Self::tool_router()
+            + Self::session_tools()
+            + Self::task_tools()
+            + Self::catalogue_tools()
+            + Self::prompt_tools()
     }
 
     #[tool(
@@ -83,7 +90,8 @@ impl AgentosServer {
     async fn exec(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, String> {
         let arguments: ExecArguments = read(arguments)?;
         let mut request = json!({
             "code": arguments.code,
@@ -98,13 +106,32 @@ impl AgentosServer {
         if !arguments.env.is_empty() {
             request["env"] = json!(arguments.env);
         }
+        let answer = Answer::asked_for(&context);
+        if !matches!(answer, Answer::AtTheEnd) {
+            match long_work::dispatch(&self.kernel, TaskKind::Exec, request.clone()).await {
+                Ok(task_id) => {
+                    return long_work::answer_for(&self.kernel, &task_id, answer, &context).await
+                }
+                // Without tasks the run still runs: as a plain EXEC,
+                // without a task handle or progress.
+                Err(err) if long_work::tasks_refused(&err) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        // The fast path, one EXEC. A client that cancels the call closes
+        // its connection, and the kernel kills the run.
         let reply = self
             .kernel
-            .request(Opcode::EXEC, &request, Wait::AsLongAsTheKernel)
+            .request_until(
+                Opcode::EXEC,
+                &request,
+                Wait::AsLongAsTheKernel,
+                context.ct.cancelled(),
+            )
             .await?;
         let output: ExecOutput = from_reply(reply)?;
         let text = output.text();
-        structured(&output, text)
+        structured(&output, text).map(CallToolResponse::from)
     }
 
     #[tool(
@@ -116,15 +143,23 @@ impl AgentosServer {
     async fn think(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, String> {
         let arguments: ThinkArguments = read(arguments)?;
         let mut request = json!({ "prompt": arguments.prompt });
         if let Some(max_tokens) = arguments.max_tokens {
             request["max_tokens"] = max_tokens.into();
         }
+        // A THINK still queued when the client cancels is dropped with its
+        // connection, and never reaches the model.
         let reply = self
             .kernel
-            .request(Opcode::THINK, &request, Wait::AsLongAsTheKernel)
+            .request_until(
+                Opcode::THINK,
+                &request,
+                Wait::AsLongAsTheKernel,
+                context.ct.cancelled(),
+            )
             .await?;
         let output: ThinkOutput = from_reply(reply)?;
         let text = output.content.clone();
@@ -290,15 +325,44 @@ fn spawn_request(arguments: SpawnArguments) -> Result<Value, String> {
 #[tool_handler(router = Self::all_tools())]
 impl ServerHandler for AgentosServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("agentos", env!("CARGO_PKG_VERSION")))
             .with_protocol_version(NEWEST_HANDSHAKE_REVISION)
             .with_instructions(
                 "AgentOS: isolated code execution (exec, exec_* for sessions), agents \
-                 (spawn, list_agents, kill, agent_logs), the kernel's LLM (think), \
+                 (spawn, list_agents, kill, agent_logs), the kernel's LLM (think, and \
+                 run_prompt: it writes and runs code until it can answer), \
                  background tasks (task_*), and the kernel's MCP tools (tools_search, \
                  tools_call). Calls act as the user who started this server.",
             )
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        long_work::get(&self.kernel, request).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        long_work::cancel(&self.kernel, request).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        long_work::update(&self.kernel, request).await
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
