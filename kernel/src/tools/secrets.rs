@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::config::mcp::McpServerConfig;
+
 /// What stands in for a secret.
 const MASK: &str = "[secret]";
 /// Values shorter than this are not treated as secrets (`1`, `true`, `en`
@@ -94,6 +96,26 @@ impl Secrets {
                 .filter(|(name, _)| !is_plain_setting(name))
                 .map(|(_, value)| value),
         )
+    }
+
+    /// The secrets of a server's configuration: those of its environment
+    /// ([`Secrets::of_env`]) and every value of its `headers` — with the
+    /// credential after an authorization scheme (`Bearer <token>`) also on
+    /// its own, since a server that echoes it echoes it bare.
+    pub fn of_server(config: &McpServerConfig) -> Secrets {
+        let mut values: Vec<String> = config
+            .env
+            .iter()
+            .filter(|(name, _)| !is_plain_setting(name))
+            .map(|(_, value)| value.clone())
+            .collect();
+        for value in config.headers.values() {
+            values.push(value.clone());
+            if let Some((_, credential)) = value.trim().split_once(' ') {
+                values.push(credential.trim().to_owned());
+            }
+        }
+        Secrets::new(&values)
     }
 
     /// The values of a server's environment that are long enough to be

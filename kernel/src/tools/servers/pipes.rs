@@ -9,7 +9,7 @@ use mio::{Interest, Token};
 
 use super::{ending_of, Pipes, Servers, MAX_MESSAGE, READ_CHUNK};
 use crate::address::Reply;
-use crate::tools::mcp::client::McpClient;
+use crate::tools::mcp::client::{McpClient, Transport};
 use crate::tools::mcp::jsonrpc::LineReader;
 use crate::tools::process::StartedServer;
 
@@ -58,7 +58,12 @@ impl Servers {
             );
             return;
         }
-        server.client = Some(McpClient::new(&server.name, server.timeout, now));
+        server.client = Some(McpClient::probing(
+            &server.name,
+            Transport::Stdio,
+            server.timeout,
+            now,
+        ));
         server.garbage = 0;
         server.pipes = Some(Pipes {
             stdin,
@@ -133,6 +138,9 @@ impl Servers {
     /// Writes what the client has for the server's stdin, as far as the
     /// pipe takes it; watches for room when it does not.
     pub(super) fn flush(&mut self, index: usize) {
+        if self.servers[index].remote.is_some() {
+            return self.post(index);
+        }
         let token = self.stdin_token(index);
         let server = &mut self.servers[index];
         let (Some(client), Some(pipes)) = (server.client.as_mut(), server.pipes.as_mut()) else {
