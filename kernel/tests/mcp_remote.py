@@ -8,15 +8,19 @@ It listens on a free port of 127.0.0.1 and prints that port on its first
 line of stdout. Every request without `Authorization: Bearer TOKEN` is
 refused with 401. Its tools: `echo`, `leak` (the Authorization header it
 was sent, which the kernel must never show), `era` (the protocol version
-of the request) and `slow` (sleeps for `seconds`).
+of the request), `slow` (sleeps for `seconds`) and `route`, whose
+`region` argument must also come as the header `Mcp-Param-Region` (the
+SDK refuses a call without it).
 """
 
 import socket
 import sys
+from typing import Annotated
 
 import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import Field
 
 TOKEN = sys.argv[1]
 EXPECTED = f"Bearer {TOKEN}".encode()
@@ -48,6 +52,12 @@ async def slow(seconds: float) -> str:
     """Sleeps, then says so."""
     await anyio.sleep(seconds)
     return "slept"
+
+
+@server.tool()
+def route(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})], query: str) -> str:
+    """Answers a query in a region, which gateways route on."""
+    return f"{region}: {query}"
 
 
 def guarded(app):

@@ -142,6 +142,13 @@ fn remote_servers_tools_are_listed_and_called_over_tool_and_from_exec_in_either_
     );
     // The SDK gives a function's return value as `{"result": ...}`.
     assert_eq!(era["result"]["result"], "2026-07-28", "{era}");
+    // An argument the tool asks to be mirrored into a header
+    // (x-mcp-header): the SDK refuses the call without it.
+    let routed = tool(
+        &mut stream,
+        json!({"op": "call", "server": "remote", "tool": "route", "arguments": {"region": "eu-west", "query": "q"}}),
+    );
+    assert_eq!(routed["result"]["result"], "eu-west: q", "{routed}");
     let bad_args = tool(
         &mut stream,
         json!({"op": "call", "server": "everything", "tool": "echo", "arguments": {"message": 5}}),

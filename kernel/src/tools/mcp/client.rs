@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::jsonrpc::{self, Incoming, RpcError};
+use super::param_headers::{self, ParamHeader};
 
 /// The protocol version offered in the `initialize` handshake.
 pub const PROTOCOL: &str = "2025-11-25";
@@ -97,6 +98,9 @@ pub struct Outgoing {
     /// The protocol version it is sent in (see
     /// [`McpClient::protocol_version`]), as it was when it was made.
     pub protocol_version: Option<String>,
+    /// Arguments of a call mirrored into headers over HTTP
+    /// ([`param_headers`]).
+    pub param_headers: Vec<(String, String)>,
 }
 
 /// A tool as its server describes it.
@@ -212,6 +216,8 @@ pub struct McpClient {
     listing: Option<(Vec<ToolInfo>, HashSet<String>)>,
     /// The list changed while a listing was under way.
     relist: bool,
+    /// Over HTTP, the arguments each listed tool mirrors into headers.
+    param_headers: HashMap<String, Vec<ParamHeader>>,
     /// How long the handshake and a listing may take.
     timeout: Duration,
     transport: Transport,
@@ -254,6 +260,7 @@ impl McpClient {
             tools: Vec::new(),
             listing: None,
             relist: false,
+            param_headers: HashMap::new(),
             timeout,
             transport,
             era: Era::Initializing,
@@ -346,8 +353,15 @@ impl McpClient {
                 })
             }
         }
+        let headers = match self.param_headers.get(tool) {
+            Some(annotated) => param_headers::for_call(annotated, &arguments),
+            None => Vec::new(),
+        };
         let params = self.with_meta(json!({"name": tool, "arguments": arguments}));
         self.send(Pending::Call(call), "tools/call", params, deadline);
+        if let Some(message) = self.output.last_mut() {
+            message.param_headers = headers;
+        }
         Ok(())
     }
 
@@ -696,12 +710,39 @@ impl McpClient {
             self.listing = Some((tools, cursors));
             return self.list(Some(next.to_owned()), now);
         }
-        self.tools = tools;
+        self.tools = self.with_param_headers(tools);
         self.state = ServerState::Ready;
         events.push(ClientEvent::ToolsListed(self.tools.len()));
         if std::mem::take(&mut self.relist) {
             self.list(None, now);
         }
+    }
+
+    /// Over HTTP, the tools listed, less those whose `x-mcp-header`
+    /// annotations are invalid (which the specification says a client
+    /// must leave out); their annotated arguments are noted.
+    fn with_param_headers(&mut self, tools: Vec<ToolInfo>) -> Vec<ToolInfo> {
+        self.param_headers.clear();
+        if self.transport != Transport::Http {
+            return tools;
+        }
+        let mut kept = Vec::with_capacity(tools.len());
+        for tool in tools {
+            match param_headers::of_schema(&tool.input_schema) {
+                Ok(annotated) => {
+                    if !annotated.is_empty() {
+                        self.param_headers.insert(tool.name.clone(), annotated);
+                    }
+                    kept.push(tool);
+                }
+                Err(why) => log::warn!(
+                    "MCP server {}: tool {:?} left out: {why}",
+                    self.name,
+                    tool.name
+                ),
+            }
+        }
+        kept
     }
 
     fn send(&mut self, pending: Pending, method: &str, params: Value, deadline: Instant) {
@@ -738,6 +779,7 @@ impl McpClient {
             name,
             request,
             protocol_version,
+            param_headers: Vec::new(),
         });
     }
 

@@ -219,6 +219,9 @@ fn exchange(shared: &Shared, message: &Outgoing) -> (Vec<Incoming>, Option<Troub
     if let Some(name) = &message.name {
         request = request.header("mcp-name", header_value(name));
     }
+    for (name, value) in &message.param_headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
     let session = lock(&shared.session).clone();
     if let Some(session) = &session {
         request = request.header("mcp-session-id", session.as_str());

@@ -7,6 +7,7 @@
 pub mod client;
 pub mod http;
 pub mod jsonrpc;
+pub mod param_headers;
 pub mod sse;
 
 /// The largest message a server may send: a bigger one fails the call it
