@@ -57,8 +57,9 @@ fn listening(port: u16) {
     }
 }
 
-/// server-everything in its Streamable HTTP mode, on a free port.
-fn everything_over_http() -> (Helper, u16) {
+/// server-everything in its Streamable HTTP mode, on a free port, its
+/// output to `out`.
+fn everything_over_http(out: &std::path::Path) -> (Helper, u16) {
     let script = installed(
         "scripts/mcp-servers/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
     );
@@ -67,7 +68,7 @@ fn everything_over_http() -> (Helper, u16) {
         .arg(script)
         .arg("streamableHttp")
         .env("PORT", port.to_string())
-        .stdout(Stdio::null())
+        .stdout(std::fs::File::create(out).unwrap())
         .stderr(Stdio::null())
         .spawn()
         .expect("node runs");
@@ -98,14 +99,16 @@ fn python_over_http() -> (Helper, u16) {
 #[test]
 fn remote_servers_tools_are_listed_and_called_over_tool_and_from_exec_in_either_era() {
     require_root!("EXEC");
-    let (_everything, everything_port) = everything_over_http();
+    let scratch = tempfile::tempdir().unwrap();
+    let everything_out = scratch.path().join("everything.out");
+    let (_everything, everything_port) = everything_over_http(&everything_out);
     let (_python, python_port) = python_over_http();
     let config = format!(
         "[mcp.servers.everything]\nurl = \"http://127.0.0.1:{everything_port}/mcp\"\n\
          [mcp.servers.remote]\nurl = \"http://localhost:{python_port}/mcp\"\n\
          headers = {{ Authorization = \"Bearer {TOKEN}\" }}\n"
     );
-    let daemon = Daemon::start_with(&config);
+    let mut daemon = Daemon::start_with(&config);
     let mut stream = daemon.raw();
     let list = settled(&mut stream, &["everything", "remote"]);
     for name in ["everything", "remote"] {
@@ -168,6 +171,15 @@ fn remote_servers_tools_are_listed_and_called_over_tool_and_from_exec_in_either_
         "{run}"
     );
     assert_eq!(run["tool_calls"], 3, "{run}");
+
+    // Stopping, the kernel ends server-everything's session.
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait(Duration::from_secs(10)).success());
+    let said = std::fs::read_to_string(&everything_out).unwrap();
+    assert!(
+        said.contains("Received session termination request"),
+        "{said}"
+    );
 }
 
 #[test]

@@ -22,7 +22,9 @@
 //!
 //! A link has [`THREADS`] threads: a server that hangs holds up only its
 //! own requests, each until its deadline. They are detached: dropping the
-//! link ends them once their current request ends.
+//! link ends them once their current request ends. When the kernel stops,
+//! a session is ended with an HTTP DELETE ([`HttpLink::end_session`]), so
+//! the server need not keep it until it expires.
 
 use std::io::Read;
 use std::sync::mpsc::{self, Sender};
@@ -121,9 +123,11 @@ pub fn agent() -> ureq::Agent {
 #[derive(Debug)]
 pub struct HttpLink {
     jobs: Sender<Outgoing>,
+    shared: Arc<Shared>,
 }
 
 /// What a link's threads share.
+#[derive(Debug)]
 struct Shared {
     agent: ureq::Agent,
     endpoint: Arc<Endpoint>,
@@ -153,7 +157,7 @@ impl HttpLink {
             incarnation,
         });
         for n in 0..THREADS {
-            let (queue, shared) = (queue.clone(), shared.clone());
+            let (queue, shared) = (queue.clone(), Arc::clone(&shared));
             let (delivered, waker) = (delivered.clone(), waker.clone());
             std::thread::Builder::new()
                 .name(format!("mcp-http-{server}-{n}"))
@@ -183,7 +187,43 @@ impl HttpLink {
                     }
                 })?;
         }
-        Ok(HttpLink { jobs })
+        Ok(HttpLink { jobs, shared })
+    }
+
+    /// Ends the session the server gave, if it gave one, with an HTTP
+    /// DELETE in `protocol_version`, within `timeout` (this blocks).
+    pub fn end_session(&self, protocol_version: Option<&str>, timeout: Duration) {
+        let Some(session) = lock(&self.shared.session).take() else {
+            return;
+        };
+        let endpoint = &self.shared.endpoint;
+        let mut request = self
+            .shared
+            .agent
+            .delete(&endpoint.url)
+            .header("mcp-session-id", session.as_str());
+        if let Some(version) = protocol_version {
+            request = request.header("mcp-protocol-version", version);
+        }
+        for (name, value) in &endpoint.headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        let ended = request
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .call();
+        match ended {
+            Ok(response) => log::debug!(
+                "MCP server at {}: session ended (HTTP {})",
+                endpoint.host,
+                response.status().as_u16()
+            ),
+            Err(err) => log::debug!(
+                "MCP server at {}: its session could not be ended: {err}",
+                endpoint.host
+            ),
+        }
     }
 
     /// Hands a message to the next free thread.

@@ -24,7 +24,7 @@ use mio::{Registry, Token, Waker};
 use serde_json::Value;
 
 use super::mcp::client::{CallId, ClientEvent, McpClient, ServerState, ToolInfo};
-use super::mcp::http::{Delivered, Endpoint};
+use super::mcp::http::{Delivered, Endpoint, HttpLink};
 use super::mcp::jsonrpc::LineReader;
 use super::process::{ServerCommand, ServerProcess, StartedServer, RESTART};
 use super::reply::reply_for;
@@ -108,6 +108,9 @@ pub struct Servers {
     waker: Arc<Waker>,
     /// The HTTP client of remote servers, made when the first connects.
     agent: Option<ureq::Agent>,
+    /// Remote servers' links at shutdown, whose sessions are ended then,
+    /// with the protocol version each was spoken to in.
+    retired: Vec<(HttpLink, Option<String>)>,
 }
 
 #[derive(Debug)]
@@ -244,6 +247,7 @@ impl Servers {
             delivered: channel(),
             waker,
             agent: None,
+            retired: Vec::new(),
         };
         let now = Instant::now();
         for index in 0..started.servers.len() {
@@ -497,16 +501,26 @@ impl Servers {
                 supervisor.stop();
             }
             if let Some(remote) = server.remote.as_mut() {
-                remote.failed(true);
+                self.retired.extend(remote.retire(server.client.as_ref()));
             }
             self.end_calls(index, why, replies);
         }
     }
 
-    /// Last step of shutdown (blocks briefly): waits for the servers to
-    /// end, killing any that ignored being told to stop.
+    /// Last step of shutdown (blocks briefly): ends remote servers'
+    /// sessions and waits for the programs to end, killing any that
+    /// ignored being told to stop.
     pub fn finish_shutdown(&self) {
         let deadline = Instant::now() + STOP_GRACE;
+        std::thread::scope(|scope| {
+            for (link, version) in &self.retired {
+                scope.spawn(move || link.end_session(version.as_deref(), STOP_GRACE));
+            }
+            self.stop_programs(deadline);
+        });
+    }
+
+    fn stop_programs(&self, deadline: Instant) {
         let left = || deadline.saturating_duration_since(Instant::now());
         let mut killed = Vec::new();
         for server in &self.servers {

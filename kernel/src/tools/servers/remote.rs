@@ -38,6 +38,19 @@ impl Remote {
         }
     }
 
+    /// It stops for good: its link, to end its session, and the protocol
+    /// version it was spoken to in.
+    pub(super) fn retire(
+        &mut self,
+        client: Option<&McpClient>,
+    ) -> Option<(HttpLink, Option<String>)> {
+        self.retry_at = None;
+        let version = client
+            .and_then(McpClient::protocol_version)
+            .map(str::to_owned);
+        self.link.take().map(|link| (link, version))
+    }
+
     /// It failed: its threads are let go, and it is connected again after
     /// the backoff.
     pub(super) fn failed(&mut self, stopped: bool) {
