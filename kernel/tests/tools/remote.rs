@@ -186,14 +186,38 @@ fn remote_servers_tools_are_listed_and_called_over_tool_and_from_exec_in_either_
 fn a_header_secret_never_reaches_replies_logs_or_the_sandbox() {
     require_root!("EXEC");
     let (_python, port) = python_over_http();
+    // The same server with another token, and at a path it does not serve.
+    let wrong = "tok-wrong-5e0a91d3";
     let config = format!(
         "[mcp.servers.remote]\nurl = \"http://127.0.0.1:{port}/mcp\"\n\
+         headers = {{ Authorization = \"Bearer {TOKEN}\" }}\n\
+         [mcp.servers.refused]\nurl = \"http://127.0.0.1:{port}/mcp\"\n\
+         headers = {{ Authorization = \"Bearer {wrong}\" }}\n\
+         [mcp.servers.astray]\nurl = \"http://127.0.0.1:{port}/elsewhere\"\n\
          headers = {{ Authorization = \"Bearer {TOKEN}\" }}\n"
     );
     let daemon = Daemon::start_with(&config);
     let mut stream = daemon.raw();
-    let list = settled(&mut stream, &["remote"]);
+    let list = settled(&mut stream, &["remote", "refused", "astray"]);
     assert_eq!(server(&list, "remote")["state"], "ready", "{list}");
+    let refused = server(&list, "refused");
+    assert_eq!(refused["state"], "failed", "{list}");
+    assert_eq!(
+        refused["error"],
+        format!(
+            "127.0.0.1:{port} refused the kernel's credentials (HTTP 401); check the \
+             server's `headers`"
+        ),
+        "{list}"
+    );
+    // Neither server/discover nor initialize is found there: the status
+    // is the error.
+    let astray = server(&list, "astray");
+    assert_eq!(astray["state"], "failed", "{list}");
+    assert_eq!(
+        astray["error"], "initialize failed: HTTP 404 Not Found: Not Found",
+        "{list}"
+    );
     // The server got the token (it refuses every request without it) and
     // hands it back: the kernel blots it out, in the header's form and bare.
     let leak = tool(
@@ -223,10 +247,12 @@ print(tools.remote.leak()["result"], found)
     let hello = call_json(&mut stream, Opcode::HELLO, b"");
     for reply in [&list, &leak, &run, &hello] {
         assert!(!reply.to_string().contains(TOKEN), "{reply}");
+        assert!(!reply.to_string().contains(wrong), "{reply}");
     }
     let log = daemon.log();
     assert!(log.contains("MCP server remote ready"), "{log}");
     assert!(!log.contains(TOKEN), "the token reached the log");
+    assert!(!log.contains(wrong), "the wrong token reached the log");
 }
 
 #[test]

@@ -367,6 +367,17 @@ fn read_json(
             .iter()
             .map(|message| jsonrpc::parse(&message.to_string()))
             .collect()),
+        // An error with no id (as for a request it could not parse) in
+        // the body that answers request `id` is that request's error.
+        Ok(Value::Object(message)) if message.get("id").is_none_or(Value::is_null) => {
+            match message.get("error").filter(|e| e.is_object()) {
+                Some(error) => Ok(vec![Incoming::Response {
+                    id,
+                    outcome: Err(jsonrpc::rpc_error(error)),
+                }]),
+                None => Ok(vec![jsonrpc::parse(text)]),
+            }
+        }
         _ => Ok(vec![jsonrpc::parse(text)]),
     }
 }
