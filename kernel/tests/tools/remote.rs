@@ -14,7 +14,7 @@ use agentos_proto::Opcode;
 use agentos_test_support::{self as support, call_json, require_root, Daemon};
 use serde_json::json;
 
-use crate::{exec, lines, repo, server, settled, tool, tool_names};
+use crate::{exec, faulty, lines, repo, server, settled, tool, tool_names};
 
 /// The token the PyPI server demands; the kernel must never show it.
 const TOKEN: &str = "tok-remote-7c41e09b2d";
@@ -347,4 +347,34 @@ fn a_dead_or_silent_url_fails_its_server_clearly_while_the_kernel_answers_at_onc
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(silent);
+}
+
+#[test]
+fn a_server_of_the_earlier_era_that_dies_at_the_probe_is_started_again_with_the_handshake() {
+    require_root!("MCP servers confined as the sandbox user");
+    let daemon = Daemon::start_with(&faulty("strict", "\"strict\"", ""));
+    let mut stream = daemon.raw();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = tool(&mut stream, json!({"op": "list"}));
+        if server(&list, "strict")["state"] == "ready" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{list}\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sum = tool(
+        &mut stream,
+        json!({"op": "call", "server": "strict", "tool": "get-sum", "arguments": {"a": 1, "b": 2}}),
+    );
+    assert_eq!(sum["success"], true, "{sum}");
+    let log = daemon.log();
+    assert!(
+        log.contains("request server/discover before initialization"),
+        "{log}"
+    );
+    assert!(
+        log.contains("MCP server strict ended at server/discover"),
+        "{log}"
+    );
 }

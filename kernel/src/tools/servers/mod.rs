@@ -139,6 +139,11 @@ struct Server {
     awaiting_end: bool,
     /// A remote server's connection (it has no process).
     remote: Option<Remote>,
+    /// It ended while `server/discover` was under way: its later
+    /// incarnations go straight to the `initialize` handshake, as a
+    /// server of the earlier era that dies at a request it does not know
+    /// needs.
+    skip_probe: bool,
 }
 
 #[derive(Debug)]
@@ -192,6 +197,7 @@ impl Servers {
                 incarnation: 0,
                 known_tools: Vec::new(),
                 awaiting_end: false,
+                skip_probe: false,
                 remote: server.url.as_deref().map(|url| {
                     let headers = server.headers.clone().into_iter().collect();
                     Remote::new(Endpoint::new(url, headers))
