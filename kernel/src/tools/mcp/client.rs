@@ -612,7 +612,8 @@ impl McpClient {
     ) {
         let versions = string_list(error.data.as_ref().and_then(|d| d.get("supported")));
         if versions.iter().any(|v| v == MODERN) && self.era != Era::Probing {
-            // It answered the probe too late and took it for its era.
+            // It speaks 2026-07-28 after all: it took a probe it answered
+            // too late for its era, or refuses the handshake outright.
             self.era = Era::Modern;
             return self.relist_from_scratch(now);
         }
