@@ -122,7 +122,7 @@ pub fn agent() -> ureq::Agent {
 /// session.
 #[derive(Debug)]
 pub struct HttpLink {
-    jobs: Sender<Outgoing>,
+    jobs: Sender<Vec<Outgoing>>,
     shared: Arc<Shared>,
 }
 
@@ -147,7 +147,7 @@ impl HttpLink {
         delivered: &Sender<Delivered>,
         waker: &Arc<Waker>,
     ) -> std::io::Result<HttpLink> {
-        let (jobs, queue) = mpsc::channel::<Outgoing>();
+        let (jobs, queue) = mpsc::channel::<Vec<Outgoing>>();
         let queue = Arc::new(Mutex::new(queue));
         let shared = Arc::new(Shared {
             agent: agent.clone(),
@@ -162,28 +162,30 @@ impl HttpLink {
             std::thread::Builder::new()
                 .name(format!("mcp-http-{server}-{n}"))
                 .spawn(move || loop {
-                    let message = {
+                    let sequence = {
                         let Ok(queue) = queue.lock() else { return };
                         match queue.recv() {
-                            Ok(message) => message,
+                            Ok(sequence) => sequence,
                             Err(_) => return,
                         }
                     };
-                    let (messages, trouble) = exchange(&shared, &message);
-                    if messages.is_empty() && trouble.is_none() {
-                        continue;
-                    }
-                    let done = Delivered {
-                        server: shared.server,
-                        incarnation: shared.incarnation,
-                        messages,
-                        trouble,
-                    };
-                    if delivered.send(done).is_err() {
-                        return;
-                    }
-                    if let Err(err) = waker.wake() {
-                        log::error!("cannot wake the reactor after an MCP HTTP request: {err}");
+                    for message in &sequence {
+                        let (messages, trouble) = exchange(&shared, message);
+                        if messages.is_empty() && trouble.is_none() {
+                            continue;
+                        }
+                        let done = Delivered {
+                            server: shared.server,
+                            incarnation: shared.incarnation,
+                            messages,
+                            trouble,
+                        };
+                        if delivered.send(done).is_err() {
+                            return;
+                        }
+                        if let Err(err) = waker.wake() {
+                            log::error!("cannot wake the reactor after an MCP HTTP request: {err}");
+                        }
                     }
                 })?;
         }
@@ -226,10 +228,11 @@ impl HttpLink {
         }
     }
 
-    /// Hands a message to the next free thread.
-    pub fn post(&self, message: Outgoing) {
+    /// Hands messages to the next free thread, which posts them one after
+    /// the other, in order.
+    pub fn post(&self, sequence: Vec<Outgoing>) {
         // The threads end only when the link is dropped.
-        let _ = self.jobs.send(message);
+        let _ = self.jobs.send(sequence);
     }
 }
 

@@ -118,12 +118,23 @@ impl Servers {
         // Over HTTP, 2026-07-28 cancels a request by closing its stream and
         // takes no message of the client's but requests.
         let modern = client.era() == &Era::Modern;
+        // Requests go out side by side, each on a thread of its own; a
+        // notification or response goes out before the request that
+        // followed it, on the same thread (a server of the earlier era may
+        // refuse `tools/list` until `notifications/initialized` is in).
+        let mut sequence = Vec::new();
         for message in client.take_messages() {
-            let notification_or_response = message.request.is_none();
-            if modern && notification_or_response {
+            let is_request = message.request.is_some();
+            if modern && !is_request {
                 continue;
             }
-            link.post(message);
+            sequence.push(message);
+            if is_request {
+                link.post(std::mem::take(&mut sequence));
+            }
+        }
+        if !sequence.is_empty() {
+            link.post(sequence);
         }
     }
 
