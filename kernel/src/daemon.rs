@@ -119,6 +119,12 @@ pub fn init_logging(filter: Option<&str>) {
         (None, Ok(filter)) => builder.parse_filters(&filter),
         (None, Err(_)) => builder.parse_filters("info"),
     };
+    // The HTTP client logs the raw bytes of requests at `trace`, headers
+    // and all: an LLM provider's key, a remote MCP server's credentials.
+    // Its own logging stops at `warn`, whatever the filter asks.
+    for module in ["ureq", "ureq_proto"] {
+        builder.filter_module(module, log::LevelFilter::Warn);
+    }
     // Under systemd the journal stamps each line itself.
     if std::env::var_os("JOURNAL_STREAM").is_some() {
         builder.format_timestamp(None);

@@ -3,6 +3,8 @@ tests. The first argument picks how:
 
   exit     says why on stderr and exits at once
   hang     never answers `initialize`
+  strict   exits at a request before `initialize` (`server/discover`), as
+           servers of the earlier era built on old SDKs do
   garbage  prints lines that are not messages around every answer
   serve    behaves (the tools below do the damage when called)
   malformed  serves, and lists two more tools whose answers cannot be
@@ -143,11 +145,16 @@ def main():
     if MODE == "exit":
         print("cannot start: no licence file", file=sys.stderr, flush=True)
         sys.exit(3)
+    initialized = False
     for line in sys.stdin:
         message = json.loads(line)
         method, request_id = message.get("method"), message.get("id")
         if request_id is None:
             continue  # a notification
+        if MODE == "strict" and method != "initialize" and not initialized:
+            print(f"request {method} before initialization", file=sys.stderr, flush=True)
+            sys.exit(1)
+        initialized = initialized or method == "initialize"
         if method == "initialize":
             if MODE == "hang":
                 continue

@@ -1,5 +1,13 @@
-//! The MCP servers the kernel runs: the `[mcp.servers.<name>]` tables of
-//! the config file.
+//! The MCP servers the kernel runs or reaches: the `[mcp.servers.<name>]`
+//! tables of the config file. A server is a program the kernel starts and
+//! speaks to over its stdio (`command`), or a remote one it reaches over
+//! Streamable HTTP (`url`, with `headers` such as its credentials).
+//!
+//! A remote URL is `https://`, or `http://` to the host itself (a loopback
+//! address or `localhost`): plain HTTP to another host would carry the
+//! server's credentials, and every call, readable by the network, so it is
+//! refused rather than warned about — a config that works is one that is
+//! safe.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,6 +23,20 @@ pub const RESERVED_NAMES: [&str; 4] = ["llm", "kernel", "search", "call"];
 /// Longest server name.
 const MAX_NAME: usize = 32;
 
+/// Headers the kernel sets itself on every request to a remote server: a
+/// configured one would contradict them.
+const KERNEL_HEADERS: [&str; 9] = [
+    "accept",
+    "content-type",
+    "content-length",
+    "host",
+    "mcp-method",
+    "mcp-name",
+    "mcp-protocol-version",
+    "mcp-session-id",
+    "transfer-encoding",
+];
+
 /// The `[mcp]` table.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -24,12 +46,18 @@ pub struct McpConfig {
     pub servers: BTreeMap<String, McpServerConfig>,
 }
 
-/// One MCP server, spoken to over its stdio.
+/// One MCP server: a program spoken to over its stdio, or a remote one
+/// over Streamable HTTP.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct McpServerConfig {
     /// The program: a path, or a bare name found on the kernel's `PATH`.
     pub command: String,
+    /// A remote server's MCP endpoint (instead of `command`).
+    pub url: Option<String>,
+    /// Headers sent with every request to a remote server (its
+    /// credentials: secrets like `env`'s values).
+    pub headers: BTreeMap<String, String>,
     /// Its arguments.
     pub args: Vec<String>,
     /// The whole environment it gets (its keys stay with it: never in a
@@ -51,6 +79,8 @@ impl Default for McpServerConfig {
     fn default() -> Self {
         McpServerConfig {
             command: String::new(),
+            url: None,
+            headers: BTreeMap::new(),
             args: Vec::new(),
             env: BTreeMap::new(),
             cwd: None,
@@ -79,8 +109,24 @@ impl McpConfig {
             if let Err(why) = check_name(name) {
                 return invalid(why.to_string());
             }
-            if server.command.is_empty() {
-                return invalid("`command` is required".into());
+            match (&server.url, server.command.is_empty()) {
+                (None, true) => return invalid("`command` or `url` is required".into()),
+                (Some(_), false) => {
+                    return invalid(
+                        "give `command` (a program) or `url` (a remote server), not both".into(),
+                    )
+                }
+                (Some(url), true) => {
+                    if let Err(why) = check_remote(url, server) {
+                        return invalid(why);
+                    }
+                }
+                (None, false) if !server.headers.is_empty() => {
+                    return invalid(
+                        "`headers` are for a remote server (`url`); a program gets `env`".into(),
+                    )
+                }
+                (None, false) => {}
             }
             if !(1..=agentos_proto::payload::MAX_EXEC_TIMEOUT_MS).contains(&server.timeout_ms) {
                 return invalid("`timeout_ms` must be 1 ms to one hour".into());
@@ -96,6 +142,89 @@ impl McpConfig {
         }
         Ok(())
     }
+}
+
+impl McpServerConfig {
+    /// Whether it is a remote server, reached over HTTP.
+    pub fn is_remote(&self) -> bool {
+        self.url.is_some()
+    }
+}
+
+/// Why a remote server's settings cannot be used: its URL (see the
+/// module's documentation), its headers, or settings only a program has.
+fn check_remote(url: &str, server: &McpServerConfig) -> Result<(), String> {
+    let process_only = [
+        ("args", server.args.is_empty()),
+        ("env", server.env.is_empty()),
+        ("cwd", server.cwd.is_none()),
+        ("writable", server.writable.is_empty()),
+    ];
+    if let Some((key, _)) = process_only.iter().find(|(_, unset)| !unset) {
+        return Err(format!(
+            "`{key}` is for a program (`command`); a remote server (`url`) takes `headers`"
+        ));
+    }
+    check_url(url)?;
+    for (name, value) in &server.headers {
+        let lower = name.to_ascii_lowercase();
+        if ureq::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(format!("header {name:?} is not a valid header name"));
+        }
+        if KERNEL_HEADERS.contains(&lower.as_str()) {
+            return Err(format!("header {name:?} is set by the kernel itself"));
+        }
+        // The value is a secret: the error does not show it.
+        let printable = value
+            .bytes()
+            .all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
+        if !printable || ureq::http::HeaderValue::from_str(value).is_err() {
+            return Err(format!(
+                "the value of header {name:?} holds a character a header cannot carry \
+                 (only printable ASCII)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Why `url` is not a remote server's endpoint the kernel will use.
+fn check_url(url: &str) -> Result<(), String> {
+    let uri: ureq::http::Uri = url
+        .parse()
+        .map_err(|err| format!("`url` {url:?} is not a URL ({err})"))?;
+    let scheme = uri.scheme_str().unwrap_or("");
+    let Some(authority) = uri.authority() else {
+        return Err(format!(
+            "`url` {url:?} names no host (write https://host/path)"
+        ));
+    };
+    if authority.as_str().contains('@') {
+        return Err(format!(
+            "`url` {url:?} holds credentials; give them in `headers` (as a secret)"
+        ));
+    }
+    match scheme {
+        "https" => Ok(()),
+        "http" if is_loopback(authority.host()) => Ok(()),
+        "http" => Err(format!(
+            "`url` {url:?} is plain HTTP to another host, which would send its headers and \
+             every call unencrypted; use https:// (plain http:// is for this host only)"
+        )),
+        other => Err(format!(
+            "`url` {url:?} has the scheme {other:?}; a remote server is reached over https:// \
+             (or http:// on this host)"
+        )),
+    }
+}
+
+/// Whether `host` (as a URL writes it) is this host.
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Why a server's name cannot be used.
@@ -165,6 +294,80 @@ mod tests {
             };
             assert!(reason.contains(&format!("{bad:?}")), "{reason}");
         }
+    }
+
+    fn remote(url: &str) -> McpServerConfig {
+        McpServerConfig {
+            url: Some(url.into()),
+            ..McpServerConfig::default()
+        }
+    }
+
+    fn refusal(server: McpServerConfig) -> String {
+        match with("remote", server).validate() {
+            Err(ConfigError::Invalid { reason, .. }) => reason,
+            other => panic!("not refused as invalid: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_remote_server_is_https_or_plain_http_on_this_host_only() {
+        for good in [
+            "https://mcp.example.com/mcp",
+            "https://mcp.example.com:8443/v1/mcp?tenant=a",
+            "http://127.0.0.1:3001/mcp",
+            "http://localhost:8000/mcp",
+            "http://[::1]:8000/mcp",
+        ] {
+            let checked = with("remote", remote(good)).validate();
+            assert!(checked.is_ok(), "{good}: {checked:?}");
+        }
+        for (bad, says) in [
+            ("http://mcp.example.com/mcp", "plain HTTP to another host"),
+            ("http://10.0.0.5/mcp", "plain HTTP to another host"),
+            ("ftp://example.com/mcp", "scheme \"ftp\""),
+            ("not a url", "is not a URL"),
+            ("/mcp", "names no host"),
+            ("https://user:pw@example.com/mcp", "holds credentials"),
+        ] {
+            let reason = refusal(remote(bad));
+            assert!(reason.contains(says), "{bad}: {reason}");
+        }
+    }
+
+    #[test]
+    fn a_server_is_a_program_or_a_remote_one_never_both() {
+        let both = McpServerConfig {
+            command: "x".into(),
+            ..remote("https://example.com/mcp")
+        };
+        assert!(refusal(both).contains("not both"));
+        assert!(refusal(McpServerConfig::default()).contains("`command` or `url`"));
+        let headers_for_a_program = McpServerConfig {
+            headers: BTreeMap::from([("Authorization".into(), "Bearer abc".into())]),
+            ..server("x")
+        };
+        assert!(refusal(headers_for_a_program).contains("`headers` are for a remote server"));
+        let env_for_a_remote = McpServerConfig {
+            env: BTreeMap::from([("KEY".into(), "v".into())]),
+            ..remote("https://example.com/mcp")
+        };
+        assert!(refusal(env_for_a_remote).contains("`env` is for a program"));
+    }
+
+    #[test]
+    fn headers_are_valid_not_the_kernels_own_and_their_values_never_shown() {
+        let with_header = |name: &str, value: &str| McpServerConfig {
+            headers: BTreeMap::from([(name.into(), value.into())]),
+            ..remote("https://example.com/mcp")
+        };
+        let bearer = with_header("Authorization", "Bearer s3cret-token");
+        assert!(with("remote", bearer).validate().is_ok());
+        assert!(refusal(with_header("Mcp-Session-Id", "x")).contains("set by the kernel"));
+        assert!(refusal(with_header("bad name", "x")).contains("not a valid header name"));
+        let reason = refusal(with_header("X-Key", "s3cret\nline"));
+        assert!(reason.contains("printable ASCII"), "{reason}");
+        assert!(!reason.contains("s3cret"), "{reason}");
     }
 
     #[test]

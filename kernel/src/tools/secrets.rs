@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::config::mcp::McpServerConfig;
+
 /// What stands in for a secret.
 const MASK: &str = "[secret]";
 /// Values shorter than this are not treated as secrets (`1`, `true`, `en`
@@ -94,6 +96,38 @@ impl Secrets {
                 .filter(|(name, _)| !is_plain_setting(name))
                 .map(|(_, value)| value),
         )
+    }
+
+    /// The secrets of a server's configuration: those of its environment
+    /// ([`Secrets::of_env`]), every value of its `headers` — with the
+    /// credential after an authorization scheme (`Bearer <token>`) also on
+    /// its own, since a server that echoes it echoes it bare — and the
+    /// values of its URL's query, where some services take their keys
+    /// (`?api_key=...`).
+    pub fn of_server(config: &McpServerConfig) -> Secrets {
+        let mut values: Vec<String> = config
+            .env
+            .iter()
+            .filter(|(name, _)| !is_plain_setting(name))
+            .map(|(_, value)| value.clone())
+            .collect();
+        for value in config.headers.values() {
+            values.push(value.clone());
+            if let Some((_, credential)) = value.trim().split_once(' ') {
+                values.push(credential.trim().to_owned());
+            }
+        }
+        let query = config.url.as_deref().and_then(|url| url.split_once('?'));
+        if let Some((_, query)) = query {
+            let query = query.split('#').next().unwrap_or(query);
+            values.extend(
+                query
+                    .split('&')
+                    .filter_map(|pair| pair.split_once('='))
+                    .map(|(_, value)| value.to_owned()),
+            );
+        }
+        Secrets::new(&values)
     }
 
     /// The values of a server's environment that are long enough to be
@@ -272,6 +306,24 @@ pub fn truncate_text(text: &mut String, max: usize) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_remote_servers_headers_and_url_query_values_are_secrets() {
+        let config = McpServerConfig {
+            url: Some("https://mcp.example.com/mcp?tenant=acme-corp&api_key=qk-5150#x".into()),
+            headers: BTreeMap::from([
+                ("Authorization".into(), "Bearer tk-0a1b2c3d".into()),
+                ("X-Api-Key".into(), "xk-998877".into()),
+            ]),
+            ..McpServerConfig::default()
+        };
+        let secrets = Secrets::of_server(&config);
+        assert_eq!(
+            secrets.redact("Bearer tk-0a1b2c3d | tk-0a1b2c3d | xk-998877 | qk-5150 | acme-corp"),
+            "[secret] | [secret] | [secret] | [secret] | [secret]"
+        );
+        assert_eq!(secrets.redact("Bearer and mcp"), "Bearer and mcp");
+    }
 
     fn secrets() -> Secrets {
         Secrets::new(&["sk-abcdef123".to_owned(), "1".to_owned()])

@@ -9,6 +9,7 @@
 mod access;
 mod forms;
 mod mcp_client;
+mod remote;
 mod servers;
 
 use std::os::unix::net::UnixStream;

@@ -1,10 +1,22 @@
 //! The kernel's side of one MCP server, as a state machine without I/O:
-//! messages from the server go in ([`McpClient::on_message`]), bytes for
-//! its stdin come out ([`McpClient::take_output`]), time is passed in.
+//! messages from the server go in ([`McpClient::on_message`]), messages
+//! for it come out ([`McpClient::take_messages`], or as bytes for its
+//! stdin, [`McpClient::take_output`]), time is passed in.
 //!
-//! The handshake offers protocol 2025-11-25 and accepts 2025-06-18;
-//! anything else fails the server with a sentence saying so. Then
-//! `notifications/initialized`, and `tools/list` page by page (a repeated
+//! A server is first asked `server/discover`, as protocol 2026-07-28 says
+//! a client that speaks both eras does ([`McpClient::probing`]). A server
+//! that lists 2026-07-28 among its versions is spoken to in that revision:
+//! no handshake, and every request carries the protocol version and the
+//! client's name in its `_meta`. A server that answers with another error
+//! (or, over stdio, not at all within [`PROBE_TIMEOUT`]) is of the earlier
+//! era: the `initialize` handshake follows, offering protocol 2025-11-25
+//! and accepting 2025-06-18; anything else fails the server with a
+//! sentence saying so. The errors 2026-07-28 defines for a request it
+//! refuses (an unsupported version, a missing capability, headers that
+//! do not match) are answers of a modern server: they fail it, or, for an
+//! unsupported version, pick the earlier era when the server lists one the
+//! kernel speaks. Then (earlier era) `notifications/initialized`, and
+//! `tools/list` page by page (a repeated
 //! cursor or too many pages stop the listing with an error); a
 //! `notifications/tools/list_changed` lists again. The server's own
 //! requests are answered: `ping` with `{}`, anything else "method not
@@ -21,13 +33,75 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::jsonrpc::{self, Incoming, RpcError};
+use super::param_headers::{self, ParamHeader};
 
-/// The protocol version offered.
+/// The protocol version offered in the `initialize` handshake.
 pub const PROTOCOL: &str = "2025-11-25";
-/// Versions accepted from a server.
+/// Versions accepted from a server in the `initialize` handshake.
 pub const ACCEPTED: [&str; 2] = ["2025-11-25", "2025-06-18"];
+/// The handshake-free protocol revision, probed for first.
+pub const MODERN: &str = "2026-07-28";
+/// How long a server on stdio has to answer `server/discover` before it is
+/// taken for one of the earlier era that ignores requests it does not
+/// know (bounded by the server's own timeout).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// `tools/list` pages read at most in one listing.
 const MAX_PAGES: usize = 100;
+/// The `_meta` keys of a 2026-07-28 request.
+const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+const META_CLIENT: &str = "io.modelcontextprotocol/clientInfo";
+const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+/// JSON-RPC errors by which a 2026-07-28 server refuses a request: it
+/// does not speak the version asked for, lacks a capability of the
+/// client's, or finds the HTTP headers do not match the body.
+const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+const MISSING_REQUIRED_CLIENT_CAPABILITY: i64 = -32021;
+const HEADER_MISMATCH: i64 = -32020;
+
+/// How a server is reached; it decides what a probe with no answer means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Its stdin and stdout: a server of the earlier era may ignore
+    /// `server/discover`, so silence means the earlier era.
+    Stdio,
+    /// Streamable HTTP: every request is answered with a status, so
+    /// silence means the server is not there.
+    Http,
+}
+
+/// Which revision of the protocol the server is spoken to in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Era {
+    /// `server/discover` is under way.
+    Probing,
+    /// The `initialize` handshake is under way.
+    Initializing,
+    /// After the `initialize` handshake, in the version it agreed.
+    Handshake(String),
+    /// Protocol 2026-07-28: no handshake, `_meta` on every request.
+    Modern,
+}
+
+/// One message for the server, with what Streamable HTTP mirrors into its
+/// headers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outgoing {
+    /// The JSON-RPC message (one line, without its newline).
+    pub body: Vec<u8>,
+    /// Its method (`None`: a response to the server's own request).
+    pub method: Option<String>,
+    /// The tool it calls, for `tools/call`.
+    pub name: Option<String>,
+    /// Its id and deadline, when it is a request of the kernel's (an
+    /// answer is due).
+    pub request: Option<(u64, Instant)>,
+    /// The protocol version it is sent in (see
+    /// [`McpClient::protocol_version`]), as it was when it was made.
+    pub protocol_version: Option<String>,
+    /// Arguments of a call mirrored into headers over HTTP
+    /// ([`param_headers`]).
+    pub param_headers: Vec<(String, String)>,
+}
 
 /// A tool as its server describes it.
 #[derive(Clone, Debug, PartialEq)]
@@ -123,6 +197,7 @@ pub enum ClientEvent {
 
 #[derive(Debug)]
 enum Pending {
+    Discover,
     Initialize,
     List,
     Call(CallId),
@@ -141,16 +216,43 @@ pub struct McpClient {
     listing: Option<(Vec<ToolInfo>, HashSet<String>)>,
     /// The list changed while a listing was under way.
     relist: bool,
+    /// Over HTTP, the arguments each listed tool mirrors into headers.
+    param_headers: HashMap<String, Vec<ParamHeader>>,
     /// How long the handshake and a listing may take.
     timeout: Duration,
-    output: Vec<u8>,
+    transport: Transport,
+    era: Era,
+    output: Vec<Outgoing>,
 }
 
 impl McpClient {
-    /// A client for the server `name` that starts its handshake at once;
-    /// `timeout` bounds the handshake and each `tools/list`.
+    /// A client for the server `name` that starts the `initialize`
+    /// handshake at once, for servers of the earlier era only; `timeout`
+    /// bounds the handshake and each `tools/list`.
     pub fn new(name: &str, timeout: Duration, now: Instant) -> McpClient {
-        let mut client = McpClient {
+        let mut client = McpClient::idle(name, Transport::Stdio, timeout);
+        client.initialize(now);
+        client
+    }
+
+    /// A client for the server `name`, reached over `transport`, that
+    /// probes with `server/discover` at once and falls back to the
+    /// `initialize` handshake for a server of the earlier era; `timeout`
+    /// bounds the probe, the handshake and each `tools/list`.
+    pub fn probing(name: &str, transport: Transport, timeout: Duration, now: Instant) -> McpClient {
+        let mut client = McpClient::idle(name, transport, timeout);
+        client.era = Era::Probing;
+        let wait = match transport {
+            Transport::Stdio => timeout.min(PROBE_TIMEOUT),
+            Transport::Http => timeout,
+        };
+        let params = client.with_meta(json!({}));
+        client.send(Pending::Discover, "server/discover", params, now + wait);
+        client
+    }
+
+    fn idle(name: &str, transport: Transport, timeout: Duration) -> McpClient {
+        McpClient {
             name: name.to_owned(),
             state: ServerState::Starting,
             next_id: 1,
@@ -158,16 +260,44 @@ impl McpClient {
             tools: Vec::new(),
             listing: None,
             relist: false,
+            param_headers: HashMap::new(),
             timeout,
+            transport,
+            era: Era::Initializing,
             output: Vec::new(),
-        };
+        }
+    }
+
+    fn initialize(&mut self, now: Instant) {
+        self.era = Era::Initializing;
         let params = json!({
             "protocolVersion": PROTOCOL,
             "capabilities": {},
-            "clientInfo": {"name": "agentos", "version": env!("CARGO_PKG_VERSION")},
+            "clientInfo": client_info(),
         });
-        client.send(Pending::Initialize, "initialize", params, now + timeout);
-        client
+        self.send(
+            Pending::Initialize,
+            "initialize",
+            params,
+            now + self.timeout,
+        );
+    }
+
+    /// The revision the server is spoken to in.
+    pub fn era(&self) -> &Era {
+        &self.era
+    }
+
+    /// The protocol version a request now carries (in `_meta`, and over
+    /// HTTP in the `MCP-Protocol-Version` header); `None` while the
+    /// `initialize` handshake is under way, which names its version in its
+    /// body.
+    pub fn protocol_version(&self) -> Option<&str> {
+        match &self.era {
+            Era::Probing | Era::Modern => Some(MODERN),
+            Era::Initializing => None,
+            Era::Handshake(version) => Some(version),
+        }
     }
 
     /// Where the server is.
@@ -180,8 +310,18 @@ impl McpClient {
         &self.tools
     }
 
-    /// Bytes to write to the server's stdin.
+    /// Bytes to write to the server's stdin: the messages, a line each.
     pub fn take_output(&mut self) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for message in self.take_messages() {
+            bytes.extend(message.body);
+            bytes.push(b'\n');
+        }
+        bytes
+    }
+
+    /// The messages for the server since the last look.
+    pub fn take_messages(&mut self) -> Vec<Outgoing> {
         std::mem::take(&mut self.output)
     }
 
@@ -213,8 +353,15 @@ impl McpClient {
                 })
             }
         }
-        let params = json!({"name": tool, "arguments": arguments});
+        let headers = match self.param_headers.get(tool) {
+            Some(annotated) => param_headers::for_call(annotated, &arguments),
+            None => Vec::new(),
+        };
+        let params = self.with_meta(json!({"name": tool, "arguments": arguments}));
         self.send(Pending::Call(call), "tools/call", params, deadline);
+        if let Some(message) = self.output.last_mut() {
+            message.param_headers = headers;
+        }
         Ok(())
     }
 
@@ -229,6 +376,13 @@ impl McpClient {
             self.pending.remove(&id);
             self.tell_cancelled(id, reason);
         }
+    }
+
+    /// The exchange that carried request `id` broke before its answer
+    /// (over HTTP): a call fails with `why`; the probe, handshake or a
+    /// listing fails the server.
+    pub fn lost(&mut self, id: u64, why: &str, events: &mut Vec<ClientEvent>) {
+        self.unreadable_reply(Some(id), why, CallOutcome::Failed, events);
     }
 
     /// The server has ended (or its output closed): everything under way
@@ -253,7 +407,7 @@ impl McpClient {
                 } else {
                     jsonrpc::error_response(&id, -32601, "Method not found")
                 };
-                self.output.extend(reply);
+                self.push(reply, None, None, None);
             }
             Incoming::Notification { method, .. } => {
                 if method == "notifications/tools/list_changed" {
@@ -315,7 +469,9 @@ impl McpClient {
                 call,
                 outcome: outcome(why.to_owned()),
             }),
-            Pending::Initialize | Pending::List => self.fail(why.to_owned(), events),
+            Pending::Discover | Pending::Initialize | Pending::List => {
+                self.fail(why.to_owned(), events)
+            }
         }
         true
     }
@@ -344,6 +500,22 @@ impl McpClient {
                         )),
                     });
                 }
+                Pending::Discover if self.transport == Transport::Stdio => {
+                    // A server of the earlier era may ignore a request it
+                    // does not know: the handshake is its language.
+                    log::debug!(
+                        "MCP server {} did not answer server/discover; trying initialize",
+                        self.name
+                    );
+                    self.initialize(now);
+                }
+                Pending::Discover => {
+                    let why = format!(
+                        "did not answer server/discover within {} ms",
+                        self.timeout.as_millis()
+                    );
+                    self.fail(why, events);
+                }
                 Pending::Initialize => {
                     let why = format!(
                         "did not answer initialize within {} ms",
@@ -370,8 +542,17 @@ impl McpClient {
         events: &mut Vec<ClientEvent>,
     ) {
         match pending {
+            Pending::Discover => match outcome {
+                Ok(result) => self.discovered(&result, now, events),
+                Err(error) => self.discover_refused(&error, now, events),
+            },
             Pending::Initialize => match outcome {
                 Ok(result) => self.initialized(&result, now, events),
+                // A server that took the probe for its era refuses the
+                // handshake naming its versions.
+                Err(error) if error.code == UNSUPPORTED_PROTOCOL_VERSION => {
+                    self.unsupported_version(&error, now, events)
+                }
                 Err(error) => self.fail(format!("initialize failed: {}", error.message), events),
             },
             Pending::List => match outcome {
@@ -388,6 +569,81 @@ impl McpClient {
         }
     }
 
+    /// A `DiscoverResult`: the server speaks 2026-07-28, or names the
+    /// versions it does speak.
+    fn discovered(&mut self, result: &Value, now: Instant, events: &mut Vec<ClientEvent>) {
+        let versions = string_list(result.get("supportedVersions"));
+        if versions.iter().any(|v| v == MODERN) {
+            self.era = Era::Modern;
+            log::debug!("MCP server {} speaks protocol {MODERN}", self.name);
+            return self.ready_to_list(result, now, events);
+        }
+        self.pick_handshake(&versions, now, events);
+    }
+
+    /// An error to the probe: one of 2026-07-28's own refusals is a modern
+    /// server's answer; any other error is the earlier era's way of saying
+    /// it does not know the method.
+    fn discover_refused(&mut self, error: &RpcError, now: Instant, events: &mut Vec<ClientEvent>) {
+        match error.code {
+            UNSUPPORTED_PROTOCOL_VERSION => self.unsupported_version(error, now, events),
+            MISSING_REQUIRED_CLIENT_CAPABILITY | HEADER_MISMATCH => {
+                let why = format!("server/discover was refused: {}", error.message);
+                self.fail(why, events);
+            }
+            _ => {
+                log::debug!(
+                    "MCP server {} does not know server/discover ({}); trying initialize",
+                    self.name,
+                    error.message
+                );
+                self.initialize(now);
+            }
+        }
+    }
+
+    /// The server does not speak the version asked for; its error lists
+    /// those it does.
+    fn unsupported_version(
+        &mut self,
+        error: &RpcError,
+        now: Instant,
+        events: &mut Vec<ClientEvent>,
+    ) {
+        let versions = string_list(error.data.as_ref().and_then(|d| d.get("supported")));
+        if versions.iter().any(|v| v == MODERN) && self.era != Era::Probing {
+            // It speaks 2026-07-28 after all: it took a probe it answered
+            // too late for its era, or refuses the handshake outright.
+            self.era = Era::Modern;
+            return self.relist_from_scratch(now);
+        }
+        self.pick_handshake(&versions, now, events);
+    }
+
+    /// The handshake, if the server lists a version of it the kernel
+    /// speaks; otherwise the server fails, saying which it lists.
+    fn pick_handshake(&mut self, versions: &[String], now: Instant, events: &mut Vec<ClientEvent>) {
+        if self.era == Era::Probing && versions.iter().any(|v| ACCEPTED.contains(&v.as_str())) {
+            return self.initialize(now);
+        }
+        let listed = if versions.is_empty() {
+            "(none)".to_owned()
+        } else {
+            versions.join(", ")
+        };
+        let why = format!(
+            "speaks MCP protocol {listed}; the kernel speaks {MODERN}, {}",
+            ACCEPTED.join(" and ")
+        );
+        self.fail(why, events);
+    }
+
+    /// Lists the tools of a server found modern after all.
+    fn relist_from_scratch(&mut self, now: Instant) {
+        self.listing = None;
+        self.list(None, now);
+    }
+
     fn initialized(&mut self, result: &Value, now: Instant, events: &mut Vec<ClientEvent>) {
         let version = result
             .get("protocolVersion")
@@ -400,10 +656,19 @@ impl McpClient {
             );
             return self.fail(why, events);
         }
-        self.output.extend(jsonrpc::notification(
-            "notifications/initialized",
-            Value::Null,
-        ));
+        self.era = Era::Handshake(version.to_owned());
+        self.push(
+            jsonrpc::notification("notifications/initialized", Value::Null),
+            Some("notifications/initialized"),
+            None,
+            None,
+        );
+        self.ready_to_list(result, now, events);
+    }
+
+    /// After the handshake or the probe: the tools are listed, if the
+    /// server has any.
+    fn ready_to_list(&mut self, result: &Value, now: Instant, events: &mut Vec<ClientEvent>) {
         if result.pointer("/capabilities/tools").is_none() {
             // A server without tools is ready with none.
             self.state = ServerState::Ready;
@@ -414,10 +679,10 @@ impl McpClient {
     }
 
     fn list(&mut self, cursor: Option<String>, now: Instant) {
-        let params = match &cursor {
+        let params = self.with_meta(match &cursor {
             Some(cursor) => json!({"cursor": cursor}),
             None => json!({}),
-        };
+        });
         let listing = self
             .listing
             .get_or_insert_with(|| (Vec::new(), HashSet::new()));
@@ -446,7 +711,7 @@ impl McpClient {
             self.listing = Some((tools, cursors));
             return self.list(Some(next.to_owned()), now);
         }
-        self.tools = tools;
+        self.tools = self.with_param_headers(tools);
         self.state = ServerState::Ready;
         events.push(ClientEvent::ToolsListed(self.tools.len()));
         if std::mem::take(&mut self.relist) {
@@ -454,18 +719,94 @@ impl McpClient {
         }
     }
 
+    /// Over HTTP, the tools listed, less those whose `x-mcp-header`
+    /// annotations are invalid (which the specification says a client
+    /// must leave out); their annotated arguments are noted.
+    fn with_param_headers(&mut self, tools: Vec<ToolInfo>) -> Vec<ToolInfo> {
+        self.param_headers.clear();
+        if self.transport != Transport::Http {
+            return tools;
+        }
+        let mut kept = Vec::with_capacity(tools.len());
+        for tool in tools {
+            match param_headers::of_schema(&tool.input_schema) {
+                Ok(annotated) => {
+                    if !annotated.is_empty() {
+                        self.param_headers.insert(tool.name.clone(), annotated);
+                    }
+                    kept.push(tool);
+                }
+                Err(why) => log::warn!(
+                    "MCP server {}: tool {:?} left out: {why}",
+                    self.name,
+                    tool.name
+                ),
+            }
+        }
+        kept
+    }
+
     fn send(&mut self, pending: Pending, method: &str, params: Value, deadline: Instant) {
         let id = self.next_id;
         self.next_id += 1;
-        self.output.extend(jsonrpc::request(id, method, params));
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let name = name.filter(|_| method == "tools/call");
+        self.push(
+            jsonrpc::request(id, method, params),
+            Some(method),
+            name,
+            Some((id, deadline)),
+        );
         self.pending.insert(id, (pending, deadline));
     }
 
+    fn push(
+        &mut self,
+        mut line: Vec<u8>,
+        method: Option<&str>,
+        name: Option<String>,
+        request: Option<(u64, Instant)>,
+    ) {
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        }
+        let protocol_version = self.protocol_version().map(str::to_owned);
+        self.output.push(Outgoing {
+            body: line,
+            method: method.map(str::to_owned),
+            name,
+            request,
+            protocol_version,
+            param_headers: Vec::new(),
+        });
+    }
+
+    /// `params` with the `_meta` a 2026-07-28 request carries, when the
+    /// server is spoken to (or probed) in that revision.
+    fn with_meta(&self, mut params: Value) -> Value {
+        if matches!(self.era, Era::Probing | Era::Modern) {
+            params["_meta"] = json!({
+                META_VERSION: MODERN,
+                META_CLIENT: client_info(),
+                META_CAPABILITIES: {},
+            });
+        }
+        params
+    }
+
     fn tell_cancelled(&mut self, id: u64, reason: &str) {
-        self.output.extend(jsonrpc::notification(
-            "notifications/cancelled",
-            json!({"requestId": id, "reason": reason}),
-        ));
+        self.push(
+            jsonrpc::notification(
+                "notifications/cancelled",
+                json!({"requestId": id, "reason": reason}),
+            ),
+            Some("notifications/cancelled"),
+            None,
+            None,
+        );
     }
 
     fn fail(&mut self, why: String, events: &mut Vec<ClientEvent>) {
@@ -491,6 +832,22 @@ impl McpClient {
     }
 }
 
+/// Who the kernel is, to a server.
+fn client_info() -> Value {
+    json!({"name": "agentos", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// The strings of a JSON array (none when it is not one).
+fn string_list(value: Option<&Value>) -> Vec<String> {
+    value
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A `tools/list` entry, if it has a name.
 fn tool_info(tool: &Value) -> Option<ToolInfo> {
     Some(ToolInfo {
@@ -510,6 +867,15 @@ fn tool_info(tool: &Value) -> Option<ToolInfo> {
 
 /// A `tools/call` result as an outcome.
 fn call_outcome(result: Value) -> CallOutcome {
+    // 2026-07-28: a result that is not complete asks the client for input
+    // (an elicitation, a sampling) the kernel has no one to ask for.
+    let kind = result.get("resultType").and_then(Value::as_str);
+    if let Some(kind) = kind.filter(|kind| *kind != "complete") {
+        return CallOutcome::Rejected(format!(
+            "the tool answered with a {kind:?} result (it asks for input the kernel cannot \
+             give); only complete results are taken"
+        ));
+    }
     let content = result.get("content").cloned().unwrap_or_else(|| json!([]));
     if result.get("isError").and_then(Value::as_bool) == Some(true) {
         let message = content

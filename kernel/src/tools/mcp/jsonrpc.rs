@@ -164,8 +164,9 @@ impl LineReader {
     }
 }
 
-/// One line as a message.
-fn parse(text: &str) -> Incoming {
+/// One message, as one line of stdio or one HTTP body or event carries
+/// it.
+pub fn parse(text: &str) -> Incoming {
     let garbage = || Incoming::Garbage(text.chars().take(GARBAGE_SHOWN).collect());
     let message = match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(message)) => message,
@@ -213,7 +214,8 @@ fn parse(text: &str) -> Incoming {
     }
 }
 
-fn rpc_error(error: &Value) -> RpcError {
+/// A JSON-RPC error object as the kernel reads it.
+pub fn rpc_error(error: &Value) -> RpcError {
     RpcError {
         code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
         message: error

@@ -1,5 +1,6 @@
 //! The configured MCP servers, on the reactor's side: each one's
-//! supervised process ([`super::process`]), its pipes as mio sources, its
+//! supervised process ([`super::process`]) and its pipes as mio sources,
+//! or, for a remote server, its HTTP threads ([`remote`]); its
 //! [`McpClient`], and the calls under way. A call's reply goes to its
 //! [`ReplyTo`] when the server answers, its deadline passes, or the server
 //! dies — whichever comes first.
@@ -12,7 +13,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,7 @@ use mio::{Registry, Token, Waker};
 use serde_json::Value;
 
 use super::mcp::client::{CallId, ClientEvent, McpClient, ServerState, ToolInfo};
+use super::mcp::http::{Delivered, Endpoint, HttpLink};
 use super::mcp::jsonrpc::LineReader;
 use super::process::{ServerCommand, ServerProcess, StartedServer, RESTART};
 use super::reply::reply_for;
@@ -36,12 +38,15 @@ use crate::sandbox::confine::Confinement;
 use crate::supervisor::Supervisor;
 
 mod pipes;
+mod remote;
+
+use remote::Remote;
 
 /// Tokens the servers use: two per server (stdout, stdin).
 pub const TOKEN_SPAN: usize = 1 << 40;
 /// The largest message a server may send: a bigger one fails the call it
 /// answers (or is dropped), and costs no more memory than this.
-const MAX_MESSAGE: usize = 8 << 20;
+const MAX_MESSAGE: usize = super::mcp::MAX_MESSAGE;
 /// Calls one server may have under way; more are refused with `busy`, so
 /// callers cannot pile up work (and memory) behind a slow server.
 const MAX_CALLS_PER_SERVER: usize = 1024;
@@ -97,6 +102,15 @@ pub struct Servers {
     generation: u64,
     /// The kernel's state directory, where the servers' homes are.
     state_dir: PathBuf,
+    /// What remote servers' threads deliver, and the waker they wake the
+    /// reactor with.
+    delivered: (Sender<Delivered>, Receiver<Delivered>),
+    waker: Arc<Waker>,
+    /// The HTTP client of remote servers, made when the first connects.
+    agent: Option<ureq::Agent>,
+    /// Remote servers' links at shutdown, whose sessions are ended then,
+    /// with the protocol version each was spoken to in.
+    retired: Vec<(HttpLink, Option<String>)>,
 }
 
 #[derive(Debug)]
@@ -123,6 +137,13 @@ struct Server {
     /// Its output closed before its exit status and stderr were in: they
     /// replace `error` when they come.
     awaiting_end: bool,
+    /// A remote server's connection (it has no process).
+    remote: Option<Remote>,
+    /// It ended while `server/discover` was under way: its later
+    /// incarnations go straight to the `initialize` handshake, as a
+    /// server of the earlier era that dies at a request it does not know
+    /// needs.
+    skip_probe: bool,
 }
 
 #[derive(Debug)]
@@ -153,7 +174,8 @@ impl Servers {
         let path = std::env::var("PATH").ok();
         let withheld = Withheld::of_host(state_dir);
         let mut servers = Vec::new();
-        if confinement.is_none() && config.enabled().next().is_some() {
+        let programs = config.enabled().filter(|(_, server)| !server.is_remote());
+        if confinement.is_none() && programs.count() > 0 {
             log::warn!(
                 "MCP servers run unconfined, as the daemon's own user: this host gives the \
                  daemon no namespaces"
@@ -169,15 +191,21 @@ impl Servers {
                 pipes: None,
                 error: None,
                 ending: ending.clone(),
-                secrets: Secrets::of_env(&server.env),
+                secrets: Secrets::of_server(server),
                 stopped: !server.enabled,
                 garbage: 0,
                 incarnation: 0,
                 known_tools: Vec::new(),
                 awaiting_end: false,
+                skip_probe: false,
+                remote: server.url.as_deref().map(|url| {
+                    let headers = server.headers.clone().into_iter().collect();
+                    Remote::new(Endpoint::new(url, headers))
+                }),
             };
-            if !server.enabled {
-                // Listed as `stopped`: its tools are not offered.
+            if !server.enabled || entry.remote.is_some() {
+                // Disabled: listed as `stopped`, its tools not offered.
+                // Remote: connected below.
                 servers.push(entry);
                 continue;
             }
@@ -213,7 +241,7 @@ impl Servers {
             }
             servers.push(entry);
         }
-        Ok(Servers {
+        let mut started = Servers {
             servers,
             launches,
             registry: registry.try_clone()?,
@@ -222,7 +250,19 @@ impl Servers {
             next_call: 1,
             generation: 0,
             state_dir: state_dir.to_owned(),
-        })
+            delivered: channel(),
+            waker,
+            agent: None,
+            retired: Vec::new(),
+        };
+        let now = Instant::now();
+        for index in 0..started.servers.len() {
+            let server = &started.servers[index];
+            if server.remote.is_some() && !server.stopped {
+                started.connect(index, now);
+            }
+        }
+        Ok(started)
     }
 
     /// The kernel's state directory, where the servers' homes are.
@@ -277,8 +317,10 @@ impl Servers {
                         ServerState::Starting => ("starting", 0),
                         ServerState::Failed(_) => ("failed", 0),
                     },
-                    (None, _) if server.supervisor.is_none() => ("failed", 0),
                     (None, _) if server.error.is_some() => ("failed", 0),
+                    (None, _) if server.supervisor.is_none() && server.remote.is_none() => {
+                        ("failed", 0)
+                    }
                     (None, _) => ("starting", 0),
                 };
                 ServerInfo {
@@ -405,6 +447,7 @@ impl Servers {
         while let Ok(launched) = self.launches.try_recv() {
             self.adopt(launched, replies, now);
         }
+        self.on_delivered(replies, now);
     }
 
     /// Readiness of a server's pipe.
@@ -426,12 +469,15 @@ impl Servers {
         self.servers
             .iter()
             .filter_map(|s| s.client.as_ref()?.next_deadline())
+            .chain(self.next_reconnect())
             .min()
             .map(|at| at.saturating_duration_since(now))
     }
 
-    /// Requests past their deadline fail.
+    /// Requests past their deadline fail; remote servers whose backoff has
+    /// passed are connected again.
     pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<Reply>) {
+        self.reconnect_due(now);
         for index in 0..self.servers.len() {
             let due = self.servers[index]
                 .client
@@ -460,14 +506,27 @@ impl Servers {
             if let Some(supervisor) = &server.supervisor {
                 supervisor.stop();
             }
+            if let Some(remote) = server.remote.as_mut() {
+                self.retired.extend(remote.retire(server.client.as_ref()));
+            }
             self.end_calls(index, why, replies);
         }
     }
 
-    /// Last step of shutdown (blocks briefly): waits for the servers to
-    /// end, killing any that ignored being told to stop.
+    /// Last step of shutdown (blocks briefly): ends remote servers'
+    /// sessions and waits for the programs to end, killing any that
+    /// ignored being told to stop.
     pub fn finish_shutdown(&self) {
         let deadline = Instant::now() + STOP_GRACE;
+        std::thread::scope(|scope| {
+            for (link, version) in &self.retired {
+                scope.spawn(move || link.end_session(version.as_deref(), STOP_GRACE));
+            }
+            self.stop_programs(deadline);
+        });
+    }
+
+    fn stop_programs(&self, deadline: Instant) {
         let left = || deadline.saturating_duration_since(Instant::now());
         let mut killed = Vec::new();
         for server in &self.servers {
@@ -548,6 +607,9 @@ impl Servers {
         }
         if let Some(supervisor) = &server.supervisor {
             supervisor.restart(server.incarnation);
+        }
+        if let Some(remote) = server.remote.as_mut() {
+            remote.failed(server.stopped);
         }
         self.end_calls(index, &why, replies);
         let server = &mut self.servers[index];

@@ -9,7 +9,7 @@ use mio::{Interest, Token};
 
 use super::{ending_of, Pipes, Servers, MAX_MESSAGE, READ_CHUNK};
 use crate::address::Reply;
-use crate::tools::mcp::client::McpClient;
+use crate::tools::mcp::client::{Era, McpClient, Transport};
 use crate::tools::mcp::jsonrpc::LineReader;
 use crate::tools::process::StartedServer;
 
@@ -58,7 +58,11 @@ impl Servers {
             );
             return;
         }
-        server.client = Some(McpClient::new(&server.name, server.timeout, now));
+        server.client = Some(if server.skip_probe {
+            McpClient::new(&server.name, server.timeout, now)
+        } else {
+            McpClient::probing(&server.name, Transport::Stdio, server.timeout, now)
+        });
         server.garbage = 0;
         server.pipes = Some(Pipes {
             stdin,
@@ -122,6 +126,16 @@ impl Servers {
         self.handle(index, events, replies);
         self.flush(index);
         if closed {
+            let server = &mut self.servers[index];
+            let probing = server.client.as_ref().map(McpClient::era) == Some(&Era::Probing);
+            if probing && !server.skip_probe {
+                log::info!(
+                    "MCP server {} ended at server/discover; it is started again with the \
+                     initialize handshake",
+                    server.name
+                );
+                server.skip_probe = true;
+            }
             let ending = ending_of(&self.servers[index]);
             let known = ending.is_some();
             let why = ending.unwrap_or_else(|| "it exited (its output closed)".to_owned());
@@ -133,6 +147,9 @@ impl Servers {
     /// Writes what the client has for the server's stdin, as far as the
     /// pipe takes it; watches for room when it does not.
     pub(super) fn flush(&mut self, index: usize) {
+        if self.servers[index].remote.is_some() {
+            return self.post(index);
+        }
         let token = self.stdin_token(index);
         let server = &mut self.servers[index];
         let (Some(client), Some(pipes)) = (server.client.as_mut(), server.pipes.as_mut()) else {

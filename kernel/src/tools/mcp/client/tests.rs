@@ -447,3 +447,167 @@ fn a_server_that_ends_fails_its_calls() {
     );
     assert_eq!(client.next_deadline(), None);
 }
+
+fn refuse(
+    client: &mut McpClient,
+    id: u64,
+    code: i64,
+    data: Option<Value>,
+    now: Instant,
+) -> Vec<ClientEvent> {
+    let mut events = Vec::new();
+    let error = RpcError {
+        code,
+        message: "refused".into(),
+        data,
+    };
+    client.on_message(
+        Incoming::Response {
+            id,
+            outcome: Err(error),
+        },
+        now,
+        &mut events,
+    );
+    events
+}
+
+const META_VERSION_POINTER: &str = "/params/_meta/io.modelcontextprotocol~1protocolVersion";
+
+#[test]
+fn a_modern_server_is_probed_then_spoken_to_with_meta_and_no_handshake() {
+    let now = Instant::now();
+    let mut client = McpClient::probing("modern", Transport::Stdio, TIMEOUT, now);
+    let probe = client.take_messages();
+    assert_eq!(probe[0].method.as_deref(), Some("server/discover"));
+    assert_eq!(probe[0].protocol_version.as_deref(), Some(MODERN));
+    let body: Value = serde_json::from_slice(&probe[0].body).unwrap();
+    assert_eq!(body.pointer(META_VERSION_POINTER), Some(&json!(MODERN)));
+    let found = json!({"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}});
+    assert!(reply(&mut client, 1, found, now).is_empty());
+    assert_eq!(client.era(), &Era::Modern);
+    let listing = sent(&mut client);
+    assert_eq!(
+        listing.len(),
+        1,
+        "no notifications/initialized: {listing:?}"
+    );
+    assert_eq!(listing[0]["method"], "tools/list");
+    assert_eq!(
+        listing[0].pointer(META_VERSION_POINTER),
+        Some(&json!(MODERN))
+    );
+    let events = reply(&mut client, 2, json!({"tools": [tool("add")]}), now);
+    assert_eq!(events, vec![ClientEvent::ToolsListed(1)]);
+    client
+        .call(7, "add", json!({"a": 1}), now + TIMEOUT)
+        .unwrap();
+    let call = client.take_messages();
+    assert_eq!(call[0].name.as_deref(), Some("add"));
+    let body: Value = serde_json::from_slice(&call[0].body).unwrap();
+    assert_eq!(body.pointer(META_VERSION_POINTER), Some(&json!(MODERN)));
+    assert_eq!(body["params"]["arguments"], json!({"a": 1}));
+    // A result that asks for input is not taken for an answer.
+    let events = reply(
+        &mut client,
+        3,
+        json!({"resultType": "input_required", "inputRequests": {}}),
+        now,
+    );
+    assert!(
+        matches!(&events[..], [ClientEvent::CallEnded { call: 7, outcome: CallOutcome::Rejected(why) }] if why.contains("input_required")),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn a_server_that_does_not_know_discover_gets_the_handshake() {
+    let now = Instant::now();
+    let mut client = McpClient::probing("legacy", Transport::Http, TIMEOUT, now);
+    client.take_messages();
+    assert!(refuse(&mut client, 1, -32601, None, now).is_empty());
+    let hello = client.take_messages();
+    assert_eq!(hello[0].method.as_deref(), Some("initialize"));
+    assert_eq!(hello[0].protocol_version, None);
+    let init = json!({"protocolVersion": PROTOCOL, "capabilities": {"tools": {}}});
+    reply(&mut client, 2, init, now);
+    let next = client.take_messages();
+    assert_eq!(next[0].method.as_deref(), Some("notifications/initialized"));
+    assert_eq!(next[1].protocol_version.as_deref(), Some(PROTOCOL));
+    let body: Value = serde_json::from_slice(&next[1].body).unwrap();
+    assert!(body["params"].get("_meta").is_none(), "{body}");
+    assert_eq!(client.era(), &Era::Handshake(PROTOCOL.into()));
+}
+
+#[test]
+fn a_silent_probe_means_the_earlier_era_on_stdio_and_a_failure_over_http() {
+    let now = Instant::now();
+    const LONG: Duration = Duration::from_secs(20);
+    let mut stdio = McpClient::probing("quiet", Transport::Stdio, LONG, now);
+    stdio.take_messages();
+    let mut events = Vec::new();
+    stdio.on_deadlines(now + PROBE_TIMEOUT, &mut events);
+    assert!(events.is_empty(), "{events:?}");
+    assert_eq!(sent(&mut stdio)[0]["method"], "initialize");
+
+    let mut http = McpClient::probing("quiet", Transport::Http, LONG, now);
+    http.take_messages();
+    http.on_deadlines(now + PROBE_TIMEOUT, &mut events);
+    assert!(events.is_empty(), "the whole timeout is waited: {events:?}");
+    http.on_deadlines(now + LONG, &mut events);
+    assert_eq!(
+        events,
+        vec![ClientEvent::Failed(
+            "did not answer server/discover within 20000 ms".into()
+        )]
+    );
+}
+
+#[test]
+fn modern_refusals_are_answers_not_a_reason_to_fall_back() {
+    let now = Instant::now();
+    // An unsupported version, listing only the earlier era: the handshake.
+    let mut client = McpClient::probing("dual", Transport::Stdio, TIMEOUT, now);
+    client.take_messages();
+    let data = json!({"supported": ["2025-11-25"], "requested": MODERN});
+    assert!(refuse(&mut client, 1, -32022, Some(data), now).is_empty());
+    assert_eq!(sent(&mut client)[0]["method"], "initialize");
+    // ...listing nothing the kernel speaks: the server fails, saying so.
+    let mut client = McpClient::probing("future", Transport::Stdio, TIMEOUT, now);
+    client.take_messages();
+    let data = json!({"supported": ["2030-01-01"]});
+    let events = refuse(&mut client, 1, -32022, Some(data), now);
+    assert!(
+        matches!(&events[..], [ClientEvent::Failed(why)] if why.contains("speaks MCP protocol 2030-01-01")),
+        "{events:?}"
+    );
+    // A header mismatch is a modern server's complaint: no fallback.
+    let mut client = McpClient::probing("strict", Transport::Http, TIMEOUT, now);
+    client.take_messages();
+    let events = refuse(&mut client, 1, -32020, None, now);
+    assert!(
+        matches!(&events[..], [ClientEvent::Failed(why)] if why.contains("server/discover was refused")),
+        "{events:?}"
+    );
+    assert!(client.take_messages().is_empty());
+}
+
+#[test]
+fn a_late_modern_server_that_refuses_the_handshake_is_spoken_to_in_its_era() {
+    let now = Instant::now();
+    let mut client = McpClient::probing("slow", Transport::Stdio, TIMEOUT, now);
+    client.take_messages();
+    let mut events = Vec::new();
+    client.on_deadlines(now + PROBE_TIMEOUT, &mut events);
+    client.take_messages();
+    // It took the (now forgotten) probe as its era and refuses initialize.
+    let data = json!({"supported": [MODERN]});
+    assert!(refuse(&mut client, 2, -32022, Some(data), now).is_empty());
+    assert_eq!(client.era(), &Era::Modern);
+    let listing = sent(&mut client);
+    assert_eq!(listing[0]["method"], "tools/list");
+    assert_eq!(
+        listing[0].pointer(META_VERSION_POINTER),
+        Some(&json!(MODERN))
+    );
+}

@@ -1,0 +1,188 @@
+//! Tool arguments mirrored into HTTP headers, as protocol 2026-07-28 has
+//! a tool ask with `x-mcp-header` in its input schema: the argument at an
+//! annotated property goes with a call over Streamable HTTP as
+//! `Mcp-Param-{name}`, so that gateways can route on it without reading
+//! the body.
+//!
+//! An annotation must name a header (a non-empty token), be unique among
+//! the schema's (in any case), sit on a property of type `string`,
+//! `integer` or `boolean`, and be reachable from the schema's root through
+//! `properties` alone (not `items`, `oneOf`, `$ref`...). A tool whose
+//! schema breaks any of these is left out of the listing over HTTP, as the
+//! specification requires; over stdio annotations mean nothing.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use super::http::header_value;
+
+/// One annotated argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamHeader {
+    /// The chain of `properties` keys from the schema's root to it.
+    path: Vec<String>,
+    /// The header's name after `Mcp-Param-`.
+    name: String,
+}
+
+/// The largest integer JavaScript holds exactly (2^53 - 1), which bounds
+/// an integer argument mirrored into a header.
+const SAFE_INTEGER: i64 = (1 << 53) - 1;
+
+/// The annotated arguments of a tool's input schema, or why its
+/// annotations are invalid.
+pub fn of_schema(schema: &Value) -> Result<Vec<ParamHeader>, String> {
+    let mut found = Vec::new();
+    walk(schema, Some(&mut Vec::new()), &mut found)?;
+    let mut names = HashSet::new();
+    for header in &found {
+        if !names.insert(header.name.to_ascii_lowercase()) {
+            return Err(format!("x-mcp-header {:?} is given twice", header.name));
+        }
+    }
+    Ok(found)
+}
+
+/// `schema`'s annotations; `path` is its chain of `properties` keys when it
+/// is statically reachable from the root, else `None`.
+fn walk(
+    schema: &Value,
+    path: Option<&mut Vec<String>>,
+    found: &mut Vec<ParamHeader>,
+) -> Result<(), String> {
+    match schema {
+        Value::Object(object) => {
+            let mut path = path;
+            if let Some(annotation) = object.get("x-mcp-header") {
+                let at = path.as_deref().filter(|p| !p.is_empty()).ok_or_else(|| {
+                    "x-mcp-header is on a schema not reached through `properties` alone".to_owned()
+                })?;
+                found.push(annotated(annotation, object.get("type"), at)?);
+            }
+            for (key, child) in object {
+                match (key.as_str(), child, path.as_deref_mut()) {
+                    ("properties", Value::Object(properties), Some(path)) => {
+                        for (property, sub) in properties {
+                            path.push(property.clone());
+                            let walked = walk(sub, Some(path), found);
+                            path.pop();
+                            walked?;
+                        }
+                    }
+                    _ => walk(child, None, found)?,
+                }
+            }
+            Ok(())
+        }
+        Value::Array(items) => items.iter().try_for_each(|item| walk(item, None, found)),
+        _ => Ok(()),
+    }
+}
+
+/// One annotation, checked.
+fn annotated(
+    annotation: &Value,
+    kind: Option<&Value>,
+    path: &[String],
+) -> Result<ParamHeader, String> {
+    let name = annotation.as_str().unwrap_or("");
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(token) {
+        return Err(format!("x-mcp-header {annotation} is not a header name"));
+    }
+    match kind.and_then(Value::as_str) {
+        Some("string" | "integer" | "boolean") => Ok(ParamHeader {
+            path: path.to_vec(),
+            name: name.to_owned(),
+        }),
+        _ => Err(format!(
+            "x-mcp-header {name:?} is on a property that is not a string, integer or boolean"
+        )),
+    }
+}
+
+/// The headers a call with `arguments` carries: one per annotated
+/// argument present (and not null) at its path.
+pub fn for_call(headers: &[ParamHeader], arguments: &Value) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter_map(|header| {
+            let value = header
+                .path
+                .iter()
+                .try_fold(arguments, |value, key| value.get(key))?;
+            let text = match value {
+                Value::String(text) => header_value(text),
+                Value::Bool(flag) => flag.to_string(),
+                Value::Number(number) => {
+                    let integer = number.as_i64().filter(|n| n.abs() <= SAFE_INTEGER)?;
+                    integer.to_string()
+                }
+                _ => return None,
+            };
+            Some((format!("Mcp-Param-{}", header.name), text))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn annotated_arguments_become_headers_nested_ones_too() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "region": {"type": "string", "x-mcp-header": "Region"},
+                "query": {"type": "string"},
+                "options": {"type": "object", "properties": {
+                    "dry": {"type": "boolean", "x-mcp-header": "Dry-Run"},
+                    "limit": {"type": "integer", "x-mcp-header": "Limit"}
+                }}
+            }
+        });
+        let headers = of_schema(&schema).unwrap();
+        let call = json!({"region": "Hello, 世界", "options": {"dry": true, "limit": 42}});
+        let mut got = for_call(&headers, &call);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("Mcp-Param-Dry-Run".into(), "true".into()),
+                ("Mcp-Param-Limit".into(), "42".into()),
+                (
+                    "Mcp-Param-Region".into(),
+                    "=?base64?SGVsbG8sIOS4lueVjA==?=".into()
+                ),
+            ]
+        );
+        // Absent or null: no header.
+        assert!(for_call(&headers, &json!({"region": null})).is_empty());
+    }
+
+    #[test]
+    fn invalid_annotations_are_refused() {
+        let bad = [
+            json!({"properties": {"a": {"type": "number", "x-mcp-header": "A"}}}),
+            json!({"properties": {"a": {"type": "string", "x-mcp-header": ""}}}),
+            json!({"properties": {"a": {"type": "string", "x-mcp-header": "Bad Name"}}}),
+            json!({"properties": {
+                "a": {"type": "string", "x-mcp-header": "Same"},
+                "b": {"type": "string", "x-mcp-header": "same"}
+            }}),
+            json!({"properties": {"list": {"type": "array", "items": {
+                "type": "string", "x-mcp-header": "Item"
+            }}}}),
+            json!({"properties": {"a": {"oneOf": [{"type": "string", "x-mcp-header": "A"}]}}}),
+            json!({"type": "string", "x-mcp-header": "Root"}),
+        ];
+        for schema in bad {
+            assert!(of_schema(&schema).is_err(), "{schema}");
+        }
+        assert_eq!(of_schema(&json!({"type": "object"})), Ok(Vec::new()));
+    }
+}
