@@ -82,3 +82,12 @@ fn request_blocking(
     // round trip for nothing the kernel needs.
     Ok(value)
 }
+
+/// The kernel's error code in a refusal as [`KernelLink::request`] words
+/// it (`message (code)`); None for a failure that is not a refusal, such
+/// as not reaching the kernel.
+pub fn refusal_code(error: &str) -> Option<&str> {
+    let (_, code) = error.strip_suffix(')')?.rsplit_once(" (")?;
+    let is_code = !code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+    is_code.then_some(code)
+}

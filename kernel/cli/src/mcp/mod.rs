@@ -21,6 +21,7 @@ macro_rules! input_schema {
 mod arguments;
 mod catalogue;
 mod kernel;
+mod resources;
 mod results;
 mod server;
 mod sessions;

@@ -81,8 +81,14 @@ pub struct StatusOutput {
     pub protocol_version: u32,
     /// Who the kernel takes the caller to be.
     pub agent_id: u32,
+    // Each JSON value carries a description: without one its schema is
+    // the bare `true`, which the TypeScript SDK's clients reject as a
+    // property's schema.
+    /// The caller's principal (operator, agent, or a run of one).
     pub principal: Option<Value>,
+    /// What works on this host now: think, exec, spawn, tools, task, cgroup.
     pub features: Value,
+    /// The kernel's LLM, if it has one.
     pub llm: Option<Value>,
 }
 

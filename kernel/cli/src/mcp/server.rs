@@ -9,9 +9,12 @@ use rmcp::handler::server::common::{schema_for_input, schema_for_output};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, Implementation, JsonObject, ProtocolVersion, ServerCapabilities, ServerConfig,
+    CallToolResult, Implementation, JsonObject, ListResourceTemplatesResult, ListResourcesResult,
+    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
+    ServerCapabilities, ServerConfig,
 };
-use rmcp::{tool, tool_handler, tool_router, ServerHandler};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
 use super::arguments::{
@@ -277,18 +280,50 @@ fn spawn_request(arguments: SpawnArguments) -> Result<Value, String> {
 #[tool_handler(router = Self::all_tools())]
 impl ServerHandler for AgentosServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("agentos", env!("CARGO_PKG_VERSION")))
-            .with_protocol_version(NEWEST_REVISION)
-            .with_instructions(
-                "AgentOS: isolated code execution (exec, exec_* for sessions), agents \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new("agentos", env!("CARGO_PKG_VERSION")))
+        .with_protocol_version(NEWEST_REVISION)
+        .with_instructions(
+            "AgentOS: isolated code execution (exec, exec_* for sessions), agents \
                  (spawn, list_agents, kill, agent_logs), the kernel's LLM (think), \
                  background tasks (task_*), and the kernel's MCP tools (tools_search, \
                  tools_call). Calls act as the user who started this server.",
-            )
+        )
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         Cow::Borrowed(ProtocolVersion::known_up_to(&NEWEST_REVISION))
+    }
+
+    // Resources (resources.rs): the caller's agents' logs, exec session
+    // files and finished tasks' results.
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        self.list_resources_of_caller().await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(Self::resource_templates())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        Ok(self.read_resource_at(&request.uri).await?.into())
     }
 }
