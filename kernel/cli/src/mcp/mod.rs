@@ -35,13 +35,19 @@ use kernel::KernelLink;
 use server::AgentosServer;
 
 /// Serves MCP on stdin and stdout until the client closes them.
+///
+/// One thread serves the JSON-RPC traffic, which is light: a kernel
+/// request runs on tokio's blocking pool, so a long EXEC holds up nothing
+/// else, and no request hops between runtime threads on its way. The
+/// standard streams are driven as pipes on the reactor (`stdio_pipes`)
+/// rather than through a blocking thread per read and write.
 pub fn serve(socket: PathBuf) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         let server = AgentosServer::new(KernelLink::new(socket));
-        let running = server.serve(rmcp::transport::stdio()).await?;
+        let running = server.serve(rmcp::transport::stdio_pipes()).await?;
         running.waiting().await?;
         anyhow::Ok(())
     })

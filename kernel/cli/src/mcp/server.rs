@@ -3,6 +3,7 @@
 //! with the kernel's message, so the model sees why and can try again.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use agentos_proto::Opcode;
 use rmcp::handler::server::common::{schema_for_input, schema_for_output};
@@ -34,6 +35,10 @@ const NEWEST_REVISION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
 #[derive(Debug, Clone)]
 pub struct AgentosServer {
     pub(super) kernel: KernelLink,
+    /// Every tool, built once: rmcp's handler looks a call's tool up in
+    /// it, and building it (every tool's schemas and routes) per call cost
+    /// more than the rest of the server's part of the call.
+    tools: Arc<ToolRouter<AgentosServer>>,
 }
 
 impl AgentosServer {
@@ -56,7 +61,10 @@ impl AgentosServer {
 #[tool_router]
 impl AgentosServer {
     pub fn new(kernel: KernelLink) -> AgentosServer {
-        AgentosServer { kernel }
+        AgentosServer {
+            kernel,
+            tools: Arc::new(Self::all_tools()),
+        }
     }
 
     /// Every tool: these, and those of the other tool modules.
@@ -277,7 +285,7 @@ fn spawn_request(arguments: SpawnArguments) -> Result<Value, String> {
     Ok(request)
 }
 
-#[tool_handler(router = Self::all_tools())]
+#[tool_handler(router = self.tools)]
 impl ServerHandler for AgentosServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
