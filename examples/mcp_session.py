@@ -26,7 +26,7 @@ SESSION_LIMIT_SECONDS = 60
 CODE = "open('greeting.txt', 'w').write('written by exec')\nprint('6 * 7 =', 6 * 7)"
 
 
-def shown(value: object, limit: int = 100) -> str:
+def shown(value: object, limit: int = 120) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     text = text.strip().replace("\n", "\\n")
     return text if len(text) <= limit else text[: limit - 3] + "..."
