@@ -464,7 +464,7 @@ impl AgentosServer {
     }
 
     async fn listed_files(&self) -> Result<Vec<Resource>, ErrorData> {
-        let mut sessions = caller_sessions(&self.kernel).await.map_err(kernel_error)?;
+        let mut sessions = unless_unavailable(caller_sessions(&self.kernel).await)?;
         sessions.sort_by(|a, b| {
             let used = |s: &Value| s["last_used_at"].as_str().unwrap_or("").to_owned();
             used(b).cmp(&used(a))
@@ -518,11 +518,11 @@ impl AgentosServer {
 
     async fn listed_results(&self) -> Result<Vec<Resource>, ErrorData> {
         let request = json!({ "op": "list", "limit": 2 * MAX_LISTED_TASKS });
-        let reply = self
-            .kernel
-            .request(Opcode::TASK, &request, Wait::Quick)
-            .await
-            .map_err(kernel_error)?;
+        let reply = unless_unavailable(
+            self.kernel
+                .request(Opcode::TASK, &request, Wait::Quick)
+                .await,
+        )?;
         let tasks = reply["tasks"].as_array().cloned().unwrap_or_default();
         Ok(tasks
             .iter()
@@ -546,6 +546,17 @@ impl AgentosServer {
             })
             .take(MAX_LISTED_TASKS)
             .collect())
+    }
+}
+
+/// A kernel reply, or for a subsystem this host does not have (EXEC
+/// without namespaces, TASK without its store) nothing: the caller has
+/// none of its resources, and the others are still listed.
+fn unless_unavailable<T: Default>(reply: Result<T, String>) -> Result<T, ErrorData> {
+    match reply {
+        Ok(reply) => Ok(reply),
+        Err(error) if refusal_code(&error) == Some("unavailable") => Ok(T::default()),
+        Err(error) => Err(kernel_error(error)),
     }
 }
 
@@ -720,6 +731,14 @@ mod tests {
             code("cannot connect: No such file or directory (os error 2)"),
             rmcp::model::ErrorCode::INTERNAL_ERROR
         );
+    }
+
+    #[test]
+    fn a_subsystem_the_host_lacks_lists_nothing() {
+        let absent: Result<Vec<Value>, String> = Err("EXEC is off (unavailable)".to_owned());
+        assert_eq!(unless_unavailable(absent), Ok(vec![]));
+        let refused: Result<Vec<Value>, String> = Err("no (permission_denied)".to_owned());
+        assert!(unless_unavailable(refused).is_err());
     }
 
     #[test]
