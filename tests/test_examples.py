@@ -10,7 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from conftest import REPO, start_kernel
+from conftest import REPO, binary, start_kernel
+from test_mcp_server import everything_kernel  # noqa: F401 (a fixture)
 
 
 def run_quickstart(socket_path: str) -> subprocess.CompletedProcess:
@@ -46,3 +47,15 @@ def test_quickstart_asks_the_local_model_when_think_is_available():
     assert re.search(r"^THINK answer: \S", out.stdout, re.MULTILINE), out.stdout
     assert " tokens from " in out.stdout
     assert "THINK: " not in out.stdout
+
+
+def test_the_mcp_session_example_runs_through_agentos_mcp(everything_kernel):
+    env = dict(os.environ, AGENTOS_SOCKET=everything_kernel.socket_path)
+    out = subprocess.run(
+        [sys.executable, REPO / "examples" / "mcp_session.py", binary("agentos")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "  <- stdout 6 * 7 = 42" in out.stdout, out.stdout
+    assert "  <- result Echo: hello through agentos mcp" in out.stdout, out.stdout
+    assert "  <- text/plain written by exec" in out.stdout, out.stdout

@@ -22,7 +22,7 @@ mod tool;
 pub use exec::{
     ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, RunPermissions,
     SessionInfo, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated,
-    MAX_EXEC_FILES, MAX_EXEC_TIMEOUT_MS,
+    MAX_EXEC_FILES, MAX_EXEC_PATH_LEN, MAX_EXEC_TIMEOUT_MS,
 };
 pub use hello::{
     CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, PrincipalInfo, ProtocolLimits,

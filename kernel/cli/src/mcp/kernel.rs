@@ -111,13 +111,19 @@ impl KernelLink {
     }
 }
 
+/// The kernel's error code in a refusal as [`call_on`] words it
+/// (`message (code)`); None for a failure that is not a refusal, such as
+/// not reaching the kernel.
+pub fn refusal_code(error: &str) -> Option<&str> {
+    let (_, code) = error.strip_suffix(')')?.rsplit_once(" (")?;
+    let is_code = !code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+    is_code.then_some(code)
+}
+
 /// Whether `error`, from a request, is the kernel's refusal with `code`
-/// (`not_found`, `bad_request`, ...), as [`call_on`] words it.
+/// (`not_found`, `bad_request`, ...).
 pub fn refused_with(error: &str, code: &str) -> bool {
-    error
-        .strip_suffix(')')
-        .and_then(|rest| rest.rsplit_once(" ("))
-        .is_some_and(|(_, refused)| refused == code)
+    refusal_code(error) == Some(code)
 }
 
 /// A kernel connection's other handle, which shuts it down when dropped:

@@ -26,6 +26,7 @@ mod kernel;
 mod long_work;
 mod loopback_peer;
 mod prompt;
+mod resources;
 mod results;
 mod server;
 mod sessions;
@@ -64,7 +65,10 @@ pub fn serve(socket: PathBuf, transport: Transport) -> anyhow::Result<()> {
         Transport::Stdio => None,
         Transport::Http(options) => Some(HttpPlan::new(options)?),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One thread serves the JSON-RPC traffic, which is light: a kernel
+    // request runs on tokio's blocking pool, so a long EXEC holds up
+    // nothing else, and no request hops between runtime threads.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let server = AgentosServer::new(KernelLink::new(socket));
@@ -80,11 +84,13 @@ pub fn serve(socket: PathBuf, transport: Transport) -> anyhow::Result<()> {
     served
 }
 
-/// rmcp bounds a stdio line at 16 MiB and drops longer ones; a shorter
-/// request too big for the kernel reaches it and is refused as a tool
-/// error, which tells the client more than silence would.
+/// The standard streams are driven as pipes on the reactor
+/// (`stdio_pipes`) rather than through a blocking thread per read and
+/// write. rmcp bounds a stdio line at 16 MiB and drops longer ones; a
+/// shorter request too big for the kernel reaches it and is refused as a
+/// tool error, which tells the client more than silence would.
 async fn serve_stdio(server: AgentosServer) -> anyhow::Result<()> {
-    let running = server.serve(rmcp::transport::stdio()).await?;
+    let running = server.serve(rmcp::transport::stdio_pipes()).await?;
     running.waiting().await?;
     Ok(())
 }

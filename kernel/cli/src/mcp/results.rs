@@ -120,12 +120,13 @@ pub struct StatusOutput {
     pub protocol_version: u32,
     /// Who the kernel takes the caller to be.
     pub agent_id: u32,
-    // The doc comments below are also what makes each of these a JSON
-    // Schema object rather than `true`: MCP 2025-11-25 requires every
-    // output schema property to be an object.
-    /// The caller's uid, gid and role, as HELLO gives them.
+    // Each JSON value carries a description, which makes its schema an
+    // object rather than the bare `true`: MCP 2025-11-25 requires every
+    // output schema property to be an object, and the TypeScript SDK's
+    // clients reject the whole tool list otherwise.
+    /// The caller's principal (operator, agent, or a run of one): uid, gid and role.
     pub principal: Option<Value>,
-    /// Which kernel features are on (exec, tools, ...).
+    /// What works on this host now: think, exec, spawn, tools, task, cgroup.
     pub features: Value,
     /// The kernel's LLM: provider and model, when it has one.
     pub llm: Option<Value>,

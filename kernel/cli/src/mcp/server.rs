@@ -3,6 +3,7 @@
 //! with the kernel's message, so the model sees why and can try again.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use agentos_proto::payload::TaskKind;
 use agentos_proto::Opcode;
@@ -11,8 +12,9 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CacheScope, CallToolResponse, CallToolResult, CancelTaskParams, DiscoverResult, GetTaskParams,
-    GetTaskResult, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
-    ProtocolVersion, ServerCapabilities, ServerConfig, UpdateTaskParams,
+    GetTaskResult, Implementation, JsonObject, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, ServerConfig, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
@@ -47,6 +49,10 @@ const LISTS_FRESH_FOR_MS: u64 = 5 * 60 * 1000;
 #[derive(Debug, Clone)]
 pub struct AgentosServer {
     pub(super) kernel: KernelLink,
+    /// Every tool, built once: rmcp's handler looks a call's tool up in
+    /// it, and building it (every tool's schemas and routes) per call cost
+    /// more than the rest of the server's part of the call.
+    tools: Arc<ToolRouter<AgentosServer>>,
 }
 
 impl AgentosServer {
@@ -69,7 +75,10 @@ impl AgentosServer {
 #[tool_router]
 impl AgentosServer {
     pub fn new(kernel: KernelLink) -> AgentosServer {
-        AgentosServer { kernel }
+        AgentosServer {
+            kernel,
+            tools: Arc::new(Self::all_tools()),
+        }
     }
 
     /// Every tool: these, and those of the other tool modules.
@@ -322,11 +331,12 @@ fn spawn_request(arguments: SpawnArguments) -> Result<Value, String> {
     Ok(request)
 }
 
-#[tool_handler(router = Self::all_tools())]
+#[tool_handler(router = self.tools)]
 impl ServerHandler for AgentosServer {
     fn get_info(&self) -> ServerConfig {
         let capabilities = ServerCapabilities::builder()
             .enable_tools()
+            .enable_resources()
             .enable_tasks()
             .build();
         ServerConfig::new(capabilities)
@@ -386,16 +396,59 @@ impl ServerHandler for AgentosServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let mut result = ListToolsResult::with_all_items(Self::all_tools().list_all());
-        // Cache hints exist from 2026-07-28 on; older clients get the
-        // result without them.
-        if context
-            .protocol_version()
-            .is_some_and(|version| version >= NEWEST_REVISION)
-        {
+        let mut result = ListToolsResult::with_all_items(self.tools.list_all());
+        if has_cache_hints(&context) {
             result.ttl_ms = Some(LISTS_FRESH_FOR_MS);
             result.cache_scope = Some(CacheScope::Public);
         }
         Ok(result)
     }
+
+    // Resources (resources.rs): the caller's agents' logs, exec session
+    // files and finished tasks' results.
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let mut result = self.list_resources_of_caller().await?;
+        // The caller's own agents, sessions and tasks change from one
+        // moment to the next: a client should ask again, and never share
+        // the answer with another user.
+        if has_cache_hints(&context) {
+            result.ttl_ms = Some(0);
+            result.cache_scope = Some(CacheScope::Private);
+        }
+        Ok(result)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let mut result = Self::resource_templates();
+        if has_cache_hints(&context) {
+            result.ttl_ms = Some(LISTS_FRESH_FOR_MS);
+            result.cache_scope = Some(CacheScope::Public);
+        }
+        Ok(result)
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        Ok(self.read_resource_at(&request.uri).await?.into())
+    }
+}
+
+/// Whether the request's revision has cache hints on list results: they
+/// exist from 2026-07-28 on, and older clients get results without them.
+fn has_cache_hints(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|version| version >= NEWEST_REVISION)
 }
