@@ -337,18 +337,25 @@ impl AgentosServer {
         &self,
         uri: &str,
     ) -> Result<ReadResourceResult, ErrorData> {
+        let contents = self.read_contents(uri).await.map_err(|mut error| {
+            // The URI in the error's data tells a client that reads many
+            // at once which one failed.
+            error.data.get_or_insert_with(|| json!({ "uri": uri }));
+            error
+        })?;
+        Ok(ReadResourceResult::new(vec![contents]))
+    }
+
+    async fn read_contents(&self, uri: &str) -> Result<ResourceContents, ErrorData> {
         let resource =
             ResourceUri::parse(uri).map_err(|message| ErrorData::invalid_params(message, None))?;
-        let contents = match &resource {
-            ResourceUri::AgentLog { name } => self.read_log(resource.uri(), name).await?,
+        match &resource {
+            ResourceUri::AgentLog { name } => self.read_log(resource.uri(), name).await,
             ResourceUri::SessionFile { session, path } => {
-                self.read_file(resource.uri(), session, path).await?
+                self.read_file(resource.uri(), session, path).await
             }
-            ResourceUri::TaskResult { task_id } => {
-                self.read_result(resource.uri(), task_id).await?
-            }
-        };
-        Ok(ReadResourceResult::new(vec![contents]))
+            ResourceUri::TaskResult { task_id } => self.read_result(resource.uri(), task_id).await,
+        }
     }
 
     async fn read_log(&self, uri: String, name: &str) -> Result<ResourceContents, ErrorData> {
