@@ -13,9 +13,8 @@
 
 use std::collections::HashSet;
 
+use base64::Engine;
 use serde_json::Value;
-
-use super::http::header_value;
 
 /// One annotated argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,11 +125,42 @@ pub fn for_call(headers: &[ParamHeader], arguments: &Value) -> Vec<(String, Stri
         .collect()
 }
 
+/// `text` as a header value: as it is when it is printable ASCII with no
+/// space at its ends (and does not look encoded), else in the base64 form
+/// 2026-07-28 gives for the rest.
+pub fn header_value(text: &str) -> String {
+    let printable = text.bytes().all(|b| (0x20..0x7f).contains(&b));
+    let spaced = text.starts_with(' ') || text.ends_with(' ');
+    let looks_encoded = text.starts_with("=?base64?") && text.ends_with("?=");
+    let plain = printable && !spaced && !looks_encoded;
+    if plain {
+        text.to_owned()
+    } else {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(text.as_bytes());
+        format!("=?base64?{encoded}?=")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn header_values_are_plain_or_base64_as_the_spec_says() {
+        assert_eq!(header_value("get_weather"), "get_weather");
+        assert_eq!(
+            header_value("Hello, 世界"),
+            "=?base64?SGVsbG8sIOS4lueVjA==?="
+        );
+        assert_eq!(header_value(" padded "), "=?base64?IHBhZGRlZCA=?=");
+        assert_eq!(header_value("line1\nline2"), "=?base64?bGluZTEKbGluZTI=?=");
+        assert_eq!(
+            header_value("=?base64?literal?="),
+            "=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?="
+        );
+    }
 
     #[test]
     fn annotated_arguments_become_headers_nested_ones_too() {
