@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -516,3 +517,57 @@ def test_sigint_stops_the_server_too(kernel):
             assert time.monotonic() < deadline, "agentos mcp --http did not stop on SIGINT"
             time.sleep(0.05)
     assert any("stopping" in line for line in server.stderr), server.stderr
+
+
+def test_a_request_the_kernel_cuts_off_ends_no_one_elses_calls(kernel):
+    # Code over the kernel's request limit (1 MiB) but under the server's
+    # (4 MiB): the kernel refuses it from the frame header and closes the
+    # connection while the server is still writing the payload. That
+    # write fails with EPIPE, which must fail this call with the kernel's
+    # reason, not raise SIGPIPE and end the server with everyone's calls.
+    body, headers = stateless_request(1, "tools/call", {
+        "name": "exec", "arguments": {"code": "#" * (2 * 1024 * 1024)},
+    })
+    with mcp_http_server(kernel.socket_path) as server:
+        status, _, answer = post(server, body, headers)
+        assert server.process.poll() is None, f"the server died: {server.stderr}"
+        assert status == 200, answer
+        result = rpc_reply(answer)["result"]
+        assert result["isError"] is True, result
+        assert "payload_too_large" in result["content"][0]["text"], result
+        list_body, list_headers = stateless_request(2, "tools/list")
+        status, _, answer = post(server, list_body, list_headers)
+        assert status == 200, answer
+        assert rpc_reply(answer)["result"]["tools"], answer
+
+
+def test_clients_that_hang_up_mid_answer_end_no_one_elses_calls(kernel):
+    # Each client reads the answer's headers, which come at once, and
+    # hangs up while the run goes on: that answer is lost, and nothing
+    # else. (A hang-up between the last two writes of an answer, which the
+    # conformance suite's client makes often, once ended the server by
+    # SIGPIPE; this test's timing does not reach that window.)
+    body, headers = stateless_request(1, "tools/call", {
+        "name": "exec", "arguments": {"code": "import time\ntime.sleep(0.1)\nprint(1)"},
+    })
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    with mcp_http_server(kernel.socket_path) as server:
+        request = (
+            f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+            f"Content-Type: application/json\r\nAccept: {ACCEPT}\r\n{head}"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+                raw.sendall(request)
+                received = b""
+                while b"\r\n\r\n" not in received:
+                    chunk = raw.recv(65536)
+                    assert chunk, f"the answer ended before its headers: {received!r}"
+                    received += chunk
+            time.sleep(0.4)
+            assert server.process.poll() is None, f"the server died: {server.stderr}"
+        list_body, list_headers = stateless_request(2, "tools/list")
+        status, _, answer = post(server, list_body, list_headers)
+        assert status == 200, answer
+        assert rpc_reply(answer)["result"]["tools"], answer

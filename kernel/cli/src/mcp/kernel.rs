@@ -1,23 +1,26 @@
-//! The server's way to agentosd: one blocking protocol connection per tool
-//! call, run off the async threads.
+//! The server's way to agentosd: one protocol connection per tool call,
+//! driven on the server's own runtime thread.
 //!
 //! A connection per call keeps calls independent (a slow EXEC does not
 //! hold up a LIST) and costs a socket connect, which is cheap next to any
 //! kernel operation. EXEC sessions belong to the caller's uid, not to a
-//! connection, so they last across calls.
+//! connection, so they last across calls. The exchange is non-blocking
+//! I/O on the runtime, not a blocking call on a pool thread: the kernel's
+//! reply wakes the thread that answers the client, with no hop between
+//! threads on the way out or back.
 //!
 //! A call's connection closes when the call ends or is given up: the
 //! kernel ends a closed connection's runs, so a cancelled `exec` stops in
 //! the kernel too.
 
 use std::future::Future;
-use std::net::Shutdown;
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentos_proto::{Client, ClientError, Opcode};
+use agentos_proto::{encode_frame, Client, ClientError, FrameDecoder, Opcode, MAX_REPLY_BYTES};
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
 
 /// How long a quick request (LIST, SPAWN, KILL, HELLO) may take before
 /// the call fails: these answer at once unless the kernel is stuck.
@@ -66,33 +69,25 @@ impl KernelLink {
         wait: Wait,
         cancelled: impl Future<Output = ()>,
     ) -> Result<Value, String> {
-        // Requests that take no arguments (LIST, HELLO) want an empty
-        // payload, not the text `null`.
-        let payload = match body {
-            Value::Null => Vec::new(),
-            _ => serde_json::to_vec(body).map_err(|err| err.to_string())?,
-        };
-        // Connecting to a local socket does not wait on the kernel (the
-        // reactor accepts at once), so it is done here, where the handle
-        // that can close the connection is kept.
-        let stream = UnixStream::connect(&self.socket).map_err(|error| {
-            ClientError::Connect {
-                path: self.socket.clone(),
-                error,
+        let payload = request_payload(body)?;
+        let exchange = exchange(&self.socket, opcode, &payload);
+        let replied = async {
+            match wait {
+                Wait::Quick => tokio::time::timeout(QUICK_REPLY_LIMIT, exchange)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "the kernel did not answer within {} s",
+                            QUICK_REPLY_LIMIT.as_secs()
+                        ))
+                    }),
+                Wait::AsLongAsTheKernel => exchange.await,
             }
-            .to_string()
-        })?;
-        let _closer = ClosesOnDrop(
-            stream
-                .try_clone()
-                .map_err(|err| format!("cannot use the kernel connection: {err}"))?,
-        );
-        let call = tokio::task::spawn_blocking(move || {
-            call_on(Client::from_stream(stream), opcode, &payload, wait)
-        });
+        };
+        // Whichever ends first drops the other; a dropped exchange closes
+        // its connection.
         tokio::select! {
-            joined = call => joined
-                .map_err(|err| format!("the kernel request did not finish: {err}"))?,
+            reply = replied => reply_value(&reply?),
             () = cancelled => Err("the call was cancelled".to_owned()),
         }
     }
@@ -105,7 +100,7 @@ impl KernelLink {
         body: &Value,
         wait: Wait,
     ) -> Result<Value, String> {
-        let payload = serde_json::to_vec(body).map_err(|err| err.to_string())?;
+        let payload = request_payload(body)?;
         let client = Client::connect(&self.socket).map_err(|err| err.to_string())?;
         call_on(client, opcode, &payload, wait)
     }
@@ -126,15 +121,50 @@ pub fn refused_with(error: &str, code: &str) -> bool {
     refusal_code(error) == Some(code)
 }
 
-/// A kernel connection's other handle, which shuts it down when dropped:
-/// the blocking call on it returns, and the kernel sees the connection
-/// close. After a reply has come this changes nothing.
-struct ClosesOnDrop(UnixStream);
+/// A request's payload: requests that take no arguments (LIST, HELLO)
+/// want an empty payload, not the text `null`.
+fn request_payload(body: &Value) -> Result<Vec<u8>, String> {
+    match body {
+        Value::Null => Ok(Vec::new()),
+        _ => serde_json::to_vec(body).map_err(|err| err.to_string()),
+    }
+}
 
-impl Drop for ClosesOnDrop {
-    fn drop(&mut self) {
-        // Fails only if the connection is already gone, which is the goal.
-        let _ = self.0.shutdown(Shutdown::Both);
+/// Sends one request on a new connection to `socket` and reads its reply
+/// frame's payload. Dropping the future closes the connection.
+async fn exchange(socket: &Path, opcode: Opcode, payload: &[u8]) -> Result<Vec<u8>, String> {
+    let mut stream = UnixStream::connect(socket).await.map_err(|error| {
+        ClientError::Connect {
+            path: socket.to_path_buf(),
+            error,
+        }
+        .to_string()
+    })?;
+    // A write the kernel cut short (it refused the connection, or the
+    // payload as too large from its header alone) still has the kernel's
+    // reason waiting to be read, which says more than EPIPE.
+    let written = stream.write_all(&encode_frame(opcode, 0, payload)).await;
+    let mut decoder = FrameDecoder::new(MAX_REPLY_BYTES);
+    loop {
+        if let Some(frame) = decoder
+            .next_frame()
+            .map_err(|err| ClientError::Decode(err).to_string())?
+        {
+            return Ok(frame.payload.to_vec());
+        }
+        let failure = match stream.read(decoder.read_buf()).await {
+            Ok(0) => ClientError::Closed,
+            Ok(n) => {
+                decoder.advance(n);
+                continue;
+            }
+            Err(err) => ClientError::Io(err),
+        };
+        return Err(match written {
+            Err(err) => ClientError::Io(err),
+            Ok(()) => failure,
+        }
+        .to_string());
     }
 }
 
@@ -153,7 +183,12 @@ fn call_on(
     let reply = client
         .call(opcode, payload)
         .map_err(|err| err.to_string())?;
-    let value: Value = serde_json::from_slice(&reply.payload)
+    reply_value(&reply.payload)
+}
+
+/// A reply's JSON, or the kernel's refusal as `message (code)`.
+fn reply_value(payload: &[u8]) -> Result<Value, String> {
+    let value: Value = serde_json::from_slice(payload)
         .map_err(|err| format!("malformed reply from the kernel: {err}"))?;
     // A refusal carries an error code; an EXEC run that failed does not
     // (it ran, and its exit code and output are the answer).

@@ -65,9 +65,18 @@ pub fn serve(socket: PathBuf, transport: Transport) -> anyhow::Result<()> {
         Transport::Stdio => None,
         Transport::Http(options) => Some(HttpPlan::new(options)?),
     };
-    // One thread serves the JSON-RPC traffic, which is light: a kernel
-    // request runs on tokio's blocking pool, so a long EXEC holds up
-    // nothing else, and no request hops between runtime threads.
+    // A server outlives its peers: a client that hangs up mid-answer, or
+    // a kernel connection closed under a call, is an EPIPE for the one
+    // write, not a signal that ends every other client's calls. (The CLI
+    // restores SIGPIPE's default for its one-shot commands.)
+    // SAFETY: setting a signal's disposition touches no memory of ours,
+    // and no other thread runs yet.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    // One thread serves everything, which is light: each kernel request
+    // is non-blocking I/O on it (kernel.rs), so a long EXEC holds up
+    // nothing else, and no request hops between threads.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
