@@ -156,14 +156,7 @@ impl Drop for McpServer {
 
 /// One EXEC `print(1)` through the Rust client; how long until its reply.
 fn exec_direct(client: &mut Client) -> anyhow::Result<Duration> {
-    let start = Instant::now();
-    let reply = client.call(Opcode::EXEC, CODE)?;
-    let took = start.elapsed();
-    let reply: Value = serde_json::from_slice(&reply.payload)?;
-    if reply["stdout"] != "1\n" {
-        bail!("EXEC failed: {reply}");
-    }
-    Ok(took)
+    exec_timed_from(Instant::now(), client)
 }
 
 /// The same on a connection of its own, as `agentos mcp` makes one per
@@ -172,6 +165,12 @@ fn exec_on_new_connection(socket: &std::path::Path) -> anyhow::Result<Duration> 
     let start = Instant::now();
     let mut client = Client::connect(socket)?;
     client.set_timeout(Some(Duration::from_secs(30)))?;
+    exec_timed_from(start, &mut client)
+}
+
+/// Sends EXEC `print(1)` on `client`; the time from `start` to its reply,
+/// once the reply is checked.
+fn exec_timed_from(start: Instant, client: &mut Client) -> anyhow::Result<Duration> {
     let reply = client.call(Opcode::EXEC, CODE)?;
     let took = start.elapsed();
     let reply: Value = serde_json::from_slice(&reply.payload)?;
