@@ -34,6 +34,7 @@ pub mod fd;
 pub mod identity;
 pub mod kernel;
 pub mod llm;
+pub mod network;
 pub mod permissions;
 pub mod process;
 pub mod python_names;

@@ -1,0 +1,4 @@
+//! Network egress by policy: what a sandbox may reach beyond its own
+//! loopback, through the kernel's proxy.
+
+pub mod policy;
