@@ -2,3 +2,4 @@
 //! loopback, through the kernel's proxy.
 
 pub mod policy;
+pub mod sni;
