@@ -2,4 +2,5 @@
 //! loopback, through the kernel's proxy.
 
 pub mod policy;
+pub mod request;
 pub mod sni;
