@@ -2,5 +2,6 @@
 //! loopback, through the kernel's proxy.
 
 pub mod policy;
+pub mod record;
 pub mod request;
 pub mod sni;

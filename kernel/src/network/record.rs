@@ -1,0 +1,160 @@
+//! The record of a sandbox's connection attempts through the egress
+//! proxy: the newest few kept whole, and counters that never forget. An
+//! owner reads its agents' records (`agentos net NAME`); LIST and an EXEC
+//! reply carry the counters.
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+/// How many attempts one sandbox's record keeps: the newest, so a flood
+/// of refused attempts costs a bounded amount of memory.
+pub const KEPT_ATTEMPTS: usize = 256;
+
+/// One connection attempt, as it ended (or as it is, while open).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Attempt {
+    /// Milliseconds since the Unix epoch, when it was asked for.
+    pub at_ms: u64,
+    pub host: String,
+    pub port: u16,
+    /// The address the host resolved to, once resolved.
+    pub address: Option<String>,
+    pub allowed: bool,
+    /// Why it was refused, or why an allowed one failed.
+    pub reason: Option<String>,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    pub duration_ms: u64,
+}
+
+/// What the counters say: the shape of LIST's and EXEC's `network`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    pub allowed: u64,
+    pub refused: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+/// One sandbox's record.
+#[derive(Debug, Default)]
+pub struct Record {
+    attempts: VecDeque<Attempt>,
+    /// Attempts dropped from the front to keep [`KEPT_ATTEMPTS`].
+    dropped: u64,
+    totals: Totals,
+}
+
+impl Record {
+    /// Records an attempt as it was decided; its bytes and duration come
+    /// later through [`Record::finished`].
+    pub fn attempted(&mut self, attempt: Attempt) {
+        if attempt.allowed {
+            self.totals.allowed += 1;
+        } else {
+            self.totals.refused += 1;
+        }
+        self.totals.bytes_out += attempt.bytes_out;
+        self.totals.bytes_in += attempt.bytes_in;
+        if self.attempts.len() == KEPT_ATTEMPTS {
+            self.attempts.pop_front();
+            self.dropped += 1;
+        }
+        self.attempts.push_back(attempt);
+    }
+
+    /// An allowed connection, asked for at `at_ms` to `host:port`, has
+    /// ended (or moved more bytes): its counts are added, to the attempt
+    /// too if it is still kept.
+    pub fn finished(
+        &mut self,
+        at_ms: u64,
+        host: &str,
+        port: u16,
+        bytes_out: u64,
+        bytes_in: u64,
+        duration_ms: u64,
+    ) {
+        self.totals.bytes_out += bytes_out;
+        self.totals.bytes_in += bytes_in;
+        let kept = self
+            .attempts
+            .iter_mut()
+            .rev()
+            .find(|a| a.at_ms == at_ms && a.host == host && a.port == port);
+        if let Some(attempt) = kept {
+            attempt.bytes_out += bytes_out;
+            attempt.bytes_in += bytes_in;
+            attempt.duration_ms = duration_ms;
+        }
+    }
+
+    pub fn totals(&self) -> Totals {
+        self.totals
+    }
+
+    /// The kept attempts, oldest first, and how many older ones are gone.
+    pub fn attempts(&self) -> (impl Iterator<Item = &Attempt>, u64) {
+        (self.attempts.iter(), self.dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(at_ms: u64, allowed: bool) -> Attempt {
+        Attempt {
+            at_ms,
+            host: "a.example".into(),
+            port: 443,
+            address: Some("93.184.216.34".into()),
+            allowed,
+            reason: (!allowed).then(|| "not in the policy's allow list".into()),
+            bytes_out: 0,
+            bytes_in: 0,
+            duration_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_flood_keeps_the_newest_attempts_and_counts_them_all() {
+        let mut record = Record::default();
+        for at in 0..10_000 {
+            record.attempted(attempt(at, at % 2 == 0));
+        }
+        let (kept, dropped) = record.attempts();
+        let kept: Vec<_> = kept.collect();
+        assert_eq!(kept.len(), KEPT_ATTEMPTS);
+        assert_eq!(dropped, 10_000 - KEPT_ATTEMPTS as u64);
+        assert_eq!(kept[0].at_ms, 10_000 - KEPT_ATTEMPTS as u64);
+        assert_eq!(record.totals().allowed, 5_000);
+        assert_eq!(record.totals().refused, 5_000);
+    }
+
+    #[test]
+    fn bytes_are_counted_on_the_attempt_and_in_the_totals() {
+        let mut record = Record::default();
+        record.attempted(attempt(1, true));
+        record.finished(1, "a.example", 443, 100, 2_000, 35);
+        record.finished(1, "a.example", 443, 1, 2, 40);
+        // A connection whose attempt was dropped still counts.
+        record.finished(0, "gone.example", 443, 5, 5, 1);
+        let (mut kept, _) = record.attempts();
+        let first = kept.next().unwrap();
+        assert_eq!(
+            (first.bytes_out, first.bytes_in, first.duration_ms),
+            (101, 2_002, 40)
+        );
+        assert_eq!(
+            record.totals(),
+            Totals {
+                allowed: 1,
+                refused: 0,
+                bytes_out: 106,
+                bytes_in: 2_007
+            }
+        );
+    }
+}
