@@ -2,6 +2,7 @@
 //! loopback, through the kernel's proxy.
 
 pub mod policy;
+pub mod proxy;
 pub mod record;
 pub mod request;
 pub mod sni;
