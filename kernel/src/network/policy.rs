@@ -26,8 +26,9 @@ pub const MAX_ENTRIES: usize = 256;
 /// The longest entry: a 253-byte name, `[`, `]`, a prefix and a port.
 const MAX_ENTRY_BYTES: usize = 270;
 
-/// A network policy, as SPAWN's and EXEC's `network` object gives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A network policy, as SPAWN's and EXEC's `network` object gives it (the
+/// default allows nothing).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
     allow: Vec<Rule>,
     deny: Vec<Rule>,
@@ -152,6 +153,22 @@ impl Policy {
             }
         }
         Ok(self)
+    }
+}
+
+impl Policy {
+    /// This policy cut down to lie within `parent`: the entries no entry
+    /// of the parent's covers are dropped, and the parent's denials added.
+    /// (What a descendant keeps when its ancestor's policy narrows.)
+    pub fn narrowed_to(mut self, parent: &Policy) -> Policy {
+        self.allow
+            .retain(|rule| parent.allow.iter().any(|wider| wider.covers(rule)));
+        for rule in &parent.deny {
+            if !self.deny.contains(rule) {
+                self.deny.push(rule.clone());
+            }
+        }
+        self
     }
 }
 
@@ -623,5 +640,26 @@ mod tests {
                 "{wider}: {error}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod narrowing {
+    use super::*;
+
+    fn policy(json: &str) -> Policy {
+        Policy::from_json(&serde_json::from_str(json).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_narrowed_policy_keeps_only_what_its_parent_still_allows() {
+        let child = policy(r#"{"allow":["api.example.com:443","files.example.org"]}"#);
+        let parent = policy(r#"{"allow":["*.example.com"],"deny":["bad.example.com"]}"#);
+        let narrowed = child.narrowed_to(&parent);
+        assert_eq!(
+            narrowed.to_json(),
+            serde_json::json!({"allow": ["api.example.com:443"], "deny": ["bad.example.com"]})
+        );
+        assert!(narrowed.clone().within(&parent).is_ok());
     }
 }
