@@ -7,8 +7,8 @@
 //! optional port. A connection is decided on both the name it was asked
 //! for and the address that name resolved to: a deny entry that matches
 //! either refuses it; a private, loopback, link-local or metadata address
-//! is refused unless an allow entry names its range; otherwise an allow
-//! entry must match.
+//! is refused unless an allow entry names its range (and, for a name, an
+//! allow entry names it too); otherwise an allow entry must match.
 //!
 //! A child's policy must lie within its parent's: every entry it allows is
 //! allowed by one of the parent's, and the parent's denials are added to
@@ -117,12 +117,22 @@ impl Policy {
             let named = self.allow.iter().any(|rule| {
                 matches!(rule.target, Target::Range(_)) && rule.matches(&name, address, port)
             });
-            return if named {
+            if !named {
+                return Decision::Refused(format!(
+                    "{name} resolves to {address}, a {kind} address: allow its range to reach it"
+                ));
+            }
+            // A name must be allowed as a name too: naming a private range
+            // does not open it to every name that resolves there.
+            let literal = name.parse::<IpAddr>().is_ok();
+            let name_allowed = literal
+                || self.allow.iter().any(|rule| {
+                    !matches!(rule.target, Target::Range(_)) && rule.matches(&name, address, port)
+                });
+            return if name_allowed {
                 Decision::Allowed
             } else {
-                Decision::Refused(format!(
-                    "{name} resolves to {address}, a {kind} address: allow its range to reach it"
-                ))
+                Decision::Refused(format!("{name}:{port} is not in the policy's allow list"))
             };
         }
         if self
@@ -607,7 +617,17 @@ mod tests {
             p.to_json()["allow"],
             json!(["fd00::/8", "[fd12::1]:8443", "2001:db8::/32"])
         );
-        assert_eq!(p.decide("x", ip("fd12::1"), 8443), Decision::Allowed);
+        assert_eq!(p.decide("fd12::1", ip("fd12::1"), 8443), Decision::Allowed);
+        // A name resolving into a named private range still needs its name.
+        assert!(matches!(
+            p.decide("x", ip("fd12::1"), 8443),
+            Decision::Refused(_)
+        ));
+        let named = policy(json!({"allow": ["db.internal", "fd00::/8"]}));
+        assert_eq!(
+            named.decide("db.internal", ip("fd12::1"), 5432),
+            Decision::Allowed
+        );
         assert_eq!(p.decide("x", ip("2001:db8::5"), 1), Decision::Allowed);
         assert!(matches!(
             p.decide("x", ip("2001:db9::5"), 1),
