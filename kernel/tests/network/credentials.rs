@@ -132,3 +132,30 @@ fn an_upstream_that_fails_verification_is_not_reached() {
         r.attempts().0.any(|a| a.reason.is_some())
     });
 }
+
+#[test]
+fn a_client_hello_sent_with_the_connect_head_is_not_lost() {
+    let server = upstream(Kind::Https);
+    let served = serve(with_credential(), POLICY);
+    let ca = served.proxy.ca_certificate_pem().to_owned();
+    for host in ["cred.test", "allowed.test"] {
+        let mut stream = TcpStream::connect(served.address).unwrap();
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        let trust = if host == "cred.test" {
+            &ca
+        } else {
+            &test_ca().pem
+        };
+        let mut tls = tls(stream.try_clone().unwrap(), host, trust);
+        // The CONNECT head and the ClientHello in one write.
+        let mut first = format!("CONNECT {host}:{} HTTP/1.1\r\n\r\n", server.port).into_bytes();
+        tls.conn.write_tls(&mut first).unwrap();
+        stream.write_all(&first).unwrap();
+        let (status, _) = read_head(&mut stream);
+        assert_eq!(status, 200, "{host}");
+        write!(tls, "GET /early HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+        let response = read_response(&mut tls);
+        assert_eq!(response.status, 200, "{host}");
+        assert!(response.text().starts_with("GET /early"), "{host}");
+    }
+}

@@ -754,7 +754,17 @@ impl EventLoop {
                 return self.close(key, End::Failed(reason));
             }
         };
-        match Intercept::new(host, server, self.upstream_tls.clone(), set, ESTABLISHED) {
+        // What the client sent right after its CONNECT head is the start
+        // of its TLS.
+        let early = std::mem::take(&mut self.conns[key].held);
+        match Intercept::new(
+            host,
+            server,
+            self.upstream_tls.clone(),
+            set,
+            ESTABLISHED,
+            &early,
+        ) {
             Ok(intercept) => {
                 let conn = &mut self.conns[key];
                 conn.intercept = Some(Box::new(intercept));
@@ -886,10 +896,6 @@ impl EventLoop {
                 }
             }
         }
-        // Room for one more: what waited on the endpoint may come in.
-        let id = conn.sandbox;
-        drop(conn);
-        self.accept(id);
     }
 
     /// Deadlines that have passed, and the once-a-second tick.

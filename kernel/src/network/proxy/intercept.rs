@@ -65,19 +65,30 @@ pub enum Step {
 
 impl Intercept {
     /// Sets up both sessions for `host`; `preamble` goes to the client
-    /// first, in the clear.
+    /// first, in the clear; `early` is what the client sent already.
     pub fn new(
         host: &str,
         server: Arc<ServerConfig>,
         client: Arc<ClientConfig>,
         set: Vec<SetHeader>,
         preamble: &[u8],
+        early: &[u8],
     ) -> Result<Intercept, String> {
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| format!("{host} is not a TLS server name: {e}"))?;
+        let mut towards_client =
+            ServerConnection::new(server).map_err(|e| format!("TLS towards the client: {e}"))?;
+        let mut early = early;
+        while !early.is_empty() {
+            towards_client
+                .read_tls(&mut early)
+                .map_err(|e| format!("TLS from the client: {e}"))?;
+            towards_client
+                .process_new_packets()
+                .map_err(|e| format!("TLS from the client: {e}"))?;
+        }
         Ok(Intercept {
-            client: ServerConnection::new(server)
-                .map_err(|e| format!("TLS towards the client: {e}"))?,
+            client: towards_client,
             upstream: ClientConnection::new(client, name)
                 .map_err(|e| format!("TLS towards {host}: {e}"))?,
             requests: Requests::new(set),
