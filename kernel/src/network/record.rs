@@ -14,6 +14,10 @@ pub const KEPT_ATTEMPTS: usize = 256;
 /// One connection attempt, as it ended (or as it is, while open).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Attempt {
+    /// The proxy's number for it, unique in a boot, by which its bytes are
+    /// added later.
+    #[serde(skip)]
+    pub id: u64,
     /// Milliseconds since the Unix epoch, when it was asked for.
     pub at_ms: u64,
     pub host: String,
@@ -64,30 +68,42 @@ impl Record {
         self.attempts.push_back(attempt);
     }
 
-    /// An allowed connection, asked for at `at_ms` to `host:port`, has
-    /// ended (or moved more bytes): its counts are added, to the attempt
-    /// too if it is still kept.
-    pub fn finished(
-        &mut self,
-        at_ms: u64,
-        host: &str,
-        port: u16,
-        bytes_out: u64,
-        bytes_in: u64,
-        duration_ms: u64,
-    ) {
+    /// Allowed connection `id` has ended (or moved more bytes): its counts
+    /// are added, to the attempt too if it is still kept.
+    pub fn finished(&mut self, id: u64, bytes_out: u64, bytes_in: u64, duration_ms: u64) {
         self.totals.bytes_out += bytes_out;
         self.totals.bytes_in += bytes_in;
-        let kept = self
-            .attempts
-            .iter_mut()
-            .rev()
-            .find(|a| a.at_ms == at_ms && a.host == host && a.port == port);
-        if let Some(attempt) = kept {
+        if let Some(attempt) = self.kept(id) {
             attempt.bytes_out += bytes_out;
             attempt.bytes_in += bytes_in;
             attempt.duration_ms = duration_ms;
         }
+    }
+
+    /// Connection `id`, allowed when asked for, was refused on what came
+    /// after (a TLS server name for another host): it counts as refused.
+    pub fn refused_after(&mut self, id: u64, reason: String) {
+        if let Some(attempt) = self.kept(id) {
+            if attempt.allowed {
+                attempt.allowed = false;
+                attempt.reason = Some(reason);
+                self.totals.allowed -= 1;
+                self.totals.refused += 1;
+            }
+        }
+    }
+
+    /// Allowed connection `id` failed or was ended by the proxy, and why
+    /// (`policy changed`, an upstream that could not be reached).
+    pub fn ended(&mut self, id: u64, reason: String) {
+        if let Some(attempt) = self.kept(id) {
+            attempt.reason = Some(reason);
+        }
+    }
+
+    fn kept(&mut self, id: u64) -> Option<&mut Attempt> {
+        // The newest are looked for most: search from the back.
+        self.attempts.iter_mut().rev().find(|a| a.id == id)
     }
 
     pub fn totals(&self) -> Totals {
@@ -106,6 +122,7 @@ mod tests {
 
     fn attempt(at_ms: u64, allowed: bool) -> Attempt {
         Attempt {
+            id: at_ms,
             at_ms,
             host: "a.example".into(),
             port: 443,
@@ -137,10 +154,10 @@ mod tests {
     fn bytes_are_counted_on_the_attempt_and_in_the_totals() {
         let mut record = Record::default();
         record.attempted(attempt(1, true));
-        record.finished(1, "a.example", 443, 100, 2_000, 35);
-        record.finished(1, "a.example", 443, 1, 2, 40);
+        record.finished(1, 100, 2_000, 35);
+        record.finished(1, 1, 2, 40);
         // A connection whose attempt was dropped still counts.
-        record.finished(0, "gone.example", 443, 5, 5, 1);
+        record.finished(0, 5, 5, 1);
         let (mut kept, _) = record.attempts();
         let first = kept.next().unwrap();
         assert_eq!(
@@ -155,6 +172,22 @@ mod tests {
                 bytes_out: 106,
                 bytes_in: 2_007
             }
+        );
+    }
+
+    #[test]
+    fn a_connection_refused_after_it_was_allowed_moves_between_the_counters() {
+        let mut record = Record::default();
+        record.attempted(attempt(7, true));
+        record.refused_after(7, "TLS server name a does not match b".into());
+        record.refused_after(7, "twice".into());
+        assert_eq!((record.totals().allowed, record.totals().refused), (0, 1));
+        let (mut kept, _) = record.attempts();
+        let first = kept.next().unwrap();
+        assert!(!first.allowed);
+        assert_eq!(
+            first.reason.as_deref(),
+            Some("TLS server name a does not match b")
         );
     }
 }

@@ -9,15 +9,43 @@
 //! resolves the name on a resolver thread, decides on name and address,
 //! connects, checks a tunnel's TLS server name, and moves bytes. Every
 //! attempt goes to the sandbox's [`Record`] and to the log.
+//!
+//! A host with a credential is intercepted: its tunnel's TLS is ended at
+//! the proxy with a leaf signed by a CA minted at start (see
+//! [`Proxy::ca_certificate_pem`]), and every request head on it gets the
+//! credential's header. Other hosts' TLS is never touched.
+//!
+//! Files: `event_loop` (the thread, its sandboxes and deadlines),
+//! `connection` (one client connection's state), `resolver` (DNS threads),
+//! `splice` (moving bytes with backpressure), `intercept` and `tls` (the
+//! TLS both ways, the CA), `http` (request heads rewritten), `log` (log
+//! lines within a budget).
+
+mod connection;
+mod event_loop;
+mod http;
+mod intercept;
+mod log;
+mod resolver;
+mod splice;
+mod tls;
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, TcpListener};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
+
+use mio::{Poll, Waker};
 
 use super::policy::Policy;
 use super::record::Record;
+use event_loop::{Control, EventLoop, Parts, WAKER};
+
+/// How many threads resolve names.
+const RESOLVER_THREADS: usize = 4;
 
 /// What the proxy is configured with (`[network]`).
 #[derive(Debug, Clone)]
@@ -35,6 +63,22 @@ pub struct ProxySettings {
     pub head_timeout: Duration,
     /// Resolving and connecting upstream must finish by then.
     pub connect_timeout: Duration,
+}
+
+impl Default for ProxySettings {
+    /// No overrides, no extra roots, no credentials; 256 connections a
+    /// sandbox; 10 s for a request head (and a tunnel's ClientHello); 10 s
+    /// to resolve and connect.
+    fn default() -> ProxySettings {
+        ProxySettings {
+            resolve: HashMap::new(),
+            extra_roots_pem: Vec::new(),
+            credentials: Vec::new(),
+            max_connections: 256,
+            head_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// A header the proxy adds to every request for `host`.
@@ -58,34 +102,78 @@ impl std::fmt::Debug for Credential {
 /// A sandbox's endpoint, as the proxy knows it.
 pub type SandboxId = u64;
 
-/// The running proxy: a handle to its thread.
-#[derive(Debug)]
-pub struct Proxy {}
+/// The running proxy: a handle to its thread. Dropping it stops the
+/// thread (every endpoint and connection closes) and waits for it; the
+/// resolver threads end after the lookup they are in.
+pub struct Proxy {
+    control: Sender<Control>,
+    waker: Arc<Waker>,
+    ca_pem: String,
+    intercepts: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("intercepts", &self.intercepts)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Proxy {
     /// Starts the proxy's thread (and its resolver threads) and mints the
     /// per-boot certificate authority interception signs with.
     pub fn start(settings: ProxySettings) -> io::Result<Proxy> {
-        let _ = settings;
-        Err(io::Error::other("the egress proxy is not built yet"))
+        let provider = tls::provider();
+        let authority = tls::Authority::mint(provider.clone()).map_err(io::Error::other)?;
+        let upstream_tls =
+            tls::upstream_config(provider, &settings.extra_roots_pem).map_err(io::Error::other)?;
+        let ca_pem = authority.certificate_pem().to_owned();
+        let intercepts = !settings.credentials.is_empty();
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let (answers_to, answers) = mpsc::channel();
+        let resolver = resolver::Resolver::start(RESOLVER_THREADS, answers_to, waker.clone())?;
+        let (control, control_from) = mpsc::channel();
+        let event_loop = EventLoop::new(Parts {
+            poll,
+            settings,
+            authority,
+            upstream_tls,
+            control: control_from,
+            resolver,
+            answers,
+        });
+        let thread = std::thread::Builder::new()
+            .name("proxy".into())
+            .spawn(move || event_loop.run())?;
+        Ok(Proxy {
+            control,
+            waker,
+            ca_pem,
+            intercepts,
+            thread: Some(thread),
+        })
     }
 
     /// The per-boot CA certificate (PEM) a sandbox trusts so that hosts
     /// with a credential can be intercepted.
     pub fn ca_certificate_pem(&self) -> &str {
-        ""
+        &self.ca_pem
     }
 
     /// Whether any host has a credential (only then does a sandbox need
     /// the CA in its trust).
     pub fn intercepts(&self) -> bool {
-        false
+        self.intercepts
     }
 
     /// Serves `listener` (non-blocking, bound inside sandbox `id`'s network
     /// namespace) under `policy`; `label` names the sandbox in the log
     /// (`agent worker1`, `run 17 of operator`). The record it returns is
-    /// the one the proxy writes to.
+    /// the one the proxy writes to. Serving an `id` again replaces its
+    /// endpoint (the old one's connections close).
     pub fn serve(
         &self,
         id: SandboxId,
@@ -93,18 +181,41 @@ impl Proxy {
         listener: TcpListener,
         policy: Policy,
     ) -> Arc<Mutex<Record>> {
-        let _ = (id, label, listener, policy);
-        Arc::new(Mutex::new(Record::default()))
+        let record = Arc::new(Mutex::new(Record::default()));
+        self.send(Control::Serve {
+            id,
+            label,
+            listener,
+            policy,
+            record: record.clone(),
+        });
+        record
     }
 
     /// Replaces sandbox `id`'s policy; its open connections that the new
     /// policy refuses are closed.
     pub fn set_policy(&self, id: SandboxId, policy: Policy) {
-        let _ = (id, policy);
+        self.send(Control::SetPolicy { id, policy });
     }
 
     /// Stops serving sandbox `id`: its endpoint and connections close.
     pub fn forget(&self, id: SandboxId) {
-        let _ = id;
+        self.send(Control::Forget { id });
+    }
+
+    fn send(&self, control: Control) {
+        // A proxy thread that is gone has nothing left to serve.
+        if self.control.send(control).is_ok() {
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.send(Control::Stop);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }

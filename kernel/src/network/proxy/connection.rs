@@ -1,0 +1,107 @@
+//! One client connection through the proxy, as the event loop keeps it:
+//! which phase it is in, what it asked for, where it goes, and the bytes
+//! on their way.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use mio::net::TcpStream;
+
+use super::intercept::Intercept;
+use super::splice::Pipe;
+use super::SandboxId;
+use crate::network::request::ProxyRequest;
+
+/// Where a connection is, in the order it goes through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Reading the request head (within `head_timeout`).
+    Head,
+    /// The name is with a resolver thread.
+    Resolving,
+    /// Connecting upstream (within `connect_timeout` of the head).
+    Connecting,
+    /// A tunnel is up; the client's first bytes are held until they show
+    /// a TLS server name that matches the host (or are not TLS).
+    Hello,
+    /// Bytes move both ways as they are.
+    Splice,
+    /// TLS is ended and begun again to add a credential.
+    Intercept,
+}
+
+/// A client connection.
+#[derive(Debug)]
+pub struct Conn {
+    /// Unique in a boot: the record's attempt id, and what timers and
+    /// resolver answers carry so that a reused slot is not mistaken.
+    pub id: u64,
+    pub sandbox: SandboxId,
+    pub client: TcpStream,
+    pub upstream: Option<TcpStream>,
+    pub phase: Phase,
+    /// The head while it is read; then the client's bytes after it, held.
+    pub held: Vec<u8>,
+    /// A plain request's head, as the client sent it, until it is
+    /// rewritten and sent upstream.
+    pub head: Vec<u8>,
+    pub request: Option<ProxyRequest>,
+    /// Addresses still to try, all allowed by the policy.
+    pub candidates: VecDeque<SocketAddr>,
+    /// The address connected to (or being connected to).
+    pub address: Option<SocketAddr>,
+    /// Whether an allowed attempt is in the record (so its end is too).
+    pub recorded: bool,
+    /// When it asked (its head was read), and the same in ms since epoch.
+    pub asked: Instant,
+    pub at_ms: u64,
+    pub deadline: Option<Instant>,
+    pub to_upstream: Pipe,
+    pub to_client: Pipe,
+    pub intercept: Option<Box<Intercept>>,
+    /// Bytes already added to the record, out and in.
+    pub reported: (u64, u64),
+}
+
+impl Conn {
+    pub fn new(id: u64, sandbox: SandboxId, client: TcpStream, now: Instant) -> Conn {
+        Conn {
+            id,
+            sandbox,
+            client,
+            upstream: None,
+            phase: Phase::Head,
+            held: Vec::new(),
+            head: Vec::new(),
+            request: None,
+            candidates: VecDeque::new(),
+            address: None,
+            recorded: false,
+            asked: now,
+            at_ms: 0,
+            deadline: None,
+            to_upstream: Pipe::default(),
+            to_client: Pipe::default(),
+            intercept: None,
+            reported: (0, 0),
+        }
+    }
+
+    /// The host and port asked for (empty before the head is read).
+    pub fn target(&self) -> (&str, u16) {
+        match &self.request {
+            Some(ProxyRequest::Connect { host, port })
+            | Some(ProxyRequest::Forward { host, port, .. }) => (host, *port),
+            None => ("", 0),
+        }
+    }
+
+    /// Bytes moved so far: to the upstream, and from it.
+    pub fn bytes(&self) -> (u64, u64) {
+        match &self.intercept {
+            Some(intercept) => (intercept.bytes_out, intercept.bytes_in),
+            None => (self.to_upstream.moved, self.to_client.moved),
+        }
+    }
+}

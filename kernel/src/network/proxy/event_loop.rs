@@ -1,0 +1,1063 @@
+//! The proxy's thread: one `mio::Poll` for every sandbox's endpoint and
+//! every connection through it. Nothing here blocks: names are resolved
+//! by the resolver threads, connects are non-blocking, and every wait
+//! (a request head, a connect, a ClientHello) has a deadline.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+use rustls::ClientConfig;
+use slab::Slab;
+
+use super::connection::{Conn, Phase};
+use super::http::{self, SetHeader};
+use super::intercept::{Intercept, Step};
+use super::log::LogBudget;
+use super::resolver::{Answer, Question, Resolver};
+use super::splice::SCRATCH_BYTES;
+use super::tls::Authority;
+use super::{ProxySettings, SandboxId};
+use crate::network::policy::{Decision, Policy};
+use crate::network::record::{Attempt, Record};
+use crate::network::request::{self, Head, ProxyRequest, MAX_HEAD_BYTES};
+use crate::network::sni::{self, ClientHello};
+
+/// What the other threads ask of the loop.
+#[derive(Debug)]
+pub enum Control {
+    Serve {
+        id: SandboxId,
+        label: String,
+        listener: std::net::TcpListener,
+        policy: Policy,
+        record: Arc<Mutex<Record>>,
+    },
+    SetPolicy {
+        id: SandboxId,
+        policy: Policy,
+    },
+    Forget {
+        id: SandboxId,
+    },
+    Stop,
+}
+
+/// The waker's token; listeners' tokens have [`LISTENER`] set; a
+/// connection's are its slot times two, plus one for its upstream socket.
+pub const WAKER: Token = Token(usize::MAX);
+const LISTENER: usize = 1 << (usize::BITS - 2);
+
+/// How long accepting pauses after the process ran out of descriptors:
+/// retrying at once would spin, since the pending connection stays.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// How often live byte counts reach the records and floods are summed up
+/// in the log.
+const TICK: Duration = Duration::from_secs(1);
+/// The longest ClientHello held: one TLS record and its header.
+const MAX_HELLO_BYTES: usize = 5 + 16384 + 2048;
+/// The answer to a CONNECT once the upstream is connected.
+const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
+
+/// One sandbox's endpoint.
+#[derive(Debug)]
+struct Sandbox {
+    label: String,
+    listener: TcpListener,
+    listener_key: usize,
+    policy: Policy,
+    record: Arc<Mutex<Record>>,
+    /// Its connections open or opening.
+    open: usize,
+    log: LogBudget,
+    /// Being forgotten: its endpoint accepts no more.
+    closing: bool,
+}
+
+/// How a connection ends, for the record.
+#[derive(Debug)]
+enum End {
+    /// Both sides closed.
+    Closed,
+    /// An allowed connection failed or was closed by the proxy.
+    Failed(String),
+    /// Refused after it was allowed (the TLS server name).
+    Refused(String),
+}
+
+/// The loop and everything it owns.
+pub struct EventLoop {
+    poll: Poll,
+    settings: ProxySettings,
+    credentials: HashMap<String, Vec<SetHeader>>,
+    authority: Authority,
+    upstream_tls: Arc<ClientConfig>,
+    control: Receiver<Control>,
+    resolver: Resolver,
+    answers: Receiver<Answer>,
+    sandboxes: HashMap<SandboxId, Sandbox>,
+    listeners: Slab<SandboxId>,
+    conns: Slab<Conn>,
+    timers: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    next_id: u64,
+    scratch: Vec<u8>,
+    accept_paused_until: Option<Instant>,
+    next_tick: Instant,
+}
+
+impl std::fmt::Debug for EventLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventLoop")
+            .field("sandboxes", &self.sandboxes.len())
+            .field("connections", &self.conns.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the loop is started with.
+pub struct Parts {
+    pub poll: Poll,
+    pub settings: ProxySettings,
+    pub authority: Authority,
+    pub upstream_tls: Arc<ClientConfig>,
+    pub control: Receiver<Control>,
+    pub resolver: Resolver,
+    pub answers: Receiver<Answer>,
+}
+
+impl EventLoop {
+    pub fn new(parts: Parts) -> EventLoop {
+        let mut credentials: HashMap<String, Vec<SetHeader>> = HashMap::new();
+        for credential in &parts.settings.credentials {
+            credentials
+                .entry(credential.host.to_ascii_lowercase())
+                .or_default()
+                .push(SetHeader {
+                    name: credential.header.clone(),
+                    value: credential.value.clone(),
+                });
+        }
+        EventLoop {
+            poll: parts.poll,
+            settings: parts.settings,
+            credentials,
+            authority: parts.authority,
+            upstream_tls: parts.upstream_tls,
+            control: parts.control,
+            resolver: parts.resolver,
+            answers: parts.answers,
+            sandboxes: HashMap::new(),
+            listeners: Slab::new(),
+            conns: Slab::new(),
+            timers: BinaryHeap::new(),
+            next_id: 1,
+            scratch: vec![0; SCRATCH_BYTES],
+            accept_paused_until: None,
+            next_tick: Instant::now() + TICK,
+        }
+    }
+
+    /// Runs until told to stop (or every handle is gone).
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let timeout = self.next_wake().saturating_duration_since(Instant::now());
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    log::error!("network: the proxy's poll failed: {e}");
+                    return;
+                }
+            }
+            for event in events.iter() {
+                match event.token() {
+                    WAKER => {}
+                    Token(token) if token & LISTENER != 0 => {
+                        if let Some(&id) = self.listeners.get(token & !LISTENER) {
+                            self.accept(id);
+                        }
+                    }
+                    Token(token) => self.ready(token >> 1, token & 1 == 1, event),
+                }
+            }
+            if !self.controls() {
+                return;
+            }
+            while let Ok(answer) = self.answers.try_recv() {
+                self.answered(answer);
+            }
+            self.expire();
+        }
+    }
+
+    fn next_wake(&self) -> Instant {
+        let mut wake = self.next_tick;
+        if let Some(Reverse((at, _, _))) = self.timers.peek() {
+            wake = wake.min(*at);
+        }
+        if let Some(at) = self.accept_paused_until {
+            wake = wake.min(at);
+        }
+        wake
+    }
+
+    /// Handles control messages; false once told to stop.
+    fn controls(&mut self) -> bool {
+        loop {
+            match self.control.try_recv() {
+                Ok(Control::Serve {
+                    id,
+                    label,
+                    listener,
+                    policy,
+                    record,
+                }) => self.serve(id, label, listener, policy, record),
+                Ok(Control::SetPolicy { id, policy }) => self.set_policy(id, policy),
+                Ok(Control::Forget { id }) => self.forget(id),
+                Ok(Control::Stop) | Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    return false
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => return true,
+            }
+        }
+    }
+
+    fn serve(
+        &mut self,
+        id: SandboxId,
+        label: String,
+        listener: std::net::TcpListener,
+        policy: Policy,
+        record: Arc<Mutex<Record>>,
+    ) {
+        // A sandbox served again replaces its old endpoint.
+        self.forget(id);
+        if let Err(e) = listener.set_nonblocking(true) {
+            log::error!("network: {label}'s proxy endpoint: {e}");
+            return;
+        }
+        let mut listener = TcpListener::from_std(listener);
+        let listener_key = self.listeners.insert(id);
+        if let Err(e) = self.poll.registry().register(
+            &mut listener,
+            Token(LISTENER | listener_key),
+            Interest::READABLE,
+        ) {
+            log::error!("network: {label}'s proxy endpoint: {e}");
+            self.listeners.remove(listener_key);
+            return;
+        }
+        self.sandboxes.insert(
+            id,
+            Sandbox {
+                label,
+                listener,
+                listener_key,
+                policy,
+                record,
+                open: 0,
+                log: LogBudget::default(),
+                closing: false,
+            },
+        );
+        // Connections may have queued before the listener was registered.
+        self.accept(id);
+    }
+
+    fn set_policy(&mut self, id: SandboxId, policy: Policy) {
+        let Some(sandbox) = self.sandboxes.get_mut(&id) else {
+            return;
+        };
+        sandbox.policy = policy;
+        let refused: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, conn)| conn.sandbox == id && conn.recorded)
+            .filter(|(_, conn)| {
+                let (host, port) = conn.target();
+                conn.address.is_some_and(|address| {
+                    matches!(
+                        sandbox.policy.decide(host, address.ip(), port),
+                        Decision::Refused(_)
+                    )
+                })
+            })
+            .map(|(key, _)| key)
+            .collect();
+        for key in refused {
+            self.close(key, End::Failed("policy changed".into()));
+        }
+    }
+
+    fn forget(&mut self, id: SandboxId) {
+        let Some(mut sandbox) = self.sandboxes.remove(&id) else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(&mut sandbox.listener);
+        self.listeners.remove(sandbox.listener_key);
+        sandbox.closing = true;
+        let keys: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, conn)| conn.sandbox == id)
+            .map(|(key, _)| key)
+            .collect();
+        // Their record is the sandbox's still: write it before it goes.
+        self.sandboxes.insert(id, sandbox);
+        for key in keys {
+            self.close(key, End::Failed("the sandbox's proxy was stopped".into()));
+        }
+        self.sandboxes.remove(&id);
+    }
+
+    /// Accepts what waits on sandbox `id`'s endpoint.
+    fn accept(&mut self, id: SandboxId) {
+        if self.accept_paused_until.is_some() {
+            return;
+        }
+        loop {
+            let Some(sandbox) = self.sandboxes.get_mut(&id).filter(|s| !s.closing) else {
+                return;
+            };
+            let stream = match sandbox.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    ) =>
+                {
+                    log::warn!("network: the proxy cannot accept now ({e}); it pauses");
+                    self.accept_paused_until = Some(Instant::now() + ACCEPT_PAUSE);
+                    return;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    log::warn!("network: {}'s proxy endpoint: {e}", sandbox.label);
+                    return;
+                }
+            };
+            if sandbox.open >= self.settings.max_connections {
+                let reason = format!(
+                    "{} connections are open already, the most a sandbox may have",
+                    self.settings.max_connections
+                );
+                let mut stream = stream;
+                reply(&mut stream, 503, &reason);
+                let attempt = self.attempt_for(None, "", 0, None, Some(reason.clone()));
+                let sandbox = self.sandboxes.get_mut(&id).expect("looked up above");
+                note_refused(sandbox, attempt, &reason);
+                continue;
+            }
+            sandbox.open += 1;
+            let now = Instant::now();
+            self.next_id += 1;
+            let conn_id = self.next_id;
+            let entry = self.conns.vacant_entry();
+            let key = entry.key();
+            let mut conn = Conn::new(conn_id, id, stream, now);
+            if let Err(e) = self.poll.registry().register(
+                &mut conn.client,
+                Token(key << 1),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                log::warn!("network: registering a proxy connection: {e}");
+                sandbox.open -= 1;
+                continue;
+            }
+            entry.insert(conn);
+            self.set_deadline(key, now + self.settings.head_timeout);
+        }
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn set_deadline(&mut self, key: usize, at: Instant) {
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.deadline = Some(at);
+            self.timers.push(Reverse((at, conn.id, key)));
+        }
+    }
+
+    /// Readiness on connection `key`'s client or upstream socket.
+    fn ready(&mut self, key: usize, upstream: bool, event: &mio::event::Event) {
+        let Some(conn) = self.conns.get(key) else {
+            return;
+        };
+        match conn.phase {
+            Phase::Head if !upstream => self.read_head(key),
+            Phase::Connecting if upstream => self.connecting(key),
+            Phase::Hello => self.hello(key),
+            Phase::Splice => {
+                let towards_upstream = (upstream && event.is_writable())
+                    || (!upstream && (event.is_readable() || event.is_read_closed()));
+                let towards_client = (!upstream && event.is_writable())
+                    || (upstream && (event.is_readable() || event.is_read_closed()));
+                self.splice(
+                    key,
+                    towards_upstream || event.is_error(),
+                    towards_client || event.is_error(),
+                );
+            }
+            Phase::Intercept => self.intercept(key),
+            _ => {}
+        }
+    }
+
+    fn read_head(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let mut chunk = [0u8; 4096];
+        loop {
+            let room = (MAX_HEAD_BYTES + 1)
+                .saturating_sub(conn.held.len())
+                .min(chunk.len());
+            if room == 0 {
+                break;
+            }
+            match conn.client.read(&mut chunk[..room]) {
+                Ok(0) => {
+                    // Gone before asking for anything: nothing to record.
+                    self.close(key, End::Closed);
+                    return;
+                }
+                Ok(n) => {
+                    conn.held.extend_from_slice(&chunk[..n]);
+                    if !matches!(request::read_head(&conn.held), Head::Incomplete) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.close(key, End::Closed);
+                    return;
+                }
+            }
+        }
+        match request::read_head(&conn.held) {
+            Head::Incomplete => {}
+            Head::Refused(status, reason) => self.refuse(key, status, reason, None),
+            Head::Complete(request, length) => {
+                let rest = conn.held.split_off(length.min(conn.held.len()));
+                let head = std::mem::replace(&mut conn.held, rest);
+                // A plain request's head is rewritten when it is sent; for
+                // CONNECT, what follows the head is the tunnel's first bytes.
+                if let ProxyRequest::Forward { .. } = request {
+                    conn.head = head;
+                }
+                self.asked(key, request);
+            }
+        }
+    }
+
+    /// The head is read: resolve the name.
+    fn asked(&mut self, key: usize, request: ProxyRequest) {
+        let now = Instant::now();
+        let connect_timeout = self.settings.connect_timeout;
+        let conn = &mut self.conns[key];
+        conn.request = Some(request);
+        conn.asked = now;
+        conn.at_ms = epoch_ms();
+        conn.phase = Phase::Resolving;
+        let (host, port) = conn.target();
+        let (host, port) = (host.to_owned(), port);
+        let id = conn.id;
+        self.set_deadline(key, now + connect_timeout);
+        if let Ok(address) = host.parse::<IpAddr>() {
+            self.resolved(key, Ok(vec![address]));
+        } else if let Some(addresses) = self.settings.resolve.get(&host) {
+            let addresses = addresses.clone();
+            self.resolved(key, Ok(addresses));
+        } else if let Err(question) = self.resolver.ask(Question {
+            key,
+            id,
+            host,
+            port,
+        }) {
+            let reason = format!(
+                "too many names waiting to be resolved; {} was not",
+                question.host
+            );
+            self.refuse(key, 503, reason, None);
+        }
+    }
+
+    fn answered(&mut self, answer: Answer) {
+        if self
+            .conns
+            .get(answer.key)
+            .is_some_and(|conn| conn.id == answer.id && conn.phase == Phase::Resolving)
+        {
+            self.resolved(answer.key, answer.addresses);
+        }
+    }
+
+    /// Decides on each address in turn; connects to the first allowed.
+    fn resolved(&mut self, key: usize, addresses: Result<Vec<IpAddr>, String>) {
+        let conn = &self.conns[key];
+        let (host, port) = conn.target();
+        let host = host.to_owned();
+        let addresses = match addresses {
+            Ok(addresses) if !addresses.is_empty() => addresses,
+            Ok(_) => return self.refuse(key, 502, format!("{host} has no addresses"), None),
+            Err(why) => return self.refuse(key, 502, why, None),
+        };
+        let Some(sandbox) = self.sandboxes.get(&conn.sandbox) else {
+            return self.close(key, End::Closed);
+        };
+        let mut first_refusal = None;
+        let mut candidates = std::collections::VecDeque::new();
+        for address in &addresses {
+            match sandbox.policy.decide(&host, *address, port) {
+                Decision::Allowed => candidates.push_back(SocketAddr::new(*address, port)),
+                Decision::Refused(why) => {
+                    first_refusal.get_or_insert(why);
+                }
+            }
+        }
+        if candidates.is_empty() {
+            let reason = first_refusal.unwrap_or_else(|| "refused".into());
+            return self.refuse(key, 403, reason, Some(addresses[0]));
+        }
+        let conn = &mut self.conns[key];
+        conn.candidates = candidates;
+        conn.address = conn.candidates.front().copied();
+        conn.recorded = true;
+        let attempt = Attempt {
+            id: conn.id,
+            at_ms: conn.at_ms,
+            host,
+            port,
+            address: conn.address.map(|a| a.ip().to_string()),
+            allowed: true,
+            reason: None,
+            bytes_out: 0,
+            bytes_in: 0,
+            duration_ms: 0,
+        };
+        if let Some(sandbox) = self.sandboxes.get(&conn.sandbox) {
+            lock(&sandbox.record).attempted(attempt);
+        }
+        self.connect_next(key);
+    }
+
+    /// Starts connecting to the next allowed address.
+    fn connect_next(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let mut last_error = None;
+        while let Some(address) = conn.candidates.pop_front() {
+            conn.address = Some(address);
+            match TcpStream::connect(address) {
+                Ok(mut stream) => {
+                    match self.poll.registry().register(
+                        &mut stream,
+                        Token(key << 1 | 1),
+                        Interest::READABLE | Interest::WRITABLE,
+                    ) {
+                        Ok(()) => {
+                            conn.upstream = Some(stream);
+                            conn.phase = Phase::Connecting;
+                            return;
+                        }
+                        Err(e) => last_error = Some(e),
+                    }
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        let (host, port) = conn.target();
+        let reason = format!(
+            "{host}:{port} could not be reached: {}",
+            last_error.map_or_else(|| "no address".into(), |e| e.to_string())
+        );
+        reply(&mut conn.client, 502, &reason);
+        self.close(key, End::Failed(reason));
+    }
+
+    /// The upstream socket is ready while connecting: connected, or failed.
+    fn connecting(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let Some(upstream) = conn.upstream.as_mut() else {
+            return;
+        };
+        match upstream.take_error() {
+            Ok(None) => {}
+            Ok(Some(_)) | Err(_) => {
+                conn.upstream = None;
+                return self.connect_next(key);
+            }
+        }
+        match upstream.peer_addr() {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+            Err(_) => {
+                conn.upstream = None;
+                return self.connect_next(key);
+            }
+        }
+        let _ = upstream.set_nodelay(true);
+        let _ = conn.client.set_nodelay(true);
+        conn.deadline = None;
+        let request = conn.request.clone();
+        match request {
+            Some(ProxyRequest::Connect { host, .. }) => {
+                if let Some(set) = self.credentials.get(&host).cloned() {
+                    self.start_intercept(key, &host, set);
+                } else {
+                    conn.to_client.queue(ESTABLISHED, false);
+                    conn.phase = Phase::Hello;
+                    self.hello(key);
+                }
+            }
+            Some(ProxyRequest::Forward {
+                method,
+                host,
+                port,
+                target,
+            }) => {
+                let authority = if port == 80 {
+                    bracketed(&host)
+                } else {
+                    format!("{}:{port}", bracketed(&host))
+                };
+                let set = self.credentials.get(&host).cloned().unwrap_or_default();
+                let head = http::forward_head(&conn.head, &method, &target, &authority, &set);
+                conn.head = Vec::new();
+                let body = std::mem::take(&mut conn.held);
+                conn.to_upstream.queue(&head, true);
+                conn.to_upstream.queue(&body, true);
+                conn.phase = Phase::Splice;
+                self.splice(key, true, true);
+            }
+            None => self.close(key, End::Closed),
+        }
+    }
+
+    /// A tunnel's first bytes from the client are held until they show
+    /// where its TLS goes; bytes from upstream flow meanwhile.
+    fn hello(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let (Some(upstream), client) = (conn.upstream.as_mut(), &mut conn.client) else {
+            return;
+        };
+        if let Err(e) = conn.to_client.pump(upstream, client, &mut self.scratch) {
+            return self.close(key, End::Failed(format!("connection lost: {e}")));
+        }
+        let mut ended = false;
+        let mut chunk = [0u8; 4096];
+        while conn.held.len() < MAX_HELLO_BYTES {
+            let room = (MAX_HELLO_BYTES - conn.held.len()).min(chunk.len());
+            match conn.client.read(&mut chunk[..room]) {
+                Ok(0) => {
+                    ended = true;
+                    break;
+                }
+                Ok(n) => conn.held.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return self.close(key, End::Failed(format!("connection lost: {e}"))),
+            }
+        }
+        let (host, _) = conn.target();
+        let verdict = match sni::read_client_hello(&conn.held) {
+            _ if conn.held.is_empty() && !ended => return,
+            ClientHello::NotTls => Ok(()),
+            _ if conn.held.is_empty() => Ok(()),
+            ClientHello::Incomplete if conn.held.len() >= MAX_HELLO_BYTES || ended => {
+                Err("a TLS ClientHello that does not end".to_owned())
+            }
+            ClientHello::Incomplete => {
+                if conn.deadline.is_none() {
+                    let at = Instant::now() + self.settings.head_timeout;
+                    self.set_deadline(key, at);
+                }
+                return;
+            }
+            ClientHello::ServerName(name)
+                if name.trim_end_matches('.').eq_ignore_ascii_case(host) =>
+            {
+                Ok(())
+            }
+            ClientHello::ServerName(name) => Err(format!(
+                "TLS server name {name} does not match CONNECT host {host}"
+            )),
+            ClientHello::NoServerName if host.parse::<IpAddr>().is_ok() => Ok(()),
+            ClientHello::NoServerName => Err(format!(
+                "a TLS ClientHello without a server name, for CONNECT host {host}"
+            )),
+            ClientHello::Malformed(why) => Err(format!("a malformed TLS ClientHello: {why}")),
+        };
+        match verdict {
+            Ok(()) => {
+                let held = std::mem::take(&mut conn.held);
+                conn.to_upstream.queue(&held, true);
+                conn.deadline = None;
+                conn.phase = Phase::Splice;
+                self.splice(key, true, true);
+            }
+            Err(reason) => self.close(key, End::Refused(reason)),
+        }
+    }
+
+    /// Moves bytes on a tunnel or a forwarded request, the ways asked.
+    fn splice(&mut self, key: usize, towards_upstream: bool, towards_client: bool) {
+        let conn = &mut self.conns[key];
+        let Some(upstream) = conn.upstream.as_mut() else {
+            return;
+        };
+        let scratch = &mut self.scratch;
+        let mut result = Ok(());
+        // A side is read only while its peer takes what it gets.
+        if towards_upstream || conn.to_upstream.is_blocked() {
+            result = conn
+                .to_upstream
+                .pump(&mut conn.client, upstream, scratch)
+                .map(drop);
+        }
+        if result.is_ok() && (towards_client || conn.to_client.is_blocked()) {
+            result = conn
+                .to_client
+                .pump(upstream, &mut conn.client, scratch)
+                .map(drop);
+        }
+        if let Err(e) = result {
+            return self.close(key, End::Failed(format!("connection lost: {e}")));
+        }
+        let done = |pipe: &super::splice::Pipe| pipe.eof && pipe.shut && !pipe.is_blocked();
+        if done(&conn.to_upstream) && done(&conn.to_client) {
+            self.close(key, End::Closed);
+        }
+    }
+
+    fn start_intercept(&mut self, key: usize, host: &str, set: Vec<SetHeader>) {
+        let server = match self.authority.server_config(host) {
+            Ok(server) => server,
+            Err(e) => {
+                let reason = format!("intercepting {host}: {e}");
+                reply(&mut self.conns[key].client, 502, &reason);
+                return self.close(key, End::Failed(reason));
+            }
+        };
+        // What the client sent right after its CONNECT head is the start
+        // of its TLS.
+        let early = std::mem::take(&mut self.conns[key].held);
+        match Intercept::new(
+            host,
+            server,
+            self.upstream_tls.clone(),
+            set,
+            ESTABLISHED,
+            &early,
+        ) {
+            Ok(intercept) => {
+                let conn = &mut self.conns[key];
+                conn.intercept = Some(Box::new(intercept));
+                conn.phase = Phase::Intercept;
+                self.intercept(key);
+            }
+            Err(reason) => {
+                reply(&mut self.conns[key].client, 502, &reason);
+                self.close(key, End::Failed(reason));
+            }
+        }
+    }
+
+    fn intercept(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let (Some(intercept), Some(upstream)) = (conn.intercept.as_mut(), conn.upstream.as_mut())
+        else {
+            return;
+        };
+        match intercept.drive(&mut conn.client, upstream, &mut self.scratch) {
+            Ok(Step::Open) => {}
+            Ok(Step::Done) => self.close(key, End::Closed),
+            Err(reason) => self.close(key, End::Failed(reason)),
+        }
+    }
+
+    /// Refuses connection `key` before anything was allowed: the status
+    /// and reason to the client, the attempt to the record.
+    fn refuse(&mut self, key: usize, status: u16, reason: String, address: Option<IpAddr>) {
+        let conn = &mut self.conns[key];
+        reply(&mut conn.client, status, &reason);
+        let (host, port) = conn.target();
+        let (host, port, at_ms, id, sandbox) =
+            (host.to_owned(), port, conn.at_ms, conn.id, conn.sandbox);
+        let attempt = self.attempt_for(
+            Some((id, at_ms)),
+            &host,
+            port,
+            address,
+            Some(reason.clone()),
+        );
+        if let Some(sandbox) = self.sandboxes.get_mut(&sandbox) {
+            note_refused(sandbox, attempt, &reason);
+        }
+        self.close(key, End::Closed);
+    }
+
+    fn attempt_for(
+        &mut self,
+        id: Option<(u64, u64)>,
+        host: &str,
+        port: u16,
+        address: Option<IpAddr>,
+        reason: Option<String>,
+    ) -> Attempt {
+        let (id, at_ms) = match id {
+            Some((id, at_ms)) if at_ms != 0 => (id, at_ms),
+            Some((id, _)) => (id, epoch_ms()),
+            None => (self.fresh_id(), epoch_ms()),
+        };
+        Attempt {
+            id,
+            at_ms,
+            host: host.to_owned(),
+            port,
+            address: address.map(|a| a.to_string()),
+            allowed: reason.is_none(),
+            reason,
+            bytes_out: 0,
+            bytes_in: 0,
+            duration_ms: 0,
+        }
+    }
+
+    /// Closes connection `key`: both sockets, and its end in the record
+    /// and the log.
+    fn close(&mut self, key: usize, end: End) {
+        let Some(mut conn) = self.conns.try_remove(key) else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(&mut conn.client);
+        if let Some(upstream) = conn.upstream.as_mut() {
+            let _ = self.poll.registry().deregister(upstream);
+        }
+        let Some(sandbox) = self.sandboxes.get_mut(&conn.sandbox) else {
+            return;
+        };
+        sandbox.open = sandbox.open.saturating_sub(1);
+        if !conn.recorded {
+            return;
+        }
+        let (out, inn) = conn.bytes();
+        let duration_ms = conn.asked.elapsed().as_millis() as u64;
+        let (host, port) = conn.target();
+        let address = conn.address.map_or_else(String::new, |a| a.to_string());
+        {
+            let mut record = lock(&sandbox.record);
+            record.finished(
+                conn.id,
+                out - conn.reported.0,
+                inn - conn.reported.1,
+                duration_ms,
+            );
+            match &end {
+                End::Closed => {}
+                End::Failed(why) => record.ended(conn.id, why.clone()),
+                End::Refused(why) => record.refused_after(conn.id, why.clone()),
+            }
+        }
+        match end {
+            End::Refused(why) => {
+                if sandbox.log.allow() {
+                    log::warn!(
+                        "network: {} refused {host}:{port} ({address}): {why}",
+                        sandbox.label
+                    );
+                }
+            }
+            End::Closed | End::Failed(_) => {
+                if sandbox.log.allow() {
+                    let why = match &end {
+                        End::Failed(why) => format!(", {why}"),
+                        _ => String::new(),
+                    };
+                    log::info!(
+                        "network: {} {host}:{port} ({address}) {out} bytes out, {inn} in, {duration_ms} ms{why}",
+                        sandbox.label
+                    );
+                }
+            }
+        }
+    }
+
+    /// Deadlines that have passed, and the once-a-second tick.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        while let Some(&Reverse((at, id, key))) = self.timers.peek() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(conn) = self.conns.get(key) else {
+                continue;
+            };
+            if conn.id != id || conn.deadline.is_none_or(|deadline| deadline > now) {
+                continue;
+            }
+            match conn.phase {
+                Phase::Head => {
+                    let reason = format!(
+                        "no whole request head within {} ms",
+                        self.settings.head_timeout.as_millis()
+                    );
+                    self.refuse(key, 408, reason, None);
+                }
+                Phase::Resolving | Phase::Connecting => {
+                    let (host, port) = conn.target();
+                    let reason = format!(
+                        "{host}:{port} was not reached within {} ms",
+                        self.settings.connect_timeout.as_millis()
+                    );
+                    if conn.recorded {
+                        reply(&mut self.conns[key].client, 504, &reason);
+                        self.close(key, End::Failed(reason));
+                    } else {
+                        self.refuse(key, 504, reason, None);
+                    }
+                }
+                Phase::Hello => {
+                    let reason = format!(
+                        "no whole TLS ClientHello within {} ms",
+                        self.settings.head_timeout.as_millis()
+                    );
+                    self.close(key, End::Refused(reason));
+                }
+                Phase::Splice | Phase::Intercept => {}
+            }
+        }
+        if let Some(at) = self.accept_paused_until {
+            if at <= now {
+                self.accept_paused_until = None;
+                let ids: Vec<SandboxId> = self.sandboxes.keys().copied().collect();
+                for id in ids {
+                    self.accept(id);
+                }
+            }
+        }
+        if self.next_tick <= now {
+            self.next_tick = now + TICK;
+            self.tick();
+        }
+    }
+
+    /// Live byte counts to the records; flood summaries to the log.
+    fn tick(&mut self) {
+        for (_, conn) in self.conns.iter_mut() {
+            if !conn.recorded {
+                continue;
+            }
+            let (out, inn) = conn.bytes();
+            if (out, inn) == conn.reported {
+                continue;
+            }
+            if let Some(sandbox) = self.sandboxes.get(&conn.sandbox) {
+                let duration_ms = conn.asked.elapsed().as_millis() as u64;
+                lock(&sandbox.record).finished(
+                    conn.id,
+                    out - conn.reported.0,
+                    inn - conn.reported.1,
+                    duration_ms,
+                );
+                conn.reported = (out, inn);
+            }
+        }
+        for sandbox in self.sandboxes.values_mut() {
+            if let Some(suppressed) = sandbox.log.summary() {
+                log::warn!(
+                    "network: {}: {suppressed} more connection log lines in the last second were left out",
+                    sandbox.label
+                );
+            }
+        }
+    }
+}
+
+/// Records a refused attempt and logs it (within the sandbox's budget).
+fn note_refused(sandbox: &mut Sandbox, attempt: Attempt, reason: &str) {
+    if sandbox.log.allow() {
+        let address = attempt.address.as_deref().unwrap_or("-");
+        log::warn!(
+            "network: {} refused {}:{} ({address}): {reason}",
+            sandbox.label,
+            attempt.host,
+            attempt.port
+        );
+    }
+    lock(&sandbox.record).attempted(attempt);
+}
+
+/// Answers `status` with `reason` (best effort: the socket is closed
+/// next), and reads what the client sent on so that the close is not a
+/// reset that would lose the answer.
+fn reply(stream: &mut TcpStream, status: u16, reason: &str) {
+    let text = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        _ => "Error",
+    };
+    let reason: String = reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let body = format!("{reason}\n");
+    let answer = format!(
+        "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\nX-AgentOS-Refused: {reason}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(answer.as_bytes());
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        match stream.read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+}
+
+/// `[v6]` for an IPv6 address, the host as it is otherwise.
+fn bracketed(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The record's lock; a thread that panicked holding it left counts that
+/// are still counts.
+fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
+    record
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

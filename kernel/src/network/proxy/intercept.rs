@@ -1,0 +1,280 @@
+//! An intercepted tunnel: TLS ended at the proxy with a leaf for the host
+//! (signed by the per-boot CA the sandbox trusts), TLS begun again to the
+//! real server (verified against the roots), and every request head in
+//! between given the host's credential. rustls's sans-IO connections are
+//! driven by the event loop on the same non-blocking sockets as a plain
+//! tunnel.
+
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::sync::Arc;
+
+use mio::net::TcpStream;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection};
+
+use super::http::{Requests, SetHeader};
+
+/// Plaintext held for one side before the other is read no further.
+const HELD_PLAINTEXT: usize = 64 * 1024;
+
+/// Both TLS sessions of an intercepted tunnel.
+pub struct Intercept {
+    client: ServerConnection,
+    upstream: ClientConnection,
+    requests: Requests,
+    /// Written to the client before its TLS: the `200` to the CONNECT.
+    preamble: Vec<u8>,
+    /// Plaintext read but not yet taken by the other side's TLS.
+    to_upstream: Vec<u8>,
+    to_client: Vec<u8>,
+    client_side: Side,
+    upstream_side: Side,
+    /// TLS bytes written to and read from the upstream socket.
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+impl std::fmt::Debug for Intercept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Intercept")
+            .field("requests", &self.requests.count)
+            .field("bytes_out", &self.bytes_out)
+            .field("bytes_in", &self.bytes_in)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How far one side's TLS session has come to its end.
+#[derive(Debug, Default, Clone, Copy)]
+struct Side {
+    /// It has sent all it will (close_notify or a closed socket).
+    ended: bool,
+    /// The proxy has sent it close_notify.
+    notified: bool,
+    /// ... and shut its socket's write side after the last bytes went.
+    shut: bool,
+}
+
+/// Whether the tunnel is still open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Open,
+    Done,
+}
+
+impl Intercept {
+    /// Sets up both sessions for `host`; `preamble` goes to the client
+    /// first, in the clear; `early` is what the client sent already.
+    pub fn new(
+        host: &str,
+        server: Arc<ServerConfig>,
+        client: Arc<ClientConfig>,
+        set: Vec<SetHeader>,
+        preamble: &[u8],
+        early: &[u8],
+    ) -> Result<Intercept, String> {
+        let name = ServerName::try_from(host.to_owned())
+            .map_err(|e| format!("{host} is not a TLS server name: {e}"))?;
+        let mut towards_client =
+            ServerConnection::new(server).map_err(|e| format!("TLS towards the client: {e}"))?;
+        let mut early = early;
+        while !early.is_empty() {
+            towards_client
+                .read_tls(&mut early)
+                .map_err(|e| format!("TLS from the client: {e}"))?;
+            towards_client
+                .process_new_packets()
+                .map_err(|e| format!("TLS from the client: {e}"))?;
+        }
+        Ok(Intercept {
+            client: towards_client,
+            upstream: ClientConnection::new(client, name)
+                .map_err(|e| format!("TLS towards {host}: {e}"))?,
+            requests: Requests::new(set),
+            preamble: preamble.to_vec(),
+            to_upstream: Vec::new(),
+            to_client: Vec::new(),
+            client_side: Side::default(),
+            upstream_side: Side::default(),
+            bytes_out: 0,
+            bytes_in: 0,
+        })
+    }
+
+    /// Moves whatever can move now, both ways. An error ends the tunnel
+    /// and says why.
+    pub fn drive(
+        &mut self,
+        client: &mut TcpStream,
+        upstream: &mut TcpStream,
+        scratch: &mut [u8],
+    ) -> Result<Step, String> {
+        if !self
+            .flush_preamble(client)
+            .map_err(|e| format!("client: {e}"))?
+        {
+            return Ok(Step::Open);
+        }
+        loop {
+            let mut progress = false;
+
+            // The client's requests, rewritten, towards the server.
+            if self.to_upstream.len() < HELD_PLAINTEXT && !self.client_side.ended {
+                let (read, ended) = read_tls(&mut self.client, client)
+                    .map_err(|e| format!("TLS from the client: {e}"))?;
+                progress |= read > 0 || ended;
+                self.client_side.ended |= ended;
+            }
+            while self.to_upstream.len() < HELD_PLAINTEXT {
+                match self.client.reader().read(scratch) {
+                    Ok(0) => {
+                        self.client_side.ended = true;
+                        break;
+                    }
+                    Ok(n) => {
+                        self.requests.feed(&scratch[..n], &mut self.to_upstream)?;
+                        progress = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        self.client_side.ended = true;
+                        break;
+                    }
+                }
+            }
+            progress |= give(&mut self.to_upstream, &mut self.upstream.writer())
+                .map_err(|e| format!("TLS towards the server: {e}"))?;
+
+            // The server's replies, as they are, towards the client.
+            if self.to_client.len() < HELD_PLAINTEXT && !self.upstream_side.ended {
+                let before = self.bytes_in;
+                let (read, ended) = read_tls(&mut self.upstream, upstream)
+                    .map_err(|e| format!("TLS from the server: {e}"))?;
+                self.bytes_in = before + read as u64;
+                progress |= read > 0 || ended;
+                self.upstream_side.ended |= ended;
+            }
+            while self.to_client.len() < HELD_PLAINTEXT {
+                match self.upstream.reader().read(scratch) {
+                    Ok(0) => {
+                        self.upstream_side.ended = true;
+                        break;
+                    }
+                    Ok(n) => {
+                        self.to_client.extend_from_slice(&scratch[..n]);
+                        progress = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        self.upstream_side.ended = true;
+                        break;
+                    }
+                }
+            }
+            progress |= give(&mut self.to_client, &mut self.client.writer())
+                .map_err(|e| format!("TLS towards the client: {e}"))?;
+
+            // An end read on one side is passed on once its bytes went.
+            if self.client_side.ended && self.to_upstream.is_empty() && !self.upstream_side.notified
+            {
+                self.upstream.send_close_notify();
+                self.upstream_side.notified = true;
+                progress = true;
+            }
+            if self.upstream_side.ended && self.to_client.is_empty() && !self.client_side.notified {
+                self.client.send_close_notify();
+                self.client_side.notified = true;
+                progress = true;
+            }
+
+            let written = write_tls(&mut self.upstream, upstream, &mut self.upstream_side)
+                .map_err(|e| format!("server: {e}"))?;
+            self.bytes_out += written as u64;
+            progress |= written > 0;
+            progress |= write_tls(&mut self.client, client, &mut self.client_side)
+                .map_err(|e| format!("client: {e}"))?
+                > 0;
+
+            if self.client_side.shut && self.upstream_side.shut {
+                return Ok(Step::Done);
+            }
+            if !progress {
+                return Ok(Step::Open);
+            }
+        }
+    }
+
+    fn flush_preamble(&mut self, client: &mut TcpStream) -> io::Result<bool> {
+        while !self.preamble.is_empty() {
+            match client.write(&self.preamble) {
+                Ok(n) => {
+                    self.preamble.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Reads TLS bytes from `socket` while the session wants them; how many,
+/// and whether the socket ended.
+fn read_tls<C>(
+    session: &mut rustls::ConnectionCommon<C>,
+    socket: &mut TcpStream,
+) -> Result<(usize, bool), String> {
+    let mut total = 0;
+    while session.wants_read() {
+        match session.read_tls(socket) {
+            Ok(0) => return Ok((total, true)),
+            Ok(n) => {
+                total += n;
+                session.process_new_packets().map_err(|e| e.to_string())?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok((total, false))
+}
+
+/// Writes the session's pending TLS bytes to `socket`; once it has been
+/// sent close_notify and has nothing left, shuts the socket's write side.
+fn write_tls<C>(
+    session: &mut rustls::ConnectionCommon<C>,
+    socket: &mut TcpStream,
+    side: &mut Side,
+) -> io::Result<usize> {
+    let mut total = 0;
+    while session.wants_write() {
+        match session.write_tls(socket) {
+            Ok(n) => total += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(total),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if side.notified && !side.shut {
+        side.shut = true;
+        match socket.shutdown(Shutdown::Write) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
+
+/// Hands `plain` to a session's writer as far as it takes it.
+fn give(plain: &mut Vec<u8>, writer: &mut rustls::Writer<'_>) -> io::Result<bool> {
+    if plain.is_empty() {
+        return Ok(false);
+    }
+    let n = writer.write(plain)?;
+    plain.drain(..n);
+    Ok(n > 0)
+}

@@ -1,0 +1,148 @@
+//! What a hostile sandbox cannot do to the proxy: hold it with a flood of
+//! connections, or with heads that never end.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+const POLICY: &str = r#"{"allow":["allowed.test","127.0.0.0/8"]}"#;
+
+#[test]
+fn a_connect_flood_is_bounded_and_the_proxy_still_answers() {
+    const FLOOD: usize = 3_000;
+    const MAX: usize = 64;
+    let server = upstream(Kind::Echo);
+    let served = serve(
+        agentos_kernel::network::proxy::ProxySettings {
+            max_connections: MAX,
+            ..settings()
+        },
+        POLICY,
+    );
+    let target = format!("allowed.test:{}", server.port);
+    let mut flood = Vec::with_capacity(FLOOD);
+    for _ in 0..FLOOD {
+        let mut stream = TcpStream::connect(served.address).unwrap();
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        // Refused at once, a connection may be closed before this is sent.
+        let _ = write!(stream, "CONNECT {target} HTTP/1.1\r\n\r\n");
+        flood.push(stream);
+    }
+    let mut statuses = std::collections::BTreeMap::new();
+    for stream in &mut flood {
+        // 0: reset before the answer could be read (the client wrote to a
+        // connection already answered and closed).
+        let mut answer = [0u8; 12];
+        let status = match stream.read_exact(&mut answer) {
+            Ok(()) => String::from_utf8_lossy(&answer[9..12]).parse().unwrap_or(1),
+            Err(_) => 0,
+        };
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    assert_eq!(statuses.get(&200), Some(&MAX), "{statuses:?}");
+    let refused = statuses.get(&503).copied().unwrap_or(0) + statuses.get(&0).copied().unwrap_or(0);
+    assert_eq!(refused, FLOOD - MAX, "{statuses:?}");
+    assert!(statuses.get(&503).is_some_and(|n| *n > 0), "{statuses:?}");
+
+    // Another sandbox is served at once while the flood is held.
+    let (other, _) = endpoint(&served.proxy, 2, POLICY);
+    let started = Instant::now();
+    let (mut stream, status, _) = connect(other, &target);
+    assert_eq!(status, 200);
+    stream.write_all(b"still here").unwrap();
+    let mut echoed = [0u8; 10];
+    stream.read_exact(&mut echoed).unwrap();
+    assert!(started.elapsed() < WAIT);
+
+    // Once the flood is gone, the flooding sandbox is served again.
+    drop(flood);
+    let until = Instant::now() + WAIT;
+    loop {
+        let (_, status, _) = connect(served.address, &target);
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "still {status} after the flood closed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let totals = served.totals();
+    assert!(totals.refused >= (FLOOD - MAX) as u64, "{totals:?}");
+    assert!(totals.allowed > MAX as u64, "{totals:?}");
+    let (kept, dropped) = {
+        let record = served.record.lock().unwrap();
+        let (kept, dropped) = record.attempts();
+        (kept.count(), dropped)
+    };
+    assert!(kept <= agentos_kernel::network::record::KEPT_ATTEMPTS && dropped > 0);
+}
+
+#[test]
+fn a_slow_head_is_closed_at_the_timeout_and_recorded() {
+    let served = serve(
+        agentos_kernel::network::proxy::ProxySettings {
+            head_timeout: Duration::from_millis(300),
+            ..settings()
+        },
+        POLICY,
+    );
+    let mut stream = TcpStream::connect(served.address).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let started = Instant::now();
+    // A byte every 50 ms: never the whole head.
+    let mut answer = Vec::new();
+    for byte in b"CONNECT allowed.test:443 HTTP/1.1\r\nX-Slow: "
+        .iter()
+        .cycle()
+    {
+        if stream.write_all(&[*byte]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        stream.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        let read = stream.read(&mut buf);
+        stream.set_nonblocking(false).unwrap();
+        match read {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+        assert!(started.elapsed() < WAIT, "the slow head was never closed");
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    served.wait_for("the refusal", |r| r.totals().refused == 1);
+    let attempt = &served.attempts()[0];
+    assert!(!attempt.allowed);
+    assert_eq!(
+        attempt.reason.as_deref(),
+        Some("no whole request head within 300 ms")
+    );
+}
+
+#[test]
+fn a_tunnel_whose_client_hello_never_ends_is_closed_at_the_timeout() {
+    let server = upstream(Kind::Echo);
+    let served = serve(
+        agentos_kernel::network::proxy::ProxySettings {
+            head_timeout: Duration::from_millis(300),
+            ..settings()
+        },
+        POLICY,
+    );
+    let (mut stream, status, _) = connect(served.address, &format!("allowed.test:{}", server.port));
+    assert_eq!(status, 200);
+    // A TLS record header promising more than is sent.
+    stream.write_all(&[0x16, 3, 1, 1, 0, 1]).unwrap();
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    served.wait_for("the refusal", |r| r.totals().refused == 1);
+}
