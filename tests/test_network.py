@@ -16,6 +16,7 @@ import datetime
 import http.server
 import ipaddress
 import os
+import shutil
 import socket
 import ssl
 import statistics
@@ -166,6 +167,7 @@ def net() -> Iterator[tuple[Kernel, Upstream]]:
         host = "api.cred.test"
         header = "Authorization"
         from_env = "{KEY_VARIABLE}"
+        prefix = "Bearer "
         """)
     os.environ[KEY_VARIABLE] = KEY
     try:
@@ -174,6 +176,9 @@ def net() -> Iterator[tuple[Kernel, Upstream]]:
     finally:
         os.environ.pop(KEY_VARIABLE, None)
         upstream.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        for scripts in SCRIPT_DIRS:
+            shutil.rmtree(scripts, ignore_errors=True)
 
 
 def policy_for(upstream: Upstream, *names: str, deny: tuple[str, ...] = ()) -> dict:
@@ -232,6 +237,21 @@ def run(client: AgentOSClient, upstream: Upstream, code: str, network, **extra):
     files = {"ca.pem": upstream.ca.read_bytes()}
     return client.exec(PRELUDE + textwrap.dedent(code), network=network, files=files,
                        timeout_ms=60_000, **extra)
+
+
+SCRIPT_DIRS: list[Path] = []
+
+
+def script_file(code: str) -> Path:
+    """An agent's script, where sandboxes can be given it (not /tmp: each
+    sandbox has a /tmp of its own)."""
+    directory = Path(tempfile.mkdtemp(prefix="agentos-net-", dir="/var/tmp"))
+    SCRIPT_DIRS.append(directory)
+    path = directory / "agent.py"
+    path.write_text(code)
+    path.chmod(0o644)
+    directory.chmod(0o755)
+    return path
 
 
 # -- the tests ------------------------------------------------------------------
@@ -412,12 +432,11 @@ def test_a_client_trickling_its_head_is_closed_at_the_head_timeout(net):
         assert closed == "True" and float(seconds) < 5, done["stdout"]
 
 
-def test_a_child_never_gets_a_wider_policy_than_its_parent(net, tmp_path):
+def test_a_child_never_gets_a_wider_policy_than_its_parent(net):
     if not has_root():
         return
     kernel, upstream = net
-    script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent("""
+    code = textwrap.dedent("""
         from agentos import AgentOSClient, AgentOSError
         with AgentOSClient() as kernel:
             for name, network in [("wide", {"allow": ["*"]}), ("host", True),
@@ -432,9 +451,9 @@ def test_a_child_never_gets_a_wider_policy_than_its_parent(net, tmp_path):
                     print("exec", kernel.exec("print(1)", network=network)["stdout"].strip())
                 except AgentOSError as err:
                     print("exec", err.code, err, flush=True)
-        """))
+        """)
     with AgentOSClient(kernel.socket_path) as client:
-        spawned = client.spawn("net-parent", script, python=sys.executable,
+        spawned = client.spawn("net-parent", script_file(code), python=sys.executable,
                                network={"allow": ["allowed.test"]},
                                permissions={"spawn": True, "exec": True})
         wait_state(client, spawned["id"], {"exited", "failed"}, timeout=60)
@@ -464,14 +483,13 @@ time.sleep(30)
 '''
 
 
-def test_a_policy_changed_at_runtime_closes_the_connections_it_now_refuses(net, tmp_path):
+def test_a_policy_changed_at_runtime_closes_the_connections_it_now_refuses(net):
     if not has_root():
         return
     kernel, upstream = net
-    script = tmp_path / "holder.py"
-    script.write_text(AGENT_HOLDING_A_TUNNEL)
     with AgentOSClient(kernel.socket_path) as client:
-        spawned = client.spawn("net-holder", script, args=[str(upstream.http_port)],
+        spawned = client.spawn("net-holder", script_file(AGENT_HOLDING_A_TUNNEL),
+                               python=sys.executable, args=[str(upstream.http_port)],
                                network=policy_for(upstream, "allowed.test"))
         deadline = time.monotonic() + 20
         while "tunnel 200" not in log_of(kernel, "net-holder", spawned["id"]):
@@ -540,7 +558,7 @@ def test_the_key_reaches_upstream_and_never_the_sandbox(net):
             assert KEY not in shown
 
 
-def test_a_default_policy_applies_where_a_request_names_none(tmp_path):
+def test_a_default_policy_applies_where_a_request_names_none():
     if not has_root():
         return
     config = '[network]\ndefault_allow = ["*.pypi.org:443"]\n'

@@ -59,6 +59,10 @@ pub struct CredentialConfig {
     pub value: Option<String>,
     /// ... or the kernel's environment variable that holds it.
     pub from_env: Option<String>,
+    /// Put before `from_env`'s value, e.g. `Bearer ` (an API key variable
+    /// holds the key alone).
+    #[serde(default)]
+    pub prefix: String,
 }
 
 impl fmt::Debug for CredentialConfig {
@@ -158,13 +162,19 @@ impl NetworkConfig {
                 }
                 let value = match (&entry.value, &entry.from_env) {
                     (Some(value), None) => value.clone(),
-                    (None, Some(var)) => std::env::var(var).map_err(|_| {
-                        bad(&format!(
-                            "`from_env`: the kernel's environment has no {var}"
-                        ))
-                    })?,
+                    (None, Some(var)) => {
+                        let key = std::env::var(var).map_err(|_| {
+                            bad(&format!(
+                                "`from_env`: the kernel's environment has no {var}"
+                            ))
+                        })?;
+                        format!("{}{key}", entry.prefix)
+                    }
                     _ => return Err(bad("give `value` or `from_env`, one of them")),
                 };
+                if entry.value.is_some() && !entry.prefix.is_empty() {
+                    return Err(bad("`prefix` goes with `from_env`; put it in `value`"));
+                }
                 if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
                     return Err(bad("the value may not hold line breaks"));
                 }
