@@ -36,7 +36,9 @@ def main() -> int:
         if not kernel.hello()["features"].get("network_policy"):
             print("network policies are unavailable on this kernel (it needs root)")
             return 0
-        spawned = kernel.spawn(AGENT, command=[sys.executable, "-c", CODE], network=POLICY)
+        # The system interpreter: urllib is all the agent needs, and /usr is in
+        # every sandbox.
+        spawned = kernel.spawn(AGENT, command=["/usr/bin/python3", "-c", CODE], network=POLICY)
         deadline = time.monotonic() + 60
         while True:
             entry = next(a for a in kernel.list_agents() if a["id"] == spawned["id"])

@@ -31,7 +31,7 @@ from typing import Iterator
 
 import pytest
 
-from agentos import AgentOSClient
+from agentos import AgentOSClient, AgentOSError
 from agentos.protocol import Opcode
 from conftest import Kernel, binary, kernel_with, log_of, wait_state
 
@@ -451,6 +451,19 @@ def test_a_child_never_gets_a_wider_policy_than_its_parent(net):
                     print("exec", kernel.exec("print(1)", network=network)["stdout"].strip())
                 except AgentOSError as err:
                     print("exec", err.code, err, flush=True)
+            # NET: its child's policy within its own; never its own policy.
+            for name, network in [("narrow", {"allow": ["*"]}),
+                                  ("narrow", {"allow": ["allowed.test:8443"]}),
+                                  ("net-parent", {"allow": ["allowed.test"]})]:
+                try:
+                    kernel.set_network(name, network)
+                    print("set", name, network["allow"][0], "ok", flush=True)
+                except AgentOSError as err:
+                    print("set", name, network["allow"][0], err.code, flush=True)
+            try:
+                kernel.net("net-holder-elsewhere")
+            except AgentOSError as err:
+                print("show elsewhere", err.code, flush=True)
         """)
     with AgentOSClient(kernel.socket_path) as client:
         spawned = client.spawn("net-parent", script_file(code), python=sys.executable,
@@ -462,8 +475,12 @@ def test_a_child_never_gets_a_wider_policy_than_its_parent(net):
         assert "host permission_denied" in log, log
         assert "narrow spawned" in log, log
         assert "exec permission_denied" in log and "exec 1" in log, log
+        assert "set narrow * permission_denied" in log, log
+        assert "set narrow allowed.test:8443 ok" in log, log
+        assert "set net-parent allowed.test permission_denied" in log, log
+        assert "show elsewhere not_found" in log, log
         narrow = next(a for a in client.list_agents() if a["name"] == "narrow")
-        assert narrow["network"] == {"allow": ["allowed.test:443"], "deny": []}
+        assert narrow["network"] == {"allow": ["allowed.test:8443"], "deny": []}
 
 
 AGENT_HOLDING_A_TUNNEL = PRELUDE + r'''
@@ -575,3 +592,50 @@ def test_a_default_policy_applies_where_a_request_names_none():
         widened = client.set_network("defaulted", {"allow": ["*.pypi.org:443", "pypi.org:443"]})
         assert widened["network"]["allow"] == ["*.pypi.org:443", "pypi.org:443"]
         client.kill("defaulted", grace_ms=0)
+
+
+def test_a_malformed_policy_is_refused_naming_its_field(net):
+    """Refused before anything starts; the sandbox's code is not needed."""
+    if not has_root():
+        return
+    kernel, _ = net
+    cases = [
+        ({"allow": ["allowed.test", "a b"]}, "network.allow[1]"),
+        ({"allow": ["allowed.test:99999"]}, "network.allow[0]"),
+        ({"allow": ["10.0.0.0/33"]}, "network.allow[0]"),
+        ({"allow": ["allowed.test"], "alow": []}, "alow"),
+        ({"allow": "allowed.test"}, "allow"),
+        ({"allow": ["x"] * 257}, "network.allow"),
+        (5, "network"),
+    ]
+    with AgentOSClient(kernel.socket_path) as client:
+        for network, field in cases:
+            for ask in (lambda: client.exec("1", network=network),
+                        lambda: client.spawn("bad-net", command=["/bin/true"], network=network)):
+                with pytest.raises(AgentOSError) as refused:
+                    ask()
+                assert refused.value.code == "bad_request", (network, refused.value)
+                assert field in str(refused.value), (network, refused.value)
+        with pytest.raises(AgentOSError) as unsandboxed:
+            client.spawn("bad-net", command=["/bin/true"], sandboxed=False,
+                         network={"allow": ["allowed.test"]})
+        assert unsandboxed.value.code == "bad_request"
+        with pytest.raises(AgentOSError) as host:
+            client.exec("1", network=True)
+        assert host.value.code == "unavailable", host.value
+
+
+def test_a_sessions_runs_share_an_endpoint_and_each_reply_counts_its_own(net):
+    if not has_root():
+        return
+    kernel, upstream = net
+    policy = policy_for(upstream, "allowed.test")
+    code = f"print(get_tls('allowed.test', {upstream.https_port})[0])"
+    with AgentOSClient(kernel.socket_path) as client:
+        first = run(client, upstream, code, policy, session="net-session")
+        second = run(client, upstream, code + "\n" + code, policy, session="net-session")
+        assert first["network"]["allowed"] == 1 and second["network"]["allowed"] == 2, second
+        with pytest.raises(AgentOSError) as other:
+            run(client, upstream, code, policy_for(upstream, "other.test"), session="net-session")
+        assert other.value.code == "bad_request"
+        client.close_session("net-session")

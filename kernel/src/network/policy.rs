@@ -102,6 +102,12 @@ impl Policy {
 
     /// Whether a connection to `port` of `name` (as asked for: a name, or
     /// an address literal), which resolved to `address`, may be made.
+    ///
+    /// A name is allowed by name entries only (address ranges allow
+    /// address literals), so [`Policy::decide_name`] settles it before any
+    /// DNS query is made; the address it resolved to must then not be
+    /// denied, and if it lies in a special range, an allow entry must
+    /// name that range too.
     pub fn decide(&self, name: &str, address: IpAddr, port: u16) -> Decision {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         if let Some(rule) = self
@@ -113,37 +119,59 @@ impl Policy {
                 "{name}:{port} is denied by the policy's \"{rule}\""
             ));
         }
-        if let Some(kind) = special_range(address) {
-            let named = self.allow.iter().any(|rule| {
-                matches!(rule.target, Target::Range(_)) && rule.matches(&name, address, port)
-            });
-            if !named {
-                return Decision::Refused(format!(
-                    "{name} resolves to {address}, a {kind} address: allow its range to reach it"
-                ));
-            }
-            // A name must be allowed as a name too: naming a private range
-            // does not open it to every name that resolves there.
-            let literal = name.parse::<IpAddr>().is_ok();
-            let name_allowed = literal
-                || self.allow.iter().any(|rule| {
-                    !matches!(rule.target, Target::Range(_)) && rule.matches(&name, address, port)
-                });
-            return if name_allowed {
-                Decision::Allowed
-            } else {
-                Decision::Refused(format!("{name}:{port} is not in the policy's allow list"))
-            };
+        let literal = name.parse::<IpAddr>().is_ok();
+        let named_range = self.allow.iter().any(|rule| {
+            matches!(rule.target, Target::Range(_)) && rule.matches(&name, address, port)
+        });
+        if let Some(kind) = special_range(address).filter(|_| !named_range) {
+            return Decision::Refused(format!(
+                "{name} resolves to {address}, a {kind} address: allow its range to reach it"
+            ));
         }
-        if self
-            .allow
-            .iter()
-            .any(|rule| rule.matches(&name, address, port))
-        {
+        let allowed = if literal {
+            named_range
+        } else {
+            self.allow.iter().any(|rule| {
+                !matches!(rule.target, Target::Range(_)) && rule.matches(&name, address, port)
+            })
+        };
+        if allowed {
             Decision::Allowed
         } else {
             Decision::Refused(format!("{name}:{port} is not in the policy's allow list"))
         }
+    }
+
+    /// What can be decided of a connection to `port` of the name `name`
+    /// before it is resolved: refused if a deny entry names it or no allow
+    /// entry does (so a sandbox cannot make the kernel look up names its
+    /// policy never allows). `None`: resolve it, and [`Policy::decide`].
+    pub fn decide_name(&self, name: &str, port: u16) -> Option<Decision> {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        if name.parse::<IpAddr>().is_ok() {
+            return None;
+        }
+        let by_name = |rule: &&Rule| {
+            !matches!(rule.target, Target::Range(_))
+                && rule.port.is_none_or(|only| only == port)
+                && match &rule.target {
+                    Target::AnyName => true,
+                    Target::Name(exact) => &name == exact,
+                    Target::Subdomains(domain) => is_subdomain(&name, domain),
+                    Target::Range(_) => false,
+                }
+        };
+        if let Some(rule) = self.deny.iter().find(by_name) {
+            return Some(Decision::Refused(format!(
+                "{name}:{port} is denied by the policy's \"{rule}\""
+            )));
+        }
+        if !self.allow.iter().any(|rule| by_name(&rule)) {
+            return Some(Decision::Refused(format!(
+                "{name}:{port} is not in the policy's allow list"
+            )));
+        }
+        None
     }
 
     /// This policy as a child of `parent` may have it: every entry it
@@ -628,11 +656,41 @@ mod tests {
             named.decide("db.internal", ip("fd12::1"), 5432),
             Decision::Allowed
         );
-        assert_eq!(p.decide("x", ip("2001:db8::5"), 1), Decision::Allowed);
+        assert_eq!(
+            p.decide("2001:db8::5", ip("2001:db8::5"), 1),
+            Decision::Allowed
+        );
+        // A range allows address literals; a name needs a name entry.
         assert!(matches!(
-            p.decide("x", ip("2001:db9::5"), 1),
+            p.decide("x", ip("2001:db8::5"), 1),
             Decision::Refused(_)
         ));
+        assert!(matches!(
+            p.decide("2001:db9::5", ip("2001:db9::5"), 1),
+            Decision::Refused(_)
+        ));
+    }
+
+    #[test]
+    fn a_name_no_entry_allows_is_refused_before_it_is_resolved() {
+        let p =
+            policy(json!({"allow": ["*.pypi.org:443", "10.0.0.0/8"], "deny": ["evil.pypi.org"]}));
+        assert_eq!(p.decide_name("files.pypi.org", 443), None);
+        assert_eq!(
+            p.decide_name("10.1.2.3", 80),
+            None,
+            "a literal is decided on its address"
+        );
+        for (name, port) in [
+            ("exfil-1234.attacker.example", 443),
+            ("files.pypi.org", 80),
+            ("evil.pypi.org", 443),
+        ] {
+            assert!(
+                matches!(p.decide_name(name, port), Some(Decision::Refused(_))),
+                "{name}:{port}"
+            );
+        }
     }
 
     #[test]
