@@ -69,15 +69,15 @@ const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
 #[derive(Debug)]
 struct Sandbox {
     label: String,
-    listener: TcpListener,
+    /// `None` once it is being forgotten: closed first, so that nothing
+    /// connects while its connections close.
+    listener: Option<TcpListener>,
     listener_key: usize,
     policy: Policy,
     record: Arc<Mutex<Record>>,
     /// Its connections open or opening.
     open: usize,
     log: LogBudget,
-    /// Being forgotten: its endpoint accepts no more.
-    closing: bool,
 }
 
 /// How a connection ends, for the record.
@@ -256,13 +256,12 @@ impl EventLoop {
             id,
             Sandbox {
                 label,
-                listener,
+                listener: Some(listener),
                 listener_key,
                 policy,
                 record,
                 open: 0,
                 log: LogBudget::default(),
-                closing: false,
             },
         );
         // Connections may have queued before the listener was registered.
@@ -298,9 +297,10 @@ impl EventLoop {
         let Some(mut sandbox) = self.sandboxes.remove(&id) else {
             return;
         };
-        let _ = self.poll.registry().deregister(&mut sandbox.listener);
+        if let Some(mut listener) = sandbox.listener.take() {
+            let _ = self.poll.registry().deregister(&mut listener);
+        }
         self.listeners.remove(sandbox.listener_key);
-        sandbox.closing = true;
         let keys: Vec<usize> = self
             .conns
             .iter()
@@ -321,10 +321,13 @@ impl EventLoop {
             return;
         }
         loop {
-            let Some(sandbox) = self.sandboxes.get_mut(&id).filter(|s| !s.closing) else {
+            let Some(sandbox) = self.sandboxes.get_mut(&id) else {
                 return;
             };
-            let stream = match sandbox.listener.accept() {
+            let Some(listener) = sandbox.listener.as_ref() else {
+                return;
+            };
+            let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e)
