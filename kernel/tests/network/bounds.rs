@@ -11,8 +11,8 @@ const POLICY: &str = r#"{"allow":["allowed.test","127.0.0.0/8"]}"#;
 
 #[test]
 fn a_connect_flood_is_bounded_and_the_proxy_still_answers() {
-    const FLOOD: usize = 3_000;
     const MAX: usize = 64;
+    let flood_size = descriptors_for_a_flood(10_000);
     let server = upstream(Kind::Echo);
     let served = serve(
         agentos_kernel::network::proxy::ProxySettings {
@@ -22,8 +22,8 @@ fn a_connect_flood_is_bounded_and_the_proxy_still_answers() {
         POLICY,
     );
     let target = format!("allowed.test:{}", server.port);
-    let mut flood = Vec::with_capacity(FLOOD);
-    for _ in 0..FLOOD {
+    let mut flood = Vec::with_capacity(flood_size);
+    for _ in 0..flood_size {
         let mut stream = TcpStream::connect(served.address).unwrap();
         stream.set_read_timeout(Some(WAIT)).unwrap();
         // Refused at once, a connection may be closed before this is sent.
@@ -43,7 +43,7 @@ fn a_connect_flood_is_bounded_and_the_proxy_still_answers() {
     }
     assert_eq!(statuses.get(&200), Some(&MAX), "{statuses:?}");
     let refused = statuses.get(&503).copied().unwrap_or(0) + statuses.get(&0).copied().unwrap_or(0);
-    assert_eq!(refused, FLOOD - MAX, "{statuses:?}");
+    assert_eq!(refused, flood_size - MAX, "{statuses:?}");
     assert!(statuses.get(&503).is_some_and(|n| *n > 0), "{statuses:?}");
 
     // Another sandbox is served at once while the flood is held.
@@ -71,7 +71,7 @@ fn a_connect_flood_is_bounded_and_the_proxy_still_answers() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let totals = served.totals();
-    assert!(totals.refused >= (FLOOD - MAX) as u64, "{totals:?}");
+    assert!(totals.refused >= (flood_size - MAX) as u64, "{totals:?}");
     assert!(totals.allowed > MAX as u64, "{totals:?}");
     let (kept, dropped) = {
         let record = served.record.lock().unwrap();
@@ -79,6 +79,26 @@ fn a_connect_flood_is_bounded_and_the_proxy_still_answers() {
         (kept.count(), dropped)
     };
     assert!(kept <= agentos_kernel::network::record::KEPT_ATTEMPTS && dropped > 0);
+}
+
+/// Raises this process's descriptor limit to its hard limit (the test
+/// holds the flood's client ends and the proxy's ends alike); how many
+/// connections the flood can then be, up to `wanted`.
+fn descriptors_for_a_flood(wanted: usize) -> usize {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let size = wanted.min(
+        usize::try_from(soft)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(1_000),
+    );
+    assert!(
+        size >= 500,
+        "a descriptor limit of {soft} is too low for a flood"
+    );
+    size
 }
 
 #[test]
