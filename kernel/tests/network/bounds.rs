@@ -166,3 +166,82 @@ fn a_tunnel_whose_client_hello_never_ends_is_closed_at_the_timeout() {
     assert!(rest.is_empty());
     served.wait_for("the refusal", |r| r.totals().refused == 1);
 }
+
+/// The proxy thread's `stat` file, opened while descriptors are there.
+fn proxy_thread_stat() -> std::fs::File {
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() == "proxy" {
+            return std::fs::File::open(task.join("stat")).unwrap();
+        }
+    }
+    panic!("no proxy thread");
+}
+
+/// The CPU time (in clock ticks) the proxy's thread has used.
+fn ticks(stat: &std::fs::File) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 1024];
+    let n = stat.read_at(&mut buf, 0).unwrap();
+    let stat = String::from_utf8_lossy(&buf[..n]);
+    // After the command's closing parenthesis: utime and stime are the
+    // 12th and 13th fields.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn a_descriptor_shortage_pauses_accepting_and_the_waiting_client_is_served_after() {
+    let server = upstream(Kind::Echo);
+    let served = serve_alone(settings(), POLICY);
+    let stat = proxy_thread_stat();
+    // Take every descriptor but a few, connect, then take what is left:
+    // the proxy's accept fails with EMFILE.
+    let mut hoard = Vec::new();
+    let hoard_all = |hoard: &mut Vec<std::fs::File>| {
+        while let Ok(file) = std::fs::File::open("/dev/null") {
+            hoard.push(file);
+        }
+    };
+    hoard_all(&mut hoard);
+    hoard.truncate(hoard.len() - 8);
+    let stream = TcpStream::connect(served.address);
+    hoard_all(&mut hoard);
+    let mut stream = stream.unwrap();
+    let before = ticks(&stat);
+    std::thread::sleep(Duration::from_millis(600));
+    let spent = ticks(&stat) - before;
+    // Clock ticks are 10 ms: a spinning loop would show some 60.
+    assert!(
+        spent < 20,
+        "the proxy spent {spent} ticks while it could not accept"
+    );
+    drop(hoard);
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    write!(
+        stream,
+        "CONNECT allowed.test:{} HTTP/1.1\r\n\r\n",
+        server.port
+    )
+    .unwrap();
+    let (status, _) = read_head(&mut stream);
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn an_upstream_that_refuses_the_connection_is_answered_502() {
+    let closed_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let served = serve(settings(), POLICY);
+    let (_, status, head) = connect(served.address, &format!("allowed.test:{closed_port}"));
+    assert_eq!(status, 502);
+    assert!(head.contains("could not be reached"), "{head}");
+    served.wait_for("the failure", |r| {
+        r.attempts().0.any(|a| a.reason.is_some())
+    });
+    let attempt = &served.attempts()[0];
+    assert!(attempt.allowed, "allowed by the policy, then failed");
+}

@@ -57,6 +57,8 @@ const LISTENER: usize = 1 << (usize::BITS - 2);
 /// How long accepting pauses after the process ran out of descriptors:
 /// retrying at once would spin, since the pending connection stays.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// A shortage that goes on is logged this often, not every pause.
+const SHORTAGE_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often live byte counts reach the records and floods are summed up
 /// in the log.
 const TICK: Duration = Duration::from_secs(1);
@@ -108,6 +110,8 @@ pub struct EventLoop {
     next_id: u64,
     scratch: Vec<u8>,
     accept_paused_until: Option<Instant>,
+    /// When a shortage of descriptors was last logged.
+    shortage_logged: Option<Instant>,
     next_tick: Instant,
 }
 
@@ -159,6 +163,7 @@ impl EventLoop {
             next_id: 1,
             scratch: vec![0; SCRATCH_BYTES],
             accept_paused_until: None,
+            shortage_logged: None,
             next_tick: Instant::now() + TICK,
         }
     }
@@ -336,8 +341,15 @@ impl EventLoop {
                         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
                     ) =>
                 {
-                    log::warn!("network: the proxy cannot accept now ({e}); it pauses");
-                    self.accept_paused_until = Some(Instant::now() + ACCEPT_PAUSE);
+                    let now = Instant::now();
+                    if self
+                        .shortage_logged
+                        .is_none_or(|at| now.duration_since(at) >= SHORTAGE_LOG_EVERY)
+                    {
+                        log::warn!("network: the proxy cannot accept now ({e}); it pauses");
+                        self.shortage_logged = Some(now);
+                    }
+                    self.accept_paused_until = Some(now + ACCEPT_PAUSE);
                     return;
                 }
                 Err(e)
