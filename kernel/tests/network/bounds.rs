@@ -169,12 +169,17 @@ fn a_tunnel_whose_client_hello_never_ends_is_closed_at_the_timeout() {
 
 /// The proxy thread's `stat` file, opened while descriptors are there.
 fn proxy_thread_stat() -> std::fs::File {
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let task = task.unwrap().path();
-        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        if comm.trim() == "proxy" {
-            return std::fs::File::open(task.join("stat")).unwrap();
+    // A new thread names itself once it runs: look until it has.
+    let until = Instant::now() + WAIT;
+    while Instant::now() < until {
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let Ok(task) = task else { continue };
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.trim() == "proxy" {
+                return std::fs::File::open(task.path().join("stat")).unwrap();
+            }
         }
+        std::thread::sleep(Duration::from_millis(10));
     }
     panic!("no proxy thread");
 }

@@ -17,7 +17,7 @@
 //!
 //! Files: `event_loop` (the thread, its sandboxes and deadlines),
 //! `connection` (one client connection's state), `resolver` (DNS threads),
-//! `splice` (moving bytes with backpressure), `intercept` and `tls` (the
+//! `splice` (moving bytes with backpressure), `reply` (refusals), `intercept` and `tls` (the
 //! TLS both ways, the CA), `http` (request heads rewritten), `log` (log
 //! lines within a budget).
 
@@ -26,6 +26,7 @@ mod event_loop;
 mod http;
 mod intercept;
 mod log;
+mod reply;
 mod resolver;
 mod splice;
 mod tls;
