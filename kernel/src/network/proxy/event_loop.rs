@@ -21,9 +21,9 @@ use super::http::SetHeader;
 use super::log::LogBudget;
 use super::reply::reply;
 use super::resolver::{Answer, Resolver};
+use super::settings::{ProxySettings, SandboxId};
 use super::splice::SCRATCH_BYTES;
 use super::tls::Authority;
-use super::{ProxySettings, SandboxId};
 use crate::network::policy::{Decision, Policy};
 use crate::network::record::{Attempt, Record};
 

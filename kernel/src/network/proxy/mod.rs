@@ -15,8 +15,9 @@
 //! [`Proxy::ca_certificate_pem`]), and every request head on it gets the
 //! credential's header. Other hosts' TLS is never touched.
 //!
-//! Files: `event_loop` (the thread, its sandboxes and deadlines),
-//! `connection` (one client connection's state), `resolver` (DNS threads),
+//! Files: `settings`, `event_loop` (the thread, its sandboxes and
+//! deadlines), `connection` (one client connection's state), `phases`
+//! (what is done with it in each phase), `resolver` (DNS threads),
 //! `splice` (moving bytes with backpressure), `reply` (refusals), `intercept` and `tls` (the
 //! TLS both ways, the CA), `http` (request heads rewritten), `log` (log
 //! lines within a budget).
@@ -26,18 +27,20 @@ mod event_loop;
 mod http;
 mod intercept;
 mod log;
+mod phases;
 mod reply;
 mod resolver;
+mod settings;
 mod splice;
 mod tls;
 
-use std::collections::HashMap;
+pub use settings::{Credential, ProxySettings, SandboxId};
+
 use std::io;
-use std::net::{IpAddr, TcpListener};
+use std::net::TcpListener;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use mio::{Poll, Waker};
 
@@ -47,61 +50,6 @@ use event_loop::{Control, EventLoop, Parts, WAKER};
 
 /// How many threads resolve names.
 const RESOLVER_THREADS: usize = 4;
-
-/// What the proxy is configured with (`[network]`).
-#[derive(Debug, Clone)]
-pub struct ProxySettings {
-    /// Names answered without DNS: a test-only override (`[network] resolve`).
-    pub resolve: HashMap<String, Vec<IpAddr>>,
-    /// PEM certificates trusted upstream besides the public roots
-    /// (`[network] extra_ca`).
-    pub extra_roots_pem: Vec<u8>,
-    /// Headers added to requests for a host (`[[network.credentials]]`).
-    pub credentials: Vec<Credential>,
-    /// Connections one sandbox may have open (or opening) at once.
-    pub max_connections: usize,
-    /// A client that has not sent its whole request head by then is closed.
-    pub head_timeout: Duration,
-    /// Resolving and connecting upstream must finish by then.
-    pub connect_timeout: Duration,
-}
-
-impl Default for ProxySettings {
-    /// No overrides, no extra roots, no credentials; 256 connections a
-    /// sandbox; 10 s for a request head (and a tunnel's ClientHello); 10 s
-    /// to resolve and connect.
-    fn default() -> ProxySettings {
-        ProxySettings {
-            resolve: HashMap::new(),
-            extra_roots_pem: Vec::new(),
-            credentials: Vec::new(),
-            max_connections: 256,
-            head_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-/// A header the proxy adds to every request for `host`.
-#[derive(Clone)]
-pub struct Credential {
-    pub host: String,
-    pub header: String,
-    /// The header's value; never logged, never shown.
-    pub value: String,
-}
-
-impl std::fmt::Debug for Credential {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credential")
-            .field("host", &self.host)
-            .field("header", &self.header)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A sandbox's endpoint, as the proxy knows it.
-pub type SandboxId = u64;
 
 /// The running proxy: a handle to its thread. Dropping it stops the
 /// thread (every endpoint and connection closes) and waits for it; the
