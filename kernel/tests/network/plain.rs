@@ -29,6 +29,7 @@ fn an_absolute_form_request_is_forwarded_in_origin_form_without_proxy_headers() 
     let mut rest = Vec::new();
     stream.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
+    drop(stream);
     served.wait_for("the bytes", |r| {
         r.totals().bytes_in > 0 && r.attempts().0.count() == 1
     });
