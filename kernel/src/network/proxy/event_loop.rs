@@ -586,7 +586,14 @@ impl EventLoop {
                     );
                     self.close(key, End::Refused(reason));
                 }
-                Phase::Splice | Phase::Intercept => {}
+                Phase::Intercept => {
+                    let reason = format!(
+                        "no TLS handshake within {} ms",
+                        self.settings.head_timeout.as_millis()
+                    );
+                    self.close(key, End::Failed(reason));
+                }
+                Phase::Splice => {}
             }
         }
         if let Some(at) = self.accept_paused_until {

@@ -374,6 +374,9 @@ impl EventLoop {
                 let conn = &mut self.conns[key];
                 conn.intercept = Some(Box::new(intercept));
                 conn.phase = Phase::Intercept;
+                // Both handshakes must be done within a head's time.
+                let at = Instant::now() + self.settings.head_timeout;
+                self.set_deadline(key, at);
                 self.intercept(key);
             }
             Err(reason) => {
@@ -390,7 +393,11 @@ impl EventLoop {
             return;
         };
         match intercept.drive(&mut conn.client, upstream, &mut self.scratch) {
-            Ok(Step::Open) => {}
+            Ok(Step::Open) => {
+                if conn.deadline.is_some() && !intercept.handshaking() {
+                    conn.deadline = None;
+                }
+            }
             Ok(Step::Done) => self.close(key, End::Closed),
             Err(reason) => self.close(key, End::Failed(reason)),
         }
