@@ -18,14 +18,14 @@ use mio::net::TcpStream;
 
 /// The loop's one read buffer, shared by every connection: bytes are
 /// copied out of it only when a sink would block.
-pub const SCRATCH_BYTES: usize = 256 * 1024;
+pub const SCRATCH_BYTES: usize = 64 * 1024;
 
 /// After this many bytes one way, a direction moves through a kernel pipe.
 const BULK_BYTES: u64 = 1024 * 1024;
 
 /// How much a kernel pipe holds: what one direction may have in flight
 /// inside the proxy (in kernel memory), like a scratch buffer's worth.
-const PIPE_BYTES: usize = 256 * 1024;
+const PIPE_BYTES: usize = 64 * 1024;
 
 /// One direction of a connection.
 #[derive(Debug, Default)]
