@@ -290,6 +290,11 @@ impl EventLoop {
             .map(|(key, _)| key)
             .collect();
         for key in refused {
+            let conn = &mut self.conns[key];
+            if conn.phase == Phase::Connecting {
+                // Not answered yet: the client learns why.
+                reply(&mut conn.client, 403, "policy changed");
+            }
             self.close(key, End::Failed("policy changed".into()));
         }
     }
