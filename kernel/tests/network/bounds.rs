@@ -243,7 +243,10 @@ fn an_upstream_that_refuses_the_connection_is_answered_502() {
     let served = serve(settings(), POLICY);
     let (_, status, head) = connect(served.address, &format!("allowed.test:{closed_port}"));
     assert_eq!(status, 502);
-    assert!(head.contains("could not be reached"), "{head}");
+    assert!(
+        head.contains("could not be reached: Connection refused"),
+        "{head}"
+    );
     served.wait_for("the failure", |r| {
         r.attempts().0.any(|a| a.reason.is_some())
     });

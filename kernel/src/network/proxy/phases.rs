@@ -159,13 +159,14 @@ impl EventLoop {
         if let Some(sandbox) = self.sandboxes.get(&conn.sandbox) {
             lock(&sandbox.record).attempted(attempt);
         }
-        self.connect_next(key);
+        self.connect_next(key, None);
     }
 
-    /// Starts connecting to the next allowed address.
-    pub(super) fn connect_next(&mut self, key: usize) {
+    /// Starts connecting to the next allowed address; `failed` is why the
+    /// last one could not be reached, if one was tried.
+    pub(super) fn connect_next(&mut self, key: usize, failed: Option<io::Error>) {
         let conn = &mut self.conns[key];
-        let mut last_error = None;
+        let mut last_error = failed;
         while let Some(address) = conn.candidates.pop_front() {
             conn.address = Some(address);
             match TcpStream::connect(address) {
@@ -203,17 +204,17 @@ impl EventLoop {
         };
         match upstream.take_error() {
             Ok(None) => {}
-            Ok(Some(_)) | Err(_) => {
+            Ok(Some(e)) | Err(e) => {
                 conn.upstream = None;
-                return self.connect_next(key);
+                return self.connect_next(key, Some(e));
             }
         }
         match upstream.peer_addr() {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
-            Err(_) => {
+            Err(e) => {
                 conn.upstream = None;
-                return self.connect_next(key);
+                return self.connect_next(key, Some(e));
             }
         }
         let _ = upstream.set_nodelay(true);
