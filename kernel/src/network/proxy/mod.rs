@@ -168,3 +168,31 @@ impl Drop for Proxy {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handle_can_be_shared_with_the_kernels_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<Proxy>();
+    }
+
+    #[test]
+    fn a_credentials_value_is_not_shown() {
+        let settings = ProxySettings {
+            credentials: vec![Credential {
+                host: "api.example".into(),
+                header: "Authorization".into(),
+                value: "Bearer hidden-value".into(),
+            }],
+            ..ProxySettings::default()
+        };
+        let shown = format!("{settings:?}");
+        assert!(
+            shown.contains("api.example") && !shown.contains("hidden-value"),
+            "{shown}"
+        );
+    }
+}
