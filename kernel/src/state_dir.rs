@@ -35,6 +35,9 @@ pub struct StateDir {
     /// The `tools` package EXEC runs import, readable by them (it is
     /// their `/tools`).
     pub tools: PathBuf,
+    /// The certificates sandboxes trust when the egress proxy intercepts
+    /// some hosts (bound at `/run/agentos/ca-bundle.pem`).
+    pub ca_bundle: PathBuf,
 }
 
 impl StateDir {
@@ -53,6 +56,7 @@ impl StateDir {
         let tools = root.join("tools");
         fresh_dir(&tools, 0o755)?;
         Ok(StateDir {
+            ca_bundle: root.join("ca-bundle.pem"),
             root,
             doors,
             staging,

@@ -37,6 +37,8 @@ impl Opcode {
     pub const TASK: Opcode = Opcode(0x13);
     /// An agent's log: its tail, or what it writes next.
     pub const LOGS: Opcode = Opcode(0x16);
+    /// An agent's network: its connection record, or a new policy.
+    pub const NET: Opcode = Opcode(0x17);
     /// Protocol and feature discovery.
     pub const HELLO: Opcode = Opcode(0xFE);
     /// Say goodbye and close the connection. Also the opcode of a `bad_magic`
@@ -44,7 +46,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 11] = [
+    pub const ALL: [Opcode; 12] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -54,6 +56,7 @@ impl Opcode {
         Opcode::LIST,
         Opcode::TASK,
         Opcode::LOGS,
+        Opcode::NET,
         Opcode::HELLO,
         Opcode::EXIT,
     ];
@@ -70,6 +73,7 @@ impl Opcode {
             Opcode::LIST => "LIST",
             Opcode::TASK => "TASK",
             Opcode::LOGS => "LOGS",
+            Opcode::NET => "NET",
             Opcode::HELLO => "HELLO",
             Opcode::EXIT => "EXIT",
             _ => return None,
@@ -132,6 +136,7 @@ mod tests {
             (0x12, "LIST"),
             (0x13, "TASK"),
             (0x16, "LOGS"),
+            (0x17, "NET"),
             (0xFE, "HELLO"),
             (0xFF, "EXIT"),
         ];

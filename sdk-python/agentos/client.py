@@ -179,6 +179,25 @@ class AgentOSClient(Connection):
                       "wait_ms": LOG_FOLLOW_WAIT_MS}
             reply = self.call_json(Opcode.LOGS, follow, deadline_ms=LOG_FOLLOW_WAIT_MS)
 
+    def net(self, agent: AgentRef) -> Dict[str, Any]:
+        """NET: an agent's network policy (``network``) and its connection
+        record through the kernel's egress proxy: ``totals`` (``allowed``,
+        ``refused``, ``bytes_out``, ``bytes_in``) and the newest
+        ``attempts``, each with its host, port, address, whether it was
+        allowed and why not, bytes each way and duration."""
+        request = _agent_ref(agent)
+        request["op"] = "show"
+        return self.call_json(Opcode.NET, request)
+
+    def set_network(self, agent: AgentRef, policy: Mapping[str, Any]) -> Dict[str, Any]:
+        """NET ``set``: replaces a running agent's policy (``{"allow":
+        [...], "deny": [...]}``), within your own; its descendants are
+        narrowed with it, and open connections the new policy refuses are
+        closed. Returns what :meth:`net` does, with the new policy."""
+        request = _agent_ref(agent)
+        request.update(op="set", network=dict(policy))
+        return self.call_json(Opcode.NET, request)
+
     # -- think ------------------------------------------------------------
 
     def think(

@@ -34,6 +34,7 @@ class Opcode(enum.IntEnum):
     LIST = 0x12
     TASK = 0x13
     LOGS = 0x16
+    NET = 0x17
     HELLO = 0xFE
     EXIT = 0xFF
 

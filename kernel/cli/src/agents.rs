@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{AgentInfo, AgentState, KillRequest, SpawnReply};
+use agentos_proto::payload::{AgentInfo, AgentState, KillRequest, Network, SpawnReply};
 use agentos_proto::{Client, Opcode};
 use serde_json::{json, Value};
 
@@ -230,14 +230,7 @@ fn describe(agent: &AgentInfo) -> String {
             },
             permissions.tools.join(" ")
         ),
-        format!(
-            "network:     {}",
-            if agent.network {
-                "the host's"
-            } else {
-                "loopback only"
-            }
-        ),
+        format!("network:     {}", network_line(agent)),
         format!(
             "isolation:   {}",
             if isolation.sandboxed {
@@ -510,6 +503,27 @@ pub fn print_spawned(reply: &SpawnReply) {
     );
     if let Some(reason) = &isolation.degraded_reason {
         println!("degraded: {reason}");
+    }
+}
+
+/// An agent's network in force, and its connections through the proxy.
+fn network_line(agent: &AgentInfo) -> String {
+    match (&agent.network, agent.connections) {
+        (Network::Host(true), _) => "the host's".to_owned(),
+        (Network::Host(false), _) => "loopback only".to_owned(),
+        (Network::Policy(policy), connections) => {
+            let mut line = format!("allow {}", policy.allow.join(" "));
+            if !policy.deny.is_empty() {
+                line.push_str(&format!("; deny {}", policy.deny.join(" ")));
+            }
+            if let Some(totals) = connections {
+                line.push_str(&format!(
+                    " ({} allowed, {} refused; `agentos net {}` for the record)",
+                    totals.allowed, totals.refused, agent.name
+                ));
+            }
+            line
+        }
     }
 }
 

@@ -42,6 +42,17 @@ pub fn cut(text: &str, width: usize) -> String {
     out
 }
 
+/// A time in milliseconds since the Unix epoch as `HH:MM:SS` (UTC).
+pub fn clock_ms(at_ms: u64) -> String {
+    let secs = at_ms / 1000;
+    format!(
+        "{:02}:{:02}:{:02}",
+        secs / 3600 % 24,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,6 +20,7 @@ mod failure;
 mod format;
 mod logs;
 mod mcp;
+mod net;
 mod sessions;
 mod task;
 mod tools;
@@ -100,6 +101,9 @@ enum Command {
     /// Print an agent's log: its last lines, and with -f what it writes
     /// next, until it ends
     Logs(logs::LogsArgs),
+    /// An agent's network policy and connection record; with --allow
+    /// (or --cut), a new policy while it runs
+    Net(net::NetArgs),
     /// A live view of agents, tasks and tool servers, refreshed each
     /// second; its third line lists the keys, q quits
     Top(top::TopArgs),
@@ -198,8 +202,10 @@ struct SpawnArgs {
     #[arg(long, value_name = "DIR")]
     cwd: Option<String>,
     /// Share the host network instead of loopback only
-    #[arg(long)]
+    #[arg(long, conflicts_with = "allow")]
     network: bool,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// Run without namespaces or cgroup (operators only)
     #[arg(long)]
     no_sandbox: bool,
@@ -221,6 +227,28 @@ struct ExecArgs {
     /// command waits for the reply
     #[arg(long, value_name = "SECS")]
     run_timeout: Option<f64>,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+/// A network policy given on the command line.
+#[derive(Debug, clap::Args)]
+struct PolicyArgs {
+    /// Reach this through the kernel's egress proxy (host, *.domain or
+    /// CIDR, each with an optional :port); repeat for more
+    #[arg(long, value_name = "ENTRY")]
+    allow: Vec<String>,
+    /// With --allow: never reach this
+    #[arg(long, value_name = "ENTRY", requires = "allow")]
+    deny: Vec<String>,
+}
+
+impl PolicyArgs {
+    /// The request's `network`, if a policy was given.
+    fn to_json(&self) -> Option<serde_json::Value> {
+        (!self.allow.is_empty())
+            .then(|| serde_json::json!({"allow": self.allow, "deny": self.deny}))
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -345,6 +373,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Run(run_args) => return run_prompt(client, run_args, wait_for, json),
         Command::Top(top_args) => top::top(client, &path, top_args, json),
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
+        Command::Net(net_args) => net::net(client, net_args, json),
         Command::Completion { .. } | Command::Mcp(_) => unreachable!("answered before connecting"),
     };
     done.map(|()| ExitCode::SUCCESS)
@@ -373,6 +402,9 @@ fn exec(client: &mut Client, args: ExecArgs, json: bool) -> anyhow::Result<ExitC
     }
     if let Some(secs) = args.run_timeout {
         request["timeout_ms"] = ((secs * 1e3).round() as u64).into();
+    }
+    if let Some(policy) = args.policy.to_json() {
+        request["network"] = policy;
     }
     let reply = client.call(Opcode::EXEC, &serde_json::to_vec(&request)?)?;
     let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
@@ -491,6 +523,9 @@ fn spawn(client: &mut Client, args: SpawnArgs, json: bool) -> anyhow::Result<()>
     }
     if args.network {
         request["network"] = true.into();
+    }
+    if let Some(policy) = args.policy.to_json() {
+        request["network"] = policy;
     }
     if args.no_sandbox {
         request["sandboxed"] = false.into();

@@ -1,7 +1,8 @@
 //! The rule for a SPAWN made by an agent: **a child never gets more than
 //! its parent.**
 //!
-//! - network: only if the parent has it;
+//! - network: the host's only from the host's; a policy within the
+//!   parent's (its denials added); loopback from anything;
 //! - limits (memory, CPU share, processes): each defaults to the parent's
 //!   own and may not exceed it;
 //! - permissions: each defaults to the parent's and may not exceed it;
@@ -16,13 +17,15 @@
 use agentos_proto::payload::{Limits, Permissions, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use crate::network::policy::Policy;
+use crate::network::Egress;
 use crate::permissions::covered_by;
 
 /// What an agent was given, which bounds what it may give.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
-    /// Whether it shares the host's network.
-    pub network: bool,
+    /// What it may reach.
+    pub network: Egress,
     /// Its limits in force (defaults applied).
     pub limits: Limits,
     /// Its permissions.
@@ -30,23 +33,32 @@ pub struct Grant {
 }
 
 /// A child's limits and permissions under `parent`. `tokens_left` is what
-/// the parent's token budgets still allow (`None`: it has none).
+/// the parent's token budgets still allow (`None`: it has none);
+/// `default_policy` is the kernel's, for a request without `network`.
 pub fn child_grant(
     parent: &Grant,
     request: &SpawnRequest,
     tokens_left: Option<u64>,
+    default_policy: Option<&Policy>,
 ) -> Result<Grant, ErrorReply> {
-    if request.network && !parent.network {
-        return Err(denied(
-            "network",
-            "its parent has no host network (network: false), so neither may its child",
-        ));
-    }
     Ok(Grant {
-        network: request.network,
+        network: child_network(&parent.network, request, default_policy)?,
         limits: child_limits(&parent.limits, &request.limits)?,
         permissions: child_permissions(&parent.permissions, request, tokens_left)?,
     })
+}
+
+/// What a child may reach: what it asks for, within what its parent (or
+/// the operator, holding the host's network) has.
+pub fn child_network(
+    parent: &Egress,
+    request: &SpawnRequest,
+    default_policy: Option<&Policy>,
+) -> Result<Egress, ErrorReply> {
+    match &request.network {
+        Some(asked) => Egress::from_request("SPAWN", asked)?.within(parent, "its parent"),
+        None => Ok(Egress::default_within(default_policy, parent)),
+    }
 }
 
 fn child_limits(parent: &Limits, asked: &Limits) -> Result<Limits, ErrorReply> {
@@ -163,7 +175,7 @@ mod tests {
 
     fn parent() -> Grant {
         Grant {
-            network: false,
+            network: Egress::Loopback,
             limits: Limits {
                 memory: Some(64 << 20),
                 cpu_quota: Some(20_000),
@@ -183,7 +195,7 @@ mod tests {
 
     fn child(json: &str, tokens_left: Option<u64>) -> Result<Grant, ErrorReply> {
         let request = SpawnRequest::parse(json.as_bytes()).unwrap();
-        child_grant(&parent(), &request, tokens_left)
+        child_grant(&parent(), &request, tokens_left, None)
     }
 
     fn refused_field(json: &str) -> String {
@@ -203,7 +215,7 @@ mod tests {
                 ..parent().permissions
             }
         );
-        assert!(!grant.network);
+        assert_eq!(grant.network, Egress::Loopback);
     }
 
     #[test]
@@ -211,6 +223,10 @@ mod tests {
         for (json, field) in [
             (
                 r#"{"name":"c","command":["x"],"network":true}"#,
+                "`network`",
+            ),
+            (
+                r#"{"name":"c","command":["x"],"network":{"allow":["pypi.org"]}}"#,
                 "`network`",
             ),
             (
@@ -307,7 +323,7 @@ mod tests {
                  "limits":{"cpu_quota":300000,"cpu_period":100000}}"#,
         )
         .unwrap();
-        let grant = child_grant(&unlimited, &request, None).unwrap();
+        let grant = child_grant(&unlimited, &request, None, None).unwrap();
         assert_eq!(grant.permissions.llm_tokens, 5000);
         assert_eq!(grant.limits.cpu_quota, Some(300_000));
     }

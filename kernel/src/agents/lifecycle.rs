@@ -5,6 +5,7 @@
 //! [`Sandboxes`] seam.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{AgentState, SpawnReply};
@@ -223,11 +224,32 @@ impl Agents {
             let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
             (door.clone(), home)
         };
+        let mut env = program::environment(&agent.request, id, &socket, &home);
+        let mut endpoint_error = None;
+        if let Some(policy) = agent.egress.policy() {
+            let label = format!("agent {id} ({})", agent.name);
+            match sandboxes
+                .listen_inside(sandbox)
+                .and_then(|listener| self.gateway.open(label, listener, policy.clone()))
+            {
+                Ok(endpoint) => {
+                    agent.net_record = Some(Arc::clone(endpoint.record()));
+                    agent.endpoint = Some(endpoint);
+                    // The kernel's variables win over the request's: a
+                    // sandbox cannot point itself past its proxy anyway,
+                    // but its own programs should find it.
+                    let proxy_env = self.gateway.environment();
+                    env.retain(|(key, _)| !proxy_env.iter().any(|(k, _)| k == key));
+                    env.extend(proxy_env);
+                }
+                Err(err) => endpoint_error = Some(err),
+            }
+        }
         let workload = Workload {
             name: agent.name.clone(),
             program: agent.program.program.clone(),
             argv: agent.program.argv.clone(),
-            env: program::environment(&agent.request, id, &socket, &home),
+            env,
             cwd: agent.program.cwd.clone(),
             script: agent.program.script.clone(),
             binds: agent.program.binds.clone(),
@@ -250,6 +272,15 @@ impl Agents {
                 agent.workload.start_error = Some((error.code(), error.to_string()));
             }
         }
+        if let Some(err) = endpoint_error {
+            // Without its endpoint it would run with no network at all:
+            // the incarnation ends before its workload does anything.
+            let message =
+                format!("SPAWN field `network`: the proxy endpoint cannot be made: {err}");
+            log::error!("agent {id}: {message}");
+            agent.workload.start_error = Some((ErrorCode::Unavailable, message));
+            sandboxes.signal(sandbox, libc::SIGKILL);
+        }
     }
 
     /// The agent's current incarnation has ended.
@@ -269,6 +300,8 @@ impl Agents {
         self.ended.push(id);
         agent.sandbox = None;
         agent.pid = None;
+        // Its endpoint closes, and every connection through it.
+        agent.endpoint = None;
         // The init reports the workload's ending; if it could not (it was
         // killed itself: SIGKILL, OOM), its own wait status stands in.
         if agent.workload.exit_code.is_none() && agent.workload.signal.is_none() {

@@ -23,6 +23,7 @@ mod inheritance;
 mod interpreter;
 mod lifecycle;
 pub mod log_reader;
+mod network;
 pub mod program;
 mod record;
 pub mod restart;
@@ -33,16 +34,18 @@ mod views;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{
-    AgentRef, AgentState, Isolation, KillRequest, Limits, Permissions, SpawnRequest,
+    AgentRef, AgentState, Isolation, KillRequest, Limits, Network, Permissions, SpawnRequest,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::config::Config;
+use crate::network::{Egress, Gateway};
 use crate::permissions::Budget;
 use crate::sandbox::plan::{Shape, SOCKET_INSIDE};
 use crate::sandbox::runtime::Sandboxes;
@@ -99,8 +102,8 @@ pub struct AgentGrant<'a> {
     pub permissions: &'a Permissions,
     /// Its limits in force.
     pub limits: Limits,
-    /// Whether it shares the host's network.
-    pub network: bool,
+    /// What it may reach.
+    pub network: &'a Egress,
     /// The token budgets it draws on.
     pub budgets: &'a [Budget],
 }
@@ -166,11 +169,13 @@ pub struct Agents {
     /// Agents whose incarnation has ended or is being stopped since the last
     /// [`Agents::take_ended`]: the work they started ends with it.
     ended: Vec<u32>,
+    /// The egress proxy, for agents with a network policy.
+    gateway: Arc<Gateway>,
 }
 
 impl Agents {
     /// The agents table for `config`; creates the log directory.
-    pub fn new(config: &Config) -> io::Result<Agents> {
+    pub fn new(config: &Config, gateway: Arc<Gateway>) -> io::Result<Agents> {
         let log_dir = config.agents.log_dir();
         std::fs::create_dir_all(&log_dir).map_err(|err| {
             io::Error::new(
@@ -195,6 +200,7 @@ impl Agents {
             max_agents: agents.max_agents,
             shutting_down: false,
             ended: Vec::new(),
+            gateway,
         })
     }
 
@@ -205,7 +211,7 @@ impl Agents {
             name: &agent.name,
             permissions: &agent.permissions,
             limits: agent.limits,
-            network: agent.request.network,
+            network: &agent.egress,
             budgets: &agent.budgets,
         })
     }
@@ -352,7 +358,11 @@ impl Agents {
             Spawner::Operator => {
                 let program = program::resolve(&request, &self.python, Lookup::Host)?;
                 let grant = Grant {
-                    network: request.network,
+                    network: inheritance::child_network(
+                        &Egress::Host,
+                        &request,
+                        self.gateway.default_policy(),
+                    )?,
                     limits: self.effective_limits(&request.limits),
                     permissions: request.permissions.or(Permissions::default()),
                 };
@@ -362,7 +372,12 @@ impl Agents {
                 self.child_of(sandboxes, parent_id, &request, tokens_left)?
             }
             Spawner::Run(run) => {
-                let child = inheritance::child_grant(&run.grant, &request, tokens_left)?;
+                let child = inheritance::child_grant(
+                    &run.grant,
+                    &request,
+                    tokens_left,
+                    self.gateway.default_policy(),
+                )?;
                 let lookup = run.view.as_ref().map_or(Lookup::Host, Lookup::View);
                 let program = program::resolve(&request, &run.python, lookup)?;
                 (child, program, run.budgets)
@@ -370,6 +385,11 @@ impl Agents {
         };
         program::check_env(&request)?;
         self.check_room_for(&request.name)?;
+        self.check_egress(sandboxes, &request, &grant.network)?;
+        // The request keeps the network in force: restarts, LIST and a
+        // child's bounds all read it from there.
+        let mut request = request;
+        request.network = Some(grant.network.to_wire());
 
         let id = self.next_id;
         let door = Self::open_door(sandboxes, id)?;
@@ -411,6 +431,9 @@ impl Agents {
                     Duration::from_secs(request.restart_window),
                 ),
                 request,
+                egress: grant.network,
+                endpoint: None,
+                net_record: None,
                 program,
                 limits: grant.limits,
                 permissions: grant.permissions,
@@ -437,6 +460,41 @@ impl Agents {
         Ok(id)
     }
 
+    /// Whether a policy can be served to what `request` asks for: only in
+    /// a sandbox of its own network, and only while the proxy runs.
+    fn check_egress(
+        &self,
+        sandboxes: &impl Sandboxes<Incarnation>,
+        request: &SpawnRequest,
+        egress: &Egress,
+    ) -> Result<(), ErrorReply> {
+        if egress.policy().is_none() {
+            return Ok(());
+        }
+        if !shape_of(sandboxes, request).sandboxed {
+            let why = if request.sandboxed {
+                "this host gives no namespaces, so there is no network of its own to confine"
+            } else {
+                "a policy confines a sandbox's network; an unsandboxed agent has the host's"
+            };
+            return Err(ErrorReply::new(
+                if request.sandboxed {
+                    ErrorCode::Unavailable
+                } else {
+                    ErrorCode::BadRequest
+                },
+                format!("SPAWN field `network`: {why}"),
+            ));
+        }
+        match self.gateway.unavailable() {
+            Some(why) => Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("SPAWN field `network`: policies cannot be served: {why}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// What agent `parent_id` may give the child `request` asks for: its
     /// grant (never more than the parent's), its program (paths looked up
     /// in the parent's own view), and the token budgets it inherits.
@@ -451,7 +509,12 @@ impl Agents {
             .table
             .get(&parent_id)
             .ok_or_else(|| ErrorReply::new(ErrorCode::PermissionDenied, "unknown calling agent"))?;
-        let grant = inheritance::child_grant(&parent.grant(), request, tokens_left)?;
+        let grant = inheritance::child_grant(
+            &parent.grant(),
+            request,
+            tokens_left,
+            self.gateway.default_policy(),
+        )?;
         // A script's interpreter defaults to the one the parent runs with,
         // which its own view is sure to hold.
         let python = parent
@@ -596,7 +659,7 @@ fn shape_of(sandboxes: &impl Sandboxes<Incarnation>, request: &SpawnRequest) -> 
     Shape {
         sandboxed,
         // Outside a sandbox there is only the host's network.
-        network: request.network && sandboxed,
+        network: request.network.as_ref().is_some_and(Network::is_host) && sandboxed,
         nested: false,
     }
 }

@@ -1,6 +1,7 @@
 //! One agent: what was asked for, what is running, how it ended.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use super::inheritance::Grant;
@@ -9,6 +10,9 @@ use super::restart::Restarts;
 use crate::address::ReplyTo;
 use crate::cgroup::CgroupStats;
 use crate::clock::rfc3339;
+use crate::network::gateway::net_totals;
+use crate::network::record::Record as NetRecord;
+use crate::network::{Egress, Endpoint};
 use crate::permissions::Budget;
 use crate::sandbox::runtime::{DoorKey, SandboxKey};
 use agentos_proto::payload::{
@@ -78,8 +82,16 @@ pub struct Agent {
     /// The eldest ancestor it had when spawned (itself, if none): its
     /// family, whose members share EXEC and LOGS as one.
     pub root: u32,
-    /// What SPAWN asked for (kept for restarts).
+    /// What SPAWN asked for (kept for restarts), its `network` the one in
+    /// force.
     pub request: SpawnRequest,
+    /// What it may reach (its request's `network`, as the kernel reads it).
+    pub egress: Egress,
+    /// Its endpoint on the egress proxy, while an incarnation with a
+    /// policy runs.
+    pub endpoint: Option<Endpoint>,
+    /// The record of its latest endpoint (kept when that closes).
+    pub net_record: Option<Arc<Mutex<NetRecord>>>,
     /// What runs.
     pub program: Program,
     /// Limits in force.
@@ -138,7 +150,7 @@ impl Agent {
     /// What it was given: the bounds of what it may give a child.
     pub fn grant(&self) -> Grant {
         Grant {
-            network: self.request.network,
+            network: self.egress.clone(),
             limits: self.limits,
             permissions: self.permissions.clone(),
         }
@@ -184,7 +196,8 @@ impl Agent {
             command: self.program.argv.clone(),
             cwd: self.request.cwd.clone(),
             sandboxed: self.request.sandboxed,
-            network: self.request.network,
+            network: self.egress.to_wire(),
+            connections: self.net_record.as_deref().map(net_totals),
             permissions: self.permissions.clone(),
             restart_policy: self.request.restart_policy,
             max_restarts: self.request.max_restarts,

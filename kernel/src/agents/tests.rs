@@ -110,6 +110,10 @@ impl Sandboxes<Incarnation> for FakeSandboxes {
         None
     }
 
+    fn listen_inside(&self, _sandbox: SandboxKey) -> std::io::Result<std::net::TcpListener> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+
     fn open_door(&mut self, _name: &str, _identity: Identity) -> std::io::Result<DoorKey> {
         self.next_door += 1;
         Ok(DoorKey::for_tests(self.next_door))
@@ -140,7 +144,11 @@ impl Bench {
         config.agents.log_dir = Some(logs.path().to_path_buf());
         config.agents.retention_secs = 60;
         Bench {
-            agents: Agents::new(&config).unwrap(),
+            agents: Agents::new(
+                &config,
+                std::sync::Arc::new(crate::network::Gateway::without_proxy()),
+            )
+            .unwrap(),
             sandboxes: FakeSandboxes {
                 warm,
                 ..FakeSandboxes::default()

@@ -48,16 +48,7 @@ impl Agents {
     /// The log of the agent `target` names, if `caller` may see that agent
     /// (as in LIST): by name, the live agent, else the latest one.
     pub fn log_of(&self, caller: Viewer, target: &AgentRef) -> Option<AgentLog> {
-        let visible = |a: &&Agent| self.sees(caller, a.id);
-        let agent = match target {
-            AgentRef::Id(id) => self.table.get(id).filter(visible),
-            AgentRef::Name(name) => self
-                .table
-                .values()
-                .filter(|a| &a.name == name)
-                .filter(visible)
-                .max_by_key(|a| (a.is_live(), a.id)),
-        }?;
+        let agent = self.seen_by(caller, target)?;
         Some(AgentLog {
             id: agent.id,
             name: agent.name.clone(),

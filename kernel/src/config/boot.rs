@@ -131,6 +131,7 @@ mod tests {
     #[test]
     fn field_lists_match_spawn() {
         let full = SpawnRequest {
+            network: Some(agentos_proto::payload::Network::Host(false)),
             script: Some("/a.py".into()),
             python: Some("/usr/bin/python3".into()),
             cwd: Some("/".into()),

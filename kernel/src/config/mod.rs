@@ -11,6 +11,7 @@ mod common;
 pub mod exec;
 pub mod llm;
 pub mod mcp;
+pub mod network;
 pub mod python_env;
 pub mod tasks;
 
@@ -25,6 +26,7 @@ pub use common::{user_state_dir, ConfigError};
 use exec::ExecConfig;
 use llm::LlmConfig;
 use mcp::McpConfig;
+use network::NetworkConfig;
 use tasks::TasksConfig;
 
 /// The file by which an environment holds the `agentos` SDK, relative to
@@ -86,6 +88,8 @@ pub struct Config {
     pub exec: ExecConfig,
     /// `[mcp]`: the MCP servers whose tools TOOL and EXEC offer.
     pub mcp: McpConfig,
+    /// `[network]`: egress policies and the proxy that enforces them.
+    pub network: NetworkConfig,
     /// TASK: the task store, caps, retention.
     pub tasks: TasksConfig,
     /// Diagnostics for tests; never needed in production.
@@ -252,6 +256,7 @@ impl Default for Config {
             llm: LlmConfig::default(),
             exec: ExecConfig::default(),
             mcp: McpConfig::default(),
+            network: NetworkConfig::default(),
             tasks: TasksConfig::default(),
             debug: DebugConfig::default(),
         }
@@ -426,6 +431,7 @@ impl Config {
         self.llm.validate()?;
         self.exec.validate()?;
         self.mcp.validate()?;
+        self.network.validate()?;
         self.tasks.validate()?;
         if let Some(name) = self
             .debug

@@ -12,6 +12,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
+use agentos_proto::payload::NetTotals;
 use mio::Token;
 
 use super::order::{Finished, Kill, Running};
@@ -21,6 +22,7 @@ use super::run_cgroup::RunCgroup;
 use super::wire::{self, PrepareOrder, WireError};
 use crate::cgroup::{CgroupError, CgroupLimits};
 use crate::fd;
+use crate::network::Endpoint;
 use crate::process;
 
 /// Where a run child is in its life.
@@ -102,6 +104,11 @@ pub struct RunChild {
     /// It counts among the children asked of its host (its first run has
     /// not ended).
     pub counted: bool,
+    /// Its endpoint on the egress proxy, once a run with a network policy
+    /// came (a session's runs share it); it closes when the child goes.
+    pub endpoint: Option<Endpoint>,
+    /// Its record's counters when the current run started.
+    pub net_before: NetTotals,
 }
 
 impl RunChild {

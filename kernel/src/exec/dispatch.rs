@@ -4,10 +4,10 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::time::{Instant, SystemTime};
 
-use agentos_proto::payload::{ExecRequest, Language};
+use agentos_proto::payload::{ExecRequest, Language, NetTotals};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
@@ -20,6 +20,9 @@ use super::waiting::{Carried, RunAsk, Session, SessionKey, Waiting};
 use super::{wire, zygote, Exec, Source, Wake, MAX_LOST_SESSIONS};
 use crate::address::{Adopted, Adoptee, Reply};
 use crate::fd;
+use crate::network::gateway::net_totals;
+use crate::network::policy::Policy;
+use crate::network::{endpoint, Gateway};
 
 impl Exec {
     /// Gives waiting requests to ready children, owner by owner in turn,
@@ -120,6 +123,26 @@ impl Exec {
         };
         // Any order uses up the child's shell, or has it stopped.
         run.shell = false;
+        if let Some(policy) = waiting.policy.clone() {
+            match open_endpoint(&self.gateway, run, waiting.run, policy) {
+                Ok(env) => order.env.extend(env),
+                Err(err) => {
+                    // Without its endpoint the run would have no network at
+                    // all: it is refused, and its child (and a session it
+                    // held) ends, unused.
+                    run.kill_quietly();
+                    run.stage = Stage::Ended;
+                    let refusal = ErrorReply::new(
+                        ErrorCode::Unavailable,
+                        format!(
+                            "EXEC field `network`: the run's proxy endpoint cannot be made: {err}"
+                        ),
+                    );
+                    replies.push((waiting.reply_to, refusal.into()));
+                    return self.child_gone(child, replies);
+                }
+            }
+        }
         // The first order of an agent's work moves the child into a cgroup
         // inside the agent's, before anything else: from then on what it
         // uses counts against the agent's limits.
@@ -286,7 +309,10 @@ impl Exec {
             .iter()
             .find(|(_, session)| session.child == child)
             .map(|(key, _)| key.clone());
-        if let Some(finished) = finished {
+        if let Some(mut finished) = finished {
+            if let (Order::Run, Some(open)) = (&finished.order, &run.endpoint) {
+                finished.reply.network = Some(since(run.net_before, net_totals(open.record())));
+            }
             let reply_to = finished.reply_to;
             let reply = match &key {
                 Some(key) => self.snapshot_reply(key, finished),
@@ -496,6 +522,37 @@ impl Exec {
             .saturating_sub(2 * self.output_bytes as u64)
             .saturating_sub(64 << 10);
         room / 4 * 3
+    }
+}
+
+/// Serves `run`'s network namespace on the egress proxy under `policy`,
+/// unless it is served already (a session's earlier run); the environment
+/// that points the run at its endpoint.
+fn open_endpoint(
+    gateway: &Gateway,
+    run: &mut RunChild,
+    number: Option<u64>,
+    policy: Policy,
+) -> std::io::Result<Vec<(String, String)>> {
+    if run.endpoint.is_none() {
+        let pidfd = run.pidfd.as_ref().ok_or(std::io::ErrorKind::NotFound)?;
+        let listener = endpoint::listen_inside(pidfd.as_fd())?;
+        let label = number.map_or_else(|| "exec session".to_owned(), |n| format!("run {n}"));
+        run.endpoint = Some(gateway.open(label, listener, policy)?);
+    }
+    if let Some(open) = &run.endpoint {
+        run.net_before = net_totals(open.record());
+    }
+    Ok(gateway.environment())
+}
+
+/// What a record's counters gained from `before` to `now`.
+fn since(before: NetTotals, now: NetTotals) -> NetTotals {
+    NetTotals {
+        allowed: now.allowed.saturating_sub(before.allowed),
+        refused: now.refused.saturating_sub(before.refused),
+        bytes_out: now.bytes_out.saturating_sub(before.bytes_out),
+        bytes_in: now.bytes_in.saturating_sub(before.bytes_in),
     }
 }
 

@@ -7,6 +7,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use agentos_proto::payload::NetTotals;
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::{Interest, Token};
 use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
@@ -215,6 +216,8 @@ impl Exec {
                 first_connection: None,
                 shell: false,
                 counted: true,
+                endpoint: None,
+                net_before: NetTotals::default(),
             });
             let socket = self.children[child].socket.as_raw_fd();
             let registered = self

@@ -63,6 +63,8 @@ use crate::address::{Adopted, Reply, ReplyTo};
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::config::Config;
 use crate::identity::Principal;
+use crate::network::policy::Policy;
+use crate::network::Gateway;
 use crate::sandbox::runtime::Sandboxes;
 use crate::timers::Timers;
 use cgroups::RunCgroups;
@@ -128,11 +130,15 @@ pub struct RunCaller {
     /// The agent cgroup its runs are charged under, if it is an agent's
     /// (or an agent's run's) work.
     pub charged_to: Option<ChargedTo>,
+    /// The network policy its run gets, if it gets one (the run's grant's).
+    pub policy: Option<Policy>,
 }
 
 /// The EXEC subsystem.
 #[derive(Debug)]
 pub struct Exec {
+    /// The egress proxy, for runs with a network policy.
+    gateway: Arc<Gateway>,
     registry: Registry,
     token_base: usize,
     sources: Slab<Source>,
@@ -277,6 +283,7 @@ impl Exec {
             max_file_bytes: exec.max_file_bytes,
             default_timeout: Duration::from_millis(exec.default_timeout_ms),
             unavailable,
+            gateway: Arc::new(Gateway::without_proxy()),
             shutting_down: false,
         })
     }
@@ -354,6 +361,12 @@ impl Exec {
     /// shape's own aside).
     pub fn host_binds(&self) -> Vec<crate::sandbox::spec::Bind> {
         zygote::binds(&self.setup)
+    }
+
+    /// Runs with a network policy are served by `gateway`'s proxy
+    /// (without one, such runs are refused).
+    pub fn serve_policies_with(&mut self, gateway: Arc<Gateway>) {
+        self.gateway = gateway;
     }
 
     /// The interpreter runs use.
@@ -480,6 +493,7 @@ impl Exec {
             order: Order::Run,
             carried: None,
             queued_at: now,
+            policy: caller.policy,
         };
         match session.filter(|key| self.sessions.contains_key(key)) {
             Some(key) => {

@@ -286,6 +286,7 @@ impl Exec {
             order,
             carried: None,
             queued_at: now,
+            policy: None,
         };
         if let Some(session) = self.sessions.get_mut(&key) {
             session.queue.push_back(waiting);

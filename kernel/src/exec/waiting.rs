@@ -7,7 +7,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
-use agentos_proto::payload::{ExecRequest, RunPermissions};
+use agentos_proto::payload::{ExecRequest, Network, RunPermissions};
 
 use super::order::Order;
 use super::queues::Share;
@@ -15,6 +15,7 @@ use super::run_cgroup::ChargedTo;
 use crate::address::ReplyTo;
 use crate::cgroup::CgroupLimits;
 use crate::identity::Principal;
+use crate::network::policy::Policy;
 
 /// A session by its owner (an agent, an operator's uid, or a run) and name.
 pub type SessionKey = (Principal, String);
@@ -50,6 +51,8 @@ pub struct Waiting {
     pub carried: Option<Carried>,
     /// When it was queued.
     pub queued_at: Instant,
+    /// The network policy of a run that has one.
+    pub policy: Option<Policy>,
 }
 
 impl Waiting {
@@ -66,7 +69,7 @@ impl Waiting {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunAsk {
     permissions: Option<RunPermissions>,
-    network: Option<bool>,
+    network: Option<Network>,
 }
 
 impl RunAsk {
@@ -74,7 +77,7 @@ impl RunAsk {
     pub fn of(request: &ExecRequest) -> RunAsk {
         RunAsk {
             permissions: request.permissions.clone(),
-            network: request.network,
+            network: request.network.clone(),
         }
     }
 }

@@ -19,6 +19,8 @@ use crate::agents::{AgentGrant, Agents, Viewer};
 use crate::cgroup::CgroupLimits;
 use crate::exec::Share;
 use crate::identity::Principal;
+use crate::network::policy::Policy;
+use crate::network::Egress;
 use crate::permissions::Budget;
 use crate::permissions::{beyond_caller, covered_by};
 
@@ -128,7 +130,7 @@ impl<'a> Actor<'a> {
                 spawn: true,
                 task: true,
                 tools: None,
-                network: true,
+                network: &Egress::Host,
                 limits: Limits::default(),
                 budgets: &[],
             },
@@ -149,7 +151,7 @@ impl<'a> Actor<'a> {
                 spawn: grant.permissions.spawn,
                 task: grant.permissions.task,
                 tools: Some(&grant.permissions.tools),
-                network: grant.network,
+                network: &grant.network,
                 limits: grant.limits,
                 budgets: &grant.budgets,
             },
@@ -159,6 +161,11 @@ impl<'a> Actor<'a> {
     /// Its own limits, which bound its runs' (an operator has none).
     pub fn limits(&self) -> Limits {
         self.powers().limits
+    }
+
+    /// What it may reach, which bounds what it may give.
+    pub fn network(&self) -> &Egress {
+        self.powers().network
     }
 
     /// The token budgets it draws on.
@@ -202,12 +209,14 @@ impl<'a> Actor<'a> {
     /// sandboxed agent may be given: a run never shares the host's view,
     /// never spawns unsandboxed, and reaches only what it starts itself).
     /// `limits` are the run's, already within the caller's; `tokens_left`
-    /// what the caller's budgets still allow.
+    /// what the caller's budgets still allow; `default_policy` the
+    /// kernel's, for a request without `network`.
     pub fn grant_run(
         &self,
         request: &ExecRequest,
         limits: &CgroupLimits,
         tokens_left: Option<u64>,
+        default_policy: Option<&Policy>,
         reply_to: ReplyTo,
         number: u64,
     ) -> Result<RunGrant, ErrorReply> {
@@ -234,17 +243,17 @@ impl<'a> Actor<'a> {
                 "a run's own runs may not run code of their own (one level of nesting)",
             ));
         }
-        if request.network == Some(true) && !powers.network {
-            return Err(beyond_caller(
-                "network",
-                &format!("{} has no host network", self.name()),
-            ));
-        }
-        if request.network == Some(true) {
+        let network = match &request.network {
+            Some(asked) => {
+                Egress::from_request("EXEC", asked)?.within(powers.network, &self.name())?
+            }
+            None => Egress::default_within(default_policy, powers.network),
+        };
+        if network == Egress::Host {
             return Err(ErrorReply::new(
                 ErrorCode::Unavailable,
-                "EXEC field `network`: runs reach loopback only on this kernel; run code that \
-                 needs the network in an agent spawned with `network: true`",
+                "EXEC field `network`: a run never shares the host's network; give it a \
+                 policy (`{\"allow\": [...]}`) of what it may reach through the kernel's proxy",
             ));
         }
         let tools = match (&asked.tools, powers.tools) {
@@ -296,7 +305,7 @@ impl<'a> Actor<'a> {
                 cpu_period: Some(limits.cpu_period),
                 max_pids: Some(limits.max_pids.saturating_sub(1).max(1)),
             },
-            network: false,
+            network,
             budgets,
             reply_to,
         })
@@ -311,7 +320,7 @@ struct Powers<'a> {
     task: bool,
     /// `None`: every tool.
     tools: Option<&'a [String]>,
-    network: bool,
+    network: &'a Egress,
     limits: Limits,
     budgets: &'a [Budget],
 }
@@ -366,7 +375,7 @@ mod tests {
 
     fn run_of(actor: &Actor<'_>, json: &str) -> Result<RunGrant, ErrorReply> {
         let request = ExecRequest::parse(json.as_bytes()).unwrap();
-        actor.grant_run(&request, &limits(), Some(500), reply_to(), 1)
+        actor.grant_run(&request, &limits(), Some(500), None, reply_to(), 1)
     }
 
     #[test]
@@ -377,7 +386,7 @@ mod tests {
         assert!(grant.permissions.think);
         assert!(!grant.permissions.spawn && !grant.permissions.exec && !grant.permissions.task);
         assert_eq!(grant.permissions.tools, ["*"]);
-        assert!(!grant.network);
+        assert_eq!(grant.network, Egress::Loopback);
         assert_eq!(grant.limits.memory, Some(64 << 20));
         assert_eq!(grant.limits.max_pids, Some(64), "the waiting parent aside");
     }
@@ -402,7 +411,7 @@ mod tests {
                 name: "w",
                 permissions: &permissions,
                 limits: Limits::default(),
-                network: false,
+                network: &Egress::Loopback,
                 budgets: &budgets,
             },
         };
@@ -424,6 +433,10 @@ mod tests {
                 "permissions.llm_tokens",
             ),
             (r#"{"code":"1","network":true}"#, "network"),
+            (
+                r#"{"code":"1","network":{"allow":["pypi.org"]}}"#,
+                "network",
+            ),
         ] {
             let err = run_of(&agent, json).unwrap_err();
             assert_eq!(err.code, ErrorCode::PermissionDenied, "{json}");
@@ -456,5 +469,30 @@ mod tests {
         assert!(run.require(Permission::Exec).is_ok());
         assert!(run.require(Permission::Spawn).is_err());
         assert!(run.require(Permission::Task).is_err());
+    }
+
+    #[test]
+    fn a_runs_policy_lies_within_its_callers_and_never_is_the_host_network() {
+        let operator = Actor::Operator { uid: 0 };
+        let host = run_of(&operator, r#"{"code":"1","network":true}"#).unwrap_err();
+        assert_eq!(host.code, ErrorCode::Unavailable);
+        let first = run_of(
+            &operator,
+            r#"{"code":"1","network":{"allow":["*.example.com:443"]},"permissions":{"exec":true}}"#,
+        )
+        .unwrap();
+        assert!(first.network.policy().is_some());
+        let run = Actor::Run {
+            number: 4,
+            grant: &first,
+        };
+        let wider = run_of(&run, r#"{"code":"1","network":{"allow":["*"]}}"#).unwrap_err();
+        assert_eq!(wider.code, ErrorCode::PermissionDenied);
+        assert!(wider.error.contains("network.allow[0]"), "{}", wider.error);
+        let narrower = run_of(
+            &run,
+            r#"{"code":"1","network":{"allow":["api.example.com:443"]}}"#,
+        );
+        assert!(narrower.unwrap().network.policy().is_some());
     }
 }

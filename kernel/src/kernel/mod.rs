@@ -45,6 +45,7 @@ use crate::agents::{cgroup_limits, default_limits, Agents, BadBootEntry};
 use crate::config::Config;
 use crate::exec::Exec;
 use crate::llm::Llm;
+use crate::network::Gateway;
 use crate::sandbox::runtime::machine::Machine;
 use crate::sandbox::runtime::{Runtime, RuntimeSetup};
 use crate::state_dir::StateDir;
@@ -88,6 +89,8 @@ pub struct Kernel {
     registry: Registry,
     waker: Arc<Waker>,
     tokens: TokenRanges,
+    /// The egress proxy, as agents and EXEC share it.
+    pub(crate) gateway: Arc<Gateway>,
 }
 
 /// Why the kernel could not start.
@@ -123,7 +126,8 @@ impl Kernel {
         let machine = Machine::probe();
         let namespaces = machine.has_namespaces();
         let state = StateDir::fresh(socket)?;
-        let agents = Agents::new(&config)?;
+        let gateway = Arc::new(sandboxes::start_gateway(&config, namespaces, &state)?);
+        let agents = Agents::new(&config, Arc::clone(&gateway))?;
         let log_dir = config.agents.log_dir();
         let setup = RuntimeSetup {
             profile: sandbox_profile(&config, &machine, &state, socket),
@@ -157,6 +161,7 @@ impl Kernel {
             Arc::clone(&waker),
             catalog.dir(),
         )?;
+        exec.serve_policies_with(Arc::clone(&gateway));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         let tasks = Tasks::open(&config.tasks, socket, Arc::clone(&waker), Instant::now())?;
         let mut kernel = Kernel {
@@ -178,6 +183,7 @@ impl Kernel {
             registry: registry.try_clone()?,
             waker,
             tokens,
+            gateway,
         };
         // Tasks queued before a restart run now.
         kernel.start_tasks();

@@ -230,6 +230,7 @@ fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         c.agents = Default::default();
         c.exec = Default::default();
         c.tasks = Default::default();
+        c.network = Default::default();
         c
     };
     if top_level(old) != top_level(new) {
@@ -248,6 +249,9 @@ fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     }
     if old.tasks != new.tasks {
         differs.push("[tasks]");
+    }
+    if old.network != new.network {
+        differs.push("[network]");
     }
     differs
 }

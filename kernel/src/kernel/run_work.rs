@@ -4,7 +4,7 @@
 //! started end too.
 
 use agentos_proto::payload::ExecRequest;
-use agentos_proto::ErrorReply;
+use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::actor::{Actor, Permission};
 use super::runs::Runs;
@@ -35,9 +35,18 @@ impl Kernel {
             &request,
             &limits,
             tokens_left,
+            self.gateway.default_policy(),
             reply_to,
             self.runs.next_number(),
         )?;
+        let mut caller = caller;
+        caller.policy = grant.network.policy().cloned();
+        if let (Some(_), Some(why)) = (&caller.policy, self.gateway.unavailable()) {
+            return Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("EXEC field `network`: policies cannot be served: {why}"),
+            ));
+        }
         let number = self.runs.admit(grant);
         self.exec
             .run(request, caller, number, reply_to, &mut self.outbox.replies)
@@ -61,6 +70,7 @@ impl Kernel {
             share: actor.share(&self.agents),
             limits: actor.limits(),
             charged_to,
+            policy: None,
         }
     }
 

@@ -9,6 +9,7 @@ use agentos_proto::payload::{Limits, Permissions, PrincipalInfo};
 use crate::address::ReplyTo;
 use crate::agents::{Agents, Grant};
 use crate::identity::Principal;
+use crate::network::Egress;
 use crate::permissions::Budget;
 
 /// The operator or agent at the end of a run's chain of callers (for a run
@@ -46,8 +47,8 @@ pub struct RunGrant {
     pub permissions: Permissions,
     /// Its limits in force.
     pub limits: Limits,
-    /// Whether it shares the host's network.
-    pub network: bool,
+    /// What it may reach.
+    pub network: Egress,
     /// The token budgets it draws on: its own, if it has one, then its
     /// caller's.
     pub budgets: Vec<Budget>,
@@ -59,7 +60,7 @@ impl RunGrant {
     /// What it may give an agent it spawns: never more than it has.
     pub fn as_parent(&self) -> Grant {
         Grant {
-            network: self.network,
+            network: self.network.clone(),
             limits: self.limits,
             permissions: self.permissions.clone(),
         }

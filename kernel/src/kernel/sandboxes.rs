@@ -2,11 +2,15 @@
 //! its sandboxes, each owner's view of it, and how sandboxes are built on
 //! this host.
 
+use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use crate::agents::Incarnation;
 use crate::config::Config;
 use crate::exec::HostId;
+use crate::network::proxy::Proxy;
+use crate::network::Gateway;
 use crate::sandbox::plan::Profile;
 use crate::sandbox::runtime::machine::Machine;
 use crate::sandbox::runtime::owners::OwnersOf;
@@ -61,5 +65,47 @@ pub fn sandbox_profile(
         },
         log_cap: agents.log_bytes,
         extra_masks: kernel_files(config, socket, &state.root, &log_dir),
+        ca_bundle: state.ca_bundle.is_file().then(|| state.ca_bundle.clone()),
     }
 }
+
+/// Starts the egress proxy, if this host can serve sandboxes' policies,
+/// and writes the certificates sandboxes trust (the system's and the
+/// proxy's per-boot CA) where [`sandbox_profile`] binds them in.
+pub fn start_gateway(config: &Config, namespaces: bool, state: &StateDir) -> io::Result<Gateway> {
+    let network = &config.network;
+    let default = network
+        .default_policy()
+        .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err.to_string()))?;
+    let proxy = if !namespaces {
+        Err("this host gives the daemon no namespaces, so sandboxes share its network".to_owned())
+    } else if !nix::unistd::geteuid().is_root() {
+        Err("the daemon is not root, so it cannot make endpoints in sandboxes' networks".to_owned())
+    } else {
+        let settings = network
+            .proxy_settings()
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err.to_string()))?;
+        Proxy::start(settings).map_err(|err| format!("the egress proxy cannot start: {err}"))
+    };
+    match &proxy {
+        Ok(proxy) if proxy.intercepts() => write_ca_bundle(&state.ca_bundle, proxy)?,
+        Ok(_) => {}
+        Err(why) => log::warn!("network policies unavailable: {why}"),
+    }
+    Ok(Gateway::new(proxy, default))
+}
+
+/// The system's trusted certificates and the proxy's CA, in one file
+/// sandboxes can read.
+fn write_ca_bundle(path: &Path, proxy: &Proxy) -> io::Result<()> {
+    let mut bundle = std::fs::read(SYSTEM_CA_BUNDLE).unwrap_or_default();
+    if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+        bundle.push(b'\n');
+    }
+    bundle.extend_from_slice(proxy.ca_certificate_pem().as_bytes());
+    std::fs::write(path, bundle)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+}
+
+/// Where Debian and its kin keep the system's trusted certificates.
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";

@@ -7,8 +7,8 @@
 //! optional port. A connection is decided on both the name it was asked
 //! for and the address that name resolved to: a deny entry that matches
 //! either refuses it; a private, loopback, link-local or metadata address
-//! is refused unless an allow entry names its range; otherwise an allow
-//! entry must match.
+//! is refused unless an allow entry names its range (and, for a name, an
+//! allow entry names it too); otherwise an allow entry must match.
 //!
 //! A child's policy must lie within its parent's: every entry it allows is
 //! allowed by one of the parent's, and the parent's denials are added to
@@ -26,8 +26,9 @@ pub const MAX_ENTRIES: usize = 256;
 /// The longest entry: a 253-byte name, `[`, `]`, a prefix and a port.
 const MAX_ENTRY_BYTES: usize = 270;
 
-/// A network policy, as SPAWN's and EXEC's `network` object gives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A network policy, as SPAWN's and EXEC's `network` object gives it (the
+/// default allows nothing).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
     allow: Vec<Rule>,
     deny: Vec<Rule>,
@@ -116,12 +117,22 @@ impl Policy {
             let named = self.allow.iter().any(|rule| {
                 matches!(rule.target, Target::Range(_)) && rule.matches(&name, address, port)
             });
-            return if named {
+            if !named {
+                return Decision::Refused(format!(
+                    "{name} resolves to {address}, a {kind} address: allow its range to reach it"
+                ));
+            }
+            // A name must be allowed as a name too: naming a private range
+            // does not open it to every name that resolves there.
+            let literal = name.parse::<IpAddr>().is_ok();
+            let name_allowed = literal
+                || self.allow.iter().any(|rule| {
+                    !matches!(rule.target, Target::Range(_)) && rule.matches(&name, address, port)
+                });
+            return if name_allowed {
                 Decision::Allowed
             } else {
-                Decision::Refused(format!(
-                    "{name} resolves to {address}, a {kind} address: allow its range to reach it"
-                ))
+                Decision::Refused(format!("{name}:{port} is not in the policy's allow list"))
             };
         }
         if self
@@ -152,6 +163,22 @@ impl Policy {
             }
         }
         Ok(self)
+    }
+}
+
+impl Policy {
+    /// This policy cut down to lie within `parent`: the entries no entry
+    /// of the parent's covers are dropped, and the parent's denials added.
+    /// (What a descendant keeps when its ancestor's policy narrows.)
+    pub fn narrowed_to(mut self, parent: &Policy) -> Policy {
+        self.allow
+            .retain(|rule| parent.allow.iter().any(|wider| wider.covers(rule)));
+        for rule in &parent.deny {
+            if !self.deny.contains(rule) {
+                self.deny.push(rule.clone());
+            }
+        }
+        self
     }
 }
 
@@ -590,7 +617,17 @@ mod tests {
             p.to_json()["allow"],
             json!(["fd00::/8", "[fd12::1]:8443", "2001:db8::/32"])
         );
-        assert_eq!(p.decide("x", ip("fd12::1"), 8443), Decision::Allowed);
+        assert_eq!(p.decide("fd12::1", ip("fd12::1"), 8443), Decision::Allowed);
+        // A name resolving into a named private range still needs its name.
+        assert!(matches!(
+            p.decide("x", ip("fd12::1"), 8443),
+            Decision::Refused(_)
+        ));
+        let named = policy(json!({"allow": ["db.internal", "fd00::/8"]}));
+        assert_eq!(
+            named.decide("db.internal", ip("fd12::1"), 5432),
+            Decision::Allowed
+        );
         assert_eq!(p.decide("x", ip("2001:db8::5"), 1), Decision::Allowed);
         assert!(matches!(
             p.decide("x", ip("2001:db9::5"), 1),
@@ -623,5 +660,26 @@ mod tests {
                 "{wider}: {error}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod narrowing {
+    use super::*;
+
+    fn policy(json: &str) -> Policy {
+        Policy::from_json(&serde_json::from_str(json).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_narrowed_policy_keeps_only_what_its_parent_still_allows() {
+        let child = policy(r#"{"allow":["api.example.com:443","files.example.org"]}"#);
+        let parent = policy(r#"{"allow":["*.example.com"],"deny":["bad.example.com"]}"#);
+        let narrowed = child.narrowed_to(&parent);
+        assert_eq!(
+            narrowed.to_json(),
+            serde_json::json!({"allow": ["api.example.com:443"], "deny": ["bad.example.com"]})
+        );
+        assert!(narrowed.clone().within(&parent).is_ok());
     }
 }

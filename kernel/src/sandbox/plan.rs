@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::network::gateway::CA_BUNDLE_INSIDE;
+
 use super::spec::{Bind, Claim, Namespaces, Rlimits, RootFs, SandboxSpec, Symlink, Tmpfs, User};
 
 /// System directories visible (read-only) in every sandbox: programs and
@@ -60,6 +62,9 @@ pub struct Profile {
     pub log_cap: u64,
     /// More host paths to hide (the daemon's own config file).
     pub extra_masks: Vec<PathBuf>,
+    /// The certificates sandboxes trust when the egress proxy intercepts
+    /// hosts, bound read-only at [`CA_BUNDLE_INSIDE`].
+    pub ca_bundle: Option<PathBuf>,
 }
 
 /// One program to run.
@@ -163,6 +168,11 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
             _ => {}
         }
     }
+    binds.extend(profile.ca_bundle.iter().map(|bundle| Bind {
+        source: bundle.clone(),
+        target: CA_BUNDLE_INSIDE.into(),
+        writable: false,
+    }));
     let mut masks: Vec<PathBuf> = ETC_SECRETS.iter().map(PathBuf::from).collect();
     masks.extend(profile.extra_masks.iter().cloned());
     SandboxSpec {
@@ -275,6 +285,7 @@ pub fn test_profile() -> Profile {
         },
         log_cap: 1 << 20,
         extra_masks: vec!["/etc/agentos/agentosd.toml".into()],
+        ca_bundle: None,
     }
 }
 

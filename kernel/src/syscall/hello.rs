@@ -31,6 +31,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 tools: true,
                 task: true,
                 cgroup: kernel.sandboxes.machine().cgroup_version(),
+                network_policy: kernel.gateway.unavailable().is_none(),
             },
             limits: Some(ProtocolLimits {
                 max_request_bytes: config.max_request_bytes,

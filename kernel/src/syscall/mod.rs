@@ -17,6 +17,7 @@ mod hello;
 mod kill;
 mod list;
 mod logs;
+mod net;
 mod request;
 mod spawn;
 mod task;
@@ -47,6 +48,7 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::TOOL => tool::handle,
         Opcode::TASK => task::handle,
         Opcode::LOGS => logs::handle,
+        Opcode::NET => net::handle,
         _ => unknown,
     };
     let outcome = handler(kernel, request);

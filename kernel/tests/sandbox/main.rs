@@ -48,6 +48,7 @@ pub fn sandbox_profile(dir: &std::path::Path) -> agentos_kernel::sandbox::plan::
         },
         log_cap: 1 << 20,
         extra_masks: vec![],
+        ca_bundle: None,
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::{Component, Path};
 
 use serde::{Deserialize, Serialize};
 
-use super::{bad_request, parse_json, validate_name, Limits};
+use super::{bad_request, parse_json, validate_name, Limits, NetTotals, Network};
 use crate::ErrorReply;
 
 /// The longest EXEC timeout a request may ask for (one hour).
@@ -74,9 +74,10 @@ pub struct ExecRequest {
     /// What the run's own kernel connection may do beyond TOOL and THINK.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permissions: Option<RunPermissions>,
-    /// Whether the run shares the host's network (default: loopback only).
+    /// What the run may reach, as SPAWN's `network` (left out: the
+    /// kernel's default, within the caller's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<bool>,
+    pub network: Option<Network>,
 }
 
 /// What a run's own kernel connection may do beyond TOOL and THINK, as an
@@ -136,7 +137,7 @@ struct ExecWire {
     collect: Vec<String>,
     limits: Option<Limits>,
     permissions: Option<RunPermissions>,
-    network: Option<bool>,
+    network: Option<Network>,
     command: Option<String>,
     cwd: Option<String>,
     /// Seconds, for the shell form.
@@ -458,6 +459,9 @@ pub struct ExecReply {
     pub files: BTreeMap<String, String>,
     /// The session the run used, if any.
     pub session: Option<String>,
+    /// Its connections through the egress proxy, when a policy applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetTotals>,
     /// The machine word, when the run could not happen at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<crate::ErrorCode>,

@@ -55,6 +55,9 @@ pub struct Features {
     pub task: bool,
     /// The cgroup version in use for agent limits, or `null`.
     pub cgroup: Option<CgroupVersion>,
+    /// Network policies are served (the egress proxy runs).
+    #[serde(default)]
+    pub network_policy: bool,
 }
 
 /// Size limits a client should respect.
@@ -178,7 +181,7 @@ mod tests {
         }
         assert_eq!(
             serde_json::to_string(&Features::default()).unwrap(),
-            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null}"#
+            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null,"network_policy":false}"#
         );
     }
 

@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{parse_empty_or_object, Isolation, Limits, Permissions, RestartPolicy};
+use super::{
+    parse_empty_or_object, Isolation, Limits, NetTotals, Network, Permissions, RestartPolicy,
+};
 use crate::ErrorReply;
 
 /// A LIST request: an empty payload (or `{}`).
@@ -169,9 +171,13 @@ pub struct AgentInfo {
     /// what is in force).
     #[serde(default)]
     pub sandboxed: bool,
-    /// The network SPAWN asked for, as SPAWN's `network`.
+    /// The network in force, as SPAWN's `network` (a policy as the kernel
+    /// holds it: a parent's denials added).
     #[serde(default)]
-    pub network: bool,
+    pub network: Network,
+    /// Its connections through the egress proxy, when it has a policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<NetTotals>,
     /// What it may ask of the kernel.
     #[serde(default)]
     pub permissions: Permissions,

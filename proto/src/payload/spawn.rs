@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{bad_request, check_range, parse_json, validate_name, AgentState, CgroupVersion};
+use super::{
+    bad_request, check_range, parse_json, validate_name, AgentState, CgroupVersion, Network,
+};
 use crate::ErrorReply;
 
 /// Resource limits of an agent's cgroup. Absent fields take the kernel's
@@ -181,7 +183,7 @@ impl Default for Permissions {
 /// use agentos_proto::payload::SpawnRequest;
 /// let request = SpawnRequest::parse(br#"{"name":"w1","script":"/srv/agent.py"}"#).unwrap();
 /// assert!(request.sandboxed);
-/// assert!(!request.network);
+/// assert!(request.network.is_none());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -209,9 +211,10 @@ pub struct SpawnRequest {
     /// Namespaces and cgroup (default true).
     #[serde(default = "yes")]
     pub sandboxed: bool,
-    /// `false`: a private network namespace with only loopback.
-    #[serde(default)]
-    pub network: bool,
+    /// `false`: a private network namespace with only loopback; `true`:
+    /// the host's network; or a policy. Left out: the kernel's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
     /// cgroup limits.
     #[serde(default)]
     pub limits: Limits,
@@ -367,7 +370,7 @@ mod tests {
     fn defaults_follow_the_protocol() {
         let request = SpawnRequest::parse(br#"{"name":"w","command":["/bin/true"]}"#).unwrap();
         assert!(request.sandboxed);
-        assert!(!request.network);
+        assert!(request.network.is_none());
         assert_eq!(request.restart_policy, RestartPolicy::Never);
         assert_eq!(request.max_restarts, 5);
         assert_eq!(request.restart_window, 300);

@@ -445,8 +445,7 @@ impl EventLoop {
         reason: String,
         address: Option<IpAddr>,
     ) {
-        let conn = &mut self.conns[key];
-        reply(&mut conn.client, status, &reason);
+        let conn = &self.conns[key];
         let (host, port) = conn.target();
         let (host, port, at_ms, id, sandbox) =
             (host.to_owned(), port, conn.at_ms, conn.id, conn.sandbox);
@@ -457,9 +456,12 @@ impl EventLoop {
             address,
             Some(reason.clone()),
         );
+        // Recorded before the client hears: what it does next (a run that
+        // ends at once) finds the refusal in the record.
         if let Some(sandbox) = self.sandboxes.get_mut(&sandbox) {
             note_refused(sandbox, attempt, &reason);
         }
+        reply(&mut self.conns[key].client, status, &reason);
         self.close(key, End::Closed);
     }
 

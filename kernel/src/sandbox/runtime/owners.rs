@@ -5,7 +5,7 @@
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Instant;
@@ -122,6 +122,11 @@ impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
             .map(|c| c.stats())
     }
 
+    fn listen_inside(&self, key: SandboxKey) -> io::Result<std::net::TcpListener> {
+        let sandbox = self.sandboxes.get(key.0).ok_or(io::ErrorKind::NotFound)?;
+        crate::network::endpoint::listen_inside(sandbox.pidfd.as_fd())
+    }
+
     fn open_door(&mut self, name: &str, identity: Identity) -> io::Result<DoorKey> {
         let door = Door::open(&self.doors_dir, name)?;
         let entry = self.doors.vacant_entry();
@@ -220,6 +225,10 @@ impl<O: Copy + PartialEq + Debug, P> Sandboxes<P> for OwnersOf<'_, O, P> {
 
     fn usage(&self, sandbox: SandboxKey) -> Option<CgroupStats> {
         self.runtime.usage(sandbox)
+    }
+
+    fn listen_inside(&self, sandbox: SandboxKey) -> io::Result<std::net::TcpListener> {
+        self.runtime.listen_inside(sandbox)
     }
 
     fn open_door(&mut self, name: &str, identity: Identity) -> io::Result<DoorKey> {

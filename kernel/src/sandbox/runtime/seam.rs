@@ -184,6 +184,9 @@ pub trait Sandboxes<O> {
     fn signal(&self, sandbox: SandboxKey, signal: i32);
     /// What a sandbox's cgroup counts now.
     fn usage(&self, sandbox: SandboxKey) -> Option<CgroupStats>;
+    /// A socket listening on the egress proxy's address inside the
+    /// sandbox's own network namespace.
+    fn listen_inside(&self, sandbox: SandboxKey) -> io::Result<std::net::TcpListener>;
     /// Opens a door named `name` whose callers are `identity`.
     fn open_door(&mut self, name: &str, identity: Identity) -> io::Result<DoorKey>;
     /// Where a door is on the host.

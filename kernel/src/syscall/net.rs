@@ -1,0 +1,27 @@
+//! NET (0x17): an agent's network — `show` its policy and connection
+//! record, or `set` a new policy while it runs. Whom a caller may see is
+//! LIST's rule; what it may set is within what it has itself.
+
+use agentos_proto::payload::{NetOp, NetRequest};
+use agentos_proto::ErrorReply;
+
+use super::request::{actor, Outcome, Request};
+use crate::address::Answer;
+use crate::kernel::Kernel;
+
+pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
+    let answer = NetRequest::parse(request.payload).and_then(|net| {
+        let actor = actor(kernel, request)?;
+        let viewer = actor.viewer();
+        let target = net.target()?;
+        let reply = match (net.op, &net.network) {
+            (NetOp::Set, Some(network)) => {
+                let bound = actor.network().clone();
+                kernel.agents.net_set(viewer, &bound, &target, network)?
+            }
+            _ => kernel.agents.net_show(viewer, &target)?,
+        };
+        Ok::<_, ErrorReply>(Answer::json(&reply))
+    });
+    Outcome::Reply(answer.unwrap_or_else(Answer::from))
+}
