@@ -290,12 +290,13 @@ impl EventLoop {
             .map(|(key, _)| key)
             .collect();
         for key in refused {
-            let conn = &mut self.conns[key];
-            if conn.phase == Phase::Connecting {
+            let reason = "policy changed".to_owned();
+            if self.conns[key].phase == Phase::Connecting {
                 // Not answered yet: the client learns why.
-                reply(&mut conn.client, 403, "policy changed");
+                self.fail(key, 403, reason);
+            } else {
+                self.close(key, End::Failed(reason));
             }
-            self.close(key, End::Failed("policy changed".into()));
         }
     }
 
@@ -371,11 +372,11 @@ impl EventLoop {
                     "{} connections are open already, the most a sandbox may have",
                     self.settings.max_connections
                 );
-                let mut stream = stream;
-                reply(&mut stream, 503, &reason);
                 let attempt = self.attempt_for(None, "", 0, None, Some(reason.clone()));
                 let sandbox = self.sandboxes.get_mut(&id).expect("looked up above");
                 note_refused(sandbox, attempt, &reason);
+                let mut stream = stream;
+                reply(&mut stream, 503, &reason);
                 continue;
             }
             sandbox.open += 1;
@@ -495,23 +496,41 @@ impl EventLoop {
     /// Closes connection `key`: both sockets, and its end in the record
     /// and the log.
     pub(super) fn close(&mut self, key: usize, end: End) {
+        self.close_answering(key, end, None);
+    }
+
+    /// Ends allowed connection `key` before the client was answered: the
+    /// record says why, then the client hears `status` and why.
+    pub(super) fn fail(&mut self, key: usize, status: u16, reason: String) {
+        self.close_answering(key, End::Failed(reason), Some(status));
+    }
+
+    fn close_answering(&mut self, key: usize, end: End, status: Option<u16>) {
         let Some(mut conn) = self.conns.try_remove(key) else {
             return;
+        };
+        // The client hears last, when the record has the end: what it does
+        // next (a run that ends at once) finds it there.
+        let answer = |conn: &mut Conn| {
+            if let (Some(status), End::Failed(why) | End::Refused(why)) = (status, &end) {
+                reply(&mut conn.client, status, why);
+            }
         };
         let _ = self.poll.registry().deregister(&mut conn.client);
         if let Some(upstream) = conn.upstream.as_mut() {
             let _ = self.poll.registry().deregister(upstream);
         }
         let Some(sandbox) = self.sandboxes.get_mut(&conn.sandbox) else {
-            return;
+            return answer(&mut conn);
         };
         sandbox.open = sandbox.open.saturating_sub(1);
         if !conn.recorded {
-            return;
+            return answer(&mut conn);
         }
         let (out, inn) = conn.bytes();
         let duration_ms = conn.asked.elapsed().as_millis() as u64;
         let (host, port) = conn.target();
+        let (host, port) = (host.to_owned(), port);
         let address = conn.address.map_or_else(String::new, |a| a.to_string());
         {
             let mut record = lock(&sandbox.record);
@@ -527,6 +546,7 @@ impl EventLoop {
                 End::Refused(why) => record.refused_after(conn.id, why.clone()),
             }
         }
+        answer(&mut conn);
         match end {
             End::Refused(why) => {
                 if sandbox.log.allow() {
@@ -580,8 +600,7 @@ impl EventLoop {
                         self.settings.connect_timeout.as_millis()
                     );
                     if conn.recorded {
-                        reply(&mut self.conns[key].client, 504, &reason);
-                        self.close(key, End::Failed(reason));
+                        self.fail(key, 504, reason);
                     } else {
                         self.refuse(key, 504, reason, None);
                     }

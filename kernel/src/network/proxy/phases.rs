@@ -14,7 +14,6 @@ use super::connection::Phase;
 use super::event_loop::{epoch_ms, lock, End, EventLoop, ESTABLISHED};
 use super::http::{self, SetHeader};
 use super::intercept::{Intercept, Step};
-use super::reply::reply;
 use super::resolver::{Answer, Question};
 use crate::network::policy::Decision;
 use crate::network::record::Attempt;
@@ -192,8 +191,7 @@ impl EventLoop {
             "{host}:{port} could not be reached: {}",
             last_error.map_or_else(|| "no address".into(), |e| e.to_string())
         );
-        reply(&mut conn.client, 502, &reason);
-        self.close(key, End::Failed(reason));
+        self.fail(key, 502, reason);
     }
 
     /// The upstream socket is ready while connecting: connected, or failed.
@@ -355,9 +353,7 @@ impl EventLoop {
         let server = match self.authority.server_config(host) {
             Ok(server) => server,
             Err(e) => {
-                let reason = format!("intercepting {host}: {e}");
-                reply(&mut self.conns[key].client, 502, &reason);
-                return self.close(key, End::Failed(reason));
+                return self.fail(key, 502, format!("intercepting {host}: {e}"));
             }
         };
         // What the client sent right after its CONNECT head is the start
@@ -380,10 +376,7 @@ impl EventLoop {
                 self.set_deadline(key, at);
                 self.intercept(key);
             }
-            Err(reason) => {
-                reply(&mut self.conns[key].client, 502, &reason);
-                self.close(key, End::Failed(reason));
-            }
+            Err(reason) => self.fail(key, 502, reason),
         }
     }
 
