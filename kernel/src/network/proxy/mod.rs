@@ -96,7 +96,15 @@ impl Proxy {
         });
         let thread = std::thread::Builder::new()
             .name("proxy".into())
-            .spawn(move || event_loop.run())?;
+            .spawn(move || {
+                // Every sandbox's egress stops with this thread: say so.
+                let run = std::panic::AssertUnwindSafe(move || event_loop.run());
+                if std::panic::catch_unwind(run).is_err() {
+                    log::error!(
+                        "network: the egress proxy's thread panicked; no sandbox can reach out now"
+                    );
+                }
+            })?;
         Ok(Proxy {
             control,
             waker,
