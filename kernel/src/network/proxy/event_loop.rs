@@ -18,7 +18,7 @@ use slab::Slab;
 
 use super::connection::{Conn, Phase};
 use super::http::SetHeader;
-use super::log::LogBudget;
+use super::log_budget::LogBudget;
 use super::reply::reply;
 use super::resolver::{Answer, Resolver};
 use super::settings::{ProxySettings, SandboxId};

@@ -26,7 +26,7 @@ mod connection;
 mod event_loop;
 mod http;
 mod intercept;
-mod log;
+mod log_budget;
 mod phases;
 mod reply;
 mod resolver;
