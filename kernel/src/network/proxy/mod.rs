@@ -15,12 +15,13 @@
 //! [`Proxy::ca_certificate_pem`]), and every request head on it gets the
 //! credential's header. Other hosts' TLS is never touched.
 //!
-//! Files: `settings`, `event_loop` (the thread, its sandboxes and
-//! deadlines), `connection` (one client connection's state), `phases`
-//! (what is done with it in each phase), `resolver` (DNS threads),
-//! `splice` (moving bytes with backpressure), `reply` (refusals), `intercept` and `tls` (the
-//! TLS both ways, the CA), `http` (request heads rewritten), `log` (log
-//! lines within a budget).
+//! Files: `settings`; `event_loop` (the thread, its sandboxes and
+//! deadlines); `connection` (one client connection's state) and `phases`
+//! (what is done with it in each phase); `resolver` (DNS threads);
+//! `splice` (moving bytes with backpressure, through a kernel pipe for
+//! bulk); `intercept` and `tls` (the TLS both ways, the CA); `http`
+//! (request heads rewritten); `reply` (refusals); `log_budget` (log lines
+//! within a budget).
 
 mod connection;
 mod event_loop;
