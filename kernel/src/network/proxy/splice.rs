@@ -265,3 +265,85 @@ fn write_some(to: &mut TcpStream, bytes: &[u8]) -> io::Result<usize> {
     }
     Ok(written)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::thread;
+    use std::time::Duration;
+
+    use mio::{Events, Interest, Poll, Token};
+
+    fn pattern(at: u64) -> u8 {
+        (at % 251) as u8
+    }
+
+    #[test]
+    fn a_pipe_moves_100_mb_intact_copying_then_splicing() {
+        const TOTAL: u64 = 100 * 1024 * 1024;
+        let source = TcpListener::bind("127.0.0.1:0").unwrap();
+        let sink = TcpListener::bind("127.0.0.1:0").unwrap();
+        let source_address = source.local_addr().unwrap();
+        let writer = thread::spawn(move || {
+            let mut stream = std::net::TcpStream::connect(source_address).unwrap();
+            let chunk: Vec<u8> = (0..TOTAL.min(1 << 20)).map(pattern).collect();
+            let mut sent = 0;
+            while sent < TOTAL {
+                // The chunk's pattern lines up: 1 MiB is not a multiple
+                // of 251, so each chunk starts where the last one ended.
+                let start = (sent % 251) as usize;
+                let n = (TOTAL - sent).min(chunk.len() as u64 - 251) as usize;
+                stream.write_all(&chunk[start..start + n]).unwrap();
+                sent += n as u64;
+            }
+        });
+        let sink_address = sink.local_addr().unwrap();
+        let reader = thread::spawn(move || {
+            let (mut stream, _) = sink.accept().unwrap();
+            let mut buf = vec![0u8; 1 << 16];
+            let mut got = 0u64;
+            loop {
+                let n = stream.read(&mut buf).unwrap();
+                if n == 0 {
+                    return got;
+                }
+                for (i, byte) in buf[..n].iter().enumerate() {
+                    assert_eq!(*byte, pattern(got + i as u64), "byte {}", got + i as u64);
+                }
+                got += n as u64;
+            }
+        });
+        let (from, _) = source.accept().unwrap();
+        from.set_nonblocking(true).unwrap();
+        let mut from = TcpStream::from_std(from);
+        let to = std::net::TcpStream::connect(sink_address).unwrap();
+        to.set_nonblocking(true).unwrap();
+        let mut to = TcpStream::from_std(to);
+        let mut poll = Poll::new().unwrap();
+        poll.registry()
+            .register(&mut from, Token(0), Interest::READABLE)
+            .unwrap();
+        poll.registry()
+            .register(&mut to, Token(1), Interest::WRITABLE)
+            .unwrap();
+        let mut events = Events::with_capacity(8);
+        let mut pipe = Pipe::default();
+        let mut scratch = vec![0u8; SCRATCH_BYTES];
+        while pipe.pump(&mut from, &mut to, &mut scratch).unwrap() == Flow::Waiting {
+            poll.poll(&mut events, Some(Duration::from_secs(10)))
+                .unwrap();
+            assert!(
+                !events.is_empty(),
+                "no progress for 10 s at {} bytes",
+                pipe.moved
+            );
+        }
+        writer.join().unwrap();
+        drop(to);
+        assert_eq!(reader.join().unwrap(), TOTAL);
+        assert_eq!(pipe.moved, TOTAL);
+        assert!(pipe.kernel.is_some(), "the bulk went through a kernel pipe");
+    }
+}
