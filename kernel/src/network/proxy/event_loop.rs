@@ -672,13 +672,13 @@ impl EventLoop {
 /// Records a refused attempt and logs it (within the sandbox's budget).
 fn note_refused(sandbox: &mut Sandbox, attempt: Attempt, reason: &str) {
     if sandbox.log.allow() {
-        let address = attempt.address.as_deref().unwrap_or("-");
-        log::warn!(
-            "network: {} refused {}:{} ({address}): {reason}",
-            sandbox.label,
-            attempt.host,
-            attempt.port
-        );
+        let what = match (&attempt.host, &attempt.address) {
+            // Refused before its head named anything.
+            (host, _) if host.is_empty() => "a connection".to_owned(),
+            (host, Some(address)) => format!("{host}:{} ({address})", attempt.port),
+            (host, None) => format!("{host}:{}", attempt.port),
+        };
+        log::warn!("network: {} refused {what}: {reason}", sandbox.label);
     }
     lock(&sandbox.record).attempted(attempt);
 }
