@@ -159,3 +159,25 @@ fn a_client_hello_sent_with_the_connect_head_is_not_lost() {
         assert!(response.text().starts_with("GET /early"), "{host}");
     }
 }
+
+#[test]
+fn an_intercepted_tunnel_without_a_handshake_is_closed_at_the_timeout() {
+    let server = upstream(Kind::Https);
+    let served = serve(
+        ProxySettings {
+            head_timeout: std::time::Duration::from_millis(300),
+            ..with_credential()
+        },
+        POLICY,
+    );
+    let (mut stream, status, _) = connect(served.address, &format!("cred.test:{}", server.port));
+    assert_eq!(status, 200);
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    served.wait_for("the reason", |r| {
+        r.attempts()
+            .0
+            .any(|a| a.reason.as_deref() == Some("no TLS handshake within 300 ms"))
+    });
+}

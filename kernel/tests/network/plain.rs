@@ -29,6 +29,7 @@ fn an_absolute_form_request_is_forwarded_in_origin_form_without_proxy_headers() 
     let mut rest = Vec::new();
     stream.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
+    drop(stream);
     served.wait_for("the bytes", |r| {
         r.totals().bytes_in > 0 && r.attempts().0.count() == 1
     });
@@ -78,4 +79,30 @@ fn bad_heads_get_their_status() {
         let response = read_response(&mut stream);
         assert_eq!(response.status, status, "{}", &head[..30]);
     }
+}
+
+#[test]
+fn a_plain_request_to_an_ipv6_literal_without_a_host_header_gets_one() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("no IPv6 loopback here: skipped");
+        return;
+    }
+    let server = upstream_on("[::1]:0", Kind::Http);
+    let served = serve(settings(), r#"{"allow":["[::1]"]}"#);
+    let mut stream = TcpStream::connect(served.address).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    write!(
+        stream,
+        "GET http://[::1]:{}/v6 HTTP/1.0\r\n\r\n",
+        server.port
+    )
+    .unwrap();
+    let response = read_response(&mut stream);
+    assert_eq!(response.status, 200);
+    let head = &server.heads()[0].1;
+    assert!(head.starts_with("GET /v6 HTTP/1.0\r\n"), "{head}");
+    assert!(
+        head.contains(&format!("Host: [::1]:{}\r\n", server.port)),
+        "{head}"
+    );
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -57,15 +57,39 @@ pub struct Served {
     pub proxy: Proxy,
     pub address: SocketAddr,
     pub record: Arc<Mutex<Record>>,
+    /// Dropped last, after the proxy's thread has ended.
+    _turn: Turn,
+}
+
+/// Tests share the process; one that takes its descriptors away runs
+/// alone.
+static TURNS: RwLock<()> = RwLock::new(());
+
+#[allow(dead_code)]
+enum Turn {
+    Shared(RwLockReadGuard<'static, ()>),
+    Alone(RwLockWriteGuard<'static, ()>),
 }
 
 pub fn serve(settings: ProxySettings, policy_json: &str) -> Served {
+    let turn = Turn::Shared(TURNS.read().unwrap_or_else(|e| e.into_inner()));
+    serve_in(turn, settings, policy_json)
+}
+
+/// [`serve`], with no other test's proxy running meanwhile.
+pub fn serve_alone(settings: ProxySettings, policy_json: &str) -> Served {
+    let turn = Turn::Alone(TURNS.write().unwrap_or_else(|e| e.into_inner()));
+    serve_in(turn, settings, policy_json)
+}
+
+fn serve_in(turn: Turn, settings: ProxySettings, policy_json: &str) -> Served {
     let proxy = Proxy::start(settings).unwrap();
     let (address, record) = endpoint(&proxy, 1, policy_json);
     Served {
         proxy,
         address,
         record,
+        _turn: turn,
     }
 }
 

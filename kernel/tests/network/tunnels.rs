@@ -37,6 +37,8 @@ fn a_denied_host_is_refused_with_403_and_its_reason_and_recorded() {
     let served = serve(settings(), LOOPBACK_POLICY);
     let (mut stream, status, head) = connect(served.address, "denied.test:443");
     assert_eq!(status, 403);
+    // In the record before the client hears.
+    assert_eq!(served.totals().refused, 1);
     assert!(
         head.contains("X-AgentOS-Refused: denied.test:443 is denied"),
         "{head}"

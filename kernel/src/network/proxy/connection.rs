@@ -1,6 +1,6 @@
 //! One client connection through the proxy, as the event loop keeps it:
 //! which phase it is in, what it asked for, where it goes, and the bytes
-//! on their way.
+//! on their way. What each phase does is in `phases`.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -9,8 +9,8 @@ use std::time::Instant;
 use mio::net::TcpStream;
 
 use super::intercept::Intercept;
+use super::settings::SandboxId;
 use super::splice::Pipe;
-use super::SandboxId;
 use crate::network::request::ProxyRequest;
 
 /// Where a connection is, in the order it goes through them.

@@ -5,29 +5,27 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr};
+use std::io;
+use std::net::IpAddr;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use mio::net::{TcpListener, TcpStream};
+use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use rustls::ClientConfig;
 use slab::Slab;
 
 use super::connection::{Conn, Phase};
-use super::http::{self, SetHeader};
-use super::intercept::{Intercept, Step};
-use super::log::LogBudget;
-use super::resolver::{Answer, Question, Resolver};
+use super::http::SetHeader;
+use super::log_budget::LogBudget;
+use super::reply::reply;
+use super::resolver::{Answer, Resolver};
+use super::settings::{ProxySettings, SandboxId};
 use super::splice::SCRATCH_BYTES;
 use super::tls::Authority;
-use super::{ProxySettings, SandboxId};
 use crate::network::policy::{Decision, Policy};
 use crate::network::record::{Attempt, Record};
-use crate::network::request::{self, Head, ProxyRequest, MAX_HEAD_BYTES};
-use crate::network::sni::{self, ClientHello};
 
 /// What the other threads ask of the loop.
 #[derive(Debug)]
@@ -57,32 +55,32 @@ const LISTENER: usize = 1 << (usize::BITS - 2);
 /// How long accepting pauses after the process ran out of descriptors:
 /// retrying at once would spin, since the pending connection stays.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// A shortage that goes on is logged this often, not every pause.
+const SHORTAGE_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often live byte counts reach the records and floods are summed up
 /// in the log.
 const TICK: Duration = Duration::from_secs(1);
-/// The longest ClientHello held: one TLS record and its header.
-const MAX_HELLO_BYTES: usize = 5 + 16384 + 2048;
 /// The answer to a CONNECT once the upstream is connected.
-const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
+pub(super) const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
 
 /// One sandbox's endpoint.
 #[derive(Debug)]
-struct Sandbox {
-    label: String,
-    listener: TcpListener,
-    listener_key: usize,
-    policy: Policy,
-    record: Arc<Mutex<Record>>,
+pub(super) struct Sandbox {
+    pub(super) label: String,
+    /// `None` once it is being forgotten: closed first, so that nothing
+    /// connects while its connections close.
+    pub(super) listener: Option<TcpListener>,
+    pub(super) listener_key: usize,
+    pub(super) policy: Policy,
+    pub(super) record: Arc<Mutex<Record>>,
     /// Its connections open or opening.
-    open: usize,
-    log: LogBudget,
-    /// Being forgotten: its endpoint accepts no more.
-    closing: bool,
+    pub(super) open: usize,
+    pub(super) log: LogBudget,
 }
 
 /// How a connection ends, for the record.
 #[derive(Debug)]
-enum End {
+pub(super) enum End {
     /// Both sides closed.
     Closed,
     /// An allowed connection failed or was closed by the proxy.
@@ -93,22 +91,24 @@ enum End {
 
 /// The loop and everything it owns.
 pub struct EventLoop {
-    poll: Poll,
-    settings: ProxySettings,
-    credentials: HashMap<String, Vec<SetHeader>>,
-    authority: Authority,
-    upstream_tls: Arc<ClientConfig>,
-    control: Receiver<Control>,
-    resolver: Resolver,
-    answers: Receiver<Answer>,
-    sandboxes: HashMap<SandboxId, Sandbox>,
-    listeners: Slab<SandboxId>,
-    conns: Slab<Conn>,
-    timers: BinaryHeap<Reverse<(Instant, u64, usize)>>,
-    next_id: u64,
-    scratch: Vec<u8>,
-    accept_paused_until: Option<Instant>,
-    next_tick: Instant,
+    pub(super) poll: Poll,
+    pub(super) settings: ProxySettings,
+    pub(super) credentials: HashMap<String, Vec<SetHeader>>,
+    pub(super) authority: Authority,
+    pub(super) upstream_tls: Arc<ClientConfig>,
+    pub(super) control: Receiver<Control>,
+    pub(super) resolver: Resolver,
+    pub(super) answers: Receiver<Answer>,
+    pub(super) sandboxes: HashMap<SandboxId, Sandbox>,
+    pub(super) listeners: Slab<SandboxId>,
+    pub(super) conns: Slab<Conn>,
+    pub(super) timers: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    pub(super) next_id: u64,
+    pub(super) scratch: Vec<u8>,
+    pub(super) accept_paused_until: Option<Instant>,
+    /// When a shortage of descriptors was last logged.
+    pub(super) shortage_logged: Option<Instant>,
+    pub(super) next_tick: Instant,
 }
 
 impl std::fmt::Debug for EventLoop {
@@ -159,6 +159,7 @@ impl EventLoop {
             next_id: 1,
             scratch: vec![0; SCRATCH_BYTES],
             accept_paused_until: None,
+            shortage_logged: None,
             next_tick: Instant::now() + TICK,
         }
     }
@@ -256,13 +257,12 @@ impl EventLoop {
             id,
             Sandbox {
                 label,
-                listener,
+                listener: Some(listener),
                 listener_key,
                 policy,
                 record,
                 open: 0,
                 log: LogBudget::default(),
-                closing: false,
             },
         );
         // Connections may have queued before the listener was registered.
@@ -290,7 +290,13 @@ impl EventLoop {
             .map(|(key, _)| key)
             .collect();
         for key in refused {
-            self.close(key, End::Failed("policy changed".into()));
+            let reason = "policy changed".to_owned();
+            if self.conns[key].phase == Phase::Connecting {
+                // Not answered yet: the client learns why.
+                self.fail(key, 403, reason);
+            } else {
+                self.close(key, End::Failed(reason));
+            }
         }
     }
 
@@ -298,9 +304,10 @@ impl EventLoop {
         let Some(mut sandbox) = self.sandboxes.remove(&id) else {
             return;
         };
-        let _ = self.poll.registry().deregister(&mut sandbox.listener);
+        if let Some(mut listener) = sandbox.listener.take() {
+            let _ = self.poll.registry().deregister(&mut listener);
+        }
         self.listeners.remove(sandbox.listener_key);
-        sandbox.closing = true;
         let keys: Vec<usize> = self
             .conns
             .iter()
@@ -321,10 +328,13 @@ impl EventLoop {
             return;
         }
         loop {
-            let Some(sandbox) = self.sandboxes.get_mut(&id).filter(|s| !s.closing) else {
+            let Some(sandbox) = self.sandboxes.get_mut(&id) else {
                 return;
             };
-            let stream = match sandbox.listener.accept() {
+            let Some(listener) = sandbox.listener.as_ref() else {
+                return;
+            };
+            let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e)
@@ -333,8 +343,15 @@ impl EventLoop {
                         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
                     ) =>
                 {
-                    log::warn!("network: the proxy cannot accept now ({e}); it pauses");
-                    self.accept_paused_until = Some(Instant::now() + ACCEPT_PAUSE);
+                    let now = Instant::now();
+                    if self
+                        .shortage_logged
+                        .is_none_or(|at| now.duration_since(at) >= SHORTAGE_LOG_EVERY)
+                    {
+                        log::warn!("network: the proxy cannot accept now ({e}); it pauses");
+                        self.shortage_logged = Some(now);
+                    }
+                    self.accept_paused_until = Some(now + ACCEPT_PAUSE);
                     return;
                 }
                 Err(e)
@@ -355,11 +372,11 @@ impl EventLoop {
                     "{} connections are open already, the most a sandbox may have",
                     self.settings.max_connections
                 );
-                let mut stream = stream;
-                reply(&mut stream, 503, &reason);
                 let attempt = self.attempt_for(None, "", 0, None, Some(reason.clone()));
                 let sandbox = self.sandboxes.get_mut(&id).expect("looked up above");
                 note_refused(sandbox, attempt, &reason);
+                let mut stream = stream;
+                reply(&mut stream, 503, &reason);
                 continue;
             }
             sandbox.open += 1;
@@ -383,12 +400,12 @@ impl EventLoop {
         }
     }
 
-    fn fresh_id(&mut self) -> u64 {
+    pub(super) fn fresh_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
     }
 
-    fn set_deadline(&mut self, key: usize, at: Instant) {
+    pub(super) fn set_deadline(&mut self, key: usize, at: Instant) {
         if let Some(conn) = self.conns.get_mut(key) {
             conn.deadline = Some(at);
             self.timers.push(Reverse((at, conn.id, key)));
@@ -420,380 +437,15 @@ impl EventLoop {
         }
     }
 
-    fn read_head(&mut self, key: usize) {
-        let conn = &mut self.conns[key];
-        let mut chunk = [0u8; 4096];
-        loop {
-            let room = (MAX_HEAD_BYTES + 1)
-                .saturating_sub(conn.held.len())
-                .min(chunk.len());
-            if room == 0 {
-                break;
-            }
-            match conn.client.read(&mut chunk[..room]) {
-                Ok(0) => {
-                    // Gone before asking for anything: nothing to record.
-                    self.close(key, End::Closed);
-                    return;
-                }
-                Ok(n) => {
-                    conn.held.extend_from_slice(&chunk[..n]);
-                    if !matches!(request::read_head(&conn.held), Head::Incomplete) {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.close(key, End::Closed);
-                    return;
-                }
-            }
-        }
-        match request::read_head(&conn.held) {
-            Head::Incomplete => {}
-            Head::Refused(status, reason) => self.refuse(key, status, reason, None),
-            Head::Complete(request, length) => {
-                let rest = conn.held.split_off(length.min(conn.held.len()));
-                let head = std::mem::replace(&mut conn.held, rest);
-                // A plain request's head is rewritten when it is sent; for
-                // CONNECT, what follows the head is the tunnel's first bytes.
-                if let ProxyRequest::Forward { .. } = request {
-                    conn.head = head;
-                }
-                self.asked(key, request);
-            }
-        }
-    }
-
-    /// The head is read: resolve the name.
-    fn asked(&mut self, key: usize, request: ProxyRequest) {
-        let now = Instant::now();
-        let connect_timeout = self.settings.connect_timeout;
-        let conn = &mut self.conns[key];
-        conn.request = Some(request);
-        conn.asked = now;
-        conn.at_ms = epoch_ms();
-        conn.phase = Phase::Resolving;
-        let (host, port) = conn.target();
-        let (host, port) = (host.to_owned(), port);
-        let id = conn.id;
-        self.set_deadline(key, now + connect_timeout);
-        if let Ok(address) = host.parse::<IpAddr>() {
-            self.resolved(key, Ok(vec![address]));
-        } else if let Some(addresses) = self.settings.resolve.get(&host) {
-            let addresses = addresses.clone();
-            self.resolved(key, Ok(addresses));
-        } else if let Err(question) = self.resolver.ask(Question {
-            key,
-            id,
-            host,
-            port,
-        }) {
-            let reason = format!(
-                "too many names waiting to be resolved; {} was not",
-                question.host
-            );
-            self.refuse(key, 503, reason, None);
-        }
-    }
-
-    fn answered(&mut self, answer: Answer) {
-        if self
-            .conns
-            .get(answer.key)
-            .is_some_and(|conn| conn.id == answer.id && conn.phase == Phase::Resolving)
-        {
-            self.resolved(answer.key, answer.addresses);
-        }
-    }
-
-    /// Decides on each address in turn; connects to the first allowed.
-    fn resolved(&mut self, key: usize, addresses: Result<Vec<IpAddr>, String>) {
-        let conn = &self.conns[key];
-        let (host, port) = conn.target();
-        let host = host.to_owned();
-        let addresses = match addresses {
-            Ok(addresses) if !addresses.is_empty() => addresses,
-            Ok(_) => return self.refuse(key, 502, format!("{host} has no addresses"), None),
-            Err(why) => return self.refuse(key, 502, why, None),
-        };
-        let Some(sandbox) = self.sandboxes.get(&conn.sandbox) else {
-            return self.close(key, End::Closed);
-        };
-        let mut first_refusal = None;
-        let mut candidates = std::collections::VecDeque::new();
-        for address in &addresses {
-            match sandbox.policy.decide(&host, *address, port) {
-                Decision::Allowed => candidates.push_back(SocketAddr::new(*address, port)),
-                Decision::Refused(why) => {
-                    first_refusal.get_or_insert(why);
-                }
-            }
-        }
-        if candidates.is_empty() {
-            let reason = first_refusal.unwrap_or_else(|| "refused".into());
-            return self.refuse(key, 403, reason, Some(addresses[0]));
-        }
-        let conn = &mut self.conns[key];
-        conn.candidates = candidates;
-        conn.address = conn.candidates.front().copied();
-        conn.recorded = true;
-        let attempt = Attempt {
-            id: conn.id,
-            at_ms: conn.at_ms,
-            host,
-            port,
-            address: conn.address.map(|a| a.ip().to_string()),
-            allowed: true,
-            reason: None,
-            bytes_out: 0,
-            bytes_in: 0,
-            duration_ms: 0,
-        };
-        if let Some(sandbox) = self.sandboxes.get(&conn.sandbox) {
-            lock(&sandbox.record).attempted(attempt);
-        }
-        self.connect_next(key);
-    }
-
-    /// Starts connecting to the next allowed address.
-    fn connect_next(&mut self, key: usize) {
-        let conn = &mut self.conns[key];
-        let mut last_error = None;
-        while let Some(address) = conn.candidates.pop_front() {
-            conn.address = Some(address);
-            match TcpStream::connect(address) {
-                Ok(mut stream) => {
-                    match self.poll.registry().register(
-                        &mut stream,
-                        Token(key << 1 | 1),
-                        Interest::READABLE | Interest::WRITABLE,
-                    ) {
-                        Ok(()) => {
-                            conn.upstream = Some(stream);
-                            conn.phase = Phase::Connecting;
-                            return;
-                        }
-                        Err(e) => last_error = Some(e),
-                    }
-                }
-                Err(e) => last_error = Some(e),
-            }
-        }
-        let (host, port) = conn.target();
-        let reason = format!(
-            "{host}:{port} could not be reached: {}",
-            last_error.map_or_else(|| "no address".into(), |e| e.to_string())
-        );
-        reply(&mut conn.client, 502, &reason);
-        self.close(key, End::Failed(reason));
-    }
-
-    /// The upstream socket is ready while connecting: connected, or failed.
-    fn connecting(&mut self, key: usize) {
-        let conn = &mut self.conns[key];
-        let Some(upstream) = conn.upstream.as_mut() else {
-            return;
-        };
-        match upstream.take_error() {
-            Ok(None) => {}
-            Ok(Some(_)) | Err(_) => {
-                conn.upstream = None;
-                return self.connect_next(key);
-            }
-        }
-        match upstream.peer_addr() {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
-            Err(_) => {
-                conn.upstream = None;
-                return self.connect_next(key);
-            }
-        }
-        let _ = upstream.set_nodelay(true);
-        let _ = conn.client.set_nodelay(true);
-        conn.deadline = None;
-        let request = conn.request.clone();
-        match request {
-            Some(ProxyRequest::Connect { host, .. }) => {
-                if let Some(set) = self.credentials.get(&host).cloned() {
-                    self.start_intercept(key, &host, set);
-                } else {
-                    conn.to_client.queue(ESTABLISHED, false);
-                    conn.phase = Phase::Hello;
-                    self.hello(key);
-                }
-            }
-            Some(ProxyRequest::Forward {
-                method,
-                host,
-                port,
-                target,
-            }) => {
-                let authority = if port == 80 {
-                    bracketed(&host)
-                } else {
-                    format!("{}:{port}", bracketed(&host))
-                };
-                let set = self.credentials.get(&host).cloned().unwrap_or_default();
-                let head = http::forward_head(&conn.head, &method, &target, &authority, &set);
-                conn.head = Vec::new();
-                let body = std::mem::take(&mut conn.held);
-                conn.to_upstream.queue(&head, true);
-                conn.to_upstream.queue(&body, true);
-                conn.phase = Phase::Splice;
-                self.splice(key, true, true);
-            }
-            None => self.close(key, End::Closed),
-        }
-    }
-
-    /// A tunnel's first bytes from the client are held until they show
-    /// where its TLS goes; bytes from upstream flow meanwhile.
-    fn hello(&mut self, key: usize) {
-        let conn = &mut self.conns[key];
-        let (Some(upstream), client) = (conn.upstream.as_mut(), &mut conn.client) else {
-            return;
-        };
-        if let Err(e) = conn.to_client.pump(upstream, client, &mut self.scratch) {
-            return self.close(key, End::Failed(format!("connection lost: {e}")));
-        }
-        let mut ended = false;
-        let mut chunk = [0u8; 4096];
-        while conn.held.len() < MAX_HELLO_BYTES {
-            let room = (MAX_HELLO_BYTES - conn.held.len()).min(chunk.len());
-            match conn.client.read(&mut chunk[..room]) {
-                Ok(0) => {
-                    ended = true;
-                    break;
-                }
-                Ok(n) => conn.held.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return self.close(key, End::Failed(format!("connection lost: {e}"))),
-            }
-        }
-        let (host, _) = conn.target();
-        let verdict = match sni::read_client_hello(&conn.held) {
-            _ if conn.held.is_empty() && !ended => return,
-            ClientHello::NotTls => Ok(()),
-            _ if conn.held.is_empty() => Ok(()),
-            ClientHello::Incomplete if conn.held.len() >= MAX_HELLO_BYTES || ended => {
-                Err("a TLS ClientHello that does not end".to_owned())
-            }
-            ClientHello::Incomplete => {
-                if conn.deadline.is_none() {
-                    let at = Instant::now() + self.settings.head_timeout;
-                    self.set_deadline(key, at);
-                }
-                return;
-            }
-            ClientHello::ServerName(name)
-                if name.trim_end_matches('.').eq_ignore_ascii_case(host) =>
-            {
-                Ok(())
-            }
-            ClientHello::ServerName(name) => Err(format!(
-                "TLS server name {name} does not match CONNECT host {host}"
-            )),
-            ClientHello::NoServerName if host.parse::<IpAddr>().is_ok() => Ok(()),
-            ClientHello::NoServerName => Err(format!(
-                "a TLS ClientHello without a server name, for CONNECT host {host}"
-            )),
-            ClientHello::Malformed(why) => Err(format!("a malformed TLS ClientHello: {why}")),
-        };
-        match verdict {
-            Ok(()) => {
-                let held = std::mem::take(&mut conn.held);
-                conn.to_upstream.queue(&held, true);
-                conn.deadline = None;
-                conn.phase = Phase::Splice;
-                self.splice(key, true, true);
-            }
-            Err(reason) => self.close(key, End::Refused(reason)),
-        }
-    }
-
-    /// Moves bytes on a tunnel or a forwarded request, the ways asked.
-    fn splice(&mut self, key: usize, towards_upstream: bool, towards_client: bool) {
-        let conn = &mut self.conns[key];
-        let Some(upstream) = conn.upstream.as_mut() else {
-            return;
-        };
-        let scratch = &mut self.scratch;
-        let mut result = Ok(());
-        // A side is read only while its peer takes what it gets.
-        if towards_upstream || conn.to_upstream.is_blocked() {
-            result = conn
-                .to_upstream
-                .pump(&mut conn.client, upstream, scratch)
-                .map(drop);
-        }
-        if result.is_ok() && (towards_client || conn.to_client.is_blocked()) {
-            result = conn
-                .to_client
-                .pump(upstream, &mut conn.client, scratch)
-                .map(drop);
-        }
-        if let Err(e) = result {
-            return self.close(key, End::Failed(format!("connection lost: {e}")));
-        }
-        let done = |pipe: &super::splice::Pipe| pipe.eof && pipe.shut && !pipe.is_blocked();
-        if done(&conn.to_upstream) && done(&conn.to_client) {
-            self.close(key, End::Closed);
-        }
-    }
-
-    fn start_intercept(&mut self, key: usize, host: &str, set: Vec<SetHeader>) {
-        let server = match self.authority.server_config(host) {
-            Ok(server) => server,
-            Err(e) => {
-                let reason = format!("intercepting {host}: {e}");
-                reply(&mut self.conns[key].client, 502, &reason);
-                return self.close(key, End::Failed(reason));
-            }
-        };
-        // What the client sent right after its CONNECT head is the start
-        // of its TLS.
-        let early = std::mem::take(&mut self.conns[key].held);
-        match Intercept::new(
-            host,
-            server,
-            self.upstream_tls.clone(),
-            set,
-            ESTABLISHED,
-            &early,
-        ) {
-            Ok(intercept) => {
-                let conn = &mut self.conns[key];
-                conn.intercept = Some(Box::new(intercept));
-                conn.phase = Phase::Intercept;
-                self.intercept(key);
-            }
-            Err(reason) => {
-                reply(&mut self.conns[key].client, 502, &reason);
-                self.close(key, End::Failed(reason));
-            }
-        }
-    }
-
-    fn intercept(&mut self, key: usize) {
-        let conn = &mut self.conns[key];
-        let (Some(intercept), Some(upstream)) = (conn.intercept.as_mut(), conn.upstream.as_mut())
-        else {
-            return;
-        };
-        match intercept.drive(&mut conn.client, upstream, &mut self.scratch) {
-            Ok(Step::Open) => {}
-            Ok(Step::Done) => self.close(key, End::Closed),
-            Err(reason) => self.close(key, End::Failed(reason)),
-        }
-    }
-
     /// Refuses connection `key` before anything was allowed: the status
     /// and reason to the client, the attempt to the record.
-    fn refuse(&mut self, key: usize, status: u16, reason: String, address: Option<IpAddr>) {
+    pub(super) fn refuse(
+        &mut self,
+        key: usize,
+        status: u16,
+        reason: String,
+        address: Option<IpAddr>,
+    ) {
         let conn = &self.conns[key];
         let (host, port) = conn.target();
         let (host, port, at_ms, id, sandbox) =
@@ -814,7 +466,7 @@ impl EventLoop {
         self.close(key, End::Closed);
     }
 
-    fn attempt_for(
+    pub(super) fn attempt_for(
         &mut self,
         id: Option<(u64, u64)>,
         host: &str,
@@ -843,24 +495,42 @@ impl EventLoop {
 
     /// Closes connection `key`: both sockets, and its end in the record
     /// and the log.
-    fn close(&mut self, key: usize, end: End) {
+    pub(super) fn close(&mut self, key: usize, end: End) {
+        self.close_answering(key, end, None);
+    }
+
+    /// Ends allowed connection `key` before the client was answered: the
+    /// record says why, then the client hears `status` and why.
+    pub(super) fn fail(&mut self, key: usize, status: u16, reason: String) {
+        self.close_answering(key, End::Failed(reason), Some(status));
+    }
+
+    fn close_answering(&mut self, key: usize, end: End, status: Option<u16>) {
         let Some(mut conn) = self.conns.try_remove(key) else {
             return;
+        };
+        // The client hears last, when the record has the end: what it does
+        // next (a run that ends at once) finds it there.
+        let answer = |conn: &mut Conn| {
+            if let (Some(status), End::Failed(why) | End::Refused(why)) = (status, &end) {
+                reply(&mut conn.client, status, why);
+            }
         };
         let _ = self.poll.registry().deregister(&mut conn.client);
         if let Some(upstream) = conn.upstream.as_mut() {
             let _ = self.poll.registry().deregister(upstream);
         }
         let Some(sandbox) = self.sandboxes.get_mut(&conn.sandbox) else {
-            return;
+            return answer(&mut conn);
         };
         sandbox.open = sandbox.open.saturating_sub(1);
         if !conn.recorded {
-            return;
+            return answer(&mut conn);
         }
         let (out, inn) = conn.bytes();
         let duration_ms = conn.asked.elapsed().as_millis() as u64;
         let (host, port) = conn.target();
+        let (host, port) = (host.to_owned(), port);
         let address = conn.address.map_or_else(String::new, |a| a.to_string());
         {
             let mut record = lock(&sandbox.record);
@@ -876,6 +546,7 @@ impl EventLoop {
                 End::Refused(why) => record.refused_after(conn.id, why.clone()),
             }
         }
+        answer(&mut conn);
         match end {
             End::Refused(why) => {
                 if sandbox.log.allow() {
@@ -929,8 +600,7 @@ impl EventLoop {
                         self.settings.connect_timeout.as_millis()
                     );
                     if conn.recorded {
-                        reply(&mut self.conns[key].client, 504, &reason);
-                        self.close(key, End::Failed(reason));
+                        self.fail(key, 504, reason);
                     } else {
                         self.refuse(key, 504, reason, None);
                     }
@@ -942,7 +612,14 @@ impl EventLoop {
                     );
                     self.close(key, End::Refused(reason));
                 }
-                Phase::Splice | Phase::Intercept => {}
+                Phase::Intercept => {
+                    let reason = format!(
+                        "no TLS handshake within {} ms",
+                        self.settings.head_timeout.as_millis()
+                    );
+                    self.close(key, End::Failed(reason));
+                }
+                Phase::Splice => {}
             }
         }
         if let Some(at) = self.accept_paused_until {
@@ -995,62 +672,18 @@ impl EventLoop {
 /// Records a refused attempt and logs it (within the sandbox's budget).
 fn note_refused(sandbox: &mut Sandbox, attempt: Attempt, reason: &str) {
     if sandbox.log.allow() {
-        let address = attempt.address.as_deref().unwrap_or("-");
-        log::warn!(
-            "network: {} refused {}:{} ({address}): {reason}",
-            sandbox.label,
-            attempt.host,
-            attempt.port
-        );
+        let what = match (&attempt.host, &attempt.address) {
+            // Refused before its head named anything.
+            (host, _) if host.is_empty() => "a connection".to_owned(),
+            (host, Some(address)) => format!("{host}:{} ({address})", attempt.port),
+            (host, None) => format!("{host}:{}", attempt.port),
+        };
+        log::warn!("network: {} refused {what}: {reason}", sandbox.label);
     }
     lock(&sandbox.record).attempted(attempt);
 }
 
-/// Answers `status` with `reason` (best effort: the socket is closed
-/// next), and reads what the client sent on so that the close is not a
-/// reset that would lose the answer.
-fn reply(stream: &mut TcpStream, status: u16, reason: &str) {
-    let text = match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        505 => "HTTP Version Not Supported",
-        _ => "Error",
-    };
-    let reason: String = reason
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let body = format!("{reason}\n");
-    let answer = format!(
-        "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\nX-AgentOS-Refused: {reason}\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(answer.as_bytes());
-    let mut sink = [0u8; 4096];
-    for _ in 0..16 {
-        match stream.read(&mut sink) {
-            Ok(n) if n > 0 => {}
-            _ => break,
-        }
-    }
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-}
-
-/// `[v6]` for an IPv6 address, the host as it is otherwise.
-fn bracketed(host: &str) -> String {
-    if host.contains(':') {
-        format!("[{host}]")
-    } else {
-        host.to_owned()
-    }
-}
-
-fn epoch_ms() -> u64 {
+pub(super) fn epoch_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -1058,7 +691,7 @@ fn epoch_ms() -> u64 {
 
 /// The record's lock; a thread that panicked holding it left counts that
 /// are still counts.
-fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
+pub(super) fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
     record
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

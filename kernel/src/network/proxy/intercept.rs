@@ -205,6 +205,11 @@ impl Intercept {
         }
     }
 
+    /// Whether either TLS handshake is still under way.
+    pub fn handshaking(&self) -> bool {
+        self.client.is_handshaking() || self.upstream.is_handshaking()
+    }
+
     fn flush_preamble(&mut self, client: &mut TcpStream) -> io::Result<bool> {
         while !self.preamble.is_empty() {
             match client.write(&self.preamble) {

@@ -15,28 +15,33 @@
 //! [`Proxy::ca_certificate_pem`]), and every request head on it gets the
 //! credential's header. Other hosts' TLS is never touched.
 //!
-//! Files: `event_loop` (the thread, its sandboxes and deadlines),
-//! `connection` (one client connection's state), `resolver` (DNS threads),
-//! `splice` (moving bytes with backpressure), `intercept` and `tls` (the
-//! TLS both ways, the CA), `http` (request heads rewritten), `log` (log
-//! lines within a budget).
+//! Files: `settings`; `event_loop` (the thread, its sandboxes and
+//! deadlines); `connection` (one client connection's state) and `phases`
+//! (what is done with it in each phase); `resolver` (DNS threads);
+//! `splice` (moving bytes with backpressure, through a kernel pipe for
+//! bulk); `intercept` and `tls` (the TLS both ways, the CA); `http`
+//! (request heads rewritten); `reply` (refusals); `log_budget` (log lines
+//! within a budget).
 
 mod connection;
 mod event_loop;
 mod http;
 mod intercept;
-mod log;
+mod log_budget;
+mod phases;
+mod reply;
 mod resolver;
+mod settings;
 mod splice;
 mod tls;
 
-use std::collections::HashMap;
+pub use settings::{Credential, ProxySettings, SandboxId};
+
 use std::io;
-use std::net::{IpAddr, TcpListener};
+use std::net::TcpListener;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use mio::{Poll, Waker};
 
@@ -46,61 +51,6 @@ use event_loop::{Control, EventLoop, Parts, WAKER};
 
 /// How many threads resolve names.
 const RESOLVER_THREADS: usize = 4;
-
-/// What the proxy is configured with (`[network]`).
-#[derive(Debug, Clone)]
-pub struct ProxySettings {
-    /// Names answered without DNS: a test-only override (`[network] resolve`).
-    pub resolve: HashMap<String, Vec<IpAddr>>,
-    /// PEM certificates trusted upstream besides the public roots
-    /// (`[network] extra_ca`).
-    pub extra_roots_pem: Vec<u8>,
-    /// Headers added to requests for a host (`[[network.credentials]]`).
-    pub credentials: Vec<Credential>,
-    /// Connections one sandbox may have open (or opening) at once.
-    pub max_connections: usize,
-    /// A client that has not sent its whole request head by then is closed.
-    pub head_timeout: Duration,
-    /// Resolving and connecting upstream must finish by then.
-    pub connect_timeout: Duration,
-}
-
-impl Default for ProxySettings {
-    /// No overrides, no extra roots, no credentials; 256 connections a
-    /// sandbox; 10 s for a request head (and a tunnel's ClientHello); 10 s
-    /// to resolve and connect.
-    fn default() -> ProxySettings {
-        ProxySettings {
-            resolve: HashMap::new(),
-            extra_roots_pem: Vec::new(),
-            credentials: Vec::new(),
-            max_connections: 256,
-            head_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-/// A header the proxy adds to every request for `host`.
-#[derive(Clone)]
-pub struct Credential {
-    pub host: String,
-    pub header: String,
-    /// The header's value; never logged, never shown.
-    pub value: String,
-}
-
-impl std::fmt::Debug for Credential {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credential")
-            .field("host", &self.host)
-            .field("header", &self.header)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A sandbox's endpoint, as the proxy knows it.
-pub type SandboxId = u64;
 
 /// The running proxy: a handle to its thread. Dropping it stops the
 /// thread (every endpoint and connection closes) and waits for it; the
@@ -147,7 +97,15 @@ impl Proxy {
         });
         let thread = std::thread::Builder::new()
             .name("proxy".into())
-            .spawn(move || event_loop.run())?;
+            .spawn(move || {
+                // Every sandbox's egress stops with this thread: say so.
+                let run = std::panic::AssertUnwindSafe(move || event_loop.run());
+                if std::panic::catch_unwind(run).is_err() {
+                    log::error!(
+                        "network: the egress proxy's thread panicked; no sandbox can reach out now"
+                    );
+                }
+            })?;
         Ok(Proxy {
             control,
             waker,
@@ -217,5 +175,33 @@ impl Drop for Proxy {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handle_can_be_shared_with_the_kernels_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<Proxy>();
+    }
+
+    #[test]
+    fn a_credentials_value_is_not_shown() {
+        let settings = ProxySettings {
+            credentials: vec![Credential {
+                host: "api.example".into(),
+                header: "Authorization".into(),
+                value: "Bearer hidden-value".into(),
+            }],
+            ..ProxySettings::default()
+        };
+        let shown = format!("{settings:?}");
+        assert!(
+            shown.contains("api.example") && !shown.contains("hidden-value"),
+            "{shown}"
+        );
     }
 }
