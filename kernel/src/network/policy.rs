@@ -493,6 +493,13 @@ fn special_range(address: IpAddr) -> Option<&'static str> {
                 Some("unique-local (private)")
             } else if first & 0xffc0 == 0xfe80 {
                 Some("link-local")
+            } else if v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || first == 0x2002 {
+                // NAT64 and 6to4 carry an IPv4 address a gateway may
+                // reach (64:ff9b::a9fe:a9fe is 169.254.169.254 on a NAT64
+                // host): treated as special whatever address they carry.
+                Some("IPv4-embedding (NAT64 or 6to4)")
+            } else if v6.segments()[..2] == [0x2001, 0] {
+                Some("Teredo (IPv4-embedding)")
             } else {
                 None
             }
@@ -669,6 +676,26 @@ mod tests {
             p.decide("2001:db9::5", ip("2001:db9::5"), 1),
             Decision::Refused(_)
         ));
+    }
+
+    #[test]
+    fn ipv6_addresses_carrying_ipv4_ones_are_special() {
+        let p = policy(json!({"allow": ["*"]}));
+        for address in [
+            "64:ff9b::a9fe:a9fe",
+            "2002:a9fe:a9fe::1",
+            "2001:0:4136:e378::1",
+        ] {
+            let Decision::Refused(why) = p.decide("host.example", ip(address), 80) else {
+                panic!("{address} was allowed");
+            };
+            assert!(why.contains("IPv4-embedding"), "{why}");
+        }
+        let named = policy(json!({"allow": ["64:ff9b::/96"]}));
+        assert_eq!(
+            named.decide("64:ff9b::102:304", ip("64:ff9b::102:304"), 80),
+            Decision::Allowed
+        );
     }
 
     #[test]

@@ -82,6 +82,15 @@ impl EventLoop {
         let (host, port) = conn.target();
         let (host, port) = (host.to_owned(), port);
         let id = conn.id;
+        // A name the policy never allows is refused before it is looked
+        // up: the names a sandbox asks for never reach DNS otherwise.
+        let refused = self
+            .sandboxes
+            .get(&conn.sandbox)
+            .and_then(|sandbox| sandbox.policy.decide_name(&host, port));
+        if let Some(Decision::Refused(reason)) = refused {
+            return self.refuse(key, 403, reason, None);
+        }
         self.set_deadline(key, now + connect_timeout);
         if let Ok(address) = host.parse::<IpAddr>() {
             self.resolved(key, Ok(vec![address]));
