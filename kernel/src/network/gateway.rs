@@ -143,7 +143,6 @@ pub fn net_attempts(record: &Mutex<Record>) -> (Vec<NetAttempt>, u64) {
             bytes_out: attempt.bytes_out,
             bytes_in: attempt.bytes_in,
             duration_ms: attempt.duration_ms,
-            open: false,
         })
         .collect();
     (attempts, dropped)

@@ -185,10 +185,8 @@ pub struct NetAttempt {
     pub reason: Option<String>,
     pub bytes_out: u64,
     pub bytes_in: u64,
+    /// How long it lasted (so far, while it is open).
     pub duration_ms: u64,
-    /// It is still open.
-    #[serde(default)]
-    pub open: bool,
 }
 
 /// NET's reply.

@@ -557,7 +557,8 @@ impl EventLoop {
                 }
             }
             End::Closed | End::Failed(_) => {
-                if sandbox.log.allow() {
+                // Only lines that would be written count against the budget.
+                if log::log_enabled!(log::Level::Info) && sandbox.log.allow() {
                     let why = match &end {
                         End::Failed(why) => format!(", {why}"),
                         _ => String::new(),

@@ -349,8 +349,20 @@ impl EventLoop {
                 .pump(upstream, &mut conn.client, scratch)
                 .map(drop);
         }
-        if let Err(e) = result {
-            return self.close(key, End::Failed(format!("connection lost: {e}")));
+        match result {
+            // A peer that resets or stops reading ends a connection as
+            // surely as one that closes it: clients do it all the time
+            // once they have what they wanted.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+                ) =>
+            {
+                return self.close(key, End::Closed)
+            }
+            Err(e) => return self.close(key, End::Failed(format!("connection lost: {e}"))),
+            Ok(()) => {}
         }
         let done = |pipe: &super::splice::Pipe| pipe.eof && pipe.shut && !pipe.is_blocked();
         if done(&conn.to_upstream) && done(&conn.to_client) {
