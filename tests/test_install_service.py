@@ -255,7 +255,8 @@ def test_the_default_config_is_valid_commented_and_uncommented(staged: Path):
 TABLES = {
     "Config": (), "AgentsConfig": ("agents",), "LlmConfig": ("llm",),
     "LocalConfig": ("llm", "local"), "ExecConfig": ("exec",), "TasksConfig": ("tasks",),
-    "McpServerConfig": ("mcp", "servers"),
+    "McpServerConfig": ("mcp", "servers"), "NetworkConfig": ("network",),
+    "CredentialConfig": ("network", "credentials"),
 }
 # Structs whose TABLES entry holds examples of them, one a key: a setting
 # is named if any example has it (a program server and a remote one
@@ -264,7 +265,8 @@ EXAMPLES = {"McpServerConfig"}
 # Fields that are tables of their own (checked through TABLES), or not
 # settings: the file's own path, the boot agents (checked below), the test
 # diagnostics.
-NOT_KEYS = {"file", "agents", "llm", "exec", "mcp", "tasks", "debug", "local", "servers", "boot"}
+NOT_KEYS = {"file", "agents", "llm", "exec", "mcp", "tasks", "debug", "local", "servers", "boot",
+            "network", "credentials"}
 SKIPPED_STRUCTS = {"DebugConfig", "McpConfig"}
 
 
@@ -287,6 +289,9 @@ def test_the_default_config_names_every_setting_the_kernel_reads(staged: Path):
                 table = table[key]
             if name in EXAMPLES:
                 table = {key: None for example in table.values() for key in example}
+            elif isinstance(table, list):
+                # An array of tables: a setting is named if an entry has it.
+                table = {key: None for entry in table for key in entry}
             for field in re.findall(r"^    pub (\w+):", body, re.M):
                 if field not in NOT_KEYS and field not in table:
                     missing.append(".".join((*TABLES[name], field)))

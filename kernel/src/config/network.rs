@@ -273,7 +273,7 @@ mod tests {
             [[credentials]]
             host = "api.example.com"
             header = "Authorization"
-            from_env = "AGENTOS_TEST_NO_SUCH_VARIABLE"
+            from_env = "UNSET_VARIABLE_OF_A_CONFIG_TEST"
             "#,
         );
         assert!(missing.validate().is_err());
