@@ -112,7 +112,8 @@ impl NetworkConfig {
         })
     }
 
-    /// Checks every setting; credentials' environment variables must be set.
+    /// Checks every setting (a credential's environment variable must be
+    /// set only when the kernel starts: see [`NetworkConfig::proxy_settings`]).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.default_policy()?;
         if self.max_connections == 0 {
@@ -134,12 +135,16 @@ impl NetworkConfig {
                 ));
             }
         }
-        self.credentials()?;
+        self.credentials(|_| Some(String::new()))?;
         Ok(())
     }
 
-    /// The credentials, their values read.
-    fn credentials(&self) -> Result<Vec<Credential>, ConfigError> {
+    /// The credentials, each `from_env` value read with `env` (checking a
+    /// file reads none: the variable is the running kernel's business).
+    fn credentials(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Vec<Credential>, ConfigError> {
         self.credentials
             .iter()
             .map(|entry| {
@@ -163,7 +168,7 @@ impl NetworkConfig {
                 let value = match (&entry.value, &entry.from_env) {
                     (Some(value), None) => value.clone(),
                     (None, Some(var)) => {
-                        let key = std::env::var(var).map_err(|_| {
+                        let key = env(var).ok_or_else(|| {
                             bad(&format!(
                                 "`from_env`: the kernel's environment has no {var}"
                             ))
@@ -208,7 +213,7 @@ impl NetworkConfig {
         Ok(ProxySettings {
             resolve,
             extra_roots_pem,
-            credentials: self.credentials()?,
+            credentials: self.credentials(|var| std::env::var(var).ok())?,
             max_connections: self.max_connections,
             head_timeout: Duration::from_millis(self.head_timeout_ms),
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
@@ -276,6 +281,13 @@ mod tests {
             from_env = "UNSET_VARIABLE_OF_A_CONFIG_TEST"
             "#,
         );
-        assert!(missing.validate().is_err());
+        assert!(missing.validate().is_ok(), "checked as a file");
+        let Err(ConfigError::Invalid { reason, .. }) = missing.proxy_settings() else {
+            panic!("a kernel started without the credential's variable");
+        };
+        assert!(
+            reason.contains("UNSET_VARIABLE_OF_A_CONFIG_TEST"),
+            "{reason}"
+        );
     }
 }
