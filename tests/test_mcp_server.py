@@ -96,6 +96,26 @@ def test_exec_returns_structured_output(kernel):
     assert text_of(result) == "1\n"
 
 
+def test_exec_takes_a_network_policy_and_reports_its_connections(kernel):
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: network policies need root (CI runs as root)")
+        return
+    code = ("import socket\n"
+            "s = socket.create_connection(('127.0.0.1', 3128))\n"
+            "s.sendall(b'CONNECT example.com:443 HTTP/1.1\\r\\n\\r\\n')\n"
+            "print(s.recv(200).split(b'\\r\\n')[0].decode())\n")
+
+    async def body(session: ClientSession):
+        await session.initialize()
+        return await session.call_tool(
+            "exec", {"code": code, "network": {"allow": ["pypi.org:443"]}})
+
+    result = run(kernel, body)
+    assert not result.is_error, text_of(result)
+    assert result.structured_content["stdout"].startswith("HTTP/1.1 403"), text_of(result)
+    assert result.structured_content["network"]["refused"] == 1, result.structured_content
+
+
 def test_exec_failure_is_a_result_with_its_error(kernel):
     async def body(session: ClientSession):
         await session.initialize()

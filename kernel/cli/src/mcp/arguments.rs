@@ -57,6 +57,26 @@ pub struct ExecArguments {
     /// Environment variables for the run.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// What the run may reach beyond its own loopback, through the kernel's egress proxy (default: the kernel's default policy, or nothing).
+    pub network: Option<NetworkPolicy>,
+}
+
+/// A network policy: the hosts and ranges a sandbox may reach.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicy {
+    /// What may be reached: host names (api.github.com), *.domain patterns, * for any name, or address ranges (10.0.0.0/8), each with an optional :port.
+    pub allow: Vec<String>,
+    /// What may not be reached, whatever allow says.
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+impl NetworkPolicy {
+    /// The policy as SPAWN's and EXEC's `network`.
+    pub fn to_request(&self) -> serde_json::Value {
+        serde_json::json!({"allow": self.allow, "deny": self.deny})
+    }
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -104,6 +124,8 @@ pub struct SpawnArguments {
     pub args: Vec<String>,
     /// Resource limits.
     pub limits: Option<SpawnLimits>,
+    /// What the agent may reach beyond its own loopback, through the kernel's egress proxy (default: the kernel's default policy, or nothing).
+    pub network: Option<NetworkPolicy>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -21,6 +21,18 @@ pub struct ExecOutput {
     pub tool_calls: u64,
     /// Bytes those tool calls brought into the sandbox.
     pub tool_bytes: u64,
+    /// The run's connections through the egress proxy, when a network policy applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetTotals>,
+}
+
+/// Connections through the egress proxy.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct NetTotals {
+    pub allowed: u64,
+    pub refused: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
 }
 
 impl ExecOutput {

@@ -115,6 +115,9 @@ impl AgentosServer {
         if !arguments.env.is_empty() {
             request["env"] = json!(arguments.env);
         }
+        if let Some(network) = &arguments.network {
+            request["network"] = network.to_request();
+        }
         let answer = Answer::asked_for(&context);
         if !matches!(answer, Answer::AtTheEnd) {
             match long_work::dispatch(&self.kernel, TaskKind::Exec, request.clone()).await {
@@ -327,6 +330,9 @@ fn spawn_request(arguments: SpawnArguments) -> Result<Value, String> {
             kernel_limits.insert("max_pids".into(), max_pids.into());
         }
         request["limits"] = kernel_limits.into();
+    }
+    if let Some(network) = &arguments.network {
+        request["network"] = network.to_request();
     }
     Ok(request)
 }
