@@ -112,7 +112,8 @@ class Upstream:
                 pass
 
             def do_GET(self) -> None:
-                upstream.seen.append({k.lower(): v for k, v in self.headers.items()})
+                upstream.seen.append({"path": self.path,
+                                      **{k.lower(): v for k, v in self.headers.items()}})
                 if self.path.startswith("/bytes/"):
                     body = b"x" * int(self.path.rsplit("/", 1)[1])
                 elif self.path == "/authorized":
@@ -569,7 +570,8 @@ def test_the_key_reaches_upstream_and_never_the_sandbox(net):
         assert "authorized: yes" in lines[0] and "authorized: yes" in lines[1], lines
         assert lines[2] == "200" and lines[3] == "tls-failed", lines
         assert lines[4] == "found: [] []", lines
-        authorized = [seen for seen in upstream.seen if seen.get("host") == "api.cred.test"]
+        authorized = [seen for seen in upstream.seen
+                      if seen.get("host") == f"api.cred.test:{upstream.https_port}"]
         assert [seen["authorization"] for seen in authorized] == [f"Bearer {KEY}"] * 2
         for shown in (str(done), str(client.list_agents()), kernel.log()):
             assert KEY not in shown
@@ -639,3 +641,52 @@ def test_a_sessions_runs_share_an_endpoint_and_each_reply_counts_its_own(net):
             run(client, upstream, code, policy_for(upstream, "other.test"), session="net-session")
         assert other.value.code == "bad_request"
         client.close_session("net-session")
+
+
+def test_narrowing_an_agent_at_runtime_reaches_what_its_sessions_left_running(net):
+    """A thread a session's run left behind keeps its tunnel only as long
+    as the agent's policy allows it."""
+    if not has_root():
+        return
+    kernel, upstream = net
+    policy = policy_for(upstream, "allowed.test")
+    holder = PRELUDE + textwrap.dedent(f"""
+        import threading
+        def hold():
+            s, status, head = connect("allowed.test", {upstream.http_port})
+            while True:
+                try:
+                    s.sendall(b"GET /held HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n")
+                    if not s.recv(4096):
+                        break
+                except OSError:
+                    break
+                time.sleep(0.1)
+        threading.Thread(target=hold, daemon=True).start()
+        time.sleep(0.5)
+        """)
+    agent = textwrap.dedent(f"""
+        import time
+        from agentos import AgentOSClient
+        with AgentOSClient() as kernel:
+            kernel.exec({holder!r}, session="held", network={policy!r})
+            print("session open", flush=True)
+            time.sleep(60)
+        """)
+    held = lambda: sum(1 for seen in upstream.seen if seen.get("path") == "/held")
+    with AgentOSClient(kernel.socket_path) as client:
+        spawned = client.spawn("net-sessions", script_file(agent), python=sys.executable,
+                               network=policy, permissions={"exec": True})
+        deadline = time.monotonic() + 30
+        while "session open" not in log_of(kernel, "net-sessions", spawned["id"]):
+            assert time.monotonic() < deadline, log_of(kernel, "net-sessions", spawned["id"])
+            time.sleep(0.1)
+        before = held()
+        time.sleep(0.5)
+        assert held() > before, "the session's thread is not using its tunnel"
+        client.set_network("net-sessions", {"allow": []})
+        time.sleep(0.5)
+        after = held()
+        time.sleep(1.5)
+        assert held() == after, "the tunnel outlived the policy that allowed it"
+        client.kill("net-sessions", grace_ms=0)

@@ -40,13 +40,15 @@ impl Agents {
     /// NET `set`: replaces the policy of the agent `target` names with
     /// `network`, which must lie within `bound` (what the caller has) and
     /// within the agent's parent's. An agent cannot change its own.
+    /// Returns the reply, and each agent whose policy changed (it and its
+    /// descendants) with its new policy, for the work they started.
     pub fn net_set(
         &mut self,
         caller: Viewer,
         bound: &Egress,
         target: &AgentRef,
         network: &Network,
-    ) -> Result<NetReply, ErrorReply> {
+    ) -> Result<(NetReply, Vec<(u32, Policy)>), ErrorReply> {
         let agent = self
             .seen_by(caller, target)
             .ok_or_else(|| not_found(target))?;
@@ -95,6 +97,7 @@ impl Agents {
         let Egress::Policy(policy) = granted else {
             unreachable!("a policy stays a policy within another");
         };
+        let mut changed = vec![(id, policy.clone())];
         self.replace_policy(id, policy.clone());
         // Its descendants, each cut down to what its own parent now has.
         let mut descendants: Vec<u32> = self
@@ -111,6 +114,7 @@ impl Agents {
                 Some(own.narrowed_to(parent))
             });
             if let Some(narrowed) = narrowed {
+                changed.push((child, narrowed.clone()));
                 self.replace_policy(child, narrowed);
             }
         }
@@ -120,7 +124,7 @@ impl Agents {
             agent.name,
             policy.to_json()
         );
-        Ok(net_reply(agent))
+        Ok((net_reply(agent), changed))
     }
 
     /// Agent `id` (with a policy) gets `policy`: kept for restarts, and

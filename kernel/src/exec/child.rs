@@ -22,6 +22,8 @@ use super::run_cgroup::RunCgroup;
 use super::wire::{self, PrepareOrder, WireError};
 use crate::cgroup::{CgroupError, CgroupLimits};
 use crate::fd;
+use crate::identity::Principal;
+use crate::network::policy::Policy;
 use crate::network::Endpoint;
 use crate::process;
 
@@ -106,9 +108,28 @@ pub struct RunChild {
     pub counted: bool,
     /// Its endpoint on the egress proxy, once a run with a network policy
     /// came (a session's runs share it); it closes when the child goes.
-    pub endpoint: Option<Endpoint>,
+    pub endpoint: Option<RunEndpoint>,
     /// Its record's counters when the current run started.
     pub net_before: NetTotals,
+}
+
+/// A run child's endpoint on the egress proxy, with whose work it serves
+/// and the policy in force there.
+#[derive(Debug)]
+pub struct RunEndpoint {
+    pub endpoint: Endpoint,
+    pub owner: Principal,
+    pub policy: Policy,
+}
+
+impl RunEndpoint {
+    /// Puts `policy` in force (the proxy closes what it now refuses).
+    pub fn set_policy(&mut self, policy: Policy) {
+        if policy != self.policy {
+            self.endpoint.set_policy(policy.clone());
+            self.policy = policy;
+        }
+    }
 }
 
 impl RunChild {

@@ -12,7 +12,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 
-use super::child::{RunChild, Stage};
+use super::child::{RunChild, RunEndpoint, Stage};
 use super::order::{Kill, Order, OrderOf, Running};
 use super::output::Stream;
 use super::run_cgroup::{has_cgroup_for, take_agent_cgroup};
@@ -20,6 +20,7 @@ use super::waiting::{Carried, RunAsk, Session, SessionKey, Waiting};
 use super::{wire, zygote, Exec, Source, Wake, MAX_LOST_SESSIONS};
 use crate::address::{Adopted, Adoptee, Reply};
 use crate::fd;
+use crate::identity::Principal;
 use crate::network::gateway::net_totals;
 use crate::network::policy::Policy;
 use crate::network::{endpoint, Gateway};
@@ -124,7 +125,7 @@ impl Exec {
         // Any order uses up the child's shell, or has it stopped.
         run.shell = false;
         if let Some(policy) = waiting.policy.clone() {
-            match open_endpoint(&self.gateway, run, waiting.run, policy) {
+            match open_endpoint(&self.gateway, run, waiting.owner, waiting.run, policy) {
                 Ok(env) => order.env.extend(env),
                 Err(err) => {
                     // Without its endpoint the run would have no network at
@@ -311,7 +312,8 @@ impl Exec {
             .map(|(key, _)| key.clone());
         if let Some(mut finished) = finished {
             if let (Order::Run, Some(open)) = (&finished.order, &run.endpoint) {
-                finished.reply.network = Some(since(run.net_before, net_totals(open.record())));
+                let now = net_totals(open.endpoint.record());
+                finished.reply.network = Some(since(run.net_before, now));
             }
             let reply_to = finished.reply_to;
             let reply = match &key {
@@ -531,17 +533,27 @@ impl Exec {
 fn open_endpoint(
     gateway: &Gateway,
     run: &mut RunChild,
+    owner: Principal,
     number: Option<u64>,
     policy: Policy,
 ) -> std::io::Result<Vec<(String, String)>> {
-    if run.endpoint.is_none() {
-        let pidfd = run.pidfd.as_ref().ok_or(std::io::ErrorKind::NotFound)?;
-        let listener = endpoint::listen_inside(pidfd.as_fd())?;
-        let label = number.map_or_else(|| "exec session".to_owned(), |n| format!("run {n}"));
-        run.endpoint = Some(gateway.open(label, listener, policy)?);
+    match &mut run.endpoint {
+        // A session's later run: its policy (its caller's as it is now)
+        // is the one in force from here on.
+        Some(open) => open.set_policy(policy),
+        None => {
+            let pidfd = run.pidfd.as_ref().ok_or(std::io::ErrorKind::NotFound)?;
+            let listener = endpoint::listen_inside(pidfd.as_fd())?;
+            let label = number.map_or_else(|| "exec session".to_owned(), |n| format!("run {n}"));
+            run.endpoint = Some(RunEndpoint {
+                endpoint: gateway.open(label, listener, policy.clone())?,
+                owner,
+                policy,
+            });
+        }
     }
     if let Some(open) = &run.endpoint {
-        run.net_before = net_totals(open.record());
+        run.net_before = net_totals(open.endpoint.record());
     }
     Ok(gateway.environment())
 }

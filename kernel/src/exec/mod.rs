@@ -363,6 +363,22 @@ impl Exec {
         zygote::binds(&self.setup)
     }
 
+    /// The endpoints serving `owners`' runs and sessions are narrowed to
+    /// lie within `policy` (their owner's, replaced at runtime): the proxy
+    /// closes what they now refuse.
+    pub fn narrow_endpoints(&mut self, owners: &[Principal], policy: &Policy) {
+        for (_, child) in self.children.iter_mut() {
+            if let Some(open) = child
+                .endpoint
+                .as_mut()
+                .filter(|e| owners.contains(&e.owner))
+            {
+                let narrowed = open.policy.clone().narrowed_to(policy);
+                open.set_policy(narrowed);
+            }
+        }
+    }
+
     /// Runs with a network policy are served by `gateway`'s proxy
     /// (without one, such runs are refused).
     pub fn serve_policies_with(&mut self, gateway: Arc<Gateway>) {

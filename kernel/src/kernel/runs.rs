@@ -9,6 +9,7 @@ use agentos_proto::payload::{Limits, Permissions, PrincipalInfo};
 use crate::address::ReplyTo;
 use crate::agents::{Agents, Grant};
 use crate::identity::Principal;
+use crate::network::policy::Policy;
 use crate::network::Egress;
 use crate::permissions::Budget;
 
@@ -113,6 +114,23 @@ impl Runs {
     pub fn answered(&mut self, reply_to: &ReplyTo) -> Option<(u64, RunGrant)> {
         let number = self.by_reply.remove(reply_to)?;
         self.grants.remove(&number).map(|grant| (number, grant))
+    }
+
+    /// Agent `id`'s policy is now `policy`: the runs at whose root it is
+    /// get theirs narrowed to lie within it. Returns the principals whose
+    /// work it is (the agent's, and those runs'), for their endpoints.
+    pub fn narrow_for_agent(&mut self, id: u32, policy: &Policy) -> Vec<Principal> {
+        let mut owners = vec![Principal::Agent { id }];
+        for (number, grant) in &mut self.grants {
+            if grant.root != Root::Agent(id) {
+                continue;
+            }
+            if let Egress::Policy(own) = &grant.network {
+                grant.network = Egress::Policy(own.clone().narrowed_to(policy));
+            }
+            owners.push(Principal::Run { number: *number });
+        }
+        owners
     }
 
     /// Whether any run is in progress (so replies need looking at).

@@ -17,7 +17,14 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         let reply = match (net.op, &net.network) {
             (NetOp::Set, Some(network)) => {
                 let bound = actor.network().clone();
-                kernel.agents.net_set(viewer, &bound, &target, network)?
+                let (reply, changed) = kernel.agents.net_set(viewer, &bound, &target, network)?;
+                // What those agents started narrows with them: their runs'
+                // grants, and the endpoints of their runs and sessions.
+                for (agent, policy) in changed {
+                    let owners = kernel.runs.narrow_for_agent(agent, &policy);
+                    kernel.exec.narrow_endpoints(&owners, &policy);
+                }
+                reply
             }
             _ => kernel.agents.net_show(viewer, &target)?,
         };

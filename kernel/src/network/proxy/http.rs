@@ -28,6 +28,15 @@ impl std::fmt::Debug for SetHeader {
     }
 }
 
+/// `Host: authority`, as a header set on a request (replacing the
+/// client's).
+fn host_header(authority: &str) -> SetHeader {
+    SetHeader {
+        name: "Host".into(),
+        value: authority.into(),
+    }
+}
+
 /// Request lines and header lines of one head, without the final CRLF.
 fn lines(head: &str) -> impl Iterator<Item = &str> {
     head.split("\r\n").filter(|line| !line.is_empty())
@@ -67,8 +76,8 @@ fn headers(head: &str, set: &[SetHeader], forwarding: bool, out: &mut Vec<u8>) {
 
 /// The head of a plain-HTTP request in absolute form (`head` is the whole
 /// head as the client sent it, final CRLF CRLF included), rewritten for
-/// the origin server: `method target version`, no `Proxy-*` headers, a
-/// `Host` if the client sent none, `set` added, and `Connection: close`
+/// the origin server: `method target version`, no `Proxy-*` headers,
+/// `Host` the request's own authority, `set` added, and `Connection: close`
 /// so that each plain request is a connection of its own (a later request
 /// on it could name another host).
 pub fn forward_head(
@@ -85,13 +94,12 @@ pub fn forward_head(
         .unwrap_or("HTTP/1.1");
     let mut out = Vec::with_capacity(head.len() + 64);
     out.extend_from_slice(format!("{method} {target} {version}\r\n").as_bytes());
-    if !lines(&head)
-        .skip(1)
-        .any(|line| header_name(line).eq_ignore_ascii_case("host"))
-    {
-        out.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
-    }
-    headers(&head, set, true, &mut out);
+    // The host the request was decided on, whatever Host the client sent:
+    // a server that routes by Host (a CDN's shared edge) must not be told
+    // of another one.
+    let mut set = set.to_vec();
+    set.insert(0, host_header(authority));
+    headers(&head, &set, true, &mut out);
     out.extend_from_slice(b"Connection: close\r\n\r\n");
     out
 }
@@ -111,6 +119,8 @@ enum State {
 /// rewritten with the credential's header.
 #[derive(Debug)]
 pub struct Requests {
+    /// The tunnel's host (and port, unless 443): every request is for it.
+    authority: String,
     set: Vec<SetHeader>,
     state: State,
     head: Vec<u8>,
@@ -119,8 +129,12 @@ pub struct Requests {
 }
 
 impl Requests {
-    pub fn new(set: Vec<SetHeader>) -> Requests {
+    /// The requests of a tunnel to `authority` (`host`, or `host:port`
+    /// for another port than 443), each given the `set` headers.
+    pub fn new(authority: String, mut set: Vec<SetHeader>) -> Requests {
+        set.insert(0, host_header(&authority));
         Requests {
+            authority,
             set,
             state: State::Head,
             head: Vec::new(),
@@ -176,6 +190,32 @@ impl Requests {
     /// Rewrites one head into `out`; what follows it.
     fn rewrite(&self, head: &[u8], out: &mut Vec<u8>) -> Result<State, String> {
         let text = std::str::from_utf8(head).map_err(|_| "a request head that is not text")?;
+        let request_line = lines(text).next().unwrap_or_default();
+        let mut words = request_line.split(' ');
+        let (method, target) = (
+            words.next().unwrap_or_default(),
+            words.next().unwrap_or_default(),
+        );
+        if matches!(method.to_ascii_uppercase().as_str(), "TRACE" | "CONNECT") {
+            // TRACE would echo the credential back into the sandbox.
+            return Err(format!(
+                "{method} is not served inside an intercepted tunnel"
+            ));
+        }
+        if let Some(rest) = target
+            .strip_prefix("https://")
+            .or_else(|| target.strip_prefix("http://"))
+        {
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+            let same = authority.eq_ignore_ascii_case(&self.authority)
+                || authority.eq_ignore_ascii_case(&format!("{}:443", self.authority));
+            if !same {
+                return Err(format!(
+                    "a request for {authority} inside a tunnel to {}",
+                    self.authority
+                ));
+            }
+        }
         let mut length = None;
         let mut through = false;
         for line in lines(text).skip(1) {
@@ -183,8 +223,11 @@ impl Requests {
             let (name, value) = (name.trim(), value.trim());
             if name.eq_ignore_ascii_case("content-length") {
                 let n: u64 = value
-                    .parse()
-                    .map_err(|_| format!("Content-Length {value:?} is not a number"))?;
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+                    .then(|| value.parse().ok())
+                    .flatten()
+                    .ok_or_else(|| format!("Content-Length {value:?} is not a number"))?;
                 if length.is_some_and(|old| old != n) {
                     return Err("two different Content-Lengths".into());
                 }
@@ -195,7 +238,6 @@ impl Requests {
                 through = true;
             }
         }
-        let request_line = lines(text).next().unwrap_or_default();
         out.extend_from_slice(request_line.as_bytes());
         out.extend_from_slice(b"\r\n");
         headers(text, &self.set, through, out);
@@ -239,7 +281,7 @@ mod tests {
 
     #[test]
     fn keep_alive_requests_each_get_the_header_and_lose_the_clients() {
-        let mut requests = Requests::new(token());
+        let mut requests = Requests::new("h".into(), token());
         let mut out = Vec::new();
         let stream = b"POST /a HTTP/1.1\r\nHost: h\r\nauthorization: mine\r\nContent-Length: 5\r\n\r\nhelloGET /b HTTP/1.1\r\nHost: h\r\n\r\n";
         // Byte by byte, to cross every boundary.
@@ -249,7 +291,7 @@ mod tests {
         let out = String::from_utf8(out).unwrap();
         assert_eq!(
             out,
-            "POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nAuthorization: Bearer s3cret\r\n\r\nhello\
+            "POST /a HTTP/1.1\r\nContent-Length: 5\r\nHost: h\r\nAuthorization: Bearer s3cret\r\n\r\nhello\
              GET /b HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer s3cret\r\n\r\n"
         );
         assert_eq!(requests.count, 2);
@@ -257,7 +299,7 @@ mod tests {
 
     #[test]
     fn a_chunked_request_is_the_connections_last() {
-        let mut requests = Requests::new(token());
+        let mut requests = Requests::new("h".into(), token());
         let mut out = Vec::new();
         requests
             .feed(
@@ -266,13 +308,49 @@ mod tests {
             )
             .unwrap();
         let out = String::from_utf8(out).unwrap();
-        assert!(out.starts_with("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n5\r\nhello"), "{out}");
+        assert!(out.starts_with("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nHost: h\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n5\r\nhello"), "{out}");
         assert!(!out.contains("keep-alive"));
     }
 
     #[test]
+    fn a_request_for_another_host_or_a_trace_is_refused_inside_a_tunnel() {
+        for head in [
+            "GET http://attacker.example/ HTTP/1.1\r\nHost: attacker.example\r\n\r\n",
+            "GET https://h:8443/ HTTP/1.1\r\n\r\n",
+            "TRACE / HTTP/1.1\r\nHost: h\r\n\r\n",
+        ] {
+            let mut requests = Requests::new("h".into(), token());
+            assert!(
+                requests.feed(head.as_bytes(), &mut Vec::new()).is_err(),
+                "{head}"
+            );
+        }
+        // Whatever Host the client names, the server hears the tunnel's.
+        let mut requests = Requests::new("h".into(), token());
+        let mut out = Vec::new();
+        requests
+            .feed(
+                b"GET https://H/x HTTP/1.1\r\nHost: attacker.example\r\n\r\n",
+                &mut out,
+            )
+            .unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains("\r\nHost: h\r\n") && !out.contains("attacker"),
+            "{out}"
+        );
+        let mut plus = Requests::new("h".into(), token());
+        assert!(plus
+            .feed(
+                b"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+                &mut Vec::new()
+            )
+            .is_err());
+    }
+
+    #[test]
     fn an_endless_head_is_refused() {
-        let mut requests = Requests::new(token());
+        let mut requests = Requests::new("h".into(), token());
         let mut out = Vec::new();
         let line = vec![b'a'; 1024];
         let refused = (0..20).any(|_| requests.feed(&line, &mut out).is_err());

@@ -64,10 +64,12 @@ pub enum Step {
 }
 
 impl Intercept {
-    /// Sets up both sessions for `host`; `preamble` goes to the client
-    /// first, in the clear; `early` is what the client sent already.
+    /// Sets up both sessions for `host` (reached at `authority`, its
+    /// port added unless 443); `preamble` goes to the client first, in
+    /// the clear; `early` is what the client sent already.
     pub fn new(
         host: &str,
+        authority: String,
         server: Arc<ServerConfig>,
         client: Arc<ClientConfig>,
         set: Vec<SetHeader>,
@@ -91,7 +93,7 @@ impl Intercept {
             client: towards_client,
             upstream: ClientConnection::new(client, name)
                 .map_err(|e| format!("TLS towards {host}: {e}"))?,
-            requests: Requests::new(set),
+            requests: Requests::new(authority, set),
             preamble: preamble.to_vec(),
             to_upstream: Vec::new(),
             to_client: Vec::new(),

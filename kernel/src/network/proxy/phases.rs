@@ -249,8 +249,9 @@ impl EventLoop {
                 } else {
                     format!("{}:{port}", bracketed(&host))
                 };
-                let set = self.credentials.get(&host).cloned().unwrap_or_default();
-                let head = http::forward_head(&conn.head, &method, &target, &authority, &set);
+                // Credentials go only inside TLS the proxy verified: never
+                // in the clear, where anything on the path reads them.
+                let head = http::forward_head(&conn.head, &method, &target, &authority, &[]);
                 conn.head = Vec::new();
                 let body = std::mem::take(&mut conn.held);
                 conn.to_upstream.queue(&head, true);
@@ -380,8 +381,15 @@ impl EventLoop {
         // What the client sent right after its CONNECT head is the start
         // of its TLS.
         let early = std::mem::take(&mut self.conns[key].held);
+        let port = self.conns[key].target().1;
+        let authority = if port == 443 {
+            host.to_owned()
+        } else {
+            format!("{host}:{port}")
+        };
         match Intercept::new(
             host,
+            authority,
             server,
             self.upstream_tls.clone(),
             set,
