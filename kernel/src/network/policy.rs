@@ -190,6 +190,13 @@ impl Policy {
                 self.deny.push(rule.clone());
             }
         }
+        if self.deny.len() > MAX_ENTRIES {
+            return Err(format!(
+                "network.deny: with its parent's denials added it has {} entries, more than \
+                 {MAX_ENTRIES}",
+                self.deny.len()
+            ));
+        }
         Ok(self)
     }
 }
@@ -479,6 +486,11 @@ fn special_range(address: IpAddr) -> Option<&'static str> {
                 Some("shared (carrier-grade NAT)")
             } else if v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast() || a == 0 {
                 Some("non-unicast")
+            } else if (a == 192 && b == 0 && v4.octets()[2] == 0)
+                || (a == 198 && (b & 0xfe) == 18)
+                || a >= 240
+            {
+                Some("reserved (IETF protocol, benchmarking or future use)")
             } else {
                 None
             }
@@ -493,11 +505,15 @@ fn special_range(address: IpAddr) -> Option<&'static str> {
                 Some("unique-local (private)")
             } else if first & 0xffc0 == 0xfe80 {
                 Some("link-local")
-            } else if v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || first == 0x2002 {
+            } else if v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+                || v6.segments()[..3] == [0x64, 0xff9b, 1]
+                || v6.segments()[..6] == [0, 0, 0, 0, 0, 0]
+                || first == 0x2002
+            {
                 // NAT64 and 6to4 carry an IPv4 address a gateway may
                 // reach (64:ff9b::a9fe:a9fe is 169.254.169.254 on a NAT64
                 // host): treated as special whatever address they carry.
-                Some("IPv4-embedding (NAT64 or 6to4)")
+                Some("IPv4-embedding (NAT64, IPv4-compatible or 6to4)")
             } else if v6.segments()[..2] == [0x2001, 0] {
                 Some("Teredo (IPv4-embedding)")
             } else {

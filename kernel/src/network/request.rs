@@ -144,6 +144,12 @@ fn authority(text: &str, default_port: Option<u16>) -> Result<(String, u16), Str
     if !valid {
         return Err(format!("{host:?} is not a host name or address"));
     }
+    // One spelling of each name from here on: `a.com.` is `a.com` for the
+    // policy, the resolver override, the credential and the TLS name.
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if host.is_empty() || host.ends_with('.') {
+        return Err(format!("{text:?} is not a host name or address"));
+    }
     Ok((host.to_ascii_lowercase(), port))
 }
 
@@ -184,6 +190,15 @@ mod tests {
                 bytes.len()
             )
         );
+        // One spelling of a name: its trailing dot goes.
+        assert!(matches!(
+            read_head(b"CONNECT A.example.:443 HTTP/1.1\r\n\r\n"),
+            Head::Complete(ProxyRequest::Connect { ref host, port: 443 }, _) if host == "a.example"
+        ));
+        assert!(matches!(
+            read_head(b"CONNECT a..:443 HTTP/1.1\r\n\r\n"),
+            Head::Refused(400, _)
+        ));
         let bytes = b"HEAD http://[::1]?x HTTP/1.0\r\n\r\n";
         assert!(matches!(
             read_head(bytes),

@@ -88,20 +88,27 @@ fn server_name(reader: &mut Reader<'_>) -> Result<Option<String>, &'static str> 
         }
         let list = usize::from(body.u16()?);
         let mut list = Reader(body.take(list)?);
+        let mut found = None;
         while !list.0.is_empty() {
             let name_type = list.u8()?;
             let length = usize::from(list.u16()?);
             let name = list.take(length)?;
             if name_type == HOST_NAME {
+                // RFC 6066: at most one name of a type. Servers differ in
+                // which of two they would use, so two are refused.
+                if found.is_some() {
+                    return Err("two server names in one ClientHello");
+                }
                 let name =
                     std::str::from_utf8(name).map_err(|_| "a server name that is not text")?;
                 if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
                     return Err("a server name with other than printable ASCII");
                 }
-                return Ok(Some(name.to_ascii_lowercase()));
+                let name = name.strip_suffix('.').unwrap_or(name);
+                found = Some(name.to_ascii_lowercase());
             }
         }
-        return Ok(None);
+        return Ok(found);
     }
     Ok(None)
 }
@@ -187,6 +194,24 @@ mod tests {
             read_client_hello(&client_hello(&[(10, vec![0, 2, 0, 29])])),
             ClientHello::NoServerName
         );
+    }
+
+    #[test]
+    fn a_trailing_dot_is_dropped_and_two_names_are_refused() {
+        let record = client_hello(&[server_name_extension(b"a.example.")]);
+        assert_eq!(
+            read_client_hello(&record),
+            ClientHello::ServerName("a.example".into())
+        );
+        let (kind, mut list) = server_name_extension(b"a.example");
+        let second = server_name_extension(b"b.example").1;
+        list.extend(&second[2..]);
+        let total = (list.len() - 2) as u16;
+        list[..2].copy_from_slice(&total.to_be_bytes());
+        assert!(matches!(
+            read_client_hello(&client_hello(&[(kind, list)])),
+            ClientHello::Malformed(_)
+        ));
     }
 
     #[test]

@@ -4,6 +4,8 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Instant;
 
 use mio::net::TcpStream;
@@ -62,6 +64,9 @@ pub struct Conn {
     pub intercept: Option<Box<Intercept>>,
     /// Bytes already added to the record, out and in.
     pub reported: (u64, u64),
+    /// Its name's lookup, while one is queued or under way: cleared when
+    /// the connection goes, so a resolver thread skips it.
+    pub lookup: Option<Arc<AtomicBool>>,
 }
 
 impl Conn {
@@ -85,6 +90,7 @@ impl Conn {
             to_client: Pipe::default(),
             intercept: None,
             reported: (0, 0),
+            lookup: None,
         }
     }
 

@@ -509,6 +509,9 @@ impl EventLoop {
         let Some(mut conn) = self.conns.try_remove(key) else {
             return;
         };
+        if let Some(lookup) = conn.lookup.take() {
+            lookup.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         // The client hears last, when the record has the end: what it does
         // next (a run that ends at once) finds it there.
         let answer = |conn: &mut Conn| {

@@ -50,7 +50,7 @@ use super::record::Record;
 use event_loop::{Control, EventLoop, Parts, WAKER};
 
 /// How many threads resolve names.
-const RESOLVER_THREADS: usize = 4;
+const RESOLVER_THREADS: usize = 8;
 
 /// The running proxy: a handle to its thread. Dropping it stops the
 /// thread (every endpoint and connection closes) and waits for it; the

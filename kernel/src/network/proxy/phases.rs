@@ -5,6 +5,8 @@
 
 use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Instant;
 
 use mio::net::TcpStream;
@@ -15,6 +17,7 @@ use super::event_loop::{epoch_ms, lock, End, EventLoop, ESTABLISHED};
 use super::http::{self, SetHeader};
 use super::intercept::{Intercept, Step};
 use super::resolver::{Answer, Question};
+use super::SandboxId;
 use crate::network::policy::Decision;
 use crate::network::record::Attempt;
 use crate::network::request::{self, Head, ProxyRequest, MAX_HEAD_BYTES};
@@ -23,9 +26,18 @@ use crate::network::sni::{self, ClientHello};
 /// The longest ClientHello held: one TLS record and its header.
 const MAX_HELLO_BYTES: usize = 5 + 16384 + 2048;
 
+/// Names one sandbox may have waiting for (or in) a lookup at once: a
+/// sandbox that asks for names whose DNS never answers holds at most this
+/// many of the resolver threads, never all of them.
+const LOOKUPS_PER_SANDBOX: usize = 4;
+
 impl EventLoop {
     pub(super) fn read_head(&mut self, key: usize) {
         let conn = &mut self.conns[key];
+        // Only new bytes (and the three before them) can end the head: a
+        // head trickled a byte at a time is not scanned whole each time.
+        let mut scan_from = conn.held.len().saturating_sub(3);
+        let mut ended = false;
         let mut chunk = [0u8; 4096];
         loop {
             let room = (MAX_HEAD_BYTES + 1)
@@ -42,7 +54,9 @@ impl EventLoop {
                 }
                 Ok(n) => {
                     conn.held.extend_from_slice(&chunk[..n]);
-                    if !matches!(request::read_head(&conn.held), Head::Incomplete) {
+                    ended = conn.held[scan_from..].windows(4).any(|w| w == b"\r\n\r\n");
+                    scan_from = conn.held.len().saturating_sub(3);
+                    if ended {
                         break;
                     }
                 }
@@ -53,6 +67,9 @@ impl EventLoop {
                     return;
                 }
             }
+        }
+        if !ended && conn.held.len() < MAX_HEAD_BYTES {
+            return;
         }
         match request::read_head(&conn.held) {
             Head::Incomplete => {}
@@ -97,11 +114,22 @@ impl EventLoop {
         } else if let Some(addresses) = self.settings.resolve.get(&host) {
             let addresses = addresses.clone();
             self.resolved(key, Ok(addresses));
+        } else if self.lookups_of(self.conns[key].sandbox) >= LOOKUPS_PER_SANDBOX {
+            let reason = format!(
+                "{LOOKUPS_PER_SANDBOX} names of this sandbox are being looked up already; {host} \
+                 was not"
+            );
+            self.refuse(key, 503, reason, None);
         } else if let Err(question) = self.resolver.ask(Question {
             key,
             id,
             host,
             port,
+            wanted: {
+                let wanted = Arc::new(AtomicBool::new(true));
+                self.conns[key].lookup = Some(Arc::clone(&wanted));
+                wanted
+            },
         }) {
             let reason = format!(
                 "too many names waiting to be resolved; {} was not",
@@ -109,6 +137,15 @@ impl EventLoop {
             );
             self.refuse(key, 503, reason, None);
         }
+    }
+
+    /// How many of `sandbox`'s names wait for (or are in) a lookup.
+    /// (A scan: a sandbox has at most `max_connections` open.)
+    fn lookups_of(&self, sandbox: SandboxId) -> usize {
+        self.conns
+            .iter()
+            .filter(|(_, conn)| conn.sandbox == sandbox && conn.lookup.is_some())
+            .count()
     }
 
     pub(super) fn answered(&mut self, answer: Answer) {
@@ -123,6 +160,7 @@ impl EventLoop {
 
     /// Decides on each address in turn; connects to the first allowed.
     pub(super) fn resolved(&mut self, key: usize, addresses: Result<Vec<IpAddr>, String>) {
+        self.conns[key].lookup = None;
         let conn = &self.conns[key];
         let (host, port) = conn.target();
         let host = host.to_owned();

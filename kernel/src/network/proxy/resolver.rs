@@ -3,6 +3,7 @@
 //! bounded queue, and post each answer back with a wake of the loop.
 
 use std::net::{IpAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -21,6 +22,8 @@ pub struct Question {
     pub id: u64,
     pub host: String,
     pub port: u16,
+    /// Still wanted: false once its connection has gone.
+    pub wanted: Arc<AtomicBool>,
 }
 
 /// What a name resolved to, in getaddrinfo's order.
@@ -75,6 +78,11 @@ fn serve(queue: &Mutex<Receiver<Question>>, answers: &Sender<Answer>, waker: &Wa
             Err(_) => return,
         };
         let Ok(question) = question else { return };
+        // A connection that went while its question waited (closed, timed
+        // out) costs no lookup: a sandbox cannot pile up abandoned ones.
+        if !question.wanted.load(Ordering::Relaxed) {
+            continue;
+        }
         let addresses = (question.host.as_str(), question.port)
             .to_socket_addrs()
             .map(|found| found.map(|address| address.ip()).collect::<Vec<_>>())

@@ -13,6 +13,7 @@
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mio::net::TcpStream;
 
@@ -29,6 +30,15 @@ const BULK_BYTES: u64 = 1024 * 1024;
 /// pipe measured some 10-20% faster than the default 64 KiB
 /// (`scripts/bench-net`, a noisy two-core machine).
 const PIPE_BYTES: usize = 1024 * 1024;
+
+/// Kernel pipes open at once, across every sandbox: what bulk transfers
+/// may hold in kernel memory is at most this many times [`PIPE_BYTES`]
+/// (a sandbox that stops reading after a large download holds its pipe
+/// full). Past it, a direction goes on through the loop's own buffer.
+const MAX_KERNEL_PIPES: usize = 64;
+
+/// Kernel pipes open now.
+static KERNEL_PIPES: AtomicUsize = AtomicUsize::new(0);
 
 /// One direction of a connection.
 #[derive(Debug, Default)]
@@ -62,6 +72,18 @@ struct KernelPipe {
 
 impl KernelPipe {
     fn new() -> io::Result<KernelPipe> {
+        if KERNEL_PIPES.fetch_add(1, Ordering::Relaxed) >= MAX_KERNEL_PIPES {
+            KERNEL_PIPES.fetch_sub(1, Ordering::Relaxed);
+            return Err(io::Error::other("the proxy's kernel pipes are all in use"));
+        }
+        let pipe = Self::open();
+        if pipe.is_err() {
+            KERNEL_PIPES.fetch_sub(1, Ordering::Relaxed);
+        }
+        pipe
+    }
+
+    fn open() -> io::Result<KernelPipe> {
         let mut fds = [0; 2];
         // SAFETY: `fds` is an array of two ints, as pipe2 fills.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } < 0 {
@@ -85,6 +107,12 @@ impl KernelPipe {
             capacity: usize::try_from(capacity).unwrap_or(0).max(4096),
             held: 0,
         })
+    }
+}
+
+impl Drop for KernelPipe {
+    fn drop(&mut self) {
+        KERNEL_PIPES.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
