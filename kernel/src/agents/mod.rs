@@ -23,7 +23,7 @@ mod inheritance;
 mod interpreter;
 mod lifecycle;
 pub mod log_reader;
-mod network;
+pub mod network;
 pub mod program;
 mod record;
 pub mod restart;

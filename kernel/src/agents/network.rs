@@ -165,7 +165,9 @@ fn net_reply(agent: &Agent) -> NetReply {
     }
 }
 
-fn not_found(target: &AgentRef) -> ErrorReply {
+/// The refusal for an agent a caller cannot see, the same as for one that
+/// does not exist.
+pub fn not_found(target: &AgentRef) -> ErrorReply {
     ErrorReply::new(
         ErrorCode::NotFound,
         match target {

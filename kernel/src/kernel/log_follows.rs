@@ -161,15 +161,9 @@ pub fn log_seen_by(
     viewer: Viewer,
     target: &AgentRef,
 ) -> Result<AgentLog, ErrorReply> {
-    agents.log_of(viewer, target).ok_or_else(|| {
-        ErrorReply::new(
-            ErrorCode::NotFound,
-            match target {
-                AgentRef::Id(id) => format!("no agent with id {id}"),
-                AgentRef::Name(name) => format!("no agent named {name:?}"),
-            },
-        )
-    })
+    agents
+        .log_of(viewer, target)
+        .ok_or_else(|| crate::agents::network::not_found(target))
 }
 
 /// The reply for what was read of `log`.

@@ -153,7 +153,8 @@ fn authority(text: &str, default_port: Option<u16>) -> Result<(String, u16), Str
     Ok((host.to_ascii_lowercase(), port))
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+/// Where `needle` first stands in `haystack`.
+pub(crate) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack
         .windows(needle.len())
         .position(|window| window == needle)

@@ -10,7 +10,7 @@
 //! connection passes through untouched, and the server ends it after its
 //! reply, so no later request can go out without the credential.
 
-use crate::network::request::MAX_HEAD_BYTES;
+use crate::network::request::{find, MAX_HEAD_BYTES};
 
 /// A header to set on every request: name and value. The value is never
 /// logged or shown; [`std::fmt::Debug`] leaves it out.
@@ -260,12 +260,6 @@ impl Requests {
             _ => State::Head,
         })
     }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
 }
 
 #[cfg(test)]
