@@ -47,6 +47,7 @@ pub mod state_dir;
 pub mod supervisor;
 pub mod syscall;
 pub mod tasks;
+pub mod telemetry;
 pub mod timers;
 pub mod tools;
 pub mod workers;

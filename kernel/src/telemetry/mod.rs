@@ -1,0 +1,8 @@
+//! Seeing inside the kernel: Prometheus metrics and OpenTelemetry traces
+//! (docs/observability.md). A leaf module: every subsystem may record into
+//! it, and it imports none of them.
+
+pub mod otlp;
+pub mod trace_context;
+
+pub use trace_context::TraceContext;
