@@ -256,7 +256,7 @@ TABLES = {
     "Config": (), "AgentsConfig": ("agents",), "LlmConfig": ("llm",),
     "LocalConfig": ("llm", "local"), "ExecConfig": ("exec",), "TasksConfig": ("tasks",),
     "McpServerConfig": ("mcp", "servers"), "NetworkConfig": ("network",),
-    "CredentialConfig": ("network", "credentials"),
+    "CredentialConfig": ("network", "credentials"), "MetricsConfig": ("metrics",),
 }
 # Structs whose TABLES entry holds examples of them, one a key: a setting
 # is named if any example has it (a program server and a remote one
@@ -266,7 +266,7 @@ EXAMPLES = {"McpServerConfig"}
 # settings: the file's own path, the boot agents (checked below), the test
 # diagnostics.
 NOT_KEYS = {"file", "agents", "llm", "exec", "mcp", "tasks", "debug", "local", "servers", "boot",
-            "network", "credentials"}
+            "network", "credentials", "metrics"}
 SKIPPED_STRUCTS = {"DebugConfig", "McpConfig"}
 
 

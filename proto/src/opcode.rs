@@ -39,6 +39,8 @@ impl Opcode {
     pub const LOGS: Opcode = Opcode(0x16);
     /// An agent's network: its connection record, or a new policy.
     pub const NET: Opcode = Opcode(0x17);
+    /// The kernel's metrics, in the Prometheus text format.
+    pub const METRICS: Opcode = Opcode(0x18);
     /// Protocol and feature discovery.
     pub const HELLO: Opcode = Opcode(0xFE);
     /// Say goodbye and close the connection. Also the opcode of a `bad_magic`
@@ -46,7 +48,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 12] = [
+    pub const ALL: [Opcode; 13] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -57,6 +59,7 @@ impl Opcode {
         Opcode::TASK,
         Opcode::LOGS,
         Opcode::NET,
+        Opcode::METRICS,
         Opcode::HELLO,
         Opcode::EXIT,
     ];
@@ -74,6 +77,7 @@ impl Opcode {
             Opcode::TASK => "TASK",
             Opcode::LOGS => "LOGS",
             Opcode::NET => "NET",
+            Opcode::METRICS => "METRICS",
             Opcode::HELLO => "HELLO",
             Opcode::EXIT => "EXIT",
             _ => return None,
@@ -137,6 +141,7 @@ mod tests {
             (0x13, "TASK"),
             (0x16, "LOGS"),
             (0x17, "NET"),
+            (0x18, "METRICS"),
             (0xFE, "HELLO"),
             (0xFF, "EXIT"),
         ];

@@ -35,6 +35,7 @@ class Opcode(enum.IntEnum):
     TASK = 0x13
     LOGS = 0x16
     NET = 0x17
+    METRICS = 0x18
     HELLO = 0xFE
     EXIT = 0xFF
 

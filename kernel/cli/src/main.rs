@@ -104,6 +104,9 @@ enum Command {
     /// An agent's network policy and connection record; with --allow
     /// (or --cut), a new policy while it runs
     Net(net::NetArgs),
+    /// The kernel's metrics in the Prometheus text format, as
+    /// `[metrics] listen` serves them (operators)
+    Metrics,
     /// A live view of agents, tasks and tool servers, refreshed each
     /// second; its third line lists the keys, q quits
     Top(top::TopArgs),
@@ -374,9 +377,21 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Top(top_args) => top::top(client, &path, top_args, json),
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
         Command::Net(net_args) => net::net(client, net_args, json),
+        Command::Metrics => metrics(client, json),
         Command::Completion { .. } | Command::Mcp(_) => unreachable!("answered before connecting"),
     };
     done.map(|()| ExitCode::SUCCESS)
+}
+
+/// `agentos metrics`: the text as it is (its JSON reply with --json).
+fn metrics(client: &mut Client, json: bool) -> anyhow::Result<()> {
+    let reply: agentos_proto::payload::MetricsReply = client.call_json(Opcode::METRICS, b"")?;
+    if json {
+        print_json(&reply)
+    } else {
+        print!("{}", reply.text);
+        Ok(())
+    }
 }
 
 /// Text given as words on the command line (joined by spaces), or `-`

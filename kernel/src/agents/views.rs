@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use agentos_proto::payload::{AgentInfo, AgentRef};
+use agentos_proto::payload::{AgentInfo, AgentRef, AgentState};
 
 use super::record::Agent;
 use super::{shape_of, AgentLog, Agents, Incarnation, Viewer};
@@ -56,6 +56,12 @@ impl Agents {
             state: agent.state,
             live: agent.is_live(),
         })
+    }
+
+    /// The state of every agent in the table (live, and ended ones not
+    /// yet forgotten).
+    pub fn states(&self) -> impl Iterator<Item = AgentState> + '_ {
+        self.table.values().map(|agent| agent.state)
     }
 
     pub(super) fn is_descendant(&self, id: u32, ancestor: u32) -> bool {

@@ -11,6 +11,7 @@ mod common;
 pub mod exec;
 pub mod llm;
 pub mod mcp;
+pub mod metrics;
 pub mod network;
 pub mod python_env;
 pub mod tasks;
@@ -26,6 +27,7 @@ pub use common::{user_state_dir, ConfigError};
 use exec::ExecConfig;
 use llm::LlmConfig;
 use mcp::McpConfig;
+use metrics::MetricsConfig;
 use network::NetworkConfig;
 use tasks::TasksConfig;
 
@@ -90,6 +92,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// `[network]`: egress policies and the proxy that enforces them.
     pub network: NetworkConfig,
+    /// `[metrics]`: where the Prometheus metrics are served.
+    pub metrics: MetricsConfig,
     /// TASK: the task store, caps, retention.
     pub tasks: TasksConfig,
     /// Diagnostics for tests; never needed in production.
@@ -257,6 +261,7 @@ impl Default for Config {
             exec: ExecConfig::default(),
             mcp: McpConfig::default(),
             network: NetworkConfig::default(),
+            metrics: MetricsConfig::default(),
             tasks: TasksConfig::default(),
             debug: DebugConfig::default(),
         }
@@ -432,6 +437,7 @@ impl Config {
         self.exec.validate()?;
         self.mcp.validate()?;
         self.network.validate()?;
+        self.metrics.validate()?;
         self.tasks.validate()?;
         if let Some(name) = self
             .debug

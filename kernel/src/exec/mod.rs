@@ -527,6 +527,11 @@ impl Exec {
         Ok(())
     }
 
+    /// Run children prepared and waiting for code.
+    pub fn ready_runs(&self) -> usize {
+        self.ready.len()
+    }
+
     /// EXEC runs accepted from `agent`, its tasks' included.
     pub fn runs_by(&self, agent: u32) -> u64 {
         self.runs_by_agent.get(&agent).copied().unwrap_or(0)

@@ -15,6 +15,7 @@
 
 mod actor;
 mod log_follows;
+mod metrics;
 mod output;
 mod reload;
 mod run_work;
@@ -91,6 +92,8 @@ pub struct Kernel {
     tokens: TokenRanges,
     /// The egress proxy, as agents and EXEC share it.
     pub(crate) gateway: Arc<Gateway>,
+    /// What the kernel counts, published for readers of its metrics.
+    pub(crate) metrics: metrics::KernelMetrics,
 }
 
 /// Why the kernel could not start.
@@ -184,7 +187,14 @@ impl Kernel {
             waker,
             tokens,
             gateway,
+            metrics: metrics::KernelMetrics::new(Instant::now()),
         };
+        if let Some(listen) = &kernel.config.metrics.listen {
+            let listen = crate::telemetry::listener::Listen::parse(listen);
+            crate::telemetry::listener::serve(&listen, kernel.metrics.published.clone()).map_err(
+                |err| io::Error::new(err.kind(), format!("[metrics] listen {listen:?}: {err}")),
+            )?;
+        }
         // Tasks queued before a restart run now.
         kernel.start_tasks();
         kernel.start_boot_agents();
@@ -245,6 +255,7 @@ impl Kernel {
             self.tasks.next_deadline(now),
             self.catalog.next_deadline(now),
             self.log_followers.next_deadline(now),
+            self.metrics.next_deadline(now),
         ]
         .into_iter()
         .flatten()
@@ -274,6 +285,7 @@ impl Kernel {
             now,
         );
         self.settle(now);
+        self.publish_metrics_if_due(now);
     }
 
     /// A connection closed: work queued only for it is dropped.

@@ -231,6 +231,7 @@ fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         c.exec = Default::default();
         c.tasks = Default::default();
         c.network = Default::default();
+        c.metrics = Default::default();
         c
     };
     if top_level(old) != top_level(new) {
@@ -252,6 +253,9 @@ fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     }
     if old.network != new.network {
         differs.push("[network]");
+    }
+    if old.metrics != new.metrics {
+        differs.push("[metrics]");
     }
     differs
 }

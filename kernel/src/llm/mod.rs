@@ -197,6 +197,11 @@ impl Llm {
         self.scheduler.set_flow_cap(flow_cap(concurrency));
     }
 
+    /// THINKs waiting in the fair queue.
+    pub fn queued(&self) -> usize {
+        self.scheduler.len()
+    }
+
     /// Whether THINK can be served on this host.
     pub fn is_available(&self) -> bool {
         self.unavailable.is_none()

@@ -17,6 +17,7 @@ mod hello;
 mod kill;
 mod list;
 mod logs;
+mod metrics;
 mod net;
 mod request;
 mod spawn;
@@ -49,6 +50,7 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::TASK => task::handle,
         Opcode::LOGS => logs::handle,
         Opcode::NET => net::handle,
+        Opcode::METRICS => metrics::handle,
         _ => unknown,
     };
     let outcome = handler(kernel, request);

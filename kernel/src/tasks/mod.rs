@@ -118,6 +118,11 @@ impl Tasks {
 }
 
 impl<S: Store> Tasks<S> {
+    /// The state of every task kept, in no order.
+    pub fn states(&self) -> impl Iterator<Item = TaskState> + '_ {
+        self.table.states()
+    }
+
     /// The tasks `loaded` from `store`, in the kernel of boot `boot`.
     pub fn new(store: S, loaded: Loaded, config: &TasksConfig, boot: u64, now: Instant) -> Self {
         let mut tasks = Tasks {

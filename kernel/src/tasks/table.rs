@@ -130,6 +130,11 @@ impl TaskTable {
         self.tasks.len()
     }
 
+    /// The state of every task kept, in no order.
+    pub fn states(&self) -> impl Iterator<Item = TaskState> + '_ {
+        self.tasks.values().map(|task| task.state)
+    }
+
     /// How many of `owner`'s tasks are kept.
     pub fn kept(&self, owner: OwnerKey) -> usize {
         self.kept.of(owner)

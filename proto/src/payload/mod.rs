@@ -14,6 +14,7 @@ mod hello;
 mod kill;
 mod list;
 mod logs;
+mod metrics;
 mod network;
 mod spawn;
 mod task;
@@ -38,6 +39,7 @@ pub use logs::{
     LogsReply, LogsRequest, DEFAULT_FOLLOW_WAIT_MS, DEFAULT_LOG_LINES, MAX_FOLLOW_WAIT_MS,
     MAX_LOG_CHUNK, MAX_LOG_LINES,
 };
+pub use metrics::{MetricsReply, MetricsRequest};
 pub use network::{NetAttempt, NetOp, NetReply, NetRequest, NetTotals, Network, NetworkPolicy};
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,

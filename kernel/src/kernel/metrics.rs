@@ -1,0 +1,100 @@
+//! The kernel's metrics: a [`Snapshot`] of every subsystem gathered on the
+//! reactor once a second and published for the `[metrics] listen` thread
+//! and METRICS to render (docs/observability.md lists them).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::Kernel;
+use crate::telemetry::metrics::{Published, Snapshot};
+
+/// How often a snapshot is taken.
+pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
+
+/// The published snapshots and when the next is due.
+#[derive(Debug)]
+pub struct KernelMetrics {
+    pub published: Published,
+    next: Instant,
+}
+
+impl KernelMetrics {
+    pub fn new(now: Instant) -> KernelMetrics {
+        KernelMetrics {
+            published: Published::default(),
+            next: now,
+        }
+    }
+
+    /// How long until the next snapshot.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        Some(self.next.saturating_duration_since(now))
+    }
+}
+
+impl Kernel {
+    /// Publishes a snapshot if one is due.
+    pub(super) fn publish_metrics_if_due(&mut self, now: Instant) {
+        if now < self.metrics.next {
+            return;
+        }
+        self.metrics.next = now + SNAPSHOT_EVERY;
+        let snapshot = self.metrics_snapshot();
+        self.metrics.published.publish(snapshot);
+    }
+
+    /// The latest metrics in the Prometheus text format.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.published.render()
+    }
+
+    /// What every subsystem counts now.
+    pub fn metrics_snapshot(&self) -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        let mut agents: BTreeMap<&str, i64> = BTreeMap::new();
+        for state in self.agents.states() {
+            *agents.entry(state.as_str()).or_default() += 1;
+        }
+        for (state, count) in agents {
+            snapshot.gauge(
+                "agentos_agents",
+                "Agents the kernel knows, by state (ended ones until they are forgotten).",
+                &[("state", state)],
+                count,
+            );
+        }
+        snapshot.gauge(
+            "agentos_think_queued",
+            "THINK requests waiting in the fair queue.",
+            &[],
+            self.llm.queued() as i64,
+        );
+        snapshot.gauge(
+            "agentos_exec_ready_runs",
+            "EXEC run sandboxes prepared and waiting for code.",
+            &[],
+            self.exec.ready_runs() as i64,
+        );
+        let mut tasks: BTreeMap<&str, i64> = BTreeMap::new();
+        for state in self.tasks.states() {
+            *tasks.entry(state.as_str()).or_default() += 1;
+        }
+        for (state, count) in tasks {
+            snapshot.gauge(
+                "agentos_tasks",
+                "Tasks kept, by state.",
+                &[("state", state)],
+                count,
+            );
+        }
+        for server in self.tools.info() {
+            snapshot.gauge(
+                "agentos_tool_server_up",
+                "Whether each configured MCP server is ready (1) or not (0).",
+                &[("server", &server.name), ("state", &server.state)],
+                i64::from(server.state == "ready"),
+            );
+        }
+        snapshot
+    }
+}
