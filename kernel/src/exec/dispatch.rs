@@ -315,6 +315,9 @@ impl Exec {
                 let now = net_totals(open.endpoint.record());
                 finished.reply.network = Some(since(run.net_before, now));
             }
+            if let Order::Run = finished.order {
+                self.counts.ended(&finished.reply);
+            }
             let reply_to = finished.reply_to;
             let reply = match &key {
                 Some(key) => self.snapshot_reply(key, finished),

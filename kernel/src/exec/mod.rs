@@ -31,6 +31,7 @@
 mod admission;
 mod cgroups;
 mod child;
+mod counts;
 mod dispatch;
 mod ending;
 mod exec_host;
@@ -139,6 +140,8 @@ pub struct RunCaller {
 pub struct Exec {
     /// The egress proxy, for runs with a network policy.
     gateway: Arc<Gateway>,
+    /// What the metrics say of EXEC.
+    counts: counts::ExecCounts,
     registry: Registry,
     token_base: usize,
     sources: Slab<Source>,
@@ -284,6 +287,7 @@ impl Exec {
             default_timeout: Duration::from_millis(exec.default_timeout_ms),
             unavailable,
             gateway: Arc::new(Gateway::without_proxy()),
+            counts: counts::ExecCounts::default(),
             shutting_down: false,
         })
     }
@@ -525,6 +529,11 @@ impl Exec {
         }
         self.expire_if_still_waiting(reply_to, deadline);
         Ok(())
+    }
+
+    /// Adds EXEC's series to the kernel's metrics.
+    pub fn add_metrics(&self, snapshot: &mut crate::telemetry::metrics::Snapshot) {
+        self.counts.add_to(snapshot);
     }
 
     /// Run children prepared and waiting for code.

@@ -63,12 +63,14 @@ impl Kernel {
                 count,
             );
         }
+        self.llm.add_metrics(&mut snapshot);
         snapshot.gauge(
             "agentos_think_queued",
             "THINK requests waiting in the fair queue.",
             &[],
             self.llm.queued() as i64,
         );
+        self.exec.add_metrics(&mut snapshot);
         snapshot.gauge(
             "agentos_exec_ready_runs",
             "EXEC run sandboxes prepared and waiting for code.",

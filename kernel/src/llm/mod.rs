@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod call;
 mod connection;
+mod counts;
 
 pub mod local;
 pub mod provider;
@@ -146,6 +147,8 @@ pub struct Llm {
     /// Budgets by owner.
     budgets: HashMap<u32, Spent>,
     total: Use,
+    /// What the metrics say of THINK.
+    counts: counts::ThinkCounts,
     timers: Timers<Wake>,
     admit_wake: Option<Instant>,
 }
@@ -183,6 +186,7 @@ impl Llm {
             agents: HashMap::new(),
             budgets: HashMap::new(),
             total: Use::default(),
+            counts: counts::ThinkCounts::default(),
             timers: Timers::default(),
             admit_wake: None,
         };
@@ -195,6 +199,11 @@ impl Llm {
     fn set_concurrency(&mut self, concurrency: usize) {
         self.concurrency = concurrency;
         self.scheduler.set_flow_cap(flow_cap(concurrency));
+    }
+
+    /// Adds THINK's series to the kernel's metrics.
+    pub fn add_metrics(&self, snapshot: &mut crate::telemetry::metrics::Snapshot) {
+        self.counts.add_to(self.kind.as_str(), snapshot);
     }
 
     /// THINKs waiting in the fair queue.
@@ -532,12 +541,18 @@ impl Llm {
         if call.generation == self.provider_generation {
             self.note_reachability(&done);
         }
+        self.counts
+            .timed(queue.as_secs_f64(), done.latency.as_secs_f64());
         let payload = match done.result {
             Ok(completion) => {
+                let usage = &completion.usage;
+                self.counts
+                    .answered(&call.model, usage.prompt_tokens, usage.completion_tokens);
                 self.charge(call.flow, &call.budgets, used, call.queue_ms);
                 answered(completion, &call.model, queue, done.latency)
             }
             Err(failure) => {
+                self.counts.failed(failure.code.as_str());
                 log::info!(
                     "THINK for {} failed after {} attempt(s): {}",
                     call.flow,

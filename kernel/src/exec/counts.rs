@@ -1,0 +1,62 @@
+//! What EXEC counts for the kernel's metrics: runs by how they ended, and
+//! how long they took.
+
+use std::collections::BTreeMap;
+
+use agentos_proto::payload::ExecReply;
+
+use crate::telemetry::metrics::{Histogram, Snapshot, LATENCY_BUCKETS};
+
+/// EXEC's counters, kept on the reactor.
+#[derive(Clone, Debug)]
+pub struct ExecCounts {
+    ended: BTreeMap<&'static str, u64>,
+    duration: Histogram,
+}
+
+impl Default for ExecCounts {
+    fn default() -> Self {
+        ExecCounts {
+            ended: BTreeMap::new(),
+            duration: Histogram::new(&LATENCY_BUCKETS),
+        }
+    }
+}
+
+impl ExecCounts {
+    /// A run has ended with `reply`.
+    pub fn ended(&mut self, reply: &ExecReply) {
+        let outcome = if reply.timed_out {
+            "timeout"
+        } else if reply.oom_killed {
+            "oom"
+        } else if reply.code.is_some() {
+            "error"
+        } else if reply.success {
+            "ok"
+        } else {
+            "failed"
+        };
+        *self.ended.entry(outcome).or_default() += 1;
+        self.duration.observe(reply.duration_ms as f64 / 1000.0);
+    }
+
+    /// Adds EXEC's series to `snapshot`.
+    pub fn add_to(&self, snapshot: &mut Snapshot) {
+        for (outcome, count) in &self.ended {
+            snapshot.counter(
+                "agentos_exec_runs",
+                "EXEC runs ended, by outcome (ok, failed: a non-zero exit, timeout, oom, error: \
+                 could not run).",
+                &[("outcome", outcome)],
+                *count,
+            );
+        }
+        snapshot.seconds(
+            "agentos_exec_run_duration",
+            "Wall-clock time of EXEC runs.",
+            &[],
+            &self.duration,
+        );
+    }
+}
