@@ -3,44 +3,18 @@
 //! and METRICS to render (docs/observability.md lists them).
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::Kernel;
-use crate::telemetry::metrics::{Published, Snapshot};
-
-/// How often a snapshot is taken.
-pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
-
-/// The published snapshots and when the next is due.
-#[derive(Debug)]
-pub struct KernelMetrics {
-    pub published: Published,
-    next: Instant,
-}
-
-impl KernelMetrics {
-    pub fn new(now: Instant) -> KernelMetrics {
-        KernelMetrics {
-            published: Published::default(),
-            next: now,
-        }
-    }
-
-    /// How long until the next snapshot.
-    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
-        Some(self.next.saturating_duration_since(now))
-    }
-}
+use crate::telemetry::metrics::Snapshot;
 
 impl Kernel {
     /// Publishes a snapshot if one is due.
     pub(super) fn publish_metrics_if_due(&mut self, now: Instant) {
-        if now < self.metrics.next {
-            return;
+        if self.metrics.due(now) {
+            let snapshot = self.metrics_snapshot();
+            self.metrics.published.publish(snapshot);
         }
-        self.metrics.next = now + SNAPSHOT_EVERY;
-        let snapshot = self.metrics_snapshot();
-        self.metrics.published.publish(snapshot);
     }
 
     /// The latest metrics in the Prometheus text format.
@@ -89,6 +63,7 @@ impl Kernel {
                 count,
             );
         }
+        self.tools.add_metrics(&mut snapshot);
         for server in self.tools.info() {
             snapshot.gauge(
                 "agentos_tool_server_up",

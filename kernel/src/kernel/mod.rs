@@ -93,7 +93,7 @@ pub struct Kernel {
     /// The egress proxy, as agents and EXEC share it.
     pub(crate) gateway: Arc<Gateway>,
     /// What the kernel counts, published for readers of its metrics.
-    pub(crate) metrics: metrics::KernelMetrics,
+    pub(crate) metrics: crate::telemetry::metrics::Publisher,
 }
 
 /// Why the kernel could not start.
@@ -187,7 +187,7 @@ impl Kernel {
             waker,
             tokens,
             gateway,
-            metrics: metrics::KernelMetrics::new(Instant::now()),
+            metrics: crate::telemetry::metrics::Publisher::new(Instant::now()),
         };
         if let Some(listen) = &kernel.config.metrics.listen {
             let listen = crate::telemetry::listener::Listen::parse(listen);

@@ -9,6 +9,7 @@
 //! bounded cardinality only.
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
@@ -166,6 +167,40 @@ impl Published {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &registry);
         text
+    }
+}
+
+/// How often the kernel takes a snapshot.
+pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
+
+/// Where snapshots are published, and when the next is due.
+#[derive(Debug)]
+pub struct Publisher {
+    pub published: Published,
+    next: Instant,
+}
+
+impl Publisher {
+    /// The first snapshot is due at once.
+    pub fn new(now: Instant) -> Publisher {
+        Publisher {
+            published: Published::default(),
+            next: now,
+        }
+    }
+
+    /// How long until the next snapshot.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        Some(self.next.saturating_duration_since(now))
+    }
+
+    /// Whether a snapshot is due now (the next is then a period away).
+    pub fn due(&mut self, now: Instant) -> bool {
+        if now < self.next {
+            return false;
+        }
+        self.next = now + SNAPSHOT_EVERY;
+        true
     }
 }
 

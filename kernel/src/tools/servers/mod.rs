@@ -36,7 +36,9 @@ use crate::address::ReplyTo;
 use crate::config::mcp::McpConfig;
 use crate::sandbox::confine::Confinement;
 use crate::supervisor::Supervisor;
+use counts::ServerCounts;
 
+mod counts;
 mod pipes;
 mod remote;
 
@@ -69,6 +71,8 @@ struct Pending {
     reply_to: ReplyTo,
     server: usize,
     caller: u32,
+    /// When it was sent, for the metrics.
+    started: std::time::Instant,
 }
 
 /// One tool call, as TOOL asks it of a server.
@@ -116,6 +120,8 @@ pub struct Servers {
 #[derive(Debug)]
 struct Server {
     name: String,
+    /// Its calls, for the metrics (kept across its restarts).
+    counts: ServerCounts,
     timeout: Duration,
     /// `None`: it could not be started at all (see `error`).
     supervisor: Option<Supervisor>,
@@ -185,6 +191,7 @@ impl Servers {
             let ending = Arc::new(Mutex::new(Ending::default()));
             let mut entry = Server {
                 name: name.clone(),
+                counts: ServerCounts::default(),
                 timeout: Duration::from_millis(server.timeout_ms),
                 supervisor: None,
                 client: None,
@@ -305,6 +312,13 @@ impl Servers {
         })
     }
 
+    /// Adds every server's call series to the kernel's metrics.
+    pub fn add_metrics(&self, snapshot: &mut crate::telemetry::metrics::Snapshot) {
+        for server in &self.servers {
+            server.counts.add_to(&server.name, snapshot);
+        }
+    }
+
     /// Each server's state, as TOOL `list` and HELLO give it.
     pub fn info(&self) -> Vec<ServerInfo> {
         self.servers
@@ -410,6 +424,7 @@ impl Servers {
                 reply_to,
                 server: index,
                 caller,
+                started: std::time::Instant::now(),
             },
         );
         self.flush(index);
@@ -571,7 +586,8 @@ impl Servers {
                     let Some(pending) = self.calls.remove(&call) else {
                         continue;
                     };
-                    let server = &self.servers[index];
+                    let server = &mut self.servers[index];
+                    server.counts.ended(&outcome, pending.started.elapsed());
                     let reply = reply_for(outcome, &server.name, &server.secrets);
                     replies.push((pending.reply_to, reply));
                 }

@@ -1,0 +1,102 @@
+"""Metrics against a real agentosd: `[metrics] listen` and METRICS
+(`agentos metrics`) serve the same Prometheus text, which moves with the
+work the kernel does."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+import pytest
+
+from agentos import AgentOSClient
+from agentos.protocol import Opcode
+from conftest import binary, kernel_with, log_of, wait_state
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def series(text: str, name: str, labels: str = "") -> float:
+    """The value of one series, or 0 if it is not there yet."""
+    pattern = rf"^{re.escape(name)}{re.escape(labels)} (\S+)$"
+    found = re.search(pattern, text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_the_listener_and_metrics_serve_figures_that_move_with_work():
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: EXEC needs namespaces, so root (CI runs as root)")
+        return
+    port = free_port()
+    with kernel_with(f'[metrics]\nlisten = "127.0.0.1:{port}"\n') as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        # Answered once the kernel runs: the listener is up by then.
+        client.hello()
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            before = reply.read().decode()
+        runs = 'agentos_exec_runs_total'
+        assert client.exec("print(1)")["ok"]
+        deadline = time.monotonic() + 10
+        while True:
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                after = reply.read().decode()
+            if series(after, runs, '{outcome="ok"}') > series(before, runs, '{outcome="ok"}'):
+                break
+            assert time.monotonic() < deadline, after
+            time.sleep(0.2)
+        assert "# TYPE agentos_exec_run_duration_seconds histogram" in after
+        printed = subprocess.run([binary("agentos"), "--socket", kernel.socket_path, "metrics"],
+                                 capture_output=True, text=True, timeout=30)
+        assert printed.returncode == 0, printed.stderr
+        assert series(printed.stdout, runs, '{outcome="ok"}') >= 1, printed.stdout
+        promtool = shutil.which("promtool")
+        if promtool is None:
+            print("!!! NOT TESTED: promtool check metrics (Debian's prometheus package)")
+        else:
+            checked = subprocess.run([promtool, "check", "metrics"], input=after,
+                                     capture_output=True, text=True, timeout=30)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+        with pytest.raises(urllib.error.HTTPError) as other:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=10)
+        assert other.value.code == 404
+
+
+def test_metrics_are_for_operators_only(kernel):
+    directory = tempfile.mkdtemp(prefix="agentos-metrics-", dir="/var/tmp")
+    os.chmod(directory, 0o755)
+    script = os.path.join(directory, "asker.py")
+    with open(script, "w") as file:
+        file.write(
+            "from agentos import AgentOSClient, PermissionDenied\n"
+            "from agentos.protocol import Opcode\n"
+            "with AgentOSClient() as kernel:\n"
+            "    try:\n"
+            "        kernel.call_json(Opcode.METRICS)\n"
+            "        print('answered', flush=True)\n"
+            "    except PermissionDenied:\n"
+            "        print('refused', flush=True)\n"
+        )
+    os.chmod(script, 0o644)
+    try:
+        with AgentOSClient(kernel.socket_path) as client:
+            reply = client.call_json(Opcode.METRICS)
+            assert reply["success"] and reply["format"] == "prometheus"
+            spawned = client.spawn("metrics-asker", script, python=sys.executable)
+            wait_state(client, spawned["id"], {"exited", "failed"}, timeout=60)
+            assert log_of(kernel, "metrics-asker", spawned["id"]).strip() == "refused"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
