@@ -46,6 +46,9 @@ impl Agents {
                 }
             }
             SandboxEvent::OomKill { owner } => {
+                if self.current(owner).is_some() {
+                    self.counts.oom_kills += 1;
+                }
                 if let Some(agent) = self.current(owner).filter(|a| !a.oom_killed) {
                     log::info!(
                         "agent {} ({}): the memory limit killed a process",
@@ -415,6 +418,7 @@ impl Agents {
         }
         match agent.restarts.decide(end, now) {
             Decision::RestartAfter(delay) => {
+                self.counts.restarts += 1;
                 log::info!("agent {id} ({}): restarting in {delay:?}", agent.name);
                 agent.state = AgentState::Restarting;
                 let incarnation = Incarnation {

@@ -93,6 +93,15 @@ pub struct BadBootEntry {
     pub reason: String,
 }
 
+/// Events the metrics count, since the kernel started.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AgentCounts {
+    /// Restarts the restart policy made.
+    pub restarts: u64,
+    /// Processes the memory controller killed, in agents' sandboxes.
+    pub oom_kills: u64,
+}
+
 /// What an agent may ask of the kernel (see [`Agents::grant`]).
 #[derive(Clone, Copy, Debug)]
 pub struct AgentGrant<'a> {
@@ -171,6 +180,8 @@ pub struct Agents {
     ended: Vec<u32>,
     /// The egress proxy, for agents with a network policy.
     gateway: Arc<Gateway>,
+    /// What the metrics count of agents.
+    pub counts: AgentCounts,
 }
 
 impl Agents {
@@ -201,6 +212,7 @@ impl Agents {
             shutting_down: false,
             ended: Vec::new(),
             gateway,
+            counts: AgentCounts::default(),
         })
     }
 

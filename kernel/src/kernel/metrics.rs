@@ -38,6 +38,19 @@ impl Kernel {
             );
         }
         self.llm.add_metrics(&mut snapshot);
+        let counts = self.agents.counts;
+        snapshot.counter(
+            "agentos_agent_restarts",
+            "Agent restarts the restart policies made.",
+            &[],
+            counts.restarts,
+        );
+        snapshot.counter(
+            "agentos_agent_oom_kills",
+            "Processes the memory limit killed in agents' sandboxes.",
+            &[],
+            counts.oom_kills,
+        );
         snapshot.gauge(
             "agentos_think_queued",
             "THINK requests waiting in the fair queue.",
@@ -64,6 +77,23 @@ impl Kernel {
             );
         }
         self.tools.add_metrics(&mut snapshot);
+        let network = crate::network::record::every_sandbox();
+        for (verdict, count) in [("allowed", network.allowed), ("refused", network.refused)] {
+            snapshot.counter(
+                "agentos_network_connections",
+                "Connection attempts through the egress proxy, allowed or refused.",
+                &[("verdict", verdict)],
+                count,
+            );
+        }
+        for (direction, bytes) in [("out", network.bytes_out), ("in", network.bytes_in)] {
+            snapshot.counter(
+                "agentos_network_bytes",
+                "Bytes through the egress proxy, out of sandboxes and into them.",
+                &[("direction", direction)],
+                bytes,
+            );
+        }
         for server in self.tools.info() {
             snapshot.gauge(
                 "agentos_tool_server_up",

@@ -4,6 +4,7 @@
 //! reply carry the counters.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
@@ -50,15 +51,47 @@ pub struct Record {
     totals: Totals,
 }
 
+/// Every sandbox's counts since the kernel started (a record goes with
+/// its sandbox; these stay, for the metrics).
+static EVERY: [AtomicU64; 4] = [
+    AtomicU64::new(0),
+    AtomicU64::new(0),
+    AtomicU64::new(0),
+    AtomicU64::new(0),
+];
+const ALLOWED: usize = 0;
+const REFUSED: usize = 1;
+const BYTES_OUT: usize = 2;
+const BYTES_IN: usize = 3;
+
+fn count(which: usize, n: u64) {
+    EVERY[which].fetch_add(n, Ordering::Relaxed);
+}
+
+/// Every sandbox's counts since the kernel started.
+pub fn every_sandbox() -> Totals {
+    let read = |which: usize| EVERY[which].load(Ordering::Relaxed);
+    Totals {
+        allowed: read(ALLOWED),
+        refused: read(REFUSED),
+        bytes_out: read(BYTES_OUT),
+        bytes_in: read(BYTES_IN),
+    }
+}
+
 impl Record {
     /// Records an attempt as it was decided; its bytes and duration come
     /// later through [`Record::finished`].
     pub fn attempted(&mut self, attempt: Attempt) {
         if attempt.allowed {
             self.totals.allowed += 1;
+            count(ALLOWED, 1);
         } else {
             self.totals.refused += 1;
+            count(REFUSED, 1);
         }
+        count(BYTES_OUT, attempt.bytes_out);
+        count(BYTES_IN, attempt.bytes_in);
         self.totals.bytes_out += attempt.bytes_out;
         self.totals.bytes_in += attempt.bytes_in;
         if self.attempts.len() == KEPT_ATTEMPTS {
@@ -73,6 +106,8 @@ impl Record {
     pub fn finished(&mut self, id: u64, bytes_out: u64, bytes_in: u64, duration_ms: u64) {
         self.totals.bytes_out += bytes_out;
         self.totals.bytes_in += bytes_in;
+        count(BYTES_OUT, bytes_out);
+        count(BYTES_IN, bytes_in);
         if let Some(attempt) = self.kept(id) {
             attempt.bytes_out += bytes_out;
             attempt.bytes_in += bytes_in;
@@ -89,6 +124,8 @@ impl Record {
                 attempt.reason = Some(reason);
                 self.totals.allowed -= 1;
                 self.totals.refused += 1;
+                EVERY[ALLOWED].fetch_sub(1, Ordering::Relaxed);
+                count(REFUSED, 1);
             }
         }
     }
