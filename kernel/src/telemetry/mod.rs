@@ -2,6 +2,7 @@
 //! (docs/observability.md). A leaf module: every subsystem may record into
 //! it, and it imports none of them.
 
+pub mod exporter;
 pub mod listener;
 pub mod metrics;
 pub mod otlp;
