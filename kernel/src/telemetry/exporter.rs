@@ -271,7 +271,10 @@ mod tests {
             exporter.export(span("s"));
         }
         assert!(started.elapsed() < Duration::from_secs(1), "export waited");
-        assert!(exporter.counts.dropped.load(Ordering::Relaxed) >= 900);
+        // What is held is bounded: the queue's 4 and one batch in the
+        // thread's hands; the rest is dropped.
+        let dropped = exporter.counts.dropped.load(Ordering::Relaxed);
+        assert!(dropped >= (1000 - 4 - BATCH) as u64, "{dropped} dropped");
         drop(listener);
     }
 }

@@ -7,5 +7,6 @@ pub mod listener;
 pub mod metrics;
 pub mod otlp;
 pub mod trace_context;
+pub mod tracer;
 
 pub use trace_context::TraceContext;
