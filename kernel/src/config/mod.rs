@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod network;
 pub mod python_env;
 pub mod tasks;
+pub mod tracing;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use agentos_proto::{socket_path, Opcode, MAX_REPLY_BYTES};
 use serde::Deserialize;
 
+use self::tracing::TracingConfig;
 use common::parse_env;
 pub use common::{user_state_dir, ConfigError};
 use exec::ExecConfig;
@@ -94,6 +96,8 @@ pub struct Config {
     pub network: NetworkConfig,
     /// `[metrics]`: where the Prometheus metrics are served.
     pub metrics: MetricsConfig,
+    /// `[tracing]`: where spans are exported.
+    pub tracing: TracingConfig,
     /// TASK: the task store, caps, retention.
     pub tasks: TasksConfig,
     /// Diagnostics for tests; never needed in production.
@@ -262,6 +266,7 @@ impl Default for Config {
             mcp: McpConfig::default(),
             network: NetworkConfig::default(),
             metrics: MetricsConfig::default(),
+            tracing: TracingConfig::default(),
             tasks: TasksConfig::default(),
             debug: DebugConfig::default(),
         }
@@ -438,6 +443,7 @@ impl Config {
         self.mcp.validate()?;
         self.network.validate()?;
         self.metrics.validate()?;
+        self.tracing.validate()?;
         self.tasks.validate()?;
         if let Some(name) = self
             .debug

@@ -77,6 +77,23 @@ impl Kernel {
             );
         }
         self.tools.add_metrics(&mut snapshot);
+        if let Some(exporter) = self.tracer.exporter() {
+            use std::sync::atomic::Ordering::Relaxed;
+            let counts = &exporter.counts;
+            for (outcome, count) in [
+                ("exported", counts.exported.load(Relaxed)),
+                ("dropped", counts.dropped.load(Relaxed)),
+                ("failed", counts.failed.load(Relaxed)),
+            ] {
+                snapshot.counter(
+                    "agentos_trace_spans",
+                    "Finished spans: exported, dropped (the queue was full: the collector too \
+                     slow) or failed (the collector down or refusing).",
+                    &[("outcome", outcome)],
+                    count,
+                );
+            }
+        }
         let network = crate::network::record::every_sandbox();
         for (verdict, count) in [("allowed", network.allowed), ("refused", network.refused)] {
             snapshot.counter(

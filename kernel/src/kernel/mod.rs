@@ -94,6 +94,23 @@ pub struct Kernel {
     pub(crate) gateway: Arc<Gateway>,
     /// What the kernel counts, published for readers of its metrics.
     pub(crate) metrics: crate::telemetry::metrics::Publisher,
+    /// Where spans go, if `[tracing]` is on.
+    pub(crate) tracer: Arc<crate::telemetry::tracer::Tracer>,
+}
+
+/// The tracer `[tracing]` asks for: its exporter's thread started, or
+/// none.
+fn start_tracer(
+    tracing: &crate::config::tracing::TracingConfig,
+) -> io::Result<crate::telemetry::tracer::Tracer> {
+    use crate::telemetry::{exporter::Exporter, tracer::Tracer};
+    Ok(match &tracing.otlp_endpoint {
+        Some(endpoint) => Tracer::new(
+            Exporter::start(endpoint, &tracing.service_name, tracing.queue)?,
+            tracing.record_content,
+        ),
+        None => Tracer::default(),
+    })
 }
 
 /// Why the kernel could not start.
@@ -130,6 +147,7 @@ impl Kernel {
         let namespaces = machine.has_namespaces();
         let state = StateDir::fresh(socket)?;
         let gateway = Arc::new(sandboxes::start_gateway(&config, namespaces, &state)?);
+        let tracer = start_tracer(&config.tracing)?;
         let agents = Agents::new(&config, Arc::clone(&gateway))?;
         let log_dir = config.agents.log_dir();
         let setup = RuntimeSetup {
@@ -188,6 +206,7 @@ impl Kernel {
             tokens,
             gateway,
             metrics: crate::telemetry::metrics::Publisher::new(Instant::now()),
+            tracer: Arc::new(tracer),
         };
         if let Some(listen) = &kernel.config.metrics.listen {
             let listen = crate::telemetry::listener::Listen::parse(listen);

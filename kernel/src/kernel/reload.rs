@@ -232,6 +232,7 @@ fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         c.tasks = Default::default();
         c.network = Default::default();
         c.metrics = Default::default();
+        c.tracing = Default::default();
         c
     };
     if top_level(old) != top_level(new) {
@@ -256,6 +257,9 @@ fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     }
     if old.metrics != new.metrics {
         differs.push("[metrics]");
+    }
+    if old.tracing != new.tracing {
+        differs.push("[tracing]");
     }
     differs
 }
