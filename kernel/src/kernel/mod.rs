@@ -147,7 +147,7 @@ impl Kernel {
         let namespaces = machine.has_namespaces();
         let state = StateDir::fresh(socket)?;
         let gateway = Arc::new(sandboxes::start_gateway(&config, namespaces, &state)?);
-        let tracer = start_tracer(&config.tracing)?;
+        let tracer = Arc::new(start_tracer(&config.tracing)?);
         let agents = Agents::new(&config, Arc::clone(&gateway))?;
         let log_dir = config.agents.log_dir();
         let setup = RuntimeSetup {
@@ -158,12 +158,13 @@ impl Kernel {
             token_base: tokens.first(Source::Sandboxes),
         };
         let mut sandboxes = Runtime::new(setup, machine, registry, Arc::clone(&waker))?;
-        let llm = Llm::new(
+        let mut llm = Llm::new(
             &config.llm,
             Arc::clone(&waker),
             &log_dir,
             sandboxes.confinement(),
         );
+        llm.trace_with(Arc::clone(&tracer));
         let tools = Servers::start(
             &config.mcp,
             sandboxes.confinement(),
@@ -206,7 +207,7 @@ impl Kernel {
             tokens,
             gateway,
             metrics: crate::telemetry::metrics::Publisher::new(Instant::now()),
-            tracer: Arc::new(tracer),
+            tracer,
         };
         if let Some(listen) = &kernel.config.metrics.listen {
             let listen = crate::telemetry::listener::Listen::parse(listen);

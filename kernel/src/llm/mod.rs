@@ -44,6 +44,9 @@ use crate::config::llm::{LlmConfig, ProviderKind};
 use crate::identity::FIRST_OPERATOR_ID;
 use crate::permissions::Budget;
 use crate::sandbox::confine::Confinement;
+use crate::telemetry::otlp::SpanKind;
+use crate::telemetry::tracer::{OpenSpan, Tracer};
+use crate::telemetry::TraceContext;
 use crate::timers::Timers;
 
 /// Who is asking, as the kernel knows them.
@@ -71,6 +74,8 @@ struct Pending {
     default_model: bool,
     enqueued: Instant,
     deadline: Instant,
+    /// Its `chat {model}` span, with tracing on.
+    span: Option<OpenSpan>,
 }
 
 /// A THINK at the provider.
@@ -85,6 +90,8 @@ struct InFlight {
     model: String,
     /// The provider it went to (see `provider_generation`).
     generation: u64,
+    /// Its `chat {model}` span, with tracing on.
+    span: Option<OpenSpan>,
 }
 
 /// Deadlines the subsystem keeps.
@@ -149,6 +156,8 @@ pub struct Llm {
     total: Use,
     /// What the metrics say of THINK.
     counts: counts::ThinkCounts,
+    /// Where THINK's spans go.
+    tracer: Arc<Tracer>,
     timers: Timers<Wake>,
     admit_wake: Option<Instant>,
 }
@@ -187,6 +196,7 @@ impl Llm {
             budgets: HashMap::new(),
             total: Use::default(),
             counts: counts::ThinkCounts::default(),
+            tracer: Arc::new(Tracer::default()),
             timers: Timers::default(),
             admit_wake: None,
         };
@@ -199,6 +209,23 @@ impl Llm {
     fn set_concurrency(&mut self, concurrency: usize) {
         self.concurrency = concurrency;
         self.scheduler.set_flow_cap(flow_cap(concurrency));
+    }
+
+    /// Spans of THINK calls go to `tracer`.
+    pub fn trace_with(&mut self, tracer: Arc<Tracer>) {
+        self.tracer = tracer;
+    }
+
+    /// A `chat {model}` span for `chat`, under `parent`, with tracing on
+    /// (the GenAI semantic conventions' inference span).
+    fn open_chat_span(&self, chat: &Chat, parent: Option<&TraceContext>) -> Option<OpenSpan> {
+        let name = format!("chat {}", chat.model);
+        let mut span = self.tracer.open(name, SpanKind::Client, parent)?;
+        span.text("gen_ai.operation.name", "chat");
+        span.text("gen_ai.provider.name", self.kind.as_str());
+        span.text("gen_ai.request.model", chat.model.clone());
+        span.int("gen_ai.request.max_tokens", i64::from(chat.max_tokens));
+        Some(span)
     }
 
     /// Adds THINK's series to the kernel's metrics.
@@ -260,6 +287,7 @@ impl Llm {
             ));
         }
         let default_model = request.model.is_none();
+        let parent = request.trace.as_deref().and_then(TraceContext::parse);
         let mut chat = self.chat_for(request)?;
         let prompt_tokens = estimate_prompt_tokens(&chat);
         if let Some((budget, left)) = self.tightest(&asker.budgets) {
@@ -289,6 +317,7 @@ impl Llm {
         let now = Instant::now();
         let deadline = now + self.timeout;
         let budgets: Vec<u32> = asker.budgets.iter().map(|b| b.owner).collect();
+        let span = self.open_chat_span(&chat, parent.as_ref());
         let pending = Pending {
             budgets: budgets.clone(),
             reply_to,
@@ -296,6 +325,7 @@ impl Llm {
             default_model,
             enqueued: now,
             deadline,
+            span,
         };
         self.scheduler
             .push(asker.id, asker.weight, estimate, pending)
@@ -495,6 +525,7 @@ impl Llm {
                     queue_ms,
                     model: pending.chat.model.clone(),
                     generation: self.provider_generation,
+                    span: pending.span,
                 },
             );
             let job = CallJob {
@@ -525,7 +556,7 @@ impl Llm {
 
     /// Answers a finished call and settles its accounts.
     fn finished(&mut self, done: CallDone, replies: &mut Vec<Reply>) {
-        let Some(call) = self.in_flight.remove(&done.ticket) else {
+        let Some(mut call) = self.in_flight.remove(&done.ticket) else {
             return;
         };
         let now = Instant::now();
@@ -543,6 +574,31 @@ impl Llm {
         }
         self.counts
             .timed(queue.as_secs_f64(), done.latency.as_secs_f64());
+        if let Some(mut span) = call.span.take() {
+            span.int("agentos.think.queue_ms", call.queue_ms as i64);
+            let error = match &done.result {
+                Ok(completion) => {
+                    span.text("gen_ai.response.model", completion.model.clone());
+                    span.int(
+                        "gen_ai.usage.input_tokens",
+                        completion.usage.prompt_tokens as i64,
+                    );
+                    span.int(
+                        "gen_ai.usage.output_tokens",
+                        completion.usage.completion_tokens as i64,
+                    );
+                    if self.tracer.record_content {
+                        span.text("gen_ai.output.messages", completion.content.clone());
+                    }
+                    None
+                }
+                Err(failure) => {
+                    span.text("error.type", failure.code.as_str());
+                    Some(failure.message.clone())
+                }
+            };
+            self.tracer.end(span, error);
+        }
         let payload = match done.result {
             Ok(completion) => {
                 let usage = &completion.usage;
@@ -668,6 +724,7 @@ mod tests {
             queue_ms: 0,
             model: "m".into(),
             generation: 0,
+            span: None,
         }
     }
 

@@ -49,6 +49,10 @@ pub struct ThinkRequest {
     /// Sampling temperature, 0 to 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// A W3C `traceparent` whose trace the kernel's spans for this request
+    /// join (one that is not valid is ignored, as the standard says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 impl ThinkRequest {
