@@ -1,0 +1,131 @@
+"""Traces against a real agentosd: spans reach an OTLP/HTTP receiver (the
+tests' own, decoding with PyPI's opentelemetry-proto) named and
+attributed by the OpenTelemetry GenAI conventions, joining the trace a
+request names, and never carrying prompt or answer text unless asked."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from typing import Iterator
+
+import pytest
+
+from agentos import AgentOSClient
+from agentos.protocol import Opcode
+from conftest import kernel_with
+
+ANSWER = "the answer is four"
+PROMPT = "what is two and two, secretly"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver and an OpenAI-compatible model, on
+    loopback."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self.spans: list = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.path == "/v1/traces":
+                    assert self.headers["Content-Type"] == "application/x-protobuf"
+                    request = ExportTraceServiceRequest.FromString(body)
+                    for resource in request.resource_spans:
+                        for scope in resource.scope_spans:
+                            receiver.spans.extend(scope.spans)
+                    answer = b""
+                else:
+                    answer = json.dumps({
+                        "id": "c1", "object": "chat.completion", "model": "stub-model",
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": ANSWER}}],
+                        "usage": {"prompt_tokens": 9, "completion_tokens": 4,
+                                  "total_tokens": 13},
+                    }).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def wait_for(self, count: int, timeout: float = 10) -> list:
+        deadline = time.monotonic() + timeout
+        while len(self.spans) < count:
+            assert time.monotonic() < deadline, f"{len(self.spans)} spans of {count}"
+            time.sleep(0.05)
+        return self.spans
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    receiver = Receiver()
+    yield receiver
+    receiver.server.shutdown()
+
+
+def attributes(span) -> dict:
+    values = {}
+    for pair in span.attributes:
+        kind = pair.value.WhichOneof("value")
+        value = getattr(pair.value, kind)
+        if kind == "array_value":
+            value = [v.string_value for v in value.values]
+        values[pair.key] = value
+    return values
+
+
+def config(receiver: Receiver, record_content: bool = False) -> str:
+    return (f'[llm]\nprovider = "openai"\nbase_url = "{receiver.url}/v1"\n'
+            f'api_key = "sk-test"\nmodel = "stub-model"\n'
+            f'[tracing]\notlp_endpoint = "{receiver.url}"\n'
+            f'record_content = {"true" if record_content else "false"}\n')
+
+
+def test_a_think_is_a_chat_span_in_the_callers_trace_without_its_text(receiver):
+    with kernel_with(config(receiver)) as kernel, AgentOSClient(kernel.socket_path) as client:
+        reply = client.call_json(Opcode.THINK, {"prompt": PROMPT, "trace": PARENT})
+        assert reply["content"] == ANSWER
+        [span] = receiver.wait_for(1)
+    assert span.name == "chat stub-model"
+    assert span.kind == 3  # CLIENT
+    assert span.trace_id.hex() == TRACE_ID
+    assert span.parent_span_id.hex() == "00f067aa0ba902b7"
+    found = attributes(span)
+    assert found["gen_ai.operation.name"] == "chat"
+    assert found["gen_ai.provider.name"] == "openai"
+    assert found["gen_ai.request.model"] == "stub-model"
+    assert (found["gen_ai.usage.input_tokens"], found["gen_ai.usage.output_tokens"]) == (9, 4)
+    assert span.end_time_unix_nano >= span.start_time_unix_nano > 0
+    text = str(span)
+    assert ANSWER not in text and PROMPT not in text
+
+
+def test_content_is_recorded_only_when_asked(receiver):
+    with kernel_with(config(receiver, record_content=True)) as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        client.call_json(Opcode.THINK, {"prompt": PROMPT})
+        [span] = receiver.wait_for(1)
+    assert attributes(span)["gen_ai.output.messages"] == ANSWER
+    # Without a trace in the request the span starts one of its own.
+    assert len(span.trace_id) == 16 and span.parent_span_id == b""
