@@ -382,7 +382,7 @@ impl Llm {
             return;
         }
         if expire {
-            for expired in self.withdraw(|pending| pending.deadline <= now) {
+            for expired in self.withdraw(|pending| pending.deadline <= now, "timeout") {
                 let waited = now.saturating_duration_since(expired.item.enqueued);
                 let failure = Failure::fatal(
                     ErrorCode::Timeout,
@@ -409,7 +409,10 @@ impl Llm {
     /// Drops the queued THINKs of a connection that has closed: nobody
     /// would read their answers. (Ones already at the provider finish.)
     pub fn connection_closed(&mut self, connection: u64) {
-        let dropped = self.withdraw(|pending| pending.reply_to.connection() == Some(connection));
+        let dropped = self.withdraw(
+            |pending| pending.reply_to.connection() == Some(connection),
+            "connection_closed",
+        );
         if !dropped.is_empty() {
             log::debug!(
                 "conn {connection}: {} queued THINK(s) dropped",
@@ -423,16 +426,26 @@ impl Llm {
     /// at the provider runs on, and its reply is for no one.
     pub fn withdraw_reply(&mut self, reply_to: ReplyTo) -> bool {
         !self
-            .withdraw(|pending| pending.reply_to == reply_to)
+            .withdraw(|pending| pending.reply_to == reply_to, "cancelled")
             .is_empty()
     }
 
     /// Takes the queued requests `reject` picks out of the queue and frees
-    /// their budget reservations; the caller answers them (or not).
-    fn withdraw(&mut self, reject: impl Fn(&Pending) -> bool) -> Vec<Waiting<Pending>> {
-        let withdrawn = self.scheduler.remove_where(|w| reject(&w.item));
-        for waiting in &withdrawn {
+    /// their budget reservations; the caller answers them (or not). Their
+    /// spans end as failed, `why` their error type.
+    fn withdraw(
+        &mut self,
+        reject: impl Fn(&Pending) -> bool,
+        why: &'static str,
+    ) -> Vec<Waiting<Pending>> {
+        let mut withdrawn = self.scheduler.remove_where(|w| reject(&w.item));
+        for waiting in &mut withdrawn {
             self.release(&waiting.item.budgets, waiting.estimate);
+            if let Some(mut span) = waiting.item.span.take() {
+                span.text("error.type", why);
+                self.tracer
+                    .end(span, Some(format!("withdrawn from the queue: {why}")));
+            }
         }
         withdrawn
     }
