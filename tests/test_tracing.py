@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import sys
 import threading
 import time
 from typing import Iterator
@@ -15,7 +16,7 @@ import pytest
 
 from agentos import AgentOSClient
 from agentos.protocol import Opcode
-from conftest import kernel_with
+from conftest import REPO, kernel_with
 
 ANSWER = "the answer is four"
 PROMPT = "what is two and two, secretly"
@@ -129,3 +130,28 @@ def test_content_is_recorded_only_when_asked(receiver):
     assert attributes(span)["gen_ai.output.messages"] == ANSWER
     # Without a trace in the request the span starts one of its own.
     assert len(span.trace_id) == 16 and span.parent_span_id == b""
+
+
+def test_a_tool_call_is_an_execute_tool_span_whose_context_reaches_the_server(receiver):
+    server = REPO / "tests" / "mcp_trace_echo.py"
+    extra = (f'[mcp.servers.echo]\ncommand = "{sys.executable}"\nargs = ["{server}"]\n')
+    with kernel_with(config(receiver) + extra) as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        deadline = time.monotonic() + 30
+        while not any(s["name"] == "echo" and s["state"] == "ready"
+                      for s in client.hello()["tool_servers"]):
+            assert time.monotonic() < deadline, client.hello()["tool_servers"]
+            time.sleep(0.1)
+        reply = client.call_json(Opcode.TOOL, {"op": "call", "server": "echo",
+                                               "tool": "traceparent", "trace": PARENT})
+        [span] = receiver.wait_for(1)
+    seen = reply["content"][0]["text"]
+    assert span.name == "execute_tool traceparent"
+    assert span.trace_id.hex() == TRACE_ID
+    assert span.parent_span_id.hex() == "00f067aa0ba902b7"
+    found = attributes(span)
+    assert found["gen_ai.operation.name"] == "execute_tool"
+    assert found["gen_ai.tool.name"] == "traceparent"
+    assert found["mcp.method.name"] == "tools/call"
+    # The server's request carried the call's own span as its parent.
+    assert seen == f"00-{TRACE_ID}-{span.span_id.hex()}-01", seen

@@ -165,7 +165,7 @@ impl Kernel {
             sandboxes.confinement(),
         );
         llm.trace_with(Arc::clone(&tracer));
-        let tools = Servers::start(
+        let mut tools = Servers::start(
             &config.mcp,
             sandboxes.confinement(),
             &config.tasks.state_dir(socket),
@@ -173,6 +173,7 @@ impl Kernel {
             Arc::clone(&waker),
             tokens.first(Source::Tools),
         )?;
+        tools.trace_with(Arc::clone(&tracer));
         let catalog = ToolCatalog::create(&state.tools);
         let mut exec = Exec::new(
             &config,

@@ -134,13 +134,14 @@ impl Kernel {
             Arc::clone(&self.waker),
             self.tokens.first(Source::Tools),
         );
-        let fresh = match started {
+        let mut fresh = match started {
             Ok(fresh) => fresh,
             Err(err) => {
                 log::error!("SIGHUP: cannot start the new MCP servers ({err}); the old ones stay");
                 return false;
             }
         };
+        fresh.trace_with(Arc::clone(&self.tracer));
         let mut old = std::mem::replace(&mut self.tools, fresh);
         old.shutdown(
             "the MCP servers were restarted for a new configuration (SIGHUP)",

@@ -19,6 +19,7 @@ use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
 use crate::kernel::{Kernel, ToolCaller};
 use crate::permissions::allowed_by;
+use crate::telemetry::TraceContext;
 use crate::tools::builtin::{self, Builtin};
 use crate::tools::mcp::client::ToolInfo;
 use crate::tools::offer::{self, offered, Listing, Offered};
@@ -65,6 +66,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 tool,
                 arguments,
                 timeout_ms,
+                trace,
             } => {
                 if !may(&server, &tool) {
                     return Err(ErrorReply::new(
@@ -77,7 +79,8 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                     ));
                 }
                 let timeout = timeout_ms.map(Duration::from_millis);
-                call_tool(kernel, request, &server, &tool, arguments, timeout).map(|()| None)
+                let trace = trace.as_deref().and_then(TraceContext::parse);
+                call_tool(kernel, request, &server, &tool, arguments, timeout, trace).map(|()| None)
             }
         }
     });
@@ -113,6 +116,7 @@ fn call_tool(
     tool: &str,
     arguments: Map<String, Value>,
     timeout: Option<Duration>,
+    trace: Option<TraceContext>,
 ) -> Result<(), ErrorReply> {
     let caller = ToolCaller {
         reply_to: request.reply_to,
@@ -161,6 +165,7 @@ fn call_tool(
                 timeout,
                 reply_to: via,
                 caller: calling,
+                trace,
             };
             let called = kernel.tools.call(call, Instant::now());
             if called.is_err() {

@@ -103,7 +103,7 @@ impl Session {
 
     fn call(&mut self, call: u64, tool: &str, arguments: Value) -> CallOutcome {
         self.client
-            .call(call, tool, arguments, Instant::now() + TIMEOUT)
+            .call(call, tool, arguments, Instant::now() + TIMEOUT, None)
             .unwrap();
         self.until(|events| {
             events

@@ -52,6 +52,8 @@ pub enum ToolCall {
         arguments: Map<String, Value>,
         /// How long the call may take, if not the server's default.
         timeout_ms: Option<u64>,
+        /// A W3C `traceparent` the call's span joins.
+        trace: Option<String>,
     },
 }
 
@@ -77,6 +79,7 @@ struct Wire {
     tool: Option<String>,
     arguments: Option<Value>,
     timeout_ms: Option<u64>,
+    trace: Option<String>,
 }
 
 impl ToolCall {
@@ -138,6 +141,7 @@ impl ToolCall {
                     tool,
                     arguments,
                     timeout_ms: wire.timeout_ms,
+                    trace: wire.trace,
                 })
             }
         }
@@ -278,6 +282,7 @@ mod tests {
             tool,
             arguments,
             timeout_ms,
+            ..
         } = call
         else {
             panic!("not a call");

@@ -338,6 +338,7 @@ impl McpClient {
         tool: &str,
         arguments: Value,
         deadline: Instant,
+        traceparent: Option<&str>,
     ) -> Result<(), NotServing> {
         match &self.state {
             ServerState::Ready => {}
@@ -357,7 +358,13 @@ impl McpClient {
             Some(annotated) => param_headers::for_call(annotated, &arguments),
             None => Vec::new(),
         };
-        let params = self.with_meta(json!({"name": tool, "arguments": arguments}));
+        let mut params = self.with_meta(json!({"name": tool, "arguments": arguments}));
+        if let Some(traceparent) = traceparent {
+            if !params["_meta"].is_object() {
+                params["_meta"] = json!({});
+            }
+            params["_meta"]["traceparent"] = traceparent.into();
+        }
         self.send(Pending::Call(call), "tools/call", params, deadline);
         if let Some(message) = self.output.last_mut() {
             message.param_headers = headers;

@@ -23,7 +23,9 @@ use mio::unix::pipe;
 use mio::{Registry, Token, Waker};
 use serde_json::Value;
 
-use super::mcp::client::{CallId, ClientEvent, Era, McpClient, ServerState, ToolInfo, Transport};
+use super::mcp::client::{
+    CallId, CallOutcome, ClientEvent, Era, McpClient, ServerState, ToolInfo, Transport,
+};
 use super::mcp::http::{Delivered, Endpoint, HttpLink, Trouble};
 use super::mcp::jsonrpc::LineReader;
 use super::process::{ServerCommand, ServerProcess, StartedServer, RESTART};
@@ -36,6 +38,9 @@ use crate::address::ReplyTo;
 use crate::config::mcp::McpConfig;
 use crate::sandbox::confine::Confinement;
 use crate::supervisor::Supervisor;
+use crate::telemetry::otlp::SpanKind;
+use crate::telemetry::tracer::{OpenSpan, Tracer};
+use crate::telemetry::TraceContext;
 use counts::ServerCounts;
 
 mod counts;
@@ -73,6 +78,8 @@ struct Pending {
     caller: u32,
     /// When it was sent, for the metrics.
     started: std::time::Instant,
+    /// Its `execute_tool {tool}` span, with tracing on.
+    span: Option<OpenSpan>,
 }
 
 /// One tool call, as TOOL asks it of a server.
@@ -91,11 +98,15 @@ pub struct CallRequest<'a> {
     /// Who calls (an agent's or operator's id): each has a share of the
     /// server's places.
     pub caller: u32,
+    /// The trace the call's span joins, if the caller named one.
+    pub trace: Option<TraceContext>,
 }
 
 /// The configured MCP servers.
 #[derive(Debug)]
 pub struct Servers {
+    /// Where tool calls' spans go.
+    tracer: Arc<Tracer>,
     servers: Vec<Server>,
     launches: Receiver<StartedServer>,
     registry: Registry,
@@ -249,6 +260,7 @@ impl Servers {
             servers.push(entry);
         }
         let mut started = Servers {
+            tracer: Arc::new(Tracer::default()),
             servers,
             launches,
             registry: registry.try_clone()?,
@@ -312,6 +324,11 @@ impl Servers {
         })
     }
 
+    /// Spans of tool calls go to `tracer`.
+    pub fn trace_with(&mut self, tracer: Arc<Tracer>) {
+        self.tracer = tracer;
+    }
+
     /// Adds every server's call series to the kernel's metrics.
     pub fn add_metrics(&self, snapshot: &mut crate::telemetry::metrics::Snapshot) {
         for server in &self.servers {
@@ -357,6 +374,7 @@ impl Servers {
             timeout,
             reply_to,
             caller,
+            trace,
         } = call;
         let index = self.index_of(server).ok_or_else(|| {
             ErrorReply::new(
@@ -411,8 +429,16 @@ impl Servers {
         // A server starting over after a failure is named with that failure:
         // "starting" alone would hide why it is not serving.
         let last_failure = &entry.error;
+        let span = self.tracer.open(
+            format!("execute_tool {tool}"),
+            SpanKind::Internal,
+            trace.as_ref(),
+        );
+        // The server's own spans join the call's (MCP reserves
+        // `_meta.traceparent` for it).
+        let traceparent = span.as_ref().map(|span| span.context.to_string());
         client
-            .call(number, tool, arguments, deadline)
+            .call(number, tool, arguments, deadline, traceparent.as_deref())
             .map_err(|why| match last_failure {
                 Some(last) => unavailable(format!("{why}; it last failed: {last}")),
                 None => unavailable(why.to_string()),
@@ -425,6 +451,13 @@ impl Servers {
                 server: index,
                 caller,
                 started: std::time::Instant::now(),
+                span: span.map(|mut span| {
+                    span.text("gen_ai.operation.name", "execute_tool");
+                    span.text("gen_ai.tool.name", tool);
+                    span.text("mcp.method.name", "tools/call");
+                    span.text("agentos.tool.server", server);
+                    span
+                }),
             },
         );
         self.flush(index);
@@ -588,6 +621,19 @@ impl Servers {
                     };
                     let server = &mut self.servers[index];
                     server.counts.ended(&outcome, pending.started.elapsed());
+                    if let Some(mut span) = pending.span {
+                        let error = match &outcome {
+                            CallOutcome::Done { .. } => None,
+                            CallOutcome::ToolError { .. } => Some("tool_error"),
+                            CallOutcome::Rejected(_) => Some("rejected"),
+                            CallOutcome::TimedOut(_) => Some("timeout"),
+                            CallOutcome::Failed(_) => Some("failed"),
+                        };
+                        if let Some(kind) = error {
+                            span.text("error.type", kind);
+                        }
+                        self.tracer.end(span, error.map(str::to_owned));
+                    }
                     let reply = reply_for(outcome, &server.name, &server.secrets);
                     replies.push((pending.reply_to, reply));
                 }

@@ -83,7 +83,7 @@ fn an_unknown_protocol_version_fails_the_server_with_a_sentence() {
     let why = "speaks MCP protocol 2024-11-05; the kernel speaks 2025-11-25 and 2025-06-18";
     assert_eq!(events, vec![ClientEvent::Failed(why.into())]);
     assert_eq!(client.state(), &ServerState::Failed(why.into()));
-    assert!(client.call(1, "x", json!({}), now + TIMEOUT).is_err());
+    assert!(client.call(1, "x", json!({}), now + TIMEOUT, None).is_err());
 }
 
 #[test]
@@ -160,7 +160,7 @@ fn calls_end_in_a_result_a_tool_error_or_an_rpc_error() {
     let mut client = ready(&["echo"], now);
     for call in 1..=3 {
         client
-            .call(call, "echo", json!({"message": "hi"}), now + TIMEOUT)
+            .call(call, "echo", json!({"message": "hi"}), now + TIMEOUT, None)
             .unwrap();
     }
     let calls = sent(&mut client);
@@ -222,7 +222,7 @@ fn a_call_past_its_deadline_is_cancelled_and_its_late_reply_ignored() {
     let now = Instant::now();
     let mut client = ready(&["slow"], now);
     client
-        .call(9, "slow", json!({}), now + Duration::from_millis(100))
+        .call(9, "slow", json!({}), now + Duration::from_millis(100), None)
         .unwrap();
     let id = sent(&mut client)[0]["id"].as_u64().unwrap();
     assert_eq!(
@@ -251,7 +251,9 @@ fn a_call_past_its_deadline_is_cancelled_and_its_late_reply_ignored() {
 fn a_cancelled_call_is_told_and_forgotten() {
     let now = Instant::now();
     let mut client = ready(&["slow"], now);
-    client.call(4, "slow", json!({}), now + TIMEOUT).unwrap();
+    client
+        .call(4, "slow", json!({}), now + TIMEOUT, None)
+        .unwrap();
     let id = sent(&mut client)[0]["id"].as_u64().unwrap();
     client.cancel(4, "the caller went away");
     let told = sent(&mut client);
@@ -281,7 +283,9 @@ fn a_server_that_never_answers_initialize_fails_at_its_timeout() {
 fn an_oversized_reply_fails_its_call_and_garbage_is_reported() {
     let now = Instant::now();
     let mut client = ready(&["big"], now);
-    client.call(5, "big", json!({}), now + TIMEOUT).unwrap();
+    client
+        .call(5, "big", json!({}), now + TIMEOUT, None)
+        .unwrap();
     let id = sent(&mut client)[0]["id"].as_u64().unwrap();
     let mut events = Vec::new();
     client.on_message(Incoming::Garbage("Server started".into()), now, &mut events);
@@ -330,7 +334,9 @@ fn a_malformed_reply_ends_the_call_its_id_names_at_once_saying_why() {
     let now = Instant::now();
     let mut client = ready(&["echo"], now);
     for call in 1..=4 {
-        client.call(call, "echo", json!({}), now + TIMEOUT).unwrap();
+        client
+            .call(call, "echo", json!({}), now + TIMEOUT, None)
+            .unwrap();
     }
     let ids: Vec<u64> = sent(&mut client)
         .iter()
@@ -376,7 +382,9 @@ fn a_malformed_reply_ends_the_call_its_id_names_at_once_saying_why() {
 fn an_unreadable_line_that_names_no_awaited_request_is_only_reported() {
     let now = Instant::now();
     let mut client = ready(&["echo"], now);
-    client.call(1, "echo", json!({}), now + TIMEOUT).unwrap();
+    client
+        .call(1, "echo", json!({}), now + TIMEOUT, None)
+        .unwrap();
     let id = sent(&mut client)[0]["id"].as_u64().unwrap();
     let lines = [
         // Cut short before any id.
@@ -435,7 +443,9 @@ fn a_malformed_answer_to_the_handshake_fails_the_server() {
 fn a_server_that_ends_fails_its_calls() {
     let now = Instant::now();
     let mut client = ready(&["echo"], now);
-    client.call(1, "echo", json!({}), now + TIMEOUT).unwrap();
+    client
+        .call(1, "echo", json!({}), now + TIMEOUT, None)
+        .unwrap();
     let mut events = Vec::new();
     client.ended("it exited with status 1", &mut events);
     assert!(
@@ -500,7 +510,7 @@ fn a_modern_server_is_probed_then_spoken_to_with_meta_and_no_handshake() {
     let events = reply(&mut client, 2, json!({"tools": [tool("add")]}), now);
     assert_eq!(events, vec![ClientEvent::ToolsListed(1)]);
     client
-        .call(7, "add", json!({"a": 1}), now + TIMEOUT)
+        .call(7, "add", json!({"a": 1}), now + TIMEOUT, None)
         .unwrap();
     let call = client.take_messages();
     assert_eq!(call[0].name.as_deref(), Some("add"));
