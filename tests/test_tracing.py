@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import sys
 import threading
 import time
@@ -155,3 +156,33 @@ def test_a_tool_call_is_an_execute_tool_span_whose_context_reaches_the_server(re
     assert found["mcp.method.name"] == "tools/call"
     # The server's request carried the call's own span as its parent.
     assert seen == f"00-{TRACE_ID}-{span.span_id.hex()}-01", seen
+
+
+def test_a_runs_tool_calls_join_its_span_through_traceparent(receiver):
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: EXEC needs namespaces, so root (CI runs as root)")
+        return
+    server = REPO / "tests" / "mcp_trace_echo.py"
+    extra = (f'[mcp.servers.echo]\ncommand = "{sys.executable}"\nargs = ["{server}"]\n')
+    with kernel_with(config(receiver) + extra) as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        deadline = time.monotonic() + 30
+        while not any(s["name"] == "echo" and s["state"] == "ready"
+                      for s in client.hello()["tool_servers"]):
+            assert time.monotonic() < deadline, client.hello()["tool_servers"]
+            time.sleep(0.1)
+        code = ("import os, tools\n"
+                "print(os.environ['TRACEPARENT'])\n"
+                "print(tools.echo.traceparent())\n")
+        reply = client.call_json(Opcode.EXEC, {"code": code, "trace": PARENT})
+        assert reply["success"], reply
+        spans = receiver.wait_for(2)
+    by_name = {span.name: span for span in spans}
+    run, tool = by_name["exec python"], by_name["execute_tool traceparent"]
+    assert run.trace_id.hex() == tool.trace_id.hex() == TRACE_ID
+    assert run.parent_span_id.hex() == "00f067aa0ba902b7"
+    assert tool.parent_span_id == run.span_id
+    environment, seen = reply["stdout"].split()
+    assert environment == f"00-{TRACE_ID}-{run.span_id.hex()}-01"
+    assert seen == f"00-{TRACE_ID}-{tool.span_id.hex()}-01"
+    assert attributes(run)["process.exit.code"] == 0

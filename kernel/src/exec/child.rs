@@ -26,6 +26,7 @@ use crate::identity::Principal;
 use crate::network::policy::Policy;
 use crate::network::Endpoint;
 use crate::process;
+use crate::telemetry::tracer::OpenSpan;
 
 /// Where a run child is in its life.
 #[derive(Debug)]
@@ -111,6 +112,8 @@ pub struct RunChild {
     pub endpoint: Option<RunEndpoint>,
     /// Its record's counters when the current run started.
     pub net_before: NetTotals,
+    /// The current run's span, with tracing on.
+    pub span: Option<OpenSpan>,
 }
 
 /// A run child's endpoint on the egress proxy, with whose work it serves

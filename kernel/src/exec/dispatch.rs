@@ -124,6 +124,13 @@ impl Exec {
         };
         // Any order uses up the child's shell, or has it stopped.
         run.shell = false;
+        if let Some(span) = waiting.span {
+            // The run's code, and the tool calls it makes, join its span.
+            order
+                .env
+                .insert("TRACEPARENT".into(), span.context.to_string());
+            run.span = Some(span);
+        }
         if let Some(policy) = waiting.policy.clone() {
             match open_endpoint(&self.gateway, run, waiting.owner, waiting.run, policy) {
                 Ok(env) => order.env.extend(env),
@@ -317,6 +324,30 @@ impl Exec {
             }
             if let Order::Run = finished.order {
                 self.counts.ended(&finished.reply);
+            }
+            if let Some(mut span) = run.span.take() {
+                let reply = &finished.reply;
+                if let Some(code) = reply.exit_code {
+                    span.int("process.exit.code", i64::from(code));
+                }
+                let error = if reply.timed_out {
+                    Some("timeout")
+                } else if reply.oom_killed {
+                    Some("oom")
+                } else if reply.code.is_some() {
+                    Some("error")
+                } else if !reply.success {
+                    Some("failed")
+                } else {
+                    None
+                };
+                if let Some(kind) = error {
+                    span.text("error.type", kind);
+                }
+                self.tracer.end(
+                    span,
+                    error.map(|kind| reply.error.clone().unwrap_or_else(|| kind.to_owned())),
+                );
             }
             let reply_to = finished.reply_to;
             let reply = match &key {

@@ -218,6 +218,7 @@ impl Exec {
                 counted: true,
                 endpoint: None,
                 net_before: NetTotals::default(),
+                span: None,
             });
             let socket = self.children[child].socket.as_raw_fd();
             let registered = self

@@ -67,6 +67,9 @@ use crate::identity::Principal;
 use crate::network::policy::Policy;
 use crate::network::Gateway;
 use crate::sandbox::runtime::Sandboxes;
+use crate::telemetry::otlp::SpanKind;
+use crate::telemetry::tracer::{OpenSpan, Tracer};
+use crate::telemetry::TraceContext;
 use crate::timers::Timers;
 use cgroups::RunCgroups;
 use child::{RunChild, Stage};
@@ -142,6 +145,8 @@ pub struct Exec {
     gateway: Arc<Gateway>,
     /// What the metrics say of EXEC.
     counts: counts::ExecCounts,
+    /// Where runs' spans go.
+    tracer: Arc<Tracer>,
     registry: Registry,
     token_base: usize,
     sources: Slab<Source>,
@@ -288,6 +293,7 @@ impl Exec {
             unavailable,
             gateway: Arc::new(Gateway::without_proxy()),
             counts: counts::ExecCounts::default(),
+            tracer: Arc::new(Tracer::default()),
             shutting_down: false,
         })
     }
@@ -499,6 +505,7 @@ impl Exec {
         if let Principal::Agent { id } = caller.principal {
             *self.runs_by_agent.entry(id).or_default() += 1;
         }
+        let span = self.open_run_span(&request, run);
         let waiting = Waiting {
             request,
             reply_to,
@@ -514,6 +521,7 @@ impl Exec {
             carried: None,
             queued_at: now,
             policy: caller.policy,
+            span,
         };
         match session.filter(|key| self.sessions.contains_key(key)) {
             Some(key) => {
@@ -529,6 +537,32 @@ impl Exec {
         }
         self.expire_if_still_waiting(reply_to, deadline);
         Ok(())
+    }
+
+    /// Spans of runs go to `tracer`.
+    pub fn trace_with(&mut self, tracer: Arc<Tracer>) {
+        self.tracer = tracer;
+    }
+
+    /// The span of run `run` for `request`, with tracing on: under the
+    /// request's `trace`, if it names one.
+    fn open_run_span(&self, request: &ExecRequest, run: u64) -> Option<OpenSpan> {
+        let parent = request.trace.as_deref().and_then(TraceContext::parse);
+        let language = match request.language {
+            Language::Python => "python",
+            Language::Bash => "bash",
+        };
+        let mut span = self.tracer.open(
+            format!("exec {language}"),
+            SpanKind::Internal,
+            parent.as_ref(),
+        )?;
+        span.text("agentos.exec.language", language);
+        span.int("agentos.exec.run", run as i64);
+        if let Some(session) = &request.session {
+            span.text("agentos.exec.session", session.clone());
+        }
+        Some(span)
     }
 
     /// Adds EXEC's series to the kernel's metrics.

@@ -287,6 +287,7 @@ impl Exec {
             carried: None,
             queued_at: now,
             policy: None,
+            span: None,
         };
         if let Some(session) = self.sessions.get_mut(&key) {
             session.queue.push_back(waiting);

@@ -16,6 +16,7 @@ use crate::address::ReplyTo;
 use crate::cgroup::CgroupLimits;
 use crate::identity::Principal;
 use crate::network::policy::Policy;
+use crate::telemetry::tracer::OpenSpan;
 
 /// A session by its owner (an agent, an operator's uid, or a run) and name.
 pub type SessionKey = (Principal, String);
@@ -53,6 +54,8 @@ pub struct Waiting {
     pub queued_at: Instant,
     /// The network policy of a run that has one.
     pub policy: Option<Policy>,
+    /// The run's span, with tracing on.
+    pub span: Option<OpenSpan>,
 }
 
 impl Waiting {

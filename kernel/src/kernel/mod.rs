@@ -185,6 +185,7 @@ impl Kernel {
             catalog.dir(),
         )?;
         exec.serve_policies_with(Arc::clone(&gateway));
+        exec.trace_with(Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         let tasks = Tasks::open(&config.tasks, socket, Arc::clone(&waker), Instant::now())?;
         let mut kernel = Kernel {

@@ -52,6 +52,10 @@ def _connection():
 
 
 def _exchange(request):
+    # The run's span, when the kernel traces: its tool calls join it.
+    trace = _os.environ.get("TRACEPARENT")
+    if trace:
+        request = dict(request, trace=trace)
     payload = _json.dumps(request).encode()
     frame = _HEADER.pack(_MAGIC, 0, _TOOL, len(payload)) + payload
     with _lock:

@@ -78,6 +78,9 @@ pub struct ExecRequest {
     /// kernel's default, within the caller's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// A W3C `traceparent` the run's span joins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// What a run's own kernel connection may do beyond TOOL and THINK, as an
@@ -138,6 +141,7 @@ struct ExecWire {
     limits: Option<Limits>,
     permissions: Option<RunPermissions>,
     network: Option<Network>,
+    trace: Option<String>,
     command: Option<String>,
     cwd: Option<String>,
     /// Seconds, for the shell form.
@@ -194,6 +198,7 @@ impl ExecRequest {
             limits: wire.limits,
             permissions: wire.permissions,
             network: wire.network,
+            trace: wire.trace,
         };
         request.validate()?;
         Ok(request)
