@@ -187,7 +187,8 @@ impl Kernel {
         exec.serve_policies_with(Arc::clone(&gateway));
         exec.trace_with(Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
-        let tasks = Tasks::open(&config.tasks, socket, Arc::clone(&waker), Instant::now())?;
+        let mut tasks = Tasks::open(&config.tasks, socket, Arc::clone(&waker), Instant::now())?;
+        tasks.trace_with(Arc::clone(&tracer));
         let mut kernel = Kernel {
             config,
             deferred,

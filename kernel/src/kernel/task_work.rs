@@ -45,9 +45,14 @@ impl Kernel {
     pub(super) fn start_task_work(&mut self, start: Start) {
         let reply_to = ReplyTo::Task(start.number);
         let principal = start.owner;
+        let trace = start.trace;
         let started = start.work.and_then(|work| match work {
-            WorkRequest::Exec(run) => self.start_run(run, principal, reply_to),
-            WorkRequest::Think(think) => {
+            WorkRequest::Exec(mut run) => {
+                run.trace = run.trace.or(trace);
+                self.start_run(run, principal, reply_to)
+            }
+            WorkRequest::Think(mut think) => {
+                think.trace = think.trace.or(trace);
                 let actor = self.task_actor(principal)?;
                 let asker = self.asker(&actor, KERNEL_OPERATOR.id())?;
                 self.llm

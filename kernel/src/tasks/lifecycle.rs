@@ -4,6 +4,8 @@
 //! kernel's stop on the way.
 
 use super::tool_menu::ToolMenu;
+use crate::telemetry::otlp::SpanKind;
+use crate::telemetry::TraceContext;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,6 +74,13 @@ impl<S: Store> Tasks<S> {
             output: None,
         };
         self.write(Write::Insert(record.clone()));
+        let parent = dispatch.trace.as_deref().and_then(TraceContext::parse);
+        let name = format!("task {}", dispatch.kind.as_str());
+        if let Some(mut span) = self.tracer.open(name, SpanKind::Internal, parent.as_ref()) {
+            span.text("agentos.task.id", id.clone());
+            span.text("agentos.task.kind", dispatch.kind.as_str());
+            self.spans.insert(id.clone(), span);
+        }
         self.table.insert(Task::from_record(record, Some(dispatch)));
         self.queue.push(id.clone(), owner);
         Ok(id)
@@ -183,11 +192,13 @@ impl<S: Store> Tasks<S> {
                     WorkRequest::Think(think)
                 }),
             };
+            let trace = self.spans.get(&id).map(|span| span.context.to_string());
             self.write(Write::Started { id, started_ms });
             starts.push(Start {
                 number,
                 owner,
                 work,
+                trace,
             });
         }
         self.queue.give_back(skipped);
@@ -227,6 +238,7 @@ impl<S: Store> Tasks<S> {
                 number,
                 owner,
                 work: Ok(work),
+                trace: self.spans.get(&id).map(|span| span.context.to_string()),
             });
         }
         self.queue.end_work(number);
@@ -241,6 +253,14 @@ impl<S: Store> Tasks<S> {
         let Some(task) = self.table.get_mut(id) else {
             return;
         };
+        if let Some(mut span) = self.spans.remove(id).filter(|_| !task.state.is_finished()) {
+            span.text("agentos.task.state", state.as_str());
+            let error = (state != TaskState::Completed).then(|| state.as_str().to_owned());
+            if let Some(kind) = &error {
+                span.text("error.type", kind.clone());
+            }
+            self.tracer.end(span, error);
+        }
         match task.state {
             was if was.is_finished() => return,
             TaskState::Running => self.queue.end_running(task.owner),

@@ -30,6 +30,7 @@ pub mod tool_menu;
 mod waiters;
 mod work;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,6 +41,8 @@ use agentos_proto::payload::{
     TaskState,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
+
+use crate::telemetry::tracer::{OpenSpan, Tracer};
 
 use crate::address::{Answer, Reply, ReplyTo};
 use crate::config::tasks::TasksConfig;
@@ -91,6 +94,10 @@ pub struct Tasks<S = SqliteStore> {
     next_progress: Instant,
     /// The kernel is stopping: no task starts.
     stopping: bool,
+    /// Where tasks' spans go.
+    tracer: Arc<Tracer>,
+    /// The span of each task dispatched in this boot, until it finishes.
+    spans: HashMap<String, OpenSpan>,
 }
 
 impl Tasks {
@@ -118,6 +125,11 @@ impl Tasks {
 }
 
 impl<S: Store> Tasks<S> {
+    /// Spans of tasks go to `tracer`.
+    pub fn trace_with(&mut self, tracer: Arc<Tracer>) {
+        self.tracer = tracer;
+    }
+
     /// The state of every task kept, in no order.
     pub fn states(&self) -> impl Iterator<Item = TaskState> + '_ {
         self.table.states()
@@ -140,6 +152,8 @@ impl<S: Store> Tasks<S> {
             next_sweep: now,
             next_progress: now,
             stopping: false,
+            tracer: Arc::new(Tracer::default()),
+            spans: HashMap::new(),
         };
         for row in loaded.unreadable {
             log::error!(
@@ -163,6 +177,7 @@ impl<S: Store> Tasks<S> {
                 kind: record.kind,
                 request,
                 label: record.label.clone(),
+                trace: None,
             });
         if record.state == TaskState::Queued && (dispatch.is_none() || !record.owner.is_operator())
         {

@@ -17,6 +17,9 @@ pub struct Start {
     pub owner: Principal,
     /// What to run (or why it cannot be run).
     pub work: Result<WorkRequest, ErrorReply>,
+    /// The task's span as a `traceparent`, with tracing on: its work
+    /// joins it.
+    pub trace: Option<String>,
 }
 
 /// The request a task's work makes of the kernel: the EXEC run or THINK

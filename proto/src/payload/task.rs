@@ -136,6 +136,9 @@ pub struct TaskDispatch {
     /// The owner's own name for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// A W3C `traceparent` the task's span joins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// `status` and `cancel`: names a task.

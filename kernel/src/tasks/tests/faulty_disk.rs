@@ -78,6 +78,7 @@ impl Faulty {
                     kind: TaskKind::Exec,
                     request: json!({ "code": code }),
                     label: None,
+                    trace: None,
                 },
             )
             .unwrap();

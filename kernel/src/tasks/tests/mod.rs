@@ -55,6 +55,7 @@ fn exec(code: &str) -> TaskDispatch {
         kind: TaskKind::Exec,
         request: json!({ "code": code }),
         label: None,
+        trace: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn a_prompt_task_thinks_runs_its_code_in_its_own_session_and_ends_with_the_answe
         kind: TaskKind::Prompt,
         request: json!({ "prompt": "sum 1..10" }),
         label: None,
+        trace: None,
     };
     let id = dispatch(&mut tasks, OPERATOR, prompt);
     save(&mut tasks);
