@@ -35,6 +35,9 @@ class Receiver:
         )
 
         self.spans: list = []
+        # What the model answers, in turn (the last one again and again).
+        self.answers = [ANSWER]
+        self.chats = 0
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -53,10 +56,12 @@ class Receiver:
                             receiver.spans.extend(scope.spans)
                     answer = b""
                 else:
+                    content = receiver.answers[min(receiver.chats, len(receiver.answers) - 1)]
+                    receiver.chats += 1
                     answer = json.dumps({
                         "id": "c1", "object": "chat.completion", "model": "stub-model",
                         "choices": [{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": ANSWER}}],
+                                     "message": {"role": "assistant", "content": content}}],
                         "usage": {"prompt_tokens": 9, "completion_tokens": 4,
                                   "total_tokens": 13},
                     }).encode()
@@ -186,3 +191,48 @@ def test_a_runs_tool_calls_join_its_span_through_traceparent(receiver):
     assert environment == f"00-{TRACE_ID}-{run.span_id.hex()}-01"
     assert seen == f"00-{TRACE_ID}-{tool.span_id.hex()}-01"
     assert attributes(run)["process.exit.code"] == 0
+
+
+def test_a_prompt_tasks_spans_nest_task_think_exec_tool(receiver):
+    """The issue's chain: a prompt task, its THINKs and its EXEC run, and the
+    run's tool call to an MCP server, one trace with the right parents."""
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: EXEC needs namespaces, so root (CI runs as root)")
+        return
+    fence = "`" * 3
+    receiver.answers = [
+        f"{fence}python\nimport tools\nprint(tools.echo.traceparent())\n{fence}",
+        "It is done.",
+    ]
+    server = REPO / "tests" / "mcp_trace_echo.py"
+    extra = (f'[mcp.servers.echo]\ncommand = "{sys.executable}"\nargs = ["{server}"]\n')
+    with kernel_with(config(receiver) + extra) as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        deadline = time.monotonic() + 30
+        while not any(s["name"] == "echo" and s["state"] == "ready"
+                      for s in client.hello()["tool_servers"]):
+            assert time.monotonic() < deadline, client.hello()["tool_servers"]
+            time.sleep(0.1)
+        dispatched = client.call_json(Opcode.TASK, {
+            "op": "dispatch", "kind": "prompt", "trace": PARENT,
+            "request": {"prompt": "print the traceparent the echo tool sees"}})
+        done = client.call_json(Opcode.TASK, {"op": "wait", "task_id": dispatched["task_id"],
+                                              "timeout_ms": 60000},
+                                deadline_ms=70000)
+        assert done["task"]["state"] == "completed", done
+        spans = receiver.wait_for(5)
+    names = sorted(span.name for span in spans)
+    assert names == ["chat stub-model", "chat stub-model", "exec python",
+                     "execute_tool traceparent", "task prompt"], names
+    by_name = {}
+    for span in spans:
+        by_name.setdefault(span.name, []).append(span)
+    [task] = by_name["task prompt"]
+    [run] = by_name["exec python"]
+    [tool] = by_name["execute_tool traceparent"]
+    assert {span.trace_id.hex() for span in spans} == {TRACE_ID}
+    assert task.parent_span_id.hex() == "00f067aa0ba902b7"
+    for chat in by_name["chat stub-model"]:
+        assert chat.parent_span_id == task.span_id
+    assert run.parent_span_id == task.span_id
+    assert tool.parent_span_id == run.span_id
