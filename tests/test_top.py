@@ -170,7 +170,8 @@ def test_top_once_prints_one_measured_snapshot_as_plain_text(kernel):
             assert lines[0].startswith("agentos top · kernel "), out.stdout
             assert f"at {kernel.socket_path}" in lines[0] and "q quits" not in lines[0]
             assert lines[1].startswith("1 agent, 1 live · CPU "), out.stdout
-            assert lines[3].split() == [
+            assert lines[2].startswith("THINK queued 0, EXEC ready "), out.stdout
+            assert lines[4].split() == [
                 "ID", "NAME", "STATE", "CPU%", "MEMORY", "RESTARTS", "TOKENS", "EXEC"]
             words = row(out.stdout, "burner")
             assert words is not None and words[2] == "running", out.stdout

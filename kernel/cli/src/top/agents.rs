@@ -253,6 +253,7 @@ mod tests {
             agents,
             tasks: Vec::new(),
             servers: Vec::new(),
+            metrics: None,
         }
     }
 
@@ -308,18 +309,19 @@ mod tests {
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(words(&lines[3]), COLUMNS);
+        assert_eq!(lines[2], "metrics: for operators (agentos metrics)");
+        assert_eq!(words(&lines[4]), COLUMNS);
         assert_eq!(
-            words(&lines[4]),
+            words(&lines[5]),
             ["1", "burner", "running", "50.0", "12.3M", "/", "256M", "0", "40", "3"]
         );
         // New since the last sample: no CPU figure yet; no `exec` field: `-`.
         assert_eq!(
-            words(&lines[5])[3..],
+            words(&lines[6])[3..],
             ["-", "12.3M", "/", "256M", "0", "40", "-"]
         );
         // Ended: no CPU figure.
-        assert_eq!(words(&lines[6])[2..4], ["killed", "-"]);
+        assert_eq!(words(&lines[7])[2..4], ["killed", "-"]);
     }
 
     #[test]
@@ -343,7 +345,7 @@ mod tests {
             "{lines:?}"
         );
         assert!(lines[1].contains("CPU -"), "{lines:?}");
-        assert_eq!(lines[7], "… 7 more");
+        assert_eq!(lines[7], "… 8 more");
     }
 
     #[test]

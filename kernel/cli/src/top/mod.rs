@@ -207,6 +207,8 @@ struct Sample {
     tasks: Vec<Value>,
     /// The servers view's: the TOOL list reply's `servers`.
     servers: Vec<Value>,
+    /// The kernel's metrics text (METRICS), for an operator.
+    metrics: Option<String>,
 }
 
 impl Sample {
@@ -228,12 +230,18 @@ impl Sample {
             }
             _ => Vec::new(),
         };
+        // Operators only: anyone else gets the line without figures.
+        let metrics = client
+            .call_json::<agentos_proto::payload::MetricsReply>(Opcode::METRICS, b"")
+            .ok()
+            .map(|reply| reply.text);
         Ok(Sample {
             at,
             hello,
             agents,
             tasks,
             servers,
+            metrics,
         })
     }
 }
@@ -265,8 +273,36 @@ struct View<'a> {
     pane: Pane,
 }
 
+/// The figures that matter most at a glance, from the kernel's metrics:
+/// THINK's queue, EXEC's ready runs, tool calls and refused connections.
+fn metrics_line(text: Option<&str>) -> String {
+    let Some(text) = text else {
+        return "metrics: for operators (agentos metrics)".to_owned();
+    };
+    // The sum of every series of `name` (whatever its labels), and of
+    // those whose labels hold `label`.
+    let sum = |name: &str, label: &str| -> f64 {
+        text.lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| line.rsplit_once(' '))
+            .filter(|(series, _)| {
+                let bare = series.split('{').next().unwrap_or_default();
+                bare == name && series.contains(label)
+            })
+            .filter_map(|(_, value)| value.parse::<f64>().ok())
+            .sum()
+    };
+    format!(
+        "THINK queued {}, EXEC ready {}, tool calls {}, connections refused {}",
+        sum("agentos_think_queued", ""),
+        sum("agentos_exec_ready_runs", ""),
+        sum("agentos_tool_calls_total", ""),
+        sum("agentos_network_connections_total", "verdict=\"refused\""),
+    )
+}
+
 /// Header lines above a view's table.
-const HEADER_LINES: usize = 3;
+const HEADER_LINES: usize = 4;
 
 impl View<'_> {
     /// The screen's lines for `now`, CPU % measured from `before`.
@@ -275,6 +311,7 @@ impl View<'_> {
         let mut lines = vec![
             self.kernel_line(&now.hello),
             agents::totals_line(now, &cpu),
+            metrics_line(now.metrics.as_deref()),
             self.keys_line(),
         ];
         let room = self.height.saturating_sub(HEADER_LINES);
