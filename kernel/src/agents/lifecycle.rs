@@ -13,7 +13,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::record::{Agent, StopReason, WorkloadReport};
 use super::restart::{Decision, Ending};
-use super::{cgroup_limits, program, shape_of, Agents, Deadline, Incarnation};
+use super::{cgroup_limits, program, Agents, Deadline, Incarnation};
 use crate::address::{Answer, Reply};
 use crate::cgroup::CgroupStats;
 use crate::process::ProcessEnd;
@@ -172,7 +172,7 @@ impl Agents {
             agent: id,
             number: agent.incarnation,
         };
-        let shape = shape_of(sandboxes, &agent.request);
+        let shape = agent.shape(sandboxes);
         if let Some(sandbox) = sandboxes.acquire(incarnation, shape, now) {
             self.claim(sandboxes, sandbox, incarnation);
         }
@@ -221,7 +221,7 @@ impl Agents {
             .and_then(|door| sandboxes.door_path(door))
             .map(PathBuf::from)
             .unwrap_or_default();
-        let (socket, home) = if shape_of(sandboxes, &agent.request).sandboxed {
+        let (socket, home) = if agent.shape(sandboxes).sandboxed {
             (PathBuf::from(SOCKET_INSIDE), PathBuf::from(WORKSPACE))
         } else {
             let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);

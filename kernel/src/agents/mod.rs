@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{
-    AgentRef, AgentState, Isolation, KillRequest, Limits, Network, Permissions, SpawnRequest,
+    AgentRef, AgentState, Isolation, KillRequest, Limits, Permissions, SpawnRequest,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
@@ -398,15 +398,11 @@ impl Agents {
         program::check_env(&request)?;
         self.check_room_for(&request.name)?;
         self.check_egress(sandboxes, &request, &grant.network)?;
-        // The request keeps the network in force: restarts, LIST and a
-        // child's bounds all read it from there.
-        let mut request = request;
-        request.network = Some(grant.network.to_wire());
 
         let id = self.next_id;
         let door = Self::open_door(sandboxes, id)?;
         self.next_id += 1;
-        let isolation = isolation(sandboxes, &request);
+        let isolation = isolation(sandboxes, &request, &grant.network);
         let log = self.log_dir.join(format!("{}-{id}.log", request.name));
         set_aside_earlier_log(&log);
         log::info!(
@@ -483,7 +479,7 @@ impl Agents {
         if egress.policy().is_none() {
             return Ok(());
         }
-        if !shape_of(sandboxes, request).sandboxed {
+        if !shape_of(sandboxes, request.sandboxed, egress).sandboxed {
             let why = if request.sandboxed {
                 "this host gives no namespaces, so there is no network of its own to confine"
             } else {
@@ -665,14 +661,22 @@ pub fn cgroup_limits(limits: &Limits) -> CgroupLimits {
     }
 }
 
-/// The sandbox shape a request needs on this host.
-fn shape_of(sandboxes: &impl Sandboxes<Incarnation>, request: &SpawnRequest) -> Shape {
-    let sandboxed = request.sandboxed && sandboxes.machine().has_namespaces();
+/// The sandbox shape an agent needs on this host: sandboxed if it asked
+/// to be (and can be), sharing the host's network if its egress is that.
+fn shape_of(sandboxes: &impl Sandboxes<Incarnation>, sandboxed: bool, egress: &Egress) -> Shape {
+    let sandboxed = sandboxed && sandboxes.machine().has_namespaces();
     Shape {
         sandboxed,
         // Outside a sandbox there is only the host's network.
-        network: request.network.as_ref().is_some_and(Network::is_host) && sandboxed,
+        network: *egress == Egress::Host && sandboxed,
         nested: false,
+    }
+}
+
+impl Agent {
+    /// The sandbox shape its incarnations get.
+    fn shape(&self, sandboxes: &impl Sandboxes<Incarnation>) -> Shape {
+        shape_of(sandboxes, self.request.sandboxed, &self.egress)
     }
 }
 
@@ -687,14 +691,18 @@ fn view_of(sandboxes: &impl Sandboxes<Incarnation>, agent: &Agent) -> Option<Vie
             writable: true,
         });
     }
-    sandboxes.view(shape_of(sandboxes, &agent.request), &binds)
+    sandboxes.view(agent.shape(sandboxes), &binds)
 }
 
 /// The isolation a request gets on this host, and why it is less than
 /// asked, if it is.
-fn isolation(sandboxes: &impl Sandboxes<Incarnation>, request: &SpawnRequest) -> Isolation {
+fn isolation(
+    sandboxes: &impl Sandboxes<Incarnation>,
+    request: &SpawnRequest,
+    egress: &Egress,
+) -> Isolation {
     let machine = sandboxes.machine();
-    let shape = shape_of(sandboxes, request);
+    let shape = shape_of(sandboxes, request.sandboxed, egress);
     let mut missing = Vec::new();
     if request.sandboxed {
         if let Some(reason) = &machine.no_namespaces {

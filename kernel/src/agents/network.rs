@@ -127,8 +127,8 @@ impl Agents {
         Ok((net_reply(agent), changed))
     }
 
-    /// Agent `id` (with a policy) gets `policy`: kept for restarts, and
-    /// given to the proxy for the running incarnation.
+    /// Agent `id` (with a policy) gets `policy`: kept for its restarts,
+    /// and given to the proxy for the running incarnation.
     fn replace_policy(&mut self, id: u32, policy: Policy) {
         let Some(agent) = self.table.get_mut(&id) else {
             return;
@@ -140,7 +140,6 @@ impl Agents {
             endpoint.set_policy(policy.clone());
         }
         agent.egress = Egress::Policy(policy);
-        agent.request.network = Some(agent.egress.to_wire());
     }
 }
 

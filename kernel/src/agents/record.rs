@@ -82,8 +82,7 @@ pub struct Agent {
     /// The eldest ancestor it had when spawned (itself, if none): its
     /// family, whose members share EXEC and LOGS as one.
     pub root: u32,
-    /// What SPAWN asked for (kept for restarts), its `network` the one in
-    /// force.
+    /// What SPAWN asked for (kept for restarts).
     pub request: SpawnRequest,
     /// What it may reach (its request's `network`, as the kernel reads it).
     pub egress: Egress,

@@ -7,7 +7,7 @@ use std::time::Instant;
 use agentos_proto::payload::{AgentInfo, AgentRef, AgentState};
 
 use super::record::Agent;
-use super::{shape_of, AgentLog, Agents, Incarnation, Viewer};
+use super::{AgentLog, Agents, Incarnation, Viewer};
 use crate::sandbox::runtime::Sandboxes;
 
 impl Agents {
@@ -27,7 +27,7 @@ impl Agents {
             Viewer::Agent(asker) => self
                 .table
                 .get(&asker)
-                .is_some_and(|a| shape_of(sandboxes, &a.request).sandboxed)
+                .is_some_and(|a| a.shape(sandboxes).sandboxed)
                 .then_some(Some(asker)),
             // A run sees no process outside its own namespace.
             Viewer::Run(_) => Some(None),

@@ -4,6 +4,7 @@
 
 use std::io;
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::endpoint;
@@ -22,7 +23,7 @@ pub const CA_BUNDLE_INSIDE: &str = "/run/agentos/ca-bundle.pem";
 pub struct Gateway {
     proxy: Result<Arc<Proxy>, String>,
     default: Option<Policy>,
-    next_id: Mutex<SandboxId>,
+    next_id: AtomicU64,
 }
 
 /// A sandbox served by the proxy: its record, and its endpoint, which
@@ -42,7 +43,7 @@ impl Gateway {
         Gateway {
             proxy: proxy.map(Arc::new),
             default,
-            next_id: Mutex::new(1),
+            next_id: AtomicU64::new(1),
         }
     }
 
@@ -79,11 +80,7 @@ impl Gateway {
             .proxy
             .as_ref()
             .map_err(|why| io::Error::other(why.clone()))?;
-        let id = {
-            let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
-            *next += 1;
-            *next
-        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let record = proxy.serve(id, label, listener, policy);
         Ok(Endpoint {
             id,
