@@ -172,6 +172,11 @@ impl<A: Send + 'static> WorkerPool<A> {
         Ok(())
     }
 
+    /// Jobs waiting for a thread.
+    pub fn queued(&self) -> usize {
+        self.shared.lock().queued
+    }
+
     /// Drops `connection`'s queued jobs (a job already running still completes).
     /// Returns how many were dropped.
     pub fn cancel(&self, connection: ConnectionSerial) -> usize {

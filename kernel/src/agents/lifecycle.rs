@@ -318,6 +318,8 @@ impl Agents {
         }
         agent.oom_killed |= end.oom_killed;
         agent.last_run = end.usage;
+        agent.sampled = CgroupStats::default();
+        self.counts.ended_cpu.add(&end.usage);
         if let Some((code, message)) = agent.workload.start_error.clone() {
             log::info!("agent {id} ({}): could not start: {message}", agent.name);
             return self.fail_start(sandboxes, replies, id, code, message, now);

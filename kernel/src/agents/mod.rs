@@ -29,6 +29,7 @@ mod record;
 pub mod restart;
 #[cfg(test)]
 mod tests;
+mod usage;
 mod views;
 
 use std::collections::BTreeMap;
@@ -59,6 +60,7 @@ use program::{Lookup, Program};
 pub use record::Restarted;
 use record::{Agent, SpawnWaiter, StopReason, WorkloadReport};
 use restart::Restarts;
+pub use usage::CpuTotals;
 
 /// One incarnation of an agent (it has one more each time it restarts):
 /// what owns a sandbox. An incarnation's events carry its number, so events
@@ -100,6 +102,8 @@ pub struct AgentCounts {
     pub restarts: u64,
     /// Processes the memory controller killed, in agents' sandboxes.
     pub oom_kills: u64,
+    /// CPU figures of the incarnations that have ended.
+    pub ended_cpu: CpuTotals,
 }
 
 /// What an agent may ask of the kernel (see [`Agents::grant`]).
@@ -182,6 +186,8 @@ pub struct Agents {
     gateway: Arc<Gateway>,
     /// What the metrics count of agents.
     pub counts: AgentCounts,
+    /// The last agent whose cgroup the metrics sampled (see `usage.rs`).
+    sample_cursor: u32,
 }
 
 impl Agents {
@@ -213,6 +219,7 @@ impl Agents {
             ended: Vec::new(),
             gateway,
             counts: AgentCounts::default(),
+            sample_cursor: 0,
         })
     }
 
@@ -461,6 +468,7 @@ impl Agents {
                 door: Some(door),
                 log,
                 last_run: Default::default(),
+                sampled: Default::default(),
                 boot: false,
             },
         );

@@ -136,6 +136,8 @@ pub struct Agent {
     /// went, so
     /// LIST still shows what an ended agent used.
     pub last_run: CgroupStats,
+    /// The running incarnation's figures when the metrics last read them.
+    pub sampled: CgroupStats,
     /// Started from `[[agents.boot]]`.
     pub boot: bool,
 }

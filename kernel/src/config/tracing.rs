@@ -14,7 +14,7 @@ pub struct TracingConfig {
     /// Record prompts and outputs in spans (off: never).
     pub record_content: bool,
     /// Finished spans that may wait for the exporter; past it they are
-    /// dropped and counted (`agentos_trace_spans_dropped_total`).
+    /// dropped and counted (`agentos_trace_spans_total{outcome="dropped"}`).
     pub queue: usize,
     /// The `service.name` the spans are sent under.
     pub service_name: String,

@@ -2,6 +2,7 @@
 //! how long they took.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use agentos_proto::payload::ExecReply;
 
@@ -12,6 +13,7 @@ use crate::telemetry::metrics::{Histogram, Snapshot, LATENCY_BUCKETS};
 pub struct ExecCounts {
     ended: BTreeMap<&'static str, u64>,
     duration: Histogram,
+    refill: Histogram,
 }
 
 impl Default for ExecCounts {
@@ -19,6 +21,7 @@ impl Default for ExecCounts {
         ExecCounts {
             ended: BTreeMap::new(),
             duration: Histogram::new(&LATENCY_BUCKETS),
+            refill: Histogram::new(&LATENCY_BUCKETS),
         }
     }
 }
@@ -41,6 +44,11 @@ impl ExecCounts {
         self.duration.observe(reply.duration_ms as f64 / 1000.0);
     }
 
+    /// A run child arrived `took` after it was asked for.
+    pub fn refilled(&mut self, took: Duration) {
+        self.refill.observe(took.as_secs_f64());
+    }
+
     /// Adds EXEC's series to `snapshot`.
     pub fn add_to(&self, snapshot: &mut Snapshot) {
         for (outcome, count) in &self.ended {
@@ -57,6 +65,12 @@ impl ExecCounts {
             "Wall-clock time of EXEC runs.",
             &[],
             &self.duration,
+        );
+        snapshot.seconds(
+            "agentos_exec_refill",
+            "Time from asking an EXEC host for a fresh run sandbox to having it ready.",
+            &[],
+            &self.refill,
         );
     }
 }

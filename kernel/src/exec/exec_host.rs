@@ -3,8 +3,9 @@
 //! run cgroups sent to it, and how many run children it has been asked
 //! for. Starting, claiming and replacing hosts is `hosts`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
+use std::time::Instant;
 
 use mio::Token;
 
@@ -33,6 +34,9 @@ pub struct ExecHost {
     /// `exec.ready_runs`. A child a session keeps stops counting once its
     /// first run has ended.
     pub requested: usize,
+    /// When each child asked of it and not yet handed over was asked for,
+    /// oldest first (it hands them over in order): the refill time.
+    pub asked: VecDeque<Instant>,
 }
 
 impl ExecHost {
@@ -45,6 +49,7 @@ impl ExecHost {
             cgroups: HashMap::new(),
             last_cgroup: 0,
             requested: 0,
+            asked: VecDeque::new(),
         }
     }
 }

@@ -192,6 +192,9 @@ impl Exec {
                     return;
                 }
             };
+            if let Some(asked) = self.hosts[key].asked.pop_front() {
+                self.counts.refilled(now.saturating_duration_since(asked));
+            }
             let cgroup = self.hosts[key].cgroups.remove(&ready.cgroup);
             // The pipes are made non-blocking as they are watched.
             if let Err(err) = fd::set_nonblocking(&ready.socket) {
@@ -465,6 +468,7 @@ impl Exec {
         };
         while host.requested < self.setup.ready_runs {
             host.requested += 1;
+            host.asked.push_back(Instant::now());
             match &self.run_cgroups {
                 Some(cgroups) => cgroups.make(host.id, 1),
                 None => {

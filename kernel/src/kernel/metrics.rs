@@ -5,21 +5,142 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use std::time::Duration;
+
 use super::Kernel;
-use crate::telemetry::metrics::Snapshot;
+use crate::telemetry::metrics::{Histogram, Snapshot, TURN_BUCKETS};
+
+/// What the reactor counts for the metrics: it owns the connections and
+/// the turns, and writes these as plain data each turn.
+#[derive(Clone, Debug)]
+pub struct ReactorCounts {
+    turns: Histogram,
+    /// Connections open now, of which agents' (runs' and operators' are
+    /// the rest).
+    pub connections: usize,
+    pub agent_connections: usize,
+    /// Connections refused at the door, by error code.
+    refused: BTreeMap<&'static str, u64>,
+    /// Jobs waiting for a worker thread.
+    pub worker_jobs_queued: usize,
+}
+
+impl Default for ReactorCounts {
+    fn default() -> Self {
+        ReactorCounts {
+            turns: Histogram::new(&TURN_BUCKETS),
+            connections: 0,
+            agent_connections: 0,
+            refused: BTreeMap::new(),
+            worker_jobs_queued: 0,
+        }
+    }
+}
+
+impl ReactorCounts {
+    /// A turn of the reactor, from waking to sleeping again: how long an
+    /// event that came in during it may have waited.
+    pub fn turn(&mut self, took: Duration) {
+        self.turns.observe(took.as_secs_f64());
+    }
+
+    /// A connection refused with `code`.
+    pub fn refused(&mut self, code: &'static str) {
+        *self.refused.entry(code).or_default() += 1;
+    }
+
+    fn add_to(&self, snapshot: &mut Snapshot) {
+        snapshot.seconds(
+            "agentos_reactor_turn_duration",
+            "Time each turn of the reactor took, from waking to sleeping again: how long a \
+             request may wait behind others.",
+            &[],
+            &self.turns,
+        );
+        let operators = self.connections.saturating_sub(self.agent_connections);
+        for (peer, count) in [("agent", self.agent_connections), ("other", operators)] {
+            snapshot.gauge(
+                "agentos_connections",
+                "Connections open to the kernel: agents', and the rest (operators and EXEC \
+                 runs).",
+                &[("peer", peer)],
+                count as i64,
+            );
+        }
+        for (code, count) in &self.refused {
+            snapshot.counter(
+                "agentos_connections_refused",
+                "Connections the kernel refused at the door, by error code (busy: no room; \
+                 permission_denied: not an operator).",
+                &[("code", code)],
+                *count,
+            );
+        }
+        snapshot.gauge(
+            "agentos_worker_jobs_queued",
+            "Requests waiting for one of the kernel's worker threads.",
+            &[],
+            self.worker_jobs_queued as i64,
+        );
+    }
+}
 
 impl Kernel {
     /// Publishes a snapshot if one is due.
     pub(super) fn publish_metrics_if_due(&mut self, now: Instant) {
         if self.metrics.due(now) {
+            self.agents
+                .sample_usage(&super::agent_sandboxes(&mut self.sandboxes));
             let snapshot = self.metrics_snapshot();
             self.metrics.published.publish(snapshot);
         }
     }
 
-    /// The latest metrics in the Prometheus text format.
-    pub fn metrics_text(&self) -> String {
-        self.metrics.published.render()
+    /// CPU over every agent, and what each boot agent uses (the only
+    /// agents named: their number is the configuration's).
+    fn add_agent_usage(&self, snapshot: &mut Snapshot) {
+        const MICROS: f64 = 1e6;
+        let cpu = self.agents.cpu_totals();
+        snapshot.seconds_counter(
+            "agentos_agents_cpu",
+            "CPU time agents used (running ones as last sampled: boot agents each second, \
+             others in turn).",
+            &[],
+            cpu.usage_usec as f64 / MICROS,
+        );
+        snapshot.seconds_counter(
+            "agentos_agents_cpu_throttled",
+            "Time CPU quotas kept agents stopped (cgroup throttling).",
+            &[],
+            cpu.throttled_usec as f64 / MICROS,
+        );
+        snapshot.counter(
+            "agentos_agents_cpu_throttled_periods",
+            "Scheduling periods in which a CPU quota stopped an agent.",
+            &[],
+            cpu.nr_throttled,
+        );
+        for (name, usage) in self.agents.boot_usage() {
+            let agent = [("agent", name)];
+            snapshot.seconds_counter(
+                "agentos_agent_cpu",
+                "CPU time a boot agent's current (or last) incarnation used.",
+                &agent,
+                usage.cpu_usage_usec as f64 / MICROS,
+            );
+            snapshot.seconds_counter(
+                "agentos_agent_cpu_throttled",
+                "Time its CPU quota kept a boot agent's incarnation stopped.",
+                &agent,
+                usage.throttled_usec as f64 / MICROS,
+            );
+            snapshot.gauge(
+                "agentos_agent_memory_bytes",
+                "Memory a boot agent's sandbox uses now.",
+                &agent,
+                usage.memory_current as i64,
+            );
+        }
     }
 
     /// What every subsystem counts now.
@@ -37,6 +158,7 @@ impl Kernel {
                 count,
             );
         }
+        self.add_agent_usage(&mut snapshot);
         self.llm.add_metrics(&mut snapshot);
         let counts = self.agents.counts;
         snapshot.counter(
@@ -77,6 +199,7 @@ impl Kernel {
             );
         }
         self.tools.add_metrics(&mut snapshot);
+        self.reactor_counts.add_to(&mut snapshot);
         if let Some(exporter) = self.tracer.exporter() {
             use std::sync::atomic::Ordering::Relaxed;
             let counts = &exporter.counts;

@@ -94,6 +94,8 @@ pub struct Kernel {
     pub(crate) gateway: Arc<Gateway>,
     /// What the kernel counts, published for readers of its metrics.
     pub(crate) metrics: crate::telemetry::metrics::Publisher,
+    /// What the reactor counts, for the metrics.
+    pub(crate) reactor_counts: metrics::ReactorCounts,
     /// Where spans go, if `[tracing]` is on.
     pub(crate) tracer: Arc<crate::telemetry::tracer::Tracer>,
 }
@@ -210,6 +212,7 @@ impl Kernel {
             tokens,
             gateway,
             metrics: crate::telemetry::metrics::Publisher::new(Instant::now()),
+            reactor_counts: metrics::ReactorCounts::default(),
             tracer,
         };
         if let Some(listen) = &kernel.config.metrics.listen {

@@ -76,6 +76,8 @@ pub struct CallDone {
     pub latency: Duration,
     /// Attempts made.
     pub attempts: u32,
+    /// Retries after the provider said it was rate-limiting (HTTP 429).
+    pub rate_limited: u32,
     /// The call failed because no connection could be made to the
     /// provider: HELLO reports it unreachable until a call succeeds.
     pub unreachable: bool,
@@ -150,6 +152,7 @@ impl Callers {
                         )),
                         latency: Duration::ZERO,
                         attempts: 1,
+                        rate_limited: 0,
                         unreachable: false,
                     });
                     if done.send(finished).is_err() {
@@ -199,6 +202,7 @@ fn call(
     let mut waited = Duration::ZERO;
     let mut attempts = 0u32;
     let mut connect_failures = 0u32;
+    let mut rate_limited = 0u32;
     let result = loop {
         attempts += 1;
         let failure = match attempt(agent, endpoint, &job.chat, job.deadline, budget) {
@@ -229,6 +233,9 @@ fn call(
             job.ticket,
             failure.message
         );
+        if failure.code == ErrorCode::Busy {
+            rate_limited += 1;
+        }
         std::thread::sleep(delay);
         waited += delay;
     };
@@ -238,6 +245,7 @@ fn call(
         result,
         latency: started.elapsed(),
         attempts,
+        rate_limited,
         unreachable,
     }
 }

@@ -22,6 +22,8 @@ struct ModelCounts {
 pub struct ThinkCounts {
     by_model: BTreeMap<String, ModelCounts>,
     failures: BTreeMap<&'static str, u64>,
+    refusals: BTreeMap<&'static str, u64>,
+    rate_limit_waits: BTreeMap<&'static str, u64>,
     queue_wait: Histogram,
     latency: Histogram,
 }
@@ -31,6 +33,8 @@ impl Default for ThinkCounts {
         ThinkCounts {
             by_model: BTreeMap::new(),
             failures: BTreeMap::new(),
+            refusals: BTreeMap::new(),
+            rate_limit_waits: BTreeMap::new(),
             queue_wait: Histogram::new(&LATENCY_BUCKETS),
             latency: Histogram::new(&LATENCY_BUCKETS),
         }
@@ -54,6 +58,20 @@ impl ThinkCounts {
     /// A call that failed, by its error code's word.
     pub fn failed(&mut self, kind: &'static str) {
         *self.failures.entry(kind).or_default() += 1;
+    }
+
+    /// A THINK answered with an error before the provider saw it: refused
+    /// at once, or expired in the queue (`timeout`).
+    pub fn refused(&mut self, code: &'static str) {
+        *self.refusals.entry(code).or_default() += 1;
+    }
+
+    /// `waits` times a call was held back by a rate limit: the kernel's
+    /// own (`[llm] rpm`/`tpm`) or the provider's HTTP 429.
+    pub fn rate_limit_wait(&mut self, limit: &'static str, waits: u32) {
+        if waits > 0 {
+            *self.rate_limit_waits.entry(limit).or_default() += u64::from(waits);
+        }
     }
 
     /// A call that waited `queue` seconds in the fair queue and took
@@ -94,6 +112,24 @@ impl ThinkCounts {
                 "agentos_think_failures",
                 "THINK calls that failed, by error code.",
                 &[("provider", provider), ("code", kind)],
+                *count,
+            );
+        }
+        for (code, count) in &self.refusals {
+            snapshot.counter(
+                "agentos_think_refused",
+                "THINK requests answered with an error before the provider saw them: refused \
+                 at once or expired in the queue (timeout), by error code.",
+                &[("provider", provider), ("code", code)],
+                *count,
+            );
+        }
+        for (limit, count) in &self.rate_limit_waits {
+            snapshot.counter(
+                "agentos_think_rate_limit_waits",
+                "Times THINK calls were held back by a rate limit: the kernel's own or the \
+                 provider's (HTTP 429, then retried).",
+                &[("provider", provider), ("limit", limit)],
                 *count,
             );
         }

@@ -280,6 +280,21 @@ impl Llm {
         request: ThinkRequest,
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
+        let queued = self.enqueue(asker, reply_to, request, replies);
+        if let Err(refusal) = &queued {
+            self.counts.refused(refusal.code.as_str());
+        }
+        queued
+    }
+
+    /// [`Llm::think`] before its refusals are counted.
+    fn enqueue(
+        &mut self,
+        asker: &Asker,
+        reply_to: ReplyTo,
+        request: ThinkRequest,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), ErrorReply> {
         if let Some(reason) = &self.unavailable {
             return Err(ErrorReply::new(
                 ErrorCode::Unavailable,
@@ -383,6 +398,7 @@ impl Llm {
         }
         if expire {
             for expired in self.withdraw(|pending| pending.deadline <= now, "timeout") {
+                self.counts.refused(ErrorCode::Timeout.as_str());
                 let waited = now.saturating_duration_since(expired.item.enqueued);
                 let failure = Failure::fatal(
                     ErrorCode::Timeout,
@@ -513,6 +529,9 @@ impl Llm {
                 return;
             };
             if let Err(ready) = self.admission.admit(head.estimate, now) {
+                if self.admit_wake.is_none() {
+                    self.counts.rate_limit_wait("kernel", 1);
+                }
                 if self.admit_wake.is_none_or(|at| at > ready) {
                     self.timers.schedule(ready, Wake::Admit);
                     self.admit_wake = Some(ready);
@@ -560,6 +579,7 @@ impl Llm {
                     )),
                     latency: Duration::ZERO,
                     attempts: 0,
+                    rate_limited: 0,
                     unreachable: false,
                 };
                 self.finished(done, replies);
@@ -587,6 +607,7 @@ impl Llm {
         }
         self.counts
             .timed(queue.as_secs_f64(), done.latency.as_secs_f64());
+        self.counts.rate_limit_wait("provider", done.rate_limited);
         if let Some(mut span) = call.span.take() {
             span.int("agentos.think.queue_ms", call.queue_ms as i64);
             let error = match &done.result {

@@ -68,6 +68,9 @@ impl Reactor {
                         peer.pid
                     );
                 }
+                self.kernel
+                    .reactor_counts
+                    .refused(ErrorCode::PermissionDenied.as_str());
                 refuse(
                     &mut stream,
                     ErrorCode::PermissionDenied,
@@ -95,6 +98,9 @@ impl Reactor {
                         peer.uid
                     );
                 }
+                self.kernel
+                    .reactor_counts
+                    .refused(ErrorCode::PermissionDenied.as_str());
                 refuse(
                     &mut stream,
                     ErrorCode::PermissionDenied,
@@ -136,6 +142,7 @@ impl Reactor {
                 peer.pid,
             );
         }
+        self.kernel.reactor_counts.refused(ErrorCode::Busy.as_str());
         refuse(stream, ErrorCode::Busy, &reason.to_string());
         false
     }

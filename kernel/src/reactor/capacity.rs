@@ -87,6 +87,16 @@ impl Capacity {
         Ok(())
     }
 
+    /// Connections open now.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Agents' connections open now.
+    pub fn agents(&self) -> usize {
+        self.agents
+    }
+
     /// A connection for `identity` was installed.
     pub fn opened(&mut self, identity: Identity) {
         self.total += 1;

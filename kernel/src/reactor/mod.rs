@@ -191,6 +191,7 @@ impl Reactor {
                 }
                 return Err(err);
             }
+            let woke = Instant::now();
             for event in events.iter() {
                 match event.token() {
                     LISTENER => self.accept_all(),
@@ -209,6 +210,7 @@ impl Reactor {
             }
             self.serve_ready();
             self.fire_timers();
+            self.count_turn(woke);
             if let Some(deadline) = self.drain_deadline {
                 if self.connections.is_empty() && self.kernel.is_idle() {
                     log::info!("all connections drained, all agents stopped");
@@ -228,6 +230,15 @@ impl Reactor {
         self.kernel.finish_shutdown();
         self.workers.shutdown();
         Ok(())
+    }
+
+    /// Hands the kernel's metrics what only the reactor knows.
+    fn count_turn(&mut self, woke: Instant) {
+        let counts = &mut self.kernel.reactor_counts;
+        counts.turn(woke.elapsed());
+        counts.connections = self.capacity.total();
+        counts.agent_connections = self.capacity.agents();
+        counts.worker_jobs_queued = self.workers.queued();
     }
 
     /// Places replies the kernel completed and admits connections it

@@ -9,19 +9,29 @@ use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
 use crate::kernel::{Actor, Kernel};
 
+/// Rendered on a worker: the text of a kernel with many agents is
+/// hundreds of kilobytes.
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
-    let answer = MetricsRequest::parse(request.payload).and_then(|_| {
-        if !matches!(actor(kernel, request)?, Actor::Operator { .. }) {
-            return Err(ErrorReply::new(
+    let allowed = MetricsRequest::parse(request.payload).and_then(|_| {
+        if matches!(actor(kernel, request)?, Actor::Operator { .. }) {
+            Ok(())
+        } else {
+            Err(ErrorReply::new(
                 ErrorCode::PermissionDenied,
                 "METRICS is for operators: the figures are the whole kernel's",
-            ));
+            ))
         }
-        Ok(Answer::json(&MetricsReply {
+    });
+    if let Err(refusal) = allowed {
+        return Outcome::Reply(Answer::from(refusal));
+    }
+    let published = kernel.metrics.published.clone();
+    Outcome::Deferred(Box::new(move || {
+        Answer::json(&MetricsReply {
             success: true,
             format: "prometheus".into(),
-            text: kernel.metrics_text(),
-        }))
-    });
-    Outcome::Reply(answer.unwrap_or_else(Answer::from))
+            text: published.render(),
+        })
+        .into_json()
+    }))
 }

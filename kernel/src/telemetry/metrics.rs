@@ -24,6 +24,12 @@ pub const LATENCY_BUCKETS: [f64; 16] = [
     8.192, 16.384, 32.768,
 ];
 
+/// Upper bounds, in seconds, for work that takes microseconds when all is
+/// well: a turn of the reactor.
+pub const TURN_BUCKETS: [f64; 13] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
 /// A histogram kept as plain data on the reactor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Histogram {
@@ -67,6 +73,7 @@ impl Histogram {
 #[derive(Clone, Debug, PartialEq)]
 enum Value {
     Counter(u64),
+    SecondsCounter(f64),
     Gauge(i64),
     Histogram(Histogram),
 }
@@ -96,6 +103,18 @@ impl Snapshot {
         value: u64,
     ) {
         self.add(name, help, None, labels, Value::Counter(value));
+    }
+
+    /// A counter series of seconds (`name` without `_seconds_total`).
+    pub fn seconds_counter(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&'static str, &str)],
+        seconds: f64,
+    ) {
+        let value = Value::SecondsCounter(seconds);
+        self.add(name, help, Some(Unit::Seconds), labels, value);
     }
 
     /// A gauge series.
@@ -212,7 +231,7 @@ impl Collector for Published {
         let snapshot = self.latest();
         for family in &snapshot.families {
             let kind = match family.series.first().map(|(_, value)| value) {
-                Some(Value::Counter(_)) => MetricType::Counter,
+                Some(Value::Counter(_) | Value::SecondsCounter(_)) => MetricType::Counter,
                 Some(Value::Gauge(_)) => MetricType::Gauge,
                 Some(Value::Histogram(_)) => MetricType::Histogram,
                 None => continue,
@@ -225,6 +244,7 @@ impl Collector for Published {
                 let series = metric.encode_family(&labels)?;
                 match value {
                     Value::Counter(n) => ConstCounter::new(*n).encode(series)?,
+                    Value::SecondsCounter(n) => ConstCounter::new(*n).encode(series)?,
                     Value::Gauge(n) => ConstGauge::new(*n).encode(series)?,
                     Value::Histogram(h) => {
                         let mut series = series;
