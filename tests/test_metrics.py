@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from agentos import AgentOSClient
+from agentos import AgentOSClient, Unavailable
 from agentos.protocol import Opcode
 from conftest import binary, kernel_with, log_of, wait_state
 
@@ -100,3 +100,42 @@ def test_metrics_are_for_operators_only(kernel):
             assert log_of(kernel, "metrics-asker", spawned["id"]).strip() == "refused"
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_throttling_refusals_refills_and_the_reactor_are_counted():
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: a boot agent's cgroup and EXEC need root (CI runs as root)")
+        return
+    config = (
+        "[[agents.boot]]\n"
+        'name = "spinner"\n'
+        # The system's python: a sandbox sees /usr, not a virtualenv.
+        'command = ["/usr/bin/python3", "-c", "while True: pass"]\n'
+        "limits = { memory = 268435456, cpu_quota = 10000, max_pids = 16 }\n"
+    )
+    with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path) as client:
+        # Without a provider, THINK is refused before any queue.
+        with pytest.raises(Unavailable):
+            client.think("hello")
+        assert client.exec("print(1)")["ok"]
+        spinner = '{agent="spinner"}'
+        deadline = time.monotonic() + 20
+        while True:
+            text = client.call_json(Opcode.METRICS)["text"]
+            moved = (
+                series(text, "agentos_agent_cpu_throttled_seconds_total", spinner) > 0
+                and series(text, "agentos_agent_cpu_seconds_total", spinner) > 0
+                and series(text, "agentos_exec_refill_seconds_count") > 0
+            )
+            if moved:
+                break
+            assert time.monotonic() < deadline, text
+            time.sleep(0.5)
+        assert series(text, "agentos_agents_cpu_throttled_periods_total") > 0, text
+        assert series(text, "agentos_agent_memory_bytes", spinner) > 0, text
+        assert series(text, "agentos_think_refused_total",
+                      '{provider="none",code="unavailable"}') == 1, text
+        assert series(text, "agentos_connections", '{peer="other"}') >= 1, text
+        assert series(text, "agentos_reactor_turn_duration_seconds_count") > 0, text
+        # Only boot agents are named: a spawned agent adds no series.
+        assert text.count('agent="') == text.count('agent="spinner"'), text
