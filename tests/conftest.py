@@ -16,12 +16,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BIN_DIR = Path(os.environ.get("AGENTOS_BIN_DIR", REPO / "target" / "debug"))
+# Debian's prometheus, which ``scripts/setup --test`` unpacks here rather
+# than installs, so no service runs.
+PROMETHEUS_BIN_DIR = REPO / ".cache" / "prometheus" / "usr" / "bin"
 
 
 def binary(name: str) -> Path:
@@ -29,6 +32,22 @@ def binary(name: str) -> Path:
     if not path.exists():
         pytest.fail(f"{path} not found: build first (cargo build) or set AGENTOS_BIN_DIR")
     return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def prometheus_tool(name: str) -> Optional[str]:
+    """``prometheus`` or ``promtool``: the copy setup unpacked, else one on
+    PATH, else None."""
+    unpacked = PROMETHEUS_BIN_DIR / name
+    if os.access(unpacked, os.X_OK):
+        return str(unpacked)
+    return shutil.which(name)
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import sys
@@ -19,13 +18,7 @@ import pytest
 
 from agentos import AgentOSClient, Unavailable
 from agentos.protocol import Opcode
-from conftest import binary, kernel_with, log_of, wait_state
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from conftest import binary, free_port, kernel_with, log_of, prometheus_tool, wait_state
 
 
 def series(text: str, name: str, labels: str = "") -> float:
@@ -63,9 +56,9 @@ def test_the_listener_and_metrics_serve_figures_that_move_with_work():
                                  capture_output=True, text=True, timeout=30)
         assert printed.returncode == 0, printed.stderr
         assert series(printed.stdout, runs, '{outcome="ok"}') >= 1, printed.stdout
-        promtool = shutil.which("promtool")
+        promtool = prometheus_tool("promtool")
         if promtool is None:
-            print("!!! NOT TESTED: promtool check metrics (Debian's prometheus package)")
+            print("!!! NOT TESTED: promtool check metrics (Debian's prometheus: scripts/setup --test)")
         else:
             checked = subprocess.run([promtool, "check", "metrics"], input=after,
                                      capture_output=True, text=True, timeout=30)
