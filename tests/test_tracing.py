@@ -8,7 +8,9 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from typing import Iterator
@@ -17,7 +19,7 @@ import pytest
 
 from agentos import AgentOSClient
 from agentos.protocol import Opcode
-from conftest import REPO, kernel_with
+from conftest import REPO, kernel_with, log_of, wait_state
 
 ANSWER = "the answer is four"
 PROMPT = "what is two and two, secretly"
@@ -150,17 +152,24 @@ def test_a_tool_call_is_an_execute_tool_span_whose_context_reaches_the_server(re
             time.sleep(0.1)
         reply = client.call_json(Opcode.TOOL, {"op": "call", "server": "echo",
                                                "tool": "traceparent", "trace": PARENT})
-        [span] = receiver.wait_for(1)
+        spans = receiver.wait_for(2)
     seen = reply["content"][0]["text"]
-    assert span.name == "execute_tool traceparent"
-    assert span.trace_id.hex() == TRACE_ID
+    by_name = {span.name: span for span in spans}
+    span, mcp = by_name["execute_tool traceparent"], by_name["tools/call traceparent"]
+    assert span.trace_id.hex() == mcp.trace_id.hex() == TRACE_ID
     assert span.parent_span_id.hex() == "00f067aa0ba902b7"
     found = attributes(span)
     assert found["gen_ai.operation.name"] == "execute_tool"
     assert found["gen_ai.tool.name"] == "traceparent"
-    assert found["mcp.method.name"] == "tools/call"
-    # The server's request carried the call's own span as its parent.
-    assert seen == f"00-{TRACE_ID}-{span.span_id.hex()}-01", seen
+    # The MCP request is a client span of its own within the call.
+    assert mcp.parent_span_id == span.span_id
+    request = attributes(mcp)
+    assert request["mcp.method.name"] == "tools/call"
+    assert request["gen_ai.tool.name"] == "traceparent"
+    assert request["network.transport"] == "pipe"
+    assert int(request["jsonrpc.request.id"]) >= 0
+    # The server's request carried the MCP span as its parent.
+    assert seen == f"00-{TRACE_ID}-{mcp.span_id.hex()}-01", seen
 
 
 def test_a_runs_tool_calls_join_its_span_through_traceparent(receiver):
@@ -181,15 +190,17 @@ def test_a_runs_tool_calls_join_its_span_through_traceparent(receiver):
                 "print(tools.echo.traceparent())\n")
         reply = client.call_json(Opcode.EXEC, {"code": code, "trace": PARENT})
         assert reply["success"], reply
-        spans = receiver.wait_for(2)
+        spans = receiver.wait_for(3)
     by_name = {span.name: span for span in spans}
     run, tool = by_name["exec python"], by_name["execute_tool traceparent"]
+    mcp = by_name["tools/call traceparent"]
     assert run.trace_id.hex() == tool.trace_id.hex() == TRACE_ID
     assert run.parent_span_id.hex() == "00f067aa0ba902b7"
     assert tool.parent_span_id == run.span_id
+    assert mcp.parent_span_id == tool.span_id
     environment, seen = reply["stdout"].split()
     assert environment == f"00-{TRACE_ID}-{run.span_id.hex()}-01"
-    assert seen == f"00-{TRACE_ID}-{tool.span_id.hex()}-01"
+    assert seen == f"00-{TRACE_ID}-{mcp.span_id.hex()}-01"
     assert attributes(run)["process.exit.code"] == 0
 
 
@@ -220,19 +231,53 @@ def test_a_prompt_tasks_spans_nest_task_think_exec_tool(receiver):
                                               "timeout_ms": 60000},
                                 deadline_ms=70000)
         assert done["task"]["state"] == "completed", done
-        spans = receiver.wait_for(5)
+        spans = receiver.wait_for(6)
     names = sorted(span.name for span in spans)
     assert names == ["chat stub-model", "chat stub-model", "exec python",
-                     "execute_tool traceparent", "task prompt"], names
+                     "execute_tool traceparent", "task prompt",
+                     "tools/call traceparent"], names
     by_name = {}
     for span in spans:
         by_name.setdefault(span.name, []).append(span)
     [task] = by_name["task prompt"]
     [run] = by_name["exec python"]
     [tool] = by_name["execute_tool traceparent"]
+    [mcp] = by_name["tools/call traceparent"]
     assert {span.trace_id.hex() for span in spans} == {TRACE_ID}
     assert task.parent_span_id.hex() == "00f067aa0ba902b7"
     for chat in by_name["chat stub-model"]:
         assert chat.parent_span_id == task.span_id
     assert run.parent_span_id == task.span_id
     assert tool.parent_span_id == run.span_id
+    assert mcp.parent_span_id == tool.span_id
+
+
+def test_spawn_is_a_create_agent_span_and_an_agents_think_names_it(receiver):
+    directory = tempfile.mkdtemp(prefix="agentos-tracing-", dir="/var/tmp")
+    os.chmod(directory, 0o755)
+    script = os.path.join(directory, "thinker.py")
+    with open(script, "w") as file:
+        file.write(
+            "from agentos import AgentOSClient\n"
+            "with AgentOSClient() as kernel:\n"
+            "    print(kernel.think('hello')['content'], flush=True)\n"
+        )
+    os.chmod(script, 0o644)
+    try:
+        with kernel_with(config(receiver)) as kernel, \
+                AgentOSClient(kernel.socket_path) as client:
+            spawned = client.spawn("thinker", script, python=sys.executable,
+                                   permissions={"think": True})
+            wait_state(client, spawned["id"], {"exited", "failed"}, timeout=60)
+            assert log_of(kernel, "thinker", spawned["id"]).strip() == ANSWER
+            spans = receiver.wait_for(2)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    by_name = {span.name: span for span in spans}
+    create, chat = by_name["create_agent thinker"], by_name["chat stub-model"]
+    for span in (create, chat):
+        found = attributes(span)
+        assert found["gen_ai.agent.id"] == str(spawned["id"]), found
+        assert found["gen_ai.agent.name"] == "thinker", found
+    assert attributes(create)["gen_ai.operation.name"] == "create_agent"
+    assert create.status.code != 2  # not an error: the agent started

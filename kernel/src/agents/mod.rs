@@ -296,14 +296,13 @@ impl Agents {
         request: SpawnRequest,
         tokens_left: Option<u64>,
         reply_to: ReplyTo,
-    ) -> Result<(), ErrorReply> {
+    ) -> Result<u32, ErrorReply> {
         let waiter = SpawnWaiter {
             reply_to,
             by_agent: !matches!(spawner, Spawner::Operator),
             warnings: Vec::new(),
         };
         self.admit(sandboxes, spawner, request, tokens_left, Some(waiter))
-            .map(|_| ())
     }
 
     /// Starts a boot agent (`[[agents.boot]]`), as the operator would;

@@ -68,7 +68,7 @@ use crate::network::policy::Policy;
 use crate::network::Gateway;
 use crate::sandbox::runtime::Sandboxes;
 use crate::telemetry::otlp::SpanKind;
-use crate::telemetry::tracer::{OpenSpan, Tracer};
+use crate::telemetry::tracer::{OpenSpan, SpanAgent, Tracer};
 use crate::telemetry::TraceContext;
 use crate::timers::Timers;
 use cgroups::RunCgroups;
@@ -136,6 +136,8 @@ pub struct RunCaller {
     pub charged_to: Option<ChargedTo>,
     /// The network policy its run gets, if it gets one (the run's grant's).
     pub policy: Option<Policy>,
+    /// The agent whose work it is, for the span.
+    pub agent: Option<SpanAgent>,
 }
 
 /// The EXEC subsystem.
@@ -505,7 +507,7 @@ impl Exec {
         if let Principal::Agent { id } = caller.principal {
             *self.runs_by_agent.entry(id).or_default() += 1;
         }
-        let span = self.open_run_span(&request, run);
+        let span = self.open_run_span(&request, run, caller.agent.as_ref());
         let waiting = Waiting {
             request,
             reply_to,
@@ -546,7 +548,12 @@ impl Exec {
 
     /// The span of run `run` for `request`, with tracing on: under the
     /// request's `trace`, if it names one.
-    fn open_run_span(&self, request: &ExecRequest, run: u64) -> Option<OpenSpan> {
+    fn open_run_span(
+        &self,
+        request: &ExecRequest,
+        run: u64,
+        agent: Option<&SpanAgent>,
+    ) -> Option<OpenSpan> {
         let parent = request.trace.as_deref().and_then(TraceContext::parse);
         let language = match request.language {
             Language::Python => "python",
@@ -557,6 +564,7 @@ impl Exec {
             SpanKind::Internal,
             parent.as_ref(),
         )?;
+        span.agent(agent);
         span.text("agentos.exec.language", language);
         span.int("agentos.exec.run", run as i64);
         if let Some(session) = &request.session {

@@ -26,6 +26,7 @@ mod task_work;
 mod tool_calls;
 mod tool_catalog;
 
+use std::collections::HashMap;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
@@ -41,7 +42,7 @@ pub use runs::{Root, RunGrant, Runs};
 pub use sandboxes::{agent_sandboxes, exec_sandboxes, SandboxOwner};
 pub use tool_calls::ToolCaller;
 
-use crate::address::Outbox;
+use crate::address::{Outbox, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents, BadBootEntry};
 use crate::config::Config;
 use crate::exec::Exec;
@@ -96,6 +97,8 @@ pub struct Kernel {
     pub(crate) metrics: crate::telemetry::metrics::Publisher,
     /// What the reactor counts, for the metrics.
     pub(crate) reactor_counts: metrics::ReactorCounts,
+    /// SPAWNs' spans, until their replies go out.
+    spawn_spans: HashMap<ReplyTo, crate::telemetry::tracer::OpenSpan>,
     /// Where spans go, if `[tracing]` is on.
     pub(crate) tracer: Arc<crate::telemetry::tracer::Tracer>,
 }
@@ -213,6 +216,7 @@ impl Kernel {
             gateway,
             metrics: crate::telemetry::metrics::Publisher::new(Instant::now()),
             reactor_counts: metrics::ReactorCounts::default(),
+            spawn_spans: HashMap::new(),
             tracer,
         };
         if let Some(listen) = &kernel.config.metrics.listen {

@@ -7,6 +7,8 @@
 use super::tool_calls::ToolCaller;
 use super::Kernel;
 use crate::address::{Answer, Outbox, Reply, ReplyTo};
+use crate::telemetry::otlp::SpanKind;
+use crate::telemetry::tracer::SpanAgent;
 use crate::tools::builtin;
 
 impl Kernel {
@@ -65,7 +67,37 @@ impl Kernel {
         }
         let mut outbox = std::mem::take(&mut self.outbox);
         outbox.adopted.extend(self.exec.take_adopted());
+        if !self.spawn_spans.is_empty() {
+            self.end_spawn_spans(&outbox.replies);
+        }
         Some(outbox)
+    }
+
+    /// Opens SPAWN's `create_agent {name}` span, ended when its reply
+    /// goes out (the agent started, or failed to).
+    pub fn open_spawn_span(&mut self, reply_to: ReplyTo, agent: SpanAgent) {
+        let name = format!("create_agent {}", agent.name);
+        if let Some(mut span) = self.tracer.open(name, SpanKind::Internal, None) {
+            span.text("gen_ai.operation.name", "create_agent");
+            span.agent(Some(&agent));
+            self.spawn_spans.insert(reply_to, span);
+        }
+    }
+
+    fn end_spawn_spans(&mut self, replies: &[Reply]) {
+        for (to, answer) in replies {
+            let Some(mut span) = self.spawn_spans.remove(to) else {
+                continue;
+            };
+            let error = match answer {
+                Answer::Error(refusal) => {
+                    span.text("error.type", refusal.code.as_str());
+                    Some(refusal.error.clone())
+                }
+                _ => None,
+            };
+            self.tracer.end(span, error);
+        }
     }
 
     /// The address a TOOL call answered later gives its server (or the

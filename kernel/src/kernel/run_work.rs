@@ -14,6 +14,7 @@ use crate::address::ReplyTo;
 use crate::exec::{ChargedTo, RunCaller};
 use crate::identity::Principal;
 use crate::llm::Asker;
+use crate::telemetry::tracer::SpanAgent;
 
 impl Kernel {
     /// Starts an EXEC run for `principal`, answered at `reply_to`. The run
@@ -66,12 +67,24 @@ impl Kernel {
             })
         });
         RunCaller {
+            agent: self.span_agent(actor),
             principal: actor.principal(),
             share: actor.share(&self.agents),
             limits: actor.limits(),
             charged_to,
             policy: None,
         }
+    }
+
+    /// The agent whose work `actor`'s request is (its own, or its run's),
+    /// as spans name it.
+    pub fn span_agent(&self, actor: &Actor<'_>) -> Option<SpanAgent> {
+        if !self.tracer.is_on() {
+            return None;
+        }
+        let id = actor.root().agent()?;
+        let name = self.agents.grant(id)?.name.to_owned();
+        Some(SpanAgent { id, name })
     }
 
     /// Who is asking THINK, as the fair queue and the token budgets know
@@ -90,6 +103,7 @@ impl Kernel {
             id: agent.unwrap_or(flow),
             weight,
             budgets: actor.budgets().to_vec(),
+            agent: self.span_agent(actor),
         })
     }
 

@@ -45,7 +45,7 @@ use crate::identity::FIRST_OPERATOR_ID;
 use crate::permissions::Budget;
 use crate::sandbox::confine::Confinement;
 use crate::telemetry::otlp::SpanKind;
-use crate::telemetry::tracer::{OpenSpan, Tracer};
+use crate::telemetry::tracer::{OpenSpan, SpanAgent, Tracer};
 use crate::telemetry::TraceContext;
 use crate::timers::Timers;
 
@@ -59,6 +59,8 @@ pub struct Asker {
     /// The budgets it draws on: its own, if it has one, then its
     /// ancestors'. Every token it uses is charged to each.
     pub budgets: Vec<Budget>,
+    /// The agent whose work it is, for the span.
+    pub agent: Option<SpanAgent>,
 }
 
 /// A THINK waiting in the queue.
@@ -218,9 +220,15 @@ impl Llm {
 
     /// A `chat {model}` span for `chat`, under `parent`, with tracing on
     /// (the GenAI semantic conventions' inference span).
-    fn open_chat_span(&self, chat: &Chat, parent: Option<&TraceContext>) -> Option<OpenSpan> {
+    fn open_chat_span(
+        &self,
+        chat: &Chat,
+        parent: Option<&TraceContext>,
+        agent: Option<&SpanAgent>,
+    ) -> Option<OpenSpan> {
         let name = format!("chat {}", chat.model);
         let mut span = self.tracer.open(name, SpanKind::Client, parent)?;
+        span.agent(agent);
         span.text("gen_ai.operation.name", "chat");
         span.text("gen_ai.provider.name", self.kind.as_str());
         span.text("gen_ai.request.model", chat.model.clone());
@@ -332,7 +340,7 @@ impl Llm {
         let now = Instant::now();
         let deadline = now + self.timeout;
         let budgets: Vec<u32> = asker.budgets.iter().map(|b| b.owner).collect();
-        let span = self.open_chat_span(&chat, parent.as_ref());
+        let span = self.open_chat_span(&chat, parent.as_ref(), asker.agent.as_ref());
         let pending = Pending {
             budgets: budgets.clone(),
             reply_to,

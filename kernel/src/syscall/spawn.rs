@@ -21,17 +21,21 @@ use crate::kernel::Kernel;
 use crate::kernel::{Actor, Permission};
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::Sandboxes;
+use crate::telemetry::tracer::SpanAgent;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let started = SpawnRequest::parse(request.payload).and_then(|spawn| {
         let (spawner, tokens_left) = spawner_for(kernel, request, &spawn)?;
-        kernel.agents.spawn(
+        let name = spawn.name.clone();
+        let id = kernel.agents.spawn(
             &mut agent_sandboxes(&mut kernel.sandboxes),
             spawner,
             spawn,
             tokens_left,
             request.reply_to,
-        )
+        )?;
+        kernel.open_spawn_span(request.reply_to, SpanAgent { id, name });
+        Ok(())
     });
     match started {
         Ok(()) => Outcome::Later,

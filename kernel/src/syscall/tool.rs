@@ -153,10 +153,9 @@ fn call_tool(
         None => {
             // An agent's runs count among the agent's own calls at a
             // server: they cannot multiply its share of the server.
-            let calling = actor(kernel, request)?
-                .root()
-                .agent()
-                .unwrap_or(request.caller.identity.id());
+            let actor = actor(kernel, request)?;
+            let calling = actor.root().agent().unwrap_or(request.caller.identity.id());
+            let agent = kernel.span_agent(&actor);
             let via = kernel.tool_call(caller);
             let call = CallRequest {
                 server,
@@ -166,6 +165,7 @@ fn call_tool(
                 reply_to: via,
                 caller: calling,
                 trace,
+                agent,
             };
             let called = kernel.tools.call(call, Instant::now());
             if called.is_err() {

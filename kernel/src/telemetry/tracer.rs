@@ -93,7 +93,22 @@ impl Tracer {
     }
 }
 
+/// The agent whose work a span times, as the GenAI conventions name it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpanAgent {
+    pub id: u32,
+    pub name: String,
+}
+
 impl OpenSpan {
+    /// Names the agent whose work this is (`gen_ai.agent.id`, `.name`).
+    pub fn agent(&mut self, agent: Option<&SpanAgent>) {
+        if let Some(agent) = agent {
+            self.text("gen_ai.agent.id", agent.id.to_string());
+            self.text("gen_ai.agent.name", agent.name.clone());
+        }
+    }
+
     /// Sets a string attribute.
     pub fn text(&mut self, key: &str, value: impl Into<String>) {
         self.attributes

@@ -39,7 +39,7 @@ use crate::config::mcp::McpConfig;
 use crate::sandbox::confine::Confinement;
 use crate::supervisor::Supervisor;
 use crate::telemetry::otlp::SpanKind;
-use crate::telemetry::tracer::{OpenSpan, Tracer};
+use crate::telemetry::tracer::{OpenSpan, SpanAgent, Tracer};
 use crate::telemetry::TraceContext;
 use counts::ServerCounts;
 
@@ -78,8 +78,9 @@ struct Pending {
     caller: u32,
     /// When it was sent, for the metrics.
     started: std::time::Instant,
-    /// Its `execute_tool {tool}` span, with tracing on.
-    span: Option<OpenSpan>,
+    /// Its `execute_tool {tool}` span and, within it, the MCP request's
+    /// `tools/call {tool}`, with tracing on.
+    spans: Option<(OpenSpan, OpenSpan)>,
 }
 
 /// One tool call, as TOOL asks it of a server.
@@ -100,6 +101,8 @@ pub struct CallRequest<'a> {
     pub caller: u32,
     /// The trace the call's span joins, if the caller named one.
     pub trace: Option<TraceContext>,
+    /// The agent whose work it is, for the span.
+    pub agent: Option<SpanAgent>,
 }
 
 /// The configured MCP servers.
@@ -375,6 +378,7 @@ impl Servers {
             reply_to,
             caller,
             trace,
+            agent,
         } = call;
         let index = self.index_of(server).ok_or_else(|| {
             ErrorReply::new(
@@ -429,14 +433,18 @@ impl Servers {
         // A server starting over after a failure is named with that failure:
         // "starting" alone would hide why it is not serving.
         let last_failure = &entry.error;
-        let span = self.tracer.open(
-            format!("execute_tool {tool}"),
-            SpanKind::Internal,
+        let spans = open_call_spans(
+            &self.tracer,
+            &entry.name,
+            tool,
+            self.next_call,
+            entry.pipes.is_some(),
             trace.as_ref(),
+            agent.as_ref(),
         );
         // The server's own spans join the call's (MCP reserves
         // `_meta.traceparent` for it).
-        let traceparent = span.as_ref().map(|span| span.context.to_string());
+        let traceparent = spans.as_ref().map(|(_, mcp)| mcp.context.to_string());
         client
             .call(number, tool, arguments, deadline, traceparent.as_deref())
             .map_err(|why| match last_failure {
@@ -451,13 +459,7 @@ impl Servers {
                 server: index,
                 caller,
                 started: std::time::Instant::now(),
-                span: span.map(|mut span| {
-                    span.text("gen_ai.operation.name", "execute_tool");
-                    span.text("gen_ai.tool.name", tool);
-                    span.text("mcp.method.name", "tools/call");
-                    span.text("agentos.tool.server", server);
-                    span
-                }),
+                spans,
             },
         );
         self.flush(index);
@@ -477,6 +479,7 @@ impl Servers {
                 if let Some(client) = self.servers[pending.server].client.as_mut() {
                     client.cancel(call, "the caller went away");
                 }
+                end_call_spans(&self.tracer, pending.spans, Some("connection_closed"));
                 self.flush(pending.server);
             }
         }
@@ -621,19 +624,14 @@ impl Servers {
                     };
                     let server = &mut self.servers[index];
                     server.counts.ended(&outcome, pending.started.elapsed());
-                    if let Some(mut span) = pending.span {
-                        let error = match &outcome {
-                            CallOutcome::Done { .. } => None,
-                            CallOutcome::ToolError { .. } => Some("tool_error"),
-                            CallOutcome::Rejected(_) => Some("rejected"),
-                            CallOutcome::TimedOut(_) => Some("timeout"),
-                            CallOutcome::Failed(_) => Some("failed"),
-                        };
-                        if let Some(kind) = error {
-                            span.text("error.type", kind);
-                        }
-                        self.tracer.end(span, error.map(str::to_owned));
-                    }
+                    let error = match &outcome {
+                        CallOutcome::Done { .. } => None,
+                        CallOutcome::ToolError { .. } => Some("tool_error"),
+                        CallOutcome::Rejected(_) => Some("rejected"),
+                        CallOutcome::TimedOut(_) => Some("timeout"),
+                        CallOutcome::Failed(_) => Some("failed"),
+                    };
+                    end_call_spans(&self.tracer, pending.spans, error);
                     let reply = reply_for(outcome, &server.name, &server.secrets);
                     replies.push((pending.reply_to, reply));
                 }
@@ -842,4 +840,48 @@ impl Servers {
             .filter_map(|s| s.remote.as_ref()?.retry_at)
             .min()
     }
+}
+
+/// A call's `execute_tool {tool}` span (GenAI) and, as its child, the
+/// MCP request's `tools/call {tool}` (whose context goes to the server).
+fn open_call_spans(
+    tracer: &Tracer,
+    server: &str,
+    tool: &str,
+    request_id: u64,
+    over_pipes: bool,
+    parent: Option<&TraceContext>,
+    agent: Option<&SpanAgent>,
+) -> Option<(OpenSpan, OpenSpan)> {
+    let mut call = tracer.open(format!("execute_tool {tool}"), SpanKind::Internal, parent)?;
+    call.text("gen_ai.operation.name", "execute_tool");
+    call.text("gen_ai.tool.name", tool);
+    call.text("agentos.tool.server", server);
+    call.agent(agent);
+    let mut mcp = tracer.open(
+        format!("tools/call {tool}"),
+        SpanKind::Client,
+        Some(&call.context),
+    )?;
+    mcp.text("mcp.method.name", "tools/call");
+    mcp.text("gen_ai.tool.name", tool);
+    mcp.text("gen_ai.operation.name", "execute_tool");
+    mcp.text("jsonrpc.request.id", request_id.to_string());
+    mcp.text("network.transport", if over_pipes { "pipe" } else { "tcp" });
+    mcp.text("agentos.tool.server", server);
+    Some((call, mcp))
+}
+
+/// Ends a call's spans, the MCP request's first; `error` is the
+/// `error.type` of both if it failed.
+fn end_call_spans(tracer: &Tracer, spans: Option<(OpenSpan, OpenSpan)>, error: Option<&str>) {
+    let Some((mut call, mut mcp)) = spans else {
+        return;
+    };
+    if let Some(kind) = error {
+        mcp.text("error.type", kind);
+        call.text("error.type", kind);
+    }
+    tracer.end(mcp, error.map(str::to_owned));
+    tracer.end(call, error.map(str::to_owned));
 }
