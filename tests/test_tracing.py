@@ -8,7 +8,9 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import queue
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -19,7 +21,7 @@ import pytest
 
 from agentos import AgentOSClient
 from agentos.protocol import Opcode
-from conftest import REPO, kernel_with, log_of, wait_state
+from conftest import REPO, binary, kernel_with, log_of, wait_state
 
 ANSWER = "the answer is four"
 PROMPT = "what is two and two, secretly"
@@ -281,3 +283,93 @@ def test_spawn_is_a_create_agent_span_and_an_agents_think_names_it(receiver):
         assert found["gen_ai.agent.name"] == "thinker", found
     assert attributes(create)["gen_ai.operation.name"] == "create_agent"
     assert create.status.code != 2  # not an error: the agent started
+
+
+class McpStdio:
+    """`agentos mcp` over stdio, spoken to as JSON-RPC lines, so a request's
+    `params._meta` is exactly what the test puts there."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.process = subprocess.Popen(
+            [str(binary("agentos")), "--socket", socket_path, "mcp"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.next_id = 0
+        self.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                    "clientInfo": {"name": "test", "version": "0"}})
+        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(json.loads(line))
+
+    def _send(self, message: dict) -> None:
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
+
+    def request(self, method: str, params: dict) -> dict:
+        self.next_id += 1
+        self._send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        deadline = time.monotonic() + 60
+        while True:
+            message = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            if message.get("id") == self.next_id:
+                assert "error" not in message, message
+                return message["result"]
+
+    def call_tool(self, name: str, arguments: dict, traceparent: str | None) -> dict:
+        params: dict = {"name": name, "arguments": arguments}
+        if traceparent is not None:
+            params["_meta"] = {"traceparent": traceparent}
+        return self.request("tools/call", params)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=10)
+
+
+def test_an_mcp_tool_calls_traceparent_is_the_trace_its_run_joins(receiver):
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: EXEC needs namespaces, so root (CI runs as root)")
+        return
+    # Uppercase hex: a traceparent a receiver must ignore.
+    malformed = PARENT.upper()
+    with kernel_with(config(receiver)) as kernel:
+        mcp = McpStdio(kernel.socket_path)
+        try:
+            joined = mcp.call_tool("exec", {"code": "print(1)"}, PARENT)
+            alone = mcp.call_tool("exec", {"code": "print(2)"}, malformed)
+        finally:
+            mcp.close()
+        spans = receiver.wait_for(2)
+    assert not joined.get("isError") and not alone.get("isError"), (joined, alone)
+    assert joined["structuredContent"]["stdout"] == "1\n"
+    assert alone["structuredContent"]["stdout"] == "2\n"
+    assert [span.name for span in spans] == ["exec python", "exec python"]
+    [run] = [span for span in spans if span.trace_id.hex() == TRACE_ID]
+    [other] = [span for span in spans if span is not run]
+    assert run.parent_span_id.hex() == "00f067aa0ba902b7"
+    # The malformed one was dropped, not passed on: the run began a trace.
+    assert other.parent_span_id == b"" and len(other.trace_id) == 16
+
+
+def test_an_mcp_think_and_run_prompt_join_the_callers_trace(receiver):
+    think_parent = f"00-{TRACE_ID}-1111111111111111-01"
+    prompt_parent = f"00-{TRACE_ID}-2222222222222222-01"
+    with kernel_with(config(receiver)) as kernel:
+        mcp = McpStdio(kernel.socket_path)
+        try:
+            thought = mcp.call_tool("think", {"prompt": PROMPT}, think_parent)
+            # The model answers without code, so the loop ends at once.
+            prompted = mcp.call_tool("run_prompt", {"prompt": PROMPT}, prompt_parent)
+        finally:
+            mcp.close()
+        spans = receiver.wait_for(3)
+    assert not thought.get("isError") and not prompted.get("isError"), (thought, prompted)
+    assert {span.trace_id.hex() for span in spans} == {TRACE_ID}
+    by_parent = {span.parent_span_id.hex(): span for span in spans}
+    assert by_parent["1111111111111111"].name == "chat stub-model"
+    task = by_parent["2222222222222222"]
+    assert task.name == "task prompt"
+    assert by_parent[task.span_id.hex()].name == "chat stub-model"

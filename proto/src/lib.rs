@@ -5,7 +5,8 @@
 //! Rust implementation: the frame codec ([`FrameDecoder`], [`encode_frame`]),
 //! the opcodes ([`Opcode`]), the error model ([`ErrorCode`], [`ErrorReply`]),
 //! typed JSON payloads for every opcode ([`payload`]), the socket path rule
-//! ([`socket_path`]) and a small blocking [`Client`].
+//! ([`socket_path`]), the W3C trace context a request's `trace` field
+//! carries ([`TraceContext`]) and a small blocking [`Client`].
 //!
 //! It has no threads and no global state.
 
@@ -15,6 +16,7 @@ mod frame;
 mod opcode;
 pub mod payload;
 pub mod socket_path;
+mod trace_context;
 
 pub use client::{Client, ClientError, Reply};
 pub use error::{ErrorCode, ErrorReply};
@@ -23,6 +25,7 @@ pub use frame::{
     DEFAULT_MAX_REQUEST_BYTES, HEADER_LEN, MAGIC, MAX_REPLY_BYTES,
 };
 pub use opcode::Opcode;
+pub use trace_context::TraceContext;
 
 /// The wire protocol version reported by HELLO.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -6,7 +6,8 @@ pub mod exporter;
 pub mod listener;
 pub mod metrics;
 pub mod otlp;
-pub mod trace_context;
 pub mod tracer;
 
-pub use trace_context::TraceContext;
+/// The W3C trace context requests carry: parsed in `proto`, where the
+/// CLI reads it too (an MCP client's `_meta.traceparent`).
+pub use agentos_proto::TraceContext;

@@ -5,13 +5,15 @@ use agentos_proto::Opcode;
 use rmcp::handler::server::common::{schema_for_input, schema_for_output};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, JsonObject};
-use rmcp::{tool, tool_router};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, RoleServer};
 use serde_json::json;
 
 use super::arguments::{read, ToolsCallArguments, ToolsSearchArguments};
 use super::kernel::Wait;
 use super::results::{ToolsCallOutput, ToolsSearchOutput};
 use super::server::AgentosServer;
+use super::trace::CallerTrace;
 
 #[tool_router(router = catalogue_tools, vis = "pub(super)")]
 impl AgentosServer {
@@ -44,6 +46,7 @@ impl AgentosServer {
     async fn tools_call(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, String> {
         let arguments: ToolsCallArguments = read(arguments)?;
         let mut request = json!({
@@ -55,6 +58,7 @@ impl AgentosServer {
         if let Some(timeout_ms) = arguments.timeout_ms {
             request["timeout_ms"] = timeout_ms.into();
         }
+        CallerTrace::of(&context).add_to(&mut request);
         // The kernel ends the call at its timeout.
         self.answer::<ToolsCallOutput>(Opcode::TOOL, &request, Wait::AsLongAsTheKernel)
             .await

@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 
 use super::kernel::{refused_with, KernelLink, Wait};
 use super::results::{from_reply, structured, ExecOutput, RunPromptOutput, ThinkOutput};
+use super::trace::CallerTrace;
 
 /// The longest one TASK `wait` of a followed task lasts before it
 /// returns the task as it is, to report its progress. The kernel
@@ -75,17 +76,21 @@ pub async fn run(
     answer: Answer,
     context: &RequestContext<RoleServer>,
 ) -> Result<CallToolResponse, String> {
-    let task_id = dispatch(kernel, kind, request).await?;
+    let task_id = dispatch(kernel, kind, request, &CallerTrace::of(context)).await?;
     answer_for(kernel, &task_id, answer, context).await
 }
 
-/// Starts `request` as a kernel task of `kind`; its id.
+/// Starts `request` as a kernel task of `kind`; its id. The trace goes
+/// on the dispatch, not the request: the task's span joins it, and the
+/// task's own work (its run, its THINKs) nests under that span.
 pub async fn dispatch(
     kernel: &KernelLink,
     kind: TaskKind,
     request: Value,
+    trace: &CallerTrace,
 ) -> Result<String, String> {
-    let dispatch = json!({ "op": "dispatch", "kind": kind.as_str(), "request": request });
+    let mut dispatch = json!({ "op": "dispatch", "kind": kind.as_str(), "request": request });
+    trace.add_to(&mut dispatch);
     let reply = kernel.request(Opcode::TASK, &dispatch, Wait::Quick).await?;
     match reply["task_id"].as_str() {
         Some(task_id) => Ok(task_id.to_owned()),

@@ -31,6 +31,7 @@ mod results;
 mod server;
 mod sessions;
 mod tasks;
+mod trace;
 
 use std::path::PathBuf;
 use std::time::Duration;

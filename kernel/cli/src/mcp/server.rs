@@ -30,6 +30,7 @@ use super::results::{
     from_reply, structured, structured_json, AgentLogsOutput, AgentsOutput, ExecOutput, KillOutput,
     SpawnOutput, StatusOutput, ThinkOutput,
 };
+use super::trace::CallerTrace;
 
 /// The newest MCP revision this server implements: 2026-07-28, stateless,
 /// where a client may start with `server/discover` and every request
@@ -118,9 +119,10 @@ impl AgentosServer {
         if let Some(network) = &arguments.network {
             request["network"] = network.to_request();
         }
+        let trace = CallerTrace::of(&context);
         let answer = Answer::asked_for(&context);
         if !matches!(answer, Answer::AtTheEnd) {
-            match long_work::dispatch(&self.kernel, TaskKind::Exec, request.clone()).await {
+            match long_work::dispatch(&self.kernel, TaskKind::Exec, request.clone(), &trace).await {
                 Ok(task_id) => {
                     return long_work::answer_for(&self.kernel, &task_id, answer, &context).await
                 }
@@ -132,6 +134,7 @@ impl AgentosServer {
         }
         // The fast path, one EXEC. A client that cancels the call closes
         // its connection, and the kernel kills the run.
+        trace.add_to(&mut request);
         let reply = self
             .kernel
             .request_until(
@@ -162,6 +165,7 @@ impl AgentosServer {
         if let Some(max_tokens) = arguments.max_tokens {
             request["max_tokens"] = max_tokens.into();
         }
+        CallerTrace::of(&context).add_to(&mut request);
         // A THINK still queued when the client cancels is dropped with its
         // connection, and never reaches the model.
         let reply = self

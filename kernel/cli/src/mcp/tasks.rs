@@ -5,7 +5,8 @@ use agentos_proto::Opcode;
 use rmcp::handler::server::common::{schema_for_input, schema_for_output};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, JsonObject};
-use rmcp::{tool, tool_router};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, RoleServer};
 use serde_json::{json, Value};
 
 use super::arguments::{
@@ -14,6 +15,7 @@ use super::arguments::{
 use super::kernel::Wait;
 use super::results::{CancelOutput, DispatchOutput, TaskListOutput, TaskOutput};
 use super::server::AgentosServer;
+use super::trace::CallerTrace;
 
 #[tool_router(router = task_tools, vis = "pub(super)")]
 impl AgentosServer {
@@ -26,9 +28,11 @@ impl AgentosServer {
     async fn task_dispatch(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, String> {
         let arguments: TaskDispatchArguments = read(arguments)?;
-        let request = dispatch_request(arguments)?;
+        let mut request = dispatch_request(arguments)?;
+        CallerTrace::of(&context).add_to(&mut request);
         self.answer::<DispatchOutput>(Opcode::TASK, &request, Wait::Quick)
             .await
     }

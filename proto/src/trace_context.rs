@@ -11,11 +11,24 @@ use std::fmt;
 
 /// A span's place in a trace: the ids to pass on, and whether it is
 /// sampled.
+///
+/// ```
+/// use agentos_proto::TraceContext;
+///
+/// let value = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+/// let context = TraceContext::parse(value).expect("a valid traceparent");
+/// assert!(context.sampled);
+/// assert_eq!(context.to_string(), value);
+/// // Uppercase hex is not a traceparent a receiver may use.
+/// assert_eq!(TraceContext::parse(&value.to_uppercase()), None);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TraceContext {
+    /// The trace every span of it shares.
     pub trace_id: [u8; 16],
     /// The span this context names (the parent of what continues it).
     pub span_id: [u8; 8],
+    /// Whether the trace is recorded (flag bit 0).
     pub sampled: bool,
 }
 
