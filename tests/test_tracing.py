@@ -127,6 +127,8 @@ def test_a_think_is_a_chat_span_in_the_callers_trace_without_its_text(receiver):
     assert found["gen_ai.provider.name"] == "openai"
     assert found["gen_ai.request.model"] == "stub-model"
     assert (found["gen_ai.usage.input_tokens"], found["gen_ai.usage.output_tokens"]) == (9, 4)
+    assert found["gen_ai.response.finish_reasons"] == ["stop"]
+    assert found["agentos.think.queue_ms"] >= 0
     assert span.end_time_unix_nano >= span.start_time_unix_nano > 0
     text = str(span)
     assert ANSWER not in text and PROMPT not in text
@@ -204,6 +206,7 @@ def test_a_runs_tool_calls_join_its_span_through_traceparent(receiver):
     assert environment == f"00-{TRACE_ID}-{run.span_id.hex()}-01"
     assert seen == f"00-{TRACE_ID}-{mcp.span_id.hex()}-01"
     assert attributes(run)["process.exit.code"] == 0
+    assert attributes(run)["agentos.exec.queue_ms"] >= 0
 
 
 def test_a_prompt_tasks_spans_nest_task_think_exec_tool(receiver):

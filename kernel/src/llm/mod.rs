@@ -621,6 +621,9 @@ impl Llm {
             let error = match &done.result {
                 Ok(completion) => {
                     span.text("gen_ai.response.model", completion.model.clone());
+                    if let Some(reason) = &completion.finish_reason {
+                        span.texts("gen_ai.response.finish_reasons", &[reason]);
+                    }
                     span.int(
                         "gen_ai.usage.input_tokens",
                         completion.usage.prompt_tokens as i64,
@@ -778,6 +781,7 @@ mod tests {
                 ..Usage::default()
             },
             model: "m".into(),
+            finish_reason: None,
         }
     }
 

@@ -19,6 +19,7 @@ pub fn answered(
         content,
         usage,
         model,
+        ..
     } = completion;
     ThinkReply {
         success: true,

@@ -39,6 +39,7 @@ struct Reply {
     content: Option<Vec<Block>>,
     usage: Option<WireUsage>,
     model: Option<String>,
+    stop_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -118,6 +119,7 @@ impl Provider for Anthropic {
             content,
             usage,
             model: reply.model.unwrap_or_default(),
+            finish_reason: reply.stop_reason,
         })
     }
 }
@@ -323,6 +325,7 @@ mod tests {
                     total_tokens: 29,
                 },
                 model: "claude-sonnet-4-5-20250929".into(),
+                finish_reason: Some("end_turn".into()),
             }
         );
     }

@@ -166,6 +166,7 @@ impl Provider for Gemini {
             content,
             usage,
             model: reply.model_version.unwrap_or_default(),
+            finish_reason: candidate.finish_reason,
         })
     }
 
@@ -368,6 +369,7 @@ mod tests {
                     total_tokens: 40,
                 },
                 model: "gemini-2.5-flash".into(),
+                finish_reason: Some("STOP".into()),
             }
         );
     }

@@ -116,6 +116,9 @@ pub struct Completion {
     pub usage: Usage,
     /// The model that answered, as the provider names it.
     pub model: String,
+    /// Why the model stopped, in the provider's words (`stop`, `length`,
+    /// `end_turn`, `STOP`...), if it said.
+    pub finish_reason: Option<String>,
 }
 
 /// Whether a failed call may be tried again.

@@ -142,6 +142,7 @@ impl Provider for OpenAi {
             // llama.cpp answers "-" for a model name it was not given an
             // alias for: no name at all.
             model: reply.model.filter(|m| m != "-").unwrap_or_default(),
+            finish_reason: choice.finish_reason,
         })
     }
 
@@ -302,6 +303,7 @@ mod tests {
                     total_tokens: 32,
                 },
                 model: "gpt-4o-mini-2024-07-18".into(),
+                finish_reason: Some("stop".into()),
             }
         );
     }
