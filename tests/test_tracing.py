@@ -137,9 +137,17 @@ def test_a_think_is_a_chat_span_in_the_callers_trace_without_its_text(receiver):
 def test_content_is_recorded_only_when_asked(receiver):
     with kernel_with(config(receiver, record_content=True)) as kernel, \
             AgentOSClient(kernel.socket_path) as client:
-        client.call_json(Opcode.THINK, {"prompt": PROMPT})
+        client.call_json(Opcode.THINK, {"prompt": PROMPT, "system": "be brief"})
         [span] = receiver.wait_for(1)
-    assert attributes(span)["gen_ai.output.messages"] == ANSWER
+    found = attributes(span)
+    # The conventions' JSON shapes: messages of parts.
+    assert json.loads(found["gen_ai.output.messages"]) == [{
+        "role": "assistant", "parts": [{"type": "text", "content": ANSWER}],
+        "finish_reason": "stop"}]
+    assert json.loads(found["gen_ai.input.messages"]) == [{
+        "role": "user", "parts": [{"type": "text", "content": PROMPT}]}]
+    assert json.loads(found["gen_ai.system_instructions"]) == [
+        {"type": "text", "content": "be brief"}]
     # Without a trace in the request the span starts one of its own.
     assert len(span.trace_id) == 16 and span.parent_span_id == b""
 

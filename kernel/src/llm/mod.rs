@@ -233,6 +233,29 @@ impl Llm {
         span.text("gen_ai.provider.name", self.kind.as_str());
         span.text("gen_ai.request.model", chat.model.clone());
         span.int("gen_ai.request.max_tokens", i64::from(chat.max_tokens));
+        if let Some(temperature) = chat.temperature {
+            span.float("gen_ai.request.temperature", temperature);
+        }
+        if self.tracer.record_content {
+            if let Some(system) = &chat.system {
+                let parts = serde_json::json!([{"type": "text", "content": system}]);
+                span.text("gen_ai.system_instructions", parts.to_string());
+            }
+            let messages: Vec<serde_json::Value> = chat
+                .messages
+                .iter()
+                .map(|m| {
+                    serde_json::json!({
+                        "role": m.role,
+                        "parts": [{"type": "text", "content": m.content}],
+                    })
+                })
+                .collect();
+            span.text(
+                "gen_ai.input.messages",
+                serde_json::Value::from(messages).to_string(),
+            );
+        }
         Some(span)
     }
 
@@ -633,7 +656,12 @@ impl Llm {
                         completion.usage.completion_tokens as i64,
                     );
                     if self.tracer.record_content {
-                        span.text("gen_ai.output.messages", completion.content.clone());
+                        let output = serde_json::json!([{
+                            "role": "assistant",
+                            "parts": [{"type": "text", "content": completion.content}],
+                            "finish_reason": completion.finish_reason.as_deref().unwrap_or(""),
+                        }]);
+                        span.text("gen_ai.output.messages", output.to_string());
                     }
                     None
                 }

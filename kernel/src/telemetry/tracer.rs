@@ -120,6 +120,12 @@ impl OpenSpan {
         self.attributes.push(KeyValue::new(key, Value::Int(value)));
     }
 
+    /// Sets a floating-point attribute.
+    pub fn float(&mut self, key: &str, value: f64) {
+        self.attributes
+            .push(KeyValue::new(key, Value::Double(value)));
+    }
+
     /// Sets a string-array attribute.
     pub fn texts(&mut self, key: &str, values: &[&str]) {
         let values = values
