@@ -19,6 +19,7 @@
 
 mod admission;
 mod control;
+mod counts;
 mod inheritance;
 mod interpreter;
 mod lifecycle;
@@ -54,13 +55,13 @@ use crate::sandbox::spec::Bind;
 use crate::sandbox::view::View;
 use crate::sandbox::Namespaces;
 use crate::timers::Timers;
+pub use counts::{AgentCounts, CpuTotals};
 pub use inheritance::Grant;
 use interpreter::SdkCheck;
 use program::{Lookup, Program};
 pub use record::Restarted;
 use record::{Agent, SpawnWaiter, StopReason, WorkloadReport};
 use restart::Restarts;
-pub use usage::CpuTotals;
 
 /// One incarnation of an agent (it has one more each time it restarts):
 /// what owns a sandbox. An incarnation's events carry its number, so events
@@ -93,17 +94,6 @@ pub struct BadBootEntry {
     pub name: String,
     /// Why SPAWN would refuse it.
     pub reason: String,
-}
-
-/// Events the metrics count, since the kernel started.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AgentCounts {
-    /// Restarts the restart policy made.
-    pub restarts: u64,
-    /// Processes the memory controller killed, in agents' sandboxes.
-    pub oom_kills: u64,
-    /// CPU figures of the incarnations that have ended.
-    pub ended_cpu: CpuTotals,
 }
 
 /// What an agent may ask of the kernel (see [`Agents::grant`]).

@@ -4,31 +4,13 @@
 
 use std::ops::Bound;
 
+use super::counts::CpuTotals;
 use super::{Agents, Incarnation};
 use crate::cgroup::CgroupStats;
 use crate::sandbox::runtime::Sandboxes;
 
 /// Agents other than boot agents whose cgroups one snapshot reads.
 const SAMPLED_PER_SNAPSHOT: usize = 32;
-
-/// CPU figures summed over every agent since the kernel started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CpuTotals {
-    /// CPU time used, in microseconds.
-    pub usage_usec: u64,
-    /// Periods in which a CPU quota stopped an agent.
-    pub nr_throttled: u64,
-    /// Time CPU quotas kept agents stopped, in microseconds.
-    pub throttled_usec: u64,
-}
-
-impl CpuTotals {
-    pub(super) fn add(&mut self, stats: &CgroupStats) {
-        self.usage_usec += stats.cpu_usage_usec;
-        self.nr_throttled += stats.nr_throttled;
-        self.throttled_usec += stats.throttled_usec;
-    }
-}
 
 impl Agents {
     /// Reads the cgroups of the boot agents and of the next few others.

@@ -17,6 +17,7 @@ mod actor;
 mod log_follows;
 mod metrics;
 mod output;
+mod reactor_counts;
 mod reload;
 mod run_work;
 mod runs;
@@ -96,7 +97,7 @@ pub struct Kernel {
     /// What the kernel counts, published for readers of its metrics.
     pub(crate) metrics: crate::telemetry::metrics::Publisher,
     /// What the reactor counts, for the metrics.
-    pub(crate) reactor_counts: metrics::ReactorCounts,
+    pub(crate) reactor_counts: reactor_counts::ReactorCounts,
     /// SPAWNs' spans, until their replies go out.
     spawn_spans: HashMap<ReplyTo, crate::telemetry::tracer::OpenSpan>,
     /// Where spans go, if `[tracing]` is on.
@@ -215,7 +216,7 @@ impl Kernel {
             tokens,
             gateway,
             metrics: crate::telemetry::metrics::Publisher::new(Instant::now()),
-            reactor_counts: metrics::ReactorCounts::default(),
+            reactor_counts: reactor_counts::ReactorCounts::default(),
             spawn_spans: HashMap::new(),
             tracer,
         };
