@@ -5,6 +5,7 @@ request names, and never carrying prompt or answer text unless asked."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -113,6 +114,22 @@ def config(receiver: Receiver, record_content: bool = False) -> str:
             f'record_content = {"true" if record_content else "false"}\n')
 
 
+@contextlib.contextmanager
+def echo_kernel(receiver: Receiver) -> Iterator[AgentOSClient]:
+    """A kernel tracing to `receiver` with the echo MCP server ready (its
+    tool answers with the traceparent its request carried)."""
+    server = REPO / "tests" / "mcp_trace_echo.py"
+    extra = (f'[mcp.servers.echo]\ncommand = "{sys.executable}"\nargs = ["{server}"]\n')
+    with kernel_with(config(receiver) + extra) as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        deadline = time.monotonic() + 30
+        while not any(s["name"] == "echo" and s["state"] == "ready"
+                      for s in client.hello()["tool_servers"]):
+            assert time.monotonic() < deadline, client.hello()["tool_servers"]
+            time.sleep(0.1)
+        yield client
+
+
 def test_a_think_is_a_chat_span_in_the_callers_trace_without_its_text(receiver):
     with kernel_with(config(receiver)) as kernel, AgentOSClient(kernel.socket_path) as client:
         reply = client.call_json(Opcode.THINK, {"prompt": PROMPT, "trace": PARENT})
@@ -153,15 +170,7 @@ def test_content_is_recorded_only_when_asked(receiver):
 
 
 def test_a_tool_call_is_an_execute_tool_span_whose_context_reaches_the_server(receiver):
-    server = REPO / "tests" / "mcp_trace_echo.py"
-    extra = (f'[mcp.servers.echo]\ncommand = "{sys.executable}"\nargs = ["{server}"]\n')
-    with kernel_with(config(receiver) + extra) as kernel, \
-            AgentOSClient(kernel.socket_path) as client:
-        deadline = time.monotonic() + 30
-        while not any(s["name"] == "echo" and s["state"] == "ready"
-                      for s in client.hello()["tool_servers"]):
-            assert time.monotonic() < deadline, client.hello()["tool_servers"]
-            time.sleep(0.1)
+    with echo_kernel(receiver) as client:
         reply = client.call_json(Opcode.TOOL, {"op": "call", "server": "echo",
                                                "tool": "traceparent", "trace": PARENT})
         spans = receiver.wait_for(2)
@@ -188,15 +197,7 @@ def test_a_runs_tool_calls_join_its_span_through_traceparent(receiver):
     if os.geteuid() != 0:
         print("!!! NOT TESTED: EXEC needs namespaces, so root (CI runs as root)")
         return
-    server = REPO / "tests" / "mcp_trace_echo.py"
-    extra = (f'[mcp.servers.echo]\ncommand = "{sys.executable}"\nargs = ["{server}"]\n')
-    with kernel_with(config(receiver) + extra) as kernel, \
-            AgentOSClient(kernel.socket_path) as client:
-        deadline = time.monotonic() + 30
-        while not any(s["name"] == "echo" and s["state"] == "ready"
-                      for s in client.hello()["tool_servers"]):
-            assert time.monotonic() < deadline, client.hello()["tool_servers"]
-            time.sleep(0.1)
+    with echo_kernel(receiver) as client:
         code = ("import os, tools\n"
                 "print(os.environ['TRACEPARENT'])\n"
                 "print(tools.echo.traceparent())\n")
@@ -228,15 +229,7 @@ def test_a_prompt_tasks_spans_nest_task_think_exec_tool(receiver):
         f"{fence}python\nimport tools\nprint(tools.echo.traceparent())\n{fence}",
         "It is done.",
     ]
-    server = REPO / "tests" / "mcp_trace_echo.py"
-    extra = (f'[mcp.servers.echo]\ncommand = "{sys.executable}"\nargs = ["{server}"]\n')
-    with kernel_with(config(receiver) + extra) as kernel, \
-            AgentOSClient(kernel.socket_path) as client:
-        deadline = time.monotonic() + 30
-        while not any(s["name"] == "echo" and s["state"] == "ready"
-                      for s in client.hello()["tool_servers"]):
-            assert time.monotonic() < deadline, client.hello()["tool_servers"]
-            time.sleep(0.1)
+    with echo_kernel(receiver) as client:
         dispatched = client.call_json(Opcode.TASK, {
             "op": "dispatch", "kind": "prompt", "trace": PARENT,
             "request": {"prompt": "print the traceparent the echo tool sees"}})

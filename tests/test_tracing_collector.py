@@ -2,8 +2,8 @@
 collector that is down or hangs costs spans, counted in
 `agentos_trace_spans_total`, and never the kernel's time.
 
-Spans come from TOOL calls to a stdio MCP server (one `execute_tool` span
-each, no root needed), made as fast as the server answers by a process of
+Spans come from TOOL calls to a stdio MCP server (two spans each,
+`execute_tool` and its MCP request's `tools/call`; no root needed), made as fast as the server answers by a process of
 their own, so that the thread timing NOOP never waits on them for Python's
 GIL. NOOP's p99 is timed twice in the same kernel under the same flood:
 while the collector answers, then while it is down or hangs."""
@@ -32,6 +32,8 @@ BATCH = 512
 NOOPS = 2000
 
 ECHO = REPO / "tests" / "mcp_trace_echo.py"
+# A tool call's spans: `execute_tool` and, within it, `tools/call`.
+SPANS_PER_CALL = 2
 SERVERS = f'[mcp.servers.echo]\ncommand = "{sys.executable}"\nargs = ["{ECHO}"]\n'
 
 # Calls the echo server's tool until SIGTERM; prints how many calls it made.
@@ -122,7 +124,7 @@ def series(text: str, name: str, labels: str) -> float:
 
 
 def spans(client: AgentOSClient) -> Counts:
-    """The span counts, and the echo calls made (one span each), of the
+    """The span counts, and the echo calls made (`SPANS_PER_CALL` each), of the
     latest snapshot (the kernel takes one a second)."""
     text = client.call_json(Opcode.METRICS)["text"]
     counts = {outcome: series(text, "agentos_trace_spans_total", f'{{outcome="{outcome}"}}')
@@ -236,8 +238,8 @@ def test_a_collector_that_is_down_fails_the_spans_and_costs_no_time(collector, f
         # Every span is counted: refused at once, a batch fails within a
         # second of its first span; only a queue overflowing meanwhile drops.
         counts = wait_for(client, lambda c: c["made"] == made and
-                          c["exported"] + c["failed"] + c["dropped"] == made)
-    print(f"{made} spans, {collector.answered} exports answered; down: {down}; "
+                          c["exported"] + c["failed"] + c["dropped"] == made * SPANS_PER_CALL)
+    print(f"{made} calls, {collector.answered} exports answered; down: {down}; "
           f"at the end: {counts}")
     assert counts["exported"] == down["exported"], "exported with the collector down"
     assert counts["failed"] > down["failed"], "none failed while NOOP was timed"
@@ -262,12 +264,12 @@ def test_a_collector_that_hangs_drops_the_spans_and_costs_no_time(collector, flo
         during = p99_in_trouble(client, "under the flood, the collector hanging", baseline)
         made = flood.stop()
         counts = settled(client)
-    print(f"{made} spans, {collector.answered} exports answered; hung: {hung}; "
+    print(f"{made} calls, {collector.answered} exports answered; hung: {hung}; "
           f"at the end: {counts}")
     assert counts["made"] == made, counts
     assert counts["exported"] == hung["exported"], "exported with the collector hanging"
     assert counts["dropped"] > hung["dropped"], "none dropped while NOOP was timed"
     # What the exporter holds is bounded: the queue and one batch.
-    held = made - counts["exported"] - counts["failed"] - counts["dropped"]
+    held = made * SPANS_PER_CALL - counts["exported"] - counts["failed"] - counts["dropped"]
     assert 0 <= held <= QUEUE + BATCH, counts
     assert min(during) < bound(baseline), f"NOOP p99 {during} ms, {baseline:.2f} ms before"
