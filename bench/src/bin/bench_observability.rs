@@ -2,8 +2,9 @@
 //! side by side, one plain and one with `[metrics] listen` and
 //! `[tracing] otlp_endpoint` (pointing at a sink in this program that
 //! answers every export at once); NOOP round trips and EXEC `print(1)`
-//! are timed on both in alternating rounds, and the p50s (median of the
-//! rounds') and p99s (of all samples) are set side by side. Then 1000
+//! are timed on both in many short alternating rounds, and their p50s
+//! and p99s are set side by side, with the median of the rounds' own
+//! on/off ratios. Then 1000
 //! agents are spawned on the observed kernel and `GET /metrics` is timed.
 //! Prints figures and ratios; asserts nothing.
 
@@ -28,13 +29,13 @@ struct Args {
     #[arg(long)]
     agentosd: Option<PathBuf>,
     /// Alternating rounds
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 100)]
     rounds: usize,
     /// NOOP round trips per round and kernel
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 200)]
     noops: usize,
     /// EXEC runs per round and kernel
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = 10)]
     execs: usize,
     /// Pause before each EXEC, as bench-exec makes (the steady state of
     /// code run now and then)
@@ -46,6 +47,10 @@ struct Args {
     /// Timed scrapes of /metrics
     #[arg(long, default_value_t = 200)]
     scrapes: usize,
+    /// Both kernels plain, to see how far apart two like kernels measure
+    /// on this machine (no scrape test then)
+    #[arg(long)]
+    control: bool,
 }
 
 /// The largest difference, on vs off, the issue accepts.
@@ -54,9 +59,6 @@ const NOOP_PAYLOAD: [u8; 64] = [0x42; 64];
 const CODE: &[u8] = br#"{"code":"print(1)"}"#;
 /// How many SPAWNs (and KILLs) are in flight on the connection at once.
 const SPAWN_WINDOW: usize = 32;
-
-/// The kernel under test without and with observability, in this order.
-const SIDES: [&str; 2] = ["off", "on"];
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -75,11 +77,15 @@ fn main() -> anyhow::Result<()> {
         "[llm]\nprovider = \"none\"\n[agents]\nmax_agents = {}\n",
         args.agents.max(1024)
     );
-    let observed = format!(
-        "{plain}[metrics]\nlisten = \"{metrics_at}\"\n\
-         [tracing]\notlp_endpoint = \"http://{}\"\n",
-        sink.address
-    );
+    let observed = if args.control {
+        plain.clone()
+    } else {
+        format!(
+            "{plain}[metrics]\nlisten = \"{metrics_at}\"\n\
+             [tracing]\notlp_endpoint = \"http://{}\"\n",
+            sink.address
+        )
+    };
     let dirs = [tempfile::tempdir()?, tempfile::tempdir()?];
     let kernels = [
         start_agentosd_with(&agentosd, dirs[0].path(), &plain)?,
@@ -90,8 +96,8 @@ fn main() -> anyhow::Result<()> {
         warm_up(client, dir.path())?;
     }
 
-    // Rounds alternate which kernel goes first, so drift on the host
-    // touches both alike.
+    // Many short rounds, alternating which kernel goes first, so drift
+    // on the host (these machines are shared) touches both alike.
     let pause = Duration::from_millis(args.pause_ms);
     let mut noops: [Vec<Vec<Duration>>; 2] = Default::default();
     let mut execs: [Vec<Vec<Duration>>; 2] = Default::default();
@@ -114,22 +120,14 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    // Tracing was really on: the observed kernel's runs reached the sink
-    // (within the exporter's one-second flush), and its own counter says so.
-    let spans_expected = (args.rounds * args.execs + WARM_UP_EXECS) as u64;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while sink.spans.load(Ordering::Relaxed) < spans_expected && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_millis(1100));
-    let (_, text) = scrape(metrics_at)?;
-    let exported = metric(&text, "agentos_trace_spans_total{outcome=\"exported\"}");
-    let dropped = metric(&text, "agentos_trace_spans_total{outcome=\"dropped\"}");
-    let runs_counted = metric(&text, "agentos_exec_runs_total");
-
+    let kernels_measured = if args.control {
+        "two plain kernels (a control: \"on\" is plain too)"
+    } else {
+        "one kernel plain, one with [metrics] listen and [tracing] otlp_endpoint (a sink in \
+         this program answering 200 at once)"
+    };
     println!(
-        "bench-observability: one kernel plain, one with [metrics] listen and [tracing] \
-         otlp_endpoint (a sink in this program answering 200 at once), side by side; \
+        "bench-observability: {kernels_measured}, side by side; \
          {} alternating rounds of {} NOOPs ({}-byte payload) and {} EXEC print(1) runs \
          {} ms apart on each",
         args.rounds,
@@ -139,7 +137,7 @@ fn main() -> anyhow::Result<()> {
         args.pause_ms
     );
     println!(
-        "p50: median of the rounds' p50s; p99: of all {} NOOPs and {} runs of a side",
+        "p50, p99: of all {} NOOPs and {} runs of a side",
         args.rounds * args.noops,
         args.rounds * args.execs
     );
@@ -180,33 +178,31 @@ fn main() -> anyhow::Result<()> {
             .map(|(off, on)| quantile(on, 0.5) / quantile(off, 0.5))
             .collect();
         ratios.sort_unstable_by(f64::total_cmp);
+        let at = |p: f64| ratios[((ratios.len() - 1) as f64 * p).round() as usize];
         println!(
-            "  {label} p50 on/off, round by round: median {:.3}x (from {:.3}x to {:.3}x)",
-            ratios[ratios.len() / 2],
-            ratios[0],
-            ratios[ratios.len() - 1]
+            "  {label} p50 on/off round by round: median {:.3}x, middle half {:.3}x to {:.3}x",
+            at(0.5),
+            at(0.25),
+            at(0.75)
         );
     }
-    for (side, label) in SIDES.iter().enumerate() {
-        let rounds: Vec<String> = noops[side]
-            .iter()
-            .map(|r| format!("{:.1}", quantile(r, 0.5) * 1e6))
-            .collect();
-        println!(
-            "  NOOP p50 per round, {label:<3} (µs): {}",
-            rounds.join(" ")
-        );
+    if args.control {
+        println!("control: both kernels were plain; the ratios show this machine's noise");
+        return Ok(());
     }
-    for (side, label) in SIDES.iter().enumerate() {
-        let rounds: Vec<String> = execs[side]
-            .iter()
-            .map(|r| format!("{:.2}", quantile(r, 0.5) * 1e3))
-            .collect();
-        println!(
-            "  EXEC p50 per round, {label:<3} (ms): {}",
-            rounds.join(" ")
-        );
+    // Tracing was really on: the observed kernel's runs reached the sink
+    // (within the exporter's one-second flush), and its own counter says so.
+    let spans_expected = (args.rounds * args.execs + WARM_UP_EXECS) as u64;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.spans.load(Ordering::Relaxed) < spans_expected && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
     }
+    std::thread::sleep(Duration::from_millis(1100));
+    let (_, text) = scrape(metrics_at)?;
+    let exported = metric(&text, "agentos_trace_spans_total{outcome=\"exported\"}");
+    let dropped = metric(&text, "agentos_trace_spans_total{outcome=\"dropped\"}");
+    let runs_counted = metric(&text, "agentos_exec_runs_total");
+
     println!(
         "tracing on: the sink took {} spans in {} requests ({} bytes); the kernel counts \
          {exported} exported, {dropped} dropped, {runs_counted} EXEC runs (/metrics)",
@@ -283,19 +279,12 @@ struct Summary {
     p99: f64,
 }
 
-/// The median of the rounds' p50s, and the p99 of all samples together
-/// (a round has too few runs for a p99 of its own).
+/// The p50 and p99 of all the rounds' samples together.
 fn summary(rounds: &[Vec<Duration>]) -> Summary {
-    let mut p50s: Vec<Duration> = rounds
-        .iter()
-        .map(|r| Duration::from_secs_f64(quantile(r, 0.5)))
-        .collect();
-    p50s.sort_unstable();
-    let mut all: Vec<Duration> = rounds.iter().flatten().copied().collect();
-    all.sort_unstable();
+    let all: Vec<Duration> = rounds.iter().flatten().copied().collect();
     Summary {
-        p50: percentile(&p50s, 0.5).as_secs_f64(),
-        p99: percentile(&all, 0.99).as_secs_f64(),
+        p50: quantile(&all, 0.5),
+        p99: quantile(&all, 0.99),
     }
 }
 
@@ -341,7 +330,7 @@ fn scrape_with_agents(args: &Args, kernel: &Server, metrics_at: SocketAddr) -> a
     let deadline = Instant::now() + Duration::from_secs(30);
     let text = loop {
         let (_, text) = scrape(metrics_at)?;
-        if metric(&text, "agentos_agents") >= args.agents as f64 {
+        if metric(&text, "agentos_agents{state=\"running\"}") >= args.agents as f64 {
             break text;
         }
         if Instant::now() > deadline {
@@ -349,7 +338,6 @@ fn scrape_with_agents(args: &Args, kernel: &Server, metrics_at: SocketAddr) -> a
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let running = metric(&text, "agentos_agents{state=\"running\"}");
     let mut times = Vec::with_capacity(args.scrapes);
     let mut sizes = Vec::with_capacity(args.scrapes);
     for _ in 0..args.scrapes {
@@ -376,7 +364,7 @@ fn scrape_with_agents(args: &Args, kernel: &Server, metrics_at: SocketAddr) -> a
     println!();
     println!(
         "scrape: {} GET /metrics over TCP (connect to end of answer) with {} agents alive \
-         ({running} running by the metrics; spawned unsandboxed in {:.1} s, {killed} killed \
+         (running, by the metrics; spawned unsandboxed in {:.1} s, {killed} killed \
          in {:.1} s after)",
         args.scrapes,
         args.agents,
