@@ -449,7 +449,8 @@ fn metric(text: &str, series: &str) -> f64 {
                         .is_some_and(|r| r.starts_with('{')));
             matches.then(|| value.parse::<f64>().ok()).flatten()
         })
-        .sum()
+        // An empty f64 sum is -0.
+        .fold(0.0, |sum, value| sum + value)
 }
 
 /// An OTLP/HTTP trace receiver on loopback that answers every export 200
