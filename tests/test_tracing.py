@@ -377,3 +377,27 @@ def test_an_mcp_think_and_run_prompt_join_the_callers_trace(receiver):
     task = by_parent["2222222222222222"]
     assert task.name == "task prompt"
     assert by_parent[task.span_id.hex()].name == "chat stub-model"
+
+
+def test_each_run_of_a_session_sees_its_own_traceparent_in_python_and_bash(receiver):
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: EXEC needs namespaces, so root (CI runs as root)")
+        return
+    show = "import os; print(os.environ.get('TRACEPARENT', 'none'))"
+    runs = [("python", show, PARENT), ("bash", 'echo "${TRACEPARENT:-none}"', PARENT),
+            ("python", show, PARENT), ("python", show, None)]
+    with kernel_with(config(receiver)) as kernel, AgentOSClient(kernel.socket_path) as client:
+        seen = []
+        for language, code, trace in runs:
+            request = {"code": code, "language": language, "session": "traced"}
+            if trace:
+                request["trace"] = trace
+            reply = client.call_json(Opcode.EXEC, request)
+            assert reply["success"], reply
+            seen.append(reply["stdout"].strip())
+        spans = receiver.wait_for(4)
+    # Each run sees its own span, set for it alone: the last, without a
+    # trace of the caller's, is in a trace of its own.
+    expected = [f"00-{span.trace_id.hex()}-{span.span_id.hex()}-01" for span in spans]
+    assert seen == expected, (seen, expected)
+    assert [span.trace_id.hex() == TRACE_ID for span in spans] == [True, True, True, False]

@@ -128,9 +128,7 @@ impl Exec {
             let queued = now.saturating_duration_since(waiting.queued_at);
             span.int("agentos.exec.queue_ms", queued.as_millis() as i64);
             // The run's code, and the tool calls it makes, join its span.
-            order
-                .env
-                .insert("TRACEPARENT".into(), span.context.to_string());
+            order.trace = Some(span.context.to_string());
             run.span = Some(span);
         }
         if let Some(policy) = waiting.policy.clone() {
@@ -622,5 +620,6 @@ fn order_for(request: ExecRequest, limits: (u64, u64), keep: bool) -> wire::RunO
         max_collect_bytes,
         keep,
         join: 0,
+        trace: None,
     }
 }

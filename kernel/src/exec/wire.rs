@@ -161,6 +161,11 @@ pub struct RunOrder {
     /// (they come first; the run's connection or a memfd after them).
     #[serde(default)]
     pub join: usize,
+    /// The run's span as a W3C `traceparent`, with tracing on: the code
+    /// sees it as `TRACEPARENT` (set beside the environment, which stays
+    /// the prepared one, so a traced run costs no rebuild of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// How a run ended, as the run child reports it.

@@ -255,6 +255,7 @@ mod tests {
             max_collect_bytes: 0,
             keep: false,
             join: 0,
+            trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         }
     }
 

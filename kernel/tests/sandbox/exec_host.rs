@@ -142,6 +142,7 @@ fn order(language: &str, code: &str) -> RunOrder {
         max_collect_bytes: 4 << 20,
         keep: false,
         join: 0,
+        trace: None,
     }
 }
 

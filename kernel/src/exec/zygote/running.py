@@ -24,6 +24,10 @@ def run_order(request, scope, connection, shell):
     if connection is not None:
         os.set_inheritable(connection, True)
         os.environ["AGENTOS_SOCKET_FD"] = str(connection)
+    trace = request.get("trace")
+    if trace:
+        os.environ["TRACEPARENT"] = trace
+        env = dict(env, TRACEPARENT=trace)
     cwd = request.get("cwd") or WORKSPACE
     exit_code, error = 0, None
     try:
@@ -53,6 +57,8 @@ def run_order(request, scope, connection, shell):
     )
     if connection is not None:
         os.environ.pop("AGENTOS_SOCKET_FD", None)
+    if trace:
+        os.environ.pop("TRACEPARENT", None)
     return {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems}
 
 
