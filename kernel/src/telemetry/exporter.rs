@@ -3,11 +3,14 @@
 //! counted), and a thread of its own sends them in batches to
 //! `{endpoint}/v1/traces` as `application/x-protobuf`. A collector that is
 //! slow or down costs the kernel dropped spans, never time.
+//!
+//! The thread is woken when a batch is full, or wakes itself each
+//! [`FLUSH_EVERY`]: never once a span, which would cost the reactor a
+//! wake-up and, on a small machine, its core for a moment.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prost::Message;
 
@@ -52,15 +55,39 @@ pub struct ExportCounts {
 /// The exporter's queue; dropping it ends the thread after a last batch.
 #[derive(Debug)]
 pub struct Exporter {
-    queue: SyncSender<FinishedSpan>,
+    queue: Arc<Queue>,
     pub counts: Arc<ExportCounts>,
+}
+
+/// Spans waiting for the thread, at most `capacity`.
+#[derive(Debug)]
+struct Queue {
+    waiting: Mutex<Waiting>,
+    batch_full: Condvar,
+    capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct Waiting {
+    spans: Vec<FinishedSpan>,
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Exporter {
     /// Starts the thread sending to `endpoint` (e.g. `http://127.0.0.1:4318`)
     /// with room for `capacity` spans waiting.
     pub fn start(endpoint: &str, service: &str, capacity: usize) -> std::io::Result<Exporter> {
-        let (queue, spans) = sync_channel(capacity);
+        let queue = Arc::new(Queue {
+            waiting: Mutex::new(Waiting::default()),
+            batch_full: Condvar::new(),
+            capacity,
+        });
         let counts = Arc::new(ExportCounts::default());
         let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
         let sender = Sender {
@@ -73,6 +100,7 @@ impl Exporter {
                 .build()
                 .into(),
         };
+        let spans = Arc::clone(&queue);
         std::thread::Builder::new()
             .name("otlp-export".into())
             .spawn(move || sender.run(&spans))?;
@@ -81,11 +109,23 @@ impl Exporter {
 
     /// Queues a finished span; drops (and counts) it when the queue is full.
     pub fn export(&self, span: FinishedSpan) {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-            self.queue.try_send(span)
-        {
+        let mut waiting = self.queue.lock();
+        if waiting.closed || waiting.spans.len() >= self.queue.capacity {
+            drop(waiting);
             self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
         }
+        waiting.spans.push(span);
+        if waiting.spans.len() == BATCH {
+            self.queue.batch_full.notify_one();
+        }
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        self.queue.lock().closed = true;
+        self.queue.batch_full.notify_one();
     }
 }
 
@@ -97,22 +137,29 @@ struct Sender {
 }
 
 impl Sender {
-    fn run(&self, spans: &Receiver<FinishedSpan>) {
-        let mut batch = Vec::new();
-        let mut since = Instant::now();
+    /// Sends what has waited, a batch at a time, when a batch is full or
+    /// each [`FLUSH_EVERY`]; after a last send once the queue is closed.
+    fn run(&self, queue: &Queue) {
         loop {
-            let wait = FLUSH_EVERY.saturating_sub(since.elapsed());
-            match spans.recv_timeout(wait) {
-                Ok(span) => batch.push(span),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    self.send(std::mem::take(&mut batch));
-                    return;
+            let (batch, closed) = {
+                let waiting = queue.lock();
+                let (mut waiting, _) = queue
+                    .batch_full
+                    .wait_timeout_while(waiting, FLUSH_EVERY, |w| {
+                        w.spans.len() < BATCH && !w.closed
+                    })
+                    .unwrap_or_else(|e| e.into_inner());
+                let take = waiting.spans.len().min(BATCH);
+                let batch: Vec<FinishedSpan> = waiting.spans.drain(..take).collect();
+                (batch, waiting.closed)
+            };
+            self.send(batch);
+            if closed {
+                let rest = std::mem::take(&mut queue.lock().spans);
+                for batch in rest.chunks(BATCH) {
+                    self.send(batch.to_vec());
                 }
-            }
-            if batch.len() >= BATCH || since.elapsed() >= FLUSH_EVERY {
-                self.send(std::mem::take(&mut batch));
-                since = Instant::now();
+                return;
             }
         }
     }
@@ -188,6 +235,7 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::net::TcpListener;
+    use std::time::Instant;
 
     fn span(name: &str) -> FinishedSpan {
         FinishedSpan {
