@@ -42,6 +42,34 @@ def test_spawn_list_and_kill_through_the_sdk(kernel):
         assert gone.value.code == "not_found"
 
 
+
+def test_kill_ends_an_unsandboxed_agents_whole_process_group(kernel):
+    """Without a PID namespace, SIGKILL of the agent's init would leave its
+    workload running: the kernel kills the workload's process group too."""
+    marker = f"agentos-unsandboxed-{os.getpid()}-{time.monotonic_ns()}"
+    # A shell and its child: the group, not just its leader.
+    script = f"/usr/bin/python3 -c 'import time; time.sleep(3600)' {marker} & wait"
+
+    def left() -> str:
+        found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+        return found.stdout.strip()
+
+    with AgentOSClient(kernel.socket_path) as client:
+        spawned = client.spawn("loose", command=["/bin/sh", "-c", script], sandboxed=False)
+        try:
+            deadline = time.monotonic() + 10
+            while not left():
+                assert time.monotonic() < deadline, "the workload never started"
+                time.sleep(0.05)
+            assert client.kill(spawned["id"], grace_ms=0)["killed"]
+            wait_state(client, spawned["id"], {"killed"})
+            deadline = time.monotonic() + 5
+            while left():
+                assert time.monotonic() < deadline, f"still running after KILL: {left()}"
+                time.sleep(0.05)
+        finally:
+            subprocess.run(["pkill", "-KILL", "-f", marker])
+
 def test_hello_agent_talks_to_the_kernel_as_itself(kernel):
     with AgentOSClient(kernel.socket_path) as client:
         reply = client.spawn("greeter", AGENTS / "hello_agent.py", python=sys.executable)

@@ -39,13 +39,26 @@ pub struct Sandbox<O> {
     pub oom_baseline: u64,
     /// An OOM kill has been reported to the owner.
     pub oom_reported: bool,
+    /// The workload's process group, on the host, when there is no PID
+    /// namespace to end with the init (an unsandboxed agent).
+    pub workload_group: Option<i32>,
 }
 
 impl<O> Sandbox<O> {
     /// Sends a signal to the init. SIGTERM is passed on to the whole
     /// workload; SIGKILL of the init ends its PID namespace and all in it.
+    /// Without a PID namespace, SIGKILL goes to the workload's process
+    /// group too: the init cannot pass on a signal that kills it.
     pub fn signal(&self, signal: i32) {
         // Fails only once the init is gone, when there is nothing to do.
+        let init_alive = process::signal(self.pidfd.as_fd(), 0).is_ok();
+        if let (true, libc::SIGKILL, Some(group)) = (init_alive, signal, self.workload_group) {
+            // While the init lives it has not reaped the group's leader,
+            // so the group id cannot belong to anyone else yet.
+            // SAFETY: kill(2) with a negative pid signals that process
+            // group; it touches no memory.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
         let _ = process::signal(self.pidfd.as_fd(), signal);
     }
 

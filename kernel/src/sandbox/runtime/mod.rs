@@ -438,6 +438,7 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
             oom_watch: None,
             oom_baseline: 0,
             oom_reported: false,
+            workload_group: None,
         });
         if let Err(err) = registered {
             log::error!("cannot watch a new sandbox: {err}");
@@ -484,6 +485,15 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
                     .deregister(&mut SourceFd(&reader.fd().as_raw_fd()));
             }
             self.sources.try_remove(token.0 - self.token_base);
+        }
+        if sandbox.pid_namespace.is_none() {
+            // Its pid is the host's: the workload leads its own group.
+            for status in &statuses {
+                // Never 0 or 1: kill(-0) and kill(-1) reach far more.
+                if let Status::Ready { pid } = status {
+                    sandbox.workload_group = (*pid > 1).then_some(*pid);
+                }
+            }
         }
         match sandbox.serving {
             Some(owner) => self.events.extend(
