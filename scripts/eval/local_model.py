@@ -1,0 +1,171 @@
+"""Evaluates local models on the prompt-to-program loop: every task of
+tasks.py through `agentos run`, against a kernel serving each model in
+turn, the answers checked by code, with the time each took. Prints a
+table per model and the summary; --json writes every transcript.
+
+Run it through scripts/eval-local-model (root: EXEC needs namespaces)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tasks as eval_tasks  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kernel_config(model: str | None, fixtures: Path) -> str:
+    servers = REPO / "scripts" / "mcp-servers" / "node_modules" / ".bin"
+    local = f'\n[llm.local]\nmodel = "{model}"\n' if model else ""
+    return (
+        '[llm]\nprovider = "local"\n'
+        f"{local}"
+        f'\n[mcp.servers.everything]\ncommand = "{servers}/mcp-server-everything"\n'
+        f'\n[mcp.servers.filesystem]\ncommand = "{servers}/mcp-server-filesystem"\n'
+        f'args = ["{fixtures}"]\n'
+        f'\n[mcp.servers.time]\ncommand = "{REPO}/.venv/bin/mcp-server-time"\n'
+    )
+
+
+class Kernel:
+    """agentosd serving one model, in a directory of its own."""
+
+    def __init__(self, bin_dir: Path, workdir: Path, config: str) -> None:
+        self.bin_dir = bin_dir
+        self.socket = workdir / "agentos.sock"
+        (workdir / "agentosd.toml").write_text(config)
+        env = dict(os.environ, AGENTOS_STATE_DIR=str(workdir / "state"),
+                   AGENTOS_AGENT_LOG_DIR=str(workdir / "logs"))
+        env.pop("AGENTOS_SOCKET", None)
+        self.log = workdir / "agentosd.log"
+        self.process = subprocess.Popen(
+            [bin_dir / "agentosd", "--socket", self.socket, "--config", workdir / "agentosd.toml",
+             "--python", REPO / ".venv" / "bin" / "python"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"),
+            env=env)
+
+    def agentos(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run([self.bin_dir / "agentos", "--socket", str(self.socket), *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def wait_ready(self, servers: list[str], timeout: float = 300) -> dict:
+        """Until THINK is ready (the model loaded) and every tool server is."""
+        deadline = time.monotonic() + timeout
+        hello: dict = {}
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"agentosd exited:\n{self.log.read_text()[-4000:]}")
+            reply = self.agentos("hello", "--json", timeout=30)
+            if reply.returncode == 0:
+                hello = json.loads(reply.stdout)
+                ready = {s["name"] for s in hello.get("tool_servers", []) if s["state"] == "ready"}
+                if hello.get("llm", {}).get("ready") and set(servers) <= ready:
+                    return hello
+            time.sleep(1)
+        raise SystemExit(f"the kernel was not ready in {timeout:.0f} s: {hello}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def run_task(kernel: Kernel, task: eval_tasks.Task, max_iterations: int,
+             timeout: float) -> dict:
+    started = time.monotonic()
+    reply = kernel.agentos("run", "--json", "--max-iterations", str(max_iterations),
+                           "--timeout", str(int(timeout)), task.prompt, timeout=timeout + 60)
+    took = time.monotonic() - started
+    try:
+        record = json.loads(reply.stdout)
+    except json.JSONDecodeError:
+        record = {"state": "no reply", "stderr": reply.stderr[-2000:]}
+    result = record.get("result") or {}
+    answer = result.get("answer") or ""
+    passed = record.get("state") == "completed" and task.check(answer, result)
+    return {"task": task.name, "kind": task.kind, "passed": passed, "seconds": round(took, 1),
+            "state": record.get("state"), "answer": answer,
+            "iterations": len(result.get("iterations") or []), "record": record}
+
+
+def summary(model: str, outcomes: list[dict]) -> str:
+    passed = sum(o["passed"] for o in outcomes)
+    times = sorted(o["seconds"] for o in outcomes)
+    p90 = times[min(len(times) - 1, round(0.9 * (len(times) - 1)))]
+    return (f"| {model} | {passed}/{len(outcomes)} | {statistics.median(times):.1f} s | "
+            f"{p90:.1f} s | {sum(times):.0f} s |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", default=[],
+                        help="an llm.local.model name (repeat for several; default: the "
+                             "kernel's default model)")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only the tasks with this name (repeatable)")
+    parser.add_argument("--max-iterations", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per task")
+    parser.add_argument("--json", type=Path, help="write every outcome and transcript here")
+    parser.add_argument("--bin-dir", type=Path,
+                        default=Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("eval-local-model needs root: the loop's code runs with EXEC", file=sys.stderr)
+        return 2
+
+    workdir = REPO / "build" / "eval"
+    shutil.rmtree(workdir, ignore_errors=True)
+    fixtures = workdir / "fixtures"
+    fixtures.mkdir(parents=True)
+    for name, content in eval_tasks.FIXTURES.items():
+        (fixtures / name).write_text(content)
+    chosen = [t for t in eval_tasks.tasks(fixtures) if not args.only or t.name in args.only]
+    servers = sorted({server for task in chosen for server in task.needs} |
+                     {"everything", "filesystem", "time"})
+
+    rows, everything = [], {}
+    for model in args.model or [None]:
+        home = workdir / (model or "default")
+        home.mkdir()
+        kernel = Kernel(args.bin_dir, home, kernel_config(model, fixtures))
+        try:
+            hello = kernel.wait_ready(servers)
+            name = model or hello["llm"]["model"]
+            print(f"\n== {name}: {len(chosen)} tasks, at most {args.max_iterations} iterations each")
+            outcomes = []
+            for task in chosen:
+                outcome = run_task(kernel, task, args.max_iterations, args.timeout)
+                outcomes.append(outcome)
+                mark = "PASS" if outcome["passed"] else "fail"
+                print(f"  {mark}  {task.name:<20} {task.kind:<9} {outcome['seconds']:6.1f} s  "
+                      f"{outcome['iterations']} it.  {outcome['state']}: "
+                      f"{' '.join(outcome['answer'].split())[:70]!r}", flush=True)
+            rows.append(summary(name, outcomes))
+            everything[name] = outcomes
+        finally:
+            kernel.stop()
+    print("\n| model | tasks solved | p50 time | p90 time | all tasks |")
+    print("|---|---:|---:|---:|---:|")
+    for row in rows:
+        print(row)
+    if args.json:
+        args.json.write_text(json.dumps(everything, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
