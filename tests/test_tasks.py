@@ -106,3 +106,40 @@ def test_run_reports_a_loop_that_cannot_think(kernel):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "failed" in out.stderr and "THINK" in out.stderr
+
+
+@pytest.fixture
+def stub_model():
+    from stub_model import StubModel
+
+    model = StubModel([])
+    yield model
+    model.close()
+
+
+def test_run_stops_a_model_that_repeats_failing_code_and_shows_tools_as_signatures(stub_model):
+    if not has_root():
+        return
+    from conftest import kernel_with
+
+    fence = "`" * 3
+    failing = f"{fence}python\nimport tools\nprint(tools.llm.think('a', 'b', 1, 0.5, 'e'))\n{fence}"
+    # The same block three times, the second with blank space around it.
+    stub_model.answers = [failing, failing.replace("import", "\n\nimport"), failing]
+    with kernel_with(stub_model.config()) as kernel, \
+            AgentOSClient(kernel.socket_path, timeout=60) as client:
+        task = client.run("ask the model", max_iterations=8)
+    assert task["state"] == "failed", task
+    result = task["result"]
+    assert result["error"] == "the model repeated the same failing code 3 times in a row"
+    ran, nudged = result["iterations"]
+    assert "takes 4 positional arguments but 5 were given" in ran["stderr"]
+    assert nudged["exit_code"] is None
+    assert nudged["stderr"].startswith("not run: this exact code already failed with: TypeError")
+    # Three THINKs: the code ran once; the second answer got a nudge.
+    assert len(stub_model.requests) == 3
+    system = stub_model.requests[0]["messages"][0]["content"]
+    assert ("tools.llm.think(prompt, system=None, max_tokens=None, temperature=None)"
+            "  # Ask the kernel's shared LLM") in system, system
+    nudge = stub_model.requests[2]["messages"][-1]["content"]
+    assert nudge.startswith("This exact code already failed with: TypeError: tools.llm.think("), nudge

@@ -30,17 +30,38 @@ pub fn python_name(name: &str) -> String {
     out
 }
 
-/// Python's keywords, soft ones included.
-const KEYWORDS: [&str; 38] = [
+/// Python's keywords: no name may be one.
+const HARD_KEYWORDS: [&str; 35] = [
     "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
     "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
     "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
-    "with", "yield", "match", "case", "type",
+    "with", "yield",
 ];
+/// Python's soft keywords: valid names (a parameter may be called `type`),
+/// but kept off attributes so a tool never reads as syntax.
+const SOFT_KEYWORDS: [&str; 3] = ["match", "case", "type"];
 
-/// Whether `name` is one of Python's keywords.
+/// Whether `name` is one of Python's keywords, soft ones included.
 pub fn is_keyword(name: &str) -> bool {
-    KEYWORDS.contains(&name)
+    HARD_KEYWORDS.contains(&name) || SOFT_KEYWORDS.contains(&name)
+}
+
+/// Whether `name` can be a Python function's parameter, so an argument
+/// can be passed by position or as `name=`: an identifier (as
+/// `str.isidentifier` has it, near enough) that is not a hard keyword.
+///
+/// ```
+/// use agentos_kernel::python_names::is_parameter_name;
+/// assert!(is_parameter_name("path") && is_parameter_name("type"));
+/// assert!(!is_parameter_name("from") && !is_parameter_name("max-tokens"));
+/// ```
+pub fn is_parameter_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|first| first == '_' || first.is_alphabetic())
+        && chars.all(|c| c == '_' || c.is_alphanumeric())
+        && !HARD_KEYWORDS.contains(&name)
 }
 
 #[cfg(test)]

@@ -47,6 +47,8 @@ mod tests {
         let why = "the task was cancelled by its owner";
         let mut old = serde_json::to_value(ErrorReply::new(ErrorCode::Other, why)).unwrap();
         old["code"] = Value::String("cancelled".into());
+        // Values then kept their keys sorted.
+        old.as_object_mut().unwrap().sort_keys();
         assert_eq!(cancelled(why), serde_json::to_vec(&old).unwrap());
         for output in ["", "1\n2\n\"quoted\" \u{e9}"] {
             let mut old =
@@ -54,6 +56,7 @@ mod tests {
                     .unwrap();
             old["code"] = Value::String("interrupted".into());
             old["output"] = Value::String(output.to_owned());
+            old.as_object_mut().unwrap().sort_keys();
             assert_eq!(
                 interrupted(KERNEL_STOPPED, output),
                 serde_json::to_vec(&old).unwrap()

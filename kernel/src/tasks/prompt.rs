@@ -17,6 +17,17 @@ use crate::address::Answer;
 const FEEDBACK_BYTES: usize = 4096;
 /// A run's timeout inside the loop.
 const RUN_TIMEOUT_MS: u64 = 60_000;
+/// The same code block this many times in a row ends the loop. Once is a
+/// run; a second time is nudged (or, if it worked, run again: code may
+/// poll); a model that writes it a third time has shown a nudge does not
+/// move it, and each further THINK costs a local model tens of seconds.
+const SAME_CODE_IN_A_ROW_TO_STOP: usize = 3;
+/// Nudges a loop gives in all before it ends: a model sent back to code
+/// that already failed this often (going round between failing blocks)
+/// is not converging, and the iterations left are better not spent.
+const MOST_NUDGES: u32 = 3;
+/// Bytes of a failed run's error quoted in a nudge.
+const NUDGE_ERROR_BYTES: usize = 300;
 
 /// What the kernel should do next for a prompt task.
 #[derive(Debug)]
@@ -73,6 +84,13 @@ pub struct PromptLoop {
     iterations: Vec<Iteration>,
     /// The code under way (its language and text).
     running: Option<(String, String)>,
+    /// Code that ran and failed, normalised, with the short error it
+    /// failed with.
+    failed: Vec<(Code, String)>,
+    /// The last code THINK wrote, and how many times in a row it wrote it.
+    last_code: Option<(Code, usize)>,
+    /// Nudges given so far.
+    nudges: u32,
     tokens: u64,
     tool_calls: u64,
     tool_bytes: u64,
@@ -92,9 +110,10 @@ impl PromptLoop {
              run code; you will get back what it printed. When you know the answer, reply \
              with the answer alone and no code block.\n\
              The code runs in a sandbox with a /workspace that persists between your code \
-             blocks. Tools are Python functions: `import tools`, then \
-             `tools.<server>.<tool>(argument=...)`; `tools.search(\"words\")` finds more. \
-             Print only what you need to see.\n\nTools:\n{tools}"
+             blocks. Tools are Python functions: `import tools`, then call them as listed \
+             below, arguments by position or by name, and print what they return; \
+             `tools.search(\"words\")` finds more. Print only what you need to see. If code \
+             fails, change it: the same code fails the same way.\n\nTools:\n{tools}"
         );
         if let Some(extra) = &request.system {
             system.push_str("\n\n");
@@ -116,6 +135,9 @@ impl PromptLoop {
             messages,
             iterations: Vec::new(),
             running: None,
+            failed: Vec::new(),
+            last_code: None,
+            nudges: 0,
             tokens: 0,
             tool_calls: 0,
             tool_bytes: 0,
@@ -185,10 +207,46 @@ impl PromptLoop {
                 )),
             );
         }
+        let this = Code::new(&language, &code);
+        let in_a_row = match &self.last_code {
+            Some((last, times)) if *last == this => times + 1,
+            _ => 1,
+        };
+        self.last_code = Some((this.clone(), in_a_row));
+        let failed_with = self
+            .failed
+            .iter()
+            .find(|(failed, _)| *failed == this)
+            .map(|(_, error)| error.clone());
+        if in_a_row >= SAME_CODE_IN_A_ROW_TO_STOP {
+            let which = if failed_with.is_some() {
+                "the same failing code"
+            } else {
+                "the same code"
+            };
+            return self.done(
+                None,
+                Some(format!(
+                    "the model repeated {which} {in_a_row} times in a row"
+                )),
+            );
+        }
         self.messages.push(ChatMessage {
             role: "assistant".into(),
             content,
         });
+        if let Some(error) = failed_with {
+            if self.nudges >= MOST_NUDGES {
+                return self.done(
+                    None,
+                    Some(format!(
+                        "the model kept writing code that had already failed ({} nudges)",
+                        self.nudges
+                    )),
+                );
+            }
+            return self.nudge(language, code, &error);
+        }
         let run = ExecRequest {
             code: code.clone(),
             language: if language == "bash" {
@@ -202,6 +260,37 @@ impl PromptLoop {
         };
         self.running = Some((language, code));
         Step::Exec(run)
+    }
+
+    /// Code that already failed is not run again: THINK is told so, and
+    /// the iteration is spent as if it had run.
+    fn nudge(&mut self, language: String, code: String, error: &str) -> Step {
+        self.nudges += 1;
+        self.iterations.push(Iteration {
+            code,
+            language,
+            stdout: String::new(),
+            stderr: format!("not run: this exact code already failed with: {error}"),
+            exit_code: None,
+        });
+        let mut feedback = format!(
+            "This exact code already failed with: {error}\nIt was not run again. Change the \
+             code to fix that error, or answer without a code block."
+        );
+        self.last_iteration_note(&mut feedback);
+        self.messages.push(ChatMessage {
+            role: "user".into(),
+            content: feedback,
+        });
+        self.think()
+    }
+
+    /// After the last iteration, THINK is asked for its answer.
+    fn last_iteration_note(&self, feedback: &mut String) {
+        if self.iterations.len() as u32 >= self.request.max_iterations {
+            // The last run's output still gets its answer.
+            feedback.push_str("\nNo more code can run: answer now, without a code block.");
+        }
     }
 
     /// EXEC's reply for the code under way: fed back to THINK, or the end
@@ -230,11 +319,12 @@ impl PromptLoop {
         if let Some(error) = &reply.error {
             feedback.push_str(&format!("\nerror: {error}"));
         }
-        self.iterations.push(iteration);
-        if self.iterations.len() as u32 >= self.request.max_iterations {
-            // The last run's output still gets its answer.
-            feedback.push_str("\nNo more code can run: answer now, without a code block.");
+        if let Some(error) = failure(reply) {
+            self.failed
+                .push((Code::new(&iteration.language, &iteration.code), error));
         }
+        self.iterations.push(iteration);
+        self.last_iteration_note(&mut feedback);
         self.messages.push(ChatMessage {
             role: "user".into(),
             content: feedback,
@@ -270,6 +360,45 @@ impl PromptLoop {
     }
 }
 
+/// Code as the loop compares it: the same language and the same text once
+/// stripped of surrounding blank space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Code {
+    language: String,
+    text: String,
+}
+
+impl Code {
+    fn new(language: &str, text: &str) -> Code {
+        Code {
+            language: language.to_owned(),
+            text: text.trim().to_owned(),
+        }
+    }
+}
+
+/// Why a run failed, short — EXEC's error (a Python exception's last
+/// line: `NameError: name 'x' is not defined`), else the last line of its
+/// stderr, else its exit code — or `None` if it did not fail.
+fn failure(reply: &ExecReply) -> Option<String> {
+    if reply.exit_code == Some(0) && reply.error.is_none() {
+        return None;
+    }
+    let last_line = reply
+        .stderr
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty());
+    let why = match (&reply.error, last_line, reply.exit_code) {
+        (Some(error), _, _) => error.clone(),
+        (None, Some(line), _) => line.to_owned(),
+        (None, None, Some(code)) => format!("exit code {code}"),
+        (None, None, None) => "no exit code".to_owned(),
+    };
+    Some(head(&why, NUDGE_ERROR_BYTES).to_owned())
+}
+
 /// The last [`FEEDBACK_BYTES`] of `text`, at a character boundary.
 fn tail(text: &str) -> &str {
     let mut start = text.len().saturating_sub(FEEDBACK_BYTES);
@@ -277,6 +406,15 @@ fn tail(text: &str) -> &str {
         start += 1;
     }
     &text[start..]
+}
+
+/// The first `bytes` of `text` at most, at a character boundary.
+fn head(text: &str, bytes: usize) -> &str {
+    let mut end = text.len().min(bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The first fenced code block of `text` marked python, py, bash or sh (or
@@ -414,8 +552,9 @@ mod tests {
         let (mut prompt, first) = PromptLoop::start(request(5), "s".into(), "- tools.x.y");
         let system = &first.messages.unwrap()[0].content;
         assert!(system.contains("- tools.x.y"), "{system}");
-        for exit_code in [1, 1, 0] {
-            let Step::Exec(run) = prompt.on_think(&think("```python\nprint(55)\n```")) else {
+        for (attempt, exit_code) in [1, 1, 0].into_iter().enumerate() {
+            let code = format!("```python\nprint(55) # attempt {attempt}\n```");
+            let Step::Exec(run) = prompt.on_think(&think(&code)) else {
                 panic!("no run");
             };
             assert_eq!(run.session.as_deref(), Some("s"));
@@ -457,5 +596,144 @@ mod tests {
         let result: Value = serde_json::from_slice(&result).unwrap();
         assert_eq!(result["iterations"].as_array().unwrap().len(), 2);
         assert!(result["error"].as_str().unwrap().contains("max_iterations"));
+    }
+
+    fn failed(stderr: &str) -> ExecReply {
+        ExecReply {
+            stderr: stderr.into(),
+            exit_code: Some(1),
+            ..ExecReply::default()
+        }
+    }
+
+    const TRACEBACK: &str = "Traceback (most recent call last):\n  File \"<run>\", line 1\n\
+                             NameError: name 'x' is not defined\n";
+
+    fn result_of(step: Step) -> (bool, Value) {
+        let Step::Done { answered, result } = step else {
+            panic!("not done: {step:?}");
+        };
+        (answered, serde_json::from_slice(&result).unwrap())
+    }
+
+    #[test]
+    fn code_that_already_failed_is_not_run_again_and_the_model_is_told_why() {
+        let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+        assert!(matches!(
+            prompt.on_think(&think("```python\nprint(x)\n```")),
+            Step::Exec(_)
+        ));
+        assert!(matches!(prompt.on_exec(&failed(TRACEBACK)), Step::Think(_)));
+        // The same code, give or take blank space around it: not run.
+        let Step::Think(nudged) = prompt.on_think(&think("Again:\n```python\n\nprint(x)  \n```"))
+        else {
+            panic!("the repeated code was run");
+        };
+        let messages = nudged.messages.unwrap();
+        let nudge = &messages.last().unwrap().content;
+        assert!(
+            nudge.contains(
+                "This exact code already failed with: NameError: name 'x' is not defined"
+            ),
+            "{nudge}"
+        );
+        assert!(nudge.contains("Change the code"), "{nudge}");
+        assert!(!prompt.is_running_code());
+        // The nudge is an iteration.
+        assert_eq!(prompt.iteration(), 3);
+        // Changed code runs.
+        assert!(matches!(
+            prompt.on_think(&think("```python\nx = 1\nprint(x)\n```")),
+            Step::Exec(_)
+        ));
+        assert!(matches!(prompt.on_exec(&ran("1\n", 0)), Step::Think(_)));
+        let (answered, result) = result_of(prompt.on_think(&think("1")));
+        assert!(answered);
+        let iterations = result["iterations"].as_array().unwrap();
+        assert_eq!(iterations.len(), 3);
+        assert_eq!(iterations[1]["exit_code"], Value::Null);
+        assert!(iterations[1]["stderr"]
+            .as_str()
+            .unwrap()
+            .starts_with("not run: this exact code already failed"));
+    }
+
+    #[test]
+    fn the_same_failing_code_three_times_in_a_row_ends_the_loop_with_the_reason() {
+        let (mut prompt, _) = PromptLoop::start(request(10), "s".into(), "");
+        let same = think("```python\nprint(x)\n```");
+        assert!(matches!(prompt.on_think(&same), Step::Exec(_)));
+        assert!(matches!(prompt.on_exec(&failed(TRACEBACK)), Step::Think(_)));
+        assert!(matches!(prompt.on_think(&same), Step::Think(_)), "nudged");
+        let (answered, result) = result_of(prompt.on_think(&same));
+        assert!(!answered);
+        assert_eq!(
+            result["error"],
+            "the model repeated the same failing code 3 times in a row"
+        );
+        assert_eq!(result["success"], false);
+        assert_eq!(result["iterations"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn going_round_between_failing_blocks_ends_after_the_most_nudges() {
+        let (mut prompt, _) = PromptLoop::start(request(20), "s".into(), "");
+        let blocks = [
+            think("```python\nprint(a)\n```"),
+            think("```python\nprint(b)\n```"),
+        ];
+        for block in &blocks {
+            assert!(matches!(prompt.on_think(block), Step::Exec(_)));
+            assert!(matches!(
+                prompt.on_exec(&failed("NameError")),
+                Step::Think(_)
+            ));
+        }
+        for nudge in 0..MOST_NUDGES {
+            let block = &blocks[nudge as usize % 2];
+            assert!(
+                matches!(prompt.on_think(block), Step::Think(_)),
+                "nudge {nudge}"
+            );
+        }
+        let (answered, result) = result_of(prompt.on_think(&blocks[MOST_NUDGES as usize % 2]));
+        assert!(!answered);
+        assert_eq!(
+            result["error"],
+            format!("the model kept writing code that had already failed ({MOST_NUDGES} nudges)")
+        );
+    }
+
+    #[test]
+    fn code_that_worked_runs_again_but_not_a_third_time_in_a_row() {
+        let (mut prompt, _) = PromptLoop::start(request(10), "s".into(), "");
+        let same = think("```python\nprint(open('/workspace/state').read())\n```");
+        for _ in 0..2 {
+            assert!(matches!(prompt.on_think(&same), Step::Exec(_)));
+            assert!(matches!(prompt.on_exec(&ran("busy\n", 0)), Step::Think(_)));
+        }
+        let (answered, result) = result_of(prompt.on_think(&same));
+        assert!(!answered);
+        assert_eq!(
+            result["error"],
+            "the model repeated the same code 3 times in a row"
+        );
+    }
+
+    #[test]
+    fn a_failure_is_told_by_its_error_else_its_last_line_else_the_exit_code() {
+        assert_eq!(failure(&ran("ok", 0)), None);
+        assert_eq!(
+            failure(&failed(TRACEBACK)).unwrap(),
+            "NameError: name 'x' is not defined"
+        );
+        let timed_out = ExecReply {
+            error: Some("the run timed out".into()),
+            ..ExecReply::default()
+        };
+        assert_eq!(failure(&timed_out).unwrap(), "the run timed out");
+        assert_eq!(failure(&failed("")).unwrap(), "exit code 1");
+        let long = "é".repeat(NUDGE_ERROR_BYTES);
+        assert!(failure(&failed(&long)).unwrap().len() <= NUDGE_ERROR_BYTES);
     }
 }

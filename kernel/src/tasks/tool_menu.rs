@@ -1,5 +1,6 @@
 //! The tools a prompt loop tells THINK of. Every tool on offer is a line
-//! of the loop's system text, and a model with a small context (the local
+//! of the loop's system text (its Python signature, so a small model sees
+//! the argument names and their order), and a model with a small context (the local
 //! one: a few thousand tokens) cannot take them all and still have room
 //! for the task, the code and its output. So the list is ranked for the
 //! task's prompt, kept within a share of the model's context, and says how
@@ -12,8 +13,9 @@ const CONTEXT_SHARE: u64 = 4;
 /// Characters a token stands for, roughly (as the THINK queue estimates).
 const CHARS_PER_TOKEN: u64 = 4;
 
-/// Ranks the tools on offer for a prompt: every tool's line
-/// (`- tools.<server>.<tool>(...): summary`), the most relevant first.
+/// Ranks the tools on offer for a prompt: every tool's line, its Python
+/// signature and summary (`tools.<server>.<tool>(path, head=None)  #
+/// Read a file`), the most relevant first.
 pub type Rank<'a> = dyn Fn(&str) -> Vec<String> + 'a;
 
 /// The tools on offer, and how many of them a loop's THINK may be told of.
@@ -87,7 +89,7 @@ mod tests {
 
     fn lines(count: usize) -> Vec<String> {
         (0..count)
-            .map(|i| format!("- tools.s.tool{i:02}(...): does thing number {i}"))
+            .map(|i| format!("tools.s.tool{i:02}(a)  # does thing number {i}"))
             .collect()
     }
 
@@ -101,11 +103,11 @@ mod tests {
 
     #[test]
     fn a_small_context_lists_the_best_tools_and_counts_the_rest() {
-        // A quarter of 2048 tokens is 512; a line of 43 or 44 characters
+        // A quarter of 2048 tokens is 512; a line of 40 or 41 characters
         // (with its newline) costs 11 tokens: 46 lines fit.
         let menu = ToolMenu::new(|_| lines(100), Some(2048));
         let listed = menu.for_prompt("anything");
-        let tools: Vec<&str> = listed.lines().filter(|l| l.starts_with("- ")).collect();
+        let tools: Vec<&str> = listed.lines().filter(|l| l.starts_with("tools.")).collect();
         assert_eq!(tools.len(), 46, "{listed}");
         assert_eq!(tools[0], lines(1)[0], "the best first");
         assert!(
@@ -121,9 +123,9 @@ mod tests {
     #[test]
     fn the_ranking_sees_the_prompt() {
         let menu = ToolMenu::new(
-            |prompt: &str| vec![format!("- tools.s.first(...): for {prompt}")],
+            |prompt: &str| vec![format!("tools.s.first(what)  # for {prompt}")],
             Some(8192),
         );
-        assert_eq!(menu.for_prompt("time"), "- tools.s.first(...): for time");
+        assert_eq!(menu.for_prompt("time"), "tools.s.first(what)  # for time");
     }
 }

@@ -7,7 +7,8 @@
 //! [`stderr`] reads its stderr for the log and its error; [`servers`] keeps every configured
 //! server's pipes, client and calls on the reactor. [`builtin`] describes
 //! the kernel's own tools. [`offer`] is the one list of tools on offer,
-//! each with its name in Python. [`package`] writes the `tools` package EXEC
+//! each with its name in Python, and [`signature`] its Python signature:
+//! which arguments go by position, in what order. [`package`] writes the `tools` package EXEC
 //! runs import. [`search`] ranks a TOOL search; [`reply`] makes a call's
 //! outcome a TOOL reply, with [`secrets`] blotted out. Which tools a caller
 //! may use is [`crate::permissions`]' to say.
@@ -21,5 +22,6 @@ pub mod reply;
 pub mod search;
 pub mod secrets;
 pub mod servers;
+pub mod signature;
 pub mod stderr;
 pub mod view;

@@ -9,6 +9,7 @@ use super::builtin;
 use super::mcp::client::ToolInfo;
 use super::search::{search, Searchable};
 use super::servers::Servers;
+use super::signature::Signature;
 use crate::python_names::python_name;
 
 /// Whose tools a list holds, besides the built-ins.
@@ -28,7 +29,8 @@ pub struct Offered<'a> {
     pub server: &'a str,
     /// The tool, as its server describes it.
     pub tool: &'a ToolInfo,
-    /// Its name in Python: `tools.<server>.<python>(...)`.
+    /// Its name in Python: `tools.<server>.<python>(...)`; [`call`] gives its
+    /// signature too.
     pub python: String,
 }
 
@@ -86,17 +88,29 @@ pub fn name_for_python<'a>(
         .collect()
 }
 
+/// How code calls the tool: `tools.<server>.<python>(path, head=None)`.
+pub fn call(offered: &Offered<'_>) -> String {
+    format!(
+        "tools.{}.{}{}",
+        offered.server,
+        offered.python,
+        Signature::of(&offered.tool.input_schema).render()
+    )
+}
+
 /// One line per tool, as code calls it, with the first line of its
-/// description.
+/// description as a Python comment:
+/// `tools.filesystem.read_text_file(path, head=None)  # Read a file...`.
 pub fn summary(offered: &[Offered<'_>]) -> String {
     offered
         .iter()
         .map(|offered| {
-            let summary = offered.tool.description.lines().next().unwrap_or("");
-            format!(
-                "- tools.{}.{}(...): {summary}",
-                offered.server, offered.python
-            )
+            let summary = offered.tool.description.lines().next().unwrap_or("").trim();
+            if summary.is_empty() {
+                call(offered)
+            } else {
+                format!("{}  # {summary}", call(offered))
+            }
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -134,7 +148,7 @@ mod tests {
         let summary = summary(&offered);
         assert_eq!(
             summary.lines().nth(1),
-            Some("- tools.everything.get_sum_2(...): Does get_sum.")
+            Some("tools.everything.get_sum_2()  # Does get_sum.")
         );
     }
 }

@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use super::builtin::describe_server;
-use super::offer::Offered;
+use super::offer::{call, Offered};
+use super::signature::Signature;
 
 /// The runtime module, as runs import it.
 const RUNTIME: &str = include_str!("runtime.py");
@@ -107,8 +108,11 @@ fn catalog(servers: &[CatalogServer<'_, '_>]) -> Vec<u8> {
                 .tools
                 .iter()
                 .map(|offered| {
+                    let signature = Signature::of(&offered.tool.input_schema);
                     json!({
                         "name": offered.tool.name,
+                        "parameters": signature.to_catalog(),
+                        "signature": format!("tools.{}.{}{}", server.name, offered.python, signature.render()),
                         "python": offered.python,
                         "description": offered.tool.description,
                         "input_schema": offered.tool.input_schema,
@@ -127,7 +131,8 @@ fn catalog(servers: &[CatalogServer<'_, '_>]) -> Vec<u8> {
 fn skill(server: &CatalogServer<'_, '_>) -> String {
     let mut text = format!(
         "---\nname: {name}\ndescription: {description}\n---\n\n# {name}\n\n{description}\n\n\
-         Call its tools from Python in an EXEC run; each returns the tool's result as a \
+         Call its tools from Python in an EXEC run, with arguments by position (in the \
+         order each signature shows) or by name; each returns the tool's result as a \
          Python value and raises `tools.ToolError` when the tool fails:\n\n\
          ```python\nimport tools\n```\n",
         name = server.name,
@@ -136,15 +141,14 @@ fn skill(server: &CatalogServer<'_, '_>) -> String {
     if server.tools.is_empty() {
         text.push_str("\nIt offers no tools right now (see `agentos tools`).\n");
     }
-    for Offered { tool, python, .. } in &server.tools {
+    for offered in &server.tools {
+        let tool = offered.tool;
         let args = arguments(&tool.input_schema);
-        let call: Vec<String> = args.iter().map(|a| format!("{}=...", a.name)).collect();
         let _ = write!(
             text,
-            "\n## {name}\n\n```python\ntools.{server}.{python}({call})\n```\n\n{description}\n",
+            "\n## {name}\n\n```python\n{call}\n```\n\n{description}\n",
             name = tool.name,
-            server = server.name,
-            call = call.join(", "),
+            call = call(offered),
             description = tool.description.trim(),
         );
         for arg in &args {
@@ -295,7 +299,7 @@ mod tests {
         assert_eq!(names, ["get_sum", "get_sum_2", "import_"]);
         let skill = fs::read_to_string(dir.path().join("everything/SKILL.md")).unwrap();
         assert!(
-            skill.contains("tools.everything.get_sum(a=..., b=...)"),
+            skill.contains("tools.everything.get_sum(a, b=None)"),
             "{skill}"
         );
         assert!(
@@ -324,9 +328,9 @@ mod tests {
         assert_eq!(
             returns(Some(&schema)),
             "a dict (the tool's structured content) with these keys:\n\
+             - `timezone` (string): IANA name.\n\
              - `is_dst` (boolean, may be absent)\n\
-             - `source` (TimeResult, may be absent)\n\
-             - `timezone` (string): IANA name."
+             - `source` (TimeResult, may be absent)"
         );
         assert!(returns(Some(&json!({"type": "object"}))).starts_with("a dict: the tool's"));
     }

@@ -6,8 +6,11 @@
     tools.call("time", "get_current_time", timezone="UTC")
 
 Each MCP server the kernel runs is a namespace here, each of its tools a
-function taking keyword arguments (see its docstring, or
-/tools/<server>/SKILL.md). A call is a TOOL request on this run's own
+function taking its arguments by name or by position: required ones
+first, in the order the schema's "required" lists them, then the others
+in the order of its "properties" (the kernel's catalog gives the order;
+see the function's signature and docstring, or /tools/<server>/SKILL.md).
+An optional argument given as None is not sent. A call is a TOOL request on this run's own
 kernel connection, made as the run's caller; its result comes back as a
 Python value: the tool's structured result, else its text parsed as JSON,
 else the text. A tool that fails raises ToolError with the server's
@@ -119,9 +122,50 @@ class _Server:
 _KINDS = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
 
 
+def _parameters(tool):
+    """The tool's parameters as the kernel orders them (required first,
+    then the rest in schema order): [(name, required, default)]."""
+    parameters = tool.get("parameters")
+    if not isinstance(parameters, list):
+        return []
+    found = []
+    for parameter in parameters:
+        if not isinstance(parameter, dict):
+            continue
+        name = parameter.get("name")
+        # The kernel lists only names Python takes; an odd one stops the
+        # order here rather than shift every position after it.
+        if not isinstance(name, str) or not name.isidentifier() or _keyword.iskeyword(name):
+            break
+        found.append((name, parameter.get("required") is True, parameter.get("default")))
+    return found
+
+
+def _arguments(signature, positional, args, keywords):
+    """The call's arguments by name: `args` fill `positional` in order.
+    An optional argument given as None is left out, as if not given: the
+    signature shows None as "not given"."""
+    if len(args) > len(positional):
+        takes = len(positional)
+        raise TypeError(
+            f"{signature} takes {takes} positional argument{'' if takes == 1 else 's'} "
+            f"but {len(args)} {'was' if len(args) == 1 else 'were'} given"
+        )
+    arguments = dict(keywords)
+    for (name, required, _), value in zip(positional, args):
+        if name in arguments:
+            raise TypeError(f"{signature} got multiple values for argument {name!r}")
+        arguments[name] = value
+    for name, required, _ in positional:
+        if not required and name in arguments and arguments[name] is None:
+            del arguments[name]
+    return arguments
+
+
 def _function(server, tool):
-    """A function for one tool. Schemas come from servers and may be odd:
-    what cannot be read is left out of the signature, never fatal."""
+    """A function for one tool, taking its arguments by position (in the
+    order the catalog gives) or by name. Schemas come from servers and may
+    be odd: what cannot be read is left out of the signature, never fatal."""
     name, python = tool["name"], tool["python"]
     schema = tool.get("input_schema")
     schema = schema if isinstance(schema, dict) else {}
@@ -129,38 +173,48 @@ def _function(server, tool):
     properties = properties if isinstance(properties, dict) else {}
     required = schema.get("required")
     required = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
-    parameters, lines = [], []
+    positional = _parameters(tool)
+    signature = tool.get("signature")
+    if not isinstance(signature, str):
+        signature = f"tools.{server}.{python}(...)"
+    lines = []
     for arg, spec in properties.items():
         spec = spec if isinstance(spec, dict) else {}
         kind = spec.get("type") if isinstance(spec.get("type"), str) else None
-        # `from=` cannot be a parameter's name: it is passed as **{"from": ...}.
-        if arg.isidentifier() and not _keyword.iskeyword(arg):
-            parameters.append(
-                _inspect.Parameter(
-                    arg,
-                    _inspect.Parameter.KEYWORD_ONLY,
-                    default=_inspect.Parameter.empty if arg in required else None,
-                    annotation=_KINDS.get(kind, _inspect.Parameter.empty),
-                )
-            )
         need = "required" if arg in required else "optional"
         about = spec.get("description") if isinstance(spec.get("description"), str) else ""
         lines.append(f"    {arg} ({kind or 'any'}, {need}){': ' + about if about else ''}")
 
-    def tool_function(**arguments):
-        return call(server, name, **arguments)
+    def tool_function(*args, **keywords):
+        return call(server, name, **_arguments(signature, positional, args, keywords))
 
     tool_function.__name__ = tool_function.__qualname__ = python
     tool_function.__module__ = f"tools.{server}"
     doc = tool.get("description") if isinstance(tool.get("description"), str) else ""
+    doc = f"{signature}\n\n{doc}" if doc else signature
     if lines:
-        doc += "\n\nArguments:\n" + "\n".join(lines)
+        doc += "\n\nArguments (by position in the order above, or by name):\n" + "\n".join(lines)
     returns = tool.get("returns")
     if isinstance(returns, str) and returns:
         doc += "\n\nReturns:\n" + "\n".join("    " + line for line in returns.splitlines())
     doc += "\n\nRaises tools.ToolError when the tool fails."
     tool_function.__doc__ = doc
     structured = isinstance(tool.get("output_schema"), dict)
+    parameters = []
+    for arg, is_required, default in positional:
+        spec = properties.get(arg) if isinstance(properties.get(arg), dict) else {}
+        kind = spec.get("type") if isinstance(spec.get("type"), str) else None
+        parameters.append(
+            _inspect.Parameter(
+                arg,
+                _inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=_inspect.Parameter.empty if is_required else default,
+                annotation=_KINDS.get(kind, _inspect.Parameter.empty),
+            )
+        )
+    if any(arg not in {p.name for p in parameters} for arg in properties):
+        # `from=` cannot be a parameter's name: it is passed as **{"from": ...}.
+        parameters.append(_inspect.Parameter("arguments", _inspect.Parameter.VAR_KEYWORD))
     try:
         tool_function.__signature__ = _inspect.Signature(
             parameters, return_annotation=dict if structured else _inspect.Signature.empty

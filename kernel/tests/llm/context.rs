@@ -127,7 +127,7 @@ fn a_loop_with_many_tools_fits_a_small_context_over_several_iterations() {
         .as_str()
         .unwrap()
         .to_owned();
-    let listed = system.lines().filter(|l| l.starts_with("- tools.")).count();
+    let listed = system.lines().filter(|l| l.starts_with("tools.")).count();
     let note = system
         .lines()
         .find(|l| l.contains("more tools are not listed"))

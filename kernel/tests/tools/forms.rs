@@ -245,10 +245,10 @@ fn help_on_a_tool_says_what_it_takes_and_returns() {
     let shown = run["stdout"].as_str().unwrap_or_default();
     eprintln!("{shown}");
     for expected in [
-        "get_current_time(*, timezone: str) -> dict",
+        "get_current_time(timezone: str) -> dict",
         "Returns:\n        a dict (the tool's structured content) with these keys:",
         "- `timezone` (string)",
-        "echo(*, message: str)\n",
+        "echo(message: str)\n",
         "Returns:\n        the tool's text content as a str",
         "Raises tools.ToolError when the tool fails.",
         "Returns a dict (the tool's structured content) with these keys:",

@@ -117,7 +117,7 @@ print(read["content"] if isinstance(read, dict) else read, end="")
 print(tools.time.get_current_time(timezone="UTC")["timezone"])
 print(inspect.signature(tools.everything.get_sum))
 print("a (number, required)" in tools.everything.get_sum.__doc__)
-print("tools.everything.get_sum(a=..., b=...)" in open("/tools/everything/SKILL.md").read())
+print("tools.everything.get_sum(a, b)" in open("/tools/everything/SKILL.md").read())
 "#,
             path.display()
         ),
@@ -130,7 +130,7 @@ print("tools.everything.get_sum(a=..., b=...)" in open("/tools/everything/SKILL.
             "first line",
             "second line",
             "UTC",
-            "(*, a: float, b: float)",
+            "(a: float, b: float)",
             "True",
             "True"
         ],
@@ -447,20 +447,22 @@ fn calls_that_go_wrong_end_with_clear_errors_within_their_deadline() {
     );
 
     // Tools whose names are not Python identifiers, an argument named
-    // `from`, and a schema that is not one — from a run.
+    // `from`, and a schema that is not one — from a run; arguments by
+    // name and by position (required first: `send`'s `from` cannot be a
+    // parameter, so `to` is its first).
     let run = exec(
         &mut stream,
         "import tools, inspect\n\
-         print(tools.faults.get_sum(a=1, b=2), tools.faults._2fa(), tools.faults.class_())\n\
+         print(tools.faults.get_sum(a=1, b=2), tools.faults.get_sum(1, b=3), tools.faults._2fa(), tools.faults.class_())\n\
          print(tools.call('faults', '2fa'), tools.faults.odd())\n\
-         print(tools.faults.send(**{'from': 'me', 'to': 'you'}), inspect.signature(tools.faults.send))",
+         print(tools.faults.send(**{'from': 'me', 'to': 'you'}), tools.faults.send('them', **{'from': 'me'}), inspect.signature(tools.faults.send))",
     );
     assert_eq!(
         lines(&run),
         [
-            "3 2fa ran class ran",
+            "3 4 2fa ran class ran",
             "2fa ran odd ran",
-            "me->you (*, to: str = None)"
+            "me->you me->them (to: str = None, **arguments)"
         ],
         "{run}"
     );

@@ -5,9 +5,10 @@ use crate::tasks::tool_menu::ToolMenu;
 use agentos_proto::payload::{ExecReply, TaskDispatch, TaskKind, TaskState, ThinkReply};
 use serde_json::json;
 
-use super::{dispatch, save, state, tasks, OPERATOR};
+use super::{caller, dispatch, save, state, task_in, tasks, OPERATOR};
 use crate::config::tasks::TasksConfig;
-use crate::tasks::{Reach, WorkRequest};
+use crate::tasks::{Reach, Waited, WorkRequest};
+use std::time::Instant;
 
 fn think(content: &str) -> ThinkReply {
     ThinkReply {
@@ -37,7 +38,7 @@ fn a_prompt_task_thinks_runs_its_code_in_its_own_session_and_ends_with_the_answe
     assert!(tasks.prompt_queued());
     let start = tasks
         .startable(&ToolMenu::new(
-            |_| vec!["- tools.x.y(...): why".into()],
+            |_| vec!["tools.x.y(path, head=None)  # why".into()],
             None,
         ))
         .pop()
@@ -46,7 +47,10 @@ fn a_prompt_task_thinks_runs_its_code_in_its_own_session_and_ends_with_the_answe
         panic!("{start:?}");
     };
     let system = &first.messages.as_ref().unwrap()[0].content;
-    assert!(system.contains("- tools.x.y(...): why"), "{system}");
+    assert!(
+        system.contains("tools.x.y(path, head=None)  # why"),
+        "{system}"
+    );
     let number = start.number;
     let mut replies = Vec::new();
     let run = tasks
@@ -81,4 +85,57 @@ fn a_prompt_task_thinks_runs_its_code_in_its_own_session_and_ends_with_the_answe
         [(OPERATOR, format!("task-{id}"))]
     );
     assert!(tasks.running().is_empty());
+}
+
+#[test]
+fn a_prompt_task_whose_model_repeats_failing_code_fails_with_the_reason() {
+    let mut tasks = tasks(TasksConfig::default());
+    let prompt = TaskDispatch {
+        kind: TaskKind::Prompt,
+        request: json!({ "prompt": "read a.txt", "max_iterations": 10 }),
+        label: None,
+        trace: None,
+    };
+    let id = dispatch(&mut tasks, OPERATOR, prompt);
+    save(&mut tasks);
+    let start = tasks.startable(&ToolMenu::empty()).pop().unwrap();
+    let number = start.number;
+    let mut replies = Vec::new();
+    let same = "```python\nimport tools\ntools.x.y('a.txt', 1, 2, 3)\n```";
+    let run = tasks
+        .on_reply(number, think(same).into(), &mut replies)
+        .unwrap();
+    assert!(matches!(run.work, Ok(WorkRequest::Exec(_))));
+    let failed = ExecReply {
+        stderr: "TypeError: tools.x.y(path, head=None) takes 2 positional arguments but 4 \
+                 were given\n"
+            .into(),
+        exit_code: Some(1),
+        ..ExecReply::default()
+    };
+    let nudge = tasks.on_reply(number, failed.into(), &mut replies).unwrap();
+    assert!(matches!(nudge.work, Ok(WorkRequest::Think(_))));
+    // Not run again: THINK is asked once more.
+    let again = tasks
+        .on_reply(number, think(same).into(), &mut replies)
+        .unwrap();
+    let Ok(WorkRequest::Think(asked)) = &again.work else {
+        panic!("{again:?}");
+    };
+    let told = &asked.messages.as_ref().unwrap().last().unwrap().content;
+    assert!(told.contains("already failed with: TypeError"), "{told}");
+    let progress = tasks.status(Reach::Any, &id).unwrap().progress.unwrap();
+    assert_eq!(progress.iteration, Some(3));
+    let waited = tasks.wait(Reach::Any, &id, None, caller(1), Instant::now());
+    assert!(matches!(waited, Ok(Waited::Later)), "{waited:?}");
+    assert!(tasks
+        .on_reply(number, think(same).into(), &mut replies)
+        .is_none());
+    assert_eq!(state(&tasks, &id), TaskState::Failed);
+    let task = task_in(&replies.last().unwrap().1);
+    let result = task.result.unwrap();
+    assert_eq!(
+        result["error"],
+        "the model repeated the same failing code 3 times in a row"
+    );
 }
