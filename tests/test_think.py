@@ -360,3 +360,24 @@ def test_a_model_file_that_is_not_the_pinned_one_is_a_clear_start_up_error(tmp_p
     # No stamp: a refused file is checked again at the next start.
     assert not (python.parent.parent / "share/agentos/models"
                 / f"{QWEN_05B_FILE}.verified").exists()
+
+
+def test_the_setup_pins_of_each_model_are_the_kernels():
+    # scripts/install-model checks the joined file against its
+    # requirements file's `# assembled:` line; the kernel against
+    # models.rs. Both must pin the same file.
+    pins = (REPO / "kernel/src/llm/local/models.rs").read_text()
+    models = sorted((REPO / "scripts/models").glob("*.txt"))
+    assert models
+    for requirements in models:
+        line = re.search(r"^# assembled: (\S+) (\d+) ([0-9a-f]{64})$",
+                         requirements.read_text(), re.M)
+        assert line, requirements
+        name, size, sha256 = line.groups()
+        assert f'Location::Assembled("{name}")' in pins, requirements
+        assert f"size: {int(size):_}," in pins, requirements
+        assert f'sha256: "{sha256}"' in pins, requirements
+        assert f'"{requirements.stem}"' in (REPO / "kernel/src/config/llm.rs").read_text()
+        parts = [line for line in requirements.read_text().splitlines()
+                 if line and not line.startswith("#")]
+        assert all("--hash=sha256:" in part for part in parts), requirements
