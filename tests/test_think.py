@@ -357,6 +357,10 @@ def test_a_model_file_that_is_not_the_pinned_one_is_a_clear_start_up_error(tmp_p
         assert "the local model will not be served" in message, message
         assert re.search(f"is not the pinned qwen2.5-coder-0.5b: {says}", message), message
         assert re.search(says, kernel.log()), "the refusal is in the kernel's log"
+        _, _, raw = client.call(Opcode.HELLO)
+        llm = json.loads(raw)["llm"]
+        assert (llm["state"], llm["ready"]) == ("unavailable", False), llm
+        assert re.search(says, llm["reason"]), llm
     # No stamp: a refused file is checked again at the next start.
     assert not (python.parent.parent / "share/agentos/models"
                 / f"{QWEN_05B_FILE}.verified").exists()

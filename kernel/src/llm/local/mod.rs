@@ -216,6 +216,15 @@ impl LocalServer {
         matches!(*lock(&self.state), State::Ready(_))
     }
 
+    /// Why the model file was refused, while it is
+    /// ([`verify::verify`]).
+    pub fn refusal(&self) -> Option<String> {
+        match &*lock(&self.state) {
+            State::Refused(reason) => Some(reason.clone()),
+            _ => None,
+        }
+    }
+
     /// Stops the server (and keeps it stopped); does not wait.
     pub fn stop(&self) {
         self.supervisor.stop();
