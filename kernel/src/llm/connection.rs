@@ -54,7 +54,8 @@ impl Connection {
                 return connection;
             }
             ProviderKind::Local => {
-                let python = match local::find_python(config.local.python.as_deref()) {
+                let local_model = local::models::LocalModel::of(config.local.model);
+                let python = match local::find_python(config.local.python.as_deref(), local_model) {
                     Ok(python) => python,
                     Err(reason) => {
                         log::warn!("THINK unavailable: {reason}");
@@ -72,6 +73,7 @@ impl Connection {
                     confinement: confinement.map(|c| (c, interpreter_binds(&python))),
                     python,
                     model,
+                    local_model,
                     parallel: config.concurrency,
                     threads: config.local.threads,
                     context_tokens: config.local.context_tokens,

@@ -18,8 +18,14 @@ impl Llm {
     /// What HELLO says about THINK.
     pub fn info(&self) -> LlmInfo {
         let starting = self.local.as_ref().is_some_and(|local| !local.is_ready());
+        let refused = self.local.as_ref().and_then(|local| local.refusal());
         let (state, reason) = if let Some(reason) = &self.unavailable {
             ("unavailable", Some(reason.clone()))
+        } else if let Some(reason) = refused {
+            (
+                "unavailable",
+                Some(format!("the local model will not be served: {reason}")),
+            )
         } else if starting {
             ("starting", Some("the local model is loading".to_owned()))
         } else if let Some((since, error)) = &self.unreachable {

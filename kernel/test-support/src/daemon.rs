@@ -28,12 +28,13 @@ pub struct Daemon {
 
 /// Variables that would point a daemon at an LLM from outside the test;
 /// set empty, which the daemon reads as unset.
-const LLM_VARIABLES: [&str; 10] = [
+const LLM_VARIABLES: [&str; 11] = [
     "AGENTOS_LLM_PROVIDER",
     "AGENTOS_LLM_BASE_URL",
     "AGENTOS_LLM_MODEL",
     "AGENTOS_LLM_API_KEY",
     "AGENTOS_LLM_PYTHON",
+    "AGENTOS_LLM_LOCAL_MODEL",
     "OPENAI_API_KEY",
     "ANTHROPIC_API_KEY",
     "GEMINI_API_KEY",

