@@ -319,9 +319,19 @@ impl PromptLoop {
         if let Some(error) = &reply.error {
             feedback.push_str(&format!("\nerror: {error}"));
         }
-        if let Some(error) = failure(reply) {
-            self.failed
-                .push((Code::new(&iteration.language, &iteration.code), error));
+        let repeated = self.last_code.as_ref().is_some_and(|(_, times)| *times > 1);
+        match failure(reply) {
+            Some(error) => self
+                .failed
+                .push((Code::new(&iteration.language, &iteration.code), error)),
+            // A small model that got its result often writes the same code
+            // again instead of answering: say so, without refusing the run
+            // (code may poll).
+            None if repeated => feedback.push_str(
+                "\nThat was the same code as before, with its output above. If it answers \
+                 the task, reply with the answer alone, without a code block.",
+            ),
+            None => {}
         }
         self.iterations.push(iteration);
         self.last_iteration_note(&mut feedback);
@@ -708,10 +718,17 @@ mod tests {
     fn code_that_worked_runs_again_but_not_a_third_time_in_a_row() {
         let (mut prompt, _) = PromptLoop::start(request(10), "s".into(), "");
         let same = think("```python\nprint(open('/workspace/state').read())\n```");
+        let mut told = Vec::new();
         for _ in 0..2 {
             assert!(matches!(prompt.on_think(&same), Step::Exec(_)));
-            assert!(matches!(prompt.on_exec(&ran("busy\n", 0)), Step::Think(_)));
+            let Step::Think(next) = prompt.on_exec(&ran("busy\n", 0)) else {
+                panic!("THINK expected");
+            };
+            let last = next.messages.unwrap().pop().unwrap().content;
+            told.push(last.contains("reply with the answer alone"));
         }
+        // The second run's output comes with a word to answer instead.
+        assert_eq!(told, [false, true]);
         let (answered, result) = result_of(prompt.on_think(&same));
         assert!(!answered);
         assert_eq!(
