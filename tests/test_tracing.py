@@ -401,3 +401,24 @@ def test_each_run_of_a_session_sees_its_own_traceparent_in_python_and_bash(recei
     expected = [f"00-{span.trace_id.hex()}-{span.span_id.hex()}-01" for span in spans]
     assert seen == expected, (seen, expected)
     assert [span.trace_id.hex() == TRACE_ID for span in spans] == [True, True, True, False]
+
+
+def test_a_hostile_trace_field_is_ignored_not_trusted(receiver):
+    """What LLM-written code in a run might send as `trace`: garbage, a huge
+    string, all-zero ids, the wrong type. Each is ignored (the span starts a
+    trace of its own) or refused as a bad field; none fails the kernel."""
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: EXEC needs namespaces, so root (CI runs as root)")
+        return
+    bad = ["not a traceparent", "00-" + "0" * 32 + "-" + "0" * 16 + "-01",
+           "00-" + "a" * 32 + "-" + "b" * 16 + "-01" + "x" * 200_000]
+    with kernel_with(config(receiver)) as kernel, AgentOSClient(kernel.socket_path) as client:
+        for trace in bad:
+            reply = client.call_json(Opcode.EXEC, {"code": "print(1)", "trace": trace})
+            assert reply["success"], reply
+        with pytest.raises(Exception) as wrong_type:
+            client.call_json(Opcode.EXEC, {"code": "print(1)", "trace": 7})
+        assert "trace" in str(wrong_type.value)
+        spans = receiver.wait_for(len(bad))
+    assert all(span.parent_span_id == b"" for span in spans[:len(bad)])
+    assert TRACE_ID not in {span.trace_id.hex() for span in spans}
