@@ -9,6 +9,16 @@ import json
 import threading
 
 
+
+def completion(content: str, number: int = 0) -> bytes:
+    """An OpenAI chat completion answering `content` (9 tokens in, 4 out)."""
+    return json.dumps({
+        "id": f"c{number}", "object": "chat.completion", "model": "stub-model",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+    }).encode()
+
 class StubModel:
     def __init__(self, answers: list[str]) -> None:
         self.answers = answers
@@ -26,12 +36,7 @@ class StubModel:
                 chats = len(model.requests)
                 model.requests.append(request)
                 content = model.answers[min(chats, len(model.answers) - 1)]
-                answer = json.dumps({
-                    "id": f"c{chats}", "object": "chat.completion", "model": "stub-model",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
-                }).encode()
+                answer = completion(content, chats)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))

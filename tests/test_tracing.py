@@ -23,6 +23,7 @@ import pytest
 from agentos import AgentOSClient
 from agentos.protocol import Opcode
 from conftest import REPO, binary, kernel_with, log_of, wait_state
+from stub_model import completion
 
 ANSWER = "the answer is four"
 PROMPT = "what is two and two, secretly"
@@ -63,13 +64,7 @@ class Receiver:
                 else:
                     content = receiver.answers[min(receiver.chats, len(receiver.answers) - 1)]
                     receiver.chats += 1
-                    answer = json.dumps({
-                        "id": "c1", "object": "chat.completion", "model": "stub-model",
-                        "choices": [{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": content}}],
-                        "usage": {"prompt_tokens": 9, "completion_tokens": 4,
-                                  "total_tokens": 13},
-                    }).encode()
+                    answer = completion(content)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
