@@ -91,6 +91,8 @@ pub struct PromptLoop {
     last_code: Option<(Code, usize)>,
     /// Nudges given so far.
     nudges: u32,
+    /// Whether an answer given before any code ran was sent back for code.
+    asked_for_code: bool,
     tokens: u64,
     tool_calls: u64,
     tool_bytes: u64,
@@ -138,6 +140,7 @@ impl PromptLoop {
             failed: Vec::new(),
             last_code: None,
             nudges: 0,
+            asked_for_code: false,
             tokens: 0,
             tool_calls: 0,
             tool_bytes: 0,
@@ -196,6 +199,9 @@ impl PromptLoop {
         }
         let content = reply.content.clone();
         let Some((language, code)) = first_code_block(&content) else {
+            if self.iterations.is_empty() && !self.asked_for_code {
+                return self.ask_for_code(content);
+            }
             return self.done(Some(content.trim()), None);
         };
         if self.iterations.len() as u32 >= self.request.max_iterations {
@@ -260,6 +266,26 @@ impl PromptLoop {
         };
         self.running = Some((language, code));
         Step::Exec(run)
+    }
+
+    /// An answer before any code ran is, from a small model, most often a
+    /// guess: it is asked once to compute it instead. A second answer
+    /// without code is taken.
+    fn ask_for_code(&mut self, answer: String) -> Step {
+        self.asked_for_code = true;
+        self.messages.push(ChatMessage {
+            role: "assistant".into(),
+            content: answer,
+        });
+        self.messages.push(ChatMessage {
+            role: "user".into(),
+            content: "No code has run yet, so that answer is unchecked. Reply with one \
+                      ```python block that computes it (calling the tools if the task \
+                      names them) and prints the result; you will see what it prints. If \
+                      the task needs no code at all, repeat your answer alone."
+                .into(),
+        });
+        self.think()
     }
 
     /// Code that already failed is not run again: THINK is told so, and
@@ -331,7 +357,10 @@ impl PromptLoop {
                 "\nThat was the same code as before, with its output above. If it answers \
                  the task, reply with the answer alone, without a code block.",
             ),
-            None => {}
+            None => feedback.push_str(
+                "\nIf that answers the task, reply with the answer alone, without a code \
+                 block.",
+            ),
         }
         self.iterations.push(iteration);
         self.last_iteration_note(&mut feedback);
@@ -558,6 +587,43 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_before_any_code_ran_is_sent_back_once_for_code() {
+        let (mut prompt, _) = PromptLoop::start(request(3), "s".into(), "");
+        let Step::Think(asked) = prompt.on_think(&think("2")) else {
+            panic!("a guess was taken as the answer");
+        };
+        let messages = asked.messages.unwrap();
+        assert_eq!(
+            messages[messages.len() - 2].content,
+            "2",
+            "the guess is kept"
+        );
+        let asked = &messages.last().unwrap().content;
+        assert!(asked.contains("No code has run yet"), "{asked}");
+        // Asking is not an iteration.
+        assert_eq!(prompt.iteration(), 1);
+        let (answered, result) = result_of(prompt.on_think(&think("Paris")));
+        assert!(answered, "a second answer without code is taken");
+        assert_eq!(result["answer"], "Paris");
+        assert_eq!(result["iterations"].as_array().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn an_answer_after_code_ran_is_taken_at_once() {
+        let (mut prompt, _) = PromptLoop::start(request(3), "s".into(), "");
+        let _ = prompt.on_think(&think("```python\nprint(2 + 2)\n```"));
+        let Step::Think(fed) = prompt.on_exec(&ran("4\n", 0)) else {
+            panic!("the output went nowhere");
+        };
+        let messages = fed.messages.unwrap();
+        let told = &messages.last().unwrap().content;
+        assert!(told.contains("reply with the answer alone"), "{told}");
+        let (answered, result) = result_of(prompt.on_think(&think("4")));
+        assert!(answered);
+        assert_eq!(result["answer"], "4");
+    }
+
+    #[test]
     fn failing_code_twice_then_success_then_an_answer() {
         let (mut prompt, first) = PromptLoop::start(request(5), "s".into(), "- tools.x.y");
         let system = &first.messages.unwrap()[0].content;
@@ -725,9 +791,9 @@ mod tests {
                 panic!("THINK expected");
             };
             let last = next.messages.unwrap().pop().unwrap().content;
-            told.push(last.contains("reply with the answer alone"));
+            told.push(last.contains("That was the same code as before"));
         }
-        // The second run's output comes with a word to answer instead.
+        // The second run's output comes with a word that it was the same.
         assert_eq!(told, [false, true]);
         let (answered, result) = result_of(prompt.on_think(&same));
         assert!(!answered);

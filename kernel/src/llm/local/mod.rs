@@ -347,6 +347,9 @@ impl Service for ModelServer {
             setup.threads.to_string(),
             setup.context_tokens.to_string(),
             setup.local_model.chat_template.unwrap_or("").to_owned(),
+            setup.local_model.sampling.temperature.to_string(),
+            setup.local_model.sampling.top_p.to_string(),
+            setup.local_model.sampling.repeat_penalty.to_string(),
         ];
         let mut command = match &setup.confinement {
             Some((confinement, binds)) => {

@@ -28,8 +28,38 @@ pub enum Location {
     Assembled(&'static str),
 }
 
+/// How a model's next token is chosen, unless a request sets its own
+/// temperature.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// Temperature: low, since the loop wants code that runs more than
+    /// varied prose.
+    pub temperature: f32,
+    /// Nucleus sampling's probability mass.
+    pub top_p: f32,
+    /// Penalty on tokens already written (1: none).
+    pub repeat_penalty: f32,
+}
+
+/// SmolLM2's recommended sampling, at a low temperature: llama.cpp's
+/// defaults (0.8, no repetition penalty) make so small a model ramble.
+const SMALL_CHAT: Sampling = Sampling {
+    temperature: 0.2,
+    top_p: 0.9,
+    repeat_penalty: 1.1,
+};
+
+/// For the code models: low temperature and no repetition penalty. Code
+/// repeats its names and indentation by nature, and a penalty on them
+/// makes the model misspell a variable the second time it writes it.
+const CODE: Sampling = Sampling {
+    temperature: 0.2,
+    top_p: 0.9,
+    repeat_penalty: 1.0,
+};
+
 /// A pinned model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LocalModel {
     /// Its name in config.
     pub name: LocalModelName,
@@ -50,6 +80,8 @@ pub struct LocalModel {
     /// these files carries `tokenizer.chat_template`, and ChatML is the
     /// format SmolLM2 and Qwen2.5 were tuned on; Gemma's is its own.
     pub chat_template: Option<&'static str>,
+    /// Its sampling.
+    pub sampling: Sampling,
 }
 
 /// The directory `scripts/setup` joins models into, inside a virtual
@@ -83,6 +115,7 @@ pub const MODELS: [LocalModel; 4] = [
         general_name: "Smollm2 135M 8k Lc100K Mix1 Ep2",
         file_type: 3,
         chat_template: None,
+        sampling: SMALL_CHAT,
     },
     LocalModel {
         name: LocalModelName::QwenCoder0_5b,
@@ -93,6 +126,7 @@ pub const MODELS: [LocalModel; 4] = [
         general_name: "Qwen2.5 Coder 0.5B Instruct AWQ",
         file_type: 15,
         chat_template: None,
+        sampling: CODE,
     },
     LocalModel {
         name: LocalModelName::QwenCoder1_5b,
@@ -103,6 +137,7 @@ pub const MODELS: [LocalModel; 4] = [
         general_name: "Qwen2.5 Coder 1.5B Instruct GGUF",
         file_type: 15,
         chat_template: None,
+        sampling: CODE,
     },
     LocalModel {
         name: LocalModelName::Gemma3_270m,
@@ -113,6 +148,7 @@ pub const MODELS: [LocalModel; 4] = [
         general_name: "Gemma 3 270m",
         file_type: 15,
         chat_template: Some("gemma"),
+        sampling: SMALL_CHAT,
     },
 ];
 

@@ -27,6 +27,7 @@ def main() -> None:
     name, path = sys.argv[1], sys.argv[2]
     parallel, threads, context_tokens = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     chat_template = sys.argv[6]
+    temperature, top_p, repeat_penalty = (float(arg) for arg in sys.argv[7:10])
     params = xllamacpp.CommonParams()
     params.model.path = path
     params.model_alias = name
@@ -49,12 +50,11 @@ def main() -> None:
     params.n_ctx = context_tokens
     params.kv_unified = True
     params.verbosity = -1
-    # Sampling for small models (SmolLM2's recommended; low temperature
-    # suits code too); llama.cpp's defaults (0.8, no repetition penalty)
-    # make so small a model ramble. A request's own temperature still wins.
-    params.sampling.temp = 0.2
-    params.sampling.top_p = 0.9
-    params.sampling.penalty_repeat = 1.1
+    # The model's own sampling (models.rs); a request's own temperature
+    # still wins.
+    params.sampling.temp = temperature
+    params.sampling.top_p = top_p
+    params.sampling.penalty_repeat = repeat_penalty
     if threads > 0:
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads

@@ -281,7 +281,7 @@ fn sha256_of(path: &Path) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::super::gguf::testing;
-    use super::super::models::Location;
+    use super::super::models::{Location, MODELS};
     use super::*;
 
     /// A model pinned to `file`'s bytes, as `name` of `architecture`.
@@ -299,6 +299,7 @@ mod tests {
             general_name: "Qwen2.5 Coder 0.5B Instruct AWQ",
             file_type: 15,
             chat_template: None,
+            sampling: MODELS[1].sampling,
         }
     }
 
