@@ -61,6 +61,18 @@ def test_tools_search_and_call_through_the_sdk(tool_kernel):
         assert missing.value.code == "not_found"
 
 
+def test_a_run_calls_tools_without_importing_them(tool_kernel):
+    with AgentOSClient(tool_kernel.socket_path) as client:
+        ready(client)
+        # Without the import line, as small models often write it.
+        bare = client.exec('print(tools.time.get_current_time("UTC")["timezone"])')
+        assert (bare["stdout"], bare["stderr"]) == ("UTC\n", ""), bare
+        # The import still gives the same module, and the name is the run's
+        # own to replace.
+        same = client.exec("t = tools\nimport tools\nprint(t is tools)\ntools = 1\nprint(tools)")
+        assert same["stdout"] == "True\n1\n", same
+
+
 def runtime_with(tmp_path, tools: list[dict]):
     """The `tools` runtime module loaded over a catalog of `tools` (one
     server, `s`), its calls recorded instead of sent."""

@@ -168,4 +168,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # Stopped from outside, it still stops its kernel (the `finally` above).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

@@ -14,7 +14,15 @@ pub struct ExecCounts {
     ended: BTreeMap<&'static str, u64>,
     duration: Histogram,
     refill: Histogram,
+    waited: Histogram,
 }
+
+/// Buckets of the wait for a run sandbox, in seconds: a ready one is taken
+/// in microseconds, so the first buckets are finer than latency's.
+const WAIT_BUCKETS: [f64; 14] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256,
+    0.512, 1.024,
+];
 
 impl Default for ExecCounts {
     fn default() -> Self {
@@ -22,6 +30,7 @@ impl Default for ExecCounts {
             ended: BTreeMap::new(),
             duration: Histogram::new(&LATENCY_BUCKETS),
             refill: Histogram::new(&LATENCY_BUCKETS),
+            waited: Histogram::new(&WAIT_BUCKETS),
         }
     }
 }
@@ -49,6 +58,12 @@ impl ExecCounts {
         self.refill.observe(took.as_secs_f64());
     }
 
+    /// A run started `waited` after it arrived (waiting for a sandbox, or
+    /// for its owner's share).
+    pub fn started(&mut self, waited: Duration) {
+        self.waited.observe(waited.as_secs_f64());
+    }
+
     /// Adds EXEC's series to `snapshot`.
     pub fn add_to(&self, snapshot: &mut Snapshot) {
         for (outcome, count) in &self.ended {
@@ -71,6 +86,13 @@ impl ExecCounts {
             "Time from asking an EXEC host for a fresh run sandbox to having it ready.",
             &[],
             &self.refill,
+        );
+        snapshot.seconds(
+            "agentos_exec_wait",
+            "Time from an EXEC run's arrival to its start in a run sandbox (none ready, or \
+             its owner's share in use).",
+            &[],
+            &self.waited,
         );
     }
 }

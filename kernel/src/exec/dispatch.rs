@@ -124,8 +124,9 @@ impl Exec {
         };
         // Any order uses up the child's shell, or has it stopped.
         run.shell = false;
+        let queued = now.saturating_duration_since(waiting.queued_at);
+        self.counts.started(queued);
         if let Some(mut span) = waiting.span {
-            let queued = now.saturating_duration_since(waiting.queued_at);
             span.int("agentos.exec.queue_ms", queued.as_millis() as i64);
             // The run's code, and the tool calls it makes, join its span.
             order.trace = Some(span.context.to_string());

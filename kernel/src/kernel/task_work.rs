@@ -8,7 +8,7 @@ use super::actor::Actor;
 use super::Kernel;
 use crate::address::ReplyTo;
 use crate::identity::{Principal, KERNEL_OPERATOR};
-use crate::tasks::tool_menu::ToolMenu;
+use crate::tasks::tool_menu::{Ranked, ToolMenu};
 use crate::tasks::{CancelledWork, Start, WorkRequest, PROGRESS_BYTES};
 use crate::tools::offer::{self, offered, Listing, Offered};
 
@@ -109,14 +109,16 @@ impl Kernel {
     }
 }
 
-/// Every tool on offer as a line of the prompt loop's list, the ones TOOL's
-/// search ranks for `prompt` first, the rest after in their usual order.
-fn ranked_for(on_offer: &[Offered<'_>], prompt: &str) -> Vec<String> {
-    let best = offer::ranked(on_offer, prompt, on_offer.len());
-    let rest = (0..on_offer.len()).filter(|index| !best.contains(index));
-    best.iter()
-        .copied()
-        .chain(rest)
-        .map(|index| offer::summary(std::slice::from_ref(&on_offer[index])))
-        .collect()
+/// Every tool on offer as a line of the prompt loop's list: the ones
+/// `prompt` names, best first, and the rest in their usual order.
+fn ranked_for(on_offer: &[Offered<'_>], prompt: &str) -> Ranked {
+    let line = |index: usize| offer::summary(std::slice::from_ref(&on_offer[index]));
+    let best = offer::named_in(on_offer, prompt);
+    Ranked {
+        named: best.iter().copied().map(line).collect(),
+        rest: (0..on_offer.len())
+            .filter(|index| !best.contains(index))
+            .map(line)
+            .collect(),
+    }
 }

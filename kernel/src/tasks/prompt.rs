@@ -112,10 +112,11 @@ impl PromptLoop {
              run code; you will get back what it printed. When you know the answer, reply \
              with the answer alone and no code block.\n\
              The code runs in a sandbox with a /workspace that persists between your code \
-             blocks. Tools are Python functions: `import tools`, then call them as listed \
-             below, arguments by position or by name, and print what they return; \
-             `tools.search(\"words\")` finds more. Print only what you need to see. If code \
-             fails, change it: the same code fails the same way.\n\nTools:\n{tools}"
+             blocks. Plain Python does most tasks; use a tool when the task asks for it or \
+             needs what only a tool has. Tools are Python functions: `import tools`, then \
+             call them as listed below, arguments by position or by name, and print what \
+             they return; `tools.search(\"words\")` finds more. Print only what you need to \
+             see. If code fails, change it: the same code fails the same way.\n\nTools:\n{tools}"
         );
         if let Some(extra) = &request.system {
             system.push_str("\n\n");

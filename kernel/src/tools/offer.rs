@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::builtin;
 use super::mcp::client::ToolInfo;
-use super::search::{search, Searchable};
+use super::search::{named_in_prompt, search, Searchable};
 use super::servers::Servers;
 use super::signature::Signature;
 use crate::python_names::python_name;
@@ -37,15 +37,24 @@ pub struct Offered<'a> {
 /// The indices of the tools in `on_offer` that match `query`, best first,
 /// at most `limit` (ranked as [`search`] does).
 pub fn ranked(on_offer: &[Offered<'_>], query: &str, limit: usize) -> Vec<usize> {
-    let searchable: Vec<Searchable<'_>> = on_offer
+    search(&searchable(on_offer), query, limit)
+}
+
+fn searchable<'a>(on_offer: &'a [Offered<'_>]) -> Vec<Searchable<'a>> {
+    on_offer
         .iter()
         .map(|offered| Searchable {
             server: offered.server,
             name: &offered.tool.name,
             description: &offered.tool.description,
         })
-        .collect();
-    search(&searchable, query, limit)
+        .collect()
+}
+
+/// The indices of the tools in `on_offer` that a task's `prompt` names,
+/// best first (see [`named_in_prompt`]).
+pub fn named_in(on_offer: &[Offered<'_>], prompt: &str) -> Vec<usize> {
+    named_in_prompt(&searchable(on_offer), prompt)
 }
 
 /// The built-ins, then the servers' tools `listing` names, in order.

@@ -60,6 +60,36 @@ fn score(tool: &Searchable<'_>, wanted: &[String]) -> u32 {
         .sum()
 }
 
+/// The tools a task's prompt names, best first: those whose own name it
+/// has (`get-sum`, `get_sum` or `get sum`), then the others of each server
+/// it names. A word shared with a name or a description is not enough: a
+/// sentence about a file would otherwise list every tool with `file` in
+/// its name, and a small model calls a listed tool where plain Python
+/// would do.
+pub fn named_in_prompt(tools: &[Searchable<'_>], prompt: &str) -> Vec<usize> {
+    let said = words(prompt);
+    let says = |name: &str| {
+        let name = words(name);
+        !name.is_empty() && said.windows(name.len()).any(|window| window == name)
+    };
+    let mut named: Vec<(u8, usize)> = tools
+        .iter()
+        .enumerate()
+        .filter_map(|(index, tool)| {
+            let rank = if says(tool.name) {
+                0
+            } else if says(tool.server) {
+                1
+            } else {
+                return None;
+            };
+            Some((rank, index))
+        })
+        .collect();
+    named.sort_unstable();
+    named.into_iter().map(|(_, index)| index).collect()
+}
+
 /// A word of the tool's matches a word of the query: the same, or begun
 /// by a query word of four letters or more.
 fn same(word: &str, wanted: &str) -> bool {
@@ -115,6 +145,49 @@ mod tests {
             search(&tools, "everything", 10),
             vec![2],
             "a server's name counts"
+        );
+    }
+
+    #[test]
+    fn a_prompt_names_tools_by_their_whole_names_or_their_servers() {
+        let tools = [
+            Searchable {
+                server: "filesystem",
+                name: "read_text_file",
+                description: "Read the complete contents of a file as text",
+            },
+            Searchable {
+                server: "everything",
+                name: "get-sum",
+                description: "Returns the sum of two numbers",
+            },
+            Searchable {
+                server: "time",
+                name: "convert_time",
+                description: "Convert time between timezones",
+            },
+        ];
+        let named = |prompt: &str| named_in_prompt(&tools, prompt);
+        assert!(
+            named("Use Python to write the text to a file, then read the sum of its numbers")
+                .is_empty(),
+            "words of names and descriptions name nothing"
+        );
+        assert_eq!(
+            named("Read notes.txt with the filesystem server's read_text_file tool"),
+            vec![0]
+        );
+        assert_eq!(named("Call the get-sum tool with a = 1 and b = 2"), vec![1]);
+        assert_eq!(named("call get_sum"), vec![1]);
+        assert_eq!(
+            named("Use the time server to convert 12:00 in London to Tokyo"),
+            vec![2],
+            "a server named lists its tools"
+        );
+        assert_eq!(
+            named("the filesystem server's tools, and the everything server's get-sum"),
+            vec![1, 0],
+            "a tool named comes before its server's others"
         );
     }
 }

@@ -4,6 +4,7 @@
 # pipes after each) and exits.
 
 import os
+import sys
 import traceback
 
 
@@ -28,6 +29,11 @@ def serve_run(sock, stdout_w, stderr_w):
     """The run child: wait for code, run it with its output on the pipes,
     report how it ended; for a session, again and again."""
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    # The tools package is there without an import, as a notebook's names
+    # are: code a small model writes often calls tools.x.y() and forgets
+    # the import line. (`import tools` gives the same module.)
+    if "tools" in sys.modules:
+        scope["tools"] = sys.modules["tools"]
     place_output(stdout_w, stderr_w)
     settle_in()
     first_connection, shell = None, None

@@ -1,7 +1,7 @@
 //! A prompt task's loop as the tasks drive it: each step's work comes
 //! back under the task's number until THINK answers without code.
 
-use crate::tasks::tool_menu::ToolMenu;
+use crate::tasks::tool_menu::{Ranked, ToolMenu};
 use agentos_proto::payload::{ExecReply, TaskDispatch, TaskKind, TaskState, ThinkReply};
 use serde_json::json;
 
@@ -38,7 +38,10 @@ fn a_prompt_task_thinks_runs_its_code_in_its_own_session_and_ends_with_the_answe
     assert!(tasks.prompt_queued());
     let start = tasks
         .startable(&ToolMenu::new(
-            |_| vec!["tools.x.y(path, head=None)  # why".into()],
+            |_| Ranked {
+                named: vec!["tools.x.y(path, head=None)  # why".into()],
+                rest: Vec::new(),
+            },
             None,
         ))
         .pop()
