@@ -73,6 +73,20 @@ def test_a_run_calls_tools_without_importing_them(tool_kernel):
         assert same["stdout"] == "True\n1\n", same
 
 
+def test_a_dict_result_taken_for_text_says_which_keys_it_has(tool_kernel):
+    with AgentOSClient(tool_kernel.socket_path) as client:
+        ready(client)
+        code = ('now = tools.time.get_current_time("UTC")\n'
+                'print(isinstance(now, dict), now == dict(now), sorted(now) == sorted(dict(now)))\n'
+                'now.splitlines()')
+        ran = client.exec(code)
+        assert ran["stdout"] == "True True True\n", ran
+        assert ran["exit_code"] == 1, ran
+        last = ran["stderr"].strip().splitlines()[-1]
+        assert last.startswith("AttributeError: a tool's result is a dict, which has no "
+                               "attribute 'splitlines': its keys are ['timezone'"), last
+
+
 def runtime_with(tmp_path, tools: list[dict]):
     """The `tools` runtime module loaded over a catalog of `tools` (one
     server, `s`), its calls recorded instead of sent."""

@@ -106,18 +106,26 @@ impl PromptLoop {
         session: String,
         tools: &str,
     ) -> (PromptLoop, ThinkRequest) {
-        let mut system = format!(
-            "You solve the user's task by writing code that the AgentOS kernel runs for you.\n\
+        let mut system = "You solve the user's task by writing code that the AgentOS kernel \
+             runs for you.\n\
              Reply with exactly one fenced code block, ```python or ```bash, when you need to \
              run code; you will get back what it printed. When you know the answer, reply \
              with the answer alone and no code block.\n\
              The code runs in a sandbox with a /workspace that persists between your code \
-             blocks. Plain Python does most tasks; use a tool when the task asks for it or \
-             needs what only a tool has. Tools are Python functions: `import tools`, then \
-             call them as listed below, arguments by position or by name, and print what \
-             they return; `tools.search(\"words\")` finds more. Print only what you need to \
-             see. If code fails, change it: the same code fails the same way.\n\nTools:\n{tools}"
-        );
+             blocks. Print only what you need to see. If code fails, change it: the same code \
+             fails the same way."
+            .to_owned();
+        // No tools named (a small model is told only of those its task
+        // names): none are mentioned, or it reaches for them anyway.
+        if !tools.is_empty() {
+            system.push_str(&format!(
+                "\n\nTools are Python functions of the `tools` module, already imported: \
+                 call them as listed below, arguments by position or by name, and print what \
+                 they return. Plain Python does most tasks; use a tool when the task asks for \
+                 it or needs what only a tool has. `tools.search(\"words\")` finds more.\n\n\
+                 Tools:\n{tools}"
+            ));
+        }
         if let Some(extra) = &request.system {
             system.push_str("\n\n");
             system.push_str(extra);
@@ -203,7 +211,7 @@ impl PromptLoop {
             if self.iterations.is_empty() && !self.asked_for_code {
                 return self.ask_for_code(content);
             }
-            return self.done(Some(content.trim()), None);
+            return self.done(Some(answer_in(&content)), None);
         };
         if self.iterations.len() as u32 >= self.request.max_iterations {
             return self.done(
@@ -282,8 +290,7 @@ impl PromptLoop {
             role: "user".into(),
             content: "No code has run yet, so that answer is unchecked. Reply with one \
                       ```python block that computes it (calling the tools if the task \
-                      names them) and prints the result; you will see what it prints. If \
-                      the task needs no code at all, repeat your answer alone."
+                      names them) and prints the result; you will see what it prints."
                 .into(),
         });
         self.think()
@@ -457,16 +464,30 @@ fn head(text: &str, bytes: usize) -> &str {
     &text[..end]
 }
 
-/// The first fenced code block of `text` marked python, py, bash or sh (or
-/// unmarked: Python), as (language, code).
+/// The answer in a reply without code: its text, out of the fence of a
+/// block without a language if that is all there is.
+fn answer_in(reply: &str) -> &str {
+    let trimmed = reply.trim();
+    trimmed
+        .strip_prefix("```\n")
+        .and_then(|inner| inner.strip_suffix("```"))
+        .filter(|inner| !inner.contains("```"))
+        .map_or(trimmed, str::trim)
+}
+
+/// The first fenced code block of `text` marked python, py, python3, bash,
+/// sh or shell, as (language, code); a block whose first line is a shell's
+/// `#!` is bash whatever its mark.
 pub fn first_code_block(text: &str) -> Option<(String, String)> {
     let mut lines = text.lines();
     while let Some(line) = lines.next() {
         let Some(tag) = line.trim_start().strip_prefix("```") else {
             continue;
         };
+        // A block without a language is not code: models quote an error
+        // or set out their answer in one.
         let language = match tag.trim().to_ascii_lowercase().as_str() {
-            "" | "python" | "py" | "python3" => "python",
+            "python" | "py" | "python3" => "python",
             "bash" | "sh" | "shell" => "bash",
             _ => {
                 // Another language's block: its closing fence opens nothing.
@@ -478,6 +499,11 @@ pub fn first_code_block(text: &str) -> Option<(String, String)> {
             .by_ref()
             .take_while(|l| !l.trim_start().starts_with("```"))
             .collect();
+        // A shell script fenced as Python says what it is on its first line.
+        let shell = code.first().is_some_and(|first| {
+            first.starts_with("#!") && (first.ends_with("sh") || first.ends_with("bash"))
+        });
+        let language = if shell { "bash" } else { language };
         return Some((language.to_owned(), code.join("\n")));
     }
     None
@@ -540,6 +566,27 @@ mod tests {
             Some(("python".into(), "print(2)".into()))
         );
         assert_eq!(first_code_block("The answer is 4."), None);
+        assert_eq!(
+            first_code_block("```python\n#!/bin/bash\necho 1\n```").unwrap().0,
+            "bash",
+            "a shebang says what it is"
+        );
+        assert_eq!(
+            first_code_block("```python\n#!/usr/bin/env python3\nprint(1)\n```").unwrap().0,
+            "python"
+        );
+        assert_eq!(
+            first_code_block("```\nNameError: name 'x' is not defined\n```"),
+            None,
+            "a block without a language is not code"
+        );
+    }
+
+    #[test]
+    fn an_answer_set_out_in_a_bare_block_is_taken_out_of_it() {
+        assert_eq!(answer_in("  ```\n42\n```\n"), "42");
+        assert_eq!(answer_in("It is 42."), "It is 42.");
+        assert_eq!(answer_in("```\na\n```\nand\n```\nb\n```"), "```\na\n```\nand\n```\nb\n```");
     }
 
     fn think(content: &str) -> ThinkReply {

@@ -95,15 +95,17 @@ impl<'a> ToolMenu<'a> {
             tokens += cost;
             listed.push(line);
         }
+        if listed.is_empty() && self.only_named {
+            return String::new();
+        }
         let left_out = total - listed.len();
         if left_out > 0 {
             log::debug!(
                 "prompt loop: {} of {total} tools listed, {left_out} left out",
                 listed.len()
             );
-            let more = if listed.is_empty() { "" } else { " more" };
             listed.push(format!(
-                "({left_out}{more} tools are not listed here; `tools.search(\"words\")` finds them.)"
+                "({left_out} more tools are not listed here; `tools.search(\"words\")` finds them.)"
             ));
         }
         listed.join("\n")
@@ -166,10 +168,7 @@ mod tests {
             )
         );
         let none = ToolMenu::new(|_| ranked(30, 0), Some(8192));
-        assert_eq!(
-            none.for_prompt("anything"),
-            "(30 tools are not listed here; `tools.search(\"words\")` finds them.)"
-        );
+        assert_eq!(none.for_prompt("anything"), "", "none named: none mentioned");
         // A large context lists the others too, after the named ones.
         let large = ToolMenu::new(|_| ranked(30, 2), Some(128_000));
         assert_eq!(large.for_prompt("anything").lines().count(), 30);

@@ -26,7 +26,7 @@ import os as _os
 import struct as _struct
 import threading as _threading
 
-__all__ = ["ToolError", "call", "search"]
+__all__ = ["ToolError", "ToolResult", "call", "search"]
 
 _CATALOG = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "catalog.json")
 _MAGIC = 0x41474E54
@@ -84,6 +84,25 @@ def _read(fd, size):
     return b"".join(chunks)
 
 
+class ToolResult(dict):
+    """A tool's result that is a JSON object: a dict, whose missing
+    attributes say which keys it has. Code often takes a tool's result for
+    its text (`read_text_file(path).splitlines()`); the error it gets back
+    names the key that holds the text instead."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        texts = [key for key, value in self.items() if isinstance(value, str)]
+        hint = f"; the text is in result[{texts[0]!r}]" if len(texts) == 1 else ""
+        raise AttributeError(
+            f"a tool's result is a dict, which has no attribute {name!r}: "
+            f"its keys are {list(self)}{hint}"
+        )
+
+
 def call(server, tool, /, **arguments):
     """Calls `tool` of `server` (names as the kernel lists them) with
     keyword arguments; returns its result, or raises ToolError."""
@@ -94,7 +113,8 @@ def call(server, tool, /, **arguments):
             reply.get("code") or "internal",
             reply.get("content"),
         )
-    return reply.get("result")
+    result = reply.get("result")
+    return ToolResult(result) if isinstance(result, dict) else result
 
 
 def search(query, detail="summary", limit=10):
