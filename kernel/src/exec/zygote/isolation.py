@@ -5,7 +5,8 @@
 # The zygote first makes a user namespace of its own (the host's seccomp
 # filter lets it), keeping the host's unprivileged uid there too, and
 # becomes PID 1 of a PID namespace of its own. Each run child then gets
-# fresh mount, PID, IPC, UTS and network namespaces owned by it: a private /tmp and /workspace, a /proc that shows only its own
+# fresh mount, PID, IPC, UTS and network namespaces owned by it: a
+# private /tmp and /workspace, a /proc that shows only its own
 # processes (guarded as an agent's is), a loopback of its own, and no way
 # to see or signal another run. Before any code arrives it drops every
 # capability, sets no_new_privs and installs the kernel's whole seccomp
@@ -116,8 +117,12 @@ def fork_run_child(zygote_pid_namespace):
     try:
         pid = os.fork()
     finally:
-        if pid != 0:
-            check(libc.setns(zygote_pid_namespace, CLONE_NEWPID), "setns(pid)")
+        if pid != 0 and libc.setns(zygote_pid_namespace, CLONE_NEWPID) != 0:
+            # Never prepare another run from here: its child would land in
+            # this run's namespace. As PID 1, the zygote takes every run
+            # with it; the kernel starts a new exec host.
+            os.write(2, b"zygote: setns back to its own PID namespace failed\n")
+            os._exit(71)
     return pid
 
 

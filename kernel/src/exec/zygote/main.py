@@ -31,6 +31,8 @@ def main():
         raise SystemExit("the kernel sent no seccomp filter: runs would have none")
     own_namespaces()
     pid_namespace = own_pid_namespace()
+    if os.getpid() != 1:
+        raise SystemExit("the zygote is not PID 1 of its own PID namespace")
     install_site_builtins()
     import_tools()
     # Everything the zygote holds now is permanent: no collection in a run
@@ -68,7 +70,14 @@ def prepare(channel, number, program, cgroup, pid_namespace):
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
-    pid = fork_run_child(pid_namespace)
+    try:
+        pid = fork_run_child(pid_namespace)
+    except OSError:
+        # No PID namespace or no process to be had (the user namespace's
+        # limits, memory): this child is lost, not the host and its
+        # sessions. The kernel sees its channel end at once.
+        traceback.print_exc()
+        pid = None
     if pid == 0:
         try:
             # Into its own cgroup first, so all it touches from here on
@@ -117,8 +126,8 @@ def import_tools():
 
 
 def reap(_signum, _frame):
-    """Reaps every child that has ended (a run's waiting parent, once its
-    run is over), so none lingers as a zombie holding its cgroup's pids."""
+    """Reaps every run child that has ended, so none lingers as a zombie
+    holding its cgroup's pids."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
