@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+pub mod kernel_figures;
+
 /// A server process under test, killed when dropped.
 #[derive(Debug)]
 pub struct Server {
@@ -48,6 +50,11 @@ impl Server {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(server)
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Its resident memory in MiB.

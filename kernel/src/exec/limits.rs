@@ -33,7 +33,7 @@ impl RunDefaults {
             memory: self.memory,
             cpu_quota: None,
             cpu_period: RUN_CPU_PERIOD,
-            max_pids: with_parent(self.max_pids),
+            max_pids: self.max_pids,
         }
     }
 }
@@ -75,7 +75,7 @@ pub fn run_limits(
         memory,
         cpu_quota,
         cpu_period,
-        max_pids: with_parent(max_pids),
+        max_pids,
     })
 }
 
@@ -94,12 +94,6 @@ fn at_most(
         (Some(asked), _) => Ok(asked),
         (None, own) => Ok(own.map_or(default, |own| own.min(default))),
     }
-}
-
-/// A run's process count, plus the process that waits for it (which
-/// lives in its cgroup too).
-fn with_parent(max_pids: u64) -> u64 {
-    max_pids.saturating_add(1)
 }
 
 #[cfg(test)]
@@ -125,7 +119,10 @@ mod tests {
     fn an_operator_run_asking_nothing_gets_the_defaults_every_run_cgroup_has() {
         let limits = run_limits(&Limits::default(), None, DEFAULTS).unwrap();
         assert_eq!(limits, DEFAULTS.cgroup_limits());
-        assert_eq!(limits.max_pids, 65, "one more for the run's waiting parent");
+        assert_eq!(
+            limits.max_pids, 64,
+            "the run is PID 1 of its namespace: no process waits beside it"
+        );
         assert_eq!(limits.cpu_quota, None);
     }
 
@@ -140,14 +137,14 @@ mod tests {
         let limits = run_limits(&Limits::default(), Some(&asked), DEFAULTS).unwrap();
         assert_eq!(limits.memory, 1 << 30);
         assert_eq!(limits.cpu_quota, Some(20_000));
-        assert_eq!(limits.max_pids, 501);
+        assert_eq!(limits.max_pids, 500);
     }
 
     #[test]
     fn an_agents_run_defaults_to_the_lower_of_its_own_and_execs() {
         let limits = run_limits(&agent(), None, DEFAULTS).unwrap();
         assert_eq!(limits.memory, 128 << 20, "its own is below EXEC's default");
-        assert_eq!(limits.max_pids, 65, "EXEC's default is below its own");
+        assert_eq!(limits.max_pids, 64, "EXEC's default is below its own");
         assert_eq!(
             (limits.cpu_quota, limits.cpu_period),
             (Some(50_000), 200_000)
@@ -195,6 +192,6 @@ mod tests {
             (limits.cpu_quota, limits.cpu_period),
             (Some(25_000), 100_000)
         );
-        assert_eq!(limits.max_pids, 101);
+        assert_eq!(limits.max_pids, 100);
     }
 }

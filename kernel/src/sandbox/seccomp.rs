@@ -115,9 +115,12 @@ enum Verdict {
 }
 
 /// What an exec host's zygote may do beyond a workload: make a user
-/// namespace and, inside it, a set of namespaces and mounts per run. Each
-/// run installs the whole filter on top before any code arrives.
-const NESTED_ALLOWED: [libc::c_long; 2] = [libc::SYS_unshare, libc::SYS_mount];
+/// namespace and, inside it, a set of namespaces and mounts per run, and
+/// go back to its own PID namespace after making a run's (`setns` reaches
+/// only namespaces its own user namespace owns: it holds no capability
+/// anywhere else). Each run installs the whole filter on top before any
+/// code arrives.
+const NESTED_ALLOWED: [libc::c_long; 3] = [libc::SYS_unshare, libc::SYS_mount, libc::SYS_setns];
 
 /// Calls that get anything but [`Verdict::Allow`], by number.
 fn verdicts(nested: bool) -> Vec<(u32, Verdict)> {
@@ -378,7 +381,7 @@ mod tests {
     #[test]
     fn an_exec_hosts_filter_lets_through_namespaces_and_mounts_and_nothing_more() {
         let (workload, host) = (filter(), filter_for(true));
-        for nr in [libc::SYS_unshare, libc::SYS_mount] {
+        for nr in [libc::SYS_unshare, libc::SYS_mount, libc::SYS_setns] {
             assert_eq!(run(&workload, AUDIT_ARCH, nr as u32, 0).0, EPERM);
             assert_eq!(run(&host, AUDIT_ARCH, nr as u32, 0).0, ALLOW);
         }

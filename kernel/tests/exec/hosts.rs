@@ -163,11 +163,7 @@ fn a_crashed_exec_host_is_replaced_and_its_runs_are_answered() {
             .as_bytes(),
     );
     std::thread::sleep(Duration::from_millis(300));
-    // The zygote is the oldest process holding its source.
-    let zygote = *pids_with("The exec host's interpreter", daemon.pid())
-        .iter()
-        .min()
-        .expect("a zygote");
+    let zygote = *zygotes(daemon.pid()).first().expect("a zygote");
     // SAFETY: kill(2) on a process of the kernel under test.
     unsafe {
         libc::kill(zygote, libc::SIGKILL);
@@ -266,13 +262,7 @@ fn runs_are_prepared_at_background_priority_and_still_served_while_every_cpu_is_
         reply["stdout"], "0\n",
         "a run runs at normal priority: {reply}"
     );
-    let zygotes: Vec<i32> = pids_with("The exec host's interpreter", daemon.pid())
-        .into_iter()
-        .filter(|pid| {
-            fs::read(format!("/proc/{}/cmdline", parent_of(*pid)))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__agentos-sandbox-init"))
-        })
-        .collect();
+    let zygotes = zygotes(daemon.pid());
     assert_eq!(zygotes.len(), 1, "one zygote: {zygotes:?}");
     let run_cgroups = fs::read_dir(format!("/proc/{}/task", daemon.pid()))
         .unwrap()
@@ -323,6 +313,19 @@ fn stat_field(task: &str, index: usize) -> i64 {
     // The command may hold spaces and parentheses: count after its last ')'.
     let after = &stat[stat.rfind(')').unwrap() + 2..];
     after.split(' ').nth(index - 3).unwrap().parse().unwrap()
+}
+
+/// The exec hosts' zygotes: each is PID 1 of its own PID namespace, forked
+/// by the process the sandbox's init started (which only waits for it);
+/// the run children it forks hold the same source a generation further down.
+fn zygotes(kernel: i32) -> Vec<i32> {
+    pids_with("The exec host's interpreter", kernel)
+        .into_iter()
+        .filter(|pid| {
+            fs::read(format!("/proc/{}/cmdline", parent_of(parent_of(*pid))))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__agentos-sandbox-init"))
+        })
+        .collect()
 }
 
 fn parent_of(pid: i32) -> i32 {

@@ -59,6 +59,43 @@ fn runs_never_see_each_others_files_processes_or_state() {
 }
 
 #[test]
+fn every_run_on_one_host_has_namespaces_of_its_own() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start_with("[exec]\nhosts = 1\n");
+    let mut stream = daemon.raw();
+    let namespaces = "import os\nprint(os.getpid(), *(os.stat(f'/proc/self/ns/{ns}').st_ino for ns in ('pid', 'net', 'mnt', 'ipc', 'uts')))";
+    // Each in a session of its own, so all four are alive together: a
+    // namespace's inode number is free again once it is gone.
+    let seen: Vec<Vec<u64>> = (0..4)
+        .map(|n| {
+            let reply = exec(
+                &mut stream,
+                json!({"code": namespaces, "session": format!("s{n}")}),
+            );
+            let fields: Vec<u64> = reply["stdout"]
+                .as_str()
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|field| field.parse().unwrap())
+                .collect();
+            assert_eq!(fields.len(), 6, "{reply}");
+            assert_eq!(fields[0], 1, "a run is PID 1 of its namespace: {reply}");
+            fields
+        })
+        .collect();
+    for kind in 1..6 {
+        let mut inodes: Vec<u64> = seen.iter().map(|run| run[kind]).collect();
+        inodes.sort_unstable();
+        inodes.dedup();
+        assert_eq!(
+            inodes.len(),
+            seen.len(),
+            "namespace {kind} shared: {seen:?}"
+        );
+    }
+}
+
+#[test]
 fn a_hostile_run_reaches_nothing_of_the_host() {
     require_root!("EXEC (its isolation needs namespaces)");
     let daemon = Daemon::start();
@@ -78,6 +115,7 @@ attempt('/usr', lambda: open('/usr/agentos-probe', 'w'))
 attempt('network', lambda: socket.create_connection(('1.1.1.1', 53), timeout=1))
 print('unshare', libc.unshare(0x10000000), ctypes.get_errno())
 print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())
+print('setns', libc.setns(-1, 0), ctypes.get_errno())
 status = open('/proc/self/status').read()
 print([l.split()[1] for l in status.splitlines() if l.startswith(('CapEff', 'CapBnd', 'NoNewPrivs'))])
 environ = open('/proc/1/environ', 'rb').read().decode()
@@ -95,6 +133,9 @@ print('root', 0 in (os.getuid(), os.geteuid(), os.getgid(), os.getegid()))
         "network denied",
         "unshare -1 1",
         "mount -1 1",
+        // Refused by the filter (EPERM), not looked at (EBADF): the exec
+        // host may setns, its runs may not.
+        "setns -1 1",
         "['0000000000000000', '0000000000000000', '1']",
         "environ ['LANG', 'PATH']",
         "hosts [1]",
@@ -220,8 +261,8 @@ fn a_runs_limits_contain_memory_and_fork_bombs_and_a_busy_loop() {
         (json!("1\n"), json!(false)),
         "{next}"
     );
-    // Processes: a run may hold `max_pids`, the process that waits for it
-    // aside. Forking stops there with EAGAIN.
+    // Processes: a run may hold `max_pids`, itself included. Forking stops
+    // there with EAGAIN.
     let forks = exec(
         &mut stream,
         json!({"code": concat!(

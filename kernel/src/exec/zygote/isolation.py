@@ -3,9 +3,10 @@
 # dropped privileges.
 #
 # The zygote first makes a user namespace of its own (the host's seccomp
-# filter lets it), keeping the host's unprivileged uid there too. Each run
-# child then gets fresh mount, PID, IPC, UTS and network namespaces owned
-# by it: a private /tmp and /workspace, a /proc that shows only its own
+# filter lets it), keeping the host's unprivileged uid there too, and
+# becomes PID 1 of a PID namespace of its own. Each run child then gets
+# fresh mount, PID, IPC, UTS and network namespaces owned by it: a
+# private /tmp and /workspace, a /proc that shows only its own
 # processes (guarded as an agent's is), a loopback of its own, and no way
 # to see or signal another run. Before any code arrives it drops every
 # capability, sets no_new_privs and installs the kernel's whole seccomp
@@ -14,6 +15,7 @@
 import ctypes
 import fcntl
 import os
+import signal
 import socket
 import struct
 
@@ -25,6 +27,7 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
@@ -81,16 +84,56 @@ def own_namespaces():
     write("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
+def own_pid_namespace():
+    """Makes the zygote PID 1 of a PID namespace owned by its own user
+    namespace, and returns a descriptor of it. Holding the capabilities of
+    that namespace is what lets the zygote go back to it (setns) after
+    each run's PID namespace: a process can make a PID namespace only for
+    the children it forks next, and only while those would land in its
+    own; going back is what makes the next one possible. Without it, each
+    run would need a process of its own between the zygote and the run,
+    forked from the whole interpreter, only to make the run's namespace
+    (a second copy of the page tables and a second teardown per run).
+
+    The process that started stays outside, only to wait: the kernel
+    watches it as the host's workload, and it ends when the zygote does
+    (and the zygote, and with it every run, when it does)."""
+    check(libc.unshare(CLONE_NEWPID), "unshare(pid)")
+    pid = os.fork()
+    if pid != 0:
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        _, status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def fork_run_child(zygote_pid_namespace):
+    """Forks a child that is PID 1 of a fresh PID namespace: 0 in the
+    child, its pid in the zygote, whose next children land in its own
+    namespace again (see `own_pid_namespace`)."""
+    check(libc.unshare(CLONE_NEWPID), "unshare(pid)")
+    pid = -1
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0 and libc.setns(zygote_pid_namespace, CLONE_NEWPID) != 0:
+            # Never prepare another run from here: its child would land in
+            # this run's namespace. As PID 1, the zygote takes every run
+            # with it; the kernel starts a new exec host.
+            os.write(2, b"zygote: setns back to its own PID namespace failed\n")
+            os._exit(71)
+    return pid
+
+
 def isolate_run():
-    """In a new run child: its own mount, PID, IPC, UTS and network
-    namespaces, with a private /tmp and /workspace and a loopback of its
-    own (runs of different owners share an exec host: on one loopback, or
-    through abstract Unix sockets, they could reach each other). The PID
-    namespace holds the next child forked, which is PID 1 there."""
+    """In a new run child, PID 1 of its own PID namespace: its own mount,
+    IPC, UTS and network namespaces, with a private /tmp and /workspace
+    and a loopback of its own (runs of different owners share an exec
+    host: on one loopback, or through abstract Unix sockets, they could
+    reach each other)."""
     check(
-        libc.unshare(
-            CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET
-        ),
+        libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET),
         "unshare(run namespaces)",
     )
     loopback_up()

@@ -30,6 +30,9 @@ def main():
     if not program:
         raise SystemExit("the kernel sent no seccomp filter: runs would have none")
     own_namespaces()
+    pid_namespace = own_pid_namespace()
+    if os.getpid() != 1:
+        raise SystemExit("the zygote is not PID 1 of its own PID namespace")
     install_site_builtins()
     import_tools()
     # Everything the zygote holds now is permanent: no collection in a run
@@ -43,7 +46,7 @@ def main():
     while True:
         cgroup = next_cgroup(channel)
         number += 1
-        prepare(channel, number, program, cgroup)
+        prepare(channel, number, program, cgroup, pid_namespace)
 
 
 def next_cgroup(channel):
@@ -60,31 +63,34 @@ def next_cgroup(channel):
         return order[HOST_PREPARE], fds
 
 
-def prepare(channel, number, program, cgroup):
-    """Forks one run child and hands its descriptors to the kernel."""
+def prepare(channel, number, program, cgroup, pid_namespace):
+    """Forks one run child, PID 1 of its own namespaces, and hands its
+    descriptors to the kernel."""
     cgroup_number, cgroup_files = cgroup
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = fork_run_child(pid_namespace)
+    except OSError:
+        # No PID namespace or no process to be had (the user namespace's
+        # limits, memory): this child is lost, not the host and its
+        # sessions. The kernel sees its channel end at once.
+        traceback.print_exc()
+        pid = None
     if pid == 0:
         try:
+            # Into its own cgroup first, so all it touches from here on
+            # is charged there.
             join_cgroup(cgroup_files)
             channel.close()
             ours.close()
             os.close(stdout_r)
             os.close(stderr_r)
+            os.close(pid_namespace)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             isolate_run()
-            run = os.fork()
-            if run == 0:
-                become_run(theirs, stdout_w, stderr_w, program)
-            # Stays as the run's parent, only to say when it has ended.
-            theirs.close()
-            os.close(stdout_w)
-            os.close(stderr_w)
-            _, status = os.waitpid(run, 0)
-            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            become_run(theirs, stdout_w, stderr_w, program)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -120,8 +126,8 @@ def import_tools():
 
 
 def reap(_signum, _frame):
-    """Reaps every child that has ended (a run's waiting parent, once its
-    run is over), so none lingers as a zombie holding its cgroup's pids."""
+    """Reaps every run child that has ended, so none lingers as a zombie
+    holding its cgroup's pids."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
