@@ -92,7 +92,11 @@ fn a_loop_with_many_tools_fits_a_small_context_over_several_iterations() {
         &mut stream,
         Opcode::TASK,
         json!({"op": "dispatch", "kind": "prompt",
-               "request": {"prompt": "Double 0, 1 and 2.", "max_iterations": 5}})
+               // A small model is told only of the tools its prompt names:
+               // this one names every server's.
+               "request": {"prompt": "Double 0, 1 and 2; the alpha, beta and gamma \
+                                      servers are there if you need them.",
+                           "max_iterations": 5}})
         .to_string()
         .as_bytes(),
     );
