@@ -9,7 +9,6 @@ import json
 import threading
 
 
-
 def completion(content: str, number: int = 0) -> bytes:
     """An OpenAI chat completion answering `content` (9 tokens in, 4 out)."""
     return json.dumps({
@@ -18,6 +17,7 @@ def completion(content: str, number: int = 0) -> bytes:
                      "message": {"role": "assistant", "content": content}}],
         "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
     }).encode()
+
 
 class StubModel:
     def __init__(self, answers: list[str]) -> None:
@@ -32,11 +32,8 @@ class StubModel:
                 pass
 
             def do_POST(self) -> None:
-                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                chats = len(model.requests)
-                model.requests.append(request)
-                content = model.answers[min(chats, len(model.answers) - 1)]
-                answer = completion(content, chats)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                answer = model.answer(self.path, self.headers, body)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
@@ -46,11 +43,20 @@ class StubModel:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def answer(self, path: str, headers, body: bytes) -> bytes:
+        """The answer to a POST: a chat's next scripted completion (a stub
+        that serves more than chats overrides this)."""
+        request = json.loads(body)
+        chats = len(self.requests)
+        self.requests.append(request)
+        content = self.answers[min(chats, len(self.answers) - 1)]
+        return completion(content, chats)
 
     def config(self) -> str:
         """The kernel's [llm] section for this model."""
-        port = self.server.server_address[1]
-        return (f'[llm]\nprovider = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+        return (f'[llm]\nprovider = "openai"\nbase_url = "{self.url}/v1"\n'
                 f'api_key = "sk-test"\nmodel = "stub-model"\n')
 
     def close(self) -> None:

@@ -6,7 +6,6 @@ request names, and never carrying prompt or answer text unless asked."""
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import queue
@@ -23,7 +22,7 @@ import pytest
 from agentos import AgentOSClient
 from agentos.protocol import Opcode
 from conftest import REPO, binary, kernel_with, log_of, wait_state
-from stub_model import completion
+from stub_model import StubModel
 
 ANSWER = "the answer is four"
 PROMPT = "what is two and two, secretly"
@@ -31,50 +30,27 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
 
-class Receiver:
+class Receiver(StubModel):
     """An OTLP/HTTP trace receiver and an OpenAI-compatible model, on
     loopback."""
 
     def __init__(self) -> None:
+        self.spans: list = []
+        super().__init__([ANSWER])
+
+    def answer(self, path: str, headers, body: bytes) -> bytes:
+        if path != "/v1/traces":
+            return super().answer(path, headers, body)
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
         )
 
-        self.spans: list = []
-        # What the model answers, in turn (the last one again and again).
-        self.answers = [ANSWER]
-        self.chats = 0
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.path == "/v1/traces":
-                    assert self.headers["Content-Type"] == "application/x-protobuf"
-                    request = ExportTraceServiceRequest.FromString(body)
-                    for resource in request.resource_spans:
-                        for scope in resource.scope_spans:
-                            receiver.spans.extend(scope.spans)
-                    answer = b""
-                else:
-                    content = receiver.answers[min(receiver.chats, len(receiver.answers) - 1)]
-                    receiver.chats += 1
-                    answer = completion(content)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        assert headers["Content-Type"] == "application/x-protobuf"
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                self.spans.extend(scope.spans)
+        return b""
 
     def wait_for(self, count: int, timeout: float = 10) -> list:
         deadline = time.monotonic() + timeout
@@ -88,7 +64,7 @@ class Receiver:
 def receiver() -> Iterator[Receiver]:
     receiver = Receiver()
     yield receiver
-    receiver.server.shutdown()
+    receiver.close()
 
 
 def attributes(span) -> dict:

@@ -353,22 +353,19 @@ impl PromptLoop {
         if let Some(error) = &reply.error {
             feedback.push_str(&format!("\nerror: {error}"));
         }
-        let repeated = self.last_code.as_ref().is_some_and(|(_, times)| *times > 1);
-        match failure(reply) {
-            Some(error) => self
-                .failed
-                .push((Code::new(&iteration.language, &iteration.code), error)),
+        if let Some(error) = failure(reply) {
+            self.failed
+                .push((Code::new(&iteration.language, &iteration.code), error));
+        } else {
             // A small model that got its result often writes the same code
             // again instead of answering: say so, without refusing the run
             // (code may poll).
-            None if repeated => feedback.push_str(
-                "\nThat was the same code as before, with its output above. If it answers \
-                 the task, reply with the answer alone, without a code block.",
-            ),
-            None => feedback.push_str(
-                "\nIf that answers the task, reply with the answer alone, without a code \
-                 block.",
-            ),
+            if self.last_code.as_ref().is_some_and(|(_, times)| *times > 1) {
+                feedback.push_str("\nThat was the same code as before, with its output above.");
+            }
+            feedback.push_str(
+                "\nIf that answers the task, reply with the answer alone, without a code block.",
+            );
         }
         self.iterations.push(iteration);
         self.last_iteration_note(&mut feedback);

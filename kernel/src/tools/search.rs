@@ -108,29 +108,33 @@ fn words(text: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
+    fn tool<'a>(server: &'a str, name: &'a str, description: &'a str) -> Searchable<'a> {
+        Searchable {
+            server,
+            name,
+            description,
+        }
+    }
+
     #[test]
     fn a_search_ranks_names_above_descriptions_and_leaves_out_the_rest() {
         let tools = [
-            Searchable {
-                server: "filesystem",
-                name: "read_text_file",
-                description: "Read the complete contents of a file as text",
-            },
-            Searchable {
-                server: "filesystem",
-                name: "write_file",
-                description: "Create a new file or overwrite an existing one",
-            },
-            Searchable {
-                server: "everything",
-                name: "echo",
-                description: "Echoes back the input",
-            },
-            Searchable {
-                server: "filesystem",
-                name: "list_directory",
-                description: "Get a listing of files, reading the directory",
-            },
+            tool(
+                "filesystem",
+                "read_text_file",
+                "Read the complete contents of a file as text",
+            ),
+            tool(
+                "filesystem",
+                "write_file",
+                "Create a new file or overwrite an existing one",
+            ),
+            tool("everything", "echo", "Echoes back the input"),
+            tool(
+                "filesystem",
+                "list_directory",
+                "Get a listing of files, reading the directory",
+            ),
         ];
         let found = search(&tools, "read file", 10);
         assert_eq!(
@@ -151,21 +155,13 @@ mod tests {
     #[test]
     fn a_prompt_names_tools_by_their_whole_names_or_their_servers() {
         let tools = [
-            Searchable {
-                server: "filesystem",
-                name: "read_text_file",
-                description: "Read the complete contents of a file as text",
-            },
-            Searchable {
-                server: "everything",
-                name: "get-sum",
-                description: "Returns the sum of two numbers",
-            },
-            Searchable {
-                server: "time",
-                name: "convert_time",
-                description: "Convert time between timezones",
-            },
+            tool(
+                "filesystem",
+                "read_text_file",
+                "Read the complete contents of a file as text",
+            ),
+            tool("everything", "get-sum", "Returns the sum of two numbers"),
+            tool("time", "convert_time", "Convert time between timezones"),
         ];
         let named = |prompt: &str| named_in_prompt(&tools, prompt);
         assert!(
