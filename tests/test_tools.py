@@ -4,12 +4,16 @@ mcp-server-time (installed into the project's .venv by scripts/setup)."""
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from agentos import AgentOSClient, NotFound, ToolError
-from conftest import REPO, kernel_with
+from conftest import REPO, kernel_with, log_of, wait_state
 
 TIME_SERVER = REPO / ".venv" / "bin" / "mcp-server-time"
 
@@ -85,6 +89,43 @@ def test_a_dict_result_taken_for_text_says_which_keys_it_has(tool_kernel):
         last = ran["stderr"].strip().splitlines()[-1]
         assert last.startswith("AttributeError: a tool's result is a dict, which has no "
                                "attribute 'splitlines': its keys are ['timezone'"), last
+
+
+OWN_TOOLS_AGENT = """
+from agentos import AgentOSClient
+with AgentOSClient() as client:
+    task = client.run("Use the time server and the kernel's tools.", max_iterations=1)
+    print("STATE", task["state"])
+"""
+
+
+def test_a_prompt_loop_is_told_only_of_the_tools_its_owner_may_call(stub_model):
+    """An agent held to one tool dispatches a prompt task: its THINK is
+    told of that tool, never of those the agent may not call (as TOOL
+    `list` would show it)."""
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: tool servers run confined as the sandbox user, which needs root")
+        pytest.skip("needs root")
+    scripts = Path(tempfile.mkdtemp(prefix="agentos-own-tools-"))
+    scripts.chmod(0o755)
+    script = scripts / "own_tools.py"
+    script.write_text(OWN_TOOLS_AGENT)
+    script.chmod(0o644)
+    config = stub_model.config() + f'[mcp.servers.time]\ncommand = "{TIME_SERVER}"\n'
+    try:
+        with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path) as client:
+            ready(client)
+            reply = client.spawn("held", script, python=sys.executable,
+                                 permissions={"tools": ["time.get_current_time"]})
+            info = wait_state(client, reply["id"], {"exited", "failed"}, timeout=60)
+            log = log_of(kernel, "held", reply["id"])
+            assert (info["state"], "STATE completed" in log) == ("exited", True), log
+    finally:
+        shutil.rmtree(scripts, ignore_errors=True)
+    system = stub_model.requests[0]["messages"][0]["content"]
+    assert "tools.time.get_current_time(" in system, system
+    for hidden in ("convert_time", "list_agents", "llm.think"):
+        assert hidden not in system, system
 
 
 def runtime_with(tmp_path, tools: list[dict]):

@@ -8,6 +8,7 @@ use super::actor::Actor;
 use super::Kernel;
 use crate::address::ReplyTo;
 use crate::identity::{Principal, KERNEL_OPERATOR};
+use crate::permissions::allowed_by;
 use crate::tasks::tool_menu::{Ranked, ToolMenu};
 use crate::tasks::{CancelledWork, Start, WorkRequest, PROGRESS_BYTES};
 use crate::tools::offer::{self, offered, Listing, Offered};
@@ -24,8 +25,17 @@ impl Kernel {
                 } else {
                     Vec::new()
                 };
+                let (agents, runs) = (&self.agents, &self.runs);
+                // Each owner is told only of the tools it may call, as TOOL
+                // `list` and `search` would show it (an owner that has gone
+                // is told of none: its task fails at its first THINK).
                 let menu = ToolMenu::new(
-                    |prompt: &str| ranked_for(&on_offer, prompt),
+                    |prompt: &str, owner: Principal| {
+                        let Ok(actor) = Actor::of(owner, agents, runs) else {
+                            return Ranked::default();
+                        };
+                        ranked_for(&on_offer, actor.tools(), prompt)
+                    },
                     self.llm.context_tokens(),
                 );
                 self.tasks.startable(&menu)
@@ -109,16 +119,64 @@ impl Kernel {
     }
 }
 
-/// Every tool on offer as a line of the prompt loop's list: the ones
-/// `prompt` names, best first, and the rest in their usual order.
-fn ranked_for(on_offer: &[Offered<'_>], prompt: &str) -> Ranked {
-    let line = |index: usize| offer::summary(std::slice::from_ref(&on_offer[index]));
-    let best = offer::named_in(on_offer, prompt);
+/// Every tool on offer that `patterns` allow (`None`: all) as a line of
+/// the prompt loop's list: the ones `prompt` names, best first, and the
+/// rest in their usual order.
+fn ranked_for(on_offer: &[Offered<'_>], patterns: Option<&[String]>, prompt: &str) -> Ranked {
+    let mine: Vec<Offered<'_>> = on_offer
+        .iter()
+        .filter(|offered| {
+            patterns.is_none_or(|patterns| allowed_by(patterns, offered.server, &offered.tool.name))
+        })
+        .cloned()
+        .collect();
+    let line = |index: usize| offer::summary(std::slice::from_ref(&mine[index]));
+    let named = offer::named_in(&mine, prompt);
+    let mut is_named = vec![false; mine.len()];
+    for index in &named {
+        is_named[*index] = true;
+    }
     Ranked {
-        named: best.iter().copied().map(line).collect(),
-        rest: (0..on_offer.len())
-            .filter(|index| !best.contains(index))
+        named: named.into_iter().map(line).collect(),
+        rest: (0..mine.len())
+            .filter(|index| !is_named[*index])
             .map(line)
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::mcp::client::ToolInfo;
+
+    #[test]
+    fn a_loop_is_told_only_of_the_tools_its_owner_may_call() {
+        let tool = |name: &str| ToolInfo {
+            name: name.into(),
+            description: format!("Does {name}."),
+            input_schema: serde_json::json!({"type": "object"}),
+            output_schema: None,
+        };
+        let (read, write, echo) = (tool("read_file"), tool("write_file"), tool("echo"));
+        let on_offer = offer::name_for_python([
+            ("filesystem", &read),
+            ("filesystem", &write),
+            ("everything", &echo),
+        ]);
+        let prompt = "Use the filesystem server's write_file and the everything server.";
+        let all = ranked_for(&on_offer, None, prompt);
+        assert_eq!(all.named.len(), 3, "{all:?}");
+        let narrowed = vec!["filesystem.read_file".to_owned()];
+        let mine = ranked_for(&on_offer, Some(&narrowed), prompt);
+        assert_eq!(
+            (mine.named, mine.rest),
+            (
+                vec!["tools.filesystem.read_file()  # Does read_file.".to_owned()],
+                vec![]
+            ),
+            "a tool it may not call is neither listed nor counted"
+        );
+        assert!(ranked_for(&on_offer, Some(&[]), prompt).named.is_empty());
     }
 }

@@ -186,7 +186,7 @@ impl<S: Store> Tasks<S> {
                 TaskKind::Exec => dispatch.exec().map(WorkRequest::Exec),
                 TaskKind::Think => dispatch.think().map(WorkRequest::Think),
                 TaskKind::Prompt => dispatch.prompt().map(|request| {
-                    let listed = tools.for_prompt(&request.prompt);
+                    let listed = tools.for_prompt(&request.prompt, owner);
                     let (think, iteration) = self.prompts.start(&id, request, &listed);
                     task.iteration = Some(iteration);
                     WorkRequest::Think(think)

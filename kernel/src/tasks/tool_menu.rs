@@ -10,6 +10,8 @@
 //! given at tens of tokens a second, and calls a listed tool where plain
 //! Python would do.
 
+use crate::identity::Principal;
+
 /// Share of the model's context the tool list may take: the rest is the
 /// loop's instructions, the task, the code THINK writes and what it prints,
 /// over several iterations.
@@ -31,8 +33,8 @@ pub struct Ranked {
     pub rest: Vec<String>,
 }
 
-/// Ranks the tools on offer for a prompt.
-pub type Rank<'a> = dyn Fn(&str) -> Ranked + 'a;
+/// Ranks the tools on offer to a task's owner for its prompt.
+pub type Rank<'a> = dyn Fn(&str, Principal) -> Ranked + 'a;
 
 /// The tools on offer, and how many of them a loop's THINK may be told of.
 pub struct ToolMenu<'a> {
@@ -55,7 +57,7 @@ impl std::fmt::Debug for ToolMenu<'_> {
 impl<'a> ToolMenu<'a> {
     /// The tools `rank` orders, within a share of `context_tokens` (the
     /// model's context, when known; unknown: every tool is listed).
-    pub fn new(rank: impl Fn(&str) -> Ranked + 'a, context_tokens: Option<u32>) -> Self {
+    pub fn new(rank: impl Fn(&str, Principal) -> Ranked + 'a, context_tokens: Option<u32>) -> Self {
         ToolMenu {
             rank: Box::new(rank),
             budget_tokens: context_tokens.map(|tokens| u64::from(tokens) / CONTEXT_SHARE),
@@ -66,16 +68,17 @@ impl<'a> ToolMenu<'a> {
     /// No tools at all (no prompt loop is starting).
     pub fn empty() -> ToolMenu<'static> {
         ToolMenu {
-            rank: Box::new(|_| Ranked::default()),
+            rank: Box::new(|_, _| Ranked::default()),
             budget_tokens: None,
             only_named: false,
         }
     }
 
-    /// The list for a loop whose task is `prompt`: the most relevant tools
-    /// that fit, a line each, then a line saying how many were left out.
-    pub fn for_prompt(&self, prompt: &str) -> String {
-        let Ranked { named, rest } = (self.rank)(prompt);
+    /// The list for a loop whose task is `prompt`, run as `owner`: the
+    /// most relevant tools it may call that fit, a line each, then a line
+    /// saying how many were left out.
+    pub fn for_prompt(&self, prompt: &str, owner: Principal) -> String {
+        let Ranked { named, rest } = (self.rank)(prompt, owner);
         let total = named.len() + rest.len();
         let candidates = if self.only_named {
             named
@@ -116,6 +119,8 @@ impl<'a> ToolMenu<'a> {
 mod tests {
     use super::*;
 
+    const OPERATOR: Principal = Principal::Operator { uid: 0 };
+
     fn lines(count: usize) -> Vec<String> {
         (0..count)
             .map(|i| format!("tools.s.tool{i:02}(a)  # does thing number {i}"))
@@ -131,8 +136,8 @@ mod tests {
 
     #[test]
     fn every_tool_is_listed_when_the_context_is_unknown() {
-        let menu = ToolMenu::new(|_| ranked(40, 3), None);
-        let listed = menu.for_prompt("anything");
+        let menu = ToolMenu::new(|_, _| ranked(40, 3), None);
+        let listed = menu.for_prompt("anything", OPERATOR);
         assert_eq!(listed.lines().count(), 40);
         assert!(!listed.contains("not listed"), "{listed}");
     }
@@ -141,8 +146,8 @@ mod tests {
     fn a_small_context_lists_the_best_tools_and_counts_the_rest() {
         // A quarter of 2048 tokens is 512; a line of 40 or 41 characters
         // (with its newline) costs 11 tokens: 46 lines fit.
-        let menu = ToolMenu::new(|_| ranked(100, 60), Some(2048));
-        let listed = menu.for_prompt("anything");
+        let menu = ToolMenu::new(|_, _| ranked(100, 60), Some(2048));
+        let listed = menu.for_prompt("anything", OPERATOR);
         let tools: Vec<&str> = listed.lines().filter(|l| l.starts_with("tools.")).collect();
         assert_eq!(tools.len(), 46, "{listed}");
         assert_eq!(tools[0], lines(1)[0], "the best first");
@@ -157,36 +162,39 @@ mod tests {
     }
 
     #[test]
-    fn a_small_model_is_told_only_of_the_tools_its_prompt_matches() {
-        let menu = ToolMenu::new(|_| ranked(30, 2), Some(8192));
+    fn a_small_model_is_told_only_of_the_tools_its_prompt_names() {
+        let menu = ToolMenu::new(|_, _| ranked(30, 2), Some(8192));
         assert_eq!(
-            menu.for_prompt("anything"),
+            menu.for_prompt("anything", OPERATOR),
             format!(
                 "{}\n{}\n(28 more tools are not listed here; `tools.search(\"words\")` finds them.)",
                 lines(1)[0],
                 lines(2)[1]
             )
         );
-        let none = ToolMenu::new(|_| ranked(30, 0), Some(8192));
+        let none = ToolMenu::new(|_, _| ranked(30, 0), Some(8192));
         assert_eq!(
-            none.for_prompt("anything"),
+            none.for_prompt("anything", OPERATOR),
             "",
             "none named: none mentioned"
         );
         // A large context lists the others too, after the named ones.
-        let large = ToolMenu::new(|_| ranked(30, 2), Some(128_000));
-        assert_eq!(large.for_prompt("anything").lines().count(), 30);
+        let large = ToolMenu::new(|_, _| ranked(30, 2), Some(128_000));
+        assert_eq!(large.for_prompt("anything", OPERATOR).lines().count(), 30);
     }
 
     #[test]
     fn the_ranking_sees_the_prompt() {
         let menu = ToolMenu::new(
-            |prompt: &str| Ranked {
+            |prompt: &str, _| Ranked {
                 named: vec![format!("tools.s.first(what)  # for {prompt}")],
                 rest: Vec::new(),
             },
             Some(8192),
         );
-        assert_eq!(menu.for_prompt("time"), "tools.s.first(what)  # for time");
+        assert_eq!(
+            menu.for_prompt("time", OPERATOR),
+            "tools.s.first(what)  # for time"
+        );
     }
 }

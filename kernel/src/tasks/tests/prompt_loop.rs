@@ -38,7 +38,7 @@ fn a_prompt_task_thinks_runs_its_code_in_its_own_session_and_ends_with_the_answe
     assert!(tasks.prompt_queued());
     let start = tasks
         .startable(&ToolMenu::new(
-            |_| Ranked {
+            |_, _| Ranked {
                 named: vec!["tools.x.y(path, head=None)  # why".into()],
                 rest: Vec::new(),
             },
