@@ -60,14 +60,23 @@ fn score(tool: &Searchable<'_>, wanted: &[String]) -> u32 {
         .sum()
 }
 
+/// Bytes of a task's prompt read for the tools it names: a task says what
+/// it needs near its start.
+const PROMPT_READ_BYTES: usize = 16 * 1024;
+
 /// The tools a task's prompt names, best first: those whose own name it
 /// has (`get-sum`, `get_sum` or `get sum`), then the others of each server
 /// it names. A word shared with a name or a description is not enough: a
 /// sentence about a file would otherwise list every tool with `file` in
 /// its name, and a small model calls a listed tool where plain Python
-/// would do.
+/// would do. Only the prompt's first [`PROMPT_READ_BYTES`] are read: this
+/// runs on the reactor, and a prompt may be a megabyte.
 pub fn named_in_prompt(tools: &[Searchable<'_>], prompt: &str) -> Vec<usize> {
-    let said = words(prompt);
+    let mut end = prompt.len().min(PROMPT_READ_BYTES);
+    while !prompt.is_char_boundary(end) {
+        end -= 1;
+    }
+    let said = words(&prompt[..end]);
     let says = |name: &str| {
         let name = words(name);
         !name.is_empty() && said.windows(name.len()).any(|window| window == name)
@@ -185,5 +194,9 @@ mod tests {
             vec![1, 0],
             "a tool named comes before its server's others"
         );
+        // The limit falls inside an é.
+        let long = format!("x{} the time server", "é".repeat(PROMPT_READ_BYTES / 2));
+        assert!(named(&long).is_empty(), "only the prompt's start is read");
+        assert_eq!(named(&long[PROMPT_READ_BYTES + 1..]), vec![2]);
     }
 }
