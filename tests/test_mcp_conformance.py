@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from mcp_http import mcp_http_server
+from mcp_http import forwarding_with_token, mcp_http_server
 
 CLIENTS = REPO / "tests/mcp-clients/node_modules"
 # The suite needs Node 22; tests/mcp-clients pins one.
@@ -27,9 +27,11 @@ def test_the_conformance_suite_passes_every_check_that_applies(kernel, revision,
     for path in (NODE, SUITE):
         if not path.exists():
             pytest.fail(f"{path} is not installed: run scripts/setup --test")
-    with mcp_http_server(kernel.socket_path) as server:
+    # The suite sends no Authorization header: a forwarder adds the token
+    # the server made, and passes everything else through as it is.
+    with mcp_http_server(kernel.socket_path) as server, forwarding_with_token(server) as url:
         run = subprocess.run(
-            [NODE, SUITE, "server", "--url", server.url, "--requirements", revision,
+            [NODE, SUITE, "server", "--url", url, "--requirements", revision,
              "--expected-failures", BASELINE, "--output-dir", tmp_path / "results"],
             cwd=tmp_path, capture_output=True, text=True, timeout=900,
         )

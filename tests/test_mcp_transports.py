@@ -88,7 +88,9 @@ def run_session(
     body: Callable[[ClientSession], Awaitable[Any]],
 ) -> Any:
     async def main() -> Any:
-        async with connected(transport, revision, kernel.socket_path, server.url) as session:
+        async with connected(
+            transport, revision, kernel.socket_path, server.url, server.auth
+        ) as session:
             return await body(session)
 
     return asyncio.run(main())
@@ -283,11 +285,15 @@ def test_stdio_against_a_hostile_client(kernel):
 
 def post(
     server: HttpServer, body: bytes, headers: dict[str, str] | None = None,
-    path: str = "/mcp", host: str | None = None,
+    path: str = "/mcp", host: str | None = None, auth: bool = True,
 ) -> tuple[int, dict[str, str], bytes]:
+    """A request with the server's own token, when it made one, unless
+    `auth` is false."""
     connection = http.client.HTTPConnection(host or "127.0.0.1", server.port, timeout=60)
     try:
         request_headers = {"Content-Type": "application/json", "Accept": ACCEPT}
+        if auth and server.token:
+            request_headers.update(server.auth)
         request_headers.update(headers or {})
         connection.request("POST", path, body=body, headers=request_headers)
         response = connection.getresponse()
@@ -431,28 +437,25 @@ def test_a_bind_others_can_reach_needs_the_token(kernel, tmp_path):
     assert kernel_state(kernel) == before
 
 
-def test_without_a_token_only_the_servers_own_user_is_served(kernel):
-    if os.geteuid() != 0:
-        print("!!! NOT TESTED: a client of another uid needs root to start")
-        pytest.skip("needs root")
-    # Any local user can reach a loopback port: another one is refused.
-    client = (
-        "import http.client, sys\n"
-        "connection = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=30)\n"
-        "connection.request('POST', '/mcp', body=sys.argv[2], headers="
-        "{'Content-Type': 'application/json', 'Accept': sys.argv[3]})\n"
-        "response = connection.getresponse()\n"
-        "print(response.status, response.read().decode())\n"
-    )
-    with mcp_http_server(kernel.socket_path) as server:
-        other = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-             "/usr/bin/python3", "-c", client, str(server.port), PING.decode(), ACCEPT],
-            capture_output=True, text=True, timeout=60, cwd="/",
-        )
-        assert other.returncode == 0, other.stderr
-        assert other.stdout.startswith("403 "), other.stdout
-        assert "serves uid 0 only" in other.stdout and "uid 65534" in other.stdout, other.stdout
+def test_without_a_token_given_one_is_made_private_and_kept(kernel, tmp_path):
+    config = tmp_path / "config"
+    with mcp_http_server(kernel.socket_path, env={"XDG_CONFIG_HOME": str(config)}) as server:
+        path = config / "agentos" / "mcp-token"
+        assert server.token_file == str(path), server.stderr
+        assert "(made now, readable by you only)" in "\n".join(server.stderr)
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert path.parent.stat().st_mode & 0o777 == 0o700
+        assert len(server.token) == 64
+        # Loopback is no exception: every request carries the token.
+        status, headers, _ = post(server, PING, auth=False)
+        assert status == 401 and headers["www-authenticate"] == 'Bearer realm="agentos mcp"'
+        assert post(server, PING, {"Authorization": f"Bearer {server.token[:-1]}x"})[0] == 401
+        assert post(server, PING)[0] == 200
+        first = server.token
+    # A client configured with it goes on working after a restart.
+    with mcp_http_server(kernel.socket_path, env={"XDG_CONFIG_HOME": str(config)}) as server:
+        assert server.token == first
+        assert "(made by an earlier start" in "\n".join(server.stderr)
         assert post(server, PING)[0] == 200
 
 
@@ -555,6 +558,7 @@ def test_clients_that_hang_up_mid_answer_end_no_one_elses_calls(kernel):
         request = (
             f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
             f"Content-Type: application/json\r\nAccept: {ACCEPT}\r\n{head}"
+            f"Authorization: Bearer {server.token}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode() + body
         for _ in range(3):

@@ -18,6 +18,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod agents;
 mod failure;
 mod format;
+mod http_guard;
 mod logs;
 mod mcp;
 mod net;
@@ -155,14 +156,15 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct McpArgs {
     /// Serve Streamable HTTP at ADDR (host:port, :port or port; port alone
-    /// is 127.0.0.1) on path /mcp instead of stdio. A non-loopback host
-    /// needs a token
+    /// is 127.0.0.1) on path /mcp instead of stdio. Every request must
+    /// carry a token; a non-loopback host needs one given
     #[arg(long, value_name = "ADDR")]
     http: Option<String>,
     /// With --http: every request must carry `Authorization: Bearer` and
     /// the token in this file (mode 600); else the token in
-    /// $AGENTOS_MCP_TOKEN, if set. Never on the command line, where `ps`
-    /// shows it
+    /// $AGENTOS_MCP_TOKEN, if set; else one the server keeps in
+    /// ~/.config/agentos/mcp-token and serves its own user only with.
+    /// Never on the command line, where `ps` shows it
     #[arg(long, value_name = "PATH", requires = "http")]
     token_file: Option<PathBuf>,
     /// With --http: a browser origin (scheme://host:port, port * for any)

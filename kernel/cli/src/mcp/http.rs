@@ -12,10 +12,8 @@
 //! refused either way.
 
 use std::convert::Infallible;
-use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,13 +31,16 @@ use rmcp::model::ClientJsonRpcMessage;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{json, Value};
-use subtle::ConstantTimeEq;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use super::loopback_peer;
 use super::server::AgentosServer;
+use crate::http_guard::peer::Source as PeerSource;
+use crate::http_guard::{
+    default_token_path, effective_uid, Client, ConnectionLimit, Held, Token, TokenOrigin,
+};
 
 /// The largest request body read. The kernel takes requests up to 1 MiB
 /// by default; this leaves room for JSON escaping and the envelope, and
@@ -54,16 +55,15 @@ pub const ENDPOINT_PATH: &str = "/mcp";
 /// `ps`.
 pub const TOKEN_ENV: &str = "AGENTOS_MCP_TOKEN";
 
-/// A token file is one token and a line end: anything longer is a
-/// wrong file.
-const MAX_TOKEN_FILE_BYTES: u64 = 4096;
-
-/// A token shorter than this is refused as guessable.
-const MIN_TOKEN_BYTES: usize = 16;
-
 /// How long a client may take to send a request's headers; a connection
 /// that dawdles longer is closed, so idle sockets cannot pile up.
 const HEADER_READ_LIMIT: Duration = Duration::from_secs(30);
+
+/// The connections one client (a local uid, or a remote address) may
+/// hold at once; past it, a connection is answered 503 and closed. An MCP
+/// client needs one or two; this leaves room for many, and keeps one
+/// user's flood from using up the descriptors everyone else needs.
+const MAX_CONNECTIONS_PER_CLIENT: usize = 64;
 
 /// How long in-flight requests get to finish after SIGINT or SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -85,20 +85,23 @@ pub struct HttpOptions {
 #[derive(Debug)]
 pub struct HttpPlan {
     address: SocketAddr,
-    token: Option<Token>,
+    token: Token,
+    token_origin: TokenOrigin,
     allowed_origins: Vec<String>,
     /// Empty means any `Host`: only for a wildcard bind, which requires a
-    /// token.
+    /// given token.
     allowed_hosts: Vec<String>,
-    /// Without a token, the one uid whose connections are served.
+    /// With a token this server made, the one uid whose connections are
+    /// served: a given token may be shared, a made one is its user's.
     only_uid: Option<u32>,
 }
 
 impl HttpPlan {
     pub fn new(options: &HttpOptions) -> anyhow::Result<HttpPlan> {
         let address = parse_listen_address(&options.listen)?;
-        let token = match &options.token_file {
-            Some(path) => Some(Token::from_file(path)?),
+        let loopback = address.ip().is_loopback();
+        let given = match &options.token_file {
+            Some(path) => Some(Token::from_file(path, "--token-file")?),
             None => match std::env::var_os(TOKEN_ENV) {
                 Some(value) => Some(Token::new(
                     value.into_encoded_bytes(),
@@ -107,17 +110,20 @@ impl HttpPlan {
                 None => None,
             },
         };
-        let loopback = address.ip().is_loopback();
-        if !loopback && token.is_none() {
-            bail!(
-                "--http {}: a bind other machines can reach needs a token: give --token-file PATH \
-                 or set {TOKEN_ENV}",
-                options.listen
-            );
-        }
         for origin in &options.allow_origins {
             check_origin(origin)?;
         }
+        let (token, token_origin) = match given {
+            Some(token) => (token, TokenOrigin::Given),
+            None if !loopback => bail!(
+                "--http {}: a bind other machines can reach needs a token: give --token-file PATH \
+                 or set {TOKEN_ENV}",
+                options.listen
+            ),
+            // A loopback port is open to every local user, and to
+            // sandboxes through the egress proxy: never without a token.
+            None => Token::made_or_kept(&default_token_path("mcp")?)?,
+        };
         let mut allowed_origins = Vec::new();
         if loopback {
             // Pages served from this machine; the port is any, as a local
@@ -138,10 +144,11 @@ impl HttpPlan {
             }
             allowed_hosts.extend(options.allow_hosts.iter().cloned());
         }
-        let only_uid = token.is_none().then(super::effective_uid);
+        let only_uid = (token_origin != TokenOrigin::Given).then(effective_uid);
         Ok(HttpPlan {
             address,
             token,
+            token_origin,
             allowed_origins,
             allowed_hosts,
             only_uid,
@@ -209,63 +216,6 @@ fn check_origin(origin: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The bearer token every request must carry.
-struct Token(Vec<u8>);
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(..)")
-    }
-}
-
-impl Token {
-    fn from_file(path: &Path) -> anyhow::Result<Token> {
-        let file = std::fs::File::open(path)
-            .with_context(|| format!("--token-file {}", path.display()))?;
-        let metadata = file.metadata()?;
-        // The file is the secret: one that others can read gives the
-        // endpoint to them too.
-        if metadata.mode() & 0o077 != 0 {
-            bail!(
-                "--token-file {}: other users can read it; chmod 600 it",
-                path.display()
-            );
-        }
-        let mut bytes = Vec::new();
-        file.take(MAX_TOKEN_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .with_context(|| format!("--token-file {}", path.display()))?;
-        if bytes.len() as u64 > MAX_TOKEN_FILE_BYTES {
-            bail!(
-                "--token-file {}: longer than {MAX_TOKEN_FILE_BYTES} bytes; it holds one token",
-                path.display()
-            );
-        }
-        Token::new(bytes, &format!("--token-file {}", path.display()))
-    }
-
-    /// The token in `bytes`, without the line end a file usually has.
-    fn new(mut bytes: Vec<u8>, source: &str) -> anyhow::Result<Token> {
-        while bytes.last().is_some_and(u8::is_ascii_whitespace) {
-            bytes.pop();
-        }
-        if bytes.len() < MIN_TOKEN_BYTES {
-            bail!("{source}: the token must be at least {MIN_TOKEN_BYTES} characters");
-        }
-        // It goes in an HTTP header, so it is printable ASCII without
-        // spaces, as RFC 6750's b64token is.
-        if !bytes.iter().all(|byte| byte.is_ascii_graphic()) {
-            bail!("{source}: the token must be printable ASCII without spaces");
-        }
-        Ok(Token(bytes))
-    }
-
-    /// Compares in time that does not depend on where the bytes differ.
-    fn matches(&self, presented: &[u8]) -> bool {
-        bool::from(self.0.as_slice().ct_eq(presented))
-    }
-}
-
 type Body = BoxBody<Bytes, Infallible>;
 
 /// Serves MCP over HTTP on the planned address until SIGINT or SIGTERM.
@@ -284,10 +234,29 @@ pub async fn serve(server: AgentosServer, plan: HttpPlan) -> anyhow::Result<()> 
         Arc::new(NeverSessionManager::default()),
         plan.config(stopping.clone()),
     );
+    let guard = Arc::new(Guard {
+        peers: PeerSource::for_listener(address),
+        local: address,
+        limit: ConnectionLimit::new(MAX_CONNECTIONS_PER_CLIENT),
+        only_uid: plan.only_uid,
+    });
     let gate = Arc::new(Gate {
         mcp,
         token: plan.token,
+        guard: guard.clone(),
     });
+    let made = match &plan.token_origin {
+        TokenOrigin::Given => None,
+        TokenOrigin::Made(path) => Some((path, "made now")),
+        TokenOrigin::Kept(path) => Some((path, "made by an earlier start")),
+    };
+    if let Some((path, when)) = made {
+        eprintln!(
+            "agentos mcp: every request must carry Authorization: Bearer TOKEN, TOKEN being the \
+             content of {} ({when}, readable by you only)",
+            path.display()
+        );
+    }
     eprintln!("agentos mcp: listening on http://{address}{ENDPOINT_PATH}");
 
     let connections = GracefulShutdown::new();
@@ -304,30 +273,27 @@ pub async fn serve(server: AgentosServer, plan: HttpPlan) -> anyhow::Result<()> 
                         continue;
                     }
                 };
-                let refusal = match plan.only_uid {
-                    Some(uid) => refuse_other_users(uid, peer, address).await,
-                    None => None,
-                };
-                let gate = gate.clone();
-                let service = service_fn(move |request| {
-                    let gate = gate.clone();
-                    let refusal = refusal.clone();
-                    async move {
-                        Ok::<_, Infallible>(match refusal {
-                            Some(refusal) => plain(StatusCode::FORBIDDEN, refusal),
-                            None => gate.handle(request).await,
-                        })
-                    }
-                });
-                let connection = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_LIMIT)
-                    .serve_connection(TokioIo::new(stream), service);
-                let connection = connections.watch(connection);
+                // Whose the connection is, and whether its client may
+                // have one more, is found in the connection's own task:
+                // the accept loop never waits on a client.
+                let watcher = connections.watcher();
+                let (guard, gate) = (guard.clone(), gate.clone());
                 tokio::spawn(async move {
+                    let Some(held) = guard.admit(peer).await else {
+                        return refuse_busy(stream, guard.limit.per_client()).await;
+                    };
+                    let service = service_fn(move |request| {
+                        let gate = gate.clone();
+                        async move { Ok::<_, Infallible>(gate.handle(request, peer).await) }
+                    });
+                    let connection = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_READ_LIMIT)
+                        .serve_connection(TokioIo::new(stream), service);
                     // A client that hangs up mid-request is its own
                     // business; the server goes on.
-                    let _ = connection.await;
+                    let _ = watcher.watch(connection).await;
+                    drop(held);
                 });
             }
             _ = terminate.recv() => break,
@@ -348,29 +314,86 @@ pub async fn serve(server: AgentosServer, plan: HttpPlan) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Why the connection from `peer` is refused, unless `uid` owns it.
-async fn refuse_other_users(uid: u32, peer: SocketAddr, local: SocketAddr) -> Option<String> {
-    let owner = tokio::task::spawn_blocking(move || loopback_peer::peer_uid(peer, local)).await;
-    match owner {
-        Ok(Ok(Some(owner))) if owner == uid => None,
-        Ok(Ok(Some(owner))) => Some(format!(
-            "Forbidden: without a token this server serves uid {uid} only, and this connection \
-             is uid {owner}'s; start it with --token-file to share it"
-        )),
-        Ok(Ok(None)) => Some("Forbidden: the connection's owner cannot be found".to_owned()),
-        Ok(Err(err)) => Some(format!("Forbidden: the connection's owner: {err}")),
-        Err(err) => Some(format!("Forbidden: the connection's owner: {err}")),
+/// A 503 for a client that holds its share of connections, written
+/// without reading its request; then the connection closes.
+async fn refuse_busy(mut stream: TcpStream, per_client: usize) {
+    let text = format!(
+        "Service Unavailable: a client may hold {per_client} connections to this server at once"
+    );
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    );
+    // A client too slow to take a few hundred bytes is not waited for.
+    let write = stream.write_all(response.as_bytes());
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}
+
+/// Who may hold a connection, and whose requests are served: a place
+/// per client up to the limit and, with a token this server made, its
+/// own user only.
+struct Guard {
+    peers: PeerSource,
+    local: SocketAddr,
+    limit: Arc<ConnectionLimit>,
+    only_uid: Option<u32>,
+}
+
+impl Guard {
+    /// A place for the connection from `peer`, unless its client holds
+    /// its share.
+    async fn admit(&self, peer: SocketAddr) -> Option<Held> {
+        let client = match self.owner(peer).await {
+            Ok(uid) => Client::Uid(uid),
+            // Not on this machine, or gone already: counted by address.
+            Err(_) => Client::Address(peer.ip()),
+        };
+        self.limit.hold(client)
     }
+
+    /// Why a request on the connection from `peer` is refused, unless the
+    /// server serves any holder of its token, or its own user holds the
+    /// client's end of the connection now.
+    async fn refuse_other_users(&self, peer: SocketAddr) -> Option<String> {
+        let uid = self.only_uid?;
+        match self.owner(peer).await {
+            Ok(owner) if owner == uid => None,
+            Ok(owner) => Some(format!(
+                "Forbidden: this server's token is uid {uid}'s own, and this connection is uid \
+                 {owner}'s; start it with --token-file to share it"
+            )),
+            Err(err) => Some(format!("Forbidden: {err}")),
+        }
+    }
+
+    /// The uid at the other end of the connection from `peer`, asked of
+    /// the kernel now (a blocking read, so off the runtime's thread).
+    async fn owner(&self, peer: SocketAddr) -> Result<u32, LookupFailed> {
+        let (peers, local) = (self.peers, self.local);
+        Ok(tokio::task::spawn_blocking(move || peers.owner(peer, local)).await??)
+    }
+}
+
+/// Why the owner of a connection is not known.
+#[derive(Debug, thiserror::Error)]
+enum LookupFailed {
+    #[error(transparent)]
+    Lookup(#[from] crate::http_guard::peer::LookupError),
+    #[error("looking up the connection's owner: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// What every request passes before rmcp sees it.
 struct Gate {
     mcp: StreamableHttpService<AgentosServer, NeverSessionManager>,
-    token: Option<Token>,
+    token: Token,
+    guard: Arc<Guard>,
 }
 
 impl Gate {
-    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+    /// The answer to `request`, which came on the connection from `peer`.
+    async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         if request.uri().path() != ENDPOINT_PATH {
             return plain(
                 StatusCode::NOT_FOUND,
@@ -379,6 +402,9 @@ impl Gate {
         }
         if let Some(refusal) = self.refuse_unauthorized(&request) {
             return refusal;
+        }
+        if let Some(refusal) = self.guard.refuse_other_users(peer).await {
+            return plain(StatusCode::FORBIDDEN, refusal);
         }
         if request.method() != Method::POST {
             // GET and DELETE carry no body; rmcp answers them (a 405,
@@ -411,9 +437,9 @@ impl Gate {
             .await
     }
 
-    /// A 401 unless the request carries the token (when there is one).
+    /// A 401 unless the request carries the token.
     fn refuse_unauthorized<B>(&self, request: &Request<B>) -> Option<Response<Body>> {
-        let token = self.token.as_ref()?;
+        let token = &self.token;
         let mut values = request.headers().get_all(header::AUTHORIZATION).iter();
         let presented = match (values.next(), values.next()) {
             (Some(value), None) => bearer_credentials(value),
@@ -538,17 +564,6 @@ mod tests {
         ] {
             assert!(check_origin(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn a_token_is_long_printable_and_compared_whole() {
-        assert!(Token::new(b"short".to_vec(), "t").is_err());
-        assert!(Token::new(b"has a space in it, sixteen+".to_vec(), "t").is_err());
-        let token = Token::new(b"0123456789abcdef\n".to_vec(), "t").unwrap();
-        assert!(token.matches(b"0123456789abcdef"));
-        assert!(!token.matches(b"0123456789abcdeF"));
-        assert!(!token.matches(b"0123456789abcde"));
-        assert!(!token.matches(b"0123456789abcdef0"));
     }
 
     #[test]

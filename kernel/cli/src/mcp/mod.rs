@@ -24,7 +24,6 @@ mod catalogue;
 mod http;
 mod kernel;
 mod long_work;
-mod loopback_peer;
 mod prompt;
 mod resources;
 mod results;
@@ -42,12 +41,6 @@ pub use http::HttpOptions;
 use http::HttpPlan;
 use kernel::KernelLink;
 use server::AgentosServer;
-
-/// The user this process runs as.
-fn effective_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
 
 /// How the server meets its client.
 #[derive(Debug, Clone)]

@@ -1,0 +1,215 @@
+//! The bearer token an HTTP face requires of every request.
+//!
+//! A face never serves without one: a loopback port is open to every
+//! user of the machine, and, through the kernel's egress proxy, to a
+//! sandbox whose policy names a loopback range, whose connections are
+//! the kernel's user's. Without a token given, one is made and kept in a
+//! file only its owner can read, outside any sandbox's view.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use subtle::ConstantTimeEq;
+
+/// A token file is one token and a line end: anything longer is a
+/// wrong file.
+const MAX_TOKEN_FILE_BYTES: u64 = 4096;
+
+/// A token shorter than this is refused as guessable.
+const MIN_TOKEN_BYTES: usize = 16;
+
+/// Random bytes in a made token (written as twice as many hex digits).
+const MADE_TOKEN_BYTES: usize = 32;
+
+/// The bearer token every request must carry.
+pub struct Token(Vec<u8>);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+/// How a face came by its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// `--token-file` or the environment: its holders may share it.
+    Given,
+    /// Made now and written to this file.
+    Made(PathBuf),
+    /// Made by an earlier start and read back from this file.
+    Kept(PathBuf),
+}
+
+impl Token {
+    /// The token in `path`, a file only its owner may read.
+    pub fn from_file(path: &Path, flag: &str) -> anyhow::Result<Token> {
+        let source = || format!("{flag} {}", path.display());
+        let file = File::open(path).with_context(source)?;
+        let metadata = file.metadata()?;
+        // The file is the secret: one that others can read gives the
+        // endpoint to them too.
+        if metadata.mode() & 0o077 != 0 {
+            bail!("{}: other users can read it; chmod 600 it", source());
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_TOKEN_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .with_context(source)?;
+        if bytes.len() as u64 > MAX_TOKEN_FILE_BYTES {
+            bail!(
+                "{}: longer than {MAX_TOKEN_FILE_BYTES} bytes; it holds one token",
+                source()
+            );
+        }
+        Token::new(bytes, &source())
+    }
+
+    /// The token in `path` if an earlier start made one there, else a new
+    /// one written there (mode 600, its directory 700).
+    pub fn made_or_kept(path: &Path) -> anyhow::Result<(Token, Origin)> {
+        let source = || format!("the token file {}", path.display());
+        match std::fs::symlink_metadata(path) {
+            Ok(metadata) => {
+                // Someone else's file, or a link to one, is not ours to
+                // trust: it may be a token they know.
+                if !metadata.is_file() || metadata.uid() != effective_uid() {
+                    bail!(
+                        "{}: not a file of this user's; remove it, or give --token-file",
+                        source()
+                    );
+                }
+                let token = Token::from_file(path, "the token file")?;
+                return Ok((token, Origin::Kept(path.to_owned())));
+            }
+            Err(err) if err.kind() == ErrorKind::NotFound => {}
+            Err(err) => return Err(err).with_context(source),
+        }
+        if let Some(dir) = path.parent() {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let mut random = [0u8; MADE_TOKEN_BYTES];
+        File::open("/dev/urandom")
+            .and_then(|mut urandom| urandom.read_exact(&mut random))
+            .context("reading /dev/urandom for a token")?;
+        let text: String = random.iter().map(|byte| format!("{byte:02x}")).collect();
+        // create_new: a file that appeared meanwhile is not overwritten.
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(source)?;
+        writeln!(file, "{text}").with_context(source)?;
+        Ok((Token(text.into_bytes()), Origin::Made(path.to_owned())))
+    }
+
+    /// The token in `bytes`, without the line end a file usually has.
+    pub fn new(mut bytes: Vec<u8>, source: &str) -> anyhow::Result<Token> {
+        while bytes.last().is_some_and(u8::is_ascii_whitespace) {
+            bytes.pop();
+        }
+        if bytes.len() < MIN_TOKEN_BYTES {
+            bail!("{source}: the token must be at least {MIN_TOKEN_BYTES} characters");
+        }
+        // It goes in an HTTP header, so it is printable ASCII without
+        // spaces, as RFC 6750's b64token is.
+        if !bytes.iter().all(|byte| byte.is_ascii_graphic()) {
+            bail!("{source}: the token must be printable ASCII without spaces");
+        }
+        Ok(Token(bytes))
+    }
+
+    /// Compares in time that does not depend on where the bytes differ.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        bool::from(self.0.as_slice().ct_eq(presented))
+    }
+}
+
+/// Where a face keeps the token it makes for `name`:
+/// `$XDG_CONFIG_HOME/agentos/NAME-token`, else under `~/.config`. Both are
+/// the user's own and no sandbox sees either.
+pub fn default_token_path(name: &str) -> anyhow::Result<PathBuf> {
+    let config = match std::env::var_os("XDG_CONFIG_HOME").filter(|dir| !dir.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => match std::env::var_os("HOME").filter(|dir| !dir.is_empty()) {
+            Some(home) => PathBuf::from(home).join(".config"),
+            None => bail!(
+                "neither XDG_CONFIG_HOME nor HOME is set to keep a token in: give --token-file"
+            ),
+        },
+    };
+    if !config.is_absolute() {
+        bail!(
+            "{} is not an absolute path to keep a token under: give --token-file",
+            config.display()
+        );
+    }
+    Ok(config.join("agentos").join(format!("{name}-token")))
+}
+
+/// The user this process runs as.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_long_printable_and_compared_whole() {
+        assert!(Token::new(b"short".to_vec(), "t").is_err());
+        assert!(Token::new(b"has a space in it, sixteen+".to_vec(), "t").is_err());
+        let token = Token::new(b"0123456789abcdef\n".to_vec(), "t").unwrap();
+        assert!(token.matches(b"0123456789abcdef"));
+        assert!(!token.matches(b"0123456789abcdeF"));
+        assert!(!token.matches(b"0123456789abcde"));
+        assert!(!token.matches(b"0123456789abcdef0"));
+    }
+
+    #[test]
+    fn a_made_token_is_private_and_kept_for_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new/agentos/mcp-token");
+        let (made, origin) = Token::made_or_kept(&path).unwrap();
+        assert_eq!(origin, Origin::Made(path.clone()));
+        let metadata = std::fs::metadata(&path).unwrap();
+        assert_eq!(metadata.mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777,
+            0o700
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.trim_end().len(), 2 * MADE_TOKEN_BYTES);
+        assert!(made.matches(text.trim_end().as_bytes()));
+
+        let (kept, origin) = Token::made_or_kept(&path).unwrap();
+        assert_eq!(origin, Origin::Kept(path.clone()));
+        assert!(kept.matches(text.trim_end().as_bytes()));
+    }
+
+    #[test]
+    fn a_token_file_others_can_read_or_a_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcp-token");
+        std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        let refused = Token::made_or_kept(&path).unwrap_err().to_string();
+        assert!(refused.contains("other users can read it"), "{refused}");
+
+        let link = dir.path().join("linked-token");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let refused = Token::made_or_kept(&link).unwrap_err().to_string();
+        assert!(refused.contains("not a file of this user's"), "{refused}");
+    }
+}
