@@ -49,8 +49,12 @@ def finished(process: subprocess.Popen, timeout: float = 120) -> str:
 
 
 # Sends each request and closes at once, while 200 idle connections keep
-# the server busy: the client's socket is then an orphan (FIN_WAIT2) that
-# Linux lists as uid 0 by the time its bytes are read.
+# the server busy, so the client's socket may be an orphan (FIN_WAIT2),
+# which Linux lists as uid 0, by the time the server asks whose it is.
+# Whether a given run reaches that window depends on timing; the rule that
+# closes it (an orphan is no one's) is tested on a captured table in
+# kernel/cli/src/http_guard/peer/proc_net.rs. This test holds the outcome:
+# nothing is done for another user, whatever the timing.
 SEND_AND_CLOSE = """
     import socket, sys, time
     port, body, headers = int(sys.argv[1]), sys.argv[2].encode(), sys.argv[3]
