@@ -1,13 +1,16 @@
 //! What THINK counts for the kernel's metrics: calls and tokens by model,
 //! failures by kind, and how long calls waited and took.
+//!
+//! A model is a label only if the configuration named it: a request may
+//! name any model, and servers that answer to any name (local ones do)
+//! would otherwise let an agent write what it likes into every scrape.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::telemetry::metrics::{Histogram, Snapshot, LATENCY_BUCKETS};
 
-/// Distinct models counted apart; beyond, they are counted as `other`
-/// (a model name comes from requests, so its cardinality is bounded here).
-const MAX_MODELS: usize = 32;
+/// The label of calls to a model no configuration named.
+pub const OTHER_MODEL: &str = "other";
 
 /// One model's figures.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -20,6 +23,9 @@ struct ModelCounts {
 /// THINK's counters, kept on the reactor.
 #[derive(Clone, Debug)]
 pub struct ThinkCounts {
+    /// The models configured since the kernel started (one per reload
+    /// that changed it, at most): the only model labels.
+    configured: BTreeSet<String>,
     by_model: BTreeMap<String, ModelCounts>,
     failures: BTreeMap<&'static str, u64>,
     refusals: BTreeMap<&'static str, u64>,
@@ -31,6 +37,7 @@ pub struct ThinkCounts {
 impl Default for ThinkCounts {
     fn default() -> Self {
         ThinkCounts {
+            configured: BTreeSet::new(),
             by_model: BTreeMap::new(),
             failures: BTreeMap::new(),
             refusals: BTreeMap::new(),
@@ -42,14 +49,20 @@ impl Default for ThinkCounts {
 }
 
 impl ThinkCounts {
-    /// A call answered by `model` with these tokens.
+    /// `model` is configured: calls to it are counted under its name.
+    pub fn configured(&mut self, model: &str) {
+        self.configured.insert(model.to_owned());
+    }
+
+    /// A call answered by `model` with these tokens: under its name if it
+    /// was configured, else as [`OTHER_MODEL`].
     pub fn answered(&mut self, model: &str, input_tokens: u64, output_tokens: u64) {
-        let key = if self.by_model.contains_key(model) || self.by_model.len() < MAX_MODELS {
+        let label = if self.configured.contains(model) {
             model
         } else {
-            "other"
+            OTHER_MODEL
         };
-        let counts = self.by_model.entry(key.to_owned()).or_default();
+        let counts = self.by_model.entry(label.to_owned()).or_default();
         counts.calls += 1;
         counts.input_tokens += input_tokens;
         counts.output_tokens += output_tokens;
@@ -144,6 +157,75 @@ impl ThinkCounts {
             "Time THINK calls took at the provider, retries included.",
             &[("provider", provider)],
             &self.latency,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::metrics::Published;
+
+    fn rendered(counts: &ThinkCounts) -> String {
+        let mut snapshot = Snapshot::default();
+        counts.add_to("openai", &mut snapshot);
+        let published = Published::default();
+        published.publish(snapshot);
+        published.render()
+    }
+
+    #[test]
+    fn a_model_no_configuration_named_is_counted_as_other() {
+        let mut counts = ThinkCounts::default();
+        counts.configured("gpt-4o-mini");
+        counts.answered("gpt-4o-mini", 10, 5);
+        let asked = format!("{}\nagentos_forged_total 1", "x".repeat(5000));
+        counts.answered(&asked, 1, 1);
+        counts.answered("gpt-4o", 1, 1);
+        let text = rendered(&counts);
+        assert!(
+            text.lines()
+                .any(|l| l
+                    == "agentos_think_calls_total{provider=\"openai\",model=\"gpt-4o-mini\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l == "agentos_think_calls_total{provider=\"openai\",model=\"other\"} 2"),
+            "{text}"
+        );
+        assert!(!text.contains("xxxx") && !text.contains("forged"), "{text}");
+    }
+
+    #[test]
+    fn every_model_configured_since_the_start_keeps_its_label() {
+        let mut counts = ThinkCounts::default();
+        counts.configured("first");
+        counts.configured("second");
+        counts.answered("first", 1, 1);
+        counts.answered("second", 1, 1);
+        let text = rendered(&counts);
+        for model in ["first", "second"] {
+            let line =
+                format!("agentos_think_calls_total{{provider=\"openai\",model=\"{model}\"}} 1");
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+    }
+
+    #[test]
+    fn a_newline_quote_or_backslash_in_a_configured_model_is_escaped() {
+        let mut counts = ThinkCounts::default();
+        let model = "stub\nmodel \"q\" \\ end";
+        counts.configured(model);
+        counts.answered(model, 3, 4);
+        let text = rendered(&counts);
+        let line = "agentos_think_tokens_total{provider=\"openai\",\
+                    model=\"stub\\nmodel \\\"q\\\" \\\\ end\",direction=\"input\"} 3";
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        assert!(
+            text.lines()
+                .all(|l| l.is_empty() || l.starts_with('#') || l.starts_with("agentos_think_")),
+            "a line outside a series: {text}"
         );
     }
 }

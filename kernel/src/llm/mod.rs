@@ -203,6 +203,7 @@ impl Llm {
             admit_wake: None,
         };
         llm.set_concurrency(config.concurrency);
+        llm.counts.configured(&llm.model);
         llm
     }
 

@@ -53,6 +53,7 @@ impl Llm {
         self.provider_generation += 1;
         self.kind = fresh.kind;
         self.model = fresh.model;
+        self.counts.configured(&self.model);
         self.unavailable = fresh.unavailable;
         self.local = fresh.local;
         self.callers = fresh.callers;

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod context;
+mod metrics;
 mod providers;
 mod reachability;
 mod scheduling;
