@@ -4,6 +4,8 @@
 //! the agent's descendants too, and the proxy closes every open
 //! connection the new policies refuse.
 
+use std::sync::{Arc, Mutex};
+
 use agentos_proto::payload::{AgentRef, NetReply, Network};
 use agentos_proto::{ErrorCode, ErrorReply};
 
@@ -11,6 +13,7 @@ use super::record::Agent;
 use super::{Agents, Viewer};
 use crate::network::gateway::{net_attempts, net_totals};
 use crate::network::policy::Policy;
+use crate::network::record::Record as NetRecord;
 use crate::network::Egress;
 
 impl Agents {
@@ -27,6 +30,12 @@ impl Agents {
                 .filter(visible)
                 .max_by_key(|a| (a.is_live(), a.id)),
         }
+    }
+
+    /// The connection record of agent `id`'s latest endpoint, if it has
+    /// had one: NET `show` reads it, and its runs' connections count in it.
+    pub fn net_record(&self, id: u32) -> Option<Arc<Mutex<NetRecord>>> {
+        self.table.get(&id)?.net_record.clone()
     }
 
     /// NET `show`: the agent's policy and record.

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Instant, SystemTime};
 
 use agentos_proto::payload::{ExecRequest, Language, NetTotals};
@@ -12,7 +12,8 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 
-use super::child::{RunChild, RunEndpoint, Stage};
+use super::child::{RunChild, Stage};
+use super::network::open_endpoint;
 use super::order::{Kill, Order, OrderOf, Running};
 use super::output::Stream;
 use super::run_cgroup::{has_cgroup_for, take_agent_cgroup};
@@ -20,10 +21,7 @@ use super::waiting::{Carried, RunAsk, Session, SessionKey, Waiting};
 use super::{wire, zygote, Exec, Source, Wake, MAX_LOST_SESSIONS};
 use crate::address::{Adopted, Adoptee, Reply};
 use crate::fd;
-use crate::identity::Principal;
 use crate::network::gateway::net_totals;
-use crate::network::policy::Policy;
-use crate::network::{endpoint, Gateway};
 
 impl Exec {
     /// Gives waiting requests to ready children, owner by owner in turn,
@@ -53,6 +51,10 @@ impl Exec {
             ) else {
                 return;
             };
+            if let Err(narrowed) = self.network_at_start(&mut waiting) {
+                self.refuse_at_start(waiting, narrowed, replies);
+                continue;
+            }
             let bash =
                 matches!(waiting.order, Order::Run) && waiting.request.language == Language::Bash;
             let Some(child) = self.take_ready(bash) else {
@@ -133,7 +135,8 @@ impl Exec {
             run.span = Some(span);
         }
         if let Some(policy) = waiting.policy.clone() {
-            match open_endpoint(&self.gateway, run, waiting.owner, waiting.run, policy) {
+            let of = (waiting.owner, waiting.run, waiting.net_record.as_ref());
+            match open_endpoint(&self.gateway, run, of, policy) {
                 Ok(env) => order.env.extend(env),
                 Err(err) => {
                     // Without its endpoint the run would have no network at
@@ -560,37 +563,6 @@ impl Exec {
             .saturating_sub(64 << 10);
         room / 4 * 3
     }
-}
-
-/// Serves `run`'s network namespace on the egress proxy under `policy`,
-/// unless it is served already (a session's earlier run); the environment
-/// that points the run at its endpoint.
-fn open_endpoint(
-    gateway: &Gateway,
-    run: &mut RunChild,
-    owner: Principal,
-    number: Option<u64>,
-    policy: Policy,
-) -> std::io::Result<Vec<(String, String)>> {
-    match &mut run.endpoint {
-        // A session's later run: its policy (its caller's as it is now)
-        // is the one in force from here on.
-        Some(open) => open.set_policy(policy),
-        None => {
-            let pidfd = run.pidfd.as_ref().ok_or(std::io::ErrorKind::NotFound)?;
-            let listener = endpoint::listen_inside(pidfd.as_fd())?;
-            let label = number.map_or_else(|| "exec session".to_owned(), |n| format!("run {n}"));
-            run.endpoint = Some(RunEndpoint {
-                endpoint: gateway.open(label, listener, policy.clone())?,
-                owner,
-                policy,
-            });
-        }
-    }
-    if let Some(open) = &run.endpoint {
-        run.net_before = net_totals(open.endpoint.record());
-    }
-    Ok(gateway.environment())
 }
 
 /// What a record's counters gained from `before` to `now`.

@@ -72,7 +72,8 @@ impl Exec {
     /// `principal` has ended (an agent that exited, was killed or is
     /// restarting; a run whose reply has gone): its waiting and running
     /// runs end, and so do its sessions, with their snapshots. An agent's
-    /// spare cgroups go with the cgroup they were made in.
+    /// spare cgroups go with the cgroup they were made in. Its policy as
+    /// NET `set` left it is forgotten: nothing of it waits to start.
     pub fn end_work_of(&mut self, principal: Principal, why: &str, replies: &mut Vec<Reply>) {
         self.end_where(
             |w| w.owner == principal,
@@ -91,6 +92,7 @@ impl Exec {
             self.close(principal, &name, replies);
         }
         self.lost_to_memory.retain(|(owner, _)| *owner != principal);
+        self.policies_now.remove(&principal);
         if let Principal::Agent { id } = principal {
             self.forget_agent_cgroups(id);
         }

@@ -24,7 +24,8 @@
 //! agent's runs and sessions.
 //!
 //! This file holds [`Exec`] and the requests it takes; the files that add
-//! to it (`admission`, `dispatch`, `hosts`, `sessions`, `ending`) build on
+//! to it (`admission`, `dispatch`, `hosts`, `sessions`, `ending`, and
+//! `network`: a run's policy held to its owner's when it starts) build on
 //! the others, which never name it. Everything here runs on the reactor
 //! thread and never blocks.
 
@@ -38,6 +39,7 @@ mod exec_host;
 pub mod files;
 mod hosts;
 pub mod limits;
+mod network;
 mod order;
 pub mod output;
 pub mod queues;
@@ -52,7 +54,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{ExecReply, ExecRequest, Language, Limits};
@@ -65,6 +67,7 @@ use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::config::Config;
 use crate::identity::Principal;
 use crate::network::policy::Policy;
+use crate::network::record::Record;
 use crate::network::Gateway;
 use crate::sandbox::runtime::Sandboxes;
 use crate::telemetry::otlp::SpanKind;
@@ -136,6 +139,9 @@ pub struct RunCaller {
     pub charged_to: Option<ChargedTo>,
     /// The network policy its run gets, if it gets one (the run's grant's).
     pub policy: Option<Policy>,
+    /// The connection record of the agent whose work it is, if it has one:
+    /// its runs' connections count there too.
+    pub net_record: Option<Arc<Mutex<Record>>>,
     /// The agent whose work it is, for the span.
     pub agent: Option<SpanAgent>,
 }
@@ -199,6 +205,9 @@ pub struct Exec {
     shutting_down: bool,
     /// Runs accepted from each agent (for LIST), by agent id.
     runs_by_agent: HashMap<u32, u64>,
+    /// Owners' policies as NET `set` last replaced them, while their work
+    /// lasts: queued runs are held to them when they start.
+    policies_now: HashMap<Principal, Policy>,
 }
 
 impl Exec {
@@ -263,6 +272,7 @@ impl Exec {
             agent_cgroups: HashMap::new(),
             snapshots: Snapshots::new(exec.snapshot_bytes, exec.snapshot_bytes_total),
             runs_by_agent: HashMap::new(),
+            policies_now: HashMap::new(),
             session_idle: Duration::from_secs(exec.session_idle_secs),
             max_sessions: exec.max_sessions,
             max_sessions_total: exec.max_sessions_total,
@@ -373,22 +383,6 @@ impl Exec {
     /// shape's own aside).
     pub fn host_binds(&self) -> Vec<crate::sandbox::spec::Bind> {
         zygote::binds(&self.setup)
-    }
-
-    /// The endpoints serving `owners`' runs and sessions are narrowed to
-    /// lie within `policy` (their owner's, replaced at runtime): the proxy
-    /// closes what they now refuse.
-    pub fn narrow_endpoints(&mut self, owners: &[Principal], policy: &Policy) {
-        for (_, child) in self.children.iter_mut() {
-            if let Some(open) = child
-                .endpoint
-                .as_mut()
-                .filter(|e| owners.contains(&e.owner))
-            {
-                let narrowed = open.policy.clone().narrowed_to(policy);
-                open.set_policy(narrowed);
-            }
-        }
     }
 
     /// Runs with a network policy are served by `gateway`'s proxy
@@ -523,6 +517,7 @@ impl Exec {
             carried: None,
             queued_at: now,
             policy: caller.policy,
+            net_record: caller.net_record,
             span,
         };
         match session.filter(|key| self.sessions.contains_key(key)) {

@@ -142,44 +142,54 @@ impl Exec {
         }
     }
 
-    /// Starts the next queued run of a session whose child is free.
+    /// Starts the next queued run of a session whose child is free (a
+    /// run refused as it starts leaves it free for the one after).
     pub(super) fn serve_session(
         &mut self,
         key: &SessionKey,
         replies: &mut Vec<Reply>,
         now: Instant,
     ) {
-        let lending = self.lending_runs();
-        let Some(session) = self.sessions.get_mut(key) else {
-            return;
-        };
-        if session.busy
-            || !self
-                .children
-                .get(session.child)
-                .is_some_and(RunChild::is_alive)
-        {
-            return;
+        loop {
+            let lending = self.lending_runs();
+            let Some(session) = self.sessions.get_mut(key) else {
+                return;
+            };
+            if session.busy
+                || !self
+                    .children
+                    .get(session.child)
+                    .is_some_and(RunChild::is_alive)
+            {
+                return;
+            }
+            // A run of it counts against its owner's share; it waits for room.
+            let Some(head) = session.queue.front() else {
+                return;
+            };
+            let lent = head.is_lent(&lending);
+            if matches!(head.order, Order::Run) && !self.queues.has_room(head.share, lent) {
+                return;
+            }
+            let Some(mut waiting) = session.queue.pop_front() else {
+                return;
+            };
+            if let Err(narrowed) = self.network_at_start(&mut waiting) {
+                self.refuse_at_start(waiting, narrowed, replies);
+                continue;
+            }
+            if matches!(waiting.order, Order::Restore { .. }) && waiting.carried.is_none() {
+                return self.begin_restore(key, waiting, replies, now);
+            }
+            let Some(session) = self.sessions.get_mut(key) else {
+                return;
+            };
+            session.busy = true;
+            session.last_used = now;
+            session.last_used_at = SystemTime::now();
+            let child = session.child;
+            return self.start(child, waiting, replies, now);
         }
-        // A run of it counts against its owner's share; it waits for room.
-        let Some(head) = session.queue.front() else {
-            return;
-        };
-        let lent = head.is_lent(&lending);
-        if matches!(head.order, Order::Run) && !self.queues.has_room(head.share, lent) {
-            return;
-        }
-        let Some(waiting) = session.queue.pop_front() else {
-            return;
-        };
-        if matches!(waiting.order, Order::Restore { .. }) && waiting.carried.is_none() {
-            return self.begin_restore(key, waiting, replies, now);
-        }
-        session.busy = true;
-        session.last_used = now;
-        session.last_used_at = SystemTime::now();
-        let child = session.child;
-        self.start(child, waiting, replies, now);
     }
 }
 
@@ -287,6 +297,7 @@ impl Exec {
             carried: None,
             queued_at: now,
             policy: None,
+            net_record: None,
             span: None,
         };
         if let Some(session) = self.sessions.get_mut(&key) {

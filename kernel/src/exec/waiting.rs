@@ -5,6 +5,7 @@
 //! fresh one it gives the session ([`Carried`]).
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{ExecRequest, Network, RunPermissions};
@@ -16,6 +17,7 @@ use crate::address::ReplyTo;
 use crate::cgroup::CgroupLimits;
 use crate::identity::Principal;
 use crate::network::policy::Policy;
+use crate::network::record::Record;
 use crate::telemetry::tracer::OpenSpan;
 
 /// A session by its owner (an agent, an operator's uid, or a run) and name.
@@ -52,8 +54,12 @@ pub struct Waiting {
     pub carried: Option<Carried>,
     /// When it was queued.
     pub queued_at: Instant,
-    /// The network policy of a run that has one.
+    /// The network policy of a run that has one, as it was granted when
+    /// the run was admitted (held to its owner's again when it starts).
     pub policy: Option<Policy>,
+    /// The connection record of the agent whose work it is, which its
+    /// endpoint's attempts count in too.
+    pub net_record: Option<Arc<Mutex<Record>>>,
     /// The run's span, with tracing on.
     pub span: Option<OpenSpan>,
 }

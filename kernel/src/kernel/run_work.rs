@@ -73,6 +73,11 @@ impl Kernel {
             limits: actor.limits(),
             charged_to,
             policy: None,
+            // What an agent's runs reach counts in the agent's own record.
+            net_record: actor
+                .root()
+                .agent()
+                .and_then(|agent| self.agents.net_record(agent)),
         }
     }
 

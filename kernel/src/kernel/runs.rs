@@ -117,18 +117,26 @@ impl Runs {
     }
 
     /// Agent `id`'s policy is now `policy`: the runs at whose root it is
-    /// get theirs narrowed to lie within it. Returns the principals whose
-    /// work it is (the agent's, and those runs'), for their endpoints.
-    pub fn narrow_for_agent(&mut self, id: u32, policy: &Policy) -> Vec<Principal> {
-        let mut owners = vec![Principal::Agent { id }];
+    /// get theirs narrowed to lie within it. Returns each principal whose
+    /// work it is (the agent, and those runs) with its policy now, for the
+    /// endpoints and queued runs of their work (a run with loopback only
+    /// has an empty policy: it may give nothing through the proxy).
+    pub fn narrow_for_agent(&mut self, id: u32, policy: &Policy) -> Vec<(Principal, Policy)> {
+        let mut owners = vec![(Principal::Agent { id }, policy.clone())];
         for (number, grant) in &mut self.grants {
             if grant.root != Root::Agent(id) {
                 continue;
             }
-            if let Egress::Policy(own) = &grant.network {
-                grant.network = Egress::Policy(own.clone().narrowed_to(policy));
+            let now = match &grant.network {
+                Egress::Policy(own) => own.clone().narrowed_to(policy),
+                // A run never has the host's network; either way nothing
+                // of it may reach more than its agent now does.
+                Egress::Loopback | Egress::Host => Policy::default(),
+            };
+            if grant.network.policy().is_some() {
+                grant.network = Egress::Policy(now.clone());
             }
-            owners.push(Principal::Run { number: *number });
+            owners.push((Principal::Run { number: *number }, now));
         }
         owners
     }

@@ -1,10 +1,11 @@
 //! The record of a sandbox's connection attempts through the egress
 //! proxy: the newest few kept whole, and counters that never forget. An
 //! owner reads its agents' records (`agentos net NAME`); LIST and an EXEC
-//! reply carry the counters.
+//! reply carry the counters. A run's record counts in its agent's too.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
@@ -49,6 +50,10 @@ pub struct Record {
     /// Attempts dropped from the front to keep [`KEPT_ATTEMPTS`].
     dropped: u64,
     totals: Totals,
+    /// The record of the agent whose work this sandbox does (an EXEC
+    /// run's), which holds its attempts too: what an agent's runs reach is
+    /// the agent's to answer for, and outlives the runs.
+    owner: Option<Arc<Mutex<Record>>>,
 }
 
 /// Every sandbox's counts since the kernel started (a record goes with
@@ -80,18 +85,69 @@ pub fn every_sandbox() -> Totals {
 }
 
 impl Record {
+    /// Every attempt recorded here from now on is recorded in `owner` too
+    /// (a run's, in its agent's record). `owner` must not be this record,
+    /// nor one that counts in this one.
+    pub fn count_in(&mut self, owner: Arc<Mutex<Record>>) {
+        self.owner = Some(owner);
+    }
+
     /// Records an attempt as it was decided; its bytes and duration come
     /// later through [`Record::finished`].
     pub fn attempted(&mut self, attempt: Attempt) {
-        if attempt.allowed {
-            self.totals.allowed += 1;
-            count(ALLOWED, 1);
-        } else {
-            self.totals.refused += 1;
-            count(REFUSED, 1);
-        }
+        count(if attempt.allowed { ALLOWED } else { REFUSED }, 1);
         count(BYTES_OUT, attempt.bytes_out);
         count(BYTES_IN, attempt.bytes_in);
+        if let Some(owner) = &self.owner {
+            lock(owner).add(attempt.clone());
+        }
+        self.add(attempt);
+    }
+
+    /// Allowed connection `id` has ended (or moved more bytes): its counts
+    /// are added, to the attempt too if it is still kept.
+    pub fn finished(&mut self, id: u64, bytes_out: u64, bytes_in: u64, duration_ms: u64) {
+        count(BYTES_OUT, bytes_out);
+        count(BYTES_IN, bytes_in);
+        if let Some(owner) = &self.owner {
+            lock(owner).add_bytes(id, bytes_out, bytes_in, duration_ms);
+        }
+        self.add_bytes(id, bytes_out, bytes_in, duration_ms);
+    }
+
+    /// Connection `id`, allowed when asked for, was refused on what came
+    /// after (a TLS server name for another host): it counts as refused.
+    pub fn refused_after(&mut self, id: u64, reason: String) {
+        if let Some(owner) = &self.owner {
+            lock(owner).turn_refused(id, reason.clone());
+        }
+        if self.turn_refused(id, reason) {
+            EVERY[ALLOWED].fetch_sub(1, Ordering::Relaxed);
+            count(REFUSED, 1);
+        }
+    }
+
+    /// Allowed connection `id` failed or was ended by the proxy, and why
+    /// (`policy changed`, an upstream that could not be reached).
+    pub fn ended(&mut self, id: u64, reason: String) {
+        if let Some(owner) = &self.owner {
+            if let Some(attempt) = lock(owner).kept(id) {
+                attempt.reason = Some(reason.clone());
+            }
+        }
+        if let Some(attempt) = self.kept(id) {
+            attempt.reason = Some(reason);
+        }
+    }
+
+    /// The attempt, in this record only (the kernel-wide counts are the
+    /// caller's: an owner's copy is not counted twice there).
+    fn add(&mut self, attempt: Attempt) {
+        if attempt.allowed {
+            self.totals.allowed += 1;
+        } else {
+            self.totals.refused += 1;
+        }
         self.totals.bytes_out += attempt.bytes_out;
         self.totals.bytes_in += attempt.bytes_in;
         if self.attempts.len() == KEPT_ATTEMPTS {
@@ -101,13 +157,9 @@ impl Record {
         self.attempts.push_back(attempt);
     }
 
-    /// Allowed connection `id` has ended (or moved more bytes): its counts
-    /// are added, to the attempt too if it is still kept.
-    pub fn finished(&mut self, id: u64, bytes_out: u64, bytes_in: u64, duration_ms: u64) {
+    fn add_bytes(&mut self, id: u64, bytes_out: u64, bytes_in: u64, duration_ms: u64) {
         self.totals.bytes_out += bytes_out;
         self.totals.bytes_in += bytes_in;
-        count(BYTES_OUT, bytes_out);
-        count(BYTES_IN, bytes_in);
         if let Some(attempt) = self.kept(id) {
             attempt.bytes_out += bytes_out;
             attempt.bytes_in += bytes_in;
@@ -115,27 +167,16 @@ impl Record {
         }
     }
 
-    /// Connection `id`, allowed when asked for, was refused on what came
-    /// after (a TLS server name for another host): it counts as refused.
-    pub fn refused_after(&mut self, id: u64, reason: String) {
-        if let Some(attempt) = self.kept(id) {
-            if attempt.allowed {
-                attempt.allowed = false;
-                attempt.reason = Some(reason);
-                self.totals.allowed -= 1;
-                self.totals.refused += 1;
-                EVERY[ALLOWED].fetch_sub(1, Ordering::Relaxed);
-                count(REFUSED, 1);
-            }
-        }
-    }
-
-    /// Allowed connection `id` failed or was ended by the proxy, and why
-    /// (`policy changed`, an upstream that could not be reached).
-    pub fn ended(&mut self, id: u64, reason: String) {
-        if let Some(attempt) = self.kept(id) {
-            attempt.reason = Some(reason);
-        }
+    /// Whether kept attempt `id` moved from allowed to refused.
+    fn turn_refused(&mut self, id: u64, reason: String) -> bool {
+        let Some(attempt) = self.kept(id).filter(|a| a.allowed) else {
+            return false;
+        };
+        attempt.allowed = false;
+        attempt.reason = Some(reason);
+        self.totals.allowed -= 1;
+        self.totals.refused += 1;
+        true
     }
 
     fn kept(&mut self, id: u64) -> Option<&mut Attempt> {
@@ -151,6 +192,12 @@ impl Record {
     pub fn attempts(&self) -> (impl Iterator<Item = &Attempt>, u64) {
         (self.attempts.iter(), self.dropped)
     }
+}
+
+/// A record's lock; a thread that panicked holding it left counts that
+/// are still worth having.
+fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
+    record.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -226,5 +273,45 @@ mod tests {
             first.reason.as_deref(),
             Some("TLS server name a does not match b")
         );
+    }
+
+    #[test]
+    fn a_runs_attempts_count_in_its_agents_record_too() {
+        let agent = Arc::new(Mutex::new(Record::default()));
+        agent.lock().unwrap().attempted(attempt(1, true));
+        let mut run = Record::default();
+        run.count_in(Arc::clone(&agent));
+        run.attempted(attempt(2, true));
+        run.attempted(attempt(3, false));
+        run.finished(2, 10, 20, 5);
+        run.attempted(attempt(4, true));
+        run.refused_after(4, "TLS server name a does not match b".into());
+        run.ended(2, "policy changed".into());
+        assert_eq!(
+            run.totals(),
+            Totals {
+                allowed: 1,
+                refused: 2,
+                bytes_out: 10,
+                bytes_in: 20
+            }
+        );
+        let agent = agent.lock().unwrap();
+        assert_eq!(
+            agent.totals(),
+            Totals {
+                allowed: 2,
+                refused: 2,
+                bytes_out: 10,
+                bytes_in: 20
+            },
+            "the agent's own attempt and its run's, together"
+        );
+        let (kept, _) = agent.attempts();
+        let kept: Vec<_> = kept.collect();
+        assert_eq!(kept.iter().map(|a| a.id).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert_eq!(kept[1].bytes_in, 20);
+        assert_eq!(kept[1].reason.as_deref(), Some("policy changed"));
+        assert!(!kept[3].allowed);
     }
 }

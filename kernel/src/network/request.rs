@@ -2,6 +2,12 @@
 //! request on a connection, `CONNECT host:port` (a tunnel, for TLS) or a
 //! plain-HTTP request in absolute form (`GET http://host/path`), read with
 //! bounds, since the sandbox's code may send anything.
+//!
+//! Every head the proxy reads (this one, and each inside an intercepted
+//! tunnel) is checked against RFC 9112's grammar with none of the leniency
+//! it allows a recipient: a head that a server could split into lines, or
+//! frame, differently from the proxy is refused, so that what the proxy
+//! decides on and adds to is what the server reads.
 
 /// The longest request head read: a request line and headers longer than
 /// this are refused, not buffered.
@@ -20,7 +26,79 @@ pub enum ProxyRequest {
         port: u16,
         /// The path and query, as the origin server takes them.
         target: String,
+        /// How its body ends: nothing after it is forwarded.
+        framing: Framing,
     },
+}
+
+/// How a request's body is delimited, as its head says (RFC 9112 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    None,
+    /// `Content-Length`: this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// Why a request head is refused. Each is a form that some HTTP/1.1
+/// parsers take and others do not (RFC 9112 leaves most of them to the
+/// recipient's leniency): a server reading such a head differently from
+/// the proxy would find a request, or a body, where the proxy saw none.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    #[error("a line ended by a bare LF, not CRLF")]
+    BareLf,
+    #[error("a bare CR, not followed by LF")]
+    BareCr,
+    #[error("a NUL byte in the request head")]
+    Nul,
+    #[error("a request head that is not text")]
+    NotText,
+    #[error("a request head longer than {MAX_HEAD_BYTES} bytes")]
+    TooLong,
+    #[error("a request line is `METHOD target HTTP/1.x`")]
+    RequestLine,
+    #[error("a request line without an HTTP version (HTTP/0.9)")]
+    NoVersion,
+    #[error("{0:?}: the proxy speaks HTTP/1.1")]
+    Version(String),
+    #[error("{0:?} is not an HTTP method")]
+    Method(String),
+    #[error("{0:?} is not a request target")]
+    Target(String),
+    #[error("a header line folded onto the one before (obs-fold)")]
+    Folded,
+    #[error("a header line without a colon")]
+    NoColon,
+    #[error("whitespace before a header's colon")]
+    SpaceBeforeColon,
+    #[error("{0:?} is not a header name")]
+    FieldName(String),
+    #[error("a control character in the value of {0}")]
+    Control(String),
+    #[error("more than one {0}")]
+    MoreThanOne(&'static str),
+    #[error("both Transfer-Encoding and Content-Length")]
+    BothFramings,
+    #[error("Content-Length {0:?} is not one plain decimal number")]
+    Length(String),
+    #[error("Transfer-Encoding {0:?}: only `chunked`, alone, is served")]
+    Coding(String),
+    #[error("Transfer-Encoding on an HTTP/1.0 request")]
+    CodingOnHttp10,
+}
+
+impl HeadError {
+    /// The HTTP status a refusal for it answers.
+    pub fn status(&self) -> u16 {
+        match self {
+            HeadError::TooLong => 431,
+            HeadError::Version(_) => 505,
+            _ => 400,
+        }
+    }
 }
 
 /// What the bytes so far say.
@@ -35,54 +113,182 @@ pub enum Head {
     Refused(u16, String),
 }
 
-/// Reads the request head at the start of `bytes`.
-pub fn read_head(bytes: &[u8]) -> Head {
-    let Some(end) = find(bytes, b"\r\n\r\n") else {
-        return if bytes.len() >= MAX_HEAD_BYTES {
-            Head::Refused(
-                431,
-                format!("a request head longer than {MAX_HEAD_BYTES} bytes"),
-            )
-        } else {
-            Head::Incomplete
-        };
-    };
-    let head_len = end + 4;
-    if head_len > MAX_HEAD_BYTES {
-        return Head::Refused(
-            431,
-            format!("a request head longer than {MAX_HEAD_BYTES} bytes"),
-        );
+impl From<HeadError> for Head {
+    fn from(error: HeadError) -> Head {
+        Head::Refused(error.status(), error.to_string())
     }
-    let Ok(head) = std::str::from_utf8(&bytes[..end]) else {
-        return Head::Refused(400, "a request head that is not text".into());
-    };
-    let line = head.split("\r\n").next().unwrap_or_default();
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Head::Refused(400, "a request line is `METHOD target HTTP/1.x`".into());
+}
+
+/// A request head that passed every check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead<'a> {
+    pub method: &'a str,
+    pub target: &'a str,
+    pub version: &'a str,
+    pub framing: Framing,
+    /// The request line and header lines, CRLF between them, without the
+    /// final CRLF CRLF.
+    pub text: &'a str,
+}
+
+/// Where the head at the start of `bytes` ends (just after its CRLF
+/// CRLF), once it has; `from` is where bytes not scanned before begin (a
+/// caller that reads more rescans the three before them). A byte no head
+/// may hold refuses it at once, so a head that will never end in CRLF
+/// CRLF is not waited for.
+pub fn head_end(bytes: &[u8], from: usize) -> Result<Option<usize>, HeadError> {
+    for (at, &byte) in bytes.iter().enumerate().skip(from) {
+        match byte {
+            0 => return Err(HeadError::Nul),
+            b'\n' if at == 0 || bytes[at - 1] != b'\r' => return Err(HeadError::BareLf),
+            b'\n' if at >= 3 && bytes[at - 3..at] == *b"\r\n\r" => return Ok(Some(at + 1)),
+            b'\r' if bytes.get(at + 1).is_some_and(|&next| next != b'\n') => {
+                return Err(HeadError::BareCr)
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
+/// Checks one whole request head (its final CRLF CRLF included) against
+/// RFC 9112's grammar, with none of the leniency it allows a recipient,
+/// and says how its body is framed.
+pub fn parse_head(head: &[u8]) -> Result<RequestHead<'_>, HeadError> {
+    let end = head_end(head, 0)?.unwrap_or(head.len());
+    let text = std::str::from_utf8(&head[..end]).map_err(|_| HeadError::NotText)?;
+    let text = text.strip_suffix("\r\n\r\n").unwrap_or(text);
+    let mut lines = text.split("\r\n");
+    let line = lines.next().unwrap_or_default();
+    let mut words = line.split(' ');
+    let (method, target, version) = match (words.next(), words.next(), words.next(), words.next()) {
+        (Some(method), Some(target), Some(version), None) if !target.is_empty() => {
+            (method, target, version)
+        }
+        (Some(method), Some(target), None, _) if !method.is_empty() && !target.is_empty() => {
+            return Err(HeadError::NoVersion)
+        }
+        _ => return Err(HeadError::RequestLine),
     };
     if !matches!(version, "HTTP/1.1" | "HTTP/1.0") {
-        return Head::Refused(505, format!("{version:?}: the proxy speaks HTTP/1.1"));
+        return Err(HeadError::Version(version.to_owned()));
     }
-    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
-        return Head::Refused(400, format!("{method:?} is not an HTTP method"));
+    if method.is_empty() || !method.bytes().all(is_tchar) {
+        return Err(HeadError::Method(method.to_owned()));
+    }
+    if !target.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(HeadError::Target(target.to_owned()));
+    }
+    let (mut lengths, mut codings) = (Vec::new(), Vec::new());
+    for line in lines {
+        // Folding, or whitespace between the request line and the first
+        // field: some servers join the line to the one before, some take
+        // it as a field of its own.
+        if line.starts_with([' ', '\t']) {
+            return Err(HeadError::Folded);
+        }
+        let (name, value) = field(line)?;
+        if name.eq_ignore_ascii_case("content-length") {
+            lengths.push(value);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            codings.push(value);
+        }
+    }
+    let framing = match (lengths.as_slice(), codings.as_slice()) {
+        ([], []) => Framing::None,
+        (_, [_, _, ..]) => return Err(HeadError::MoreThanOne("Transfer-Encoding")),
+        ([_, _, ..], _) => return Err(HeadError::MoreThanOne("Content-Length")),
+        ([_], [_]) => return Err(HeadError::BothFramings),
+        ([length], []) => {
+            Framing::Length(decimal(length).ok_or_else(|| HeadError::Length((*length).to_owned()))?)
+        }
+        ([], [coding]) => {
+            // Only `chunked` alone: a server that knows another coding, or
+            // takes a list's first, would end the body elsewhere.
+            if !coding.eq_ignore_ascii_case("chunked") {
+                return Err(HeadError::Coding((*coding).to_owned()));
+            }
+            if version == "HTTP/1.0" {
+                return Err(HeadError::CodingOnHttp10);
+            }
+            Framing::Chunked
+        }
+    };
+    Ok(RequestHead {
+        method,
+        target,
+        version,
+        framing,
+        text,
+    })
+}
+
+/// A header line's name and value, the value without the whitespace
+/// around it.
+fn field(line: &str) -> Result<(&str, &str), HeadError> {
+    let (name, value) = line.split_once(':').ok_or(HeadError::NoColon)?;
+    if name.ends_with([' ', '\t']) {
+        return Err(HeadError::SpaceBeforeColon);
+    }
+    if name.is_empty() || !name.bytes().all(is_tchar) {
+        return Err(HeadError::FieldName(name.to_owned()));
+    }
+    // Only SP and HTAB are whitespace here: `str::trim` would also take
+    // Unicode spaces, which a server reading bytes keeps.
+    let value = value.trim_matches([' ', '\t']);
+    if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err(HeadError::Control(name.to_owned()));
+    }
+    Ok((name, value))
+}
+
+/// A Content-Length's value: digits only, without a sign or a leading
+/// zero (a server may read `010` as octal), and within what a signed
+/// 64-bit parser takes.
+fn decimal(text: &str) -> Option<u64> {
+    let plain = !text.is_empty()
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text == "0" || !text.starts_with('0'));
+    plain
+        .then(|| text.parse::<u64>().ok())
+        .flatten()
+        .filter(|n| i64::try_from(*n).is_ok())
+}
+
+/// A `tchar` of RFC 9110's `token` (methods and header names).
+fn is_tchar(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
+}
+
+/// Reads the request head at the start of `bytes`.
+pub fn read_head(bytes: &[u8]) -> Head {
+    let end = match head_end(bytes, 0) {
+        Err(error) => return error.into(),
+        Ok(Some(end)) if end <= MAX_HEAD_BYTES => end,
+        Ok(None) if bytes.len() < MAX_HEAD_BYTES => return Head::Incomplete,
+        Ok(_) => return HeadError::TooLong.into(),
+    };
+    let head = match parse_head(&bytes[..end]) {
+        Ok(head) => head,
+        Err(error) => return error.into(),
+    };
+    let method = head.method;
+    if !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return HeadError::Method(method.to_owned()).into();
     }
     let request = if method == "CONNECT" {
-        authority(target, None).map(|(host, port)| ProxyRequest::Connect { host, port })
+        authority(head.target, None).map(|(host, port)| ProxyRequest::Connect { host, port })
     } else {
-        forward(method, target)
+        forward(method, head.target, head.framing)
     };
     match request {
-        Ok(request) => Head::Complete(request, head_len),
+        Ok(request) => Head::Complete(request, end),
         Err(why) => Head::Refused(400, why),
     }
 }
 
 /// A plain-HTTP request's absolute-form target.
-fn forward(method: &str, target: &str) -> Result<ProxyRequest, String> {
+fn forward(method: &str, target: &str, framing: Framing) -> Result<ProxyRequest, String> {
     let Some(rest) = target.strip_prefix("http://") else {
         return Err(if target.starts_with("https://") {
             "an https:// URL goes through CONNECT, not as a plain request".into()
@@ -105,6 +311,7 @@ fn forward(method: &str, target: &str) -> Result<ProxyRequest, String> {
         host,
         port,
         target,
+        framing,
     })
 }
 
@@ -153,13 +360,6 @@ fn authority(text: &str, default_port: Option<u16>) -> Result<(String, u16), Str
     Ok((host.to_ascii_lowercase(), port))
 }
 
-/// Where `needle` first stands in `haystack`.
-pub(crate) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,7 +386,8 @@ mod tests {
                     method: "GET".into(),
                     host: "example.com".into(),
                     port: 8080,
-                    target: "/a/b?c=d".into()
+                    target: "/a/b?c=d".into(),
+                    framing: Framing::None,
                 },
                 bytes.len()
             )
@@ -239,5 +440,167 @@ mod tests {
                 String::from_utf8_lossy(bytes)
             );
         }
+    }
+    #[test]
+    fn a_head_ends_at_crlf_crlf_and_a_bare_lf_cr_or_nul_refuses_it_before_it_ends() {
+        let head = b"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\nbody";
+        assert_eq!(head_end(head, 0), Ok(Some(head.len() - 4)));
+        for end in 0..head.len() - 4 {
+            assert_eq!(head_end(&head[..end], 0), Ok(None), "{end} bytes");
+        }
+        // Resumed three bytes before the new ones, as the readers do.
+        assert_eq!(head_end(head, 30), Ok(Some(head.len() - 4)));
+        for (bytes, error) in [
+            (&b"GET / HTTP/1.1\nHost: a\r\n"[..], HeadError::BareLf),
+            (b"\n", HeadError::BareLf),
+            (b"GET / HTTP/1.1\r\nX: 1\rY: 2", HeadError::BareCr),
+            (b"GET / HTTP/1.1\r\nX: \0", HeadError::Nul),
+        ] {
+            assert_eq!(head_end(bytes, 0), Err(error), "{bytes:?}");
+        }
+        // A CR last is not bare yet: its LF may come next.
+        assert_eq!(head_end(b"GET / HTTP/1.1\r", 0), Ok(None));
+        // What follows the head (a body) is not the head's to judge.
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\n\r\n\0\n", 0), Ok(Some(18)));
+    }
+
+    /// `GET / HTTP/1.1` and `Host: a`, with `fields` after them.
+    fn head_with(fields: &str) -> String {
+        format!("POST / HTTP/1.1\r\nHost: a\r\n{fields}\r\n\r\n")
+    }
+
+    #[test]
+    fn every_form_two_parsers_may_read_apart_is_refused() {
+        let length = |text: &str| HeadError::Length(text.into());
+        let coding = |text: &str| HeadError::Coding(text.into());
+        for (head, error) in [
+            // A bare LF ending a header line, or the request line, or the
+            // head; a bare CR; a NUL.
+            (head_with("X-A: 1\nContent-Length: 5"), HeadError::BareLf),
+            (
+                "POST / HTTP/1.1\nContent-Length: 5\r\n\r\n".into(),
+                HeadError::BareLf,
+            ),
+            (
+                "POST / HTTP/1.1\r\nContent-Length: 5\n\n".into(),
+                HeadError::BareLf,
+            ),
+            (head_with("X-A: 1\rContent-Length: 5"), HeadError::BareCr),
+            (head_with("X-A: 1\0"), HeadError::Nul),
+            // Folding, and whitespace before the first field.
+            (head_with("X-A: 1\r\n Content-Length: 5"), HeadError::Folded),
+            (
+                head_with("X-A: 1\r\n\tContent-Length: 5"),
+                HeadError::Folded,
+            ),
+            (
+                "POST / HTTP/1.1\r\n Host: a\r\n\r\n".into(),
+                HeadError::Folded,
+            ),
+            // Whitespace before a colon; a name that is not a token.
+            (head_with("Content-Length : 5"), HeadError::SpaceBeforeColon),
+            (
+                head_with("Content-Length\t: 5"),
+                HeadError::SpaceBeforeColon,
+            ),
+            (
+                head_with("Content Length: 5"),
+                HeadError::FieldName("Content Length".into()),
+            ),
+            (head_with(": 5"), HeadError::FieldName(String::new())),
+            (head_with("Content-Length"), HeadError::NoColon),
+            (head_with("X-A: 1\x0b"), HeadError::Control("X-A".into())),
+            // Both framings, either twice, a Content-Length that is a
+            // list, signed, padded or out of range.
+            (
+                head_with("Transfer-Encoding: chunked\r\nContent-Length: 5"),
+                HeadError::BothFramings,
+            ),
+            (
+                head_with("Content-Length: 5\r\nContent-Length: 5"),
+                HeadError::MoreThanOne("Content-Length"),
+            ),
+            (
+                head_with("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked"),
+                HeadError::MoreThanOne("Transfer-Encoding"),
+            ),
+            (head_with("Content-Length: 5, 5"), length("5, 5")),
+            (head_with("Content-Length: 5,5"), length("5,5")),
+            (head_with("Content-Length: +5"), length("+5")),
+            (head_with("Content-Length: -5"), length("-5")),
+            (head_with("Content-Length: 05"), length("05")),
+            (head_with("Content-Length: 0x5"), length("0x5")),
+            (head_with("Content-Length: 5 5"), length("5 5")),
+            (head_with("Content-Length: \u{a0}5"), length("\u{a0}5")),
+            (head_with("Content-Length: "), length("")),
+            (
+                head_with("Content-Length: 9223372036854775808"),
+                length("9223372036854775808"),
+            ),
+            // A Transfer-Encoding that is not `chunked` alone, or on 1.0.
+            (
+                head_with("Transfer-Encoding: chunked, identity"),
+                coding("chunked, identity"),
+            ),
+            (
+                head_with("Transfer-Encoding: gzip, chunked"),
+                coding("gzip, chunked"),
+            ),
+            (head_with("Transfer-Encoding: identity"), coding("identity")),
+            (head_with("Transfer-Encoding: xchunked"), coding("xchunked")),
+            (
+                "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n".into(),
+                HeadError::CodingOnHttp10,
+            ),
+            // HTTP/0.9, and request lines that are not three words.
+            ("GET /\r\n\r\n".into(), HeadError::NoVersion),
+            (
+                "GET / HTTP/0.9\r\n\r\n".into(),
+                HeadError::Version("HTTP/0.9".into()),
+            ),
+            ("GET  / HTTP/1.1\r\n\r\n".into(), HeadError::RequestLine),
+            ("GET / HTTP/1.1 x\r\n\r\n".into(), HeadError::RequestLine),
+            (
+                "GET /\x7f HTTP/1.1\r\n\r\n".into(),
+                HeadError::Target("/\x7f".into()),
+            ),
+            (
+                "GET /\t HTTP/1.1\r\n\r\n".into(),
+                HeadError::Target("/\t".into()),
+            ),
+            (
+                "G(T / HTTP/1.1\r\n\r\n".into(),
+                HeadError::Method("G(T".into()),
+            ),
+        ] {
+            assert_eq!(parse_head(head.as_bytes()), Err(error.clone()), "{head:?}");
+            // The proxy's own reading refuses it the same way.
+            assert_eq!(read_head(head.as_bytes()), Head::from(error), "{head:?}");
+        }
+    }
+
+    #[test]
+    fn a_well_formed_head_says_how_its_body_is_framed() {
+        for (head, framing) in [
+            (head_with("Content-Length: 5"), Framing::Length(5)),
+            (head_with("content-length:5 \t"), Framing::Length(5)),
+            (head_with("Content-Length: 0"), Framing::Length(0)),
+            (head_with("Transfer-Encoding: Chunked"), Framing::Chunked),
+            (head_with("X-A: a value\twith tabs  "), Framing::None),
+            (
+                "GET / HTTP/1.0\r\nContent-Length: 9\r\n\r\n".into(),
+                Framing::Length(9),
+            ),
+            ("GET / HTTP/1.1\r\n\r\n".into(), Framing::None),
+        ] {
+            let parsed = parse_head(head.as_bytes()).unwrap();
+            assert_eq!(parsed.framing, framing, "{head:?}");
+            assert_eq!(parsed.text, head.strip_suffix("\r\n\r\n").unwrap());
+        }
+        let bytes = b"POST http://a.example/up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n";
+        assert!(matches!(
+            read_head(bytes),
+            Head::Complete(ProxyRequest::Forward { framing: Framing::Chunked, .. }, n) if n == bytes.len() - 3
+        ));
     }
 }

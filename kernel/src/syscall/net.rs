@@ -19,10 +19,12 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 let bound = actor.network().clone();
                 let (reply, changed) = kernel.agents.net_set(viewer, &bound, &target, network)?;
                 // What those agents started narrows with them: their runs'
-                // grants, and the endpoints of their runs and sessions.
+                // grants, the endpoints of their runs and sessions, and
+                // the runs still queued, which are held to it when they
+                // start (a task's and a prompt loop's runs among them).
                 for (agent, policy) in changed {
                     let owners = kernel.runs.narrow_for_agent(agent, &policy);
-                    kernel.exec.narrow_endpoints(&owners, &policy);
+                    kernel.exec.policies_replaced(owners);
                 }
                 reply
             }

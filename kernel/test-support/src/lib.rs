@@ -1,9 +1,9 @@
 //! What the kernel's end-to-end tests share: a real `agentosd` on a
 //! temporary socket ([`Daemon`], [`UnprivilegedDaemon`]), speaking the
 //! protocol byte by byte ([`send`], [`recv_json`], …), driving agents
-//! ([`act`], [`wait_for_state`], …), looking at the host ([`is_root`],
-//! [`processes_with`], …) and a stand-in LLM provider ([`llm_stub`], which
-//! the THINK benchmark uses too).
+//! ([`act`], [`wait_for_state`], …; [`egress`] for their runs' network),
+//! looking at the host ([`is_root`], [`processes_with`], …) and a stand-in
+//! LLM provider ([`llm_stub`], which the THINK benchmark uses too).
 //!
 //! It needs nothing of the kernel crate: tests drive the daemon as its
 //! clients do, and the few that use the kernel's library types import
@@ -16,6 +16,7 @@
 mod agents;
 mod binaries;
 mod daemon;
+pub mod egress;
 mod host;
 pub mod llm_stub;
 mod unprivileged;

@@ -6,6 +6,7 @@
 
 mod hosts;
 mod limits;
+mod network;
 mod owners;
 mod principals;
 mod requests;

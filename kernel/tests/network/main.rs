@@ -8,6 +8,7 @@
 mod bounds;
 mod control;
 mod credentials;
+mod framing;
 mod plain;
 mod support;
 mod tunnels;

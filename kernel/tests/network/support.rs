@@ -294,6 +294,19 @@ pub enum Kind {
     Echo,
     /// Sends this many bytes (a counting pattern), then closes.
     Source(u64),
+    /// A lenient HTTP/1.1 server, as many real ones are: a bare LF or a
+    /// bare CR ends a line as CRLF does; a line starting with whitespace
+    /// continues the field before it; whitespace before a field's colon is
+    /// ignored; a Transfer-Encoding naming `chunked` anywhere wins over
+    /// Content-Length, on HTTP/1.0 too; the last Content-Length counts, read
+    /// as its first list item, signed (`+5`, `5, 5`); a chunk-size line may
+    /// end in a bare LF and carry extensions; a two-word request line
+    /// (HTTP/0.9) is taken; and every request on a connection is answered,
+    /// whatever `Connection` says (pipelining). Its answer's body is the
+    /// request's body; each head is kept as it was read.
+    Lenient,
+    /// The same inside TLS with the test CA's leaf.
+    LenientTls,
 }
 
 pub fn upstream(kind: Kind) -> Upstream {
@@ -314,6 +327,11 @@ pub fn upstream_on(bind: &str, kind: Kind) -> Upstream {
                 Kind::Https => {
                     let session = rustls::ServerConnection::new(test_ca().server.clone()).unwrap();
                     http_server(StreamOwned::new(session, stream), number, &heads);
+                }
+                Kind::Lenient => lenient_server(stream, number, &heads),
+                Kind::LenientTls => {
+                    let session = rustls::ServerConnection::new(test_ca().server.clone()).unwrap();
+                    lenient_server(StreamOwned::new(session, stream), number, &heads);
                 }
                 Kind::Echo => {
                     let mut reader = stream.try_clone().unwrap();
@@ -369,6 +387,144 @@ fn http_server(mut stream: impl Read + Write, number: usize, heads: &Mutex<Vec<(
             if close { "Connection: close\r\n" } else { "" }
         );
         if stream.write_all(answer.as_bytes()).is_err() || stream.flush().is_err() || close {
+            return;
+        }
+    }
+}
+
+/// A stream read as a lenient server reads it: a byte at a time, with one
+/// byte put back after a bare CR, and every byte read kept.
+struct LenientReader<S> {
+    stream: S,
+    back: Option<u8>,
+    read: Vec<u8>,
+}
+
+impl<S: Read> LenientReader<S> {
+    fn byte(&mut self) -> Option<u8> {
+        if let Some(byte) = self.back.take() {
+            return Some(byte);
+        }
+        let mut byte = [0u8; 1];
+        match self.stream.read(&mut byte) {
+            Ok(1) => {
+                self.read.push(byte[0]);
+                Some(byte[0])
+            }
+            _ => None,
+        }
+    }
+
+    /// A line ended by CRLF, a bare LF or a bare CR, without its end.
+    fn line(&mut self) -> Option<String> {
+        let mut line = Vec::new();
+        loop {
+            match self.byte()? {
+                b'\n' => break,
+                b'\r' => {
+                    match self.byte() {
+                        Some(b'\n') | None => {}
+                        Some(other) => self.back = Some(other),
+                    }
+                    break;
+                }
+                byte => line.push(byte),
+            }
+        }
+        Some(String::from_utf8_lossy(&line).into_owned())
+    }
+
+    /// Header fields to the empty line, names lowercased: a line that
+    /// starts with whitespace continues the field before it, and
+    /// whitespace around a name is dropped.
+    fn fields(&mut self) -> Option<Vec<(String, String)>> {
+        let mut fields: Vec<(String, String)> = Vec::new();
+        loop {
+            let line = self.line()?;
+            if line.is_empty() {
+                return Some(fields);
+            }
+            if line.starts_with([' ', '\t']) {
+                if let Some((_, value)) = fields.last_mut() {
+                    value.push(' ');
+                    value.push_str(line.trim());
+                }
+                continue;
+            }
+            let (name, value) = line.split_once(':').unwrap_or((&line, ""));
+            fields.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+        }
+    }
+
+    fn bytes(&mut self, n: usize) -> Option<Vec<u8>> {
+        (0..n).map(|_| self.byte()).collect()
+    }
+
+    /// A chunked body, as leniently as it is framed.
+    fn chunked(&mut self) -> Option<Vec<u8>> {
+        let mut body = Vec::new();
+        loop {
+            let line = self.line()?;
+            let size = line.split(';').next().unwrap_or_default().trim();
+            let size = usize::from_str_radix(size, 16).ok()?;
+            if size == 0 {
+                // Trailer fields, to the empty line.
+                while !self.line()?.is_empty() {}
+                return Some(body);
+            }
+            body.extend(self.bytes(size)?);
+            self.line()?;
+        }
+    }
+}
+
+fn lenient_server(stream: impl Read + Write, number: usize, heads: &Mutex<Vec<(usize, String)>>) {
+    let mut reader = LenientReader {
+        stream,
+        back: None,
+        read: Vec::new(),
+    };
+    loop {
+        reader.read.clear();
+        let Some(request_line) = reader.line() else {
+            return;
+        };
+        if request_line.is_empty() {
+            continue;
+        }
+        // HTTP/0.9: a request line alone.
+        let simple = request_line.split_whitespace().count() < 3;
+        let fields = if simple {
+            Some(Vec::new())
+        } else {
+            reader.fields()
+        };
+        let Some(fields) = fields else { return };
+        let head = String::from_utf8_lossy(&reader.read).into_owned();
+        heads.lock().unwrap().push((number, head));
+        let chunked = fields.iter().any(|(name, value)| {
+            name == "transfer-encoding" && value.to_ascii_lowercase().contains("chunked")
+        });
+        let length = fields
+            .iter()
+            .rev()
+            .find(|(name, _)| name == "content-length")
+            .and_then(|(_, value)| value.split(',').next()?.trim().parse::<i64>().ok())
+            .unwrap_or(0);
+        let body = if chunked {
+            reader.chunked()
+        } else {
+            reader.bytes(usize::try_from(length).unwrap_or(0))
+        };
+        let Some(body) = body else { return };
+        let mut answer = if simple {
+            Vec::new()
+        } else {
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes()
+        };
+        answer.extend_from_slice(&body);
+        let stream = &mut reader.stream;
+        if stream.write_all(&answer).is_err() || stream.flush().is_err() || simple {
             return;
         }
     }

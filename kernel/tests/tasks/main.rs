@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod dispatch;
+mod network;
 mod owners;
 mod prompt;
 mod store;

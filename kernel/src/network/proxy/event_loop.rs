@@ -505,7 +505,7 @@ impl EventLoop {
         self.close_answering(key, End::Failed(reason), Some(status));
     }
 
-    fn close_answering(&mut self, key: usize, end: End, status: Option<u16>) {
+    pub(super) fn close_answering(&mut self, key: usize, end: End, status: Option<u16>) {
         let Some(mut conn) = self.conns.try_remove(key) else {
             return;
         };

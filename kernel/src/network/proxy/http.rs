@@ -4,13 +4,39 @@
 //! (whatever the client sent under that name is dropped first).
 //!
 //! Inside an intercepted tunnel every request head is found by following
-//! the bodies' framing: a `Content-Length` body is passed through and the
-//! next head read after it. A chunked body (or an upgrade) is not parsed:
-//! that request is sent with `Connection: close`, the rest of the
-//! connection passes through untouched, and the server ends it after its
-//! reply, so no later request can go out without the credential.
+//! the bodies' framing: a `Content-Length` or chunked body is passed
+//! through and the next head read after it. Every head is checked first
+//! (`request::parse_head`) and every chunked body as it passes (`body`):
+//! a head or chunk a server could read differently, which would let the
+//! credential the proxy adds to the next head land in what the server
+//! takes for a body, is refused. After an upgrade the rest of the
+//! connection passes through untouched.
 
-use crate::network::request::{find, MAX_HEAD_BYTES};
+use super::body::{Body, BodyError};
+use crate::network::request::{self, HeadError, MAX_HEAD_BYTES};
+
+/// Why a request inside an intercepted tunnel is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(transparent)]
+    Head(#[from] HeadError),
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    #[error("{0} is not served inside an intercepted tunnel")]
+    Method(String),
+    #[error("a request for {asked} inside a tunnel to {tunnel}")]
+    OtherHost { asked: String, tunnel: String },
+}
+
+impl Refusal {
+    /// The HTTP status a refusal for it answers.
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::Head(error) => error.status(),
+            _ => 400,
+        }
+    }
+}
 
 /// A header to set on every request: name and value. The value is never
 /// logged or shown; [`std::fmt::Debug`] leaves it out.
@@ -109,9 +135,9 @@ pub fn forward_head(
 enum State {
     /// Reading a head (the bytes so far are buffered).
     Head,
-    /// Passing a body through: this many bytes of it are left.
-    Body(u64),
-    /// Passing everything through: a chunked body or an upgrade was seen.
+    /// Passing a body through, to its end.
+    Body(Body),
+    /// Passing everything through: an upgrade was asked for.
     Through,
 }
 
@@ -143,34 +169,32 @@ impl Requests {
     }
 
     /// Takes the next plaintext bytes from the client and appends what to
-    /// send upstream to `out`. An error is a head the proxy refuses.
-    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    /// send upstream to `out`. An error is a request the proxy refuses;
+    /// `out` may hold part of what came before it, never any of it.
+    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), Refusal> {
         while !input.is_empty() {
             match &mut self.state {
                 State::Through => {
                     out.extend_from_slice(input);
                     return Ok(());
                 }
-                State::Body(left) => {
-                    let n = (*left).min(input.len() as u64) as usize;
+                State::Body(body) => {
+                    let n = body.take(input)?;
                     out.extend_from_slice(&input[..n]);
-                    *left -= n as u64;
-                    if *left == 0 {
+                    input = &input[n..];
+                    if body.done() {
                         self.state = State::Head;
                     }
-                    input = &input[n..];
                 }
                 State::Head => {
                     // Look for the end across the old bytes and the new.
                     let from = self.head.len().saturating_sub(3);
                     let take = input.len().min(MAX_HEAD_BYTES + 1 - self.head.len());
                     self.head.extend_from_slice(&input[..take]);
-                    let Some(end) = find(&self.head[from..], b"\r\n\r\n").map(|i| from + i + 4)
-                    else {
+                    let end = request::head_end(&self.head, from)?;
+                    let Some(end) = end.filter(|end| *end <= MAX_HEAD_BYTES) else {
                         if self.head.len() > MAX_HEAD_BYTES {
-                            return Err(format!(
-                                "a request head longer than {MAX_HEAD_BYTES} bytes"
-                            ));
+                            return Err(HeadError::TooLong.into());
                         }
                         return Ok(());
                     };
@@ -188,19 +212,12 @@ impl Requests {
     }
 
     /// Rewrites one head into `out`; what follows it.
-    fn rewrite(&self, head: &[u8], out: &mut Vec<u8>) -> Result<State, String> {
-        let text = std::str::from_utf8(head).map_err(|_| "a request head that is not text")?;
-        let request_line = lines(text).next().unwrap_or_default();
-        let mut words = request_line.split(' ');
-        let (method, target) = (
-            words.next().unwrap_or_default(),
-            words.next().unwrap_or_default(),
-        );
+    fn rewrite(&self, head: &[u8], out: &mut Vec<u8>) -> Result<State, Refusal> {
+        let parsed = request::parse_head(head)?;
+        let (method, target, text) = (parsed.method, parsed.target, parsed.text);
         if matches!(method.to_ascii_uppercase().as_str(), "TRACE" | "CONNECT") {
             // TRACE would echo the credential back into the sandbox.
-            return Err(format!(
-                "{method} is not served inside an intercepted tunnel"
-            ));
+            return Err(Refusal::Method(method.to_owned()));
         }
         if let Some(rest) = target
             .strip_prefix("https://")
@@ -210,54 +227,32 @@ impl Requests {
             let same = authority.eq_ignore_ascii_case(&self.authority)
                 || authority.eq_ignore_ascii_case(&format!("{}:443", self.authority));
             if !same {
-                return Err(format!(
-                    "a request for {authority} inside a tunnel to {}",
-                    self.authority
-                ));
+                return Err(Refusal::OtherHost {
+                    asked: authority.to_owned(),
+                    tunnel: self.authority.clone(),
+                });
             }
         }
-        let mut length = None;
-        let mut through = false;
-        for line in lines(text).skip(1) {
-            let (name, value) = line.split_once(':').unwrap_or((line, ""));
-            let (name, value) = (name.trim(), value.trim());
-            if name.eq_ignore_ascii_case("content-length") {
-                let n: u64 = value
-                    .bytes()
-                    .all(|b| b.is_ascii_digit())
-                    .then(|| value.parse().ok())
-                    .flatten()
-                    .ok_or_else(|| format!("Content-Length {value:?} is not a number"))?;
-                if length.is_some_and(|old| old != n) {
-                    return Err("two different Content-Lengths".into());
-                }
-                length = Some(n);
-            } else if name.eq_ignore_ascii_case("transfer-encoding")
-                || name.eq_ignore_ascii_case("upgrade")
-            {
-                through = true;
-            }
-        }
-        out.extend_from_slice(request_line.as_bytes());
+        let upgrade = lines(text)
+            .skip(1)
+            .any(|line| header_name(line).eq_ignore_ascii_case("upgrade"));
+        out.extend_from_slice(lines(text).next().unwrap_or_default().as_bytes());
         out.extend_from_slice(b"\r\n");
-        headers(text, &self.set, through, out);
-        if through {
-            // Not followed: the server closes after this request, so that
-            // every request on a connection carries the credential.
-            let upgrade = lines(text)
-                .skip(1)
-                .any(|line| header_name(line).eq_ignore_ascii_case("upgrade"));
-            if upgrade {
-                out.extend_from_slice(b"Connection: upgrade\r\n");
-            } else {
-                out.extend_from_slice(b"Connection: close\r\n");
-            }
+        headers(text, &self.set, upgrade, out);
+        if upgrade {
+            // What follows is another protocol's, passed through: the
+            // client's Connection header is replaced by the one an upgrade
+            // needs.
+            out.extend_from_slice(b"Connection: upgrade\r\n");
         }
         out.extend_from_slice(b"\r\n");
-        Ok(match (through, length) {
-            (true, _) => State::Through,
-            (false, Some(n)) if n > 0 => State::Body(n),
-            _ => State::Head,
+        let body = Body::new(parsed.framing);
+        Ok(if upgrade {
+            State::Through
+        } else if body.done() {
+            State::Head
+        } else {
+            State::Body(body)
         })
     }
 }
@@ -292,18 +287,64 @@ mod tests {
     }
 
     #[test]
-    fn a_chunked_request_is_the_connections_last() {
+    fn a_chunked_request_is_followed_and_the_next_head_gets_the_header() {
         let mut requests = Requests::new("h".into(), token());
         let mut out = Vec::new();
-        requests
-            .feed(
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /x HTTP/1.1\r\n\r\n",
-                &mut out,
-            )
-            .unwrap();
+        let stream = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /x HTTP/1.1\r\n\r\n";
+        for byte in stream {
+            requests.feed(&[*byte], &mut out).unwrap();
+        }
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nHost: h\r\nAuthorization: Bearer s3cret\r\n\r\n\
+             5\r\nhello\r\n0\r\n\r\n\
+             GET /x HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer s3cret\r\n\r\n"
+        );
+        assert_eq!(requests.count, 2);
+    }
+
+    #[test]
+    fn a_head_hiding_its_framing_is_refused_before_any_of_it_is_sent() {
+        for (stream, refusal) in [
+            (
+                &b"POST / HTTP/1.1\r\nX-A: 1\nContent-Length: 80\r\n\r\nGET / HTTP/1.1\r\n\r\n"[..],
+                Refusal::Head(HeadError::BareLf),
+            ),
+            (
+                b"POST / HTTP/1.1\nContent-Length: 80\r\n\r\n",
+                Refusal::Head(HeadError::BareLf),
+            ),
+            (
+                b"POST / HTTP/1.1\r\nX-A: 1\nTransfer-Encoding: chunked\r\n\r\n",
+                Refusal::Head(HeadError::BareLf),
+            ),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Refusal::Head(HeadError::BothFramings),
+            ),
+            (b"GET /\r\n\r\n", Refusal::Head(HeadError::NoVersion)),
+            // A chunk-size line, sent as if it were a head.
+            (b"57\r\n\r\n", Refusal::Head(HeadError::RequestLine)),
+        ] {
+            let mut requests = Requests::new("h".into(), token());
+            let mut out = Vec::new();
+            assert_eq!(requests.feed(stream, &mut out), Err(refusal), "{stream:?}");
+            assert!(out.is_empty(), "{stream:?}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_chunk_is_refused_and_nothing_after_it_is_sent() {
+        let mut requests = Requests::new("h".into(), token());
+        let mut out = Vec::new();
+        let refused = requests.feed(
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;x\r\nhello\r\n0\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+            &mut out,
+        );
+        assert_eq!(refused, Err(Refusal::Body(BodyError::Extension)));
         let out = String::from_utf8(out).unwrap();
-        assert!(out.starts_with("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nHost: h\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n5\r\nhello"), "{out}");
-        assert!(!out.contains("keep-alive"));
+        assert!(out.ends_with("Bearer s3cret\r\n\r\n"), "{out}");
+        assert_eq!(requests.count, 1);
     }
 
     #[test]
@@ -334,12 +375,13 @@ mod tests {
             "{out}"
         );
         let mut plus = Requests::new("h".into(), token());
-        assert!(plus
-            .feed(
+        assert_eq!(
+            plus.feed(
                 b"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
                 &mut Vec::new()
-            )
-            .is_err());
+            ),
+            Err(Refusal::Head(HeadError::Length("+5".into())))
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! real server (verified against the roots), and every request head in
 //! between given the host's credential. rustls's sans-IO connections are
 //! driven by the event loop on the same non-blocking sockets as a plain
-//! tunnel.
+//! tunnel. A request the proxy refuses ends the tunnel: the client hears
+//! the refusal inside its TLS, and the server nothing more.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -13,7 +14,8 @@ use mio::net::TcpStream;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection};
 
-use super::http::{Requests, SetHeader};
+use super::http::{Refusal, Requests, SetHeader};
+use super::reply;
 
 /// Plaintext held for one side before the other is read no further.
 const HELD_PLAINTEXT: usize = 64 * 1024;
@@ -30,6 +32,8 @@ pub struct Intercept {
     to_client: Vec<u8>,
     client_side: Side,
     upstream_side: Side,
+    /// A request was refused: nothing more is read from either side.
+    refused: bool,
     /// TLS bytes written to and read from the upstream socket.
     pub bytes_out: u64,
     pub bytes_in: u64,
@@ -57,10 +61,13 @@ struct Side {
 }
 
 /// Whether the tunnel is still open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     Open,
     Done,
+    /// A request was refused, for this reason; the tunnel is ending, its
+    /// answer not yet written (the refusal is recorded first).
+    Refused(String),
 }
 
 impl Intercept {
@@ -99,6 +106,7 @@ impl Intercept {
             to_client: Vec::new(),
             client_side: Side::default(),
             upstream_side: Side::default(),
+            refused: false,
             bytes_out: 0,
             bytes_in: 0,
         })
@@ -128,14 +136,18 @@ impl Intercept {
                 progress |= read > 0 || ended;
                 self.client_side.ended |= ended;
             }
-            while self.to_upstream.len() < HELD_PLAINTEXT {
+            while !self.refused && self.to_upstream.len() < HELD_PLAINTEXT {
                 match self.client.reader().read(scratch) {
                     Ok(0) => {
                         self.client_side.ended = true;
                         break;
                     }
                     Ok(n) => {
-                        self.requests.feed(&scratch[..n], &mut self.to_upstream)?;
+                        if let Err(refusal) =
+                            self.requests.feed(&scratch[..n], &mut self.to_upstream)
+                        {
+                            return Ok(self.refuse(&refusal));
+                        }
                         progress = true;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -157,7 +169,7 @@ impl Intercept {
                 progress |= read > 0 || ended;
                 self.upstream_side.ended |= ended;
             }
-            while self.to_client.len() < HELD_PLAINTEXT {
+            while !self.refused && self.to_client.len() < HELD_PLAINTEXT {
                 match self.upstream.reader().read(scratch) {
                     Ok(0) => {
                         self.upstream_side.ended = true;
@@ -205,6 +217,21 @@ impl Intercept {
                 return Ok(Step::Open);
             }
         }
+    }
+
+    /// Ends the tunnel on a refused request: what was not yet handed to
+    /// the server's TLS is dropped, neither side is read any more, and the
+    /// client hears the refusal after what the server had sent, then the
+    /// end (close_notify both ways).
+    fn refuse(&mut self, refusal: &Refusal) -> Step {
+        let reason = refusal.to_string();
+        self.refused = true;
+        self.to_upstream.clear();
+        self.client_side.ended = true;
+        self.upstream_side.ended = true;
+        self.to_client
+            .extend_from_slice(&reply::answer(refusal.status(), &reason));
+        Step::Refused(reason)
     }
 
     /// Whether either TLS handshake is still under way.

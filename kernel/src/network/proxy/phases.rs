@@ -12,11 +12,14 @@ use std::time::Instant;
 use mio::net::TcpStream;
 use mio::{Interest, Token};
 
+use super::body::Body;
 use super::connection::Phase;
 use super::event_loop::{epoch_ms, lock, End, EventLoop, ESTABLISHED};
 use super::http::{self, SetHeader};
 use super::intercept::{Intercept, Step};
+use super::reply::drain;
 use super::resolver::{Answer, Question};
+use super::splice::{Pipe, PumpError};
 use super::SandboxId;
 use crate::network::policy::Decision;
 use crate::network::record::Attempt;
@@ -54,7 +57,9 @@ impl EventLoop {
                 }
                 Ok(n) => {
                     conn.held.extend_from_slice(&chunk[..n]);
-                    ended = conn.held[scan_from..].windows(4).any(|w| w == b"\r\n\r\n");
+                    // Its end decides the head, and so does a byte no
+                    // head may hold: that one is refused at once.
+                    ended = !matches!(request::head_end(&conn.held, scan_from), Ok(None));
                     scan_from = conn.held.len().saturating_sub(3);
                     if ended {
                         break;
@@ -75,13 +80,26 @@ impl EventLoop {
             Head::Incomplete => {}
             Head::Refused(status, reason) => self.refuse(key, status, reason, None),
             Head::Complete(request, length) => {
-                let rest = conn.held.split_off(length.min(conn.held.len()));
-                let head = std::mem::replace(&mut conn.held, rest);
-                // A plain request's head is rewritten when it is sent; for
-                // CONNECT, what follows the head is the tunnel's first bytes.
-                if let ProxyRequest::Forward { .. } = request {
+                let mut rest = conn.held.split_off(length.min(conn.held.len()));
+                let head = std::mem::take(&mut conn.held);
+                // A plain request's head is rewritten when it is sent, and
+                // only its body follows it: a request pipelined behind it
+                // could name another host, and a server need not honour
+                // the `Connection: close` it is sent. For CONNECT, what
+                // follows the head is the tunnel's first bytes.
+                if let ProxyRequest::Forward { framing, .. } = &request {
+                    let mut body = Body::new(*framing);
+                    match body.take(&rest) {
+                        Ok(n) => rest.truncate(n),
+                        Err(error) => {
+                            conn.request = Some(request);
+                            return self.refuse(key, 400, error.to_string(), None);
+                        }
+                    }
+                    conn.to_upstream.bound(body);
                     conn.head = head;
                 }
+                conn.held = rest;
                 self.asked(key, request);
             }
         }
@@ -281,6 +299,7 @@ impl EventLoop {
                 host,
                 port,
                 target,
+                ..
             }) => {
                 let authority = if port == 80 {
                     bracketed(&host)
@@ -389,10 +408,18 @@ impl EventLoop {
                 .map(drop);
         }
         match result {
+            // A plain request's body the proxy cannot frame as any server
+            // would: the client hears why, unless the server has begun
+            // its answer already.
+            Err(PumpError::Body(e)) => {
+                let answered = conn.to_client.moved > 0 || conn.to_client.is_blocked();
+                let status = (!answered).then_some(400);
+                return self.close_answering(key, End::Refused(e.to_string()), status);
+            }
             // A peer that resets or stops reading ends a connection as
             // surely as one that closes it: clients do it all the time
             // once they have what they wanted.
-            Err(e)
+            Err(PumpError::Io(e))
                 if matches!(
                     e.kind(),
                     io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
@@ -403,7 +430,7 @@ impl EventLoop {
             Err(e) => return self.close(key, End::Failed(format!("connection lost: {e}"))),
             Ok(()) => {}
         }
-        let done = |pipe: &super::splice::Pipe| pipe.eof && pipe.shut && !pipe.is_blocked();
+        let done = |pipe: &Pipe| pipe.eof && pipe.shut && !pipe.is_blocked();
         if done(&conn.to_upstream) && done(&conn.to_client) {
             self.close(key, End::Closed);
         }
@@ -459,7 +486,27 @@ impl EventLoop {
                     conn.deadline = None;
                 }
             }
-            Ok(Step::Done) => self.close(key, End::Closed),
+            Ok(Step::Refused(reason)) => {
+                // Recorded before the client can read the answer, as every
+                // refusal is; then the tunnel goes on to its end.
+                if let Some(sandbox) = self.sandboxes.get_mut(&conn.sandbox) {
+                    lock(&sandbox.record).refused_after(conn.id, reason.clone());
+                    if sandbox.log.allow() {
+                        let (host, port) = conn.target();
+                        log::warn!(
+                            "network: {} refused a request to {host}:{port}: {reason}",
+                            sandbox.label
+                        );
+                    }
+                }
+                self.intercept(key);
+            }
+            Ok(Step::Done) => {
+                // Bytes from the client left unread would make the close a
+                // reset, which can lose the last answer (a refusal's).
+                drain(&mut conn.client);
+                self.close(key, End::Closed);
+            }
             Err(reason) => self.close(key, End::Failed(reason)),
         }
     }

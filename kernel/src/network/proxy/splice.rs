@@ -9,6 +9,9 @@
 //! without being copied through the proxy, which on loopback more than
 //! doubles what a tunnel carries. Small exchanges never pay for the
 //! pipe's two descriptors.
+//!
+//! A direction bound to a request body (a plain request's) passes on that
+//! body's bytes and nothing after them.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -16,6 +19,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mio::net::TcpStream;
+
+use super::body::{Body, BodyError};
 
 /// The loop's one read buffer, shared by every connection: bytes are
 /// copied out of it only when a sink would block.
@@ -59,6 +64,9 @@ pub struct Pipe {
     kernel: Option<KernelPipe>,
     /// A kernel pipe could not be made (no descriptors): copy instead.
     no_kernel: bool,
+    /// The one request body this direction may carry, when it is bound to
+    /// one.
+    body: Option<Body>,
 }
 
 /// A pipe of the kernel's, and how many bytes are in it.
@@ -142,6 +150,16 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
     }
 }
 
+/// Why a pump stopped short.
+#[derive(Debug, thiserror::Error)]
+pub enum PumpError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The body this direction is bound to is malformed.
+    #[error(transparent)]
+    Body(#[from] BodyError),
+}
+
 /// What a pump did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
@@ -160,6 +178,12 @@ impl Pipe {
         self.pending.extend_from_slice(bytes);
     }
 
+    /// Passes on only `body`'s bytes from now on: what the source sends
+    /// after the body's end is read and dropped, never sent.
+    pub fn bound(&mut self, body: Body) {
+        self.body = Some(body);
+    }
+
     /// Whether the sink has bytes it has not taken.
     pub fn is_blocked(&self) -> bool {
         self.at < self.pending.len() || self.kernel.as_ref().is_some_and(|k| k.held > 0)
@@ -172,18 +196,20 @@ impl Pipe {
         from: &mut TcpStream,
         to: &mut TcpStream,
         scratch: &mut [u8],
-    ) -> io::Result<Flow> {
+    ) -> Result<Flow, PumpError> {
         if !self.flush(to)? {
             return Ok(Flow::Waiting);
         }
-        if self.kernel.is_none() && !self.no_kernel && self.moved >= BULK_BYTES {
+        // A bound direction's bytes are all looked at: no kernel pipe.
+        let bulk = self.body.is_none() && self.moved >= BULK_BYTES;
+        if bulk && self.kernel.is_none() && !self.no_kernel {
             match KernelPipe::new() {
                 Ok(kernel) => self.kernel = Some(kernel),
                 Err(_) => self.no_kernel = true,
             }
         }
         if self.kernel.is_some() {
-            return self.pump_kernel(from, to);
+            return Ok(self.pump_kernel(from, to)?);
         }
         while !self.eof {
             let n = match from.read(scratch) {
@@ -194,7 +220,11 @@ impl Pipe {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Flow::Waiting),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
+            };
+            let n = match self.body.as_mut() {
+                Some(body) => body.take(&scratch[..n])?,
+                None => n,
             };
             let written = write_some(to, &scratch[..n])?;
             self.count(written);
@@ -203,7 +233,7 @@ impl Pipe {
                 return Ok(Flow::Waiting);
             }
         }
-        self.finish(to)
+        Ok(self.finish(to)?)
     }
 
     /// [`Pipe::pump`] through the kernel pipe.

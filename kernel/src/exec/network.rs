@@ -1,0 +1,215 @@
+//! A run's network as it is when the run starts, not only as it was when
+//! the run was asked for. A run's policy is granted when it is admitted,
+//! and it may then wait (behind its owner's other runs, or in its
+//! session's queue) while NET `set` narrows its owner's: when it starts,
+//! its policy must still lie within its owner's as it is then, or it does
+//! not start. A session's endpoint only ever narrows, whatever a later run
+//! of it was granted; and a run's connections count in its agent's record.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex};
+
+use agentos_proto::{ErrorCode, ErrorReply};
+
+use super::child::{RunChild, RunEndpoint};
+use super::waiting::Waiting;
+use super::Exec;
+use crate::address::Reply;
+use crate::identity::Principal;
+use crate::network::gateway::net_totals;
+use crate::network::policy::Policy;
+use crate::network::record::Record;
+use crate::network::{endpoint, Gateway};
+
+/// Why a queued run did not start: its owner's policy was narrowed while
+/// it waited, and no longer covers what the run was given.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "EXEC field `network`: the policy the run was given when it was queued no longer lies \
+     within its owner's, which was narrowed while it waited ({why}); the run did not start"
+)]
+pub struct Narrowed {
+    /// The entry at fault, as the policy's check names it.
+    why: String,
+}
+
+impl From<Narrowed> for ErrorReply {
+    fn from(narrowed: Narrowed) -> ErrorReply {
+        ErrorReply::new(ErrorCode::PermissionDenied, narrowed.to_string())
+    }
+}
+
+/// `policy`, granted to a run when it was admitted, as the run may have it
+/// now that its owner's is `owner_now`: every entry it allows must still be
+/// covered by one of the owner's (the owner's denials are added), or it is
+/// refused, naming the entry.
+pub fn still_within(policy: Policy, owner_now: &Policy) -> Result<Policy, Narrowed> {
+    policy.within(owner_now).map_err(|why| Narrowed {
+        why: why.replace("the parent's policy", "the owner's policy now"),
+    })
+}
+
+/// The policy of a session's endpoint once a later run of it starts with
+/// `granted`: what `granted` allows of what the endpoint has in force,
+/// never more. An endpoint NET `set` narrowed stays narrowed, even for a
+/// run granted a wider policy before the narrowing.
+pub fn session_policy(in_force: &Policy, granted: Policy) -> Policy {
+    granted.narrowed_to(in_force)
+}
+
+impl Exec {
+    /// NET `set` replaced the policies of `owners` (an agent's, and those
+    /// of the runs under it, narrowed with it): the endpoints serving their
+    /// runs and sessions are narrowed to lie within them (the proxy closes
+    /// what they now refuse), and their queued runs are held to them when
+    /// they start.
+    pub fn policies_replaced(&mut self, owners: Vec<(Principal, Policy)>) {
+        for (_, child) in self.children.iter_mut() {
+            let Some(open) = child.endpoint.as_mut() else {
+                continue;
+            };
+            if let Some((_, now)) = owners.iter().find(|(owner, _)| *owner == open.owner) {
+                let narrowed = open.policy.clone().narrowed_to(now);
+                open.set_policy(narrowed);
+            }
+        }
+        self.policies_now.extend(owners);
+    }
+
+    /// A queued request whose turn has come, with its policy as it may
+    /// have it now: within its owner's, if NET `set` has replaced that
+    /// since the request was admitted (a request admitted later was held to
+    /// the owner's policy as it was then, which is still the one here).
+    pub(super) fn network_at_start(&self, waiting: &mut Waiting) -> Result<(), Narrowed> {
+        let Some(owner_now) = self.policies_now.get(&waiting.owner) else {
+            return Ok(());
+        };
+        if let Some(policy) = waiting.policy.take() {
+            waiting.policy = Some(still_within(policy, owner_now)?);
+        }
+        Ok(())
+    }
+
+    /// Answers a queued request that cannot start because of `narrowed`;
+    /// nothing of it ran, and a session it was queued for stays as it was.
+    pub(super) fn refuse_at_start(
+        &mut self,
+        mut waiting: Waiting,
+        narrowed: Narrowed,
+        replies: &mut Vec<Reply>,
+    ) {
+        let refusal = ErrorReply::from(narrowed);
+        match waiting.run {
+            Some(number) => log::info!("exec run {number}: not started: {}", refusal.error),
+            None => log::info!("exec: a session's order not started: {}", refusal.error),
+        }
+        if let Some(span) = waiting.span.take() {
+            self.tracer.end(span, Some(refusal.error.clone()));
+        }
+        self.answer_waiting(waiting, &refusal, replies);
+    }
+}
+
+/// Whose work a run is, its number (a run's), and the record of the agent
+/// whose work it is (which its endpoint's attempts count in too).
+pub(super) type EndpointOf<'a> = (Principal, Option<u64>, Option<&'a Arc<Mutex<Record>>>);
+
+/// Serves `run`'s network namespace on the egress proxy under `policy`,
+/// unless it is served already (a session's earlier run); the environment
+/// that points the run at its endpoint.
+pub(super) fn open_endpoint(
+    gateway: &Gateway,
+    run: &mut RunChild,
+    (owner, number, owner_record): EndpointOf<'_>,
+    policy: Policy,
+) -> io::Result<Vec<(String, String)>> {
+    match &mut run.endpoint {
+        // A session's later run: the endpoint keeps no more than it has.
+        Some(open) => {
+            let narrowed = session_policy(&open.policy, policy);
+            open.set_policy(narrowed);
+        }
+        None => {
+            let pidfd = run.pidfd.as_ref().ok_or(io::ErrorKind::NotFound)?;
+            let listener = endpoint::listen_inside(pidfd.as_fd())?;
+            let label = number.map_or_else(|| "exec session".to_owned(), |n| format!("run {n}"));
+            let endpoint = gateway.open(label, listener, policy.clone())?;
+            // Linked before the run's order is sent: nothing in the sandbox
+            // runs before that, so no attempt escapes the agent's record.
+            if let Some(record) = owner_record {
+                lock(endpoint.record()).count_in(Arc::clone(record));
+            }
+            run.endpoint = Some(RunEndpoint {
+                endpoint,
+                owner,
+                policy,
+            });
+        }
+    }
+    if let Some(open) = &run.endpoint {
+        run.net_before = net_totals(open.endpoint.record());
+    }
+    Ok(gateway.environment())
+}
+
+fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
+    record.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(json: &str) -> Policy {
+        Policy::from_json(&serde_json::from_str(json).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_queued_runs_policy_must_still_lie_within_its_owners_narrowed_one() {
+        let granted = policy(r#"{"allow":["127.0.0.1/32:8080"]}"#);
+        let cut = still_within(granted.clone(), &policy(r#"{"allow":[]}"#)).unwrap_err();
+        let refusal = ErrorReply::from(cut);
+        assert_eq!(refusal.code, ErrorCode::PermissionDenied);
+        assert!(refusal.error.contains("`network`"), "{}", refusal.error);
+        assert!(
+            refusal
+                .error
+                .contains(r#"network.allow[0] "127.0.0.1:8080""#),
+            "{}",
+            refusal.error
+        );
+        let elsewhere = policy(r#"{"allow":["127.0.0.1/32:9090"]}"#);
+        assert!(still_within(granted.clone(), &elsewhere).is_err());
+        // Within what the owner has now, it starts, with the owner's
+        // denials added.
+        let wider = policy(r#"{"allow":["127.0.0.0/8"],"deny":["127.0.0.2"]}"#);
+        let kept = still_within(granted, &wider).unwrap();
+        assert_eq!(
+            kept.to_json(),
+            serde_json::json!({"allow": ["127.0.0.1:8080"], "deny": ["127.0.0.2"]})
+        );
+    }
+
+    #[test]
+    fn a_sessions_endpoint_only_ever_narrows() {
+        let granted = policy(r#"{"allow":["api.example.com:443","files.example.org"]}"#);
+        // NET `set` cut the endpoint to nothing: a run granted the old
+        // policy before the cut does not put it back.
+        let cut = policy(r#"{"allow":[]}"#);
+        assert_eq!(
+            session_policy(&cut, granted.clone()).to_json(),
+            serde_json::json!({"allow": [], "deny": []})
+        );
+        // Narrowed to one entry: the run keeps only that one.
+        let one = policy(r#"{"allow":["*.example.com"],"deny":["bad.example.com"]}"#);
+        assert_eq!(
+            session_policy(&one, granted.clone()).to_json(),
+            serde_json::json!({"allow": ["api.example.com:443"], "deny": ["bad.example.com"]})
+        );
+        // A narrower run narrows it further; the same policy changes nothing.
+        let narrower = policy(r#"{"allow":["files.example.org:443"]}"#);
+        assert_eq!(session_policy(&granted, narrower.clone()), narrower);
+        assert_eq!(session_policy(&granted, granted.clone()), granted);
+    }
+}
