@@ -18,7 +18,7 @@ use super::Exec;
 use crate::address::Reply;
 use crate::identity::Principal;
 use crate::network::gateway::net_totals;
-use crate::network::policy::Policy;
+use crate::network::policy::{NotWithin, Policy};
 use crate::network::record::Record;
 use crate::network::{endpoint, Gateway};
 
@@ -26,13 +26,12 @@ use crate::network::{endpoint, Gateway};
 /// it waited, and no longer covers what the run was given.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "EXEC field `network`: the policy the run was given when it was queued no longer lies \
-     within its owner's, which was narrowed while it waited ({why}); the run did not start"
+    "EXEC field `network`: the policy the run was given when it was queued is no longer within \
+     its owner's, narrowed while it waited ({} {}); the run did not start",
+    .0.field(),
+    .0.reason("its owner")
 )]
-pub struct Narrowed {
-    /// The entry at fault, as the policy's check names it.
-    why: String,
-}
+pub struct Narrowed(NotWithin);
 
 impl From<Narrowed> for ErrorReply {
     fn from(narrowed: Narrowed) -> ErrorReply {
@@ -45,9 +44,7 @@ impl From<Narrowed> for ErrorReply {
 /// covered by one of the owner's (the owner's denials are added), or it is
 /// refused, naming the entry.
 pub fn still_within(policy: Policy, owner_now: &Policy) -> Result<Policy, Narrowed> {
-    policy.within(owner_now).map_err(|why| Narrowed {
-        why: why.replace("the parent's policy", "the owner's policy now"),
-    })
+    policy.within(owner_now).map_err(Narrowed)
 }
 
 /// The policy of a session's endpoint once a later run of it starts with

@@ -65,7 +65,7 @@ impl Egress {
             (Egress::Policy(asked), Egress::Policy(own)) => asked
                 .within(own)
                 .map(Egress::Policy)
-                .map_err(|why| denied_entry(&why, parent_is)),
+                .map_err(|why| denied(&why.field(), &why.reason(parent_is))),
             (_, Egress::Loopback) => Err(denied(
                 "network",
                 &format!(
@@ -106,12 +106,6 @@ fn denied(field: &str, why: &str) -> ErrorReply {
         ErrorCode::PermissionDenied,
         format!("field `{field}`: {why}"),
     )
-}
-
-fn denied_entry(why: &str, parent_is: &str) -> ErrorReply {
-    let (field, rest) = why.split_once(' ').unwrap_or(("network", why));
-    let rest = rest.replace("the parent's policy", &format!("{parent_is}'s policy"));
-    denied(field, &rest)
 }
 
 #[cfg(test)]

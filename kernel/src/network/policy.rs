@@ -177,12 +177,13 @@ impl Policy {
     /// This policy as a child of `parent` may have it: every entry it
     /// allows must be allowed by one of the parent's, and the parent's
     /// denials are added to its own. The error names the entry at fault.
-    pub fn within(mut self, parent: &Policy) -> Result<Policy, String> {
+    pub fn within(mut self, parent: &Policy) -> Result<Policy, NotWithin> {
         for (index, rule) in self.allow.iter().enumerate() {
             if !parent.allow.iter().any(|wider| wider.covers(rule)) {
-                return Err(format!(
-                    "network.allow[{index}] \"{rule}\": not within the parent's policy"
-                ));
+                return Err(NotWithin::Allow {
+                    index,
+                    rule: rule.to_string(),
+                });
             }
         }
         for rule in &parent.deny {
@@ -191,13 +192,46 @@ impl Policy {
             }
         }
         if self.deny.len() > MAX_ENTRIES {
-            return Err(format!(
-                "network.deny: with its parent's denials added it has {} entries, more than \
-                 {MAX_ENTRIES}",
-                self.deny.len()
-            ));
+            return Err(NotWithin::TooManyDenials {
+                count: self.deny.len(),
+            });
         }
         Ok(self)
+    }
+}
+
+/// Why a policy cannot be had within a wider one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotWithin {
+    /// An allowed entry that no entry of the wider policy covers.
+    #[error("network.allow[{index}] \"{rule}\": not within the parent's policy")]
+    Allow { index: usize, rule: String },
+    /// The denials, with the wider policy's added, are too many.
+    #[error(
+        "network.deny: with its parent's denials added it has {count} entries, more than \
+         {MAX_ENTRIES}"
+    )]
+    TooManyDenials { count: usize },
+}
+
+impl NotWithin {
+    /// The request's field at fault: `network.allow[2]`, `network.deny`.
+    pub fn field(&self) -> String {
+        match self {
+            NotWithin::Allow { index, .. } => format!("network.allow[{index}]"),
+            NotWithin::TooManyDenials { .. } => "network.deny".to_owned(),
+        }
+    }
+
+    /// Why, with `holder` naming who holds the wider policy (`its
+    /// parent`, `the caller`).
+    pub fn reason(&self, holder: &str) -> String {
+        match self {
+            NotWithin::Allow { rule, .. } => format!("\"{rule}\": not within {holder}'s policy"),
+            NotWithin::TooManyDenials { count } => format!(
+                "with {holder}'s denials added it has {count} entries, more than {MAX_ENTRIES}"
+            ),
+        }
     }
 }
 
@@ -756,10 +790,8 @@ mod tests {
             (json!({"allow": ["11.0.0.0/8"]}), "network.allow[0]"),
         ] {
             let error = policy(wider.clone()).within(&parent).unwrap_err();
-            assert!(
-                error.starts_with(field) && error.contains("parent"),
-                "{wider}: {error}"
-            );
+            assert_eq!(error.field(), field, "{wider}: {error}");
+            assert!(error.to_string().contains("parent"), "{wider}: {error}");
         }
     }
 }

@@ -42,6 +42,19 @@ pub enum Framing {
     Chunked,
 }
 
+impl Framing {
+    /// Whether a request of `method` may carry this body. GET, HEAD and
+    /// OPTIONS may not (TRACE is refused whole): RFC 9110 gives a body
+    /// there no meaning, and servers commonly ignore it, reading it as a
+    /// request of its own, for whatever host it names.
+    pub fn fits(self, method: &str) -> bool {
+        let bodiless = ["GET", "HEAD", "OPTIONS"]
+            .iter()
+            .any(|name| method.eq_ignore_ascii_case(name));
+        !bodiless || matches!(self, Framing::None | Framing::Length(0))
+    }
+}
+
 /// Why a request head is refused. Each is a form that some HTTP/1.1
 /// parsers take and others do not (RFC 9112 leaves most of them to the
 /// recipient's leniency): a server reading such a head differently from
@@ -256,7 +269,7 @@ fn decimal(text: &str) -> Option<u64> {
 }
 
 /// A `tchar` of RFC 9110's `token` (methods and header names).
-fn is_tchar(byte: u8) -> bool {
+pub(crate) fn is_tchar(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
 }
 
@@ -287,20 +300,41 @@ pub fn read_head(bytes: &[u8]) -> Head {
     }
 }
 
+/// An absolute-form target's scheme and what follows its `://`, if it
+/// has the form: a scheme is a letter, then letters, digits, `+`, `-` or
+/// `.` (RFC 3986 3.1). Its case is the client's: schemes are compared
+/// without it, as servers do (`HTTPS://` is `https://`).
+pub fn absolute_form(target: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = target.split_once("://")?;
+    let mut bytes = scheme.bytes();
+    let valid = bytes.next().is_some_and(|b| b.is_ascii_alphabetic())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b));
+    valid.then_some((scheme, rest))
+}
+
 /// A plain-HTTP request's absolute-form target.
 fn forward(method: &str, target: &str, framing: Framing) -> Result<ProxyRequest, String> {
-    let Some(rest) = target.strip_prefix("http://") else {
-        return Err(if target.starts_with("https://") {
-            "an https:// URL goes through CONNECT, not as a plain request".into()
-        } else {
-            format!("{target:?}: a proxy request names its URL in full (http://host/path)")
-        });
+    let rest = match absolute_form(target) {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
+            return Err("an https:// URL goes through CONNECT, not as a plain request".into())
+        }
+        _ => {
+            return Err(format!(
+                "{target:?}: a proxy request names its URL in full (http://host/path)"
+            ))
+        }
     };
     let (authority_part, path) = match rest.find(['/', '?']) {
         Some(index) => (&rest[..index], &rest[index..]),
         None => (rest, "/"),
     };
     let (host, port) = authority(authority_part, Some(80))?;
+    if !framing.fits(method) {
+        return Err(format!(
+            "a body on {method}: a server may read it as a request of its own; send it with POST"
+        ));
+    }
     let target = if path.starts_with('?') {
         format!("/{path}")
     } else {
@@ -441,6 +475,48 @@ mod tests {
             );
         }
     }
+    #[test]
+    fn an_absolute_urls_scheme_is_read_in_any_case_and_only_http_is_forwarded() {
+        assert_eq!(absolute_form("HTTPS://h/x"), Some(("HTTPS", "h/x")));
+        assert_eq!(absolute_form("x://h/"), Some(("x", "h/")));
+        assert_eq!(absolute_form("web+a.b-c://h"), Some(("web+a.b-c", "h")));
+        for target in ["/a://b", "1x://h/", "://h/", "*", "http:/h/x", "h:443"] {
+            assert_eq!(absolute_form(target), None, "{target}");
+        }
+        for (bytes, port, path) in [
+            (
+                &b"GET HTTP://A.example:8080/a HTTP/1.1\r\n\r\n"[..],
+                8080,
+                "/a",
+            ),
+            (b"GET Http://a.example HTTP/1.1\r\n\r\n", 80, "/"),
+            (b"GET hTtP://a.example?q HTTP/1.1\r\n\r\n", 80, "/?q"),
+        ] {
+            assert!(
+                matches!(
+                    read_head(bytes),
+                    Head::Complete(ProxyRequest::Forward { ref host, port: p, ref target, .. }, _)
+                        if host == "a.example" && p == port && target == path
+                ),
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        for (bytes, why) in [
+            (&b"GET HTTPS://a.example/ HTTP/1.1\r\n\r\n"[..], "CONNECT"),
+            (b"GET Https://a.example/ HTTP/1.1\r\n\r\n", "CONNECT"),
+            (b"GET ws://a.example/ HTTP/1.1\r\n\r\n", "in full"),
+            (b"GET x://a.example/ HTTP/1.1\r\n\r\n", "in full"),
+            (b"GET http:/a.example/ HTTP/1.1\r\n\r\n", "in full"),
+        ] {
+            assert!(
+                matches!(read_head(bytes), Head::Refused(400, ref reason) if reason.contains(why)),
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+
     #[test]
     fn a_head_ends_at_crlf_crlf_and_a_bare_lf_cr_or_nul_refuses_it_before_it_ends() {
         let head = b"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\nbody";

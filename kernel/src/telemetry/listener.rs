@@ -223,11 +223,17 @@ impl Server {
                 );
                 return;
             }
+            // Connections first, then new ones: a request already in is
+            // answered before a burst of arrivals can evict it.
+            let mut arrivals = false;
             for event in &events {
                 match event.token() {
-                    LISTENER => self.accept_all(),
+                    LISTENER => arrivals = true,
                     Token(serial) => self.advance(serial),
                 }
+            }
+            if arrivals {
+                self.accept_all();
             }
             self.close_expired(Instant::now());
         }

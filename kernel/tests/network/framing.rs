@@ -395,6 +395,29 @@ fn a_request_pipelined_behind_a_plain_request_never_reaches_the_server() {
 }
 
 #[test]
+fn a_plain_get_carrying_a_body_for_another_host_is_refused_before_any_of_it_is_sent() {
+    // A server that ignores a GET's body reads it as a request of its own:
+    // here, one for another host, which the proxy never decided on.
+    let server = upstream(Kind::Lenient);
+    let served = serve(settings(), POLICY);
+    for method in ["GET", "HEAD", "OPTIONS"] {
+        let mut stream = plain(&served);
+        let request = format!(
+            "{method} http://allowed.test:{}/first HTTP/1.1\r\nHost: allowed.test\r\n\
+             Content-Length: {}\r\n\r\n{NEXT}",
+            server.port,
+            NEXT.len()
+        );
+        send(&mut stream, &request);
+        let response = read_response(&mut stream);
+        assert_eq!(response.status, 400, "{method}: {}", response.text());
+        assert!(response.text().contains("send it with POST"), "{method}");
+    }
+    assert!(server.heads().is_empty(), "{:?}", server.heads());
+    served.wait_for("the refusals", |r| r.totals().refused == 3);
+}
+
+#[test]
 fn a_request_sent_after_a_plain_requests_response_never_reaches_the_server() {
     let server = upstream(Kind::Lenient);
     let served = serve(settings(), POLICY);
@@ -465,4 +488,153 @@ fn a_malformed_chunk_after_the_head_went_on_is_answered_400_and_nothing_after_it
     assert!(!attempt.allowed, "{attempt:?}");
     let heads = server.heads();
     assert_eq!(heads.len(), 1, "{heads:?}");
+}
+
+/// Everything the tunnel brings back until it ends, or is quiet for a
+/// second: every answer, the proxy's or the server's.
+fn everything(tls: &mut StreamOwned<ClientConnection, TcpStream>) -> String {
+    tls.sock
+        .set_read_timeout(Some(std::time::Duration::from_secs(1)))
+        .unwrap();
+    let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+    while let Ok(n @ 1..) = tls.read(&mut buf) {
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The proxy's next head after `first` as the server reads it, with the
+/// key: what a server that ends `first`'s body early reads as a body.
+fn keyed_next(port: u16) -> String {
+    format!("GET /next HTTP/1.1\r\nHost: cred.test:{port}\r\nAuthorization: {SECRET}\r\n\r\n")
+}
+
+#[test]
+fn a_url_for_another_host_in_any_scheme_or_case_never_carries_the_key_there() {
+    let server = upstream(Kind::LenientTls);
+    let served = serve(with_key(), POLICY);
+    let port = server.port;
+    let targets = [
+        (
+            "HTTPS://other.test/x".to_owned(),
+            "a request for other.test ",
+        ),
+        ("Http://other.test/x".into(), "a request for other.test "),
+        (
+            format!("hTtPs://other.test:{port}/x"),
+            "a request for other.test:",
+        ),
+        (
+            "x://other.test/".into(),
+            "\"x://other.test/\" is not a path",
+        ),
+        (
+            "ws://other.test/".into(),
+            "\"ws://other.test/\" is not a path",
+        ),
+    ];
+    for (target, why) in &targets {
+        let mut tls = intercepted(&served, port);
+        send(
+            &mut tls,
+            &format!("GET {target} HTTP/1.1\r\nHost: cred.test\r\n\r\n"),
+        );
+        let response = read_response(&mut tls);
+        // A server takes the host from the URL, not from Host.
+        let heads = server.heads();
+        assert!(heads.is_empty(), "the key went to {target}: {heads:?}");
+        refused_without_the_key(&response, why);
+    }
+    served.wait_for("every refusal", |r| {
+        r.totals().refused == targets.len() as u64
+    });
+    // The tunnel's own host, its scheme in any case, still gets the key.
+    let mut tls = intercepted(&served, port);
+    send(
+        &mut tls,
+        &format!("GET HTTPS://CRED.test:{port}/own HTTP/1.1\r\n\r\n"),
+    );
+    assert_eq!(read_response(&mut tls).status, 200);
+    let heads = server.heads();
+    assert!(heads[0].1.contains(SECRET), "{heads:?}");
+}
+
+#[test]
+fn a_connection_header_naming_content_length_cannot_carry_the_key_into_a_body() {
+    let server = upstream(Kind::LenientTls);
+    let served = serve(with_key(), POLICY);
+    let mut tls = intercepted(&served, server.port);
+    // A hop that honours `Connection` drops the Content-Length: the body
+    // is a request to it, whose body is the proxy's next head, keyed.
+    let inner = format!(
+        "POST /echo HTTP/1.1\r\nHost: cred.test\r\nContent-Length: {}\r\n\r\n",
+        keyed_next(server.port).len()
+    );
+    send(
+        &mut tls,
+        &format!(
+            "POST /a HTTP/1.1\r\nHost: cred.test\r\nConnection: Content-Length\r\nContent-Length: {}\r\n\r\n{inner}GET /next HTTP/1.1\r\nHost: cred.test\r\n\r\n",
+            inner.len()
+        ),
+    );
+    let answers = everything(&mut tls);
+    assert!(!answers.contains(SECRET), "the key came back: {answers}");
+    assert!(
+        answers.starts_with("HTTP/1.1 400 ") && answers.contains("Connection names Content-Length"),
+        "{answers}"
+    );
+    assert!(server.heads().is_empty(), "{:?}", server.heads());
+    served.wait_for("the refusal", |r| r.totals().refused == 1);
+}
+
+#[test]
+fn a_body_on_a_get_or_options_cannot_carry_the_key_into_a_body() {
+    let server = upstream(Kind::LenientTls);
+    let served = serve(with_key(), POLICY);
+    for method in ["GET", "OPTIONS"] {
+        let mut tls = intercepted(&served, server.port);
+        // A server that ignores the body reads it as a request, whose
+        // body is the proxy's next head, keyed.
+        let inner = format!(
+            "POST /echo HTTP/1.1\r\nHost: cred.test\r\nContent-Length: {}\r\n\r\n",
+            keyed_next(server.port).len()
+        );
+        send(
+            &mut tls,
+            &format!(
+                "{method} /a HTTP/1.1\r\nHost: cred.test\r\nContent-Length: {}\r\n\r\n{inner}GET /next HTTP/1.1\r\nHost: cred.test\r\n\r\n",
+                inner.len()
+            ),
+        );
+        let answers = everything(&mut tls);
+        assert!(!answers.contains(SECRET), "the key came back: {answers}");
+        assert!(
+            answers.starts_with("HTTP/1.1 400 ")
+                && answers.contains(&format!("a {method} request with a body")),
+            "{answers}"
+        );
+        assert!(server.heads().is_empty(), "{:?}", server.heads());
+    }
+    served.wait_for("the refusals", |r| r.totals().refused == 2);
+}
+
+#[test]
+fn the_clients_connection_header_and_the_headers_it_names_never_reach_the_server() {
+    let server = upstream(Kind::LenientTls);
+    let served = serve(with_key(), POLICY);
+    let mut tls = intercepted(&served, server.port);
+    send(
+        &mut tls,
+        "POST /a HTTP/1.1\r\nHost: cred.test\r\nConnection: X-Hop, close\r\nX-Hop: 1\r\nX-Kept: 2\r\nContent-Length: 5\r\n\r\nhello",
+    );
+    let response = read_response(&mut tls);
+    assert_eq!((response.status, response.text().as_str()), (200, "hello"));
+    let heads = server.heads();
+    let head = &heads[0].1;
+    assert!(!head.contains("X-Hop"), "{head}");
+    assert!(head.contains("\r\nX-Kept: 2\r\n"), "{head}");
+    assert!(head.contains(SECRET), "{head}");
+    // What the client asked of the connection, in the proxy's own words.
+    assert_eq!(head.matches("Connection:").count(), 1, "{head}");
+    assert!(head.contains("\r\nConnection: close\r\n"), "{head}");
 }

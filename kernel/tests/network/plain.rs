@@ -106,3 +106,33 @@ fn a_plain_request_to_an_ipv6_literal_without_a_host_header_gets_one() {
         "{head}"
     );
 }
+
+#[test]
+fn a_plain_urls_scheme_is_read_in_any_case_and_only_http_goes_to_the_host_it_names() {
+    let server = upstream(Kind::Http);
+    let served = serve(
+        settings(),
+        r#"{"allow":["allowed.test","127.0.0.0/8"],"deny":["denied.test"]}"#,
+    );
+    let ask = |target: String| {
+        let mut stream = TcpStream::connect(served.address).unwrap();
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        write!(stream, "GET {target} HTTP/1.1\r\nHost: denied.test\r\n\r\n").unwrap();
+        read_response(&mut stream)
+    };
+    let response = ask(format!("HTTP://Allowed.test:{}/x", server.port));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let head = &server.heads()[0].1;
+    assert!(head.starts_with("GET /x HTTP/1.1\r\n"), "{head}");
+    assert!(
+        head.contains(&format!("\r\nHost: allowed.test:{}\r\n", server.port)),
+        "{head}"
+    );
+    assert!(!head.contains("denied"), "{head}");
+    assert_eq!(ask("Http://denied.test/".into()).status, 403);
+    let https = ask(format!("HTTPS://allowed.test:{}/", server.port));
+    assert_eq!(https.status, 400);
+    assert!(https.text().contains("through CONNECT"), "{}", https.text());
+    assert_eq!(ask("x://allowed.test/".into()).status, 400);
+    assert_eq!(server.heads().len(), 1);
+}

@@ -302,8 +302,10 @@ pub enum Kind {
     /// as its first list item, signed (`+5`, `5, 5`); a chunk-size line may
     /// end in a bare LF and carry extensions; a two-word request line
     /// (HTTP/0.9) is taken; and every request on a connection is answered,
-    /// whatever `Connection` says (pipelining). Its answer's body is the
-    /// request's body; each head is kept as it was read.
+    /// whatever `Connection` says (pipelining). Like a CDN in front of its
+    /// origin, it drops the fields `Connection` names before it frames the
+    /// body; and it ignores a body on GET, HEAD or OPTIONS. Its answer's
+    /// body is the request's body; each head is kept as it was read.
     Lenient,
     /// The same inside TLS with the test CA's leaf.
     LenientTls,
@@ -499,9 +501,19 @@ fn lenient_server(stream: impl Read + Write, number: usize, heads: &Mutex<Vec<(u
         } else {
             reader.fields()
         };
-        let Some(fields) = fields else { return };
+        let Some(mut fields) = fields else { return };
         let head = String::from_utf8_lossy(&reader.read).into_owned();
         heads.lock().unwrap().push((number, head));
+        let named: Vec<String> = fields
+            .iter()
+            .filter(|(name, _)| name == "connection")
+            .flat_map(|(_, value)| value.split(',').map(|o| o.trim().to_ascii_lowercase()))
+            .collect();
+        fields.retain(|(name, _)| !named.contains(name));
+        let method = request_line.split_whitespace().next().unwrap_or_default();
+        if matches!(method, "GET" | "HEAD" | "OPTIONS") {
+            fields.retain(|(name, _)| name != "content-length" && name != "transfer-encoding");
+        }
         let chunked = fields.iter().any(|(name, value)| {
             name == "transfer-encoding" && value.to_ascii_lowercase().contains("chunked")
         });

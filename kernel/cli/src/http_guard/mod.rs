@@ -6,5 +6,5 @@ mod connections;
 pub mod peer;
 mod token;
 
-pub use connections::{Client, ConnectionLimit, Held};
+pub use connections::{Client, ConnectionLimit, Held, Place};
 pub use token::{default_token_path, effective_uid, Origin as TokenOrigin, Token};

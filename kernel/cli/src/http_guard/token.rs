@@ -45,69 +45,101 @@ pub enum Origin {
 }
 
 impl Token {
-    /// The token in `path`, a file only its owner may read.
+    /// The token in `path`, a regular file only its owner may read.
     pub fn from_file(path: &Path, flag: &str) -> anyhow::Result<Token> {
-        let source = || format!("{flag} {}", path.display());
-        let file = File::open(path).with_context(source)?;
-        let metadata = file.metadata()?;
+        let source = format!("{flag} {}", path.display());
+        // O_NONBLOCK: a FIFO put in the file's place cannot hang the
+        // start; it is refused below as not a regular file.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .with_context(|| source.clone())?;
+        Token::read_private(file, &source)
+    }
+
+    /// The token in `file`, checked on the file as opened, not by its
+    /// path, which may have changed since.
+    fn read_private(file: File, source: &str) -> anyhow::Result<Token> {
+        let metadata = file.metadata().with_context(|| source.to_owned())?;
+        if !metadata.is_file() {
+            bail!("{source}: not a regular file");
+        }
         // The file is the secret: one that others can read gives the
         // endpoint to them too.
         if metadata.mode() & 0o077 != 0 {
-            bail!("{}: other users can read it; chmod 600 it", source());
+            bail!("{source}: other users can read it; chmod 600 it");
         }
         let mut bytes = Vec::new();
         file.take(MAX_TOKEN_FILE_BYTES + 1)
             .read_to_end(&mut bytes)
-            .with_context(source)?;
+            .with_context(|| source.to_owned())?;
         if bytes.len() as u64 > MAX_TOKEN_FILE_BYTES {
-            bail!(
-                "{}: longer than {MAX_TOKEN_FILE_BYTES} bytes; it holds one token",
-                source()
-            );
+            bail!("{source}: longer than {MAX_TOKEN_FILE_BYTES} bytes; it holds one token");
         }
-        Token::new(bytes, &source())
+        Token::new(bytes, source)
     }
 
     /// The token in `path` if an earlier start made one there, else a new
-    /// one written there (mode 600, its directory 700).
+    /// one written there (mode 600, its directory 700). The directory and
+    /// the file must be this user's own and no one else's to write, or
+    /// someone else could have put a token they know there.
     pub fn made_or_kept(path: &Path) -> anyhow::Result<(Token, Origin)> {
-        let source = || format!("the token file {}", path.display());
-        match std::fs::symlink_metadata(path) {
-            Ok(metadata) => {
-                // Someone else's file, or a link to one, is not ours to
-                // trust: it may be a token they know.
-                if !metadata.is_file() || metadata.uid() != effective_uid() {
-                    bail!(
-                        "{}: not a file of this user's; remove it, or give --token-file",
-                        source()
-                    );
+        let source = format!("the token file {}", path.display());
+        let dir = path
+            .parent()
+            .with_context(|| format!("{source}: has no directory"))?;
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let owner = effective_uid();
+        let dir_metadata = std::fs::symlink_metadata(dir).with_context(|| source.clone())?;
+        if !dir_metadata.is_dir() || dir_metadata.uid() != owner || dir_metadata.mode() & 0o022 != 0
+        {
+            bail!(
+                "{source}: {} is not a directory of this user's that only it may write to; \
+                 give --token-file",
+                dir.display()
+            );
+        }
+        // O_NOFOLLOW: a link put in the file's place is refused, not
+        // followed to a file of someone else's choosing.
+        let existing = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path);
+        match existing {
+            Ok(file) => {
+                if file.metadata()?.uid() != owner {
+                    bail!("{source}: not a file of this user's; remove it, or give --token-file");
                 }
-                let token = Token::from_file(path, "the token file")?;
+                let token = Token::read_private(file, &source)?;
                 return Ok((token, Origin::Kept(path.to_owned())));
             }
+            Err(err) if err.raw_os_error() == Some(libc::ELOOP) => {
+                bail!(
+                    "{source}: a link, not a file of this user's; remove it, or give --token-file"
+                )
+            }
             Err(err) if err.kind() == ErrorKind::NotFound => {}
-            Err(err) => return Err(err).with_context(source),
-        }
-        if let Some(dir) = path.parent() {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .with_context(|| format!("creating {}", dir.display()))?;
+            Err(err) => return Err(err).with_context(|| source.clone()),
         }
         let mut random = [0u8; MADE_TOKEN_BYTES];
         File::open("/dev/urandom")
             .and_then(|mut urandom| urandom.read_exact(&mut random))
             .context("reading /dev/urandom for a token")?;
         let text: String = random.iter().map(|byte| format!("{byte:02x}")).collect();
-        // create_new: a file that appeared meanwhile is not overwritten.
+        // create_new: a file (or link) that appeared meanwhile is not
+        // written through.
         let mut file = OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(path)
-            .with_context(source)?;
-        writeln!(file, "{text}").with_context(source)?;
+            .with_context(|| source.clone())?;
+        writeln!(file, "{text}").with_context(|| source.clone())?;
         Ok((Token(text.into_bytes()), Origin::Made(path.to_owned())))
     }
 
@@ -198,6 +230,26 @@ mod tests {
     }
 
     #[test]
+    fn a_token_kept_where_others_may_write_or_that_is_no_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let refused = Token::made_or_kept(&shared.join("mcp-token"))
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("only it may write to"), "{refused}");
+
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        let fifo = private.join("mcp-token");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let refused = Token::made_or_kept(&fifo).unwrap_err().to_string();
+        assert!(refused.contains("not a regular file"), "{refused}");
+    }
+
+    #[test]
     fn a_token_file_others_can_read_or_a_link_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("mcp-token");
@@ -210,6 +262,6 @@ mod tests {
         let link = dir.path().join("linked-token");
         std::os::unix::fs::symlink(&path, &link).unwrap();
         let refused = Token::made_or_kept(&link).unwrap_err().to_string();
-        assert!(refused.contains("not a file of this user's"), "{refused}");
+        assert!(refused.contains("a link"), "{refused}");
     }
 }

@@ -6,10 +6,11 @@
 //! request body, and stopping on SIGINT or SIGTERM.
 //!
 //! Whoever reaches the endpoint acts as the uid that runs `agentos mcp`,
-//! so a bind that other machines can reach requires a token; without one,
-//! a loopback bind serves that uid's own connections only (any local user
-//! can reach a loopback port); and a browser page from a foreign origin is
-//! refused either way.
+//! so every request needs a token: one given (`--token-file`, the
+//! environment), which its holders may share and which a bind other
+//! machines can reach requires; or one the server makes and keeps for its
+//! user, with which it serves that user's own connections only. A
+//! browser page from a foreign origin is refused either way.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -39,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use super::server::AgentosServer;
 use crate::http_guard::peer::Source as PeerSource;
 use crate::http_guard::{
-    default_token_path, effective_uid, Client, ConnectionLimit, Held, Token, TokenOrigin,
+    default_token_path, effective_uid, Client, ConnectionLimit, Held, Place, Token, TokenOrigin,
 };
 
 /// The largest request body read. The kernel takes requests up to 1 MiB
@@ -60,9 +61,11 @@ pub const TOKEN_ENV: &str = "AGENTOS_MCP_TOKEN";
 const HEADER_READ_LIMIT: Duration = Duration::from_secs(30);
 
 /// The connections one client (a local uid, or a remote address) may
-/// hold at once; past it, a connection is answered 503 and closed. An MCP
-/// client needs one or two; this leaves room for many, and keeps one
-/// user's flood from using up the descriptors everyone else needs.
+/// hold at once; past it, its oldest connection that has not carried the
+/// token is closed for the new one, or, when all have, the new one is
+/// answered 503 and closed. An MCP client needs one or two; this leaves
+/// room for many, and keeps one user's flood from using up the
+/// descriptors everyone else needs.
 const MAX_CONNECTIONS_PER_CLIENT: usize = 64;
 
 /// How long in-flight requests get to finish after SIGINT or SIGTERM.
@@ -236,7 +239,6 @@ pub async fn serve(server: AgentosServer, plan: HttpPlan) -> anyhow::Result<()> 
     );
     let guard = Arc::new(Guard {
         peers: PeerSource::for_listener(address),
-        local: address,
         limit: ConnectionLimit::new(MAX_CONNECTIONS_PER_CLIENT),
         only_uid: plan.only_uid,
     });
@@ -279,20 +281,37 @@ pub async fn serve(server: AgentosServer, plan: HttpPlan) -> anyhow::Result<()> 
                 let watcher = connections.watcher();
                 let (guard, gate) = (guard.clone(), gate.clone());
                 tokio::spawn(async move {
-                    let Some(held) = guard.admit(peer).await else {
+                    // The connection's own local address: on a wildcard
+                    // bind, the listener's is 0.0.0.0, which no
+                    // connection's other end is connected to.
+                    let Ok(local) = stream.local_addr() else {
+                        return;
+                    };
+                    let ends = Ends { peer, local };
+                    let Some(held) = guard.admit(ends).await else {
                         return refuse_busy(stream, guard.limit.per_client()).await;
                     };
-                    let service = service_fn(move |request| {
-                        let gate = gate.clone();
-                        async move { Ok::<_, Infallible>(gate.handle(request, peer).await) }
+                    let place = held.place();
+                    let service = service_fn({
+                        let place = place.clone();
+                        move |request| {
+                            let (gate, place) = (gate.clone(), place.clone());
+                            async move {
+                                Ok::<_, Infallible>(gate.handle(request, ends, &place).await)
+                            }
+                        }
                     });
                     let connection = http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEADER_READ_LIMIT)
                         .serve_connection(TokioIo::new(stream), service);
                     // A client that hangs up mid-request is its own
-                    // business; the server goes on.
-                    let _ = watcher.watch(connection).await;
+                    // business; the server goes on. A connection that a
+                    // newer one of its client displaced is closed.
+                    tokio::select! {
+                        _ = watcher.watch(connection) => {}
+                        _ = place.evicted() => {}
+                    }
                     drop(held);
                 });
             }
@@ -335,29 +354,34 @@ async fn refuse_busy(mut stream: TcpStream, per_client: usize) {
 /// own user only.
 struct Guard {
     peers: PeerSource,
-    local: SocketAddr,
     limit: Arc<ConnectionLimit>,
     only_uid: Option<u32>,
 }
 
+/// A connection's two ends: the client's, and the server's own.
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    peer: SocketAddr,
+    local: SocketAddr,
+}
+
 impl Guard {
-    /// A place for the connection from `peer`, unless its client holds
-    /// its share.
-    async fn admit(&self, peer: SocketAddr) -> Option<Held> {
-        let client = match self.owner(peer).await {
+    /// A place for the connection, unless its client holds its share.
+    async fn admit(&self, ends: Ends) -> Option<Held> {
+        let client = match self.owner(ends).await {
             Ok(uid) => Client::Uid(uid),
             // Not on this machine, or gone already: counted by address.
-            Err(_) => Client::Address(peer.ip()),
+            Err(_) => Client::Address(ends.peer.ip()),
         };
         self.limit.hold(client)
     }
 
-    /// Why a request on the connection from `peer` is refused, unless the
-    /// server serves any holder of its token, or its own user holds the
-    /// client's end of the connection now.
-    async fn refuse_other_users(&self, peer: SocketAddr) -> Option<String> {
+    /// Why a request on the connection is refused, unless the server
+    /// serves any holder of its token, or its own user holds the client's
+    /// end of the connection now.
+    async fn refuse_other_users(&self, ends: Ends) -> Option<String> {
         let uid = self.only_uid?;
-        match self.owner(peer).await {
+        match self.owner(ends).await {
             Ok(owner) if owner == uid => None,
             Ok(owner) => Some(format!(
                 "Forbidden: this server's token is uid {uid}'s own, and this connection is uid \
@@ -367,11 +391,12 @@ impl Guard {
         }
     }
 
-    /// The uid at the other end of the connection from `peer`, asked of
-    /// the kernel now (a blocking read, so off the runtime's thread).
-    async fn owner(&self, peer: SocketAddr) -> Result<u32, LookupFailed> {
-        let (peers, local) = (self.peers, self.local);
-        Ok(tokio::task::spawn_blocking(move || peers.owner(peer, local)).await??)
+    /// The uid at the client's end of the connection, asked of the
+    /// kernel now (a blocking read, so off the runtime's thread).
+    async fn owner(&self, ends: Ends) -> Result<u32, LookupFailed> {
+        let peers = self.peers;
+        let lookup = move || peers.owner(ends.peer, ends.local);
+        Ok(tokio::task::spawn_blocking(lookup).await??)
     }
 }
 
@@ -392,8 +417,14 @@ struct Gate {
 }
 
 impl Gate {
-    /// The answer to `request`, which came on the connection from `peer`.
-    async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    /// The answer to `request`, which came on the connection with these
+    /// `ends`, holding `place` among its client's connections.
+    async fn handle(
+        &self,
+        request: Request<Incoming>,
+        ends: Ends,
+        place: &Place,
+    ) -> Response<Body> {
         if request.uri().path() != ENDPOINT_PATH {
             return plain(
                 StatusCode::NOT_FOUND,
@@ -403,7 +434,8 @@ impl Gate {
         if let Some(refusal) = self.refuse_unauthorized(&request) {
             return refusal;
         }
-        if let Some(refusal) = self.guard.refuse_other_users(peer).await {
+        place.prove();
+        if let Some(refusal) = self.guard.refuse_other_users(ends).await {
             return plain(StatusCode::FORBIDDEN, refusal);
         }
         if request.method() != Method::POST {

@@ -11,7 +11,13 @@
 //! credential the proxy adds to the next head land in what the server
 //! takes for a body, is refused. After an upgrade the rest of the
 //! connection passes through untouched.
+//!
+//! Every request in a tunnel must be for the tunnel's host, and a target
+//! that could name another is refused (`admit`), as is a body a server
+//! may ignore (on GET, HEAD or OPTIONS). The client's `Connection` header,
+//! and the headers it names, are the hop's: they are not forwarded.
 
+use super::admit;
 use super::body::{Body, BodyError};
 use crate::network::request::{self, HeadError, MAX_HEAD_BYTES};
 
@@ -26,6 +32,14 @@ pub enum Refusal {
     Method(String),
     #[error("a request for {asked} inside a tunnel to {tunnel}")]
     OtherHost { asked: String, tunnel: String },
+    #[error("{0:?} is not a path, `*` for OPTIONS, or an http(s) URL of the tunnel's host")]
+    Target(String),
+    #[error("Connection names {0}, which every hop must keep")]
+    HopByHop(String),
+    #[error("Connection {0:?} is not a list of header names")]
+    ConnectionList(String),
+    #[error("a {0} request with a body")]
+    BodyOnMethod(String),
 }
 
 impl Refusal {
@@ -73,11 +87,12 @@ fn header_name(line: &str) -> &str {
 }
 
 /// Whether a client's header is one the proxy consumes, replaces or
-/// decides itself.
-fn dropped(name: &str, set: &[SetHeader], forwarding: bool) -> bool {
+/// decides itself; `hop` names (lowercased) the connection's own headers,
+/// which are not forwarded either.
+fn dropped(name: &str, set: &[SetHeader], hop: &[&str]) -> bool {
     let lower = name.to_ascii_lowercase();
     lower.starts_with("proxy-")
-        || (forwarding && matches!(lower.as_str(), "connection" | "keep-alive"))
+        || hop.contains(&lower.as_str())
         || set
             .iter()
             .any(|header| header.name.eq_ignore_ascii_case(name))
@@ -85,9 +100,9 @@ fn dropped(name: &str, set: &[SetHeader], forwarding: bool) -> bool {
 
 /// Writes the head's header lines (not the request line) minus dropped
 /// ones, then the set headers, into `out`.
-fn headers(head: &str, set: &[SetHeader], forwarding: bool, out: &mut Vec<u8>) {
+fn headers(head: &str, set: &[SetHeader], hop: &[&str], out: &mut Vec<u8>) {
     for line in lines(head).skip(1) {
-        if !dropped(header_name(line), set, forwarding) {
+        if !dropped(header_name(line), set, hop) {
             out.extend_from_slice(line.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
@@ -125,7 +140,7 @@ pub fn forward_head(
     // of another one.
     let mut set = set.to_vec();
     set.insert(0, host_header(authority));
-    headers(&head, &set, true, &mut out);
+    headers(&head, &set, &["connection", "keep-alive"], &mut out);
     out.extend_from_slice(b"Connection: close\r\n\r\n");
     out
 }
@@ -219,31 +234,43 @@ impl Requests {
             // TRACE would echo the credential back into the sandbox.
             return Err(Refusal::Method(method.to_owned()));
         }
-        if let Some(rest) = target
-            .strip_prefix("https://")
-            .or_else(|| target.strip_prefix("http://"))
-        {
-            let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-            let same = authority.eq_ignore_ascii_case(&self.authority)
-                || authority.eq_ignore_ascii_case(&format!("{}:443", self.authority));
-            if !same {
-                return Err(Refusal::OtherHost {
-                    asked: authority.to_owned(),
-                    tunnel: self.authority.clone(),
-                });
-            }
-        }
+        admit::target(&self.authority, method, target)?;
+        admit::body(method, parsed.framing)?;
+        let options = admit::connection_options(text, &self.set)?;
         let upgrade = lines(text)
             .skip(1)
             .any(|line| header_name(line).eq_ignore_ascii_case("upgrade"));
+        let mut hop = vec!["connection"];
+        if upgrade {
+            hop.push("keep-alive");
+        }
+        // The Upgrade header stays for an upgrade: the proxy's own
+        // Connection names it.
+        hop.extend(
+            options
+                .iter()
+                .map(String::as_str)
+                .filter(|option| *option != "upgrade"),
+        );
         out.extend_from_slice(lines(text).next().unwrap_or_default().as_bytes());
         out.extend_from_slice(b"\r\n");
-        headers(text, &self.set, upgrade, out);
-        if upgrade {
-            // What follows is another protocol's, passed through: the
-            // client's Connection header is replaced by the one an upgrade
-            // needs.
-            out.extend_from_slice(b"Connection: upgrade\r\n");
+        headers(text, &self.set, &hop, out);
+        let has = |option: &str| options.iter().any(|o| o == option);
+        // The client's Connection is replaced by the proxy's, which keeps
+        // what the client asked of the connection itself: the tunnel is
+        // one connection to the server.
+        let connection = if upgrade {
+            // What follows is another protocol's, passed through.
+            Some("upgrade")
+        } else if has("close") {
+            Some("close")
+        } else if has("keep-alive") {
+            Some("keep-alive")
+        } else {
+            None
+        };
+        if let Some(connection) = connection {
+            out.extend_from_slice(format!("Connection: {connection}\r\n").as_bytes());
         }
         out.extend_from_slice(b"\r\n");
         let body = Body::new(parsed.framing);

@@ -20,9 +20,11 @@
 //! (what is done with it in each phase); `resolver` (DNS threads);
 //! `splice` (moving bytes with backpressure, through a kernel pipe for
 //! bulk); `intercept` and `tls` (the TLS both ways, the CA); `http`
-//! (request heads rewritten); `body` (where a request's body ends);
-//! `reply` (refusals); `log_budget` (log lines within a budget).
+//! (request heads rewritten); `admit` (which requests a tunnel takes);
+//! `body` (where a request's body ends); `reply` (refusals); `log_budget`
+//! (log lines within a budget).
 
+mod admit;
 mod body;
 mod connection;
 mod event_loop;

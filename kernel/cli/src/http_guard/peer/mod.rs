@@ -170,6 +170,24 @@ mod tests {
     }
 
     #[test]
+    fn both_sources_agree_on_an_ipv6_client_of_an_ipv4_server() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let Ok(client) = std::net::TcpStream::connect(("::ffff:127.0.0.1", port)) else {
+            eprintln!("!!! NOT TESTED: no IPv6 sockets on this machine");
+            return;
+        };
+        let (accepted, peer) = listener.accept().unwrap();
+        let local = accepted.local_addr().unwrap();
+        let uid = crate::http_guard::effective_uid();
+        assert_eq!(Source::ProcNet.owner(peer, local).unwrap(), uid);
+        if Source::for_listener(listener.local_addr().unwrap()) == Source::SockDiag {
+            assert_eq!(Source::SockDiag.owner(peer, local).unwrap(), uid);
+        }
+        drop(client);
+    }
+
+    #[test]
     fn both_sources_agree_on_a_dual_stack_servers_ipv4_client() {
         let Ok(listener) = std::net::TcpListener::bind("[::]:0") else {
             eprintln!("!!! NOT TESTED: no IPv6 on this machine");

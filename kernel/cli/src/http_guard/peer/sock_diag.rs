@@ -18,7 +18,7 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 
-use super::Listed;
+use super::{canonical, Listed};
 
 /// `SOCK_DIAG_BY_FAMILY`: the request and reply message type.
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -133,10 +133,17 @@ fn parse_reply(reply: &[u8], local: SocketAddr, remote: SocketAddr) -> io::Resul
     // struct inet_diag_msg: family, state, timer, retrans, the sockid,
     // expires, rqueue, wqueue, uid, inode.
     let message = body.get(..72).ok_or_else(short)?;
-    let mut expected = [0u8; SOCKID_BYTES];
-    write_sockid(&mut expected, local, remote);
-    // The cookie is the kernel's own; ports and addresses must be ours.
-    if message[4..4 + 36] != expected[..36] {
+    // The kernel finds an IPv6 socket connected to an IPv4 address by its
+    // IPv4 addresses, and reports it as IPv6 (`::ffff:a.b.c.d`): the
+    // addresses are compared as the ones they stand for.
+    let (found_local, found_remote) =
+        reported_addresses(message[0], &message[4..40]).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a sock_diag reply of another family",
+            )
+        })?;
+    if (canonical(found_local), canonical(found_remote)) != (canonical(local), canonical(remote)) {
         return Ok(None);
     }
     let word = |offset: usize| {
@@ -152,6 +159,29 @@ fn parse_reply(reply: &[u8], local: SocketAddr, remote: SocketAddr) -> io::Resul
         uid: word(64),
         inode: u64::from(word(68)),
     }))
+}
+
+/// The two ends in a reply's `struct inet_diag_sockid` (without its
+/// interface and cookie), read as `family` lays them out.
+fn reported_addresses(family: u8, id: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
+    let port = |at: usize| u16::from_be_bytes([id[at], id[at + 1]]);
+    let address = |at: usize| -> Option<IpAddr> {
+        match i32::from(family) {
+            libc::AF_INET => {
+                let octets: [u8; 4] = id[at..at + 4].try_into().ok()?;
+                Some(IpAddr::from(octets))
+            }
+            libc::AF_INET6 => {
+                let octets: [u8; 16] = id[at..at + 16].try_into().ok()?;
+                Some(IpAddr::from(octets))
+            }
+            _ => None,
+        }
+    };
+    Some((
+        SocketAddr::new(address(4)?, port(0)),
+        SocketAddr::new(address(20)?, port(2)),
+    ))
 }
 
 #[cfg(test)]
@@ -172,6 +202,44 @@ mod tests {
         assert_eq!(&body[12..16], &[127, 0, 0, 1]);
         assert_eq!(&body[28..32], &[127, 0, 0, 2]);
         assert_eq!(&body[48..56], &[0xff; 8]);
+    }
+
+    /// A reply as the kernel writes it for a socket of `family` with
+    /// these ends, ESTABLISHED, of uid 1000.
+    fn reply(family: u8, local: SocketAddr, remote: SocketAddr) -> Vec<u8> {
+        let mut message = vec![0u8; HEADER_BYTES + 72];
+        message[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        let body = &mut message[HEADER_BYTES..];
+        body[0] = family;
+        body[1] = ESTABLISHED;
+        write_sockid(&mut body[4..4 + SOCKID_BYTES], local, remote);
+        body[64..68].copy_from_slice(&1000u32.to_ne_bytes());
+        body[68..72].copy_from_slice(&77u32.to_ne_bytes());
+        message
+    }
+
+    #[test]
+    fn an_ipv6_socket_connected_to_an_ipv4_address_is_its_ipv4_self() {
+        let (local, remote) = (
+            "127.0.0.1:40000".parse().unwrap(),
+            "127.0.0.1:8765".parse().unwrap(),
+        );
+        let mapped = reply(
+            libc::AF_INET6 as u8,
+            "[::ffff:127.0.0.1]:40000".parse().unwrap(),
+            "[::ffff:127.0.0.1]:8765".parse().unwrap(),
+        );
+        let found = parse_reply(&mapped, local, remote).unwrap().unwrap();
+        assert_eq!((found.uid, found.inode), (1000, 77));
+        let plain = reply(libc::AF_INET as u8, local, remote);
+        assert!(parse_reply(&plain, local, remote).unwrap().is_some());
+        // Another socket's ends are not this connection's.
+        let other = reply(
+            libc::AF_INET as u8,
+            "127.0.0.1:40001".parse().unwrap(),
+            remote,
+        );
+        assert!(parse_reply(&other, local, remote).unwrap().is_none());
     }
 
     #[test]
