@@ -18,39 +18,9 @@
 //! and the headers it names, are the hop's: they are not forwarded.
 
 use super::admit;
-use super::body::{Body, BodyError};
+use super::body::Body;
+pub use super::refusal::Refusal;
 use crate::network::request::{self, HeadError, MAX_HEAD_BYTES};
-
-/// Why a request inside an intercepted tunnel is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
-    #[error(transparent)]
-    Head(#[from] HeadError),
-    #[error(transparent)]
-    Body(#[from] BodyError),
-    #[error("{0} is not served inside an intercepted tunnel")]
-    Method(String),
-    #[error("a request for {asked} inside a tunnel to {tunnel}")]
-    OtherHost { asked: String, tunnel: String },
-    #[error("{0:?} is not a path, `*` for OPTIONS, or an http(s) URL of the tunnel's host")]
-    Target(String),
-    #[error("Connection names {0}, which every hop must keep")]
-    HopByHop(String),
-    #[error("Connection {0:?} is not a list of header names")]
-    ConnectionList(String),
-    #[error("a {0} request with a body")]
-    BodyOnMethod(String),
-}
-
-impl Refusal {
-    /// The HTTP status a refusal for it answers.
-    pub fn status(&self) -> u16 {
-        match self {
-            Refusal::Head(error) => error.status(),
-            _ => 400,
-        }
-    }
-}
 
 /// A header to set on every request: name and value. The value is never
 /// logged or shown; [`std::fmt::Debug`] leaves it out.
@@ -236,7 +206,8 @@ impl Requests {
         }
         admit::target(&self.authority, method, target)?;
         admit::body(method, parsed.framing)?;
-        let options = admit::connection_options(text, &self.set)?;
+        let set_names: Vec<&str> = self.set.iter().map(|header| header.name.as_str()).collect();
+        let options = admit::connection_options(text, &set_names)?;
         let upgrade = lines(text)
             .skip(1)
             .any(|line| header_name(line).eq_ignore_ascii_case("upgrade"));
@@ -287,6 +258,7 @@ impl Requests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::network::proxy::body::BodyError;
 
     fn token() -> Vec<SetHeader> {
         vec![SetHeader {

@@ -20,7 +20,8 @@
 //! (what is done with it in each phase); `resolver` (DNS threads);
 //! `splice` (moving bytes with backpressure, through a kernel pipe for
 //! bulk); `intercept` and `tls` (the TLS both ways, the CA); `http`
-//! (request heads rewritten); `admit` (which requests a tunnel takes);
+//! (request heads rewritten); `admit` (which requests a tunnel takes) and
+//! `refusal` (why one is refused; `tunnel_tests` drives both);
 //! `body` (where a request's body ends); `reply` (refusals); `log_budget`
 //! (log lines within a budget).
 
@@ -32,11 +33,14 @@ mod http;
 mod intercept;
 mod log_budget;
 mod phases;
+mod refusal;
 mod reply;
 mod resolver;
 mod settings;
 mod splice;
 mod tls;
+#[cfg(test)]
+mod tunnel_tests;
 
 pub use settings::{Credential, ProxySettings, SandboxId};
 
