@@ -112,6 +112,25 @@ def start_kernel(workdir: Path, config: str = "", llm: bool = False) -> Kernel:
     pytest.fail(f"agentosd did not come up:\n{log_path.read_text()}")
 
 
+# The kernels running now, so that a failing test's report carries the
+# end of each one's log (it is removed with the kernel's directory).
+RUNNING_KERNELS: list[Kernel] = []
+# The lines of a kernel's log a failing test's report shows.
+LOG_TAIL_LINES = 80
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for kernel in RUNNING_KERNELS:
+            exited = kernel.process.poll()
+            state = "running" if exited is None else f"exited with {exited}"
+            tail = "\n".join(kernel.log().splitlines()[-LOG_TAIL_LINES:])
+            report.sections.append((f"agentosd {kernel.socket_path} ({state}), its log's end", tail))
+
+
 @contextlib.contextmanager
 def kernel_with(config: str = "", llm: bool = False) -> Iterator[Kernel]:
     """A kernel with this config, stopped and cleaned up afterwards."""
@@ -119,9 +138,11 @@ def kernel_with(config: str = "", llm: bool = False) -> Iterator[Kernel]:
     # past the 107 bytes a Unix socket address holds.
     workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
     k = start_kernel(workdir, config, llm)
+    RUNNING_KERNELS.append(k)
     try:
         yield k
     finally:
+        RUNNING_KERNELS.remove(k)
         # Stop it as an operator would, so it removes its agents and cgroups.
         if k.process.poll() is None:
             k.process.send_signal(signal.SIGTERM)
