@@ -19,7 +19,7 @@ use crate::address::Reply;
 use crate::identity::Principal;
 use crate::network::gateway::net_totals;
 use crate::network::policy::{NotWithin, Policy};
-use crate::network::record::Record;
+use crate::network::record::{lock, Record};
 use crate::network::{endpoint, Gateway};
 
 /// Why a queued run did not start: its owner's policy was narrowed while
@@ -148,10 +148,6 @@ pub(super) fn open_endpoint(
         run.net_before = net_totals(open.endpoint.record());
     }
     Ok(gateway.environment())
-}
-
-fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
-    record.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

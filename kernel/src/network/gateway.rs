@@ -12,7 +12,7 @@ use super::policy::Policy;
 use super::proxy::{Proxy, SandboxId};
 use agentos_proto::payload::{NetAttempt, NetTotals};
 
-use super::record::Record;
+use super::record::{lock, Record};
 
 /// Where a sandbox finds the bundle of certificates it trusts: the
 /// system's, and the proxy's per-boot CA.
@@ -115,7 +115,7 @@ impl Drop for Endpoint {
 
 /// A record's counters, as LIST and EXEC replies carry them.
 pub fn net_totals(record: &Mutex<Record>) -> NetTotals {
-    let totals = record.lock().unwrap_or_else(|e| e.into_inner()).totals();
+    let totals = lock(record).totals();
     NetTotals {
         allowed: totals.allowed,
         refused: totals.refused,
@@ -127,7 +127,7 @@ pub fn net_totals(record: &Mutex<Record>) -> NetTotals {
 /// A record's kept attempts, oldest first, and how many older ones are
 /// gone, as NET's reply carries them.
 pub fn net_attempts(record: &Mutex<Record>) -> (Vec<NetAttempt>, u64) {
-    let record = record.lock().unwrap_or_else(|e| e.into_inner());
+    let record = lock(record);
     let (attempts, dropped) = record.attempts();
     let attempts = attempts
         .map(|attempt| NetAttempt {

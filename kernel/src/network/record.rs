@@ -131,13 +131,9 @@ impl Record {
     /// (`policy changed`, an upstream that could not be reached).
     pub fn ended(&mut self, id: u64, reason: String) {
         if let Some(owner) = &self.owner {
-            if let Some(attempt) = lock(owner).kept(id) {
-                attempt.reason = Some(reason.clone());
-            }
+            lock(owner).note_ending(id, reason.clone());
         }
-        if let Some(attempt) = self.kept(id) {
-            attempt.reason = Some(reason);
-        }
+        self.note_ending(id, reason);
     }
 
     /// The attempt, in this record only (the kernel-wide counts are the
@@ -164,6 +160,12 @@ impl Record {
             attempt.bytes_out += bytes_out;
             attempt.bytes_in += bytes_in;
             attempt.duration_ms = duration_ms;
+        }
+    }
+
+    fn note_ending(&mut self, id: u64, reason: String) {
+        if let Some(attempt) = self.kept(id) {
+            attempt.reason = Some(reason);
         }
     }
 
@@ -196,7 +198,7 @@ impl Record {
 
 /// A record's lock; a thread that panicked holding it left counts that
 /// are still worth having.
-fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
+pub fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
     record.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -65,6 +65,31 @@ fn refused_without_the_key(response: &Response, why: &str) {
     );
 }
 
+/// The proxy's next head after `first` as the server reads it, with the
+/// key: what a server that ends `first`'s body early reads as a body.
+fn keyed_next(port: u16) -> String {
+    format!("GET /next HTTP/1.1\r\nHost: cred.test:{port}\r\nAuthorization: {SECRET}\r\n\r\n")
+}
+
+/// A request that, to a server reading it as one, is an echo whose body
+/// is the proxy's next head, keyed.
+fn echo_of_keyed_next(port: u16) -> String {
+    format!(
+        "POST /echo HTTP/1.1\r\nHost: cred.test\r\nContent-Length: {}\r\n\r\n",
+        keyed_next(port).len()
+    )
+}
+
+/// Everything the tunnel answered was one 400 saying `why`, and never the
+/// key.
+fn answered_400_without_the_key(answers: &str, why: &str) {
+    assert!(!answers.contains(SECRET), "the key came back: {answers}");
+    assert!(
+        answers.starts_with("HTTP/1.1 400 ") && answers.contains(why),
+        "{why:?}: {answers}"
+    );
+}
+
 #[test]
 fn a_content_length_hidden_behind_a_bare_lf_cannot_carry_the_key_into_a_body() {
     let server = upstream(Kind::LenientTls);
@@ -72,10 +97,7 @@ fn a_content_length_hidden_behind_a_bare_lf_cannot_carry_the_key_into_a_body() {
     let mut tls = intercepted(&served, server.port);
     // The second head as the proxy gives it the key: a server that honours
     // the hidden Content-Length reads it as the first request's body.
-    let smuggled = format!(
-        "GET /next HTTP/1.1\r\nHost: cred.test:{}\r\nAuthorization: {SECRET}\r\n\r\n",
-        server.port
-    );
+    let smuggled = keyed_next(server.port);
     let request = format!(
         "POST /echo HTTP/1.1\r\nHost: cred.test\r\nX-A: 1\nContent-Length: {}\r\n\r\nGET /next HTTP/1.1\r\n\r\n",
         smuggled.len()
@@ -101,10 +123,7 @@ fn a_bare_lf_in_the_request_line_cannot_carry_the_key_into_a_body() {
     let server = upstream(Kind::LenientTls);
     let served = serve(with_key(), POLICY);
     let mut tls = intercepted(&served, server.port);
-    let smuggled = format!(
-        "GET /next HTTP/1.1\r\nHost: cred.test:{}\r\nAuthorization: {SECRET}\r\n\r\n",
-        server.port
-    );
+    let smuggled = keyed_next(server.port);
     let request = format!(
         "POST /echo HTTP/1.1\nContent-Length: {}\r\nHost: cred.test\r\n\r\nGET /next HTTP/1.1\r\n\r\n",
         smuggled.len()
@@ -145,10 +164,7 @@ fn a_head_hiding_a_content_length_after_an_answered_request_is_refused_on_the_sa
     let mut tls = intercepted(&served, server.port);
     send(&mut tls, "GET /one HTTP/1.1\r\nHost: cred.test\r\n\r\n");
     assert_eq!(read_response(&mut tls).status, 200);
-    let smuggled = format!(
-        "GET /next HTTP/1.1\r\nHost: cred.test:{}\r\nAuthorization: {SECRET}\r\n\r\n",
-        server.port
-    );
+    let smuggled = keyed_next(server.port);
     send(
         &mut tls,
         &format!(
@@ -503,12 +519,6 @@ fn everything(tls: &mut StreamOwned<ClientConnection, TcpStream>) -> String {
     String::from_utf8_lossy(&got).into_owned()
 }
 
-/// The proxy's next head after `first` as the server reads it, with the
-/// key: what a server that ends `first`'s body early reads as a body.
-fn keyed_next(port: u16) -> String {
-    format!("GET /next HTTP/1.1\r\nHost: cred.test:{port}\r\nAuthorization: {SECRET}\r\n\r\n")
-}
-
 #[test]
 fn a_url_for_another_host_in_any_scheme_or_case_never_carries_the_key_there() {
     let server = upstream(Kind::LenientTls);
@@ -566,10 +576,7 @@ fn a_connection_header_naming_content_length_cannot_carry_the_key_into_a_body() 
     let mut tls = intercepted(&served, server.port);
     // A hop that honours `Connection` drops the Content-Length: the body
     // is a request to it, whose body is the proxy's next head, keyed.
-    let inner = format!(
-        "POST /echo HTTP/1.1\r\nHost: cred.test\r\nContent-Length: {}\r\n\r\n",
-        keyed_next(server.port).len()
-    );
+    let inner = echo_of_keyed_next(server.port);
     send(
         &mut tls,
         &format!(
@@ -577,12 +584,7 @@ fn a_connection_header_naming_content_length_cannot_carry_the_key_into_a_body() 
             inner.len()
         ),
     );
-    let answers = everything(&mut tls);
-    assert!(!answers.contains(SECRET), "the key came back: {answers}");
-    assert!(
-        answers.starts_with("HTTP/1.1 400 ") && answers.contains("Connection names Content-Length"),
-        "{answers}"
-    );
+    answered_400_without_the_key(&everything(&mut tls), "Connection names Content-Length");
     assert!(server.heads().is_empty(), "{:?}", server.heads());
     served.wait_for("the refusal", |r| r.totals().refused == 1);
 }
@@ -595,10 +597,7 @@ fn a_body_on_a_get_or_options_cannot_carry_the_key_into_a_body() {
         let mut tls = intercepted(&served, server.port);
         // A server that ignores the body reads it as a request, whose
         // body is the proxy's next head, keyed.
-        let inner = format!(
-            "POST /echo HTTP/1.1\r\nHost: cred.test\r\nContent-Length: {}\r\n\r\n",
-            keyed_next(server.port).len()
-        );
+        let inner = echo_of_keyed_next(server.port);
         send(
             &mut tls,
             &format!(
@@ -606,13 +605,8 @@ fn a_body_on_a_get_or_options_cannot_carry_the_key_into_a_body() {
                 inner.len()
             ),
         );
-        let answers = everything(&mut tls);
-        assert!(!answers.contains(SECRET), "the key came back: {answers}");
-        assert!(
-            answers.starts_with("HTTP/1.1 400 ")
-                && answers.contains(&format!("a {method} request with a body")),
-            "{answers}"
-        );
+        let why = format!("a {method} request with a body");
+        answered_400_without_the_key(&everything(&mut tls), &why);
         assert!(server.heads().is_empty(), "{:?}", server.heads());
     }
     served.wait_for("the refusals", |r| r.totals().refused == 2);

@@ -25,7 +25,7 @@ use super::settings::{ProxySettings, SandboxId};
 use super::splice::SCRATCH_BYTES;
 use super::tls::Authority;
 use crate::network::policy::{Decision, Policy};
-use crate::network::record::{Attempt, Record};
+use crate::network::record::{lock, Attempt, Record};
 
 /// What the other threads ask of the loop.
 #[derive(Debug)]
@@ -691,12 +691,4 @@ pub(super) fn epoch_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// The record's lock; a thread that panicked holding it left counts that
-/// are still counts.
-pub(super) fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
-    record
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -14,7 +14,7 @@ use mio::{Interest, Token};
 
 use super::body::Body;
 use super::connection::Phase;
-use super::event_loop::{epoch_ms, lock, End, EventLoop, ESTABLISHED};
+use super::event_loop::{epoch_ms, End, EventLoop, ESTABLISHED};
 use super::http::{self, SetHeader};
 use super::intercept::{Intercept, Step};
 use super::reply::drain;
@@ -22,6 +22,7 @@ use super::resolver::{Answer, Question};
 use super::splice::{Pipe, PumpError};
 use super::SandboxId;
 use crate::network::policy::Decision;
+use crate::network::record::lock;
 use crate::network::record::Attempt;
 use crate::network::request::{self, Head, ProxyRequest, MAX_HEAD_BYTES};
 use crate::network::sni::{self, ClientHello};

@@ -154,19 +154,31 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_listener_on_this_machine_is_found_by_sock_diag() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let source = Source::for_listener(listener.local_addr().unwrap());
-        if source != Source::SockDiag {
-            eprintln!("!!! NOT TESTED: this kernel has no TCP sock_diag; /proc/net/tcp is read");
-            return;
-        }
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    /// Accepts `client`'s connection on `listener` and looks its owner up
+    /// by every source this kernel has: each must name this process's
+    /// user. Returns the client's address as the server saw it.
+    fn every_source_names_this_user(
+        listener: &std::net::TcpListener,
+        client: std::net::TcpStream,
+    ) -> SocketAddr {
         let (accepted, peer) = listener.accept().unwrap();
-        let owner = source.owner(peer, accepted.local_addr().unwrap()).unwrap();
-        assert_eq!(owner, crate::http_guard::effective_uid());
+        let local = accepted.local_addr().unwrap();
+        let uid = crate::http_guard::effective_uid();
+        assert_eq!(Source::ProcNet.owner(peer, local).unwrap(), uid);
+        if Source::for_listener(listener.local_addr().unwrap()) == Source::SockDiag {
+            assert_eq!(Source::SockDiag.owner(peer, local).unwrap(), uid);
+        } else {
+            eprintln!("!!! NOT TESTED: this kernel has no TCP sock_diag; /proc/net/tcp is read");
+        }
         drop(client);
+        peer
+    }
+
+    #[test]
+    fn a_client_on_this_machine_is_found_as_its_users() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        every_source_names_this_user(&listener, client);
     }
 
     #[test]
@@ -177,14 +189,7 @@ mod tests {
             eprintln!("!!! NOT TESTED: no IPv6 sockets on this machine");
             return;
         };
-        let (accepted, peer) = listener.accept().unwrap();
-        let local = accepted.local_addr().unwrap();
-        let uid = crate::http_guard::effective_uid();
-        assert_eq!(Source::ProcNet.owner(peer, local).unwrap(), uid);
-        if Source::for_listener(listener.local_addr().unwrap()) == Source::SockDiag {
-            assert_eq!(Source::SockDiag.owner(peer, local).unwrap(), uid);
-        }
-        drop(client);
+        every_source_names_this_user(&listener, client);
     }
 
     #[test]
@@ -195,14 +200,7 @@ mod tests {
         };
         let port = listener.local_addr().unwrap().port();
         let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let (accepted, peer) = listener.accept().unwrap();
+        let peer = every_source_names_this_user(&listener, client);
         assert!(peer.is_ipv6(), "{peer}");
-        let local = accepted.local_addr().unwrap();
-        let uid = crate::http_guard::effective_uid();
-        assert_eq!(Source::ProcNet.owner(peer, local).unwrap(), uid);
-        if Source::for_listener(listener.local_addr().unwrap()) == Source::SockDiag {
-            assert_eq!(Source::SockDiag.owner(peer, local).unwrap(), uid);
-        }
-        drop(client);
     }
 }
