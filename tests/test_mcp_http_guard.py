@@ -54,7 +54,7 @@ def finished(process: subprocess.Popen, timeout: float = 120) -> str:
 # which Linux lists as uid 0, by the time the server asks whose it is.
 # Whether a given run reaches that window depends on timing; the rule that
 # closes it (an orphan is no one's) is tested on a captured table in
-# kernel/cli/src/http_guard/peer/proc_net.rs. This test holds the outcome:
+# kernel/http/src/peer/proc_net.rs. This test holds the outcome:
 # nothing is done for another user, whatever the timing.
 SEND_AND_CLOSE = """
     import socket, sys, time

@@ -3,14 +3,45 @@
 //! of the daemon, of the cgroups its exec hosts and runs live in, and of
 //! the whole machine.
 
+use std::io;
+use std::num::ParseIntError;
 use std::time::Duration;
 
-use agentos_proto::{Client, Opcode};
-use anyhow::{bail, Context};
+use agentos_proto::payload::MetricsReply;
+use agentos_proto::{Client, ClientError, Opcode};
+
+use crate::wire::{read_reply, UnexpectedReply};
 
 /// How often the kernel publishes its metrics: a phase's figures are read
 /// at least this long after it ends.
 pub const METRICS_PERIOD: Duration = Duration::from_millis(1_100);
+
+/// Why a figure could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FigureError {
+    /// The kernel could not be asked.
+    #[error(transparent)]
+    Kernel(#[from] ClientError),
+    /// METRICS answered with something other than its reply.
+    #[error("METRICS answered {0}")]
+    Metrics(UnexpectedReply),
+    /// A file of `/proc` could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why not.
+        #[source]
+        source: io::Error,
+    },
+    /// A file of `/proc` (named as `/proc/PID/stat`) is not laid out as
+    /// Linux writes it.
+    #[error("{0}")]
+    Layout(&'static str),
+    /// A count in a file of `/proc` is not a number.
+    #[error(transparent)]
+    Number(#[from] ParseIntError),
+}
 
 /// A Prometheus histogram's cumulative buckets: (upper bound in seconds,
 /// observations at or below it), the last `+Inf`.
@@ -19,13 +50,11 @@ pub struct Buckets(pub Vec<(f64, u64)>);
 
 impl Buckets {
     /// Histogram `name`'s buckets in METRICS' text (none: empty).
-    pub fn read(client: &mut Client, name: &str) -> anyhow::Result<Buckets> {
+    pub fn read(client: &mut Client, name: &str) -> Result<Buckets, FigureError> {
         let reply = client.call(Opcode::METRICS, b"")?;
-        let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-        let Some(text) = reply["text"].as_str() else {
-            bail!("METRICS answered {reply}");
-        };
-        Ok(Buckets::parse(text, name))
+        let reply: MetricsReply = read_reply(&reply.payload, |r: &MetricsReply| r.success)
+            .map_err(FigureError::Metrics)?;
+        Ok(Buckets::parse(&reply.text, name))
     }
 
     /// Histogram `name`'s buckets in Prometheus text.
@@ -106,7 +135,7 @@ pub struct Cpu {
 
 impl Cpu {
     /// The figures now for the daemon `pid`.
-    pub fn now(pid: u32) -> anyhow::Result<Cpu> {
+    pub fn now(pid: u32) -> Result<Cpu, FigureError> {
         Ok(Cpu {
             daemon: process_cpu(pid)?,
             sandboxes: sandboxes_cpu(pid),
@@ -129,13 +158,22 @@ fn clock_ticks() -> f64 {
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
 }
 
+/// The text of a file of `/proc`.
+fn read_proc(path: String) -> Result<String, FigureError> {
+    std::fs::read_to_string(&path).map_err(|source| FigureError::Read { path, source })
+}
+
 /// A process's user and system time.
-fn process_cpu(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+fn process_cpu(pid: u32) -> Result<f64, FigureError> {
+    let layout = || FigureError::Layout("/proc/PID/stat");
+    let stat = read_proc(format!("/proc/{pid}/stat"))?;
     // The fields after the command, which may hold spaces, in parentheses.
-    let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
+    let rest = stat.rsplit_once(')').ok_or_else(layout)?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    let (Some(user), Some(system)) = (fields.get(11), fields.get(12)) else {
+        return Err(layout());
+    };
+    let ticks: u64 = user.parse::<u64>()? + system.parse::<u64>()?;
     Ok(ticks as f64 / clock_ticks())
 }
 
@@ -155,9 +193,12 @@ fn sandboxes_cpu(pid: u32) -> Option<f64> {
 }
 
 /// Every CPU's time outside idle and iowait, from /proc/stat.
-fn machine_busy() -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
-    let line = stat.lines().next().context("/proc/stat")?;
+fn machine_busy() -> Result<f64, FigureError> {
+    let stat = read_proc("/proc/stat".to_owned())?;
+    let line = stat
+        .lines()
+        .next()
+        .ok_or(FigureError::Layout("/proc/stat"))?;
     let ticks: Vec<u64> = line
         .split_whitespace()
         .skip(1)

@@ -1,15 +1,62 @@
 //! Shared pieces of the benchmark programs: starting the servers under
-//! test and percentiles. The stand-in LLM provider the THINK benchmark
-//! uses is the tests' (`agentos_test_support::llm_stub`).
+//! test, what they send the kernel and how they read its replies
+//! ([`wire`]), and percentiles. The stand-in LLM provider the THINK
+//! benchmark uses is the tests' (`agentos_test_support::llm_stub`).
 
+use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-
 pub mod kernel_figures;
+pub mod wire;
+
+/// Why a server under test did not come up.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Its program could not be run.
+    #[error("cannot start {name}")]
+    Spawn {
+        /// The server's name in the results.
+        name: &'static str,
+        /// Why not.
+        #[source]
+        source: io::Error,
+    },
+    /// Whether it was still running could not be asked.
+    #[error("cannot wait for {name}")]
+    Wait {
+        /// The server's name in the results.
+        name: &'static str,
+        /// Why not.
+        #[source]
+        source: io::Error,
+    },
+    /// It exited before it listened.
+    #[error("{name} exited at start: {status}")]
+    Exited {
+        /// The server's name in the results.
+        name: &'static str,
+        /// How it ended.
+        status: ExitStatus,
+    },
+    /// Its socket accepted nothing for ten seconds.
+    #[error("{name} did not start listening")]
+    NotListening {
+        /// The server's name in the results.
+        name: &'static str,
+    },
+    /// Its config file could not be written.
+    #[error("cannot write {}", path.display())]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        source: io::Error,
+    },
+}
 
 /// A server process under test, killed when dropped.
 #[derive(Debug)]
@@ -27,13 +74,13 @@ impl Server {
         name: &'static str,
         mut command: Command,
         socket: PathBuf,
-    ) -> anyhow::Result<Server> {
+    ) -> Result<Server, StartError> {
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .with_context(|| format!("cannot start {name}"))?;
+            .map_err(|source| StartError::Spawn { name, source })?;
         let mut server = Server {
             name,
             child,
@@ -41,11 +88,15 @@ impl Server {
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while UnixStream::connect(&server.socket).is_err() {
-            if let Some(status) = server.child.try_wait()? {
-                bail!("{name} exited at start: {status}");
+            let exited = server
+                .child
+                .try_wait()
+                .map_err(|source| StartError::Wait { name, source })?;
+            if let Some(status) = exited {
+                return Err(StartError::Exited { name, status });
             }
             if Instant::now() > deadline {
-                bail!("{name} did not start listening");
+                return Err(StartError::NotListening { name });
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -93,14 +144,21 @@ impl Drop for Server {
 /// Starts agentosd on a socket in `dir`, logging only warnings, with its
 /// agents' logs in `dir` too, and no LLM (a model loading in the
 /// background would disturb what is measured).
-pub fn start_agentosd(binary: &Path, dir: &Path) -> anyhow::Result<Server> {
+pub fn start_agentosd(binary: &Path, dir: &Path) -> Result<Server, StartError> {
     start_agentosd_with(binary, dir, "[llm]\nprovider = \"none\"\n")
 }
 
 /// [`start_agentosd`] with this TOML config.
-pub fn start_agentosd_with(binary: &Path, dir: &Path, config_text: &str) -> anyhow::Result<Server> {
+pub fn start_agentosd_with(
+    binary: &Path,
+    dir: &Path,
+    config_text: &str,
+) -> Result<Server, StartError> {
     let config = dir.join("agentosd.toml");
-    std::fs::write(&config, config_text)?;
+    std::fs::write(&config, config_text).map_err(|source| StartError::Config {
+        path: config.clone(),
+        source,
+    })?;
     let socket = dir.join("agentos.sock");
     let mut command = Command::new(binary);
     command
@@ -116,7 +174,7 @@ pub fn start_agentosd_with(binary: &Path, dir: &Path, config_text: &str) -> anyh
 }
 
 /// A program built next to the running one (in the same target directory).
-pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+pub fn sibling(name: &str) -> io::Result<PathBuf> {
     let here = std::env::current_exe()?;
     Ok(here
         .parent()

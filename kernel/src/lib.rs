@@ -11,43 +11,45 @@
 //! wired: the sandbox runtime and the one-shot sandboxes it keeps
 //! ([`sandbox`], on [`cgroup`]), the agents ([`agents`]), THINK ([`llm`]),
 //! EXEC ([`exec`]), the tools ([`tools`]) and the background tasks
-//! ([`tasks`]). What a principal may be given — tool patterns, token
+//! ([`tasks`]); a sandbox's egress (what it may reach beyond its own
+//! loopback, and the proxy that holds it to that) is the `agentos_egress`
+//! crate's. What a principal may be given — tool patterns, token
 //! budgets — is [`permissions`], below them all. Replies travel by
 //! [`address`] and stay typed until the reactor writes them. Subsystems
 //! that run processes of their own share [`process`] (pidfds, memfds),
 //! [`fd`] (descriptors passed over Unix sockets, non-blocking mode,
 //! watching one with mio) and [`supervisor`] (a long-running child,
-//! restarted when it ends); the leaves — [`clock`], [`timers`],
-//! [`random`], [`python_names`] — serve everyone. Dependencies point from
-//! the reactor down to the leaves, never back up, and no file depends on
-//! one that depends on it: a test reads the sources to keep it so, and
+//! restarted when it ends); the leaves — [`clock`], [`random`],
+//! [`python_names`] — serve everyone, as do the mechanisms of
+//! `agentos_primitives` (named threads, worker pools, timer heaps, log
+//! throttles, the outbound HTTP agent). Dependencies point from the
+//! reactor down to the leaves, never back up, and no file depends on one
+//! that depends on it: a test reads the sources to keep it so, and
 //! `docs/architecture.md` draws the map.
 
-pub mod address;
+mod address;
 pub mod agents;
-pub mod cgroup;
-pub mod clock;
+mod cgroup;
+mod clock;
 pub mod config;
 pub mod daemon;
 pub mod exec;
-pub mod fd;
-pub mod identity;
-pub mod kernel;
-pub mod llm;
-pub mod network;
-pub mod permissions;
+mod fd;
+mod identity;
+mod kernel;
+mod llm;
+mod permissions;
 pub mod process;
-pub mod python_names;
-pub mod random;
-pub mod reactor;
+mod python_names;
+mod random;
+mod reactor;
 pub mod sandbox;
-pub mod service;
-pub mod socket;
-pub mod state_dir;
-pub mod supervisor;
-pub mod syscall;
-pub mod tasks;
-pub mod telemetry;
-pub mod timers;
+mod service;
+mod socket;
+mod state_dir;
+mod supervisor;
+mod syscall;
+mod tasks;
+mod telemetry;
 pub mod tools;
-pub mod workers;
+mod workers;

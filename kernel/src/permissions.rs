@@ -29,12 +29,6 @@ pub fn beyond_caller(field: &str, why: &str) -> ErrorReply {
 /// Whether `server.tool` is within a `permissions.tools` pattern: `*`
 /// stands for any run of characters (`"*"`, `"everything.*"`,
 /// `"*.read_file"`); anything else must match exactly.
-///
-/// ```
-/// use agentos_kernel::permissions::allowed;
-/// assert!(allowed("everything.*", "everything", "echo"));
-/// assert!(!allowed("everything.*", "filesystem", "read_file"));
-/// ```
 pub fn allowed(pattern: &str, server: &str, tool: &str) -> bool {
     glob(pattern.as_bytes(), format!("{server}.{tool}").as_bytes())
 }
@@ -47,13 +41,6 @@ pub fn allowed_by(patterns: &[String], server: &str, tool: &str) -> bool {
 /// Whether every `server.tool` that `pattern` allows is allowed by one of
 /// `patterns` too (a child's pattern against its parent's): `pattern` read
 /// as plain text must match one of them, its own `*`s taken by theirs.
-///
-/// ```
-/// use agentos_kernel::permissions::covered_by;
-/// let parent = ["everything.*".to_owned()];
-/// assert!(covered_by(&parent, "everything.get-*"));
-/// assert!(!covered_by(&parent, "*"));
-/// ```
 pub fn covered_by(patterns: &[String], pattern: &str) -> bool {
     patterns
         .iter()
@@ -85,6 +72,19 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pattern_allows_what_it_names() {
+        assert!(allowed("everything.*", "everything", "echo"));
+        assert!(!allowed("everything.*", "filesystem", "read_file"));
+    }
+
+    #[test]
+    fn a_childs_pattern_is_covered_by_its_parents() {
+        let parent = ["everything.*".to_owned()];
+        assert!(covered_by(&parent, "everything.get-*"));
+        assert!(!covered_by(&parent, "*"));
+    }
 
     #[test]
     fn patterns_allow_what_they_say_and_nothing_more() {

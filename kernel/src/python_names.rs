@@ -4,12 +4,6 @@
 /// A name as a Python identifier: every character that may not be in one
 /// becomes `_` (`get-sum` → `get_sum`); a leading digit or a Python
 /// keyword gets a `_` more (`2fa` → `_2fa`, `import` → `import_`).
-///
-/// ```
-/// use agentos_kernel::python_names::python_name;
-/// assert_eq!(python_name("get-sum"), "get_sum");
-/// assert_eq!(python_name("read.file v2"), "read_file_v2");
-/// ```
 pub fn python_name(name: &str) -> String {
     let mut out: String = name
         .chars()
@@ -49,12 +43,6 @@ pub fn is_keyword(name: &str) -> bool {
 /// Whether `name` can be a Python function's parameter, so an argument
 /// can be passed by position or as `name=`: an identifier (as
 /// `str.isidentifier` has it, near enough) that is not a hard keyword.
-///
-/// ```
-/// use agentos_kernel::python_names::is_parameter_name;
-/// assert!(is_parameter_name("path") && is_parameter_name("type"));
-/// assert!(!is_parameter_name("from") && !is_parameter_name("max-tokens"));
-/// ```
 pub fn is_parameter_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars
@@ -67,6 +55,18 @@ pub fn is_parameter_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_become_identifiers() {
+        assert_eq!(python_name("get-sum"), "get_sum");
+        assert_eq!(python_name("read.file v2"), "read_file_v2");
+    }
+
+    #[test]
+    fn parameter_names_are_identifiers_but_not_keywords() {
+        assert!(is_parameter_name("path") && is_parameter_name("type"));
+        assert!(!is_parameter_name("from") && !is_parameter_name("max-tokens"));
+    }
 
     #[test]
     fn names_become_python_identifiers() {

@@ -118,9 +118,10 @@ impl Supervisor {
             stopping: Condvar::new(),
         });
         let supervising = shared.clone();
-        std::thread::Builder::new()
-            .name(service.name().to_owned())
-            .spawn(move || supervise(&supervising, &mut service, backoff))?;
+        let name = service.name().to_owned();
+        agentos_primitives::threads::spawn(name, move || {
+            supervise(&supervising, &mut service, backoff)
+        })?;
         Ok(Supervisor { shared })
     }
 

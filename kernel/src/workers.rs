@@ -11,12 +11,18 @@
 //! with queued work in turn, so one connection's backlog never delays
 //! another's first job by more than one job per connection ahead of it. A
 //! connection that closes has its queued jobs dropped unrun.
+//!
+//! The threads, the lock around the queue and the wake are
+//! [`agentos_primitives::pool`]'s; the turns between connections are this
+//! file's queue, which the pool takes jobs from.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 
+use agentos_primitives::pool::{self, Outbox, Pool};
+use agentos_primitives::threads::Named;
 use agentos_proto::{ErrorCode, ErrorReply};
 
 /// Blocking work: returns the reply payload.
@@ -25,6 +31,9 @@ pub type Job = Box<dyn FnOnce() -> Vec<u8> + Send>;
 /// The serial of the connection a job is for: a connection's jobs are
 /// served in turn with others' and cancelled together when it closes.
 pub type ConnectionSerial = u64;
+
+/// A worker's stack: jobs call out and wait, they do not recurse deeply.
+const STACK_SIZE: usize = 256 * 1024;
 
 /// A finished job, addressed back to whoever submitted it.
 #[derive(Debug)]
@@ -35,12 +44,22 @@ pub struct Completion<A> {
     pub payload: Vec<u8>,
 }
 
-/// The queue was full; the job comes back unrun.
-pub struct QueueFull(pub Job);
+/// The queue was full; the job was dropped unrun.
+#[derive(Debug)]
+pub struct QueueFull;
 
-impl std::fmt::Debug for QueueFull {
+/// A job waiting its connection's turn.
+struct Queued<A> {
+    connection: ConnectionSerial,
+    address: A,
+    job: Job,
+}
+
+impl<A> std::fmt::Debug for Queued<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("QueueFull")
+        f.debug_struct("Queued")
+            .field("connection", &self.connection)
+            .finish_non_exhaustive()
     }
 }
 
@@ -50,40 +69,16 @@ struct Queue<A> {
     turns: VecDeque<ConnectionSerial>,
     queued: usize,
     capacity: usize,
-    closed: bool,
 }
 
 impl<A> Queue<A> {
-    fn push(
-        &mut self,
-        connection: ConnectionSerial,
-        address: A,
-        job: Job,
-    ) -> Result<(), QueueFull> {
-        if self.queued >= self.capacity {
-            return Err(QueueFull(job));
+    fn new(capacity: usize) -> Queue<A> {
+        Queue {
+            per_connection: HashMap::new(),
+            turns: VecDeque::new(),
+            queued: 0,
+            capacity,
         }
-        let jobs = self.per_connection.entry(connection).or_default();
-        if jobs.is_empty() {
-            self.turns.push_back(connection);
-        }
-        jobs.push_back((address, job));
-        self.queued += 1;
-        Ok(())
-    }
-
-    /// The next job, round-robin across connections.
-    fn pop(&mut self) -> Option<(A, Job)> {
-        let connection = self.turns.pop_front()?;
-        let jobs = self.per_connection.get_mut(&connection)?;
-        let next = jobs.pop_front();
-        if jobs.is_empty() {
-            self.per_connection.remove(&connection);
-        } else {
-            self.turns.push_back(connection);
-        }
-        self.queued -= usize::from(next.is_some());
-        next
     }
 
     fn cancel(&mut self, connection: ConnectionSerial) -> usize {
@@ -99,33 +94,68 @@ impl<A> Queue<A> {
     }
 }
 
-struct Shared<A> {
-    queue: Mutex<Queue<A>>,
-    available: Condvar,
-}
+impl<A: Send + 'static> pool::Queue for Queue<A> {
+    type Job = Queued<A>;
 
-impl<A> Shared<A> {
-    fn lock(&self) -> MutexGuard<'_, Queue<A>> {
-        // A worker that panicked did so outside the lock (jobs run
-        // unlocked and under catch_unwind), so the queue is consistent.
-        self.queue
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn push(&mut self, queued: Queued<A>) -> Result<(), Queued<A>> {
+        if self.queued >= self.capacity {
+            return Err(queued);
+        }
+        let Queued {
+            connection,
+            address,
+            job,
+        } = queued;
+        let jobs = self.per_connection.entry(connection).or_default();
+        if jobs.is_empty() {
+            self.turns.push_back(connection);
+        }
+        jobs.push_back((address, job));
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// The next job, round-robin across connections.
+    fn pop(&mut self) -> Option<Queued<A>> {
+        let connection = self.turns.pop_front()?;
+        let jobs = self.per_connection.get_mut(&connection)?;
+        let next = jobs.pop_front();
+        if jobs.is_empty() {
+            self.per_connection.remove(&connection);
+        } else {
+            self.turns.push_back(connection);
+        }
+        self.queued -= usize::from(next.is_some());
+        next.map(|(address, job)| Queued {
+            connection,
+            address,
+            job,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.queued
+    }
+
+    fn clear(&mut self) {
+        self.per_connection.clear();
+        self.turns.clear();
+        self.queued = 0;
     }
 }
 
 /// A fixed set of worker threads fed from one bounded, fair queue.
 pub struct WorkerPool<A> {
-    shared: Arc<Shared<A>>,
+    pool: Pool<Queue<A>>,
     completions: Receiver<Completion<A>>,
 }
 
 impl<A> std::fmt::Debug for WorkerPool<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let queue = self.shared.lock();
+        let (queued, capacity) = self.pool.with_queue(|queue| (queue.queued, queue.capacity));
         f.debug_struct("WorkerPool")
-            .field("queued", &queue.queued)
-            .field("capacity", &queue.capacity)
+            .field("queued", &queued)
+            .field("capacity", &capacity)
             .finish()
     }
 }
@@ -134,30 +164,10 @@ impl<A: Send + 'static> WorkerPool<A> {
     /// Starts `count` workers sharing a queue of `capacity` jobs; each
     /// completion wakes `waker`.
     pub fn start(count: usize, capacity: usize, waker: Arc<mio::Waker>) -> std::io::Result<Self> {
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                per_connection: HashMap::new(),
-                turns: VecDeque::new(),
-                queued: 0,
-                capacity,
-                closed: false,
-            }),
-            available: Condvar::new(),
-        });
-        let (done_tx, done_rx) = mpsc::channel();
-        for index in 0..count {
-            let shared = Arc::clone(&shared);
-            let done_tx = done_tx.clone();
-            let waker = Arc::clone(&waker);
-            std::thread::Builder::new()
-                .name(format!("agentos-worker-{index}"))
-                .stack_size(256 * 1024)
-                .spawn(move || work(&shared, &done_tx, &waker))?;
-        }
-        Ok(WorkerPool {
-            shared,
-            completions: done_rx,
-        })
+        let (outbox, completions) = Outbox::channel(waker);
+        let threads = Named::new("agentos-worker").stack_size(STACK_SIZE);
+        let pool = Pool::start(threads, count, Queue::new(capacity), outbox, work)?;
+        Ok(WorkerPool { pool, completions })
     }
 
     /// Queues a job for `connection`; its completion will carry `address`.
@@ -167,20 +177,23 @@ impl<A: Send + 'static> WorkerPool<A> {
         address: A,
         job: Job,
     ) -> Result<(), QueueFull> {
-        self.shared.lock().push(connection, address, job)?;
-        self.shared.available.notify_one();
-        Ok(())
+        let queued = Queued {
+            connection,
+            address,
+            job,
+        };
+        self.pool.submit(queued).map_err(|_| QueueFull)
     }
 
     /// Jobs waiting for a thread.
     pub fn queued(&self) -> usize {
-        self.shared.lock().queued
+        self.pool.queued()
     }
 
     /// Drops `connection`'s queued jobs (a job already running still completes).
     /// Returns how many were dropped.
     pub fn cancel(&self, connection: ConnectionSerial) -> usize {
-        self.shared.lock().cancel(connection)
+        self.pool.with_queue(|queue| queue.cancel(connection))
     }
 
     /// Completions that have arrived, without blocking.
@@ -192,54 +205,30 @@ impl<A: Send + 'static> WorkerPool<A> {
     /// their threads exit. Does not wait for them — the daemon is about to
     /// exit, and a job blocked on a slow peer must not hold up shutdown.
     pub fn shutdown(&self) {
-        let mut queue = self.shared.lock();
-        queue.closed = true;
-        queue.per_connection.clear();
-        queue.turns.clear();
-        queue.queued = 0;
-        drop(queue);
-        self.shared.available.notify_all();
+        self.pool.stop();
     }
 }
 
-fn work<A>(shared: &Shared<A>, done: &Sender<Completion<A>>, waker: &mio::Waker) {
-    loop {
-        // Hold the lock only to take one job, never while running it.
-        let (address, job) = {
-            let mut queue = shared.lock();
-            loop {
-                if queue.closed {
-                    return;
-                }
-                if let Some(next) = queue.pop() {
-                    break next;
-                }
-                queue = shared
-                    .available
-                    .wait(queue)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-            }
-        };
-        let payload = catch_unwind(AssertUnwindSafe(job)).unwrap_or_else(|_| {
-            log::error!("a worker job panicked; answering `internal`");
-            ErrorReply::new(
-                ErrorCode::Internal,
-                "the kernel failed while handling this request; see the kernel log",
-            )
-            .to_json()
-        });
-        if done.send(Completion { address, payload }).is_err() {
-            return;
-        }
-        if let Err(err) = waker.wake() {
-            log::error!("worker cannot wake the reactor: {err}");
-        }
-    }
+/// Runs one job; one that panics is answered `internal`.
+fn work<A>(queued: Queued<A>, outbox: &Outbox<Completion<A>>) -> Result<(), pool::Closed> {
+    let payload = catch_unwind(AssertUnwindSafe(queued.job)).unwrap_or_else(|_| {
+        log::error!("a worker job panicked; answering `internal`");
+        ErrorReply::new(
+            ErrorCode::Internal,
+            "the kernel failed while handling this request; see the kernel log",
+        )
+        .to_json()
+    });
+    outbox.send(Completion {
+        address: queued.address,
+        payload,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentos_primitives::pool::Queue as _;
     use std::time::Duration;
 
     fn job(reply: &'static [u8]) -> Job {
@@ -270,12 +259,14 @@ mod tests {
     }
 
     fn queue(capacity: usize) -> Queue<u32> {
-        Queue {
-            per_connection: HashMap::new(),
-            turns: VecDeque::new(),
-            queued: 0,
-            capacity,
-            closed: false,
+        Queue::new(capacity)
+    }
+
+    fn queued(connection: ConnectionSerial, address: u32) -> Queued<u32> {
+        Queued {
+            connection,
+            address,
+            job: job(b""),
         }
     }
 
@@ -283,11 +274,11 @@ mod tests {
     fn owners_take_turns() {
         let mut q = queue(100);
         for i in 0..5 {
-            q.push(1, i, job(b"")).unwrap();
+            q.push(queued(1, i)).unwrap();
         }
-        q.push(2, 100, job(b"")).unwrap();
-        q.push(3, 200, job(b"")).unwrap();
-        let order: Vec<u32> = std::iter::from_fn(|| q.pop().map(|(a, _)| a)).collect();
+        q.push(queued(2, 100)).unwrap();
+        q.push(queued(3, 200)).unwrap();
+        let order: Vec<u32> = std::iter::from_fn(|| q.pop().map(|next| next.address)).collect();
         assert_eq!(order, vec![0, 100, 200, 1, 2, 3, 4]);
         assert_eq!(q.queued, 0);
     }
@@ -295,14 +286,14 @@ mod tests {
     #[test]
     fn a_full_queue_refuses_and_cancel_frees_room() {
         let mut q = queue(3);
-        q.push(1, 1, job(b"")).unwrap();
-        q.push(1, 2, job(b"")).unwrap();
-        q.push(2, 3, job(b"")).unwrap();
-        assert!(q.push(2, 4, job(b"")).is_err());
+        q.push(queued(1, 1)).unwrap();
+        q.push(queued(1, 2)).unwrap();
+        q.push(queued(2, 3)).unwrap();
+        assert!(q.push(queued(2, 4)).is_err());
         assert_eq!(q.cancel(1), 2);
         assert_eq!(q.cancel(1), 0);
-        q.push(2, 4, job(b"")).unwrap();
-        let order: Vec<u32> = std::iter::from_fn(|| q.pop().map(|(a, _)| a)).collect();
+        q.push(queued(2, 4)).unwrap();
+        let order: Vec<u32> = std::iter::from_fn(|| q.pop().map(|next| next.address)).collect();
         assert_eq!(order, vec![3, 4]);
     }
 }

@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+use crate::error::{ErrorCode, ErrorReply};
+use crate::frame::{encode_frame_into, DecodeError, FrameDecoder, MAX_REPLY_BYTES};
+use crate::opcode::Opcode;
 use crate::payload::{
     AgentInfo, HelloReply, KillReply, KillRequest, SpawnReply, SpawnRequest, ThinkReply,
     ThinkRequest,
 };
 use crate::socket_path::resolve_socket_path;
-use crate::{
-    encode_frame_into, DecodeError, ErrorCode, ErrorReply, FrameDecoder, Opcode, MAX_REPLY_BYTES,
-};
 
 /// What can go wrong talking to the kernel. Each message is complete in
 /// itself (it includes the underlying cause), so none is exposed again as
@@ -339,7 +339,7 @@ fn error_reply(payload: &[u8]) -> Option<ErrorReply> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::encode_frame;
+    use crate::frame::encode_frame;
 
     #[test]
     fn a_timed_out_exchange_breaks_the_connection_for_good() {
@@ -361,7 +361,7 @@ mod tests {
         // The kernel reads the header only, answers and closes, as it does
         // for a payload over max_request_bytes.
         let kernel = std::thread::spawn(move || {
-            let mut header = [0u8; crate::HEADER_LEN];
+            let mut header = [0u8; crate::frame::HEADER_LEN];
             kernel_end.read_exact(&mut header).unwrap();
             kernel_end
                 .write_all(&encode_frame(
@@ -403,7 +403,7 @@ mod tests {
         let (client_end, mut kernel_end) = UnixStream::pair().unwrap();
         let client = Client::from_stream(client_end);
         let kernel = std::thread::spawn(move || {
-            let mut header = [0u8; crate::HEADER_LEN];
+            let mut header = [0u8; crate::frame::HEADER_LEN];
             kernel_end.read_exact(&mut header).unwrap();
             kernel_end
                 .write_all(&encode_frame(Opcode::EXIT, 1, b"goodbye"))

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// The stable machine word of a failed reply (`"code"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The payload is not valid for the opcode; the message names the field.
@@ -85,6 +86,7 @@ impl fmt::Display for ErrorCode {
 /// assert_eq!(json, r#"{"success":false,"error":"no agent named \"w1\"","code":"not_found"}"#);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ErrorReply {
     /// Always `false`.
     pub success: bool,
@@ -106,7 +108,7 @@ impl ErrorReply {
 
     /// The reply as JSON bytes, ready to be a frame payload.
     pub fn to_json(&self) -> Vec<u8> {
-        crate::payload::to_json(self)
+        to_json(self)
     }
 }
 
@@ -117,6 +119,21 @@ impl fmt::Display for ErrorReply {
 }
 
 impl std::error::Error for ErrorReply {}
+
+/// Serialises a reply to JSON bytes.
+///
+/// Serialising the protocol's own reply types cannot fail (string keys, no
+/// non-finite floats reach them); should it ever, the result is an `internal`
+/// error reply rather than a panic.
+pub fn to_json<T: Serialize>(reply: &T) -> Vec<u8> {
+    serde_json::to_vec(reply).unwrap_or_else(|err| {
+        let fallback = ErrorReply::new(
+            ErrorCode::Internal,
+            format!("kernel could not encode its reply: {err}"),
+        );
+        serde_json::to_vec(&fallback).unwrap_or_default()
+    })
+}
 
 #[cfg(test)]
 mod tests {

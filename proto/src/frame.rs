@@ -13,7 +13,7 @@
 //! as the header is in, so an oversized length is refused before a single
 //! payload byte is buffered or allocated for.
 
-use crate::Opcode;
+use crate::opcode::Opcode;
 
 /// The frame magic, `"TNGA"` read as a little-endian `u32`.
 pub const MAGIC: u32 = 0x4147_4E54;

@@ -10,9 +10,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agentos_bench::kernel_figures::{cores, Buckets, Cpu, METRICS_PERIOD};
+use agentos_bench::wire::{read_reply, Run, Spawn};
 use agentos_bench::{percentile, sibling, start_agentosd, verdict};
+use agentos_proto::payload::{ExecReply, KillRequest, SpawnReply};
 use agentos_proto::{Client, Opcode};
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::Parser;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -67,9 +69,8 @@ print("flooding", flush=True)
 threading.Event().wait()
 "#;
 
-const CODE: &[u8] = br#"{"code":"print(1)"}"#;
-const SESSION_CODE: &[u8] = br#"{"code":"print(1)","session":"bench"}"#;
-const BASH_CODE: &[u8] = br#"{"code":"echo 1","language":"bash"}"#;
+/// The run measured: a fresh run of `print(1)`.
+const CODE: Run<'static> = Run::python("print(1)");
 const BASH_PAUSE: Duration = Duration::from_millis(25);
 /// The kernel's histogram of how long a run waited for a run sandbox.
 const WAIT: &str = "agentos_exec_wait_seconds";
@@ -91,7 +92,7 @@ fn phase_of(
 }
 
 fn exec_once(client: &mut Client) -> anyhow::Result<Duration> {
-    exec_request(client, CODE)
+    exec_request(client, &serde_json::to_vec(&CODE)?)
 }
 
 /// One EXEC whose code prints `1`; how long until its reply.
@@ -99,10 +100,8 @@ fn exec_request(client: &mut Client, request: &[u8]) -> anyhow::Result<Duration>
     let start = Instant::now();
     let reply = client.call(Opcode::EXEC, request)?;
     let took = start.elapsed();
-    let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-    if reply["stdout"] != "1\n" {
-        bail!("EXEC failed: {reply}");
-    }
+    read_reply(&reply.payload, |r: &ExecReply| r.stdout == "1\n")
+        .map_err(|reply| anyhow!("EXEC failed: {reply}"))?;
     Ok(took)
 }
 
@@ -172,10 +171,11 @@ fn main() -> anyhow::Result<()> {
     let (back_to_back_waits, _) = phase_of(&mut client, WAIT, &waits)?;
     let (back_to_back_refills, _) = phase_of(&mut client, REFILL, &refills)?;
     // The same through one session: its interpreter serves every run.
+    let session_code = serde_json::to_vec(&CODE.in_session("bench"))?;
     let mut session = Vec::with_capacity(args.runs);
     for _ in 0..args.runs {
         std::thread::sleep(pause);
-        session.push(exec_request(&mut client, SESSION_CODE)?);
+        session.push(exec_request(&mut client, &session_code)?);
     }
     // The floor on this machine: a NOOP as far apart, which wakes an idle
     // kernel and an idle client (a run wakes its child and the kernel
@@ -189,10 +189,11 @@ fn main() -> anyhow::Result<()> {
     }
     // Bash runs further apart: a host keeps one shell started
     // (exec.ready_shells), which takes a few milliseconds to replace.
+    let bash_code = serde_json::to_vec(&Run::bash("echo 1"))?;
     let mut bash = Vec::with_capacity(args.baseline_runs);
     for _ in 0..args.baseline_runs {
         std::thread::sleep(BASH_PAUSE);
-        bash.push(exec_request(&mut client, BASH_CODE)?);
+        bash.push(exec_request(&mut client, &bash_code)?);
     }
     let mut fresh = Vec::new();
     let mut isolated = Vec::new();
@@ -471,18 +472,16 @@ fn under_flood(
     let script = scripts.join("flooder.py");
     std::fs::write(&script, FLOODER)?;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644))?;
-    let spawn = serde_json::json!({
-        "name": "flooder",
-        "python": PYTHON,
-        "script": script,
-        "args": [args.flood_connections.to_string()],
-    });
+    let spawn = Spawn::script(
+        "flooder",
+        PYTHON,
+        &script,
+        vec![args.flood_connections.to_string()],
+    );
     let mut operator = Client::connect(socket)?;
-    let reply = operator.call(Opcode::SPAWN, spawn.to_string().as_bytes())?;
-    let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-    if reply["success"] != true {
-        bail!("cannot spawn the flooding agent: {reply}");
-    }
+    let reply = operator.call(Opcode::SPAWN, &serde_json::to_vec(&spawn)?)?;
+    read_reply(&reply.payload, |r: &SpawnReply| r.success)
+        .map_err(|reply| anyhow!("cannot spawn the flooding agent: {reply}"))?;
     // Let its runs take what they may.
     std::thread::sleep(Duration::from_secs(3));
     let pause = Duration::from_millis(args.pause_ms);
@@ -492,7 +491,11 @@ fn under_flood(
         flooded.push(exec_once(client)?);
     }
     flooded.sort_unstable();
-    let kill = serde_json::json!({"name": "flooder", "grace_ms": 0});
-    operator.call(Opcode::KILL, kill.to_string().as_bytes())?;
+    let kill = KillRequest {
+        name: Some("flooder".to_owned()),
+        grace_ms: Some(0),
+        ..KillRequest::default()
+    };
+    operator.call(Opcode::KILL, &serde_json::to_vec(&kill)?)?;
     Ok(flooded)
 }

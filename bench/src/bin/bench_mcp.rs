@@ -10,11 +10,15 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agentos_bench::wire::{read_reply, Run};
 use agentos_bench::{percentile, sibling, start_agentosd, verdict};
+use agentos_proto::payload::{ExecReply, HelloReply};
 use agentos_proto::{Client, Opcode};
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::Parser;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// Benchmark `agentos mcp` against the Rust client.
 #[derive(Debug, Parser)]
@@ -35,7 +39,106 @@ struct Args {
     pause_ms: u64,
 }
 
-const CODE: &[u8] = br#"{"code":"print(1)"}"#;
+/// The run timed each way.
+const CODE: Run<'static> = Run::python("print(1)");
+
+/// A JSON-RPC 2.0 request.
+#[derive(Serialize)]
+struct Request<'a, P> {
+    jsonrpc: &'static str,
+    id: u64,
+    method: &'a str,
+    params: P,
+}
+
+/// A JSON-RPC 2.0 notification (no answer comes).
+#[derive(Serialize)]
+struct Notification<'a> {
+    jsonrpc: &'static str,
+    method: &'a str,
+}
+
+/// A line the server writes: the response to a request (its `id`, and
+/// `result` or `error`), or a notification of its own (no `id`).
+#[derive(Deserialize)]
+struct Response {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    result: Option<Value>,
+    #[serde(default)]
+    error: Option<RpcError>,
+}
+
+/// A JSON-RPC error.
+#[derive(Deserialize)]
+struct RpcError {
+    code: i64,
+    message: String,
+}
+
+/// Parameters or arguments that are an empty object.
+#[derive(Serialize)]
+struct Empty {}
+
+/// `initialize`'s parameters.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Initialize {
+    protocol_version: &'static str,
+    capabilities: Empty,
+    client_info: ClientInfo,
+}
+
+/// Who the client is.
+#[derive(Serialize)]
+struct ClientInfo {
+    name: &'static str,
+    version: &'static str,
+}
+
+/// `tools/call`'s parameters.
+#[derive(Serialize)]
+struct ToolCall<A> {
+    name: &'static str,
+    arguments: A,
+}
+
+/// The `exec` tool's arguments.
+#[derive(Serialize)]
+struct ExecArguments {
+    code: &'static str,
+}
+
+/// A tool's result, by the part a benchmark reads: its structured content.
+#[derive(Deserialize)]
+struct ToolResult<C> {
+    #[serde(rename = "structuredContent")]
+    structured_content: C,
+}
+
+/// What `exec` printed.
+#[derive(Deserialize)]
+struct Printed {
+    stdout: String,
+}
+
+/// What `status` says of the kernel.
+#[derive(Deserialize)]
+struct KernelStatus {
+    kernel_version: String,
+}
+
+/// `tools/list`'s result, by its number of tools.
+#[derive(Deserialize)]
+struct ToolList {
+    tools: Vec<serde::de::IgnoredAny>,
+}
+
+/// `value` read as `T`, if it is one.
+fn read_as<T: DeserializeOwned>(value: &Value) -> Option<T> {
+    T::deserialize(value).ok()
+}
 
 /// How many bytes make a token, roughly, for English and JSON: the usual
 /// approximation (no tokenizer of the model that reads the list is at
@@ -73,17 +176,23 @@ impl McpServer {
         };
         server.call(
             "initialize",
-            json!({
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "bench-mcp", "version": "1"},
-            }),
+            Initialize {
+                protocol_version: "2025-11-25",
+                capabilities: Empty {},
+                client_info: ClientInfo {
+                    name: "bench-mcp",
+                    version: "1",
+                },
+            },
         )?;
-        server.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
+        server.send(&Notification {
+            jsonrpc: "2.0",
+            method: "notifications/initialized",
+        })?;
         Ok(server)
     }
 
-    fn send(&mut self, message: &Value) -> anyhow::Result<()> {
+    fn send(&mut self, message: &impl Serialize) -> anyhow::Result<()> {
         let mut line = serde_json::to_vec(message)?;
         line.push(b'\n');
         self.stdin.write_all(&line)?;
@@ -93,23 +202,28 @@ impl McpServer {
 
     /// Sends a request and reads lines until its response; the response's
     /// `result` and the bytes of the line that carried it.
-    fn call(&mut self, method: &str, params: Value) -> anyhow::Result<(Value, usize)> {
+    fn call(&mut self, method: &str, params: impl Serialize) -> anyhow::Result<(Value, usize)> {
         self.next_id += 1;
         let id = self.next_id;
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
+        self.send(&Request {
+            jsonrpc: "2.0",
+            id,
+            method,
+            params,
+        })?;
         loop {
             self.line.clear();
             if self.stdout.read_line(&mut self.line)? == 0 {
                 bail!("agentos mcp closed its stdout");
             }
-            let mut message: Value = serde_json::from_str(&self.line)?;
-            if message["id"] != id {
+            let message: Response = serde_json::from_str(&self.line)?;
+            if message.id != Some(Value::from(id)) {
                 continue;
             }
-            if !message["error"].is_null() {
-                bail!("{method} failed: {}", message["error"]);
+            if let Some(error) = message.error {
+                bail!("{method} failed: {} (code {})", error.message, error.code);
             }
-            return Ok((message["result"].take(), self.line.len()));
+            return Ok((message.result.unwrap_or_default(), self.line.len()));
         }
     }
 
@@ -117,10 +231,14 @@ impl McpServer {
         let start = Instant::now();
         let (result, _) = self.call(
             "tools/call",
-            json!({"name": "exec", "arguments": {"code": "print(1)"}}),
+            ToolCall {
+                name: "exec",
+                arguments: ExecArguments { code: CODE.code },
+            },
         )?;
         let took = start.elapsed();
-        if result["structuredContent"]["stdout"] != "1\n" {
+        let printed = read_as::<ToolResult<Printed>>(&result);
+        if printed.is_none_or(|p| p.structured_content.stdout != "1\n") {
             bail!("exec through agentos mcp failed: {result}");
         }
         Ok(took)
@@ -128,12 +246,16 @@ impl McpServer {
 
     fn status(&mut self) -> anyhow::Result<Duration> {
         let start = Instant::now();
-        let (result, _) = self.call("tools/call", json!({"name": "status", "arguments": {}}))?;
+        let (result, _) = self.call(
+            "tools/call",
+            ToolCall {
+                name: "status",
+                arguments: Empty {},
+            },
+        )?;
         let took = start.elapsed();
-        if result["structuredContent"]["kernel_version"]
-            .as_str()
-            .is_none()
-        {
+        let status = read_as::<ToolResult<KernelStatus>>(&result);
+        if status.is_none_or(|s| s.structured_content.kernel_version.is_empty()) {
             bail!("status through agentos mcp failed: {result}");
         }
         Ok(took)
@@ -141,7 +263,7 @@ impl McpServer {
 
     fn ping(&mut self) -> anyhow::Result<Duration> {
         let start = Instant::now();
-        self.call("ping", json!({}))?;
+        self.call("ping", Empty {})?;
         Ok(start.elapsed())
     }
 }
@@ -156,27 +278,31 @@ impl Drop for McpServer {
 
 /// One EXEC `print(1)` through the Rust client; how long until its reply.
 fn exec_direct(client: &mut Client) -> anyhow::Result<Duration> {
-    exec_timed_from(Instant::now(), client)
+    let request = serde_json::to_vec(&CODE)?;
+    exec_timed_from(Instant::now(), client, &request)
 }
 
 /// The same on a connection of its own, as `agentos mcp` makes one per
 /// call: the cost of connecting and being identified, on top.
 fn exec_on_new_connection(socket: &std::path::Path) -> anyhow::Result<Duration> {
+    let request = serde_json::to_vec(&CODE)?;
     let start = Instant::now();
     let mut client = Client::connect(socket)?;
     client.set_timeout(Some(Duration::from_secs(30)))?;
-    exec_timed_from(start, &mut client)
+    exec_timed_from(start, &mut client, &request)
 }
 
-/// Sends EXEC `print(1)` on `client`; the time from `start` to its reply,
-/// once the reply is checked.
-fn exec_timed_from(start: Instant, client: &mut Client) -> anyhow::Result<Duration> {
-    let reply = client.call(Opcode::EXEC, CODE)?;
+/// Sends the EXEC `request` of `print(1)` on `client`; the time from
+/// `start` to its reply, once the reply is checked.
+fn exec_timed_from(
+    start: Instant,
+    client: &mut Client,
+    request: &[u8],
+) -> anyhow::Result<Duration> {
+    let reply = client.call(Opcode::EXEC, request)?;
     let took = start.elapsed();
-    let reply: Value = serde_json::from_slice(&reply.payload)?;
-    if reply["stdout"] != "1\n" {
-        bail!("EXEC failed: {reply}");
-    }
+    read_reply(&reply.payload, |r: &ExecReply| r.stdout == "1\n")
+        .map_err(|reply| anyhow!("EXEC failed: {reply}"))?;
     Ok(took)
 }
 
@@ -188,10 +314,8 @@ fn hello_on_new_connection(socket: &std::path::Path) -> anyhow::Result<Duration>
     client.set_timeout(Some(Duration::from_secs(30)))?;
     let reply = client.call(Opcode::HELLO, b"")?;
     let took = start.elapsed();
-    let reply: Value = serde_json::from_slice(&reply.payload)?;
-    if reply["kernel_version"].as_str().is_none() {
-        bail!("HELLO failed: {reply}");
-    }
+    read_reply(&reply.payload, |r: &HelloReply| r.success)
+        .map_err(|reply| anyhow!("HELLO failed: {reply}"))?;
     Ok(took)
 }
 
@@ -215,8 +339,8 @@ fn main() -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut mcp = McpServer::start(&agentos, &kernel.socket)?;
-    let (tools, tools_line_bytes) = mcp.call("tools/list", json!({}))?;
-    let tool_count = tools["tools"].as_array().map_or(0, Vec::len);
+    let (tools, tools_line_bytes) = mcp.call("tools/list", Empty {})?;
+    let tool_count = read_as::<ToolList>(&tools).map_or(0, |list| list.tools.len());
     let tools_bytes = serde_json::to_vec(&tools)?.len();
 
     // Warm both paths (the server's runtime and threads, the pool).

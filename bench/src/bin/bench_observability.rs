@@ -15,11 +15,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agentos_bench::wire::{read_reply, Run, Spawn};
 use agentos_bench::{percentile, sibling, start_agentosd_with, verdict, Server};
+use agentos_primitives::threads;
+use agentos_proto::payload::{ExecReply, KillReply, KillRequest, SpawnReply};
 use agentos_proto::{Client, Opcode};
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::Parser;
-use serde_json::json;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 /// Benchmark the kernel with metrics and tracing on against it with them off.
 #[derive(Debug, Parser)]
@@ -56,7 +60,8 @@ struct Args {
 /// The largest difference, on vs off, the issue accepts.
 const TARGET_RATIO: f64 = 1.03;
 const NOOP_PAYLOAD: [u8; 64] = [0x42; 64];
-const CODE: &[u8] = br#"{"code":"print(1)"}"#;
+/// The run timed: a fresh run of `print(1)`, as bench-exec times it.
+const CODE: Run<'static> = Run::python("print(1)");
 /// How many SPAWNs (and KILLs) are in flight on the connection at once.
 const SPAWN_WINDOW: usize = 32;
 
@@ -265,13 +270,12 @@ fn noop(client: &mut Client) -> anyhow::Result<Duration> {
 
 /// One EXEC of `print(1)`; how long until its reply.
 fn exec(client: &mut Client) -> anyhow::Result<Duration> {
+    let request = serde_json::to_vec(&CODE)?;
     let start = Instant::now();
-    let reply = client.call(Opcode::EXEC, CODE)?;
+    let reply = client.call(Opcode::EXEC, &request)?;
     let took = start.elapsed();
-    let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-    if reply["stdout"] != "1\n" {
-        bail!("EXEC failed: {reply}");
-    }
+    read_reply(&reply.payload, |r: &ExecReply| r.stdout == "1\n")
+        .map_err(|reply| anyhow!("EXEC failed: {reply}"))?;
     Ok(took)
 }
 
@@ -325,7 +329,8 @@ fn scrape_with_agents(args: &Args, kernel: &Server, metrics_at: SocketAddr) -> a
         &mut client,
         Opcode::SPAWN,
         args.agents,
-        |i| json!({"name": format!("idle-{i}"), "command": ["/bin/sleep", "3600"]}),
+        |i| Spawn::command(format!("idle-{i}"), &["/bin/sleep", "3600"]),
+        |r: &SpawnReply| r.success,
     )?;
     let spawn_time = started.elapsed();
     if spawned < args.agents {
@@ -361,7 +366,12 @@ fn scrape_with_agents(args: &Args, kernel: &Server, metrics_at: SocketAddr) -> a
         &mut client,
         Opcode::KILL,
         args.agents,
-        |i| json!({"name": format!("idle-{i}"), "grace_ms": 0}),
+        |i| KillRequest {
+            name: Some(format!("idle-{i}")),
+            grace_ms: Some(0),
+            ..KillRequest::default()
+        },
+        |r: &KillReply| r.success,
     )?;
     let kill_time = started.elapsed();
 
@@ -387,12 +397,13 @@ fn scrape_with_agents(args: &Args, kernel: &Server, metrics_at: SocketAddr) -> a
 }
 
 /// Sends `count` requests built by `request`, at most [`SPAWN_WINDOW`] in
-/// flight, and reads every reply; how many succeeded.
-fn pipelined(
+/// flight, and reads every reply as `T`; how many `succeeded` says did.
+fn pipelined<R: Serialize, T: DeserializeOwned>(
     client: &mut Client,
     opcode: Opcode,
     count: usize,
-    request: impl Fn(usize) -> serde_json::Value,
+    request: impl Fn(usize) -> R,
+    succeeded: impl Fn(&T) -> bool,
 ) -> anyhow::Result<usize> {
     let (mut sent, mut answered, mut ok) = (0, 0, 0);
     let mut first_failure = None;
@@ -401,12 +412,13 @@ fn pipelined(
             client.send(opcode, &serde_json::to_vec(&request(sent))?)?;
             sent += 1;
         }
-        let reply: serde_json::Value = serde_json::from_slice(&client.recv()?.payload)?;
+        let reply = client.recv()?;
         answered += 1;
-        if reply["success"] == true {
-            ok += 1;
-        } else if first_failure.is_none() {
-            first_failure = Some(reply);
+        match read_reply(&reply.payload, &succeeded) {
+            Ok(_) => ok += 1,
+            Err(failure) => {
+                first_failure.get_or_insert(failure);
+            }
         }
     }
     if let Some(reply) = first_failure {
@@ -479,16 +491,14 @@ impl Sink {
             spans: Arc::default(),
         };
         let counts = [&sink.requests, &sink.bytes, &sink.spans].map(Arc::clone);
-        std::thread::Builder::new()
-            .name("otlp-sink".into())
-            .spawn(move || {
-                for stream in listener.incoming().flatten() {
-                    let counts = counts.clone();
-                    std::thread::spawn(move || {
-                        let _ = receive(stream, &counts);
-                    });
-                }
-            })?;
+        threads::spawn("otlp-sink", move || {
+            for stream in listener.incoming().flatten() {
+                let counts = counts.clone();
+                std::thread::spawn(move || {
+                    let _ = receive(stream, &counts);
+                });
+            }
+        })?;
         Ok(sink)
     }
 }

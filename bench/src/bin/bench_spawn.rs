@@ -6,11 +6,12 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use agentos_bench::wire::{read_reply, Spawn};
 use agentos_bench::{percentile, sibling, start_agentosd, verdict};
-use agentos_proto::{Client, Opcode};
-use anyhow::{bail, Context};
+use agentos_proto::payload::{Limits, SpawnReply};
+use agentos_proto::{Client, ErrorReply, Opcode};
+use anyhow::{anyhow, bail, Context};
 use clap::Parser;
-use serde_json::json;
 
 /// Benchmark SPAWN against unshare(1).
 #[derive(Debug, Parser)]
@@ -48,19 +49,18 @@ fn main() -> anyhow::Result<()> {
     let mut serial = 0usize;
     let mut spawn_once = |client: &mut Client| -> anyhow::Result<Duration> {
         serial += 1;
-        let body = json!({
-            "name": format!("bench-{serial}"),
-            "command": ["/bin/true"],
-            "limits": {"memory": 64u64 << 20, "cpu_quota": 50_000, "cpu_period": 100_000, "max_pids": 16},
+        let body = Spawn::command(format!("bench-{serial}"), &["/bin/true"]).limits(Limits {
+            memory: Some(64 << 20),
+            cpu_quota: Some(50_000),
+            cpu_period: Some(100_000),
+            max_pids: Some(16),
         });
         let payload = serde_json::to_vec(&body)?;
         let start = Instant::now();
         let reply = client.call(Opcode::SPAWN, &payload)?;
         let took = start.elapsed();
-        let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-        if reply["success"] != true {
-            bail!("SPAWN failed: {reply}");
-        }
+        read_reply(&reply.payload, |r: &SpawnReply| r.success)
+            .map_err(|reply| anyhow!("SPAWN failed: {reply}"))?;
         Ok(took)
     };
     let unshare_once = || -> anyhow::Result<Duration> {
@@ -118,19 +118,25 @@ fn main() -> anyhow::Result<()> {
 
     // The burst: every SPAWN sent before any reply is read.
     let start = Instant::now();
+    let burst_limits = Limits {
+        memory: Some(64 << 20),
+        max_pids: Some(16),
+        ..Limits::default()
+    };
     for i in 0..args.burst {
-        let body = json!({"name": format!("burst-{i}"), "command": ["/bin/sleep", "2"],
-                          "limits": {"memory": 64u64 << 20, "max_pids": 16}});
+        let body = Spawn::command(format!("burst-{i}"), &["/bin/sleep", "2"]).limits(burst_limits);
         client.send(Opcode::SPAWN, &serde_json::to_vec(&body)?)?;
     }
     let mut ok = 0;
     let mut failures = Vec::new();
     for _ in 0..args.burst {
-        let reply: serde_json::Value = serde_json::from_slice(&client.recv()?.payload)?;
-        if reply["success"] == true {
-            ok += 1;
-        } else {
-            failures.push(reply["error"].to_string());
+        let reply = client.recv()?;
+        match read_reply(&reply.payload, |r: &SpawnReply| r.success) {
+            Ok(_) => ok += 1,
+            Err(unexpected) => failures.push(
+                serde_json::from_slice::<ErrorReply>(&reply.payload)
+                    .map_or(unexpected.text, |refused| refused.error),
+            ),
         }
     }
     let burst_time = start.elapsed();

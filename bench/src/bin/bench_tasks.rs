@@ -6,11 +6,16 @@
 
 use std::time::{Duration, Instant};
 
+use agentos_bench::wire::{read_reply, Run};
 use agentos_bench::{percentile, sibling, start_agentosd};
+use agentos_proto::payload::{
+    ExecReply, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskKind, TaskList, TaskListReply,
+    TaskRef, TaskReply, TaskRequest, TaskState, TaskWait,
+};
 use agentos_proto::{Client, Opcode};
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail};
 use clap::Parser;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
 
 /// Benchmark TASK.
 #[derive(Debug, Parser)]
@@ -30,26 +35,49 @@ struct Args {
     retained: usize,
 }
 
-fn call(client: &mut Client, body: Value) -> anyhow::Result<Value> {
-    let reply = client.call(Opcode::TASK, &serde_json::to_vec(&body)?)?;
-    let value: Value = serde_json::from_slice(&reply.payload)?;
-    if value["success"] != true {
-        bail!("TASK {body} failed: {value}");
-    }
-    Ok(value)
+/// Sends `request` and reads its reply as `T`, which `succeeded` says it
+/// is.
+fn call<T: DeserializeOwned>(
+    client: &mut Client,
+    request: &TaskRequest,
+    succeeded: impl FnOnce(&T) -> bool,
+) -> anyhow::Result<T> {
+    let body = serde_json::to_vec(request)?;
+    let reply = client.call(Opcode::TASK, &body)?;
+    read_reply(&reply.payload, succeeded)
+        .map_err(|reply| anyhow!("TASK {} failed: {reply}", String::from_utf8_lossy(&body)))
+}
+
+/// A dispatch of the EXEC run `run`.
+fn exec_task(run: Run<'_>) -> anyhow::Result<TaskRequest> {
+    Ok(TaskRequest::Dispatch(TaskDispatch {
+        kind: TaskKind::Exec,
+        request: serde_json::to_value(run)?,
+        label: None,
+        trace: None,
+    }))
 }
 
 fn dispatch(client: &mut Client, code: &str) -> anyhow::Result<String> {
-    let reply = call(
-        client,
-        json!({"op": "dispatch", "kind": "exec", "request": {"code": code, "timeout_ms": 120_000}}),
-    )?;
-    Ok(reply["task_id"].as_str().context("no task_id")?.to_owned())
+    let request = exec_task(Run::python(code).timeout_ms(120_000))?;
+    let reply = call(client, &request, |r: &TaskDispatchReply| r.success)?;
+    Ok(reply.task_id)
 }
 
-fn state(client: &mut Client, id: &str) -> anyhow::Result<String> {
-    let reply = call(client, json!({"op": "status", "task_id": id}))?;
-    Ok(reply["task"]["state"].as_str().unwrap_or("?").to_owned())
+fn state(client: &mut Client, id: &str) -> anyhow::Result<TaskState> {
+    let status = TaskRequest::Status(TaskRef {
+        task_id: id.to_owned(),
+    });
+    Ok(call(client, &status, |r: &TaskReply| r.success)?.task.state)
+}
+
+/// Waits up to `timeout_ms` for task `id` to end.
+fn wait(client: &mut Client, id: &str, timeout_ms: u64) -> anyhow::Result<TaskReply> {
+    let wait = TaskRequest::Wait(TaskWait {
+        task_id: id.to_owned(),
+        timeout_ms: Some(timeout_ms),
+    });
+    call(client, &wait, |r: &TaskReply| r.success)
 }
 
 /// Processes whose environment holds `marker`.
@@ -81,10 +109,7 @@ fn main() -> anyhow::Result<()> {
     client.set_timeout(Some(Duration::from_secs(120)))?;
     // Warm the exec host.
     let warm = dispatch(&mut client, "print(1)")?;
-    call(
-        &mut client,
-        json!({"op": "wait", "task_id": warm, "timeout_ms": 60_000}),
-    )?;
+    wait(&mut client, &warm, 60_000)?;
 
     // Dispatch to running, and cancel to nothing of the task left.
     let mut to_running = Vec::new();
@@ -97,13 +122,14 @@ fn main() -> anyhow::Result<()> {
         );
         let dispatched = Instant::now();
         let id = dispatch(&mut client, &code)?;
-        while state(&mut client, &id)? != "running" {}
+        while state(&mut client, &id)? != TaskState::Running {}
         to_running.push(dispatched.elapsed());
         while holding(&marker) == 0 {
             std::thread::sleep(Duration::from_millis(2));
         }
         let cancelled = Instant::now();
-        call(&mut client, json!({"op": "cancel", "task_id": id}))?;
+        let cancel = TaskRequest::Cancel(TaskRef { task_id: id });
+        call(&mut client, &cancel, |r: &TaskCancelReply| r.success)?;
         while holding(&marker) > 0 {}
         to_gone.push(cancelled.elapsed());
     }
@@ -112,57 +138,64 @@ fn main() -> anyhow::Result<()> {
 
     // Throughput: trivial EXEC tasks, all dispatched at once then all
     // collected, against the same runs as EXEC requests, pipelined.
-    let request = |i: usize| json!({"code": format!("print({i})")});
+    let codes: Vec<String> = (0..args.tasks).map(|i| format!("print({i})")).collect();
     let mut pipe = Client::connect(&kernel.socket)?;
     pipe.set_timeout(Some(Duration::from_secs(300)))?;
     let started = Instant::now();
-    for i in 0..args.tasks {
-        let body = json!({"op": "dispatch", "kind": "exec", "request": request(i)});
-        pipe.send(Opcode::TASK, body.to_string().as_bytes())?;
+    for code in &codes {
+        let body = exec_task(Run::python(code))?;
+        pipe.send(Opcode::TASK, &serde_json::to_vec(&body)?)?;
     }
     let mut ids = Vec::new();
     for _ in 0..args.tasks {
-        let reply: Value = serde_json::from_slice(&pipe.recv()?.payload)?;
-        ids.push(reply["task_id"].as_str().context("no task_id")?.to_owned());
+        let reply = pipe.recv()?;
+        let reply = read_reply(&reply.payload, |r: &TaskDispatchReply| r.success)
+            .map_err(|reply| anyhow!("no task_id: {reply}"))?;
+        ids.push(reply.task_id);
     }
     let dispatched = started.elapsed();
     for id in &ids {
-        let done = call(
-            &mut client,
-            json!({"op": "wait", "task_id": id, "timeout_ms": 600_000}),
-        )?;
-        if done["task"]["state"] != "completed" {
-            bail!("a trivial task did not complete: {done}");
+        let done = wait(&mut client, id, 600_000)?;
+        if done.task.state != TaskState::Completed {
+            bail!("a trivial task did not complete: {:?}", done.task);
         }
     }
     let completed = started.elapsed();
     let baseline_started = Instant::now();
-    for i in 0..args.tasks {
-        pipe.send(Opcode::EXEC, request(i).to_string().as_bytes())?;
+    for code in &codes {
+        pipe.send(Opcode::EXEC, &serde_json::to_vec(&Run::python(code))?)?;
     }
     for _ in 0..args.tasks {
-        let reply: Value = serde_json::from_slice(&pipe.recv()?.payload)?;
-        if reply["success"] != true {
-            bail!("a plain EXEC run failed: {reply}");
-        }
+        let reply = pipe.recv()?;
+        read_reply(&reply.payload, |r: &ExecReply| r.success)
+            .map_err(|reply| anyhow!("a plain EXEC run failed: {reply}"))?;
     }
     let baseline = baseline_started.elapsed();
 
     // Memory after many finished tasks (THINK tasks fail at once here:
     // the benchmark's kernel has no LLM).
     let rss_before = kernel.rss_mib();
-    let think = json!({"op": "dispatch", "kind": "think", "request": "hi"}).to_string();
+    let think = serde_json::to_vec(&TaskRequest::Dispatch(TaskDispatch {
+        kind: TaskKind::Think,
+        request: "hi".into(),
+        label: None,
+        trace: None,
+    }))?;
     // In slices, so requests never wait behind more replies than the
     // connection may have in flight.
     for _ in 0..args.retained.div_ceil(100) {
         for _ in 0..100 {
-            pipe.send(Opcode::TASK, think.as_bytes())?;
+            pipe.send(Opcode::TASK, &think)?;
         }
         for _ in 0..100 {
             pipe.recv()?;
         }
     }
-    let listed = call(&mut client, json!({"op": "list", "limit": 1000}))?;
+    let list = TaskRequest::List(TaskList {
+        limit: Some(1000),
+        ..TaskList::default()
+    });
+    let listed = call(&mut client, &list, |r: &TaskListReply| r.success)?;
     let rss_after = kernel.rss_mib();
 
     let per_second = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
@@ -199,7 +232,7 @@ fn main() -> anyhow::Result<()> {
         rss_after,
         args.retained,
         rss_after - rss_before,
-        listed["tasks"].as_array().map_or(0, Vec::len)
+        listed.tasks.len()
     );
     drop(client);
     drop(pipe);

@@ -27,12 +27,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentos_bench::wire::read_reply;
 use agentos_bench::{percentile, sibling, start_agentosd_with};
+use agentos_proto::payload::{ThinkReply, ThinkRequest};
 use agentos_proto::{Client, Opcode};
 use agentos_test_support::llm_stub::{Reply, Stub};
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::Parser;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 /// The launcher agentosd itself runs for the local model.
 const LAUNCHER: &str = include_str!("../../../kernel/src/llm/local/server.py");
@@ -55,6 +57,59 @@ struct Args {
     /// Seconds of the fairness measurement
     #[arg(long, default_value_t = 6)]
     fairness_secs: u64,
+}
+
+/// An OpenAI-style chat request, as the kernel's `openai` provider sends
+/// one: the direct side of the overhead comparison.
+#[derive(Serialize)]
+struct ChatRequest<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    temperature: f64,
+    messages: Vec<ChatMessage<'a>>,
+}
+
+/// One message of a chat.
+#[derive(Serialize)]
+struct ChatMessage<'a> {
+    role: &'a str,
+    content: &'a str,
+}
+
+/// An OpenAI-style chat completion, by the token counts a benchmark reads.
+#[derive(Deserialize)]
+struct ChatCompletion {
+    #[serde(default)]
+    usage: Option<ChatUsage>,
+}
+
+/// The tokens a chat completion took.
+#[derive(Deserialize)]
+struct ChatUsage {
+    #[serde(default)]
+    total_tokens: u64,
+}
+
+/// A chat request as the stand-in provider receives it, by the part it
+/// reads: the text of its messages.
+#[derive(Deserialize)]
+struct ReceivedChat {
+    messages: Vec<ReceivedMessage>,
+}
+
+/// One message of a received chat, by its text.
+#[derive(Deserialize)]
+struct ReceivedMessage {
+    content: String,
+}
+
+/// A THINK of `prompt`, at most `max_tokens` long.
+fn think(prompt: impl Into<String>, max_tokens: u32) -> ThinkRequest {
+    ThinkRequest {
+        prompt: Some(prompt.into()),
+        max_tokens: Some(max_tokens),
+        ..ThinkRequest::default()
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -92,9 +147,19 @@ fn overhead(args: &Args, agentosd: &std::path::Path) -> anyhow::Result<()> {
     // The same request both ways: fixed prompt, greedy sampling, a fixed
     // answer length, so both sides ask the model for identical work.
     let prompt = "Name three primary colours.";
-    let think = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0.0});
-    let direct = json!({"model": MODEL, "max_tokens": 24, "temperature": 0.0,
-                        "messages": [{"role": "user", "content": prompt}]});
+    let think = ThinkRequest {
+        temperature: Some(0.0),
+        ..think(prompt, 24)
+    };
+    let direct = ChatRequest {
+        model: MODEL,
+        max_tokens: 24,
+        temperature: 0.0,
+        messages: vec![ChatMessage {
+            role: "user",
+            content: prompt,
+        }],
+    };
     let think_payload = serde_json::to_vec(&think)?;
     let direct_body = serde_json::to_vec(&direct)?;
     let url = format!("{}/v1/chat/completions", server.url);
@@ -111,23 +176,26 @@ fn overhead(args: &Args, agentosd: &std::path::Path) -> anyhow::Result<()> {
             .header("content-type", "application/json")
             .header("authorization", &format!("Bearer {KEY}"))
             .send(&direct_body[..])?;
-        let body: serde_json::Value = serde_json::from_slice(&response.body_mut().read_to_vec()?)?;
+        let body = response.body_mut().read_to_vec()?;
         let direct_took = start.elapsed();
         if response.status() != 200 {
-            bail!("the model server answered {}: {body}", response.status());
+            bail!(
+                "the model server answered {}: {}",
+                response.status(),
+                String::from_utf8_lossy(&body)
+            );
         }
+        let completion: ChatCompletion = serde_json::from_slice(&body)?;
         let start = Instant::now();
         let reply = client.call(Opcode::THINK, &think_payload)?;
         let think_took = start.elapsed();
-        let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-        if reply["success"] != true {
-            bail!("THINK failed: {reply}");
-        }
+        let reply = read_reply(&reply.payload, |r: &ThinkReply| r.success)
+            .map_err(|reply| anyhow!("THINK failed: {reply}"))?;
         if round >= 2 {
             straight.push(direct_took);
             through_kernel.push(think_took);
-            tokens.0 += body["usage"]["total_tokens"].as_u64().unwrap_or(0);
-            tokens.1 += reply["tokens"].as_u64().unwrap_or(0);
+            tokens.0 += completion.usage.map_or(0, |usage| usage.total_tokens);
+            tokens.1 += reply.tokens;
         }
     }
     straight.sort_unstable();
@@ -179,9 +247,11 @@ fn fairness(args: &Args, agentosd: &std::path::Path, asking: Asking) -> anyhow::
     // Service time grows with the answer, as a model's does: 0.5 ms a token.
     // The prompt names the answer's length.
     let stub = Stub::start(|request, _| {
-        let tokens = request.json()["messages"][0]["content"]
-            .as_str()
-            .and_then(|prompt| prompt.strip_prefix("answer in "))
+        let chat = serde_json::from_slice::<ReceivedChat>(&request.body).ok();
+        let tokens = chat
+            .as_ref()
+            .and_then(|chat| chat.messages.first())
+            .and_then(|message| message.content.strip_prefix("answer in "))
             .and_then(|n| n.parse::<u64>().ok())
             .unwrap_or(16);
         Reply::openai("x", 10, tokens).after(Duration::from_micros(500 * tokens))
@@ -211,9 +281,10 @@ fn fairness(args: &Args, agentosd: &std::path::Path, asking: Asking) -> anyhow::
                 Asking::Exactly => max_tokens,
                 Asking::More => 256,
             };
-            let payload = serde_json::to_vec(
-                &json!({"prompt": format!("answer in {max_tokens}"), "max_tokens": asked}),
-            )?;
+            let payload = serde_json::to_vec(&think(
+                format!("answer in {max_tokens}"),
+                u32::try_from(asked)?,
+            ))?;
             // Keep eight in the kernel's queue at all times: backlogged.
             const DEPTH: usize = 8;
             for _ in 0..DEPTH {
@@ -221,11 +292,16 @@ fn fairness(args: &Args, agentosd: &std::path::Path, asking: Asking) -> anyhow::
             }
             let mut outstanding = DEPTH;
             while outstanding > 0 {
-                let reply: serde_json::Value = serde_json::from_slice(&client.recv()?.payload)?;
+                let reply = client.recv()?;
                 outstanding -= 1;
                 if measuring.load(Ordering::SeqCst) {
-                    let mut served = served.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-                    served[index] += reply["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+                    // A THINK that failed was served no tokens.
+                    let completed = serde_json::from_slice::<ThinkReply>(&reply.payload)
+                        .ok()
+                        .and_then(|reply| reply.usage)
+                        .map_or(0, |usage| usage.completion_tokens);
+                    let mut served = served.lock().map_err(|_| anyhow!("poisoned"))?;
+                    served[index] += completed;
                 }
                 if !stop.load(Ordering::SeqCst) {
                     client.send(Opcode::THINK, &payload)?;
@@ -240,12 +316,10 @@ fn fairness(args: &Args, agentosd: &std::path::Path, asking: Asking) -> anyhow::
     measuring.store(true, Ordering::SeqCst);
     std::thread::sleep(Duration::from_secs(args.fairness_secs));
     measuring.store(false, Ordering::SeqCst);
-    let tokens = *served.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    let tokens = *served.lock().map_err(|_| anyhow!("poisoned"))?;
     stop.store(true, Ordering::SeqCst);
     for client in clients {
-        client
-            .join()
-            .map_err(|_| anyhow::anyhow!("a client panicked"))??;
+        client.join().map_err(|_| anyhow!("a client panicked"))??;
     }
     kernel.stop();
 
@@ -290,7 +364,7 @@ fn newcomer(agentosd: &std::path::Path) -> anyhow::Result<()> {
         stub.url()
     );
     let kernel = start_agentosd_with(agentosd, dir.path(), &config)?;
-    let payload = serde_json::to_vec(&json!({"prompt": "hi", "max_tokens": 256}))?;
+    let payload = serde_json::to_vec(&think("hi", 256))?;
     let stop = Arc::new(AtomicBool::new(false));
     let greedy = {
         let (socket, stop, payload) = (kernel.socket.clone(), stop.clone(), payload.clone());
@@ -325,7 +399,7 @@ fn newcomer(agentosd: &std::path::Path) -> anyhow::Result<()> {
     stop.store(true, Ordering::SeqCst);
     greedy
         .join()
-        .map_err(|_| anyhow::anyhow!("the greedy client panicked"))??;
+        .map_err(|_| anyhow!("the greedy client panicked"))??;
     kernel.stop();
     waits.sort_by(f64::total_cmp);
     let fifo = (BACKLOG + 1) as f64;
@@ -401,9 +475,11 @@ impl ModelServer {
             .arg(LAUNCHER)
             .arg(MODEL)
             .arg(&model)
-            // Parallel requests, threads (llama.cpp's choice), context, and
-            // the GGUF's own chat template.
-            .args(["4", "0", "8192", ""])
+            // Parallel requests, threads (llama.cpp's choice), context, the
+            // GGUF's own chat template, and SmolLM2's sampling as agentosd
+            // sets it (temperature, top_p, repetition penalty; each request
+            // here sets its own temperature).
+            .args(["4", "0", "8192", "", "0.2", "0.9", "1.1"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -5,12 +5,16 @@
 
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{AgentInfo, AgentState, KillRequest, Network, SpawnReply};
+use agentos_proto::payload::{
+    AgentInfo, AgentState, KillReply, KillRequest, Network, RestartPolicy, RestartReply, SpawnReply,
+};
 use agentos_proto::{Client, Opcode};
-use serde_json::{json, Value};
+use serde::Serialize;
 
+use crate::error::CliError;
 use crate::failure::{self, no_such_agent, usage};
-use crate::format::{human_size, print_json};
+use crate::format::{human_size, print_json, print_one_or_all};
+use crate::raw::Raw;
 
 /// How often LIST is asked while waiting for an agent.
 const POLL: Duration = Duration::from_millis(50);
@@ -37,7 +41,7 @@ enum Filter {
 }
 
 impl Filter {
-    fn parse(text: &str) -> anyhow::Result<Filter> {
+    fn parse(text: &str) -> Result<Filter, CliError> {
         match text.split_once('=') {
             Some(("state", state)) => {
                 let known = [
@@ -74,12 +78,12 @@ impl Filter {
     }
 }
 
-pub fn ps(client: &mut Client, args: PsArgs, json: bool) -> anyhow::Result<()> {
+pub fn ps(client: &mut Client, args: PsArgs, json: bool) -> Result<(), CliError> {
     let filters = args
         .filters
         .iter()
         .map(|f| Filter::parse(f))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
     // A state filter names what to show; otherwise only live ones unless -a.
     let by_state = filters.iter().any(|f| matches!(f, Filter::State(_)));
     let agents: Vec<AgentInfo> = client
@@ -157,12 +161,12 @@ pub fn id_or_name(agent: &str) -> (Option<u32>, Option<String>) {
     }
 }
 
-pub fn inspect(client: &mut Client, names: &[String], json: bool) -> anyhow::Result<()> {
+pub fn inspect(client: &mut Client, names: &[String], json: bool) -> Result<(), CliError> {
     let agents = client.list()?;
     let found = names
         .iter()
         .map(|name| find(&agents, name).ok_or_else(|| no_such_agent(name)))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
     if json {
         return print_json(&found);
     }
@@ -248,11 +252,7 @@ fn describe(agent: &AgentInfo) -> String {
         format!(
             "restarts:    {} so far; policy {}, at most {} in {} s",
             agent.restarts,
-            serde_json::to_value(agent.restart_policy)
-                .ok()
-                .as_ref()
-                .and_then(Value::as_str)
-                .unwrap_or("?"),
+            restart_policy_word(agent.restart_policy),
             agent.max_restarts,
             agent.restart_window
         ),
@@ -264,6 +264,12 @@ fn describe(agent: &AgentInfo) -> String {
         lines.push(format!("ended:       {}", ending(agent)));
     }
     lines.iter().map(|l| format!("{l}\n")).collect()
+}
+
+/// A restart policy's protocol word, as the protocol's type writes it.
+fn restart_policy_word(policy: RestartPolicy) -> String {
+    serde_json::to_string(&policy)
+        .map_or_else(|_| "?".to_owned(), |word| word.trim_matches('"').to_owned())
 }
 
 /// An argv as a shell would take it back: words with spaces or quotes
@@ -294,6 +300,17 @@ pub struct StopArgs {
     grace_ms: Option<u64>,
 }
 
+/// `stop`'s and `kill`'s JSON for one agent: KILL's reply, and once the
+/// agent has ended (when the command waits for that) the state it ended
+/// in, `null` if it is gone.
+#[derive(Debug, Serialize)]
+struct Stopped {
+    #[serde(flatten)]
+    reply: KillReply,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<Option<AgentState>>,
+}
+
 /// Stops each agent; with `wait`, returns once each has ended (within
 /// `wait_for`).
 pub fn stop(
@@ -302,7 +319,7 @@ pub fn stop(
     wait: bool,
     wait_for: Duration,
     json: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), CliError> {
     let mut replies = Vec::new();
     for agent in &args.agents {
         let (id, name) = id_or_name(agent);
@@ -314,13 +331,18 @@ pub fn stop(
         };
         let reply = client
             .kill(&request)
-            .map_err(|err| failure::about_agent(agent, err.into()))?;
+            .map_err(|err| failure::about_agent(agent, err))?;
         let id = reply.id.unwrap_or_default();
-        let mut shown = serde_json::to_value(&reply)?;
+        let mut shown = Stopped { reply, state: None };
         if wait {
-            let ended = wait_until(client, id, wait_for, |a| !a.state.is_live())
-                .map_err(|err| err.context(format!("agent '{agent}' is still stopping")))?;
-            shown["state"] = json!(ended.as_ref().map(|a| a.state));
+            let ended =
+                wait_until(client, id, wait_for, |a| !a.state.is_live()).map_err(|err| {
+                    CliError::StillStopping {
+                        agent: agent.clone(),
+                        cause: Box::new(err),
+                    }
+                })?;
+            shown.state = Some(ended.as_ref().map(|a| a.state));
             if !json {
                 let state = ended.map_or("gone", |a| a.state.as_str());
                 println!("agent {id} ({agent}) stopped: {state}");
@@ -331,7 +353,7 @@ pub fn stop(
         replies.push(shown);
     }
     if json {
-        print_json(&one_or_all(replies))?;
+        print_one_or_all(&replies)?;
     }
     Ok(())
 }
@@ -342,29 +364,21 @@ fn wait_until(
     id: u32,
     within: Duration,
     done: impl Fn(&AgentInfo) -> bool,
-) -> anyhow::Result<Option<AgentInfo>> {
+) -> Result<Option<AgentInfo>, CliError> {
     let deadline = Instant::now() + within;
     loop {
         let agent = client.list()?.into_iter().find(|a| a.id == id);
         match agent {
             None => return Ok(None),
             Some(agent) if done(&agent) => return Ok(Some(agent)),
-            Some(agent) if Instant::now() >= deadline => anyhow::bail!(
-                "still {} after {:.0} s (--timeout SECS waits longer)",
-                agent.state.as_str(),
-                within.as_secs_f64()
-            ),
+            Some(agent) if Instant::now() >= deadline => {
+                return Err(CliError::StillIn {
+                    state: agent.state.as_str(),
+                    waited: within,
+                })
+            }
             Some(_) => std::thread::sleep(POLL),
         }
-    }
-}
-
-/// One reply as itself, several as an array.
-fn one_or_all(mut replies: Vec<Value>) -> Value {
-    if replies.len() == 1 {
-        replies.remove(0)
-    } else {
-        Value::Array(replies)
     }
 }
 
@@ -374,7 +388,7 @@ pub fn restart(
     args: StopArgs,
     wait_for: Duration,
     json: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), CliError> {
     let mut replies = Vec::new();
     for agent in &args.agents {
         let before = client.list()?;
@@ -382,41 +396,37 @@ pub fn restart(
             .ok_or_else(|| no_such_agent(agent))?
             .restarts;
         let (id, name) = id_or_name(agent);
-        let mut request = json!({"id": id, "name": name, "restart": true});
-        if let Some(grace) = args.grace_ms {
-            request["grace_ms"] = grace.into();
-        }
-        strip_nulls(&mut request);
-        let reply: Value = client
+        let request = KillRequest {
+            id,
+            name,
+            grace_ms: args.grace_ms,
+            restart: true,
+            ..KillRequest::default()
+        };
+        let raw: Raw = client
             .call_json(Opcode::KILL, &serde_json::to_vec(&request)?)
-            .map_err(|err| failure::about_agent(agent, err.into()))?;
-        let id = reply["id"].as_u64().unwrap_or_default() as u32;
+            .map_err(|err| failure::about_agent(agent, err))?;
+        let id = raw.decode::<RestartReply>()?.id;
         let after = wait_until(client, id, wait_for, |a| {
             a.restarts > restarts && !matches!(a.state, AgentState::Starting)
         })?
-        .ok_or_else(|| anyhow::anyhow!("agent '{agent}' was removed while restarting"))?;
+        .ok_or_else(|| CliError::RemovedWhileRestarting(agent.clone()))?;
         if !json {
             println!("agent {id} ({agent}) restarted: {}", after.state.as_str());
         }
         if after.state != AgentState::Running && !after.state.is_live() {
-            anyhow::bail!(
-                "agent '{agent}' ended right after its restart: {} ({}; agentos logs {agent})",
-                after.state.as_str(),
-                ending(&after)
-            );
+            return Err(CliError::EndedAfterRestart {
+                agent: agent.clone(),
+                state: after.state.as_str(),
+                ending: ending(&after),
+            });
         }
-        replies.push(reply);
+        replies.push(raw);
     }
     if json {
-        print_json(&one_or_all(replies))?;
+        print_one_or_all(&replies)?;
     }
     Ok(())
-}
-
-fn strip_nulls(request: &mut Value) {
-    if let Some(fields) = request.as_object_mut() {
-        fields.retain(|_, value| !value.is_null());
-    }
 }
 
 /// `rm`'s options.
@@ -433,7 +443,12 @@ pub struct RmArgs {
     grace_ms: Option<u64>,
 }
 
-pub fn rm(client: &mut Client, args: RmArgs, wait_for: Duration, json: bool) -> anyhow::Result<()> {
+pub fn rm(
+    client: &mut Client,
+    args: RmArgs,
+    wait_for: Duration,
+    json: bool,
+) -> Result<(), CliError> {
     let mut removed = Vec::new();
     for agent in &args.agents {
         let agents = client.list()?;
@@ -448,12 +463,11 @@ pub fn rm(client: &mut Client, args: RmArgs, wait_for: Duration, json: bool) -> 
         // Nothing of a name goes while one of its agents still runs,
         // unless -f.
         if let Some(live) = records.iter().find(|a| a.state.is_live() && !args.force) {
-            anyhow::bail!(
-                "agent '{agent}' (id {}) is {}; stop it first (agentos stop {agent}), or use \
-                 agentos rm -f",
-                live.id,
-                live.state.as_str()
-            );
+            return Err(CliError::StillLive {
+                agent: agent.clone(),
+                id: live.id,
+                state: live.state.as_str(),
+            });
         }
         for record in records {
             if record.state.is_live() {
@@ -465,10 +479,14 @@ pub fn rm(client: &mut Client, args: RmArgs, wait_for: Duration, json: bool) -> 
                 client.kill(&stop)?;
                 wait_until(client, record.id, wait_for, |a| !a.state.is_live())?;
             }
-            let request = json!({"id": record.id, "remove": true});
-            let reply: Value = client
+            let request = KillRequest {
+                id: Some(record.id),
+                remove: true,
+                ..KillRequest::default()
+            };
+            let reply: Raw = client
                 .call_json(Opcode::KILL, &serde_json::to_vec(&request)?)
-                .map_err(|err| failure::about_agent(agent, err.into()))?;
+                .map_err(|err| failure::about_agent(agent, err))?;
             if !json {
                 println!("removed agent {} ({})", record.id, record.name);
             }
@@ -543,10 +561,7 @@ mod tests {
         );
         for bad in ["state=sleeping", "colour=red", "state"] {
             let err = Filter::parse(bad).unwrap_err();
-            assert!(
-                err.downcast_ref::<failure::Usage>().is_some(),
-                "{bad}: {err}"
-            );
+            assert!(matches!(err, CliError::Usage(_)), "{bad}: {err}");
         }
     }
 

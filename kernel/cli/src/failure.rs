@@ -2,60 +2,62 @@
 //! command to run next, not the protocol's error codes. Exit codes: 0 ok,
 //! 1 the operation failed, 2 the command line was wrong.
 
+use std::error::Error;
 use std::process::ExitCode;
 
-use agentos_proto::{ClientError, ErrorCode, ErrorReply};
+use agentos_proto::{ClientError, ErrorCode};
 
-/// The command line asked for something that cannot be sent: exit code 2,
-/// as clap's own usage errors.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Usage(pub String);
+use crate::error::{in_cli_terms, CliError};
 
-/// A usage error, as an `anyhow::Error` to return.
-pub fn usage(message: impl Into<String>) -> anyhow::Error {
-    Usage(message.into()).into()
+/// A usage error: the command line asked for something that cannot be
+/// sent.
+pub fn usage(message: impl Into<String>) -> CliError {
+    CliError::Usage(message.into())
 }
 
 /// No agent by that name or id among those the caller may see.
-pub fn no_such_agent(agent: &str) -> anyhow::Error {
+pub fn no_such_agent(agent: &str) -> CliError {
     match agent.parse::<u32>() {
-        Ok(id) => anyhow::anyhow!("no agent with id {id} (agentos ps -a lists them)"),
-        Err(_) => anyhow::anyhow!("no agent named '{agent}' (agentos ps -a lists them)"),
+        Ok(id) => CliError::NoAgentWithId(id),
+        Err(_) => CliError::NoAgentNamed(agent.to_owned()),
     }
 }
 
 /// A kernel refusal about `agent`, in the CLI's words.
-pub fn about_agent(agent: &str, err: anyhow::Error) -> anyhow::Error {
-    match remote(&err).map(|reply| reply.code) {
-        Some(ErrorCode::NotFound) => no_such_agent(agent),
-        _ => err,
-    }
-}
-
-/// The kernel's refusal inside `err`, if that is what it is.
-pub fn remote(err: &anyhow::Error) -> Option<&ErrorReply> {
-    match err.downcast_ref::<ClientError>() {
-        Some(ClientError::Remote(reply)) => Some(reply),
-        _ => err.downcast_ref::<ErrorReply>(),
+pub fn about_agent(agent: &str, err: ClientError) -> CliError {
+    match &err {
+        ClientError::Remote(reply) if reply.code == ErrorCode::NotFound => no_such_agent(agent),
+        _ => err.into(),
     }
 }
 
 /// Prints `err` for a person and gives the exit code it deserves.
-pub fn report(err: &anyhow::Error) -> ExitCode {
-    if err.downcast_ref::<Usage>().is_some() {
+pub fn report(err: &CliError) -> ExitCode {
+    if err.is_usage() {
         eprintln!("agentos: {err}");
         eprintln!("Try 'agentos --help' for more information.");
         return ExitCode::from(2);
     }
-    match (remote(err), err.downcast_ref::<ClientError>()) {
+    match (err.refusal(), err.kernel()) {
         (Some(reply), _) => eprintln!("agentos: {}", in_cli_terms(reply)),
         (None, Some(ClientError::Io(io))) if is_timeout(io) => {
             eprintln!("agentos: no reply from the kernel in time; --timeout SECS waits longer")
         }
-        _ => eprintln!("agentos: {err:#}"),
+        _ => eprintln!("agentos: {}", with_causes(err)),
     }
     ExitCode::FAILURE
+}
+
+/// The error's sentence followed by each cause's, `: `-separated.
+fn with_causes(err: &CliError) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
 }
 
 fn is_timeout(err: &std::io::Error) -> bool {
@@ -65,30 +67,21 @@ fn is_timeout(err: &std::io::Error) -> bool {
     )
 }
 
-/// A refusal's sentence, with what to do about it where the code says.
-pub fn in_cli_terms(reply: &ErrorReply) -> String {
-    let hint = match reply.code {
-        ErrorCode::PermissionDenied => "not allowed",
-        ErrorCode::Busy => "the kernel is busy; try again shortly",
-        ErrorCode::Timeout => "timed out",
-        ErrorCode::Unavailable => "not available on this kernel (agentos hello shows what is)",
-        ErrorCode::LimitExceeded => "over a limit",
-        _ => return reply.error.clone(),
-    };
-    format!("{}: {hint}", reply.error)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use agentos_proto::ErrorReply;
+
     use super::*;
 
     #[test]
     fn a_missing_agent_is_named_with_the_command_that_lists_agents() {
         let refused = ClientError::Remote(ErrorReply::new(ErrorCode::NotFound, "nope"));
-        let said = about_agent("w1", refused.into()).to_string();
+        let said = about_agent("w1", refused).to_string();
         assert_eq!(said, "no agent named 'w1' (agentos ps -a lists them)");
         assert!(!said.contains("not_found"));
-        let by_id = about_agent("7", ClientError::Closed.into()).to_string();
+        let by_id = about_agent("7", ClientError::Closed).to_string();
         assert_eq!(
             by_id, "the kernel closed the connection",
             "other errors stand"
@@ -98,6 +91,33 @@ mod tests {
     #[test]
     fn usage_errors_exit_2_and_failures_1() {
         assert_eq!(report(&usage("bad")), ExitCode::from(2));
-        assert_eq!(report(&anyhow::anyhow!("failed")), ExitCode::FAILURE);
+        assert_eq!(report(&CliError::DenyWithoutPolicy), ExitCode::FAILURE);
+    }
+
+    #[test]
+    fn a_failure_is_said_with_its_causes_and_a_refusal_in_the_cli_terms() {
+        let still = CliError::StillStopping {
+            agent: "w1".to_owned(),
+            cause: Box::new(CliError::StillIn {
+                state: "running",
+                waited: Duration::from_secs(3),
+            }),
+        };
+        assert_eq!(
+            with_causes(&still),
+            "agent 'w1' is still stopping: still running after 3 s (--timeout SECS waits longer)"
+        );
+        let refused = CliError::StillStopping {
+            agent: "w1".to_owned(),
+            cause: Box::new(CliError::Kernel(ClientError::Remote(ErrorReply::new(
+                ErrorCode::Busy,
+                "queue full",
+            )))),
+        };
+        let reply = refused.refusal().expect("the refusal inside");
+        assert_eq!(
+            in_cli_terms(reply),
+            "queue full: the kernel is busy; try again shortly"
+        );
     }
 }

@@ -2,10 +2,21 @@
 
 use serde::Serialize;
 
+use crate::error::CliError;
+
 /// Prints `value` as pretty JSON on stdout: what `--json` gives.
-pub fn print_json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<()> {
+pub fn print_json<T: Serialize + ?Sized>(value: &T) -> Result<(), CliError> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
+}
+
+/// Prints one item as itself and several as an array: what a command
+/// that acts on several agents gives with `--json`.
+pub fn print_one_or_all<T: Serialize>(items: &[T]) -> Result<(), CliError> {
+    match items {
+        [one] => print_json(one),
+        all => print_json(all),
+    }
 }
 
 /// Bytes in binary units as `top` writes them: `512B`, `12.3M`, `256M`, `1.5G`.

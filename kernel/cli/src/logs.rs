@@ -5,6 +5,8 @@ use std::io::Write;
 use agentos_proto::payload::{LogsReply, LogsRequest};
 use agentos_proto::{Client, Opcode};
 
+use crate::error::CliError;
+
 /// How long each follow request waits for output: well inside the
 /// client's own timeout.
 const FOLLOW_WAIT_MS: u64 = 10_000;
@@ -21,7 +23,7 @@ pub struct LogsArgs {
     lines: u64,
 }
 
-pub fn logs(client: &mut Client, args: LogsArgs, json: bool) -> anyhow::Result<()> {
+pub fn logs(client: &mut Client, args: LogsArgs, json: bool) -> Result<(), CliError> {
     let (id, name) = crate::agents::id_or_name(&args.agent);
     let mut request = LogsRequest {
         id,
@@ -33,7 +35,7 @@ pub fn logs(client: &mut Client, args: LogsArgs, json: bool) -> anyhow::Result<(
     loop {
         let reply: LogsReply = client
             .call_json(Opcode::LOGS, &serde_json::to_vec(&request)?)
-            .map_err(|err| crate::failure::about_agent(&args.agent, err.into()))?;
+            .map_err(|err| crate::failure::about_agent(&args.agent, err))?;
         if json {
             // One reply per line, so that a follower reads them as they come.
             writeln!(stdout, "{}", serde_json::to_string(&reply)?)?;

@@ -4,6 +4,7 @@
 use agentos_proto::payload::{NetOp, NetReply, NetRequest, Network, NetworkPolicy};
 use agentos_proto::{Client, Opcode};
 
+use crate::error::CliError;
 use crate::format::human_size;
 
 #[derive(Debug, clap::Args)]
@@ -22,11 +23,11 @@ pub struct NetArgs {
     cut: bool,
 }
 
-pub fn net(client: &mut Client, args: NetArgs, json: bool) -> anyhow::Result<()> {
+pub fn net(client: &mut Client, args: NetArgs, json: bool) -> Result<(), CliError> {
     let (id, name) = crate::agents::id_or_name(&args.agent);
     let setting = args.cut || !args.allow.is_empty();
     if !setting && !args.deny.is_empty() {
-        anyhow::bail!("--deny goes with --allow or --cut: give the whole new policy");
+        return Err(CliError::DenyWithoutPolicy);
     }
     let request = NetRequest {
         op: if setting { NetOp::Set } else { NetOp::Show },
@@ -41,7 +42,7 @@ pub fn net(client: &mut Client, args: NetArgs, json: bool) -> anyhow::Result<()>
     };
     let reply: NetReply = client
         .call_json(Opcode::NET, &serde_json::to_vec(&request)?)
-        .map_err(|err| crate::failure::about_agent(&args.agent, err.into()))?;
+        .map_err(|err| crate::failure::about_agent(&args.agent, err))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&reply)?);
     } else {

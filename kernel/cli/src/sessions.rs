@@ -2,12 +2,13 @@
 //! interpreter and its `/workspace` kept between runs) and the snapshots of
 //! their files.
 
-use agentos_proto::{Client, Opcode};
-use serde_json::{json, Value};
+use agentos_proto::payload::{RestoredReply, SessionsReply, SnapshotReply, SnapshotsReply};
+use agentos_proto::{Client, ClientError, ErrorCode, Opcode};
+use serde::Serialize;
 
-use crate::failure::remote;
-use crate::format::{human_size, print_json};
-use agentos_proto::ErrorCode;
+use crate::error::CliError;
+use crate::format::human_size;
+use crate::raw::Raw;
 
 /// `agentos snapshot`'s options.
 #[derive(Debug, clap::Args)]
@@ -30,109 +31,135 @@ pub struct RestoreArgs {
     name: String,
 }
 
-/// One EXEC op; a refusal for an unknown session in the CLI's words.
-fn exec_op(client: &mut Client, body: &Value, session: Option<&str>) -> anyhow::Result<Value> {
-    client
-        .call_json(Opcode::EXEC, &serde_json::to_vec(body)?)
-        .map_err(|err| {
-            let err = anyhow::Error::from(err);
-            match (remote(&err).map(|r| r.code), session) {
-                (Some(ErrorCode::NotFound), Some(session)) => anyhow::anyhow!(
-                    "{} (agentos sessions lists yours)",
-                    remote(&err).map_or("", |r| r.error.as_str())
-                )
-                .context(format!("session '{session}'")),
-                _ => err,
-            }
-        })
+/// EXEC's session operations (the protocol's `ExecCall` is parsed, not
+/// built).
+#[derive(Debug, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum SessionOp<'a> {
+    Sessions,
+    Snapshots { session: &'a str },
+    Snapshot { session: &'a str, name: &'a str },
+    Restore { session: &'a str, name: &'a str },
 }
 
-pub fn sessions(client: &mut Client, json: bool) -> anyhow::Result<()> {
-    let reply = exec_op(client, &json!({"op": "sessions"}), None)?;
-    if json {
-        return print_json(&reply);
+impl SessionOp<'_> {
+    /// The session the op names, if it names one.
+    fn session(&self) -> Option<&str> {
+        match self {
+            SessionOp::Sessions => None,
+            SessionOp::Snapshots { session }
+            | SessionOp::Snapshot { session, .. }
+            | SessionOp::Restore { session, .. } => Some(session),
+        }
     }
-    let sessions = reply["sessions"].as_array().cloned().unwrap_or_default();
+
+    /// Asks the kernel; its reply as sent. A refusal for an unknown
+    /// session is said in the CLI's words.
+    fn ask(&self, client: &mut Client) -> Result<Raw, CliError> {
+        client
+            .call_json(Opcode::EXEC, &serde_json::to_vec(self)?)
+            .map_err(|err| match (err, self.session()) {
+                (ClientError::Remote(reply), Some(session))
+                    if reply.code == ErrorCode::NotFound =>
+                {
+                    CliError::NoSuchSession {
+                        session: session.to_owned(),
+                        message: reply.error,
+                    }
+                }
+                (err, _) => err.into(),
+            })
+    }
+}
+
+pub fn sessions(client: &mut Client, json: bool) -> Result<(), CliError> {
+    let raw = SessionOp::Sessions.ask(client)?;
+    if json {
+        return raw.print();
+    }
+    let reply: SessionsReply = raw.decode()?;
     println!(
         "{:<24} {:<21} {:<21} {:>6} {:>10}",
         "SESSION", "CREATED", "LAST USED", "RUNS", "WORKSPACE"
     );
-    for session in &sessions {
+    for session in &reply.sessions {
         println!(
             "{:<24} {:<21} {:<21} {:>6} {:>10}",
-            session["session"].as_str().unwrap_or("?"),
-            session["created_at"].as_str().unwrap_or("?"),
-            session["last_used_at"].as_str().unwrap_or("?"),
-            session["runs"].as_u64().unwrap_or(0),
-            human_size(session["workspace_bytes"].as_u64().unwrap_or(0)),
+            session.session,
+            session.created_at,
+            session.last_used_at,
+            session.runs,
+            human_size(session.workspace_bytes),
         );
     }
-    if sessions.is_empty() {
+    if reply.sessions.is_empty() {
         eprintln!("agentos: no sessions (agentos exec --session NAME CODE starts one)");
     }
     Ok(())
 }
 
-pub fn snapshot(client: &mut Client, args: SnapshotArgs, json: bool) -> anyhow::Result<()> {
+pub fn snapshot(client: &mut Client, args: SnapshotArgs, json: bool) -> Result<(), CliError> {
     let session = args.session.as_str();
     if args.list {
-        let body = json!({"op": "snapshots", "session": session});
-        let reply = exec_op(client, &body, Some(session))?;
+        let raw = SessionOp::Snapshots { session }.ask(client)?;
         if json {
-            return print_json(&reply);
+            return raw.print();
         }
+        let reply: SnapshotsReply = raw.decode()?;
         println!("{:<32} {:>10}  CREATED", "SNAPSHOT", "SIZE");
-        for snapshot in reply["snapshots"].as_array().into_iter().flatten() {
+        for snapshot in &reply.snapshots {
             println!(
                 "{:<32} {:>10}  {}",
-                snapshot["name"].as_str().unwrap_or("?"),
-                human_size(snapshot["bytes"].as_u64().unwrap_or(0)),
-                snapshot["created_at"].as_str().unwrap_or("?"),
+                snapshot.name,
+                human_size(snapshot.bytes),
+                snapshot.created_at,
             );
         }
         return Ok(());
     }
     let name = args.name.unwrap_or_else(default_snapshot_name);
-    let body = json!({"op": "snapshot", "session": session, "name": name});
-    let reply = exec_op(client, &body, Some(session))?;
-    if json {
-        return print_json(&reply);
+    let raw = SessionOp::Snapshot {
+        session,
+        name: &name,
     }
-    let snapshot = &reply["snapshot"];
+    .ask(client)?;
+    if json {
+        return raw.print();
+    }
+    let reply: SnapshotReply = raw.decode()?;
+    let snapshot = &reply.snapshot;
     println!(
         "snapshot '{}' of session '{session}': {} (restore it with: agentos restore {session} {})",
-        snapshot["name"].as_str().unwrap_or(&name),
-        human_size(snapshot["bytes"].as_u64().unwrap_or(0)),
-        snapshot["name"].as_str().unwrap_or(&name),
+        snapshot.name,
+        human_size(snapshot.bytes),
+        snapshot.name,
     );
-    left_out(&reply);
+    left_out(&reply.left_out);
     Ok(())
 }
 
-pub fn restore(client: &mut Client, args: RestoreArgs, json: bool) -> anyhow::Result<()> {
+pub fn restore(client: &mut Client, args: RestoreArgs, json: bool) -> Result<(), CliError> {
     let session = args.session.as_str();
-    let body = json!({"op": "restore", "session": session, "name": args.name});
-    let reply = exec_op(client, &body, Some(session))?;
-    if json {
-        return print_json(&reply);
+    let raw = SessionOp::Restore {
+        session,
+        name: &args.name,
     }
+    .ask(client)?;
+    if json {
+        return raw.print();
+    }
+    let reply: RestoredReply = raw.decode()?;
     println!(
         "session '{session}' restored from '{}': its /workspace is the snapshot's, its \
          interpreter new",
         args.name
     );
-    left_out(&reply);
+    left_out(&reply.left_out);
     Ok(())
 }
 
 /// Says which files a snapshot or restore did not carry.
-fn left_out(reply: &Value) {
-    let skipped: Vec<&str> = reply["left_out"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+fn left_out(skipped: &[String]) {
     if !skipped.is_empty() {
         eprintln!(
             "agentos: left out (not plain files): {}",
@@ -147,4 +174,41 @@ fn default_snapshot_name() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     format!("snap-{secs}")
+}
+
+#[cfg(test)]
+mod tests {
+    use agentos_proto::payload::ExecCall;
+
+    use super::*;
+
+    #[test]
+    fn each_op_is_the_one_exec_reads() {
+        let read = |op: SessionOp<'_>| ExecCall::parse(&serde_json::to_vec(&op).unwrap()).unwrap();
+        let (session, name) = ("s1".to_owned(), "before".to_owned());
+        assert_eq!(read(SessionOp::Sessions), ExecCall::Sessions);
+        assert_eq!(
+            read(SessionOp::Snapshots { session: "s1" }),
+            ExecCall::Snapshots {
+                session: session.clone()
+            }
+        );
+        assert_eq!(
+            read(SessionOp::Snapshot {
+                session: "s1",
+                name: "before"
+            }),
+            ExecCall::Snapshot {
+                session: session.clone(),
+                name: name.clone()
+            }
+        );
+        assert_eq!(
+            read(SessionOp::Restore {
+                session: "s1",
+                name: "before"
+            }),
+            ExecCall::Restore { session, name }
+        );
+    }
 }

@@ -1,14 +1,21 @@
 //! `agentos task ...`: background tasks.
 
+use std::fmt::Display;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use agentos_proto::payload::{
+    ExecRequest, Language, PrincipalInfo, TaskCancelReply, TaskDispatch, TaskDispatchReply,
+    TaskInfo, TaskKind, TaskListReply, TaskOwner, TaskRef, TaskReply, TaskRequest, TaskWait,
+    ThinkRequest,
+};
 use agentos_proto::{Client, Opcode};
 use clap::Subcommand;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
 
-use crate::format::print_json;
-use crate::words_or_stdin;
+use crate::error::CliError;
+use crate::input::{millis, seconds, words_or_stdin};
+use crate::raw::Raw;
 
 /// The longest one TASK `wait` request waits: well inside the kernel's
 /// bound on it.
@@ -72,120 +79,77 @@ pub enum TaskCommand {
     },
 }
 
-#[derive(Debug, clap::Args)]
-pub struct RunArgs {
-    /// What to do (its words are joined by spaces); `-` reads it from stdin
-    #[arg(required = true)]
-    prompt: Vec<String>,
-    /// Rounds of code and output at most
-    #[arg(long, value_name = "N")]
-    max_iterations: Option<u32>,
-    /// A system instruction added to the kernel's own
-    #[arg(long)]
-    system: Option<String>,
+/// TASK's `list` as the command line gives it: the state and kind are
+/// words the kernel judges (the protocol's `TaskList` holds them read),
+/// so that a word it does not know is refused in its own terms.
+#[derive(Debug, Serialize)]
+#[serde(tag = "op", rename = "list")]
+struct ListTasks {
+    limit: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<TaskOwner>,
 }
 
-/// `agentos run`: dispatches a prompt task and follows it to its end, with
-/// a progress line on a terminal.
-/// `wait_for` is how long it follows the task: the global `--timeout`.
-pub fn run_prompt(
-    client: &mut Client,
-    args: RunArgs,
-    wait_for: Duration,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
-    use serde_json::json;
-    use std::io::IsTerminal;
-    let prompt = words_or_stdin(&args.prompt)?;
-    let mut request = json!({"prompt": prompt});
-    if let Some(n) = args.max_iterations {
-        request["max_iterations"] = n.into();
+/// A THINK task's request as `dispatch --think` sends it. A THINK has no
+/// run limit of its own; `--run-timeout` goes with it all the same, for
+/// the kernel to refuse, naming the fields a THINK takes.
+#[derive(Debug, Serialize)]
+struct ThinkTask {
+    #[serde(flatten)]
+    request: ThinkRequest,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeout_ms: Option<u64>,
+}
+
+/// What the CLI reads of a task's result, whichever reply it is: an
+/// EXEC reply's streams, a THINK reply's answer, the prompt loop's answer
+/// and transcript, or why the work failed or was stopped.
+#[derive(Debug, Default, Deserialize)]
+pub struct TaskResult {
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+    /// A THINK's answer.
+    pub content: Option<String>,
+    pub error: Option<String>,
+    /// The prompt loop's answer.
+    pub answer: Option<String>,
+    /// The prompt loop's rounds.
+    pub iterations: Option<Vec<Iteration>>,
+    pub tokens: Option<u64>,
+    pub tool_calls: Option<u64>,
+}
+
+/// One round of the prompt loop: the code THINK wrote and how it ended.
+#[derive(Debug, Deserialize)]
+pub struct Iteration {
+    #[serde(default)]
+    pub code: String,
+    pub language: Option<String>,
+    pub exit_code: Option<i64>,
+}
+
+impl TaskResult {
+    /// The task's result, if it has finished (an empty one if it cannot
+    /// be read as any of the replies a task ends with).
+    pub fn of(task: &TaskInfo) -> Option<TaskResult> {
+        let result = task.result.as_ref()?;
+        Some(TaskResult::deserialize(result).unwrap_or_default())
     }
-    if let Some(system) = args.system {
-        request["system"] = system.into();
-    }
-    let mut call = |body: Value| task_call(client, &body);
-    let task_id = call(json!({"op": "dispatch", "kind": "prompt", "request": request}))?["task_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let live = std::io::stderr().is_terminal();
-    let deadline = Instant::now() + wait_for;
-    let task = loop {
-        // Short waits, so a terminal sees where the loop is meanwhile.
-        let body = json!({"op": "wait", "task_id": task_id, "timeout_ms": 500});
-        let task = call(body)?["task"].clone();
-        if task.get("result").is_some() {
-            break task;
-        }
-        if Instant::now() >= deadline {
-            if live {
-                eprint!("\r\x1b[2K");
-            }
-            anyhow::bail!(
-                "task {task_id} is still {} after {:.0} s; it goes on: agentos task wait {task_id} \
-                 (--timeout SECS waits longer)",
-                task["state"].as_str().unwrap_or("running"),
-                wait_for.as_secs_f64()
-            );
-        }
-        if live {
-            let status = call(json!({"op": "status", "task_id": task_id}))?["task"].clone();
-            let iteration = status["progress"]["iteration"].as_u64().unwrap_or(1);
-            let last = status["progress"]["output"]
-                .as_str()
-                .and_then(|o| o.lines().last())
-                .unwrap_or("");
-            let line: String = format!("iteration {iteration}: {last}")
-                .chars()
-                .take(70)
-                .collect();
-            eprint!("\r\x1b[2K[{task_id}] {line}");
-        }
-    };
-    if live {
-        eprint!("\r\x1b[2K");
-    }
-    let result = &task["result"];
-    if json {
-        print_json(&task)?;
-    } else if let Some(answer) = result["answer"].as_str() {
-        println!("{answer}");
-    }
-    let iterations = result["iterations"].as_array().map_or(0, Vec::len);
-    if !json {
-        // The transcript in brief: what each round ran and how it ended.
-        for (n, iteration) in result["iterations"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let code = iteration["code"].as_str().unwrap_or_default();
-            let first = code.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-            eprintln!(
-                "agentos: iteration {}: {} line(s) of {}, exit {}, starting `{}`",
-                n + 1,
-                code.lines().count(),
-                iteration["language"].as_str().unwrap_or("?"),
-                iteration["exit_code"],
-                first.chars().take(60).collect::<String>()
-            );
-        }
-    }
-    eprintln!(
-        "agentos: {} in {iterations} iteration(s), {} tokens, {} tool calls",
-        task["state"].as_str().unwrap_or("?"),
-        result["tokens"],
-        result["tool_calls"]
-    );
-    if task["state"] == "completed" {
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Some(error) = result["error"].as_str() {
-        eprintln!("agentos: {error}");
-    }
-    Ok(ExitCode::FAILURE)
+}
+
+/// A figure as JSON writes it: `null` when there is none.
+pub fn or_null(figure: Option<impl Display>) -> String {
+    figure.map_or_else(|| "null".to_owned(), |figure| figure.to_string())
+}
+
+/// `wait`'s reply with its task as the kernel sent it, for `--json`.
+#[derive(Debug, Deserialize)]
+pub struct Waited {
+    pub task: Raw,
 }
 
 /// `wait_for` is how long `wait` waits: the global `--timeout`.
@@ -194,9 +158,7 @@ pub fn task(
     command: TaskCommand,
     wait_for: Duration,
     json: bool,
-) -> anyhow::Result<ExitCode> {
-    use serde_json::json;
-    let mut call = |body: Value| task_call(client, &body);
+) -> Result<ExitCode, CliError> {
     match command {
         TaskCommand::Dispatch {
             text,
@@ -206,65 +168,88 @@ pub fn task(
             run_timeout,
         } => {
             let text = words_or_stdin(&text)?;
-            let (kind, mut request) = if think {
-                ("think", json!({"prompt": text}))
-            } else {
-                let language = if bash { "bash" } else { "python" };
-                ("exec", json!({"code": text, "language": language}))
-            };
             if let Some(secs) = run_timeout {
-                crate::seconds("--run-timeout", secs)?;
-                request["timeout_ms"] = ((secs * 1e3).round() as u64).into();
+                seconds("--run-timeout", secs)?;
             }
-            let mut body = json!({"op": "dispatch", "kind": kind, "request": request});
-            if let Some(label) = label {
-                body["label"] = label.into();
-            }
-            let reply = call(body)?;
-            if json {
-                print_json(&reply)?;
+            let timeout_ms = run_timeout.map(millis);
+            let (kind, request) = if think {
+                let request = ThinkRequest {
+                    prompt: Some(text),
+                    ..ThinkRequest::default()
+                };
+                let task = ThinkTask {
+                    request,
+                    timeout_ms,
+                };
+                (TaskKind::Think, serde_json::to_value(task)?)
             } else {
-                println!("{}", reply["task_id"].as_str().unwrap_or_default());
+                let request = ExecRequest {
+                    code: text,
+                    language: if bash {
+                        Language::Bash
+                    } else {
+                        Language::Python
+                    },
+                    timeout_ms,
+                    ..ExecRequest::default()
+                };
+                (TaskKind::Exec, serde_json::to_value(request)?)
+            };
+            let raw = ask(
+                client,
+                &TaskRequest::Dispatch(TaskDispatch {
+                    kind,
+                    request,
+                    label,
+                    trace: None,
+                }),
+            )?;
+            if json {
+                raw.print()?;
+            } else {
+                println!("{}", raw.decode::<TaskDispatchReply>()?.task_id);
             }
         }
         TaskCommand::Status { task_id } => {
-            let reply = call(json!({"op": "status", "task_id": task_id}))?;
+            let raw = ask(client, &TaskRequest::Status(TaskRef { task_id }))?;
             if json {
-                print_json(&reply)?;
+                raw.print()?;
             } else {
-                print!("{}", describe(&reply["task"]));
+                print!("{}", describe(&raw.decode::<TaskReply>()?.task));
             }
         }
         TaskCommand::Wait { task_id } => {
             // In steps the kernel accepts, until the task ends or the wait
             // asked for is over.
             let deadline = Instant::now() + wait_for;
-            let reply = loop {
+            let (raw, reply) = loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 let step = left.min(WAIT_STEP);
-                let timeout_ms = step.as_millis() as u64;
-                let body = json!({"op": "wait", "task_id": task_id, "timeout_ms": timeout_ms});
-                let reply = call(body)?;
-                let state = reply["task"]["state"].as_str().unwrap_or("");
-                if !matches!(state, "queued" | "running") || left <= step {
-                    break reply;
+                let request = TaskRequest::Wait(TaskWait {
+                    task_id: task_id.clone(),
+                    timeout_ms: Some(step.as_millis() as u64),
+                });
+                let raw = ask(client, &request)?;
+                let reply: TaskReply = raw.decode()?;
+                if reply.task.state.is_finished() || left <= step {
+                    break (raw, reply);
                 }
             };
-            let task = &reply["task"];
+            let task = &reply.task;
             if json {
-                print_json(task)?;
-            } else if let Some(result) = task.get("result") {
+                raw.decode::<Waited>()?.task.print()?;
+            } else if let Some(result) = TaskResult::of(task) {
                 // A run's output, a THINK's answer, or why it did not end well.
-                print!("{}", result["stdout"].as_str().unwrap_or_default());
-                eprint!("{}", result["stderr"].as_str().unwrap_or_default());
-                if let Some(answer) = result["content"].as_str() {
+                print!("{}", result.stdout.unwrap_or_default());
+                eprint!("{}", result.stderr.unwrap_or_default());
+                if let Some(answer) = result.content {
                     println!("{answer}");
                 }
-                if let Some(error) = result["error"].as_str() {
+                if let Some(error) = result.error {
                     eprintln!("agentos: {error}");
                 }
             }
-            let state = task["state"].as_str().unwrap_or("?");
+            let state = task.state.as_str();
             if state == "completed" {
                 return Ok(ExitCode::SUCCESS);
             }
@@ -277,58 +262,36 @@ pub fn task(
             limit,
             owner,
         } => {
-            let mut body = json!({"op": "list", "limit": limit});
-            if let Some(state) = state {
-                body["state"] = state.into();
-            }
-            if let Some(kind) = kind {
-                body["kind"] = kind.into();
-            }
-            if let Some(owner) = &owner {
-                // An agent's id is a number; anything else, a name or `*`.
-                body["owner"] = owner
-                    .parse::<u32>()
-                    .map_or_else(|_| owner.as_str().into(), Into::into);
-            }
-            let reply = call(body)?;
+            // An agent's id is a number; anything else, a name or `*`.
+            let whose = owner.as_deref().map(|owner| match owner.parse::<u32>() {
+                Ok(id) => TaskOwner::Agent(id),
+                Err(_) => TaskOwner::Name(owner.to_owned()),
+            });
+            let request = ListTasks {
+                limit,
+                state,
+                kind,
+                owner: whose,
+            };
+            let raw = ask(client, &request)?;
             if json {
-                print_json(&reply)?;
+                raw.print()?;
             } else {
-                // Whose each task is, when they may be another's.
-                let whose = |task: &serde_json::Value| match owner {
-                    Some(_) => format!("{:<20} ", owner_name(&task["owner"])),
-                    None => String::new(),
-                };
-                let heading = if owner.is_some() { "OWNER" } else { "" };
-                println!(
-                    "{:<20} {:<6} {:<11} {:<24} {heading:<width$}LABEL",
-                    "TASK",
-                    "KIND",
-                    "STATE",
-                    "CREATED",
-                    width = if owner.is_some() { 21 } else { 0 },
-                );
-                for task in reply["tasks"].as_array().into_iter().flatten() {
-                    println!(
-                        "{:<20} {:<6} {:<11} {:<24} {}{}",
-                        task["task_id"].as_str().unwrap_or("?"),
-                        task["kind"].as_str().unwrap_or("?"),
-                        task["state"].as_str().unwrap_or("?"),
-                        task["created_at"].as_str().unwrap_or("?"),
-                        whose(task),
-                        task["label"].as_str().unwrap_or(""),
-                    );
-                }
-                if let Some(next) = reply["next"].as_str() {
+                let reply: TaskListReply = raw.decode()?;
+                print!("{}", list_table(&reply, owner.is_some()));
+                if let Some(next) = &reply.next {
                     eprintln!("agentos: more tasks before {next}");
                 }
             }
         }
         TaskCommand::Cancel { task_id } => {
-            let reply = call(json!({"op": "cancel", "task_id": task_id}))?;
+            let request = TaskRequest::Cancel(TaskRef {
+                task_id: task_id.clone(),
+            });
+            let raw = ask(client, &request)?;
             if json {
-                print_json(&reply)?;
-            } else if reply["cancelled"] == true {
+                raw.print()?;
+            } else if raw.decode::<TaskCancelReply>()?.cancelled {
                 println!("cancelled {task_id}");
             } else {
                 println!("{task_id} had already ended");
@@ -338,62 +301,94 @@ pub fn task(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `task list`'s table, with each task's owner when they may be
+/// another's.
+fn list_table(reply: &TaskListReply, with_owner: bool) -> String {
+    let heading = if with_owner { "OWNER" } else { "" };
+    let mut out = format!(
+        "{:<20} {:<6} {:<11} {:<24} {heading:<width$}LABEL\n",
+        "TASK",
+        "KIND",
+        "STATE",
+        "CREATED",
+        width = if with_owner { 21 } else { 0 },
+    );
+    for task in &reply.tasks {
+        let whose = if with_owner {
+            format!("{:<20} ", owner_name(task.owner.as_ref()))
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "{:<20} {:<6} {:<11} {:<24} {whose}{}\n",
+            task.task_id,
+            task.kind.as_str(),
+            task.state.as_str(),
+            task.created_at,
+            task.label.as_deref().unwrap_or(""),
+        ));
+    }
+    out
+}
+
 /// `task status`'s text: the task's kind, label and state, its times, and
 /// while it runs what it has printed so far.
-fn describe(task: &Value) -> String {
-    let text = |field: &str| task[field].as_str().unwrap_or("-").to_owned();
-    let label = task["label"]
-        .as_str()
+fn describe(task: &TaskInfo) -> String {
+    let time = |at: &Option<String>| at.as_deref().unwrap_or("-").to_owned();
+    let label = task
+        .label
+        .as_deref()
         .map(|l| format!(" \"{l}\""))
         .unwrap_or_default();
     let mut out = format!(
         "task {}{label} ({}): {}\n",
-        text("task_id"),
-        text("kind"),
-        text("state")
+        task.task_id,
+        task.kind.as_str(),
+        task.state.as_str()
     );
     out.push_str(&format!(
         "created {}, started {}, finished {}\n",
-        text("created_at"),
-        text("started_at"),
-        text("finished_at")
+        task.created_at,
+        time(&task.started_at),
+        time(&task.finished_at)
     ));
-    let progress = &task["progress"];
-    if let Some(iteration) = progress["iteration"].as_u64() {
-        out.push_str(&format!("iteration {iteration}\n"));
-    }
-    if let Some(output) = progress["output"].as_str().filter(|o| !o.is_empty()) {
-        out.push_str("output so far:\n");
-        for line in output.lines() {
-            out.push_str(&format!("  {line}\n"));
+    if let Some(progress) = &task.progress {
+        if let Some(iteration) = progress.iteration {
+            out.push_str(&format!("iteration {iteration}\n"));
+        }
+        if !progress.output.is_empty() {
+            out.push_str("output so far:\n");
+            for line in progress.output.lines() {
+                out.push_str(&format!("  {line}\n"));
+            }
         }
     }
-    if let Some(error) = task["result"]["error"].as_str() {
+    if let Some(error) = TaskResult::of(task).and_then(|result| result.error) {
         out.push_str(&format!("error: {error}\n"));
     }
-    if task["state"] != "queued" && task["state"] != "running" {
-        let id = text("task_id");
+    if task.state.is_finished() {
+        let id = &task.task_id;
         out.push_str(&format!("its result: agentos task wait {id}\n"));
     }
     out
 }
 
-/// One TASK request, its reply as JSON (an error reply as an error).
-fn task_call(client: &mut Client, body: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
-    Ok(client.call_json(Opcode::TASK, &serde_json::to_vec(body)?)?)
+/// One TASK request, its reply as sent (an error reply as an error).
+pub fn ask(client: &mut Client, request: &impl Serialize) -> Result<Raw, CliError> {
+    Ok(client.call_json(Opcode::TASK, &serde_json::to_vec(request)?)?)
 }
 
 /// A task's owner in a few characters: `uid 0`, `worker1 (7)`, `run of worker1 (7)`.
-fn owner_name(owner: &serde_json::Value) -> String {
-    match owner["kind"].as_str() {
-        Some("operator") => format!("uid {}", owner["uid"]),
-        Some("agent") => match owner["name"].as_str() {
-            Some(name) => format!("{name} ({})", owner["id"]),
-            None => format!("agent {}", owner["id"]),
+fn owner_name(owner: Option<&PrincipalInfo>) -> String {
+    match owner {
+        Some(PrincipalInfo::Operator { uid }) => format!("uid {uid}"),
+        Some(PrincipalInfo::Agent { id, name }) => match name {
+            Some(name) => format!("{name} ({id})"),
+            None => format!("agent {id}"),
         },
-        Some("run") if owner["of"].is_object() => format!("run of {}", owner_name(&owner["of"])),
-        Some("run") => "a run".to_owned(),
-        _ => "?".to_owned(),
+        Some(PrincipalInfo::Run { of: Some(of) }) => format!("run of {}", owner_name(Some(of))),
+        Some(PrincipalInfo::Run { of: None }) => "a run".to_owned(),
+        None => "?".to_owned(),
     }
 }
 
@@ -403,10 +398,12 @@ mod tests {
 
     #[test]
     fn status_reads_as_text_with_the_output_so_far() {
-        let task = serde_json::json!({
-            "task_id": "t-1", "kind": "exec", "label": "nightly", "state": "running",
-            "created_at": "2026-11-26T08:00:00Z", "started_at": "2026-11-26T08:00:01Z",
-            "finished_at": null, "progress": {"output": "step 1\nstep 2\n"}});
+        let task: TaskInfo = serde_json::from_str(
+            r#"{"task_id": "t-1", "kind": "exec", "label": "nightly", "state": "running",
+                "created_at": "2026-11-26T08:00:00Z", "started_at": "2026-11-26T08:00:01Z",
+                "finished_at": null, "progress": {"output": "step 1\nstep 2\n"}}"#,
+        )
+        .unwrap();
         let text = describe(&task);
         assert!(
             text.starts_with("task t-1 \"nightly\" (exec): running\n"),
@@ -418,5 +415,84 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains('{'), "no JSON: {text}");
+    }
+
+    #[test]
+    fn owners_read_in_a_few_characters() {
+        let agent = PrincipalInfo::Agent {
+            id: 7,
+            name: Some("worker1".into()),
+        };
+        assert_eq!(
+            owner_name(Some(&PrincipalInfo::Operator { uid: 0 })),
+            "uid 0"
+        );
+        assert_eq!(owner_name(Some(&agent)), "worker1 (7)");
+        let run = PrincipalInfo::Run {
+            of: Some(Box::new(agent)),
+        };
+        assert_eq!(owner_name(Some(&run)), "run of worker1 (7)");
+        assert_eq!(owner_name(None), "?");
+    }
+
+    #[test]
+    fn a_list_is_the_one_task_reads_and_leaves_unknown_words_to_the_kernel() {
+        let read = |request: &ListTasks| TaskRequest::parse(&serde_json::to_vec(request).unwrap());
+        let mut request = ListTasks {
+            limit: 5,
+            state: Some("running".into()),
+            kind: Some("exec".into()),
+            owner: Some(TaskOwner::Agent(7)),
+        };
+        assert_eq!(
+            read(&request).unwrap(),
+            TaskRequest::List(agentos_proto::payload::TaskList {
+                state: Some(agentos_proto::payload::TaskState::Running),
+                kind: Some(TaskKind::Exec),
+                limit: Some(5),
+                before: None,
+                owner: Some(TaskOwner::Agent(7)),
+            })
+        );
+        request.state = Some("napping".into());
+        let refused = read(&request).unwrap_err();
+        assert!(refused.error.contains("`state`"), "{}", refused.error);
+    }
+
+    #[test]
+    fn a_think_task_is_a_think_request_and_a_run_limit_is_refused_by_name() {
+        let dispatch = |timeout_ms| {
+            let task = ThinkTask {
+                request: ThinkRequest {
+                    prompt: Some("hi".into()),
+                    ..ThinkRequest::default()
+                },
+                timeout_ms,
+            };
+            TaskDispatch {
+                kind: TaskKind::Think,
+                request: serde_json::to_value(task).unwrap(),
+                label: None,
+                trace: None,
+            }
+        };
+        let read = dispatch(None).think().unwrap();
+        assert_eq!(read.prompt.as_deref(), Some("hi"));
+        let refused = dispatch(Some(5000)).validate().unwrap_err();
+        assert!(refused.error.contains("`timeout_ms`"), "{}", refused.error);
+    }
+
+    #[test]
+    fn a_list_names_only_what_was_asked() {
+        let request = ListTasks {
+            limit: 50,
+            state: Some("napping".into()),
+            kind: None,
+            owner: Some(TaskOwner::Name("*".into())),
+        };
+        assert_eq!(
+            serde_json::to_string(&request).unwrap(),
+            r#"{"op":"list","limit":50,"state":"napping","owner":"*"}"#
+        );
     }
 }

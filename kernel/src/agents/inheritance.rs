@@ -14,11 +14,11 @@
 //! and paths are the SPAWN's business elsewhere: an agent's children are
 //! always sandboxed, and their paths are looked up in its own view.)
 
+use agentos_egress::policy::Policy;
+use agentos_egress::Egress;
 use agentos_proto::payload::{Limits, Permissions, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use crate::network::policy::Policy;
-use crate::network::Egress;
 use crate::permissions::covered_by;
 
 /// What an agent was given, which bounds what it may give.

@@ -2,18 +2,24 @@
 //! then the restart policy decides between another incarnation and the end. Every
 //! step is driven by a [`SandboxEvent`] or a deadline, and nothing here
 //! touches a process directly: the sandbox runtime does, through the
-//! [`Sandboxes`] seam.
+//! [`Sandboxes`] seam. The agents' records are the table's; each step is
+//! handed the record it changes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use agentos_egress::Gateway;
+use agentos_primitives::timers::Timers;
 use agentos_proto::payload::{AgentState, SpawnReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::record::{Agent, StopReason, WorkloadReport};
+use super::isolation::cgroup_limits;
+use super::program;
+use super::record::{Agent, Incarnation, StopReason, WorkloadReport};
 use super::restart::{Decision, Ending};
-use super::{cgroup_limits, program, Agents, Deadline, Incarnation};
+use super::table::Table;
+use super::usage::AgentCounts;
 use crate::address::{Answer, Reply};
 use crate::cgroup::CgroupStats;
 use crate::process::ProcessEnd;
@@ -21,35 +27,107 @@ use crate::sandbox::plan::{Workload, SOCKET_INSIDE, WORKSPACE};
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
 use crate::sandbox::Status;
 
-impl Agents {
+/// Where a step of an agent's life has its effects, besides the agent:
+/// the sandboxes, the replies to send, the counts — and when it happens.
+#[derive(Debug)]
+pub struct Effects<'a, S> {
+    /// The sandbox runtime.
+    pub sandboxes: &'a mut S,
+    /// Replies to send (a SPAWN's, once its agent runs or fails to).
+    pub replies: &'a mut Vec<Reply>,
+    /// What the metrics count.
+    pub counts: &'a mut AgentCounts,
+    /// Now.
+    pub now: Instant,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Deadline {
+    /// SIGKILL an incarnation that SIGTERM did not end.
+    Escalate(Incarnation),
+    /// Start the next incarnation after its backoff.
+    Restart(Incarnation),
+    /// Drop an ended agent from the table.
+    Forget { id: u32 },
+}
+
+/// What drives agents' lives besides their records: the deadlines, the
+/// agents whose work must end, and whether the kernel is shutting down.
+#[derive(Debug)]
+pub struct Life {
+    deadlines: Timers<Deadline>,
+    /// Agents whose incarnation has ended or is being stopped since the
+    /// last [`Life::take_ended`]: the work they started ends with it.
+    ended: Vec<u32>,
+    /// How long an ended agent stays listed.
+    retention: Duration,
+    /// The longest SIGTERM grace a shutdown gives.
+    stop_grace: Duration,
+    shutting_down: bool,
+    /// The egress proxy, for agents with a network policy.
+    gateway: Arc<Gateway>,
+}
+
+impl Life {
+    /// Ended agents kept for `retention`; a shutdown's SIGTERM followed by
+    /// SIGKILL after `stop_grace` at most.
+    pub fn new(retention: Duration, stop_grace: Duration, gateway: Arc<Gateway>) -> Life {
+        Life {
+            deadlines: Timers::default(),
+            ended: Vec::new(),
+            retention,
+            stop_grace,
+            shutting_down: false,
+            gateway,
+        }
+    }
+
+    /// Whether shutdown has begun: nothing new starts.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    /// Whether an agent's incarnation has ended, or it is being stopped,
+    /// since the last [`take_ended`](Self::take_ended).
+    pub fn has_ended(&self) -> bool {
+        !self.ended.is_empty()
+    }
+
+    /// Agents whose incarnation has ended or is being stopped since the
+    /// last call, each once, in order.
+    pub fn take_ended(&mut self) -> Vec<u32> {
+        let mut ended = std::mem::take(&mut self.ended);
+        ended.sort_unstable();
+        ended.dedup();
+        ended
+    }
+
     /// Takes in what happened to an incarnation's sandbox.
-    pub fn on_sandbox(
+    pub fn on_sandbox<S: Sandboxes<Incarnation>>(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Incarnation>,
-        replies: &mut Vec<Reply>,
+        table: &mut Table,
+        fx: &mut Effects<'_, S>,
         event: SandboxEvent<Incarnation>,
-        now: Instant,
     ) {
         match event {
-            SandboxEvent::Ready { owner, sandbox } => {
-                self.sandbox_ready(sandboxes, replies, owner, sandbox, now)
-            }
+            SandboxEvent::Ready { owner, sandbox } => self.sandbox_ready(table, fx, owner, sandbox),
             SandboxEvent::Failed { owner, error } => {
-                if self.current(owner).is_some() {
+                if let Some(agent) = table.current(owner) {
                     let message = error.to_string();
-                    self.fail_start(sandboxes, replies, owner.agent, error.code(), message, now);
+                    self.fail_start(agent, fx, error.code(), message);
                 }
             }
             SandboxEvent::Status { owner, status } => {
-                if let Some(agent) = self.current(owner) {
-                    apply_status(agent, status, replies);
+                if let Some(agent) = table.current(owner) {
+                    apply_status(agent, status, fx.replies);
                 }
             }
             SandboxEvent::OomKill { owner } => {
-                if self.current(owner).is_some() {
-                    self.counts.oom_kills += 1;
-                }
-                if let Some(agent) = self.current(owner).filter(|a| !a.oom_killed) {
+                let Some(agent) = table.current(owner) else {
+                    return;
+                };
+                fx.counts.oom_kills += 1;
+                if !agent.oom_killed {
                     log::info!(
                         "agent {} ({}): the memory limit killed a process",
                         agent.id,
@@ -64,13 +142,13 @@ impl Agents {
                 oom_killed,
                 usage,
             } => {
-                if self.current(owner).is_some() {
+                if let Some(agent) = table.current(owner) {
                     let end = SandboxEnd {
                         init,
                         oom_killed,
                         usage,
                     };
-                    self.run_ended(sandboxes, replies, owner.agent, end, now);
+                    self.run_ended(agent, fx, end);
                 }
             }
         }
@@ -82,21 +160,26 @@ impl Agents {
     }
 
     /// Handles the deadlines that are due.
-    pub fn on_deadlines(&mut self, sandboxes: &mut impl Sandboxes<Incarnation>, now: Instant) {
+    pub fn on_deadlines(
+        &mut self,
+        table: &mut Table,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
+        now: Instant,
+    ) {
         while let Some(deadline) = self.deadlines.pop_due(now) {
             match deadline {
                 Deadline::Escalate(incarnation) => {
-                    if let Some(sandbox) = self.current(incarnation).and_then(|a| a.sandbox) {
+                    if let Some(sandbox) = table.current(incarnation).and_then(|a| a.sandbox) {
                         log::info!("agent {}: grace over, SIGKILL", incarnation.agent);
                         sandboxes.signal(sandbox, libc::SIGKILL);
                     }
                 }
                 Deadline::Restart(incarnation) => {
-                    let due = self
+                    if let Some(agent) = table
                         .current(incarnation)
-                        .is_some_and(|a| a.state == AgentState::Restarting);
-                    if due {
-                        self.start_incarnation(sandboxes, incarnation.agent, now);
+                        .filter(|a| a.state == AgentState::Restarting)
+                    {
+                        self.start_incarnation(agent, sandboxes, now);
                     }
                 }
                 Deadline::Forget { id } => {
@@ -107,100 +190,91 @@ impl Agents {
                             now.saturating_duration_since(ended) >= self.retention
                         })
                     };
-                    if self
-                        .table
-                        .get(&id)
-                        .is_some_and(|a| !a.is_live() && expired(a))
-                    {
-                        self.table.remove(&id);
+                    if table.get(id).is_some_and(|a| !a.is_live() && expired(a)) {
+                        table.remove(id);
                     }
                 }
             }
         }
     }
 
-    /// Stops every agent: SIGTERM now, SIGKILL after the stop grace (or
-    /// `grace`, if shorter).
-    pub fn begin_shutdown(
+    /// Stops every live agent of `table`: SIGTERM now, SIGKILL after the
+    /// stop grace (or `grace`, if shorter).
+    pub fn begin_shutdown<S: Sandboxes<Incarnation>>(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Incarnation>,
-        replies: &mut Vec<Reply>,
+        table: &mut Table,
+        fx: &mut Effects<'_, S>,
         grace: Duration,
     ) {
         self.shutting_down = true;
-        let now = Instant::now();
         let grace = grace.min(self.stop_grace);
-        let live: Vec<u32> = self
-            .table
-            .values()
-            .filter(|a| a.is_live())
-            .map(|a| a.id)
-            .collect();
+        let live = table.live_ids(|_| true);
         if !live.is_empty() {
             log::info!("stopping {} agent(s)", live.len());
         }
         for id in live {
-            self.stop(sandboxes, replies, id, StopReason::Shutdown, grace, now);
+            if let Some(agent) = table.get_mut(id) {
+                self.stop(agent, fx, StopReason::Shutdown, grace);
+            }
         }
-    }
-
-    /// The agent, if `incarnation` is its current incarnation.
-    fn current(&mut self, incarnation: Incarnation) -> Option<&mut Agent> {
-        self.table
-            .get_mut(&incarnation.agent)
-            .filter(|a| a.incarnation == incarnation.number)
     }
 
     /// Starts the agent's next incarnation: in a warm sandbox if one fits, else in
     /// one prepared for it.
-    pub(super) fn start_incarnation(
+    pub fn start_incarnation(
         &mut self,
+        agent: &mut Agent,
         sandboxes: &mut impl Sandboxes<Incarnation>,
-        id: u32,
         now: Instant,
     ) {
-        let Some(agent) = self.table.get_mut(&id) else {
-            return;
-        };
         agent.incarnation += 1;
         agent.state = AgentState::Starting;
         agent.workload = WorkloadReport::default();
         agent.oom_killed = false;
         agent.started_at = SystemTime::now();
         agent.started = now;
-        let incarnation = Incarnation {
-            agent: id,
-            number: agent.incarnation,
-        };
+        let incarnation = agent.incarnation();
         let shape = agent.shape(sandboxes);
         if let Some(sandbox) = sandboxes.acquire(incarnation, shape, now) {
-            self.claim(sandboxes, sandbox, incarnation);
+            self.claim(agent, sandboxes, sandbox, incarnation);
         }
+    }
+
+    /// Starts the next incarnation of an agent that was stopped, or had
+    /// ended, for a restart.
+    pub fn start_again(
+        &mut self,
+        agent: &mut Agent,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
+        now: Instant,
+    ) {
+        agent.stop = None;
+        agent.ended = None;
+        agent.restarts.total += 1;
+        self.start_incarnation(agent, sandboxes, now);
     }
 
     /// A sandbox arrived for `incarnation`: claim it, unless the incarnation was stopped
     /// (or superseded) while it was prepared.
-    fn sandbox_ready(
+    fn sandbox_ready<S: Sandboxes<Incarnation>>(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Incarnation>,
-        replies: &mut Vec<Reply>,
+        table: &mut Table,
+        fx: &mut Effects<'_, S>,
         incarnation: Incarnation,
         sandbox: SandboxKey,
-        now: Instant,
     ) {
-        let wanted = self
+        if let Some(agent) = table
             .current(incarnation)
-            .is_some_and(|a| a.state == AgentState::Starting && a.stop.is_none());
-        if wanted {
-            return self.claim(sandboxes, sandbox, incarnation);
+            .filter(|a| a.state == AgentState::Starting && a.stop.is_none())
+        {
+            return self.claim(agent, fx.sandboxes, sandbox, incarnation);
         }
-        sandboxes.discard(sandbox);
-        let stopped_early = self
-            .table
-            .get(&incarnation.agent)
-            .is_some_and(|a| a.stop.is_some() && a.is_live() && a.sandbox.is_none());
-        if stopped_early {
-            self.killed_before_start(sandboxes, replies, incarnation.agent, now);
+        fx.sandboxes.discard(sandbox);
+        if let Some(agent) = table
+            .get_mut(incarnation.agent)
+            .filter(|a| a.stop.is_some() && a.is_live() && a.sandbox.is_none())
+        {
+            self.killed_before_start(agent, fx);
         }
     }
 
@@ -208,13 +282,11 @@ impl Agents {
     /// becomes the agent's, with the agent's limits.
     fn claim(
         &mut self,
+        agent: &mut Agent,
         sandboxes: &mut impl Sandboxes<Incarnation>,
         sandbox: SandboxKey,
         incarnation: Incarnation,
     ) {
-        let Some(agent) = self.table.get_mut(&incarnation.agent) else {
-            return sandboxes.discard(sandbox);
-        };
         let id = agent.id;
         let door = agent
             .door
@@ -287,17 +359,13 @@ impl Agents {
     }
 
     /// The agent's current incarnation has ended.
-    fn run_ended(
+    fn run_ended<S: Sandboxes<Incarnation>>(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Incarnation>,
-        replies: &mut Vec<Reply>,
-        id: u32,
+        agent: &mut Agent,
+        fx: &mut Effects<'_, S>,
         end: SandboxEnd,
-        now: Instant,
     ) {
-        let Some(agent) = self.table.get_mut(&id) else {
-            return;
-        };
+        let id = agent.id;
         // Whatever comes next (a restart, or the end), the work it started
         // ends with this incarnation.
         self.ended.push(id);
@@ -319,10 +387,10 @@ impl Agents {
         agent.oom_killed |= end.oom_killed;
         agent.last_run = end.usage;
         agent.sampled = CgroupStats::default();
-        self.counts.ended_cpu.add(&end.usage);
+        fx.counts.ended_cpu.add(&end.usage);
         if let Some((code, message)) = agent.workload.start_error.clone() {
             log::info!("agent {id} ({}): could not start: {message}", agent.name);
-            return self.fail_start(sandboxes, replies, id, code, message, now);
+            return self.fail_start(agent, fx, code, message);
         }
         if !agent.workload.ready {
             let message = if agent.stop.is_some() {
@@ -330,7 +398,7 @@ impl Agents {
             } else {
                 "the sandbox ended before the workload started; see the agent log".to_owned()
             };
-            return self.fail_start(sandboxes, replies, id, ErrorCode::Internal, message, now);
+            return self.fail_start(agent, fx, ErrorCode::Internal, message);
         }
         let end = match (agent.stop, agent.workload.exit_code, agent.workload.signal) {
             (Some(_), _, _) => Ending::Stopped,
@@ -352,23 +420,18 @@ impl Agents {
             agent.workload.signal,
             if agent.oom_killed { ", OOM kill" } else { "" }
         );
-        self.after_run(sandboxes, id, end, now);
+        self.after_run(agent, fx, end);
     }
 
     /// An incarnation could not start: answer a waiting SPAWN (the agent is then
     /// simply `failed`), or let the restart policy decide.
-    fn fail_start(
+    fn fail_start<S: Sandboxes<Incarnation>>(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Incarnation>,
-        replies: &mut Vec<Reply>,
-        id: u32,
+        agent: &mut Agent,
+        fx: &mut Effects<'_, S>,
         code: ErrorCode,
         message: String,
-        now: Instant,
     ) {
-        let Some(agent) = self.table.get_mut(&id) else {
-            return;
-        };
         agent.state = if agent.stop.is_some() {
             AgentState::Killed
         } else {
@@ -377,125 +440,111 @@ impl Agents {
         // A SPAWN still waiting hears of the incarnation a restart starts.
         let restarting = agent.stop == Some(StopReason::Restart);
         if let Some(waiter) = agent.spawn_reply.take_if(|_| !restarting) {
-            replies.push((waiter.reply_to, ErrorReply::new(code, message).into()));
-            return self.finish(sandboxes, id, now);
+            fx.replies
+                .push((waiter.reply_to, ErrorReply::new(code, message).into()));
+            return self.finish(agent, fx.sandboxes, fx.now);
         }
         let end = if agent.stop.is_some() {
             Ending::Stopped
         } else {
             Ending::Failure
         };
-        self.after_run(sandboxes, id, end, now);
+        self.after_run(agent, fx, end);
     }
 
     /// An incarnation stopped before it had a sandbox: a SPAWN still waiting hears so.
-    fn killed_before_start(
+    fn killed_before_start<S: Sandboxes<Incarnation>>(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Incarnation>,
-        replies: &mut Vec<Reply>,
-        id: u32,
-        now: Instant,
+        agent: &mut Agent,
+        fx: &mut Effects<'_, S>,
     ) {
-        let message = format!("agent {id} was killed before it started");
-        self.fail_start(sandboxes, replies, id, ErrorCode::NotFound, message, now);
+        let message = format!("agent {} was killed before it started", agent.id);
+        self.fail_start(agent, fx, ErrorCode::NotFound, message);
     }
 
     /// An incarnation is over: restart it, or let the agent end.
-    fn after_run(
+    fn after_run<S: Sandboxes<Incarnation>>(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Incarnation>,
-        id: u32,
+        agent: &mut Agent,
+        fx: &mut Effects<'_, S>,
         end: Ending,
-        now: Instant,
     ) {
-        let Some(agent) = self.table.get_mut(&id) else {
-            return;
-        };
+        let (id, now) = (agent.id, fx.now);
         if self.shutting_down {
-            return self.finish(sandboxes, id, now);
+            return self.finish(agent, fx.sandboxes, now);
         }
         if agent.stop == Some(StopReason::Restart) {
             log::info!("agent {id} ({}): stopped; starting it again", agent.name);
-            return self.start_again(sandboxes, id, now);
+            return self.start_again(agent, fx.sandboxes, now);
         }
         match agent.restarts.decide(end, now) {
             Decision::RestartAfter(delay) => {
-                self.counts.restarts += 1;
+                fx.counts.restarts += 1;
                 log::info!("agent {id} ({}): restarting in {delay:?}", agent.name);
                 agent.state = AgentState::Restarting;
-                let incarnation = Incarnation {
-                    agent: id,
-                    number: agent.incarnation,
-                };
                 self.deadlines
-                    .schedule(now + delay, Deadline::Restart(incarnation));
+                    .schedule(now + delay, Deadline::Restart(agent.incarnation()));
             }
-            Decision::Rest => self.finish(sandboxes, id, now),
+            Decision::Rest => self.finish(agent, fx.sandboxes, now),
             Decision::GiveUp => {
                 log::warn!("agent {id} ({}): restarts used up; failed", agent.name);
                 agent.state = AgentState::Failed;
-                self.finish(sandboxes, id, now);
+                self.finish(agent, fx.sandboxes, now);
             }
         }
     }
 
     /// The agent has ended for good: close its socket, and forget it after
     /// the retention time.
-    fn finish(&mut self, sandboxes: &mut impl Sandboxes<Incarnation>, id: u32, now: Instant) {
-        let Some(agent) = self.table.get_mut(&id) else {
-            return;
-        };
+    fn finish(
+        &mut self,
+        agent: &mut Agent,
+        sandboxes: &mut impl Sandboxes<Incarnation>,
+        now: Instant,
+    ) {
         agent.ended = Some(now);
         if let Some(door) = agent.door.take() {
             sandboxes.close_door(door);
         }
         self.deadlines
-            .schedule(now + self.retention, Deadline::Forget { id });
+            .schedule(now + self.retention, Deadline::Forget { id: agent.id });
     }
 
-    /// Asks a live agent to stop.
-    pub(super) fn stop(
+    /// Asks a live agent to stop: SIGTERM, and SIGKILL after `grace` (at
+    /// once, if none).
+    pub fn stop<S: Sandboxes<Incarnation>>(
         &mut self,
-        sandboxes: &mut impl Sandboxes<Incarnation>,
-        replies: &mut Vec<Reply>,
-        id: u32,
+        agent: &mut Agent,
+        fx: &mut Effects<'_, S>,
         why: StopReason,
         grace: Duration,
-        now: Instant,
     ) {
-        let Some(agent) = self.table.get_mut(&id) else {
-            return;
-        };
         // Its work ends now, not once its processes have heeded the signal.
-        self.ended.push(id);
+        self.ended.push(agent.id);
         agent.stop = Some(why);
         if agent.state == AgentState::Restarting {
             // Nothing runs while it waits out its backoff.
             if why == StopReason::Restart {
-                return self.start_again(sandboxes, id, now);
+                return self.start_again(agent, fx.sandboxes, fx.now);
             }
             agent.state = AgentState::Killed;
-            return self.finish(sandboxes, id, now);
+            return self.finish(agent, fx.sandboxes, fx.now);
         }
-        let incarnation = Incarnation {
-            agent: id,
-            number: agent.incarnation,
-        };
-        let sandbox = agent.sandbox;
-        if sandboxes.withdraw(incarnation) {
+        let incarnation = agent.incarnation();
+        if fx.sandboxes.withdraw(incarnation) {
             // Waiting for any sandbox: nothing runs yet, so it ends here.
-            return self.killed_before_start(sandboxes, replies, id, now);
+            return self.killed_before_start(agent, fx);
         }
-        let Some(sandbox) = sandbox else {
+        let Some(sandbox) = agent.sandbox else {
             // Its own sandbox is still being prepared: it is discarded on arrival.
             return;
         };
         if grace.is_zero() {
-            sandboxes.signal(sandbox, libc::SIGKILL);
+            fx.sandboxes.signal(sandbox, libc::SIGKILL);
         } else {
-            sandboxes.signal(sandbox, libc::SIGTERM);
+            fx.sandboxes.signal(sandbox, libc::SIGTERM);
             self.deadlines
-                .schedule(now + grace, Deadline::Escalate(incarnation));
+                .schedule(fx.now + grace, Deadline::Escalate(incarnation));
         }
     }
 }

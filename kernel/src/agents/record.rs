@@ -5,20 +5,33 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use super::inheritance::Grant;
+use super::isolation::shape_of;
 use super::program::Program;
 use super::restart::Restarts;
 use crate::address::ReplyTo;
 use crate::cgroup::CgroupStats;
 use crate::clock::rfc3339;
-use crate::network::gateway::net_totals;
-use crate::network::record::Record as NetRecord;
-use crate::network::{Egress, Endpoint};
 use crate::permissions::Budget;
-use crate::sandbox::runtime::{DoorKey, SandboxKey};
+use crate::sandbox::plan::Shape;
+use crate::sandbox::runtime::{DoorKey, SandboxKey, Sandboxes};
+use agentos_egress::gateway::net_totals;
+use agentos_egress::record::Record as NetRecord;
+use agentos_egress::{Egress, Endpoint};
 use agentos_proto::payload::{
     AgentInfo, AgentState, CpuStats, ExecStats, Isolation, Limits, LlmStats, MemoryStats,
     Permissions, PidStats, SpawnRequest,
 };
+
+/// One incarnation of an agent (it has one more each time it restarts):
+/// what owns a sandbox. An incarnation's events carry its number, so events
+/// of an earlier one are recognised as stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incarnation {
+    /// The agent.
+    pub agent: u32,
+    /// Which of its incarnations.
+    pub number: u32,
+}
 
 /// Why an agent is being stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +159,19 @@ impl Agent {
     /// Alive: starting, running, or waiting to restart.
     pub fn is_live(&self) -> bool {
         self.state.is_live()
+    }
+
+    /// Its current (or last) incarnation.
+    pub fn incarnation(&self) -> Incarnation {
+        Incarnation {
+            agent: self.id,
+            number: self.incarnation,
+        }
+    }
+
+    /// The sandbox shape its incarnations get.
+    pub fn shape<O>(&self, sandboxes: &impl Sandboxes<O>) -> Shape {
+        shape_of(sandboxes, self.request.sandboxed, &self.egress)
     }
 
     /// What it was given: the bounds of what it may give a child.

@@ -146,7 +146,7 @@ impl Bench {
         Bench {
             agents: Agents::new(
                 &config,
-                std::sync::Arc::new(crate::network::Gateway::without_proxy()),
+                std::sync::Arc::new(agentos_egress::Gateway::without_proxy()),
             )
             .unwrap(),
             sandboxes: FakeSandboxes {
@@ -166,7 +166,7 @@ impl Bench {
     /// SPAWNs `json` as an operator; returns the new agent's id.
     fn spawn(&mut self, json: &str) -> u32 {
         let request = SpawnRequest::parse(json.as_bytes()).unwrap();
-        let id = self.agents.next_id;
+        let id = self.agents.table.next_id();
         self.agents
             .spawn(
                 &mut self.sandboxes,
@@ -233,13 +233,13 @@ impl Bench {
     }
 
     fn state(&self, id: u32) -> Option<AgentState> {
-        self.agents.table.get(&id).map(|a| a.state)
+        self.agents.table.get(id).map(|a| a.state)
     }
 
     fn incarnation(&self, id: u32) -> Incarnation {
         Incarnation {
             agent: id,
-            number: self.agents.table[&id].incarnation,
+            number: self.agents.table.get(id).unwrap().incarnation,
         }
     }
 
@@ -624,7 +624,7 @@ fn restart_stops_the_live_incarnation_then_starts_the_next_under_the_same_id() {
     bench.ended(first, Status::Signaled(libc::SIGKILL), false, 1);
     assert_eq!(bench.incarnation(id).number, 2, "the next incarnation");
     bench.running(id, 1);
-    assert_eq!(bench.agents.table[&id].restarts.total, 1);
+    assert_eq!(bench.agents.table.get(id).unwrap().restarts.total, 1);
     assert!(bench.sandboxes.closed_doors.is_empty(), "its socket stays");
 }
 

@@ -118,7 +118,7 @@ impl McpConfig {
                 }
                 (Some(url), true) => {
                     if let Err(why) = check_remote(url, server) {
-                        return invalid(why);
+                        return invalid(why.to_string());
                     }
                 }
                 (None, false) if !server.headers.is_empty() => {
@@ -153,7 +153,88 @@ impl McpServerConfig {
 
 /// Why a remote server's settings cannot be used: its URL (see the
 /// module's documentation), its headers, or settings only a program has.
-fn check_remote(url: &str, server: &McpServerConfig) -> Result<(), String> {
+#[derive(Debug, thiserror::Error)]
+enum BadRemote {
+    /// A setting only a program (`command`) takes.
+    #[error("`{key}` is for a program (`command`); a remote server (`url`) takes `headers`")]
+    ProgramSetting {
+        /// The setting's key.
+        key: &'static str,
+    },
+    /// Its URL.
+    #[error(transparent)]
+    Url(#[from] BadUrl),
+    /// A header whose name is not a header name.
+    #[error("header {name:?} is not a valid header name")]
+    HeaderName {
+        /// The header's name.
+        name: String,
+    },
+    /// A header the kernel sets itself ([`KERNEL_HEADERS`]).
+    #[error("header {name:?} is set by the kernel itself")]
+    KernelHeader {
+        /// The header's name.
+        name: String,
+    },
+    /// A header whose value a header cannot carry; the value is a secret,
+    /// so only the name is given.
+    #[error(
+        "the value of header {name:?} holds a character a header cannot carry \
+         (only printable ASCII)"
+    )]
+    HeaderValue {
+        /// The header's name.
+        name: String,
+    },
+}
+
+/// Why a URL is not a remote server's endpoint the kernel will use.
+#[derive(Debug, thiserror::Error)]
+enum BadUrl {
+    /// It does not parse.
+    #[error("`url` {url:?} is not a URL ({error})")]
+    NotAUrl {
+        /// The URL.
+        url: String,
+        /// Why it does not parse.
+        error: ureq::http::uri::InvalidUri,
+    },
+    /// It names no host.
+    #[error("`url` {url:?} names no host (write https://host/path)")]
+    NoHost {
+        /// The URL.
+        url: String,
+    },
+    /// It holds credentials, which belong in `headers`.
+    #[error("`url` {url:?} holds credentials; give them in `headers` (as a secret)")]
+    Credentials {
+        /// The URL.
+        url: String,
+    },
+    /// Plain HTTP to a host other than this one.
+    #[error(
+        "`url` {url:?} is plain HTTP to another host, which would send its headers and \
+         every call unencrypted; use https:// (plain http:// is for this host only)"
+    )]
+    PlainHttp {
+        /// The URL.
+        url: String,
+    },
+    /// A scheme other than HTTPS or HTTP.
+    #[error(
+        "`url` {url:?} has the scheme {scheme:?}; a remote server is reached over https:// \
+         (or http:// on this host)"
+    )]
+    Scheme {
+        /// The URL.
+        url: String,
+        /// Its scheme.
+        scheme: String,
+    },
+}
+
+/// Why a remote server's settings cannot be used, if they cannot.
+fn check_remote(url: &str, server: &McpServerConfig) -> Result<(), BadRemote> {
     let process_only = [
         ("args", server.args.is_empty()),
         ("env", server.env.is_empty()),
@@ -161,60 +242,51 @@ fn check_remote(url: &str, server: &McpServerConfig) -> Result<(), String> {
         ("writable", server.writable.is_empty()),
     ];
     if let Some((key, _)) = process_only.iter().find(|(_, unset)| !unset) {
-        return Err(format!(
-            "`{key}` is for a program (`command`); a remote server (`url`) takes `headers`"
-        ));
+        return Err(BadRemote::ProgramSetting { key });
     }
     check_url(url)?;
     for (name, value) in &server.headers {
         let lower = name.to_ascii_lowercase();
         if ureq::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(format!("header {name:?} is not a valid header name"));
+            return Err(BadRemote::HeaderName { name: name.clone() });
         }
         if KERNEL_HEADERS.contains(&lower.as_str()) {
-            return Err(format!("header {name:?} is set by the kernel itself"));
+            return Err(BadRemote::KernelHeader { name: name.clone() });
         }
         // The value is a secret: the error does not show it.
         let printable = value
             .bytes()
             .all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
         if !printable || ureq::http::HeaderValue::from_str(value).is_err() {
-            return Err(format!(
-                "the value of header {name:?} holds a character a header cannot carry \
-                 (only printable ASCII)"
-            ));
+            return Err(BadRemote::HeaderValue { name: name.clone() });
         }
     }
     Ok(())
 }
 
-/// Why `url` is not a remote server's endpoint the kernel will use.
-fn check_url(url: &str) -> Result<(), String> {
-    let uri: ureq::http::Uri = url
-        .parse()
-        .map_err(|err| format!("`url` {url:?} is not a URL ({err})"))?;
+/// Why `url` is not a remote server's endpoint the kernel will use, if it
+/// is not.
+fn check_url(url: &str) -> Result<(), BadUrl> {
+    let uri: ureq::http::Uri = url.parse().map_err(|error| BadUrl::NotAUrl {
+        url: url.to_owned(),
+        error,
+    })?;
+    let url = || url.to_owned();
     let scheme = uri.scheme_str().unwrap_or("");
     let Some(authority) = uri.authority() else {
-        return Err(format!(
-            "`url` {url:?} names no host (write https://host/path)"
-        ));
+        return Err(BadUrl::NoHost { url: url() });
     };
     if authority.as_str().contains('@') {
-        return Err(format!(
-            "`url` {url:?} holds credentials; give them in `headers` (as a secret)"
-        ));
+        return Err(BadUrl::Credentials { url: url() });
     }
     match scheme {
         "https" => Ok(()),
         "http" if is_loopback(authority.host()) => Ok(()),
-        "http" => Err(format!(
-            "`url` {url:?} is plain HTTP to another host, which would send its headers and \
-             every call unencrypted; use https:// (plain http:// is for this host only)"
-        )),
-        other => Err(format!(
-            "`url` {url:?} has the scheme {other:?}; a remote server is reached over https:// \
-             (or http:// on this host)"
-        )),
+        "http" => Err(BadUrl::PlainHttp { url: url() }),
+        other => Err(BadUrl::Scheme {
+            url: url(),
+            scheme: other.to_owned(),
+        }),
     }
 }
 

@@ -6,11 +6,12 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agentos_egress::policy::Policy;
+use agentos_egress::proxy::{Credential, ProxySettings};
+use agentos_proto::payload::NetworkPolicy;
 use serde::Deserialize;
 
 use super::common::ConfigError;
-use crate::network::policy::Policy;
-use crate::network::proxy::{Credential, ProxySettings};
 
 /// What sandboxes may reach, and how the egress proxy serves them.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -103,13 +104,13 @@ impl NetworkConfig {
         if self.default_allow.is_empty() {
             return Ok(None);
         }
-        let json = serde_json::json!({"allow": self.default_allow, "deny": self.default_deny});
-        Policy::from_json(&json).map(Some).map_err(|why| {
-            invalid(
-                "network.default_allow",
-                why.replace("network.", "network.default_"),
-            )
-        })
+        let lists = NetworkPolicy {
+            allow: self.default_allow.clone(),
+            deny: self.default_deny.clone(),
+        };
+        Policy::from_proto(&lists)
+            .map(Some)
+            .map_err(|why| invalid("network.default_allow", why.under("network.default_")))
     }
 
     /// Checks every setting (a credential's environment variable must be
@@ -246,6 +247,20 @@ mod tests {
             panic!("a port out of range was accepted");
         };
         assert!(reason.contains("default_allow[0]"), "{reason}");
+        // The field is named under `network.default_`; the entry, as written.
+        let bad = parse(
+            r#"
+            default_allow = ["a.example"]
+            default_deny = ["network.example:0"]
+            "#,
+        );
+        let Err(ConfigError::Invalid { reason, .. }) = bad.validate() else {
+            panic!("a port out of range was accepted");
+        };
+        assert_eq!(
+            reason,
+            r#"network.default_deny[0] "network.example:0": port "0" is not 1 to 65535"#
+        );
     }
 
     #[test]

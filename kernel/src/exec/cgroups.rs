@@ -101,20 +101,18 @@ impl RunCgroups {
     ) -> std::io::Result<RunCgroups> {
         let (jobs, job_rx) = mpsc::channel();
         let (made_tx, made) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("agentos-run-cgroups".into())
-            .spawn(move || {
-                let mut stock = Stock {
-                    cgroups: &cgroups,
-                    limits,
-                    free: VecDeque::new(),
-                    draining: Vec::new(),
-                    number: 0,
-                    made: &made_tx,
-                    waker: &waker,
-                };
-                stock.serve(&job_rx);
-            })?;
+        let thread = agentos_primitives::threads::spawn("agentos-run-cgroups", move || {
+            let mut stock = Stock {
+                cgroups: &cgroups,
+                limits,
+                free: VecDeque::new(),
+                draining: Vec::new(),
+                number: 0,
+                made: &made_tx,
+                waker: &waker,
+            };
+            stock.serve(&job_rx);
+        })?;
         Ok(RunCgroups {
             jobs,
             made,

@@ -12,19 +12,20 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
+use agentos_egress::gateway::net_totals;
+use agentos_egress::policy::Policy;
+use agentos_egress::Endpoint;
 use agentos_proto::payload::NetTotals;
 use mio::Token;
 
-use super::order::{Finished, Kill, Running};
+use super::order::{Finished, Kill, Order, Running};
 use super::output::Stream;
 use super::queues::Share;
 use super::run_cgroup::RunCgroup;
-use super::wire::{self, PrepareOrder, WireError};
+use super::wire::{self, PrepareOrder, Ready, WireError};
 use crate::cgroup::{CgroupError, CgroupLimits};
 use crate::fd;
 use crate::identity::Principal;
-use crate::network::policy::Policy;
-use crate::network::Endpoint;
 use crate::process;
 use crate::telemetry::tracer::OpenSpan;
 
@@ -136,6 +137,33 @@ impl RunEndpoint {
 }
 
 impl RunChild {
+    /// A child `host` has just handed over (`ready`), in `cgroup` if the
+    /// host gave it one; its pidfd is yet to come.
+    pub fn new(host: usize, ready: Ready, cgroup: Option<RunCgroup>) -> RunChild {
+        RunChild {
+            host,
+            socket: ready.socket,
+            stdout: Some(ready.stdout),
+            stderr: Some(ready.stderr),
+            pidfd: None,
+            stage: Stage::Preparing,
+            received: Vec::new(),
+            workspace_bytes: None,
+            socket_token: None,
+            output_tokens: [None, None],
+            writable: false,
+            oom_kills_seen: cgroup.as_ref().map_or(0, |c| c.oom_kills),
+            cgroup,
+            charged: None,
+            first_connection: None,
+            shell: false,
+            counted: true,
+            endpoint: None,
+            net_before: NetTotals::default(),
+            span: None,
+        }
+    }
+
     /// Takes in its pidfd, if it has come. `Ok(false)`: not yet.
     pub fn receive_pidfd(&mut self) -> io::Result<bool> {
         match wire::receive_pidfd(self.socket.as_fd()) {
@@ -408,7 +436,8 @@ impl RunChild {
         matches!(self.stage, Stage::Ready | Stage::Renewing)
     }
 
-    /// The reply for a finished run, and where it goes. A session's child
+    /// The reply for a finished run, and where it goes; a run with an
+    /// endpoint says what its connections came to. A session's child
     /// whose run ended well is `Ready` again with fresh pipes, or
     /// `Renewing` until they come; any other has `Ended`.
     pub fn finish(&mut self, now: Instant) -> Option<Finished> {
@@ -423,8 +452,12 @@ impl RunChild {
         let oom_killed = oom_kills > self.oom_kills_seen;
         self.oom_kills_seen = oom_kills;
         let oom = oom_killed.then(|| self.over_memory());
-        let finished = running.finish(oom, now);
+        let mut finished = running.finish(oom, now);
         self.workspace_bytes = finished.workspace_bytes.or(self.workspace_bytes);
+        if let (Order::Run, Some(open)) = (&finished.order, &self.endpoint) {
+            let now = net_totals(open.endpoint.record());
+            finished.reply.network = Some(since(self.net_before, now));
+        }
         Some(finished)
     }
 
@@ -441,6 +474,16 @@ impl RunChild {
                 run.map_or(0, |run| run.limits.memory)
             ),
         }
+    }
+}
+
+/// What a record's counters gained from `before` to `now`.
+fn since(before: NetTotals, now: NetTotals) -> NetTotals {
+    NetTotals {
+        allowed: now.allowed.saturating_sub(before.allowed),
+        refused: now.refused.saturating_sub(before.refused),
+        bytes_out: now.bytes_out.saturating_sub(before.bytes_out),
+        bytes_in: now.bytes_in.saturating_sub(before.bytes_in),
     }
 }
 

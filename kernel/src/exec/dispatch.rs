@@ -1,598 +1,693 @@
-//! Dispatch: waiting requests given to ready children, an order sent, the
-//! reply built when the child has ended, and the child let go (or kept
-//! for its session) — with the bookkeeping of the descriptors it holds.
+//! The dispatcher, [`Exec`]: it holds EXEC's parts and does what takes
+//! more than one of them. A request is admitted and waits in the backlog
+//! (its owner's queue, or its session's) until the pool has a ready child
+//! for it, within its owner's share; it is then sent with its cgroup
+//! (`exec_cgroups`) and its network (`network`); its reply is built when
+//! the child has ended, and the child let go or kept for its session. An
+//! owner's work ends with it: a closed connection's runs, an ended agent's
+//! runs and sessions. Everything here runs on the reactor thread and never
+//! blocks.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::time::{Instant, SystemTime};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{ExecRequest, Language, NetTotals};
+use agentos_egress::policy::Policy;
+use agentos_egress::Gateway;
+use agentos_primitives::timers::Timers;
+use agentos_proto::payload::{ExecRequest, Language, Limits, SessionInfo, SnapshotInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
-use mio::unix::SourceFd;
-use mio::{Interest, Token};
+use mio::{Registry, Token};
 
-use super::child::{RunChild, Stage};
-use super::network::open_endpoint;
-use super::order::{Kill, Order, OrderOf, Running};
-use super::output::Stream;
-use super::run_cgroup::{has_cgroup_for, take_agent_cgroup};
-use super::waiting::{Carried, RunAsk, Session, SessionKey, Waiting};
-use super::{wire, zygote, Exec, Source, Wake, MAX_LOST_SESSIONS};
-use crate::address::{Adopted, Adoptee, Reply};
-use crate::fd;
-use crate::network::gateway::net_totals;
+use super::backlog::{Backlog, Closed};
+use super::cgroups::MadeFor;
+use super::children::Done;
+use super::exec_cgroups::ExecCgroups;
+use super::exec_host::HostId;
+use super::hosts::HOST_RETRY;
+use super::limits::RunDefaults;
+use super::network::RunNetwork;
+use super::order::{Kill, Order, OrderCaps, Running};
+use super::pool::{Event, Launch, Pool};
+use super::spans::RunSpans;
+use super::waiting::{RunCaller, SessionKey, Waiting};
+use super::{files, zygote};
+use crate::address::{Adopted, Reply, ReplyTo};
+use crate::cgroup::{CgroupLimits, Cgroups};
+use crate::config::Config;
+use crate::identity::Principal;
+use crate::sandbox::runtime::{SandboxEvent, Sandboxes};
+use crate::telemetry::tracer::Tracer;
+
+/// What one of EXEC's timers is for.
+#[derive(Clone, Debug)]
+enum Wake {
+    /// A run's timeout, if it is still that run.
+    Timeout { child: usize, started: Instant },
+    /// Start the hosts that are missing.
+    StartHosts,
+    /// Close a session unused since `last_used`, if it still is.
+    SessionIdle { key: SessionKey, last_used: Instant },
+    /// Answer the waiting requests whose deadline has passed.
+    WaitedTooLong,
+}
+
+/// The EXEC subsystem.
+#[derive(Debug)]
+pub struct Exec {
+    /// The exec hosts and their run children.
+    pool: Pool,
+    /// Requests waiting in their owners' queues, and sessions.
+    backlog: Backlog,
+    /// Runs' cgroups and their limits.
+    cgroups: ExecCgroups,
+    /// Runs' network policies and the proxy that serves them.
+    network: RunNetwork,
+    spans: RunSpans,
+    timers: Timers<Wake>,
+    caps: OrderCaps,
+    /// Why EXEC cannot work on this host, if it cannot.
+    unavailable: Option<String>,
+    shutting_down: bool,
+    /// Runs accepted from each agent (for LIST), by agent id.
+    runs_by_agent: HashMap<u32, u64>,
+}
 
 impl Exec {
+    /// EXEC as configured; hosts start with [`Exec::start_hosts`]. Its
+    /// sources are registered with `registry` from `token_base` on. With
+    /// `cgroups`, each run gets a cgroup of its own, made in the
+    /// background, which wakes `waker`.
+    pub fn new(
+        config: &Config,
+        registry: &Registry,
+        token_base: usize,
+        namespaces: bool,
+        cgroups: Option<Arc<Cgroups>>,
+        waker: Arc<mio::Waker>,
+        tools_dir: Option<PathBuf>,
+    ) -> io::Result<Exec> {
+        let exec = &config.exec;
+        let unavailable = zygote::unavailable(&exec.python, namespaces);
+        if let Some(reason) = &unavailable {
+            log::warn!("EXEC unavailable: {reason}");
+        }
+        let available = unavailable.is_none();
+        let cgroups = cgroups.filter(|_| available);
+        Ok(Exec {
+            pool: Pool::new(config, registry, token_base, tools_dir, available)?,
+            backlog: Backlog::new(exec),
+            cgroups: ExecCgroups::start(cgroups, RunDefaults::of(exec), waker)?,
+            network: RunNetwork::default(),
+            spans: RunSpans::default(),
+            timers: Timers::default(),
+            caps: OrderCaps::new(exec),
+            unavailable,
+            shutting_down: false,
+            runs_by_agent: HashMap::new(),
+        })
+    }
+
+    /// The `tools` package has changed: each host's zygote imports it
+    /// again, and the children it prepared with the old one are replaced
+    /// (sessions keep theirs).
+    pub fn tools_changed(&mut self) {
+        self.pool.tools_changed(&self.cgroups);
+    }
+
+    /// What the run whose reply goes to `reply_to` has printed so far
+    /// (within `max` bytes), while it runs.
+    pub fn output_so_far(&self, reply_to: ReplyTo, max: usize) -> Option<String> {
+        self.pool.children().output_so_far(reply_to, max)
+    }
+
+    /// A TOOL call made on the kernel connection of run `number` was
+    /// answered with `bytes`: the run's reply counts it.
+    pub fn tool_delivered(&mut self, number: u64, bytes: usize) {
+        self.pool.children_mut().tool_delivered(number, bytes);
+    }
+
+    /// Runs' connections to the kernel made since the last call, each
+    /// tagged with its run's number.
+    pub fn take_adopted(&mut self) -> Vec<Adopted> {
+        self.pool.take_adopted()
+    }
+
+    /// Whether runs' connections wait for the reactor.
+    pub fn has_adopted(&self) -> bool {
+        self.pool.has_adopted()
+    }
+
+    /// Whether EXEC can serve runs on this host.
+    pub fn is_available(&self) -> bool {
+        self.unavailable.is_none()
+    }
+
+    /// Whether a token is one of EXEC's.
+    pub fn owns(&self, token: Token) -> bool {
+        self.pool.owns(token)
+    }
+
+    /// What a run sees of the filesystem beyond its private `/tmp` and
+    /// `/workspace`, as the binds of its host's sandbox (the exec-host
+    /// shape's own aside).
+    pub fn host_binds(&self) -> Vec<crate::sandbox::spec::Bind> {
+        zygote::binds(self.pool.setup())
+    }
+
+    /// Runs with a network policy are served by `gateway`'s proxy
+    /// (without one, such runs are refused).
+    pub fn serve_policies_with(&mut self, gateway: Arc<Gateway>) {
+        self.network.serve_with(gateway);
+    }
+
+    /// Spans of runs go to `tracer`.
+    pub fn trace_with(&mut self, tracer: Arc<Tracer>) {
+        self.spans.trace_with(tracer);
+    }
+
+    /// The interpreter runs use.
+    pub fn python(&self) -> &std::path::Path {
+        &self.pool.setup().python
+    }
+
+    /// A run's cgroup limits: what `asked` asks for, else the defaults —
+    /// never more than `caller`'s own.
+    pub fn run_limits(
+        &self,
+        caller: &RunCaller,
+        asked: Option<&Limits>,
+    ) -> Result<CgroupLimits, ErrorReply> {
+        self.cgroups.limits(&caller.limits, asked)
+    }
+
+    /// Adds EXEC's series to the kernel's metrics.
+    pub fn add_metrics(&self, snapshot: &mut crate::telemetry::metrics::Snapshot) {
+        self.pool.add_metrics(snapshot);
+    }
+
+    /// Run children prepared and waiting for code.
+    pub fn ready_runs(&self) -> usize {
+        self.pool.ready_count()
+    }
+
+    /// EXEC runs accepted from `agent`, its tasks' included.
+    pub fn runs_by(&self, agent: u32) -> u64 {
+        self.runs_by_agent.get(&agent).copied().unwrap_or(0)
+    }
+
+    /// A run request; `run` is its number, whose principal its own kernel
+    /// connection speaks for. Refusals come back at once; otherwise the
+    /// reply is pushed to `replies` when the run ends.
+    pub fn run(
+        &mut self,
+        request: ExecRequest,
+        caller: RunCaller,
+        run: u64,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), ErrorReply> {
+        if let Some(reason) = &self.unavailable {
+            let why = format!("EXEC is unavailable: {reason}");
+            return Err(ErrorReply::new(ErrorCode::Unavailable, why));
+        }
+        if self.shutting_down {
+            let why = "the kernel is shutting down";
+            return Err(ErrorReply::new(ErrorCode::Unavailable, why));
+        }
+        files::check(&request.files, self.caps.max_file_bytes)?;
+        let asked = request.limits.as_ref();
+        let limits = self.cgroups.for_request(&caller.limits, asked)?;
+        self.backlog.may_wait(caller.share)?;
+        let now = Instant::now();
+        if request.language == Language::Bash {
+            self.pool.bash_came(now);
+        }
+        let timeout = request
+            .timeout_ms
+            .map_or(self.caps.default_timeout, Duration::from_millis);
+        if let Some(name) = &request.session {
+            let key = (caller.principal, name.clone());
+            if let Some(lost) = self.backlog.admit(&key, &request)? {
+                replies.push((reply_to, lost.into()));
+                return Ok(());
+            }
+        }
+        if let Principal::Agent { id } = caller.principal {
+            *self.runs_by_agent.entry(id).or_default() += 1;
+        }
+        let span = self.spans.open(&request, run, caller.agent.as_ref());
+        let mut waiting = Waiting::new(request, caller, reply_to, limits, timeout, now);
+        waiting.run = Some(run);
+        waiting.span = span;
+        match self.backlog.queue(waiting) {
+            Some(key) => self.serve_session(&key, replies, now),
+            None => self.dispatch(replies, now),
+        }
+        // A request that could not start at once is answered at its
+        // deadline if it is still waiting then.
+        if self.backlog.is_waiting(reply_to) {
+            self.timers.schedule(now + timeout, Wake::WaitedTooLong);
+        }
+        Ok(())
+    }
+
+    /// Readiness of one of EXEC's tokens.
+    pub fn on_event(&mut self, token: Token, replies: &mut Vec<Reply>) {
+        let now = Instant::now();
+        match self.pool.on_event(token, &self.cgroups, now) {
+            Event::Nothing => {}
+            Event::Host(host) => {
+                while let Some(ready) = self.pool.take_child(host, &self.cgroups, now) {
+                    if ready {
+                        self.dispatch(replies, now);
+                    }
+                }
+            }
+            Event::Ready => self.dispatch(replies, now),
+            Event::Gone(child) => self.child_gone(child, replies),
+            Event::Progress(child) => self.finish_if_done(child, replies, now),
+            Event::Renewed(child) => self.renewed(child, replies, now),
+        }
+    }
+
+    /// How long until the earliest deadline.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        self.timers.time_to_next(now)
+    }
+
+    /// Handles the deadlines that are due.
+    pub fn on_deadlines(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        replies: &mut Vec<Reply>,
+        now: Instant,
+    ) {
+        while let Some(wake) = self.timers.pop_due(now) {
+            match wake {
+                Wake::Timeout { child, started } => {
+                    self.pool.children_mut().timed_out(child, started);
+                }
+                Wake::StartHosts => self.start_hosts(sandboxes, now),
+                Wake::WaitedTooLong => {
+                    let hosts_up = self.pool.any_up();
+                    let running = self.pool.children().running_count();
+                    self.backlog.expire(now, hosts_up, running, replies);
+                }
+                Wake::SessionIdle { key, last_used } => {
+                    if self.backlog.is_idle(&key, last_used) {
+                        log::debug!("exec session {:?} closed after being idle", key.1);
+                        self.close(key.0, &key.1, replies);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks the runtime for the hosts that are missing.
+    pub fn start_hosts(&mut self, sandboxes: &mut impl Sandboxes<HostId>, now: Instant) {
+        self.pool.start_hosts(sandboxes, now, &self.cgroups);
+    }
+
+    /// Takes in what happened to a host's sandbox. A host that failed or
+    /// ended takes its children with it; another starts after a pause.
+    pub fn on_sandbox(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        event: SandboxEvent<HostId>,
+        now: Instant,
+    ) {
+        let gone = self.pool.on_sandbox(sandboxes, event, &self.cgroups);
+        if gone && !self.shutting_down {
+            self.timers.schedule(now + HOST_RETRY, Wake::StartHosts);
+        }
+    }
+
+    /// Sends the cgroups made since the last call to their hosts, and keeps
+    /// those made inside agents' for their runs, which may start now.
+    pub fn on_wake(&mut self, replies: &mut Vec<Reply>) {
+        let mut for_agents = false;
+        for made in self.cgroups.made() {
+            match made.made_for {
+                MadeFor::Host(host) => self.pool.cgroup_made(host, made.result, &self.cgroups),
+                MadeFor::Agent(to) => {
+                    for_agents = true;
+                    if let Err(failed) = self.cgroups.made_for_agent(&to, made.result) {
+                        self.backlog.refuse_charged(to.agent, &failed, replies);
+                    }
+                }
+            }
+        }
+        if for_agents {
+            self.dispatch(replies, Instant::now());
+        }
+    }
+
     /// Gives waiting requests to ready children, owner by owner in turn,
     /// each within its share; a request for a session opened meanwhile
     /// joins that session's queue.
-    pub(super) fn dispatch(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        let sessions = &self.sessions;
-        let opened = self
-            .queues
-            .take_where(|w| w.session.as_ref().is_some_and(|k| sessions.contains_key(k)));
-        for waiting in opened {
-            let Some(key) = waiting.session.clone() else {
-                continue;
-            };
-            if let Some(session) = self.sessions.get_mut(&key) {
-                session.queue.push_back(waiting);
-            }
+    fn dispatch(&mut self, replies: &mut Vec<Reply>, now: Instant) {
+        for key in self.backlog.join_opened() {
             self.serve_session(&key, replies, now);
         }
-        self.ask_for_agent_cgroups();
-        while !self.ready.is_empty() {
-            let agent_cgroups = &self.agent_cgroups;
-            let lending = self.lending_runs();
-            let Some((_, mut waiting)) = self.queues.next(
-                |w| has_cgroup_for(agent_cgroups, w.charged_to.as_ref()),
-                |w| w.is_lent(&lending),
-            ) else {
+        self.cgroups.ask_for_agents(self.backlog.charges());
+        while self.pool.has_ready() {
+            let lending = self.pool.children().lending_runs();
+            let cgroups = &self.cgroups;
+            let ready = |w: &Waiting| cgroups.has_for(w.charged_to.as_ref());
+            let (network, spans) = (&self.network, &self.spans);
+            let next = self.backlog.next(ready, &lending, network, spans, replies);
+            let Some(mut waiting) = next else {
                 return;
             };
-            if let Err(narrowed) = self.network_at_start(&mut waiting) {
-                self.refuse_at_start(waiting, narrowed, replies);
-                continue;
-            }
-            let bash =
-                matches!(waiting.order, Order::Run) && waiting.request.language == Language::Bash;
-            let Some(child) = self.take_ready(bash) else {
-                self.queues.push_front(waiting.share, waiting);
+            let Some(child) = self.pool.take_ready(waiting.is_bash()) else {
+                self.backlog.push_front(waiting);
                 return;
             };
-            if let Some(key) = waiting.session.clone() {
-                // A new session, or one a restore carries over.
-                let created = SystemTime::now();
-                let carried = waiting.carried.take().unwrap_or_else(|| Carried {
-                    created_at: created,
-                    runs: 0,
-                    queue: VecDeque::new(),
-                    grant: RunAsk::of(&waiting.request),
-                });
-                self.sessions.insert(
-                    key,
-                    Session {
-                        child,
-                        created_at: carried.created_at,
-                        last_used_at: created,
-                        last_used: now,
-                        runs: carried.runs,
-                        queue: carried.queue,
-                        grant: carried.grant,
-                        busy: true,
-                    },
-                );
-            }
+            self.backlog.open_session(child, &mut waiting, now);
             self.start(child, waiting, replies, now);
         }
     }
 
-    /// The ready child for a request: the oldest of those with a shell
-    /// started for a bash run, of those without for anything else — or
-    /// the oldest of all.
-    fn take_ready(&mut self, bash: bool) -> Option<usize> {
-        let children = &self.children;
-        self.ready.retain(|c| {
-            children
-                .get(*c)
-                .is_some_and(|c| matches!(c.stage, Stage::Ready))
-        });
-        let index = self
-            .ready
-            .iter()
-            .position(|c| children.get(*c).is_some_and(|c| c.shell == bash))
-            .unwrap_or(0);
-        self.ready.remove(index)
+    /// Starts the next queued order of a session whose child is free. A
+    /// restore gives the session a fresh child first: the old one goes, and
+    /// the restore waits first in line for another, carrying the session.
+    fn serve_session(&mut self, key: &SessionKey, replies: &mut Vec<Reply>, now: Instant) {
+        let children = self.pool.children();
+        let lending = children.lending_runs();
+        let alive = |child| children.is_alive(child);
+        let (network, spans) = (&self.network, &self.spans);
+        let next = self
+            .backlog
+            .next_for_session(key, alive, &lending, network, spans, replies);
+        let Some(waiting) = next else {
+            return;
+        };
+        if matches!(waiting.order, Order::Restore { .. }) && waiting.carried.is_none() {
+            if let Some(child) = self.backlog.begin_restore(key, waiting) {
+                self.pool.children().kill_quietly(child);
+                self.drop_child(child);
+                self.dispatch(replies, now);
+            }
+            return;
+        }
+        if let Some(child) = self.backlog.begin(key, now) {
+            self.start(child, waiting, replies, now);
+        }
     }
 
     /// Sends a request to a child (a session's keeps it for more). A run
     /// counts against its owner's share until it ends.
-    pub(super) fn start(
-        &mut self,
-        child: usize,
-        waiting: Waiting,
-        replies: &mut Vec<Reply>,
-        now: Instant,
-    ) {
-        let timeout = waiting.timeout;
-        let keep = waiting.session.is_some();
-        let collect_caps = (self.max_file_bytes, self.max_collect_bytes());
-        let asked_limits = waiting.request.limits.is_some();
-        let mut order = order_for(waiting.request, collect_caps, keep);
-        order.op = waiting.order.op();
-        let Some(run) = self.children.get_mut(child) else {
-            return;
+    fn start(&mut self, child: usize, waiting: Waiting, replies: &mut Vec<Reply>, now: Instant) {
+        let reply_to = waiting.reply_to;
+        let with = Launch {
+            network: &self.network,
+            cgroups: &mut self.cgroups,
+            caps: &self.caps,
         };
-        // Any order uses up the child's shell, or has it stopped.
-        run.shell = false;
-        let queued = now.saturating_duration_since(waiting.queued_at);
-        self.counts.started(queued);
-        if let Some(mut span) = waiting.span {
-            span.int("agentos.exec.queue_ms", queued.as_millis() as i64);
-            // The run's code, and the tool calls it makes, join its span.
-            order.trace = Some(span.context.to_string());
-            run.span = Some(span);
-        }
-        if let Some(policy) = waiting.policy.clone() {
-            let of = (waiting.owner, waiting.run, waiting.net_record.as_ref());
-            match open_endpoint(&self.gateway, run, of, policy) {
-                Ok(env) => order.env.extend(env),
-                Err(err) => {
-                    // Without its endpoint the run would have no network at
-                    // all: it is refused, and its child (and a session it
-                    // held) ends, unused.
-                    run.kill_quietly();
-                    run.stage = Stage::Ended;
-                    let refusal = ErrorReply::new(
-                        ErrorCode::Unavailable,
-                        format!(
-                            "EXEC field `network`: the run's proxy endpoint cannot be made: {err}"
-                        ),
-                    );
-                    replies.push((waiting.reply_to, refusal.into()));
-                    return self.child_gone(child, replies);
+        match self.pool.launch(child, waiting, with, now) {
+            None => {}
+            Some(Ok(launched)) => {
+                if let Some(share) = launched.holds {
+                    self.backlog.started(share);
                 }
+                let (deadline, started) = (now + launched.timeout, now);
+                let wake = Wake::Timeout { child, started };
+                self.timers.schedule(deadline, wake);
+                self.finish_if_done(child, replies, now);
+            }
+            Some(Err(refusal)) => {
+                // Its child (and a session it held) ends, unused.
+                replies.push((reply_to, refusal.into()));
+                self.child_gone(child, replies);
             }
         }
-        // The first order of an agent's work moves the child into a cgroup
-        // inside the agent's, before anything else: from then on what it
-        // uses counts against the agent's limits.
-        let mut attached: Vec<OwnedFd> = Vec::new();
-        if run.charged.is_none() {
-            if let Some(charged) = waiting
-                .charged_to
-                .as_ref()
-                .and_then(|to| take_agent_cgroup(&mut self.agent_cgroups, to))
-            {
-                attached.extend(charged.join_files.iter().filter_map(|f| f.try_clone().ok()));
-                order.join = attached.len();
-                run.charge_to(charged);
-            }
-        }
-        // A run gets its own kernel connection; a snapshot or restore, the
-        // memfd that holds it.
-        match (&waiting.order, waiting.run) {
-            (Order::Run, Some(number)) => match run.first_connection.take() {
-                // The child has it already (and a shell it started, too).
-                Some(stream) => self.adopted.push(Adopted {
-                    stream,
-                    peer: Adoptee::Run(number),
-                }),
-                None => attached.extend(self.run_connection(number)),
-            },
-            (Order::Run, None) => {}
-            (Order::Snapshot { data, .. } | Order::Restore { data }, _) => {
-                attached.extend(data.try_clone().ok())
-            }
-        }
-        let holds = matches!(waiting.order, Order::Run).then_some(waiting.share);
-        if let Some(share) = holds {
-            self.queues.started(share);
-        }
-        let of = OrderOf {
-            run: waiting.run,
-            owner: waiting.owner,
-            holds,
-        };
-        let session = waiting.session.map(|(_, name)| name);
-        let running = Running::new(
-            of,
-            waiting.reply_to,
-            waiting.order,
-            timeout,
-            self.output_bytes,
-            session,
-            now,
-        );
-        let Some(run) = self.children.get_mut(child) else {
-            return;
-        };
-        if let Err(err) = run.limit(&waiting.limits, asked_limits) {
-            // Nothing of the run has started, but its limits are in doubt:
-            // the child (and a session it held) ends.
-            run.kill_quietly();
-            run.stage = Stage::Ended;
-            if let Some(share) = holds {
-                self.queues.ended(share);
-            }
-            let refusal = ErrorReply::new(
-                ErrorCode::BadRequest,
-                format!(
-                    "EXEC field `limits`: they cannot be given to the run: {err} (a memory \
-                     limit must leave room for the interpreter)"
-                ),
-            );
-            replies.push((waiting.reply_to, refusal.into()));
-            return self.child_gone(child, replies);
-        }
-        let unsent = run.start(&order, running, attached).unwrap_or_else(|err| {
-            log::debug!("exec run: cannot send the order: {err}");
-            run.kill(Kill::Unsent);
-            false
-        });
-        self.watch_writable(child, unsent);
-        self.timers.schedule(
-            now + timeout,
-            Wake::Timeout {
-                child,
-                started: now,
-            },
-        );
-        self.finish_if_done(child, replies, now);
-    }
-
-    /// Run `number`'s own connection to the kernel, whose calls are the
-    /// run's: the kernel adopts one end, the run gets the other.
-    fn run_connection(&mut self, number: u64) -> Option<OwnedFd> {
-        let (ours, theirs) = match mio::net::UnixStream::pair() {
-            Ok(pair) => pair,
-            Err(err) => {
-                log::warn!("exec run: no kernel connection for it: {err}");
-                return None;
-            }
-        };
-        let theirs = std::os::unix::net::UnixStream::from(theirs);
-        // The run's end blocks, as any socket a program opens does.
-        if let Err(err) = theirs.set_nonblocking(false) {
-            log::warn!("exec run: no kernel connection for it: {err}");
-            return None;
-        }
-        self.adopted.push(Adopted {
-            stream: ours,
-            peer: Adoptee::Run(number),
-        });
-        Some(OwnedFd::from(theirs))
     }
 
     /// Answers a run that has ended, and lets its child go — unless a
     /// session keeps it. Its owner's share has room again: what waited
-    /// for that room starts.
-    pub(super) fn finish_if_done(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
-        let Some(holds) = self
-            .children
-            .get(child)
-            .filter(|c| c.is_finished())
-            .map(RunChild::holds)
-        else {
+    /// for that room starts, sessions' queued runs and the queues each
+    /// first in turn, so neither can keep the room from the other.
+    fn finish_if_done(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
+        let Some(done) = self.pool.finish(child, now) else {
             return;
         };
-        self.finish_order(child, replies, now);
-        if let Some(share) = holds {
-            self.queues.ended(share);
-            self.serve_waiting(replies, now);
-        }
-    }
-
-    /// Starts what waits, now that there may be room: queued requests, and
-    /// sessions' queued runs whose child is free — each first in turn, so
-    /// neither can keep the room from the other.
-    pub(super) fn serve_waiting(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        self.sessions_first = !self.sessions_first;
-        if !self.sessions_first {
+        let holds = done.holds;
+        self.finish_order(child, done, replies, now);
+        let Some(share) = holds else {
+            return;
+        };
+        self.backlog.ended(share);
+        let sessions_first = self.backlog.sessions_turn();
+        if !sessions_first {
             self.dispatch(replies, now);
         }
-        let waiting: Vec<SessionKey> = self
-            .sessions
-            .iter()
-            .filter(|(_, session)| !session.busy && !session.queue.is_empty())
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in waiting {
+        for key in self.backlog.sessions_waiting() {
             self.serve_session(&key, replies, now);
         }
-        if self.sessions_first {
+        if sessions_first {
             self.dispatch(replies, now);
         }
     }
 
     /// The reply to a finished order, and what becomes of its child.
-    fn finish_order(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
-        let Some(run) = self.children.get_mut(child) else {
-            return;
-        };
-        let finished = run.finish(now);
-        let ran_code = finished
-            .as_ref()
-            .is_some_and(|f| matches!(f.order, Order::Run));
-        let alive = run.is_kept();
-        let key = self
-            .sessions
-            .iter()
-            .find(|(_, session)| session.child == child)
-            .map(|(key, _)| key.clone());
-        if let Some(mut finished) = finished {
-            if let (Order::Run, Some(open)) = (&finished.order, &run.endpoint) {
-                let now = net_totals(open.endpoint.record());
-                finished.reply.network = Some(since(run.net_before, now));
-            }
-            if let Order::Run = finished.order {
-                self.counts.ended(&finished.reply);
-            }
-            if let Some(mut span) = run.span.take() {
-                let reply = &finished.reply;
-                if let Some(code) = reply.exit_code {
-                    span.int("process.exit.code", i64::from(code));
-                }
-                let error = if reply.timed_out {
-                    Some("timeout")
-                } else if reply.oom_killed {
-                    Some("oom")
-                } else if reply.code.is_some() {
-                    Some("error")
-                } else if !reply.success {
-                    Some("failed")
-                } else {
-                    None
-                };
-                if let Some(kind) = error {
-                    span.text("error.type", kind);
-                }
-                self.tracer.end(
-                    span,
-                    error.map(|kind| reply.error.clone().unwrap_or_else(|| kind.to_owned())),
-                );
-            }
-            let reply_to = finished.reply_to;
-            let reply = match &key {
-                Some(key) => self.snapshot_reply(key, finished),
-                None => finished.reply.into(),
-            };
-            replies.push((reply_to, reply));
+    fn finish_order(&mut self, child: usize, done: Done, replies: &mut Vec<Reply>, now: Instant) {
+        let key = self.backlog.session_of(child);
+        let finished = done.finished;
+        let ran_code = matches!(finished.order, Order::Run);
+        if let Some(span) = done.span {
+            self.spans.ended(span, &finished.reply);
         }
+        let reply_to = finished.reply_to;
+        let reply = match &key {
+            Some(key) => self.backlog.answer(key, finished),
+            None => finished.reply.into(),
+        };
+        replies.push((reply_to, reply));
         let Some(key) = key else {
             return self.drop_child(child);
         };
-        if let Some(run) = self.children.get_mut(child) {
-            // Kept for its session, it is no longer one of its host's
-            // prepared children: the host prepares another.
-            if std::mem::take(&mut run.counted) {
-                let host = run.host;
-                self.child_taken(host);
-            }
-        }
-        if !alive {
-            // Its interpreter is gone (killed at a timeout, or it died):
-            // so is the session, its snapshots, and what waited for it.
-            self.snapshots.remove(&key);
-            if let Some(session) = self.sessions.remove(&key) {
-                for waiting in session.queue {
-                    let ended = ErrorReply::new(
-                        ErrorCode::NotFound,
-                        format!(
-                            "session {:?} ended before this run could start (its interpreter \
-                             was killed); run again to start a new one",
-                            key.1
-                        ),
-                    );
-                    replies.push((waiting.reply_to, ended.into()));
-                }
-            }
+        if !done.alive {
+            self.backlog.session_died(&key, replies);
             return self.drop_child(child);
         }
-        if let Err(err) = self.watch_outputs(child) {
+        if let Err(err) = self.pool.keep(child, &self.cgroups) {
             log::warn!("exec session: cannot watch its output: {err}");
-            self.snapshots.remove(&key);
-            self.sessions.remove(&key);
+            self.backlog.end_session(&key);
             return self.drop_child(child);
         }
-        if let Some(session) = self.sessions.get_mut(&key) {
-            session.busy = false;
-            session.runs += u64::from(ran_code);
-            session.last_used = now;
-            self.timers.schedule(
-                now + self.session_idle,
-                Wake::SessionIdle {
-                    key: key.clone(),
-                    last_used: now,
-                },
-            );
+        if let Some(idle_at) = self.backlog.order_ended(&key, ran_code, now) {
+            let last_used = now;
+            let wake = Wake::SessionIdle {
+                key: key.clone(),
+                last_used,
+            };
+            self.timers.schedule(idle_at, wake);
         }
         self.serve_session(&key, replies, now);
     }
 
     /// A session's child has handed over its next run's pipes: watched,
     /// they let the session's next run start.
-    pub(super) fn renewed(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
-        let key = self
-            .sessions
-            .iter()
-            .find(|(_, session)| session.child == child)
-            .map(|(key, _)| key.clone());
-        let Some(key) = key else {
+    fn renewed(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
+        let Some(key) = self.backlog.session_of(child) else {
             return self.drop_child(child);
         };
-        if let Err(err) = self.watch_outputs(child) {
+        if let Err(err) = self.pool.renew(child) {
             log::warn!("exec session: cannot watch its output: {err}");
             return self.child_gone(child, replies);
         }
         self.serve_session(&key, replies, now);
     }
 
-    /// Watches a child's (new) stdout and stderr pipes.
-    pub(super) fn watch_outputs(&mut self, child: usize) -> io::Result<()> {
-        for stream in Stream::BOTH {
-            let Some(run) = self.children.get(child) else {
-                return Ok(());
-            };
-            let Some(pipe) = run.pipe(stream) else {
-                continue;
-            };
-            fd::set_nonblocking(pipe)?;
-            let fd = pipe.as_raw_fd();
-            let token = self.register(fd, Source::Output(child, stream), Interest::READABLE)?;
-            self.children[child].output_tokens[stream.index()] = Some(token);
-        }
-        Ok(())
-    }
-
-    /// Watches a child's socket for writability while an order is unsent,
-    /// and only then (a waiting child's socket is otherwise writable all
-    /// along).
-    pub(super) fn watch_writable(&mut self, child: usize, writable: bool) {
-        let Some(run) = self.children.get_mut(child) else {
-            return;
-        };
-        let Some(token) = run.socket_token.filter(|_| run.writable != writable) else {
-            return;
-        };
-        let interest = if writable {
-            Interest::READABLE | Interest::WRITABLE
-        } else {
-            Interest::READABLE
-        };
-        let fd = run.socket.as_raw_fd();
-        match self
-            .registry
-            .reregister(&mut SourceFd(&fd), token, interest)
-        {
-            Ok(()) => run.writable = writable,
-            Err(err) => log::warn!("exec run: cannot watch its socket: {err}"),
-        }
-    }
-
     /// A waiting child went away: a session it held ends with it. If the
     /// memory controller killed it (its agent's runs and sessions together
     /// went over the agent's limit, say), the session's next run is told.
-    pub(super) fn child_gone(&mut self, child: usize, replies: &mut Vec<Reply>) {
-        let key = self
-            .sessions
-            .iter()
-            .find(|(_, session)| session.child == child)
-            .map(|(key, _)| key.clone());
-        if let Some((owner, name)) = key {
-            let oom_killed = self
-                .children
-                .get(child)
-                .is_some_and(RunChild::was_oom_killed);
-            if oom_killed && self.lost_to_memory.len() < MAX_LOST_SESSIONS {
-                log::debug!("exec session {name:?}: its idle interpreter was killed for memory");
-                self.lost_to_memory.insert((owner, name.clone()));
+    fn child_gone(&mut self, child: usize, replies: &mut Vec<Reply>) {
+        if let Some(key) = self.backlog.session_of(child) {
+            if self.pool.children().was_oom_killed(child) {
+                self.backlog.note_lost(&key);
             }
-            self.close(owner, &name, replies);
+            self.close(key.0, &key.1, replies);
         }
         self.drop_child(child);
     }
 
-    pub(super) fn drop_child(&mut self, child: usize) {
-        if !self.children.contains(child) {
-            return;
-        }
-        for stream in Stream::BOTH {
-            self.forget_output(child, stream);
-        }
-        let mut run = self.children.remove(child);
-        if let Some(share) = run.holds() {
-            self.queues.ended(share);
-        }
-        if run.counted {
-            self.child_taken(run.host);
-        }
-        if let Some(token) = run.socket_token {
-            self.forget_source(run.socket.as_raw_fd(), token);
-        }
-        if let Some(cgroups) = &self.run_cgroups {
-            run.cgroups().for_each(|cgroup| cgroups.recycle(cgroup));
-        }
-        self.ready.retain(|c| *c != child);
-    }
-
-    /// Stops watching one of a child's pipes (closed already, or not).
-    pub(super) fn forget_output(&mut self, child: usize, stream: Stream) {
-        let Some(run) = self.children.get_mut(child) else {
-            return;
-        };
-        let token = run.output_tokens[stream.index()].take();
-        let pipe = match stream {
-            Stream::Stdout => run.stdout.take(),
-            Stream::Stderr => run.stderr.take(),
-        };
-        if let Some(token) = token {
-            self.sources.try_remove(token.0 - self.token_base);
-        }
-        if let Some(pipe) = pipe {
-            let _ = self.registry.deregister(&mut SourceFd(&pipe.as_raw_fd()));
+    /// Lets a child go; the share its run held has room again.
+    fn drop_child(&mut self, child: usize) {
+        if let Some(share) = self.pool.drop_child(child, &self.cgroups) {
+            self.backlog.ended(share);
         }
     }
 
-    pub(super) fn register(
+    /// The owner's sessions (`op: sessions`).
+    pub fn sessions(&self, owner: Principal) -> Vec<SessionInfo> {
+        let children = self.pool.children();
+        self.backlog
+            .sessions(owner, |child| children.workspace_bytes(child))
+    }
+
+    /// Ends a session (`op: close`): its interpreter and /workspace go;
+    /// a run of it still going is killed. Whether there was one.
+    pub fn close(&mut self, owner: Principal, name: &str, replies: &mut Vec<Reply>) -> bool {
+        match self.backlog.close(&(owner, name.to_owned()), replies) {
+            Closed::Nothing => false,
+            Closed::Restoring => true,
+            Closed::Open(child) => {
+                // A run of it still going is answered first; its child
+                // goes then.
+                if self.pool.children_mut().close(child) {
+                    self.drop_child(child);
+                }
+                true
+            }
+        }
+    }
+
+    /// `op: snapshot`: queued behind the session's runs; answered once the
+    /// session's child has written it.
+    pub fn snapshot(
         &mut self,
-        fd: RawFd,
-        source: Source,
-        interest: Interest,
-    ) -> io::Result<Token> {
-        let entry = self.sources.vacant_entry();
-        let token = Token(self.token_base + entry.key());
-        fd::watch(&self.registry, fd, token, interest)?;
-        entry.insert(source);
-        Ok(token)
+        caller: RunCaller,
+        session: &str,
+        name: &str,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), ErrorReply> {
+        let key = (caller.principal, session.to_owned());
+        let order = self.backlog.snapshot_order(&key, name)?;
+        self.queue_for_session(key, caller, order, reply_to, replies)
     }
 
-    pub(super) fn forget_source(&mut self, fd: RawFd, token: Token) {
-        let _ = self.registry.deregister(&mut SourceFd(&fd));
-        self.sources.try_remove(token.0 - self.token_base);
+    /// `op: restore`: queued behind the session's runs; then the session
+    /// gets a fresh interpreter whose `/workspace` is the snapshot's.
+    pub fn restore(
+        &mut self,
+        caller: RunCaller,
+        session: &str,
+        name: &str,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), ErrorReply> {
+        let key = (caller.principal, session.to_owned());
+        let order = self.backlog.restore_order(&key, name)?;
+        self.queue_for_session(key, caller, order, reply_to, replies)
     }
-}
 
-impl Exec {
-    /// What a run may collect in all: the reply's limit, less its output
-    /// and room for its other fields, as raw bytes before base64.
-    pub(super) fn max_collect_bytes(&self) -> u64 {
-        let room = (wire::MAX_END_FRAME as u64)
-            .saturating_sub(2 * self.output_bytes as u64)
-            .saturating_sub(64 << 10);
-        room / 4 * 3
+    /// `op: snapshots`: a session's snapshots, oldest first.
+    pub fn snapshots(
+        &self,
+        owner: Principal,
+        session: &str,
+    ) -> Result<Vec<SnapshotInfo>, ErrorReply> {
+        self.backlog.snapshots(&(owner, session.to_owned()))
     }
-}
 
-/// What a record's counters gained from `before` to `now`.
-fn since(before: NetTotals, now: NetTotals) -> NetTotals {
-    NetTotals {
-        allowed: now.allowed.saturating_sub(before.allowed),
-        refused: now.refused.saturating_sub(before.refused),
-        bytes_out: now.bytes_out.saturating_sub(before.bytes_out),
-        bytes_in: now.bytes_in.saturating_sub(before.bytes_in),
+    /// Queues a snapshot or restore for session `key`, behind its runs.
+    fn queue_for_session(
+        &mut self,
+        key: SessionKey,
+        caller: RunCaller,
+        order: Order,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), ErrorReply> {
+        let now = Instant::now();
+        let limits = self.cgroups.limits(&caller.limits, None)?;
+        self.backlog.may_wait(caller.share)?;
+        let timeout = self.caps.default_timeout;
+        let waiting = Waiting::for_session(&key, caller, order, reply_to, limits, timeout, now);
+        self.backlog.queue(waiting);
+        self.serve_session(&key, replies, now);
+        Ok(())
     }
-}
 
-/// What a request becomes for the run child.
-/// `limits`: the largest file collected, and the most collected in all.
-fn order_for(request: ExecRequest, limits: (u64, u64), keep: bool) -> wire::RunOrder {
-    let (max_file_bytes, max_collect_bytes) = limits;
-    let mut env = zygote::run_env();
-    env.extend(request.env);
-    wire::RunOrder {
-        op: wire::OrderOp::Run,
-        code: request.code,
-        language: request.language,
-        env,
-        cwd: request.cwd,
-        files: request.files,
-        collect: request.collect,
-        max_file_bytes,
-        max_collect_bytes,
-        keep,
-        join: 0,
-        trace: None,
+    /// Cancels the run whose reply goes to `reply_to`: one still waiting
+    /// for a sandbox is dropped; a running one is killed (SIGKILL to PID 1
+    /// of its namespace, so everything it started dies), and its reply
+    /// still goes out, saying so. Returns whether there was one.
+    pub fn cancel(&mut self, reply_to: ReplyTo, replies: &mut Vec<Reply>) -> bool {
+        let waited = self.backlog.cancel(reply_to, replies);
+        let children = self.pool.children_mut();
+        let ran = children.kill_running(|r| r.reply_to == reply_to, Kill::Cancelled);
+        waited || ran
+    }
+
+    /// A connection closed: the runs it asked for end with it — those
+    /// waiting are answered (to no one) at once, those running are killed.
+    pub fn connection_closed(&mut self, serial: u64, replies: &mut Vec<Reply>) {
+        let of_it = |to: &ReplyTo| to.connection() == Some(serial);
+        self.end_where(
+            |w| of_it(&w.reply_to),
+            |r| of_it(&r.reply_to),
+            "the connection that asked for it closed",
+            Kill::Cancelled,
+            replies,
+        );
+    }
+
+    /// `principal` has ended (an agent that exited, was killed or is
+    /// restarting; a run whose reply has gone): its waiting and running
+    /// runs end, and so do its sessions, with their snapshots. An agent's
+    /// spare cgroups go with the cgroup they were made in. Its policy as
+    /// NET `set` left it is forgotten: nothing of it waits to start.
+    pub fn end_work_of(&mut self, principal: Principal, why: &str, replies: &mut Vec<Reply>) {
+        self.end_where(
+            |w| w.owner == principal,
+            |r| r.of.owner == principal,
+            why,
+            Kill::OwnerEnded,
+            replies,
+        );
+        for name in self.backlog.end_owner(principal) {
+            self.close(principal, &name, replies);
+        }
+        self.network.forget(principal);
+        if let Principal::Agent { id } = principal {
+            self.cgroups.forget_agent(id);
+        }
+    }
+
+    /// Ends the runs `waiting` or `running` picks: waiting ones are
+    /// answered with `why`, running ones killed (their replies say so).
+    fn end_where(
+        &mut self,
+        waiting: impl FnMut(&Waiting) -> bool,
+        running: impl Fn(&Running) -> bool,
+        why: &str,
+        kill: Kill,
+        replies: &mut Vec<Reply>,
+    ) {
+        self.backlog.end_where(waiting, why, replies);
+        self.pool.children_mut().kill_running(running, kill);
+    }
+
+    /// NET `set` replaced the policies of `owners` (an agent's, and those
+    /// of the runs under it, narrowed with it): the endpoints serving their
+    /// runs and sessions are narrowed to lie within them, and their queued
+    /// runs are held to them when they start.
+    pub fn policies_replaced(&mut self, owners: Vec<(Principal, Policy)>) {
+        let endpoints = self.pool.children_mut().endpoints_mut();
+        self.network.replaced(owners, endpoints);
+    }
+
+    /// Stops taking runs: waiting ones are refused, running ones killed
+    /// (their replies still go out), hosts stopped.
+    pub fn begin_shutdown(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        replies: &mut Vec<Reply>,
+    ) {
+        self.shutting_down = true;
+        self.backlog.shut_down(replies);
+        self.pool.stop(sandboxes);
+    }
+
+    /// Last step of shutdown (may block briefly): the runs' cgroups are
+    /// removed, and whatever is left in them killed.
+    pub fn finish_shutdown(&mut self) {
+        self.cgroups.finish(self.pool.take_cgroups());
     }
 }

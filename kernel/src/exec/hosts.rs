@@ -1,97 +1,181 @@
 //! Exec hosts: started through the sandbox runtime, each claimed with the
 //! zygote as its workload and a channel to it, replaced when one fails or
-//! ends; the run children a host hands over are taken in here, and so are
-//! the cgroups made for them, which go to the host a few ahead of need.
+//! ends; the run children a host hands over are taken from its channel
+//! here, and so are the cgroups made for them, which go to the host a few
+//! ahead of need. The ready children, oldest first, wait here for code,
+//! some with a shell started while bash runs come.
 
+use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::NetTotals;
-use agentos_proto::{ErrorCode, ErrorReply};
-use mio::{Interest, Token};
+use mio::Interest;
 use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
+use slab::Slab;
 
-use super::cgroups::{Made, MadeFor};
-use super::child::{RunChild, Stage};
+use super::cgroups::RunCgroups;
+use super::children::Children;
+use super::counts::ExecCounts;
 use super::exec_host::{ExecHost, HostId};
-use super::run_cgroup::{AgentRunCgroups, ChargedTo, RunCgroup, AGENT_SPARES};
-use super::{wire, zygote, Exec, Source, Wake};
-use crate::address::Reply;
-use crate::cgroup::CgroupError;
+use super::run_cgroup::RunCgroup;
+use super::sources::{ExecSource, Sources};
+use super::wire::{self, Ready};
+use super::zygote::{self, ExecHostSetup};
+use crate::cgroup::{CgroupError, CgroupLimits};
+use crate::config::Config;
 use crate::fd;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
 
 /// After a host fails or ends, wait this long before starting another.
-const HOST_RETRY: Duration = Duration::from_secs(1);
+pub const HOST_RETRY: Duration = Duration::from_secs(1);
 /// Shells are kept started while bash runs have come this recently: a
 /// shell a Python run gets is wasted.
 const SHELLS_FOR: Duration = Duration::from_secs(60);
 
-impl Exec {
+/// A run child a host has handed over, with the cgroup it moved itself
+/// into, if the host gave it one.
+#[derive(Debug)]
+pub struct Handed {
+    /// The child's descriptors, non-blocking.
+    pub ready: Ready,
+    /// Its cgroup.
+    pub cgroup: Option<RunCgroup>,
+}
+
+/// The exec hosts and the children they have made ready.
+#[derive(Debug)]
+pub struct Hosts {
+    hosts: Slab<ExecHost>,
+    next_host: HostId,
+    /// Hosts kept running.
+    wanted: usize,
+    setup: ExecHostSetup,
+    /// Each host's cgroup: room for its zygote and every prepared run.
+    limits: CgroupLimits,
+    log: PathBuf,
+    /// Ready children, oldest first.
+    ready: VecDeque<usize>,
+    /// Ready children to keep with a shell started, while bash runs come.
+    ready_shells: usize,
+    /// When the last bash run came, if one has.
+    last_bash: Option<Instant>,
+    /// The kernel is stopping: no host starts, and none is asked for more.
+    stopping: bool,
+}
+
+impl Hosts {
+    /// `exec.hosts` hosts as configured (none if `available` is false),
+    /// whose runs see the `tools` package in `tools_dir`.
+    pub fn new(config: &Config, tools_dir: Option<PathBuf>, available: bool) -> Hosts {
+        let exec = &config.exec;
+        let share = exec.ready_runs as u64 + 1;
+        Hosts {
+            hosts: Slab::new(),
+            next_host: 1,
+            wanted: if available { exec.hosts } else { 0 },
+            setup: ExecHostSetup {
+                python: exec.python.clone(),
+                ready_runs: exec.ready_runs,
+                tmp_bytes: config.agents.tmp_bytes,
+                workspace_bytes: config.agents.workspace_bytes,
+                tools_dir,
+            },
+            limits: CgroupLimits {
+                memory: exec.default_memory.saturating_mul(share),
+                cpu_quota: None,
+                cpu_period: 100_000,
+                max_pids: exec.default_max_pids.saturating_mul(share),
+            },
+            log: config.agents.log_dir().join("exec-host.log"),
+            ready: VecDeque::new(),
+            ready_shells: exec.ready_shells,
+            last_bash: None,
+            stopping: false,
+        }
+    }
+
+    /// How every host is set up.
+    pub fn setup(&self) -> &ExecHostSetup {
+        &self.setup
+    }
+
     /// Asks the runtime for the hosts that are missing.
-    pub fn start_hosts(&mut self, sandboxes: &mut impl Sandboxes<HostId>, now: Instant) {
-        if self.shutting_down {
+    pub fn start_missing(
+        &mut self,
+        sandboxes: &mut impl Sandboxes<HostId>,
+        now: Instant,
+        sources: &mut Sources,
+        cgroups: Option<&RunCgroups>,
+    ) {
+        if self.stopping {
             return;
         }
-        while self.hosts.len() < self.wanted_hosts {
+        while self.hosts.len() < self.wanted {
             let id = self.next_host;
             self.next_host += 1;
             let key = self.hosts.insert(ExecHost::new(id));
             if let Some(sandbox) = sandboxes.acquire(id, Shape::EXEC_HOST, now) {
-                self.claim_host(sandboxes, key, sandbox);
+                self.claim(sandboxes, key, sandbox, sources, cgroups);
             }
         }
     }
 
-    /// Takes in what happened to a host's sandbox.
+    /// Takes in what happened to a host's sandbox; the key of a host that
+    /// failed or ended, and is gone (its children go with it, and another
+    /// is to start after [`HOST_RETRY`]).
     pub fn on_sandbox(
         &mut self,
         sandboxes: &mut impl Sandboxes<HostId>,
         event: SandboxEvent<HostId>,
-        now: Instant,
-    ) {
-        let Some(key) = self.host_key(*event.owner()) else {
+        sources: &mut Sources,
+        cgroups: Option<&RunCgroups>,
+    ) -> Option<usize> {
+        let Some(key) = self.key_of(*event.owner()) else {
             if let SandboxEvent::Ready { sandbox, .. } = event {
                 sandboxes.discard(sandbox);
             }
-            return;
+            return None;
         };
+        let id = self.hosts[key].id;
         match event {
-            SandboxEvent::Ready { sandbox, .. } if self.shutting_down => {
+            SandboxEvent::Ready { sandbox, .. } if self.stopping => {
                 // Prepared while the kernel began to stop: never started.
                 sandboxes.discard(sandbox);
                 self.hosts.remove(key);
+                return None;
             }
-            SandboxEvent::Ready { sandbox, .. } => self.claim_host(sandboxes, key, sandbox),
-            SandboxEvent::Failed { error, .. } => {
-                log::error!("exec host {}: {error}", self.hosts[key].id);
-                self.host_gone(key, now);
+            SandboxEvent::Ready { sandbox, .. } => {
+                self.claim(sandboxes, key, sandbox, sources, cgroups);
+                return None;
             }
+            SandboxEvent::Failed { error, .. } => log::error!("exec host {id}: {error}"),
             SandboxEvent::Status { status, .. } => {
                 if let crate::sandbox::Status::Error { message, .. } = status {
-                    log::error!("exec host {}: {message}", self.hosts[key].id);
+                    log::error!("exec host {id}: {message}");
                 }
+                return None;
             }
             SandboxEvent::OomKill { .. } => {
-                log::warn!(
-                    "exec host {}: the memory limit killed a process",
-                    self.hosts[key].id
-                );
+                log::warn!("exec host {id}: the memory limit killed a process");
+                return None;
             }
-            SandboxEvent::Ended { init, .. } => {
-                if self.shutting_down {
-                    log::info!("exec host {} stopped", self.hosts[key].id);
-                } else {
-                    log::warn!("exec host {} ended: {init:?}", self.hosts[key].id);
-                }
-                self.host_gone(key, now);
-            }
+            SandboxEvent::Ended { .. } if self.stopping => log::info!("exec host {id} stopped"),
+            SandboxEvent::Ended { init, .. } => log::warn!("exec host {id} ended: {init:?}"),
         }
+        let host = self.hosts.remove(key);
+        if let Some((channel, token)) = host.channel {
+            sources.forget(channel.as_raw_fd(), token);
+        }
+        if let Some(cgroups) = cgroups {
+            host.cgroups.into_values().for_each(|c| cgroups.recycle(c));
+        }
+        Some(key)
     }
 
-    fn host_key(&self, id: HostId) -> Option<usize> {
+    fn key_of(&self, id: HostId) -> Option<usize> {
         self.hosts
             .iter()
             .find(|(_, host)| host.id == id)
@@ -99,11 +183,13 @@ impl Exec {
     }
 
     /// Starts the zygote in a host's sandbox, with a channel to it.
-    fn claim_host(
+    fn claim(
         &mut self,
         sandboxes: &mut impl Sandboxes<HostId>,
         key: usize,
         sandbox: SandboxKey,
+        sources: &mut Sources,
+        cgroups: Option<&RunCgroups>,
     ) {
         let Some(id) = self.hosts.get(key).map(|host| host.id) else {
             return sandboxes.discard(sandbox);
@@ -127,7 +213,7 @@ impl Exec {
             workload: &workload,
             log: &self.log,
             cgroup_name: format!("exec-host-{id}"),
-            limits: self.host_limits,
+            limits: self.limits,
             door: None,
             channel: Some(theirs.as_fd()),
         };
@@ -145,231 +231,95 @@ impl Exec {
             log::error!("exec host {id}: cannot send its settings: {err}");
             return sandboxes.signal(sandbox, libc::SIGKILL);
         }
-        let entry = self.sources.vacant_entry();
-        let token = Token(self.token_base + entry.key());
-        if let Err(err) = fd::watch(&self.registry, ours.as_raw_fd(), token, Interest::READABLE) {
-            log::error!("exec host {id}: cannot watch its channel: {err}");
-            return sandboxes.signal(sandbox, libc::SIGKILL);
-        }
-        entry.insert(Source::Channel(key));
+        let token = match sources.register(
+            ours.as_raw_fd(),
+            ExecSource::Channel(key),
+            Interest::READABLE,
+        ) {
+            Ok(token) => token,
+            Err(err) => {
+                log::error!("exec host {id}: cannot watch its channel: {err}");
+                return sandboxes.signal(sandbox, libc::SIGKILL);
+            }
+        };
         self.hosts[key].channel = Some((ours, token));
-        self.ask_for_children(key);
+        self.ask_for_children(key, cgroups);
         log::info!("exec host {id} starting");
     }
 
-    /// A host failed or ended: its children go with it; another starts
-    /// after a pause.
-    fn host_gone(&mut self, key: usize, now: Instant) {
-        let host = self.hosts.remove(key);
-        // Its children go with it; they count for no host (the key may
-        // name a new one).
-        for (_, child) in self.children.iter_mut().filter(|(_, c)| c.host == key) {
-            child.counted = false;
-        }
-        if let Some((channel, token)) = host.channel {
-            self.forget_source(channel.as_raw_fd(), token);
-        }
-        if let Some(cgroups) = &self.run_cgroups {
-            host.cgroups.into_values().for_each(|c| cgroups.recycle(c));
-        }
-        if !self.shutting_down {
-            self.timers.schedule(now + HOST_RETRY, Wake::StartHosts);
-        }
-    }
-
-    /// Run children a host has handed over.
-    pub(super) fn take_children(&mut self, key: usize, replies: &mut Vec<Reply>, now: Instant) {
+    /// The next run child host `key` has handed over, if it has (how long
+    /// it took to come is counted).
+    pub fn receive(&mut self, key: usize, counts: &mut ExecCounts, now: Instant) -> Option<Handed> {
         loop {
-            let Some((channel, _)) = self.hosts.get(key).and_then(|h| h.channel.as_ref()) else {
-                return;
-            };
+            let host = self.hosts.get_mut(key)?;
+            let (channel, _) = host.channel.as_ref()?;
             let ready = match wire::receive_ready(channel.as_fd()) {
                 Ok(Some(ready)) => ready,
-                Ok(None) => return,
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Ok(None) => return None,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return None,
                 Err(err) => {
                     log::warn!("exec host: {err}");
-                    return;
+                    return None;
                 }
             };
-            if let Some(asked) = self.hosts[key].asked.pop_front() {
-                self.counts.refilled(now.saturating_duration_since(asked));
+            if let Some(asked) = host.asked.pop_front() {
+                counts.refilled(now.saturating_duration_since(asked));
             }
-            let cgroup = self.hosts[key].cgroups.remove(&ready.cgroup);
+            let cgroup = host.cgroups.remove(&ready.cgroup);
             // The pipes are made non-blocking as they are watched.
             if let Err(err) = fd::set_nonblocking(&ready.socket) {
                 log::warn!("exec host: cannot use a run child: {err}");
                 continue;
             }
-            let child = self.children.insert(RunChild {
-                host: key,
-                socket: ready.socket,
-                stdout: Some(ready.stdout),
-                stderr: Some(ready.stderr),
-                pidfd: None,
-                stage: Stage::Preparing,
-                received: Vec::new(),
-                workspace_bytes: None,
-                socket_token: None,
-                output_tokens: [None, None],
-                writable: false,
-                oom_kills_seen: cgroup.as_ref().map_or(0, |c| c.oom_kills),
-                cgroup,
-                charged: None,
-                first_connection: None,
-                shell: false,
-                counted: true,
-                endpoint: None,
-                net_before: NetTotals::default(),
-                span: None,
-            });
-            let socket = self.children[child].socket.as_raw_fd();
-            let registered = self
-                .register(socket, Source::Socket(child), Interest::READABLE)
-                .and_then(|token| {
-                    self.children[child].socket_token = Some(token);
-                    self.watch_outputs(child)
-                });
-            if let Err(err) = registered {
-                log::warn!("exec host: cannot watch a run child: {err}");
-                self.drop_child(child);
-                continue;
-            }
-            // Its pidfd may already be there.
-            if let Ok(true) = self.children[child].receive_pidfd() {
-                self.child_ready(child, replies, now);
-            }
-        }
-    }
-}
-
-impl Exec {
-    /// Sends the cgroups made since the last call to their hosts, and keeps
-    /// those made inside agents' for their runs, which may start now.
-    pub fn on_wake(&mut self, replies: &mut Vec<Reply>) {
-        let Some(cgroups) = &self.run_cgroups else {
-            return;
-        };
-        let made: Vec<Made> = cgroups.made().collect();
-        let mut for_agents = false;
-        for made in made {
-            match made.made_for {
-                MadeFor::Host(host) => self.cgroup_for_host(host, made.result),
-                MadeFor::Agent(to) => {
-                    self.cgroup_for_agent(to, made.result, replies);
-                    for_agents = true;
-                }
-            }
-        }
-        if for_agents {
-            self.dispatch(replies, Instant::now());
+            return Some(Handed { ready, cgroup });
         }
     }
 
-    /// A cgroup made inside an agent's (or returned after a run of its):
-    /// kept for its next runs while the agent's cgroup is the same, else
-    /// removed.
-    fn cgroup_for_agent(
-        &mut self,
-        to: ChargedTo,
-        result: Result<RunCgroup, CgroupError>,
-        replies: &mut Vec<Reply>,
-    ) {
-        let Some(cgroups) = &self.run_cgroups else {
+    /// Asks a host for run children until `exec.ready_runs` count: each
+    /// comes with a cgroup of its own (made first, in the background) or
+    /// none. Asking after a run has ended, not when it starts, keeps the
+    /// preparing off the run's way.
+    fn ask_for_children(&mut self, key: usize, cgroups: Option<&RunCgroups>) {
+        if self.stopping {
+            return;
+        }
+        let Some(host) = self.hosts.get_mut(key) else {
             return;
         };
-        let agent = self
-            .agent_cgroups
-            .get_mut(&to.agent)
-            .filter(|made| made.cgroup == to.cgroup);
-        match (agent, result) {
-            (Some(agent), Ok(run)) => {
-                agent.asked = agent.asked.saturating_sub(1);
-                if agent.spare.len() < AGENT_SPARES {
-                    agent.spare.push(run);
-                } else {
-                    cgroups.remove(run);
-                }
-            }
-            (None, Ok(run)) => cgroups.remove(run),
-            (agent, Err(err)) => {
-                log::error!(
-                    "agent {}: no cgroup inside its own for a run: {err}",
-                    to.agent
-                );
-                if let Some(agent) = agent {
-                    agent.asked = agent.asked.saturating_sub(1);
-                }
-                // Its waiting runs are answered now, rather than asking
-                // again and again until their deadlines.
-                let failed = ErrorReply::new(
-                    ErrorCode::Internal,
-                    format!("no cgroup could be made for the run inside its agent's: {err}"),
-                );
-                for waiting in self
-                    .queues
-                    .take_where(|w| w.charged_to.as_ref().is_some_and(|c| c.agent == to.agent))
-                {
-                    self.answer_waiting(waiting, &failed, replies);
+        let Some((channel, _)) = &host.channel else {
+            return;
+        };
+        while host.requested < self.setup.ready_runs {
+            host.requested += 1;
+            host.asked.push_back(Instant::now());
+            match cgroups {
+                Some(cgroups) => cgroups.make(host.id, 1),
+                None => {
+                    if let Err(err) = wire::send_cgroup(channel.as_fd(), 0, &[]) {
+                        log::debug!("exec host {}: cannot ask it for a run: {err}", host.id);
+                    }
                 }
             }
         }
     }
 
-    /// Asks the cgroup thread for a cgroup inside each agent's whose next
-    /// queued run needs one and has none spare (or coming).
-    pub(super) fn ask_for_agent_cgroups(&mut self) {
-        let Some(cgroups) = &self.run_cgroups else {
-            return;
-        };
-        let wanted: Vec<ChargedTo> = self
-            .queues
-            .iter()
-            .chain(self.sessions.values().flat_map(|s| s.queue.iter()))
-            .filter_map(|w| w.charged_to.clone())
-            .collect();
-        for to in wanted {
-            let agent = self
-                .agent_cgroups
-                .entry(to.agent)
-                .or_insert_with(|| AgentRunCgroups {
-                    cgroup: to.cgroup.clone(),
-                    spare: Vec::new(),
-                    asked: 0,
-                });
-            if agent.cgroup != to.cgroup {
-                // The agent has restarted in a new cgroup: the old one's
-                // spares go with it.
-                for run in agent.spare.drain(..) {
-                    cgroups.remove(run);
-                }
-                agent.cgroup = to.cgroup.clone();
-                agent.asked = 0;
-            }
-            if agent.spare.is_empty() && agent.asked == 0 {
-                agent.asked += 1;
-                cgroups.make_inside(to);
-            }
+    /// A child of `key` no longer counts (its first run has ended, or it is
+    /// gone): the host is asked for another.
+    pub fn child_taken(&mut self, key: usize, cgroups: Option<&RunCgroups>) {
+        if let Some(host) = self.hosts.get_mut(key) {
+            host.requested = host.requested.saturating_sub(1);
         }
-    }
-
-    /// An agent's cgroup is going: the cgroups made inside it for its runs
-    /// go first.
-    pub(super) fn forget_agent_cgroups(&mut self, agent: u32) {
-        let Some(made) = self.agent_cgroups.remove(&agent) else {
-            return;
-        };
-        if let Some(cgroups) = &self.run_cgroups {
-            made.spare.into_iter().for_each(|run| cgroups.remove(run));
-        }
+        self.ask_for_children(key, cgroups);
     }
 
     /// Sends a cgroup made for a host's next run child (or says there is
     /// none, so the child goes without).
-    fn cgroup_for_host(&mut self, host: HostId, result: Result<RunCgroup, CgroupError>) {
-        let Some(cgroups) = &self.run_cgroups else {
-            return;
-        };
+    pub fn cgroup_made(
+        &mut self,
+        host: HostId,
+        result: Result<RunCgroup, CgroupError>,
+        cgroups: &RunCgroups,
+    ) {
         let host = self
             .hosts
             .iter_mut()
@@ -415,77 +365,95 @@ impl Exec {
             ),
         }
     }
-}
 
-impl Exec {
-    /// A child has said it is ready: it gets its first run's own kernel
-    /// connection now — and, if bash runs have come lately and too few
-    /// ready children have one, starts a shell with it for the next — then
-    /// waits for an order.
-    pub(super) fn child_ready(&mut self, child: usize, replies: &mut Vec<Reply>, now: Instant) {
+    /// A bash run came.
+    pub fn bash_came(&mut self, now: Instant) {
+        self.last_bash = Some(now);
+    }
+
+    /// Whether a child becoming ready should start a shell: bash runs have
+    /// come lately, and too few ready children have one.
+    pub fn wants_shell(&self, children: &Children, now: Instant) -> bool {
         let shells = self
             .ready
             .iter()
-            .filter(|c| self.children.get(**c).is_some_and(|c| c.shell))
+            .filter(|c| children.has_shell(**c))
             .count();
         let bash_lately = self
             .last_bash
             .is_some_and(|at| now.saturating_duration_since(at) < SHELLS_FOR);
-        let shell = bash_lately && shells < self.ready_shells;
-        let prepared = match mio::net::UnixStream::pair() {
-            Ok((ours, theirs)) => {
-                let theirs = std::os::unix::net::UnixStream::from(theirs);
-                theirs
-                    .set_nonblocking(false)
-                    .and_then(|()| self.children[child].prepare(ours, OwnedFd::from(theirs), shell))
-            }
-            Err(err) => Err(err),
-        };
-        if let Err(err) = prepared {
-            log::warn!("exec host: cannot prepare a run child: {err}");
-            self.children[child].kill_quietly();
-            return self.drop_child(child);
-        }
-        self.ready.push_back(child);
-        self.dispatch(replies, now);
+        bash_lately && shells < self.ready_shells
     }
-}
 
-impl Exec {
-    /// Asks a host for run children until `exec.ready_runs` count: each
-    /// comes with a cgroup of its own (made first, in the background) or
-    /// none. Asking after a run has ended, not when it starts, keeps the
-    /// preparing off the run's way.
-    pub(super) fn ask_for_children(&mut self, key: usize) {
-        if self.shutting_down {
-            return;
-        }
-        let Some(host) = self.hosts.get_mut(key) else {
-            return;
-        };
-        let Some((channel, _)) = &host.channel else {
-            return;
-        };
-        while host.requested < self.setup.ready_runs {
-            host.requested += 1;
-            host.asked.push_back(Instant::now());
-            match &self.run_cgroups {
-                Some(cgroups) => cgroups.make(host.id, 1),
-                None => {
-                    if let Err(err) = wire::send_cgroup(channel.as_fd(), 0, &[]) {
-                        log::debug!("exec host {}: cannot ask it for a run: {err}", host.id);
-                    }
+    /// A child is ready for code.
+    pub fn push_ready(&mut self, child: usize) {
+        self.ready.push_back(child);
+    }
+
+    /// Whether any child may be ready.
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// Children prepared and waiting for code.
+    pub fn ready_count(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// The ready child for a request: the oldest of those with a shell
+    /// started for a bash run, of those without for anything else — or
+    /// the oldest of all.
+    pub fn take_ready(&mut self, bash: bool, children: &Children) -> Option<usize> {
+        self.ready.retain(|c| children.is_ready(*c));
+        let index = self
+            .ready
+            .iter()
+            .position(|c| children.has_shell(*c) == bash)
+            .unwrap_or(0);
+        self.ready.remove(index)
+    }
+
+    /// A child is no longer ready (it has gone).
+    pub fn forget_ready(&mut self, child: usize) {
+        self.ready.retain(|c| *c != child);
+    }
+
+    /// Every ready child, taken.
+    pub fn take_all_ready(&mut self) -> Vec<usize> {
+        self.ready.drain(..).collect()
+    }
+
+    /// Has each host's zygote import the `tools` package again.
+    pub fn reload_tools(&self) {
+        for (_, host) in &self.hosts {
+            if let Some((channel, _)) = &host.channel {
+                if let Err(err) = wire::send_reload_tools(channel.as_fd()) {
+                    log::debug!("exec host {}: cannot tell it of new tools: {err}", host.id);
                 }
             }
         }
     }
 
-    /// A child of `key` no longer counts (its first run has ended, or it is
-    /// gone): the host is asked for another.
-    pub(super) fn child_taken(&mut self, key: usize) {
-        if let Some(host) = self.hosts.get_mut(key) {
-            host.requested = host.requested.saturating_sub(1);
+    /// Whether any host has its zygote started.
+    pub fn any_up(&self) -> bool {
+        self.hosts.iter().any(|(_, host)| host.channel.is_some())
+    }
+
+    /// Stops every host: none starts again, and those running are killed.
+    pub fn stop(&mut self, sandboxes: &mut impl Sandboxes<HostId>) {
+        self.stopping = true;
+        for (_, host) in self.hosts.iter() {
+            if let Some(sandbox) = host.sandbox {
+                sandboxes.signal(sandbox, libc::SIGKILL);
+            }
         }
-        self.ask_for_children(key);
+    }
+
+    /// The cgroups sent to hosts and not yet taken, taken (shutdown).
+    pub fn take_cgroups(&mut self) -> Vec<RunCgroup> {
+        self.hosts
+            .iter_mut()
+            .flat_map(|(_, host)| host.cgroups.drain().map(|(_, c)| c))
+            .collect()
     }
 }

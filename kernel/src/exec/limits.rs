@@ -11,6 +11,7 @@ use agentos_proto::payload::Limits;
 use agentos_proto::ErrorReply;
 
 use crate::cgroup::CgroupLimits;
+use crate::config::exec::ExecConfig;
 use crate::permissions::beyond_caller;
 
 /// The CPU period of every run, in microseconds.
@@ -26,6 +27,14 @@ pub struct RunDefaults {
 }
 
 impl RunDefaults {
+    /// The defaults `exec.default_memory` and `exec.default_max_pids`.
+    pub fn of(exec: &ExecConfig) -> RunDefaults {
+        RunDefaults {
+            memory: exec.default_memory,
+            max_pids: exec.default_max_pids,
+        }
+    }
+
     /// The cgroup limits of a run that asks for nothing and whose caller
     /// has no limits below them: the limits every run cgroup is made with.
     pub fn cgroup_limits(&self) -> CgroupLimits {

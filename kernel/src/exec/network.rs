@@ -6,21 +6,20 @@
 //! not start. A session's endpoint only ever narrows, whatever a later run
 //! of it was granted; and a run's connections count in its agent's record.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 
+use agentos_egress::gateway::net_totals;
+use agentos_egress::policy::{NotWithin, Policy};
+use agentos_egress::record::{lock, Record};
+use agentos_egress::{endpoint, Gateway};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::child::{RunChild, RunEndpoint};
 use super::waiting::Waiting;
-use super::Exec;
-use crate::address::Reply;
 use crate::identity::Principal;
-use crate::network::gateway::net_totals;
-use crate::network::policy::{NotWithin, Policy};
-use crate::network::record::{lock, Record};
-use crate::network::{endpoint, Gateway};
 
 /// Why a queued run did not start: its owner's policy was narrowed while
 /// it waited, and no longer covers what the run was given.
@@ -55,31 +54,62 @@ pub fn session_policy(in_force: &Policy, granted: Policy) -> Policy {
     granted.narrowed_to(in_force)
 }
 
-impl Exec {
+/// The egress side of runs: the proxy that serves their endpoints, and
+/// owners' policies as NET `set` last replaced them, while their work
+/// lasts (queued runs are held to them when they start).
+#[derive(Debug)]
+pub struct RunNetwork {
+    gateway: Arc<Gateway>,
+    owners_now: HashMap<Principal, Policy>,
+}
+
+impl Default for RunNetwork {
+    fn default() -> Self {
+        RunNetwork {
+            gateway: Arc::new(Gateway::without_proxy()),
+            owners_now: HashMap::new(),
+        }
+    }
+}
+
+impl RunNetwork {
+    /// Runs with a network policy are served by `gateway`'s proxy
+    /// (without one, such runs are refused).
+    pub fn serve_with(&mut self, gateway: Arc<Gateway>) {
+        self.gateway = gateway;
+    }
+
     /// NET `set` replaced the policies of `owners` (an agent's, and those
-    /// of the runs under it, narrowed with it): the endpoints serving their
-    /// runs and sessions are narrowed to lie within them (the proxy closes
-    /// what they now refuse), and their queued runs are held to them when
-    /// they start.
-    pub fn policies_replaced(&mut self, owners: Vec<(Principal, Policy)>) {
-        for (_, child) in self.children.iter_mut() {
-            let Some(open) = child.endpoint.as_mut() else {
-                continue;
-            };
+    /// of the runs under it, narrowed with it): the `endpoints` serving
+    /// their runs and sessions are narrowed to lie within them (the proxy
+    /// closes what they now refuse), and their queued runs are held to
+    /// them when they start.
+    pub fn replaced<'a>(
+        &mut self,
+        owners: Vec<(Principal, Policy)>,
+        endpoints: impl Iterator<Item = &'a mut RunEndpoint>,
+    ) {
+        for open in endpoints {
             if let Some((_, now)) = owners.iter().find(|(owner, _)| *owner == open.owner) {
                 let narrowed = open.policy.clone().narrowed_to(now);
                 open.set_policy(narrowed);
             }
         }
-        self.policies_now.extend(owners);
+        self.owners_now.extend(owners);
+    }
+
+    /// `owner`'s work has ended: its policy is forgotten, as nothing of it
+    /// waits to start.
+    pub fn forget(&mut self, owner: Principal) {
+        self.owners_now.remove(&owner);
     }
 
     /// A queued request whose turn has come, with its policy as it may
     /// have it now: within its owner's, if NET `set` has replaced that
     /// since the request was admitted (a request admitted later was held to
     /// the owner's policy as it was then, which is still the one here).
-    pub(super) fn network_at_start(&self, waiting: &mut Waiting) -> Result<(), Narrowed> {
-        let Some(owner_now) = self.policies_now.get(&waiting.owner) else {
+    pub fn at_start(&self, waiting: &mut Waiting) -> Result<(), Narrowed> {
+        let Some(owner_now) = self.owners_now.get(&waiting.owner) else {
             return Ok(());
         };
         if let Some(policy) = waiting.policy.take() {
@@ -88,74 +118,56 @@ impl Exec {
         Ok(())
     }
 
-    /// Answers a queued request that cannot start because of `narrowed`;
-    /// nothing of it ran, and a session it was queued for stays as it was.
-    pub(super) fn refuse_at_start(
-        &mut self,
-        mut waiting: Waiting,
-        narrowed: Narrowed,
-        replies: &mut Vec<Reply>,
-    ) {
-        let refusal = ErrorReply::from(narrowed);
-        match waiting.run {
-            Some(number) => log::info!("exec run {number}: not started: {}", refusal.error),
-            None => log::info!("exec: a session's order not started: {}", refusal.error),
+    /// Serves `run`'s network namespace on the egress proxy under `policy`,
+    /// unless it is served already (a session's earlier run); the environment
+    /// that points the run at its endpoint.
+    pub fn open_endpoint(
+        &self,
+        run: &mut RunChild,
+        (owner, number, owner_record): EndpointOf<'_>,
+        policy: Policy,
+    ) -> io::Result<Vec<(String, String)>> {
+        match &mut run.endpoint {
+            // A session's later run: the endpoint keeps no more than it has.
+            Some(open) => {
+                let narrowed = session_policy(&open.policy, policy);
+                open.set_policy(narrowed);
+            }
+            None => {
+                let pidfd = run.pidfd.as_ref().ok_or(io::ErrorKind::NotFound)?;
+                let listener = endpoint::listen_inside(pidfd.as_fd())?;
+                let label =
+                    number.map_or_else(|| "exec session".to_owned(), |n| format!("run {n}"));
+                let endpoint = self.gateway.open(label, listener, policy.clone())?;
+                // Linked before the run's order is sent: nothing in the sandbox
+                // runs before that, so no attempt escapes the agent's record.
+                if let Some(record) = owner_record {
+                    lock(endpoint.record()).count_in(Arc::clone(record));
+                }
+                run.endpoint = Some(RunEndpoint {
+                    endpoint,
+                    owner,
+                    policy,
+                });
+            }
         }
-        if let Some(span) = waiting.span.take() {
-            self.tracer.end(span, Some(refusal.error.clone()));
+        if let Some(open) = &run.endpoint {
+            run.net_before = net_totals(open.endpoint.record());
         }
-        self.answer_waiting(waiting, &refusal, replies);
+        Ok(self.gateway.environment())
     }
 }
 
 /// Whose work a run is, its number (a run's), and the record of the agent
 /// whose work it is (which its endpoint's attempts count in too).
-pub(super) type EndpointOf<'a> = (Principal, Option<u64>, Option<&'a Arc<Mutex<Record>>>);
-
-/// Serves `run`'s network namespace on the egress proxy under `policy`,
-/// unless it is served already (a session's earlier run); the environment
-/// that points the run at its endpoint.
-pub(super) fn open_endpoint(
-    gateway: &Gateway,
-    run: &mut RunChild,
-    (owner, number, owner_record): EndpointOf<'_>,
-    policy: Policy,
-) -> io::Result<Vec<(String, String)>> {
-    match &mut run.endpoint {
-        // A session's later run: the endpoint keeps no more than it has.
-        Some(open) => {
-            let narrowed = session_policy(&open.policy, policy);
-            open.set_policy(narrowed);
-        }
-        None => {
-            let pidfd = run.pidfd.as_ref().ok_or(io::ErrorKind::NotFound)?;
-            let listener = endpoint::listen_inside(pidfd.as_fd())?;
-            let label = number.map_or_else(|| "exec session".to_owned(), |n| format!("run {n}"));
-            let endpoint = gateway.open(label, listener, policy.clone())?;
-            // Linked before the run's order is sent: nothing in the sandbox
-            // runs before that, so no attempt escapes the agent's record.
-            if let Some(record) = owner_record {
-                lock(endpoint.record()).count_in(Arc::clone(record));
-            }
-            run.endpoint = Some(RunEndpoint {
-                endpoint,
-                owner,
-                policy,
-            });
-        }
-    }
-    if let Some(open) = &run.endpoint {
-        run.net_before = net_totals(open.endpoint.record());
-    }
-    Ok(gateway.environment())
-}
+pub type EndpointOf<'a> = (Principal, Option<u64>, Option<&'a Arc<Mutex<Record>>>);
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn policy(json: &str) -> Policy {
-        Policy::from_json(&serde_json::from_str(json).unwrap()).unwrap()
+        Policy::from_proto(&serde_json::from_str(json).unwrap()).unwrap()
     }
 
     #[test]
@@ -179,7 +191,7 @@ mod tests {
         let wider = policy(r#"{"allow":["127.0.0.0/8"],"deny":["127.0.0.2"]}"#);
         let kept = still_within(granted, &wider).unwrap();
         assert_eq!(
-            kept.to_json(),
+            serde_json::to_value(kept.to_proto()).unwrap(),
             serde_json::json!({"allow": ["127.0.0.1:8080"], "deny": ["127.0.0.2"]})
         );
     }
@@ -191,13 +203,13 @@ mod tests {
         // policy before the cut does not put it back.
         let cut = policy(r#"{"allow":[]}"#);
         assert_eq!(
-            session_policy(&cut, granted.clone()).to_json(),
+            serde_json::to_value(session_policy(&cut, granted.clone()).to_proto()).unwrap(),
             serde_json::json!({"allow": [], "deny": []})
         );
         // Narrowed to one entry: the run keeps only that one.
         let one = policy(r#"{"allow":["*.example.com"],"deny":["bad.example.com"]}"#);
         assert_eq!(
-            session_policy(&one, granted.clone()).to_json(),
+            serde_json::to_value(session_policy(&one, granted.clone()).to_proto()).unwrap(),
             serde_json::json!({"allow": ["api.example.com:443"], "deny": ["bad.example.com"]})
         );
         // A narrower run narrows it further; the same policy changes nothing.

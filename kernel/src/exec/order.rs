@@ -13,14 +13,68 @@ use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{ExecReply, Truncated};
+use agentos_proto::payload::{ExecReply, ExecRequest, Truncated};
 
 use super::output::{Capture, Stream};
 use super::queues::Share;
 use super::wire::{self, OrderOp, RunEnd, MAX_END_FRAME};
+use super::zygote;
 use crate::address::ReplyTo;
+use crate::config::exec::ExecConfig;
 use crate::fd;
 use crate::identity::Principal;
+
+/// What every order is held to, as configured.
+#[derive(Clone, Copy, Debug)]
+pub struct OrderCaps {
+    /// Bytes of each output stream a reply keeps.
+    pub output_bytes: usize,
+    /// The largest file a run may be given or collect.
+    pub max_file_bytes: u64,
+    /// A run's timeout when it asks for none.
+    pub default_timeout: Duration,
+}
+
+impl OrderCaps {
+    /// The caps in `exec`.
+    pub fn new(exec: &ExecConfig) -> OrderCaps {
+        OrderCaps {
+            output_bytes: exec.output_bytes,
+            max_file_bytes: exec.max_file_bytes,
+            default_timeout: Duration::from_millis(exec.default_timeout_ms),
+        }
+    }
+
+    /// What a run may collect in all: the reply's limit, less its output
+    /// and room for its other fields, as raw bytes before base64.
+    fn max_collect_bytes(&self) -> u64 {
+        let room = (MAX_END_FRAME as u64)
+            .saturating_sub(2 * self.output_bytes as u64)
+            .saturating_sub(64 << 10);
+        room / 4 * 3
+    }
+
+    /// What `request` becomes for the run child, as `order`'s op; `keep`:
+    /// the child is kept for a session after it.
+    pub fn wire_order(&self, request: ExecRequest, order: &Order, keep: bool) -> wire::RunOrder {
+        let mut env = zygote::run_env();
+        env.extend(request.env);
+        wire::RunOrder {
+            op: order.op(),
+            code: request.code,
+            language: request.language,
+            env,
+            cwd: request.cwd,
+            files: request.files,
+            collect: request.collect,
+            max_file_bytes: self.max_file_bytes,
+            max_collect_bytes: self.max_collect_bytes(),
+            keep,
+            join: 0,
+            trace: None,
+        }
+    }
+}
 
 /// What a child is asked to do.
 #[derive(Debug)]

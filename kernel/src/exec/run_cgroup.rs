@@ -1,9 +1,8 @@
 //! A run's own cgroup as the reactor holds it, and the spare ones kept
 //! inside an agent's cgroup for its runs (so what they use adds up against
 //! the agent's limits). The thread that makes, recycles and removes them
-//! is `cgroups`.
+//! is `cgroups`; what the reactor keeps of them, `exec_cgroups`.
 
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
@@ -53,25 +52,4 @@ pub struct AgentRunCgroups {
     pub spare: Vec<RunCgroup>,
     /// Asked of the cgroup thread and not yet come.
     pub asked: usize,
-}
-
-/// Whether a request charged to an agent (`to`) has a cgroup inside the
-/// agent's ready for it (one that is not charged needs none).
-pub fn has_cgroup_for(agents: &HashMap<u32, AgentRunCgroups>, to: Option<&ChargedTo>) -> bool {
-    to.is_none_or(|to| {
-        agents
-            .get(&to.agent)
-            .is_some_and(|made| made.cgroup == to.cgroup && !made.spare.is_empty())
-    })
-}
-
-/// A spare cgroup inside the agent's, for a run charged to it.
-pub fn take_agent_cgroup(
-    agents: &mut HashMap<u32, AgentRunCgroups>,
-    to: &ChargedTo,
-) -> Option<RunCgroup> {
-    agents
-        .get_mut(&to.agent)
-        .filter(|made| made.cgroup == to.cgroup)
-        .and_then(|made| made.spare.pop())
 }

@@ -1,33 +1,67 @@
 //! Sessions: a run child kept for its owner with its interpreter state and
-//! `/workspace` ([`Session`](super::waiting::Session)), the orders queued
-//! behind each other for it — runs, snapshots and restores — and the
-//! requests that waited too long for any child.
+//! `/workspace` ([`Session`]), its snapshots ([`Snapshots`]), and the
+//! orders queued behind each other for it — runs, snapshots and restores —
+//! one going at a time; each owner's and the kernel's caps on them; an
+//! idle session's end; and the sessions the memory controller ended while
+//! they waited, until their owners are told.
 
-use std::collections::VecDeque;
-use std::time::{Instant, SystemTime};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant, SystemTime};
 
-use agentos_proto::payload::{
-    ExecReply, ExecRequest, RestoredReply, SessionInfo, SnapshotInfo, SnapshotReply,
-};
+use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo, SnapshotInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::child::{RunChild, Stage};
-use super::order::{Finished, Kill, Order};
-use super::snapshots;
-use super::waiting::{Carried, Session, SessionKey, Waiting};
-use super::{Exec, RunCaller};
-use crate::address::{Answer, Reply, ReplyTo};
+use super::order::{Finished, Order};
+use super::snapshots::{self, Snapshots};
+use super::waiting::{refuse_each, Carried, RunAsk, Session, SessionKey, Waiting};
+use crate::address::{Answer, Reply};
 use crate::clock::rfc3339;
+use crate::config::exec::ExecConfig;
 use crate::identity::Principal;
 
-impl Exec {
-    /// The owner's sessions (`op: sessions`).
-    pub fn sessions(&self, owner: Principal) -> Vec<SessionInfo> {
-        let mut mine: Vec<(&SessionKey, &Session)> = self
-            .sessions
-            .iter()
-            .filter(|((o, _), _)| *o == owner)
-            .collect();
+/// Sessions lost to the memory controller remembered for their owners.
+const MAX_LOST_SESSIONS: usize = 1024;
+
+/// Every open session, by owner and name.
+#[derive(Debug)]
+pub struct Sessions {
+    open: HashMap<SessionKey, Session>,
+    /// Their snapshots, which last as long as they do.
+    snapshots: Snapshots,
+    /// Sessions whose idle interpreter the memory controller killed, until
+    /// their owner names them again and is told (at most
+    /// [`MAX_LOST_SESSIONS`] remembered).
+    lost_to_memory: HashSet<SessionKey>,
+    /// A session unused this long is closed.
+    idle: Duration,
+    /// Sessions one owner may hold.
+    max_per_owner: usize,
+    /// Sessions all owners together may hold.
+    max_total: usize,
+}
+
+impl Sessions {
+    /// None yet, with `exec`'s caps and idle time.
+    pub fn new(exec: &ExecConfig) -> Sessions {
+        Sessions {
+            open: HashMap::new(),
+            snapshots: Snapshots::new(exec.snapshot_bytes, exec.snapshot_bytes_total),
+            lost_to_memory: HashSet::new(),
+            idle: Duration::from_secs(exec.session_idle_secs),
+            max_per_owner: exec.max_sessions,
+            max_total: exec.max_sessions_total,
+        }
+    }
+
+    /// `owner`'s sessions (`op: sessions`), oldest first; what each
+    /// child's `/workspace` holds comes from `workspace_bytes`.
+    pub fn list(
+        &self,
+        owner: Principal,
+        workspace_bytes: impl Fn(usize) -> u64,
+    ) -> Vec<SessionInfo> {
+        let mut mine: Vec<(&SessionKey, &Session)> =
+            self.open.iter().filter(|((o, _), _)| *o == owner).collect();
         mine.sort_by_key(|((_, name), session)| (session.created_at, name.clone()));
         mine.into_iter()
             .map(|((_, name), session)| SessionInfo {
@@ -35,231 +69,19 @@ impl Exec {
                 created_at: rfc3339(session.created_at),
                 last_used_at: rfc3339(session.last_used_at),
                 runs: session.runs,
-                workspace_bytes: self
-                    .children
-                    .get(session.child)
-                    .and_then(|c| c.workspace_bytes)
-                    .unwrap_or(0),
+                workspace_bytes: workspace_bytes(session.child),
             })
             .collect()
     }
 
-    /// Ends a session (`op: close`): its interpreter and /workspace go;
-    /// a run of it still going is killed. Whether there was one.
-    pub fn close(&mut self, owner: Principal, name: &str, replies: &mut Vec<Reply>) -> bool {
-        let key = (owner, name.to_owned());
-        self.snapshots.remove(&key);
-        // A session being restored waits in its restore, for a sandbox.
-        if let Some(restore) = self.take_restore_of(&key) {
-            let closed = ErrorReply::new(
-                ErrorCode::NotFound,
-                format!("session {name:?} was closed before it was restored"),
-            );
-            self.answer_waiting(restore, &closed, replies);
-            return true;
-        }
-        let Some(session) = self.sessions.remove(&key) else {
-            return false;
-        };
-        for waiting in session.queue {
-            let refusal = ErrorReply::new(
-                ErrorCode::NotFound,
-                format!("session {name:?} was closed before this run could start"),
-            );
-            replies.push((waiting.reply_to, refusal.into()));
-        }
-        if let Some(child) = self.children.get_mut(session.child) {
-            child.kill(Kill::Closed);
-            if !matches!(child.stage, Stage::Running(_)) {
-                self.drop_child(session.child);
-            }
-        }
-        true
+    /// Whether session `key` is open.
+    pub fn contains(&self, key: &SessionKey) -> bool {
+        self.open.contains_key(key)
     }
 
-    /// Answers `timeout` to requests that waited past their deadline, saying
-    /// why they waited: behind other work (their owner's share was full, or
-    /// every sandbox was busy), or for an exec host that is starting or
-    /// failing.
-    pub(super) fn expire_waiting(&mut self, replies: &mut Vec<Reply>, now: Instant) {
-        let expired = |waiting: &Waiting| waiting.deadline <= now;
-        let mut late: Vec<Waiting> = self.queues.take_where(expired);
-        for session in self.sessions.values_mut() {
-            let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
-                std::mem::take(&mut session.queue)
-                    .into_iter()
-                    .partition(expired);
-            session.queue = kept;
-            late.extend(gone);
-        }
-        let hosts_up = self.hosts.iter().any(|(_, host)| host.channel.is_some());
-        let running = self
-            .children
-            .iter()
-            .filter(|(_, child)| matches!(child.stage, Stage::Running(_)))
-            .count();
-        for mut waiting in late {
-            // A restore that never got its sandbox ends its session: what
-            // the session carried is answered, its snapshots deleted.
-            if let (Some(carried), Some(key)) = (waiting.carried.take(), &waiting.session) {
-                self.snapshots.remove(key);
-                for queued in carried.queue {
-                    let ended = ErrorReply::new(
-                        ErrorCode::NotFound,
-                        format!(
-                            "session {:?} ended: restoring it found no sandbox within its \
-                             timeout",
-                            key.1
-                        ),
-                    );
-                    replies.push((queued.reply_to, ended.clone().into()));
-                }
-            }
-            let waited = now.saturating_duration_since(waiting.queued_at).as_millis();
-            let why = if !hosts_up || running == 0 {
-                format!(
-                    "no sandbox was ready for this run within its timeout ({waited} ms); the \
-                     exec host is starting or failing (see the kernel's log)"
-                )
-            } else {
-                let caps = self.queues.caps();
-                format!(
-                    "the run waited {waited} ms, its whole timeout, queued behind other work: \
-                     {running} runs were running, {} of them yours (exec.max_running_per_owner \
-                     is {}), and {} more waited; retry, or give it a longer timeout_ms",
-                    self.queues.held_by(waiting.share),
-                    caps.per_owner,
-                    self.queues.len()
-                )
-            };
-            let reply = ExecReply {
-                timed_out: true,
-                error: Some(why),
-                code: Some(ErrorCode::Timeout),
-                ..Default::default()
-            };
-            replies.push((waiting.reply_to, reply.into()));
-        }
-    }
-
-    /// Starts the next queued run of a session whose child is free (a
-    /// run refused as it starts leaves it free for the one after).
-    pub(super) fn serve_session(
-        &mut self,
-        key: &SessionKey,
-        replies: &mut Vec<Reply>,
-        now: Instant,
-    ) {
-        loop {
-            let lending = self.lending_runs();
-            let Some(session) = self.sessions.get_mut(key) else {
-                return;
-            };
-            if session.busy
-                || !self
-                    .children
-                    .get(session.child)
-                    .is_some_and(RunChild::is_alive)
-            {
-                return;
-            }
-            // A run of it counts against its owner's share; it waits for room.
-            let Some(head) = session.queue.front() else {
-                return;
-            };
-            let lent = head.is_lent(&lending);
-            if matches!(head.order, Order::Run) && !self.queues.has_room(head.share, lent) {
-                return;
-            }
-            let Some(mut waiting) = session.queue.pop_front() else {
-                return;
-            };
-            if let Err(narrowed) = self.network_at_start(&mut waiting) {
-                self.refuse_at_start(waiting, narrowed, replies);
-                continue;
-            }
-            if matches!(waiting.order, Order::Restore { .. }) && waiting.carried.is_none() {
-                return self.begin_restore(key, waiting, replies, now);
-            }
-            let Some(session) = self.sessions.get_mut(key) else {
-                return;
-            };
-            session.busy = true;
-            session.last_used = now;
-            session.last_used_at = SystemTime::now();
-            let child = session.child;
-            return self.start(child, waiting, replies, now);
-        }
-    }
-}
-
-impl Exec {
-    /// `op: snapshot`: queued behind the session's runs; answered once the
-    /// session's child has written it.
-    pub fn snapshot(
-        &mut self,
-        caller: RunCaller,
-        session: &str,
-        name: &str,
-        reply_to: ReplyTo,
-        replies: &mut Vec<Reply>,
-    ) -> Result<(), ErrorReply> {
-        let key = (caller.principal, session.to_owned());
-        self.live_session(&key)?;
-        self.snapshots.room_for(&key, name)?;
-        let data = snapshots::memfd().map_err(|err| {
-            ErrorReply::new(
-                ErrorCode::Internal,
-                format!("cannot make room for the snapshot: {err}"),
-            )
-        })?;
-        let order = Order::Snapshot {
-            name: name.to_owned(),
-            data,
-        };
-        self.queue_for_session(key, caller, order, reply_to, replies)
-    }
-
-    /// `op: restore`: queued behind the session's runs; then the session
-    /// gets a fresh interpreter whose `/workspace` is the snapshot's.
-    pub fn restore(
-        &mut self,
-        caller: RunCaller,
-        session: &str,
-        name: &str,
-        reply_to: ReplyTo,
-        replies: &mut Vec<Reply>,
-    ) -> Result<(), ErrorReply> {
-        let key = (caller.principal, session.to_owned());
-        self.live_session(&key)?;
-        let snapshot = self.snapshots.data(&key, name).ok_or_else(|| {
-            ErrorReply::new(
-                ErrorCode::NotFound,
-                format!("session {session:?} has no snapshot named {name:?}"),
-            )
-        })?;
-        let data = snapshot.try_clone().map_err(|err| {
-            ErrorReply::new(
-                ErrorCode::Internal,
-                format!("cannot read the snapshot: {err}"),
-            )
-        })?;
-        self.queue_for_session(key, caller, Order::Restore { data }, reply_to, replies)
-    }
-
-    /// `op: snapshots`: a session's snapshots, oldest first.
-    pub fn snapshots(
-        &self,
-        owner: Principal,
-        session: &str,
-    ) -> Result<Vec<SnapshotInfo>, ErrorReply> {
-        let key = (owner, session.to_owned());
-        self.live_session(&key)?;
-        Ok(self.snapshots.list(&key))
-    }
-
-    fn live_session(&self, key: &SessionKey) -> Result<(), ErrorReply> {
-        if self.sessions.contains_key(key) {
+    /// Session `key`, if it is open; else the error that says it is not.
+    pub fn live(&self, key: &SessionKey) -> Result<(), ErrorReply> {
+        if self.open.contains_key(key) {
             return Ok(());
         }
         Err(ErrorReply::new(
@@ -268,103 +90,279 @@ impl Exec {
         ))
     }
 
-    fn queue_for_session(
-        &mut self,
-        key: SessionKey,
-        caller: RunCaller,
-        order: Order,
-        reply_to: ReplyTo,
-        replies: &mut Vec<Reply>,
+    /// Whether `request` asks of its connection what the run that opened
+    /// session `key` asked (or the run about to open it: `opening`): a
+    /// session's runs all ask the same.
+    pub fn same_grant(
+        &self,
+        key: &SessionKey,
+        opening: impl FnOnce() -> Option<RunAsk>,
+        request: &ExecRequest,
     ) -> Result<(), ErrorReply> {
-        let now = Instant::now();
-        let limits = self.run_limits(&caller, None)?;
-        self.may_wait(caller.share)?;
-        let waiting = Waiting {
-            request: ExecRequest {
-                session: Some(key.1.clone()),
-                ..ExecRequest::default()
-            },
-            reply_to,
-            owner: caller.principal,
-            share: caller.share,
-            run: None,
-            charged_to: caller.charged_to,
-            limits,
-            timeout: self.default_timeout,
-            deadline: now + self.default_timeout,
-            session: Some(key.clone()),
-            order,
-            carried: None,
-            queued_at: now,
-            policy: None,
-            net_record: None,
-            span: None,
-        };
-        if let Some(session) = self.sessions.get_mut(&key) {
-            session.queue.push_back(waiting);
+        let opened = self
+            .open
+            .get(key)
+            .map(|open| open.grant.clone())
+            .or_else(opening);
+        if opened.is_some_and(|grant| grant != RunAsk::of(request)) {
+            return Err(ErrorReply::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "EXEC field `permissions`: session {:?} was opened by a run that asked \
+                     for other permissions (or network); its runs must all ask the same \
+                     (close it to open one with others)",
+                    key.1
+                ),
+            ));
         }
-        self.serve_session(&key, replies, now);
         Ok(())
     }
 
-    /// A restore's turn has come: the session's child goes, and the
-    /// restore waits first in line for a fresh one, carrying the session.
-    pub(super) fn begin_restore(
-        &mut self,
-        key: &SessionKey,
-        mut waiting: Waiting,
-        replies: &mut Vec<Reply>,
-        now: Instant,
-    ) {
-        let Some(session) = self.sessions.remove(key) else {
-            return;
-        };
-        if let Some(child) = self.children.get(session.child) {
-            child.kill_quietly();
+    /// Whether `owner` may open one more session: sessions open, and those
+    /// waiting runs will open (`to_open`), count against its cap and the
+    /// kernel's.
+    pub fn may_open<'a>(
+        &'a self,
+        owner: Principal,
+        to_open: impl Iterator<Item = &'a SessionKey>,
+    ) -> Result<(), ErrorReply> {
+        let mut keys: HashSet<&SessionKey> = self.open.keys().collect();
+        keys.extend(to_open);
+        let held = keys.iter().filter(|(o, _)| *o == owner).count();
+        if held >= self.max_per_owner {
+            return Err(ErrorReply::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you hold {held} sessions, the most exec.max_sessions allows; close \
+                     one ({{\"op\":\"close\"}}) first"
+                ),
+            ));
         }
-        self.drop_child(session.child);
-        waiting.carried = Some(Carried {
-            created_at: session.created_at,
-            runs: session.runs,
-            queue: session.queue,
-            grant: session.grant,
-        });
-        self.queues.push_front(waiting.share, waiting);
-        self.dispatch(replies, now);
+        if keys.len() >= self.max_total {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "the kernel holds {} sessions, the most exec.max_sessions_total allows; \
+                     retry later",
+                    keys.len()
+                ),
+            ));
+        }
+        Ok(())
     }
 
-    /// The reply to a finished order of a session's: a run's is its own,
-    /// a snapshot's or restore's says what was saved or restored.
-    pub(super) fn snapshot_reply(&mut self, key: &SessionKey, finished: Finished) -> Answer {
-        let failure = match (&finished.reply.exit_code, &finished.reply.error) {
-            (Some(0), None) => None,
-            (_, Some(error)) => Some(error.clone()),
-            (_, None) => Some("the session's interpreter ended before it was done".to_owned()),
-        };
-        match finished.order {
-            Order::Run => finished.reply.into(),
-            Order::Restore { .. } => match failure {
-                None => Answer::json(&RestoredReply {
-                    success: true,
-                    left_out: finished.left_out,
-                }),
-                Some(error) => ErrorReply::new(ErrorCode::Internal, error).into(),
-            },
-            Order::Snapshot { name, data } => {
-                let bytes = finished.snapshot_bytes.unwrap_or(0);
-                let taken = match failure {
-                    None => self.snapshots.keep(key, name, data, bytes),
-                    Some(error) => Err(ErrorReply::new(ErrorCode::Internal, error)),
-                };
-                match taken {
-                    Ok(snapshot) => Answer::json(&SnapshotReply {
-                        success: true,
-                        snapshot,
-                        left_out: finished.left_out,
-                    }),
-                    Err(err) => err.into(),
-                }
-            }
+    /// The reply to a run for session `key` if the memory controller ended
+    /// it while it waited. Told once: the run after opens a new session.
+    pub fn take_lost(&mut self, key: &SessionKey) -> Option<ExecReply> {
+        if !self.lost_to_memory.remove(key) {
+            return None;
         }
+        Some(ExecReply {
+            oom_killed: true,
+            error: Some(format!(
+                "session {:?} ended while it waited: its interpreter was killed for memory \
+                 (the run's limit, or its agent's, which its runs and sessions share); \
+                 this run did not start, and the next one opens a new session",
+                key.1
+            )),
+            code: Some(ErrorCode::NotFound),
+            session: Some(key.1.clone()),
+            ..ExecReply::default()
+        })
+    }
+
+    /// Session `key`'s idle interpreter was killed for memory: its owner is
+    /// told when it names the session again.
+    pub fn note_lost(&mut self, key: &SessionKey) {
+        if self.lost_to_memory.len() < MAX_LOST_SESSIONS {
+            log::debug!(
+                "exec session {:?}: its idle interpreter was killed for memory",
+                key.1
+            );
+            self.lost_to_memory.insert(key.clone());
+        }
+    }
+
+    /// `owner` has ended: nothing of its is to be told.
+    pub fn forget_lost_of(&mut self, owner: Principal) {
+        self.lost_to_memory.retain(|(o, _)| *o != owner);
+    }
+
+    /// The names of `owner`'s sessions.
+    pub fn names_of(&self, owner: Principal) -> Vec<String> {
+        self.open
+            .keys()
+            .filter(|(o, _)| *o == owner)
+            .map(|(_, name)| name.clone())
+            .collect()
+    }
+
+    /// The session that keeps `child`, if one does.
+    pub fn of_child(&self, child: usize) -> Option<SessionKey> {
+        self.open
+            .iter()
+            .find(|(_, session)| session.child == child)
+            .map(|(key, _)| key.clone())
+    }
+
+    /// Opens session `key`.
+    pub fn insert(&mut self, key: SessionKey, session: Session) {
+        self.open.insert(key, session);
+    }
+
+    /// Takes session `key` out, its snapshots kept: a restore carries it
+    /// to a fresh child.
+    pub fn take_for_restore(&mut self, key: &SessionKey) -> Option<Session> {
+        self.open.remove(key)
+    }
+
+    /// Ends session `key` with its snapshots: what it was, if it was open.
+    pub fn end(&mut self, key: &SessionKey) -> Option<Session> {
+        self.snapshots.remove(key);
+        self.open.remove(key)
+    }
+
+    /// Closes session `key` (`op: close`): its snapshots go, and what
+    /// waited for it is answered; its child, to be killed, if it was open.
+    pub fn close(&mut self, key: &SessionKey, replies: &mut Vec<Reply>) -> Option<usize> {
+        let session = self.end(key)?;
+        let refusal = ErrorReply::new(
+            ErrorCode::NotFound,
+            format!("session {:?} was closed before this run could start", key.1),
+        );
+        refuse_each(session.queue, &refusal, replies);
+        Some(session.child)
+    }
+
+    /// A restore carrying session `key` will not run: the session ends
+    /// with it, its snapshots go, and what waited for it is answered that
+    /// the session `ended`.
+    pub fn drop_carried(
+        &mut self,
+        key: &SessionKey,
+        carried: Carried,
+        ended: &str,
+        replies: &mut Vec<Reply>,
+    ) {
+        self.snapshots.remove(key);
+        let ended = ErrorReply::new(ErrorCode::NotFound, format!("session {:?} {ended}", key.1));
+        refuse_each(carried.queue, &ended, replies);
+    }
+
+    /// `op: snapshot` for session `key`: the order, if the session is open
+    /// and has room for a snapshot named `name`.
+    pub fn snapshot_order(&self, key: &SessionKey, name: &str) -> Result<Order, ErrorReply> {
+        self.live(key)?;
+        self.snapshots.room_for(key, name)?;
+        Ok(Order::Snapshot {
+            name: name.to_owned(),
+            data: snapshots::fresh()?,
+        })
+    }
+
+    /// `op: restore` for session `key`: the order, if the session is open
+    /// and has a snapshot named `name`.
+    pub fn restore_order(&self, key: &SessionKey, name: &str) -> Result<Order, ErrorReply> {
+        self.live(key)?;
+        let data = self.snapshots.copy_of(key, name)?;
+        Ok(Order::Restore { data })
+    }
+
+    /// `op: snapshots`: session `key`'s snapshots, oldest first.
+    pub fn snapshots(&self, key: &SessionKey) -> Result<Vec<SnapshotInfo>, ErrorReply> {
+        self.live(key)?;
+        Ok(self.snapshots.list(key))
+    }
+
+    /// The reply to a finished order of session `key`'s (a snapshot is
+    /// kept if it was taken).
+    pub fn answer(&mut self, key: &SessionKey, finished: Finished) -> Answer {
+        self.snapshots.answer(key, finished)
+    }
+
+    /// Queues `waiting` for session `key`, if it is open.
+    pub fn queue(&mut self, key: &SessionKey, waiting: Waiting) {
+        if let Some(session) = self.open.get_mut(key) {
+            session.queue.push_back(waiting);
+        }
+    }
+
+    /// Every request queued for a session.
+    pub fn queued(&self) -> impl Iterator<Item = &Waiting> {
+        self.open.values().flat_map(|s| s.queue.iter())
+    }
+
+    /// Takes the requests queued for sessions that `pick` picks.
+    pub fn take_queued(&mut self, mut pick: impl FnMut(&Waiting) -> bool) -> Vec<Waiting> {
+        let mut taken = Vec::new();
+        for session in self.open.values_mut() {
+            let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
+                std::mem::take(&mut session.queue)
+                    .into_iter()
+                    .partition(&mut pick);
+            session.queue = kept;
+            taken.extend(gone);
+        }
+        taken
+    }
+
+    /// Sessions whose child is free and which have orders queued.
+    pub fn waiting(&self) -> Vec<SessionKey> {
+        self.open
+            .iter()
+            .filter(|(_, session)| !session.busy && !session.queue.is_empty())
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
+    /// The next order queued for session `key`, taken, if the session's
+    /// child is free and `alive`, and the order has `room` to start.
+    pub fn next(
+        &mut self,
+        key: &SessionKey,
+        alive: impl Fn(usize) -> bool,
+        room: impl Fn(&Waiting) -> bool,
+    ) -> Option<Waiting> {
+        let session = self.open.get_mut(key)?;
+        if session.busy || !alive(session.child) {
+            return None;
+        }
+        if !room(session.queue.front()?) {
+            return None;
+        }
+        session.queue.pop_front()
+    }
+
+    /// An order of session `key` starts `now`: its child, which is busy
+    /// until the order ends.
+    pub fn begin(&mut self, key: &SessionKey, now: Instant) -> Option<usize> {
+        let session = self.open.get_mut(key)?;
+        session.busy = true;
+        session.last_used = now;
+        session.last_used_at = SystemTime::now();
+        Some(session.child)
+    }
+
+    /// An order of session `key` has ended `now` (it `ran_code`, or was a
+    /// snapshot or restore): when the session is closed if unused until
+    /// then.
+    pub fn order_ended(
+        &mut self,
+        key: &SessionKey,
+        ran_code: bool,
+        now: Instant,
+    ) -> Option<Instant> {
+        let session = self.open.get_mut(key)?;
+        session.busy = false;
+        session.runs += u64::from(ran_code);
+        session.last_used = now;
+        Some(now + self.idle)
+    }
+
+    /// Whether session `key` has been unused since `last_used`.
+    pub fn is_idle(&self, key: &SessionKey, last_used: Instant) -> bool {
+        self.open
+            .get(key)
+            .is_some_and(|s| !s.busy && s.last_used == last_used)
     }
 }

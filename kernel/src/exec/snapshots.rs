@@ -24,10 +24,12 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::SystemTime;
 
-use agentos_proto::payload::SnapshotInfo;
+use agentos_proto::payload::{RestoredReply, SnapshotInfo, SnapshotReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::order::{Finished, Order};
 use super::waiting::SessionKey;
+use crate::address::Answer;
 use crate::clock::rfc3339;
 
 /// Snapshots one session may keep.
@@ -122,6 +124,23 @@ impl Snapshots {
             .map(|snapshot| &snapshot.data)
     }
 
+    /// A copy of the memfd of session `key`'s snapshot named `name`, for a
+    /// restore.
+    pub fn copy_of(&self, key: &SessionKey, name: &str) -> Result<OwnedFd, ErrorReply> {
+        let snapshot = self.data(key, name).ok_or_else(|| {
+            ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("session {:?} has no snapshot named {name:?}", key.1),
+            )
+        })?;
+        snapshot.try_clone().map_err(|err| {
+            ErrorReply::new(
+                ErrorCode::Internal,
+                format!("cannot read the snapshot: {err}"),
+            )
+        })
+    }
+
     /// Session `key`'s snapshots, oldest first.
     pub fn list(&self, key: &SessionKey) -> Vec<SnapshotInfo> {
         self.kept
@@ -194,6 +213,53 @@ impl Snapshots {
         kept.push(snapshot);
         Ok(info)
     }
+
+    /// The reply to a finished order of session `key`'s: a run's is its
+    /// own, a snapshot's (kept here if it succeeded) or restore's says what
+    /// was saved or restored.
+    pub fn answer(&mut self, key: &SessionKey, finished: Finished) -> Answer {
+        let failure = match (&finished.reply.exit_code, &finished.reply.error) {
+            (Some(0), None) => None,
+            (_, Some(error)) => Some(error.clone()),
+            (_, None) => Some("the session's interpreter ended before it was done".to_owned()),
+        };
+        match finished.order {
+            Order::Run => finished.reply.into(),
+            Order::Restore { .. } => match failure {
+                None => Answer::json(&RestoredReply {
+                    success: true,
+                    left_out: finished.left_out,
+                }),
+                Some(error) => ErrorReply::new(ErrorCode::Internal, error).into(),
+            },
+            Order::Snapshot { name, data } => {
+                let bytes = finished.snapshot_bytes.unwrap_or(0);
+                let taken = match failure {
+                    None => self.keep(key, name, data, bytes),
+                    Some(error) => Err(ErrorReply::new(ErrorCode::Internal, error)),
+                };
+                match taken {
+                    Ok(snapshot) => Answer::json(&SnapshotReply {
+                        success: true,
+                        snapshot,
+                        left_out: finished.left_out,
+                    }),
+                    Err(err) => err.into(),
+                }
+            }
+        }
+    }
+}
+
+/// A memfd for a snapshot to be written into, which may be sealed; the
+/// error a client is told if none can be made.
+pub fn fresh() -> Result<OwnedFd, ErrorReply> {
+    memfd().map_err(|err| {
+        ErrorReply::new(
+            ErrorCode::Internal,
+            format!("cannot make room for the snapshot: {err}"),
+        )
+    })
 }
 
 /// A memfd for a snapshot to be written into, which may be sealed.

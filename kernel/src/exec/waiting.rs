@@ -1,24 +1,47 @@
-//! What waits for a run child: a request ([`Waiting`]), in its owner's
-//! queue or in its session's; a session ([`Session`]), a run child kept
-//! with its interpreter and `/workspace` whose queued orders go to it one
-//! at a time; and what a restore carries from a session's old child to the
-//! fresh one it gives the session ([`Carried`]).
+//! What waits for a run child: a request ([`Waiting`]) from a caller
+//! ([`RunCaller`]), in its owner's queue or in its session's; a session
+//! ([`Session`]), a run child kept with its interpreter and `/workspace`
+//! whose queued orders go to it one at a time; and what a restore carries
+//! from a session's old child to the fresh one it gives the session
+//! ([`Carried`]).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use agentos_proto::payload::{ExecRequest, Network, RunPermissions};
+use agentos_egress::policy::Policy;
+use agentos_egress::record::Record;
+use agentos_proto::payload::{ExecRequest, Language, Limits, Network, RunPermissions};
+use agentos_proto::ErrorReply;
 
 use super::order::Order;
 use super::queues::Share;
 use super::run_cgroup::ChargedTo;
-use crate::address::ReplyTo;
+use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::identity::Principal;
-use crate::network::policy::Policy;
-use crate::network::record::Record;
-use crate::telemetry::tracer::OpenSpan;
+use crate::telemetry::tracer::{OpenSpan, SpanAgent};
+
+/// Who asks for a run.
+#[derive(Clone, Debug)]
+pub struct RunCaller {
+    /// Whose work it is: the owner of the sessions it reaches.
+    pub principal: Principal,
+    /// Whose share of EXEC it counts against.
+    pub share: Share,
+    /// Its own limits, which bound the run's (an operator has none).
+    pub limits: Limits,
+    /// The agent cgroup its runs are charged under, if it is an agent's
+    /// (or an agent's run's) work.
+    pub charged_to: Option<ChargedTo>,
+    /// The network policy its run gets, if it gets one (the run's grant's).
+    pub policy: Option<Policy>,
+    /// The connection record of the agent whose work it is, if it has one:
+    /// its runs' connections count there too.
+    pub net_record: Option<Arc<Mutex<Record>>>,
+    /// The agent whose work it is, for the span.
+    pub agent: Option<SpanAgent>,
+}
 
 /// A session by its owner (an agent, an operator's uid, or a run) and name.
 pub type SessionKey = (Principal, String);
@@ -65,6 +88,74 @@ pub struct Waiting {
 }
 
 impl Waiting {
+    /// `request` from `caller`, queued `now` with these `limits` and
+    /// `timeout` (its deadline), in the session it names, if it names one.
+    pub fn new(
+        request: ExecRequest,
+        caller: RunCaller,
+        reply_to: ReplyTo,
+        limits: CgroupLimits,
+        timeout: Duration,
+        now: Instant,
+    ) -> Waiting {
+        let session = request.session.clone().map(|name| (caller.principal, name));
+        Waiting {
+            request,
+            reply_to,
+            owner: caller.principal,
+            share: caller.share,
+            run: None,
+            charged_to: caller.charged_to,
+            limits,
+            timeout,
+            deadline: now + timeout,
+            session,
+            order: Order::Run,
+            carried: None,
+            queued_at: now,
+            policy: caller.policy,
+            net_record: caller.net_record,
+            span: None,
+        }
+    }
+
+    /// `order` for session `key` (a snapshot or restore) from `caller`:
+    /// it runs no code of the caller's, so it has no network of its own.
+    pub fn for_session(
+        key: &SessionKey,
+        caller: RunCaller,
+        order: Order,
+        reply_to: ReplyTo,
+        limits: CgroupLimits,
+        timeout: Duration,
+        now: Instant,
+    ) -> Waiting {
+        let request = ExecRequest {
+            session: Some(key.1.clone()),
+            ..ExecRequest::default()
+        };
+        let caller = RunCaller {
+            policy: None,
+            net_record: None,
+            ..caller
+        };
+        Waiting {
+            order,
+            ..Waiting::new(request, caller, reply_to, limits, timeout, now)
+        }
+    }
+
+    /// Whether it counts against its owner's share while it runs: a run
+    /// does, a session's snapshot or restore does not.
+    pub fn holds_share(&self) -> bool {
+        matches!(self.order, Order::Run)
+    }
+
+    /// Whether it is a bash run (which goes to a child with a shell).
+    pub fn is_bash(&self) -> bool {
+        matches!(self.order, Order::Run) && self.request.language == Language::Bash
+    }
+
     /// Whether it may go past its owner's cap: a run's own run, while that
     /// run (which waits for it, in a place of its own) has none going.
     pub fn is_lent(&self, lending: &HashSet<u64>) -> bool {
@@ -112,6 +203,41 @@ pub struct Session {
     pub grant: RunAsk,
 }
 
+impl Session {
+    /// A session opened `now` on `child`: a new one whose first run asked
+    /// `grant`, or one a restore `carried` over.
+    pub fn open(child: usize, carried: Option<Carried>, grant: RunAsk, now: Instant) -> Session {
+        let created = SystemTime::now();
+        let carried = carried.unwrap_or_else(|| Carried {
+            created_at: created,
+            runs: 0,
+            queue: VecDeque::new(),
+            grant,
+        });
+        Session {
+            child,
+            created_at: carried.created_at,
+            last_used_at: created,
+            last_used: now,
+            runs: carried.runs,
+            queue: carried.queue,
+            grant: carried.grant,
+            busy: true,
+        }
+    }
+
+    /// Its child, and what a restore carries of it to a fresh one.
+    pub fn into_carried(self) -> (usize, Carried) {
+        let carried = Carried {
+            created_at: self.created_at,
+            runs: self.runs,
+            queue: self.queue,
+            grant: self.grant,
+        };
+        (self.child, carried)
+    }
+}
+
 /// What a session carries from its old child to the fresh one a restore
 /// gives it.
 #[derive(Debug)]
@@ -124,4 +250,15 @@ pub struct Carried {
     pub queue: VecDeque<Waiting>,
     /// What the run that opened it asked for its connection.
     pub grant: RunAsk,
+}
+
+/// Answers each of `queue` with `refusal`: none of them ran.
+pub fn refuse_each(
+    queue: impl IntoIterator<Item = Waiting>,
+    refusal: &ErrorReply,
+    replies: &mut Vec<Reply>,
+) {
+    for waiting in queue {
+        replies.push((waiting.reply_to, refusal.clone().into()));
+    }
 }

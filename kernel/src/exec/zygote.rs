@@ -10,7 +10,7 @@
 //! what an earlier one defines at its top level; functions may call any.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
 use super::wire::{self, Settings};
@@ -74,6 +74,21 @@ pub struct ExecHostSetup {
 
 /// Where runs find the `tools` package (on their `sys.path`).
 pub const TOOLS_PATH: &str = "/tools";
+
+/// Why no zygote can run on this host, if none can: its isolation needs
+/// namespaces, and `python` must exist.
+pub fn unavailable(python: &Path, namespaces: bool) -> Option<String> {
+    if !namespaces {
+        return Some(
+            "EXEC needs namespaces for its isolation, and this host gives the daemon none"
+                .to_owned(),
+        );
+    }
+    if !python.exists() {
+        return Some(format!("exec.python ({}) does not exist", python.display()));
+    }
+    None
+}
 
 /// The zygote as a sandbox workload. Its environment holds nothing but
 /// what any program needs: every run's `/proc/1/environ` shows it.

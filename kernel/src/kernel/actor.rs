@@ -10,6 +10,8 @@
 //! agents it spawned, its runs, sessions and tasks) is the run's alone, and
 //! ends when the run does.
 
+use agentos_egress::policy::Policy;
+use agentos_egress::Egress;
 use agentos_proto::payload::{ExecRequest, Limits, Permissions};
 use agentos_proto::{ErrorCode, ErrorReply};
 
@@ -19,8 +21,6 @@ use crate::agents::{AgentGrant, Agents, Viewer};
 use crate::cgroup::CgroupLimits;
 use crate::exec::Share;
 use crate::identity::Principal;
-use crate::network::policy::Policy;
-use crate::network::Egress;
 use crate::permissions::Budget;
 use crate::permissions::{beyond_caller, covered_by};
 

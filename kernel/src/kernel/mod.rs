@@ -6,14 +6,22 @@
 //! directly; replies and adopted connections go back through
 //! [`Kernel::take_output`]. Adding a subsystem means adding it here.
 //!
-//! What goes between subsystems lives in this module's files: a task's work
-//! started on EXEC or THINK and its reply handed back (`task_work.rs`), the
-//! replies routed to tasks and TOOL callers (`output.rs`), who asks with
-//! what it was given (`actor.rs`, `runs.rs`) and what ends with whom
-//! (`run_work.rs`), the `tools` package (`tool_catalog.rs`), boot agents and
-//! SIGHUP (`reload.rs`), and LOGS follows (`log_follows.rs`).
+//! The kernel holds each subsystem and each part below, and its methods
+//! are all here. A part owns its state and is told the rest: a component
+//! with narrow methods, or — where it needs several subsystems at once —
+//! functions given them, called from here. Replies on their way out, TOOL
+//! calls waiting for theirs and SPAWNs' spans (`output.rs`,
+//! `tool_calls.rs`); who asks, with what it was given (`actor.rs`,
+//! `runs.rs`); what EXEC and THINK know of a caller, and what ends with
+//! whom (`run_work.rs`); a task's work (`task_work.rs`); the `tools`
+//! package (`tool_catalog.rs`); what starting takes (`start.rs`), boot
+//! agents (`boot.rs`) and SIGHUP (`reload.rs`); the sandbox runtime's
+//! owners (`sandboxes.rs`) and the kernel's event sources (`sources.rs`);
+//! LOGS follows (`log_follows.rs`); and the metrics, gathered from what
+//! they read (`metrics.rs`, `reactor_counts.rs`).
 
 mod actor;
+mod boot;
 mod log_follows;
 mod metrics;
 mod output;
@@ -23,40 +31,46 @@ mod run_work;
 mod runs;
 mod sandboxes;
 mod sources;
+mod start;
 mod task_work;
 mod tool_calls;
 mod tool_catalog;
 
-use std::collections::HashMap;
-use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::SpawnRequest;
-use agentos_proto::Opcode;
+use agentos_egress::Gateway;
+use agentos_proto::payload::ExecRequest;
+use agentos_proto::{ErrorReply, Opcode};
 use mio::{Registry, Token, Waker};
 
 pub use actor::{Actor, Permission};
 pub use log_follows::{log_seen_by, logs_reply, FollowOwner, LogFollower, LogFollowers};
-pub use runs::{Root, RunGrant, Runs};
+pub use runs::{Root, Runs};
 pub use sandboxes::{agent_sandboxes, exec_sandboxes, SandboxOwner};
+pub use start::StartError;
 pub use tool_calls::ToolCaller;
 
 use crate::address::{Outbox, ReplyTo};
-use crate::agents::{cgroup_limits, default_limits, Agents, BadBootEntry};
+use crate::agents::{cgroup_limits, default_limits, Agents};
 use crate::config::Config;
-use crate::exec::Exec;
-use crate::llm::Llm;
-use crate::network::Gateway;
+use crate::exec::{Exec, RunCaller};
+use crate::identity::{Principal, KERNEL_OPERATOR};
+use crate::llm::{Asker, Llm};
 use crate::sandbox::runtime::machine::Machine;
 use crate::sandbox::runtime::{Runtime, RuntimeSetup};
 use crate::state_dir::StateDir;
-use crate::tasks::Tasks;
+use crate::tasks::{CancelledWork, Start, Tasks, WorkRequest};
+use crate::telemetry::metrics::{Publisher, Snapshot};
+use crate::telemetry::tracer::{SpanAgent, Tracer};
 use crate::tools::servers::Servers;
+use boot::BootAgents;
+use output::Router;
+use reactor_counts::ReactorCounts;
+use reload::Starter;
 use sandboxes::sandbox_profile;
 use sources::{Source, TokenRanges};
-use tool_calls::ToolCalls;
 use tool_catalog::ToolCatalog;
 
 /// The kernel's state, which the syscall handlers act on. Owned by the
@@ -82,55 +96,23 @@ pub struct Kernel {
     pub(crate) log_followers: LogFollowers,
     /// What is ready for the reactor.
     pub(crate) outbox: Outbox,
-    /// TOOL calls waiting for their replies.
-    tool_calls: ToolCalls,
+    /// TOOL calls waiting for their replies, and SPAWNs' spans.
+    router: Router,
     /// The `tools` package EXEC runs import.
     catalog: ToolCatalog,
     /// Boot agents a reload changed, waiting for their old selves to end.
-    boot_pending: Vec<SpawnRequest>,
+    boot: BootAgents,
     /// What a reload needs to start subsystems anew.
-    registry: Registry,
-    waker: Arc<Waker>,
+    starter: Starter,
     tokens: TokenRanges,
     /// The egress proxy, as agents and EXEC share it.
     pub(crate) gateway: Arc<Gateway>,
     /// What the kernel counts, published for readers of its metrics.
-    pub(crate) metrics: crate::telemetry::metrics::Publisher,
+    pub(crate) metrics: Publisher,
     /// What the reactor counts, for the metrics.
-    pub(crate) reactor_counts: reactor_counts::ReactorCounts,
-    /// SPAWNs' spans, until their replies go out.
-    spawn_spans: HashMap<ReplyTo, crate::telemetry::tracer::OpenSpan>,
+    pub(crate) reactor_counts: ReactorCounts,
     /// Where spans go, if `[tracing]` is on.
-    pub(crate) tracer: Arc<crate::telemetry::tracer::Tracer>,
-}
-
-/// The tracer `[tracing]` asks for: its exporter's thread started, or
-/// none.
-fn start_tracer(
-    tracing: &crate::config::tracing::TracingConfig,
-) -> io::Result<crate::telemetry::tracer::Tracer> {
-    use crate::telemetry::{exporter::Exporter, tracer::Tracer};
-    Ok(match &tracing.otlp_endpoint {
-        Some(endpoint) => Tracer::new(
-            Exporter::start(endpoint, &tracing.service_name, tracing.queue)?,
-            tracing.record_content,
-        ),
-        None => Tracer::default(),
-    })
-}
-
-/// Why the kernel could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// A `[[agents.boot]]` entry is wrong.
-    #[error(transparent)]
-    BootAgent(#[from] BadBootEntry),
-    /// The task store cannot be opened.
-    #[error("the task store: {0}")]
-    TaskStore(#[from] crate::tasks::store::StoreError),
-    /// A subsystem or the state directory cannot be set up.
-    #[error(transparent)]
-    Io(#[from] io::Error),
+    pub(crate) tracer: Arc<Tracer>,
 }
 
 impl Kernel {
@@ -153,9 +135,8 @@ impl Kernel {
         let namespaces = machine.has_namespaces();
         let state = StateDir::fresh(socket)?;
         let gateway = Arc::new(sandboxes::start_gateway(&config, namespaces, &state)?);
-        let tracer = Arc::new(start_tracer(&config.tracing)?);
+        let tracer = Arc::new(start::tracer(&config.tracing)?);
         let agents = Agents::new(&config, Arc::clone(&gateway))?;
-        let log_dir = config.agents.log_dir();
         let setup = RuntimeSetup {
             profile: sandbox_profile(&config, &machine, &state, socket),
             warm_pool: config.agents.warm_pool,
@@ -164,22 +145,22 @@ impl Kernel {
             token_base: tokens.first(Source::Sandboxes),
         };
         let mut sandboxes = Runtime::new(setup, machine, registry, Arc::clone(&waker))?;
-        let mut llm = Llm::new(
-            &config.llm,
-            Arc::clone(&waker),
-            &log_dir,
-            sandboxes.confinement(),
-        );
-        llm.trace_with(Arc::clone(&tracer));
-        let mut tools = Servers::start(
-            &config.mcp,
-            sandboxes.confinement(),
-            &config.tasks.state_dir(socket),
+        let starter = Starter::new(
             registry,
             Arc::clone(&waker),
             tokens.first(Source::Tools),
+            Arc::clone(&tracer),
         )?;
-        tools.trace_with(Arc::clone(&tracer));
+        let llm = starter.start_llm(
+            &config.llm,
+            &config.agents.log_dir(),
+            sandboxes.confinement(),
+        );
+        let tools = starter.start_tools(
+            &config.mcp,
+            sandboxes.confinement(),
+            &config.tasks.state_dir(socket),
+        )?;
         let catalog = ToolCatalog::create(&state.tools);
         let mut exec = Exec::new(
             &config,
@@ -193,7 +174,7 @@ impl Kernel {
         exec.serve_policies_with(Arc::clone(&gateway));
         exec.trace_with(Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
-        let mut tasks = Tasks::open(&config.tasks, socket, Arc::clone(&waker), Instant::now())?;
+        let mut tasks = Tasks::open(&config.tasks, socket, waker, Instant::now())?;
         tasks.trace_with(Arc::clone(&tracer));
         let mut kernel = Kernel {
             config,
@@ -208,24 +189,17 @@ impl Kernel {
             tasks,
             log_followers: LogFollowers::default(),
             outbox: Outbox::default(),
-            tool_calls: ToolCalls::default(),
+            router: Router::new(Arc::clone(&tracer)),
             catalog,
-            boot_pending: Vec::new(),
-            registry: registry.try_clone()?,
-            waker,
+            boot: BootAgents::default(),
+            starter,
             tokens,
             gateway,
-            metrics: crate::telemetry::metrics::Publisher::new(Instant::now()),
-            reactor_counts: reactor_counts::ReactorCounts::default(),
-            spawn_spans: HashMap::new(),
+            metrics: Publisher::new(Instant::now()),
+            reactor_counts: ReactorCounts::default(),
             tracer,
         };
-        if let Some(listen) = &kernel.config.metrics.listen {
-            let listen = crate::telemetry::listener::Listen::parse(listen);
-            crate::telemetry::listener::serve(&listen, kernel.metrics.published.clone()).map_err(
-                |err| io::Error::new(err.kind(), format!("[metrics] listen {listen:?}: {err}")),
-            )?;
-        }
+        start::serve_metrics(&kernel.config.metrics, &kernel.metrics.published)?;
         // Tasks queued before a restart run now.
         kernel.start_tasks();
         kernel.start_boot_agents();
@@ -316,7 +290,12 @@ impl Kernel {
             now,
         );
         self.settle(now);
-        self.publish_metrics_if_due(now);
+        if self.metrics.due(now) {
+            self.agents
+                .sample_usage(&agent_sandboxes(&mut self.sandboxes));
+            let snapshot = self.metrics_snapshot();
+            self.metrics.published.publish(snapshot);
+        }
     }
 
     /// A connection closed: work queued only for it is dropped.
@@ -327,7 +306,7 @@ impl Kernel {
         self.tools.connection_closed(serial);
         self.tasks.connection_closed(serial);
         self.log_followers.connection_closed(serial);
-        self.tool_calls.connection_closed(serial);
+        self.router.connection_closed(serial);
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).
@@ -370,36 +349,311 @@ impl Kernel {
         self.state.remove();
     }
 
-    /// Hands the sandbox runtime's events to their owners, until none is
-    /// left (handling one may cause another).
+    /// Brings the `tools` package up to date, starts the boot agents whose
+    /// old selves have ended, and hands the sandbox runtime's events to
+    /// their owners.
     fn settle(&mut self, now: Instant) {
         if self.catalog.is_stale(&self.tools) {
             self.catalog.write(&self.tools, now);
         }
-        self.start_replaced_boot_agents();
+        self.boot
+            .start_replaced(&mut self.agents, &mut agent_sandboxes(&mut self.sandboxes));
+        sandboxes::hand_out_events(
+            &mut self.sandboxes,
+            &mut self.agents,
+            &mut self.exec,
+            &mut self.outbox.replies,
+            now,
+        );
+    }
+
+    /// What is ready for the reactor, if anything: replies to connections'
+    /// requests, connections to adopt, and runs whose connections close.
+    /// Replies addressed to tasks and TOOL calls stay with the kernel.
+    /// (Called after every event: the common answer, nothing, costs a few
+    /// length checks.)
+    pub fn take_output(&mut self) -> Option<Outbox> {
+        if self.outbox.is_empty() && !self.exec.has_adopted() && !self.agents.has_ended() {
+            return None;
+        }
         loop {
-            let events = self.sandboxes.take_events();
-            if events.is_empty() {
-                return;
+            // The work of agents that have ended or are stopping ends too.
+            for id in self.agents.take_ended() {
+                run_work::end_agent_work(
+                    id,
+                    &mut self.exec,
+                    &mut self.tasks,
+                    &mut self.llm,
+                    &mut self.outbox.replies,
+                );
             }
-            for event in events {
-                match *event.owner() {
-                    SandboxOwner::Agent(incarnation) => {
-                        let event = event.map(|_| incarnation);
-                        self.agents.on_sandbox(
-                            &mut agent_sandboxes(&mut self.sandboxes),
-                            &mut self.outbox.replies,
-                            event,
-                            now,
-                        );
-                    }
-                    SandboxOwner::ExecHost(id) => {
-                        let event = event.map(|_| id);
-                        self.exec
-                            .on_sandbox(&mut exec_sandboxes(&mut self.sandboxes), event, now);
-                    }
+            // A run whose reply is here is over, and so is what it started
+            // (which may add replies of its own).
+            let ended = self.runs.answered_by(&self.outbox.replies);
+            for number in &ended {
+                self.end_run(*number);
+            }
+            self.outbox.runs_over.extend(&ended);
+            if !output::any_for_the_kernel(&self.outbox.replies) {
+                if ended.is_empty() && !self.agents.has_ended() {
+                    break;
+                }
+                continue;
+            }
+            // Replies to tasks finish them, which answers their waiters and
+            // starts the next ones, which may be answered at once.
+            let routed = self.router.route(&mut self.outbox.replies);
+            for (run, bytes) in routed.delivered_to_runs {
+                self.exec.tool_delivered(run, bytes);
+            }
+            // Only a task that finished makes room for a queued one.
+            let made_room = !routed.tasks.is_empty();
+            for (number, answer) in routed.tasks {
+                let next = self
+                    .tasks
+                    .on_reply(number, answer, &mut self.outbox.replies);
+                if let Some(next) = next {
+                    self.start_task_work(next);
                 }
             }
+            self.close_ended_task_sessions();
+            if made_room {
+                self.start_tasks();
+            }
         }
+        let mut outbox = std::mem::take(&mut self.outbox);
+        outbox.adopted.extend(self.exec.take_adopted());
+        self.router.sent(&outbox.replies);
+        Some(outbox)
+    }
+
+    /// Opens SPAWN's `create_agent {name}` span, ended when its reply
+    /// goes out (the agent started, or failed to).
+    pub fn open_spawn_span(&mut self, reply_to: ReplyTo, agent: SpanAgent) {
+        self.router.open_spawn_span(reply_to, agent);
+    }
+
+    /// The address a TOOL call answered later gives its server (or the
+    /// subsystem that answers it): the reply comes back here to go on to
+    /// `caller`.
+    pub fn tool_call(&mut self, caller: ToolCaller) -> ReplyTo {
+        self.router.tool_call(caller)
+    }
+
+    /// A TOOL call that was refused before it went anywhere.
+    pub fn tool_call_refused(&mut self, via: ReplyTo) {
+        self.router.tool_call_refused(via);
+    }
+
+    /// Starts an EXEC run for `principal`, answered at `reply_to`. The run
+    /// is a principal of its own: what `request` asks for it, within what
+    /// `principal` has, recorded under its number, which its own kernel
+    /// connection speaks for.
+    pub fn start_run(
+        &mut self,
+        request: ExecRequest,
+        principal: Principal,
+        reply_to: ReplyTo,
+    ) -> Result<(), ErrorReply> {
+        let actor = task_work::owner(principal, &self.agents, &self.runs)?;
+        actor.require(Permission::Exec)?;
+        let mut caller = self.run_caller(&actor);
+        let limits = self.exec.run_limits(&caller, request.limits.as_ref())?;
+        let tokens_left = self.llm.tokens_left(actor.budgets());
+        let grant = actor.grant_run(
+            &request,
+            &limits,
+            tokens_left,
+            self.gateway.default_policy(),
+            reply_to,
+            self.runs.next_number(),
+        )?;
+        caller.policy = grant.network.policy().cloned();
+        run_work::check_policy_served(&caller, &self.gateway)?;
+        let number = self.runs.admit(grant);
+        self.exec
+            .run(request, caller, number, reply_to, &mut self.outbox.replies)
+            .inspect_err(|_| self.runs.refused(number))
+    }
+
+    /// What EXEC needs to know of whoever asks for a run (see
+    /// [`run_work::run_caller`]).
+    pub fn run_caller(&self, actor: &Actor<'_>) -> RunCaller {
+        let agent = self.span_agent(actor);
+        run_work::run_caller(actor, &self.agents, &self.sandboxes, agent)
+    }
+
+    /// The agent whose work `actor`'s request is (its own, or its run's),
+    /// as spans name it; `None` with tracing off.
+    pub fn span_agent(&self, actor: &Actor<'_>) -> Option<SpanAgent> {
+        if !self.tracer.is_on() {
+            return None;
+        }
+        run_work::span_agent(actor, &self.agents)
+    }
+
+    /// Who is asking THINK, as the fair queue and the token budgets know
+    /// it (see [`run_work::asker`]); `flow` is the asking connection.
+    pub fn asker(&self, actor: &Actor<'_>, flow: u32) -> Result<Asker, ErrorReply> {
+        let agent = self.span_agent(actor);
+        run_work::asker(actor, flow, &self.agents, &self.llm, agent)
+    }
+
+    /// Run `number` is over (its reply has gone): the agents it spawned are
+    /// stopped, and its own runs and sessions end.
+    fn end_run(&mut self, number: u64) {
+        run_work::end_run(
+            number,
+            &mut self.agents,
+            &mut self.sandboxes,
+            &mut self.exec,
+            &mut self.tasks,
+            &mut self.llm,
+            &mut self.outbox.replies,
+        );
+    }
+
+    /// Starts the queued tasks whose owners have room.
+    pub fn start_tasks(&mut self) {
+        // Work that cannot start fails its task at once, which frees its
+        // owner's place: look again until nothing more starts.
+        loop {
+            let starts = task_work::startable(
+                &mut self.tasks,
+                &self.tools,
+                &self.agents,
+                &self.runs,
+                self.llm.context_tokens(),
+            );
+            if starts.is_empty() {
+                return;
+            }
+            for start in starts {
+                self.start_task_work(start);
+            }
+        }
+    }
+
+    /// Starts a piece of a task's work — an EXEC run or a THINK, as its
+    /// owner — whose reply comes back to the task. Work that cannot start
+    /// fails the task with the reason.
+    fn start_task_work(&mut self, start: Start) {
+        let reply_to = ReplyTo::Task(start.number);
+        let (principal, trace) = (start.owner, start.trace);
+        let started = start.work.and_then(|work| match work {
+            WorkRequest::Exec(mut run) => {
+                run.trace = run.trace.or(trace);
+                self.start_run(run, principal, reply_to)
+            }
+            WorkRequest::Think(mut think) => {
+                think.trace = think.trace.or(trace);
+                let actor = task_work::owner(principal, &self.agents, &self.runs)?;
+                let asker = self.asker(&actor, KERNEL_OPERATOR.id())?;
+                self.llm
+                    .think(&asker, reply_to, think, &mut self.outbox.replies)
+            }
+        });
+        if let Err(err) = started {
+            self.tasks
+                .failed_to_start(start.number, err, &mut self.outbox.replies);
+        }
+    }
+
+    /// The EXEC sessions of prompt loops that have ended go.
+    pub fn close_ended_task_sessions(&mut self) {
+        task_work::close_ended_sessions(&mut self.tasks, &mut self.exec, &mut self.outbox.replies);
+    }
+
+    /// Running tasks' progress: what their runs have printed so far
+    /// (`save`: and into the store).
+    fn refresh_task_progress(&mut self, save: bool) {
+        for number in self.tasks.running() {
+            self.refresh_progress_of(number, save);
+        }
+    }
+
+    /// The same, for the task whose work runs under `number`.
+    pub fn refresh_progress_of(&mut self, number: u64, save: bool) {
+        task_work::refresh_progress(number, save, &mut self.tasks, &self.exec);
+    }
+
+    /// Stops a cancelled task's work: its EXEC run is killed, its THINK
+    /// withdrawn from the queue.
+    pub fn stop_task(&mut self, stop: CancelledWork) {
+        task_work::stop(
+            stop,
+            &mut self.exec,
+            &mut self.llm,
+            &mut self.outbox.replies,
+        );
+    }
+
+    /// Starts the configured boot agents; one that fails to start is
+    /// logged and the others go on.
+    pub fn start_boot_agents(&mut self) {
+        BootAgents::start(
+            &self.config.agents.boot,
+            &mut self.agents,
+            &mut agent_sandboxes(&mut self.sandboxes),
+        );
+    }
+
+    /// SIGHUP: applies `new` where that is safe and logs every difference.
+    pub fn reload(&mut self, new: Config) {
+        let old = self.config.clone();
+        let log_dir = old.agents.log_dir();
+        let mut applied = Vec::new();
+        if old.llm != new.llm {
+            let confinement = self.sandboxes.confinement();
+            self.starter
+                .reload_llm(&mut self.llm, &old.llm, &new.llm, &log_dir, confinement);
+            applied.push("llm");
+        }
+        let mut mcp = old.mcp.clone();
+        if old.mcp != new.mcp
+            && self.starter.reload_tools(
+                &mut self.tools,
+                &old.mcp,
+                &new.mcp,
+                self.sandboxes.confinement(),
+                &mut self.outbox.replies,
+            )
+        {
+            // The `tools` package is written again for the new servers.
+            self.catalog.forget();
+            mcp = new.mcp.clone();
+            applied.push("mcp");
+        }
+        // Always: declared boot agents that are not running start again
+        // even when no entry changed.
+        self.boot.reload(
+            &old.agents.boot,
+            &new.agents.boot,
+            &mut self.agents,
+            &mut agent_sandboxes(&mut self.sandboxes),
+            &mut self.outbox.replies,
+        );
+        if old.agents.boot != new.agents.boot {
+            applied.push("agents.boot");
+        }
+        reload::log_reloaded(&applied, &reload::sections_needing_restart(&old, &new));
+        // Only what was applied changes the configuration in force, so a
+        // later reload compares against what actually runs.
+        self.config.llm = new.llm;
+        self.config.mcp = mcp;
+        self.config.agents.boot = new.agents.boot;
+    }
+
+    /// What every subsystem counts now.
+    pub fn metrics_snapshot(&self) -> Snapshot {
+        metrics::snapshot(
+            &self.agents,
+            &self.llm,
+            &self.exec,
+            &self.tasks,
+            &self.tools,
+            &self.reactor_counts,
+            &self.tracer,
+        )
     }
 }

@@ -1,102 +1,46 @@
-//! What the kernel hands the reactor after an event, and the routing on
-//! the way: replies addressed to tasks finish them (which may start the
-//! next), replies to TOOL calls go on to their callers as TOOL replies,
-//! counted against the EXEC run that made them, and the end of a run or an
-//! agent ends what it started.
+//! Replies on their way out of the kernel, and what it keeps of them
+//! meanwhile: replies addressed to TOOL calls go on to their callers as
+//! TOOL replies, replies addressed to tasks are taken aside for the tasks
+//! they finish, and a SPAWN's span ends when its reply goes out.
 
-use super::tool_calls::ToolCaller;
-use super::Kernel;
-use crate::address::{Answer, Outbox, Reply, ReplyTo};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::tool_calls::{ToolCaller, ToolCalls};
+use crate::address::{Answer, Reply, ReplyTo};
 use crate::telemetry::otlp::SpanKind;
-use crate::telemetry::tracer::SpanAgent;
+use crate::telemetry::tracer::{OpenSpan, SpanAgent, Tracer};
 use crate::tools::builtin;
 
-impl Kernel {
-    /// What is ready for the reactor, if anything: replies to connections'
-    /// requests, connections to adopt, and runs whose connections close.
-    /// Replies addressed to tasks and TOOL calls stay with the kernel.
-    /// (Called after every event: the common answer, nothing, costs a few
-    /// length checks.)
-    pub fn take_output(&mut self) -> Option<Outbox> {
-        if self.outbox.is_empty() && !self.exec.has_adopted() && !self.agents.has_ended() {
-            return None;
-        }
-        loop {
-            // The work of agents that have ended or are stopping ends too.
-            for id in self.agents.take_ended() {
-                self.end_agent_work(id);
-            }
-            // A run whose reply is here is over, and so is what it started
-            // (which may add replies of its own).
-            let ended = self.runs_answered();
-            for number in &ended {
-                self.end_run(*number);
-            }
-            self.outbox.runs_over.extend(&ended);
-            let for_kernel = self
-                .outbox
-                .replies
-                .iter()
-                .any(|(to, _)| !matches!(to, ReplyTo::Request { .. }));
-            if !for_kernel {
-                if ended.is_empty() && !self.agents.has_ended() {
-                    break;
-                }
-                continue;
-            }
-            // Replies to tasks finish them, which answers their waiters and
-            // starts the next ones, which may be answered at once.
-            let mut replies = std::mem::take(&mut self.outbox.replies);
-            self.answer_tool_calls(&mut replies);
-            let finished = keep_task_replies(&mut replies);
-            self.outbox.replies.extend(replies);
-            // Only a task that finished makes room for a queued one.
-            let made_room = !finished.is_empty();
-            for (number, answer) in finished {
-                let next = self
-                    .tasks
-                    .on_reply(number, answer, &mut self.outbox.replies);
-                if let Some(next) = next {
-                    self.start_task_work(next);
-                }
-            }
-            self.close_ended_task_sessions();
-            if made_room {
-                self.start_tasks();
-            }
-        }
-        let mut outbox = std::mem::take(&mut self.outbox);
-        outbox.adopted.extend(self.exec.take_adopted());
-        if !self.spawn_spans.is_empty() {
-            self.end_spawn_spans(&outbox.replies);
-        }
-        Some(outbox)
-    }
+/// What the router keeps between a request and its reply: the TOOL calls
+/// waiting for their answers, and SPAWNs' spans.
+#[derive(Debug)]
+pub struct Router {
+    /// TOOL calls waiting for their replies.
+    tool_calls: ToolCalls,
+    /// SPAWNs' spans, until their replies go out.
+    spawn_spans: HashMap<ReplyTo, OpenSpan>,
+    /// Where spans go, if `[tracing]` is on.
+    tracer: Arc<Tracer>,
+}
 
-    /// Opens SPAWN's `create_agent {name}` span, ended when its reply
-    /// goes out (the agent started, or failed to).
-    pub fn open_spawn_span(&mut self, reply_to: ReplyTo, agent: SpanAgent) {
-        let name = format!("create_agent {}", agent.name);
-        if let Some(mut span) = self.tracer.open(name, SpanKind::Internal, None) {
-            span.text("gen_ai.operation.name", "create_agent");
-            span.agent(Some(&agent));
-            self.spawn_spans.insert(reply_to, span);
-        }
-    }
+/// What routing took out of the replies for the kernel.
+#[derive(Debug, Default, PartialEq)]
+pub struct Routed {
+    /// Replies addressed to tasks, in order: each finishes its work.
+    pub tasks: Vec<(u64, Answer)>,
+    /// For each TOOL reply that goes on to a call an EXEC run made: the
+    /// run, and the reply's size.
+    pub delivered_to_runs: Vec<(u64, usize)>,
+}
 
-    fn end_spawn_spans(&mut self, replies: &[Reply]) {
-        for (to, answer) in replies {
-            let Some(mut span) = self.spawn_spans.remove(to) else {
-                continue;
-            };
-            let error = match answer {
-                Answer::Error(refusal) => {
-                    span.text("error.type", refusal.code.as_str());
-                    Some(refusal.error.clone())
-                }
-                _ => None,
-            };
-            self.tracer.end(span, error);
+impl Router {
+    /// A router whose spans go to `tracer`.
+    pub fn new(tracer: Arc<Tracer>) -> Router {
+        Router {
+            tool_calls: ToolCalls::default(),
+            spawn_spans: HashMap::new(),
+            tracer,
         }
     }
 
@@ -112,23 +56,23 @@ impl Kernel {
         self.tool_calls.refused(via);
     }
 
-    /// The runs whose replies are in the outbox: each is over.
-    fn runs_answered(&mut self) -> Vec<u64> {
-        if self.runs.is_empty() {
-            return Vec::new();
+    /// Opens SPAWN's `create_agent {name}` span, ended when its reply
+    /// goes out (the agent started, or failed to).
+    pub fn open_spawn_span(&mut self, reply_to: ReplyTo, agent: SpanAgent) {
+        let name = format!("create_agent {}", agent.name);
+        if let Some(mut span) = self.tracer.open(name, SpanKind::Internal, None) {
+            span.text("gen_ai.operation.name", "create_agent");
+            span.agent(Some(&agent));
+            self.spawn_spans.insert(reply_to, span);
         }
-        let runs = &mut self.runs;
-        self.outbox
-            .replies
-            .iter()
-            .filter_map(|(to, _)| runs.answered(to).map(|(number, _)| number))
-            .collect()
     }
 
-    /// Replies to TOOL calls, readdressed to their callers as TOOL replies
-    /// (THINK's answer to `llm.think` made one) and counted against the
-    /// EXEC run that made the call. One whose caller has gone is dropped.
-    fn answer_tool_calls(&mut self, replies: &mut Vec<Reply>) {
+    /// Routes `replies` in place: replies to TOOL calls are readdressed to
+    /// their callers as TOOL replies (THINK's answer to `llm.think` made
+    /// one; one whose caller has gone is dropped), and replies to tasks
+    /// are taken out. What is left goes to connections, in its order.
+    pub fn route(&mut self, replies: &mut Vec<Reply>) -> Routed {
+        let mut routed = Routed::default();
         replies.retain_mut(|(to, answer)| {
             if !matches!(to, ReplyTo::Tool { .. }) {
                 return true;
@@ -140,15 +84,50 @@ impl Kernel {
             *answer = builtin::as_tool_reply(reply);
             *to = caller.reply_to;
             if let Some(run) = caller.run {
-                self.exec.tool_delivered(run, answer.json_len());
+                routed.delivered_to_runs.push((run, answer.json_len()));
             }
             true
         });
+        routed.tasks = take_task_replies(replies);
+        routed
+    }
+
+    /// `replies` go out now: the spans of the SPAWNs they answer end.
+    pub fn sent(&mut self, replies: &[Reply]) {
+        if self.spawn_spans.is_empty() {
+            return;
+        }
+        for (to, answer) in replies {
+            let Some(mut span) = self.spawn_spans.remove(to) else {
+                continue;
+            };
+            let error = match answer {
+                Answer::Error(refusal) => {
+                    span.text("error.type", refusal.code.as_str());
+                    Some(refusal.error.clone())
+                }
+                _ => None,
+            };
+            self.tracer.end(span, error);
+        }
+    }
+
+    /// Forgets the TOOL calls of a connection that closed.
+    pub fn connection_closed(&mut self, serial: u64) {
+        self.tool_calls.connection_closed(serial);
     }
 }
 
+/// Whether any of `replies` is addressed to the kernel itself (a task or
+/// a TOOL call) rather than to a connection's request.
+pub fn any_for_the_kernel(replies: &[Reply]) -> bool {
+    replies
+        .iter()
+        .any(|(to, _)| !matches!(to, ReplyTo::Request { .. }))
+}
+
 /// Takes the replies addressed to tasks out of `replies`, in order.
-fn keep_task_replies(replies: &mut Vec<Reply>) -> Vec<(u64, Answer)> {
+fn take_task_replies(replies: &mut Vec<Reply>) -> Vec<(u64, Answer)> {
     let mut tasks = Vec::new();
     let mut rest = Vec::with_capacity(replies.len());
     for (to, answer) in replies.drain(..) {
@@ -166,27 +145,60 @@ mod tests {
     use super::*;
     use crate::address::ConnKey;
 
-    #[test]
-    fn replies_to_tasks_stay_with_the_kernel_and_the_rest_keep_their_order() {
-        let request = |seq| ReplyTo::Request {
+    fn request(seq: u64) -> ReplyTo {
+        ReplyTo::Request {
             conn: ConnKey {
                 index: 0,
                 serial: 7,
             },
             seq,
-        };
-        let json = |text: &[u8]| Answer::Json(text.to_vec());
+        }
+    }
+
+    fn json(text: &[u8]) -> Answer {
+        Answer::Json(text.to_vec())
+    }
+
+    #[test]
+    fn replies_to_tasks_stay_with_the_kernel_and_the_rest_keep_their_order() {
         let mut replies = vec![
             (request(1), json(b"a")),
             (ReplyTo::Task(3), json(b"b")),
             (request(2), json(b"c")),
             (ReplyTo::Task(3), json(b"d")),
         ];
-        let tasks = keep_task_replies(&mut replies);
+        let tasks = take_task_replies(&mut replies);
         assert_eq!(
             replies,
             vec![(request(1), json(b"a")), (request(2), json(b"c"))]
         );
         assert_eq!(tasks, vec![(3, json(b"b")), (3, json(b"d"))]);
+    }
+
+    #[test]
+    fn a_tool_reply_goes_on_to_its_caller_once_and_counts_against_its_run() {
+        let mut router = Router::new(Arc::new(Tracer::default()));
+        let via = router.tool_call(ToolCaller {
+            reply_to: request(4),
+            run: Some(9),
+        });
+        let gone = router.tool_call(ToolCaller {
+            reply_to: request(5),
+            run: None,
+        });
+        router.tool_call_refused(gone);
+        let mut replies = vec![
+            (via, json(b"{}")),
+            (gone, json(b"{}")),
+            (ReplyTo::Task(2), json(b"t")),
+        ];
+        assert!(any_for_the_kernel(&replies));
+        let routed = router.route(&mut replies);
+        assert_eq!(replies.len(), 1, "{replies:?}");
+        assert_eq!(replies[0].0, request(4));
+        assert_eq!(routed.tasks, vec![(2, json(b"t"))]);
+        assert_eq!(routed.delivered_to_runs.len(), 1);
+        assert_eq!(routed.delivered_to_runs[0].0, 9);
+        assert!(!any_for_the_kernel(&replies));
     }
 }

@@ -4,13 +4,13 @@
 
 use std::collections::HashMap;
 
+use agentos_egress::policy::Policy;
+use agentos_egress::Egress;
 use agentos_proto::payload::{Limits, Permissions, PrincipalInfo};
 
-use crate::address::ReplyTo;
+use crate::address::{Reply, ReplyTo};
 use crate::agents::{Agents, Grant};
 use crate::identity::Principal;
-use crate::network::policy::Policy;
-use crate::network::Egress;
 use crate::permissions::Budget;
 
 /// The operator or agent at the end of a run's chain of callers (for a run
@@ -107,6 +107,17 @@ impl Runs {
         if let Some(grant) = self.grants.remove(&number) {
             self.by_reply.remove(&grant.reply_to);
         }
+    }
+
+    /// The runs whose replies are among `replies`: each is over.
+    pub fn answered_by(&mut self, replies: &[Reply]) -> Vec<u64> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        replies
+            .iter()
+            .filter_map(|(to, _)| self.answered(to).map(|(number, _)| number))
+            .collect()
     }
 
     /// The run whose reply goes to `reply_to`, if one does: that reply

@@ -1,16 +1,20 @@
 //! The one sandbox runtime, shared by the agents and EXEC: who owns each of
-//! its sandboxes, each owner's view of it, and how sandboxes are built on
-//! this host.
+//! its sandboxes, each owner's view of it, its events handed to their
+//! owners, and how sandboxes are built on this host.
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::Instant;
 
-use crate::agents::Incarnation;
+use agentos_egress::gateway::Unavailable;
+use agentos_egress::proxy::Proxy;
+use agentos_egress::Gateway;
+
+use crate::address::Reply;
+use crate::agents::{Agents, Incarnation};
 use crate::config::Config;
-use crate::exec::HostId;
-use crate::network::proxy::Proxy;
-use crate::network::Gateway;
+use crate::exec::{Exec, HostId};
 use crate::sandbox::plan::Profile;
 use crate::sandbox::runtime::machine::Machine;
 use crate::sandbox::runtime::owners::OwnersOf;
@@ -38,6 +42,35 @@ pub fn agent_sandboxes(
 /// The runtime as EXEC sees it: its hosts wrapped as owners.
 pub fn exec_sandboxes(runtime: &mut Runtime<SandboxOwner>) -> OwnersOf<'_, SandboxOwner, HostId> {
     OwnersOf::new(runtime, SandboxOwner::ExecHost)
+}
+
+/// Hands the runtime's events to the sandboxes' owners, the agents and
+/// EXEC, until none is left (handling one may cause another).
+pub fn hand_out_events(
+    runtime: &mut Runtime<SandboxOwner>,
+    agents: &mut Agents,
+    exec: &mut Exec,
+    replies: &mut Vec<Reply>,
+    now: Instant,
+) {
+    loop {
+        let events = runtime.take_events();
+        if events.is_empty() {
+            return;
+        }
+        for event in events {
+            match *event.owner() {
+                SandboxOwner::Agent(incarnation) => {
+                    let event = event.map(|_| incarnation);
+                    agents.on_sandbox(&mut agent_sandboxes(runtime), replies, event, now);
+                }
+                SandboxOwner::ExecHost(id) => {
+                    let event = event.map(|_| id);
+                    exec.on_sandbox(&mut exec_sandboxes(runtime), event, now);
+                }
+            }
+        }
+    }
 }
 
 /// How sandboxes are built on this machine.
@@ -78,14 +111,14 @@ pub fn start_gateway(config: &Config, namespaces: bool, state: &StateDir) -> io:
         .default_policy()
         .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err.to_string()))?;
     let proxy = if !namespaces {
-        Err("this host gives the daemon no namespaces, so sandboxes share its network".to_owned())
+        Err(Unavailable::NoNamespaces)
     } else if !nix::unistd::geteuid().is_root() {
-        Err("the daemon is not root, so it cannot make endpoints in sandboxes' networks".to_owned())
+        Err(Unavailable::NotRoot)
     } else {
         let settings = network
             .proxy_settings()
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err.to_string()))?;
-        Proxy::start(settings).map_err(|err| format!("the egress proxy cannot start: {err}"))
+        Proxy::start(settings).map_err(|err| Unavailable::CannotStart(err.into()))
     };
     match &proxy {
         Ok(proxy) if proxy.intercepts() => write_ca_bundle(&state.ca_bundle, proxy)?,

@@ -7,10 +7,13 @@
 
 use std::io::Read;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agentos_primitives::http_agent::{HttpAgent, Timeouts};
+use agentos_primitives::pool::{Fifo, Outbox, Pool};
+use agentos_primitives::threads::Named;
 use agentos_proto::ErrorCode;
 use mio::Waker;
 
@@ -30,7 +33,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where calls go: a fixed provider, or one that is not always there (the
 /// local model server between restarts).
-pub trait Endpoint: Send + Sync + std::fmt::Debug {
+pub trait CallTarget: Send + Sync + std::fmt::Debug {
     /// The provider to call now, or why there is none (a transient
     /// failure is retried).
     fn provider(&self) -> Result<Arc<dyn Provider>, Failure>;
@@ -48,7 +51,7 @@ pub trait Endpoint: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct Fixed(pub Arc<dyn Provider>);
 
-impl Endpoint for Fixed {
+impl CallTarget for Fixed {
     fn provider(&self) -> Result<Arc<dyn Provider>, Failure> {
         Ok(self.0.clone())
     }
@@ -96,9 +99,10 @@ pub struct RetryBudget {
 /// The call threads.
 #[derive(Debug)]
 pub struct Callers {
-    /// Dropping it ends the threads (they are detached: a call blocked on
-    /// a slow provider must not hold up shutdown).
-    jobs: Option<Sender<CallJob>>,
+    /// Dropping it ends the threads once their calls have (they are
+    /// detached: a call blocked on a slow provider must not hold up
+    /// shutdown).
+    jobs: Pool<Fifo<CallJob>>,
     done: Receiver<CallDone>,
 }
 
@@ -106,77 +110,54 @@ impl Callers {
     /// Starts `count` threads calling `endpoint`.
     pub fn start(
         count: usize,
-        endpoint: Arc<dyn Endpoint>,
+        endpoint: Arc<dyn CallTarget>,
         budget: RetryBudget,
         waker: Arc<Waker>,
     ) -> std::io::Result<Callers> {
-        let (job_tx, job_rx) = mpsc::channel::<CallJob>();
-        let (done_tx, done_rx) = mpsc::channel();
-        let jobs = Arc::new(Mutex::new(job_rx));
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            // A redirect would carry the key headers to wherever it
-            // points; providers do not redirect API calls, so a 3xx is
-            // an error, not a hop.
-            .max_redirects(0)
-            .max_idle_connections_per_host(count.max(1))
-            .timeout_connect(Some(CONNECT_TIMEOUT))
-            .user_agent(concat!("agentosd/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .into();
-        for n in 0..count {
-            let jobs = jobs.clone();
-            let done = done_tx.clone();
-            let waker = waker.clone();
-            let endpoint = endpoint.clone();
-            let agent = agent.clone();
-            std::thread::Builder::new()
-                .name(format!("llm-{n}"))
-                .spawn(move || loop {
-                    let job = {
-                        let Ok(queue) = jobs.lock() else { return };
-                        match queue.recv() {
-                            Ok(job) => job,
-                            Err(_) => return,
-                        }
-                    };
-                    let ticket = job.ticket;
-                    let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        call(&agent, endpoint.as_ref(), budget, job)
-                    }))
-                    .unwrap_or_else(|_| CallDone {
-                        ticket,
-                        result: Err(Failure::fatal(
-                            ErrorCode::Internal,
-                            "the LLM call failed inside the kernel (see its log)",
-                        )),
-                        latency: Duration::ZERO,
-                        attempts: 1,
-                        rate_limited: 0,
-                        unreachable: false,
-                    });
-                    if done.send(finished).is_err() {
-                        return;
-                    }
-                    if let Err(err) = waker.wake() {
-                        log::error!("cannot wake the reactor after an LLM call: {err}");
-                    }
-                })?;
-        }
-        Ok(Callers {
-            jobs: Some(job_tx),
-            done: done_rx,
+        let (outbox, done) = Outbox::channel(waker);
+        let agent = HttpAgent::new(Timeouts {
+            connect: Some(CONNECT_TIMEOUT),
+            // Each attempt has its own, within the request's deadline.
+            call: None,
         })
+        // A provider's error body says why it refused.
+        .statuses_as_answers()
+        .idle_connections_per_host(count.max(1))
+        .user_agent(concat!("agentosd/", env!("CARGO_PKG_VERSION")))
+        .build();
+        let jobs = Pool::start(
+            Named::new("llm"),
+            count,
+            // The kernel sends no more jobs than there are threads.
+            Fifo::unbounded(),
+            outbox,
+            move |job: CallJob, done: &Outbox<CallDone>| {
+                let ticket = job.ticket;
+                let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    call(&agent, endpoint.as_ref(), budget, job)
+                }))
+                .unwrap_or_else(|_| CallDone {
+                    ticket,
+                    result: Err(Failure::fatal(
+                        ErrorCode::Internal,
+                        "the LLM call failed inside the kernel (see its log)",
+                    )),
+                    latency: Duration::ZERO,
+                    attempts: 1,
+                    rate_limited: 0,
+                    unreachable: false,
+                });
+                done.send(finished)
+            },
+        )?;
+        Ok(Callers { jobs, done })
     }
 
     /// Hands a job to the next free thread. The kernel sends no more jobs
     /// than there are threads, so none waits. Gives the job back if the
     /// threads are gone.
     pub fn send(&self, job: CallJob) -> Result<(), CallJob> {
-        match &self.jobs {
-            Some(jobs) => jobs.send(job).map_err(|err| err.0),
-            None => Err(job),
-        }
+        self.jobs.submit(job).map_err(|refused| refused.into_job())
     }
 
     /// Calls that have finished since the last look.
@@ -186,14 +167,14 @@ impl Callers {
 
     /// Stops the threads once their current calls end; does not wait.
     pub fn stop(&mut self) {
-        self.jobs = None;
+        self.jobs.close();
     }
 }
 
 /// Makes one request, retrying as the provider and the budget allow.
 fn call(
     agent: &ureq::Agent,
-    endpoint: &dyn Endpoint,
+    endpoint: &dyn CallTarget,
     budget: RetryBudget,
     job: CallJob,
 ) -> CallDone {
@@ -270,7 +251,7 @@ fn gave_up(failure: Failure, attempts: u32, why: &str) -> Failure {
 /// One attempt: build, send, read.
 fn attempt(
     agent: &ureq::Agent,
-    endpoint: &dyn Endpoint,
+    endpoint: &dyn CallTarget,
     chat: &Chat,
     deadline: Instant,
     budget: RetryBudget,

@@ -2,107 +2,44 @@
 //! from the next request on. Queued THINKs, the use figures and the token
 //! budgets stay; calls already at the old provider finish there.
 
-use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
-use mio::Waker;
-
-use super::admission::Admission;
-use super::connection::Connection;
-use super::Llm;
 use crate::config::llm::LlmConfig;
-use crate::sandbox::confine::Confinement;
 
-impl Llm {
-    /// Takes up `config` in place of `old` (see the module doc). When only
-    /// the kernel's own limits changed, the provider stays connected (and a
-    /// loaded local model stays loaded).
-    pub fn reconfigure(
-        &mut self,
-        old: &LlmConfig,
-        config: &LlmConfig,
-        waker: Arc<Waker>,
-        log_dir: &Path,
-        confinement: Option<Confinement>,
-    ) {
-        if same_provider(old, config) {
-            log::info!(
-                "THINK: new limits; provider {} and model {} unchanged",
-                self.kind,
-                self.model
-            );
-            self.take_limits(old, config);
-            return;
-        }
-        let fresh = Connection::open(config, waker, log_dir, confinement);
-        match self.callers.take() {
-            Some(mut callers) => {
-                // Its threads end once their current calls have; their
-                // answers still arrive (see `poll`).
-                callers.stop();
-                self.retiring
-                    .push((self.provider_generation, callers, self.local.take()));
-            }
-            None => {
-                if let Some(local) = self.local.take() {
-                    local.stop();
-                }
-            }
-        }
-        self.provider_generation += 1;
-        self.kind = fresh.kind;
-        self.model = fresh.model;
-        self.counts.configured(&self.model);
-        self.unavailable = fresh.unavailable;
-        self.local = fresh.local;
-        self.callers = fresh.callers;
-        self.unreachable = None;
-        // Calls still at the old provider count against the new
-        // concurrency and per-caller cap alike: a smaller one sends
-        // nothing more until they are under it.
-        self.set_concurrency(config.concurrency);
-        self.take_limits(old, config);
-        self.retire_finished();
-    }
+/// The kernel's own limits on THINK, which a reload takes up without
+/// touching the provider: besides these, the rates and the queue's size.
+#[derive(Debug)]
+pub struct Limits {
+    /// Tokens of context a request may use, when known.
+    pub context_tokens: Option<u32>,
+    /// How long a THINK may wait for its answer.
+    pub timeout: Duration,
+    /// `max_tokens` for a request that names none.
+    pub default_max_tokens: u32,
+    /// The most `max_tokens` a request may ask for.
+    pub max_tokens_limit: u32,
+    /// Fair-queueing weights by agent name.
+    pub weights: BTreeMap<String, u32>,
+}
 
-    /// The kernel-side limits of `config`: rates (counted afresh only when
-    /// they changed, so a reload is no way around them), queue, time,
-    /// tokens, weights.
-    fn take_limits(&mut self, old: &LlmConfig, config: &LlmConfig) {
-        self.context_tokens = config.context_tokens();
-        if (old.rpm, old.tpm) != (config.rpm, config.tpm) {
-            self.admission = Admission::new(config.rpm, config.tpm, Instant::now());
+impl Limits {
+    /// The limits `config` sets.
+    pub fn of(config: &LlmConfig) -> Limits {
+        Limits {
+            context_tokens: config.context_tokens(),
+            timeout: Duration::from_millis(config.timeout_ms),
+            default_max_tokens: config.default_max_tokens,
+            max_tokens_limit: config.max_tokens_limit,
+            weights: config.weights.clone(),
         }
-        self.timeout = Duration::from_millis(config.timeout_ms);
-        self.default_max_tokens = config.default_max_tokens;
-        self.max_tokens_limit = config.max_tokens_limit;
-        self.weights = config.weights.clone();
-        self.scheduler.set_capacity(config.max_queued);
-    }
-
-    /// Lets go of each replaced provider whose calls have all finished:
-    /// its threads, and its local model server, stopped.
-    pub(super) fn retire_finished(&mut self) {
-        let in_flight = &self.in_flight;
-        self.retiring.retain(|(generation, _, local)| {
-            let busy = in_flight
-                .values()
-                .any(|call| call.generation == *generation);
-            if !busy {
-                if let Some(local) = local {
-                    local.stop();
-                }
-            }
-            busy
-        });
     }
 }
 
 /// Whether `old` and `new` differ only in the kernel's own limits, not in
 /// what it connects to or how (provider, URL, model, key, concurrency,
 /// retries, the local server).
-fn same_provider(old: &LlmConfig, new: &LlmConfig) -> bool {
+pub fn same_provider(old: &LlmConfig, new: &LlmConfig) -> bool {
     let connection = |c: &LlmConfig| LlmConfig {
         rpm: 0,
         tpm: 0,

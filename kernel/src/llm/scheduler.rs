@@ -135,11 +135,6 @@ impl<T> Scheduler<T> {
         self.queued
     }
 
-    /// Whether nothing waits.
-    pub fn is_empty(&self) -> bool {
-        self.queued == 0
-    }
-
     /// Queues a request of `flow`, which has `weight` (at least 1).
     /// Returns its ticket.
     pub fn push(&mut self, flow: FlowId, weight: u32, estimate: u64, item: T) -> Result<u64, Full> {
@@ -396,7 +391,7 @@ mod tests {
         assert_eq!(s.len(), 2);
         s.push(3, 1, 1, ()).unwrap();
         assert_eq!(drain(&mut s).len(), 3);
-        assert!(s.is_empty());
+        assert_eq!(s.len(), 0);
     }
 
     #[test]

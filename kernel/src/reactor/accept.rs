@@ -4,63 +4,148 @@
 //! at most once a second.
 
 use std::io::{self, Write};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use agentos_primitives::log_throttle::LogThrottle;
 use agentos_proto::{encode_frame, ErrorCode, ErrorReply, Opcode};
-use mio::net::UnixStream;
-use mio::{Interest, Token};
+use mio::net::{UnixListener, UnixStream};
 
-use super::connection::Connection;
-use super::{Deadline, Reactor, ACCEPT_RETRY};
-use crate::address::{Adopted, Adoptee, ConnKey};
-use crate::identity::{peer_cred, peer_groups, peer_pid_namespaces, Identity, PeerCred};
-use crate::syscall::Caller;
+use super::capacity::Capacity;
+use crate::address::{Adopted, Adoptee};
+use crate::identity::{peer_cred, peer_groups, peer_pid_namespaces, Authority, Identity, PeerCred};
+use crate::kernel::Kernel;
 
-impl Reactor {
-    pub(super) fn accept_all(&mut self) {
-        loop {
-            let Some(listener) = self.socket.listener() else {
-                return;
-            };
-            match listener.accept() {
-                Ok((stream, _)) => self.admit(stream),
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
-                Err(err)
-                    if err.kind() == io::ErrorKind::Interrupted
-                        || err.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(err) => {
-                    // With edge-triggered readiness no new event comes for
-                    // connections already waiting, so retry on a timer.
-                    if !self.accept_retry_pending {
-                        log::warn!(
-                            "cannot accept: {err} ({} connections open); retrying every {:?}",
-                            self.connections.len(),
-                            ACCEPT_RETRY
-                        );
-                        self.accept_retry_pending = true;
-                        self.timers
-                            .schedule(Instant::now() + ACCEPT_RETRY, Deadline::AcceptRetry);
-                    }
-                    return;
-                }
+/// After accept fails (out of file descriptors), try again this soon.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// The door of the kernel socket: who a peer is, whether it may come in,
+/// and how many connections are in.
+#[derive(Debug)]
+pub struct Door {
+    authority: Authority,
+    capacity: Capacity,
+    refusals: LogThrottle,
+    /// Accepting failed and a retry is scheduled.
+    retry_pending: bool,
+}
+
+/// A connection let in: its stream, its peer's credentials, and who it is.
+#[derive(Debug)]
+pub struct Entrant {
+    /// The connection.
+    pub stream: UnixStream,
+    /// Its peer's credentials.
+    pub peer: PeerCred,
+    /// Who it is.
+    pub identity: Identity,
+}
+
+/// What one accept on the kernel socket came to.
+#[derive(Debug)]
+pub enum Accept {
+    /// A connection to install.
+    In(Entrant),
+    /// A connection refused or dropped: accept the next.
+    TurnedAway,
+    /// No connection is waiting.
+    Done,
+    /// Accepting failed (out of file descriptors): with edge-triggered
+    /// readiness no new event comes for connections already waiting, so
+    /// accept again this much later.
+    RetryAfter(Duration),
+    /// Accepting failed, and a retry is already scheduled.
+    RetryPending,
+}
+
+impl Door {
+    /// A door that identifies peers with `authority` and admits within
+    /// `capacity`.
+    pub fn new(authority: Authority, capacity: Capacity) -> Door {
+        Door {
+            authority,
+            capacity,
+            // A client can trigger a refusal at will: the log must not
+            // become its megaphone.
+            refusals: LogThrottle::once_per(Duration::from_secs(1)),
+            retry_pending: false,
+        }
+    }
+
+    /// Connections in now, against the caps.
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
+    }
+
+    /// Accepts one connection waiting on `listener`, and says whether it
+    /// comes in (`kernel` knows the sandboxes and counts refusals). An
+    /// entrant counts against the caps from here on, until
+    /// [`Door::left`].
+    pub fn accept(&mut self, listener: &UnixListener, kernel: &mut Kernel) -> Accept {
+        match listener.accept() {
+            Ok((stream, _)) => match self.admit(stream, kernel) {
+                Some(entrant) => Accept::In(entrant),
+                None => Accept::TurnedAway,
+            },
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Accept::Done,
+            Err(err)
+                if err.kind() == io::ErrorKind::Interrupted
+                    || err.kind() == io::ErrorKind::ConnectionAborted =>
+            {
+                Accept::TurnedAway
+            }
+            Err(_) if self.retry_pending => Accept::RetryPending,
+            Err(err) => {
+                log::warn!(
+                    "cannot accept: {err} ({} connections open); retrying every {RETRY:?}",
+                    self.capacity.total(),
+                );
+                self.retry_pending = true;
+                Accept::RetryAfter(RETRY)
             }
         }
     }
 
+    /// The scheduled retry is due.
+    pub fn retry_due(&mut self) {
+        self.retry_pending = false;
+    }
+
+    /// A connection the kernel made or accepted itself, if it fits.
+    pub fn adopt(&mut self, adopted: Adopted, kernel: &mut Kernel) -> Option<Entrant> {
+        let Adopted { mut stream, peer } = adopted;
+        let identity = match peer {
+            Adoptee::Known(identity) => identity,
+            Adoptee::Run(run) => self.authority.run_connection(run),
+        };
+        let peer = peer_cred(&stream).ok()?;
+        self.has_room(&mut stream, &peer, identity, kernel)
+            .then_some(Entrant {
+                stream,
+                peer,
+                identity,
+            })
+    }
+
+    /// An entrant was not installed after all, or its connection closed:
+    /// its room is free again.
+    pub fn left(&mut self, identity: Identity) {
+        self.capacity.closed(identity);
+    }
+
     /// A new connection on the kernel socket: an operator, or refused.
-    fn admit(&mut self, mut stream: UnixStream) {
+    fn admit(&mut self, mut stream: UnixStream, kernel: &mut Kernel) -> Option<Entrant> {
         let peer = match peer_cred(&stream) {
             Ok(peer) => peer,
             Err(err) => {
                 log::debug!("dropping a connection whose credentials cannot be read: {err}");
-                return;
+                return None;
             }
         };
         // uid 0 in a sandbox's user namespace is the daemon's own uid out
         // here: whatever the credentials say, nothing inside a sandbox is
         // an operator. (Agents reach the kernel through their own sockets.)
         match peer_pid_namespaces(&stream, &peer) {
-            Ok(Some(chain)) if self.kernel.is_inside_a_sandbox(&chain) => {
+            Ok(Some(chain)) if kernel.is_inside_a_sandbox(&chain) => {
                 if let Some(suppressed) = self.refusals.allow(Instant::now()) {
                     log::warn!(
                         "refusing pid {}: it lives in a sandbox, and this socket serves \
@@ -68,7 +153,7 @@ impl Reactor {
                         peer.pid
                     );
                 }
-                self.kernel
+                kernel
                     .reactor_counts
                     .refused(ErrorCode::PermissionDenied.as_str());
                 refuse(
@@ -77,12 +162,12 @@ impl Reactor {
                     "this socket serves operators; an agent talks to the kernel through its \
                      own socket, $AGENTOS_SOCKET",
                 );
-                return;
+                return None;
             }
             Ok(_) => {}
             Err(err) => {
                 log::debug!("dropping a connection whose peer is gone: {err}");
-                return;
+                return None;
             }
         }
         let identity = match self
@@ -98,7 +183,7 @@ impl Reactor {
                         peer.uid
                     );
                 }
-                self.kernel
+                kernel
                     .reactor_counts
                     .refused(ErrorCode::PermissionDenied.as_str());
                 refuse(
@@ -106,33 +191,28 @@ impl Reactor {
                     ErrorCode::PermissionDenied,
                     &reason.to_string(),
                 );
-                return;
+                return None;
             }
         };
-        if self.has_room(&mut stream, &peer, identity) {
-            self.install(stream, peer, identity);
-        }
+        self.has_room(&mut stream, &peer, identity, kernel)
+            .then_some(Entrant {
+                stream,
+                peer,
+                identity,
+            })
     }
 
-    /// A connection the kernel made or accepted itself.
-    pub(super) fn admit_adopted(&mut self, adopted: Adopted) {
-        let Adopted { mut stream, peer } = adopted;
-        let identity = match peer {
-            Adoptee::Known(identity) => identity,
-            Adoptee::Run(run) => self.authority.run_connection(run),
-        };
-        let Ok(peer) = peer_cred(&stream) else {
-            return;
-        };
-        if self.has_room(&mut stream, &peer, identity) {
-            self.install(stream, peer, identity);
-        }
-    }
-
-    /// Whether another connection for `identity` fits; if not, tells the
-    /// peer `busy`.
-    fn has_room(&mut self, stream: &mut UnixStream, peer: &PeerCred, identity: Identity) -> bool {
+    /// Whether another connection for `identity` fits, counting it if it
+    /// does; if not, tells the peer `busy`.
+    fn has_room(
+        &mut self,
+        stream: &mut UnixStream,
+        peer: &PeerCred,
+        identity: Identity,
+        kernel: &mut Kernel,
+    ) -> bool {
         let Err(reason) = self.capacity.check(identity) else {
+            self.capacity.opened(identity);
             return true;
         };
         if let Some(suppressed) = self.refusals.allow(Instant::now()) {
@@ -142,43 +222,9 @@ impl Reactor {
                 peer.pid,
             );
         }
-        self.kernel.reactor_counts.refused(ErrorCode::Busy.as_str());
+        kernel.reactor_counts.refused(ErrorCode::Busy.as_str());
         refuse(stream, ErrorCode::Busy, &reason.to_string());
         false
-    }
-
-    fn install(&mut self, mut stream: UnixStream, peer: PeerCred, identity: Identity) {
-        let serial = self.next_serial;
-        self.next_serial += 1;
-        let entry = self.connections.vacant_entry();
-        let index = entry.key();
-        if let Err(err) =
-            self.poll
-                .registry()
-                .register(&mut stream, Token(index), Interest::READABLE)
-        {
-            log::error!("cannot register a new connection: {err}");
-            return;
-        }
-        log::debug!(
-            "conn {serial}: accepted pid {} uid {} gid {} as {identity:?}",
-            peer.pid,
-            peer.uid,
-            peer.gid,
-        );
-        let caller = Caller {
-            identity,
-            uid: peer.uid,
-        };
-        entry.insert(Connection::new(stream, serial, caller, peer, &self.limits));
-        if let Some(run) = caller.run() {
-            self.run_connections
-                .entry(run)
-                .or_default()
-                .push(ConnKey { index, serial });
-        }
-        self.capacity.opened(identity);
-        self.schedule_sweep(Instant::now());
     }
 }
 

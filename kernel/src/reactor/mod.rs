@@ -10,20 +10,20 @@
 mod accept;
 mod capacity;
 mod connection;
+mod connections;
 mod idle;
-mod log_throttle;
 mod replies;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agentos_primitives::timers::Timers;
 use mio::event::Event;
 use mio::{Events, Interest, Poll, Token, Waker};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
-use slab::Slab;
 
 use crate::address::{ConnKey, ReplyTo};
 use crate::config::{Config, ConfigError};
@@ -31,11 +31,11 @@ use crate::identity::Authority;
 use crate::kernel::{Kernel, StartError};
 use crate::service::ServiceManager;
 use crate::socket::KernelSocket;
-use crate::timers::Timers;
 use crate::workers::WorkerPool;
+use accept::{Accept, Door, Entrant};
 use capacity::Capacity;
 use connection::{Connection, ConnectionLimits, ReadTurn};
-use log_throttle::LogThrottle;
+use connections::Connections;
 
 const LISTENER: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
@@ -46,8 +46,6 @@ const KERNEL_TOKENS: usize = 1 << 40;
 
 /// Bytes one connection may read per turn before others are served.
 const READ_BUDGET: usize = 256 * 1024;
-/// After accept fails (out of file descriptors), try again this soon.
-const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// Per write-stall window, a backed-up client must accept this much of its
 /// pending replies (or all of them): trickling a byte at a time does not
 /// keep a connection and its buffers alive.
@@ -72,25 +70,19 @@ pub struct Reactor {
     signals: Signals,
     workers: WorkerPool<ReplyTo>,
     kernel: Kernel,
-    authority: Authority,
-    connections: Slab<Connection>,
-    /// The open connections of each EXEC run in progress (its own, and any
-    /// copy its code made of it): they close when the run ends.
-    run_connections: HashMap<u64, Vec<ConnKey>>,
-    next_serial: u64,
+    /// Who comes in, within the connection caps.
+    door: Door,
+    connections: Connections,
     /// Connections to serve without waiting for an event: their read budget
     /// ran out, or a limit that paused them was lifted.
     ready: VecDeque<ConnKey>,
     timers: Timers<Deadline>,
-    accept_retry_pending: bool,
     /// An idle sweep is scheduled.
     sweep_pending: bool,
     /// Connections closed since the last sweep (their memory is free but
     /// not yet returned).
     closed_since_sweep: usize,
-    refusals: LogThrottle,
     limits: ConnectionLimits,
-    capacity: Capacity,
     stall_timeout: Duration,
     frame_timeout: Duration,
     shutdown_grace: Duration,
@@ -156,18 +148,13 @@ impl Reactor {
             socket,
             signals,
             workers,
-            authority,
-            connections: Slab::new(),
-            run_connections: HashMap::new(),
-            next_serial: 0,
+            door: Door::new(authority, Capacity::new(&config)),
+            connections: Connections::default(),
             ready: VecDeque::new(),
             timers: Timers::default(),
-            accept_retry_pending: false,
             sweep_pending: false,
             closed_since_sweep: 0,
-            refusals: LogThrottle::default(),
             limits,
-            capacity: Capacity::new(&config),
             stall_timeout: config.write_stall_timeout(),
             frame_timeout: config.frame_timeout(),
             shutdown_grace: config.shutdown_grace(),
@@ -236,8 +223,8 @@ impl Reactor {
     fn count_turn(&mut self, woke: Instant) {
         let counts = &mut self.kernel.reactor_counts;
         counts.turn(woke.elapsed());
-        counts.connections = self.capacity.total();
-        counts.agent_connections = self.capacity.agents();
+        counts.connections = self.door.capacity().total();
+        counts.agent_connections = self.door.capacity().agents();
         counts.worker_jobs_queued = self.workers.queued();
     }
 
@@ -263,12 +250,43 @@ impl Reactor {
         // connection (a thread it left in a session) is cut off, and what
         // the connection had under way is withdrawn.
         for run in output.runs_over {
-            for key in self.run_connections.remove(&run).unwrap_or_default() {
+            for key in self.connections.of_ended_run(run) {
                 self.close(key);
             }
         }
         for adopted in output.adopted {
-            self.admit_adopted(adopted);
+            if let Some(entrant) = self.door.adopt(adopted, &mut self.kernel) {
+                self.install(entrant);
+            }
+        }
+    }
+
+    /// Accepts every connection waiting on the kernel socket.
+    fn accept_all(&mut self) {
+        loop {
+            let Some(listener) = self.socket.listener() else {
+                return;
+            };
+            match self.door.accept(listener, &mut self.kernel) {
+                Accept::In(entrant) => self.install(entrant),
+                Accept::TurnedAway => {}
+                Accept::Done | Accept::RetryPending => return,
+                Accept::RetryAfter(delay) => {
+                    let at = Instant::now() + delay;
+                    self.timers.schedule(at, Deadline::AcceptRetry);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Serves a connection the door let in.
+    fn install(&mut self, entrant: Entrant) {
+        let identity = entrant.identity;
+        let registry = self.poll.registry();
+        match self.connections.install(entrant, registry, &self.limits) {
+            Some(_) => self.schedule_sweep(Instant::now()),
+            None => self.door.left(identity),
         }
     }
 
@@ -294,18 +312,17 @@ impl Reactor {
     }
 
     fn connection(&mut self, key: ConnKey) -> Option<&mut Connection> {
-        lookup(&mut self.connections, key)
+        self.connections.get_mut(key)
     }
 
     fn on_connection_event(&mut self, index: usize, event: &Event) {
-        let Some(serial) = self.connections.get(index).map(|conn| conn.serial) else {
+        let Some(key) = self.connections.key_at(index) else {
             return;
         };
-        let key = ConnKey { index, serial };
         if event.is_write_closed() || event.is_error() {
             // The peer is gone in both directions: nobody is left to read a
             // reply, so stop now and drop its queued work.
-            log::debug!("conn {serial}: peer hung up");
+            log::debug!("conn {}: peer hung up", key.serial);
             return self.close(key);
         }
         if event.is_read_closed() {
@@ -321,7 +338,7 @@ impl Reactor {
 
     /// One read turn for a connection.
     fn read(&mut self, key: ConnKey) {
-        let Some(conn) = lookup(&mut self.connections, key) else {
+        let Some(conn) = self.connections.get_mut(key) else {
             return;
         };
         if conn.read_closed {
@@ -343,7 +360,7 @@ impl Reactor {
     /// it is finished.
     fn settle(&mut self, key: ConnKey) {
         let limits = self.limits;
-        let Some(conn) = lookup(&mut self.connections, key) else {
+        let Some(conn) = self.connections.get_mut(key) else {
             return;
         };
         if let Err(err) = conn.flush() {
@@ -390,19 +407,10 @@ impl Reactor {
     }
 
     fn close(&mut self, key: ConnKey) {
-        if self.connection(key).is_none() {
+        let Some(mut conn) = self.connections.remove(key) else {
             return;
-        }
-        let mut conn = self.connections.remove(key.index);
-        self.capacity.closed(conn.caller.identity);
-        if let Some(run) = conn.caller.run() {
-            if let Some(keys) = self.run_connections.get_mut(&run) {
-                keys.retain(|k| *k != key);
-                if keys.is_empty() {
-                    self.run_connections.remove(&run);
-                }
-            }
-        }
+        };
+        self.door.left(conn.caller.identity);
         self.closed_since_sweep += 1;
         self.schedule_sweep(Instant::now());
         let _ = self.poll.registry().deregister(&mut conn.stream);
@@ -455,7 +463,7 @@ impl Reactor {
         while let Some(deadline) = self.timers.pop_due(now) {
             match deadline {
                 Deadline::AcceptRetry => {
-                    self.accept_retry_pending = false;
+                    self.door.retry_due();
                     self.accept_all();
                 }
                 Deadline::WriteStall(key) => self.check_stall(key, now),
@@ -484,10 +492,7 @@ impl Reactor {
             holding |= conn.holds_memory();
         }
         if released > 0 || self.closed_since_sweep > 0 {
-            if self.connections.is_empty() {
-                // Its slots are the last of the crowd.
-                self.connections.shrink_to_fit();
-            }
+            self.connections.shrink_if_empty();
             idle::return_free_memory();
             self.closed_since_sweep = 0;
         }
@@ -610,12 +615,9 @@ impl Reactor {
         let keys: Vec<ConnKey> = self
             .connections
             .iter_mut()
-            .map(|(index, conn)| {
+            .map(|(key, conn)| {
                 conn.read_closed = true;
-                ConnKey {
-                    index,
-                    serial: conn.serial,
-                }
+                key
             })
             .collect();
         for key in keys {
@@ -646,14 +648,6 @@ fn signal_name(signal: i32) -> &'static str {
         SIGQUIT => "SIGQUIT",
         _ => "signal",
     }
-}
-
-/// The connection `key` names, if it is still open. Takes the slab rather
-/// than the reactor so callers can borrow other reactor fields alongside.
-fn lookup(connections: &mut Slab<Connection>, key: ConnKey) -> Option<&mut Connection> {
-    connections
-        .get_mut(key.index)
-        .filter(|conn| conn.serial == key.serial)
 }
 
 /// Puts a connection in the ready queue, once.

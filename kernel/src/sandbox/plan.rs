@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::network::gateway::CA_BUNDLE_INSIDE;
+use agentos_egress::gateway::CA_BUNDLE_INSIDE;
 
 use super::spec::{Bind, Claim, Namespaces, Rlimits, RootFs, SandboxSpec, Symlink, Tmpfs, User};
 

@@ -15,13 +15,15 @@
 //! memory is read back by a worker.
 
 mod end;
-mod lifecycle;
+mod ids;
 mod owner;
 pub mod prompt;
 mod prompts;
 mod queue;
 mod results;
+mod running;
 mod saving;
+mod spans;
 pub mod store;
 mod table;
 #[cfg(test)]
@@ -30,33 +32,30 @@ pub mod tool_menu;
 mod waiters;
 mod work;
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    to_json, PrincipalInfo, TaskDispatch, TaskInfo, TaskKind, TaskList, TaskListReply, TaskReply,
-    TaskState,
+    to_json, PrincipalInfo, TaskDispatch, TaskInfo, TaskList, TaskListReply, TaskReply, TaskState,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
-
-use crate::telemetry::tracer::{OpenSpan, Tracer};
 
 use crate::address::{Answer, Reply, ReplyTo};
 use crate::config::tasks::TasksConfig;
 use crate::identity::Principal;
-use end::{interrupted, AGENT_ENDED_WITH_KERNEL};
+use crate::telemetry::tracer::Tracer;
+use end::{cancelled, interrupted, AGENT_ENDED_WITH_KERNEL, KERNEL_STOPPED};
+use ids::{new_id, random_u64};
 #[cfg(test)]
 use owner::PerOwner;
-pub use owner::{OwnerKey, OwnerKeyError, Reach};
-use prompts::PromptLoops;
-use queue::TaskQueue;
-use results::ResultCache;
-use saving::HeldDispatches;
-use store::{now_ms, Loaded, Record, SqliteStore, Store, StoreError, Write};
-use table::{Task, TaskTable};
+pub use owner::{OwnerKey, Reach};
+use running::{Replied, Running, Started};
+use saving::Saving;
+use spans::TaskSpans;
+use store::{now_ms, Loaded, SqliteStore, Store, StoreError, StoredTask, Write};
+use table::{new_record, stored_dispatch, Task, TaskTable};
+use tool_menu::ToolMenu;
 use waiters::Waiters;
 pub use work::{CancelledWork, Start, Waited, WorkRequest};
 
@@ -64,9 +63,6 @@ pub use work::{CancelledWork, Start, Waited, WorkRequest};
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// A `wait` without a timeout waits this long.
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
-/// How often running tasks' output is looked at and saved (so a task
-/// interrupted by a crash keeps what it had printed).
-const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Bytes of a running task's output its progress shows.
 pub const PROGRESS_BYTES: usize = 4096;
 
@@ -74,30 +70,19 @@ pub const PROGRESS_BYTES: usize = 4096;
 #[derive(Debug)]
 pub struct Tasks<S = SqliteStore> {
     table: TaskTable,
-    queue: TaskQueue,
-    /// Dispatches answered once their tasks' records are saved.
-    held: HeldDispatches,
-    prompts: PromptLoops,
+    /// The queue, and the work under way.
+    running: Running,
     waiters: Waiters,
-    results: ResultCache,
-    store: S,
-    /// Writes handed to the store so far: a result leaves memory only
-    /// once the store has applied the write that saves it.
-    written: u64,
+    /// The store, and what waits on it.
+    saving: Saving<S>,
+    /// The span of each task dispatched in this boot, until it finishes.
+    spans: TaskSpans,
     next_seq: u64,
     /// This kernel's boot number: its agents' and runs' tasks are tied to
     /// it.
     boot: u64,
     config: TasksConfig,
     next_sweep: Instant,
-    /// When running tasks' output is next looked at.
-    next_progress: Instant,
-    /// The kernel is stopping: no task starts.
-    stopping: bool,
-    /// Where tasks' spans go.
-    tracer: Arc<Tracer>,
-    /// The span of each task dispatched in this boot, until it finishes.
-    spans: HashMap<String, OpenSpan>,
 }
 
 impl Tasks {
@@ -118,7 +103,7 @@ impl Tasks {
         log::info!(
             "tasks: {count} in the store at {} ({} queued to run)",
             dir.display(),
-            tasks.queue.len()
+            tasks.running.waiting()
         );
         Ok(tasks)
     }
@@ -127,7 +112,7 @@ impl Tasks {
 impl<S: Store> Tasks<S> {
     /// Spans of tasks go to `tracer`.
     pub fn trace_with(&mut self, tracer: Arc<Tracer>) {
-        self.tracer = tracer;
+        self.spans.trace_with(tracer);
     }
 
     /// The state of every task kept, in no order.
@@ -139,21 +124,14 @@ impl<S: Store> Tasks<S> {
     pub fn new(store: S, loaded: Loaded, config: &TasksConfig, boot: u64, now: Instant) -> Self {
         let mut tasks = Tasks {
             table: TaskTable::default(),
-            queue: TaskQueue::default(),
-            held: HeldDispatches::default(),
-            prompts: PromptLoops::default(),
+            running: Running::new(now),
             waiters: Waiters::default(),
-            results: ResultCache::new(config.result_cache_bytes),
-            store,
-            written: 0,
+            saving: Saving::new(store, config.result_cache_bytes),
+            spans: TaskSpans::default(),
             next_seq: 1,
             boot,
             config: config.clone(),
             next_sweep: now,
-            next_progress: now,
-            stopping: false,
-            tracer: Arc::new(Tracer::default()),
-            spans: HashMap::new(),
         };
         for row in loaded.unreadable {
             log::error!(
@@ -170,21 +148,14 @@ impl<S: Store> Tasks<S> {
     }
 
     /// A task from the store.
-    fn restore(&mut self, mut record: Record) {
-        let dispatch = serde_json::from_str(&record.request)
-            .ok()
-            .map(|request| TaskDispatch {
-                kind: record.kind,
-                request,
-                label: record.label.clone(),
-                trace: None,
-            });
+    fn restore(&mut self, mut record: StoredTask) {
+        let dispatch = stored_dispatch(&record);
         if record.state == TaskState::Queued && (dispatch.is_none() || !record.owner.is_operator())
         {
             // Its agent is gone with the kernel that ran it.
             record.state = TaskState::Interrupted;
             record.finished_ms = Some(now_ms());
-            self.write(Write::Finished {
+            self.saving.write(Write::Finished {
                 id: record.id.clone(),
                 state: record.state,
                 finished_ms: now_ms(),
@@ -195,7 +166,7 @@ impl<S: Store> Tasks<S> {
         self.next_seq = self.next_seq.max(record.seq + 1);
         let task = Task::from_record(record, dispatch);
         if task.state == TaskState::Queued {
-            self.queue.push(task.id.clone(), task.owner);
+            self.running.push(task.id.clone(), task.owner);
         }
         self.table.insert(task);
     }
@@ -208,17 +179,13 @@ impl<S: Store> Tasks<S> {
     /// Whether a prompt task is waiting to start (its first THINK needs the
     /// list of tools).
     pub fn prompt_queued(&self) -> bool {
-        self.queue.order().any(|id| {
-            self.table
-                .get(id)
-                .is_some_and(|t| t.kind == TaskKind::Prompt)
-        })
+        self.running.prompt_queued(&self.table)
     }
 
     /// The sessions of prompt loops that have ended (taken): the kernel
     /// closes them.
     pub fn take_ended_sessions(&mut self) -> Vec<(Principal, String)> {
-        self.prompts.take_ended_sessions()
+        self.running.take_ended_sessions()
     }
 
     /// A task within `reach`, as `status` gives it.
@@ -238,13 +205,13 @@ impl<S: Store> Tasks<S> {
     ) -> Result<Waited, ErrorReply> {
         let task = self.owned(reach, id)?;
         if task.state.is_finished() {
-            return Ok(match self.results.get(id) {
+            return Ok(match self.saving.result(id) {
                 Some(result) => Waited::Reply(to_json(&TaskReply {
                     success: true,
                     task: task.info(Some(result)),
                 })),
                 None => Waited::ReadResult {
-                    read: self.store.read_back(id),
+                    read: self.saving.read_back(id),
                     task: Box::new(task.info(None)),
                 },
             });
@@ -273,24 +240,9 @@ impl<S: Store> Tasks<S> {
             Some(id) => self.owned(reach, id)?.seq,
             None => u64::MAX,
         };
-        let limit = filter.limit.unwrap_or(50) as usize;
-        let mut tasks = Vec::new();
-        let mut next = None;
-        for task in self.table.newest_first(before) {
-            if owner.is_some_and(|owner| task.owner != owner)
-                || filter.state.is_some_and(|s| s != task.state)
-                || filter.kind.is_some_and(|k| k != task.kind)
-            {
-                continue;
-            }
-            if tasks.len() == limit {
-                next = tasks.last().map(|t: &TaskInfo| t.task_id.clone());
-                break;
-            }
-            let mut info = task.info(None);
-            info.owner = describe.map(|describe| task.owner.describe(self.boot, describe));
-            tasks.push(info);
-        }
+        let (tasks, next) = self.table.page(owner, before, filter, |task| {
+            describe.map(|describe| task.owner.describe(self.boot, describe))
+        });
         Ok(TaskListReply {
             success: true,
             tasks,
@@ -300,7 +252,7 @@ impl<S: Store> Tasks<S> {
 
     /// The numbers of the work of every running task.
     pub fn running(&self) -> Vec<u64> {
-        self.queue.numbers()
+        self.running.numbers()
     }
 
     /// The number of task `id`'s work, while it runs.
@@ -311,7 +263,7 @@ impl<S: Store> Tasks<S> {
     /// Last step of shutdown (blocks briefly): every change is saved, or
     /// the log names what could not be.
     pub fn finish_shutdown(&mut self) {
-        self.store.close();
+        self.saving.close();
     }
 
     /// Waits for a connection that closed are dropped.
@@ -322,7 +274,7 @@ impl<S: Store> Tasks<S> {
     /// When the next wait times out, the next sweep is due, or running
     /// tasks' output is next looked at.
     pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
-        let progress = self.queue.is_running().then_some(self.next_progress);
+        let progress = self.running.next_progress();
         [self.next_sweep]
             .into_iter()
             .chain(progress)
@@ -347,6 +299,309 @@ impl<S: Store> Tasks<S> {
             let retention = Duration::from_secs(self.config.retention_secs);
             self.next_sweep = now + SWEEP_EVERY.min(retention);
             self.expire(now_ms());
+        }
+    }
+
+    /// Queues a task for `owner`; returns its id.
+    pub fn dispatch(
+        &mut self,
+        owner: Principal,
+        dispatch: TaskDispatch,
+    ) -> Result<String, ErrorReply> {
+        let owner = self.owner_key(owner);
+        let queued = self.running.queued(owner);
+        if queued >= self.config.max_queued_per_owner {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "you have {queued} tasks queued, the most tasks.max_queued_per_owner allows; \
+                     wait for some to start"
+                ),
+            ));
+        }
+        // Room is made from the owner's own finished tasks, never from
+        // anyone else's.
+        let kept = self.table.kept(owner);
+        let full = kept >= self.config.max_retained_per_owner
+            || self.table.len() >= self.config.max_retained;
+        if full && !self.drop_oldest_finished(owner) {
+            return Err(ErrorReply::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "the kernel keeps {} tasks, {kept} of them yours (at most {} each), and \
+                     none of yours has finished; wait for some to end",
+                    self.table.len(),
+                    self.config.max_retained_per_owner
+                ),
+            ));
+        }
+        let id = new_id();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let record = new_record(&id, seq, owner, &dispatch);
+        self.saving.write(Write::Insert(record.clone()));
+        self.spans.open(&id, &dispatch);
+        self.table.insert(Task::from_record(record, Some(dispatch)));
+        self.running.push(id.clone(), owner);
+        Ok(id)
+    }
+
+    /// `reply` (a dispatch's) goes to `reply_to` once everything written
+    /// so far — the task's record with it — is saved: an id a caller holds
+    /// survives a crash. Until then the task waits out of the queue, so a
+    /// task whose record cannot be saved never runs.
+    pub fn reply_once_saved(&mut self, reply_to: ReplyTo, reply: Answer) {
+        if let Some(id) = self.saving.hold(reply_to, reply) {
+            self.running.set_aside(&id);
+        }
+    }
+
+    /// After the store's wake-up: dispatches whose records are saved are
+    /// answered and their tasks queued; those the store could not save
+    /// are answered with the cause (`unavailable`) and their tasks
+    /// forgotten. True when tasks were queued: the kernel starts them.
+    pub fn on_saved(&mut self, replies: &mut Vec<Reply>) -> bool {
+        // The count first: the store reports a refusal before it counts
+        // past it, so every refusal the count covers is in hand.
+        let applied = self.saving.applied();
+        for refused in self.saving.take_refused() {
+            let why = ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "the task store cannot save tasks: {}; the task was not queued",
+                    refused.cause
+                ),
+            );
+            for id in &refused.tasks {
+                if let Some(reply_to) = self.saving.refuse(id) {
+                    replies.push((reply_to, why.clone().into()));
+                }
+                self.forget_unsaved(id, &why, replies);
+            }
+        }
+        let mut queued = false;
+        for held in self.saving.saved(applied) {
+            // A task cancelled (or gone) meanwhile stays out of the queue.
+            if let Some(id) = held.task.filter(|id| {
+                self.table
+                    .get(id)
+                    .is_some_and(|task| task.state == TaskState::Queued)
+            }) {
+                self.running.put_back(id);
+                queued = true;
+            }
+            replies.push((held.reply_to, held.reply));
+        }
+        queued
+    }
+
+    /// Removes a task whose record the store could not save: it never ran
+    /// (it waited for the save), and no one is told of it again; whoever
+    /// waits for it (having seen it listed) is answered with `why`.
+    fn forget_unsaved(&mut self, id: &str, why: &ErrorReply, replies: &mut Vec<Reply>) {
+        let Some(task) = self.table.remove(id) else {
+            return;
+        };
+        if task.state == TaskState::Queued {
+            self.running.withdraw(id, task.owner);
+        }
+        self.saving.forget_results(&[task.id]);
+        for reply_to in self.waiters.take(id) {
+            replies.push((reply_to, why.clone().into()));
+        }
+    }
+
+    /// Queued tasks whose owners have room to run one more, now running:
+    /// the kernel starts each, replying to `ReplyTo::Task(number)`. A
+    /// prompt loop's THINK is told of the tools on the menu that fit.
+    pub fn startable(&mut self, tools: &ToolMenu<'_>) -> Vec<Start> {
+        let max_running = self.config.max_running_per_owner;
+        let started = self.running.startable(&mut self.table, tools, max_running);
+        let mut starts = Vec::with_capacity(started.len());
+        for Started {
+            id,
+            started_ms,
+            mut start,
+        } in started
+        {
+            start.trace = self.spans.context(&id);
+            self.saving.write(Write::Started { id, started_ms });
+            starts.push(start);
+        }
+        starts
+    }
+
+    /// The reply of the work numbered `number`: its task has finished
+    /// (a reply for a task cancelled meanwhile is ignored), and its waiters
+    /// are answered. A prompt loop's step is answered instead: what it
+    /// does next comes back as work for the kernel to start.
+    pub fn on_reply(
+        &mut self,
+        number: u64,
+        answer: Answer,
+        replies: &mut Vec<Reply>,
+    ) -> Option<Start> {
+        match self.running.on_reply(&mut self.table, number, answer)? {
+            Replied::Next { id, mut start } => {
+                start.trace = self.spans.context(&id);
+                Some(*start)
+            }
+            Replied::Finished { id, state, result } => {
+                self.finish(&id, state, result, replies);
+                None
+            }
+        }
+    }
+
+    /// Ends a task: its result kept, its waiters answered, its owner's
+    /// place freed.
+    fn finish(&mut self, id: &str, state: TaskState, result: Vec<u8>, replies: &mut Vec<Reply>) {
+        let Some(task) = self.table.get_mut(id) else {
+            return;
+        };
+        if task.state.is_finished() {
+            self.spans.drop_span(id);
+            return;
+        }
+        self.spans.end(id, state);
+        self.running.end(task);
+        let (finished_ms, output) = task.end(state);
+        // Only a waiter needs the task as a reply.
+        let reply = self.waiters.waits_for(id).then(|| {
+            Answer::json(&TaskReply {
+                success: true,
+                task: task.info(Some(&result)),
+            })
+        });
+        let result = Arc::new(result);
+        self.saving.write(Write::Finished {
+            id: id.to_owned(),
+            state,
+            finished_ms,
+            result: result.clone(),
+            output,
+        });
+        self.saving.keep_result(id, result);
+        if let Some(reply) = reply {
+            for reply_to in self.waiters.take(id) {
+                replies.push((reply_to, reply.clone()));
+            }
+        }
+    }
+
+    /// The kernel could not start a task's work: it fails with `why`.
+    pub fn failed_to_start(&mut self, number: u64, why: ErrorReply, replies: &mut Vec<Reply>) {
+        if let Some(id) = self.running.end_work(number) {
+            self.finish(&id, TaskState::Failed, why.to_json(), replies);
+        }
+    }
+
+    /// `cancel`: a queued task is cancelled at once; a running one too,
+    /// and the kernel stops its work. Returns whether it was still going,
+    /// and what to stop.
+    pub fn cancel(
+        &mut self,
+        reach: Reach,
+        id: &str,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(bool, Option<CancelledWork>), ErrorReply> {
+        let task = self.owned(reach, id)?;
+        if task.state.is_finished() {
+            return Ok((false, None));
+        }
+        let why = match reach {
+            Reach::Own(_) => "the task was cancelled by its owner",
+            Reach::Any => "the task was cancelled by an operator",
+        };
+        let id = id.to_owned();
+        Ok((true, self.cancel_with(&id, why, replies)))
+    }
+
+    /// Ends `owner`'s queued and running tasks, cancelled because `why`
+    /// (an agent or a run has ended, and its work with it). Returns what
+    /// the kernel must stop.
+    pub fn end_owner(
+        &mut self,
+        owner: Principal,
+        why: &str,
+        replies: &mut Vec<Reply>,
+    ) -> Vec<CancelledWork> {
+        let owner = self.owner_key(owner);
+        let going = self
+            .table
+            .ids(|task| task.owner == owner && !task.state.is_finished());
+        going
+            .iter()
+            .filter_map(|id| self.cancel_with(id, why, replies))
+            .collect()
+    }
+
+    /// Removes every task of `owner`: a run's, once the run is over and
+    /// its tasks have ended — no one but an operator could ask for them
+    /// again, and they would hold their room for a day.
+    pub fn forget_owner(&mut self, owner: Principal) {
+        let owner = self.owner_key(owner);
+        let ids = self.table.ids(|task| task.owner == owner);
+        if !ids.is_empty() {
+            self.remove(&ids);
+        }
+    }
+
+    /// Ends a task that is still going as `cancelled`, with `why`; returns
+    /// what to stop of its work.
+    fn cancel_with(
+        &mut self,
+        id: &str,
+        why: &str,
+        replies: &mut Vec<Reply>,
+    ) -> Option<CancelledWork> {
+        let work = self
+            .table
+            .get(id)
+            .and_then(|task| task.number)
+            .map(|number| CancelledWork { number });
+        self.finish(id, TaskState::Cancelled, cancelled(why), replies);
+        work
+    }
+
+    /// Whether running tasks' output is due to be looked at (and saved).
+    pub fn progress_due(&mut self, now: Instant) -> bool {
+        self.running.progress_due(now)
+    }
+
+    /// A running task has printed `output` so far (its tail). With `save`,
+    /// a change goes to the store too.
+    pub fn progress(&mut self, number: u64, output: String, save: bool) {
+        let Some(task) = self
+            .running
+            .task_of(number)
+            .and_then(|id| self.table.get_mut(id))
+        else {
+            return;
+        };
+        if task.output != output {
+            task.output = output;
+            task.output_unsaved = true;
+        }
+        if save && task.output_unsaved {
+            task.output_unsaved = false;
+            let write = Write::Output {
+                id: task.id.clone(),
+                output: task.output.clone(),
+            };
+            self.saving.write(write);
+        }
+    }
+
+    /// The kernel is stopping: nothing more starts (queued tasks wait for
+    /// the next kernel), and running tasks end `interrupted`, with what
+    /// they had printed; their work's replies, when the kernel stops it,
+    /// are for no one.
+    pub fn stop(&mut self, replies: &mut Vec<Reply>) {
+        for id in self.running.stop() {
+            let output = self.table.get(&id).map_or("", |t| t.output.as_str());
+            let result = interrupted(KERNEL_STOPPED, output);
+            self.finish(&id, TaskState::Interrupted, result, replies);
         }
     }
 
@@ -383,8 +638,8 @@ impl<S: Store> Tasks<S> {
         for id in ids {
             self.table.remove(id);
         }
-        self.results.forget(ids);
-        self.write(Write::Delete(ids.to_vec()));
+        self.saving.forget_results(ids);
+        self.saving.write(Write::Delete(ids.to_vec()));
     }
 
     /// The task `id` if it is within `reach`; anyone else's is
@@ -402,19 +657,22 @@ impl<S: Store> Tasks<S> {
             })
     }
 
-    /// Hands a change to the store, counting it.
-    fn write(&mut self, write: Write) {
-        self.written += 1;
-        if let Write::Insert(record) = &write {
-            self.held.inserted(self.written, &record.id);
-        }
-        self.store.write(write);
-    }
-
     /// Queued tasks per owner.
     #[cfg(test)]
     fn queued_per_owner(&self) -> &PerOwner {
-        self.queue.queued_per_owner()
+        self.running.queued_per_owner()
+    }
+
+    /// The store.
+    #[cfg(test)]
+    fn store(&self) -> &S {
+        self.saving.store()
+    }
+
+    /// The store, to drive it.
+    #[cfg(test)]
+    fn store_mut(&mut self) -> &mut S {
+        self.saving.store_mut()
     }
 
     /// Tasks kept per owner.
@@ -422,24 +680,4 @@ impl<S: Store> Tasks<S> {
     fn kept_per_owner(&self) -> &PerOwner {
         self.table.kept_per_owner()
     }
-}
-
-/// `t-` and 64 random bits: ids say nothing about other tasks.
-fn new_id() -> String {
-    format!("t-{:016x}", random_u64())
-}
-
-/// 64 random bits. Should the pool fail, the clock and a counter keep ids
-/// unique, if guessable, and the log says so.
-fn random_u64() -> u64 {
-    static FALLBACK: AtomicU64 = AtomicU64::new(0);
-    let mut bytes = [0u8; 8];
-    match crate::random::fill(&mut bytes) {
-        Ok(()) => return u64::from_ne_bytes(bytes),
-        Err(err) => log::error!("no random bytes ({err}): task ids fall back to the clock"),
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ FALLBACK.fetch_add(1, Ordering::Relaxed).rotate_left(32)
 }

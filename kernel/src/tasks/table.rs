@@ -4,10 +4,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use agentos_proto::payload::{TaskDispatch, TaskInfo, TaskKind, TaskProgress, TaskState};
+use agentos_proto::payload::{
+    PrincipalInfo, TaskDispatch, TaskInfo, TaskKind, TaskList, TaskProgress, TaskState,
+};
 
 use super::owner::{OwnerKey, PerOwner};
-use super::store::Record;
+use super::store::{now_ms, StoredTask};
 use crate::clock::rfc3339;
 
 /// A task as the kernel keeps it.
@@ -46,7 +48,7 @@ pub struct Task {
 impl Task {
     /// The task a stored record describes; `dispatch` is what it runs, kept
     /// only while it is queued.
-    pub fn from_record(record: Record, dispatch: Option<TaskDispatch>) -> Task {
+    pub fn from_record(record: StoredTask, dispatch: Option<TaskDispatch>) -> Task {
         let queued = record.state == TaskState::Queued;
         Task {
             id: record.id,
@@ -64,6 +66,17 @@ impl Task {
             iteration: None,
             output_unsaved: false,
         }
+    }
+
+    /// The task ends in `state` now: returns when, and what it had
+    /// printed, if anything (for the store; no longer kept here).
+    pub fn end(&mut self, state: TaskState) -> (i64, Option<String>) {
+        let finished_ms = now_ms();
+        self.state = state;
+        self.finished_ms = Some(finished_ms);
+        self.dispatch = None;
+        let output = (!self.output.is_empty()).then(|| std::mem::take(&mut self.output));
+        (finished_ms, output)
     }
 
     /// The task as `status`, `wait` and `list` report it; with its
@@ -87,6 +100,35 @@ impl Task {
             owner: None,
         }
     }
+}
+
+/// The record of `owner`'s new task `id`, `seq`th in creation order,
+/// queued to run `dispatch`.
+pub fn new_record(id: &str, seq: u64, owner: OwnerKey, dispatch: &TaskDispatch) -> StoredTask {
+    StoredTask {
+        id: id.to_owned(),
+        seq,
+        owner,
+        kind: dispatch.kind,
+        label: dispatch.label.clone(),
+        state: TaskState::Queued,
+        request: dispatch.request.to_string(),
+        created_ms: now_ms(),
+        started_ms: None,
+        finished_ms: None,
+        output: None,
+    }
+}
+
+/// What a stored task runs, if its request can still be read.
+pub fn stored_dispatch(record: &StoredTask) -> Option<TaskDispatch> {
+    let request = serde_json::from_str(&record.request).ok()?;
+    Some(TaskDispatch {
+        kind: record.kind,
+        request,
+        label: record.label.clone(),
+        trace: None,
+    })
 }
 
 /// Every task kept.
@@ -164,6 +206,38 @@ impl TaskTable {
             .range(..before)
             .rev()
             .filter_map(|(_, id)| self.tasks.get(id))
+    }
+
+    /// A page of `list`: `owner`'s tasks (anyone's, for `None`) created
+    /// before the one of creation order `before` that `filter` picks,
+    /// newest first, each said whose it is by `whose`; and the id to go on
+    /// from, if there are more.
+    pub fn page(
+        &self,
+        owner: Option<OwnerKey>,
+        before: u64,
+        filter: &TaskList,
+        whose: impl Fn(&Task) -> Option<PrincipalInfo>,
+    ) -> (Vec<TaskInfo>, Option<String>) {
+        let limit = filter.limit.unwrap_or(50) as usize;
+        let mut tasks = Vec::new();
+        let mut next = None;
+        for task in self.newest_first(before) {
+            if owner.is_some_and(|owner| task.owner != owner)
+                || filter.state.is_some_and(|s| s != task.state)
+                || filter.kind.is_some_and(|k| k != task.kind)
+            {
+                continue;
+            }
+            if tasks.len() == limit {
+                next = tasks.last().map(|t: &TaskInfo| t.task_id.clone());
+                break;
+            }
+            let mut info = task.info(None);
+            info.owner = whose(task);
+            tasks.push(info);
+        }
+        (tasks, next)
     }
 
     /// How many tasks each owner keeps.

@@ -66,6 +66,7 @@ impl<'a> ToolMenu<'a> {
     }
 
     /// No tools at all (no prompt loop is starting).
+    #[cfg(test)]
     pub fn empty() -> ToolMenu<'static> {
         ToolMenu {
             rank: Box::new(|_, _| Ranked::default()),

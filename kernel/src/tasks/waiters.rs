@@ -6,8 +6,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use agentos_primitives::timers::Timers;
+
 use crate::address::ReplyTo;
-use crate::timers::Timers;
 
 /// Waits by task id.
 #[derive(Debug)]

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use agentos_primitives::http_agent::{HttpAgent, Timeouts};
 use prost::Message;
 
 use super::otlp::{
@@ -94,16 +95,14 @@ impl Exporter {
             url,
             service: service.to_owned(),
             counts: Arc::clone(&counts),
-            agent: ureq::Agent::config_builder()
-                .timeout_global(Some(EXPORT_TIMEOUT))
-                .max_redirects(0)
-                .build()
-                .into(),
+            agent: HttpAgent::new(Timeouts {
+                connect: None,
+                call: Some(EXPORT_TIMEOUT),
+            })
+            .build(),
         };
         let spans = Arc::clone(&queue);
-        std::thread::Builder::new()
-            .name("otlp-export".into())
-            .spawn(move || sender.run(&spans))?;
+        agentos_primitives::threads::spawn("otlp-export", move || sender.run(&spans))?;
         Ok(Exporter { queue, counts })
     }
 

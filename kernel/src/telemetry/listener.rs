@@ -72,10 +72,7 @@ pub fn serve(listen: &Listen, published: Published) -> io::Result<()> {
         }
     };
     let server = Server::new(acceptor, published)?;
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || server.run())
-        .map(drop)
+    agentos_primitives::threads::spawn("metrics", move || server.run()).map(drop)
 }
 
 /// What the loop listens on.

@@ -6,7 +6,8 @@ use std::sync::OnceLock;
 
 use agentos_proto::payload::ToolReply;
 use agentos_proto::{ErrorCode, ErrorReply};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::mcp::client::ToolInfo;
 use crate::address::Answer;
@@ -62,16 +63,22 @@ pub fn tools() -> &'static [(&'static str, ToolInfo)] {
                     description: "Ask the kernel's shared LLM: a prompt in, its answer out \
                                   (text). Charged to the caller's token quota."
                         .into(),
-                    input_schema: json!({
-                        "type": "object",
-                        "properties": {
-                            "prompt": {"type": "string", "description": "What to ask."},
-                            "system": {"type": "string", "description": "A system prompt."},
-                            "max_tokens": {"type": "integer", "minimum": 1,
-                                           "description": "Most tokens in the answer."},
-                            "temperature": {"type": "number", "minimum": 0},
+                    input_schema: schema(&ObjectSchema {
+                        kind: "object",
+                        properties: ThinkArguments {
+                            prompt: Property::described("string", "What to ask."),
+                            system: Property::described("string", "A system prompt."),
+                            max_tokens: Property {
+                                minimum: Some(1),
+                                ..Property::described("integer", "Most tokens in the answer.")
+                            },
+                            temperature: Property {
+                                kind: "number",
+                                minimum: Some(0),
+                                description: None,
+                            },
                         },
-                        "required": ["prompt"],
+                        required: &["prompt"],
                     }),
                     output_schema: None,
                 },
@@ -83,7 +90,11 @@ pub fn tools() -> &'static [(&'static str, ToolInfo)] {
                     description: "List the agents the kernel runs: id, name, state, limits \
                                   and use of memory, CPU and the LLM."
                         .into(),
-                    input_schema: json!({"type": "object", "properties": {}}),
+                    input_schema: schema(&ObjectSchema {
+                        kind: "object",
+                        properties: NoArguments {},
+                        required: &[],
+                    }),
                     output_schema: None,
                 },
             ),
@@ -91,9 +102,65 @@ pub fn tools() -> &'static [(&'static str, ToolInfo)] {
     })
 }
 
+/// An object schema of the built-in tools.
+#[derive(Serialize)]
+struct ObjectSchema<P> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    properties: P,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    required: &'static [&'static str],
+}
+
+#[derive(Serialize)]
+struct ThinkArguments {
+    prompt: Property,
+    system: Property,
+    max_tokens: Property,
+    temperature: Property,
+}
+
+#[derive(Serialize)]
+struct NoArguments {}
+
+#[derive(Serialize)]
+struct Property {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    minimum: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'static str>,
+}
+
+impl Property {
+    fn described(kind: &'static str, description: &'static str) -> Property {
+        Property {
+            kind,
+            minimum: None,
+            description: Some(description),
+        }
+    }
+}
+
+/// A built-in schema as the JSON a tool listing carries.
+fn schema<P: Serialize>(schema: &ObjectSchema<P>) -> Value {
+    serde_json::to_value(schema).unwrap_or_default()
+}
+
 /// One text content block.
 pub fn text_content(text: String) -> Value {
-    serde_json::json!([{"type": "text", "text": text}])
+    Value::Array(vec![
+        serde_json::to_value(TextBlock { kind: "text", text }).unwrap_or_default()
+    ])
+}
+
+/// An MCP text content block.
+#[derive(Serialize)]
+struct TextBlock {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: String,
 }
 
 /// A TOOL call's reply as the caller gets it: THINK's answer to

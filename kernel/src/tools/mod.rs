@@ -19,6 +19,7 @@ pub mod offer;
 pub mod package;
 pub mod process;
 pub mod reply;
+pub mod schema;
 pub mod search;
 pub mod secrets;
 pub mod servers;

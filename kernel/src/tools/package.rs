@@ -15,11 +15,13 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::builtin::describe_server;
 use super::offer::{call, Offered};
-use super::signature::Signature;
+use super::schema::{ObjectSchema, Property};
+use super::signature::{CatalogParameter, Signature};
 
 /// The runtime module, as runs import it.
 const RUNTIME: &str = include_str!("runtime.py");
@@ -101,30 +103,70 @@ impl Package {
 
 /// The catalog: each server's tools with their Python names.
 fn catalog(servers: &[CatalogServer<'_, '_>]) -> Vec<u8> {
-    let servers: Vec<Value> = servers
+    let signatures: Vec<Vec<Signature>> = servers
         .iter()
         .map(|server| {
-            let tools: Vec<Value> = server
+            server
                 .tools
                 .iter()
-                .map(|offered| {
-                    let signature = Signature::of(&offered.tool.input_schema);
-                    json!({
-                        "name": offered.tool.name,
-                        "parameters": signature.to_catalog(),
-                        "signature": format!("tools.{}.{}{}", server.name, offered.python, signature.render()),
-                        "python": offered.python,
-                        "description": offered.tool.description,
-                        "input_schema": offered.tool.input_schema,
-                        "output_schema": offered.tool.output_schema,
-                        "returns": returns(offered.tool.output_schema.as_ref()),
-                    })
-                })
-                .collect();
-            json!({"name": server.name, "description": server.description, "tools": tools})
+                .map(|offered| Signature::of(&offered.tool.input_schema))
+                .collect()
         })
         .collect();
-    serde_json::to_vec(&json!({ "servers": servers })).unwrap_or_default()
+    let servers = servers
+        .iter()
+        .zip(&signatures)
+        .map(|(server, signatures)| CatalogEntry {
+            name: server.name,
+            description: &server.description,
+            tools: server
+                .tools
+                .iter()
+                .zip(signatures)
+                .map(|(offered, signature)| CatalogTool {
+                    name: &offered.tool.name,
+                    parameters: signature.to_catalog(),
+                    signature: format!(
+                        "tools.{}.{}{}",
+                        server.name,
+                        offered.python,
+                        signature.render()
+                    ),
+                    python: &offered.python,
+                    description: &offered.tool.description,
+                    input_schema: &offered.tool.input_schema,
+                    output_schema: offered.tool.output_schema.as_ref(),
+                    returns: returns(offered.tool.output_schema.as_ref()),
+                })
+                .collect(),
+        })
+        .collect();
+    serde_json::to_vec(&Catalog { servers }).unwrap_or_default()
+}
+
+/// The catalog the `tools` runtime reads (`catalog.json`).
+#[derive(Serialize)]
+struct Catalog<'a> {
+    servers: Vec<CatalogEntry<'a>>,
+}
+
+#[derive(Serialize)]
+struct CatalogEntry<'a> {
+    name: &'a str,
+    description: &'a str,
+    tools: Vec<CatalogTool<'a>>,
+}
+
+#[derive(Serialize)]
+struct CatalogTool<'a> {
+    name: &'a str,
+    parameters: Vec<CatalogParameter<'a>>,
+    signature: String,
+    python: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+    output_schema: Option<&'a Value>,
+    returns: String,
 }
 
 /// A server's SKILL.md: how to call each of its tools from a run.
@@ -214,35 +256,30 @@ struct Argument {
 
 /// The arguments an input schema names, in its order.
 fn arguments(schema: &Value) -> Vec<Argument> {
-    let required: Vec<&str> = schema["required"]
-        .as_array()
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    schema["properties"]
-        .as_object()
-        .map(|properties| {
-            properties
-                .iter()
-                .map(|(name, spec)| Argument {
-                    name: name.clone(),
-                    kind: kind_of(spec),
-                    required: required.contains(&name.as_str()),
-                    description: spec["description"].as_str().unwrap_or("").to_owned(),
-                })
-                .collect()
+    let schema = ObjectSchema::read(schema);
+    let required = schema.required();
+    schema
+        .properties()
+        .map(|(name, property)| Argument {
+            name: name.to_owned(),
+            kind: kind_of(&property),
+            required: required.contains(&name),
+            description: property.description.unwrap_or_default(),
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 /// A property's type as its schema names it: its `type`, else the
 /// definition a `$ref` names (`#/$defs/TimeResult` is a `TimeResult`),
 /// else `any`.
-fn kind_of(spec: &Value) -> String {
-    let named = spec["$ref"]
-        .as_str()
+fn kind_of(property: &Property) -> String {
+    let named = property
+        .reference
+        .as_deref()
         .and_then(|reference| reference.rsplit('/').next());
-    spec["type"]
-        .as_str()
+    property
+        .kind
+        .as_deref()
         .or(named)
         .filter(|kind| !kind.is_empty())
         .unwrap_or("any")
@@ -262,6 +299,7 @@ mod tests {
     use super::*;
     use crate::tools::mcp::client::ToolInfo;
     use crate::tools::offer::name_for_python;
+    use serde_json::json;
 
     fn tool(name: &str) -> ToolInfo {
         ToolInfo {

@@ -248,15 +248,13 @@ impl Service for ServerProcess {
         let secrets = Secrets::of_env(&self.command.env);
         let (log, ending) = (self.stderr_log.clone(), self.ending.clone());
         let waker = self.waker.clone();
-        std::thread::Builder::new()
-            .name(format!("{label}-stderr"))
-            .spawn(move || {
-                read_stderr(&label, stderr, &secrets, &log, &ending);
-                // Its stderr closed: the kernel may be waiting for its
-                // error line to say why it ended.
-                let _ = waker.wake();
-            })
-            .map_err(ReadyError::Stderr)?;
+        agentos_primitives::threads::spawn(format!("{label}-stderr"), move || {
+            read_stderr(&label, stderr, &secrets, &log, &ending);
+            // Its stderr closed: the kernel may be waiting for its error
+            // line to say why it ended.
+            let _ = waker.wake();
+        })
+        .map_err(ReadyError::Stderr)?;
         let launched = StartedServer {
             server: self.index,
             incarnation: self.incarnation,

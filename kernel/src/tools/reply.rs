@@ -4,6 +4,7 @@
 
 use agentos_proto::payload::ToolReply;
 use agentos_proto::{ErrorCode, ErrorReply, MAX_REPLY_BYTES};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::mcp::client::CallOutcome;
@@ -60,6 +61,17 @@ pub fn reply_for(outcome: CallOutcome, server: &str, secrets: &Secrets) -> Answe
     reply
 }
 
+/// A content block, as far as the kernel reads one: text, or another kind.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block {
+    Text {
+        text: String,
+    },
+    #[serde(other)]
+    Other,
+}
+
 /// A call's `result`: its structured content if it gave any, else its
 /// text parsed as JSON if it is JSON, else the text (several text blocks
 /// joined by newlines), else null.
@@ -67,13 +79,15 @@ pub fn result_of(content: &Value, structured: Option<Value>) -> Value {
     if let Some(structured) = structured {
         return structured;
     }
-    let texts: Vec<&str> = content
+    let texts: Vec<String> = content
         .as_array()
         .map(|blocks| {
             blocks
                 .iter()
-                .filter(|b| b["type"] == "text")
-                .filter_map(|b| b["text"].as_str())
+                .filter_map(|block| match Block::deserialize(block) {
+                    Ok(Block::Text { text }) => Some(text),
+                    _ => None,
+                })
                 .collect()
         })
         .unwrap_or_default();

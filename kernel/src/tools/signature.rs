@@ -11,8 +11,10 @@
 //! `read_text_file("/workspace/a.txt")`; required first makes the first
 //! positions the ones every call needs.
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
+use super::schema::ObjectSchema;
 use crate::python_names::is_parameter_name;
 
 /// Characters a string default may have and still be shown: a longer one
@@ -42,21 +44,26 @@ pub struct Signature {
     pub more: bool,
 }
 
+/// A parameter as the catalog gives it to the `tools` runtime.
+#[derive(Debug, Serialize)]
+pub struct CatalogParameter<'a> {
+    pub name: &'a str,
+    pub required: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default: Option<&'a Value>,
+}
+
 impl Signature {
     /// The signature `input_schema` gives a tool's function. Schemas come
     /// from servers and may be odd: what cannot be read is left out.
     pub fn of(input_schema: &Value) -> Signature {
-        let empty = serde_json::Map::new();
-        let properties = input_schema["properties"].as_object().unwrap_or(&empty);
-        let required: Vec<&str> = input_schema["required"]
-            .as_array()
-            .map(|names| names.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let schema = ObjectSchema::read(input_schema);
+        let required = schema.required();
         let mut signature = Signature::default();
         let in_order = required
             .iter()
             .copied()
-            .chain(properties.keys().map(String::as_str));
+            .chain(schema.properties().map(|(name, _)| name));
         for name in in_order {
             if signature.parameters.iter().any(|p| p.name == name) {
                 continue;
@@ -66,11 +73,10 @@ impl Signature {
                 continue;
             }
             let is_required = required.contains(&name);
-            let default = properties
-                .get(name)
-                .and_then(|spec| spec.get("default"))
-                .filter(|value| python_literal(value).is_some())
-                .cloned();
+            let default = schema
+                .property(name)
+                .and_then(|property| property.default)
+                .filter(|value| python_literal(value).is_some());
             signature.parameters.push(Parameter {
                 name: name.to_owned(),
                 required: is_required,
@@ -103,15 +109,13 @@ impl Signature {
 
     /// The parameters as the catalog gives them to the `tools` runtime:
     /// `[{"name", "required", "default"?}]`, in order.
-    pub fn to_catalog(&self) -> Value {
+    pub fn to_catalog(&self) -> Vec<CatalogParameter<'_>> {
         self.parameters
             .iter()
-            .map(|parameter| {
-                let mut entry = json!({"name": parameter.name, "required": parameter.required});
-                if let Some(default) = &parameter.default {
-                    entry["default"] = default.clone();
-                }
-                entry
+            .map(|parameter| CatalogParameter {
+                name: &parameter.name,
+                required: parameter.required,
+                default: parameter.default.as_ref(),
             })
             .collect()
     }
@@ -140,6 +144,7 @@ fn python_literal(value: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn names(signature: &Signature) -> Vec<&str> {
         signature
@@ -206,7 +211,10 @@ mod tests {
             assert_eq!(Signature::of(&schema).render(), "()");
         }
         assert_eq!(
-            Signature::of(&json!({"properties": {"a": {}}, "required": "a"})).to_catalog(),
+            serde_json::to_value(
+                Signature::of(&json!({"properties": {"a": {}}, "required": "a"})).to_catalog()
+            )
+            .unwrap(),
             json!([{"name": "a", "required": false}])
         );
     }

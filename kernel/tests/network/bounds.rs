@@ -15,7 +15,7 @@ fn a_connect_flood_is_bounded_and_the_proxy_still_answers() {
     let flood_size = descriptors_for_a_flood(10_000);
     let server = upstream(Kind::Echo);
     let served = serve(
-        agentos_kernel::network::proxy::ProxySettings {
+        agentos_egress::proxy::ProxySettings {
             max_connections: MAX,
             ..settings()
         },
@@ -78,7 +78,7 @@ fn a_connect_flood_is_bounded_and_the_proxy_still_answers() {
         let (kept, dropped) = record.attempts();
         (kept.count(), dropped)
     };
-    assert!(kept <= agentos_kernel::network::record::KEPT_ATTEMPTS && dropped > 0);
+    assert!(kept <= agentos_egress::record::KEPT_ATTEMPTS && dropped > 0);
 }
 
 /// Raises this process's descriptor limit to its hard limit (the test
@@ -104,7 +104,7 @@ fn descriptors_for_a_flood(wanted: usize) -> usize {
 #[test]
 fn a_slow_head_is_closed_at_the_timeout_and_recorded() {
     let served = serve(
-        agentos_kernel::network::proxy::ProxySettings {
+        agentos_egress::proxy::ProxySettings {
             head_timeout: Duration::from_millis(300),
             ..settings()
         },
@@ -151,7 +151,7 @@ fn a_slow_head_is_closed_at_the_timeout_and_recorded() {
 fn a_tunnel_whose_client_hello_never_ends_is_closed_at_the_timeout() {
     let server = upstream(Kind::Echo);
     let served = serve(
-        agentos_kernel::network::proxy::ProxySettings {
+        agentos_egress::proxy::ProxySettings {
             head_timeout: Duration::from_millis(300),
             ..settings()
         },

@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-use agentos_kernel::network::proxy::{Credential, ProxySettings};
+use agentos_egress::proxy::{Credential, ProxySettings};
 
 use crate::support::*;
 

@@ -8,7 +8,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 
-use agentos_kernel::network::proxy::{Credential, ProxySettings};
+use agentos_egress::proxy::{Credential, ProxySettings};
 use rustls::{ClientConnection, StreamOwned};
 
 use crate::support::*;

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use agentos_kernel::network::policy::Policy;
-use agentos_kernel::network::proxy::{Proxy, ProxySettings};
-use agentos_kernel::network::record::{Attempt, Record, Totals};
+use agentos_egress::policy::Policy;
+use agentos_egress::proxy::{Proxy, ProxySettings};
+use agentos_egress::record::{Attempt, Record, Totals};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, StreamOwned};
@@ -19,7 +19,7 @@ use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, Stream
 pub const WAIT: Duration = Duration::from_secs(10);
 
 pub fn policy(json: &str) -> Policy {
-    Policy::from_json(&serde_json::from_str(json).unwrap()).unwrap()
+    Policy::from_proto(&serde_json::from_str(json).unwrap()).unwrap()
 }
 
 /// Settings naming the test hosts: `*.test` names map to loopback.

@@ -6,8 +6,10 @@ use std::path::{Component, Path};
 
 use serde::{Deserialize, Serialize};
 
-use super::{bad_request, parse_json, validate_name, Limits, NetTotals, Network};
-use crate::ErrorReply;
+use super::network::{NetTotals, Network};
+use super::parse::{bad_request, parse_json, validate_name};
+use super::spawn::Limits;
+use crate::error::ErrorReply;
 
 /// The longest EXEC timeout a request may ask for (one hour).
 pub const MAX_EXEC_TIMEOUT_MS: u64 = 3_600_000;
@@ -18,6 +20,7 @@ pub const MAX_EXEC_PATH_LEN: usize = 1024;
 
 /// The language of EXEC code.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     /// Python 3 (the default).
@@ -43,6 +46,7 @@ pub enum Language {
 /// assert_eq!(request.timeout_ms, Some(2000));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecRequest {
     /// The program text.
     pub code: String,
@@ -97,6 +101,7 @@ pub struct ExecRequest {
 /// assert!(ExecRequest::parse(br#"{"code":"1","permissions":{"thnk":false}}"#).is_err());
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RunPermissions {
     /// May SPAWN agents (sandboxed, within the run's own limits).
@@ -123,6 +128,7 @@ pub struct RunPermissions {
 /// Everything a `run` may carry on the wire, before the shell form is
 /// resolved.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct ExecWire {
     /// `run`, or left out.
@@ -323,6 +329,7 @@ pub enum ExecCall {
 
 /// The operations of EXEC.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 enum ExecOp {
     #[default]
@@ -336,6 +343,7 @@ enum ExecOp {
 
 /// The one `op` a run's payload may name.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 enum RunOp {
     Run,
@@ -344,6 +352,7 @@ enum RunOp {
 /// Which operation a payload asks for (its other fields are each
 /// operation's own business).
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 struct OpOnly {
     #[serde(default)]
     op: ExecOp,
@@ -351,6 +360,7 @@ struct OpOnly {
 
 /// The fields of a session operation.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct OpWire {
     #[serde(rename = "op")]
@@ -369,12 +379,13 @@ impl ExecCall {
     /// ```
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         let value: serde_json::Value = parse_json("EXEC", payload)?;
-        let OpOnly { op } = super::from_value("EXEC", value.clone())?;
-        let fields = |value| -> Result<OpWire, ErrorReply> { super::from_value("EXEC", value) };
+        let OpOnly { op } = super::parse::from_value("EXEC", value.clone())?;
+        let fields =
+            |value| -> Result<OpWire, ErrorReply> { super::parse::from_value("EXEC", value) };
         Ok(match op {
-            ExecOp::Run => ExecCall::Run(Box::new(ExecRequest::from_wire(super::from_value(
-                "EXEC", value,
-            )?)?)),
+            ExecOp::Run => ExecCall::Run(Box::new(ExecRequest::from_wire(
+                super::parse::from_value("EXEC", value)?,
+            )?)),
             ExecOp::Sessions => {
                 fields(value)?;
                 ExecCall::Sessions
@@ -426,6 +437,7 @@ impl OpWire {
 
 /// How many bytes of output were cut from the middle of each stream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Truncated {
     /// Bytes dropped from stdout.
     pub stdout: u64,
@@ -435,6 +447,7 @@ pub struct Truncated {
 
 /// The reply to an EXEC run.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecReply {
     /// The code exited with status 0 and was not timed out.
     pub success: bool,
@@ -469,11 +482,12 @@ pub struct ExecReply {
     pub network: Option<NetTotals>,
     /// The machine word, when the run could not happen at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<crate::ErrorCode>,
+    pub code: Option<crate::error::ErrorCode>,
 }
 
 /// One of the caller's sessions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SessionInfo {
     /// Its name.
     pub session: String,
@@ -489,6 +503,7 @@ pub struct SessionInfo {
 
 /// The reply to `{"op":"sessions"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SessionsReply {
     /// Always true.
     pub success: bool,
@@ -498,6 +513,7 @@ pub struct SessionsReply {
 
 /// The reply to `{"op":"close"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ClosedReply {
     /// Always true.
     pub success: bool,
@@ -507,6 +523,7 @@ pub struct ClosedReply {
 
 /// One snapshot of a session's workspace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SnapshotInfo {
     /// Its name.
     pub name: String,
@@ -518,6 +535,7 @@ pub struct SnapshotInfo {
 
 /// The reply to `{"op":"snapshot"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SnapshotReply {
     /// Always true.
     pub success: bool,
@@ -531,6 +549,7 @@ pub struct SnapshotReply {
 
 /// The reply to `{"op":"restore"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RestoredReply {
     /// Always true.
     pub success: bool,
@@ -542,6 +561,7 @@ pub struct RestoredReply {
 
 /// The reply to `{"op":"snapshots"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SnapshotsReply {
     /// Always true.
     pub success: bool,
@@ -552,7 +572,7 @@ pub struct SnapshotsReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorCode;
+    use crate::error::ErrorCode;
 
     fn refused(json: &str) -> ErrorReply {
         ExecCall::parse(json.as_bytes()).unwrap_err()

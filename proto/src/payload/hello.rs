@@ -2,11 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::parse_empty_or_object;
-use crate::ErrorReply;
+use super::parse::parse_empty_or_object;
+use crate::error::ErrorReply;
 
 /// A HELLO request: an empty payload or `{}`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HelloRequest {}
 
@@ -19,6 +20,7 @@ impl HelloRequest {
 
 /// Which cgroup hierarchy enforces limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum CgroupVersion {
     /// Legacy per-controller hierarchies.
     #[serde(rename = "v1")]
@@ -40,6 +42,7 @@ impl CgroupVersion {
 
 /// What works on this host right now.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Features {
     /// THINK reaches a model.
     pub think: bool,
@@ -62,6 +65,7 @@ pub struct Features {
 
 /// Size limits a client should respect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProtocolLimits {
     /// Largest request payload accepted.
     pub max_request_bytes: u64,
@@ -74,6 +78,7 @@ pub struct ProtocolLimits {
 
 /// The reply to HELLO.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct HelloReply {
     /// Always `true`.
     pub success: bool,
@@ -97,7 +102,7 @@ pub struct HelloReply {
     pub llm: Option<LlmInfo>,
     /// The MCP tool servers and their states.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_servers: Option<Vec<super::ServerInfo>>,
+    pub tool_servers: Option<Vec<super::tool::ServerInfo>>,
 }
 
 /// Whom a connection speaks for, on the wire:
@@ -113,6 +118,7 @@ pub struct HelloReply {
 /// );
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum PrincipalInfo {
     /// A trusted local user, by uid.
@@ -140,6 +146,7 @@ pub enum PrincipalInfo {
 
 /// What THINK talks to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LlmInfo {
     /// `local`, `openai`, `anthropic`, `gemini` or `none`.
     pub provider: String,

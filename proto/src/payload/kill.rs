@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{bad_request, check_range, parse_json, validate_name};
-use crate::{ErrorCode, ErrorReply};
+use super::parse::{bad_request, check_range, parse_json, validate_name};
+use crate::error::{ErrorCode, ErrorReply};
 
 /// Default time between SIGTERM and SIGKILL.
 pub const DEFAULT_GRACE_MS: u64 = 5000;
@@ -49,6 +49,7 @@ impl AgentRef {
 /// assert!(KillRequest::parse(br#"{"id":3,"restart":true,"remove":true}"#).is_err());
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct KillRequest {
     /// The agent's id.
@@ -121,6 +122,7 @@ impl KillRequest {
 
 /// The reply to KILL.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct KillReply {
     /// Whether the agent was found and is being stopped.
     pub success: bool,
@@ -162,6 +164,7 @@ impl KillReply {
 
 /// The reply to KILL with `remove`: `{"success":true,"removed":true,"id":N}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RemoveReply {
     /// Always true: a refusal is an error reply.
     pub success: bool,
@@ -186,6 +189,7 @@ impl RemoveReply {
 /// "killed":bool,"id":N}`, where `killed` says whether a live incarnation
 /// was being stopped first.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RestartReply {
     /// Always true: a refusal is an error reply.
     pub success: bool,

@@ -2,13 +2,15 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    parse_empty_or_object, Isolation, Limits, NetTotals, Network, Permissions, RestartPolicy,
-};
-use crate::ErrorReply;
+use super::agent_state::AgentState;
+use super::network::{NetTotals, Network};
+use super::parse::parse_empty_or_object;
+use super::spawn::{Isolation, Limits, Permissions, RestartPolicy};
+use crate::error::ErrorReply;
 
 /// A LIST request: an empty payload (or `{}`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListRequest {}
 
@@ -19,56 +21,9 @@ impl ListRequest {
     }
 }
 
-/// An agent's lifecycle state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AgentState {
-    /// Being set up; the workload has not been exec'd yet.
-    Starting,
-    /// The workload is running.
-    Running,
-    /// It ended by itself.
-    Exited,
-    /// KILL stopped it.
-    Killed,
-    /// The memory cgroup killed it.
-    OomKilled,
-    /// It could not start, or exhausted its restarts.
-    Failed,
-    /// Waiting out the backoff before a restart.
-    Restarting,
-}
-
-impl AgentState {
-    /// The states of an agent that is alive: starting, running, or
-    /// waiting to restart.
-    pub const LIVE: [AgentState; 3] = [
-        AgentState::Starting,
-        AgentState::Running,
-        AgentState::Restarting,
-    ];
-
-    /// Whether this is one of [`AgentState::LIVE`].
-    pub fn is_live(self) -> bool {
-        AgentState::LIVE.contains(&self)
-    }
-
-    /// The protocol word, e.g. `"oom_killed"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AgentState::Starting => "starting",
-            AgentState::Running => "running",
-            AgentState::Exited => "exited",
-            AgentState::Killed => "killed",
-            AgentState::OomKilled => "oom_killed",
-            AgentState::Failed => "failed",
-            AgentState::Restarting => "restarting",
-        }
-    }
-}
-
 /// Memory figures read from the agent's cgroup, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct MemoryStats {
     /// Usage now.
     pub current: u64,
@@ -78,6 +33,7 @@ pub struct MemoryStats {
 
 /// CPU figures read from the agent's cgroup.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CpuStats {
     /// CPU time used, in microseconds.
     pub usage_usec: u64,
@@ -89,6 +45,7 @@ pub struct CpuStats {
 
 /// Process figures read from the agent's cgroup.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PidStats {
     /// Processes and threads now.
     pub current: u64,
@@ -98,6 +55,7 @@ pub struct PidStats {
 
 /// The agent's use of THINK.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LlmStats {
     /// THINK calls answered.
     pub calls: u64,
@@ -110,6 +68,7 @@ pub struct LlmStats {
 
 /// The agent's use of EXEC.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecStats {
     /// Runs accepted, its tasks' included.
     pub runs: u64,
@@ -117,6 +76,7 @@ pub struct ExecStats {
 
 /// One entry of the LIST reply.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct AgentInfo {
     /// The id SPAWN returned.
     pub id: u32,

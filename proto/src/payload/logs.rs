@@ -3,8 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_range, parse_json, AgentRef, AgentState};
-use crate::ErrorReply;
+use super::agent_state::AgentState;
+use super::kill::AgentRef;
+use super::parse::{check_range, parse_json};
+use crate::error::ErrorReply;
 
 /// Lines a tail gives when the request names no number.
 pub const DEFAULT_LOG_LINES: u64 = 100;
@@ -30,6 +32,7 @@ pub const MAX_FOLLOW_WAIT_MS: u64 = 60_000;
 /// assert_eq!(follow.wait_ms(), 10_000);
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LogsRequest {
     /// The agent's id.
@@ -81,6 +84,7 @@ impl LogsRequest {
 
 /// The reply to LOGS.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LogsReply {
     /// Always true; failures are error replies.
     pub success: bool,
@@ -105,7 +109,7 @@ pub struct LogsReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorCode;
+    use crate::error::ErrorCode;
 
     #[test]
     fn bad_requests_name_the_field() {

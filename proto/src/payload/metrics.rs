@@ -4,11 +4,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::parse_empty_or_object;
-use crate::ErrorReply;
+use super::parse::parse_empty_or_object;
+use crate::error::ErrorReply;
 
 /// A METRICS request: empty, or `{}`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MetricsRequest {}
 
@@ -21,6 +22,7 @@ impl MetricsRequest {
 
 /// METRICS' reply.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct MetricsReply {
     pub success: bool,
     /// `prometheus`: the text format 0.0.4.

@@ -7,8 +7,9 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::{parse_json, AgentRef};
-use crate::ErrorReply;
+use super::kill::AgentRef;
+use super::parse::parse_json;
+use crate::error::ErrorReply;
 
 /// What a sandbox may reach, as SPAWN's and EXEC's `network` give it.
 ///
@@ -25,6 +26,7 @@ use crate::ErrorReply;
 /// assert!(err.error.contains("alow"), "{}", err.error);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(untagged))]
 pub enum Network {
     /// `false`: loopback only; `true`: the host's network.
     Host(bool),
@@ -37,9 +39,12 @@ pub enum Network {
 /// (`api.github.com`, `*.pypi.org`, `*`) or address ranges (`10.0.0.0/8`,
 /// `[fd00::]/8`), each with an optional `:port`. The kernel checks them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NetworkPolicy {
-    /// What may be reached.
+    /// What may be reached: host names (`api.github.com`), `*.domain`
+    /// patterns, `*` for any name, or address ranges (`10.0.0.0/8`), each
+    /// with an optional `:port`.
     #[serde(default)]
     pub allow: Vec<String>,
     /// What may not, whatever `allow` says.
@@ -97,6 +102,7 @@ impl<'de> Visitor<'de> for NetworkVisitor {
 
 /// What NET does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NetOp {
     /// The agent's policy and connection record.
@@ -118,6 +124,7 @@ pub enum NetOp {
 /// assert!(NetRequest::parse(br#"{"op":"set","id":3,"network":{"allow":[]}}"#).is_ok());
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NetRequest {
     #[serde(default)]
@@ -139,10 +146,10 @@ impl NetRequest {
         let request: NetRequest = parse_json("NET", payload)?;
         request.target()?;
         match (request.op, &request.network) {
-            (NetOp::Set, None) => Err(super::bad_request(
+            (NetOp::Set, None) => Err(super::parse::bad_request(
                 "NET field `network` is missing: `set` needs the new policy",
             )),
-            (NetOp::Show, Some(_)) => Err(super::bad_request(
+            (NetOp::Show, Some(_)) => Err(super::parse::bad_request(
                 "NET field `network`: only `set` takes one",
             )),
             _ => Ok(request),
@@ -158,6 +165,7 @@ impl NetRequest {
 /// A connection's counters: LIST's `connections`, an EXEC reply's
 /// `network`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NetTotals {
     /// Connections allowed.
     pub allowed: u64,
@@ -171,6 +179,7 @@ pub struct NetTotals {
 
 /// One connection attempt in a NET reply.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NetAttempt {
     /// Milliseconds since the Unix epoch, when it was asked for.
     pub at_ms: u64,
@@ -191,6 +200,7 @@ pub struct NetAttempt {
 
 /// NET's reply.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NetReply {
     pub success: bool,
     pub id: u32,

@@ -4,14 +4,16 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    bad_request, check_range, parse_json, validate_name, AgentState, CgroupVersion, Network,
-};
-use crate::ErrorReply;
+use super::agent_state::AgentState;
+use super::hello::CgroupVersion;
+use super::network::Network;
+use super::parse::{bad_request, check_range, parse_json, validate_name};
+use crate::error::ErrorReply;
 
 /// Resource limits of an agent's cgroup. Absent fields take the kernel's
 /// defaults.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Hard memory limit in bytes, swap excluded.
@@ -59,6 +61,7 @@ impl Limits {
 
 /// When the kernel restarts an agent that ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum RestartPolicy {
     /// Never restart (the default).
@@ -72,6 +75,7 @@ pub enum RestartPolicy {
 
 /// What an agent may ask of the kernel.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Permissions {
     /// May use THINK.
     #[serde(default = "yes")]
@@ -112,6 +116,7 @@ pub const MAX_TOOL_PATTERN: usize = 256;
 /// the parent's own value for an agent's (which may ask for less, never
 /// more).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PermissionsRequest {
     /// May use THINK.
@@ -186,6 +191,7 @@ impl Default for Permissions {
 /// assert!(request.network.is_none());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SpawnRequest {
     /// Unique among live agents, `[A-Za-z0-9_.-]{1,64}`.
@@ -306,6 +312,7 @@ pub(crate) fn check_tool_patterns(field: &str, patterns: &[String]) -> Result<()
 
 /// Which isolation is in force for an agent.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Isolation {
     /// Whether the agent runs in a sandbox at all.
     pub sandboxed: bool,
@@ -320,6 +327,7 @@ pub struct Isolation {
 
 /// The reply to SPAWN.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SpawnReply {
     /// Always `true`; failures are [`ErrorReply`]s.
     pub success: bool,
@@ -395,7 +403,7 @@ mod tests {
         let err =
             SpawnRequest::parse(br#"{"name":"w","command":["/bin/true"],"limits":{"max_pids":0}}"#)
                 .unwrap_err();
-        assert_eq!(err.code, crate::ErrorCode::LimitExceeded);
+        assert_eq!(err.code, crate::error::ErrorCode::LimitExceeded);
         assert!(err.error.contains("1..=4194304"), "{}", err.error);
         let err =
             SpawnRequest::parse(br#"{"name":"w","command":["/bin/true"],"limits":{"memory":-1}}"#)
@@ -431,7 +439,7 @@ mod tests {
             ),
         ] {
             let err = SpawnRequest::parse(json.as_bytes()).unwrap_err();
-            assert_eq!(err.code, crate::ErrorCode::BadRequest, "{json}");
+            assert_eq!(err.code, crate::error::ErrorCode::BadRequest, "{json}");
             assert!(err.error.contains(named), "{json}: {}", err.error);
         }
     }

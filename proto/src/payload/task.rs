@@ -4,8 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{bad_request, check_range, from_value, parse_json, ExecRequest, ThinkRequest};
-use crate::{ErrorCode, ErrorReply};
+use super::exec::ExecRequest;
+use super::parse::{bad_request, check_range, from_value, parse_json};
+use super::think::ThinkRequest;
+use crate::error::{ErrorCode, ErrorReply};
 
 /// Longest a `wait` may block (ten minutes).
 pub const MAX_WAIT_MS: u64 = 600_000;
@@ -20,6 +22,7 @@ pub const MAX_PROMPT_BYTES: usize = 256 << 10;
 
 /// What a task runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum TaskKind {
     /// An EXEC `run` request.
@@ -50,6 +53,7 @@ impl TaskKind {
 
 /// A task's lifecycle state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
     /// Waiting for its turn.
@@ -105,12 +109,14 @@ impl TaskState {
 
 /// A prompt task's request: the kernel's loop.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PromptRequest {
     /// What to do.
     pub prompt: String,
     /// Rounds of THINK and EXEC at most.
     #[serde(default = "default_iterations")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = MAX_ITERATIONS)))]
     pub max_iterations: u32,
     /// A system instruction added to the kernel's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,6 +132,7 @@ fn default_iterations() -> u32 {
 
 /// `dispatch`: start work in the background.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TaskDispatch {
     /// EXEC, THINK or the prompt loop.
@@ -143,6 +150,7 @@ pub struct TaskDispatch {
 
 /// `status` and `cancel`: names a task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TaskRef {
     /// The task's id.
@@ -151,6 +159,7 @@ pub struct TaskRef {
 
 /// `wait`: until the task ends or `timeout_ms` passes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TaskWait {
     /// The task's id.
@@ -162,6 +171,7 @@ pub struct TaskWait {
 
 /// `list`: the caller's tasks, newest first, a page at a time.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TaskList {
     /// Only tasks in this state.
@@ -184,6 +194,7 @@ pub struct TaskList {
 
 /// Whose tasks a `list` asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum TaskOwner {
     /// An agent, by id.
@@ -209,6 +220,7 @@ impl TaskOwner {
 /// assert!(matches!(request, TaskRequest::Dispatch(d) if d.kind == TaskKind::Exec));
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum TaskRequest {
     /// Start work in the background.
@@ -260,7 +272,7 @@ impl TaskRequest {
                 check_range("limit", list.limit, 1, MAX_LIST_LIMIT)?;
                 if let Some(TaskOwner::Name(name)) = &list.owner {
                     if name != "*" {
-                        super::validate_name("owner", name)?;
+                        super::parse::validate_name("owner", name)?;
                     }
                 }
             }
@@ -329,7 +341,7 @@ impl TaskDispatch {
             u64::from(MAX_ITERATIONS),
         )?;
         if let Some(session) = &prompt.session {
-            super::validate_name("session", session)?;
+            super::parse::validate_name("session", session)?;
         }
         Ok(prompt)
     }
@@ -337,6 +349,7 @@ impl TaskDispatch {
 
 /// What a running task has done so far.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TaskProgress {
     /// The tail of what it has printed.
     pub output: String,
@@ -347,6 +360,7 @@ pub struct TaskProgress {
 
 /// A task as `status`, `wait` and `list` report it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TaskInfo {
     /// `t-...`.
     pub task_id: String,
@@ -370,7 +384,7 @@ pub struct TaskInfo {
     pub result: Option<serde_json::Value>,
     /// Whose it is, when an operator looks at another owner's tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<super::PrincipalInfo>,
+    pub owner: Option<super::hello::PrincipalInfo>,
 }
 
 /// The result of a task stopped before its work answered: `cancelled`,
@@ -391,6 +405,7 @@ pub struct TaskInfo {
 /// );
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct StoppedResult {
     /// `cancelled` or `interrupted`.
     pub code: ErrorCode,
@@ -427,6 +442,7 @@ impl StoppedResult {
 
 /// Reply to `dispatch`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TaskDispatchReply {
     /// Always `true`.
     pub success: bool,
@@ -436,6 +452,7 @@ pub struct TaskDispatchReply {
 
 /// Reply to `status` and `wait`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TaskReply {
     /// Always `true`.
     pub success: bool,
@@ -445,6 +462,7 @@ pub struct TaskReply {
 
 /// Reply to `list`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TaskListReply {
     /// Always `true`.
     pub success: bool,
@@ -456,6 +474,7 @@ pub struct TaskListReply {
 
 /// Reply to `cancel`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TaskCancelReply {
     /// Always `true`.
     pub success: bool,
@@ -470,7 +489,7 @@ mod tests {
     #[test]
     fn unknown_op_is_a_bad_request() {
         let err = TaskRequest::parse(br#"{"op":"explode"}"#).unwrap_err();
-        assert_eq!(err.code, crate::ErrorCode::BadRequest);
+        assert_eq!(err.code, crate::error::ErrorCode::BadRequest);
         assert!(err.error.contains("explode"), "{}", err.error);
     }
 

@@ -2,11 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{bad_request, from_value};
-use crate::{ErrorCode, ErrorReply};
+use super::parse::{bad_request, from_value};
+use crate::error::{ErrorCode, ErrorReply};
 
 /// One chat message of a structured THINK request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     /// `system`, `user` or `assistant`.
@@ -25,6 +26,7 @@ pub struct ChatMessage {
 /// assert_eq!(structured.system.as_deref(), Some("be brief"));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ThinkRequest {
     /// The user prompt (`prompt` or `messages` is required).
@@ -113,6 +115,7 @@ impl ThinkRequest {
 
 /// Token counts reported by the provider.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Usage {
     /// Tokens in the prompt.
     pub prompt_tokens: u64,
@@ -125,6 +128,7 @@ pub struct Usage {
 /// The reply to THINK. On failure `content` is empty, `tokens` 0, and
 /// `error`/`code` say why.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ThinkReply {
     /// Whether the model answered.
     pub success: bool,

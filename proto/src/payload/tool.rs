@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{bad_request, check_range, parse_json, validate_name};
-use crate::ErrorReply;
+use super::parse::{bad_request, check_range, parse_json, validate_name};
+use crate::error::ErrorReply;
 
 /// The longest a tool call may be given, in milliseconds (one hour).
 pub const MAX_TOOL_TIMEOUT_MS: u64 = 3_600_000;
@@ -17,6 +17,7 @@ pub const MAX_QUERY_BYTES: usize = 1024;
 
 /// How much a search says of each tool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Detail {
     /// Server and name only.
@@ -58,6 +59,7 @@ pub enum ToolCall {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 enum Op {
     #[default]
@@ -67,6 +69,7 @@ enum Op {
 }
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct Wire {
     #[serde(default)]
@@ -151,6 +154,7 @@ impl ToolCall {
 /// A tool as TOOL `list` and `search` describe it. `search` leaves out
 /// what its `detail` does not ask for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ToolDescription {
     /// Its server.
     pub server: String,
@@ -169,6 +173,7 @@ pub struct ToolDescription {
 
 /// A tool server as TOOL `list` and HELLO describe it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ServerInfo {
     /// Its name.
     pub name: String,
@@ -182,6 +187,7 @@ pub struct ServerInfo {
 
 /// TOOL `list`'s reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ToolListReply {
     /// Always true.
     pub success: bool,
@@ -193,6 +199,7 @@ pub struct ToolListReply {
 
 /// TOOL `search`'s reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ToolSearchReply {
     /// Always true.
     pub success: bool,
@@ -203,6 +210,7 @@ pub struct ToolSearchReply {
 /// TOOL `call`'s reply when the tool ran: its result, or the error it
 /// reported (`code` `tool_error`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ToolReply {
     /// Whether the tool succeeded.
     pub success: bool,
@@ -216,7 +224,7 @@ pub struct ToolReply {
     pub error: Option<String>,
     /// `tool_error` when the tool reported one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<crate::ErrorCode>,
+    pub code: Option<crate::error::ErrorCode>,
 }
 
 impl ToolReply {
@@ -238,7 +246,7 @@ impl ToolReply {
             result: None,
             content,
             error: Some(error),
-            code: Some(crate::ErrorCode::ToolError),
+            code: Some(crate::error::ErrorCode::ToolError),
         }
     }
 }
@@ -246,7 +254,7 @@ impl ToolReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorCode;
+    use crate::error::ErrorCode;
 
     fn refused(payload: &str) -> ErrorReply {
         ToolCall::parse(payload.as_bytes()).unwrap_err()

@@ -3,42 +3,55 @@
 
 use std::collections::BTreeMap;
 
+use agentos_proto::payload::{Language, NetworkPolicy, TaskKind, TaskState};
 use rmcp::model::JsonObject;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+/// Why a tool's arguments are refused before anything is asked of the
+/// kernel. Each names the argument at fault, which a model can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgumentError {
+    /// The arguments as a whole do not read as the tool's.
+    #[error("bad arguments: {0}")]
+    Malformed(serde_json::Error),
+    /// One argument does not read: `path` names it (`limits.cpus`).
+    #[error("argument {path}: {error}")]
+    Invalid {
+        path: String,
+        error: serde_json::Error,
+    },
+    /// Both or neither of two arguments, where exactly one is needed.
+    #[error("give exactly one of the arguments {0} and {1}")]
+    OneOf(&'static str, &'static str),
+    /// An argument whose value, or whose company, the tool does not take.
+    #[error("argument {argument}: {why}")]
+    Refused {
+        argument: &'static str,
+        why: &'static str,
+    },
+    /// The script's path could not be made absolute.
+    #[error("argument script: {0}")]
+    Script(std::io::Error),
+    /// Arguments for code given with a prompt.
+    #[error("language, session, timeout_ms and env go with code, not prompt")]
+    CodeOnly,
+}
+
 /// Reads a tool's arguments as `T`. The error names the argument at fault
-/// (`argument timeout_ms: invalid type ...`), which a model can act on;
-/// serde alone would say only what was wrong, not where.
-pub fn read<T: DeserializeOwned>(arguments: JsonObject) -> Result<T, String> {
+/// (`argument timeout_ms: invalid type ...`); serde alone would say only
+/// what was wrong, not where.
+pub fn read<T: DeserializeOwned>(arguments: JsonObject) -> Result<T, ArgumentError> {
     serde_path_to_error::deserialize(serde_json::Value::Object(arguments)).map_err(|err| {
         let path = err.path().to_string();
-        let inner = err.into_inner();
+        let error = err.into_inner();
         if path == "." {
-            format!("bad arguments: {inner}")
+            ArgumentError::Malformed(error)
         } else {
-            format!("argument {path}: {inner}")
+            ArgumentError::Invalid { path, error }
         }
     })
-}
-
-/// The language of an `exec` run.
-#[derive(Debug, Default, Clone, Copy, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Language {
-    #[default]
-    Python,
-    Bash,
-}
-
-impl Language {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Language::Python => "python",
-            Language::Bash => "bash",
-        }
-    }
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -61,24 +74,6 @@ pub struct ExecArguments {
     pub network: Option<NetworkPolicy>,
 }
 
-/// A network policy: the hosts and ranges a sandbox may reach.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NetworkPolicy {
-    /// What may be reached: host names (api.github.com), *.domain patterns, * for any name, or address ranges (10.0.0.0/8), each with an optional :port.
-    pub allow: Vec<String>,
-    /// What may not be reached, whatever allow says.
-    #[serde(default)]
-    pub deny: Vec<String>,
-}
-
-impl NetworkPolicy {
-    /// The policy as SPAWN's and EXEC's `network`.
-    pub fn to_request(&self) -> serde_json::Value {
-        serde_json::json!({"allow": self.allow, "deny": self.deny})
-    }
-}
-
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ThinkArguments {
@@ -86,20 +81,6 @@ pub struct ThinkArguments {
     pub prompt: String,
     /// Upper bound on the answer's tokens.
     pub max_tokens: Option<u32>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunPromptArguments {
-    /// What to do: the kernel's LLM writes code, runs it, reads the output, and answers.
-    pub prompt: String,
-    /// Rounds of writing and running code at most (default 5).
-    #[schemars(range(min = 1, max = 50))]
-    pub max_iterations: Option<u32>,
-    /// A system instruction added to the kernel's own.
-    pub system: Option<String>,
-    /// The exec session the code runs in (a fresh one of the task's own if none).
-    pub session: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -222,10 +203,10 @@ pub struct TaskWaitArguments {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskListArguments {
-    /// Only tasks in this state (queued, running, completed, failed, cancelled, ...).
-    pub state: Option<String>,
-    /// Only tasks of this kind (exec, think, prompt).
-    pub kind: Option<String>,
+    /// Only tasks in this state.
+    pub state: Option<TaskState>,
+    /// Only tasks of this kind.
+    pub kind: Option<TaskKind>,
     /// At most this many tasks.
     #[schemars(range(min = 1))]
     pub limit: Option<u32>,
@@ -274,17 +255,20 @@ mod tests {
         let err = read::<ExecArguments>(object(serde_json::json!({
             "code": "print(1)", "timeout_ms": "soon"
         })))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("argument timeout_ms:"), "{err}");
     }
 
     #[test]
     fn a_missing_or_unknown_argument_is_named() {
-        let err =
-            read::<ExecArguments>(object(serde_json::json!({"language": "bash"}))).unwrap_err();
+        let err = read::<ExecArguments>(object(serde_json::json!({"language": "bash"})))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`code`"), "{err}");
         let err = read::<ExecArguments>(object(serde_json::json!({"code": "", "sesion": "a"})))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`sesion`"), "{err}");
     }
 
@@ -293,7 +277,8 @@ mod tests {
         let err = read::<ExecArguments>(object(serde_json::json!({
             "code": "puts 1", "language": "ruby"
         })))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             err.starts_with("argument language:") && err.contains("ruby"),
             "{err}"

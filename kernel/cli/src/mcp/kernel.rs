@@ -17,7 +17,11 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentos_proto::{encode_frame, Client, ClientError, FrameDecoder, Opcode, MAX_REPLY_BYTES};
+use agentos_proto::{
+    encode_frame, Client, ClientError, ErrorCode, ErrorReply, FrameDecoder, Opcode, MAX_REPLY_BYTES,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -25,6 +29,53 @@ use tokio::net::UnixStream;
 /// How long a quick request (LIST, SPAWN, KILL, HELLO) may take before
 /// the call fails: these answer at once unless the kernel is stuck.
 const QUICK_REPLY_LIMIT: Duration = Duration::from_secs(30);
+
+/// Why a kernel request has no reply to use.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The kernel refused: its message, and its code to tell refusals
+    /// apart by.
+    #[error("{0}")]
+    Refused(ErrorReply),
+    /// The kernel was not reached, or the exchange with it failed.
+    #[error(transparent)]
+    Exchange(ClientError),
+    /// A quick request had no reply within this long.
+    #[error("the kernel did not answer within {} s", .0.as_secs())]
+    NoReply(Duration),
+    /// The client cancelled the call first.
+    #[error("the call was cancelled")]
+    Cancelled,
+    /// The reply is not JSON.
+    #[error("malformed reply from the kernel: {0}")]
+    Malformed(serde_json::Error),
+    /// The reply is JSON, but not what the request answers with.
+    #[error("unexpected reply from the kernel: {0}")]
+    Unexpected(serde_json::Error),
+    /// The request could not be written as JSON.
+    #[error("{0}")]
+    Unwritable(serde_json::Error),
+}
+
+impl KernelError {
+    /// The kernel's code, if this is its refusal; None for a failure that
+    /// is not one, such as not reaching the kernel.
+    pub fn refusal_code(&self) -> Option<ErrorCode> {
+        match self {
+            KernelError::Refused(reply) => Some(reply.code),
+            _ => None,
+        }
+    }
+}
+
+impl From<ClientError> for KernelError {
+    fn from(err: ClientError) -> KernelError {
+        match err {
+            ClientError::Remote(reply) => KernelError::Refused(reply),
+            err => KernelError::Exchange(err),
+        }
+    }
+}
 
 /// How long the server waits for a kernel reply.
 #[derive(Debug, Clone, Copy)]
@@ -48,10 +99,15 @@ impl KernelLink {
         KernelLink { socket }
     }
 
-    /// Sends one request and returns the kernel's JSON reply. A refusal
-    /// is an `Err` carrying the kernel's own message and code, as is
-    /// failing to reach the kernel at all.
-    pub async fn request(&self, opcode: Opcode, body: &Value, wait: Wait) -> Result<Value, String> {
+    /// Sends one request and returns the kernel's reply, read as `R`. A
+    /// refusal is an `Err` carrying the kernel's own message and code, as
+    /// is failing to reach the kernel at all.
+    pub async fn request<R: DeserializeOwned>(
+        &self,
+        opcode: Opcode,
+        body: &impl Serialize,
+        wait: Wait,
+    ) -> Result<R, KernelError> {
         self.request_until(opcode, body, wait, std::future::pending())
             .await
     }
@@ -62,94 +118,61 @@ impl KernelLink {
     /// work that connection asked for (a closed connection's EXEC runs are
     /// killed, its queued THINKs dropped): a call the client gave up on
     /// leaves nothing running.
-    pub async fn request_until(
+    pub async fn request_until<R: DeserializeOwned>(
         &self,
         opcode: Opcode,
-        body: &Value,
+        body: &impl Serialize,
         wait: Wait,
         cancelled: impl Future<Output = ()>,
-    ) -> Result<Value, String> {
-        let payload = request_payload(body)?;
+    ) -> Result<R, KernelError> {
+        let payload = serde_json::to_vec(body).map_err(KernelError::Unwritable)?;
         let exchange = exchange(&self.socket, opcode, &payload);
         let replied = async {
             match wait {
                 Wait::Quick => tokio::time::timeout(QUICK_REPLY_LIMIT, exchange)
                     .await
-                    .unwrap_or_else(|_| {
-                        Err(format!(
-                            "the kernel did not answer within {} s",
-                            QUICK_REPLY_LIMIT.as_secs()
-                        ))
-                    }),
+                    .unwrap_or(Err(KernelError::NoReply(QUICK_REPLY_LIMIT))),
                 Wait::AsLongAsTheKernel => exchange.await,
             }
         };
         // Whichever ends first drops the other; a dropped exchange closes
         // its connection.
         tokio::select! {
-            reply = replied => reply_value(&reply?),
-            () = cancelled => Err("the call was cancelled".to_owned()),
+            reply = replied => reply_of(&reply?),
+            () = cancelled => Err(KernelError::Cancelled),
         }
     }
 
     /// As [`KernelLink::request`], blocking this thread: for where no
     /// future can run, such as a `Drop`.
-    pub fn request_blocking(
+    pub fn request_blocking<R: DeserializeOwned>(
         &self,
         opcode: Opcode,
-        body: &Value,
+        body: &impl Serialize,
         wait: Wait,
-    ) -> Result<Value, String> {
-        let payload = request_payload(body)?;
-        let client = Client::connect(&self.socket).map_err(|err| err.to_string())?;
+    ) -> Result<R, KernelError> {
+        let payload = serde_json::to_vec(body).map_err(KernelError::Unwritable)?;
+        let client = Client::connect(&self.socket)?;
         call_on(client, opcode, &payload, wait)
-    }
-}
-
-/// The kernel's error code in a refusal as [`call_on`] words it
-/// (`message (code)`); None for a failure that is not a refusal, such as
-/// not reaching the kernel.
-pub fn refusal_code(error: &str) -> Option<&str> {
-    let (_, code) = error.strip_suffix(')')?.rsplit_once(" (")?;
-    let is_code = !code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
-    is_code.then_some(code)
-}
-
-/// Whether `error`, from a request, is the kernel's refusal with `code`
-/// (`not_found`, `bad_request`, ...).
-pub fn refused_with(error: &str, code: &str) -> bool {
-    refusal_code(error) == Some(code)
-}
-
-/// A request's payload: requests that take no arguments (LIST, HELLO)
-/// want an empty payload, not the text `null`.
-fn request_payload(body: &Value) -> Result<Vec<u8>, String> {
-    match body {
-        Value::Null => Ok(Vec::new()),
-        _ => serde_json::to_vec(body).map_err(|err| err.to_string()),
     }
 }
 
 /// Sends one request on a new connection to `socket` and reads its reply
 /// frame's payload. Dropping the future closes the connection.
-async fn exchange(socket: &Path, opcode: Opcode, payload: &[u8]) -> Result<Vec<u8>, String> {
-    let mut stream = UnixStream::connect(socket).await.map_err(|error| {
-        ClientError::Connect {
+async fn exchange(socket: &Path, opcode: Opcode, payload: &[u8]) -> Result<Vec<u8>, KernelError> {
+    let mut stream = UnixStream::connect(socket)
+        .await
+        .map_err(|error| ClientError::Connect {
             path: socket.to_path_buf(),
             error,
-        }
-        .to_string()
-    })?;
+        })?;
     // A write the kernel cut short (it refused the connection, or the
     // payload as too large from its header alone) still has the kernel's
     // reason waiting to be read, which says more than EPIPE.
     let written = stream.write_all(&encode_frame(opcode, 0, payload)).await;
     let mut decoder = FrameDecoder::new(MAX_REPLY_BYTES);
     loop {
-        if let Some(frame) = decoder
-            .next_frame()
-            .map_err(|err| ClientError::Decode(err).to_string())?
-        {
+        if let Some(frame) = decoder.next_frame().map_err(ClientError::Decode)? {
             return Ok(frame.payload.to_vec());
         }
         let failure = match stream.read(decoder.read_buf()).await {
@@ -164,56 +187,102 @@ async fn exchange(socket: &Path, opcode: Opcode, payload: &[u8]) -> Result<Vec<u
             Err(err) => ClientError::Io(err),
             Ok(()) => failure,
         }
-        .to_string());
+        .into());
     }
 }
 
 /// Sends one request on `client` and reads the reply, blocking.
-fn call_on(
+fn call_on<R: DeserializeOwned>(
     mut client: Client,
     opcode: Opcode,
     payload: &[u8],
     wait: Wait,
-) -> Result<Value, String> {
+) -> Result<R, KernelError> {
     let limit = match wait {
         Wait::Quick => Some(QUICK_REPLY_LIMIT),
         Wait::AsLongAsTheKernel => None,
     };
-    client.set_timeout(limit).map_err(|err| err.to_string())?;
-    let reply = client
-        .call(opcode, payload)
-        .map_err(|err| err.to_string())?;
-    reply_value(&reply.payload)
+    client.set_timeout(limit)?;
+    let reply = client.call(opcode, payload)?;
+    reply_of(&reply.payload)
 }
 
-/// A reply's JSON, or the kernel's refusal as `message (code)`.
-fn reply_value(payload: &[u8]) -> Result<Value, String> {
-    let value: Value = serde_json::from_slice(payload)
-        .map_err(|err| format!("malformed reply from the kernel: {err}"))?;
-    // A refusal carries an error code; an EXEC run that failed does not
-    // (it ran, and its exit code and output are the answer).
-    if let Some(code) = value.get("code").and_then(Value::as_str) {
-        let message = value["error"].as_str().unwrap_or("the kernel refused");
-        return Err(format!("{message} ({code})"));
+/// A reply read as `R`, or the kernel's refusal.
+fn reply_of<R: DeserializeOwned>(payload: &[u8]) -> Result<R, KernelError> {
+    match serde_json::from_slice::<Refusal>(payload) {
+        Ok(refusal) => {
+            if let Some(refusal) = refusal.into_reply() {
+                return Err(KernelError::Refused(refusal));
+            }
+        }
+        Err(err) if err.is_syntax() || err.is_eof() => return Err(KernelError::Malformed(err)),
+        // No object with a code in words (LIST's array, say): no
+        // refusal.
+        Err(_) => {}
     }
     // The connection ends with the call; a polite EXIT would cost another
     // round trip for nothing the kernel needs.
-    Ok(value)
+    serde_json::from_slice(payload).map_err(KernelError::Unexpected)
+}
+
+/// What makes a reply, or a task's result, a refusal: an error code. An
+/// EXEC run that failed has none (it ran, and its exit code and output
+/// are the answer).
+#[derive(Debug, Deserialize)]
+pub struct Refusal {
+    /// A code this build does not know is `Other`, as the blocking
+    /// client reads it.
+    code: Option<ErrorCode>,
+    error: Option<String>,
+}
+
+impl Refusal {
+    /// The refusal in a task's result, if it is one.
+    pub fn in_result(result: &Value) -> Option<ErrorReply> {
+        Refusal::deserialize(result).ok()?.into_reply()
+    }
+
+    fn into_reply(self) -> Option<ErrorReply> {
+        let message = self.error.as_deref().unwrap_or("the kernel refused");
+        Some(ErrorReply::new(self.code?, message))
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use agentos_proto::payload::ExecReply;
+
     use super::*;
 
     #[test]
-    fn a_refusal_is_told_by_its_code_alone() {
-        let refused = "no task t-1 (of yours) (not_found)";
-        assert!(refused_with(refused, "not_found"));
-        assert!(!refused_with(refused, "found"));
-        assert!(!refused_with("no task t-1 (not_found", "not_found"));
-        assert!(!refused_with(
-            "i/o error talking to the kernel: reset",
-            "not_found"
-        ));
+    fn a_refusal_keeps_its_code_and_reads_as_the_kernel_worded_it() {
+        let reply = br#"{"success":false,"error":"no task t-1 (of yours)","code":"not_found"}"#;
+        let refused = reply_of::<ExecReply>(reply).unwrap_err();
+        assert_eq!(refused.refusal_code(), Some(ErrorCode::NotFound));
+        assert_eq!(refused.to_string(), "no task t-1 (of yours) (not_found)");
+        let unworded = reply_of::<ExecReply>(br#"{"code":"busy"}"#).unwrap_err();
+        assert_eq!(unworded.to_string(), "the kernel refused (busy)");
+        let unknown = reply_of::<ExecReply>(br#"{"code":"new_code","error":"x"}"#).unwrap_err();
+        assert_eq!(unknown.refusal_code(), Some(ErrorCode::Other));
+    }
+
+    #[test]
+    fn a_failed_run_and_a_failed_exchange_are_no_refusals() {
+        let failed = ExecReply {
+            success: false,
+            exit_code: Some(1),
+            error: Some("boom".to_owned()),
+            ..ExecReply::default()
+        };
+        let ran = reply_of::<ExecReply>(&serde_json::to_vec(&failed).unwrap());
+        assert_eq!(ran.expect("a run's reply").exit_code, Some(1));
+        let reset = KernelError::from(ClientError::Closed);
+        assert_eq!(reset.refusal_code(), None);
+        assert_eq!(reset.to_string(), "the kernel closed the connection");
+        let refused = KernelError::from(ClientError::Remote(ErrorReply::new(
+            ErrorCode::PayloadTooLarge,
+            "too big",
+        )));
+        assert_eq!(refused.refusal_code(), Some(ErrorCode::PayloadTooLarge));
     }
 }

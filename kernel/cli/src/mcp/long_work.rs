@@ -13,8 +13,11 @@
 //! is not the caller's is as unknown to it as one that never was; and any
 //! of the caller's tasks, `task_dispatch`ed ones too, can be followed.
 
-use agentos_proto::payload::{TaskInfo, TaskKind, TaskProgress, TaskState};
-use agentos_proto::Opcode;
+use agentos_proto::payload::{
+    ExecReply, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind, TaskProgress,
+    TaskRef, TaskReply, TaskRequest, TaskState, TaskWait, ThinkReply,
+};
+use agentos_proto::{ErrorCode, Opcode};
 use rmcp::model::{
     CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult, DetailedTask,
     GetTaskParams, GetTaskResult, JsonObject, ProgressNotificationParam, ProgressToken, Task,
@@ -22,10 +25,12 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, Peer, RoleServer};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
-use super::kernel::{refused_with, KernelLink, Wait};
-use super::results::{from_reply, structured, ExecOutput, RunPromptOutput, ThinkOutput};
+use super::kernel::{KernelError, KernelLink, Refusal, Wait};
+use super::results::{from_result, run_text, structured, RunPromptOutput};
+use super::tool_error::{ReplyError, ToolError};
 use super::trace::CallerTrace;
 
 /// The longest one TASK `wait` of a followed task lasts before it
@@ -39,7 +44,7 @@ const POLL_INTERVAL_MS: u64 = 1_000;
 
 /// How a call that can run long answers.
 #[derive(Debug)]
-pub enum Answer {
+pub enum Delivery {
     /// With a task handle at once: the client declared the Tasks extension.
     TaskHandle,
     /// When the work ends, sending progress on this token meanwhile.
@@ -48,20 +53,20 @@ pub enum Answer {
     AtTheEnd,
 }
 
-impl Answer {
+impl Delivery {
     /// What the client asked for: a task handle if it declared the Tasks
     /// extension (for this request, or for the session at `initialize`),
     /// else progress if it gave a progress token.
-    pub fn asked_for(context: &RequestContext<RoleServer>) -> Answer {
+    pub fn asked_for(context: &RequestContext<RoleServer>) -> Delivery {
         let declares_tasks = context
             .client_capabilities()
             .is_some_and(|capabilities| capabilities.supports_tasks());
         if declares_tasks {
-            Answer::TaskHandle
+            Delivery::TaskHandle
         } else if let Some(token) = context.meta.get_progress_token() {
-            Answer::WithProgress(token)
+            Delivery::WithProgress(token)
         } else {
-            Answer::AtTheEnd
+            Delivery::AtTheEnd
         }
     }
 }
@@ -72,10 +77,10 @@ impl Answer {
 pub async fn run(
     kernel: &KernelLink,
     kind: TaskKind,
-    request: Value,
-    answer: Answer,
+    request: &impl Serialize,
+    answer: Delivery,
     context: &RequestContext<RoleServer>,
-) -> Result<CallToolResponse, String> {
+) -> Result<CallToolResponse, ToolError> {
     let task_id = dispatch(kernel, kind, request, &CallerTrace::of(context)).await?;
     answer_for(kernel, &task_id, answer, context).await
 }
@@ -86,43 +91,45 @@ pub async fn run(
 pub async fn dispatch(
     kernel: &KernelLink,
     kind: TaskKind,
-    request: Value,
+    request: &impl Serialize,
     trace: &CallerTrace,
-) -> Result<String, String> {
-    let mut dispatch = json!({ "op": "dispatch", "kind": kind.as_str(), "request": request });
-    trace.add_to(&mut dispatch);
-    let reply = kernel.request(Opcode::TASK, &dispatch, Wait::Quick).await?;
-    match reply["task_id"].as_str() {
-        Some(task_id) => Ok(task_id.to_owned()),
-        None => Err(format!(
-            "unexpected TASK dispatch reply from the kernel: {reply}"
-        )),
-    }
+) -> Result<String, ToolError> {
+    let dispatch = TaskRequest::Dispatch(TaskDispatch {
+        kind,
+        request: serde_json::to_value(request).map_err(ReplyError::Unwritable)?,
+        label: None,
+        trace: trace.traceparent(),
+    });
+    let reply: TaskDispatchReply = kernel.request(Opcode::TASK, &dispatch, Wait::Quick).await?;
+    Ok(reply.task_id)
 }
 
 /// Whether a dispatch failed because the caller may not have tasks here
 /// (an agent without `permissions.task`, a kernel whose task store is
 /// unavailable), where the same work may still run without one.
-pub fn tasks_refused(error: &str) -> bool {
-    refused_with(error, "permission_denied") || refused_with(error, "unavailable")
+pub fn tasks_refused(error: &ToolError) -> bool {
+    matches!(
+        error.refusal_code(),
+        Some(ErrorCode::PermissionDenied | ErrorCode::Unavailable)
+    )
 }
 
 /// The call's answer for dispatched task `task_id`, as `answer` says.
 pub async fn answer_for(
     kernel: &KernelLink,
     task_id: &str,
-    answer: Answer,
+    answer: Delivery,
     context: &RequestContext<RoleServer>,
-) -> Result<CallToolResponse, String> {
+) -> Result<CallToolResponse, ToolError> {
     let progress = match answer {
-        Answer::TaskHandle => {
+        Delivery::TaskHandle => {
             // The task outlives this call: the client follows it with
             // tasks/get and ends it with tasks/cancel.
             let task = task_state(kernel, task_id).await?;
             return Ok(CreateTaskResult::new(mcp_task(&task)).into());
         }
-        Answer::WithProgress(token) => Some(ProgressReport::new(token, context.peer.clone())),
-        Answer::AtTheEnd => None,
+        Delivery::WithProgress(token) => Some(ProgressReport::new(token, context.peer.clone())),
+        Delivery::AtTheEnd => None,
     };
     let task = follow(kernel, task_id, progress, context).await?;
     tool_result(&task).map(CallToolResponse::from)
@@ -135,12 +142,15 @@ async fn follow(
     task_id: &str,
     mut progress: Option<ProgressReport>,
     context: &RequestContext<RoleServer>,
-) -> Result<TaskInfo, String> {
+) -> Result<TaskInfo, ToolError> {
     let mut cancel_unless_finished = CancelsOnDrop::new(kernel.clone(), task_id);
-    let wait = json!({ "op": "wait", "task_id": task_id, "timeout_ms": PROGRESS_POLL_MS });
+    let wait = TaskRequest::Wait(TaskWait {
+        task_id: task_id.to_owned(),
+        timeout_ms: Some(PROGRESS_POLL_MS),
+    });
     loop {
         let reply = kernel
-            .request_until(
+            .request_until::<TaskReply>(
                 Opcode::TASK,
                 &wait,
                 Wait::AsLongAsTheKernel,
@@ -149,13 +159,13 @@ async fn follow(
             .await;
         if context.ct.is_cancelled() {
             cancel_unless_finished.cancel_now().await;
-            return Err("the call was cancelled, and its task with it".to_owned());
+            return Err(ToolError::TaskCancelled);
         }
-        let task = match reply.and_then(task_of) {
-            Ok(task) => task,
+        let task = match reply {
+            Ok(reply) => reply.task,
             Err(err) => {
                 cancel_unless_finished.cancel_now().await;
-                return Err(err);
+                return Err(err.into());
             }
         };
         if task.state.is_finished() {
@@ -193,7 +203,7 @@ impl CancelsOnDrop {
             // Nothing to tell a client that has gone; the kernel logs it.
             let _ = self
                 .kernel
-                .request(Opcode::TASK, &cancel_request(task_id), Wait::Quick)
+                .request::<TaskCancelReply>(Opcode::TASK, &cancel_request(task_id), Wait::Quick)
                 .await;
             // Only now: dropped before the kernel answered (the server
             // stopping), the drop asks again.
@@ -207,15 +217,19 @@ impl Drop for CancelsOnDrop {
         if let Some(task_id) = self.task_id.take() {
             // No future can run in a drop (the runtime may be stopping),
             // so this one quick request blocks its thread.
-            let _ =
-                self.kernel
-                    .request_blocking(Opcode::TASK, &cancel_request(&task_id), Wait::Quick);
+            let _ = self.kernel.request_blocking::<TaskCancelReply>(
+                Opcode::TASK,
+                &cancel_request(&task_id),
+                Wait::Quick,
+            );
         }
     }
 }
 
-fn cancel_request(task_id: &str) -> Value {
-    json!({ "op": "cancel", "task_id": task_id })
+fn cancel_request(task_id: &str) -> TaskRequest {
+    TaskRequest::Cancel(TaskRef {
+        task_id: task_id.to_owned(),
+    })
 }
 
 /// Progress notifications for one call: one each time the task's output
@@ -264,12 +278,15 @@ pub async fn get(kernel: &KernelLink, params: GetTaskParams) -> Result<GetTaskRe
     check_task_id(&params.task_id)?;
     // A wait of 0 ms is a status that carries the result once there is
     // one.
-    let request = json!({ "op": "wait", "task_id": params.task_id, "timeout_ms": 0 });
-    let reply = kernel
+    let request = TaskRequest::Wait(TaskWait {
+        task_id: params.task_id,
+        timeout_ms: Some(0),
+    });
+    let reply: TaskReply = kernel
         .request(Opcode::TASK, &request, Wait::Quick)
         .await
-        .map_err(task_error)?;
-    let task = task_of(reply).map_err(|err| McpError::internal_error(err, None))?;
+        .map_err(|err| task_error(err.into()))?;
+    let task = reply.task;
     let payload = match task.state {
         TaskState::Queued | TaskState::Running => TaskPayload::Working,
         TaskState::Cancelled => TaskPayload::Cancelled,
@@ -291,10 +308,10 @@ pub async fn get(kernel: &KernelLink, params: GetTaskParams) -> Result<GetTaskRe
 pub async fn cancel(kernel: &KernelLink, params: CancelTaskParams) -> Result<(), McpError> {
     check_task_id(&params.task_id)?;
     kernel
-        .request(Opcode::TASK, &cancel_request(&params.task_id), Wait::Quick)
+        .request::<TaskCancelReply>(Opcode::TASK, &cancel_request(&params.task_id), Wait::Quick)
         .await
         .map(drop)
-        .map_err(task_error)
+        .map_err(|err| task_error(err.into()))
 }
 
 /// `tasks/update`: no task of this server asks the client for input, so
@@ -311,11 +328,12 @@ pub async fn update(kernel: &KernelLink, params: UpdateTaskParams) -> Result<(),
 /// A kernel refusal about a task as a JSON-RPC error: the client's
 /// mistake for an id the kernel does not know (or not as the caller's),
 /// the server's otherwise. The kernel's message names the id as given.
-fn task_error(error: String) -> McpError {
-    if refused_with(&error, "not_found") || refused_with(&error, "bad_request") {
-        McpError::invalid_params(error, None)
-    } else {
-        McpError::internal_error(error, None)
+fn task_error(error: ToolError) -> McpError {
+    match error.refusal_code() {
+        Some(ErrorCode::NotFound | ErrorCode::BadRequest) => {
+            McpError::invalid_params(error.to_string(), None)
+        }
+        _ => McpError::internal_error(error.to_string(), None),
     }
 }
 
@@ -347,15 +365,12 @@ fn check_task_id(task_id: &str) -> Result<(), McpError> {
     }
 }
 
-async fn task_state(kernel: &KernelLink, task_id: &str) -> Result<TaskInfo, String> {
-    let request = json!({ "op": "status", "task_id": task_id });
-    task_of(kernel.request(Opcode::TASK, &request, Wait::Quick).await?)
-}
-
-/// The task in a TASK status or wait reply.
-fn task_of(mut reply: Value) -> Result<TaskInfo, String> {
-    serde_json::from_value(reply["task"].take())
-        .map_err(|err| format!("unexpected TASK reply from the kernel: {err}"))
+async fn task_state(kernel: &KernelLink, task_id: &str) -> Result<TaskInfo, ToolError> {
+    let request = TaskRequest::Status(TaskRef {
+        task_id: task_id.to_owned(),
+    });
+    let reply: TaskReply = kernel.request(Opcode::TASK, &request, Wait::Quick).await?;
+    Ok(reply.task)
 }
 
 /// The MCP view of a kernel task.
@@ -385,42 +400,41 @@ fn mcp_task(task: &TaskInfo) -> Task {
 
 /// A finished task's result as the tool call's result: the output of its
 /// kind's tool, or a tool error with the kernel's reason.
-fn tool_result(task: &TaskInfo) -> Result<CallToolResult, String> {
+fn tool_result(task: &TaskInfo) -> Result<CallToolResult, ToolError> {
     let Some(result) = task.result.clone() else {
-        return Err(format!(
-            "task {} ended {} without a result",
-            task.task_id,
-            task.state.as_str()
-        ));
+        return Err(ToolError::NoResult {
+            task_id: task.task_id.clone(),
+            state: task.state.as_str(),
+        });
     };
-    if let Some(code) = result.get("code").and_then(Value::as_str) {
-        let message = result["error"].as_str().unwrap_or("the kernel refused");
-        return Err(format!("{message} ({code})"));
+    if let Some(refusal) = Refusal::in_result(&result) {
+        return Err(KernelError::Refused(refusal).into());
     }
-    match task.kind {
+    let result = match task.kind {
         TaskKind::Exec => {
-            let output: ExecOutput = from_reply(result)?;
-            let text = output.text();
-            structured(&output, text)
+            let run: ExecReply = from_result(result)?;
+            let text = run_text(&run);
+            structured(&run, text)
         }
         TaskKind::Think => {
-            let output: ThinkOutput = from_reply(result)?;
-            let text = output.content.clone();
-            structured(&output, text)
+            let reply: ThinkReply = from_result(result)?;
+            let text = reply.content.clone();
+            structured(&reply, text)
         }
         TaskKind::Prompt => {
-            let output: RunPromptOutput = from_reply(result)?;
+            let output: RunPromptOutput = from_result(result)?;
             let text = output.text();
             structured(&output, text)
         }
-    }
+    };
+    Ok(result?)
 }
 
 /// A tool result as the JSON object a completed task carries; an error
 /// is a result too, flagged `isError`, as the blocking call gives it.
-fn call_result_object(result: Result<CallToolResult, String>) -> Result<JsonObject, McpError> {
+fn call_result_object(result: Result<CallToolResult, ToolError>) -> Result<JsonObject, McpError> {
     let result = result.unwrap_or_else(|error| {
-        CallToolResult::error(vec![rmcp::model::ContentBlock::text(error)])
+        CallToolResult::error(vec![rmcp::model::ContentBlock::text(error.to_string())])
     });
     match serde_json::to_value(result) {
         Ok(Value::Object(object)) => Ok(object),
@@ -434,6 +448,8 @@ fn call_result_object(result: Result<CallToolResult, String>) -> Result<JsonObje
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn task(state: &str, result: Option<Value>) -> TaskInfo {
@@ -460,14 +476,12 @@ mod tests {
 
     #[test]
     fn a_finished_exec_is_its_structured_output_and_a_refusal_a_tool_error() {
-        let ran = task(
-            "failed",
-            Some(
-                json!({"success": false, "stdout": "x\n", "stderr": "", "exit_code": 3,
-                        "signal": null, "timed_out": false, "error": null,
-                        "tool_calls": 0, "tool_bytes": 0}),
-            ),
-        );
+        let failed = ExecReply {
+            stdout: "x\n".to_owned(),
+            exit_code: Some(3),
+            ..ExecReply::default()
+        };
+        let ran = task("failed", Some(serde_json::to_value(failed).unwrap()));
         let result = tool_result(&ran).expect("a result");
         assert_eq!(
             result.structured_content.expect("structured")["exit_code"],
@@ -477,10 +491,9 @@ mod tests {
             "interrupted",
             Some(json!({"code": "interrupted", "error": "the kernel stopped", "success": false})),
         );
-        assert_eq!(
-            tool_result(&interrupted).unwrap_err(),
-            "the kernel stopped (interrupted)"
-        );
+        let refused = tool_result(&interrupted).unwrap_err();
+        assert_eq!(refused.to_string(), "the kernel stopped (interrupted)");
+        assert_eq!(refused.refusal_code(), Some(ErrorCode::Interrupted));
         let object = call_result_object(tool_result(&interrupted)).expect("an object");
         assert_eq!(object["isError"], true);
     }

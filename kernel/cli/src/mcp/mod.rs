@@ -2,34 +2,38 @@
 //!
 //! An MCP client (Claude Code, Claude Desktop) starts `agentos mcp` and
 //! talks JSON-RPC on its stdin and stdout, or reaches `agentos mcp --http`
-//! over Streamable HTTP (see `http`); each tool call becomes one
+//! over Streamable HTTP (see `http`, and `agentos_http` for what stands in
+//! front of it); each tool call becomes one
 //! request to agentosd on a connection of the caller's own, so the kernel
 //! sees the same uid it would see from any other `agentos` command. The
 //! server holds no identity or power of its own.
 //!
-//! Tokio lives here only: the rest of the CLI, and the kernel, are
-//! blocking or have their own runtime.
+//! The tools speak the kernel's protocol in proto's types: its requests
+//! (or, where proto gives a request no type to write, one that writes
+//! the same payload: `requests`), and its replies, which are the tools'
+//! structured results and whose derived schemas are their output schemas
+//! (`schema`).
+//!
+//! Tokio lives here and in the HTTP face only: the rest of the CLI, and
+//! the kernel, are blocking or have their own runtime.
 
-/// The input schema of a tool whose arguments are `T`; a type that has no
-/// schema is a mistake in the tool modules, found by the first tools/list.
-macro_rules! input_schema {
-    ($arguments:ty) => {
-        schema_for_input::<$arguments>()
-            .expect(concat!(stringify!($arguments), " has an object schema"))
-    };
-}
-
+mod agents;
 mod arguments;
 mod catalogue;
+mod exec;
 mod http;
 mod kernel;
 mod long_work;
 mod prompt;
+mod requests;
 mod resources;
 mod results;
+mod schema;
 mod server;
 mod sessions;
 mod tasks;
+mod think;
+mod tool_error;
 mod trace;
 
 use std::path::PathBuf;
@@ -37,8 +41,9 @@ use std::time::Duration;
 
 use rmcp::ServiceExt;
 
-pub use http::HttpOptions;
-use http::HttpPlan;
+pub use agentos_http::HttpOptions;
+use agentos_http::{HttpError, HttpPlan};
+use http::{McpEndpoint, FACE};
 use kernel::KernelLink;
 use server::AgentosServer;
 
@@ -51,13 +56,30 @@ pub enum Transport {
     Http(HttpOptions),
 }
 
+/// Why the server stopped, or never started.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    /// The runtime that drives the server could not be built.
+    #[error(transparent)]
+    Runtime(std::io::Error),
+    /// The stdio client's `initialize` failed. Boxed: it can carry a
+    /// whole message, and every other failure is small.
+    #[error(transparent)]
+    Initialize(Box<rmcp::service::ServerInitializeError>),
+    /// The task serving the stdio client ended abnormally.
+    #[error(transparent)]
+    Serving(#[from] tokio::task::JoinError),
+}
+
 /// Serves MCP on `transport`, each tool call reaching the kernel at
 /// `socket`.
-pub fn serve(socket: PathBuf, transport: Transport) -> anyhow::Result<()> {
+pub fn serve(socket: PathBuf, transport: Transport) -> Result<(), ServeError> {
     // Flags are checked before anything starts.
     let plan = match &transport {
         Transport::Stdio => None,
-        Transport::Http(options) => Some(HttpPlan::new(options)?),
+        Transport::Http(options) => Some(HttpPlan::new(FACE, options)?),
     };
     // A server outlives its peers: a client that hangs up mid-answer, or
     // a kernel connection closed under a call, is an EPIPE for the one
@@ -73,12 +95,16 @@ pub fn serve(socket: PathBuf, transport: Transport) -> anyhow::Result<()> {
     // nothing else, and no request hops between threads.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?;
+        .build()
+        .map_err(ServeError::Runtime)?;
     let server = AgentosServer::new(KernelLink::new(socket));
     let served = runtime.block_on(async move {
         match plan {
             None => serve_stdio(server).await,
-            Some(plan) => http::serve(server, plan).await,
+            Some(plan) => {
+                let endpoint = |site: &_| McpEndpoint::new(server, site);
+                Ok(agentos_http::serve(plan, endpoint).await?)
+            }
         }
     });
     // A kernel call still blocking a thread (an EXEC run) does not hold
@@ -92,8 +118,11 @@ pub fn serve(socket: PathBuf, transport: Transport) -> anyhow::Result<()> {
 /// write. rmcp bounds a stdio line at 16 MiB and drops longer ones; a
 /// shorter request too big for the kernel reaches it and is refused as a
 /// tool error, which tells the client more than silence would.
-async fn serve_stdio(server: AgentosServer) -> anyhow::Result<()> {
-    let running = server.serve(rmcp::transport::stdio_pipes()).await?;
+async fn serve_stdio(server: AgentosServer) -> Result<(), ServeError> {
+    let running = server
+        .serve(rmcp::transport::stdio_pipes())
+        .await
+        .map_err(|err| ServeError::Initialize(Box::new(err)))?;
     running.waiting().await?;
     Ok(())
 }

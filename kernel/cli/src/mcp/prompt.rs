@@ -1,74 +1,53 @@
 //! The `run_prompt` tool: the kernel's prompt-to-program loop (a TASK of
 //! kind `prompt`), in which its LLM writes code, the code runs in a
-//! sandbox, and the output goes back to the LLM until it answers.
+//! sandbox, and the output goes back to the LLM until it answers. The
+//! tool's arguments are the loop's request, proto's `PromptRequest`; the
+//! kernel checks the values (lengths, the iteration range, the session
+//! name).
 
-use agentos_proto::payload::TaskKind;
-use rmcp::handler::server::common::{schema_for_input, schema_for_output};
-use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResponse, JsonObject};
+use agentos_proto::payload::{PromptRequest, TaskKind};
+use rmcp::model::CallToolResponse;
 use rmcp::service::RequestContext;
-use rmcp::{tool, tool_router, RoleServer};
-use serde_json::{json, Value};
+use rmcp::RoleServer;
 
-use super::arguments::{read, RunPromptArguments};
-use super::long_work::{self, Answer};
-use super::results::RunPromptOutput;
-use super::server::AgentosServer;
+use super::kernel::KernelLink;
+use super::long_work::{self, Delivery};
+use super::tool_error::ToolError;
 
-#[tool_router(router = prompt_tools, vis = "pub(super)")]
-impl AgentosServer {
-    #[tool(
-        description = "Have the kernel's LLM solve a task by writing and running code until it can answer.",
-        input_schema = input_schema!(RunPromptArguments),
-        output_schema = schema_for_output::<RunPromptOutput>(),
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
-    )]
-    async fn run_prompt(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, String> {
-        let arguments: RunPromptArguments = read(arguments)?;
-        let request = prompt_request(arguments);
-        // The loop is a kernel task whatever the client asked for: the
-        // kernel has no blocking request for it.
-        let answer = Answer::asked_for(&context);
-        long_work::run(&self.kernel, TaskKind::Prompt, request, answer, &context).await
-    }
-}
-
-/// The `prompt` task's request for `arguments`; the kernel checks the
-/// values (lengths, the iteration range, the session name).
-fn prompt_request(arguments: RunPromptArguments) -> Value {
-    let mut request = json!({ "prompt": arguments.prompt });
-    if let Some(max_iterations) = arguments.max_iterations {
-        request["max_iterations"] = max_iterations.into();
-    }
-    if let Some(system) = arguments.system {
-        request["system"] = system.into();
-    }
-    if let Some(session) = arguments.session {
-        request["session"] = session.into();
-    }
-    request
+/// `run_prompt`: the loop's answer, or a task handle or progress on the
+/// way to it when the client asked for those (see `long_work`).
+pub async fn run_prompt(
+    kernel: &KernelLink,
+    request: PromptRequest,
+    context: &RequestContext<RoleServer>,
+) -> Result<CallToolResponse, ToolError> {
+    // The loop is a kernel task whatever the client asked for: the
+    // kernel has no blocking request for it.
+    let answer = Delivery::asked_for(context);
+    long_work::run(kernel, TaskKind::Prompt, &request, answer, context).await
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
+    use super::super::arguments::read;
     use super::*;
 
     #[test]
-    fn only_the_arguments_given_are_sent() {
-        let arguments = read(
-            json!({"prompt": "sum 1..10", "max_iterations": 3})
-                .as_object()
-                .expect("an object")
-                .clone(),
-        )
-        .expect("valid arguments");
+    fn the_arguments_given_are_sent_and_the_rest_are_the_kernels_defaults() {
+        let request = |arguments: serde_json::Value| {
+            let arguments: PromptRequest =
+                read(arguments.as_object().expect("an object").clone()).expect("valid arguments");
+            serde_json::to_value(arguments).expect("a request")
+        };
         assert_eq!(
-            prompt_request(arguments),
+            request(json!({"prompt": "sum 1..10", "max_iterations": 3})),
             json!({"prompt": "sum 1..10", "max_iterations": 3})
+        );
+        assert_eq!(
+            request(json!({"prompt": "sum 1..10", "session": "s"})),
+            json!({"prompt": "sum 1..10", "max_iterations": 5, "session": "s"})
         );
     }
 }

@@ -1,13 +1,19 @@
-//! The MCP tools: each reads its arguments, makes one kernel request and
-//! shapes the reply. A kernel refusal becomes a tool error (`isError`)
-//! with the kernel's message, so the model sees why and can try again.
+//! The MCP server: every tool, each reading its arguments and handing
+//! them to the module of its concern (`agents`, `exec`, `think`,
+//! `sessions`, `tasks`, `catalogue`, `prompt`), and the handler that
+//! serves the tools, the resources (`resources`) and the task handles
+//! (`long_work`). A kernel refusal becomes a tool error (`isError`) with
+//! the kernel's message, so the model sees why and can try again.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use agentos_proto::payload::TaskKind;
+use agentos_proto::payload::{
+    ClosedReply, ExecReply, HelloReply, HelloRequest, KillReply, LogsReply, PromptRequest,
+    SessionsReply, SnapshotReply, SpawnReply, TaskCancelReply, TaskDispatchReply, TaskListReply,
+    TaskReply, ThinkReply, ToolReply, ToolSearchReply,
+};
 use agentos_proto::Opcode;
-use rmcp::handler::server::common::{schema_for_input, schema_for_output};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
@@ -18,19 +24,18 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
-use serde_json::{json, Value};
 
 use super::arguments::{
     read, AgentLogsArguments, ExecArguments, KillArguments, ListAgentsArguments, NoArguments,
-    SpawnArguments, ThinkArguments,
+    SessionArguments, SnapshotArguments, SpawnArguments, TaskArguments, TaskDispatchArguments,
+    TaskListArguments, TaskWaitArguments, ThinkArguments, ToolsCallArguments, ToolsSearchArguments,
 };
 use super::kernel::{KernelLink, Wait};
-use super::long_work::{self, Answer};
-use super::results::{
-    from_reply, structured, structured_json, AgentLogsOutput, AgentsOutput, ExecOutput, KillOutput,
-    SpawnOutput, StatusOutput, ThinkOutput,
+use super::results::{answer, AgentsOutput, RestoreOutput, RunPromptOutput};
+use super::tool_error::ToolError;
+use super::{
+    agents, catalogue, exec, long_work, prompt, resources, schema, sessions, tasks, think,
 };
-use super::trace::CallerTrace;
 
 /// The newest MCP revision this server implements: 2026-07-28, stateless,
 /// where a client may start with `server/discover` and every request
@@ -49,28 +54,11 @@ const LISTS_FRESH_FOR_MS: u64 = 5 * 60 * 1000;
 
 #[derive(Debug, Clone)]
 pub struct AgentosServer {
-    pub(super) kernel: KernelLink,
+    kernel: KernelLink,
     /// Every tool, built once: rmcp's handler looks a call's tool up in
     /// it, and building it (every tool's schemas and routes) per call cost
     /// more than the rest of the server's part of the call.
     tools: Arc<ToolRouter<AgentosServer>>,
-}
-
-impl AgentosServer {
-    /// Sends `request` and answers the tool call with the kernel's reply,
-    /// read as `T`, as structured content.
-    pub(super) async fn answer<T>(
-        &self,
-        opcode: Opcode,
-        request: &Value,
-        wait: Wait,
-    ) -> Result<CallToolResult, String>
-    where
-        T: for<'de> serde::Deserialize<'de> + serde::Serialize,
-    {
-        let reply = self.kernel.request(opcode, request, wait).await?;
-        structured_json(&from_reply::<T>(reply)?)
-    }
 }
 
 #[tool_router]
@@ -78,267 +66,263 @@ impl AgentosServer {
     pub fn new(kernel: KernelLink) -> AgentosServer {
         AgentosServer {
             kernel,
-            tools: Arc::new(Self::all_tools()),
+            tools: Arc::new(Self::tool_router()),
         }
-    }
-
-    /// Every tool: these, and those of the other tool modules.
-    fn all_tools() -> ToolRouter<AgentosServer> {
-        Self::tool_router()
-            + Self::session_tools()
-            + Self::task_tools()
-            + Self::catalogue_tools()
-            + Self::prompt_tools()
     }
 
     #[tool(
         description = "Run Python or bash in an isolated sandbox; MCP tools are importable Python modules there.",
-        input_schema = input_schema!(ExecArguments),
-        output_schema = schema_for_output::<ExecOutput>(),
+        input_schema = schema::input::<ExecArguments>(),
+        output_schema = schema::output::<ExecReply>(),
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
     )]
     async fn exec(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
         context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, String> {
-        let arguments: ExecArguments = read(arguments)?;
-        let mut request = json!({
-            "code": arguments.code,
-            "language": arguments.language.as_str(),
-        });
-        if let Some(session) = arguments.session {
-            request["session"] = session.into();
-        }
-        if let Some(timeout_ms) = arguments.timeout_ms {
-            request["timeout_ms"] = timeout_ms.into();
-        }
-        if !arguments.env.is_empty() {
-            request["env"] = json!(arguments.env);
-        }
-        if let Some(network) = &arguments.network {
-            request["network"] = network.to_request();
-        }
-        let trace = CallerTrace::of(&context);
-        let answer = Answer::asked_for(&context);
-        if !matches!(answer, Answer::AtTheEnd) {
-            match long_work::dispatch(&self.kernel, TaskKind::Exec, request.clone(), &trace).await {
-                Ok(task_id) => {
-                    return long_work::answer_for(&self.kernel, &task_id, answer, &context).await
-                }
-                // Without tasks the run still runs: as a plain EXEC,
-                // without a task handle or progress.
-                Err(err) if long_work::tasks_refused(&err) => {}
-                Err(err) => return Err(err),
-            }
-        }
-        // The fast path, one EXEC. A client that cancels the call closes
-        // its connection, and the kernel kills the run.
-        trace.add_to(&mut request);
-        let reply = self
-            .kernel
-            .request_until(
-                Opcode::EXEC,
-                &request,
-                Wait::AsLongAsTheKernel,
-                context.ct.cancelled(),
-            )
-            .await?;
-        let output: ExecOutput = from_reply(reply)?;
-        let text = output.text();
-        structured(&output, text).map(CallToolResponse::from)
+    ) -> Result<CallToolResponse, ToolError> {
+        exec::exec(&self.kernel, read(arguments)?, &context).await
     }
 
     #[tool(
         description = "Ask the kernel's LLM.",
-        input_schema = input_schema!(ThinkArguments),
-        output_schema = schema_for_output::<ThinkOutput>(),
+        input_schema = schema::input::<ThinkArguments>(),
+        output_schema = schema::output::<ThinkReply>(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = false)
     )]
     async fn think(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
         context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: ThinkArguments = read(arguments)?;
-        let mut request = json!({ "prompt": arguments.prompt });
-        if let Some(max_tokens) = arguments.max_tokens {
-            request["max_tokens"] = max_tokens.into();
-        }
-        CallerTrace::of(&context).add_to(&mut request);
-        // A THINK still queued when the client cancels is dropped with its
-        // connection, and never reaches the model.
-        let reply = self
-            .kernel
-            .request_until(
-                Opcode::THINK,
-                &request,
-                Wait::AsLongAsTheKernel,
-                context.ct.cancelled(),
-            )
-            .await?;
-        let output: ThinkOutput = from_reply(reply)?;
-        let text = output.content.clone();
-        structured(&output, text)
+    ) -> Result<CallToolResult, ToolError> {
+        think::think(&self.kernel, read(arguments)?, &context).await
+    }
+
+    #[tool(
+        description = "Have the kernel's LLM solve a task by writing and running code until it can answer.",
+        input_schema = schema::input::<PromptRequest>(),
+        output_schema = schema::output::<RunPromptOutput>(),
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
+    )]
+    async fn run_prompt(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ToolError> {
+        prompt::run_prompt(&self.kernel, read(arguments)?, &context).await
     }
 
     #[tool(
         description = "List your agents (all: ended ones too).",
-        input_schema = input_schema!(ListAgentsArguments),
-        output_schema = schema_for_output::<AgentsOutput>(),
+        input_schema = schema::input::<ListAgentsArguments>(),
+        output_schema = schema::output::<AgentsOutput>(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
     )]
     async fn list_agents(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: ListAgentsArguments = read(arguments)?;
-        let reply = self
-            .kernel
-            .request(Opcode::LIST, &Value::Null, Wait::Quick)
-            .await?;
-        let Value::Array(agents) = reply else {
-            return Err(format!("unexpected LIST reply from the kernel: {reply}"));
-        };
-        let agents = agents
-            .into_iter()
-            .filter(|agent| arguments.all || agent["running"] == true)
-            .collect();
-        structured_json(&AgentsOutput { agents })
+    ) -> Result<CallToolResult, ToolError> {
+        agents::list(&self.kernel, read(arguments)?).await
     }
 
     #[tool(
         description = "Start an agent in its own sandbox from a Python script or a command.",
-        input_schema = input_schema!(SpawnArguments),
-        output_schema = schema_for_output::<SpawnOutput>(),
+        input_schema = schema::input::<SpawnArguments>(),
+        output_schema = schema::output::<SpawnReply>(),
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
     )]
     async fn spawn(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: SpawnArguments = read(arguments)?;
-        let request = spawn_request(arguments)?;
-        self.answer::<SpawnOutput>(Opcode::SPAWN, &request, Wait::Quick)
-            .await
+    ) -> Result<CallToolResult, ToolError> {
+        agents::spawn(&self.kernel, read(arguments)?).await
     }
 
     #[tool(
         description = "Stop an agent (SIGTERM, then SIGKILL after a grace).",
-        input_schema = input_schema!(KillArguments),
-        output_schema = schema_for_output::<KillOutput>(),
+        input_schema = schema::input::<KillArguments>(),
+        output_schema = schema::output::<KillReply>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
     )]
     async fn kill(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: KillArguments = read(arguments)?;
-        let request = match (arguments.name, arguments.id) {
-            (Some(name), None) => json!({ "name": name }),
-            (None, Some(id)) => json!({ "id": id }),
-            _ => return Err("give exactly one of the arguments name and id".to_owned()),
-        };
-        self.answer::<KillOutput>(Opcode::KILL, &request, Wait::Quick)
-            .await
-    }
-
-    #[tool(
-        description = "The kernel's version, features, LLM, and who you are to it.",
-        input_schema = input_schema!(NoArguments),
-        output_schema = schema_for_output::<StatusOutput>(),
-        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
-    )]
-    async fn status(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
-        let NoArguments {} = read(arguments)?;
-        self.answer::<StatusOutput>(Opcode::HELLO, &Value::Null, Wait::Quick)
-            .await
+    ) -> Result<CallToolResult, ToolError> {
+        agents::kill(&self.kernel, read(arguments)?).await
     }
 
     #[tool(
         description = "The last lines of an agent's log (what it wrote to stdout and stderr).",
-        input_schema = input_schema!(AgentLogsArguments),
-        output_schema = schema_for_output::<AgentLogsOutput>(),
+        input_schema = schema::input::<AgentLogsArguments>(),
+        output_schema = schema::output::<LogsReply>(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
     )]
     async fn agent_logs(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: AgentLogsArguments = read(arguments)?;
-        let mut request = match (arguments.name, arguments.id) {
-            (Some(name), None) => json!({ "name": name }),
-            (None, Some(id)) => json!({ "id": id }),
-            _ => return Err("give exactly one of the arguments name and id".to_owned()),
-        };
-        if let Some(lines) = arguments.lines {
-            request["lines"] = lines.into();
-        }
-        let reply = self
-            .kernel
-            .request(Opcode::LOGS, &request, Wait::Quick)
-            .await?;
-        let output: AgentLogsOutput = from_reply(reply)?;
-        let text = output.text.clone();
-        structured(&output, text)
+    ) -> Result<CallToolResult, ToolError> {
+        agents::logs(&self.kernel, read(arguments)?).await
     }
-}
 
-/// The SPAWN request for `arguments`, in the kernel's terms.
-fn spawn_request(arguments: SpawnArguments) -> Result<Value, String> {
-    let mut request = json!({ "name": arguments.name });
-    match (arguments.script, arguments.command) {
-        (Some(script), None) => {
-            // The kernel resolves nothing against this server's directory,
-            // so a relative script path is made absolute here, as the CLI
-            // does.
-            let script =
-                std::path::absolute(&script).map_err(|err| format!("argument script: {err}"))?;
-            request["script"] = json!(script);
-            request["args"] = json!(arguments.args);
-        }
-        (None, Some(command)) => {
-            if command.is_empty() {
-                return Err("argument command: give the program to run".to_owned());
-            }
-            if !arguments.args.is_empty() {
-                return Err(
-                    "argument args: goes with script; put a command's arguments in command"
-                        .to_owned(),
-                );
-            }
-            request["command"] = json!(command);
-        }
-        _ => return Err("give exactly one of the arguments script and command".to_owned()),
+    #[tool(
+        description = "The kernel's version, features, LLM, and who you are to it.",
+        input_schema = schema::input::<NoArguments>(),
+        output_schema = schema::output::<HelloReply>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
+    )]
+    async fn status(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        let NoArguments {} = read(arguments)?;
+        answer::<HelloReply>(&self.kernel, Opcode::HELLO, &HelloRequest {}, Wait::Quick).await
     }
-    if let Some(limits) = arguments.limits {
-        let mut kernel_limits = serde_json::Map::new();
-        if let Some(memory) = limits.memory_bytes {
-            kernel_limits.insert("memory".into(), memory.into());
-        }
-        if let Some(cpus) = limits.cpus {
-            if !(cpus > 0.0 && cpus.is_finite()) {
-                return Err("argument limits.cpus: must be a positive number".to_owned());
-            }
-            // The kernel takes a CFS quota per period, as the CLI's --cpus.
-            kernel_limits.insert("cpu_period".into(), 100_000.into());
-            kernel_limits.insert(
-                "cpu_quota".into(),
-                ((cpus * 100_000.0).round() as u64).into(),
-            );
-        }
-        if let Some(max_pids) = limits.max_pids {
-            kernel_limits.insert("max_pids".into(), max_pids.into());
-        }
-        request["limits"] = kernel_limits.into();
+
+    #[tool(
+        description = "List your exec sessions, with their runs and workspace size.",
+        input_schema = schema::input::<NoArguments>(),
+        output_schema = schema::output::<SessionsReply>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
+    )]
+    async fn exec_sessions(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        let NoArguments {} = read(arguments)?;
+        sessions::list(&self.kernel).await
     }
-    if let Some(network) = &arguments.network {
-        request["network"] = network.to_request();
+
+    #[tool(
+        description = "Close an exec session: its interpreter ends and its /workspace is removed.",
+        input_schema = schema::input::<SessionArguments>(),
+        output_schema = schema::output::<ClosedReply>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
+    )]
+    async fn exec_close(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        sessions::close(&self.kernel, read(arguments)?).await
     }
-    Ok(request)
+
+    #[tool(
+        description = "Save an exec session's /workspace files under a name, for exec_restore.",
+        input_schema = schema::input::<SnapshotArguments>(),
+        output_schema = schema::output::<SnapshotReply>(),
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
+    )]
+    async fn exec_snapshot(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        sessions::snapshot(&self.kernel, read(arguments)?).await
+    }
+
+    #[tool(
+        description = "Replace a session's /workspace with a snapshot and restart its interpreter.",
+        input_schema = schema::input::<SnapshotArguments>(),
+        output_schema = schema::output::<RestoreOutput>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
+    )]
+    async fn exec_restore(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        sessions::restore(&self.kernel, read(arguments)?).await
+    }
+
+    #[tool(
+        description = "Start code (exec) or a prompt (think) as a background task; returns its task_id.",
+        input_schema = schema::input::<TaskDispatchArguments>(),
+        output_schema = schema::output::<TaskDispatchReply>(),
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
+    )]
+    async fn task_dispatch(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ToolError> {
+        tasks::dispatch(&self.kernel, read(arguments)?, &context).await
+    }
+
+    #[tool(
+        description = "A task's state and progress.",
+        input_schema = schema::input::<TaskArguments>(),
+        output_schema = schema::output::<TaskReply>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
+    )]
+    async fn task_status(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        tasks::status(&self.kernel, read(arguments)?).await
+    }
+
+    #[tool(
+        description = "Wait up to timeout_ms for a task to finish; the task, with its result once finished.",
+        input_schema = schema::input::<TaskWaitArguments>(),
+        output_schema = schema::output::<TaskReply>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
+    )]
+    async fn task_wait(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        tasks::wait(&self.kernel, read(arguments)?).await
+    }
+
+    #[tool(
+        description = "Cancel a task: its running code is killed, a queued think withdrawn.",
+        input_schema = schema::input::<TaskArguments>(),
+        output_schema = schema::output::<TaskCancelReply>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
+    )]
+    async fn task_cancel(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        tasks::cancel(&self.kernel, read(arguments)?).await
+    }
+
+    #[tool(
+        description = "List your tasks, newest first (filter by state or kind; page with before).",
+        input_schema = schema::input::<TaskListArguments>(),
+        output_schema = schema::output::<TaskListReply>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
+    )]
+    async fn task_list(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        tasks::list(&self.kernel, read(arguments)?).await
+    }
+
+    #[tool(
+        description = "Search the kernel's MCP tools by words: names and descriptions, full schemas with detail.",
+        input_schema = schema::input::<ToolsSearchArguments>(),
+        output_schema = schema::output::<ToolSearchReply>(),
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
+    )]
+    async fn tools_search(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        catalogue::search(&self.kernel, read(arguments)?).await
+    }
+
+    #[tool(
+        description = "Call a tool of one of the kernel's MCP servers (found with tools_search).",
+        input_schema = schema::input::<ToolsCallArguments>(),
+        output_schema = schema::output::<ToolReply>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false)
+    )]
+    async fn tools_call(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ToolError> {
+        catalogue::call(&self.kernel, read(arguments)?, &context).await
+    }
 }
 
 #[tool_handler(router = self.tools)]
@@ -422,7 +406,7 @@ impl ServerHandler for AgentosServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        let mut result = self.list_resources_of_caller().await?;
+        let mut result = resources::list(&self.kernel).await?;
         // The caller's own agents, sessions and tasks change from one
         // moment to the next: a client should ask again, and never share
         // the answer with another user.
@@ -438,7 +422,7 @@ impl ServerHandler for AgentosServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        let mut result = Self::resource_templates();
+        let mut result = resources::templates();
         if has_cache_hints(&context) {
             result.ttl_ms = Some(LISTS_FRESH_FOR_MS);
             result.cache_scope = Some(CacheScope::Public);
@@ -451,7 +435,7 @@ impl ServerHandler for AgentosServer {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        Ok(self.read_resource_at(&request.uri).await?.into())
+        Ok(resources::read(&self.kernel, &request.uri).await?.into())
     }
 }
 
@@ -461,4 +445,43 @@ fn has_cache_hints(context: &RequestContext<RoleServer>) -> bool {
     context
         .protocol_version()
         .is_some_and(|version| version >= NEWEST_REVISION)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use serde_json::Value;
+
+    use super::*;
+
+    /// Every tool's schemas are objects whose properties are objects
+    /// (MCP 2025-11-25 requires it of an output schema, and the
+    /// TypeScript SDK's clients refuse the whole list otherwise), and none
+    /// repeats what the list says once.
+    #[test]
+    fn every_schema_is_an_object_of_object_properties_said_once() {
+        let server = AgentosServer::new(KernelLink::new(PathBuf::from("/nonexistent")));
+        let tools = server.tools.list_all();
+        assert_eq!(tools.len(), 19);
+        for tool in tools {
+            let output = tool.output_schema.expect("an output schema");
+            for schema in [tool.input_schema, output] {
+                let text = serde_json::to_string(&schema).expect("JSON");
+                assert_eq!(
+                    schema.get("type").and_then(Value::as_str),
+                    Some("object"),
+                    "{}: {text}",
+                    tool.name
+                );
+                let properties = schema.get("properties").and_then(Value::as_object);
+                for (name, property) in properties.into_iter().flatten() {
+                    assert!(property.is_object(), "{}.{name}: {text}", tool.name);
+                }
+                for repeated in ["$schema", "\"format\"", "```", "\"success\""] {
+                    assert!(!text.contains(repeated), "{}: {text}", tool.name);
+                }
+            }
+        }
+    }
 }

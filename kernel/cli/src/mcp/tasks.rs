@@ -1,126 +1,91 @@
 //! The tools for TASK: background exec runs and think prompts, which
 //! outlive the call (and the server) that dispatched them.
 
+use agentos_proto::payload::{
+    ExecRequest, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskKind, TaskList,
+    TaskListReply, TaskRef, TaskReply, TaskRequest, TaskWait, ThinkRequest,
+};
 use agentos_proto::Opcode;
-use rmcp::handler::server::common::{schema_for_input, schema_for_output};
-use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, JsonObject};
+use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
-use rmcp::{tool, tool_router, RoleServer};
-use serde_json::{json, Value};
+use rmcp::RoleServer;
+use serde::Serialize;
+use serde_json::Value;
 
 use super::arguments::{
-    read, TaskArguments, TaskDispatchArguments, TaskListArguments, TaskWaitArguments,
+    ArgumentError, TaskArguments, TaskDispatchArguments, TaskListArguments, TaskWaitArguments,
 };
-use super::kernel::Wait;
-use super::results::{CancelOutput, DispatchOutput, TaskListOutput, TaskOutput};
-use super::server::AgentosServer;
+use super::kernel::{KernelLink, Wait};
+use super::results::answer;
+use super::tool_error::{ReplyError, ToolError};
 use super::trace::CallerTrace;
 
-#[tool_router(router = task_tools, vis = "pub(super)")]
-impl AgentosServer {
-    #[tool(
-        description = "Start code (exec) or a prompt (think) as a background task; returns its task_id.",
-        input_schema = input_schema!(TaskDispatchArguments),
-        output_schema = schema_for_output::<DispatchOutput>(),
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
-    )]
-    async fn task_dispatch(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: TaskDispatchArguments = read(arguments)?;
-        let mut request = dispatch_request(arguments)?;
-        CallerTrace::of(&context).add_to(&mut request);
-        self.answer::<DispatchOutput>(Opcode::TASK, &request, Wait::Quick)
-            .await
-    }
+/// `task_dispatch`: starts the code or the prompt as a task; its id.
+pub async fn dispatch(
+    kernel: &KernelLink,
+    arguments: TaskDispatchArguments,
+    context: &RequestContext<RoleServer>,
+) -> Result<CallToolResult, ToolError> {
+    let request = dispatch_request(arguments, CallerTrace::of(context).traceparent())?;
+    answer::<TaskDispatchReply>(kernel, Opcode::TASK, &request, Wait::Quick).await
+}
 
-    #[tool(
-        description = "A task's state and progress.",
-        input_schema = input_schema!(TaskArguments),
-        output_schema = schema_for_output::<TaskOutput>(),
-        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
-    )]
-    async fn task_status(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: TaskArguments = read(arguments)?;
-        let request = json!({ "op": "status", "task_id": arguments.task_id });
-        self.answer::<TaskOutput>(Opcode::TASK, &request, Wait::Quick)
-            .await
-    }
+/// `task_status`: the task as it is now.
+pub async fn status(
+    kernel: &KernelLink,
+    arguments: TaskArguments,
+) -> Result<CallToolResult, ToolError> {
+    let request = TaskRequest::Status(TaskRef {
+        task_id: arguments.task_id,
+    });
+    answer::<TaskReply>(kernel, Opcode::TASK, &request, Wait::Quick).await
+}
 
-    #[tool(
-        description = "Wait up to timeout_ms for a task to finish; the task, with its result once finished.",
-        input_schema = input_schema!(TaskWaitArguments),
-        output_schema = schema_for_output::<TaskOutput>(),
-        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
-    )]
-    async fn task_wait(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: TaskWaitArguments = read(arguments)?;
-        let mut request = json!({ "op": "wait", "task_id": arguments.task_id });
-        if let Some(timeout_ms) = arguments.timeout_ms {
-            request["timeout_ms"] = timeout_ms.into();
-        }
-        // The kernel ends the wait at timeout_ms (or its own default).
-        self.answer::<TaskOutput>(Opcode::TASK, &request, Wait::AsLongAsTheKernel)
-            .await
-    }
+/// `task_wait`: the task once it has finished, or when the wait is over.
+pub async fn wait(
+    kernel: &KernelLink,
+    arguments: TaskWaitArguments,
+) -> Result<CallToolResult, ToolError> {
+    let request = TaskRequest::Wait(TaskWait {
+        task_id: arguments.task_id,
+        timeout_ms: arguments.timeout_ms,
+    });
+    // The kernel ends the wait at timeout_ms (or its own default).
+    answer::<TaskReply>(kernel, Opcode::TASK, &request, Wait::AsLongAsTheKernel).await
+}
 
-    #[tool(
-        description = "Cancel a task: its running code is killed, a queued think withdrawn.",
-        input_schema = input_schema!(TaskArguments),
-        output_schema = schema_for_output::<CancelOutput>(),
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
-    )]
-    async fn task_cancel(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: TaskArguments = read(arguments)?;
-        let request = json!({ "op": "cancel", "task_id": arguments.task_id });
-        self.answer::<CancelOutput>(Opcode::TASK, &request, Wait::Quick)
-            .await
-    }
+/// `task_cancel`: kills the task's run, or withdraws its queued THINK.
+pub async fn cancel(
+    kernel: &KernelLink,
+    arguments: TaskArguments,
+) -> Result<CallToolResult, ToolError> {
+    let request = TaskRequest::Cancel(TaskRef {
+        task_id: arguments.task_id,
+    });
+    answer::<TaskCancelReply>(kernel, Opcode::TASK, &request, Wait::Quick).await
+}
 
-    #[tool(
-        description = "List your tasks, newest first (filter by state or kind; page with before).",
-        input_schema = input_schema!(TaskListArguments),
-        output_schema = schema_for_output::<TaskListOutput>(),
-        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
-    )]
-    async fn task_list(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, String> {
-        let arguments: TaskListArguments = read(arguments)?;
-        let mut request = json!({ "op": "list" });
-        if let Some(state) = arguments.state {
-            request["state"] = state.into();
-        }
-        if let Some(kind) = arguments.kind {
-            request["kind"] = kind.into();
-        }
-        if let Some(limit) = arguments.limit {
-            request["limit"] = limit.into();
-        }
-        if let Some(before) = arguments.before {
-            request["before"] = before.into();
-        }
-        self.answer::<TaskListOutput>(Opcode::TASK, &request, Wait::Quick)
-            .await
-    }
+/// `task_list`: the caller's tasks, newest first.
+pub async fn list(
+    kernel: &KernelLink,
+    arguments: TaskListArguments,
+) -> Result<CallToolResult, ToolError> {
+    let request = TaskRequest::List(TaskList {
+        state: arguments.state,
+        kind: arguments.kind,
+        limit: arguments.limit.map(u64::from),
+        before: arguments.before,
+        owner: None,
+    });
+    answer::<TaskListReply>(kernel, Opcode::TASK, &request, Wait::Quick).await
 }
 
 /// The TASK dispatch for `arguments`: an EXEC run for `code`, a THINK for
-/// `prompt`.
-fn dispatch_request(arguments: TaskDispatchArguments) -> Result<Value, String> {
+/// `prompt`, joining the caller's `trace`.
+fn dispatch_request(
+    arguments: TaskDispatchArguments,
+    trace: Option<String>,
+) -> Result<TaskRequest, ToolError> {
     let exec_only = arguments.language.is_some()
         || arguments.session.is_some()
         || arguments.timeout_ms.is_some()
@@ -128,51 +93,59 @@ fn dispatch_request(arguments: TaskDispatchArguments) -> Result<Value, String> {
     let (kind, request) = match (arguments.code, arguments.prompt) {
         (Some(code), None) => {
             if arguments.max_tokens.is_some() {
-                return Err("argument max_tokens: goes with prompt, not code".to_owned());
+                return Err(ArgumentError::Refused {
+                    argument: "max_tokens",
+                    why: "goes with prompt, not code",
+                }
+                .into());
             }
-            let mut request = json!({
-                "code": code,
-                "language": arguments.language.unwrap_or_default().as_str(),
-            });
-            if let Some(session) = arguments.session {
-                request["session"] = session.into();
-            }
-            if let Some(timeout_ms) = arguments.timeout_ms {
-                request["timeout_ms"] = timeout_ms.into();
-            }
-            if !arguments.env.is_empty() {
-                request["env"] = json!(arguments.env);
-            }
-            ("exec", request)
+            let run = ExecRequest {
+                code,
+                language: arguments.language.unwrap_or_default(),
+                session: arguments.session,
+                timeout_ms: arguments.timeout_ms,
+                env: arguments.env,
+                ..ExecRequest::default()
+            };
+            (TaskKind::Exec, embedded(&run)?)
         }
         (None, Some(prompt)) => {
             if exec_only {
-                return Err(
-                    "language, session, timeout_ms and env go with code, not prompt".to_owned(),
-                );
+                return Err(ArgumentError::CodeOnly.into());
             }
-            let mut request = json!({ "prompt": prompt });
-            if let Some(max_tokens) = arguments.max_tokens {
-                request["max_tokens"] = max_tokens.into();
-            }
-            ("think", request)
+            let think = ThinkRequest {
+                prompt: Some(prompt),
+                max_tokens: arguments.max_tokens,
+                ..ThinkRequest::default()
+            };
+            (TaskKind::Think, embedded(&think)?)
         }
-        _ => return Err("give exactly one of the arguments code and prompt".to_owned()),
+        _ => return Err(ArgumentError::OneOf("code", "prompt").into()),
     };
-    let mut dispatch = json!({ "op": "dispatch", "kind": kind, "request": request });
-    if let Some(label) = arguments.label {
-        dispatch["label"] = label.into();
-    }
-    Ok(dispatch)
+    Ok(TaskRequest::Dispatch(TaskDispatch {
+        kind,
+        request,
+        label: arguments.label,
+        trace,
+    }))
+}
+
+/// A request as a dispatch's `request`, which carries any kind's.
+fn embedded(request: &impl Serialize) -> Result<Value, ReplyError> {
+    serde_json::to_value(request).map_err(ReplyError::Unwritable)
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
+    use super::super::arguments::read;
     use super::*;
 
-    fn dispatch(value: Value) -> Result<Value, String> {
+    fn dispatch(value: Value) -> Result<Value, ToolError> {
         let arguments = read(value.as_object().expect("an object").clone())?;
-        dispatch_request(arguments)
+        let request = dispatch_request(arguments, None)?;
+        Ok(serde_json::to_value(request).expect("a request"))
     }
 
     #[test]
@@ -193,13 +166,14 @@ mod tests {
 
     #[test]
     fn arguments_of_the_other_kind_are_refused() {
-        let err = dispatch(json!({"code": "1", "prompt": "hi"})).unwrap_err();
+        let refused = |value| dispatch(value).unwrap_err().to_string();
+        let err = refused(json!({"code": "1", "prompt": "hi"}));
         assert!(err.contains("code and prompt"), "{err}");
-        let err = dispatch(json!({})).unwrap_err();
+        let err = refused(json!({}));
         assert!(err.contains("code and prompt"), "{err}");
-        let err = dispatch(json!({"prompt": "hi", "timeout_ms": 5})).unwrap_err();
+        let err = refused(json!({"prompt": "hi", "timeout_ms": 5}));
         assert!(err.contains("go with code"), "{err}");
-        let err = dispatch(json!({"code": "1", "max_tokens": 5})).unwrap_err();
+        let err = refused(json!({"code": "1", "max_tokens": 5}));
         assert!(err.starts_with("argument max_tokens:"), "{err}");
     }
 }

@@ -1,7 +1,8 @@
 //! The caller's trace: a `tools/call` whose `params._meta` carries a W3C
 //! `traceparent` (MCP reserves the key for trace context, as do
 //! OpenTelemetry's MCP conventions) has the kernel's spans for the call
-//! join that trace, through the kernel request's `trace` field.
+//! join that trace, through the kernel request's `trace` field (a THINK,
+//! an EXEC `run`, a TOOL `call` or a TASK `dispatch`).
 //!
 //! Only a value a receiver may use is passed on, as it came: anything
 //! else is dropped here, and the kernel starts a trace of its own, as it
@@ -11,7 +12,6 @@
 use agentos_proto::TraceContext;
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
-use serde_json::Value;
 
 /// The `traceparent` of one tool call, if it carried a valid one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -31,28 +31,22 @@ impl CallerTrace {
         )
     }
 
-    /// Sets `request`'s `trace` field (a THINK, an EXEC `run`, a TOOL
-    /// `call` or a TASK `dispatch`) to the caller's trace, if there is one.
-    pub fn add_to(&self, request: &mut Value) {
-        if let (Some(traceparent), Value::Object(fields)) = (&self.0, request) {
-            fields.insert("trace".to_owned(), traceparent.clone().into());
-        }
+    /// The request's `trace`: the caller's traceparent, if it gave one.
+    pub fn traceparent(&self) -> Option<String> {
+        self.0.clone()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
     #[test]
     fn a_valid_traceparent_reaches_the_request_as_it_came() {
-        let mut request = json!({ "prompt": "hi" });
-        CallerTrace::from_traceparent(Some(TRACEPARENT)).add_to(&mut request);
-        assert_eq!(request, json!({ "prompt": "hi", "trace": TRACEPARENT }));
+        let trace = CallerTrace::from_traceparent(Some(TRACEPARENT));
+        assert_eq!(trace.traceparent().as_deref(), Some(TRACEPARENT));
     }
 
     #[test]
@@ -65,9 +59,8 @@ mod tests {
             Some("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"),
             Some("not a traceparent"),
         ] {
-            let mut request = json!({ "prompt": "hi" });
-            CallerTrace::from_traceparent(value).add_to(&mut request);
-            assert_eq!(request, json!({ "prompt": "hi" }), "{value:?}");
+            let trace = CallerTrace::from_traceparent(value);
+            assert_eq!(trace.traceparent(), None, "{value:?}");
         }
     }
 }

@@ -4,42 +4,12 @@
 use std::cmp::Reverse;
 use std::time::Duration;
 
-use agentos_proto::payload::{AgentState, CpuStats, ExecStats, Limits, LlmStats, MemoryStats};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::Serialize;
 
-use super::{Sample, SortKey};
+use super::keys::SortKey;
+use super::panes::rows;
+use super::sample::{Entry, Sample};
 use crate::format::{cut, human_size};
-
-/// The fields of a LIST entry the view shows. They are read on their own,
-/// not as `AgentInfo`, so that a kernel whose entries lack `exec` (or carry
-/// more) is still shown.
-#[derive(Debug, Deserialize)]
-pub struct Entry {
-    id: u32,
-    name: String,
-    state: String,
-    restarts: u32,
-    #[serde(default)]
-    limits: Limits,
-    #[serde(default)]
-    memory: MemoryStats,
-    #[serde(default)]
-    cpu: CpuStats,
-    #[serde(default)]
-    llm: LlmStats,
-    #[serde(default)]
-    exec: Option<ExecStats>,
-}
-
-impl Entry {
-    /// Whether it has (or is about to have) processes using CPU.
-    fn is_live(&self) -> bool {
-        AgentState::LIVE
-            .iter()
-            .any(|live| live.as_str() == self.state)
-    }
-}
 
 /// Each agent's CPU % in `now` (in LIST's order), measured from `before`:
 /// `None` for an ended agent, or one not in `before` as the same run.
@@ -86,7 +56,7 @@ fn ordered<'a>(
 }
 
 /// The table's header.
-const COLUMNS: [&str; 8] = [
+pub const COLUMNS: [&str; 8] = [
     "ID", "NAME", "STATE", "CPU%", "MEMORY", "RESTARTS", "TOKENS", "EXEC",
 ];
 
@@ -100,9 +70,9 @@ pub fn table(now: &Sample, cpu: &[Option<f64>], sort: SortKey, room: usize) -> V
         .unwrap_or(0)
         .clamp(4, 24);
     let mut lines = vec![table_row(COLUMNS.map(str::to_owned), name_width)];
-    let rows = ordered(now, cpu, sort);
-    super::panes::rows(&mut lines, rows.len(), room, "(no agents)", |n| {
-        let (agent, cpu) = rows[n];
+    let ordered = ordered(now, cpu, sort);
+    rows(&mut lines, ordered.len(), room, "(no agents)", |n| {
+        let (agent, cpu) = ordered[n];
         table_row(
             [
                 agent.id.to_string(),
@@ -123,18 +93,36 @@ pub fn table(now: &Sample, cpu: &[Option<f64>], sort: SortKey, room: usize) -> V
     lines
 }
 
+/// One agent's figures in `--json`.
+#[derive(Debug, Serialize)]
+pub struct Figures<'a> {
+    id: u32,
+    name: &'a str,
+    state: &'a str,
+    /// To a tenth of a percent; `null` before there are two samples.
+    cpu_percent: Option<f64>,
+    memory: u64,
+    memory_limit: Option<u64>,
+    restarts: u32,
+    tokens: u64,
+    /// `null` when the kernel's LIST says nothing of runs.
+    exec_runs: Option<u64>,
+}
+
 /// `--json`: the agents' figures, in `sort`'s order.
-pub fn json(now: &Sample, cpu: &[Option<f64>], sort: SortKey) -> Vec<Value> {
+pub fn figures<'a>(now: &'a Sample, cpu: &[Option<f64>], sort: SortKey) -> Vec<Figures<'a>> {
     ordered(now, cpu, sort)
         .into_iter()
-        .map(|(agent, cpu)| {
-            json!({
-                "id": agent.id, "name": agent.name, "state": agent.state,
-                "cpu_percent": cpu.map(|p| (p * 10.0).round() / 10.0),
-                "memory": agent.memory.current, "memory_limit": agent.limits.memory,
-                "restarts": agent.restarts, "tokens": agent.llm.tokens,
-                "exec_runs": agent.exec.as_ref().map(|e| e.runs),
-            })
+        .map(|(agent, cpu)| Figures {
+            id: agent.id,
+            name: &agent.name,
+            state: &agent.state,
+            cpu_percent: cpu.map(|p| (p * 10.0).round() / 10.0),
+            memory: agent.memory.current,
+            memory_limit: agent.limits.memory,
+            restarts: agent.restarts,
+            tokens: agent.llm.tokens,
+            exec_runs: agent.exec.as_ref().map(|e| e.runs),
         })
         .collect()
 }
@@ -201,61 +189,10 @@ fn memory(current: u64, limit: Option<u64>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::time::Instant;
 
-    use super::super::{Pane, View};
+    use super::super::sample::fixtures::{entry, sample};
     use super::*;
-
-    fn entry(id: u32, name: &str, state: &str, usage_usec: u64) -> Entry {
-        let exec = if id == 1 {
-            Some(ExecStats { runs: 3 })
-        } else {
-            None
-        };
-        Entry {
-            id,
-            name: name.into(),
-            state: state.into(),
-            restarts: 0,
-            limits: Limits {
-                memory: Some(256 << 20),
-                ..Limits::default()
-            },
-            memory: MemoryStats {
-                current: 12_900_000,
-                peak: 0,
-            },
-            cpu: CpuStats {
-                usage_usec,
-                ..CpuStats::default()
-            },
-            llm: LlmStats {
-                calls: 1,
-                tokens: 40,
-                queue_ms: 0,
-            },
-            exec,
-        }
-    }
-
-    fn sample(at: Instant, agents: Vec<Entry>) -> Sample {
-        let hello = serde_json::from_value(serde_json::json!({
-            "success": true, "protocol_version": 1, "kernel_version": "0.1.0",
-            "agent_id": 1000000,
-            "features": {"think": false, "exec": true, "spawn": true, "cgroup": "v2"},
-            "llm": {"provider": "none", "model": "", "ready": false, "calls": 0, "tokens": 0},
-        }))
-        .expect("a HELLO reply");
-        Sample {
-            at,
-            hello,
-            agents,
-            tasks: Vec::new(),
-            servers: Vec::new(),
-            metrics: None,
-        }
-    }
 
     #[test]
     fn cpu_percent_is_usage_growth_over_wall_time_one_core_being_100() {
@@ -273,79 +210,6 @@ mod tests {
         assert_eq!(human_size(200_000_000), "191M");
         assert_eq!(memory(12_900_000, Some(256 << 20)), "12.3M / 256M");
         assert_eq!(memory(1 << 20, None), "1M");
-    }
-
-    #[test]
-    fn a_row_shows_cpu_memory_against_limit_tokens_and_exec_runs() {
-        let start = Instant::now();
-        let before = sample(start, vec![entry(1, "burner", "running", 1_000_000)]);
-        let now = sample(
-            start + Duration::from_secs(2),
-            vec![
-                entry(1, "burner", "running", 2_000_000),
-                entry(2, "idle", "running", 0),
-                entry(3, "gone", "killed", 9),
-            ],
-        );
-        let view = View {
-            socket: Path::new("/tmp/a.sock"),
-            interval: None,
-            width: usize::MAX,
-            height: usize::MAX,
-            sort: SortKey::Id,
-            pane: Pane::Agents,
-        };
-        let lines = view.render(Some(&before), &now);
-        assert!(
-            lines[0].contains("kernel 0.1.0 (protocol 1) at /tmp/a.sock"),
-            "{lines:?}"
-        );
-        assert_eq!(
-            lines[1],
-            "3 agents, 2 live · CPU 50.0% · memory 36.9M · LLM tokens 120 · EXEC runs 3"
-        );
-        let words = |line: &str| {
-            line.split_whitespace()
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(lines[2], "metrics: for operators (agentos metrics)");
-        assert_eq!(words(&lines[4]), COLUMNS);
-        assert_eq!(
-            words(&lines[5]),
-            ["1", "burner", "running", "50.0", "12.3M", "/", "256M", "0", "40", "3"]
-        );
-        // New since the last sample: no CPU figure yet; no `exec` field: `-`.
-        assert_eq!(
-            words(&lines[6])[3..],
-            ["-", "12.3M", "/", "256M", "0", "40", "-"]
-        );
-        // Ended: no CPU figure.
-        assert_eq!(words(&lines[7])[2..4], ["killed", "-"]);
-    }
-
-    #[test]
-    fn the_first_screen_has_no_cpu_figures_and_a_small_one_is_cut() {
-        let now = sample(
-            Instant::now(),
-            (1..=10).map(|id| entry(id, "a", "running", 5)).collect(),
-        );
-        let view = View {
-            socket: Path::new("/s"),
-            interval: Some(Duration::from_secs(1)),
-            width: 30,
-            height: 8,
-            sort: SortKey::Id,
-            pane: Pane::Agents,
-        };
-        let lines = view.render(None, &now);
-        assert_eq!(lines.len(), 8);
-        assert!(
-            lines.iter().all(|line| line.chars().count() <= 30),
-            "{lines:?}"
-        );
-        assert!(lines[1].contains("CPU -"), "{lines:?}");
-        assert_eq!(lines[7], "… 8 more");
     }
 
     #[test]
@@ -397,26 +261,9 @@ mod tests {
             names(SortKey::Id),
             ["c-busy", "b-heavy", "d-idle", "a-ended"]
         );
-        let figures = json(&now, &cpu, SortKey::Cpu);
-        assert_eq!(figures[0]["name"], "c-busy");
-        assert_eq!(figures[0]["cpu_percent"], 80.0);
-        assert_eq!(figures[3]["cpu_percent"], Value::Null);
-    }
-
-    #[test]
-    fn list_entries_without_exec_or_with_unknown_fields_are_read() {
-        let entries: Vec<Entry> = serde_json::from_str(
-            r#"[{"id": 1, "name": "a", "state": "running", "restarts": 0, "limits": {},
-                "memory": {"current": 1, "peak": 1}, "cpu": {"usage_usec": 5,
-                "nr_throttled": 0, "throttled_usec": 0}, "llm": {"calls": 0, "tokens": 0},
-                "boot": true},
-               {"id": 2, "name": "b", "state": "exited", "restarts": 1, "limits": {},
-                "memory": {"current": 0, "peak": 1}, "cpu": {"usage_usec": 5,
-                "nr_throttled": 0, "throttled_usec": 0}, "llm": {"calls": 0, "tokens": 0},
-                "exec": {"runs": 7}}]"#,
-        )
-        .expect("LIST entries");
-        assert!(entries[0].exec.is_none());
-        assert_eq!(entries[1].exec.as_ref().map(|e| e.runs), Some(7));
+        let figures = figures(&now, &cpu, SortKey::Cpu);
+        assert_eq!(figures[0].name, "c-busy");
+        assert_eq!(figures[0].cpu_percent, Some(80.0));
+        assert_eq!(figures[3].cpu_percent, None);
     }
 }

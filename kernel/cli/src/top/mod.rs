@@ -15,22 +15,27 @@
 //! view; `q` quits.
 
 mod agents;
+mod keys;
 mod panes;
+mod sample;
 mod terminal;
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentos_proto::payload::HelloReply;
-use agentos_proto::{Client, Opcode};
-use anyhow::Context;
-use serde_json::{json, Value};
+use agentos_proto::Client;
+use serde::Serialize;
 
+use crate::error::CliError;
 use crate::failure::usage;
-use agents::Entry;
+use crate::format::print_json;
+use crate::raw::Raw;
+use keys::{apply_key, Pane, SortKey};
+use sample::Sample;
 use terminal::{draw, terminal_size, wait_for_key, Screen, Wake};
 
 /// `agentos top`'s options.
@@ -51,72 +56,9 @@ pub struct TopArgs {
     view: Pane,
 }
 
-/// The agents' order: live ones first, then by this.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum SortKey {
-    /// Spawn order.
-    Id,
-    /// CPU %, busiest first.
-    Cpu,
-    /// Memory in use, largest first.
-    Mem,
-    /// Name, A to Z.
-    Name,
-    /// Restarts, most first.
-    Restarts,
-}
-
-/// Which view is shown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Pane {
-    /// The agents: state, CPU, memory, restarts, tokens, EXEC runs.
-    Agents,
-    /// Background tasks: kind, state, age, label, last output.
-    Tasks,
-    /// MCP tool servers: state, tools, error.
-    Servers,
-}
-
-impl Pane {
-    fn next(self) -> Pane {
-        match self {
-            Pane::Agents => Pane::Tasks,
-            Pane::Tasks => Pane::Servers,
-            Pane::Servers => Pane::Agents,
-        }
-    }
-}
-
-/// What a key does in the live view, if anything.
-fn apply_key(key: u8, sort: &mut SortKey, pane: &mut Pane) -> Wake {
-    let new_sort = match key {
-        b'c' => Some(SortKey::Cpu),
-        b'm' => Some(SortKey::Mem),
-        b'n' => Some(SortKey::Name),
-        b'r' => Some(SortKey::Restarts),
-        b'i' => Some(SortKey::Id),
-        _ => None,
-    };
-    if let Some(new_sort) = new_sort {
-        *sort = new_sort;
-        *pane = Pane::Agents;
-        return Wake::Redraw;
-    }
-    let new_pane = match key {
-        b'a' => Pane::Agents,
-        b't' => Pane::Tasks,
-        b's' => Pane::Servers,
-        b'\t' => pane.next(),
-        _ => return Wake::Redraw,
-    };
-    *pane = new_pane;
-    // A view's own figures come with the next sample.
-    Wake::Refresh
-}
-
 /// Runs the view until `q`, Ctrl-C or a terminating signal; or prints one
 /// snapshot (see the module's documentation).
-pub fn top(client: &mut Client, socket: &Path, args: TopArgs, json: bool) -> anyhow::Result<()> {
+pub fn top(client: &mut Client, socket: &Path, args: TopArgs, json: bool) -> Result<(), CliError> {
     if !(args.interval >= 0.1 && args.interval <= 3600.0) {
         return Err(usage("--interval must be between 0.1 and 3600 seconds"));
     }
@@ -138,7 +80,7 @@ pub fn top(client: &mut Client, socket: &Path, args: TopArgs, json: bool) -> any
         pane: args.view,
     };
     if json {
-        return crate::format::print_json(&view.json(&first, &second));
+        return print_json(&view.figures(&first, &second));
     }
     let mut out = std::io::stdout().lock();
     for line in view.render(Some(&first), &second) {
@@ -154,7 +96,7 @@ fn live(
     interval: Duration,
     mut sort: SortKey,
     mut pane: Pane,
-) -> anyhow::Result<()> {
+) -> Result<(), CliError> {
     // The handlers go in before the terminal changes mode: from then on a
     // SIGTERM, SIGHUP or SIGINT only sets the flag, and the view ends
     // through `Screen`'s drop, which puts the terminal back; without them
@@ -196,68 +138,14 @@ fn live(
     }
 }
 
-/// What the kernel said at one moment.
-#[derive(Debug)]
-struct Sample {
-    /// When the LIST reply arrived.
-    at: Instant,
-    hello: HelloReply,
-    agents: Vec<Entry>,
-    /// The tasks view's: the TASK list reply's `tasks`.
-    tasks: Vec<Value>,
-    /// The servers view's: the TOOL list reply's `servers`.
-    servers: Vec<Value>,
-    /// The kernel's metrics text (METRICS), for an operator.
-    metrics: Option<String>,
-}
-
-impl Sample {
-    fn take(client: &mut Client, pane: Pane) -> anyhow::Result<Sample> {
-        let hello = client.hello()?;
-        let agents: Vec<Entry> = client
-            .call_json(Opcode::LIST, b"")
-            .context("reading the LIST reply")?;
-        let at = Instant::now();
-        let tasks = match pane {
-            Pane::Tasks => tasks(client)?,
-            _ => Vec::new(),
-        };
-        let servers = match pane {
-            Pane::Servers => {
-                let body = serde_json::to_vec(&json!({"op": "list"}))?;
-                let reply: Value = client.call_json(Opcode::TOOL, &body)?;
-                reply["servers"].as_array().cloned().unwrap_or_default()
-            }
-            _ => Vec::new(),
-        };
-        // Operators only: anyone else gets the line without figures.
-        let metrics = client
-            .call_json::<agentos_proto::payload::MetricsReply>(Opcode::METRICS, b"")
-            .ok()
-            .map(|reply| reply.text);
-        Ok(Sample {
-            at,
-            hello,
-            agents,
-            tasks,
-            servers,
-            metrics,
-        })
-    }
-}
-
-/// The newest tasks: everyone's for an operator, else the caller's own.
-fn tasks(client: &mut Client) -> anyhow::Result<Vec<Value>> {
-    let everyone = json!({"op": "list", "limit": 100, "owner": "*"});
-    let reply: Value = match client.call_json(Opcode::TASK, &serde_json::to_vec(&everyone)?) {
-        Ok(reply) => reply,
-        Err(agentos_proto::ClientError::Remote(_)) => {
-            let own = json!({"op": "list", "limit": 100});
-            client.call_json(Opcode::TASK, &serde_json::to_vec(&own)?)?
-        }
-        Err(err) => return Err(err.into()),
-    };
-    Ok(reply["tasks"].as_array().cloned().unwrap_or_default())
+/// `--json`'s figures: the view's name, and its agents' figures, or its
+/// tasks or servers as the kernel sent them.
+#[derive(Debug, Serialize)]
+#[serde(tag = "view", rename_all = "lowercase")]
+enum Figures<'a> {
+    Agents { agents: Vec<agents::Figures<'a>> },
+    Tasks { tasks: &'a [Raw] },
+    Servers { servers: &'a [Raw] },
 }
 
 /// How a sample is laid out.
@@ -317,8 +205,8 @@ impl View<'_> {
         let room = self.height.saturating_sub(HEADER_LINES);
         lines.extend(match self.pane {
             Pane::Agents => agents::table(now, &cpu, self.sort, room),
-            Pane::Tasks => panes::tasks_table(&now.tasks, room),
-            Pane::Servers => panes::servers_table(&now.servers, room),
+            Pane::Tasks => panes::tasks_table(&now.tasks.read, room),
+            Pane::Servers => panes::servers_table(&now.servers.read, room),
         });
         lines
             .iter()
@@ -327,14 +215,20 @@ impl View<'_> {
     }
 
     /// `--json`: the view's figures.
-    fn json(&self, before: &Sample, now: &Sample) -> Value {
+    fn figures<'a>(&self, before: &Sample, now: &'a Sample) -> Figures<'a> {
         match self.pane {
             Pane::Agents => {
                 let cpu = agents::cpu_figures(Some(before), now);
-                json!({"view": "agents", "agents": agents::json(now, &cpu, self.sort)})
+                Figures::Agents {
+                    agents: agents::figures(now, &cpu, self.sort),
+                }
             }
-            Pane::Tasks => json!({"view": "tasks", "tasks": now.tasks}),
-            Pane::Servers => json!({"view": "servers", "servers": now.servers}),
+            Pane::Tasks => Figures::Tasks {
+                tasks: &now.tasks.sent,
+            },
+            Pane::Servers => Figures::Servers {
+                servers: &now.servers.sent,
+            },
         }
     }
 
@@ -379,20 +273,81 @@ impl View<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
+    use super::sample::fixtures::{entry, sample};
     use super::*;
 
     #[test]
-    fn sort_keys_redraw_and_view_keys_fetch_the_view() {
-        let (mut sort, mut pane) = (SortKey::Id, Pane::Tasks);
-        assert_eq!(apply_key(b'm', &mut sort, &mut pane), Wake::Redraw);
-        assert_eq!((sort, pane), (SortKey::Mem, Pane::Agents));
-        assert_eq!(apply_key(b't', &mut sort, &mut pane), Wake::Refresh);
-        assert_eq!(pane, Pane::Tasks);
-        assert_eq!(apply_key(b'\t', &mut sort, &mut pane), Wake::Refresh);
-        assert_eq!(pane, Pane::Servers);
-        assert_eq!(apply_key(b'\t', &mut sort, &mut pane), Wake::Refresh);
-        assert_eq!(pane, Pane::Agents);
-        assert_eq!(apply_key(b'z', &mut sort, &mut pane), Wake::Redraw);
-        assert_eq!(sort, SortKey::Mem, "an unknown key changes nothing");
+    fn a_row_shows_cpu_memory_against_limit_tokens_and_exec_runs() {
+        let start = Instant::now();
+        let before = sample(start, vec![entry(1, "burner", "running", 1_000_000)]);
+        let now = sample(
+            start + Duration::from_secs(2),
+            vec![
+                entry(1, "burner", "running", 2_000_000),
+                entry(2, "idle", "running", 0),
+                entry(3, "gone", "killed", 9),
+            ],
+        );
+        let view = View {
+            socket: Path::new("/tmp/a.sock"),
+            interval: None,
+            width: usize::MAX,
+            height: usize::MAX,
+            sort: SortKey::Id,
+            pane: Pane::Agents,
+        };
+        let lines = view.render(Some(&before), &now);
+        assert!(
+            lines[0].contains("kernel 0.1.0 (protocol 1) at /tmp/a.sock"),
+            "{lines:?}"
+        );
+        assert_eq!(
+            lines[1],
+            "3 agents, 2 live · CPU 50.0% · memory 36.9M · LLM tokens 120 · EXEC runs 3"
+        );
+        let words = |line: &str| {
+            line.split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lines[2], "metrics: for operators (agentos metrics)");
+        assert_eq!(words(&lines[4]), agents::COLUMNS);
+        assert_eq!(
+            words(&lines[5]),
+            ["1", "burner", "running", "50.0", "12.3M", "/", "256M", "0", "40", "3"]
+        );
+        // New since the last sample: no CPU figure yet; no `exec` field: `-`.
+        assert_eq!(
+            words(&lines[6])[3..],
+            ["-", "12.3M", "/", "256M", "0", "40", "-"]
+        );
+        // Ended: no CPU figure.
+        assert_eq!(words(&lines[7])[2..4], ["killed", "-"]);
+    }
+
+    #[test]
+    fn the_first_screen_has_no_cpu_figures_and_a_small_one_is_cut() {
+        let now = sample(
+            Instant::now(),
+            (1..=10).map(|id| entry(id, "a", "running", 5)).collect(),
+        );
+        let view = View {
+            socket: Path::new("/s"),
+            interval: Some(Duration::from_secs(1)),
+            width: 30,
+            height: 8,
+            sort: SortKey::Id,
+            pane: Pane::Agents,
+        };
+        let lines = view.render(None, &now);
+        assert_eq!(lines.len(), 8);
+        assert!(
+            lines.iter().all(|line| line.chars().count() <= 30),
+            "{lines:?}"
+        );
+        assert!(lines[1].contains("CPU -"), "{lines:?}");
+        assert_eq!(lines[7], "… 8 more");
     }
 }

@@ -1,34 +1,36 @@
 //! `agentos top`'s tasks and tool-servers views.
 
-use serde_json::Value;
+use agentos_proto::payload::{ServerInfo, TaskInfo};
+
+use crate::format::cut;
 
 /// The tasks table: newest first, with the last line each has printed.
-pub fn tasks_table(tasks: &[Value], room: usize) -> Vec<String> {
+pub fn tasks_table(tasks: &[TaskInfo], room: usize) -> Vec<String> {
     let mut lines = vec![format!(
         "{:<20} {:<7} {:<11} {:<21} {:<16} LAST OUTPUT",
         "TASK", "KIND", "STATE", "CREATED", "LABEL"
     )];
-    let text = |task: &Value, field: &str| task[field].as_str().unwrap_or("-").to_owned();
     rows(&mut lines, tasks.len(), room, "(no tasks)", |n| {
         let task = &tasks[n];
-        let last = task["progress"]["output"]
-            .as_str()
-            .and_then(|output| output.lines().last())
+        let last = task
+            .progress
+            .as_ref()
+            .and_then(|progress| progress.output.lines().last())
             .unwrap_or("");
         format!(
             "{:<20} {:<7} {:<11} {:<21} {:<16} {last}",
-            text(task, "task_id"),
-            text(task, "kind"),
-            text(task, "state"),
-            text(task, "created_at"),
-            crate::format::cut(task["label"].as_str().unwrap_or(""), 16),
+            task.task_id,
+            task.kind.as_str(),
+            task.state.as_str(),
+            task.created_at,
+            cut(task.label.as_deref().unwrap_or(""), 16),
         )
     });
     lines
 }
 
 /// The tool servers table: state, tool count, and why one failed.
-pub fn servers_table(servers: &[Value], room: usize) -> Vec<String> {
+pub fn servers_table(servers: &[ServerInfo], room: usize) -> Vec<String> {
     let mut lines = vec![format!(
         "{:<24} {:<9} {:>6}  ERROR",
         "SERVER", "STATE", "TOOLS"
@@ -37,10 +39,10 @@ pub fn servers_table(servers: &[Value], room: usize) -> Vec<String> {
         let server = &servers[n];
         format!(
             "{:<24} {:<9} {:>6}  {}",
-            server["name"].as_str().unwrap_or("?"),
-            server["state"].as_str().unwrap_or("?"),
-            server["tools"].as_u64().unwrap_or(0),
-            server["error"].as_str().unwrap_or(""),
+            server.name,
+            server.state,
+            server.tools,
+            server.error.as_deref().unwrap_or(""),
         )
     });
     lines
@@ -72,13 +74,16 @@ pub fn rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn tasks_show_state_label_and_their_last_output_line() {
-        let tasks = [json!({"task_id": "t-9", "kind": "exec", "state": "running",
-            "created_at": "2026-11-26T08:00:00Z", "label": "crawl",
-            "progress": {"output": "page 1\npage 2\n"}})];
+        let tasks: [TaskInfo; 1] = [serde_json::from_str(
+            r#"{"task_id": "t-9", "kind": "exec", "state": "running",
+                "created_at": "2026-11-26T08:00:00Z", "label": "crawl",
+                "started_at": null, "finished_at": null,
+                "progress": {"output": "page 1\npage 2\n"}}"#,
+        )
+        .unwrap()];
         let lines = tasks_table(&tasks, 10);
         assert!(lines[0].starts_with("TASK"), "{lines:?}");
         let words: Vec<&str> = lines[1].split_whitespace().collect();
@@ -99,10 +104,12 @@ mod tests {
 
     #[test]
     fn servers_show_state_tools_and_error_and_a_long_list_is_cut() {
-        let servers: Vec<Value> = (0..10)
-            .map(|n| {
-                json!({"name": format!("s{n}"), "state": "failed", "tools": 0,
-                            "error": "exited with code 1"})
+        let servers: Vec<ServerInfo> = (0..10)
+            .map(|n| ServerInfo {
+                name: format!("s{n}"),
+                state: "failed".into(),
+                tools: 0,
+                error: Some("exited with code 1".into()),
             })
             .collect();
         let lines = servers_table(&servers, 5);

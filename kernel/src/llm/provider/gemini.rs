@@ -4,12 +4,11 @@
 use std::time::Duration;
 
 use agentos_proto::ErrorCode;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use super::{
-    classify, finite_delay, malformed, read_json, usage, ApiKey, Chat, Completion, Failure,
-    HeaderValue, HttpRequest, Provider, ReplyHeaders, Retry,
+    classify, finite_delay, malformed, read_json, to_body, usage, ApiKey, Chat, Completion,
+    Failure, HeaderValue, HttpRequest, Provider, ReplyHeaders, Retry,
 };
 
 /// Google's Gemini API.
@@ -78,33 +77,70 @@ struct WireUsage {
     total_token_count: Option<u64>,
 }
 
+/// A `generateContent` request.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Body<'a> {
+    contents: Vec<Turn<'a>>,
+    generation_config: GenerationConfig,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system_instruction: Option<Instruction<'a>>,
+}
+
+#[derive(Serialize)]
+struct Turn<'a> {
+    role: &'static str,
+    parts: [TextPart<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct Instruction<'a> {
+    parts: [TextPart<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct TextPart<'a> {
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerationConfig {
+    max_output_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+}
+
 impl Provider for Gemini {
     fn name(&self) -> &'static str {
         "gemini"
     }
 
     fn request(&self, chat: &Chat) -> HttpRequest {
-        let contents: Vec<serde_json::Value> = chat
+        let contents = chat
             .messages
             .iter()
             .filter(|m| m.role != "system")
-            .map(|m| {
-                let role = if m.role == "assistant" {
+            .map(|m| Turn {
+                role: if m.role == "assistant" {
                     "model"
                 } else {
                     "user"
-                };
-                json!({"role": role, "parts": [{"text": m.content}]})
+                },
+                parts: [TextPart { text: &m.content }],
             })
             .collect();
-        let mut config = json!({"maxOutputTokens": chat.max_tokens});
-        if let Some(temperature) = chat.temperature {
-            config["temperature"] = json!(temperature);
-        }
-        let mut body = json!({"contents": contents, "generationConfig": config});
-        if let Some(system) = chat.system_text() {
-            body["systemInstruction"] = json!({"parts": [{"text": system}]});
-        }
+        let system = chat.system_text();
+        let body = Body {
+            contents,
+            generation_config: GenerationConfig {
+                max_output_tokens: chat.max_tokens,
+                temperature: chat.temperature,
+            },
+            system_instruction: system.as_deref().map(|text| Instruction {
+                parts: [TextPart { text }],
+            }),
+        };
         let headers = self
             .api_key
             .iter()
@@ -122,7 +158,7 @@ impl Provider for Gemini {
                 model_segment(&chat.model)
             ),
             headers,
-            body: body.to_string().into_bytes(),
+            body: to_body(&body),
         }
     }
 
@@ -227,6 +263,7 @@ mod tests {
 
     use super::*;
     use crate::llm::provider::tests::message;
+    use serde_json::json;
 
     fn chat() -> Chat {
         Chat {

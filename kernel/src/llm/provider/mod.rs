@@ -285,6 +285,12 @@ pub fn read_json<T: DeserializeOwned>(provider: &str, body: &[u8]) -> Result<T, 
     serde_json::from_slice(body).map_err(|e| malformed(provider, e))
 }
 
+/// A request body as JSON bytes. The providers' bodies are structs of
+/// strings and numbers, which always serialise.
+pub fn to_body<T: serde::Serialize>(body: &T) -> Vec<u8> {
+    serde_json::to_vec(body).unwrap_or_default()
+}
+
 /// Token counts as a provider reported them; a missing total is the sum,
 /// because the kernel charges budgets by the total.
 pub fn usage(prompt: u64, completion: u64, total: Option<u64>) -> Usage {

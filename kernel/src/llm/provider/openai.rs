@@ -3,12 +3,11 @@
 //! a parameter: the same format serves `openai` and `local`.
 
 use agentos_proto::ErrorCode;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use super::{
-    classify, error_detail, malformed, read_json, usage, ApiKey, Chat, Completion, Failure,
-    HeaderValue, HttpRequest, Provider, ReplyHeaders,
+    classify, error_detail, malformed, read_json, to_body, usage, ApiKey, Chat, Completion,
+    Failure, HeaderValue, HttpRequest, Provider, ReplyHeaders,
 };
 
 /// A server speaking the OpenAI chat-completions format.
@@ -56,6 +55,22 @@ struct Message {
     refusal: Option<String>,
 }
 
+/// A chat completion request.
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    messages: Vec<Turn<'a>>,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Turn<'a> {
+    role: &'a str,
+    content: &'a str,
+}
+
 #[derive(Deserialize)]
 struct WireUsage {
     #[serde(default)]
@@ -71,24 +86,23 @@ impl Provider for OpenAi {
     }
 
     fn request(&self, chat: &Chat) -> HttpRequest {
-        let messages: Vec<serde_json::Value> = chat
-            .system
-            .iter()
-            .map(|system| json!({"role": "system", "content": system}))
-            .chain(
-                chat.messages
-                    .iter()
-                    .map(|m| json!({"role": m.role, "content": m.content})),
-            )
-            .collect();
-        let mut body = json!({
-            "model": chat.model,
-            "messages": messages,
-            "max_tokens": chat.max_tokens,
-        });
-        if let Some(temperature) = chat.temperature {
-            body["temperature"] = json!(temperature);
-        }
+        let body = Body {
+            model: &chat.model,
+            messages: chat
+                .system
+                .iter()
+                .map(|system| Turn {
+                    role: "system",
+                    content: system,
+                })
+                .chain(chat.messages.iter().map(|m| Turn {
+                    role: &m.role,
+                    content: &m.content,
+                }))
+                .collect(),
+            max_tokens: chat.max_tokens,
+            temperature: chat.temperature,
+        };
         let headers = self
             .api_key
             .iter()
@@ -102,7 +116,7 @@ impl Provider for OpenAi {
         HttpRequest {
             url: format!("{}/chat/completions", self.base_url),
             headers,
-            body: body.to_string().into_bytes(),
+            body: to_body(&body),
         }
     }
 
@@ -182,6 +196,7 @@ mod tests {
 
     use super::*;
     use crate::llm::provider::Retry;
+    use serde_json::json;
 
     fn chat() -> Chat {
         Chat {

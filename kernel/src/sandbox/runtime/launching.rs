@@ -61,20 +61,18 @@ impl LaunchThread {
     ) -> io::Result<LaunchThread> {
         let (jobs, job_rx) = mpsc::channel::<LaunchJob>();
         let (done_tx, done) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("agentos-launch".into())
-            .spawn(move || {
-                for job in job_rx {
-                    let done = LaunchDone {
-                        seq: job.seq,
-                        result: launch(&launcher, cgroups.as_deref(), job),
-                    };
-                    if done_tx.send(done).is_err() {
-                        return;
-                    }
-                    let _ = waker.wake();
+        agentos_primitives::threads::spawn("agentos-launch", move || {
+            for job in job_rx {
+                let done = LaunchDone {
+                    seq: job.seq,
+                    result: launch(&launcher, cgroups.as_deref(), job),
+                };
+                if done_tx.send(done).is_err() {
+                    return;
                 }
-            })?;
+                let _ = waker.wake();
+            }
+        })?;
         Ok(LaunchThread { jobs, done })
     }
 

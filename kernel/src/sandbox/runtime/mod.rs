@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agentos_primitives::timers::Timers;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token, Waker};
 use slab::Slab;
@@ -48,7 +49,6 @@ use crate::sandbox::confine::Confinement;
 use crate::sandbox::plan::{self, Profile, Shape};
 use crate::sandbox::view::ViewUser;
 use crate::sandbox::{Launcher, SandboxSpec, Status};
-use crate::timers::Timers;
 use door::DoorEntry;
 use handle::Sandbox;
 pub use launching::LaunchError;

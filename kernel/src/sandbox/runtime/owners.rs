@@ -124,7 +124,7 @@ impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
 
     fn listen_inside(&self, key: SandboxKey) -> io::Result<std::net::TcpListener> {
         let sandbox = self.sandboxes.get(key.0).ok_or(io::ErrorKind::NotFound)?;
-        crate::network::endpoint::listen_inside(sandbox.pidfd.as_fd())
+        agentos_egress::endpoint::listen_inside(sandbox.pidfd.as_fd())
     }
 
     fn open_door(&mut self, name: &str, identity: Identity) -> io::Result<DoorKey> {

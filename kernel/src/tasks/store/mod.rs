@@ -34,14 +34,16 @@ use std::sync::Arc;
 use mio::Waker;
 use nix::fcntl::{Flock, FlockArg};
 
-pub use error::{ReadError, RowError, StoreError};
+#[cfg(test)]
+pub use error::RowError;
+pub use error::StoreError;
 use private::{
     create_private, keep_dir_private, keep_file_private, private_chain, FILE, FILES, FILE_MODE,
     LOCK,
 };
 pub use schema::Loaded;
 use schema::{interrupt_running, load, open_connection, read_result, SCHEMA};
-pub use seam::{now_ms, ReadBack, Record, Refused, Store, Write};
+pub use seam::{now_ms, ReadBack, Refused, Store, StoredTask, Write};
 use writer::Writer;
 
 /// The store in SQLite: the writer thread's channel, and the lock.
@@ -123,13 +125,12 @@ impl SqliteStore {
         let (refusals, refused) = channel();
         let applied = Arc::new(AtomicU64::new(0));
         let writer = Writer::new(connection, path.clone(), applied.clone(), refusals, waker);
-        let writer = std::thread::Builder::new()
-            .name("agentos-task-store".into())
-            .spawn(move || writer.run(received))
-            .map_err(|source| StoreError::Writer {
-                path: path.clone(),
-                source,
-            })?;
+        let writer =
+            agentos_primitives::threads::spawn("agentos-task-store", move || writer.run(received))
+                .map_err(|source| StoreError::Writer {
+                    path: path.clone(),
+                    source,
+                })?;
         let store = SqliteStore {
             path,
             writes: Some(writes),
@@ -165,6 +166,7 @@ impl SqliteStore {
     }
 
     /// The database file.
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -9,7 +9,7 @@ use agentos_proto::payload::{TaskKind, TaskState};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::error::{ReadError, RowError, SaveError};
-use super::seam::{now_ms, Record, StoredResult, Write};
+use super::seam::{now_ms, StoredResult, StoredTask, Write};
 use crate::tasks::end::{interrupted, KERNEL_STOPPED};
 
 pub const SCHEMA: &str = "
@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 #[derive(Debug, Default)]
 pub struct Loaded {
     /// Every task that could be read.
-    pub records: Vec<Record>,
+    pub records: Vec<StoredTask>,
     /// Rows left in the store as they are.
     pub unreadable: Vec<RowError>,
 }
@@ -98,7 +98,7 @@ pub fn load(connection: &Connection) -> rusqlite::Result<Loaded> {
             log::warn!("tasks: task {id} has a state this kernel does not know ({state:?}): it is read as interrupted");
             TaskState::Interrupted
         });
-        Ok(Ok(Record {
+        Ok(Ok(StoredTask {
             id,
             seq,
             owner,

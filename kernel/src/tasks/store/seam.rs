@@ -35,7 +35,7 @@ pub trait Store {
 
 /// A task as stored.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Record {
+pub struct StoredTask {
     /// `t-...`.
     pub id: String,
     /// Creation order.
@@ -61,10 +61,10 @@ pub struct Record {
 }
 
 #[cfg(test)]
-impl Record {
+impl StoredTask {
     /// An operator's EXEC task `id`, in state `state` (its wire name).
-    pub fn for_tests(id: &str, seq: u64, state: &str) -> Record {
-        Record {
+    pub fn for_tests(id: &str, seq: u64, state: &str) -> StoredTask {
+        StoredTask {
             id: id.into(),
             seq,
             owner: OwnerKey::new(crate::identity::Principal::Operator { uid: 0 }, 0),
@@ -84,7 +84,7 @@ impl Record {
 #[derive(Debug)]
 pub enum Write {
     /// A new task.
-    Insert(Record),
+    Insert(StoredTask),
     /// A task started running.
     Started {
         /// Which.

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::private::{FILE, FILES, LOCK};
 use super::schema::{open_connection, read_result, Loaded};
-use super::seam::{Record, Write};
+use super::seam::{StoredTask, Write};
 use super::{SqliteStore, StoreError};
 
 fn waker() -> Arc<Waker> {
@@ -21,8 +21,8 @@ fn waker() -> Arc<Waker> {
     Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap())
 }
 
-fn record(id: &str, seq: u64, state: &str) -> Record {
-    Record::for_tests(id, seq, state)
+fn record(id: &str, seq: u64, state: &str) -> StoredTask {
+    StoredTask::for_tests(id, seq, state)
 }
 
 fn mode(path: &Path) -> u32 {
@@ -123,7 +123,7 @@ fn a_new_store_and_its_sockets_chain_are_0700_and_its_files_0600_wal_and_shm_too
     let above = mode(root.path());
     let (store, _) = SqliteStore::open(&dir, &base, waker()).unwrap();
     for write in 0..50 {
-        store.write(Write::Insert(Record {
+        store.write(Write::Insert(StoredTask {
             request: "x".repeat(10_000),
             ..record(&format!("t-{write}"), write, "queued")
         }));

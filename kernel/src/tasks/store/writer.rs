@@ -253,15 +253,15 @@ mod tests {
     use super::*;
     use crate::tasks::store::private::FILE;
     use crate::tasks::store::schema::{open_connection, SCHEMA};
-    use crate::tasks::store::seam::Record;
+    use crate::tasks::store::seam::StoredTask;
 
     fn waker() -> Arc<Waker> {
         let poll = mio::Poll::new().unwrap();
         Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap())
     }
 
-    fn record(id: &str, seq: u64, state: &str) -> Record {
-        Record::for_tests(id, seq, state)
+    fn record(id: &str, seq: u64, state: &str) -> StoredTask {
+        StoredTask::for_tests(id, seq, state)
     }
 
     /// A writer on a database of its own that holds at most `pages` pages:

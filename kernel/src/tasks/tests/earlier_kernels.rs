@@ -14,17 +14,17 @@ use crate::config::tasks::TasksConfig;
 use crate::identity::Principal;
 use crate::tasks::owner::OwnerKey;
 use crate::tasks::store::seam::Write;
-use crate::tasks::store::{Loaded, Record, RowError};
+use crate::tasks::store::{Loaded, RowError, StoredTask};
 use crate::tasks::{CancelledWork, Reach, Tasks, WorkRequest};
 
 /// An earlier kernel's boot number.
 const EARLIER: u64 = 0xea71;
 
-fn record(id: &str, seq: u64, owner: Principal, boot: u64, state: &str) -> Record {
-    Record {
+fn record(id: &str, seq: u64, owner: Principal, boot: u64, state: &str) -> StoredTask {
+    StoredTask {
         owner: OwnerKey::new(owner, boot),
         request: r#"{"code":"print(1)"}"#.into(),
-        ..Record::for_tests(id, seq, state)
+        ..StoredTask::for_tests(id, seq, state)
     }
 }
 
@@ -48,8 +48,8 @@ fn an_operators_queued_task_runs_again_and_an_earlier_agents_ends_interrupted() 
         unreadable: Vec::new(),
     });
     assert_eq!(state(&tasks, "t-agent"), TaskState::Interrupted);
-    let Some(Write::Finished { id, result, .. }) = tasks.store.writes.first() else {
-        panic!("{:?}", tasks.store.changes());
+    let Some(Write::Finished { id, result, .. }) = tasks.store().writes.first() else {
+        panic!("{:?}", tasks.store().changes());
     };
     assert_eq!(id, "t-agent");
     let interrupted = StoppedResult::interrupted("its agent ended with the kernel", "");
@@ -125,8 +125,8 @@ fn a_row_that_cannot_be_read_keeps_its_place_in_creation_order() {
         }],
     });
     tasks.dispatch(OPERATOR, super::exec("print(1)")).unwrap();
-    let Some(Write::Insert(record)) = tasks.store.writes.last() else {
-        panic!("{:?}", tasks.store.changes());
+    let Some(Write::Insert(record)) = tasks.store().writes.last() else {
+        panic!("{:?}", tasks.store().changes());
     };
     assert_eq!(record.seq, 10);
 }
@@ -165,7 +165,7 @@ fn an_agents_end_cancels_its_tasks_and_a_runs_end_forgets_them_too() {
         ErrorCode::NotFound
     );
     assert_eq!(
-        tasks.store.changes().last().unwrap(),
+        tasks.store().changes().last().unwrap(),
         &format!("delete {runs}")
     );
     // Nobody else's work ends with them.

@@ -77,7 +77,7 @@ fn dispatch(tasks: &mut Tasks<FakeStore>, owner: Principal, dispatch: TaskDispat
 /// Everything saved: the replies that go out, and whether tasks were
 /// queued.
 fn save(tasks: &mut Tasks<FakeStore>) -> (bool, Vec<Reply>) {
-    tasks.store.save_all();
+    tasks.store_mut().save_all();
     let mut replies = Vec::new();
     let queued = tasks.on_saved(&mut replies);
     (queued, replies)
@@ -150,7 +150,7 @@ fn a_task_is_answered_and_starts_once_saved_and_its_reply_finishes_it_for_its_wa
     assert!(task.finished_at.is_some());
     assert!(tasks.running().is_empty());
     assert_eq!(
-        tasks.store.changes(),
+        tasks.store().changes(),
         [
             format!("insert {id} queued"),
             format!("started {id}"),
@@ -164,7 +164,7 @@ fn a_dispatch_the_store_refuses_is_answered_unavailable_and_its_task_forgotten()
     let mut tasks = tasks(TasksConfig::default());
     let id = dispatch(&mut tasks, AGENT, exec("print('never')"));
     tasks
-        .store
+        .store_mut()
         .refuse_new_tasks("No space left on device (os error 28)");
     let mut replies = Vec::new();
     assert!(!tasks.on_saved(&mut replies));
@@ -395,7 +395,7 @@ fn a_running_tasks_output_is_shown_while_it_runs_and_saved_only_when_asked_and_c
     assert_eq!(progress.output, "half");
     tasks.progress(start.number, "half".into(), true);
     tasks.progress(start.number, "half".into(), true);
-    let saved = tasks.store.changes();
+    let saved = tasks.store().changes();
     assert_eq!(saved.last().unwrap(), &format!("output {id} \"half\""));
     assert_eq!(saved.iter().filter(|c| c.starts_with("output")).count(), 1);
 }
@@ -419,7 +419,7 @@ fn the_kernels_stop_interrupts_running_tasks_with_their_output_and_starts_nothin
     assert!(tasks.startable(&ToolMenu::empty()).is_empty());
     assert_eq!(state(&tasks, &queued), TaskState::Queued);
     tasks.finish_shutdown();
-    assert!(tasks.store.closed);
+    assert!(tasks.store().closed);
 }
 
 #[test]
@@ -437,7 +437,7 @@ fn expired_tasks_leave_memory_and_the_store_and_unfinished_ones_stay() {
     );
     assert_eq!(state(&tasks, &going), TaskState::Running);
     assert_eq!(
-        tasks.store.changes().last().unwrap(),
+        tasks.store().changes().last().unwrap(),
         &format!("delete {done}")
     );
 }

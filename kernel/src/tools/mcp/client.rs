@@ -27,36 +27,28 @@
 //! answers (a line that names none is logged and skipped: see
 //! [`McpClient::on_message`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::jsonrpc::{self, Incoming, RpcError};
-use super::param_headers::{self, ParamHeader};
+use era::Verdict;
+pub use era::{Era, ACCEPTED, MODERN, PROTOCOL};
+pub use listing::ToolInfo;
+use listing::{Listing, Page};
+pub use outcome::CallOutcome;
+use params::Meta;
 
-/// The protocol version offered in the `initialize` handshake.
-pub const PROTOCOL: &str = "2025-11-25";
-/// Versions accepted from a server in the `initialize` handshake.
-pub const ACCEPTED: [&str; 2] = ["2025-11-25", "2025-06-18"];
-/// The handshake-free protocol revision, probed for first.
-pub const MODERN: &str = "2026-07-28";
+mod era;
+mod listing;
+mod outcome;
+mod params;
+
 /// How long a server on stdio has to answer `server/discover` before it is
 /// taken for one of the earlier era that ignores requests it does not
 /// know (bounded by the server's own timeout).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-/// `tools/list` pages read at most in one listing.
-const MAX_PAGES: usize = 100;
-/// The `_meta` keys of a 2026-07-28 request.
-const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-const META_CLIENT: &str = "io.modelcontextprotocol/clientInfo";
-const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
-/// JSON-RPC errors by which a 2026-07-28 server refuses a request: it
-/// does not speak the version asked for, lacks a capability of the
-/// client's, or finds the HTTP headers do not match the body.
-const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
-const MISSING_REQUIRED_CLIENT_CAPABILITY: i64 = -32021;
-const HEADER_MISMATCH: i64 = -32020;
 
 /// How a server is reached; it decides what a probe with no answer means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,19 +59,6 @@ pub enum Transport {
     /// Streamable HTTP: every request is answered with a status, so
     /// silence means the server is not there.
     Http,
-}
-
-/// Which revision of the protocol the server is spoken to in.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Era {
-    /// `server/discover` is under way.
-    Probing,
-    /// The `initialize` handshake is under way.
-    Initializing,
-    /// After the `initialize` handshake, in the version it agreed.
-    Handshake(String),
-    /// Protocol 2026-07-28: no handshake, `_meta` on every request.
-    Modern,
 }
 
 /// One message for the server, with what Streamable HTTP mirrors into its
@@ -99,21 +78,8 @@ pub struct Outgoing {
     /// [`McpClient::protocol_version`]), as it was when it was made.
     pub protocol_version: Option<String>,
     /// Arguments of a call mirrored into headers over HTTP
-    /// ([`param_headers`]).
+    /// ([`super::param_headers`]).
     pub param_headers: Vec<(String, String)>,
-}
-
-/// A tool as its server describes it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ToolInfo {
-    /// Its name.
-    pub name: String,
-    /// What it does.
-    pub description: String,
-    /// The JSON schema of its arguments.
-    pub input_schema: Value,
-    /// The JSON schema of its structured result, if it gives one.
-    pub output_schema: Option<Value>,
 }
 
 /// Where the server is.
@@ -149,34 +115,6 @@ pub enum NotServing {
 /// A tool call's own number, given by whoever made it.
 pub type CallId = u64;
 
-/// What a tool call came to.
-#[derive(Clone, Debug, PartialEq)]
-pub enum CallOutcome {
-    /// The tool's result: its content blocks and structured content.
-    Done {
-        /// The content blocks.
-        content: Value,
-        /// The structured content, if any.
-        structured: Option<Value>,
-    },
-    /// The tool reported an error (`isError`): its text and content.
-    ToolError {
-        /// The text of its content blocks.
-        message: String,
-        /// The content blocks.
-        content: Value,
-    },
-    /// The server answered the call with an error instead of a result: a
-    /// JSON-RPC error (unknown tool, arguments that fail its schema), or a
-    /// reply that cannot be read. The error's message, or what is wrong
-    /// with the reply.
-    Rejected(String),
-    /// The call's deadline passed first.
-    TimedOut(String),
-    /// The call failed otherwise: the server's end, a reply over the limit.
-    Failed(String),
-}
-
 /// Something the kernel should know about.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ClientEvent {
@@ -210,14 +148,8 @@ pub struct McpClient {
     state: ServerState,
     next_id: u64,
     pending: HashMap<u64, (Pending, Instant)>,
-    /// Tools of the last complete listing.
-    tools: Vec<ToolInfo>,
-    /// A listing under way: the pages' tools so far, the cursors seen.
-    listing: Option<(Vec<ToolInfo>, HashSet<String>)>,
-    /// The list changed while a listing was under way.
-    relist: bool,
-    /// Over HTTP, the arguments each listed tool mirrors into headers.
-    param_headers: HashMap<String, Vec<ParamHeader>>,
+    /// Its tools, and the listing under way.
+    listing: Listing,
     /// How long the handshake and a listing may take.
     timeout: Duration,
     transport: Transport,
@@ -246,8 +178,17 @@ impl McpClient {
             Transport::Stdio => timeout.min(PROBE_TIMEOUT),
             Transport::Http => timeout,
         };
-        let params = client.with_meta(json!({}));
-        client.send(Pending::Discover, "server/discover", params, now + wait);
+        let params = params::Discover {
+            meta: client.meta(),
+        };
+        let params = params::to_value(&params);
+        client.send(
+            Pending::Discover,
+            "server/discover",
+            params,
+            None,
+            now + wait,
+        );
         client
     }
 
@@ -257,10 +198,7 @@ impl McpClient {
             state: ServerState::Starting,
             next_id: 1,
             pending: HashMap::new(),
-            tools: Vec::new(),
-            listing: None,
-            relist: false,
-            param_headers: HashMap::new(),
+            listing: Listing::new(transport == Transport::Http),
             timeout,
             transport,
             era: Era::Initializing,
@@ -270,17 +208,9 @@ impl McpClient {
 
     fn initialize(&mut self, now: Instant) {
         self.era = Era::Initializing;
-        let params = json!({
-            "protocolVersion": PROTOCOL,
-            "capabilities": {},
-            "clientInfo": client_info(),
-        });
-        self.send(
-            Pending::Initialize,
-            "initialize",
-            params,
-            now + self.timeout,
-        );
+        let params = params::to_value(&params::Initialize::offering(PROTOCOL));
+        let deadline = now + self.timeout;
+        self.send(Pending::Initialize, "initialize", params, None, deadline);
     }
 
     /// The revision the server is spoken to in.
@@ -307,7 +237,7 @@ impl McpClient {
 
     /// Its tools, as last listed.
     pub fn tools(&self) -> &[ToolInfo] {
-        &self.tools
+        self.listing.tools()
     }
 
     /// Bytes to write to the server's stdin: the messages, a line each.
@@ -354,18 +284,14 @@ impl McpClient {
                 })
             }
         }
-        let headers = match self.param_headers.get(tool) {
-            Some(annotated) => param_headers::for_call(annotated, &arguments),
-            None => Vec::new(),
-        };
-        let mut params = self.with_meta(json!({"name": tool, "arguments": arguments}));
-        if let Some(traceparent) = traceparent {
-            if !params["_meta"].is_object() {
-                params["_meta"] = json!({});
-            }
-            params["_meta"]["traceparent"] = traceparent.into();
-        }
-        self.send(Pending::Call(call), "tools/call", params, deadline);
+        let headers = self.listing.headers_for(tool, &arguments);
+        let params = params::to_value(&params::Call {
+            name: tool,
+            arguments,
+            meta: self.meta().traced(traceparent),
+        });
+        let name = Some(tool.to_owned());
+        self.send(Pending::Call(call), "tools/call", params, name, deadline);
         if let Some(message) = self.output.last_mut() {
             message.param_headers = headers;
         }
@@ -410,20 +336,16 @@ impl McpClient {
             }
             Incoming::Request { id, method } => {
                 let reply = if method == "ping" {
-                    jsonrpc::response(&id, json!({}))
+                    jsonrpc::response(&id, params::empty())
                 } else {
                     jsonrpc::error_response(&id, -32601, "Method not found")
                 };
                 self.push(reply, None, None, None);
             }
             Incoming::Notification { method, .. } => {
-                if method == "notifications/tools/list_changed" {
-                    // A listing under way may have missed the change.
-                    if self.listing.is_some() {
-                        self.relist = true;
-                    } else if self.state == ServerState::Ready {
-                        self.list(None, now);
-                    }
+                let changed = method == "notifications/tools/list_changed";
+                if changed && self.listing.changed() && self.state == ServerState::Ready {
+                    self.list(None, now);
                 }
             }
             // A line that names no request is not pinned on one, not even
@@ -550,15 +472,38 @@ impl McpClient {
     ) {
         match pending {
             Pending::Discover => match outcome {
-                Ok(result) => self.discovered(&result, now, events),
-                Err(error) => self.discover_refused(&error, now, events),
+                Ok(result) => match era::discovered(&self.era, &result) {
+                    Verdict::Modern => {
+                        self.era = Era::Modern;
+                        log::debug!("MCP server {} speaks protocol {MODERN}", self.name);
+                        self.ready_to_list(&result, now, events);
+                    }
+                    verdict => self.follow(verdict, now, events),
+                },
+                Err(error) => {
+                    let verdict = era::discover_refused(&self.era, &error, &self.name);
+                    self.follow(verdict, now, events);
+                }
             },
             Pending::Initialize => match outcome {
-                Ok(result) => self.initialized(&result, now, events),
+                Ok(result) => match era::agreed(&result) {
+                    Ok(version) => {
+                        self.era = Era::Handshake(version);
+                        self.push(
+                            jsonrpc::notification("notifications/initialized", Value::Null),
+                            Some("notifications/initialized"),
+                            None,
+                            None,
+                        );
+                        self.ready_to_list(&result, now, events);
+                    }
+                    Err(unspoken) => self.fail(unspoken.to_string(), events),
+                },
                 // A server that took the probe for its era refuses the
                 // handshake naming its versions.
-                Err(error) if error.code == UNSUPPORTED_PROTOCOL_VERSION => {
-                    self.unsupported_version(&error, now, events)
+                Err(error) if error.code == era::UNSUPPORTED_PROTOCOL_VERSION => {
+                    let verdict = era::unsupported_version(&self.era, &error);
+                    self.follow(verdict, now, events);
                 }
                 Err(error) => self.fail(format!("initialize failed: {}", error.message), events),
             },
@@ -569,108 +514,26 @@ impl McpClient {
             Pending::Call(call) => events.push(ClientEvent::CallEnded {
                 call,
                 outcome: match outcome {
-                    Ok(result) => call_outcome(result),
+                    Ok(result) => CallOutcome::of_result(result),
                     Err(error) => CallOutcome::Rejected(error.message),
                 },
             }),
         }
     }
 
-    /// A `DiscoverResult`: the server speaks 2026-07-28, or names the
-    /// versions it does speak.
-    fn discovered(&mut self, result: &Value, now: Instant, events: &mut Vec<ClientEvent>) {
-        let versions = string_list(result.get("supportedVersions"));
-        if versions.iter().any(|v| v == MODERN) {
-            self.era = Era::Modern;
-            log::debug!("MCP server {} speaks protocol {MODERN}", self.name);
-            return self.ready_to_list(result, now, events);
-        }
-        self.pick_handshake(&versions, now, events);
-    }
-
-    /// An error to the probe: one of 2026-07-28's own refusals is a modern
-    /// server's answer; any other error is the earlier era's way of saying
-    /// it does not know the method.
-    fn discover_refused(&mut self, error: &RpcError, now: Instant, events: &mut Vec<ClientEvent>) {
-        match error.code {
-            UNSUPPORTED_PROTOCOL_VERSION => self.unsupported_version(error, now, events),
-            MISSING_REQUIRED_CLIENT_CAPABILITY | HEADER_MISMATCH => {
-                let why = format!("server/discover was refused: {}", error.message);
-                self.fail(why, events);
+    /// What the server's versions lead to, when they do not lead straight
+    /// to its tools: the handshake, the server failing, or — found modern
+    /// after all — a listing from scratch.
+    fn follow(&mut self, verdict: Verdict, now: Instant, events: &mut Vec<ClientEvent>) {
+        match verdict {
+            Verdict::Modern => {
+                self.era = Era::Modern;
+                self.listing.give_up();
+                self.list(None, now);
             }
-            _ => {
-                log::debug!(
-                    "MCP server {} does not know server/discover ({}); trying initialize",
-                    self.name,
-                    error.message
-                );
-                self.initialize(now);
-            }
+            Verdict::Initialize => self.initialize(now),
+            Verdict::Fail(why) => self.fail(why, events),
         }
-    }
-
-    /// The server does not speak the version asked for; its error lists
-    /// those it does.
-    fn unsupported_version(
-        &mut self,
-        error: &RpcError,
-        now: Instant,
-        events: &mut Vec<ClientEvent>,
-    ) {
-        let versions = string_list(error.data.as_ref().and_then(|d| d.get("supported")));
-        if versions.iter().any(|v| v == MODERN) && self.era != Era::Probing {
-            // It speaks 2026-07-28 after all: it took a probe it answered
-            // too late for its era, or refuses the handshake outright.
-            self.era = Era::Modern;
-            return self.relist_from_scratch(now);
-        }
-        self.pick_handshake(&versions, now, events);
-    }
-
-    /// The handshake, if the server lists a version of it the kernel
-    /// speaks; otherwise the server fails, saying which it lists.
-    fn pick_handshake(&mut self, versions: &[String], now: Instant, events: &mut Vec<ClientEvent>) {
-        if self.era == Era::Probing && versions.iter().any(|v| ACCEPTED.contains(&v.as_str())) {
-            return self.initialize(now);
-        }
-        let listed = if versions.is_empty() {
-            "(none)".to_owned()
-        } else {
-            versions.join(", ")
-        };
-        let why = format!(
-            "speaks MCP protocol {listed}; the kernel speaks {MODERN}, {}",
-            ACCEPTED.join(" and ")
-        );
-        self.fail(why, events);
-    }
-
-    /// Lists the tools of a server found modern after all.
-    fn relist_from_scratch(&mut self, now: Instant) {
-        self.listing = None;
-        self.list(None, now);
-    }
-
-    fn initialized(&mut self, result: &Value, now: Instant, events: &mut Vec<ClientEvent>) {
-        let version = result
-            .get("protocolVersion")
-            .and_then(Value::as_str)
-            .unwrap_or("(none)");
-        if !ACCEPTED.contains(&version) {
-            let why = format!(
-                "speaks MCP protocol {version}; the kernel speaks {}",
-                ACCEPTED.join(" and ")
-            );
-            return self.fail(why, events);
-        }
-        self.era = Era::Handshake(version.to_owned());
-        self.push(
-            jsonrpc::notification("notifications/initialized", Value::Null),
-            Some("notifications/initialized"),
-            None,
-            None,
-        );
-        self.ready_to_list(result, now, events);
     }
 
     /// After the handshake or the probe: the tools are listed, if the
@@ -686,81 +549,41 @@ impl McpClient {
     }
 
     fn list(&mut self, cursor: Option<String>, now: Instant) {
-        let params = self.with_meta(match &cursor {
-            Some(cursor) => json!({"cursor": cursor}),
-            None => json!({}),
+        self.listing.asking(cursor.as_deref());
+        let params = params::to_value(&params::List {
+            cursor,
+            meta: self.meta(),
         });
-        let listing = self
-            .listing
-            .get_or_insert_with(|| (Vec::new(), HashSet::new()));
-        if let Some(cursor) = cursor {
-            listing.1.insert(cursor);
-        }
-        self.send(Pending::List, "tools/list", params, now + self.timeout);
+        let deadline = now + self.timeout;
+        self.send(Pending::List, "tools/list", params, None, deadline);
     }
 
     fn listed(&mut self, result: &Value, now: Instant, events: &mut Vec<ClientEvent>) {
-        let Some((mut tools, cursors)) = self.listing.take() else {
-            return;
-        };
-        let page = result.get("tools").and_then(Value::as_array);
-        tools.extend(page.into_iter().flatten().filter_map(tool_info));
-        let next = result.get("nextCursor").and_then(Value::as_str);
-        if let Some(next) = next {
-            if cursors.contains(next) {
-                let why = format!("tools/list repeated the cursor {next:?}; listing stopped");
-                return self.fail(why, events);
-            }
-            if cursors.len() + 1 >= MAX_PAGES {
-                let why = format!("tools/list gave more than {MAX_PAGES} pages; listing stopped");
-                return self.fail(why, events);
-            }
-            self.listing = Some((tools, cursors));
-            return self.list(Some(next.to_owned()), now);
-        }
-        self.tools = self.with_param_headers(tools);
-        self.state = ServerState::Ready;
-        events.push(ClientEvent::ToolsListed(self.tools.len()));
-        if std::mem::take(&mut self.relist) {
-            self.list(None, now);
-        }
-    }
-
-    /// Over HTTP, the tools listed, less those whose `x-mcp-header`
-    /// annotations are invalid (which the specification says a client
-    /// must leave out); their annotated arguments are noted.
-    fn with_param_headers(&mut self, tools: Vec<ToolInfo>) -> Vec<ToolInfo> {
-        self.param_headers.clear();
-        if self.transport != Transport::Http {
-            return tools;
-        }
-        let mut kept = Vec::with_capacity(tools.len());
-        for tool in tools {
-            match param_headers::of_schema(&tool.input_schema) {
-                Ok(annotated) => {
-                    if !annotated.is_empty() {
-                        self.param_headers.insert(tool.name.clone(), annotated);
-                    }
-                    kept.push(tool);
+        match self.listing.page(result, &self.name) {
+            Page::Unasked => {}
+            Page::Stopped(why) => self.fail(why, events),
+            Page::Next(cursor) => self.list(Some(cursor), now),
+            Page::Complete { tools, relist } => {
+                self.state = ServerState::Ready;
+                events.push(ClientEvent::ToolsListed(tools));
+                if relist {
+                    self.list(None, now);
                 }
-                Err(why) => log::warn!(
-                    "MCP server {}: tool {:?} left out: {why}",
-                    self.name,
-                    tool.name
-                ),
             }
         }
-        kept
     }
 
-    fn send(&mut self, pending: Pending, method: &str, params: Value, deadline: Instant) {
+    /// Sends request `method`; `name` is the tool a `tools/call` calls.
+    fn send(
+        &mut self,
+        pending: Pending,
+        method: &str,
+        params: Value,
+        name: Option<String>,
+        deadline: Instant,
+    ) {
         let id = self.next_id;
         self.next_id += 1;
-        let name = params
-            .get("name")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        let name = name.filter(|_| method == "tools/call");
         self.push(
             jsonrpc::request(id, method, params),
             Some(method),
@@ -791,24 +614,20 @@ impl McpClient {
         });
     }
 
-    /// `params` with the `_meta` a 2026-07-28 request carries, when the
-    /// server is spoken to (or probed) in that revision.
-    fn with_meta(&self, mut params: Value) -> Value {
-        if matches!(self.era, Era::Probing | Era::Modern) {
-            params["_meta"] = json!({
-                META_VERSION: MODERN,
-                META_CLIENT: client_info(),
-                META_CAPABILITIES: {},
-            });
-        }
-        params
+    /// The `_meta` a request carries: 2026-07-28's, when the server is
+    /// spoken to (or probed) in that revision, else none.
+    fn meta(&self) -> Meta {
+        Meta::of(matches!(self.era, Era::Probing | Era::Modern).then_some(MODERN))
     }
 
     fn tell_cancelled(&mut self, id: u64, reason: &str) {
         self.push(
             jsonrpc::notification(
                 "notifications/cancelled",
-                json!({"requestId": id, "reason": reason}),
+                params::to_value(&params::Cancelled {
+                    request_id: id,
+                    reason,
+                }),
             ),
             Some("notifications/cancelled"),
             None,
@@ -821,7 +640,7 @@ impl McpClient {
             return;
         }
         log::debug!("MCP server {}: {why}", self.name);
-        self.listing = None;
+        self.listing.give_up();
         self.state = ServerState::Failed(why.clone());
         self.fail_all(&why, events);
         events.push(ClientEvent::Failed(why));
@@ -836,67 +655,6 @@ impl McpClient {
                 });
             }
         }
-    }
-}
-
-/// Who the kernel is, to a server.
-fn client_info() -> Value {
-    json!({"name": "agentos", "version": env!("CARGO_PKG_VERSION")})
-}
-
-/// The strings of a JSON array (none when it is not one).
-fn string_list(value: Option<&Value>) -> Vec<String> {
-    value
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(str::to_owned)
-        .collect()
-}
-
-/// A `tools/list` entry, if it has a name.
-fn tool_info(tool: &Value) -> Option<ToolInfo> {
-    Some(ToolInfo {
-        name: tool.get("name")?.as_str()?.to_owned(),
-        description: tool
-            .get("description")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned(),
-        input_schema: tool
-            .get("inputSchema")
-            .cloned()
-            .unwrap_or_else(|| json!({"type": "object"})),
-        output_schema: tool.get("outputSchema").cloned(),
-    })
-}
-
-/// A `tools/call` result as an outcome.
-fn call_outcome(result: Value) -> CallOutcome {
-    // 2026-07-28: a result that is not complete asks the client for input
-    // (an elicitation, a sampling) the kernel has no one to ask for.
-    let kind = result.get("resultType").and_then(Value::as_str);
-    if let Some(kind) = kind.filter(|kind| *kind != "complete") {
-        return CallOutcome::Rejected(format!(
-            "the tool answered with a {kind:?} result (it asks for input the kernel cannot \
-             give); only complete results are taken"
-        ));
-    }
-    let content = result.get("content").cloned().unwrap_or_else(|| json!([]));
-    if result.get("isError").and_then(Value::as_bool) == Some(true) {
-        let message = content
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|block| block.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n");
-        return CallOutcome::ToolError { message, content };
-    }
-    CallOutcome::Done {
-        structured: result.get("structuredContent").cloned(),
-        content,
     }
 }
 

@@ -27,10 +27,13 @@
 //! the server need not keep it until it expires.
 
 use std::io::Read;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentos_primitives::http_agent::{HttpAgent, Timeouts};
+use agentos_primitives::pool::{Closed, Fifo, Outbox, Pool};
+use agentos_primitives::threads::Named;
 use mio::Waker;
 use serde_json::Value;
 
@@ -54,7 +57,7 @@ const HTTP_ERROR: i64 = -32000;
 
 /// Where a remote server is.
 #[derive(Debug)]
-pub struct Endpoint {
+pub struct ServerLocation {
     /// Its MCP endpoint.
     pub url: String,
     /// The configured headers (secrets).
@@ -64,12 +67,12 @@ pub struct Endpoint {
     pub host: String,
 }
 
-impl Endpoint {
+impl ServerLocation {
     /// The endpoint at `url`, with `headers`.
-    pub fn new(url: &str, headers: Vec<(String, String)>) -> Endpoint {
+    pub fn new(url: &str, headers: Vec<(String, String)>) -> ServerLocation {
         let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
         let host = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-        Endpoint {
+        ServerLocation {
             url: url.to_owned(),
             headers,
             host: host.to_owned(),
@@ -109,20 +112,21 @@ pub enum Trouble {
 /// redirects refused (a redirect would carry the credentials wherever it
 /// points), errors as statuses rather than failures.
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .timeout_connect(Some(CONNECT_TIMEOUT))
-        .user_agent(concat!("agentosd/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .into()
+    HttpAgent::new(Timeouts {
+        connect: Some(CONNECT_TIMEOUT),
+        // Each request has its own, from its deadline.
+        call: None,
+    })
+    .statuses_as_answers()
+    .user_agent(concat!("agentosd/", env!("CARGO_PKG_VERSION")))
+    .build()
 }
 
 /// One incarnation of a remote server's connection: its threads and its
 /// session.
 #[derive(Debug)]
 pub struct HttpLink {
-    jobs: Sender<Vec<Outgoing>>,
+    jobs: Pool<Fifo<Vec<Outgoing>>>,
     shared: Arc<Shared>,
 }
 
@@ -130,7 +134,7 @@ pub struct HttpLink {
 #[derive(Debug)]
 struct Shared {
     agent: ureq::Agent,
-    endpoint: Arc<Endpoint>,
+    endpoint: Arc<ServerLocation>,
     /// The session a server of the earlier era gave at its handshake.
     session: Mutex<Option<String>>,
     server: usize,
@@ -142,13 +146,11 @@ impl HttpLink {
     /// what they deliver goes to `delivered`, and the reactor is woken.
     pub fn open(
         agent: &ureq::Agent,
-        endpoint: Arc<Endpoint>,
+        endpoint: Arc<ServerLocation>,
         (server, incarnation): (usize, u64),
         delivered: &Sender<Delivered>,
         waker: &Arc<Waker>,
     ) -> std::io::Result<HttpLink> {
-        let (jobs, queue) = mpsc::channel::<Vec<Outgoing>>();
-        let queue = Arc::new(Mutex::new(queue));
         let shared = Arc::new(Shared {
             agent: agent.clone(),
             endpoint,
@@ -156,39 +158,16 @@ impl HttpLink {
             server,
             incarnation,
         });
-        for n in 0..THREADS {
-            let (queue, shared) = (queue.clone(), Arc::clone(&shared));
-            let (delivered, waker) = (delivered.clone(), waker.clone());
-            std::thread::Builder::new()
-                .name(format!("mcp-http-{server}-{n}"))
-                .spawn(move || loop {
-                    let sequence = {
-                        let Ok(queue) = queue.lock() else { return };
-                        match queue.recv() {
-                            Ok(sequence) => sequence,
-                            Err(_) => return,
-                        }
-                    };
-                    for message in &sequence {
-                        let (messages, trouble) = exchange(&shared, message);
-                        if messages.is_empty() && trouble.is_none() {
-                            continue;
-                        }
-                        let done = Delivered {
-                            server: shared.server,
-                            incarnation: shared.incarnation,
-                            messages,
-                            trouble,
-                        };
-                        if delivered.send(done).is_err() {
-                            return;
-                        }
-                        if let Err(err) = waker.wake() {
-                            log::error!("cannot wake the reactor after an MCP HTTP request: {err}");
-                        }
-                    }
-                })?;
-        }
+        let posting = Arc::clone(&shared);
+        let jobs = Pool::start(
+            Named::new(format!("mcp-http-{server}")),
+            THREADS,
+            Fifo::unbounded(),
+            Outbox::new(delivered.clone(), Arc::clone(waker)),
+            move |sequence: Vec<Outgoing>, delivered: &Outbox<Delivered>| {
+                post_all(&posting, &sequence, delivered)
+            },
+        )?;
         Ok(HttpLink { jobs, shared })
     }
 
@@ -231,9 +210,32 @@ impl HttpLink {
     /// Hands messages to the next free thread, which posts them one after
     /// the other, in order.
     pub fn post(&self, sequence: Vec<Outgoing>) {
-        // The threads end only when the link is dropped.
-        let _ = self.jobs.send(sequence);
+        // The pool closes only when the link is dropped, or when the
+        // kernel no longer reads what is delivered.
+        let _ = self.jobs.submit(sequence);
     }
+}
+
+/// POSTs messages one after the other, delivering what answers each as
+/// soon as it has.
+fn post_all(
+    shared: &Shared,
+    sequence: &[Outgoing],
+    delivered: &Outbox<Delivered>,
+) -> Result<(), Closed> {
+    for message in sequence {
+        let (messages, trouble) = exchange(shared, message);
+        if messages.is_empty() && trouble.is_none() {
+            continue;
+        }
+        delivered.send(Delivered {
+            server: shared.server,
+            incarnation: shared.incarnation,
+            messages,
+            trouble,
+        })?;
+    }
+    Ok(())
 }
 
 /// POSTs one message and reads what answers it.
@@ -524,7 +526,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_host_and_port_never_the_path() {
-        let endpoint = Endpoint::new("https://mcp.example.com:8443/v1/mcp?key=x", Vec::new());
+        let endpoint = ServerLocation::new("https://mcp.example.com:8443/v1/mcp?key=x", Vec::new());
         assert_eq!(endpoint.host, "mcp.example.com:8443");
     }
 

@@ -15,8 +15,9 @@
 //! outermost object can still be read by a plain scan of its bytes; a line
 //! that names no id is garbage like any other.
 
+use serde::Serialize;
 use serde_json::error::Category;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// How much of a dropped line's start and end is kept to find its id.
 const KEPT: usize = 4096;
@@ -352,29 +353,75 @@ fn response_id_in(bytes: &[u8]) -> Option<u64> {
 
 /// A request line.
 pub fn request(id: u64, method: &str, params: Value) -> Vec<u8> {
-    line(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+    line(&Outgoing {
+        id: Some(&Value::from(id)),
+        method: Some(method),
+        params: Some(params),
+        ..Outgoing::default()
+    })
 }
 
 /// A notification line (no params when `params` is null).
 pub fn notification(method: &str, params: Value) -> Vec<u8> {
-    if params.is_null() {
-        line(&json!({"jsonrpc": "2.0", "method": method}))
-    } else {
-        line(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
-    }
+    line(&Outgoing {
+        method: Some(method),
+        params: Some(params).filter(|p| !p.is_null()),
+        ..Outgoing::default()
+    })
 }
 
 /// A response line to a server's request.
 pub fn response(id: &Value, result: Value) -> Vec<u8> {
-    line(&json!({"jsonrpc": "2.0", "id": id, "result": result}))
+    line(&Outgoing {
+        id: Some(id),
+        result: Some(result),
+        ..Outgoing::default()
+    })
 }
 
 /// An error response line to a server's request.
 pub fn error_response(id: &Value, code: i64, message: &str) -> Vec<u8> {
-    line(&json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}))
+    line(&Outgoing {
+        id: Some(id),
+        error: Some(OutgoingError { code, message }),
+        ..Outgoing::default()
+    })
 }
 
-fn line(message: &Value) -> Vec<u8> {
+/// A message the kernel sends a server: a request, a notification or a
+/// response, by which fields it has.
+#[derive(Default, Serialize)]
+struct Outgoing<'a> {
+    jsonrpc: Version,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    params: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<OutgoingError<'a>>,
+}
+
+/// `"2.0"`, the only JSON-RPC version there is.
+#[derive(Default)]
+struct Version;
+
+impl Serialize for Version {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("2.0")
+    }
+}
+
+#[derive(Serialize)]
+struct OutgoingError<'a> {
+    code: i64,
+    message: &'a str,
+}
+
+fn line<T: Serialize>(message: &T) -> Vec<u8> {
     // serde_json escapes newlines inside strings: one message, one line.
     let mut bytes = serde_json::to_vec(message).unwrap_or_default();
     bytes.push(b'\n');
@@ -384,6 +431,7 @@ fn line(message: &Value) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn read(reader: &mut LineReader, bytes: &[u8]) -> Vec<Incoming> {
         let mut out = Vec::new();

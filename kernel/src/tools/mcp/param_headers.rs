@@ -29,15 +29,46 @@ pub struct ParamHeader {
 /// an integer argument mirrored into a header.
 const SAFE_INTEGER: i64 = (1 << 53) - 1;
 
+/// Why a tool's `x-mcp-header` annotations are invalid (and the tool is
+/// left out over HTTP).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadAnnotation {
+    /// Two annotations name the same header, in any case.
+    #[error("x-mcp-header {name:?} is given twice")]
+    Twice {
+        /// The header's name, as the second annotation gives it.
+        name: String,
+    },
+    /// An annotation is on a schema the root's `properties` alone do not
+    /// reach.
+    #[error("x-mcp-header is on a schema not reached through `properties` alone")]
+    Unreachable,
+    /// An annotation that is not a header name (a non-empty token).
+    #[error("x-mcp-header {annotation} is not a header name")]
+    NotAName {
+        /// The annotation, as the schema gives it.
+        annotation: Value,
+    },
+    /// An annotation on a property that is not a string, integer or
+    /// boolean.
+    #[error("x-mcp-header {name:?} is on a property that is not a string, integer or boolean")]
+    Type {
+        /// The header's name.
+        name: String,
+    },
+}
+
 /// The annotated arguments of a tool's input schema, or why its
 /// annotations are invalid.
-pub fn of_schema(schema: &Value) -> Result<Vec<ParamHeader>, String> {
+pub fn of_schema(schema: &Value) -> Result<Vec<ParamHeader>, BadAnnotation> {
     let mut found = Vec::new();
     walk(schema, Some(&mut Vec::new()), &mut found)?;
     let mut names = HashSet::new();
     for header in &found {
         if !names.insert(header.name.to_ascii_lowercase()) {
-            return Err(format!("x-mcp-header {:?} is given twice", header.name));
+            return Err(BadAnnotation::Twice {
+                name: header.name.clone(),
+            });
         }
     }
     Ok(found)
@@ -49,14 +80,15 @@ fn walk(
     schema: &Value,
     path: Option<&mut Vec<String>>,
     found: &mut Vec<ParamHeader>,
-) -> Result<(), String> {
+) -> Result<(), BadAnnotation> {
     match schema {
         Value::Object(object) => {
             let mut path = path;
             if let Some(annotation) = object.get("x-mcp-header") {
-                let at = path.as_deref().filter(|p| !p.is_empty()).ok_or_else(|| {
-                    "x-mcp-header is on a schema not reached through `properties` alone".to_owned()
-                })?;
+                let at = path
+                    .as_deref()
+                    .filter(|p| !p.is_empty())
+                    .ok_or(BadAnnotation::Unreachable)?;
                 found.push(annotated(annotation, object.get("type"), at)?);
             }
             for (key, child) in object {
@@ -84,20 +116,22 @@ fn annotated(
     annotation: &Value,
     kind: Option<&Value>,
     path: &[String],
-) -> Result<ParamHeader, String> {
+) -> Result<ParamHeader, BadAnnotation> {
     let name = annotation.as_str().unwrap_or("");
     let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
     if name.is_empty() || !name.bytes().all(token) {
-        return Err(format!("x-mcp-header {annotation} is not a header name"));
+        return Err(BadAnnotation::NotAName {
+            annotation: annotation.clone(),
+        });
     }
     match kind.and_then(Value::as_str) {
         Some("string" | "integer" | "boolean") => Ok(ParamHeader {
             path: path.to_vec(),
             name: name.to_owned(),
         }),
-        _ => Err(format!(
-            "x-mcp-header {name:?} is on a property that is not a string, integer or boolean"
-        )),
+        _ => Err(BadAnnotation::Type {
+            name: name.to_owned(),
+        }),
     }
 }
 

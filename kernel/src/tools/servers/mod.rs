@@ -1,6 +1,6 @@
 //! The configured MCP servers, on the reactor's side: each one's
 //! supervised process ([`super::process`]) and its pipes as mio sources,
-//! or, for a remote server, its HTTP threads ([`remote`]); its
+//! or, for a remote server, its HTTP threads (`remote`); its
 //! [`McpClient`], and the calls under way. A call's reply goes to its
 //! [`ReplyTo`] when the server answers, its deadline passes, or the server
 //! dies — whichever comes first.
@@ -10,78 +10,47 @@
 //! handshake fails or times out, it closes its output) is killed and
 //! started again by its supervisor, with backoff.
 
-use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::ServerInfo;
 use agentos_proto::{ErrorCode, ErrorReply};
-use mio::unix::pipe;
 use mio::{Registry, Token, Waker};
 use serde_json::Value;
 
-use super::mcp::client::{
-    CallId, CallOutcome, ClientEvent, Era, McpClient, ServerState, ToolInfo, Transport,
-};
-use super::mcp::http::{Delivered, Endpoint, HttpLink, Trouble};
-use super::mcp::jsonrpc::LineReader;
-use super::process::{ServerCommand, ServerProcess, StartedServer, RESTART};
+use super::mcp::client::{CallOutcome, ClientEvent, McpClient, ServerState, ToolInfo, Transport};
+use super::mcp::http::{Delivered, HttpLink, Trouble};
+use super::process::StartedServer;
 use super::reply::reply_for;
-use super::secrets::{truncate_text, Secrets};
-use super::stderr::{lock, Ending};
-use super::view::{private_home, Withheld};
+use super::view::Withheld;
 use crate::address::Reply;
 use crate::address::ReplyTo;
 use crate::config::mcp::McpConfig;
 use crate::sandbox::confine::Confinement;
-use crate::supervisor::Supervisor;
-use crate::telemetry::otlp::SpanKind;
-use crate::telemetry::tracer::{OpenSpan, SpanAgent, Tracer};
+use crate::telemetry::tracer::{SpanAgent, Tracer};
 use crate::telemetry::TraceContext;
-use counts::ServerCounts;
+use calls::{Calls, Pending};
+use pipes::{Pipes, Tokens};
+use server::{Launch, Server};
+use spans::{end_call_spans, open_call_spans};
 
+mod calls;
 mod counts;
 mod pipes;
 mod remote;
-
-use remote::Remote;
+mod server;
+mod spans;
 
 /// Tokens the servers use: two per server (stdout, stdin).
 pub const TOKEN_SPAN: usize = 1 << 40;
-/// The largest message a server may send: a bigger one fails the call it
-/// answers (or is dropped), and costs no more memory than this.
-const MAX_MESSAGE: usize = super::mcp::MAX_MESSAGE;
-/// Calls one server may have under way; more are refused with `busy`, so
-/// callers cannot pile up work (and memory) behind a slow server.
-const MAX_CALLS_PER_SERVER: usize = 1024;
-/// Calls one caller may have under way at one server, so that one caller
-/// cannot take a server's every place.
-const MAX_CALLS_PER_CALLER: usize = 64;
 /// Bytes waiting for a server's stdin past which new calls are refused
 /// (`busy`): a server that stops reading must not grow the kernel.
 const MAX_UNSENT: usize = 4 << 20;
-/// Non-messages a server's start may print that are logged one by one.
-const GARBAGE_LOGGED: usize = 10;
 /// How long a server has to end once told to stop, at shutdown.
 const STOP_GRACE: Duration = Duration::from_secs(2);
-/// Bytes read from a server per readiness event before others get a turn.
-const READ_CHUNK: usize = 64 << 10;
-
-/// A call under way, by the kernel's call number.
-#[derive(Debug)]
-struct Pending {
-    reply_to: ReplyTo,
-    server: usize,
-    caller: u32,
-    /// When it was sent, for the metrics.
-    started: std::time::Instant,
-    /// Its `execute_tool {tool}` span and, within it, the MCP request's
-    /// `tools/call {tool}`, with tracing on.
-    spans: Option<(OpenSpan, OpenSpan)>,
-}
 
 /// One tool call, as TOOL asks it of a server.
 #[derive(Debug)]
@@ -114,8 +83,7 @@ pub struct Servers {
     launches: Receiver<StartedServer>,
     registry: Registry,
     token_base: usize,
-    calls: HashMap<CallId, Pending>,
-    next_call: CallId,
+    calls: Calls,
     /// Bumped whenever the tools on offer change.
     generation: u64,
     /// The kernel's state directory, where the servers' homes are.
@@ -129,52 +97,6 @@ pub struct Servers {
     /// Remote servers' links at shutdown, whose sessions are ended then,
     /// with the protocol version each was spoken to in.
     retired: Vec<(HttpLink, Option<String>)>,
-}
-
-#[derive(Debug)]
-struct Server {
-    name: String,
-    /// Its calls, for the metrics (kept across its restarts).
-    counts: ServerCounts,
-    timeout: Duration,
-    /// `None`: it could not be started at all (see `error`).
-    supervisor: Option<Supervisor>,
-    client: Option<McpClient>,
-    pipes: Option<Pipes>,
-    /// Why it last failed, secrets blotted out.
-    error: Option<String>,
-    /// How its current incarnation ended, as its process reports it.
-    ending: Arc<Mutex<Ending>>,
-    secrets: Secrets,
-    stopped: bool,
-    /// Non-messages logged since it started.
-    garbage: usize,
-    /// The supervisor's number for the incarnation whose pipes these are.
-    incarnation: u64,
-    /// Its tools as last listed, kept while it restarts: what `import
-    /// tools` offers does not flap with a server's restarts.
-    known_tools: Vec<ToolInfo>,
-    /// Its output closed before its exit status and stderr were in: they
-    /// replace `error` when they come.
-    awaiting_end: bool,
-    /// A remote server's connection (it has no process).
-    remote: Option<Remote>,
-    /// It ended while `server/discover` was under way: its later
-    /// incarnations go straight to the `initialize` handshake, as a
-    /// server of the earlier era that dies at a request it does not know
-    /// needs.
-    skip_probe: bool,
-}
-
-#[derive(Debug)]
-struct Pipes {
-    stdin: pipe::Sender,
-    stdout: pipe::Receiver,
-    reader: LineReader,
-    /// Bytes for its stdin the pipe has not taken yet.
-    unsent: Vec<u8>,
-    /// Whether stdin is registered for writability.
-    watching_stdin: bool,
 }
 
 impl Servers {
@@ -193,7 +115,6 @@ impl Servers {
         let (sender, launches) = channel();
         let path = std::env::var("PATH").ok();
         let withheld = Withheld::of_host(state_dir);
-        let mut servers = Vec::new();
         let programs = config.enabled().filter(|(_, server)| !server.is_remote());
         if confinement.is_none() && programs.count() > 0 {
             log::warn!(
@@ -201,75 +122,27 @@ impl Servers {
                  daemon no namespaces"
             );
         }
-        for (index, (name, server)) in config.servers.iter().enumerate() {
-            let ending = Arc::new(Mutex::new(Ending::default()));
-            let mut entry = Server {
-                name: name.clone(),
-                counts: ServerCounts::default(),
-                timeout: Duration::from_millis(server.timeout_ms),
-                supervisor: None,
-                client: None,
-                pipes: None,
-                error: None,
-                ending: ending.clone(),
-                secrets: Secrets::of_server(server),
-                stopped: !server.enabled,
-                garbage: 0,
-                incarnation: 0,
-                known_tools: Vec::new(),
-                awaiting_end: false,
-                skip_probe: false,
-                remote: server.url.as_deref().map(|url| {
-                    let headers = server.headers.clone().into_iter().collect();
-                    Remote::new(Endpoint::new(url, headers))
-                }),
-            };
-            if !server.enabled || entry.remote.is_some() {
-                // Disabled: listed as `stopped`, its tools not offered.
-                // Remote: connected below.
-                servers.push(entry);
-                continue;
-            }
-            let user = confinement.as_ref().and_then(Confinement::user);
-            let home = match private_home(state_dir, name, user) {
-                Ok(home) => home,
-                Err(why) => {
-                    log::error!("MCP server {name} cannot start: its home: {why}");
-                    entry.error = Some(format!("its home cannot be made: {why}"));
-                    servers.push(entry);
-                    continue;
-                }
-            };
-            match ServerCommand::resolve(server, path.as_deref(), Some(&home), &withheld) {
-                Ok(command) => {
-                    let process = ServerProcess {
-                        index,
-                        label: format!("mcp-{name}"),
-                        command,
-                        confinement: confinement.clone(),
-                        launches: sender.clone(),
-                        waker: waker.clone(),
-                        ending,
-                        stderr_log: Arc::default(),
-                        incarnation: 0,
-                    };
-                    entry.supervisor = Some(Supervisor::start(process, RESTART)?);
-                }
-                Err(why) => {
-                    log::error!("MCP server {name} cannot start: {why}");
-                    entry.error = Some(why.to_string());
-                }
-            }
-            servers.push(entry);
-        }
+        let launch = Launch {
+            confinement: confinement.as_ref(),
+            path: path.as_deref(),
+            withheld: &withheld,
+            state_dir,
+            launches: &sender,
+            waker: &waker,
+        };
+        let servers = config
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(index, (name, server))| Server::start(index, name, server, &launch))
+            .collect::<io::Result<Vec<Server>>>()?;
         let mut started = Servers {
             tracer: Arc::new(Tracer::default()),
             servers,
             launches,
             registry: registry.try_clone()?,
             token_base,
-            calls: HashMap::new(),
-            next_call: 1,
+            calls: Calls::default(),
             generation: 0,
             state_dir: state_dir.to_owned(),
             delivered: channel(),
@@ -341,30 +214,7 @@ impl Servers {
 
     /// Each server's state, as TOOL `list` and HELLO give it.
     pub fn info(&self) -> Vec<ServerInfo> {
-        self.servers
-            .iter()
-            .map(|server| {
-                let (state, tools) = match (&server.client, server.stopped) {
-                    (_, true) => ("stopped", 0),
-                    (Some(client), _) => match client.state() {
-                        ServerState::Ready => ("ready", client.tools().len()),
-                        ServerState::Starting => ("starting", 0),
-                        ServerState::Failed(_) => ("failed", 0),
-                    },
-                    (None, _) if server.error.is_some() => ("failed", 0),
-                    (None, _) if server.supervisor.is_none() && server.remote.is_none() => {
-                        ("failed", 0)
-                    }
-                    (None, _) => ("starting", 0),
-                };
-                ServerInfo {
-                    name: server.name.clone(),
-                    state: state.to_owned(),
-                    error: (state == "failed").then(|| server.error.clone()).flatten(),
-                    tools,
-                }
-            })
-            .collect()
+        self.servers.iter().map(Server::info).collect()
     }
 
     /// Calls a tool of a configured server; the reply goes to the call's
@@ -389,13 +239,7 @@ impl Servers {
         let entry = &mut self.servers[index];
         let unavailable = |why: String| ErrorReply::new(ErrorCode::Unavailable, why);
         let Some(client) = entry.client.as_mut() else {
-            return Err(unavailable(match (&entry.error, entry.stopped) {
-                (_, true) => {
-                    format!("tool server {server} is stopped (disabled, or the kernel is stopping)")
-                }
-                (Some(error), _) => format!("tool server {server} is down: {error}"),
-                (None, _) => format!("tool server {server} is starting"),
-            }));
+            return Err(unavailable(entry.why_not_serving()));
         };
         if client.state() == &ServerState::Ready && !client.tools().iter().any(|t| t.name == tool) {
             return Err(ErrorReply::new(
@@ -403,7 +247,7 @@ impl Servers {
                 format!("tool server {server} has no tool {tool:?}; TOOL list names its tools"),
             ));
         }
-        let unsent = entry.pipes.as_ref().map_or(0, |p| p.unsent.len());
+        let unsent = entry.pipes.as_ref().map_or(0, Pipes::unsent);
         if unsent > MAX_UNSENT {
             return Err(ErrorReply::new(
                 ErrorCode::Busy,
@@ -413,22 +257,9 @@ impl Servers {
                 ),
             ));
         }
-        let at_server = || self.calls.values().filter(|c| c.server == index);
-        let (all, own) = (
-            at_server().count(),
-            at_server().filter(|c| c.caller == caller).count(),
-        );
-        if all >= MAX_CALLS_PER_SERVER || own >= MAX_CALLS_PER_CALLER {
-            return Err(ErrorReply::new(
-                ErrorCode::Busy,
-                format!(
-                    "tool server {server} has {all} calls under way, {own} of them yours (at \
-                     most {MAX_CALLS_PER_SERVER}, {MAX_CALLS_PER_CALLER} per caller); retry \
-                     when some have ended"
-                ),
-            ));
-        }
-        let number = self.next_call;
+        let number = self.calls.room(index, caller).map_err(|full| {
+            ErrorReply::new(ErrorCode::Busy, format!("tool server {server} {full}"))
+        })?;
         let deadline = now + timeout.unwrap_or(entry.timeout);
         // A server starting over after a failure is named with that failure:
         // "starting" alone would hide why it is not serving.
@@ -437,7 +268,7 @@ impl Servers {
             &self.tracer,
             &entry.name,
             tool,
-            self.next_call,
+            number,
             entry.pipes.is_some(),
             trace.as_ref(),
             agent.as_ref(),
@@ -451,14 +282,13 @@ impl Servers {
                 Some(last) => unavailable(format!("{why}; it last failed: {last}")),
                 None => unavailable(why.to_string()),
             })?;
-        self.next_call += 1;
         self.calls.insert(
             number,
             Pending {
                 reply_to,
                 server: index,
                 caller,
-                started: std::time::Instant::now(),
+                started: Instant::now(),
                 spans,
             },
         );
@@ -468,14 +298,8 @@ impl Servers {
 
     /// Calls answered by a connection that has closed are given up on.
     pub fn connection_closed(&mut self, serial: u64) {
-        let gone: Vec<CallId> = self
-            .calls
-            .iter()
-            .filter(|(_, p)| p.reply_to.connection() == Some(serial))
-            .map(|(id, _)| *id)
-            .collect();
-        for call in gone {
-            if let Some(pending) = self.calls.remove(&call) {
+        for call in self.calls.of_connection(serial) {
+            if let Some(pending) = self.calls.remove(call) {
                 if let Some(client) = self.servers[pending.server].client.as_mut() {
                     client.cancel(call, "the caller went away");
                 }
@@ -490,7 +314,7 @@ impl Servers {
         // Endings first: they belong to incarnations that ended before any
         // incarnation now being adopted began.
         for server in self.servers.iter_mut().filter(|s| s.awaiting_end) {
-            if let Some(why) = ending_of(server) {
+            if let Some(why) = server.ending() {
                 server.awaiting_end = false;
                 server.error = Some(why);
             }
@@ -550,16 +374,8 @@ impl Servers {
     /// Stops every server for good; calls under way fail, saying `why`.
     pub fn shutdown(&mut self, why: &str, replies: &mut Vec<Reply>) {
         for index in 0..self.servers.len() {
-            let server = &mut self.servers[index];
-            server.stopped = true;
-            // It is not restarted: the supervisor stops it gently (SIGTERM,
-            // and closing its stdin).
-            if let Some(supervisor) = &server.supervisor {
-                supervisor.stop();
-            }
-            if let Some(remote) = server.remote.as_mut() {
-                self.retired.extend(remote.retire(server.client.as_ref()));
-            }
+            // It is not restarted: the supervisor stops it gently.
+            self.retired.extend(self.servers[index].stop());
             self.end_calls(index, why, replies);
         }
     }
@@ -605,13 +421,8 @@ impl Servers {
         for event in events {
             match event {
                 ClientEvent::ToolsListed(count) => {
-                    let server = &mut self.servers[index];
-                    server.error = None;
-                    if let Some(client) = &server.client {
-                        server.known_tools = client.tools().to_vec();
-                    }
+                    self.servers[index].listed(count);
                     self.generation += 1;
-                    log::info!("MCP server {} ready with {count} tools", server.name);
                 }
                 ClientEvent::Failed(why) => {
                     // The handshake or a listing failed: it is of no use
@@ -619,7 +430,7 @@ impl Servers {
                     self.restart(index, why, replies);
                 }
                 ClientEvent::CallEnded { call, outcome } => {
-                    let Some(pending) = self.calls.remove(&call) else {
+                    let Some(pending) = self.calls.remove(call) else {
                         continue;
                     };
                     let server = &mut self.servers[index];
@@ -635,24 +446,7 @@ impl Servers {
                     let reply = reply_for(outcome, &server.name, &server.secrets);
                     replies.push((pending.reply_to, reply));
                 }
-                ClientEvent::Garbage(line) => {
-                    // A server that prints nothing but garbage must not
-                    // flood the log.
-                    let server = &mut self.servers[index];
-                    server.garbage += 1;
-                    if server.garbage <= GARBAGE_LOGGED {
-                        let mut line = line;
-                        truncate_text(&mut line, 200);
-                        let line = server.secrets.redact(&line);
-                        log::warn!("MCP server {} printed a non-message: {line}", server.name);
-                    }
-                    if server.garbage == GARBAGE_LOGGED {
-                        log::warn!(
-                            "MCP server {}: further non-messages are not logged",
-                            server.name
-                        );
-                    }
-                }
+                ClientEvent::Garbage(line) => self.servers[index].printed(line),
             }
         }
     }
@@ -660,17 +454,7 @@ impl Servers {
     /// The server is of no use as it is: everything under way fails with
     /// `why`, and its supervisor starts it again after the backoff.
     fn restart(&mut self, index: usize, why: String, replies: &mut Vec<Reply>) {
-        let server = &mut self.servers[index];
-        let why = server.secrets.redact(&why);
-        if !server.stopped {
-            log::warn!("MCP server {} failed: {why}", server.name);
-        }
-        if let Some(supervisor) = &server.supervisor {
-            supervisor.restart(server.incarnation);
-        }
-        if let Some(remote) = server.remote.as_mut() {
-            remote.failed(server.stopped);
-        }
+        let why = self.servers[index].failing(&why);
         self.end_calls(index, &why, replies);
         let server = &mut self.servers[index];
         server.client = None;
@@ -691,22 +475,89 @@ impl Servers {
     }
 
     fn close_pipes(&mut self, index: usize) {
-        if let Some(mut pipes) = self.servers[index].pipes.take() {
-            let _ = self.registry.deregister(&mut pipes.stdout);
-            if pipes.watching_stdin {
-                let _ = self.registry.deregister(&mut pipes.stdin);
-            }
+        if let Some(pipes) = self.servers[index].pipes.take() {
+            pipes.close(&self.registry);
         }
     }
 }
 
-/// Why the server's adopted incarnation ended (its exit status and the
-/// error line of its stderr, redacted when it was kept), once known.
-fn ending_of(server: &Server) -> Option<String> {
-    let ending = lock(&server.ending);
-    (ending.incarnation == server.incarnation)
-        .then(|| ending.describe())
-        .flatten()
+// Programs: their pipes, registered when they (re)start, read into their
+// client, and written as far as the pipe takes.
+impl Servers {
+    /// A (re)started server's pipes: registered, and a new client speaks
+    /// first.
+    fn adopt(&mut self, launched: StartedServer, replies: &mut Vec<Reply>, now: Instant) {
+        let index = launched.server;
+        self.servers[index].awaiting_end = false;
+        if self.servers[index].stopped {
+            // Started just as the kernel began to stop: its pipes close
+            // here, and its supervisor ends it.
+            return;
+        }
+        // An incarnation whose end was never seen (something it started
+        // still holds its output): its calls fail now, not never.
+        if self.servers[index].client.is_some() {
+            let why = "it was started again before its output closed".into();
+            self.restart(index, why, replies);
+        }
+        self.servers[index].incarnation = launched.incarnation;
+        let tokens = self.tokens(index);
+        let server = &mut self.servers[index];
+        match Pipes::open(launched, &self.registry, tokens) {
+            Ok(pipes) => server.pipes = Some(pipes),
+            Err(err) => {
+                log::error!("MCP server {}: cannot watch its pipes: {err}", server.name);
+                let why = format!("its pipes cannot be watched: {err}");
+                return self.restart(index, why, replies);
+            }
+        }
+        server.new_client(Transport::Stdio, now);
+        self.flush(index);
+    }
+
+    /// The tokens of server `index`'s pipes.
+    fn tokens(&self, index: usize) -> Tokens {
+        Tokens {
+            stdout: Token(self.token_base + 2 * index),
+            stdin: Token(self.token_base + 2 * index + 1),
+        }
+    }
+
+    /// Reads what the server wrote into its client; its output closing
+    /// is its end.
+    fn read(&mut self, index: usize, replies: &mut Vec<Reply>, now: Instant) {
+        let Some(pipes) = self.servers[index].pipes.as_mut() else {
+            return;
+        };
+        let received = pipes.read(&self.registry);
+        let mut events = Vec::new();
+        if let Some(client) = self.servers[index].client.as_mut() {
+            for message in received.messages {
+                client.on_message(message, now, &mut events);
+            }
+        }
+        self.handle(index, events, replies);
+        self.flush(index);
+        if received.closed {
+            let ending = self.servers[index].output_closed();
+            let known = ending.is_some();
+            let why = ending.unwrap_or_else(|| "it exited (its output closed)".to_owned());
+            self.restart(index, why, replies);
+            self.servers[index].awaiting_end = !known;
+        }
+    }
+
+    /// Writes what the client has for the server: to its stdin, or to a
+    /// remote server's threads.
+    fn flush(&mut self, index: usize) {
+        if self.servers[index].remote.is_some() {
+            return self.post(index);
+        }
+        let server = &mut self.servers[index];
+        if let (Some(client), Some(pipes)) = (server.client.as_mut(), server.pipes.as_mut()) {
+            pipes.write(client.take_output(), &self.registry);
+        }
+    }
 }
 
 // Remote servers: their incarnations, and what their threads deliver.
@@ -721,65 +572,25 @@ impl Servers {
         let Some(remote) = server.remote.as_mut() else {
             return;
         };
-        remote.retry_at = None;
-        remote.since = now;
         server.incarnation += 1;
-        let opened = HttpLink::open(
-            agent,
-            remote.endpoint.clone(),
-            (index, server.incarnation),
-            &self.delivered.0,
-            &self.waker,
-        );
-        match opened {
-            Ok(link) => remote.link = Some(link),
-            Err(err) => {
-                let why = format!("its HTTP threads cannot be started: {err}");
-                log::error!("MCP server {}: {why}", server.name);
-                server.error = Some(why);
-                remote.failed(server.stopped);
-                return;
-            }
+        let incarnation = (index, server.incarnation);
+        let opened = remote.open(agent, incarnation, &self.delivered.0, &self.waker, now);
+        if let Err(err) = opened {
+            let why = format!("its HTTP threads cannot be started: {err}");
+            log::error!("MCP server {}: {why}", server.name);
+            server.error = Some(why);
+            remote.failed(server.stopped);
+            return;
         }
-        server.client = Some(McpClient::probing(
-            &server.name,
-            Transport::Http,
-            server.timeout,
-            now,
-        ));
-        server.garbage = 0;
+        server.new_client(Transport::Http, now);
         self.post(index);
     }
 
     /// Hands what the client has for remote server `index` to its threads.
     fn post(&mut self, index: usize) {
         let server = &mut self.servers[index];
-        let (Some(client), Some(link)) = (
-            server.client.as_mut(),
-            server.remote.as_ref().and_then(|r| r.link.as_ref()),
-        ) else {
-            return;
-        };
-        // Over HTTP, 2026-07-28 cancels a request by closing its stream and
-        // takes no message of the client's but requests.
-        let modern = client.era() == &Era::Modern;
-        // Requests go out side by side, each on a thread of its own; a
-        // notification or response goes out before the request that
-        // followed it, on the same thread (a server of the earlier era may
-        // refuse `tools/list` until `notifications/initialized` is in).
-        let mut sequence = Vec::new();
-        for message in client.take_messages() {
-            let is_request = message.request.is_some();
-            if modern && !is_request {
-                continue;
-            }
-            sequence.push(message);
-            if is_request {
-                link.post(std::mem::take(&mut sequence));
-            }
-        }
-        if !sequence.is_empty() {
-            link.post(sequence);
+        if let (Some(client), Some(remote)) = (server.client.as_mut(), server.remote.as_ref()) {
+            remote.post(client);
         }
     }
 
@@ -840,48 +651,4 @@ impl Servers {
             .filter_map(|s| s.remote.as_ref()?.retry_at)
             .min()
     }
-}
-
-/// A call's `execute_tool {tool}` span (GenAI) and, as its child, the
-/// MCP request's `tools/call {tool}` (whose context goes to the server).
-fn open_call_spans(
-    tracer: &Tracer,
-    server: &str,
-    tool: &str,
-    request_id: u64,
-    over_pipes: bool,
-    parent: Option<&TraceContext>,
-    agent: Option<&SpanAgent>,
-) -> Option<(OpenSpan, OpenSpan)> {
-    let mut call = tracer.open(format!("execute_tool {tool}"), SpanKind::Internal, parent)?;
-    call.text("gen_ai.operation.name", "execute_tool");
-    call.text("gen_ai.tool.name", tool);
-    call.text("agentos.tool.server", server);
-    call.agent(agent);
-    let mut mcp = tracer.open(
-        format!("tools/call {tool}"),
-        SpanKind::Client,
-        Some(&call.context),
-    )?;
-    mcp.text("mcp.method.name", "tools/call");
-    mcp.text("gen_ai.tool.name", tool);
-    mcp.text("gen_ai.operation.name", "execute_tool");
-    mcp.text("jsonrpc.request.id", request_id.to_string());
-    mcp.text("network.transport", if over_pipes { "pipe" } else { "tcp" });
-    mcp.text("agentos.tool.server", server);
-    Some((call, mcp))
-}
-
-/// Ends a call's spans, the MCP request's first; `error` is the
-/// `error.type` of both if it failed.
-fn end_call_spans(tracer: &Tracer, spans: Option<(OpenSpan, OpenSpan)>, error: Option<&str>) {
-    let Some((mut call, mut mcp)) = spans else {
-        return;
-    };
-    if let Some(kind) = error {
-        mcp.text("error.type", kind);
-        call.text("error.type", kind);
-    }
-    tracer.end(mcp, error.map(str::to_owned));
-    tracer.end(call, error.map(str::to_owned));
 }

@@ -1,5 +1,6 @@
 use super::*;
 use crate::tools::mcp::jsonrpc::LineReader;
+use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 

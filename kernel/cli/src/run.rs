@@ -1,0 +1,169 @@
+//! `agentos run`: the prompt-to-program loop as a command. It dispatches
+//! a prompt task and follows it to its end, with a progress line on a
+//! terminal.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use agentos_proto::payload::{
+    TaskDispatch, TaskDispatchReply, TaskKind, TaskRef, TaskReply, TaskRequest, TaskWait,
+};
+use agentos_proto::Client;
+use serde::Serialize;
+
+use crate::error::CliError;
+use crate::input::words_or_stdin;
+use crate::task::{ask, or_null, TaskResult, Waited};
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// What to do (its words are joined by spaces); `-` reads it from stdin
+    #[arg(required = true)]
+    prompt: Vec<String>,
+    /// Rounds of code and output at most
+    #[arg(long, value_name = "N")]
+    max_iterations: Option<u32>,
+    /// A system instruction added to the kernel's own
+    #[arg(long)]
+    system: Option<String>,
+}
+
+/// The prompt task's request as `run` sends it. The protocol's
+/// `PromptRequest` always holds a number of rounds; left out here, the
+/// kernel gives its own default.
+#[derive(Debug, Serialize)]
+struct PromptTask {
+    prompt: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_iterations: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<String>,
+}
+
+/// `wait_for` is how long it follows the task: the global `--timeout`.
+pub fn run_prompt(
+    client: &mut Client,
+    args: RunArgs,
+    wait_for: Duration,
+    json: bool,
+) -> Result<ExitCode, CliError> {
+    let request = PromptTask {
+        prompt: words_or_stdin(&args.prompt)?,
+        max_iterations: args.max_iterations,
+        system: args.system,
+    };
+    let dispatch = TaskRequest::Dispatch(TaskDispatch {
+        kind: TaskKind::Prompt,
+        request: serde_json::to_value(request)?,
+        label: None,
+        trace: None,
+    });
+    let task_id = ask(client, &dispatch)?
+        .decode::<TaskDispatchReply>()?
+        .task_id;
+    let live = std::io::stderr().is_terminal();
+    let deadline = Instant::now() + wait_for;
+    let (raw, task) = loop {
+        // Short waits, so a terminal sees where the loop is meanwhile.
+        let wait = TaskRequest::Wait(TaskWait {
+            task_id: task_id.clone(),
+            timeout_ms: Some(500),
+        });
+        let raw = ask(client, &wait)?;
+        let task = raw.decode::<TaskReply>()?.task;
+        if task.result.is_some() {
+            break (raw, task);
+        }
+        if Instant::now() >= deadline {
+            if live {
+                eprint!("\r\x1b[2K");
+            }
+            return Err(CliError::TaskStillRunning {
+                state: task.state.as_str().to_owned(),
+                task_id,
+                waited: wait_for,
+            });
+        }
+        if live {
+            let status = TaskRequest::Status(TaskRef {
+                task_id: task_id.clone(),
+            });
+            let progress = ask(client, &status)?.decode::<TaskReply>()?.task.progress;
+            let iteration = progress.as_ref().and_then(|p| p.iteration).unwrap_or(1);
+            let last = progress
+                .as_ref()
+                .and_then(|p| p.output.lines().last())
+                .unwrap_or("");
+            let line: String = format!("iteration {iteration}: {last}")
+                .chars()
+                .take(70)
+                .collect();
+            eprint!("\r\x1b[2K[{task_id}] {line}");
+        }
+    };
+    if live {
+        eprint!("\r\x1b[2K");
+    }
+    let result = TaskResult::of(&task).unwrap_or_default();
+    if json {
+        raw.decode::<Waited>()?.task.print()?;
+    } else if let Some(answer) = &result.answer {
+        println!("{answer}");
+    }
+    let iterations = result.iterations.as_deref().unwrap_or_default();
+    if !json {
+        // The transcript in brief: what each round ran and how it ended.
+        for (n, iteration) in iterations.iter().enumerate() {
+            let code = &iteration.code;
+            let first = code.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+            eprintln!(
+                "agentos: iteration {}: {} line(s) of {}, exit {}, starting `{}`",
+                n + 1,
+                code.lines().count(),
+                iteration.language.as_deref().unwrap_or("?"),
+                or_null(iteration.exit_code),
+                first.chars().take(60).collect::<String>()
+            );
+        }
+    }
+    eprintln!(
+        "agentos: {} in {} iteration(s), {} tokens, {} tool calls",
+        task.state.as_str(),
+        iterations.len(),
+        or_null(result.tokens),
+        or_null(result.tool_calls)
+    );
+    if task.state.as_str() == "completed" {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(error) = &result.error {
+        eprintln!("agentos: {error}");
+    }
+    Ok(ExitCode::FAILURE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rounds_left_out_are_the_kernels_default() {
+        let dispatch = |max_iterations| TaskDispatch {
+            kind: TaskKind::Prompt,
+            request: serde_json::to_value(PromptTask {
+                prompt: "sum 1..10".into(),
+                max_iterations,
+                system: Some("be brief".into()),
+            })
+            .unwrap(),
+            label: None,
+            trace: None,
+        };
+        let read = dispatch(None).prompt().unwrap();
+        assert_eq!(read.prompt, "sum 1..10");
+        assert_eq!(read.system.as_deref(), Some("be brief"));
+        assert_eq!(read.max_iterations, 5);
+        assert_eq!(dispatch(Some(2)).prompt().unwrap().max_iterations, 2);
+    }
+}

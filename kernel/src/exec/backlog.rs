@@ -1,0 +1,446 @@
+//! What waits for a run child: requests in their owners' queues
+//! (`requests`), and sessions (`sessions`), each with a queue of orders
+//! for its own child. A request is admitted here and waits in its
+//! session's queue or its owner's until the dispatcher has a child for
+//! it; one that cannot start is answered here — refused as its turn
+//! comes, cancelled, its owner gone, its deadline passed, the kernel
+//! stopping. A restore that is answered so takes its session with it.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo, SnapshotInfo};
+use agentos_proto::{ErrorCode, ErrorReply};
+
+use super::network::{Narrowed, RunNetwork};
+use super::order::{Finished, Order};
+use super::queues::{Caps, Share};
+use super::requests::Requests;
+use super::run_cgroup::ChargedTo;
+use super::sessions::Sessions;
+use super::spans::RunSpans;
+use super::waiting::{refuse_each, RunAsk, Session, SessionKey, Waiting};
+use crate::address::{Answer, Reply, ReplyTo};
+use crate::config::exec::ExecConfig;
+use crate::identity::Principal;
+
+/// What closing a session found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// No such session.
+    Nothing,
+    /// It was waiting to be restored: the restore is answered, and the
+    /// session is gone.
+    Restoring,
+    /// It was open on this child, which is to be killed.
+    Open(usize),
+}
+
+/// The owners' queues and the sessions.
+#[derive(Debug)]
+pub struct Backlog {
+    requests: Requests,
+    sessions: Sessions,
+}
+
+impl Backlog {
+    /// Nothing waiting, with `exec`'s caps: the runs one owner may hold of
+    /// the children its hosts keep ready, and the sessions.
+    pub fn new(exec: &ExecConfig) -> Backlog {
+        let slots = exec.hosts * exec.ready_runs;
+        Backlog {
+            requests: Requests::new(Caps::for_slots(slots, exec.max_running_per_owner)),
+            sessions: Sessions::new(exec),
+        }
+    }
+
+    /// Whether one more request of `share` may wait.
+    pub fn may_wait(&self, share: Share) -> Result<(), ErrorReply> {
+        self.requests.may_wait(share, self.sessions.queued())
+    }
+
+    /// Whether a run `request` for session `key` may wait for it (or, if
+    /// the session is neither open nor about to open, for a child to open
+    /// it); the reply it gets at once instead, if the memory controller
+    /// ended the session while it waited.
+    pub fn admit(
+        &mut self,
+        key: &SessionKey,
+        request: &ExecRequest,
+    ) -> Result<Option<ExecReply>, ErrorReply> {
+        if let Some(lost) = self.sessions.take_lost(key) {
+            return Ok(Some(lost));
+        }
+        let requests = &self.requests;
+        self.sessions
+            .same_grant(key, || requests.opening_grant(key), request)?;
+        if !self.sessions.contains(key) && !requests.sessions().any(|k| k == key) {
+            self.sessions.may_open(key.0, requests.sessions())?;
+        }
+        Ok(None)
+    }
+
+    /// Queues `waiting` in its session's queue if the session is open
+    /// (whose key is returned: the session is to be served), else in its
+    /// owner's.
+    pub fn queue(&mut self, waiting: Waiting) -> Option<SessionKey> {
+        let open = waiting.session.clone();
+        match open.filter(|key| self.sessions.contains(key)) {
+            Some(key) => {
+                self.sessions.queue(&key, waiting);
+                Some(key)
+            }
+            None => {
+                self.requests.push_back(waiting);
+                None
+            }
+        }
+    }
+
+    /// Whether the request whose reply goes to `reply_to` waits.
+    pub fn is_waiting(&self, reply_to: ReplyTo) -> bool {
+        self.requests
+            .iter()
+            .chain(self.sessions.queued())
+            .any(|w| w.reply_to == reply_to)
+    }
+
+    /// Requests for sessions opened since they were queued join those
+    /// sessions' queues: the sessions, to be served.
+    pub fn join_opened(&mut self) -> Vec<SessionKey> {
+        let sessions = &self.sessions;
+        let opened = self
+            .requests
+            .take_where(|w| w.session.as_ref().is_some_and(|k| sessions.contains(k)));
+        let mut keys = Vec::new();
+        for waiting in opened {
+            if let Some(key) = waiting.session.clone() {
+                self.sessions.queue(&key, waiting);
+                keys.push(key);
+            }
+        }
+        keys
+    }
+
+    /// The agents' cgroups waiting requests are to be charged under.
+    pub fn charges(&self) -> impl Iterator<Item = &ChargedTo> {
+        self.requests
+            .iter()
+            .chain(self.sessions.queued())
+            .filter_map(|w| w.charged_to.as_ref())
+    }
+
+    /// The next request in the owners' queues to start, owner by owner in
+    /// turn: one `ready` accepts, within its owner's share (see
+    /// [`Requests::next`]). One whose network its owner's policy no longer
+    /// covers is answered instead (`network`), and the next is taken.
+    pub fn next(
+        &mut self,
+        mut ready: impl FnMut(&Waiting) -> bool,
+        lending: &HashSet<u64>,
+        network: &RunNetwork,
+        spans: &RunSpans,
+        replies: &mut Vec<Reply>,
+    ) -> Option<Waiting> {
+        loop {
+            let mut waiting = self.requests.next(&mut ready, lending)?;
+            match network.at_start(&mut waiting) {
+                Ok(()) => return Some(waiting),
+                Err(narrowed) => self.refuse_at_start(waiting, narrowed, spans, replies),
+            }
+        }
+    }
+
+    /// Puts `waiting` back first in its owner's line: no child was ready.
+    pub fn push_front(&mut self, waiting: Waiting) {
+        self.requests.push_front(waiting);
+    }
+
+    /// `child` is given to `waiting`: the session it names, if it names
+    /// one, opens on it (a new one, or one its restore carries over).
+    pub fn open_session(&mut self, child: usize, waiting: &mut Waiting, now: Instant) {
+        if let Some(key) = waiting.session.clone() {
+            let grant = RunAsk::of(&waiting.request);
+            let session = Session::open(child, waiting.carried.take(), grant, now);
+            self.sessions.insert(key, session);
+        }
+    }
+
+    /// The next order queued for session `key`, if the session's child is
+    /// free and `alive`, and the order has room in its owner's share. One
+    /// whose network its owner's policy no longer covers is answered
+    /// instead, leaving the child free for the next.
+    pub fn next_for_session(
+        &mut self,
+        key: &SessionKey,
+        alive: impl Fn(usize) -> bool,
+        lending: &HashSet<u64>,
+        network: &RunNetwork,
+        spans: &RunSpans,
+        replies: &mut Vec<Reply>,
+    ) -> Option<Waiting> {
+        loop {
+            let requests = &self.requests;
+            let room = |w: &Waiting| requests.has_room(w, lending);
+            let mut waiting = self.sessions.next(key, &alive, room)?;
+            match network.at_start(&mut waiting) {
+                Ok(()) => return Some(waiting),
+                Err(narrowed) => self.refuse_at_start(waiting, narrowed, spans, replies),
+            }
+        }
+    }
+
+    /// An order of session `key` starts `now`: the session's child.
+    pub fn begin(&mut self, key: &SessionKey, now: Instant) -> Option<usize> {
+        self.sessions.begin(key, now)
+    }
+
+    /// A restore's turn has come: the session is taken out, carried by
+    /// `restore`, which waits first in its owner's line for a fresh child.
+    /// The session's old child, to go.
+    pub fn begin_restore(&mut self, key: &SessionKey, mut restore: Waiting) -> Option<usize> {
+        let (child, carried) = self.sessions.take_for_restore(key)?.into_carried();
+        restore.carried = Some(carried);
+        self.requests.push_front(restore);
+        Some(child)
+    }
+
+    /// A run of `share` has started: it holds its place until it ends.
+    pub fn started(&mut self, share: Share) {
+        self.requests.started(share);
+    }
+
+    /// A run of `share` has ended.
+    pub fn ended(&mut self, share: Share) {
+        self.requests.ended(share);
+    }
+
+    /// Whether sessions' queued runs go before the owners' queues now that
+    /// room has come (the two take turns).
+    pub fn sessions_turn(&mut self) -> bool {
+        self.requests.sessions_turn()
+    }
+
+    /// Sessions whose child is free and which have orders queued.
+    pub fn sessions_waiting(&self) -> Vec<SessionKey> {
+        self.sessions.waiting()
+    }
+
+    /// The session that keeps `child`, if one does.
+    pub fn session_of(&self, child: usize) -> Option<SessionKey> {
+        self.sessions.of_child(child)
+    }
+
+    /// The reply to a finished order of session `key`'s.
+    pub fn answer(&mut self, key: &SessionKey, finished: Finished) -> Answer {
+        self.sessions.answer(key, finished)
+    }
+
+    /// Session `key`'s interpreter is gone (killed at a timeout, or it
+    /// died): so is the session, its snapshots, and what waited for it.
+    pub fn session_died(&mut self, key: &SessionKey, replies: &mut Vec<Reply>) {
+        if let Some(session) = self.sessions.end(key) {
+            let ended = ErrorReply::new(
+                ErrorCode::NotFound,
+                format!(
+                    "session {:?} ended before this run could start (its interpreter was \
+                     killed); run again to start a new one",
+                    key.1
+                ),
+            );
+            refuse_each(session.queue, &ended, replies);
+        }
+    }
+
+    /// Session `key` ends, with its snapshots, and what waited for it.
+    pub fn end_session(&mut self, key: &SessionKey) {
+        self.sessions.end(key);
+    }
+
+    /// An order of session `key` has ended `now` (it `ran_code`, or was a
+    /// snapshot or restore): when the session is closed if unused until
+    /// then.
+    pub fn order_ended(
+        &mut self,
+        key: &SessionKey,
+        ran_code: bool,
+        now: Instant,
+    ) -> Option<Instant> {
+        self.sessions.order_ended(key, ran_code, now)
+    }
+
+    /// Whether session `key` has been unused since `last_used`.
+    pub fn is_idle(&self, key: &SessionKey, last_used: Instant) -> bool {
+        self.sessions.is_idle(key, last_used)
+    }
+
+    /// Session `key`'s idle interpreter was killed for memory: its owner is
+    /// told when it names the session again.
+    pub fn note_lost(&mut self, key: &SessionKey) {
+        self.sessions.note_lost(key);
+    }
+
+    /// `owner`'s sessions (`op: sessions`); what each child's `/workspace`
+    /// holds comes from `workspace_bytes`.
+    pub fn sessions(
+        &self,
+        owner: Principal,
+        workspace_bytes: impl Fn(usize) -> u64,
+    ) -> Vec<SessionInfo> {
+        self.sessions.list(owner, workspace_bytes)
+    }
+
+    /// The order of `op: snapshot` for session `key`.
+    pub fn snapshot_order(&self, key: &SessionKey, name: &str) -> Result<Order, ErrorReply> {
+        self.sessions.snapshot_order(key, name)
+    }
+
+    /// The order of `op: restore` for session `key`.
+    pub fn restore_order(&self, key: &SessionKey, name: &str) -> Result<Order, ErrorReply> {
+        self.sessions.restore_order(key, name)
+    }
+
+    /// `op: snapshots`: session `key`'s snapshots, oldest first.
+    pub fn snapshots(&self, key: &SessionKey) -> Result<Vec<SnapshotInfo>, ErrorReply> {
+        self.sessions.snapshots(key)
+    }
+
+    /// Closes session `key` (`op: close`): its snapshots go, and what
+    /// waited for it is answered.
+    pub fn close(&mut self, key: &SessionKey, replies: &mut Vec<Reply>) -> Closed {
+        // A session being restored waits in its restore, for a sandbox.
+        if let Some(restore) = self.requests.take_restore_of(key) {
+            let closed = ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("session {:?} was closed before it was restored", key.1),
+            );
+            self.refuse(restore, &closed, replies);
+            return Closed::Restoring;
+        }
+        match self.sessions.close(key, replies) {
+            Some(child) => Closed::Open(child),
+            None => Closed::Nothing,
+        }
+    }
+
+    /// `owner` has ended: the names of its sessions, to be closed; what it
+    /// lost to memory is not to be told.
+    pub fn end_owner(&mut self, owner: Principal) -> Vec<String> {
+        self.sessions.forget_lost_of(owner);
+        self.sessions.names_of(owner)
+    }
+
+    /// Answers a request taken from a queue with `refusal`. A restore that
+    /// carries its session takes the session with it: what waited for the
+    /// session is answered too, and its snapshots go.
+    pub fn refuse(&mut self, mut waiting: Waiting, refusal: &ErrorReply, replies: &mut Vec<Reply>) {
+        if let (Some(carried), Some(key)) = (waiting.carried.take(), &waiting.session) {
+            let ended = "ended while it was being restored; run again to start a new one";
+            self.sessions.drop_carried(key, carried, ended, replies);
+        }
+        replies.push((waiting.reply_to, refusal.clone().into()));
+    }
+
+    /// Answers a request that cannot start because of `narrowed`; nothing
+    /// of it ran, and a session it was queued for stays as it was.
+    fn refuse_at_start(
+        &mut self,
+        mut waiting: Waiting,
+        narrowed: Narrowed,
+        spans: &RunSpans,
+        replies: &mut Vec<Reply>,
+    ) {
+        let refusal = ErrorReply::from(narrowed);
+        match waiting.run {
+            Some(number) => log::info!("exec run {number}: not started: {}", refusal.error),
+            None => log::info!("exec: a session's order not started: {}", refusal.error),
+        }
+        if let Some(span) = waiting.span.take() {
+            spans.refused(span, &refusal.error);
+        }
+        self.refuse(waiting, &refusal, replies);
+    }
+
+    /// Takes the waiting requests `pick` picks, from owners' queues and
+    /// sessions'.
+    fn take_where(&mut self, mut pick: impl FnMut(&Waiting) -> bool) -> Vec<Waiting> {
+        let mut taken = self.requests.take_where(&mut pick);
+        taken.extend(self.sessions.take_queued(pick));
+        taken
+    }
+
+    /// Drops the request whose reply goes to `reply_to`, if it waits
+    /// (answered all the same: the answer is what tells the kernel the run
+    /// is over); whether it did.
+    pub fn cancel(&mut self, reply_to: ReplyTo, replies: &mut Vec<Reply>) -> bool {
+        let its = |w: &Waiting| w.reply_to == reply_to;
+        let mut waiting = self.take_where(its);
+        // One waiting in a restored session's queue, carried by the restore.
+        waiting.extend(self.requests.take_carried(its));
+        let found = !waiting.is_empty();
+        let cancelled = ErrorReply::new(ErrorCode::Unavailable, "the run was cancelled");
+        for waiting in waiting {
+            self.refuse(waiting, &cancelled, replies);
+        }
+        found
+    }
+
+    /// Answers the waiting requests `pick` picks: they were not started,
+    /// for `why`.
+    pub fn end_where(
+        &mut self,
+        pick: impl FnMut(&Waiting) -> bool,
+        why: &str,
+        replies: &mut Vec<Reply>,
+    ) {
+        let why = format!("the run was not started: {why}");
+        let refusal = ErrorReply::new(ErrorCode::Unavailable, why);
+        for waiting in self.take_where(pick) {
+            self.refuse(waiting, &refusal, replies);
+        }
+    }
+
+    /// Answers with `refusal` the requests in the owners' queues charged
+    /// to `agent`.
+    pub fn refuse_charged(&mut self, agent: u32, refusal: &ErrorReply, replies: &mut Vec<Reply>) {
+        let its = |w: &Waiting| w.charged_to.as_ref().is_some_and(|c| c.agent == agent);
+        for waiting in self.requests.take_where(its) {
+            self.refuse(waiting, refusal, replies);
+        }
+    }
+
+    /// Answers `timeout` to requests that waited past their deadline, saying
+    /// why they waited: behind other work (`running` orders were going), or
+    /// for an exec host that is starting or failing (none `hosts_up`).
+    pub fn expire(
+        &mut self,
+        now: Instant,
+        hosts_up: bool,
+        running: usize,
+        replies: &mut Vec<Reply>,
+    ) {
+        for mut waiting in self.take_where(|waiting| waiting.deadline <= now) {
+            // A restore that never got its sandbox ends its session.
+            if let (Some(carried), Some(key)) = (waiting.carried.take(), &waiting.session) {
+                let ended = "ended: restoring it found no sandbox within its timeout";
+                self.sessions.drop_carried(key, carried, ended, replies);
+            }
+            let reply = self
+                .requests
+                .waited_too_long(&waiting, hosts_up, running, now);
+            replies.push((waiting.reply_to, reply.into()));
+        }
+    }
+
+    /// The kernel is stopping: every request in the owners' queues is
+    /// refused, and what waits for a session a restore carries.
+    pub fn shut_down(&mut self, replies: &mut Vec<Reply>) {
+        let waiting = self.requests.take_where(|_| true);
+        let carried = waiting
+            .iter()
+            .flat_map(|w| w.carried.iter().flat_map(|c| c.queue.iter()));
+        let refusal = ErrorReply::new(ErrorCode::Unavailable, "the kernel is shutting down");
+        let waiting = waiting.iter().chain(carried);
+        replies.extend(waiting.map(|w| (w.reply_to, refusal.clone().into())));
+    }
+}

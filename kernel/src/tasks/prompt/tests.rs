@@ -1,0 +1,281 @@
+use serde_json::Value;
+
+use super::feedback::NUDGE_ERROR_BYTES;
+use super::*;
+
+fn think(content: &str) -> ThinkReply {
+    ThinkReply {
+        success: true,
+        content: content.into(),
+        tokens: 10,
+        ..failed_think(ErrorReply::new(ErrorCode::Internal, ""))
+    }
+}
+
+fn ran(stdout: &str, exit_code: i32) -> ExecReply {
+    ExecReply {
+        stdout: stdout.into(),
+        exit_code: Some(exit_code),
+        ..ExecReply::default()
+    }
+}
+
+fn request(max_iterations: u32) -> PromptRequest {
+    PromptRequest {
+        prompt: "sum 1..10".into(),
+        max_iterations,
+        system: None,
+        session: None,
+    }
+}
+
+#[test]
+fn the_last_runs_output_still_gets_an_answer() {
+    let (mut prompt, _) = PromptLoop::start(request(1), "s".into(), "");
+    assert!(matches!(
+        prompt.on_think(&think("```python\nprint(55)\n```")),
+        Step::Exec(_)
+    ));
+    let Step::Think(last) = prompt.on_exec(&ran("55\n", 0)) else {
+        panic!("the answer was not asked for");
+    };
+    let messages = last.messages.unwrap();
+    let asked = &messages.last().unwrap().content;
+    assert!(asked.contains("answer now"), "{asked}");
+    let Step::Done { answered, .. } = prompt.on_think(&think("55")) else {
+        panic!("not done");
+    };
+    assert!(answered);
+}
+
+#[test]
+fn an_answer_before_any_code_ran_is_sent_back_once_for_code() {
+    let (mut prompt, _) = PromptLoop::start(request(3), "s".into(), "");
+    let Step::Think(asked) = prompt.on_think(&think("2")) else {
+        panic!("a guess was taken as the answer");
+    };
+    let messages = asked.messages.unwrap();
+    assert_eq!(
+        messages[messages.len() - 2].content,
+        "2",
+        "the guess is kept"
+    );
+    let asked = &messages.last().unwrap().content;
+    assert!(asked.contains("No code has run yet"), "{asked}");
+    // Asking is not an iteration.
+    assert_eq!(prompt.iteration(), 1);
+    let (answered, result) = result_of(prompt.on_think(&think("Paris")));
+    assert!(answered, "a second answer without code is taken");
+    assert_eq!(result["answer"], "Paris");
+    assert_eq!(result["iterations"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn an_answer_after_code_ran_is_taken_at_once() {
+    let (mut prompt, _) = PromptLoop::start(request(3), "s".into(), "");
+    let _ = prompt.on_think(&think("```python\nprint(2 + 2)\n```"));
+    let Step::Think(fed) = prompt.on_exec(&ran("4\n", 0)) else {
+        panic!("the output went nowhere");
+    };
+    let messages = fed.messages.unwrap();
+    let told = &messages.last().unwrap().content;
+    assert!(told.contains("reply with the answer alone"), "{told}");
+    let (answered, result) = result_of(prompt.on_think(&think("4")));
+    assert!(answered);
+    assert_eq!(result["answer"], "4");
+}
+
+#[test]
+fn failing_code_twice_then_success_then_an_answer() {
+    let (mut prompt, first) = PromptLoop::start(request(5), "s".into(), "- tools.x.y");
+    let system = &first.messages.unwrap()[0].content;
+    assert!(system.contains("- tools.x.y"), "{system}");
+    for (attempt, exit_code) in [1, 1, 0].into_iter().enumerate() {
+        let code = format!("```python\nprint(55) # attempt {attempt}\n```");
+        let Step::Exec(run) = prompt.on_think(&think(&code)) else {
+            panic!("no run");
+        };
+        assert_eq!(run.session.as_deref(), Some("s"));
+        let reply = ExecReply {
+            tool_calls: 2,
+            tool_bytes: 100,
+            ..ran("55\n", exit_code)
+        };
+        assert!(matches!(prompt.on_exec(&reply), Step::Think(_)));
+    }
+    let Step::Done { answered, result } = prompt.on_think(&think("It is 55.")) else {
+        panic!("not done");
+    };
+    assert!(answered);
+    let result: Value = serde_json::from_slice(&result).unwrap();
+    assert_eq!(result["answer"], "It is 55.");
+    assert_eq!(result["iterations"].as_array().unwrap().len(), 3);
+    assert_eq!(result["tokens"], 40);
+    assert_eq!(result["tool_calls"], 6);
+    assert_eq!(result["tool_bytes"], 300);
+}
+
+#[test]
+fn a_model_that_always_writes_code_stops_at_max_iterations() {
+    let (mut prompt, _) = PromptLoop::start(request(2), "s".into(), "");
+    let mut runs = 0;
+    let (answered, result) = loop {
+        match prompt.on_think(&think("```python\nprint(1)\n```")) {
+            Step::Exec(_) => {
+                runs += 1;
+                assert!(matches!(prompt.on_exec(&ran("1\n", 0)), Step::Think(_)));
+            }
+            Step::Done { answered, result } => break (answered, result),
+            Step::Think(_) => panic!("a THINK for a THINK"),
+        }
+    };
+    assert_eq!(runs, 2);
+    assert!(!answered);
+    let result: Value = serde_json::from_slice(&result).unwrap();
+    assert_eq!(result["iterations"].as_array().unwrap().len(), 2);
+    assert!(result["error"].as_str().unwrap().contains("max_iterations"));
+}
+
+fn failed(stderr: &str) -> ExecReply {
+    ExecReply {
+        stderr: stderr.into(),
+        exit_code: Some(1),
+        ..ExecReply::default()
+    }
+}
+
+const TRACEBACK: &str = "Traceback (most recent call last):\n  File \"<run>\", line 1\n\
+                         NameError: name 'x' is not defined\n";
+
+fn result_of(step: Step) -> (bool, Value) {
+    let Step::Done { answered, result } = step else {
+        panic!("not done: {step:?}");
+    };
+    (answered, serde_json::from_slice(&result).unwrap())
+}
+
+#[test]
+fn code_that_already_failed_is_not_run_again_and_the_model_is_told_why() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    assert!(matches!(
+        prompt.on_think(&think("```python\nprint(x)\n```")),
+        Step::Exec(_)
+    ));
+    assert!(matches!(prompt.on_exec(&failed(TRACEBACK)), Step::Think(_)));
+    // The same code, give or take blank space around it: not run.
+    let Step::Think(nudged) = prompt.on_think(&think("Again:\n```python\n\nprint(x)  \n```"))
+    else {
+        panic!("the repeated code was run");
+    };
+    let messages = nudged.messages.unwrap();
+    let nudge = &messages.last().unwrap().content;
+    assert!(
+        nudge.contains("This exact code already failed with: NameError: name 'x' is not defined"),
+        "{nudge}"
+    );
+    assert!(nudge.contains("Change the code"), "{nudge}");
+    assert!(!prompt.is_running_code());
+    // The nudge is an iteration.
+    assert_eq!(prompt.iteration(), 3);
+    // Changed code runs.
+    assert!(matches!(
+        prompt.on_think(&think("```python\nx = 1\nprint(x)\n```")),
+        Step::Exec(_)
+    ));
+    assert!(matches!(prompt.on_exec(&ran("1\n", 0)), Step::Think(_)));
+    let (answered, result) = result_of(prompt.on_think(&think("1")));
+    assert!(answered);
+    let iterations = result["iterations"].as_array().unwrap();
+    assert_eq!(iterations.len(), 3);
+    assert_eq!(iterations[1]["exit_code"], Value::Null);
+    assert!(iterations[1]["stderr"]
+        .as_str()
+        .unwrap()
+        .starts_with("not run: this exact code already failed"));
+}
+
+#[test]
+fn the_same_failing_code_three_times_in_a_row_ends_the_loop_with_the_reason() {
+    let (mut prompt, _) = PromptLoop::start(request(10), "s".into(), "");
+    let same = think("```python\nprint(x)\n```");
+    assert!(matches!(prompt.on_think(&same), Step::Exec(_)));
+    assert!(matches!(prompt.on_exec(&failed(TRACEBACK)), Step::Think(_)));
+    assert!(matches!(prompt.on_think(&same), Step::Think(_)), "nudged");
+    let (answered, result) = result_of(prompt.on_think(&same));
+    assert!(!answered);
+    assert_eq!(
+        result["error"],
+        "the model repeated the same failing code 3 times in a row"
+    );
+    assert_eq!(result["success"], false);
+    assert_eq!(result["iterations"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn going_round_between_failing_blocks_ends_after_the_most_nudges() {
+    let (mut prompt, _) = PromptLoop::start(request(20), "s".into(), "");
+    let blocks = [
+        think("```python\nprint(a)\n```"),
+        think("```python\nprint(b)\n```"),
+    ];
+    for block in &blocks {
+        assert!(matches!(prompt.on_think(block), Step::Exec(_)));
+        assert!(matches!(
+            prompt.on_exec(&failed("NameError")),
+            Step::Think(_)
+        ));
+    }
+    for nudge in 0..MOST_NUDGES {
+        let block = &blocks[nudge as usize % 2];
+        assert!(
+            matches!(prompt.on_think(block), Step::Think(_)),
+            "nudge {nudge}"
+        );
+    }
+    let (answered, result) = result_of(prompt.on_think(&blocks[MOST_NUDGES as usize % 2]));
+    assert!(!answered);
+    assert_eq!(
+        result["error"],
+        format!("the model kept writing code that had already failed ({MOST_NUDGES} nudges)")
+    );
+}
+
+#[test]
+fn code_that_worked_runs_again_but_not_a_third_time_in_a_row() {
+    let (mut prompt, _) = PromptLoop::start(request(10), "s".into(), "");
+    let same = think("```python\nprint(open('/workspace/state').read())\n```");
+    let mut told = Vec::new();
+    for _ in 0..2 {
+        assert!(matches!(prompt.on_think(&same), Step::Exec(_)));
+        let Step::Think(next) = prompt.on_exec(&ran("busy\n", 0)) else {
+            panic!("THINK expected");
+        };
+        let last = next.messages.unwrap().pop().unwrap().content;
+        told.push(last.contains("That was the same code as before"));
+    }
+    // The second run's output comes with a word that it was the same.
+    assert_eq!(told, [false, true]);
+    let (answered, result) = result_of(prompt.on_think(&same));
+    assert!(!answered);
+    assert_eq!(
+        result["error"],
+        "the model repeated the same code 3 times in a row"
+    );
+}
+
+#[test]
+fn a_failure_is_told_by_its_error_else_its_last_line_else_the_exit_code() {
+    assert_eq!(failure(&ran("ok", 0)), None);
+    assert_eq!(
+        failure(&failed(TRACEBACK)).unwrap(),
+        "NameError: name 'x' is not defined"
+    );
+    let timed_out = ExecReply {
+        error: Some("the run timed out".into()),
+        ..ExecReply::default()
+    };
+    assert_eq!(failure(&timed_out).unwrap(), "the run timed out");
+    assert_eq!(failure(&failed("")).unwrap(), "exit code 1");
+    let long = "é".repeat(NUDGE_ERROR_BYTES);
+    assert!(failure(&failed(&long)).unwrap().len() <= NUDGE_ERROR_BYTES);
+}
