@@ -142,13 +142,9 @@ impl Backlog {
         spans: &RunSpans,
         replies: &mut Vec<Reply>,
     ) -> Option<Waiting> {
-        loop {
-            let mut waiting = self.requests.next(&mut ready, lending)?;
-            match network.at_start(&mut waiting) {
-                Ok(()) => return Some(waiting),
-                Err(narrowed) => self.refuse_at_start(waiting, narrowed, spans, replies),
-            }
-        }
+        self.first_startable(network, spans, replies, |backlog| {
+            backlog.requests.next(&mut ready, lending)
+        })
     }
 
     /// Puts `waiting` back first in its owner's line: no child was ready.
@@ -179,15 +175,11 @@ impl Backlog {
         spans: &RunSpans,
         replies: &mut Vec<Reply>,
     ) -> Option<Waiting> {
-        loop {
-            let requests = &self.requests;
+        self.first_startable(network, spans, replies, |backlog| {
+            let requests = &backlog.requests;
             let room = |w: &Waiting| requests.has_room(w, lending);
-            let mut waiting = self.sessions.next(key, &alive, room)?;
-            match network.at_start(&mut waiting) {
-                Ok(()) => return Some(waiting),
-                Err(narrowed) => self.refuse_at_start(waiting, narrowed, spans, replies),
-            }
-        }
+            backlog.sessions.next(key, &alive, room)
+        })
     }
 
     /// An order of session `key` starts `now`: the session's child.
@@ -343,6 +335,24 @@ impl Backlog {
 
     /// Answers a request that cannot start because of `narrowed`; nothing
     /// of it ran, and a session it was queued for stays as it was.
+    /// The first request `take` gives whose network its owner's policy
+    /// still covers; those it no longer covers are answered on the way.
+    fn first_startable(
+        &mut self,
+        network: &RunNetwork,
+        spans: &RunSpans,
+        replies: &mut Vec<Reply>,
+        mut take: impl FnMut(&mut Backlog) -> Option<Waiting>,
+    ) -> Option<Waiting> {
+        loop {
+            let mut waiting = take(self)?;
+            match network.at_start(&mut waiting) {
+                Ok(()) => return Some(waiting),
+                Err(narrowed) => self.refuse_at_start(waiting, narrowed, spans, replies),
+            }
+        }
+    }
+
     fn refuse_at_start(
         &mut self,
         mut waiting: Waiting,
