@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 
-use agentos_proto::payload::SpawnRequest;
+use agentos_proto::payload::{noting_unknown, SpawnRequest};
 use serde::{de::Error as _, Deserialize, Deserializer};
 
 /// Fields an entry may have: SPAWN's.
@@ -50,9 +50,14 @@ pub fn deserialize<'de, D: Deserializer<'de>>(input: D) -> Result<Vec<SpawnReque
             .and_then(|()| nested_fields(&table, "limits", LIMIT_FIELDS))
             .and_then(|()| nested_fields(&table, "permissions", PERMISSION_FIELDS))
             .map_err(|reason| D::Error::custom(format!("{entry}: {reason}")))?;
-        let request: SpawnRequest = toml::Value::Table(table)
-            .try_into()
+        let mut unknown = None;
+        let request: SpawnRequest = noting_unknown(toml::Value::Table(table), &mut unknown)
             .map_err(|err| D::Error::custom(format!("{entry}: {err}")))?;
+        if let Some(field) = unknown {
+            return Err(D::Error::custom(format!(
+                "{entry}: unknown field `{field}`"
+            )));
+        }
         request
             .validate()
             .map_err(|err| D::Error::custom(format!("{entry}: {}", err.error)))?;
@@ -202,6 +207,10 @@ mod tests {
             (
                 "name = \"a\"\ncommand = [\"/x\"]\npermissions = { root = true }",
                 "permissions.root",
+            ),
+            (
+                "name = \"a\"\ncommand = [\"/x\"]\nnetwork = { allow = [], alow = [] }",
+                "network.alow",
             ),
             ("name = \"a\"", "`script` path or a `command`"),
             ("name = \"a b\"\ncommand = [\"/x\"]", "name"),

@@ -379,7 +379,7 @@ impl ExecCall {
     /// ```
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         let value: serde_json::Value = parse_json("EXEC", payload)?;
-        let OpOnly { op } = super::parse::from_value("EXEC", value.clone())?;
+        let OpOnly { op } = super::parse::peek("EXEC", value.clone())?;
         let fields =
             |value| -> Result<OpWire, ErrorReply> { super::parse::from_value("EXEC", value) };
         Ok(match op {

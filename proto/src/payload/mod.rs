@@ -43,7 +43,9 @@ pub use logs::{
 };
 pub use metrics::{MetricsReply, MetricsRequest};
 pub use network::{NetAttempt, NetOp, NetReply, NetRequest, NetTotals, Network, NetworkPolicy};
-pub use parse::{bad_request, from_value, parse_json, validate_name, MAX_NAME_LEN};
+pub use parse::{
+    bad_request, from_value, noting_unknown, parse_json, validate_name, UnknownField, MAX_NAME_LEN,
+};
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
 };
@@ -92,7 +94,8 @@ mod tests {
         let exec: Parse = |p| ExecCall::parse(p).map(drop);
         let task: Parse = |p| TaskRequest::parse(p).map(drop);
         let think: Parse = |p| ThinkRequest::parse(p).map(drop);
-        let refused: [(Parse, &str, &str); 17] = [
+        let net: Parse = |p| NetRequest::parse(p).map(drop);
+        let refused: [(Parse, &str, &str); 20] = [
             (
                 |p| HelloRequest::parse(p).map(drop),
                 r#"{"client":"x"}"#,
@@ -133,6 +136,21 @@ mod tests {
             (exec, r#"{"code":"1","permissions":{"thnk":false}}"#, "thnk"),
             (
                 exec,
+                r#"{"code":"1","network":{"allow":[],"alow":["x"]}}"#,
+                "alow",
+            ),
+            (
+                net,
+                r#"{"op":"set","id":1,"network":{"deny":[],"dney":["x"]}}"#,
+                "dney",
+            ),
+            (
+                task,
+                r#"{"op":"dispatch","kind":"exec","request":{"code":"1","limits":{"memroy":1}}}"#,
+                "memroy",
+            ),
+            (
+                exec,
                 r#"{"op":"close","session":"s","sesion":"t"}"#,
                 "sesion",
             ),
@@ -168,6 +186,57 @@ mod tests {
                 err.error
             );
         }
+    }
+
+    /// `value` with a field no kernel knows yet added to every object in it.
+    fn with_newer_fields(value: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match value {
+            Value::Object(fields) => {
+                let mut fields: serde_json::Map<_, _> = fields
+                    .into_iter()
+                    .map(|(key, value)| (key, with_newer_fields(value)))
+                    .collect();
+                fields.insert("added_later".into(), serde_json::json!({"n": 1}));
+                Value::Object(fields)
+            }
+            Value::Array(items) => Value::Array(items.into_iter().map(with_newer_fields).collect()),
+            other => other,
+        }
+    }
+
+    fn reads_newer_fields<T>(sample: &str)
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
+    {
+        let reply: T = serde_json::from_str(sample).unwrap();
+        let newer = with_newer_fields(serde_json::to_value(&reply).unwrap());
+        let read: T =
+            serde_json::from_value(newer.clone()).unwrap_or_else(|err| panic!("{err}: {newer}"));
+        assert_eq!(read, reply);
+    }
+
+    #[test]
+    fn replies_read_fields_a_newer_kernel_adds_at_any_depth() {
+        reads_newer_fields::<AgentInfo>(
+            r#"{"id":3,"name":"w","pid":42,"state":"running","status":"running",
+                "running":true,"exit_code":null,"signal":null,"oom_killed":false,
+                "restarts":0,"started_at":"2026-01-01T00:00:00Z","uptime_ms":5,
+                "limits":{"memory":1048576,"max_pids":8},
+                "memory":{"current":1,"peak":2},
+                "cpu":{"usage_usec":1,"nr_throttled":0,"throttled_usec":0},
+                "pids":{"current":1,"max":8},"llm":{"calls":0,"tokens":0},
+                "isolation":{"sandboxed":true,"namespaces":["pid"],"cgroup":"v1"},
+                "network":{"allow":["pypi.org:443"],"deny":[]},
+                "connections":{"allowed":1,"refused":0,"bytes_out":2,"bytes_in":3}}"#,
+        );
+        reads_newer_fields::<NetReply>(
+            r#"{"success":true,"id":3,"name":"w","network":{"allow":["*"],"deny":["10.0.0.0/8"]},
+                "totals":{"allowed":1,"refused":1,"bytes_out":0,"bytes_in":0},
+                "attempts":[{"at_ms":1,"host":"h","port":443,"allowed":false,
+                             "reason":"denied","bytes_out":0,"bytes_in":0,"duration_ms":0}],
+                "dropped":0}"#,
+        );
     }
 
     #[test]

@@ -38,9 +38,12 @@ pub enum Network {
 /// A network policy's entries, as the request gives them: host patterns
 /// (`api.github.com`, `*.pypi.org`, `*`) or address ranges (`10.0.0.0/8`,
 /// `[fd00::]/8`), each with an optional `:port`. The kernel checks them.
+/// LIST and NET report a policy too, so the type itself reads fields it
+/// does not know; a request refuses them when it is parsed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
+// Published schemas describe requests, which refuse unknown fields.
+#[cfg_attr(feature = "schema", schemars(deny_unknown_fields))]
 pub struct NetworkPolicy {
     /// What may be reached: host names (`api.github.com`), `*.domain`
     /// patterns, `*` for any name, or address ranges (`10.0.0.0/8`), each
@@ -94,7 +97,6 @@ impl<'de> Visitor<'de> for NetworkVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Network, A::Error> {
-        // The policy's own derive refuses fields it does not know, by name.
         NetworkPolicy::deserialize(de::value::MapAccessDeserializer::new(map))
             .map(|policy| Network::Policy(Box::new(policy)))
     }

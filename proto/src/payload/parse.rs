@@ -20,7 +20,7 @@ pub const MAX_NAME_LEN: usize = 64;
 /// ```
 pub fn parse_json<T: DeserializeOwned>(what: &str, payload: &[u8]) -> Result<T, ErrorReply> {
     let mut de = serde_json::Deserializer::from_slice(payload);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|err| describe(what, err))?;
+    let value = strictly(what, &mut de)?;
     de.end()
         .map_err(|err| describe_at(what, String::from("."), err))?;
     Ok(value)
@@ -32,7 +32,116 @@ pub fn from_value<T: DeserializeOwned>(
     what: &str,
     value: serde_json::Value,
 ) -> Result<T, ErrorReply> {
-    serde_path_to_error::deserialize(value).map_err(|err| describe(what, err))
+    strictly(what, value)
+}
+
+/// Reads the part of a request that decides how to read the rest (EXEC's
+/// `op`), passing over the other fields, which the full parse that
+/// follows checks.
+pub(crate) fn peek<T: DeserializeOwned>(
+    what: &str,
+    value: serde_json::Value,
+) -> Result<T, ErrorReply> {
+    let mut track = serde_path_to_error::Track::new();
+    T::deserialize(serde_path_to_error::Deserializer::new(value, &mut track))
+        .map_err(|err| describe_at(what, track.path().to_string(), err))
+}
+
+/// Deserialises a request, refusing any field no type along the way
+/// knows. The types a request shares with replies (`Limits`,
+/// `NetworkPolicy`) accept unknown fields, so that a client reading a
+/// newer kernel's reply does not fail; a request must not slip one past
+/// them, so every field the deserialiser passes over is refused here,
+/// at any depth, named by its path.
+fn strictly<'de, D, T>(what: &str, deserializer: D) -> Result<T, ErrorReply>
+where
+    D: serde::Deserializer<'de, Error = serde_json::Error>,
+    T: serde::Deserialize<'de>,
+{
+    let mut track = serde_path_to_error::Track::new();
+    let mut unknown = None;
+    let tracked = serde_path_to_error::Deserializer::new(deserializer, &mut track);
+    let value = noting_unknown(tracked, &mut unknown)
+        .map_err(|err| describe_at(what, track.path().to_string(), err))?;
+    match unknown {
+        // In the words serde uses for the fields a strict type refuses.
+        Some(unknown) if unknown.parent().is_empty() => Err(bad_request(format!(
+            "{what} payload: unknown field `{}`",
+            unknown.name()
+        ))),
+        Some(unknown) => Err(bad_request(format!(
+            "{what} field `{}`: unknown field `{}`",
+            unknown.parent(),
+            unknown.name()
+        ))),
+        None => Ok(value),
+    }
+}
+
+/// Deserialises `T`, noting in `unknown` the first field that no type
+/// along the way knows (which serde passes over unless the type refuses
+/// it). A reader of requests refuses what this notes.
+pub fn noting_unknown<'de, D, T>(
+    deserializer: D,
+    unknown: &mut Option<UnknownField>,
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    serde_ignored::deserialize(deserializer, |path| {
+        unknown.get_or_insert_with(|| UnknownField::at(&path));
+    })
+}
+
+/// A field no type knows, by its path from the top: `limits.memroy`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownField {
+    /// Map keys and list indices, outermost first.
+    path: Vec<String>,
+}
+
+impl UnknownField {
+    fn at(path: &serde_ignored::Path<'_>) -> UnknownField {
+        let mut path_reversed = Vec::new();
+        let mut at = path;
+        loop {
+            match at {
+                serde_ignored::Path::Root => break,
+                serde_ignored::Path::Seq { parent, index } => {
+                    path_reversed.push(index.to_string());
+                    at = parent;
+                }
+                serde_ignored::Path::Map { parent, key } => {
+                    path_reversed.push(key.clone());
+                    at = parent;
+                }
+                serde_ignored::Path::Some { parent }
+                | serde_ignored::Path::NewtypeStruct { parent }
+                | serde_ignored::Path::NewtypeVariant { parent } => at = parent,
+            }
+        }
+        path_reversed.reverse();
+        UnknownField {
+            path: path_reversed,
+        }
+    }
+
+    /// The field's own name.
+    pub fn name(&self) -> &str {
+        self.path.last().map_or("", String::as_str)
+    }
+
+    /// The path of the object it is in, empty at the top.
+    pub fn parent(&self) -> String {
+        self.path[..self.path.len().saturating_sub(1)].join(".")
+    }
+}
+
+impl std::fmt::Display for UnknownField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.path.join("."))
+    }
 }
 
 /// Parses a payload that may be empty or a JSON object (HELLO, LIST).
@@ -102,11 +211,6 @@ pub(crate) fn check_range(
         )),
         _ => Ok(()),
     }
-}
-
-fn describe(what: &str, err: serde_path_to_error::Error<serde_json::Error>) -> ErrorReply {
-    let path = err.path().to_string();
-    describe_at(what, path, err.into_inner())
 }
 
 fn describe_at(what: &str, path: String, inner: serde_json::Error) -> ErrorReply {

@@ -11,10 +11,12 @@ use super::parse::{bad_request, check_range, parse_json, validate_name};
 use crate::error::ErrorReply;
 
 /// Resource limits of an agent's cgroup. Absent fields take the kernel's
-/// defaults.
+/// defaults. LIST reports them too, so the type itself reads fields it
+/// does not know; a request refuses them when it is parsed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
+// Published schemas describe requests, which refuse unknown fields.
+#[cfg_attr(feature = "schema", schemars(deny_unknown_fields))]
 pub struct Limits {
     /// Hard memory limit in bytes, swap excluded.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use agentos_proto::payload::{Language, NetworkPolicy, TaskKind, TaskState};
+use agentos_proto::payload::{
+    noting_unknown, Language, NetworkPolicy, TaskKind, TaskState, UnknownField,
+};
 use rmcp::model::JsonObject;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
@@ -22,6 +24,9 @@ pub enum ArgumentError {
         path: String,
         error: serde_json::Error,
     },
+    /// An argument the tool does not take, by its path (`network.dney`).
+    #[error("unknown argument {0}")]
+    Unknown(UnknownField),
     /// Both or neither of two arguments, where exactly one is needed.
     #[error("give exactly one of the arguments {0} and {1}")]
     OneOf(&'static str, &'static str),
@@ -42,16 +47,25 @@ pub enum ArgumentError {
 /// Reads a tool's arguments as `T`. The error names the argument at fault
 /// (`argument timeout_ms: invalid type ...`); serde alone would say only
 /// what was wrong, not where.
+/// An argument no type along the way knows (a misspelt `deny` in a
+/// network policy) is refused, not passed over.
 pub fn read<T: DeserializeOwned>(arguments: JsonObject) -> Result<T, ArgumentError> {
-    serde_path_to_error::deserialize(serde_json::Value::Object(arguments)).map_err(|err| {
-        let path = err.path().to_string();
-        let error = err.into_inner();
+    let mut track = serde_path_to_error::Track::new();
+    let mut unknown = None;
+    let tracked =
+        serde_path_to_error::Deserializer::new(serde_json::Value::Object(arguments), &mut track);
+    let read = noting_unknown(tracked, &mut unknown).map_err(|error| {
+        let path = track.path().to_string();
         if path == "." {
             ArgumentError::Malformed(error)
         } else {
             ArgumentError::Invalid { path, error }
         }
-    })
+    })?;
+    match unknown {
+        Some(field) => Err(ArgumentError::Unknown(field)),
+        None => Ok(read),
+    }
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -270,6 +284,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`sesion`"), "{err}");
+        // A misspelt denial must not pass as no denial at all.
+        let err = read::<ExecArguments>(object(serde_json::json!({
+            "code": "", "network": {"allow": ["*"], "dney": ["10.0.0.0/8"]}
+        })))
+        .unwrap_err()
+        .to_string();
+        assert_eq!(err, "unknown argument network.dney");
     }
 
     #[test]
