@@ -4,9 +4,9 @@
 //! its input schema rather than by the protocol: this file holds them as
 //! JSON values.
 
-use agentos_proto::payload::{ToolListReply, ToolReply};
+use agentos_proto::payload::{ToolCall, ToolListReply, ToolReply};
 use agentos_proto::{Client, ErrorCode, ErrorReply, Opcode};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::{CliError, NotOfType};
@@ -14,7 +14,7 @@ use crate::failure::usage;
 use crate::format::print_json;
 use crate::input::millis;
 use crate::raw::Raw;
-use crate::tools::Catalogue;
+use crate::tools;
 
 #[derive(Debug, clap::Args)]
 pub struct CallArgs {
@@ -31,19 +31,6 @@ pub struct CallArgs {
     /// this command waits for the reply
     #[arg(long, value_name = "SECS")]
     pub call_timeout: Option<f64>,
-}
-
-/// TOOL's `call` (the protocol's `ToolCall` is parsed, not built).
-#[derive(Debug, Serialize)]
-#[serde(tag = "op", rename_all = "lowercase")]
-enum Call<'a> {
-    Call {
-        server: &'a str,
-        tool: &'a str,
-        arguments: Map<String, Value>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        timeout_ms: Option<u64>,
-    },
 }
 
 pub fn call_tool(client: &mut Client, args: CallArgs, json: bool) -> Result<(), CliError> {
@@ -73,11 +60,12 @@ pub fn call_tool(client: &mut Client, args: CallArgs, json: bool) -> Result<(), 
         }
         secs => secs.map(millis),
     };
-    let request = Call::Call {
+    let request = ToolCall::Call {
+        server: server.to_owned(),
+        tool: tool.to_owned(),
         arguments,
-        server,
         timeout_ms,
-        tool,
+        trace: None,
     };
     let reply = client.call(Opcode::TOOL, &serde_json::to_vec(&request)?)?;
     let raw = Raw::parse(&reply.payload)?;
@@ -126,7 +114,7 @@ fn input_schema(
     server: &str,
     tool: &str,
 ) -> Result<Option<InputSchema>, CliError> {
-    let reply: ToolListReply = Catalogue::List.ask(client)?.decode()?;
+    let reply: ToolListReply = tools::ask(client, &ToolCall::List)?.decode()?;
     Ok(reply
         .tools
         .into_iter()
@@ -203,29 +191,6 @@ mod tests {
         assert_eq!(refused("object", "[1]"), r#"is a JSON object, not "[1]""#);
         assert_eq!(refused("array", "{}"), r#"is a JSON array, not "{}""#);
         assert_eq!(refused("boolean", "yes"), r#"is true or false, not "yes""#);
-    }
-
-    #[test]
-    fn the_call_is_the_one_tool_reads() {
-        let mut arguments = Map::new();
-        arguments.insert("from".to_owned(), Value::from("1.50"));
-        let call = Call::Call {
-            server: "faulty",
-            tool: "send",
-            arguments: arguments.clone(),
-            timeout_ms: Some(5000),
-        };
-        let read = agentos_proto::payload::ToolCall::parse(&serde_json::to_vec(&call).unwrap());
-        assert_eq!(
-            read.unwrap(),
-            agentos_proto::payload::ToolCall::Call {
-                server: "faulty".into(),
-                tool: "send".into(),
-                arguments,
-                timeout_ms: Some(5000),
-                trace: None,
-            }
-        );
     }
 
     #[test]

@@ -32,3 +32,10 @@ pub fn seconds(flag: &str, secs: f64) -> Result<Duration, CliError> {
 pub fn millis(secs: f64) -> u64 {
     (secs * 1e3).round() as u64
 }
+
+/// A word of the protocol's (`on-failure`, `running`) read as the
+/// protocol's type, for a command-line option: a word it does not take is
+/// refused here, with the words it takes.
+pub fn protocol_word<T: serde::de::DeserializeOwned>(word: &str) -> Result<T, serde_json::Error> {
+    serde_json::from_value(serde_json::Value::String(word.to_owned()))
+}

@@ -7,10 +7,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    TaskDispatch, TaskDispatchReply, TaskKind, TaskRef, TaskReply, TaskRequest, TaskWait,
+    PromptRequest, TaskDispatch, TaskDispatchReply, TaskKind, TaskRef, TaskReply, TaskRequest,
+    TaskWait, DEFAULT_ITERATIONS,
 };
 use agentos_proto::Client;
-use serde::Serialize;
 
 use crate::error::CliError;
 use crate::input::words_or_stdin;
@@ -29,18 +29,6 @@ pub struct RunArgs {
     system: Option<String>,
 }
 
-/// The prompt task's request as `run` sends it. The protocol's
-/// `PromptRequest` always holds a number of rounds; left out here, the
-/// kernel gives its own default.
-#[derive(Debug, Serialize)]
-struct PromptTask {
-    prompt: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_iterations: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    system: Option<String>,
-}
-
 /// `wait_for` is how long it follows the task: the global `--timeout`.
 pub fn run_prompt(
     client: &mut Client,
@@ -48,10 +36,11 @@ pub fn run_prompt(
     wait_for: Duration,
     json: bool,
 ) -> Result<ExitCode, CliError> {
-    let request = PromptTask {
+    let request = PromptRequest {
         prompt: words_or_stdin(&args.prompt)?,
-        max_iterations: args.max_iterations,
+        max_iterations: args.max_iterations.unwrap_or(DEFAULT_ITERATIONS),
         system: args.system,
+        session: None,
     };
     let dispatch = TaskRequest::Dispatch(TaskDispatch {
         kind: TaskKind::Prompt,
@@ -121,7 +110,7 @@ pub fn run_prompt(
                 "agentos: iteration {}: {} line(s) of {}, exit {}, starting `{}`",
                 n + 1,
                 code.lines().count(),
-                iteration.language.as_deref().unwrap_or("?"),
+                iteration.language,
                 or_null(iteration.exit_code),
                 first.chars().take(60).collect::<String>()
             );
@@ -141,29 +130,4 @@ pub fn run_prompt(
         eprintln!("agentos: {error}");
     }
     Ok(ExitCode::FAILURE)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_rounds_left_out_are_the_kernels_default() {
-        let dispatch = |max_iterations| TaskDispatch {
-            kind: TaskKind::Prompt,
-            request: serde_json::to_value(PromptTask {
-                prompt: "sum 1..10".into(),
-                max_iterations,
-                system: Some("be brief".into()),
-            })
-            .unwrap(),
-            label: None,
-            trace: None,
-        };
-        let read = dispatch(None).prompt().unwrap();
-        assert_eq!(read.prompt, "sum 1..10");
-        assert_eq!(read.system.as_deref(), Some("be brief"));
-        assert_eq!(read.max_iterations, 5);
-        assert_eq!(dispatch(Some(2)).prompt().unwrap().max_iterations, 2);
-    }
 }

@@ -2,9 +2,10 @@
 //! interpreter and its `/workspace` kept between runs) and the snapshots of
 //! their files.
 
-use agentos_proto::payload::{RestoredReply, SessionsReply, SnapshotReply, SnapshotsReply};
+use agentos_proto::payload::{
+    ExecCall, RestoredReply, SessionsReply, SnapshotReply, SnapshotsReply,
+};
 use agentos_proto::{Client, ClientError, ErrorCode, Opcode};
-use serde::Serialize;
 
 use crate::error::CliError;
 use crate::format::human_size;
@@ -31,49 +32,31 @@ pub struct RestoreArgs {
     name: String,
 }
 
-/// EXEC's session operations (the protocol's `ExecCall` is parsed, not
-/// built).
-#[derive(Debug, Serialize)]
-#[serde(tag = "op", rename_all = "lowercase")]
-enum SessionOp<'a> {
-    Sessions,
-    Snapshots { session: &'a str },
-    Snapshot { session: &'a str, name: &'a str },
-    Restore { session: &'a str, name: &'a str },
-}
-
-impl SessionOp<'_> {
-    /// The session the op names, if it names one.
-    fn session(&self) -> Option<&str> {
-        match self {
-            SessionOp::Sessions => None,
-            SessionOp::Snapshots { session }
-            | SessionOp::Snapshot { session, .. }
-            | SessionOp::Restore { session, .. } => Some(session),
-        }
-    }
-
-    /// Asks the kernel; its reply as sent. A refusal for an unknown
-    /// session is said in the CLI's words.
-    fn ask(&self, client: &mut Client) -> Result<Raw, CliError> {
-        client
-            .call_json(Opcode::EXEC, &serde_json::to_vec(self)?)
-            .map_err(|err| match (err, self.session()) {
-                (ClientError::Remote(reply), Some(session))
-                    if reply.code == ErrorCode::NotFound =>
-                {
-                    CliError::NoSuchSession {
-                        session: session.to_owned(),
-                        message: reply.error,
-                    }
+/// Asks the kernel for a session operation; its reply as sent. A refusal
+/// for an unknown session is said in the CLI's words.
+fn ask(client: &mut Client, call: &ExecCall) -> Result<Raw, CliError> {
+    let session = match call {
+        ExecCall::Close { session }
+        | ExecCall::Snapshots { session }
+        | ExecCall::Snapshot { session, .. }
+        | ExecCall::Restore { session, .. } => Some(session),
+        ExecCall::Sessions | ExecCall::Run(_) => None,
+    };
+    client
+        .call_json(Opcode::EXEC, &serde_json::to_vec(call)?)
+        .map_err(|err| match (err, session) {
+            (ClientError::Remote(reply), Some(session)) if reply.code == ErrorCode::NotFound => {
+                CliError::NoSuchSession {
+                    session: session.clone(),
+                    message: reply.error,
                 }
-                (err, _) => err.into(),
-            })
-    }
+            }
+            (err, _) => err.into(),
+        })
 }
 
 pub fn sessions(client: &mut Client, json: bool) -> Result<(), CliError> {
-    let raw = SessionOp::Sessions.ask(client)?;
+    let raw = ask(client, &ExecCall::Sessions)?;
     if json {
         return raw.print();
     }
@@ -99,9 +82,9 @@ pub fn sessions(client: &mut Client, json: bool) -> Result<(), CliError> {
 }
 
 pub fn snapshot(client: &mut Client, args: SnapshotArgs, json: bool) -> Result<(), CliError> {
-    let session = args.session.as_str();
+    let session = args.session;
     if args.list {
-        let raw = SessionOp::Snapshots { session }.ask(client)?;
+        let raw = ask(client, &ExecCall::Snapshots { session })?;
         if json {
             return raw.print();
         }
@@ -118,11 +101,11 @@ pub fn snapshot(client: &mut Client, args: SnapshotArgs, json: bool) -> Result<(
         return Ok(());
     }
     let name = args.name.unwrap_or_else(default_snapshot_name);
-    let raw = SessionOp::Snapshot {
-        session,
-        name: &name,
-    }
-    .ask(client)?;
+    let call = ExecCall::Snapshot {
+        session: session.clone(),
+        name,
+    };
+    let raw = ask(client, &call)?;
     if json {
         return raw.print();
     }
@@ -140,11 +123,11 @@ pub fn snapshot(client: &mut Client, args: SnapshotArgs, json: bool) -> Result<(
 
 pub fn restore(client: &mut Client, args: RestoreArgs, json: bool) -> Result<(), CliError> {
     let session = args.session.as_str();
-    let raw = SessionOp::Restore {
-        session,
-        name: &args.name,
-    }
-    .ask(client)?;
+    let call = ExecCall::Restore {
+        session: session.to_owned(),
+        name: args.name.clone(),
+    };
+    let raw = ask(client, &call)?;
     if json {
         return raw.print();
     }
@@ -174,41 +157,4 @@ fn default_snapshot_name() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     format!("snap-{secs}")
-}
-
-#[cfg(test)]
-mod tests {
-    use agentos_proto::payload::ExecCall;
-
-    use super::*;
-
-    #[test]
-    fn each_op_is_the_one_exec_reads() {
-        let read = |op: SessionOp<'_>| ExecCall::parse(&serde_json::to_vec(&op).unwrap()).unwrap();
-        let (session, name) = ("s1".to_owned(), "before".to_owned());
-        assert_eq!(read(SessionOp::Sessions), ExecCall::Sessions);
-        assert_eq!(
-            read(SessionOp::Snapshots { session: "s1" }),
-            ExecCall::Snapshots {
-                session: session.clone()
-            }
-        );
-        assert_eq!(
-            read(SessionOp::Snapshot {
-                session: "s1",
-                name: "before"
-            }),
-            ExecCall::Snapshot {
-                session: session.clone(),
-                name: name.clone()
-            }
-        );
-        assert_eq!(
-            read(SessionOp::Restore {
-                session: "s1",
-                name: "before"
-            }),
-            ExecCall::Restore { session, name }
-        );
-    }
 }

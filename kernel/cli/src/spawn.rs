@@ -1,14 +1,12 @@
 //! `agentos spawn`: start an agent.
 
-use std::collections::BTreeMap;
-
-use agentos_proto::payload::{Limits, Network, SpawnReply};
+use agentos_proto::payload::{Limits, Network, RestartPolicy, SpawnReply, SpawnRequest};
 use agentos_proto::{Client, Opcode};
-use serde::Serialize;
 
 use crate::error::CliError;
 use crate::failure::usage;
 use crate::format::print_json;
+use crate::input::protocol_word;
 use crate::policy::PolicyArgs;
 
 #[derive(Debug, clap::Args)]
@@ -32,8 +30,8 @@ pub struct SpawnArgs {
     #[arg(long, value_name = "N")]
     max_pids: Option<u64>,
     /// never, on-failure or always
-    #[arg(long, value_name = "POLICY")]
-    restart: Option<String>,
+    #[arg(long, value_name = "POLICY", value_parser = protocol_word::<RestartPolicy>)]
+    restart: Option<RestartPolicy>,
     /// Environment variable for the agent (repeatable)
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
@@ -50,50 +48,15 @@ pub struct SpawnArgs {
     no_sandbox: bool,
 }
 
-/// The SPAWN request `spawn` sends: only what the command line gave.
-///
-/// Not the protocol's `SpawnRequest`, which holds a restart policy it has
-/// read: `--restart` passes the word on for the kernel to judge. The
-/// kernel's refusal of a word it does not know names the column it is at,
-/// so that message depends on the order the fields are written in: the
-/// order below. Its parts are the protocol's own.
-#[derive(Debug, Default, Serialize)]
-struct SpawnCall {
-    name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    script: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    args: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    command: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limits: Option<Limits>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    restart_policy: Option<String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    env: BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    python: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cwd: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    network: Option<Network>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sandboxed: Option<bool>,
-}
-
 pub fn spawn(client: &mut Client, args: SpawnArgs, json: bool) -> Result<(), CliError> {
-    let mut request = SpawnCall {
-        name: args.name,
-        ..SpawnCall::default()
-    };
+    let mut request = SpawnRequest::named(args.name);
     let (first, rest) = args
         .program
         .split_first()
         .ok_or_else(|| usage("give a script or a program"))?;
     if first.ends_with(".py") {
         request.script = Some(path_text(std::path::absolute(first)?)?);
-        request.args = Some(rest.to_vec());
+        request.args = rest.to_vec();
     } else {
         request.command = Some(args.program.clone());
     }
@@ -109,8 +72,8 @@ pub fn spawn(client: &mut Client, args: SpawnArgs, json: bool) -> Result<(), Cli
         limits.cpu_period = Some(100_000);
         limits.cpu_quota = Some((cpus * 100_000.0).round() as u64);
     }
-    request.limits = (limits != Limits::default()).then_some(limits);
-    request.restart_policy = args.restart;
+    request.limits = limits;
+    request.restart_policy = args.restart.unwrap_or_default();
     for pair in &args.env {
         let (key, value) = pair
             .split_once('=')
@@ -125,9 +88,7 @@ pub fn spawn(client: &mut Client, args: SpawnArgs, json: bool) -> Result<(), Cli
     if let Some(policy) = args.policy.network() {
         request.network = Some(policy);
     }
-    if args.no_sandbox {
-        request.sandboxed = Some(false);
-    }
+    request.sandboxed = !args.no_sandbox;
     let reply: SpawnReply = client.call_json(Opcode::SPAWN, &serde_json::to_vec(&request)?)?;
     if json {
         return print_json(&reply);
@@ -187,56 +148,15 @@ fn parse_size(text: &str) -> Result<u64, BadSize> {
 
 #[cfg(test)]
 mod tests {
-    use agentos_proto::payload::{RestartPolicy, SpawnRequest};
-
     use super::*;
 
     #[test]
-    fn the_request_is_written_in_its_fixed_order() {
-        let request = SpawnCall {
-            name: "w1".into(),
-            command: Some(vec!["/bin/sleep".into(), "30".into()]),
-            limits: Some(Limits {
-                memory: Some(64 << 20),
-                ..Limits::default()
-            }),
-            restart_policy: Some("sometimes".into()),
-            sandboxed: Some(false),
-            ..SpawnCall::default()
-        };
-        assert_eq!(
-            serde_json::to_string(&request).unwrap(),
-            r#"{"name":"w1","command":["/bin/sleep","30"],"limits":{"memory":67108864},"restart_policy":"sometimes","sandboxed":false}"#
-        );
-    }
-
-    #[test]
-    fn the_request_is_the_one_spawn_reads() {
-        let mut env = BTreeMap::new();
-        env.insert("A".to_owned(), "1".to_owned());
-        let request = SpawnCall {
-            name: "w1".into(),
-            script: Some("/srv/agent.py".into()),
-            args: Some(vec!["--x".into()]),
-            limits: Some(Limits {
-                cpu_quota: Some(50_000),
-                cpu_period: Some(100_000),
-                ..Limits::default()
-            }),
-            restart_policy: Some("on-failure".into()),
-            env: env.clone(),
-            cwd: Some("/tmp".into()),
-            network: Some(Network::Host(true)),
-            sandboxed: Some(false),
-            ..SpawnCall::default()
-        };
-        let read = SpawnRequest::parse(&serde_json::to_vec(&request).unwrap()).unwrap();
-        assert_eq!(read.script.as_deref(), Some("/srv/agent.py"));
-        assert_eq!((read.args, read.env), (vec!["--x".to_owned()], env));
-        assert_eq!(read.limits.cpu_quota, Some(50_000));
-        assert_eq!(read.restart_policy, RestartPolicy::OnFailure);
-        assert_eq!(read.cwd.as_deref(), Some("/tmp"));
-        assert!(read.network.is_some_and(|n| n.is_host()) && !read.sandboxed);
+    fn restart_takes_the_protocols_words() {
+        let restart = protocol_word::<RestartPolicy>;
+        assert_eq!(restart("on-failure").unwrap(), RestartPolicy::OnFailure);
+        assert_eq!(restart("always").unwrap(), RestartPolicy::Always);
+        let refused = restart("sometimes").unwrap_err().to_string();
+        assert!(refused.contains("`on-failure`"), "{refused}");
     }
 
     #[test]

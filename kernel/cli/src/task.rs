@@ -5,16 +5,16 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    ExecRequest, Language, PrincipalInfo, TaskCancelReply, TaskDispatch, TaskDispatchReply,
-    TaskInfo, TaskKind, TaskListReply, TaskOwner, TaskRef, TaskReply, TaskRequest, TaskWait,
-    ThinkRequest,
+    ExecRequest, Language, PrincipalInfo, PromptIteration, PromptResult, TaskCancelReply,
+    TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind, TaskList, TaskListReply, TaskOwner,
+    TaskRef, TaskReply, TaskRequest, TaskState, TaskWait, ThinkRequest,
 };
 use agentos_proto::{Client, Opcode};
 use clap::Subcommand;
 use serde::{Deserialize, Serialize};
 
 use crate::error::CliError;
-use crate::input::{millis, seconds, words_or_stdin};
+use crate::input::{millis, protocol_word, seconds, words_or_stdin};
 use crate::raw::Raw;
 
 /// The longest one TASK `wait` request waits: well inside the kernel's
@@ -41,7 +41,7 @@ pub enum TaskCommand {
         label: Option<String>,
         /// The run's own wall-clock limit, in seconds, enforced by the
         /// kernel [default: the kernel's]
-        #[arg(long, value_name = "SECS")]
+        #[arg(long, value_name = "SECS", conflicts_with = "think")]
         run_timeout: Option<f64>,
     },
     /// A task as it is (with what it has printed, while it runs)
@@ -59,11 +59,11 @@ pub enum TaskCommand {
     /// Your tasks, newest first
     List {
         /// Only tasks in this state (queued, running, completed, ...)
-        #[arg(long)]
-        state: Option<String>,
-        /// Only tasks of this kind (exec, think)
-        #[arg(long)]
-        kind: Option<String>,
+        #[arg(long, value_parser = protocol_word::<TaskState>)]
+        state: Option<TaskState>,
+        /// Only tasks of this kind (exec, think, prompt)
+        #[arg(long, value_parser = protocol_word::<TaskKind>)]
+        kind: Option<TaskKind>,
         /// Most tasks shown
         #[arg(long, default_value_t = 50)]
         limit: u64,
@@ -79,32 +79,6 @@ pub enum TaskCommand {
     },
 }
 
-/// TASK's `list` as the command line gives it: the state and kind are
-/// words the kernel judges (the protocol's `TaskList` holds them read),
-/// so that a word it does not know is refused in its own terms.
-#[derive(Debug, Serialize)]
-#[serde(tag = "op", rename = "list")]
-struct ListTasks {
-    limit: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    state: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kind: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    owner: Option<TaskOwner>,
-}
-
-/// A THINK task's request as `dispatch --think` sends it. A THINK has no
-/// run limit of its own; `--run-timeout` goes with it all the same, for
-/// the kernel to refuse, naming the fields a THINK takes.
-#[derive(Debug, Serialize)]
-struct ThinkTask {
-    #[serde(flatten)]
-    request: ThinkRequest,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    timeout_ms: Option<u64>,
-}
-
 /// What the CLI reads of a task's result, whichever reply it is: an
 /// EXEC reply's streams, a THINK reply's answer, the prompt loop's answer
 /// and transcript, or why the work failed or was stopped.
@@ -116,20 +90,17 @@ pub struct TaskResult {
     pub content: Option<String>,
     pub error: Option<String>,
     /// The prompt loop's answer.
+    #[serde(skip)]
     pub answer: Option<String>,
     /// The prompt loop's rounds.
-    pub iterations: Option<Vec<Iteration>>,
+    #[serde(skip)]
+    pub iterations: Option<Vec<PromptIteration>>,
+    /// The prompt loop's tokens.
+    #[serde(skip)]
     pub tokens: Option<u64>,
+    /// The prompt loop's tool calls.
+    #[serde(skip)]
     pub tool_calls: Option<u64>,
-}
-
-/// One round of the prompt loop: the code THINK wrote and how it ended.
-#[derive(Debug, Deserialize)]
-pub struct Iteration {
-    #[serde(default)]
-    pub code: String,
-    pub language: Option<String>,
-    pub exit_code: Option<i64>,
 }
 
 impl TaskResult {
@@ -137,7 +108,27 @@ impl TaskResult {
     /// be read as any of the replies a task ends with).
     pub fn of(task: &TaskInfo) -> Option<TaskResult> {
         let result = task.result.as_ref()?;
+        // A prompt task stopped or refused before its loop ended has that
+        // reply as its result, not the loop's: read as any other.
+        if task.kind == TaskKind::Prompt {
+            if let Ok(prompt) = PromptResult::deserialize(result) {
+                return Some(TaskResult::from(prompt));
+            }
+        }
         Some(TaskResult::deserialize(result).unwrap_or_default())
+    }
+}
+
+impl From<PromptResult> for TaskResult {
+    fn from(prompt: PromptResult) -> TaskResult {
+        TaskResult {
+            error: prompt.error,
+            answer: prompt.answer,
+            iterations: Some(prompt.iterations),
+            tokens: Some(prompt.tokens),
+            tool_calls: Some(prompt.tool_calls),
+            ..TaskResult::default()
+        }
     }
 }
 
@@ -177,11 +168,7 @@ pub fn task(
                     prompt: Some(text),
                     ..ThinkRequest::default()
                 };
-                let task = ThinkTask {
-                    request,
-                    timeout_ms,
-                };
-                (TaskKind::Think, serde_json::to_value(task)?)
+                (TaskKind::Think, serde_json::to_value(request)?)
             } else {
                 let request = ExecRequest {
                     code: text,
@@ -267,12 +254,13 @@ pub fn task(
                 Ok(id) => TaskOwner::Agent(id),
                 Err(_) => TaskOwner::Name(owner.to_owned()),
             });
-            let request = ListTasks {
-                limit,
+            let request = TaskRequest::List(TaskList {
                 state,
                 kind,
+                limit: Some(limit),
+                before: None,
                 owner: whose,
-            };
+            });
             let raw = ask(client, &request)?;
             if json {
                 raw.print()?;
@@ -418,6 +406,50 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_tasks_result_is_its_loops_unless_it_was_stopped_first() {
+        let finished = |kind: &str, result: serde_json::Value| -> TaskInfo {
+            serde_json::from_value(serde_json::json!({
+                "task_id": "t-1", "kind": kind, "label": null, "state": "failed",
+                "created_at": "2026-11-26T08:00:00Z", "started_at": null,
+                "finished_at": null, "progress": null, "result": result,
+            }))
+            .unwrap()
+        };
+        let looped = finished(
+            "prompt",
+            serde_json::json!({"success": false, "answer": null, "iterations": [
+                {"code": "1/0", "language": "python", "stdout": "", "stderr": "ZeroDivisionError",
+                 "exit_code": 1}], "tokens": 9, "tool_calls": 2, "tool_bytes": 10,
+                "error": "THINK failed: gone"}),
+        );
+        let result = TaskResult::of(&looped).unwrap();
+        let iterations = result.iterations.unwrap();
+        assert_eq!(
+            (iterations.len(), iterations[0].language.as_str()),
+            (1, "python")
+        );
+        assert_eq!((result.tokens, result.tool_calls), (Some(9), Some(2)));
+        assert_eq!(result.error.as_deref(), Some("THINK failed: gone"));
+
+        let stopped = serde_json::to_value(agentos_proto::payload::StoppedResult::cancelled(
+            "the task was cancelled by its owner",
+        ))
+        .unwrap();
+        let result = TaskResult::of(&finished("prompt", stopped)).unwrap();
+        assert!(result.iterations.is_none() && result.tokens.is_none());
+        assert_eq!(
+            result.error.as_deref(),
+            Some("the task was cancelled by its owner")
+        );
+
+        let run = serde_json::json!({"success": true, "stdout": "1\n", "stderr": "",
+                                     "exit_code": 0, "tool_calls": 0});
+        let result = TaskResult::of(&finished("exec", run)).unwrap();
+        assert_eq!(result.stdout.as_deref(), Some("1\n"));
+        assert!(result.iterations.is_none() && result.tool_calls.is_none());
+    }
+
+    #[test]
     fn owners_read_in_a_few_characters() {
         let agent = PrincipalInfo::Agent {
             id: 7,
@@ -433,66 +465,5 @@ mod tests {
         };
         assert_eq!(owner_name(Some(&run)), "run of worker1 (7)");
         assert_eq!(owner_name(None), "?");
-    }
-
-    #[test]
-    fn a_list_is_the_one_task_reads_and_leaves_unknown_words_to_the_kernel() {
-        let read = |request: &ListTasks| TaskRequest::parse(&serde_json::to_vec(request).unwrap());
-        let mut request = ListTasks {
-            limit: 5,
-            state: Some("running".into()),
-            kind: Some("exec".into()),
-            owner: Some(TaskOwner::Agent(7)),
-        };
-        assert_eq!(
-            read(&request).unwrap(),
-            TaskRequest::List(agentos_proto::payload::TaskList {
-                state: Some(agentos_proto::payload::TaskState::Running),
-                kind: Some(TaskKind::Exec),
-                limit: Some(5),
-                before: None,
-                owner: Some(TaskOwner::Agent(7)),
-            })
-        );
-        request.state = Some("napping".into());
-        let refused = read(&request).unwrap_err();
-        assert!(refused.error.contains("`state`"), "{}", refused.error);
-    }
-
-    #[test]
-    fn a_think_task_is_a_think_request_and_a_run_limit_is_refused_by_name() {
-        let dispatch = |timeout_ms| {
-            let task = ThinkTask {
-                request: ThinkRequest {
-                    prompt: Some("hi".into()),
-                    ..ThinkRequest::default()
-                },
-                timeout_ms,
-            };
-            TaskDispatch {
-                kind: TaskKind::Think,
-                request: serde_json::to_value(task).unwrap(),
-                label: None,
-                trace: None,
-            }
-        };
-        let read = dispatch(None).think().unwrap();
-        assert_eq!(read.prompt.as_deref(), Some("hi"));
-        let refused = dispatch(Some(5000)).validate().unwrap_err();
-        assert!(refused.error.contains("`timeout_ms`"), "{}", refused.error);
-    }
-
-    #[test]
-    fn a_list_names_only_what_was_asked() {
-        let request = ListTasks {
-            limit: 50,
-            state: Some("napping".into()),
-            kind: None,
-            owner: Some(TaskOwner::Name("*".into())),
-        };
-        assert_eq!(
-            serde_json::to_string(&request).unwrap(),
-            r#"{"op":"list","limit":50,"state":"napping","owner":"*"}"#
-        );
     }
 }

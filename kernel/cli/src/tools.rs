@@ -1,41 +1,28 @@
 //! `agentos tools`: the tools you may use and the tool servers' states,
 //! or the tools that match some words.
 
-use agentos_proto::payload::{ToolDescription, ToolListReply, ToolSearchReply};
+use agentos_proto::payload::{Detail, ToolCall, ToolDescription, ToolListReply, ToolSearchReply};
 use agentos_proto::{Client, Opcode};
-use serde::Serialize;
 
 use crate::error::CliError;
 use crate::raw::Raw;
 
-/// The TOOL requests that read the catalogue (the protocol's `ToolCall`
-/// is parsed, not built).
-#[derive(Debug, Serialize)]
-#[serde(tag = "op", rename_all = "lowercase")]
-pub enum Catalogue<'a> {
-    /// Every tool the caller may use, and every server's state.
-    List,
-    /// The tools that match `query`, best first.
-    Search { query: &'a str, limit: u64 },
-}
-
-impl Catalogue<'_> {
-    /// Asks the kernel; its reply as sent.
-    pub fn ask(&self, client: &mut Client) -> Result<Raw, CliError> {
-        Ok(client.call_json(Opcode::TOOL, &serde_json::to_vec(self)?)?)
-    }
+/// Asks TOOL; its reply as sent.
+pub fn ask(client: &mut Client, request: &ToolCall) -> Result<Raw, CliError> {
+    Ok(client.call_json(Opcode::TOOL, &serde_json::to_vec(request)?)?)
 }
 
 pub fn tools(client: &mut Client, search: &[String], json: bool) -> Result<(), CliError> {
     let query = search.join(" ");
     let raw = if search.is_empty() {
-        Catalogue::List.ask(client)?
+        ask(client, &ToolCall::List)?
     } else {
-        Catalogue::Search {
-            query: &query,
+        let search = ToolCall::Search {
+            query: query.clone(),
+            detail: Detail::Summary,
             limit: 50,
-        }
-        .ask(client)?
+        };
+        ask(client, &search)?
     };
     if json {
         return raw.print();
@@ -76,28 +63,4 @@ pub fn tools(client: &mut Client, search: &[String], json: bool) -> Result<(), C
 /// `server.name` of a tool.
 fn tool_name(tool: &ToolDescription) -> String {
     format!("{}.{}", tool.server, tool.name)
-}
-
-#[cfg(test)]
-mod tests {
-    use agentos_proto::payload::{Detail, ToolCall};
-
-    use super::*;
-
-    #[test]
-    fn each_request_is_the_one_tool_reads() {
-        let read = |op: Catalogue<'_>| ToolCall::parse(&serde_json::to_vec(&op).unwrap()).unwrap();
-        assert_eq!(read(Catalogue::List), ToolCall::List);
-        assert_eq!(
-            read(Catalogue::Search {
-                query: "read file",
-                limit: 50
-            }),
-            ToolCall::Search {
-                query: "read file".into(),
-                detail: Detail::Summary,
-                limit: 50
-            }
-        );
-    }
 }

@@ -154,6 +154,13 @@ mod tests {
                 llm_tokens: Some(1),
                 tools: Some(vec![]),
             },
+            // A request leaves defaults out when serialised: none of these is one.
+            args: vec!["-v".into()],
+            env: [("A".to_owned(), "1".to_owned())].into(),
+            sandboxed: false,
+            restart_policy: agentos_proto::payload::RestartPolicy::Always,
+            max_restarts: 1,
+            restart_window: 1,
             ..SpawnRequest::parse(br#"{"name":"a","command":["/bin/true"]}"#).unwrap()
         };
         let value = serde_json::to_value(&full).unwrap();

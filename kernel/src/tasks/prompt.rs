@@ -6,10 +6,10 @@
 //! iterations are spent.
 
 use agentos_proto::payload::{
-    ChatMessage, ExecReply, ExecRequest, Language, PromptRequest, ThinkReply, ThinkRequest,
+    ChatMessage, ExecReply, ExecRequest, Language, PromptIteration, PromptRequest, PromptResult,
+    ThinkReply, ThinkRequest,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
-use serde::Serialize;
 
 use crate::address::Answer;
 use code::{answer_in, first_code_block, Code};
@@ -47,34 +47,6 @@ pub enum Step {
     },
 }
 
-/// One round of the loop.
-#[derive(Clone, Debug, Serialize)]
-pub struct Iteration {
-    /// The code THINK wrote.
-    pub code: String,
-    /// Its language.
-    pub language: String,
-    /// What it printed.
-    pub stdout: String,
-    /// Its errors.
-    pub stderr: String,
-    /// Its exit code (`null`: it was killed or never ran).
-    pub exit_code: Option<i64>,
-}
-
-/// The loop's result.
-#[derive(Debug, Serialize)]
-struct LoopResult<'a> {
-    success: bool,
-    answer: Option<&'a str>,
-    iterations: &'a [Iteration],
-    tokens: u64,
-    tool_calls: u64,
-    tool_bytes: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
-}
-
 /// A prompt task's loop.
 #[derive(Debug)]
 pub struct PromptLoop {
@@ -82,7 +54,10 @@ pub struct PromptLoop {
     /// The EXEC session its code runs in.
     session: String,
     messages: Vec<ChatMessage>,
-    iterations: Vec<Iteration>,
+    /// The result so far: the rounds run and the tokens and tool use they
+    /// cost. It is written as it stands when the loop ends, answered or
+    /// not.
+    result: PromptResult,
     /// The code under way (its language and text).
     running: Option<(String, String)>,
     /// Code that ran and failed, normalised, with the short error it
@@ -94,9 +69,6 @@ pub struct PromptLoop {
     nudges: u32,
     /// Whether an answer given before any code ran was sent back for code.
     asked_for_code: bool,
-    tokens: u64,
-    tool_calls: u64,
-    tool_bytes: u64,
 }
 
 impl PromptLoop {
@@ -145,15 +117,12 @@ impl PromptLoop {
             request,
             session,
             messages,
-            iterations: Vec::new(),
+            result: PromptResult::default(),
             running: None,
             failed: Vec::new(),
             last_code: None,
             nudges: 0,
             asked_for_code: false,
-            tokens: 0,
-            tool_calls: 0,
-            tool_bytes: 0,
         };
         let think = prompt.think_request();
         (prompt, think)
@@ -197,24 +166,24 @@ impl PromptLoop {
 
     /// The iteration under way (1 first; after the last run, the last).
     pub fn iteration(&self) -> u32 {
-        (self.iterations.len() as u32 + 1).min(self.request.max_iterations)
+        (self.result.iterations.len() as u32 + 1).min(self.request.max_iterations)
     }
 
     /// THINK's reply: code to run, or the answer.
     pub fn on_think(&mut self, reply: &ThinkReply) -> Step {
-        self.tokens += reply.tokens;
+        self.result.tokens += reply.tokens;
         if !reply.success {
             let why = reply.error.as_deref().unwrap_or("THINK failed");
             return self.done(None, Some(format!("THINK failed: {why}")));
         }
         let content = reply.content.clone();
         let Some((language, code)) = first_code_block(&content) else {
-            if self.iterations.is_empty() && !self.asked_for_code {
+            if self.result.iterations.is_empty() && !self.asked_for_code {
                 return self.ask_for_code(content);
             }
             return self.done(Some(answer_in(&content)), None);
         };
-        if self.iterations.len() as u32 >= self.request.max_iterations {
+        if self.result.iterations.len() as u32 >= self.request.max_iterations {
             return self.done(
                 None,
                 Some(format!(
@@ -301,7 +270,7 @@ impl PromptLoop {
     /// the iteration is spent as if it had run.
     fn nudge(&mut self, language: String, code: String, error: &str) -> Step {
         self.nudges += 1;
-        self.iterations.push(Iteration {
+        self.result.iterations.push(PromptIteration {
             code,
             language,
             stdout: String::new(),
@@ -322,7 +291,7 @@ impl PromptLoop {
 
     /// After the last iteration, THINK is asked for its answer.
     fn last_iteration_note(&self, feedback: &mut String) {
-        if self.iterations.len() as u32 >= self.request.max_iterations {
+        if self.result.iterations.len() as u32 >= self.request.max_iterations {
             // The last run's output still gets its answer.
             feedback.push_str("\nNo more code can run: answer now, without a code block.");
         }
@@ -332,9 +301,9 @@ impl PromptLoop {
     /// when the iterations are spent.
     pub fn on_exec(&mut self, reply: &ExecReply) -> Step {
         let (language, code) = self.running.take().unwrap_or_default();
-        self.tool_calls += reply.tool_calls;
-        self.tool_bytes += reply.tool_bytes;
-        let iteration = Iteration {
+        self.result.tool_calls += reply.tool_calls;
+        self.result.tool_bytes += reply.tool_bytes;
+        let iteration = PromptIteration {
             code,
             language,
             stdout: reply.stdout.clone(),
@@ -356,7 +325,7 @@ impl PromptLoop {
                 "\nIf that answers the task, reply with the answer alone, without a code block.",
             );
         }
-        self.iterations.push(iteration);
+        self.result.iterations.push(iteration);
         self.last_iteration_note(&mut feedback);
         self.messages.push(ChatMessage {
             role: "user".into(),
@@ -376,19 +345,16 @@ impl PromptLoop {
         }
     }
 
-    fn done(&self, answer: Option<&str>, error: Option<String>) -> Step {
-        let result = LoopResult {
-            success: answer.is_some(),
-            answer,
-            iterations: &self.iterations,
-            tokens: self.tokens,
-            tool_calls: self.tool_calls,
-            tool_bytes: self.tool_bytes,
-            error,
-        };
+    /// The loop ends with `answer`, or without one because of `error`.
+    /// The result is written in place, not moved out: the task's last
+    /// iteration is read from its rounds after the end.
+    fn done(&mut self, answer: Option<&str>, error: Option<String>) -> Step {
+        self.result.success = answer.is_some();
+        self.result.answer = answer.map(str::to_owned);
+        self.result.error = error;
         Step::Done {
-            answered: answer.is_some(),
-            result: serde_json::to_vec(&result).unwrap_or_default(),
+            answered: self.result.success,
+            result: serde_json::to_vec(&self.result).unwrap_or_default(),
         }
     }
 }

@@ -294,7 +294,15 @@ fn check_paths<'a>(
 }
 
 /// An EXEC request: a run, or an operation on the caller's sessions.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Serialised, it is the payload [`ExecCall::parse`] reads back.
+///
+/// ```
+/// use agentos_proto::payload::ExecCall;
+/// let close = ExecCall::Close { session: "s1".into() };
+/// assert_eq!(serde_json::to_string(&close).unwrap(), r#"{"op":"close","session":"s1"}"#);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
 pub enum ExecCall {
     /// Run code.
     Run(Box<ExecRequest>),

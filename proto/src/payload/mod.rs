@@ -50,14 +50,15 @@ pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
 };
 pub use task::{
-    PromptRequest, StoppedResult, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo,
-    TaskKind, TaskList, TaskListReply, TaskOwner, TaskProgress, TaskRef, TaskReply, TaskRequest,
-    TaskState, TaskWait, MAX_ITERATIONS, MAX_LIST_LIMIT, MAX_WAIT_MS,
+    PromptIteration, PromptRequest, PromptResult, StoppedResult, TaskCancelReply, TaskDispatch,
+    TaskDispatchReply, TaskInfo, TaskKind, TaskList, TaskListReply, TaskOwner, TaskProgress,
+    TaskRef, TaskReply, TaskRequest, TaskState, TaskWait, DEFAULT_ITERATIONS, MAX_ITERATIONS,
+    MAX_LIST_LIMIT, MAX_WAIT_MS,
 };
 pub use think::{ChatMessage, ThinkReply, ThinkRequest, Usage};
 pub use tool::{
     Detail, ServerInfo, ToolCall, ToolDescription, ToolListReply, ToolReply, ToolSearchReply,
-    MAX_QUERY_BYTES, MAX_SEARCH_LIMIT, MAX_TOOL_TIMEOUT_MS,
+    DEFAULT_SEARCH_LIMIT, MAX_QUERY_BYTES, MAX_SEARCH_LIMIT, MAX_TOOL_TIMEOUT_MS,
 };
 
 #[cfg(test)]
@@ -237,6 +238,76 @@ mod tests {
                              "reason":"denied","bytes_out":0,"bytes_in":0,"duration_ms":0}],
                 "dropped":0}"#,
         );
+    }
+
+    #[test]
+    fn requests_serialise_to_the_payload_their_parser_reads() {
+        fn payload(request: &impl serde::Serialize) -> Vec<u8> {
+            serde_json::to_vec(request).unwrap()
+        }
+        for call in [
+            ExecCall::Run(Box::new(ExecRequest {
+                code: "print(1)".into(),
+                session: Some("s".into()),
+                limits: Some(Limits {
+                    max_pids: Some(8),
+                    ..Limits::default()
+                }),
+                network: Some(Network::Policy(Box::new(NetworkPolicy {
+                    allow: vec!["pypi.org:443".into()],
+                    deny: vec!["10.0.0.0/8".into()],
+                }))),
+                ..ExecRequest::default()
+            })),
+            ExecCall::Sessions,
+            ExecCall::Close {
+                session: "s".into(),
+            },
+            ExecCall::Snapshot {
+                session: "s".into(),
+                name: "n".into(),
+            },
+            ExecCall::Restore {
+                session: "s".into(),
+                name: "n".into(),
+            },
+            ExecCall::Snapshots {
+                session: "s".into(),
+            },
+        ] {
+            assert_eq!(ExecCall::parse(&payload(&call)).unwrap(), call);
+        }
+        let arguments = serde_json::Map::from_iter([("message".to_owned(), "hi".into())]);
+        for call in [
+            ToolCall::List,
+            ToolCall::Search {
+                query: "read file".into(),
+                detail: Detail::Full,
+                limit: DEFAULT_SEARCH_LIMIT,
+            },
+            ToolCall::Call {
+                server: "everything".into(),
+                tool: "echo".into(),
+                arguments,
+                timeout_ms: Some(5),
+                trace: None,
+            },
+        ] {
+            assert_eq!(ToolCall::parse(&payload(&call)).unwrap(), call);
+        }
+        let spawn = SpawnRequest {
+            script: Some("/srv/agent.py".into()),
+            args: vec!["-v".into()],
+            sandboxed: false,
+            restart_policy: RestartPolicy::OnFailure,
+            max_restarts: 2,
+            permissions: PermissionsRequest {
+                spawn: Some(true),
+                ..PermissionsRequest::default()
+            },
+            ..SpawnRequest::named("w")
+        };
+        assert_eq!(SpawnRequest::parse(&payload(&spawn)).unwrap(), spawn);
     }
 
     #[test]

@@ -208,39 +208,95 @@ pub struct SpawnRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
     /// Extra arguments.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     /// Extra environment.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Working directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
     /// Namespaces and cgroup (default true).
-    #[serde(default = "yes")]
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub sandboxed: bool,
     /// `false`: a private network namespace with only loopback; `true`:
     /// the host's network; or a policy. Left out: the kernel's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
     /// cgroup limits.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub limits: Limits,
     /// When to restart.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub restart_policy: RestartPolicy,
     /// Restarts allowed within `restart_window`.
-    #[serde(default = "default_max_restarts")]
+    #[serde(
+        default = "default_max_restarts",
+        skip_serializing_if = "is_default_max_restarts"
+    )]
     pub max_restarts: u32,
     /// The restart-counting window, in seconds.
-    #[serde(default = "default_restart_window")]
+    #[serde(
+        default = "default_restart_window",
+        skip_serializing_if = "is_default_restart_window"
+    )]
     pub restart_window: u64,
     /// What the agent may ask of the kernel.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub permissions: PermissionsRequest,
 }
 
+// Serialised, a request leaves out what its reader would default, so a
+// client's payload says only what it asks for.
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+fn is_default_max_restarts(value: &u32) -> bool {
+    *value == default_max_restarts()
+}
+
+fn is_default_restart_window(value: &u64) -> bool {
+    *value == default_restart_window()
+}
+
 impl SpawnRequest {
+    /// A request for an agent named `name` with every other field the
+    /// protocol's default; it needs a `script` or a `command` to be valid.
+    ///
+    /// ```
+    /// use agentos_proto::payload::SpawnRequest;
+    /// let request = SpawnRequest {
+    ///     command: Some(vec!["/bin/true".into()]),
+    ///     ..SpawnRequest::named("w1")
+    /// };
+    /// let payload = serde_json::to_vec(&request).unwrap();
+    /// assert_eq!(payload, br#"{"name":"w1","command":["/bin/true"]}"#);
+    /// assert_eq!(SpawnRequest::parse(&payload).unwrap(), request);
+    /// ```
+    pub fn named(name: impl Into<String>) -> SpawnRequest {
+        SpawnRequest {
+            name: name.into(),
+            script: None,
+            python: None,
+            command: None,
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            cwd: None,
+            sandboxed: true,
+            network: None,
+            limits: Limits::default(),
+            restart_policy: RestartPolicy::default(),
+            max_restarts: default_max_restarts(),
+            restart_window: default_restart_window(),
+            permissions: PermissionsRequest::default(),
+        }
+    }
+
     /// Parses and validates a SPAWN payload.
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         let request: SpawnRequest = parse_json("SPAWN", payload)?;

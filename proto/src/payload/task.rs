@@ -17,6 +17,8 @@ pub const MAX_LIST_LIMIT: u64 = 1000;
 pub const MAX_LABEL_BYTES: usize = 256;
 /// Most iterations a prompt loop may be given.
 pub const MAX_ITERATIONS: u32 = 50;
+/// Iterations a prompt loop is given when its request says none.
+pub const DEFAULT_ITERATIONS: u32 = 5;
 /// Longest prompt or system text of a prompt task, in bytes.
 pub const MAX_PROMPT_BYTES: usize = 256 << 10;
 
@@ -127,7 +129,7 @@ pub struct PromptRequest {
 }
 
 fn default_iterations() -> u32 {
-    5
+    DEFAULT_ITERATIONS
 }
 
 /// `dispatch`: start work in the background.
@@ -387,6 +389,76 @@ pub struct TaskInfo {
     pub owner: Option<super::hello::PrincipalInfo>,
 }
 
+/// The result of a prompt task whose loop ended: the LLM's answer, or why
+/// it gave none, with every round it ran. A task stopped before its loop
+/// ended has a [`StoppedResult`] instead, and one refused before its loop
+/// began the refusal; neither has `iterations` or `tokens`, so neither
+/// reads as this. `error` is left out when there is none.
+///
+/// ```
+/// use agentos_proto::payload::{PromptIteration, PromptResult};
+/// let result = PromptResult {
+///     success: true,
+///     answer: Some("55".into()),
+///     iterations: vec![PromptIteration {
+///         code: "print(sum(range(11)))".into(),
+///         language: "python".into(),
+///         stdout: "55\n".into(),
+///         stderr: String::new(),
+///         exit_code: Some(0),
+///     }],
+///     tokens: 40,
+///     tool_calls: 0,
+///     tool_bytes: 0,
+///     error: None,
+/// };
+/// assert_eq!(
+///     serde_json::to_string(&result).unwrap(),
+///     r#"{"success":true,"answer":"55","iterations":[{"code":"print(sum(range(11)))","language":"python","stdout":"55\n","stderr":"","exit_code":0}],"tokens":40,"tool_calls":0,"tool_bytes":0}"#
+/// );
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct PromptResult {
+    /// Whether the LLM answered (the task completed).
+    #[serde(default)]
+    pub success: bool,
+    /// The LLM's answer; null if it gave none within the iterations.
+    #[serde(default)]
+    pub answer: Option<String>,
+    /// Each round: the code it wrote and what running it printed.
+    pub iterations: Vec<PromptIteration>,
+    /// LLM tokens the loop used.
+    pub tokens: u64,
+    /// Tool calls its code made from inside the sandbox.
+    pub tool_calls: u64,
+    /// Bytes those tool calls brought into the sandbox.
+    pub tool_bytes: u64,
+    /// Why the loop stopped without an answer, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One round of the prompt loop: the code the LLM wrote and how running
+/// it ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+// No description in the schema: a result's `iterations` say what an
+// iteration is, and a schema that lists them says it once.
+#[cfg_attr(feature = "schema", schemars(description = ""))]
+pub struct PromptIteration {
+    /// The code the LLM wrote.
+    pub code: String,
+    /// Its language: `python` or `bash`.
+    pub language: String,
+    /// What it printed.
+    pub stdout: String,
+    /// Its errors, or why it was not run.
+    pub stderr: String,
+    /// Null when the code was killed or never ran.
+    pub exit_code: Option<i64>,
+}
+
 /// The result of a task stopped before its work answered: `cancelled`,
 /// or `interrupted` with the `output` it had printed. Its fields are
 /// written in this order (the order a task's result has always had).
@@ -542,5 +614,40 @@ mod tests {
         ));
         assert!(TaskRequest::parse(br#"{"op":"list","state":"napping"}"#).is_err());
         assert!(TaskRequest::parse(br#"{"op":"list","limit":0}"#).is_err());
+    }
+
+    #[test]
+    fn a_prompt_result_without_an_answer_writes_why_last() {
+        let failed = PromptResult {
+            error: Some("THINK failed: no model".into()),
+            ..PromptResult::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&failed).unwrap(),
+            r#"{"success":false,"answer":null,"iterations":[],"tokens":0,"tool_calls":0,"tool_bytes":0,"error":"THINK failed: no model"}"#
+        );
+    }
+
+    #[test]
+    fn a_prompt_result_reads_without_success_answer_or_error_and_with_newer_fields() {
+        let read: PromptResult = serde_json::from_str(
+            r#"{"iterations":[{"code":"1","language":"python","stdout":"","stderr":"",
+                "exit_code":null,"added_later":1}],"tokens":3,"tool_calls":0,"tool_bytes":0,
+                "added_later":{"n":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (read.success, &read.answer, &read.error),
+            (false, &None, &None)
+        );
+        assert_eq!((read.iterations.len(), read.tokens), (1, 3));
+    }
+
+    #[test]
+    fn a_stopped_or_refused_task_result_is_no_prompt_result() {
+        let stopped = serde_json::to_value(StoppedResult::cancelled("by its owner")).unwrap();
+        assert!(serde_json::from_value::<PromptResult>(stopped).is_err());
+        let refused = serde_json::json!({"success": false, "error": "no", "code": "bad_request"});
+        assert!(serde_json::from_value::<PromptResult>(refused).is_err());
     }
 }

@@ -12,6 +12,8 @@ use crate::error::ErrorReply;
 pub const MAX_TOOL_TIMEOUT_MS: u64 = 3_600_000;
 /// The most tools one search returns.
 pub const MAX_SEARCH_LIMIT: u64 = 200;
+/// How many tools a search returns when its `limit` is left out.
+pub const DEFAULT_SEARCH_LIMIT: u64 = 10;
 /// The longest search query, in bytes.
 pub const MAX_QUERY_BYTES: usize = 1024;
 
@@ -29,8 +31,10 @@ pub enum Detail {
     Full,
 }
 
-/// A TOOL request.
-#[derive(Clone, Debug, PartialEq)]
+/// A TOOL request. Serialised, it is the payload [`ToolCall::parse`]
+/// reads back.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
 pub enum ToolCall {
     /// Every tool the caller may use, and every server's state.
     List,
@@ -52,8 +56,10 @@ pub enum ToolCall {
         /// Its arguments: a JSON object.
         arguments: Map<String, Value>,
         /// How long the call may take, if not the server's default.
+        #[serde(skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
         /// A W3C `traceparent` the call's span joins.
+        #[serde(skip_serializing_if = "Option::is_none")]
         trace: Option<String>,
     },
 }
@@ -112,7 +118,7 @@ impl ToolCall {
                 Ok(ToolCall::Search {
                     query,
                     detail: wire.detail,
-                    limit: wire.limit.unwrap_or(10),
+                    limit: wire.limit.unwrap_or(DEFAULT_SEARCH_LIMIT),
                 })
             }
             Op::Call => {

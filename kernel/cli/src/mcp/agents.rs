@@ -2,7 +2,7 @@
 
 use agentos_proto::payload::{
     AgentInfo, KillReply, KillRequest, Limits, ListRequest, LogsReply, LogsRequest, Network,
-    SpawnReply,
+    SpawnReply, SpawnRequest,
 };
 use agentos_proto::Opcode;
 use rmcp::model::CallToolResult;
@@ -12,7 +12,6 @@ use super::arguments::{
     SpawnLimits,
 };
 use super::kernel::{KernelLink, Wait};
-use super::requests::{Program, SpawnCall};
 use super::results::{answer, structured, structured_json, AgentsOutput};
 use super::tool_error::ToolError;
 
@@ -86,18 +85,26 @@ fn name_or_id(
     }
 }
 
-/// The SPAWN request for `arguments`, in the kernel's terms.
-fn spawn_request(arguments: SpawnArguments) -> Result<SpawnCall, ArgumentError> {
-    let program = match (arguments.script, arguments.command) {
+/// The SPAWN request for `arguments`, in the kernel's terms: what the
+/// tool sets, the rest left to the kernel's defaults.
+fn spawn_request(arguments: SpawnArguments) -> Result<SpawnRequest, ArgumentError> {
+    let mut request = SpawnRequest::named(arguments.name);
+    match (arguments.script, arguments.command) {
         (Some(script), None) => {
             // The kernel resolves nothing against this server's directory,
             // so a relative script path is made absolute here, as the CLI
             // does.
             let script = std::path::absolute(&script).map_err(ArgumentError::Script)?;
-            Program::Script {
-                script,
-                args: arguments.args,
-            }
+            let script =
+                script
+                    .into_os_string()
+                    .into_string()
+                    .map_err(|_| ArgumentError::Refused {
+                        argument: "script",
+                        why: "must be a UTF-8 path",
+                    })?;
+            request.script = Some(script);
+            request.args = arguments.args;
         }
         (None, Some(command)) => {
             if command.is_empty() {
@@ -112,20 +119,17 @@ fn spawn_request(arguments: SpawnArguments) -> Result<SpawnCall, ArgumentError> 
                     why: "goes with script; put a command's arguments in command",
                 });
             }
-            Program::Command { command }
+            request.command = Some(command);
         }
         _ => return Err(ArgumentError::OneOf("script", "command")),
-    };
-    let limits = arguments.limits.map(kernel_limits).transpose()?;
-    let network = arguments
+    }
+    if let Some(limits) = arguments.limits {
+        request.limits = kernel_limits(limits)?;
+    }
+    request.network = arguments
         .network
         .map(|policy| Network::Policy(Box::new(policy)));
-    Ok(SpawnCall {
-        name: arguments.name,
-        program,
-        limits,
-        network,
-    })
+    Ok(request)
 }
 
 /// A tool's limits as the kernel's: a CPU share becomes a CFS quota per

@@ -5,7 +5,7 @@
 //! any shape: they pass through here as they are (`ToolsCallArguments`'
 //! `arguments`, `ToolReply`'s `result` and `content`), never read.
 
-use agentos_proto::payload::{Detail, ToolReply, ToolSearchReply};
+use agentos_proto::payload::{Detail, ToolCall, ToolReply, ToolSearchReply, DEFAULT_SEARCH_LIMIT};
 use agentos_proto::Opcode;
 use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
@@ -13,7 +13,6 @@ use rmcp::RoleServer;
 
 use super::arguments::{ToolsCallArguments, ToolsSearchArguments};
 use super::kernel::{KernelLink, Wait};
-use super::requests::ToolOp;
 use super::results::answer;
 use super::tool_error::ToolError;
 use super::trace::CallerTrace;
@@ -23,14 +22,14 @@ pub async fn search(
     kernel: &KernelLink,
     arguments: ToolsSearchArguments,
 ) -> Result<CallToolResult, ToolError> {
-    let request = ToolOp::Search {
-        query: &arguments.query,
+    let request = ToolCall::Search {
+        query: arguments.query,
         detail: if arguments.detail {
             Detail::Full
         } else {
             Detail::Summary
         },
-        limit: arguments.limit,
+        limit: arguments.limit.map_or(DEFAULT_SEARCH_LIMIT, u64::from),
     };
     answer::<ToolSearchReply>(kernel, Opcode::TOOL, &request, Wait::Quick).await
 }
@@ -41,10 +40,10 @@ pub async fn call(
     arguments: ToolsCallArguments,
     context: &RequestContext<RoleServer>,
 ) -> Result<CallToolResult, ToolError> {
-    let request = ToolOp::Call {
-        server: &arguments.server,
-        tool: &arguments.tool,
-        arguments: &arguments.arguments,
+    let request = ToolCall::Call {
+        server: arguments.server,
+        tool: arguments.tool,
+        arguments: arguments.arguments,
         timeout_ms: arguments.timeout_ms,
         trace: CallerTrace::of(context).traceparent(),
     };

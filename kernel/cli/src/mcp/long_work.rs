@@ -14,8 +14,8 @@
 //! of the caller's tasks, `task_dispatch`ed ones too, can be followed.
 
 use agentos_proto::payload::{
-    ExecReply, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind, TaskProgress,
-    TaskRef, TaskReply, TaskRequest, TaskState, TaskWait, ThinkReply,
+    ExecReply, PromptResult, TaskCancelReply, TaskDispatch, TaskDispatchReply, TaskInfo, TaskKind,
+    TaskProgress, TaskRef, TaskReply, TaskRequest, TaskState, TaskWait, ThinkReply,
 };
 use agentos_proto::{ErrorCode, Opcode};
 use rmcp::model::{
@@ -29,7 +29,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::kernel::{KernelError, KernelLink, Refusal, Wait};
-use super::results::{from_result, run_text, structured, RunPromptOutput};
+use super::results::{from_result, prompt_text, run_text, structured};
 use super::tool_error::{ReplyError, ToolError};
 use super::trace::CallerTrace;
 
@@ -422,8 +422,8 @@ fn tool_result(task: &TaskInfo) -> Result<CallToolResult, ToolError> {
             structured(&reply, text)
         }
         TaskKind::Prompt => {
-            let output: RunPromptOutput = from_result(result)?;
-            let text = output.text();
+            let output: PromptResult = from_result(result)?;
+            let text = prompt_text(&output);
             structured(&output, text)
         }
     };

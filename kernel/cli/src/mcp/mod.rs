@@ -8,11 +8,9 @@
 //! sees the same uid it would see from any other `agentos` command. The
 //! server holds no identity or power of its own.
 //!
-//! The tools speak the kernel's protocol in proto's types: its requests
-//! (or, where proto gives a request no type to write, one that writes
-//! the same payload: `requests`), and its replies, which are the tools'
-//! structured results and whose derived schemas are their output schemas
-//! (`schema`).
+//! The tools speak the kernel's protocol in proto's types: its requests,
+//! and its replies, which are the tools' structured results and whose
+//! derived schemas are their output schemas (`schema`).
 //!
 //! Tokio lives here and in the HTTP face only: the rest of the CLI, and
 //! the kernel, are blocking or have their own runtime.
@@ -25,7 +23,6 @@ mod http;
 mod kernel;
 mod long_work;
 mod prompt;
-mod requests;
 mod resources;
 mod results;
 mod schema;

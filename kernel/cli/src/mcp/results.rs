@@ -2,12 +2,12 @@
 //! and the few outputs the server puts together itself. Their schemas
 //! are the tools' output schemas (see `schema`).
 
-use agentos_proto::payload::{AgentInfo, ExecReply};
+use agentos_proto::payload::{AgentInfo, ExecReply, PromptResult};
 use agentos_proto::Opcode;
 use rmcp::model::{CallToolResult, ContentBlock};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
 use super::kernel::{KernelLink, Wait};
@@ -36,43 +36,13 @@ pub struct RestoreOutput {
     pub left_out: Vec<String>,
 }
 
-/// What a `run_prompt` loop did: a prompt task's result, which the
-/// kernel's task loop writes and proto has no type for.
-#[derive(Debug, Serialize, Deserialize, JsonSchema)]
-pub struct RunPromptOutput {
-    /// The LLM's answer; null if it gave none within the iterations.
-    pub answer: Option<String>,
-    /// Each round: the code it wrote and what running it printed.
-    pub iterations: Vec<PromptIteration>,
-    /// LLM tokens the loop used.
-    pub tokens: u64,
-    /// Tool calls its code made from inside the sandbox.
-    pub tool_calls: u64,
-    /// Bytes those tool calls brought into the sandbox.
-    pub tool_bytes: u64,
-    /// Why the loop stopped without an answer, if it did.
-    #[serde(default)]
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, JsonSchema)]
-pub struct PromptIteration {
-    pub code: String,
-    pub language: String,
-    pub stdout: String,
-    pub stderr: String,
-    /// Null when the code was killed or never ran.
-    pub exit_code: Option<i64>,
-}
-
-impl RunPromptOutput {
-    /// The answer, or why there is none.
-    pub fn text(&self) -> String {
-        match (&self.answer, &self.error) {
-            (Some(answer), _) => answer.clone(),
-            (None, Some(error)) => format!("(no answer: {error})"),
-            (None, None) => "(no answer)".to_owned(),
-        }
+/// A prompt loop's result as a person reads it: the answer, or why there
+/// is none.
+pub fn prompt_text(result: &PromptResult) -> String {
+    match (&result.answer, &result.error) {
+        (Some(answer), _) => answer.clone(),
+        (None, Some(error)) => format!("(no answer: {error})"),
+        (None, None) => "(no answer)".to_owned(),
     }
 }
 

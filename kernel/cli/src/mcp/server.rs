@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use agentos_proto::payload::{
     ClosedReply, ExecReply, HelloReply, HelloRequest, KillReply, LogsReply, PromptRequest,
-    SessionsReply, SnapshotReply, SpawnReply, TaskCancelReply, TaskDispatchReply, TaskListReply,
-    TaskReply, ThinkReply, ToolReply, ToolSearchReply,
+    PromptResult, SessionsReply, SnapshotReply, SpawnReply, TaskCancelReply, TaskDispatchReply,
+    TaskListReply, TaskReply, ThinkReply, ToolReply, ToolSearchReply,
 };
 use agentos_proto::Opcode;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -31,7 +31,7 @@ use super::arguments::{
     TaskListArguments, TaskWaitArguments, ThinkArguments, ToolsCallArguments, ToolsSearchArguments,
 };
 use super::kernel::{KernelLink, Wait};
-use super::results::{answer, AgentsOutput, RestoreOutput, RunPromptOutput};
+use super::results::{answer, AgentsOutput, RestoreOutput};
 use super::tool_error::ToolError;
 use super::{
     agents, catalogue, exec, long_work, prompt, resources, schema, sessions, tasks, think,
@@ -101,7 +101,7 @@ impl AgentosServer {
     #[tool(
         description = "Have the kernel's LLM solve a task by writing and running code until it can answer.",
         input_schema = schema::input::<PromptRequest>(),
-        output_schema = schema::output::<RunPromptOutput>(),
+        output_schema = schema::output::<PromptResult>(),
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
     )]
     async fn run_prompt(

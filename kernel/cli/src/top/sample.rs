@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use agentos_proto::payload::{
     AgentState, CpuStats, ExecStats, HelloReply, Limits, LlmStats, MemoryStats, MetricsReply,
-    ServerInfo, TaskInfo, TaskList, TaskListReply, TaskOwner, TaskRequest, ToolListReply,
+    ServerInfo, TaskInfo, TaskList, TaskListReply, TaskOwner, TaskRequest, ToolCall, ToolListReply,
 };
 use agentos_proto::{Client, ClientError, Opcode};
 use serde::Deserialize;
@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::keys::Pane;
 use crate::error::CliError;
 use crate::raw::Raw;
-use crate::tools::Catalogue;
+use crate::tools;
 
 /// The fields of a LIST entry the view shows. They are read on their own,
 /// not as `AgentInfo`, so that a kernel whose entries lack `exec` (or carry
@@ -109,7 +109,7 @@ impl Sample {
         };
         let servers = match pane {
             Pane::Servers => {
-                let raw = Catalogue::List.ask(client)?;
+                let raw = tools::ask(client, &ToolCall::List)?;
                 Listed {
                     sent: raw.decode::<SentServers>()?.servers,
                     read: raw.decode::<ToolListReply>()?.servers,

@@ -14,9 +14,9 @@ mod contents;
 mod uri;
 
 use agentos_proto::payload::{
-    AgentInfo, ExecReply, ExecRequest, Language, ListRequest, LogsReply, LogsRequest, SessionInfo,
-    SessionsReply, TaskInfo, TaskList, TaskListReply, TaskReply, TaskRequest, TaskWait,
-    MAX_LOG_LINES,
+    AgentInfo, ExecCall, ExecReply, ExecRequest, Language, ListRequest, LogsReply, LogsRequest,
+    SessionInfo, SessionsReply, TaskInfo, TaskList, TaskListReply, TaskReply, TaskRequest,
+    TaskWait, MAX_LOG_LINES,
 };
 use agentos_proto::{ErrorCode, Opcode};
 use rmcp::model::{
@@ -28,7 +28,6 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use super::kernel::{KernelError, KernelLink, Wait};
-use super::requests::SessionOp;
 use contents::{file_contents, mime_type_of};
 use uri::{
     check_workspace_path, ResourceUri, UriError, FILE_TEMPLATE, LOG_TEMPLATE, RESULT_TEMPLATE,
@@ -379,7 +378,7 @@ fn unless_unavailable<T: Default>(reply: Result<T, ResourceError>) -> Result<T, 
 /// The caller's exec sessions as the kernel lists them.
 async fn caller_sessions(kernel: &KernelLink) -> Result<Vec<SessionInfo>, ResourceError> {
     let reply: SessionsReply = kernel
-        .request(Opcode::EXEC, &SessionOp::Sessions, Wait::Quick)
+        .request(Opcode::EXEC, &ExecCall::Sessions, Wait::Quick)
         .await?;
     Ok(reply.sessions)
 }
