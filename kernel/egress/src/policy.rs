@@ -322,7 +322,7 @@ fn rules(entries: &[String], list: List) -> Result<Vec<Rule>, PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentos_proto::payload::Network;
+    use agentos_proto::payload::{parse_json, Network};
     use serde_json::{json, Value};
 
     fn read(value: &Value) -> Result<Policy, PolicyError> {
@@ -461,16 +461,17 @@ mod tests {
             );
             assert!(error.to_string().starts_with(field), "{value}: {error}");
         }
-        // A `network` of no policy's shape never reaches the kernel: the
-        // request's own type refuses it.
+        // A `network` of no policy's shape never reaches the kernel: a
+        // request's parse refuses it, unknown fields included.
         for value in [
             json!({"allow": "x"}),
             json!({"allow": [1]}),
             json!({"allow": [], "proxy": "x"}),
             json!(["a.example"]),
         ] {
+            let payload = value.to_string();
             assert!(
-                serde_json::from_value::<Network>(value.clone()).is_err(),
+                parse_json::<Network>("NET", payload.as_bytes()).is_err(),
                 "{value}"
             );
         }
