@@ -28,6 +28,21 @@ pub fn resolve_socket_path(explicit: Option<&Path>) -> PathBuf {
     )
 }
 
+/// The socket a process of this user gets when nothing names one: no
+/// explicit path and no `AGENTOS_SOCKET` (steps 3 to 5). A kernel on any
+/// other socket — named by `--socket` or by the variable alike — is not
+/// the default kernel, so it keeps its state apart.
+pub fn default_socket_path() -> PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    resolve_socket_path_with(
+        None,
+        None,
+        euid,
+        std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+    )
+}
+
 /// The resolution rule itself, with its inputs passed in.
 ///
 /// ```

@@ -47,13 +47,16 @@ impl TasksConfig {
     /// The state directory of the kernel serving `socket`: the configured
     /// one; else the default (by who runs the daemon) for the default
     /// socket, and a directory of its own under it for any other socket, so
-    /// that kernels on different sockets never share a task store.
+    /// that kernels on different sockets never share a task store. "The
+    /// default socket" is the one nothing names: a socket given by
+    /// `AGENTOS_SOCKET` is another kernel's as much as one given by
+    /// `--socket`.
     pub fn state_dir(&self, socket: &Path) -> PathBuf {
         if let Some(dir) = &self.state_dir {
             return dir.clone();
         }
         let base = Self::default_base();
-        if socket == agentos_proto::socket_path::resolve_socket_path(None) {
+        if socket == agentos_proto::socket_path::default_socket_path() {
             return base;
         }
         let name: String = socket
