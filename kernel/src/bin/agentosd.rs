@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentos_kernel::config::{Config, Flags};
+use agentos_kernel::tools::process::ServerCommand;
+use agentos_kernel::tools::view::Withheld;
 use agentos_kernel::{agents, daemon, sandbox};
 use clap::Parser;
 
@@ -37,7 +39,9 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
     /// Check the configuration (file, environment, flags) and exit: 0 when
-    /// it is valid, 2 with the reason when not
+    /// it is valid (with a warning for each MCP server whose program the
+    /// kernel would not find, or finds as a version manager's shim), 2 with
+    /// the reason when not
     #[arg(long)]
     check_config: bool,
 }
@@ -78,6 +82,9 @@ fn main() -> ExitCode {
             Some(file) => println!("agentosd: {} is valid", file.display()),
             None => println!("agentosd: no config file; the settings are valid"),
         }
+        for warning in server_program_warnings(&config) {
+            eprintln!("agentosd: warning: {warning}");
+        }
         return ExitCode::SUCCESS;
     }
     daemon::init_logging(config.log_level.as_deref());
@@ -90,4 +97,48 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What `--check-config` says of each enabled MCP server's program: one
+/// the kernel would not find (so the server would not start), and one that
+/// is a version manager's shim (pyenv, rbenv, asdf), which picks the real
+/// program from an environment a server does not get. Warnings, not
+/// errors: the settings are valid, and a program may be installed later.
+fn server_program_warnings(config: &Config) -> Vec<String> {
+    let path = std::env::var("PATH").ok();
+    // Only where the program is matters here, not what the server sees.
+    let withheld = Withheld {
+        homes: Vec::new(),
+        state_dir: PathBuf::new(),
+    };
+    let mut warnings = Vec::new();
+    for (name, server) in config.mcp.enabled().filter(|(_, s)| !s.is_remote()) {
+        match ServerCommand::resolve(server, path.as_deref(), None, &withheld) {
+            Err(why) => warnings.push(format!(
+                "MCP server `{name}` will not start: {why} ({})",
+                path.as_deref().unwrap_or("no PATH set")
+            )),
+            Ok(command) if is_shim(&command.program) => warnings.push(format!(
+                "MCP server `{name}`: its command is {}, a version manager's shim, which \
+                 picks its program from the environment, and a server gets none of the \
+                 kernel's: give the real program's path (`pyenv which {}`, say)",
+                command.program.display(),
+                command
+                    .program
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+            )),
+            Ok(_) => {}
+        }
+    }
+    warnings
+}
+
+/// Whether `program` lies in a version manager's `shims` directory.
+fn is_shim(program: &std::path::Path) -> bool {
+    program
+        .parent()
+        .and_then(|dir| dir.file_name())
+        .is_some_and(|dir| dir == "shims")
 }

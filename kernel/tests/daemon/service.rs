@@ -551,3 +551,44 @@ fn with_no_flags_root_serves_the_system_socket_to_group_agentos() {
         );
     }
 }
+
+#[test]
+fn check_config_warns_of_a_server_program_it_cannot_find_or_that_is_a_shim() {
+    let dir = tempfile::tempdir().unwrap();
+    let shims = dir.path().join("shims");
+    std::fs::create_dir(&shims).unwrap();
+    let shim = shims.join("python");
+    std::fs::write(&shim, "#!/bin/sh\nexec python3 \"$@\"\n").unwrap();
+    let file = dir.path().join("agentosd.toml");
+    let config = "[mcp.servers.gone]\ncommand = \"no-such-server-program\"\n\n\
+         [mcp.servers.shimmed]\ncommand = \"python\"\n\n\
+         [mcp.servers.fine]\ncommand = \"/bin/sh\"\n\n\
+         [mcp.servers.off]\ncommand = \"also-not-here\"\nenabled = false\n";
+    std::fs::write(&file, config).unwrap();
+    let checked = std::process::Command::new(support::agentosd())
+        .arg("--config")
+        .arg(&file)
+        .arg("--check-config")
+        .env("PATH", format!("{}:/usr/bin:/bin", shims.display()))
+        .output()
+        .unwrap();
+    // The settings are valid; what would go wrong at start is said.
+    assert_eq!(checked.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        said.contains("MCP server `gone` will not start")
+            && said.contains("\"no-such-server-program\" is not on the kernel's PATH"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "MCP server `shimmed`: its command is {}",
+            shim.display()
+        )) && said.contains("pyenv which python"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("`fine`") && !said.contains("`off`"),
+        "{said}"
+    );
+}
