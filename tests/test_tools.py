@@ -202,6 +202,46 @@ def test_a_tool_without_parameters_in_its_catalog_still_takes_keywords(tmp_path)
         tools.s.odd(1)
 
 
+def test_a_server_not_serving_is_named_with_its_last_error(tmp_path, monkeypatch):
+    """A name not in the catalog is looked up in the kernel's TOOL list,
+    which names only the servers the run's caller may use."""
+    tools, _ = runtime_with(tmp_path, [READ])
+    servers = [
+        {"name": "time", "state": "failed", "tools": 0,
+         "error": 'its command "uvx" is not on the kernel\'s PATH'},
+        {"name": "keyed", "state": "starting", "tools": 0,
+         "error": "it exited with status 1: key [secret] refused"},
+        {"name": "slow", "state": "starting", "error": None, "tools": 0},
+    ]
+    asked = []
+
+    def exchange(request):
+        asked.append(request)
+        return {"success": True, "tools": [], "servers": servers}
+
+    monkeypatch.setattr(tools, "_exchange", exchange)
+    expected = {
+        "time": 'tool server `time` failed: its command "uvx" is not on the kernel\'s PATH',
+        "keyed": "tool server `keyed` failed, and is starting again: it exited with status 1: "
+                 "key [secret] refused",
+        "slow": "tool server `slow` is starting; its tools are not listed yet",
+    }
+    for name, why in expected.items():
+        with pytest.raises(tools.ToolError) as unserved:
+            getattr(tools, name).get_current_time()
+        assert (str(unserved.value), unserved.value.code) == (why, "unavailable")
+    with pytest.raises(AttributeError, match="no tool server is called that"):
+        tools.other
+    assert tools.s.read_text_file, "a server in the catalog is never asked about"
+    assert asked == [{"op": "list"}] * 4
+
+    # Without a kernel connection there is nothing to ask.
+    monkeypatch.undo()
+    monkeypatch.delenv("AGENTOS_SOCKET_FD", raising=False)
+    with pytest.raises(AttributeError, match="no tool server is called that"):
+        tools.time
+
+
 @pytest.fixture
 def stub_model():
     from stub_model import StubModel

@@ -38,6 +38,20 @@ pub fn allowed_by(patterns: &[String], server: &str, tool: &str) -> bool {
     patterns.iter().any(|p| allowed(p, server, tool))
 }
 
+/// Whether any of `patterns` allows some tool of `server`: a caller learns
+/// of a server (its state, why it failed) only if it could call one of its
+/// tools. A pattern allows some `server.<tool>` exactly when a prefix of it
+/// matches `server.`: the rest of the pattern spells a tool (a prefix
+/// ending in `*` stands for a `*` that spans the dot).
+pub fn allows_server(patterns: &[String], server: &str) -> bool {
+    let text = format!("{server}.");
+    patterns.iter().any(|p| {
+        (0..=p.len())
+            .filter(|&end| p.is_char_boundary(end))
+            .any(|end| glob(&p.as_bytes()[..end], text.as_bytes()))
+    })
+}
+
 /// Whether every `server.tool` that `pattern` allows is allowed by one of
 /// `patterns` too (a child's pattern against its parent's): `pattern` read
 /// as plain text must match one of them, its own `*`s taken by theirs.
@@ -77,6 +91,25 @@ mod tests {
     fn a_pattern_allows_what_it_names() {
         assert!(allowed("everything.*", "everything", "echo"));
         assert!(!allowed("everything.*", "filesystem", "read_file"));
+    }
+
+    #[test]
+    fn a_server_is_allowed_when_a_pattern_allows_any_of_its_tools() {
+        let allows = |pattern: &str, server: &str| allows_server(&[pattern.to_owned()], server);
+        for pattern in [
+            "*",
+            "time.*",
+            "time.get_current_time",
+            "ti*",
+            "*.now",
+            "t*e.x",
+        ] {
+            assert!(allows(pattern, "time"), "{pattern}");
+        }
+        for pattern in ["everything.*", "time", "timer.*", "times*.x", "x*"] {
+            assert!(!allows(pattern, "time"), "{pattern}");
+        }
+        assert!(!allows_server(&[], "time"));
     }
 
     #[test]

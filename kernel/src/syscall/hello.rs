@@ -3,7 +3,7 @@
 use agentos_proto::payload::{Features, HelloReply, HelloRequest, ProtocolLimits};
 use agentos_proto::{MAX_REPLY_BYTES, PROTOCOL_VERSION};
 
-use super::request::{reply, Outcome, Request};
+use super::request::{actor, reply, Outcome, Request};
 use crate::kernel::Kernel;
 use crate::sandbox::runtime::Sandboxes;
 
@@ -12,6 +12,12 @@ use crate::sandbox::runtime::Sandboxes;
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     reply(HelloRequest::parse(request.payload).map(|_| {
         let config = kernel.config();
+        // A caller that is refused (an agent forgotten, a run that is
+        // over) learns of no server at all.
+        let tool_patterns = match actor(kernel, request) {
+            Ok(actor) => actor.tools().map(<[String]>::to_vec),
+            Err(_) => Some(Vec::new()),
+        };
         HelloReply {
             success: true,
             protocol_version: PROTOCOL_VERSION,
@@ -39,7 +45,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 max_in_flight: config.max_in_flight,
             }),
             llm: Some(kernel.llm.info()),
-            tool_servers: Some(kernel.tools.info()),
+            tool_servers: Some(kernel.tools.info_seen_by(tool_patterns.as_deref())),
         }
     }))
 }

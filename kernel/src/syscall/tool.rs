@@ -41,7 +41,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                     .filter(|offered| may(offered.server, &offered.tool.name))
                     .map(|offered| describe(offered, Detail::Full))
                     .collect(),
-                servers: kernel.tools.info(),
+                servers: kernel.tools.info_seen_by(patterns.as_deref()),
             }))),
             ToolCall::Search {
                 query,

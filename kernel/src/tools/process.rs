@@ -84,6 +84,9 @@ impl ServerCommand {
         }
         env.entry("PATH".to_owned())
             .or_insert_with(|| default_path(&program));
+        for (name, value) in ca_variables(&binds, |name| std::env::var(name).ok()) {
+            env.entry(name.to_owned()).or_insert(value);
+        }
         Ok(ServerCommand {
             program,
             argv,
@@ -92,6 +95,35 @@ impl ServerCommand {
             binds,
         })
     }
+}
+
+/// The variables that tell TLS clients which certificates to trust. A
+/// server gets none of the kernel's environment, but a kernel behind an
+/// intercepting proxy or a private CA needs its servers to trust what it
+/// trusts: these few are passed on, and nothing else.
+const CA_VARIABLES: [&str; 4] = [
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+];
+
+/// The CA variables of the kernel's environment (`read`) that name a file
+/// or directory the server can see: in a system directory, or in one of
+/// its `binds`. One it could not see would only break its TLS another way.
+fn ca_variables(
+    binds: &[Bind],
+    read: impl Fn(&str) -> Option<String>,
+) -> Vec<(&'static str, String)> {
+    CA_VARIABLES
+        .into_iter()
+        .filter_map(|name| Some((name, read(name)?)))
+        .filter(|(_, value)| {
+            let path = Path::new(value);
+            let seen = is_system(path) || binds.iter().any(|bind| path.starts_with(&bind.source));
+            path.is_absolute() && path.exists() && seen
+        })
+        .collect()
 }
 
 /// The `uv` that a `uvx` program would run. `uvx` is only a launcher: it
@@ -285,6 +317,35 @@ impl Service for ServerProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ca_variables_pass_only_when_the_server_can_see_what_they_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = dir.path().join("seen.pem");
+        std::fs::write(&seen, "x").unwrap();
+        let hidden = tempfile::NamedTempFile::new().unwrap();
+        let binds = [Bind {
+            source: dir.path().to_path_buf(),
+            target: dir.path().to_path_buf(),
+            writable: false,
+        }];
+        let kernel_env = |name: &str| match name {
+            "SSL_CERT_FILE" => Some("/etc/passwd".to_owned()),
+            "NODE_EXTRA_CA_CERTS" => Some(seen.display().to_string()),
+            "REQUESTS_CA_BUNDLE" => Some(hidden.path().display().to_string()),
+            "SSL_CERT_DIR" => Some("certs".to_owned()),
+            _ => None,
+        };
+        let passed = ca_variables(&binds, kernel_env);
+        assert_eq!(
+            passed,
+            [
+                ("SSL_CERT_FILE", "/etc/passwd".to_owned()),
+                ("NODE_EXTRA_CA_CERTS", seen.display().to_string()),
+            ]
+        );
+        assert!(super::super::secrets::is_plain_setting("SSL_CERT_FILE"));
+    }
 
     #[test]
     fn a_bare_command_is_found_on_the_path_and_a_missing_one_is_named() {

@@ -14,8 +14,10 @@ An optional argument given as None is not sent. A call is a TOOL request on this
 kernel connection, made as the run's caller; its result comes back as a
 Python value: the tool's structured result, else its text parsed as JSON,
 else the text. A tool that fails raises ToolError with the server's
-message. Names that are not Python identifiers have every other character
-turned into "_" (get-sum -> get_sum); tools.call takes the real name.
+message; so does naming a server that is configured but not serving (it
+failed, or is starting again), with its last error. Names that are not
+Python identifiers have every other character turned into "_" (get-sum ->
+get_sum); tools.call takes the real name.
 """
 
 # Modules under private names: every public name here is a server's.
@@ -38,8 +40,8 @@ _lock = _threading.Lock()
 
 class ToolError(Exception):
     """A tool call that failed: `code` is the kernel's word for why
-    (tool_error: the tool itself reported it), `content` the tool's
-    content blocks, if it gave any."""
+    (tool_error: the tool itself reported it; unavailable: its server is
+    not serving), `content` the tool's content blocks, if it gave any."""
 
     def __init__(self, message, code="tool_error", content=None):
         super().__init__(message)
@@ -262,6 +264,35 @@ def _load():
             __all__.append(server["name"])
 
 
+def _unserved(name):
+    """Why server `name`, configured but not in the catalog, offers no
+    tools: a ToolError naming its last failure, or None when this run's
+    caller may use no server of that name. The kernel's TOOL list names
+    only the servers the caller may use (their errors redacted), so a run
+    never learns more here than TOOL would tell it."""
+    try:
+        reply = _exchange({"op": "list"})
+    except (ToolError, OSError, ValueError, _struct.error):
+        return None
+    servers = reply.get("servers") if isinstance(reply, dict) else None
+    for server in servers if isinstance(servers, list) else []:
+        if not isinstance(server, dict) or server.get("name") != name:
+            continue
+        state, error = server.get("state"), server.get("error")
+        if state == "failed":
+            why = f"tool server `{name}` failed: {error}" if error else f"tool server `{name}` failed"
+        elif state == "starting" and error:
+            why = f"tool server `{name}` failed, and is starting again: {error}"
+        elif state == "starting":
+            why = f"tool server `{name}` is starting; its tools are not listed yet"
+        elif state == "stopped":
+            why = f"tool server `{name}` is stopped (disabled, or the kernel is stopping)"
+        else:
+            why = f"tool server `{name}` is {state}; its tools are not in the package yet"
+        return ToolError(why, "unavailable")
+    return None
+
+
 def __getattr__(name):
     # A server that came up after this interpreter imported the package:
     # the catalog on disk is always current.
@@ -269,6 +300,11 @@ def __getattr__(name):
         _load()
         if name in globals():
             return globals()[name]
+        # Not an AttributeError: `from tools import x` would turn that into
+        # an ImportError that drops the server's error.
+        unserved = _unserved(name)
+        if unserved is not None:
+            raise unserved
     raise AttributeError(f"module 'tools' has no attribute {name!r}; no tool server is called that")
 
 

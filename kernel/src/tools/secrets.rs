@@ -48,8 +48,18 @@ const URL_ENCODERS: [(&str, &str); 5] = [
 /// Variables that configure where and how a program runs, never a key:
 /// their values are paths, locales and settings, and blotting them out
 /// would turn every path in an error into `[secret]`.
-const NOT_SECRET_NAMES: [&str; 8] = [
-    "HOME", "PATH", "LANG", "TZ", "TERM", "USER", "SHELL", "TMPDIR",
+const NOT_SECRET_NAMES: [&str; 11] = [
+    "HOME",
+    "PATH",
+    "LANG",
+    "TZ",
+    "TERM",
+    "USER",
+    "SHELL",
+    "TMPDIR",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
 ];
 /// Families of such variables, by prefix (`LC_ALL`, `NODE_OPTIONS`,
 /// `npm_config_cache`, `PYTHONPATH`, `UV_CACHE_DIR`, `XDG_CACHE_HOME`).

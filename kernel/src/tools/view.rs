@@ -248,11 +248,61 @@ pub fn private_home(state_dir: &Path, name: &str, user: Option<User>) -> io::Res
     Ok(home)
 }
 
+/// Why a server running as `user` could not write in its `writable`
+/// directory `dir`, in words that say what to do; `None` when it can (or
+/// it runs as the kernel's own user, who gave it the directory). The
+/// kernel never changes who owns a user's directory: the operator does.
+pub fn unwritable(dir: &Path, user: Option<User>) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let user = user?;
+    let meta = match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => meta,
+        Ok(_) => return Some(format!("its writable {} is not a directory", dir.display())),
+        Err(err) => return Some(format!("its writable {}: {err}", dir.display())),
+    };
+    let mode = meta.mode();
+    let writable = (meta.uid() == user.uid && mode & 0o200 != 0)
+        || (meta.gid() == user.gid && mode & 0o020 != 0)
+        || mode & 0o002 != 0;
+    (!writable).then(|| {
+        format!(
+            "it runs as uid {uid}, which cannot write in its writable {dir} (owner uid {owner}, \
+             mode {mode:o}): give that user the directory (`chown -R {uid}:{gid} {dir}`) or \
+             name one it owns; the kernel never changes a directory's owner",
+            uid = user.uid,
+            gid = user.gid,
+            dir = dir.display(),
+            owner = meta.uid(),
+            mode = mode & 0o7777,
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_writable_directory_the_servers_user_cannot_write_is_said_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let nobody = User {
+            uid: 65534,
+            gid: 65534,
+        };
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let said = unwritable(dir.path(), Some(nobody)).unwrap();
+        assert!(said.contains("runs as uid 65534"), "{said}");
+        assert!(said.contains("chown -R 65534:65534"), "{said}");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(unwritable(dir.path(), Some(nobody)), None);
+        // The kernel's own user gave it the directory: nothing to check.
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(unwritable(dir.path(), None), None);
+        let missing = dir.path().join("missing");
+        assert!(unwritable(&missing, Some(nobody)).is_some());
+    }
 
     /// A host tree: a home, a state directory, and projects in each.
     struct Host {

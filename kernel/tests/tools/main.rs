@@ -11,6 +11,7 @@ mod forms;
 mod mcp_client;
 mod remote;
 mod servers;
+mod unserved;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

@@ -185,7 +185,8 @@ pub struct ServerInfo {
     pub name: String,
     /// `starting`, `ready`, `failed` or `stopped`.
     pub state: String,
-    /// Why it failed, while it is `failed`.
+    /// Why it failed, while it is `failed`, and while it is `starting` again
+    /// after a failure (its last error).
     pub error: Option<String>,
     /// How many tools it offers.
     pub tools: usize,

@@ -29,6 +29,7 @@ use super::view::Withheld;
 use crate::address::Reply;
 use crate::address::ReplyTo;
 use crate::config::mcp::McpConfig;
+use crate::permissions::allows_server;
 use crate::sandbox::confine::Confinement;
 use crate::telemetry::tracer::{SpanAgent, Tracer};
 use crate::telemetry::TraceContext;
@@ -212,9 +213,21 @@ impl Servers {
         }
     }
 
-    /// Each server's state, as TOOL `list` and HELLO give it.
+    /// Each server's state, for the kernel's own accounts (its metrics).
     pub fn info(&self) -> Vec<ServerInfo> {
         self.servers.iter().map(Server::info).collect()
+    }
+
+    /// The state of each server a caller held to `patterns` (its
+    /// `permissions.tools`; `None`: every tool) may call a tool of, as TOOL
+    /// `list` and HELLO give it: a caller never learns that a server it may
+    /// not use exists, nor why it failed.
+    pub fn info_seen_by(&self, patterns: Option<&[String]>) -> Vec<ServerInfo> {
+        self.servers
+            .iter()
+            .filter(|server| patterns.is_none_or(|p| allows_server(p, &server.name)))
+            .map(Server::info)
+            .collect()
     }
 
     /// Calls a tool of a configured server; the reply goes to the call's

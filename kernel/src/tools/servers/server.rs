@@ -23,7 +23,7 @@ use crate::tools::mcp::http::{HttpLink, ServerLocation};
 use crate::tools::process::{ServerCommand, ServerProcess, StartedServer, RESTART};
 use crate::tools::secrets::{truncate_text, Secrets};
 use crate::tools::stderr::{lock, Ending};
-use crate::tools::view::{private_home, Withheld};
+use crate::tools::view::{private_home, unwritable, Withheld};
 
 /// Non-messages a server's start may print that are logged one by one.
 const GARBAGE_LOGGED: usize = 10;
@@ -133,6 +133,12 @@ impl Server {
                 return Ok(server);
             }
         };
+        // Writes that fail later with EACCES are said now, with the fix.
+        for dir in &config.writable {
+            if let Some(why) = unwritable(dir, user) {
+                log::warn!("MCP server {name}: {why}");
+            }
+        }
         match ServerCommand::resolve(config, launch.path, Some(&home), launch.withheld) {
             Ok(command) => {
                 let process = ServerProcess {
@@ -149,14 +155,19 @@ impl Server {
                 server.supervisor = Some(Supervisor::start(process, RESTART)?);
             }
             Err(why) => {
+                // Its command and arguments are the user's words, which may
+                // hold a key its environment also holds.
+                let why = server.secrets.redact(&why.to_string());
                 log::error!("MCP server {name} cannot start: {why}");
-                server.error = Some(why.to_string());
+                server.error = Some(why);
             }
         }
         Ok(server)
     }
 
-    /// Its state, as TOOL `list` and HELLO give it.
+    /// Its state, as TOOL `list` and HELLO give it. A server starting
+    /// again after a failure keeps that failure as its `error`: "starting"
+    /// alone would hide why it has not served, through every restart.
     pub fn info(&self) -> ServerInfo {
         let (state, tools) = match (&self.client, self.stopped) {
             (_, true) => ("stopped", 0),
@@ -172,7 +183,9 @@ impl Server {
         ServerInfo {
             name: self.name.clone(),
             state: state.to_owned(),
-            error: (state == "failed").then(|| self.error.clone()).flatten(),
+            error: matches!(state, "failed" | "starting")
+                .then(|| self.error.clone())
+                .flatten(),
             tools,
         }
     }
