@@ -14,6 +14,7 @@
 //! the kernel too.
 
 use std::future::Future;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -30,14 +31,33 @@ use tokio::net::UnixStream;
 /// the call fails: these answer at once unless the kernel is stuck.
 const QUICK_REPLY_LIMIT: Duration = Duration::from_secs(30);
 
+/// How an MCP client points this server at the kernel. MCP clients start
+/// a server with a minimal environment, so the `AGENTOS_SOCKET` of the
+/// user's shell does not reach it: the client's configuration must say.
+pub const SOCKET_HINT: &str = "Start agentosd, or if it listens on another socket, \
+     give this server that path in the MCP client's configuration: \
+     `agentos mcp --socket PATH` as the server's command and args, or \
+     AGENTOS_SOCKET=PATH in the server's `env` (MCP clients start servers with a \
+     minimal environment, so a shell's AGENTOS_SOCKET does not reach them)";
+
 /// Why a kernel request has no reply to use.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
+    /// Nothing answered at the socket: the message names the path tried
+    /// and how the client configures another, since the model or person
+    /// reading it can fix only what it names.
+    #[error("cannot connect to the AgentOS kernel at {}: {error}. {SOCKET_HINT}", socket.display())]
+    Unreachable {
+        /// The socket path tried.
+        socket: PathBuf,
+        /// Why the connect failed.
+        error: io::Error,
+    },
     /// The kernel refused: its message, and its code to tell refusals
     /// apart by.
     #[error("{0}")]
     Refused(ErrorReply),
-    /// The kernel was not reached, or the exchange with it failed.
+    /// The exchange with the kernel failed once connected.
     #[error(transparent)]
     Exchange(ClientError),
     /// A quick request had no reply within this long.
@@ -72,6 +92,10 @@ impl From<ClientError> for KernelError {
     fn from(err: ClientError) -> KernelError {
         match err {
             ClientError::Remote(reply) => KernelError::Refused(reply),
+            ClientError::Connect { path, error } => KernelError::Unreachable {
+                socket: path,
+                error,
+            },
             err => KernelError::Exchange(err),
         }
     }
@@ -97,6 +121,11 @@ pub struct KernelLink {
 impl KernelLink {
     pub fn new(socket: PathBuf) -> KernelLink {
         KernelLink { socket }
+    }
+
+    /// The socket path every request connects to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
     }
 
     /// Sends one request and returns the kernel's reply, read as `R`. A
@@ -160,12 +189,13 @@ impl KernelLink {
 /// Sends one request on a new connection to `socket` and reads its reply
 /// frame's payload. Dropping the future closes the connection.
 async fn exchange(socket: &Path, opcode: Opcode, payload: &[u8]) -> Result<Vec<u8>, KernelError> {
-    let mut stream = UnixStream::connect(socket)
-        .await
-        .map_err(|error| ClientError::Connect {
-            path: socket.to_path_buf(),
-            error,
-        })?;
+    let mut stream =
+        UnixStream::connect(socket)
+            .await
+            .map_err(|error| KernelError::Unreachable {
+                socket: socket.to_path_buf(),
+                error,
+            })?;
     // A write the kernel cut short (it refused the connection, or the
     // payload as too large from its header alone) still has the kernel's
     // reason waiting to be read, which says more than EPIPE.
@@ -250,7 +280,7 @@ impl Refusal {
 
 #[cfg(test)]
 mod tests {
-    use agentos_proto::payload::ExecReply;
+    use agentos_proto::payload::{ExecReply, HelloReply, HelloRequest};
 
     use super::*;
 
@@ -284,5 +314,24 @@ mod tests {
             "too big",
         )));
         assert_eq!(refused.refusal_code(), Some(ErrorCode::PayloadTooLarge));
+    }
+
+    #[test]
+    fn a_blocking_call_with_no_kernel_names_the_socket_and_how_to_set_it() {
+        let kernel = KernelLink::new(PathBuf::from("/nonexistent/agentos.sock"));
+        let missing = kernel
+            .request_blocking::<HelloReply>(Opcode::HELLO, &HelloRequest {}, Wait::Quick)
+            .unwrap_err();
+        assert!(
+            matches!(missing, KernelError::Unreachable { .. }),
+            "{missing:?}"
+        );
+        assert_eq!(missing.refusal_code(), None);
+        let said = missing.to_string();
+        assert!(
+            said.starts_with("cannot connect to the AgentOS kernel at /nonexistent/agentos.sock: "),
+            "{said}"
+        );
+        assert!(said.ends_with(SOCKET_HINT), "{said}");
     }
 }

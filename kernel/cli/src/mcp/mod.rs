@@ -21,6 +21,7 @@ mod catalogue;
 mod exec;
 mod http;
 mod kernel;
+mod kernel_check;
 mod long_work;
 mod prompt;
 mod resources;
@@ -94,7 +95,19 @@ pub fn serve(socket: PathBuf, transport: Transport) -> Result<(), ServeError> {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    let server = AgentosServer::new(KernelLink::new(socket));
+    let kernel = KernelLink::new(socket);
+    // A look at the kernel before the first client arrives, for
+    // `initialize` to name a missing one; it never stops the start.
+    let looked = runtime.block_on(kernel_check::look(&kernel));
+    // A stdio client keeps the server's stderr in its log, where a person
+    // setting the client up looks first. Over HTTP the first line of
+    // stderr is the address served, which callers read, so the warning
+    // stays in `instructions` there.
+    if let (Err(err), Transport::Stdio) = (&looked, &transport) {
+        eprintln!("agentos mcp: {err}");
+    }
+    let instructions = kernel_check::instructions(kernel.socket(), &looked);
+    let server = AgentosServer::new(kernel, instructions);
     let served = runtime.block_on(async move {
         match plan {
             None => serve_stdio(server).await,

@@ -59,14 +59,19 @@ pub struct AgentosServer {
     /// it, and building it (every tool's schemas and routes) per call cost
     /// more than the rest of the server's part of the call.
     tools: Arc<ToolRouter<AgentosServer>>,
+    /// What `initialize` tells the client (`kernel_check`).
+    instructions: Arc<str>,
 }
 
 #[tool_router]
 impl AgentosServer {
-    pub fn new(kernel: KernelLink) -> AgentosServer {
+    /// A server whose calls reach `kernel`, telling clients
+    /// `instructions`.
+    pub fn new(kernel: KernelLink, instructions: String) -> AgentosServer {
         AgentosServer {
             kernel,
             tools: Arc::new(Self::tool_router()),
+            instructions: instructions.into(),
         }
     }
 
@@ -336,13 +341,7 @@ impl ServerHandler for AgentosServer {
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("agentos", env!("CARGO_PKG_VERSION")))
             .with_protocol_version(NEWEST_HANDSHAKE_REVISION)
-            .with_instructions(
-                "AgentOS: isolated code execution (exec, exec_* for sessions), agents \
-                 (spawn, list_agents, kill, agent_logs), the kernel's LLM (think, and \
-                 run_prompt: it writes and runs code until it can answer), \
-                 background tasks (task_*), and the kernel's MCP tools (tools_search, \
-                 tools_call). Calls act as the user who started this server.",
-            )
+            .with_instructions(self.instructions.as_ref())
     }
 
     async fn get_task(
@@ -461,7 +460,10 @@ mod tests {
     /// repeats what the list says once.
     #[test]
     fn every_schema_is_an_object_of_object_properties_said_once() {
-        let server = AgentosServer::new(KernelLink::new(PathBuf::from("/nonexistent")));
+        let server = AgentosServer::new(
+            KernelLink::new(PathBuf::from("/nonexistent")),
+            String::new(),
+        );
         let tools = server.tools.list_all();
         assert_eq!(tools.len(), 19);
         for tool in tools {

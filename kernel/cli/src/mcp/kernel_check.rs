@@ -1,0 +1,121 @@
+//! The look at the kernel when the server starts, and what `initialize`
+//! says of it.
+//!
+//! A client reads the server's instructions once, before any tool call,
+//! so that is where a kernel missing at the resolved socket is worth
+//! naming: a client that started the server with a minimal environment
+//! (no `AGENTOS_SOCKET`) learns the path tried and the fix before its
+//! first call fails. The look never stops the server from starting, and
+//! it shapes nothing else: each call connects afresh, so a kernel that
+//! comes up later serves the next call, and a call's own error says what
+//! that call found (`KernelError::Unreachable`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use agentos_proto::payload::{HelloReply, HelloRequest};
+use agentos_proto::Opcode;
+
+use super::kernel::{KernelError, KernelLink, Wait, SOCKET_HINT};
+
+/// How long the look may hold up the server's start. A kernel that is
+/// up answers HELLO at once; a missing one fails its connect at once.
+/// Only a stuck kernel meets the limit, and a client waits for
+/// `initialize` meanwhile.
+const LOOK_LIMIT: Duration = Duration::from_secs(2);
+
+/// What the server tells every client about itself and its tools.
+const ABOUT: &str = "AgentOS: isolated code execution (exec, exec_* for sessions), agents \
+     (spawn, list_agents, kill, agent_logs), the kernel's LLM (think, and \
+     run_prompt: it writes and runs code until it can answer), \
+     background tasks (task_*), and the kernel's MCP tools (tools_search, \
+     tools_call). Calls act as the user who started this server.";
+
+/// Connects to the kernel and says HELLO, within [`LOOK_LIMIT`]: whether
+/// a kernel answered, or why none did.
+pub async fn look(kernel: &KernelLink) -> Result<(), KernelError> {
+    let hello = kernel.request::<HelloReply>(Opcode::HELLO, &HelloRequest {}, Wait::Quick);
+    match tokio::time::timeout(LOOK_LIMIT, hello).await {
+        Ok(reply) => reply.map(drop),
+        Err(_) => Err(KernelError::NoReply(LOOK_LIMIT)),
+    }
+}
+
+/// The server's instructions, given what the look at `socket` found.
+pub fn instructions(socket: &Path, looked: &Result<(), KernelError>) -> String {
+    let why = match looked {
+        Ok(()) => return ABOUT.to_owned(),
+        // Its own message repeats the path and the hint said below.
+        Err(KernelError::Unreachable { error, .. }) => error.to_string(),
+        Err(other) => other.to_string(),
+    };
+    format!(
+        "{ABOUT}\n\nWhen this server started, no AgentOS kernel answered at {} ({why}), \
+         so tool calls fail until one does. {SOCKET_HINT}.",
+        socket.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::path::PathBuf;
+
+    use super::*;
+
+    #[test]
+    fn a_kernel_that_answered_leaves_the_instructions_as_they_are() {
+        assert_eq!(instructions(Path::new("/s.sock"), &Ok(())), ABOUT);
+    }
+
+    #[test]
+    fn a_missing_kernel_is_named_with_its_socket_and_the_ways_to_set_it() {
+        let socket = PathBuf::from("/tmp/agentos-0/agentos.sock");
+        let missing = KernelError::Unreachable {
+            socket: socket.clone(),
+            error: io::Error::from(io::ErrorKind::NotFound),
+        };
+        let said = instructions(&socket, &Err(missing));
+        assert!(said.starts_with(ABOUT), "{said}");
+        assert_eq!(
+            said.matches("/tmp/agentos-0/agentos.sock").count(),
+            1,
+            "{said}"
+        );
+        for fix in [
+            "agentos mcp --socket PATH",
+            "AGENTOS_SOCKET",
+            "`env`",
+            "not found",
+        ] {
+            assert!(said.contains(fix), "{fix}: {said}");
+        }
+        let stuck = instructions(&socket, &Err(KernelError::NoReply(LOOK_LIMIT)));
+        assert!(stuck.contains("did not answer within 2 s"), "{stuck}");
+        assert!(stuck.contains("--socket PATH"), "{stuck}");
+    }
+
+    #[test]
+    fn the_look_reports_the_socket_it_found_nothing_at() {
+        let socket = PathBuf::from("/nonexistent/agentos.sock");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let looked = runtime.block_on(look(&KernelLink::new(socket.clone())));
+        let Err(KernelError::Unreachable { socket: tried, .. }) = &looked else {
+            panic!("{looked:?}");
+        };
+        assert_eq!(tried, &socket);
+        let said = looked.unwrap_err().to_string();
+        assert!(
+            said.starts_with("cannot connect to the AgentOS kernel at /nonexistent/agentos.sock"),
+            "{said}"
+        );
+        assert!(said.contains("`agentos mcp --socket PATH`"), "{said}");
+        assert!(
+            said.contains("AGENTOS_SOCKET=PATH in the server's `env`"),
+            "{said}"
+        );
+    }
+}
