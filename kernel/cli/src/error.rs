@@ -9,6 +9,7 @@ use agentos_proto::{ClientError, ErrorCode, ErrorReply};
 use nix::errno::Errno;
 
 use crate::mcp::ServeError;
+use crate::mcp_servers::ImportError;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +99,20 @@ pub enum CliError {
         state: String,
         waited: Duration,
     },
+    /// THINK refused as unavailable: the kernel has no LLM provider it can
+    /// use, which is not the same as a kernel without THINK.
+    #[error("the kernel's LLM provider cannot answer: {reason} (agentos hello shows its state)")]
+    LlmUnavailable {
+        /// The kernel's own words.
+        reason: String,
+    },
+    /// The file given for the code could not be read.
+    #[error("reading {}", .path.display())]
+    ReadingFile {
+        path: std::path::PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
     /// A tool call the kernel or the tool refused.
     #[error("{tool}: {}", in_cli_terms(.refusal))]
     ToolFailed { tool: String, refusal: ErrorReply },
@@ -125,6 +140,9 @@ pub enum CliError {
     /// `agentos mcp`.
     #[error(transparent)]
     Mcp(#[from] ServeError),
+    /// `agentos mcp-servers import`.
+    #[error(transparent)]
+    Import(#[from] ImportError),
 }
 
 impl CliError {

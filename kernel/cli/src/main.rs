@@ -24,6 +24,7 @@ mod input;
 mod kernel;
 mod logs;
 mod mcp;
+mod mcp_servers;
 mod net;
 mod policy;
 mod raw;
@@ -156,6 +157,11 @@ enum Command {
     /// spawn and more as tools for an MCP client, acting as you (`claude
     /// mcp add agentos -- agentos mcp`)
     Mcp(McpArgs),
+    /// MCP servers for the kernel's config: `agentos mcp-servers import
+    /// FILE` turns an MCP client's `mcpServers` JSON into `[mcp.servers]`
+    /// entries
+    #[command(subcommand)]
+    McpServers(mcp_servers::McpServersCommand),
     /// Print a shell completion script: `agentos completion bash >
     /// /etc/bash_completion.d/agentos`
     Completion {
@@ -215,6 +221,13 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         clap_complete::generate(shell, &mut command, "agentos", &mut std::io::stdout());
         return Ok(ExitCode::SUCCESS);
     }
+    if let Command::McpServers(command) = args.command {
+        if json {
+            return Err(usage("mcp-servers prints TOML; --json does not apply"));
+        }
+        mcp_servers::mcp_servers(command)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let path = resolve_socket_path(args.socket.as_deref());
     if let Command::Mcp(mcp_args) = args.command {
         if json || args.timeout.is_some() {
@@ -243,6 +256,10 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
     };
     if let Some(secs) = run_timeout {
         seconds("the run's limit", secs)?;
+    }
+    // A command line that is wrong is said so whether a kernel runs or not.
+    if let Command::Exec(exec) = &args.command {
+        exec.check_code()?;
     }
     // What the command waits on, when the flag leaves it to the command.
     let default_timeout = match &args.command {
@@ -283,7 +300,9 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
         Command::Net(net_args) => net::net(client, net_args, json),
         Command::Metrics => kernel::metrics(client, json),
-        Command::Completion { .. } | Command::Mcp(_) => unreachable!("answered before connecting"),
+        Command::Completion { .. } | Command::Mcp(_) | Command::McpServers(_) => {
+            unreachable!("answered before connecting")
+        }
     };
     done.map(|()| ExitCode::SUCCESS)
 }

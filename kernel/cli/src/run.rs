@@ -27,6 +27,26 @@ pub struct RunArgs {
     /// A system instruction added to the kernel's own
     #[arg(long)]
     system: Option<String>,
+    /// Run the code in this EXEC session, whose interpreter and /workspace
+    /// outlive the task [default: one of the task's own, closed with it]
+    #[arg(short, long, value_name = "NAME")]
+    session: Option<String>,
+}
+
+/// The prompt task the command line asks for.
+fn dispatch(args: RunArgs) -> Result<TaskRequest, CliError> {
+    let request = PromptRequest {
+        prompt: words_or_stdin(&args.prompt)?,
+        max_iterations: args.max_iterations.unwrap_or(DEFAULT_ITERATIONS),
+        system: args.system,
+        session: args.session,
+    };
+    Ok(TaskRequest::Dispatch(TaskDispatch {
+        kind: TaskKind::Prompt,
+        request: serde_json::to_value(request)?,
+        label: None,
+        trace: None,
+    }))
 }
 
 /// `wait_for` is how long it follows the task: the global `--timeout`.
@@ -36,19 +56,7 @@ pub fn run_prompt(
     wait_for: Duration,
     json: bool,
 ) -> Result<ExitCode, CliError> {
-    let request = PromptRequest {
-        prompt: words_or_stdin(&args.prompt)?,
-        max_iterations: args.max_iterations.unwrap_or(DEFAULT_ITERATIONS),
-        system: args.system,
-        session: None,
-    };
-    let dispatch = TaskRequest::Dispatch(TaskDispatch {
-        kind: TaskKind::Prompt,
-        request: serde_json::to_value(request)?,
-        label: None,
-        trace: None,
-    });
-    let task_id = ask(client, &dispatch)?
+    let task_id = ask(client, &dispatch(args)?)?
         .decode::<TaskDispatchReply>()?
         .task_id;
     let live = std::io::stderr().is_terminal();
@@ -130,4 +138,46 @@ pub fn run_prompt(
         eprintln!("agentos: {error}");
     }
     Ok(ExitCode::FAILURE)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Line {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    /// The prompt request `agentos run ARGS` dispatches.
+    fn dispatched(args: &[&str]) -> PromptRequest {
+        let line = Line::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
+            .expect("a valid command line");
+        let TaskRequest::Dispatch(dispatch) = dispatch(line.run).expect("a request") else {
+            panic!("run dispatches a task");
+        };
+        assert_eq!(dispatch.kind, TaskKind::Prompt);
+        serde_json::from_value(dispatch.request).expect("a prompt request")
+    }
+
+    #[test]
+    fn session_names_the_exec_session_the_prompt_task_runs_its_code_in() {
+        let request = dispatched(&["--session", "s1", "sum", "1..10"]);
+        assert_eq!(request.session.as_deref(), Some("s1"));
+        assert_eq!(request.prompt, "sum 1..10");
+        assert_eq!(
+            dispatched(&["-s", "s2", "x"]).session.as_deref(),
+            Some("s2")
+        );
+    }
+
+    #[test]
+    fn without_session_the_task_uses_one_of_its_own() {
+        let request = dispatched(&["sum"]);
+        assert_eq!(request.session, None);
+        assert_eq!(request.max_iterations, DEFAULT_ITERATIONS);
+    }
 }

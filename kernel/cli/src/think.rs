@@ -1,7 +1,7 @@
 //! `agentos think`: ask the kernel's LLM.
 
 use agentos_proto::payload::ThinkRequest;
-use agentos_proto::Client;
+use agentos_proto::{Client, ClientError, ErrorCode};
 
 use crate::error::CliError;
 use crate::format::print_json;
@@ -36,7 +36,7 @@ pub fn think(client: &mut Client, args: ThinkArgs, json: bool) -> Result<(), Cli
         temperature: args.temperature,
         ..ThinkRequest::default()
     };
-    let reply = client.think(&request)?;
+    let reply = client.think(&request).map_err(in_think_terms)?;
     if json {
         return print_json(&reply);
     }
@@ -49,4 +49,53 @@ pub fn think(client: &mut Client, args: ThinkArgs, json: bool) -> Result<(), Cli
         reply.latency_ms.unwrap_or(0),
     );
     Ok(())
+}
+
+/// A THINK failure in the CLI's words: `unavailable` from THINK means the
+/// kernel's LLM provider could not answer (unreachable, refusing the key,
+/// none configured), not that the kernel lacks THINK, so it is said with
+/// the kernel's reason.
+fn in_think_terms(err: ClientError) -> CliError {
+    match err {
+        ClientError::Remote(reply) if reply.code == ErrorCode::Unavailable => {
+            CliError::LlmUnavailable {
+                reason: reply.error,
+            }
+        }
+        other => other.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::ExitCode;
+
+    use agentos_proto::ErrorReply;
+
+    use super::*;
+    use crate::failure::report;
+
+    #[test]
+    fn an_unavailable_provider_is_said_with_the_kernels_reason() {
+        let refused = ClientError::Remote(ErrorReply::new(
+            ErrorCode::Unavailable,
+            "cannot connect to openai at 127.0.0.1:9: Connection Failed",
+        ));
+        let err = in_think_terms(refused);
+        assert_eq!(
+            err.to_string(),
+            "the kernel's LLM provider cannot answer: cannot connect to openai at \
+             127.0.0.1:9: Connection Failed (agentos hello shows its state)"
+        );
+        assert!(!err.to_string().contains("not available on this kernel"));
+        assert_eq!(report(&err), ExitCode::FAILURE);
+    }
+
+    #[test]
+    fn other_refusals_stay_the_kernels() {
+        let busy = ClientError::Remote(ErrorReply::new(ErrorCode::Busy, "queue full"));
+        let err = in_think_terms(busy);
+        let reply = err.refusal().expect("still a refusal");
+        assert_eq!(reply.code, ErrorCode::Busy);
+    }
 }

@@ -340,3 +340,87 @@ fn sessions_snapshot_restore_and_tasks_read_as_text() {
         waited.stderr
     );
 }
+
+#[test]
+fn run_with_a_session_leaves_its_workspace_to_that_session() {
+    use agentos_test_support::llm_stub::{Reply, Stub};
+    let stub = Stub::start(|_, n| {
+        let content = match n {
+            0 => "```python\nopen('/workspace/f', 'w').write('kept')\n```",
+            _ => "Written.",
+        };
+        Reply::openai(content, 10, 5)
+    });
+    let daemon = agentos_test_support::with_llm_stub(&stub.url(), "");
+    let answer = ok(&daemon, &["run", "--session", "s1", "write the file"]);
+    assert_eq!(answer, "Written.\n");
+    let read = ok(
+        &daemon,
+        &[
+            "exec",
+            "--session",
+            "s1",
+            "print(open('/workspace/f').read())",
+        ],
+    );
+    assert_eq!(read, "kept\n", "the run's code ran in session s1");
+}
+
+#[test]
+fn exec_file_runs_a_files_code_and_a_files_name_as_code_is_refused() {
+    let daemon = Daemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let python = dir.path().join("hello.py");
+    std::fs::write(&python, "print('hi from', 'python')\n").unwrap();
+    let bash = dir.path().join("hello.sh");
+    std::fs::write(&bash, "echo \"hi from $0\" | cut -c1-7\n").unwrap();
+    let python = python.to_str().unwrap();
+    let bash = bash.to_str().unwrap();
+    assert_eq!(ok(&daemon, &["exec", "--file", python]), "hi from python\n");
+    assert_eq!(ok(&daemon, &["exec", "--file", bash]), "hi from\n");
+
+    let refused = agentos(&daemon, &["exec", python]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.starts_with(&format!(
+            "agentos: `{python}` is a file here; to run its contents use --file {python}\n"
+        )),
+        "{}",
+        refused.stderr
+    );
+    let missing = agentos(&daemon, &["exec", "--file", "/nonexistent/x.py"]);
+    assert_eq!(missing.code, 1, "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("reading /nonexistent/x.py: "),
+        "{}",
+        missing.stderr
+    );
+}
+
+#[test]
+fn think_with_its_provider_down_says_so_with_the_kernels_reason() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let daemon = Daemon::start_with(&format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\n\
+         api_key = \"sk-test\"\nmodel = \"m\"\n"
+    ));
+    let ran = agentos(&daemon, &["think", "hi"]);
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(
+        ran.stderr.starts_with(&format!(
+            "agentos: the kernel's LLM provider cannot answer: cannot connect to openai at \
+             127.0.0.1:{port}"
+        )),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        !ran.stderr.contains("not available on this kernel"),
+        "{}",
+        ran.stderr
+    );
+}

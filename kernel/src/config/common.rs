@@ -23,6 +23,20 @@ pub enum ConfigError {
         /// What the parser said (names the key).
         source: Box<toml::de::Error>,
     },
+    /// The config file holds an MCP client's JSON (`"mcpServers": {...}`,
+    /// the form MCP servers' READMEs show) where TOML belongs.
+    #[error(
+        "config file {}: this is an MCP client's JSON `mcpServers` block, not TOML; \
+         `agentos mcp-servers import FILE` turns it into `[mcp.servers.NAME]` entries \
+         ({source})",
+        path.display()
+    )]
+    PastedMcpJson {
+        /// The file.
+        path: PathBuf,
+        /// What the TOML parser said.
+        source: Box<toml::de::Error>,
+    },
     /// An environment variable has a value that cannot be used.
     #[error("environment variable {name}={value:?}: {reason}")]
     Env {

@@ -332,9 +332,15 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
-            path: path.to_path_buf(),
-            source: Box::new(source),
+        let mut config: Config = toml::from_str(&text).map_err(|source| {
+            let (path, source) = (path.to_path_buf(), Box::new(source));
+            // A block pasted from an MCP server's README: say what to do
+            // with it rather than where the TOML parser stumbled.
+            if text.contains("\"mcpServers\"") {
+                ConfigError::PastedMcpJson { path, source }
+            } else {
+                ConfigError::Parse { path, source }
+            }
         })?;
         config.file = Some(path.to_path_buf());
         Ok(config)
@@ -547,6 +553,18 @@ mod tests {
         let file = write_config("max_reqest_bytes = 5\n");
         let err = Config::from_file(file.path()).unwrap_err();
         assert!(err.to_string().contains("max_reqest_bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_pasted_mcp_servers_block_is_named_with_the_command_that_imports_it() {
+        let pasted = "\"mcpServers\": {\n  \"time\": {\"command\": \"uvx\", \"args\": [\"mcp-server-time\"]}\n}\n";
+        let file = write_config(pasted);
+        let err = Config::from_file(file.path()).unwrap_err();
+        assert!(matches!(err, ConfigError::PastedMcpJson { .. }), "{err}");
+        assert!(
+            err.to_string().contains("agentos mcp-servers import FILE"),
+            "{err}"
+        );
     }
 
     #[test]
