@@ -13,9 +13,11 @@ import struct
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -202,6 +204,68 @@ def test_bad_requests_are_refused_in_thinks_reply_shape(llm_kernel):
         assert huge.value.code == "limit_exceeded"
         assert "max_tokens" in huge.value.message
         assert client.echo("still usable") == "still usable"
+
+
+# -- a provider that is not answering ----------------------------------------
+
+
+def test_a_provider_that_takes_connections_and_never_answers_fails_think_in_seconds():
+    # It accepts every connection and holds it without a byte in reply.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    held = []
+
+    def hold() -> None:
+        try:
+            while True:
+                held.append(silent.accept())
+        except OSError:
+            pass  # closed at the end of the test
+
+    threading.Thread(target=hold, daemon=True).start()
+    host = "127.0.0.1:%d" % silent.getsockname()[1]
+    config = (f'[llm]\nprovider = "openai"\nbase_url = "http://{host}/v1"\n'
+              f'api_key = "sk-test"\nmodel = "stub-model"\n')
+    try:
+        with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path, timeout=60) as client:
+            started = time.monotonic()
+            with pytest.raises(AgentOSError) as silence:
+                client.think("Say hello.", max_tokens=8)
+            took = time.monotonic() - started
+            assert silence.value.code == "unavailable"
+            assert "not answering" in silence.value.message and host in silence.value.message
+            # Rather than two minute-long attempts.
+            assert took < 20, took
+            _, _, raw = client.call(Opcode.HELLO)
+            llm = json.loads(raw)["llm"]
+            assert (llm["state"], llm["ready"]) == ("not_answering", False), llm
+            assert llm["reason"].startswith("not answering since "), llm
+    finally:
+        silent.close()
+
+
+def test_a_slow_provider_that_answers_the_probe_is_not_cut_short():
+    from stub_model import StubModel
+
+    class Slow(StubModel):
+        def answer(self, path, headers, body):
+            # Longer than the wait before the kernel probes, and than the
+            # probe's timeout: only the probe's answer keeps it waiting.
+            time.sleep(6)
+            return super().answer(path, headers, body)
+
+    model = Slow(["slow but sure"])
+    try:
+        with kernel_with(model.config()) as kernel, \
+                AgentOSClient(kernel.socket_path, timeout=60) as client:
+            reply = client.think("Say hello.", max_tokens=8)
+            assert reply["content"] == "slow but sure", reply
+            assert reply["latency_ms"] >= 6000, reply
+            _, _, raw = client.call(Opcode.HELLO)
+            assert json.loads(raw)["llm"]["state"] == "ready"
+    finally:
+        model.close()
 
 
 # -- the example agents --------------------------------------------------------

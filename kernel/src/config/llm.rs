@@ -216,6 +216,13 @@ pub struct LlmConfig {
     pub max_retry_ms: u64,
     /// Longest single attempt at the provider; a hung one is retried.
     pub attempt_timeout_ms: u64,
+    /// How long the provider may take to answer a health probe (its model
+    /// list, asked for once an attempt has waited two seconds) before it
+    /// is held to be not answering: its THINKs then fail at once and new
+    /// ones are refused until it answers a probe again. A slow generation
+    /// is never cut short by it, only a provider that answers nothing. 0
+    /// turns the probe off.
+    pub probe_timeout_ms: u64,
     /// Completion tokens asked for when a request gives no `max_tokens`.
     pub default_max_tokens: u32,
     /// Largest `max_tokens` a request may ask for.
@@ -246,6 +253,7 @@ impl Default for LlmConfig {
             timeout_ms: 120_000,
             max_retry_ms: 60_000,
             attempt_timeout_ms: 60_000,
+            probe_timeout_ms: 3_000,
             default_max_tokens: 512,
             max_tokens_limit: 32_768,
             context_tokens: None,
@@ -396,6 +404,15 @@ impl LlmConfig {
         }
         if self.attempt_timeout_ms < 100 {
             return invalid("llm.attempt_timeout_ms", "must be at least 100".into());
+        }
+        if self.probe_timeout_ms != 0 && !(100..=60_000).contains(&self.probe_timeout_ms) {
+            return invalid(
+                "llm.probe_timeout_ms",
+                format!(
+                    "{} is outside 100..=60000 (or 0, no probe)",
+                    self.probe_timeout_ms
+                ),
+            );
         }
         if self.default_max_tokens == 0 || self.default_max_tokens > self.max_tokens_limit {
             return invalid(
@@ -591,6 +608,19 @@ mod tests {
         assert!(config.validate().is_err(), "SmolLM2 was trained on 8192");
         config.local.model = LocalModelName::QwenCoder0_5b;
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn the_health_probe_is_on_by_default_and_may_be_turned_off() {
+        assert_eq!(LlmConfig::default().probe_timeout_ms, 3_000);
+        let off: LlmConfig = toml::from_str("probe_timeout_ms = 0\n").unwrap();
+        off.validate().unwrap();
+        let config = LlmConfig {
+            probe_timeout_ms: 5,
+            ..LlmConfig::default()
+        };
+        let err = config.validate().unwrap_err();
+        assert!(err.to_string().contains("llm.probe_timeout_ms"), "{err}");
     }
 
     #[test]

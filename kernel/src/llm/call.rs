@@ -3,12 +3,16 @@
 //! (`ureq::Agent`). Each call retries on its own — after the provider's
 //! hint or with backoff — within the request's deadline and the retry
 //! budget, then hands its result to the reactor through a channel and the
-//! reactor's waker.
+//! reactor's waker. Each attempt waiting for the provider's answer is
+//! listed in [`Unanswered`], which the health watch ([`super::health`])
+//! reads to tell a provider that is slow from one that is not answering.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentos_primitives::http_agent::{HttpAgent, Timeouts};
@@ -96,6 +100,42 @@ pub struct RetryBudget {
     pub attempt_timeout: Duration,
 }
 
+/// The attempts waiting for the provider's answer, by ticket, with when
+/// each was sent.
+#[derive(Debug, Default)]
+pub struct Unanswered(Mutex<HashMap<u64, Instant>>);
+
+impl Unanswered {
+    /// When the attempt that has waited longest was sent, if one waits.
+    pub fn oldest(&self) -> Option<Instant> {
+        self.lock().values().min().copied()
+    }
+
+    /// Lists the attempt of `ticket` until the guard is dropped (a panic
+    /// inside the attempt included).
+    fn begin(&self, ticket: u64) -> WaitGuard<'_> {
+        self.lock().insert(ticket, Instant::now());
+        WaitGuard(self, ticket)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
+        // Only inserts and removes happen under it: a panic cannot leave
+        // the map half-changed.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// An attempt listed in [`Unanswered`].
+struct WaitGuard<'a>(&'a Unanswered, u64);
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.0.lock().remove(&self.1);
+    }
+}
+
 /// The call threads.
 #[derive(Debug)]
 pub struct Callers {
@@ -104,6 +144,23 @@ pub struct Callers {
     /// shutdown).
     jobs: Pool<Fifo<CallJob>>,
     done: Receiver<CallDone>,
+    /// The attempts of these threads waiting for an answer.
+    waiting: Arc<Unanswered>,
+    /// Set when the threads are given up on ([`Callers::replace_threads`]):
+    /// their calls then end without another attempt.
+    abandoned: Arc<AtomicBool>,
+    /// What starting the threads again takes.
+    recipe: Recipe,
+}
+
+/// What the call threads are started from.
+#[derive(Clone, Debug)]
+struct Recipe {
+    count: usize,
+    endpoint: Arc<dyn CallTarget>,
+    budget: RetryBudget,
+    agent: ureq::Agent,
+    outbox: Outbox<CallDone>,
 }
 
 impl Callers {
@@ -125,32 +182,42 @@ impl Callers {
         .idle_connections_per_host(count.max(1))
         .user_agent(concat!("agentosd/", env!("CARGO_PKG_VERSION")))
         .build();
-        let jobs = Pool::start(
-            Named::new("llm"),
+        let recipe = Recipe {
             count,
-            // The kernel sends no more jobs than there are threads.
-            Fifo::unbounded(),
+            endpoint,
+            budget,
+            agent,
             outbox,
-            move |job: CallJob, done: &Outbox<CallDone>| {
-                let ticket = job.ticket;
-                let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    call(&agent, endpoint.as_ref(), budget, job)
-                }))
-                .unwrap_or_else(|_| CallDone {
-                    ticket,
-                    result: Err(Failure::fatal(
-                        ErrorCode::Internal,
-                        "the LLM call failed inside the kernel (see its log)",
-                    )),
-                    latency: Duration::ZERO,
-                    attempts: 1,
-                    rate_limited: 0,
-                    unreachable: false,
-                });
-                done.send(finished)
-            },
-        )?;
-        Ok(Callers { jobs, done })
+        };
+        let (waiting, abandoned) = (Arc::default(), Arc::default());
+        let jobs = threads(&recipe, &waiting, &abandoned)?;
+        Ok(Callers {
+            jobs,
+            done,
+            waiting,
+            abandoned,
+            recipe,
+        })
+    }
+
+    /// Gives up on the threads and their calls (the provider took them and
+    /// is not answering): each ends when its attempt does, with no other,
+    /// and what it then reports goes to a ticket no longer waited for. A
+    /// fresh set takes the next calls, so that a provider answering again
+    /// is not kept waiting behind the abandoned ones.
+    pub fn replace_threads(&mut self) -> std::io::Result<()> {
+        self.abandoned.store(true, Ordering::SeqCst);
+        self.jobs.stop();
+        let (waiting, abandoned) = (Arc::default(), Arc::default());
+        self.jobs = threads(&self.recipe, &waiting, &abandoned)?;
+        self.waiting = waiting;
+        self.abandoned = abandoned;
+        Ok(())
+    }
+
+    /// The attempts waiting for the provider's answer.
+    pub fn unanswered(&self) -> &Unanswered {
+        &self.waiting
     }
 
     /// Hands a job to the next free thread. The kernel sends no more jobs
@@ -171,11 +238,59 @@ impl Callers {
     }
 }
 
+/// Starts the threads of `recipe`, listing their waits in `waiting` and
+/// ending their calls early once `abandoned` is set.
+fn threads(
+    recipe: &Recipe,
+    waiting: &Arc<Unanswered>,
+    abandoned: &Arc<AtomicBool>,
+) -> std::io::Result<Pool<Fifo<CallJob>>> {
+    let (endpoint, budget, agent) = (recipe.endpoint.clone(), recipe.budget, recipe.agent.clone());
+    let (waiting, abandoned) = (waiting.clone(), abandoned.clone());
+    Pool::start(
+        Named::new("llm"),
+        recipe.count,
+        // The kernel sends no more jobs than there are threads.
+        Fifo::unbounded(),
+        recipe.outbox.clone(),
+        move |job: CallJob, done: &Outbox<CallDone>| {
+            let ticket = job.ticket;
+            let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let watch = Watch {
+                    unanswered: &waiting,
+                    abandoned: &abandoned,
+                };
+                call(&agent, endpoint.as_ref(), budget, watch, job)
+            }))
+            .unwrap_or_else(|_| CallDone {
+                ticket,
+                result: Err(Failure::fatal(
+                    ErrorCode::Internal,
+                    "the LLM call failed inside the kernel (see its log)",
+                )),
+                latency: Duration::ZERO,
+                attempts: 1,
+                rate_limited: 0,
+                unreachable: false,
+            });
+            done.send(finished)
+        },
+    )
+}
+
+/// What a call thread tells the health watch, and hears from it.
+#[derive(Clone, Copy)]
+struct Watch<'a> {
+    unanswered: &'a Unanswered,
+    abandoned: &'a AtomicBool,
+}
+
 /// Makes one request, retrying as the provider and the budget allow.
 fn call(
     agent: &ureq::Agent,
     endpoint: &dyn CallTarget,
     budget: RetryBudget,
+    watch: Watch<'_>,
     job: CallJob,
 ) -> CallDone {
     let started = Instant::now();
@@ -186,10 +301,19 @@ fn call(
     let mut rate_limited = 0u32;
     let result = loop {
         attempts += 1;
-        let failure = match attempt(agent, endpoint, &job.chat, job.deadline, budget) {
+        let answer = {
+            let _listed = watch.unanswered.begin(job.ticket);
+            attempt(agent, endpoint, &job.chat, job.deadline, budget)
+        };
+        let failure = match answer {
             Ok(completion) => break Ok(completion),
             Err(failure) => failure,
         };
+        if watch.abandoned.load(Ordering::SeqCst) {
+            // The caller has had its answer (the provider is not
+            // answering); another attempt would only hold this thread.
+            break Err(failure);
+        }
         let delay = match failure.retry {
             Retry::Never => break Err(failure),
             Retry::After(hint) => backoff.delay(attempts - 1, hint),
@@ -366,7 +490,7 @@ fn transport_failure(provider: &str, host: &str, err: &ureq::Error) -> Failure {
 
 /// The `host:port` of a URL, as errors name it (the URL's path may carry
 /// a model name, never a key, but the host is what the operator checks).
-fn host_of(url: &str) -> &str {
+pub(super) fn host_of(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     rest.split(['/', '?', '#']).next().unwrap_or(rest)
 }

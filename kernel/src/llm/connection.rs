@@ -1,16 +1,17 @@
 //! The connection THINK uses: the configured provider, reached over HTTP
 //! by a pool of call threads, or the local model server the kernel starts;
 //! the providers a reload replaced, while their last calls finish; and
-//! whether the provider in place can be reached.
+//! whether the provider in place can be reached and is answering.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::Waker;
 
 use super::call::{CallDone, CallJob, CallTarget, Callers, Fixed, RetryBudget};
+use super::health::Health;
 use super::local::{self, LocalServer, LocalSetup};
 use super::provider::anthropic::Anthropic;
 use super::provider::gemini::Gemini;
@@ -40,6 +41,8 @@ pub struct Connection {
     /// Since when the provider in place could not be connected to, and the
     /// last such error; cleared by the next answered call.
     unreachable: Option<(SystemTime, String)>,
+    /// Whether the provider in place is answering.
+    health: Health,
 }
 
 /// A provider a reload replaced: its call threads, stopped but finishing
@@ -58,6 +61,7 @@ struct Opened {
     unavailable: Option<String>,
     local: Option<Arc<LocalServer>>,
     callers: Option<Callers>,
+    health: Health,
 }
 
 impl Connection {
@@ -78,6 +82,7 @@ impl Connection {
             generation: 0,
             retiring: Vec::new(),
             unreachable: None,
+            health: opened.health,
         }
     }
 
@@ -114,6 +119,7 @@ impl Connection {
         self.local = fresh.local;
         self.callers = fresh.callers;
         self.unreachable = None;
+        self.health = fresh.health;
     }
 
     /// The provider's kind.
@@ -141,6 +147,50 @@ impl Connection {
     /// the last such error.
     pub fn unreachable(&self) -> Option<&(SystemTime, String)> {
         self.unreachable.as_ref()
+    }
+
+    /// Since when the provider in place has taken connections without
+    /// answering, and what was said of it.
+    pub fn not_answering(&self) -> Option<&(SystemTime, String)> {
+        self.health.not_answering()
+    }
+
+    /// A call went out to the provider in place: its health is watched.
+    pub fn call_sent(&mut self, now: Instant) {
+        self.health.call_sent(now);
+    }
+
+    /// Time until the health watch's next look.
+    pub fn next_look(&self, now: Instant) -> Option<Duration> {
+        self.health.next_deadline(now)
+    }
+
+    /// The health watch's look, when one is due (see [`Health::look`]);
+    /// `calls_out`: calls of the provider in place are unanswered.
+    pub fn look(&mut self, now: Instant, calls_out: bool) {
+        let oldest = self
+            .callers
+            .as_ref()
+            .and_then(|callers| callers.unanswered().oldest());
+        self.health.look(now, oldest, calls_out);
+    }
+
+    /// What the probes heard: what to say of the provider if it was found
+    /// not answering (see [`Health::heard`]).
+    pub fn heard(&mut self, now: Instant, calls_out: bool) -> Option<String> {
+        self.health.heard(now, calls_out)
+    }
+
+    /// Gives up on the calls at the provider in place (it is not
+    /// answering them) and starts fresh call threads for the next ones.
+    pub fn abandon_calls(&mut self) {
+        if let Some(callers) = &mut self.callers {
+            if let Err(err) = callers.replace_threads() {
+                log::error!("THINK: cannot start fresh LLM call threads: {err}");
+                self.callers = None;
+                self.unavailable = Some(format!("cannot start LLM call threads: {err}"));
+            }
+        }
     }
 
     /// The generation of the provider in place.
@@ -273,6 +323,7 @@ fn connect(
         unavailable: None,
         local: None,
         callers: None,
+        health: Health::unwatched(),
     };
     let endpoint: Arc<dyn CallTarget> = match kind {
         ProviderKind::None => {
@@ -327,6 +378,11 @@ fn connect(
         max_wait: Duration::from_millis(config.max_retry_ms),
         attempt_timeout: Duration::from_millis(config.attempt_timeout_ms),
     };
+    connection.health = Health::watching(
+        endpoint.clone(),
+        Duration::from_millis(config.probe_timeout_ms),
+        waker.clone(),
+    );
     match Callers::start(config.concurrency, endpoint, budget, waker) {
         Ok(callers) => connection.callers = Some(callers),
         Err(err) => connection.unavailable = Some(format!("cannot start LLM call threads: {err}")),

@@ -5,7 +5,8 @@
 //! budgets (one budget shared by a tree of agents), and sent by a fixed set of call threads ([`call`]) over one
 //! keep-alive pool — never by the reactor. Results come back through the
 //! reactor's waker and are answered from [`Llm::poll`]. The provider's wire
-//! format is in [`provider`]; the default provider is the local model
+//! format is in [`provider`]; whether the provider is answering at all is
+//! [`health`]'s to find out. The default provider is the local model
 //! ([`local`]), so THINK works with no key and no network.
 //!
 //! All of this state lives on the reactor thread.
@@ -14,6 +15,7 @@ pub mod admission;
 pub mod call;
 mod connection;
 mod counts;
+mod health;
 mod ledger;
 pub mod local;
 pub mod provider;
@@ -41,7 +43,7 @@ use self::ledger::{charged_tokens, estimate_prompt_tokens, Ledger};
 use self::provider::{Chat, Failure};
 use self::reload::{same_provider, Limits};
 use self::reply::{answered, failed};
-use self::scheduler::{FlowId, Full, Scheduler, Waiting};
+use self::scheduler::{flow_cap, FlowId, Full, Scheduler, Waiting};
 use self::spans::{end_chat_span, open_chat_span};
 use crate::address::{Reply, ReplyTo};
 use crate::config::llm::{LlmConfig, ProviderKind};
@@ -90,6 +92,8 @@ struct InFlight {
     estimate: u64,
     prompt_estimate: u64,
     queue_ms: u64,
+    /// When it was handed to a call thread.
+    sent: Instant,
     model: String,
     /// The provider it went to (see [`Connection::generation`]).
     generation: u64,
@@ -292,6 +296,12 @@ impl Llm {
                 format!("THINK is unavailable: {reason}"),
             ));
         }
+        if let Some((_, what)) = self.connection.not_answering() {
+            return Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("THINK is unavailable: {what}"),
+            ));
+        }
         let default_model = request.model.is_none();
         let parent = request.trace.as_deref().and_then(TraceContext::parse);
         let mut chat = self.chat_for(request)?;
@@ -361,6 +371,9 @@ impl Llm {
         for done in self.connection.finished() {
             self.finished(done, replies);
         }
+        if let Some(silence) = self.connection.heard(Instant::now(), self.calls_out()) {
+            self.fail_calls_out(&silence, replies);
+        }
         if self.connection.is_retiring() {
             self.retire_finished();
         }
@@ -372,6 +385,7 @@ impl Llm {
     /// Handles deadlines that are due: expired requests, admission. Does
     /// nothing (it runs on every turn of the reactor) when none is.
     pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<Reply>) {
+        self.connection.look(now, self.calls_out());
         let (mut expire, mut admit) = (false, false);
         while let Some(wake) = self.timers.pop_due(now) {
             match wake {
@@ -408,7 +422,47 @@ impl Llm {
 
     /// The earliest deadline the reactor must wake up for.
     pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
-        self.timers.time_to_next(now)
+        let look = self.connection.next_look(now);
+        self.timers.time_to_next(now).into_iter().chain(look).min()
+    }
+
+    /// Whether calls at the provider in place are unanswered.
+    fn calls_out(&self) -> bool {
+        let generation = self.connection.generation();
+        self.in_flight.values().any(|c| c.generation == generation)
+    }
+
+    /// Fails every call at the provider in place, which is not answering
+    /// (`silence` says so), leaving its threads to their fate, and every
+    /// THINK queued for it: a THINK now would be refused the same way.
+    fn fail_calls_out(&mut self, silence: &str, replies: &mut Vec<Reply>) {
+        let failure = Failure::fatal(ErrorCode::Unavailable, silence);
+        for queued in self.withdraw(|_| true, "not_answering") {
+            self.counts.failed(failure.code.as_str());
+            let waited = queued.item.enqueued.elapsed();
+            let reply = failed(&failure, &queued.item.chat.model, waited, Duration::ZERO);
+            replies.push((queued.item.reply_to, reply.into()));
+        }
+        let generation = self.connection.generation();
+        let out: Vec<(u64, Instant)> = (self.in_flight.iter())
+            .filter(|(_, call)| call.generation == generation)
+            .map(|(ticket, call)| (*ticket, call.sent))
+            .collect();
+        if out.is_empty() {
+            return;
+        }
+        for (ticket, sent) in out {
+            let done = CallDone {
+                ticket,
+                result: Err(failure.clone()),
+                latency: sent.elapsed(),
+                attempts: 1,
+                rate_limited: 0,
+                unreachable: false,
+            };
+            self.finished(done, replies);
+        }
+        self.connection.abandon_calls();
     }
 
     /// Drops the queued THINKs of a connection that has closed: nobody
@@ -536,6 +590,7 @@ impl Llm {
                     estimate: waiting.estimate,
                     prompt_estimate: waiting.estimate - u64::from(pending.chat.max_tokens),
                     queue_ms,
+                    sent: now,
                     model: pending.chat.model.clone(),
                     generation: self.connection.generation(),
                     span: pending.span,
@@ -546,6 +601,7 @@ impl Llm {
                 chat: pending.chat,
                 deadline: pending.deadline,
             };
+            self.connection.call_sent(now);
             if let Err(job) = self.connection.send(job) {
                 log::error!("the LLM call threads are gone; THINK {} fails", job.ticket);
                 let done = CallDone {
@@ -613,30 +669,5 @@ impl Llm {
     /// of them has left.
     pub fn tokens_left(&self, budgets: &[Budget]) -> Option<u64> {
         self.ledger.tightest(budgets).map(|(_, left)| left)
-    }
-}
-
-/// How many of `concurrency` provider slots one caller may hold: all but
-/// one, so a caller whose turn comes while another's slow requests are at
-/// the provider is sent at once rather than after one of them finishes.
-/// (A newcomer starts no lower than the callers already waiting, so the
-/// fair order puts it first; the free slot makes that order count.) With
-/// one slot, that one.
-fn flow_cap(concurrency: usize) -> u32 {
-    u32::try_from(concurrency.saturating_sub(1))
-        .unwrap_or(u32::MAX)
-        .max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_slot_is_left_for_another_caller() {
-        assert_eq!(flow_cap(4), 3);
-        assert_eq!(flow_cap(256), 255);
-        assert_eq!(flow_cap(2), 1);
-        assert_eq!(flow_cap(1), 1, "a lone slot is still usable");
     }
 }

@@ -245,6 +245,18 @@ impl<T> Scheduler<T> {
     }
 }
 
+/// How many of `concurrency` provider slots one caller may hold: all but
+/// one, so a caller whose turn comes while another's slow requests are at
+/// the provider is sent at once rather than after one of them finishes.
+/// (A newcomer starts no lower than the callers already waiting, so the
+/// fair order puts it first; the free slot makes that order count.) With
+/// one slot, that one.
+pub fn flow_cap(concurrency: usize) -> u32 {
+    u32::try_from(concurrency.saturating_sub(1))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
 fn weighted(tokens: u64, weight: u32) -> u64 {
     tokens.saturating_mul(SCALE) / u64::from(weight.max(1))
 }
@@ -252,6 +264,14 @@ fn weighted(tokens: u64, weight: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_slot_is_left_for_another_caller() {
+        assert_eq!(flow_cap(4), 3);
+        assert_eq!(flow_cap(256), 255);
+        assert_eq!(flow_cap(2), 1);
+        assert_eq!(flow_cap(1), 1, "a lone slot is still usable");
+    }
 
     /// Serves `scheduler` to the end, each request costing its estimate,
     /// and returns the flows in the order they were served.

@@ -1,5 +1,6 @@
 //! What THINK says of itself: HELLO's `llm` — ready, the local model
-//! starting, the provider unreachable since when, or unavailable and why —
+//! starting, the provider not answering or unreachable since when, or
+//! unavailable and why —
 //! read from the connection, which each finished call keeps up to date.
 
 use agentos_proto::payload::LlmInfo;
@@ -23,6 +24,11 @@ pub fn info(connection: &Connection, total: Use) -> LlmInfo {
         )
     } else if starting {
         ("starting", Some("the local model is loading".to_owned()))
+    } else if let Some((since, what)) = connection.not_answering() {
+        (
+            "not_answering",
+            Some(format!("not answering since {}: {what}", rfc3339(*since))),
+        )
     } else if let Some((since, error)) = unreachable {
         (
             "unreachable",

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod answering;
 mod context;
 mod metrics;
 mod providers;

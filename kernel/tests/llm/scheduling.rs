@@ -174,7 +174,12 @@ fn a_newcomer_is_next_whatever_the_usage_says() {
 #[test]
 fn a_caller_with_slow_thinks_leaves_a_slot_for_another() {
     const SLOW: Duration = Duration::from_secs(3);
-    let stub = Stub::start(|_, _| Reply::openai("ok", 10, 10).after(SLOW));
+    // Slow to generate, quick to say it is there: the kernel's health
+    // probe (a GET of the model list) is answered at once.
+    let stub = Stub::start(|request, _| match request.method.as_str() {
+        "GET" => Reply::json(200, &serde_json::json!({"data": []})),
+        _ => Reply::openai("ok", 10, 10).after(SLOW),
+    });
     let daemon = daemon_for("openai", &stub, "concurrency = 4\n");
     let mut greedy = pipeline_thinks(&daemon, 8, br#"{"prompt":"greedy","max_tokens":10}"#);
     std::thread::sleep(Duration::from_millis(200));
@@ -191,6 +196,7 @@ fn a_caller_with_slow_thinks_leaves_a_slot_for_another() {
     let greedy_before = stub
         .requests()
         .iter()
+        .filter(|r| r.method == "POST")
         .position(|r| r.json()["messages"][0]["content"] == "other")
         .unwrap();
     eprintln!(

@@ -160,7 +160,9 @@ pub struct LlmInfo {
     pub reason: Option<String>,
     /// `ready`, `starting` (the local model is loading), `unreachable`
     /// (the last call could not connect to the provider; THINKs are still
-    /// tried) or `unavailable` (THINK cannot work as configured).
+    /// tried), `not_answering` (the provider takes connections but answers
+    /// no health probe; THINKs are refused until it does) or `unavailable`
+    /// (THINK cannot work as configured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// While `unreachable`: since when (RFC 3339, UTC), the first failed

@@ -105,6 +105,10 @@ impl Provider for Anthropic {
         }
     }
 
+    fn probe_url(&self) -> String {
+        format!("{}/v1/models", self.base_url)
+    }
+
     fn parse(&self, body: &[u8]) -> Result<Completion, Failure> {
         let reply: Reply = read_json(self.name(), body)?;
         if reply.kind.as_deref() == Some("error") {

@@ -162,6 +162,10 @@ impl Provider for Gemini {
         }
     }
 
+    fn probe_url(&self) -> String {
+        format!("{}/v1beta/models", self.base_url)
+    }
+
     fn parse(&self, body: &[u8]) -> Result<Completion, Failure> {
         let reply: Reply = read_json(self.name(), body)?;
         let Some(candidate) = reply.candidates.into_iter().next() else {

@@ -187,6 +187,11 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// The HTTP request for `chat`.
     fn request(&self, chat: &Chat) -> HttpRequest;
 
+    /// A cheap URL whose answer, whatever its status, shows the provider
+    /// is answering requests: its list of models, asked for without the
+    /// key (a 401 is as good an answer as a list).
+    fn probe_url(&self) -> String;
+
     /// Reads a successful (2xx) reply body.
     fn parse(&self, body: &[u8]) -> Result<Completion, Failure>;
 

@@ -120,6 +120,10 @@ impl Provider for OpenAi {
         }
     }
 
+    fn probe_url(&self) -> String {
+        format!("{}/models", self.base_url)
+    }
+
     fn parse(&self, body: &[u8]) -> Result<Completion, Failure> {
         let reply: Reply = read_json(self.name, body)?;
         let Some(choice) = reply.choices.into_iter().next() else {
