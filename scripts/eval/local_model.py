@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mcp_host  # noqa: E402
 import tasks as eval_tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+KINDS = ["code", "tool", "file", "two-step", "fix"]
 
 
 def kernel_config(model: str | None, fixtures: Path) -> str:
@@ -84,11 +86,27 @@ class Kernel:
                 self.process.wait()
 
 
+def put_in_workspace(kernel: Kernel, session: str, files: dict[str, str]) -> None:
+    """The task's files, put in `session`'s /workspace with the SDK as a
+    user would."""
+    from agentos import AgentOSClient
+
+    with AgentOSClient(str(kernel.socket)) as client:
+        client.close_session(session)
+        client.exec("pass", session=session, files=files)
+
+
 def run_task(kernel: Kernel, task: eval_tasks.Task, max_iterations: int,
              timeout: float) -> dict:
+    session: list[str] = []
+    if task.workspace:
+        name = "eval-" + "-".join(task.name.split())
+        put_in_workspace(kernel, name, task.workspace)
+        session = ["--session", name]
     started = time.monotonic()
     reply = kernel.agentos("run", "--json", "--max-iterations", str(max_iterations),
-                           "--timeout", str(int(timeout)), task.prompt, timeout=timeout + 60)
+                           "--timeout", str(int(timeout)), *session, task.prompt,
+                           timeout=timeout + 60)
     took = time.monotonic() - started
     try:
         record = json.loads(reply.stdout)
@@ -97,17 +115,38 @@ def run_task(kernel: Kernel, task: eval_tasks.Task, max_iterations: int,
     result = record.get("result") or {}
     answer = result.get("answer") or ""
     passed = record.get("state") == "completed" and task.check(answer, result)
-    return {"task": task.name, "kind": task.kind, "passed": passed, "seconds": round(took, 1),
-            "state": record.get("state"), "answer": answer,
+    # A result without `checked` is from a loop that claimed every answer.
+    checked = record.get("state") == "completed" and result.get("checked", True)
+    return {"task": task.name, "kind": task.kind, "passed": passed, "checked": checked,
+            "seconds": round(took, 1), "state": record.get("state"), "answer": answer,
             "iterations": len(result.get("iterations") or []), "record": record}
 
 
 def summary(model: str, outcomes: list[dict]) -> str:
+    if not outcomes:
+        return f"| {model} | - | - | - | - | - |"
     passed = sum(o["passed"] for o in outcomes)
+    wrong_but_checked = sum(o["checked"] and not o["passed"] for o in outcomes)
     times = sorted(o["seconds"] for o in outcomes)
     p90 = times[min(len(times) - 1, round(0.9 * (len(times) - 1)))]
-    return (f"| {model} | {passed}/{len(outcomes)} | {statistics.median(times):.1f} s | "
-            f"{p90:.1f} s | {sum(times):.0f} s |")
+    return (f"| {model} | {passed}/{len(outcomes)} | {wrong_but_checked} | "
+            f"{statistics.median(times):.1f} s | {p90:.1f} s | {sum(times):.0f} s |")
+
+
+def mcp_summary(model: str, outcomes: list[dict]) -> str:
+    if not outcomes:
+        return f"| {model} | - | - | - |"
+    times = [o["seconds"] for o in outcomes]
+    return (f"| {model} | {sum(o['passed'] for o in outcomes)}/{len(outcomes)} | "
+            f"{statistics.median(times):.1f} s | {sum(times):.0f} s |")
+
+
+def by_kind(model: str, outcomes: list[dict]) -> str:
+    cells = []
+    for kind in KINDS:
+        of_kind = [o for o in outcomes if o["kind"] == kind]
+        cells.append(f"{sum(o['passed'] for o in of_kind)}/{len(of_kind)}" if of_kind else "-")
+    return f"| {model} | " + " | ".join(cells) + " |"
 
 
 def main() -> int:
@@ -120,6 +159,8 @@ def main() -> int:
     parser.add_argument("--max-iterations", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300, help="seconds per task")
     parser.add_argument("--json", type=Path, help="write every outcome and transcript here")
+    parser.add_argument("--no-mcp", action="store_true",
+                        help="leave out the tasks an MCP host drives through `agentos mcp`")
     parser.add_argument("--bin-dir", type=Path,
                         default=Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release")
     args = parser.parse_args()
@@ -134,7 +175,9 @@ def main() -> int:
     for name, content in eval_tasks.FIXTURES.items():
         (fixtures / name).write_text(content)
     chosen = [t for t in eval_tasks.tasks(fixtures) if not args.only or t.name in args.only]
-    servers = sorted({server for task in chosen for server in task.needs} |
+    mcp_chosen = [] if args.no_mcp else [
+        t for t in eval_tasks.mcp_tasks(fixtures) if not args.only or t.name in args.only]
+    servers = sorted({server for task in chosen + mcp_chosen for server in task.needs} |
                      {"everything", "filesystem", "time"})
 
     rows, everything = [], {}
@@ -151,17 +194,35 @@ def main() -> int:
                 outcome = run_task(kernel, task, args.max_iterations, args.timeout)
                 outcomes.append(outcome)
                 mark = "PASS" if outcome["passed"] else "fail"
-                print(f"  {mark}  {task.name:<20} {task.kind:<9} {outcome['seconds']:6.1f} s  "
+                mark += "" if outcome["checked"] else "?"
+                print(f"  {mark:<5} {task.name:<20} {task.kind:<9} {outcome['seconds']:6.1f} s  "
                       f"{outcome['iterations']} it.  {outcome['state']}: "
                       f"{' '.join(outcome['answer'].split())[:70]!r}", flush=True)
-            rows.append(summary(name, outcomes))
-            everything[name] = outcomes
+            mcp_outcomes = mcp_host.run_tasks(args.bin_dir / "agentos", kernel.socket, mcp_chosen)
+            for outcome in mcp_outcomes:
+                mark = "PASS" if outcome["passed"] else "fail"
+                print(f"  {mark:<5} {outcome['task']:<20} mcp       {outcome['seconds']:6.1f} s  "
+                      f"{len(outcome['calls'])} call(s): "
+                      f"{' '.join(outcome['answer'].split())[:70]!r}", flush=True)
+            rows.append((summary(name, outcomes), by_kind(name, outcomes),
+                         mcp_summary(name, mcp_outcomes)))
+            everything[name] = outcomes + mcp_outcomes
         finally:
             kernel.stop()
-    print("\n| model | tasks solved | p50 time | p90 time | all tasks |")
-    print("|---|---:|---:|---:|---:|")
-    for row in rows:
+    print("\n(a ? after PASS or fail: the loop said its answer was unchecked)")
+    print("\n| model | tasks solved | wrong, yet checked | p50 time | p90 time | all tasks |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for row, _, _ in rows:
         print(row)
+    print("\n| model | " + " | ".join(KINDS) + " |")
+    print("|---|" + "---:|" * len(KINDS))
+    for _, row, _ in rows:
+        print(row)
+    if mcp_chosen:
+        print("\n| model | MCP host tasks solved | p50 time | all tasks |")
+        print("|---|---:|---:|---:|")
+        for _, _, row in rows:
+            print(row)
     if args.json:
         args.json.write_text(json.dumps(everything, indent=1))
     return 0
