@@ -66,7 +66,7 @@ async def session_with(agentos: str) -> str | None:
             contents = read.contents[0]
             print(f"  <- {contents.mime_type} {shown(contents.text)}")
 
-            await session.call_tool("exec_close", {"session": "mcp-demo"})
+            await session.call_tool("exec_session", {"op": "close", "session": "mcp-demo"})
     return None
 
 

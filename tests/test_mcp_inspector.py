@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, binary
-from test_mcp_server import TOOLS
+from test_mcp_server import HINTS, TOOLS, effective_hints
 
 CLIENTS = REPO / "tests/mcp-clients/node_modules/.bin"
 INSPECTOR = CLIENTS / "mcp-inspector-cli"
@@ -51,7 +51,8 @@ def test_the_inspector_lists_the_tools(kernel, tmp_path):
     tools = {tool["name"]: tool for tool in listed["tools"]}
     assert set(tools) == TOOLS
     assert tools["exec"]["inputSchema"]["required"] == ["code"]
-    assert tools["exec"]["annotations"]["readOnlyHint"] is False
+    for name, tool in tools.items():
+        assert effective_hints(tool["annotations"]) == HINTS[name], name
 
 
 def test_the_inspector_calls_exec(kernel, tmp_path):

@@ -157,7 +157,7 @@ def test_hostile_and_unknown_uris_are_refused_and_the_kernel_is_untouched(kernel
         task_id = sleeper.structured_content["task_id"]
         unfinished = await read_error(session, f"agentos://tasks/{task_id}/result")
         await session.call_tool("task_cancel", {"task_id": task_id})
-        sessions = await session.call_tool("exec_sessions", {})
+        sessions = await session.call_tool("exec_session", {"op": "list"})
         still = await session.call_tool("exec", {"code": "print(1)"})
         return refused, huge, missing, no_file, directory, unfinished, sessions, still
 

@@ -18,12 +18,44 @@ from mcp.client.stdio import stdio_client
 from agentos import AgentOSClient
 from conftest import REPO, Kernel, binary, kernel_with
 
-TOOLS = {
-    "exec", "think", "list_agents", "spawn", "kill", "status", "agent_logs",
-    "exec_sessions", "exec_close", "exec_snapshot", "exec_restore",
-    "task_dispatch", "task_status", "task_wait", "task_cancel", "task_list",
-    "tools_search", "tools_call", "run_prompt",
+# Every tool, and its hints with MCP's defaults applied: read-only,
+# destructive, idempotent.
+HINTS = {
+    "exec": (False, False, False),
+    "think": (True, False, False),
+    "run_prompt": (False, False, False),
+    "list_agents": (True, False, True),
+    "spawn": (False, False, False),
+    "kill": (False, True, True),
+    "status": (True, False, True),
+    "agent_logs": (True, False, True),
+    "exec_session": (False, True, False),
+    "task_dispatch": (False, False, False),
+    "task_wait": (True, False, True),
+    "task_cancel": (False, True, True),
+    "task_list": (True, False, True),
+    "tools_search": (True, False, True),
+    "tools_call": (False, True, False),
 }
+TOOLS = set(HINTS)
+# MCP's default of each hint, which a tool's annotations leave out.
+DEFAULT_HINTS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False,
+                 "openWorldHint": True}
+
+
+def effective_hints(annotations: dict) -> tuple[bool, bool, bool]:
+    """A tool's hints as a client reads its annotations (the wire's names):
+    a hint left out is MCP's default. One written at its default is not
+    expected, nor an open world hint at all (every tool reaches outside)."""
+    for hint, value in annotations.items():
+        assert value != DEFAULT_HINTS[hint], annotations
+    hints = {**DEFAULT_HINTS, **annotations}
+    return hints["readOnlyHint"], hints["destructiveHint"], hints["idempotentHint"]
+
+
+def annotations_of(tool: types.Tool) -> dict:
+    assert tool.annotations is not None, tool.name
+    return tool.annotations.model_dump(by_alias=True, exclude_none=True)
 
 
 @contextlib.asynccontextmanager
@@ -61,20 +93,16 @@ def test_initialize_and_list_tools(kernel):
     assert set(tools) == TOOLS
     for tool in tools.values():
         assert tool.input_schema["type"] == "object", tool.name
-        assert tool.output_schema is not None and tool.output_schema["type"] == "object", tool.name
-        assert tool.annotations is not None and tool.annotations.read_only_hint is not None, tool.name
-        assert tool.annotations.destructive_hint is not None, tool.name
-        assert tool.annotations.idempotent_hint is not None, tool.name
-        assert tool.description and len(tool.description) < 120, tool.name
+        # An object, which is all it says: the result's fields are the result's.
+        assert tool.output_schema == {"type": "object"}, tool.name
+        assert effective_hints(annotations_of(tool)) == HINTS[tool.name], tool.name
+        # Short: every client reads them all. exec's teaches its tools module too.
+        assert tool.description and len(tool.description) < (200 if tool.name == "exec" else 80), (
+            tool.name)
     assert tools["exec"].input_schema["required"] == ["code"]
-    assert {"stdout", "stderr", "exit_code", "error", "tool_calls", "tool_bytes"} <= set(
-        tools["exec"].output_schema["properties"]
-    )
-    assert tools["kill"].annotations.destructive_hint is True
-    assert tools["list_agents"].annotations.read_only_hint is True
-    assert tools["task_cancel"].annotations.destructive_hint is True
-    assert tools["task_status"].annotations.read_only_hint is True
-    assert tools["tools_call"].annotations.read_only_hint is False
+    assert tools["exec_session"].input_schema["required"] == ["op"]
+    assert tools["exec_session"].input_schema["properties"]["op"]["enum"] == [
+        "list", "close", "snapshot", "restore"]
     assert tools["tools_search"].input_schema["required"] == ["query"]
     assert "detail" in tools["tools_search"].input_schema["properties"]
     assert "timeout_ms" in tools["task_wait"].input_schema["properties"]
@@ -270,14 +298,14 @@ def test_a_cancelled_task_stops(kernel):
         )
         task_id = dispatched.structured_content["task_id"]
         for _ in range(300):
-            running = await session.call_tool("task_status", {"task_id": task_id})
+            running = await session.call_tool("task_wait", {"task_id": task_id})
             if running.structured_content["task"]["state"] == "running":
                 break
             await asyncio.sleep(0.1)
         short = await session.call_tool("task_wait", {"task_id": task_id, "timeout_ms": 200})
         cancelled = await session.call_tool("task_cancel", {"task_id": task_id})
         waited = await session.call_tool("task_wait", {"task_id": task_id, "timeout_ms": 30000})
-        status = await session.call_tool("task_status", {"task_id": task_id})
+        status = await session.call_tool("task_wait", {"task_id": task_id, "timeout_ms": 0})
         return running, short, cancelled, waited, status
 
     running, short, cancelled, waited, status = run(kernel, body)
@@ -296,19 +324,19 @@ def test_a_session_is_snapshotted_restored_and_closed(kernel):
         call = session.call_tool
         await call("exec", {"code": "open('/workspace/a.txt', 'w').write('before'); x = 1",
                             "session": "snap"})
-        snapshot = await call("exec_snapshot", {"session": "snap", "name": "s1"})
+        snapshot = await call("exec_session", {"op": "snapshot", "session": "snap", "name": "s1"})
         await call("exec", {"code": "open('/workspace/a.txt', 'w').write('after')",
                             "session": "snap"})
         changed = await call("exec", {"code": "print(open('/workspace/a.txt').read())",
                                       "session": "snap"})
-        restored = await call("exec_restore", {"session": "snap", "name": "s1"})
+        restored = await call("exec_session", {"op": "restore", "session": "snap", "name": "s1"})
         after = await call("exec", {"code": "print(open('/workspace/a.txt').read())",
                                     "session": "snap"})
         fresh = await call("exec", {"code": "print(x)", "session": "snap"})
-        sessions = await call("exec_sessions", {})
-        closed = await call("exec_close", {"session": "snap"})
-        gone = await call("exec_sessions", {})
-        missing = await call("exec_restore", {"session": "snap", "name": "nope"})
+        sessions = await call("exec_session", {"op": "list"})
+        closed = await call("exec_session", {"op": "close", "session": "snap"})
+        gone = await call("exec_session", {"op": "list"})
+        missing = await call("exec_session", {"op": "restore", "session": "snap", "name": "nope"})
         return snapshot, changed, restored, after, fresh, sessions, closed, gone, missing
 
     snapshot, changed, restored, after, fresh, sessions, closed, gone, missing = run(kernel, body)
@@ -415,10 +443,13 @@ def test_bad_arguments_on_the_new_tools(kernel):
             await session.call_tool("task_dispatch", {"code": "print(1)", "prompt": "hi"}),
             await session.call_tool("task_dispatch", {"prompt": "hi", "session": "s"}),
             await session.call_tool("tools_call", {"tool": "echo"}),
-            await session.call_tool("exec_snapshot", {"session": "s"}),
+            await session.call_tool("exec_session", {"op": "snapshot", "session": "s"}),
             await session.call_tool("agent_logs", {}),
-            await session.call_tool("task_status", {"task_id": "t-no-such-task"}),
-            await session.call_tool("exec_sessions", {}),
+            await session.call_tool("task_wait", {"task_id": "t-no-such-task"}),
+            await session.call_tool("exec_session", {"op": "list", "session": "s"}),
+            await session.call_tool("exec_session", {"op": "list", "sesion": "s"}),
+            await session.call_tool("exec", {"code": "print(1)", "network": {"dney": ["*"]}}),
+            await session.call_tool("exec_session", {"op": "list"}),
         ]
 
     results = run(kernel, body)
@@ -431,7 +462,12 @@ def test_bad_arguments_on_the_new_tools(kernel):
     assert "code and prompt" in texts[1], texts[1]
     assert "go with code" in texts[2], texts[2]
     assert "`server`" in texts[3], texts[3]
-    assert "`name`" in texts[4], texts[4]
+    assert texts[4] == "argument name: op snapshot needs it", texts[4]
     assert "name and id" in texts[5], texts[5]
     assert "(not_found)" in texts[6], texts[6]
+    assert texts[7] == "argument session: op list does not take it", texts[7]
+    # An argument no tool takes is refused by name, at any depth: the
+    # schemas leave additionalProperties out, the server does not.
+    assert "`sesion`" in texts[8], texts[8]
+    assert texts[9] == "unknown argument network.dney", texts[9]
     assert not still.is_error and still.structured_content == {"sessions": []}

@@ -431,8 +431,9 @@ class AgentOSClient(Connection):
         """The kernel's prompt-to-program loop, waited for: THINK writes
         code, EXEC runs it, the output goes back, until THINK answers
         (``completed``) or ``max_iterations`` (default 5) are spent
-        (``failed``). Returns the task; ``result`` has ``answer`` and
-        ``iterations``. Raises :class:`~agentos.Timeout` after ``timeout``
+        (``failed``). Returns the task; ``result`` has ``answer``,
+        ``iterations`` and ``checked`` (false, with ``unchecked_reason``,
+        when the answer did not come from a run's output). Raises :class:`~agentos.Timeout` after ``timeout``
         seconds; the task goes on (see :meth:`wait_task`)."""
         request: Dict[str, Any] = {"prompt": prompt}
         request.update(_present(max_iterations=max_iterations, system=system, session=session))

@@ -225,13 +225,18 @@ class Iteration(TypedDict, total=False):
 
 
 class PromptResult(TypedDict, total=False):
-    """A ``prompt`` task's result: THINK's answer and the code it ran."""
+    """A ``prompt`` task's result: THINK's answer and the code it ran.
+    ``checked`` is false when the answer did not come from a run: the last
+    run failed or printed nothing, none ran, or the answer states a number
+    no run printed; ``unchecked_reason`` says which."""
 
     answer: str
     iterations: List[Iteration]
     tokens: int
     tool_calls: int
     tool_bytes: int
+    checked: bool
+    unchecked_reason: str
 
 
 class TaskFailure(TypedDict, total=False):

@@ -132,6 +132,9 @@ pub fn run_prompt(
         or_null(result.tool_calls)
     );
     if task.state.as_str() == "completed" {
+        if let Some(why) = &result.unchecked {
+            eprintln!("agentos: the answer is unchecked: {why}");
+        }
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(error) = &result.error {

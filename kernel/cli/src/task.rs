@@ -101,6 +101,9 @@ pub struct TaskResult {
     /// The prompt loop's tool calls.
     #[serde(skip)]
     pub tool_calls: Option<u64>,
+    /// Why the prompt loop's answer is not checked, if it is not.
+    #[serde(skip)]
+    pub unchecked: Option<String>,
 }
 
 impl TaskResult {
@@ -127,6 +130,11 @@ impl From<PromptResult> for TaskResult {
             iterations: Some(prompt.iterations),
             tokens: Some(prompt.tokens),
             tool_calls: Some(prompt.tool_calls),
+            unchecked: (prompt.success && !prompt.checked).then(|| {
+                prompt
+                    .unchecked_reason
+                    .unwrap_or_else(|| "the kernel did not say why".to_owned())
+            }),
             ..TaskResult::default()
         }
     }

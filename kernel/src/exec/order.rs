@@ -72,6 +72,8 @@ impl OrderCaps {
             keep,
             join: 0,
             trace: None,
+            print_last_expression: request.print_last_expression,
+            skip_if_not_code: request.skip_if_not_code,
         }
     }
 }
@@ -384,6 +386,7 @@ impl Running {
         let mut workspace_bytes = None;
         let mut left_out = Vec::new();
         let mut snapshot_bytes = None;
+        let mut not_code = None;
         let (exit_code, signal, error) = match (self.killed, self.end) {
             (Some(kill), _) => (None, Some(libc::SIGKILL), Some(kill.to_string())),
             (None, Some(end)) => {
@@ -394,6 +397,7 @@ impl Running {
                 workspace_bytes = end.workspace_bytes;
                 left_out = end.left_out;
                 snapshot_bytes = end.snapshot_bytes;
+                not_code = end.not_code;
                 (Some(end.exit_code), None, error)
             }
             (None, None) if oom.is_some() => (None, Some(libc::SIGKILL), oom),
@@ -435,6 +439,7 @@ impl Running {
             session: self.session,
             tool_calls: self.tool_calls,
             tool_bytes: self.tool_bytes,
+            not_code,
             ..ExecReply::default()
         };
         Finished {

@@ -166,6 +166,12 @@ pub struct RunOrder {
     /// the prepared one, so a traced run costs no rebuild of it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// Python: a last bare expression's value is printed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub print_last_expression: bool,
+    /// Python: code that does not parse or only states values is not run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skip_if_not_code: bool,
 }
 
 /// How a run ended, as the run child reports it.
@@ -192,6 +198,10 @@ pub struct RunEnd {
     /// paths that are not plain).
     #[serde(default)]
     pub left_out: Vec<String>,
+    /// Why the code was not run, when it was asked to be skipped if it is
+    /// not code and it is not.
+    #[serde(default)]
+    pub not_code: Option<String>,
 }
 
 /// The zygote's settings: the first datagram on its channel.
@@ -455,6 +465,7 @@ mod tests {
             workspace_bytes: None,
             snapshot_bytes: None,
             left_out: Vec::new(),
+            not_code: None,
         };
         let bytes = [frame(&end), frame(&end)].concat();
         let mut buffer = Vec::new();

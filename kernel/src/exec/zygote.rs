@@ -271,6 +271,8 @@ mod tests {
             keep: false,
             join: 0,
             trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            print_last_expression: true,
+            skip_if_not_code: true,
         }
     }
 
@@ -403,6 +405,7 @@ mod tests {
             workspace_bytes: None,
             snapshot_bytes: None,
             left_out: Vec::new(),
+            not_code: None,
         };
         let ends = fields(&end);
         let ready = fields(&ReadyMessage {

@@ -3,7 +3,9 @@
 //! answers with a fenced ```python (or ```bash) block; the code runs with
 //! EXEC in the task's own session; its output (capped) or its error goes
 //! back to THINK; until THINK answers without code — its answer — or the
-//! iterations are spent.
+//! iterations are spent. An answer is `checked` only when the last run
+//! worked and printed, and the answer states no number no run printed;
+//! otherwise the result says why it is not.
 
 use agentos_proto::payload::{
     ChatMessage, ExecReply, ExecRequest, Language, PromptIteration, PromptRequest, PromptResult,
@@ -12,11 +14,29 @@ use agentos_proto::payload::{
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use crate::address::Answer;
-use code::{answer_in, first_code_block, Code};
+use code::{answer_in, code_block, Block, Code};
 use feedback::failure;
 
+mod checked;
 mod code;
 mod feedback;
+
+/// What THINK is told first, before the tools and the task's own system
+/// text: short, for a small model's context.
+const SYSTEM: &str = "You solve the user's task by writing code that the AgentOS kernel runs \
+     for you.\n\
+     To run code, reply with one fenced ```python block (or ```bash); you get back what it \
+     printed. Do what the task says in its order, one block per step, and run code it gives \
+     as given. When a run has printed \
+     what answers the task, reply with the answer alone, in one short sentence, without a code \
+     block.\n\
+     The code runs in a sandbox: Python 3 with only the standard library (no pandas, numpy or \
+     sympy). print() what you need to see, briefly (a count, not thousands of lines); a last \
+     bare expression is printed too. Files in /workspace and your Python variables stay from \
+     one code block to the next. If code fails, read the error and fix the code.";
+
+/// How the sandbox's `not_code` begins when the code does not parse.
+const NOT_PYTHON: &str = "not Python:";
 
 /// A run's timeout inside the loop.
 const RUN_TIMEOUT_MS: u64 = 60_000;
@@ -58,8 +78,13 @@ pub struct PromptLoop {
     /// cost. It is written as it stands when the loop ends, answered or
     /// not.
     result: PromptResult,
-    /// The code under way (its language and text).
-    running: Option<(String, String)>,
+    /// The block under way, and the reply it came in (which is the
+    /// answer if the block turns out not to be code).
+    running: Option<(Block, String)>,
+    /// How the last run went.
+    last_run: LastRun,
+    /// Whether an answer was sent back for code since the last run.
+    sent_back: bool,
     /// Code that ran and failed, normalised, with the short error it
     /// failed with.
     failed: Vec<(Code, String)>,
@@ -67,8 +92,19 @@ pub struct PromptLoop {
     last_code: Option<(Code, usize)>,
     /// Nudges given so far.
     nudges: u32,
-    /// Whether an answer given before any code ran was sent back for code.
-    asked_for_code: bool,
+}
+
+/// How the loop's last run went, for what an answer after it is worth.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum LastRun {
+    /// No code has run.
+    None,
+    /// It failed, with this short error.
+    Failed(String),
+    /// It worked and printed nothing.
+    Silent,
+    /// It worked and printed something.
+    Printed,
 }
 
 impl PromptLoop {
@@ -79,15 +115,7 @@ impl PromptLoop {
         session: String,
         tools: &str,
     ) -> (PromptLoop, ThinkRequest) {
-        let mut system = "You solve the user's task by writing code that the AgentOS kernel \
-             runs for you.\n\
-             Reply with exactly one fenced code block, ```python or ```bash, when you need to \
-             run code; you will get back what it printed. When you know the answer, reply \
-             with the answer alone and no code block.\n\
-             The code runs in a sandbox with a /workspace that persists between your code \
-             blocks. Print only what you need to see. If code fails, change it: the same code \
-             fails the same way."
-            .to_owned();
+        let mut system = SYSTEM.to_owned();
         // No tools named (a small model is told only of those its task
         // names): none are mentioned, or it reaches for them anyway.
         if !tools.is_empty() {
@@ -119,10 +147,11 @@ impl PromptLoop {
             messages,
             result: PromptResult::default(),
             running: None,
+            last_run: LastRun::None,
+            sent_back: false,
             failed: Vec::new(),
             last_code: None,
             nudges: 0,
-            asked_for_code: false,
         };
         let think = prompt.think_request();
         (prompt, think)
@@ -177,12 +206,84 @@ impl PromptLoop {
             return self.done(None, Some(format!("THINK failed: {why}")));
         }
         let content = reply.content.clone();
-        let Some((language, code)) = first_code_block(&content) else {
-            if self.result.iterations.is_empty() && !self.asked_for_code {
-                return self.ask_for_code(content);
+        self.messages.push(ChatMessage {
+            role: "assistant".into(),
+            content: content.clone(),
+        });
+        match code_block(&content) {
+            Some(block) => self.on_code(block, content),
+            None => self.on_answer_text(&content),
+        }
+    }
+
+    /// A reply without code to run: the answer, unless it is sent back
+    /// once for code (nothing has run yet, or the last run failed or
+    /// printed nothing, and more code may run).
+    fn on_answer_text(&mut self, content: &str) -> Step {
+        let may_run = (self.result.iterations.len() as u32) < self.request.max_iterations;
+        if may_run && !self.sent_back {
+            if let Some(ask) = self.ask_for_code() {
+                self.sent_back = true;
+                self.messages.push(ChatMessage {
+                    role: "user".into(),
+                    content: ask,
+                });
+                return self.think();
             }
-            return self.done(Some(answer_in(&content)), None);
-        };
+        }
+        let answer = answer_in(content).to_owned();
+        self.result.unchecked_reason = self.why_unchecked(&answer);
+        self.result.checked = self.result.unchecked_reason.is_none();
+        self.done(Some(&answer), None)
+    }
+
+    /// What an answer is sent back with, after the last run: none (its
+    /// output is there to answer from), or a request for code.
+    fn ask_for_code(&self) -> Option<String> {
+        Some(match &self.last_run {
+            LastRun::None => "No code has run yet, so that answer is unchecked. Reply with one \
+                              ```python block that computes it (calling the tools if the task \
+                              names them) and prints the result; you will see what it prints."
+                .to_owned(),
+            LastRun::Failed(error) => format!(
+                "Your last code failed with: {error}\nSo that answer is unchecked. Reply with \
+                 one ```python block of fixed code that prints the result."
+            ),
+            LastRun::Silent => "Your last code printed nothing, so that answer is unchecked. \
+                                Reply with one ```python block that prints the result."
+                .to_owned(),
+            LastRun::Printed => return None,
+        })
+    }
+
+    /// Why `answer` is not checked, or `None` if it is.
+    fn why_unchecked(&self, answer: &str) -> Option<String> {
+        match &self.last_run {
+            LastRun::None => return Some("no code ran: the answer is the model's own".into()),
+            LastRun::Failed(error) => {
+                return Some(format!(
+                    "the last run failed ({error}) and the model answered without a run that \
+                     worked"
+                ))
+            }
+            LastRun::Silent => {
+                return Some("the last run printed nothing for the answer to come from".into())
+            }
+            LastRun::Printed => {}
+        }
+        let printed: Vec<&str> = self
+            .result
+            .iterations
+            .iter()
+            .filter(|i| i.exit_code == Some(0))
+            .map(|i| i.stdout.as_str())
+            .collect();
+        checked::unprinted_number(answer, &printed, &self.request.prompt)
+            .map(|number| format!("the answer states {number}, which no run printed"))
+    }
+
+    /// A block to run, unless it is the same as before or already failed.
+    fn on_code(&mut self, block: Block, content: String) -> Step {
         if self.result.iterations.len() as u32 >= self.request.max_iterations {
             return self.done(
                 None,
@@ -192,7 +293,7 @@ impl PromptLoop {
                 )),
             );
         }
-        let this = Code::new(&language, &code);
+        let this = Code::new(&block.language, &block.code);
         let in_a_row = match &self.last_code {
             Some((last, times)) if *last == this => times + 1,
             _ => 1,
@@ -216,10 +317,6 @@ impl PromptLoop {
                 )),
             );
         }
-        self.messages.push(ChatMessage {
-            role: "assistant".into(),
-            content,
-        });
         if let Some(error) = failed_with {
             if self.nudges >= MOST_NUDGES {
                 return self.done(
@@ -230,40 +327,26 @@ impl PromptLoop {
                     )),
                 );
             }
-            return self.nudge(language, code, &error);
+            return self.nudge(block.language, block.code, &error);
         }
+        let python = block.language != "bash";
         let run = ExecRequest {
-            code: code.clone(),
-            language: if language == "bash" {
-                Language::Bash
-            } else {
+            code: block.code.clone(),
+            language: if python {
                 Language::Python
+            } else {
+                Language::Bash
             },
             session: Some(self.session.clone()),
             timeout_ms: Some(RUN_TIMEOUT_MS),
+            print_last_expression: python,
+            // A model also sets out its answer as code (`3.0`, a dict it
+            // made up): the sandbox says so rather than run it.
+            skip_if_not_code: python,
             ..ExecRequest::default()
         };
-        self.running = Some((language, code));
+        self.running = Some((block, content));
         Step::Exec(run)
-    }
-
-    /// An answer before any code ran is, from a small model, most often a
-    /// guess: it is asked once to compute it instead. A second answer
-    /// without code is taken.
-    fn ask_for_code(&mut self, answer: String) -> Step {
-        self.asked_for_code = true;
-        self.messages.push(ChatMessage {
-            role: "assistant".into(),
-            content: answer,
-        });
-        self.messages.push(ChatMessage {
-            role: "user".into(),
-            content: "No code has run yet, so that answer is unchecked. Reply with one \
-                      ```python block that computes it (calling the tools if the task \
-                      names them) and prints the result; you will see what it prints."
-                .into(),
-        });
-        self.think()
     }
 
     /// Code that already failed is not run again: THINK is told so, and
@@ -298,23 +381,55 @@ impl PromptLoop {
     }
 
     /// EXEC's reply for the code under way: fed back to THINK, or the end
-    /// when the iterations are spent.
+    /// when the iterations are spent. A block the sandbox found only
+    /// states values, or a bare block that is not Python, was the reply's
+    /// text: an answer, and no iteration.
     pub fn on_exec(&mut self, reply: &ExecReply) -> Step {
-        let (language, code) = self.running.take().unwrap_or_default();
+        let Some((block, content)) = self.running.take() else {
+            return self.done(None, Some("EXEC answered with no code running".into()));
+        };
+        if let Some(why) = &reply.not_code {
+            let unparsable = why.starts_with(NOT_PYTHON);
+            if block.untagged || !unparsable {
+                // Text after all (a bare block that is not Python, or only
+                // values set out as code), and no iteration.
+                self.last_code = None;
+                return self.on_answer_text(&content);
+            }
+            // A block marked Python that does not parse is code to fix.
+            let error = why.trim_start_matches(NOT_PYTHON).trim().to_owned();
+            let failed = ExecReply {
+                stderr: format!("{error}\n"),
+                error: Some(error),
+                exit_code: Some(1),
+                ..reply.clone()
+            };
+            return self.on_exec_ran(block, &failed);
+        }
+        self.on_exec_ran(block, reply)
+    }
+
+    /// A run's reply, fed back.
+    fn on_exec_ran(&mut self, block: Block, reply: &ExecReply) -> Step {
         self.result.tool_calls += reply.tool_calls;
         self.result.tool_bytes += reply.tool_bytes;
         let iteration = PromptIteration {
-            code,
-            language,
+            code: block.code,
+            language: block.language,
             stdout: reply.stdout.clone(),
             stderr: reply.stderr.clone(),
             exit_code: reply.exit_code.map(i64::from),
         };
         let mut feedback = feedback::of_run(reply);
+        self.sent_back = false;
         if let Some(error) = failure(reply) {
-            self.failed
-                .push((Code::new(&iteration.language, &iteration.code), error));
+            let code = Code::new(&iteration.language, &iteration.code);
+            self.failed.push((code, error.clone()));
+            self.last_run = LastRun::Failed(error);
+        } else if reply.stdout.trim().is_empty() {
+            self.last_run = LastRun::Silent;
         } else {
+            self.last_run = LastRun::Printed;
             // A small model that got its result often writes the same code
             // again instead of answering: say so, without refusing the run
             // (code may poll).

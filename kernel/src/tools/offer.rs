@@ -9,7 +9,7 @@ use super::builtin;
 use super::mcp::client::ToolInfo;
 use super::search::{named_in_prompt, search, Searchable};
 use super::servers::Servers;
-use super::signature::Signature;
+use super::signature::{returns, Signature};
 use crate::python_names::python_name;
 
 /// Whose tools a list holds, besides the built-ins.
@@ -107,19 +107,23 @@ pub fn call(offered: &Offered<'_>) -> String {
     )
 }
 
-/// One line per tool, as code calls it, with the first line of its
-/// description as a Python comment:
-/// `tools.filesystem.read_text_file(path, head=None)  # Read a file...`.
+/// One line per tool, as code calls it, with what it returns when its
+/// result is structured and the first line of its description as a Python
+/// comment: `tools.filesystem.read_text_file(path, head=None) ->
+/// {'content': str}  # Read a file...`.
 pub fn summary(offered: &[Offered<'_>]) -> String {
     offered
         .iter()
         .map(|offered| {
-            let summary = offered.tool.description.lines().next().unwrap_or("").trim();
-            if summary.is_empty() {
-                call(offered)
-            } else {
-                format!("{}  # {summary}", call(offered))
+            let mut line = call(offered);
+            if let Some(returns) = offered.tool.output_schema.as_ref().and_then(returns) {
+                line.push_str(&format!(" -> {returns}"));
             }
+            let summary = offered.tool.description.lines().next().unwrap_or("").trim();
+            if !summary.is_empty() {
+                line.push_str(&format!("  # {summary}"));
+            }
+            line
         })
         .collect::<Vec<_>>()
         .join("\n")

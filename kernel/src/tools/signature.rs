@@ -121,6 +121,44 @@ impl Signature {
     }
 }
 
+/// Keys of a structured result shown at most: a longer result is shown by
+/// its first keys and `...`.
+const SHOWN_RESULT_KEYS: usize = 6;
+
+/// What a tool's call returns when its `output_schema` says so, as a
+/// Python dict of its keys' types: `{'content': str}`. A small model that
+/// is not told calls string methods on the dict. `None` when the schema
+/// names no properties.
+pub fn returns(output_schema: &Value) -> Option<String> {
+    let schema = ObjectSchema::read(output_schema);
+    let mut keys: Vec<String> = schema
+        .properties()
+        .take(SHOWN_RESULT_KEYS + 1)
+        .map(|(name, property)| {
+            let kind = match property.kind.as_deref() {
+                Some("string") => "str",
+                Some("integer") => "int",
+                Some("number") => "float",
+                Some("boolean") => "bool",
+                Some("array") => "list",
+                Some("object") => "dict",
+                // A `$ref` is a definition of the schema's: an object.
+                _ if property.reference.is_some() => "dict",
+                _ => "object",
+            };
+            format!("'{name}': {kind}")
+        })
+        .collect();
+    if keys.is_empty() {
+        return None;
+    }
+    if keys.len() > SHOWN_RESULT_KEYS {
+        keys.truncate(SHOWN_RESULT_KEYS);
+        keys.push("...".to_owned());
+    }
+    Some(format!("{{{}}}", keys.join(", ")))
+}
+
 /// `value` as a Python literal the way Python's `repr` writes it, when it
 /// is simple enough to show.
 fn python_literal(value: &Value) -> Option<String> {
@@ -203,6 +241,29 @@ mod tests {
         assert_eq!(names(&signature), ["to", "missing", "type"]);
         assert!(signature.more);
         assert_eq!(signature.render(), "(to, missing, type=None, **arguments)");
+    }
+
+    #[test]
+    fn a_structured_result_is_shown_as_its_keys_and_their_types() {
+        let file = json!({"type": "object", "properties": {"content": {"type": "string"}}});
+        assert_eq!(returns(&file).as_deref(), Some("{'content': str}"));
+        let time = json!({
+            "properties": {
+                "source": {"$ref": "#/$defs/TimeResult"},
+                "difference": {"type": "number"},
+                "dst": {"type": "boolean"},
+                "tags": {"type": "array"},
+                "odd": {"type": ["string", "null"]},
+            },
+        });
+        assert_eq!(
+            returns(&time).as_deref(),
+            Some("{'source': dict, 'difference': float, 'dst': bool, 'tags': list, 'odd': object}")
+        );
+        let wide = json!({"properties": (0..9).map(|n| (format!("k{n}"), json!({"type": "integer"}))).collect::<serde_json::Map<_, _>>()});
+        assert!(returns(&wide).unwrap().ends_with("'k5': int, ...}"));
+        assert_eq!(returns(&json!({"type": "object"})), None);
+        assert_eq!(returns(&json!("x")), None);
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod limits;
 mod network;
 mod owners;
 mod principals;
+mod python_modes;
 mod requests;
 mod sessions;
 mod site_builtins;

@@ -143,6 +143,8 @@ fn order(language: &str, code: &str) -> RunOrder {
         keep: false,
         join: 0,
         trace: None,
+        print_last_expression: false,
+        skip_if_not_code: false,
     }
 }
 
@@ -193,6 +195,7 @@ fn the_zygote_hands_over_run_children_that_run_python_and_bash() {
             workspace_bytes: None,
             snapshot_bytes: None,
             left_out: Vec::new(),
+            not_code: None,
         }
     );
     let (stdout, stderr, end) = run(

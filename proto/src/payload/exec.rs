@@ -85,6 +85,16 @@ pub struct ExecRequest {
     /// A W3C `traceparent` the run's span joins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// Python only: a last statement that is a bare expression has its
+    /// value printed, as the interactive interpreter does (`None` prints
+    /// nothing).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub print_last_expression: bool,
+    /// Python only: code that does not parse, or only states values (a
+    /// literal, a name, an annotation), is not run; the reply's `not_code`
+    /// says why.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skip_if_not_code: bool,
 }
 
 /// What a run's own kernel connection may do beyond TOOL and THINK, as an
@@ -148,6 +158,10 @@ struct ExecWire {
     permissions: Option<RunPermissions>,
     network: Option<Network>,
     trace: Option<String>,
+    #[serde(default)]
+    print_last_expression: bool,
+    #[serde(default)]
+    skip_if_not_code: bool,
     command: Option<String>,
     cwd: Option<String>,
     /// Seconds, for the shell form.
@@ -205,6 +219,8 @@ impl ExecRequest {
             permissions: wire.permissions,
             network: wire.network,
             trace: wire.trace,
+            print_last_expression: wire.print_last_expression,
+            skip_if_not_code: wire.skip_if_not_code,
         };
         request.validate()?;
         Ok(request)
@@ -240,6 +256,17 @@ impl ExecRequest {
             return Err(bad_request(format!(
                 "EXEC field `env`: the value of {key:?} contains a NUL byte"
             )));
+        }
+        if self.language == Language::Bash {
+            let python_only = [
+                ("print_last_expression", self.print_last_expression),
+                ("skip_if_not_code", self.skip_if_not_code),
+            ];
+            if let Some((field, _)) = python_only.iter().find(|(_, set)| *set) {
+                return Err(bad_request(format!(
+                    "EXEC field `{field}` is for Python code, and this run is bash"
+                )));
+            }
         }
         if let Some(cwd) = &self.cwd {
             if cwd.contains('\0') {
@@ -488,6 +515,10 @@ pub struct ExecReply {
     /// Its connections through the egress proxy, when a policy applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetTotals>,
+    /// With `skip_if_not_code`: why the code was not run (it is not
+    /// Python, or only states values). Absent when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_code: Option<String>,
     /// The machine word, when the run could not happen at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<crate::error::ErrorCode>,

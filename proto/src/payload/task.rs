@@ -437,6 +437,14 @@ pub struct PromptResult {
     /// Why the loop stopped without an answer, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whether the answer is checked: the last run worked and printed,
+    /// and the answer states no number that no run printed (nor the
+    /// task gave). False without an answer.
+    #[serde(default)]
+    pub checked: bool,
+    /// Why the answer is not checked, if it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unchecked_reason: Option<String>,
 }
 
 /// One round of the prompt loop: the code the LLM wrote and how running

@@ -42,6 +42,18 @@ pub enum ArgumentError {
     /// Arguments for code given with a prompt.
     #[error("language, session, timeout_ms and env go with code, not prompt")]
     CodeOnly,
+    /// An argument an `exec_session` op needs, not given.
+    #[error("argument {argument}: op {op} needs it")]
+    NeededBy {
+        argument: &'static str,
+        op: SessionOp,
+    },
+    /// An argument given to an `exec_session` op that does not take it.
+    #[error("argument {argument}: op {op} does not take it")]
+    NotTakenBy {
+        argument: &'static str,
+        op: SessionOp,
+    },
 }
 
 /// Reads a tool's arguments as `T`. The error names the argument at fault
@@ -68,78 +80,74 @@ pub fn read<T: DeserializeOwned>(arguments: JsonObject) -> Result<T, ArgumentErr
     }
 }
 
+// A field's doc comment is its argument's description in the tool's
+// input schema, which every client reads in full: an argument whose name,
+// type and tool say what it is has none, and the others say only what a
+// caller needs (see `schema`).
+
+/// `exec`: `code` in `language`, with `env`, within `timeout_ms`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecArguments {
-    /// The code to run.
     pub code: String,
-    /// python (default) or bash.
     #[serde(default)]
     pub language: Language,
-    /// Keep interpreter state and /workspace across calls under this name.
+    /// Keeps variables and /workspace across calls.
     pub session: Option<String>,
-    /// The run's wall-clock limit in ms (default: the kernel's).
-    #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
-    /// Environment variables for the run.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// What the run may reach beyond its own loopback, through the kernel's egress proxy (default: the kernel's default policy, or nothing).
+    /// Hosts, *.domains, * or CIDRs[:port] to allow or deny.
     pub network: Option<NetworkPolicy>,
 }
 
+/// `think`: a `prompt`, answered in at most `max_tokens`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ThinkArguments {
-    /// The prompt.
     pub prompt: String,
-    /// Upper bound on the answer's tokens.
     pub max_tokens: Option<u32>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListAgentsArguments {
-    /// Include agents that have ended.
+    // Ended agents too (said in the tool's description).
     #[serde(default)]
     pub all: bool,
 }
 
+/// `spawn`: an agent `name`d, running a `script` (with `args`) or a
+/// `command`, within `limits`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpawnArguments {
-    /// Agent name ([A-Za-z0-9_.-], up to 64).
     pub name: String,
-    /// A Python script to run (give this or command).
+    /// A Python script's path.
     pub script: Option<String>,
-    /// A program and its arguments (give this or script).
     pub command: Option<Vec<String>>,
-    /// Arguments for the script.
     #[serde(default)]
     pub args: Vec<String>,
-    /// Resource limits.
     pub limits: Option<SpawnLimits>,
-    /// What the agent may reach beyond its own loopback, through the kernel's egress proxy (default: the kernel's default policy, or nothing).
+    /// Hosts, *.domains, * or CIDRs[:port] to allow or deny.
     pub network: Option<NetworkPolicy>,
 }
 
+/// Resource limits.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpawnLimits {
-    /// Memory limit in bytes.
     pub memory_bytes: Option<u64>,
-    /// CPU share in CPUs (0.5 = half of one CPU).
+    /// In CPUs: 0.5 is half of one.
     pub cpus: Option<f64>,
-    /// Process limit.
     pub max_pids: Option<u64>,
 }
 
+/// `kill`: an agent by `name` or by `id`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KillArguments {
-    /// The agent's name (give this or id).
     pub name: Option<String>,
-    /// The agent's id (give this or name).
     pub id: Option<u32>,
 }
 
@@ -147,112 +155,167 @@ pub struct KillArguments {
 #[serde(deny_unknown_fields)]
 pub struct NoArguments {}
 
+/// `agent_logs`: an agent by `name` or by `id`, its last `lines`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentLogsArguments {
-    /// The agent's name (give this or id).
     pub name: Option<String>,
-    /// The agent's id (give this or name).
     pub id: Option<u32>,
-    /// How many of the log's last lines (default 100).
-    #[schemars(range(min = 0, max = 100_000))]
+    // 100 if left out, and at most 100 000: the kernel says and checks both.
     pub lines: Option<u64>,
 }
 
+/// `exec_session`: an `op` on a `session` (but for `list`), with a
+/// snapshot's `name` (for `snapshot` and `restore`). One flat object, so
+/// its schema stays three arguments; which an op needs and which it
+/// refuses is `SessionArguments::call`'s to say.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionArguments {
-    /// The session's name.
-    pub session: String,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SnapshotArguments {
-    /// The session's name.
-    pub session: String,
+    pub op: SessionOp,
+    pub session: Option<String>,
     /// The snapshot's name.
-    pub name: String,
+    pub name: Option<String>,
 }
 
+/// What `exec_session` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionOp {
+    List,
+    Close,
+    Snapshot,
+    Restore,
+}
+
+impl std::fmt::Display for SessionOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SessionOp::List => "list",
+            SessionOp::Close => "close",
+            SessionOp::Snapshot => "snapshot",
+            SessionOp::Restore => "restore",
+        })
+    }
+}
+
+/// An `exec_session` op with what it takes: the arguments read, checked
+/// against the op.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SessionCall {
+    /// The caller's sessions.
+    List,
+    /// End `session` and remove its files.
+    Close { session: String },
+    /// Save `session`'s `/workspace` as `name`.
+    Snapshot { session: String, name: String },
+    /// Put snapshot `name` back as `session`'s `/workspace`.
+    Restore { session: String, name: String },
+}
+
+impl SessionArguments {
+    /// The call the arguments make: each op with the arguments it needs,
+    /// and none it does not take, else the argument at fault.
+    pub fn call(self) -> Result<SessionCall, ArgumentError> {
+        let SessionArguments { op, session, name } = self;
+        let needed = |argument: &'static str, value: Option<String>| {
+            value.ok_or(ArgumentError::NeededBy { argument, op })
+        };
+        let not_taken = |argument: &'static str, value: &Option<String>| match value {
+            Some(_) => Err(ArgumentError::NotTakenBy { argument, op }),
+            None => Ok(()),
+        };
+        match op {
+            SessionOp::List => {
+                not_taken("session", &session)?;
+                not_taken("name", &name)?;
+                Ok(SessionCall::List)
+            }
+            SessionOp::Close => {
+                not_taken("name", &name)?;
+                Ok(SessionCall::Close {
+                    session: needed("session", session)?,
+                })
+            }
+            SessionOp::Snapshot => Ok(SessionCall::Snapshot {
+                session: needed("session", session)?,
+                name: needed("name", name)?,
+            }),
+            SessionOp::Restore => Ok(SessionCall::Restore {
+                session: needed("session", session)?,
+                name: needed("name", name)?,
+            }),
+        }
+    }
+}
+
+/// `task_dispatch`: `code` (with `language`, `session`, `timeout_ms` and
+/// `env`, as `exec` takes them) or a `prompt` (with `max_tokens`), and a
+/// `label`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskDispatchArguments {
-    /// Code to run as an exec task (give this or prompt).
     pub code: Option<String>,
-    /// For code: python (default) or bash.
     pub language: Option<Language>,
-    /// For code: the exec session to run in.
     pub session: Option<String>,
-    /// For code: the run's wall-clock limit in ms.
-    #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
-    /// For code: environment variables for the run.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// A prompt for the LLM as a think task (give this or code).
     pub prompt: Option<String>,
-    /// For prompt: upper bound on the answer's tokens.
     pub max_tokens: Option<u32>,
-    /// A label to find the task by.
     pub label: Option<String>,
 }
 
+/// A task, by its `task_id` (`t-...`).
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskArguments {
-    /// The task's id (t-...).
     pub task_id: String,
 }
 
+/// `task_wait`: a task by `task_id`, waited for up to `timeout_ms`
+/// (none, or 0: not waited for, the task as it is now).
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskWaitArguments {
-    /// The task's id (t-...).
     pub task_id: String,
-    /// How long to wait for the task to finish, in ms (default: the kernel's).
     pub timeout_ms: Option<u64>,
 }
 
+/// `task_list`: the caller's tasks in a `state`, of a `kind`, `limit` of
+/// them, older than the task `before`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskListArguments {
-    /// Only tasks in this state.
     pub state: Option<TaskState>,
-    /// Only tasks of this kind.
     pub kind: Option<TaskKind>,
-    /// At most this many tasks.
-    #[schemars(range(min = 1))]
     pub limit: Option<u32>,
-    /// Tasks older than this task id (a previous listing's next).
+    // A listing's next: the tasks older than this task_id (said in the
+    // tool's description).
     pub before: Option<String>,
 }
 
+/// `tools_search`: the tools matching a `query`, `limit` of them, with
+/// their schemas when `detail`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolsSearchArguments {
-    /// Words describing what the tool should do.
     pub query: String,
-    /// Give each tool's full input and output schemas, not only name and description.
+    // The tools' schemas too (said in the tool's description).
     #[serde(default)]
     pub detail: bool,
-    /// At most this many tools (default: the kernel's).
-    #[schemars(range(min = 1))]
     pub limit: Option<u32>,
 }
 
+/// `tools_call`: a `server`'s `tool`, called with `arguments`, within
+/// `timeout_ms`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolsCallArguments {
-    /// The MCP server, as tools_search names it.
     pub server: String,
-    /// The tool's name.
     pub tool: String,
-    /// The tool's arguments, as its input schema describes them.
     #[serde(default)]
     pub arguments: JsonObject,
-    /// The call's limit in ms (default: the kernel's).
-    #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
 }
 
@@ -291,6 +354,57 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert_eq!(err, "unknown argument network.dney");
+    }
+
+    fn session_call(value: serde_json::Value) -> Result<SessionCall, String> {
+        read::<SessionArguments>(object(value))
+            .and_then(SessionArguments::call)
+            .map_err(|err| err.to_string())
+    }
+
+    #[test]
+    fn each_session_op_takes_what_it_needs_and_refuses_the_rest_by_name() {
+        use serde_json::json;
+        assert_eq!(session_call(json!({"op": "list"})), Ok(SessionCall::List));
+        assert_eq!(
+            session_call(json!({"op": "close", "session": "s"})),
+            Ok(SessionCall::Close {
+                session: "s".into()
+            })
+        );
+        assert_eq!(
+            session_call(json!({"op": "restore", "session": "s", "name": "n"})),
+            Ok(SessionCall::Restore {
+                session: "s".into(),
+                name: "n".into()
+            })
+        );
+        let refused = |value| session_call(value).unwrap_err();
+        assert_eq!(
+            refused(json!({"op": "snapshot", "session": "s"})),
+            "argument name: op snapshot needs it"
+        );
+        assert_eq!(
+            refused(json!({"op": "close"})),
+            "argument session: op close needs it"
+        );
+        assert_eq!(
+            refused(json!({"op": "list", "session": "s"})),
+            "argument session: op list does not take it"
+        );
+        assert_eq!(
+            refused(json!({"op": "close", "session": "s", "name": "n"})),
+            "argument name: op close does not take it"
+        );
+        let err = refused(json!({"op": "list", "sesion": "s"}));
+        assert!(err.contains("`sesion`"), "{err}");
+        let err = refused(json!({"op": "drop", "session": "s"}));
+        assert!(
+            err.starts_with("argument op:") && err.contains("drop"),
+            "{err}"
+        );
+        let err = refused(json!({"session": "s"}));
+        assert!(err.contains("`op`"), "{err}");
     }
 
     #[test]

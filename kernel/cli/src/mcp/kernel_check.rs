@@ -2,18 +2,20 @@
 //! says of it.
 //!
 //! A client reads the server's instructions once, before any tool call,
-//! so that is where a kernel missing at the resolved socket is worth
-//! naming: a client that started the server with a minimal environment
-//! (no `AGENTOS_SOCKET`) learns the path tried and the fix before its
-//! first call fails. The look never stops the server from starting, and
-//! it shapes nothing else: each call connects afresh, so a kernel that
-//! comes up later serves the next call, and a call's own error says what
-//! that call found (`KernelError::Unreachable`).
+//! so that is where to name what the kernel offers this caller: the MCP
+//! servers whose tools it reaches through `tools_search`, `tools_call` and
+//! `exec`'s Python. And it is where a kernel missing at the resolved
+//! socket is worth naming: a client that started the server with a
+//! minimal environment (no `AGENTOS_SOCKET`) learns the path tried and the
+//! fix before its first call fails. The look never stops the server from
+//! starting, and it shapes nothing else: each call connects afresh, so a
+//! kernel that comes up later serves the next call, and a call's own error
+//! says what that call found (`KernelError::Unreachable`).
 
 use std::path::Path;
 use std::time::Duration;
 
-use agentos_proto::payload::{HelloReply, HelloRequest};
+use agentos_proto::payload::{HelloReply, HelloRequest, ServerInfo};
 use agentos_proto::Opcode;
 
 use super::kernel::{KernelError, KernelLink, Wait, SOCKET_HINT};
@@ -25,35 +27,67 @@ use super::kernel::{KernelError, KernelLink, Wait, SOCKET_HINT};
 const LOOK_LIMIT: Duration = Duration::from_secs(2);
 
 /// What the server tells every client about itself and its tools.
-const ABOUT: &str = "AgentOS: isolated code execution (exec, exec_* for sessions), agents \
+const ABOUT: &str = "AgentOS: isolated code execution (exec, exec_session for sessions), agents \
      (spawn, list_agents, kill, agent_logs), the kernel's LLM (think, and \
-     run_prompt: it writes and runs code until it can answer), \
-     background tasks (task_*), and the kernel's MCP tools (tools_search, \
-     tools_call). Calls act as the user who started this server.";
+     run_prompt: it writes and runs code until it can answer), and \
+     background tasks (task_*). Calls act as the user who started this server.";
 
-/// Connects to the kernel and says HELLO, within [`LOOK_LIMIT`]: whether
-/// a kernel answered, or why none did.
-pub async fn look(kernel: &KernelLink) -> Result<(), KernelError> {
+/// How to find and call the kernel's tools: its MCP servers' and its own.
+const FINDING_TOOLS: &str = "Find tools with tools_search; call them with tools_call, \
+     or in exec's Python as tools.<server>.<tool>(...).";
+
+/// What the look found: the MCP servers the kernel serves this caller
+/// (HELLO names the same ones TOOL `list` does, by the caller's tool
+/// permissions), unless the kernel is too old to say.
+#[derive(Debug)]
+pub struct Found {
+    tool_servers: Option<Vec<ServerInfo>>,
+}
+
+/// Connects to the kernel and says HELLO, within [`LOOK_LIMIT`]: what a
+/// kernel answered, or why none did.
+pub async fn look(kernel: &KernelLink) -> Result<Found, KernelError> {
     let hello = kernel.request::<HelloReply>(Opcode::HELLO, &HelloRequest {}, Wait::Quick);
     match tokio::time::timeout(LOOK_LIMIT, hello).await {
-        Ok(reply) => reply.map(drop),
+        Ok(reply) => reply.map(|hello| Found {
+            tool_servers: hello.tool_servers,
+        }),
         Err(_) => Err(KernelError::NoReply(LOOK_LIMIT)),
     }
 }
 
 /// The server's instructions, given what the look at `socket` found.
-pub fn instructions(socket: &Path, looked: &Result<(), KernelError>) -> String {
+pub fn instructions(socket: &Path, looked: &Result<Found, KernelError>) -> String {
     let why = match looked {
-        Ok(()) => return ABOUT.to_owned(),
+        Ok(Found {
+            tool_servers: Some(servers),
+        }) => return format!("{ABOUT}\n\n{} {FINDING_TOOLS}", servers_named(servers)),
+        Ok(Found { tool_servers: None }) => return format!("{ABOUT}\n\n{FINDING_TOOLS}"),
         // Its own message repeats the path and the hint said below.
         Err(KernelError::Unreachable { error, .. }) => error.to_string(),
         Err(other) => other.to_string(),
     };
     format!(
-        "{ABOUT}\n\nWhen this server started, no AgentOS kernel answered at {} ({why}), \
-         so tool calls fail until one does. {SOCKET_HINT}.",
+        "{ABOUT}\n\n{FINDING_TOOLS}\n\nWhen this server started, no AgentOS kernel \
+         answered at {} ({why}), so tool calls fail until one does. {SOCKET_HINT}.",
         socket.display()
     )
+}
+
+/// The sentence naming `servers`, each that is not serving with its
+/// state (`starting`, `failed`).
+fn servers_named(servers: &[ServerInfo]) -> String {
+    if servers.is_empty() {
+        return "The kernel runs no MCP server for you.".to_owned();
+    }
+    let names: Vec<String> = servers
+        .iter()
+        .map(|server| match server.state.as_str() {
+            "ready" => server.name.clone(),
+            state => format!("{} ({state})", server.name),
+        })
+        .collect();
+    format!("The kernel's MCP servers for you: {}.", names.join(", "))
 }
 
 #[cfg(test)]
@@ -63,9 +97,45 @@ mod tests {
 
     use super::*;
 
+    fn server(name: &str, state: &str) -> ServerInfo {
+        ServerInfo {
+            name: name.to_owned(),
+            state: state.to_owned(),
+            error: None,
+            tools: 0,
+        }
+    }
+
+    fn answered(servers: Option<Vec<ServerInfo>>) -> String {
+        let found = Found {
+            tool_servers: servers,
+        };
+        instructions(Path::new("/s.sock"), &Ok(found))
+    }
+
     #[test]
-    fn a_kernel_that_answered_leaves_the_instructions_as_they_are() {
-        assert_eq!(instructions(Path::new("/s.sock"), &Ok(())), ABOUT);
+    fn a_kernel_that_answered_has_its_servers_named_and_tools_search_pointed_to() {
+        let said = answered(Some(vec![
+            server("everything", "ready"),
+            server("time", "starting"),
+        ]));
+        assert!(said.starts_with(ABOUT), "{said}");
+        assert!(
+            said.contains("MCP servers for you: everything, time (starting)."),
+            "{said}"
+        );
+        assert!(said.contains("tools_search"), "{said}");
+        assert!(said.contains("tools.<server>.<tool>("), "{said}");
+        assert!(!said.contains("/s.sock"), "{said}");
+    }
+
+    #[test]
+    fn no_server_is_said_as_none_and_an_unsaid_list_as_nothing() {
+        let none = answered(Some(Vec::new()));
+        assert!(none.contains("no MCP server for you"), "{none}");
+        assert!(none.contains("tools_search"), "{none}");
+        let unsaid = answered(None);
+        assert_eq!(unsaid, format!("{ABOUT}\n\n{FINDING_TOOLS}"));
     }
 
     #[test]
@@ -77,6 +147,9 @@ mod tests {
         };
         let said = instructions(&socket, &Err(missing));
         assert!(said.starts_with(ABOUT), "{said}");
+        // A kernel not reached has named no servers: none is guessed at.
+        assert!(!said.contains("MCP servers for you"), "{said}");
+        assert!(said.contains("tools_search"), "{said}");
         assert_eq!(
             said.matches("/tmp/agentos-0/agentos.sock").count(),
             1,

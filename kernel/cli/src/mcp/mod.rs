@@ -9,8 +9,8 @@
 //! server holds no identity or power of its own.
 //!
 //! The tools speak the kernel's protocol in proto's types: its requests,
-//! and its replies, which are the tools' structured results and whose
-//! derived schemas are their output schemas (`schema`).
+//! and its replies, which are the tools' structured results; the input
+//! schemas are derived from the argument types (`schema`).
 //!
 //! Tokio lives here and in the HTTP face only: the rest of the CLI, and
 //! the kernel, are blocking or have their own runtime.

@@ -1,11 +1,10 @@
 //! The tools' structured results: the kernel's replies as proto types,
-//! and the few outputs the server puts together itself. Their schemas
-//! are the tools' output schemas (see `schema`).
+//! and the few outputs the server puts together itself. Each is an
+//! object, which is what every tool's output schema says (see `schema`).
 
 use agentos_proto::payload::{AgentInfo, ExecReply, PromptResult};
 use agentos_proto::Opcode;
 use rmcp::model::{CallToolResult, ContentBlock};
-use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -16,15 +15,15 @@ use super::tool_error::{ReplyError, ToolError};
 
 /// `list_agents`: LIST's agents (its reply is a bare array, and a tool's
 /// structured content is an object).
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize)]
 pub struct AgentsOutput {
     /// The agents as the kernel's LIST describes them.
     pub agents: Vec<AgentInfo>,
 }
 
-/// `exec_restore`: the session, and the snapshot now in its
+/// `exec_session`'s restore: the session, and the snapshot now in its
 /// `/workspace`.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize)]
 pub struct RestoreOutput {
     pub session: String,
     /// The snapshot its /workspace now holds.

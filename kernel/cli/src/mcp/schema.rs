@@ -1,28 +1,45 @@
-//! The tools' JSON schemas, from the types' own derives: proto's for what
-//! the kernel answers (and for the arguments that are its types), the
-//! server's for the rest of its arguments.
+//! The tools' JSON schemas: every output schema is an object, and an
+//! input schema is derived from the arguments' type (proto's, where the
+//! arguments are its type, the server's for the rest).
 //!
-//! schemars writes each schema to stand alone; a tool list carries two
-//! per tool, and every client reads all of them, so each says its piece
-//! once:
-//! - no `$schema` (MCP fixes the draft, 2020-12) and no `$defs` but for
-//!   a type that contains itself: a subschema stands where it is used;
-//! - no `format` (`uint64` and the like, which validate nothing: the type
-//!   and `minimum` say it);
-//! - a description ends where its doc comment's example begins;
+//! Every client reads the whole tool list, and many put all of it before
+//! their model at every turn, so each schema says what a caller needs and
+//! nothing twice. This file is the one place that decides how much.
+//!
+//! An input schema is each argument's type (and `enum`), and what is
+//! `required`. The server reads every call strictly and refuses what does
+//! not fit by name (`arguments::read`: an unknown argument at any depth, a
+//! wrong type), as the kernel refuses a value out of its range, naming
+//! the field: that tells a model more than a client's validator would,
+//! so the schema leaves out what only a validator needs:
+//! - no `additionalProperties` (`false` where a type refuses unknown
+//!   fields, a map's value type), no `minimum` or `maximum`, no `default`
+//!   (what a tool does with an argument left out is the kernel's, and a
+//!   description says it where it matters: Python is `exec`'s language);
+//! - no `$schema` (MCP fixes the draft, 2020-12), no `$defs` (every type
+//!   is written where it is used), no `format` (`uint64` and the like);
+//! - an optional argument is its type, not "its type or null": leaving it
+//!   out is how a caller leaves it unset;
 //! - an enum of names is an `enum` of the names (what each means stays in
 //!   proto's documentation).
 //!
-//! An output schema describes what the server writes, and further:
-//! - no `success` or `code`: a reply that becomes a tool's result is no
-//!   refusal (a refusal is a tool error, flagged `isError`), so the
-//!   structured content leaves out the fields that would say it was
-//!   (see `results`);
-//! - no `default`: every field is written;
-//! - an object inside one of the result's fields is described by its
-//!   description and type alone: the tool's own fields are the contract a
-//!   client checks, and the kernel's nested records (an agent's limits, a
-//!   task's owner) are what the kernel reports, documented with proto.
+//! Descriptions are few: the tool's own, one sentence, and an argument's
+//! only where its name alone would mislead (`exec`'s `session`, a network
+//! policy), from its field's doc comment, up to any example. No type's
+//! doc comment (at the top, the tool's description says what the type
+//! would; at an argument, its field says what it is for there), nothing
+//! within an argument (a network policy's `allow` and `deny` are said by
+//! the policy's one sentence), and none of proto's field doc comments
+//! where the arguments are proto's type (`input_undescribed`): they are
+//! written for the protocol's readers.
+//!
+//! An output schema is `{"type": "object"}` and no more. A model reads
+//! the result itself, whose structured content is the kernel's reply as
+//! proto documents it; naming its fields in every listing cost a third of
+//! the list and told a model nothing the result does not. A reply that
+//! becomes a tool's result is no refusal (a refusal is a tool error,
+//! flagged `isError`), so the fields that would say it was (`success`,
+//! `code`) are left out of the content (see `results`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -36,16 +53,39 @@ use serde_json::Value;
 /// which a tool's structured content leaves out.
 pub const REFUSAL_FIELDS: [&str; 2] = ["success", "code"];
 
+/// What an input schema leaves to the server's reading of the call.
+const LEFT_TO_THE_SERVER: [&str; 4] = ["additionalProperties", "minimum", "maximum", "default"];
+
 /// The input schema of a tool whose arguments are `T`: what `T` reads.
 ///
 /// # Panics
 ///
-/// If `T`'s schema is not an object's: a tool's arguments are an object,
-/// so such a type is a mistake in the tool modules, found by the first
+/// If `T`'s schema is not an object's (a tool's arguments are an object),
+/// or if an argument's type contains itself (which no caller could write
+/// out briefly): a mistake in the tool modules, found by the first
 /// tools/list (and the tests).
 pub fn input<T: JsonSchema>() -> Arc<JsonObject> {
-    let settings = SchemaSettings::draft2020_12().for_deserialize();
-    let schema = root(generate::<T>(settings));
+    let settings = SchemaSettings::draft2020_12()
+        .for_deserialize()
+        .with(|settings| settings.meta_schema = None);
+    let generated = settings
+        .into_generator()
+        .into_root_schema_for::<T>()
+        .to_value();
+    let Value::Object(mut schema) = generated else {
+        // `true`, which only a type that holds any JSON derives.
+        panic!("a tool's arguments are an object");
+    };
+    let definitions = match schema.remove("$defs") {
+        Some(Value::Object(definitions)) => definitions,
+        _ => JsonObject::new(),
+    };
+    inline(&mut schema, &definitions, &mut Vec::new());
+    as_written(&mut schema);
+    // The type's own name and doc comment: the tool's say them better.
+    schema.remove("title");
+    schema.remove("description");
+    for_each_subschema(&mut schema, described_once);
     assert_eq!(
         schema.get("type").and_then(Value::as_str),
         Some("object"),
@@ -54,75 +94,104 @@ pub fn input<T: JsonSchema>() -> Arc<JsonObject> {
     Arc::new(schema)
 }
 
-/// The output schema of a tool whose structured content is `T`, as the
-/// server writes it.
-pub fn output<T: JsonSchema>() -> Arc<JsonObject> {
-    let settings = SchemaSettings::draft2020_12().for_serialize();
-    let mut schema = root(generate::<T>(settings));
-    let definitions = match schema.get("$defs") {
-        Some(Value::Object(definitions)) => definitions.clone(),
-        _ => JsonObject::new(),
-    };
-    if let Some(Value::Object(properties)) = schema.get_mut("properties") {
-        for field in REFUSAL_FIELDS {
-            properties.remove(field);
-        }
-        for property in properties.values_mut() {
-            outline(property, &definitions);
-        }
-    }
-    if let Some(Value::Array(required)) = schema.get_mut("required") {
-        required.retain(|name| {
-            name.as_str()
-                .is_none_or(|name| !REFUSAL_FIELDS.contains(&name))
-        });
-    }
-    without_defaults(&mut schema);
-    drop_unused_definitions(&mut schema);
+/// The input schema of a tool whose arguments are proto's type `T`, with
+/// no argument described: proto's doc comments are written for readers
+/// of the protocol, and the tool's description says what a caller needs.
+pub fn input_undescribed<T: JsonSchema>() -> Arc<JsonObject> {
+    let mut schema = input::<T>();
+    for_each_subschema(Arc::make_mut(&mut schema), undescribed);
+    schema
+}
+
+/// The output schema of every tool: an object, which is all it says.
+pub fn output() -> Arc<JsonObject> {
+    let mut schema = JsonObject::new();
+    schema.insert("type".to_owned(), Value::String("object".to_owned()));
     Arc::new(schema)
 }
 
-fn generate<T: JsonSchema>(settings: SchemaSettings) -> Value {
-    let settings = settings.with(|settings| {
-        settings.meta_schema = None;
-        settings.inline_subschemas = true;
-    });
-    let mut schema = settings
-        .into_generator()
-        .into_root_schema_for::<T>()
-        .to_value();
-    tidy(&mut schema);
-    schema
-}
-
-/// The schema's object, without the type's own name and doc comment,
-/// which the tool's name and description say better.
-fn root(schema: Value) -> JsonObject {
-    let Value::Object(mut schema) = schema else {
-        // `true`, which only a type that holds any JSON derives: an empty
-        // schema says the same.
-        return JsonObject::new();
-    };
-    schema.remove("title");
-    schema.remove("description");
-    schema
-}
-
-/// The rules every schema follows, at every level.
-fn tidy(schema: &mut Value) {
-    match schema {
-        Value::Object(object) => {
-            object.remove("format");
-            if let Some(Value::String(description)) = object.get_mut("description") {
-                shorten(description);
+/// Calls `visit` on each schema directly within `schema`, and on nothing
+/// that only looks like one: the keys of `properties` are names, which
+/// may be any word (`default`, `format`), and an `enum`'s or a
+/// `default`'s values are values.
+fn for_each_subschema(schema: &mut JsonObject, mut visit: impl FnMut(&mut Value)) {
+    for (key, value) in schema.iter_mut() {
+        match (key.as_str(), value) {
+            ("properties", Value::Object(named)) => named.values_mut().for_each(&mut visit),
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems", Value::Array(alternatives)) => {
+                alternatives.iter_mut().for_each(&mut visit)
             }
-            for value in object.values_mut() {
-                tidy(value);
-            }
-            names_as_enum(object);
+            ("items" | "additionalProperties" | "not", value) => visit(value),
+            _ => {}
         }
-        Value::Array(items) => items.iter_mut().for_each(tidy),
-        _ => {}
+    }
+}
+
+/// `schema` with every reference to a type's definition replaced by the
+/// definition, but for the type's name and doc comment (see the module's
+/// documentation). `open` holds the definitions being written, in which
+/// a reference to one of them would never end.
+fn inline(schema: &mut JsonObject, definitions: &JsonObject, open: &mut Vec<String>) {
+    let referred = match schema.remove("$ref") {
+        Some(Value::String(reference)) => reference.strip_prefix("#/$defs/").map(str::to_owned),
+        _ => None,
+    };
+    if let Some(name) = &referred {
+        assert!(
+            !open.contains(name),
+            "an argument's type {name} contains itself"
+        );
+        let definition = definitions.get(name).and_then(Value::as_object);
+        for (key, value) in definition.into_iter().flatten() {
+            // The field's own keys (its description) win over its type's.
+            if !matches!(key.as_str(), "title" | "description") {
+                schema.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+        }
+        open.push(name.clone());
+    }
+    for_each_subschema(schema, |subschema| {
+        if let Value::Object(subschema) = subschema {
+            inline(subschema, definitions, open);
+        }
+    });
+    if referred.is_some() {
+        open.pop();
+    }
+}
+
+/// The rules every input schema follows, at every level: an optional
+/// argument as its own type, an enum of names as an `enum`, a description
+/// up to its example, and nothing of what is left to the server.
+fn as_written(schema: &mut JsonObject) {
+    // First, as an `Option`'s schema brings its type's keys up.
+    without_null(schema);
+    for left_out in LEFT_TO_THE_SERVER.into_iter().chain(["format"]) {
+        schema.remove(left_out);
+    }
+    if let Some(Value::String(description)) = schema.get_mut("description") {
+        shorten(description);
+    }
+    for_each_subschema(schema, |subschema| {
+        if let Value::Object(subschema) = subschema {
+            as_written(subschema);
+        }
+    });
+    names_as_enum(schema);
+}
+
+/// An argument's schema with its own description and none within.
+fn described_once(argument: &mut Value) {
+    if let Value::Object(argument) = argument {
+        for_each_subschema(argument, undescribed);
+    }
+}
+
+/// `schema` without any description, at any level.
+fn undescribed(schema: &mut Value) {
+    if let Value::Object(object) = schema {
+        object.remove("description");
+        for_each_subschema(object, undescribed);
     }
 }
 
@@ -165,236 +234,154 @@ fn names_as_enum(object: &mut JsonObject) {
     object.insert("enum".to_owned(), Value::Array(names));
 }
 
-/// An output field's schema with what it holds described by type and
-/// description: an object's fields, and the shapes a union's
-/// alternatives take, are left to the documentation.
-fn outline(field: &mut Value, definitions: &JsonObject) {
-    let Value::Object(object) = field else {
+/// An `Option`'s schema without its `null`: `"type": ["string", "null"]`
+/// as `"type": "string"`, and `anyOf` a schema or `null` as that schema,
+/// whose keys the outer ones (the field's own description) override.
+fn without_null(object: &mut JsonObject) {
+    if let Some(Value::Array(kinds)) = object.get_mut("type") {
+        kinds.retain(|kind| kind != "null");
+        if let [kind] = kinds.as_slice() {
+            let kind = kind.clone();
+            object.insert("type".to_owned(), kind);
+        }
+    }
+    let Some(Value::Array(alternatives)) = object.get("anyOf") else {
         return;
     };
-    if let Some(name) = object
-        .get("$ref")
-        .and_then(Value::as_str)
-        .and_then(|reference| reference.strip_prefix("#/$defs/"))
-    {
-        let kinds = definitions
-            .get(name)
-            .and_then(Value::as_object)
-            .map(kinds_of)
-            .unwrap_or_default();
-        object.remove("$ref");
-        set_kinds(object, kinds);
-        return;
-    }
-    object.remove("properties");
-    object.remove("required");
-    for key in ["items", "additionalProperties"] {
-        if let Some(inner) = object.get_mut(key) {
-            outline(inner, definitions);
-        }
-    }
-    for key in ["anyOf", "oneOf", "allOf"] {
-        let Some(Value::Array(alternatives)) = object.get_mut(key) else {
-            continue;
-        };
-        alternatives
-            .iter_mut()
-            .for_each(|alternative| outline(alternative, definitions));
-        let plain = alternatives.iter().all(|alternative| {
-            alternative.as_object().is_some_and(|alternative| {
-                alternative
-                    .keys()
-                    .all(|key| matches!(key.as_str(), "type" | "description"))
-            })
-        });
-        if plain {
-            let kinds = kinds_of(object);
-            object.remove(key);
-            set_kinds(object, kinds);
-        }
-    }
-}
-
-/// The JSON types a schema allows: its `type`, or its alternatives'.
-fn kinds_of(object: &JsonObject) -> BTreeSet<String> {
-    let mut kinds = BTreeSet::new();
-    let own = object.get("type").into_iter();
-    let alternatives = ["anyOf", "oneOf", "allOf"]
-        .into_iter()
-        .filter_map(|key| object.get(key).and_then(Value::as_array))
-        .flatten()
-        .filter_map(|alternative| alternative.get("type"));
-    for kind in own.chain(alternatives) {
-        match kind {
-            Value::String(kind) => {
-                kinds.insert(kind.clone());
-            }
-            Value::Array(list) => {
-                kinds.extend(list.iter().filter_map(Value::as_str).map(str::to_owned));
-            }
-            _ => {}
-        }
-    }
-    kinds
-}
-
-/// Sets `type` to `kinds` (one, or a list with `null` last, as schemars
-/// writes an `Option`'s), unless there are none.
-fn set_kinds(object: &mut JsonObject, kinds: BTreeSet<String>) {
-    let (nulls, mut kinds): (Vec<String>, Vec<String>) =
-        kinds.into_iter().partition(|kind| kind == "null");
-    kinds.extend(nulls);
-    let mut kinds: Vec<Value> = kinds.into_iter().map(Value::String).collect();
-    let kinds = match kinds.len() {
-        0 => return,
-        1 => kinds.remove(0),
-        _ => Value::Array(kinds),
-    };
-    object.insert("type".to_owned(), kinds);
-}
-
-/// An output's schema without `default`s: the server writes every field.
-fn without_defaults(schema: &mut JsonObject) {
-    schema.remove("default");
-    for value in schema.values_mut() {
-        match value {
-            Value::Object(object) => without_defaults(object),
-            Value::Array(items) => items.iter_mut().for_each(|item| {
-                if let Value::Object(object) = item {
-                    without_defaults(object);
-                }
-            }),
-            _ => {}
-        }
-    }
-}
-
-/// `$defs` that nothing refers to any more (an outlined field's type).
-fn drop_unused_definitions(schema: &mut JsonObject) {
-    let Some(Value::Object(mut definitions)) = schema.remove("$defs") else {
+    let mut kept = alternatives
+        .iter()
+        .filter(|alternative| !is_null(alternative));
+    let (Some(Value::Object(only)), None) = (kept.next(), kept.next()) else {
         return;
     };
-    let mut used = BTreeSet::new();
-    references(&Value::Object(schema.clone()), &mut used);
-    // A kept definition may name others.
-    loop {
-        let before = used.len();
-        for (name, definition) in &definitions {
-            if used.contains(name) {
-                references(definition, &mut used);
-            }
-        }
-        if used.len() == before {
-            break;
-        }
-    }
-    definitions.retain(|name, _| used.contains(name));
-    if !definitions.is_empty() {
-        schema.insert("$defs".to_owned(), Value::Object(definitions));
+    let only = only.clone();
+    object.remove("anyOf");
+    for (key, value) in only {
+        object.entry(key).or_insert(value);
     }
 }
 
-/// The names of the `$defs` that `schema` refers to.
-fn references(schema: &Value, used: &mut BTreeSet<String>) {
-    match schema {
-        Value::Object(object) => {
-            if let Some(name) = object
-                .get("$ref")
-                .and_then(Value::as_str)
-                .and_then(|reference| reference.strip_prefix("#/$defs/"))
-            {
-                used.insert(name.to_owned());
-            }
-            object.values().for_each(|value| references(value, used));
-        }
-        Value::Array(items) => items.iter().for_each(|item| references(item, used)),
-        _ => {}
-    }
+/// Whether `schema` allows `null` alone.
+fn is_null(schema: &Value) -> bool {
+    schema.get("type").and_then(Value::as_str) == Some("null")
 }
 
 #[cfg(test)]
 mod tests {
-    use agentos_proto::payload::{HelloReply, TaskKind};
-    use agentos_proto::ErrorCode;
-    use serde::Serialize;
+    use agentos_proto::payload::{Language, TaskKind};
+    use serde::Deserialize;
     use serde_json::json;
 
     use super::*;
 
-    /// A reply with what an output schema makes brief.
-    #[derive(Serialize, JsonSchema)]
-    struct Reply {
-        /// Always true.
-        success: bool,
-        /// Why not.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        code: Option<ErrorCode>,
-        /// How many.
-        count: u64,
-        /// What it held.
-        inner: Option<Inner>,
-        /// Which kind.
-        kind: TaskKind,
-    }
-
-    /// Something nested.
-    ///
-    /// ```
-    /// let x = 1;
-    /// ```
-    #[derive(Serialize, JsonSchema)]
+    /// Something nested, whose doc comment no schema repeats.
+    #[derive(Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
     struct Inner {
-        /// A figure.
+        /// A figure, said by the argument that holds it if at all.
+        #[schemars(range(min = 1, max = 9))]
         figure: u32,
     }
 
+    /// Arguments with what an input schema writes briefly.
+    #[derive(Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Arguments {
+        /// Which one.
+        ///
+        /// ```
+        /// let x = 1;
+        /// ```
+        name: Option<String>,
+        #[serde(default)]
+        language: Language,
+        kind: Option<TaskKind>,
+        #[serde(default)]
+        all: bool,
+        #[serde(default)]
+        words: Vec<String>,
+        #[serde(default)]
+        env: std::collections::BTreeMap<String, String>,
+        /// Held within.
+        inner: Option<Inner>,
+        // Names that are keywords elsewhere.
+        default: Option<String>,
+        format: Option<String>,
+    }
+
     #[test]
-    fn an_output_says_its_fields_once_and_briefly() {
-        let schema = Value::Object(output::<Reply>().as_ref().clone());
+    fn an_input_says_each_thing_once() {
+        let schema = Value::Object(input::<Arguments>().as_ref().clone());
         assert_eq!(
             schema,
             json!({
                 "type": "object",
                 "properties": {
-                    "count": {"description": "How many.", "type": "integer", "minimum": 0},
-                    "inner": {"description": "What it held.", "type": ["object", "null"]},
-                    "kind": {
-                        "description": "Which kind.",
-                        "type": "string",
-                        "enum": ["exec", "think", "prompt"]
-                    }
-                },
-                "required": ["count", "inner", "kind"]
+                    "name": {"type": "string", "description": "Which one."},
+                    "language": {"type": "string", "enum": ["python", "bash"]},
+                    "kind": {"type": "string", "enum": ["exec", "think", "prompt"]},
+                    "all": {"type": "boolean"},
+                    "words": {"type": "array", "items": {"type": "string"}},
+                    "env": {"type": "object"},
+                    "inner": {
+                        "type": "object",
+                        "description": "Held within.",
+                        "properties": {"figure": {"type": "integer"}},
+                        "required": ["figure"]
+                    },
+                    "default": {"type": "string"},
+                    "format": {"type": "string"}
+                }
             })
         );
     }
 
     #[test]
-    fn an_input_keeps_its_objects_and_loses_examples_and_formats() {
-        let schema = Value::Object(input::<Inner>().as_ref().clone());
+    fn proto_arguments_are_undescribed() {
+        /// A type from elsewhere.
+        #[derive(Deserialize, JsonSchema)]
+        #[allow(dead_code)]
+        struct Elsewhere {
+            /// Written for another reader.
+            prompt: String,
+        }
+        let schema = Value::Object(input_undescribed::<Elsewhere>().as_ref().clone());
         assert_eq!(
             schema,
             json!({
                 "type": "object",
-                "properties": {
-                    "figure": {"description": "A figure.", "type": "integer", "minimum": 0}
-                },
-                "required": ["figure"]
+                "properties": {"prompt": {"type": "string"}},
+                "required": ["prompt"]
             })
         );
-        let mut described = json!({"description": "Something nested.\n\n```\nlet x = 1;\n```"});
-        tidy(&mut described);
-        assert_eq!(described, json!({"description": "Something nested."}));
+    }
+
+    /// A type that contains itself.
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Tree {
+        children: Vec<Tree>,
+    }
+
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Planting {
+        tree: Tree,
     }
 
     #[test]
-    fn a_recursive_type_outlined_leaves_no_definition_behind() {
-        let schema = output::<HelloReply>();
-        assert!(!schema.contains_key("$defs"), "{schema:?}");
-        let principal = schema
-            .get("properties")
-            .and_then(|properties| properties.get("principal"))
-            .expect("a principal");
-        assert_eq!(principal.get("type"), Some(&json!(["object", "null"])));
+    #[should_panic(expected = "contains itself")]
+    fn an_argument_that_contains_itself_is_a_mistake_found_at_once() {
+        input::<Planting>();
+    }
+
+    #[test]
+    fn every_output_says_only_that_it_is_an_object() {
+        assert_eq!(
+            Value::Object(output().as_ref().clone()),
+            json!({"type": "object"})
+        );
     }
 }

@@ -4,15 +4,17 @@
 //! serves the tools, the resources (`resources`) and the task handles
 //! (`long_work`). A kernel refusal becomes a tool error (`isError`) with
 //! the kernel's message, so the model sees why and can try again.
+//!
+//! A tool's annotations write a hint only where it is not MCP's default
+//! (`readOnlyHint` false, `destructiveHint` true, `idempotentHint` false,
+//! `openWorldHint` true), which a client assumes of a hint left out:
+//! every client reads them all, so `annotations()` says "may change,
+//! destroy, and have an effect again" in two bytes.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use agentos_proto::payload::{
-    ClosedReply, ExecReply, HelloReply, HelloRequest, KillReply, LogsReply, PromptRequest,
-    PromptResult, SessionsReply, SnapshotReply, SpawnReply, TaskCancelReply, TaskDispatchReply,
-    TaskListReply, TaskReply, ThinkReply, ToolReply, ToolSearchReply,
-};
+use agentos_proto::payload::{HelloReply, HelloRequest, PromptRequest};
 use agentos_proto::Opcode;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -27,11 +29,11 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler
 
 use super::arguments::{
     read, AgentLogsArguments, ExecArguments, KillArguments, ListAgentsArguments, NoArguments,
-    SessionArguments, SnapshotArguments, SpawnArguments, TaskArguments, TaskDispatchArguments,
-    TaskListArguments, TaskWaitArguments, ThinkArguments, ToolsCallArguments, ToolsSearchArguments,
+    SessionArguments, SpawnArguments, TaskArguments, TaskDispatchArguments, TaskListArguments,
+    TaskWaitArguments, ThinkArguments, ToolsCallArguments, ToolsSearchArguments,
 };
 use super::kernel::{KernelLink, Wait};
-use super::results::{answer, AgentsOutput, RestoreOutput};
+use super::results::answer;
 use super::tool_error::ToolError;
 use super::{
     agents, catalogue, exec, long_work, prompt, resources, schema, sessions, tasks, think,
@@ -76,10 +78,10 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Run Python or bash in an isolated sandbox; MCP tools are importable Python modules there.",
+        description = "Run Python (default) or bash in a sandbox; Python has `tools` pre-imported: tools.<server>.<tool>(arg=value) calls an MCP tool (get-sum as get_sum), tools.search(\"words\") finds tools.",
         input_schema = schema::input::<ExecArguments>(),
-        output_schema = schema::output::<ExecReply>(),
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
+        output_schema = schema::output(),
+        annotations(destructive_hint = false)
     )]
     async fn exec(
         &self,
@@ -92,8 +94,8 @@ impl AgentosServer {
     #[tool(
         description = "Ask the kernel's LLM.",
         input_schema = schema::input::<ThinkArguments>(),
-        output_schema = schema::output::<ThinkReply>(),
-        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = false)
+        output_schema = schema::output(),
+        annotations(read_only_hint = true, destructive_hint = false)
     )]
     async fn think(
         &self,
@@ -104,10 +106,10 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Have the kernel's LLM solve a task by writing and running code until it can answer.",
-        input_schema = schema::input::<PromptRequest>(),
-        output_schema = schema::output::<PromptResult>(),
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
+        description = "The kernel's LLM writes and runs code until it can answer.",
+        input_schema = schema::input_undescribed::<PromptRequest>(),
+        output_schema = schema::output(),
+        annotations(destructive_hint = false)
     )]
     async fn run_prompt(
         &self,
@@ -120,7 +122,7 @@ impl AgentosServer {
     #[tool(
         description = "List your agents (all: ended ones too).",
         input_schema = schema::input::<ListAgentsArguments>(),
-        output_schema = schema::output::<AgentsOutput>(),
+        output_schema = schema::output(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
     )]
     async fn list_agents(
@@ -131,10 +133,10 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Start an agent in its own sandbox from a Python script or a command.",
+        description = "Run a script or a command as an agent in its own sandbox.",
         input_schema = schema::input::<SpawnArguments>(),
-        output_schema = schema::output::<SpawnReply>(),
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
+        output_schema = schema::output(),
+        annotations(destructive_hint = false)
     )]
     async fn spawn(
         &self,
@@ -144,10 +146,10 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Stop an agent (SIGTERM, then SIGKILL after a grace).",
+        description = "Stop an agent, by name or id.",
         input_schema = schema::input::<KillArguments>(),
-        output_schema = schema::output::<KillReply>(),
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
+        output_schema = schema::output(),
+        annotations(idempotent_hint = true)
     )]
     async fn kill(
         &self,
@@ -157,9 +159,9 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "The last lines of an agent's log (what it wrote to stdout and stderr).",
+        description = "An agent's last output lines, by name or id.",
         input_schema = schema::input::<AgentLogsArguments>(),
-        output_schema = schema::output::<LogsReply>(),
+        output_schema = schema::output(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
     )]
     async fn agent_logs(
@@ -170,9 +172,9 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "The kernel's version, features, LLM, and who you are to it.",
+        description = "The kernel's version, features, LLM and who you are to it.",
         input_schema = schema::input::<NoArguments>(),
-        output_schema = schema::output::<HelloReply>(),
+        output_schema = schema::output(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
     )]
     async fn status(
@@ -183,64 +185,26 @@ impl AgentosServer {
         answer::<HelloReply>(&self.kernel, Opcode::HELLO, &HelloRequest {}, Wait::Quick).await
     }
 
+    // One set of hints for every op, the most cautious of theirs: close
+    // and restore destroy, snapshot does not repeat without effect.
     #[tool(
-        description = "List your exec sessions, with their runs and workspace size.",
-        input_schema = schema::input::<NoArguments>(),
-        output_schema = schema::output::<SessionsReply>(),
-        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
-    )]
-    async fn exec_sessions(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, ToolError> {
-        let NoArguments {} = read(arguments)?;
-        sessions::list(&self.kernel).await
-    }
-
-    #[tool(
-        description = "Close an exec session: its interpreter ends and its /workspace is removed.",
+        description = "List, close, snapshot or restore exec sessions.",
         input_schema = schema::input::<SessionArguments>(),
-        output_schema = schema::output::<ClosedReply>(),
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
+        output_schema = schema::output(),
+        annotations()
     )]
-    async fn exec_close(
+    async fn exec_session(
         &self,
         Parameters(arguments): Parameters<JsonObject>,
     ) -> Result<CallToolResult, ToolError> {
-        sessions::close(&self.kernel, read(arguments)?).await
+        sessions::session(&self.kernel, read(arguments)?).await
     }
 
     #[tool(
-        description = "Save an exec session's /workspace files under a name, for exec_restore.",
-        input_schema = schema::input::<SnapshotArguments>(),
-        output_schema = schema::output::<SnapshotReply>(),
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
-    )]
-    async fn exec_snapshot(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, ToolError> {
-        sessions::snapshot(&self.kernel, read(arguments)?).await
-    }
-
-    #[tool(
-        description = "Replace a session's /workspace with a snapshot and restart its interpreter.",
-        input_schema = schema::input::<SnapshotArguments>(),
-        output_schema = schema::output::<RestoreOutput>(),
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
-    )]
-    async fn exec_restore(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, ToolError> {
-        sessions::restore(&self.kernel, read(arguments)?).await
-    }
-
-    #[tool(
-        description = "Start code (exec) or a prompt (think) as a background task; returns its task_id.",
+        description = "Run code (as exec) or a prompt (as think) as a task.",
         input_schema = schema::input::<TaskDispatchArguments>(),
-        output_schema = schema::output::<TaskDispatchReply>(),
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false)
+        output_schema = schema::output(),
+        annotations(destructive_hint = false)
     )]
     async fn task_dispatch(
         &self,
@@ -251,22 +215,9 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "A task's state and progress.",
-        input_schema = schema::input::<TaskArguments>(),
-        output_schema = schema::output::<TaskReply>(),
-        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
-    )]
-    async fn task_status(
-        &self,
-        Parameters(arguments): Parameters<JsonObject>,
-    ) -> Result<CallToolResult, ToolError> {
-        tasks::status(&self.kernel, read(arguments)?).await
-    }
-
-    #[tool(
-        description = "Wait up to timeout_ms for a task to finish; the task, with its result once finished.",
+        description = "A task (its result once ended) after waiting up to timeout_ms (none: no wait).",
         input_schema = schema::input::<TaskWaitArguments>(),
-        output_schema = schema::output::<TaskReply>(),
+        output_schema = schema::output(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
     )]
     async fn task_wait(
@@ -277,10 +228,10 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Cancel a task: its running code is killed, a queued think withdrawn.",
+        description = "Cancel a task.",
         input_schema = schema::input::<TaskArguments>(),
-        output_schema = schema::output::<TaskCancelReply>(),
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true)
+        output_schema = schema::output(),
+        annotations(idempotent_hint = true)
     )]
     async fn task_cancel(
         &self,
@@ -290,9 +241,9 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "List your tasks, newest first (filter by state or kind; page with before).",
+        description = "List your tasks, newest first (before: older than a task_id).",
         input_schema = schema::input::<TaskListArguments>(),
-        output_schema = schema::output::<TaskListReply>(),
+        output_schema = schema::output(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
     )]
     async fn task_list(
@@ -303,9 +254,9 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Search the kernel's MCP tools by words: names and descriptions, full schemas with detail.",
+        description = "Find the kernel's MCP tools by words (detail: with schemas).",
         input_schema = schema::input::<ToolsSearchArguments>(),
-        output_schema = schema::output::<ToolSearchReply>(),
+        output_schema = schema::output(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
     )]
     async fn tools_search(
@@ -316,10 +267,10 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Call a tool of one of the kernel's MCP servers (found with tools_search).",
+        description = "Call a tool found by tools_search.",
         input_schema = schema::input::<ToolsCallArguments>(),
-        output_schema = schema::output::<ToolReply>(),
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false)
+        output_schema = schema::output(),
+        annotations()
     )]
     async fn tools_call(
         &self,
@@ -454,36 +405,139 @@ mod tests {
 
     use super::*;
 
-    /// Every tool's schemas are objects whose properties are objects
-    /// (MCP 2025-11-25 requires it of an output schema, and the
-    /// TypeScript SDK's clients refuse the whole list otherwise), and none
-    /// repeats what the list says once.
-    #[test]
-    fn every_schema_is_an_object_of_object_properties_said_once() {
-        let server = AgentosServer::new(
+    /// The most bytes the tools/list answer may take, as one JSON-RPC
+    /// line at the newest revision (whose cache hints make it the longer).
+    /// Its floor, with every tool's output schema and annotations, is
+    /// about 2 500 bytes before any name, description or argument.
+    const TOOL_LIST_BUDGET: usize = 6_000;
+
+    /// Every tool, and its hints with MCP's defaults applied: read-only,
+    /// destructive, idempotent.
+    const TOOLS: [(&str, bool, bool, bool); 15] = [
+        ("agent_logs", true, false, true),
+        ("exec", false, false, false),
+        ("exec_session", false, true, false),
+        ("kill", false, true, true),
+        ("list_agents", true, false, true),
+        ("run_prompt", false, false, false),
+        ("spawn", false, false, false),
+        ("status", true, false, true),
+        ("task_cancel", false, true, true),
+        ("task_dispatch", false, false, false),
+        ("task_list", true, false, true),
+        ("task_wait", true, false, true),
+        ("think", true, false, false),
+        ("tools_call", false, true, false),
+        ("tools_search", true, false, true),
+    ];
+
+    fn server() -> AgentosServer {
+        AgentosServer::new(
             KernelLink::new(PathBuf::from("/nonexistent")),
             String::new(),
-        );
-        let tools = server.tools.list_all();
-        assert_eq!(tools.len(), 19);
+        )
+    }
+
+    /// Every tool's schemas are objects whose properties are objects
+    /// (MCP 2025-11-25 requires it of an output schema, and the
+    /// TypeScript SDK's clients refuse the whole list otherwise), the
+    /// output schema nothing more, and neither says what is left to the
+    /// server's reading of a call.
+    #[test]
+    fn every_schema_is_an_object_of_object_properties_said_once() {
+        let tools = server().tools.list_all();
+        let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
+        let expected: Vec<&str> = TOOLS.iter().map(|(name, ..)| *name).collect();
+        assert_eq!(names, expected);
         for tool in tools {
             let output = tool.output_schema.expect("an output schema");
-            for schema in [tool.input_schema, output] {
-                let text = serde_json::to_string(&schema).expect("JSON");
-                assert_eq!(
-                    schema.get("type").and_then(Value::as_str),
-                    Some("object"),
-                    "{}: {text}",
-                    tool.name
-                );
-                let properties = schema.get("properties").and_then(Value::as_object);
-                for (name, property) in properties.into_iter().flatten() {
-                    assert!(property.is_object(), "{}.{name}: {text}", tool.name);
-                }
-                for repeated in ["$schema", "\"format\"", "```", "\"success\""] {
-                    assert!(!text.contains(repeated), "{}: {text}", tool.name);
-                }
+            let output = serde_json::to_string(&output).expect("JSON");
+            assert_eq!(output, r#"{"type":"object"}"#, "{}", tool.name);
+            let input = &tool.input_schema;
+            let text = serde_json::to_string(input).expect("JSON");
+            assert_eq!(
+                input.get("type").and_then(Value::as_str),
+                Some("object"),
+                "{}: {text}",
+                tool.name
+            );
+            let properties = input.get("properties").and_then(Value::as_object);
+            for (name, property) in properties.into_iter().flatten() {
+                assert!(property.is_object(), "{}.{name}: {text}", tool.name);
             }
+            for left_out in [
+                "$schema",
+                "$defs",
+                "\"format\"",
+                "```",
+                "\"null\"",
+                "additionalProperties",
+                "\"minimum\"",
+                "\"maximum\"",
+                "\"default\"",
+            ] {
+                assert!(!text.contains(left_out), "{}: {text}", tool.name);
+            }
+        }
+    }
+
+    /// Every tool has annotations, which write a hint only where it is not
+    /// MCP's default (a client reads a hint left out as the default), and
+    /// whose hints, defaults applied, are the tool's.
+    #[test]
+    fn every_tool_writes_only_the_hints_that_differ_from_the_defaults() {
+        for tool in server().tools.list_all() {
+            let hints = tool.annotations.expect("annotations");
+            let (_, read_only, destructive, idempotent) = TOOLS
+                .iter()
+                .find(|(name, ..)| *name == tool.name)
+                .expect("a known tool");
+            for (hint, default) in [
+                (hints.read_only_hint, false),
+                (hints.destructive_hint, true),
+                (hints.idempotent_hint, false),
+                (hints.open_world_hint, true),
+            ] {
+                assert_ne!(hint, Some(default), "{}: {hints:?}", tool.name);
+            }
+            let applied = (
+                hints.read_only_hint.unwrap_or(false),
+                hints.destructive_hint.unwrap_or(true),
+                hints.idempotent_hint.unwrap_or(false),
+            );
+            assert_eq!(
+                applied,
+                (*read_only, *destructive, *idempotent),
+                "{}",
+                tool.name
+            );
+            assert_eq!(hints.open_world_hint, None, "{}", tool.name);
+        }
+    }
+
+    /// The whole tools/list answer, as one JSON-RPC line, stays small:
+    /// many clients put all of it before their model at every turn.
+    #[test]
+    fn the_tool_list_fits_in_its_budget() {
+        let listed = ListToolsResult::with_all_items(server().tools.list_all())
+            .with_ttl_ms(LISTS_FRESH_FOR_MS)
+            .with_cache_scope(CacheScope::Public);
+        let line = serde_json::json!({"jsonrpc": "2.0", "id": 2, "result": listed});
+        let bytes = serde_json::to_string(&line).expect("JSON").len() + 1;
+        assert!(bytes <= TOOL_LIST_BUDGET, "tools/list is {bytes} bytes");
+    }
+
+    /// `exec`'s description teaches the `tools` module a run has.
+    #[test]
+    fn exec_says_how_its_python_calls_and_finds_tools() {
+        let tools = server().tools.list_all();
+        let exec = tools
+            .iter()
+            .find(|tool| tool.name == "exec")
+            .and_then(|tool| tool.description.as_deref())
+            .expect("exec's description");
+        for form in ["pre-imported", "tools.<server>.<tool>(", "tools.search(\""] {
+            assert!(exec.contains(form), "{form}: {exec}");
         }
     }
 }

@@ -30,28 +30,31 @@ pub async fn dispatch(
     answer::<TaskDispatchReply>(kernel, Opcode::TASK, &request, Wait::Quick).await
 }
 
-/// `task_status`: the task as it is now.
-pub async fn status(
-    kernel: &KernelLink,
-    arguments: TaskArguments,
-) -> Result<CallToolResult, ToolError> {
-    let request = TaskRequest::Status(TaskRef {
-        task_id: arguments.task_id,
-    });
-    answer::<TaskReply>(kernel, Opcode::TASK, &request, Wait::Quick).await
-}
-
-/// `task_wait`: the task once it has finished, or when the wait is over.
+/// `task_wait`: the task once it has finished, or when the wait is over;
+/// with no wait (`timeout_ms` left out or 0), the task as it is now.
 pub async fn wait(
     kernel: &KernelLink,
     arguments: TaskWaitArguments,
 ) -> Result<CallToolResult, ToolError> {
-    let request = TaskRequest::Wait(TaskWait {
-        task_id: arguments.task_id,
-        timeout_ms: arguments.timeout_ms,
-    });
-    // The kernel ends the wait at timeout_ms (or its own default).
-    answer::<TaskReply>(kernel, Opcode::TASK, &request, Wait::AsLongAsTheKernel).await
+    let (request, wait) = wait_request(arguments);
+    answer::<TaskReply>(kernel, Opcode::TASK, &request, wait).await
+}
+
+/// The TASK request `task_wait` makes, and how long its reply may take: a
+/// status, answered at once, unless there is a wait, which the kernel ends
+/// at `timeout_ms`.
+fn wait_request(arguments: TaskWaitArguments) -> (TaskRequest, Wait) {
+    let task_id = arguments.task_id;
+    match arguments.timeout_ms {
+        None | Some(0) => (TaskRequest::Status(TaskRef { task_id }), Wait::Quick),
+        Some(timeout_ms) => (
+            TaskRequest::Wait(TaskWait {
+                task_id,
+                timeout_ms: Some(timeout_ms),
+            }),
+            Wait::AsLongAsTheKernel,
+        ),
+    }
 }
 
 /// `task_cancel`: kills the task's run, or withdraws its queued THINK.
@@ -161,6 +164,30 @@ mod tests {
             think,
             json!({"op": "dispatch", "kind": "think",
                    "request": {"prompt": "hi", "max_tokens": 5}})
+        );
+    }
+
+    fn waited(value: Value) -> (Value, bool) {
+        let arguments = read(value.as_object().expect("an object").clone()).expect("arguments");
+        let (request, wait) = wait_request(arguments);
+        let request = serde_json::to_value(request).expect("a request");
+        (request, matches!(wait, Wait::AsLongAsTheKernel))
+    }
+
+    #[test]
+    fn a_wait_of_none_or_zero_is_the_task_now_and_any_other_a_kernel_wait() {
+        let now = json!({"op": "status", "task_id": "t-1"});
+        assert_eq!(waited(json!({"task_id": "t-1"})), (now.clone(), false));
+        assert_eq!(
+            waited(json!({"task_id": "t-1", "timeout_ms": 0})),
+            (now, false)
+        );
+        assert_eq!(
+            waited(json!({"task_id": "t-1", "timeout_ms": 200})),
+            (
+                json!({"op": "wait", "task_id": "t-1", "timeout_ms": 200}),
+                true
+            )
         );
     }
 

@@ -3,6 +3,7 @@
 # environment, directory and files; and the rehearsal that touches a
 # run's pages before any request comes.
 
+import ast
 import fcntl
 import os
 import signal
@@ -28,7 +29,7 @@ def run_order(request, scope, connection, shell):
     if trace:
         set_trace(trace)
     cwd = request.get("cwd") or WORKSPACE
-    exit_code, error = 0, None
+    exit_code, error, not_code = 0, None, None
     try:
         write_files(request.get("files") or {})
     except (OSError, ValueError) as err:
@@ -44,7 +45,11 @@ def run_order(request, scope, connection, shell):
             ran = shell.run(request["code"], shell_env, cwd) if shell else None
             exit_code, error = ran or run_bash(request["code"], dict(os.environ))
         else:
-            exit_code, error = run_python(request["code"], scope)
+            exit_code, error, not_code = run_python(
+                request["code"], scope,
+                print_last_expression=request.get("print_last_expression", False),
+                skip_if_not_code=request.get("skip_if_not_code", False),
+            )
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -59,26 +64,72 @@ def run_order(request, scope, connection, shell):
         os.environ.pop("AGENTOS_SOCKET_FD", None)
     if trace:
         clear_trace()
-    return {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems}
+    end = {"exit_code": exit_code, "error": error, "files": files, "uncollected": problems}
+    if not_code is not None:
+        end["not_code"] = not_code
+    return end
 
 
-def run_python(code, scope):
+def run_python(code, scope, print_last_expression=False, skip_if_not_code=False):
     """Runs code as __main__ in ``scope``; returns (exit code, error
-    sentence)."""
+    sentence, why it is not code). With ``print_last_expression``, a last
+    statement that is a bare expression has its value printed (as the
+    interactive interpreter does; None prints nothing). With
+    ``skip_if_not_code``, code that does not parse, or only states values
+    (text a model set out as its answer), is not run: the third item says
+    why."""
     try:
-        exec(compile(code, "<exec>", "exec"), scope)
-        return 0, None
+        if not (print_last_expression or skip_if_not_code):
+            exec(compile(code, "<exec>", "exec"), scope)
+            return 0, None, None
+        try:
+            tree = compile(code, "<exec>", "exec", ast.PyCF_ONLY_AST)
+        except (SyntaxError, ValueError) as err:
+            if skip_if_not_code:
+                return 0, None, f"not Python: {type(err).__name__}: {err}"
+            raise
+        if skip_if_not_code and all(states_only_values(statement) for statement in tree.body):
+            return 0, None, "it only states values: nothing in it runs"
+        last = tree.body[-1] if print_last_expression and tree.body else None
+        if isinstance(last, ast.Expr):
+            tree.body.pop()
+            exec(compile(tree, "<exec>", "exec"), scope)
+            value = eval(compile(ast.Expression(last.value), "<exec>", "eval"), scope)
+            if value is not None:
+                print(repr(value))
+        else:
+            exec(compile(tree, "<exec>", "exec"), scope)
+        return 0, None, None
     except SystemExit as stop:
         if stop.code is None:
-            return 0, None
+            return 0, None, None
         if isinstance(stop.code, int):
-            return stop.code, None
+            return stop.code, None, None
         print(stop.code, file=sys.stderr)
-        return 1, None
+        return 1, None, None
     except BaseException as err:  # the run's own failure, reported as such
         # From the run's own code on: this file's frame is not the run's.
         traceback.print_exception(type(err), err, err.__traceback__.tb_next)
-        return 1, f"{type(err).__name__}: {err}"
+        return 1, f"{type(err).__name__}: {err}", None
+
+
+# Expressions that only state a value: a literal, a name, containers of
+# them, a sign on a number.
+VALUE_NODES = (ast.Constant, ast.Name, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp,
+               ast.expr_context, ast.unaryop)
+
+
+def states_only_values(statement):
+    """Whether ``statement`` does nothing but state a value: ``42``,
+    ``{"total": 3}``, ``PELICAN``, ``answer: 42`` (an annotation with no
+    value), ``pass``."""
+    if isinstance(statement, ast.Pass):
+        return True
+    if isinstance(statement, ast.AnnAssign) and statement.value is None:
+        return True
+    if isinstance(statement, ast.Expr):
+        return all(isinstance(node, VALUE_NODES) for node in ast.walk(statement.value))
+    return False
 
 
 def run_bash(code, env):

@@ -9,20 +9,32 @@ const FEEDBACK_BYTES: usize = 4096;
 pub const NUDGE_ERROR_BYTES: usize = 300;
 
 /// What THINK is told of the run `reply` answers: its exit code, the tail
-/// of its stdout and (if any) of its stderr, and its error.
+/// of its stdout (or that it printed nothing) and, if any, of its stderr,
+/// and its error.
 pub fn of_run(reply: &ExecReply) -> String {
     let exit_code = reply
         .exit_code
         .map_or_else(|| "none".to_owned(), |c| c.to_string());
-    let mut feedback = format!(
-        "Your code ran (exit code {exit_code}).\nstdout:\n{}",
-        tail(&reply.stdout)
-    );
+    let mut feedback = format!("Your code ran (exit code {exit_code}).");
+    if reply.stdout.trim().is_empty() {
+        feedback.push_str(
+            "\nYour code printed nothing. print() what you need to see, or end with the \
+             expression whose value you need.",
+        );
+    } else {
+        feedback.push_str(&format!("\nstdout:\n{}", tail(&reply.stdout)));
+    }
     if !reply.stderr.is_empty() {
         feedback.push_str(&format!("\nstderr:\n{}", tail(&reply.stderr)));
     }
     if let Some(error) = &reply.error {
         feedback.push_str(&format!("\nerror: {error}"));
+        if error.starts_with("ModuleNotFoundError") {
+            // Small models reach for pandas and numpy first, and write the
+            // same import again when told only that it failed.
+            feedback
+                .push_str("\nOnly the standard library is installed: do it without that module.");
+        }
     }
     feedback
 }

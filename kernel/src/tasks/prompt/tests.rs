@@ -279,3 +279,219 @@ fn a_failure_is_told_by_its_error_else_its_last_line_else_the_exit_code() {
     let long = "é".repeat(NUDGE_ERROR_BYTES);
     assert!(failure(&failed(&long)).unwrap().len() <= NUDGE_ERROR_BYTES);
 }
+
+fn run_request(step: Step) -> ExecRequest {
+    let Step::Exec(run) = step else {
+        panic!("no run: {step:?}");
+    };
+    run
+}
+
+#[test]
+fn python_runs_print_their_last_expression_and_bare_blocks_run_only_if_code() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    let python = run_request(prompt.on_think(&think("```python\nsum(range(11))\n```")));
+    assert!(python.print_last_expression && python.skip_if_not_code);
+    let _ = prompt.on_exec(&ran("55\n", 0));
+    let bash = run_request(prompt.on_think(&think("```bash\nls\n```")));
+    assert!(!bash.print_last_expression && !bash.skip_if_not_code);
+    let _ = prompt.on_exec(&ran("a\n", 0));
+    let bare = run_request(prompt.on_think(&think("```\nprint(open('a').read())\n```")));
+    assert_eq!(bare.language, Language::Python);
+    assert!(bare.print_last_expression && bare.skip_if_not_code);
+    let _ = prompt.on_exec(&ran("a\n", 0));
+    let shell = run_request(prompt.on_think(&think("```\n#!/bin/bash\nls\n```")));
+    assert_eq!(shell.language, Language::Bash);
+    assert!(!shell.skip_if_not_code);
+}
+
+#[test]
+fn a_bare_block_the_sandbox_finds_is_not_code_is_the_answer_and_no_iteration() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    let _ = run_request(prompt.on_think(&think("```python\nprint(6 * 7)\n```")));
+    let _ = prompt.on_exec(&ran("42\n", 0));
+    let reply = "The answer:\n```\n42\n```";
+    let _ = run_request(prompt.on_think(&think(reply)));
+    let not_code = ExecReply {
+        not_code: Some("it only states values: nothing in it runs".into()),
+        exit_code: Some(0),
+        ..ExecReply::default()
+    };
+    let (answered, result) = result_of(prompt.on_exec(&not_code));
+    assert!(answered);
+    assert_eq!(result["answer"], reply);
+    assert_eq!(result["iterations"].as_array().unwrap().len(), 1);
+    assert_eq!(result["checked"], true, "{result}");
+}
+
+#[test]
+fn a_run_that_printed_nothing_is_said_so_and_an_answer_after_it_is_sent_back_once() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    let _ = run_request(prompt.on_think(&think("```python\nx = 55\n```")));
+    let Step::Think(fed) = prompt.on_exec(&ran("", 0)) else {
+        panic!("the run went nowhere");
+    };
+    let told = fed.messages.unwrap().pop().unwrap().content;
+    assert!(told.contains("Your code printed nothing"), "{told}");
+    let Step::Think(sent_back) = prompt.on_think(&think("55")) else {
+        panic!("an answer after a silent run was taken");
+    };
+    let asked = sent_back.messages.unwrap().pop().unwrap().content;
+    assert!(
+        asked.contains("printed nothing") && asked.contains("```python"),
+        "{asked}"
+    );
+    let (answered, result) = result_of(prompt.on_think(&think("55")));
+    assert!(answered, "a second answer is taken");
+    assert_eq!(result["checked"], false);
+    assert_eq!(
+        result["unchecked_reason"],
+        "the last run printed nothing for the answer to come from"
+    );
+}
+
+#[test]
+fn an_answer_after_a_failed_run_is_sent_back_with_the_error_then_taken_unchecked() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    let _ = run_request(prompt.on_think(&think("```python\nimport pandas\n```")));
+    let _ = prompt.on_exec(&failed("ModuleNotFoundError: No module named 'pandas'"));
+    let Step::Think(sent_back) = prompt.on_think(&think("ModuleNotFoundError")) else {
+        panic!("the error text was taken as the answer");
+    };
+    let asked = sent_back.messages.unwrap().pop().unwrap().content;
+    assert!(
+        asked.contains("failed with: ModuleNotFoundError: No module named 'pandas'")
+            && asked.contains("fixed code"),
+        "{asked}"
+    );
+    let (answered, result) = result_of(prompt.on_think(&think("The mean is 6.")));
+    assert!(answered);
+    assert_eq!(result["checked"], false);
+    let reason = result["unchecked_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("the last run failed (ModuleNotFoundError"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_fixed_run_after_a_failure_makes_the_answer_checked_again() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    let _ = run_request(prompt.on_think(&think("```python\nprint(x)\n```")));
+    let _ = prompt.on_exec(&failed(TRACEBACK));
+    let _ = run_request(prompt.on_think(&think("```python\nx = 55\nprint(x)\n```")));
+    let _ = prompt.on_exec(&ran("55\n", 0));
+    let (answered, result) = result_of(prompt.on_think(&think("55")));
+    assert!(answered);
+    assert_eq!(result["checked"], true, "{result}");
+    assert!(result.get("unchecked_reason").is_none());
+}
+
+#[test]
+fn an_answer_stating_a_number_no_run_printed_is_unchecked() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    let _ = run_request(prompt.on_think(&think("```python\nprint(open('n').read())\n```")));
+    let _ = prompt.on_exec(&ran("3\n11\n19\n", 0));
+    let (answered, result) = result_of(prompt.on_think(&think("The file has 4 lines.")));
+    assert!(answered);
+    assert_eq!(result["checked"], false);
+    assert_eq!(
+        result["unchecked_reason"],
+        "the answer states 4, which no run printed"
+    );
+}
+
+#[test]
+fn an_answer_with_no_run_at_all_is_unchecked() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    assert!(matches!(prompt.on_think(&think("Paris")), Step::Think(_)));
+    let (answered, result) = result_of(prompt.on_think(&think("Paris")));
+    assert!(answered);
+    assert_eq!(result["checked"], false);
+    assert_eq!(
+        result["unchecked_reason"],
+        "no code ran: the answer is the model's own"
+    );
+}
+
+#[test]
+fn the_system_text_says_what_is_installed_how_to_print_and_what_lasts() {
+    let (_, first) = PromptLoop::start(request(5), "s".into(), "");
+    let system = &first.messages.unwrap()[0].content;
+    for told in [
+        "only the standard library",
+        "print()",
+        "last bare expression",
+        "/workspace",
+        "one block per step",
+    ] {
+        assert!(system.contains(told), "{told}: {system}");
+    }
+    assert!(system.len() < 900, "{} bytes", system.len());
+}
+
+fn not_code(why: &str) -> ExecReply {
+    ExecReply {
+        not_code: Some(why.into()),
+        exit_code: Some(0),
+        success: true,
+        ..ExecReply::default()
+    }
+}
+
+#[test]
+fn values_set_out_as_a_python_block_are_an_answer_not_a_run() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    let _ = run_request(prompt.on_think(&think("```python\n{'content': 'made up'}\n```")));
+    let Step::Think(sent_back) =
+        prompt.on_exec(&not_code("it only states values: nothing in it runs"))
+    else {
+        panic!("values the model made up were taken as a run");
+    };
+    let asked = sent_back.messages.unwrap().pop().unwrap().content;
+    assert!(asked.contains("No code has run yet"), "{asked}");
+    assert_eq!(prompt.iteration(), 1, "not an iteration");
+    let _ = run_request(prompt.on_think(&think("```python\n3.0\n```")));
+    let (answered, result) =
+        result_of(prompt.on_exec(&not_code("it only states values: nothing in it runs")));
+    assert!(answered);
+    assert_eq!(result["answer"], "3.0", "out of its fence");
+    assert_eq!(result["checked"], false);
+    assert_eq!(result["iterations"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn a_python_block_that_does_not_parse_is_a_failed_run_to_fix() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    let _ = run_request(prompt.on_think(&think("```python\nprint(1\n```")));
+    let why = "not Python: SyntaxError: '(' was never closed (<exec>, line 1)";
+    let Step::Think(fed) = prompt.on_exec(&not_code(why)) else {
+        panic!("the syntax error went nowhere");
+    };
+    let told = fed.messages.unwrap().pop().unwrap().content;
+    assert!(
+        told.contains("error: SyntaxError: '(' was never closed"),
+        "{told}"
+    );
+    assert_eq!(prompt.iteration(), 2, "an iteration");
+    let Step::Think(sent_back) = prompt.on_think(&think("1")) else {
+        panic!("an answer after a failed run was taken");
+    };
+    let asked = sent_back.messages.unwrap().pop().unwrap().content;
+    assert!(asked.contains("failed with: SyntaxError"), "{asked}");
+}
+
+#[test]
+fn a_missing_module_is_answered_with_what_is_installed() {
+    let reply = ExecReply {
+        error: Some("ModuleNotFoundError: No module named 'pandas'".into()),
+        exit_code: Some(1),
+        ..ExecReply::default()
+    };
+    let told = feedback::of_run(&reply);
+    assert!(
+        told.contains("Only the standard library is installed"),
+        "{told}"
+    );
+    assert!(!feedback::of_run(&failed("NameError")).contains("standard library"));
+}
