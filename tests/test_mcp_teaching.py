@@ -23,6 +23,7 @@ from test_mcp_server import everything_kernel  # noqa: F401 (a fixture)
 # bytes before any name, description or argument.
 TOOL_LIST_BUDGET = 6_000
 
+
 def first_lines(socket_path: str, *messages: dict) -> list[bytes]:
     """The server's answer lines to `messages`, sent as one client would
     send them, after which stdin closes and the server ends."""
@@ -64,7 +65,7 @@ def test_the_tool_list_is_small_and_exec_teaches_the_tools_module(everything_ker
     assert "$schema" not in listed.decode()
 
 
-def test_an_argument_the_schema_does_not_forbid_is_still_refused_by_name(kernel):
+def test_arguments_and_tools_it_does_not_have_are_refused_saying_what_it_has(kernel):
     lines = first_lines(
         kernel.socket_path,
         {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -75,12 +76,19 @@ def test_an_argument_the_schema_does_not_forbid_is_still_refused_by_name(kernel)
          "params": {"name": "exec", "arguments": {"code": "print(1)", "sesion": "s"}}},
         {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
          "params": {"name": "exec_session", "arguments": {"op": "list", "name": "n"}}},
+        {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+         "params": {"name": "get_sum", "arguments": {"a": 1, "b": 2}}},
     )
     answers = {json.loads(line).get("id"): json.loads(line) for line in lines}
     for answer_id, named in ((2, "`sesion`"), (3, "argument name: op list does not take it")):
         result = answers[answer_id]["result"]
         assert result["isError"] is True, result
         assert named in result["content"][0]["text"], result
+    # A kernel server's tool called by name here is told how it is reached.
+    unknown = answers[4]["error"]
+    assert unknown["code"] == -32602, unknown
+    for way in ('"get_sum"', "tools_call", "tools_search", "tools.<server>.<tool>("):
+        assert way in unknown["message"], unknown
 
 
 def test_the_instructions_name_the_kernels_servers_and_tools_search(everything_kernel):

@@ -33,8 +33,9 @@ const ABOUT: &str = "AgentOS: isolated code execution (exec, exec_session for se
      background tasks (task_*). Calls act as the user who started this server.";
 
 /// How to find and call the kernel's tools: its MCP servers' and its own.
-const FINDING_TOOLS: &str = "Find tools with tools_search; call them with tools_call, \
-     or in exec's Python as tools.<server>.<tool>(...).";
+const FINDING_TOOLS: &str = "The kernel's MCP servers' tools are not tools of this server: \
+     find them with tools_search, and call them with tools_call (server, tool, arguments) or \
+     in exec's Python as tools.<server>.<tool>(...).";
 
 /// What the look found: the MCP servers the kernel serves this caller
 /// (HELLO names the same ones TOOL `list` does, by the caller's tool

@@ -17,12 +17,14 @@ use std::sync::Arc;
 use agentos_proto::payload::{HelloReply, HelloRequest, PromptRequest};
 use agentos_proto::Opcode;
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CacheScope, CallToolResponse, CallToolResult, CancelTaskParams, DiscoverResult, GetTaskParams,
-    GetTaskResult, Implementation, JsonObject, ListResourceTemplatesResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams,
-    ReadResourceResponse, ServerCapabilities, ServerConfig, UpdateTaskParams,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
+    DiscoverResult, GetTaskParams, GetTaskResult, Implementation, JsonObject,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
+    ServerConfig, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
@@ -78,7 +80,7 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Run Python (default) or bash in a sandbox; Python has `tools` pre-imported: tools.<server>.<tool>(arg=value) calls an MCP tool (get-sum as get_sum), tools.search(\"words\") finds tools.",
+        description = "Run Python (default) or bash in a sandbox. Python has `tools` pre-imported: tools.<server>.<tool>(arg=value) calls an MCP server's tool (- in names is _); tools.search(\"words\") finds them.",
         input_schema = schema::input::<ExecArguments>(),
         output_schema = schema::output(),
         annotations(destructive_hint = false)
@@ -335,6 +337,21 @@ impl ServerHandler for AgentosServer {
         .with_cache_scope(CacheScope::Public))
     }
 
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if !self.tools.has_route(&request.name) {
+            // A model told of the kernel's MCP servers often calls their
+            // tools by name here: say how they are reached.
+            return Err(ErrorData::invalid_params(unknown_tool(&request.name), None));
+        }
+        self.tools
+            .call(ToolCallContext::new(self, request, context))
+            .await
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -395,6 +412,17 @@ fn has_cache_hints(context: &RequestContext<RoleServer>) -> bool {
     context
         .protocol_version()
         .is_some_and(|version| version >= NEWEST_REVISION)
+}
+
+/// What a call of a tool this server does not have is told: the name is
+/// not one of its tools, and how the kernel's MCP servers' tools are
+/// reached.
+fn unknown_tool(name: &str) -> String {
+    format!(
+        "no tool {name:?} here. The kernel's MCP servers' tools are called with tools_call \
+         (server, tool, arguments; tools_search finds them), or from exec's Python as \
+         tools.<server>.<tool>(...)"
+    )
 }
 
 #[cfg(test)]
