@@ -410,11 +410,13 @@ pub struct TaskInfo {
 ///     tokens: 40,
 ///     tool_calls: 0,
 ///     tool_bytes: 0,
+///     checked: true,
+///     unchecked_reason: None,
 ///     error: None,
 /// };
 /// assert_eq!(
 ///     serde_json::to_string(&result).unwrap(),
-///     r#"{"success":true,"answer":"55","iterations":[{"code":"print(sum(range(11)))","language":"python","stdout":"55\n","stderr":"","exit_code":0}],"tokens":40,"tool_calls":0,"tool_bytes":0}"#
+///     r#"{"success":true,"answer":"55","iterations":[{"code":"print(sum(range(11)))","language":"python","stdout":"55\n","stderr":"","exit_code":0}],"tokens":40,"tool_calls":0,"tool_bytes":0,"checked":true}"#
 /// );
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -434,9 +436,6 @@ pub struct PromptResult {
     pub tool_calls: u64,
     /// Bytes those tool calls brought into the sandbox.
     pub tool_bytes: u64,
-    /// Why the loop stopped without an answer, if it did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
     /// Whether the answer is checked: the last run worked and printed,
     /// and the answer states no number that no run printed (nor the
     /// task gave). False without an answer.
@@ -445,6 +444,9 @@ pub struct PromptResult {
     /// Why the answer is not checked, if it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unchecked_reason: Option<String>,
+    /// Why the loop stopped without an answer, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One round of the prompt loop: the code the LLM wrote and how running
@@ -632,7 +634,7 @@ mod tests {
         };
         assert_eq!(
             serde_json::to_string(&failed).unwrap(),
-            r#"{"success":false,"answer":null,"iterations":[],"tokens":0,"tool_calls":0,"tool_bytes":0,"error":"THINK failed: no model"}"#
+            r#"{"success":false,"answer":null,"iterations":[],"tokens":0,"tool_calls":0,"tool_bytes":0,"checked":false,"error":"THINK failed: no model"}"#
         );
     }
 
