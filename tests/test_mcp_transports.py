@@ -257,7 +257,7 @@ def test_stdio_against_a_hostile_client(kernel):
                      "params": {"name": "no_such_tool", "arguments": {}}})
         no_tool = raw.receive()
         assert no_tool["id"] == 4 and no_tool["error"]["code"] == -32602, no_tool
-        assert "tool not found" in no_tool["error"]["message"], no_tool
+        assert "no tool \"no_such_tool\" here" in no_tool["error"]["message"], no_tool
         # 3 MiB of code: read whole, and refused by the kernel (whose
         # requests are at most 1 MiB), as a tool error.
         raw.request({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
