@@ -112,7 +112,7 @@ async def run_all(agentos: Path, socket: Path, tasks: list) -> list[dict]:
                               "tool_calls": len(done["calls"])}
                     passed = task.check(done["answer"], result)
                     outcomes.append({"task": task.name, "kind": "mcp", "passed": passed,
-                                     "checked": True, "seconds": round(took, 1),
+                                     "seconds": round(took, 1),
                                      "answer": done["answer"], "calls": done["calls"],
                                      "error": done.get("error"), "system_bytes": len(system)})
     return outcomes

@@ -51,6 +51,12 @@ fn ok(daemon: &Daemon, args: &[&str]) -> String {
     ran.stdout
 }
 
+/// `/workspace/f` of session s1, as `agentos exec` prints it.
+fn workspace_file_of_s1(daemon: &Daemon) -> String {
+    let code = "print(open('/workspace/f').read())";
+    ok(daemon, &["exec", "--session", "s1", code])
+}
+
 fn id_of(daemon: &Daemon, name: &str) -> u64 {
     let spawned = agentos(daemon, &["--json", "spawn", name, "--", "/bin/sleep", "30"]);
     assert_eq!(spawned.code, 0, "{}", spawned.stderr);
@@ -280,15 +286,7 @@ fn sessions_snapshot_restore_and_tasks_read_as_text() {
     assert!(taken.contains("agentos restore s1 before"), "{taken}");
     write("two");
     ok(&daemon, &["restore", "s1", "before"]);
-    let read = ok(
-        &daemon,
-        &[
-            "exec",
-            "--session",
-            "s1",
-            "print(open('/workspace/f').read())",
-        ],
-    );
+    let read = workspace_file_of_s1(&daemon);
     assert_eq!(read, "one\n");
     let sessions = ok(&daemon, &["sessions"]);
     assert!(
@@ -354,15 +352,7 @@ fn run_with_a_session_leaves_its_workspace_to_that_session() {
     let daemon = agentos_test_support::with_llm_stub(&stub.url(), "");
     let answer = ok(&daemon, &["run", "--session", "s1", "write the file"]);
     assert_eq!(answer, "Written.\n");
-    let read = ok(
-        &daemon,
-        &[
-            "exec",
-            "--session",
-            "s1",
-            "print(open('/workspace/f').read())",
-        ],
-    );
+    let read = workspace_file_of_s1(&daemon);
     assert_eq!(read, "kept\n", "the run's code ran in session s1");
 }
 

@@ -123,4 +123,16 @@ fn the_python_fields_are_refused_for_bash_by_name() {
         json!({"code": "1", "print_last_expression": "yes"}),
     );
     assert_eq!(not_a_bool["code"], "bad_request", "{not_a_bool}");
+    let misspelt = exec(
+        &mut stream,
+        json!({"code": "1", "print_last_expresion": true}),
+    );
+    assert_eq!(misspelt["code"], "bad_request", "{misspelt}");
+    assert!(
+        misspelt["error"]
+            .as_str()
+            .unwrap()
+            .contains("print_last_expresion"),
+        "{misspelt}"
+    );
 }

@@ -101,14 +101,8 @@ pub fn unprinted_number(answer: &str, printed: &[&str], task: &str) -> Option<St
     numbers_in(answer).into_iter().find_map(|written| {
         let joined_known = written.joined.as_ref().is_some_and(is_known);
         let parts_known = written.parts.iter().all(is_known);
-        (!joined_known && !parts_known).then(|| match written.joined {
-            Some(number) => format_number(number),
-            None => written
-                .parts
-                .first()
-                .map(|n| format_number(*n))
-                .unwrap_or_default(),
-        })
+        let stated = written.joined.or(written.parts.first().copied());
+        (!joined_known && !parts_known).then(|| stated.map(format_number).unwrap_or_default())
     })
 }
 
