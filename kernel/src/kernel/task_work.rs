@@ -129,7 +129,14 @@ mod tests {
         ]);
         let prompt = "Use the filesystem server's write_file and the everything server.";
         let all = ranked_for(&on_offer, None, prompt);
-        assert_eq!(all.named.len(), 3, "{all:?}");
+        assert_eq!(
+            all.named,
+            [
+                "tools.filesystem.write_file()  # Does write_file.",
+                "tools.everything.echo()  # Does echo."
+            ],
+            "a server's tool named leaves its others out"
+        );
         let narrowed = vec!["filesystem.read_file".to_owned()];
         let mine = ranked_for(&on_offer, Some(&narrowed), prompt);
         assert_eq!(

@@ -108,9 +108,9 @@ pub fn call(offered: &Offered<'_>) -> String {
 }
 
 /// One line per tool, as code calls it, with what it returns when its
-/// result is structured and the first line of its description as a Python
-/// comment: `tools.filesystem.read_text_file(path, head=None) ->
-/// {'content': str}  # Read a file...`.
+/// result is structured and the first sentence of its description as a
+/// Python comment: `tools.filesystem.read_text_file(path, head=None) ->
+/// str  # Read a file.`.
 pub fn summary(offered: &[Offered<'_>]) -> String {
     offered
         .iter()
@@ -119,7 +119,7 @@ pub fn summary(offered: &[Offered<'_>]) -> String {
             if let Some(returns) = offered.tool.output_schema.as_ref().and_then(returns) {
                 line.push_str(&format!(" -> {returns}"));
             }
-            let summary = offered.tool.description.lines().next().unwrap_or("").trim();
+            let summary = first_sentence(&offered.tool.description);
             if !summary.is_empty() {
                 line.push_str(&format!("  # {summary}"));
             }
@@ -127,6 +127,16 @@ pub fn summary(offered: &[Offered<'_>]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The first sentence of a description's first line: a server's
+/// descriptions run to paragraphs, and a loop's model reads every word.
+fn first_sentence(description: &str) -> &str {
+    let line = description.lines().next().unwrap_or("").trim();
+    match line.find(". ") {
+        Some(end) => &line[..=end],
+        None => line,
+    }
 }
 
 #[cfg(test)]
@@ -163,5 +173,18 @@ mod tests {
             summary.lines().nth(1),
             Some("tools.everything.get_sum_2()  # Does get_sum.")
         );
+    }
+
+    #[test]
+    fn a_tool_is_summed_up_by_its_first_sentence() {
+        assert_eq!(
+            first_sentence("Read a file as text. Handles encodings. Use head=N.\nMore."),
+            "Read a file as text."
+        );
+        assert_eq!(
+            first_sentence("  No full stop here\nMore"),
+            "No full stop here"
+        );
+        assert_eq!(first_sentence(""), "");
     }
 }

@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::builtin::describe_server;
 use super::offer::{call, Offered};
 use super::schema::{ObjectSchema, Property};
-use super::signature::{CatalogParameter, Signature};
+use super::signature::{text_field, CatalogParameter, Signature};
 
 /// The runtime module, as runs import it.
 const RUNTIME: &str = include_str!("runtime.py");
@@ -137,6 +137,7 @@ fn catalog(servers: &[CatalogServer<'_, '_>]) -> Vec<u8> {
                     input_schema: &offered.tool.input_schema,
                     output_schema: offered.tool.output_schema.as_ref(),
                     returns: returns(offered.tool.output_schema.as_ref()),
+                    text_field: offered.tool.output_schema.as_ref().and_then(text_field),
                 })
                 .collect(),
         })
@@ -167,6 +168,9 @@ struct CatalogTool<'a> {
     input_schema: &'a Value,
     output_schema: Option<&'a Value>,
     returns: String,
+    /// The one field of a result that is only text: a call returns it as a
+    /// `str`.
+    text_field: Option<String>,
 }
 
 /// A server's SKILL.md: how to call each of its tools from a run.
@@ -220,6 +224,12 @@ fn returns(output_schema: Option<&Value>) -> String {
                 dict, list or number)."
             .to_owned();
     };
+    if let Some(field) = text_field(schema) {
+        return format!(
+            "the text of the tool's structured content's one field, `{field}`, as a str \
+             (result[{field:?}] gives the same text)."
+        );
+    }
     let fields = arguments(schema);
     if fields.is_empty() {
         return "a dict: the tool's structured content, as its output schema describes it."
@@ -371,5 +381,10 @@ mod tests {
              - `source` (TimeResult, may be absent)"
         );
         assert!(returns(Some(&json!({"type": "object"}))).starts_with("a dict: the tool's"));
+        let file = json!({"type": "object", "properties": {"content": {"type": "string"}}});
+        assert!(returns(Some(&file)).starts_with(
+            "the text of the tool's structured content's \
+                                                  one field, `content`, as a str"
+        ));
     }
 }

@@ -12,8 +12,9 @@ in the order of its "properties" (the kernel's catalog gives the order;
 see the function's signature and docstring, or /tools/<server>/SKILL.md).
 An optional argument given as None is not sent. A call is a TOOL request on this run's own
 kernel connection, made as the run's caller; its result comes back as a
-Python value: the tool's structured result, else its text parsed as JSON,
-else the text. A tool that fails raises ToolError with the server's
+Python value: the tool's structured result (a dict; one whose output
+schema is a single text field, like {"content": "..."}, is that text, a
+str), else its text parsed as JSON, else the text. A tool that fails raises ToolError with the server's
 message; so does naming a server that is configured but not serving (it
 failed, or is starting again), with its last error. Names that are not
 Python identifiers have every other character turned into "_" (get-sum ->
@@ -28,7 +29,7 @@ import os as _os
 import struct as _struct
 import threading as _threading
 
-__all__ = ["ToolError", "ToolResult", "call", "search"]
+__all__ = ["ToolError", "ToolResult", "ToolText", "call", "search"]
 
 _CATALOG = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "catalog.json")
 _MAGIC = 0x41474E54
@@ -36,6 +37,9 @@ _TOOL = 0x05
 _HEADER = _struct.Struct("<IIBQ")
 # One request at a time on the run's connection: replies come in order.
 _lock = _threading.Lock()
+# (server, tool) to the one text field of its result, for the tools whose
+# output schema is that (from the catalog).
+_TEXT_FIELDS = {}
 
 
 class ToolError(Exception):
@@ -87,22 +91,69 @@ def _read(fd, size):
 
 
 class ToolResult(dict):
-    """A tool's result that is a JSON object: a dict, whose missing
-    attributes say which keys it has. Code often takes a tool's result for
-    its text (`read_text_file(path).splitlines()`); the error it gets back
-    names the key that holds the text instead."""
+    """A tool's result that is a JSON object: a dict, whose missing keys
+    and attributes say which keys it has. Code often guesses a result's
+    keys (`now["hour"]`) or takes it for text (`.splitlines()`); the error
+    it gets back names the keys there are."""
 
     __slots__ = ()
+
+    def __missing__(self, key):
+        raise KeyError(f"{key!r}: not a key of this tool's result; its keys are {list(self)}")
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        texts = [key for key, value in self.items() if isinstance(value, str)]
-        hint = f"; the text is in result[{texts[0]!r}]" if len(texts) == 1 else ""
         raise AttributeError(
-            f"a tool's result is a dict, which has no attribute {name!r}: "
-            f"its keys are {list(self)}{hint}"
+            f"a tool's result is a dict, which has no attribute {name!r}: its keys are {list(self)}"
         )
+
+
+class ToolText(str):
+    """A tool's structured result that is one text field (the filesystem
+    server's {"content": "..."}): that text, as code expects of a tool that
+    reads a file. `result["content"]` gives the same text, as the tool's
+    output schema promises."""
+
+    def __new__(cls, text, field):
+        self = super().__new__(cls, text)
+        self.field = field
+        return self
+
+    def __getnewargs__(self):  # copy and pickle
+        return (str(self), self.field)
+
+    def __getitem__(self, index):
+        if index == self.field:
+            return str(self)
+        if isinstance(index, str):
+            raise KeyError(f"{index!r}: this tool's result is text, the {self.field!r} field")
+        return str.__getitem__(self, index)
+
+    def get(self, key, default=None):
+        return str(self) if key == self.field else default
+
+    def keys(self):
+        return [self.field]
+
+
+def _result(server, tool, value):
+    """A tool's result as code gets it: the text of one whose output schema
+    is one text field (the catalog's `text_field`) as its ToolText, any
+    JSON object as a ToolResult (and so the objects inside it)."""
+    field = _TEXT_FIELDS.get((server, tool))
+    if field is not None and isinstance(value, dict) and list(value) == [field]:
+        if isinstance(value[field], str):
+            return ToolText(value[field], field)
+    return _objects(value)
+
+
+def _objects(value):
+    if isinstance(value, dict):
+        return ToolResult((key, _objects(item)) for key, item in value.items())
+    if isinstance(value, list):
+        return [_objects(item) for item in value]
+    return value
 
 
 def call(server, tool, /, **arguments):
@@ -115,8 +166,7 @@ def call(server, tool, /, **arguments):
             reply.get("code") or "internal",
             reply.get("content"),
         )
-    result = reply.get("result")
-    return ToolResult(result) if isinstance(result, dict) else result
+    return _result(server, tool, reply.get("result"))
 
 
 def search(query, detail="summary", limit=10):
@@ -221,7 +271,12 @@ def _function(server, tool):
         doc += "\n\nReturns:\n" + "\n".join("    " + line for line in returns.splitlines())
     doc += "\n\nRaises tools.ToolError when the tool fails."
     tool_function.__doc__ = doc
-    structured = isinstance(tool.get("output_schema"), dict)
+    if isinstance(tool.get("text_field"), str):
+        returns_kind = str
+    elif isinstance(tool.get("output_schema"), dict):
+        returns_kind = dict
+    else:
+        returns_kind = _inspect.Signature.empty
     parameters = []
     for arg, is_required, default in positional:
         spec = properties.get(arg) if isinstance(properties.get(arg), dict) else {}
@@ -239,7 +294,7 @@ def _function(server, tool):
         parameters.append(_inspect.Parameter("arguments", _inspect.Parameter.VAR_KEYWORD))
     try:
         tool_function.__signature__ = _inspect.Signature(
-            parameters, return_annotation=dict if structured else _inspect.Signature.empty
+            parameters, return_annotation=returns_kind
         )
     except (TypeError, ValueError):
         pass
@@ -257,6 +312,8 @@ def _load():
         for tool in server.get("tools", []):
             try:
                 setattr(namespace, tool["python"], _function(server["name"], tool))
+                if isinstance(tool.get("text_field"), str):
+                    _TEXT_FIELDS[(server["name"], tool["name"])] = tool["text_field"]
             except Exception:  # one odd tool never costs the others
                 pass
         globals()[server["name"]] = namespace

@@ -65,8 +65,10 @@ fn score(tool: &Searchable<'_>, wanted: &[String]) -> u32 {
 const PROMPT_READ_BYTES: usize = 16 * 1024;
 
 /// The tools a task's prompt names, best first: those whose own name it
-/// has (`get-sum`, `get_sum` or `get sum`), then the others of each server
-/// it names. A word shared with a name or a description is not enough: a
+/// has (`get-sum`, `get_sum` or `get sum`), then every tool of each server
+/// it names without naming one of that server's tools (a task that says
+/// "the filesystem server's read_text_file" wants that tool, not fourteen
+/// lines a small model reads at tens of tokens a second). A word shared with a name or a description is not enough: a
 /// sentence about a file would otherwise list every tool with `file` in
 /// its name, and a small model calls a listed tool where plain Python
 /// would do. Only the prompt's first [`PROMPT_READ_BYTES`] are read: this
@@ -81,13 +83,20 @@ pub fn named_in_prompt(tools: &[Searchable<'_>], prompt: &str) -> Vec<usize> {
         let name = words(name);
         !name.is_empty() && said.windows(name.len()).any(|window| window == name)
     };
+    let by_name: Vec<bool> = tools.iter().map(|tool| says(tool.name)).collect();
+    let tool_named_of = |server: &str| {
+        tools
+            .iter()
+            .zip(&by_name)
+            .any(|(tool, named)| *named && tool.server == server)
+    };
     let mut named: Vec<(u8, usize)> = tools
         .iter()
         .enumerate()
         .filter_map(|(index, tool)| {
-            let rank = if says(tool.name) {
+            let rank = if by_name[index] {
                 0
-            } else if says(tool.server) {
+            } else if says(tool.server) && !tool_named_of(tool.server) {
                 1
             } else {
                 return None;
@@ -181,6 +190,27 @@ mod tests {
         assert_eq!(
             named("Read notes.txt with the filesystem server's read_text_file tool"),
             vec![0]
+        );
+        let with_a_sibling = [
+            tools[0],
+            tool("filesystem", "write_file", "Write a file"),
+            tools[1],
+        ];
+        assert_eq!(
+            named_in_prompt(
+                &with_a_sibling,
+                "Read notes.txt with the filesystem server's read_text_file tool"
+            ),
+            vec![0],
+            "a server's tool named leaves its other tools out"
+        );
+        assert_eq!(
+            named_in_prompt(
+                &with_a_sibling,
+                "Use the filesystem server to read notes.txt"
+            ),
+            vec![0, 1],
+            "a server named alone lists all its tools"
         );
         assert_eq!(named("Call the get-sum tool with a = 1 and b = 2"), vec![1]);
         assert_eq!(named("call get_sum"), vec![1]);

@@ -125,11 +125,29 @@ impl Signature {
 /// its first keys and `...`.
 const SHOWN_RESULT_KEYS: usize = 6;
 
-/// What a tool's call returns when its `output_schema` says so, as a
-/// Python dict of its keys' types: `{'content': str}`. A small model that
-/// is not told calls string methods on the dict. `None` when the schema
-/// names no properties.
+/// The one field of a structured result that is only text (the
+/// filesystem server's `{"content": "..."}`), by its name: a call gives
+/// back that text as a `str` (see runtime.py's `ToolText`).
+pub fn text_field(output_schema: &Value) -> Option<String> {
+    let schema = ObjectSchema::read(output_schema);
+    let mut properties = schema.properties();
+    match (properties.next(), properties.next()) {
+        (Some((name, property)), None) if property.kind.as_deref() == Some("string") => {
+            Some(name.to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// What a tool's call returns when its `output_schema` says so: `str` for
+/// a result that is one text field, else a Python dict of its keys'
+/// types, `{'timezone': str, 'is_dst': bool}`. A small model that is not
+/// told calls string methods on a dict, or makes keys up. `None` when the
+/// schema names no properties.
 pub fn returns(output_schema: &Value) -> Option<String> {
+    if text_field(output_schema).is_some() {
+        return Some("str".to_owned());
+    }
     let schema = ObjectSchema::read(output_schema);
     let mut keys: Vec<String> = schema
         .properties()
@@ -246,7 +264,11 @@ mod tests {
     #[test]
     fn a_structured_result_is_shown_as_its_keys_and_their_types() {
         let file = json!({"type": "object", "properties": {"content": {"type": "string"}}});
-        assert_eq!(returns(&file).as_deref(), Some("{'content': str}"));
+        assert_eq!(returns(&file).as_deref(), Some("str"));
+        assert_eq!(text_field(&file).as_deref(), Some("content"));
+        let list = json!({"properties": {"content": {"type": "array"}}});
+        assert_eq!(returns(&list).as_deref(), Some("{'content': list}"));
+        assert_eq!(text_field(&list), None);
         let time = json!({
             "properties": {
                 "source": {"$ref": "#/$defs/TimeResult"},

@@ -103,7 +103,9 @@ fn the_real_servers_tools_are_listed_and_called_over_tool_and_from_exec() {
     assert!(found["tools"][0].get("description").is_none(), "{found}");
 
     // From EXEC: every server, keyword arguments, names made identifiers,
-    // docstrings and SKILL.md from the schemas, calls counted.
+    // docstrings and SKILL.md from the schemas, calls counted. A result
+    // that is one text field is that text (and still answers its key); a
+    // key a result lacks is named with the keys it has.
     let path = data.path().join("notes.txt");
     let run = exec(
         &mut stream,
@@ -113,8 +115,14 @@ import tools, inspect
 print(tools.everything.echo(message="from a run"))
 print(tools.everything.get_sum(a=40, b=2))
 read = tools.filesystem.read_text_file(path="{}")
-print(read["content"] if isinstance(read, dict) else read, end="")
-print(tools.time.get_current_time(timezone="UTC")["timezone"])
+print(read, end="")
+print(read["content"] == read, read.splitlines()[1], inspect.signature(tools.filesystem.read_text_file).return_annotation)
+now = tools.time.get_current_time(timezone="UTC")
+print(now["timezone"])
+try:
+    now["hour"]
+except KeyError as missing:
+    print(missing.args[0])
 print(inspect.signature(tools.everything.get_sum))
 print("a (number, required)" in tools.everything.get_sum.__doc__)
 print("tools.everything.get_sum(a, b)" in open("/tools/everything/SKILL.md").read())
@@ -129,7 +137,10 @@ print("tools.everything.get_sum(a, b)" in open("/tools/everything/SKILL.md").rea
             "The sum of 40 and 2 is 42.",
             "first line",
             "second line",
+            "True second line <class 'str'>",
             "UTC",
+            "'hour': not a key of this tool's result; its keys are ['timezone', 'datetime', \
+             'day_of_week', 'is_dst']",
             "(a: float, b: float)",
             "True",
             "True"
