@@ -93,3 +93,18 @@ def test_a_fix_task_needs_a_failed_run_then_a_good_one():
     assert not fix("It printed 42.", {"iterations": [{"exit_code": 0}]})
     assert not fix("It printed 42.", {"iterations": [{"exit_code": 0}, {"exit_code": 1}]})
     assert not fix("It printed 41.", fixed)
+
+
+def test_a_right_answer_reached_another_way_fails_the_task_but_is_not_wrong():
+    fix = by_name("fix a name error")
+    straight_to_the_fix = {"iterations": [{"exit_code": 0}]}
+    assert not fix.check("42", straight_to_the_fix)
+    assert eval_tasks.answer_is_right(fix, "42", straight_to_the_fix)
+    assert not eval_tasks.answer_is_right(fix, "41", straight_to_the_fix)
+    utc = by_name("utc now")
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
+    assert not utc.check(now, {"tool_calls": 0})
+    assert eval_tasks.answer_is_right(utc, now, {"tool_calls": 0})
+    plain = by_name("sum of squares")
+    assert eval_tasks.answer_is_right(plain, "42925", {})
+    assert not eval_tasks.answer_is_right(plain, "42924", {})

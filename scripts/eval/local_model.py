@@ -114,10 +114,15 @@ def run_task(kernel: Kernel, task: eval_tasks.Task, max_iterations: int,
         record = {"state": "no reply", "stderr": reply.stderr[-2000:]}
     result = record.get("result") or {}
     answer = result.get("answer") or ""
-    passed = record.get("state") == "completed" and task.check(answer, result)
+    completed = record.get("state") == "completed"
+    passed = completed and task.check(answer, result)
+    # A right answer reached another way (no failed run first, no tool)
+    # fails the task, yet is no wrong answer passed off as checked.
+    wrong_answer = completed and not eval_tasks.answer_is_right(task, answer, result)
     # A result without `checked` is from a loop that claimed every answer.
-    checked = record.get("state") == "completed" and result.get("checked", True)
+    checked = completed and result.get("checked", True)
     return {"task": task.name, "kind": task.kind, "passed": passed, "checked": checked,
+            "wrong_answer": wrong_answer,
             "seconds": round(took, 1), "state": record.get("state"), "answer": answer,
             "iterations": len(result.get("iterations") or []), "record": record}
 
@@ -126,7 +131,7 @@ def summary(model: str, outcomes: list[dict]) -> str:
     if not outcomes:
         return f"| {model} | - | - | - | - | - |"
     passed = sum(o["passed"] for o in outcomes)
-    wrong_but_checked = sum(o["checked"] and not o["passed"] for o in outcomes)
+    wrong_but_checked = sum(o["checked"] and o["wrong_answer"] for o in outcomes)
     times = sorted(o["seconds"] for o in outcomes)
     p90 = times[min(len(times) - 1, round(0.9 * (len(times) - 1)))]
     return (f"| {model} | {passed}/{len(outcomes)} | {wrong_but_checked} | "

@@ -45,6 +45,13 @@ def says_text(expected: str) -> Callable[[str, dict], bool]:
     return check
 
 
+def answer_is_right(task: "Task", answer: str, result: dict) -> bool:
+    """Whether the answer itself is right, however it was reached: a
+    check of how the task was done (a failed run first, a tool called)
+    keeps the check of its answer as `answer`."""
+    return getattr(task.check, "answer", task.check)(answer, result)
+
+
 def failed_then_fixed(inner: Callable[[str, dict], bool]) -> Callable[[str, dict], bool]:
     """The answer passes `inner`, and a run failed before a later one
     succeeded: the model saw its error and fixed its code."""
@@ -54,6 +61,7 @@ def failed_then_fixed(inner: Callable[[str, dict], bool]) -> Callable[[str, dict
         fixed = bool(failed) and any(code == 0 for code in codes[failed[0] + 1:])
         return fixed and inner(answer, result)
     check.__doc__ = f"a run failed, a later one succeeded, and {inner.__doc__}"
+    check.answer = inner
     return check
 
 
@@ -63,6 +71,7 @@ def used_a_tool(inner: Callable[[str, dict], bool]) -> Callable[[str, dict], boo
     def check(answer: str, result: dict) -> bool:
         return (result.get("tool_calls") or 0) > 0 and inner(answer, result)
     check.__doc__ = f"a tool was called, and {inner.__doc__}"
+    check.answer = inner
     return check
 
 

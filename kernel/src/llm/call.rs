@@ -223,8 +223,10 @@ impl Callers {
     /// Hands a job to the next free thread. The kernel sends no more jobs
     /// than there are threads, so none waits. Gives the job back if the
     /// threads are gone.
-    pub fn send(&self, job: CallJob) -> Result<(), CallJob> {
-        self.jobs.submit(job).map_err(|refused| refused.into_job())
+    pub fn send(&self, job: CallJob) -> Result<(), Box<CallJob>> {
+        self.jobs
+            .submit(job)
+            .map_err(|refused| Box::new(refused.into_job()))
     }
 
     /// Calls that have finished since the last look.

@@ -205,10 +205,10 @@ impl Connection {
 
     /// Sends `job` to the provider in place; gives it back if its threads
     /// are gone.
-    pub fn send(&self, job: CallJob) -> Result<(), CallJob> {
+    pub fn send(&self, job: CallJob) -> Result<(), Box<CallJob>> {
         match &self.callers {
             Some(callers) => callers.send(job),
-            None => Err(job),
+            None => Err(Box::new(job)),
         }
     }
 

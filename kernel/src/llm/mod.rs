@@ -549,6 +549,7 @@ impl Llm {
             messages,
             max_tokens,
             temperature: request.temperature,
+            stop: request.stop,
         })
     }
 

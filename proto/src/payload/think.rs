@@ -55,6 +55,10 @@ pub struct ThinkRequest {
     /// join (one that is not valid is ignored, as the standard says).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// Text that ends the answer where it would appear, not included: a
+    /// kernel prompt loop's, never a client's (not on the wire).
+    #[serde(skip)]
+    pub stop: Vec<String>,
 }
 
 impl ThinkRequest {

@@ -66,6 +66,8 @@ struct Body<'a> {
     system: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop_sequences: &'a [String],
 }
 
 #[derive(Serialize)]
@@ -89,6 +91,7 @@ impl Provider for Anthropic {
                 .collect(),
             system: chat.system_text(),
             temperature: chat.temperature,
+            stop_sequences: &chat.stop,
         };
         let mut headers = Vec::with_capacity(2);
         if let Some(key) = &self.api_key {
@@ -213,6 +216,7 @@ mod tests {
             ],
             max_tokens: 512,
             temperature: Some(0.7),
+            stop: Vec::new(),
         }
     }
 
@@ -255,6 +259,19 @@ mod tests {
     }
 
     #[test]
+    fn stop_sequences_are_sent_as_stop_sequences() {
+        let mut chat = chat();
+        assert!(body_of(&anthropic().request(&chat))
+            .get("stop_sequences")
+            .is_none());
+        chat.stop = vec!["```\n\n".into()];
+        assert_eq!(
+            body_of(&anthropic().request(&chat))["stop_sequences"],
+            json!(["```\n\n"])
+        );
+    }
+
+    #[test]
     fn request_body_has_system_apart_from_the_messages() {
         let body = body_of(&anthropic().request(&chat()));
         assert_eq!(
@@ -288,6 +305,7 @@ mod tests {
             ],
             max_tokens: 10,
             temperature: None,
+            stop: Vec::new(),
         };
         let body = body_of(&anthropic().request(&chat));
         assert_eq!(body["system"], "Answer in French.\n\nBe terse.");

@@ -82,7 +82,7 @@ struct WireUsage {
 #[serde(rename_all = "camelCase")]
 struct Body<'a> {
     contents: Vec<Turn<'a>>,
-    generation_config: GenerationConfig,
+    generation_config: GenerationConfig<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     system_instruction: Option<Instruction<'a>>,
 }
@@ -105,10 +105,12 @@ struct TextPart<'a> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct GenerationConfig {
+struct GenerationConfig<'a> {
     max_output_tokens: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop_sequences: &'a [String],
 }
 
 impl Provider for Gemini {
@@ -136,6 +138,7 @@ impl Provider for Gemini {
             generation_config: GenerationConfig {
                 max_output_tokens: chat.max_tokens,
                 temperature: chat.temperature,
+                stop_sequences: &chat.stop,
             },
             system_instruction: system.as_deref().map(|text| Instruction {
                 parts: [TextPart { text }],
@@ -281,6 +284,7 @@ mod tests {
             ],
             max_tokens: 128,
             temperature: Some(0.5),
+            stop: Vec::new(),
         }
     }
 
@@ -361,6 +365,17 @@ mod tests {
     }
 
     #[test]
+    fn stop_sequences_are_sent_in_the_generation_config() {
+        let mut chat = chat();
+        chat.stop = vec!["```\n\n".into()];
+        let body = body_of(&gemini().request(&chat));
+        assert_eq!(
+            body["generationConfig"]["stopSequences"],
+            json!(["```\n\n"])
+        );
+    }
+
+    #[test]
     fn request_body_omits_what_the_caller_did_not_choose() {
         let chat = Chat {
             model: "gemini-2.5-flash".into(),
@@ -368,6 +383,7 @@ mod tests {
             messages: vec![message("user", "Hi")],
             max_tokens: 64,
             temperature: None,
+            stop: Vec::new(),
         };
         let body = body_of(&gemini().request(&chat));
         assert!(body.get("systemInstruction").is_none());

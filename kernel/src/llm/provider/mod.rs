@@ -34,6 +34,8 @@ pub struct Chat {
     pub max_tokens: u32,
     /// Sampling temperature, when the caller chose one.
     pub temperature: Option<f64>,
+    /// Text that ends the answer where it would appear, not included.
+    pub stop: Vec<String>,
 }
 
 impl Chat {

@@ -63,6 +63,8 @@ struct Body<'a> {
     max_tokens: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
 }
 
 #[derive(Serialize)]
@@ -102,6 +104,7 @@ impl Provider for OpenAi {
                 .collect(),
             max_tokens: chat.max_tokens,
             temperature: chat.temperature,
+            stop: &chat.stop,
         };
         let headers = self
             .api_key
@@ -222,6 +225,7 @@ mod tests {
             ],
             max_tokens: 256,
             temperature: Some(0.2),
+            stop: Vec::new(),
         }
     }
 
@@ -286,8 +290,19 @@ mod tests {
         chat.temperature = None;
         let body = body_of(&openai().request(&chat));
         assert!(body.get("temperature").is_none());
+        assert!(body.get("stop").is_none());
         assert_eq!(body["messages"][0]["role"], "user");
         assert_eq!(body["messages"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn stop_sequences_are_sent_as_stop() {
+        let mut chat = chat();
+        chat.stop = vec!["```\n\n".into()];
+        assert_eq!(
+            body_of(&openai().request(&chat))["stop"],
+            json!(["```\n\n"])
+        );
     }
 
     #[test]

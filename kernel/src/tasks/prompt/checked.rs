@@ -1,6 +1,6 @@
 //! Whether a loop's answer is checked: it came after a run that worked and
 //! printed something, and every number it states was printed by a run or
-//! given in the task. A small model that cannot read its output, or did
+//! given in the task; if not, why, and what it is sent back with. A small model that cannot read its output, or did
 //! not run anything, still answers; the result then says it is unchecked
 //! and why, rather than passing a guess off as computed.
 
@@ -108,6 +108,61 @@ pub fn unprinted_number(answer: &str, printed: &[&str], task: &str) -> Option<St
 
 fn format_number(number: Number) -> String {
     format!("{:.*}", number.decimals.max(0) as usize, number.value)
+}
+
+/// Why an answer is not checked.
+#[derive(Debug)]
+pub enum Unchecked {
+    /// No code has run.
+    NothingRan,
+    /// The last run failed, with this error.
+    Failed(String),
+    /// The last run printed nothing.
+    Silent,
+    /// The answer states this number, which no run printed.
+    Unprinted(String),
+}
+
+impl std::fmt::Display for Unchecked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unchecked::NothingRan => write!(f, "no code ran: the answer is the model's own"),
+            Unchecked::Failed(error) => write!(
+                f,
+                "the last run failed ({error}) and the model answered without a run that worked"
+            ),
+            Unchecked::Silent => write!(
+                f,
+                "the last run printed nothing for the answer to come from"
+            ),
+            Unchecked::Unprinted(number) => {
+                write!(f, "the answer states {number}, which no run printed")
+            }
+        }
+    }
+}
+
+/// What an unchecked answer is sent back with: a request for code that
+/// prints it.
+pub fn ask_for_code(why: &Unchecked) -> String {
+    match why {
+        Unchecked::NothingRan => "No code has run yet, so that answer is unchecked. Reply with \
+                                  one ```python block that computes it (calling the tools if \
+                                  the task names them) and prints the result; you will see \
+                                  what it prints."
+            .to_owned(),
+        Unchecked::Failed(error) => format!(
+            "Your last code failed with: {error}\nSo that answer is unchecked. Reply with one \
+             ```python block of fixed code that prints the result."
+        ),
+        Unchecked::Silent => "Your last code printed nothing, so that answer is unchecked. Reply \
+                              with one ```python block that prints the result."
+            .to_owned(),
+        Unchecked::Unprinted(number) => format!(
+            "Your answer states {number}, which your code did not print, so it is unchecked. \
+             Reply with one ```python block that computes the answer and prints it."
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -388,10 +388,19 @@ fn a_fixed_run_after_a_failure_makes_the_answer_checked_again() {
 }
 
 #[test]
-fn an_answer_stating_a_number_no_run_printed_is_unchecked() {
+fn an_answer_stating_a_number_no_run_printed_is_sent_back_once_then_unchecked() {
     let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
     let _ = run_request(prompt.on_think(&think("```python\nprint(open('n').read())\n```")));
     let _ = prompt.on_exec(&ran("3\n11\n19\n", 0));
+    let Step::Think(sent_back) = prompt.on_think(&think("The file has 4 lines.")) else {
+        panic!("a number no run printed was taken at once");
+    };
+    let asked = sent_back.messages.unwrap().pop().unwrap().content;
+    assert!(
+        asked.contains("Your answer states 4, which your code did not print")
+            && asked.contains("```python"),
+        "{asked}"
+    );
     let (answered, result) = result_of(prompt.on_think(&think("The file has 4 lines.")));
     assert!(answered);
     assert_eq!(result["checked"], false);
@@ -470,9 +479,12 @@ fn a_python_block_that_does_not_parse_is_a_failed_run_to_fix() {
     };
     let told = fed.messages.unwrap().pop().unwrap().content;
     assert!(
-        told.contains("error: SyntaxError: '(' was never closed"),
+        told.contains("Your code failed (exit code 1)")
+            && told.contains("SyntaxError: '(' was never closed")
+            && told.ends_with("Reply with one ```python block of fixed code."),
         "{told}"
     );
+    assert!(!told.contains("printed nothing"), "{told}");
     assert_eq!(prompt.iteration(), 2, "an iteration");
     let Step::Think(sent_back) = prompt.on_think(&think("1")) else {
         panic!("an answer after a failed run was taken");
@@ -490,8 +502,68 @@ fn a_missing_module_is_answered_with_what_is_installed() {
     };
     let told = feedback::of_run(&reply);
     assert!(
-        told.contains("Only the standard library is installed"),
+        told.contains("Only Python's standard library is installed, not pandas"),
         "{told}"
     );
     assert!(!feedback::of_run(&failed("NameError")).contains("standard library"));
+}
+
+#[test]
+fn a_name_imported_from_tools_is_answered_with_how_tools_are_called() {
+    let told = feedback::of_run(&failed(
+        "Traceback (most recent call last):\nImportError: cannot import name 'time_convert_time' \
+         from 'tools' (/tools/tools.py)\n",
+    ));
+    assert!(told.contains("tools.<server>.<tool>(...)"), "{told}");
+    let submodule = feedback::of_run(&failed(
+        "ModuleNotFoundError: No module named 'tools.time'; 'tools' is not a package\n",
+    ));
+    assert!(
+        submodule.contains("tools.<server>.<tool>(...)") && !submodule.contains("standard library"),
+        "{submodule}"
+    );
+    let other = failed("ImportError: cannot import name 'x' from 'json'\n");
+    assert!(!feedback::of_run(&other).contains("tools.<server>"));
+}
+
+#[test]
+fn a_long_output_is_shown_by_its_start_and_end() {
+    let short = "1\n2\n3\n";
+    assert_eq!(feedback::shown(short), short);
+    let long: String = (1..=100).map(|n| format!("{n}\n")).collect();
+    let shown = feedback::shown(&long);
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 12 + 1 + 6, "{shown}");
+    assert_eq!((lines[0], lines[11], lines[18]), ("1", "12", "100"));
+    assert!(lines[12].contains("82 lines not shown"), "{shown}");
+    let wide = format!("{}\n", "é".repeat(2000));
+    let shown = feedback::shown(&wide);
+    assert!(
+        shown.len() < 400 && shown.contains("more bytes]"),
+        "{shown}"
+    );
+    let told = feedback::of_run(&ran(&long, 0));
+    assert!(told.contains("82 lines not shown"), "{told}");
+}
+
+#[test]
+fn the_task_asks_for_code_first_and_a_reply_ends_with_its_block() {
+    let (mut prompt, first) = PromptLoop::start(request(5), "s".into(), "");
+    let messages = first.messages.as_ref().unwrap();
+    assert!(
+        messages[1].content.starts_with("sum 1..10") && messages[1].content.ends_with(CODE_FIRST),
+        "{}",
+        messages[1].content
+    );
+    assert_eq!(first.stop, [END_OF_BLOCK]);
+    // Cut at END_OF_BLOCK: the block is run, and the history shows it
+    // closed.
+    let run = run_request(prompt.on_think(&think("```python\nprint(4)")));
+    assert_eq!(run.code, "print(4)");
+    let Step::Think(next) = prompt.on_exec(&ran("4\n", 0)) else {
+        panic!("the run's output went nowhere");
+    };
+    assert_eq!(next.stop, [END_OF_BLOCK]);
+    let history = next.messages.unwrap();
+    assert_eq!(history[2].content, "```python\nprint(4)\n```");
 }
