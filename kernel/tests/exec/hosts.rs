@@ -309,10 +309,16 @@ fn runs_are_prepared_at_background_priority_and_still_served_while_every_cpu_is_
 /// Field `index` (1-based, as proc(5) counts) of /proc/`task`/stat, where
 /// `task` is a pid or `pid/task/tid`.
 fn stat_field(task: &str, index: usize) -> i64 {
-    let stat = fs::read_to_string(format!("/proc/{task}/stat")).unwrap();
+    read_stat_field(task, index).unwrap_or_else(|| panic!("/proc/{task}/stat is gone"))
+}
+
+/// [`stat_field`], or `None` once the process is gone (a run child that
+/// exits while the test looks at it).
+fn read_stat_field(task: &str, index: usize) -> Option<i64> {
+    let stat = fs::read_to_string(format!("/proc/{task}/stat")).ok()?;
     // The command may hold spaces and parentheses: count after its last ')'.
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    after.split(' ').nth(index - 3).unwrap().parse().unwrap()
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(index - 3)?.parse().ok()
 }
 
 /// The exec hosts' zygotes: each is PID 1 of its own PID namespace, forked
@@ -322,14 +328,17 @@ fn zygotes(kernel: i32) -> Vec<i32> {
     pids_with("The exec host's interpreter", kernel)
         .into_iter()
         .filter(|pid| {
-            fs::read(format!("/proc/{}/cmdline", parent_of(parent_of(*pid))))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__agentos-sandbox-init"))
+            parent_of(*pid)
+                .and_then(parent_of)
+                .and_then(|grandparent| fs::read(format!("/proc/{grandparent}/cmdline")).ok())
+                .is_some_and(|c| String::from_utf8_lossy(&c).contains("__agentos-sandbox-init"))
         })
         .collect()
 }
 
-fn parent_of(pid: i32) -> i32 {
-    stat_field(&pid.to_string(), 4) as i32
+/// The parent of `pid`, or `None` if it is gone.
+fn parent_of(pid: i32) -> Option<i32> {
+    read_stat_field(&pid.to_string(), 4).map(|parent| parent as i32)
 }
 
 /// Shells spinning at normal priority, killed when dropped.
