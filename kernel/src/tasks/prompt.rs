@@ -15,7 +15,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 use crate::address::Answer;
 use checked::{ask_for_code, Unchecked};
-use code::{answer_in, code_block, Block, Code};
+use code::{answer_in, code_block, with_blocks_closed, Block, Code};
 use feedback::failure;
 
 mod checked;
@@ -219,16 +219,8 @@ impl PromptLoop {
             let why = reply.error.as_deref().unwrap_or("THINK failed");
             return self.done(None, Some(format!("THINK failed: {why}")));
         }
-        let mut content = reply.content.clone();
-        // A reply cut at END_OF_BLOCK lacks its closing fence; the history
-        // shows the block closed, as the model wrote it.
-        let fences = content
-            .lines()
-            .filter(|line| line.trim_start().starts_with("```"))
-            .count();
-        if fences % 2 == 1 {
-            content.push_str("\n```");
-        }
+        // A reply cut at END_OF_BLOCK lacks its closing fence.
+        let content = with_blocks_closed(reply.content.clone());
         self.messages.push(ChatMessage {
             role: "assistant".into(),
             content: content.clone(),
@@ -246,8 +238,7 @@ impl PromptLoop {
     fn on_answer_text(&mut self, content: &str) -> Step {
         let answer = answer_in(content).to_owned();
         let unchecked = self.why_unchecked(&answer);
-        let may_run = (self.result.iterations.len() as u32) < self.request.max_iterations;
-        if let (Some(why), true, false) = (&unchecked, may_run, self.sent_back) {
+        if let (Some(why), true, false) = (&unchecked, self.may_run(), self.sent_back) {
             self.sent_back = true;
             self.messages.push(ChatMessage {
                 role: "user".into(),
@@ -280,7 +271,7 @@ impl PromptLoop {
 
     /// A block to run, unless it is the same as before or already failed.
     fn on_code(&mut self, block: Block, content: String) -> Step {
-        if self.result.iterations.len() as u32 >= self.request.max_iterations {
+        if !self.may_run() {
             return self.done(
                 None,
                 Some(format!(
@@ -368,9 +359,14 @@ impl PromptLoop {
         self.think()
     }
 
+    /// Whether an iteration is left for more code.
+    fn may_run(&self) -> bool {
+        (self.result.iterations.len() as u32) < self.request.max_iterations
+    }
+
     /// After the last iteration, THINK is asked for its answer.
     fn last_iteration_note(&self, feedback: &mut String) {
-        if self.result.iterations.len() as u32 >= self.request.max_iterations {
+        if !self.may_run() {
             // The last run's output still gets its answer.
             feedback.push_str("\nNo more code can run: answer now, without a code block.");
         }
@@ -418,14 +414,10 @@ impl PromptLoop {
         };
         let mut feedback = feedback::of_run(reply);
         self.sent_back = false;
-        let last = self.result.iterations.len() as u32 + 1 >= self.request.max_iterations;
         if let Some(error) = failure(reply) {
             let code = Code::new(&iteration.language, &iteration.code);
             self.failed.push((code, error.clone()));
             self.last_run = LastRun::Failed(error);
-            if !last {
-                feedback.push_str("\nReply with one ```python block of fixed code.");
-            }
         } else if reply.stdout.trim().is_empty() {
             self.last_run = LastRun::Silent;
         } else {
@@ -441,6 +433,9 @@ impl PromptLoop {
             );
         }
         self.result.iterations.push(iteration);
+        if self.may_run() && matches!(self.last_run, LastRun::Failed(_)) {
+            feedback.push_str("\nReply with one ```python block of fixed code.");
+        }
         self.last_iteration_note(&mut feedback);
         self.messages.push(ChatMessage {
             role: "user".into(),

@@ -382,9 +382,7 @@ mod tests {
         );
         assert!(returns(Some(&json!({"type": "object"}))).starts_with("a dict: the tool's"));
         let file = json!({"type": "object", "properties": {"content": {"type": "string"}}});
-        assert!(returns(Some(&file)).starts_with(
-            "the text of the tool's structured content's \
-                                                  one field, `content`, as a str"
-        ));
+        let text = "the text of the tool's structured content's one field, `content`, as a str";
+        assert!(returns(Some(&file)).starts_with(text));
     }
 }

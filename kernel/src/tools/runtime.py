@@ -14,8 +14,8 @@ An optional argument given as None is not sent. A call is a TOOL request on this
 kernel connection, made as the run's caller; its result comes back as a
 Python value: the tool's structured result (a dict; one whose output
 schema is a single text field, like {"content": "..."}, is that text, a
-str), else its text parsed as JSON, else the text. A tool that fails raises ToolError with the server's
-message; so does naming a server that is configured but not serving (it
+str), else its text parsed as JSON, else the text. A tool that fails
+raises ToolError with the server's message; so does naming a server that is configured but not serving (it
 failed, or is starting again), with its last error. Names that are not
 Python identifiers have every other character turned into "_" (get-sum ->
 get_sum); tools.call takes the real name.

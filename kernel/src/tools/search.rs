@@ -1,5 +1,7 @@
 //! The ranking of a TOOL search.
 
+use std::collections::HashSet;
+
 /// A tool as a search sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct Searchable<'a> {
@@ -68,8 +70,8 @@ const PROMPT_READ_BYTES: usize = 16 * 1024;
 /// has (`get-sum`, `get_sum` or `get sum`), then every tool of each server
 /// it names without naming one of that server's tools (a task that says
 /// "the filesystem server's read_text_file" wants that tool, not fourteen
-/// lines a small model reads at tens of tokens a second). A word shared with a name or a description is not enough: a
-/// sentence about a file would otherwise list every tool with `file` in
+/// lines a small model reads at tens of tokens a second). A word shared
+/// with a name or a description is not enough: a sentence about a file would otherwise list every tool with `file` in
 /// its name, and a small model calls a listed tool where plain Python
 /// would do. Only the prompt's first [`PROMPT_READ_BYTES`] are read: this
 /// runs on the reactor, and a prompt may be a megabyte.
@@ -84,19 +86,19 @@ pub fn named_in_prompt(tools: &[Searchable<'_>], prompt: &str) -> Vec<usize> {
         !name.is_empty() && said.windows(name.len()).any(|window| window == name)
     };
     let by_name: Vec<bool> = tools.iter().map(|tool| says(tool.name)).collect();
-    let tool_named_of = |server: &str| {
-        tools
-            .iter()
-            .zip(&by_name)
-            .any(|(tool, named)| *named && tool.server == server)
-    };
+    let with_a_tool_named: HashSet<&str> = tools
+        .iter()
+        .zip(&by_name)
+        .filter(|(_, named)| **named)
+        .map(|(tool, _)| tool.server)
+        .collect();
     let mut named: Vec<(u8, usize)> = tools
         .iter()
         .enumerate()
         .filter_map(|(index, tool)| {
             let rank = if by_name[index] {
                 0
-            } else if says(tool.server) && !tool_named_of(tool.server) {
+            } else if !with_a_tool_named.contains(tool.server) && says(tool.server) {
                 1
             } else {
                 return None;

@@ -170,6 +170,19 @@ mod tests {
     }
 
     #[test]
+    fn a_client_cannot_set_the_loops_stop_sequences() {
+        let err = ThinkRequest::parse(br#"{"prompt":"hi","stop":["a"]}"#).unwrap_err();
+        assert!(err.error.contains("stop"), "{}", err.error);
+        let sent = serde_json::to_value(ThinkRequest {
+            prompt: Some("hi".into()),
+            stop: vec!["a".into()],
+            ..ThinkRequest::default()
+        })
+        .unwrap();
+        assert!(sent.get("stop").is_none(), "{sent}");
+    }
+
+    #[test]
     fn structured_prompt_with_wrong_type_names_the_field() {
         let err = ThinkRequest::parse(br#"{"prompt":5}"#).unwrap_err();
         assert!(err.error.contains("`prompt`"), "{}", err.error);

@@ -1,8 +1,9 @@
 //! Whether a loop's answer is checked: it came after a run that worked and
 //! printed something, and every number it states was printed by a run or
-//! given in the task; if not, why, and what it is sent back with. A small model that cannot read its output, or did
-//! not run anything, still answers; the result then says it is unchecked
-//! and why, rather than passing a guess off as computed.
+//! given in the task; if not, why, and what it is sent back with. A small
+//! model that cannot read its output, or did not run anything, still
+//! answers; the result then says it is unchecked and why, rather than
+//! passing a guess off as computed.
 
 /// A number as written: its value, and how many decimals it was given
 /// with (an answer may round what a run printed).

@@ -16,6 +16,20 @@ pub fn answer_in(reply: &str) -> &str {
         .map_or(trimmed, str::trim)
 }
 
+/// `reply` with its last block closed if it was cut before its closing
+/// fence (THINK stopped at the loop's stop sequence), as the model wrote
+/// it: the history the model sees next shows every block closed.
+pub fn with_blocks_closed(mut reply: String) -> String {
+    let fences = reply
+        .lines()
+        .filter(|line| line.trim_start().starts_with("```"))
+        .count();
+    if fences % 2 == 1 {
+        reply.push_str("\n```");
+    }
+    reply
+}
+
 /// A fenced block of THINK's reply that the loop runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Block {

@@ -27,31 +27,25 @@ pub fn of_run(reply: &ExecReply) -> String {
     let exit_code = reply
         .exit_code
         .map_or_else(|| "none".to_owned(), |c| c.to_string());
-    let Some(why) = failure(reply) else {
-        let mut told = "Your code ran (exit code 0).".to_owned();
-        if reply.stdout.trim().is_empty() {
-            told.push_str(
-                "\nYour code printed nothing. print() what you need to see, or end with the \
-                 expression whose value you need.",
-            );
-        } else {
-            told.push_str(&format!("\nstdout:\n{}", shown(&reply.stdout)));
-        }
-        if !reply.stderr.trim().is_empty() {
-            told.push_str(&format!("\nstderr:\n{}", tail(&reply.stderr, STDERR_BYTES)));
-        }
-        return told;
+    let failed = failure(reply);
+    let mut told = match failed {
+        None => format!("Your code ran (exit code {exit_code})."),
+        Some(_) => format!("Your code failed (exit code {exit_code})."),
     };
-    let mut told = format!("Your code failed (exit code {exit_code}).");
     if !reply.stdout.trim().is_empty() {
         told.push_str(&format!("\nstdout:\n{}", shown(&reply.stdout)));
+    } else if failed.is_none() {
+        told.push_str(
+            "\nYour code printed nothing. print() what you need to see, or end with the \
+             expression whose value you need.",
+        );
     }
-    if reply.stderr.trim().is_empty() {
-        told.push_str(&format!("\nerror: {why}"));
-    } else {
+    if !reply.stderr.trim().is_empty() {
         told.push_str(&format!("\nstderr:\n{}", tail(&reply.stderr, STDERR_BYTES)));
+    } else if let Some(why) = &failed {
+        told.push_str(&format!("\nerror: {why}"));
     }
-    if let Some(hint) = hint(&why) {
+    if let Some(hint) = failed.as_deref().and_then(hint) {
         told.push('\n');
         told.push_str(&hint);
     }
@@ -65,16 +59,6 @@ fn hint(error: &str) -> Option<String> {
     let from_tools = (error.starts_with("ImportError: cannot import name")
         && error.contains("from 'tools'"))
         || error.starts_with("ModuleNotFoundError: No module named 'tools.");
-    if let Some(rest) = error
-        .strip_prefix("ModuleNotFoundError: No module named '")
-        .filter(|_| !from_tools)
-    {
-        let module = rest.split(['\'', '.']).next().unwrap_or(rest);
-        return Some(format!(
-            "Only Python's standard library is installed, not {module}: rewrite the code with \
-             it (csv, statistics, math and json are there)."
-        ));
-    }
     if from_tools {
         return Some(
             "A tool is called as tools.<server>.<tool>(...), as listed; no other name is \
@@ -82,7 +66,12 @@ fn hint(error: &str) -> Option<String> {
                 .to_owned(),
         );
     }
-    None
+    let module = error.strip_prefix("ModuleNotFoundError: No module named '")?;
+    let module = module.split(['\'', '.']).next().unwrap_or(module);
+    Some(format!(
+        "Only Python's standard library is installed, not {module}: rewrite the code with it \
+         (csv, statistics, math and json are there)."
+    ))
 }
 
 /// Why a run failed, short — EXEC's error (a Python exception's last
