@@ -65,9 +65,9 @@ def test_the_tool_list_is_small_and_exec_teaches_the_tools_module(everything_ker
     assert "$schema" not in listed.decode()
 
 
-def test_arguments_and_tools_it_does_not_have_are_refused_saying_what_it_has(kernel):
+def test_arguments_and_tools_it_does_not_have_are_refused_saying_what_it_has(everything_kernel):
     lines = first_lines(
-        kernel.socket_path,
+        everything_kernel.socket_path,
         {"jsonrpc": "2.0", "id": 1, "method": "initialize",
          "params": {"protocolVersion": "2025-11-25", "capabilities": {},
                     "clientInfo": {"name": "t", "version": "1"}}},
@@ -78,17 +78,26 @@ def test_arguments_and_tools_it_does_not_have_are_refused_saying_what_it_has(ker
          "params": {"name": "exec_session", "arguments": {"op": "list", "name": "n"}}},
         {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
          "params": {"name": "get_sum", "arguments": {"a": 1, "b": 2}}},
+        {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+         "params": {"name": "sha256", "arguments": {"text": "hello"}}},
     )
     answers = {json.loads(line).get("id"): json.loads(line) for line in lines}
     for answer_id, named in ((2, "`sesion`"), (3, "argument name: op list does not take it")):
         result = answers[answer_id]["result"]
         assert result["isError"] is True, result
         assert named in result["content"][0]["text"], result
-    # A kernel server's tool called by name here is told how it is reached.
+    # A kernel server's tool called by name here is told the very call
+    # that reaches it; a name that is no tool at all, how code is run and
+    # how tools are found.
     unknown = answers[4]["error"]
     assert unknown["code"] == -32602, unknown
-    for way in ('"get_sum"', "tools_call", "tools_search", "tools.<server>.<tool>("):
+    for way in ('"get_sum"', 'tools_call(server="everything", tool="get-sum"',
+                "tools.everything.get_sum("):
         assert way in unknown["message"], unknown
+    nothing = answers[5]["error"]
+    assert nothing["code"] == -32602, nothing
+    for way in ('"sha256"', "exec", "tools_call", "tools_search", "tools.<server>.<tool>("):
+        assert way in nothing["message"], nothing
 
 
 def test_the_instructions_name_the_kernels_servers_and_tools_search(everything_kernel):

@@ -15,7 +15,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 use crate::address::Answer;
 use checked::{ask_for_code, Unchecked};
-use code::{answer_in, code_block, with_blocks_closed, Block, Code};
+use code::{answer_in, code_block, unfenced_code, with_blocks_closed, Block, Code};
 use feedback::failure;
 
 mod checked;
@@ -225,7 +225,7 @@ impl PromptLoop {
             role: "assistant".into(),
             content: content.clone(),
         });
-        match code_block(&content) {
+        match code_block(&content).or_else(|| unfenced_code(&content)) {
             Some(block) => self.on_code(block, content),
             None => self.on_answer_text(&content),
         }

@@ -5,7 +5,9 @@
 //! any shape: they pass through here as they are (`ToolsCallArguments`'
 //! `arguments`, `ToolReply`'s `result` and `content`), never read.
 
-use agentos_proto::payload::{Detail, ToolCall, ToolReply, ToolSearchReply, DEFAULT_SEARCH_LIMIT};
+use agentos_proto::payload::{
+    Detail, ToolCall, ToolDescription, ToolReply, ToolSearchReply, DEFAULT_SEARCH_LIMIT,
+};
 use agentos_proto::Opcode;
 use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
@@ -49,4 +51,23 @@ pub async fn call(
     };
     // The kernel ends the call at its timeout.
     answer::<ToolReply>(kernel, Opcode::TOOL, &request, Wait::AsLongAsTheKernel).await
+}
+
+/// The kernel's tool that `name` names, with `-` and `_` taken as one (a
+/// model writes `get_sum` for `get-sum`), if the caller may use one.
+pub async fn named(kernel: &KernelLink, name: &str) -> Option<ToolDescription> {
+    let words = name.replace(['-', '_'], " ");
+    let request = ToolCall::Search {
+        query: words.clone(),
+        detail: Detail::Summary,
+        limit: DEFAULT_SEARCH_LIMIT,
+    };
+    let found: ToolSearchReply = kernel
+        .request(Opcode::TOOL, &request, Wait::Quick)
+        .await
+        .ok()?;
+    found
+        .tools
+        .into_iter()
+        .find(|tool| tool.name.replace(['-', '_'], " ") == words)
 }

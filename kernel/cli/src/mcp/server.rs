@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use agentos_proto::payload::{HelloReply, HelloRequest, PromptRequest};
+use agentos_proto::payload::{HelloReply, HelloRequest, PromptRequest, ToolDescription};
 use agentos_proto::Opcode;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -345,7 +345,11 @@ impl ServerHandler for AgentosServer {
         if !self.tools.has_route(&request.name) {
             // A model told of the kernel's MCP servers often calls their
             // tools by name here: say how they are reached.
-            return Err(ErrorData::invalid_params(unknown_tool(&request.name), None));
+            let kernel_tool = catalogue::named(&self.kernel, &request.name).await;
+            return Err(ErrorData::invalid_params(
+                unknown_tool(&request.name, kernel_tool.as_ref()),
+                None,
+            ));
         }
         self.tools
             .call(ToolCallContext::new(self, request, context))
@@ -416,13 +420,25 @@ fn has_cache_hints(context: &RequestContext<RoleServer>) -> bool {
 
 /// What a call of a tool this server does not have is told: the name is
 /// not one of its tools, and how the kernel's MCP servers' tools are
-/// reached.
-fn unknown_tool(name: &str) -> String {
-    format!(
-        "no tool {name:?} here. The kernel's MCP servers' tools are called with tools_call \
-         (server, tool, arguments; tools_search finds them), or from exec's Python as \
-         tools.<server>.<tool>(...)"
-    )
+/// reached — the very call, when `name` is one of them — or that code is
+/// run with exec.
+fn unknown_tool(name: &str, kernel_tool: Option<&ToolDescription>) -> String {
+    match kernel_tool {
+        Some(tool) => format!(
+            "no tool {name:?} here: it is the {server} server's tool {tool_name:?}. Call it \
+             with tools_call(server={server:?}, tool={tool_name:?}, arguments={{...}}), or \
+             from exec's Python as tools.{server}.{python_name}(...)",
+            server = tool.server,
+            tool_name = tool.name,
+            python_name = tool.name.replace('-', "_"),
+        ),
+        None => format!(
+            "no tool {name:?} here. To compute something, run Python with exec. The \
+             kernel's MCP servers' tools are called with tools_call (server, tool, \
+             arguments; tools_search finds them), or from exec's Python as \
+             tools.<server>.<tool>(...)"
+        ),
+    }
 }
 
 #[cfg(test)]

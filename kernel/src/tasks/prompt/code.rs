@@ -88,6 +88,26 @@ pub fn code_block(text: &str) -> Option<Block> {
     untagged
 }
 
+/// A reply with no fence at all that begins as Python does, with a call
+/// of `print` or an import: small models write their code bare. It is run
+/// as a block without a language, so the sandbox decides whether it is
+/// code; prose that only mentions `print(` does not parse and stays text.
+pub fn unfenced_code(text: &str) -> Option<Block> {
+    if text.contains("```") {
+        return None;
+    }
+    let code = text.trim();
+    let first = code.lines().next()?.trim_start();
+    let starts_as_python = ["print(", "import ", "from "]
+        .iter()
+        .any(|start| first.starts_with(start));
+    starts_as_python.then(|| Block {
+        language: "python".into(),
+        code: code.to_owned(),
+        untagged: true,
+    })
+}
+
 /// Code as the loop compares it: the same language and the same text once
 /// stripped of surrounding blank space.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -185,6 +205,37 @@ mod tests {
         assert_eq!(
             answer_in("```\na\n```\nand\n```\nb\n```"),
             "```\na\n```\nand\n```\nb\n```"
+        );
+    }
+
+    #[test]
+    fn a_reply_without_a_fence_that_begins_as_python_is_a_bare_block() {
+        let bare = |code: &str| {
+            Some(Block {
+                language: "python".into(),
+                code: code.into(),
+                untagged: true,
+            })
+        };
+        assert_eq!(
+            unfenced_code("print(30 + 4321)\n"),
+            bare("print(30 + 4321)")
+        );
+        assert_eq!(
+            unfenced_code("import math\nprint(math.pi)"),
+            bare("import math\nprint(math.pi)")
+        );
+        assert_eq!(
+            unfenced_code("from os import sep"),
+            bare("from os import sep")
+        );
+        assert_eq!(unfenced_code("The answer is 4351."), None);
+        assert_eq!(unfenced_code("4351"), None);
+        assert_eq!(unfenced_code(""), None);
+        assert_eq!(
+            unfenced_code("print(1)\n```python\nprint(2)\n```"),
+            None,
+            "a reply with a fence is read by its blocks"
         );
     }
 }

@@ -567,3 +567,22 @@ fn the_task_asks_for_code_first_and_a_reply_ends_with_its_block() {
     let history = next.messages.unwrap();
     assert_eq!(history[2].content, "```python\nprint(4)\n```");
 }
+
+#[test]
+fn code_written_without_a_fence_runs_and_prose_that_does_not_parse_is_the_answer() {
+    let (mut prompt, _) = PromptLoop::start(request(5), "s".into(), "");
+    let run = run_request(prompt.on_think(&think("print(30 + 4321)")));
+    assert_eq!(run.code, "print(30 + 4321)");
+    assert!(
+        run.skip_if_not_code,
+        "the sandbox decides whether it is code"
+    );
+    let _ = prompt.on_exec(&ran("4351\n", 0));
+    let reply = "print(x) shows 4351.";
+    let _ = run_request(prompt.on_think(&think(reply)));
+    let (answered, result) = result_of(prompt.on_exec(&not_code(NOT_PYTHON)));
+    assert!(answered);
+    assert_eq!(result["answer"], reply);
+    assert_eq!(result["iterations"].as_array().unwrap().len(), 1);
+    assert_eq!(result["checked"], true, "{result}");
+}
