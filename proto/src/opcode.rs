@@ -27,6 +27,10 @@ impl Opcode {
     pub const EXEC: Opcode = Opcode(0x02);
     /// List, search and call tools (MCP servers' and the kernel's).
     pub const TOOL: Opcode = Opcode(0x05);
+    /// The caller's own permissions, with the level they amount to.
+    pub const GET_PERMS: Opcode = Opcode(0x40);
+    /// Lower the caller's permissions, or an agent's it manages.
+    pub const SET_PERMS: Opcode = Opcode(0x41);
     /// Start an agent process.
     pub const SPAWN: Opcode = Opcode(0x10);
     /// Stop an agent process tree.
@@ -48,7 +52,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 13] = [
+    pub const ALL: [Opcode; 15] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -60,6 +64,8 @@ impl Opcode {
         Opcode::LOGS,
         Opcode::NET,
         Opcode::METRICS,
+        Opcode::GET_PERMS,
+        Opcode::SET_PERMS,
         Opcode::HELLO,
         Opcode::EXIT,
     ];
@@ -78,6 +84,8 @@ impl Opcode {
             Opcode::LOGS => "LOGS",
             Opcode::NET => "NET",
             Opcode::METRICS => "METRICS",
+            Opcode::GET_PERMS => "GET_PERMS",
+            Opcode::SET_PERMS => "SET_PERMS",
             Opcode::HELLO => "HELLO",
             Opcode::EXIT => "EXIT",
             _ => return None,
@@ -142,6 +150,8 @@ mod tests {
             (0x16, "LOGS"),
             (0x17, "NET"),
             (0x18, "METRICS"),
+            (0x40, "GET_PERMS"),
+            (0x41, "SET_PERMS"),
             (0xFE, "HELLO"),
             (0xFF, "EXIT"),
         ];

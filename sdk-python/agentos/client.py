@@ -198,6 +198,35 @@ class AgentOSClient(Connection):
         request.update(op="set", network=dict(policy))
         return self.call_json(Opcode.NET, request)
 
+    # -- permissions ------------------------------------------------------
+
+    def get_permissions(self) -> Dict[str, Any]:
+        """GET_PERMS: what this caller may do now — ``permissions`` with
+        ``level`` (``unrestricted``, ``standard``, ``readonly``,
+        ``minimal`` or ``custom``) and each switch (``think``, ``exec``,
+        ``spawn``, ``task``, ``read``, ``write``, ``http``)."""
+        return self.call_json(Opcode.GET_PERMS, {})
+
+    def set_permissions(
+        self,
+        level: Optional[str] = None,
+        permissions: Optional[Mapping[str, bool]] = None,
+        agent_id: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """SET_PERMS: lowers this caller (an operator: this connection
+        only), or an agent it manages with its descendants, to a ``level``
+        or by ``can_*`` switches (``{"can_exec": False}``). Nothing is ever
+        raised: ``unrestricted`` changes nothing. Returns what
+        :meth:`get_permissions` does, after the change."""
+        request: Dict[str, Any] = {}
+        if level is not None:
+            request["level"] = level
+        if permissions is not None:
+            request["permissions"] = dict(permissions)
+        if agent_id is not None:
+            request["agent_id"] = agent_id
+        return self.call_json(Opcode.SET_PERMS, request)
+
     # -- think ------------------------------------------------------------
 
     def think(

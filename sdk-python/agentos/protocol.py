@@ -36,6 +36,8 @@ class Opcode(enum.IntEnum):
     LOGS = 0x16
     NET = 0x17
     METRICS = 0x18
+    GET_PERMS = 0x40
+    SET_PERMS = 0x41
     HELLO = 0xFE
     EXIT = 0xFF
 

@@ -75,6 +75,25 @@ pub fn controlled(table: &Table, caller: Viewer, target: &AgentRef) -> Result<u3
         })
 }
 
+/// The agent SET_PERMS may lower for `caller`: itself (an agent), or one
+/// it may stop (KILL's rule). Any other is `not_found`, in the words used
+/// for one that does not exist.
+pub fn lowered_target(table: &Table, caller: Viewer, id: u32) -> Result<u32, ErrorReply> {
+    let itself = caller == Viewer::Agent(id);
+    if table.get(id).is_some() && (itself || table.may_stop(caller, id)) {
+        return Ok(id);
+    }
+    Err(no_agent(id))
+}
+
+/// An agent the caller does not manage, said as one that does not exist.
+pub fn no_agent(id: u32) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::NotFound,
+        format!("no agent with id {id} among those this caller manages"),
+    )
+}
+
 /// KILL `remove` forgets only an agent that has ended.
 pub fn check_removable(agent: &Agent) -> Result<(), ErrorReply> {
     if agent.is_live() {

@@ -127,6 +127,9 @@ fn child_permissions(
         ("permissions.exec", asked.exec, parent.exec),
         ("permissions.spawn", asked.spawn, parent.spawn),
         ("permissions.task", asked.task, parent.task),
+        ("permissions.read", asked.read, parent.read),
+        ("permissions.write", asked.write, parent.write),
+        ("permissions.http", asked.http, parent.http),
     ] {
         if asked == Some(true) && !own {
             return Err(denied(field, "its parent does not have it"));
@@ -187,6 +190,9 @@ mod tests {
                 exec: true,
                 spawn: true,
                 task: true,
+                read: true,
+                write: false,
+                http: true,
                 llm_tokens: 1000,
                 tools: vec!["everything.*".into(), "time.get_current_time".into()],
             },

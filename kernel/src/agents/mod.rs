@@ -292,6 +292,45 @@ impl Agents {
         Ok(id)
     }
 
+    /// The permissions of agent `id`, if `caller` may lower them (itself,
+    /// or one it may stop); any other is `not_found`.
+    pub fn managed(&self, caller: Viewer, id: u32) -> Result<&Permissions, ErrorReply> {
+        let id = control::lowered_target(&self.table, caller, id)?;
+        self.table
+            .get(id)
+            .map(|agent| &agent.permissions)
+            .ok_or_else(|| control::no_agent(id))
+    }
+
+    /// SET_PERMS on agent `id`: its permissions, and every descendant's,
+    /// become what `lower` makes of them, for good (restarts keep them).
+    /// Returns what agent `id` keeps.
+    pub fn lower(
+        &mut self,
+        caller: Viewer,
+        id: u32,
+        lower: impl Fn(Permissions) -> Permissions,
+    ) -> Result<Permissions, ErrorReply> {
+        let id = control::lowered_target(&self.table, caller, id)?;
+        let family: Vec<u32> = self
+            .table
+            .values()
+            .filter(|a| a.id == id || self.table.is_descendant(a.id, id))
+            .map(|a| a.id)
+            .collect();
+        for member in family {
+            if let Some(agent) = self.table.get_mut(member) {
+                agent.permissions = lower(agent.permissions.clone());
+            }
+        }
+        log::info!("agent {id}: permissions lowered, with its descendants'");
+        Ok(self
+            .table
+            .get(id)
+            .map(|agent| agent.permissions.clone())
+            .unwrap_or_default())
+    }
+
     /// KILL `remove`: forgets the record of an ended agent. Returns its id.
     pub fn remove(&mut self, caller: Viewer, request: &KillRequest) -> Result<u32, ErrorReply> {
         let id = control::controlled(&self.table, caller, &request.target()?)?;

@@ -34,7 +34,17 @@ const FIELDS: &[&str] = &[
 /// Fields of an entry's `limits`.
 const LIMIT_FIELDS: &[&str] = &["memory", "cpu_quota", "cpu_period", "max_pids"];
 /// Fields of an entry's `permissions`.
-const PERMISSION_FIELDS: &[&str] = &["think", "exec", "spawn", "task", "llm_tokens", "tools"];
+const PERMISSION_FIELDS: &[&str] = &[
+    "think",
+    "exec",
+    "spawn",
+    "task",
+    "read",
+    "write",
+    "http",
+    "llm_tokens",
+    "tools",
+];
 
 /// Reads the `boot` array: each entry a SPAWN request that follows the
 /// protocol's rules, with no field SPAWN does not know (a misspelt
@@ -151,6 +161,9 @@ mod tests {
                 exec: Some(true),
                 spawn: Some(true),
                 task: Some(true),
+                read: Some(true),
+                write: Some(true),
+                http: Some(true),
                 llm_tokens: Some(1),
                 tools: Some(vec![]),
             },

@@ -27,10 +27,13 @@ use crate::permissions::{beyond_caller, covered_by};
 /// Who is asking, with what it was given.
 #[derive(Clone, Copy, Debug)]
 pub enum Actor<'a> {
-    /// An operator: anything the protocol allows.
+    /// An operator: anything the protocol allows, unless its connection
+    /// lowered itself (GET/SET_PERMS).
     Operator {
         /// Its user id.
         uid: u32,
+        /// What its connection kept after lowering itself, if it did.
+        lowered: Option<&'a Permissions>,
     },
     /// An agent, within its grant.
     Agent {
@@ -57,7 +60,7 @@ impl<'a> Actor<'a> {
         runs: &'a Runs,
     ) -> Result<Self, ErrorReply> {
         match principal {
-            Principal::Operator { uid } => Ok(Actor::Operator { uid }),
+            Principal::Operator { uid } => Ok(Actor::Operator { uid, lowered: None }),
             Principal::Agent { id } => agents
                 .grant(id)
                 .map(|grant| Actor::Agent { id, grant })
@@ -79,7 +82,7 @@ impl<'a> Actor<'a> {
     /// The principal it is.
     pub fn principal(&self) -> Principal {
         match *self {
-            Actor::Operator { uid } => Principal::Operator { uid },
+            Actor::Operator { uid, .. } => Principal::Operator { uid },
             Actor::Agent { id, .. } => Principal::Agent { id },
             Actor::Run { number, .. } => Principal::Run { number },
         }
@@ -88,7 +91,7 @@ impl<'a> Actor<'a> {
     /// The operator or agent at the end of its chain of callers.
     pub fn root(&self) -> Root {
         match *self {
-            Actor::Operator { uid } => Root::Operator(uid),
+            Actor::Operator { uid, .. } => Root::Operator(uid),
             Actor::Agent { id, .. } => Root::Agent(id),
             Actor::Run { grant, .. } => grant.root,
         }
@@ -115,7 +118,7 @@ impl<'a> Actor<'a> {
     /// How it is named in refusals.
     pub fn name(&self) -> String {
         match self {
-            Actor::Operator { uid } => format!("operator uid {uid}"),
+            Actor::Operator { uid, .. } => format!("operator uid {uid}"),
             Actor::Agent { grant, .. } => format!("agent {}", grant.name),
             Actor::Run { number, .. } => format!("EXEC run {number}"),
         }
@@ -124,22 +127,31 @@ impl<'a> Actor<'a> {
     /// What it may do, as a bound on what it may give.
     fn powers(&self) -> Powers<'_> {
         match self {
-            Actor::Operator { .. } => Powers {
-                think: true,
-                exec: true,
-                spawn: true,
-                task: true,
-                tools: None,
-                network: &Egress::Host,
-                limits: Limits::default(),
-                budgets: &[],
-            },
+            Actor::Operator { lowered, .. } => {
+                let kept = |bit: fn(&Permissions) -> bool| lowered.is_none_or(bit);
+                Powers {
+                    think: kept(|p| p.think),
+                    exec: kept(|p| p.exec),
+                    spawn: kept(|p| p.spawn),
+                    task: kept(|p| p.task),
+                    read: kept(|p| p.read),
+                    write: kept(|p| p.write),
+                    http: kept(|p| p.http),
+                    tools: None,
+                    network: &Egress::Host,
+                    limits: Limits::default(),
+                    budgets: &[],
+                }
+            }
             Actor::Agent { grant, .. } => Powers {
                 think: grant.permissions.think,
                 exec: grant.permissions.exec,
                 spawn: grant.permissions.spawn,
                 // An agent dispatches the tasks its other permissions allow.
                 task: grant.permissions.task && (grant.permissions.exec || grant.permissions.think),
+                read: grant.permissions.read,
+                write: grant.permissions.write,
+                http: grant.permissions.http,
                 tools: Some(&grant.permissions.tools),
                 network: grant.network,
                 limits: grant.limits,
@@ -150,11 +162,37 @@ impl<'a> Actor<'a> {
                 exec: grant.permissions.exec,
                 spawn: grant.permissions.spawn,
                 task: grant.permissions.task,
+                read: grant.permissions.read,
+                write: grant.permissions.write,
+                http: grant.permissions.http,
                 tools: Some(&grant.permissions.tools),
                 network: &grant.network,
                 limits: grant.limits,
                 budgets: &grant.budgets,
             },
+        }
+    }
+
+    /// What it may do now, as GET_PERMS reports it.
+    pub fn permissions(&self) -> Permissions {
+        let powers = self.powers();
+        let llm_tokens = match self {
+            Actor::Operator { .. } => 0,
+            Actor::Agent { grant, .. } => grant.permissions.llm_tokens,
+            Actor::Run { grant, .. } => grant.permissions.llm_tokens,
+        };
+        Permissions {
+            think: powers.think,
+            exec: powers.exec,
+            spawn: powers.spawn,
+            task: powers.task,
+            read: powers.read,
+            write: powers.write,
+            http: powers.http,
+            llm_tokens,
+            tools: powers
+                .tools
+                .map_or_else(|| vec!["*".to_owned()], <[String]>::to_vec),
         }
     }
 
@@ -296,6 +334,9 @@ impl<'a> Actor<'a> {
                 exec: asked.exec.unwrap_or(false),
                 spawn: asked.spawn.unwrap_or(false),
                 task: asked.task.unwrap_or(false),
+                read: powers.read,
+                write: powers.write,
+                http: powers.http,
                 llm_tokens: own_tokens,
                 tools,
             },
@@ -318,6 +359,9 @@ struct Powers<'a> {
     exec: bool,
     spawn: bool,
     task: bool,
+    read: bool,
+    write: bool,
+    http: bool,
     /// `None`: every tool.
     tools: Option<&'a [String]>,
     network: &'a Egress,
@@ -380,7 +424,10 @@ mod tests {
 
     #[test]
     fn an_operators_run_gets_tools_and_think_only_by_default() {
-        let operator = Actor::Operator { uid: 0 };
+        let operator = Actor::Operator {
+            uid: 0,
+            lowered: None,
+        };
         let grant = run_of(&operator, r#"{"code":"1"}"#).unwrap();
         assert_eq!(grant.of, Principal::Operator { uid: 0 });
         assert!(grant.permissions.think);
@@ -398,6 +445,9 @@ mod tests {
             exec: true,
             spawn: false,
             task: true,
+            read: true,
+            write: true,
+            http: true,
             llm_tokens: 0,
             tools: vec!["time.*".into()],
         };
@@ -455,7 +505,10 @@ mod tests {
 
     #[test]
     fn a_run_of_a_run_is_held_to_the_first_runs_grant() {
-        let operator = Actor::Operator { uid: 0 };
+        let operator = Actor::Operator {
+            uid: 0,
+            lowered: None,
+        };
         let first = run_of(&operator, r#"{"code":"1","permissions":{"exec":true}}"#).unwrap();
         let run = Actor::Run {
             number: 4,
@@ -473,7 +526,10 @@ mod tests {
 
     #[test]
     fn a_runs_policy_lies_within_its_callers_and_never_is_the_host_network() {
-        let operator = Actor::Operator { uid: 0 };
+        let operator = Actor::Operator {
+            uid: 0,
+            lowered: None,
+        };
         let host = run_of(&operator, r#"{"code":"1","network":true}"#).unwrap_err();
         assert_eq!(host.code, ErrorCode::Unavailable);
         let first = run_of(

@@ -23,6 +23,7 @@
 mod actor;
 mod boot;
 mod log_follows;
+mod lowered;
 mod metrics;
 mod output;
 mod reactor_counts;
@@ -47,6 +48,7 @@ use mio::{Registry, Token, Waker};
 
 pub use actor::{Actor, Permission};
 pub use log_follows::{log_seen_by, logs_reply, FollowOwner, LogFollower, LogFollowers};
+pub use lowered::LoweredConnections;
 pub use runs::{Root, Runs};
 pub use sandboxes::{agent_sandboxes, exec_sandboxes, SandboxOwner};
 pub use start::StartError;
@@ -113,6 +115,8 @@ pub struct Kernel {
     pub(crate) reactor_counts: ReactorCounts,
     /// Where spans go, if `[tracing]` is on.
     pub(crate) tracer: Arc<Tracer>,
+    /// Operators' connections that lowered themselves.
+    pub(crate) lowered: LoweredConnections,
 }
 
 impl Kernel {
@@ -198,6 +202,7 @@ impl Kernel {
             metrics: Publisher::new(Instant::now()),
             reactor_counts: ReactorCounts::default(),
             tracer,
+            lowered: LoweredConnections::default(),
         };
         start::serve_metrics(&kernel.config.metrics, &kernel.metrics.published)?;
         // Tasks queued before a restart run now.
@@ -307,6 +312,7 @@ impl Kernel {
         self.tasks.connection_closed(serial);
         self.log_followers.connection_closed(serial);
         self.router.connection_closed(serial);
+        self.lowered.connection_closed(serial);
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).

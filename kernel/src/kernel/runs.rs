@@ -152,6 +152,18 @@ impl Runs {
         owners
     }
 
+    /// SET_PERMS by run `number` on itself: its permissions become what
+    /// `lower` makes of them, for the rest of the run.
+    pub fn lower(
+        &mut self,
+        number: u64,
+        lower: impl Fn(Permissions) -> Permissions,
+    ) -> Option<Permissions> {
+        let grant = self.grants.get_mut(&number)?;
+        grant.permissions = lower(grant.permissions.clone());
+        Some(grant.permissions.clone())
+    }
+
     /// Whether any run is in progress (so replies need looking at).
     pub fn is_empty(&self) -> bool {
         self.grants.is_empty()

@@ -19,6 +19,7 @@ mod list;
 mod logs;
 mod metrics;
 mod net;
+mod perms;
 mod request;
 mod spawn;
 mod task;
@@ -51,6 +52,8 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::LOGS => logs::handle,
         Opcode::NET => net::handle,
         Opcode::METRICS => metrics::handle,
+        Opcode::GET_PERMS => perms::get,
+        Opcode::SET_PERMS => perms::set,
         _ => unknown,
     };
     let outcome = handler(kernel, request);

@@ -84,7 +84,15 @@ pub(super) fn actor<'k>(
     kernel: &'k Kernel,
     request: &Request<'_>,
 ) -> Result<Actor<'k>, ErrorReply> {
-    Actor::of(request.caller.principal(), &kernel.agents, &kernel.runs)
+    let actor = Actor::of(request.caller.principal(), &kernel.agents, &kernel.runs)?;
+    // An operator's connection may have lowered itself.
+    Ok(match (actor, request.reply_to.connection()) {
+        (Actor::Operator { uid, .. }, Some(serial)) => Actor::Operator {
+            uid,
+            lowered: kernel.lowered.get(serial),
+        },
+        (actor, _) => actor,
+    })
 }
 
 /// A typed result as the reply.

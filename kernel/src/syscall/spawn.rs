@@ -11,7 +11,7 @@
 //! of the agent the run is of, its paths are those runs see, and it ends
 //! when the run does.
 
-use agentos_proto::payload::SpawnRequest;
+use agentos_proto::payload::{Permissions, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::request::{actor, Outcome, Request};
@@ -24,8 +24,8 @@ use crate::sandbox::runtime::Sandboxes;
 use crate::telemetry::tracer::SpanAgent;
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
-    let started = SpawnRequest::parse(request.payload).and_then(|spawn| {
-        let (spawner, tokens_left) = spawner_for(kernel, request, &spawn)?;
+    let started = SpawnRequest::parse(request.payload).and_then(|mut spawn| {
+        let (spawner, tokens_left) = spawner_for(kernel, request, &mut spawn)?;
         let name = spawn.name.clone();
         let id = kernel.agents.spawn(
             &mut agent_sandboxes(&mut kernel.sandboxes),
@@ -48,13 +48,16 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 fn spawner_for(
     kernel: &Kernel,
     request: &Request<'_>,
-    spawn: &SpawnRequest,
+    spawn: &mut SpawnRequest,
 ) -> Result<(Spawner, Option<u64>), ErrorReply> {
     let actor = actor(kernel, request)?;
-    if let Actor::Operator { .. } = actor {
+    actor.require(Permission::Spawn)?;
+    if let Actor::Operator { lowered, .. } = actor {
+        if let Some(kept) = lowered {
+            within_lowered(spawn, kept)?;
+        }
         return Ok((Spawner::Operator, None));
     }
-    actor.require(Permission::Spawn)?;
     // A boot agent that is down must not find a stand-in under its name.
     if kernel
         .config()
@@ -97,4 +100,35 @@ fn spawner_for(
         Actor::Operator { .. } => Spawner::Operator,
     };
     Ok((spawner, tokens_left))
+}
+
+/// An operator connection that lowered itself spawns no agent with more
+/// than it kept: a switch it dropped is refused if asked for, and off
+/// where the request leaves it out.
+fn within_lowered(spawn: &mut SpawnRequest, kept: &Permissions) -> Result<(), ErrorReply> {
+    let asked = &mut spawn.permissions;
+    for (field, asked, held) in [
+        ("think", &mut asked.think, kept.think),
+        ("exec", &mut asked.exec, kept.exec),
+        ("spawn", &mut asked.spawn, kept.spawn),
+        ("task", &mut asked.task, kept.task),
+        ("read", &mut asked.read, kept.read),
+        ("write", &mut asked.write, kept.write),
+        ("http", &mut asked.http, kept.http),
+    ] {
+        if held {
+            continue;
+        }
+        if *asked == Some(true) {
+            return Err(ErrorReply::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "SPAWN field `permissions.{field}`: this connection lowered itself \
+                     without it (a child never gets more than its parent)"
+                ),
+            ));
+        }
+        *asked = Some(false);
+    }
+    Ok(())
 }

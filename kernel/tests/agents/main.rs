@@ -10,6 +10,7 @@ mod inheritance;
 mod interpreter;
 mod lifecycle;
 mod logs;
+mod permissions;
 
 use std::fs;
 use std::path::{Path, PathBuf};

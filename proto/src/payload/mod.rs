@@ -18,6 +18,7 @@ mod logs;
 mod metrics;
 mod network;
 mod parse;
+mod permissions;
 mod spawn;
 mod task;
 mod think;
@@ -45,6 +46,9 @@ pub use metrics::{MetricsReply, MetricsRequest};
 pub use network::{NetAttempt, NetOp, NetReply, NetRequest, NetTotals, Network, NetworkPolicy};
 pub use parse::{
     bad_request, from_value, noting_unknown, parse_json, validate_name, UnknownField, MAX_NAME_LEN,
+};
+pub use permissions::{
+    CloveSwitches, GetPermsRequest, PermissionLevel, PermissionsView, PermsReply, SetPermsRequest,
 };
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,

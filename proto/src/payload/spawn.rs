@@ -91,6 +91,16 @@ pub struct Permissions {
     /// May dispatch TASKs (of the kinds its other permissions allow).
     #[serde(default = "yes")]
     pub task: bool,
+    /// May READ files (0x03) in its own view of the filesystem.
+    #[serde(default = "yes")]
+    pub read: bool,
+    /// May WRITE files (0x04) in its own view of the filesystem.
+    #[serde(default = "yes")]
+    pub write: bool,
+    /// May have the kernel make HTTP requests (0x50), within its network
+    /// policy.
+    #[serde(default = "yes")]
+    pub http: bool,
     /// LLM token quota; 0 means unlimited.
     #[serde(default)]
     pub llm_tokens: u64,
@@ -133,6 +143,15 @@ pub struct PermissionsRequest {
     /// May dispatch TASKs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<bool>,
+    /// May READ files in its own view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read: Option<bool>,
+    /// May WRITE files in its own view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write: Option<bool>,
+    /// May make HTTP requests through the kernel, within its network policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<bool>,
     /// LLM token budget; 0 means unlimited (for an operator's SPAWN) or
     /// "share the parent's" (for an agent's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -157,6 +176,9 @@ impl PermissionsRequest {
             exec: self.exec.unwrap_or(defaults.exec),
             spawn: self.spawn.unwrap_or(defaults.spawn),
             task: self.task.unwrap_or(defaults.task),
+            read: self.read.unwrap_or(defaults.read),
+            write: self.write.unwrap_or(defaults.write),
+            http: self.http.unwrap_or(defaults.http),
             llm_tokens: self.llm_tokens.unwrap_or(defaults.llm_tokens),
             tools: self.tools.clone().unwrap_or(defaults.tools),
         }
@@ -178,6 +200,9 @@ impl Default for Permissions {
             exec: true,
             spawn: false,
             task: true,
+            read: true,
+            write: true,
+            http: true,
             llm_tokens: 0,
             tools: every_tool(),
         }
