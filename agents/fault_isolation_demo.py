@@ -24,7 +24,7 @@ from agentos import AgentOSClient, NotFound
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
-LIVE_STATES = ("starting", "running", "restarting")
+LIVE_STATES = ("starting", "running", "paused", "restarting")
 
 
 def stop_all(kernel: AgentOSClient, ids: list[int], grace_ms: int = 1000) -> None:

@@ -24,7 +24,7 @@ DEFAULT_QUESTIONS = (
     "Why do leaves change colour in autumn?",
     "What is a prime number?",
 )
-LIVE_STATES = ("starting", "running", "restarting")
+LIVE_STATES = ("starting", "running", "paused", "restarting")
 WAIT_SECONDS = 120
 
 

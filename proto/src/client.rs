@@ -19,8 +19,8 @@ use crate::error::{ErrorCode, ErrorReply};
 use crate::frame::{encode_frame_into, DecodeError, FrameDecoder, MAX_REPLY_BYTES};
 use crate::opcode::Opcode;
 use crate::payload::{
-    AgentInfo, HelloReply, KillReply, KillRequest, SpawnReply, SpawnRequest, ThinkReply,
-    ThinkRequest,
+    AgentInfo, HelloReply, KillReply, KillRequest, PauseReply, PauseRequest, SpawnReply,
+    SpawnRequest, ThinkReply, ThinkRequest,
 };
 use crate::socket_path::resolve_socket_path;
 
@@ -292,6 +292,18 @@ impl Client {
     pub fn kill(&mut self, request: &KillRequest) -> Result<KillReply, ClientError> {
         let payload = serde_json::to_vec(request)?;
         self.call_json(Opcode::KILL, &payload)
+    }
+
+    /// PAUSE: freezes a live agent; the reply comes once it stands still.
+    pub fn pause(&mut self, request: &PauseRequest) -> Result<PauseReply, ClientError> {
+        let payload = serde_json::to_vec(request)?;
+        self.call_json(Opcode::PAUSE, &payload)
+    }
+
+    /// RESUME: lets a paused agent go on.
+    pub fn resume(&mut self, request: &PauseRequest) -> Result<PauseReply, ClientError> {
+        let payload = serde_json::to_vec(request)?;
+        self.call_json(Opcode::RESUME, &payload)
     }
 
     /// EXIT: says goodbye and waits for the kernel to close the connection.

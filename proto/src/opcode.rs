@@ -39,6 +39,10 @@ impl Opcode {
     pub const LIST: Opcode = Opcode(0x12);
     /// Background work: dispatch, status, wait, list, cancel.
     pub const TASK: Opcode = Opcode(0x13);
+    /// Freeze an agent's processes where they stand.
+    pub const PAUSE: Opcode = Opcode(0x14);
+    /// Let a paused agent go on.
+    pub const RESUME: Opcode = Opcode(0x15);
     /// An agent's log: its tail, or what it writes next.
     pub const LOGS: Opcode = Opcode(0x16);
     /// An agent's network: its connection record, or a new policy.
@@ -52,7 +56,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 15] = [
+    pub const ALL: [Opcode; 17] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -61,6 +65,8 @@ impl Opcode {
         Opcode::KILL,
         Opcode::LIST,
         Opcode::TASK,
+        Opcode::PAUSE,
+        Opcode::RESUME,
         Opcode::LOGS,
         Opcode::NET,
         Opcode::METRICS,
@@ -81,6 +87,8 @@ impl Opcode {
             Opcode::KILL => "KILL",
             Opcode::LIST => "LIST",
             Opcode::TASK => "TASK",
+            Opcode::PAUSE => "PAUSE",
+            Opcode::RESUME => "RESUME",
             Opcode::LOGS => "LOGS",
             Opcode::NET => "NET",
             Opcode::METRICS => "METRICS",
@@ -147,6 +155,8 @@ mod tests {
             (0x11, "KILL"),
             (0x12, "LIST"),
             (0x13, "TASK"),
+            (0x14, "PAUSE"),
+            (0x15, "RESUME"),
             (0x16, "LOGS"),
             (0x17, "NET"),
             (0x18, "METRICS"),

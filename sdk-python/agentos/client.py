@@ -150,6 +150,16 @@ class AgentOSClient(Connection):
         request.update(_present(grace_ms=grace_ms))
         return results.without_success(self.call_json(Opcode.KILL, request))  # type: ignore[return-value]
 
+    def pause(self, agent: AgentRef) -> Dict[str, Any]:
+        """PAUSE: freezes a live agent where it stands (no CPU, no signal
+        handled) and returns once it does: ``{"id", "name", "state":
+        "paused"}``. LIST shows it ``paused`` until :meth:`resume`."""
+        return self.call_json(Opcode.PAUSE, _agent_ref(agent))
+
+    def resume(self, agent: AgentRef) -> Dict[str, Any]:
+        """RESUME: lets a paused agent go on (``"state": "running"``)."""
+        return self.call_json(Opcode.RESUME, _agent_ref(agent))
+
     def list_agents(self) -> List[Agent]:
         """LIST: every agent you may see (live, and recently ended), with
         its state, exit code or signal, restarts, limits, and memory and CPU

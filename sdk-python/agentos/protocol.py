@@ -33,6 +33,8 @@ class Opcode(enum.IntEnum):
     KILL = 0x11
     LIST = 0x12
     TASK = 0x13
+    PAUSE = 0x14
+    RESUME = 0x15
     LOGS = 0x16
     NET = 0x17
     METRICS = 0x18

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Literal, Optional, TypedDict, Union
 
 AgentState = Literal[
-    "starting", "running", "exited", "killed", "oom_killed", "failed", "restarting"
+    "starting", "running", "paused", "exited", "killed", "oom_killed", "failed", "restarting"
 ]
 RestartPolicy = Literal["never", "on-failure", "always"]
 TaskState = Literal[

@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    AgentInfo, AgentState, KillReply, KillRequest, Network, RestartPolicy, RestartReply, SpawnReply,
+    AgentInfo, AgentState, KillReply, KillRequest, Network, PauseRequest, RestartPolicy,
+    RestartReply, SpawnReply,
 };
 use agentos_proto::{Client, Opcode};
 use serde::Serialize;
@@ -48,6 +49,7 @@ impl Filter {
                     "live",
                     "starting",
                     "running",
+                    "paused",
                     "exited",
                     "killed",
                     "oom_killed",
@@ -298,6 +300,47 @@ pub struct StopArgs {
     /// Milliseconds between SIGTERM and SIGKILL [default: 5000]
     #[arg(long, value_name = "MS")]
     grace_ms: Option<u64>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct FreezeArgs {
+    /// Agent names, or ids
+    #[arg(required = true)]
+    agents: Vec<String>,
+}
+
+/// `pause` (PAUSE) and `resume` (RESUME): each agent in turn; PAUSE
+/// answers once the agent stands still.
+pub fn freeze(
+    client: &mut Client,
+    args: FreezeArgs,
+    pause: bool,
+    json: bool,
+) -> Result<(), CliError> {
+    let mut replies = Vec::new();
+    for agent in &args.agents {
+        let (id, name) = id_or_name(agent);
+        let request = PauseRequest { id, name };
+        let reply = if pause {
+            client.pause(&request)
+        } else {
+            client.resume(&request)
+        }
+        .map_err(|err| failure::about_agent(agent, err))?;
+        if !json {
+            println!(
+                "agent {} ({}) {}",
+                reply.id,
+                reply.name,
+                reply.state.as_str()
+            );
+        }
+        replies.push(reply);
+    }
+    if json {
+        print_one_or_all(&replies)?;
+    }
+    Ok(())
 }
 
 /// `stop`'s and `kill`'s JSON for one agent: KILL's reply, and once the

@@ -109,6 +109,11 @@ enum Command {
     /// Stop agents and start them again (same spec, same id); returns once
     /// each runs again
     Restart(agents::StopArgs),
+    /// Freeze agents where they stand (the cgroup freezer: no CPU, no
+    /// signal handled) until `resume`
+    Pause(agents::FreezeArgs),
+    /// Let paused agents go on
+    Resume(agents::FreezeArgs),
     /// Remove ended agents from the list (-f stops a live one first)
     Rm(agents::RmArgs),
     /// Print an agent's log: its last lines, and with -f what it writes
@@ -286,6 +291,8 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Stop(stop) => agents::stop(client, stop, true, wait_for, json),
         Command::Kill { stop, wait } => agents::stop(client, stop, wait, wait_for, json),
         Command::Restart(stop) => agents::restart(client, stop, wait_for, json),
+        Command::Pause(agents) => agents::freeze(client, agents, true, json),
+        Command::Resume(agents) => agents::freeze(client, agents, false, json),
         Command::Rm(rm_args) => agents::rm(client, rm_args, wait_for, json),
         Command::Think(think_args) => think::think(client, think_args, json),
         Command::Exec(exec_args) => return exec::exec(client, exec_args, json),

@@ -16,11 +16,21 @@ pub fn kill_target(
     caller: Viewer,
     request: &KillRequest,
 ) -> Result<u32, ErrorReply> {
-    let target = request.target()?;
-    let id = table.live_target(&target).map(|a| a.id).ok_or_else(|| {
+    live_controlled(table, caller, &request.target()?, "kill")
+}
+
+/// The live agent `target` names, if `caller` may stop it — and so `verb`
+/// it (kill, pause, resume).
+pub fn live_controlled(
+    table: &Table,
+    caller: Viewer,
+    target: &AgentRef,
+    verb: &str,
+) -> Result<u32, ErrorReply> {
+    let id = table.live_target(target).map(|a| a.id).ok_or_else(|| {
         ErrorReply::new(
             ErrorCode::NotFound,
-            match &target {
+            match target {
                 AgentRef::Id(id) => format!("no live agent with id {id}"),
                 AgentRef::Name(name) => format!("no live agent named {name:?}"),
             },
@@ -30,11 +40,11 @@ pub fn kill_target(
         return Err(ErrorReply::new(
             ErrorCode::PermissionDenied,
             match caller {
-                Viewer::Run(_) => "an EXEC run may only kill agents it spawned itself",
-                _ => {
-                    "agents may only kill agents they spawned (directly or through their \
+                Viewer::Run(_) => format!("an EXEC run may only {verb} agents it spawned itself"),
+                _ => format!(
+                    "agents may only {verb} agents they spawned (directly or through their \
                      children)"
-                }
+                ),
             },
         ));
     }

@@ -292,6 +292,20 @@ impl Agents {
         Ok(id)
     }
 
+    /// PAUSE and RESUME (`verb`): the live agent `target` names, if
+    /// `caller` may stop it, with its name and the sandbox of its current
+    /// incarnation (`None` between restarts).
+    pub fn to_freeze(
+        &self,
+        caller: Viewer,
+        target: &AgentRef,
+        verb: &str,
+    ) -> Result<(u32, String, Option<SandboxKey>), ErrorReply> {
+        let id = control::live_controlled(&self.table, caller, target, verb)?;
+        let agent = self.table.get(id).ok_or_else(|| control::no_agent(id))?;
+        Ok((id, agent.name.clone(), agent.sandbox))
+    }
+
     /// The permissions of agent `id`, if `caller` may lower them (itself,
     /// or one it may stop); any other is `not_found`.
     pub fn managed(&self, caller: Viewer, id: u32) -> Result<&Permissions, ErrorReply> {

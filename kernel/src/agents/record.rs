@@ -188,13 +188,18 @@ impl Agent {
     pub fn info(&self, now: Instant, usage: Option<CgroupStats>) -> AgentInfo {
         let stats = usage.unwrap_or(self.last_run);
         let until = self.ended.unwrap_or(now);
+        // The freezer, not the table, knows whether it is paused.
+        let state = match self.state {
+            AgentState::Running if stats.frozen => AgentState::Paused,
+            state => state,
+        };
         AgentInfo {
             id: self.id,
             name: self.name.clone(),
             pid: self.pid.map(|p| p as u32),
-            state: self.state,
-            status: self.state,
-            running: self.state == AgentState::Running,
+            state,
+            status: state,
+            running: state == AgentState::Running,
             exit_code: self.workload.exit_code,
             signal: self.workload.signal,
             oom_killed: self.oom_killed,

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::{Agents, Incarnation, Spawner, Viewer};
 use crate::address::{Reply, ReplyTo};
-use crate::cgroup::CgroupStats;
+use crate::cgroup::{CgroupStats, Freezer};
 use crate::config::Config;
 use crate::identity::Identity;
 use crate::process::ProcessEnd;
@@ -107,6 +107,10 @@ impl Sandboxes<Incarnation> for FakeSandboxes {
     }
 
     fn usage(&self, _sandbox: SandboxKey) -> Option<CgroupStats> {
+        None
+    }
+
+    fn freezer(&self, _sandbox: SandboxKey) -> Option<Freezer> {
         None
     }
 

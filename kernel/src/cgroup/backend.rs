@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use agentos_proto::payload::CgroupVersion;
 
+use super::freezer::Freezer;
+
 /// Figures read from an agent's cgroup.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CgroupStats {
@@ -28,6 +30,8 @@ pub struct CgroupStats {
     pub oom_kills: u64,
     /// Processes and threads in the group now.
     pub pids_current: u64,
+    /// Whether the freezer has stopped the group (PAUSE).
+    pub frozen: bool,
 }
 
 /// The version-specific parts of cgroup management.
@@ -63,6 +67,8 @@ pub trait Backend: fmt::Debug + Send + Sync {
     fn watch_oom(&self, rel: &Path) -> io::Result<OwnedFd>;
     /// Consumes the readiness of a [`watch_oom`](Self::watch_oom) descriptor.
     fn drain_watch(&self, fd: &OwnedFd);
+    /// The freezer of `rel`, if this host has one.
+    fn freezer(&self, rel: &Path) -> Option<Freezer>;
     /// The file a process writes "0" to in order to join `rel`, per hierarchy.
     fn procs_files(&self, rel: &Path) -> Vec<PathBuf> {
         self.dirs(rel)

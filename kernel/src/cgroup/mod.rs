@@ -18,6 +18,7 @@
 //! kills what is left in it and removes it.
 
 mod backend;
+mod freezer;
 mod v1;
 mod v2;
 
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 pub use agentos_proto::payload::CgroupVersion;
 use backend::Backend;
 pub use backend::{CgroupStats, DetectError};
+pub use freezer::Freezer;
 
 use cgroups_rs::{Cgroup, MaxValue, Resources};
 
@@ -423,7 +425,15 @@ impl AgentCgroup {
 
     /// The figures LIST shows.
     pub fn stats(&self) -> CgroupStats {
-        self.backend.stats(&self.rel)
+        CgroupStats {
+            frozen: self.freezer().is_some_and(|freezer| freezer.is_frozen()),
+            ..self.backend.stats(&self.rel)
+        }
+    }
+
+    /// The cgroup's freezer, if the host has one.
+    pub fn freezer(&self) -> Option<Freezer> {
+        self.backend.freezer(&self.rel)
     }
 
     /// Processes the memory controller has killed so far.
@@ -487,6 +497,12 @@ impl AgentCgroup {
                         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
                         .map(|e| e.path()),
                 );
+            }
+        }
+        // A frozen process holds SIGKILL until it is thawed (cgroup v1).
+        if let Some(freezer) = self.freezer().filter(Freezer::is_freezing) {
+            if let Err(err) = freezer.set(false) {
+                log::warn!("cannot thaw cgroup {}: {err}", self.rel.display());
             }
         }
     }

@@ -99,9 +99,13 @@ fn v2_stats_come_from_their_files() {
             throttled_usec: 77,
             oom_kills: 2,
             pids_current: 0,
+            frozen: false,
         }
     );
     assert_eq!(cgroup.pids(), vec![11, 12]);
+    // v2's freezer is in every cgroup: its events say when it has stopped.
+    fs::write(agent.join("cgroup.events"), "populated 1\nfrozen 1\n").unwrap();
+    assert!(cgroup.stats().frozen);
 }
 
 #[test]
@@ -194,6 +198,7 @@ fn v1_stats_convert_nanoseconds() {
             throttled_usec: 5000,
             oom_kills: 1,
             pids_current: 0,
+            frozen: false,
         }
     );
 }

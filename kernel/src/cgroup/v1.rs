@@ -17,6 +17,7 @@ use cgroups_rs::{Hierarchy, Subsystem};
 use agentos_proto::payload::CgroupVersion;
 
 use super::backend::{keyed_value, number_in, Backend, CgroupStats, DetectError};
+use super::freezer::Freezer;
 
 /// Where each controller's hierarchy is mounted.
 #[derive(Clone, Debug)]
@@ -25,6 +26,8 @@ pub struct Legacy {
     cpu: PathBuf,
     cpuacct: PathBuf,
     pids: PathBuf,
+    /// The freezer's hierarchy, if the host mounts one (PAUSE needs it).
+    freezer: Option<PathBuf>,
 }
 
 impl Legacy {
@@ -46,6 +49,7 @@ impl Legacy {
             cpu: find("cpu")?,
             cpuacct: find("cpuacct")?,
             pids: find("pids")?,
+            freezer: mountpoint_of(&mountinfo, "freezer"),
         })
     }
 
@@ -58,6 +62,7 @@ impl Legacy {
             cpu: root.join("cpu"),
             cpuacct: root.join("cpuacct"),
             pids: root.join("pids"),
+            freezer: None,
         }
     }
 }
@@ -91,7 +96,8 @@ impl Backend for Legacy {
 
     fn dirs(&self, rel: &Path) -> Vec<PathBuf> {
         let mut dirs: Vec<PathBuf> = [&self.memory, &self.cpu, &self.cpuacct, &self.pids]
-            .iter()
+            .into_iter()
+            .chain(&self.freezer)
             .map(|root| root.join(rel))
             .collect();
         // cpu and cpuacct are often mounted together ("cpu,cpuacct").
@@ -125,6 +131,8 @@ impl Backend for Legacy {
             throttled_usec: keyed_value(&cpu_stat, "throttled_time") / 1000,
             oom_kills: self.oom_kills(rel),
             pids_current: number_in(&self.pids.join(rel).join("pids.current")),
+            // The freezer's state is read with it (`AgentCgroup::stats`).
+            frozen: false,
         }
     }
 
@@ -176,6 +184,11 @@ impl Backend for Legacy {
         let request = format!("{} {}", event.as_raw_fd(), control.as_raw_fd());
         register.write_all(request.as_bytes())?;
         Ok(event)
+    }
+
+    fn freezer(&self, rel: &Path) -> Option<Freezer> {
+        let root = self.freezer.as_ref()?;
+        Some(Freezer::new(CgroupVersion::V1, root.join(rel)))
     }
 
     fn drain_watch(&self, fd: &OwnedFd) {
@@ -251,13 +264,15 @@ mod tests {
             cpu: "/c".into(),
             cpuacct: "/c".into(),
             pids: "/p".into(),
+            freezer: Some("/f".into()),
         };
         assert_eq!(
             legacy.dirs(Path::new("agentos")),
             vec![
                 PathBuf::from("/m/agentos"),
                 PathBuf::from("/c/agentos"),
-                PathBuf::from("/p/agentos")
+                PathBuf::from("/p/agentos"),
+                PathBuf::from("/f/agentos")
             ]
         );
     }

@@ -15,6 +15,7 @@ use cgroups_rs::{Hierarchy, Subsystem};
 use agentos_proto::payload::CgroupVersion;
 
 use super::backend::{keyed_value, number_in, Backend, CgroupStats, DetectError};
+use super::freezer::Freezer;
 
 const MOUNT: &str = "/sys/fs/cgroup";
 /// Controllers agents need, in the order they are delegated.
@@ -107,6 +108,8 @@ impl Backend for Unified {
             throttled_usec: keyed_value(&cpu_stat, "throttled_usec"),
             oom_kills: self.oom_kills(rel),
             pids_current: number_in(&dir.join("pids.current")),
+            // The freezer's state is read with it (`AgentCgroup::stats`).
+            frozen: false,
         }
     }
 
@@ -170,6 +173,10 @@ impl Backend for Unified {
             return Err(io::Error::last_os_error());
         }
         Ok(inotify)
+    }
+
+    fn freezer(&self, rel: &Path) -> Option<Freezer> {
+        Some(Freezer::new(CgroupVersion::V2, self.root.join(rel)))
     }
 
     fn drain_watch(&self, fd: &OwnedFd) {

@@ -19,6 +19,7 @@ mod list;
 mod logs;
 mod metrics;
 mod net;
+mod pause;
 mod perms;
 mod request;
 mod spawn;
@@ -49,6 +50,7 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::EXEC => exec::handle,
         Opcode::TOOL => tool::handle,
         Opcode::TASK => task::handle,
+        Opcode::PAUSE | Opcode::RESUME => pause::handle,
         Opcode::LOGS => logs::handle,
         Opcode::NET => net::handle,
         Opcode::METRICS => metrics::handle,

@@ -10,6 +10,7 @@ mod inheritance;
 mod interpreter;
 mod lifecycle;
 mod logs;
+mod pause;
 mod permissions;
 
 use std::fs;

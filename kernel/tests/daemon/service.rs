@@ -26,7 +26,7 @@ fn live(daemon: &Daemon, name: &str) -> Option<Value> {
         a["name"] == name
             && matches!(
                 a["state"].as_str(),
-                Some("starting" | "running" | "restarting")
+                Some("starting" | "running" | "paused" | "restarting")
             )
     })
 }

@@ -12,6 +12,8 @@ pub enum AgentState {
     Starting,
     /// The workload is running.
     Running,
+    /// PAUSE froze it: its processes stand still until RESUME.
+    Paused,
     /// It ended by itself.
     Exited,
     /// KILL stopped it.
@@ -25,11 +27,12 @@ pub enum AgentState {
 }
 
 impl AgentState {
-    /// The states of an agent that is alive: starting, running, or
-    /// waiting to restart.
-    pub const LIVE: [AgentState; 3] = [
+    /// The states of an agent that is alive: starting, running, paused,
+    /// or waiting to restart.
+    pub const LIVE: [AgentState; 4] = [
         AgentState::Starting,
         AgentState::Running,
+        AgentState::Paused,
         AgentState::Restarting,
     ];
 
@@ -43,6 +46,7 @@ impl AgentState {
         match self {
             AgentState::Starting => "starting",
             AgentState::Running => "running",
+            AgentState::Paused => "paused",
             AgentState::Exited => "exited",
             AgentState::Killed => "killed",
             AgentState::OomKilled => "oom_killed",

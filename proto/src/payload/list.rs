@@ -170,6 +170,7 @@ mod tests {
         let all = [
             AgentState::Starting,
             AgentState::Running,
+            AgentState::Paused,
             AgentState::Exited,
             AgentState::Killed,
             AgentState::OomKilled,

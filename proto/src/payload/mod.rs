@@ -18,6 +18,7 @@ mod logs;
 mod metrics;
 mod network;
 mod parse;
+mod pause;
 mod permissions;
 mod spawn;
 mod task;
@@ -47,6 +48,7 @@ pub use network::{NetAttempt, NetOp, NetReply, NetRequest, NetTotals, Network, N
 pub use parse::{
     bad_request, from_value, noting_unknown, parse_json, validate_name, UnknownField, MAX_NAME_LEN,
 };
+pub use pause::{PauseReply, PauseRequest};
 pub use permissions::{
     CloveSwitches, GetPermsRequest, PermissionLevel, PermissionsView, PermsReply, SetPermsRequest,
 };

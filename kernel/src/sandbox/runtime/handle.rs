@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use mio::Token;
 
-use crate::cgroup::AgentCgroup;
+use crate::cgroup::{AgentCgroup, Freezer};
 use crate::process;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::{Control, StatusReader};
@@ -60,6 +60,18 @@ impl<O> Sandbox<O> {
             unsafe { libc::kill(-group, libc::SIGKILL) };
         }
         let _ = process::signal(self.pidfd.as_fd(), signal);
+        // A paused sandbox holds signals until it is thawed: thawed after
+        // the signal, it handles that first (a KILL of a paused agent).
+        if let Some(freezer) = self.freezer().filter(Freezer::is_freezing) {
+            if let Err(err) = freezer.set(false) {
+                log::warn!("cannot thaw sandbox {} to signal it: {err}", self.pid);
+            }
+        }
+    }
+
+    /// Its cgroup's freezer, if it has a cgroup and the host a freezer.
+    pub fn freezer(&self) -> Option<Freezer> {
+        self.cgroup.as_ref()?.freezer()
     }
 
     /// Whether the memory controller killed a process since the claim.

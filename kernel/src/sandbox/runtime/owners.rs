@@ -17,7 +17,7 @@ use super::launching::LaunchError;
 use super::machine::Machine;
 use super::seam::{ClaimOrder, Claimed, DoorKey, SandboxKey, Sandboxes};
 use super::{LaunchFor, Runtime, Source, POOL_REFILL_DELAY};
-use crate::cgroup::CgroupStats;
+use crate::cgroup::{CgroupStats, Freezer};
 use crate::fd;
 use crate::identity::Identity;
 use crate::sandbox::plan::{self, Shape};
@@ -120,6 +120,10 @@ impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
             .cgroup
             .as_ref()
             .map(|c| c.stats())
+    }
+
+    fn freezer(&self, key: SandboxKey) -> Option<Freezer> {
+        self.sandboxes.get(key.0)?.freezer()
     }
 
     fn listen_inside(&self, key: SandboxKey) -> io::Result<std::net::TcpListener> {
@@ -225,6 +229,10 @@ impl<O: Copy + PartialEq + Debug, P> Sandboxes<P> for OwnersOf<'_, O, P> {
 
     fn usage(&self, sandbox: SandboxKey) -> Option<CgroupStats> {
         self.runtime.usage(sandbox)
+    }
+
+    fn freezer(&self, sandbox: SandboxKey) -> Option<Freezer> {
+        self.runtime.freezer(sandbox)
     }
 
     fn listen_inside(&self, sandbox: SandboxKey) -> io::Result<std::net::TcpListener> {

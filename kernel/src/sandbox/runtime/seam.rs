@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::launching::LaunchError;
 use super::machine::Machine;
-use crate::cgroup::{CgroupLimits, CgroupStats};
+use crate::cgroup::{CgroupLimits, CgroupStats, Freezer};
 use crate::identity::Identity;
 use crate::process::ProcessEnd;
 use crate::sandbox::plan::{Shape, Workload};
@@ -184,6 +184,8 @@ pub trait Sandboxes<O> {
     fn signal(&self, sandbox: SandboxKey, signal: i32);
     /// What a sandbox's cgroup counts now.
     fn usage(&self, sandbox: SandboxKey) -> Option<CgroupStats>;
+    /// A sandbox's freezer (`None`: no cgroup, or no freezer on this host).
+    fn freezer(&self, sandbox: SandboxKey) -> Option<Freezer>;
     /// A socket listening on the egress proxy's address inside the
     /// sandbox's own network namespace.
     fn listen_inside(&self, sandbox: SandboxKey) -> io::Result<std::net::TcpListener>;

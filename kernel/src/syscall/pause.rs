@@ -1,0 +1,119 @@
+//! PAUSE (0x14) and RESUME (0x15): an agent's processes frozen where they
+//! stand by the cgroup freezer — no CPU, no signal handled — and let go
+//! on. Whom a caller may pause is KILL's rule: an operator any agent, an
+//! agent its descendants, an EXEC run the agents it spawned.
+//!
+//! PAUSE answers once every process has stopped, on a worker that waits
+//! for the freezer; if that takes longer than [`FREEZE_WAIT`], the agent is
+//! thawed and the answer is `timeout`. A KILL of a paused agent thaws it
+//! after the signal, so it stops as any agent does. Nothing else stops
+//! with it: its EXEC runs' and its tasks' time limits keep counting, and
+//! what it asked of the kernel (a THINK) is answered into its socket, to
+//! be read once it runs again.
+
+use std::time::{Duration, Instant};
+
+use agentos_proto::payload::{AgentState, PauseReply, PauseRequest};
+use agentos_proto::{ErrorCode, ErrorReply, Opcode};
+
+use super::request::{actor, Outcome, Request};
+use crate::address::Answer;
+use crate::cgroup::Freezer;
+use crate::kernel::{agent_sandboxes, Kernel};
+use crate::sandbox::runtime::Sandboxes;
+
+/// How long PAUSE waits for every process to stop.
+pub const FREEZE_WAIT: Duration = Duration::from_secs(5);
+/// How often it looks.
+const FREEZE_POLL: Duration = Duration::from_millis(5);
+
+/// PAUSE and RESUME.
+pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
+    let pause = request.opcode == Opcode::PAUSE;
+    let (what, verb) = if pause {
+        ("PAUSE", "pause")
+    } else {
+        ("RESUME", "resume")
+    };
+    let found = PauseRequest::parse(what, request.payload).and_then(|asked| {
+        let viewer = actor(kernel, request)?.viewer();
+        let (id, name, sandbox) = kernel.agents.to_freeze(viewer, &asked.target()?, verb)?;
+        let sandbox = sandbox.ok_or_else(|| {
+            ErrorReply::new(
+                ErrorCode::Busy,
+                format!("agent {id} ({name}) is between restarts; {verb} it once it runs"),
+            )
+        })?;
+        let freezer = agent_sandboxes(&mut kernel.sandboxes)
+            .freezer(sandbox)
+            .ok_or_else(|| no_freezer(id, &name))?;
+        Ok((id, name, freezer))
+    });
+    let (id, name, freezer) = match found {
+        Ok(found) => found,
+        Err(err) => return Outcome::Reply(err.into()),
+    };
+    if let Err(err) = freezer.set(pause) {
+        return Outcome::Reply(
+            ErrorReply::new(
+                ErrorCode::Internal,
+                format!("cannot {verb} agent {id} ({name}): {err}"),
+            )
+            .into(),
+        );
+    }
+    let reply = move |name, state| {
+        Answer::json(&PauseReply {
+            success: true,
+            id,
+            name,
+            state,
+        })
+    };
+    if !pause {
+        log::info!("agent {id} ({name}): resumed");
+        return Outcome::Reply(reply(name, AgentState::Running));
+    }
+    Outcome::Deferred(Box::new(move || {
+        let answer = if wait_until_frozen(&freezer) {
+            log::info!("agent {id} ({name}): paused");
+            reply(name, AgentState::Paused)
+        } else {
+            // Half frozen helps no one: let it go on.
+            let _ = freezer.set(false);
+            ErrorReply::new(
+                ErrorCode::Timeout,
+                format!(
+                    "agent {id} ({name}) did not stand still within {} s; it runs on",
+                    FREEZE_WAIT.as_secs()
+                ),
+            )
+            .into()
+        };
+        answer.into_json()
+    }))
+}
+
+/// Waits up to [`FREEZE_WAIT`] for every process under `freezer` to stop.
+fn wait_until_frozen(freezer: &Freezer) -> bool {
+    let deadline = Instant::now() + FREEZE_WAIT;
+    loop {
+        if freezer.is_frozen() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(FREEZE_POLL);
+    }
+}
+
+fn no_freezer(id: u32, name: &str) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::Unavailable,
+        format!(
+            "agent {id} ({name}) cannot be paused here: it has no cgroup with a freezer (the \
+             kernel runs without root, or the host mounts no freezer controller)"
+        ),
+    )
+}
