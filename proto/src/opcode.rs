@@ -49,6 +49,14 @@ impl Opcode {
     pub const NET: Opcode = Opcode(0x17);
     /// The kernel's metrics, in the Prometheus text format.
     pub const METRICS: Opcode = Opcode(0x18);
+    /// The host's CPU, memory, disk and network (operators).
+    pub const SYSTEM_METRICS: Opcode = Opcode(0xC0);
+    /// One agent's process and cgroup figures.
+    pub const AGENT_METRICS: Opcode = Opcode(0xC1);
+    /// Every visible agent's process and cgroup figures.
+    pub const ALL_AGENT_METRICS: Opcode = Opcode(0xC2);
+    /// One agent's cgroup figures.
+    pub const CGROUP_METRICS: Opcode = Opcode(0xC3);
     /// Protocol and feature discovery.
     pub const HELLO: Opcode = Opcode(0xFE);
     /// Say goodbye and close the connection. Also the opcode of a `bad_magic`
@@ -56,7 +64,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 17] = [
+    pub const ALL: [Opcode; 21] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -72,6 +80,10 @@ impl Opcode {
         Opcode::METRICS,
         Opcode::GET_PERMS,
         Opcode::SET_PERMS,
+        Opcode::SYSTEM_METRICS,
+        Opcode::AGENT_METRICS,
+        Opcode::ALL_AGENT_METRICS,
+        Opcode::CGROUP_METRICS,
         Opcode::HELLO,
         Opcode::EXIT,
     ];
@@ -94,6 +106,10 @@ impl Opcode {
             Opcode::METRICS => "METRICS",
             Opcode::GET_PERMS => "GET_PERMS",
             Opcode::SET_PERMS => "SET_PERMS",
+            Opcode::SYSTEM_METRICS => "SYSTEM_METRICS",
+            Opcode::AGENT_METRICS => "AGENT_METRICS",
+            Opcode::ALL_AGENT_METRICS => "ALL_AGENT_METRICS",
+            Opcode::CGROUP_METRICS => "CGROUP_METRICS",
             Opcode::HELLO => "HELLO",
             Opcode::EXIT => "EXIT",
             _ => return None,
@@ -162,6 +178,10 @@ mod tests {
             (0x18, "METRICS"),
             (0x40, "GET_PERMS"),
             (0x41, "SET_PERMS"),
+            (0xC0, "SYSTEM_METRICS"),
+            (0xC1, "AGENT_METRICS"),
+            (0xC2, "ALL_AGENT_METRICS"),
+            (0xC3, "CGROUP_METRICS"),
             (0xFE, "HELLO"),
             (0xFF, "EXIT"),
         ];

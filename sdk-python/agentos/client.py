@@ -237,6 +237,30 @@ class AgentOSClient(Connection):
             request["agent_id"] = agent_id
         return self.call_json(Opcode.SET_PERMS, request)
 
+    # -- figures ----------------------------------------------------------
+
+    def system_metrics(self) -> Dict[str, Any]:
+        """SYSTEM_METRICS (operators): the host's ``cpu`` (``percent``,
+        ``count``, ``load_avg``), ``memory``, ``disk`` and ``network``."""
+        return self.call_json(Opcode.SYSTEM_METRICS, {})
+
+    def agent_metrics(self, agent_id: Optional[int] = None) -> Dict[str, Any]:
+        """AGENT_METRICS: an agent's ``process``, ``cgroup`` and
+        ``kernel_stats`` (an agent's own by default)."""
+        return self.call_json(Opcode.AGENT_METRICS,
+                              {} if agent_id is None else {"agent_id": agent_id})
+
+    def all_agent_metrics(self) -> Dict[str, Any]:
+        """ALL_AGENT_METRICS: :meth:`agent_metrics` of every agent you may
+        see, as ``agents`` with their ``count``."""
+        return self.call_json(Opcode.ALL_AGENT_METRICS, {})
+
+    def cgroup_metrics(self, agent: Optional[AgentRef] = None) -> Dict[str, Any]:
+        """CGROUP_METRICS: an agent's cgroup (by name or id; an agent's own
+        by default): ``cpu``, ``memory``, ``pids``, every figure a number."""
+        return self.call_json(Opcode.CGROUP_METRICS,
+                              {} if agent is None else {"cgroup_path": str(agent)})
+
     # -- think ------------------------------------------------------------
 
     def think(

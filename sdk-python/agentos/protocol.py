@@ -40,6 +40,10 @@ class Opcode(enum.IntEnum):
     METRICS = 0x18
     GET_PERMS = 0x40
     SET_PERMS = 0x41
+    SYSTEM_METRICS = 0xC0
+    AGENT_METRICS = 0xC1
+    ALL_AGENT_METRICS = 0xC2
+    CGROUP_METRICS = 0xC3
     HELLO = 0xFE
     EXIT = 0xFF
 

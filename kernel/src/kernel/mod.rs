@@ -64,6 +64,7 @@ use crate::sandbox::runtime::machine::Machine;
 use crate::sandbox::runtime::{Runtime, RuntimeSetup};
 use crate::state_dir::StateDir;
 use crate::tasks::{CancelledWork, Start, Tasks, WorkRequest};
+use crate::telemetry::host::CpuSampler;
 use crate::telemetry::metrics::{Publisher, Snapshot};
 use crate::telemetry::tracer::{SpanAgent, Tracer};
 use crate::tools::servers::Servers;
@@ -117,6 +118,8 @@ pub struct Kernel {
     pub(crate) tracer: Arc<Tracer>,
     /// Operators' connections that lowered themselves.
     pub(crate) lowered: LoweredConnections,
+    /// The host's processors at SYSTEM_METRICS' last reading.
+    pub(crate) cpu_sampler: CpuSampler,
 }
 
 impl Kernel {
@@ -203,6 +206,7 @@ impl Kernel {
             reactor_counts: ReactorCounts::default(),
             tracer,
             lowered: LoweredConnections::default(),
+            cpu_sampler: CpuSampler::default(),
         };
         start::serve_metrics(&kernel.config.metrics, &kernel.metrics.published)?;
         // Tasks queued before a restart run now.

@@ -14,6 +14,7 @@
 mod exec;
 mod exit;
 mod hello;
+mod host_metrics;
 mod kill;
 mod list;
 mod logs;
@@ -56,6 +57,10 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::METRICS => metrics::handle,
         Opcode::GET_PERMS => perms::get,
         Opcode::SET_PERMS => perms::set,
+        Opcode::SYSTEM_METRICS => host_metrics::system,
+        Opcode::AGENT_METRICS => host_metrics::agent,
+        Opcode::ALL_AGENT_METRICS => host_metrics::all_agents,
+        Opcode::CGROUP_METRICS => host_metrics::cgroup,
         _ => unknown,
     };
     let outcome = handler(kernel, request);

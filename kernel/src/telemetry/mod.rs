@@ -3,6 +3,7 @@
 //! it, and it imports none of them.
 
 pub mod exporter;
+pub mod host;
 pub mod listener;
 pub mod metrics;
 pub mod otlp;

@@ -10,6 +10,7 @@ mod inheritance;
 mod interpreter;
 mod lifecycle;
 mod logs;
+mod metrics;
 mod pause;
 mod permissions;
 

@@ -12,6 +12,7 @@
 mod agent_state;
 mod exec;
 mod hello;
+mod host_metrics;
 mod kill;
 mod list;
 mod logs;
@@ -34,6 +35,12 @@ pub use exec::{
 };
 pub use hello::{
     CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, PrincipalInfo, ProtocolLimits,
+};
+pub use host_metrics::{
+    AgentMetrics, AgentMetricsReply, AgentMetricsRequest, AllAgentMetricsReply, CgroupCpu,
+    CgroupMemory, CgroupMetrics, CgroupMetricsReply, CgroupMetricsRequest, CgroupPids, HostCpu,
+    HostDisk, HostMemory, HostNetwork, KernelStats, MetricsOfAllRequest, ProcessCpu, ProcessMemory,
+    ProcessMetrics, SystemMetrics, SystemMetricsReply,
 };
 pub use kill::{
     AgentRef, KillAction, KillReply, KillRequest, RemoveReply, RestartReply, DEFAULT_GRACE_MS,
