@@ -60,7 +60,7 @@ pub fn run(mut config: Config, reload: ConfigSource) -> Result<(), DaemonError> 
     // Bind before any thread exists: binding briefly changes the umask.
     let path = config.socket_path();
     let group = config.socket_group.clone().or_else(|| service_group(&path));
-    let socket = KernelSocket::bind(&path, group.as_deref())?;
+    let socket = KernelSocket::bind(&path, group.as_deref(), config.allow_shared_socket_dir)?;
     let gid = socket.gid();
     if !config.debug.defer_opcodes.is_empty() {
         log::warn!(

@@ -68,6 +68,20 @@ pub enum SocketError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The directory is one other users may write in, and the kernel was
+    /// not told to accept that.
+    #[error(
+        "{} is not safe for the socket: {reason}. Use a directory of the kernel's own \
+         (--socket /run/agentos/NAME.sock), or set allow_shared_socket_dir \
+         (--allow-shared-socket-dir) to accept that risk",
+        dir.display()
+    )]
+    SharedDirectory {
+        /// The directory.
+        dir: PathBuf,
+        /// Who may write in it.
+        reason: String,
+    },
     /// The configured socket group does not exist.
     #[error("socket group {group:?} does not exist; create it or fix socket_group")]
     UnknownGroup {
@@ -114,8 +128,14 @@ pub struct KernelSocket {
 impl KernelSocket {
     /// Prepares the directory, takes the lock, clears a stale socket and
     /// binds. `group` is a group name or numeric gid; `None` keeps the
-    /// daemon's own group.
-    pub fn bind(path: &Path, group: Option<&str>) -> Result<KernelSocket, SocketError> {
+    /// daemon's own group. A directory other users may write in (`/tmp`)
+    /// is refused unless `shared_dir_allowed`: they could plant the
+    /// socket, its `.lock` or its state directory `.d` there first.
+    pub fn bind(
+        path: &Path,
+        group: Option<&str>,
+        shared_dir_allowed: bool,
+    ) -> Result<KernelSocket, SocketError> {
         let len = path.as_os_str().len();
         if len > MAX_SOCKET_PATH {
             return Err(SocketError::PathTooLong {
@@ -132,6 +152,9 @@ impl KernelSocket {
             _ => PathBuf::from("."),
         };
         prepare_directory(&parent, gid)?;
+        if !shared_dir_allowed {
+            check_not_shared(&parent, gid)?;
+        }
 
         let lock_path = with_suffix(path, ".lock");
         let lock = take_lock(&lock_path, path)?;
@@ -282,6 +305,29 @@ fn prepare_directory(dir: &Path, gid: Gid) -> Result<(), SocketError> {
     }
 }
 
+/// Refuses a socket directory that users other than the kernel's own
+/// (and its socket group's, who are operators) may write in.
+fn check_not_shared(dir: &Path, gid: Gid) -> Result<(), SocketError> {
+    let meta = fs::metadata(dir).map_err(io_error("cannot stat directory", dir))?;
+    let mode = meta.mode();
+    let our_group = meta.gid() == gid.as_raw() || meta.gid() == Gid::effective().as_raw();
+    let reason = if mode & 0o002 != 0 {
+        format!("every user may write in it (mode {:o})", mode & 0o7777)
+    } else if mode & 0o020 != 0 && !our_group {
+        format!(
+            "group {} may write in it (mode {:o})",
+            meta.gid(),
+            mode & 0o7777
+        )
+    } else {
+        return Ok(());
+    };
+    Err(SocketError::SharedDirectory {
+        dir: dir.to_path_buf(),
+        reason,
+    })
+}
+
 fn check_private_dir(dir: &Path, meta: &fs::Metadata, euid: u32) -> Result<(), SocketError> {
     let unsafe_dir = |reason: String| SocketError::UnsafeDirectory {
         dir: dir.to_path_buf(),
@@ -393,7 +439,7 @@ mod tests {
     fn socket_is_0660_and_removed_on_drop() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run").join("k.sock");
-        let socket = KernelSocket::bind(&path, None).unwrap();
+        let socket = KernelSocket::bind(&path, None, false).unwrap();
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o660);
         let dir_mode = fs::metadata(path.parent().unwrap())
@@ -411,10 +457,29 @@ mod tests {
     fn second_bind_on_a_live_path_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("k.sock");
-        let _first = KernelSocket::bind(&path, None).unwrap();
-        let err = KernelSocket::bind(&path, None).unwrap_err();
+        let _first = KernelSocket::bind(&path, None, false).unwrap();
+        let err = KernelSocket::bind(&path, None, false).unwrap_err();
         assert!(matches!(err, SocketError::AlreadyRunning { .. }), "{err}");
         assert!(path.exists(), "the live socket must survive");
+    }
+
+    #[test]
+    fn a_directory_others_may_write_in_is_refused_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        let path = shared.join("k.sock");
+        let err = KernelSocket::bind(&path, None, false).unwrap_err();
+        assert!(matches!(err, SocketError::SharedDirectory { .. }), "{err}");
+        assert!(err.to_string().contains("every user may write"), "{err}");
+        assert!(
+            err.to_string().contains("--allow-shared-socket-dir"),
+            "{err}"
+        );
+        assert!(!path.exists() && !shared.join("k.sock.lock").exists());
+        let _socket = KernelSocket::bind(&path, None, true).unwrap();
+        std::os::unix::net::UnixStream::connect(&path).unwrap();
     }
 
     #[test]
@@ -423,7 +488,7 @@ mod tests {
         let path = dir.path().join("k.sock");
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
         assert!(path.exists());
-        let _socket = KernelSocket::bind(&path, None).unwrap();
+        let _socket = KernelSocket::bind(&path, None, false).unwrap();
         std::os::unix::net::UnixStream::connect(&path).unwrap();
     }
 
@@ -432,7 +497,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("k.sock");
         fs::write(&path, b"data").unwrap();
-        let err = KernelSocket::bind(&path, None).unwrap_err();
+        let err = KernelSocket::bind(&path, None, false).unwrap_err();
         assert!(matches!(err, SocketError::NotASocket { .. }), "{err}");
         assert_eq!(fs::read(&path).unwrap(), b"data");
     }
@@ -440,7 +505,7 @@ mod tests {
     #[test]
     fn overlong_paths_are_refused_clearly() {
         let path = PathBuf::from(format!("/tmp/{}", "x".repeat(200)));
-        let err = KernelSocket::bind(&path, None).unwrap_err();
+        let err = KernelSocket::bind(&path, None, false).unwrap_err();
         assert!(matches!(err, SocketError::PathTooLong { .. }), "{err}");
     }
 
@@ -462,8 +527,8 @@ mod tests {
     #[test]
     fn unknown_group_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let err =
-            KernelSocket::bind(&dir.path().join("k.sock"), Some("no-such-group-x")).unwrap_err();
+        let err = KernelSocket::bind(&dir.path().join("k.sock"), Some("no-such-group-x"), false)
+            .unwrap_err();
         assert!(matches!(err, SocketError::UnknownGroup { .. }), "{err}");
     }
 }

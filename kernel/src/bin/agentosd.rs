@@ -29,6 +29,10 @@ struct Args {
     /// Group owning the socket; its members may use the kernel
     #[arg(long, value_name = "GROUP")]
     socket_group: Option<String>,
+    /// Serve a socket in a directory other users may write in (/tmp),
+    /// where they could plant its .lock or .d first
+    #[arg(long)]
+    allow_shared_socket_dir: bool,
     /// Largest request payload accepted, in bytes
     #[arg(long, value_name = "BYTES")]
     max_request_bytes: Option<u64>,
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         config: args.config,
         socket: args.socket,
         socket_group: args.socket_group,
+        allow_shared_socket_dir: args.allow_shared_socket_dir,
         log_level: args.log_level,
         max_request_bytes: args.max_request_bytes,
         workers: args.workers,

@@ -52,6 +52,9 @@ pub struct Config {
     /// Group owning the socket (name or numeric gid); its members are
     /// operators. Default: the daemon's own group.
     pub socket_group: Option<String>,
+    /// Serve a socket in a directory other users may write in (`/tmp`),
+    /// where they could plant its `.lock` or `.d` first. Default false.
+    pub allow_shared_socket_dir: bool,
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or an
     /// `env_logger` filter). Default `info`, or `RUST_LOG` if set.
     pub log_level: Option<String>,
@@ -249,6 +252,7 @@ impl Default for Config {
             file: None,
             socket: None,
             socket_group: None,
+            allow_shared_socket_dir: false,
             log_level: None,
             max_request_bytes: agentos_proto::DEFAULT_MAX_REQUEST_BYTES,
             max_in_flight: 128,
@@ -282,6 +286,8 @@ pub struct Flags {
     pub socket: Option<PathBuf>,
     /// `--socket-group`
     pub socket_group: Option<String>,
+    /// `--allow-shared-socket-dir`
+    pub allow_shared_socket_dir: bool,
     /// `--log-level`
     pub log_level: Option<String>,
     /// `--max-request-bytes`
@@ -372,6 +378,11 @@ impl Config {
             &mut self.max_request_bytes,
         )?;
         parse_env(&get, "AGENTOS_MAX_IN_FLIGHT", &mut self.max_in_flight)?;
+        parse_env(
+            &get,
+            "AGENTOS_ALLOW_SHARED_SOCKET_DIR",
+            &mut self.allow_shared_socket_dir,
+        )?;
         parse_env(&get, "AGENTOS_MAX_CONNECTIONS", &mut self.max_connections)?;
         parse_env(&get, "AGENTOS_WORKERS", &mut self.workers)?;
         self.llm.apply_env(&get)?;
@@ -384,6 +395,9 @@ impl Config {
         }
         if let Some(v) = &flags.socket_group {
             self.socket_group = Some(v.clone());
+        }
+        if flags.allow_shared_socket_dir {
+            self.allow_shared_socket_dir = true;
         }
         if let Some(v) = &flags.log_level {
             self.log_level = Some(v.clone());
