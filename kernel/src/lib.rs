@@ -35,6 +35,7 @@ pub mod config;
 pub mod daemon;
 pub mod exec;
 mod fd;
+mod files;
 mod identity;
 mod kernel;
 mod llm;

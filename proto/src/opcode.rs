@@ -25,6 +25,10 @@ impl Opcode {
     pub const THINK: Opcode = Opcode(0x01);
     /// Run code in a pooled sandbox.
     pub const EXEC: Opcode = Opcode(0x02);
+    /// Read a file in the caller's own view.
+    pub const READ: Opcode = Opcode(0x03);
+    /// Write a file in the caller's own view.
+    pub const WRITE: Opcode = Opcode(0x04);
     /// List, search and call tools (MCP servers' and the kernel's).
     pub const TOOL: Opcode = Opcode(0x05);
     /// The caller's own permissions, with the level they amount to.
@@ -64,10 +68,12 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 21] = [
+    pub const ALL: [Opcode; 23] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
+        Opcode::READ,
+        Opcode::WRITE,
         Opcode::TOOL,
         Opcode::SPAWN,
         Opcode::KILL,
@@ -94,6 +100,8 @@ impl Opcode {
             Opcode::NOOP => "NOOP",
             Opcode::THINK => "THINK",
             Opcode::EXEC => "EXEC",
+            Opcode::READ => "READ",
+            Opcode::WRITE => "WRITE",
             Opcode::TOOL => "TOOL",
             Opcode::SPAWN => "SPAWN",
             Opcode::KILL => "KILL",
@@ -166,6 +174,8 @@ mod tests {
             (0x00, "NOOP"),
             (0x01, "THINK"),
             (0x02, "EXEC"),
+            (0x03, "READ"),
+            (0x04, "WRITE"),
             (0x05, "TOOL"),
             (0x10, "SPAWN"),
             (0x11, "KILL"),
@@ -197,7 +207,7 @@ mod tests {
     #[test]
     fn unknown_opcodes_display_as_hex() {
         assert_eq!(Opcode(0x42).to_string(), "0x42");
-        assert!(!Opcode(0x03).is_known());
+        assert!(!Opcode(0x06).is_known());
         assert_eq!(Opcode::from_name("FLY"), None);
     }
 }

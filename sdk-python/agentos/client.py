@@ -208,6 +208,19 @@ class AgentOSClient(Connection):
         request.update(op="set", network=dict(policy))
         return self.call_json(Opcode.NET, request)
 
+    # -- files ------------------------------------------------------------
+
+    def read_file(self, path: str) -> Dict[str, Any]:
+        """READ: the text of a regular file in your own view (an agent's:
+        its sandbox's), read with your own rights: ``content``, ``size``."""
+        return self.call_json(Opcode.READ, {"path": path})
+
+    def write_file(self, path: str, content: str, mode: str = "write") -> Dict[str, Any]:
+        """WRITE: ``content`` into a regular file in your own view, replacing
+        it (``mode="write"``) or after its end (``"append"``), making
+        missing directories: ``bytes_written``."""
+        return self.call_json(Opcode.WRITE, {"path": path, "content": content, "mode": mode})
+
     # -- permissions ------------------------------------------------------
 
     def get_permissions(self) -> Dict[str, Any]:

@@ -28,6 +28,8 @@ class Opcode(enum.IntEnum):
     NOOP = 0x00
     THINK = 0x01
     EXEC = 0x02
+    READ = 0x03
+    WRITE = 0x04
     TOOL = 0x05
     SPAWN = 0x10
     KILL = 0x11

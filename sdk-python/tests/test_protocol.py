@@ -32,7 +32,8 @@ def test_wrong_magic_is_refused():
 
 def test_opcodes_match_the_protocol_table():
     assert {op.name: op.value for op in Opcode} == {
-        "NOOP": 0x00, "THINK": 0x01, "EXEC": 0x02, "TOOL": 0x05, "SPAWN": 0x10, "KILL": 0x11,
+        "NOOP": 0x00, "THINK": 0x01, "EXEC": 0x02, "READ": 0x03, "WRITE": 0x04, "TOOL": 0x05,
+        "SPAWN": 0x10, "KILL": 0x11,
         "LIST": 0x12, "TASK": 0x13, "PAUSE": 0x14, "RESUME": 0x15, "LOGS": 0x16, "NET": 0x17,
         "METRICS": 0x18, "GET_PERMS": 0x40, "SET_PERMS": 0x41, "SYSTEM_METRICS": 0xC0,
         "AGENT_METRICS": 0xC1, "ALL_AGENT_METRICS": 0xC2, "CGROUP_METRICS": 0xC3,

@@ -114,6 +114,10 @@ impl Sandboxes<Incarnation> for FakeSandboxes {
         None
     }
 
+    fn open_root(&self, _sandbox: SandboxKey) -> std::io::Result<std::os::fd::OwnedFd> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+
     fn listen_inside(&self, _sandbox: SandboxKey) -> std::io::Result<std::net::TcpListener> {
         Err(std::io::ErrorKind::Unsupported.into())
     }

@@ -224,6 +224,8 @@ impl<'a> Actor<'a> {
             Permission::Exec => (powers.exec, "exec"),
             Permission::Spawn => (powers.spawn, "spawn"),
             Permission::Task => (powers.task, "task"),
+            Permission::Read => (powers.read, "read"),
+            Permission::Write => (powers.write, "write"),
         };
         if has {
             return Ok(());
@@ -380,6 +382,10 @@ pub enum Permission {
     Spawn,
     /// TASK.
     Task,
+    /// READ a file.
+    Read,
+    /// WRITE a file.
+    Write,
 }
 
 impl Permission {
@@ -389,6 +395,8 @@ impl Permission {
             Permission::Exec => "EXEC",
             Permission::Spawn => "spawn agents",
             Permission::Task => "dispatch TASKs",
+            Permission::Read => "READ files",
+            Permission::Write => "WRITE files",
         }
     }
 }

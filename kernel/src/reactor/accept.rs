@@ -36,6 +36,8 @@ pub struct Entrant {
     pub stream: UnixStream,
     /// Its peer's credentials.
     pub peer: PeerCred,
+    /// Its peer's supplementary groups when it connected.
+    pub groups: Vec<u32>,
     /// Who it is.
     pub identity: Identity,
 }
@@ -118,10 +120,12 @@ impl Door {
             Adoptee::Run(run) => self.authority.run_connection(run),
         };
         let peer = peer_cred(&stream).ok()?;
+        let groups = peer_groups(&stream).unwrap_or_default();
         self.has_room(&mut stream, &peer, identity, kernel)
             .then_some(Entrant {
                 stream,
                 peer,
+                groups,
                 identity,
             })
     }
@@ -170,10 +174,8 @@ impl Door {
                 return None;
             }
         }
-        let identity = match self
-            .authority
-            .identify(&peer, || peer_groups(&stream).unwrap_or_default())
-        {
+        let groups = peer_groups(&stream).unwrap_or_default();
+        let identity = match self.authority.identify(&peer, || groups.clone()) {
             Ok(identity) => identity,
             Err(reason) => {
                 if let Some(suppressed) = self.refusals.allow(Instant::now()) {
@@ -198,6 +200,7 @@ impl Door {
             .then_some(Entrant {
                 stream,
                 peer,
+                groups,
                 identity,
             })
     }

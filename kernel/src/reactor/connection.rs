@@ -49,6 +49,8 @@ pub struct Connection {
     pub serial: u64,
     pub caller: Caller,
     pub peer: PeerCred,
+    /// The peer's supplementary groups when it connected.
+    groups: Vec<u32>,
     decoder: FrameDecoder,
     pub replies: ReplyQueue,
     /// No more requests will be read: EOF, EXIT, a framing error, shutdown.
@@ -82,7 +84,7 @@ impl Connection {
         stream: UnixStream,
         serial: u64,
         caller: Caller,
-        peer: PeerCred,
+        (peer, groups): (PeerCred, Vec<u32>),
         limits: &ConnectionLimits,
     ) -> Self {
         Connection {
@@ -91,6 +93,7 @@ impl Connection {
             replies: ReplyQueue::new(caller.identity.id()),
             caller,
             peer,
+            groups,
             decoder: FrameDecoder::new(limits.max_request_bytes),
             read_closed: false,
             peer_hung_up: false,
@@ -151,6 +154,8 @@ impl Connection {
                         let opcode = frame.header.opcode;
                         let request = Request {
                             caller: self.caller,
+                            peer: &self.peer,
+                            groups: &self.groups,
                             reply_to: ReplyTo::Request {
                                 conn: key,
                                 seq: self.replies.next_seq(),

@@ -34,6 +34,7 @@ impl Connections {
         let Entrant {
             mut stream,
             peer,
+            groups,
             identity,
         } = entrant;
         let serial = self.next_serial;
@@ -54,7 +55,13 @@ impl Connections {
             identity,
             uid: peer.uid,
         };
-        entry.insert(Connection::new(stream, serial, caller, peer, limits));
+        entry.insert(Connection::new(
+            stream,
+            serial,
+            caller,
+            (peer, groups),
+            limits,
+        ));
         let key = ConnKey { index, serial };
         if let Some(run) = caller.run() {
             self.by_run.entry(run).or_default().push(key);

@@ -13,6 +13,7 @@
 
 mod exec;
 mod exit;
+mod files;
 mod hello;
 mod host_metrics;
 mod kill;
@@ -49,6 +50,8 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::EXIT => exit::handle,
         Opcode::THINK => think::handle,
         Opcode::EXEC => exec::handle,
+        Opcode::READ => files::read,
+        Opcode::WRITE => files::write,
         Opcode::TOOL => tool::handle,
         Opcode::TASK => task::handle,
         Opcode::PAUSE | Opcode::RESUME => pause::handle,

@@ -6,7 +6,7 @@ use agentos_proto::{ErrorReply, Opcode};
 use serde::Serialize;
 
 use crate::address::{Answer, ReplyTo};
-use crate::identity::{Identity, Principal};
+use crate::identity::{Identity, PeerCred, Principal};
 use crate::kernel::{Actor, Kernel};
 use crate::workers::Job;
 
@@ -70,6 +70,11 @@ impl Caller {
 pub struct Request<'a> {
     /// Who sent it.
     pub caller: Caller,
+    /// Its peer's credentials when it connected (what READ and WRITE act
+    /// as).
+    pub peer: &'a PeerCred,
+    /// Its peer's supplementary groups when it connected.
+    pub groups: &'a [u32],
     /// Where a [`Outcome::Later`] reply must go.
     pub reply_to: ReplyTo,
     /// Its opcode.

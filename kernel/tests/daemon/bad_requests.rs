@@ -222,7 +222,7 @@ fn a_field_no_request_knows_is_refused_naming_it_at_any_depth() {
 fn unknown_opcode_is_refused_and_the_connection_stays_usable() {
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
-    for opcode in [0x03u8, 0x42, 0x7F, 0x80, 0xFD] {
+    for opcode in [0x06u8, 0x42, 0x7F, 0xA0, 0xB0, 0xFD] {
         let reply = call_json(&mut stream, Opcode(opcode), b"{}");
         assert_eq!(reply["success"], false);
         assert_eq!(reply["code"], "unknown_opcode");

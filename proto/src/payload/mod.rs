@@ -11,6 +11,7 @@
 
 mod agent_state;
 mod exec;
+mod files;
 mod hello;
 mod host_metrics;
 mod kill;
@@ -33,6 +34,7 @@ pub use exec::{
     SessionInfo, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated,
     MAX_EXEC_FILES, MAX_EXEC_PATH_LEN, MAX_EXEC_TIMEOUT_MS,
 };
+pub use files::{ReadReply, ReadRequest, WriteMode, WriteReply, WriteRequest};
 pub use hello::{
     CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, PrincipalInfo, ProtocolLimits,
 };

@@ -5,7 +5,7 @@
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Instant;
@@ -126,6 +126,22 @@ impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
         self.sandboxes.get(key.0)?.freezer()
     }
 
+    fn open_root(&self, key: SandboxKey) -> io::Result<OwnedFd> {
+        let sandbox = self.sandboxes.get(key.0).ok_or(io::ErrorKind::NotFound)?;
+        // The init is the kernel's child and is reaped on this thread, so
+        // its pid is still its own here.
+        let root = if sandbox.shape.sandboxed {
+            format!("/proc/{}/root", sandbox.pid)
+        } else {
+            "/".to_owned()
+        };
+        Ok(OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(root)?
+            .into())
+    }
+
     fn listen_inside(&self, key: SandboxKey) -> io::Result<std::net::TcpListener> {
         let sandbox = self.sandboxes.get(key.0).ok_or(io::ErrorKind::NotFound)?;
         agentos_egress::endpoint::listen_inside(sandbox.pidfd.as_fd())
@@ -233,6 +249,10 @@ impl<O: Copy + PartialEq + Debug, P> Sandboxes<P> for OwnersOf<'_, O, P> {
 
     fn freezer(&self, sandbox: SandboxKey) -> Option<Freezer> {
         self.runtime.freezer(sandbox)
+    }
+
+    fn open_root(&self, sandbox: SandboxKey) -> io::Result<OwnedFd> {
+        self.runtime.open_root(sandbox)
     }
 
     fn listen_inside(&self, sandbox: SandboxKey) -> io::Result<std::net::TcpListener> {

@@ -6,6 +6,7 @@
 use std::fmt::Debug;
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Instant;
 
@@ -186,6 +187,9 @@ pub trait Sandboxes<O> {
     fn usage(&self, sandbox: SandboxKey) -> Option<CgroupStats>;
     /// A sandbox's freezer (`None`: no cgroup, or no freezer on this host).
     fn freezer(&self, sandbox: SandboxKey) -> Option<Freezer>;
+    /// The root of what a sandbox's workload sees (`/` for one that is
+    /// not sandboxed), as a directory descriptor.
+    fn open_root(&self, sandbox: SandboxKey) -> io::Result<OwnedFd>;
     /// A socket listening on the egress proxy's address inside the
     /// sandbox's own network namespace.
     fn listen_inside(&self, sandbox: SandboxKey) -> io::Result<std::net::TcpListener>;

@@ -1,0 +1,376 @@
+//! Files a caller reads and writes through the kernel (READ, WRITE): in
+//! the caller's own view and with the caller's own rights, never the
+//! kernel's.
+//!
+//! Each request runs on a thread of its own that first becomes the caller
+//! for the filesystem — its uid and gid (`setfsuid`, `setfsgid`), its
+//! supplementary groups, and no capabilities — so the filesystem's own
+//! checks decide, as they would for the caller. (These are raw system
+//! calls: the C library's `setgroups` would change every thread of the
+//! kernel.) The thread ends with the request, and its credentials with it.
+//!
+//! Paths are resolved beneath the caller's root (`openat2` with
+//! `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`): a sandboxed agent's is its
+//! sandbox's, whose symlinks cannot lead out of it. The last component is
+//! never followed if it is a symlink (`O_NOFOLLOW`), only a regular file is
+//! read or written (a FIFO, a device, a `/proc` file is refused), and a
+//! file with other hard links is written only by its owner: a link another
+//! user planted in a shared directory never turns a write into one on a
+//! file the caller did not mean.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path};
+
+use agentos_proto::{ErrorCode, ErrorReply};
+use nix::errno::Errno;
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
+
+/// Whom a file request acts as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AsCaller {
+    /// Its user id.
+    pub uid: u32,
+    /// Its group id.
+    pub gid: u32,
+    /// Its supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+/// What READ found: the text and its size.
+pub struct FileText {
+    /// The file's text.
+    pub content: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// READ: the text of the regular file at `path` beneath `root`, at most
+/// `max_bytes` long.
+pub fn read(
+    root: OwnedFd,
+    path: String,
+    who: AsCaller,
+    max_bytes: u64,
+) -> Result<FileText, ErrorReply> {
+    as_caller(who, move || {
+        let file = open_beneath(&root, Path::new(&path), OFlag::O_RDONLY, &path)?;
+        let size = regular_size(&file, &path)?;
+        if size > max_bytes {
+            return Err(ErrorReply::new(
+                ErrorCode::LimitExceeded,
+                format!("READ {path}: {size} bytes; at most {max_bytes} are read"),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        File::from(file)
+            .take(max_bytes + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|err| io_failure("READ", &path, err))?;
+        let size = bytes.len() as u64;
+        let content = String::from_utf8(bytes).map_err(|_| {
+            ErrorReply::new(
+                ErrorCode::BadRequest,
+                format!("READ {path}: it is not UTF-8 text, which READ gives"),
+            )
+        })?;
+        Ok(FileText { content, size })
+    })
+}
+
+/// WRITE: `content` into the regular file at `path` beneath `root`,
+/// replacing what it held or after it (`append`), making missing parent
+/// directories. Returns the bytes written.
+pub fn write(
+    root: OwnedFd,
+    path: String,
+    content: String,
+    append: bool,
+    who: AsCaller,
+) -> Result<u64, ErrorReply> {
+    let uid = who.uid;
+    as_caller(who, move || {
+        let target = Path::new(&path);
+        let (parent, name) = match (target.parent(), target.file_name()) {
+            (Some(parent), Some(name)) => (parent, name),
+            _ => {
+                return Err(ErrorReply::new(
+                    ErrorCode::BadRequest,
+                    format!("WRITE field `path`: {path:?} names no file"),
+                ))
+            }
+        };
+        let dir = make_dirs(&root, parent, &path)?;
+        let mut flags = OFlag::O_WRONLY | OFlag::O_CREAT;
+        if append {
+            flags |= OFlag::O_APPEND;
+        }
+        let file = openat2(
+            &dir,
+            name,
+            OpenHow::new()
+                .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+                .mode(Mode::from_bits_truncate(0o644))
+                .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
+        )
+        .map_err(|errno| errno_failure("WRITE", &path, errno))?;
+        regular_size(&file, &path)?;
+        let stat = fstat(&file).map_err(|errno| errno_failure("WRITE", &path, errno))?;
+        if stat.st_nlink > 1 && stat.st_uid != uid {
+            return Err(ErrorReply::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "WRITE {path}: the file has other hard links and belongs to uid {}; \
+                     only its owner writes it through the kernel",
+                    stat.st_uid
+                ),
+            ));
+        }
+        let mut file = File::from(file);
+        if !append {
+            file.set_len(0)
+                .map_err(|err| io_failure("WRITE", &path, err))?;
+        }
+        file.write_all(content.as_bytes())
+            .map_err(|err| io_failure("WRITE", &path, err))?;
+        Ok(content.len() as u64)
+    })
+}
+
+/// Runs `work` on a thread that is the caller for the filesystem.
+fn as_caller<T: Send + 'static>(
+    who: AsCaller,
+    work: impl FnOnce() -> Result<T, ErrorReply> + Send + 'static,
+) -> Result<T, ErrorReply> {
+    let thread = agentos_primitives::threads::spawn("file-as-caller", move || {
+        become_caller(&who).map_err(|err| {
+            ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "the kernel cannot act as uid {} for files ({err}); it needs root to \
+                     read and write as its callers",
+                    who.uid
+                ),
+            )
+        })?;
+        work()
+    })
+    .map_err(|err| {
+        ErrorReply::new(
+            ErrorCode::Internal,
+            format!("cannot start a file thread: {err}"),
+        )
+    })?;
+    thread.join().unwrap_or_else(|_| {
+        Err(ErrorReply::new(
+            ErrorCode::Internal,
+            "the file thread failed; the kernel's log says why",
+        ))
+    })
+}
+
+/// Makes this thread the caller for the filesystem, without capabilities.
+/// A kernel that is not root may act only as its own uid.
+fn become_caller(who: &AsCaller) -> io::Result<()> {
+    let own = nix::unistd::geteuid().as_raw();
+    if own == 0 {
+        // SAFETY: raw setgroups(2) on this thread alone, with a valid
+        // pointer to `len` gids.
+        let rc =
+            unsafe { libc::syscall(libc::SYS_setgroups, who.groups.len(), who.groups.as_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: setfsgid(2)/setfsuid(2) change this thread's
+        // filesystem ids; they take plain integers.
+        unsafe {
+            libc::syscall(libc::SYS_setfsgid, who.gid);
+            libc::syscall(libc::SYS_setfsuid, who.uid);
+        }
+        // Each returns the ids in force: ask again to be sure they took.
+        // SAFETY: as above; -1 changes nothing.
+        let (fsuid, fsgid) = unsafe {
+            (
+                libc::syscall(libc::SYS_setfsuid, -1i32) as u32,
+                libc::syscall(libc::SYS_setfsgid, -1i32) as u32,
+            )
+        };
+        if (fsuid, fsgid) != (who.uid, who.gid) {
+            return Err(io::Error::other(format!(
+                "the filesystem ids are {fsuid}:{fsgid}"
+            )));
+        }
+    } else if who.uid != own {
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    drop_capabilities()
+}
+
+/// Clears this thread's capabilities (raw capset(2): this thread only).
+fn drop_capabilities() -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let none = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset(2) reads a valid header and two data structs.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, none.as_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Opens `path` beneath `root` (`RESOLVE_IN_ROOT`), its last component not
+/// followed if it is a symlink.
+fn open_beneath(
+    root: &OwnedFd,
+    path: &Path,
+    flags: OFlag,
+    shown: &str,
+) -> Result<OwnedFd, ErrorReply> {
+    openat2(
+        root,
+        relative(path),
+        OpenHow::new()
+            .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    )
+    .map_err(|errno| errno_failure("READ", shown, errno))
+}
+
+/// The directory `dir` beneath `root`, made with its missing parents.
+fn make_dirs(root: &OwnedFd, dir: &Path, shown: &str) -> Result<OwnedFd, ErrorReply> {
+    let open = |at: &OwnedFd, path: &Path, how: ResolveFlag| {
+        openat2(
+            at,
+            path,
+            OpenHow::new()
+                .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+                .resolve(how),
+        )
+    };
+    let in_root = ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS;
+    match open(root, relative(dir), in_root) {
+        Ok(found) => return Ok(found),
+        Err(Errno::ENOENT) => {}
+        Err(errno) => return Err(errno_failure("WRITE", shown, errno)),
+    }
+    // The longest part that exists, then each missing directory made in
+    // the last one (a name, never a path: nothing is followed).
+    let parts: Vec<&OsStr> = dir
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name),
+            _ => None,
+        })
+        .collect();
+    let mut at = root
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|err| io_failure("WRITE", shown, err))?;
+    let mut made = 0;
+    for len in (0..parts.len()).rev() {
+        let prefix: std::path::PathBuf = parts[..len].iter().collect();
+        if let Ok(found) = open(root, relative(&prefix), in_root) {
+            at = found;
+            made = len;
+            break;
+        }
+    }
+    for name in &parts[made..] {
+        if name.as_bytes() == b".." || name.as_bytes() == b"." {
+            return Err(errno_failure("WRITE", shown, Errno::EINVAL));
+        }
+        match mkdirat(&at, *name, Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(errno) => return Err(errno_failure("WRITE", shown, errno)),
+        }
+        at = open(
+            &at,
+            Path::new(name),
+            ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS,
+        )
+        .map_err(|errno| errno_failure("WRITE", shown, errno))?;
+    }
+    Ok(at)
+}
+
+/// The size of the regular file `file`; anything else is refused.
+fn regular_size(file: &OwnedFd, shown: &str) -> Result<u64, ErrorReply> {
+    let stat = fstat(file).map_err(|errno| errno_failure("file", shown, errno))?;
+    let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+    if kind != SFlag::S_IFREG {
+        return Err(ErrorReply::new(
+            ErrorCode::BadRequest,
+            format!("{shown}: not a regular file; only regular files are read and written"),
+        ));
+    }
+    // A file of /proc says 0 and holds more: refused as not what it says.
+    if stat.st_size == 0 && is_procfs(file) {
+        return Err(ErrorReply::new(
+            ErrorCode::BadRequest,
+            format!("{shown}: a /proc file; only regular files are read and written"),
+        ));
+    }
+    Ok(stat.st_size as u64)
+}
+
+fn is_procfs(file: &OwnedFd) -> bool {
+    nix::sys::statfs::fstatfs(file)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
+}
+
+/// `path` without its leading `/`, for resolving beneath a root.
+fn relative(path: &Path) -> &Path {
+    let stripped = path.strip_prefix("/").unwrap_or(path);
+    if stripped.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        stripped
+    }
+}
+
+fn errno_failure(what: &str, path: &str, errno: Errno) -> ErrorReply {
+    let code = match errno {
+        Errno::ENOENT | Errno::ENOTDIR => ErrorCode::NotFound,
+        Errno::EACCES | Errno::EPERM => ErrorCode::PermissionDenied,
+        Errno::ELOOP => ErrorCode::BadRequest,
+        Errno::EXDEV => ErrorCode::PermissionDenied,
+        _ => ErrorCode::BadRequest,
+    };
+    let why = match errno {
+        Errno::ELOOP => "it is a symlink, which is not followed".to_owned(),
+        Errno::EXDEV => "it leads out of the caller's view".to_owned(),
+        other => other.desc().to_lowercase(),
+    };
+    ErrorReply::new(code, format!("{what} {path}: {why}"))
+}
+
+fn io_failure(what: &str, path: &str, err: io::Error) -> ErrorReply {
+    match err.raw_os_error() {
+        Some(raw) => errno_failure(what, path, Errno::from_raw(raw)),
+        None => ErrorReply::new(ErrorCode::Internal, format!("{what} {path}: {err}")),
+    }
+}
