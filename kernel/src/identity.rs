@@ -14,6 +14,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
@@ -129,6 +130,27 @@ pub fn peer_pid_namespaces(socket: &impl AsFd, peer: &PeerCred) -> io::Result<Op
         }
     }
     Ok(Some(chain))
+}
+
+/// The cgroups the peer of `socket` is in, one path per hierarchy (as
+/// `/proc/<pid>/cgroup` gives them, `/` first). An error: the peer is gone,
+/// or its pid may be another process's by now.
+pub fn peer_cgroups(socket: &impl AsFd, peer: &PeerCred) -> io::Result<Vec<PathBuf>> {
+    let pinned = peer_pidfd(socket);
+    let listing = std::fs::read_to_string(format!("/proc/{}/cgroup", peer.pid))?;
+    if let Some(pidfd) = pinned {
+        let gone = process::signal(pidfd.as_fd(), 0)
+            .is_err_and(|err| err.raw_os_error() == Some(libc::ESRCH));
+        if gone {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+    }
+    // "<id>:<controllers>:<path>" per hierarchy.
+    Ok(listing
+        .lines()
+        .filter_map(|line| line.splitn(3, ':').nth(2))
+        .map(PathBuf::from)
+        .collect())
 }
 
 /// A pidfd for the peer as it was when it connected (`SO_PEERPIDFD`,

@@ -21,7 +21,7 @@ use super::restart::{Decision, Ending};
 use super::table::Table;
 use super::usage::AgentCounts;
 use crate::address::{Answer, Reply};
-use crate::cgroup::CgroupStats;
+use crate::cgroup::{CgroupLimits, CgroupStats};
 use crate::process::ProcessEnd;
 use crate::sandbox::plan::{Workload, SOCKET_INSIDE, WORKSPACE};
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
@@ -334,7 +334,12 @@ impl Life {
             workload: &workload,
             log: &agent.log,
             cgroup_name: format!("agent-{id}-{}", incarnation.number),
-            limits: cgroup_limits(&agent.limits),
+            // Unsandboxed, it is as the host's processes are: no limits.
+            limits: if agent.shape(sandboxes).sandboxed {
+                cgroup_limits(&agent.limits)
+            } else {
+                CgroupLimits::NONE
+            },
             door: agent.door,
             channel: None,
         };

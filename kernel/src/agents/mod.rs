@@ -137,6 +137,14 @@ impl Agents {
         })
     }
 
+    /// Live agents' ids with their current incarnations' sandboxes.
+    pub fn live_sandboxes(&self) -> impl Iterator<Item = (u32, SandboxKey)> + '_ {
+        self.table
+            .values()
+            .filter(|agent| agent.is_live())
+            .filter_map(|agent| agent.sandbox.map(|sandbox| (agent.id, sandbox)))
+    }
+
     /// The sandbox of agent `id`'s current incarnation, if it has one.
     pub fn sandbox_of(&self, id: u32) -> Option<SandboxKey> {
         self.table.get(id).and_then(|agent| agent.sandbox)

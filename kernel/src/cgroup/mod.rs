@@ -53,6 +53,16 @@ pub struct CgroupLimits {
     pub max_pids: u64,
 }
 
+impl CgroupLimits {
+    /// No limit at all.
+    pub const NONE: CgroupLimits = CgroupLimits {
+        memory: u64::MAX,
+        cpu_quota: None,
+        cpu_period: 100_000,
+        max_pids: u64::MAX,
+    };
+}
+
 /// What went wrong with a cgroup operation.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -355,8 +365,11 @@ impl AgentCgroup {
         resources.memory.memory_swap_limit = self.backend.no_swap_limit(&self.rel, limits.memory);
         resources.cpu.quota = Some(limits.cpu_quota.map_or(-1, clamp_i64));
         resources.cpu.period = Some(limits.cpu_period);
-        resources.pid.maximum_number_of_processes =
-            Some(MaxValue::Value(clamp_i64(limits.max_pids)));
+        resources.pid.maximum_number_of_processes = Some(if limits.max_pids == u64::MAX {
+            MaxValue::Max
+        } else {
+            MaxValue::Value(clamp_i64(limits.max_pids))
+        });
         let cgroup = Cgroup::load(self.backend.hierarchy(), &self.rel);
         let write = || {
             cgroup.apply(&resources).map_err(|err| CgroupError::Limits {

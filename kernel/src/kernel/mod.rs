@@ -37,7 +37,7 @@ mod task_work;
 mod tool_calls;
 mod tool_catalog;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -229,6 +229,19 @@ impl Kernel {
     /// ancestors) lives inside one of the kernel's sandboxes.
     pub fn is_inside_a_sandbox(&self, pid_namespaces: &[u64]) -> bool {
         self.sandboxes.is_inside_a_sandbox(pid_namespaces)
+    }
+
+    /// The live agent whose cgroup holds a process that is in `cgroups`
+    /// (its cgroup in each hierarchy): an unsandboxed agent, or one of its
+    /// children, calling on the kernel's socket.
+    pub fn agent_in_cgroups(&self, cgroups: &[PathBuf]) -> Option<u32> {
+        self.agents.live_sandboxes().find_map(|(id, sandbox)| {
+            let own = Path::new("/").join(self.sandboxes.cgroup_of(sandbox)?);
+            cgroups
+                .iter()
+                .any(|cgroup| cgroup.starts_with(&own))
+                .then_some(id)
+        })
     }
 
     /// Readiness of one of the kernel's own sources.

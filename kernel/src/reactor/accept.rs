@@ -12,7 +12,9 @@ use mio::net::{UnixListener, UnixStream};
 
 use super::capacity::Capacity;
 use crate::address::{Adopted, Adoptee};
-use crate::identity::{peer_cred, peer_groups, peer_pid_namespaces, Authority, Identity, PeerCred};
+use crate::identity::{
+    peer_cgroups, peer_cred, peer_groups, peer_pid_namespaces, Authority, Identity, PeerCred,
+};
 use crate::kernel::Kernel;
 
 /// After accept fails (out of file descriptors), try again this soon.
@@ -176,6 +178,14 @@ impl Door {
         }
         let groups = peer_groups(&stream).unwrap_or_default();
         let identity = match self.authority.identify(&peer, || groups.clone()) {
+            // An operator's process in a live agent's cgroup is that agent
+            // (one spawned unsandboxed, calling on this socket): this only
+            // narrows what the connection may do.
+            Ok(Identity::Operator { .. })
+                if let Some(id) = agent_calling(&stream, &peer, kernel) =>
+            {
+                Identity::Agent { id }
+            }
             Ok(identity) => identity,
             Err(reason) => {
                 if let Some(suppressed) = self.refusals.allow(Instant::now()) {
@@ -229,6 +239,12 @@ impl Door {
         refuse(stream, ErrorCode::Busy, &reason.to_string());
         false
     }
+}
+
+/// The live agent the peer of `stream` belongs to by its cgroup, if any.
+fn agent_calling(stream: &UnixStream, peer: &PeerCred, kernel: &Kernel) -> Option<u32> {
+    let cgroups = peer_cgroups(stream, peer).ok()?;
+    kernel.agent_in_cgroups(&cgroups)
 }
 
 /// Tells a connection it cannot be served, then drops it. Best effort: the

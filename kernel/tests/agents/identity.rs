@@ -405,3 +405,65 @@ fn the_local_model_server_runs_unprivileged_in_a_read_only_view() {
     );
     assert_eq!(reply["success"], true, "{reply}");
 }
+
+// ---- 7. unsandboxed agents on the kernel's socket ----------------------------
+
+/// An unsandboxed agent that calls on the kernel's main socket (`argv[1]`),
+/// as the Clove SDK's workers do, then has a child process of its own do
+/// the same; prints what HELLO said to each.
+const MAIN_SOCKET_CALLER: &str = r#"
+import os, subprocess, sys
+os.environ["AGENTOS_SOCKET"] = sys.argv[1]
+"#;
+
+const MAIN_SOCKET_HELLO: &str = r#"
+agent_id, body = call(0xFE, b"{}")
+print("HELLO", agent_id, json.dumps(json.loads(body)["principal"]), flush=True)
+if len(sys.argv) > 2:
+    subprocess.run([sys.executable, sys.argv[0], sys.argv[1]], check=True)
+    print("DONE", flush=True)
+    import time
+    time.sleep(30)
+"#;
+
+#[test]
+fn an_unsandboxed_agent_calling_on_the_kernels_socket_is_that_agent_with_its_children() {
+    require_root!("agents' cgroups, by which the kernel knows an unsandboxed agent");
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    let dir = shared_dir();
+    let script = write_script(
+        dir.path(),
+        "caller.py",
+        &format!(
+            "{MAIN_SOCKET_CALLER}{}{MAIN_SOCKET_HELLO}",
+            support::PY_KERNEL
+        ),
+    );
+    let spawned = request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "outside", "script": script, "sandboxed": false,
+                "args": [daemon.socket, "with-child"]}),
+    );
+    assert_eq!(spawned["success"], true, "{spawned}");
+    let id = spawned["id"].as_u64().unwrap();
+    let log = support::agent_log_with_line(&daemon, "outside", id, "DONE");
+    let hellos: Vec<&str> = log.lines().filter(|l| l.starts_with("HELLO")).collect();
+    assert_eq!(hellos.len(), 2, "{log}");
+    for hello in hellos {
+        assert!(
+            hello.starts_with(&format!("HELLO {id} ")),
+            "the agent and its child are agent {id}: {hello}"
+        );
+        assert!(hello.contains("\"agent\""), "{hello}");
+    }
+    // The operator's own connections stay the operator's.
+    let own = request(&mut client, Opcode::HELLO, &json!({}));
+    assert!(own["agent_id"].as_u64().unwrap() >= 1_000_000, "{own}");
+    // With a cgroup of its own, it can be paused like any agent.
+    let paused = request(&mut client, Opcode::PAUSE, &json!({"id": id}));
+    assert_eq!(paused["state"], "paused", "{paused}");
+    let killed = request(&mut client, Opcode::KILL, &json!({"id": id}));
+    assert_eq!(killed["killed"], true, "{killed}");
+}

@@ -339,7 +339,12 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
     fn launch(&mut self, for_whom: LaunchFor<O>, shape: Shape) {
         let seq = self.next_launch;
         self.next_launch += 1;
-        let cgroup = (shape.sandboxed && self.machine.cgroups.is_some())
+        // An unsandboxed agent has a cgroup too, without limits: it is how
+        // the kernel knows its processes, freezes and ends them all.
+        let cgroup = self
+            .machine
+            .cgroups
+            .is_some()
             .then(|| (format!("sandbox-{seq}"), self.default_limits));
         self.pending.insert(seq, (for_whom, shape));
         self.launches.submit(LaunchJob {
