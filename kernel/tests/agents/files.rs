@@ -10,23 +10,13 @@ use agentos_proto::{Client, Opcode};
 use agentos_test_support::{act, request, require_root, shared_dir, Daemon};
 use serde_json::{json, Value};
 
-use super::reply;
+use super::{refused, reply};
 
 const READ: u8 = 0x03;
 const WRITE: u8 = 0x04;
 
 fn read(client: &mut Client, path: &str) -> Value {
     request(client, Opcode::READ, &json!({"path": path}))
-}
-
-fn refused(reply: &Value, code: &str, naming: &str) {
-    assert_eq!(reply["success"], false, "{reply}");
-    assert_eq!(reply["code"], code, "{reply}");
-    let error = reply["error"].as_str().unwrap();
-    assert!(
-        error.contains(naming),
-        "the error must say {naming:?}: {error}"
-    );
 }
 
 #[test]

@@ -27,6 +27,17 @@ fn reply(replies: &[Value], n: usize) -> &Value {
     &replies[n]["reply"]
 }
 
+/// Asserts `reply` is a failure with `code` whose message says `naming`.
+fn refused(reply: &Value, code: &str, naming: &str) {
+    assert_eq!(reply["success"], false, "{reply}");
+    assert_eq!(reply["code"], code, "{reply}");
+    let error = reply["error"].as_str().unwrap();
+    assert!(
+        error.contains(naming),
+        "the error must say {naming:?}: {error}"
+    );
+}
+
 /// Every directory under `root`.
 fn tree(root: &Path) -> Vec<PathBuf> {
     let mut dirs = vec![root.to_path_buf()];

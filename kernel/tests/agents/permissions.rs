@@ -6,23 +6,13 @@
 
 use agentos_proto::Opcode;
 use agentos_test_support::{act, agent_info, request, Daemon};
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::reply;
+use super::{refused, reply};
 
 const GET_PERMS: u8 = 0x40;
 const SET_PERMS: u8 = 0x41;
 const EXEC: u8 = 0x02;
-
-fn refused(reply: &Value, code: &str, naming: &str) {
-    assert_eq!(reply["success"], false, "{reply}");
-    assert_eq!(reply["code"], code, "{reply}");
-    let error = reply["error"].as_str().unwrap();
-    assert!(
-        error.contains(naming),
-        "the error must name {naming}: {error}"
-    );
-}
 
 #[test]
 fn an_operator_connection_lowers_itself_alone_and_never_rises_again() {

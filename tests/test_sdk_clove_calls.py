@@ -1,0 +1,64 @@
+"""The Python SDK's calls for the Clove SDK's opcodes — permissions, files,
+pause and resume, metrics — against a real agentosd, as a user of the
+SDK meets them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agentos import AgentOSClient
+from agentos.errors import BadRequest, NotFound, PermissionDenied
+
+ROOT = os.geteuid() == 0
+
+
+def test_permissions_only_lower_and_only_this_connection(kernel):
+    with AgentOSClient(kernel.socket_path) as lowered, AgentOSClient(kernel.socket_path) as other:
+        assert lowered.get_permissions()["permissions"]["level"] == "unrestricted"
+        kept = lowered.set_permissions(level="readonly")["permissions"]
+        assert kept["level"] == "readonly" and not kept["write"] and kept["read"]
+        with pytest.raises(PermissionDenied, match="can_write"):
+            lowered.set_permissions(permissions={"can_write": True})
+        with pytest.raises(BadRequest, match="permissions.exec"):
+            lowered.set_permissions(permissions={"exec": ["ls"]})
+        with pytest.raises(PermissionDenied, match="write"):
+            lowered.write_file("/tmp/never-written-by-a-readonly-connection", "x")
+        assert other.get_permissions()["permissions"]["level"] == "unrestricted"
+
+
+def test_files_are_written_appended_and_read_back(kernel, tmp_path):
+    path = str(tmp_path / "deep" / "notes.txt")
+    with AgentOSClient(kernel.socket_path) as client:
+        assert client.write_file(path, "one\n")["bytes_written"] == 4
+        assert client.write_file(path, "two\n", mode="append")["bytes_written"] == 4
+        read = client.read_file(path)
+        assert read["content"] == "one\ntwo\n" and read["size"] == 8
+        with pytest.raises(NotFound):
+            client.read_file(str(tmp_path / "missing.txt"))
+        with pytest.raises(BadRequest, match="mode"):
+            client.write_file(path, "x", mode="truncate")
+
+
+@pytest.mark.skipif(not ROOT, reason="the cgroup freezer needs a kernel running as root")
+def test_an_agent_is_paused_and_resumed_by_name(kernel):
+    with AgentOSClient(kernel.socket_path) as client:
+        spawned = client.spawn("pausable", command=["/bin/sleep", "30"])
+        assert client.pause("pausable")["state"] == "paused"
+        states = {a["id"]: a["state"] for a in client.list_agents()}
+        assert states[spawned["id"]] == "paused"
+        assert client.resume(spawned["id"])["state"] == "running"
+        with pytest.raises(NotFound):
+            client.pause("no-such-agent")
+
+
+def test_metrics_are_numbers_and_name_agents_never_paths(kernel):
+    with AgentOSClient(kernel.socket_path) as client:
+        system = client.system_metrics()["metrics"]
+        assert system["cpu"]["count"] >= 1 and len(system["cpu"]["load_avg"]) == 3
+        assert system["memory"]["total"] > 0
+        everyone = client.all_agent_metrics()
+        assert everyone["count"] == len(everyone["agents"])
+        with pytest.raises(BadRequest, match="never a path"):
+            client.cgroup_metrics("../../sys")
