@@ -44,6 +44,7 @@ def test_files_are_written_appended_and_read_back(kernel, tmp_path):
 @pytest.mark.skipif(not ROOT, reason="the cgroup freezer needs a kernel running as root")
 def test_an_agent_is_paused_and_resumed_by_name(kernel):
     with AgentOSClient(kernel.socket_path) as client:
+        assert client.hello()["features"]["pause"] is True
         spawned = client.spawn("pausable", command=["/bin/sleep", "30"])
         assert client.pause("pausable")["state"] == "paused"
         states = {a["id"]: a["state"] for a in client.list_agents()}

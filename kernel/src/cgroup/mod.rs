@@ -145,6 +145,12 @@ impl Cgroups {
         self.backend.version()
     }
 
+    /// Whether agents' cgroups can be frozen (v2; v1 with a freezer
+    /// hierarchy).
+    pub fn can_freeze(&self) -> bool {
+        self.backend.freezer(Path::new(BASE)).is_some()
+    }
+
     /// Creates `agentos/` and this instance's directory, and removes what
     /// dead instances left behind.
     pub fn start(&self) -> Result<(), CgroupError> {

@@ -38,6 +38,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 task: true,
                 cgroup: kernel.sandboxes.machine().cgroup_version(),
                 network_policy: kernel.gateway.unavailable().is_none(),
+                pause: kernel.sandboxes.machine().can_freeze(),
             },
             limits: Some(ProtocolLimits {
                 max_request_bytes: config.max_request_bytes,

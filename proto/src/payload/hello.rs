@@ -61,6 +61,9 @@ pub struct Features {
     /// Network policies are served (the egress proxy runs).
     #[serde(default)]
     pub network_policy: bool,
+    /// PAUSE freezes agents (cgroups with a freezer).
+    #[serde(default)]
+    pub pause: bool,
 }
 
 /// Size limits a client should respect.
@@ -190,7 +193,7 @@ mod tests {
         }
         assert_eq!(
             serde_json::to_string(&Features::default()).unwrap(),
-            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null,"network_policy":false}"#
+            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null,"network_policy":false,"pause":false}"#
         );
     }
 

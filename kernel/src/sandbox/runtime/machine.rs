@@ -69,6 +69,11 @@ impl Machine {
     pub fn cgroup_version(&self) -> Option<CgroupVersion> {
         self.cgroups.as_ref().map(|c| c.version())
     }
+
+    /// Whether PAUSE can freeze agents here.
+    pub fn can_freeze(&self) -> bool {
+        self.cgroups.as_ref().is_some_and(|c| c.can_freeze())
+    }
 }
 
 /// Why an unprivileged daemon cannot give sandboxes namespaces.
