@@ -18,17 +18,15 @@
 //! user planted in a shared directory never turns a write into one on a
 //! file the caller did not mean.
 
-use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path};
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
 
 use agentos_proto::{ErrorCode, ErrorReply};
 use nix::errno::Errno;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
+use nix::sys::stat::{fstat, mkdirat, FileStat, Mode, SFlag};
 
 /// Whom a file request acts as.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,19 +57,26 @@ pub fn read(
 ) -> Result<FileText, ErrorReply> {
     as_caller(who, move || {
         let file = open_beneath(&root, Path::new(&path), OFlag::O_RDONLY, &path)?;
-        let size = regular_size(&file, &path)?;
-        if size > max_bytes {
-            return Err(ErrorReply::new(
+        let too_big = |size: u64| {
+            ErrorReply::new(
                 ErrorCode::LimitExceeded,
                 format!("READ {path}: {size} bytes; at most {max_bytes} are read"),
-            ));
+            )
+        };
+        let size = regular(&file, &path)?.st_size as u64;
+        if size > max_bytes {
+            return Err(too_big(size));
         }
         let mut bytes = Vec::with_capacity(size as usize);
         File::from(file)
             .take(max_bytes + 1)
             .read_to_end(&mut bytes)
             .map_err(|err| io_failure("READ", &path, err))?;
+        // It may have grown since it was measured.
         let size = bytes.len() as u64;
+        if size > max_bytes {
+            return Err(too_big(size));
+        }
         let content = String::from_utf8(bytes).map_err(|_| {
             ErrorReply::new(
                 ErrorCode::BadRequest,
@@ -118,8 +123,7 @@ pub fn write(
                 .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
         )
         .map_err(|errno| errno_failure("WRITE", &path, errno))?;
-        regular_size(&file, &path)?;
-        let stat = fstat(&file).map_err(|errno| errno_failure("WRITE", &path, errno))?;
+        let stat = regular(&file, &path)?;
         if stat.st_nlink > 1 && stat.st_uid != uid {
             return Err(ErrorReply::new(
                 ErrorCode::PermissionDenied,
@@ -277,32 +281,37 @@ fn make_dirs(root: &OwnedFd, dir: &Path, shown: &str) -> Result<OwnedFd, ErrorRe
         Err(Errno::ENOENT) => {}
         Err(errno) => return Err(errno_failure("WRITE", shown, errno)),
     }
-    // The longest part that exists, then each missing directory made in
-    // the last one (a name, never a path: nothing is followed).
-    let parts: Vec<&OsStr> = dir
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(name) => Some(name),
-            _ => None,
-        })
-        .collect();
-    let mut at = root
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|err| io_failure("WRITE", shown, err))?;
-    let mut made = 0;
-    for len in (0..parts.len()).rev() {
-        let prefix: std::path::PathBuf = parts[..len].iter().collect();
-        if let Ok(found) = open(root, relative(&prefix), in_root) {
-            at = found;
-            made = len;
-            break;
+    // Missing directories are made one name at a time, so their path must
+    // be names alone: what `..` means depends on what it follows.
+    let mut parts = Vec::new();
+    for part in dir.components() {
+        match part {
+            Component::Normal(name) => parts.push(name),
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(ErrorReply::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "WRITE {shown}: missing directories are made only along a path \
+                         without `..`"
+                    ),
+                ))
+            }
         }
     }
+    // The longest part that exists (at least the root), then each missing
+    // directory made in the last one: a name, never a path, so nothing is
+    // followed.
+    let (made, mut at) = (0..parts.len())
+        .rev()
+        .find_map(|len| {
+            let prefix: PathBuf = parts[..len].iter().collect();
+            open(root, relative(&prefix), in_root)
+                .ok()
+                .map(|found| (len, found))
+        })
+        .ok_or_else(|| errno_failure("WRITE", shown, Errno::ENOENT))?;
     for name in &parts[made..] {
-        if name.as_bytes() == b".." || name.as_bytes() == b"." {
-            return Err(errno_failure("WRITE", shown, Errno::EINVAL));
-        }
         match mkdirat(&at, *name, Mode::from_bits_truncate(0o755)) {
             Ok(()) | Err(Errno::EEXIST) => {}
             Err(errno) => return Err(errno_failure("WRITE", shown, errno)),
@@ -317,8 +326,8 @@ fn make_dirs(root: &OwnedFd, dir: &Path, shown: &str) -> Result<OwnedFd, ErrorRe
     Ok(at)
 }
 
-/// The size of the regular file `file`; anything else is refused.
-fn regular_size(file: &OwnedFd, shown: &str) -> Result<u64, ErrorReply> {
+/// The status of the regular file `file`; anything else is refused.
+fn regular(file: &OwnedFd, shown: &str) -> Result<FileStat, ErrorReply> {
     let stat = fstat(file).map_err(|errno| errno_failure("file", shown, errno))?;
     let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
     if kind != SFlag::S_IFREG {
@@ -334,7 +343,7 @@ fn regular_size(file: &OwnedFd, shown: &str) -> Result<u64, ErrorReply> {
             format!("{shown}: a /proc file; only regular files are read and written"),
         ));
     }
-    Ok(stat.st_size as u64)
+    Ok(stat)
 }
 
 fn is_procfs(file: &OwnedFd) -> bool {

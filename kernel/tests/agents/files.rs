@@ -54,6 +54,15 @@ fn an_operator_writes_appends_and_reads_back_making_missing_directories() {
         dir.path().join("nothing.txt").to_str().unwrap(),
     );
     refused(&missing, "not_found", "nothing.txt");
+    // `..` after a directory that does not exist names no place to make.
+    let dotdot = dir.path().join("absent/../../escape.txt");
+    let wrote = request(
+        &mut client,
+        Opcode::WRITE,
+        &json!({"path": dotdot.to_str().unwrap(), "content": "x"}),
+    );
+    refused(&wrote, "bad_request", "without `..`");
+    assert!(!dir.path().join("absent").exists());
     let relative = read(&mut client, "relative.txt");
     refused(&relative, "bad_request", "absolute");
 }
