@@ -231,17 +231,31 @@ impl Kernel {
         self.sandboxes.is_inside_a_sandbox(pid_namespaces)
     }
 
-    /// The live agent whose cgroup holds a process that is in `cgroups`
-    /// (its cgroup in each hierarchy): an unsandboxed agent, or one of its
-    /// children, calling on the kernel's socket.
-    pub fn agent_in_cgroups(&self, cgroups: &[PathBuf]) -> Option<u32> {
-        self.agents.live_sandboxes().find_map(|(id, sandbox)| {
-            let own = Path::new("/").join(self.sandboxes.cgroup_of(sandbox)?);
-            cgroups
-                .iter()
-                .any(|cgroup| cgroup.starts_with(&own))
-                .then_some(id)
-        })
+    /// The live unsandboxed agent whose cgroup holds the peer that
+    /// `peer_cgroups` reads the cgroups of (one per hierarchy): such an
+    /// agent, or a child of its, calling on the kernel's socket. Only an
+    /// unsandboxed agent's processes can reach that socket, so with none
+    /// live the peer's cgroups are not read at all.
+    pub fn agent_calling(
+        &self,
+        peer_cgroups: impl FnOnce() -> Option<Vec<PathBuf>>,
+    ) -> Option<u32> {
+        let unsandboxed: Vec<(u32, PathBuf)> = self
+            .agents
+            .live_sandboxes()
+            .filter_map(|(id, sandbox)| {
+                let own = self.sandboxes.unsandboxed_cgroup_of(sandbox)?;
+                Some((id, Path::new("/").join(own)))
+            })
+            .collect();
+        if unsandboxed.is_empty() {
+            return None;
+        }
+        let cgroups = peer_cgroups()?;
+        unsandboxed
+            .into_iter()
+            .find(|(_, own)| cgroups.iter().any(|cgroup| cgroup.starts_with(own)))
+            .map(|(id, _)| id)
     }
 
     /// Readiness of one of the kernel's own sources.

@@ -182,7 +182,7 @@ impl Door {
             // (one spawned unsandboxed, calling on this socket): this only
             // narrows what the connection may do.
             Ok(Identity::Operator { .. })
-                if let Some(id) = agent_calling(&stream, &peer, kernel) =>
+                if let Some(id) = kernel.agent_calling(|| peer_cgroups(&stream, &peer).ok()) =>
             {
                 Identity::Agent { id }
             }
@@ -239,12 +239,6 @@ impl Door {
         refuse(stream, ErrorCode::Busy, &reason.to_string());
         false
     }
-}
-
-/// The live agent the peer of `stream` belongs to by its cgroup, if any.
-fn agent_calling(stream: &UnixStream, peer: &PeerCred, kernel: &Kernel) -> Option<u32> {
-    let cgroups = peer_cgroups(stream, peer).ok()?;
-    kernel.agent_in_cgroups(&cgroups)
 }
 
 /// Tells a connection it cannot be served, then drops it. Best effort: the

@@ -145,6 +145,17 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
             .map(|cgroup| cgroup.rel())
     }
 
+    /// The cgroup of a sandbox whose workload is not sandboxed (an
+    /// unsandboxed agent's), as [`Runtime::cgroup_of`]; `None` for any
+    /// other.
+    pub fn unsandboxed_cgroup_of(&self, key: SandboxKey) -> Option<&Path> {
+        let sandbox = self.sandboxes.get(key.0)?;
+        if sandbox.shape.sandboxed {
+            return None;
+        }
+        sandbox.cgroup.as_ref().map(|cgroup| cgroup.rel())
+    }
+
     /// Starts the launch thread (finished launches wake `waker`) and the
     /// first warm sandboxes. `registry` is the reactor's, for the
     /// runtime's own sources.
