@@ -145,6 +145,12 @@ impl Agents {
             .filter_map(|agent| agent.sandbox.map(|sandbox| (agent.id, sandbox)))
     }
 
+    /// The host pid of agent `id`'s top process, while it has one (what
+    /// an operator's LIST shows).
+    pub fn host_pid(&self, id: u32) -> Option<u32> {
+        self.table.get(id)?.pid.map(|pid| pid as u32)
+    }
+
     /// The sandbox of agent `id`'s current incarnation, if it has one.
     pub fn sandbox_of(&self, id: u32) -> Option<SandboxKey> {
         self.table.get(id).and_then(|agent| agent.sandbox)

@@ -5,8 +5,6 @@
 //! agents the caller may see (LIST's rule), and an agent named by its name
 //! or id — `cgroup_path` never names a path. `/proc` is read on a worker.
 
-use std::collections::HashMap;
-
 use agentos_proto::payload::{
     AgentInfo, AgentMetrics, AgentMetricsReply, AgentMetricsRequest, AllAgentMetricsReply,
     CgroupCpu, CgroupMemory, CgroupMetrics, CgroupMetricsReply, CgroupMetricsRequest, CgroupPids,
@@ -141,18 +139,10 @@ pub fn cgroup(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 /// The agents `viewer` may see, each with its top process's host pid (to
 /// read its `/proc`), whatever pid the viewer is shown.
 fn seen_with_host_pids(kernel: &mut Kernel, viewer: Viewer) -> Vec<(AgentInfo, Option<u32>)> {
-    let seen = agents_seen_by(kernel, viewer);
-    let host_pids: HashMap<u32, Option<u32>> = if viewer == Viewer::Operator {
-        seen.iter().map(|a| (a.id, a.pid)).collect()
-    } else {
-        agents_seen_by(kernel, Viewer::Operator)
-            .into_iter()
-            .map(|a| (a.id, a.pid))
-            .collect()
-    };
-    seen.into_iter()
+    agents_seen_by(kernel, viewer)
+        .into_iter()
         .map(|info| {
-            let pid = host_pids.get(&info.id).copied().flatten();
+            let pid = kernel.agents.host_pid(info.id);
             (info, pid)
         })
         .collect()
