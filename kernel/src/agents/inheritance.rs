@@ -122,18 +122,11 @@ fn child_permissions(
     tokens_left: Option<u64>,
 ) -> Result<Permissions, ErrorReply> {
     let asked = &request.permissions;
-    for (field, asked, own) in [
-        ("permissions.think", asked.think, parent.think),
-        ("permissions.exec", asked.exec, parent.exec),
-        ("permissions.spawn", asked.spawn, parent.spawn),
-        ("permissions.task", asked.task, parent.task),
-        ("permissions.read", asked.read, parent.read),
-        ("permissions.write", asked.write, parent.write),
-        ("permissions.http", asked.http, parent.http),
-    ] {
-        if asked == Some(true) && !own {
-            return Err(denied(field, "its parent does not have it"));
-        }
+    if let Some(field) = asked.beyond(parent) {
+        return Err(denied(
+            &format!("permissions.{field}"),
+            "its parent does not have it",
+        ));
     }
     if let Some(wider) = asked
         .tools

@@ -106,29 +106,15 @@ fn spawner_for(
 /// than it kept: a switch it dropped is refused if asked for, and off
 /// where the request leaves it out.
 fn within_lowered(spawn: &mut SpawnRequest, kept: &Permissions) -> Result<(), ErrorReply> {
-    let asked = &mut spawn.permissions;
-    for (field, asked, held) in [
-        ("think", &mut asked.think, kept.think),
-        ("exec", &mut asked.exec, kept.exec),
-        ("spawn", &mut asked.spawn, kept.spawn),
-        ("task", &mut asked.task, kept.task),
-        ("read", &mut asked.read, kept.read),
-        ("write", &mut asked.write, kept.write),
-        ("http", &mut asked.http, kept.http),
-    ] {
-        if held {
-            continue;
-        }
-        if *asked == Some(true) {
-            return Err(ErrorReply::new(
-                ErrorCode::PermissionDenied,
-                format!(
-                    "SPAWN field `permissions.{field}`: this connection lowered itself \
-                     without it (a child never gets more than its parent)"
-                ),
-            ));
-        }
-        *asked = Some(false);
+    if let Some(field) = spawn.permissions.beyond(kept) {
+        return Err(ErrorReply::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "SPAWN field `permissions.{field}`: this connection lowered itself without it \
+                 (a child never gets more than its parent)"
+            ),
+        ));
     }
+    spawn.permissions.cap(kept);
     Ok(())
 }

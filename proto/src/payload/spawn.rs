@@ -183,6 +183,48 @@ impl PermissionsRequest {
             tools: self.tools.clone().unwrap_or(defaults.tools),
         }
     }
+
+    /// The first switch asked `true` that `held` lacks: asking for it is
+    /// asking for more than is held.
+    ///
+    /// ```
+    /// use agentos_proto::payload::{Permissions, PermissionsRequest};
+    /// let asked = PermissionsRequest { spawn: Some(true), ..Default::default() };
+    /// assert_eq!(asked.beyond(&Permissions::default()), Some("spawn"));
+    /// assert_eq!(PermissionsRequest::default().beyond(&Permissions::default()), None);
+    /// ```
+    pub fn beyond(&self, held: &Permissions) -> Option<&'static str> {
+        let mut asked = self.clone();
+        let beyond = asked
+            .switches(held)
+            .into_iter()
+            .find(|(_, asked, held)| **asked == Some(true) && !held)
+            .map(|(name, ..)| name);
+        beyond
+    }
+
+    /// Asks `false` for every switch `held` lacks and the request left out,
+    /// so defaults cannot give it.
+    pub fn cap(&mut self, held: &Permissions) {
+        for (_, asked, held) in self.switches(held) {
+            if !held {
+                asked.get_or_insert(false);
+            }
+        }
+    }
+
+    /// Each switch: its name, what was asked, and whether `held` has it.
+    fn switches(&mut self, held: &Permissions) -> [(&'static str, &mut Option<bool>, bool); 7] {
+        [
+            ("think", &mut self.think, held.think),
+            ("exec", &mut self.exec, held.exec),
+            ("spawn", &mut self.spawn, held.spawn),
+            ("task", &mut self.task, held.task),
+            ("read", &mut self.read, held.read),
+            ("write", &mut self.write, held.write),
+            ("http", &mut self.http, held.http),
+        ]
+    }
 }
 
 fn default_max_restarts() -> u32 {
