@@ -50,10 +50,10 @@ pub fn set(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         check_only_lowers(&set, &current, &caller.name())?;
         let kept = match caller {
             Actor::Operator { .. } => {
-                let kept = lower(current);
-                // Only a connection can lower an operator; a kernel-made
-                // request has none and changes nothing.
-                if let Some(serial) = request.reply_to.connection() {
+                let kept = lower(current.clone());
+                // Only a connection can lower an operator (a kernel-made
+                // request has none), and only what changes is kept.
+                if let Some(serial) = request.reply_to.connection().filter(|_| kept != current) {
                     kernel.lowered.set(serial, kept.clone());
                 }
                 kept
