@@ -520,3 +520,55 @@ fn runs_cannot_reach_each_other_over_loopback() {
     );
     assert_eq!(own["stdout"], "own loopback\n", "{own}");
 }
+
+#[test]
+fn a_runs_code_gets_nothing_of_its_caller_from_clove_calls() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    let operators = request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "operators-own", "command": ["/bin/sleep", "30"]}),
+    );
+    let id = operators["id"].as_u64().unwrap();
+    let secret = tempfile::tempdir().unwrap();
+    let secret_file = secret.path().join("key.txt");
+    fs::write(&secret_file, "the operator's").unwrap();
+    let tries = format!(
+        r#"{{"perms": call(0x40, {{}}),
+            "raise": call(0x41, {{"permissions": {{"can_spawn": True}}}}),
+            "lower_theirs": call(0x41, {{"agent_id": {id}, "level": "minimal"}}),
+            "read": call(0x03, {{"path": {path:?}}}),
+            "write": call(0x04, {{"path": "/tmp/from-a-run.txt", "content": "x"}}),
+            "pause": call(0x14, {{"id": {id}}}),
+            "host": call(0xC0, {{}}),
+            "their_cgroup": call(0xC3, {{"cgroup_path": "operators-own"}}),
+            "path": call(0xC3, {{"cgroup_path": "/sys/fs/cgroup/memory"}})}}"#,
+        path = secret_file.to_str().unwrap()
+    );
+    let mut stream = daemon.raw();
+    let reply = exec(&mut stream, json!({"code": hostile(&tries)}));
+    let got = printed(&reply);
+    // It sees its own, as a run: no spawn, no exec of its own.
+    assert_eq!(got["perms"]["success"], true, "{got}");
+    assert_eq!(got["perms"]["permissions"]["spawn"], false, "{got}");
+    assert_eq!(got["perms"]["permissions"]["exec"], false, "{got}");
+    for (call, code) in [
+        ("raise", "permission_denied"),
+        ("lower_theirs", "not_found"),
+        ("read", "permission_denied"),
+        ("write", "permission_denied"),
+        ("pause", "permission_denied"),
+        ("host", "permission_denied"),
+        ("their_cgroup", "not_found"),
+        ("path", "bad_request"),
+    ] {
+        assert_eq!(got[call]["success"], false, "{call}: {got}");
+        assert_eq!(got[call]["code"], code, "{call}: {got}");
+    }
+    let info = agent_info(&mut client, id);
+    assert_eq!(info["state"], "running", "{info}");
+    assert_eq!(info["permissions"]["think"], true, "{info}");
+    assert!(!std::path::Path::new("/tmp/from-a-run.txt").exists());
+}
