@@ -12,9 +12,7 @@ literals, floods, trickled heads, direct sockets and UDP.
 
 from __future__ import annotations
 
-import datetime
 import http.server
-import ipaddress
 import os
 import shutil
 import socket
@@ -33,6 +31,7 @@ import pytest
 
 from agentos import AgentOSClient, AgentOSError
 from agentos.protocol import Opcode
+import httpbin_standin
 from conftest import Kernel, binary, kernel_with, log_of, wait_state
 
 # The key the proxy adds for api.cred.test: the sandbox must never see it.
@@ -53,47 +52,8 @@ def has_root() -> bool:
 
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     """A test CA, and a server certificate it signed for the test names."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentos test CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=7))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = ["allowed.test", "denied.test", "other.test", "api.cred.test"]
-    leaf = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "allowed.test")]))
-        .issuer_name(ca_name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=7))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName(n) for n in names]
-            + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_path, cert_path, key_path = (directory / n for n in ("ca.pem", "server.pem", "server.key"))
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    cert_path.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return ca_path, cert_path, key_path
+    return httpbin_standin.make_certificates(
+        directory, ["allowed.test", "denied.test", "other.test", "api.cred.test"])
 
 
 class Upstream:

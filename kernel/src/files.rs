@@ -28,16 +28,7 @@ use nix::errno::Errno;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, mkdirat, FileStat, Mode, SFlag};
 
-/// Whom a file request acts as.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AsCaller {
-    /// Its user id.
-    pub uid: u32,
-    /// Its group id.
-    pub gid: u32,
-    /// Its supplementary groups.
-    pub groups: Vec<u32>,
-}
+use crate::as_caller::{self, AsCaller};
 
 /// What READ found: the text and its size.
 pub struct FileText {
@@ -55,7 +46,7 @@ pub fn read(
     who: AsCaller,
     max_bytes: u64,
 ) -> Result<FileText, ErrorReply> {
-    as_caller(who, move || {
+    as_caller::run("file-as-caller", "files", who, move || {
         let file = open_beneath(&root, Path::new(&path), OFlag::O_RDONLY, &path)?;
         let too_big = |size: u64| {
             ErrorReply::new(
@@ -98,7 +89,7 @@ pub fn write(
     who: AsCaller,
 ) -> Result<u64, ErrorReply> {
     let uid = who.uid;
-    as_caller(who, move || {
+    as_caller::run("file-as-caller", "files", who, move || {
         let target = Path::new(&path);
         let (parent, name) = match (target.parent(), target.file_name()) {
             (Some(parent), Some(name)) => (parent, name),
@@ -143,107 +134,6 @@ pub fn write(
             .map_err(|err| io_failure("WRITE", &path, err))?;
         Ok(content.len() as u64)
     })
-}
-
-/// Runs `work` on a thread that is the caller for the filesystem.
-fn as_caller<T: Send + 'static>(
-    who: AsCaller,
-    work: impl FnOnce() -> Result<T, ErrorReply> + Send + 'static,
-) -> Result<T, ErrorReply> {
-    let thread = agentos_primitives::threads::spawn("file-as-caller", move || {
-        become_caller(&who).map_err(|err| {
-            ErrorReply::new(
-                ErrorCode::Unavailable,
-                format!(
-                    "the kernel cannot act as uid {} for files ({err}); it needs root to \
-                     read and write as its callers",
-                    who.uid
-                ),
-            )
-        })?;
-        work()
-    })
-    .map_err(|err| {
-        ErrorReply::new(
-            ErrorCode::Internal,
-            format!("cannot start a file thread: {err}"),
-        )
-    })?;
-    thread.join().unwrap_or_else(|_| {
-        Err(ErrorReply::new(
-            ErrorCode::Internal,
-            "the file thread failed; the kernel's log says why",
-        ))
-    })
-}
-
-/// Makes this thread the caller for the filesystem, without capabilities.
-/// A kernel that is not root may act only as its own uid.
-fn become_caller(who: &AsCaller) -> io::Result<()> {
-    let own = nix::unistd::geteuid().as_raw();
-    if own == 0 {
-        // SAFETY: raw setgroups(2) on this thread alone, with a valid
-        // pointer to `len` gids.
-        let rc =
-            unsafe { libc::syscall(libc::SYS_setgroups, who.groups.len(), who.groups.as_ptr()) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: setfsgid(2)/setfsuid(2) change this thread's
-        // filesystem ids; they take plain integers.
-        unsafe {
-            libc::syscall(libc::SYS_setfsgid, who.gid);
-            libc::syscall(libc::SYS_setfsuid, who.uid);
-        }
-        // Each returns the ids in force: ask again to be sure they took.
-        // SAFETY: as above; -1 changes nothing.
-        let (fsuid, fsgid) = unsafe {
-            (
-                libc::syscall(libc::SYS_setfsuid, -1i32) as u32,
-                libc::syscall(libc::SYS_setfsgid, -1i32) as u32,
-            )
-        };
-        if (fsuid, fsgid) != (who.uid, who.gid) {
-            return Err(io::Error::other(format!(
-                "the filesystem ids are {fsuid}:{fsgid}"
-            )));
-        }
-    } else if who.uid != own {
-        return Err(io::Error::from_raw_os_error(libc::EPERM));
-    }
-    drop_capabilities()
-}
-
-/// Clears this thread's capabilities (raw capset(2): this thread only).
-fn drop_capabilities() -> io::Result<()> {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    let header = Header {
-        version: VERSION_3,
-        pid: 0,
-    };
-    let none = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: capset(2) reads a valid header and two data structs.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, none.as_ptr()) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Opens `path` beneath `root` (`RESOLVE_IN_ROOT`), its last component not

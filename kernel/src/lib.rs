@@ -29,6 +29,7 @@
 
 mod address;
 pub mod agents;
+mod as_caller;
 mod cgroup;
 mod clock;
 pub mod config;
@@ -36,6 +37,7 @@ pub mod daemon;
 pub mod exec;
 mod fd;
 mod files;
+mod http_call;
 mod identity;
 mod kernel;
 mod llm;

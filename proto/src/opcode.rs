@@ -35,6 +35,8 @@ impl Opcode {
     pub const GET_PERMS: Opcode = Opcode(0x40);
     /// Lower the caller's permissions, or an agent's it manages.
     pub const SET_PERMS: Opcode = Opcode(0x41);
+    /// Make an HTTP request under the caller's network policy.
+    pub const HTTP: Opcode = Opcode(0x50);
     /// Start an agent process.
     pub const SPAWN: Opcode = Opcode(0x10);
     /// Stop an agent process tree.
@@ -68,7 +70,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 23] = [
+    pub const ALL: [Opcode; 24] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -86,6 +88,7 @@ impl Opcode {
         Opcode::METRICS,
         Opcode::GET_PERMS,
         Opcode::SET_PERMS,
+        Opcode::HTTP,
         Opcode::SYSTEM_METRICS,
         Opcode::AGENT_METRICS,
         Opcode::ALL_AGENT_METRICS,
@@ -114,6 +117,7 @@ impl Opcode {
             Opcode::METRICS => "METRICS",
             Opcode::GET_PERMS => "GET_PERMS",
             Opcode::SET_PERMS => "SET_PERMS",
+            Opcode::HTTP => "HTTP",
             Opcode::SYSTEM_METRICS => "SYSTEM_METRICS",
             Opcode::AGENT_METRICS => "AGENT_METRICS",
             Opcode::ALL_AGENT_METRICS => "ALL_AGENT_METRICS",
@@ -188,6 +192,7 @@ mod tests {
             (0x18, "METRICS"),
             (0x40, "GET_PERMS"),
             (0x41, "SET_PERMS"),
+            (0x50, "HTTP"),
             (0xC0, "SYSTEM_METRICS"),
             (0xC1, "AGENT_METRICS"),
             (0xC2, "ALL_AGENT_METRICS"),

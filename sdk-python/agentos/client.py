@@ -221,6 +221,29 @@ class AgentOSClient(Connection):
         missing directories: ``bytes_written``."""
         return self.call_json(Opcode.WRITE, {"path": path, "content": content, "mode": mode})
 
+    # -- HTTP -------------------------------------------------------------
+
+    def http(
+        self,
+        url: str,
+        method: str = "GET",
+        headers: Optional[Mapping[str, str]] = None,
+        body: Optional[str] = None,
+        timeout: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """HTTP: the kernel makes this request for you, to what your network
+        policy allows (every redirect decided again): ``status_code``,
+        ``headers``, ``body`` (base64 when ``body_encoding`` says so) and
+        the ``url`` that answered. ``timeout`` is in seconds (default 30)."""
+        request: Dict[str, Any] = {"url": url, "method": method}
+        if headers:
+            request["headers"] = dict(headers)
+        if body is not None:
+            request["body"] = body
+        if timeout is not None:
+            request["timeout"] = timeout
+        return self.call_json(Opcode.HTTP, request)
+
     # -- permissions ------------------------------------------------------
 
     def get_permissions(self) -> Dict[str, Any]:

@@ -42,6 +42,7 @@ class Opcode(enum.IntEnum):
     METRICS = 0x18
     GET_PERMS = 0x40
     SET_PERMS = 0x41
+    HTTP = 0x50
     SYSTEM_METRICS = 0xC0
     AGENT_METRICS = 0xC1
     ALL_AGENT_METRICS = 0xC2

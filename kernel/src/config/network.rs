@@ -1,6 +1,6 @@
 //! Network egress settings: the `[network]` table of the config file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -193,15 +193,9 @@ impl NetworkConfig {
             .collect()
     }
 
-    /// What the egress proxy is started with.
-    pub fn proxy_settings(&self) -> Result<ProxySettings, ConfigError> {
-        let extra_roots_pem = match &self.extra_ca {
-            Some(path) => std::fs::read(path)
-                .map_err(|err| invalid("network.extra_ca", format!("{}: {err}", path.display())))?,
-            None => Vec::new(),
-        };
-        let resolve = self
-            .resolve
+    /// The names answered without DNS (lower case, no trailing dot).
+    pub fn resolved_names(&self) -> HashMap<String, Vec<IpAddr>> {
+        self.resolve
             .iter()
             .map(|(name, addresses)| {
                 let list = match addresses {
@@ -210,7 +204,22 @@ impl NetworkConfig {
                 };
                 (name.trim_end_matches('.').to_ascii_lowercase(), list)
             })
-            .collect();
+            .collect()
+    }
+
+    /// The extra roots, as PEM (empty without `extra_ca`).
+    pub fn extra_roots_pem(&self) -> Result<Vec<u8>, ConfigError> {
+        match &self.extra_ca {
+            Some(path) => std::fs::read(path)
+                .map_err(|err| invalid("network.extra_ca", format!("{}: {err}", path.display()))),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// What the egress proxy is started with.
+    pub fn proxy_settings(&self) -> Result<ProxySettings, ConfigError> {
+        let extra_roots_pem = self.extra_roots_pem()?;
+        let resolve = self.resolved_names();
         Ok(ProxySettings {
             resolve,
             extra_roots_pem,

@@ -226,6 +226,7 @@ impl<'a> Actor<'a> {
             Permission::Task => (powers.task, "task"),
             Permission::Read => (powers.read, "read"),
             Permission::Write => (powers.write, "write"),
+            Permission::Http => (powers.http, "http"),
         };
         if has {
             return Ok(());
@@ -386,6 +387,8 @@ pub enum Permission {
     Read,
     /// WRITE a file.
     Write,
+    /// Make an HTTP request.
+    Http,
 }
 
 impl Permission {
@@ -397,6 +400,7 @@ impl Permission {
             Permission::Task => "dispatch TASKs",
             Permission::Read => "READ files",
             Permission::Write => "WRITE files",
+            Permission::Http => "make HTTP requests",
         }
     }
 }

@@ -58,6 +58,7 @@ use crate::address::{Outbox, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents};
 use crate::config::Config;
 use crate::exec::{Exec, RunCaller};
+use crate::http_call::HttpCalls;
 use crate::identity::{Principal, KERNEL_OPERATOR};
 use crate::llm::{Asker, Llm};
 use crate::sandbox::runtime::machine::Machine;
@@ -120,6 +121,8 @@ pub struct Kernel {
     pub(crate) lowered: LoweredConnections,
     /// The host's processors at SYSTEM_METRICS' last reading.
     pub(crate) cpu_sampler: CpuSampler,
+    /// HTTP requests made for callers, in flight.
+    pub(crate) http_calls: HttpCalls,
 }
 
 impl Kernel {
@@ -181,6 +184,7 @@ impl Kernel {
         exec.serve_policies_with(Arc::clone(&gateway));
         exec.trace_with(Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
+        let http_calls = HttpCalls::new(start::http_upstream(&config)?, Arc::clone(&waker));
         let mut tasks = Tasks::open(&config.tasks, socket, waker, Instant::now())?;
         tasks.trace_with(Arc::clone(&tracer));
         let mut kernel = Kernel {
@@ -207,6 +211,7 @@ impl Kernel {
             tracer,
             lowered: LoweredConnections::default(),
             cpu_sampler: CpuSampler::default(),
+            http_calls,
         };
         start::serve_metrics(&kernel.config.metrics, &kernel.metrics.published)?;
         // Tasks queued before a restart run now.
@@ -240,22 +245,7 @@ impl Kernel {
         &self,
         peer_cgroups: impl FnOnce() -> Option<Vec<PathBuf>>,
     ) -> Option<u32> {
-        let unsandboxed: Vec<(u32, PathBuf)> = self
-            .agents
-            .live_sandboxes()
-            .filter_map(|(id, sandbox)| {
-                let own = self.sandboxes.unsandboxed_cgroup_of(sandbox)?;
-                Some((id, Path::new("/").join(own)))
-            })
-            .collect();
-        if unsandboxed.is_empty() {
-            return None;
-        }
-        let cgroups = peer_cgroups()?;
-        unsandboxed
-            .into_iter()
-            .find(|(_, own)| cgroups.iter().any(|cgroup| cgroup.starts_with(own)))
-            .map(|(id, _)| id)
+        sandboxes::agent_calling(&self.agents, &self.sandboxes, peer_cgroups)
     }
 
     /// Readiness of one of the kernel's own sources.
@@ -278,6 +268,7 @@ impl Kernel {
         self.exec.on_wake(&mut self.outbox.replies);
         self.llm.poll(&mut self.outbox.replies);
         self.tools.on_wake(&mut self.outbox.replies, Instant::now());
+        self.http_calls.on_wake(&mut self.outbox.replies);
         // Tasks join the queue once their records are saved.
         if self.tasks.on_saved(&mut self.outbox.replies) {
             self.start_tasks();

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use agentos_egress::gateway::Unavailable;
@@ -142,3 +142,27 @@ fn write_ca_bundle(path: &Path, proxy: &Proxy) -> io::Result<()> {
 
 /// Where Debian and its kin keep the system's trusted certificates.
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The live unsandboxed agent whose cgroup holds the peer `peer_cgroups`
+/// reads the cgroups of (see [`super::Kernel::agent_calling`]).
+pub fn agent_calling(
+    agents: &Agents,
+    sandboxes: &Runtime<SandboxOwner>,
+    peer_cgroups: impl FnOnce() -> Option<Vec<PathBuf>>,
+) -> Option<u32> {
+    let unsandboxed: Vec<(u32, PathBuf)> = agents
+        .live_sandboxes()
+        .filter_map(|(id, sandbox)| {
+            let own = sandboxes.unsandboxed_cgroup_of(sandbox)?;
+            Some((id, Path::new("/").join(own)))
+        })
+        .collect();
+    if unsandboxed.is_empty() {
+        return None;
+    }
+    let cgroups = peer_cgroups()?;
+    unsandboxed
+        .into_iter()
+        .find(|(_, own)| cgroups.iter().any(|cgroup| cgroup.starts_with(own)))
+        .map(|(id, _)| id)
+}

@@ -6,6 +6,8 @@ use std::io;
 use crate::agents::BadBootEntry;
 use crate::config::metrics::MetricsConfig;
 use crate::config::tracing::TracingConfig;
+use crate::config::Config;
+use crate::http_call::Upstream;
 use crate::tasks::store::StoreError;
 use crate::telemetry::exporter::Exporter;
 use crate::telemetry::listener::{self, Listen};
@@ -47,4 +49,19 @@ pub enum StartError {
     /// A subsystem or the state directory cannot be set up.
     #[error(transparent)]
     Io(#[from] io::Error),
+}
+
+/// What the kernel's HTTP requests for callers share: `[network]`'s names
+/// and extra roots; a body as large as READ reads.
+pub fn http_upstream(config: &Config) -> io::Result<Upstream> {
+    let extra_roots = config
+        .network
+        .extra_roots_pem()
+        .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err.to_string()))?;
+    let max_body = config.exec.max_file_bytes.min(config.max_request_bytes);
+    Ok(Upstream::new(
+        config.network.resolved_names(),
+        &extra_roots,
+        max_body,
+    ))
 }

@@ -12,7 +12,8 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
-use crate::files::{self, AsCaller};
+use crate::as_caller::AsCaller;
+use crate::files;
 use crate::kernel::{agent_sandboxes, Actor, Kernel, Permission};
 use crate::sandbox::runtime::Sandboxes;
 

@@ -16,6 +16,7 @@ mod exit;
 mod files;
 mod hello;
 mod host_metrics;
+mod http;
 mod kill;
 mod list;
 mod logs;
@@ -60,6 +61,7 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::METRICS => metrics::handle,
         Opcode::GET_PERMS => perms::get,
         Opcode::SET_PERMS => perms::set,
+        Opcode::HTTP => http::handle,
         Opcode::SYSTEM_METRICS => host_metrics::system,
         Opcode::AGENT_METRICS => host_metrics::agent,
         Opcode::ALL_AGENT_METRICS => host_metrics::all_agents,

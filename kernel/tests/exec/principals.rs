@@ -544,7 +544,9 @@ fn a_runs_code_gets_nothing_of_its_caller_from_clove_calls() {
             "pause": call(0x14, {{"id": {id}}}),
             "host": call(0xC0, {{}}),
             "their_cgroup": call(0xC3, {{"cgroup_path": "operators-own"}}),
-            "path": call(0xC3, {{"cgroup_path": "/sys/fs/cgroup/memory"}})}}"#,
+            "path": call(0xC3, {{"cgroup_path": "/sys/fs/cgroup/memory"}}),
+            "kernels_loopback": call(0x50, {{"url": "http://127.0.0.1:9/"}}),
+            "metadata": call(0x50, {{"url": "http://169.254.169.254/latest/meta-data/"}})}}"#,
         path = secret_file.to_str().unwrap()
     );
     let mut stream = daemon.raw();
@@ -563,6 +565,10 @@ fn a_runs_code_gets_nothing_of_its_caller_from_clove_calls() {
         ("host", "permission_denied"),
         ("their_cgroup", "not_found"),
         ("path", "bad_request"),
+        // A run reaches its own loopback only: the kernel makes no
+        // request for it.
+        ("kernels_loopback", "permission_denied"),
+        ("metadata", "permission_denied"),
     ] {
         assert_eq!(got[call]["success"], false, "{call}: {got}");
         assert_eq!(got[call]["code"], code, "{call}: {got}");

@@ -14,6 +14,7 @@ mod exec;
 mod files;
 mod hello;
 mod host_metrics;
+mod http;
 mod kill;
 mod list;
 mod logs;
@@ -43,6 +44,10 @@ pub use host_metrics::{
     CgroupMemory, CgroupMetrics, CgroupMetricsReply, CgroupMetricsRequest, CgroupPids, HostCpu,
     HostDisk, HostMemory, HostNetwork, KernelStats, MetricsOfAllRequest, ProcessCpu, ProcessMemory,
     ProcessMetrics, SystemMetrics, SystemMetricsReply,
+};
+pub use http::{
+    HttpReply, HttpRequest, DEFAULT_HTTP_TIMEOUT_SECS, MAX_HTTP_HEADERS, MAX_HTTP_HEADER_BYTES,
+    MAX_HTTP_TIMEOUT_SECS, MAX_HTTP_URL_LEN,
 };
 pub use kill::{
     AgentRef, KillAction, KillReply, KillRequest, RemoveReply, RestartReply, DEFAULT_GRACE_MS,
