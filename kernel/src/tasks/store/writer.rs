@@ -16,6 +16,7 @@ use std::time::Duration;
 use mio::Waker;
 use rusqlite::Connection;
 
+use super::database::Message;
 use super::schema::apply;
 use super::seam::{Refused, Write};
 
@@ -98,13 +99,16 @@ impl Writer {
 
     /// Saves batches until the kernel closes the store; then tries once
     /// more what is still unsaved, and names in the log what is lost.
-    pub fn run(mut self, writes: Receiver<Write>) {
-        loop {
+    /// Other subsystems' transactions run as they come, after the tasks'
+    /// changes handed over before them.
+    pub fn run(mut self, messages: Receiver<Message>) {
+        let mut open = true;
+        while open {
             let first = if self.unsaved.is_empty() {
-                writes.recv().ok()
+                messages.recv().ok()
             } else {
-                match writes.recv_timeout(RETRY_EVERY) {
-                    Ok(write) => Some(write),
+                match messages.recv_timeout(RETRY_EVERY) {
+                    Ok(message) => Some(message),
                     Err(RecvTimeoutError::Timeout) => {
                         self.save(Vec::new());
                         continue;
@@ -115,9 +119,25 @@ impl Writer {
             let Some(first) = first else {
                 break;
             };
-            let mut batch = vec![first];
-            batch.extend(writes.try_iter());
-            self.save(batch);
+            let mut batch = Vec::new();
+            for message in std::iter::once(first).chain(messages.try_iter()) {
+                match message {
+                    Message::Task(write) => batch.push(write),
+                    Message::Run(transaction) => {
+                        if !batch.is_empty() {
+                            self.save(std::mem::take(&mut batch));
+                        }
+                        transaction(&self.connection);
+                    }
+                    Message::Stop => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                self.save(batch);
+            }
         }
         if !self.unsaved.is_empty() {
             self.save(Vec::new());
@@ -252,7 +272,7 @@ mod tests {
 
     use super::*;
     use crate::tasks::store::private::FILE;
-    use crate::tasks::store::schema::{open_connection, SCHEMA};
+    use crate::tasks::store::schema::{migrate, open_connection};
     use crate::tasks::store::seam::StoredTask;
 
     fn waker() -> Arc<Waker> {
@@ -272,7 +292,7 @@ mod tests {
     ) -> (Writer, Arc<AtomicU64>, Receiver<Refused>, Connection) {
         let path = dir.join(FILE);
         let connection = open_connection(&path).unwrap();
-        connection.execute_batch(SCHEMA).unwrap();
+        migrate(&connection).unwrap();
         connection
             .pragma_update(None, "max_page_count", pages)
             .unwrap();
