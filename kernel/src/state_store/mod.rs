@@ -15,6 +15,8 @@
 
 mod space;
 mod sql;
+#[cfg(test)]
+mod tests;
 
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};

@@ -7,6 +7,7 @@
 //! when the kernel stops is named in the log.
 
 use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -16,7 +17,7 @@ use std::time::Duration;
 use mio::Waker;
 use rusqlite::Connection;
 
-use super::database::Message;
+use super::database::{Message, Transaction};
 use super::schema::apply;
 use super::seam::{Refused, Write};
 
@@ -127,7 +128,7 @@ impl Writer {
                         if !batch.is_empty() {
                             self.save(std::mem::take(&mut batch));
                         }
-                        transaction(&self.connection);
+                        self.run_other(transaction);
                     }
                     Message::Stop => {
                         open = false;
@@ -143,6 +144,23 @@ impl Writer {
             self.save(Vec::new());
         }
         self.report_lost();
+    }
+
+    /// Runs another subsystem's transaction. Its fault (a panic, a
+    /// transaction left open) must not stop the tasks being saved: a panic
+    /// is caught (its transaction rolls back as it unwinds) and an open
+    /// transaction rolled back.
+    fn run_other(&mut self, transaction: Transaction) {
+        let connection = &self.connection;
+        if catch_unwind(AssertUnwindSafe(|| transaction(connection))).is_err() {
+            log::error!("the task store's writer: another subsystem's transaction panicked");
+        }
+        if !connection.is_autocommit() {
+            log::error!("the task store's writer: a transaction was left open; rolled back");
+            if let Err(err) = connection.execute_batch("ROLLBACK") {
+                log::error!("the task store cannot roll a transaction back: {err}");
+            }
+        }
     }
 
     /// Saves `batch` (after what earlier batches left unsaved) in one
