@@ -9,7 +9,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use agentos_proto::{Client, Opcode};
-use agentos_test_support::{act, py_frames, request, require_root, until, Daemon};
+use agentos_test_support::{
+    act, agent_log_with_line, py_frames, request, require_root, shared_dir, until, write_script,
+    Daemon, PY_KERNEL,
+};
 use serde_json::{json, Value};
 
 use super::{refused, reply};
@@ -156,6 +159,48 @@ fn an_agents_own_keys_are_its_alone_its_trees_are_shared_and_they_go_when_it_end
         || rows_in(&daemon, &space) == 0,
     );
     assert_eq!(fetch(&mut client, "shared")["value"], json!([1, 2]));
+}
+
+/// An agent that counts its own starts in its own key, and fails on its
+/// first.
+const COUNTER: &str = r#"
+seen = json.loads(call(0x31, {"key": "starts", "scope": "agent"})[1])
+starts = (seen["value"] or 0) + 1
+call(0x30, {"key": "starts", "value": starts, "scope": "agent"})
+print(f"START {starts}", flush=True)
+if starts == 1:
+    sys.exit(3)
+time.sleep(30)
+"#;
+
+#[test]
+fn an_agents_own_keys_last_across_its_restarts_and_go_at_its_end() {
+    require_root!("sandboxed agents");
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    let dir = shared_dir();
+    let script = write_script(
+        dir.path(),
+        "counter.py",
+        &format!("{PY_KERNEL}\nimport time\n{COUNTER}"),
+    );
+    let spawned = request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "counter", "script": script, "restart_policy": "on-failure",
+                "max_restarts": 2}),
+    );
+    let id = spawned["id"].as_u64().unwrap();
+    agent_log_with_line(&daemon, "counter", id, "START 2");
+    let space = format!("agent:{id}");
+    assert_eq!(rows_in(&daemon, &space), 1, "kept across the restart");
+    let killed = request(&mut client, Opcode::KILL, &json!({"id": id}));
+    assert_eq!(killed["success"], true, "{killed}");
+    until(
+        "the ended agent's own keys are removed",
+        Duration::from_secs(10),
+        || rows_in(&daemon, &space) == 0,
+    );
 }
 
 #[test]
