@@ -391,5 +391,6 @@ fn owner_uid(table: &Table, spawner: &Spawner) -> u32 {
 }
 
 /// The owner of an agent whose parent the table has forgotten: no
-/// operator's (`(uid_t)-1` is never a user), so it shares nothing.
+/// operator's (`(uid_t)-1` is never a user's), so it reaches no
+/// operator's tree.
 const NO_OWNER: u32 = u32::MAX;
