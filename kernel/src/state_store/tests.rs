@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentos_proto::payload::{KeyRequest, KeysRequest, Scope, StoreRequest};
+use agentos_proto::payload::{KeyRequest, KeysRequest, Scope, StoreRequest, MAX_KEYS_LISTED};
 use serde_json::{json, Value};
 
 use super::{Holder, Quota, StateStore};
@@ -166,4 +166,34 @@ fn a_closed_store_answers_unavailable() {
     tasks.close();
     let refused = fetched(&mut state, OPERATOR, "k", None);
     assert_eq!(refused["code"], "unavailable", "{refused}");
+}
+
+#[test]
+fn keys_lists_at_most_a_thousand_and_says_it_left_some_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut tasks, mut state) = open(dir.path());
+    let quota = Quota {
+        keys: 2000,
+        bytes: 1 << 20,
+    };
+    for n in 0..=MAX_KEYS_LISTED {
+        let body = json!({"key": format!("k{n:04}"), "value": n});
+        assert_eq!(stored(&mut state, OPERATOR, body, quota)["success"], true);
+    }
+    let all = answer(state.keys(OPERATOR, KeysRequest::default()));
+    assert_eq!(
+        (all["count"].as_u64(), &all["truncated"]),
+        (Some(1000), &json!(true))
+    );
+    assert_eq!(all["keys"][0], "k0000");
+    let narrowed = KeysRequest {
+        prefix: "k09".into(),
+        scope: Some(Scope::Global),
+    };
+    let some = answer(state.keys(OPERATOR, narrowed));
+    assert_eq!(
+        (some["count"].as_u64(), &some["truncated"]),
+        (Some(100), &json!(false))
+    );
+    tasks.close();
 }
