@@ -1,15 +1,16 @@
 """The Python SDK's calls for the Clove SDK's opcodes — permissions, files,
-pause and resume, metrics — against a real agentosd, as a user of the
-SDK meets them."""
+pause and resume, metrics, the state store — against a real agentosd, as
+a user of the SDK meets them."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from agentos import AgentOSClient
-from agentos.errors import BadRequest, NotFound, PermissionDenied
+from agentos.errors import BadRequest, LimitExceeded, NotFound, PermissionDenied
 
 ROOT = os.geteuid() == 0
 
@@ -63,3 +64,30 @@ def test_metrics_are_numbers_and_name_agents_never_paths(kernel):
         assert everyone["count"] == len(everyone["agents"])
         with pytest.raises(BadRequest, match="never a path"):
             client.cgroup_metrics("../../sys")
+
+
+def test_the_state_store_keeps_json_by_key_with_the_callers_own_first(kernel):
+    value = {"message": "hello", "number": 123, "nested": {"a": [1, 2]}}
+    with AgentOSClient(kernel.socket_path) as client, AgentOSClient(kernel.socket_path) as other:
+        assert client.store("sdk:doc", value)["scope"] == "global"
+        assert client.store("sdk:doc", "mine", scope="agent")["scope"] == "agent"
+        # Another connection of the same uid is the same operator.
+        own = other.fetch("sdk:doc")
+        assert own["exists"] and own["value"] == "mine" and own["scope"] == "agent"
+        assert other.fetch("sdk:doc", scope="global")["value"] == value
+        assert client.list_keys(prefix="sdk:") == {
+            "success": True, "keys": ["sdk:doc"], "count": 1, "truncated": False}
+        assert client.delete_key("sdk:doc")["scope"] == "agent"
+        assert client.fetch("sdk:doc")["value"] == value
+        assert "expires_at" in client.store("sdk:brief", 1, ttl=0.2)
+        time.sleep(0.3)
+        assert client.fetch("sdk:brief") == {"success": True, "exists": False, "value": None}
+        with pytest.raises(BadRequest, match="scope"):
+            client.store("sdk:x", 1, scope="world")
+        with pytest.raises(BadRequest, match="ttl"):
+            client.store("sdk:x", 1, ttl=-5)
+        deep: object = 1
+        for _ in range(40):
+            deep = [deep]
+        with pytest.raises(LimitExceeded, match="32"):
+            client.store("sdk:x", deep)

@@ -50,6 +50,7 @@ pub mod sandbox;
 mod service;
 mod socket;
 mod state_dir;
+mod state_store;
 mod supervisor;
 mod syscall;
 mod tasks;

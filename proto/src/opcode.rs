@@ -55,6 +55,14 @@ impl Opcode {
     pub const NET: Opcode = Opcode(0x17);
     /// The kernel's metrics, in the Prometheus text format.
     pub const METRICS: Opcode = Opcode(0x18);
+    /// Store a key's JSON value in the state store.
+    pub const STORE: Opcode = Opcode(0x30);
+    /// Fetch a key's value from the state store.
+    pub const FETCH: Opcode = Opcode(0x31);
+    /// Delete a key from the state store.
+    pub const DELETE: Opcode = Opcode(0x32);
+    /// List the state store's keys the caller sees.
+    pub const KEYS: Opcode = Opcode(0x33);
     /// The host's CPU, memory, disk and network (operators).
     pub const SYSTEM_METRICS: Opcode = Opcode(0xC0);
     /// One agent's process and cgroup figures.
@@ -70,7 +78,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 24] = [
+    pub const ALL: [Opcode; 28] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -86,6 +94,10 @@ impl Opcode {
         Opcode::LOGS,
         Opcode::NET,
         Opcode::METRICS,
+        Opcode::STORE,
+        Opcode::FETCH,
+        Opcode::DELETE,
+        Opcode::KEYS,
         Opcode::GET_PERMS,
         Opcode::SET_PERMS,
         Opcode::HTTP,
@@ -115,6 +127,10 @@ impl Opcode {
             Opcode::LOGS => "LOGS",
             Opcode::NET => "NET",
             Opcode::METRICS => "METRICS",
+            Opcode::STORE => "STORE",
+            Opcode::FETCH => "FETCH",
+            Opcode::DELETE => "DELETE",
+            Opcode::KEYS => "KEYS",
             Opcode::GET_PERMS => "GET_PERMS",
             Opcode::SET_PERMS => "SET_PERMS",
             Opcode::HTTP => "HTTP",
@@ -190,6 +206,10 @@ mod tests {
             (0x16, "LOGS"),
             (0x17, "NET"),
             (0x18, "METRICS"),
+            (0x30, "STORE"),
+            (0x31, "FETCH"),
+            (0x32, "DELETE"),
+            (0x33, "KEYS"),
             (0x40, "GET_PERMS"),
             (0x41, "SET_PERMS"),
             (0x50, "HTTP"),

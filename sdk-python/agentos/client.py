@@ -244,6 +244,35 @@ class AgentOSClient(Connection):
             request["timeout"] = timeout
         return self.call_json(Opcode.HTTP, request)
 
+    # -- state store ------------------------------------------------------
+
+    def store(self, key: str, value: Any, scope: str = "global", ttl: Optional[float] = None) -> Dict[str, Any]:
+        """STORE: ``value`` (any JSON) under ``key``, in your tree's
+        ``global`` scope (shared with the operator and every agent of
+        your tree) or your own ``agent`` scope; ``ttl`` seconds until it
+        expires. Returns ``key``, ``scope`` (and ``expires_at``)."""
+        request: Dict[str, Any] = {"key": key, "value": value, "scope": scope}
+        if ttl is not None:
+            request["ttl"] = ttl
+        return self.call_json(Opcode.STORE, request)
+
+    def fetch(self, key: str, scope: Optional[str] = None) -> Dict[str, Any]:
+        """FETCH: ``exists``, ``value`` and the ``scope`` it was found in;
+        without ``scope`` your own key first, then your tree's."""
+        return self.call_json(Opcode.FETCH, _key_request(key, scope))
+
+    def delete_key(self, key: str, scope: Optional[str] = None) -> Dict[str, Any]:
+        """DELETE: ``deleted`` — the key :meth:`fetch` would have read."""
+        return self.call_json(Opcode.DELETE, _key_request(key, scope))
+
+    def list_keys(self, prefix: str = "", scope: Optional[str] = None) -> Dict[str, Any]:
+        """KEYS: the keys you see that start with ``prefix``, sorted:
+        ``keys``, ``count``, and ``truncated`` past 1000."""
+        request: Dict[str, Any] = {"prefix": prefix}
+        if scope is not None:
+            request["scope"] = scope
+        return self.call_json(Opcode.KEYS, request)
+
     # -- permissions ------------------------------------------------------
 
     def get_permissions(self) -> Dict[str, Any]:
@@ -601,3 +630,11 @@ def _task_request(request: Union[Mapping[str, Any], str]) -> Any:
 
 def _ms_until(deadline: float) -> int:
     return max(0, int((deadline - time.monotonic()) * 1000))
+
+
+def _key_request(key: str, scope: Optional[str]) -> Dict[str, Any]:
+    """FETCH's and DELETE's request."""
+    request: Dict[str, Any] = {"key": key}
+    if scope is not None:
+        request["scope"] = scope
+    return request

@@ -40,6 +40,10 @@ class Opcode(enum.IntEnum):
     LOGS = 0x16
     NET = 0x17
     METRICS = 0x18
+    STORE = 0x30
+    FETCH = 0x31
+    DELETE = 0x32
+    KEYS = 0x33
     GET_PERMS = 0x40
     SET_PERMS = 0x41
     HTTP = 0x50

@@ -29,8 +29,8 @@ use crate::sandbox::view::View;
 /// Who asks for a SPAWN, and so what the child may be given.
 #[derive(Debug)]
 pub enum Spawner {
-    /// An operator: what the request asks, paths on the host.
-    Operator,
+    /// An operator, by uid: what the request asks, paths on the host.
+    Operator(u32),
     /// An agent (whose permissions allow it): never more than it has, paths
     /// in its own view.
     Agent(u32),
@@ -48,6 +48,8 @@ pub struct RunSpawner {
     pub number: u64,
     /// The agent whose tree the child joins, if the run is an agent's.
     pub parent: Option<u32>,
+    /// The operator whose run it is, if the run is an operator's.
+    pub operator: Option<u32>,
     /// What the run was given.
     pub grant: Grant,
     /// The token budgets the run draws on.
@@ -109,8 +111,9 @@ impl Admission {
         tokens_left: Option<u64>,
         mut waiter: Option<SpawnWaiter>,
     ) -> Result<Agent, ErrorReply> {
+        let owner_uid = owner_uid(table, &spawner);
         let (parent, started_by) = match &spawner {
-            Spawner::Operator => (None, None),
+            Spawner::Operator(_) => (None, None),
             // An agent a run's agent spawns is the run's too: it ends with
             // the run, even once the agent between them is forgotten.
             Spawner::Agent(parent) => {
@@ -119,7 +122,7 @@ impl Admission {
             Spawner::Run(run) => (run.parent, Some(run.number)),
         };
         let (grant, program, inherited) = match spawner {
-            Spawner::Operator => {
+            Spawner::Operator(_) => {
                 let program = program::resolve(&request, &self.python, Lookup::Host)?;
                 let grant = Grant {
                     network: inheritance::child_network(
@@ -181,6 +184,7 @@ impl Admission {
             parent,
             started_by,
             root: parent.map_or(id, |p| table.root_of(p)),
+            owner_uid,
             restarts: Restarts::new(
                 request.restart_policy,
                 request.max_restarts,
@@ -374,3 +378,19 @@ fn set_aside_earlier_log(log: &Path) {
         }
     }
 }
+
+/// The uid of the operator whose tree an agent `spawner` starts joins:
+/// the spawning operator's, or its parent's (whose tree it joins).
+fn owner_uid(table: &Table, spawner: &Spawner) -> u32 {
+    let parents = |parent: Option<u32>| parent.and_then(|p| table.get(p)).map(|p| p.owner_uid);
+    match spawner {
+        Spawner::Operator(uid) => *uid,
+        Spawner::Agent(parent) => parents(Some(*parent)).unwrap_or(NO_OWNER),
+        Spawner::Run(run) => parents(run.parent).or(run.operator).unwrap_or(NO_OWNER),
+    }
+}
+
+/// The owner of an agent whose parent the table has forgotten: no
+/// operator's (`(uid_t)-1` is never a user's), so it reaches no
+/// operator's tree.
+const NO_OWNER: u32 = u32::MAX;

@@ -207,7 +207,7 @@ impl Agents {
     ) -> Result<u32, ErrorReply> {
         let waiter = SpawnWaiter {
             reply_to,
-            by_agent: !matches!(spawner, Spawner::Operator),
+            by_agent: !matches!(spawner, Spawner::Operator(_)),
             warnings: Vec::new(),
         };
         self.admit(sandboxes, spawner, request, tokens_left, Some(waiter))
@@ -220,7 +220,9 @@ impl Agents {
         sandboxes: &mut impl Sandboxes<Incarnation>,
         request: SpawnRequest,
     ) -> Result<u32, ErrorReply> {
-        let id = self.admit(sandboxes, Spawner::Operator, request, None, None)?;
+        // The kernel starts them as its own user, the operator it runs as.
+        let uid = nix::unistd::geteuid().as_raw();
+        let id = self.admit(sandboxes, Spawner::Operator(uid), request, None, None)?;
         if let Some(agent) = self.table.get_mut(id) {
             agent.boot = true;
         }
@@ -248,6 +250,18 @@ impl Agents {
     /// family stays one however its middle generations come and go.
     pub fn root_of(&self, id: u32) -> u32 {
         self.table.root_of(id)
+    }
+
+    /// The uid of the operator whose tree agent `id` is in, if it is
+    /// known.
+    pub fn owner_uid(&self, id: u32) -> Option<u32> {
+        self.table.get(id).map(|agent| agent.owner_uid)
+    }
+
+    /// Whether agent `id` has ended for good (not between restarts), or
+    /// is forgotten.
+    pub fn is_over(&self, id: u32) -> bool {
+        self.table.get(id).is_none_or(|agent| agent.ended.is_some())
     }
 
     /// The live agent named `name`, if any: its id and whether it is a

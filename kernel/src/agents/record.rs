@@ -95,6 +95,9 @@ pub struct Agent {
     /// The eldest ancestor it had when spawned (itself, if none): its
     /// family, whose members share EXEC and LOGS as one.
     pub root: u32,
+    /// The uid of the operator whose tree it is in (who spawned it, or
+    /// its eldest ancestor): the tree shares that uid's state store.
+    pub owner_uid: u32,
     /// What SPAWN asked for (kept for restarts).
     pub request: SpawnRequest,
     /// What it may reach (its request's `network`, as the kernel reads it).

@@ -178,7 +178,7 @@ impl Bench {
         self.agents
             .spawn(
                 &mut self.sandboxes,
-                Spawner::Operator,
+                Spawner::Operator(0),
                 request,
                 None,
                 ReplyTo::Task(1),
@@ -571,7 +571,7 @@ fn shutdown_stops_every_live_agent_and_restarts_none() {
         .agents
         .spawn(
             &mut bench.sandboxes,
-            Spawner::Operator,
+            Spawner::Operator(0),
             spawn,
             None,
             ReplyTo::Task(2),
@@ -590,7 +590,7 @@ fn a_live_name_is_taken_until_its_agent_ends() {
         .agents
         .spawn(
             &mut bench.sandboxes,
-            Spawner::Operator,
+            Spawner::Operator(0),
             again,
             None,
             ReplyTo::Task(2),

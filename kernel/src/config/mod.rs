@@ -14,6 +14,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod network;
 pub mod python_env;
+pub mod state;
 pub mod tasks;
 pub mod tracing;
 
@@ -31,6 +32,7 @@ use llm::LlmConfig;
 use mcp::McpConfig;
 use metrics::MetricsConfig;
 use network::NetworkConfig;
+use state::StateConfig;
 use tasks::TasksConfig;
 
 /// The file by which an environment holds the `agentos` SDK, relative to
@@ -103,6 +105,8 @@ pub struct Config {
     pub tracing: TracingConfig,
     /// TASK: the task store, caps, retention.
     pub tasks: TasksConfig,
+    /// `[state]`: what one owner may keep in the state store.
+    pub state: StateConfig,
     /// Diagnostics for tests; never needed in production.
     pub debug: DebugConfig,
 }
@@ -272,6 +276,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             tracing: TracingConfig::default(),
             tasks: TasksConfig::default(),
+            state: StateConfig::default(),
             debug: DebugConfig::default(),
         }
     }
@@ -465,6 +470,7 @@ impl Config {
         self.metrics.validate()?;
         self.tracing.validate()?;
         self.tasks.validate()?;
+        self.state.validate()?;
         if let Some(name) = self
             .debug
             .defer_opcodes

@@ -64,6 +64,7 @@ use crate::llm::{Asker, Llm};
 use crate::sandbox::runtime::machine::Machine;
 use crate::sandbox::runtime::{Runtime, RuntimeSetup};
 use crate::state_dir::StateDir;
+use crate::state_store::StateStore;
 use crate::tasks::{CancelledWork, Start, Tasks, WorkRequest};
 use crate::telemetry::host::CpuSampler;
 use crate::telemetry::metrics::{Publisher, Snapshot};
@@ -96,6 +97,8 @@ pub struct Kernel {
     pub(crate) tools: Servers,
     /// Background tasks.
     pub(crate) tasks: Tasks,
+    /// Keys and their JSON values (STORE, FETCH, DELETE, KEYS).
+    pub(crate) state_store: StateStore,
     /// LOGS follows waiting for their agents to write.
     pub(crate) log_followers: LogFollowers,
     /// What is ready for the reactor.
@@ -185,7 +188,7 @@ impl Kernel {
         exec.trace_with(Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         let http_calls = HttpCalls::new(start::http_upstream(&config)?, Arc::clone(&waker));
-        let mut tasks = Tasks::open(&config.tasks, socket, waker, Instant::now())?;
+        let (mut tasks, database) = Tasks::open(&config.tasks, socket, waker, Instant::now())?;
         tasks.trace_with(Arc::clone(&tracer));
         let mut kernel = Kernel {
             config,
@@ -197,6 +200,7 @@ impl Kernel {
             llm,
             exec,
             tools,
+            state_store: StateStore::new(database),
             tasks,
             log_followers: LogFollowers::default(),
             outbox: Outbox::default(),
@@ -398,8 +402,7 @@ impl Kernel {
     /// What is ready for the reactor, if anything: replies to connections'
     /// requests, connections to adopt, and runs whose connections close.
     /// Replies addressed to tasks and TOOL calls stay with the kernel.
-    /// (Called after every event: the common answer, nothing, costs a few
-    /// length checks.)
+    /// (Called after every event: nothing, the usual answer, is cheap.)
     pub fn take_output(&mut self) -> Option<Outbox> {
         if self.outbox.is_empty() && !self.exec.has_adopted() && !self.agents.has_ended() {
             return None;
@@ -414,6 +417,7 @@ impl Kernel {
                     &mut self.llm,
                     &mut self.outbox.replies,
                 );
+                self.state_store.agent_ended(id, &self.agents);
             }
             // A run whose reply is here is over, and so is what it started
             // (which may add replies of its own).

@@ -168,6 +168,7 @@ pub fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str>
         c.network = Default::default();
         c.metrics = Default::default();
         c.tracing = Default::default();
+        c.state = Default::default();
         c
     };
     if top_level(old) != top_level(new) {
@@ -195,6 +196,9 @@ pub fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str>
     }
     if old.tracing != new.tracing {
         differs.push("[tracing]");
+    }
+    if old.state != new.state {
+        differs.push("[state]");
     }
     differs
 }

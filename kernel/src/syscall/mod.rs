@@ -26,6 +26,7 @@ mod pause;
 mod perms;
 mod request;
 mod spawn;
+mod state;
 mod task;
 mod think;
 mod tool;
@@ -59,6 +60,10 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::LOGS => logs::handle,
         Opcode::NET => net::handle,
         Opcode::METRICS => metrics::handle,
+        Opcode::STORE => state::store,
+        Opcode::FETCH => state::fetch,
+        Opcode::DELETE => state::delete,
+        Opcode::KEYS => state::keys,
         Opcode::GET_PERMS => perms::get,
         Opcode::SET_PERMS => perms::set,
         Opcode::HTTP => http::handle,

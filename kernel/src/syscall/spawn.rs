@@ -18,7 +18,7 @@ use super::request::{actor, Outcome, Request};
 use crate::agents::{RunSpawner, Spawner};
 use crate::kernel::agent_sandboxes;
 use crate::kernel::Kernel;
-use crate::kernel::{Actor, Permission};
+use crate::kernel::{Actor, Permission, Root};
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::Sandboxes;
 use crate::telemetry::tracer::SpanAgent;
@@ -52,11 +52,11 @@ fn spawner_for(
 ) -> Result<(Spawner, Option<u64>), ErrorReply> {
     let actor = actor(kernel, request)?;
     actor.require(Permission::Spawn)?;
-    if let Actor::Operator { lowered, .. } = actor {
+    if let Actor::Operator { uid, lowered } = actor {
         if let Some(kept) = lowered {
             within_lowered(spawn, kept)?;
         }
-        return Ok((Spawner::Operator, None));
+        return Ok((Spawner::Operator(uid), None));
     }
     // A boot agent that is down must not find a stand-in under its name.
     if kernel
@@ -90,6 +90,10 @@ fn spawner_for(
             Spawner::Run(Box::new(RunSpawner {
                 number,
                 parent: grant.root.agent(),
+                operator: match grant.root {
+                    Root::Operator(uid) => Some(uid),
+                    Root::Agent(_) => None,
+                },
                 grant: grant.as_parent(),
                 budgets: grant.budgets.clone(),
                 view: kernel.sandboxes.view(Shape::EXEC_HOST, &binds),
@@ -97,7 +101,7 @@ fn spawner_for(
             }))
         }
         Actor::Agent { id, .. } => Spawner::Agent(id),
-        Actor::Operator { .. } => Spawner::Operator,
+        Actor::Operator { uid, .. } => Spawner::Operator(uid),
     };
     Ok((spawner, tokens_left))
 }

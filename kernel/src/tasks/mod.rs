@@ -53,7 +53,7 @@ pub use owner::{OwnerKey, Reach};
 use running::{Replied, Running, Started};
 use saving::Saving;
 use spans::TaskSpans;
-use store::{now_ms, Loaded, SqliteStore, Store, StoreError, StoredTask, Write};
+use store::{now_ms, Database, Loaded, SqliteStore, Store, StoreError, StoredTask, Write};
 use table::{new_record, stored_dispatch, Task, TaskTable};
 use tool_menu::ToolMenu;
 use waiters::Waiters;
@@ -90,14 +90,16 @@ impl Tasks {
     /// `socket` (see `TasksConfig::state_dir`): queued ones
     /// an operator dispatched run again; an agent's from an earlier kernel
     /// end `interrupted` (the agent is gone), as do those that were running.
+    /// With them, a handle on their database for the state store.
     pub fn open(
         config: &TasksConfig,
         socket: &Path,
         waker: Arc<mio::Waker>,
         now: Instant,
-    ) -> Result<Tasks, StoreError> {
+    ) -> Result<(Tasks, Option<Database>), StoreError> {
         let dir = config.state_dir(socket);
         let (store, loaded) = SqliteStore::open(&dir, &config.private_from(socket), waker)?;
+        let database = store.database();
         let count = loaded.records.len() + loaded.unreadable.len();
         let tasks = Tasks::new(store, loaded, config, random_u64(), now);
         log::info!(
@@ -105,7 +107,7 @@ impl Tasks {
             dir.display(),
             tasks.running.waiting()
         );
-        Ok(tasks)
+        Ok((tasks, database))
     }
 }
 

@@ -14,6 +14,7 @@ mod logs;
 mod metrics;
 mod pause;
 mod permissions;
+mod state;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -24,6 +24,7 @@ mod parse;
 mod pause;
 mod permissions;
 mod spawn;
+mod state;
 mod task;
 mod think;
 mod tool;
@@ -68,6 +69,10 @@ pub use permissions::{
 };
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
+};
+pub use state::{
+    DeleteReply, FetchReply, KeyRequest, KeysReply, KeysRequest, Scope, StoreReply, StoreRequest,
+    MAX_KEYS_LISTED, MAX_KEY_LEN, MAX_TTL_SECS, MAX_VALUE_DEPTH,
 };
 pub use task::{
     PromptIteration, PromptRequest, PromptResult, StoppedResult, TaskCancelReply, TaskDispatch,

@@ -17,6 +17,7 @@
 //! keeps a second kernel away from it: two kernels would each take the
 //! other's running tasks for interrupted ones.
 
+mod database;
 pub mod error;
 mod private;
 mod schema;
@@ -34,6 +35,8 @@ use std::sync::Arc;
 use mio::Waker;
 use nix::fcntl::{Flock, FlockArg};
 
+use database::Message;
+pub use database::{Database, Transaction};
 #[cfg(test)]
 pub use error::RowError;
 pub use error::StoreError;
@@ -42,7 +45,7 @@ use private::{
     LOCK,
 };
 pub use schema::Loaded;
-use schema::{interrupt_running, load, open_connection, read_result, SCHEMA};
+use schema::{interrupt_running, load, migrate, open_connection, read_result};
 pub use seam::{now_ms, ReadBack, Refused, Store, StoredTask, Write};
 use writer::Writer;
 
@@ -51,7 +54,7 @@ use writer::Writer;
 pub struct SqliteStore {
     path: PathBuf,
     /// `None` once closed.
-    writes: Option<Sender<Write>>,
+    writes: Option<Sender<Message>>,
     writer: Option<std::thread::JoinHandle<()>>,
     /// How many of the writes sent are saved (see [`Store::applied`]).
     applied: Arc<AtomicU64>,
@@ -107,7 +110,7 @@ impl SqliteStore {
             source,
         };
         let connection = open_connection(&path).map_err(database)?;
-        connection.execute_batch(SCHEMA).map_err(database)?;
+        migrate(&connection).map_err(database)?;
         let interrupted = interrupt_running(&connection).map_err(database)?;
         if !interrupted.is_empty() {
             log::warn!(
@@ -147,7 +150,7 @@ impl SqliteStore {
         let sent = self
             .writes
             .as_ref()
-            .is_some_and(|writes| writes.send(write).is_ok());
+            .is_some_and(|writes| writes.send(Message::Task(write)).is_ok());
         if !sent {
             log::error!(
                 "the task store's writer has stopped: changes to {} are lost",
@@ -159,10 +162,17 @@ impl SqliteStore {
     /// Saves what is still waiting and stops the writer (blocks until it
     /// has). What it could not save is named in the log.
     pub fn close(&mut self) {
-        self.writes = None;
+        if let Some(writes) = self.writes.take() {
+            let _ = writes.send(Message::Stop);
+        }
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }
+    }
+
+    /// A handle on the database for another subsystem.
+    pub fn database(&self) -> Option<Database> {
+        self.writes.clone().map(Database::new)
     }
 
     /// The database file.

@@ -12,9 +12,21 @@ use super::error::{ReadError, RowError, SaveError};
 use super::seam::{now_ms, StoredResult, StoredTask, Write};
 use crate::tasks::end::{interrupted, KERNEL_STOPPED};
 
-pub const SCHEMA: &str = "
+/// How the database is used, set on every open.
+const PRAGMAS: &str = "
 PRAGMA journal_mode = WAL;
 PRAGMA synchronous = NORMAL;
+";
+
+/// The schema's versions, oldest first: a database at version `n`
+/// (`PRAGMA user_version`) gets the steps from `n` on, each in a
+/// transaction with its new version. A database made before versions
+/// were kept is at 0 and has the tasks table already (hence `IF NOT
+/// EXISTS`).
+const MIGRATIONS: [&str; 2] = [TASKS, STATE];
+
+/// Version 1: the tasks.
+const TASKS: &str = "
 CREATE TABLE IF NOT EXISTS tasks (
     id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL UNIQUE,
@@ -30,6 +42,40 @@ CREATE TABLE IF NOT EXISTS tasks (
     result BLOB
 );
 ";
+
+/// Version 2: the state store (`crate::state_store`), beside the tasks so
+/// that one writer thread and one lock serve both. `space` is whose keys
+/// they are (`agent:<id>`, `operator:<uid>`, `tree:<uid>`); `owner_uid`
+/// whose quota they count against; `bytes` what they count.
+const STATE: &str = "
+CREATE TABLE IF NOT EXISTS state (
+    space TEXT NOT NULL,
+    key TEXT NOT NULL,
+    owner_uid INTEGER NOT NULL,
+    value TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    expires_ms INTEGER,
+    updated_ms INTEGER NOT NULL,
+    PRIMARY KEY (space, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS state_owner ON state (owner_uid);
+CREATE INDEX IF NOT EXISTS state_expiry ON state (expires_ms) WHERE expires_ms IS NOT NULL;
+";
+
+/// Brings the database's schema up to this kernel's version. A database
+/// a newer kernel left is used as it is (its steps only add).
+pub fn migrate(connection: &Connection) -> rusqlite::Result<()> {
+    connection.execute_batch(PRAGMAS)?;
+    let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    let done = usize::try_from(version).unwrap_or(0);
+    for (step, sql) in MIGRATIONS.iter().enumerate().skip(done) {
+        let transaction = connection.unchecked_transaction()?;
+        transaction.execute_batch(sql)?;
+        transaction.pragma_update(None, "user_version", step as i64 + 1)?;
+        transaction.commit()?;
+    }
+    Ok(())
+}
 
 /// The tasks in the store, oldest first, and the rows that are none this
 /// kernel can read.

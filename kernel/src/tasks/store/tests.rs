@@ -300,3 +300,32 @@ fn a_row_whose_owner_or_kind_cannot_be_read_is_named_and_left_in_the_store() {
         .unwrap();
     assert_eq!(left, 3, "nothing is removed");
 }
+
+#[test]
+fn a_database_made_before_versions_were_kept_gains_the_state_table_and_keeps_its_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let disk = open_connection(&dir.path().join(FILE)).unwrap();
+        disk.execute_batch(
+            "CREATE TABLE tasks (id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, \
+             owner TEXT NOT NULL, kind TEXT NOT NULL, label TEXT, state TEXT NOT NULL, \
+             request TEXT NOT NULL, created_ms INTEGER NOT NULL, started_ms INTEGER, \
+             finished_ms INTEGER, output TEXT, result BLOB);
+             INSERT INTO tasks (id, seq, owner, kind, state, request, created_ms) \
+             VALUES ('t-old', 1, 'user:0', 'exec', 'completed', '{}', 1);",
+        )
+        .unwrap();
+    }
+    let (_store, loaded) = SqliteStore::open(dir.path(), dir.path(), waker()).unwrap();
+    let ids: Vec<&str> = loaded.records.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["t-old"]);
+    let disk = open_connection(&dir.path().join(FILE)).unwrap();
+    let version: i64 = disk
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, 2);
+    let state: i64 = disk
+        .query_row("SELECT count(*) FROM state", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(state, 0);
+}

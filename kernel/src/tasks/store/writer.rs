@@ -7,6 +7,7 @@
 //! when the kernel stops is named in the log.
 
 use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -16,6 +17,7 @@ use std::time::Duration;
 use mio::Waker;
 use rusqlite::Connection;
 
+use super::database::{Message, Transaction};
 use super::schema::apply;
 use super::seam::{Refused, Write};
 
@@ -98,13 +100,16 @@ impl Writer {
 
     /// Saves batches until the kernel closes the store; then tries once
     /// more what is still unsaved, and names in the log what is lost.
-    pub fn run(mut self, writes: Receiver<Write>) {
-        loop {
+    /// Other subsystems' transactions run as they come, after the tasks'
+    /// changes handed over before them.
+    pub fn run(mut self, messages: Receiver<Message>) {
+        let mut open = true;
+        while open {
             let first = if self.unsaved.is_empty() {
-                writes.recv().ok()
+                messages.recv().ok()
             } else {
-                match writes.recv_timeout(RETRY_EVERY) {
-                    Ok(write) => Some(write),
+                match messages.recv_timeout(RETRY_EVERY) {
+                    Ok(message) => Some(message),
                     Err(RecvTimeoutError::Timeout) => {
                         self.save(Vec::new());
                         continue;
@@ -115,14 +120,47 @@ impl Writer {
             let Some(first) = first else {
                 break;
             };
-            let mut batch = vec![first];
-            batch.extend(writes.try_iter());
-            self.save(batch);
+            let mut batch = Vec::new();
+            for message in std::iter::once(first).chain(messages.try_iter()) {
+                match message {
+                    Message::Task(write) => batch.push(write),
+                    Message::Run(transaction) => {
+                        if !batch.is_empty() {
+                            self.save(std::mem::take(&mut batch));
+                        }
+                        self.run_other(transaction);
+                    }
+                    Message::Stop => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                self.save(batch);
+            }
         }
         if !self.unsaved.is_empty() {
             self.save(Vec::new());
         }
         self.report_lost();
+    }
+
+    /// Runs another subsystem's transaction. Its fault (a panic, a
+    /// transaction left open) must not stop the tasks being saved: a panic
+    /// is caught (its transaction rolls back as it unwinds) and an open
+    /// transaction rolled back.
+    fn run_other(&mut self, transaction: Transaction) {
+        let connection = &self.connection;
+        if catch_unwind(AssertUnwindSafe(|| transaction(connection))).is_err() {
+            log::error!("the task store's writer: another subsystem's transaction panicked");
+        }
+        if !connection.is_autocommit() {
+            log::error!("the task store's writer: a transaction was left open; rolled back");
+            if let Err(err) = connection.execute_batch("ROLLBACK") {
+                log::error!("the task store cannot roll a transaction back: {err}");
+            }
+        }
     }
 
     /// Saves `batch` (after what earlier batches left unsaved) in one
@@ -252,7 +290,7 @@ mod tests {
 
     use super::*;
     use crate::tasks::store::private::FILE;
-    use crate::tasks::store::schema::{open_connection, SCHEMA};
+    use crate::tasks::store::schema::{migrate, open_connection};
     use crate::tasks::store::seam::StoredTask;
 
     fn waker() -> Arc<Waker> {
@@ -272,7 +310,7 @@ mod tests {
     ) -> (Writer, Arc<AtomicU64>, Receiver<Refused>, Connection) {
         let path = dir.join(FILE);
         let connection = open_connection(&path).unwrap();
-        connection.execute_batch(SCHEMA).unwrap();
+        migrate(&connection).unwrap();
         connection
             .pragma_update(None, "max_page_count", pages)
             .unwrap();

@@ -39,7 +39,9 @@ impl Faulty {
             let poll = mio::Poll::new().unwrap();
             let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).unwrap());
             let socket = std::path::Path::new("/unused.sock");
-            Tasks::open(&config, socket, waker, Instant::now()).unwrap()
+            Tasks::open(&config, socket, waker, Instant::now())
+                .unwrap()
+                .0
         };
         open().finish_shutdown();
         let disk = rusqlite::Connection::open(dir.path().join("tasks.db")).unwrap();
