@@ -85,3 +85,18 @@ def test_spawn_of_a_missing_script_fails_clearly(kernel):
     out = agentos(kernel, "spawn", "ghost", "/no/such/agent.py")
     assert out.returncode == 1
     assert "does not exist" in out.stderr and "not_found" not in out.stderr
+
+
+def test_kv_sets_gets_lists_and_removes_keys(kernel):
+    assert agentos(kernel, "kv", "set", "crawl:frontier", '{"next": ["a"], "done": 3}').returncode == 0
+    assert agentos(kernel, "kv", "set", "crawl:note", "plain text", "--scope", "agent").returncode == 0
+    got = agentos(kernel, "kv", "get", "crawl:frontier")
+    assert got.returncode == 0 and json.loads(got.stdout) == {"next": ["a"], "done": 3}
+    assert json.loads(agentos(kernel, "kv", "get", "crawl:note").stdout) == "plain text"
+    listed = agentos(kernel, "kv", "ls", "crawl:")
+    assert listed.stdout.split() == ["crawl:frontier", "crawl:note"]
+    assert agentos(kernel, "kv", "rm", "crawl:frontier").returncode == 0
+    missing = agentos(kernel, "kv", "get", "crawl:frontier")
+    assert missing.returncode == 1 and "no key 'crawl:frontier'" in missing.stderr
+    refused = agentos(kernel, "kv", "set", "k", "1", "--ttl=-5")
+    assert refused.returncode == 1 and "ttl" in refused.stderr

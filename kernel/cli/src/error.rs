@@ -35,6 +35,9 @@ pub enum CliError {
     /// No agent with this id among those the caller may see.
     #[error("no agent with id {0} (agentos ps -a lists them)")]
     NoAgentWithId(u32),
+    /// No such key in the state store (among those the caller sees).
+    #[error("no key '{0}' (agentos kv ls lists yours)")]
+    NoKey(String),
     /// No agent of this name among those the caller may see.
     #[error("no agent named '{0}' (agentos ps -a lists them)")]
     NoAgentNamed(String),

@@ -22,6 +22,7 @@ mod failure;
 mod format;
 mod input;
 mod kernel;
+mod kv;
 mod logs;
 mod mcp;
 mod mcp_servers;
@@ -122,6 +123,10 @@ enum Command {
     /// An agent's network policy and connection record; with --allow
     /// (or --cut), a new policy while it runs
     Net(net::NetArgs),
+    /// The state store: keys with JSON values kept across restarts, your
+    /// own or shared with your tree
+    #[command(subcommand)]
+    Kv(kv::KvCommand),
     /// The kernel's metrics in the Prometheus text format, as
     /// `[metrics] listen` serves them (operators)
     Metrics,
@@ -306,6 +311,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Top(top_args) => top::top(client, &path, top_args, json),
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
         Command::Net(net_args) => net::net(client, net_args, json),
+        Command::Kv(command) => kv::kv(client, command, json),
         Command::Metrics => kernel::metrics(client, json),
         Command::Completion { .. } | Command::Mcp(_) | Command::McpServers(_) => {
             unreachable!("answered before connecting")
