@@ -91,3 +91,21 @@ def test_the_state_store_keeps_json_by_key_with_the_callers_own_first(kernel):
             deep = [deep]
         with pytest.raises(LimitExceeded, match="32"):
             client.store("sdk:x", deep)
+
+
+@pytest.mark.skipif(not ROOT, reason="EXEC's isolation needs namespaces, so root")
+def test_an_async_exec_is_polled_once(kernel):
+    import json
+    import time
+
+    with AgentOSClient(kernel.socket_path) as client:
+        accepted = client.exec_async("print('later')", request_id=41)
+        assert accepted["request_id"] == 41 and accepted["task_id"]
+        deadline = time.monotonic() + 20
+        found = []
+        while not found and time.monotonic() < deadline:
+            found = [r for r in client.poll_async()["results"] if r["request_id"] == 41]
+            time.sleep(0.1)
+        assert found, "the result never came"
+        assert json.loads(found[0]["payload"])["stdout"] == "later\n"
+        assert not [r for r in client.poll_async()["results"] if r["request_id"] == 41]

@@ -37,6 +37,8 @@ impl Opcode {
     pub const SET_PERMS: Opcode = Opcode(0x41);
     /// Make an HTTP request under the caller's network policy.
     pub const HTTP: Opcode = Opcode(0x50);
+    /// The results of asynchronous requests that are done.
+    pub const ASYNC_POLL: Opcode = Opcode(0x80);
     /// Start an agent process.
     pub const SPAWN: Opcode = Opcode(0x10);
     /// Stop an agent process tree.
@@ -78,7 +80,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 28] = [
+    pub const ALL: [Opcode; 29] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -101,6 +103,7 @@ impl Opcode {
         Opcode::GET_PERMS,
         Opcode::SET_PERMS,
         Opcode::HTTP,
+        Opcode::ASYNC_POLL,
         Opcode::SYSTEM_METRICS,
         Opcode::AGENT_METRICS,
         Opcode::ALL_AGENT_METRICS,
@@ -134,6 +137,7 @@ impl Opcode {
             Opcode::GET_PERMS => "GET_PERMS",
             Opcode::SET_PERMS => "SET_PERMS",
             Opcode::HTTP => "HTTP",
+            Opcode::ASYNC_POLL => "ASYNC_POLL",
             Opcode::SYSTEM_METRICS => "SYSTEM_METRICS",
             Opcode::AGENT_METRICS => "AGENT_METRICS",
             Opcode::ALL_AGENT_METRICS => "ALL_AGENT_METRICS",
@@ -213,6 +217,7 @@ mod tests {
             (0x40, "GET_PERMS"),
             (0x41, "SET_PERMS"),
             (0x50, "HTTP"),
+            (0x80, "ASYNC_POLL"),
             (0xC0, "SYSTEM_METRICS"),
             (0xC1, "AGENT_METRICS"),
             (0xC2, "ALL_AGENT_METRICS"),

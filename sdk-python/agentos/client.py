@@ -221,6 +221,30 @@ class AgentOSClient(Connection):
         missing directories: ``bytes_written``."""
         return self.call_json(Opcode.WRITE, {"path": path, "content": content, "mode": mode})
 
+    # -- asynchronous EXEC -------------------------------------------------
+
+    def exec_async(
+        self,
+        code: str,
+        language: Language = "python",
+        *,
+        request_id: Optional[int] = None,
+        timeout_ms: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """EXEC with ``"async": true``: the run becomes a TASK of yours and
+        this returns at once with its ``request_id`` (yours, or one the
+        kernel made) and ``task_id``; :meth:`poll_async` hands over its
+        reply once it is done."""
+        request: Dict[str, Any] = {"code": code, "language": language, "async": True}
+        request.update(_present(request_id=request_id, timeout_ms=timeout_ms))
+        return self.call_json(Opcode.EXEC, request)
+
+    def poll_async(self, max_results: int = 10) -> Dict[str, Any]:
+        """ASYNC_POLL: your asynchronous requests that are done, oldest
+        first, each handed over once: ``results`` of ``request_id`` and
+        ``payload`` (the EXEC reply as a JSON string)."""
+        return self.call_json(Opcode.ASYNC_POLL, {"max": max_results})
+
     # -- HTTP -------------------------------------------------------------
 
     def http(

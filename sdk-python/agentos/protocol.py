@@ -47,6 +47,7 @@ class Opcode(enum.IntEnum):
     GET_PERMS = 0x40
     SET_PERMS = 0x41
     HTTP = 0x50
+    ASYNC_POLL = 0x80
     SYSTEM_METRICS = 0xC0
     AGENT_METRICS = 0xC1
     ALL_AGENT_METRICS = 0xC2

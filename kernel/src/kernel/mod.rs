@@ -56,6 +56,7 @@ pub use tool_calls::ToolCaller;
 
 use crate::address::{Outbox, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents};
+use crate::async_calls::AsyncCalls;
 use crate::config::Config;
 use crate::exec::{Exec, RunCaller};
 use crate::http_call::HttpCalls;
@@ -126,6 +127,8 @@ pub struct Kernel {
     pub(crate) cpu_sampler: CpuSampler,
     /// HTTP requests made for callers, in flight.
     pub(crate) http_calls: HttpCalls,
+    /// Asynchronous EXECs not yet polled.
+    pub(crate) async_calls: AsyncCalls,
 }
 
 impl Kernel {
@@ -216,6 +219,7 @@ impl Kernel {
             lowered: LoweredConnections::default(),
             cpu_sampler: CpuSampler::default(),
             http_calls,
+            async_calls: AsyncCalls::default(),
         };
         start::serve_metrics(&kernel.config.metrics, &kernel.metrics.published)?;
         // Tasks queued before a restart run now.

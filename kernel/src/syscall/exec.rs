@@ -8,9 +8,12 @@
 //! nothing of the caller's beyond that. Sessions belong to the caller's
 //! principal — an agent, an operator's uid, or a run.
 
-use agentos_proto::payload::{ClosedReply, ExecCall, ExecReply, SessionsReply, SnapshotsReply};
+use agentos_proto::payload::{
+    AsyncAsk, ClosedReply, ExecCall, ExecReply, SessionsReply, SnapshotsReply,
+};
 use agentos_proto::ErrorReply;
 
+use super::async_poll;
 use super::request::{actor, reply, Outcome, Request};
 use crate::address::Answer;
 use crate::exec::RunCaller;
@@ -27,7 +30,11 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     };
     let principal = request.caller.principal();
     let started = match call {
-        ExecCall::Run(run) => kernel.start_run(*run, principal, request.reply_to),
+        ExecCall::Run(run) => match AsyncAsk::of_exec(request.payload) {
+            Ok(Some(ask)) => return async_poll::exec_later(kernel, request, *run, ask),
+            Ok(None) => kernel.start_run(*run, principal, request.reply_to),
+            Err(err) => Err(err),
+        },
         ExecCall::Snapshot { session, name } => run_caller(kernel, request).and_then(|caller| {
             let replies = &mut kernel.outbox.replies;
             kernel

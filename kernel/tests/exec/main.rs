@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod async_poll;
 mod hosts;
 mod limits;
 mod network;

@@ -166,11 +166,11 @@ struct ExecWire {
     cwd: Option<String>,
     /// Seconds, for the shell form.
     timeout: Option<u64>,
-    /// The shell form's asynchronous mode, which is TASK's business.
+    /// Clove's asynchronous mode, which the EXEC syscall reads itself
+    /// (`AsyncAsk`): the run is the same.
     #[serde(rename = "async")]
-    asynchronous: Option<bool>,
-    /// The shell form's own name for the request; the reply goes in order,
-    /// so it is not needed.
+    _asynchronous: Option<bool>,
+    /// Clove's id for an asynchronous request (`AsyncAsk`).
     #[serde(default, rename = "request_id")]
     _request_id: Option<serde_json::Value>,
 }
@@ -183,12 +183,6 @@ impl ExecRequest {
     }
 
     fn from_wire(wire: ExecWire) -> Result<Self, ErrorReply> {
-        if wire.asynchronous == Some(true) {
-            return Err(bad_request(
-                "EXEC field `async`: EXEC answers when the run ends; for background work \
-                 dispatch it with TASK (op \"dispatch\", kind \"exec\")",
-            ));
-        }
         let (code, language) = match (wire.code, wire.command) {
             (Some(_), Some(_)) => {
                 return Err(bad_request(
@@ -664,9 +658,7 @@ mod tests {
         assert_eq!(request.code, "ls -la");
         assert_eq!(request.timeout_ms, Some(30_000));
         assert_eq!(request.cwd.as_deref(), Some("/tmp"));
-        let err = refused(r#"{"command":"ls","async":true}"#);
-        assert_eq!(err.code, ErrorCode::BadRequest);
-        assert!(err.error.contains("TASK"), "{}", err.error);
+        assert!(ExecRequest::parse(br#"{"command":"ls","async":true}"#).is_ok());
     }
 
     #[test]

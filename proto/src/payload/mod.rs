@@ -10,6 +10,7 @@
 //! Clove SDK's extra EXEC fields are the one exception; see [`ExecRequest`].)
 
 mod agent_state;
+mod async_poll;
 mod exec;
 mod files;
 mod hello;
@@ -31,6 +32,9 @@ mod tool;
 
 pub use crate::error::to_json;
 pub use agent_state::AgentState;
+pub use async_poll::{
+    AsyncAsk, AsyncExecReply, AsyncPollReply, AsyncPollRequest, AsyncResult, MAX_ASYNC_RESULTS,
+};
 pub use exec::{
     ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, RunPermissions,
     SessionInfo, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated,
