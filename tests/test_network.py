@@ -363,8 +363,9 @@ def test_a_connect_flood_is_bounded_and_the_kernel_stays_responsive(net):
           f"{statistics.median(noop_ms):.2f} ms, p99 {p99:.2f} ms")
     # The proxy has a thread of its own: a flood at it never waits on the
     # kernel's reactor. (Bound as the other reactor tests' are: a reactor
-    # that waited on the proxy would take hundreds of milliseconds.)
-    assert p99 < 10, f"NOOP p99 {p99:.2f} ms during a CONNECT flood"
+    # that waited on the proxy would take hundreds of milliseconds; the
+    # bound is no measure of speed, which the benches measure.)
+    assert p99 < 100, f"NOOP p99 {p99:.2f} ms during a CONNECT flood"
 
 
 def test_a_client_trickling_its_head_is_closed_at_the_head_timeout(net):

@@ -109,3 +109,18 @@ def test_an_async_exec_is_polled_once(kernel):
         assert found, "the result never came"
         assert json.loads(found[0]["payload"])["stdout"] == "later\n"
         assert not [r for r in client.poll_async()["results"] if r["request_id"] == 41]
+
+
+def test_a_recording_is_exported_and_replayed_as_its_caller(kernel):
+    import json
+
+    with AgentOSClient(kernel.socket_path) as client:
+        assert client.start_recording(max_entries=50)["state"] == "RECORDING"
+        client.store("replayed", {"n": 1})
+        assert client.stop_recording()["entry_count"] == 1
+        recording = client.get_recording_status(export=True)["recording"]
+        assert json.loads(recording)[0]["opcode_name"] == "STORE"
+        client.delete_key("replayed")
+        assert client.start_replay(recording)["entries_replayed"] == 1
+        assert client.fetch("replayed")["value"] == {"n": 1}
+        assert client.get_replay_status()["state"] == "COMPLETED"

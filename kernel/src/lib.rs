@@ -47,6 +47,7 @@ pub mod process;
 mod python_names;
 mod random;
 mod reactor;
+mod recording;
 pub mod sandbox;
 mod service;
 mod socket;

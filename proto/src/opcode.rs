@@ -37,6 +37,16 @@ impl Opcode {
     pub const SET_PERMS: Opcode = Opcode(0x41);
     /// Make an HTTP request under the caller's network policy.
     pub const HTTP: Opcode = Opcode(0x50);
+    /// Start recording calls.
+    pub const RECORD_START: Opcode = Opcode(0x70);
+    /// Stop recording.
+    pub const RECORD_STOP: Opcode = Opcode(0x71);
+    /// Whether recording, and the recording.
+    pub const RECORD_STATUS: Opcode = Opcode(0x72);
+    /// Replay a recording.
+    pub const REPLAY_START: Opcode = Opcode(0x73);
+    /// How the last replay went.
+    pub const REPLAY_STATUS: Opcode = Opcode(0x74);
     /// The results of asynchronous requests that are done.
     pub const ASYNC_POLL: Opcode = Opcode(0x80);
     /// Start an agent process.
@@ -80,7 +90,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 29] = [
+    pub const ALL: [Opcode; 34] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -103,6 +113,11 @@ impl Opcode {
         Opcode::GET_PERMS,
         Opcode::SET_PERMS,
         Opcode::HTTP,
+        Opcode::RECORD_START,
+        Opcode::RECORD_STOP,
+        Opcode::RECORD_STATUS,
+        Opcode::REPLAY_START,
+        Opcode::REPLAY_STATUS,
         Opcode::ASYNC_POLL,
         Opcode::SYSTEM_METRICS,
         Opcode::AGENT_METRICS,
@@ -137,6 +152,11 @@ impl Opcode {
             Opcode::GET_PERMS => "GET_PERMS",
             Opcode::SET_PERMS => "SET_PERMS",
             Opcode::HTTP => "HTTP",
+            Opcode::RECORD_START => "RECORD_START",
+            Opcode::RECORD_STOP => "RECORD_STOP",
+            Opcode::RECORD_STATUS => "RECORD_STATUS",
+            Opcode::REPLAY_START => "REPLAY_START",
+            Opcode::REPLAY_STATUS => "REPLAY_STATUS",
             Opcode::ASYNC_POLL => "ASYNC_POLL",
             Opcode::SYSTEM_METRICS => "SYSTEM_METRICS",
             Opcode::AGENT_METRICS => "AGENT_METRICS",
@@ -217,6 +237,11 @@ mod tests {
             (0x40, "GET_PERMS"),
             (0x41, "SET_PERMS"),
             (0x50, "HTTP"),
+            (0x70, "RECORD_START"),
+            (0x71, "RECORD_STOP"),
+            (0x72, "RECORD_STATUS"),
+            (0x73, "REPLAY_START"),
+            (0x74, "REPLAY_STATUS"),
             (0x80, "ASYNC_POLL"),
             (0xC0, "SYSTEM_METRICS"),
             (0xC1, "AGENT_METRICS"),

@@ -245,6 +245,43 @@ class AgentOSClient(Connection):
         ``payload`` (the EXEC reply as a JSON string)."""
         return self.call_json(Opcode.ASYNC_POLL, {"max": max_results})
 
+    # -- record and replay -------------------------------------------------
+
+    def start_recording(
+        self,
+        include_think: bool = False,
+        include_http: bool = False,
+        include_exec: bool = False,
+        max_entries: Optional[int] = None,
+        filter_agents: Optional[Sequence[int]] = None,
+    ) -> Dict[str, Any]:
+        """RECORD_START: record your calls and those of the agents you see
+        (or only ``filter_agents`` among them), secrets redacted."""
+        request: Dict[str, Any] = {"include_think": include_think,
+                                   "include_http": include_http, "include_exec": include_exec}
+        request.update(_present(max_entries=max_entries,
+                                filter_agents=list(filter_agents) if filter_agents else None))
+        return self.call_json(Opcode.RECORD_START, request)
+
+    def stop_recording(self) -> Dict[str, Any]:
+        """RECORD_STOP: ``entry_count``; the recording stays for export."""
+        return self.call_json(Opcode.RECORD_STOP, {})
+
+    def get_recording_status(self, export: bool = False) -> Dict[str, Any]:
+        """RECORD_STATUS: ``state`` (``RECORDING`` or ``IDLE``),
+        ``entry_count``, and with ``export`` the ``recording`` as a JSON
+        string."""
+        return self.call_json(Opcode.RECORD_STATUS, {"export": export})
+
+    def start_replay(self, recording: str) -> Dict[str, Any]:
+        """REPLAY_START: re-issues a recording's NOOP and state store calls,
+        as you; the reply comes once they are done."""
+        return self.call_json(Opcode.REPLAY_START, {"recording": recording})
+
+    def get_replay_status(self) -> Dict[str, Any]:
+        """REPLAY_STATUS: your last replay's figures."""
+        return self.call_json(Opcode.REPLAY_STATUS, {})
+
     # -- HTTP -------------------------------------------------------------
 
     def http(

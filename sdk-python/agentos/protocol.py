@@ -47,6 +47,11 @@ class Opcode(enum.IntEnum):
     GET_PERMS = 0x40
     SET_PERMS = 0x41
     HTTP = 0x50
+    RECORD_START = 0x70
+    RECORD_STOP = 0x71
+    RECORD_STATUS = 0x72
+    REPLAY_START = 0x73
+    REPLAY_STATUS = 0x74
     ASYNC_POLL = 0x80
     SYSTEM_METRICS = 0xC0
     AGENT_METRICS = 0xC1

@@ -245,6 +245,11 @@ impl Agents {
         Ok(())
     }
 
+    /// Whether `viewer` may see agent `id` (LIST's rule).
+    pub fn sees(&self, viewer: Viewer, id: u32) -> bool {
+        self.table.sees(viewer, id)
+    }
+
     /// The agent at the top of `id`'s family: the eldest ancestor it had
     /// when it was spawned (itself, if none). Kept with the agent, so a
     /// family stays one however its middle generations come and go.

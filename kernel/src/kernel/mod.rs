@@ -17,8 +17,9 @@
 //! package (`tool_catalog.rs`); what starting takes (`start.rs`), boot
 //! agents (`boot.rs`) and SIGHUP (`reload.rs`); the sandbox runtime's
 //! owners (`sandboxes.rs`) and the kernel's event sources (`sources.rs`);
-//! LOGS follows (`log_follows.rs`); and the metrics, gathered from what
-//! they read (`metrics.rs`, `reactor_counts.rs`).
+//! LOGS follows (`log_follows.rs`); the metrics, gathered from what
+//! they read (`metrics.rs`, `reactor_counts.rs`); and what the Clove
+//! SDK's calls reach beyond the core (`services.rs`, `lowered.rs`).
 
 mod actor;
 mod boot;
@@ -31,6 +32,7 @@ mod reload;
 mod run_work;
 mod runs;
 mod sandboxes;
+mod services;
 mod sources;
 mod start;
 mod task_work;
@@ -48,7 +50,6 @@ use mio::{Registry, Token, Waker};
 
 pub use actor::{Actor, Permission};
 pub use log_follows::{log_seen_by, logs_reply, FollowOwner, LogFollower, LogFollowers};
-pub use lowered::LoweredConnections;
 pub use runs::{Root, Runs};
 pub use sandboxes::{agent_sandboxes, exec_sandboxes, SandboxOwner};
 pub use start::StartError;
@@ -56,10 +57,8 @@ pub use tool_calls::ToolCaller;
 
 use crate::address::{Outbox, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents};
-use crate::async_calls::AsyncCalls;
 use crate::config::Config;
 use crate::exec::{Exec, RunCaller};
-use crate::http_call::HttpCalls;
 use crate::identity::{Principal, KERNEL_OPERATOR};
 use crate::llm::{Asker, Llm};
 use crate::sandbox::runtime::machine::Machine;
@@ -67,7 +66,6 @@ use crate::sandbox::runtime::{Runtime, RuntimeSetup};
 use crate::state_dir::StateDir;
 use crate::state_store::StateStore;
 use crate::tasks::{CancelledWork, Start, Tasks, WorkRequest};
-use crate::telemetry::host::CpuSampler;
 use crate::telemetry::metrics::{Publisher, Snapshot};
 use crate::telemetry::tracer::{SpanAgent, Tracer};
 use crate::tools::servers::Servers;
@@ -76,6 +74,7 @@ use output::Router;
 use reactor_counts::ReactorCounts;
 use reload::Starter;
 use sandboxes::sandbox_profile;
+use services::Services;
 use sources::{Source, TokenRanges};
 use tool_catalog::ToolCatalog;
 
@@ -121,14 +120,8 @@ pub struct Kernel {
     pub(crate) reactor_counts: ReactorCounts,
     /// Where spans go, if `[tracing]` is on.
     pub(crate) tracer: Arc<Tracer>,
-    /// Operators' connections that lowered themselves.
-    pub(crate) lowered: LoweredConnections,
-    /// The host's processors at SYSTEM_METRICS' last reading.
-    pub(crate) cpu_sampler: CpuSampler,
-    /// HTTP requests made for callers, in flight.
-    pub(crate) http_calls: HttpCalls,
-    /// Asynchronous EXECs not yet polled.
-    pub(crate) async_calls: AsyncCalls,
+    /// What the Clove SDK's calls reach beyond the core subsystems.
+    pub(crate) services: Services,
 }
 
 impl Kernel {
@@ -190,7 +183,7 @@ impl Kernel {
         exec.serve_policies_with(Arc::clone(&gateway));
         exec.trace_with(Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
-        let http_calls = HttpCalls::new(start::http_upstream(&config)?, Arc::clone(&waker));
+        let services = services::start(start::http_upstream(&config)?, Arc::clone(&waker));
         let (mut tasks, database) = Tasks::open(&config.tasks, socket, waker, Instant::now())?;
         tasks.trace_with(Arc::clone(&tracer));
         let mut kernel = Kernel {
@@ -216,10 +209,7 @@ impl Kernel {
             metrics: Publisher::new(Instant::now()),
             reactor_counts: ReactorCounts::default(),
             tracer,
-            lowered: LoweredConnections::default(),
-            cpu_sampler: CpuSampler::default(),
-            http_calls,
-            async_calls: AsyncCalls::default(),
+            services,
         };
         start::serve_metrics(&kernel.config.metrics, &kernel.metrics.published)?;
         // Tasks queued before a restart run now.
@@ -276,7 +266,7 @@ impl Kernel {
         self.exec.on_wake(&mut self.outbox.replies);
         self.llm.poll(&mut self.outbox.replies);
         self.tools.on_wake(&mut self.outbox.replies, Instant::now());
-        self.http_calls.on_wake(&mut self.outbox.replies);
+        self.services.http_calls.on_wake(&mut self.outbox.replies);
         // Tasks join the queue once their records are saved.
         if self.tasks.on_saved(&mut self.outbox.replies) {
             self.start_tasks();
@@ -342,7 +332,7 @@ impl Kernel {
         self.tasks.connection_closed(serial);
         self.log_followers.connection_closed(serial);
         self.router.connection_closed(serial);
-        self.lowered.connection_closed(serial);
+        self.services.lowered.connection_closed(serial);
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).
@@ -422,6 +412,7 @@ impl Kernel {
                     &mut self.outbox.replies,
                 );
                 self.state_store.agent_ended(id, &self.agents);
+                self.services.recordings.forget(Principal::Agent { id });
             }
             // A run whose reply is here is over, and so is what it started
             // (which may add replies of its own).

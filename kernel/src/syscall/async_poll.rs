@@ -47,7 +47,10 @@ fn dispatch(
     let actor = actor(kernel, request)?;
     actor.require(Permission::Task)?;
     let owner = actor.principal();
-    let request_id = kernel.async_calls.request_id(owner, ask.request_id)?;
+    let request_id = kernel
+        .services
+        .async_calls
+        .request_id(owner, ask.request_id)?;
     let run = serde_json::to_value(&run).map_err(|err| {
         ErrorReply::new(
             ErrorCode::Internal,
@@ -63,7 +66,10 @@ fn dispatch(
             trace: None,
         },
     )?;
-    kernel.async_calls.add(owner, request_id, task_id.clone());
+    kernel
+        .services
+        .async_calls
+        .add(owner, request_id, task_id.clone());
     Ok(AsyncExecReply {
         success: true,
         request_id,
@@ -106,7 +112,7 @@ fn finished(
     let owner = actor(kernel, request)?.principal();
     let reach = Reach::Own(owner);
     let mut done = Vec::new();
-    for pending in kernel.async_calls.waiting_of(owner) {
+    for pending in kernel.services.async_calls.waiting_of(owner) {
         if done.len() >= asked.limit() {
             break;
         }
@@ -114,7 +120,10 @@ fn finished(
             Ok(task) if !task.state.is_finished() => continue,
             Ok(_) => {}
             Err(_) => {
-                kernel.async_calls.remove(owner, pending.request_id);
+                kernel
+                    .services
+                    .async_calls
+                    .remove(owner, pending.request_id);
                 continue;
             }
         }
@@ -125,7 +134,10 @@ fn finished(
             request.reply_to,
             Instant::now(),
         )?;
-        kernel.async_calls.remove(owner, pending.request_id);
+        kernel
+            .services
+            .async_calls
+            .remove(owner, pending.request_id);
         done.push((pending, waited));
     }
     Ok(done)

@@ -34,7 +34,7 @@ pub fn system(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     if let Err(refusal) = allowed {
         return Outcome::Reply(refusal.into());
     }
-    let sampler = kernel.cpu_sampler.clone();
+    let sampler = kernel.services.cpu_sampler.clone();
     Outcome::Deferred(Box::new(move || {
         Answer::json(&SystemMetricsReply {
             success: true,

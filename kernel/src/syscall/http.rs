@@ -38,6 +38,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         };
         let principal = actor.principal();
         kernel
+            .services
             .http_calls
             .start(principal, who, policy, asked, request.reply_to)
     });

@@ -25,6 +25,7 @@ mod metrics;
 mod net;
 mod pause;
 mod perms;
+mod recording;
 mod request;
 mod spawn;
 mod state;
@@ -69,12 +70,27 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::SET_PERMS => perms::set,
         Opcode::HTTP => http::handle,
         Opcode::ASYNC_POLL => async_poll::poll,
+        Opcode::RECORD_START => recording::start,
+        Opcode::RECORD_STOP => recording::stop,
+        Opcode::RECORD_STATUS => recording::status,
+        Opcode::REPLAY_START => recording::replay,
+        Opcode::REPLAY_STATUS => recording::replay_status,
         Opcode::SYSTEM_METRICS => host_metrics::system,
         Opcode::AGENT_METRICS => host_metrics::agent,
         Opcode::ALL_AGENT_METRICS => host_metrics::all_agents,
         Opcode::CGROUP_METRICS => host_metrics::cgroup,
         _ => unknown,
     };
+    if kernel.services.recordings.any() {
+        let agents = &kernel.agents;
+        let sees = |viewer, id| agents.sees(viewer, id);
+        kernel.services.recordings.record(
+            request.caller.principal(),
+            request.opcode,
+            request.payload,
+            &sees,
+        );
+    }
     let outcome = handler(kernel, request);
     if kernel.deferred.contains(&request.opcode) {
         defer(kernel, outcome, request.payload)

@@ -54,7 +54,7 @@ pub fn set(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 // Only a connection can lower an operator (a kernel-made
                 // request has none), and only what changes is kept.
                 if let Some(serial) = request.reply_to.connection().filter(|_| kept != current) {
-                    kernel.lowered.set(serial, kept.clone());
+                    kernel.services.lowered.set(serial, kept.clone());
                 }
                 kept
             }

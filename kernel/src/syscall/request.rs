@@ -94,7 +94,7 @@ pub(super) fn actor<'k>(
     Ok(match (actor, request.reply_to.connection()) {
         (Actor::Operator { uid, .. }, Some(serial)) => Actor::Operator {
             uid,
-            lowered: kernel.lowered.get(serial),
+            lowered: kernel.services.lowered.get(serial),
         },
         (actor, _) => actor,
     })

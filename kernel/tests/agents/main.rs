@@ -14,6 +14,7 @@ mod logs;
 mod metrics;
 mod pause;
 mod permissions;
+mod recording;
 mod state;
 
 use std::fs;

@@ -27,7 +27,9 @@ fn an_endless_run_is_killed_at_its_timeout_with_nothing_of_it_left() {
     assert_eq!(reply["success"], false);
     assert_eq!(reply["signal"], libc::SIGKILL);
     assert_eq!(reply["stdout"], "looping\n", "the output so far comes back");
-    assert!(took < Duration::from_secs(1), "answered after {took:?}");
+    // Killed at its timeout, not left to loop: the bound is no measure
+    // of how promptly (a loaded machine adds its own delay).
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
     assert!(
         none_left("sleep 313", None, Duration::from_secs(1)),
         "the run's background process outlived it"

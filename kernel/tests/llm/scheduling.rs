@@ -249,7 +249,9 @@ fn noops_stay_fast_while_thinks_queue() {
         queued_at_end > 0,
         "the THINKs drained before the NOOPs ended"
     );
-    assert!(p99 < Duration::from_millis(5), "NOOP p99 {p99:?}");
+    // A reactor that waited on THINKs would answer in seconds; the bound is
+    // no measure of speed (benches measure that).
+    assert!(p99 < Duration::from_millis(100), "NOOP p99 {p99:?}");
     for _ in 0..50 {
         recv(&mut thinker);
     }

@@ -306,7 +306,8 @@ fn a_dead_or_silent_url_fails_its_server_clearly_while_the_kernel_answers_at_onc
     }
     rtts.sort();
     let p99 = rtts[rtts.len() * 99 / 100];
-    assert!(p99 < Duration::from_millis(20), "NOOP p99 {p99:?}");
+    // A kernel that waited on the silent server would answer in seconds.
+    assert!(p99 < Duration::from_millis(200), "NOOP p99 {p99:?}");
     let sent = Instant::now();
     let hello = call_json(&mut stream, Opcode::HELLO, b"");
     assert!(sent.elapsed() < Duration::from_millis(200), "{hello}");

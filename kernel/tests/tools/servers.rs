@@ -240,7 +240,9 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
     }
     rtts.sort();
     let p99 = rtts[rtts.len() * 99 / 100];
-    assert!(p99 < Duration::from_millis(5), "NOOP p99 {p99:?}");
+    // A kernel that waited on failing servers would answer in seconds;
+    // the bound is no measure of speed (benches measure that).
+    assert!(p99 < Duration::from_millis(100), "NOOP p99 {p99:?}");
     let restarts = daemon.log().matches("restarting mcp-").count();
     assert!(
         restarts >= 2,

@@ -24,6 +24,7 @@ mod network;
 mod parse;
 mod pause;
 mod permissions;
+mod recording;
 mod spawn;
 mod state;
 mod task;
@@ -70,6 +71,11 @@ pub use parse::{
 pub use pause::{PauseReply, PauseRequest};
 pub use permissions::{
     CloveSwitches, GetPermsRequest, PermissionLevel, PermissionsView, PermsReply, SetPermsRequest,
+};
+pub use recording::{
+    RecordStartRequest, RecordStatusReply, RecordStatusRequest, RecordedCall, RecordingState,
+    ReplayEntry, ReplayStartRequest, ReplayState, ReplayStatusReply, MAX_RECORDED_PAYLOAD,
+    MAX_RECORDING_ENTRIES,
 };
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
