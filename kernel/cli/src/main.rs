@@ -25,6 +25,7 @@ mod kernel;
 mod logs;
 mod mcp;
 mod mcp_servers;
+mod messages;
 mod net;
 mod policy;
 mod raw;
@@ -122,6 +123,9 @@ enum Command {
     /// An agent's network policy and connection record; with --allow
     /// (or --cut), a new policy while it runs
     Net(net::NetArgs),
+    /// Put a message in an agent's mailbox (SEND): `agentos send NAME
+    /// '{"task": 1}'`; the message is JSON, or else a string
+    Send(messages::SendArgs),
     /// The kernel's metrics in the Prometheus text format, as
     /// `[metrics] listen` serves them (operators)
     Metrics,
@@ -306,6 +310,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Top(top_args) => top::top(client, &path, top_args, json),
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
         Command::Net(net_args) => net::net(client, net_args, json),
+        Command::Send(send_args) => messages::send(client, send_args, json),
         Command::Metrics => kernel::metrics(client, json),
         Command::Completion { .. } | Command::Mcp(_) | Command::McpServers(_) => {
             unreachable!("answered before connecting")

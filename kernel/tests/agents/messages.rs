@@ -279,6 +279,24 @@ fn names_are_reserved_and_squatting_is_refused() {
         Duration::from_secs(5),
         || call(&mut rival, Opcode::REGISTER, json!({"name": "chief"}))["success"] == true,
     );
+    // An agent's name goes when it ends.
+    let killed = call(
+        &mut rival,
+        Opcode::KILL,
+        json!({"id": squatter, "grace_ms": 0}),
+    );
+    assert_eq!(killed["success"], true, "{killed}");
+    until(
+        "an ended agent's name is free",
+        Duration::from_secs(10),
+        || call(&mut rival, Opcode::REGISTER, json!({"name": "nick"}))["success"] == true,
+    );
+    let gone = call(
+        &mut rival,
+        Opcode::SEND,
+        json!({"message": 1, "to": squatter}),
+    );
+    refused(&gone, "not_found", "no live agent");
 }
 
 #[test]
