@@ -17,6 +17,8 @@
 
 mod mailbox;
 mod reach;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
