@@ -1,6 +1,6 @@
 """The Python SDK's calls for the Clove SDK's opcodes — permissions, files,
-pause and resume, metrics, the state store — against a real agentosd, as
-a user of the SDK meets them."""
+pause and resume, metrics, the state store, names and messages — against
+a real agentosd, as a user of the SDK meets them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agentos import AgentOSClient
-from agentos.errors import BadRequest, LimitExceeded, NotFound, PermissionDenied
+from agentos.errors import AlreadyExists, BadRequest, LimitExceeded, NotFound, PermissionDenied
 
 ROOT = os.geteuid() == 0
 
@@ -124,3 +124,26 @@ def test_a_recording_is_exported_and_replayed_as_its_caller(kernel):
         assert client.start_replay(recording)["entries_replayed"] == 1
         assert client.fetch("replayed")["value"] == {"n": 1}
         assert client.get_replay_status()["state"] == "COMPLETED"
+
+
+def test_connections_message_each_other_by_name_and_id(kernel):
+    with AgentOSClient(kernel.socket_path) as main, AgentOSClient(kernel.socket_path) as other:
+        me = main.register_name("sdk-main")
+        assert me["name"] == "sdk-main" and me["agent_id"] >= 1_000_000
+        with pytest.raises(AlreadyExists, match="sdk-main"):
+            other.register_name("sdk-main")
+        other_id = other.register_name("sdk-other")["agent_id"]
+        assert main.send_message({"task": 1}, to_name="sdk-other")["delivered_to"] == other_id
+        assert other.send_message({"answer": 2}, to=me["agent_id"])["success"]
+        got = main.recv_messages(max_messages=10)
+        assert got["count"] == 1 and got["remaining"] == 0
+        message = got["messages"][0]
+        assert message["from_id"] == message["from"] == other_id
+        assert message["from_name"] == "sdk-other" and message["message"] == {"answer": 2}
+        # The other connection, and any agent of this uid the suite left.
+        assert main.broadcast({"event": "bye"})["delivered_count"] >= 1
+        assert other.recv_messages()["messages"][-1]["message"] == {"event": "bye"}
+        with pytest.raises(NotFound):
+            main.send_message(1, to_name="nobody-here")
+        with pytest.raises(LimitExceeded, match="message"):
+            main.send_message("x" * 70_000, to=other_id)

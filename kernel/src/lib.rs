@@ -42,6 +42,7 @@ mod http_call;
 mod identity;
 mod kernel;
 mod llm;
+mod messages;
 mod permissions;
 pub mod process;
 mod python_names;

@@ -67,6 +67,14 @@ impl Opcode {
     pub const NET: Opcode = Opcode(0x17);
     /// The kernel's metrics, in the Prometheus text format.
     pub const METRICS: Opcode = Opcode(0x18);
+    /// Send a message to an agent's (or an operator's) mailbox.
+    pub const SEND: Opcode = Opcode(0x20);
+    /// Take messages from the caller's own mailbox.
+    pub const RECV: Opcode = Opcode(0x21);
+    /// Send a message to every mailbox the caller may message.
+    pub const BROADCAST: Opcode = Opcode(0x22);
+    /// Register a name to be messaged by.
+    pub const REGISTER: Opcode = Opcode(0x23);
     /// Store a key's JSON value in the state store.
     pub const STORE: Opcode = Opcode(0x30);
     /// Fetch a key's value from the state store.
@@ -90,7 +98,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 34] = [
+    pub const ALL: [Opcode; 38] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -106,6 +114,10 @@ impl Opcode {
         Opcode::LOGS,
         Opcode::NET,
         Opcode::METRICS,
+        Opcode::SEND,
+        Opcode::RECV,
+        Opcode::BROADCAST,
+        Opcode::REGISTER,
         Opcode::STORE,
         Opcode::FETCH,
         Opcode::DELETE,
@@ -145,6 +157,10 @@ impl Opcode {
             Opcode::LOGS => "LOGS",
             Opcode::NET => "NET",
             Opcode::METRICS => "METRICS",
+            Opcode::SEND => "SEND",
+            Opcode::RECV => "RECV",
+            Opcode::BROADCAST => "BROADCAST",
+            Opcode::REGISTER => "REGISTER",
             Opcode::STORE => "STORE",
             Opcode::FETCH => "FETCH",
             Opcode::DELETE => "DELETE",
@@ -230,6 +246,10 @@ mod tests {
             (0x16, "LOGS"),
             (0x17, "NET"),
             (0x18, "METRICS"),
+            (0x20, "SEND"),
+            (0x21, "RECV"),
+            (0x22, "BROADCAST"),
+            (0x23, "REGISTER"),
             (0x30, "STORE"),
             (0x31, "FETCH"),
             (0x32, "DELETE"),

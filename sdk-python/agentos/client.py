@@ -334,6 +334,41 @@ class AgentOSClient(Connection):
             request["scope"] = scope
         return self.call_json(Opcode.KEYS, request)
 
+    # -- names and messages -----------------------------------------------
+
+    def register_name(self, name: str) -> Dict[str, Any]:
+        """REGISTER: ``name`` is yours to be messaged by, in your operator's
+        tree (one name each: registering again replaces it; an agent's
+        SPAWN name is always its own). Returns ``agent_id`` — your id, which
+        your messages carry — and ``name``."""
+        return self.call_json(Opcode.REGISTER, {"name": name})
+
+    def send_message(
+        self, message: Any, to: Optional[int] = None, to_name: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """SEND: ``message`` (any JSON) to the mailbox of agent or
+        connection ``to``, or of the one named ``to_name``. Returns
+        ``delivered_to``; a full mailbox answers ``busy``."""
+        request: Dict[str, Any] = {"message": message}
+        if to is not None:
+            request["to"] = to
+        if to_name is not None:
+            request["to_name"] = to_name
+        return self.call_json(Opcode.SEND, request)
+
+    def recv_messages(self, max_messages: int = 10) -> Dict[str, Any]:
+        """RECV: up to ``max_messages`` (at most 100) of your messages,
+        oldest first, without waiting: ``messages`` (each ``from_id``,
+        ``from_name``, ``from_kind``, ``message``, ``age_ms``), ``count``
+        and ``remaining``."""
+        return self.call_json(Opcode.RECV, {"max": max_messages})
+
+    def broadcast(self, message: Any, include_self: bool = False) -> Dict[str, Any]:
+        """BROADCAST: ``message`` to everyone you may message (and you,
+        with ``include_self``). Returns ``delivered_count`` and
+        ``full_count`` (mailboxes that were full)."""
+        return self.call_json(Opcode.BROADCAST, {"message": message, "include_self": include_self})
+
     # -- permissions ------------------------------------------------------
 
     def get_permissions(self) -> Dict[str, Any]:

@@ -40,6 +40,10 @@ class Opcode(enum.IntEnum):
     LOGS = 0x16
     NET = 0x17
     METRICS = 0x18
+    SEND = 0x20
+    RECV = 0x21
+    BROADCAST = 0x22
+    REGISTER = 0x23
     STORE = 0x30
     FETCH = 0x31
     DELETE = 0x32

@@ -26,6 +26,7 @@ mod kv;
 mod logs;
 mod mcp;
 mod mcp_servers;
+mod messages;
 mod net;
 mod policy;
 mod raw;
@@ -127,6 +128,9 @@ enum Command {
     /// own or shared with your tree
     #[command(subcommand)]
     Kv(kv::KvCommand),
+    /// Put a message in an agent's mailbox (SEND): `agentos send NAME
+    /// '{"task": 1}'`; the message is JSON, or else a string
+    Send(messages::SendArgs),
     /// The kernel's metrics in the Prometheus text format, as
     /// `[metrics] listen` serves them (operators)
     Metrics,
@@ -312,6 +316,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
         Command::Net(net_args) => net::net(client, net_args, json),
         Command::Kv(command) => kv::kv(client, command, json),
+        Command::Send(send_args) => messages::send(client, send_args, json),
         Command::Metrics => kernel::metrics(client, json),
         Command::Completion { .. } | Command::Mcp(_) | Command::McpServers(_) => {
             unreachable!("answered before connecting")

@@ -414,3 +414,16 @@ fn think_with_its_provider_down_says_so_with_the_kernels_reason() {
         ran.stderr
     );
 }
+
+#[test]
+fn send_puts_json_or_text_in_an_agents_mailbox_by_name_or_id() {
+    let daemon = Daemon::start();
+    let id = id_of(&daemon, "inbox");
+    let said = ok(&daemon, &["send", "inbox", r#"{"task": 1}"#]);
+    assert_eq!(said.trim(), format!("sent to {id}"));
+    let by_id = agentos(&daemon, &["--json", "send", &id.to_string(), "plain words"]);
+    assert_eq!(by_id.json()["delivered_to"], id, "{}", by_id.stderr);
+    let nobody = agentos(&daemon, &["send", "nobody-here", "x"]);
+    assert_eq!(nobody.code, 1, "{}{}", nobody.stdout, nobody.stderr);
+    assert!(nobody.stderr.contains("nobody-here"), "{}", nobody.stderr);
+}

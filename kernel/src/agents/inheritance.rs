@@ -186,6 +186,7 @@ mod tests {
                 read: true,
                 write: false,
                 http: true,
+                ipc: false,
                 llm_tokens: 1000,
                 tools: vec!["everything.*".into(), "time.get_current_time".into()],
             },

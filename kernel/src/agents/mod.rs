@@ -27,6 +27,7 @@ mod interpreter;
 mod isolation;
 mod lifecycle;
 pub mod log_reader;
+mod members;
 pub mod network;
 pub mod program;
 mod record;
@@ -60,6 +61,7 @@ use admission::{open_door, shutting_down, Admission};
 pub use inheritance::Grant;
 pub use isolation::cgroup_limits;
 use lifecycle::{Effects, Life};
+pub use members::Member;
 use program::Lookup;
 pub use record::{Incarnation, Restarted};
 use record::{SpawnWaiter, StopReason};
@@ -267,6 +269,20 @@ impl Agents {
     /// is forgotten.
     pub fn is_over(&self, id: u32) -> bool {
         self.table.get(id).is_none_or(|agent| agent.ended.is_some())
+    }
+
+    /// Agent `id`, unless it has ended for good, as messaging sees it.
+    pub fn member(&self, id: u32) -> Option<Member<'_>> {
+        let agent = self.table.get(id)?;
+        agent.ended.is_none().then(|| Member::of(agent))
+    }
+
+    /// Every agent that has not ended for good, as messaging sees it.
+    pub fn members(&self) -> impl Iterator<Item = Member<'_>> + '_ {
+        self.table
+            .values()
+            .filter(|agent| agent.ended.is_none())
+            .map(Member::of)
     }
 
     /// The live agent named `name`, if any: its id and whether it is a

@@ -42,6 +42,7 @@ const PERMISSION_FIELDS: &[&str] = &[
     "read",
     "write",
     "http",
+    "ipc",
     "llm_tokens",
     "tools",
 ];
@@ -164,6 +165,7 @@ mod tests {
                 read: Some(true),
                 write: Some(true),
                 http: Some(true),
+                ipc: Some(true),
                 llm_tokens: Some(1),
                 tools: Some(vec![]),
             },

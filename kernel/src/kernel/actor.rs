@@ -137,6 +137,7 @@ impl<'a> Actor<'a> {
                     read: kept(|p| p.read),
                     write: kept(|p| p.write),
                     http: kept(|p| p.http),
+                    ipc: kept(|p| p.ipc),
                     tools: None,
                     network: &Egress::Host,
                     limits: Limits::default(),
@@ -152,6 +153,7 @@ impl<'a> Actor<'a> {
                 read: grant.permissions.read,
                 write: grant.permissions.write,
                 http: grant.permissions.http,
+                ipc: grant.permissions.ipc,
                 tools: Some(&grant.permissions.tools),
                 network: grant.network,
                 limits: grant.limits,
@@ -165,6 +167,7 @@ impl<'a> Actor<'a> {
                 read: grant.permissions.read,
                 write: grant.permissions.write,
                 http: grant.permissions.http,
+                ipc: grant.permissions.ipc,
                 tools: Some(&grant.permissions.tools),
                 network: &grant.network,
                 limits: grant.limits,
@@ -189,6 +192,7 @@ impl<'a> Actor<'a> {
             read: powers.read,
             write: powers.write,
             http: powers.http,
+            ipc: powers.ipc,
             llm_tokens,
             tools: powers
                 .tools
@@ -340,6 +344,9 @@ impl<'a> Actor<'a> {
                 read: powers.read,
                 write: powers.write,
                 http: powers.http,
+                // A run messages only its caller and its caller's operator,
+                // as a sandboxed child without `ipc` would.
+                ipc: false,
                 llm_tokens: own_tokens,
                 tools,
             },
@@ -365,6 +372,7 @@ struct Powers<'a> {
     read: bool,
     write: bool,
     http: bool,
+    ipc: bool,
     /// `None`: every tool.
     tools: Option<&'a [String]>,
     network: &'a Egress,
@@ -460,6 +468,7 @@ mod tests {
             read: true,
             write: true,
             http: true,
+            ipc: false,
             llm_tokens: 0,
             tools: vec!["time.*".into()],
         };

@@ -99,6 +99,7 @@ pub struct Kernel {
     pub(crate) tasks: Tasks,
     /// Keys and their JSON values (STORE, FETCH, DELETE, KEYS).
     pub(crate) state_store: StateStore,
+    pub(crate) messages: crate::messages::Messages,
     /// LOGS follows waiting for their agents to write.
     pub(crate) log_followers: LogFollowers,
     /// What is ready for the reactor.
@@ -198,6 +199,7 @@ impl Kernel {
             tools,
             state_store: StateStore::new(database),
             tasks,
+            messages: Default::default(),
             log_followers: LogFollowers::default(),
             outbox: Outbox::default(),
             router: Router::new(Arc::clone(&tracer)),
@@ -333,6 +335,7 @@ impl Kernel {
         self.log_followers.connection_closed(serial);
         self.router.connection_closed(serial);
         self.services.lowered.connection_closed(serial);
+        self.messages.connection_closed(serial);
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).

@@ -21,6 +21,7 @@ mod http;
 mod kill;
 mod list;
 mod logs;
+mod messages;
 mod metrics;
 mod net;
 mod pause;
@@ -62,6 +63,10 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::LOGS => logs::handle,
         Opcode::NET => net::handle,
         Opcode::METRICS => metrics::handle,
+        Opcode::REGISTER => messages::register,
+        Opcode::SEND => messages::send,
+        Opcode::RECV => messages::recv,
+        Opcode::BROADCAST => messages::broadcast,
         Opcode::STORE => state::store,
         Opcode::FETCH => state::fetch,
         Opcode::DELETE => state::delete,

@@ -11,6 +11,7 @@ mod inheritance;
 mod interpreter;
 mod lifecycle;
 mod logs;
+mod messages;
 mod metrics;
 mod pause;
 mod permissions;

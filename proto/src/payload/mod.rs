@@ -19,6 +19,7 @@ mod http;
 mod kill;
 mod list;
 mod logs;
+mod messages;
 mod metrics;
 mod network;
 mod parse;
@@ -62,6 +63,11 @@ pub use list::{AgentInfo, CpuStats, ExecStats, ListRequest, LlmStats, MemoryStat
 pub use logs::{
     LogsReply, LogsRequest, DEFAULT_FOLLOW_WAIT_MS, DEFAULT_LOG_LINES, MAX_FOLLOW_WAIT_MS,
     MAX_LOG_CHUNK, MAX_LOG_LINES,
+};
+pub use messages::{
+    message_bytes, BroadcastReply, BroadcastRequest, ReceivedMessage, Recipient, RecvReply,
+    RecvRequest, RegisterReply, RegisterRequest, SendReply, SendRequest, SenderKind, DEFAULT_RECV,
+    MAX_MESSAGE_BYTES, MAX_RECV,
 };
 pub use metrics::{MetricsReply, MetricsRequest};
 pub use network::{NetAttempt, NetOp, NetReply, NetRequest, NetTotals, Network, NetworkPolicy};

@@ -101,6 +101,10 @@ pub struct Permissions {
     /// policy.
     #[serde(default = "yes")]
     pub http: bool,
+    /// May message every agent of its operator's tree (SEND, BROADCAST);
+    /// without it, only its operator, its parent and its children.
+    #[serde(default)]
+    pub ipc: bool,
     /// LLM token quota; 0 means unlimited.
     #[serde(default)]
     pub llm_tokens: u64,
@@ -152,6 +156,9 @@ pub struct PermissionsRequest {
     /// May make HTTP requests through the kernel, within its network policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<bool>,
+    /// May message every agent of its operator's tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc: Option<bool>,
     /// LLM token budget; 0 means unlimited (for an operator's SPAWN) or
     /// "share the parent's" (for an agent's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -179,6 +186,7 @@ impl PermissionsRequest {
             read: self.read.unwrap_or(defaults.read),
             write: self.write.unwrap_or(defaults.write),
             http: self.http.unwrap_or(defaults.http),
+            ipc: self.ipc.unwrap_or(defaults.ipc),
             llm_tokens: self.llm_tokens.unwrap_or(defaults.llm_tokens),
             tools: self.tools.clone().unwrap_or(defaults.tools),
         }
@@ -214,7 +222,7 @@ impl PermissionsRequest {
     }
 
     /// Each switch: its name, what was asked, and whether `held` has it.
-    fn switches(&mut self, held: &Permissions) -> [(&'static str, &mut Option<bool>, bool); 7] {
+    fn switches(&mut self, held: &Permissions) -> [(&'static str, &mut Option<bool>, bool); 8] {
         [
             ("think", &mut self.think, held.think),
             ("exec", &mut self.exec, held.exec),
@@ -223,6 +231,7 @@ impl PermissionsRequest {
             ("read", &mut self.read, held.read),
             ("write", &mut self.write, held.write),
             ("http", &mut self.http, held.http),
+            ("ipc", &mut self.ipc, held.ipc),
         ]
     }
 }
@@ -245,6 +254,7 @@ impl Default for Permissions {
             read: true,
             write: true,
             http: true,
+            ipc: false,
             llm_tokens: 0,
             tools: every_tool(),
         }
