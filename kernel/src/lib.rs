@@ -30,6 +30,7 @@
 mod address;
 pub mod agents;
 mod as_caller;
+mod audit;
 mod cgroup;
 mod clock;
 pub mod config;

@@ -63,6 +63,11 @@ impl Opcode {
     pub const DELETE: Opcode = Opcode(0x32);
     /// List the state store's keys the caller sees.
     pub const KEYS: Opcode = Opcode(0x33);
+    /// Entries of the audit log the caller may read.
+    pub const GET_AUDIT_LOG: Opcode = Opcode(0x76);
+    /// Which categories the audit log records, and how many entries it
+    /// keeps (operators).
+    pub const SET_AUDIT_CONFIG: Opcode = Opcode(0x77);
     /// The host's CPU, memory, disk and network (operators).
     pub const SYSTEM_METRICS: Opcode = Opcode(0xC0);
     /// One agent's process and cgroup figures.
@@ -78,7 +83,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 28] = [
+    pub const ALL: [Opcode; 30] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -101,6 +106,8 @@ impl Opcode {
         Opcode::GET_PERMS,
         Opcode::SET_PERMS,
         Opcode::HTTP,
+        Opcode::GET_AUDIT_LOG,
+        Opcode::SET_AUDIT_CONFIG,
         Opcode::SYSTEM_METRICS,
         Opcode::AGENT_METRICS,
         Opcode::ALL_AGENT_METRICS,
@@ -134,6 +141,8 @@ impl Opcode {
             Opcode::GET_PERMS => "GET_PERMS",
             Opcode::SET_PERMS => "SET_PERMS",
             Opcode::HTTP => "HTTP",
+            Opcode::GET_AUDIT_LOG => "GET_AUDIT_LOG",
+            Opcode::SET_AUDIT_CONFIG => "SET_AUDIT_CONFIG",
             Opcode::SYSTEM_METRICS => "SYSTEM_METRICS",
             Opcode::AGENT_METRICS => "AGENT_METRICS",
             Opcode::ALL_AGENT_METRICS => "ALL_AGENT_METRICS",
@@ -213,6 +222,8 @@ mod tests {
             (0x40, "GET_PERMS"),
             (0x41, "SET_PERMS"),
             (0x50, "HTTP"),
+            (0x76, "GET_AUDIT_LOG"),
+            (0x77, "SET_AUDIT_CONFIG"),
             (0xC0, "SYSTEM_METRICS"),
             (0xC1, "AGENT_METRICS"),
             (0xC2, "ALL_AGENT_METRICS"),

@@ -47,6 +47,8 @@ class Opcode(enum.IntEnum):
     GET_PERMS = 0x40
     SET_PERMS = 0x41
     HTTP = 0x50
+    GET_AUDIT_LOG = 0x76
+    SET_AUDIT_CONFIG = 0x77
     SYSTEM_METRICS = 0xC0
     AGENT_METRICS = 0xC1
     ALL_AGENT_METRICS = 0xC2

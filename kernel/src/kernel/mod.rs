@@ -99,6 +99,7 @@ pub struct Kernel {
     pub(crate) tasks: Tasks,
     /// Keys and their JSON values (STORE, FETCH, DELETE, KEYS).
     pub(crate) state_store: StateStore,
+    pub(crate) audit: crate::audit::Audit,
     /// LOGS follows waiting for their agents to write.
     pub(crate) log_followers: LogFollowers,
     /// What is ready for the reactor.
@@ -200,6 +201,7 @@ impl Kernel {
             llm,
             exec,
             tools,
+            audit: crate::audit::Audit::new(database.clone()),
             state_store: StateStore::new(database),
             tasks,
             log_followers: LogFollowers::default(),
@@ -418,6 +420,7 @@ impl Kernel {
                     &mut self.outbox.replies,
                 );
                 self.state_store.agent_ended(id, &self.agents);
+                self.audit.agent_ended(id, &self.agents, &self.config.audit);
             }
             // A run whose reply is here is over, and so is what it started
             // (which may add replies of its own).

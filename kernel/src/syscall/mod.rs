@@ -11,6 +11,7 @@
 //! [`ReplyTo`](crate::address::ReplyTo) address through the kernel's outbox. Either way the reactor
 //! writes replies in request order.
 
+mod audit;
 mod exec;
 mod exit;
 mod files;
@@ -67,6 +68,8 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::GET_PERMS => perms::get,
         Opcode::SET_PERMS => perms::set,
         Opcode::HTTP => http::handle,
+        Opcode::GET_AUDIT_LOG => audit::get,
+        Opcode::SET_AUDIT_CONFIG => audit::set,
         Opcode::SYSTEM_METRICS => host_metrics::system,
         Opcode::AGENT_METRICS => host_metrics::agent,
         Opcode::ALL_AGENT_METRICS => host_metrics::all_agents,
@@ -74,6 +77,7 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         _ => unknown,
     };
     let outcome = handler(kernel, request);
+    audit::refusal(kernel, request, &outcome);
     if kernel.deferred.contains(&request.opcode) {
         defer(kernel, outcome, request.payload)
     } else {

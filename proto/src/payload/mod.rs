@@ -10,6 +10,7 @@
 //! Clove SDK's extra EXEC fields are the one exception; see [`ExecRequest`].)
 
 mod agent_state;
+mod audit;
 mod exec;
 mod files;
 mod hello;
@@ -31,6 +32,10 @@ mod tool;
 
 pub use crate::error::to_json;
 pub use agent_state::AgentState;
+pub use audit::{
+    AuditCategory, AuditConfig, AuditConfigReply, AuditEntry, AuditLogReply, AuditLogRequest,
+    SetAuditConfigRequest, DEFAULT_AUDIT_ENTRIES, MAX_AUDIT_ENTRIES,
+};
 pub use exec::{
     ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, RunPermissions,
     SessionInfo, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated,
