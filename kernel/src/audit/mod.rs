@@ -18,7 +18,10 @@ mod sql;
 mod tests;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
     AgentState, AuditCategory, AuditConfig, AuditLogRequest, PrincipalInfo, SetAuditConfigRequest,
@@ -38,6 +41,30 @@ use sql::{line_of, Row};
 /// Agents whose last logged end is remembered before the memory is
 /// pruned to the agents the table still knows.
 const ENDS_REMEMBERED: usize = 4096;
+
+/// Refusal entries one principal may add in [`REFUSAL_WINDOW`]: a hostile
+/// caller that is refused in a loop must neither push everyone else's
+/// entries out of the bound nor flood the writer. Past it, refusals are
+/// counted, and the count goes with its next entry.
+const REFUSALS_PER_WINDOW: u32 = 20;
+/// See [`REFUSALS_PER_WINDOW`].
+const REFUSAL_WINDOW: Duration = Duration::from_secs(1);
+/// Entries handed to the writer and not yet written, past which new
+/// entries are dropped (and counted in the log): the writer's queue has
+/// no bound of its own.
+const MAX_QUEUED: usize = 10_000;
+
+/// Whose refusals are counted together: an agent, an EXEC run, or an
+/// operator's uid.
+pub type RefusedBy = (u32, Option<u32>, Option<u64>);
+
+/// One principal's refusals in the current window.
+#[derive(Debug)]
+struct Refusals {
+    since: Instant,
+    written: u32,
+    suppressed: u64,
+}
 
 /// Who caused an entry.
 #[derive(Clone, Debug, PartialEq)]
@@ -109,6 +136,12 @@ pub struct Audit {
     /// The incarnation whose end was last logged, by agent: an agent's end
     /// is reported when it is asked to stop and again when it has.
     ends: HashMap<u32, u32>,
+    /// Refusals by principal, in their current window.
+    refusals: HashMap<RefusedBy, Refusals>,
+    /// Entries handed to the writer, not yet written.
+    queued: Arc<AtomicUsize>,
+    /// Entries dropped because too many were queued.
+    dropped: u64,
 }
 
 impl Audit {
@@ -119,6 +152,9 @@ impl Audit {
             boot: now_ms(),
             changes: SetAuditConfigRequest::default(),
             ends: HashMap::new(),
+            refusals: HashMap::new(),
+            queued: Arc::new(AtomicUsize::new(0)),
+            dropped: 0,
         }
     }
 
@@ -202,11 +238,46 @@ impl Audit {
         Ok(config)
     }
 
+    /// Whether a refusal of `by` is recorded now: `None` if `by` has had
+    /// its share of this window; else how many of its refusals went
+    /// unrecorded before this one.
+    pub fn admit_refusal(&mut self, by: RefusedBy, now: Instant) -> Option<u64> {
+        if self.refusals.len() >= ENDS_REMEMBERED {
+            self.refusals
+                .retain(|_, r| now.duration_since(r.since) < REFUSAL_WINDOW || r.suppressed > 0);
+        }
+        let refusals = self.refusals.entry(by).or_insert(Refusals {
+            since: now,
+            written: 0,
+            suppressed: 0,
+        });
+        if now.duration_since(refusals.since) >= REFUSAL_WINDOW {
+            refusals.since = now;
+            refusals.written = 0;
+        }
+        if refusals.written >= REFUSALS_PER_WINDOW {
+            refusals.suppressed += 1;
+            return None;
+        }
+        refusals.written += 1;
+        Some(std::mem::take(&mut refusals.suppressed))
+    }
+
     /// Records `event`, if its category is recorded: queued to the
     /// writer, never waited for.
     pub fn record(&mut self, settings: &AuditSettings, event: Event) {
         let config = self.config(settings);
         if !config.records(event.category) {
+            return;
+        }
+        if self.queued.load(Ordering::Relaxed) >= MAX_QUEUED {
+            self.dropped += 1;
+            if self.dropped.is_power_of_two() {
+                log::warn!(
+                    "audit: the writer is behind; {} entries dropped so far",
+                    self.dropped
+                );
+            }
             return;
         }
         let principal = match serde_json::to_string(&event.cause.principal) {
@@ -235,7 +306,10 @@ impl Audit {
             boot: self.boot,
         };
         let max_entries = config.max_entries;
+        let queued = Arc::clone(&self.queued);
+        queued.fetch_add(1, Ordering::Relaxed);
         self.run(Box::new(move |connection: &Connection| {
+            queued.fetch_sub(1, Ordering::Relaxed);
             if let Err(err) = sql::insert(connection, &row, max_entries) {
                 log::error!("audit: cannot record {}: {err}", row.event_type);
             }

@@ -161,3 +161,24 @@ fn the_oldest_entries_go_beyond_the_bound_and_required_switches_stay_on() {
     let kept = ids(&read(&mut audit, reader, AuditLogRequest::default()));
     assert_eq!(kept, [9, 10, 11, 12], "IPC entries are off by default");
 }
+
+#[test]
+fn a_caller_refused_in_a_loop_is_recorded_a_share_at_a_time_with_a_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, mut audit) = open(dir.path());
+    let start = std::time::Instant::now();
+    let hostile = (5, Some(7), None);
+    let admitted = (0..30)
+        .filter(|_| audit.admit_refusal(hostile, start).is_some())
+        .count();
+    assert_eq!(admitted, 20);
+    // Another caller has a share of its own.
+    assert_eq!(audit.admit_refusal((5, Some(8), None), start), Some(0));
+    let later = start + std::time::Duration::from_secs(1);
+    assert_eq!(
+        audit.admit_refusal(hostile, later),
+        Some(10),
+        "the unrecorded count"
+    );
+    assert_eq!(audit.admit_refusal(hostile, later), Some(0));
+}

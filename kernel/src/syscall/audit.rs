@@ -10,6 +10,8 @@
 //! changes what is recorded, and security and lifecycle entries are
 //! always recorded.
 
+use std::time::Instant;
+
 use agentos_proto::payload::{
     AuditCategory, AuditConfigReply, AuditLogRequest, SetAuditConfigRequest,
 };
@@ -108,10 +110,15 @@ pub(super) fn refusal(kernel: &mut Kernel, request: &Request<'_>, outcome: &Outc
     let Some((cause, agent)) = cause(kernel, request.caller.principal()) else {
         return;
     };
+    let by = (cause.tree_uid, agent, cause.run);
+    let Some(suppressed) = kernel.audit.admit_refusal(by, Instant::now()) else {
+        return;
+    };
     let subject = agent.and_then(|id| Subject::of(&kernel.agents, id));
     let details = Refused {
         opcode: request.opcode.to_string(),
         error: &err.error,
+        unrecorded_before: (suppressed > 0).then_some(suppressed),
     };
     let event_type = "PERMISSION_DENIED";
     record(
@@ -173,9 +180,12 @@ fn cause(kernel: &Kernel, principal: Principal) -> Option<(Cause, Option<u32>)> 
     Some((cause, agent))
 }
 
-/// The details of a refusal.
+/// The details of a refusal: with how many of the same caller's went
+/// unrecorded before it, if any did.
 #[derive(Serialize)]
 struct Refused<'a> {
     opcode: String,
     error: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unrecorded_before: Option<u64>,
 }
