@@ -15,6 +15,7 @@ use agentos_proto::Client;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod agents;
+mod audit;
 mod call;
 mod error;
 mod exec;
@@ -122,6 +123,9 @@ enum Command {
     /// An agent's network policy and connection record; with --allow
     /// (or --cut), a new policy while it runs
     Net(net::NetArgs),
+    /// The audit log entries you may read, oldest first: agents spawned,
+    /// killed and ended, refusals, permission and network changes
+    Audit(audit::AuditArgs),
     /// The kernel's metrics in the Prometheus text format, as
     /// `[metrics] listen` serves them (operators)
     Metrics,
@@ -307,6 +311,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
         Command::Net(net_args) => net::net(client, net_args, json),
         Command::Metrics => kernel::metrics(client, json),
+        Command::Audit(audit_args) => audit::audit(client, audit_args, json),
         Command::Completion { .. } | Command::Mcp(_) | Command::McpServers(_) => {
             unreachable!("answered before connecting")
         }
