@@ -312,7 +312,7 @@ class AgentOSClient(Connection):
         limit: int = 100,
     ) -> Dict[str, Any]:
         """GET_AUDIT_LOG: the entries you may read after ``since_id``,
-        oldest first, at most ``limit`` (1 to 1000), optionally of one
+        oldest first, at most ``limit`` (capped at 1000), optionally of one
         ``category`` (``SECURITY``, ``AGENT_LIFECYCLE``, ``SYSCALL``, ...)
         or about one agent. Returns ``entries`` (each with ``id``,
         ``timestamp``, ``category``, ``event_type``, ``agent_id``,

@@ -19,7 +19,7 @@ pub struct AuditArgs {
     /// Only entries after this id
     #[arg(long, value_name = "ID", default_value_t = 0)]
     since: u64,
-    /// At most this many entries (1 to 1000)
+    /// At most this many entries (the kernel gives at most 1000)
     #[arg(short = 'n', long, default_value_t = 100)]
     limit: u32,
 }

@@ -100,8 +100,8 @@ pub struct AuditLogRequest {
     /// Only entries after this id (exclusive).
     #[serde(default)]
     pub since_id: u64,
-    /// At most this many entries: 1 to [`MAX_AUDIT_ENTRIES`] (default
-    /// [`DEFAULT_AUDIT_ENTRIES`]).
+    /// At most this many entries: at least 1, capped at
+    /// [`MAX_AUDIT_ENTRIES`] (default [`DEFAULT_AUDIT_ENTRIES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
 }
@@ -110,20 +110,21 @@ impl AuditLogRequest {
     /// Parses a GET_AUDIT_LOG payload.
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         let request: AuditLogRequest = parse_empty_or_object("GET_AUDIT_LOG", payload)?;
-        if let Some(limit) = request.limit {
-            if limit == 0 || limit > MAX_AUDIT_ENTRIES {
-                return Err(bad_request(format!(
-                    "GET_AUDIT_LOG field `limit`: {limit} is not 1 to {MAX_AUDIT_ENTRIES}; \
-                     page on with `since_id`"
-                )));
-            }
+        if request.limit == Some(0) {
+            return Err(bad_request(
+                "GET_AUDIT_LOG field `limit`: at least 1 (leave it out for 100)",
+            ));
         }
         Ok(request)
     }
 
-    /// How many entries at most.
+    /// How many entries at most: what was asked, capped at
+    /// [`MAX_AUDIT_ENTRIES`] (a reply says `more`, and the rest are a
+    /// `since_id` away).
     pub fn limit(&self) -> u32 {
-        self.limit.unwrap_or(DEFAULT_AUDIT_ENTRIES)
+        self.limit
+            .unwrap_or(DEFAULT_AUDIT_ENTRIES)
+            .min(MAX_AUDIT_ENTRIES)
     }
 }
 
@@ -323,7 +324,8 @@ mod tests {
         assert_eq!(asked.agent_id, Some(3));
         assert_eq!(asked.since_id, 9);
         let over = format!(r#"{{"limit":{}}}"#, MAX_AUDIT_ENTRIES + 1);
-        assert!(AuditLogRequest::parse(over.as_bytes()).is_err());
+        let capped = AuditLogRequest::parse(over.as_bytes()).unwrap();
+        assert_eq!(capped.limit(), MAX_AUDIT_ENTRIES);
         assert!(AuditLogRequest::parse(br#"{"since_id":-1}"#).is_err());
         let set = SetAuditConfigRequest::parse(
             br#"{"log_lifecycle":true,"log_security":true,"log_syscalls":false,"max_entries":1000}"#,
