@@ -295,3 +295,28 @@ fn entries_survive_a_restart_and_the_bound_removes_the_oldest() {
     assert_eq!(set["config"]["max_entries"], 3, "{set}");
     assert_eq!(ids(&audit_log(&mut client, json!({}))), [7, 8, 9]);
 }
+
+#[test]
+fn a_pause_and_a_resume_are_recorded() {
+    require_root!("the cgroup freezer");
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    let spawned = request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "frozen", "command": ["/bin/sleep", "30"]}),
+    );
+    assert_eq!(spawned["success"], true, "{spawned}");
+    let id = spawned["id"].as_u64().unwrap();
+    for opcode in [Opcode::PAUSE, Opcode::RESUME] {
+        let done = request(&mut client, opcode, &json!({"id": id}));
+        assert_eq!(done["success"], true, "{done}");
+    }
+    let log = audit_log(&mut client, json!({"agent_id": id}));
+    let kinds: Vec<&Value> = entries(&log).iter().map(|e| &e["event_type"]).collect();
+    assert_eq!(
+        kinds,
+        ["AGENT_SPAWNED", "AGENT_PAUSED", "AGENT_RESUMED"],
+        "{log}"
+    );
+}
