@@ -38,9 +38,9 @@ use crate::workers::Job;
 pub use sql::Reader;
 use sql::{line_of, Row};
 
-/// Agents whose last logged end is remembered before the memory is
-/// pruned to the agents the table still knows.
-const ENDS_REMEMBERED: usize = 4096;
+/// Callers (agents, for their ends; principals, for their refusals)
+/// remembered before that memory is pruned to those still of interest.
+const REMEMBERED: usize = 4096;
 
 /// Refusal entries one principal may add in [`REFUSAL_WINDOW`]: a hostile
 /// caller that is refused in a loop must neither push everyone else's
@@ -242,7 +242,7 @@ impl Audit {
     /// its share of this window; else how many of its refusals went
     /// unrecorded before this one.
     pub fn admit_refusal(&mut self, by: RefusedBy, now: Instant) -> Option<u64> {
-        if self.refusals.len() >= ENDS_REMEMBERED {
+        if self.refusals.len() >= REMEMBERED {
             self.refusals
                 .retain(|_, r| now.duration_since(r.since) < REFUSAL_WINDOW || r.suppressed > 0);
         }
@@ -329,7 +329,7 @@ impl Audit {
         if !ended || self.ends.get(&id) == Some(&facts.incarnation) {
             return;
         }
-        if self.ends.len() >= ENDS_REMEMBERED {
+        if self.ends.len() >= REMEMBERED {
             self.ends.retain(|id, _| agents.facts(*id).is_some());
         }
         self.ends.insert(id, facts.incarnation);
