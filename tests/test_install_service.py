@@ -257,7 +257,7 @@ TABLES = {
     "LocalConfig": ("llm", "local"), "ExecConfig": ("exec",), "TasksConfig": ("tasks",),
     "McpServerConfig": ("mcp", "servers"), "NetworkConfig": ("network",),
     "CredentialConfig": ("network", "credentials"), "MetricsConfig": ("metrics",),
-    "TracingConfig": ("tracing",), "StateConfig": ("state",),
+    "TracingConfig": ("tracing",), "StateConfig": ("state",), "AuditSettings": ("audit",),
 }
 # Structs whose TABLES entry holds examples of them, one a key: a setting
 # is named if any example has it (a program server and a remote one
@@ -267,7 +267,7 @@ EXAMPLES = {"McpServerConfig"}
 # settings: the file's own path, the boot agents (checked below), the test
 # diagnostics.
 NOT_KEYS = {"file", "agents", "llm", "exec", "mcp", "tasks", "debug", "local", "servers", "boot",
-            "network", "credentials", "metrics", "tracing", "state"}
+            "network", "credentials", "metrics", "tracing", "state", "audit"}
 SKIPPED_STRUCTS = {"DebugConfig", "McpConfig"}
 
 

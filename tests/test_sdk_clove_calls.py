@@ -147,3 +147,29 @@ def test_connections_message_each_other_by_name_and_id(kernel):
             main.send_message(1, to_name="nobody-here")
         with pytest.raises(LimitExceeded, match="message"):
             main.send_message("x" * 70_000, to=other_id)
+
+
+def test_the_audit_log_records_a_spawn_and_a_kill_and_pages_forwards(kernel):
+    with AgentOSClient(kernel.socket_path) as client:
+        config = client.set_audit_config(log_syscalls=False, max_entries=1000)["config"]
+        assert config["max_entries"] == 1000 and config["log_security"] is True
+        with pytest.raises(PermissionDenied, match="log_security"):
+            client.set_audit_config(log_security=False)
+        agent = client.spawn("sdk-audited", command=["/bin/sleep", "30"], sandboxed=False)
+        client.kill(agent["id"])
+        deadline = time.monotonic() + 10
+        while True:
+            lifecycle = client.get_audit_log(category="AGENT_LIFECYCLE", agent_id=agent["id"])
+            kinds = [e["event_type"] for e in lifecycle["entries"]]
+            if "AGENT_EXITED" in kinds or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert kinds == ["AGENT_SPAWNED", "AGENT_KILLED", "AGENT_EXITED"]
+        assert all(e["agent_name"] == "sdk-audited" for e in lifecycle["entries"])
+        first = client.get_audit_log(limit=2)
+        assert first["count"] == 2 and first["more"] is True
+        rest = client.get_audit_log(since_id=first["entries"][-1]["id"], limit=1000)
+        ids = [e["id"] for e in first["entries"] + rest["entries"]]
+        assert ids == sorted(set(ids)) and rest["more"] is False
+        with pytest.raises(BadRequest, match="category"):
+            client.get_audit_log(category="EVERYTHING")

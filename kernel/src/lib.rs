@@ -31,6 +31,7 @@ mod address;
 pub mod agents;
 mod as_caller;
 mod async_calls;
+mod audit;
 mod cgroup;
 mod clock;
 pub mod config;

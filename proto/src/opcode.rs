@@ -83,6 +83,11 @@ impl Opcode {
     pub const DELETE: Opcode = Opcode(0x32);
     /// List the state store's keys the caller sees.
     pub const KEYS: Opcode = Opcode(0x33);
+    /// Entries of the audit log the caller may read.
+    pub const GET_AUDIT_LOG: Opcode = Opcode(0x76);
+    /// Which categories the audit log records, and how many entries it
+    /// keeps (operators).
+    pub const SET_AUDIT_CONFIG: Opcode = Opcode(0x77);
     /// The host's CPU, memory, disk and network (operators).
     pub const SYSTEM_METRICS: Opcode = Opcode(0xC0);
     /// One agent's process and cgroup figures.
@@ -98,7 +103,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 38] = [
+    pub const ALL: [Opcode; 40] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -131,6 +136,8 @@ impl Opcode {
         Opcode::REPLAY_START,
         Opcode::REPLAY_STATUS,
         Opcode::ASYNC_POLL,
+        Opcode::GET_AUDIT_LOG,
+        Opcode::SET_AUDIT_CONFIG,
         Opcode::SYSTEM_METRICS,
         Opcode::AGENT_METRICS,
         Opcode::ALL_AGENT_METRICS,
@@ -174,6 +181,8 @@ impl Opcode {
             Opcode::REPLAY_START => "REPLAY_START",
             Opcode::REPLAY_STATUS => "REPLAY_STATUS",
             Opcode::ASYNC_POLL => "ASYNC_POLL",
+            Opcode::GET_AUDIT_LOG => "GET_AUDIT_LOG",
+            Opcode::SET_AUDIT_CONFIG => "SET_AUDIT_CONFIG",
             Opcode::SYSTEM_METRICS => "SYSTEM_METRICS",
             Opcode::AGENT_METRICS => "AGENT_METRICS",
             Opcode::ALL_AGENT_METRICS => "ALL_AGENT_METRICS",
@@ -263,6 +272,8 @@ mod tests {
             (0x73, "REPLAY_START"),
             (0x74, "REPLAY_STATUS"),
             (0x80, "ASYNC_POLL"),
+            (0x76, "GET_AUDIT_LOG"),
+            (0x77, "SET_AUDIT_CONFIG"),
             (0xC0, "SYSTEM_METRICS"),
             (0xC1, "AGENT_METRICS"),
             (0xC2, "ALL_AGENT_METRICS"),

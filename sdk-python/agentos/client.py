@@ -398,6 +398,39 @@ class AgentOSClient(Connection):
             request["agent_id"] = agent_id
         return self.call_json(Opcode.SET_PERMS, request)
 
+    # -- audit log --------------------------------------------------------
+
+    def get_audit_log(
+        self,
+        category: Optional[str] = None,
+        agent_id: Optional[int] = None,
+        since_id: int = 0,
+        limit: int = 100,
+    ) -> Dict[str, Any]:
+        """GET_AUDIT_LOG: the entries you may read after ``since_id``,
+        oldest first, at most ``limit`` (capped at 1000), optionally of one
+        ``category`` (``SECURITY``, ``AGENT_LIFECYCLE``, ``SYSCALL``, ...)
+        or about one agent. Returns ``entries`` (each with ``id``,
+        ``timestamp``, ``category``, ``event_type``, ``agent_id``,
+        ``agent_name``, ``principal``, ``success``, ``details``),
+        ``count`` and ``more`` (ask again from the last ``id``)."""
+        request: Dict[str, Any] = {"limit": limit}
+        if category is not None:
+            request["category"] = category
+        if agent_id is not None:
+            request["agent_id"] = agent_id
+        if since_id:
+            request["since_id"] = since_id
+        return self.call_json(Opcode.GET_AUDIT_LOG, request)
+
+    def set_audit_config(self, **switches: Any) -> Dict[str, Any]:
+        """SET_AUDIT_CONFIG (operators): ``max_entries`` (at most the
+        kernel's ``audit.max_entries``) and the ``log_*`` switches
+        (``log_syscalls`` records TOOL calls; ``log_security`` and
+        ``log_lifecycle`` cannot be turned off). Returns ``config``, what
+        is in force."""
+        return self.call_json(Opcode.SET_AUDIT_CONFIG, dict(switches))
+
     # -- figures ----------------------------------------------------------
 
     def system_metrics(self) -> Dict[str, Any]:

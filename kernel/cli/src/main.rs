@@ -15,6 +15,7 @@ use agentos_proto::Client;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod agents;
+mod audit;
 mod call;
 mod error;
 mod exec;
@@ -131,6 +132,9 @@ enum Command {
     /// Put a message in an agent's mailbox (SEND): `agentos send NAME
     /// '{"task": 1}'`; the message is JSON, or else a string
     Send(messages::SendArgs),
+    /// The audit log entries you may read, oldest first: agents spawned,
+    /// killed and ended, refusals, permission and network changes
+    Audit(audit::AuditArgs),
     /// The kernel's metrics in the Prometheus text format, as
     /// `[metrics] listen` serves them (operators)
     Metrics,
@@ -318,6 +322,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Kv(command) => kv::kv(client, command, json),
         Command::Send(send_args) => messages::send(client, send_args, json),
         Command::Metrics => kernel::metrics(client, json),
+        Command::Audit(audit_args) => audit::audit(client, audit_args, json),
         Command::Completion { .. } | Command::Mcp(_) | Command::McpServers(_) => {
             unreachable!("answered before connecting")
         }

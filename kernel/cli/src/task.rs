@@ -375,7 +375,7 @@ pub fn ask(client: &mut Client, request: &impl Serialize) -> Result<Raw, CliErro
 }
 
 /// A task's owner in a few characters: `uid 0`, `worker1 (7)`, `run of worker1 (7)`.
-fn owner_name(owner: Option<&PrincipalInfo>) -> String {
+pub(crate) fn owner_name(owner: Option<&PrincipalInfo>) -> String {
     match owner {
         Some(PrincipalInfo::Operator { uid }) => format!("uid {uid}"),
         Some(PrincipalInfo::Agent { id, name }) => match name {

@@ -427,3 +427,39 @@ fn send_puts_json_or_text_in_an_agents_mailbox_by_name_or_id() {
     assert_eq!(nobody.code, 1, "{}{}", nobody.stdout, nobody.stderr);
     assert!(nobody.stderr.contains("nobody-here"), "{}", nobody.stderr);
 }
+
+#[test]
+fn audit_prints_what_was_done_and_by_whom_oldest_first() {
+    let daemon = Daemon::start();
+    let id = id_of(&daemon, "audited");
+    ok(&daemon, &["kill", "audited", "--wait", "--grace-ms", "0"]);
+    let id = id.to_string();
+    let printed = ok(
+        &daemon,
+        &["audit", "--category", "agent_lifecycle", "--agent", &id],
+    );
+    let kinds: Vec<&str> = printed
+        .lines()
+        .map(|line| line.split_whitespace().nth(3).unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["AGENT_SPAWNED", "AGENT_KILLED", "AGENT_EXITED"],
+        "{printed}"
+    );
+    assert!(
+        printed.lines().next().unwrap().contains("audited"),
+        "{printed}"
+    );
+    assert!(
+        printed.lines().next().unwrap().contains("by uid"),
+        "{printed}"
+    );
+    let paged = agentos(&daemon, &["audit", "-n", "1"]);
+    assert_eq!(paged.code, 0, "{}", paged.stderr);
+    assert!(paged.stderr.contains("--since 1"), "{}", paged.stderr);
+    let json = agentos(&daemon, &["--json", "audit", "--since", "1"]).json();
+    assert_eq!(json["entries"][0]["id"], 2, "{json}");
+    let wrong = agentos(&daemon, &["audit", "--category", "everything"]);
+    assert_eq!(wrong.code, 2, "{}", wrong.stderr);
+}

@@ -68,7 +68,7 @@ use record::{SpawnWaiter, StopReason};
 use table::Table;
 pub use table::Viewer;
 pub use usage::{AgentCounts, CpuTotals};
-pub use views::AgentLog;
+pub use views::{AgentFacts, AgentLog};
 
 /// A `[[agents.boot]]` entry SPAWN would refuse.
 #[derive(Debug, thiserror::Error)]
@@ -263,6 +263,23 @@ impl Agents {
     /// known.
     pub fn owner_uid(&self, id: u32) -> Option<u32> {
         self.table.get(id).map(|agent| agent.owner_uid)
+    }
+
+    /// What the audit log says of agent `id`, while the table knows it.
+    pub fn facts(&self, id: u32) -> Option<AgentFacts> {
+        let agent = self.table.get(id)?;
+        let mut line: Vec<u32> = self.table.ancestors(id).collect();
+        line.reverse();
+        line.push(id);
+        Some(AgentFacts {
+            name: agent.name.clone(),
+            owner_uid: agent.owner_uid,
+            line,
+            state: agent.state,
+            incarnation: agent.incarnation,
+            exit_code: agent.workload.exit_code,
+            signal: agent.workload.signal,
+        })
     }
 
     /// Whether agent `id` has ended for good (not between restarts), or

@@ -132,7 +132,7 @@ impl Table {
 
     /// `id`'s parent, its parent's parent, and so on, as far as the table
     /// knows them.
-    fn ancestors(&self, id: u32) -> impl Iterator<Item = u32> + '_ {
+    pub(super) fn ancestors(&self, id: u32) -> impl Iterator<Item = u32> + '_ {
         // Ids only grow, so a parent chain cannot loop; the bound is belt and braces.
         std::iter::successors(self.agents.get(&id).and_then(|a| a.parent), |parent| {
             self.agents.get(parent).and_then(|a| a.parent)

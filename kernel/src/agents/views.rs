@@ -25,6 +25,27 @@ pub struct AgentLog {
     pub live: bool,
 }
 
+/// What the audit log says of an agent: who it is, where it sits, and
+/// how its current or last incarnation stands.
+#[derive(Clone, Debug)]
+pub struct AgentFacts {
+    /// Its name.
+    pub name: String,
+    /// The uid of the operator whose tree it is in.
+    pub owner_uid: u32,
+    /// Its ancestors as far as the table knows them, eldest first, and
+    /// itself last.
+    pub line: Vec<u32>,
+    /// Its state now.
+    pub state: AgentState,
+    /// Its incarnation's number.
+    pub incarnation: u32,
+    /// The workload's exit code, once it has ended.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the workload.
+    pub signal: Option<i32>,
+}
+
 /// LIST: every agent of `table`, live or recently ended, for an operator;
 /// for an agent, itself and its descendants, with pids as it sees them:
 /// its own top process is PID 1 of its namespace, and its children's

@@ -6,6 +6,7 @@
 //! `/etc/agentos/agentosd.toml` if it exists, else none: `agentosd --socket
 //! PATH` needs nothing else to run.
 
+pub mod audit;
 pub mod boot;
 mod common;
 pub mod exec;
@@ -25,6 +26,7 @@ use agentos_proto::{socket_path, Opcode, MAX_REPLY_BYTES};
 use serde::Deserialize;
 
 use self::tracing::TracingConfig;
+use audit::AuditSettings;
 use common::parse_env;
 pub use common::{user_state_dir, ConfigError};
 use exec::ExecConfig;
@@ -107,6 +109,8 @@ pub struct Config {
     pub tasks: TasksConfig,
     /// `[state]`: what one owner may keep in the state store.
     pub state: StateConfig,
+    /// `[audit]`: how much the audit log keeps, and what it records.
+    pub audit: AuditSettings,
     /// Diagnostics for tests; never needed in production.
     pub debug: DebugConfig,
 }
@@ -277,6 +281,7 @@ impl Default for Config {
             tracing: TracingConfig::default(),
             tasks: TasksConfig::default(),
             state: StateConfig::default(),
+            audit: AuditSettings::default(),
             debug: DebugConfig::default(),
         }
     }
@@ -471,6 +476,7 @@ impl Config {
         self.tracing.validate()?;
         self.tasks.validate()?;
         self.state.validate()?;
+        self.audit.validate()?;
         if let Some(name) = self
             .debug
             .defer_opcodes

@@ -100,6 +100,7 @@ pub struct Kernel {
     /// Keys and their JSON values (STORE, FETCH, DELETE, KEYS).
     pub(crate) state_store: StateStore,
     pub(crate) messages: crate::messages::Messages,
+    pub(crate) audit: crate::audit::Audit,
     /// LOGS follows waiting for their agents to write.
     pub(crate) log_followers: LogFollowers,
     /// What is ready for the reactor.
@@ -197,6 +198,7 @@ impl Kernel {
             llm,
             exec,
             tools,
+            audit: crate::audit::Audit::new(database.clone()),
             state_store: StateStore::new(database),
             tasks,
             messages: Default::default(),
@@ -416,6 +418,7 @@ impl Kernel {
                 );
                 self.state_store.agent_ended(id, &self.agents);
                 self.services.recordings.forget(Principal::Agent { id });
+                self.audit.agent_ended(id, &self.agents, &self.config.audit);
             }
             // A run whose reply is here is over, and so is what it started
             // (which may add replies of its own).

@@ -169,6 +169,8 @@ pub fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str>
         c.metrics = Default::default();
         c.tracing = Default::default();
         c.state = Default::default();
+        // Read where it is used: a change applies at once.
+        c.audit = Default::default();
         c
     };
     if top_level(old) != top_level(new) {

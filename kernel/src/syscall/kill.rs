@@ -1,9 +1,12 @@
 //! KILL (0x11): stop an agent's process tree; with `remove`, forget an
 //! ended agent's record; with `restart`, start it again.
 
-use agentos_proto::payload::{KillAction, KillReply, KillRequest, RemoveReply, RestartReply};
+use agentos_proto::payload::{
+    AuditCategory, KillAction, KillReply, KillRequest, RemoveReply, RestartReply,
+};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::audit::note;
 use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
 use crate::agents::Restarted;
@@ -17,6 +20,7 @@ use crate::kernel::{agent_sandboxes, Kernel};
 /// an operator anyone, an agent only its descendants, an EXEC run only the
 /// agents it spawned (and theirs).
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
+    let mut killed = None;
     let answer = KillRequest::parse(request.payload).and_then(|kill| {
         let viewer = actor(kernel, request)?.viewer();
         let agents = &mut kernel.agents;
@@ -24,7 +28,10 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         let replies = &mut kernel.outbox.replies;
         Ok::<_, ErrorReply>(match kill.action() {
             KillAction::Stop => match agents.kill(&mut sandboxes, replies, viewer, &kill) {
-                Ok(id) => Answer::json(&KillReply::killed(id)),
+                Ok(id) => {
+                    killed = Some(id);
+                    Answer::json(&KillReply::killed(id))
+                }
                 Err(err) if err.code == ErrorCode::NotFound => {
                     Answer::json(&KillReply::not_found(err))
                 }
@@ -44,5 +51,22 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             }
         })
     });
+    if let Some(id) = killed {
+        let lifecycle = AuditCategory::AgentLifecycle;
+        note(
+            kernel,
+            request,
+            lifecycle,
+            "AGENT_KILLED",
+            Some(id),
+            &Killed { id },
+        );
+    }
     Outcome::Reply(answer.unwrap_or_else(Answer::from))
+}
+
+/// What the audit log says of a KILL.
+#[derive(serde::Serialize)]
+struct Killed {
+    id: u32,
 }

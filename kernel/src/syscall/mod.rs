@@ -12,6 +12,7 @@
 //! writes replies in request order.
 
 mod async_poll;
+mod audit;
 mod exec;
 mod exit;
 mod files;
@@ -80,6 +81,8 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::RECORD_STATUS => recording::status,
         Opcode::REPLAY_START => recording::replay,
         Opcode::REPLAY_STATUS => recording::replay_status,
+        Opcode::GET_AUDIT_LOG => audit::get,
+        Opcode::SET_AUDIT_CONFIG => audit::set,
         Opcode::SYSTEM_METRICS => host_metrics::system,
         Opcode::AGENT_METRICS => host_metrics::agent,
         Opcode::ALL_AGENT_METRICS => host_metrics::all_agents,
@@ -97,6 +100,7 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         );
     }
     let outcome = handler(kernel, request);
+    audit::refusal(kernel, request, &outcome);
     if kernel.deferred.contains(&request.opcode) {
         defer(kernel, outcome, request.payload)
     } else {

@@ -2,9 +2,10 @@
 //! record, or `set` a new policy while it runs. Whom a caller may see is
 //! LIST's rule; what it may set is within what it has itself.
 
-use agentos_proto::payload::{NetOp, NetRequest};
+use agentos_proto::payload::{AuditCategory, NetOp, NetRequest};
 use agentos_proto::ErrorReply;
 
+use super::audit::note;
 use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
 use crate::kernel::Kernel;
@@ -25,6 +26,15 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 for (agent, policy) in changed {
                     let owners = kernel.runs.narrow_for_agent(agent, &policy);
                     kernel.exec.policies_replaced(owners);
+                    let security = AuditCategory::Security;
+                    note(
+                        kernel,
+                        request,
+                        security,
+                        "NETWORK_POLICY_CHANGED",
+                        Some(agent),
+                        network,
+                    );
                 }
                 reply
             }

@@ -13,9 +13,10 @@
 
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{AgentState, PauseReply, PauseRequest};
+use agentos_proto::payload::{AgentState, AuditCategory, PauseReply, PauseRequest};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 
+use super::audit::note;
 use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
 use crate::cgroup::Freezer;
@@ -62,6 +63,20 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             .into(),
         );
     }
+    let event_type = if pause {
+        "AGENT_PAUSED"
+    } else {
+        "AGENT_RESUMED"
+    };
+    let lifecycle = AuditCategory::AgentLifecycle;
+    note(
+        kernel,
+        request,
+        lifecycle,
+        event_type,
+        Some(id),
+        &Frozen { id },
+    );
     let reply = move |name, state| {
         Answer::json(&PauseReply {
             success: true,
@@ -92,6 +107,13 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         };
         answer.into_json()
     }))
+}
+
+/// What the audit log says of a PAUSE or RESUME (recorded when the
+/// freezer is asked).
+#[derive(serde::Serialize)]
+struct Frozen {
+    id: u32,
 }
 
 /// Waits up to [`FREEZE_WAIT`] for every process under `freezer` to stop.

@@ -10,9 +10,12 @@
 //! which is lowered for good with its descendants, so no child keeps more
 //! than its parent.
 
-use agentos_proto::payload::{GetPermsRequest, Permissions, PermsReply, SetPermsRequest};
+use agentos_proto::payload::{
+    AuditCategory, GetPermsRequest, Permissions, PermsReply, SetPermsRequest,
+};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::audit::note;
 use super::request::{actor, reply, Outcome, Request};
 use crate::kernel::{Actor, Kernel};
 
@@ -29,7 +32,7 @@ pub fn get(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 
 /// SET_PERMS: lowers the caller, or an agent it manages.
 pub fn set(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
-    reply(SetPermsRequest::parse(request.payload).and_then(|set| {
+    let lowered = SetPermsRequest::parse(request.payload).and_then(|set| {
         let caller = actor(kernel, request)?;
         let lower = |permissions: Permissions| lowered(&set, permissions);
         if let Some(id) = set
@@ -40,14 +43,19 @@ pub fn set(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             let current = kernel.agents.managed(viewer, id)?;
             check_only_lowers(&set, current, &format!("agent {id}"))?;
             let kept = kernel.agents.lower(viewer, id, lower)?;
-            return Ok(PermsReply {
+            let reply = PermsReply {
                 success: true,
                 agent_id: id,
                 permissions: kept.into(),
-            });
+            };
+            return Ok((reply, Some(id)));
         }
         let current = caller.permissions();
         check_only_lowers(&set, &current, &caller.name())?;
+        let about = match caller {
+            Actor::Agent { id, .. } => Some(id),
+            Actor::Operator { .. } | Actor::Run { .. } => None,
+        };
         let kept = match caller {
             Actor::Operator { .. } => {
                 let kept = lower(current.clone());
@@ -63,12 +71,25 @@ pub fn set(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 ErrorReply::new(ErrorCode::PermissionDenied, "this EXEC run is over")
             })?,
         };
-        Ok(PermsReply {
+        let reply = PermsReply {
             success: true,
             agent_id: request.caller.identity.id(),
             permissions: kept.into(),
-        })
-    }))
+        };
+        Ok((reply, about))
+    });
+    if let Ok((set, about)) = &lowered {
+        let security = AuditCategory::Security;
+        note(
+            kernel,
+            request,
+            security,
+            "PERMISSIONS_CHANGED",
+            *about,
+            &set.permissions,
+        );
+    }
+    reply(lowered.map(|(set, _)| set))
 }
 
 /// `permissions` with what `set` takes away taken away.

@@ -11,9 +11,10 @@
 //! of the agent the run is of, its paths are those runs see, and it ends
 //! when the run does.
 
-use agentos_proto::payload::{Permissions, SpawnRequest};
+use agentos_proto::payload::{AuditCategory, Permissions, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::audit::note;
 use super::request::{actor, Outcome, Request};
 use crate::agents::{RunSpawner, Spawner};
 use crate::kernel::agent_sandboxes;
@@ -27,6 +28,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let started = SpawnRequest::parse(request.payload).and_then(|mut spawn| {
         let (spawner, tokens_left) = spawner_for(kernel, request, &mut spawn)?;
         let name = spawn.name.clone();
+        let sandboxed = spawn.sandboxed;
         let id = kernel.agents.spawn(
             &mut agent_sandboxes(&mut kernel.sandboxes),
             spawner,
@@ -34,6 +36,19 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             tokens_left,
             request.reply_to,
         )?;
+        let spawned = Spawned {
+            name: &name,
+            sandboxed,
+        };
+        let lifecycle = AuditCategory::AgentLifecycle;
+        note(
+            kernel,
+            request,
+            lifecycle,
+            "AGENT_SPAWNED",
+            Some(id),
+            &spawned,
+        );
         kernel.open_spawn_span(request.reply_to, SpanAgent { id, name });
         Ok(())
     });
@@ -41,6 +56,13 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Ok(()) => Outcome::Later,
         Err(err) => Outcome::Reply(err.into()),
     }
+}
+
+/// What the audit log says of a SPAWN.
+#[derive(serde::Serialize)]
+struct Spawned<'a> {
+    name: &'a str,
+    sandboxed: bool,
 }
 
 /// Who asks for `spawn` and may make it, with what its token budgets still

@@ -9,11 +9,13 @@
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{
-    Detail, ThinkRequest, ToolCall, ToolDescription, ToolListReply, ToolReply, ToolSearchReply,
+    AuditCategory, Detail, ThinkRequest, ToolCall, ToolDescription, ToolListReply, ToolReply,
+    ToolSearchReply,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde_json::{Map, Value};
 
+use super::audit::note;
 use super::list::agents_seen_by;
 use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
@@ -80,6 +82,12 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 }
                 let timeout = timeout_ms.map(Duration::from_millis);
                 let trace = trace.as_deref().and_then(TraceContext::parse);
+                let called = ToolCalled {
+                    server: &server,
+                    tool: &tool,
+                };
+                let category = AuditCategory::Syscall;
+                note(kernel, request, category, "TOOL_CALL", None, &called);
                 call_tool(kernel, request, &server, &tool, arguments, timeout, trace).map(|()| None)
             }
         }
@@ -89,6 +97,13 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Ok(None) => Outcome::Later,
         Err(err) => Outcome::Reply(err.into()),
     }
+}
+
+/// What the audit log says of a TOOL call (when it records them).
+#[derive(serde::Serialize)]
+struct ToolCalled<'a> {
+    server: &'a str,
+    tool: &'a str,
 }
 
 /// A tool as `list` and `search` give it, saying as much as `detail` asks.

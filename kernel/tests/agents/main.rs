@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod audit;
 mod control;
 mod files;
 mod identity;

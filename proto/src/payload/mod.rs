@@ -11,6 +11,7 @@
 
 mod agent_state;
 mod async_poll;
+mod audit;
 mod exec;
 mod files;
 mod hello;
@@ -36,6 +37,10 @@ pub use crate::error::to_json;
 pub use agent_state::AgentState;
 pub use async_poll::{
     AsyncAsk, AsyncExecReply, AsyncPollReply, AsyncPollRequest, AsyncResult, MAX_ASYNC_RESULTS,
+};
+pub use audit::{
+    AuditCategory, AuditConfig, AuditConfigReply, AuditEntry, AuditLogReply, AuditLogRequest,
+    SetAuditConfigRequest, DEFAULT_AUDIT_ENTRIES, MAX_AUDIT_ENTRIES,
 };
 pub use exec::{
     ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, RunPermissions,

@@ -23,7 +23,7 @@ PRAGMA synchronous = NORMAL;
 /// transaction with its new version. A database made before versions
 /// were kept is at 0 and has the tasks table already (hence `IF NOT
 /// EXISTS`).
-const MIGRATIONS: [&str; 2] = [TASKS, STATE];
+const MIGRATIONS: [&str; 3] = [TASKS, STATE, AUDIT];
 
 /// Version 1: the tasks.
 const TASKS: &str = "
@@ -60,6 +60,35 @@ CREATE TABLE IF NOT EXISTS state (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS state_owner ON state (owner_uid);
 CREATE INDEX IF NOT EXISTS state_expiry ON state (expires_ms) WHERE expires_ms IS NOT NULL;
+";
+
+/// Version 3: the audit log (`crate::audit`). `principal` is who caused
+/// an entry (its wire form); who may read it is in `tree_uid` (the
+/// operator whose tree it is about), `by_uid` (the operator whose tree
+/// caused it), `line` (the agent it is about and that
+/// agent's ancestors, as `/1/5/9/`), `run` (the EXEC run that caused it)
+/// and `boot` (the kernel that wrote it: agent ids and run numbers are
+/// given again after a restart).
+const AUDIT: &str = "
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time_ms INTEGER NOT NULL,
+    category TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    agent_id INTEGER,
+    agent_name TEXT,
+    principal TEXT NOT NULL,
+    success INTEGER NOT NULL,
+    details TEXT NOT NULL,
+    tree_uid INTEGER NOT NULL,
+    by_uid INTEGER NOT NULL,
+    line TEXT,
+    run INTEGER,
+    boot INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_tree ON audit (tree_uid, id);
+CREATE INDEX IF NOT EXISTS audit_by ON audit (by_uid, id);
+CREATE INDEX IF NOT EXISTS audit_boot ON audit (boot, id);
 ";
 
 /// Brings the database's schema up to this kernel's version. A database

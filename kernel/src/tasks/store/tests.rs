@@ -302,7 +302,8 @@ fn a_row_whose_owner_or_kind_cannot_be_read_is_named_and_left_in_the_store() {
 }
 
 #[test]
-fn a_database_made_before_versions_were_kept_gains_the_state_table_and_keeps_its_tasks() {
+fn a_database_made_before_versions_were_kept_gains_the_state_and_audit_tables_and_keeps_its_tasks()
+{
     let dir = tempfile::tempdir().unwrap();
     {
         let disk = open_connection(&dir.path().join(FILE)).unwrap();
@@ -323,9 +324,13 @@ fn a_database_made_before_versions_were_kept_gains_the_state_table_and_keeps_its
     let version: i64 = disk
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .unwrap();
-    assert_eq!(version, 2);
-    let state: i64 = disk
-        .query_row("SELECT count(*) FROM state", [], |row| row.get(0))
-        .unwrap();
-    assert_eq!(state, 0);
+    assert_eq!(version, 3);
+    for table in ["state", "audit"] {
+        let rows: i64 = disk
+            .query_row(&format!("SELECT count(*) FROM {table}"), [], |row| {
+                row.get(0)
+            })
+            .unwrap();
+        assert_eq!(rows, 0, "{table}");
+    }
 }
