@@ -63,6 +63,14 @@ impl Opcode {
     pub const DELETE: Opcode = Opcode(0x32);
     /// List the state store's keys the caller sees.
     pub const KEYS: Opcode = Opcode(0x33);
+    /// Subscribe the connection to event types.
+    pub const SUBSCRIBE: Opcode = Opcode(0x60);
+    /// End the connection's subscriptions to event types.
+    pub const UNSUBSCRIBE: Opcode = Opcode(0x61);
+    /// Take the events queued for the connection.
+    pub const POLL: Opcode = Opcode(0x62);
+    /// Make a CUSTOM event for the subscribers that may see the caller.
+    pub const EMIT: Opcode = Opcode(0x63);
     /// The host's CPU, memory, disk and network (operators).
     pub const SYSTEM_METRICS: Opcode = Opcode(0xC0);
     /// One agent's process and cgroup figures.
@@ -78,7 +86,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 28] = [
+    pub const ALL: [Opcode; 32] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -101,6 +109,10 @@ impl Opcode {
         Opcode::GET_PERMS,
         Opcode::SET_PERMS,
         Opcode::HTTP,
+        Opcode::SUBSCRIBE,
+        Opcode::UNSUBSCRIBE,
+        Opcode::POLL,
+        Opcode::EMIT,
         Opcode::SYSTEM_METRICS,
         Opcode::AGENT_METRICS,
         Opcode::ALL_AGENT_METRICS,
@@ -134,6 +146,10 @@ impl Opcode {
             Opcode::GET_PERMS => "GET_PERMS",
             Opcode::SET_PERMS => "SET_PERMS",
             Opcode::HTTP => "HTTP",
+            Opcode::SUBSCRIBE => "SUBSCRIBE",
+            Opcode::UNSUBSCRIBE => "UNSUBSCRIBE",
+            Opcode::POLL => "POLL",
+            Opcode::EMIT => "EMIT",
             Opcode::SYSTEM_METRICS => "SYSTEM_METRICS",
             Opcode::AGENT_METRICS => "AGENT_METRICS",
             Opcode::ALL_AGENT_METRICS => "ALL_AGENT_METRICS",
@@ -213,6 +229,10 @@ mod tests {
             (0x40, "GET_PERMS"),
             (0x41, "SET_PERMS"),
             (0x50, "HTTP"),
+            (0x60, "SUBSCRIBE"),
+            (0x61, "UNSUBSCRIBE"),
+            (0x62, "POLL"),
+            (0x63, "EMIT"),
             (0xC0, "SYSTEM_METRICS"),
             (0xC1, "AGENT_METRICS"),
             (0xC2, "ALL_AGENT_METRICS"),

@@ -47,6 +47,10 @@ class Opcode(enum.IntEnum):
     GET_PERMS = 0x40
     SET_PERMS = 0x41
     HTTP = 0x50
+    SUBSCRIBE = 0x60
+    UNSUBSCRIBE = 0x61
+    POLL = 0x62
+    EMIT = 0x63
     SYSTEM_METRICS = 0xC0
     AGENT_METRICS = 0xC1
     ALL_AGENT_METRICS = 0xC2

@@ -36,7 +36,8 @@ def test_opcodes_match_the_protocol_table():
         "SPAWN": 0x10, "KILL": 0x11,
         "LIST": 0x12, "TASK": 0x13, "PAUSE": 0x14, "RESUME": 0x15, "LOGS": 0x16, "NET": 0x17,
         "METRICS": 0x18, "STORE": 0x30, "FETCH": 0x31, "DELETE": 0x32, "KEYS": 0x33,
-        "GET_PERMS": 0x40, "SET_PERMS": 0x41, "HTTP": 0x50, "SYSTEM_METRICS": 0xC0,
+        "GET_PERMS": 0x40, "SET_PERMS": 0x41, "HTTP": 0x50, "SUBSCRIBE": 0x60,
+        "UNSUBSCRIBE": 0x61, "POLL": 0x62, "EMIT": 0x63, "SYSTEM_METRICS": 0xC0,
         "AGENT_METRICS": 0xC1, "ALL_AGENT_METRICS": 0xC2, "CGROUP_METRICS": 0xC3,
         "HELLO": 0xFE, "EXIT": 0xFF,
     }

@@ -99,6 +99,7 @@ pub struct Kernel {
     pub(crate) tasks: Tasks,
     /// Keys and their JSON values (STORE, FETCH, DELETE, KEYS).
     pub(crate) state_store: StateStore,
+    pub(crate) events: crate::events::Events,
     /// LOGS follows waiting for their agents to write.
     pub(crate) log_followers: LogFollowers,
     /// What is ready for the reactor.
@@ -201,6 +202,7 @@ impl Kernel {
             exec,
             tools,
             state_store: StateStore::new(database),
+            events: crate::events::Events::default(),
             tasks,
             log_followers: LogFollowers::default(),
             outbox: Outbox::default(),
@@ -339,6 +341,7 @@ impl Kernel {
         self.log_followers.connection_closed(serial);
         self.router.connection_closed(serial);
         self.lowered.connection_closed(serial);
+        self.events.connection_closed(serial);
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).

@@ -11,6 +11,7 @@
 //! [`ReplyTo`](crate::address::ReplyTo) address through the kernel's outbox. Either way the reactor
 //! writes replies in request order.
 
+mod events;
 mod exec;
 mod exit;
 mod files;
@@ -67,6 +68,10 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::GET_PERMS => perms::get,
         Opcode::SET_PERMS => perms::set,
         Opcode::HTTP => http::handle,
+        Opcode::SUBSCRIBE => events::subscribe,
+        Opcode::UNSUBSCRIBE => events::unsubscribe,
+        Opcode::POLL => events::poll,
+        Opcode::EMIT => events::emit,
         Opcode::SYSTEM_METRICS => host_metrics::system,
         Opcode::AGENT_METRICS => host_metrics::agent,
         Opcode::ALL_AGENT_METRICS => host_metrics::all_agents,

@@ -62,6 +62,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             .into(),
         );
     }
+    super::events::agent_frozen(kernel, id, &name, pause, request.caller.identity.id());
     let reply = move |name, state| {
         Answer::json(&PauseReply {
             success: true,

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod control;
+mod events;
 mod files;
 mod identity;
 mod inheritance;

@@ -10,6 +10,7 @@
 //! Clove SDK's extra EXEC fields are the one exception; see [`ExecRequest`].)
 
 mod agent_state;
+mod events;
 mod exec;
 mod files;
 mod hello;
@@ -31,6 +32,11 @@ mod tool;
 
 pub use crate::error::to_json;
 pub use agent_state::AgentState;
+pub use events::{
+    EmitReply, EmitRequest, EventInfo, KernelEvent, PollReply, PollRequest, SubscribeReply,
+    SubscribeRequest, Topic, UnsubscribeReply, CUSTOM, DEFAULT_POLL_EVENTS, MAX_EVENT_DATA_BYTES,
+    MAX_EVENT_TYPES, MAX_EVENT_TYPE_LEN, MAX_POLL_EVENTS,
+};
 pub use exec::{
     ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, RunPermissions,
     SessionInfo, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated,
