@@ -393,3 +393,100 @@ fn another_operator_uid_hears_nothing_of_a_tree_and_is_heard_by_no_other() {
     );
     assert_eq!(mine.len(), 2, "{mine:?}");
 }
+
+/// An EXEC run's code: subscribes on its own kernel connection, waits
+/// while the test makes events, emits, tries to forge, and polls.
+const RUN: &str = r#"
+import json, os, socket, struct, time
+s = socket.socket(fileno=int(os.environ["AGENTOS_SOCKET_FD"]))
+def call(op, body):
+    p = json.dumps(body).encode()
+    s.sendall(struct.pack("<IIBQ", 0x41474E54, 0, op, len(p)) + p)
+    h = b""
+    while len(h) < 17: h += s.recv(17 - len(h))
+    n = struct.unpack("<Q", h[9:17])[0]
+    b = b""
+    while len(b) < n: b += s.recv(n - len(b))
+    return json.loads(b)
+out = {"sub": call(0x60, {"event_types": ["AGENT_SPAWNED", "AGENT_EXITED", "CUSTOM"]})}
+print("subscribed", flush=True)
+time.sleep(3)
+out["emit"] = call(0x63, {"event_type": "from.run", "data": 1})
+out["forged"] = call(0x63, {"event_type": "AGENT_SPAWNED"})
+out["poll"] = call(0x62, {"max": 1000000000})
+print(json.dumps(out))
+"#;
+
+#[test]
+fn a_run_hears_only_what_a_sandboxed_agent_of_its_caller_would() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    request(
+        &mut client,
+        Opcode::SUBSCRIBE,
+        &json!({"event_types": ["AGENT_SPAWNED", "AGENT_EXITED", "CUSTOM"]}),
+    );
+    let mut runner = daemon.client();
+    let run = json!({"code": RUN, "timeout_ms": 30000});
+    runner
+        .send(Opcode::EXEC, run.to_string().as_bytes())
+        .unwrap();
+    // The caller's own agent and the caller's own event: the run hears
+    // neither.
+    std::thread::sleep(Duration::from_millis(500));
+    let spawned = request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "callers", "command": ["/bin/sh", "-c", "exit 0"]}),
+    );
+    assert_eq!(spawned["success"], true, "{spawned}");
+    request(
+        &mut client,
+        Opcode::EMIT,
+        &json!({"event_type": "from.caller"}),
+    );
+    let mut heard = poll_until(&mut client, Duration::from_secs(10), |events| {
+        has(events, "AGENT_EXITED", "callers")
+    });
+    let done: Value = serde_json::from_slice(&runner.recv().unwrap().payload).unwrap();
+    assert_eq!(done["success"], true, "{done}");
+    let stdout = done["stdout"].as_str().unwrap();
+    let got: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(got["sub"]["success"], true, "{got}");
+    assert_eq!(
+        got["emit"]["delivered_to"], 2,
+        "itself and its caller's uid: {got}"
+    );
+    refused(&got["forged"], "permission_denied", "AGENT_SPAWNED");
+    let polled = &got["poll"];
+    assert_eq!(polled["count"], 1, "its own event only: {got}");
+    assert_eq!(polled["events"][0]["custom_type"], "from.run", "{got}");
+    // The caller heard the run's event after its agent had ended: the run
+    // polled once everything it must not hear had happened.
+    heard.extend(
+        poll(&mut client, 100)["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .cloned(),
+    );
+    let order: Vec<String> = heard
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["type"].as_str().unwrap(),
+                e["custom_type"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert_eq!(order.last().unwrap(), "CUSTOM from.run", "{heard:?}");
+    let mut rest = order[..order.len() - 1].to_vec();
+    rest.sort();
+    assert_eq!(
+        rest,
+        ["AGENT_EXITED ", "AGENT_SPAWNED ", "CUSTOM from.caller"],
+        "{heard:?}"
+    );
+}
