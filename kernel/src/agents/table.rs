@@ -160,7 +160,7 @@ impl Table {
     pub fn audience(&self, id: u32) -> Option<Audience> {
         let agent = self.agents.get(&id)?;
         Some(Audience {
-            uid: agent.owner_uid,
+            uid: Some(agent.owner_uid),
             agents: std::iter::once(id).chain(self.ancestors(id)).collect(),
             run: agent.started_by,
         })

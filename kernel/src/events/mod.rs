@@ -15,7 +15,8 @@
 //! The agents table notes what happens to agents as it happens, in a
 //! bounded [`Journal`]; the hub takes those in before every request it
 //! serves, so an event reaches exactly the subscriptions that existed
-//! when it happened. This module depends on nothing else in the crate.
+//! when it happened; so does the tasks table, of tasks that end. This
+//! module depends on nothing else in the crate but `identity`.
 
 #[cfg(test)]
 mod tests;
@@ -24,9 +25,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use agentos_proto::payload::{
-    AgentState, EventInfo, KernelEvent, PollReply, SubscribeReply, Topic, UnsubscribeReply, CUSTOM,
+    AgentState, EventInfo, KernelEvent, PollReply, SubscribeReply, TaskKind, TaskState, Topic,
+    UnsubscribeReply, CUSTOM,
 };
 use serde::Serialize;
+
+use crate::identity::Principal;
 
 /// The most events one connection's queue holds.
 pub const QUEUE_EVENTS: usize = 1000;
@@ -40,8 +44,9 @@ const EVENT_OVERHEAD: usize = 128;
 /// Who may see an event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Audience {
-    /// The uid of the operator whose tree it happened in.
-    pub uid: u32,
+    /// The uid of the operator whose tree it happened in (none: no
+    /// operator sees it).
+    pub uid: Option<u32>,
     /// The agents that see it: the one it concerns (or that made it) and
     /// that agent's ancestors.
     pub agents: Vec<u32>,
@@ -74,7 +79,7 @@ impl Audience {
     /// Whether `watcher` may see the event.
     pub fn admits(&self, watcher: Watcher) -> bool {
         match watcher {
-            Watcher::Operator { uid } => self.uid == uid,
+            Watcher::Operator { uid } => self.uid == Some(uid),
             Watcher::Agent { id } => self.agents.contains(&id),
             Watcher::Run { number } => self.run == Some(number),
         }
@@ -106,6 +111,16 @@ pub struct AgentEventData {
     /// Who asked (PAUSE, RESUME), as its replies name it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<u32>,
+}
+
+/// What `TASK_ENDED` says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+struct TaskEventData {
+    task_id: String,
+    kind: TaskKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    label: Option<String>,
+    state: TaskState,
 }
 
 /// An event that happened to an agent, before the agents table has said
@@ -194,6 +209,41 @@ impl Event {
             other => other,
         };
         Event::new(CUSTOM, Some(custom_type), data, source, audience, now_ms())
+    }
+
+    /// `TASK_ENDED`: task `id` of `owner` ended in `state`. A task is its
+    /// owner's alone, so only its owner hears of it: an operator's by the
+    /// connections of its uid, an agent's by the agent, a run's by the run.
+    pub fn task_ended(
+        owner: Principal,
+        id: &str,
+        kind: TaskKind,
+        label: Option<String>,
+        state: TaskState,
+    ) -> Event {
+        let audience = match owner {
+            Principal::Operator { uid } => Audience {
+                uid: Some(uid),
+                ..Audience::default()
+            },
+            Principal::Agent { id } => Audience {
+                agents: vec![id],
+                ..Audience::default()
+            },
+            Principal::Run { number } => Audience {
+                run: Some(number),
+                ..Audience::default()
+            },
+        };
+        let data = TaskEventData {
+            task_id: id.to_owned(),
+            kind,
+            label,
+            state,
+        };
+        let data = serde_json::to_value(&data).unwrap_or_default();
+        let kind = KernelEvent::TaskEnded.as_str();
+        Event::new(kind, None, data, 0, audience, now_ms())
     }
 
     /// Whether a subscription to `topic` wants it.

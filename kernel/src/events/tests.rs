@@ -5,7 +5,7 @@ use super::*;
 
 fn tree(uid: u32, agents: &[u32]) -> Audience {
     Audience {
-        uid,
+        uid: Some(uid),
         agents: agents.to_vec(),
         run: None,
     }
@@ -130,4 +130,36 @@ fn a_journal_keeps_the_latest_and_counts_what_it_lost() {
     let polled = events.poll(1, 1);
     assert_eq!(polled.dropped, 3 + (JOURNAL_EVENTS - QUEUE_EVENTS) as u64);
     assert_eq!(journal.take().0.len(), 0);
+}
+
+#[test]
+fn a_tasks_end_is_heard_by_its_owner_alone() {
+    use agentos_proto::payload::{TaskKind, TaskState};
+    let ended = |owner| Event::task_ended(owner, "t-1", TaskKind::Exec, None, TaskState::Completed);
+    let mut events = Events::default();
+    let topic = vec![Topic::Kernel(KernelEvent::TaskEnded)];
+    events
+        .subscribe(1, Watcher::Operator { uid: 0 }, topic.clone())
+        .unwrap();
+    events
+        .subscribe(2, Watcher::Agent { id: 5 }, topic.clone())
+        .unwrap();
+    events
+        .subscribe(3, Watcher::Agent { id: 6 }, topic.clone())
+        .unwrap();
+    events
+        .subscribe(4, Watcher::Run { number: 9 }, topic)
+        .unwrap();
+    let agents = events.publish(ended(Principal::Agent { id: 5 }));
+    assert_eq!(agents, 1, "not its tree's operator, nor another agent");
+    assert_eq!(events.poll(2, 10).count, 1);
+    assert_eq!(events.publish(ended(Principal::Operator { uid: 0 })), 1);
+    let heard = events.poll(1, 10);
+    assert_eq!(heard.events[0].kind, "TASK_ENDED");
+    assert_eq!(
+        heard.events[0].data,
+        json!({"task_id": "t-1", "kind": "exec", "state": "completed"})
+    );
+    assert_eq!(events.publish(ended(Principal::Run { number: 9 })), 1);
+    assert_eq!(events.poll(4, 10).count, 1);
 }

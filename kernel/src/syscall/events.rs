@@ -123,6 +123,7 @@ pub(super) fn agent_frozen(kernel: &mut Kernel, id: u32, name: &str, paused: boo
 /// subscriptions that existed then, before this request changes them.
 fn take_in(kernel: &mut Kernel) {
     kernel.events.take_in(kernel.agents.journal());
+    kernel.events.take_in(&mut kernel.tasks.ended);
 }
 
 /// The connection the request came on: subscriptions are its.
@@ -156,7 +157,7 @@ fn emitter(kernel: &Kernel, actor: &Actor<'_>) -> Result<Audience, ErrorReply> {
     };
     Ok(match *actor {
         Actor::Operator { uid, .. } => Audience {
-            uid,
+            uid: Some(uid),
             agents: Vec::new(),
             run: None,
         },
@@ -169,7 +170,7 @@ fn emitter(kernel: &Kernel, actor: &Actor<'_>) -> Result<Audience, ErrorReply> {
                 ..of_agent(id)?
             },
             Root::Operator(uid) => Audience {
-                uid,
+                uid: Some(uid),
                 agents: Vec::new(),
                 run: Some(number),
             },

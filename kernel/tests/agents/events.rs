@@ -490,3 +490,37 @@ fn a_run_hears_only_what_a_sandboxed_agent_of_its_caller_would() {
         "{heard:?}"
     );
 }
+
+#[test]
+fn a_tasks_end_arrives_at_its_owners_connections() {
+    require_root!("EXEC (its isolation needs namespaces)");
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    let mut other = daemon.client();
+    for connection in [&mut client, &mut other] {
+        let subscribed = request(
+            connection,
+            Opcode::SUBSCRIBE,
+            &json!({"event": "TASK_ENDED"}),
+        );
+        assert_eq!(subscribed["success"], true, "{subscribed}");
+    }
+    let dispatched = request(
+        &mut client,
+        Opcode::TASK,
+        &json!({"op": "dispatch", "kind": "exec", "label": "brief",
+                "request": {"code": "print(1)"}}),
+    );
+    assert_eq!(dispatched["success"], true, "{dispatched}");
+    let id = dispatched["task_id"].clone();
+    // Another connection of the same uid is the same owner.
+    let heard = poll_until(&mut other, Duration::from_secs(20), |events| {
+        !events.is_empty()
+    });
+    assert_eq!(heard[0]["type"], "TASK_ENDED", "{heard:?}");
+    assert_eq!(
+        heard[0]["data"],
+        json!({"task_id": id, "kind": "exec", "label": "brief", "state": "completed"})
+    );
+    assert_eq!(poll(&mut client, 10)["count"], 1);
+}
