@@ -524,3 +524,38 @@ fn a_tasks_end_arrives_at_its_owners_connections() {
     );
     assert_eq!(poll(&mut client, 10)["count"], 1);
 }
+
+#[test]
+fn pause_and_resume_are_told_with_who_asked() {
+    require_root!("the cgroup freezer");
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    request(
+        &mut client,
+        Opcode::SUBSCRIBE,
+        &json!({"event_types": ["AGENT_PAUSED", "AGENT_RESUMED"]}),
+    );
+    let spawned = request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "frozen", "command": ["/bin/sleep", "30"]}),
+    );
+    let id = spawned["id"].clone();
+    let paused = client
+        .call(Opcode::PAUSE, json!({"id": id}).to_string().as_bytes())
+        .unwrap();
+    let me = paused.agent_id;
+    let resumed = request(&mut client, Opcode::RESUME, &json!({"name": "frozen"}));
+    assert_eq!(resumed["state"], "running", "{resumed}");
+    let heard = poll(&mut client, 10);
+    let kinds: Vec<&Value> = heard["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["type"])
+        .collect();
+    assert_eq!(kinds, ["AGENT_PAUSED", "AGENT_RESUMED"], "{heard}");
+    assert_eq!(heard["events"][0]["data"]["agent_id"], id, "{heard}");
+    assert_eq!(heard["events"][0]["data"]["by"], me, "{heard}");
+    assert_eq!(heard["events"][1]["data"]["state"], "running", "{heard}");
+}
