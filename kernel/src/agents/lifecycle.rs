@@ -393,6 +393,10 @@ impl Life {
                 _ => {}
             }
         }
+        if end.oom_killed && !agent.oom_killed {
+            // Only the end told of it: no OOM event came while it ran.
+            fx.notices.push(notice(agent, KernelEvent::AgentOomKilled));
+        }
         agent.oom_killed |= end.oom_killed;
         agent.last_run = end.usage;
         agent.sampled = CgroupStats::default();

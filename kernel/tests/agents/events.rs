@@ -559,3 +559,33 @@ fn pause_and_resume_are_told_with_who_asked() {
     assert_eq!(heard["events"][0]["data"]["by"], me, "{heard}");
     assert_eq!(heard["events"][1]["data"]["state"], "running", "{heard}");
 }
+
+#[test]
+fn an_oom_kill_is_told_once_then_the_exit() {
+    require_root!("cgroup memory limits");
+    let daemon = Daemon::start();
+    let mut client = daemon.client();
+    request(
+        &mut client,
+        Opcode::SUBSCRIBE,
+        &json!({"event_types": ["AGENT_OOM_KILLED", "AGENT_EXITED"]}),
+    );
+    let dir = shared_dir();
+    let hog = write_script(
+        dir.path(),
+        "hog.py",
+        "hoard = []\nwhile True:\n    hoard.append(bytearray(10 << 20))\n",
+    );
+    let spawned = request(
+        &mut client,
+        Opcode::SPAWN,
+        &json!({"name": "hog", "script": hog, "limits": {"memory": 50u64 << 20}}),
+    );
+    assert_eq!(spawned["success"], true, "{spawned}");
+    let heard = poll_until(&mut client, Duration::from_secs(10), |events| {
+        has(events, "AGENT_EXITED", "hog")
+    });
+    let kinds: Vec<&Value> = heard.iter().map(|e| &e["type"]).collect();
+    assert_eq!(kinds, ["AGENT_OOM_KILLED", "AGENT_EXITED"], "{heard:?}");
+    assert_eq!(heard[1]["data"]["state"], "oom_killed", "{heard:?}");
+}
