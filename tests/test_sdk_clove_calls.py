@@ -2,6 +2,10 @@
 pause and resume, metrics, the state store, names and messages — against
 a real agentosd, as a user of the SDK meets them."""
 
+
+pause and resume, metrics, the state store, events — against a real agentosd, as
+a user of the SDK meets them."""
+
 from __future__ import annotations
 
 import os
@@ -173,3 +177,35 @@ def test_the_audit_log_records_a_spawn_and_a_kill_and_pages_forwards(kernel):
         assert ids == sorted(set(ids)) and rest["more"] is False
         with pytest.raises(BadRequest, match="category"):
             client.get_audit_log(category="EVERYTHING")
+
+
+def test_events_reach_subscribers_and_a_forged_kernel_event_is_refused(kernel):
+    with AgentOSClient(kernel.socket_path) as client, AgentOSClient(kernel.socket_path) as other:
+        assert client.subscribe(["AGENT_EXITED", "CUSTOM"])["subscribed"] == [
+            "AGENT_EXITED", "CUSTOM"]
+        assert other.subscribe(["job.done"])["subscribed"] == ["job.done"]
+        assert client.emit_event("job.done", {"n": 1})["delivered_to"] == 2
+        assert client.emit_event("other")["delivered_to"] == 1
+        polled = other.poll_events()
+        assert polled["count"] == 1 and polled["dropped"] == 0
+        event = polled["events"][0]
+        assert event["type"] == "CUSTOM" and event["custom_type"] == "job.done"
+        assert event["data"] == {"n": 1, "custom_type": "job.done"}
+        assert [e["custom_type"] for e in client.poll_events()["events"]] == ["job.done", "other"]
+        with pytest.raises(PermissionDenied, match="AGENT_EXITED"):
+            client.emit_event("AGENT_EXITED", {"agent_id": 1})
+        assert client.unsubscribe(["CUSTOM"])["subscribed"] == ["AGENT_EXITED"]
+        assert client.unsubscribe()["unsubscribed"] == ["AGENT_EXITED"]
+        assert client.emit_event("job.done")["delivered_to"] == 1
+        if ROOT:
+            assert client.subscribe(["AGENT_SPAWNED", "AGENT_EXITED"])
+            agent = client.spawn("sdk-brief", command=["/bin/sh", "-c", "exit 2"])
+            deadline = time.monotonic() + 10
+            seen: list = []
+            while not any(e["type"] == "AGENT_EXITED" for e in seen):
+                assert time.monotonic() < deadline, seen
+                seen += client.poll_events(100)["events"]
+                time.sleep(0.05)
+            assert [e["type"] for e in seen] == ["AGENT_SPAWNED", "AGENT_EXITED"]
+            assert seen[1]["data"]["agent_id"] == agent["id"]
+            assert seen[1]["data"]["exit_code"] == 2

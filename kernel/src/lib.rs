@@ -36,6 +36,7 @@ mod cgroup;
 mod clock;
 pub mod config;
 pub mod daemon;
+mod events;
 pub mod exec;
 mod fd;
 mod files;

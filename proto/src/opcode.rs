@@ -88,6 +88,14 @@ impl Opcode {
     /// Which categories the audit log records, and how many entries it
     /// keeps (operators).
     pub const SET_AUDIT_CONFIG: Opcode = Opcode(0x77);
+    /// Subscribe the connection to event types.
+    pub const SUBSCRIBE: Opcode = Opcode(0x60);
+    /// End the connection's subscriptions to event types.
+    pub const UNSUBSCRIBE: Opcode = Opcode(0x61);
+    /// Take the events queued for the connection.
+    pub const POLL: Opcode = Opcode(0x62);
+    /// Make a CUSTOM event for the subscribers that may see the caller.
+    pub const EMIT: Opcode = Opcode(0x63);
     /// The host's CPU, memory, disk and network (operators).
     pub const SYSTEM_METRICS: Opcode = Opcode(0xC0);
     /// One agent's process and cgroup figures.
@@ -103,7 +111,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 40] = [
+    pub const ALL: [Opcode; 44] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -138,6 +146,10 @@ impl Opcode {
         Opcode::ASYNC_POLL,
         Opcode::GET_AUDIT_LOG,
         Opcode::SET_AUDIT_CONFIG,
+        Opcode::SUBSCRIBE,
+        Opcode::UNSUBSCRIBE,
+        Opcode::POLL,
+        Opcode::EMIT,
         Opcode::SYSTEM_METRICS,
         Opcode::AGENT_METRICS,
         Opcode::ALL_AGENT_METRICS,
@@ -183,6 +195,10 @@ impl Opcode {
             Opcode::ASYNC_POLL => "ASYNC_POLL",
             Opcode::GET_AUDIT_LOG => "GET_AUDIT_LOG",
             Opcode::SET_AUDIT_CONFIG => "SET_AUDIT_CONFIG",
+            Opcode::SUBSCRIBE => "SUBSCRIBE",
+            Opcode::UNSUBSCRIBE => "UNSUBSCRIBE",
+            Opcode::POLL => "POLL",
+            Opcode::EMIT => "EMIT",
             Opcode::SYSTEM_METRICS => "SYSTEM_METRICS",
             Opcode::AGENT_METRICS => "AGENT_METRICS",
             Opcode::ALL_AGENT_METRICS => "ALL_AGENT_METRICS",
@@ -274,6 +290,10 @@ mod tests {
             (0x80, "ASYNC_POLL"),
             (0x76, "GET_AUDIT_LOG"),
             (0x77, "SET_AUDIT_CONFIG"),
+            (0x60, "SUBSCRIBE"),
+            (0x61, "UNSUBSCRIBE"),
+            (0x62, "POLL"),
+            (0x63, "EMIT"),
             (0xC0, "SYSTEM_METRICS"),
             (0xC1, "AGENT_METRICS"),
             (0xC2, "ALL_AGENT_METRICS"),

@@ -369,6 +369,38 @@ class AgentOSClient(Connection):
         ``full_count`` (mailboxes that were full)."""
         return self.call_json(Opcode.BROADCAST, {"message": message, "include_self": include_self})
 
+    # -- events -----------------------------------------------------------
+
+    def subscribe(self, event_types: List[str]) -> Dict[str, Any]:
+        """SUBSCRIBE this connection to ``event_types``: the kernel's
+        (``AGENT_SPAWNED``, ``AGENT_EXITED``, ...), ``CUSTOM`` for every
+        CUSTOM event, or a CUSTOM event's own type name. Returns
+        ``subscribed``. Subscriptions end with the connection."""
+        return self.call_json(Opcode.SUBSCRIBE, {"event_types": list(event_types)})
+
+    def unsubscribe(self, event_types: Optional[List[str]] = None) -> Dict[str, Any]:
+        """UNSUBSCRIBE from ``event_types`` (``None``: from all). Returns
+        ``unsubscribed`` and the ``subscribed`` left."""
+        if event_types is None:
+            return self.call_json(Opcode.UNSUBSCRIBE, {"all": True})
+        return self.call_json(Opcode.UNSUBSCRIBE, {"event_types": list(event_types)})
+
+    def poll_events(self, max_events: int = 10) -> Dict[str, Any]:
+        """POLL: up to ``max_events`` queued events (at most 500), oldest
+        first: ``events`` (each ``type``, ``data``, ``source_agent_id``,
+        ``timestamp``; ``custom_type`` for CUSTOM ones), ``count``,
+        ``dropped`` (lost to a full queue since the last POLL) and
+        ``pending``."""
+        return self.call_json(Opcode.POLL, {"max": max_events})
+
+    def emit_event(self, event_type: str, data: Any = None) -> Dict[str, Any]:
+        """EMIT a CUSTOM event of your own ``event_type`` carrying
+        ``data`` to the subscribers that may see you. Returns
+        ``delivered_to``. The kernel's own types are refused."""
+        return self.call_json(
+            Opcode.EMIT, {"event_type": event_type, "data": {} if data is None else data}
+        )
+
     # -- permissions ------------------------------------------------------
 
     def get_permissions(self) -> Dict[str, Any]:

@@ -51,6 +51,10 @@ class Opcode(enum.IntEnum):
     GET_PERMS = 0x40
     SET_PERMS = 0x41
     HTTP = 0x50
+    SUBSCRIBE = 0x60
+    UNSUBSCRIBE = 0x61
+    POLL = 0x62
+    EMIT = 0x63
     RECORD_START = 0x70
     RECORD_STOP = 0x71
     RECORD_STATUS = 0x72

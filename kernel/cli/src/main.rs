@@ -18,6 +18,7 @@ mod agents;
 mod audit;
 mod call;
 mod error;
+mod events;
 mod exec;
 mod failure;
 mod format;
@@ -122,6 +123,9 @@ enum Command {
     /// Print an agent's log: its last lines, and with -f what it writes
     /// next, until it ends
     Logs(logs::LogsArgs),
+    /// Print events as they come: what happens to the agents you may see,
+    /// your tasks' ends, CUSTOM events (until interrupted, or -n N)
+    Events(events::EventsArgs),
     /// An agent's network policy and connection record; with --allow
     /// (or --cut), a new policy while it runs
     Net(net::NetArgs),
@@ -318,6 +322,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Run(run_args) => return run_prompt(client, run_args, wait_for, json),
         Command::Top(top_args) => top::top(client, &path, top_args, json),
         Command::Logs(logs_args) => logs::logs(client, logs_args, json),
+        Command::Events(events_args) => events::events(client, events_args, json),
         Command::Net(net_args) => net::net(client, net_args, json),
         Command::Kv(command) => kv::kv(client, command, json),
         Command::Send(send_args) => messages::send(client, send_args, json),

@@ -463,3 +463,65 @@ fn audit_prints_what_was_done_and_by_whom_oldest_first() {
     let wrong = agentos(&daemon, &["audit", "--category", "everything"]);
     assert_eq!(wrong.code, 2, "{}", wrong.stderr);
 }
+
+/// Runs `agentos --socket <daemon's> ARGS` while emitting CUSTOM events
+/// of `custom_type` until it exits (it must subscribe first to hear any).
+fn events_while_emitting(daemon: &Daemon, args: &[&str], custom_type: &str) -> Ran {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_agentos"));
+    command.arg("--socket").arg(&daemon.socket).args(args);
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut client = daemon.client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "agentos {args:?} did not end");
+        let emit = serde_json::json!({"event_type": custom_type, "data": {"n": 1}});
+        client
+            .call(agentos_proto::Opcode::EMIT, emit.to_string().as_bytes())
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = child.wait_with_output().unwrap();
+    Ran {
+        code: status.code().unwrap_or(-1),
+        stdout: String::from_utf8(stdout).unwrap(),
+        stderr: String::from_utf8(stderr).unwrap(),
+    }
+}
+
+#[test]
+fn events_prints_what_it_subscribed_to_one_a_line_and_stops_after_n() {
+    let daemon = Daemon::start();
+    let ran = events_while_emitting(
+        &daemon,
+        &["--json", "events", "-n", "2", "job.done"],
+        "job.done",
+    );
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let lines: Vec<Value> = ran
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", ran.stdout);
+    assert!(lines
+        .iter()
+        .all(|e| e["type"] == "CUSTOM" && e["custom_type"] == "job.done"));
+    let human = events_while_emitting(&daemon, &["events", "-n", "1"], "note");
+    assert_eq!(human.code, 0, "{}", human.stderr);
+    assert!(
+        human.stdout.contains(" CUSTOM:note (from "),
+        "{}",
+        human.stdout
+    );
+    assert!(human.stdout.contains(r#""n":1"#), "{}", human.stdout);
+    let refused = agentos(&daemon, &["events", "AGENT_EXITED", ""]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+}

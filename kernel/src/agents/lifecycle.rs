@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use agentos_egress::Gateway;
 use agentos_primitives::timers::Timers;
-use agentos_proto::payload::{AgentState, SpawnReply};
+use agentos_proto::payload::{AgentState, KernelEvent, SpawnReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::isolation::cgroup_limits;
@@ -22,6 +22,7 @@ use super::table::Table;
 use super::usage::AgentCounts;
 use crate::address::{Answer, Reply};
 use crate::cgroup::{CgroupLimits, CgroupStats};
+use crate::events::{AgentEventData, Notice};
 use crate::process::ProcessEnd;
 use crate::sandbox::plan::{Workload, SOCKET_INSIDE, WORKSPACE};
 use crate::sandbox::runtime::{ClaimOrder, SandboxEvent, SandboxKey, Sandboxes};
@@ -37,6 +38,8 @@ pub struct Effects<'a, S> {
     pub replies: &'a mut Vec<Reply>,
     /// What the metrics count.
     pub counts: &'a mut AgentCounts,
+    /// What subscribers to events hear of (see [`crate::events`]).
+    pub notices: &'a mut Vec<Notice>,
     /// Now.
     pub now: Instant,
 }
@@ -119,7 +122,7 @@ impl Life {
             }
             SandboxEvent::Status { owner, status } => {
                 if let Some(agent) = table.current(owner) {
-                    apply_status(agent, status, fx.replies);
+                    apply_status(agent, status, fx.replies, fx.notices);
                 }
             }
             SandboxEvent::OomKill { owner } => {
@@ -134,6 +137,7 @@ impl Life {
                         agent.name
                     );
                     agent.oom_killed = true;
+                    fx.notices.push(notice(agent, KernelEvent::AgentOomKilled));
                 }
             }
             SandboxEvent::Ended {
@@ -389,6 +393,10 @@ impl Life {
                 _ => {}
             }
         }
+        if end.oom_killed && !agent.oom_killed {
+            // Only the end told of it: no OOM event came while it ran.
+            fx.notices.push(notice(agent, KernelEvent::AgentOomKilled));
+        }
         agent.oom_killed |= end.oom_killed;
         agent.last_run = end.usage;
         agent.sampled = CgroupStats::default();
@@ -447,7 +455,7 @@ impl Life {
         if let Some(waiter) = agent.spawn_reply.take_if(|_| !restarting) {
             fx.replies
                 .push((waiter.reply_to, ErrorReply::new(code, message).into()));
-            return self.finish(agent, fx.sandboxes, fx.now);
+            return self.finish(agent, fx);
         }
         let end = if agent.stop.is_some() {
             Ending::Stopped
@@ -476,10 +484,11 @@ impl Life {
     ) {
         let (id, now) = (agent.id, fx.now);
         if self.shutting_down {
-            return self.finish(agent, fx.sandboxes, now);
+            return self.finish(agent, fx);
         }
         if agent.stop == Some(StopReason::Restart) {
             log::info!("agent {id} ({}): stopped; starting it again", agent.name);
+            fx.notices.push(notice(agent, KernelEvent::AgentRestarting));
             return self.start_again(agent, fx.sandboxes, now);
         }
         match agent.restarts.decide(end, now) {
@@ -487,30 +496,29 @@ impl Life {
                 fx.counts.restarts += 1;
                 log::info!("agent {id} ({}): restarting in {delay:?}", agent.name);
                 agent.state = AgentState::Restarting;
+                fx.notices.push(notice(agent, KernelEvent::AgentRestarting));
                 self.deadlines
                     .schedule(now + delay, Deadline::Restart(agent.incarnation()));
             }
-            Decision::Rest => self.finish(agent, fx.sandboxes, now),
+            Decision::Rest => self.finish(agent, fx),
             Decision::GiveUp => {
                 log::warn!("agent {id} ({}): restarts used up; failed", agent.name);
                 agent.state = AgentState::Failed;
-                self.finish(agent, fx.sandboxes, now);
+                fx.notices.push(notice(agent, KernelEvent::AgentEscalated));
+                self.finish(agent, fx);
             }
         }
     }
 
     /// The agent has ended for good: close its socket, and forget it after
     /// the retention time.
-    fn finish(
-        &mut self,
-        agent: &mut Agent,
-        sandboxes: &mut impl Sandboxes<Incarnation>,
-        now: Instant,
-    ) {
+    fn finish<S: Sandboxes<Incarnation>>(&mut self, agent: &mut Agent, fx: &mut Effects<'_, S>) {
+        let now = fx.now;
         agent.ended = Some(now);
         if let Some(door) = agent.door.take() {
-            sandboxes.close_door(door);
+            fx.sandboxes.close_door(door);
         }
+        fx.notices.push(notice(agent, KernelEvent::AgentExited));
         self.deadlines
             .schedule(now + self.retention, Deadline::Forget { id: agent.id });
     }
@@ -533,7 +541,7 @@ impl Life {
                 return self.start_again(agent, fx.sandboxes, fx.now);
             }
             agent.state = AgentState::Killed;
-            return self.finish(agent, fx.sandboxes, fx.now);
+            return self.finish(agent, fx);
         }
         let incarnation = agent.incarnation();
         if fx.sandboxes.withdraw(incarnation) {
@@ -562,14 +570,35 @@ struct SandboxEnd {
     usage: CgroupStats,
 }
 
+/// What subscribers hear of `agent`, as it is now.
+fn notice(agent: &Agent, kind: KernelEvent) -> Notice {
+    let data = AgentEventData {
+        agent_id: agent.id,
+        name: agent.name.clone(),
+        parent_id: agent.parent,
+        state: Some(agent.state),
+        exit_code: agent.workload.exit_code,
+        signal: agent.workload.signal,
+        restarts: Some(agent.restarts.total),
+        by: None,
+    };
+    Notice::now(kind, data)
+}
+
 /// Applies one status line to an agent.
-fn apply_status(agent: &mut Agent, status: Status, replies: &mut Vec<Reply>) {
+fn apply_status(
+    agent: &mut Agent,
+    status: Status,
+    replies: &mut Vec<Reply>,
+    notices: &mut Vec<Notice>,
+) {
     match status {
         Status::Ready { .. } => {
             agent.workload.ready = true;
             if agent.stop.is_none() {
                 agent.state = AgentState::Running;
             }
+            notices.push(notice(agent, KernelEvent::AgentSpawned));
             if let Some(waiter) = agent.spawn_reply.take() {
                 let reply = SpawnReply {
                     success: true,

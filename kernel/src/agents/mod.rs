@@ -54,6 +54,7 @@ use agentos_proto::ErrorReply;
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupStats;
 use crate::config::Config;
+use crate::events::{Audience, Journal, Notice};
 use crate::permissions::Budget;
 use crate::sandbox::runtime::{SandboxEvent, SandboxKey, Sandboxes};
 pub use admission::{default_limits, RunSpawner, Spawner};
@@ -108,6 +109,10 @@ pub struct Agents {
     life: Life,
     /// What the metrics count of agents.
     pub counts: AgentCounts,
+    /// What happened to agents in the step under way, not yet told.
+    notices: Vec<Notice>,
+    /// What happened to agents, with who may see it, for the events hub.
+    journal: Journal,
 }
 
 impl Agents {
@@ -124,6 +129,8 @@ impl Agents {
             admission: Admission::new(config, gateway)?,
             life,
             counts: AgentCounts::default(),
+            notices: Vec::new(),
+            journal: Journal::default(),
         })
     }
 
@@ -476,9 +483,11 @@ impl Agents {
             sandboxes,
             replies,
             counts: &mut self.counts,
+            notices: &mut self.notices,
             now,
         };
         self.life.stop(agent, &mut fx, why, grace);
+        self.note();
     }
 
     /// Takes in what happened to an incarnation's sandbox.
@@ -493,9 +502,11 @@ impl Agents {
             sandboxes,
             replies,
             counts: &mut self.counts,
+            notices: &mut self.notices,
             now,
         };
         self.life.on_sandbox(&mut self.table, &mut fx, event);
+        self.note();
     }
 
     /// How long until the earliest deadline.
@@ -520,9 +531,31 @@ impl Agents {
             sandboxes,
             replies,
             counts: &mut self.counts,
+            notices: &mut self.notices,
             now: Instant::now(),
         };
         self.life.begin_shutdown(&mut self.table, &mut fx, grace);
+        self.note();
+    }
+
+    /// Who may see what happens to agent `id` (see [`crate::events`]).
+    pub fn audience(&self, id: u32) -> Option<Audience> {
+        self.table.audience(id)
+    }
+
+    /// What happened to agents since the events hub last took it in.
+    pub fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
+    }
+
+    /// Notes in the journal what happened in the step just taken, with
+    /// who may see it as things stand now (as LIST would show it).
+    fn note(&mut self) {
+        for notice in self.notices.drain(..) {
+            if let Some(audience) = self.table.audience(notice.data.agent_id) {
+                self.journal.push(notice.into_event(audience));
+            }
+        }
     }
 
     /// Reads the cgroups of the boot agents and of the next few others.

@@ -10,6 +10,7 @@ use std::ops::Bound;
 use agentos_proto::payload::AgentRef;
 
 use super::record::{Agent, Incarnation};
+use crate::events::Audience;
 
 /// Whose view of the agents table a request gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +153,17 @@ impl Table {
                 .get(&id)
                 .is_some_and(|a| a.started_by == Some(number)),
         }
+    }
+
+    /// Who may see what happens to agent `id`, by [`Table::sees`]'s rule
+    /// (and an operator only its own uid's tree).
+    pub fn audience(&self, id: u32) -> Option<Audience> {
+        let agent = self.agents.get(&id)?;
+        Some(Audience {
+            uid: Some(agent.owner_uid),
+            agents: std::iter::once(id).chain(self.ancestors(id)).collect(),
+            run: agent.started_by,
+        })
     }
 
     /// KILL's rule: an operator may stop any agent, an agent its

@@ -101,6 +101,7 @@ pub struct Kernel {
     pub(crate) state_store: StateStore,
     pub(crate) messages: crate::messages::Messages,
     pub(crate) audit: crate::audit::Audit,
+    pub(crate) events: crate::events::Events,
     /// LOGS follows waiting for their agents to write.
     pub(crate) log_followers: LogFollowers,
     /// What is ready for the reactor.
@@ -200,6 +201,7 @@ impl Kernel {
             tools,
             audit: crate::audit::Audit::new(database.clone()),
             state_store: StateStore::new(database),
+            events: crate::events::Events::default(),
             tasks,
             messages: Default::default(),
             log_followers: LogFollowers::default(),
@@ -338,6 +340,7 @@ impl Kernel {
         self.router.connection_closed(serial);
         self.services.lowered.connection_closed(serial);
         self.messages.connection_closed(serial);
+        self.events.connection_closed(serial);
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).

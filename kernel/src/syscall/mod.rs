@@ -13,6 +13,7 @@
 
 mod async_poll;
 mod audit;
+mod events;
 mod exec;
 mod exit;
 mod files;
@@ -83,6 +84,10 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::REPLAY_STATUS => recording::replay_status,
         Opcode::GET_AUDIT_LOG => audit::get,
         Opcode::SET_AUDIT_CONFIG => audit::set,
+        Opcode::SUBSCRIBE => events::subscribe,
+        Opcode::UNSUBSCRIBE => events::unsubscribe,
+        Opcode::POLL => events::poll,
+        Opcode::EMIT => events::emit,
         Opcode::SYSTEM_METRICS => host_metrics::system,
         Opcode::AGENT_METRICS => host_metrics::agent,
         Opcode::ALL_AGENT_METRICS => host_metrics::all_agents,

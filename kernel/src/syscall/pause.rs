@@ -77,6 +77,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Some(id),
         &Frozen { id },
     );
+    super::events::agent_frozen(kernel, id, &name, pause, request.caller.identity.id());
     let reply = move |name, state| {
         Answer::json(&PauseReply {
             success: true,

@@ -43,6 +43,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 use crate::address::{Answer, Reply, ReplyTo};
 use crate::config::tasks::TasksConfig;
+use crate::events::{Event, Journal};
 use crate::identity::Principal;
 use crate::telemetry::tracer::Tracer;
 use end::{cancelled, interrupted, AGENT_ENDED_WITH_KERNEL, KERNEL_STOPPED};
@@ -83,6 +84,8 @@ pub struct Tasks<S = SqliteStore> {
     boot: u64,
     config: TasksConfig,
     next_sweep: Instant,
+    /// Tasks that ended, for the events hub (`TASK_ENDED`).
+    pub(crate) ended: Journal,
 }
 
 impl Tasks {
@@ -134,6 +137,7 @@ impl<S: Store> Tasks<S> {
             boot,
             config: config.clone(),
             next_sweep: now,
+            ended: Journal::default(),
         };
         for row in loaded.unreadable {
             log::error!(
@@ -468,6 +472,9 @@ impl<S: Store> Tasks<S> {
         self.spans.end(id, state);
         self.running.end(task);
         let (finished_ms, output) = task.end(state);
+        let label = task.label.clone();
+        let owner = task.owner.principal();
+        (self.ended).push(Event::task_ended(owner, id, task.kind, label, state));
         // Only a waiter needs the task as a reply.
         let reply = self.waiters.waits_for(id).then(|| {
             Answer::json(&TaskReply {

@@ -6,6 +6,7 @@
 
 mod audit;
 mod control;
+mod events;
 mod files;
 mod identity;
 mod inheritance;

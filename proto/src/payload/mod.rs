@@ -12,6 +12,7 @@
 mod agent_state;
 mod async_poll;
 mod audit;
+mod events;
 mod exec;
 mod files;
 mod hello;
@@ -41,6 +42,11 @@ pub use async_poll::{
 pub use audit::{
     AuditCategory, AuditConfig, AuditConfigReply, AuditEntry, AuditLogReply, AuditLogRequest,
     SetAuditConfigRequest, DEFAULT_AUDIT_ENTRIES, MAX_AUDIT_ENTRIES,
+};
+pub use events::{
+    EmitReply, EmitRequest, EventInfo, KernelEvent, PollReply, PollRequest, SubscribeReply,
+    SubscribeRequest, Topic, UnsubscribeReply, CUSTOM, DEFAULT_POLL_EVENTS, MAX_EVENT_DATA_BYTES,
+    MAX_EVENT_TYPES, MAX_EVENT_TYPE_LEN, MAX_POLL_EVENTS,
 };
 pub use exec::{
     ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, RunPermissions,
