@@ -1,10 +1,7 @@
 """The Python SDK's calls for the Clove SDK's opcodes — permissions, files,
-pause and resume, metrics, the state store, names and messages — against
-a real agentosd, as a user of the SDK meets them."""
-
-
-pause and resume, metrics, the state store, events — against a real agentosd, as
-a user of the SDK meets them."""
+pause and resume, metrics, the state store, names and messages, events,
+the audit log, record and replay, asynchronous EXEC — against a real
+agentosd, as a user of the SDK meets them."""
 
 from __future__ import annotations
 
