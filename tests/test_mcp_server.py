@@ -36,6 +36,8 @@ HINTS = {
     "task_list": (True, False, True),
     "tools_search": (True, False, True),
     "tools_call": (False, True, False),
+    "state": (False, True, False),
+    "messages": (False, False, False),
 }
 TOOLS = set(HINTS)
 # MCP's default of each hint, which a tool's annotations leave out.
@@ -471,3 +473,29 @@ def test_bad_arguments_on_the_new_tools(kernel):
     assert "`sesion`" in texts[8], texts[8]
     assert texts[9] == "unknown argument network.dney", texts[9]
     assert not still.is_error and still.structured_content == {"sessions": []}
+
+
+def test_state_and_messages_reach_the_kernels_store_and_mailboxes(kernel):
+    with AgentOSClient(kernel.socket_path) as client:
+        inbox = client.spawn("mcp-inbox", command=["/bin/sleep", "30"])["id"]
+
+    async def body(session):
+        await session.initialize()
+        stored = await session.call_tool("state", {"op": "set", "key": "mcp:k", "value": {"n": 1}})
+        got = await session.call_tool("state", {"op": "get", "key": "mcp:k"})
+        listed = await session.call_tool("state", {"op": "list", "prefix": "mcp:"})
+        missing = await session.call_tool("state", {"op": "set", "key": "mcp:k"})
+        sent = await session.call_tool("messages", {"op": "send", "to": "mcp-inbox",
+                                                    "message": {"task": 1}})
+        received = await session.call_tool("messages", {"op": "recv"})
+        return stored, got, listed, missing, sent, received
+
+    stored, got, listed, missing, sent, received = run(kernel, body)
+    assert not stored.is_error and got.structured_content["value"] == {"n": 1}
+    assert listed.structured_content["keys"] == ["mcp:k"]
+    assert missing.is_error and "value" in text_of(missing)
+    with AgentOSClient(kernel.socket_path) as client:
+        assert client.fetch("mcp:k")["value"] == {"n": 1}, "the operator's tree shares it"
+    assert not sent.is_error, text_of(sent)
+    assert sent.structured_content["delivered_to"] == inbox
+    assert not received.is_error and received.structured_content["count"] == 0

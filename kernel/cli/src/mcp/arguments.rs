@@ -420,3 +420,70 @@ mod tests {
         );
     }
 }
+
+/// `state`: an `op` on the state store — `get`, `set`, `delete` a `key`,
+/// or `list` the keys that start with `prefix`; `set` takes the `value`
+/// (any JSON) and a `ttl` in seconds; `scope` is `global` (your tree's,
+/// the default for `set`) or `agent` (your own).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StateArguments {
+    pub op: StateOp,
+    pub key: Option<String>,
+    #[schemars(schema_with = "any_json")]
+    pub value: Option<serde_json::Value>,
+    pub scope: Option<StateScope>,
+    pub ttl: Option<f64>,
+    pub prefix: Option<String>,
+}
+
+/// What `state` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StateOp {
+    Get,
+    Set,
+    Delete,
+    List,
+}
+
+/// `messages`: `send` a `message` (any JSON) to an agent `to` (its name
+/// or id), or `recv` the messages sent to this server.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessagesArguments {
+    pub op: MessagesOp,
+    pub to: Option<String>,
+    #[schemars(schema_with = "any_json")]
+    pub message: Option<serde_json::Value>,
+}
+
+/// Where a key lives: your tree's, or your own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StateScope {
+    Global,
+    Agent,
+}
+
+impl From<StateScope> for agentos_proto::payload::Scope {
+    fn from(scope: StateScope) -> Self {
+        match scope {
+            StateScope::Global => agentos_proto::payload::Scope::Global,
+            StateScope::Agent => agentos_proto::payload::Scope::Agent,
+        }
+    }
+}
+
+/// What `messages` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MessagesOp {
+    Send,
+    Recv,
+}
+
+/// Any JSON value: a schema that says nothing.
+fn any_json(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::Schema::default()
+}

@@ -31,6 +31,7 @@ mod server;
 mod sessions;
 mod tasks;
 mod think;
+mod together;
 mod tool_error;
 mod trace;
 

@@ -30,15 +30,16 @@ use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
 
 use super::arguments::{
-    read, AgentLogsArguments, ExecArguments, KillArguments, ListAgentsArguments, NoArguments,
-    SessionArguments, SpawnArguments, TaskArguments, TaskDispatchArguments, TaskListArguments,
-    TaskWaitArguments, ThinkArguments, ToolsCallArguments, ToolsSearchArguments,
+    read, AgentLogsArguments, ExecArguments, KillArguments, ListAgentsArguments, MessagesArguments,
+    NoArguments, SessionArguments, SpawnArguments, StateArguments, TaskArguments,
+    TaskDispatchArguments, TaskListArguments, TaskWaitArguments, ThinkArguments,
+    ToolsCallArguments, ToolsSearchArguments,
 };
 use super::kernel::{KernelLink, Wait};
 use super::results::answer;
 use super::tool_error::ToolError;
 use super::{
-    agents, catalogue, exec, long_work, prompt, resources, schema, sessions, tasks, think,
+    agents, catalogue, exec, long_work, prompt, resources, schema, sessions, tasks, think, together,
 };
 
 /// The newest MCP revision this server implements: 2026-07-28, stateless,
@@ -255,6 +256,33 @@ impl AgentosServer {
         tasks::list(&self.kernel, read(arguments)?).await
     }
 
+    // One set of hints for every op, the most cautious: delete destroys.
+    #[tool(
+        description = "Keys with JSON values shared with your agents: op get, set, delete, list.",
+        input_schema = schema::input::<StateArguments>(),
+        output_schema = schema::output(),
+        annotations()
+    )]
+    async fn state(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        together::state(&self.kernel, read(arguments)?).await
+    }
+
+    #[tool(
+        description = "Message an agent (op send: to, message) or read your messages (op recv).",
+        input_schema = schema::input::<MessagesArguments>(),
+        output_schema = schema::output(),
+        annotations(destructive_hint = false)
+    )]
+    async fn messages(
+        &self,
+        Parameters(arguments): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ToolError> {
+        together::messages(&self.kernel, read(arguments)?).await
+    }
+
     #[tool(
         description = "Find the kernel's MCP tools by words (detail: with schemas).",
         input_schema = schema::input::<ToolsSearchArguments>(),
@@ -452,19 +480,23 @@ mod tests {
     /// The most bytes the tools/list answer may take, as one JSON-RPC
     /// line at the newest revision (whose cache hints make it the longer).
     /// Its floor, with every tool's output schema and annotations, is
-    /// about 2 500 bytes before any name, description or argument.
-    const TOOL_LIST_BUDGET: usize = 6_000;
+    /// about 2 500 bytes before any name, description or argument; the
+    /// seventeen tools (`state` and `messages` the latest) take some
+    /// 6 700.
+    const TOOL_LIST_BUDGET: usize = 7_000;
 
     /// Every tool, and its hints with MCP's defaults applied: read-only,
     /// destructive, idempotent.
-    const TOOLS: [(&str, bool, bool, bool); 15] = [
+    const TOOLS: [(&str, bool, bool, bool); 17] = [
         ("agent_logs", true, false, true),
         ("exec", false, false, false),
         ("exec_session", false, true, false),
         ("kill", false, true, true),
         ("list_agents", true, false, true),
+        ("messages", false, false, false),
         ("run_prompt", false, false, false),
         ("spawn", false, false, false),
+        ("state", false, true, false),
         ("status", true, false, true),
         ("task_cancel", false, true, true),
         ("task_dispatch", false, false, false),
