@@ -19,7 +19,6 @@ mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,10 +29,9 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use rusqlite::Connection;
 use serde::Serialize;
 
-use crate::address::Answer;
 use crate::agents::{AgentFacts, Agents};
 use crate::config::audit::AuditSettings;
-use crate::tasks::store::{now_ms, Database, Transaction};
+use crate::tasks::store::{answered, now_ms, Database, Transaction};
 use crate::workers::Job;
 pub use sql::Reader;
 use sql::{line_of, Row};
@@ -365,25 +363,13 @@ impl Audit {
     /// GET_AUDIT_LOG for `reader`: the job a worker runs waits for the
     /// writer's answer.
     pub fn read(&mut self, reader: Reader, request: AuditLogRequest) -> Job {
-        let (answer, answered) = channel();
-        self.run(Box::new(move |connection: &Connection| {
-            let _ = answer.send(sql::read(connection, reader, &request));
-        }));
-        Box::new(move || {
-            let answer = match answered.recv() {
-                Ok(Ok(reply)) => Answer::json(&reply),
-                Ok(Err(err)) => {
-                    log::error!("audit: {err}");
-                    ErrorReply::from(err).into()
-                }
-                Err(_) => ErrorReply::new(
-                    ErrorCode::Unavailable,
-                    "the audit log has closed: the kernel is stopping",
-                )
-                .into(),
-            };
-            answer.into_json()
-        })
+        let (transaction, job) = answered(
+            "audit log",
+            move |connection: &Connection| sql::read(connection, reader, &request),
+            |_| true,
+        );
+        self.run(transaction);
+        job
     }
 
     /// Hands `transaction` to the writer thread; dropped if the store has

@@ -18,17 +18,15 @@ mod sql;
 #[cfg(test)]
 mod tests;
 
-use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{KeyRequest, KeysRequest, StoreRequest};
-use agentos_proto::{ErrorCode, ErrorReply};
+
 use rusqlite::Connection;
 use serde::Serialize;
 
-use crate::address::Answer;
 use crate::agents::Agents;
-use crate::tasks::store::{now_ms, Database, Transaction};
+use crate::tasks::store::{answered, now_ms, Database, Transaction};
 use crate::workers::Job;
 pub use space::{Holder, Space};
 pub use sql::Quota;
@@ -135,27 +133,11 @@ impl StateStore {
                 }
             }));
         }
-        let (answer, answered) = channel();
-        self.run(Box::new(move |connection: &Connection| {
-            let _ = answer.send(work(connection));
-        }));
-        Box::new(move || {
-            let answer = match answered.recv() {
-                Ok(Ok(reply)) => Answer::json(&reply),
-                Ok(Err(err)) => {
-                    if let StateError::Database(_) | StateError::Corrupt(_) = err {
-                        log::error!("state store: {err}");
-                    }
-                    ErrorReply::from(err).into()
-                }
-                Err(_) => ErrorReply::new(
-                    ErrorCode::Unavailable,
-                    "the state store has closed: the kernel is stopping",
-                )
-                .into(),
-            };
-            answer.into_json()
-        })
+        let (transaction, job) = answered("state store", work, |err| {
+            matches!(err, StateError::Database(_) | StateError::Corrupt(_))
+        });
+        self.run(transaction);
+        job
     }
 
     /// Hands `transaction` to the writer thread; dropped (and so answered

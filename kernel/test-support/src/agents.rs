@@ -219,3 +219,39 @@ pub fn listed_names(client: &mut Client) -> Vec<String> {
         .map(|a| a["name"].as_str().unwrap().to_owned())
         .collect()
 }
+
+/// Makes `calls` (`[[opcode, body], ...]`) on `daemon`'s main socket as
+/// uid 65534 (group 0, so the socket lets it in as an operator of its
+/// own uid) and returns each reply as JSON, in order. Opens the daemon's
+/// directory and socket to other users to do so.
+pub fn calls_as_another_uid(daemon: &Daemon, calls: &serde_json::Value) -> Vec<serde_json::Value> {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+
+    fs::set_permissions(daemon.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&daemon.socket, fs::Permissions::from_mode(0o666)).unwrap();
+    let script = format!(
+        "{}\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n\
+         for op, body in json.loads(sys.argv[2]):\n    send(s, op, body)\n    \
+         print(recv(s)[2].decode(), flush=True)\n",
+        py_frames!()
+    );
+    let output = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &script])
+        .arg(&daemon.socket)
+        .arg(calls.to_string())
+        .uid(65534)
+        .gid(0)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}

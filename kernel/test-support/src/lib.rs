@@ -23,8 +23,8 @@ mod unprivileged;
 mod wire;
 
 pub use agents::{
-    act, act_in, agent_info, agent_log, agent_log_with_line, is_agent_cgroup, listed_names,
-    shared_dir, wait_for_state, write_actor, write_script, ACTOR, PY_KERNEL,
+    act, act_in, agent_info, agent_log, agent_log_with_line, calls_as_another_uid, is_agent_cgroup,
+    listed_names, shared_dir, wait_for_state, write_actor, write_script, ACTOR, PY_KERNEL,
 };
 pub use binaries::{agentos, agentosd};
 pub use daemon::{settled_fd_count, with_llm_stub, Daemon, StopOnDrop};

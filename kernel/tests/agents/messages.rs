@@ -4,15 +4,12 @@
 //! squatted name, an agent outside its family, another uid's tree, a
 //! `max` of 10^9, and an EXEC run passing itself off as its caller.
 
-use std::fs::Permissions;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agentos_proto::{Client, Opcode};
 use agentos_test_support::{
-    act, py_frames, request, require_root, shared_dir, until, write_script, Daemon, PY_KERNEL,
+    act, calls_as_another_uid, request, require_root, shared_dir, until, write_script, Daemon,
+    PY_KERNEL,
 };
 use serde_json::{json, Value};
 
@@ -353,14 +350,6 @@ fn another_uids_tree_is_out_of_reach() {
     let mut main = daemon.client();
     let main_id = call(&mut main, Opcode::REGISTER, json!({"name": "main"}))["agent_id"].clone();
     let (worker, _) = act(&daemon, "worker", json!({}), json!([]));
-    std::fs::set_permissions(daemon.dir.path(), Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&daemon.socket, Permissions::from_mode(0o666)).unwrap();
-    let script = format!(
-        "{}\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n\
-         for op, body in json.loads(sys.argv[2]):\n    send(s, op, body)\n    \
-         print(recv(s)[2].decode(), flush=True)\n",
-        py_frames!()
-    );
     let calls = json!([
         [SEND, {"message": "x", "to": worker}],
         [SEND, {"message": "x", "to_name": "worker"}],
@@ -369,20 +358,7 @@ fn another_uids_tree_is_out_of_reach() {
         [BROADCAST, {"message": "x"}],
         [REGISTER, {"name": "main"}],
     ]);
-    let output = Command::new("/usr/bin/python3")
-        .args(["-c", &script])
-        .arg(&daemon.socket)
-        .arg(calls.to_string())
-        .uid(65534)
-        .gid(0)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
-    let replies: Vec<Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let replies = calls_as_another_uid(&daemon, &calls);
     for reply in &replies[..4] {
         refused(reply, "not_found", "in this tree");
     }

@@ -2,16 +2,12 @@
 //! it — whose keys each caller reaches (its own, its tree's, never another
 //! operator's), expiry across restarts, quotas, and what is refused.
 
-use std::fs::Permissions;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::time::Duration;
 
 use agentos_proto::{Client, Opcode};
 use agentos_test_support::{
-    act, agent_log_with_line, py_frames, request, require_root, shared_dir, until, write_script,
-    Daemon, PY_KERNEL,
+    act, agent_log_with_line, calls_as_another_uid, py_frames, request, require_root, shared_dir,
+    until, write_script, Daemon, PY_KERNEL,
 };
 use serde_json::{json, Value};
 
@@ -215,16 +211,8 @@ fn another_operator_uid_sees_nothing_of_a_tree_and_keeps_its_own() {
         json!({"key": "mine", "value": "root's own", "scope": "agent"}),
     );
     assert_eq!(own["success"], true, "{own}");
-    // Open the path up so the kernel's own check is what decides: nobody
-    // with the socket's group (root's) is an operator of its own uid.
-    std::fs::set_permissions(daemon.dir.path(), Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&daemon.socket, Permissions::from_mode(0o666)).unwrap();
-    let script = format!(
-        "{}\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n\
-         for op, body in json.loads(sys.argv[2]):\n    send(s, op, body)\n    \
-         print(recv(s)[2].decode(), flush=True)\n",
-        py_frames!()
-    );
+    // Nobody with the socket's group (root's) is an operator of its own
+    // uid: the kernel's own check is what decides.
     let calls = json!([
         [FETCH, {"key": "secret"}],
         [FETCH, {"key": "mine"}],
@@ -232,24 +220,7 @@ fn another_operator_uid_sees_nothing_of_a_tree_and_keeps_its_own() {
         [STORE, {"key": "theirs", "value": 65534}],
         [FETCH, {"key": "theirs"}],
     ]);
-    let output = Command::new("/usr/bin/python3")
-        .args(["-c", &script])
-        .arg(&daemon.socket)
-        .arg(calls.to_string())
-        .uid(65534)
-        .gid(0)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let replies: Vec<Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let replies = calls_as_another_uid(&daemon, &calls);
     assert_eq!(replies[0]["exists"], false, "{replies:?}");
     assert_eq!(replies[1]["exists"], false, "{replies:?}");
     assert_eq!(replies[2]["keys"], json!([]), "{replies:?}");

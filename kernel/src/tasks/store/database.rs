@@ -5,11 +5,15 @@
 //! (a quota, then the key) see no other write between them.
 
 use std::fmt;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{channel, Sender};
 
+use agentos_proto::{ErrorCode, ErrorReply};
 use rusqlite::Connection;
+use serde::Serialize;
 
 use super::seam::Write;
+use crate::address::Answer;
+use crate::workers::Job;
 
 /// Work another subsystem does on the database, on the writer thread: it
 /// opens and ends its own transaction, and answers whoever waits for it.
@@ -49,4 +53,40 @@ impl fmt::Debug for Database {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Database")
     }
+}
+
+/// A transaction that answers, and the job a worker runs to reply with its
+/// answer: the reply waits for the writer, never the reactor. `what`
+/// names the subsystem in what it logs and replies; an error `logged`
+/// says is the database's is logged too.
+pub fn answered<R, E, W>(what: &'static str, work: W, logged: fn(&E) -> bool) -> (Transaction, Job)
+where
+    R: Serialize + Send + 'static,
+    E: fmt::Display + Send + 'static,
+    ErrorReply: From<E>,
+    W: FnOnce(&Connection) -> Result<R, E> + Send + 'static,
+{
+    let (answer, answered) = channel::<Result<R, E>>();
+    let transaction: Transaction = Box::new(move |connection: &Connection| {
+        // A worker that stopped waiting no longer needs the answer.
+        let _ = answer.send(work(connection));
+    });
+    let job: Job = Box::new(move || {
+        let reply = match answered.recv() {
+            Ok(Ok(reply)) => Answer::json(&reply),
+            Ok(Err(err)) => {
+                if logged(&err) {
+                    log::error!("{what}: {err}");
+                }
+                ErrorReply::from(err).into()
+            }
+            Err(_) => ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("the {what} has closed: the kernel is stopping"),
+            )
+            .into(),
+        };
+        reply.into_json()
+    });
+    (transaction, job)
 }
