@@ -31,7 +31,7 @@ use serde::Serialize;
 
 use crate::agents::{AgentFacts, Agents};
 use crate::config::audit::AuditSettings;
-use crate::tasks::store::{answered, now_ms, Database, Transaction};
+use crate::tasks::store::{answered, hand, now_ms, Database, Transaction};
 use crate::workers::Job;
 pub use sql::Reader;
 use sql::{line_of, Row};
@@ -375,15 +375,7 @@ impl Audit {
     /// Hands `transaction` to the writer thread; dropped if the store has
     /// closed.
     fn run(&mut self, transaction: Transaction) {
-        let handed = self
-            .database
-            .as_ref()
-            .is_some_and(|database| database.run(transaction));
-        if !handed {
-            log::warn!(
-                "audit: the task store's writer has stopped; an audit transaction is dropped"
-            );
-        }
+        hand(self.database.as_ref(), "audit log", transaction);
     }
 }
 

@@ -55,33 +55,13 @@ pub struct Audience {
     pub run: Option<u64>,
 }
 
-/// Who subscribes, as the kernel knows its connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Watcher {
-    /// An operator's connection.
-    Operator {
-        /// Its uid.
-        uid: u32,
-    },
-    /// An agent's.
-    Agent {
-        /// Its id.
-        id: u32,
-    },
-    /// An EXEC run's.
-    Run {
-        /// Its number.
-        number: u64,
-    },
-}
-
 impl Audience {
     /// Whether `watcher` may see the event.
-    pub fn admits(&self, watcher: Watcher) -> bool {
+    pub fn admits(&self, watcher: Principal) -> bool {
         match watcher {
-            Watcher::Operator { uid } => self.uid == Some(uid),
-            Watcher::Agent { id } => self.agents.contains(&id),
-            Watcher::Run { number } => self.run == Some(number),
+            Principal::Operator { uid } => self.uid == Some(uid),
+            Principal::Agent { id } => self.agents.contains(&id),
+            Principal::Run { number } => self.run == Some(number),
         }
     }
 }
@@ -261,7 +241,7 @@ impl Event {
 /// One connection's subscription.
 #[derive(Debug)]
 struct Subscription {
-    watcher: Watcher,
+    watcher: Principal,
     topics: Vec<Topic>,
     queue: VecDeque<Arc<Event>>,
     bytes: usize,
@@ -305,7 +285,7 @@ impl Events {
     pub fn subscribe(
         &mut self,
         serial: u64,
-        watcher: Watcher,
+        watcher: Principal,
         topics: Vec<Topic>,
     ) -> Result<SubscribeReply, TooManyTopics> {
         let subscription = self

@@ -25,19 +25,19 @@ fn an_event_reaches_only_subscribers_that_may_see_it_and_want_it() {
     let mut events = Events::default();
     let spawns = vec![Topic::Kernel(KernelEvent::AgentSpawned)];
     events
-        .subscribe(1, Watcher::Operator { uid: 0 }, spawns.clone())
+        .subscribe(1, Principal::Operator { uid: 0 }, spawns.clone())
         .unwrap();
     events
-        .subscribe(2, Watcher::Operator { uid: 1000 }, spawns.clone())
+        .subscribe(2, Principal::Operator { uid: 1000 }, spawns.clone())
         .unwrap();
     events
-        .subscribe(3, Watcher::Agent { id: 5 }, spawns.clone())
+        .subscribe(3, Principal::Agent { id: 5 }, spawns.clone())
         .unwrap();
     events
-        .subscribe(4, Watcher::Agent { id: 6 }, spawns)
+        .subscribe(4, Principal::Agent { id: 6 }, spawns)
         .unwrap();
     events
-        .subscribe(5, Watcher::Agent { id: 5 }, vec![Topic::AnyCustom])
+        .subscribe(5, Principal::Agent { id: 5 }, vec![Topic::AnyCustom])
         .unwrap();
     assert_eq!(
         events.publish(spawned(tree(0, &[7, 5]))),
@@ -54,7 +54,7 @@ fn an_event_reaches_only_subscribers_that_may_see_it_and_want_it() {
 #[test]
 fn custom_topics_match_by_type_and_custom_matches_all() {
     let mut events = Events::default();
-    let me = Watcher::Operator { uid: 0 };
+    let me = Principal::Operator { uid: 0 };
     events
         .subscribe(1, me, vec![Topic::Custom("job.done".into())])
         .unwrap();
@@ -79,7 +79,7 @@ fn custom_topics_match_by_type_and_custom_matches_all() {
 #[test]
 fn a_full_queue_drops_the_oldest_and_poll_counts_them() {
     let mut events = Events::default();
-    let me = Watcher::Operator { uid: 0 };
+    let me = Principal::Operator { uid: 0 };
     events.subscribe(1, me, vec![Topic::AnyCustom]).unwrap();
     for n in 0..QUEUE_EVENTS + 5 {
         events.publish(Event::custom("t".into(), json!(n), 1, tree(0, &[])));
@@ -100,7 +100,7 @@ fn a_full_queue_drops_the_oldest_and_poll_counts_them() {
 #[test]
 fn subscriptions_end_with_their_connection_and_unsubscribe_names_what_ended() {
     let mut events = Events::default();
-    let me = Watcher::Agent { id: 3 };
+    let me = Principal::Agent { id: 3 };
     let topics = vec![Topic::AnyCustom, Topic::Kernel(KernelEvent::AgentExited)];
     events.subscribe(9, me, topics).unwrap();
     let reply = events.unsubscribe(9, Some(vec![Topic::AnyCustom, Topic::Custom("x".into())]));
@@ -122,7 +122,7 @@ fn a_journal_keeps_the_latest_and_counts_what_it_lost() {
         journal.push(spawned(tree(0, &[7])));
     }
     let mut events = Events::default();
-    let me = Watcher::Operator { uid: 0 };
+    let me = Principal::Operator { uid: 0 };
     events
         .subscribe(1, me, vec![Topic::Kernel(KernelEvent::AgentSpawned)])
         .unwrap();
@@ -139,16 +139,16 @@ fn a_tasks_end_is_heard_by_its_owner_alone() {
     let mut events = Events::default();
     let topic = vec![Topic::Kernel(KernelEvent::TaskEnded)];
     events
-        .subscribe(1, Watcher::Operator { uid: 0 }, topic.clone())
+        .subscribe(1, Principal::Operator { uid: 0 }, topic.clone())
         .unwrap();
     events
-        .subscribe(2, Watcher::Agent { id: 5 }, topic.clone())
+        .subscribe(2, Principal::Agent { id: 5 }, topic.clone())
         .unwrap();
     events
-        .subscribe(3, Watcher::Agent { id: 6 }, topic.clone())
+        .subscribe(3, Principal::Agent { id: 6 }, topic.clone())
         .unwrap();
     events
-        .subscribe(4, Watcher::Run { number: 9 }, topic)
+        .subscribe(4, Principal::Run { number: 9 }, topic)
         .unwrap();
     let agents = events.publish(ended(Principal::Agent { id: 5 }));
     assert_eq!(agents, 1, "not its tree's operator, nor another agent");

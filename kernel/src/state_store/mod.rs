@@ -26,7 +26,7 @@ use rusqlite::Connection;
 use serde::Serialize;
 
 use crate::agents::Agents;
-use crate::tasks::store::{answered, now_ms, Database, Transaction};
+use crate::tasks::store::{answered, hand, now_ms, Database, Transaction};
 use crate::workers::Job;
 pub use space::{Holder, Space};
 pub use sql::Quota;
@@ -143,12 +143,6 @@ impl StateStore {
     /// Hands `transaction` to the writer thread; dropped (and so answered
     /// `unavailable`) if the store has closed.
     fn run(&mut self, transaction: Transaction) {
-        let handed = self
-            .database
-            .as_ref()
-            .is_some_and(|database| database.run(transaction));
-        if !handed {
-            log::warn!("state store: the task store's writer has stopped; the request is dropped");
-        }
+        hand(self.database.as_ref(), "state store", transaction);
     }
 }

@@ -16,7 +16,7 @@ use agentos_proto::payload::{
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::request::{actor, reply, Outcome, Request};
-use crate::events::{AgentEventData, Audience, Event, Notice, Watcher};
+use crate::events::{AgentEventData, Audience, Event, Notice};
 use crate::kernel::{Actor, Kernel, Root};
 
 /// SUBSCRIBE.
@@ -33,7 +33,7 @@ pub fn subscribe(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 ));
             }
             let serial = connection(request, "SUBSCRIBE")?;
-            let watcher = watcher(&actor(kernel, request)?);
+            let watcher = actor(kernel, request)?.principal();
             kernel
                 .events
                 .subscribe(serial, watcher, topics)
@@ -134,15 +134,6 @@ fn connection(request: &Request<'_>, what: &str) -> Result<u64, ErrorReply> {
             format!("{what} is made on a connection of the kernel's socket, whose events it is"),
         )
     })
-}
-
-/// Whose view of events the caller has.
-fn watcher(actor: &Actor<'_>) -> Watcher {
-    match *actor {
-        Actor::Operator { uid, .. } => Watcher::Operator { uid },
-        Actor::Agent { id, .. } => Watcher::Agent { id },
-        Actor::Run { number, .. } => Watcher::Run { number },
-    }
 }
 
 /// Who may see what the caller emits: what may see the caller.

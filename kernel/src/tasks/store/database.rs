@@ -90,3 +90,11 @@ where
     });
     (transaction, job)
 }
+
+/// Hands `transaction` to `database`'s writer; when the store has closed
+/// (or never opened) it is dropped, and `what` says so in the log.
+pub fn hand(database: Option<&Database>, what: &str, transaction: Transaction) {
+    if !database.is_some_and(|database| database.run(transaction)) {
+        log::warn!("{what}: the task store's writer has stopped; a transaction is dropped");
+    }
+}

@@ -36,7 +36,7 @@ use mio::Waker;
 use nix::fcntl::{Flock, FlockArg};
 
 use database::Message;
-pub use database::{answered, Database, Transaction};
+pub use database::{answered, hand, Database, Transaction};
 #[cfg(test)]
 pub use error::RowError;
 pub use error::StoreError;
