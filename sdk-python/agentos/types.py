@@ -159,20 +159,31 @@ class _ExecutionRequired(TypedDict):
 class Execution(_ExecutionRequired, total=False):
     """EXEC: how a run ended. It succeeded when ``ok`` is true: exit code 0,
     not timed out. ``files`` holds the collected files' contents as bytes;
-    ``network`` counts connections when a network policy applied."""
+    ``network`` counts connections when a network policy applied;
+    ``fresh_interpreter`` is true when a session's files were kept but its
+    interpreter had ended (idle, a timeout, a kernel restart)."""
 
     ok: bool
     network: Dict[str, int]
+    fresh_interpreter: bool
 
 
-class Session(TypedDict):
-    """An EXEC session of yours."""
-
+class _SessionRequired(TypedDict):
     session: str
     created_at: str
     last_used_at: str
     runs: int
     workspace_bytes: int
+    state: Literal["running", "ready", "stored"]
+
+
+class Session(_SessionRequired, total=False):
+    """An EXEC session of yours: ``stored`` when only its disk is left (its
+    next run starts a fresh interpreter); ``disk_bytes`` and
+    ``disk_used_bytes`` when it has a disk of its own."""
+
+    disk_bytes: int
+    disk_used_bytes: int
 
 
 class Snapshot(TypedDict, total=False):

@@ -6,6 +6,10 @@ use serde::Deserialize;
 
 use super::common::ConfigError;
 
+/// The smallest session disk: an ext4 filesystem with room for files
+/// beside its journal and tables.
+pub const MIN_SESSION_DISK: u64 = 16 << 20;
+
 /// How EXEC runs code.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -29,8 +33,17 @@ pub struct ExecConfig {
     pub output_bytes: usize,
     /// A run's timeout when it gives none, in milliseconds.
     pub default_timeout_ms: u64,
-    /// A session unused this long is closed, in seconds.
+    /// A session unused this long has its interpreter ended, in seconds
+    /// (its disk stays, and its next run starts a fresh interpreter).
     pub session_idle_secs: u64,
+    /// Each session's disk (its `/workspace`, home and `/tmp`), in bytes:
+    /// allocated on the host when the session opens, and full at this.
+    pub session_disk_bytes: u64,
+    /// The disks of one owner's sessions together, in bytes.
+    pub owner_disk_bytes: u64,
+    /// An operator's session unused this long is removed, disk and all, in
+    /// seconds (0: kept until closed).
+    pub session_retention_secs: u64,
     /// Sessions one owner (an agent, or an operator's uid) may hold.
     pub max_sessions: usize,
     /// Sessions all owners together may hold: each keeps an interpreter.
@@ -60,6 +73,9 @@ impl Default for ExecConfig {
             output_bytes: 64 << 10,
             default_timeout_ms: 30_000,
             session_idle_secs: 900,
+            session_disk_bytes: 1 << 30,
+            owner_disk_bytes: 8 << 30,
+            session_retention_secs: 30 * 24 * 3600,
             max_sessions: 8,
             max_sessions_total: 256,
             max_file_bytes: 8 << 20,
@@ -98,6 +114,15 @@ impl ExecConfig {
         }
         if self.session_idle_secs == 0 {
             return invalid("exec.session_idle_secs", "must be at least 1");
+        }
+        if self.session_disk_bytes < MIN_SESSION_DISK {
+            return invalid("exec.session_disk_bytes", "must be at least 16 MiB");
+        }
+        if self.owner_disk_bytes < self.session_disk_bytes {
+            return invalid(
+                "exec.owner_disk_bytes",
+                "must be at least exec.session_disk_bytes",
+            );
         }
         Ok(())
     }

@@ -7,11 +7,13 @@
 //! stopping. A restore that is answered so takes its session with it.
 
 use std::collections::HashSet;
+use std::os::fd::OwnedFd;
 use std::time::Instant;
 
 use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo, SnapshotInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::disks::SessionDisks;
 use super::network::{Narrowed, RunNetwork};
 use super::order::{Finished, Order};
 use super::queues::{Caps, Share};
@@ -36,21 +38,38 @@ pub enum Closed {
     Open(usize),
 }
 
-/// The owners' queues and the sessions.
+/// An order for a session's child that runs no code of the caller's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionOp<'a> {
+    /// `op: snapshot`: save the session's files under `name`.
+    Snapshot {
+        /// The snapshot's name.
+        name: &'a str,
+    },
+    /// `op: restore`: put back the files saved under `name`.
+    Restore {
+        /// The snapshot's name.
+        name: &'a str,
+    },
+}
+
+/// The owners' queues and the sessions, with their disks.
 #[derive(Debug)]
 pub struct Backlog {
     requests: Requests,
     sessions: Sessions,
+    disks: SessionDisks,
 }
 
 impl Backlog {
     /// Nothing waiting, with `exec`'s caps: the runs one owner may hold of
     /// the children its hosts keep ready, and the sessions.
-    pub fn new(exec: &ExecConfig) -> Backlog {
+    pub fn new(exec: &ExecConfig, disks: SessionDisks) -> Backlog {
         let slots = exec.hosts * exec.ready_runs;
         Backlog {
             requests: Requests::new(Caps::for_slots(slots, exec.max_running_per_owner)),
             sessions: Sessions::new(exec),
+            disks,
         }
     }
 
@@ -76,6 +95,7 @@ impl Backlog {
             .same_grant(key, || requests.opening_grant(key), request)?;
         if !self.sessions.contains(key) && !requests.sessions().any(|k| k == key) {
             self.sessions.may_open(key.0, requests.sessions())?;
+            self.disks.may_make(key, requests.sessions())?;
         }
         Ok(None)
     }
@@ -83,7 +103,8 @@ impl Backlog {
     /// Queues `waiting` in its session's queue if the session is open
     /// (whose key is returned: the session is to be served), else in its
     /// owner's.
-    pub fn queue(&mut self, waiting: Waiting) -> Option<SessionKey> {
+    pub fn queue(&mut self, mut waiting: Waiting) -> Option<SessionKey> {
+        waiting.on_disk = waiting.session.is_some() && self.disks.available();
         let open = waiting.session.clone();
         match open.filter(|key| self.sessions.contains(key)) {
             Some(key) => {
@@ -182,6 +203,74 @@ impl Backlog {
         })
     }
 
+    /// Whether sessions have disks.
+    pub fn has_disks(&self) -> bool {
+        self.disks.available()
+    }
+
+    /// `waiting` has opened its session on `child`, whose pidfd is
+    /// `pidfd`: it waits first in the session's queue while the child is
+    /// given the session's disk (made if new). The child, if it has gone
+    /// (the session with it): `waiting` is answered so.
+    pub fn give_disk(
+        &mut self,
+        child: usize,
+        pidfd: Option<OwnedFd>,
+        waiting: Waiting,
+        replies: &mut Vec<Reply>,
+    ) -> Option<usize> {
+        let (Some(pidfd), Some(key)) = (pidfd, waiting.session.clone()) else {
+            let gone = ErrorReply::new(ErrorCode::Unavailable, "the session's sandbox ended");
+            replies.push((waiting.reply_to, gone.into()));
+            return Some(child);
+        };
+        let waiting = Waiting {
+            given_disk: true,
+            ..waiting
+        };
+        self.sessions.queue_front(&key, waiting);
+        self.disks.attach(child, pidfd, &key);
+        None
+    }
+
+    /// Sessions whose children have been given their disks since the last
+    /// call, to be served; and children that could not be (their
+    /// sessions ended, what waited for them answered why), to go.
+    pub fn disks_given(&mut self, replies: &mut Vec<Reply>) -> (Vec<SessionKey>, Vec<usize>) {
+        let (mut given, mut refused) = (Vec::new(), Vec::new());
+        for attached in self.disks.attached() {
+            let Some(key) = self.sessions.of_child(attached.child) else {
+                continue; // closed meanwhile: its child has gone
+            };
+            match attached.result {
+                Ok(existed) => {
+                    let record = existed.then(|| self.disks.record(&key)).flatten();
+                    self.sessions.disk_given(&key, record);
+                    given.push(key);
+                }
+                Err(why) => {
+                    let why = format!("session {:?} cannot be opened: {why}", key.1);
+                    let refusal = ErrorReply::new(ErrorCode::Unavailable, why);
+                    if let Some(session) = self.sessions.end(&key) {
+                        refuse_each(session.queue, &refusal, replies);
+                    }
+                    refused.push(attached.child);
+                }
+            }
+        }
+        (given, refused)
+    }
+
+    /// Removes session `key`'s disk: whether it had one.
+    pub fn remove_disk(&mut self, key: &SessionKey) -> bool {
+        self.disks.remove(key)
+    }
+
+    /// Unmounts every session's disk (shutdown).
+    pub fn finish(&mut self) {
+        self.disks.finish();
+    }
+
     /// An order of session `key` starts `now`: the session's child.
     pub fn begin(&mut self, key: &SessionKey, now: Instant) -> Option<usize> {
         self.sessions.begin(key, now)
@@ -256,9 +345,14 @@ impl Backlog {
         &mut self,
         key: &SessionKey,
         ran_code: bool,
+        workspace_bytes: Option<u64>,
         now: Instant,
     ) -> Option<Instant> {
-        self.sessions.order_ended(key, ran_code, now)
+        let idle_at = self.sessions.order_ended(key, ran_code, now);
+        if let Some((runs, last_used)) = self.sessions.to_record(key) {
+            self.disks.note(key, runs, last_used, workspace_bytes);
+        }
+        idle_at
     }
 
     /// Whether session `key` has been unused since `last_used`.
@@ -279,17 +373,16 @@ impl Backlog {
         owner: Principal,
         workspace_bytes: impl Fn(usize) -> u64,
     ) -> Vec<SessionInfo> {
-        self.sessions.list(owner, workspace_bytes)
+        let open = self.sessions.list(owner, workspace_bytes);
+        self.disks.with_stored(owner, open)
     }
 
-    /// The order of `op: snapshot` for session `key`.
-    pub fn snapshot_order(&self, key: &SessionKey, name: &str) -> Result<Order, ErrorReply> {
-        self.sessions.snapshot_order(key, name)
-    }
-
-    /// The order of `op: restore` for session `key`.
-    pub fn restore_order(&self, key: &SessionKey, name: &str) -> Result<Order, ErrorReply> {
-        self.sessions.restore_order(key, name)
+    /// The order `op` asks of session `key`.
+    pub fn order_for(&self, key: &SessionKey, op: SessionOp<'_>) -> Result<Order, ErrorReply> {
+        match op {
+            SessionOp::Snapshot { name } => self.sessions.snapshot_order(key, name),
+            SessionOp::Restore { name } => self.sessions.restore_order(key, name),
+        }
     }
 
     /// `op: snapshots`: session `key`'s snapshots, oldest first.
@@ -315,10 +408,11 @@ impl Backlog {
         }
     }
 
-    /// `owner` has ended: the names of its sessions, to be closed; what it
-    /// lost to memory is not to be told.
+    /// `owner` has ended: its sessions' disks go; the names of its open
+    /// sessions, to be closed; what it lost to memory is not to be told.
     pub fn end_owner(&mut self, owner: Principal) -> Vec<String> {
         self.sessions.forget_lost_of(owner);
+        self.disks.remove_owner(owner);
         self.sessions.names_of(owner)
     }
 

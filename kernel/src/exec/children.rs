@@ -363,7 +363,13 @@ impl Children {
         self.slab.get(child).is_some_and(RunChild::was_oom_killed)
     }
 
-    /// What a child's /workspace held after its last run.
+    /// A copy of a child's pidfd, if it has sent it.
+    pub fn pidfd(&self, child: usize) -> Option<std::os::fd::OwnedFd> {
+        let pidfd = self.slab.get(child)?.pidfd.as_ref()?;
+        pidfd.try_clone().ok()
+    }
+
+    /// Bytes of files in a session child's `/workspace`, as it last said.
     pub fn workspace_bytes(&self, child: usize) -> u64 {
         self.slab
             .get(child)

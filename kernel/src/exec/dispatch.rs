@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,9 +20,11 @@ use agentos_proto::payload::{ExecRequest, Language, Limits, SessionInfo, Snapsho
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::{Registry, Token};
 
-use super::backlog::{Backlog, Closed};
+use super::backlog::{Backlog, Closed, SessionOp};
 use super::cgroups::MadeFor;
 use super::children::Done;
+use super::dirs::ExecDirs;
+use super::disks::SessionDisks;
 use super::exec_cgroups::ExecCgroups;
 use super::exec_host::HostId;
 use super::hosts::HOST_RETRY;
@@ -87,7 +88,7 @@ impl Exec {
         namespaces: bool,
         cgroups: Option<Arc<Cgroups>>,
         waker: Arc<mio::Waker>,
-        tools_dir: Option<PathBuf>,
+        dirs: ExecDirs,
     ) -> io::Result<Exec> {
         let exec = &config.exec;
         let unavailable = zygote::unavailable(&exec.python, namespaces);
@@ -96,9 +97,10 @@ impl Exec {
         }
         let available = unavailable.is_none();
         let cgroups = cgroups.filter(|_| available);
+        let disks = SessionDisks::start(config, &dirs.state, Arc::clone(&waker));
         Ok(Exec {
-            pool: Pool::new(config, registry, token_base, tools_dir, available)?,
-            backlog: Backlog::new(exec),
+            pool: Pool::new(config, registry, token_base, dirs.tools, available)?,
+            backlog: Backlog::new(exec, disks),
             cgroups: ExecCgroups::start(cgroups, RunDefaults::of(exec), waker)?,
             network: RunNetwork::default(),
             spans: RunSpans::default(),
@@ -158,14 +160,15 @@ impl Exec {
     }
 
     /// Runs with a network policy are served by `gateway`'s proxy
-    /// (without one, such runs are refused).
-    pub fn serve_policies_with(&mut self, gateway: Arc<Gateway>) {
+    /// (without one, such runs are refused); spans of runs go to `tracer`.
+    pub fn connect(&mut self, gateway: Arc<Gateway>, tracer: Arc<Tracer>) {
         self.network.serve_with(gateway);
+        self.spans.trace_with(tracer);
     }
 
-    /// Spans of runs go to `tracer`.
-    pub fn trace_with(&mut self, tracer: Arc<Tracer>) {
-        self.spans.trace_with(tracer);
+    /// Whether sessions keep their files on disks of their own.
+    pub fn has_session_disks(&self) -> bool {
+        self.backlog.has_disks()
     }
 
     /// The interpreter runs use.
@@ -298,8 +301,8 @@ impl Exec {
                 }
                 Wake::SessionIdle { key, last_used } => {
                     if self.backlog.is_idle(&key, last_used) {
-                        log::debug!("exec session {:?} closed after being idle", key.1);
-                        self.close(key.0, &key.1, replies);
+                        log::debug!("exec session {:?}: idle, its interpreter ends", key.1);
+                        self.end_interpreter(&key, replies);
                     }
                 }
             }
@@ -328,6 +331,14 @@ impl Exec {
     /// Sends the cgroups made since the last call to their hosts, and keeps
     /// those made inside agents' for their runs, which may start now.
     pub fn on_wake(&mut self, replies: &mut Vec<Reply>) {
+        let (given, refused) = self.backlog.disks_given(replies);
+        for child in refused {
+            self.pool.children().kill_quietly(child);
+            self.drop_child(child);
+        }
+        for key in given {
+            self.serve_session(&key, replies, Instant::now());
+        }
         let mut for_agents = false;
         for made in self.cgroups.made() {
             match made.made_for {
@@ -367,7 +378,14 @@ impl Exec {
                 return;
             };
             self.backlog.open_session(child, &mut waiting, now);
-            self.start(child, waiting, replies, now);
+            if !waiting.on_disk {
+                self.start(child, waiting, replies, now);
+                continue;
+            }
+            let pidfd = self.pool.children().pidfd(child);
+            if let Some(gone) = self.backlog.give_disk(child, pidfd, waiting, replies) {
+                self.child_gone(gone, replies);
+            }
         }
     }
 
@@ -385,7 +403,8 @@ impl Exec {
         let Some(waiting) = next else {
             return;
         };
-        if matches!(waiting.order, Order::Restore { .. }) && waiting.carried.is_none() {
+        let fresh = waiting.carried.is_some() || waiting.given_disk;
+        if matches!(waiting.order, Order::Restore { .. }) && !fresh {
             if let Some(child) = self.backlog.begin_restore(key, waiting) {
                 self.pool.children().kill_quietly(child);
                 self.drop_child(child);
@@ -457,6 +476,7 @@ impl Exec {
         let key = self.backlog.session_of(child);
         let finished = done.finished;
         let ran_code = matches!(finished.order, Order::Run);
+        let bytes = finished.workspace_bytes;
         if let Some(span) = done.span {
             self.spans.ended(span, &finished.reply);
         }
@@ -478,7 +498,7 @@ impl Exec {
             self.backlog.end_session(&key);
             return self.drop_child(child);
         }
-        if let Some(idle_at) = self.backlog.order_ended(&key, ran_code, now) {
+        if let Some(idle_at) = self.backlog.order_ended(&key, ran_code, bytes, now) {
             let last_used = now;
             let wake = Wake::SessionIdle {
                 key: key.clone(),
@@ -510,7 +530,7 @@ impl Exec {
             if self.pool.children().was_oom_killed(child) {
                 self.backlog.note_lost(&key);
             }
-            self.close(key.0, &key.1, replies);
+            self.end_interpreter(&key, replies);
         }
         self.drop_child(child);
     }
@@ -522,17 +542,26 @@ impl Exec {
         }
     }
 
-    /// The owner's sessions (`op: sessions`).
+    /// The owner's sessions (`op: sessions`): those with an interpreter,
+    /// and those stored on their disks.
     pub fn sessions(&self, owner: Principal) -> Vec<SessionInfo> {
         let children = self.pool.children();
         self.backlog
             .sessions(owner, |child| children.workspace_bytes(child))
     }
 
-    /// Ends a session (`op: close`): its interpreter and /workspace go;
+    /// Ends a session (`op: close`): its interpreter and its files go;
     /// a run of it still going is killed. Whether there was one.
     pub fn close(&mut self, owner: Principal, name: &str, replies: &mut Vec<Reply>) -> bool {
-        match self.backlog.close(&(owner, name.to_owned()), replies) {
+        let key = (owner, name.to_owned());
+        let had_disk = self.backlog.remove_disk(&key);
+        self.end_interpreter(&key, replies) || had_disk
+    }
+
+    /// Ends session `key`'s interpreter (a run of it still going is
+    /// killed); its disk, if it has one, stays. Whether it had one.
+    fn end_interpreter(&mut self, key: &SessionKey, replies: &mut Vec<Reply>) -> bool {
+        match self.backlog.close(key, replies) {
             Closed::Nothing => false,
             Closed::Restoring => true,
             Closed::Open(child) => {
@@ -546,34 +575,28 @@ impl Exec {
         }
     }
 
-    /// `op: snapshot`: queued behind the session's runs; answered once the
-    /// session's child has written it.
-    pub fn snapshot(
+    /// `op: snapshot` or `op: restore`, queued behind the session's runs:
+    /// a snapshot is answered once the session's child has written it; a
+    /// restore gives the session a fresh interpreter on the snapshot's
+    /// `/workspace`.
+    pub fn session_order(
         &mut self,
         caller: RunCaller,
         session: &str,
-        name: &str,
+        op: SessionOp<'_>,
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
         let key = (caller.principal, session.to_owned());
-        let order = self.backlog.snapshot_order(&key, name)?;
-        self.queue_for_session(key, caller, order, reply_to, replies)
-    }
-
-    /// `op: restore`: queued behind the session's runs; then the session
-    /// gets a fresh interpreter whose `/workspace` is the snapshot's.
-    pub fn restore(
-        &mut self,
-        caller: RunCaller,
-        session: &str,
-        name: &str,
-        reply_to: ReplyTo,
-        replies: &mut Vec<Reply>,
-    ) -> Result<(), ErrorReply> {
-        let key = (caller.principal, session.to_owned());
-        let order = self.backlog.restore_order(&key, name)?;
-        self.queue_for_session(key, caller, order, reply_to, replies)
+        let order = self.backlog.order_for(&key, op)?;
+        let now = Instant::now();
+        let limits = self.cgroups.limits(&caller.limits, None)?;
+        self.backlog.may_wait(caller.share)?;
+        let timeout = self.caps.default_timeout;
+        let waiting = Waiting::for_session(&key, caller, order, reply_to, limits, timeout, now);
+        self.backlog.queue(waiting);
+        self.serve_session(&key, replies, now);
+        Ok(())
     }
 
     /// `op: snapshots`: a session's snapshots, oldest first.
@@ -583,25 +606,6 @@ impl Exec {
         session: &str,
     ) -> Result<Vec<SnapshotInfo>, ErrorReply> {
         self.backlog.snapshots(&(owner, session.to_owned()))
-    }
-
-    /// Queues a snapshot or restore for session `key`, behind its runs.
-    fn queue_for_session(
-        &mut self,
-        key: SessionKey,
-        caller: RunCaller,
-        order: Order,
-        reply_to: ReplyTo,
-        replies: &mut Vec<Reply>,
-    ) -> Result<(), ErrorReply> {
-        let now = Instant::now();
-        let limits = self.cgroups.limits(&caller.limits, None)?;
-        self.backlog.may_wait(caller.share)?;
-        let timeout = self.caps.default_timeout;
-        let waiting = Waiting::for_session(&key, caller, order, reply_to, limits, timeout, now);
-        self.backlog.queue(waiting);
-        self.serve_session(&key, replies, now);
-        Ok(())
     }
 
     /// Cancels the run whose reply goes to `reply_to`: one still waiting
@@ -689,5 +693,6 @@ impl Exec {
     /// removed, and whatever is left in them killed.
     pub fn finish_shutdown(&mut self) {
         self.cgroups.finish(self.pool.take_cgroups());
+        self.backlog.finish();
     }
 }

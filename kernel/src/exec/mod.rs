@@ -43,6 +43,8 @@ mod child;
 mod children;
 mod connections;
 mod counts;
+mod dirs;
+mod disks;
 mod dispatch;
 mod exec_cgroups;
 mod exec_host;
@@ -64,6 +66,8 @@ mod waiting;
 pub mod wire;
 pub mod zygote;
 
+pub use backlog::SessionOp;
+pub use dirs::ExecDirs;
 pub use dispatch::Exec;
 pub use exec_host::HostId;
 pub use queues::Share;

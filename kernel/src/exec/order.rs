@@ -56,8 +56,17 @@ impl OrderCaps {
 
     /// What `request` becomes for the run child, as `order`'s op; `keep`:
     /// the child is kept for a session after it.
-    pub fn wire_order(&self, request: ExecRequest, order: &Order, keep: bool) -> wire::RunOrder {
+    pub fn wire_order(
+        &self,
+        request: ExecRequest,
+        order: &Order,
+        keep: bool,
+        on_disk: bool,
+    ) -> wire::RunOrder {
         let mut env = zygote::run_env();
+        if on_disk {
+            env.extend(zygote::session_env());
+        }
         env.extend(request.env);
         wire::RunOrder {
             op: order.op(),
@@ -70,6 +79,7 @@ impl OrderCaps {
             max_file_bytes: self.max_file_bytes,
             max_collect_bytes: self.max_collect_bytes(),
             keep,
+            on_disk,
             join: 0,
             trace: None,
             print_last_expression: request.print_last_expression,

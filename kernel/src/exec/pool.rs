@@ -270,7 +270,9 @@ impl Pool {
         let asked_limits = waiting.request.limits.is_some();
         let request = std::mem::take(&mut waiting.request);
         let keep = waiting.session.is_some();
-        let mut order = with.caps.wire_order(request, &waiting.order, keep);
+        let mut order = with
+            .caps
+            .wire_order(request, &waiting.order, keep, waiting.on_disk);
         let run = self.children.get_mut(child)?;
         let queued = now.saturating_duration_since(waiting.queued_at);
         self.counts.started(queued);

@@ -8,9 +8,10 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
-use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo, SnapshotInfo};
+use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo, SessionState, SnapshotInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::disks::SessionRecord;
 use super::order::{Finished, Order};
 use super::snapshots::{self, Snapshots};
 use super::waiting::{refuse_each, Carried, RunAsk, Session, SessionKey, Waiting};
@@ -70,6 +71,13 @@ impl Sessions {
                 last_used_at: rfc3339(session.last_used_at),
                 runs: session.runs,
                 workspace_bytes: workspace_bytes(session.child),
+                state: if session.busy {
+                    SessionState::Running
+                } else {
+                    SessionState::Ready
+                },
+                disk_bytes: None,
+                disk_used_bytes: None,
             })
             .collect()
     }
@@ -275,9 +283,39 @@ impl Sessions {
     }
 
     /// The reply to a finished order of session `key`'s (a snapshot is
-    /// kept if it was taken).
-    pub fn answer(&mut self, key: &SessionKey, finished: Finished) -> Answer {
+    /// kept if it was taken; the first run on a fresh interpreter says so).
+    pub fn answer(&mut self, key: &SessionKey, mut finished: Finished) -> Answer {
+        if let (Some(session), Order::Run) = (self.open.get_mut(key), &finished.order) {
+            finished.reply.fresh_interpreter = std::mem::take(&mut session.fresh);
+        }
         self.snapshots.answer(key, finished)
+    }
+
+    /// Puts `waiting` first in session `key`'s queue.
+    pub fn queue_front(&mut self, key: &SessionKey, waiting: Waiting) {
+        if let Some(session) = self.open.get_mut(key) {
+            session.queue.push_front(waiting);
+        }
+    }
+
+    /// Session `key`'s child has its disk: its orders may start. A session
+    /// that was stored (`record`) goes on from where it was, on a fresh
+    /// interpreter.
+    pub fn disk_given(&mut self, key: &SessionKey, record: Option<&SessionRecord>) {
+        let Some(session) = self.open.get_mut(key) else {
+            return;
+        };
+        session.busy = false;
+        if let Some(record) = record {
+            session.created_at = record.created();
+            session.runs = record.runs;
+            session.fresh = true;
+        }
+    }
+
+    /// What session `key`'s record is to say now.
+    pub fn to_record(&self, key: &SessionKey) -> Option<(u64, SystemTime)> {
+        self.open.get(key).map(|s| (s.runs, s.last_used_at))
     }
 
     /// Queues `waiting` for session `key`, if it is open.

@@ -85,6 +85,11 @@ pub struct Waiting {
     pub net_record: Option<Arc<Mutex<Record>>>,
     /// The run's span, with tracing on.
     pub span: Option<OpenSpan>,
+    /// Its session's child works on the session's disk.
+    pub on_disk: bool,
+    /// It opened its session on a fresh child, which has been given the
+    /// session's disk since (a restore among them needs no other child).
+    pub given_disk: bool,
 }
 
 impl Waiting {
@@ -116,6 +121,8 @@ impl Waiting {
             policy: caller.policy,
             net_record: caller.net_record,
             span: None,
+            on_disk: false,
+            given_disk: false,
         }
     }
 
@@ -201,6 +208,9 @@ pub struct Session {
     pub busy: bool,
     /// What the run that opened it asked for its connection.
     pub grant: RunAsk,
+    /// It was reopened on its disk with a fresh interpreter: its next
+    /// run's reply says so.
+    pub fresh: bool,
 }
 
 impl Session {
@@ -223,6 +233,7 @@ impl Session {
             queue: carried.queue,
             grant: carried.grant,
             busy: true,
+            fresh: false,
         }
     }
 

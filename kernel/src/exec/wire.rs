@@ -156,6 +156,11 @@ pub struct RunOrder {
     /// Keep the run child for more orders (a session).
     #[serde(default)]
     pub keep: bool,
+    /// The session's disk is mounted over `/workspace`, `/tmp` and the
+    /// session's home: the child works there, with the session's own
+    /// Python environment.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_disk: bool,
     /// How many of the descriptors attached are files the child writes
     /// `0` into first, to move itself into a cgroup inside its agent's
     /// (they come first; the run's connection or a memfd after them).

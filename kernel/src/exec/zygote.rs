@@ -16,6 +16,7 @@ use std::sync::LazyLock;
 use super::wire::{self, Settings};
 use crate::sandbox::mounts::{PROC_MASKED, PROC_READ_ONLY};
 use crate::sandbox::plan::Workload;
+pub use crate::sandbox::plan::SESSION_HOME;
 use crate::sandbox::seccomp;
 use crate::sandbox::spec::Bind;
 
@@ -33,6 +34,8 @@ const PARTS: &str = concat!(
     "\n\n",
     include_str!("zygote/running.py"),
     "\n\n",
+    include_str!("zygote/session_disk.py"),
+    "\n\n",
     include_str!("zygote/child.py"),
     "\n\n",
     include_str!("zygote/site_builtins.py"),
@@ -40,14 +43,18 @@ const PARTS: &str = concat!(
     include_str!("zygote/main.py"),
 );
 
-/// Each run's working directory and home, a tmpfs of its own.
+/// Each run's working directory and home, a tmpfs of its own (a
+/// session's, on its disk).
 pub const WORKSPACE: &str = "/workspace";
+/// A session's own Python environment, in its home ([`SESSION_HOME`], on
+/// its disk, with pip's and npm's caches): what its code installs.
+pub const SESSION_VENV: &str = "/home/user/.venv";
 
 /// The zygote's whole program: the wire's prelude, this file's names, then
 /// the parts.
 static PROGRAM: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "{}WORKSPACE = {WORKSPACE:?}\n\n\n{PARTS}",
+        "{}WORKSPACE = {WORKSPACE:?}\nSESSION_VENV = {SESSION_VENV:?}\n\n\n{PARTS}",
         wire::python_prelude()
     )
 });
@@ -145,6 +152,23 @@ pub fn settings(setup: &ExecHostSetup) -> Vec<u8> {
         tools_path: setup.tools_dir.as_ref().map(|_| TOOLS_PATH),
     }
     .encode()
+}
+
+/// What a session's runs have beside [`run_env`]: its home, and its own
+/// Python environment first on the path, as an activated one is.
+pub fn session_env() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("HOME".to_owned(), SESSION_HOME.to_owned()),
+        ("VIRTUAL_ENV".to_owned(), SESSION_VENV.to_owned()),
+        (
+            "PATH".to_owned(),
+            format!("{SESSION_VENV}/bin:/usr/local/bin:/usr/bin:/bin"),
+        ),
+        ("TMPDIR".to_owned(), "/tmp".to_owned()),
+        // Asking the index for pip's own version on every install is
+        // a request the policy may refuse, and noise in the output.
+        ("PIP_DISABLE_PIP_VERSION_CHECK".to_owned(), "1".to_owned()),
+    ])
 }
 
 /// The environment every run starts with; a request's `env` adds to it.
@@ -269,6 +293,7 @@ mod tests {
             max_file_bytes: 0,
             max_collect_bytes: 0,
             keep: false,
+            on_disk: true,
             join: 0,
             trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             print_last_expression: true,
@@ -288,6 +313,7 @@ mod tests {
             include_str!("zygote/files.py"),
             include_str!("zygote/snapshots.py"),
             include_str!("zygote/running.py"),
+            include_str!("zygote/session_disk.py"),
             include_str!("zygote/child.py"),
             include_str!("zygote/site_builtins.py"),
             include_str!("zygote/main.py"),

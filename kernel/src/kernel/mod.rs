@@ -58,7 +58,7 @@ pub use tool_calls::ToolCaller;
 use crate::address::{Outbox, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents};
 use crate::config::Config;
-use crate::exec::{Exec, RunCaller};
+use crate::exec::{Exec, ExecDirs, RunCaller};
 use crate::identity::{Principal, KERNEL_OPERATOR};
 use crate::llm::{Asker, Llm};
 use crate::sandbox::runtime::machine::Machine;
@@ -181,10 +181,12 @@ impl Kernel {
             namespaces,
             sandboxes.cgroups(),
             Arc::clone(&waker),
-            catalog.dir(),
+            ExecDirs {
+                tools: catalog.dir(),
+                state: config.tasks.state_dir(socket),
+            },
         )?;
-        exec.serve_policies_with(Arc::clone(&gateway));
-        exec.trace_with(Arc::clone(&tracer));
+        exec.connect(Arc::clone(&gateway), Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         let services = services::start(start::http_upstream(&config)?, Arc::clone(&waker));
         let (mut tasks, database) = Tasks::open(&config.tasks, socket, waker, Instant::now())?;

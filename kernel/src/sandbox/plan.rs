@@ -41,6 +41,8 @@ const DEVICES: [&str; 5] = [
 pub const SOCKET_INSIDE: &str = "/run/agentos/agentos.sock";
 /// The writable working directory of every sandbox.
 pub const WORKSPACE: &str = "/workspace";
+/// Where an exec host's runs have a session's home mounted.
+pub const SESSION_HOME: &str = "/home/user";
 
 /// How this daemon builds sandboxes (the same for every one).
 #[derive(Clone, Debug)]
@@ -173,6 +175,36 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
         target: CA_BUNDLE_INSIDE.into(),
         writable: false,
     }));
+    let mut tmpfs = vec![
+        Tmpfs {
+            target: "/tmp".into(),
+            size: profile.tmp_size,
+            mode: 0o1777,
+            owned_by_user: false,
+        },
+        Tmpfs {
+            target: WORKSPACE.into(),
+            size: profile.workspace_size,
+            mode: 0o700,
+            owned_by_user: true,
+        },
+        Tmpfs {
+            target: "/dev/shm".into(),
+            size: profile.tmp_size,
+            mode: 0o1777,
+            owned_by_user: false,
+        },
+    ];
+    if shape.nested {
+        // Where a session's home is mounted in its run: the host's own is
+        // an empty directory no run may write.
+        tmpfs.push(Tmpfs {
+            target: SESSION_HOME.into(),
+            size: 4096,
+            mode: 0o755,
+            owned_by_user: false,
+        });
+    }
     let mut masks: Vec<PathBuf> = ETC_SECRETS.iter().map(PathBuf::from).collect();
     masks.extend(profile.extra_masks.iter().cloned());
     SandboxSpec {
@@ -188,26 +220,7 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
             staging: profile.staging.clone(),
             binds,
             symlinks,
-            tmpfs: vec![
-                Tmpfs {
-                    target: "/tmp".into(),
-                    size: profile.tmp_size,
-                    mode: 0o1777,
-                    owned_by_user: false,
-                },
-                Tmpfs {
-                    target: WORKSPACE.into(),
-                    size: profile.workspace_size,
-                    mode: 0o700,
-                    owned_by_user: true,
-                },
-                Tmpfs {
-                    target: "/dev/shm".into(),
-                    size: profile.tmp_size,
-                    mode: 0o1777,
-                    owned_by_user: false,
-                },
-            ],
+            tmpfs,
             masks,
             devices: DEVICES.iter().map(PathBuf::from).collect(),
             proc: true,

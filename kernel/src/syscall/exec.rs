@@ -16,7 +16,7 @@ use agentos_proto::ErrorReply;
 use super::async_poll;
 use super::request::{actor, reply, Outcome, Request};
 use crate::address::Answer;
-use crate::exec::RunCaller;
+use crate::exec::{RunCaller, SessionOp};
 use crate::kernel::{Kernel, Permission};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
@@ -35,18 +35,18 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             Ok(None) => kernel.start_run(*run, principal, request.reply_to),
             Err(err) => Err(err),
         },
-        ExecCall::Snapshot { session, name } => run_caller(kernel, request).and_then(|caller| {
-            let replies = &mut kernel.outbox.replies;
-            kernel
-                .exec
-                .snapshot(caller, &session, &name, request.reply_to, replies)
-        }),
-        ExecCall::Restore { session, name } => run_caller(kernel, request).and_then(|caller| {
-            let replies = &mut kernel.outbox.replies;
-            kernel
-                .exec
-                .restore(caller, &session, &name, request.reply_to, replies)
-        }),
+        ExecCall::Snapshot { session, name } => session_order(
+            kernel,
+            request,
+            &session,
+            SessionOp::Snapshot { name: &name },
+        ),
+        ExecCall::Restore { session, name } => session_order(
+            kernel,
+            request,
+            &session,
+            SessionOp::Restore { name: &name },
+        ),
         ExecCall::Sessions => {
             return Outcome::Reply(Answer::json(&SessionsReply {
                 success: true,
@@ -89,4 +89,18 @@ fn refusal(err: ErrorReply) -> Answer {
         ..ExecReply::default()
     }
     .into()
+}
+
+/// Queues a snapshot or restore for the caller's session.
+fn session_order(
+    kernel: &mut Kernel,
+    request: &Request<'_>,
+    session: &str,
+    op: SessionOp<'_>,
+) -> Result<(), ErrorReply> {
+    let caller = run_caller(kernel, request)?;
+    let replies = &mut kernel.outbox.replies;
+    kernel
+        .exec
+        .session_order(caller, session, op, request.reply_to, replies)
 }

@@ -39,6 +39,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 cgroup: kernel.sandboxes.machine().cgroup_version(),
                 network_policy: kernel.gateway.unavailable().is_none(),
                 pause: kernel.sandboxes.machine().can_freeze(),
+                session_disks: kernel.exec.has_session_disks(),
             },
             limits: Some(ProtocolLimits {
                 max_request_bytes: config.max_request_bytes,

@@ -141,6 +141,7 @@ fn order(language: &str, code: &str) -> RunOrder {
         max_file_bytes: 1 << 20,
         max_collect_bytes: 4 << 20,
         keep: false,
+        on_disk: false,
         join: 0,
         trace: None,
         print_last_expression: false,

@@ -516,6 +516,12 @@ pub struct ExecReply {
     /// The machine word, when the run could not happen at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<crate::error::ErrorCode>,
+    /// The session was there (its files and packages on its disk), but
+    /// its interpreter had ended (idle, a timeout, a restart of the
+    /// kernel): this run started a fresh one, without the variables of
+    /// earlier runs. Absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh_interpreter: bool,
 }
 
 /// One of the caller's sessions.
@@ -532,6 +538,29 @@ pub struct SessionInfo {
     pub runs: u64,
     /// Bytes of files in its `/workspace`.
     pub workspace_bytes: u64,
+    /// `running` (an order of it is going), `ready` (its interpreter
+    /// waits) or `stored` (only its disk is left; its next run starts a
+    /// fresh interpreter).
+    pub state: SessionState,
+    /// Its disk's size, when it has one (the most its files may take).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// Bytes used on its disk, when it is mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_used_bytes: Option<u64>,
+}
+
+/// Where a session stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// An order of it is going.
+    Running,
+    /// Its interpreter waits for the next run.
+    Ready,
+    /// Only its disk is left.
+    Stored,
 }
 
 /// The reply to `{"op":"sessions"}`.

@@ -64,6 +64,10 @@ pub struct Features {
     /// PAUSE freezes agents (cgroups with a freezer).
     #[serde(default)]
     pub pause: bool,
+    /// Sessions keep their files and packages on disks of their own,
+    /// which outlive their interpreters and the kernel (else in memory).
+    #[serde(default)]
+    pub session_disks: bool,
 }
 
 /// Size limits a client should respect.
@@ -193,7 +197,7 @@ mod tests {
         }
         assert_eq!(
             serde_json::to_string(&Features::default()).unwrap(),
-            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null,"network_policy":false,"pause":false}"#
+            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null,"network_policy":false,"pause":false,"session_disks":false}"#
         );
     }
 

@@ -50,8 +50,8 @@ pub use events::{
 };
 pub use exec::{
     ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, RunPermissions,
-    SessionInfo, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply, Truncated,
-    MAX_EXEC_FILES, MAX_EXEC_PATH_LEN, MAX_EXEC_TIMEOUT_MS,
+    SessionInfo, SessionState, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply,
+    Truncated, MAX_EXEC_FILES, MAX_EXEC_PATH_LEN, MAX_EXEC_TIMEOUT_MS,
 };
 pub use files::{ReadReply, ReadRequest, WriteMode, WriteReply, WriteRequest};
 pub use hello::{
