@@ -91,6 +91,10 @@ def start_kernel(workdir: Path, config: str = "", llm: bool = False) -> Kernel:
     env["AGENTOS_LOG_LEVEL"] = "debug"
     env["AGENTOS_AGENT_LOG_DIR"] = str(workdir / "logs")
     env["AGENTOS_STATE_DIR"] = str(workdir / "state")
+    # Sessions' disks are allocated whole: tests keep them small (a test's
+    # config may size them itself).
+    if "session_disk_bytes" not in config:
+        env.setdefault("AGENTOS_SESSION_DISK_BYTES", str(TEST_SESSION_DISK_BYTES))
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [binary("agentosd"), "--socket", sock, "--config", config_path],
@@ -151,7 +155,22 @@ def kernel_with(config: str = "", llm: bool = False) -> Iterator[Kernel]:
             except subprocess.TimeoutExpired:
                 k.process.kill()
                 k.process.wait()
+        detach_beneath(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# Each session's disk in a test's kernel (64 MiB).
+TEST_SESSION_DISK_BYTES = 64 << 20
+
+
+def detach_beneath(directory: Path) -> None:
+    """Detaches what a killed kernel left mounted beneath ``directory``
+    (its sessions' disks), deepest first, so the directory can go."""
+    with open("/proc/self/mountinfo") as mounts:
+        points = [line.split(" ")[4] for line in mounts]
+    beneath = [p for p in points if Path(p).is_relative_to(directory)]
+    for point in sorted(beneath, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 @pytest.fixture

@@ -150,8 +150,9 @@ enum Command {
     /// Run code in a fresh, isolated sandbox: prints its output and exits
     /// with its exit code (128 + the signal if one ended it)
     Exec(exec::ExecArgs),
-    /// Your EXEC sessions (interpreters and /workspace kept between runs)
-    Sessions,
+    /// Your EXEC sessions (interpreters and /workspace kept between runs,
+    /// and with disks their packages); --close NAME ends one, files and all
+    Sessions(sessions::SessionsArgs),
     /// Save a session's /workspace as a named snapshot (--list: its
     /// snapshots)
     Snapshot(sessions::SnapshotArgs),
@@ -313,7 +314,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Rm(rm_args) => agents::rm(client, rm_args, wait_for, json),
         Command::Think(think_args) => think::think(client, think_args, json),
         Command::Exec(exec_args) => return exec::exec(client, exec_args, json),
-        Command::Sessions => sessions::sessions(client, json),
+        Command::Sessions(sessions_args) => sessions::sessions(client, sessions_args, json),
         Command::Snapshot(snapshot_args) => sessions::snapshot(client, snapshot_args, json),
         Command::Restore(restore_args) => sessions::restore(client, restore_args, json),
         Command::Tools { search } => tools(client, &search, json),

@@ -3,13 +3,22 @@
 //! their files.
 
 use agentos_proto::payload::{
-    ExecCall, RestoredReply, SessionsReply, SnapshotReply, SnapshotsReply,
+    ClosedReply, ExecCall, RestoredReply, SessionState, SessionsReply, SnapshotReply,
+    SnapshotsReply,
 };
 use agentos_proto::{Client, ClientError, ErrorCode, Opcode};
 
 use crate::error::CliError;
 use crate::format::human_size;
 use crate::raw::Raw;
+
+/// `agentos sessions`' options.
+#[derive(Debug, clap::Args)]
+pub struct SessionsArgs {
+    /// End this session: its interpreter, its files and its packages go
+    #[arg(long, value_name = "SESSION")]
+    close: Option<String>,
+}
 
 /// `agentos snapshot`'s options.
 #[derive(Debug, clap::Args)]
@@ -55,30 +64,66 @@ fn ask(client: &mut Client, call: &ExecCall) -> Result<Raw, CliError> {
         })
 }
 
-pub fn sessions(client: &mut Client, json: bool) -> Result<(), CliError> {
+pub fn sessions(client: &mut Client, args: SessionsArgs, json: bool) -> Result<(), CliError> {
+    if let Some(session) = args.close {
+        let raw = ask(
+            client,
+            &ExecCall::Close {
+                session: session.clone(),
+            },
+        )?;
+        if json {
+            return raw.print();
+        }
+        let reply: ClosedReply = raw.decode()?;
+        if !reply.closed {
+            return Err(CliError::NoSuchSession {
+                session,
+                message: "there is no such session".into(),
+            });
+        }
+        println!("session '{session}' closed: its interpreter and its files are gone");
+        return Ok(());
+    }
     let raw = ask(client, &ExecCall::Sessions)?;
     if json {
         return raw.print();
     }
     let reply: SessionsReply = raw.decode()?;
     println!(
-        "{:<24} {:<21} {:<21} {:>6} {:>10}",
-        "SESSION", "CREATED", "LAST USED", "RUNS", "WORKSPACE"
+        "{:<24} {:<8} {:<21} {:<21} {:>6} {:>10} {:>15}",
+        "SESSION", "STATE", "CREATED", "LAST USED", "RUNS", "WORKSPACE", "DISK USED"
     );
     for session in &reply.sessions {
+        let disk = match (session.disk_used_bytes, session.disk_bytes) {
+            (Some(used), Some(size)) => format!("{}/{}", human_size(used), human_size(size)),
+            (None, Some(size)) => format!("-/{}", human_size(size)),
+            _ => "-".to_owned(),
+        };
         println!(
-            "{:<24} {:<21} {:<21} {:>6} {:>10}",
+            "{:<24} {:<8} {:<21} {:<21} {:>6} {:>10} {:>15}",
             session.session,
+            state_word(session.state),
             session.created_at,
             session.last_used_at,
             session.runs,
             human_size(session.workspace_bytes),
+            disk,
         );
     }
     if reply.sessions.is_empty() {
         eprintln!("agentos: no sessions (agentos exec --session NAME CODE starts one)");
     }
     Ok(())
+}
+
+/// A session's state as the protocol spells it.
+fn state_word(state: SessionState) -> &'static str {
+    match state {
+        SessionState::Running => "running",
+        SessionState::Ready => "ready",
+        SessionState::Stored => "stored",
+    }
 }
 
 pub fn snapshot(client: &mut Client, args: SnapshotArgs, json: bool) -> Result<(), CliError> {

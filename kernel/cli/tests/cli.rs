@@ -289,8 +289,10 @@ fn sessions_snapshot_restore_and_tasks_read_as_text() {
     let read = workspace_file_of_s1(&daemon);
     assert_eq!(read, "one\n");
     let sessions = ok(&daemon, &["sessions"]);
+    let line = sessions.lines().nth(1).unwrap();
+    assert!(line.starts_with("s1 "), "{sessions}");
     assert!(
-        sessions.lines().nth(1).unwrap().starts_with("s1 "),
+        line.split_whitespace().nth(1) == Some("ready"),
         "{sessions}"
     );
     assert_eq!(
@@ -299,6 +301,10 @@ fn sessions_snapshot_restore_and_tasks_read_as_text() {
     );
     let listed = ok(&daemon, &["snapshot", "s1", "--list"]);
     assert!(listed.contains("before"), "{listed}");
+    let closed = ok(&daemon, &["sessions", "--close", "s1"]);
+    assert!(closed.contains("session 's1' closed"), "{closed}");
+    let gone = agentos(&daemon, &["sessions", "--close", "s1"]);
+    assert_eq!(gone.code, 1, "{}", gone.stderr);
     let missing = agentos(&daemon, &["restore", "nope", "before"]);
     assert_eq!(missing.code, 1);
     assert!(

@@ -390,6 +390,11 @@ impl Config {
         parse_env(&get, "AGENTOS_MAX_IN_FLIGHT", &mut self.max_in_flight)?;
         parse_env(
             &get,
+            "AGENTOS_SESSION_DISK_BYTES",
+            &mut self.exec.session_disk_bytes,
+        )?;
+        parse_env(
+            &get,
             "AGENTOS_ALLOW_SHARED_SOCKET_DIR",
             &mut self.allow_shared_socket_dir,
         )?;

@@ -26,6 +26,26 @@ pub struct Daemon {
     config: PathBuf,
 }
 
+/// Each session's disk in a test's daemon, unless the test sets
+/// `AGENTOS_SESSION_DISK_BYTES` itself.
+pub const TEST_SESSION_DISK_BYTES: &str = "67108864";
+
+/// Detaches everything mounted beneath `dir`, deepest first.
+pub fn detach_beneath(dir: &Path) {
+    let Ok(mounts) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| Path::new(point).starts_with(dir))
+        .collect();
+    points.sort_by_key(|point| std::cmp::Reverse(point.len()));
+    for point in points {
+        let _ = nix::mount::umount2(Path::new(point), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 /// Variables that would point a daemon at an LLM from outside the test;
 /// set empty, which the daemon reads as unset.
 const LLM_VARIABLES: [&str; 11] = [
@@ -245,6 +265,10 @@ fn launch_with(
     fs::write(&config_path, with_llm_off_by_default(config)).unwrap();
     let log = dir.join(format!("agentosd-{}.log", unique()));
     let mut command = Command::new(agentosd());
+    if !config.contains("session_disk_bytes") {
+        // Sessions' disks are allocated whole: tests keep them small.
+        command.env("AGENTOS_SESSION_DISK_BYTES", TEST_SESSION_DISK_BYTES);
+    }
     if let Some(limit) = nofile {
         // SAFETY: setrlimit is async-signal-safe; nothing else runs
         // between fork and exec here.
@@ -292,6 +316,9 @@ impl Drop for Daemon {
         }
         let mut state = self.socket.as_os_str().to_owned();
         state.push(".d");
+        // A daemon killed leaves its sessions' disks mounted, for the next
+        // kernel to take up; none comes.
+        detach_beneath(self.dir.path());
         while nix::mount::umount2(
             Path::new(&state),
             nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,

@@ -45,10 +45,20 @@ pub fn prompt_text(result: &PromptResult) -> String {
     }
 }
 
+/// What a run's text starts with when its session's interpreter was new.
+const FRESH_INTERPRETER: &str = "(the session's interpreter had ended and was started afresh: \
+    its files and installed packages are kept, variables from earlier runs are not)\n";
+
 /// An EXEC run's output as a person reads it: stdout, then stderr, then
-/// why the run failed if it did.
+/// why the run failed if it did (after a word on a fresh interpreter).
 pub fn run_text(run: &ExecReply) -> String {
-    let mut text = run.stdout.clone();
+    let mut text = String::new();
+    if run.fresh_interpreter {
+        // A model that counts on an earlier run's variables learns at once
+        // why they are gone.
+        text.push_str(FRESH_INTERPRETER);
+    }
+    text.push_str(&run.stdout);
     text.push_str(&run.stderr);
     if let Some(error) = &run.error {
         if !text.is_empty() && !text.ends_with('\n') {

@@ -153,7 +153,7 @@ impl SessionDisks {
     }
 
     fn dir(&self, key: &SessionKey) -> SessionDir {
-        SessionDir(self.owner_dir(key.0).join(&key.1))
+        SessionDir(self.owner_dir(key.0).join(dir_name(&key.1)))
     }
 
     /// Session `key`'s record, if it has a disk.
@@ -333,6 +333,24 @@ impl SessionDisks {
     }
 }
 
+/// The directory of session `name`: the name itself, which the protocol
+/// keeps to letters, digits, `_`, `.` and `-`; anything else (never sent
+/// by a client the protocol's checks passed) spelled in hex, so that no
+/// name ever leaves its owner's directory.
+fn dir_name(name: &str) -> String {
+    let plain = !name.is_empty()
+        && name != "."
+        && !name.contains("..")
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if plain {
+        return name.to_owned();
+    }
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("x-{hex}")
+}
+
 /// The directory name of `owner`'s sessions.
 fn owner_dir_name(owner: Principal) -> String {
     match owner {
@@ -357,6 +375,16 @@ fn owner_of(name: &str) -> Option<Principal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_session_name_leaves_its_owners_directory() {
+        assert_eq!(dir_name("s1.v2-x_y"), "s1.v2-x_y");
+        for hostile in ["..", "../etc", "/abs", "a/b", ".", ""] {
+            let name = dir_name(hostile);
+            assert!(name.starts_with("x-"), "{hostile:?} -> {name}");
+            assert!(!name.contains('/') && !name.contains(".."), "{name}");
+        }
+    }
 
     #[test]
     fn owners_name_their_directories_both_ways() {

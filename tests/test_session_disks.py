@@ -1,0 +1,244 @@
+"""Sessions' disks against a real agentosd: each session's /workspace, home
+(its own Python environment, pip's and npm's caches) and /tmp live on a
+disk of its own under the state directory, so `pip install` and `npm
+install` work in a session and last — across its runs, an idle or timed-out
+interpreter, and a kernel killed with SIGKILL — until the session is
+closed; a write past the disk's size is ENOSPC in the sandbox.
+
+Packages come from the tests' stand-in index (tests/package_index_standin.py)
+on the host's loopback, reached through the kernel's egress proxy as a
+session's run would reach PyPI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from agentos import AgentOSClient
+from agentos.errors import LimitExceeded
+from conftest import Kernel, detach_beneath, kernel_with, start_kernel
+
+INDEX_HOST = "127.0.0.9"
+# The run's network: the stand-in index and nothing else.
+INDEX_ONLY = {"allow": [f"{INDEX_HOST}/32"]}
+# A slow pip or npm on two busy cores.
+INSTALL_MS = 180_000
+
+
+def has_root() -> bool:
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: sessions' disks need a root kernel (loop devices, mounts)")
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def index() -> Iterator[str]:
+    """The stand-in index's address, host:port."""
+    directory = Path(tempfile.mkdtemp(prefix="agentos-index-"))
+    ready = directory / "ready"
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("package_index_standin.py")),
+         "--listen", f"{INDEX_HOST}:0", "--ready-file", str(ready)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert server.poll() is None, "the stand-in index exited"
+            assert time.monotonic() < deadline, "the stand-in index did not come up"
+            time.sleep(0.05)
+        yield ready.read_text()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def run(client: AgentOSClient, code: str, language: str = "python", **fields) -> dict:
+    fields.setdefault("timeout_ms", INSTALL_MS)
+    return client.exec(code, language, **fields)
+
+
+def mounts_beneath(directory: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as mounts:
+        points = [line.split(" ")[4] for line in mounts]
+    return [p for p in points if Path(p).is_relative_to(directory)]
+
+
+def test_packages_installed_by_the_code_last_through_a_kernel_killed_with_sigkill(index):
+    if not has_root():
+        return
+    workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
+    env = {"PIP_INDEX_URL": f"http://{index}/simple/"}
+    kernel = start_kernel(workdir)
+    try:
+        with AgentOSClient(kernel.socket_path) as client:
+            assert client.hello()["features"]["session_disks"] is True
+            # pip, as a shell would run it: into the session's environment.
+            pip = run(client, "pip install agentos-probe && echo $HOME $VIRTUAL_ENV $TMPDIR",
+                      "bash", session="s1", env=env, network=INDEX_ONLY)
+            assert pip["ok"], pip
+            assert "Successfully installed agentos-probe-1.0.0" in pip["stdout"], pip
+            assert "/home/user /home/user/.venv /tmp" in pip["stdout"], pip
+            # Imported by the session's own interpreter, in its next run.
+            imported = run(client, "import agentos_probe\nprint(agentos_probe.VALUE)\nx = 42",
+                           session="s1", network=INDEX_ONLY)
+            assert imported["stdout"] == "from the stand-in index\n", imported
+            # `python -m pip`, from Python code, in another session.
+            module = run(client, textwrap.dedent("""
+                import subprocess, sys
+                done = subprocess.run(["python", "-m", "pip", "install", "agentos-probe"],
+                                      capture_output=True, text=True)
+                print(done.returncode, done.stdout.strip().splitlines()[-1])
+                import agentos_probe
+                print(agentos_probe.__file__)
+                """), session="s2", env=env, network=INDEX_ONLY)
+            assert module["ok"], module
+            assert module["stdout"].startswith("0 Successfully installed"), module
+            assert "/home/user/.venv/lib/" in module["stdout"], module
+            # npm, in /workspace, with its cache in the session's home.
+            npm = run(client, f"cd /workspace && npm install --registry http://{index}/ "
+                              "--no-audit --no-fund agentos-probe-npm >/dev/null && "
+                              "node -e 'console.log(require(\"agentos-probe-npm\"))' && "
+                              "test -d ~/.npm && echo cached",
+                      "bash", session="s1", network=INDEX_ONLY)
+            assert npm["ok"], npm
+            assert npm["stdout"] == "from the stand-in registry\ncached\n", npm
+            kept = run(client, "open('/workspace/notes.txt', 'w').write('kept')",
+                       session="s1", network=INDEX_ONLY)
+            assert kept["ok"], kept
+        # The kernel dies without a word; its sessions' disks stay. (The
+        # session opens again with what its next run asks: no network.)
+        kernel.process.kill()
+        kernel.process.wait()
+        kernel = start_kernel(workdir)
+        with AgentOSClient(kernel.socket_path) as client:
+            listed = {s["session"]: s for s in client.sessions()}
+            assert set(listed) == {"s1", "s2"}, listed
+            assert listed["s1"]["state"] == "stored", listed
+            assert listed["s1"]["disk_bytes"] == 64 << 20, listed
+            after = run(client, textwrap.dedent("""
+                import agentos_probe
+                print(agentos_probe.VALUE, open('notes.txt').read(), 'x' in globals())
+                """), session="s1")
+            assert after["ok"], after
+            assert after["stdout"] == "from the stand-in index kept False\n", after
+            assert after.get("fresh_interpreter") is True, after
+            again = run(client, "print('again')", session="s1")
+            assert "fresh_interpreter" not in again, again
+            node = run(client, "node -e 'console.log(require(\"agentos-probe-npm\"))'",
+                       "bash", session="s1")
+            assert node["stdout"] == "from the stand-in registry\n", node
+            assert client.close_session("s1") is True
+            assert client.close_session("s2") is True
+            assert client.sessions() == []
+        # Closed, a session's disk goes (on the disks' own thread, soon).
+        sessions = workdir / "state" / "sessions"
+        deadline = time.monotonic() + 10
+        while any(sessions.glob("*/s*")) or mounts_beneath(workdir / "state"):
+            assert time.monotonic() < deadline, (list(sessions.rglob("*")),
+                                                 mounts_beneath(workdir / "state"))
+            time.sleep(0.05)
+    finally:
+        kernel.stop()
+        detach_beneath(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_write_past_the_disk_is_enospc_in_the_sandbox_and_nothing_else_notices():
+    if not has_root():
+        return
+    config = "[exec]\nsession_disk_bytes = 16777216\nowner_disk_bytes = 33554432\n"
+    with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path) as client:
+        flood = run(client, textwrap.dedent("""
+            import errno
+            written = 0
+            try:
+                with open('flood', 'wb') as sink:
+                    while True:
+                        sink.write(b'x' * (1 << 20))
+                        sink.flush()
+                        written += 1
+            except OSError as err:
+                print(errno.errorcode[err.errno], written)
+            """), session="full")
+        code, megabytes = flood["stdout"].split()
+        assert code == "ENOSPC", flood
+        assert 8 <= int(megabytes) <= 16, flood
+        # The session, the kernel and another owner's work go on.
+        assert run(client, "print(1)", session="full")["stdout"] == "1\n"
+        assert run(client, "print(2)")["stdout"] == "2\n"
+        listed = {s["session"]: s for s in client.sessions()}
+        assert listed["full"]["disk_used_bytes"] <= listed["full"]["disk_bytes"], listed
+        # Two disks fill the owner's share; a third is refused until one goes.
+        assert run(client, "print(3)", session="second")["ok"]
+        with pytest.raises(LimitExceeded) as refused:
+            run(client, "print(4)", session="third")
+        assert "exec.owner_disk_bytes" in str(refused.value)
+        assert client.close_session("full") is True
+        assert run(client, "import os; print(os.listdir('.'))", session="third")["stdout"] == "[]\n"
+
+
+def test_an_idle_or_timed_out_interpreter_ends_and_its_files_stay():
+    if not has_root():
+        return
+    with kernel_with("[exec]\nsession_idle_secs = 1\n") as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "x = 1; open('kept.txt', 'w').write('kept')", session="s")["ok"]
+        deadline = time.monotonic() + 20
+        while client.sessions()[0]["state"] != "stored":
+            assert time.monotonic() < deadline, client.sessions()
+            time.sleep(0.2)
+        after = run(client, "print('x' in globals(), open('kept.txt').read())", session="s")
+        assert after["stdout"] == "False kept\n", after
+        assert after.get("fresh_interpreter") is True, after
+        timed = run(client, "y = 2\nwhile True: pass", session="s", timeout_ms=500)
+        assert timed["timed_out"] is True, timed
+        later = run(client, "print('y' in globals(), open('kept.txt').read())", session="s")
+        assert later["stdout"] == "False kept\n", later
+        assert later.get("fresh_interpreter") is True, later
+
+
+def test_a_run_sees_its_own_sessions_disk_and_nothing_of_the_host_or_other_sessions():
+    if not has_root():
+        return
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "open('secret.txt', 'w').write('mine')", session="a")["ok"]
+        look = textwrap.dedent("""
+            import json, os
+            mounts = open('/proc/self/mountinfo').read()
+            print(json.dumps({
+                'files': os.listdir('/workspace'),
+                'home': sorted(os.listdir('/home/user')),
+                'host_paths': [line.split()[3] for line in mounts.splitlines()
+                               if 'sessions' in line or 'disk.img' in line],
+                'disk': [(line.split()[4], line.split()[5]) for line in mounts.splitlines()
+                         if line.split(' - ')[1].startswith('ext4 ')
+                         and line.split()[4] in ('/workspace', '/home/user', '/tmp')],
+            }))
+            """)
+        other = json.loads(run(client, look, session="b")["stdout"])
+        assert other["files"] == [], other
+        assert other["home"] == [".venv"], other
+        assert other["host_paths"] == [], other
+        assert sorted(point for point, _ in other["disk"]) == ["/home/user", "/tmp", "/workspace"]
+        assert all("nosuid" in o and "nodev" in o for _, o in other["disk"]), other
+        # A run without a session has no disk: its home is an empty
+        # directory it cannot write.
+        bare = run(client, "import os\nprint(os.listdir('/home/user'))\n"
+                           "open('/home/user/x', 'w')")
+        assert bare["stdout"] == "[]\n", bare
+        assert "PermissionError" in bare["error"], bare
