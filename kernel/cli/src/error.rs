@@ -32,6 +32,9 @@ pub enum CliError {
     /// The kernel's refusal, found in a reply the command reads itself.
     #[error(transparent)]
     Refused(ErrorReply),
+    /// A template build failed, or a template named is not there.
+    #[error("{0}")]
+    Template(String),
     /// No agent with this id among those the caller may see.
     #[error("no agent with id {0} (agentos ps -a lists them)")]
     NoAgentWithId(u32),

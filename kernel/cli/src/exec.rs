@@ -30,6 +30,9 @@ pub struct ExecArgs {
     /// Run it in this session's interpreter and /workspace
     #[arg(short, long)]
     session: Option<String>,
+    /// Start from this template (agentos template ls lists them)
+    #[arg(long)]
+    template: Option<String>,
     /// The code is bash, not Python
     #[arg(long)]
     bash: bool,
@@ -88,6 +91,7 @@ impl ExecArgs {
                 Language::Python
             },
             session: self.session,
+            template: self.template,
             timeout_ms: self.run_timeout.map(millis),
             network: self.policy.network(),
             ..ExecRequest::default()

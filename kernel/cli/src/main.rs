@@ -36,6 +36,7 @@ mod run;
 mod sessions;
 mod spawn;
 mod task;
+mod templates;
 mod think;
 mod tools;
 mod top;
@@ -159,6 +160,10 @@ enum Command {
     /// Put a session's /workspace back as a snapshot had it, with a new
     /// interpreter
     Restore(sessions::RestoreArgs),
+    /// Templates: read-only Python environments built once (build, ls, rm)
+    /// that runs and sessions start from (agentos exec --template NAME)
+    #[command(subcommand)]
+    Template(templates::TemplateCommand),
     /// List the tools you may use and the tool servers' states; with
     /// words, search the tools for them (best first)
     Tools {
@@ -291,6 +296,9 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Task(TaskCommand::Wait { .. }) | Command::Run(_) => 600.0,
         // The run's own limit, with room for its reply.
         Command::Exec(exec) => exec.run_timeout.map_or(60.0, |secs| secs + 30.0),
+        Command::Template(templates::TemplateCommand::Build { build_timeout, .. }) => {
+            build_timeout.map_or(templates::BUILD_WAIT.as_secs_f64(), |secs| secs + 60.0)
+        }
         Command::Call(call) => call.call_timeout.map_or(3630.0, |secs| secs + 30.0),
         _ => 30.0,
     };
@@ -317,6 +325,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Sessions(sessions_args) => sessions::sessions(client, sessions_args, json),
         Command::Snapshot(snapshot_args) => sessions::snapshot(client, snapshot_args, json),
         Command::Restore(restore_args) => sessions::restore(client, restore_args, json),
+        Command::Template(command) => templates::template(client, command, json),
         Command::Tools { search } => tools(client, &search, json),
         Command::Call(call_args) => call_tool(client, call_args, json),
         Command::Task(command) => return task(client, command, wait_for, json),

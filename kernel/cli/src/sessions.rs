@@ -49,7 +49,7 @@ fn ask(client: &mut Client, call: &ExecCall) -> Result<Raw, CliError> {
         | ExecCall::Snapshots { session }
         | ExecCall::Snapshot { session, .. }
         | ExecCall::Restore { session, .. } => Some(session),
-        ExecCall::Sessions | ExecCall::Run(_) => None,
+        _ => None,
     };
     client
         .call_json(Opcode::EXEC, &serde_json::to_vec(call)?)

@@ -60,6 +60,16 @@ pub struct ExecConfig {
     /// Bytes of session snapshots (compressed) all owners together may
     /// keep: snapshots are held in the kernel's memory.
     pub snapshot_bytes_total: u64,
+    /// A template's disk while it is built, in bytes (shrunk to what it
+    /// holds once built).
+    pub template_disk_bytes: u64,
+    /// The package index templates are built from (pip's index URL).
+    pub template_index_url: String,
+    /// Where a template's build may connect: the index's hosts (network
+    /// policy entries), and nothing else.
+    pub template_index_hosts: Vec<String>,
+    /// A template build's time limit when it gives none, in milliseconds.
+    pub template_build_timeout_ms: u64,
 }
 
 impl Default for ExecConfig {
@@ -83,6 +93,10 @@ impl Default for ExecConfig {
             default_max_pids: 64,
             snapshot_bytes: 512 << 20,
             snapshot_bytes_total: 2 << 30,
+            template_disk_bytes: 4 << 30,
+            template_index_url: "https://pypi.org/simple/".into(),
+            template_index_hosts: vec!["pypi.org:443".into(), "files.pythonhosted.org:443".into()],
+            template_build_timeout_ms: 1_800_000,
         }
     }
 }
@@ -117,6 +131,18 @@ impl ExecConfig {
         }
         if self.session_disk_bytes < MIN_SESSION_DISK {
             return invalid("exec.session_disk_bytes", "must be at least 16 MiB");
+        }
+        if self.template_disk_bytes < MIN_SESSION_DISK {
+            return invalid("exec.template_disk_bytes", "must be at least 16 MiB");
+        }
+        let url = &self.template_index_url;
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            return invalid("exec.template_index_url", "must be an http(s) URL");
+        }
+        if !(1..=agentos_proto::payload::MAX_EXEC_TIMEOUT_MS)
+            .contains(&self.template_build_timeout_ms)
+        {
+            return invalid("exec.template_build_timeout_ms", "must be 1 ms to one hour");
         }
         if self.owner_disk_bytes < self.session_disk_bytes {
             return invalid(

@@ -13,6 +13,7 @@ use std::time::Instant;
 use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo, SnapshotInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+pub use super::disk_work::{DiskWork, DisksDone};
 use super::disks::SessionDisks;
 use super::network::{Narrowed, RunNetwork};
 use super::order::{Finished, Order};
@@ -58,7 +59,8 @@ pub enum SessionOp<'a> {
 pub struct Backlog {
     requests: Requests,
     sessions: Sessions,
-    disks: SessionDisks,
+    /// Sessions' and templates' disks, and what waits on them.
+    disks: DiskWork,
 }
 
 impl Backlog {
@@ -69,7 +71,7 @@ impl Backlog {
         Backlog {
             requests: Requests::new(Caps::for_slots(slots, exec.max_running_per_owner)),
             sessions: Sessions::new(exec),
-            disks,
+            disks: DiskWork::new(disks),
         }
     }
 
@@ -95,7 +97,7 @@ impl Backlog {
             .same_grant(key, || requests.opening_grant(key), request)?;
         if !self.sessions.contains(key) && !requests.sessions().any(|k| k == key) {
             self.sessions.may_open(key.0, requests.sessions())?;
-            self.disks.may_make(key, requests.sessions())?;
+            self.disks.store.may_make(key, requests.sessions())?;
         }
         Ok(None)
     }
@@ -104,7 +106,7 @@ impl Backlog {
     /// (whose key is returned: the session is to be served), else in its
     /// owner's.
     pub fn queue(&mut self, mut waiting: Waiting) -> Option<SessionKey> {
-        waiting.on_disk = waiting.session.is_some() && self.disks.available();
+        waiting.on_disk = waiting.session.is_some() && self.disks.store.available();
         let open = waiting.session.clone();
         match open.filter(|key| self.sessions.contains(key)) {
             Some(key) => {
@@ -203,72 +205,27 @@ impl Backlog {
         })
     }
 
-    /// Whether sessions have disks.
-    pub fn has_disks(&self) -> bool {
-        self.disks.available()
-    }
-
-    /// `waiting` has opened its session on `child`, whose pidfd is
-    /// `pidfd`: it waits first in the session's queue while the child is
-    /// given the session's disk (made if new). The child, if it has gone
-    /// (the session with it): `waiting` is answered so.
-    pub fn give_disk(
+    /// `waiting` has been given `child`, whose pidfd is `pidfd`: it waits
+    /// while the child is given its disks (see [`DiskWork::give`]).
+    pub fn give_disks(
         &mut self,
         child: usize,
         pidfd: Option<OwnedFd>,
         waiting: Waiting,
         replies: &mut Vec<Reply>,
     ) -> Option<usize> {
-        let (Some(pidfd), Some(key)) = (pidfd, waiting.session.clone()) else {
-            let gone = ErrorReply::new(ErrorCode::Unavailable, "the session's sandbox ended");
-            replies.push((waiting.reply_to, gone.into()));
-            return Some(child);
-        };
-        let waiting = Waiting {
-            given_disk: true,
-            ..waiting
-        };
-        self.sessions.queue_front(&key, waiting);
-        self.disks.attach(child, pidfd, &key);
-        None
+        self.disks
+            .give(child, pidfd, waiting, &mut self.sessions, replies)
     }
 
-    /// Sessions whose children have been given their disks since the last
-    /// call, to be served; and children that could not be (their
-    /// sessions ended, what waited for them answered why), to go.
-    pub fn disks_given(&mut self, replies: &mut Vec<Reply>) -> (Vec<SessionKey>, Vec<usize>) {
-        let (mut given, mut refused) = (Vec::new(), Vec::new());
-        for attached in self.disks.attached() {
-            let Some(key) = self.sessions.of_child(attached.child) else {
-                continue; // closed meanwhile: its child has gone
-            };
-            match attached.result {
-                Ok(existed) => {
-                    let record = existed.then(|| self.disks.record(&key)).flatten();
-                    self.sessions.disk_given(&key, record);
-                    given.push(key);
-                }
-                Err(why) => {
-                    let why = format!("session {:?} cannot be opened: {why}", key.1);
-                    let refusal = ErrorReply::new(ErrorCode::Unavailable, why);
-                    if let Some(session) = self.sessions.end(&key) {
-                        refuse_each(session.queue, &refusal, replies);
-                    }
-                    refused.push(attached.child);
-                }
-            }
-        }
-        (given, refused)
+    /// What the disks' thread has answered (see [`DiskWork::done`]).
+    pub fn disks_done(&mut self, replies: &mut Vec<Reply>) -> DisksDone {
+        self.disks.done(&mut self.sessions, replies)
     }
 
-    /// Removes session `key`'s disk: whether it had one.
-    pub fn remove_disk(&mut self, key: &SessionKey) -> bool {
-        self.disks.remove(key)
-    }
-
-    /// Unmounts every session's disk (shutdown).
-    pub fn finish(&mut self) {
-        self.disks.finish();
+    /// The disks of sessions and templates, and what waits on them.
+    pub fn disks(&mut self) -> &mut DiskWork {
+        &mut self.disks
     }
 
     /// An order of session `key` starts `now`: the session's child.
@@ -350,7 +307,7 @@ impl Backlog {
     ) -> Option<Instant> {
         let idle_at = self.sessions.order_ended(key, ran_code, now);
         if let Some((runs, last_used)) = self.sessions.to_record(key) {
-            self.disks.note(key, runs, last_used, workspace_bytes);
+            self.disks.store.note(key, runs, last_used, workspace_bytes);
         }
         idle_at
     }
@@ -374,7 +331,7 @@ impl Backlog {
         workspace_bytes: impl Fn(usize) -> u64,
     ) -> Vec<SessionInfo> {
         let open = self.sessions.list(owner, workspace_bytes);
-        self.disks.with_stored(owner, open)
+        self.disks.store.with_stored(owner, open)
     }
 
     /// The order `op` asks of session `key`.
@@ -412,7 +369,7 @@ impl Backlog {
     /// sessions, to be closed; what it lost to memory is not to be told.
     pub fn end_owner(&mut self, owner: Principal) -> Vec<String> {
         self.sessions.forget_lost_of(owner);
-        self.disks.remove_owner(owner);
+        self.disks.store.remove_owner(owner);
         self.sessions.names_of(owner)
     }
 
@@ -420,6 +377,7 @@ impl Backlog {
     /// carries its session takes the session with it: what waited for the
     /// session is answered too, and its snapshots go.
     pub fn refuse(&mut self, mut waiting: Waiting, refusal: &ErrorReply, replies: &mut Vec<Reply>) {
+        self.disks.not_started(&waiting);
         if let (Some(carried), Some(key)) = (waiting.carried.take(), &waiting.session) {
             let ended = "ended while it was being restored; run again to start a new one";
             self.sessions.drop_carried(key, carried, ended, replies);
@@ -469,6 +427,7 @@ impl Backlog {
     /// sessions'.
     fn take_where(&mut self, mut pick: impl FnMut(&Waiting) -> bool) -> Vec<Waiting> {
         let mut taken = self.requests.take_where(&mut pick);
+        taken.extend(self.disks.take_attaching_where(&mut pick));
         taken.extend(self.sessions.take_queued(pick));
         taken
     }
@@ -524,6 +483,7 @@ impl Backlog {
         replies: &mut Vec<Reply>,
     ) {
         for mut waiting in self.take_where(|waiting| waiting.deadline <= now) {
+            self.disks.not_started(&waiting);
             // A restore that never got its sandbox ends its session.
             if let (Some(carried), Some(key)) = (waiting.carried.take(), &waiting.session) {
                 let ended = "ended: restoring it found no sandbox within its timeout";

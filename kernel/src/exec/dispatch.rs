@@ -24,6 +24,7 @@ use super::backlog::{Backlog, Closed, SessionOp};
 use super::cgroups::MadeFor;
 use super::children::Done;
 use super::dirs::ExecDirs;
+use super::disk_work::DiskWork;
 use super::disks::SessionDisks;
 use super::exec_cgroups::ExecCgroups;
 use super::exec_host::HostId;
@@ -35,7 +36,7 @@ use super::pool::{Event, Launch, Pool};
 use super::spans::RunSpans;
 use super::waiting::{RunCaller, SessionKey, Waiting};
 use super::{files, zygote};
-use crate::address::{Adopted, Reply, ReplyTo};
+use crate::address::{Reply, ReplyTo};
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::config::Config;
 use crate::identity::Principal;
@@ -112,34 +113,27 @@ impl Exec {
         })
     }
 
+    /// The exec hosts and their run children (what runs have printed,
+    /// their connections, their figures).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The pool, to take runs' connections from or count their tool calls.
+    pub fn pool_mut(&mut self) -> &mut Pool {
+        &mut self.pool
+    }
+
+    /// Sessions' and templates' disks.
+    pub fn disks(&mut self) -> &mut DiskWork {
+        self.backlog.disks()
+    }
+
     /// The `tools` package has changed: each host's zygote imports it
     /// again, and the children it prepared with the old one are replaced
     /// (sessions keep theirs).
     pub fn tools_changed(&mut self) {
         self.pool.tools_changed(&self.cgroups);
-    }
-
-    /// What the run whose reply goes to `reply_to` has printed so far
-    /// (within `max` bytes), while it runs.
-    pub fn output_so_far(&self, reply_to: ReplyTo, max: usize) -> Option<String> {
-        self.pool.children().output_so_far(reply_to, max)
-    }
-
-    /// A TOOL call made on the kernel connection of run `number` was
-    /// answered with `bytes`: the run's reply counts it.
-    pub fn tool_delivered(&mut self, number: u64, bytes: usize) {
-        self.pool.children_mut().tool_delivered(number, bytes);
-    }
-
-    /// Runs' connections to the kernel made since the last call, each
-    /// tagged with its run's number.
-    pub fn take_adopted(&mut self) -> Vec<Adopted> {
-        self.pool.take_adopted()
-    }
-
-    /// Whether runs' connections wait for the reactor.
-    pub fn has_adopted(&self) -> bool {
-        self.pool.has_adopted()
     }
 
     /// Whether EXEC can serve runs on this host.
@@ -166,11 +160,6 @@ impl Exec {
         self.spans.trace_with(tracer);
     }
 
-    /// Whether sessions keep their files on disks of their own.
-    pub fn has_session_disks(&self) -> bool {
-        self.backlog.has_disks()
-    }
-
     /// The interpreter runs use.
     pub fn python(&self) -> &std::path::Path {
         &self.pool.setup().python
@@ -184,16 +173,6 @@ impl Exec {
         asked: Option<&Limits>,
     ) -> Result<CgroupLimits, ErrorReply> {
         self.cgroups.limits(&caller.limits, asked)
-    }
-
-    /// Adds EXEC's series to the kernel's metrics.
-    pub fn add_metrics(&self, snapshot: &mut crate::telemetry::metrics::Snapshot) {
-        self.pool.add_metrics(snapshot);
-    }
-
-    /// Run children prepared and waiting for code.
-    pub fn ready_runs(&self) -> usize {
-        self.pool.ready_count()
     }
 
     /// EXEC runs accepted from `agent`, its tasks' included.
@@ -242,7 +221,10 @@ impl Exec {
             *self.runs_by_agent.entry(id).or_default() += 1;
         }
         let span = self.spans.open(&request, run, caller.agent.as_ref());
+        let asked = (&request, caller.principal, reply_to);
+        let template = self.backlog.disks().template_for(asked)?;
         let mut waiting = Waiting::new(request, caller, reply_to, limits, timeout, now);
+        waiting.template = template;
         waiting.run = Some(run);
         waiting.span = span;
         match self.backlog.queue(waiting) {
@@ -331,12 +313,15 @@ impl Exec {
     /// Sends the cgroups made since the last call to their hosts, and keeps
     /// those made inside agents' for their runs, which may start now.
     pub fn on_wake(&mut self, replies: &mut Vec<Reply>) {
-        let (given, refused) = self.backlog.disks_given(replies);
-        for child in refused {
+        let done = self.backlog.disks_done(replies);
+        for child in done.refused {
             self.pool.children().kill_quietly(child);
             self.drop_child(child);
         }
-        for key in given {
+        for (child, waiting) in done.ready {
+            self.start(child, waiting, replies, Instant::now());
+        }
+        for key in done.sessions {
             self.serve_session(&key, replies, Instant::now());
         }
         let mut for_agents = false;
@@ -378,12 +363,12 @@ impl Exec {
                 return;
             };
             self.backlog.open_session(child, &mut waiting, now);
-            if !waiting.on_disk {
+            if !waiting.needs_disks() {
                 self.start(child, waiting, replies, now);
                 continue;
             }
             let pidfd = self.pool.children().pidfd(child);
-            if let Some(gone) = self.backlog.give_disk(child, pidfd, waiting, replies) {
+            if let Some(gone) = self.backlog.give_disks(child, pidfd, waiting, replies) {
                 self.child_gone(gone, replies);
             }
         }
@@ -483,7 +468,15 @@ impl Exec {
         let reply_to = finished.reply_to;
         let reply = match &key {
             Some(key) => self.backlog.answer(key, finished),
-            None => finished.reply.into(),
+            // A template build's reply waits for the template.
+            None => match self
+                .backlog
+                .disks()
+                .build_ran(child, reply_to, finished.reply)
+            {
+                Some(reply) => reply.into(),
+                None => return self.drop_child(child),
+            },
         };
         replies.push((reply_to, reply));
         let Some(key) = key else {
@@ -537,6 +530,7 @@ impl Exec {
 
     /// Lets a child go; the share its run held has room again.
     fn drop_child(&mut self, child: usize) {
+        self.backlog.disks().child_dropped(child);
         if let Some(share) = self.pool.drop_child(child, &self.cgroups) {
             self.backlog.ended(share);
         }
@@ -554,7 +548,7 @@ impl Exec {
     /// a run of it still going is killed. Whether there was one.
     pub fn close(&mut self, owner: Principal, name: &str, replies: &mut Vec<Reply>) -> bool {
         let key = (owner, name.to_owned());
-        let had_disk = self.backlog.remove_disk(&key);
+        let had_disk = self.backlog.disks().store.remove(&key);
         self.end_interpreter(&key, replies) || had_disk
     }
 
@@ -693,6 +687,6 @@ impl Exec {
     /// removed, and whatever is left in them killed.
     pub fn finish_shutdown(&mut self) {
         self.cgroups.finish(self.pool.take_cgroups());
-        self.backlog.finish();
+        self.backlog.disks().store.finish();
     }
 }

@@ -44,6 +44,7 @@ mod children;
 mod connections;
 mod counts;
 mod dirs;
+mod disk_work;
 mod disks;
 mod dispatch;
 mod exec_cgroups;
@@ -68,6 +69,7 @@ pub mod zygote;
 
 pub use backlog::SessionOp;
 pub use dirs::ExecDirs;
+pub use disk_work::Build;
 pub use dispatch::Exec;
 pub use exec_host::HostId;
 pub use queues::Share;

@@ -62,11 +62,10 @@ impl OrderCaps {
         order: &Order,
         keep: bool,
         on_disk: bool,
+        template: bool,
     ) -> wire::RunOrder {
         let mut env = zygote::run_env();
-        if on_disk {
-            env.extend(zygote::session_env());
-        }
+        env.extend(zygote::disk_env(on_disk, template));
         env.extend(request.env);
         wire::RunOrder {
             op: order.op(),
@@ -80,6 +79,7 @@ impl OrderCaps {
             max_collect_bytes: self.max_collect_bytes(),
             keep,
             on_disk,
+            template,
             join: 0,
             trace: None,
             print_last_expression: request.print_last_expression,

@@ -18,6 +18,7 @@ use mio::{Registry, Token};
 use super::children::{Children, Done, Heard};
 use super::connections::RunConnections;
 use super::counts::ExecCounts;
+use super::disks::TemplateUse;
 use super::exec_cgroups::ExecCgroups;
 use super::exec_host::HostId;
 use super::hosts::Hosts;
@@ -270,9 +271,10 @@ impl Pool {
         let asked_limits = waiting.request.limits.is_some();
         let request = std::mem::take(&mut waiting.request);
         let keep = waiting.session.is_some();
-        let mut order = with
-            .caps
-            .wire_order(request, &waiting.order, keep, waiting.on_disk);
+        let template = matches!(waiting.template, Some(TemplateUse::Use(_)));
+        let mut order =
+            with.caps
+                .wire_order(request, &waiting.order, keep, waiting.on_disk, template);
         let run = self.children.get_mut(child)?;
         let queued = now.saturating_duration_since(waiting.queued_at);
         self.counts.started(queued);

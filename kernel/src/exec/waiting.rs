@@ -43,6 +43,24 @@ pub struct RunCaller {
     pub agent: Option<SpanAgent>,
 }
 
+/// A template a run child is given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TemplateUse {
+    /// Built, to start from.
+    Use(String),
+    /// To be built by the run.
+    Build(String),
+}
+
+impl TemplateUse {
+    /// The template's name.
+    pub fn name(&self) -> &str {
+        match self {
+            TemplateUse::Use(name) | TemplateUse::Build(name) => name,
+        }
+    }
+}
+
 /// A session by its owner (an agent, an operator's uid, or a run) and name.
 pub type SessionKey = (Principal, String);
 
@@ -90,9 +108,16 @@ pub struct Waiting {
     /// It opened its session on a fresh child, which has been given the
     /// session's disk since (a restore among them needs no other child).
     pub given_disk: bool,
+    /// The template its child is given: to start from, or to build.
+    pub template: Option<TemplateUse>,
 }
 
 impl Waiting {
+    /// Whether its child is to be given disks before it starts.
+    pub fn needs_disks(&self) -> bool {
+        self.on_disk || self.template.is_some()
+    }
+
     /// `request` from `caller`, queued `now` with these `limits` and
     /// `timeout` (its deadline), in the session it names, if it names one.
     pub fn new(
@@ -123,6 +148,7 @@ impl Waiting {
             span: None,
             on_disk: false,
             given_disk: false,
+            template: None,
         }
     }
 

@@ -161,6 +161,10 @@ pub struct RunOrder {
     /// Python environment.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub on_disk: bool,
+    /// A template is mounted at its root (read-only): its packages are on
+    /// the run's path.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub template: bool,
     /// How many of the descriptors attached are files the child writes
     /// `0` into first, to move itself into a cgroup inside its agent's
     /// (they come first; the run's connection or a memfd after them).

@@ -16,7 +16,7 @@ use std::sync::LazyLock;
 use super::wire::{self, Settings};
 use crate::sandbox::mounts::{PROC_MASKED, PROC_READ_ONLY};
 use crate::sandbox::plan::Workload;
-pub use crate::sandbox::plan::SESSION_HOME;
+pub use crate::sandbox::plan::{SESSION_HOME, TEMPLATE_ROOT};
 use crate::sandbox::seccomp;
 use crate::sandbox::spec::Bind;
 
@@ -54,7 +54,8 @@ pub const SESSION_VENV: &str = "/home/user/.venv";
 /// the parts.
 static PROGRAM: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "{}WORKSPACE = {WORKSPACE:?}\nSESSION_VENV = {SESSION_VENV:?}\n\n\n{PARTS}",
+        "{}WORKSPACE = {WORKSPACE:?}\nSESSION_VENV = {SESSION_VENV:?}\n\
+         TEMPLATE_ROOT = {TEMPLATE_ROOT:?}\n\n\n{PARTS}",
         wire::python_prelude()
     )
 });
@@ -154,21 +155,29 @@ pub fn settings(setup: &ExecHostSetup) -> Vec<u8> {
     .encode()
 }
 
-/// What a session's runs have beside [`run_env`]: its home, and its own
-/// Python environment first on the path, as an activated one is.
-pub fn session_env() -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("HOME".to_owned(), SESSION_HOME.to_owned()),
-        ("VIRTUAL_ENV".to_owned(), SESSION_VENV.to_owned()),
-        (
-            "PATH".to_owned(),
-            format!("{SESSION_VENV}/bin:/usr/local/bin:/usr/bin:/bin"),
-        ),
-        ("TMPDIR".to_owned(), "/tmp".to_owned()),
-        // Asking the index for pip's own version on every install is
-        // a request the policy may refuse, and noise in the output.
-        ("PIP_DISABLE_PIP_VERSION_CHECK".to_owned(), "1".to_owned()),
-    ])
+/// What a run has beside [`run_env`] on a session's disk (`on_disk`: its
+/// home, and its own Python environment first on the path, as an
+/// activated one is) and from a template (its programs on the path).
+pub fn disk_env(on_disk: bool, template: bool) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let mut path = Vec::new();
+    if on_disk {
+        env.insert("HOME".to_owned(), SESSION_HOME.to_owned());
+        env.insert("VIRTUAL_ENV".to_owned(), SESSION_VENV.to_owned());
+        env.insert("TMPDIR".to_owned(), "/tmp".to_owned());
+        // Asking the index for pip's own version on every install is a
+        // request the policy may refuse, and noise in the output.
+        env.insert("PIP_DISABLE_PIP_VERSION_CHECK".to_owned(), "1".to_owned());
+        path.push(format!("{SESSION_VENV}/bin"));
+    }
+    if template {
+        path.push(format!("{TEMPLATE_ROOT}/bin"));
+    }
+    if !path.is_empty() {
+        path.push("/usr/local/bin:/usr/bin:/bin".to_owned());
+        env.insert("PATH".to_owned(), path.join(":"));
+    }
+    env
 }
 
 /// The environment every run starts with; a request's `env` adds to it.
@@ -294,6 +303,7 @@ mod tests {
             max_collect_bytes: 0,
             keep: false,
             on_disk: true,
+            template: true,
             join: 0,
             trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             print_last_expression: true,

@@ -56,12 +56,12 @@ pub fn snapshot(
         &[],
         llm.queued() as i64,
     );
-    exec.add_metrics(&mut snapshot);
+    exec.pool().add_metrics(&mut snapshot);
     snapshot.gauge(
         "agentos_exec_ready_runs",
         "EXEC run sandboxes prepared and waiting for code.",
         &[],
-        exec.ready_runs() as i64,
+        exec.pool().ready_count() as i64,
     );
     for (state, count) in count_by(tasks.states().map(|state| state.as_str())) {
         snapshot.gauge(

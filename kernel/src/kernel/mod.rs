@@ -408,7 +408,7 @@ impl Kernel {
     /// Replies addressed to tasks and TOOL calls stay with the kernel.
     /// (Called after every event: nothing, the usual answer, is cheap.)
     pub fn take_output(&mut self) -> Option<Outbox> {
-        if self.outbox.is_empty() && !self.exec.has_adopted() && !self.agents.has_ended() {
+        if self.outbox.is_empty() && !self.exec.pool().has_adopted() && !self.agents.has_ended() {
             return None;
         }
         loop {
@@ -442,7 +442,10 @@ impl Kernel {
             // starts the next ones, which may be answered at once.
             let routed = self.router.route(&mut self.outbox.replies);
             for (run, bytes) in routed.delivered_to_runs {
-                self.exec.tool_delivered(run, bytes);
+                self.exec
+                    .pool_mut()
+                    .children_mut()
+                    .tool_delivered(run, bytes);
             }
             // Only a task that finished makes room for a queued one.
             let made_room = !routed.tasks.is_empty();
@@ -460,7 +463,7 @@ impl Kernel {
             }
         }
         let mut outbox = std::mem::take(&mut self.outbox);
-        outbox.adopted.extend(self.exec.take_adopted());
+        outbox.adopted.extend(self.exec.pool_mut().take_adopted());
         self.router.sent(&outbox.replies);
         Some(outbox)
     }

@@ -67,7 +67,11 @@ pub fn close_ended_sessions(tasks: &mut Tasks, exec: &mut Exec, replies: &mut Ve
 /// The progress of the task whose work runs under `number`: what its run
 /// has printed so far (`save`: and into the store).
 pub fn refresh_progress(number: u64, save: bool, tasks: &mut Tasks, exec: &Exec) {
-    if let Some(output) = exec.output_so_far(ReplyTo::Task(number), PROGRESS_BYTES) {
+    if let Some(output) = exec
+        .pool()
+        .children()
+        .output_so_far(ReplyTo::Task(number), PROGRESS_BYTES)
+    {
         tasks.progress(number, output, save);
     }
 }

@@ -43,6 +43,8 @@ pub const SOCKET_INSIDE: &str = "/run/agentos/agentos.sock";
 pub const WORKSPACE: &str = "/workspace";
 /// Where an exec host's runs have a session's home mounted.
 pub const SESSION_HOME: &str = "/home/user";
+/// Where an exec host's runs have a template mounted (read-only).
+pub const TEMPLATE_ROOT: &str = "/opt/template";
 
 /// How this daemon builds sandboxes (the same for every one).
 #[derive(Clone, Debug)]
@@ -196,14 +198,14 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
         },
     ];
     if shape.nested {
-        // Where a session's home is mounted in its run: the host's own is
-        // an empty directory no run may write.
-        tmpfs.push(Tmpfs {
-            target: SESSION_HOME.into(),
+        // Where a session's home and a template are mounted in a run: the
+        // host's own are empty directories no run may write.
+        tmpfs.extend([SESSION_HOME, TEMPLATE_ROOT].map(|target| Tmpfs {
+            target: target.into(),
             size: 4096,
             mode: 0o755,
             owned_by_user: false,
-        });
+        }));
     }
     let mut masks: Vec<PathBuf> = ETC_SECRETS.iter().map(PathBuf::from).collect();
     masks.extend(profile.extra_masks.iter().cloned());

@@ -13,8 +13,8 @@ use agentos_proto::payload::{
 };
 use agentos_proto::ErrorReply;
 
-use super::async_poll;
 use super::request::{actor, reply, Outcome, Request};
+use super::{async_poll, templates};
 use crate::address::Answer;
 use crate::exec::{RunCaller, SessionOp};
 use crate::kernel::{Kernel, Permission};
@@ -47,6 +47,9 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             &session,
             SessionOp::Restore { name: &name },
         ),
+        ExecCall::Templates | ExecCall::BuildTemplate { .. } | ExecCall::RemoveTemplate { .. } => {
+            return templates::handle(kernel, request, call)
+        }
         ExecCall::Sessions => {
             return Outcome::Reply(Answer::json(&SessionsReply {
                 success: true,

@@ -10,6 +10,7 @@ use crate::sandbox::runtime::Sandboxes;
 /// Reports what really works on this host now: a subsystem that is not
 /// configured or is down is `false`.
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
+    let session_disks = kernel.exec.disks().store.available();
     reply(HelloRequest::parse(request.payload).map(|_| {
         let config = kernel.config();
         // A caller that is refused (an agent forgotten, a run that is
@@ -39,7 +40,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 cgroup: kernel.sandboxes.machine().cgroup_version(),
                 network_policy: kernel.gateway.unavailable().is_none(),
                 pause: kernel.sandboxes.machine().can_freeze(),
-                session_disks: kernel.exec.has_session_disks(),
+                session_disks,
             },
             limits: Some(ProtocolLimits {
                 max_request_bytes: config.max_request_bytes,

@@ -33,6 +33,7 @@ mod request;
 mod spawn;
 mod state;
 mod task;
+mod templates;
 mod think;
 mod tool;
 

@@ -206,7 +206,8 @@ fn an_agents_sessions_add_up_within_its_own_memory_limit() {
 #[test]
 fn a_run_cgroup_is_given_to_the_next_run_empty_of_memory() {
     require_root!("EXEC (its isolation needs namespaces and cgroups)");
-    let daemon = Daemon::start();
+    // Room on the session's disk for what it writes.
+    let daemon = Daemon::start_with("[exec]\nsession_disk_bytes = 268435456\n");
     let mut stream = daemon.raw();
     // A session's snapshot of 100 MiB of incompressible files: the kernel
     // keeps its pages, which its run's cgroup was charged for.

@@ -142,6 +142,7 @@ fn order(language: &str, code: &str) -> RunOrder {
         max_collect_bytes: 4 << 20,
         keep: false,
         on_disk: false,
+        template: false,
         join: 0,
         trace: None,
         print_last_expression: false,

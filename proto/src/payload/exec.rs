@@ -53,6 +53,9 @@ pub struct ExecRequest {
     /// `python` or `bash`.
     #[serde(default)]
     pub language: Language,
+    /// Start from this template (a read-only environment built before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
     /// Reuse this session's interpreter and `/workspace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
@@ -147,6 +150,7 @@ struct ExecWire {
     code: Option<String>,
     language: Option<Language>,
     session: Option<String>,
+    template: Option<String>,
     timeout_ms: Option<u64>,
     #[serde(default)]
     env: BTreeMap<String, String>,
@@ -202,6 +206,7 @@ impl ExecRequest {
             code,
             language,
             session: wire.session,
+            template: wire.template,
             timeout_ms: wire
                 .timeout_ms
                 .or(wire.timeout.map(|secs| secs.saturating_mul(1000))),
@@ -225,13 +230,10 @@ impl ExecRequest {
         if let Some(session) = &self.session {
             validate_name("session", session)?;
         }
-        if let Some(timeout) = self.timeout_ms {
-            if !(1..=MAX_EXEC_TIMEOUT_MS).contains(&timeout) {
-                return Err(bad_request(format!(
-                    "EXEC field `timeout_ms` is {timeout}, outside 1..={MAX_EXEC_TIMEOUT_MS}"
-                )));
-            }
+        if let Some(template) = &self.template {
+            validate_name("template", template)?;
         }
+        check_timeout(self.timeout_ms)?;
         if let Some(key) = self
             .env
             .keys()
@@ -323,7 +325,7 @@ fn check_paths<'a>(
 /// assert_eq!(serde_json::to_string(&close).unwrap(), r#"{"op":"close","session":"s1"}"#);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "op", rename_all = "lowercase")]
+#[serde(tag = "op", rename_all = "snake_case")]
 pub enum ExecCall {
     /// Run code.
     Run(Box<ExecRequest>),
@@ -354,12 +356,35 @@ pub enum ExecCall {
         /// The session.
         session: String,
     },
+    /// List the templates the caller may use.
+    Templates,
+    /// Build a template: pip installs `packages` and `requirements` into
+    /// a new environment, in a sandbox whose network is the index alone.
+    #[serde(rename = "build_template")]
+    BuildTemplate {
+        /// Its name.
+        template: String,
+        /// Packages to install (requirement specifiers).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        packages: Vec<String>,
+        /// A requirements file's text.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        requirements: Option<String>,
+        /// The build's wall-clock limit, in milliseconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+    },
+    /// Remove a template the caller built.
+    RemoveTemplate {
+        /// Its name.
+        template: String,
+    },
 }
 
 /// The operations of EXEC.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 enum ExecOp {
     #[default]
     Run,
@@ -368,6 +393,9 @@ enum ExecOp {
     Snapshot,
     Restore,
     Snapshots,
+    Templates,
+    BuildTemplate,
+    RemoveTemplate,
 }
 
 /// The one `op` a run's payload may name.
@@ -396,6 +424,11 @@ struct OpWire {
     _op: ExecOp,
     session: Option<String>,
     name: Option<String>,
+    template: Option<String>,
+    #[serde(default)]
+    packages: Vec<String>,
+    requirements: Option<String>,
+    timeout_ms: Option<u64>,
 }
 
 impl ExecCall {
@@ -439,7 +472,25 @@ impl ExecCall {
             ExecOp::Snapshots => ExecCall::Snapshots {
                 session: fields(value)?.session()?,
             },
+            ExecOp::Templates => {
+                fields(value)?;
+                ExecCall::Templates
+            }
+            ExecOp::BuildTemplate => fields(value)?.build()?,
+            ExecOp::RemoveTemplate => ExecCall::RemoveTemplate {
+                template: fields(value)?.template()?,
+            },
         })
+    }
+}
+
+/// Checks a run's or a build's `timeout_ms`.
+fn check_timeout(timeout_ms: Option<u64>) -> Result<(), ErrorReply> {
+    match timeout_ms {
+        Some(timeout) if !(1..=MAX_EXEC_TIMEOUT_MS).contains(&timeout) => Err(bad_request(
+            format!("EXEC field `timeout_ms` is {timeout}, outside 1..={MAX_EXEC_TIMEOUT_MS}"),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -451,6 +502,28 @@ impl OpWire {
         })?;
         validate_name("session", &session)?;
         Ok(session)
+    }
+
+    /// The template an op names.
+    fn template(&self) -> Result<String, ErrorReply> {
+        let template = self.template.clone().ok_or_else(|| {
+            bad_request("EXEC field `template` is missing: this op names a template")
+        })?;
+        validate_name("template", &template)?;
+        Ok(template)
+    }
+
+    /// A `build_template`, its packages and requirements checked.
+    fn build(self) -> Result<ExecCall, ErrorReply> {
+        let template = self.template()?;
+        super::templates::check_build(&self.packages, self.requirements.as_deref())?;
+        check_timeout(self.timeout_ms)?;
+        Ok(ExecCall::BuildTemplate {
+            template,
+            packages: self.packages,
+            requirements: self.requirements,
+            timeout_ms: self.timeout_ms,
+        })
     }
 
     /// The snapshot an op names.
@@ -516,119 +589,15 @@ pub struct ExecReply {
     /// The machine word, when the run could not happen at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<crate::error::ErrorCode>,
+    /// A `build_template`'s template, once built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<super::templates::TemplateInfo>,
     /// The session was there (its files and packages on its disk), but
     /// its interpreter had ended (idle, a timeout, a restart of the
     /// kernel): this run started a fresh one, without the variables of
     /// earlier runs. Absent otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fresh_interpreter: bool,
-}
-
-/// One of the caller's sessions.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct SessionInfo {
-    /// Its name.
-    pub session: String,
-    /// When its first run started (RFC 3339).
-    pub created_at: String,
-    /// When its last run started (RFC 3339).
-    pub last_used_at: String,
-    /// Runs so far.
-    pub runs: u64,
-    /// Bytes of files in its `/workspace`.
-    pub workspace_bytes: u64,
-    /// `running` (an order of it is going), `ready` (its interpreter
-    /// waits) or `stored` (only its disk is left; its next run starts a
-    /// fresh interpreter).
-    pub state: SessionState,
-    /// Its disk's size, when it has one (the most its files may take).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk_bytes: Option<u64>,
-    /// Bytes used on its disk, when it is mounted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk_used_bytes: Option<u64>,
-}
-
-/// Where a session stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum SessionState {
-    /// An order of it is going.
-    Running,
-    /// Its interpreter waits for the next run.
-    Ready,
-    /// Only its disk is left.
-    Stored,
-}
-
-/// The reply to `{"op":"sessions"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct SessionsReply {
-    /// Always true.
-    pub success: bool,
-    /// The caller's sessions.
-    pub sessions: Vec<SessionInfo>,
-}
-
-/// The reply to `{"op":"close"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct ClosedReply {
-    /// Always true.
-    pub success: bool,
-    /// The session existed and is gone.
-    pub closed: bool,
-}
-
-/// One snapshot of a session's workspace.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct SnapshotInfo {
-    /// Its name.
-    pub name: String,
-    /// Bytes of files in it.
-    pub bytes: u64,
-    /// When it was taken (RFC 3339).
-    pub created_at: String,
-}
-
-/// The reply to `{"op":"snapshot"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct SnapshotReply {
-    /// Always true.
-    pub success: bool,
-    /// The snapshot taken.
-    pub snapshot: SnapshotInfo,
-    /// Paths under `/workspace` not saved: symlinks and special files
-    /// (never followed).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub left_out: Vec<String>,
-}
-
-/// The reply to `{"op":"restore"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct RestoredReply {
-    /// Always true.
-    pub success: bool,
-    /// Entries of the snapshot not restored: anything but a directory or a
-    /// regular file at a plain relative path.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub left_out: Vec<String>,
-}
-
-/// The reply to `{"op":"snapshots"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct SnapshotsReply {
-    /// Always true.
-    pub success: bool,
-    /// The session's snapshots, oldest first.
-    pub snapshots: Vec<SnapshotInfo>,
 }
 
 #[cfg(test)]

@@ -28,9 +28,11 @@ mod parse;
 mod pause;
 mod permissions;
 mod recording;
+mod sessions;
 mod spawn;
 mod state;
 mod task;
+mod templates;
 mod think;
 mod tool;
 
@@ -49,9 +51,8 @@ pub use events::{
     MAX_EVENT_TYPES, MAX_EVENT_TYPE_LEN, MAX_POLL_EVENTS,
 };
 pub use exec::{
-    ClosedReply, ExecCall, ExecReply, ExecRequest, Language, RestoredReply, RunPermissions,
-    SessionInfo, SessionState, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply,
-    Truncated, MAX_EXEC_FILES, MAX_EXEC_PATH_LEN, MAX_EXEC_TIMEOUT_MS,
+    ExecCall, ExecReply, ExecRequest, Language, RunPermissions, Truncated, MAX_EXEC_FILES,
+    MAX_EXEC_PATH_LEN, MAX_EXEC_TIMEOUT_MS,
 };
 pub use files::{ReadReply, ReadRequest, WriteMode, WriteReply, WriteRequest};
 pub use hello::{
@@ -94,6 +95,10 @@ pub use recording::{
     ReplayEntry, ReplayStartRequest, ReplayState, ReplayStatusReply, MAX_RECORDED_PAYLOAD,
     MAX_RECORDING_ENTRIES,
 };
+pub use sessions::{
+    ClosedReply, RestoredReply, SessionInfo, SessionState, SessionsReply, SnapshotInfo,
+    SnapshotReply, SnapshotsReply,
+};
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
 };
@@ -106,6 +111,10 @@ pub use task::{
     TaskDispatchReply, TaskInfo, TaskKind, TaskList, TaskListReply, TaskOwner, TaskProgress,
     TaskRef, TaskReply, TaskRequest, TaskState, TaskWait, DEFAULT_ITERATIONS, MAX_ITERATIONS,
     MAX_LIST_LIMIT, MAX_WAIT_MS,
+};
+pub use templates::{
+    check_packages, check_requirements, requirement_lines, TemplateInfo, TemplateRemovedReply,
+    TemplatesReply, MAX_REQUIREMENTS_BYTES, MAX_TEMPLATE_PACKAGES,
 };
 pub use think::{ChatMessage, ThinkReply, ThinkRequest, Usage};
 pub use tool::{

@@ -1,11 +1,12 @@
-//! Giving a run child its session's disk. A run child is prepared ahead,
-//! already without privileges, with a private tmpfs on `/workspace` and
-//! `/tmp`; the session that takes it brings its disk, which the kernel
-//! mounts over those from outside: a copy of each part of the mounted disk
-//! (`open_tree`), moved into the child's mount namespace (`setns` on its
-//! pidfd, then `move_mount`). Nothing of the disk is ever visible to an
-//! exec host, and no other session's: the child sees exactly its own
-//! parts, where its tmpfs mounts were.
+//! Giving a run child its disks. A run child is prepared ahead, already
+//! without privileges, with a private tmpfs on `/workspace` and `/tmp`;
+//! the session that takes it brings its disk, and a template its own,
+//! which the kernel mounts from outside: a copy of each part of the
+//! mounted disk (`open_tree`; a read-only mount's copy is read-only),
+//! moved into the child's mount namespace (`setns` on its pidfd, then
+//! `move_mount`). Nothing of a disk is ever visible to an exec host, and
+//! no other session's: the child sees exactly its own parts, where its
+//! tmpfs mounts (or empty directories) were.
 //!
 //! Joining another mount namespace changes the whole thread's view of the
 //! filesystem, so it is done on a thread of its own that ends with it.
@@ -14,7 +15,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// `open_tree(2)`: a detached copy of the mount at the path.
 const OPEN_TREE_CLONE: libc::c_uint = 0x1;
@@ -30,11 +31,12 @@ pub struct Place {
     pub target: &'static str,
 }
 
-/// Mounts each of `places`, from the disk mounted at `disk_root`, over its
-/// target in the mount namespace of the process `pidfd` refers to.
-pub fn attach(pidfd: BorrowedFd<'_>, disk_root: &Path, places: &[Place]) -> io::Result<()> {
+/// Mounts each of `places` — a part of the disk mounted at a root, and
+/// where it goes — over its target in the mount namespace of the process
+/// `pidfd` refers to.
+pub fn attach(pidfd: BorrowedFd<'_>, places: &[(PathBuf, Place)]) -> io::Result<()> {
     let mut trees = Vec::with_capacity(places.len());
-    for place in places {
+    for (disk_root, place) in places {
         trees.push((clone_tree(&disk_root.join(place.part))?, place.target));
     }
     let pidfd = pidfd.try_clone_to_owned()?;

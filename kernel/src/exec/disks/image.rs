@@ -1,5 +1,6 @@
-//! A session's disk: an ext4 filesystem in a file of its own, mounted
-//! through a loop device under the state directory. Every sandbox runs as
+//! A disk: an ext4 filesystem in a file of its own, mounted through a loop
+//! device under the state directory — a session's (written by its runs),
+//! or a template's (written by its build, then read-only). Every sandbox runs as
 //! the same unprivileged user, so no uid quota can tell two sessions
 //! apart; a filesystem of a fixed size can, and its writer gets `ENOSPC`
 //! when it is full, at the write that fills it. The file is allocated
@@ -25,12 +26,16 @@ const MOUNT_POINT: &str = "mnt";
 /// Where an image is made before it is complete: a kernel killed while
 /// making one leaves only this, which the next attempt replaces.
 const IMAGE_BEING_MADE: &str = "disk.img.new";
-/// The ext4 journal of a session's disk, in MiB: small disks, small
+/// Where the system tools that make and mount disks are found.
+const TOOL_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+/// The ext4 journal of a disk, in MiB: small disks, small
 /// journal (mkfs would take 32 MiB of a 1 GiB disk).
 const JOURNAL_MIB: &str = "4";
 
-/// What a session's disk holds at its root, and who owns each part.
-pub const PARTS: [&str; 3] = ["workspace", "home", "tmp"];
+/// What a session's disk holds at its root.
+pub const SESSION_PARTS: [&str; 3] = ["workspace", "home", "tmp"];
+/// What a template's disk holds at its root: its environment.
+pub const TEMPLATE_PARTS: [&str; 1] = ["env"];
 
 /// The user runs are, who owns a disk's parts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,11 +46,12 @@ pub struct RunUser {
     pub gid: u32,
 }
 
-/// A session's directory on the host.
+/// A disk's directory on the host: its image, where it is mounted, and
+/// the kernel's record of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SessionDir(pub PathBuf);
+pub struct DiskDir(pub PathBuf);
 
-impl SessionDir {
+impl DiskDir {
     /// Its mounted disk's root.
     pub fn mount_point(&self) -> PathBuf {
         self.0.join(MOUNT_POINT)
@@ -60,13 +66,28 @@ impl SessionDir {
         self.image().is_file()
     }
 
-    /// Makes its disk of `bytes` if it has none, and mounts it if it is
-    /// not mounted: whether the disk was there already.
-    pub fn mount(&self, bytes: u64, user: RunUser) -> io::Result<bool> {
+    /// Makes its disk of `bytes` if it has none, and mounts it (writable)
+    /// if it is not mounted, with `parts` at its root: whether the disk was
+    /// there already.
+    pub fn mount(&self, bytes: u64, user: RunUser, parts: &[&str]) -> io::Result<bool> {
         let existed = self.has_disk();
         if !existed {
             self.make(bytes, user)?;
         }
+        self.mount_as("loop,nosuid,nodev,noatime")?;
+        prepare_parts(&self.mount_point(), user, parts)?;
+        Ok(existed)
+    }
+
+    /// Mounts its disk read-only, if it is not mounted.
+    pub fn mount_read_only(&self) -> io::Result<()> {
+        if !self.has_disk() {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "it has no disk"));
+        }
+        self.mount_as("loop,ro,nosuid,nodev,noatime")
+    }
+
+    fn mount_as(&self, options: &str) -> io::Result<()> {
         let mount_point = self.mount_point();
         if !is_mount_point(&mount_point)? {
             if let Some(device) = attached_loop_device(&self.image())? {
@@ -79,12 +100,61 @@ impl SessionDir {
                 ));
             }
             run(Command::new("mount")
-                .args(["-t", "ext4", "-o", "loop,nosuid,nodev,noatime"])
+                .args(["-t", "ext4", "-o", options])
                 .arg(self.image())
                 .arg(&mount_point))?;
         }
-        prepare_parts(&mount_point, user)?;
-        Ok(existed)
+        Ok(())
+    }
+
+    /// Unmounts it and waits (up to `patience`) for its loop device to let
+    /// it go, so that it can be checked, shrunk, moved or mounted again.
+    pub fn release(&self, patience: std::time::Duration) -> io::Result<()> {
+        self.unmount()?;
+        let deadline = std::time::Instant::now() + patience;
+        while let Some(device) = attached_loop_device(&self.image())? {
+            if std::time::Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!("its disk is still held by {device}"),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Shrinks its (released) disk to what it holds: a template built in a
+    /// large disk keeps only the room its files take.
+    pub fn shrink(&self) -> io::Result<()> {
+        let image = self.image();
+        run(Command::new("e2fsck").args(["-f", "-y"]).arg(&image))?;
+        run(Command::new("resize2fs").args(["-M"]).arg(&image))?;
+        let output = Command::new("dumpe2fs")
+            .env_clear()
+            .env("PATH", TOOL_PATH)
+            .args(["-h"])
+            .arg(&image)
+            .output()?;
+        let header = String::from_utf8_lossy(&output.stdout);
+        let field = |name: &str| -> Option<u64> {
+            header
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.trim().parse().ok())
+        };
+        if let (Some(blocks), Some(size)) = (field("Block count:"), field("Block size:")) {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&image)?
+                .set_len(blocks * size)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes its image takes on the host.
+    pub fn image_bytes(&self) -> u64 {
+        fs::metadata(self.image()).map_or(0, |meta| meta.blocks() * 512)
     }
 
     /// Makes its directory and disk: allocated whole, formatted, and only
@@ -136,9 +206,10 @@ impl SessionDir {
 }
 
 /// The disk's parts, made on its first mount: each the run user's, not
-/// the others' (0700), `/tmp` as every `/tmp` is (1777).
-fn prepare_parts(root: &Path, user: RunUser) -> io::Result<()> {
-    for part in PARTS {
+/// the others' (0700), `/tmp` as every `/tmp` is (1777), a template's
+/// environment readable by every run (0755).
+fn prepare_parts(root: &Path, user: RunUser, parts: &[&str]) -> io::Result<()> {
+    for &part in parts {
         let path = root.join(part);
         match fs::symlink_metadata(&path) {
             Ok(meta) if meta.is_dir() && !meta.file_type().is_symlink() => continue,
@@ -154,7 +225,11 @@ fn prepare_parts(root: &Path, user: RunUser) -> io::Result<()> {
             Err(err) => return Err(err),
         }
         fs::create_dir(&path)?;
-        let mode = if part == "tmp" { 0o1777 } else { 0o700 };
+        let mode = match part {
+            "tmp" => 0o1777,
+            "env" => 0o755,
+            _ => 0o700,
+        };
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
         std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))?;
     }
@@ -210,7 +285,7 @@ fn attached_loop_device(image: &Path) -> io::Result<Option<String>> {
 fn run(command: &mut Command) -> io::Result<()> {
     let output = command
         .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("PATH", TOOL_PATH)
         .stdin(std::process::Stdio::null())
         .output()?;
     if output.status.success() {
@@ -233,7 +308,7 @@ pub fn unavailable() -> Option<String> {
     if !Path::new("/dev/loop-control").exists() {
         return Some("sessions' disks need loop devices (/dev/loop-control)".into());
     }
-    for tool in ["mkfs.ext4", "mount"] {
+    for tool in ["mkfs.ext4", "mount", "e2fsck", "resize2fs", "dumpe2fs"] {
         let found = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
             .iter()
             .any(|dir| Path::new(dir).join(tool).is_file());
@@ -269,15 +344,21 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let session = SessionDir(dir.path().join("s1"));
-        assert!(!session.mount(16 << 20, NOBODY).unwrap(), "a new disk");
+        let session = DiskDir(dir.path().join("s1"));
+        assert!(
+            !session.mount(16 << 20, NOBODY, &SESSION_PARTS).unwrap(),
+            "a new disk"
+        );
         let root = session.mount_point();
-        for part in PARTS {
+        for part in SESSION_PARTS {
             let meta = fs::metadata(root.join(part)).unwrap();
             assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{part}");
         }
         // Mounting again finds it mounted: nothing changes.
-        assert!(session.mount(16 << 20, NOBODY).unwrap(), "the same disk");
+        assert!(
+            session.mount(16 << 20, NOBODY, &SESSION_PARTS).unwrap(),
+            "the same disk"
+        );
         let big = vec![7u8; 32 << 20];
         let err = fs::write(root.join("workspace/big"), &big).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
@@ -285,10 +366,31 @@ mod tests {
         fs::write(root.join("workspace/kept"), b"kept").unwrap();
         session.unmount().unwrap();
         assert!(!root.join("workspace").exists());
-        assert!(session.mount(16 << 20, NOBODY).unwrap());
+        assert!(session.mount(16 << 20, NOBODY, &SESSION_PARTS).unwrap());
         assert_eq!(fs::read(root.join("workspace/kept")).unwrap(), b"kept");
         session.remove().unwrap();
         assert!(!session.0.exists());
+    }
+
+    #[test]
+    fn a_template_disk_is_shrunk_to_its_files_and_served_read_only() {
+        if !root_only() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let template = DiskDir(dir.path().join("t1"));
+        template.mount(64 << 20, NOBODY, &TEMPLATE_PARTS).unwrap();
+        let env = template.mount_point().join("env");
+        fs::write(env.join("module.py"), vec![b'#'; 1 << 20]).unwrap();
+        template.release(std::time::Duration::from_secs(5)).unwrap();
+        template.shrink().unwrap();
+        let size = fs::metadata(template.image()).unwrap().len();
+        assert!(size < 32 << 20, "shrunk to {size} bytes");
+        template.mount_read_only().unwrap();
+        assert_eq!(fs::metadata(env.join("module.py")).unwrap().len(), 1 << 20);
+        let err = fs::write(env.join("other.py"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+        template.remove().unwrap();
     }
 
     #[test]
@@ -297,10 +399,10 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let session = SessionDir(dir.path().join("s1"));
+        let session = DiskDir(dir.path().join("s1"));
         fs::create_dir_all(session.mount_point()).unwrap();
         fs::write(session.0.join(IMAGE_BEING_MADE), b"cut short").unwrap();
-        assert!(!session.mount(16 << 20, NOBODY).unwrap());
+        assert!(!session.mount(16 << 20, NOBODY, &SESSION_PARTS).unwrap());
         assert!(!session.0.join(IMAGE_BEING_MADE).exists());
         session.remove().unwrap();
     }

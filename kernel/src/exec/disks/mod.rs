@@ -16,6 +16,7 @@
 mod attach;
 pub mod image;
 mod record;
+mod templates;
 mod worker;
 
 use std::collections::{HashMap, HashSet};
@@ -26,14 +27,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use agentos_proto::payload::{SessionInfo, SessionState};
+use agentos_proto::payload::{SessionInfo, SessionState, TemplateInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use self::image::{RunUser, SessionDir};
+use self::image::{DiskDir, RunUser};
 pub use self::record::SessionRecord;
-pub use self::worker::Attached;
-use self::worker::{Job, Worker};
+use self::record::TemplateRecord;
+use self::templates::Templates;
+pub use self::worker::{DiskError, Done};
+use self::worker::{Job, Plan, TemplateDisk, Worker};
 use super::waiting::SessionKey;
+pub use super::waiting::TemplateUse;
 use crate::clock::rfc3339;
 use crate::config::Config;
 use crate::identity::Principal;
@@ -47,6 +51,9 @@ pub struct SessionDisks {
     owner_bytes: u64,
     /// Every session with a disk, by owner and name.
     stored: HashMap<SessionKey, SessionRecord>,
+    templates: Templates,
+    /// A template's disk while it is built.
+    template_bytes: u64,
     worker: Option<Worker>,
     /// Why sessions have no disks here, if they have none.
     unavailable: Option<String>,
@@ -68,16 +75,21 @@ impl SessionDisks {
             session_bytes: exec.session_disk_bytes,
             owner_bytes: exec.owner_disk_bytes,
             stored: HashMap::new(),
+            templates: Templates::empty(state_dir.join("templates")),
+            template_bytes: exec.template_disk_bytes,
             worker: None,
             unavailable: image::unavailable(),
         };
-        if disks.unavailable.is_none() {
+        for dir in [disks.root.clone(), state_dir.join("templates")] {
+            if disks.unavailable.is_some() {
+                break;
+            }
             if let Err(err) = fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
-                .create(&disks.root)
+                .create(&dir)
             {
-                disks.unavailable = Some(format!("cannot make {}: {err}", disks.root.display()));
+                disks.unavailable = Some(format!("cannot make {}: {err}", dir.display()));
             }
         }
         if disks.unavailable.is_none() {
@@ -88,7 +100,15 @@ impl SessionDisks {
         }
         match &disks.unavailable {
             Some(why) => log::warn!("sessions keep their files in memory: {why}"),
-            None => disks.find_stored(exec.session_retention_secs),
+            None => {
+                disks.find_stored(exec.session_retention_secs);
+                let (templates, stale) = Templates::load(state_dir.join("templates"));
+                disks.templates = templates;
+                if !stale.is_empty() {
+                    log::info!("templates: removing {} builds cut short", stale.len());
+                    disks.ask(Job::Remove(stale));
+                }
+            }
         }
         disks
     }
@@ -109,7 +129,7 @@ impl SessionDisks {
             let owner = owner_of(&owner_dir.file_name().to_string_lossy());
             let lasting = matches!(owner, Some(Principal::Operator { .. }));
             for session in fs::read_dir(&path).into_iter().flatten().flatten() {
-                let dir = SessionDir(session.path());
+                let dir = DiskDir(session.path());
                 let name = session.file_name().to_string_lossy().into_owned();
                 let record = SessionRecord::read(&dir.0).ok().filter(|_| dir.has_disk());
                 let kept = match (owner, record) {
@@ -152,8 +172,8 @@ impl SessionDisks {
         self.root.join(owner_dir_name(owner))
     }
 
-    fn dir(&self, key: &SessionKey) -> SessionDir {
-        SessionDir(self.owner_dir(key.0).join(dir_name(&key.1)))
+    fn dir(&self, key: &SessionKey) -> DiskDir {
+        DiskDir(self.owner_dir(key.0).join(dir_name(&key.1)))
     }
 
     /// Session `key`'s record, if it has a disk.
@@ -246,38 +266,140 @@ impl SessionDisks {
         Ok(())
     }
 
-    /// Gives run child `child` (whose pidfd is `pidfd`) session `key`'s
-    /// disk, made now if the session is new; answered through
-    /// [`SessionDisks::attached`].
-    pub fn attach(&mut self, child: usize, pidfd: OwnedFd, key: &SessionKey) {
-        let record = *self
-            .stored
-            .entry(key.clone())
-            .or_insert_with(|| SessionRecord::new(SystemTime::now()));
-        let dir = self.dir(key);
-        if let Err(err) = fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir.0)
-        {
-            log::warn!("session disk {}: {err}", dir.0.display());
+    /// Gives run child `child` (whose pidfd is `pidfd`) its disks: session
+    /// `key`'s (made now if the session is new, from `template`), and its
+    /// template's, to use or to build; answered through
+    /// [`SessionDisks::done`].
+    pub fn attach(
+        &mut self,
+        child: usize,
+        pidfd: OwnedFd,
+        key: Option<&SessionKey>,
+        template: Option<&TemplateUse>,
+    ) {
+        let session = key.map(|key| {
+            let record = self
+                .stored
+                .entry(key.clone())
+                .or_insert_with(|| SessionRecord {
+                    template: template.map(|t| t.name().to_owned()),
+                    ..SessionRecord::new(SystemTime::now())
+                })
+                .clone();
+            let dir = self.dir(key);
+            if let Err(err) = fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir.0)
+            {
+                log::warn!("session disk {}: {err}", dir.0.display());
+            }
+            (dir, self.session_bytes, record)
+        });
+        let template = template.map(|template| match template {
+            TemplateUse::Use(name) => TemplateDisk::Use(self.templates.dir(name)),
+            TemplateUse::Build(name) => TemplateDisk::Build {
+                dir: self.templates.build_dir(name),
+                bytes: self.template_bytes,
+            },
+        });
+        let plan = Plan { session, template };
+        self.ask(Job::Attach { child, pidfd, plan });
+    }
+
+    /// What the disks' thread has answered since the last call.
+    pub fn done(&self) -> Vec<Done> {
+        self.worker.as_ref().map(Worker::done).unwrap_or_default()
+    }
+
+    /// The template session `key` was opened from, if it has a disk and
+    /// was.
+    pub fn template_of(&self, key: &SessionKey) -> Option<&str> {
+        self.stored.get(key)?.template.as_deref()
+    }
+
+    /// What session `key` was opened from, if it has been opened (on a
+    /// disk): a template, or none.
+    pub fn opened(&self, key: &SessionKey) -> Option<Option<String>> {
+        self.stored.get(key).map(|record| record.template.clone())
+    }
+
+    /// Template `name`, if it has been built; else `not_found` (or
+    /// `unavailable` without disks).
+    pub fn find_template(&self, name: &str) -> Result<(), ErrorReply> {
+        self.require()?;
+        self.templates.find(name).map(|_| ())
+    }
+
+    /// Reserves `name` for a build.
+    pub fn begin_build(&mut self, name: &str) -> Result<(), ErrorReply> {
+        self.require()?;
+        self.templates.begin_build(name).map(|_| ())
+    }
+
+    /// Template `name`'s build has run: if it `succeeded`, its disk is
+    /// published as built by `uid` from `packages` (answered through
+    /// [`SessionDisks::done`]); else it goes.
+    pub fn build_ran(&mut self, name: &str, succeeded: bool, uid: u32, packages: Vec<String>) {
+        let build = self.templates.build_dir(name);
+        if !succeeded {
+            self.templates.build_ended(name, None);
+            self.ask(Job::Remove(vec![build]));
+            return;
         }
-        let bytes = self.session_bytes;
-        self.ask(Job::Attach {
-            child,
-            pidfd,
-            dir,
-            bytes,
+        let record = TemplateRecord {
+            created_at: record::seconds(SystemTime::now()),
+            built_by: uid,
+            packages,
+        };
+        let to = self.templates.dir(name);
+        let name = name.to_owned();
+        self.ask(Job::Publish {
+            name,
+            build,
+            to,
             record,
         });
     }
 
-    /// Children given their disks (or not) since the last call.
-    pub fn attached(&self) -> Vec<Attached> {
-        self.worker
-            .as_ref()
-            .map(Worker::attached)
-            .unwrap_or_default()
+    /// Template `name`'s build is over: published with `record`, or not.
+    pub fn build_ended(&mut self, name: &str, record: Option<TemplateRecord>) {
+        self.templates.build_ended(name, record);
+    }
+
+    /// Every template.
+    pub fn templates(&self) -> Vec<TemplateInfo> {
+        self.templates.list()
+    }
+
+    /// Removes template `name` for operator `uid`, unless a session uses
+    /// it: whether there was one.
+    pub fn remove_template(&mut self, name: &str, uid: u32) -> Result<bool, ErrorReply> {
+        self.require()?;
+        let mut used_by: Vec<String> = self
+            .stored
+            .iter()
+            .filter(|(_, record)| record.template.as_deref() == Some(name))
+            .map(|((_, session), _)| session.clone())
+            .collect();
+        used_by.sort();
+        let removed = self.templates.remove(name, uid, &used_by)?;
+        let had = removed.is_some();
+        if let Some(dir) = removed {
+            self.ask(Job::Remove(vec![dir]));
+        }
+        Ok(had)
+    }
+
+    /// `unavailable`, saying why, without disks.
+    fn require(&self) -> Result<(), ErrorReply> {
+        match &self.unavailable {
+            None => Ok(()),
+            Some(why) => Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("templates need disks, which this kernel cannot make: {why}"),
+            )),
+        }
     }
 
     /// An order of session `key` has ended: its record is brought up to
@@ -291,7 +413,7 @@ impl SessionDisks {
         if let Some(bytes) = bytes {
             record.workspace_bytes = bytes;
         }
-        let record = *record;
+        let record = record.clone();
         let dir = self.dir(key);
         self.ask(Job::Record { dir, record });
     }
@@ -326,7 +448,8 @@ impl SessionDisks {
     /// Unmounts every disk (shutdown): they stay on the host for the next
     /// kernel.
     pub fn finish(&mut self) {
-        let dirs = self.stored.keys().map(|key| self.dir(key)).collect();
+        let mut dirs: Vec<DiskDir> = self.stored.keys().map(|key| self.dir(key)).collect();
+        dirs.extend(self.templates.dirs());
         if let Some(worker) = &mut self.worker {
             worker.finish(dirs);
         }

@@ -1,6 +1,7 @@
-//! What the kernel remembers of a session beside its disk
-//! (`session.json`): when it was opened and last used, its runs, the
-//! bytes its `/workspace` held. Written whole to a new file and renamed
+//! What the kernel remembers of a disk beside it: of a session
+//! (`session.json`), when it was opened and last used, its runs, the bytes
+//! its `/workspace` held, its template; of a template (`template.json`),
+//! when and from what it was built. Written whole to a new file and renamed
 //! over the old, so a kernel killed while writing leaves the old record.
 
 use std::fs;
@@ -11,10 +12,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 const RECORD: &str = "session.json";
-const RECORD_BEING_WRITTEN: &str = "session.json.new";
+const TEMPLATE_RECORD: &str = "template.json";
+/// What a record is called while it is written.
+const BEING_WRITTEN: &str = ".new";
 
 /// A session's record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionRecord {
     /// When it was opened, in seconds since the epoch.
     pub created_at: u64,
@@ -24,6 +27,9 @@ pub struct SessionRecord {
     pub runs: u64,
     /// Bytes of files in its `/workspace` after its last run.
     pub workspace_bytes: u64,
+    /// The template it was opened from, if one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 impl SessionRecord {
@@ -35,6 +41,7 @@ impl SessionRecord {
             last_used_at: at,
             runs: 0,
             workspace_bytes: 0,
+            template: None,
         }
     }
 
@@ -50,17 +57,54 @@ impl SessionRecord {
 
     /// Reads the record in session directory `dir`.
     pub fn read(dir: &Path) -> io::Result<SessionRecord> {
-        let text = fs::read(dir.join(RECORD))?;
-        serde_json::from_slice(&text).map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))
+        read(dir, RECORD)
     }
 
     /// Writes it in session directory `dir`.
     pub fn write(&self, dir: &Path) -> io::Result<()> {
-        let text = serde_json::to_vec(self).map_err(io::Error::other)?;
-        let new = dir.join(RECORD_BEING_WRITTEN);
-        fs::write(&new, text)?;
-        fs::rename(new, dir.join(RECORD))
+        write(self, dir, RECORD)
     }
+}
+
+/// A template's record: written once its build has succeeded, so a
+/// template without one (a build cut short) is never served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateRecord {
+    /// When it was built, in seconds since the epoch.
+    pub created_at: u64,
+    /// The operator who built it.
+    pub built_by: u32,
+    /// What it was built from.
+    pub packages: Vec<String>,
+}
+
+impl TemplateRecord {
+    /// Reads the record in template directory `dir`.
+    pub fn read(dir: &Path) -> io::Result<TemplateRecord> {
+        read(dir, TEMPLATE_RECORD)
+    }
+
+    /// Writes it in template directory `dir`.
+    pub fn write(&self, dir: &Path) -> io::Result<()> {
+        write(self, dir, TEMPLATE_RECORD)
+    }
+
+    /// When it was built.
+    pub fn created(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.created_at)
+    }
+}
+
+fn read<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> io::Result<T> {
+    let text = fs::read(dir.join(name))?;
+    serde_json::from_slice(&text).map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))
+}
+
+fn write<T: Serialize>(record: &T, dir: &Path, name: &str) -> io::Result<()> {
+    let text = serde_json::to_vec(record).map_err(io::Error::other)?;
+    let new = dir.join(format!("{name}{BEING_WRITTEN}"));
+    fs::write(&new, text)?;
+    fs::rename(new, dir.join(name))
 }
 
 /// Seconds since the epoch.

@@ -1,7 +1,8 @@
-//! The disks' thread: everything that touches a session's disk — making,
-//! mounting and giving it to a run child, recording the session, removing
-//! it — happens here, in the order asked, off the reactor. Only giving a
-//! disk to a child is answered (it holds up a run); the rest is logged if
+//! The disks' thread: everything that touches a disk — making, mounting
+//! and giving it to a run child, recording a session, publishing a
+//! template once built, removing either — happens here, in the order
+//! asked, off the reactor. Giving disks to a child and publishing a
+//! template are answered (each holds up a reply); the rest is logged if
 //! it fails.
 
 use std::io;
@@ -10,62 +11,101 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use super::attach::{self, Place};
-use super::image::{RunUser, SessionDir};
-use super::record::SessionRecord;
+use super::image::{DiskDir, RunUser, SESSION_PARTS, TEMPLATE_PARTS};
+use super::record::{SessionRecord, TemplateRecord};
+
+/// How long a finished build's disk may take to be let go by its run.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The disks a run child is given before its first order.
+#[derive(Debug)]
+pub struct Plan {
+    /// Its session's disk: made if new (of `bytes`, with `record`).
+    pub session: Option<(DiskDir, u64, SessionRecord)>,
+    /// Its template's.
+    pub template: Option<TemplateDisk>,
+}
+
+/// A template's disk, as a run child gets it.
+#[derive(Debug)]
+pub enum TemplateDisk {
+    /// Built: read-only.
+    Use(DiskDir),
+    /// Being built by this run: made now, of `bytes`, writable.
+    Build {
+        /// Its directory.
+        dir: DiskDir,
+        /// Its size while it is built.
+        bytes: u64,
+    },
+}
 
 /// What the thread is asked to do.
 pub enum Job {
-    /// Make (if new) and mount session `dir`'s disk, and mount its parts
-    /// over `places` in the mount namespace of the child `pidfd` refers
-    /// to.
+    /// Gives the child `pidfd` refers to the disks of `plan`, mounted over
+    /// their places in its mount namespace.
     Attach {
         child: usize,
         pidfd: OwnedFd,
-        dir: SessionDir,
-        bytes: u64,
-        record: SessionRecord,
+        plan: Plan,
     },
     /// Write a session's record.
-    Record {
-        dir: SessionDir,
-        record: SessionRecord,
+    Record { dir: DiskDir, record: SessionRecord },
+    /// A template's build has succeeded: its disk is let go, shrunk, moved
+    /// from `build` to `to`, and recorded.
+    Publish {
+        name: String,
+        build: DiskDir,
+        to: DiskDir,
+        record: TemplateRecord,
     },
-    /// Unmount and delete session disks (closed, or their owner ended).
-    Remove(Vec<SessionDir>),
+    /// Unmount and delete disks (closed sessions, removed templates, failed
+    /// builds).
+    Remove(Vec<DiskDir>),
     /// Delete an owner's directory, once its sessions are removed.
     RemoveOwner(PathBuf),
     /// Unmount every disk in `dirs` and stop.
-    Finish(Vec<SessionDir>),
+    Finish(Vec<DiskDir>),
 }
 
-/// A child given its disk, or why it could not be.
+/// What the thread answers.
 #[derive(Debug)]
-pub struct Attached {
-    /// The run child.
-    pub child: usize,
-    /// Whether the disk was there before (the session was stored), or
-    /// why the child could not be given it.
-    pub result: Result<bool, DiskError>,
+pub enum Done {
+    /// A child was given its disks (whether its session's was there
+    /// before), or could not be.
+    Attached {
+        child: usize,
+        result: Result<bool, DiskError>,
+    },
+    /// A template was published, or could not be.
+    Published {
+        name: String,
+        result: Result<TemplateRecord, DiskError>,
+    },
 }
 
-/// Why a run child could not be given its session's disk.
+/// Why a disk could not be given or published.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
     /// The disk could not be made or mounted.
     #[error("its disk cannot be mounted: {0}")]
     Mount(io::Error),
-    /// The session's record could not be written beside it.
+    /// Its record could not be written beside it.
     #[error("it cannot be recorded: {0}")]
     Record(io::Error),
     /// Its parts could not be mounted in the child.
     #[error("its disk cannot be given to its sandbox: {0}")]
     Attach(io::Error),
+    /// A built template's disk could not be let go, shrunk or moved.
+    #[error("the built template cannot be kept: {0}")]
+    Publish(io::Error),
 }
 
 /// Where each part of a session's disk goes in its run child.
-pub const PLACES: [Place; 3] = [
+const SESSION_PLACES: [Place; 3] = [
     Place {
         part: "workspace",
         target: "/workspace",
@@ -80,26 +120,32 @@ pub const PLACES: [Place; 3] = [
     },
 ];
 
+/// Where a template's environment goes in a run child.
+const TEMPLATE_PLACE: Place = Place {
+    part: "env",
+    target: crate::exec::zygote::TEMPLATE_ROOT,
+};
+
 /// The handle to the disks' thread.
 #[derive(Debug)]
 pub struct Worker {
     jobs: Sender<Job>,
-    attached: Receiver<Attached>,
+    done: Receiver<Done>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Worker {
     /// Starts the thread; disks' parts are owned by `user`, and each
-    /// child given its disk wakes `waker`.
+    /// answer wakes `waker`.
     pub fn start(user: RunUser, waker: Arc<mio::Waker>) -> std::io::Result<Worker> {
         let (jobs, job_rx) = mpsc::channel();
-        let (attached_tx, attached) = mpsc::channel();
-        let thread = agentos_primitives::threads::spawn("agentos-session-disks", move || {
-            serve(&job_rx, user, &attached_tx, &waker);
+        let (done_tx, done) = mpsc::channel();
+        let thread = agentos_primitives::threads::spawn("agentos-disks", move || {
+            serve(&job_rx, user, &done_tx, &waker);
         })?;
         Ok(Worker {
             jobs,
-            attached,
+            done,
             thread: Some(thread),
         })
     }
@@ -107,17 +153,17 @@ impl Worker {
     /// Asks for `job`.
     pub fn ask(&self, job: Job) {
         if self.jobs.send(job).is_err() {
-            log::error!("session disks: the disks' thread has ended");
+            log::error!("disks: the disks' thread has ended");
         }
     }
 
-    /// The children given their disks (or not) since the last call.
-    pub fn attached(&self) -> Vec<Attached> {
-        self.attached.try_iter().collect()
+    /// What was answered since the last call.
+    pub fn done(&self) -> Vec<Done> {
+        self.done.try_iter().collect()
     }
 
     /// Unmounts `dirs`' disks and waits for the thread to end.
-    pub fn finish(&mut self, dirs: Vec<SessionDir>) {
+    pub fn finish(&mut self, dirs: Vec<DiskDir>) {
         self.ask(Job::Finish(dirs));
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -125,64 +171,111 @@ impl Worker {
     }
 }
 
-fn serve(jobs: &Receiver<Job>, user: RunUser, attached: &Sender<Attached>, waker: &mio::Waker) {
+fn serve(jobs: &Receiver<Job>, user: RunUser, done: &Sender<Done>, waker: &mio::Waker) {
     for job in jobs {
-        match job {
-            Job::Attach {
-                child,
-                pidfd,
-                dir,
-                bytes,
+        let answer = match job {
+            Job::Attach { child, pidfd, plan } => {
+                let result = give_disks(&pidfd, &plan, user);
+                if let Err(err) = &result {
+                    log::warn!("disks: run child {child}: {err}");
+                }
+                Some(Done::Attached { child, result })
+            }
+            Job::Publish {
+                name,
+                build,
+                to,
                 record,
             } => {
-                let result = give_disk(&pidfd, &dir, bytes, user, record);
+                let result = publish(&build, &to, record);
                 if let Err(err) = &result {
-                    log::warn!("session disk {}: {err}", dir.0.display());
+                    log::warn!("template {name}: {err}");
+                    let _ = build.remove();
                 }
-                let _ = attached.send(Attached { child, result });
-                let _ = waker.wake();
+                Some(Done::Published { name, result })
             }
             Job::Record { dir, record } => {
                 if let Err(err) = record.write(&dir.0) {
-                    log::warn!("session disk {}: cannot record it: {err}", dir.0.display());
+                    log::warn!("disk {}: cannot record it: {err}", dir.0.display());
                 }
+                None
             }
             Job::Remove(dirs) => {
                 for dir in dirs {
                     if let Err(err) = dir.remove() {
-                        log::warn!("session disk {}: cannot remove it: {err}", dir.0.display());
+                        log::warn!("disk {}: cannot remove it: {err}", dir.0.display());
                     }
                 }
+                None
             }
             Job::RemoveOwner(path) => {
                 // Still holding a session made since: it stays.
                 let _ = std::fs::remove_dir(path);
+                None
             }
             Job::Finish(dirs) => {
                 for dir in dirs {
                     if let Err(err) = dir.unmount() {
-                        log::warn!("session disk {}: cannot unmount it: {err}", dir.0.display());
+                        log::warn!("disk {}: cannot unmount it: {err}", dir.0.display());
                     }
                 }
                 return;
             }
+        };
+        if let Some(answer) = answer {
+            let _ = done.send(answer);
+            let _ = waker.wake();
         }
     }
 }
 
-/// Mounts session `dir`'s disk (made first if new, with its record) and
-/// mounts its parts in the child: whether the disk was there before.
-fn give_disk(
-    pidfd: &OwnedFd,
-    dir: &SessionDir,
-    bytes: u64,
-    user: RunUser,
-    record: SessionRecord,
-) -> Result<bool, DiskError> {
-    let existed = dir.mount(bytes, user).map_err(DiskError::Mount)?;
-    if !existed {
-        record.write(&dir.0).map_err(DiskError::Record)?;
+/// Mounts the disks of `plan` (a new session's made first, with its
+/// record) and mounts their parts in the child: whether the session's
+/// disk was there before.
+fn give_disks(pidfd: &OwnedFd, plan: &Plan, user: RunUser) -> Result<bool, DiskError> {
+    let mut places = Vec::new();
+    let mut existed = false;
+    if let Some((dir, bytes, record)) = &plan.session {
+        existed = dir
+            .mount(*bytes, user, &SESSION_PARTS)
+            .map_err(DiskError::Mount)?;
+        if !existed {
+            record.write(&dir.0).map_err(DiskError::Record)?;
+        }
+        places.extend(SESSION_PLACES.map(|place| (dir.mount_point(), place)));
     }
-    attach::attach(pidfd.as_fd(), &dir.mount_point(), &PLACES).map_err(DiskError::Attach)?;
+    match &plan.template {
+        Some(TemplateDisk::Use(dir)) => {
+            dir.mount_read_only().map_err(DiskError::Mount)?;
+            places.push((dir.mount_point(), TEMPLATE_PLACE));
+        }
+        Some(TemplateDisk::Build { dir, bytes }) => {
+            // A build's disk is always a new one: what an earlier build
+            // left is not built upon.
+            let _ = dir.remove();
+            dir.mount(*bytes, user, &TEMPLATE_PARTS)
+                .map_err(DiskError::Mount)?;
+            places.push((dir.mount_point(), TEMPLATE_PLACE));
+        }
+        None => {}
+    }
+    attach::attach(pidfd.as_fd(), &places).map_err(DiskError::Attach)?;
     Ok(existed)
+}
+
+/// A built template's disk, let go by its run, shrunk to its files, moved
+/// to its name and recorded — in that order, so a template is served only
+/// whole.
+fn publish(
+    build: &DiskDir,
+    to: &DiskDir,
+    record: TemplateRecord,
+) -> Result<TemplateRecord, DiskError> {
+    build
+        .release(RELEASE_PATIENCE)
+        .map_err(DiskError::Publish)?;
+    build.shrink().map_err(DiskError::Publish)?;
+    std::fs::rename(&build.0, &to.0).map_err(DiskError::Publish)?;
+    record.write(&to.0).map_err(DiskError::Record)?;
+    Ok(record)
 }

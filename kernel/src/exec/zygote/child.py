@@ -42,8 +42,8 @@ def serve_run(sock, stdout_w, stderr_w):
         if request is None:
             os._exit(0)
         keep = bool(request.get("keep"))
-        if request.get("on_disk"):
-            settle_on_disk()
+        if request.get("on_disk") or request.get("template"):
+            settle_on_disks(request.get("on_disk"), request.get("template"))
         op = request.get("op", OP_RUN)
         join = request.get("join", 0)
         joins, rest = fds[:join], fds[join:]

@@ -1,0 +1,375 @@
+//! The disks of sessions and templates (`store`), and what waits on them:
+//! runs whose children are being given their disks — a session's first,
+//! which waits first in its session's queue, or one from a template, which
+//! waits here — and template builds, from the moment one is asked for,
+//! through its run, to its template being published, when its reply goes.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+use agentos_proto::payload::{ExecReply, ExecRequest, TemplateInfo};
+use agentos_proto::{ErrorCode, ErrorReply};
+
+use super::disks::{DiskError, Done, SessionDisks, TemplateUse};
+use super::sessions::Sessions;
+use super::waiting::{refuse_each, SessionKey, Waiting};
+use crate::address::{Reply, ReplyTo};
+use crate::identity::Principal;
+
+/// What the disks' thread's answers come to (see [`DiskWork::done`]).
+#[derive(Debug, Default)]
+pub struct DisksDone {
+    /// Sessions whose children have their disks.
+    pub sessions: Vec<SessionKey>,
+    /// Runs whose children have theirs, each with its child.
+    pub ready: Vec<(usize, Waiting)>,
+    /// Children that could not be given theirs.
+    pub refused: Vec<usize>,
+}
+
+/// The disks, and what waits on them.
+#[derive(Debug)]
+pub struct DiskWork {
+    /// Sessions' and templates' disks.
+    pub store: SessionDisks,
+    waits: DiskWaits,
+}
+
+impl DiskWork {
+    /// Nothing waiting yet on `store`'s disks.
+    pub fn new(store: SessionDisks) -> DiskWork {
+        DiskWork {
+            store,
+            waits: DiskWaits::default(),
+        }
+    }
+
+    /// `waiting` has been given `child`, whose pidfd is `pidfd`: it waits
+    /// while the child is given its disks — first in its session's queue
+    /// (among `sessions`), or here. The child, if it has gone (a session
+    /// with it): `waiting` is answered so.
+    pub fn give(
+        &mut self,
+        child: usize,
+        pidfd: Option<OwnedFd>,
+        mut waiting: Waiting,
+        sessions: &mut Sessions,
+        replies: &mut Vec<Reply>,
+    ) -> Option<usize> {
+        let Some(pidfd) = pidfd else {
+            let gone = ErrorReply::new(ErrorCode::Unavailable, "the run's sandbox ended");
+            self.refuse(waiting, &gone, replies);
+            return Some(child);
+        };
+        let session = waiting.session.clone().filter(|_| waiting.on_disk);
+        if waiting.template.is_none() {
+            // A stored session goes on from the template it was opened from.
+            let of_session = session.as_ref().and_then(|key| self.store.template_of(key));
+            waiting.template = of_session.map(|name| TemplateUse::Use(name.to_owned()));
+        }
+        self.store
+            .attach(child, pidfd, session.as_ref(), waiting.template.as_ref());
+        if let Some(TemplateUse::Build(name)) = &waiting.template {
+            self.waits.build_runs(name, child);
+        }
+        match session {
+            Some(key) => {
+                waiting.given_disk = true;
+                sessions.queue_front(&key, waiting);
+            }
+            None => self.waits.attaching(child, waiting),
+        }
+        None
+    }
+
+    /// What the disks' thread has answered since the last call: sessions
+    /// (among `sessions`) whose children have their disks, to be served;
+    /// other runs whose children have theirs, to start; and children that
+    /// could not be given them (what waited for them answered why), to go.
+    /// A template published answers its build.
+    pub fn done(&mut self, sessions: &mut Sessions, replies: &mut Vec<Reply>) -> DisksDone {
+        let mut done = DisksDone::default();
+        for answer in self.store.done() {
+            match answer {
+                Done::Attached { child, result } => {
+                    self.attached(child, result, sessions, &mut done, replies)
+                }
+                Done::Published { name, result } => {
+                    let record = result.as_ref().ok().cloned();
+                    self.store.build_ended(&name, record);
+                    let listed = self.store.templates().into_iter();
+                    let info = listed.into_iter().find(|t| t.template == name);
+                    replies.extend(self.waits.published(&name, result.map(|_| info)));
+                }
+            }
+        }
+        done
+    }
+
+    fn attached(
+        &mut self,
+        child: usize,
+        result: Result<bool, DiskError>,
+        sessions: &mut Sessions,
+        done: &mut DisksDone,
+        replies: &mut Vec<Reply>,
+    ) {
+        if let Some(waiting) = self.waits.take_attaching(child) {
+            match result {
+                Ok(_) => done.ready.push((child, waiting)),
+                Err(why) => {
+                    let why = format!("the run's disks cannot be given to it: {why}");
+                    self.refuse(
+                        waiting,
+                        &ErrorReply::new(ErrorCode::Unavailable, why),
+                        replies,
+                    );
+                    done.refused.push(child);
+                }
+            }
+            return;
+        }
+        let Some(key) = sessions.of_child(child) else {
+            // Its run or session went meanwhile.
+            done.refused.push(child);
+            return;
+        };
+        match result {
+            Ok(existed) => {
+                let record = existed.then(|| self.store.record(&key)).flatten();
+                sessions.disk_given(&key, record);
+                done.sessions.push(key);
+            }
+            Err(why) => {
+                let why = format!("session {:?} cannot be opened: {why}", key.1);
+                let refusal = ErrorReply::new(ErrorCode::Unavailable, why);
+                if let Some(session) = sessions.end(&key) {
+                    refuse_each(session.queue, &refusal, replies);
+                }
+                done.refused.push(child);
+            }
+        }
+    }
+
+    /// Answers a run waiting for its disks, which will not start.
+    fn refuse(&mut self, waiting: Waiting, refusal: &ErrorReply, replies: &mut Vec<Reply>) {
+        self.not_started(&waiting);
+        replies.push((waiting.reply_to, refusal.clone().into()));
+    }
+
+    /// Takes the runs waiting for disks that `pick` picks (their children,
+    /// once given disks, find no run and go).
+    pub fn take_attaching_where(&mut self, pick: impl FnMut(&Waiting) -> bool) -> Vec<Waiting> {
+        self.waits.take_attaching_where(pick)
+    }
+
+    /// Template `build.name` is to be built by the run whose reply goes
+    /// to `build.reply_to`: reserved until its build ends.
+    pub fn begin_build(&mut self, build: Build) -> Result<(), ErrorReply> {
+        self.store.begin_build(&build.name)?;
+        self.waits.build_asked(build);
+        Ok(())
+    }
+
+    /// The build asked of the run whose reply goes to `reply_to` will not
+    /// run (the run was refused).
+    pub fn build_refused(&mut self, reply_to: ReplyTo) {
+        if let Some(build) = self.waits.take_asked_by(reply_to) {
+            self.store
+                .build_ran(&build.name, false, build.uid, Vec::new());
+        }
+    }
+
+    /// The template a run `asked` for — the request, whose it is, where
+    /// its reply goes — is given: the one it builds, if a build asked for
+    /// it; the one it names (`not_found` if none is built; `bad_request` if
+    /// its session was opened from another); or none.
+    pub fn template_for(
+        &self,
+        asked: (&ExecRequest, Principal, ReplyTo),
+    ) -> Result<Option<TemplateUse>, ErrorReply> {
+        let (request, owner, reply_to) = asked;
+        if let Some(build) = self.waits.asked_by(reply_to) {
+            return Ok(Some(TemplateUse::Build(build.name.clone())));
+        }
+        let Some(name) = &request.template else {
+            return Ok(None);
+        };
+        self.store.find_template(name)?;
+        let session = request.session.clone().map(|session| (owner, session));
+        let opened_from = session.as_ref().and_then(|key| self.store.opened(key));
+        if let Some(opened_from) = opened_from.filter(|from| from.as_deref() != Some(name)) {
+            let from = opened_from.map_or("no template".to_owned(), |t| format!("template {t:?}"));
+            return Err(ErrorReply::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "EXEC field `template`: session {:?} was opened from {from}; its runs \
+                     keep it (close the session to open one from another)",
+                    request.session.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+        Ok(Some(TemplateUse::Use(name.clone())))
+    }
+
+    /// The run on `child` has ended with `reply`, which goes to
+    /// `reply_to`: if it was a template's build that succeeded, the reply
+    /// waits for the template to be published (`None`); one that failed
+    /// says no template was made.
+    pub fn build_ran(
+        &mut self,
+        child: usize,
+        reply_to: ReplyTo,
+        mut reply: ExecReply,
+    ) -> Option<ExecReply> {
+        let Some(build) = self.waits.take_build(child) else {
+            return Some(reply);
+        };
+        let succeeded = reply.exit_code == Some(0) && !reply.timed_out;
+        self.store
+            .build_ran(&build.name, succeeded, build.uid, build.packages);
+        if succeeded {
+            self.waits.publishing(build.name, reply_to, reply);
+            return None;
+        }
+        reply.success = false;
+        let why = reply
+            .error
+            .take()
+            .unwrap_or_else(|| "pip failed (its output says why)".into());
+        reply.error = Some(format!("template {:?} was not built: {why}", build.name));
+        Some(reply)
+    }
+
+    /// `child` has gone: a build it ran, if any, made no template.
+    pub fn child_dropped(&mut self, child: usize) {
+        if let Some(build) = self.waits.take_build(child) {
+            self.store
+                .build_ran(&build.name, false, build.uid, Vec::new());
+        }
+    }
+
+    /// A waiting run that will not start: the template it was to build,
+    /// if any, is not built.
+    pub fn not_started(&mut self, waiting: &Waiting) {
+        if let Some(TemplateUse::Build(name)) = &waiting.template {
+            if let Some(build) = self.waits.build_dropped(name) {
+                self.store.build_ran(name, false, build.uid, Vec::new());
+            }
+        }
+    }
+}
+
+/// A template build asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Build {
+    /// The template.
+    pub name: String,
+    /// Where its run's reply goes: the run that builds it.
+    pub reply_to: ReplyTo,
+    /// The operator who asked for it.
+    pub uid: u32,
+    /// What it is built from, for its record.
+    pub packages: Vec<String>,
+}
+
+/// Runs waiting for their disks, and builds.
+#[derive(Debug, Default)]
+struct DiskWaits {
+    /// Runs outside sessions whose children are being given disks, by
+    /// child.
+    attaching: HashMap<usize, Waiting>,
+    /// Builds asked for, by template, until their run has a child.
+    asked: HashMap<String, Build>,
+    /// Builds running, by child.
+    running: HashMap<usize, Build>,
+    /// Builds that succeeded, by template, with the reply that goes once
+    /// the template is published.
+    publishing: HashMap<String, (ReplyTo, ExecReply)>,
+}
+
+impl DiskWaits {
+    /// `waiting`'s child is being given its disks.
+    pub fn attaching(&mut self, child: usize, waiting: Waiting) {
+        self.attaching.insert(child, waiting);
+    }
+
+    /// The run whose child was being given its disks, if it still waits.
+    pub fn take_attaching(&mut self, child: usize) -> Option<Waiting> {
+        self.attaching.remove(&child)
+    }
+
+    /// Takes the runs waiting for disks that `pick` picks (their children,
+    /// once given disks, find no run and go).
+    pub fn take_attaching_where(&mut self, mut pick: impl FnMut(&Waiting) -> bool) -> Vec<Waiting> {
+        let children: Vec<usize> = self
+            .attaching
+            .iter()
+            .filter(|(_, waiting)| pick(waiting))
+            .map(|(child, _)| *child)
+            .collect();
+        children
+            .into_iter()
+            .filter_map(|child| self.attaching.remove(&child))
+            .collect()
+    }
+
+    /// A build has been asked for.
+    pub fn build_asked(&mut self, build: Build) {
+        self.asked.insert(build.name.clone(), build);
+    }
+
+    /// The build asked of the run whose reply goes to `reply_to`.
+    pub fn asked_by(&self, reply_to: ReplyTo) -> Option<&Build> {
+        self.asked.values().find(|build| build.reply_to == reply_to)
+    }
+
+    /// The build asked of the run whose reply goes to `reply_to`, taken.
+    pub fn take_asked_by(&mut self, reply_to: ReplyTo) -> Option<Build> {
+        let name = self.asked_by(reply_to)?.name.clone();
+        self.asked.remove(&name)
+    }
+
+    /// Template `name`'s build runs on `child`.
+    pub fn build_runs(&mut self, name: &str, child: usize) {
+        if let Some(build) = self.asked.remove(name) {
+            self.running.insert(child, build);
+        }
+    }
+
+    /// The build `child` ran, if it ran one.
+    pub fn take_build(&mut self, child: usize) -> Option<Build> {
+        self.running.remove(&child)
+    }
+
+    /// A build asked for that never ran (refused, cancelled, its asker
+    /// gone).
+    pub fn build_dropped(&mut self, name: &str) -> Option<Build> {
+        self.asked.remove(name)
+    }
+
+    /// Template `name`'s build succeeded: `reply` goes to `reply_to` once
+    /// the template is published.
+    pub fn publishing(&mut self, name: String, reply_to: ReplyTo, reply: ExecReply) {
+        self.publishing.insert(name, (reply_to, reply));
+    }
+
+    /// Template `name` is published (with what it lists as), or could not
+    /// be: its build's reply.
+    pub fn published(
+        &mut self,
+        name: &str,
+        result: Result<Option<TemplateInfo>, DiskError>,
+    ) -> Option<Reply> {
+        let (reply_to, mut reply) = self.publishing.remove(name)?;
+        match result {
+            Ok(info) => reply.template = info,
+            Err(err) => {
+                reply.success = false;
+                reply.code = Some(ErrorCode::Internal);
+                reply.error = Some(format!("template {name:?} was built, but {err}"));
+            }
+        }
+        Some((reply_to, reply.into()))
+    }
+}

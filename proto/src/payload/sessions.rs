@@ -1,0 +1,112 @@
+//! EXEC's session operations' replies: `sessions` lists the caller's
+//! sessions, `close` ends one, `snapshot`, `restore` and `snapshots` keep
+//! and put back a session's files.
+
+use serde::{Deserialize, Serialize};
+
+/// One of the caller's sessions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SessionInfo {
+    /// Its name.
+    pub session: String,
+    /// When its first run started (RFC 3339).
+    pub created_at: String,
+    /// When its last run started (RFC 3339).
+    pub last_used_at: String,
+    /// Runs so far.
+    pub runs: u64,
+    /// Bytes of files in its `/workspace`.
+    pub workspace_bytes: u64,
+    /// `running` (an order of it is going), `ready` (its interpreter
+    /// waits) or `stored` (only its disk is left; its next run starts a
+    /// fresh interpreter).
+    pub state: SessionState,
+    /// Its disk's size, when it has one (the most its files may take).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// Bytes used on its disk, when it is mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_used_bytes: Option<u64>,
+}
+
+/// Where a session stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// An order of it is going.
+    Running,
+    /// Its interpreter waits for the next run.
+    Ready,
+    /// Only its disk is left.
+    Stored,
+}
+
+/// The reply to `{"op":"sessions"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SessionsReply {
+    /// Always true.
+    pub success: bool,
+    /// The caller's sessions.
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// The reply to `{"op":"close"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ClosedReply {
+    /// Always true.
+    pub success: bool,
+    /// The session existed and is gone.
+    pub closed: bool,
+}
+
+/// One snapshot of a session's workspace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SnapshotInfo {
+    /// Its name.
+    pub name: String,
+    /// Bytes of files in it.
+    pub bytes: u64,
+    /// When it was taken (RFC 3339).
+    pub created_at: String,
+}
+
+/// The reply to `{"op":"snapshot"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SnapshotReply {
+    /// Always true.
+    pub success: bool,
+    /// The snapshot taken.
+    pub snapshot: SnapshotInfo,
+    /// Paths under `/workspace` not saved: symlinks and special files
+    /// (never followed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
+}
+
+/// The reply to `{"op":"restore"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RestoredReply {
+    /// Always true.
+    pub success: bool,
+    /// Entries of the snapshot not restored: anything but a directory or a
+    /// regular file at a plain relative path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
+}
+
+/// The reply to `{"op":"snapshots"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SnapshotsReply {
+    /// Always true.
+    pub success: bool,
+    /// The session's snapshots, oldest first.
+    pub snapshots: Vec<SnapshotInfo>,
+}
