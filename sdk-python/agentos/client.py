@@ -27,6 +27,7 @@ from .types import (
     Task,
     TaskKind,
     TaskState,
+    Template,
     Thought,
     Tool,
     ToolServer,
@@ -51,6 +52,8 @@ MAX_TASK_PAGE = 1000
 DEFAULT_EXEC_DEADLINE_MS = 30_000
 DEFAULT_THINK_DEADLINE_MS = 120_000
 DEFAULT_TOOL_DEADLINE_MS = 30_000
+#: ``exec.template_build_timeout_ms``'s default.
+DEFAULT_BUILD_DEADLINE_MS = 1_800_000
 
 AgentRef = Union[int, str]
 
@@ -536,6 +539,7 @@ class AgentOSClient(Connection):
         limits: Optional[Mapping[str, Any]] = None,
         network: Union[bool, Mapping[str, Any], None] = None,
         permissions: Optional[Mapping[str, Any]] = None,
+        template: Optional[str] = None,
     ) -> Execution:
         """EXEC: runs ``code`` (``language`` ``python`` or ``bash``) in a
         fresh, isolated sandbox, or in ``session``'s, and returns how it
@@ -547,6 +551,7 @@ class AgentOSClient(Connection):
         request: Dict[str, Any] = {"code": code, "language": language}
         request.update(_present(
             session=session,
+            template=template,
             timeout_ms=timeout_ms,
             env=dict(env) if env is not None else None,
             files=results.base64_files(files) if files is not None else None,
@@ -589,6 +594,45 @@ class AgentOSClient(Connection):
         """EXEC ``snapshots``: a session's snapshots, oldest first."""
         request = {"op": "snapshots", "session": session}
         return self.call_json(Opcode.EXEC, request)["snapshots"]
+
+    def templates(self) -> List[Template]:
+        """EXEC ``templates``: the templates there are (built by operators,
+        usable by all)."""
+        return self.call_json(Opcode.EXEC, {"op": "templates"})["templates"]
+
+    def build_template(
+        self,
+        template: str,
+        packages: Sequence[str] = (),
+        *,
+        requirements: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+    ) -> Execution:
+        """EXEC ``build_template`` (operators): pip installs ``packages``
+        and a ``requirements`` file's text into a new read-only environment,
+        reaching only the kernel's package index. Returns the build's run:
+        ``template`` describes the template once built; a build that failed
+        is a result with ``ok`` false and pip's output, not an exception."""
+        request: Dict[str, Any] = {"op": "build_template", "template": template}
+        request.update(_present(
+            packages=list(packages) or None,
+            requirements=requirements,
+            timeout_ms=timeout_ms,
+        ))
+        deadline = timeout_ms if timeout_ms is not None else DEFAULT_BUILD_DEADLINE_MS
+        reply = decode_json(self.call(Opcode.EXEC, request, deadline_ms=deadline), Opcode.EXEC)
+        if reply.get("code"):
+            # Refused, or built but not kept: a build whose pip failed has
+            # no code.
+            raise_if_failed(reply)
+        return results.execution(reply)
+
+    def remove_template(self, template: str) -> bool:
+        """EXEC ``remove_template`` (the operator who built it, or root):
+        returns whether there was one; refused (``Busy``) while a session
+        uses it."""
+        request = {"op": "remove_template", "template": template}
+        return self.call_json(Opcode.EXEC, request)["removed"]
 
     # -- tools ------------------------------------------------------------
 

@@ -166,6 +166,7 @@ class Execution(_ExecutionRequired, total=False):
     ok: bool
     network: Dict[str, int]
     fresh_interpreter: bool
+    template: Template
 
 
 class _SessionRequired(TypedDict):
@@ -184,6 +185,17 @@ class Session(_SessionRequired, total=False):
 
     disk_bytes: int
     disk_used_bytes: int
+
+
+class Template(TypedDict):
+    """A template: a read-only Python environment runs and sessions start
+    from (``template=``), built once by an operator."""
+
+    template: str
+    created_at: str
+    bytes: int
+    shared: bool
+    packages: List[str]
 
 
 class Snapshot(TypedDict, total=False):

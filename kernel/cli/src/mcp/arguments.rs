@@ -92,8 +92,10 @@ pub struct ExecArguments {
     pub code: String,
     #[serde(default)]
     pub language: Language,
-    /// Keeps variables and /workspace across calls.
+    /// Keeps variables, files and pip installs across calls.
     pub session: Option<String>,
+    /// A prepared environment (e.g. python-data).
+    pub template: Option<String>,
     pub timeout_ms: Option<u64>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,

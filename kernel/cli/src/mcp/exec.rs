@@ -24,6 +24,7 @@ pub async fn exec(
         code: arguments.code,
         language: arguments.language,
         session: arguments.session,
+        template: arguments.template,
         timeout_ms: arguments.timeout_ms,
         env: arguments.env,
         network: arguments
