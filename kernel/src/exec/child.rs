@@ -271,6 +271,21 @@ impl RunChild {
         Ok(())
     }
 
+    /// Has a child that waits warm with a template put the template's
+    /// packages on its path before a run comes.
+    pub fn settle_template(&mut self) -> io::Result<()> {
+        let message = wire::frame(&PrepareOrder::template());
+        let none: [OwnedFd; 0] = [];
+        let sent = fd::send_with_fds(self.socket.as_fd(), &message, &none)?;
+        if sent != message.len() {
+            return Err(io::Error::other(WireError::PreparePartly {
+                sent,
+                length: message.len(),
+            }));
+        }
+        Ok(())
+    }
+
     /// Gives it an order, with `attached` descriptors (the files that move
     /// it into its agent's cgroup first, then the run's kernel connection
     /// or a snapshot's memfd); returns whether bytes remain to be written

@@ -151,6 +151,17 @@ impl Children {
         run.prepare(ours, theirs, shell)
     }
 
+    /// Has a child that waits warm with a template settle into it (see
+    /// `RunChild::settle_template`); one that cannot is killed.
+    pub fn settle_template(&mut self, child: usize) {
+        if let Some(run) = self.slab.get_mut(child) {
+            if let Err(err) = run.settle_template() {
+                log::debug!("exec: a warm child cannot take its template: {err}");
+                run.kill_quietly();
+            }
+        }
+    }
+
     /// Watches a child's (new) stdout and stderr pipes.
     pub fn watch_outputs(&mut self, child: usize, sources: &mut Sources) -> io::Result<()> {
         let Some(run) = self.slab.get_mut(child) else {

@@ -10,11 +10,16 @@ use std::os::fd::OwnedFd;
 use agentos_proto::payload::{ExecReply, ExecRequest, TemplateInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::children::Children;
 use super::disks::{DiskError, Done, SessionDisks, TemplateUse};
+use super::pool::Pool;
 use super::sessions::Sessions;
 use super::waiting::{refuse_each, SessionKey, Waiting};
 use crate::address::{Reply, ReplyTo};
 use crate::identity::Principal;
+
+/// Children kept warm with each template.
+const WARM_PER_TEMPLATE: usize = 1;
 
 /// What the disks' thread's answers come to (see [`DiskWork::done`]).
 #[derive(Debug, Default)]
@@ -25,6 +30,8 @@ pub struct DisksDone {
     pub ready: Vec<(usize, Waiting)>,
     /// Children that could not be given theirs.
     pub refused: Vec<usize>,
+    /// Children given a template to wait warm with, to settle into it.
+    pub warmed: Vec<usize>,
 }
 
 /// The disks, and what waits on them.
@@ -33,6 +40,12 @@ pub struct DiskWork {
     /// Sessions' and templates' disks.
     pub store: SessionDisks,
     waits: DiskWaits,
+    /// Ready children already given a template, by template, each with
+    /// the template's build time it was given: a run from a template
+    /// starts on one as fast as a plain run on any.
+    warm: HashMap<String, Vec<(usize, u64)>>,
+    /// Children being given a template to wait warm.
+    warming: HashMap<usize, (String, u64)>,
 }
 
 impl DiskWork {
@@ -41,6 +54,8 @@ impl DiskWork {
         DiskWork {
             store,
             waits: DiskWaits::default(),
+            warm: HashMap::new(),
+            warming: HashMap::new(),
         }
     }
 
@@ -114,6 +129,16 @@ impl DiskWork {
         done: &mut DisksDone,
         replies: &mut Vec<Reply>,
     ) {
+        if let Some((name, built)) = self.warming.remove(&child) {
+            match result {
+                Ok(_) => {
+                    self.warm.entry(name).or_default().push((child, built));
+                    done.warmed.push(child);
+                }
+                Err(_) => done.refused.push(child),
+            }
+            return;
+        }
         if let Some(waiting) = self.waits.take_attaching(child) {
             match result {
                 Ok(_) => done.ready.push((child, waiting)),
@@ -149,6 +174,53 @@ impl DiskWork {
                 done.refused.push(child);
             }
         }
+    }
+
+    /// A ready child already given `waiting`'s template (a run outside a
+    /// session), if one waits warm: the run needs no other disk. Children
+    /// warm with an earlier build of the template are let go.
+    pub fn take_warm(&mut self, waiting: &Waiting, children: &Children) -> Option<usize> {
+        let Some(TemplateUse::Use(name)) = waiting.template.as_ref().filter(|_| !waiting.on_disk)
+        else {
+            return None;
+        };
+        let built = self.store.template_built_at(name)?;
+        let warm = self.warm.get_mut(name)?;
+        while let Some((child, at)) = warm.pop() {
+            if at == built && children.is_ready(child) {
+                return Some(child);
+            }
+            children.kill_quietly(child);
+        }
+        None
+    }
+
+    /// A run from a template (outside a session) has taken a child: one
+    /// more is given the template from `pool`'s ready ones, to wait warm
+    /// for the next — unless one does, or it would take the last.
+    pub fn warm_for(&mut self, waiting: &Waiting, pool: &mut Pool) {
+        let Some(TemplateUse::Use(name)) = waiting.template.as_ref().filter(|_| !waiting.on_disk)
+        else {
+            return;
+        };
+        let waiting_warm = self.warm.get(name).map_or(0, Vec::len)
+            + self.warming.values().filter(|(n, _)| n == name).count();
+        if waiting_warm >= WARM_PER_TEMPLATE || pool.ready_count() < 2 {
+            return;
+        }
+        let Some(built) = self.store.template_built_at(name) else {
+            return;
+        };
+        let Some(child) = pool.take_ready(false) else {
+            return;
+        };
+        let Some(pidfd) = pool.children().pidfd(child) else {
+            pool.children().kill_quietly(child);
+            return;
+        };
+        let template = TemplateUse::Use(name.clone());
+        self.store.attach(child, pidfd, None, Some(&template));
+        self.warming.insert(child, (name.clone(), built));
     }
 
     /// Answers a run waiting for its disks, which will not start.

@@ -318,6 +318,9 @@ impl Exec {
             self.pool.children().kill_quietly(child);
             self.drop_child(child);
         }
+        for child in done.warmed {
+            self.pool.children_mut().settle_template(child);
+        }
         for (child, waiting) in done.ready {
             self.start(child, waiting, replies, Instant::now());
         }
@@ -358,12 +361,17 @@ impl Exec {
             let Some(mut waiting) = next else {
                 return;
             };
-            let Some(child) = self.pool.take_ready(waiting.is_bash()) else {
+            let warm = self
+                .backlog
+                .disks()
+                .take_warm(&waiting, self.pool.children());
+            let Some(child) = warm.or_else(|| self.pool.take_ready(waiting.is_bash())) else {
                 self.backlog.push_front(waiting);
                 return;
             };
             self.backlog.open_session(child, &mut waiting, now);
-            if !waiting.needs_disks() {
+            self.backlog.disks().warm_for(&waiting, &mut self.pool);
+            if warm.is_some() || !waiting.needs_disks() {
                 self.start(child, waiting, replies, now);
                 continue;
             }

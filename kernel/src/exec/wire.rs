@@ -113,6 +113,10 @@ pub struct PrepareOrder {
     /// Start a shell at once, with the connection attached, for a bash
     /// run to come.
     shell: bool,
+    /// A template has been mounted: put its packages on the path now, so
+    /// the run to come finds them there (sent alone, with no connection).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    template: bool,
 }
 
 impl PrepareOrder {
@@ -121,6 +125,16 @@ impl PrepareOrder {
         PrepareOrder {
             op: OrderOp::Prepare,
             shell,
+            template: false,
+        }
+    }
+
+    /// The order to a child that waits warm with a template.
+    pub fn template() -> PrepareOrder {
+        PrepareOrder {
+            op: OrderOp::Prepare,
+            shell: false,
+            template: true,
         }
     }
 }

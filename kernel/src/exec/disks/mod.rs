@@ -367,6 +367,11 @@ impl SessionDisks {
         self.templates.build_ended(name, record);
     }
 
+    /// When template `name` was built, if it has been.
+    pub fn template_built_at(&self, name: &str) -> Option<u64> {
+        self.templates.built_at(name)
+    }
+
     /// Every template.
     pub fn templates(&self) -> Vec<TemplateInfo> {
         self.templates.list()

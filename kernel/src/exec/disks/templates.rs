@@ -117,6 +117,11 @@ impl Templates {
         }
     }
 
+    /// When template `name` was built, if it has been.
+    pub fn built_at(&self, name: &str) -> Option<u64> {
+        self.built.get(name).map(|record| record.created_at)
+    }
+
     /// Every template, by name.
     pub fn list(&self) -> Vec<TemplateInfo> {
         let mut list: Vec<TemplateInfo> = self

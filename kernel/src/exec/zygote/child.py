@@ -51,6 +51,8 @@ def serve_run(sock, stdout_w, stderr_w):
         for extra in rest[1:]:
             os.close(extra)
         if op == OP_PREPARE:
+            if attached is None:
+                continue  # a template settled into, no connection
             first_connection = attached
             if request.get("shell") and attached is not None:
                 shell = Shell(attached)

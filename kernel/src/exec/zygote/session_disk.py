@@ -8,6 +8,7 @@
 # the same way: its packages join the path, behind a session's own.
 
 import os
+import site
 import sys
 
 
@@ -91,9 +92,8 @@ def link_template(root):
 
 def add_template_paths():
     """Puts the template's packages (and what its .pth files add) on this
-    interpreter's path."""
-    import site
-
+    interpreter's path. (site, imported with the zygote, runs nothing of
+    its own under -S.)"""
     site.addsitedir(site_packages(TEMPLATE_ROOT))
 
 
