@@ -170,7 +170,8 @@ impl Sessions {
             error: Some(format!(
                 "session {:?} ended while it waited: its interpreter was killed for memory \
                  (the run's limit, or its agent's, which its runs and sessions share); \
-                 this run did not start, and the next one opens a new session",
+                 this run did not start, and the next one starts a fresh interpreter (with \
+                 the session's files, where sessions have disks of their own)",
                 key.1
             )),
             code: Some(ErrorCode::NotFound),
