@@ -143,7 +143,7 @@ impl Door {
         let peer = match peer_cred(&stream) {
             Ok(peer) => peer,
             Err(err) => {
-                log::debug!("dropping a connection whose credentials cannot be read: {err}");
+                log::info!("dropping a connection whose credentials cannot be read: {err}");
                 return None;
             }
         };
@@ -172,7 +172,7 @@ impl Door {
             }
             Ok(_) => {}
             Err(err) => {
-                log::debug!("dropping a connection whose peer is gone: {err}");
+                log::info!("dropping a connection whose peer is gone: {err}");
                 return None;
             }
         }
