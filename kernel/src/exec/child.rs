@@ -258,14 +258,7 @@ impl RunChild {
         theirs: OwnedFd,
         shell: bool,
     ) -> io::Result<()> {
-        let message = wire::frame(&PrepareOrder::new(shell));
-        let sent = fd::send_with_fds(self.socket.as_fd(), &message, &[theirs])?;
-        if sent != message.len() {
-            return Err(io::Error::other(WireError::PreparePartly {
-                sent,
-                length: message.len(),
-            }));
-        }
+        self.send_prepare(&PrepareOrder::new(shell), &[theirs])?;
         self.first_connection = Some(ours);
         self.shell = shell;
         Ok(())
@@ -274,9 +267,14 @@ impl RunChild {
     /// Has a child that waits warm with a template put the template's
     /// packages on its path before a run comes.
     pub fn settle_template(&mut self) -> io::Result<()> {
-        let message = wire::frame(&PrepareOrder::template());
-        let none: [OwnedFd; 0] = [];
-        let sent = fd::send_with_fds(self.socket.as_fd(), &message, &none)?;
+        self.send_prepare(&PrepareOrder::template(), &[])
+    }
+
+    /// Sends a prepare order with `fds`: small, on a socket with nothing
+    /// queued, so it goes whole or not at all.
+    fn send_prepare(&self, order: &PrepareOrder, fds: &[OwnedFd]) -> io::Result<()> {
+        let message = wire::frame(order);
+        let sent = fd::send_with_fds(self.socket.as_fd(), &message, fds)?;
         if sent != message.len() {
             return Err(io::Error::other(WireError::PreparePartly {
                 sent,

@@ -79,8 +79,8 @@ impl DiskWork {
         let session = waiting.session.clone().filter(|_| waiting.on_disk);
         if waiting.template.is_none() {
             // A stored session goes on from the template it was opened from.
-            let of_session = session.as_ref().and_then(|key| self.store.template_of(key));
-            waiting.template = of_session.map(|name| TemplateUse::Use(name.to_owned()));
+            let of_session = session.as_ref().and_then(|key| self.store.opened(key));
+            waiting.template = of_session.flatten().map(TemplateUse::Use);
         }
         self.store
             .attach(child, pidfd, session.as_ref(), waiting.template.as_ref());

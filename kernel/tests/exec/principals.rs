@@ -291,6 +291,10 @@ fn a_run_given_spawn_exec_and_task_still_reaches_only_its_own() {
         "own_child": call(0x10, {{"name": "mine", "command": ["/bin/sleep", "300"]}}),
         "own_list": call(0x12, b""),
         "own_restart": call(0x11, {{"name": "mine", "restart": True, "grace_ms": 0}}),
+        "build_template": call(0x02, {{"op": "build_template", "template": "evil",
+                                       "packages": ["six"]}}),
+        "remove_template": call(0x02, {{"op": "remove_template", "template": "evil"}}),
+        "unbuilt_template": call(0x02, {{"code": "print(9)", "template": "../../etc"}}),
     }}"#,
         hidden = hidden.display(),
         task = targets.task_id,
@@ -341,6 +345,11 @@ fn a_run_given_spawn_exec_and_task_still_reaches_only_its_own() {
     assert_eq!(got["nested"]["stdout"], "7\n", "{got}");
     assert_eq!(got["nested_more"]["code"], "permission_denied", "{got}");
     assert_eq!(got["own_child"]["success"], true, "{got}");
+    // Templates are built and removed by operators alone, and a template
+    // name is a name, never a path.
+    assert_eq!(got["build_template"]["code"], "permission_denied", "{got}");
+    assert_eq!(got["remove_template"]["code"], "permission_denied", "{got}");
+    assert_eq!(got["unbuilt_template"]["code"], "bad_request", "{got}");
     let names: Vec<&str> = got["own_list"]
         .as_array()
         .unwrap()

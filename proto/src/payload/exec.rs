@@ -603,6 +603,22 @@ pub struct ExecReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_build_names_its_fields_exactly_and_asks_for_something() {
+        let misspelt = br#"{"op":"build_template","template":"t","packges":["six"]}"#;
+        let err = ExecCall::parse(misspelt).unwrap_err();
+        assert!(err.error.contains("packges"), "{}", err.error);
+        let empty = br#"{"op":"build_template","template":"t"}"#;
+        assert!(ExecCall::parse(empty).unwrap_err().error.contains("needs"));
+        let path = br#"{"op":"remove_template","template":"../x"}"#;
+        assert!(ExecCall::parse(path).is_err());
+        let call = ExecCall::parse(br#"{"op":"build_template","template":"t","packages":["six"]}"#);
+        assert!(
+            matches!(call, Ok(ExecCall::BuildTemplate { .. })),
+            "{call:?}"
+        );
+    }
     use crate::error::ErrorCode;
 
     fn refused(json: &str) -> ErrorReply {

@@ -286,15 +286,8 @@ impl SessionDisks {
                     ..SessionRecord::new(SystemTime::now())
                 })
                 .clone();
-            let dir = self.dir(key);
-            if let Err(err) = fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir.0)
-            {
-                log::warn!("session disk {}: {err}", dir.0.display());
-            }
-            (dir, self.session_bytes, record)
+            // Its directory is made with its disk, on the disks' thread.
+            (self.dir(key), self.session_bytes, record)
         });
         let template = template.map(|template| match template {
             TemplateUse::Use(name) => TemplateDisk::Use(self.templates.dir(name)),
@@ -310,12 +303,6 @@ impl SessionDisks {
     /// What the disks' thread has answered since the last call.
     pub fn done(&self) -> Vec<Done> {
         self.worker.as_ref().map(Worker::done).unwrap_or_default()
-    }
-
-    /// The template session `key` was opened from, if it has a disk and
-    /// was.
-    pub fn template_of(&self, key: &SessionKey) -> Option<&str> {
-        self.stored.get(key)?.template.as_deref()
     }
 
     /// What session `key` was opened from, if it has been opened (on a
@@ -351,6 +338,7 @@ impl SessionDisks {
             created_at: record::seconds(SystemTime::now()),
             built_by: uid,
             packages,
+            bytes: 0,
         };
         let to = self.templates.dir(name);
         let name = name.to_owned();

@@ -76,6 +76,9 @@ pub struct TemplateRecord {
     pub built_by: u32,
     /// What it was built from.
     pub packages: Vec<String>,
+    /// Bytes its disk takes on the host, once shrunk.
+    #[serde(default)]
+    pub bytes: u64,
 }
 
 impl TemplateRecord {

@@ -130,7 +130,7 @@ impl Templates {
             .map(|(name, record)| TemplateInfo {
                 template: name.clone(),
                 created_at: rfc3339(record.created()),
-                bytes: self.dir(name).image_bytes(),
+                bytes: record.bytes,
                 shared: true,
                 packages: record.packages.clone(),
             })

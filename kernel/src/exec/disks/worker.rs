@@ -269,12 +269,13 @@ fn give_disks(pidfd: &OwnedFd, plan: &Plan, user: RunUser) -> Result<bool, DiskE
 fn publish(
     build: &DiskDir,
     to: &DiskDir,
-    record: TemplateRecord,
+    mut record: TemplateRecord,
 ) -> Result<TemplateRecord, DiskError> {
     build
         .release(RELEASE_PATIENCE)
         .map_err(DiskError::Publish)?;
     build.shrink().map_err(DiskError::Publish)?;
+    record.bytes = build.image_bytes();
     std::fs::rename(&build.0, &to.0).map_err(DiskError::Publish)?;
     record.write(&to.0).map_err(DiskError::Record)?;
     Ok(record)
