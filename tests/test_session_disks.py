@@ -28,7 +28,7 @@ import pytest
 
 from agentos import AgentOSClient
 from agentos.errors import LimitExceeded
-from conftest import Kernel, detach_beneath, kernel_with, start_kernel
+from conftest import Kernel, detach_beneath, kernel_with, log_of, start_kernel
 
 INDEX_HOST = "127.0.0.9"
 # The run's network: the stand-in index and nothing else.
@@ -70,6 +70,26 @@ def index() -> Iterator[str]:
 def run(client: AgentOSClient, code: str, language: str = "python", **fields) -> dict:
     fields.setdefault("timeout_ms", INSTALL_MS)
     return client.exec(code, language, **fields)
+
+
+def fill_code(path: str) -> str:
+    """Code that appends to `path` until its disk is full — a MiB at a
+    time, then smaller, to the last block — and prints the error's name
+    and the MiB written."""
+    return textwrap.dedent(f"""
+        import errno
+        written = 0
+        for chunk in (1 << 20, 1 << 16, 1 << 12):
+            try:
+                with open({path!r}, 'ab') as sink:
+                    while True:
+                        sink.write(b'x' * chunk)
+                        sink.flush()
+                        written += chunk
+            except OSError as err:
+                code = errno.errorcode[err.errno]
+        print(code, written >> 20)
+        """)
 
 
 def mounts_beneath(directory: Path) -> list[str]:
@@ -163,18 +183,7 @@ def test_a_write_past_the_disk_is_enospc_in_the_sandbox_and_nothing_else_notices
         return
     config = "[exec]\nsession_disk_bytes = 16777216\nowner_disk_bytes = 33554432\n"
     with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path) as client:
-        flood = run(client, textwrap.dedent("""
-            import errno
-            written = 0
-            try:
-                with open('flood', 'wb') as sink:
-                    while True:
-                        sink.write(b'x' * (1 << 20))
-                        sink.flush()
-                        written += 1
-            except OSError as err:
-                print(errno.errorcode[err.errno], written)
-            """), session="full")
+        flood = run(client, fill_code("flood"), session="full")
         code, megabytes = flood["stdout"].split()
         assert code == "ENOSPC", flood
         assert 8 <= int(megabytes) <= 16, flood
@@ -242,3 +251,86 @@ def test_a_run_sees_its_own_sessions_disk_and_nothing_of_the_host_or_other_sessi
                            "open('/home/user/x', 'w')")
         assert bare["stdout"] == "[]\n", bare
         assert "PermissionError" in bare["error"], bare
+
+
+def test_pip_on_a_full_disk_fails_with_enospc_and_what_was_written_stays(index):
+    if not has_root():
+        return
+    env = {"PIP_INDEX_URL": f"http://{index}/simple/", "PIP_NO_CACHE_DIR": "1"}
+    config = "[exec]\nsession_disk_bytes = 16777216\n"
+    with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path) as client:
+        kept = run(client, "import os\nwith open('kept.txt', 'w') as f:\n"
+                           "    f.write('acknowledged'); f.flush(); os.fsync(f.fileno())",
+                   session="s", network=INDEX_ONLY)
+        assert kept["ok"], kept
+        full = run(client, fill_code("/workspace/filler"), session="s", network=INDEX_ONLY)
+        assert full["stdout"].split()[0] == "ENOSPC", full
+        pip = run(client, "pip install agentos-probe 2>&1; echo exit=$?", "bash",
+                  session="s", env=env, network=INDEX_ONLY)
+        assert "exit=0" not in pip["stdout"], pip
+        assert "No space left on device" in pip["stdout"], pip
+        # The kernel, the session and what it had written go on.
+        assert run(client, "print(2)")["stdout"] == "2\n"
+        read = run(client, "print(open('kept.txt').read())", session="s", network=INDEX_ONLY)
+        assert read["stdout"] == "acknowledged\n", read
+        # Room made, the same install succeeds.
+        again = run(client, "rm /workspace/filler && pip install agentos-probe >/dev/null && "
+                            "python -c 'import agentos_probe; print(agentos_probe.VALUE)'",
+                    "bash", session="s", env=env, network=INDEX_ONLY)
+        assert again["stdout"] == "from the stand-in index\n", again
+        assert kernel.process.poll() is None
+
+
+def test_a_flood_of_installs_from_one_owner_leaves_another_served(index):
+    if not has_root():
+        return
+    import concurrent.futures
+
+    env = {"PIP_INDEX_URL": f"http://{index}/simple/"}
+    config = ("[exec]\nsession_disk_bytes = 16777216\nowner_disk_bytes = 50331648\n"
+              "max_running_per_owner = 2\n")
+    scripts = Path(tempfile.mkdtemp(prefix="agentos-flood-", dir="/var/tmp"))
+    scripts.chmod(0o755)
+    other = scripts / "other.py"
+    other.write_text(textwrap.dedent("""
+        import json, time
+        from agentos import AgentOSClient
+        with AgentOSClient() as kernel:
+            started = time.monotonic()
+            served = [kernel.exec("print('served')", timeout_ms=120_000)["stdout"]
+                      for _ in range(5)]
+            print(json.dumps([served, time.monotonic() - started]), flush=True)
+        """))
+    other.chmod(0o644)
+    try:
+        with kernel_with(config) as kernel:
+            def install(session: str) -> str:
+                with AgentOSClient(kernel.socket_path) as flooder:
+                    try:
+                        done = run(flooder, "pip install agentos-probe >/dev/null && "
+                                            f"cat /dev/zero > /workspace/fill; echo {session}",
+                                   "bash", session=session, env=env, network=INDEX_ONLY)
+                        return "ran" if done["stdout"].strip() == session else str(done)
+                    except LimitExceeded:
+                        return "refused"
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool, \
+                    AgentOSClient(kernel.socket_path) as client:
+                flood = [pool.submit(install, f"f{i}") for i in range(8)]
+                # Meanwhile an agent, another owner, has its runs served.
+                agent = client.spawn("other", other, python=sys.executable,
+                                     permissions={"exec": True})
+                deadline = time.monotonic() + 120
+                while not log_of(kernel, "other", agent["id"]).strip():
+                    assert time.monotonic() < deadline, kernel.log()
+                    time.sleep(0.1)
+                outcomes = [f.result(timeout=INSTALL_MS / 1000) for f in flood]
+            served, took = json.loads(log_of(kernel, "other", agent["id"]))
+            assert served == ["served\n"] * 5, served
+            # Three 16 MiB disks fill the 48 MiB share: the rest are refused.
+            assert outcomes.count("ran") == 3, outcomes
+            assert outcomes.count("refused") == 5, outcomes
+            print(f"another owner's 5 runs took {took:.2f} s during the flood")
+            assert kernel.process.poll() is None
+    finally:
+        shutil.rmtree(scripts, ignore_errors=True)

@@ -1,6 +1,7 @@
 """Templates against a real agentosd: an operator builds one (pip, in a run
 whose network is the package index alone), runs and sessions start from
-it, it is read-only, and it cannot be removed while a session uses it.
+it, as do agents; it is read-only, and it cannot be removed while a
+session or an agent uses it.
 What a build may ask of pip is checked first: another index, a URL or an
 editable install is refused by name. A kernel killed mid-build leaves no
 template behind.
@@ -10,8 +11,11 @@ Packages come from the tests' stand-in index, as in test_session_disks.
 
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -20,8 +24,9 @@ import pytest
 
 from agentos import AgentOSClient
 from agentos.errors import AgentOSError, BadRequest, Busy, NotFound
-from conftest import detach_beneath, kernel_with, start_kernel
-from test_session_disks import INDEX_HOST, has_root, index, run  # noqa: F401 (a fixture)
+from conftest import detach_beneath, kernel_with, log_of, start_kernel, wait_state
+from test_session_disks import INDEX_HOST, INSTALL_MS, has_root, index, run  # noqa: F401
+from test_volumes import script_dir  # noqa: F401 (a fixture)
 
 
 def template_config(index: str) -> str:
@@ -33,7 +38,7 @@ def template_config(index: str) -> str:
     )
 
 
-def test_a_template_is_built_once_and_runs_and_sessions_start_from_it(index):
+def test_a_template_is_built_once_and_runs_sessions_and_agents_start_from_it(index, script_dir):
     if not has_root():
         return
     with kernel_with(template_config(index)) as kernel, \
@@ -58,9 +63,29 @@ def test_a_template_is_built_once_and_runs_and_sessions_start_from_it(index):
         with pytest.raises(BadRequest) as kept:
             run(client, "print(1)", session="plain", template="probe")
         assert "opened from no template" in str(kept.value)
+        # An agent from it runs its script with the template's python, and
+        # its programs find the template's first on PATH.
+        script = script_dir / "agent.py"
+        script.write_text("import json, os, sys, agentos_probe\n"
+                          "print(json.dumps([agentos_probe.VALUE, sys.prefix,"
+                          " os.environ['PATH'].split(':')[0]]), flush=True)\n"
+                          "import time; time.sleep(60)\n")
+        script.chmod(0o644)
+        agent = client.spawn("from-template", script, template="probe")
+        deadline = time.monotonic() + 30
+        while not log_of(kernel, "from-template", agent["id"]).strip():
+            assert time.monotonic() < deadline, kernel.log()
+            time.sleep(0.1)
+        said = json.loads(log_of(kernel, "from-template", agent["id"]))
+        assert said == ["from the stand-in index", "/opt/template", "/opt/template/bin"], said
+        with pytest.raises(NotFound):
+            client.spawn("no-such", script, template="nope")
         with pytest.raises(Busy) as busy:
             client.remove_template("probe")
-        assert "sessions s use it" in str(busy.value)
+        assert 'session "s"' in str(busy.value), busy.value
+        assert f"agent {agent['id']}" in str(busy.value), busy.value
+        client.kill("from-template", grace_ms=0)
+        wait_state(client, agent["id"], {"killed", "exited", "failed"})
         assert client.close_session("s") is True
         assert client.remove_template("probe") is True
         assert client.remove_template("probe") is False
@@ -139,3 +164,61 @@ def test_a_kernel_killed_mid_build_leaves_no_template(index):
         kernel.stop()
         detach_beneath(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_an_agent_builds_a_template_of_its_own_within_its_network(index, script_dir):
+    if not has_root():
+        return
+    script = script_dir / "builder.py"
+    script.write_text(textwrap.dedent("""
+        import json, time
+        from agentos import AgentOSClient
+        from agentos.errors import AgentOSError
+        out = {}
+        with AgentOSClient() as k:
+            try:
+                built = k.build_template("mine", ["agentos-probe"])
+                out["built"] = [built["ok"], built["template"]["shared"]]
+                out["listed"] = [[t["template"], t["shared"]] for t in k.templates()]
+                out["used"] = k.exec("import agentos_probe; print(agentos_probe.VALUE)",
+                                     template="mine")["stdout"]
+            except AgentOSError as err:
+                out["error"] = f"{type(err).__name__}: {err}"
+        print(json.dumps(out), flush=True)
+        time.sleep(60)
+        """))
+    script.chmod(0o644)
+    with kernel_with(template_config(index)) as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        builder = client.spawn("builder", script, python=sys.executable,
+                               network={"allow": [f"{INDEX_HOST}/32"]},
+                               permissions={"exec": True})
+        deadline = time.monotonic() + INSTALL_MS / 1000
+        while not log_of(kernel, "builder", builder["id"]).strip():
+            assert time.monotonic() < deadline, kernel.log()
+            time.sleep(0.2)
+        said = json.loads(log_of(kernel, "builder", builder["id"]))
+        assert said == {"built": [True, False], "listed": [["mine", False]],
+                        "used": "from the stand-in index\n"}, said
+        # It is the agent's alone.
+        assert client.templates() == []
+        with pytest.raises(NotFound):
+            run(client, "print(1)", template="mine")
+        # An agent whose network stops short of the index builds nothing.
+        boxed = script_dir / "boxed.py"
+        boxed.write_text(script.read_text().replace('"mine"', '"boxed"'))
+        boxed.chmod(0o644)
+        walled = client.spawn("walled", boxed, python=sys.executable,
+                              permissions={"exec": True})
+        while not log_of(kernel, "walled", walled["id"]).strip():
+            assert time.monotonic() < deadline, kernel.log()
+            time.sleep(0.2)
+        refused = json.loads(log_of(kernel, "walled", walled["id"]))["error"]
+        assert refused.startswith("PermissionDenied") and "network" in refused, refused
+        # Its own templates end with it.
+        client.kill("builder", grace_ms=0)
+        templates = Path(kernel.log_path.parent / "state" / "templates")
+        while any("@" in entry.name for entry in templates.iterdir()):
+            assert time.monotonic() < deadline, list(templates.iterdir())
+            time.sleep(0.1)
+        client.kill("walled", grace_ms=0)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import results
 from .connection import Connection, Payload, Reply, decode_json, raise_if_failed
 from .errors import ProtocolError, Timeout
-from .limits import wire_limits
+from .limits import Size, parse_size, wire_limits
 from .paths import PathLike
 from .protocol import Opcode
 from .types import (
@@ -31,6 +31,8 @@ from .types import (
     Thought,
     Tool,
     ToolServer,
+    Volume,
+    VolumeMount,
 )
 
 __all__ = ["AgentOSClient", "Payload", "Reply"]
@@ -56,6 +58,9 @@ DEFAULT_TOOL_DEADLINE_MS = 30_000
 DEFAULT_BUILD_DEADLINE_MS = 1_800_000
 
 AgentRef = Union[int, str]
+#: A volume to mount: a dict (``name``, ``path``, ``read_only``), or a
+#: ``(name, path)`` or ``(name, path, read_only)`` tuple.
+VolumeSpec = Union[VolumeMount, Mapping[str, Any], Tuple[str, str], Tuple[str, str, bool]]
 
 
 class AgentOSClient(Connection):
@@ -114,6 +119,8 @@ class AgentOSClient(Connection):
         max_restarts: Optional[int] = None,
         restart_window: Optional[int] = None,
         permissions: Optional[Mapping[str, Any]] = None,
+        volumes: Optional[Sequence[VolumeSpec]] = None,
+        template: Optional[str] = None,
     ) -> Spawned:
         """SPAWN: starts an agent and returns once it runs.
 
@@ -121,7 +128,10 @@ class AgentOSClient(Connection):
         the kernel's configured interpreter) or a ``command`` argv.
         ``limits`` takes ``memory`` (bytes, or a size such as ``"256M"``),
         ``cpus`` (a share such as ``0.5``; or ``cpu_quota`` and
-        ``cpu_period`` in microseconds) and ``max_pids``. Returns ``id``,
+        ``cpu_period`` in microseconds) and ``max_pids``. ``volumes`` are
+        mounted into its sandbox (see :meth:`exec`); with ``template`` it
+        starts from a template (see :meth:`templates`): its environment is
+        first on ``PATH`` and its python runs ``script``. Returns ``id``,
         ``name``, ``pid``, ``status`` and ``isolation``.
         """
         if (script is None) == (command is None):
@@ -143,6 +153,8 @@ class AgentOSClient(Connection):
             max_restarts=max_restarts,
             restart_window=restart_window,
             permissions=dict(permissions) if permissions is not None else None,
+            volumes=_volume_mounts(volumes) or None,
+            template=template,
         ))
         return results.without_success(self.call_json(Opcode.SPAWN, request))  # type: ignore[return-value]
 
@@ -540,6 +552,7 @@ class AgentOSClient(Connection):
         network: Union[bool, Mapping[str, Any], None] = None,
         permissions: Optional[Mapping[str, Any]] = None,
         template: Optional[str] = None,
+        volumes: Optional[Sequence[VolumeSpec]] = None,
     ) -> Execution:
         """EXEC: runs ``code`` (``language`` ``python`` or ``bash``) in a
         fresh, isolated sandbox, or in ``session``'s, and returns how it
@@ -547,11 +560,17 @@ class AgentOSClient(Connection):
         exception; the request raises only when the kernel refused it.
         ``files`` (path under ``/workspace`` to bytes) are written before
         the run; the ``collect`` paths come back in ``files`` as bytes.
+        ``volumes`` are mounted into the run (a session's: when its
+        interpreter starts), each a dict ``{"name", "path", "read_only"}``
+        or a ``(name, path)`` or ``(name, path, read_only)`` tuple: yours,
+        or given to you, at ``/data`` or beneath ``/data``, ``/mnt`` or
+        ``/workspace``.
         """
         request: Dict[str, Any] = {"code": code, "language": language}
         request.update(_present(
             session=session,
             template=template,
+            volumes=_volume_mounts(volumes) or None,
             timeout_ms=timeout_ms,
             env=dict(env) if env is not None else None,
             files=results.base64_files(files) if files is not None else None,
@@ -632,6 +651,29 @@ class AgentOSClient(Connection):
         returns whether there was one; refused (``Busy``) while a session
         uses it."""
         request = {"op": "remove_template", "template": template}
+        return self.call_json(Opcode.EXEC, request)["removed"]
+
+    def volumes(self) -> List[Volume]:
+        """EXEC ``volumes``: your volumes, then those you were given by
+        whoever started you."""
+        return self.call_json(Opcode.EXEC, {"op": "volumes"})["volumes"]
+
+    def create_volume(self, volume: str, bytes: Optional[Size] = None) -> Volume:
+        """EXEC ``create_volume``: makes an empty volume of ``bytes`` (an
+        int, or a size such as ``"512M"``; left out, the kernel's
+        ``exec.volume_bytes``, 1 GiB; at least 16 MiB), yours until you
+        remove it (an agent's or a run's own end with it). A write past its
+        size fails with ``ENOSPC``."""
+        request: Dict[str, Any] = {"op": "create_volume", "volume": volume}
+        if bytes is not None:
+            request["bytes"] = parse_size(bytes)
+        return self.call_json(Opcode.EXEC, request)["volume"]
+
+    def remove_volume(self, volume: str) -> bool:
+        """EXEC ``remove_volume``: removes a volume of yours and its files
+        (a sandbox that has it mounted keeps it until it ends). One you
+        were given raises ``PermissionDenied``, another's ``NotFound``."""
+        request = {"op": "remove_volume", "volume": volume}
         return self.call_json(Opcode.EXEC, request)["removed"]
 
     # -- tools ------------------------------------------------------------
@@ -815,10 +857,36 @@ def _network(network: Union[bool, Mapping[str, Any], None]) -> Any:
     return dict(network) if isinstance(network, Mapping) else network
 
 
+def _volume_mounts(volumes: Optional[Sequence[VolumeSpec]]) -> Optional[List[Dict[str, Any]]]:
+    """Volumes to mount as the wire takes them: each a dict (passed on as
+    given, so the kernel names a field it does not know), or a ``(name,
+    path)`` or ``(name, path, read_only)`` tuple made one."""
+    if volumes is None:
+        return None
+    if isinstance(volumes, (str, Mapping)):
+        raise TypeError(f"volumes is a list of volumes to mount, not {volumes!r}")
+    mounts = []
+    for volume in volumes:
+        if isinstance(volume, Mapping):
+            mounts.append(dict(volume))
+        elif isinstance(volume, (tuple, list)) and len(volume) in (2, 3):
+            read_only = volume[2] if len(volume) == 3 else False
+            if not isinstance(read_only, bool):
+                raise TypeError(f"a volume's read_only is True or False, not {read_only!r}")
+            mounts.append({"name": volume[0], "path": volume[1], "read_only": read_only})
+        else:
+            raise TypeError(
+                "a volume to mount is a dict with name, path and read_only, or a "
+                f"(name, path) or (name, path, read_only) tuple, not {volume!r}"
+            )
+    return mounts
+
+
 def _task_request(request: Union[Mapping[str, Any], str]) -> Any:
     """A task's request as the wire wants it. An EXEC run's ``files`` may
     hold bytes (base64-encoded here; a str is taken as already encoded, as
-    on the wire), and its ``limits`` sizes and ``cpus`` as :meth:`exec`'s."""
+    on the wire), its ``limits`` sizes and ``cpus``, and its ``volumes``
+    tuples, as :meth:`exec`'s."""
     if isinstance(request, str):
         return request
     body = dict(request)
@@ -830,6 +898,8 @@ def _task_request(request: Union[Mapping[str, Any], str]) -> Any:
         }
     if isinstance(body.get("limits"), Mapping):
         body["limits"] = wire_limits(body["limits"], period=False)
+    if isinstance(body.get("volumes"), (list, tuple)):
+        body["volumes"] = _volume_mounts(body["volumes"])
     return body
 
 

@@ -198,6 +198,34 @@ class Template(TypedDict):
     packages: List[str]
 
 
+class Volume(TypedDict):
+    """A volume: a disk of a fixed size (``bytes``) that runs and agents
+    mount by name (``volumes=``). ``owned`` when it is yours (you may
+    remove it), else it was given to you by whoever started you;
+    ``read_only`` when it was given so. ``used_bytes`` is what its files
+    take, or None when not known."""
+
+    volume: str
+    bytes: int
+    used_bytes: Optional[int]
+    created_at: str
+    owned: bool
+    read_only: bool
+
+
+class _VolumeMountRequired(TypedDict):
+    name: str
+    path: str
+
+
+class VolumeMount(_VolumeMountRequired, total=False):
+    """A volume to mount into a run or an agent, as ``exec`` and ``spawn``
+    take it: at ``path`` (``/data``, or beneath ``/data``, ``/mnt`` or
+    ``/workspace``), read-write unless ``read_only``."""
+
+    read_only: bool
+
+
 class Snapshot(TypedDict, total=False):
     """A saved copy of a session's ``/workspace``; ``left_out`` names what
     was not saved (symlinks and special files are never followed)."""

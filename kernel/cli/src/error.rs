@@ -35,6 +35,13 @@ pub enum CliError {
     /// A template build failed, or a template named is not there.
     #[error("{0}")]
     Template(String),
+    /// A volume the kernel does not know as the caller's.
+    #[error("volume '{volume}': {message} (agentos volume ls lists yours)")]
+    NoSuchVolume {
+        volume: String,
+        /// The kernel's own words.
+        message: String,
+    },
     /// No agent with this id among those the caller may see.
     #[error("no agent with id {0} (agentos ps -a lists them)")]
     NoAgentWithId(u32),

@@ -13,6 +13,7 @@ use crate::failure::usage;
 use crate::input::{millis, words_or_stdin};
 use crate::policy::PolicyArgs;
 use crate::raw::Raw;
+use crate::volumes::VolumeArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct ExecArgs {
@@ -33,6 +34,8 @@ pub struct ExecArgs {
     /// Start from this template (agentos template ls lists them)
     #[arg(long)]
     template: Option<String>,
+    #[command(flatten)]
+    pub volumes: VolumeArgs,
     /// The code is bash, not Python
     #[arg(long)]
     bash: bool,
@@ -92,6 +95,7 @@ impl ExecArgs {
             },
             session: self.session,
             template: self.template,
+            volumes: self.volumes.mounts(),
             timeout_ms: self.run_timeout.map(millis),
             network: self.policy.network(),
             ..ExecRequest::default()
@@ -195,6 +199,29 @@ mod tests {
         let err = parsed(&["--file", &missing]).request().unwrap_err();
         assert!(err.to_string().contains(&missing), "{err}");
         assert!(!err.is_usage());
+    }
+
+    #[test]
+    fn each_volume_given_is_mounted_by_the_run() {
+        let request = parsed(&[
+            "--volume",
+            "data:/data",
+            "--volume",
+            "refs:/mnt/refs:ro",
+            "print(1)",
+        ])
+        .request()
+        .expect("a request");
+        let mounts: Vec<(&str, &str, bool)> = request
+            .volumes
+            .iter()
+            .map(|m| (m.name.as_str(), m.path.as_str(), m.read_only))
+            .collect();
+        assert_eq!(
+            mounts,
+            [("data", "/data", false), ("refs", "/mnt/refs", true)]
+        );
+        assert!(Line::try_parse_from(["exec", "--volume", "data", "print(1)"]).is_err());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! What the command line gives besides its flags: text as words or on
-//! stdin, and durations in seconds.
+//! stdin, durations in seconds and sizes in bytes.
 
 use std::time::Duration;
 
@@ -38,4 +38,55 @@ pub fn millis(secs: f64) -> u64 {
 /// refused here, with the words it takes.
 pub fn protocol_word<T: serde::de::DeserializeOwned>(word: &str) -> Result<T, serde_json::Error> {
     serde_json::from_value(serde_json::Value::String(word.to_owned()))
+}
+
+/// Why a size on the command line cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BadSize {
+    /// No number leads it.
+    #[error("{0:?} is not a size (try 512M)")]
+    NotANumber(String),
+    /// Its unit is none of K, M, G.
+    #[error("unknown unit in {0:?}: use K, M or G")]
+    UnknownUnit(String),
+    /// It does not fit in 64 bits.
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+}
+
+/// `512`, `64K`, `50M`, `2G` to bytes.
+pub fn parse_size(text: &str) -> Result<u64, BadSize> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| BadSize::NotANumber(text.to_owned()))?;
+    let unit = unit.to_ascii_uppercase();
+    let scale: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return Err(BadSize::UnknownUnit(text.to_owned())),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| BadSize::TooLarge(text.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("50MiB").unwrap(), 50 << 20);
+        assert!(matches!(parse_size("2X"), Err(BadSize::UnknownUnit(_))));
+        assert!(matches!(parse_size("M"), Err(BadSize::NotANumber(_))));
+    }
 }

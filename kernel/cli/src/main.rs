@@ -40,6 +40,7 @@ mod templates;
 mod think;
 mod tools;
 mod top;
+mod volumes;
 
 use call::{call_tool, CallArgs};
 use error::CliError;
@@ -164,6 +165,10 @@ enum Command {
     /// that runs and sessions start from (agentos exec --template NAME)
     #[command(subcommand)]
     Template(templates::TemplateCommand),
+    /// Volumes: disks of a fixed size, yours by name (create, ls, rm),
+    /// mounted into runs and agents (agentos exec --volume NAME:PATH[:ro])
+    #[command(subcommand)]
+    Volume(volumes::VolumeCommand),
     /// List the tools you may use and the tool servers' states; with
     /// words, search the tools for them (best first)
     Tools {
@@ -286,8 +291,13 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         seconds("the run's limit", secs)?;
     }
     // A command line that is wrong is said so whether a kernel runs or not.
-    if let Command::Exec(exec) = &args.command {
-        exec.check_code()?;
+    match &args.command {
+        Command::Exec(exec) => {
+            exec.check_code()?;
+            exec.volumes.check("EXEC")?;
+        }
+        Command::Spawn(spawn) => spawn.volumes.check("SPAWN")?,
+        _ => {}
     }
     // What the command waits on, when the flag leaves it to the command.
     let default_timeout = match &args.command {
@@ -326,6 +336,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Snapshot(snapshot_args) => sessions::snapshot(client, snapshot_args, json),
         Command::Restore(restore_args) => sessions::restore(client, restore_args, json),
         Command::Template(command) => templates::template(client, command, json),
+        Command::Volume(command) => volumes::volume(client, command, json),
         Command::Tools { search } => tools(client, &search, json),
         Command::Call(call_args) => call_tool(client, call_args, json),
         Command::Task(command) => return task(client, command, wait_for, json),

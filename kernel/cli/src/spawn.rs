@@ -6,8 +6,9 @@ use agentos_proto::{Client, Opcode};
 use crate::error::CliError;
 use crate::failure::usage;
 use crate::format::print_json;
-use crate::input::protocol_word;
+use crate::input::{parse_size, protocol_word};
 use crate::policy::PolicyArgs;
+use crate::volumes::VolumeArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct SpawnArgs {
@@ -20,6 +21,10 @@ pub struct SpawnArgs {
     /// Interpreter for the script
     #[arg(long, value_name = "PATH")]
     python: Option<String>,
+    /// Start from this template: its environment first on PATH, and its
+    /// python runs the script (agentos template ls lists them)
+    #[arg(long, value_name = "NAME")]
+    template: Option<String>,
     /// Memory limit: bytes, or with K, M or G
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     memory: Option<u64>,
@@ -43,8 +48,11 @@ pub struct SpawnArgs {
     network: bool,
     #[command(flatten)]
     policy: PolicyArgs,
-    /// Run without namespaces or cgroup (operators only)
-    #[arg(long)]
+    #[command(flatten)]
+    pub volumes: VolumeArgs,
+    /// Run without namespaces or cgroup (operators only; no volumes, no
+    /// template)
+    #[arg(long, conflicts_with_all = ["volumes", "template"])]
     no_sandbox: bool,
 }
 
@@ -81,6 +89,7 @@ pub fn spawn(client: &mut Client, args: SpawnArgs, json: bool) -> Result<(), Cli
         request.env.insert(key.into(), value.into());
     }
     request.python = args.python;
+    request.template = args.template;
     request.cwd = args.cwd;
     if args.network {
         request.network = Some(Network::Host(true));
@@ -89,6 +98,7 @@ pub fn spawn(client: &mut Client, args: SpawnArgs, json: bool) -> Result<(), Cli
         request.network = Some(policy);
     }
     request.sandboxed = !args.no_sandbox;
+    request.volumes = args.volumes.mounts();
     let reply: SpawnReply = client.call_json(Opcode::SPAWN, &serde_json::to_vec(&request)?)?;
     if json {
         return print_json(&reply);
@@ -109,46 +119,37 @@ fn path_text(path: std::path::PathBuf) -> Result<String, CliError> {
     })
 }
 
-/// Why a size on the command line cannot be read.
-#[derive(Debug, thiserror::Error)]
-enum BadSize {
-    /// No number leads it.
-    #[error("{0:?} is not a size (try 512M)")]
-    NotANumber(String),
-    /// Its unit is none of K, M, G.
-    #[error("unknown unit in {0:?}: use K, M or G")]
-    UnknownUnit(String),
-    /// It does not fit in 64 bits.
-    #[error("{0:?} is too large")]
-    TooLarge(String),
-}
-
-/// `512`, `64K`, `50M`, `2G` to bytes.
-fn parse_size(text: &str) -> Result<u64, BadSize> {
-    let text = text.trim();
-    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => text.split_at(at),
-        None => (text, ""),
-    };
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| BadSize::NotANumber(text.to_owned()))?;
-    let unit = unit.to_ascii_uppercase();
-    let scale: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        _ => return Err(BadSize::UnknownUnit(text.to_owned())),
-    };
-    number
-        .checked_mul(scale)
-        .ok_or_else(|| BadSize::TooLarge(text.to_owned()))
-}
-
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+
+    #[derive(Parser)]
+    struct Line {
+        #[command(flatten)]
+        spawn: SpawnArgs,
+    }
+
+    fn parsed(args: &[&str]) -> Result<SpawnArgs, clap::Error> {
+        Line::try_parse_from(std::iter::once("spawn").chain(args.iter().copied()))
+            .map(|line| line.spawn)
+    }
+
+    #[test]
+    fn volumes_go_before_the_program_and_only_into_a_sandbox() {
+        let spawn = parsed(&["--volume", "data:/data:ro", "w", "--", "ls", "--volume"])
+            .expect("a valid command line");
+        assert_eq!(spawn.program, ["ls", "--volume"]);
+        let mounts = spawn.volumes.mounts();
+        assert_eq!(
+            (mounts[0].name.as_str(), mounts[0].path.as_str()),
+            ("data", "/data")
+        );
+        assert!(mounts[0].read_only);
+        let unsandboxed = parsed(&["--no-sandbox", "--volume", "data:/data", "w", "ls"]);
+        assert!(unsandboxed.is_err());
+    }
 
     #[test]
     fn restart_takes_the_protocols_words() {
@@ -157,14 +158,5 @@ mod tests {
         assert_eq!(restart("always").unwrap(), RestartPolicy::Always);
         let refused = restart("sometimes").unwrap_err().to_string();
         assert!(refused.contains("`on-failure`"), "{refused}");
-    }
-
-    #[test]
-    fn sizes_take_binary_units() {
-        assert_eq!(parse_size("512").unwrap(), 512);
-        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
-        assert_eq!(parse_size("50MiB").unwrap(), 50 << 20);
-        assert!(matches!(parse_size("2X"), Err(BadSize::UnknownUnit(_))));
-        assert!(matches!(parse_size("M"), Err(BadSize::NotANumber(_))));
     }
 }

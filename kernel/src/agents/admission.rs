@@ -195,6 +195,7 @@ impl Admission {
             endpoint: None,
             net_record: None,
             program,
+            volumes: Vec::new(),
             limits: grant.limits,
             permissions: grant.permissions,
             budgets: own_budget.into_iter().chain(inherited).collect(),

@@ -347,6 +347,11 @@ impl Life {
             door: agent.door,
             channel: None,
         };
+        // Its volumes go into its root before its workload enters it.
+        let mounted = match agent.volumes.is_empty() {
+            true => Ok(()),
+            false => sandboxes.mount_volumes(sandbox, &agent.volumes),
+        };
         let claimed = sandboxes.claim(sandbox, incarnation, order);
         agent.sandbox = Some(sandbox);
         match claimed {
@@ -355,6 +360,14 @@ impl Life {
                 log::error!("agent {id}: {error}");
                 agent.workload.start_error = Some((error.code(), error.to_string()));
             }
+        }
+        if let Err(err) = mounted {
+            // Without them it would run with less than it was given: the
+            // incarnation ends before its workload does anything.
+            let message = format!("SPAWN field `volumes`: they cannot be mounted: {err}");
+            log::error!("agent {id}: {message}");
+            agent.workload.start_error = Some((ErrorCode::Unavailable, message));
+            sandboxes.signal(sandbox, libc::SIGKILL);
         }
         if let Some(err) = endpoint_error {
             // Without its endpoint it would run with no network at all:

@@ -56,6 +56,7 @@ use crate::cgroup::CgroupStats;
 use crate::config::Config;
 use crate::events::{Audience, Journal, Notice};
 use crate::permissions::Budget;
+use crate::sandbox::attach::VolumePlace;
 use crate::sandbox::runtime::{SandboxEvent, SandboxKey, Sandboxes};
 pub use admission::{default_limits, RunSpawner, Spawner};
 use admission::{open_door, shutting_down, Admission};
@@ -212,6 +213,7 @@ impl Agents {
         spawner: Spawner,
         request: SpawnRequest,
         tokens_left: Option<u64>,
+        volumes: Vec<VolumePlace>,
         reply_to: ReplyTo,
     ) -> Result<u32, ErrorReply> {
         let waiter = SpawnWaiter {
@@ -219,7 +221,8 @@ impl Agents {
             by_agent: !matches!(spawner, Spawner::Operator(_)),
             warnings: Vec::new(),
         };
-        self.admit(sandboxes, spawner, request, tokens_left, Some(waiter))
+        let asked = (request, volumes);
+        self.admit(sandboxes, spawner, asked, tokens_left, Some(waiter))
     }
 
     /// Starts a boot agent (`[[agents.boot]]`), as the operator would;
@@ -231,7 +234,8 @@ impl Agents {
     ) -> Result<u32, ErrorReply> {
         // The kernel starts them as its own user, the operator it runs as.
         let uid = nix::unistd::geteuid().as_raw();
-        let id = self.admit(sandboxes, Spawner::Operator(uid), request, None, None)?;
+        let asked = (request, Vec::new());
+        let id = self.admit(sandboxes, Spawner::Operator(uid), asked, None, None)?;
         if let Some(agent) = self.table.get_mut(id) {
             agent.boot = true;
         }
@@ -245,6 +249,7 @@ impl Agents {
         for (index, request) in config.agents.boot.iter().enumerate() {
             program::resolve(request, &config.agents.python(), Lookup::Host)
                 .and_then(|_| program::check_env(request))
+                .and_then(|()| program::check_no_volumes(request))
                 .map_err(|refused| BadBootEntry {
                     index,
                     name: request.name.clone(),
@@ -321,14 +326,14 @@ impl Agents {
         &mut self,
         sandboxes: &mut impl Sandboxes<Incarnation>,
         spawner: Spawner,
-        request: SpawnRequest,
+        (request, volumes): (SpawnRequest, Vec<VolumePlace>),
         tokens_left: Option<u64>,
         waiter: Option<SpawnWaiter>,
     ) -> Result<u32, ErrorReply> {
         if self.life.is_shutting_down() {
             return Err(shutting_down());
         }
-        let agent = self.admission.admit(
+        let mut agent = self.admission.admit(
             &self.table,
             sandboxes,
             spawner,
@@ -336,6 +341,7 @@ impl Agents {
             tokens_left,
             waiter,
         )?;
+        agent.volumes = volumes;
         let agent = self.table.insert(agent);
         self.life
             .start_incarnation(agent, sandboxes, Instant::now());

@@ -15,7 +15,8 @@ use agentos_proto::payload::{bad_request, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 pub use crate::sandbox::lookup::Lookup;
-use crate::sandbox::lookup::{executable, interpreter_dirs, Dirs};
+use crate::sandbox::lookup::{executable, interpreter_dirs, Dirs, Found};
+use crate::sandbox::plan::TEMPLATE_ROOT;
 use crate::sandbox::spec::Bind;
 
 /// The resolved program.
@@ -38,6 +39,18 @@ pub struct Program {
     /// Directories outside the system ones the workload needs, read-only:
     /// its script's, its program's, its interpreter's installation.
     pub binds: Vec<Bind>,
+}
+
+/// A boot agent is started by the kernel, before any volume is mounted:
+/// it has none.
+pub fn check_no_volumes(request: &SpawnRequest) -> Result<(), ErrorReply> {
+    if request.volumes.is_empty() {
+        return Ok(());
+    }
+    Err(ErrorReply::new(
+        ErrorCode::BadRequest,
+        "`volumes`: a boot agent has no volumes; SPAWN an agent with them once the kernel runs",
+    ))
 }
 
 /// Environment variables the kernel sets and a request may not override.
@@ -87,6 +100,9 @@ pub fn resolve(
                 "script {} is not a regular file",
                 script.inside.display()
             )));
+        }
+        if request.template.is_some() && request.python.is_none() {
+            return Ok(from_template(request, &script, cwd, dirs));
         }
         let python = request
             .python
@@ -164,6 +180,32 @@ pub fn resolve(
     })
 }
 
+/// A script run by its template's interpreter, which lies in the
+/// template's environment, mounted in the sandbox alone.
+fn from_template(
+    request: &SpawnRequest,
+    script: &Found,
+    cwd: Option<PathBuf>,
+    mut dirs: Dirs,
+) -> Program {
+    dirs.add_parent_of(script);
+    let python = Path::new(TEMPLATE_ROOT).join("bin").join("python");
+    let mut argv = vec![
+        python.display().to_string(),
+        script.inside.display().to_string(),
+    ];
+    argv.extend(request.args.iter().cloned());
+    Program {
+        program: python.clone(),
+        argv,
+        script: Some(script.inside.clone()),
+        interpreter_on_host: None,
+        interpreter: Some(python),
+        cwd,
+        binds: dirs.binds(),
+    }
+}
+
 /// Refuses a request that tries to set the kernel's own variables.
 pub fn check_env(request: &SpawnRequest) -> Result<(), ErrorReply> {
     match request
@@ -186,11 +228,13 @@ pub fn environment(
     socket: &Path,
     home: &Path,
 ) -> Vec<(String, String)> {
+    let system_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    let path = match &request.template {
+        Some(_) => format!("{TEMPLATE_ROOT}/bin:{system_path}"),
+        None => system_path.to_owned(),
+    };
     let mut env: Vec<(String, String)> = vec![
-        (
-            "PATH".into(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-        ),
+        ("PATH".into(), path),
         ("HOME".into(), home.display().to_string()),
         ("TMPDIR".into(), "/tmp".into()),
         ("LANG".into(), "C.UTF-8".into()),
@@ -199,6 +243,9 @@ pub fn environment(
         ("AGENTOS_AGENT_ID".into(), id.to_string()),
         ("AGENTOS_AGENT_NAME".into(), request.name.clone()),
     ];
+    if request.template.is_some() {
+        env.push(("VIRTUAL_ENV".into(), TEMPLATE_ROOT.into()));
+    }
     for (key, value) in &request.env {
         env.retain(|(k, _)| k != key);
         env.push((key.clone(), value.clone()));

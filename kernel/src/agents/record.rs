@@ -12,6 +12,7 @@ use crate::address::ReplyTo;
 use crate::cgroup::CgroupStats;
 use crate::clock::rfc3339;
 use crate::permissions::Budget;
+use crate::sandbox::attach::VolumePlace;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::{DoorKey, SandboxKey, Sandboxes};
 use agentos_egress::gateway::net_totals;
@@ -109,6 +110,9 @@ pub struct Agent {
     pub net_record: Option<Arc<Mutex<NetRecord>>>,
     /// What runs.
     pub program: Program,
+    /// The disks mounted in its sandbox, each incarnation's: its
+    /// template's environment, its volumes.
+    pub volumes: Vec<VolumePlace>,
     /// Limits in force.
     pub limits: Limits,
     /// What it may ask of the kernel.

@@ -118,6 +118,14 @@ impl Sandboxes<Incarnation> for FakeSandboxes {
         Err(std::io::ErrorKind::Unsupported.into())
     }
 
+    fn mount_volumes(
+        &self,
+        _sandbox: SandboxKey,
+        _volumes: &[crate::sandbox::attach::VolumePlace],
+    ) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+
     fn listen_inside(&self, _sandbox: SandboxKey) -> std::io::Result<std::net::TcpListener> {
         Err(std::io::ErrorKind::Unsupported.into())
     }
@@ -181,6 +189,7 @@ impl Bench {
                 Spawner::Operator(0),
                 request,
                 None,
+                Vec::new(),
                 ReplyTo::Task(1),
             )
             .unwrap();
@@ -574,6 +583,7 @@ fn shutdown_stops_every_live_agent_and_restarts_none() {
             Spawner::Operator(0),
             spawn,
             None,
+            Vec::new(),
             ReplyTo::Task(2),
         )
         .unwrap_err();
@@ -593,6 +603,7 @@ fn a_live_name_is_taken_until_its_agent_ends() {
             Spawner::Operator(0),
             again,
             None,
+            Vec::new(),
             ReplyTo::Task(2),
         )
         .unwrap_err();

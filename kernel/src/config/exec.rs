@@ -39,8 +39,10 @@ pub struct ExecConfig {
     /// Each session's disk (its `/workspace`, home and `/tmp`), in bytes:
     /// allocated on the host when the session opens, and full at this.
     pub session_disk_bytes: u64,
-    /// The disks of one owner's sessions together, in bytes.
+    /// The disks of one owner's sessions and volumes together, in bytes.
     pub owner_disk_bytes: u64,
+    /// A volume's size when `create_volume` gives none, in bytes.
+    pub volume_bytes: u64,
     /// An operator's session unused this long is removed, disk and all, in
     /// seconds (0: kept until closed).
     pub session_retention_secs: u64,
@@ -85,6 +87,7 @@ impl Default for ExecConfig {
             session_idle_secs: 900,
             session_disk_bytes: 1 << 30,
             owner_disk_bytes: 8 << 30,
+            volume_bytes: 1 << 30,
             session_retention_secs: 30 * 24 * 3600,
             max_sessions: 8,
             max_sessions_total: 256,
@@ -131,6 +134,9 @@ impl ExecConfig {
         }
         if self.session_disk_bytes < MIN_SESSION_DISK {
             return invalid("exec.session_disk_bytes", "must be at least 16 MiB");
+        }
+        if self.volume_bytes < MIN_SESSION_DISK {
+            return invalid("exec.volume_bytes", "must be at least 16 MiB");
         }
         if self.template_disk_bytes < MIN_SESSION_DISK {
             return invalid("exec.template_disk_bytes", "must be at least 16 MiB");

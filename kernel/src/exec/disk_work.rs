@@ -7,15 +7,16 @@
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
-use agentos_proto::payload::{ExecReply, ExecRequest, TemplateInfo};
+use agentos_proto::payload::{ExecReply, ExecRequest, TemplateInfo, VolumeReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::children::Children;
+use super::disks::volumes::{VolumeKey, VolumeUse};
 use super::disks::{DiskError, Done, SessionDisks, TemplateUse};
 use super::pool::Pool;
 use super::sessions::Sessions;
 use super::waiting::{refuse_each, SessionKey, Waiting};
-use crate::address::{Reply, ReplyTo};
+use crate::address::{Answer, Reply, ReplyTo};
 use crate::identity::Principal;
 
 /// Children kept warm with each template.
@@ -46,6 +47,8 @@ pub struct DiskWork {
     warm: HashMap<String, Vec<(usize, u64)>>,
     /// Children being given a template to wait warm.
     warming: HashMap<usize, (String, u64)>,
+    /// Volumes being made, each with where its maker's reply goes.
+    making: HashMap<VolumeKey, ReplyTo>,
 }
 
 impl DiskWork {
@@ -56,6 +59,7 @@ impl DiskWork {
             waits: DiskWaits::default(),
             warm: HashMap::new(),
             warming: HashMap::new(),
+            making: HashMap::new(),
         }
     }
 
@@ -82,8 +86,9 @@ impl DiskWork {
             let of_session = session.as_ref().and_then(|key| self.store.opened(key));
             waiting.template = of_session.flatten().map(TemplateUse::Use);
         }
+        let template = waiting.template.as_ref();
         self.store
-            .attach(child, pidfd, session.as_ref(), waiting.template.as_ref());
+            .attach(child, pidfd, session.as_ref(), template, &waiting.volumes);
         if let Some(TemplateUse::Build(name)) = &waiting.template {
             self.waits.build_runs(name, child);
         }
@@ -112,9 +117,29 @@ impl DiskWork {
                 Done::Published { name, result } => {
                     let record = result.as_ref().ok().cloned();
                     self.store.build_ended(&name, record);
-                    let listed = self.store.templates().into_iter();
-                    let info = listed.into_iter().find(|t| t.template == name);
+                    let info = self.store.template_info(&name);
                     replies.extend(self.waits.published(&name, result.map(|_| info)));
+                }
+                Done::VolumeMade { key, result } => {
+                    let info = self.store.volumes.made(&key, result.is_ok());
+                    let reply_to = self.making.remove(&key);
+                    let answer = match (result, info) {
+                        (Ok(()), Some(volume)) => Answer::json(&VolumeReply {
+                            success: true,
+                            volume,
+                        }),
+                        (Err(err), _) => {
+                            let why = format!("volume {:?} cannot be made: {err}", key.1);
+                            ErrorReply::new(ErrorCode::Internal, why).into()
+                        }
+                        (Ok(()), None) => continue,
+                    };
+                    replies.extend(reply_to.map(|to| (to, answer)));
+                }
+                Done::VolumesMounted(keys) => {
+                    for key in keys {
+                        self.store.volumes.mounted(key);
+                    }
                 }
             }
         }
@@ -180,8 +205,8 @@ impl DiskWork {
     /// session), if one waits warm: the run needs no other disk. Children
     /// warm with an earlier build of the template are let go.
     pub fn take_warm(&mut self, waiting: &Waiting, children: &Children) -> Option<usize> {
-        let Some(TemplateUse::Use(name)) = waiting.template.as_ref().filter(|_| !waiting.on_disk)
-        else {
+        let plain = !waiting.on_disk && waiting.volumes.is_empty();
+        let Some(TemplateUse::Use(name)) = waiting.template.as_ref().filter(|_| plain) else {
             return None;
         };
         let built = self.store.template_built_at(name)?;
@@ -219,8 +244,53 @@ impl DiskWork {
             return;
         };
         let template = TemplateUse::Use(name.clone());
-        self.store.attach(child, pidfd, None, Some(&template));
+        self.store.attach(child, pidfd, None, Some(&template), &[]);
         self.warming.insert(child, (name.clone(), built));
+    }
+
+    /// Begins making `owner`'s volume `name`; the reply goes to `reply_to`
+    /// once it is made.
+    pub fn create_volume(
+        &mut self,
+        owner: Principal,
+        name: &str,
+        bytes: Option<u64>,
+        reply_to: ReplyTo,
+    ) -> Result<(), ErrorReply> {
+        let key = self.store.create_volume(owner, name, bytes)?;
+        self.making.insert(key, reply_to);
+        Ok(())
+    }
+
+    /// The volumes a run `asked` for — the request, whose it is — as its
+    /// caller may give them; given to run `run`, which may pass them on.
+    pub fn volumes_for(
+        &mut self,
+        asked: (&ExecRequest, Principal),
+        run: u64,
+    ) -> Result<Vec<VolumeUse>, ErrorReply> {
+        let (request, caller) = asked;
+        if request.volumes.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.store.require("volumes")?;
+        let in_workspace = |path: &str| path.starts_with("/workspace/");
+        if request.session.is_none() && request.volumes.iter().any(|v| in_workspace(&v.path)) {
+            return Err(ErrorReply::new(
+                ErrorCode::BadRequest,
+                "EXEC field `volumes`: a run outside a session has a /workspace of its own in \
+                 memory, where no volume goes; mount it at /data, or beneath /data or /mnt \
+                 (or beneath /workspace in a session)",
+            ));
+        }
+        let volumes = self
+            .store
+            .volumes
+            .resolve(caller, "EXEC", &request.volumes)?;
+        self.store
+            .volumes
+            .give(Principal::Run { number: run }, &volumes);
+        Ok(volumes)
     }
 
     /// Answers a run waiting for its disks, which will not start.
@@ -267,11 +337,14 @@ impl DiskWork {
         let Some(name) = &request.template else {
             return Ok(None);
         };
-        self.store.find_template(name)?;
+        let key = self.store.find_template(owner, name)?;
         let session = request.session.clone().map(|session| (owner, session));
-        let opened_from = session.as_ref().and_then(|key| self.store.opened(key));
-        if let Some(opened_from) = opened_from.filter(|from| from.as_deref() != Some(name)) {
-            let from = opened_from.map_or("no template".to_owned(), |t| format!("template {t:?}"));
+        let opened_from = session.as_ref().and_then(|s| self.store.opened(s));
+        if let Some(opened_from) = opened_from.filter(|from| from.as_deref() != Some(&key)) {
+            let shown = |key: String| self.store.template_info(&key).map_or(key, |t| t.template);
+            let from = opened_from.map_or("no template".to_owned(), |t| {
+                format!("template {:?}", shown(t))
+            });
             return Err(ErrorReply::new(
                 ErrorCode::BadRequest,
                 format!(
@@ -281,7 +354,7 @@ impl DiskWork {
                 ),
             ));
         }
-        Ok(Some(TemplateUse::Use(name.clone())))
+        Ok(Some(TemplateUse::Use(key)))
     }
 
     /// The run on `child` has ended with `reply`, which goes to

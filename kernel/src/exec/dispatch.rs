@@ -160,11 +160,6 @@ impl Exec {
         self.spans.trace_with(tracer);
     }
 
-    /// The interpreter runs use.
-    pub fn python(&self) -> &std::path::Path {
-        &self.pool.setup().python
-    }
-
     /// A run's cgroup limits: what `asked` asks for, else the defaults —
     /// never more than `caller`'s own.
     pub fn run_limits(
@@ -223,8 +218,10 @@ impl Exec {
         let span = self.spans.open(&request, run, caller.agent.as_ref());
         let asked = (&request, caller.principal, reply_to);
         let template = self.backlog.disks().template_for(asked)?;
+        let volumes = self.backlog.disks().volumes_for((asked.0, asked.1), run)?;
         let mut waiting = Waiting::new(request, caller, reply_to, limits, timeout, now);
         waiting.template = template;
+        waiting.volumes = volumes;
         waiting.run = Some(run);
         waiting.span = span;
         match self.backlog.queue(waiting) {

@@ -70,6 +70,8 @@ pub mod zygote;
 pub use backlog::SessionOp;
 pub use dirs::ExecDirs;
 pub use disk_work::Build;
+pub use disks::templates::key as template_key;
+pub use disks::volumes::VolumeUse;
 pub use dispatch::Exec;
 pub use exec_host::HostId;
 pub use queues::Share;

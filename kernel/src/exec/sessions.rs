@@ -117,8 +117,8 @@ impl Sessions {
                 ErrorCode::BadRequest,
                 format!(
                     "EXEC field `permissions`: session {:?} was opened by a run that asked \
-                     for other permissions (or network); its runs must all ask the same \
-                     (close it to open one with others)",
+                     for other permissions (or network, or volumes); its runs must all ask \
+                     the same (close it to open one with others)",
                     key.1
                 ),
             ));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use agentos_egress::policy::Policy;
 use agentos_egress::record::Record;
-use agentos_proto::payload::{ExecRequest, Language, Limits, Network, RunPermissions};
+use agentos_proto::payload::{ExecRequest, Language, Limits, Network, RunPermissions, VolumeMount};
 use agentos_proto::ErrorReply;
 
 use super::order::Order;
@@ -20,6 +20,7 @@ use super::run_cgroup::ChargedTo;
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::identity::Principal;
+use crate::sandbox::attach::VolumePlace;
 use crate::telemetry::tracer::{OpenSpan, SpanAgent};
 
 /// Who asks for a run.
@@ -59,6 +60,17 @@ impl TemplateUse {
             TemplateUse::Use(name) | TemplateUse::Build(name) => name,
         }
     }
+}
+
+/// A volume a run or an agent is to have mounted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeUse {
+    /// The name its starter gave it, which it knows it by.
+    pub name: String,
+    /// Whose volume it is.
+    pub key: (Principal, String),
+    /// Where it goes.
+    pub place: VolumePlace,
 }
 
 /// A session by its owner (an agent, an operator's uid, or a run) and name.
@@ -110,12 +122,14 @@ pub struct Waiting {
     pub given_disk: bool,
     /// The template its child is given: to start from, or to build.
     pub template: Option<TemplateUse>,
+    /// The volumes its child is given.
+    pub volumes: Vec<VolumeUse>,
 }
 
 impl Waiting {
     /// Whether its child is to be given disks before it starts.
     pub fn needs_disks(&self) -> bool {
-        self.on_disk || self.template.is_some()
+        self.on_disk || self.template.is_some() || !self.volumes.is_empty()
     }
 
     /// `request` from `caller`, queued `now` with these `limits` and
@@ -149,6 +163,7 @@ impl Waiting {
             on_disk: false,
             given_disk: false,
             template: None,
+            volumes: Vec::new(),
         }
     }
 
@@ -203,6 +218,7 @@ impl Waiting {
 pub struct RunAsk {
     permissions: Option<RunPermissions>,
     network: Option<Network>,
+    volumes: Vec<VolumeMount>,
 }
 
 impl RunAsk {
@@ -211,6 +227,7 @@ impl RunAsk {
         RunAsk {
             permissions: request.permissions.clone(),
             network: request.network.clone(),
+            volumes: request.volumes.clone(),
         }
     }
 }

@@ -16,6 +16,7 @@
 //! run, an EXEC: the launch thread, the warm pool, the doors, and the
 //! events each owner hears.
 
+pub mod attach;
 pub mod confine;
 mod control;
 pub mod error;

@@ -45,6 +45,10 @@ pub const WORKSPACE: &str = "/workspace";
 pub const SESSION_HOME: &str = "/home/user";
 /// Where an exec host's runs have a template mounted (read-only).
 pub const TEMPLATE_ROOT: &str = "/opt/template";
+/// Where volumes go in an exec host's runs beyond their workspace: the
+/// host has empty directories there, which a run covers with a tmpfs of
+/// its own before a volume's mount point is made in it.
+pub const RUN_VOLUME_ROOTS: [&str; 2] = ["/data", "/mnt"];
 
 /// How this daemon builds sandboxes (the same for every one).
 #[derive(Clone, Debug)]
@@ -198,14 +202,17 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
         },
     ];
     if shape.nested {
-        // Where a session's home and a template are mounted in a run: the
-        // host's own are empty directories no run may write.
-        tmpfs.extend([SESSION_HOME, TEMPLATE_ROOT].map(|target| Tmpfs {
-            target: target.into(),
-            size: 4096,
-            mode: 0o755,
-            owned_by_user: false,
-        }));
+        // Where a session's home, a template and volumes are mounted in a
+        // run: the host's own are empty directories no run may write.
+        let [data, mnt] = RUN_VOLUME_ROOTS;
+        tmpfs.extend(
+            [SESSION_HOME, TEMPLATE_ROOT, data, mnt].map(|target| Tmpfs {
+                target: target.into(),
+                size: 4096,
+                mode: 0o755,
+                owned_by_user: false,
+            }),
+        );
     }
     let mut masks: Vec<PathBuf> = ETC_SECRETS.iter().map(PathBuf::from).collect();
     masks.extend(profile.extra_masks.iter().cloned());

@@ -14,7 +14,7 @@ use agentos_proto::payload::{
 use agentos_proto::ErrorReply;
 
 use super::request::{actor, reply, Outcome, Request};
-use super::{async_poll, templates};
+use super::{async_poll, templates, volumes};
 use crate::address::Answer;
 use crate::exec::{RunCaller, SessionOp};
 use crate::kernel::{Kernel, Permission};
@@ -49,6 +49,9 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         ),
         ExecCall::Templates | ExecCall::BuildTemplate { .. } | ExecCall::RemoveTemplate { .. } => {
             return templates::handle(kernel, request, call)
+        }
+        ExecCall::Volumes | ExecCall::CreateVolume { .. } | ExecCall::RemoveVolume { .. } => {
+            return volumes::handle(kernel, request, call)
         }
         ExecCall::Sessions => {
             return Outcome::Reply(Answer::json(&SessionsReply {

@@ -36,6 +36,7 @@ mod task;
 mod templates;
 mod think;
 mod tool;
+mod volumes;
 
 use std::time::Duration;
 

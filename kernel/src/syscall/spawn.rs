@@ -17,9 +17,12 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use super::audit::note;
 use super::request::{actor, Outcome, Request};
 use crate::agents::{RunSpawner, Spawner};
+use crate::exec::VolumeUse;
+use crate::identity::Principal;
 use crate::kernel::agent_sandboxes;
 use crate::kernel::Kernel;
 use crate::kernel::{Actor, Permission, Root};
+use crate::sandbox::attach::VolumePlace;
 use crate::sandbox::plan::Shape;
 use crate::sandbox::runtime::Sandboxes;
 use crate::telemetry::tracer::SpanAgent;
@@ -27,6 +30,7 @@ use crate::telemetry::tracer::SpanAgent;
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let started = SpawnRequest::parse(request.payload).and_then(|mut spawn| {
         let (spawner, tokens_left) = spawner_for(kernel, request, &mut spawn)?;
+        let disks = disks_for(kernel, request, &spawn)?;
         let name = spawn.name.clone();
         let sandboxed = spawn.sandboxed;
         let id = kernel.agents.spawn(
@@ -34,8 +38,14 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             spawner,
             spawn,
             tokens_left,
+            disks.places,
             request.reply_to,
         )?;
+        let store = &mut kernel.exec.disks().store;
+        store.volumes.give(Principal::Agent { id }, &disks.volumes);
+        if let Some(template) = disks.template {
+            store.template_used_by(id, template);
+        }
         let spawned = Spawned {
             name: &name,
             sandboxed,
@@ -119,13 +129,50 @@ fn spawner_for(
                 grant: grant.as_parent(),
                 budgets: grant.budgets.clone(),
                 view: kernel.sandboxes.view(Shape::EXEC_HOST, &binds),
-                python: kernel.exec.python().to_path_buf(),
+                python: kernel.exec.pool().setup().python.clone(),
             }))
         }
         Actor::Agent { id, .. } => Spawner::Agent(id),
         Actor::Operator { uid, .. } => Spawner::Operator(uid),
     };
     Ok((spawner, tokens_left))
+}
+
+/// The disks an agent's sandbox is given.
+#[derive(Default)]
+struct AgentDisks {
+    /// The volumes its SPAWN names, as its caller may give them.
+    volumes: Vec<VolumeUse>,
+    /// Its template's key, if it starts from one.
+    template: Option<String>,
+    /// What its sandbox mounts: its template's environment, then those
+    /// volumes.
+    places: Vec<VolumePlace>,
+}
+
+/// The disks `spawn` asks for, as its caller may have them.
+fn disks_for(
+    kernel: &mut Kernel,
+    request: &Request<'_>,
+    spawn: &SpawnRequest,
+) -> Result<AgentDisks, ErrorReply> {
+    let store = &kernel.exec.disks().store;
+    let caller = request.caller.principal();
+    let mut disks = AgentDisks::default();
+    if let Some(name) = &spawn.template {
+        let (key, place) = store.template_place(caller, name)?;
+        disks.template = Some(key);
+        disks.places.push(place);
+    }
+    if spawn.volumes.is_empty() {
+        return Ok(disks);
+    }
+    store.require("volumes")?;
+    disks.volumes = store.volumes.resolve(caller, "SPAWN", &spawn.volumes)?;
+    store.volumes_mounted(&disks.volumes)?;
+    let places = disks.volumes.iter().map(|volume| volume.place.clone());
+    disks.places.extend(places);
+    Ok(disks)
 }
 
 /// An operator connection that lowered itself spawns no agent with more

@@ -1,12 +1,12 @@
 //! EXEC's template operations: `templates` lists them, `build_template`
-//! builds one — an EXEC run of the kernel's own code, as its operator,
+//! builds one — an EXEC run of the kernel's own code, as its caller,
 //! whose network is the package index alone, on a disk made for it (see
 //! `exec::disks::templates`) — and `remove_template` removes one.
 //!
-//! Only operators build and remove templates: a build reaches the package
-//! index, which an agent's or a run's network need not, and runs code that
-//! packages bring at install time (inside the build's sandbox). Every
-//! principal may list and use them.
+//! A template an operator builds is every principal's to use. An agent or
+//! a run builds templates of its own, which it alone sees and which end
+//! with it; its build is its own run, so its network (the index) must lie
+//! within what the agent or run may reach, as every run's does.
 
 use std::collections::BTreeMap;
 
@@ -19,12 +19,12 @@ use base64::Engine;
 
 use super::request::{reply, Outcome, Request};
 use crate::exec::zygote::TEMPLATE_ROOT;
-use crate::exec::Build;
+use crate::exec::{template_key, Build};
 use crate::identity::Principal;
 use crate::kernel::Kernel;
 
-/// A build's memory: pip unpacking large wheels needs more than a run's
-/// default.
+/// An operator's build's memory: pip unpacking large wheels needs more
+/// than a run's default.
 const BUILD_MEMORY: u64 = 1 << 30;
 
 /// The build's program, run by the run child's interpreter: the
@@ -48,14 +48,18 @@ sys.exit(done.returncode)
 
 /// Answers a template operation.
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>, call: ExecCall) -> Outcome {
+    let principal = request.caller.principal();
     match call {
         ExecCall::Templates => reply(Ok(TemplatesReply {
             success: true,
-            templates: kernel.exec.disks().store.templates(),
+            templates: kernel.exec.disks().store.templates(principal),
         })),
         ExecCall::RemoveTemplate { template } => {
-            let removed = operator(request, "remove")
-                .and_then(|uid| kernel.exec.disks().store.remove_template(&template, uid));
+            let removed = kernel
+                .exec
+                .disks()
+                .store
+                .remove_template(principal, &template);
             reply(removed.map(|removed| TemplateRemovedReply {
                 success: true,
                 removed,
@@ -84,17 +88,6 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>, call: ExecCall) -> Out
     }
 }
 
-/// The operator's uid, or `permission_denied` for anyone else.
-fn operator(request: &Request<'_>, what: &str) -> Result<u32, ErrorReply> {
-    match request.caller.principal() {
-        Principal::Operator { uid } => Ok(uid),
-        _ => Err(ErrorReply::new(
-            ErrorCode::PermissionDenied,
-            format!("only operators {what} templates; agents and runs use them"),
-        )),
-    }
-}
-
 /// Starts template `name`'s build: a run of [`BUILD_PROGRAM`], answered
 /// once the template is published (or the build failed).
 fn build(
@@ -105,7 +98,13 @@ fn build(
     requirements: Option<String>,
     timeout_ms: Option<u64>,
 ) -> Result<(), ErrorReply> {
-    let uid = operator(request, "build")?;
+    let principal = request.caller.principal();
+    // An operator's uid, for its record; an agent's or a run's own has
+    // no operator's.
+    let uid = match principal {
+        Principal::Operator { uid } => uid,
+        _ => u32::MAX,
+    };
     let exec = &kernel.config().exec;
     let mut listed = packages.clone();
     listed.extend(
@@ -142,7 +141,8 @@ fn build(
             ("PIP_DISABLE_PIP_VERSION_CHECK".to_owned(), "1".to_owned()),
         ]),
         files,
-        limits: Some(Limits {
+        // An agent's or a run's build has what its runs have.
+        limits: matches!(principal, Principal::Operator { .. }).then(|| Limits {
             memory: Some(BUILD_MEMORY),
             ..Limits::default()
         }),
@@ -153,13 +153,12 @@ fn build(
         ..ExecRequest::default()
     };
     let build = Build {
-        name,
+        name: template_key(principal, &name),
         reply_to: request.reply_to,
         uid,
         packages: listed,
     };
     kernel.exec.disks().begin_build(build)?;
-    let principal = request.caller.principal();
     kernel
         .start_run(run, principal, request.reply_to)
         .inspect_err(|_| kernel.exec.disks().build_refused(request.reply_to))

@@ -6,9 +6,10 @@ use std::path::{Component, Path};
 
 use serde::{Deserialize, Serialize};
 
-use super::network::{NetTotals, Network};
+use super::network::Network;
 use super::parse::{bad_request, parse_json, validate_name};
 use super::spawn::Limits;
+use super::volumes::VolumeMount;
 use crate::error::ErrorReply;
 
 /// The longest EXEC timeout a request may ask for (one hour).
@@ -59,6 +60,10 @@ pub struct ExecRequest {
     /// Reuse this session's interpreter and `/workspace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// Volumes mounted into the run (a session's: when its interpreter
+    /// starts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
     /// Wall-clock limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
@@ -151,6 +156,8 @@ struct ExecWire {
     language: Option<Language>,
     session: Option<String>,
     template: Option<String>,
+    #[serde(default)]
+    volumes: Vec<VolumeMount>,
     timeout_ms: Option<u64>,
     #[serde(default)]
     env: BTreeMap<String, String>,
@@ -207,6 +214,7 @@ impl ExecRequest {
             language,
             session: wire.session,
             template: wire.template,
+            volumes: wire.volumes,
             timeout_ms: wire
                 .timeout_ms
                 .or(wire.timeout.map(|secs| secs.saturating_mul(1000))),
@@ -233,6 +241,7 @@ impl ExecRequest {
         if let Some(template) = &self.template {
             validate_name("template", template)?;
         }
+        super::volumes::check_mounts("EXEC", "volumes", &self.volumes)?;
         check_timeout(self.timeout_ms)?;
         if let Some(key) = self
             .env
@@ -379,6 +388,22 @@ pub enum ExecCall {
         /// Its name.
         template: String,
     },
+    /// List the caller's volumes, and those it was given.
+    Volumes,
+    /// Make a volume of the caller's own.
+    #[serde(rename = "create_volume")]
+    CreateVolume {
+        /// Its name.
+        volume: String,
+        /// Its size (left out: `exec.volume_bytes`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes: Option<u64>,
+    },
+    /// Remove a volume of the caller's own, and its files.
+    RemoveVolume {
+        /// Its name.
+        volume: String,
+    },
 }
 
 /// The operations of EXEC.
@@ -396,6 +421,9 @@ enum ExecOp {
     Templates,
     BuildTemplate,
     RemoveTemplate,
+    Volumes,
+    CreateVolume,
+    RemoveVolume,
 }
 
 /// The one `op` a run's payload may name.
@@ -429,6 +457,8 @@ struct OpWire {
     packages: Vec<String>,
     requirements: Option<String>,
     timeout_ms: Option<u64>,
+    volume: Option<String>,
+    bytes: Option<u64>,
 }
 
 impl ExecCall {
@@ -480,6 +510,20 @@ impl ExecCall {
             ExecOp::RemoveTemplate => ExecCall::RemoveTemplate {
                 template: fields(value)?.template()?,
             },
+            ExecOp::Volumes => {
+                fields(value)?;
+                ExecCall::Volumes
+            }
+            ExecOp::CreateVolume => {
+                let fields = fields(value)?;
+                ExecCall::CreateVolume {
+                    volume: fields.volume()?,
+                    bytes: fields.bytes,
+                }
+            }
+            ExecOp::RemoveVolume => ExecCall::RemoveVolume {
+                volume: fields(value)?.volume()?,
+            },
         })
     }
 }
@@ -513,6 +557,16 @@ impl OpWire {
         Ok(template)
     }
 
+    /// The volume an op names.
+    fn volume(&self) -> Result<String, ErrorReply> {
+        let volume = self
+            .volume
+            .clone()
+            .ok_or_else(|| bad_request("EXEC field `volume` is missing: this op names a volume"))?;
+        validate_name("volume", &volume)?;
+        Ok(volume)
+    }
+
     /// A `build_template`, its packages and requirements checked.
     fn build(self) -> Result<ExecCall, ErrorReply> {
         let template = self.template()?;
@@ -537,72 +591,10 @@ impl OpWire {
     }
 }
 
-/// How many bytes of output were cut from the middle of each stream.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct Truncated {
-    /// Bytes dropped from stdout.
-    pub stdout: u64,
-    /// Bytes dropped from stderr.
-    pub stderr: u64,
-}
-
-/// The reply to an EXEC run.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct ExecReply {
-    /// The code exited with status 0 and was not timed out.
-    pub success: bool,
-    /// Captured standard output (head and tail kept when capped).
-    pub stdout: String,
-    /// Captured standard error.
-    pub stderr: String,
-    /// The exit status, if the code ended by exiting.
-    pub exit_code: Option<i32>,
-    /// The signal that ended it, if one did.
-    pub signal: Option<i32>,
-    /// An uncaught exception's `Type: message`, or why the run failed.
-    pub error: Option<String>,
-    /// Wall-clock run time.
-    pub duration_ms: u64,
-    /// Whether the timeout stopped it.
-    pub timed_out: bool,
-    /// Whether the memory limit killed one of its processes.
-    pub oom_killed: bool,
-    /// Bytes cut from each stream.
-    pub truncated: Truncated,
-    /// Tool calls the code made.
-    pub tool_calls: u64,
-    /// Bytes those tool calls returned into the sandbox.
-    pub tool_bytes: u64,
-    /// The collected files: path to base64 content.
-    pub files: BTreeMap<String, String>,
-    /// The session the run used, if any.
-    pub session: Option<String>,
-    /// Its connections through the egress proxy, when a policy applied.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<NetTotals>,
-    /// With `skip_if_not_code`: why the code was not run (it is not
-    /// Python, or only states values). Absent when it ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub not_code: Option<String>,
-    /// The machine word, when the run could not happen at all.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<crate::error::ErrorCode>,
-    /// A `build_template`'s template, once built.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template: Option<super::templates::TemplateInfo>,
-    /// The session was there (its files and packages on its disk), but
-    /// its interpreter had ended (idle, a timeout, a restart of the
-    /// kernel): this run started a fresh one, without the variables of
-    /// earlier runs. Absent otherwise.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub fresh_interpreter: bool,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::payload::exec_reply::ExecReply;
 
     #[test]
     fn a_build_names_its_fields_exactly_and_asks_for_something() {

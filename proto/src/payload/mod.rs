@@ -14,6 +14,7 @@ mod async_poll;
 mod audit;
 mod events;
 mod exec;
+mod exec_reply;
 mod files;
 mod hello;
 mod host_metrics;
@@ -35,6 +36,7 @@ mod task;
 mod templates;
 mod think;
 mod tool;
+mod volumes;
 
 pub use crate::error::to_json;
 pub use agent_state::AgentState;
@@ -51,9 +53,10 @@ pub use events::{
     MAX_EVENT_TYPES, MAX_EVENT_TYPE_LEN, MAX_POLL_EVENTS,
 };
 pub use exec::{
-    ExecCall, ExecReply, ExecRequest, Language, RunPermissions, Truncated, MAX_EXEC_FILES,
-    MAX_EXEC_PATH_LEN, MAX_EXEC_TIMEOUT_MS,
+    ExecCall, ExecRequest, Language, RunPermissions, MAX_EXEC_FILES, MAX_EXEC_PATH_LEN,
+    MAX_EXEC_TIMEOUT_MS,
 };
+pub use exec_reply::{ExecReply, Truncated};
 pub use files::{ReadReply, ReadRequest, WriteMode, WriteReply, WriteRequest};
 pub use hello::{
     CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, PrincipalInfo, ProtocolLimits,
@@ -120,6 +123,10 @@ pub use think::{ChatMessage, ThinkReply, ThinkRequest, Usage};
 pub use tool::{
     Detail, ServerInfo, ToolCall, ToolDescription, ToolListReply, ToolReply, ToolSearchReply,
     DEFAULT_SEARCH_LIMIT, MAX_QUERY_BYTES, MAX_SEARCH_LIMIT, MAX_TOOL_TIMEOUT_MS,
+};
+pub use volumes::{
+    check_mounts, VolumeInfo, VolumeMount, VolumeRemovedReply, VolumeReply, VolumesReply,
+    MAX_VOLUMES, MAX_VOLUME_PATH_LEN, MIN_VOLUME_BYTES,
 };
 
 #[cfg(test)]

@@ -321,6 +321,14 @@ pub struct SpawnRequest {
     /// What the agent may ask of the kernel.
     #[serde(default, skip_serializing_if = "is_default")]
     pub permissions: PermissionsRequest,
+    /// Volumes mounted into its sandbox (sandboxed agents only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<super::volumes::VolumeMount>,
+    /// Start from this template (sandboxed agents only): its environment
+    /// is mounted read-only, first on `PATH`, and runs a `script` unless
+    /// `python` names another interpreter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 // Serialised, a request leaves out what its reader would default, so a
@@ -371,6 +379,8 @@ impl SpawnRequest {
             max_restarts: default_max_restarts(),
             restart_window: default_restart_window(),
             permissions: PermissionsRequest::default(),
+            volumes: Vec::new(),
+            template: None,
         }
     }
 
@@ -425,6 +435,20 @@ impl SpawnRequest {
         }
         if let Some(patterns) = &self.permissions.tools {
             check_tool_patterns("SPAWN field `permissions.tools`", patterns)?;
+        }
+        super::volumes::check_mounts("SPAWN", "volumes", &self.volumes)?;
+        if !self.volumes.is_empty() && !self.sandboxed {
+            return Err(bad_request(
+                "SPAWN field `volumes`: only a sandboxed agent has volumes mounted",
+            ));
+        }
+        if let Some(template) = &self.template {
+            validate_name("template", template)?;
+            if !self.sandboxed {
+                return Err(bad_request(
+                    "SPAWN field `template`: only a sandboxed agent starts from a template",
+                ));
+            }
         }
         self.limits.validate()?;
         check_range("max_restarts", Some(u64::from(self.max_restarts)), 0, 1000)?;

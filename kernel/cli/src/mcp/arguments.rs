@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use agentos_proto::payload::{
-    noting_unknown, Language, NetworkPolicy, TaskKind, TaskState, UnknownField,
+    noting_unknown, Language, NetworkPolicy, TaskKind, TaskState, UnknownField, VolumeMount,
 };
 use rmcp::model::JsonObject;
 use schemars::JsonSchema;
@@ -96,6 +96,12 @@ pub struct ExecArguments {
     pub session: Option<String>,
     /// A prepared environment (e.g. python-data).
     pub template: Option<String>,
+    // Each a volume's name and where it goes. Undescribed: its fields say
+    // what it is, the kernel names a path it refuses (a volume goes at
+    // /data, or beneath /data, /mnt or /workspace), and the tool list
+    // stays within its budget.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMount>,
     pub timeout_ms: Option<u64>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -356,6 +362,28 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert_eq!(err, "unknown argument network.dney");
+    }
+
+    #[test]
+    fn volumes_are_read_as_mounts_and_a_misspelt_field_is_named() {
+        let read_only = read::<ExecArguments>(object(serde_json::json!({
+            "code": "", "volumes": [{"name": "data", "path": "/data", "read_only": true}]
+        })))
+        .expect("arguments");
+        assert_eq!(
+            read_only.volumes,
+            [VolumeMount {
+                name: "data".into(),
+                path: "/data".into(),
+                read_only: true
+            }]
+        );
+        let err = read::<ExecArguments>(object(serde_json::json!({
+            "code": "", "volumes": [{"name": "data", "path": "/data", "readonly": true}]
+        })))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("readonly"), "{err}");
     }
 
     fn session_call(value: serde_json::Value) -> Result<SessionCall, String> {

@@ -25,6 +25,7 @@ pub async fn exec(
         language: arguments.language,
         session: arguments.session,
         template: arguments.template,
+        volumes: arguments.volumes,
         timeout_ms: arguments.timeout_ms,
         env: arguments.env,
         network: arguments

@@ -481,8 +481,8 @@ mod tests {
     /// line at the newest revision (whose cache hints make it the longer).
     /// Its floor, with every tool's output schema and annotations, is
     /// about 2 500 bytes before any name, description or argument; the
-    /// seventeen tools (`state` and `messages` the latest) take some
-    /// 6 700.
+    /// seventeen tools (`state` and `messages` the latest, then `exec`'s
+    /// `volumes`) take some 6 980.
     const TOOL_LIST_BUDGET: usize = 7_000;
 
     /// Every tool, and its hints with MCP's defaults applied: read-only,

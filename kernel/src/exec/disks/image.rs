@@ -79,6 +79,19 @@ impl DiskDir {
         Ok(existed)
     }
 
+    /// Whether its disk is mounted.
+    pub fn is_mounted(&self) -> bool {
+        is_mount_point(&self.mount_point()).unwrap_or(false)
+    }
+
+    /// Mounts its disk, made before, writable if it is not mounted.
+    pub fn mount_made(&self) -> io::Result<()> {
+        if !self.has_disk() {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "it has no disk"));
+        }
+        self.mount_as("loop,nosuid,nodev,noatime")
+    }
+
     /// Mounts its disk read-only, if it is not mounted.
     pub fn mount_read_only(&self) -> io::Result<()> {
         if !self.has_disk() {

@@ -13,10 +13,11 @@
 //! Each session's disk has a fixed size (`exec.session_disk_bytes`), and
 //! an owner's disks together may take `exec.owner_disk_bytes`.
 
-mod attach;
 pub mod image;
+mod names;
 mod record;
-mod templates;
+pub mod templates;
+pub mod volumes;
 mod worker;
 
 use std::collections::{HashMap, HashSet};
@@ -34,6 +35,7 @@ use self::image::{DiskDir, RunUser};
 pub use self::record::SessionRecord;
 use self::record::TemplateRecord;
 use self::templates::Templates;
+use self::volumes::{VolumeKey, VolumeUse, Volumes};
 pub use self::worker::{DiskError, Done};
 use self::worker::{Job, Plan, TemplateDisk, Worker};
 use super::waiting::SessionKey;
@@ -41,6 +43,8 @@ pub use super::waiting::TemplateUse;
 use crate::clock::rfc3339;
 use crate::config::Config;
 use crate::identity::Principal;
+use crate::sandbox::attach::VolumePlace;
+use names::{dir_name, owner_dir_name, owner_of};
 
 /// Every session's disk.
 #[derive(Debug)]
@@ -52,6 +56,10 @@ pub struct SessionDisks {
     /// Every session with a disk, by owner and name.
     stored: HashMap<SessionKey, SessionRecord>,
     templates: Templates,
+    /// Volumes, and who was given which.
+    pub volumes: Volumes,
+    /// Agents started from a template, each with its template.
+    agent_templates: HashMap<u32, String>,
     /// A template's disk while it is built.
     template_bytes: u64,
     worker: Option<Worker>,
@@ -76,11 +84,14 @@ impl SessionDisks {
             owner_bytes: exec.owner_disk_bytes,
             stored: HashMap::new(),
             templates: Templates::empty(state_dir.join("templates")),
+            volumes: Volumes::empty(state_dir.join("volumes"), exec.volume_bytes),
+            agent_templates: HashMap::new(),
             template_bytes: exec.template_disk_bytes,
             worker: None,
             unavailable: image::unavailable(),
         };
-        for dir in [disks.root.clone(), state_dir.join("templates")] {
+        let dirs = ["sessions", "templates", "volumes"].map(|dir| state_dir.join(dir));
+        for dir in dirs {
             if disks.unavailable.is_some() {
                 break;
             }
@@ -108,6 +119,8 @@ impl SessionDisks {
                     log::info!("templates: removing {} builds cut short", stale.len());
                     disks.ask(Job::Remove(stale));
                 }
+                disks.ask(Job::MountTemplates(disks.templates.dirs()));
+                disks.find_volumes();
             }
         }
         disks
@@ -159,6 +172,21 @@ impl SessionDisks {
         }
         for owner in stale_owners {
             self.ask(Job::RemoveOwner(owner));
+        }
+    }
+
+    /// Takes in the volumes an earlier kernel left, and mounts them.
+    fn find_volumes(&mut self) {
+        let found = self.volumes.find_stored();
+        if !found.stale.is_empty() {
+            log::info!("volumes: removing {} left over", found.stale.len());
+            self.ask(Job::Remove(found.stale));
+        }
+        for owner in found.stale_owners {
+            self.ask(Job::RemoveOwner(owner));
+        }
+        if !found.kept.is_empty() {
+            self.ask(Job::MountVolumes(found.kept));
         }
     }
 
@@ -238,31 +266,90 @@ impl SessionDisks {
             .collect();
         new.insert(key);
         let disks = self.stored_of(owner).count() + new.len();
-        let wanted = self.session_bytes.saturating_mul(disks as u64);
+        let wanted = self
+            .session_bytes
+            .saturating_mul(disks as u64)
+            .saturating_add(self.volumes.bytes_of(owner));
         if wanted > self.owner_bytes {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,
                 format!(
-                    "your sessions' disks would take {wanted} bytes, more than \
+                    "your sessions' and volumes' disks would take {wanted} bytes, more than \
                      exec.owner_disk_bytes ({}) allows; close a session ({{\"op\":\"close\"}}) \
-                     first",
+                     or remove a volume first",
                     self.owner_bytes
                 ),
             ));
         }
+        self.host_has_room(
+            "a session's disk (exec.session_disk_bytes)",
+            self.session_bytes,
+        )
+    }
+
+    /// `limit_exceeded` unless the host's disk has `bytes` free for `what`.
+    fn host_has_room(&self, what: &str, bytes: u64) -> Result<(), ErrorReply> {
         let free = nix::sys::statvfs::statvfs(&self.root)
             .map(|s| s.blocks_available() * s.fragment_size())
             .unwrap_or(u64::MAX);
-        if free < self.session_bytes {
+        if free < bytes {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,
-                format!(
-                    "the host's disk has {free} bytes free, less than a session's disk \
-                     (exec.session_disk_bytes, {})",
-                    self.session_bytes
-                ),
+                format!("the host's disk has {free} bytes free, less than {what}, {bytes}"),
             ));
         }
+        Ok(())
+    }
+
+    /// Begins making volume `name` for `owner` (answered through
+    /// [`SessionDisks::done`]), within its share of the disk and the
+    /// host's free space.
+    pub fn create_volume(
+        &mut self,
+        owner: Principal,
+        name: &str,
+        bytes: Option<u64>,
+    ) -> Result<VolumeKey, ErrorReply> {
+        self.require("volumes")?;
+        let sessions = self.session_bytes * self.stored_of(owner).count() as u64;
+        let (dir, record) =
+            self.volumes
+                .begin_create(owner, name, bytes, sessions, self.owner_bytes)?;
+        let key = (owner, name.to_owned());
+        if let Err(err) = self.host_has_room("the volume", record.bytes) {
+            self.volumes.made(&key, false);
+            return Err(err);
+        }
+        self.ask(Job::MakeVolume {
+            key: key.clone(),
+            dir,
+            record,
+        });
+        Ok(key)
+    }
+
+    /// `unavailable` unless the kernel has `uses`' disks mounted (an
+    /// agent's sandbox is given them at once, on the reactor); those it
+    /// has not are mounted again meanwhile.
+    pub fn volumes_mounted(&self, uses: &[VolumeUse]) -> Result<(), ErrorReply> {
+        let unmounted = self.volumes.unmounted(uses);
+        let Some((key, _)) = unmounted.first() else {
+            return Ok(());
+        };
+        let why = format!(
+            "SPAWN field `volumes`: volume {:?} is being mounted; retry in a moment",
+            key.1
+        );
+        self.ask(Job::MountVolumes(unmounted));
+        Err(ErrorReply::new(ErrorCode::Unavailable, why))
+    }
+
+    /// Removes `owner`'s volume `name`; sandboxes that have it mounted
+    /// keep it until they end.
+    pub fn remove_volume(&mut self, owner: Principal, name: &str) -> Result<(), ErrorReply> {
+        self.require("volumes")?;
+        let dir = self.volumes.remove_named(owner, name)?;
+        self.ask(Job::Remove(vec![dir]));
         Ok(())
     }
 
@@ -276,6 +363,7 @@ impl SessionDisks {
         pidfd: OwnedFd,
         key: Option<&SessionKey>,
         template: Option<&TemplateUse>,
+        volumes: &[VolumeUse],
     ) {
         let session = key.map(|key| {
             let record = self
@@ -296,7 +384,15 @@ impl SessionDisks {
                 bytes: self.template_bytes,
             },
         });
-        let plan = Plan { session, template };
+        let volumes = volumes
+            .iter()
+            .map(|volume| (self.volumes.dir(&volume.key), volume.place.clone()))
+            .collect();
+        let plan = Plan {
+            session,
+            template,
+            volumes,
+        };
         self.ask(Job::Attach { child, pidfd, plan });
     }
 
@@ -311,16 +407,17 @@ impl SessionDisks {
         self.stored.get(key).map(|record| record.template.clone())
     }
 
-    /// Template `name`, if it has been built; else `not_found` (or
-    /// `unavailable` without disks).
-    pub fn find_template(&self, name: &str) -> Result<(), ErrorReply> {
-        self.require()?;
-        self.templates.find(name).map(|_| ())
+    /// The key of template `name` as `caller` may use it (its own of that
+    /// name, else an operator's), if it has been built; else `not_found`
+    /// (or `unavailable` without disks).
+    pub fn find_template(&self, caller: Principal, name: &str) -> Result<String, ErrorReply> {
+        self.require("templates")?;
+        self.templates.find(caller, name)
     }
 
     /// Reserves `name` for a build.
     pub fn begin_build(&mut self, name: &str) -> Result<(), ErrorReply> {
-        self.require()?;
+        self.require("templates")?;
         self.templates.begin_build(name).map(|_| ())
     }
 
@@ -360,23 +457,48 @@ impl SessionDisks {
         self.templates.built_at(name)
     }
 
-    /// Every template.
-    pub fn templates(&self) -> Vec<TemplateInfo> {
-        self.templates.list()
+    /// The templates `caller` may use.
+    pub fn templates(&self, caller: Principal) -> Vec<TemplateInfo> {
+        self.templates.list(caller)
     }
 
-    /// Removes template `name` for operator `uid`, unless a session uses
-    /// it: whether there was one.
-    pub fn remove_template(&mut self, name: &str, uid: u32) -> Result<bool, ErrorReply> {
-        self.require()?;
+    /// Template `key` as listed, once built.
+    pub fn template_info(&self, key: &str) -> Option<TemplateInfo> {
+        self.templates.info(key)
+    }
+
+    /// Removes template `name` for `caller` (see [`Templates::remove`]),
+    /// unless a session or an agent uses it: whether there was one.
+    pub fn remove_template(&mut self, caller: Principal, name: &str) -> Result<bool, ErrorReply> {
+        self.require("templates")?;
+        let key = templates::key(caller, name);
+        let operators = !matches!(caller, Principal::Operator { .. })
+            && self
+                .templates
+                .find(caller, name)
+                .is_ok_and(|found| found != key);
+        if operators {
+            return Err(ErrorReply::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "template {name:?} is an operator's: agents and runs remove only their own"
+                ),
+            ));
+        }
         let mut used_by: Vec<String> = self
             .stored
             .iter()
-            .filter(|(_, record)| record.template.as_deref() == Some(name))
-            .map(|((_, session), _)| session.clone())
+            .filter(|(_, record)| record.template.as_deref() == Some(key.as_str()))
+            .map(|((_, session), _)| format!("session {session:?}"))
             .collect();
         used_by.sort();
-        let removed = self.templates.remove(name, uid, &used_by)?;
+        used_by.extend(
+            self.agent_templates
+                .iter()
+                .filter(|(_, template)| **template == key)
+                .map(|(agent, _)| format!("agent {agent}")),
+        );
+        let removed = self.templates.remove(caller, name, &used_by)?;
         let had = removed.is_some();
         if let Some(dir) = removed {
             self.ask(Job::Remove(vec![dir]));
@@ -384,13 +506,45 @@ impl SessionDisks {
         Ok(had)
     }
 
-    /// `unavailable`, saying why, without disks.
-    fn require(&self) -> Result<(), ErrorReply> {
+    /// Where template `name` (`caller`'s own, or an operator's) goes in
+    /// an agent's sandbox, with its key: `unavailable` until the kernel has
+    /// its disk mounted (it is then mounted).
+    pub fn template_place(
+        &self,
+        caller: Principal,
+        name: &str,
+    ) -> Result<(String, VolumePlace), ErrorReply> {
+        self.require("templates")?;
+        let key = self.templates.find(caller, name)?;
+        let dir = self.templates.dir(&key);
+        if !dir.is_mounted() {
+            self.ask(Job::MountTemplates(vec![dir]));
+            return Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("SPAWN field `template`: template {name:?} is being mounted; retry"),
+            ));
+        }
+        let place = VolumePlace {
+            source: dir.mount_point().join(image::TEMPLATE_PARTS[0]),
+            target: crate::exec::zygote::TEMPLATE_ROOT.into(),
+            read_only: true,
+        };
+        Ok((key, place))
+    }
+
+    /// `agent` was started from template `key`, which stays while it
+    /// lives.
+    pub fn template_used_by(&mut self, agent: u32, key: String) {
+        self.agent_templates.insert(agent, key);
+    }
+
+    /// `unavailable`, saying why, without disks (which `what` need).
+    pub fn require(&self, what: &str) -> Result<(), ErrorReply> {
         match &self.unavailable {
             None => Ok(()),
             Some(why) => Err(ErrorReply::new(
                 ErrorCode::Unavailable,
-                format!("templates need disks, which this kernel cannot make: {why}"),
+                format!("{what} need disks, which this kernel cannot make: {why}"),
             )),
         }
     }
@@ -420,12 +574,27 @@ impl SessionDisks {
         true
     }
 
-    /// `owner` (an agent, a run) has ended: its disks go. An operator's
-    /// sessions last until closed.
+    /// `owner` (an agent, a run) has ended: its disks go, and what it was
+    /// given is forgotten. An operator's sessions and volumes last until
+    /// closed or removed.
     pub fn remove_owner(&mut self, owner: Principal) {
         if matches!(owner, Principal::Operator { .. }) {
             return;
         }
+        if let Principal::Agent { id } = owner {
+            self.agent_templates.remove(&id);
+        }
+        let own: Vec<DiskDir> = (self.templates.own_of(owner).iter())
+            .filter_map(|key| self.templates.forget(key))
+            .collect();
+        if !own.is_empty() {
+            self.ask(Job::Remove(own));
+        }
+        let volumes = self.volumes.forget(owner);
+        if !volumes.is_empty() {
+            self.ask(Job::Remove(volumes));
+        }
+        self.ask(Job::RemoveOwner(self.volumes.owner_dir(owner)));
         let keys: Vec<SessionKey> = self
             .stored
             .keys()
@@ -443,75 +612,9 @@ impl SessionDisks {
     pub fn finish(&mut self) {
         let mut dirs: Vec<DiskDir> = self.stored.keys().map(|key| self.dir(key)).collect();
         dirs.extend(self.templates.dirs());
+        dirs.extend(self.volumes.dirs());
         if let Some(worker) = &mut self.worker {
             worker.finish(dirs);
         }
-    }
-}
-
-/// The directory of session `name`: the name itself, which the protocol
-/// keeps to letters, digits, `_`, `.` and `-`; anything else (never sent
-/// by a client the protocol's checks passed) spelled in hex, so that no
-/// name ever leaves its owner's directory.
-fn dir_name(name: &str) -> String {
-    let plain = !name.is_empty()
-        && name != "."
-        && !name.contains("..")
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-    if plain {
-        return name.to_owned();
-    }
-    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("x-{hex}")
-}
-
-/// The directory name of `owner`'s sessions.
-fn owner_dir_name(owner: Principal) -> String {
-    match owner {
-        Principal::Operator { uid } => format!("uid-{uid}"),
-        Principal::Agent { id } => format!("agent-{id}"),
-        Principal::Run { number } => format!("run-{number}"),
-    }
-}
-
-/// The owner a directory of sessions belongs to.
-fn owner_of(name: &str) -> Option<Principal> {
-    if let Some(uid) = name.strip_prefix("uid-") {
-        return uid.parse().ok().map(|uid| Principal::Operator { uid });
-    }
-    if let Some(id) = name.strip_prefix("agent-") {
-        return id.parse().ok().map(|id| Principal::Agent { id });
-    }
-    let number = name.strip_prefix("run-")?.parse().ok()?;
-    Some(Principal::Run { number })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn no_session_name_leaves_its_owners_directory() {
-        assert_eq!(dir_name("s1.v2-x_y"), "s1.v2-x_y");
-        for hostile in ["..", "../etc", "/abs", "a/b", ".", ""] {
-            let name = dir_name(hostile);
-            assert!(name.starts_with("x-"), "{hostile:?} -> {name}");
-            assert!(!name.contains('/') && !name.contains(".."), "{name}");
-        }
-    }
-
-    #[test]
-    fn owners_name_their_directories_both_ways() {
-        for owner in [
-            Principal::Operator { uid: 1000 },
-            Principal::Agent { id: 7 },
-            Principal::Run { number: 42 },
-        ] {
-            assert_eq!(owner_of(&owner_dir_name(owner)), Some(owner));
-        }
-        assert_eq!(owner_of("uid-x"), None);
-        assert_eq!(owner_of("lost+found"), None);
     }
 }

@@ -1,7 +1,8 @@
 //! What the kernel remembers of a disk beside it: of a session
 //! (`session.json`), when it was opened and last used, its runs, the bytes
 //! its `/workspace` held, its template; of a template (`template.json`),
-//! when and from what it was built. Written whole to a new file and renamed
+//! when and from what it was built; of a volume (`volume.json`), when it
+//! was made and its size. Written whole to a new file and renamed
 //! over the old, so a kernel killed while writing leaves the old record.
 
 use std::fs;
@@ -13,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 const RECORD: &str = "session.json";
 const TEMPLATE_RECORD: &str = "template.json";
+const VOLUME_RECORD: &str = "volume.json";
 /// What a record is called while it is written.
 const BEING_WRITTEN: &str = ".new";
 
@@ -93,6 +95,33 @@ impl TemplateRecord {
     }
 
     /// When it was built.
+    pub fn created(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.created_at)
+    }
+}
+
+/// A volume's record: written once its disk is made, so a volume without
+/// one (a kernel killed while making it) is removed, never served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    /// When it was made, in seconds since the epoch.
+    pub created_at: u64,
+    /// Its size.
+    pub bytes: u64,
+}
+
+impl VolumeRecord {
+    /// Reads the record in volume directory `dir`.
+    pub fn read(dir: &Path) -> io::Result<VolumeRecord> {
+        read(dir, VOLUME_RECORD)
+    }
+
+    /// Writes it in volume directory `dir`.
+    pub fn write(&self, dir: &Path) -> io::Result<()> {
+        write(self, dir, VOLUME_RECORD)
+    }
+
+    /// When it was made.
     pub fn created(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(self.created_at)
     }

@@ -9,7 +9,10 @@
 //! mount is given to every run and session started from it: never copied.
 //!
 //! Every principal may use a template an operator built; only that
-//! operator (or root) may remove it, and not while a session uses it.
+//! operator (or root) may remove it, and not while a session or an agent
+//! uses it. A template an agent or a run builds is its own: named apart
+//! (`agent-7@NAME`, a name no template of an operator's can have), used
+//! and listed by it alone, and removed with it.
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -19,11 +22,25 @@ use agentos_proto::payload::TemplateInfo;
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::image::DiskDir;
+use super::names::owner_dir_name;
 use super::record::TemplateRecord;
 use crate::clock::rfc3339;
+use crate::identity::Principal;
 
 /// Where a build's disk is made, beside the templates.
 const BUILDING: &str = ".build-";
+/// Between an owner's directory name and a template's name, in the key
+/// of a template of an agent's or a run's own.
+const OWN: char = '@';
+
+/// The key of template `name` as `owner` builds it: its name, for an
+/// operator's; else named apart as `owner`'s own.
+pub fn key(owner: Principal, name: &str) -> String {
+    match owner {
+        Principal::Operator { .. } => name.to_owned(),
+        owner => format!("{}{OWN}{name}", owner_dir_name(owner)),
+    }
+}
 
 /// The templates there are, and those being built.
 #[derive(Debug)]
@@ -52,8 +69,10 @@ impl Templates {
         for entry in fs::read_dir(&root).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let dir = DiskDir(entry.path());
+            // An agent's or a run's own ended with the kernel that ran it.
+            let shared = !name.starts_with(BUILDING) && !name.contains(OWN);
             match TemplateRecord::read(&dir.0) {
-                Ok(record) if !name.starts_with(BUILDING) && dir.has_disk() => {
+                Ok(record) if shared && dir.has_disk() => {
                     built.insert(name, record);
                 }
                 _ => stale.push(dir),
@@ -77,16 +96,22 @@ impl Templates {
         DiskDir(self.root.join(format!("{BUILDING}{name}")))
     }
 
-    /// Template `name`, if it has been built; else `not_found`.
-    pub fn find(&self, name: &str) -> Result<DiskDir, ErrorReply> {
-        if self.built.contains_key(name) {
-            return Ok(self.dir(name));
+    /// The key of template `name` as `caller` may use it — its own of
+    /// that name, else an operator's — if it has been built; else
+    /// `not_found`.
+    pub fn find(&self, caller: Principal, name: &str) -> Result<String, ErrorReply> {
+        let own = key(caller, name);
+        if let Some(found) = [own.as_str(), name]
+            .into_iter()
+            .find(|key| self.built.contains_key(*key))
+        {
+            return Ok(found.to_owned());
         }
         Err(ErrorReply::new(
             ErrorCode::NotFound,
             format!(
-                "no template {name:?} ({{\"op\":\"templates\"}} lists them; an operator \
-                 builds one with agentos template build)"
+                "no template {name:?} ({{\"op\":\"templates\"}} lists them; build one \
+                 with agentos template build)"
             ),
         ))
     }
@@ -122,33 +147,61 @@ impl Templates {
         self.built.get(name).map(|record| record.created_at)
     }
 
-    /// Every template, by name.
-    pub fn list(&self) -> Vec<TemplateInfo> {
+    /// The templates `caller` may use, by name: its own, and operators'.
+    pub fn list(&self, caller: Principal) -> Vec<TemplateInfo> {
+        let own = key(caller, "");
         let mut list: Vec<TemplateInfo> = self
             .built
-            .iter()
-            .map(|(name, record)| TemplateInfo {
-                template: name.clone(),
-                created_at: rfc3339(record.created()),
-                bytes: record.bytes,
-                shared: true,
-                packages: record.packages.clone(),
-            })
+            .keys()
+            .filter(|key| !key.contains(OWN) || (own.contains(OWN) && key.starts_with(&own)))
+            .filter_map(|key| self.info(key))
             .collect();
-        list.sort_by(|a, b| a.template.cmp(&b.template));
+        list.sort_by(|a, b| (!a.shared, &a.template).cmp(&(!b.shared, &b.template)));
         list
     }
 
-    /// Removes template `name` for operator `uid`, unless sessions use it
-    /// (`used_by`): its directory, to be deleted, if there was one.
+    /// Template `key` as listed, once built.
+    pub fn info(&self, key: &str) -> Option<TemplateInfo> {
+        let record = self.built.get(key)?;
+        let (shared, name) = match key.split_once(OWN) {
+            Some((_, name)) => (false, name),
+            None => (true, key),
+        };
+        Some(TemplateInfo {
+            template: name.to_owned(),
+            created_at: rfc3339(record.created()),
+            bytes: record.bytes,
+            shared,
+            packages: record.packages.clone(),
+        })
+    }
+
+    /// The keys of `owner`'s own templates.
+    pub fn own_of(&self, owner: Principal) -> Vec<String> {
+        let own = key(owner, "");
+        let keys = self.built.keys().chain(&self.building);
+        keys.filter(|key| own.contains(OWN) && key.starts_with(&own))
+            .cloned()
+            .collect()
+    }
+
+    /// Removes template `name` for `caller` — its own, or, for an
+    /// operator, one it (or, for root, anyone) built — unless sessions or
+    /// agents use it (`used_by`): its directory, to be deleted, if there
+    /// was one.
     pub fn remove(
         &mut self,
+        caller: Principal,
         name: &str,
-        uid: u32,
         used_by: &[String],
     ) -> Result<Option<DiskDir>, ErrorReply> {
-        let Some(record) = self.built.get(name) else {
+        let key = key(caller, name);
+        let Some(record) = self.built.get(&key) else {
             return Ok(None);
+        };
+        let uid = match caller {
+            Principal::Operator { uid } => uid,
+            _ => record.built_by,
         };
         if uid != 0 && uid != record.built_by {
             return Err(ErrorReply::new(
@@ -163,13 +216,20 @@ impl Templates {
             return Err(ErrorReply::new(
                 ErrorCode::Busy,
                 format!(
-                    "template {name:?} is not removed: sessions {} use it (close them first)",
+                    "template {name:?} is not removed: {} use it (close or kill them first)",
                     used_by.join(", ")
                 ),
             ));
         }
-        self.built.remove(name);
-        Ok(Some(self.dir(name)))
+        self.built.remove(&key);
+        Ok(Some(self.dir(&key)))
+    }
+
+    /// Forgets template `key` (its owner has ended): its directory, to be
+    /// deleted, if it was built.
+    pub fn forget(&mut self, key: &str) -> Option<DiskDir> {
+        self.building.remove(key);
+        self.built.remove(key).map(|_| self.dir(key))
     }
 
     /// Every template's directory (to unmount at shutdown).

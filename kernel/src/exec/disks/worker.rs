@@ -13,9 +13,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::attach::{self, Place};
 use super::image::{DiskDir, RunUser, SESSION_PARTS, TEMPLATE_PARTS};
-use super::record::{SessionRecord, TemplateRecord};
+use super::record::{SessionRecord, TemplateRecord, VolumeRecord};
+use super::volumes::{VolumeKey, VOLUME_PARTS};
+use crate::sandbox::attach::{self, Place, VolumePlace, VolumeRoots};
+use crate::sandbox::plan::RUN_VOLUME_ROOTS;
 
 /// How long a finished build's disk may take to be let go by its run.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
@@ -27,6 +29,8 @@ pub struct Plan {
     pub session: Option<(DiskDir, u64, SessionRecord)>,
     /// Its template's.
     pub template: Option<TemplateDisk>,
+    /// Its volumes: each one's disk, and where it goes.
+    pub volumes: Vec<(DiskDir, VolumePlace)>,
 }
 
 /// A template's disk, as a run child gets it.
@@ -52,6 +56,16 @@ pub enum Job {
         pidfd: OwnedFd,
         plan: Plan,
     },
+    /// Make volume `key`'s disk of `bytes`, mount it and record it.
+    MakeVolume {
+        key: VolumeKey,
+        dir: DiskDir,
+        record: VolumeRecord,
+    },
+    /// Mount templates' disks (read-only), for agents started from them.
+    MountTemplates(Vec<DiskDir>),
+    /// Mount the disks of volumes found at start.
+    MountVolumes(Vec<(VolumeKey, DiskDir)>),
     /// Write a session's record.
     Record { dir: DiskDir, record: SessionRecord },
     /// A template's build has succeeded: its disk is let go, shrunk, moved
@@ -80,6 +94,13 @@ pub enum Done {
         child: usize,
         result: Result<bool, DiskError>,
     },
+    /// A volume's disk was made, or could not be.
+    VolumeMade {
+        key: VolumeKey,
+        result: Result<(), DiskError>,
+    },
+    /// Volumes found at start whose disks are mounted.
+    VolumesMounted(Vec<VolumeKey>),
     /// A template was published, or could not be.
     Published {
         name: String,
@@ -194,6 +215,32 @@ fn serve(jobs: &Receiver<Job>, user: RunUser, done: &Sender<Done>, waker: &mio::
                 }
                 Some(Done::Published { name, result })
             }
+            Job::MakeVolume { key, dir, record } => {
+                let result = make_volume(&dir, &record, user);
+                if let Err(err) = &result {
+                    log::warn!("volume {:?}: {err}", key.1);
+                    let _ = dir.remove();
+                }
+                Some(Done::VolumeMade { key, result })
+            }
+            Job::MountTemplates(dirs) => {
+                for dir in dirs {
+                    if let Err(err) = dir.mount_read_only() {
+                        log::warn!("template {}: {err}", dir.0.display());
+                    }
+                }
+                None
+            }
+            Job::MountVolumes(volumes) => {
+                let mut mounted = Vec::new();
+                for (key, dir) in volumes {
+                    match dir.mount_made() {
+                        Ok(()) => mounted.push(key),
+                        Err(err) => log::warn!("volume {}: {err}", dir.0.display()),
+                    }
+                }
+                Some(Done::VolumesMounted(mounted))
+            }
             Job::Record { dir, record } => {
                 if let Err(err) = record.write(&dir.0) {
                     log::warn!("disk {}: cannot record it: {err}", dir.0.display());
@@ -259,8 +306,26 @@ fn give_disks(pidfd: &OwnedFd, plan: &Plan, user: RunUser) -> Result<bool, DiskE
         }
         None => {}
     }
-    attach::attach(pidfd.as_fd(), &places).map_err(DiskError::Attach)?;
+    let mut volumes = Vec::with_capacity(plan.volumes.len());
+    for (dir, place) in &plan.volumes {
+        dir.mount_made().map_err(DiskError::Mount)?;
+        volumes.push(place.clone());
+    }
+    let roots = VolumeRoots {
+        base: "/".into(),
+        covered: RUN_VOLUME_ROOTS.to_vec(),
+        owner: (user.uid, user.gid),
+    };
+    attach::attach(pidfd.as_fd(), &places, &volumes, &roots).map_err(DiskError::Attach)?;
     Ok(existed)
+}
+
+/// Makes a volume's disk and mounts it, then records it: a volume is
+/// served only once recorded.
+fn make_volume(dir: &DiskDir, record: &VolumeRecord, user: RunUser) -> Result<(), DiskError> {
+    dir.mount(record.bytes, user, &VOLUME_PARTS)
+        .map_err(DiskError::Mount)?;
+    record.write(&dir.0).map_err(DiskError::Record)
 }
 
 /// A built template's disk, let go by its run, shrunk to its files, moved
@@ -278,5 +343,9 @@ fn publish(
     record.bytes = build.image_bytes();
     std::fs::rename(&build.0, &to.0).map_err(DiskError::Publish)?;
     record.write(&to.0).map_err(DiskError::Record)?;
+    // Ready for agents started from it, which are given it at once.
+    if let Err(err) = to.mount_read_only() {
+        log::warn!("template {}: {err}", to.0.display());
+    }
     Ok(record)
 }

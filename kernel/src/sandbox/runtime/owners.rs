@@ -20,6 +20,7 @@ use super::{LaunchFor, Runtime, Source, POOL_REFILL_DELAY};
 use crate::cgroup::{CgroupStats, Freezer};
 use crate::fd;
 use crate::identity::Identity;
+use crate::sandbox::attach::{self, VolumePlace, VolumeRoots};
 use crate::sandbox::plan::{self, Shape};
 use crate::sandbox::spec::Bind;
 use crate::sandbox::view::View;
@@ -142,6 +143,20 @@ impl<O: Copy + PartialEq + Debug> Sandboxes<O> for Runtime<O> {
             .into())
     }
 
+    fn mount_volumes(&self, key: SandboxKey, volumes: &[VolumePlace]) -> io::Result<()> {
+        let sandbox = self.sandboxes.get(key.0).ok_or(io::ErrorKind::NotFound)?;
+        let owner = self
+            .profile
+            .user
+            .map_or((0, 0), |user| (user.uid, user.gid));
+        let roots = VolumeRoots {
+            base: self.profile.staging.clone(),
+            covered: Vec::new(),
+            owner,
+        };
+        attach::attach(sandbox.pidfd.as_fd(), &[], volumes, &roots)
+    }
+
     fn listen_inside(&self, key: SandboxKey) -> io::Result<std::net::TcpListener> {
         let sandbox = self.sandboxes.get(key.0).ok_or(io::ErrorKind::NotFound)?;
         agentos_egress::endpoint::listen_inside(sandbox.pidfd.as_fd())
@@ -253,6 +268,10 @@ impl<O: Copy + PartialEq + Debug, P> Sandboxes<P> for OwnersOf<'_, O, P> {
 
     fn open_root(&self, sandbox: SandboxKey) -> io::Result<OwnedFd> {
         self.runtime.open_root(sandbox)
+    }
+
+    fn mount_volumes(&self, sandbox: SandboxKey, volumes: &[VolumePlace]) -> io::Result<()> {
+        self.runtime.mount_volumes(sandbox, volumes)
     }
 
     fn listen_inside(&self, sandbox: SandboxKey) -> io::Result<std::net::TcpListener> {

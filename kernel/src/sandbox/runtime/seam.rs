@@ -15,6 +15,7 @@ use super::machine::Machine;
 use crate::cgroup::{CgroupLimits, CgroupStats, Freezer};
 use crate::identity::Identity;
 use crate::process::ProcessEnd;
+use crate::sandbox::attach::VolumePlace;
 use crate::sandbox::plan::{Shape, Workload};
 use crate::sandbox::spec::Bind;
 use crate::sandbox::view::View;
@@ -190,6 +191,9 @@ pub trait Sandboxes<O> {
     /// The root of what a sandbox's workload sees (`/` for one that is
     /// not sandboxed), as a directory descriptor.
     fn open_root(&self, sandbox: SandboxKey) -> io::Result<OwnedFd>;
+    /// Mounts `volumes` into a sandbox not yet claimed, beneath the root
+    /// its workload will enter.
+    fn mount_volumes(&self, sandbox: SandboxKey, volumes: &[VolumePlace]) -> io::Result<()>;
     /// A socket listening on the egress proxy's address inside the
     /// sandbox's own network namespace.
     fn listen_inside(&self, sandbox: SandboxKey) -> io::Result<std::net::TcpListener>;
