@@ -222,3 +222,47 @@ def test_an_agent_builds_a_template_of_its_own_within_its_network(index, script_
             assert time.monotonic() < deadline, list(templates.iterdir())
             time.sleep(0.1)
         client.kill("walled", grace_ms=0)
+
+
+def test_templates_from_the_cli_and_the_mcp_servers_exec(index, script_dir):
+    if not has_root():
+        return
+    import asyncio
+
+    from test_cli import agentos
+    from test_mcp_server import mcp_session, text_of
+
+    with kernel_with(template_config(index)) as kernel:
+        built = agentos(kernel, "template", "build", "clitpl", "--pip", "agentos-probe")
+        assert built.returncode == 0, built.stderr
+        listed = agentos(kernel, "template", "ls")
+        assert "clitpl" in listed.stdout and "agentos-probe" in listed.stdout, listed.stdout
+        used = agentos(kernel, "exec", "--template", "clitpl",
+                       "import agentos_probe; print(agentos_probe.VALUE)")
+        assert used.stdout == "from the stand-in index\n", used.stderr
+        script = script_dir / "cli-agent.py"
+        script.write_text("import agentos_probe\nprint(agentos_probe.VALUE, flush=True)\n")
+        script.chmod(0o644)
+        spawned = agentos(kernel, "spawn", "--template", "clitpl", "--json", "cli-agent",
+                          str(script))
+        assert spawned.returncode == 0, spawned.stderr
+        agent = json.loads(spawned.stdout)["id"]
+        deadline = time.monotonic() + 30
+        while "from the stand-in index" not in log_of(kernel, "cli-agent", agent):
+            assert time.monotonic() < deadline, log_of(kernel, "cli-agent", agent)
+            time.sleep(0.1)
+
+        async def body():
+            async with mcp_session(kernel.socket_path) as session:
+                await session.initialize()
+                return await session.call_tool("exec", {
+                    "code": "import agentos_probe; print(agentos_probe.VALUE)",
+                    "template": "clitpl"})
+
+        through_mcp = asyncio.run(body())
+        assert text_of(through_mcp) == "from the stand-in index\n", text_of(through_mcp)
+        with AgentOSClient(kernel.socket_path) as client:
+            wait_state(client, agent, {"exited"})
+        removed = agentos(kernel, "template", "rm", "clitpl")
+        assert removed.returncode == 0, removed.stderr
+        assert "clitpl" not in agentos(kernel, "template", "ls").stdout

@@ -54,6 +54,20 @@ def script_dir() -> Iterator[Path]:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def agent_output_line(kernel, client, name: str, code: str, script_dir: Path, **spawn):
+    """Spawns an agent running `code`, which prints a JSON line and may go
+    on; returns what the line says."""
+    script = script_dir / f"{name}.py"
+    script.write_text(code)
+    script.chmod(0o644)
+    spawned = client.spawn(name, script, python=sys.executable, **spawn)
+    deadline = time.monotonic() + 60
+    while not log_of(kernel, name, spawned["id"]).strip():
+        assert time.monotonic() < deadline, log_of(kernel, name, spawned["id"])
+        time.sleep(0.1)
+    return json.loads(log_of(kernel, name, spawned["id"]).splitlines()[0])
+
+
 def agent_output(kernel, client, name: str, code: str, script_dir: Path, **spawn) -> dict:
     """Spawns an agent running `code` (which prints one JSON line) and
     returns what it printed once it has ended."""
@@ -77,8 +91,16 @@ def test_a_volume_is_shared_by_runs_sessions_and_agents_and_read_only_holds(scri
     with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
         made = client.create_volume("data", bytes=32 * MIB)
         assert (made["volume"], made["bytes"], made["owned"]) == ("data", 32 * MIB, True), made
-        wrote = run(client, "open('/data/hello.txt', 'w').write('hello')", ("data", "/data"))
+        wrote = run(client, textwrap.dedent("""
+            open('/data/hello.txt', 'w').write('hello')
+            for line in open('/proc/self/mountinfo'):
+                if line.split()[4] == '/data':
+                    print(line.split()[5])
+            """), ("data", "/data"))
         assert wrote["ok"], wrote
+        # Nothing on it runs as another user or reaches a device.
+        options = wrote["stdout"].split()[-1].split(",")
+        assert "nosuid" in options and "nodev" in options and "rw" in options, wrote
         # A session sees it read-only beneath /mnt; a run beneath its workspace.
         look = run(client, textwrap.dedent("""
             import errno, os
@@ -103,11 +125,14 @@ def test_a_volume_is_shared_by_runs_sessions_and_agents_and_read_only_holds(scri
         # An agent writes to it; what it wrote is there for the next run.
         agent = agent_output(kernel, client, "writer", textwrap.dedent("""
             import json
+            options = [line.split()[5] for line in open('/proc/self/mountinfo')
+                       if line.split()[4] == '/data']
             print(json.dumps({'read': open('/data/hello.txt').read(),
-                              'wrote': open('/data/agent.txt', 'w').write('from agent')}),
+                              'wrote': open('/data/agent.txt', 'w').write('from agent'),
+                              'options': sorted(set(options[-1].split(',')) & {'nosuid', 'nodev'})}),
                   flush=True)
             """), script_dir, volumes=[("data", "/data")])
-        assert agent == {"read": "hello", "wrote": 10}, agent
+        assert agent == {"read": "hello", "wrote": 10, "options": ["nodev", "nosuid"]}, agent
         after = run(client, "print(open('/data/agent.txt').read())", ("data", "/data"))
         assert after["stdout"] == "from agent\n", after
         listed = {v["volume"]: v for v in client.volumes()}
@@ -283,3 +308,49 @@ def test_the_mcp_servers_exec_mounts_a_volume_by_name():
         assert refused.is_error and "/proc" in text_of(refused), text_of(refused)
         read = run(client, "print(open('/data/n.txt').read())", ("notes", "/data", True))
         assert read["stdout"] == "from mcp\n", read
+
+
+def test_an_agents_tree_shares_one_share_of_the_disk(script_dir):
+    if not has_root():
+        return
+    child = script_dir / "child.py"
+    child.write_text(textwrap.dedent("""
+        import json
+        from agentos import AgentOSClient
+        from agentos.errors import AgentOSError
+        with AgentOSClient() as k:
+            try:
+                k.create_volume("more", bytes=32 << 20)
+                said = "made"
+            except AgentOSError as err:
+                said = type(err).__name__
+        print(json.dumps(said), flush=True)
+        """))
+    child.chmod(0o644)
+    parent = textwrap.dedent(f"""
+        import json, sys, time
+        from agentos import AgentOSClient
+        with AgentOSClient() as k:
+            made = k.create_volume("big", bytes=32 << 20)["bytes"]
+            k.spawn("child", {str(child)!r}, python=sys.executable)
+            print(json.dumps(made), flush=True)
+            time.sleep(60)
+        """)
+    config = "[exec]\nsession_disk_bytes = 16777216\nowner_disk_bytes = 50331648\n"
+    with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path) as client:
+        made = agent_output_line(kernel, client, "parent", parent, script_dir,
+                                 permissions={"spawn": True})
+        assert made == 32 * MIB
+        children = [a for a in client.list_agents() if a["name"] == "child"]
+        deadline = time.monotonic() + 30
+        while not children or not log_of(kernel, "child", children[0]["id"]).strip():
+            assert time.monotonic() < deadline, kernel.log()
+            time.sleep(0.1)
+            children = [a for a in client.list_agents() if a["name"] == "child"]
+        # The child's disks count against its parent's tree: 32 MiB more
+        # would pass the 48 MiB share.
+        said = json.loads(log_of(kernel, "child", children[0]["id"]))
+        assert said == "LimitExceeded", said
+        # The operator's share is its own.
+        client.create_volume("mine", bytes=32 * MIB)
+        client.kill("parent", grace_ms=0)

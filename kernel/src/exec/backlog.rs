@@ -88,6 +88,7 @@ impl Backlog {
         &mut self,
         key: &SessionKey,
         request: &ExecRequest,
+        share: Share,
     ) -> Result<Option<ExecReply>, ErrorReply> {
         if let Some(lost) = self.sessions.take_lost(key) {
             return Ok(Some(lost));
@@ -97,7 +98,7 @@ impl Backlog {
             .same_grant(key, || requests.opening_grant(key), request)?;
         if !self.sessions.contains(key) && !requests.sessions().any(|k| k == key) {
             self.sessions.may_open(key.0, requests.sessions())?;
-            self.disks.store.may_make(key, requests.sessions())?;
+            self.disks.store.may_make(key, share, requests.sessions())?;
         }
         Ok(None)
     }

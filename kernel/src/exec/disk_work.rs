@@ -4,7 +4,7 @@
 //! waits here — and template builds, from the moment one is asked for,
 //! through its run, to its template being published, when its reply goes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 
 use agentos_proto::payload::{ExecReply, ExecRequest, TemplateInfo, VolumeReply};
@@ -14,6 +14,7 @@ use super::children::Children;
 use super::disks::volumes::{VolumeKey, VolumeUse};
 use super::disks::{DiskError, Done, SessionDisks, TemplateUse};
 use super::pool::Pool;
+use super::queues::Share;
 use super::sessions::Sessions;
 use super::waiting::{refuse_each, SessionKey, Waiting};
 use crate::address::{Answer, Reply, ReplyTo};
@@ -47,6 +48,8 @@ pub struct DiskWork {
     warm: HashMap<String, Vec<(usize, u64)>>,
     /// Children being given a template to wait warm.
     warming: HashMap<usize, (String, u64)>,
+    /// Templates runs have started from: each keeps a child warm.
+    kept_warm: HashSet<String>,
     /// Volumes being made, each with where its maker's reply goes.
     making: HashMap<VolumeKey, ReplyTo>,
 }
@@ -59,6 +62,7 @@ impl DiskWork {
             waits: DiskWaits::default(),
             warm: HashMap::new(),
             warming: HashMap::new(),
+            kept_warm: HashSet::new(),
             making: HashMap::new(),
         }
     }
@@ -87,8 +91,9 @@ impl DiskWork {
             waiting.template = of_session.flatten().map(TemplateUse::Use);
         }
         let template = waiting.template.as_ref();
+        let of_session = session.as_ref().map(|key| (key, waiting.share));
         self.store
-            .attach(child, pidfd, session.as_ref(), template, &waiting.volumes);
+            .attach(child, pidfd, of_session, template, &waiting.volumes);
         if let Some(TemplateUse::Build(name)) = &waiting.template {
             self.waits.build_runs(name, child);
         }
@@ -220,39 +225,61 @@ impl DiskWork {
         None
     }
 
-    /// A run from a template (outside a session) has taken a child: one
-    /// more is given the template from `pool`'s ready ones, to wait warm
-    /// for the next — unless one does, or it would take the last.
+    /// Lets every child warm with a template go (the `tools` package has
+    /// changed since they were prepared): later runs warm others.
+    pub fn let_warm_go(&mut self, children: &Children) {
+        let warm = self.warm.drain().flat_map(|(_, warm)| warm);
+        let warming = self.warming.drain().map(|(child, _)| (child, 0));
+        for (child, _) in warm.chain(warming) {
+            children.kill_quietly(child);
+        }
+    }
+
+    /// A run from a template (outside a session) has taken a child: the
+    /// template is kept warm from now on (see [`DiskWork::top_up`]).
     pub fn warm_for(&mut self, waiting: &Waiting, pool: &mut Pool) {
-        let Some(TemplateUse::Use(name)) = waiting.template.as_ref().filter(|_| !waiting.on_disk)
+        let Some(TemplateUse::Use(key)) = waiting.template.as_ref().filter(|_| !waiting.on_disk)
         else {
             return;
         };
-        let waiting_warm = self.warm.get(name).map_or(0, Vec::len)
-            + self.warming.values().filter(|(n, _)| n == name).count();
-        if waiting_warm >= WARM_PER_TEMPLATE || pool.ready_count() < 2 {
-            return;
+        self.kept_warm.insert(key.clone());
+        self.top_up(pool);
+    }
+
+    /// Gives each template kept warm a child, from `pool`'s ready ones, to
+    /// wait for its next run — unless one waits already, or it would take
+    /// the last ready child. Called as children become ready, so a run
+    /// from a template finds one warm even right after another.
+    pub fn top_up(&mut self, pool: &mut Pool) {
+        let keys: Vec<String> = self.kept_warm.iter().cloned().collect();
+        for key in keys {
+            let waiting_warm = self.warm.get(&key).map_or(0, Vec::len)
+                + self.warming.values().filter(|(k, _)| *k == key).count();
+            if waiting_warm >= WARM_PER_TEMPLATE || pool.ready_count() < 2 {
+                continue;
+            }
+            let Some(built) = self.store.template_built_at(&key) else {
+                self.kept_warm.remove(&key);
+                continue;
+            };
+            let Some(child) = pool.take_ready(false) else {
+                return;
+            };
+            let Some(pidfd) = pool.children().pidfd(child) else {
+                pool.children().kill_quietly(child);
+                return;
+            };
+            let template = TemplateUse::Use(key.clone());
+            self.store.attach(child, pidfd, None, Some(&template), &[]);
+            self.warming.insert(child, (key, built));
         }
-        let Some(built) = self.store.template_built_at(name) else {
-            return;
-        };
-        let Some(child) = pool.take_ready(false) else {
-            return;
-        };
-        let Some(pidfd) = pool.children().pidfd(child) else {
-            pool.children().kill_quietly(child);
-            return;
-        };
-        let template = TemplateUse::Use(name.clone());
-        self.store.attach(child, pidfd, None, Some(&template), &[]);
-        self.warming.insert(child, (name.clone(), built));
     }
 
     /// Begins making `owner`'s volume `name`; the reply goes to `reply_to`
     /// once it is made.
     pub fn create_volume(
         &mut self,
-        owner: Principal,
+        owner: (Principal, Share),
         name: &str,
         bytes: Option<u64>,
         reply_to: ReplyTo,

@@ -130,10 +130,11 @@ impl Exec {
     }
 
     /// The `tools` package has changed: each host's zygote imports it
-    /// again, and the children it prepared with the old one are replaced
-    /// (sessions keep theirs).
+    /// again, and the children it prepared with the old one are replaced,
+    /// those warm with a template too (sessions keep theirs).
     pub fn tools_changed(&mut self) {
         self.pool.tools_changed(&self.cgroups);
+        self.backlog.disks().let_warm_go(self.pool.children());
     }
 
     /// Whether EXEC can serve runs on this host.
@@ -207,7 +208,7 @@ impl Exec {
             .map_or(self.caps.default_timeout, Duration::from_millis);
         if let Some(name) = &request.session {
             let key = (caller.principal, name.clone());
-            if let Some(lost) = self.backlog.admit(&key, &request)? {
+            if let Some(lost) = self.backlog.admit(&key, &request, caller.share)? {
                 replies.push((reply_to, lost.into()));
                 return Ok(());
             }
@@ -356,6 +357,7 @@ impl Exec {
             let (network, spans) = (&self.network, &self.spans);
             let next = self.backlog.next(ready, &lending, network, spans, replies);
             let Some(mut waiting) = next else {
+                self.backlog.disks().top_up(&mut self.pool);
                 return;
             };
             let warm = self

@@ -181,7 +181,7 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
         target: CA_BUNDLE_INSIDE.into(),
         writable: false,
     }));
-    let mut tmpfs = vec![
+    let tmpfs = vec![
         Tmpfs {
             target: "/tmp".into(),
             size: profile.tmp_size,
@@ -201,18 +201,12 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
             owned_by_user: false,
         },
     ];
+    let mut mount_points = Vec::new();
     if shape.nested {
         // Where a session's home, a template and volumes are mounted in a
-        // run: the host's own are empty directories no run may write.
+        // run: empty directories of the host's read-only root.
         let [data, mnt] = RUN_VOLUME_ROOTS;
-        tmpfs.extend(
-            [SESSION_HOME, TEMPLATE_ROOT, data, mnt].map(|target| Tmpfs {
-                target: target.into(),
-                size: 4096,
-                mode: 0o755,
-                owned_by_user: false,
-            }),
-        );
+        mount_points.extend([SESSION_HOME, TEMPLATE_ROOT, data, mnt].map(PathBuf::from));
     }
     let mut masks: Vec<PathBuf> = ETC_SECRETS.iter().map(PathBuf::from).collect();
     masks.extend(profile.extra_masks.iter().cloned());
@@ -230,6 +224,7 @@ pub fn sandbox(profile: &Profile, shape: Shape) -> SandboxSpec {
             binds,
             symlinks,
             tmpfs,
+            mount_points,
             masks,
             devices: DEVICES.iter().map(PathBuf::from).collect(),
             proc: true,

@@ -179,6 +179,10 @@ pub struct RootFs {
     pub symlinks: Vec<Symlink>,
     /// Writable scratch filesystems.
     pub tmpfs: Vec<Tmpfs>,
+    /// Empty directories of the root itself (read-only, as it is), where
+    /// disks are mounted later from outside: a session's home, a
+    /// template, volumes.
+    pub mount_points: Vec<PathBuf>,
     /// Paths hidden inside a bound directory (secrets under /etc).
     pub masks: Vec<PathBuf>,
     /// Device nodes bound from the host's /dev into a fresh /dev.

@@ -347,6 +347,7 @@ mod tests {
             };
             let root = RootFs {
                 staging: "/stage".into(),
+                mount_points: Vec::new(),
                 binds: vec![bind("usr", "/usr")],
                 symlinks: vec![Symlink {
                     path: "/bin".into(),

@@ -6,26 +6,32 @@
 use agentos_proto::payload::{ExecCall, VolumeRemovedReply, VolumesReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::request::{reply, Outcome, Request};
+use super::request::{actor, reply, Outcome, Request};
 use crate::kernel::Kernel;
 
 /// Answers a volume operation.
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>, call: ExecCall) -> Outcome {
     let owner = request.caller.principal();
-    let disks = kernel.exec.disks();
     match call {
         ExecCall::Volumes => reply(Ok(VolumesReply {
             success: true,
-            volumes: disks.store.volumes.list(owner),
+            volumes: kernel.exec.disks().store.volumes.list(owner),
         })),
         ExecCall::CreateVolume { volume, bytes } => {
-            match disks.create_volume(owner, &volume, bytes, request.reply_to) {
+            // Counted against the share its runs are: an agent's whole
+            // tree's, or its operator's.
+            let share = actor(kernel, request).map(|actor| actor.share(&kernel.agents));
+            let made = share.and_then(|share| {
+                let disks = kernel.exec.disks();
+                disks.create_volume((owner, share), &volume, bytes, request.reply_to)
+            });
+            match made {
                 Ok(()) => Outcome::Later,
                 Err(err) => reply::<VolumesReply>(Err(err)),
             }
         }
         ExecCall::RemoveVolume { volume } => {
-            let removed = disks.store.remove_volume(owner, &volume);
+            let removed = kernel.exec.disks().store.remove_volume(owner, &volume);
             reply(removed.map(|()| VolumeRemovedReply {
                 success: true,
                 removed: true,

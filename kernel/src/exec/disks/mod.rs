@@ -38,6 +38,7 @@ use self::templates::Templates;
 use self::volumes::{VolumeKey, VolumeUse, Volumes};
 pub use self::worker::{DiskError, Done};
 use self::worker::{Job, Plan, TemplateDisk, Worker};
+use super::queues::Share;
 use super::waiting::SessionKey;
 pub use super::waiting::TemplateUse;
 use crate::clock::rfc3339;
@@ -45,6 +46,10 @@ use crate::config::Config;
 use crate::identity::Principal;
 use crate::sandbox::attach::VolumePlace;
 use names::{dir_name, owner_dir_name, owner_of};
+
+/// Bytes of the host's disk that sessions' and volumes' disks never take:
+/// the kernel's own records and logs, and the host's, go on.
+const HOST_RESERVE: u64 = 512 << 20;
 
 /// Every session's disk.
 #[derive(Debug)]
@@ -59,7 +64,11 @@ pub struct SessionDisks {
     /// Volumes, and who was given which.
     pub volumes: Volumes,
     /// Agents started from a template, each with its template.
-    agent_templates: HashMap<u32, String>,
+    agent_templates: HashMap<Principal, String>,
+    /// Whose share of the disk each owner's disks count against: an
+    /// operator's uid, or the whole tree of an agent (its runs' and
+    /// children's with it), as their share of EXEC is counted.
+    shares: HashMap<Principal, Share>,
     /// A template's disk while it is built.
     template_bytes: u64,
     worker: Option<Worker>,
@@ -86,6 +95,7 @@ impl SessionDisks {
             templates: Templates::empty(state_dir.join("templates")),
             volumes: Volumes::empty(state_dir.join("volumes"), exec.volume_bytes),
             agent_templates: HashMap::new(),
+            shares: HashMap::new(),
             template_bytes: exec.template_disk_bytes,
             worker: None,
             unavailable: image::unavailable(),
@@ -255,6 +265,7 @@ impl SessionDisks {
     pub fn may_make<'a>(
         &self,
         key: &SessionKey,
+        share: Share,
         to_make: impl Iterator<Item = &'a SessionKey>,
     ) -> Result<(), ErrorReply> {
         if !self.available() || self.stored.contains_key(key) {
@@ -265,16 +276,15 @@ impl SessionDisks {
             .filter(|k| k.0 == owner && !self.stored.contains_key(*k))
             .collect();
         new.insert(key);
-        let disks = self.stored_of(owner).count() + new.len();
         let wanted = self
-            .session_bytes
-            .saturating_mul(disks as u64)
-            .saturating_add(self.volumes.bytes_of(owner));
+            .share_bytes(share)
+            .saturating_add(self.session_bytes.saturating_mul(new.len() as u64));
         if wanted > self.owner_bytes {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,
                 format!(
-                    "your sessions' and volumes' disks would take {wanted} bytes, more than \
+                    "your sessions' and volumes' disks (with those of the agents and runs \
+                     you started) would take {wanted} bytes, more than \
                      exec.owner_disk_bytes ({}) allows; close a session ({{\"op\":\"close\"}}) \
                      or remove a volume first",
                     self.owner_bytes
@@ -287,15 +297,37 @@ impl SessionDisks {
         )
     }
 
-    /// `limit_exceeded` unless the host's disk has `bytes` free for `what`.
+    /// Whose share of the disk `owner`'s disks count against.
+    fn share_of(&self, owner: Principal) -> Option<Share> {
+        match owner {
+            Principal::Operator { uid } => Some(Share::Operator(uid)),
+            owner => self.shares.get(&owner).copied(),
+        }
+    }
+
+    /// Bytes the disks counted against `share` take: its owners' sessions'
+    /// and volumes'.
+    fn share_bytes(&self, share: Share) -> u64 {
+        let of_share = |owner: Principal| self.share_of(owner) == Some(share);
+        let sessions = self.stored.keys().filter(|(owner, _)| of_share(*owner));
+        self.session_bytes
+            .saturating_mul(sessions.count() as u64)
+            .saturating_add(self.volumes.bytes_where(of_share))
+    }
+
+    /// `limit_exceeded` unless the host's disk has `bytes` free for `what`
+    /// and [`HOST_RESERVE`] beside.
     fn host_has_room(&self, what: &str, bytes: u64) -> Result<(), ErrorReply> {
         let free = nix::sys::statvfs::statvfs(&self.root)
             .map(|s| s.blocks_available() * s.fragment_size())
             .unwrap_or(u64::MAX);
-        if free < bytes {
+        if free < bytes.saturating_add(HOST_RESERVE) {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,
-                format!("the host's disk has {free} bytes free, less than {what}, {bytes}"),
+                format!(
+                    "the host's disk has {free} bytes free: not enough for {what}, {bytes}, \
+                     and the {HOST_RESERVE} the kernel keeps free for itself"
+                ),
             ));
         }
         Ok(())
@@ -306,15 +338,16 @@ impl SessionDisks {
     /// host's free space.
     pub fn create_volume(
         &mut self,
-        owner: Principal,
+        (owner, share): (Principal, Share),
         name: &str,
         bytes: Option<u64>,
     ) -> Result<VolumeKey, ErrorReply> {
         self.require("volumes")?;
-        let sessions = self.session_bytes * self.stored_of(owner).count() as u64;
+        self.shares.insert(owner, share);
+        let used = self.share_bytes(share);
         let (dir, record) =
             self.volumes
-                .begin_create(owner, name, bytes, sessions, self.owner_bytes)?;
+                .begin_create(owner, name, bytes, used, self.owner_bytes)?;
         let key = (owner, name.to_owned());
         if let Err(err) = self.host_has_room("the volume", record.bytes) {
             self.volumes.made(&key, false);
@@ -361,11 +394,12 @@ impl SessionDisks {
         &mut self,
         child: usize,
         pidfd: OwnedFd,
-        key: Option<&SessionKey>,
+        session: Option<(&SessionKey, Share)>,
         template: Option<&TemplateUse>,
         volumes: &[VolumeUse],
     ) {
-        let session = key.map(|key| {
+        let session = session.map(|(key, share)| {
+            self.shares.insert(key.0, share);
             let record = self
                 .stored
                 .entry(key.clone())
@@ -496,7 +530,10 @@ impl SessionDisks {
             self.agent_templates
                 .iter()
                 .filter(|(_, template)| **template == key)
-                .map(|(agent, _)| format!("agent {agent}")),
+                .map(|(agent, _)| match agent {
+                    Principal::Agent { id } => format!("agent {id}"),
+                    other => format!("{other:?}"),
+                }),
         );
         let removed = self.templates.remove(caller, name, &used_by)?;
         let had = removed.is_some();
@@ -535,7 +572,8 @@ impl SessionDisks {
     /// `agent` was started from template `key`, which stays while it
     /// lives.
     pub fn template_used_by(&mut self, agent: u32, key: String) {
-        self.agent_templates.insert(agent, key);
+        self.agent_templates
+            .insert(Principal::Agent { id: agent }, key);
     }
 
     /// `unavailable`, saying why, without disks (which `what` need).
@@ -581,9 +619,8 @@ impl SessionDisks {
         if matches!(owner, Principal::Operator { .. }) {
             return;
         }
-        if let Principal::Agent { id } = owner {
-            self.agent_templates.remove(&id);
-        }
+        self.agent_templates.remove(&owner);
+        self.shares.remove(&owner);
         let own: Vec<DiskDir> = (self.templates.own_of(owner).iter())
             .filter_map(|key| self.templates.forget(key))
             .collect();

@@ -108,25 +108,26 @@ impl Volumes {
         self.root.join(owner_dir_name(owner))
     }
 
-    /// Bytes `owner`'s volumes take, those being made among them.
-    pub fn bytes_of(&self, owner: Principal) -> u64 {
+    /// Bytes the volumes of the owners `of` picks take, those being made
+    /// among them.
+    pub fn bytes_where(&self, mut of: impl FnMut(Principal) -> bool) -> u64 {
         self.stored
             .iter()
             .chain(&self.making)
-            .filter(|((o, _), _)| *o == owner)
+            .filter(|((owner, _), _)| of(*owner))
             .map(|(_, record)| record.bytes)
             .sum()
     }
 
     /// Reserves volume `name` of `bytes` (or the default) for `owner`,
-    /// whose other disks take `others` of `limit` bytes: its directory and
-    /// record, to be made.
+    /// whose share of the disk has `used` of `limit` bytes taken: its
+    /// directory and record, to be made.
     pub fn begin_create(
         &mut self,
         owner: Principal,
         name: &str,
         bytes: Option<u64>,
-        others: u64,
+        used: u64,
         limit: u64,
     ) -> Result<(DiskDir, VolumeRecord), ErrorReply> {
         let key = (owner, name.to_owned());
@@ -149,16 +150,14 @@ impl Volumes {
                 format!("EXEC field `bytes` is {bytes}: a volume has at least {MIN_VOLUME_BYTES}"),
             ));
         }
-        let wanted = others
-            .saturating_add(self.bytes_of(owner))
-            .saturating_add(bytes);
+        let wanted = used.saturating_add(bytes);
         if wanted > limit {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,
                 format!(
-                    "your sessions' and volumes' disks would take {wanted} bytes, more than \
-                     exec.owner_disk_bytes ({limit}) allows; remove a volume or close a \
-                     session first"
+                    "your sessions' and volumes' disks (with those of the agents and runs \
+                     you started) would take {wanted} bytes, more than exec.owner_disk_bytes \
+                     ({limit}) allows; remove a volume or close a session first"
                 ),
             ));
         }
@@ -436,18 +435,19 @@ mod tests {
     #[test]
     fn sizes_are_held_to_the_owners_share_and_names_to_one_each() {
         let mut volumes = volumes_with("data");
-        let again = volumes.begin_create(OPERATOR, "data", None, 0, 1 << 30);
+        let used = volumes.bytes_where(|owner| owner == OPERATOR);
+        assert_eq!(used, 64 << 20);
+        let again = volumes.begin_create(OPERATOR, "data", None, used, 1 << 30);
         assert_eq!(again.unwrap_err().code, ErrorCode::AlreadyExists);
         let tiny = volumes.begin_create(OPERATOR, "t", Some(1), 0, 1 << 30);
         assert_eq!(tiny.unwrap_err().code, ErrorCode::BadRequest);
-        let over = volumes.begin_create(OPERATOR, "big", Some(1 << 30), 0, 1 << 30);
+        let over = volumes.begin_create(OPERATOR, "big", Some(1 << 30), used, 1 << 30);
         assert_eq!(over.unwrap_err().code, ErrorCode::LimitExceeded);
         let made_elsewhere =
-            volumes.begin_create(OPERATOR, "x", None, (1 << 30) - (70 << 20), 1 << 30);
+            volumes.begin_create(OPERATOR, "x", None, (1 << 30) - (32 << 20), 1 << 30);
         assert_eq!(made_elsewhere.unwrap_err().code, ErrorCode::LimitExceeded);
-        assert_eq!(volumes.bytes_of(OPERATOR), 64 << 20);
         assert_eq!(volumes.forget(OPERATOR).len(), 1);
-        assert_eq!(volumes.bytes_of(OPERATOR), 0);
+        assert_eq!(volumes.bytes_where(|_| true), 0);
     }
 
     #[test]

@@ -258,6 +258,10 @@ pub fn prepare_root(
         .map_err(failed("cannot mount tmpfs on", &tmpfs.target))?;
     }
 
+    for path in &root.mount_points {
+        mount_point(sys, staging, path, Node::Dir)?;
+    }
+
     // 5. What every program needs.
     bind_all(sys, staging, &root.binds)?;
     for link in &root.symlinks {

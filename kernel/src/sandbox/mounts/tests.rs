@@ -126,6 +126,7 @@ fn position(calls: &[String], prefix: &str) -> usize {
 fn root_is_built_in_a_safe_order() {
     let root = RootFs {
         staging: "/stage".into(),
+        mount_points: Vec::new(),
         binds: vec![Bind {
             source: "/usr".into(),
             target: "/usr".into(),
@@ -219,6 +220,7 @@ fn root_is_built_in_a_safe_order() {
 fn a_mask_under_a_claimed_directory_is_mounted_again_after_its_bind() {
     let root = RootFs {
         staging: "/stage".into(),
+        mount_points: Vec::new(),
         masks: vec!["/srv/agents/agentosd.toml".into(), "/etc/shadow".into()],
         ..RootFs::default()
     };
@@ -254,6 +256,7 @@ fn a_mask_under_a_claimed_directory_is_mounted_again_after_its_bind() {
 fn the_workloads_socket_is_not_masked_as_the_kernels() {
     let root = RootFs {
         staging: "/stage".into(),
+        mount_points: Vec::new(),
         masks: vec!["/run/agentos/agentos.sock".into()],
         ..RootFs::default()
     };
@@ -276,6 +279,7 @@ fn the_workloads_socket_is_not_masked_as_the_kernels() {
 fn paths_with_dot_or_dot_dot_are_refused() {
     let root = RootFs {
         staging: "/stage".into(),
+        mount_points: Vec::new(),
         ..RootFs::default()
     };
     for (source, target) in [
@@ -354,6 +358,7 @@ fn bind_sources_are_opened_without_following_symlinks() {
 fn missing_masks_are_skipped() {
     let root = RootFs {
         staging: "/stage".into(),
+        mount_points: Vec::new(),
         masks: vec!["/etc/gshadow".into()],
         ..RootFs::default()
     };
