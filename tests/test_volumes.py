@@ -354,3 +354,28 @@ def test_an_agents_tree_shares_one_share_of_the_disk(script_dir):
         # The operator's share is its own.
         client.create_volume("mine", bytes=32 * MIB)
         client.kill("parent", grace_ms=0)
+
+
+def test_a_restarted_agent_keeps_what_it_was_given(script_dir):
+    if not has_root():
+        return
+    code = textwrap.dedent("""
+        import json, os, sys, time
+        from agentos import AgentOSClient
+        if not os.path.exists('/data/first'):
+            open('/data/first', 'w').write('1')
+            sys.exit(1)
+        with AgentOSClient() as k:
+            listed = [v['volume'] for v in k.volumes()]
+            ran = k.exec("print(open('/data/first').read())",
+                         volumes=[('data', '/data', True)])['stdout']
+        print(json.dumps([listed, ran]), flush=True)
+        time.sleep(60)
+        """)
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        client.create_volume("data", bytes=16 * MIB)
+        said = agent_output_line(kernel, client, "restarted", code, script_dir,
+                                 volumes=[("data", "/data")], restart_policy="on-failure",
+                                 permissions={"exec": True})
+        assert said == [["data"], "1\n"], said
+        client.kill("restarted", grace_ms=0)

@@ -569,6 +569,17 @@ impl SessionDisks {
         Ok((key, place))
     }
 
+    /// Keeps what agents were given (volumes, a template in use) only for
+    /// the agents `known` still knows of.
+    pub fn retain_agents(&mut self, known: impl Fn(u32) -> bool) {
+        let kept = |principal: Principal| match principal {
+            Principal::Agent { id } => known(id),
+            _ => true,
+        };
+        self.volumes.retain_given(kept);
+        self.agent_templates.retain(|principal, _| kept(*principal));
+    }
+
     /// `agent` was started from template `key`, which stays while it
     /// lives.
     pub fn template_used_by(&mut self, agent: u32, key: String) {
@@ -619,7 +630,11 @@ impl SessionDisks {
         if matches!(owner, Principal::Operator { .. }) {
             return;
         }
-        self.agent_templates.remove(&owner);
+        // An agent's next incarnation (a restart) starts from the same
+        // template: it stays in use until the agent is forgotten.
+        if !matches!(owner, Principal::Agent { .. }) {
+            self.agent_templates.remove(&owner);
+        }
         self.shares.remove(&owner);
         let own: Vec<DiskDir> = (self.templates.own_of(owner).iter())
             .filter_map(|key| self.templates.forget(key))

@@ -271,10 +271,14 @@ impl Volumes {
         }
     }
 
-    /// `owner` has ended: what it was given is forgotten, and its own
-    /// volumes' directories are returned, to be removed.
+    /// `owner` has ended: its own volumes' directories are returned, to be
+    /// removed, and what it was given is forgotten — but an agent's, which
+    /// its next incarnation (a restart) still has mounted: those go once
+    /// the agent is forgotten (see [`Volumes::retain_given`]).
     pub fn forget(&mut self, owner: Principal) -> Vec<DiskDir> {
-        self.given.remove(&owner);
+        if !matches!(owner, Principal::Agent { .. }) {
+            self.given.remove(&owner);
+        }
         let keys: Vec<VolumeKey> = self
             .stored
             .keys()
@@ -284,6 +288,11 @@ impl Volumes {
         keys.into_iter()
             .filter_map(|key| self.remove(&key))
             .collect()
+    }
+
+    /// Keeps what was given only to the principals `keep` picks.
+    pub fn retain_given(&mut self, mut keep: impl FnMut(Principal) -> bool) {
+        self.given.retain(|principal, _| keep(*principal));
     }
 
     /// Removes `owner`'s volume `name`: its directory, to be deleted.
@@ -406,10 +415,14 @@ mod tests {
             volumes.remove_named(AGENT, "data").unwrap_err().code,
             ErrorCode::PermissionDenied
         );
+        // A restart keeps what the agent was given; the table forgetting
+        // it does not.
         volumes.forget(AGENT);
-        assert!(volumes
-            .resolve(AGENT, "EXEC", &[mount("data", true)])
-            .is_err());
+        let again = volumes.resolve(AGENT, "EXEC", &[mount("data", true)]);
+        assert!(again.is_ok());
+        volumes.retain_given(|principal| principal != AGENT);
+        let forgotten = volumes.resolve(AGENT, "EXEC", &[mount("data", true)]);
+        assert!(forgotten.is_err());
         assert_eq!(volumes.list(OPERATOR).len(), 1);
     }
 
