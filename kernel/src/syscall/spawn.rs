@@ -42,9 +42,9 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             request.reply_to,
         )?;
         let store = &mut kernel.exec.disks().store;
-        // What agents the table has forgotten were given goes now.
+        // What agents that have ended for good were given goes now.
         let agents = &kernel.agents;
-        store.retain_agents(|agent| agent == id || agents.owner_uid(agent).is_some());
+        store.retain_agents(|agent| agent == id || !agents.is_over(agent));
         store.volumes.give(Principal::Agent { id }, &disks.volumes);
         if let Some(template) = disks.template {
             store.template_used_by(id, template);

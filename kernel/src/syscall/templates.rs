@@ -55,11 +55,11 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>, call: ExecCall) -> Out
             templates: kernel.exec.disks().store.templates(principal),
         })),
         ExecCall::RemoveTemplate { template } => {
-            let removed = kernel
-                .exec
-                .disks()
-                .store
-                .remove_template(principal, &template);
+            // Agents ended for good no longer hold a template.
+            let agents = &kernel.agents;
+            let store = &mut kernel.exec.disks().store;
+            store.retain_agents(|agent| !agents.is_over(agent));
+            let removed = store.remove_template(principal, &template);
             reply(removed.map(|removed| TemplateRemovedReply {
                 success: true,
                 removed,

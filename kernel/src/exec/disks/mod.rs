@@ -570,10 +570,10 @@ impl SessionDisks {
     }
 
     /// Keeps what agents were given (volumes, a template in use) only for
-    /// the agents `known` still knows of.
-    pub fn retain_agents(&mut self, known: impl Fn(u32) -> bool) {
+    /// the agents `live` picks (those not ended for good).
+    pub fn retain_agents(&mut self, live: impl Fn(u32) -> bool) {
         let kept = |principal: Principal| match principal {
-            Principal::Agent { id } => known(id),
+            Principal::Agent { id } => live(id),
             _ => true,
         };
         self.volumes.retain_given(kept);
@@ -631,7 +631,7 @@ impl SessionDisks {
             return;
         }
         // An agent's next incarnation (a restart) starts from the same
-        // template: it stays in use until the agent is forgotten.
+        // template: it stays in use until the agent has ended for good.
         if !matches!(owner, Principal::Agent { .. }) {
             self.agent_templates.remove(&owner);
         }

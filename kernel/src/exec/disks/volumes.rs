@@ -274,7 +274,7 @@ impl Volumes {
     /// `owner` has ended: its own volumes' directories are returned, to be
     /// removed, and what it was given is forgotten — but an agent's, which
     /// its next incarnation (a restart) still has mounted: those go once
-    /// the agent is forgotten (see [`Volumes::retain_given`]).
+    /// the agent has ended for good (see [`Volumes::retain_given`]).
     pub fn forget(&mut self, owner: Principal) -> Vec<DiskDir> {
         if !matches!(owner, Principal::Agent { .. }) {
             self.given.remove(&owner);
@@ -415,8 +415,8 @@ mod tests {
             volumes.remove_named(AGENT, "data").unwrap_err().code,
             ErrorCode::PermissionDenied
         );
-        // A restart keeps what the agent was given; the table forgetting
-        // it does not.
+        // A restart keeps what the agent was given; its end for good
+        // does not.
         volumes.forget(AGENT);
         let again = volumes.resolve(AGENT, "EXEC", &[mount("data", true)]);
         assert!(again.is_ok());
