@@ -334,3 +334,35 @@ def test_a_flood_of_installs_from_one_owner_leaves_another_served(index):
             assert kernel.process.poll() is None
     finally:
         shutil.rmtree(scripts, ignore_errors=True)
+
+
+def test_pip_in_a_session_from_the_cli_and_the_mcp_servers_exec(index):
+    if not has_root():
+        return
+    import asyncio
+
+    from test_cli import agentos
+    from test_mcp_server import mcp_session, text_of
+
+    # Runs that name no network get the kernel's default: the index.
+    config = f'[network]\ndefault_allow = ["{INDEX_HOST}/32"]\n'
+    pip = f"pip install --quiet --index-url http://{index}/simple/ agentos-probe"
+    with kernel_with(config) as kernel:
+        installed = agentos(kernel, "exec", "--bash", "--session", "cli", pip)
+        assert installed.returncode == 0, installed.stderr
+        imported = agentos(kernel, "exec", "--session", "cli",
+                           "import agentos_probe; print(agentos_probe.VALUE)")
+        assert imported.stdout == "from the stand-in index\n", imported.stderr
+        listed = agentos(kernel, "sessions")
+        assert "cli" in listed.stdout, listed.stdout
+
+        async def body():
+            async with mcp_session(kernel.socket_path) as session:
+                await session.initialize()
+                code = ("import subprocess\n"
+                        f"subprocess.run({pip.split()!r}, check=True)\n"
+                        "import agentos_probe\nprint(agentos_probe.VALUE)")
+                return await session.call_tool("exec", {"code": code, "session": "mcp"})
+
+        through_mcp = asyncio.run(body())
+        assert text_of(through_mcp) == "from the stand-in index\n", text_of(through_mcp)
