@@ -9,10 +9,29 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use agentos_proto::ClientError;
+use agentos_proto::payload::ExecCall;
+use agentos_proto::{Client, ClientError, ErrorCode, Opcode};
 
 use crate::error::CliError;
 use crate::format::print_json;
+
+/// Asks the kernel for EXEC operation `call`; its reply as sent. A
+/// `not_found` refusal is said in the CLI's words by `named`, given the
+/// kernel's message, when the operation names what was not found.
+pub fn ask_exec(
+    client: &mut Client,
+    call: &ExecCall,
+    named: Option<impl FnOnce(String) -> CliError>,
+) -> Result<Raw, CliError> {
+    client
+        .call_json(Opcode::EXEC, &serde_json::to_vec(call)?)
+        .map_err(|err| match (err, named) {
+            (ClientError::Remote(reply), Some(named)) if reply.code == ErrorCode::NotFound => {
+                named(reply.error)
+            }
+            (err, _) => err.into(),
+        })
+}
 
 /// A reply, or a part of one, as the kernel sent it.
 ///

@@ -6,11 +6,11 @@ use agentos_proto::payload::{
     ClosedReply, ExecCall, RestoredReply, SessionState, SessionsReply, SnapshotReply,
     SnapshotsReply,
 };
-use agentos_proto::{Client, ClientError, ErrorCode, Opcode};
+use agentos_proto::Client;
 
 use crate::error::CliError;
 use crate::format::human_size;
-use crate::raw::Raw;
+use crate::raw::{ask_exec, Raw};
 
 /// `agentos sessions`' options.
 #[derive(Debug, clap::Args)]
@@ -51,17 +51,13 @@ fn ask(client: &mut Client, call: &ExecCall) -> Result<Raw, CliError> {
         | ExecCall::Restore { session, .. } => Some(session),
         _ => None,
     };
-    client
-        .call_json(Opcode::EXEC, &serde_json::to_vec(call)?)
-        .map_err(|err| match (err, session) {
-            (ClientError::Remote(reply), Some(session)) if reply.code == ErrorCode::NotFound => {
-                CliError::NoSuchSession {
-                    session: session.clone(),
-                    message: reply.error,
-                }
-            }
-            (err, _) => err.into(),
-        })
+    let named = session.map(|session| {
+        |message| CliError::NoSuchSession {
+            session: session.clone(),
+            message,
+        }
+    });
+    ask_exec(client, call, named)
 }
 
 pub fn sessions(client: &mut Client, args: SessionsArgs, json: bool) -> Result<(), CliError> {

@@ -6,13 +6,13 @@ use agentos_proto::payload::{
     check_mounts, ExecCall, VolumeInfo, VolumeMount, VolumeRemovedReply, VolumeReply, VolumesReply,
     MIN_VOLUME_BYTES,
 };
-use agentos_proto::{Client, ClientError, ErrorCode, Opcode};
+use agentos_proto::Client;
 
 use crate::error::CliError;
 use crate::failure::usage;
 use crate::format::human_size;
 use crate::input::parse_size;
-use crate::raw::Raw;
+use crate::raw::{ask_exec, Raw};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum VolumeCommand {
@@ -101,17 +101,13 @@ fn ask(client: &mut Client, call: &ExecCall) -> Result<Raw, CliError> {
         ExecCall::RemoveVolume { volume } => Some(volume),
         _ => None,
     };
-    client
-        .call_json(Opcode::EXEC, &serde_json::to_vec(call)?)
-        .map_err(|err| match (err, volume) {
-            (ClientError::Remote(reply), Some(volume)) if reply.code == ErrorCode::NotFound => {
-                CliError::NoSuchVolume {
-                    volume: volume.clone(),
-                    message: reply.error,
-                }
-            }
-            (err, _) => err.into(),
-        })
+    let named = volume.map(|volume| {
+        |message| CliError::NoSuchVolume {
+            volume: volume.clone(),
+            message,
+        }
+    });
+    ask_exec(client, call, named)
 }
 
 pub fn volume(client: &mut Client, command: VolumeCommand, json: bool) -> Result<(), CliError> {

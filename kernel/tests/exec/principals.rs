@@ -270,6 +270,12 @@ fn a_run_given_spawn_exec_and_task_still_reaches_only_its_own() {
     // A script the operator can see, the run cannot.
     let hidden = daemon.dir.path().join("host-only.py");
     fs::write(&hidden, "print('escaped')\n").unwrap();
+    // A volume of the operator's, which the run is not given.
+    let made = exec(
+        &mut stream,
+        json!({"op": "create_volume", "volume": "opdata", "bytes": 16 << 20}),
+    );
+    assert_eq!(made["success"], true, "{made}");
     let tries = format!(
         r#"{{
         "unsandboxed": call(0x10, {{"name": "evil", "command": ["/usr/bin/id"], "sandboxed": False}}),
@@ -295,6 +301,15 @@ fn a_run_given_spawn_exec_and_task_still_reaches_only_its_own() {
                                        "packages": ["six"]}}),
         "remove_template": call(0x02, {{"op": "remove_template", "template": "evil"}}),
         "unbuilt_template": call(0x02, {{"code": "print(9)", "template": "../../etc"}}),
+        "callers_volume": call(0x02, {{"code": "print(1)",
+                                       "volumes": [{{"name": "opdata", "path": "/data"}}]}}),
+        "volumes": call(0x02, {{"op": "volumes"}}),
+        "remove_callers_volume": call(0x02, {{"op": "remove_volume", "volume": "opdata"}}),
+        "huge_volume": call(0x02, {{"op": "create_volume", "volume": "big", "bytes": 1 << 50}}),
+        "volume_on_socket": call(0x02, {{"code": "print(1)",
+                                         "volumes": [{{"name": "v", "path": "/run/agentos"}}]}}),
+        "volume_misspelt": call(0x02, {{"code": "print(1)",
+                                        "volumes": [{{"name": "v", "path": "/data", "ro": True}}]}}),
     }}"#,
         hidden = hidden.display(),
         task = targets.task_id,
@@ -358,6 +373,14 @@ fn a_run_given_spawn_exec_and_task_still_reaches_only_its_own() {
     );
     assert_eq!(got["remove_template"]["removed"], false, "{got}");
     assert_eq!(got["unbuilt_template"]["code"], "bad_request", "{got}");
+    // Its caller's volume is not the run's unless given; it cannot make
+    // one past the share of the disk, nor mount one on the kernel's socket.
+    assert_eq!(got["callers_volume"]["code"], "not_found", "{got}");
+    assert_eq!(got["volumes"]["volumes"], json!([]), "{got}");
+    assert_eq!(got["remove_callers_volume"]["code"], "not_found", "{got}");
+    assert_eq!(got["huge_volume"]["code"], "limit_exceeded", "{got}");
+    assert_eq!(got["volume_on_socket"]["code"], "bad_request", "{got}");
+    assert_eq!(got["volume_misspelt"]["code"], "bad_request", "{got}");
     let names: Vec<&str> = got["own_list"]
         .as_array()
         .unwrap()

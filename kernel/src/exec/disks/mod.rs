@@ -45,7 +45,7 @@ use crate::clock::rfc3339;
 use crate::config::Config;
 use crate::identity::Principal;
 use crate::sandbox::attach::VolumePlace;
-use names::{dir_name, owner_dir_name, owner_of};
+use names::{disk_path, owner_dir_name, owner_of};
 
 /// Bytes of the host's disk that sessions' and volumes' disks never take:
 /// the kernel's own records and logs, and the host's, go on.
@@ -211,7 +211,7 @@ impl SessionDisks {
     }
 
     fn dir(&self, key: &SessionKey) -> DiskDir {
-        DiskDir(self.owner_dir(key.0).join(dir_name(&key.1)))
+        DiskDir(disk_path(&self.root, key.0, &key.1))
     }
 
     /// Session `key`'s record, if it has a disk.

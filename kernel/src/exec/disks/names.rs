@@ -1,7 +1,15 @@
 //! How disks' directories are named: by owner (`uid-1000`, `agent-7`,
 //! `run-42`), then by the name its owner gave (a session's, a volume's).
 
+use std::path::{Path, PathBuf};
+
 use crate::identity::Principal;
+
+/// Where `owner`'s disk named `name` lies beneath `root` (the sessions'
+/// or the volumes' directory).
+pub fn disk_path(root: &Path, owner: Principal, name: &str) -> PathBuf {
+    root.join(owner_dir_name(owner)).join(dir_name(name))
+}
 
 /// The directory of session `name`: the name itself, which the protocol
 /// keeps to letters, digits, `_`, `.` and `-`; anything else (never sent

@@ -19,7 +19,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 pub use super::super::waiting::VolumeUse;
 use super::image::DiskDir;
-use super::names::{dir_name, owner_dir_name, owner_of};
+use super::names::{disk_path, owner_dir_name, owner_of};
 use super::record::{seconds, VolumeRecord};
 use crate::clock::rfc3339;
 use crate::identity::Principal;
@@ -100,7 +100,7 @@ impl Volumes {
 
     /// Volume `key`'s directory.
     pub fn dir(&self, key: &VolumeKey) -> DiskDir {
-        DiskDir(self.root.join(owner_dir_name(key.0)).join(dir_name(&key.1)))
+        DiskDir(disk_path(&self.root, key.0, &key.1))
     }
 
     /// The directory of `owner`'s volumes.
