@@ -165,13 +165,15 @@ def test_packages_installed_by_the_code_last_through_a_kernel_killed_with_sigkil
             assert client.close_session("s1") is True
             assert client.close_session("s2") is True
             assert client.sessions() == []
-        # Closed, a session's disk goes (on the disks' own thread, soon).
+        # Closed, a session's disk goes (on the disks' own thread, soon);
+        # the one disk left mounted is the one made ahead for the next.
         sessions = workdir / "state" / "sessions"
         deadline = time.monotonic() + 10
-        while any(sessions.glob("*/s*")) or mounts_beneath(workdir / "state"):
+        while any(sessions.glob("*/s*")) or mounts_beneath(sessions):
             assert time.monotonic() < deadline, (list(sessions.rglob("*")),
-                                                 mounts_beneath(workdir / "state"))
+                                                 mounts_beneath(sessions))
             time.sleep(0.05)
+        assert mounts_beneath(workdir / "state") == [str(workdir / "state" / "spare-disk" / "mnt")]
     finally:
         kernel.stop()
         detach_beneath(workdir)

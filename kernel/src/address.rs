@@ -33,6 +33,9 @@ pub struct ConnKey {
 /// Where a reply goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReplyTo {
+    /// The kernel's own work that no one asked for (an idle session
+    /// hibernated): its reply goes nowhere.
+    Nobody,
     /// The request numbered `seq` on a connection.
     Request {
         /// The connection.
@@ -60,7 +63,7 @@ impl ReplyTo {
     pub fn connection(&self) -> Option<u64> {
         match self {
             ReplyTo::Request { conn, .. } => Some(conn.serial),
-            ReplyTo::Task(_) => None,
+            ReplyTo::Task(_) | ReplyTo::Nobody => None,
             ReplyTo::Tool { connection, .. } => *connection,
         }
     }

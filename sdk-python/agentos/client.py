@@ -19,6 +19,7 @@ from .types import (
     Hello,
     Killed,
     Language,
+    PausedSession,
     RestartPolicy,
     SearchDetail,
     Session,
@@ -168,7 +169,8 @@ class AgentOSClient(Connection):
     def pause(self, agent: AgentRef) -> Dict[str, Any]:
         """PAUSE: freezes a live agent where it stands (no CPU, no signal
         handled) and returns once it does: ``{"id", "name", "state":
-        "paused"}``. LIST shows it ``paused`` until :meth:`resume`."""
+        "paused"}``. LIST shows it ``paused`` until :meth:`resume`. A
+        session is paused with :meth:`pause_session`."""
         return self.call_json(Opcode.PAUSE, _agent_ref(agent))
 
     def resume(self, agent: AgentRef) -> Dict[str, Any]:
@@ -595,24 +597,68 @@ class AgentOSClient(Connection):
         whether it was open."""
         return self.call_json(Opcode.EXEC, {"op": "close", "session": session})["closed"]
 
-    def snapshot(self, session: str, name: str) -> Snapshot:
-        """EXEC ``snapshot``: saves the directories and regular files of a
-        session's ``/workspace`` as ``name``."""
-        request = {"op": "snapshot", "session": session, "name": name}
+    def snapshot(self, session: str, name: str, *, state: bool = False) -> Snapshot:
+        """EXEC ``snapshot``: saves a session's files — its ``/workspace``
+        and its home (installed packages; not ``.cache``) — as ``name``, on
+        the kernel's disk, replacing a snapshot of that name. With
+        ``state``, the interpreter's picklable globals too (modules by
+        name). Returns the snapshot (``name``, ``bytes``, ``created_at``,
+        ``state``: whether it kept globals) with ``left_out``, the paths not
+        saved (symlinks, special files), and ``not_saved``, each global
+        that could not be (``"name: Type: why"``)."""
+        request: Dict[str, Any] = {"op": "snapshot", "session": session, "name": name}
+        if state:
+            request["state"] = True
         reply = self.call_json(Opcode.EXEC, request)
-        return {**reply["snapshot"], "left_out": reply.get("left_out", [])}
+        return {
+            **_snapshot(reply["snapshot"]),
+            "left_out": reply.get("left_out", []),
+            "not_saved": reply.get("not_saved", []),
+        }
 
-    def restore(self, session: str, name: str) -> List[str]:
-        """EXEC ``restore``: replaces a session's ``/workspace`` with a
-        snapshot and restarts its interpreter; returns what of the snapshot
-        was left out (anything but plain directories and files)."""
-        request = {"op": "restore", "session": session, "name": name}
+    def restore(self, session: str, name: str, *, into: Optional[str] = None) -> List[str]:
+        """EXEC ``restore``: replaces a session's files with snapshot
+        ``name``'s and restarts its interpreter, with the snapshot's
+        globals if it kept them. With ``into``, makes a new session of that
+        name from the snapshot instead (a branch: ``session`` is left as it
+        is; a name in use raises ``AlreadyExists``), whose first run starts
+        with the snapshot's globals. Returns the globals that could not be
+        loaded (``"name: why"``)."""
+        request: Dict[str, Any] = {"op": "restore", "session": session, "name": name}
+        request.update(_present(into=into))
         return self.call_json(Opcode.EXEC, request).get("left_out", [])
 
     def snapshots(self, session: str) -> List[Snapshot]:
-        """EXEC ``snapshots``: a session's snapshots, oldest first."""
+        """EXEC ``snapshots``: a session's snapshots, oldest first, each
+        with ``state`` saying whether it keeps the interpreter's globals."""
         request = {"op": "snapshots", "session": session}
-        return self.call_json(Opcode.EXEC, request)["snapshots"]
+        return [_snapshot(taken) for taken in self.call_json(Opcode.EXEC, request)["snapshots"]]
+
+    def remove_snapshot(self, session: str, name: str) -> bool:
+        """EXEC ``remove_snapshot``: deletes one of a session's snapshots
+        (closing the session deletes them all); one it does not have raises
+        ``NotFound``."""
+        request = {"op": "remove_snapshot", "session": session, "name": name}
+        return self.call_json(Opcode.EXEC, request)["removed"]
+
+    def pause_session(self, session: str, *, hibernate: bool = False) -> PausedSession:
+        """PAUSE a session: its interpreter frozen by the cgroup freezer
+        (no CPU, a run's time limit stopped) until :meth:`resume_session`
+        — ``{"session", "state": "paused", "not_saved": []}``. Its owner's
+        end, its idle timeout and running out of memory still end it. With
+        ``hibernate``, its globals are saved and its interpreter ended,
+        freeing its memory (``"state": "hibernated"``); its next run or
+        :meth:`resume_session` brings it back with them, but for those
+        named in ``not_saved`` (``"name: Type: why"``)."""
+        request: Dict[str, Any] = {"session": session}
+        if hibernate:
+            request["hibernate"] = True
+        return _paused(self.call_json(Opcode.PAUSE, request))
+
+    def resume_session(self, session: str) -> PausedSession:
+        """RESUME a paused or hibernated session: ``{"session", "state":
+        "ready", "not_saved": []}``."""
+        return _paused(self.call_json(Opcode.RESUME, {"session": session}))
 
     def templates(self) -> List[Template]:
         """EXEC ``templates``: the templates there are (built by operators,
@@ -844,6 +890,18 @@ class AgentOSClient(Connection):
 def _present(**fields: Any) -> Dict[str, Any]:
     """The fields that were given (not ``None``)."""
     return {key: value for key, value in fields.items() if value is not None}
+
+
+def _snapshot(taken: Mapping[str, Any]) -> Snapshot:
+    """A snapshot as the kernel lists it, ``state`` said when false too
+    (the wire leaves it out)."""
+    return {**taken, "state": taken.get("state", False)}  # type: ignore[typeddict-item]
+
+
+def _paused(reply: Mapping[str, Any]) -> PausedSession:
+    """PAUSE's or RESUME's reply for a session, ``not_saved`` always a list."""
+    paused = results.without_success(reply)
+    return {**paused, "not_saved": paused.get("not_saved", [])}  # type: ignore[typeddict-item]
 
 
 def _agent_ref(agent: AgentRef) -> Dict[str, Any]:

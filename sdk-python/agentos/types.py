@@ -175,13 +175,15 @@ class _SessionRequired(TypedDict):
     last_used_at: str
     runs: int
     workspace_bytes: int
-    state: Literal["running", "ready", "stored"]
+    state: Literal["running", "ready", "paused", "hibernated", "stored"]
 
 
 class Session(_SessionRequired, total=False):
-    """An EXEC session of yours: ``stored`` when only its disk is left (its
-    next run starts a fresh interpreter); ``disk_bytes`` and
-    ``disk_used_bytes`` when it has a disk of its own."""
+    """An EXEC session of yours: ``paused`` when its interpreter is frozen,
+    ``hibernated`` when its globals are saved and its interpreter ended
+    (its next run or a resume brings them back), ``stored`` when only its
+    disk is left (its next run starts a fresh interpreter); ``disk_bytes``
+    and ``disk_used_bytes`` when it has a disk of its own."""
 
     disk_bytes: int
     disk_used_bytes: int
@@ -227,13 +229,29 @@ class VolumeMount(_VolumeMountRequired, total=False):
 
 
 class Snapshot(TypedDict, total=False):
-    """A saved copy of a session's ``/workspace``; ``left_out`` names what
-    was not saved (symlinks and special files are never followed)."""
+    """A saved copy of a session's files (its ``/workspace`` and its home),
+    kept on the kernel's disk until it is removed or its session closed;
+    ``bytes`` counts its files, ``state`` says whether it keeps the
+    interpreter's globals. From ``snapshot()``, ``left_out`` names the
+    paths not saved (symlinks and special files are never followed) and
+    ``not_saved`` the globals that could not be (``"name: Type: why"``)."""
 
     name: str
     bytes: int
     created_at: str
+    state: bool
     left_out: List[str]
+    not_saved: List[str]
+
+
+class PausedSession(TypedDict):
+    """A session after ``pause_session`` or ``resume_session``: its
+    ``state`` now, and when hibernated the globals that could not be saved
+    (gone when it wakes)."""
+
+    session: str
+    state: Literal["paused", "hibernated", "ready"]
+    not_saved: List[str]
 
 
 class _ToolRequired(TypedDict):

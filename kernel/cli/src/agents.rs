@@ -302,11 +302,30 @@ pub struct StopArgs {
     grace_ms: Option<u64>,
 }
 
+/// `pause` and `resume`: agents, or one of your sessions.
 #[derive(Debug, clap::Args)]
 pub struct FreezeArgs {
     /// Agent names, or ids
-    #[arg(required = true)]
+    #[arg(required_unless_present = "session", conflicts_with = "session")]
     agents: Vec<String>,
+    /// One of your EXEC sessions instead of agents: its interpreter
+    #[arg(long, value_name = "SESSION")]
+    pub session: Option<String>,
+}
+
+/// `pause`'s options: `resume`'s, and hibernating a session.
+#[derive(Debug, clap::Args)]
+pub struct PauseArgs {
+    #[command(flatten)]
+    pub freeze: FreezeArgs,
+    /// With --session: save its globals and end its interpreter, freeing
+    /// its memory, rather than freeze it (its next run, or resume, brings
+    /// it back with its globals)
+    // `requires` alone lets `pause AGENT --hibernate` through: clap waives
+    // the need for --session once an agent, which conflicts with it, is
+    // given.
+    #[arg(long, requires = "session", conflicts_with = "agents")]
+    pub hibernate: bool,
 }
 
 /// `pause` (PAUSE) and `resume` (RESUME): each agent in turn; PAUSE
@@ -320,7 +339,11 @@ pub fn freeze(
     let mut replies = Vec::new();
     for agent in &args.agents {
         let (id, name) = id_or_name(agent);
-        let request = PauseRequest { id, name };
+        let request = PauseRequest {
+            id,
+            name,
+            ..PauseRequest::default()
+        };
         let reply = if pause {
             client.pause(&request)
         } else {
@@ -605,6 +628,35 @@ mod tests {
         for bad in ["state=sleeping", "colour=red", "state"] {
             let err = Filter::parse(bad).unwrap_err();
             assert!(matches!(err, CliError::Usage(_)), "{bad}: {err}");
+        }
+    }
+
+    fn pause_line(args: &[&str]) -> Result<PauseArgs, clap::Error> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Line {
+            #[command(flatten)]
+            pause: PauseArgs,
+        }
+        Line::try_parse_from(std::iter::once("pause").chain(args.iter().copied()))
+            .map(|line| line.pause)
+    }
+
+    #[test]
+    fn pause_takes_agents_or_a_session_and_hibernates_only_a_session() {
+        let agents = pause_line(&["w1", "7"]).expect("parsed");
+        assert_eq!(agents.freeze.agents, ["w1", "7"]);
+        assert!(agents.freeze.session.is_none() && !agents.hibernate);
+        let session = pause_line(&["--session", "s1", "--hibernate"]).expect("parsed");
+        assert_eq!(session.freeze.session.as_deref(), Some("s1"));
+        assert!(session.freeze.agents.is_empty() && session.hibernate);
+        for refused in [
+            &[][..],
+            &["w1", "--session", "s1"][..],
+            &["w1", "--hibernate"][..],
+            &["--hibernate"][..],
+        ] {
+            assert!(pause_line(refused).is_err(), "{refused:?}");
         }
     }
 

@@ -101,6 +101,16 @@ pub enum CliError {
         /// The kernel's own words.
         message: String,
     },
+    /// A snapshot the kernel does not know among the session's (or a
+    /// session it does not know as the caller's): its words say which.
+    #[error(
+        "{message} (agentos sessions lists yours, agentos snapshot ls {session} its snapshots)"
+    )]
+    NoSuchSnapshot {
+        session: String,
+        /// The kernel's own words.
+        message: String,
+    },
     /// `agentos run` followed its task for as long as it was asked to.
     #[error(
         "task {task_id} is still {state} after {:.0} s; it goes on: agentos task wait {task_id} \

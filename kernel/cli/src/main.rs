@@ -116,9 +116,12 @@ enum Command {
     /// each runs again
     Restart(agents::StopArgs),
     /// Freeze agents where they stand (the cgroup freezer: no CPU, no
-    /// signal handled) until `resume`
-    Pause(agents::FreezeArgs),
-    /// Let paused agents go on
+    /// signal handled) until `resume`; or a session's interpreter
+    /// (--session), or hibernate it (--hibernate: globals saved, memory
+    /// freed)
+    Pause(agents::PauseArgs),
+    /// Let paused agents go on; or wake a paused or hibernated session
+    /// (--session)
     Resume(agents::FreezeArgs),
     /// Remove ended agents from the list (-f stops a live one first)
     Rm(agents::RmArgs),
@@ -155,11 +158,13 @@ enum Command {
     /// Your EXEC sessions (interpreters and /workspace kept between runs,
     /// and with disks their packages); --close NAME ends one, files and all
     Sessions(sessions::SessionsArgs),
-    /// Save a session's /workspace as a named snapshot (--list: its
-    /// snapshots)
+    /// Save a session's files (/workspace and its packages) as a named
+    /// snapshot, with --state its globals too; `ls SESSION` lists them,
+    /// `rm SESSION NAME` removes one
     Snapshot(sessions::SnapshotArgs),
-    /// Put a session's /workspace back as a snapshot had it, with a new
-    /// interpreter
+    /// Put a session's files back as a snapshot had them, with a new
+    /// interpreter (and the snapshot's globals); --into NEW makes a new
+    /// session from it instead
     Restore(sessions::RestoreArgs),
     /// Templates: read-only Python environments built once (build, ls, rm)
     /// that runs and sessions start from (agentos exec --template NAME)
@@ -327,8 +332,14 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Stop(stop) => agents::stop(client, stop, true, wait_for, json),
         Command::Kill { stop, wait } => agents::stop(client, stop, wait, wait_for, json),
         Command::Restart(stop) => agents::restart(client, stop, wait_for, json),
-        Command::Pause(agents) => agents::freeze(client, agents, true, json),
-        Command::Resume(agents) => agents::freeze(client, agents, false, json),
+        Command::Pause(agents::PauseArgs { freeze, hibernate }) => match freeze.session {
+            Some(session) => sessions::freeze(client, session, true, hibernate, json),
+            None => agents::freeze(client, freeze, true, json),
+        },
+        Command::Resume(freeze) => match freeze.session {
+            Some(session) => sessions::freeze(client, session, false, false, json),
+            None => agents::freeze(client, freeze, false, json),
+        },
         Command::Rm(rm_args) => agents::rm(client, rm_args, wait_for, json),
         Command::Think(think_args) => think::think(client, think_args, json),
         Command::Exec(exec_args) => return exec::exec(client, exec_args, json),

@@ -23,8 +23,19 @@ pub fn ask_exec(
     call: &ExecCall,
     named: Option<impl FnOnce(String) -> CliError>,
 ) -> Result<Raw, CliError> {
+    ask(client, Opcode::EXEC, call, named)
+}
+
+/// Sends `request` under `opcode`; the reply as sent, a `not_found`
+/// refusal said by `named` as for [`ask_exec`].
+pub fn ask(
+    client: &mut Client,
+    opcode: Opcode,
+    request: &impl Serialize,
+    named: Option<impl FnOnce(String) -> CliError>,
+) -> Result<Raw, CliError> {
     client
-        .call_json(Opcode::EXEC, &serde_json::to_vec(call)?)
+        .call_json(opcode, &serde_json::to_vec(request)?)
         .map_err(|err| match (err, named) {
             (ClientError::Remote(reply), Some(named)) if reply.code == ErrorCode::NotFound => {
                 named(reply.error)

@@ -36,6 +36,10 @@ pub struct ExecConfig {
     /// A session unused this long has its interpreter ended, in seconds
     /// (its disk stays, and its next run starts a fresh interpreter).
     pub session_idle_secs: u64,
+    /// A session unused this long is hibernated instead, in seconds: its
+    /// globals saved and its interpreter ended, its next run or a RESUME
+    /// bringing it back with them (0: never; sessions need disks).
+    pub idle_hibernate_secs: u64,
     /// Each session's disk (its `/workspace`, home and `/tmp`), in bytes:
     /// allocated on the host when the session opens, and full at this.
     pub session_disk_bytes: u64,
@@ -85,6 +89,7 @@ impl Default for ExecConfig {
             output_bytes: 64 << 10,
             default_timeout_ms: 30_000,
             session_idle_secs: 900,
+            idle_hibernate_secs: 0,
             session_disk_bytes: 1 << 30,
             owner_disk_bytes: 8 << 30,
             volume_bytes: 1 << 30,

@@ -10,17 +10,19 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::time::Instant;
 
-use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo, SnapshotInfo};
+use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 pub use super::disk_work::{DiskWork, DisksDone};
-use super::disks::SessionDisks;
+use super::disks::{no_session, Asked, SessionDisks};
 use super::network::{Narrowed, RunNetwork};
 use super::order::{Finished, Order};
 use super::queues::{Caps, Share};
 use super::requests::Requests;
 use super::run_cgroup::ChargedTo;
-use super::sessions::Sessions;
+use super::session_ops::{memfd, no_interpreter};
+pub use super::session_ops::{Idle, SessionOp};
+use super::sessions::{hibernates_idle, Sessions};
 use super::spans::RunSpans;
 use super::waiting::{refuse_each, RunAsk, Session, SessionKey, Waiting};
 use crate::address::{Answer, Reply, ReplyTo};
@@ -39,21 +41,6 @@ pub enum Closed {
     Open(usize),
 }
 
-/// An order for a session's child that runs no code of the caller's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SessionOp<'a> {
-    /// `op: snapshot`: save the session's files under `name`.
-    Snapshot {
-        /// The snapshot's name.
-        name: &'a str,
-    },
-    /// `op: restore`: put back the files saved under `name`.
-    Restore {
-        /// The snapshot's name.
-        name: &'a str,
-    },
-}
-
 /// The owners' queues and the sessions, with their disks.
 #[derive(Debug)]
 pub struct Backlog {
@@ -61,6 +48,9 @@ pub struct Backlog {
     sessions: Sessions,
     /// Sessions' and templates' disks, and what waits on them.
     disks: DiskWork,
+    /// An idle session hibernates rather than ends
+    /// (`exec.idle_hibernate_secs`).
+    hibernate_idle: bool,
 }
 
 impl Backlog {
@@ -70,6 +60,7 @@ impl Backlog {
         let slots = exec.hosts * exec.ready_runs;
         Backlog {
             requests: Requests::new(Caps::for_slots(slots, exec.max_running_per_owner)),
+            hibernate_idle: hibernates_idle(exec) && disks.available(),
             sessions: Sessions::new(exec),
             disks: DiskWork::new(disks),
         }
@@ -181,7 +172,8 @@ impl Backlog {
     pub fn open_session(&mut self, child: usize, waiting: &mut Waiting, now: Instant) {
         if let Some(key) = waiting.session.clone() {
             let grant = RunAsk::of(&waiting.request);
-            let session = Session::open(child, waiting.carried.take(), grant, now);
+            let mut session = Session::open(child, waiting.carried.take(), grant, now);
+            session.orders_as = Some(waiting.orders_as());
             self.sessions.insert(key, session);
         }
     }
@@ -239,6 +231,9 @@ impl Backlog {
     /// The session's old child, to go.
     pub fn begin_restore(&mut self, key: &SessionKey, mut restore: Waiting) -> Option<usize> {
         let (child, carried) = self.sessions.take_for_restore(key)?.into_carried();
+        if let Order::Restore { name } = &restore.order {
+            self.disks.store.restore_next(key, name);
+        }
         restore.carried = Some(carried);
         self.requests.push_front(restore);
         Some(child)
@@ -270,9 +265,24 @@ impl Backlog {
         self.sessions.of_child(child)
     }
 
-    /// The reply to a finished order of session `key`'s.
-    pub fn answer(&mut self, key: &SessionKey, finished: Finished) -> Answer {
-        self.sessions.answer(key, finished)
+    /// The reply to a finished order of session `key`'s; none yet for a
+    /// snapshot whose globals were saved: the kernel reads the session's
+    /// files then (the session held busy meanwhile), and answers.
+    pub fn answer(&mut self, key: &SessionKey, mut finished: Finished) -> Option<Answer> {
+        let saved = finished.reply.exit_code == Some(0) && finished.reply.error.is_none();
+        let Some((name, state, hibernate)) = finished.order.take_snapshot().filter(|_| saved)
+        else {
+            return Some(self.sessions.answer(key, finished));
+        };
+        self.sessions.hold(key);
+        let asked = Asked {
+            key: key.clone(),
+            reply_to: finished.reply_to,
+            not_saved: finished.left_out,
+            hibernate,
+        };
+        self.disks.store.take_snapshot(name, state, asked);
+        None
     }
 
     /// Session `key`'s interpreter is gone (killed at a timeout, or it
@@ -313,9 +323,28 @@ impl Backlog {
         idle_at
     }
 
-    /// Whether session `key` has been unused since `last_used`.
-    pub fn is_idle(&self, key: &SessionKey, last_used: Instant) -> bool {
-        self.sessions.is_idle(key, last_used)
+    /// What becomes of session `key` if it has been unused since
+    /// `last_used`: nothing, if it has been used since; hibernated (its
+    /// order queued) with `exec.idle_hibernate_secs`; else its interpreter
+    /// ends.
+    pub fn idle(&mut self, key: &SessionKey, last_used: Instant, now: Instant) -> Idle {
+        if !self.sessions.is_idle(key, last_used) {
+            return Idle::Used;
+        }
+        let orders_as = self.sessions.orders_as(key).filter(|_| self.hibernate_idle);
+        let Some((caller, limits, timeout)) = orders_as else {
+            log::debug!("exec session {:?}: idle, its interpreter ends", key.1);
+            return Idle::Ends;
+        };
+        let Ok(state) = memfd() else {
+            return Idle::Ends;
+        };
+        log::debug!("exec session {:?}: idle, it hibernates", key.1);
+        let order = Order::Hibernate { state };
+        let to = ReplyTo::Nobody;
+        let waiting = Waiting::for_session(key, caller, order, to, limits, timeout, now);
+        self.sessions.queue(key, waiting);
+        Idle::Hibernates
     }
 
     /// Session `key`'s idle interpreter was killed for memory: its owner is
@@ -332,20 +361,151 @@ impl Backlog {
         workspace_bytes: impl Fn(usize) -> u64,
     ) -> Vec<SessionInfo> {
         let open = self.sessions.list(owner, workspace_bytes);
-        self.disks.store.with_stored(owner, open)
+        self.disks.store.stored.list(owner, open)
     }
 
-    /// The order `op` asks of session `key`.
-    pub fn order_for(&self, key: &SessionKey, op: SessionOp<'_>) -> Result<Order, ErrorReply> {
-        match op {
-            SessionOp::Snapshot { name } => self.sessions.snapshot_order(key, name),
-            SessionOp::Restore { name } => self.sessions.restore_order(key, name),
+    /// The order `op` asks of session `key`, to wait its turn in the
+    /// session's queue; or none, the disks' thread asked to do it (a
+    /// snapshot or restore of a session without an interpreter, a branch)
+    /// and to answer `reply_to`.
+    pub fn order_for(
+        &mut self,
+        key: &SessionKey,
+        op: SessionOp<'_>,
+        share: Share,
+        reply_to: ReplyTo,
+    ) -> Result<Option<Order>, ErrorReply> {
+        let disks = &mut self.disks.store;
+        disks.require("snapshots")?;
+        let open = self.sessions.contains(key);
+        if !open && disks.stored.record(key).is_none() {
+            return Err(no_session(key));
         }
+        if !open && self.requests.sessions().any(|k| k == key) {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "session {:?} is being opened by a run; retry once it has run",
+                    key.1
+                ),
+            ));
+        }
+        let asked = Asked {
+            key: key.clone(),
+            reply_to,
+            not_saved: Vec::new(),
+            hibernate: false,
+        };
+        match op {
+            SessionOp::Hibernate if open => return Ok(Some(Order::Hibernate { state: memfd()? })),
+            SessionOp::Hibernate | SessionOp::Wake => {
+                let hibernated = disks.stored.is_hibernated(key);
+                return match (op, hibernated) {
+                    (SessionOp::Wake, true) => {
+                        self.sessions.may_open(key.0, self.requests.sessions())?;
+                        Ok(Some(Order::Wake))
+                    }
+                    (SessionOp::Hibernate, true) => Err(ErrorReply::new(
+                        ErrorCode::BadRequest,
+                        format!("session {:?} is hibernated already", key.1),
+                    )),
+                    _ => Err(no_interpreter(key, op)),
+                };
+            }
+            SessionOp::Snapshot { name, state } => {
+                disks.snapshots.room_for(key, name)?;
+                if open {
+                    let state = if state { Some(memfd()?) } else { None };
+                    let name = name.to_owned();
+                    return Ok(Some(Order::Snapshot { name, state }));
+                }
+                if state {
+                    return Err(ErrorReply::new(
+                        ErrorCode::BadRequest,
+                        format!(
+                            "EXEC field `state`: session {:?} has no interpreter running (it is \
+                             stored on its disk), so it has no globals to save; take the \
+                             snapshot without `state`",
+                            key.1
+                        ),
+                    ));
+                }
+                disks.take_snapshot(name.to_owned(), None, asked);
+            }
+            SessionOp::Restore { name, into: None } => {
+                disks.snapshots.find(key, name)?;
+                if open {
+                    let name = name.to_owned();
+                    return Ok(Some(Order::Restore { name }));
+                }
+                disks.restore_onto(key, name, asked);
+            }
+            SessionOp::Restore {
+                name,
+                into: Some(into),
+            } => {
+                disks.snapshots.find(key, name)?;
+                let branch = (key.0, into.to_owned());
+                let opening = self.requests.sessions().any(|k| *k == branch);
+                if self.sessions.contains(&branch)
+                    || disks.stored.record(&branch).is_some()
+                    || opening
+                {
+                    return Err(ErrorReply::new(
+                        ErrorCode::AlreadyExists,
+                        format!(
+                            "EXEC field `into`: session {into:?} exists; a branch is restored \
+                             into a new session (close that one first, or name another)"
+                        ),
+                    ));
+                }
+                disks.may_make(&branch, share, self.requests.sessions())?;
+                disks.restore_onto(&branch, name, asked);
+            }
+        }
+        Ok(None)
     }
 
-    /// `op: snapshots`: session `key`'s snapshots, oldest first.
-    pub fn snapshots(&self, key: &SessionKey) -> Result<Vec<SnapshotInfo>, ErrorReply> {
-        self.sessions.snapshots(key)
+    /// The interpreters of sessions `keys` have saved their globals
+    /// (hibernated): what waited for each waits again, first in its owner's
+    /// line, for a fresh one; the old children, to go.
+    pub fn hibernated(&mut self, keys: &[SessionKey]) -> Vec<usize> {
+        let mut gone = Vec::new();
+        for key in keys {
+            let Some((child, queue)) = self.sessions.hibernated(key) else {
+                continue;
+            };
+            for waiting in queue.into_iter().rev() {
+                self.requests.push_front(waiting);
+            }
+            gone.push(child);
+        }
+        gone
+    }
+
+    /// PAUSE (`frozen`) or RESUME of session `key`: its child is frozen or
+    /// thawed (`freeze`), and the session marked so — its queued orders
+    /// wait while it is paused.
+    pub fn freeze<F>(
+        &mut self,
+        key: &SessionKey,
+        frozen: bool,
+        freeze: impl FnOnce(usize) -> Result<F, ErrorReply>,
+    ) -> Result<F, ErrorReply> {
+        if let Some(child) = self.sessions.child_of(key) {
+            let done = freeze(child)?;
+            self.sessions.set_paused(key, frozen);
+            return Ok(done);
+        }
+        if self.disks.store.stored.record(key).is_none() {
+            return Err(no_session(key));
+        }
+        let op = if frozen {
+            SessionOp::Hibernate
+        } else {
+            SessionOp::Wake
+        };
+        Err(no_interpreter(key, op))
     }
 
     /// Closes session `key` (`op: close`): its snapshots go, and what
@@ -375,8 +535,8 @@ impl Backlog {
     }
 
     /// Answers a request taken from a queue with `refusal`. A restore that
-    /// carries its session takes the session with it: what waited for the
-    /// session is answered too, and its snapshots go.
+    /// carries its session takes the session's interpreter with it: what
+    /// waited for the session is answered too.
     pub fn refuse(&mut self, mut waiting: Waiting, refusal: &ErrorReply, replies: &mut Vec<Reply>) {
         self.disks.not_started(&waiting);
         if let (Some(carried), Some(key)) = (waiting.carried.take(), &waiting.session) {

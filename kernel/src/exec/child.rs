@@ -23,7 +23,7 @@ use super::output::Stream;
 use super::queues::Share;
 use super::run_cgroup::RunCgroup;
 use super::wire::{self, PrepareOrder, Ready, WireError};
-use crate::cgroup::{CgroupError, CgroupLimits};
+use crate::cgroup::{CgroupError, CgroupLimits, Freezer};
 use crate::fd;
 use crate::identity::Principal;
 use crate::process;
@@ -115,6 +115,8 @@ pub struct RunChild {
     pub net_before: NetTotals,
     /// The current run's span, with tracing on.
     pub span: Option<OpenSpan>,
+    /// Since when its processes have stood frozen (its session paused).
+    pub frozen_since: Option<Instant>,
 }
 
 /// A run child's endpoint on the egress proxy, with whose work it serves
@@ -161,6 +163,7 @@ impl RunChild {
             endpoint: None,
             net_before: NetTotals::default(),
             span: None,
+            frozen_since: None,
         }
     }
 
@@ -370,6 +373,12 @@ impl RunChild {
         if let Some(pidfd) = &self.pidfd {
             let _ = process::signal(pidfd.as_fd(), libc::SIGKILL);
         }
+        // A frozen process takes its SIGKILL once thawed.
+        if self.frozen_since.is_some() {
+            if let Some(freezer) = self.freezer() {
+                let _ = freezer.set(false);
+            }
+        }
     }
 
     /// Kills the run: SIGKILL to PID 1 of its namespace ends all in it.
@@ -377,9 +386,37 @@ impl RunChild {
         if let Stage::Running(running) = &mut self.stage {
             running.killed_by(why);
         }
-        if let Some(pidfd) = &self.pidfd {
-            let _ = process::signal(pidfd.as_fd(), libc::SIGKILL);
+        self.kill_quietly();
+    }
+
+    /// The freezer of the cgroup its code runs in, if it has one.
+    fn freezer(&self) -> Option<Freezer> {
+        self.current_cgroup()?.cgroup.freezer()
+    }
+
+    /// Freezes its processes where they stand (`frozen`), or thaws them:
+    /// the freezer, to wait on until they have all stopped. The time limit
+    /// of a run it carries stands still while it is frozen.
+    pub fn freeze(&mut self, frozen: bool, now: Instant) -> io::Result<Freezer> {
+        let freezer = self.freezer().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "its sandbox has no cgroup with a freezer (the kernel runs without root, or \
+                 the host mounts no freezer controller)",
+            )
+        })?;
+        freezer.set(frozen)?;
+        match (frozen, self.frozen_since) {
+            (true, None) => self.frozen_since = Some(now),
+            (false, Some(since)) => {
+                self.frozen_since = None;
+                if let Stage::Running(running) = &mut self.stage {
+                    running.paused += now.saturating_duration_since(since);
+                }
+            }
+            _ => {}
         }
+        Ok(freezer)
     }
 
     /// Whether the run is over: it said how it ended (or its socket

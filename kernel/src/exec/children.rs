@@ -10,6 +10,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
+use agentos_proto::{ErrorCode, ErrorReply};
 use mio::Interest;
 use slab::Slab;
 
@@ -22,6 +23,7 @@ use super::run_cgroup::RunCgroup;
 use super::sources::{ExecSource, Sources};
 use super::wire::Ready;
 use crate::address::ReplyTo;
+use crate::cgroup::Freezer;
 use crate::fd;
 use crate::identity::Principal;
 use crate::telemetry::tracer::OpenSpan;
@@ -312,18 +314,43 @@ impl Children {
     }
 
     /// Kills a child's run at its timeout, if it is still the run that
-    /// started at `started`.
-    pub fn timed_out(&mut self, child: usize, started: Instant) {
-        let Some(run) = self.slab.get_mut(child) else {
-            return;
+    /// started at `started` and its time is up: frozen time does not count.
+    /// When to look again, if its time may yet run out.
+    pub fn timed_out(&mut self, child: usize, started: Instant, now: Instant) -> Option<Instant> {
+        let run = self.slab.get_mut(child)?;
+        let (timeout, due) = match &run.stage {
+            Stage::Running(r) if r.started == started => (r.timeout, r.deadline()),
+            _ => return None,
         };
-        let timeout = match &run.stage {
-            Stage::Running(r) if r.started == started => Some(r.timeout),
-            _ => None,
-        };
-        if let Some(timeout) = timeout {
-            run.kill(Kill::Timeout(timeout));
+        if let Some(since) = run.frozen_since {
+            // Not before it has been thawed and run what it had left.
+            return Some(now + due.saturating_duration_since(since));
         }
+        if now < due {
+            return Some(due);
+        }
+        run.kill(Kill::Timeout(timeout));
+        None
+    }
+
+    /// Freezes a child's processes (`frozen`), or thaws them (see
+    /// [`RunChild::freeze`]); `unavailable` saying why it cannot be.
+    pub fn freeze(
+        &mut self,
+        child: usize,
+        frozen: bool,
+        now: Instant,
+    ) -> Result<Freezer, ErrorReply> {
+        let run = self.slab.get_mut(child).ok_or_else(|| {
+            ErrorReply::new(ErrorCode::NotFound, "the session's interpreter has ended")
+        })?;
+        run.freeze(frozen, now).map_err(|err| {
+            let verb = if frozen { "paused" } else { "resumed" };
+            ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("the session cannot be {verb}: {err}"),
+            )
+        })
     }
 
     /// Kills a child without a reason of the kernel's.

@@ -7,12 +7,15 @@
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 
-use agentos_proto::payload::{ExecReply, ExecRequest, TemplateInfo, VolumeReply};
+use agentos_proto::payload::{
+    ExecReply, ExecRequest, RestoredReply, SessionPauseReply, SessionState, SnapshotReply,
+    TemplateInfo, VolumeReply,
+};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::children::Children;
 use super::disks::volumes::{VolumeKey, VolumeUse};
-use super::disks::{DiskError, Done, SessionDisks, TemplateUse};
+use super::disks::{Attached, DiskError, Done, SessionDisks, StoreError, TemplateUse};
 use super::pool::Pool;
 use super::queues::Share;
 use super::sessions::Sessions;
@@ -34,6 +37,8 @@ pub struct DisksDone {
     pub refused: Vec<usize>,
     /// Children given a template to wait warm with, to settle into it.
     pub warmed: Vec<usize>,
+    /// Sessions whose globals are saved: their interpreters end.
+    pub hibernated: Vec<SessionKey>,
 }
 
 /// The disks, and what waits on them.
@@ -87,7 +92,9 @@ impl DiskWork {
         let session = waiting.session.clone().filter(|_| waiting.on_disk);
         if waiting.template.is_none() {
             // A stored session goes on from the template it was opened from.
-            let of_session = session.as_ref().and_then(|key| self.store.opened(key));
+            let of_session = session
+                .as_ref()
+                .and_then(|key| self.store.stored.opened(key));
             waiting.template = of_session.flatten().map(TemplateUse::Use);
         }
         let template = waiting.template.as_ref();
@@ -146,6 +153,75 @@ impl DiskWork {
                         self.store.volumes.mounted(key);
                     }
                 }
+                Done::Snapshotted { asked, result } => {
+                    // The session's next order may start.
+                    sessions.release(&asked.key);
+                    done.sessions.push(asked.key.clone());
+                    let answer = match result {
+                        Ok((manifest, _)) if asked.hibernate => {
+                            self.store.hibernated(&asked.key, &manifest.name);
+                            done.hibernated.push(asked.key.clone());
+                            Answer::json(&SessionPauseReply {
+                                success: true,
+                                session: asked.key.1.clone(),
+                                state: SessionState::Hibernated,
+                                not_saved: asked.not_saved,
+                            })
+                        }
+                        Ok((manifest, left_out)) => {
+                            let snapshot = manifest.info();
+                            // Not listed if its session was closed meanwhile
+                            // (and its snapshots removed after it).
+                            if self.store.stored.record(&asked.key).is_some() {
+                                self.store.snapshots.insert(&asked.key, snapshot.clone());
+                            }
+                            Answer::json(&SnapshotReply {
+                                success: true,
+                                snapshot,
+                                left_out,
+                                not_saved: asked.not_saved,
+                            })
+                        }
+                        Err(err) => {
+                            let full = matches!(err, StoreError::Full(_));
+                            store_refusal(full, &err, "the snapshot was not taken").into()
+                        }
+                    };
+                    replies.push((asked.reply_to, answer));
+                }
+                Done::Restored {
+                    asked,
+                    into,
+                    new,
+                    result,
+                } => {
+                    let key = (asked.key.0, into);
+                    let answer = match result {
+                        Ok(record) => {
+                            self.store.stored.restored_onto(&key, Some(record));
+                            Answer::json(&RestoredReply {
+                                success: true,
+                                session: key.1,
+                                left_out: Vec::new(),
+                            })
+                        }
+                        Err(err) => {
+                            if new {
+                                self.store.stored.remove(&key);
+                            } else {
+                                self.store.stored.restored_onto(&key, None);
+                            }
+                            let nothing = if new {
+                                "no session was made"
+                            } else {
+                                "the session's files are as they were"
+                            };
+                            let full = matches!(err, DiskError::Restore(StoreError::Full(_)));
+                            store_refusal(full, &err, nothing).into()
+                        }
+                    };
+                    replies.push((asked.reply_to, answer));
+                }
             }
         }
         done
@@ -154,7 +230,7 @@ impl DiskWork {
     fn attached(
         &mut self,
         child: usize,
-        result: Result<bool, DiskError>,
+        result: Result<Attached, DiskError>,
         sessions: &mut Sessions,
         done: &mut DisksDone,
         replies: &mut Vec<Reply>,
@@ -189,10 +265,16 @@ impl DiskWork {
             done.refused.push(child);
             return;
         };
+        // What was to be restored onto its disk is done with, whether it
+        // could be or not.
+        self.store.stored.restored_onto(&key, None);
         match result {
-            Ok(existed) => {
-                let record = existed.then(|| self.store.record(&key)).flatten();
-                sessions.disk_given(&key, record);
+            Ok(attached) => {
+                let record = attached
+                    .existed
+                    .then(|| self.store.stored.record(&key))
+                    .flatten();
+                sessions.disk_given(&key, record, attached.state);
                 done.sessions.push(key);
             }
             Err(why) => {
@@ -366,7 +448,7 @@ impl DiskWork {
         };
         let key = self.store.find_template(owner, name)?;
         let session = request.session.clone().map(|session| (owner, session));
-        let opened_from = session.as_ref().and_then(|s| self.store.opened(s));
+        let opened_from = session.as_ref().and_then(|s| self.store.stored.opened(s));
         if let Some(opened_from) = opened_from.filter(|from| from.as_deref() != Some(&key)) {
             let shown = |key: String| self.store.template_info(&key).map_or(key, |t| t.template);
             let from = opened_from.map_or("no template".to_owned(), |t| {
@@ -544,4 +626,15 @@ impl DiskWaits {
         }
         Some((reply_to, reply.into()))
     }
+}
+
+/// The refusal of a snapshot or restore the store could not do, `full` or
+/// not (`nothing`: what was left as it was).
+fn store_refusal(full: bool, err: &impl std::fmt::Display, nothing: &str) -> ErrorReply {
+    let code = if full {
+        ErrorCode::LimitExceeded
+    } else {
+        ErrorCode::Internal
+    };
+    ErrorReply::new(code, format!("{err}; {nothing}"))
 }

@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use agentos_egress::policy::Policy;
 use agentos_egress::Gateway;
 use agentos_primitives::timers::Timers;
-use agentos_proto::payload::{ExecRequest, Language, Limits, SessionInfo, SnapshotInfo};
-use agentos_proto::{ErrorCode, ErrorReply};
+use agentos_proto::payload::{ExecRequest, Language, Limits, SessionInfo};
+use agentos_proto::ErrorReply;
 use mio::{Registry, Token};
 
-use super::backlog::{Backlog, Closed, SessionOp};
+use super::backlog::{Backlog, Closed, Idle, SessionOp};
 use super::cgroups::MadeFor;
 use super::children::Done;
 use super::dirs::ExecDirs;
@@ -31,13 +31,13 @@ use super::exec_host::HostId;
 use super::hosts::HOST_RETRY;
 use super::limits::RunDefaults;
 use super::network::RunNetwork;
-use super::order::{Kill, Order, OrderCaps, Running};
+use super::order::{open_for_runs, Kill, Order, OrderCaps, Running};
 use super::pool::{Event, Launch, Pool};
 use super::spans::RunSpans;
 use super::waiting::{RunCaller, SessionKey, Waiting};
 use super::{files, zygote};
 use crate::address::{Reply, ReplyTo};
-use crate::cgroup::{CgroupLimits, Cgroups};
+use crate::cgroup::{CgroupLimits, Cgroups, Freezer};
 use crate::config::Config;
 use crate::identity::Principal;
 use crate::sandbox::runtime::{SandboxEvent, Sandboxes};
@@ -142,14 +142,8 @@ impl Exec {
         self.unavailable.is_none()
     }
 
-    /// Whether a token is one of EXEC's.
-    pub fn owns(&self, token: Token) -> bool {
-        self.pool.owns(token)
-    }
-
     /// What a run sees of the filesystem beyond its private `/tmp` and
-    /// `/workspace`, as the binds of its host's sandbox (the exec-host
-    /// shape's own aside).
+    /// `/workspace`: its host's sandbox's binds (its shape's own aside).
     pub fn host_binds(&self) -> Vec<crate::sandbox::spec::Bind> {
         zygote::binds(self.pool.setup())
     }
@@ -187,14 +181,7 @@ impl Exec {
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
-        if let Some(reason) = &self.unavailable {
-            let why = format!("EXEC is unavailable: {reason}");
-            return Err(ErrorReply::new(ErrorCode::Unavailable, why));
-        }
-        if self.shutting_down {
-            let why = "the kernel is shutting down";
-            return Err(ErrorReply::new(ErrorCode::Unavailable, why));
-        }
+        open_for_runs(self.unavailable.as_deref(), self.shutting_down)?;
         files::check(&request.files, self.caps.max_file_bytes)?;
         let asked = request.limits.as_ref();
         let limits = self.cgroups.for_request(&caller.limits, asked)?;
@@ -203,9 +190,7 @@ impl Exec {
         if request.language == Language::Bash {
             self.pool.bash_came(now);
         }
-        let timeout = request
-            .timeout_ms
-            .map_or(self.caps.default_timeout, Duration::from_millis);
+        let timeout = self.caps.timeout(request.timeout_ms);
         if let Some(name) = &request.session {
             let key = (caller.principal, name.clone());
             if let Some(lost) = self.backlog.admit(&key, &request, caller.share)? {
@@ -271,7 +256,11 @@ impl Exec {
         while let Some(wake) = self.timers.pop_due(now) {
             match wake {
                 Wake::Timeout { child, started } => {
-                    self.pool.children_mut().timed_out(child, started);
+                    // A paused run's time limit stands still: it is looked
+                    // at again when it may be due.
+                    if let Some(due) = self.pool.children_mut().timed_out(child, started, now) {
+                        self.timers.schedule(due, Wake::Timeout { child, started });
+                    }
                 }
                 Wake::StartHosts => self.start_hosts(sandboxes, now),
                 Wake::WaitedTooLong => {
@@ -279,10 +268,11 @@ impl Exec {
                     let running = self.pool.children().running_count();
                     self.backlog.expire(now, hosts_up, running, replies);
                 }
-                Wake::SessionIdle { key, last_used } => {
-                    if self.backlog.is_idle(&key, last_used) {
-                        log::debug!("exec session {:?}: idle, its interpreter ends", key.1);
-                        self.end_interpreter(&key, replies);
+                Wake::SessionIdle { key, last_used: at } => {
+                    match self.backlog.idle(&key, at, now) {
+                        Idle::Used => {}
+                        Idle::Ends => drop(self.end_interpreter(&key, replies)),
+                        Idle::Hibernates => self.serve_session(&key, replies, now),
                     }
                 }
             }
@@ -312,7 +302,10 @@ impl Exec {
     /// those made inside agents' for their runs, which may start now.
     pub fn on_wake(&mut self, replies: &mut Vec<Reply>) {
         let done = self.backlog.disks_done(replies);
-        for child in done.refused {
+        let hibernated = self.backlog.hibernated(&done.hibernated);
+        // What waited for a hibernated session waits for a fresh child.
+        let mut dispatch_again = !hibernated.is_empty();
+        for child in done.refused.into_iter().chain(hibernated) {
             self.pool.children().kill_quietly(child);
             self.drop_child(child);
         }
@@ -325,19 +318,18 @@ impl Exec {
         for key in done.sessions {
             self.serve_session(&key, replies, Instant::now());
         }
-        let mut for_agents = false;
         for made in self.cgroups.made() {
             match made.made_for {
                 MadeFor::Host(host) => self.pool.cgroup_made(host, made.result, &self.cgroups),
                 MadeFor::Agent(to) => {
-                    for_agents = true;
+                    dispatch_again = true;
                     if let Err(failed) = self.cgroups.made_for_agent(&to, made.result) {
                         self.backlog.refuse_charged(to.agent, &failed, replies);
                     }
                 }
             }
         }
-        if for_agents {
+        if dispatch_again {
             self.dispatch(replies, Instant::now());
         }
     }
@@ -481,11 +473,12 @@ impl Exec {
                 .disks()
                 .build_ran(child, reply_to, finished.reply)
             {
-                Some(reply) => reply.into(),
+                Some(reply) => Some(reply.into()),
                 None => return self.drop_child(child),
             },
         };
-        replies.push((reply_to, reply));
+        // A snapshot's goes once the kernel has stored it.
+        replies.extend(reply.map(|reply| (reply_to, reply)));
         let Some(key) = key else {
             return self.drop_child(child);
         };
@@ -499,12 +492,9 @@ impl Exec {
             return self.drop_child(child);
         }
         if let Some(idle_at) = self.backlog.order_ended(&key, ran_code, bytes, now) {
-            let last_used = now;
-            let wake = Wake::SessionIdle {
-                key: key.clone(),
-                last_used,
-            };
-            self.timers.schedule(idle_at, wake);
+            let (key, last_used) = (key.clone(), now);
+            self.timers
+                .schedule(idle_at, Wake::SessionIdle { key, last_used });
         }
         self.serve_session(&key, replies, now);
     }
@@ -551,6 +541,22 @@ impl Exec {
             .sessions(owner, |child| children.workspace_bytes(child))
     }
 
+    /// PAUSE (`frozen`) or RESUME of session `key`: its interpreter's
+    /// freezer, to wait on (see [`Backlog::freeze`]). Resumed, what waited
+    /// for it starts.
+    pub fn freeze_session(
+        &mut self,
+        key: &SessionKey,
+        frozen: bool,
+        replies: &mut Vec<Reply>,
+    ) -> Result<Freezer, ErrorReply> {
+        let (now, children) = (Instant::now(), self.pool.children_mut());
+        let freezer =
+            (self.backlog).freeze(key, frozen, |child| children.freeze(child, frozen, now))?;
+        self.serve_session(key, replies, now);
+        Ok(freezer)
+    }
+
     /// Ends a session (`op: close`): its interpreter and its files go;
     /// a run of it still going is killed. Whether there was one.
     pub fn close(&mut self, owner: Principal, name: &str, replies: &mut Vec<Reply>) -> bool {
@@ -576,10 +582,10 @@ impl Exec {
         }
     }
 
-    /// `op: snapshot` or `op: restore`, queued behind the session's runs:
-    /// a snapshot is answered once the session's child has written it; a
-    /// restore gives the session a fresh interpreter on the snapshot's
-    /// `/workspace`.
+    /// `op: snapshot` or `op: restore`, queued behind the session's runs
+    /// (see [`Backlog::order_for`]): a snapshot is answered once the
+    /// kernel has stored it; a restore gives the session a fresh
+    /// interpreter on the snapshot's files and globals.
     pub fn session_order(
         &mut self,
         caller: RunCaller,
@@ -589,24 +595,20 @@ impl Exec {
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
         let key = (caller.principal, session.to_owned());
-        let order = self.backlog.order_for(&key, op)?;
-        let now = Instant::now();
         let limits = self.cgroups.limits(&caller.limits, None)?;
         self.backlog.may_wait(caller.share)?;
-        let timeout = self.caps.default_timeout;
+        let share = caller.share;
+        let Some(order) = self.backlog.order_for(&key, op, share, reply_to)? else {
+            return Ok(());
+        };
+        let (now, timeout) = (Instant::now(), self.caps.default_timeout);
         let waiting = Waiting::for_session(&key, caller, order, reply_to, limits, timeout, now);
-        self.backlog.queue(waiting);
-        self.serve_session(&key, replies, now);
+        // A hibernated session's wake opens it.
+        match self.backlog.queue(waiting) {
+            Some(key) => self.serve_session(&key, replies, now),
+            None => self.dispatch(replies, now),
+        }
         Ok(())
-    }
-
-    /// `op: snapshots`: a session's snapshots, oldest first.
-    pub fn snapshots(
-        &self,
-        owner: Principal,
-        session: &str,
-    ) -> Result<Vec<SnapshotInfo>, ErrorReply> {
-        self.backlog.snapshots(&(owner, session.to_owned()))
     }
 
     /// Cancels the run whose reply goes to `reply_to`: one still waiting
@@ -624,13 +626,12 @@ impl Exec {
     /// waiting are answered (to no one) at once, those running are killed.
     pub fn connection_closed(&mut self, serial: u64, replies: &mut Vec<Reply>) {
         let of_it = |to: &ReplyTo| to.connection() == Some(serial);
-        self.end_where(
-            |w| of_it(&w.reply_to),
-            |r| of_it(&r.reply_to),
-            "the connection that asked for it closed",
-            Kill::Cancelled,
-            replies,
+        let (waiting, running) = (
+            |w: &Waiting| of_it(&w.reply_to),
+            |r: &Running| of_it(&r.reply_to),
         );
+        let why = "the connection that asked for it closed";
+        self.end_where(waiting, running, why, Kill::Cancelled, replies);
     }
 
     /// `principal` has ended (an agent that exited, was killed or is
@@ -639,13 +640,11 @@ impl Exec {
     /// spare cgroups go with the cgroup they were made in. Its policy as
     /// NET `set` left it is forgotten: nothing of it waits to start.
     pub fn end_work_of(&mut self, principal: Principal, why: &str, replies: &mut Vec<Reply>) {
-        self.end_where(
-            |w| w.owner == principal,
-            |r| r.of.owner == principal,
-            why,
-            Kill::OwnerEnded,
-            replies,
+        let (waiting, running) = (
+            |w: &Waiting| w.owner == principal,
+            |r: &Running| r.of.owner == principal,
         );
+        self.end_where(waiting, running, why, Kill::OwnerEnded, replies);
         for name in self.backlog.end_owner(principal) {
             self.close(principal, &name, replies);
         }

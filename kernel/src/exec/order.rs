@@ -14,6 +14,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use agentos_proto::payload::{ExecReply, ExecRequest, Truncated};
+use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::output::{Capture, Stream};
 use super::queues::Share;
@@ -43,6 +44,11 @@ impl OrderCaps {
             max_file_bytes: exec.max_file_bytes,
             default_timeout: Duration::from_millis(exec.default_timeout_ms),
         }
+    }
+
+    /// A run's timeout: `asked_ms`, else the default.
+    pub fn timeout(&self, asked_ms: Option<u64>) -> Duration {
+        asked_ms.map_or(self.default_timeout, Duration::from_millis)
     }
 
     /// What a run may collect in all: the reply's limit, less its output
@@ -84,8 +90,24 @@ impl OrderCaps {
             trace: None,
             print_last_expression: request.print_last_expression,
             skip_if_not_code: request.skip_if_not_code,
+            load_state: false,
         }
     }
+}
+
+/// The name of the snapshot that holds a hibernated session's globals
+/// (one no client can give, or list).
+pub const HIBERNATED: &str = "~hibernated";
+
+/// `unavailable` unless EXEC takes runs: it works on this host (else
+/// `unavailable` says why not) and the kernel is not `shutting_down`.
+pub fn open_for_runs(unavailable: Option<&str>, shutting_down: bool) -> Result<(), ErrorReply> {
+    let why = match (unavailable, shutting_down) {
+        (Some(reason), _) => format!("EXEC is unavailable: {reason}"),
+        (None, true) => "the kernel is shutting down".to_owned(),
+        (None, false) => return Ok(()),
+    };
+    Err(ErrorReply::new(ErrorCode::Unavailable, why))
 }
 
 /// What a child is asked to do.
@@ -93,27 +115,53 @@ impl OrderCaps {
 pub enum Order {
     /// Run code.
     Run,
-    /// Save the session's `/workspace` into `data` (a memfd) under `name`.
+    /// A snapshot named `name`: the interpreter pickles its globals into
+    /// `state` (a memfd) if they are asked for; the kernel then reads the
+    /// session's disk.
     Snapshot {
         /// The snapshot's name.
         name: String,
-        /// Where it is written.
-        data: OwnedFd,
+        /// Where the globals are written, if they are to be saved.
+        state: Option<OwnedFd>,
     },
-    /// Fill `/workspace` from the snapshot in `data`.
+    /// The session's fresh interpreter, its disk restored from snapshot
+    /// `name`, loads the snapshot's globals, if it saved them.
     Restore {
-        /// The snapshot.
-        data: OwnedFd,
+        /// The snapshot's name.
+        name: String,
     },
+    /// Hibernate: the interpreter pickles its globals into `state` (a
+    /// memfd); the kernel keeps them and ends it.
+    Hibernate {
+        /// Where the globals are written.
+        state: OwnedFd,
+    },
+    /// RESUME of a hibernated session: its fresh interpreter loads its
+    /// globals.
+    Wake,
 }
 
 impl Order {
+    /// What the kernel reads into its store once the interpreter has done
+    /// its part of a snapshot or a hibernation: the snapshot's name, the
+    /// memfd holding the globals (if they were asked for), and whether it
+    /// hibernates. None for other orders.
+    pub fn take_snapshot(&mut self) -> Option<(String, Option<OwnedFd>, bool)> {
+        match self {
+            Order::Snapshot { name, state } => Some((std::mem::take(name), state.take(), false)),
+            Order::Hibernate { state } => {
+                Some((HIBERNATED.to_owned(), state.try_clone().ok(), true))
+            }
+            Order::Run | Order::Restore { .. } | Order::Wake => None,
+        }
+    }
+
     /// Its op on the wire.
     pub fn op(&self) -> OrderOp {
         match self {
             Order::Run => OrderOp::Run,
-            Order::Snapshot { .. } => OrderOp::Snapshot,
-            Order::Restore { .. } => OrderOp::Restore,
+            Order::Snapshot { .. } | Order::Hibernate { .. } => OrderOp::Snapshot,
+            Order::Restore { .. } | Order::Wake => OrderOp::Restore,
         }
     }
 }
@@ -127,10 +175,8 @@ pub struct Finished {
     pub reply: ExecReply,
     /// What it was.
     pub order: Order,
-    /// What a snapshot or restore left out.
+    /// The globals a snapshot could not save, or a restore load.
     pub left_out: Vec<String>,
-    /// A snapshot's bytes of files.
-    pub snapshot_bytes: Option<u64>,
     /// Bytes of files in `/workspace` after it, if the child said (a
     /// session's does).
     pub workspace_bytes: Option<u64>,
@@ -202,6 +248,9 @@ pub struct Running {
     pub started: Instant,
     /// Its wall-clock limit.
     pub timeout: Duration,
+    /// How long it has stood frozen (its session paused): its time limit
+    /// stands still meanwhile.
+    pub paused: Duration,
     stdout: Capture,
     stderr: Capture,
     /// Order bytes not yet written.
@@ -243,6 +292,7 @@ impl Running {
             reply_to,
             started: now,
             timeout,
+            paused: Duration::ZERO,
             stdout: Capture::new(output_bytes),
             stderr: Capture::new(output_bytes),
             unsent: Vec::new(),
@@ -256,6 +306,11 @@ impl Running {
             killed: None,
             order,
         }
+    }
+
+    /// When its time limit runs out, frozen time aside.
+    pub fn deadline(&self) -> Instant {
+        self.started + self.timeout + self.paused
     }
 
     /// What the run has printed so far: the latest of its stdout, and of
@@ -395,7 +450,6 @@ impl Running {
         let mut files = Default::default();
         let mut workspace_bytes = None;
         let mut left_out = Vec::new();
-        let mut snapshot_bytes = None;
         let mut not_code = None;
         let (exit_code, signal, error) = match (self.killed, self.end) {
             (Some(kill), _) => (None, Some(libc::SIGKILL), Some(kill.to_string())),
@@ -406,7 +460,6 @@ impl Running {
                 files = end.files;
                 workspace_bytes = end.workspace_bytes;
                 left_out = end.left_out;
-                snapshot_bytes = end.snapshot_bytes;
                 not_code = end.not_code;
                 (Some(end.exit_code), None, error)
             }
@@ -457,7 +510,6 @@ impl Running {
             reply,
             order: self.order,
             left_out,
-            snapshot_bytes,
             workspace_bytes,
         }
     }

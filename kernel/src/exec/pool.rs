@@ -315,16 +315,22 @@ impl Pool {
             }
         }
         // A run gets its own kernel connection (the child may have it
-        // already); a snapshot or restore, the memfd that holds it.
+        // already); a snapshot that saves globals, the memfd they go into.
         match (&waiting.order, waiting.run) {
             (Order::Run, Some(number)) => {
                 let first = run.first_connection.take();
                 attached.extend(self.connections.for_run(number, first));
             }
-            (Order::Run, None) => {}
-            (Order::Snapshot { data, .. } | Order::Restore { data }, _) => {
-                attached.extend(data.try_clone().ok())
+            (Order::Snapshot { state, .. }, _) => {
+                attached.extend(state.as_ref().and_then(|fd| fd.try_clone().ok()))
             }
+            (Order::Hibernate { state }, _) => attached.extend(state.try_clone().ok()),
+            (Order::Run | Order::Restore { .. } | Order::Wake, _) => {}
+        }
+        // A fresh interpreter's globals come last.
+        if let Some(state) = waiting.load_state.take() {
+            attached.push(state);
+            order.load_state = true;
         }
         if let Err(err) = run.limit(&waiting.limits, asked_limits) {
             // Nothing of the run has started, but its limits are in doubt.

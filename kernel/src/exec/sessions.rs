@@ -1,24 +1,34 @@
 //! Sessions: a run child kept for its owner with its interpreter state and
-//! `/workspace` ([`Session`]), its snapshots ([`Snapshots`]), and the
-//! orders queued behind each other for it — runs, snapshots and restores —
-//! one going at a time; each owner's and the kernel's caps on them; an
-//! idle session's end; and the sessions the memory controller ended while
-//! they waited, until their owners are told.
+//! `/workspace` ([`Session`]), and the orders queued behind each other for
+//! it — runs, snapshots and restores — one going at a time; each owner's
+//! and the kernel's caps on them; an idle session's end; and the sessions
+//! the memory controller ended while they waited, until their owners are
+//! told. (Its snapshots lie on disk, with its disk: `disks`.)
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
-use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo, SessionState, SnapshotInfo};
+use std::os::fd::OwnedFd;
+
+use agentos_proto::payload::{
+    ExecReply, ExecRequest, RestoredReply, SessionInfo, SessionPauseReply, SessionState,
+};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::disks::SessionRecord;
 use super::order::{Finished, Order};
-use super::snapshots::{self, Snapshots};
-use super::waiting::{refuse_each, Carried, RunAsk, Session, SessionKey, Waiting};
+use super::waiting::{refuse_each, Carried, RunAsk, RunCaller, Session, SessionKey, Waiting};
 use crate::address::{Answer, Reply};
+use crate::cgroup::CgroupLimits;
 use crate::clock::rfc3339;
 use crate::config::exec::ExecConfig;
 use crate::identity::Principal;
+
+/// Whether an idle session hibernates (`exec.idle_hibernate_secs`) before
+/// its interpreter would end (`exec.session_idle_secs`).
+pub fn hibernates_idle(exec: &ExecConfig) -> bool {
+    exec.idle_hibernate_secs != 0 && exec.idle_hibernate_secs <= exec.session_idle_secs
+}
 
 /// Sessions lost to the memory controller remembered for their owners.
 const MAX_LOST_SESSIONS: usize = 1024;
@@ -27,8 +37,6 @@ const MAX_LOST_SESSIONS: usize = 1024;
 #[derive(Debug)]
 pub struct Sessions {
     open: HashMap<SessionKey, Session>,
-    /// Their snapshots, which last as long as they do.
-    snapshots: Snapshots,
     /// Sessions whose idle interpreter the memory controller killed, until
     /// their owner names them again and is told (at most
     /// [`MAX_LOST_SESSIONS`] remembered).
@@ -46,9 +54,12 @@ impl Sessions {
     pub fn new(exec: &ExecConfig) -> Sessions {
         Sessions {
             open: HashMap::new(),
-            snapshots: Snapshots::new(exec.snapshot_bytes, exec.snapshot_bytes_total),
             lost_to_memory: HashSet::new(),
-            idle: Duration::from_secs(exec.session_idle_secs),
+            idle: Duration::from_secs(if hibernates_idle(exec) {
+                exec.idle_hibernate_secs
+            } else {
+                exec.session_idle_secs
+            }),
             max_per_owner: exec.max_sessions,
             max_total: exec.max_sessions_total,
         }
@@ -71,10 +82,10 @@ impl Sessions {
                 last_used_at: rfc3339(session.last_used_at),
                 runs: session.runs,
                 workspace_bytes: workspace_bytes(session.child),
-                state: if session.busy {
-                    SessionState::Running
-                } else {
-                    SessionState::Ready
+                state: match (session.paused, session.busy) {
+                    (true, _) => SessionState::Paused,
+                    (false, true) => SessionState::Running,
+                    (false, false) => SessionState::Ready,
                 },
                 disk_bytes: None,
                 disk_used_bytes: None,
@@ -219,20 +230,18 @@ impl Sessions {
         self.open.insert(key, session);
     }
 
-    /// Takes session `key` out, its snapshots kept: a restore carries it
-    /// to a fresh child.
+    /// Takes session `key` out: a restore carries it to a fresh child.
     pub fn take_for_restore(&mut self, key: &SessionKey) -> Option<Session> {
         self.open.remove(key)
     }
 
-    /// Ends session `key` with its snapshots: what it was, if it was open.
+    /// Ends session `key`'s interpreter: what it was, if it was open.
     pub fn end(&mut self, key: &SessionKey) -> Option<Session> {
-        self.snapshots.remove(key);
         self.open.remove(key)
     }
 
-    /// Closes session `key` (`op: close`): its snapshots go, and what
-    /// waited for it is answered; its child, to be killed, if it was open.
+    /// Closes session `key` (`op: close`): what waited for it is answered;
+    /// its child, to be killed, if it was open.
     pub fn close(&mut self, key: &SessionKey, replies: &mut Vec<Reply>) -> Option<usize> {
         let session = self.end(key)?;
         let refusal = ErrorReply::new(
@@ -243,8 +252,8 @@ impl Sessions {
         Some(session.child)
     }
 
-    /// A restore carrying session `key` will not run: the session ends
-    /// with it, its snapshots go, and what waited for it is answered that
+    /// A restore carrying session `key` will not run: the session's
+    /// interpreter ends with it, and what waited for it is answered that
     /// the session `ended`.
     pub fn drop_carried(
         &mut self,
@@ -253,43 +262,82 @@ impl Sessions {
         ended: &str,
         replies: &mut Vec<Reply>,
     ) {
-        self.snapshots.remove(key);
         let ended = ErrorReply::new(ErrorCode::NotFound, format!("session {:?} {ended}", key.1));
         refuse_each(carried.queue, &ended, replies);
     }
 
-    /// `op: snapshot` for session `key`: the order, if the session is open
-    /// and has room for a snapshot named `name`.
-    pub fn snapshot_order(&self, key: &SessionKey, name: &str) -> Result<Order, ErrorReply> {
-        self.live(key)?;
-        self.snapshots.room_for(key, name)?;
-        Ok(Order::Snapshot {
-            name: name.to_owned(),
-            data: snapshots::fresh()?,
-        })
-    }
-
-    /// `op: restore` for session `key`: the order, if the session is open
-    /// and has a snapshot named `name`.
-    pub fn restore_order(&self, key: &SessionKey, name: &str) -> Result<Order, ErrorReply> {
-        self.live(key)?;
-        let data = self.snapshots.copy_of(key, name)?;
-        Ok(Order::Restore { data })
-    }
-
-    /// `op: snapshots`: session `key`'s snapshots, oldest first.
-    pub fn snapshots(&self, key: &SessionKey) -> Result<Vec<SnapshotInfo>, ErrorReply> {
-        self.live(key)?;
-        Ok(self.snapshots.list(key))
-    }
-
-    /// The reply to a finished order of session `key`'s (a snapshot is
-    /// kept if it was taken; the first run on a fresh interpreter says so).
+    /// The reply to a finished order of session `key`'s: a run's is its
+    /// own (the first on a fresh interpreter says so); a restore's says
+    /// what it could not load; a snapshot that failed says why (one taken
+    /// is answered once the kernel has read its files).
     pub fn answer(&mut self, key: &SessionKey, mut finished: Finished) -> Answer {
-        if let (Some(session), Order::Run) = (self.open.get_mut(key), &finished.order) {
-            finished.reply.fresh_interpreter = std::mem::take(&mut session.fresh);
+        let failure = match (&finished.reply.exit_code, &finished.reply.error) {
+            (Some(0), None) => None,
+            (_, Some(error)) => Some(error.clone()),
+            (_, None) => Some("the session's interpreter ended before it was done".to_owned()),
+        };
+        match (&finished.order, failure) {
+            (Order::Run, _) => {
+                if let Some(session) = self.open.get_mut(key) {
+                    finished.reply.fresh_interpreter = std::mem::take(&mut session.fresh);
+                }
+                finished.reply.into()
+            }
+            (_, Some(error)) => ErrorReply::new(ErrorCode::Internal, error).into(),
+            (Order::Wake, None) => Answer::json(&SessionPauseReply {
+                success: true,
+                session: key.1.clone(),
+                state: SessionState::Ready,
+                not_saved: finished.left_out,
+            }),
+            (_, None) => Answer::json(&RestoredReply {
+                success: true,
+                session: key.1.clone(),
+                left_out: finished.left_out,
+            }),
         }
-        self.snapshots.answer(key, finished)
+    }
+
+    /// Session `key`'s interpreter ends, its globals saved: what waited
+    /// for it, to wait again for a fresh one; its child, to go.
+    pub fn hibernated(&mut self, key: &SessionKey) -> Option<(usize, VecDeque<Waiting>)> {
+        let session = self.open.remove(key)?;
+        Some((session.child, session.queue))
+    }
+
+    /// What the kernel's own orders to session `key` are held to (see
+    /// [`Session::orders_as`]), if it is open.
+    pub fn orders_as(&self, key: &SessionKey) -> Option<(RunCaller, CgroupLimits, Duration)> {
+        self.open.get(key)?.orders_as.clone()
+    }
+
+    /// Session `key`'s child, if it is open.
+    pub fn child_of(&self, key: &SessionKey) -> Option<usize> {
+        self.open.get(key).map(|session| session.child)
+    }
+
+    /// Marks session `key` paused (`paused`) or not.
+    pub fn set_paused(&mut self, key: &SessionKey, paused: bool) {
+        if let Some(session) = self.open.get_mut(key) {
+            session.paused = paused;
+        }
+    }
+
+    /// Session `key` stays busy after its order while the kernel reads
+    /// its files for a snapshot.
+    pub fn hold(&mut self, key: &SessionKey) {
+        if let Some(session) = self.open.get_mut(key) {
+            session.held = true;
+        }
+    }
+
+    /// The kernel is done with session `key`'s files: its next order may
+    /// start.
+    pub fn release(&mut self, key: &SessionKey) {
+        if let Some(session) = self.open.get_mut(key) {
+            session.held = false;
+            session.busy = false;
+        }
     }
 
     /// Puts `waiting` first in session `key`'s queue.
@@ -301,12 +349,18 @@ impl Sessions {
 
     /// Session `key`'s child has its disk: its orders may start. A session
     /// that was stored (`record`) goes on from where it was, on a fresh
-    /// interpreter.
-    pub fn disk_given(&mut self, key: &SessionKey, record: Option<&SessionRecord>) {
+    /// interpreter, which loads `state` first if it is given globals.
+    pub fn disk_given(
+        &mut self,
+        key: &SessionKey,
+        record: Option<&SessionRecord>,
+        state: Option<OwnedFd>,
+    ) {
         let Some(session) = self.open.get_mut(key) else {
             return;
         };
         session.busy = false;
+        session.pending_state = state;
         if let Some(record) = record {
             session.created_at = record.created();
             session.runs = record.runs;
@@ -363,13 +417,15 @@ impl Sessions {
         room: impl Fn(&Waiting) -> bool,
     ) -> Option<Waiting> {
         let session = self.open.get_mut(key)?;
-        if session.busy || !alive(session.child) {
+        if session.busy || session.paused || !alive(session.child) {
             return None;
         }
         if !room(session.queue.front()?) {
             return None;
         }
-        session.queue.pop_front()
+        let mut waiting = session.queue.pop_front()?;
+        waiting.load_state = session.pending_state.take();
+        Some(waiting)
     }
 
     /// An order of session `key` starts `now`: its child, which is busy
@@ -392,7 +448,7 @@ impl Sessions {
         now: Instant,
     ) -> Option<Instant> {
         let session = self.open.get_mut(key)?;
-        session.busy = false;
+        session.busy = session.held;
         session.runs += u64::from(ran_code);
         session.last_used = now;
         Some(now + self.idle)

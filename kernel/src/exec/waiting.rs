@@ -6,6 +6,7 @@
 //! ([`Carried`]).
 
 use std::collections::{HashSet, VecDeque};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -124,6 +125,9 @@ pub struct Waiting {
     pub template: Option<TemplateUse>,
     /// The volumes its child is given.
     pub volumes: Vec<VolumeUse>,
+    /// The globals its session's fresh interpreter is to load first (a
+    /// descriptor of a snapshot's state, read-only).
+    pub load_state: Option<OwnedFd>,
 }
 
 impl Waiting {
@@ -164,6 +168,7 @@ impl Waiting {
             given_disk: false,
             template: None,
             volumes: Vec::new(),
+            load_state: None,
         }
     }
 
@@ -191,6 +196,22 @@ impl Waiting {
             order,
             ..Waiting::new(request, caller, reply_to, limits, timeout, now)
         }
+    }
+
+    /// What the kernel's own orders to the session it opens are held to:
+    /// its caller (with no network and no limits of its own beyond the
+    /// run's), limits and timeout.
+    pub fn orders_as(&self) -> (RunCaller, CgroupLimits, Duration) {
+        let caller = RunCaller {
+            principal: self.owner,
+            share: self.share,
+            limits: Limits::default(),
+            charged_to: self.charged_to.clone(),
+            policy: None,
+            net_record: None,
+            agent: None,
+        };
+        (caller, self.limits, self.timeout)
     }
 
     /// Whether it counts against its owner's share while it runs: a run
@@ -254,6 +275,16 @@ pub struct Session {
     /// It was reopened on its disk with a fresh interpreter: its next
     /// run's reply says so.
     pub fresh: bool,
+    /// The globals its fresh interpreter loads before its next order.
+    pub pending_state: Option<OwnedFd>,
+    /// Its files are being read for a snapshot: it stays busy until that
+    /// is done.
+    pub held: bool,
+    /// Its interpreter is frozen (PAUSE): its queued orders wait.
+    pub paused: bool,
+    /// What the kernel's own orders to it (an idle hibernation) are held
+    /// to: the caller, limits and timeout of the order that opened it.
+    pub orders_as: Option<(RunCaller, CgroupLimits, Duration)>,
 }
 
 impl Session {
@@ -277,6 +308,10 @@ impl Session {
             grant: carried.grant,
             busy: true,
             fresh: false,
+            pending_state: None,
+            held: false,
+            paused: false,
+            orders_as: None,
         }
     }
 

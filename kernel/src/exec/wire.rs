@@ -86,9 +86,9 @@ pub enum OrderOp {
     /// Run code, with the run's own kernel connection attached.
     #[default]
     Run,
-    /// Write the session's `/workspace` into the memfd attached.
+    /// Pickle the session's globals into the memfd attached, if one is.
     Snapshot,
-    /// Fill `/workspace` from the snapshot in the memfd attached.
+    /// Say which globals of a restored snapshot could not be loaded.
     Restore,
 }
 
@@ -195,6 +195,10 @@ pub struct RunOrder {
     /// Python: code that does not parse or only states values is not run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub skip_if_not_code: bool,
+    /// The last descriptor attached holds pickled globals to load into
+    /// the session's fresh interpreter before the order.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub load_state: bool,
 }
 
 /// How a run ended, as the run child reports it.
@@ -214,11 +218,8 @@ pub struct RunEnd {
     /// Bytes of files in `/workspace` after the run (a session's).
     #[serde(default)]
     pub workspace_bytes: Option<u64>,
-    /// A snapshot's bytes of files saved.
-    #[serde(default)]
-    pub snapshot_bytes: Option<u64>,
-    /// Paths a snapshot or restore left out (symlinks, special files,
-    /// paths that are not plain).
+    /// The globals a snapshot could not save, or a restore load (each
+    /// name, with why).
     #[serde(default)]
     pub left_out: Vec<String>,
     /// Why the code was not run, when it was asked to be skipped if it is
@@ -486,7 +487,6 @@ mod tests {
             files: BTreeMap::from([("out.txt".into(), "aGk=".into())]),
             uncollected: Vec::new(),
             workspace_bytes: None,
-            snapshot_bytes: None,
             left_out: Vec::new(),
             not_code: None,
         };

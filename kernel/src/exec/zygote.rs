@@ -30,7 +30,7 @@ const PARTS: &str = concat!(
     "\n\n",
     include_str!("zygote/files.py"),
     "\n\n",
-    include_str!("zygote/snapshots.py"),
+    include_str!("zygote/state.py"),
     "\n\n",
     include_str!("zygote/running.py"),
     "\n\n",
@@ -308,6 +308,7 @@ mod tests {
             trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             print_last_expression: true,
             skip_if_not_code: true,
+            load_state: true,
         }
     }
 
@@ -321,7 +322,7 @@ mod tests {
             include_str!("zygote/isolation.py"),
             include_str!("zygote/cgroups.py"),
             include_str!("zygote/files.py"),
-            include_str!("zygote/snapshots.py"),
+            include_str!("zygote/state.py"),
             include_str!("zygote/running.py"),
             include_str!("zygote/session_disk.py"),
             include_str!("zygote/child.py"),
@@ -439,7 +440,6 @@ mod tests {
             files: BTreeMap::new(),
             uncollected: Vec::new(),
             workspace_bytes: None,
-            snapshot_bytes: None,
             left_out: Vec::new(),
             not_code: None,
         };

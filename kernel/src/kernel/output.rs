@@ -134,6 +134,7 @@ fn take_task_replies(replies: &mut Vec<Reply>) -> Vec<(u64, Answer)> {
         match to {
             ReplyTo::Task(task) => tasks.push((task, answer)),
             ReplyTo::Request { .. } | ReplyTo::Tool { .. } => rest.push((to, answer)),
+            ReplyTo::Nobody => {}
         }
     }
     *replies = rest;

@@ -42,7 +42,7 @@ impl ToolCalls {
     pub fn answer(&mut self, to: ReplyTo) -> Option<ToolCaller> {
         match to {
             ReplyTo::Tool { call, .. } => self.waiting.remove(&call),
-            ReplyTo::Request { .. } | ReplyTo::Task(_) => None,
+            ReplyTo::Request { .. } | ReplyTo::Task(_) | ReplyTo::Nobody => None,
         }
     }
 

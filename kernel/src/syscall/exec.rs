@@ -9,7 +9,7 @@
 //! principal — an agent, an operator's uid, or a run.
 
 use agentos_proto::payload::{
-    AsyncAsk, ClosedReply, ExecCall, ExecReply, SessionsReply, SnapshotsReply,
+    AsyncAsk, ClosedReply, ExecCall, ExecReply, RemovedReply, SessionsReply, SnapshotsReply,
 };
 use agentos_proto::ErrorReply;
 
@@ -35,17 +35,28 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             Ok(None) => kernel.start_run(*run, principal, request.reply_to),
             Err(err) => Err(err),
         },
-        ExecCall::Snapshot { session, name } => session_order(
+        ExecCall::Snapshot {
+            session,
+            name,
+            state,
+        } => session_order(
             kernel,
             request,
             &session,
-            SessionOp::Snapshot { name: &name },
+            SessionOp::Snapshot { name: &name, state },
         ),
-        ExecCall::Restore { session, name } => session_order(
+        ExecCall::Restore {
+            session,
+            name,
+            into,
+        } => session_order(
             kernel,
             request,
             &session,
-            SessionOp::Restore { name: &name },
+            SessionOp::Restore {
+                name: &name,
+                into: into.as_deref(),
+            },
         ),
         ExecCall::Templates | ExecCall::BuildTemplate { .. } | ExecCall::RemoveTemplate { .. } => {
             return templates::handle(kernel, request, call)
@@ -68,12 +79,21 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             }))
         }
         ExecCall::Snapshots { session } => {
-            return reply(kernel.exec.snapshots(principal, &session).map(|snapshots| {
+            let store = &mut kernel.exec.disks().store;
+            return reply(store.snapshots_of(&(principal, session)).map(|snapshots| {
                 SnapshotsReply {
                     success: true,
                     snapshots,
                 }
-            }))
+            }));
+        }
+        ExecCall::RemoveSnapshot { session, name } => {
+            let store = &mut kernel.exec.disks().store;
+            let removed = store.remove_snapshot(&(principal, session), &name);
+            return reply(removed.map(|()| RemovedReply {
+                success: true,
+                removed: true,
+            }));
         }
     };
     match started {

@@ -13,14 +13,17 @@
 
 use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{AgentState, AuditCategory, PauseReply, PauseRequest};
+use agentos_proto::payload::{
+    AgentState, AuditCategory, PauseReply, PauseRequest, SessionPauseReply, SessionState,
+};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 
 use super::audit::note;
 use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
 use crate::cgroup::Freezer;
-use crate::kernel::{agent_sandboxes, Kernel};
+use crate::exec::SessionOp;
+use crate::kernel::{agent_sandboxes, Kernel, Permission};
 use crate::sandbox::runtime::Sandboxes;
 
 /// How long PAUSE waits for every process to stop.
@@ -36,7 +39,25 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     } else {
         ("RESUME", "resume")
     };
-    let found = PauseRequest::parse(what, request.payload).and_then(|asked| {
+    let asked = match PauseRequest::parse(what, request.payload) {
+        Ok(asked) => asked,
+        Err(err) => return Outcome::Reply(err.into()),
+    };
+    if let Some(session) = &asked.session {
+        return session_freeze(kernel, request, session, pause, asked.hibernate);
+    }
+    if asked.hibernate {
+        return Outcome::Reply(
+            ErrorReply::new(
+                ErrorCode::BadRequest,
+                "PAUSE field `hibernate`: only a session hibernates (its globals are pickled and \
+                 its interpreter ends); an agent's memory cannot be kept this way — PAUSE it \
+                 without `hibernate` to freeze it where it stands",
+            )
+            .into(),
+        );
+    }
+    let found = (|| {
         let viewer = actor(kernel, request)?.viewer();
         let (id, name, sandbox) = kernel.agents.to_freeze(viewer, &asked.target()?, verb)?;
         let sandbox = sandbox.ok_or_else(|| {
@@ -48,8 +69,8 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         let freezer = agent_sandboxes(&mut kernel.sandboxes)
             .freezer(sandbox)
             .ok_or_else(|| no_freezer(id, &name))?;
-        Ok((id, name, freezer))
-    });
+        Ok::<_, ErrorReply>((id, name, freezer))
+    })();
     let (id, name, freezer) = match found {
         Ok(found) => found,
         Err(err) => return Outcome::Reply(err.into()),
@@ -107,6 +128,80 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             .into()
         };
         answer.into_json()
+    }))
+}
+
+/// PAUSE or RESUME of one of the caller's sessions: its interpreter frozen
+/// where it stands (its run's time limit standing still), or thawed;
+/// answered, as an agent's PAUSE is, once every process has stopped.
+fn session_freeze(
+    kernel: &mut Kernel,
+    request: &Request<'_>,
+    session: &str,
+    pause: bool,
+    hibernate: bool,
+) -> Outcome {
+    let caller = match actor(kernel, request).and_then(|actor| {
+        actor.require(Permission::Exec)?;
+        Ok(kernel.run_caller(&actor))
+    }) {
+        Ok(caller) => caller,
+        Err(err) => return Outcome::Reply(err.into()),
+    };
+    let key = (request.caller.principal(), session.to_owned());
+    let replies = &mut kernel.outbox.replies;
+    // Hibernating saves the globals, so a paused interpreter is let go
+    // first; a hibernated session is resumed by a fresh interpreter, which
+    // loads them. Both are answered once done.
+    let hibernated = kernel.exec.disks().store.stored.is_hibernated(&key);
+    let op = match (hibernate, pause) {
+        (true, _) => {
+            let _ = kernel.exec.freeze_session(&key, false, replies);
+            Some(SessionOp::Hibernate)
+        }
+        (false, false) if hibernated => Some(SessionOp::Wake),
+        _ => None,
+    };
+    if let Some(op) = op {
+        let reply_to = request.reply_to;
+        return match kernel
+            .exec
+            .session_order(caller, session, op, reply_to, replies)
+        {
+            Ok(()) => Outcome::Later,
+            Err(err) => Outcome::Reply(err.into()),
+        };
+    }
+    let freezer = match kernel.exec.freeze_session(&key, pause, replies) {
+        Ok(freezer) => freezer,
+        Err(err) => return Outcome::Reply(err.into()),
+    };
+    let reply = move |state| {
+        Answer::json(&SessionPauseReply {
+            success: true,
+            session: key.1,
+            state,
+            not_saved: Vec::new(),
+        })
+    };
+    if !pause {
+        return Outcome::Reply(reply(SessionState::Ready));
+    }
+    Outcome::Deferred(Box::new(move || {
+        if wait_until_frozen(&freezer) {
+            return reply(SessionState::Paused).into_json();
+        }
+        // Its processes go on meanwhile; it is paused all the same (a
+        // RESUME lets it go), and its owner is told it did not stop yet.
+        Answer::from(ErrorReply::new(
+            ErrorCode::Timeout,
+            format!(
+                "the session's processes did not all stop within {} s; it stays paused (RESUME \
+                 lets it go)",
+                FREEZE_WAIT.as_secs()
+            ),
+        ))
+        .into_json()
     }))
 }
 

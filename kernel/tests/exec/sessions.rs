@@ -118,7 +118,8 @@ fn a_snapshot_restores_a_sessions_files_into_a_fresh_interpreter_following_no_sy
     );
     assert_eq!(taken["success"], true, "{taken}");
     assert_eq!(taken["snapshot"]["name"], "before");
-    assert_eq!(taken["snapshot"]["bytes"], 8, "{taken}");
+    // Its files, and the session's environment beside them.
+    assert!(taken["snapshot"]["bytes"].as_u64().unwrap() >= 8, "{taken}");
     assert!(taken["snapshot"]["created_at"].is_string());
     assert_eq!(sorted(&taken["left_out"]), ["etc-link", "fifo", "pw"]);
     exec(
@@ -164,55 +165,44 @@ fn a_snapshot_restores_a_sessions_files_into_a_fresh_interpreter_following_no_sy
     assert_eq!(gone["code"], "not_found", "{gone}");
 }
 
-/// A session's code controls its interpreter, so it can write whatever it
-/// likes as its snapshot. Restoring it still makes nothing but plain
-/// directories and files inside /workspace.
+/// A session's code controls its interpreter, so it can save whatever it
+/// likes as its globals. The kernel keeps those bytes without reading
+/// them, and a restore loads them only in the session's own interpreter:
+/// a forgery changes nothing but that session's globals, and says so.
 #[test]
-fn a_forged_snapshot_restores_nothing_outside_the_workspace() {
+fn a_forged_state_is_loaded_only_by_its_own_session() {
     require_root!("EXEC (its isolation needs namespaces)");
     let daemon = Daemon::start();
     let mut stream = daemon.raw();
     let forge = concat!(
-        "import io, os, sys, tarfile\n",
-        "def forged(fd):\n",
-        "    with os.fdopen(fd, 'wb') as sink, tarfile.open(fileobj=sink, mode='w:gz') as tar:\n",
-        "        link = tarfile.TarInfo('evil'); link.type = tarfile.SYMTYPE; link.linkname = '/etc'\n",
-        "        tar.addfile(link)\n",
-        "        for name in ('evil/owned', '../escape', '/abs', 'ok.txt'):\n",
-        "            info = tarfile.TarInfo(name); info.size = 2\n",
-        "            tar.addfile(info, io.BytesIO(b'hi'))\n",
-        "        dev = tarfile.TarInfo('dev'); dev.type = tarfile.CHRTYPE; dev.devmajor = 1; dev.devminor = 3\n",
-        "        tar.addfile(dev)\n",
-        "    return {'exit_code': 0, 'error': None, 'left_out': [], 'snapshot_bytes': 2}\n",
-        "sys.modules['__main__'].save_workspace = forged\n"
+        "import os, sys\n",
+        "def forged(scope, fd):\n",
+        "    with os.fdopen(fd, 'wb') as sink:\n",
+        "        sink.write(b'not a pickle at all')\n",
+        "    return {'exit_code': 0, 'error': None, 'left_out': ['../../etc/passwd']}\n",
+        "sys.modules['__main__'].save_state = forged\n",
+        "open('kept.txt', 'w').write('kept')\n"
     );
     let ran = exec(&mut stream, json!({"code": forge, "session": "f"}));
     assert_eq!(ran["success"], true, "{ran}");
     let taken = exec(
         &mut stream,
-        json!({"op": "snapshot", "session": "f", "name": "forged"}),
+        json!({"op": "snapshot", "session": "f", "name": "forged", "state": true}),
     );
     assert_eq!(taken["success"], true, "{taken}");
+    assert_eq!(taken["snapshot"]["state"], true, "{taken}");
     let restored = exec(
         &mut stream,
         json!({"op": "restore", "session": "f", "name": "forged"}),
     );
     assert_eq!(restored["success"], true, "{restored}");
-    assert_eq!(
-        sorted(&restored["left_out"]),
-        ["../escape", "/abs", "dev", "evil"],
-        "{restored}"
-    );
+    let left_out = restored["left_out"].to_string();
+    assert!(left_out.contains("cannot be read"), "{restored}");
     let look = exec(
         &mut stream,
-        json!({"code": "import os; print(os.path.islink('evil'), sorted(os.listdir('.')), \
-                        open('ok.txt').read(), os.path.exists('/escape'))",
-               "session": "f"}),
+        json!({"code": "print(open('kept.txt').read(), 'forged' in globals())", "session": "f"}),
     );
-    assert_eq!(
-        look["stdout"], "False ['evil', 'ok.txt'] hi False\n",
-        "{look}"
-    );
+    assert_eq!(look["stdout"], "kept False\n", "{look}");
 }
 
 /// A restore given a child with a shell started stops the shell (it holds
@@ -259,13 +249,10 @@ fn a_restore_on_a_child_with_a_shell_finishes() {
 fn snapshots_stay_within_what_an_owner_and_the_kernel_may_keep() {
     require_root!("EXEC (its isolation needs namespaces)");
     for (config, named) in [
-        (
-            "[exec]\nsnapshot_bytes = 100\n",
-            "exec.snapshot_bytes (100)",
-        ),
+        ("[exec]\nsnapshot_bytes = 100\n", "(exec.snapshot_bytes)"),
         (
             "[exec]\nsnapshot_bytes_total = 100\n",
-            "exec.snapshot_bytes_total (100)",
+            "(exec.snapshot_bytes_total",
         ),
     ] {
         let daemon = Daemon::start_with(config);

@@ -147,6 +147,7 @@ fn order(language: &str, code: &str) -> RunOrder {
         trace: None,
         print_last_expression: false,
         skip_if_not_code: false,
+        load_state: false,
     }
 }
 
@@ -195,7 +196,6 @@ fn the_zygote_hands_over_run_children_that_run_python_and_bash() {
             files: BTreeMap::new(),
             uncollected: Vec::new(),
             workspace_bytes: None,
-            snapshot_bytes: None,
             left_out: Vec::new(),
             not_code: None,
         }

@@ -345,16 +345,31 @@ pub enum ExecCall {
         /// The session.
         session: String,
     },
-    /// Save the files of a session's `/workspace` under a name.
+    /// Save a session's files (its `/workspace` and its home, with the
+    /// packages it installed) under a name, in the kernel's store.
     Snapshot {
         /// The session.
         session: String,
         /// The snapshot's name.
         name: String,
+        /// Also save the interpreter's picklable globals.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        state: bool,
     },
-    /// Replace a session's `/workspace` with a snapshot and restart its
-    /// interpreter.
+    /// Replace a session's files with a snapshot's and restart its
+    /// interpreter (with the snapshot's globals, if it saved them); or,
+    /// `into` a new session, branch.
     Restore {
+        /// The session the snapshot was taken of.
+        session: String,
+        /// The snapshot's name.
+        name: String,
+        /// A new session to restore into, instead of `session`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        into: Option<String>,
+    },
+    /// Remove one of a session's snapshots.
+    RemoveSnapshot {
         /// The session.
         session: String,
         /// The snapshot's name.
@@ -417,6 +432,7 @@ enum ExecOp {
     Close,
     Snapshot,
     Restore,
+    RemoveSnapshot,
     Snapshots,
     Templates,
     BuildTemplate,
@@ -459,6 +475,8 @@ struct OpWire {
     timeout_ms: Option<u64>,
     volume: Option<String>,
     bytes: Option<u64>,
+    state: Option<bool>,
+    into: Option<String>,
 }
 
 impl ExecCall {
@@ -490,11 +508,23 @@ impl ExecCall {
                 ExecCall::Snapshot {
                     session: fields.session()?,
                     name: fields.name()?,
+                    state: fields.state.unwrap_or(false),
                 }
             }
             ExecOp::Restore => {
                 let fields = fields(value)?;
+                if let Some(into) = &fields.into {
+                    validate_name("into", into)?;
+                }
                 ExecCall::Restore {
+                    session: fields.session()?,
+                    name: fields.name()?,
+                    into: fields.into,
+                }
+            }
+            ExecOp::RemoveSnapshot => {
+                let fields = fields(value)?;
+                ExecCall::RemoveSnapshot {
                     session: fields.session()?,
                     name: fields.name()?,
                 }
@@ -704,8 +734,27 @@ mod tests {
             ExecCall::parse(br#"{"op":"restore","session":"s1","name":"before"}"#).unwrap(),
             ExecCall::Restore {
                 session: "s1".into(),
-                name: "before".into()
+                name: "before".into(),
+                into: None,
             }
+        );
+        assert_eq!(
+            ExecCall::parse(br#"{"op":"restore","session":"s1","name":"n","into":"b1"}"#).unwrap(),
+            ExecCall::Restore {
+                session: "s1".into(),
+                name: "n".into(),
+                into: Some("b1".into()),
+            }
+        );
+        assert!(
+            refused(r#"{"op":"restore","session":"s1","name":"n","into":"a/b"}"#)
+                .error
+                .contains("into")
+        );
+        assert!(
+            refused(r#"{"op":"snapshot","session":"s1","name":"n","state":1}"#)
+                .error
+                .contains("state")
         );
         assert!(refused(r#"{"op":"close"}"#).error.contains("session"));
         assert!(refused(r#"{"op":"snapshot","session":"s1"}"#)

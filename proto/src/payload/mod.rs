@@ -89,7 +89,7 @@ pub use network::{NetAttempt, NetOp, NetReply, NetRequest, NetTotals, Network, N
 pub use parse::{
     bad_request, from_value, noting_unknown, parse_json, validate_name, UnknownField, MAX_NAME_LEN,
 };
-pub use pause::{PauseReply, PauseRequest};
+pub use pause::{PauseReply, PauseRequest, SessionPauseReply};
 pub use permissions::{
     CloveSwitches, GetPermsRequest, PermissionLevel, PermissionsView, PermsReply, SetPermsRequest,
 };
@@ -99,8 +99,8 @@ pub use recording::{
     MAX_RECORDING_ENTRIES,
 };
 pub use sessions::{
-    ClosedReply, RestoredReply, SessionInfo, SessionState, SessionsReply, SnapshotInfo,
-    SnapshotReply, SnapshotsReply,
+    ClosedReply, RemovedReply, RestoredReply, SessionInfo, SessionState, SessionsReply,
+    SnapshotInfo, SnapshotReply, SnapshotsReply,
 };
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
@@ -334,8 +334,14 @@ mod tests {
             ExecCall::Snapshot {
                 session: "s".into(),
                 name: "n".into(),
+                state: true,
             },
             ExecCall::Restore {
+                session: "s".into(),
+                name: "n".into(),
+                into: Some("b".into()),
+            },
+            ExecCall::RemoveSnapshot {
                 session: "s".into(),
                 name: "n".into(),
             },

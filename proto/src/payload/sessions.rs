@@ -19,8 +19,10 @@ pub struct SessionInfo {
     /// Bytes of files in its `/workspace`.
     pub workspace_bytes: u64,
     /// `running` (an order of it is going), `ready` (its interpreter
-    /// waits) or `stored` (only its disk is left; its next run starts a
-    /// fresh interpreter).
+    /// waits), `paused` (its interpreter frozen), `hibernated` (its
+    /// globals saved and its interpreter ended: its next run or a RESUME
+    /// brings it back) or `stored` (only its disk is left; its next run
+    /// starts a fresh interpreter).
     pub state: SessionState,
     /// Its disk's size, when it has one (the most its files may take).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -39,6 +41,10 @@ pub enum SessionState {
     Running,
     /// Its interpreter waits for the next run.
     Ready,
+    /// Its interpreter is frozen.
+    Paused,
+    /// Its globals are saved and its interpreter ended.
+    Hibernated,
     /// Only its disk is left.
     Stored,
 }
@@ -73,6 +79,9 @@ pub struct SnapshotInfo {
     pub bytes: u64,
     /// When it was taken (RFC 3339).
     pub created_at: String,
+    /// It keeps the interpreter's globals too.
+    #[serde(default)]
+    pub state: bool,
 }
 
 /// The reply to `{"op":"snapshot"}`.
@@ -83,10 +92,14 @@ pub struct SnapshotReply {
     pub success: bool,
     /// The snapshot taken.
     pub snapshot: SnapshotInfo,
-    /// Paths under `/workspace` not saved: symlinks and special files
-    /// (never followed).
+    /// Paths of the session's files not saved: symlinks and special
+    /// files (never followed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<String>,
+    /// With `state`: the globals that could not be saved (each name, with
+    /// why), none dropped silently.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_saved: Vec<String>,
 }
 
 /// The reply to `{"op":"restore"}`.
@@ -95,8 +108,10 @@ pub struct SnapshotReply {
 pub struct RestoredReply {
     /// Always true.
     pub success: bool,
-    /// Entries of the snapshot not restored: anything but a directory or a
-    /// regular file at a plain relative path.
+    /// The session restored into (`into`, or the snapshot's own).
+    pub session: String,
+    /// The saved globals that could not be restored (each name, with
+    /// why).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<String>,
 }
@@ -109,4 +124,15 @@ pub struct SnapshotsReply {
     pub success: bool,
     /// The session's snapshots, oldest first.
     pub snapshots: Vec<SnapshotInfo>,
+}
+
+/// The reply to an op that removes something of the caller's
+/// (`remove_snapshot`, `remove_volume`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RemovedReply {
+    /// Always true.
+    pub success: bool,
+    /// Always true: what is not the caller's is `not_found`.
+    pub removed: bool,
 }

@@ -178,15 +178,9 @@ pub struct VolumeReply {
     pub volume: VolumeInfo,
 }
 
-/// The reply to `{"op":"remove_volume"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct VolumeRemovedReply {
-    /// Always true.
-    pub success: bool,
-    /// Always true: a volume that is not the caller's is `not_found`.
-    pub removed: bool,
-}
+/// The reply to `{"op":"remove_volume"}`: always true, since a volume
+/// that is not the caller's is `not_found`.
+pub type VolumeRemovedReply = super::sessions::RemovedReply;
 
 #[cfg(test)]
 mod tests {

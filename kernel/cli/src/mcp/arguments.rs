@@ -174,16 +174,22 @@ pub struct AgentLogsArguments {
 }
 
 /// `exec_session`: an `op` on a `session` (but for `list`), with a
-/// snapshot's `name` (for `snapshot` and `restore`). One flat object, so
-/// its schema stays three arguments; which an op needs and which it
-/// refuses is `SessionArguments::call`'s to say.
+/// snapshot's `name` (for `snapshot` and `restore`), `state` (for
+/// `snapshot`: the interpreter's globals too) and `into` (for `restore`: a
+/// new session to branch into). One flat object, so its schema stays a
+/// few plain arguments; which an op needs and which it refuses is
+/// `SessionArguments::call`'s to say.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionArguments {
     pub op: SessionOp,
     pub session: Option<String>,
-    /// The snapshot's name.
+    // The snapshot's; `state` saves the globals too, `into` names the
+    // branch. Undescribed: the tool's description says all three in
+    // fewer bytes, and the tool list stays within its budget.
     pub name: Option<String>,
+    pub state: Option<bool>,
+    pub into: Option<String>,
 }
 
 /// What `exec_session` does.
@@ -215,32 +221,57 @@ pub enum SessionCall {
     List,
     /// End `session` and remove its files.
     Close { session: String },
-    /// Save `session`'s `/workspace` as `name`.
-    Snapshot { session: String, name: String },
-    /// Put snapshot `name` back as `session`'s `/workspace`.
-    Restore { session: String, name: String },
+    /// Save `session`'s files as `name`; with `state`, its interpreter's
+    /// globals too.
+    Snapshot {
+        session: String,
+        name: String,
+        state: bool,
+    },
+    /// Put snapshot `name` back as `session`'s files, or make session
+    /// `into` from it.
+    Restore {
+        session: String,
+        name: String,
+        into: Option<String>,
+    },
 }
 
 impl SessionArguments {
     /// The call the arguments make: each op with the arguments it needs,
     /// and none it does not take, else the argument at fault.
     pub fn call(self) -> Result<SessionCall, ArgumentError> {
-        let SessionArguments { op, session, name } = self;
+        let SessionArguments {
+            op,
+            session,
+            name,
+            state,
+            into,
+        } = self;
         let needed = |argument: &'static str, value: Option<String>| {
             value.ok_or(ArgumentError::NeededBy { argument, op })
         };
-        let not_taken = |argument: &'static str, value: &Option<String>| match value {
-            Some(_) => Err(ArgumentError::NotTakenBy { argument, op }),
-            None => Ok(()),
+        let not_taken = |argument: &'static str, given: bool| {
+            if given {
+                Err(ArgumentError::NotTakenBy { argument, op })
+            } else {
+                Ok(())
+            }
         };
+        if op != SessionOp::Snapshot {
+            not_taken("state", state.is_some())?;
+        }
+        if op != SessionOp::Restore {
+            not_taken("into", into.is_some())?;
+        }
         match op {
             SessionOp::List => {
-                not_taken("session", &session)?;
-                not_taken("name", &name)?;
+                not_taken("session", session.is_some())?;
+                not_taken("name", name.is_some())?;
                 Ok(SessionCall::List)
             }
             SessionOp::Close => {
-                not_taken("name", &name)?;
+                not_taken("name", name.is_some())?;
                 Ok(SessionCall::Close {
                     session: needed("session", session)?,
                 })
@@ -248,10 +279,12 @@ impl SessionArguments {
             SessionOp::Snapshot => Ok(SessionCall::Snapshot {
                 session: needed("session", session)?,
                 name: needed("name", name)?,
+                state: state.unwrap_or(false),
             }),
             SessionOp::Restore => Ok(SessionCall::Restore {
                 session: needed("session", session)?,
                 name: needed("name", name)?,
+                into,
             }),
         }
     }
@@ -406,7 +439,32 @@ mod tests {
             session_call(json!({"op": "restore", "session": "s", "name": "n"})),
             Ok(SessionCall::Restore {
                 session: "s".into(),
-                name: "n".into()
+                name: "n".into(),
+                into: None
+            })
+        );
+        assert_eq!(
+            session_call(json!({"op": "restore", "session": "s", "name": "n", "into": "b"})),
+            Ok(SessionCall::Restore {
+                session: "s".into(),
+                name: "n".into(),
+                into: Some("b".into())
+            })
+        );
+        assert_eq!(
+            session_call(json!({"op": "snapshot", "session": "s", "name": "n"})),
+            Ok(SessionCall::Snapshot {
+                session: "s".into(),
+                name: "n".into(),
+                state: false
+            })
+        );
+        assert_eq!(
+            session_call(json!({"op": "snapshot", "session": "s", "name": "n", "state": true})),
+            Ok(SessionCall::Snapshot {
+                session: "s".into(),
+                name: "n".into(),
+                state: true
             })
         );
         let refused = |value| session_call(value).unwrap_err();
@@ -426,6 +484,20 @@ mod tests {
             refused(json!({"op": "close", "session": "s", "name": "n"})),
             "argument name: op close does not take it"
         );
+        assert_eq!(
+            refused(json!({"op": "restore", "session": "s", "name": "n", "state": true})),
+            "argument state: op restore does not take it"
+        );
+        assert_eq!(
+            refused(json!({"op": "snapshot", "session": "s", "name": "n", "into": "b"})),
+            "argument into: op snapshot does not take it"
+        );
+        assert_eq!(
+            refused(json!({"op": "close", "session": "s", "state": false})),
+            "argument state: op close does not take it"
+        );
+        let err = refused(json!({"op": "snapshot", "session": "s", "name": "n", "state": "yes"}));
+        assert!(err.starts_with("argument state:"), "{err}");
         let err = refused(json!({"op": "list", "sesion": "s"}));
         assert!(err.contains("`sesion`"), "{err}");
         let err = refused(json!({"op": "drop", "session": "s"}));
@@ -460,6 +532,9 @@ mod tests {
 pub struct StateArguments {
     pub op: StateOp,
     pub key: Option<String>,
+    // `default` keeps it out of `required`, which a schema of its own
+    // (`schema_with`) would otherwise put it in: only op set takes it.
+    #[serde(default)]
     #[schemars(schema_with = "any_json")]
     pub value: Option<serde_json::Value>,
     pub scope: Option<StateScope>,
@@ -484,6 +559,8 @@ pub enum StateOp {
 pub struct MessagesArguments {
     pub op: MessagesOp,
     pub to: Option<String>,
+    // Not `required` (see `StateArguments::value`): op recv refuses it.
+    #[serde(default)]
     #[schemars(schema_with = "any_json")]
     pub message: Option<serde_json::Value>,
 }

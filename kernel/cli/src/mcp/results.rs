@@ -21,16 +21,20 @@ pub struct AgentsOutput {
     pub agents: Vec<AgentInfo>,
 }
 
-/// `exec_session`'s restore: the session, and the snapshot now in its
-/// `/workspace`.
+/// `exec_session`'s restore: the session restored (or made, with
+/// `into`), and the snapshot its files now are.
 #[derive(Debug, Serialize)]
 pub struct RestoreOutput {
+    /// The session restored, or the new one a branch made.
     pub session: String,
-    /// The snapshot its /workspace now holds.
+    /// The snapshot its files now are.
     pub name: String,
     pub restored: bool,
-    /// Entries of the snapshot not restored (anything but a directory or
-    /// a regular file at a plain relative path).
+    /// A branch: the session the snapshot was taken of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// The snapshot's globals that could not be loaded (each name, with
+    /// why).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<String>,
 }

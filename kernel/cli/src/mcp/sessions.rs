@@ -1,5 +1,6 @@
 //! `exec_session`: list, close, snapshot and restore EXEC sessions, one
-//! tool with an `op`. A session is made by `exec` with a `session` name.
+//! tool with an `op`. A session is made by `exec` with a `session` name,
+//! or by `restore` `into` a new one (a branch of a snapshot).
 
 use agentos_proto::payload::{ClosedReply, ExecCall, RestoredReply, SessionsReply, SnapshotReply};
 use agentos_proto::Opcode;
@@ -19,8 +20,16 @@ pub async fn session(
     match arguments.call()? {
         SessionCall::List => list(kernel).await,
         SessionCall::Close { session } => close(kernel, session).await,
-        SessionCall::Snapshot { session, name } => snapshot(kernel, session, name).await,
-        SessionCall::Restore { session, name } => restore(kernel, session, name).await,
+        SessionCall::Snapshot {
+            session,
+            name,
+            state,
+        } => snapshot(kernel, session, name, state).await,
+        SessionCall::Restore {
+            session,
+            name,
+            into,
+        } => restore(kernel, session, name, into).await,
     }
 }
 
@@ -35,31 +44,42 @@ async fn close(kernel: &KernelLink, session: String) -> Result<CallToolResult, T
     answer::<ClosedReply>(kernel, Opcode::EXEC, &request, Wait::Quick).await
 }
 
-/// Saves a session's `/workspace` under a name.
+/// Saves a session's files under a name (with `state`, its interpreter's
+/// globals too).
 async fn snapshot(
     kernel: &KernelLink,
     session: String,
     name: String,
+    state: bool,
 ) -> Result<CallToolResult, ToolError> {
-    let request = ExecCall::Snapshot { session, name };
+    let request = ExecCall::Snapshot {
+        session,
+        name,
+        state,
+    };
     answer::<SnapshotReply>(kernel, Opcode::EXEC, &request, Wait::Quick).await
 }
 
-/// Puts a snapshot back as a session's `/workspace`.
+/// Puts a snapshot back as a session's files, or makes session `into`
+/// from it.
 async fn restore(
     kernel: &KernelLink,
     session: String,
     name: String,
+    into: Option<String>,
 ) -> Result<CallToolResult, ToolError> {
+    let branched = into.is_some();
     let request = ExecCall::Restore {
         session: session.clone(),
         name: name.clone(),
+        into,
     };
     let reply: RestoredReply = kernel.request(Opcode::EXEC, &request, Wait::Quick).await?;
     Ok(structured_json(&RestoreOutput {
-        session,
+        session: reply.session,
         name,
         restored: true,
+        from: branched.then_some(session),
         left_out: reply.left_out,
     })?)
 }

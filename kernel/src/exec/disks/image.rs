@@ -191,6 +191,18 @@ impl DiskDir {
         fs::rename(&building, self.image())
     }
 
+    /// Becomes the disk `spare` made ahead (mounted, its parts in place):
+    /// its directory is moved here, the mount with it.
+    pub fn take_spare(&self, spare: &DiskDir) -> io::Result<()> {
+        if let Some(parent) = self.0.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)?;
+        }
+        fs::rename(&spare.0, &self.0)
+    }
+
     /// Unmounts its disk (lazily: a sandbox ending still holds it a
     /// moment), which stays on the host.
     pub fn unmount(&self) -> io::Result<()> {

@@ -13,9 +13,13 @@
 //! Each session's disk has a fixed size (`exec.session_disk_bytes`), and
 //! an owner's disks together may take `exec.owner_disk_bytes`.
 
+mod found;
 pub mod image;
 mod names;
 mod record;
+pub mod snapshots;
+mod store;
+mod stored;
 pub mod templates;
 pub mod volumes;
 mod worker;
@@ -26,26 +30,29 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use agentos_proto::payload::{SessionInfo, SessionState, TemplateInfo};
+use agentos_proto::payload::{SnapshotInfo, TemplateInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use self::image::{DiskDir, RunUser};
 pub use self::record::SessionRecord;
 use self::record::TemplateRecord;
+use self::snapshots::Snapshots;
+use self::store::Store;
+pub use self::store::StoreError;
+pub use self::stored::Stored;
 use self::templates::Templates;
 use self::volumes::{VolumeKey, VolumeUse, Volumes};
-pub use self::worker::{DiskError, Done};
-use self::worker::{Job, Plan, TemplateDisk, Worker};
+pub use self::worker::{Asked, Attached, DiskError, Done};
+use self::worker::{Job, Plan, StoreLimits, TemplateDisk, Worker};
 use super::queues::Share;
 use super::waiting::SessionKey;
 pub use super::waiting::TemplateUse;
-use crate::clock::rfc3339;
 use crate::config::Config;
 use crate::identity::Principal;
 use crate::sandbox::attach::VolumePlace;
-use names::{disk_path, owner_dir_name, owner_of};
+use names::owner_dir_name;
 
 /// Bytes of the host's disk that sessions' and volumes' disks never take:
 /// the kernel's own records and logs, and the host's, go on.
@@ -54,15 +61,18 @@ const HOST_RESERVE: u64 = 512 << 20;
 /// Every session's disk.
 #[derive(Debug)]
 pub struct SessionDisks {
-    /// `<state>/sessions`.
-    root: PathBuf,
+    /// The state directory.
+    state_dir: PathBuf,
     session_bytes: u64,
     owner_bytes: u64,
     /// Every session with a disk, by owner and name.
-    stored: HashMap<SessionKey, SessionRecord>,
+    pub stored: Stored,
     templates: Templates,
     /// Volumes, and who was given which.
     pub volumes: Volumes,
+    /// Sessions' snapshots, as listed (they lie in the store, which the
+    /// disks' thread keeps).
+    pub snapshots: Snapshots,
     /// Agents started from a template, each with its template.
     agent_templates: HashMap<Principal, String>,
     /// Whose share of the disk each owner's disks count against: an
@@ -88,19 +98,20 @@ impl SessionDisks {
             gid: config.agents.gid,
         };
         let mut disks = SessionDisks {
-            root: state_dir.join("sessions"),
+            state_dir: state_dir.to_owned(),
             session_bytes: exec.session_disk_bytes,
             owner_bytes: exec.owner_disk_bytes,
-            stored: HashMap::new(),
+            stored: Stored::new(state_dir.join("sessions"), exec.session_disk_bytes),
             templates: Templates::empty(state_dir.join("templates")),
             volumes: Volumes::empty(state_dir.join("volumes"), exec.volume_bytes),
+            snapshots: Snapshots::default(),
             agent_templates: HashMap::new(),
             shares: HashMap::new(),
             template_bytes: exec.template_disk_bytes,
             worker: None,
             unavailable: image::unavailable(),
         };
-        let dirs = ["sessions", "templates", "volumes"].map(|dir| state_dir.join(dir));
+        let dirs = ["sessions", "templates", "volumes", "snapshots"].map(|dir| state_dir.join(dir));
         for dir in dirs {
             if disks.unavailable.is_some() {
                 break;
@@ -113,16 +124,34 @@ impl SessionDisks {
                 disks.unavailable = Some(format!("cannot make {}: {err}", dir.display()));
             }
         }
+        let mut stale = None;
         if disks.unavailable.is_none() {
-            match Worker::start(user, waker) {
+            let found = disks.stored.find(exec.session_retention_secs);
+            let mut store = Store::open(state_dir.join("snapshots"));
+            for (key, info) in found::snapshots(&mut store, disks.stored.records()) {
+                disks.snapshots.insert(&key, info);
+            }
+            let limits = StoreLimits {
+                per_owner: exec.snapshot_bytes,
+                total: exec.snapshot_bytes_total,
+                host_reserve: HOST_RESERVE,
+            };
+            let spare = (
+                DiskDir(state_dir.join("spare-disk")),
+                exec.session_disk_bytes,
+            );
+            match Worker::start(user, store, limits, spare, waker) {
                 Ok(worker) => disks.worker = Some(worker),
                 Err(err) => disks.unavailable = Some(format!("cannot start its thread: {err}")),
             }
+            stale = Some(found);
         }
         match &disks.unavailable {
             Some(why) => log::warn!("sessions keep their files in memory: {why}"),
             None => {
-                disks.find_stored(exec.session_retention_secs);
+                if let Some(found) = stale {
+                    disks.remove_found("session disks", found.stale, found.stale_owners);
+                }
                 let (templates, stale) = Templates::load(state_dir.join("templates"));
                 disks.templates = templates;
                 if !stale.is_empty() {
@@ -141,41 +170,25 @@ impl SessionDisks {
         self.worker.is_some()
     }
 
-    /// Takes in what an earlier kernel left.
-    fn find_stored(&mut self, retention_secs: u64) {
-        let now = SystemTime::now();
-        let retention = Duration::from_secs(retention_secs);
-        let mut stale = Vec::new();
-        let mut stale_owners = Vec::new();
-        for owner_dir in fs::read_dir(&self.root).into_iter().flatten().flatten() {
-            let path = owner_dir.path();
-            let owner = owner_of(&owner_dir.file_name().to_string_lossy());
-            let lasting = matches!(owner, Some(Principal::Operator { .. }));
-            for session in fs::read_dir(&path).into_iter().flatten().flatten() {
-                let dir = DiskDir(session.path());
-                let name = session.file_name().to_string_lossy().into_owned();
-                let record = SessionRecord::read(&dir.0).ok().filter(|_| dir.has_disk());
-                let kept = match (owner, record) {
-                    (Some(owner), Some(record)) if lasting => {
-                        let unused = now.duration_since(record.last_used()).unwrap_or_default();
-                        (retention_secs == 0 || unused < retention).then_some((owner, record))
-                    }
-                    _ => None,
-                };
-                match kept {
-                    Some((owner, record)) => {
-                        self.stored.insert((owner, name), record);
-                    }
-                    None => stale.push(dir),
-                }
-            }
-            if !lasting {
-                stale_owners.push(path);
-            }
+    /// Takes in the volumes an earlier kernel left, and mounts them.
+    fn find_volumes(&mut self) {
+        let found = self.volumes.find_stored();
+        self.remove_found("volumes", found.stale, found.stale_owners);
+        let kept: Vec<_> = found
+            .kept
+            .into_iter()
+            .map(|(key, dir, _)| (key, dir))
+            .collect();
+        if !kept.is_empty() {
+            self.ask(Job::MountVolumes(kept));
         }
+    }
+
+    /// Removes `what` an earlier kernel left that is not kept.
+    fn remove_found(&self, what: &str, stale: Vec<DiskDir>, stale_owners: Vec<PathBuf>) {
         if !stale.is_empty() {
             log::info!(
-                "session disks: removing {} left over or past retention",
+                "{what}: removing {} left over or past retention",
                 stale.len()
             );
             self.ask(Job::Remove(stale));
@@ -185,78 +198,10 @@ impl SessionDisks {
         }
     }
 
-    /// Takes in the volumes an earlier kernel left, and mounts them.
-    fn find_volumes(&mut self) {
-        let found = self.volumes.find_stored();
-        if !found.stale.is_empty() {
-            log::info!("volumes: removing {} left over", found.stale.len());
-            self.ask(Job::Remove(found.stale));
-        }
-        for owner in found.stale_owners {
-            self.ask(Job::RemoveOwner(owner));
-        }
-        if !found.kept.is_empty() {
-            self.ask(Job::MountVolumes(found.kept));
-        }
-    }
-
     fn ask(&self, job: Job) {
         if let Some(worker) = &self.worker {
             worker.ask(job);
         }
-    }
-
-    fn owner_dir(&self, owner: Principal) -> PathBuf {
-        self.root.join(owner_dir_name(owner))
-    }
-
-    fn dir(&self, key: &SessionKey) -> DiskDir {
-        DiskDir(disk_path(&self.root, key.0, &key.1))
-    }
-
-    /// Session `key`'s record, if it has a disk.
-    pub fn record(&self, key: &SessionKey) -> Option<&SessionRecord> {
-        self.stored.get(key)
-    }
-
-    /// `owner`'s sessions with disks, by name.
-    pub fn stored_of(&self, owner: Principal) -> impl Iterator<Item = (&String, &SessionRecord)> {
-        self.stored
-            .iter()
-            .filter(move |((o, _), _)| *o == owner)
-            .map(|((_, name), record)| (name, record))
-    }
-
-    /// `open`, `owner`'s sessions with an interpreter, with their disks'
-    /// sizes, and then its sessions stored on disk alone, oldest first.
-    pub fn with_stored(&self, owner: Principal, mut open: Vec<SessionInfo>) -> Vec<SessionInfo> {
-        if !self.available() {
-            return open;
-        }
-        for info in &mut open {
-            let key = (owner, info.session.clone());
-            if self.stored.contains_key(&key) {
-                info.disk_bytes = Some(self.session_bytes);
-                info.disk_used_bytes = self.dir(&key).used_bytes();
-            }
-        }
-        let mut stored: Vec<SessionInfo> = self
-            .stored_of(owner)
-            .filter(|(name, _)| !open.iter().any(|info| &info.session == *name))
-            .map(|(name, record)| SessionInfo {
-                session: name.clone(),
-                created_at: rfc3339(record.created()),
-                last_used_at: rfc3339(record.last_used()),
-                runs: record.runs,
-                workspace_bytes: record.workspace_bytes,
-                state: SessionState::Stored,
-                disk_bytes: Some(self.session_bytes),
-                disk_used_bytes: self.dir(&(owner, name.clone())).used_bytes(),
-            })
-            .collect();
-        stored.sort_by(|a, b| (&a.created_at, &a.session).cmp(&(&b.created_at, &b.session)));
-        open.extend(stored);
-        open
     }
 
     /// Whether session `key` may be given a disk: one it has, or a new one
@@ -268,12 +213,12 @@ impl SessionDisks {
         share: Share,
         to_make: impl Iterator<Item = &'a SessionKey>,
     ) -> Result<(), ErrorReply> {
-        if !self.available() || self.stored.contains_key(key) {
+        if !self.available() || self.stored.record(key).is_some() {
             return Ok(());
         }
         let owner = key.0;
         let mut new: HashSet<&SessionKey> = to_make
-            .filter(|k| k.0 == owner && !self.stored.contains_key(*k))
+            .filter(|k| k.0 == owner && self.stored.record(k).is_none())
             .collect();
         new.insert(key);
         let wanted = self
@@ -309,16 +254,16 @@ impl SessionDisks {
     /// and volumes'.
     fn share_bytes(&self, share: Share) -> u64 {
         let of_share = |owner: Principal| self.share_of(owner) == Some(share);
-        let sessions = self.stored.keys().filter(|(owner, _)| of_share(*owner));
+        let sessions = self.stored.count_where(of_share);
         self.session_bytes
-            .saturating_mul(sessions.count() as u64)
+            .saturating_mul(sessions as u64)
             .saturating_add(self.volumes.bytes_where(of_share))
     }
 
     /// `limit_exceeded` unless the host's disk has `bytes` free for `what`
     /// and [`HOST_RESERVE`] beside.
     fn host_has_room(&self, what: &str, bytes: u64) -> Result<(), ErrorReply> {
-        let free = nix::sys::statvfs::statvfs(&self.root)
+        let free = nix::sys::statvfs::statvfs(&self.state_dir)
             .map(|s| s.blocks_available() * s.fragment_size())
             .unwrap_or(u64::MAX);
         if free < bytes.saturating_add(HOST_RESERVE) {
@@ -402,14 +347,9 @@ impl SessionDisks {
             self.shares.insert(key.0, share);
             let record = self
                 .stored
-                .entry(key.clone())
-                .or_insert_with(|| SessionRecord {
-                    template: template.map(|t| t.name().to_owned()),
-                    ..SessionRecord::new(SystemTime::now())
-                })
-                .clone();
+                .opening(key, template.map(|t| t.name().to_owned()));
             // Its directory is made with its disk, on the disks' thread.
-            (self.dir(key), self.session_bytes, record)
+            self.stored.disk(key, record)
         });
         let template = template.map(|template| match template {
             TemplateUse::Use(name) => TemplateDisk::Use(self.templates.dir(name)),
@@ -433,12 +373,6 @@ impl SessionDisks {
     /// What the disks' thread has answered since the last call.
     pub fn done(&self) -> Vec<Done> {
         self.worker.as_ref().map(Worker::done).unwrap_or_default()
-    }
-
-    /// What session `key` was opened from, if it has been opened (on a
-    /// disk): a template, or none.
-    pub fn opened(&self, key: &SessionKey) -> Option<Option<String>> {
-        self.stored.get(key).map(|record| record.template.clone())
     }
 
     /// The key of template `name` as `caller` may use it (its own of that
@@ -521,6 +455,7 @@ impl SessionDisks {
         }
         let mut used_by: Vec<String> = self
             .stored
+            .records()
             .iter()
             .filter(|(_, record)| record.template.as_deref() == Some(key.as_str()))
             .map(|((_, session), _)| format!("session {session:?}"))
@@ -601,26 +536,86 @@ impl SessionDisks {
     /// An order of session `key` has ended: its record is brought up to
     /// date.
     pub fn note(&mut self, key: &SessionKey, runs: u64, last_used: SystemTime, bytes: Option<u64>) {
-        let Some(record) = self.stored.get_mut(key) else {
-            return;
-        };
-        record.runs = runs;
-        record.last_used_at = record::seconds(last_used);
-        if let Some(bytes) = bytes {
-            record.workspace_bytes = bytes;
+        if let Some((dir, record)) = self.stored.note(key, runs, last_used, bytes) {
+            self.ask(Job::Record { dir, record });
         }
-        let record = record.clone();
-        let dir = self.dir(key);
-        self.ask(Job::Record { dir, record });
     }
 
-    /// Removes session `key`'s disk: whether it had one.
+    /// Removes session `key`'s disk, and its snapshots: whether it had
+    /// one.
     pub fn remove(&mut self, key: &SessionKey) -> bool {
-        if self.stored.remove(key).is_none() {
+        let Some(dir) = self.stored.remove(key) else {
             return false;
-        }
-        self.ask(Job::Remove(vec![self.dir(key)]));
+        };
+        self.ask(Job::Remove(vec![dir]));
+        self.snapshots.remove_session(key);
+        self.ask(Job::RemoveSnapshots {
+            owner: owner_dir_name(key.0),
+            session: key.1.clone(),
+            name: None,
+        });
         true
+    }
+
+    /// Takes snapshot `name` of session `key`'s disk (its interpreter's
+    /// globals from `state`, if it saved them): answered through
+    /// [`SessionDisks::done`].
+    pub fn take_snapshot(&self, name: String, state: Option<OwnedFd>, asked: Asked) {
+        if let Some(disk) = self.stored.disk_of(&asked.key) {
+            self.ask(Job::Snapshot {
+                disk,
+                name,
+                state,
+                asked,
+            });
+        }
+    }
+
+    /// Session `key` has hibernated into its snapshot `name`: recorded, so
+    /// its next interpreter starts with its globals, even after a restart.
+    pub fn hibernated(&mut self, key: &SessionKey, name: &str) {
+        if let Some((dir, record)) = self.stored.hibernated(key, name) {
+            self.ask(Job::Record { dir, record });
+        }
+    }
+
+    /// Session `key`'s next interpreter starts on its snapshot `name` (see
+    /// [`Stored::restore_next`]).
+    pub fn restore_next(&mut self, key: &SessionKey, name: &str) {
+        let state = self.snapshots.find(key, name).is_ok_and(|s| s.state);
+        self.stored.restore_next(key, name, state);
+    }
+
+    /// Restores session `asked.key`'s snapshot `name` onto the disk of
+    /// `into` — the session's own, stored without an interpreter, or a new
+    /// session's (a branch, made within its owner's share as any): answered
+    /// through [`SessionDisks::done`]. A run asked of `into` meanwhile is
+    /// given its disk after this.
+    pub fn restore_onto(&mut self, into: &SessionKey, name: &str, asked: Asked) {
+        let state = self.snapshots.find(&asked.key, name).is_ok_and(|s| s.state);
+        let (disk, new) = self.stored.restoring(into, &asked.key, name, state);
+        self.ask(Job::Restore { disk, new, asked });
+    }
+
+    /// Session `key`'s snapshots (`op: snapshots`), oldest first.
+    pub fn snapshots_of(&self, key: &SessionKey) -> Result<Vec<SnapshotInfo>, ErrorReply> {
+        self.require("snapshots")?;
+        self.stored.record(key).ok_or_else(|| no_session(key))?;
+        Ok(self.snapshots.list(key))
+    }
+
+    /// Removes session `key`'s snapshot `name` (`op: remove_snapshot`).
+    pub fn remove_snapshot(&mut self, key: &SessionKey, name: &str) -> Result<(), ErrorReply> {
+        self.require("snapshots")?;
+        self.stored.record(key).ok_or_else(|| no_session(key))?;
+        self.snapshots.find(key, name)?;
+        self.snapshots.remove(key, name);
+        self.ask(Job::RemoveSnapshots {
+            owner: owner_dir_name(key.0),
+            session: key.1.clone(),
+            name: Some(name.to_owned()),
+        });
+        Ok(())
     }
 
     /// `owner` (an agent, a run) has ended: its disks go, and what it was
@@ -647,26 +642,30 @@ impl SessionDisks {
             self.ask(Job::Remove(volumes));
         }
         self.ask(Job::RemoveOwner(self.volumes.owner_dir(owner)));
-        let keys: Vec<SessionKey> = self
-            .stored
-            .keys()
-            .filter(|(o, _)| *o == owner)
-            .cloned()
-            .collect();
-        for key in keys {
+        for key in self.stored.keys_of(owner) {
             self.remove(&key);
         }
-        self.ask(Job::RemoveOwner(self.owner_dir(owner)));
+        self.ask(Job::RemoveOwner(self.stored.owner_dir(owner)));
+        self.ask(Job::RemoveStore(owner_dir_name(owner)));
     }
 
     /// Unmounts every disk (shutdown): they stay on the host for the next
     /// kernel.
     pub fn finish(&mut self) {
-        let mut dirs: Vec<DiskDir> = self.stored.keys().map(|key| self.dir(key)).collect();
+        let keys = self.stored.records().keys();
+        let mut dirs: Vec<DiskDir> = keys.map(|key| self.stored.dir(key)).collect();
         dirs.extend(self.templates.dirs());
         dirs.extend(self.volumes.dirs());
         if let Some(worker) = &mut self.worker {
             worker.finish(dirs);
         }
     }
+}
+
+/// `not_found` for session `key`.
+pub fn no_session(key: &SessionKey) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::NotFound,
+        format!("no session {:?} (a run with `session` opens one)", key.1),
+    )
 }

@@ -32,6 +32,23 @@ pub struct SessionRecord {
     /// The template it was opened from, if one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// A snapshot whose files its disk is given before its next
+    /// interpreter starts (a restore).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<SnapshotRef>,
+    /// A snapshot whose globals its next interpreter starts with (a
+    /// restore, a branch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_from: Option<SnapshotRef>,
+}
+
+/// A snapshot of one of the owner's sessions, by name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRef {
+    /// The session it was taken of.
+    pub session: String,
+    /// Its name.
+    pub name: String,
 }
 
 impl SessionRecord {
@@ -44,6 +61,8 @@ impl SessionRecord {
             runs: 0,
             workspace_bytes: 0,
             template: None,
+            restore_from: None,
+            state_from: None,
         }
     }
 

@@ -10,7 +10,6 @@
 //! end with it; an operator's volumes last until removed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
@@ -18,8 +17,9 @@ use agentos_proto::payload::{VolumeInfo, VolumeMount, MIN_VOLUME_BYTES};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 pub use super::super::waiting::VolumeUse;
+use super::found::{owned_disks, Found};
 use super::image::DiskDir;
-use super::names::{disk_path, owner_dir_name, owner_of};
+use super::names::{disk_path, owner_dir_name};
 use super::record::{seconds, VolumeRecord};
 use crate::clock::rfc3339;
 use crate::identity::Principal;
@@ -70,30 +70,10 @@ impl Volumes {
     /// (returned, to be mounted); an agent's or a run's, and one never
     /// recorded, are returned to be removed, with the owners' directories
     /// that go with them.
-    pub fn find_stored(&mut self) -> Found {
-        let mut found = Found::default();
-        for owner_dir in fs::read_dir(&self.root).into_iter().flatten().flatten() {
-            let owner = owner_of(&owner_dir.file_name().to_string_lossy());
-            let lasting = matches!(owner, Some(Principal::Operator { .. }));
-            for volume in fs::read_dir(owner_dir.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let dir = DiskDir(volume.path());
-                let name = volume.file_name().to_string_lossy().into_owned();
-                let record = VolumeRecord::read(&dir.0).ok().filter(|_| dir.has_disk());
-                match (owner.filter(|_| lasting), record) {
-                    (Some(owner), Some(record)) => {
-                        self.stored.insert((owner, name.clone()), record);
-                        found.kept.push(((owner, name), dir));
-                    }
-                    _ => found.stale.push(dir),
-                }
-            }
-            if !lasting {
-                found.stale_owners.push(owner_dir.path());
-            }
+    pub fn find_stored(&mut self) -> Found<VolumeRecord> {
+        let found = owned_disks(&self.root, |dir| VolumeRecord::read(&dir.0).ok(), |_| true);
+        for (key, _, record) in &found.kept {
+            self.stored.insert(key.clone(), record.clone());
         }
         found
     }
@@ -355,17 +335,6 @@ impl Volumes {
     pub fn dirs(&self) -> Vec<DiskDir> {
         self.stored.keys().map(|key| self.dir(key)).collect()
     }
-}
-
-/// What [`Volumes::find_stored`] found.
-#[derive(Debug, Default)]
-pub struct Found {
-    /// Volumes kept, to be mounted.
-    pub kept: Vec<(VolumeKey, DiskDir)>,
-    /// Volumes to remove.
-    pub stale: Vec<DiskDir>,
-    /// Owners' directories to remove, once their volumes are.
-    pub stale_owners: Vec<PathBuf>,
 }
 
 #[cfg(test)]

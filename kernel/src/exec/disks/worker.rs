@@ -1,9 +1,10 @@
 //! The disks' thread: everything that touches a disk — making, mounting
 //! and giving it to a run child, recording a session, publishing a
-//! template once built, removing either — happens here, in the order
-//! asked, off the reactor. Giving disks to a child and publishing a
-//! template are answered (each holds up a reply); the rest is logged if
-//! it fails.
+//! template once built, removing either, taking a session's snapshot
+//! and restoring one — happens here, in the order asked, off the reactor.
+//! Giving disks to a child, publishing a template, a snapshot and a
+//! branch are answered (each holds up a reply); the rest is logged if it
+//! fails.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -14,19 +15,39 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::image::{DiskDir, RunUser, SESSION_PARTS, TEMPLATE_PARTS};
-use super::record::{SessionRecord, TemplateRecord, VolumeRecord};
+use super::record::{SessionRecord, SnapshotRef, TemplateRecord, VolumeRecord};
+use super::store::{Manifest, Room, Store, StoreError};
 use super::volumes::{VolumeKey, VOLUME_PARTS};
+use crate::address::ReplyTo;
+use crate::exec::order::HIBERNATED;
+use crate::exec::waiting::SessionKey;
 use crate::sandbox::attach::{self, Place, VolumePlace, VolumeRoots};
 use crate::sandbox::plan::RUN_VOLUME_ROOTS;
 
 /// How long a finished build's disk may take to be let go by its run.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 
+/// A session's disk, as a run child is given it.
+#[derive(Debug)]
+pub struct SessionDisk {
+    /// Its directory.
+    pub dir: DiskDir,
+    /// Its size, if it is made now.
+    pub bytes: u64,
+    /// Its record: written if it is new; what is to be restored onto it
+    /// first, and the globals its interpreter starts with.
+    pub record: SessionRecord,
+    /// Its owner's store of snapshots.
+    pub owner: String,
+    /// Its session's name.
+    pub session: String,
+}
+
 /// The disks a run child is given before its first order.
 #[derive(Debug)]
 pub struct Plan {
-    /// Its session's disk: made if new (of `bytes`, with `record`).
-    pub session: Option<(DiskDir, u64, SessionRecord)>,
+    /// Its session's disk.
+    pub session: Option<SessionDisk>,
     /// Its template's.
     pub template: Option<TemplateDisk>,
     /// Its volumes: each one's disk, and where it goes.
@@ -76,6 +97,30 @@ pub enum Job {
         to: DiskDir,
         record: TemplateRecord,
     },
+    /// Take a snapshot of a session's disk, with the globals `state`
+    /// holds if it was asked for them.
+    Snapshot {
+        disk: SessionDisk,
+        name: String,
+        state: Option<OwnedFd>,
+        asked: Asked,
+    },
+    /// Restore a snapshot onto a session's disk without an interpreter:
+    /// a `new` one (a branch), or one stored.
+    Restore {
+        disk: SessionDisk,
+        new: bool,
+        asked: Asked,
+    },
+    /// Delete an owner's snapshots of a session (`name`, or all), and the
+    /// objects no snapshot names any more.
+    RemoveSnapshots {
+        owner: String,
+        session: String,
+        name: Option<String>,
+    },
+    /// Delete an owner's whole store of snapshots.
+    RemoveStore(String),
     /// Unmount and delete disks (closed sessions, removed templates, failed
     /// builds).
     Remove(Vec<DiskDir>),
@@ -85,14 +130,50 @@ pub enum Job {
     Finish(Vec<DiskDir>),
 }
 
+/// Who asked for a snapshot or a branch, carried to its answer.
+#[derive(Debug)]
+pub struct Asked {
+    /// The session it is of, or made.
+    pub key: SessionKey,
+    /// Where the reply goes.
+    pub reply_to: ReplyTo,
+    /// The globals its interpreter could not save.
+    pub not_saved: Vec<String>,
+    /// It hibernates the session: only its globals are kept (its files
+    /// stay on its disk).
+    pub hibernate: bool,
+}
+
+/// What a child given its disks is told.
+#[derive(Debug)]
+pub struct Attached {
+    /// Its session's disk was there before.
+    pub existed: bool,
+    /// The globals its interpreter is to start with (a descriptor of the
+    /// store's object, read-only).
+    pub state: Option<OwnedFd>,
+}
+
 /// What the thread answers.
 #[derive(Debug)]
 pub enum Done {
-    /// A child was given its disks (whether its session's was there
-    /// before), or could not be.
+    /// A child was given its disks, or could not be.
     Attached {
         child: usize,
-        result: Result<bool, DiskError>,
+        result: Result<Attached, DiskError>,
+    },
+    /// A snapshot was taken (with the paths it left out), or was not.
+    Snapshotted {
+        asked: Asked,
+        result: Result<(Manifest, Vec<String>), StoreError>,
+    },
+    /// A snapshot was restored onto session `into`'s disk (a `new` one,
+    /// or one without an interpreter), or was not.
+    Restored {
+        asked: Asked,
+        into: String,
+        new: bool,
+        result: Result<SessionRecord, DiskError>,
     },
     /// A volume's disk was made, or could not be.
     VolumeMade {
@@ -123,6 +204,9 @@ pub enum DiskError {
     /// A built template's disk could not be let go, shrunk or moved.
     #[error("the built template cannot be kept: {0}")]
     Publish(io::Error),
+    /// A snapshot could not be restored onto it.
+    #[error("{0}")]
+    Restore(StoreError),
 }
 
 /// Where each part of a session's disk goes in its run child.
@@ -156,13 +240,31 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts the thread; disks' parts are owned by `user`, and each
-    /// answer wakes `waker`.
-    pub fn start(user: RunUser, waker: Arc<mio::Waker>) -> std::io::Result<Worker> {
+    /// Starts the thread; disks' parts are owned by `user`, snapshots go
+    /// into `store` within `limits`, a session's disk of `session_bytes` is
+    /// kept made ahead in `spare`, and each answer wakes `waker`.
+    pub fn start(
+        user: RunUser,
+        store: Store,
+        limits: StoreLimits,
+        (spare, session_bytes): (DiskDir, u64),
+        waker: Arc<mio::Waker>,
+    ) -> std::io::Result<Worker> {
         let (jobs, job_rx) = mpsc::channel();
         let (done_tx, done) = mpsc::channel();
         let thread = agentos_primitives::threads::spawn("agentos-disks", move || {
-            serve(&job_rx, user, &done_tx, &waker);
+            let spare = Spare {
+                dir: spare,
+                bytes: session_bytes,
+                ready: false,
+            };
+            let mut snapshots = Snapshots {
+                store,
+                limits,
+                user,
+                spare,
+            };
+            serve(&job_rx, &mut snapshots, &done_tx, &waker);
         })?;
         Ok(Worker {
             jobs,
@@ -192,11 +294,124 @@ impl Worker {
     }
 }
 
-fn serve(jobs: &Receiver<Job>, user: RunUser, done: &Sender<Done>, waker: &mio::Waker) {
+/// What snapshots may take: bytes of each owner's store, and of all.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreLimits {
+    /// `exec.snapshot_bytes`.
+    pub per_owner: u64,
+    /// `exec.snapshot_bytes_total`.
+    pub total: u64,
+    /// Bytes of the host's disk snapshots never take.
+    pub host_reserve: u64,
+}
+
+/// The store, as the thread keeps it, and a session's disk made ahead.
+struct Snapshots {
+    store: Store,
+    limits: StoreLimits,
+    user: RunUser,
+    /// A session's disk made and mounted ahead of need, where it lies:
+    /// a new session (or a branch) takes it rather than wait for one to be
+    /// allocated, formatted and mounted (tens of milliseconds).
+    spare: Spare,
+}
+
+/// A session's disk made ahead of need.
+struct Spare {
+    dir: DiskDir,
+    /// Its size (`exec.session_disk_bytes`).
+    bytes: u64,
+    /// It is made and mounted.
+    ready: bool,
+}
+
+impl Spare {
+    /// Makes it, if it is not ready: after each job, so no one waits.
+    fn make(&mut self, user: RunUser) {
+        if self.ready {
+            return;
+        }
+        let _ = self.dir.remove();
+        match self.dir.mount(self.bytes, user, &SESSION_PARTS) {
+            Ok(_) => self.ready = true,
+            Err(err) => log::warn!("disks: cannot make a session's disk ahead: {err}"),
+        }
+    }
+
+    /// Makes `dir` a new session's disk of `bytes`: this one, if it is
+    /// ready and of that size, else one made now.
+    fn give(&mut self, dir: &DiskDir, bytes: u64, user: RunUser) -> io::Result<()> {
+        if self.ready && self.bytes == bytes && !dir.has_disk() {
+            self.ready = false;
+            if dir.take_spare(&self.dir).is_ok() {
+                return Ok(());
+            }
+        }
+        dir.mount(bytes, user, &SESSION_PARTS).map(|_| ())
+    }
+}
+
+impl Snapshots {
+    /// Bytes `owner`'s next snapshot may add.
+    fn room(&self, owner: &str, root: &std::path::Path) -> Room {
+        let free = nix::sys::statvfs::statvfs(root)
+            .map(|s| s.blocks_available() * s.fragment_size())
+            .unwrap_or(0);
+        let limits = self.limits;
+        Room {
+            owner: limits.per_owner.saturating_sub(self.store.held_by(owner)),
+            kernel: (limits.total.saturating_sub(self.store.held()))
+                .min(free.saturating_sub(limits.host_reserve)),
+        }
+    }
+
+    /// Takes snapshot `name` of `disk`'s session.
+    fn take(
+        &mut self,
+        disk: &SessionDisk,
+        name: &str,
+        state: Option<&OwnedFd>,
+        files: bool,
+    ) -> Result<(Manifest, Vec<String>), StoreError> {
+        let room = self.room(&disk.owner, &disk.dir.0);
+        let now = super::record::seconds(std::time::SystemTime::now());
+        let taking = (disk.owner.as_str(), disk.session.as_str(), name);
+        let mount_point = disk.dir.mount_point();
+        let files = files.then_some(mount_point.as_path());
+        self.store.take(taking, files, state, room, now)
+    }
+
+    /// Restores onto `disk` what its record asks, and opens the globals
+    /// its interpreter is to start with.
+    fn restore(&self, disk: &SessionDisk) -> Result<Option<OwnedFd>, StoreError> {
+        let record = &disk.record;
+        if let Some(from) = &record.restore_from {
+            let manifest = self.manifest(&disk.owner, from)?;
+            self.store
+                .restore(&disk.owner, &manifest, &disk.dir.mount_point(), self.user)?;
+        }
+        let Some(from) = &record.state_from else {
+            return Ok(None);
+        };
+        let manifest = self.manifest(&disk.owner, from)?;
+        let Some(state) = &manifest.state else {
+            return Ok(None);
+        };
+        let file = self.store.open_state(&disk.owner, &from.name, state)?;
+        Ok(Some(OwnedFd::from(file)))
+    }
+
+    fn manifest(&self, owner: &str, from: &SnapshotRef) -> Result<Manifest, StoreError> {
+        self.store.manifest(owner, &from.session, &from.name)
+    }
+}
+
+fn serve(jobs: &Receiver<Job>, snapshots: &mut Snapshots, done: &Sender<Done>, waker: &mio::Waker) {
+    let user = snapshots.user;
     for job in jobs {
         let answer = match job {
             Job::Attach { child, pidfd, plan } => {
-                let result = give_disks(&pidfd, &plan, user);
+                let result = give_disks(&pidfd, &plan, snapshots);
                 if let Err(err) = &result {
                     log::warn!("disks: run child {child}: {err}");
                 }
@@ -247,6 +462,56 @@ fn serve(jobs: &Receiver<Job>, user: RunUser, done: &Sender<Done>, waker: &mio::
                 }
                 None
             }
+            Job::Snapshot {
+                disk,
+                name,
+                state,
+                asked,
+            } => {
+                let files = !asked.hibernate;
+                let result = snapshots.take(&disk, &name, state.as_ref(), files);
+                if let Err(err) = &result {
+                    log::info!("snapshot {name:?} of session {:?}: {err}", asked.key.1);
+                }
+                Some(Done::Snapshotted { asked, result })
+            }
+            Job::Restore {
+                mut disk,
+                new,
+                asked,
+            } => {
+                let result = restore_onto(&mut disk, new, snapshots);
+                if let Err(err) = &result {
+                    log::info!("restore into {:?}: {err}", disk.session);
+                    if new {
+                        let _ = disk.dir.remove();
+                    }
+                }
+                let into = disk.session;
+                Some(Done::Restored {
+                    asked,
+                    into,
+                    new,
+                    result,
+                })
+            }
+            Job::RemoveSnapshots {
+                owner,
+                session,
+                name,
+            } => {
+                let removed = snapshots.store.remove(&owner, &session, name.as_deref());
+                if let Err(err) = removed {
+                    log::warn!("snapshots of session {session:?}: cannot remove them: {err}");
+                }
+                None
+            }
+            Job::RemoveStore(owner) => {
+                if let Err(err) = snapshots.store.remove_owner(&owner) {
+                    log::warn!("snapshots of {owner}: cannot remove them: {err}");
+                }
+                None
+            }
             Job::Remove(dirs) => {
                 for dir in dirs {
                     if let Err(err) = dir.remove() {
@@ -266,6 +531,8 @@ fn serve(jobs: &Receiver<Job>, user: RunUser, done: &Sender<Done>, waker: &mio::
                         log::warn!("disk {}: cannot unmount it: {err}", dir.0.display());
                     }
                 }
+                // Owned by no one, it is made again by the next kernel.
+                let _ = snapshots.spare.dir.remove();
                 return;
             }
         };
@@ -273,22 +540,46 @@ fn serve(jobs: &Receiver<Job>, user: RunUser, done: &Sender<Done>, waker: &mio::
             let _ = done.send(answer);
             let _ = waker.wake();
         }
+        snapshots.spare.make(user);
     }
 }
 
 /// Mounts the disks of `plan` (a new session's made first, with its
-/// record) and mounts their parts in the child: whether the session's
-/// disk was there before.
-fn give_disks(pidfd: &OwnedFd, plan: &Plan, user: RunUser) -> Result<bool, DiskError> {
+/// record; a snapshot restored onto it if its record asks) and mounts
+/// their parts in the child: whether the session's disk was there before,
+/// and the globals its interpreter is to start with.
+fn give_disks(
+    pidfd: &OwnedFd,
+    plan: &Plan,
+    snapshots: &mut Snapshots,
+) -> Result<Attached, DiskError> {
+    let user = snapshots.user;
     let mut places = Vec::new();
-    let mut existed = false;
-    if let Some((dir, bytes, record)) = &plan.session {
-        existed = dir
-            .mount(*bytes, user, &SESSION_PARTS)
-            .map_err(DiskError::Mount)?;
-        if !existed {
+    let mut attached = Attached {
+        existed: false,
+        state: None,
+    };
+    if let Some(disk) = &plan.session {
+        let dir = &disk.dir;
+        attached.existed = dir.has_disk();
+        if attached.existed {
+            dir.mount(disk.bytes, user, &SESSION_PARTS).map(|_| ())
+        } else {
+            snapshots.spare.give(dir, disk.bytes, user)
+        }
+        .map_err(DiskError::Mount)?;
+        let pending = disk.record.restore_from.is_some() || disk.record.state_from.is_some();
+        if !attached.existed || pending {
+            // What was to be restored is done with, whether it could be or
+            // not: a damaged snapshot is refused once, not at every start.
+            let record = SessionRecord {
+                restore_from: None,
+                state_from: None,
+                ..disk.record.clone()
+            };
             record.write(&dir.0).map_err(DiskError::Record)?;
         }
+        attached.state = snapshots.restore(disk).map_err(DiskError::Restore)?;
         places.extend(SESSION_PLACES.map(|place| (dir.mount_point(), place)));
     }
     match &plan.template {
@@ -317,7 +608,57 @@ fn give_disks(pidfd: &OwnedFd, plan: &Plan, user: RunUser) -> Result<bool, DiskE
         owner: (user.uid, user.gid),
     };
     attach::attach(pidfd.as_fd(), &places, &volumes, &roots).map_err(DiskError::Attach)?;
-    Ok(existed)
+    Ok(attached)
+}
+
+/// Restores a snapshot onto a disk without an interpreter (made now if
+/// it is `new`), then records it: its next interpreter starts with the
+/// snapshot's globals.
+fn restore_onto(
+    disk: &mut SessionDisk,
+    new: bool,
+    snapshots: &mut Snapshots,
+) -> Result<SessionRecord, DiskError> {
+    let user = snapshots.user;
+    if new {
+        let _ = disk.dir.remove();
+        snapshots.spare.give(&disk.dir, disk.bytes, user)
+    } else {
+        disk.dir.mount(disk.bytes, user, &SESSION_PARTS).map(|_| ())
+    }
+    .map_err(DiskError::Mount)?;
+    if let Some(from) = &disk.record.restore_from {
+        let manifest = snapshots
+            .manifest(&disk.owner, from)
+            .map_err(DiskError::Restore)?;
+        snapshots
+            .store
+            .restore(
+                &disk.owner,
+                &manifest,
+                &disk.dir.mount_point(),
+                snapshots.user,
+            )
+            .map_err(DiskError::Restore)?;
+        // Its globals become the session's own, as a hibernated session's
+        // are: its first interpreter loads them even if the snapshot (or
+        // the session it was taken of) is gone by then.
+        disk.record.state_from = match manifest.state {
+            Some(state) => {
+                let own = (disk.owner.as_str(), disk.session.as_str(), HIBERNATED);
+                (snapshots.store.keep_state(own, state, manifest.created_at))
+                    .map_err(|err| DiskError::Restore(err.into()))?;
+                Some(SnapshotRef {
+                    session: disk.session.clone(),
+                    name: HIBERNATED.to_owned(),
+                })
+            }
+            None => None,
+        };
+    }
+    disk.record.restore_from = None;
+    disk.record.write(&disk.dir.0).map_err(DiskError::Record)?;
+    Ok(disk.record.clone())
 }
 
 /// Makes a volume's disk and mounts it, then records it: a volume is

@@ -47,6 +47,8 @@ def serve_run(sock, stdout_w, stderr_w):
         op = request.get("op", OP_RUN)
         join = request.get("join", 0)
         joins, rest = fds[:join], fds[join:]
+        # A fresh interpreter's saved globals come last.
+        state = rest.pop() if request.get("load_state") and rest else None
         attached = rest[0] if rest else None
         for extra in rest[1:]:
             os.close(extra)
@@ -66,14 +68,17 @@ def serve_run(sock, stdout_w, stderr_w):
             shell.stop()
             shell = None
         refused = join_agent_cgroup(joins) if joins else None
+        not_loaded = load_state(scope, state) if state is not None else []
         if refused is not None:
             # Half moved, it serves no more orders.
             end, keep = refused, False
         elif op == OP_SNAPSHOT:
-            end = save_workspace(attached)
+            end = save_state(scope, attached) if attached is not None else {"exit_code": 0}
         elif op == OP_RESTORE:
-            end = restore_workspace(attached)
+            end = {"exit_code": 0, "left_out": not_loaded}
         else:
+            if not_loaded:
+                print("globals not restored: " + "; ".join(not_loaded), file=sys.stderr)
             if attached is None:
                 attached, first_connection = first_connection, None
             end = run_order(request, scope, attached, shell)

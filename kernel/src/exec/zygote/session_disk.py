@@ -51,7 +51,9 @@ def make_venv(root, system_site):
     `system_site`), unless it is there already: pyvenv.cfg is written last,
     so a half-made one is made again."""
     config = os.path.join(root, "pyvenv.cfg")
-    if os.path.exists(config):
+    # A restored snapshot keeps no symlinks: its interpreter's links are
+    # made again.
+    if os.path.exists(config) and os.path.lexists(os.path.join(root, "bin", "python3")):
         return
     version = "%d.%d" % sys.version_info[:2]
     bin_dir = os.path.join(root, "bin")

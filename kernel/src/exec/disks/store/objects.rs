@@ -1,0 +1,167 @@
+//! An owner's objects: the contents of files, each in a file named by its
+//! SHA-256 (`objects/ab/abcd…`, 0400, the kernel's), written once however
+//! many snapshots hold it.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use super::manifest::{ObjectError, BEING_WRITTEN};
+
+/// Bytes copied at a time.
+const CHUNK: usize = 256 << 10;
+
+/// One owner's objects.
+#[derive(Debug)]
+pub struct Objects {
+    dir: PathBuf,
+}
+
+/// An object put into the store.
+#[derive(Debug)]
+pub struct Put {
+    /// Its hash.
+    pub hash: String,
+    /// Its bytes.
+    pub bytes: u64,
+    /// It was not there before.
+    pub added: bool,
+}
+
+impl Objects {
+    /// The objects in `dir`.
+    pub fn new(dir: PathBuf) -> Objects {
+        Objects { dir }
+    }
+
+    /// Where object `hash` lies.
+    pub fn path(&self, hash: &str) -> PathBuf {
+        let shard = hash.get(..2).unwrap_or("00");
+        self.dir.join(shard).join(hash)
+    }
+
+    /// Whether object `hash` is there.
+    pub fn has(&self, hash: &str) -> bool {
+        self.path(hash).is_file()
+    }
+
+    /// Copies `source` into the store, unless `fits` says its bytes (when
+    /// they are new to it) do not fit.
+    pub fn put(&self, source: File, fits: impl FnOnce(u64) -> io::Result<()>) -> io::Result<Put> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)?;
+        let temporary = self
+            .dir
+            .join(format!("{BEING_WRITTEN}-{}", std::process::id()));
+        let mut sink = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o400)
+            .open(&temporary)?;
+        let copied = copy_hashing(source, &mut sink);
+        drop(sink);
+        let (bytes, hash) = match copied {
+            Ok(copied) => copied,
+            Err(err) => {
+                let _ = fs::remove_file(&temporary);
+                return Err(err);
+            }
+        };
+        let object = self.path(&hash);
+        if object.exists() {
+            fs::remove_file(&temporary)?;
+            return Ok(Put {
+                hash,
+                bytes,
+                added: false,
+            });
+        }
+        if let Err(err) = fits(bytes) {
+            let _ = fs::remove_file(&temporary);
+            return Err(err);
+        }
+        if let Some(shard) = object.parent() {
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .recursive(true)
+                .create(shard)?;
+        }
+        fs::rename(&temporary, &object)?;
+        Ok(Put {
+            hash,
+            bytes,
+            added: true,
+        })
+    }
+
+    /// Copies object `hash` into `sink`, checking it is `size` bytes
+    /// whose hash is `hash`.
+    pub fn copy_out(&self, hash: &str, size: u64, sink: &mut File) -> Result<(), ObjectError> {
+        let source = self.open(hash)?;
+        let (copied, found) = copy_hashing(source, sink).map_err(ObjectError::Copy)?;
+        if copied != size || found != hash {
+            return Err(ObjectError::Differs);
+        }
+        Ok(())
+    }
+
+    /// Opens object `hash` for reading.
+    pub fn open(&self, hash: &str) -> Result<File, ObjectError> {
+        File::open(self.path(hash)).map_err(|err| ObjectError::Missing {
+            hash: hash.to_owned(),
+            err,
+        })
+    }
+
+    /// Every object: its path, name and bytes (and what was being written
+    /// when a kernel was killed, to be removed).
+    pub fn list(&self) -> Vec<(PathBuf, String, u64)> {
+        let mut found = Vec::new();
+        let Ok(shards) = fs::read_dir(&self.dir) else {
+            return found;
+        };
+        for shard in shards.flatten() {
+            let path = shard.path();
+            if !path.is_dir() {
+                found.push((path, String::new(), 0));
+                continue;
+            }
+            for object in fs::read_dir(&path).into_iter().flatten().flatten() {
+                let bytes = object.metadata().map_or(0, |m| m.len());
+                let name = object.file_name().into_string().unwrap_or_default();
+                found.push((object.path(), name, bytes));
+            }
+        }
+        found
+    }
+}
+
+/// Copies `source` into `sink` whole: bytes copied and their SHA-256.
+fn copy_hashing(mut source: File, sink: &mut File) -> io::Result<(u64, String)> {
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; CHUNK];
+    let mut copied = 0u64;
+    loop {
+        let n = match source.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(err),
+        };
+        hasher.update(&buffer[..n]);
+        sink.write_all(&buffer[..n])?;
+        copied += n as u64;
+    }
+    let hash = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((copied, hash))
+}

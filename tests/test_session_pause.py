@@ -1,0 +1,294 @@
+"""Sessions paused and resumed against a real agentosd: PAUSE with
+`{"session"}` freezes the session's interpreter with the cgroup freezer —
+no CPU, its run's time limit standing still, its queued runs waiting —
+RESUME lets it go on; its idle timeout and its owner's end still end it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agentos import AgentOSClient, Opcode
+from agentos.errors import BadRequest, NotFound
+from conftest import kernel_with, log_of
+
+
+def has_root() -> bool:
+    if os.geteuid() != 0:
+        print("!!! NOT TESTED: pausing a session needs a root kernel (cgroup freezer)")
+        return False
+    return True
+
+
+def pause(client: AgentOSClient, session: str, **fields) -> dict:
+    return client.call_json(Opcode.PAUSE, {"session": session, **fields})
+
+
+def resume(client: AgentOSClient, session: str) -> dict:
+    return client.call_json(Opcode.RESUME, {"session": session})
+
+
+def run(client: AgentOSClient, code: str, session: str = "s1", **fields) -> dict:
+    fields.setdefault("timeout_ms", 60_000)
+    return client.exec(code, "python", session=session, **fields)
+
+
+def state_of(client: AgentOSClient, session: str) -> str:
+    return next(s["state"] for s in client.sessions() if s["session"] == session)
+
+
+def ticks(kernel) -> int:
+    """What the session's ticking thread has counted (it writes the count to
+    its workspace, which lies on the session's disk, mounted on the host)."""
+    path = (Path(kernel.socket_path).parent / "state" / "sessions" / "uid-0" / "s1" / "mnt"
+            / "workspace" / "ticks")
+    try:
+        return int(path.read_text() or 0)
+    except (OSError, ValueError):
+        return -1
+
+
+TICKING = """
+import threading, time
+def tick():
+    n = 0
+    while True:
+        n += 1
+        with open('/workspace/ticks.new', 'w') as f:
+            f.write(str(n))
+        import os
+        os.replace('/workspace/ticks.new', '/workspace/ticks')
+        time.sleep(0.01)
+threading.Thread(target=tick, daemon=True).start()
+"""
+
+
+def test_a_paused_session_stands_still_and_its_runs_wait_until_resumed():
+    if not has_root():
+        return
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, TICKING)["ok"]
+        time.sleep(0.3)
+        assert ticks(kernel) > 0
+        paused = pause(client, "s1")
+        assert paused == {"success": True, "session": "s1", "state": "paused"}
+        assert state_of(client, "s1") == "paused"
+        frozen_at = ticks(kernel)
+        time.sleep(0.5)
+        assert ticks(kernel) == frozen_at, "a frozen thread ticked"
+        # A run asked meanwhile waits for RESUME.
+        result = {}
+        other = AgentOSClient(kernel.socket_path)
+        waiter = threading.Thread(target=lambda: result.update(run(other, "print('after')")))
+        waiter.start()
+        time.sleep(0.5)
+        assert not result, "a run went through a paused session"
+        assert resume(client, "s1") == {"success": True, "session": "s1", "state": "ready"}
+        waiter.join(timeout=30)
+        other.close()
+        assert result["stdout"] == "after\n", result
+        time.sleep(0.2)
+        assert ticks(kernel) > frozen_at, "the thread did not go on"
+
+
+def test_a_paused_runs_time_limit_stands_still():
+    if not has_root():
+        return
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "x = 1")["ok"]
+        result = {}
+        runner = AgentOSClient(kernel.socket_path)
+        started = time.monotonic()
+        worker = threading.Thread(target=lambda: result.update(
+            run(runner, "import time; time.sleep(1.0); print('slept')", timeout_ms=2000)))
+        worker.start()
+        time.sleep(0.3)
+        pause(client, "s1")
+        time.sleep(2.5)
+        resume(client, "s1")
+        worker.join(timeout=30)
+        runner.close()
+        assert result["ok"] and result["stdout"] == "slept\n", result
+        assert time.monotonic() - started > 2.5
+
+
+def test_a_paused_session_still_ends_at_its_idle_timeout_and_with_its_close():
+    if not has_root():
+        return
+    with kernel_with("[exec]\nsession_idle_secs = 1\n") as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "x = 1")["ok"]
+        pause(client, "s1")
+        deadline = time.monotonic() + 10
+        while state_of(client, "s1") != "stored":
+            assert time.monotonic() < deadline, client.sessions()
+            time.sleep(0.1)
+        assert run(client, "print('x' in globals())")["stdout"] == "False\n"
+        pause(client, "s1")
+        assert client.close_session("s1") is True
+        assert run(client, "print(1)", session="s2")["ok"], "the kernel goes on"
+
+
+def test_pause_names_what_it_cannot_do():
+    if not has_root():
+        return
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        with pytest.raises(NotFound):
+            pause(client, "nope")
+        assert run(client, "x = 1")["ok"]
+        with pytest.raises(BadRequest):
+            client.call_json(Opcode.PAUSE, {"session": "s1", "name": "agent"})
+        with pytest.raises(BadRequest):
+            client.call_json(Opcode.PAUSE, {"session": "s1", "freeze": True})
+        with pytest.raises(BadRequest):
+            client.call_json(Opcode.RESUME, {"session": "s1", "hibernate": True})
+        with pytest.raises(BadRequest) as agent:
+            client.call_json(Opcode.PAUSE, {"name": "a1", "hibernate": True})
+        assert "hibernate" in str(agent.value)
+        # A run is a principal of its own: the operator's session is not
+        # there for it to pause.
+        tries = run(client, """
+import json, os, socket, struct
+kernel = socket.socket(fileno=int(os.environ["AGENTOS_SOCKET_FD"]))
+payload = json.dumps({"session": "s1"}).encode()
+kernel.sendall(struct.pack("<IIBQ", 0x41474E54, 0, 0x14, len(payload)) + payload)
+header = b""
+while len(header) < 17:
+    header += kernel.recv(17 - len(header))
+body = b""
+while len(body) < struct.unpack("<IIBQ", header)[3]:
+    body += kernel.recv(4096)
+print(json.loads(body).get("code"))
+""", session="other", permissions={"exec": True})
+        assert tries["stdout"] == "not_found\n", tries
+        assert state_of(client, "s1") == "ready"
+
+
+def test_a_hibernated_session_frees_its_interpreter_and_wakes_with_its_globals():
+    if not has_root():
+        return
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "x = 42\nblob = bytes(10 << 20)\nimport json as j\n"
+                           "import threading\nlock = threading.Lock()\n"
+                           "import os\nprint(os.getpid())")["ok"]
+        hibernated = pause(client, "s1", hibernate=True)
+        assert hibernated["state"] == "hibernated", hibernated
+        assert [n.split(":")[0] for n in hibernated["not_saved"]] == ["lock"], hibernated
+        assert state_of(client, "s1") == "hibernated"
+        # It is not one of the session's snapshots.
+        assert client.call_json(Opcode.EXEC, {"op": "snapshots", "session": "s1"})["snapshots"] \
+            == []
+        with pytest.raises(BadRequest):
+            pause(client, "s1")
+        # The next run wakes it, with its globals.
+        woke = run(client, "print(x, len(blob), j.dumps([1]))")
+        assert woke["stdout"] == f"42 {10 << 20} [1]\n", woke
+        assert state_of(client, "s1") == "ready"
+        # RESUME wakes it too, saying what could not come back.
+        pause(client, "s1", hibernate=True)
+        resumed = resume(client, "s1")
+        assert resumed == {"success": True, "session": "s1", "state": "ready"}, resumed
+        assert run(client, "print(x)")["stdout"] == "42\n"
+
+
+def test_hibernating_a_paused_session_and_runs_queued_behind_it():
+    if not has_root():
+        return
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "x = 7")["ok"]
+        pause(client, "s1")
+        assert pause(client, "s1", hibernate=True)["state"] == "hibernated"
+        assert run(client, "print(x)")["stdout"] == "7\n"
+
+
+def test_a_paused_runs_memory_limit_still_ends_it_once_it_goes_on():
+    if not has_root():
+        return
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        limits = {"memory": 96 << 20}
+        assert run(client, "x = 1", limits=limits)["ok"]
+        result = {}
+        runner = AgentOSClient(kernel.socket_path)
+        worker = threading.Thread(target=lambda: result.update(run(
+            runner, "import time\nhog = []\nwhile True:\n"
+                    "    hog.append(bytearray(4 << 20)); time.sleep(0.01)",
+            limits=limits, timeout_ms=30_000)))
+        worker.start()
+        time.sleep(0.1)
+        pause(client, "s1")
+        time.sleep(0.5)
+        assert not result, "a frozen run ended"
+        resume(client, "s1")
+        worker.join(timeout=60)
+        runner.close()
+        assert result["oom_killed"] is True, result
+
+
+def test_a_paused_or_hibernated_session_ends_with_its_agent(tmp_path):
+    if not has_root():
+        return
+    script_dir = Path(tempfile.mkdtemp(prefix="agentos-pause-", dir="/var/tmp"))
+    script_dir.chmod(0o755)
+    script = script_dir / "holder.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys, time
+        from agentos import AgentOSClient, Opcode
+        with AgentOSClient() as k:
+            k.exec("x = 1", session="frozen")
+            k.exec("y = 2", session="asleep")
+            paused = k.call_json(Opcode.PAUSE, {"session": "frozen"})
+            slept = k.call_json(Opcode.PAUSE, {"session": "asleep", "hibernate": True})
+            print(json.dumps([paused["state"], slept["state"]]), flush=True)
+            time.sleep(600)
+    """))
+    script.chmod(0o644)
+    try:
+        with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+            agent = client.spawn("holder", script, permissions={"exec": True})
+            deadline = time.monotonic() + 60
+            while "paused" not in log_of(kernel, "holder", agent["id"]):
+                assert time.monotonic() < deadline, log_of(kernel, "holder", agent["id"])
+                time.sleep(0.1)
+            assert '["paused", "hibernated"]' in log_of(kernel, "holder", agent["id"])
+            sessions = Path(kernel.socket_path).parent / "state" / "sessions"
+            assert (sessions / f"agent-{agent['id']}").exists()
+            client.kill("holder", grace_ms=0)
+            # Its sessions end with it: no frozen process is left behind,
+            # and their disks and globals go.
+            deadline = time.monotonic() + 20
+            while (sessions / f"agent-{agent['id']}").exists() or frozen_cgroups():
+                assert time.monotonic() < deadline, (list(sessions.iterdir()), frozen_cgroups())
+                time.sleep(0.1)
+            store = Path(kernel.socket_path).parent / "state" / "snapshots"
+            assert not (store / f"agent-{agent['id']}").exists()
+            assert run(client, "print(1)")["ok"], "the kernel goes on"
+    finally:
+        shutil.rmtree(script_dir, ignore_errors=True)
+
+
+def frozen_cgroups() -> list[str]:
+    """The freezer cgroups that stand frozen (or freezing) now."""
+    root = Path("/sys/fs/cgroup/freezer")
+    return [str(state.parent) for state in root.rglob("freezer.state")
+            if state.parent != root and state.read_text().strip() != "THAWED"]
+
+
+def test_an_idle_session_hibernates_with_idle_hibernate_secs():
+    if not has_root():
+        return
+    config = "[exec]\nsession_idle_secs = 60\nidle_hibernate_secs = 1\n"
+    with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "x = 'kept'")["ok"]
+        deadline = time.monotonic() + 15
+        while state_of(client, "s1") != "hibernated":
+            assert time.monotonic() < deadline, client.sessions()
+            time.sleep(0.1)
+        assert run(client, "print(x)")["stdout"] == "kept\n"
