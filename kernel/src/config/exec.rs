@@ -61,10 +61,11 @@ pub struct ExecConfig {
     pub default_memory: u64,
     /// A run's process limit when it gives none.
     pub default_max_pids: u64,
-    /// Bytes of session snapshots (compressed) one owner may keep in all.
+    /// Bytes of session snapshots one owner's store may keep on disk, each
+    /// distinct file counted once.
     pub snapshot_bytes: u64,
-    /// Bytes of session snapshots (compressed) all owners together may
-    /// keep: snapshots are held in the kernel's memory.
+    /// Bytes of session snapshots all owners' stores together may keep on
+    /// disk.
     pub snapshot_bytes_total: u64,
     /// A template's disk while it is built, in bytes (shrunk to what it
     /// holds once built).

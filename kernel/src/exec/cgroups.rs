@@ -18,7 +18,7 @@
 //! the run it holds (about a millisecond per run here), so cgroups are
 //! removed only beyond a few spare, when they do not empty, and at
 //! shutdown. Memory can outlive a cgroup's processes — pages of a file the
-//! kernel still holds (a session's snapshot), page cache — and would count
+//! kernel still holds (a session's pickled globals), page cache — and would count
 //! against the next run's limit, so a cgroup is reused only once what it
 //! is charged for is reclaimed to under [`LEFT_OVER`].
 //!
@@ -311,7 +311,7 @@ impl Stock<'_> {
             if left > LEFT_OVER {
                 // A process that moved out may still be going (its pages
                 // stay charged here until it has); past that, memory the
-                // kernel holds for longer, such as a session's snapshot.
+                // kernel holds for longer, such as a session's globals.
                 if tries < TRIES {
                     self.draining.push((run, tries, fate));
                 } else {

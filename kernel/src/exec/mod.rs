@@ -18,9 +18,11 @@
 //!   child sent first. What runs and children come to is counted here for
 //!   the metrics (`counts`).
 //! - the backlog (`backlog`): requests waiting (`waiting`) in their owners'
-//!   queues (`requests`), and sessions, which keep their child and its
-//!   snapshots from run to run (`sessions`, `snapshots`), each with a
-//!   queue of its own.
+//!   queues (`requests`), and sessions, which keep their child from run to
+//!   run (`sessions`), each with a queue of its own; what is done to a
+//!   session that runs no code of the caller's (`session_ops`); and the
+//!   disks sessions, their snapshots, templates and volumes live on
+//!   (`disks`, `disk_work`).
 //! - runs' cgroups (`exec_cgroups`): each run has one of its own
 //!   (`run_cgroup`), made ahead of need off the reactor (`cgroups`), with
 //!   limits within its caller's ([`limits`]); an agent's runs have theirs
