@@ -104,7 +104,7 @@ def test_initialize_and_list_tools(kernel):
     assert tools["exec"].input_schema["required"] == ["code"]
     assert tools["exec_session"].input_schema["required"] == ["op"]
     assert tools["exec_session"].input_schema["properties"]["op"]["enum"] == [
-        "list", "close", "snapshot", "restore"]
+        "list", "close", "snapshot", "restore", "pause", "resume", "hibernate"]
     assert tools["tools_search"].input_schema["required"] == ["query"]
     assert "detail" in tools["tools_search"].input_schema["properties"]
     assert "timeout_ms" in tools["task_wait"].input_schema["properties"]
@@ -318,6 +318,36 @@ def test_a_cancelled_task_stops(kernel):
     assert waited.structured_content["task"]["state"] == "cancelled", waited.structured_content
     task = status.structured_content["task"]
     assert task["state"] == "cancelled" and task["finished_at"] is not None, task
+
+
+def test_a_session_keeps_its_globals_branches_pauses_and_hibernates(kernel):
+    async def body(session: ClientSession):
+        await session.initialize()
+        call = session.call_tool
+        await call("exec", {"code": "x = 41", "session": "mcp-s"})
+        saved = await call("exec_session", {"op": "snapshot", "session": "mcp-s", "name": "n",
+                                            "state": True})
+        branched = await call("exec_session", {"op": "restore", "session": "mcp-s", "name": "n",
+                                               "into": "mcp-b"})
+        in_branch = await call("exec", {"code": "print(x + 1)", "session": "mcp-b"})
+        paused = await call("exec_session", {"op": "pause", "session": "mcp-s"})
+        resumed = await call("exec_session", {"op": "resume", "session": "mcp-s"})
+        hibernated = await call("exec_session", {"op": "hibernate", "session": "mcp-s"})
+        woke = await call("exec", {"code": "print(x)", "session": "mcp-s"})
+        refused = await call("exec_session", {"op": "pause", "session": "mcp-s", "name": "n"})
+        for name in ("mcp-s", "mcp-b"):
+            await call("exec_session", {"op": "close", "session": name})
+        return saved, branched, in_branch, paused, resumed, hibernated, woke, refused
+
+    saved, branched, in_branch, paused, resumed, hibernated, woke, refused = run(kernel, body)
+    assert saved.structured_content["snapshot"]["state"] is True, text_of(saved)
+    assert branched.structured_content["session"] == "mcp-b", text_of(branched)
+    assert in_branch.structured_content["stdout"] == "42\n", text_of(in_branch)
+    assert paused.structured_content["state"] == "paused", text_of(paused)
+    assert resumed.structured_content["state"] == "ready", text_of(resumed)
+    assert hibernated.structured_content["state"] == "hibernated", text_of(hibernated)
+    assert woke.structured_content["stdout"] == "41\n", text_of(woke)
+    assert refused.is_error and "name" in text_of(refused)
 
 
 def test_a_session_is_snapshotted_restored_and_closed(kernel):

@@ -200,6 +200,9 @@ pub enum SessionOp {
     Close,
     Snapshot,
     Restore,
+    Pause,
+    Resume,
+    Hibernate,
 }
 
 impl std::fmt::Display for SessionOp {
@@ -209,6 +212,9 @@ impl std::fmt::Display for SessionOp {
             SessionOp::Close => "close",
             SessionOp::Snapshot => "snapshot",
             SessionOp::Restore => "restore",
+            SessionOp::Pause => "pause",
+            SessionOp::Resume => "resume",
+            SessionOp::Hibernate => "hibernate",
         })
     }
 }
@@ -235,6 +241,9 @@ pub enum SessionCall {
         name: String,
         into: Option<String>,
     },
+    /// Freeze `session`'s interpreter, let it go on (`resume`), or save
+    /// its globals and end it (`hibernate`): PAUSE or RESUME.
+    Freeze { session: String, op: SessionOp },
 }
 
 impl SessionArguments {
@@ -274,6 +283,13 @@ impl SessionArguments {
                 not_taken("name", name.is_some())?;
                 Ok(SessionCall::Close {
                     session: needed("session", session)?,
+                })
+            }
+            SessionOp::Pause | SessionOp::Resume | SessionOp::Hibernate => {
+                not_taken("name", name.is_some())?;
+                Ok(SessionCall::Freeze {
+                    session: needed("session", session)?,
+                    op,
                 })
             }
             SessionOp::Snapshot => Ok(SessionCall::Snapshot {

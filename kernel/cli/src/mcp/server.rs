@@ -218,7 +218,7 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "A task (its result once ended) after waiting up to timeout_ms (none: no wait).",
+        description = "A task, its result once ended; waits up to timeout_ms (none: no wait).",
         input_schema = schema::input::<TaskWaitArguments>(),
         output_schema = schema::output(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
@@ -271,7 +271,7 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Message an agent (op send: to, message) or read your messages (op recv).",
+        description = "Message an agent (op send: to, message) or read yours (op recv).",
         input_schema = schema::input::<MessagesArguments>(),
         output_schema = schema::output(),
         annotations(destructive_hint = false)
@@ -284,7 +284,7 @@ impl AgentosServer {
     }
 
     #[tool(
-        description = "Find the kernel's MCP tools by words (detail: with schemas).",
+        description = "Find MCP tools by words (detail: with schemas).",
         input_schema = schema::input::<ToolsSearchArguments>(),
         output_schema = schema::output(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true)
@@ -482,9 +482,9 @@ mod tests {
     /// Its floor, with every tool's output schema and annotations, is
     /// about 2 500 bytes before any name, description or argument; the
     /// seventeen tools (`state` and `messages` the latest, then `exec`'s
-    /// `volumes`, then `exec_session`'s `state` and `into`) take some
-    /// 6 996. Session pause and resume, and removing a snapshot, are left
-    /// to the CLI and the SDK: a tool for them would not fit.
+    /// `volumes`, then `exec_session`'s `state` and `into` and its `pause`,
+    /// `resume` and `hibernate`) take some 6 996. Removing a snapshot is
+    /// left to the CLI and the SDK: it would not fit.
     const TOOL_LIST_BUDGET: usize = 7_000;
 
     /// Every tool, and its hints with MCP's defaults applied: read-only,

@@ -1,12 +1,16 @@
-//! `exec_session`: list, close, snapshot and restore EXEC sessions, one
-//! tool with an `op`. A session is made by `exec` with a `session` name,
-//! or by `restore` `into` a new one (a branch of a snapshot).
+//! `exec_session`: list, close, snapshot, restore, pause, resume and
+//! hibernate EXEC sessions, one tool with an `op`. A session is made by
+//! `exec` with a `session` name, or by `restore` `into` a new one (a
+//! branch of a snapshot).
 
-use agentos_proto::payload::{ClosedReply, ExecCall, RestoredReply, SessionsReply, SnapshotReply};
+use agentos_proto::payload::{
+    ClosedReply, ExecCall, PauseRequest, RestoredReply, SessionPauseReply, SessionsReply,
+    SnapshotReply,
+};
 use agentos_proto::Opcode;
 use rmcp::model::CallToolResult;
 
-use super::arguments::{SessionArguments, SessionCall};
+use super::arguments::{SessionArguments, SessionCall, SessionOp};
 use super::kernel::{KernelLink, Wait};
 use super::results::{answer, structured_json, RestoreOutput};
 use super::tool_error::ToolError;
@@ -30,7 +34,28 @@ pub async fn session(
             name,
             into,
         } => restore(kernel, session, name, into).await,
+        SessionCall::Freeze { session, op } => freeze(kernel, session, op).await,
     }
+}
+
+/// PAUSE (or, `hibernate`, PAUSE with `hibernate`) or RESUME of a
+/// session.
+async fn freeze(
+    kernel: &KernelLink,
+    session: String,
+    op: SessionOp,
+) -> Result<CallToolResult, ToolError> {
+    let request = PauseRequest {
+        session: Some(session),
+        hibernate: op == SessionOp::Hibernate,
+        ..PauseRequest::default()
+    };
+    let opcode = if op == SessionOp::Resume {
+        Opcode::RESUME
+    } else {
+        Opcode::PAUSE
+    };
+    answer::<SessionPauseReply>(kernel, opcode, &request, Wait::Quick).await
 }
 
 /// The caller's sessions.
