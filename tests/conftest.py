@@ -50,6 +50,26 @@ def prometheus_tool(name: str) -> Optional[str]:
     return shutil.which(name)
 
 
+# Python a run's code starts with to call the kernel over its own socket
+# as raw frames, as any code in a run may: `ask(opcode, request)` is the
+# reply's JSON.
+RUN_ASKS_KERNEL = """
+import json, os, socket, struct
+kernel = socket.socket(fileno=int(os.environ["AGENTOS_SOCKET_FD"]))
+def ask(opcode, request):
+    payload = json.dumps(request).encode()
+    kernel.sendall(struct.pack("<IIBQ", 0x41474E54, 0, opcode, len(payload)) + payload)
+    header = b""
+    while len(header) < 17:
+        header += kernel.recv(17 - len(header))
+    length = struct.unpack("<IIBQ", header)[3]
+    body = b""
+    while len(body) < length:
+        body += kernel.recv(length - len(body))
+    return json.loads(body)
+"""
+
+
 @dataclass
 class Kernel:
     """A running agentosd."""

@@ -18,7 +18,7 @@ import pytest
 
 from agentos import AgentOSClient, Opcode
 from agentos.errors import BadRequest, NotFound
-from conftest import kernel_with, log_of
+from conftest import RUN_ASKS_KERNEL, kernel_with, log_of
 
 
 def has_root() -> bool:
@@ -155,18 +155,8 @@ def test_pause_names_what_it_cannot_do():
         assert "hibernate" in str(agent.value)
         # A run is a principal of its own: the operator's session is not
         # there for it to pause.
-        tries = run(client, """
-import json, os, socket, struct
-kernel = socket.socket(fileno=int(os.environ["AGENTOS_SOCKET_FD"]))
-payload = json.dumps({"session": "s1"}).encode()
-kernel.sendall(struct.pack("<IIBQ", 0x41474E54, 0, 0x14, len(payload)) + payload)
-header = b""
-while len(header) < 17:
-    header += kernel.recv(17 - len(header))
-body = b""
-while len(body) < struct.unpack("<IIBQ", header)[3]:
-    body += kernel.recv(4096)
-print(json.loads(body).get("code"))
+        tries = run(client, RUN_ASKS_KERNEL + """
+print(ask(0x14, {"session": "s1"}).get("code"))
 """, session="other", permissions={"exec": True})
         assert tries["stdout"] == "not_found\n", tries
         assert state_of(client, "s1") == "ready"

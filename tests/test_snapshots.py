@@ -25,7 +25,7 @@ import pytest
 from agentos import AgentOSClient, Opcode
 from agentos.protocol import encode_frame
 from agentos.errors import AgentOSError, AlreadyExists, BadRequest, LimitExceeded, NotFound
-from conftest import binary, detach_beneath, kernel_with, start_kernel
+from conftest import RUN_ASKS_KERNEL, binary, detach_beneath, kernel_with, start_kernel
 
 MIB = 1 << 20
 
@@ -176,24 +176,11 @@ def test_another_principals_snapshots_are_not_found():
         ask(client, op="snapshot", session="s1", name="n1")
         # A run is a principal of its own: the operator's session and its
         # snapshots are not there for it, nor can it branch from them.
-        tries = run(client, """
-import json, os, socket, struct
-kernel = socket.socket(fileno=int(os.environ["AGENTOS_SOCKET_FD"]))
-def ask(request):
-    payload = json.dumps(request).encode()
-    kernel.sendall(struct.pack("<IIBQ", 0x41474E54, 0, 0x02, len(payload)) + payload)
-    header = b""
-    while len(header) < 17:
-        header += kernel.recv(17 - len(header))
-    length = struct.unpack("<IIBQ", header)[3]
-    body = b""
-    while len(body) < length:
-        body += kernel.recv(length - len(body))
-    return json.loads(body)
+        tries = run(client, RUN_ASKS_KERNEL + """
 for request in ({"op": "snapshots", "session": "s1"},
                 {"op": "restore", "session": "s1", "name": "n1", "into": "mine"},
                 {"op": "remove_snapshot", "session": "s1", "name": "n1"}):
-    reply = ask(request)
+    reply = ask(0x02, request)
     print(reply.get("code") or "allowed")
 """, session="other", permissions={"exec": True})["stdout"]
         assert tries == "not_found\nnot_found\nnot_found\n", tries

@@ -230,7 +230,7 @@ impl Backlog {
     /// `restore`, which waits first in its owner's line for a fresh child.
     /// The session's old child, to go.
     pub fn begin_restore(&mut self, key: &SessionKey, mut restore: Waiting) -> Option<usize> {
-        let (child, carried) = self.sessions.take_for_restore(key)?.into_carried();
+        let (child, carried) = self.sessions.end(key)?.into_carried();
         if let Order::Restore { name } = &restore.order {
             self.disks.store.restore_next(key, name);
         }
@@ -472,13 +472,13 @@ impl Backlog {
     pub fn hibernated(&mut self, keys: &[SessionKey]) -> Vec<usize> {
         let mut gone = Vec::new();
         for key in keys {
-            let Some((child, queue)) = self.sessions.hibernated(key) else {
+            let Some(session) = self.sessions.end(key) else {
                 continue;
             };
-            for waiting in queue.into_iter().rev() {
+            for waiting in session.queue.into_iter().rev() {
                 self.requests.push_front(waiting);
             }
-            gone.push(child);
+            gone.push(session.child);
         }
         gone
     }

@@ -6,9 +6,8 @@
 //! told. (Its snapshots lie on disk, with its disk: `disks`.)
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::time::{Duration, Instant, SystemTime};
-
 use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{
     ExecReply, ExecRequest, RestoredReply, SessionInfo, SessionPauseReply, SessionState,
@@ -96,17 +95,6 @@ impl Sessions {
     /// Whether session `key` is open.
     pub fn contains(&self, key: &SessionKey) -> bool {
         self.open.contains_key(key)
-    }
-
-    /// Session `key`, if it is open; else the error that says it is not.
-    pub fn live(&self, key: &SessionKey) -> Result<(), ErrorReply> {
-        if self.open.contains_key(key) {
-            return Ok(());
-        }
-        Err(ErrorReply::new(
-            ErrorCode::NotFound,
-            format!("no session {:?} (a run with `session` opens one)", key.1),
-        ))
     }
 
     /// Whether `request` asks of its connection what the run that opened
@@ -230,12 +218,9 @@ impl Sessions {
         self.open.insert(key, session);
     }
 
-    /// Takes session `key` out: a restore carries it to a fresh child.
-    pub fn take_for_restore(&mut self, key: &SessionKey) -> Option<Session> {
-        self.open.remove(key)
-    }
-
-    /// Ends session `key`'s interpreter: what it was, if it was open.
+    /// Ends session `key`'s interpreter: what it was, if it was open (a
+    /// restore carries it to a fresh child; a hibernation's queue waits
+    /// for one).
     pub fn end(&mut self, key: &SessionKey) -> Option<Session> {
         self.open.remove(key)
     }
@@ -296,13 +281,6 @@ impl Sessions {
                 left_out: finished.left_out,
             }),
         }
-    }
-
-    /// Session `key`'s interpreter ends, its globals saved: what waited
-    /// for it, to wait again for a fresh one; its child, to go.
-    pub fn hibernated(&mut self, key: &SessionKey) -> Option<(usize, VecDeque<Waiting>)> {
-        let session = self.open.remove(key)?;
-        Some((session.child, session.queue))
     }
 
     /// What the kernel's own orders to session `key` are held to (see

@@ -131,14 +131,17 @@ impl Stored {
     /// Session `key`'s record, made now if it is new (opened from
     /// `template`).
     pub fn opening(&mut self, key: &SessionKey, template: Option<String>) -> SessionRecord {
-        let record = self
-            .records
+        self.entry(key, template).clone()
+    }
+
+    /// Session `key`'s record, made now if it is new.
+    fn entry(&mut self, key: &SessionKey, template: Option<String>) -> &mut SessionRecord {
+        self.records
             .entry(key.clone())
             .or_insert_with(|| SessionRecord {
                 template,
                 ..SessionRecord::new(SystemTime::now())
-            });
-        record.clone()
+            })
     }
 
     /// Session `key`'s disk as the disks' thread is given it, with
@@ -209,20 +212,19 @@ impl Stored {
         name: &str,
         state: bool,
     ) -> (SessionDisk, bool) {
-        let from = SnapshotRef {
+        let template = self.records.get(from).and_then(|s| s.template.clone());
+        let snapshot = SnapshotRef {
             session: from.1.clone(),
             name: name.to_owned(),
         };
-        let template = self.records.get(&(into.0, from.session.clone()));
-        let template = template.and_then(|s| s.template.clone());
         let new = !self.records.contains_key(into);
-        let mut record = self.opening(into, template);
-        record.state_from = state.then(|| from.clone());
-        if let Some(kept) = self.records.get_mut(into) {
-            kept.state_from = record.state_from.clone();
-        }
-        record.restore_from = Some(from);
-        (self.disk(into, record), new)
+        let record = self.entry(into, template);
+        record.state_from = state.then(|| snapshot.clone());
+        let restoring = SessionRecord {
+            restore_from: Some(snapshot),
+            ..record.clone()
+        };
+        (self.disk(into, restoring), new)
     }
 
     /// Whether session `key` has no interpreter and its next one starts

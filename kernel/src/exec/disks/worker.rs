@@ -338,8 +338,8 @@ impl Spare {
         }
     }
 
-    /// Makes `dir` a new session's disk of `bytes`: this one, if it is
-    /// ready and of that size, else one made now.
+    /// Mounts session disk `dir`: a new one of `bytes` is this one, if it
+    /// is ready and of that size, else one made now.
     fn give(&mut self, dir: &DiskDir, bytes: u64, user: RunUser) -> io::Result<()> {
         if self.ready && self.bytes == bytes && !dir.has_disk() {
             self.ready = false;
@@ -385,20 +385,31 @@ impl Snapshots {
     /// its interpreter is to start with.
     fn restore(&self, disk: &SessionDisk) -> Result<Option<OwnedFd>, StoreError> {
         let record = &disk.record;
-        if let Some(from) = &record.restore_from {
-            let manifest = self.manifest(&disk.owner, from)?;
-            self.store
-                .restore(&disk.owner, &manifest, &disk.dir.mount_point(), self.user)?;
-        }
+        let restored = self.restore_files(disk)?;
         let Some(from) = &record.state_from else {
             return Ok(None);
         };
-        let manifest = self.manifest(&disk.owner, from)?;
+        let manifest = match restored.filter(|_| record.restore_from.as_ref() == Some(from)) {
+            Some(manifest) => manifest,
+            None => self.manifest(&disk.owner, from)?,
+        };
         let Some(state) = &manifest.state else {
             return Ok(None);
         };
         let file = self.store.open_state(&disk.owner, &from.name, state)?;
         Ok(Some(OwnedFd::from(file)))
+    }
+
+    /// Restores onto `disk` the files of the snapshot its record names, if
+    /// it names one: that snapshot's manifest.
+    fn restore_files(&self, disk: &SessionDisk) -> Result<Option<Manifest>, StoreError> {
+        let Some(from) = &disk.record.restore_from else {
+            return Ok(None);
+        };
+        let manifest = self.manifest(&disk.owner, from)?;
+        let mount_point = disk.dir.mount_point();
+        (self.store).restore(&disk.owner, &manifest, &mount_point, self.user)?;
+        Ok(Some(manifest))
     }
 
     fn manifest(&self, owner: &str, from: &SnapshotRef) -> Result<Manifest, StoreError> {
@@ -562,12 +573,9 @@ fn give_disks(
     if let Some(disk) = &plan.session {
         let dir = &disk.dir;
         attached.existed = dir.has_disk();
-        if attached.existed {
-            dir.mount(disk.bytes, user, &SESSION_PARTS).map(|_| ())
-        } else {
-            snapshots.spare.give(dir, disk.bytes, user)
-        }
-        .map_err(DiskError::Mount)?;
+        (snapshots.spare)
+            .give(dir, disk.bytes, user)
+            .map_err(DiskError::Mount)?;
         let pending = disk.record.restore_from.is_some() || disk.record.state_from.is_some();
         if !attached.existed || pending {
             // What was to be restored is done with, whether it could be or
@@ -619,27 +627,14 @@ fn restore_onto(
     new: bool,
     snapshots: &mut Snapshots,
 ) -> Result<SessionRecord, DiskError> {
-    let user = snapshots.user;
     if new {
         let _ = disk.dir.remove();
-        snapshots.spare.give(&disk.dir, disk.bytes, user)
-    } else {
-        disk.dir.mount(disk.bytes, user, &SESSION_PARTS).map(|_| ())
     }
-    .map_err(DiskError::Mount)?;
-    if let Some(from) = &disk.record.restore_from {
-        let manifest = snapshots
-            .manifest(&disk.owner, from)
-            .map_err(DiskError::Restore)?;
-        snapshots
-            .store
-            .restore(
-                &disk.owner,
-                &manifest,
-                &disk.dir.mount_point(),
-                snapshots.user,
-            )
-            .map_err(DiskError::Restore)?;
+    (snapshots.spare)
+        .give(&disk.dir, disk.bytes, snapshots.user)
+        .map_err(DiskError::Mount)?;
+    let restored = snapshots.restore_files(disk).map_err(DiskError::Restore)?;
+    if let Some(manifest) = restored {
         // Its globals become the session's own, as a hibernated session's
         // are: its first interpreter loads them even if the snapshot (or
         // the session it was taken of) is gone by then.

@@ -174,6 +174,8 @@ impl Store {
         });
         let added_bytes = walk.added_bytes;
         let (left_out, added) = (walk.left_out, walk.added);
+        let path = self.manifest_path(owner, session, name);
+        let replaces = path.exists();
         let written = taken.and_then(|(entries, bytes, state)| {
             let manifest = Manifest {
                 session: session.to_owned(),
@@ -183,14 +185,16 @@ impl Store {
                 state,
                 entries,
             };
-            manifest::write(&self.manifest_path(owner, session, name), &manifest)?;
+            manifest::write(&path, &manifest)?;
             Ok(manifest)
         });
         match written {
             Ok(manifest) => {
                 *self.held.entry(owner.to_owned()).or_default() += added_bytes;
-                // What the snapshot it replaced held alone goes.
-                self.collect(owner)?;
+                if replaces {
+                    // What the snapshot it replaced held alone goes.
+                    self.collect(owner)?;
+                }
                 Ok((manifest, left_out))
             }
             Err(err) => {

@@ -49,8 +49,18 @@ impl Objects {
     }
 
     /// Copies `source` into the store, unless `fits` says its bytes (when
-    /// they are new to it) do not fit.
-    pub fn put(&self, source: File, fits: impl FnOnce(u64) -> io::Result<()>) -> io::Result<Put> {
+    /// they are new to it) do not fit. One whose size does not fit is only
+    /// read, not written, unless the store has it already: the host's disk
+    /// never takes more than the room left.
+    pub fn put(&self, mut source: File, fits: impl Fn(u64) -> io::Result<()>) -> io::Result<Put> {
+        if let Err(err) = fits(source.metadata()?.len()) {
+            let (bytes, hash) = copy_hashing(&mut source, &mut io::sink())?;
+            if !self.has(&hash) {
+                return Err(err);
+            }
+            let added = false;
+            return Ok(Put { hash, bytes, added });
+        }
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -64,7 +74,7 @@ impl Objects {
             .truncate(true)
             .mode(0o400)
             .open(&temporary)?;
-        let copied = copy_hashing(source, &mut sink);
+        let copied = copy_hashing(&mut source, &mut sink);
         drop(sink);
         let (bytes, hash) = match copied {
             Ok(copied) => copied,
@@ -103,8 +113,8 @@ impl Objects {
     /// Copies object `hash` into `sink`, checking it is `size` bytes
     /// whose hash is `hash`.
     pub fn copy_out(&self, hash: &str, size: u64, sink: &mut File) -> Result<(), ObjectError> {
-        let source = self.open(hash)?;
-        let (copied, found) = copy_hashing(source, sink).map_err(ObjectError::Copy)?;
+        let mut source = self.open(hash)?;
+        let (copied, found) = copy_hashing(&mut source, sink).map_err(ObjectError::Copy)?;
         if copied != size || found != hash {
             return Err(ObjectError::Differs);
         }
@@ -143,7 +153,7 @@ impl Objects {
 }
 
 /// Copies `source` into `sink` whole: bytes copied and their SHA-256.
-fn copy_hashing(mut source: File, sink: &mut File) -> io::Result<(u64, String)> {
+fn copy_hashing(source: &mut File, sink: &mut impl Write) -> io::Result<(u64, String)> {
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; CHUNK];
     let mut copied = 0u64;
