@@ -284,20 +284,24 @@ def test_snapshots_last_through_a_kernel_killed_and_a_half_taken_one_is_not_list
             ask(client, op="snapshot", session="s1", name="whole", state=True)
             run(client, "import os\nfor i in range(24):\n"
                         "    open(f'f{i}.bin', 'wb').write(os.urandom(8 << 20))")
-        # A raw client asks for a large snapshot; the kernel is killed while
-        # it reads the files.
+        # A raw client asks for a large snapshot; the kernel is killed once
+        # it has stored the first of its files, with 23 still to read.
+        objects = workdir / "state" / "snapshots" / "uid-0" / "objects"
+        stored = len(list(objects.rglob("*")))
         with socket.socket(socket.AF_UNIX) as slow:
             slow.connect(kernel.socket_path)
             request = {"op": "snapshot", "session": "s1", "name": "half"}
             slow.sendall(encode_frame(Opcode.EXEC, json.dumps(request).encode()))
-            time.sleep(0.3)
+            deadline = time.monotonic() + 30
+            while len(list(objects.rglob("*"))) <= stored:
+                assert time.monotonic() < deadline, "the snapshot never began"
+                time.sleep(0.002)
             kernel.process.send_signal(signal.SIGKILL)
             kernel.process.wait(timeout=10)
         kernel = start_kernel(workdir)
         with AgentOSClient(kernel.socket_path) as client:
             listed = ask(client, op="snapshots", session="s1")["snapshots"]
             assert [s["name"] for s in listed] == ["whole"], listed
-            objects = workdir / "state" / "snapshots" / "uid-0" / "objects"
             assert du(objects) < 1 * MIB, "the half-taken snapshot's objects are gone"
             deadline = time.monotonic() + 30
             while True:

@@ -47,10 +47,21 @@ pub struct StateRef {
     pub bytes: u64,
 }
 
+/// How a manifest's objects are named: by their BLAKE3 hash. A manifest
+/// that does not say so is refused as one that does not parse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Hashes {
+    /// BLAKE3, in hex.
+    #[serde(rename = "blake3")]
+    Blake3,
+}
+
 /// A snapshot as its manifest says.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
+    /// How its objects are named.
+    pub hashes: Hashes,
     /// The session it was taken of.
     pub session: String,
     /// Its name.

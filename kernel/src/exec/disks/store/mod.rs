@@ -1,5 +1,5 @@
 //! Snapshots on disk: each owner's store under `<state>/snapshots/<owner>/`
-//! holds the contents of files by their SHA-256 (`objects`) and one
+//! holds the contents of files by their BLAKE3 hash (`objects`) and one
 //! manifest per snapshot (`sessions/<session>/<name>.json`) naming each
 //! directory and file of it with its content's hash. Two snapshots that
 //! differ by one file share every other object, and a file unchanged since
@@ -21,12 +21,15 @@ mod objects;
 mod restore;
 mod walk;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use self::manifest::{remove_if_there, Damage, Entry, ObjectError, StateRef};
+use self::manifest::{remove_if_there, Damage, Entry, Hashes, ObjectError, StateRef};
 pub use self::manifest::{Manifest, StoreError};
 use self::objects::Objects;
 use self::walk::Walk;
@@ -178,6 +181,7 @@ impl Store {
         let replaces = path.exists();
         let written = taken.and_then(|(entries, bytes, state)| {
             let manifest = Manifest {
+                hashes: Hashes::Blake3,
                 session: session.to_owned(),
                 name: name.to_owned(),
                 created_at: now,
@@ -215,6 +219,7 @@ impl Store {
         created_at: u64,
     ) -> std::io::Result<()> {
         let manifest = Manifest {
+            hashes: Hashes::Blake3,
             session: session.to_owned(),
             name: name.to_owned(),
             created_at,

@@ -1,14 +1,17 @@
 //! Restoring a snapshot onto a session's disk: a copy of each object
 //! (never a link: a sandbox must not reach the store) written into a
-//! directory beside the disk's parts, every path and hash checked as it
-//! goes, and only then swapped for the parts. A damaged snapshot is
-//! refused by name and the disk is left as it was.
+//! directory beside the disk's parts, every path checked as it goes and
+//! every object's hash checked on a thread of its own meanwhile, and only
+//! then swapped for the parts. A damaged snapshot is refused by name and
+//! the disk is left as it was.
 
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use super::manifest::{remove_if_there, Damage, Manifest, StoreError};
+use super::manifest::{remove_if_there, Damage, Manifest, ObjectError, StoreError};
 use super::objects::Objects;
 use super::walk::SNAPSHOT_PARTS;
 use crate::exec::disks::image::RunUser;
@@ -47,16 +50,66 @@ pub fn restore(
     Ok(())
 }
 
+/// Writes `manifest`'s entries beneath `staging` while a second thread
+/// checks the objects they are copied from: the copy and the check each
+/// read every byte, so side by side they take the time of one.
 fn write_entries(
     objects: &Objects,
     manifest: &Manifest,
     staging: &Path,
     user: RunUser,
 ) -> Result<(), StoreError> {
-    let damaged = |why: Damage| StoreError::Damaged {
-        name: manifest.name.clone(),
-        why,
+    let give_up = Arc::new(AtomicBool::new(false));
+    let files: Vec<(usize, String, u64)> = (manifest.entries.iter().enumerate())
+        .filter_map(|(at, entry)| Some((at, entry.hash.clone()?, entry.size)))
+        .collect();
+    let checking = {
+        let (objects, give_up) = (objects.clone(), Arc::clone(&give_up));
+        agentos_primitives::threads::spawn("agentos-snapshot-check", move || {
+            check_objects(&objects, &files, &give_up)
+        })?
     };
+    let copied = copy_entries(objects, manifest, staging, user, &give_up);
+    if copied.is_err() {
+        give_up.store(true, Ordering::Relaxed);
+    }
+    let checked = checking
+        .join()
+        .map_err(|_| std::io::Error::other("the thread checking a snapshot's objects panicked"))?;
+    // A damaged object is the reason a copy of it failed, if one did.
+    if let Err((at, err)) = checked {
+        let path = manifest.entries[at].path.clone();
+        return Err(damaged(manifest, Damage::Object { path, err }));
+    }
+    copied
+}
+
+/// Checks each of `files` (an entry's place, its object and size) until
+/// one is not what was saved, or until told to give up.
+fn check_objects(
+    objects: &Objects,
+    files: &[(usize, String, u64)],
+    give_up: &AtomicBool,
+) -> Result<(), (usize, ObjectError)> {
+    for (at, hash, size) in files {
+        if give_up.load(Ordering::Relaxed) {
+            break;
+        }
+        if let Err(err) = objects.check(hash, *size) {
+            give_up.store(true, Ordering::Relaxed);
+            return Err((*at, err));
+        }
+    }
+    Ok(())
+}
+
+fn copy_entries(
+    objects: &Objects,
+    manifest: &Manifest,
+    staging: &Path,
+    user: RunUser,
+    give_up: &AtomicBool,
+) -> Result<(), StoreError> {
     let unwritable = |path: &str, err| Damage::Entry {
         path: path.to_owned(),
         err,
@@ -65,33 +118,42 @@ fn write_entries(
         make_owned_dir(&staging.join(part), 0o700, user)?;
     }
     for entry in &manifest.entries {
-        let relative =
-            plain_path(&entry.path).ok_or_else(|| damaged(Damage::NotPlain(entry.path.clone())))?;
+        if give_up.load(Ordering::Relaxed) {
+            // The check found an object damaged: that is the error.
+            return Ok(());
+        }
+        let relative = plain_path(&entry.path)
+            .ok_or_else(|| damaged(manifest, Damage::NotPlain(entry.path.clone())))?;
         let target = staging.join(relative);
         let Some(hash) = &entry.hash else {
             make_owned_dir(&target, 0o755, user)
-                .map_err(|err| damaged(unwritable(&entry.path, err)))?;
+                .map_err(|err| damaged(manifest, unwritable(&entry.path, err)))?;
             continue;
         };
         let mode = if entry.exec { 0o755 } else { 0o644 };
-        let mut sink = fs::OpenOptions::new()
+        let sink = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(mode)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&target)
-            .map_err(|err| damaged(unwritable(&entry.path, err)))?;
-        objects
-            .copy_out(hash, entry.size, &mut sink)
-            .map_err(|err| {
-                let path = entry.path.clone();
-                damaged(Damage::Object { path, err })
-            })?;
+            .map_err(|err| damaged(manifest, unwritable(&entry.path, err)))?;
+        objects.copy_out(hash, entry.size, &sink).map_err(|err| {
+            let path = entry.path.clone();
+            damaged(manifest, Damage::Object { path, err })
+        })?;
         // The mode asked at creation is masked: set it whole.
         sink.set_permissions(fs::Permissions::from_mode(mode))?;
         std::os::unix::fs::fchown(&sink, Some(user.uid), Some(user.gid))?;
     }
     Ok(())
+}
+
+fn damaged(manifest: &Manifest, why: Damage) -> StoreError {
+    StoreError::Damaged {
+        name: manifest.name.clone(),
+        why,
+    }
 }
 
 /// `path` if it is plain components beneath a part a snapshot covers: no
