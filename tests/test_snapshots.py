@@ -277,6 +277,7 @@ def test_snapshots_last_through_a_kernel_killed_and_a_half_taken_one_is_not_list
     if not has_root():
         return
     workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
+    kernel = None
     try:
         kernel = start_kernel(workdir, "[exec]\nsession_disk_bytes = 268435456\n")
         with AgentOSClient(kernel.socket_path) as client:
@@ -313,8 +314,9 @@ def test_snapshots_last_through_a_kernel_killed_and_a_half_taken_one_is_not_list
                     assert time.monotonic() < deadline
                     time.sleep(0.2)
             assert printed(client, "print(open('kept.txt').read(), x)", "again") == "kept 5\n"
-        kernel.stop()
     finally:
+        if kernel is not None:
+            kernel.stop()
         detach_beneath(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
 

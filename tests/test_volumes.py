@@ -259,6 +259,7 @@ def test_a_volume_lasts_through_a_kernel_killed_with_sigkill():
     if not has_root():
         return
     workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
+    kernel = None
     try:
         kernel = start_kernel(workdir)
         with AgentOSClient(kernel.socket_path) as client:
@@ -277,8 +278,9 @@ def test_a_volume_lasts_through_a_kernel_killed_with_sigkill():
                     break
                 time.sleep(0.2)  # the killed kernel's loop device lets go
             assert again["stdout"] == "kept\n", again
-        kernel.stop()
     finally:
+        if kernel is not None:
+            kernel.stop()
         detach_beneath(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
 
