@@ -58,10 +58,11 @@ impl Backlog {
     /// the children its hosts keep ready, and the sessions.
     pub fn new(exec: &ExecConfig, disks: SessionDisks) -> Backlog {
         let slots = exec.hosts * exec.ready_runs;
+        let hibernate_idle = hibernates_idle(exec) && disks.available();
         Backlog {
             requests: Requests::new(Caps::for_slots(slots, exec.max_running_per_owner)),
-            hibernate_idle: hibernates_idle(exec) && disks.available(),
-            sessions: Sessions::new(exec),
+            hibernate_idle,
+            sessions: Sessions::new(exec, hibernate_idle),
             disks: DiskWork::new(disks),
         }
     }

@@ -28,6 +28,10 @@ use crate::fd;
 use crate::identity::Principal;
 use crate::telemetry::tracer::OpenSpan;
 
+/// How often a frozen run whose time is up is looked at again: it is
+/// killed within this of being thawed.
+const FROZEN_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What a child's socket brought.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Heard {
@@ -323,8 +327,11 @@ impl Children {
             _ => return None,
         };
         if let Some(since) = run.frozen_since {
-            // Not before it has been thawed and run what it had left.
-            return Some(now + due.saturating_duration_since(since));
+            // Not before it has been thawed and run what it had left; and,
+            // frozen with nothing left, not at once again (that would wake
+            // the reactor without end): it is killed once it is thawed.
+            let left = due.saturating_duration_since(since);
+            return Some(now + left.max(FROZEN_RECHECK));
         }
         if now < due {
             return Some(due);

@@ -184,7 +184,12 @@ impl DiskWork {
                         }
                         Err(err) => {
                             let full = matches!(err, StoreError::Full(_));
-                            store_refusal(full, &err, "the snapshot was not taken").into()
+                            store_refusal(
+                                full,
+                                &err,
+                                "the snapshot was not taken (the earlier ones are intact)",
+                            )
+                            .into()
                         }
                     };
                     replies.push((asked.reply_to, answer));

@@ -105,11 +105,6 @@ impl Pool {
         })
     }
 
-    /// Whether a token is one of EXEC's.
-    pub fn owns(&self, token: Token) -> bool {
-        self.sources.owns(token)
-    }
-
     /// How every host is set up.
     pub fn setup(&self) -> &ExecHostSetup {
         self.hosts.setup()

@@ -49,12 +49,13 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    /// None yet, with `exec`'s caps and idle time.
-    pub fn new(exec: &ExecConfig) -> Sessions {
+    /// None yet, with `exec`'s caps and idle time (`hibernate_idle`: an
+    /// idle session hibernates, after `exec.idle_hibernate_secs`).
+    pub fn new(exec: &ExecConfig, hibernate_idle: bool) -> Sessions {
         Sessions {
             open: HashMap::new(),
             lost_to_memory: HashSet::new(),
-            idle: Duration::from_secs(if hibernates_idle(exec) {
+            idle: Duration::from_secs(if hibernate_idle {
                 exec.idle_hibernate_secs
             } else {
                 exec.session_idle_secs

@@ -46,11 +46,6 @@ impl Sources {
         })
     }
 
-    /// Whether a token is one of EXEC's.
-    pub fn owns(&self, token: Token) -> bool {
-        (self.base..self.base + TOKEN_SPAN).contains(&token.0)
-    }
-
     /// What a token stands for, while it is watched.
     pub fn get(&self, token: Token) -> Option<ExecSource> {
         let key = token.0.checked_sub(self.base)?;

@@ -13,6 +13,7 @@ use agentos_proto::payload::SnapshotInfo;
 use super::image::DiskDir;
 use super::names::owner_of;
 use super::store::Store;
+use crate::exec::order::HIBERNATED;
 use crate::exec::waiting::SessionKey;
 use crate::identity::Principal;
 
@@ -83,7 +84,7 @@ pub fn snapshots<R>(
             if sessions.contains_key(&key) {
                 // A hibernated session's globals are not one of its
                 // snapshots (no client can give such a name).
-                if !manifest.name.starts_with('~') {
+                if manifest.name != HIBERNATED {
                     listed.push((key, manifest.info()));
                 }
             } else if let Err(err) = store.remove(&owner_dir, &manifest.session, None) {

@@ -16,6 +16,7 @@ use super::names::{disk_path, owner_dir_name};
 use super::record::{seconds, SessionRecord, SnapshotRef};
 use super::worker::SessionDisk;
 use crate::clock::rfc3339;
+use crate::exec::order::HIBERNATED;
 use crate::exec::waiting::SessionKey;
 use crate::identity::Principal;
 
@@ -202,9 +203,10 @@ impl Stored {
 
     /// Session `into` (made now if it is new, from `from`'s template) is
     /// to be restored from `from`'s snapshot `name`: its next interpreter
-    /// loads the snapshot's globals (if it kept them, `state`). Its disk,
-    /// for the disks' thread to restore the files onto now, and whether it
-    /// is new.
+    /// loads the snapshot's globals (if it kept them, `state`) from its own
+    /// copy of them, which the disks' thread keeps as `into`'s hibernation
+    /// before it takes another job. Its disk, for the disks' thread to
+    /// restore the files onto now, and whether it is new.
     pub fn restoring(
         &mut self,
         into: &SessionKey,
@@ -219,7 +221,10 @@ impl Stored {
         };
         let new = !self.records.contains_key(into);
         let record = self.entry(into, template);
-        record.state_from = state.then(|| snapshot.clone());
+        record.state_from = state.then(|| SnapshotRef {
+            session: into.1.clone(),
+            name: HIBERNATED.to_owned(),
+        });
         let restoring = SessionRecord {
             restore_from: Some(snapshot),
             ..record.clone()

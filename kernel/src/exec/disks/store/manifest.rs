@@ -158,10 +158,9 @@ impl From<io::Error> for StoreError {
     /// A full disk, or a full room, is the owner's to hear of as a limit.
     fn from(err: io::Error) -> StoreError {
         if err.kind() == io::ErrorKind::StorageFull {
+            // What was left as it was is the caller's to say.
             let why = match err.raw_os_error() {
-                Some(_) => "the host's disk is full; the snapshot was not taken (the earlier \
-                            ones are intact)"
-                    .to_owned(),
+                Some(_) => "the host's disk is full".to_owned(),
                 None => err.to_string(),
             };
             return StoreError::Full(why);
