@@ -6,6 +6,7 @@ RESUME lets it go on; its idle timeout and its owner's end still end it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentos import AgentOSClient, Opcode
-from agentos.errors import BadRequest, NotFound
+from agentos.errors import BadRequest, Busy, NotFound
 from conftest import RUN_ASKS_KERNEL, kernel_with, log_of
 
 
@@ -206,6 +207,74 @@ def test_hibernating_a_paused_session_and_runs_queued_behind_it():
         assert run(client, "print(x)")["stdout"] == "7\n"
 
 
+def test_a_refused_hibernation_leaves_a_paused_session_paused():
+    # A hostile owner fills its room for waiting runs behind its paused
+    # session, then asks to hibernate it: the refusal must not let the
+    # session's processes go on.
+    if not has_root():
+        return
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, TICKING)["ok"]
+        wait_for_ticks_past(kernel, 0)
+        pause(client, "s1")
+        fillers = [AgentOSClient(kernel.socket_path) for _ in range(2)]
+        try:
+            for filler in fillers:
+                for _ in range(128):
+                    filler.send(Opcode.EXEC, {"code": "pass", "session": "s1",
+                                              "timeout_ms": 120_000})
+            # A run of another session is refused once the room is full.
+            deadline = time.monotonic() + 30
+            while True:
+                assert time.monotonic() < deadline, "the waiting runs never filled the room"
+                try:
+                    run(client, "pass", session="probe")
+                except Busy:
+                    break
+                time.sleep(0.05)
+            with pytest.raises(Busy):
+                pause(client, "s1", hibernate=True)
+            assert state_of(client, "s1") == "paused"
+            frozen_at = ticks(kernel)
+            time.sleep(0.5)
+            assert ticks(kernel) == frozen_at, "a refused hibernation let the session go on"
+            resume(client, "s1")
+            # Every one waited and ran, but those past the room.
+            replies = [json.loads(filler.recv().payload) for filler in fillers
+                       for _ in range(128)]
+            ran = [r for r in replies if r.get("exit_code") == 0]
+            assert all(r in ran or r.get("code") == "busy" for r in replies), replies
+            assert len(ran) >= 200, len(ran)
+        finally:
+            for filler in fillers:
+                filler.close()
+
+
+def test_a_restore_queued_behind_a_hibernation_restores_its_snapshot():
+    if not has_root():
+        return
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "x = 'snapshot'")["ok"]
+        client.snapshot("s1", "n1", state=True)
+        assert run(client, "x = 'later'")["ok"]
+        # A slow run holds the session; a hibernation, then a restore, wait
+        # behind it in its queue.
+        runner, pauser = AgentOSClient(kernel.socket_path), AgentOSClient(kernel.socket_path)
+        try:
+            runner.send(Opcode.EXEC, {"code": "import time; time.sleep(1)", "session": "s1",
+                                      "timeout_ms": 60_000})
+            time.sleep(0.3)
+            pauser.send(Opcode.PAUSE, {"session": "s1", "hibernate": True})
+            time.sleep(0.2)
+            assert client.restore("s1", "n1") == []
+            assert json.loads(runner.recv().payload)["exit_code"] == 0
+            assert json.loads(pauser.recv().payload)["state"] == "hibernated"
+        finally:
+            runner.close()
+            pauser.close()
+        assert run(client, "print(x)")["stdout"] == "snapshot\n"
+
+
 def test_a_paused_runs_memory_limit_still_ends_it_once_it_goes_on():
     if not has_root():
         return
@@ -288,6 +357,42 @@ def test_an_idle_session_hibernates_with_idle_hibernate_secs():
         while state_of(client, "s1") != "hibernated":
             assert time.monotonic() < deadline, client.sessions()
             time.sleep(0.1)
+        assert run(client, "print(x)")["stdout"] == "kept\n"
+
+
+def test_an_idle_session_that_cannot_hibernate_ends_its_interpreter_once():
+    # Its globals do not fit its owner's room for snapshots: the idle
+    # hibernation fails, and the interpreter ends as an idle one does
+    # rather than be tried again every period.
+    if not has_root():
+        return
+    config = ("[exec]\nsession_idle_secs = 60\nidle_hibernate_secs = 1\n"
+              "snapshot_bytes = 1048576\n")
+    with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "blob = bytes(4 << 20)")["ok"]
+        deadline = time.monotonic() + 15
+        while state_of(client, "s1") != "stored":
+            assert time.monotonic() < deadline, client.sessions()
+            time.sleep(0.1)
+        time.sleep(2.5)
+        assert kernel.log().count("could not hibernate") == 1, kernel.log()
+        assert run(client, "print('blob' in globals())")["stdout"] == "False\n"
+
+
+def test_an_idle_paused_session_hibernates_at_once():
+    # Idle and paused, it is let go to hibernate (as PAUSE with `hibernate`
+    # does), not left to hibernate the moment it is resumed.
+    if not has_root():
+        return
+    config = "[exec]\nsession_idle_secs = 60\nidle_hibernate_secs = 1\n"
+    with kernel_with(config) as kernel, AgentOSClient(kernel.socket_path) as client:
+        assert run(client, "x = 'kept'")["ok"]
+        pause(client, "s1")
+        deadline = time.monotonic() + 15
+        while state_of(client, "s1") != "hibernated":
+            assert time.monotonic() < deadline, client.sessions()
+            time.sleep(0.1)
+        assert not frozen_cgroups()
         assert run(client, "print(x)")["stdout"] == "kept\n"
 
 

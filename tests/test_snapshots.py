@@ -337,6 +337,14 @@ def test_snapshot_ops_name_what_they_miss():
             ask(client, op="snapshot", session="s1", name="n", state="yes")
         with pytest.raises(BadRequest):
             ask(client, op="snapshot", session="s1", name="../../x")
+        # A field another op takes is refused by name, never ignored: a
+        # snapshot that was meant as a branch does not quietly overwrite.
+        with pytest.raises(BadRequest) as misplaced:
+            ask(client, op="snapshot", session="s1", name="n", into="b1")
+        assert "`into`" in str(misplaced.value)
+        with pytest.raises(BadRequest):
+            ask(client, op="restore", session="s1", name="n", state=True)
+        assert client.snapshots("s1") == []
 
 
 def test_the_cli_and_the_sdk_snapshot_branch_pause_and_hibernate():

@@ -20,7 +20,7 @@ use super::order::{Finished, Order};
 use super::queues::{Caps, Share};
 use super::requests::Requests;
 use super::run_cgroup::ChargedTo;
-use super::session_ops::{memfd, no_interpreter};
+use super::session_ops::{self, memfd, no_interpreter};
 pub use super::session_ops::{Idle, SessionOp};
 use super::sessions::{hibernates_idle, Sessions};
 use super::spans::RunSpans;
@@ -232,9 +232,7 @@ impl Backlog {
     /// The session's old child, to go.
     pub fn begin_restore(&mut self, key: &SessionKey, mut restore: Waiting) -> Option<usize> {
         let (child, carried) = self.sessions.end(key)?.into_carried();
-        if let Order::Restore { name } = &restore.order {
-            self.disks.store.restore_next(key, name);
-        }
+        self.restores_next(key, &restore);
         restore.carried = Some(carried);
         self.requests.push_front(restore);
         Some(child)
@@ -268,22 +266,42 @@ impl Backlog {
 
     /// The reply to a finished order of session `key`'s; none yet for a
     /// snapshot whose globals were saved: the kernel reads the session's
-    /// files then (the session held busy meanwhile), and answers.
+    /// files then (the session held busy meanwhile), and answers. A
+    /// hibernation the kernel asked for that failed ends the session's
+    /// interpreter as its idle time had come, rather than be tried again
+    /// and again: the session is let go of its child (what waited for it
+    /// waits for a fresh one, see [`Backlog::hibernated`]).
     pub fn answer(&mut self, key: &SessionKey, mut finished: Finished) -> Option<Answer> {
         let saved = finished.reply.exit_code == Some(0) && finished.reply.error.is_none();
-        let Some((name, state, hibernate)) = finished.order.take_snapshot().filter(|_| saved)
-        else {
-            return Some(self.sessions.answer(key, finished));
+        let kernels_hibernation =
+            finished.order.hibernates() && finished.reply_to == ReplyTo::Nobody;
+        let answer = match finished.order.take_snapshot().filter(|_| saved) {
+            Some((name, state, hibernate)) => {
+                let asked = Asked {
+                    key: key.clone(),
+                    reply_to: finished.reply_to,
+                    not_saved: std::mem::take(&mut finished.left_out),
+                    hibernate,
+                };
+                match self.disks.store.take_snapshot(name, state, asked) {
+                    Ok(()) => {
+                        self.sessions.hold(key);
+                        return None;
+                    }
+                    Err(refusal) => refusal.into(),
+                }
+            }
+            None => self.sessions.answer(key, finished),
         };
-        self.sessions.hold(key);
-        let asked = Asked {
-            key: key.clone(),
-            reply_to: finished.reply_to,
-            not_saved: finished.left_out,
-            hibernate,
-        };
-        self.disks.store.take_snapshot(name, state, asked);
-        None
+        if kernels_hibernation {
+            log::warn!(
+                "exec session {:?}: idle, it could not hibernate; its interpreter ends",
+                key.1
+            );
+            // Its child, no longer the session's, is the caller's to end.
+            self.hibernated(std::slice::from_ref(key));
+        }
+        Some(answer)
     }
 
     /// Session `key`'s interpreter is gone (killed at a timeout, or it
@@ -326,8 +344,9 @@ impl Backlog {
 
     /// What becomes of session `key` if it has been unused since
     /// `last_used`: nothing, if it has been used since; hibernated (its
-    /// order queued) with `exec.idle_hibernate_secs`; else its interpreter
-    /// ends.
+    /// order queued; a paused session is let go first, as PAUSE with
+    /// `hibernate` does) with `exec.idle_hibernate_secs`; else its
+    /// interpreter ends.
     pub fn idle(&mut self, key: &SessionKey, last_used: Instant, now: Instant) -> Idle {
         if !self.sessions.is_idle(key, last_used) {
             return Idle::Used;
@@ -341,11 +360,14 @@ impl Backlog {
             return Idle::Ends;
         };
         log::debug!("exec session {:?}: idle, it hibernates", key.1);
-        let order = Order::Hibernate { state };
+        let order = Order::hibernate(state);
         let to = ReplyTo::Nobody;
         let waiting = Waiting::for_session(key, caller, order, to, limits, timeout, now);
         self.sessions.queue(key, waiting);
-        Idle::Hibernates
+        match self.sessions.is_paused(key) {
+            true => Idle::HibernatesPaused,
+            false => Idle::Hibernates,
+        }
     }
 
     /// Session `key`'s idle interpreter was killed for memory: its owner is
@@ -366,9 +388,8 @@ impl Backlog {
     }
 
     /// The order `op` asks of session `key`, to wait its turn in the
-    /// session's queue; or none, the disks' thread asked to do it (a
-    /// snapshot or restore of a session without an interpreter, a branch)
-    /// and to answer `reply_to`.
+    /// session's queue; or none, the disks' thread asked to do it (see
+    /// [`session_ops::order_for`]).
     pub fn order_for(
         &mut self,
         key: &SessionKey,
@@ -376,112 +397,39 @@ impl Backlog {
         share: Share,
         reply_to: ReplyTo,
     ) -> Result<Option<Order>, ErrorReply> {
-        let disks = &mut self.disks.store;
-        disks.require("snapshots")?;
-        let open = self.sessions.contains(key);
-        if !open && disks.stored.record(key).is_none() {
-            return Err(no_session(key));
-        }
-        if !open && self.requests.sessions().any(|k| k == key) {
-            return Err(ErrorReply::new(
-                ErrorCode::Busy,
-                format!(
-                    "session {:?} is being opened by a run; retry once it has run",
-                    key.1
-                ),
-            ));
-        }
-        let asked = Asked {
-            key: key.clone(),
-            reply_to,
-            not_saved: Vec::new(),
-            hibernate: false,
-        };
-        match op {
-            SessionOp::Hibernate if open => return Ok(Some(Order::Hibernate { state: memfd()? })),
-            SessionOp::Hibernate | SessionOp::Wake => {
-                let hibernated = disks.stored.is_hibernated(key);
-                return match (op, hibernated) {
-                    (SessionOp::Wake, true) => {
-                        self.sessions.may_open(key.0, self.requests.sessions())?;
-                        Ok(Some(Order::Wake))
-                    }
-                    (SessionOp::Hibernate, true) => Err(ErrorReply::new(
-                        ErrorCode::BadRequest,
-                        format!("session {:?} is hibernated already", key.1),
-                    )),
-                    _ => Err(no_interpreter(key, op)),
-                };
-            }
-            SessionOp::Snapshot { name, state } => {
-                disks.snapshots.room_for(key, name)?;
-                if open {
-                    let state = if state { Some(memfd()?) } else { None };
-                    let name = name.to_owned();
-                    return Ok(Some(Order::Snapshot { name, state }));
-                }
-                if state {
-                    return Err(ErrorReply::new(
-                        ErrorCode::BadRequest,
-                        format!(
-                            "EXEC field `state`: session {:?} has no interpreter running (it is \
-                             stored on its disk), so it has no globals to save; take the \
-                             snapshot without `state`",
-                            key.1
-                        ),
-                    ));
-                }
-                disks.take_snapshot(name.to_owned(), None, asked);
-            }
-            SessionOp::Restore { name, into: None } => {
-                disks.snapshots.find(key, name)?;
-                if open {
-                    let name = name.to_owned();
-                    return Ok(Some(Order::Restore { name }));
-                }
-                disks.restore_onto(key, name, asked);
-            }
-            SessionOp::Restore {
-                name,
-                into: Some(into),
-            } => {
-                disks.snapshots.find(key, name)?;
-                let branch = (key.0, into.to_owned());
-                let opening = self.requests.sessions().any(|k| *k == branch);
-                if self.sessions.contains(&branch)
-                    || disks.stored.record(&branch).is_some()
-                    || opening
-                {
-                    return Err(ErrorReply::new(
-                        ErrorCode::AlreadyExists,
-                        format!(
-                            "EXEC field `into`: session {into:?} exists; a branch is restored \
-                             into a new session (close that one first, or name another)"
-                        ),
-                    ));
-                }
-                disks.may_make(&branch, share, self.requests.sessions())?;
-                disks.restore_onto(&branch, name, asked);
-            }
-        }
-        Ok(None)
+        let (sessions, requests) = (&self.sessions, &self.requests);
+        let asked = (key, op, share, reply_to);
+        session_ops::order_for(asked, sessions, requests, &mut self.disks.store)
     }
 
     /// The interpreters of sessions `keys` have saved their globals
-    /// (hibernated): what waited for each waits again, first in its owner's
-    /// line, for a fresh one; the old children, to go.
+    /// (hibernated), or are to end for another reason: what waited for
+    /// each waits again, first in its owner's line, for a fresh one (a
+    /// restore first among them restores onto it); the old children, to
+    /// go.
     pub fn hibernated(&mut self, keys: &[SessionKey]) -> Vec<usize> {
         let mut gone = Vec::new();
         for key in keys {
             let Some(session) = self.sessions.end(key) else {
                 continue;
             };
+            if let Some(first) = session.queue.front() {
+                self.restores_next(key, first);
+            }
             for waiting in session.queue.into_iter().rev() {
                 self.requests.push_front(waiting);
             }
             gone.push(session.child);
         }
         gone
+    }
+
+    /// If `waiting` is a restore of session `key` that will open it on a
+    /// fresh child, the snapshot is restored onto its disk first.
+    fn restores_next(&mut self, key: &SessionKey, waiting: &Waiting) {
+        if let Order::Restore { name } = &waiting.order {
+            self.disks.store.restore_next(key, name);
+        }
     }
 
     /// PAUSE (`frozen`) or RESUME of session `key`: its child is frozen or

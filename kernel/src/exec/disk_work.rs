@@ -37,7 +37,8 @@ pub struct DisksDone {
     pub refused: Vec<usize>,
     /// Children given a template to wait warm with, to settle into it.
     pub warmed: Vec<usize>,
-    /// Sessions whose globals are saved: their interpreters end.
+    /// Sessions whose globals are saved, or whose idle hibernation
+    /// failed: their interpreters end.
     pub hibernated: Vec<SessionKey>,
 }
 
@@ -183,6 +184,15 @@ impl DiskWork {
                             })
                         }
                         Err(err) => {
+                            if asked.hibernate && asked.reply_to == ReplyTo::Nobody {
+                                // Its idle time has come all the same.
+                                log::warn!(
+                                    "exec session {:?}: idle, it could not hibernate ({err}); \
+                                     its interpreter ends",
+                                    asked.key.1
+                                );
+                                done.hibernated.push(asked.key.clone());
+                            }
                             let full = matches!(err, StoreError::Full(_));
                             store_refusal(
                                 full,

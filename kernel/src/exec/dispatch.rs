@@ -273,6 +273,7 @@ impl Exec {
                         Idle::Used => {}
                         Idle::Ends => drop(self.end_interpreter(&key, replies)),
                         Idle::Hibernates => self.serve_session(&key, replies, now),
+                        Idle::HibernatesPaused => drop(self.freeze_session(&key, false, replies)),
                     }
                 }
             }
@@ -486,6 +487,13 @@ impl Exec {
             self.backlog.session_died(&key, replies);
             return self.drop_child(child);
         }
+        if self.backlog.session_of(child).is_none() {
+            // The kernel's own hibernation of it failed: it ended at its
+            // answer (see [`Backlog::answer`]), its queue to a fresh child.
+            self.pool.children().kill_quietly(child);
+            self.drop_child(child);
+            return self.dispatch(replies, now);
+        }
         if let Err(err) = self.pool.keep(child, &self.cgroups) {
             log::warn!("exec session: cannot watch its output: {err}");
             self.backlog.end_session(&key);
@@ -631,7 +639,8 @@ impl Exec {
             |r: &Running| of_it(&r.reply_to),
         );
         let why = "the connection that asked for it closed";
-        self.end_where(waiting, running, why, Kill::Cancelled, replies);
+        self.backlog.end_where(waiting, why, replies);
+        (self.pool.children_mut()).kill_running(running, Kill::Cancelled);
     }
 
     /// `principal` has ended (an agent that exited, was killed or is
@@ -644,7 +653,8 @@ impl Exec {
             |w: &Waiting| w.owner == principal,
             |r: &Running| r.of.owner == principal,
         );
-        self.end_where(waiting, running, why, Kill::OwnerEnded, replies);
+        self.backlog.end_where(waiting, why, replies);
+        (self.pool.children_mut()).kill_running(running, Kill::OwnerEnded);
         for name in self.backlog.end_owner(principal) {
             self.close(principal, &name, replies);
         }
@@ -652,20 +662,6 @@ impl Exec {
         if let Principal::Agent { id } = principal {
             self.cgroups.forget_agent(id);
         }
-    }
-
-    /// Ends the runs `waiting` or `running` picks: waiting ones are
-    /// answered with `why`, running ones killed (their replies say so).
-    fn end_where(
-        &mut self,
-        waiting: impl FnMut(&Waiting) -> bool,
-        running: impl Fn(&Running) -> bool,
-        why: &str,
-        kill: Kill,
-        replies: &mut Vec<Reply>,
-    ) {
-        self.backlog.end_where(waiting, why, replies);
-        self.pool.children_mut().kill_running(running, kill);
     }
 
     /// NET `set` replaced the policies of `owners` (an agent's, and those

@@ -117,12 +117,15 @@ pub enum Order {
     Run,
     /// A snapshot named `name`: the interpreter pickles its globals into
     /// `state` (a memfd) if they are asked for; the kernel then reads the
-    /// session's disk.
+    /// session's disk. One that `hibernate`s is the session's hibernation:
+    /// the kernel keeps the globals and ends the interpreter.
     Snapshot {
         /// The snapshot's name.
         name: String,
         /// Where the globals are written, if they are to be saved.
         state: Option<OwnedFd>,
+        /// The interpreter ends once its globals are kept.
+        hibernate: bool,
     },
     /// The session's fresh interpreter, its disk restored from snapshot
     /// `name`, loads the snapshot's globals, if it saved them.
@@ -130,28 +133,44 @@ pub enum Order {
         /// The snapshot's name.
         name: String,
     },
-    /// Hibernate: the interpreter pickles its globals into `state` (a
-    /// memfd); the kernel keeps them and ends it.
-    Hibernate {
-        /// Where the globals are written.
-        state: OwnedFd,
-    },
     /// RESUME of a hibernated session: its fresh interpreter loads its
     /// globals.
     Wake,
 }
 
 impl Order {
+    /// Hibernate: the interpreter pickles its globals into `state` (a
+    /// memfd); the kernel keeps them and ends it.
+    pub fn hibernate(state: OwnedFd) -> Order {
+        Order::Snapshot {
+            name: HIBERNATED.to_owned(),
+            state: Some(state),
+            hibernate: true,
+        }
+    }
+
+    /// Whether it hibernates its session.
+    pub fn hibernates(&self) -> bool {
+        matches!(
+            self,
+            Order::Snapshot {
+                hibernate: true,
+                ..
+            }
+        )
+    }
+
     /// What the kernel reads into its store once the interpreter has done
     /// its part of a snapshot or a hibernation: the snapshot's name, the
     /// memfd holding the globals (if they were asked for), and whether it
     /// hibernates. None for other orders.
     pub fn take_snapshot(&mut self) -> Option<(String, Option<OwnedFd>, bool)> {
         match self {
-            Order::Snapshot { name, state } => Some((std::mem::take(name), state.take(), false)),
-            Order::Hibernate { state } => {
-                Some((HIBERNATED.to_owned(), state.try_clone().ok(), true))
-            }
+            Order::Snapshot {
+                name,
+                state,
+                hibernate,
+            } => Some((std::mem::take(name), state.take(), *hibernate)),
             Order::Run | Order::Restore { .. } | Order::Wake => None,
         }
     }
@@ -160,7 +179,7 @@ impl Order {
     pub fn op(&self) -> OrderOp {
         match self {
             Order::Run => OrderOp::Run,
-            Order::Snapshot { .. } | Order::Hibernate { .. } => OrderOp::Snapshot,
+            Order::Snapshot { .. } => OrderOp::Snapshot,
             Order::Restore { .. } | Order::Wake => OrderOp::Restore,
         }
     }

@@ -316,11 +316,21 @@ impl Pool {
                 let first = run.first_connection.take();
                 attached.extend(self.connections.for_run(number, first));
             }
-            (Order::Snapshot { state, .. }, _) => {
-                attached.extend(state.as_ref().and_then(|fd| fd.try_clone().ok()))
-            }
-            (Order::Hibernate { state }, _) => attached.extend(state.try_clone().ok()),
-            (Order::Run | Order::Restore { .. } | Order::Wake, _) => {}
+            (
+                Order::Snapshot {
+                    state: Some(state), ..
+                },
+                _,
+            ) => match state.try_clone() {
+                Ok(state) => attached.push(state),
+                Err(err) => {
+                    // Without it the globals would go unsaved, unsaid.
+                    self.children.end_unused(child);
+                    let why = format!("cannot hand the interpreter its globals' memfd: {err}");
+                    return Some(Err(ErrorReply::new(ErrorCode::Internal, why)));
+                }
+            },
+            (Order::Run | Order::Snapshot { .. } | Order::Restore { .. } | Order::Wake, _) => {}
         }
         // A fresh interpreter's globals come last.
         if let Some(state) = waiting.load_state.take() {

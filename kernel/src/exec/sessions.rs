@@ -302,6 +302,11 @@ impl Sessions {
         }
     }
 
+    /// Whether session `key` is paused.
+    pub fn is_paused(&self, key: &SessionKey) -> bool {
+        self.open.get(key).is_some_and(|session| session.paused)
+    }
+
     /// Session `key` stays busy after its order while the kernel reads
     /// its files for a snapshot.
     pub fn hold(&mut self, key: &SessionKey) {

@@ -150,27 +150,26 @@ fn session_freeze(
     };
     let key = (request.caller.principal(), session.to_owned());
     let replies = &mut kernel.outbox.replies;
-    // Hibernating saves the globals, so a paused interpreter is let go
-    // first; a hibernated session is resumed by a fresh interpreter, which
-    // loads them. Both are answered once done.
+    // A hibernated session is resumed by a fresh interpreter, which loads
+    // its globals; hibernating saves them, so a paused interpreter is let
+    // go once the order is queued (one refused leaves it as it was). Both
+    // are answered once done.
     let hibernated = kernel.exec.disks().store.stored.is_hibernated(&key);
     let op = match (hibernate, pause) {
-        (true, _) => {
-            let _ = kernel.exec.freeze_session(&key, false, replies);
-            Some(SessionOp::Hibernate)
-        }
+        (true, _) => Some(SessionOp::Hibernate),
         (false, false) if hibernated => Some(SessionOp::Wake),
         _ => None,
     };
     if let Some(op) = op {
         let reply_to = request.reply_to;
-        return match kernel
-            .exec
-            .session_order(caller, session, op, reply_to, replies)
-        {
-            Ok(()) => Outcome::Later,
-            Err(err) => Outcome::Reply(err.into()),
-        };
+        let exec = &mut kernel.exec;
+        if let Err(err) = exec.session_order(caller, session, op, reply_to, replies) {
+            return Outcome::Reply(err.into());
+        }
+        if hibernate {
+            let _ = exec.freeze_session(&key, false, replies);
+        }
+        return Outcome::Later;
     }
     let freezer = match kernel.exec.freeze_session(&key, pause, replies) {
         Ok(freezer) => freezer,

@@ -442,6 +442,54 @@ enum ExecOp {
     RemoveVolume,
 }
 
+impl ExecOp {
+    /// The fields it takes beside `op` (a run's are its own struct's).
+    fn fields(self) -> &'static [&'static str] {
+        match self {
+            ExecOp::Run | ExecOp::Sessions | ExecOp::Templates | ExecOp::Volumes => &[],
+            ExecOp::Close | ExecOp::Snapshots => &["session"],
+            ExecOp::Snapshot => &["session", "name", "state"],
+            ExecOp::Restore => &["session", "name", "into"],
+            ExecOp::RemoveSnapshot => &["session", "name"],
+            ExecOp::BuildTemplate => &["template", "packages", "requirements", "timeout_ms"],
+            ExecOp::RemoveTemplate => &["template"],
+            ExecOp::CreateVolume => &["volume", "bytes"],
+            ExecOp::RemoveVolume => &["volume"],
+        }
+    }
+
+    /// `bad_request` naming the first field of `value` that `self` does
+    /// not take: one another op takes is refused as an unknown one is,
+    /// never ignored.
+    fn only_its_fields(self, value: &serde_json::Value) -> Result<(), ErrorReply> {
+        let Some(fields) = value.as_object() else {
+            return Ok(());
+        };
+        let takes = self.fields();
+        let Some(other) = fields
+            .keys()
+            .find(|k| *k != "op" && !takes.contains(&k.as_str()))
+        else {
+            return Ok(());
+        };
+        let op = value
+            .get("op")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("run");
+        let takes = match takes {
+            [] => "no other field".to_owned(),
+            takes => takes
+                .iter()
+                .map(|f| format!("`{f}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        Err(bad_request(format!(
+            "EXEC field `{other}` is not one op {op:?} takes (it takes {takes})"
+        )))
+    }
+}
+
 /// The one `op` a run's payload may name.
 #[derive(Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -490,8 +538,10 @@ impl ExecCall {
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
         let value: serde_json::Value = parse_json("EXEC", payload)?;
         let OpOnly { op } = super::parse::peek("EXEC", value.clone())?;
-        let fields =
-            |value| -> Result<OpWire, ErrorReply> { super::parse::from_value("EXEC", value) };
+        let fields = |value: serde_json::Value| -> Result<OpWire, ErrorReply> {
+            op.only_its_fields(&value)?;
+            super::parse::from_value("EXEC", value)
+        };
         Ok(match op {
             ExecOp::Run => ExecCall::Run(Box::new(ExecRequest::from_wire(
                 super::parse::from_value("EXEC", value)?,
@@ -625,6 +675,29 @@ impl OpWire {
 mod tests {
     use super::*;
     use crate::payload::exec_reply::ExecReply;
+
+    #[test]
+    fn an_op_refuses_a_field_only_another_op_takes_by_name() {
+        let cases: [&[u8]; 6] = [
+            br#"{"op":"close","session":"s1","volume":"v"}"#,
+            br#"{"op":"snapshot","session":"s1","name":"n","into":"b"}"#,
+            br#"{"op":"restore","session":"s1","name":"n","state":true}"#,
+            br#"{"op":"sessions","session":"s1"}"#,
+            br#"{"op":"create_volume","volume":"v","packages":["six"]}"#,
+            br#"{"op":"remove_template","template":"t","timeout_ms":5}"#,
+        ];
+        for payload in cases {
+            let err = ExecCall::parse(payload).unwrap_err();
+            let text = String::from_utf8_lossy(payload);
+            assert_eq!(err.code, ErrorCode::BadRequest, "{text}");
+            assert!(err.error.contains("is not one op"), "{text}: {}", err.error);
+        }
+        let err = ExecCall::parse(br#"{"op":"close","session":"s1","volume":"v"}"#).unwrap_err();
+        assert!(err.error.contains("`volume`"), "{}", err.error);
+        assert!(err.error.contains("`session`"), "{}", err.error);
+        let ok = ExecCall::parse(br#"{"op":"restore","session":"s1","name":"n","into":"b"}"#);
+        assert!(ok.is_ok(), "{ok:?}");
+    }
 
     #[test]
     fn a_build_names_its_fields_exactly_and_asks_for_something() {

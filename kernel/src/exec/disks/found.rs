@@ -65,7 +65,8 @@ pub fn owned_disks<R>(
 
 /// The snapshots in `store` of the sessions kept (`sessions`), to be
 /// listed; the rest (an agent's or a run's, a closed session's) are
-/// removed from it.
+/// removed from it, and what each owner's store holds then is counted
+/// once.
 pub fn snapshots<R>(
     store: &mut Store,
     sessions: &HashMap<SessionKey, R>,
@@ -87,12 +88,15 @@ pub fn snapshots<R>(
                 if manifest.name != HIBERNATED {
                     listed.push((key, manifest.info()));
                 }
-            } else if let Err(err) = store.remove(&owner_dir, &manifest.session, None) {
+            } else if let Err(err) = store.forget(&owner_dir, &manifest.session, None) {
                 log::warn!(
                     "snapshots of session {:?}: cannot remove them: {err}",
                     key.1
                 );
             }
+        }
+        if let Err(err) = store.collect(&owner_dir) {
+            log::warn!("snapshots of {owner_dir}: {err}");
         }
     }
     listed

@@ -233,6 +233,13 @@ impl DiskDir {
 /// The disk's parts, made on its first mount: each the run user's, not
 /// the others' (0700), `/tmp` as every `/tmp` is (1777), a template's
 /// environment readable by every run (0755).
+/// Bytes an unprivileged writer may still put on the filesystem `path`
+/// lies on.
+pub fn free_bytes(path: &Path) -> io::Result<u64> {
+    let stat = nix::sys::statvfs::statvfs(path)?;
+    Ok(stat.blocks_available() * stat.fragment_size())
+}
+
 fn prepare_parts(root: &Path, user: RunUser, parts: &[&str]) -> io::Result<()> {
     for &part in parts {
         let path = root.join(part);

@@ -263,9 +263,8 @@ impl SessionDisks {
     /// `limit_exceeded` unless the host's disk has `bytes` free for `what`
     /// and [`HOST_RESERVE`] beside.
     fn host_has_room(&self, what: &str, bytes: u64) -> Result<(), ErrorReply> {
-        let free = nix::sys::statvfs::statvfs(&self.state_dir)
-            .map(|s| s.blocks_available() * s.fragment_size())
-            .unwrap_or(u64::MAX);
+        // One that cannot be measured is no reason to refuse.
+        let free = image::free_bytes(&self.state_dir).unwrap_or(u64::MAX);
         if free < bytes.saturating_add(HOST_RESERVE) {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,
@@ -557,18 +556,27 @@ impl SessionDisks {
         true
     }
 
-    /// Takes snapshot `name` of session `key`'s disk (its interpreter's
-    /// globals from `state`, if it saved them): answered through
-    /// [`SessionDisks::done`].
-    pub fn take_snapshot(&self, name: String, state: Option<OwnedFd>, asked: Asked) {
-        if let Some(disk) = self.stored.disk_of(&asked.key) {
-            self.ask(Job::Snapshot {
-                disk,
-                name,
-                state,
-                asked,
-            });
-        }
+    /// Takes snapshot `name` of session `asked.key`'s disk (its
+    /// interpreter's globals from `state`, if it saved them): answered
+    /// through [`SessionDisks::done`]; `not_found` at once if the session
+    /// has no disk (closed meanwhile).
+    pub fn take_snapshot(
+        &self,
+        name: String,
+        state: Option<OwnedFd>,
+        asked: Asked,
+    ) -> Result<(), ErrorReply> {
+        let disk = self
+            .stored
+            .disk_of(&asked.key)
+            .ok_or_else(|| no_session(&asked.key))?;
+        self.ask(Job::Snapshot {
+            disk,
+            name,
+            state,
+            asked,
+        });
+        Ok(())
     }
 
     /// Session `key` has hibernated into its snapshot `name`: recorded, so
@@ -642,8 +650,14 @@ impl SessionDisks {
             self.ask(Job::Remove(volumes));
         }
         self.ask(Job::RemoveOwner(self.volumes.owner_dir(owner)));
-        for key in self.stored.keys_of(owner) {
-            self.remove(&key);
+        // Its whole store goes at once, not session by session.
+        let keys = self.stored.keys_of(owner);
+        let sessions: Vec<DiskDir> = keys.iter().filter_map(|k| self.stored.remove(k)).collect();
+        for key in &keys {
+            self.snapshots.remove_session(key);
+        }
+        if !sessions.is_empty() {
+            self.ask(Job::Remove(sessions));
         }
         self.ask(Job::RemoveOwner(self.stored.owner_dir(owner)));
         self.ask(Job::RemoveStore(owner_dir_name(owner)));

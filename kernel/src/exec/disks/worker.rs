@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::image::{DiskDir, RunUser, SESSION_PARTS, TEMPLATE_PARTS};
+use super::image::{free_bytes, DiskDir, RunUser, SESSION_PARTS, TEMPLATE_PARTS};
 use super::record::{SessionRecord, SnapshotRef, TemplateRecord, VolumeRecord};
 use super::store::{Manifest, Room, Store, StoreError};
 use super::volumes::{VolumeKey, VOLUME_PARTS};
@@ -26,6 +26,8 @@ use crate::sandbox::plan::RUN_VOLUME_ROOTS;
 
 /// How long a finished build's disk may take to be let go by its run.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
+/// How long after failing to make a spare disk it is tried again.
+const SPARE_RETRY: Duration = Duration::from_secs(60);
 
 /// A session's disk, as a run child is given it.
 #[derive(Debug)]
@@ -257,6 +259,7 @@ impl Worker {
                 dir: spare,
                 bytes: session_bytes,
                 ready: false,
+                retry_at: None,
             };
             let mut snapshots = Snapshots {
                 store,
@@ -319,44 +322,55 @@ struct Snapshots {
 /// A session's disk made ahead of need.
 struct Spare {
     dir: DiskDir,
-    /// Its size (`exec.session_disk_bytes`).
+    /// Its size, every session's (`exec.session_disk_bytes`).
     bytes: u64,
     /// It is made and mounted.
     ready: bool,
+    /// Making it failed: it is not tried again before then (a host whose
+    /// disk is full is not asked after every job).
+    retry_at: Option<Instant>,
 }
 
 impl Spare {
     /// Makes it, if it is not ready: after each job, so no one waits.
     fn make(&mut self, user: RunUser) {
-        if self.ready {
+        let now = Instant::now();
+        if self.ready || self.retry_at.is_some_and(|at| now < at) {
             return;
         }
         let _ = self.dir.remove();
         match self.dir.mount(self.bytes, user, &SESSION_PARTS) {
-            Ok(_) => self.ready = true,
-            Err(err) => log::warn!("disks: cannot make a session's disk ahead: {err}"),
+            Ok(_) => (self.ready, self.retry_at) = (true, None),
+            Err(err) => {
+                log::warn!(
+                    "disks: cannot make a session's disk ahead (tried again in {} s): {err}",
+                    SPARE_RETRY.as_secs()
+                );
+                self.retry_at = Some(now + SPARE_RETRY);
+            }
         }
     }
 
-    /// Mounts session disk `dir`: a new one of `bytes` is this one, if it
-    /// is ready and of that size, else one made now.
-    fn give(&mut self, dir: &DiskDir, bytes: u64, user: RunUser) -> io::Result<()> {
-        if self.ready && self.bytes == bytes && !dir.has_disk() {
+    /// Mounts session disk `dir` — if it has none, this one if it is
+    /// ready, else one made now: whether it had one.
+    fn give(&mut self, dir: &DiskDir, user: RunUser) -> io::Result<bool> {
+        let existed = dir.has_disk();
+        if self.ready && !existed {
             self.ready = false;
             if dir.take_spare(&self.dir).is_ok() {
-                return Ok(());
+                return Ok(false);
             }
         }
-        dir.mount(bytes, user, &SESSION_PARTS).map(|_| ())
+        dir.mount(self.bytes, user, &SESSION_PARTS)?;
+        Ok(existed)
     }
 }
 
 impl Snapshots {
     /// Bytes `owner`'s next snapshot may add.
-    fn room(&self, owner: &str, root: &std::path::Path) -> Room {
-        let free = nix::sys::statvfs::statvfs(root)
-            .map(|s| s.blocks_available() * s.fragment_size())
-            .unwrap_or(0);
+    fn room(&self, owner: &str) -> Room {
+        // One that cannot be measured takes nothing it cannot check.
+        let free = free_bytes(self.store.root()).unwrap_or(0);
         let limits = self.limits;
         Room {
             owner: limits.per_owner.saturating_sub(self.store.held_by(owner)),
@@ -373,7 +387,7 @@ impl Snapshots {
         state: Option<&OwnedFd>,
         files: bool,
     ) -> Result<(Manifest, Vec<String>), StoreError> {
-        let room = self.room(&disk.owner, &disk.dir.0);
+        let room = self.room(&disk.owner);
         let now = super::record::seconds(std::time::SystemTime::now());
         let taking = (disk.owner.as_str(), disk.session.as_str(), name);
         let mount_point = disk.dir.mount_point();
@@ -572,10 +586,7 @@ fn give_disks(
     };
     if let Some(disk) = &plan.session {
         let dir = &disk.dir;
-        attached.existed = dir.has_disk();
-        (snapshots.spare)
-            .give(dir, disk.bytes, user)
-            .map_err(DiskError::Mount)?;
+        attached.existed = (snapshots.spare.give(dir, user)).map_err(DiskError::Mount)?;
         let pending = disk.record.restore_from.is_some() || disk.record.state_from.is_some();
         if !attached.existed || pending {
             // What was to be restored is done with, whether it could be or
@@ -630,9 +641,7 @@ fn restore_onto(
     if new {
         let _ = disk.dir.remove();
     }
-    (snapshots.spare)
-        .give(&disk.dir, disk.bytes, snapshots.user)
-        .map_err(DiskError::Mount)?;
+    (snapshots.spare.give(&disk.dir, snapshots.user)).map_err(DiskError::Mount)?;
     let restored = snapshots.restore_files(disk).map_err(DiskError::Restore)?;
     if let Some(manifest) = restored {
         // Its globals become the session's own, as a hibernated session's

@@ -55,19 +55,18 @@ pub struct Store {
 }
 
 impl Store {
-    /// The stores beneath `root`: what a kernel killed midway left is
-    /// removed, and each owner's objects counted.
+    /// The stores beneath `root`, their objects not yet counted (see
+    /// [`Store::collect`]: what a kernel killed midway left goes then).
     pub fn open(root: PathBuf) -> Store {
-        let mut store = Store {
+        Store {
             root,
             held: HashMap::new(),
-        };
-        for owner in store.owners() {
-            if let Err(err) = store.collect(&owner) {
-                log::warn!("snapshots of {owner}: {err}");
-            }
         }
-        store
+    }
+
+    /// Where the stores lie.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     /// The owners with a store.
@@ -287,11 +286,17 @@ impl Store {
         session: &str,
         name: Option<&str>,
     ) -> std::io::Result<()> {
-        match name {
-            Some(name) => remove_if_there(&self.manifest_path(owner, session, name))?,
-            None => remove_if_there(&self.sessions_dir(owner).join(dir_name(session)))?,
-        }
+        self.forget(owner, session, name)?;
         self.collect(owner)
+    }
+
+    /// Removes `owner`'s manifests of `session`'s snapshots (`name`, or
+    /// all of them), leaving their objects for [`Store::collect`].
+    pub fn forget(&self, owner: &str, session: &str, name: Option<&str>) -> std::io::Result<()> {
+        match name {
+            Some(name) => remove_if_there(&self.manifest_path(owner, session, name)),
+            None => remove_if_there(&self.sessions_dir(owner).join(dir_name(session))),
+        }
     }
 
     /// Removes `owner`'s whole store.
