@@ -68,6 +68,26 @@ def test_sessions_and_snapshots_through_the_sdk(kernel):
         assert gone.value.code == "not_found"
 
 
+def test_a_thread_left_opening_files_does_not_end_its_session(kernel):
+    # Between runs a session's interpreter swaps its output pipes: a thread
+    # the code left going, opening files the while, must never be handed
+    # the descriptors the next run's output goes to.
+    if not has_root():
+        return
+    with AgentOSClient(kernel.socket_path) as client:
+        churn = client.exec("import threading\n"
+                            "def churn():\n"
+                            "    while True:\n"
+                            "        open('/workspace/churn', 'w').close()\n"
+                            "threading.Thread(target=churn, daemon=True).start()",
+                            session="churn")
+        assert churn["ok"], churn
+        for i in range(300):
+            done = client.exec(f"print({i})", session="churn")
+            assert (done["stdout"], done.get("fresh_interpreter")) == (f"{i}\n", None), (i, done)
+        client.close_session("churn")
+
+
 def test_the_cli_prints_the_output_and_exits_with_the_runs_code(kernel):
     if not has_root():
         return

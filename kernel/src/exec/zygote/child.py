@@ -89,11 +89,7 @@ def serve_run(sock, stdout_w, stderr_w):
         # the end frame follows. Then the rest, after the reply: the run's
         # kernel connection closes, and this process is torn down (its
         # address space first) or renews its pipes.
-        for fd in (1, 2):
-            try:
-                os.close(fd)
-            except OSError:
-                pass  # the code closed it itself
+        hold_output()
         send_frame(sock, end)
         if op == OP_RUN and attached is not None:
             try:
@@ -103,13 +99,6 @@ def serve_run(sock, stdout_w, stderr_w):
         if not keep:
             sock.close()
             os._exit(0)
-        # Hold 1 and 2 with /dev/null, so the new pipes land elsewhere.
-        null = os.open(os.devnull, os.O_RDWR)
-        for target in (1, 2):
-            if target != null:
-                os.dup2(null, target)
-        if null not in (1, 2):
-            os.close(null)
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
         place_output(stdout_w, stderr_w)
@@ -118,6 +107,19 @@ def serve_run(sock, stdout_w, stderr_w):
         send_pipes(sock, [stdout_r, stderr_r])
         os.close(stdout_r)
         os.close(stderr_r)
+
+
+def hold_output():
+    """The run's output pipes close: /dev/null takes their place on 1 and
+    2 at once (dup2), never leaving either free. A thread the run left
+    going could otherwise be given 1 or 2 by its next open(), which the
+    next run's pipes would then take from it (and it close under them)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (1, 2):
+        if target != null:
+            os.dup2(null, target)
+    if null not in (1, 2):
+        os.close(null)
 
 
 def place_output(stdout_w, stderr_w):
