@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::exec::MAX_EXEC_PATH_LEN;
+use super::exec_run::MAX_EXEC_PATH_LEN;
 use super::parse::{bad_request, parse_json};
 use crate::error::ErrorReply;
 

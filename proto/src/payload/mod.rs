@@ -15,6 +15,7 @@ mod audit;
 mod events;
 mod exec;
 mod exec_reply;
+mod exec_run;
 mod files;
 mod hello;
 mod host_metrics;
@@ -52,11 +53,11 @@ pub use events::{
     SubscribeRequest, Topic, UnsubscribeReply, CUSTOM, DEFAULT_POLL_EVENTS, MAX_EVENT_DATA_BYTES,
     MAX_EVENT_TYPES, MAX_EVENT_TYPE_LEN, MAX_POLL_EVENTS,
 };
-pub use exec::{
-    ExecCall, ExecRequest, Language, RunPermissions, MAX_EXEC_FILES, MAX_EXEC_PATH_LEN,
-    MAX_EXEC_TIMEOUT_MS,
-};
+pub use exec::ExecCall;
 pub use exec_reply::{ExecReply, Truncated};
+pub use exec_run::{
+    ExecRequest, Language, RunPermissions, MAX_EXEC_FILES, MAX_EXEC_PATH_LEN, MAX_EXEC_TIMEOUT_MS,
+};
 pub use files::{ReadReply, ReadRequest, WriteMode, WriteReply, WriteRequest};
 pub use hello::{
     CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, PrincipalInfo, ProtocolLimits,

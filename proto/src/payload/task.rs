@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::exec::ExecRequest;
+use super::exec_run::ExecRequest;
 use super::parse::{bad_request, check_range, from_value, parse_json};
 use super::think::ThinkRequest;
 use crate::error::{ErrorCode, ErrorReply};
