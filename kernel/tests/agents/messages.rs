@@ -38,8 +38,9 @@ fn call(client: &mut Client, op: Opcode, body: Value) -> Value {
     request(client, op, &body)
 }
 
-/// Spawns [`ECHO`] as `name` for `secs` seconds; returns its id.
-fn spawn_echo(daemon: &Daemon, name: &str, secs: u32) -> u64 {
+/// Spawns [`ECHO`] as `name` for `secs` seconds; returns its id, and the
+/// directory its script lies in (removed when the caller drops it).
+fn spawn_echo(daemon: &Daemon, name: &str, secs: u32) -> (u64, tempfile::TempDir) {
     let dir = shared_dir();
     let script = write_script(dir.path(), "echo.py", &format!("{PY_KERNEL}{ECHO}"));
     let mut client = daemon.client();
@@ -49,8 +50,7 @@ fn spawn_echo(daemon: &Daemon, name: &str, secs: u32) -> u64 {
         json!({"name": name, "script": script, "args": [secs.to_string()]}),
     );
     assert_eq!(reply["success"], true, "{reply}");
-    std::mem::forget(dir);
-    reply["id"].as_u64().unwrap()
+    (reply["id"].as_u64().unwrap(), dir)
 }
 
 /// RECV until `n` messages have come (within ten seconds).
@@ -80,7 +80,7 @@ fn an_operator_and_its_worker_talk_as_clove_ipc_test_does() {
         main_id >= 1_000_000,
         "an operator connection's id: {main_id}"
     );
-    let worker = spawn_echo(&daemon, "ipc-worker", 20);
+    let (worker, _script_dir) = spawn_echo(&daemon, "ipc-worker", 20);
     // Its SPAWN name reaches it before it registers anything.
     let by_name = call(
         &mut main,
