@@ -81,18 +81,29 @@ threading.Thread(target=tick, daemon=True).start()
 """
 
 
+def start_ticking(kernel, client: AgentOSClient) -> None:
+    """Leaves a thread ticking in session `s1`, and waits for its first tick."""
+    assert run(client, TICKING)["ok"]
+    wait_for_ticks_past(kernel, 0)
+
+
+def assert_stands_still(kernel, why: str) -> int:
+    """Asserts the ticking thread does not tick for 0.5 s; where it stands."""
+    frozen_at = ticks(kernel)
+    time.sleep(0.5)
+    assert ticks(kernel) == frozen_at, why
+    return frozen_at
+
+
 def test_a_paused_session_stands_still_and_its_runs_wait_until_resumed():
     if not has_root():
         return
     with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
-        assert run(client, TICKING)["ok"]
-        wait_for_ticks_past(kernel, 0)
+        start_ticking(kernel, client)
         paused = pause(client, "s1")
         assert paused == {"success": True, "session": "s1", "state": "paused"}
         assert state_of(client, "s1") == "paused"
-        frozen_at = ticks(kernel)
-        time.sleep(0.5)
-        assert ticks(kernel) == frozen_at, "a frozen thread ticked"
+        frozen_at = assert_stands_still(kernel, "a frozen thread ticked")
         # A run asked meanwhile waits for RESUME.
         result = {}
         other = AgentOSClient(kernel.socket_path)
@@ -214,8 +225,7 @@ def test_a_refused_hibernation_leaves_a_paused_session_paused():
     if not has_root():
         return
     with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
-        assert run(client, TICKING)["ok"]
-        wait_for_ticks_past(kernel, 0)
+        start_ticking(kernel, client)
         pause(client, "s1")
         fillers = [AgentOSClient(kernel.socket_path) for _ in range(2)]
         try:
@@ -235,9 +245,7 @@ def test_a_refused_hibernation_leaves_a_paused_session_paused():
             with pytest.raises(Busy):
                 pause(client, "s1", hibernate=True)
             assert state_of(client, "s1") == "paused"
-            frozen_at = ticks(kernel)
-            time.sleep(0.5)
-            assert ticks(kernel) == frozen_at, "a refused hibernation let the session go on"
+            assert_stands_still(kernel, "a refused hibernation let the session go on")
             resume(client, "s1")
             # Every one waited and ran, but those past the room.
             replies = [json.loads(filler.recv().payload) for filler in fillers

@@ -267,14 +267,17 @@ impl Backlog {
     /// The reply to a finished order of session `key`'s; none yet for a
     /// snapshot whose globals were saved: the kernel reads the session's
     /// files then (the session held busy meanwhile), and answers. A
-    /// hibernation the kernel asked for that failed ends the session's
-    /// interpreter as its idle time had come, rather than be tried again
-    /// and again: the session is let go of its child (what waited for it
-    /// waits for a fresh one, see [`Backlog::hibernated`]).
+    /// hibernation the kernel asked for that failed lets the session go
+    /// of its child (see [`Backlog::not_hibernated`]).
     pub fn answer(&mut self, key: &SessionKey, mut finished: Finished) -> Option<Answer> {
-        let saved = finished.reply.exit_code == Some(0) && finished.reply.error.is_none();
         let kernels_hibernation =
             finished.order.hibernates() && finished.reply_to == ReplyTo::Nobody;
+        let saved = finished.reply.exit_code == Some(0) && finished.reply.error.is_none();
+        // Why a hibernation the kernel asked for failed, if it did.
+        let mut why = (kernels_hibernation && !saved).then(|| match &finished.reply.error {
+            Some(error) => error.clone(),
+            None => format!("its interpreter ended with {:?}", finished.reply.exit_code),
+        });
         let answer = match finished.order.take_snapshot().filter(|_| saved) {
             Some((name, state, hibernate)) => {
                 let asked = Asked {
@@ -288,20 +291,31 @@ impl Backlog {
                         self.sessions.hold(key);
                         return None;
                     }
-                    Err(refusal) => refusal.into(),
+                    Err(refusal) => {
+                        why.get_or_insert_with(|| refusal.error.clone());
+                        refusal.into()
+                    }
                 }
             }
             None => self.sessions.answer(key, finished),
         };
         if kernels_hibernation {
-            log::warn!(
-                "exec session {:?}: idle, it could not hibernate; its interpreter ends",
-                key.1
-            );
             // Its child, no longer the session's, is the caller's to end.
-            self.hibernated(std::slice::from_ref(key));
+            self.not_hibernated(key, why.as_deref().unwrap_or("it saved no globals"));
         }
         Some(answer)
+    }
+
+    /// The kernel's own hibernation of session `key` failed (`why`): its
+    /// idle time has come all the same, so its interpreter ends (its disk
+    /// stays) rather than be tried again and again; what waited for it
+    /// waits for a fresh one. The old child, to go.
+    pub fn not_hibernated(&mut self, key: &SessionKey, why: &str) -> Vec<usize> {
+        log::warn!(
+            "exec session {:?}: idle, it could not hibernate ({why}); its interpreter ends",
+            key.1
+        );
+        self.hibernated(std::slice::from_ref(key))
     }
 
     /// Session `key`'s interpreter is gone (killed at a timeout, or it
@@ -344,8 +358,7 @@ impl Backlog {
 
     /// What becomes of session `key` if it has been unused since
     /// `last_used`: nothing, if it has been used since; hibernated (its
-    /// order queued; a paused session is let go first, as PAUSE with
-    /// `hibernate` does) with `exec.idle_hibernate_secs`; else its
+    /// order queued) with `exec.idle_hibernate_secs`; else its
     /// interpreter ends.
     pub fn idle(&mut self, key: &SessionKey, last_used: Instant, now: Instant) -> Idle {
         if !self.sessions.is_idle(key, last_used) {
@@ -364,10 +377,12 @@ impl Backlog {
         let to = ReplyTo::Nobody;
         let waiting = Waiting::for_session(key, caller, order, to, limits, timeout, now);
         self.sessions.queue(key, waiting);
-        match self.sessions.is_paused(key) {
-            true => Idle::HibernatesPaused,
-            false => Idle::Hibernates,
-        }
+        Idle::Hibernates
+    }
+
+    /// Whether session `key` is paused.
+    pub fn is_paused(&self, key: &SessionKey) -> bool {
+        self.sessions.is_paused(key)
     }
 
     /// Session `key`'s idle interpreter was killed for memory: its owner is

@@ -37,9 +37,11 @@ pub struct DisksDone {
     pub refused: Vec<usize>,
     /// Children given a template to wait warm with, to settle into it.
     pub warmed: Vec<usize>,
-    /// Sessions whose globals are saved, or whose idle hibernation
-    /// failed: their interpreters end.
+    /// Sessions whose globals are saved: their interpreters end.
     pub hibernated: Vec<SessionKey>,
+    /// Sessions whose hibernation the kernel asked for could not be
+    /// stored, each with why: their interpreters end all the same.
+    pub not_hibernated: Vec<(SessionKey, String)>,
 }
 
 /// The disks, and what waits on them.
@@ -185,13 +187,8 @@ impl DiskWork {
                         }
                         Err(err) => {
                             if asked.hibernate && asked.reply_to == ReplyTo::Nobody {
-                                // Its idle time has come all the same.
-                                log::warn!(
-                                    "exec session {:?}: idle, it could not hibernate ({err}); \
-                                     its interpreter ends",
-                                    asked.key.1
-                                );
-                                done.hibernated.push(asked.key.clone());
+                                let why = err.to_string();
+                                done.not_hibernated.push((asked.key.clone(), why));
                             }
                             let full = matches!(err, StoreError::Full(_));
                             store_refusal(

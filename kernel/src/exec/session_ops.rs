@@ -48,11 +48,9 @@ pub enum Idle {
     Used,
     /// Its interpreter ends.
     Ends,
-    /// It hibernates: the order is queued.
+    /// It hibernates: the order is queued (a paused session is to be let
+    /// go for it).
     Hibernates,
-    /// It is paused, and hibernates: the order is queued, and the session
-    /// is to be let go for it.
-    HibernatesPaused,
 }
 
 /// The order `op` asks of session `key` (among `sessions`; one `requests`

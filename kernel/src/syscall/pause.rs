@@ -151,9 +151,8 @@ fn session_freeze(
     let key = (request.caller.principal(), session.to_owned());
     let replies = &mut kernel.outbox.replies;
     // A hibernated session is resumed by a fresh interpreter, which loads
-    // its globals; hibernating saves them, so a paused interpreter is let
-    // go once the order is queued (one refused leaves it as it was). Both
-    // are answered once done.
+    // its globals; hibernating saves them (a paused interpreter is let go
+    // once the order is queued). Both are answered once done.
     let hibernated = kernel.exec.disks().store.stored.is_hibernated(&key);
     let op = match (hibernate, pause) {
         (true, _) => Some(SessionOp::Hibernate),
@@ -165,9 +164,6 @@ fn session_freeze(
         let exec = &mut kernel.exec;
         if let Err(err) = exec.session_order(caller, session, op, reply_to, replies) {
             return Outcome::Reply(err.into());
-        }
-        if hibernate {
-            let _ = exec.freeze_session(&key, false, replies);
         }
         return Outcome::Later;
     }
