@@ -16,6 +16,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
+use agentos_proto::payload::DelegateName;
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use crate::process;
@@ -194,6 +195,36 @@ pub enum Principal {
         /// The run's number.
         number: u64,
     },
+    /// A delegate an operator named (DELEGATE): a tenant of the operator,
+    /// within what the operator has, owning what it creates.
+    Delegate {
+        /// The operator's user id.
+        uid: u32,
+        /// The name the operator gave it.
+        name: DelegateName,
+    },
+}
+
+impl Principal {
+    /// Whether what it keeps (sessions, volumes, snapshots, tasks) lasts
+    /// beyond the kernel: an operator's, and a delegate's (a delegate is
+    /// whoever names it again); an agent's or a run's ends with it.
+    pub fn outlives_kernels(self) -> bool {
+        match self {
+            Principal::Operator { .. } | Principal::Delegate { .. } => true,
+            Principal::Agent { .. } | Principal::Run { .. } => false,
+        }
+    }
+
+    /// Whom caps on what may be kept (sessions, disk room, snapshots) are
+    /// counted for: a delegate's count with its operator's, so no delegate
+    /// gets more room than the user who named it.
+    pub fn quota_owner(self) -> Principal {
+        match self {
+            Principal::Delegate { uid, .. } => Principal::Operator { uid },
+            Principal::Operator { .. } | Principal::Agent { .. } | Principal::Run { .. } => self,
+        }
+    }
 }
 
 /// The caller's identity, carried as `agent_id` in every reply.
@@ -212,6 +243,14 @@ pub enum Identity {
         /// The id SPAWN returned, the same across restarts.
         id: u32,
     },
+    /// An operator's connection that narrowed itself to a delegate
+    /// (DELEGATE), for as long as it lasts.
+    Delegate {
+        /// The connection's id, as it was before (an operator's).
+        id: u32,
+        /// The delegate's name.
+        name: DelegateName,
+    },
     /// The kernel connection of an EXEC run: made by the kernel and handed
     /// into the run, no path leads to it. It speaks for the run, never for
     /// the run's caller.
@@ -228,7 +267,10 @@ impl Identity {
     /// The id written into reply headers.
     pub fn id(self) -> u32 {
         match self {
-            Identity::Operator { id } | Identity::Agent { id } | Identity::Run { id, .. } => id,
+            Identity::Operator { id }
+            | Identity::Agent { id }
+            | Identity::Delegate { id, .. }
+            | Identity::Run { id, .. } => id,
         }
     }
 
@@ -236,7 +278,7 @@ impl Identity {
     pub fn agent(self) -> Option<u32> {
         match self {
             Identity::Agent { id } => Some(id),
-            Identity::Operator { .. } | Identity::Run { .. } => None,
+            Identity::Operator { .. } | Identity::Delegate { .. } | Identity::Run { .. } => None,
         }
     }
 
@@ -245,6 +287,7 @@ impl Identity {
         match self {
             Identity::Operator { .. } => Principal::Operator { uid },
             Identity::Agent { id } => Principal::Agent { id },
+            Identity::Delegate { name, .. } => Principal::Delegate { uid, name },
             Identity::Run { run, .. } => Principal::Run { number: run },
         }
     }

@@ -62,7 +62,7 @@ impl Recording {
         };
         let agent = match caller {
             Principal::Agent { id } => Some(id),
-            Principal::Operator { .. } | Principal::Run { .. } => None,
+            Principal::Operator { .. } | Principal::Delegate { .. } | Principal::Run { .. } => None,
         };
         let caller_wanted = match (&self.asked.filter_agents, agent) {
             (None, _) if caller == recorder => true,
@@ -231,6 +231,7 @@ fn recorded(caller: Principal, opcode: Opcode, payload: &[u8]) -> RecordedCall {
     };
     let (principal, agent_id) = match caller {
         Principal::Operator { uid } => (format!("operator:{uid}"), None),
+        Principal::Delegate { uid, name } => (format!("delegate:{uid}:{name}"), None),
         Principal::Agent { id } => (format!("agent:{id}"), Some(id)),
         Principal::Run { number } => (format!("run:{number}"), None),
     };

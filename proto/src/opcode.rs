@@ -67,6 +67,8 @@ impl Opcode {
     pub const NET: Opcode = Opcode(0x17);
     /// The kernel's metrics, in the Prometheus text format.
     pub const METRICS: Opcode = Opcode(0x18);
+    /// Narrow an operator's connection to a delegate principal it names.
+    pub const DELEGATE: Opcode = Opcode(0x19);
     /// Send a message to an agent's (or an operator's) mailbox.
     pub const SEND: Opcode = Opcode(0x20);
     /// Take messages from the caller's own mailbox.
@@ -111,7 +113,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 44] = [
+    pub const ALL: [Opcode; 45] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -127,6 +129,7 @@ impl Opcode {
         Opcode::LOGS,
         Opcode::NET,
         Opcode::METRICS,
+        Opcode::DELEGATE,
         Opcode::SEND,
         Opcode::RECV,
         Opcode::BROADCAST,
@@ -176,6 +179,7 @@ impl Opcode {
             Opcode::LOGS => "LOGS",
             Opcode::NET => "NET",
             Opcode::METRICS => "METRICS",
+            Opcode::DELEGATE => "DELEGATE",
             Opcode::SEND => "SEND",
             Opcode::RECV => "RECV",
             Opcode::BROADCAST => "BROADCAST",
@@ -271,6 +275,7 @@ mod tests {
             (0x16, "LOGS"),
             (0x17, "NET"),
             (0x18, "METRICS"),
+            (0x19, "DELEGATE"),
             (0x20, "SEND"),
             (0x21, "RECV"),
             (0x22, "BROADCAST"),

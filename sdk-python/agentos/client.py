@@ -447,6 +447,15 @@ class AgentOSClient(Connection):
             request["agent_id"] = agent_id
         return self.call_json(Opcode.SET_PERMS, request)
 
+    def delegate(self, name: str) -> Dict[str, Any]:
+        """DELEGATE: this operator connection speaks, from now until it
+        closes, for the delegate principal ``name`` (1 to 48 of ``A-Z a-z
+        0-9 _ . -``). What it creates then — sessions, volumes, snapshots,
+        tasks — is that delegate's alone; it reaches only EXEC, THINK,
+        TASK, PAUSE and RESUME, within what this operator has. Returns
+        ``{"agent_id", "principal": {"kind": "delegate", "name", "of"}}``."""
+        return self.call_json(Opcode.DELEGATE, {"delegate": name})
+
     # -- audit log --------------------------------------------------------
 
     def get_audit_log(

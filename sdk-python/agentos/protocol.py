@@ -40,6 +40,7 @@ class Opcode(enum.IntEnum):
     LOGS = 0x16
     NET = 0x17
     METRICS = 0x18
+    DELEGATE = 0x19
     SEND = 0x20
     RECV = 0x21
     BROADCAST = 0x22

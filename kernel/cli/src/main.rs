@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use agentos_proto::payload::{DelegateName, DelegateReply, DelegateRequest};
 use agentos_proto::socket_path::resolve_socket_path;
-use agentos_proto::Client;
+use agentos_proto::{Client, ClientError, Opcode};
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod agents;
@@ -68,6 +69,11 @@ struct Args {
     /// that make several requests a stable JSON shape
     #[arg(long, global = true)]
     json: bool,
+    /// Act as the delegate principal NAME of your operator uid (DELEGATE):
+    /// what the command creates is that delegate's, and it sees only that
+    /// delegate's sessions and tasks
+    #[arg(long, global = true, value_name = "NAME")]
+    delegate: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -322,6 +328,12 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
     // A command that waits on something asks the kernel in steps, each
     // well inside this.
     client.set_timeout(Some(wait_for + Duration::from_secs(5)))?;
+    if let Some(name) = &args.delegate {
+        let asked = serde_json::to_vec(&DelegateRequest {
+            delegate: DelegateName::new(name).map_err(ClientError::Remote)?,
+        })?;
+        client.call_json::<DelegateReply>(Opcode::DELEGATE, &asked)?;
+    }
     let client = &mut client;
     let done = match args.command {
         Command::Hello => kernel::hello(client, json),

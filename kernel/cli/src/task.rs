@@ -374,7 +374,8 @@ pub fn ask(client: &mut Client, request: &impl Serialize) -> Result<Raw, CliErro
     Ok(client.call_json(Opcode::TASK, &serde_json::to_vec(request)?)?)
 }
 
-/// A task's owner in a few characters: `uid 0`, `worker1 (7)`, `run of worker1 (7)`.
+/// A task's owner in a few characters: `uid 0`, `worker1 (7)`, `run of worker1 (7)`,
+/// `key-1 of uid 0`.
 pub(crate) fn owner_name(owner: Option<&PrincipalInfo>) -> String {
     match owner {
         Some(PrincipalInfo::Operator { uid }) => format!("uid {uid}"),
@@ -382,6 +383,7 @@ pub(crate) fn owner_name(owner: Option<&PrincipalInfo>) -> String {
             Some(name) => format!("{name} ({id})"),
             None => format!("agent {id}"),
         },
+        Some(PrincipalInfo::Delegate { name, of }) => format!("{name} of {}", owner_name(Some(of))),
         Some(PrincipalInfo::Run { of: Some(of) }) => format!("run of {}", owner_name(Some(of))),
         Some(PrincipalInfo::Run { of: None }) => "a run".to_owned(),
         None => "?".to_owned(),

@@ -1,7 +1,8 @@
 //! The agents table: every agent the kernel knows, live or recently ended,
 //! by id, with the family each belongs to — and so who sees which: an
 //! operator every agent, an agent itself and its descendants, an EXEC run
-//! the agents it started and theirs, for LIST, LOGS, NET and KILL alike.
+//! the agents it started and theirs, a delegate none, for LIST, LOGS, NET
+//! and KILL alike.
 
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
@@ -21,6 +22,8 @@ pub enum Viewer {
     Agent(u32),
     /// An EXEC run: the agents it started, and their descendants.
     Run(u64),
+    /// A delegate principal: no agent.
+    Nobody,
 }
 
 /// The agents, by id.
@@ -152,6 +155,7 @@ impl Table {
                 .agents
                 .get(&id)
                 .is_some_and(|a| a.started_by == Some(number)),
+            Viewer::Nobody => false,
         }
     }
 
@@ -172,7 +176,7 @@ impl Table {
         match caller {
             Viewer::Operator => true,
             Viewer::Agent(caller_id) => self.is_descendant(id, caller_id),
-            Viewer::Run(_) => self.sees(caller, id),
+            Viewer::Run(_) | Viewer::Nobody => self.sees(caller, id),
         }
     }
 

@@ -62,6 +62,8 @@ impl Audience {
             Principal::Operator { uid } => self.uid == Some(uid),
             Principal::Agent { id } => self.agents.contains(&id),
             Principal::Run { number } => self.run == Some(number),
+            // A delegate reaches no events.
+            Principal::Delegate { .. } => false,
         }
     }
 }
@@ -214,6 +216,8 @@ impl Event {
                 run: Some(number),
                 ..Audience::default()
             },
+            // A delegate reaches no events: no one hears of its tasks'.
+            Principal::Delegate { .. } => Audience::default(),
         };
         let data = TaskEventData {
             task_id: id.to_owned(),

@@ -1,5 +1,6 @@
 //! How EXEC is shared between owners. Every owner — an agent with its whole
-//! tree of children, or an operator's uid — has a queue of its own, and
+//! tree of children, an operator's uid, or a delegate of one (which holds
+//! runs within its uid's cap) — has a queue of its own, and
 //! the queues are served round robin: one request from each owner that has
 //! room, in turn. An owner holds at most `per_owner` runs at once, and
 //! agents together at most `for_agents`, so a flood from one agent (or from
@@ -14,6 +15,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use agentos_proto::payload::DelegateName;
+
 /// Whose share of EXEC a run counts against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Share {
@@ -22,6 +25,21 @@ pub enum Share {
     Tree(u32),
     /// An operator's uid (every connection of it, and its tasks).
     Operator(u32),
+    /// A delegate an operator named: each its own line, served in turn
+    /// with the others; what it holds counts as its operator's.
+    Delegate(u32, DelegateName),
+}
+
+impl Share {
+    /// Whose the runs this share holds count as: a delegate's as its
+    /// operator's, so no delegate (nor all of one uid's) holds more than
+    /// that uid may.
+    pub fn held_as(self) -> Share {
+        match self {
+            Share::Delegate(uid, _) => Share::Operator(uid),
+            Share::Tree(_) | Share::Operator(_) => self,
+        }
+    }
 }
 
 /// How many runs may be held at once.
@@ -103,14 +121,15 @@ impl<T> Queues<T> {
     /// Whether `share` may hold one more run now (`lent`: a run's own run,
     /// which only the agents' cap holds back).
     pub fn has_room(&self, share: Share, lent: bool) -> bool {
-        let own = self.held.get(&share).copied().unwrap_or(0);
+        let own = self.held_by(share);
         (lent || own < self.caps.per_owner)
-            && (matches!(share, Share::Operator(_)) || self.held_by_agents < self.caps.for_agents)
+            && (!matches!(share, Share::Tree(_)) || self.held_by_agents < self.caps.for_agents)
     }
 
-    /// Runs `share` holds now.
+    /// Runs `share` holds now (a delegate's: its operator's and every
+    /// delegate's of that uid).
     pub fn held_by(&self, share: Share) -> usize {
-        self.held.get(&share).copied().unwrap_or(0)
+        self.held.get(&share.held_as()).copied().unwrap_or(0)
     }
 
     /// Takes the next request to start: the first in the round of owners
@@ -142,7 +161,7 @@ impl<T> Queues<T> {
 
     /// A run of `share` has started.
     pub fn started(&mut self, share: Share) {
-        *self.held.entry(share).or_default() += 1;
+        *self.held.entry(share.held_as()).or_default() += 1;
         if matches!(share, Share::Tree(_)) {
             self.held_by_agents += 1;
         }
@@ -150,10 +169,10 @@ impl<T> Queues<T> {
 
     /// A run of `share` has ended.
     pub fn ended(&mut self, share: Share) {
-        if let Some(own) = self.held.get_mut(&share) {
+        if let Some(own) = self.held.get_mut(&share.held_as()) {
             *own -= 1;
             if *own == 0 {
-                self.held.remove(&share);
+                self.held.remove(&share.held_as());
             }
             if matches!(share, Share::Tree(_)) {
                 self.held_by_agents = self.held_by_agents.saturating_sub(1);
@@ -250,6 +269,30 @@ mod tests {
         q.push_back(ROOT, 99);
         q.push_back(Share::Operator(1000), 98);
         assert_eq!(start_all(&mut q), [(ROOT, 99), (Share::Operator(1000), 98)]);
+    }
+
+    #[test]
+    fn delegates_take_turns_within_their_operators_cap() {
+        let delegate = |name| Share::Delegate(1000, DelegateName::new(name).unwrap());
+        let (k1, k2) = (delegate("k1"), delegate("k2"));
+        let mut q = queues(3, 3);
+        for n in 0..200 {
+            q.push_back(k1, n);
+        }
+        q.push_back(k2, 500);
+        // k2 goes second, not after k1's 200; and together they hold no
+        // more than uid 1000 may.
+        assert_eq!(start_all(&mut q), [(k1, 0), (k2, 500), (k1, 1)]);
+        q.push_back(Share::Operator(1000), 900);
+        assert_eq!(start_all(&mut q), []);
+        assert_eq!(q.held_by(Share::Operator(1000)), 3);
+        q.ended(k2);
+        assert_eq!(start_all(&mut q), [(k1, 2)]);
+        q.ended(k1);
+        assert_eq!(start_all(&mut q), [(Share::Operator(1000), 900)]);
+        // Another uid is not held back by them.
+        q.push_back(Share::Operator(1001), 7);
+        assert_eq!(start_all(&mut q), [(Share::Operator(1001), 7)]);
     }
 
     #[test]

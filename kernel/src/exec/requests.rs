@@ -50,7 +50,7 @@ impl Requests {
     ) -> Result<(), ErrorReply> {
         let (mut own, mut agents, mut all) = (0, 0, 0);
         for w in self.queues.iter().chain(in_sessions) {
-            own += usize::from(w.share == share);
+            own += usize::from(w.share.held_as() == share.held_as());
             agents += usize::from(matches!(w.share, Share::Tree(_)));
             all += 1;
         }

@@ -136,7 +136,11 @@ impl Sessions {
     ) -> Result<(), ErrorReply> {
         let mut keys: HashSet<&SessionKey> = self.open.keys().collect();
         keys.extend(to_open);
-        let held = keys.iter().filter(|(o, _)| *o == owner).count();
+        // A delegate's count with its operator's: one uid's together.
+        let held = keys
+            .iter()
+            .filter(|(o, _)| o.quota_owner() == owner.quota_owner())
+            .count();
         if held >= self.max_per_owner {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,

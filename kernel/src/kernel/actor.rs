@@ -12,7 +12,7 @@
 
 use agentos_egress::policy::Policy;
 use agentos_egress::Egress;
-use agentos_proto::payload::{ExecRequest, Limits, Permissions};
+use agentos_proto::payload::{DelegateName, ExecRequest, Limits, Permissions};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::runs::{Root, RunGrant, Runs};
@@ -42,6 +42,17 @@ pub enum Actor<'a> {
         /// What it was given.
         grant: AgentGrant<'a>,
     },
+    /// A delegate an operator named: the operator's powers (its lowered
+    /// ones, if its connection lowered itself) narrowed to THINK, EXEC
+    /// and TASK.
+    Delegate {
+        /// The operator's user id.
+        uid: u32,
+        /// Its name.
+        name: DelegateName,
+        /// What its connection kept after lowering itself, if it did.
+        lowered: Option<&'a Permissions>,
+    },
     /// An EXEC run, within what its request gave it.
     Run {
         /// Its number.
@@ -61,6 +72,11 @@ impl<'a> Actor<'a> {
     ) -> Result<Self, ErrorReply> {
         match principal {
             Principal::Operator { uid } => Ok(Actor::Operator { uid, lowered: None }),
+            Principal::Delegate { uid, name } => Ok(Actor::Delegate {
+                uid,
+                name,
+                lowered: None,
+            }),
             Principal::Agent { id } => agents
                 .grant(id)
                 .map(|grant| Actor::Agent { id, grant })
@@ -83,6 +99,7 @@ impl<'a> Actor<'a> {
     pub fn principal(&self) -> Principal {
         match *self {
             Actor::Operator { uid, .. } => Principal::Operator { uid },
+            Actor::Delegate { uid, name, .. } => Principal::Delegate { uid, name },
             Actor::Agent { id, .. } => Principal::Agent { id },
             Actor::Run { number, .. } => Principal::Run { number },
         }
@@ -92,6 +109,7 @@ impl<'a> Actor<'a> {
     pub fn root(&self) -> Root {
         match *self {
             Actor::Operator { uid, .. } => Root::Operator(uid),
+            Actor::Delegate { uid, name, .. } => Root::Delegate(uid, name),
             Actor::Agent { id, .. } => Root::Agent(id),
             Actor::Run { grant, .. } => grant.root,
         }
@@ -101,17 +119,19 @@ impl<'a> Actor<'a> {
     pub fn viewer(&self) -> Viewer {
         match *self {
             Actor::Operator { .. } => Viewer::Operator,
+            Actor::Delegate { .. } => Viewer::Nobody,
             Actor::Agent { id, .. } => Viewer::Agent(id),
             Actor::Run { number, .. } => Viewer::Run(number),
         }
     }
 
     /// Whose share of EXEC its runs count against: an agent's whole tree,
-    /// or an operator's uid (a run's, its root's).
+    /// an operator's uid, or a delegate (a run's, its root's).
     pub fn share(&self, agents: &Agents) -> Share {
         match self.root() {
             Root::Agent(id) => Share::Tree(agents.root_of(id)),
             Root::Operator(uid) => Share::Operator(uid),
+            Root::Delegate(uid, name) => Share::Delegate(uid, name),
         }
     }
 
@@ -119,6 +139,7 @@ impl<'a> Actor<'a> {
     pub fn name(&self) -> String {
         match self {
             Actor::Operator { uid, .. } => format!("operator uid {uid}"),
+            Actor::Delegate { uid, name, .. } => format!("delegate {name:?} of operator uid {uid}"),
             Actor::Agent { grant, .. } => format!("agent {}", grant.name),
             Actor::Run { number, .. } => format!("EXEC run {number}"),
         }
@@ -139,6 +160,25 @@ impl<'a> Actor<'a> {
                     http: kept(|p| p.http),
                     ipc: kept(|p| p.ipc),
                     tools: None,
+                    network: &Egress::Host,
+                    limits: Limits::default(),
+                    budgets: &[],
+                }
+            }
+            Actor::Delegate { lowered, .. } => {
+                let kept = |bit: fn(&Permissions) -> bool| lowered.is_none_or(bit);
+                Powers {
+                    think: kept(|p| p.think),
+                    exec: kept(|p| p.exec),
+                    spawn: false,
+                    task: kept(|p| p.task),
+                    read: false,
+                    write: false,
+                    http: false,
+                    ipc: false,
+                    // The kernel's tools carry their servers' credentials,
+                    // which are the operator's, not a tenant's.
+                    tools: Some(&[]),
                     network: &Egress::Host,
                     limits: Limits::default(),
                     budgets: &[],
@@ -180,7 +220,7 @@ impl<'a> Actor<'a> {
     pub fn permissions(&self) -> Permissions {
         let powers = self.powers();
         let llm_tokens = match self {
-            Actor::Operator { .. } => 0,
+            Actor::Operator { .. } | Actor::Delegate { .. } => 0,
             Actor::Agent { grant, .. } => grant.permissions.llm_tokens,
             Actor::Run { grant, .. } => grant.permissions.llm_tokens,
         };
@@ -456,6 +496,48 @@ mod tests {
         assert_eq!(grant.network, Egress::Loopback);
         assert_eq!(grant.limits.memory, Some(64 << 20));
         assert_eq!(grant.limits.max_pids, Some(64), "the waiting parent aside");
+    }
+
+    #[test]
+    fn a_delegate_has_only_think_exec_and_task_and_its_runs_no_more() {
+        let name = DelegateName::new("key-1").unwrap();
+        let lowered = Permissions {
+            task: false,
+            ..Permissions::default()
+        };
+        let delegate = Actor::Delegate {
+            uid: 1000,
+            name,
+            lowered: None,
+        };
+        for (what, has) in [
+            (Permission::Think, true),
+            (Permission::Exec, true),
+            (Permission::Task, true),
+            (Permission::Spawn, false),
+            (Permission::Read, false),
+            (Permission::Write, false),
+            (Permission::Http, false),
+        ] {
+            assert_eq!(delegate.require(what).is_ok(), has, "{what:?}");
+        }
+        assert_eq!(
+            delegate.principal(),
+            Principal::Delegate { uid: 1000, name }
+        );
+        assert_eq!(delegate.root(), Root::Delegate(1000, name));
+        assert_eq!(delegate.tools(), Some(&[][..]));
+        let grant = run_of(&delegate, r#"{"code":"1"}"#).unwrap();
+        assert_eq!(grant.permissions.tools, Vec::<String>::new());
+        assert!(run_of(&delegate, r#"{"code":"1","permissions":{"spawn":true}}"#).is_err());
+        assert!(run_of(&delegate, r#"{"code":"1","permissions":{"tools":["*"]}}"#).is_err());
+        // A connection that lowered itself stays lowered as a delegate.
+        let lowered = Actor::Delegate {
+            uid: 1000,
+            name,
+            lowered: Some(&lowered),
+        };
+        assert!(lowered.require(Permission::Task).is_err());
     }
 
     #[test]

@@ -141,7 +141,8 @@ pub fn end_agent_work(
 }
 
 /// What `principal` asked for ends with it, because `why`: its EXEC
-/// runs and sessions, and its tasks (an operator's are never ended so).
+/// runs and sessions, and its tasks (an operator's or a delegate's are
+/// never ended so).
 fn end_work_of(
     principal: Principal,
     why: &str,
@@ -151,7 +152,7 @@ fn end_work_of(
     replies: &mut Vec<Reply>,
 ) {
     exec.end_work_of(principal, why, replies);
-    if matches!(principal, Principal::Operator { .. }) {
+    if principal.outlives_kernels() {
         return;
     }
     for stop in tasks.end_owner(principal, why, replies) {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use agentos_egress::policy::Policy;
 use agentos_egress::Egress;
-use agentos_proto::payload::{Limits, Permissions, PrincipalInfo};
+use agentos_proto::payload::{DelegateName, Limits, Permissions, PrincipalInfo};
 
 use crate::address::{Reply, ReplyTo};
 use crate::agents::{Agents, Grant};
@@ -21,6 +21,8 @@ pub enum Root {
     Operator(u32),
     /// An agent, by id.
     Agent(u32),
+    /// A delegate, by its operator's uid and its name.
+    Delegate(u32, DelegateName),
 }
 
 impl Root {
@@ -28,7 +30,7 @@ impl Root {
     pub fn agent(self) -> Option<u32> {
         match self {
             Root::Agent(id) => Some(id),
-            Root::Operator(_) => None,
+            Root::Operator(_) | Root::Delegate(..) => None,
         }
     }
 }
@@ -173,6 +175,10 @@ impl Runs {
     pub fn describe(&self, principal: Principal, agents: &Agents) -> PrincipalInfo {
         match principal {
             Principal::Operator { uid } => PrincipalInfo::Operator { uid },
+            Principal::Delegate { uid, name } => PrincipalInfo::Delegate {
+                name,
+                of: Box::new(PrincipalInfo::Operator { uid }),
+            },
             Principal::Agent { id } => PrincipalInfo::Agent {
                 id,
                 name: agents.grant(id).map(|grant| grant.name.to_owned()),

@@ -168,6 +168,12 @@ impl Connection {
                             Outcome::Reply(answer) => {
                                 self.replies.push_ready(opcode, &answer.into_json())
                             }
+                            Outcome::Become(identity, answer) => {
+                                // The frames after it, this read's too, see
+                                // the new caller: each takes a copy.
+                                self.caller.identity = identity;
+                                self.replies.push_ready(opcode, &answer.into_json())
+                            }
                             Outcome::ReplyAndClose(payload) => {
                                 self.replies.push_ready(opcode, &payload);
                                 self.read_closed = true;

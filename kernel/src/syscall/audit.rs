@@ -18,6 +18,7 @@ use agentos_proto::payload::{
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde::Serialize;
 
+use super::delegate;
 use super::request::{actor, reply, Outcome, Request};
 use crate::address::Answer;
 use crate::audit::{Cause, Event, Reader, Subject};
@@ -32,6 +33,7 @@ pub fn get(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             Actor::Operator { uid, .. } => Reader::Operator { uid },
             Actor::Agent { id, .. } => Reader::Agent { id, boot },
             Actor::Run { number, .. } => Reader::Run { number, boot },
+            Actor::Delegate { .. } => return Err(delegate::beyond_it("GET_AUDIT_LOG")),
         };
         Ok(kernel.audit.read(reader, asked))
     });
@@ -165,10 +167,10 @@ fn record(
 /// run the kernel no longer knows: no tree to file it under.
 fn cause(kernel: &Kernel, principal: Principal) -> Option<(Cause, Option<u32>)> {
     let (tree_uid, agent, run) = match principal {
-        Principal::Operator { uid } => (uid, None, None),
+        Principal::Operator { uid } | Principal::Delegate { uid, .. } => (uid, None, None),
         Principal::Agent { id } => (kernel.agents.owner_uid(id)?, Some(id), None),
         Principal::Run { number } => match kernel.runs.get(number)?.root {
-            Root::Operator(uid) => (uid, None, Some(number)),
+            Root::Operator(uid) | Root::Delegate(uid, _) => (uid, None, Some(number)),
             Root::Agent(id) => (kernel.agents.owner_uid(id)?, Some(id), Some(number)),
         },
     };

@@ -15,6 +15,7 @@ use agentos_proto::payload::{
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::delegate;
 use super::request::{actor, reply, Outcome, Request};
 use crate::events::{AgentEventData, Audience, Event, Notice};
 use crate::kernel::{Actor, Kernel, Root};
@@ -165,6 +166,8 @@ fn emitter(kernel: &Kernel, actor: &Actor<'_>) -> Result<Audience, ErrorReply> {
                 agents: Vec::new(),
                 run: Some(number),
             },
+            Root::Delegate(..) => return Err(delegate::beyond_it("EMIT")),
         },
+        Actor::Delegate { .. } => return Err(delegate::beyond_it("EMIT")),
     })
 }

@@ -13,6 +13,7 @@
 
 mod async_poll;
 mod audit;
+mod delegate;
 mod events;
 mod exec;
 mod exit;
@@ -67,6 +68,7 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::LOGS => logs::handle,
         Opcode::NET => net::handle,
         Opcode::METRICS => metrics::handle,
+        Opcode::DELEGATE => delegate::handle,
         Opcode::REGISTER => messages::register,
         Opcode::SEND => messages::send,
         Opcode::RECV => messages::recv,
@@ -106,7 +108,10 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             &sees,
         );
     }
-    let outcome = handler(kernel, request);
+    let outcome = match delegate::beyond_a_delegate(kernel, request) {
+        Some(refusal) => Outcome::Reply(refusal.into()),
+        None => handler(kernel, request),
+    };
     audit::refusal(kernel, request, &outcome);
     if kernel.deferred.contains(&request.opcode) {
         defer(kernel, outcome, request.payload)

@@ -54,13 +54,14 @@ pub fn set(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         check_only_lowers(&set, &current, &caller.name())?;
         let about = match caller {
             Actor::Agent { id, .. } => Some(id),
-            Actor::Operator { .. } | Actor::Run { .. } => None,
+            Actor::Operator { .. } | Actor::Delegate { .. } | Actor::Run { .. } => None,
         };
         let kept = match caller {
-            Actor::Operator { .. } => {
+            Actor::Operator { .. } | Actor::Delegate { .. } => {
                 let kept = lower(current.clone());
-                // Only a connection can lower an operator (a kernel-made
-                // request has none), and only what changes is kept.
+                // Only a connection can lower an operator or a delegate (a
+                // kernel-made request has none), and only what changes is
+                // kept.
                 if let Some(serial) = request.reply_to.connection().filter(|_| kept != current) {
                     kernel.services.lowered.set(serial, kept.clone());
                 }

@@ -22,6 +22,9 @@ pub enum Outcome {
     ReplyAndClose(Vec<u8>),
     /// Reply with what this job returns, computed on a worker thread.
     Deferred(Job),
+    /// Reply with this now; from the next request on, the connection
+    /// speaks as this identity (DELEGATE).
+    Become(Identity, Answer),
     /// The kernel will deliver the reply itself, to the request's address,
     /// when a later event completes the request.
     Later,
@@ -34,6 +37,7 @@ impl std::fmt::Debug for Outcome {
             Outcome::Reply(answer) => write!(f, "Reply({} bytes)", answer.json_len()),
             Outcome::ReplyAndClose(p) => write!(f, "ReplyAndClose({} bytes)", p.len()),
             Outcome::Deferred(_) => f.write_str("Deferred"),
+            Outcome::Become(identity, _) => write!(f, "Become({identity:?})"),
             Outcome::Later => f.write_str("Later"),
         }
     }
@@ -60,7 +64,7 @@ impl Caller {
     pub fn run(&self) -> Option<u64> {
         match self.identity {
             Identity::Run { run, .. } => Some(run),
-            Identity::Operator { .. } | Identity::Agent { .. } => None,
+            Identity::Operator { .. } | Identity::Agent { .. } | Identity::Delegate { .. } => None,
         }
     }
 }
@@ -90,10 +94,16 @@ pub(super) fn actor<'k>(
     request: &Request<'_>,
 ) -> Result<Actor<'k>, ErrorReply> {
     let actor = Actor::of(request.caller.principal(), &kernel.agents, &kernel.runs)?;
-    // An operator's connection may have lowered itself.
+    // An operator's connection may have lowered itself (and then named
+    // a delegate, which stays as low).
     Ok(match (actor, request.reply_to.connection()) {
         (Actor::Operator { uid, .. }, Some(serial)) => Actor::Operator {
             uid,
+            lowered: kernel.services.lowered.get(serial),
+        },
+        (Actor::Delegate { uid, name, .. }, Some(serial)) => Actor::Delegate {
+            uid,
+            name,
             lowered: kernel.services.lowered.get(serial),
         },
         (actor, _) => actor,

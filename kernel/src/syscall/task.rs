@@ -106,11 +106,11 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
 }
 
 /// Whose tasks the caller's are (its agent's of this kernel's life, its
-/// operator uid's, or its run's), and whether it is an operator. A run
-/// needs `permissions.task` for any of it.
+/// operator uid's, its delegate's, or its run's), and whether it is an
+/// operator. A run, or a delegate, needs `task` for any of it.
 fn owner_of(kernel: &Kernel, request: &Request<'_>) -> Result<(Principal, bool), ErrorReply> {
     let actor = actor(kernel, request)?;
-    if let Actor::Run { .. } = actor {
+    if let Actor::Run { .. } | Actor::Delegate { .. } = actor {
         actor.require(Permission::Task)?;
     }
     let operator = matches!(actor, Actor::Operator { .. });

@@ -49,6 +49,16 @@ sys.exit(done.returncode)
 /// Answers a template operation.
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>, call: ExecCall) -> Outcome {
     let principal = request.caller.principal();
+    let changes = matches!(
+        call,
+        ExecCall::BuildTemplate { .. } | ExecCall::RemoveTemplate { .. }
+    );
+    if changes && matches!(principal, Principal::Delegate { .. }) {
+        return reply::<TemplatesReply>(Err(ErrorReply::new(
+            ErrorCode::PermissionDenied,
+            "a delegate principal runs from its operator's templates but builds and removes none",
+        )));
+    }
     match call {
         ExecCall::Templates => reply(Ok(TemplatesReply {
             success: true,

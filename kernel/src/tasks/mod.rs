@@ -156,7 +156,8 @@ impl<S: Store> Tasks<S> {
     /// A task from the store.
     fn restore(&mut self, mut record: StoredTask) {
         let dispatch = stored_dispatch(&record);
-        if record.state == TaskState::Queued && (dispatch.is_none() || !record.owner.is_operator())
+        if record.state == TaskState::Queued
+            && (dispatch.is_none() || !record.owner.outlives_kernels())
         {
             // Its agent is gone with the kernel that ran it.
             record.state = TaskState::Interrupted;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
-use agentos_proto::payload::PrincipalInfo;
+use agentos_proto::payload::{DelegateName, PrincipalInfo};
 
 use crate::identity::Principal;
 
@@ -28,7 +28,7 @@ impl OwnerKey {
     /// `principal` of the kernel of boot `boot`.
     pub fn new(principal: Principal, boot: u64) -> OwnerKey {
         let boot = match principal {
-            Principal::Operator { .. } => None,
+            Principal::Operator { .. } | Principal::Delegate { .. } => None,
             Principal::Agent { .. } | Principal::Run { .. } => Some(boot),
         };
         OwnerKey { principal, boot }
@@ -39,9 +39,10 @@ impl OwnerKey {
         self.principal
     }
 
-    /// Whether the owner is an operator.
-    pub fn is_operator(self) -> bool {
-        matches!(self.principal, Principal::Operator { .. })
+    /// Whether the owner outlives the kernel: an operator, or a delegate
+    /// (which is whoever names it again).
+    pub fn outlives_kernels(self) -> bool {
+        self.boot.is_none()
     }
 
     /// Whether the owner is still who it was in the kernel of boot `boot`:
@@ -64,18 +65,19 @@ impl OwnerKey {
         match self.principal {
             Principal::Agent { id } => PrincipalInfo::Agent { id, name: None },
             Principal::Run { .. } => PrincipalInfo::Run { of: None },
-            Principal::Operator { uid } => PrincipalInfo::Operator { uid },
+            Principal::Operator { .. } | Principal::Delegate { .. } => describe(self.principal),
         }
     }
 }
 
-/// The store's column: `user:<uid>`, `agent:<boot>:<id>`,
-/// `run:<boot>:<number>`.
+/// The store's column: `user:<uid>`, `delegate:<uid>:<name>`,
+/// `agent:<boot>:<id>`, `run:<boot>:<number>`.
 impl fmt::Display for OwnerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let boot = self.boot.unwrap_or(0);
         match self.principal {
             Principal::Operator { uid } => write!(f, "user:{uid}"),
+            Principal::Delegate { uid, name } => write!(f, "delegate:{uid}:{name}"),
             Principal::Agent { id } => write!(f, "agent:{boot:x}:{id}"),
             Principal::Run { number } => write!(f, "run:{boot:x}:{number}"),
         }
@@ -84,7 +86,10 @@ impl fmt::Display for OwnerKey {
 
 /// A store's owner column that names no owner.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{text:?} names no task owner (user:<uid>, agent:<boot>:<id> or run:<boot>:<number>)")]
+#[error(
+    "{text:?} names no task owner (user:<uid>, delegate:<uid>:<name>, agent:<boot>:<id> or \
+     run:<boot>:<number>)"
+)]
 pub struct OwnerKeyError {
     /// The column as it was.
     pub text: String,
@@ -99,12 +104,21 @@ impl FromStr for OwnerKey {
         };
         let mut parts = text.split(':');
         let kind = parts.next().ok_or_else(error)?;
-        let key = if kind == "user" {
+        let key = if kind == "user" || kind == "delegate" {
             let uid = parts.next().and_then(|uid| uid.parse().ok());
-            OwnerKey {
-                principal: Principal::Operator {
-                    uid: uid.ok_or_else(error)?,
+            let uid = uid.ok_or_else(error)?;
+            let principal = match kind {
+                "user" => Principal::Operator { uid },
+                _ => Principal::Delegate {
+                    uid,
+                    name: parts
+                        .next()
+                        .and_then(|name| DelegateName::new(name).ok())
+                        .ok_or_else(error)?,
                 },
+            };
+            OwnerKey {
+                principal,
                 boot: None,
             }
         } else {
@@ -198,6 +212,13 @@ mod tests {
     fn owners_are_stored_as_they_always_were_and_read_back_the_same() {
         for (principal, text) in [
             (Principal::Operator { uid: 1000 }, "user:1000"),
+            (
+                Principal::Delegate {
+                    uid: 1000,
+                    name: DelegateName::new("e2b.key-1").unwrap(),
+                },
+                "delegate:1000:e2b.key-1",
+            ),
             (Principal::Agent { id: 7 }, "agent:ab12:7"),
             (Principal::Run { number: 42 }, "run:ab12:42"),
         ] {
@@ -212,6 +233,10 @@ mod tests {
         let operator = OwnerKey::new(Principal::Operator { uid: 0 }, BOOT);
         assert_eq!(operator, OwnerKey::new(Principal::Operator { uid: 0 }, 1));
         assert!(operator.is_of_boot(1) && operator.is_of_boot(BOOT));
+        let name = DelegateName::new("k").unwrap();
+        let delegate = OwnerKey::new(Principal::Delegate { uid: 0, name }, BOOT);
+        assert!(delegate.outlives_kernels() && delegate.is_of_boot(1));
+        assert_ne!(delegate, operator);
         let agent = OwnerKey::new(Principal::Agent { id: 3 }, BOOT);
         assert_ne!(agent, OwnerKey::new(Principal::Agent { id: 3 }, 1));
         assert!(agent.is_of_boot(BOOT) && !agent.is_of_boot(1));
@@ -225,7 +250,9 @@ mod tests {
                 name: Some("worker1".into()),
             },
             Principal::Run { .. } => PrincipalInfo::Run { of: None },
-            Principal::Operator { uid } => PrincipalInfo::Operator { uid },
+            Principal::Operator { uid } | Principal::Delegate { uid, .. } => {
+                PrincipalInfo::Operator { uid }
+            }
         };
         let agent: OwnerKey = "agent:1:7".parse().unwrap();
         assert_eq!(
@@ -254,6 +281,11 @@ mod tests {
             "run:1",
             "robot:1:2",
             "agent:1:2:3",
+            "delegate:1",
+            "delegate:1:",
+            "delegate:1:../x",
+            "delegate:x:k",
+            "delegate:1:k:2",
         ] {
             let err = text.parse::<OwnerKey>().unwrap_err();
             assert_eq!(err.text, text);

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::delegate_name::DelegateName;
+
 use super::parse::parse_empty_or_object;
 use crate::error::ErrorReply;
 
@@ -140,6 +142,14 @@ pub enum PrincipalInfo {
         /// Its name, while the kernel knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<String>,
+    },
+    /// A delegate principal an operator named (DELEGATE): what it creates
+    /// is its own, within what `of` has.
+    Delegate {
+        /// Its name.
+        name: DelegateName,
+        /// The operator it was named by.
+        of: Box<PrincipalInfo>,
     },
     /// The kernel connection of an EXEC run: a principal of its own, acting
     /// for `of` within what the run was given.

@@ -12,6 +12,8 @@
 mod agent_state;
 mod async_poll;
 mod audit;
+mod delegate;
+mod delegate_name;
 mod events;
 mod exec;
 mod exec_reply;
@@ -48,6 +50,8 @@ pub use audit::{
     AuditCategory, AuditConfig, AuditConfigReply, AuditEntry, AuditLogReply, AuditLogRequest,
     SetAuditConfigRequest, DEFAULT_AUDIT_ENTRIES, MAX_AUDIT_ENTRIES,
 };
+pub use delegate::{DelegateReply, DelegateRequest};
+pub use delegate_name::{DelegateName, MAX_DELEGATE_NAME_LEN};
 pub use events::{
     EmitReply, EmitRequest, EventInfo, KernelEvent, PollReply, PollRequest, SubscribeReply,
     SubscribeRequest, Topic, UnsubscribeReply, CUSTOM, DEFAULT_POLL_EVENTS, MAX_EVENT_DATA_BYTES,

@@ -15,7 +15,6 @@ use super::names::owner_of;
 use super::store::Store;
 use crate::exec::order::HIBERNATED;
 use crate::exec::waiting::SessionKey;
-use crate::identity::Principal;
 
 /// What [`owned_disks`] found.
 #[derive(Debug)]
@@ -42,7 +41,7 @@ pub fn owned_disks<R>(
     };
     for owner_dir in fs::read_dir(root).into_iter().flatten().flatten() {
         let owner = owner_of(&owner_dir.file_name().to_string_lossy())
-            .filter(|owner| matches!(owner, Principal::Operator { .. }));
+            .filter(|owner| owner.outlives_kernels());
         for disk in fs::read_dir(owner_dir.path())
             .into_iter()
             .flatten()
@@ -73,8 +72,7 @@ pub fn snapshots<R>(
 ) -> Vec<(SessionKey, SnapshotInfo)> {
     let mut listed = Vec::new();
     for owner_dir in store.owners() {
-        let Some(owner) = owner_of(&owner_dir).filter(|o| matches!(o, Principal::Operator { .. }))
-        else {
+        let Some(owner) = owner_of(&owner_dir).filter(|o| o.outlives_kernels()) else {
             if let Err(err) = store.remove_owner(&owner_dir) {
                 log::warn!("snapshots of {owner_dir}: cannot remove them: {err}");
             }

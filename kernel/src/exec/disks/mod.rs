@@ -245,7 +245,10 @@ impl SessionDisks {
     /// Whose share of the disk `owner`'s disks count against.
     fn share_of(&self, owner: Principal) -> Option<Share> {
         match owner {
-            Principal::Operator { uid } => Some(Share::Operator(uid)),
+            // A delegate's disks count as its operator's.
+            Principal::Operator { uid } | Principal::Delegate { uid, .. } => {
+                Some(Share::Operator(uid))
+            }
             owner => self.shares.get(&owner).copied(),
         }
     }
@@ -627,10 +630,10 @@ impl SessionDisks {
     }
 
     /// `owner` (an agent, a run) has ended: its disks go, and what it was
-    /// given is forgotten. An operator's sessions and volumes last until
-    /// closed or removed.
+    /// given is forgotten. An operator's (or a delegate's) sessions and
+    /// volumes last until closed or removed.
     pub fn remove_owner(&mut self, owner: Principal) {
-        if matches!(owner, Principal::Operator { .. }) {
+        if owner.outlives_kernels() {
             return;
         }
         // An agent's next incarnation (a restart) starts from the same

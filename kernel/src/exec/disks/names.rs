@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use agentos_proto::payload::DelegateName;
+
 use crate::identity::Principal;
 
 /// Where `owner`'s disk named `name` lies beneath `root` (the sessions'
@@ -33,6 +35,8 @@ pub fn dir_name(name: &str) -> String {
 pub fn owner_dir_name(owner: Principal) -> String {
     match owner {
         Principal::Operator { uid } => format!("uid-{uid}"),
+        // `~` is in no delegate's name, nor in the other kinds' forms.
+        Principal::Delegate { uid, name } => format!("uid-{uid}~{name}"),
         Principal::Agent { id } => format!("agent-{id}"),
         Principal::Run { number } => format!("run-{number}"),
     }
@@ -41,7 +45,13 @@ pub fn owner_dir_name(owner: Principal) -> String {
 /// The owner a directory of sessions belongs to.
 pub fn owner_of(name: &str) -> Option<Principal> {
     if let Some(uid) = name.strip_prefix("uid-") {
-        return uid.parse().ok().map(|uid| Principal::Operator { uid });
+        return match uid.split_once('~') {
+            Some((uid, name)) => Some(Principal::Delegate {
+                uid: uid.parse().ok()?,
+                name: DelegateName::new(name).ok()?,
+            }),
+            None => uid.parse().ok().map(|uid| Principal::Operator { uid }),
+        };
     }
     if let Some(id) = name.strip_prefix("agent-") {
         return id.parse().ok().map(|id| Principal::Agent { id });
@@ -68,6 +78,10 @@ mod tests {
     fn owners_name_their_directories_both_ways() {
         for owner in [
             Principal::Operator { uid: 1000 },
+            Principal::Delegate {
+                uid: 1000,
+                name: DelegateName::new("e2b.key-1").unwrap(),
+            },
             Principal::Agent { id: 7 },
             Principal::Run { number: 42 },
         ] {

@@ -21,8 +21,9 @@ pub type Transaction = Box<dyn FnOnce(&Connection) + Send>;
 
 /// What the writer thread is handed.
 pub enum Message {
-    /// A change to the tasks, saved in the next batch.
-    Task(Write),
+    /// A change to the tasks, saved in the next batch (boxed: a write is
+    /// far larger than the other messages).
+    Task(Box<Write>),
     /// Another subsystem's transaction.
     Run(Transaction),
     /// Save what waits and stop: the store is closing (handles may still

@@ -150,7 +150,7 @@ impl SqliteStore {
         let sent = self
             .writes
             .as_ref()
-            .is_some_and(|writes| writes.send(Message::Task(write)).is_ok());
+            .is_some_and(|writes| writes.send(Message::Task(Box::new(write))).is_ok());
         if !sent {
             log::error!(
                 "the task store's writer has stopped: changes to {} are lost",

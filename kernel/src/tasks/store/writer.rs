@@ -123,7 +123,7 @@ impl Writer {
             let mut batch = Vec::new();
             for message in std::iter::once(first).chain(messages.try_iter()) {
                 match message {
-                    Message::Task(write) => batch.push(write),
+                    Message::Task(write) => batch.push(*write),
                     Message::Run(transaction) => {
                         if !batch.is_empty() {
                             self.save(std::mem::take(&mut batch));

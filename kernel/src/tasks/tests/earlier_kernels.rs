@@ -84,7 +84,9 @@ fn an_earlier_kernels_agent_task_is_an_operators_to_reach_and_named_by_number_al
             name: Some("worker1".into()),
         },
         Principal::Run { .. } => PrincipalInfo::Run { of: None },
-        Principal::Operator { uid } => PrincipalInfo::Operator { uid },
+        Principal::Operator { uid } | Principal::Delegate { uid, .. } => {
+            PrincipalInfo::Operator { uid }
+        }
     };
     let everyone = tasks
         .list(Reach::Any, &TaskList::default(), Some(&describe))
