@@ -177,9 +177,14 @@ def test_block_runs(block: docs_blocks.Block, kernels: KernelPerFile) -> None:
         except subprocess.TimeoutExpired as err:
             pytest.fail(f"{block.id}: still running after {BLOCK_TIMEOUT} s\n{err.stdout}\n{err.stderr}", pytrace=False)
     if done.returncode != 0:
+        # What the kernel saw, too: a block's failure may be the kernel's.
+        state = kernel.process.poll()
+        log_end = "\n".join(kernel.log().splitlines()[-60:])
         pytest.fail(
             f"{block.id} ({block.language}) exited with {done.returncode}\n"
-            f"--- block ---\n{block.code}--- stdout ---\n{done.stdout}--- stderr ---\n{done.stderr}",
+            f"--- block ---\n{block.code}--- stdout ---\n{done.stdout}--- stderr ---\n{done.stderr}"
+            f"--- agentosd ({'running' if state is None else f'exited {state}'}), its log's end ---\n"
+            f"{log_end}",
             pytrace=False,
         )
 
