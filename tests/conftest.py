@@ -179,6 +179,40 @@ def kernel_with(config: str = "", llm: bool = False) -> Iterator[Kernel]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+class KernelDir:
+    """A kernel whose state directory outlives it: ``restart`` stops it
+    (with ``kill``, as a crash would) and starts another on the same
+    directory, as ``kernel``."""
+
+    def __init__(self, config: str = "") -> None:
+        self.config = config
+        self.workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
+        self.kernel = start_kernel(self.workdir, config)
+
+    def restart(self, kill: bool = False) -> Kernel:
+        if kill:
+            self.kernel.process.kill()
+            self.kernel.process.wait()
+        else:
+            self.kernel.stop()
+        self.kernel = start_kernel(self.workdir, self.config)
+        return self.kernel
+
+
+@contextlib.contextmanager
+def kernel_dir(config: str = "") -> Iterator[KernelDir]:
+    """A :class:`KernelDir`, its last kernel stopped and its directory
+    removed afterwards."""
+    kernels = KernelDir(config)
+    try:
+        yield kernels
+    finally:
+        if kernels.kernel.process.poll() is None:
+            kernels.kernel.stop()
+        detach_beneath(kernels.workdir)
+        shutil.rmtree(kernels.workdir, ignore_errors=True)
+
+
 # Each session's disk in a test's kernel (64 MiB).
 TEST_SESSION_DISK_BYTES = 64 << 20
 

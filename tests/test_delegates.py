@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import struct
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from agentos import AgentOSClient, Opcode
 from agentos.errors import BadRequest, LimitExceeded, NotFound, PermissionDenied
-from conftest import RUN_ASKS_KERNEL, kernel_with, start_kernel
+from conftest import RUN_ASKS_KERNEL, kernel_dir, kernel_with
 
 
 def has_root() -> bool:
@@ -131,27 +128,18 @@ def test_one_delegates_sessions_volumes_snapshots_and_tasks_are_not_anothers():
 def test_the_same_name_finds_its_sessions_again_after_a_restart():
     if not has_root():
         return
-    workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
-    kernel = start_kernel(workdir)
-    try:
-        with as_delegate(kernel, "alice") as alice:
+    with kernel_dir() as kernels:
+        with as_delegate(kernels.kernel, "alice") as alice:
             assert run(alice, "open('/workspace/kept.txt', 'w').write('kept')")["ok"]
             task = alice.dispatch("exec", {"code": "print(6 * 7)"})
             assert alice.wait_task(task, timeout=60)["state"] == "completed"
-        kernel.process.terminate()
-        kernel.process.wait(timeout=30)
-        kernel = start_kernel(workdir)
+        kernel = kernels.restart()
         with as_delegate(kernel, "alice") as alice, as_delegate(kernel, "bob") as bob:
             assert session_names(alice) == {"s1"}
             assert session_names(bob) == set()
             assert alice.task_status(task)["state"] == "completed"
             after = run(alice, "print(open('/workspace/kept.txt').read())")
             assert after["stdout"] == "kept\n", after
-    finally:
-        if kernel.process.poll() is None:
-            kernel.process.terminate()
-            kernel.process.wait(timeout=30)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_delegates_count_in_their_operators_session_cap():

@@ -176,7 +176,7 @@ fn peer_pidfd(socket: &impl AsFd) -> Option<OwnedFd> {
 
 /// Whom work is done for: the owner of sessions, tasks and queued work,
 /// and whose permissions and budgets a request is checked against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Principal {
     /// An operator, by uid: every connection of that uid is the same
     /// principal.

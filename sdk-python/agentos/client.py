@@ -601,6 +601,50 @@ class AgentOSClient(Connection):
         """EXEC ``sessions``: your sessions."""
         return self.call_json(Opcode.EXEC, {"op": "sessions"})["sessions"]
 
+    def open_session(
+        self,
+        session: str,
+        *,
+        template: Optional[str] = None,
+        network: Any = None,
+        limits: Optional[Mapping[str, Any]] = None,
+        volumes: Optional[Sequence[Mapping[str, Any]]] = None,
+        permissions: Optional[Mapping[str, Any]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        lifetime_ms: Optional[int] = None,
+        then: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """EXEC ``open``: opens ``session`` without running code — its
+        template, network, limits, volumes and permissions as a run's (its
+        later runs must ask the same). ``env`` is the environment of the
+        processes started in it (never listed), ``labels`` what it is
+        listed with; after ``lifetime_ms`` the kernel closes it, or with
+        ``then="hibernate"`` hibernates it. A live session of that name is
+        ``AlreadyExists``; a stored one opens on a fresh interpreter.
+        Returns ``{"session", "state", "fresh_interpreter", "ends_at"}``."""
+        request: Dict[str, Any] = {"op": "open", "session": session}
+        request.update(_present(
+            template=template, network=network,
+            limits=dict(limits) if limits is not None else None,
+            volumes=list(volumes) if volumes is not None else None,
+            permissions=dict(permissions) if permissions is not None else None,
+            env=dict(env) if env is not None else None,
+            labels=dict(labels) if labels is not None else None,
+            lifetime_ms=lifetime_ms, then=then,
+        ))
+        return self.call_json(Opcode.EXEC, request)
+
+    def set_lifetime(
+        self, session: str, lifetime_ms: Optional[int], then: Optional[str] = None
+    ) -> Optional[str]:
+        """EXEC ``lifetime``: the session ends ``lifetime_ms`` from now
+        (closed, or with ``then="hibernate"`` hibernated); ``None`` clears
+        its lifetime. Returns when it ends now (RFC 3339), or ``None``."""
+        request: Dict[str, Any] = {"op": "lifetime", "session": session, "lifetime_ms": lifetime_ms}
+        request.update(_present(then=then))
+        return self.call_json(Opcode.EXEC, request)["ends_at"]
+
     def close_session(self, session: str) -> bool:
         """EXEC ``close``: ends a session and deletes its workspace; returns
         whether it was open."""

@@ -183,10 +183,14 @@ class Session(_SessionRequired, total=False):
     ``hibernated`` when its globals are saved and its interpreter ended
     (its next run or a resume brings them back), ``stored`` when only its
     disk is left (its next run starts a fresh interpreter); ``disk_bytes``
-    and ``disk_used_bytes`` when it has a disk of its own."""
+    and ``disk_used_bytes`` when it has a disk of its own; ``labels``,
+    ``ends_at`` and ``then`` when it was opened with them."""
 
     disk_bytes: int
     disk_used_bytes: int
+    labels: Dict[str, str]
+    ends_at: str
+    then: str
 
 
 class Template(TypedDict):

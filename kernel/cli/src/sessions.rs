@@ -5,10 +5,12 @@
 //! hibernate and wake a session's interpreter.
 
 use agentos_proto::payload::{
-    ClosedReply, ExecCall, PauseRequest, RemovedReply, RestoredReply, SessionPauseReply,
+    ClosedReply, ExecCall, ExecRequest, Lifetime, LifetimeEnd, LifetimeReply, PauseRequest,
+    RemovedReply, RestoredReply, SessionOpen, SessionOpenedReply, SessionPauseReply, SessionSetup,
     SessionState, SessionsReply, SnapshotReply, SnapshotsReply,
 };
 use agentos_proto::{Client, Opcode};
+use clap::builder::TypedValueParser;
 
 use crate::error::CliError;
 use crate::format::human_size;
@@ -19,8 +21,29 @@ use crate::raw::{ask_exec, Raw};
 pub struct SessionsArgs {
     /// End this session: its interpreter, its files, its packages and its
     /// snapshots go
-    #[arg(long, value_name = "SESSION")]
+    #[arg(long, value_name = "SESSION", conflicts_with_all = ["open", "set_lifetime"])]
     close: Option<String>,
+    /// Open this session without running code (EXEC `open`)
+    #[arg(long, value_name = "SESSION", conflicts_with = "set_lifetime")]
+    open: Option<String>,
+    /// Give this session a new lifetime (--lifetime SECS), or none
+    /// (--lifetime 0)
+    #[arg(long, value_name = "SESSION", requires = "lifetime")]
+    set_lifetime: Option<String>,
+    /// With --open: the template it starts from
+    #[arg(long, value_name = "TEMPLATE", requires = "open")]
+    template: Option<String>,
+    /// With --open: a label it is listed with, KEY=VALUE (repeat for more)
+    #[arg(long = "label", value_name = "KEY=VALUE", requires = "open")]
+    labels: Vec<String>,
+    /// With --open or --set-lifetime: the kernel ends it after SECS (0:
+    /// never)
+    #[arg(long, value_name = "SECS")]
+    lifetime: Option<u64>,
+    /// What the end of its lifetime does: close (files and all) or
+    /// hibernate
+    #[arg(long, value_name = "END", requires = "lifetime", value_parser = lifetime_end())]
+    then: Option<LifetimeEnd>,
 }
 
 /// `agentos snapshot`'s options: take one, or (`ls`, `rm`) list and
@@ -92,6 +115,28 @@ fn no_such_session(session: String) -> impl FnOnce(String) -> CliError {
 }
 
 pub fn sessions(client: &mut Client, args: SessionsArgs, json: bool) -> Result<(), CliError> {
+    let lifetime = match (args.lifetime, args.then) {
+        (None | Some(0), _) => None,
+        (Some(secs), then) => Some(Lifetime {
+            ms: secs.saturating_mul(1000),
+            then: then.unwrap_or_default(),
+        }),
+    };
+    if let Some(session) = args.open {
+        return open(client, session, args.template, args.labels, lifetime, json);
+    }
+    if let Some(session) = args.set_lifetime {
+        let raw = ask(client, &ExecCall::Lifetime { session, lifetime })?;
+        if json {
+            return raw.print();
+        }
+        let reply: LifetimeReply = raw.decode()?;
+        match reply.ends_at {
+            Some(at) => println!("session '{}' ends at {at}", reply.session),
+            None => println!("session '{}' has no lifetime", reply.session),
+        }
+        return Ok(());
+    }
     if let Some(session) = args.close {
         let raw = ask(
             client,
@@ -142,6 +187,57 @@ pub fn sessions(client: &mut Client, args: SessionsArgs, json: bool) -> Result<(
     }
     if reply.sessions.is_empty() {
         eprintln!("agentos: no sessions (agentos exec --session NAME CODE starts one)");
+    }
+    Ok(())
+}
+
+/// `--then`'s words.
+fn lifetime_end() -> impl clap::builder::TypedValueParser<Value = LifetimeEnd> {
+    clap::builder::PossibleValuesParser::new(["close", "hibernate"]).map(|end| match &*end {
+        "hibernate" => LifetimeEnd::Hibernate,
+        _ => LifetimeEnd::Close,
+    })
+}
+
+/// `agentos sessions --open`.
+fn open(
+    client: &mut Client,
+    session: String,
+    template: Option<String>,
+    labels: Vec<String>,
+    lifetime: Option<Lifetime>,
+    json: bool,
+) -> Result<(), CliError> {
+    let labels = labels
+        .iter()
+        .map(|label| match label.split_once('=') {
+            Some((key, value)) => Ok((key.to_owned(), value.to_owned())),
+            None => Err(CliError::Usage(format!(
+                "--label {label:?}: give KEY=VALUE"
+            ))),
+        })
+        .collect::<Result<_, _>>()?;
+    let run = ExecRequest {
+        session: Some(session),
+        template,
+        ..ExecRequest::default()
+    };
+    let setup = SessionSetup {
+        labels: Some(labels),
+        lifetime,
+        ..SessionSetup::default()
+    };
+    let raw = ask(
+        client,
+        &ExecCall::Open(Box::new(SessionOpen { run, setup })),
+    )?;
+    if json {
+        return raw.print();
+    }
+    let reply: SessionOpenedReply = raw.decode()?;
+    match reply.ends_at {
+        Some(at) => println!("session '{}' opened; it ends at {at}", reply.session),
+        None => println!("session '{}' opened", reply.session),
     }
     Ok(())
 }

@@ -8,18 +8,20 @@
 
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
-use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo};
+use agentos_proto::payload::{ExecReply, ExecRequest, Lifetime, LifetimeEnd, SessionInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 pub use super::disk_work::{DiskWork, DisksDone};
 use super::disks::{no_session, Asked, SessionDisks};
+use super::lifetimes;
 use super::network::{Narrowed, RunNetwork};
 use super::order::{Finished, Order};
 use super::queues::{Caps, Share};
 use super::requests::Requests;
 use super::run_cgroup::ChargedTo;
+use super::session_meta::{Ends, SessionMeta};
 use super::session_ops::{self, memfd, no_interpreter};
 pub use super::session_ops::{Idle, SessionOp};
 use super::sessions::{hibernates_idle, Sessions};
@@ -86,6 +88,13 @@ impl Backlog {
             return Ok(Some(lost));
         }
         let requests = &self.requests;
+        let opening = self.sessions.contains(key) || requests.sessions().any(|k| k == key);
+        if request.opens.is_some() && opening {
+            return Err(ErrorReply::new(
+                ErrorCode::AlreadyExists,
+                format!("session {:?} is open already", key.1),
+            ));
+        }
         self.sessions
             .same_grant(key, || requests.opening_grant(key), request)?;
         if !self.sessions.contains(key) && !requests.sessions().any(|k| k == key) {
@@ -170,13 +179,34 @@ impl Backlog {
 
     /// `child` is given to `waiting`: the session it names, if it names
     /// one, opens on it (a new one, or one its restore carries over).
-    pub fn open_session(&mut self, child: usize, waiting: &mut Waiting, now: Instant) {
-        if let Some(key) = waiting.session.clone() {
-            let grant = RunAsk::of(&waiting.request);
-            let mut session = Session::open(child, waiting.carried.take(), grant, now);
-            session.orders_as = Some(waiting.orders_as());
-            self.sessions.insert(key, session);
+    /// Its environment, labels and lifetime are `open`'s, else a stored
+    /// session's (a restore carries its own): when its lifetime ends.
+    pub fn open_session(
+        &mut self,
+        child: usize,
+        waiting: &mut Waiting,
+        now: Instant,
+    ) -> Option<(SessionKey, Ends)> {
+        let key = waiting.session.clone()?;
+        let grant = RunAsk::of(&waiting.request);
+        let carried = waiting.carried.take();
+        let restored = carried.is_some();
+        let mut session = Session::open(child, carried, grant, now);
+        session.orders_as = Some(waiting.orders_as());
+        let stored = self
+            .disks
+            .store
+            .stored
+            .record(&key)
+            .map(|record| &record.meta);
+        match waiting.request.opens.take() {
+            Some(setup) => session.meta = SessionMeta::opened(*setup, stored, SystemTime::now()),
+            None if restored => {}
+            None => session.meta = stored.cloned().unwrap_or_default(),
         }
+        let ends = session.meta.ends.map(|ends| (key.clone(), ends));
+        self.sessions.insert(key, session);
+        ends
     }
 
     /// The next order queued for session `key`, if the session's child is
@@ -364,20 +394,51 @@ impl Backlog {
         if !self.sessions.is_idle(key, last_used) {
             return Idle::Used;
         }
-        let orders_as = self.sessions.orders_as(key).filter(|_| self.hibernate_idle);
+        self.hibernate_now(key, self.hibernate_idle, now)
+    }
+
+    /// The kernel hibernates session `key` `now` (its order queued), if
+    /// it `may` and sessions have disks to hibernate onto; else its
+    /// interpreter ends.
+    pub fn hibernate_now(&mut self, key: &SessionKey, may: bool, now: Instant) -> Idle {
+        let may = may && self.disks.store.available();
+        let orders_as = self.sessions.orders_as(key).filter(|_| may);
         let Some((caller, limits, timeout)) = orders_as else {
-            log::debug!("exec session {:?}: idle, its interpreter ends", key.1);
+            log::debug!("exec session {:?}: its interpreter ends", key.1);
             return Idle::Ends;
         };
         let Ok(state) = memfd() else {
             return Idle::Ends;
         };
-        log::debug!("exec session {:?}: idle, it hibernates", key.1);
+        log::debug!("exec session {:?}: it hibernates", key.1);
         let order = Order::hibernate(state);
         let to = ReplyTo::Nobody;
         let waiting = Waiting::for_session(key, caller, order, to, limits, timeout, now);
         self.sessions.queue(key, waiting);
         Idle::Hibernates
+    }
+
+    /// Sets or clears session `key`'s lifetime (see
+    /// [`lifetimes::set_lifetime`]).
+    pub fn set_lifetime(
+        &mut self,
+        key: &SessionKey,
+        lifetime: Option<Lifetime>,
+    ) -> Result<Option<Ends>, ErrorReply> {
+        let now = SystemTime::now();
+        lifetimes::set_lifetime(
+            key,
+            lifetime,
+            now,
+            &mut self.sessions,
+            &mut self.disks.store,
+        )
+    }
+
+    /// Session `key`'s lifetime, to end at `at_ms`, has ended (see
+    /// [`lifetimes::lifetime_ended`]).
+    pub fn lifetime_ended(&mut self, key: &SessionKey, at_ms: u64) -> Option<LifetimeEnd> {
+        lifetimes::lifetime_ended(key, at_ms, &mut self.sessions, &mut self.disks.store)
     }
 
     /// Whether session `key` is paused.

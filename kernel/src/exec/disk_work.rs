@@ -101,7 +101,11 @@ impl DiskWork {
             waiting.template = of_session.flatten().map(TemplateUse::Use);
         }
         let template = waiting.template.as_ref();
-        let of_session = session.as_ref().map(|key| (key, waiting.share));
+        let of_session = session.as_ref().map(|key| {
+            // The record keeps what the session was opened with.
+            let meta = sessions.meta(key).cloned().unwrap_or_default();
+            (key, waiting.share, meta)
+        });
         self.store
             .attach(child, pidfd, of_session, template, &waiting.volumes);
         if let Some(TemplateUse::Build(name)) = &waiting.template {

@@ -7,9 +7,10 @@
 //! child let go or kept for its session. Everything here runs on the
 //! reactor thread and never blocks.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use agentos_primitives::timers::Timers;
+use agentos_proto::payload::LifetimeEnd;
 use agentos_proto::ErrorReply;
 use mio::Token;
 
@@ -19,9 +20,11 @@ use super::children::Done;
 use super::exec_cgroups::ExecCgroups;
 use super::exec_host::HostId;
 use super::hosts::HOST_RETRY;
+use super::lifetimes::Lifetimes;
 use super::network::RunNetwork;
 use super::order::{Order, OrderCaps};
 use super::pool::{Event, Launch, Pool};
+use super::session_meta::Ends;
 use super::spans::RunSpans;
 use super::waiting::{SessionKey, Waiting};
 use crate::address::{Reply, ReplyTo};
@@ -54,6 +57,8 @@ pub struct Dispatcher {
     pub(super) network: RunNetwork,
     pub(super) spans: RunSpans,
     pub(super) timers: Timers<Wake>,
+    /// When sessions' lifetimes end.
+    pub(super) lifetimes: Lifetimes,
     pub(super) caps: OrderCaps,
     pub(super) shutting_down: bool,
 }
@@ -99,7 +104,11 @@ impl Dispatcher {
 
     /// How long until the earliest deadline.
     pub(super) fn next_deadline(&self, now: Instant) -> Option<Duration> {
-        self.timers.time_to_next(now)
+        let lifetimes = self.lifetimes.time_to_next(SystemTime::now());
+        [self.timers.time_to_next(now), lifetimes]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Handles the deadlines that are due.
@@ -132,6 +141,31 @@ impl Dispatcher {
                     }
                 }
             }
+        }
+        let wall = SystemTime::now();
+        while let Some((key, at_ms)) = self.lifetimes.pop_due(wall) {
+            self.lifetime_ended(&key, at_ms, replies, now);
+        }
+    }
+
+    /// Session `key`'s lifetime, set to end at `at_ms`, has ended: it is
+    /// closed or hibernated, as it was set to be.
+    fn lifetime_ended(
+        &mut self,
+        key: &SessionKey,
+        at_ms: u64,
+        replies: &mut Vec<Reply>,
+        now: Instant,
+    ) {
+        match self.backlog.lifetime_ended(key, at_ms) {
+            None => {}
+            Some(LifetimeEnd::Close) => drop(self.close(key, replies)),
+            Some(LifetimeEnd::Hibernate) => match self.backlog.hibernate_now(key, true, now) {
+                Idle::Hibernates => self.let_go_to_hibernate(key, replies, now),
+                // A stored session has no interpreter to end.
+                Idle::Ends => drop(self.end_interpreter(key, replies)),
+                Idle::Used => {}
+            },
         }
     }
 
@@ -219,7 +253,9 @@ impl Dispatcher {
                 self.backlog.push_front(waiting);
                 return;
             };
-            self.backlog.open_session(child, &mut waiting, now);
+            if let Some((key, ends)) = self.backlog.open_session(child, &mut waiting, now) {
+                self.lifetime_set(&key, Some(ends));
+            }
             self.backlog.disks().warm_for(&waiting, &mut self.pool);
             if warm.is_some() || !waiting.needs_disks() {
                 self.start(child, waiting, replies, now);
@@ -430,6 +466,21 @@ impl Dispatcher {
             (self.backlog).freeze(key, frozen, |child| children.freeze(child, frozen, now))?;
         self.serve_session(key, replies, now);
         Ok(freezer)
+    }
+
+    /// Session `key`'s lifetime ends at `ends` (at once, if that has
+    /// passed), or (`None`) it has none.
+    pub(super) fn lifetime_set(&mut self, key: &SessionKey, ends: Option<Ends>) {
+        self.lifetimes.set(key, ends.map(|ends| ends.at_ms));
+    }
+
+    /// Ends session `key` (`op: close`, or its lifetime's end): its
+    /// interpreter and its files go; a run of it still going is killed.
+    /// Whether there was one.
+    pub(super) fn close(&mut self, key: &SessionKey, replies: &mut Vec<Reply>) -> bool {
+        self.lifetimes.set(key, None);
+        let had_disk = self.backlog.disks().store.remove(key);
+        self.end_interpreter(key, replies) || had_disk
     }
 
     /// A hibernation of session `key` waits in its queue: a paused session

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use agentos_egress::policy::Policy;
 use agentos_egress::Gateway;
 use agentos_primitives::timers::Timers;
-use agentos_proto::payload::{ExecRequest, Language, Limits, SessionInfo};
+use agentos_proto::payload::{ExecRequest, Language, Lifetime, Limits, SessionInfo};
 use agentos_proto::ErrorReply;
 use mio::{Registry, Token};
 
@@ -23,10 +23,12 @@ use super::disks::SessionDisks;
 use super::dispatch::Dispatcher;
 use super::exec_cgroups::ExecCgroups;
 use super::exec_host::HostId;
+use super::lifetimes::Lifetimes;
 use super::limits::RunDefaults;
 use super::network::RunNetwork;
 use super::order::{open_for_runs, Kill, OrderCaps, Running};
 use super::pool::Pool;
+use super::session_meta::Ends;
 use super::spans::RunSpans;
 use super::waiting::{RunCaller, SessionKey, Waiting};
 use super::{files, zygote};
@@ -77,14 +79,25 @@ impl Exec {
             network: RunNetwork::default(),
             spans: RunSpans::default(),
             timers: Timers::default(),
+            lifetimes: Lifetimes::default(),
             caps: OrderCaps::new(exec),
             shutting_down: false,
         };
-        Ok(Exec {
+        let mut exec = Exec {
             dispatcher,
             unavailable,
             runs_by_agent: HashMap::new(),
-        })
+        };
+        // Stored sessions' lifetimes run on (or ended while the kernel was
+        // down: at once).
+        let records = exec.dispatcher.backlog.disks().store.stored.records();
+        let ends: Vec<(SessionKey, Ends)> = (records.iter())
+            .filter_map(|(key, record)| Some((key.clone(), record.meta.ends?)))
+            .collect();
+        for (key, ends) in ends {
+            exec.dispatcher.lifetime_set(&key, Some(ends));
+        }
+        Ok(exec)
     }
 
     /// The exec hosts and their run children (what runs have printed,
@@ -270,9 +283,19 @@ impl Exec {
     /// Ends a session (`op: close`): its interpreter and its files go;
     /// a run of it still going is killed. Whether there was one.
     pub fn close(&mut self, owner: Principal, name: &str, replies: &mut Vec<Reply>) -> bool {
-        let key = (owner, name.to_owned());
-        let had_disk = self.dispatcher.backlog.disks().store.remove(&key);
-        self.dispatcher.end_interpreter(&key, replies) || had_disk
+        self.dispatcher.close(&(owner, name.to_owned()), replies)
+    }
+
+    /// Sets session `key`'s lifetime from now, or clears it (`op:
+    /// lifetime`): when it ends now.
+    pub fn set_lifetime(
+        &mut self,
+        key: &SessionKey,
+        lifetime: Option<Lifetime>,
+    ) -> Result<Option<Ends>, ErrorReply> {
+        let ends = self.dispatcher.backlog.set_lifetime(key, lifetime)?;
+        self.dispatcher.lifetime_set(key, ends);
+        Ok(ends)
     }
 
     /// `op: snapshot` or `op: restore`, queued behind the session's runs

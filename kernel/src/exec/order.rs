@@ -115,6 +115,8 @@ pub fn open_for_runs(unavailable: Option<&str>, shutting_down: bool) -> Result<(
 pub enum Order {
     /// Run code.
     Run,
+    /// Open a session: a run of no code, answered as the session.
+    Open,
     /// A snapshot named `name`: the interpreter pickles its globals into
     /// `state` (a memfd) if they are asked for; the kernel then reads the
     /// session's disk. One that `hibernate`s is the session's hibernation:
@@ -171,14 +173,14 @@ impl Order {
                 state,
                 hibernate,
             } => Some((std::mem::take(name), state.take(), *hibernate)),
-            Order::Run | Order::Restore { .. } | Order::Wake => None,
+            Order::Run | Order::Open | Order::Restore { .. } | Order::Wake => None,
         }
     }
 
     /// Its op on the wire.
     pub fn op(&self) -> OrderOp {
         match self {
-            Order::Run => OrderOp::Run,
+            Order::Run | Order::Open => OrderOp::Run,
             Order::Snapshot { .. } => OrderOp::Snapshot,
             Order::Restore { .. } | Order::Wake => OrderOp::Restore,
         }

@@ -312,7 +312,7 @@ impl Pool {
         // A run gets its own kernel connection (the child may have it
         // already); a snapshot that saves globals, the memfd they go into.
         match (&waiting.order, waiting.run) {
-            (Order::Run, Some(number)) => {
+            (Order::Run | Order::Open, Some(number)) => {
                 let first = run.first_connection.take();
                 attached.extend(self.connections.for_run(number, first));
             }
@@ -330,7 +330,14 @@ impl Pool {
                     return Some(Err(ErrorReply::new(ErrorCode::Internal, why)));
                 }
             },
-            (Order::Run | Order::Snapshot { .. } | Order::Restore { .. } | Order::Wake, _) => {}
+            (
+                Order::Run
+                | Order::Open
+                | Order::Snapshot { .. }
+                | Order::Restore { .. }
+                | Order::Wake,
+                _,
+            ) => {}
         }
         // A fresh interpreter's globals come last.
         if let Some(state) = waiting.load_state.take() {
@@ -371,7 +378,7 @@ impl Pool {
     /// ran code), and whether the child lives on.
     pub fn finish(&mut self, child: usize, now: Instant) -> Option<Done> {
         let done = self.children.finish(child, now)?;
-        if let Order::Run = done.finished.order {
+        if let Order::Run | Order::Open = done.finished.order {
             self.counts.ended(&done.finished.reply);
         }
         Some(done)

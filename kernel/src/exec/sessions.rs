@@ -10,12 +10,14 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{
-    ExecReply, ExecRequest, RestoredReply, SessionInfo, SessionPauseReply, SessionState,
+    ExecReply, ExecRequest, RestoredReply, SessionInfo, SessionOpenedReply, SessionPauseReply,
+    SessionState,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::disks::SessionRecord;
 use super::order::{Finished, Order};
+use super::session_meta::{Ends, SessionMeta};
 use super::waiting::{refuse_each, Carried, RunAsk, RunCaller, Session, SessionKey, Waiting};
 use crate::address::{Answer, Reply};
 use crate::cgroup::CgroupLimits;
@@ -89,6 +91,9 @@ impl Sessions {
                 },
                 disk_bytes: None,
                 disk_used_bytes: None,
+                labels: session.meta.labels.clone(),
+                ends_at: session.meta.ends.map(Ends::text),
+                then: session.meta.ends.map(|ends| ends.then),
             })
             .collect()
     }
@@ -274,6 +279,17 @@ impl Sessions {
                 finished.reply.into()
             }
             (_, Some(error)) => ErrorReply::new(ErrorCode::Internal, error).into(),
+            (Order::Open, None) => {
+                let session = self.open.get_mut(key);
+                let ends = session.as_ref().and_then(|s| s.meta.ends);
+                Answer::json(&SessionOpenedReply {
+                    success: true,
+                    session: key.1.clone(),
+                    state: SessionState::Ready,
+                    fresh_interpreter: session.is_some_and(|s| std::mem::take(&mut s.fresh)),
+                    ends_at: ends.map(Ends::text),
+                })
+            }
             (Order::Wake, None) => Answer::json(&SessionPauseReply {
                 success: true,
                 session: key.1.clone(),
@@ -444,8 +460,19 @@ impl Sessions {
 
     /// Whether session `key` has been unused since `last_used`.
     pub fn is_idle(&self, key: &SessionKey, last_used: Instant) -> bool {
+        // A session with a lifetime lasts until its end, used or not.
         self.open
             .get(key)
-            .is_some_and(|s| !s.busy && s.last_used == last_used)
+            .is_some_and(|s| !s.busy && s.last_used == last_used && s.meta.ends.is_none())
+    }
+
+    /// Session `key`'s environment, labels and lifetime, if it is open.
+    pub fn meta(&self, key: &SessionKey) -> Option<&SessionMeta> {
+        self.open.get(key).map(|session| &session.meta)
+    }
+
+    /// The same, to change.
+    pub fn meta_mut(&mut self, key: &SessionKey) -> Option<&mut SessionMeta> {
+        self.open.get_mut(key).map(|session| &mut session.meta)
     }
 }

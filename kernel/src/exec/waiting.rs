@@ -18,6 +18,7 @@ use agentos_proto::ErrorReply;
 use super::order::Order;
 use super::queues::Share;
 use super::run_cgroup::ChargedTo;
+use super::session_meta::SessionMeta;
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::CgroupLimits;
 use crate::identity::Principal;
@@ -147,6 +148,11 @@ impl Waiting {
         now: Instant,
     ) -> Waiting {
         let session = request.session.clone().map(|name| (caller.principal, name));
+        // `open` is a run of no code that answers as the session.
+        let order = match request.opens {
+            Some(_) => Order::Open,
+            None => Order::Run,
+        };
         Waiting {
             request,
             reply_to,
@@ -158,7 +164,7 @@ impl Waiting {
             timeout,
             deadline: now + timeout,
             session,
-            order: Order::Run,
+            order,
             carried: None,
             queued_at: now,
             policy: caller.policy,
@@ -217,7 +223,7 @@ impl Waiting {
     /// Whether it counts against its owner's share while it runs: a run
     /// does, a session's snapshot or restore does not.
     pub fn holds_share(&self) -> bool {
-        matches!(self.order, Order::Run)
+        matches!(self.order, Order::Run | Order::Open)
     }
 
     /// Whether it is a bash run (which goes to a child with a shell).
@@ -285,6 +291,8 @@ pub struct Session {
     /// What the kernel's own orders to it (an idle hibernation) are held
     /// to: the caller, limits and timeout of the order that opened it.
     pub orders_as: Option<(RunCaller, CgroupLimits, Duration)>,
+    /// Its environment, labels and lifetime.
+    pub meta: SessionMeta,
 }
 
 impl Session {
@@ -297,6 +305,7 @@ impl Session {
             runs: 0,
             queue: VecDeque::new(),
             grant,
+            meta: SessionMeta::default(),
         });
         Session {
             child,
@@ -312,6 +321,7 @@ impl Session {
             held: false,
             paused: false,
             orders_as: None,
+            meta: carried.meta,
         }
     }
 
@@ -322,6 +332,7 @@ impl Session {
             runs: self.runs,
             queue: self.queue,
             grant: self.grant,
+            meta: self.meta,
         };
         (self.child, carried)
     }
@@ -339,6 +350,8 @@ pub struct Carried {
     pub queue: VecDeque<Waiting>,
     /// What the run that opened it asked for its connection.
     pub grant: RunAsk,
+    /// Its environment, labels and lifetime.
+    pub meta: SessionMeta,
 }
 
 /// Answers each of `queue` with `refusal`: none of them ran.

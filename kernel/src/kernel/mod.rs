@@ -584,7 +584,7 @@ impl Kernel {
         let started = start.work.and_then(|work| match work {
             WorkRequest::Exec(mut run) => {
                 run.trace = run.trace.or(trace);
-                self.start_run(run, principal, reply_to)
+                self.start_run(*run, principal, reply_to)
             }
             WorkRequest::Think(mut think) => {
                 think.trace = think.trace.or(trace);

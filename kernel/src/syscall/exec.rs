@@ -9,7 +9,8 @@
 //! principal — an agent, an operator's uid, or a run.
 
 use agentos_proto::payload::{
-    AsyncAsk, ClosedReply, ExecCall, ExecReply, RemovedReply, SessionsReply, SnapshotsReply,
+    AsyncAsk, ClosedReply, ExecCall, ExecReply, LifetimeReply, RemovedReply, SessionOpen,
+    SessionsReply, SnapshotsReply,
 };
 use agentos_proto::ErrorReply;
 
@@ -63,6 +64,24 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         }
         ExecCall::Volumes | ExecCall::CreateVolume { .. } | ExecCall::RemoveVolume { .. } => {
             return volumes::handle(kernel, request, call)
+        }
+        ExecCall::Open(open) => {
+            // A run of no code, answered as the session.
+            let SessionOpen { mut run, setup } = *open;
+            run.opens = Some(Box::new(setup));
+            return match kernel.start_run(run, principal, request.reply_to) {
+                Ok(()) => Outcome::Later,
+                Err(err) => Outcome::Reply(err.into()),
+            };
+        }
+        ExecCall::Lifetime { session, lifetime } => {
+            let key = (principal, session);
+            let ends = kernel.exec.set_lifetime(&key, lifetime);
+            return reply(ends.map(|ends| LifetimeReply {
+                success: true,
+                session: key.1,
+                ends_at: ends.map(|ends| ends.text()),
+            }));
         }
         ExecCall::Sessions => {
             return Outcome::Reply(Answer::json(&SessionsReply {

@@ -69,8 +69,8 @@ const MOST_NUDGES: u32 = 3;
 pub enum Step {
     /// Ask THINK.
     Think(ThinkRequest),
-    /// Run the code THINK wrote.
-    Exec(ExecRequest),
+    /// Run the code THINK wrote (boxed: far larger than the rest).
+    Exec(Box<ExecRequest>),
     /// The loop is over: the task's state is `completed` (an answer) or
     /// `failed`, with this result.
     Done {
@@ -333,7 +333,7 @@ impl PromptLoop {
             ..ExecRequest::default()
         };
         self.running = Some((block, content));
-        Step::Exec(run)
+        Step::Exec(Box::new(run))
     }
 
     /// Code that already failed is not run again: THINK is told so, and

@@ -152,7 +152,7 @@ impl Running {
             task.started_ms = Some(started_ms);
             let owner = task.owner.principal();
             let work = match dispatch.kind {
-                TaskKind::Exec => dispatch.exec().map(WorkRequest::Exec),
+                TaskKind::Exec => dispatch.exec().map(|run| WorkRequest::Exec(Box::new(run))),
                 TaskKind::Think => dispatch.think().map(WorkRequest::Think),
                 TaskKind::Prompt => dispatch.prompt().map(|request| {
                     let listed = tools.for_prompt(&request.prompt, owner);

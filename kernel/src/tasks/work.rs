@@ -26,8 +26,8 @@ pub struct Start {
 /// of an `exec` or `think` task, or a step of a prompt loop.
 #[derive(Debug)]
 pub enum WorkRequest {
-    /// An EXEC run.
-    Exec(ExecRequest),
+    /// An EXEC run (boxed: far larger than a THINK).
+    Exec(Box<ExecRequest>),
     /// A THINK.
     Think(ThinkRequest),
 }

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use super::exec_run::check_timeout;
 use super::exec_run::ExecRequest;
 use super::parse::{bad_request, parse_json, validate_name};
+use super::session_open::{LifetimeWire, OpenWire, SessionOpen};
+use super::sessions::Lifetime;
 use crate::error::ErrorReply;
 
 /// An EXEC request: a run, or an operation on the caller's sessions.
@@ -24,6 +26,16 @@ pub enum ExecCall {
     Run(Box<ExecRequest>),
     /// List the caller's sessions.
     Sessions,
+    /// Open a session without running code.
+    Open(Box<SessionOpen>),
+    /// Set or clear a session's lifetime.
+    Lifetime {
+        /// The session.
+        session: String,
+        /// From now, and what then; `None`: none.
+        #[serde(flatten, with = "super::session_open::lifetime_fields")]
+        lifetime: Option<Lifetime>,
+    },
     /// End a session and delete its workspace.
     Close {
         /// The session.
@@ -113,6 +125,8 @@ enum ExecOp {
     #[default]
     Run,
     Sessions,
+    Open,
+    Lifetime,
     Close,
     Snapshot,
     Restore,
@@ -131,6 +145,8 @@ impl ExecOp {
     fn fields(self) -> &'static [&'static str] {
         match self {
             ExecOp::Run | ExecOp::Sessions | ExecOp::Templates | ExecOp::Volumes => &[],
+            // Their own wire structs name what they take.
+            ExecOp::Open | ExecOp::Lifetime => &[],
             ExecOp::Close | ExecOp::Snapshots => &["session"],
             ExecOp::Snapshot => &["session", "name", "state"],
             ExecOp::Restore => &["session", "name", "into"],
@@ -225,6 +241,15 @@ impl ExecCall {
             ExecOp::Sessions => {
                 fields(value)?;
                 ExecCall::Sessions
+            }
+            ExecOp::Open => {
+                let wire: OpenWire = super::parse::from_value("EXEC", value)?;
+                ExecCall::Open(Box::new(wire.open()?))
+            }
+            ExecOp::Lifetime => {
+                let wire: LifetimeWire = super::parse::from_value("EXEC", value)?;
+                let (session, lifetime) = wire.lifetime()?;
+                ExecCall::Lifetime { session, lifetime }
             }
             ExecOp::Close => ExecCall::Close {
                 session: fields(value)?.session()?,
@@ -340,8 +365,12 @@ impl OpWire {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
     use crate::payload::exec_reply::ExecReply;
     use crate::payload::exec_run::Language;
+    use crate::payload::session_open::MAX_LIFETIME_MS;
+    use crate::payload::sessions::LifetimeEnd;
 
     #[test]
     fn an_op_refuses_a_field_only_another_op_takes_by_name() {
@@ -522,5 +551,153 @@ mod tests {
             assert!(reply.get(field).is_some(), "{field} missing from {reply}");
         }
         assert!(reply.get("code").is_none());
+    }
+
+    fn open(json: &str) -> Result<SessionOpen, ErrorReply> {
+        match ExecCall::parse(json.as_bytes())? {
+            ExecCall::Open(open) => Ok(*open),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn open_takes_a_runs_session_fields_and_its_setup() {
+        let opened = open(
+            r#"{"op":"open","session":"sb1","template":"t","network":false,
+                "limits":{"memory":1048576},"env":{"E2B_SANDBOX":"true"},
+                "labels":{"e2b.template":"base"},"lifetime_ms":300000,"then":"hibernate"}"#,
+        )
+        .unwrap();
+        assert_eq!(opened.run.session.as_deref(), Some("sb1"));
+        assert_eq!(opened.run.code, "");
+        assert_eq!(opened.setup.env["E2B_SANDBOX"], "true");
+        assert_eq!(opened.setup.labels.unwrap()["e2b.template"], "base");
+        let lifetime = opened.setup.lifetime.unwrap();
+        assert_eq!(
+            (lifetime.ms, lifetime.then),
+            (300_000, LifetimeEnd::Hibernate)
+        );
+    }
+
+    #[test]
+    fn open_refuses_what_a_session_cannot_be_given_by_name() {
+        let many: BTreeMap<String, String> =
+            (0..33).map(|n| (format!("k{n}"), "v".into())).collect();
+        let many = serde_json::to_string(&many).unwrap();
+        let big = format!(r#"{{"k":"{}"}}"#, "v".repeat(5000));
+        for (json, names) in [
+            (r#"{"op":"open"}"#.to_owned(), "`session`"),
+            (r#"{"op":"open","session":"../x"}"#.to_owned(), "session"),
+            (
+                r#"{"op":"open","session":"s","code":"1"}"#.to_owned(),
+                "`code`",
+            ),
+            (
+                r#"{"op":"open","session":"s","lifetime_ms":0}"#.to_owned(),
+                "lifetime_ms",
+            ),
+            (
+                format!(
+                    r#"{{"op":"open","session":"s","lifetime_ms":{}}}"#,
+                    MAX_LIFETIME_MS + 1
+                ),
+                "lifetime_ms",
+            ),
+            (
+                r#"{"op":"open","session":"s","then":"close"}"#.to_owned(),
+                "`then`",
+            ),
+            (
+                r#"{"op":"open","session":"s","lifetime_ms":5,"then":"explode"}"#.to_owned(),
+                "then",
+            ),
+            (
+                r#"{"op":"open","session":"s","env":{"A=B":"x"}}"#.to_owned(),
+                "`env`",
+            ),
+            (
+                r#"{"op":"open","session":"s","env":{"A":"x\u0000"}}"#.to_owned(),
+                "`env`",
+            ),
+            (
+                r#"{"op":"open","session":"s","env":{"AGENTOS_SOCKET":"x"}}"#.to_owned(),
+                "AGENTOS_",
+            ),
+            (
+                format!(r#"{{"op":"open","session":"s","labels":{many}}}"#),
+                "33 labels",
+            ),
+            (
+                format!(r#"{{"op":"open","session":"s","labels":{big}}}"#),
+                "bytes",
+            ),
+            (
+                r#"{"op":"open","session":"s","labels":{"a\nb":"x"}}"#.to_owned(),
+                "`labels`",
+            ),
+            (
+                r#"{"op":"open","session":"s","labels":{"a":"\u0007"}}"#.to_owned(),
+                "`labels`",
+            ),
+        ] {
+            let refused = ExecCall::parse(json.as_bytes()).unwrap_err();
+            assert_eq!(refused.code.as_str(), "bad_request", "{json}");
+            assert!(refused.error.contains(names), "{json}: {}", refused.error);
+        }
+    }
+
+    #[test]
+    fn open_and_lifetime_serialise_to_what_parses_back() {
+        let call = ExecCall::parse(
+            br#"{"op":"open","session":"sb1","env":{"A":"b"},"labels":{"k":"v"},
+                "lifetime_ms":5000,"then":"hibernate","network":false}"#,
+        )
+        .unwrap();
+        let json = serde_json::to_vec(&call).unwrap();
+        assert_eq!(ExecCall::parse(&json).unwrap(), call);
+        for lifetime in [
+            None,
+            Some(Lifetime {
+                ms: 9,
+                then: LifetimeEnd::Close,
+            }),
+        ] {
+            let call = ExecCall::Lifetime {
+                session: "s".into(),
+                lifetime,
+            };
+            let json = serde_json::to_vec(&call).unwrap();
+            assert_eq!(ExecCall::parse(&json).unwrap(), call);
+        }
+    }
+
+    #[test]
+    fn lifetime_sets_or_clears_and_must_say_which() {
+        let parse = |json: &str| ExecCall::parse(json.as_bytes());
+        assert_eq!(
+            parse(r#"{"op":"lifetime","session":"s","lifetime_ms":1000}"#).unwrap(),
+            ExecCall::Lifetime {
+                session: "s".into(),
+                lifetime: Some(Lifetime {
+                    ms: 1000,
+                    then: LifetimeEnd::Close
+                }),
+            }
+        );
+        assert_eq!(
+            parse(r#"{"op":"lifetime","session":"s","lifetime_ms":null}"#).unwrap(),
+            ExecCall::Lifetime {
+                session: "s".into(),
+                lifetime: None,
+            }
+        );
+        for json in [
+            r#"{"op":"lifetime","session":"s"}"#,
+            r#"{"op":"lifetime","session":"s","lifetime_ms":null,"then":"close"}"#,
+            r#"{"op":"lifetime","lifetime_ms":5}"#,
+            r#"{"op":"lifetime","session":"s","lifetime_ms":5,"labels":{}}"#,
+        ] {
+            assert!(parse(json).is_err(), "{json}");
+        }
     }
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::network::Network;
 use super::parse::{bad_request, parse_json, validate_name};
+use super::sessions::SessionSetup;
 use super::spawn::Limits;
 use super::volumes::VolumeMount;
 use crate::error::ErrorReply;
@@ -111,6 +112,11 @@ pub struct ExecRequest {
     /// says why.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub skip_if_not_code: bool,
+    /// Set by `open` (never on the wire): the run of no code that opens
+    /// its session, and what the session is given besides.
+    #[serde(skip)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub opens: Option<Box<SessionSetup>>,
 }
 
 /// What a run's own kernel connection may do beyond TOOL and THINK, as an
@@ -236,6 +242,7 @@ impl ExecRequest {
             trace: wire.trace,
             print_last_expression: wire.print_last_expression,
             skip_if_not_code: wire.skip_if_not_code,
+            opens: None,
         };
         request.validate()?;
         Ok(request)

@@ -32,6 +32,7 @@ mod parse;
 mod pause;
 mod permissions;
 mod recording;
+mod session_open;
 mod sessions;
 mod spawn;
 mod state;
@@ -103,9 +104,10 @@ pub use recording::{
     ReplayEntry, ReplayStartRequest, ReplayState, ReplayStatusReply, MAX_RECORDED_PAYLOAD,
     MAX_RECORDING_ENTRIES,
 };
+pub use session_open::{LifetimeReply, SessionOpen, SessionOpenedReply, MAX_LIFETIME_MS};
 pub use sessions::{
-    ClosedReply, RemovedReply, RestoredReply, SessionInfo, SessionState, SessionsReply,
-    SnapshotInfo, SnapshotReply, SnapshotsReply,
+    ClosedReply, Lifetime, LifetimeEnd, RemovedReply, RestoredReply, SessionInfo, SessionSetup,
+    SessionState, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply,
 };
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,

@@ -2,6 +2,8 @@
 //! sessions, `close` ends one, `snapshot`, `restore` and `snapshots` keep
 //! and put back a session's files.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// One of the caller's sessions.
@@ -30,6 +32,48 @@ pub struct SessionInfo {
     /// Bytes used on its disk, when it is mounted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_used_bytes: Option<u64>,
+    /// The labels it was opened with (`open`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// When its lifetime ends (RFC 3339), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_at: Option<String>,
+    /// What becomes of it then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then: Option<LifetimeEnd>,
+}
+
+/// What becomes of a session at the end of its lifetime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum LifetimeEnd {
+    /// It is closed, its files and all.
+    #[default]
+    Close,
+    /// It is hibernated: its globals and files kept, its interpreter
+    /// ended; its next run or a RESUME brings it back.
+    Hibernate,
+}
+
+/// A session's lifetime: `ms` from when it is set, then `then`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    /// Milliseconds from when it is set, 1 to 30 days' worth.
+    pub ms: u64,
+    /// What then becomes of the session.
+    pub then: LifetimeEnd,
+}
+
+/// What `open` gives a session beyond what a run gives it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionSetup {
+    /// The environment of the processes started in it (never listed).
+    pub env: BTreeMap<String, String>,
+    /// Labels it is listed with (`None`: a stored session keeps its own).
+    pub labels: Option<BTreeMap<String, String>>,
+    /// When it ends, and how.
+    pub lifetime: Option<Lifetime>,
 }
 
 /// Where a session stands.

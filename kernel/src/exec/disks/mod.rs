@@ -47,6 +47,7 @@ use self::volumes::{VolumeKey, VolumeUse, Volumes};
 pub use self::worker::{Asked, Attached, DiskError, Done};
 use self::worker::{Job, Plan, StoreLimits, TemplateDisk, Worker};
 use super::queues::Share;
+use super::session_meta::SessionMeta;
 use super::waiting::SessionKey;
 pub use super::waiting::TemplateUse;
 use crate::config::Config;
@@ -341,15 +342,14 @@ impl SessionDisks {
         &mut self,
         child: usize,
         pidfd: OwnedFd,
-        session: Option<(&SessionKey, Share)>,
+        session: Option<(&SessionKey, Share, SessionMeta)>,
         template: Option<&TemplateUse>,
         volumes: &[VolumeUse],
     ) {
-        let session = session.map(|(key, share)| {
+        let session = session.map(|(key, share, meta)| {
             self.shares.insert(key.0, share);
-            let record = self
-                .stored
-                .opening(key, template.map(|t| t.name().to_owned()));
+            let template = template.map(|t| t.name().to_owned());
+            let record = self.stored.opening(key, template, meta);
             // Its directory is made with its disk, on the disks' thread.
             self.stored.disk(key, record)
         });
@@ -580,6 +580,18 @@ impl SessionDisks {
             asked,
         });
         Ok(())
+    }
+
+    /// Changes session `key`'s environment, labels or lifetime as its
+    /// record keeps them, and writes it; `None`: it has no record.
+    pub fn change_meta<R>(
+        &mut self,
+        key: &SessionKey,
+        change: impl FnOnce(&mut SessionMeta) -> R,
+    ) -> Option<R> {
+        let (changed, dir, record) = self.stored.change_meta(key, change)?;
+        self.ask(Job::Record { dir, record });
+        Some(changed)
     }
 
     /// Session `key` has hibernated into its snapshot `name`: recorded, so

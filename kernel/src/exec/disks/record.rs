@@ -12,6 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::exec::session_meta::SessionMeta;
+
 const RECORD: &str = "session.json";
 const TEMPLATE_RECORD: &str = "template.json";
 const VOLUME_RECORD: &str = "volume.json";
@@ -40,6 +42,9 @@ pub struct SessionRecord {
     /// restore, a branch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_from: Option<SnapshotRef>,
+    /// Its environment, labels and lifetime (`open`).
+    #[serde(flatten)]
+    pub meta: SessionMeta,
 }
 
 /// A snapshot of one of the owner's sessions, by name.
@@ -63,6 +68,7 @@ impl SessionRecord {
             template: None,
             restore_from: None,
             state_from: None,
+            meta: SessionMeta::default(),
         }
     }
 

@@ -17,6 +17,7 @@ use super::record::{seconds, SessionRecord, SnapshotRef};
 use super::worker::SessionDisk;
 use crate::clock::rfc3339;
 use crate::exec::order::HIBERNATED;
+use crate::exec::session_meta::{Ends, SessionMeta};
 use crate::exec::waiting::SessionKey;
 use crate::identity::Principal;
 
@@ -122,6 +123,9 @@ impl Stored {
                 },
                 disk_bytes: Some(self.session_bytes),
                 disk_used_bytes: self.dir(key).used_bytes(),
+                labels: record.meta.labels.clone(),
+                ends_at: record.meta.ends.map(Ends::text),
+                then: record.meta.ends.map(|ends| ends.then),
             })
             .collect();
         stored.sort_by(|a, b| (&a.created_at, &a.session).cmp(&(&b.created_at, &b.session)));
@@ -130,9 +134,17 @@ impl Stored {
     }
 
     /// Session `key`'s record, made now if it is new (opened from
-    /// `template`).
-    pub fn opening(&mut self, key: &SessionKey, template: Option<String>) -> SessionRecord {
-        self.entry(key, template).clone()
+    /// `template`), with the environment, labels and lifetime its
+    /// interpreter was opened with (`meta`).
+    pub fn opening(
+        &mut self,
+        key: &SessionKey,
+        template: Option<String>,
+        meta: SessionMeta,
+    ) -> SessionRecord {
+        let record = self.entry(key, template);
+        record.meta = meta;
+        record.clone()
     }
 
     /// Session `key`'s record, made now if it is new.
@@ -180,6 +192,19 @@ impl Stored {
         }
         let record = record.clone();
         Some((self.dir(key), record))
+    }
+
+    /// Changes session `key`'s record's environment, labels or lifetime:
+    /// what `change` says, and the record to write.
+    pub fn change_meta<R>(
+        &mut self,
+        key: &SessionKey,
+        change: impl FnOnce(&mut SessionMeta) -> R,
+    ) -> Option<(R, DiskDir, SessionRecord)> {
+        let record = self.records.get_mut(key)?;
+        let changed = change(&mut record.meta);
+        let record = record.clone();
+        Some((changed, self.dir(key), record))
     }
 
     /// Forgets session `key`: its directory, to be removed, if it had one.

@@ -284,7 +284,7 @@ fn run_request(step: Step) -> ExecRequest {
     let Step::Exec(run) = step else {
         panic!("no run: {step:?}");
     };
-    run
+    *run
 }
 
 #[test]
