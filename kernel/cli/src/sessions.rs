@@ -4,6 +4,8 @@
 //! them; and `agentos pause --session`, `resume --session`, which freeze,
 //! hibernate and wake a session's interpreter.
 
+use std::collections::BTreeMap;
+
 use agentos_proto::payload::{
     ClosedReply, ExecCall, ExecRequest, Lifetime, LifetimeEnd, LifetimeReply, PauseRequest,
     RemovedReply, RestoredReply, SessionOpen, SessionOpenedReply, SessionPauseReply, SessionSetup,
@@ -115,7 +117,17 @@ fn no_such_session(session: String) -> impl FnOnce(String) -> CliError {
 }
 
 pub fn sessions(client: &mut Client, args: SessionsArgs, json: bool) -> Result<(), CliError> {
+    if args.lifetime.is_some() && args.open.is_none() && args.set_lifetime.is_none() {
+        return Err(CliError::Usage(
+            "--lifetime goes with --open SESSION or --set-lifetime SESSION".into(),
+        ));
+    }
     let lifetime = match (args.lifetime, args.then) {
+        (Some(0), Some(_)) => {
+            return Err(CliError::Usage(
+                "--then says what ends a lifetime; --lifetime 0 gives none".into(),
+            ))
+        }
         (None | Some(0), _) => None,
         (Some(secs), then) => Some(Lifetime {
             ms: secs.saturating_mul(1000),
@@ -216,14 +228,15 @@ fn open(
                 "--label {label:?}: give KEY=VALUE"
             ))),
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<BTreeMap<_, _>, _>>()?;
     let run = ExecRequest {
         session: Some(session),
         template,
         ..ExecRequest::default()
     };
     let setup = SessionSetup {
-        labels: Some(labels),
+        // Without any, a stored session keeps its own.
+        labels: (!labels.is_empty()).then_some(labels),
         lifetime,
         ..SessionSetup::default()
     };

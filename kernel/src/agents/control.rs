@@ -27,15 +27,21 @@ pub fn live_controlled(
     target: &AgentRef,
     verb: &str,
 ) -> Result<u32, ErrorReply> {
-    let id = table.live_target(target).map(|a| a.id).ok_or_else(|| {
-        ErrorReply::new(
-            ErrorCode::NotFound,
-            match target {
-                AgentRef::Id(id) => format!("no live agent with id {id}"),
-                AgentRef::Name(name) => format!("no live agent named {name:?}"),
-            },
-        )
-    })?;
+    // A delegate is told of no agent at all, not even that one exists.
+    let seen = |_: &&Agent| caller != Viewer::Nobody;
+    let id = table
+        .live_target(target)
+        .filter(seen)
+        .map(|a| a.id)
+        .ok_or_else(|| {
+            ErrorReply::new(
+                ErrorCode::NotFound,
+                match target {
+                    AgentRef::Id(id) => format!("no live agent with id {id}"),
+                    AgentRef::Name(name) => format!("no live agent named {name:?}"),
+                },
+            )
+        })?;
     if !table.may_stop(caller, id) {
         return Err(ErrorReply::new(
             ErrorCode::PermissionDenied,

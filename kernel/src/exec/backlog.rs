@@ -10,12 +10,11 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::time::{Instant, SystemTime};
 
-use agentos_proto::payload::{ExecReply, ExecRequest, Lifetime, LifetimeEnd, SessionInfo};
+use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 pub use super::disk_work::{DiskWork, DisksDone};
 use super::disks::{no_session, Asked, SessionDisks};
-use super::lifetimes;
 use super::network::{Narrowed, RunNetwork};
 use super::order::{Finished, Order};
 use super::queues::{Caps, Share};
@@ -84,20 +83,22 @@ impl Backlog {
         request: &ExecRequest,
         share: Share,
     ) -> Result<Option<ExecReply>, ErrorReply> {
-        if let Some(lost) = self.sessions.take_lost(key) {
+        // An `open` starts afresh: it is told nothing of a session lost.
+        let lost = self.sessions.take_lost(key);
+        if let Some(lost) = lost.filter(|_| request.opens.is_none()) {
             return Ok(Some(lost));
         }
-        let requests = &self.requests;
-        let opening = self.sessions.contains(key) || requests.sessions().any(|k| k == key);
-        if request.opens.is_some() && opening {
+        let live = self.is_live(key);
+        if request.opens.is_some() && live {
             return Err(ErrorReply::new(
                 ErrorCode::AlreadyExists,
                 format!("session {:?} is open already", key.1),
             ));
         }
+        let requests = &self.requests;
         self.sessions
             .same_grant(key, || requests.opening_grant(key), request)?;
-        if !self.sessions.contains(key) && !requests.sessions().any(|k| k == key) {
+        if !live {
             self.sessions.may_open(key.0, requests.sessions())?;
             self.disks.store.may_make(key, share, requests.sessions())?;
         }
@@ -337,12 +338,13 @@ impl Backlog {
     }
 
     /// The kernel's own hibernation of session `key` failed (`why`): its
-    /// idle time has come all the same, so its interpreter ends (its disk
+    /// idle time (or its lifetime) has come all the same, so its
+    /// interpreter ends (its disk
     /// stays) rather than be tried again and again; what waited for it
     /// waits for a fresh one. The old child, to go.
     pub fn not_hibernated(&mut self, key: &SessionKey, why: &str) -> Vec<usize> {
         log::warn!(
-            "exec session {:?}: idle, it could not hibernate ({why}); its interpreter ends",
+            "exec session {:?}: it could not hibernate ({why}); its interpreter ends",
             key.1
         );
         self.hibernated(std::slice::from_ref(key))
@@ -401,6 +403,10 @@ impl Backlog {
     /// it `may` and sessions have disks to hibernate onto; else its
     /// interpreter ends.
     pub fn hibernate_now(&mut self, key: &SessionKey, may: bool, now: Instant) -> Idle {
+        if self.sessions.hibernates_next(key) {
+            // One is queued already (a PAUSE asked for it).
+            return Idle::Hibernates;
+        }
         let may = may && self.disks.store.available();
         let orders_as = self.sessions.orders_as(key).filter(|_| may);
         let Some((caller, limits, timeout)) = orders_as else {
@@ -418,27 +424,16 @@ impl Backlog {
         Idle::Hibernates
     }
 
-    /// Sets or clears session `key`'s lifetime (see
-    /// [`lifetimes::set_lifetime`]).
-    pub fn set_lifetime(
-        &mut self,
-        key: &SessionKey,
-        lifetime: Option<Lifetime>,
-    ) -> Result<Option<Ends>, ErrorReply> {
-        let now = SystemTime::now();
-        lifetimes::set_lifetime(
-            key,
-            lifetime,
-            now,
-            &mut self.sessions,
-            &mut self.disks.store,
-        )
+    /// The open sessions and the sessions' disks, for what both keep of
+    /// a session (its lifetime, see [`lifetimes`]).
+    pub fn sessions_and_disks(&mut self) -> (&mut Sessions, &mut SessionDisks) {
+        (&mut self.sessions, &mut self.disks.store)
     }
 
-    /// Session `key`'s lifetime, to end at `at_ms`, has ended (see
-    /// [`lifetimes::lifetime_ended`]).
-    pub fn lifetime_ended(&mut self, key: &SessionKey, at_ms: u64) -> Option<LifetimeEnd> {
-        lifetimes::lifetime_ended(key, at_ms, &mut self.sessions, &mut self.disks.store)
+    /// Whether session `key` is open, or about to be (a run or restore
+    /// waits to open it).
+    pub fn is_live(&self, key: &SessionKey) -> bool {
+        self.sessions.contains(key) || self.requests.sessions().any(|k| k == key)
     }
 
     /// Whether session `key` is paused.

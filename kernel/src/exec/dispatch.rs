@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_primitives::timers::Timers;
-use agentos_proto::payload::LifetimeEnd;
-use agentos_proto::ErrorReply;
+use agentos_proto::payload::{Lifetime, LifetimeEnd};
+use agentos_proto::{ErrorCode, ErrorReply};
 use mio::Token;
 
 use super::backlog::{Backlog, Closed, Idle};
@@ -20,16 +20,20 @@ use super::children::Done;
 use super::exec_cgroups::ExecCgroups;
 use super::exec_host::HostId;
 use super::hosts::HOST_RETRY;
-use super::lifetimes::Lifetimes;
+use super::lifetimes::{self, Lifetimes};
 use super::network::RunNetwork;
 use super::order::{Order, OrderCaps};
 use super::pool::{Event, Launch, Pool};
-use super::session_meta::Ends;
+use super::session_meta::{epoch_ms, Ends};
 use super::spans::RunSpans;
 use super::waiting::{SessionKey, Waiting};
 use crate::address::{Reply, ReplyTo};
 use crate::cgroup::Freezer;
 use crate::sandbox::runtime::{SandboxEvent, Sandboxes};
+
+/// How long a lifetime that ends while its session waits to be opened or
+/// restored is put off, at a time.
+const LIFETIME_RETRY_MS: u64 = 1000;
 
 /// What one of EXEC's timers is for.
 #[derive(Clone, Debug)]
@@ -143,26 +147,36 @@ impl Dispatcher {
             }
         }
         let wall = SystemTime::now();
-        while let Some((key, at_ms)) = self.lifetimes.pop_due(wall) {
-            self.lifetime_ended(&key, at_ms, replies, now);
+        let wall_ms = epoch_ms(wall);
+        while let Some((key, _)) = self.lifetimes.pop_due(wall) {
+            self.lifetime_ended(&key, wall_ms, replies, now);
         }
     }
 
-    /// Session `key`'s lifetime, set to end at `at_ms`, has ended: it is
-    /// closed or hibernated, as it was set to be.
+    /// Session `key`'s lifetime has ended by `now_ms` (on the wall
+    /// clock): it is closed or hibernated, as it was set to be.
     fn lifetime_ended(
         &mut self,
         key: &SessionKey,
-        at_ms: u64,
+        now_ms: u64,
         replies: &mut Vec<Reply>,
         now: Instant,
     ) {
-        match self.backlog.lifetime_ended(key, at_ms) {
+        if self.backlog.is_live(key) && !self.backlog.sessions_and_disks().0.contains(key) {
+            // A restore or an open of it waits for a child: it ends once
+            // that is done.
+            self.lifetimes
+                .set(key, Some(now_ms.saturating_add(LIFETIME_RETRY_MS)));
+            return;
+        }
+        let (sessions, disks) = self.backlog.sessions_and_disks();
+        match lifetimes::lifetime_ended(key, now_ms, sessions, disks) {
             None => {}
             Some(LifetimeEnd::Close) => drop(self.close(key, replies)),
             Some(LifetimeEnd::Hibernate) => match self.backlog.hibernate_now(key, true, now) {
                 Idle::Hibernates => self.let_go_to_hibernate(key, replies, now),
-                // A stored session has no interpreter to end.
+                // It cannot hibernate (no session disks): its interpreter
+                // ends, as an idle one's would.
                 Idle::Ends => drop(self.end_interpreter(key, replies)),
                 Idle::Used => {}
             },
@@ -396,6 +410,7 @@ impl Dispatcher {
         };
         if !done.alive {
             self.backlog.session_died(&key, replies);
+            self.forget_lifetime_if_gone(&key);
             return self.drop_child(child);
         }
         if self.backlog.session_of(child).is_none() {
@@ -468,10 +483,42 @@ impl Dispatcher {
         Ok(freezer)
     }
 
+    /// Sets session `key`'s lifetime from now, or clears it (`op:
+    /// lifetime`; see [`lifetimes::set_lifetime`]): when it ends now. A
+    /// session waiting to be restored or opened is `busy`: what opens it
+    /// would undo the change.
+    pub(super) fn set_lifetime(
+        &mut self,
+        key: &SessionKey,
+        lifetime: Option<Lifetime>,
+    ) -> Result<Option<Ends>, ErrorReply> {
+        if !self.backlog.sessions_and_disks().0.contains(key) && self.backlog.is_live(key) {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "session {:?} is being opened or restored; retry once it is",
+                    key.1
+                ),
+            ));
+        }
+        let (sessions, disks) = self.backlog.sessions_and_disks();
+        let ends = lifetimes::set_lifetime(key, lifetime, SystemTime::now(), sessions, disks)?;
+        self.lifetime_set(key, ends);
+        Ok(ends)
+    }
+
     /// Session `key`'s lifetime ends at `ends` (at once, if that has
     /// passed), or (`None`) it has none.
     pub(super) fn lifetime_set(&mut self, key: &SessionKey, ends: Option<Ends>) {
         self.lifetimes.set(key, ends.map(|ends| ends.at_ms));
+    }
+
+    /// Session `key`'s interpreter ends: a session without a disk is gone
+    /// with it, and so is its lifetime.
+    fn forget_lifetime_if_gone(&mut self, key: &SessionKey) {
+        if self.backlog.disks().store.stored.record(key).is_none() {
+            self.lifetimes.set(key, None);
+        }
     }
 
     /// Ends session `key` (`op: close`, or its lifetime's end): its
@@ -503,6 +550,7 @@ impl Dispatcher {
     /// Ends session `key`'s interpreter (a run of it still going is
     /// killed); its disk, if it has one, stays. Whether it had one.
     pub(super) fn end_interpreter(&mut self, key: &SessionKey, replies: &mut Vec<Reply>) -> bool {
+        self.forget_lifetime_if_gone(key);
         match self.backlog.close(key, replies) {
             Closed::Nothing => false,
             Closed::Restoring => true,

@@ -293,9 +293,7 @@ impl Exec {
         key: &SessionKey,
         lifetime: Option<Lifetime>,
     ) -> Result<Option<Ends>, ErrorReply> {
-        let ends = self.dispatcher.backlog.set_lifetime(key, lifetime)?;
-        self.dispatcher.lifetime_set(key, ends);
-        Ok(ends)
+        self.dispatcher.set_lifetime(key, lifetime)
     }
 
     /// `op: snapshot` or `op: restore`, queued behind the session's runs

@@ -11,7 +11,7 @@ use agentos_proto::payload::{Lifetime, LifetimeEnd};
 use agentos_proto::ErrorReply;
 
 use super::disks::{no_session, SessionDisks};
-use super::session_meta::{Ends, SessionMeta};
+use super::session_meta::{epoch_ms, Ends, SessionMeta};
 use super::sessions::Sessions;
 use super::waiting::SessionKey;
 
@@ -35,17 +35,17 @@ pub fn set_lifetime(
     }
 }
 
-/// Session `key`'s lifetime, set to end at `at_ms`, has ended: what then
-/// becomes of it, its lifetime cleared; `None` if it was set anew (or
-/// cleared, or the session closed) since.
+/// Session `key`'s lifetime may have ended by `now_ms`: if it has, what
+/// then becomes of the session, its lifetime cleared; `None` if it was
+/// set anew (or cleared, or the session closed) meanwhile.
 pub fn lifetime_ended(
     key: &SessionKey,
-    at_ms: u64,
+    now_ms: u64,
     sessions: &mut Sessions,
     disks: &mut SessionDisks,
 ) -> Option<LifetimeEnd> {
     let take = |meta: &mut SessionMeta| {
-        let ends = meta.ends.filter(|ends| ends.at_ms == at_ms)?;
+        let ends = meta.ends.filter(|ends| ends.at_ms <= now_ms)?;
         meta.ends = None;
         Some(ends.then)
     };
@@ -84,12 +84,8 @@ impl Lifetimes {
     /// A session whose lifetime has ended by `now`, with when it ended,
     /// taken out.
     pub fn pop_due(&mut self, now: SystemTime) -> Option<(SessionKey, u64)> {
-        let now_ms = now
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis();
         let (at_ms, _) = self.by_end.first()?;
-        if u128::from(*at_ms) > now_ms {
+        if *at_ms > epoch_ms(now) {
             return None;
         }
         let (at_ms, key) = self.by_end.pop_first()?;

@@ -39,12 +39,8 @@ pub struct Ends {
 impl Ends {
     /// `ms` from `now`.
     pub fn after(now: SystemTime, ms: u64, then: LifetimeEnd) -> Ends {
-        let now_ms = now
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis();
         Ends {
-            at_ms: u64::try_from(now_ms).unwrap_or(u64::MAX).saturating_add(ms),
+            at_ms: epoch_ms(now).saturating_add(ms),
             then,
         }
     }
@@ -58,6 +54,15 @@ impl Ends {
     pub fn text(self) -> String {
         rfc3339(self.at())
     }
+}
+
+/// `at` in milliseconds since the epoch.
+pub fn epoch_ms(at: SystemTime) -> u64 {
+    let ms = at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
 impl SessionMeta {

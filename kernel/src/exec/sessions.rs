@@ -466,6 +466,11 @@ impl Sessions {
             .is_some_and(|s| !s.busy && s.last_used == last_used && s.meta.ends.is_none())
     }
 
+    /// Whether a hibernation of session `key` is queued.
+    pub fn hibernates_next(&self, key: &SessionKey) -> bool {
+        (self.open.get(key)).is_some_and(|s| s.queue.iter().any(|w| w.order.hibernates()))
+    }
+
     /// Session `key`'s environment, labels and lifetime, if it is open.
     pub fn meta(&self, key: &SessionKey) -> Option<&SessionMeta> {
         self.open.get(key).map(|session| &session.meta)

@@ -95,6 +95,17 @@ impl<'a> Actor<'a> {
         }
     }
 
+    /// The same, on a connection that lowered itself to `lowered`
+    /// (SET_PERMS): an operator or a delegate holds to it; an agent or a
+    /// run was lowered for good where it is kept.
+    pub fn lowered_to(self, lowered: Option<&'a Permissions>) -> Actor<'a> {
+        match self {
+            Actor::Operator { uid, .. } => Actor::Operator { uid, lowered },
+            Actor::Delegate { uid, name, .. } => Actor::Delegate { uid, name, lowered },
+            Actor::Agent { .. } | Actor::Run { .. } => self,
+        }
+    }
+
     /// The principal it is.
     pub fn principal(&self) -> Principal {
         match *self {

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 
 use agentos_proto::payload::Permissions;
 
+use crate::address::ReplyTo;
+
 /// Lowered operator connections, by connection serial.
 #[derive(Debug, Default)]
 pub struct LoweredConnections {
@@ -17,6 +19,12 @@ impl LoweredConnections {
     /// What connection `serial` kept, if it lowered itself.
     pub fn get(&self, serial: u64) -> Option<&Permissions> {
         self.kept.get(&serial)
+    }
+
+    /// What the connection a reply goes to kept, if it lowered itself
+    /// (none for a reply that goes to no connection: a task's).
+    pub fn of(&self, reply_to: ReplyTo) -> Option<&Permissions> {
+        reply_to.connection().and_then(|serial| self.get(serial))
     }
 
     /// Connection `serial` keeps only `permissions` from now on.

@@ -496,7 +496,8 @@ impl Kernel {
         principal: Principal,
         reply_to: ReplyTo,
     ) -> Result<(), ErrorReply> {
-        let actor = task_work::owner(principal, &self.agents, &self.runs)?;
+        let lowered = self.services.lowered.of(reply_to);
+        let actor = task_work::owner(principal, &self.agents, &self.runs)?.lowered_to(lowered);
         actor.require(Permission::Exec)?;
         let mut caller = self.run_caller(&actor);
         let limits = self.exec.run_limits(&caller, request.limits.as_ref())?;
@@ -621,12 +622,8 @@ impl Kernel {
     /// Stops a cancelled task's work: its EXEC run is killed, its THINK
     /// withdrawn from the queue.
     pub fn stop_task(&mut self, stop: CancelledWork) {
-        task_work::stop(
-            stop,
-            &mut self.exec,
-            &mut self.llm,
-            &mut self.outbox.replies,
-        );
+        let replies = &mut self.outbox.replies;
+        task_work::stop(stop, &mut self.exec, &mut self.llm, replies);
     }
 
     /// Starts the configured boot agents; one that fails to start is

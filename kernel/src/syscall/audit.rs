@@ -18,8 +18,7 @@ use agentos_proto::payload::{
 use agentos_proto::{ErrorCode, ErrorReply};
 use serde::Serialize;
 
-use super::delegate;
-use super::request::{actor, reply, Outcome, Request};
+use super::request::{actor, delegate_refused, reply, Outcome, Request};
 use crate::address::Answer;
 use crate::audit::{Cause, Event, Reader, Subject};
 use crate::identity::Principal;
@@ -33,7 +32,7 @@ pub fn get(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             Actor::Operator { uid, .. } => Reader::Operator { uid },
             Actor::Agent { id, .. } => Reader::Agent { id, boot },
             Actor::Run { number, .. } => Reader::Run { number, boot },
-            Actor::Delegate { .. } => return Err(delegate::beyond_it("GET_AUDIT_LOG")),
+            Actor::Delegate { .. } => return Err(delegate_refused("GET_AUDIT_LOG")),
         };
         Ok(kernel.audit.read(reader, asked))
     });

@@ -6,10 +6,11 @@
 //! delegate is whoever names it, so the same name finds the same
 //! sessions and tasks again, after a restart too.
 
-use agentos_proto::payload::{DelegateReply, DelegateRequest, PrincipalInfo};
+use agentos_proto::payload::{AuditCategory, DelegateReply, DelegateRequest, PrincipalInfo};
 use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 
-use super::request::{actor, Outcome, Request};
+use super::audit::note;
+use super::request::{actor, delegate_refused, Outcome, Request};
 use crate::address::Answer;
 use crate::identity::Identity;
 use crate::kernel::{Actor, Kernel, Root};
@@ -17,7 +18,19 @@ use crate::kernel::{Actor, Kernel, Root};
 /// DELEGATE.
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     match become_delegate(kernel, request) {
-        Ok((identity, reply)) => Outcome::Become(identity, Answer::json(&reply)),
+        Ok((identity, reply)) => {
+            // Recorded as the operator who named it.
+            let named = &reply.principal;
+            note(
+                kernel,
+                request,
+                AuditCategory::Security,
+                "DELEGATE_NAMED",
+                None,
+                named,
+            );
+            Outcome::Become(identity, Answer::json(&reply))
+        }
         Err(err) => Outcome::Reply(err.into()),
     }
 }
@@ -95,16 +108,5 @@ pub(super) fn beyond_a_delegate(kernel: &Kernel, request: &Request<'_>) -> Optio
     };
     // An opcode no one knows is `unknown_opcode`, as it is to anyone.
     let name = request.opcode.name()?;
-    (of_a_delegate && !delegate_may(request.opcode)).then(|| beyond_it(name))
-}
-
-/// Why a delegate may not do `what`.
-pub(super) fn beyond_it(what: &str) -> ErrorReply {
-    ErrorReply::new(
-        ErrorCode::PermissionDenied,
-        format!(
-            "{what}: a delegate principal (and its runs) reaches only its own sessions and \
-             tasks: EXEC, THINK, TASK, PAUSE and RESUME"
-        ),
-    )
+    (of_a_delegate && !delegate_may(request.opcode)).then(|| delegate_refused(name))
 }

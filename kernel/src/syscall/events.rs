@@ -15,8 +15,7 @@ use agentos_proto::payload::{
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::delegate;
-use super::request::{actor, reply, Outcome, Request};
+use super::request::{actor, delegate_refused, reply, Outcome, Request};
 use crate::events::{AgentEventData, Audience, Event, Notice};
 use crate::kernel::{Actor, Kernel, Root};
 
@@ -166,8 +165,8 @@ fn emitter(kernel: &Kernel, actor: &Actor<'_>) -> Result<Audience, ErrorReply> {
                 agents: Vec::new(),
                 run: Some(number),
             },
-            Root::Delegate(..) => return Err(delegate::beyond_it("EMIT")),
+            Root::Delegate(..) => return Err(delegate_refused("EMIT")),
         },
-        Actor::Delegate { .. } => return Err(delegate::beyond_it("EMIT")),
+        Actor::Delegate { .. } => return Err(delegate_refused("EMIT")),
     })
 }

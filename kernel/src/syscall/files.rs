@@ -10,8 +10,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use agentos_proto::payload::{ReadReply, ReadRequest, WriteMode, WriteReply, WriteRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::delegate;
-use super::request::{actor, Outcome, Request};
+use super::request::{actor, delegate_refused, Outcome, Request};
 use crate::address::Answer;
 use crate::as_caller::AsCaller;
 use crate::files;
@@ -86,7 +85,7 @@ fn view_of(
             })?;
             agent_sandboxes(&mut kernel.sandboxes).open_root(sandbox)
         }
-        Actor::Delegate { .. } => return Err(delegate::beyond_it("READ and WRITE")),
+        Actor::Delegate { .. } => return Err(delegate_refused("READ and WRITE")),
         Actor::Run { .. } => {
             return Err(ErrorReply::new(
                 ErrorCode::PermissionDenied,

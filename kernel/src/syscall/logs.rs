@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use agentos_proto::payload::{LogsReply, LogsRequest};
 use agentos_proto::ErrorReply;
 
-use super::delegate;
-use super::request::{actor, reply_later, Outcome, Request};
+use super::request::{actor, delegate_refused, reply_later, Outcome, Request};
 use crate::agents::log_reader::{self, Chunk};
 use crate::identity::Identity;
 use crate::kernel::{log_seen_by, logs_reply, FollowOwner, Kernel, LogFollower, Root};
@@ -33,7 +32,7 @@ fn logs(kernel: &mut Kernel, request: &Request<'_>) -> Result<Option<LogsReply>,
         (Root::Agent(agent), _) => FollowOwner::Tree(kernel.agents.root_of(agent)),
         (Root::Operator(_), Identity::Run { .. }) => FollowOwner::Run(identity),
         (Root::Operator(_), _) => FollowOwner::Operator(identity),
-        (Root::Delegate(..), _) => return Err(delegate::beyond_it("LOGS")),
+        (Root::Delegate(..), _) => return Err(delegate_refused("LOGS")),
     };
     let log = log_seen_by(&kernel.agents, viewer, &parsed.target()?)?;
     let after = match (parsed.after, parsed.follow) {

@@ -9,8 +9,7 @@
 use agentos_proto::payload::{BroadcastRequest, RecvRequest, RegisterRequest, SendRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::delegate;
-use super::request::{actor, reply, Outcome, Request};
+use super::request::{actor, delegate_refused, reply, Outcome, Request};
 use crate::identity::Principal;
 use crate::kernel::{Actor, Kernel, Root};
 use crate::messages::{Address, Role, Sender};
@@ -75,13 +74,13 @@ fn sender(kernel: &Kernel, request: &Request<'_>) -> Result<Sender, ErrorReply> 
                 ipc: grant.permissions.ipc,
             },
         },
-        Actor::Delegate { .. } => return Err(delegate::beyond_it("messages")),
+        Actor::Delegate { .. } => return Err(delegate_refused("messages")),
         Actor::Run { grant, .. } => Sender {
             address: Address::Connection(own_id),
             uid: match grant.root {
                 Root::Operator(uid) => uid,
                 Root::Agent(id) => kernel.agents.owner_uid(id).ok_or_else(|| unknown(id))?,
-                Root::Delegate(..) => return Err(delegate::beyond_it("messages")),
+                Root::Delegate(..) => return Err(delegate_refused("messages")),
             },
             role: Role::Run {
                 serial,

@@ -2,7 +2,7 @@
 //! and reply address, and the outcome — a reply now, a job for a worker,
 //! or a reply the kernel delivers later.
 
-use agentos_proto::{ErrorReply, Opcode};
+use agentos_proto::{ErrorCode, ErrorReply, Opcode};
 use serde::Serialize;
 
 use crate::address::{Answer, ReplyTo};
@@ -96,18 +96,7 @@ pub(super) fn actor<'k>(
     let actor = Actor::of(request.caller.principal(), &kernel.agents, &kernel.runs)?;
     // An operator's connection may have lowered itself (and then named
     // a delegate, which stays as low).
-    Ok(match (actor, request.reply_to.connection()) {
-        (Actor::Operator { uid, .. }, Some(serial)) => Actor::Operator {
-            uid,
-            lowered: kernel.services.lowered.get(serial),
-        },
-        (Actor::Delegate { uid, name, .. }, Some(serial)) => Actor::Delegate {
-            uid,
-            name,
-            lowered: kernel.services.lowered.get(serial),
-        },
-        (actor, _) => actor,
-    })
+    Ok(actor.lowered_to(kernel.services.lowered.of(request.reply_to)))
 }
 
 /// A typed result as the reply.
@@ -125,4 +114,15 @@ pub(super) fn reply_later<R: Serialize>(result: Result<Option<R>, ErrorReply>) -
         Ok(None) => Outcome::Later,
         Err(err) => Outcome::Reply(err.into()),
     }
+}
+
+/// Why a delegate may not do `what`.
+pub(super) fn delegate_refused(what: &str) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::PermissionDenied,
+        format!(
+            "{what}: a delegate principal (and its runs) reaches only its own sessions and \
+             tasks: EXEC, THINK, TASK, PAUSE and RESUME"
+        ),
+    )
 }

@@ -15,8 +15,7 @@ use agentos_proto::payload::{AuditCategory, Permissions, SpawnRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::audit::note;
-use super::delegate;
-use super::request::{actor, Outcome, Request};
+use super::request::{actor, delegate_refused, Outcome, Request};
 use crate::agents::{RunSpawner, Spawner};
 use crate::exec::VolumeUse;
 use crate::identity::Principal;
@@ -129,7 +128,7 @@ fn spawner_for(
                 operator: match grant.root {
                     Root::Operator(uid) => Some(uid),
                     Root::Agent(_) => None,
-                    Root::Delegate(..) => return Err(delegate::beyond_it("SPAWN")),
+                    Root::Delegate(..) => return Err(delegate_refused("SPAWN")),
                 },
                 grant: grant.as_parent(),
                 budgets: grant.budgets.clone(),
@@ -139,7 +138,7 @@ fn spawner_for(
         }
         Actor::Agent { id, .. } => Spawner::Agent(id),
         Actor::Operator { uid, .. } => Spawner::Operator(uid),
-        Actor::Delegate { .. } => return Err(delegate::beyond_it("SPAWN")),
+        Actor::Delegate { .. } => return Err(delegate_refused("SPAWN")),
     };
     Ok((spawner, tokens_left))
 }

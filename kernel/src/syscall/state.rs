@@ -10,8 +10,7 @@
 use agentos_proto::payload::{KeyRequest, KeysRequest, StoreRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
-use super::delegate;
-use super::request::{actor, Outcome, Request};
+use super::request::{actor, delegate_refused, Outcome, Request};
 use crate::kernel::{Actor, Kernel};
 use crate::state_store::{Holder, Quota};
 use crate::workers::Job;
@@ -83,7 +82,7 @@ fn holder(kernel: &Kernel, request: &Request<'_>) -> Result<Holder, ErrorReply> 
             })?;
             Ok(Holder::Agent { id, owner_uid })
         }
-        Actor::Delegate { .. } => Err(delegate::beyond_it("the state store")),
+        Actor::Delegate { .. } => Err(delegate_refused("the state store")),
         Actor::Run { .. } => Err(ErrorReply::new(
             ErrorCode::PermissionDenied,
             "an EXEC run keeps its state in its session (EXEC `session`), never in the state \

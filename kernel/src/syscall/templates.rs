@@ -17,11 +17,11 @@ use agentos_proto::payload::{
 use agentos_proto::{ErrorCode, ErrorReply};
 use base64::Engine;
 
-use super::request::{reply, Outcome, Request};
+use super::request::{actor, reply, Outcome, Request};
 use crate::exec::zygote::TEMPLATE_ROOT;
 use crate::exec::{template_key, Build};
 use crate::identity::Principal;
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, Root};
 
 /// An operator's build's memory: pip unpacking large wheels needs more
 /// than a run's default.
@@ -53,7 +53,10 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>, call: ExecCall) -> Out
         call,
         ExecCall::BuildTemplate { .. } | ExecCall::RemoveTemplate { .. }
     );
-    if changes && matches!(principal, Principal::Delegate { .. }) {
+    // A delegate's, or a run of one's.
+    let of_a_delegate =
+        actor(kernel, request).is_ok_and(|actor| matches!(actor.root(), Root::Delegate(..)));
+    if changes && of_a_delegate {
         return reply::<TemplatesReply>(Err(ErrorReply::new(
             ErrorCode::PermissionDenied,
             "a delegate principal runs from its operator's templates but builds and removes none",

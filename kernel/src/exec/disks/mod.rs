@@ -17,6 +17,8 @@ mod found;
 pub mod image;
 mod names;
 mod record;
+mod record_writes;
+mod room;
 pub mod snapshots;
 mod store;
 mod stored;
@@ -24,7 +26,10 @@ pub mod templates;
 pub mod volumes;
 mod worker;
 
-use std::collections::{HashMap, HashSet};
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
@@ -38,6 +43,8 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use self::image::{DiskDir, RunUser};
 pub use self::record::SessionRecord;
 use self::record::TemplateRecord;
+use self::record_writes::RecordWrites;
+use self::room::{DiskRoom, HOST_RESERVE};
 use self::snapshots::Snapshots;
 use self::store::Store;
 pub use self::store::StoreError;
@@ -55,17 +62,13 @@ use crate::identity::Principal;
 use crate::sandbox::attach::VolumePlace;
 use names::owner_dir_name;
 
-/// Bytes of the host's disk that sessions' and volumes' disks never take:
-/// the kernel's own records and logs, and the host's, go on.
-const HOST_RESERVE: u64 = 512 << 20;
-
 /// Every session's disk.
 #[derive(Debug)]
 pub struct SessionDisks {
-    /// The state directory.
-    state_dir: PathBuf,
-    session_bytes: u64,
-    owner_bytes: u64,
+    /// The host's disk, as sessions' and volumes' disks share it.
+    room: DiskRoom,
+    /// Sessions' records waiting to be written.
+    record_writes: RecordWrites,
     /// Every session with a disk, by owner and name.
     pub stored: Stored,
     templates: Templates,
@@ -76,10 +79,6 @@ pub struct SessionDisks {
     pub snapshots: Snapshots,
     /// Agents started from a template, each with its template.
     agent_templates: HashMap<Principal, String>,
-    /// Whose share of the disk each owner's disks count against: an
-    /// operator's uid, or the whole tree of an agent (its runs' and
-    /// children's with it), as their share of EXEC is counted.
-    shares: HashMap<Principal, Share>,
     /// A template's disk while it is built.
     template_bytes: u64,
     worker: Option<Worker>,
@@ -99,15 +98,17 @@ impl SessionDisks {
             gid: config.agents.gid,
         };
         let mut disks = SessionDisks {
-            state_dir: state_dir.to_owned(),
-            session_bytes: exec.session_disk_bytes,
-            owner_bytes: exec.owner_disk_bytes,
+            record_writes: RecordWrites::default(),
+            room: DiskRoom::new(
+                state_dir.to_owned(),
+                exec.session_disk_bytes,
+                exec.owner_disk_bytes,
+            ),
             stored: Stored::new(state_dir.join("sessions"), exec.session_disk_bytes),
             templates: Templates::empty(state_dir.join("templates")),
             volumes: Volumes::empty(state_dir.join("volumes"), exec.volume_bytes),
             snapshots: Snapshots::default(),
             agent_templates: HashMap::new(),
-            shares: HashMap::new(),
             template_bytes: exec.template_disk_bytes,
             worker: None,
             unavailable: image::unavailable(),
@@ -199,6 +200,14 @@ impl SessionDisks {
         }
     }
 
+    /// Writes session `key`'s `record` in `dir`, on the disks' thread
+    /// (once, if it changes again before that thread comes to it).
+    fn write_record(&mut self, key: &SessionKey, dir: DiskDir, record: SessionRecord) {
+        if let Some(record) = self.record_writes.write(key, record) {
+            self.ask(Job::Record { dir, record });
+        }
+    }
+
     fn ask(&self, job: Job) {
         if let Some(worker) = &self.worker {
             worker.ask(job);
@@ -217,68 +226,7 @@ impl SessionDisks {
         if !self.available() || self.stored.record(key).is_some() {
             return Ok(());
         }
-        let owner = key.0;
-        let mut new: HashSet<&SessionKey> = to_make
-            .filter(|k| k.0 == owner && self.stored.record(k).is_none())
-            .collect();
-        new.insert(key);
-        let wanted = self
-            .share_bytes(share)
-            .saturating_add(self.session_bytes.saturating_mul(new.len() as u64));
-        if wanted > self.owner_bytes {
-            return Err(ErrorReply::new(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "your sessions' and volumes' disks (with those of the agents and runs \
-                     you started) would take {wanted} bytes, more than \
-                     exec.owner_disk_bytes ({}) allows; close a session ({{\"op\":\"close\"}}) \
-                     or remove a volume first",
-                    self.owner_bytes
-                ),
-            ));
-        }
-        self.host_has_room(
-            "a session's disk (exec.session_disk_bytes)",
-            self.session_bytes,
-        )
-    }
-
-    /// Whose share of the disk `owner`'s disks count against.
-    fn share_of(&self, owner: Principal) -> Option<Share> {
-        match owner {
-            // A delegate's disks count as its operator's.
-            Principal::Operator { uid } | Principal::Delegate { uid, .. } => {
-                Some(Share::Operator(uid))
-            }
-            owner => self.shares.get(&owner).copied(),
-        }
-    }
-
-    /// Bytes the disks counted against `share` take: its owners' sessions'
-    /// and volumes'.
-    fn share_bytes(&self, share: Share) -> u64 {
-        let of_share = |owner: Principal| self.share_of(owner) == Some(share);
-        let sessions = self.stored.count_where(of_share);
-        self.session_bytes
-            .saturating_mul(sessions as u64)
-            .saturating_add(self.volumes.bytes_where(of_share))
-    }
-
-    /// `limit_exceeded` unless the host's disk has `bytes` free for `what`
-    /// and [`HOST_RESERVE`] beside.
-    fn host_has_room(&self, what: &str, bytes: u64) -> Result<(), ErrorReply> {
-        // One that cannot be measured is no reason to refuse.
-        let free = image::free_bytes(&self.state_dir).unwrap_or(u64::MAX);
-        if free < bytes.saturating_add(HOST_RESERVE) {
-            return Err(ErrorReply::new(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "the host's disk has {free} bytes free: not enough for {what}, {bytes}, \
-                     and the {HOST_RESERVE} the kernel keeps free for itself"
-                ),
-            ));
-        }
-        Ok(())
+        (self.room).may_make((key, share), to_make, &self.stored, &self.volumes)
     }
 
     /// Begins making volume `name` for `owner` (answered through
@@ -291,13 +239,12 @@ impl SessionDisks {
         bytes: Option<u64>,
     ) -> Result<VolumeKey, ErrorReply> {
         self.require("volumes")?;
-        self.shares.insert(owner, share);
-        let used = self.share_bytes(share);
-        let (dir, record) =
-            self.volumes
-                .begin_create(owner, name, bytes, used, self.owner_bytes)?;
+        self.room.counts_for(owner, share);
+        let used = self.room.share_bytes(share, &self.stored, &self.volumes);
+        let most = self.room.owner_bytes;
+        let (dir, record) = self.volumes.begin_create(owner, name, bytes, used, most)?;
         let key = (owner, name.to_owned());
-        if let Err(err) = self.host_has_room("the volume", record.bytes) {
+        if let Err(err) = self.room.host_has_room("the volume", record.bytes) {
             self.volumes.made(&key, false);
             return Err(err);
         }
@@ -347,7 +294,7 @@ impl SessionDisks {
         volumes: &[VolumeUse],
     ) {
         let session = session.map(|(key, share, meta)| {
-            self.shares.insert(key.0, share);
+            self.room.counts_for(key.0, share);
             let template = template.map(|t| t.name().to_owned());
             let record = self.stored.opening(key, template, meta);
             // Its directory is made with its disk, on the disks' thread.
@@ -539,7 +486,7 @@ impl SessionDisks {
     /// date.
     pub fn note(&mut self, key: &SessionKey, runs: u64, last_used: SystemTime, bytes: Option<u64>) {
         if let Some((dir, record)) = self.stored.note(key, runs, last_used, bytes) {
-            self.ask(Job::Record { dir, record });
+            self.write_record(key, dir, record);
         }
     }
 
@@ -549,6 +496,7 @@ impl SessionDisks {
         let Some(dir) = self.stored.remove(key) else {
             return false;
         };
+        self.record_writes.forget(key);
         self.ask(Job::Remove(vec![dir]));
         self.snapshots.remove_session(key);
         self.ask(Job::RemoveSnapshots {
@@ -590,7 +538,7 @@ impl SessionDisks {
         change: impl FnOnce(&mut SessionMeta) -> R,
     ) -> Option<R> {
         let (changed, dir, record) = self.stored.change_meta(key, change)?;
-        self.ask(Job::Record { dir, record });
+        self.write_record(key, dir, record);
         Some(changed)
     }
 
@@ -598,7 +546,7 @@ impl SessionDisks {
     /// its next interpreter starts with its globals, even after a restart.
     pub fn hibernated(&mut self, key: &SessionKey, name: &str) {
         if let Some((dir, record)) = self.stored.hibernated(key, name) {
-            self.ask(Job::Record { dir, record });
+            self.write_record(key, dir, record);
         }
     }
 
@@ -653,7 +601,8 @@ impl SessionDisks {
         if !matches!(owner, Principal::Agent { .. }) {
             self.agent_templates.remove(&owner);
         }
-        self.shares.remove(&owner);
+        self.room.forget(owner);
+        self.record_writes.forget_owner(owner);
         let own: Vec<DiskDir> = (self.templates.own_of(owner).iter())
             .filter_map(|key| self.templates.forget(key))
             .collect();

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::image::{free_bytes, DiskDir, RunUser, SESSION_PARTS, TEMPLATE_PARTS};
 use super::record::{SessionRecord, SnapshotRef, TemplateRecord, VolumeRecord};
+use super::record_writes::{self, PendingRecord};
 use super::store::{Manifest, Room, Store, StoreError};
 use super::volumes::{VolumeKey, VOLUME_PARTS};
 use crate::address::ReplyTo;
@@ -89,8 +90,8 @@ pub enum Job {
     MountTemplates(Vec<DiskDir>),
     /// Mount the disks of volumes found at start.
     MountVolumes(Vec<(VolumeKey, DiskDir)>),
-    /// Write a session's record.
-    Record { dir: DiskDir, record: SessionRecord },
+    /// Write a session's record (the latest, see [`record_writes`]).
+    Record { dir: DiskDir, record: PendingRecord },
     /// A template's build has succeeded: its disk is let go, shrunk, moved
     /// from `build` to `to`, and recorded.
     Publish {
@@ -482,7 +483,8 @@ fn serve(jobs: &Receiver<Job>, snapshots: &mut Snapshots, done: &Sender<Done>, w
                 Some(Done::VolumesMounted(mounted))
             }
             Job::Record { dir, record } => {
-                if let Err(err) = record.write(&dir.0) {
+                let written = record_writes::take(&record).map(|record| record.write(&dir.0));
+                if let Some(Err(err)) = written {
                     log::warn!("disk {}: cannot record it: {err}", dir.0.display());
                 }
                 None

@@ -82,7 +82,14 @@ impl Store {
 
     /// Bytes `owner`'s objects take.
     pub fn held_by(&self, owner: &str) -> u64 {
-        self.held.get(owner).copied().unwrap_or(0)
+        // A delegate's (`uid-N~name`) count with its operator's, and all
+        // that operator's delegates'.
+        let quota_owner = |dir: &str| dir.split('~').next().unwrap_or(dir).to_owned();
+        let counted = quota_owner(owner);
+        (self.held.iter())
+            .filter(|(dir, _)| quota_owner(dir) == counted)
+            .map(|(_, bytes)| bytes)
+            .sum()
     }
 
     /// Bytes every owner's objects take.

@@ -169,3 +169,20 @@ fn a_restore_copies_every_file_whole() {
         b""
     );
 }
+
+#[test]
+fn a_delegates_snapshots_count_with_its_operators_and_no_one_elses() {
+    let root = tempfile::tempdir().unwrap();
+    let mut store = Store::open(root.path().join("snapshots"));
+    let disk = session_disk(&[("a.txt", noise(4096, 7))]);
+    for owner in ["uid-1000~k1", "uid-1000~k2", "uid-1001~k1"] {
+        store
+            .take((owner, "s1", "n1"), Some(disk.path()), None, ROOMY, 1)
+            .unwrap();
+    }
+    let one = store.held_by("uid-1001~k1");
+    assert!(one > 0);
+    assert_eq!(store.held_by("uid-1000"), 2 * one);
+    assert_eq!(store.held_by("uid-1000~k9"), 2 * one);
+    assert_eq!(store.held_by("uid-1001"), one);
+}
