@@ -200,3 +200,25 @@ def test_the_cli_opens_a_session_and_sets_its_lifetime(kernel):
     assert bad.returncode != 0 and "KEY=VALUE" in bad.stderr, bad
     again = agentos(kernel, "sessions", "--open", "c1")
     assert again.returncode != 0 and "open already" in again.stderr, again
+
+
+def test_a_run_opens_no_session_with_more_than_it_has(kernel):
+    # LLM-written code in a run, given EXEC of its own, asks to open a
+    # session with more memory and permissions than the run was given.
+    from conftest import RUN_ASKS_KERNEL
+
+    code = RUN_ASKS_KERNEL + (
+        'print(json.dumps(ask(0x02, {"op": "open", "session": "grab", '
+        '"limits": {"memory": 1 << 40}})))\n'
+        'print(json.dumps(ask(0x02, {"op": "open", "session": "grab2", '
+        '"permissions": {"spawn": True}})))\n')
+    with AgentOSClient(kernel.socket_path) as client:
+        result = client.exec(code, "python", timeout_ms=60_000, permissions={"exec": True})
+        if result.get("code") == "unavailable":
+            print("!!! NOT TESTED: a run opening a session (EXEC unavailable here)")
+            return
+        assert result["ok"], result
+        first, second = (json.loads(line) for line in result["stdout"].splitlines())
+        assert first["code"] == "permission_denied", first
+        assert "more than the caller's own" in first["error"], first
+        assert second.get("success") is not True and second["code"] == "permission_denied", second

@@ -433,7 +433,13 @@ impl Backlog {
     /// Whether session `key` is open, or about to be (a run or restore
     /// waits to open it).
     pub fn is_live(&self, key: &SessionKey) -> bool {
-        self.sessions.contains(key) || self.requests.sessions().any(|k| k == key)
+        self.sessions.contains(key) || self.is_opening(key)
+    }
+
+    /// Whether session `key` is not open but about to be: a run or a
+    /// restore waits for a child to open it on.
+    pub fn is_opening(&self, key: &SessionKey) -> bool {
+        !self.sessions.contains(key) && self.requests.sessions().any(|k| k == key)
     }
 
     /// Whether session `key` is paused.

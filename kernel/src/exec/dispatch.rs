@@ -162,7 +162,7 @@ impl Dispatcher {
         replies: &mut Vec<Reply>,
         now: Instant,
     ) {
-        if self.backlog.is_live(key) && !self.backlog.sessions_and_disks().0.contains(key) {
+        if self.backlog.is_opening(key) {
             // A restore or an open of it waits for a child: it ends once
             // that is done.
             self.lifetimes
@@ -492,7 +492,7 @@ impl Dispatcher {
         key: &SessionKey,
         lifetime: Option<Lifetime>,
     ) -> Result<Option<Ends>, ErrorReply> {
-        if !self.backlog.sessions_and_disks().0.contains(key) && self.backlog.is_live(key) {
+        if self.backlog.is_opening(key) {
             return Err(ErrorReply::new(
                 ErrorCode::Busy,
                 format!(
