@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -644,6 +645,103 @@ class AgentOSClient(Connection):
         request: Dict[str, Any] = {"op": "lifetime", "session": session, "lifetime_ms": lifetime_ms}
         request.update(_present(then=then))
         return self.call_json(Opcode.EXEC, request)["ends_at"]
+
+    def start_process(
+        self,
+        session: str,
+        argv: Sequence[str],
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: bool = False,
+        pty: Optional[Mapping[str, int]] = None,
+        tag: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """EXEC ``start``: runs ``argv`` inside ``session``, beside its
+        interpreter and its other processes (same files, network and
+        limits), with the session's environment and ``env`` over it.
+        ``stdin=True`` keeps its input open for :meth:`send_input`;
+        ``pty={"cols": 80, "rows": 24}`` runs it on a terminal of that size
+        (one ``pty`` stream, its input open, :meth:`resize` to change it);
+        the kernel kills its process group after ``timeout_ms``. Returns
+        once it runs: ``{"session", "pid", "tag"}``."""
+        request: Dict[str, Any] = {"op": "start", "session": session, "argv": list(argv)}
+        request.update(_present(
+            env=dict(env) if env is not None else None, cwd=cwd, stdin=stdin or None,
+            pty=dict(pty) if pty is not None else None, tag=tag, timeout_ms=timeout_ms,
+        ))
+        return self.call_json(Opcode.EXEC, request)
+
+    def processes(self, session: str) -> List[Dict[str, Any]]:
+        """EXEC ``processes``: the session's processes, running ones
+        first, then those ended lately, each with its state and how it
+        ended."""
+        return self.call_json(Opcode.EXEC, {"op": "processes", "session": session})["processes"]
+
+    def process_output(
+        self,
+        session: str,
+        pid: Optional[int] = None,
+        *,
+        tag: Optional[str] = None,
+        after: Optional[int] = None,
+        follow: bool = False,
+        wait_ms: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """EXEC ``output``: what a process (by ``pid`` or ``tag``) printed
+        after offset ``after``; with ``follow``, waits up to ``wait_ms``
+        for more. Each chunk's ``data`` comes back decoded (bytes); the
+        reply's ``offset`` is the next ``after``, and ``ended`` says the
+        process has ended and nothing more will come."""
+        request: Dict[str, Any] = {"op": "output", "session": session}
+        request.update(_present(pid=pid, tag=tag, after=after, follow=follow or None,
+                                wait_ms=wait_ms))
+        reply = self.call_json(Opcode.EXEC, request)
+        for chunk in reply["chunks"]:
+            chunk["data"] = base64.b64decode(chunk["data"])
+        return reply
+
+    def send_input(self, session: str, pid: int, data: bytes, eof: bool = False) -> int:
+        """EXEC ``input``: ``data`` for a process's stdin (it was started
+        with ``stdin=True``); ``eof`` closes it after them. Returns the
+        bytes taken."""
+        request: Dict[str, Any] = {"op": "input", "session": session, "pid": pid,
+                                   "data": base64.b64encode(data).decode("ascii")}
+        request.update(_present(eof=eof or None))
+        return self.call_json(Opcode.EXEC, request)["written"]
+
+    def resize(self, session: str, pid: int, *, cols: int, rows: int) -> bool:
+        """EXEC ``resize``: a new size for the PTY a process runs on (its
+        foreground job gets ``SIGWINCH``)."""
+        request = {"op": "resize", "session": session, "pid": pid, "cols": cols, "rows": rows}
+        return self.call_json(Opcode.EXEC, request)["success"]
+
+    def signal_process(self, session: str, pid: int, signal: str = "SIGTERM") -> bool:
+        """EXEC ``signal``: sends ``signal`` (``SIGTERM``, ``SIGKILL``,
+        ``SIGINT``, ...) to the process's group. Returns whether it was
+        there to be signalled."""
+        request = {"op": "signal", "session": session, "pid": pid, "signal": signal}
+        return self.call_json(Opcode.EXEC, request)["signalled"]
+
+    def run_process(
+        self, session: str, argv: Sequence[str], *, wait_ms: int = 10_000, **start: Any
+    ) -> Dict[str, Any]:
+        """Starts ``argv`` in ``session`` (as :meth:`start_process`) and
+        follows its output to its end. Returns ``{"pid", "stdout",
+        "stderr", "exit_code", "signal", "timed_out", "reason"}``, the
+        streams as bytes."""
+        pid = self.start_process(session, argv, **start)["pid"]
+        streams: Dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        after = 0
+        while True:
+            reply = self.process_output(session, pid, after=after, follow=True, wait_ms=wait_ms)
+            for chunk in reply["chunks"]:
+                streams.setdefault(chunk["stream"], bytearray()).extend(chunk["data"])
+            after = reply["offset"]
+            if reply["ended"]:
+                ended = {key: reply.get(key) for key in ("exit_code", "signal", "timed_out", "reason")}
+                return {"pid": pid, **{k: bytes(v) for k, v in streams.items()}, **ended}
 
     def close_session(self, session: str) -> bool:
         """EXEC ``close``: ends a session and deletes its workspace; returns

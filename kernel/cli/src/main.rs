@@ -32,6 +32,7 @@ mod mcp_servers;
 mod messages;
 mod net;
 mod policy;
+mod proc;
 mod raw;
 mod run;
 mod sessions;
@@ -164,6 +165,10 @@ enum Command {
     /// Your EXEC sessions (interpreters and /workspace kept between runs,
     /// and with disks their packages); --close NAME ends one, files and all
     Sessions(sessions::SessionsArgs),
+    /// Programs run inside one of your sessions, beside its interpreter:
+    /// run (`-- CMD...`), ps, attach and kill
+    #[command(subcommand)]
+    Proc(proc::ProcCommand),
     /// Save a session's files (/workspace and its packages) as a named
     /// snapshot, with --state its globals too; `ls SESSION` lists them,
     /// `rm SESSION NAME` removes one
@@ -355,6 +360,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Rm(rm_args) => agents::rm(client, rm_args, wait_for, json),
         Command::Think(think_args) => think::think(client, think_args, json),
         Command::Exec(exec_args) => return exec::exec(client, exec_args, json),
+        Command::Proc(command) => return proc::proc(client, command, json),
         Command::Sessions(sessions_args) => sessions::sessions(client, sessions_args, json),
         Command::Snapshot(snapshot_args) => sessions::snapshot(client, snapshot_args, json),
         Command::Restore(restore_args) => sessions::restore(client, restore_args, json),

@@ -116,9 +116,12 @@ impl Dispatcher {
     }
 
     /// Handles the deadlines that are due.
+    /// (`in_use`: whether a session has processes running, which keep it
+    /// from idling.)
     pub(super) fn on_deadlines(
         &mut self,
         sandboxes: &mut impl Sandboxes<HostId>,
+        in_use: impl Fn(&SessionKey) -> bool,
         replies: &mut Vec<Reply>,
         now: Instant,
     ) {
@@ -136,6 +139,14 @@ impl Dispatcher {
                     let hosts_up = self.pool.any_up();
                     let running = self.pool.children().running_count();
                     self.backlog.expire(now, hosts_up, running, replies);
+                }
+                Wake::SessionIdle { key, .. } if in_use(&key) => {
+                    let (sessions, _) = self.backlog.sessions_and_disks();
+                    if let Some(idle_at) = sessions.touch(&key, now) {
+                        let last_used = now;
+                        self.timers
+                            .schedule(idle_at, Wake::SessionIdle { key, last_used });
+                    }
                 }
                 Wake::SessionIdle { key, last_used: at } => {
                     match self.backlog.idle(&key, at, now) {

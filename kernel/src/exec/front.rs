@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 use agentos_egress::policy::Policy;
 use agentos_egress::Gateway;
 use agentos_primitives::timers::Timers;
-use agentos_proto::payload::{ExecRequest, Language, Lifetime, Limits, SessionInfo};
-use agentos_proto::ErrorReply;
+use agentos_proto::payload::{
+    ExecRequest, Language, Lifetime, Limits, ProcCall, ProcessesReply, PtySize, SessionInfo,
+};
+use agentos_proto::{ErrorCode, ErrorReply};
 use mio::{Registry, Token};
 
 use super::backlog::{Backlog, SessionOp};
@@ -26,13 +28,15 @@ use super::exec_host::HostId;
 use super::lifetimes::Lifetimes;
 use super::limits::RunDefaults;
 use super::network::RunNetwork;
-use super::order::{open_for_runs, Kill, OrderCaps, Running};
+use super::order::{open_for_runs, Kill, Order, OrderCaps, Running};
 use super::pool::Pool;
+use super::procs::{Answered, Procs};
 use super::session_meta::Ends;
+use super::sources::PROCS_TOKENS;
 use super::spans::RunSpans;
 use super::waiting::{RunCaller, SessionKey, Waiting};
 use super::{files, zygote};
-use crate::address::{Reply, ReplyTo};
+use crate::address::{Answer, Reply, ReplyTo};
 use crate::cgroup::{CgroupLimits, Cgroups, Freezer};
 use crate::config::Config;
 use crate::identity::Principal;
@@ -48,6 +52,8 @@ pub struct Exec {
     unavailable: Option<String>,
     /// Runs accepted from each agent (for LIST), by agent id.
     runs_by_agent: HashMap<u32, u64>,
+    /// Processes started in sessions.
+    procs: Procs,
 }
 
 impl Exec {
@@ -87,6 +93,7 @@ impl Exec {
             dispatcher,
             unavailable,
             runs_by_agent: HashMap::new(),
+            procs: Procs::new(registry, token_base + PROCS_TOKENS)?,
         };
         // Stored sessions' lifetimes run on (or ended while the kernel was
         // down: at once).
@@ -220,12 +227,20 @@ impl Exec {
 
     /// Readiness of one of EXEC's tokens.
     pub fn on_event(&mut self, token: Token, replies: &mut Vec<Reply>) {
+        if self.procs.owns(token) {
+            return self.procs.on_event(token, replies, Instant::now());
+        }
         self.dispatcher.on_event(token, replies);
     }
 
     /// How long until the earliest deadline.
     pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
-        self.dispatcher.next_deadline(now)
+        let procs = self.procs.next_deadline(now);
+        self.dispatcher
+            .next_deadline(now)
+            .into_iter()
+            .chain(procs)
+            .min()
     }
 
     /// Handles the deadlines that are due.
@@ -235,7 +250,135 @@ impl Exec {
         replies: &mut Vec<Reply>,
         now: Instant,
     ) {
-        self.dispatcher.on_deadlines(sandboxes, replies, now);
+        let procs = &self.procs;
+        let in_use = |key: &SessionKey| procs.in_use(key);
+        self.dispatcher
+            .on_deadlines(sandboxes, in_use, replies, now);
+        self.procs.on_deadlines(now, replies);
+    }
+
+    /// A process op on one of `caller`'s sessions (see [`Procs`]): answered
+    /// now, or later (`None`).
+    pub fn proc_call(
+        &mut self,
+        caller: RunCaller,
+        call: ProcCall,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Answered {
+        let now = Instant::now();
+        match call {
+            ProcCall::Start(start) => {
+                let key = (caller.principal, start.session.clone());
+                self.session_for_procs(&key)?;
+                let (sessions, _) = self.dispatcher.backlog.sessions_and_disks();
+                let env = sessions
+                    .meta(&key)
+                    .map(|m| m.env.clone())
+                    .unwrap_or_default();
+                let new_steward = self.procs.start(&key, *start, &env, reply_to, replies)?;
+                if let Some(socket) = new_steward {
+                    // The session's interpreter forks it when the session's
+                    // turn comes (behind a run going, if one is).
+                    let limits = self.session_limits(&key, &caller)?;
+                    let timeout = self.dispatcher.caps.default_timeout;
+                    let order = Order::Steward {
+                        socket: Some(socket),
+                    };
+                    let waiting = Waiting::for_session(
+                        &key,
+                        caller,
+                        order,
+                        ReplyTo::Nobody,
+                        limits,
+                        timeout,
+                        now,
+                    );
+                    self.dispatcher.queue(waiting, replies, now);
+                }
+                Ok(None)
+            }
+            ProcCall::Processes { session } => {
+                let key = (caller.principal, session);
+                if !self.procs.knows(&key) {
+                    self.session_for_procs(&key)?;
+                }
+                Ok(Some(Answer::json(&ProcessesReply {
+                    success: true,
+                    processes: self.procs.processes(&key),
+                })))
+            }
+            ProcCall::Output(output) => {
+                let key = (caller.principal, output.session.clone());
+                if !self.procs.knows(&key) {
+                    self.session_for_procs(&key)?;
+                }
+                let quota = caller.principal.quota_owner();
+                self.procs.output(&key, output, quota, reply_to, now)
+            }
+            ProcCall::Input(input) => {
+                let key = (caller.principal, input.session.clone());
+                self.session_for_procs(&key)?;
+                self.procs.input(&key, input)
+            }
+            ProcCall::Signal(signal) => {
+                let key = (caller.principal, signal.session.clone());
+                self.session_for_procs(&key)?;
+                let which = signal.process()?;
+                self.procs
+                    .signal(&key, which, signal.signal, reply_to, replies)
+            }
+            ProcCall::Resize(resize) => {
+                let key = (caller.principal, resize.session.clone());
+                self.session_for_procs(&key)?;
+                let size = PtySize {
+                    cols: resize.cols,
+                    rows: resize.rows,
+                };
+                self.procs.resize(&key, resize.process()?, size)
+            }
+        }
+    }
+
+    /// The limits of the kernel's own orders to session `key`: those it
+    /// was opened with (an order applies its limits to the session's
+    /// cgroup), else `caller`'s defaults.
+    fn session_limits(
+        &mut self,
+        key: &SessionKey,
+        caller: &RunCaller,
+    ) -> Result<CgroupLimits, ErrorReply> {
+        let (sessions, _) = self.dispatcher.backlog.sessions_and_disks();
+        match sessions.orders_as(key) {
+            Some((_, limits, _)) => Ok(limits),
+            None => self.dispatcher.cgroups.limits(&caller.limits, None),
+        }
+    }
+
+    /// `Ok` if session `key` is open and running, so processes may be
+    /// started in it or reached: `not_found` if there is no such session
+    /// of the caller's, `unavailable` if it is paused or stored.
+    fn session_for_procs(&mut self, key: &SessionKey) -> Result<(), ErrorReply> {
+        open_for_runs(self.unavailable.as_deref(), self.dispatcher.shutting_down)?;
+        let backlog = &mut self.dispatcher.backlog;
+        let why = if backlog.is_paused(key) {
+            "it is paused: RESUME it first"
+        } else if backlog.is_opening(key) {
+            "it is being opened: retry once it is"
+        } else if backlog.is_live(key) {
+            return Ok(());
+        } else if backlog.disks().store.stored.record(key).is_some() {
+            "it is stored on its disk with no interpreter running: open it (or RESUME it) first"
+        } else {
+            return Err(ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("no session {:?} of yours", key.1),
+            ));
+        };
+        Err(ErrorReply::new(
+            ErrorCode::Unavailable,
+            format!("session {:?} has no processes to reach: {why}", key.1),
+        ))
     }
 
     /// Asks the runtime for the hosts that are missing.
@@ -309,7 +452,7 @@ impl Exec {
         replies: &mut Vec<Reply>,
     ) -> Result<(), ErrorReply> {
         let key = (caller.principal, session.to_owned());
-        let limits = self.dispatcher.cgroups.limits(&caller.limits, None)?;
+        let limits = self.session_limits(&key, &caller)?;
         self.dispatcher.backlog.may_wait(caller.share)?;
         let share = caller.share;
         let Some(order) = self
@@ -348,6 +491,7 @@ impl Exec {
         let why = "the connection that asked for it closed";
         self.dispatcher.backlog.end_where(waiting, why, replies);
         (self.dispatcher.pool.children_mut()).kill_running(running, Kill::Cancelled);
+        self.procs.connection_closed(serial);
     }
 
     /// `principal` has ended (an agent that exited, was killed or is

@@ -60,6 +60,7 @@ mod network;
 mod order;
 pub mod output;
 mod pool;
+mod procs;
 pub mod queues;
 mod requests;
 mod run_cgroup;

@@ -79,6 +79,11 @@ impl RunNetwork {
         self.gateway = gateway;
     }
 
+    /// The environment that points a program at its sandbox's endpoint.
+    pub fn environment(&self) -> Vec<(String, String)> {
+        self.gateway.environment()
+    }
+
     /// NET `set` replaced the policies of `owners` (an agent's, and those
     /// of the runs under it, narrowed with it): the `endpoints` serving
     /// their runs and sessions are narrowed to lie within them (the proxy

@@ -138,6 +138,13 @@ pub enum Order {
     /// RESUME of a hibernated session: its fresh interpreter loads its
     /// globals.
     Wake,
+    /// The session's interpreter forks its steward on `socket` (the
+    /// sandbox's end of the kernel's link to it), which starts the
+    /// session's processes.
+    Steward {
+        /// Taken when the order goes out.
+        socket: Option<OwnedFd>,
+    },
 }
 
 impl Order {
@@ -173,7 +180,11 @@ impl Order {
                 state,
                 hibernate,
             } => Some((std::mem::take(name), state.take(), *hibernate)),
-            Order::Run | Order::Open | Order::Restore { .. } | Order::Wake => None,
+            Order::Run
+            | Order::Open
+            | Order::Restore { .. }
+            | Order::Wake
+            | Order::Steward { .. } => None,
         }
     }
 
@@ -183,6 +194,7 @@ impl Order {
             Order::Run | Order::Open => OrderOp::Run,
             Order::Snapshot { .. } => OrderOp::Snapshot,
             Order::Restore { .. } | Order::Wake => OrderOp::Restore,
+            Order::Steward { .. } => OrderOp::Steward,
         }
     }
 }

@@ -297,6 +297,11 @@ impl Pool {
                 }
             }
         }
+        // The steward's processes reach the network as the session's runs
+        // do, through its endpoint.
+        if let (Order::Steward { .. }, Some(_)) = (&waiting.order, &run.endpoint) {
+            order.env.extend(with.network.environment());
+        }
         // The first order of an agent's work moves the child into a cgroup
         // inside the agent's, before anything else: from then on what it
         // uses counts against the agent's limits.
@@ -311,7 +316,7 @@ impl Pool {
         }
         // A run gets its own kernel connection (the child may have it
         // already); a snapshot that saves globals, the memfd they go into.
-        match (&waiting.order, waiting.run) {
+        match (&mut waiting.order, waiting.run) {
             (Order::Run | Order::Open, Some(number)) => {
                 let first = run.first_connection.take();
                 attached.extend(self.connections.for_run(number, first));
@@ -330,6 +335,7 @@ impl Pool {
                     return Some(Err(ErrorReply::new(ErrorCode::Internal, why)));
                 }
             },
+            (Order::Steward { socket }, _) => attached.extend(socket.take()),
             (
                 Order::Run
                 | Order::Open

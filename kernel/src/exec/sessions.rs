@@ -10,8 +10,8 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{
-    ExecReply, ExecRequest, RestoredReply, SessionInfo, SessionOpenedReply, SessionPauseReply,
-    SessionState,
+    ExecReply, ExecRequest, ProcDoneReply, RestoredReply, SessionInfo, SessionOpenedReply,
+    SessionPauseReply, SessionState,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
@@ -290,6 +290,8 @@ impl Sessions {
                     ends_at: ends.map(Ends::text),
                 })
             }
+            // Its steward says how it went, on its own socket.
+            (Order::Steward { .. }, None) => Answer::json(&ProcDoneReply { success: true }),
             (Order::Wake, None) => Answer::json(&SessionPauseReply {
                 success: true,
                 session: key.1.clone(),
@@ -454,6 +456,14 @@ impl Sessions {
         let session = self.open.get_mut(key)?;
         session.busy = session.held;
         session.runs += u64::from(ran_code);
+        session.last_used = now;
+        Some(now + self.idle)
+    }
+
+    /// Session `key` is in use `now` (a process of it runs): when it
+    /// would next be idle.
+    pub fn touch(&mut self, key: &SessionKey, now: Instant) -> Option<Instant> {
+        let session = self.open.get_mut(key)?;
         session.last_used = now;
         Some(now + self.idle)
     }

@@ -13,8 +13,12 @@ use slab::Slab;
 use super::output::Stream;
 use crate::fd;
 
-/// How many tokens EXEC's sources may take, from its base.
+/// How many tokens EXEC's sources may take, from its base: the first
+/// half the run children's, the second the session processes'.
 pub const TOKEN_SPAN: usize = 1 << 40;
+
+/// Where the session processes' tokens start, from EXEC's base.
+pub const PROCS_TOKENS: usize = TOKEN_SPAN / 2;
 
 /// What one of EXEC's tokens stands for.
 #[derive(Clone, Copy, Debug)]
@@ -27,18 +31,19 @@ pub enum ExecSource {
     Output(usize, Stream),
 }
 
-/// The descriptors EXEC watches, by token.
+/// The descriptors EXEC watches, by token, each standing for an `S`
+/// (the run children's are [`ExecSource`]s).
 #[derive(Debug)]
-pub struct Sources {
+pub struct Sources<S = ExecSource> {
     registry: Registry,
     base: usize,
-    sources: Slab<ExecSource>,
+    sources: Slab<S>,
 }
 
-impl Sources {
+impl<S: Copy> Sources<S> {
     /// None yet; tokens are handed out from `base`, and descriptors
     /// registered with `registry`.
-    pub fn new(registry: &Registry, base: usize) -> io::Result<Sources> {
+    pub fn new(registry: &Registry, base: usize) -> io::Result<Sources<S>> {
         Ok(Sources {
             registry: registry.try_clone()?,
             base,
@@ -47,18 +52,13 @@ impl Sources {
     }
 
     /// What a token stands for, while it is watched.
-    pub fn get(&self, token: Token) -> Option<ExecSource> {
+    pub fn get(&self, token: Token) -> Option<S> {
         let key = token.0.checked_sub(self.base)?;
         self.sources.get(key).copied()
     }
 
     /// Watches `fd` for `interest`, as `source`.
-    pub fn register(
-        &mut self,
-        fd: RawFd,
-        source: ExecSource,
-        interest: Interest,
-    ) -> io::Result<Token> {
+    pub fn register(&mut self, fd: RawFd, source: S, interest: Interest) -> io::Result<Token> {
         let entry = self.sources.vacant_entry();
         let token = Token(self.base + entry.key());
         fd::watch(&self.registry, fd, token, interest)?;

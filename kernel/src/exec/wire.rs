@@ -90,15 +90,18 @@ pub enum OrderOp {
     Snapshot,
     /// Say which globals of a restored snapshot could not be loaded.
     Restore,
+    /// Fork the session's steward on the socket attached; run nothing.
+    Steward,
 }
 
 impl OrderOp {
     /// Every op.
-    pub const ALL: [OrderOp; 4] = [
+    pub const ALL: [OrderOp; 5] = [
         OrderOp::Prepare,
         OrderOp::Run,
         OrderOp::Snapshot,
         OrderOp::Restore,
+        OrderOp::Steward,
     ];
 }
 
@@ -343,6 +346,89 @@ pub fn send_cgroup(channel: BorrowedFd<'_>, number: u64, files: &[OwnedFd]) -> i
     let order = HostOrder::Prepare { cgroup: number };
     fd::send_with_fds(channel, &order.encode(), files)?;
     Ok(())
+}
+
+// The steward's wire: a session's steward (forked by its run child on a
+// `steward` order) reads orders and writes reports as frames on its own
+// socket, descriptors attached to an order's first bytes.
+
+/// An order to a steward.
+#[derive(Debug, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum StewardOrder<'a> {
+    /// Start `argv` on the pipes attached (stdout, stderr, then stdin if
+    /// `stdin`).
+    Start {
+        /// The kernel's number for the order.
+        #[serde(rename = "ref")]
+        reference: u64,
+        /// The program and its arguments.
+        argv: &'a [String],
+        /// Its environment over the steward's own.
+        env: &'a BTreeMap<String, String>,
+        /// Where it starts, if not the session's home.
+        cwd: Option<&'a str>,
+        /// Its stdin is the third descriptor (else `/dev/null`).
+        stdin: bool,
+        /// The one descriptor is a PTY's slave: its stdin, stdout, stderr
+        /// and controlling terminal.
+        pty: bool,
+    },
+    /// Send `signal` to the process group of `pid`.
+    Signal {
+        /// The kernel's number for the order.
+        #[serde(rename = "ref")]
+        reference: u64,
+        /// The process (a group's leader).
+        pid: u32,
+        /// The signal's number.
+        signal: i32,
+    },
+}
+
+/// What a steward says.
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum Report {
+    /// It is ready: its pid in the session.
+    Hello {
+        /// Its pid.
+        hello: u32,
+    },
+    /// Order `started` started a process.
+    Started {
+        /// The order.
+        started: u64,
+        /// The process's pid in the session.
+        pid: u32,
+        /// Where it started.
+        cwd: String,
+    },
+    /// Order `failed` could not be carried out.
+    Failed {
+        /// The order.
+        failed: u64,
+        /// Why, as an errno.
+        errno: i32,
+        /// Why, in words.
+        error: String,
+    },
+    /// Order `signalled` was carried out (`sent`: the process was there).
+    Signalled {
+        /// The order.
+        signalled: u64,
+        /// Whether it was sent.
+        sent: bool,
+    },
+    /// A process it started has ended.
+    Ended {
+        /// Its pid.
+        ended: u32,
+        /// Its exit code, if it exited.
+        exit_code: Option<i32>,
+        /// The signal that ended it, if one did.
+        signal: Option<i32>,
+    },
 }
 
 /// Encodes one frame.

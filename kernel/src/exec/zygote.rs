@@ -38,6 +38,8 @@ const PARTS: &str = concat!(
     "\n\n",
     include_str!("zygote/child.py"),
     "\n\n",
+    include_str!("zygote/steward.py"),
+    "\n\n",
     include_str!("zygote/site_builtins.py"),
     "\n\n",
     include_str!("zygote/main.py"),
@@ -198,7 +200,9 @@ mod tests {
     use agentos_proto::payload::Language;
 
     use super::*;
-    use crate::exec::wire::{OrderOp, PrepareOrder, ReadyMessage, RunEnd, RunOrder, LANGUAGES};
+    use crate::exec::wire::{
+        OrderOp, PrepareOrder, ReadyMessage, Report, RunEnd, RunOrder, StewardOrder, LANGUAGES,
+    };
 
     /// The keys of `value` as serde writes it (a struct: its fields).
     fn fields<T: serde::Serialize>(value: &T) -> BTreeSet<String> {
@@ -450,14 +454,89 @@ mod tests {
         });
         let written = keys_read(PARTS, "end");
         assert!(written.is_subset(&ends), "{written:?} not all in {ends:?}");
+        let (steward_orders, reports) = steward_fields();
+        let read = keys_read(PARTS, "order");
+        assert!(
+            read.contains("argv") && read.is_subset(&steward_orders),
+            "{read:?}"
+        );
         let scope = BTreeSet::from(["__name__".to_owned(), "__builtins__".to_owned()]);
         let keys = dict_keys(PARTS);
-        assert!(keys.contains("exit_code") && keys.contains("ready"));
+        assert!(keys.contains("exit_code") && keys.contains("ready") && keys.contains("started"));
         for key in keys {
             assert!(
-                ends.contains(&key) || ready.contains(&key) || scope.contains(&key),
+                [&ends, &ready, &scope, &reports]
+                    .iter()
+                    .any(|known| known.contains(&key)),
                 "a part writes {key:?}, which no message of the wire has"
             );
         }
+    }
+
+    /// The fields of the steward's orders, and of its reports.
+    fn steward_fields() -> (BTreeSet<String>, BTreeSet<String>) {
+        let (argv, env) = (Vec::new(), BTreeMap::new());
+        let orders = [
+            StewardOrder::Start {
+                reference: 1,
+                argv: &argv,
+                env: &env,
+                cwd: None,
+                stdin: false,
+                pty: false,
+            },
+            StewardOrder::Signal {
+                reference: 1,
+                pid: 2,
+                signal: 9,
+            },
+        ];
+        let reports = [
+            Report::Hello { hello: 1 },
+            Report::Started {
+                started: 1,
+                pid: 2,
+                cwd: String::new(),
+            },
+            Report::Failed {
+                failed: 1,
+                errno: 2,
+                error: String::new(),
+            },
+            Report::Signalled {
+                signalled: 1,
+                sent: true,
+            },
+            Report::Ended {
+                ended: 2,
+                exit_code: None,
+                signal: None,
+            },
+        ];
+        (
+            orders.iter().flat_map(fields).collect(),
+            reports.iter().flat_map(fields).collect(),
+        )
+    }
+
+    #[test]
+    fn no_two_parts_define_the_same_name() {
+        // One program: a later part's `def reap` would silently replace
+        // an earlier one's.
+        let mut seen = BTreeSet::new();
+        for line in PARTS.lines() {
+            let name = ["def ", "class "]
+                .iter()
+                .find_map(|keyword| line.strip_prefix(keyword))
+                .map(|rest| {
+                    rest.chars()
+                        .take_while(|c| is_ident(*c))
+                        .collect::<String>()
+                });
+            if let Some(name) = name {
+                assert!(seen.insert(name.clone()), "two parts define {name:?}");
+            }
+        }
+        assert!(seen.contains("serve_run") && seen.contains("reap_processes"));
     }
 }

@@ -83,6 +83,22 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 ends_at: ends.map(|ends| ends.text()),
             }));
         }
+        ExecCall::Proc(call) => {
+            // Processes in the caller's own sessions.
+            let caller = match run_caller(kernel, request) {
+                Ok(caller) => caller,
+                Err(err) => return Outcome::Reply(err.into()),
+            };
+            let replies = &mut kernel.outbox.replies;
+            return match kernel
+                .exec
+                .proc_call(caller, call, request.reply_to, replies)
+            {
+                Ok(Some(answer)) => Outcome::Reply(answer),
+                Ok(None) => Outcome::Later,
+                Err(err) => Outcome::Reply(err.into()),
+            };
+        }
         ExecCall::Sessions => {
             return Outcome::Reply(Answer::json(&SessionsReply {
                 success: true,

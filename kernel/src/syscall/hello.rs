@@ -41,6 +41,8 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 network_policy: kernel.gateway.unavailable().is_none(),
                 pause: kernel.sandboxes.machine().can_freeze(),
                 session_disks,
+                // Processes run in sessions, which EXEC gives.
+                processes: kernel.exec.is_available(),
             },
             limits: Some(ProtocolLimits {
                 max_request_bytes: config.max_request_bytes,

@@ -8,6 +8,7 @@ use super::exec_run::check_timeout;
 use super::exec_run::ExecRequest;
 use super::parse::{bad_request, parse_json, validate_name};
 use super::session_open::{LifetimeWire, OpenWire, SessionOpen};
+use super::session_procs::{ProcCall, ProcOp};
 use super::sessions::Lifetime;
 use crate::error::ErrorReply;
 
@@ -115,6 +116,10 @@ pub enum ExecCall {
         /// Its name.
         volume: String,
     },
+    /// A process op: `start`, `processes`, `output`, `input`, `signal`
+    /// or `resize` (its own `op`).
+    #[serde(untagged)]
+    Proc(ProcCall),
 }
 
 /// The operations of EXEC.
@@ -138,6 +143,12 @@ enum ExecOp {
     Volumes,
     CreateVolume,
     RemoveVolume,
+    Start,
+    Processes,
+    Output,
+    Input,
+    Signal,
+    Resize,
 }
 
 impl ExecOp {
@@ -147,6 +158,12 @@ impl ExecOp {
             ExecOp::Run | ExecOp::Sessions | ExecOp::Templates | ExecOp::Volumes => &[],
             // Their own wire structs name what they take.
             ExecOp::Open | ExecOp::Lifetime => &[],
+            ExecOp::Start
+            | ExecOp::Processes
+            | ExecOp::Output
+            | ExecOp::Input
+            | ExecOp::Signal
+            | ExecOp::Resize => &[],
             ExecOp::Close | ExecOp::Snapshots => &["session"],
             ExecOp::Snapshot => &["session", "name", "state"],
             ExecOp::Restore => &["session", "name", "into"],
@@ -305,6 +322,12 @@ impl ExecCall {
             ExecOp::RemoveVolume => ExecCall::RemoveVolume {
                 volume: fields(value)?.volume()?,
             },
+            ExecOp::Start => ExecCall::Proc(ProcOp::Start.parse(value)?),
+            ExecOp::Processes => ExecCall::Proc(ProcOp::Processes.parse(value)?),
+            ExecOp::Output => ExecCall::Proc(ProcOp::Output.parse(value)?),
+            ExecOp::Input => ExecCall::Proc(ProcOp::Input.parse(value)?),
+            ExecOp::Signal => ExecCall::Proc(ProcOp::Signal.parse(value)?),
+            ExecOp::Resize => ExecCall::Proc(ProcOp::Resize.parse(value)?),
         })
     }
 }
@@ -699,5 +722,16 @@ mod tests {
         ] {
             assert!(parse(json).is_err(), "{json}");
         }
+    }
+
+    #[test]
+    fn a_process_op_is_an_exec_call_that_serialises_to_its_own_op() {
+        let json = br#"{"op":"signal","session":"sb1","tag":"t","signal":"SIGKILL"}"#;
+        let call = ExecCall::parse(json).unwrap();
+        assert!(matches!(call, ExecCall::Proc(_)), "{call:?}");
+        let again = serde_json::to_vec(&call).unwrap();
+        assert_eq!(ExecCall::parse(&again).unwrap(), call);
+        let refused = ExecCall::parse(br#"{"op":"start","session":"s","argv":["sh"],"code":"1"}"#);
+        assert!(refused.unwrap_err().error.contains("`code`"));
     }
 }

@@ -70,6 +70,9 @@ pub struct Features {
     /// which outlive their interpreters and the kernel (else in memory).
     #[serde(default)]
     pub session_disks: bool,
+    /// EXEC starts processes inside sessions (`start`, `output`, ...).
+    #[serde(default)]
+    pub processes: bool,
 }
 
 /// Size limits a client should respect.
@@ -207,7 +210,7 @@ mod tests {
         }
         assert_eq!(
             serde_json::to_string(&Features::default()).unwrap(),
-            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null,"network_policy":false,"pause":false,"session_disks":false}"#
+            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null,"network_policy":false,"pause":false,"session_disks":false,"processes":false}"#
         );
     }
 

@@ -33,6 +33,7 @@ mod pause;
 mod permissions;
 mod recording;
 mod session_open;
+mod session_procs;
 mod sessions;
 mod spawn;
 mod state;
@@ -105,6 +106,12 @@ pub use recording::{
     MAX_RECORDING_ENTRIES,
 };
 pub use session_open::{LifetimeReply, SessionOpen, SessionOpenedReply, MAX_LIFETIME_MS};
+pub use session_procs::{
+    OutputChunk, OutputStream, ProcCall, ProcDoneReply, ProcEnd, ProcInput, ProcInputReply,
+    ProcOutput, ProcOutputReply, ProcRef, ProcResize, ProcSignal, ProcSignalledReply, ProcStart,
+    ProcStartedReply, ProcState, ProcessInfo, ProcessesReply, PtySize, Signal, MAX_ARGV_BYTES,
+    MAX_ARGV_ITEMS, MAX_OUTPUT_WAIT_MS, MAX_PROC_CHUNK_BYTES, MAX_PROC_TIMEOUT_MS,
+};
 pub use sessions::{
     ClosedReply, Lifetime, LifetimeEnd, RemovedReply, RestoredReply, SessionInfo, SessionSetup,
     SessionState, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply,

@@ -240,7 +240,7 @@ fn within(
 
 /// A session's environment: names without `=` or NUL, none of the
 /// kernel's own (`AGENTOS_*`), values without NUL, within the caps.
-fn check_env(env: &BTreeMap<String, String>) -> Result<(), ErrorReply> {
+pub(super) fn check_env(env: &BTreeMap<String, String>) -> Result<(), ErrorReply> {
     within("env", "variables", env, MAX_ENV_VARS, MAX_ENV_BYTES)?;
     for (name, value) in env {
         if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {

@@ -76,6 +76,12 @@ def serve_run(sock, stdout_w, stderr_w):
             end = save_state(scope, attached) if attached is not None else {"exit_code": 0}
         elif op == OP_RESTORE:
             end = {"exit_code": 0, "left_out": not_loaded}
+        elif op == OP_STEWARD:
+            end = (
+                start_steward(attached, request.get("env"))
+                if attached is not None
+                else {"exit_code": 1, "error": "no steward socket came"}
+            )
         else:
             if not_loaded:
                 print("globals not restored: " + "; ".join(not_loaded), file=sys.stderr)

@@ -1,0 +1,117 @@
+//! `output` requests waiting for a process to print (or end), within
+//! caps: a follow holds a reply open, so one owner's cannot crowd out
+//! the others'.
+
+use agentos_proto::{ErrorCode, ErrorReply};
+use slab::Slab;
+
+use crate::address::ReplyTo;
+use crate::identity::Principal;
+
+/// `output` follows waiting per quota owner.
+pub const MAX_FOLLOWS_PER_OWNER: usize = 64;
+/// `output` follows waiting in the kernel.
+pub const MAX_FOLLOWS_TOTAL: usize = 1024;
+
+/// An `output` waiting for bytes.
+#[derive(Debug)]
+pub struct Follow {
+    /// The process, by its number in the kernel.
+    pub process: usize,
+    /// The offset it reads after.
+    pub after: Option<u64>,
+    /// Where its reply goes.
+    pub reply_to: ReplyTo,
+    /// Whose follows it counts among.
+    pub quota: Principal,
+}
+
+/// Every waiting follow.
+#[derive(Debug, Default)]
+pub struct Follows {
+    waiting: Slab<Follow>,
+}
+
+impl Follows {
+    /// Adds `follow`, if its owner and the kernel have room for it; its
+    /// number.
+    pub fn add(&mut self, follow: Follow) -> Result<usize, ErrorReply> {
+        let of_quota = (self.waiting.iter())
+            .filter(|(_, f)| f.quota == follow.quota)
+            .count();
+        if of_quota >= MAX_FOLLOWS_PER_OWNER || self.waiting.len() >= MAX_FOLLOWS_TOTAL {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "too many `output` follows wait (at most {MAX_FOLLOWS_PER_OWNER} per owner, \
+                     {MAX_FOLLOWS_TOTAL} in all); retry when one is answered"
+                ),
+            ));
+        }
+        Ok(self.waiting.insert(follow))
+    }
+
+    /// The follows of `process`, by number.
+    pub fn of(&self, process: usize) -> Vec<usize> {
+        (self.waiting.iter())
+            .filter(|(_, f)| f.process == process)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Whether a follow waits on `process`.
+    pub fn waits_on(&self, process: usize) -> bool {
+        self.waiting.iter().any(|(_, f)| f.process == process)
+    }
+
+    /// Follow `id`, while it waits.
+    pub fn get(&self, id: usize) -> Option<&Follow> {
+        self.waiting.get(id)
+    }
+
+    /// Takes follow `id` (it is answered).
+    pub fn take(&mut self, id: usize) -> Option<Follow> {
+        self.waiting.try_remove(id)
+    }
+
+    /// A connection closed: its follows go unanswered.
+    pub fn connection_closed(&mut self, serial: u64) {
+        self.waiting
+            .retain(|_, f| f.reply_to.connection() != Some(serial));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::address::ConnKey;
+
+    fn follow(quota: Principal, serial: u64) -> Follow {
+        let conn = ConnKey { index: 0, serial };
+        Follow {
+            process: 1,
+            after: None,
+            reply_to: ReplyTo::Request { conn, seq: 0 },
+            quota,
+        }
+    }
+
+    #[test]
+    fn an_owner_has_room_for_its_own_follows_only_and_a_closed_connection_drops_its() {
+        let mut follows = Follows::default();
+        let (alice, bob) = (
+            Principal::Operator { uid: 1 },
+            Principal::Operator { uid: 2 },
+        );
+        for _ in 0..MAX_FOLLOWS_PER_OWNER {
+            follows.add(follow(alice, 7)).unwrap();
+        }
+        let refused = follows.add(follow(alice, 7)).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Busy);
+        let bobs = follows.add(follow(bob, 8)).unwrap();
+        assert_eq!(follows.of(1).len(), MAX_FOLLOWS_PER_OWNER + 1);
+        follows.connection_closed(7);
+        assert_eq!(follows.of(1), vec![bobs]);
+        assert!(follows.add(follow(alice, 9)).is_ok());
+    }
+}
