@@ -276,11 +276,13 @@ impl Exec {
                     .meta(&key)
                     .map(|m| m.env.clone())
                     .unwrap_or_default();
+                // Before the start is taken: from then on it is answered
+                // by the steward, or by its end.
+                let limits = self.session_limits(&key, &caller)?;
                 let new_steward = self.procs.start(&key, *start, &env, reply_to, replies)?;
                 if let Some(socket) = new_steward {
                     // The session's interpreter forks it when the session's
                     // turn comes (behind a run going, if one is).
-                    let limits = self.session_limits(&key, &caller)?;
                     let timeout = self.dispatcher.caps.default_timeout;
                     let order = Order::Steward {
                         socket: Some(socket),
@@ -411,7 +413,11 @@ impl Exec {
         frozen: bool,
         replies: &mut Vec<Reply>,
     ) -> Result<Freezer, ErrorReply> {
-        self.dispatcher.freeze_session(key, frozen, replies)
+        let freezer = self.dispatcher.freeze_session(key, frozen, replies)?;
+        // Its processes' timeouts, and its steward's time to answer, stand
+        // still meanwhile.
+        self.procs.frozen(key, frozen, Instant::now());
+        Ok(freezer)
     }
 
     /// The owner's sessions (`op: sessions`): those with an interpreter,

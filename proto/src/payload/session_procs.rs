@@ -410,8 +410,9 @@ pub struct ProcEnd {
     /// The kernel killed it at its `timeout_ms`.
     #[serde(default)]
     pub timed_out: bool,
-    /// Why the kernel ended it, if it did: `timeout`, `the session's
-    /// interpreter ended`, `its steward ended`.
+    /// Why it ended, when the kernel knows more than its status: `timeout`
+    /// (its `timeout_ms` passed), or `its steward or its session ended`
+    /// (how it ended is then unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

@@ -26,18 +26,20 @@ pub struct Follow {
     pub quota: Principal,
 }
 
-/// Every waiting follow.
+/// Every waiting follow, each with a serial of its own: its number is
+/// reused once it is answered, and its timer outlives it.
 #[derive(Debug, Default)]
 pub struct Follows {
-    waiting: Slab<Follow>,
+    waiting: Slab<(u64, Follow)>,
+    serials: u64,
 }
 
 impl Follows {
     /// Adds `follow`, if its owner and the kernel have room for it; its
-    /// number.
-    pub fn add(&mut self, follow: Follow) -> Result<usize, ErrorReply> {
+    /// number and serial.
+    pub fn add(&mut self, follow: Follow) -> Result<(usize, u64), ErrorReply> {
         let of_quota = (self.waiting.iter())
-            .filter(|(_, f)| f.quota == follow.quota)
+            .filter(|(_, (_, f))| f.quota == follow.quota)
             .count();
         if of_quota >= MAX_FOLLOWS_PER_OWNER || self.waiting.len() >= MAX_FOLLOWS_TOTAL {
             return Err(ErrorReply::new(
@@ -48,36 +50,46 @@ impl Follows {
                 ),
             ));
         }
-        Ok(self.waiting.insert(follow))
+        self.serials += 1;
+        Ok((self.waiting.insert((self.serials, follow)), self.serials))
     }
 
     /// The follows of `process`, by number.
     pub fn of(&self, process: usize) -> Vec<usize> {
         (self.waiting.iter())
-            .filter(|(_, f)| f.process == process)
+            .filter(|(_, (_, f))| f.process == process)
             .map(|(id, _)| id)
             .collect()
     }
 
     /// Whether a follow waits on `process`.
     pub fn waits_on(&self, process: usize) -> bool {
-        self.waiting.iter().any(|(_, f)| f.process == process)
+        self.waiting.iter().any(|(_, (_, f))| f.process == process)
     }
 
     /// Follow `id`, while it waits.
     pub fn get(&self, id: usize) -> Option<&Follow> {
-        self.waiting.get(id)
+        self.waiting.get(id).map(|(_, follow)| follow)
     }
 
     /// Takes follow `id` (it is answered).
     pub fn take(&mut self, id: usize) -> Option<Follow> {
-        self.waiting.try_remove(id)
+        self.waiting.try_remove(id).map(|(_, follow)| follow)
+    }
+
+    /// Takes follow `id` if it is still the one of `serial` (its wait is
+    /// over).
+    pub fn take_if(&mut self, id: usize, serial: u64) -> Option<Follow> {
+        match self.waiting.get(id) {
+            Some((now, _)) if *now == serial => self.take(id),
+            _ => None,
+        }
     }
 
     /// A connection closed: its follows go unanswered.
     pub fn connection_closed(&mut self, serial: u64) {
         self.waiting
-            .retain(|_, f| f.reply_to.connection() != Some(serial));
+            .retain(|_, (_, f)| f.reply_to.connection() != Some(serial));
     }
 }
 
@@ -108,10 +120,28 @@ mod tests {
         }
         let refused = follows.add(follow(alice, 7)).unwrap_err();
         assert_eq!(refused.code, ErrorCode::Busy);
-        let bobs = follows.add(follow(bob, 8)).unwrap();
+        let (bobs, _) = follows.add(follow(bob, 8)).unwrap();
         assert_eq!(follows.of(1).len(), MAX_FOLLOWS_PER_OWNER + 1);
         follows.connection_closed(7);
         assert_eq!(follows.of(1), vec![bobs]);
         assert!(follows.add(follow(alice, 9)).is_ok());
+    }
+
+    #[test]
+    fn a_number_reused_is_not_taken_by_the_old_serial() {
+        let mut follows = Follows::default();
+        let (id, old) = follows
+            .add(follow(Principal::Operator { uid: 1 }, 7))
+            .unwrap();
+        follows.take(id);
+        let (again, new) = follows
+            .add(follow(Principal::Operator { uid: 1 }, 7))
+            .unwrap();
+        assert_eq!(again, id);
+        assert!(
+            follows.take_if(id, old).is_none(),
+            "the old timer answers no one"
+        );
+        assert!(follows.take_if(id, new).is_some());
     }
 }

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use agentos_primitives::timers::Timers;
 use agentos_proto::payload::{
-    ProcDoneReply, ProcEnd, ProcInput, ProcInputReply, ProcOutput, ProcRef, ProcSignalledReply,
-    ProcStart, ProcStartedReply, ProcessInfo, PtySize, Signal,
+    ProcDoneReply, ProcEnd, ProcInput, ProcInputReply, ProcOutput, ProcRef, ProcStart,
+    ProcStartedReply, ProcessInfo, PtySize, Signal,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::{Interest, Registry, Token};
@@ -35,10 +35,8 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use slab::Slab;
 
 use self::follows::{Follow, Follows};
-use self::process::{Drained, Process};
-use self::steward::{
-    busy_steward, Link, LinkError, Pending, Report, Steward, StewardOrder, MAX_ORDERS_PER_STEWARD,
-};
+use self::process::{Drained, Process, Written};
+use self::steward::{busy_steward, Heard, Link, LinkError, Pending, Report, Steward, StewardOrder};
 use self::table::{Table, KEPT_AFTER};
 use super::sources::Sources;
 use super::waiting::SessionKey;
@@ -46,8 +44,6 @@ use crate::address::{Answer, Reply, ReplyTo};
 use crate::fd;
 use crate::identity::Principal;
 
-/// The longest directory a steward may say a process started in.
-const MAX_CWD_BYTES: usize = 4096;
 /// How long a steward has to answer an order.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 /// How long a follow waits when it does not say.
@@ -70,8 +66,8 @@ enum ProcSource {
 /// Why the processes' timers fire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ProcWake {
-    /// A follow's wait is over.
-    Follow(usize),
+    /// A follow's wait is over (by number and serial).
+    Follow(usize, u64),
     /// A process's timeout may have come.
     Timeout(usize),
     /// A session's records may be due to go.
@@ -143,10 +139,17 @@ impl Procs {
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
     ) -> Result<Option<OwnedFd>, ErrorReply> {
-        self.table.may_start(key, &start)?;
+        let starting: Vec<&Process> = (self.stewards.iter())
+            .flat_map(|(_, steward)| steward.pending.values())
+            .filter_map(|pending| match pending {
+                Pending::Start { process, .. } => Some(&**process),
+                Pending::Signal { .. } | Pending::Timeout => None,
+            })
+            .collect();
+        self.table.may_start(key, &start, &starting)?;
         let new_steward = match self.table.steward_of(key) {
             Some(steward) => {
-                if self.stewards[steward].pending.len() >= MAX_ORDERS_PER_STEWARD {
+                if self.stewards[steward].is_busy() {
                     return Err(busy_steward(key));
                 }
                 None
@@ -252,13 +255,14 @@ impl Procs {
             return Ok(Some(Answer::json(&answer)));
         }
         let wait = output.wait_ms.map_or(DEFAULT_WAIT, Duration::from_millis);
-        let follow = self.follows.add(Follow {
+        let (follow, serial) = self.follows.add(Follow {
             process,
             after: output.after,
             reply_to,
             quota,
         })?;
-        self.timers.schedule(now + wait, ProcWake::Follow(follow));
+        self.timers
+            .schedule(now + wait, ProcWake::Follow(follow, serial));
         Ok(None)
     }
 
@@ -293,26 +297,49 @@ impl Procs {
     /// Writes a process's buffered input; watches its pipe for room while
     /// bytes remain.
     fn flush_input(&mut self, process: usize) {
-        let record = &mut self.table[process];
-        let token = record.input.as_ref().and_then(|input| input.token);
-        let more = record.write_input().unwrap_or(false);
-        match (&mut record.input, more, token) {
-            (Some(input), true, None) => {
-                let fd = input.fd.as_raw_fd();
-                if let Ok(token) =
-                    self.sources
-                        .register(fd, ProcSource::Input(process), Interest::WRITABLE)
-                {
+        let Some(input) = &mut self.table[process].input else {
+            return;
+        };
+        match (input.write(), input.token) {
+            (Written::More, None) => {
+                let (fd, source) = (input.fd.as_raw_fd(), ProcSource::Input(process));
+                if let Ok(token) = self.sources.register(fd, source, Interest::WRITABLE) {
                     input.token = Some(token);
                 }
             }
-            (Some(input), false, Some(token)) => {
-                self.sources.forget(input.fd.as_raw_fd(), token);
-                input.token = None;
+            (Written::More, Some(_)) => {}
+            (Written::All, token) => {
+                if let Some(token) = token {
+                    self.sources.forget(input.fd.as_raw_fd(), token);
+                    input.token = None;
+                }
             }
-            // Closed with its descriptor: the token goes.
-            (None, _, Some(token)) => self.sources.release(token),
-            _ => {}
+            (Written::Close, _) => self.close_input(process),
+        }
+    }
+
+    /// Closes a process's input, no longer watched.
+    fn close_input(&mut self, process: usize) {
+        if let Some(input) = self.table[process].input.take() {
+            if let Some(token) = input.token {
+                // A PTY's writer is a copy of the master, which stays
+                // open: its watch would outlive it otherwise.
+                self.sources.forget(input.fd.as_raw_fd(), token);
+            }
+        }
+    }
+
+    /// A process printed or ended: its follows are answered; once it has
+    /// ended its input closes and the oldest ended records beyond the caps
+    /// go.
+    fn moved_on(&mut self, process: usize, replies: &mut Vec<Reply>) {
+        let ended = self.table[process].ended();
+        self.answer_follows(process, ended, replies);
+        if ended {
+            self.close_input(process);
+            let key = self.table[process].key.clone();
+            let beyond = self.table.ended_beyond_caps(&key);
+            self.forget(beyond, replies);
         }
     }
 
@@ -328,7 +355,9 @@ impl Procs {
     ) -> Answered {
         let process = self.table.find(key, &which)?;
         let record = &self.table[process];
-        if record.end.is_some() {
+        // Its leader may have exited while what it started still holds its
+        // output: the group is signalled until it has wholly ended.
+        if record.ended() {
             return Err(ErrorReply::new(
                 ErrorCode::NotFound,
                 format!("process {} has ended", record.pid),
@@ -336,7 +365,7 @@ impl Procs {
         }
         let pid = record.pid;
         let steward = self.live_steward(key)?;
-        if self.stewards[steward].pending.len() >= MAX_ORDERS_PER_STEWARD {
+        if self.stewards[steward].is_busy() {
             return Err(busy_steward(key));
         }
         let pending = Pending::Signal { reply_to };
@@ -423,8 +452,7 @@ impl Procs {
                     }
                     (Drained::More | Drained::Empty, _) => {}
                 }
-                let ended = self.table[process].ended();
-                self.answer_follows(process, ended, replies);
+                self.moved_on(process, replies);
             }
             Some(ProcSource::Input(process)) => self.flush_input(process),
             None => {}
@@ -439,22 +467,27 @@ impl Procs {
             return;
         };
         let mut reports = Vec::new();
-        let read = this.link.read(&mut reports);
+        let read = this.link.read(&mut reports, READ_BUDGET);
         for report in reports {
-            log::debug!(
-                "exec: session {:?}'s steward says {report:?}",
-                self.stewards[steward].key.1
-            );
             if let Err(err) = self.on_report(steward, report, replies, now) {
                 return self.end_steward(steward, &err, replies);
             }
         }
-        if let Err(err) = read {
-            self.end_steward(steward, &err, replies);
+        match read {
+            Err(err) => self.end_steward(steward, &err, replies),
+            // Edge-triggered: watched anew, it is reported again next
+            // turn, after the others' events.
+            Ok(true) => self.sent(
+                steward,
+                Ok(self.stewards[steward].link.has_unsent()),
+                replies,
+            ),
+            Ok(false) => {}
         }
     }
 
-    /// What one report of a steward comes to.
+    /// What one report of a steward comes to (checked against the orders
+    /// it was given by [`Steward::answer`]).
     fn on_report(
         &mut self,
         steward: usize,
@@ -462,93 +495,42 @@ impl Procs {
         replies: &mut Vec<Reply>,
         now: Instant,
     ) -> Result<(), LinkError> {
-        let this = &mut self.stewards[steward];
-        let unasked = |what: &str| LinkError::Hostile(format!("{what} the kernel did not order"));
-        match report {
-            Report::Hello { hello } if this.pid.is_none() && hello > 1 => {
-                this.pid = Some(hello);
-                let waiting: Vec<u64> = this.pending.keys().copied().collect();
-                for reference in waiting {
+        let key = self.stewards[steward].key.clone();
+        match self.stewards[steward].answer(report)? {
+            Heard::Hello(owed) => {
+                for reference in owed {
                     self.answer_due(steward, reference);
                 }
             }
-            Report::Hello { .. } => return Err(LinkError::Hostile("a second hello".to_owned())),
-            Report::Started { started, pid, cwd } => {
-                // Checked before the order is taken: a refused report
-                // leaves it to be answered with the steward's end.
-                if pid <= 1 || !cwd.starts_with('/') || cwd.len() > MAX_CWD_BYTES {
-                    return Err(LinkError::Hostile(format!(
-                        "a process of pid {pid} in {cwd:?}"
-                    )));
-                }
-                if !matches!(this.pending.get(&started), Some(Pending::Start { .. })) {
-                    return Err(unasked("a start"));
-                }
-                let Some(Pending::Start { reply_to, process }) = this.pending.remove(&started)
-                else {
-                    return Err(unasked("a start"));
-                };
-                let key = this.key.clone();
-                let mut process = *process;
-                process.pid = pid;
-                process.cwd = cwd;
-                let tag = process.tag.clone();
-                self.adopt(process, now);
-                let beyond = self.table.ended_beyond_cap(&key);
+            Heard::Started(reply_to, process) => {
+                let (pid, tag) = (process.pid, process.tag.clone());
+                self.adopt(*process, now);
+                let beyond = self.table.ended_beyond_caps(&key);
                 self.forget(beyond, replies);
-                replies.push((
-                    reply_to,
-                    Answer::json(&ProcStartedReply {
-                        success: true,
-                        session: key.1,
-                        pid,
-                        tag,
-                    }),
-                ));
+                let started = ProcStartedReply {
+                    success: true,
+                    session: key.1,
+                    pid,
+                    tag,
+                };
+                replies.push((reply_to, Answer::json(&started)));
             }
-            Report::Failed {
-                failed,
-                errno,
-                error,
-            } => match this.pending.remove(&failed) {
-                Some(Pending::Start { reply_to, .. } | Pending::Signal { reply_to }) => {
-                    replies.push((reply_to, steward::failure(errno, &error).into()));
-                }
-                Some(Pending::Timeout) => {}
-                None => return Err(unasked("a failure of an order")),
-            },
-            Report::Signalled { signalled, sent } => match this.pending.get(&signalled) {
-                Some(Pending::Signal { .. } | Pending::Timeout) => {
-                    if let Some(Pending::Signal { reply_to }) = this.pending.remove(&signalled) {
-                        let done = ProcSignalledReply {
-                            success: true,
-                            signalled: sent,
-                        };
-                        replies.push((reply_to, Answer::json(&done)));
-                    }
-                }
-                Some(Pending::Start { .. }) | None => return Err(unasked("a signal")),
-            },
-            Report::Ended {
-                ended,
-                exit_code,
-                signal,
-            } => {
-                let key = this.key.clone();
-                let found = self.table.find(&key, &ProcRef::Pid(ended)).ok();
-                let Some(process) = found.filter(|&p| self.table[p].end.is_none()) else {
-                    return Err(unasked("the end of a process"));
+            Heard::Reply(reply_to, answer) => replies.push((reply_to, answer)),
+            Heard::Nobody => {}
+            Heard::Ended(pid, end) => {
+                let Some(process) = self.table.unreported(&key, pid) else {
+                    return Err(LinkError::Hostile(format!(
+                        "the end of pid {pid}, not ours"
+                    )));
                 };
                 let record = &mut self.table[process];
                 let timed_out = record.deadline.is_some_and(|at| at <= now);
                 record.ends(ProcEnd {
-                    exit_code,
-                    signal,
                     timed_out,
                     reason: timed_out.then(|| "timeout".to_owned()),
+                    ..end
                 });
-                let ended = record.ended();
-                self.answer_follows(process, ended, replies);
+                self.moved_on(process, replies);
             }
         }
         Ok(())
@@ -617,16 +599,33 @@ impl Procs {
         if self.table.steward_of(&this.key) == Some(steward) {
             self.table.set_steward(&this.key, None, now);
             for process in self.table.of(&this.key) {
-                let record = &mut self.table[process];
+                // One ending can send an older record over the caps.
+                let Some(record) = self.table.get_mut(process) else {
+                    continue;
+                };
                 record.ends(ProcEnd {
                     reason: Some("its steward or its session ended".to_owned()),
                     ..ProcEnd::default()
                 });
-                let ended = record.ended();
-                self.answer_follows(process, ended, replies);
+                self.moved_on(process, replies);
             }
         }
         self.timers.schedule(now + KEPT_AFTER, ProcWake::Prune);
+    }
+
+    /// Session `key` is paused (`frozen`) or resumed `now`: on resuming,
+    /// its processes' deadlines move on by the time it stood still, and
+    /// its steward's orders are given their time to answer anew.
+    pub fn frozen(&mut self, key: &SessionKey, frozen: bool, now: Instant) {
+        for (process, deadline) in self.table.frozen(key, frozen, now) {
+            self.timers.schedule(deadline, ProcWake::Timeout(process));
+        }
+        if let Some(steward) = self.table.steward_of(key).filter(|_| !frozen) {
+            let owed: Vec<u64> = self.stewards[steward].pending.keys().copied().collect();
+            for reference in owed {
+                self.answer_due(steward, reference);
+            }
+        }
     }
 
     /// When the processes' timers next fire.
@@ -639,8 +638,8 @@ impl Procs {
     pub fn on_deadlines(&mut self, now: Instant, replies: &mut Vec<Reply>) {
         while let Some(wake) = self.timers.pop_due(now) {
             match wake {
-                ProcWake::Follow(id) => {
-                    if let Some(follow) = self.follows.take(id) {
+                ProcWake::Follow(id, serial) => {
+                    if let Some(follow) = self.follows.take_if(id, serial) {
                         let answer = self.table[follow.process].output_after(follow.after);
                         replies.push((follow.reply_to, Answer::json(&answer)));
                     }
@@ -649,9 +648,16 @@ impl Procs {
                 ProcWake::Prune => {
                     let due = self.table.due_to_go(now);
                     self.forget(due, replies);
+                    if self.table.any_to_go() {
+                        // Some still run: looked at again later.
+                        self.timers.schedule(now + KEPT_AFTER, ProcWake::Prune);
+                    }
                 }
                 ProcWake::Answer(steward, reference) => {
-                    let owed = self.stewards.get(steward);
+                    // A paused one cannot answer: its time is given anew
+                    // when it resumes.
+                    let owed =
+                        (self.stewards.get(steward)).filter(|s| !self.table.is_paused(&s.key));
                     if owed.is_some_and(|s| s.pending.contains_key(&reference)) {
                         let within = self.answer_within.as_millis();
                         let why = format!("no answer to an order within {within} ms");
@@ -667,7 +673,9 @@ impl Procs {
         let Some(record) = self.table.get(process) else {
             return;
         };
-        if record.end.is_some() || record.deadline.is_none_or(|at| at > now) {
+        // A paused session's process is looked at again when it resumes.
+        let paused = self.table.is_paused(&record.key);
+        if paused || record.ended() || record.deadline.is_none_or(|at| at > now) {
             return;
         }
         let (pid, key) = (record.pid, record.key.clone());

@@ -49,6 +49,18 @@ pub struct OutputPipe {
     pub token: Token,
 }
 
+/// What writing a process's input left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Bytes wait for room in the pipe.
+    More,
+    /// All went; it stays open.
+    All,
+    /// It is to be closed: all went and `eof` was asked, or it failed
+    /// (the reader has gone).
+    Close,
+}
+
 /// The host's end of a process's input.
 #[derive(Debug)]
 pub struct Input {
@@ -81,7 +93,9 @@ pub struct Process {
     pub input: Option<Input>,
     /// It was given an input.
     pub has_input: bool,
-    /// Its PTY's master, if it runs on one (kept to resize it).
+    /// It runs on a PTY.
+    pub pty: bool,
+    /// Its PTY's master while it runs (kept to resize it).
     pub master: Option<OwnedFd>,
     /// Its output.
     pub ring: Ring,
@@ -93,6 +107,26 @@ pub struct Process {
     pub ended_at: Option<SystemTime>,
     /// When the kernel kills it.
     pub deadline: Option<Instant>,
+}
+
+impl Input {
+    /// Writes what the pipe takes of the buffer.
+    pub fn write(&mut self) -> Written {
+        while !self.buffered.is_empty() {
+            match nix::unistd::write(&self.fd, &self.buffered) {
+                Ok(n) => {
+                    self.buffered.drain(..n);
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::EAGAIN) => return Written::More,
+                Err(_) => return Written::Close,
+            }
+        }
+        match self.eof {
+            true => Written::Close,
+            false => Written::All,
+        }
+    }
 }
 
 impl Process {
@@ -149,6 +183,7 @@ impl Process {
             outputs,
             has_input: input.is_some(),
             input,
+            pty: master.is_some(),
             master,
             ring: Ring::new(OUTPUT_KEPT),
             end: None,
@@ -204,7 +239,6 @@ impl Process {
         if self.ended() && self.ended_at.is_none() {
             self.ended_at = Some(SystemTime::now());
             self.deadline = None;
-            self.input = None;
             self.master = None;
         }
     }
@@ -225,7 +259,7 @@ impl Process {
             tag: self.tag.clone(),
             argv: self.argv.clone(),
             cwd: self.cwd.clone(),
-            pty: self.master.is_some(),
+            pty: self.pty,
             stdin: self.has_input,
             state: if self.ended() {
                 ProcState::Ended
@@ -242,10 +276,10 @@ impl Process {
 
     /// Reads what its output pipe `index` holds, at most `budget` bytes.
     pub fn read_output(&mut self, index: usize, budget: usize) -> Drained {
-        let stream = match (index, &self.master) {
-            (_, Some(_)) => OutputStream::Pty,
-            (0, None) => OutputStream::Stdout,
-            (_, None) => OutputStream::Stderr,
+        let stream = match (index, self.pty) {
+            (_, true) => OutputStream::Pty,
+            (0, false) => OutputStream::Stdout,
+            (_, false) => OutputStream::Stderr,
         };
         let Some(pipe) = &self.outputs[index] else {
             return Drained::Closed;
@@ -285,7 +319,7 @@ impl Process {
                 format!("process {} cannot be written to: {why}", self.pid),
             ));
         };
-        if eof && self.master.is_some() {
+        if eof && self.pty {
             return Err(ErrorReply::new(
                 ErrorCode::BadRequest,
                 "EXEC field `eof`: a PTY's input is not closed; send its EOF character \
@@ -306,30 +340,5 @@ impl Process {
         open.buffered.extend_from_slice(&data);
         open.eof |= eof;
         Ok(data.len() as u64)
-    }
-
-    /// Writes what its input takes of the buffer; whether bytes remain
-    /// (an error closes it, the rest dropped).
-    pub fn write_input(&mut self) -> io::Result<bool> {
-        let Some(input) = &mut self.input else {
-            return Ok(false);
-        };
-        while !input.buffered.is_empty() {
-            match nix::unistd::write(&input.fd, &input.buffered) {
-                Ok(n) => {
-                    input.buffered.drain(..n);
-                }
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(nix::errno::Errno::EAGAIN) => return Ok(true),
-                Err(err) => {
-                    self.input = None;
-                    return Err(err.into());
-                }
-            }
-        }
-        if input.eof {
-            self.input = None;
-        }
-        Ok(false)
     }
 }

@@ -7,7 +7,15 @@ use std::collections::VecDeque;
 
 use agentos_proto::payload::OutputStream;
 
-/// A process's output, the latest `cap` bytes of it.
+/// Bytes one chunk holds at most: dropping the oldest bytes moves at
+/// most this many.
+const CHUNK_BYTES: usize = 16 << 10;
+/// What a chunk costs beyond its bytes, as the cap counts it: output
+/// written a byte at a time to each stream in turn costs its chunks, not
+/// a byte each.
+const CHUNK_COST: usize = 64;
+
+/// A process's output: the latest of it, within a cap.
 #[derive(Debug)]
 pub struct Ring {
     chunks: VecDeque<(OutputStream, Vec<u8>)>,
@@ -15,6 +23,8 @@ pub struct Ring {
     start: u64,
     /// Bytes kept.
     held: usize,
+    /// What the chunks may cost in all: their bytes, and [`CHUNK_COST`]
+    /// each.
     cap: usize,
 }
 
@@ -30,13 +40,14 @@ pub struct Read {
 }
 
 impl Ring {
-    /// Empty, keeping at most `cap` bytes.
+    /// Empty, its chunks costing at most `cap` (a chunk's worth at
+    /// least).
     pub fn new(cap: usize) -> Ring {
         Ring {
             chunks: VecDeque::new(),
             start: 0,
             held: 0,
-            cap: cap.max(1),
+            cap: cap.max(CHUNK_BYTES + CHUNK_COST),
         }
     }
 
@@ -50,31 +61,38 @@ impl Ring {
         self.start
     }
 
+    /// What its chunks cost.
+    fn cost(&self) -> usize {
+        self.held + self.chunks.len() * CHUNK_COST
+    }
+
     /// Adds what `stream` printed, dropping the oldest bytes beyond the
-    /// cap (of a chunk that alone is larger, all but its tail).
+    /// cap.
     pub fn push(&mut self, stream: OutputStream, bytes: &[u8]) {
-        if bytes.is_empty() {
-            return;
+        for part in bytes.chunks(CHUNK_BYTES) {
+            match self.chunks.back_mut() {
+                Some((last, held)) if *last == stream && held.len() + part.len() <= CHUNK_BYTES => {
+                    held.extend_from_slice(part);
+                }
+                _ => self.chunks.push_back((stream, part.to_vec())),
+            }
+            self.held += part.len();
         }
-        match self.chunks.back_mut() {
-            Some((last, held)) if *last == stream => held.extend_from_slice(bytes),
-            _ => self.chunks.push_back((stream, bytes.to_vec())),
-        }
-        self.held += bytes.len();
-        while self.held > self.cap {
-            let over = self.held - self.cap;
+        while self.cost() > self.cap {
+            let over = self.cost() - self.cap;
             let Some((_, front)) = self.chunks.front_mut() else {
                 break;
             };
-            if front.len() <= over {
-                self.held -= front.len();
-                self.start += front.len() as u64;
+            let dropped = if front.len() <= over {
+                let len = front.len();
                 self.chunks.pop_front();
+                len
             } else {
                 front.drain(..over);
-                self.held -= over;
-                self.start += over as u64;
-            }
+                over
+            };
+            self.held -= dropped;
+            self.start += dropped as u64;
         }
     }
 
@@ -155,15 +173,32 @@ mod tests {
 
     #[test]
     fn the_oldest_bytes_go_beyond_the_cap_and_are_counted() {
-        let mut ring = Ring::new(4);
-        ring.push(Stdout, b"abc");
+        let cap = CHUNK_BYTES + CHUNK_COST;
+        let mut ring = Ring::new(cap);
+        ring.push(Stdout, &vec![b'a'; CHUNK_BYTES - 2]);
         ring.push(Stderr, b"def");
-        assert_eq!((ring.dropped(), ring.end()), (2, 6));
-        let read = ring.read(0, 100);
-        assert_eq!(joined(&read), b"cdef");
-        assert_eq!((read.offset, read.dropped), (6, 2));
-        ring.push(Stdout, b"0123456789");
-        assert_eq!(joined(&ring.read(0, 100)), b"6789");
+        // Two chunks: the first gives up what the second costs.
+        assert_eq!(ring.end(), CHUNK_BYTES as u64 + 1);
+        assert_eq!(ring.dropped(), 1 + CHUNK_COST as u64);
+        let read = ring.read(0, 1 << 20);
+        assert_eq!(read.dropped, ring.dropped());
+        assert!(joined(&read).ends_with(b"aadef"));
+        ring.push(Stdout, &vec![b'z'; 3 * CHUNK_BYTES]);
+        let all = joined(&ring.read(0, 1 << 20));
+        assert_eq!(all, vec![b'z'; CHUNK_BYTES]);
+        assert!(ring.cost() <= cap);
+    }
+
+    #[test]
+    fn a_byte_at_a_time_to_each_stream_costs_its_chunks() {
+        let cap = 4 * (CHUNK_BYTES + CHUNK_COST);
+        let mut ring = Ring::new(cap);
+        for i in 0..100_000u32 {
+            ring.push(if i % 2 == 0 { Stdout } else { Stderr }, b"x");
+        }
+        assert!(ring.cost() <= cap);
+        assert_eq!(ring.chunks.len() * (1 + CHUNK_COST), ring.cost());
+        assert_eq!(ring.end(), 100_000);
     }
 
     #[test]
@@ -177,9 +212,9 @@ mod tests {
     proptest! {
         #[test]
         fn reads_in_turn_give_back_the_input_less_what_was_dropped(
-            pushes in proptest::collection::vec((any::<bool>(), proptest::collection::vec(any::<u8>(), 0..40)), 0..40),
-            cap in 1usize..200,
-            max in 1usize..50,
+            pushes in proptest::collection::vec((any::<bool>(), proptest::collection::vec(any::<u8>(), 0..5_000)), 0..24),
+            cap in 1usize..(3 * CHUNK_BYTES),
+            max in 1usize..50_000,
         ) {
             let mut ring = Ring::new(cap);
             let mut all = Vec::new();

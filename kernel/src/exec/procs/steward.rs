@@ -9,19 +9,23 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
+use agentos_proto::payload::{ProcEnd, ProcSignalledReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::Token;
 use nix::sys::socket::MsgFlags;
 
 use super::process::Process;
-use crate::address::ReplyTo;
+use crate::address::{Answer, ReplyTo};
 use crate::exec::waiting::SessionKey;
-use crate::exec::wire::{frame, take_frame, FRAME_HEADER};
+use crate::exec::wire::{frame, FRAME_HEADER};
 pub use crate::exec::wire::{Report, StewardOrder};
 use crate::fd;
 
 /// Orders one steward may have unanswered.
 pub const MAX_ORDERS_PER_STEWARD: usize = 64;
+/// Bytes of orders that may wait to be written to one steward (one that
+/// does not read holds no more of the kernel's memory).
+pub const MAX_UNSENT_BYTES: usize = 4 << 20;
 /// The largest report a steward may send.
 pub const MAX_REPORT_BYTES: usize = 64 << 10;
 
@@ -62,10 +66,120 @@ pub fn busy_steward(key: &SessionKey) -> ErrorReply {
     ErrorReply::new(
         ErrorCode::Busy,
         format!(
-            "session {:?}'s steward has {MAX_ORDERS_PER_STEWARD} orders unanswered; retry",
+            "session {:?}'s steward has {MAX_ORDERS_PER_STEWARD} orders unanswered, or \
+             {MAX_UNSENT_BYTES} bytes of them unread; retry",
             key.1
         ),
     )
+}
+
+impl Steward {
+    /// Whether it has as many orders owed, or as many bytes of them
+    /// unread, as it may.
+    pub fn is_busy(&self) -> bool {
+        self.pending.len() >= MAX_ORDERS_PER_STEWARD || self.link.unsent_bytes() >= MAX_UNSENT_BYTES
+    }
+}
+
+/// The longest directory a steward may say a process started in.
+const MAX_CWD_BYTES: usize = 4096;
+
+/// What a steward's report answers, checked.
+#[derive(Debug)]
+pub enum Heard {
+    /// Its hello: the orders it owes, whose time to answer starts now.
+    Hello(Vec<u64>),
+    /// A start, with its process (its pid and directory known).
+    Started(ReplyTo, Box<Process>),
+    /// An order answered: this reply goes out.
+    Reply(ReplyTo, Answer),
+    /// The kernel's own order answered: nobody waits.
+    Nobody,
+    /// A process it started has ended, by its pid: how.
+    Ended(u32, ProcEnd),
+}
+
+impl Steward {
+    /// What `report` answers among the orders it owes, which it leaves
+    /// owed unless it is a whole answer to one: a report it may not send
+    /// is an error (the caller drops the steward, answering what it owes).
+    pub fn answer(&mut self, report: Report) -> Result<Heard, LinkError> {
+        let unasked = |what: &str| LinkError::Hostile(format!("{what} the kernel did not order"));
+        let owed = |reference: &u64, start: bool| match self.pending.get(reference) {
+            Some(Pending::Start { .. }) => start,
+            Some(Pending::Signal { .. } | Pending::Timeout) => !start,
+            None => false,
+        };
+        Ok(match report {
+            Report::Hello { hello } if self.pid.is_none() && hello > 1 => {
+                self.pid = Some(hello);
+                Heard::Hello(self.pending.keys().copied().collect())
+            }
+            Report::Hello { .. } => return Err(LinkError::Hostile("a second hello".to_owned())),
+            Report::Started { started, pid, cwd } => {
+                if pid <= 1 || !cwd.starts_with('/') || cwd.len() > MAX_CWD_BYTES {
+                    let what = format!("a process of pid {pid} in {cwd:?}");
+                    return Err(LinkError::Hostile(what));
+                }
+                if !owed(&started, true) {
+                    return Err(unasked("a start"));
+                }
+                let Some(Pending::Start {
+                    reply_to,
+                    mut process,
+                }) = self.pending.remove(&started)
+                else {
+                    return Err(unasked("a start"));
+                };
+                process.pid = pid;
+                process.cwd = cwd;
+                Heard::Started(reply_to, process)
+            }
+            Report::Failed {
+                failed,
+                errno,
+                error,
+            } => match self.pending.remove(&failed) {
+                Some(Pending::Start { reply_to, .. }) => {
+                    let failure = failure("start the process", errno, &error);
+                    Heard::Reply(reply_to, failure.into())
+                }
+                Some(Pending::Signal { reply_to }) => {
+                    let failure = failure("signal the process", errno, &error);
+                    Heard::Reply(reply_to, failure.into())
+                }
+                Some(Pending::Timeout) => Heard::Nobody,
+                None => return Err(unasked("a failure of an order")),
+            },
+            Report::Signalled { signalled, sent } => {
+                if !owed(&signalled, false) {
+                    return Err(unasked("a signal"));
+                }
+                match self.pending.remove(&signalled) {
+                    Some(Pending::Signal { reply_to }) => {
+                        let done = ProcSignalledReply {
+                            success: true,
+                            signalled: sent,
+                        };
+                        Heard::Reply(reply_to, Answer::json(&done))
+                    }
+                    _ => Heard::Nobody,
+                }
+            }
+            Report::Ended {
+                ended,
+                exit_code,
+                signal,
+            } => Heard::Ended(
+                ended,
+                ProcEnd {
+                    exit_code,
+                    signal,
+                    ..ProcEnd::default()
+                },
+            ),
+        })
+    }
 }
 
 /// Why a steward's link ended.
@@ -128,6 +242,19 @@ impl Link {
         self.flush()
     }
 
+    /// Whether orders wait to be written.
+    pub fn has_unsent(&self) -> bool {
+        !self.outgoing.is_empty()
+    }
+
+    /// Bytes of orders waiting to be written.
+    pub fn unsent_bytes(&self) -> usize {
+        self.outgoing
+            .iter()
+            .map(|out| out.bytes.len() - out.sent)
+            .sum()
+    }
+
     /// Writes what the socket takes; whether bytes remain.
     pub fn flush(&mut self) -> Result<bool, LinkError> {
         while let Some(out) = self.outgoing.front_mut() {
@@ -149,10 +276,13 @@ impl Link {
         Ok(false)
     }
 
-    /// Reads what the socket holds, into the reports it makes.
-    pub fn read(&mut self, reports: &mut Vec<Report>) -> Result<(), LinkError> {
+    /// Reads at most `budget` bytes of what the socket holds, into the
+    /// reports they make: whether bytes may remain (the socket is then to
+    /// be watched anew, so that one steward cannot hold the reactor).
+    pub fn read(&mut self, reports: &mut Vec<Report>, budget: usize) -> Result<bool, LinkError> {
         let mut buffer = [0u8; 16 << 10];
-        loop {
+        let mut read = 0;
+        while read < budget {
             let received =
                 fd::receive_with_fds(self.socket.as_fd(), &mut buffer, MsgFlags::MSG_DONTWAIT, 1);
             let (length, fds) = match received {
@@ -160,7 +290,7 @@ impl Link {
                 Err(err) => {
                     let err = io::Error::from(err);
                     if err.kind() == io::ErrorKind::WouldBlock {
-                        return Ok(());
+                        return Ok(false);
                     }
                     return Err(err.into());
                 }
@@ -171,40 +301,52 @@ impl Link {
             if length == 0 {
                 return Err(LinkError::Closed);
             }
+            read += length;
             self.received.extend_from_slice(&buffer[..length]);
             self.take_reports(reports)?;
         }
+        Ok(true)
     }
 
-    /// The whole reports received, in order.
+    /// The whole reports received, in order (what follows the last whole
+    /// one is kept, moved once).
     fn take_reports(&mut self, reports: &mut Vec<Report>) -> Result<(), LinkError> {
-        loop {
-            if let Some(header) = self.received.get(..FRAME_HEADER) {
-                let length = u32::from_le_bytes(header.try_into().unwrap_or_default());
-                if length as usize > MAX_REPORT_BYTES {
-                    return Err(LinkError::Hostile(format!("a frame of {length} bytes")));
-                }
+        let mut at = 0;
+        let taken = loop {
+            let Some(header) = self.received.get(at..at + FRAME_HEADER) else {
+                break Ok(());
+            };
+            let length = u32::from_le_bytes(header.try_into().unwrap_or_default()) as usize;
+            if length > MAX_REPORT_BYTES {
+                break Err(LinkError::Hostile(format!("a frame of {length} bytes")));
             }
-            match take_frame::<Report>(&mut self.received) {
-                None => return Ok(()),
-                Some(Ok(report)) => reports.push(report),
-                Some(Err(err)) => return Err(LinkError::Hostile(format!("not a report: {err}"))),
+            let body = at + FRAME_HEADER..at + FRAME_HEADER + length;
+            let Some(body) = self.received.get(body) else {
+                break Ok(());
+            };
+            match serde_json::from_slice(body) {
+                Ok(report) => reports.push(report),
+                Err(err) => break Err(LinkError::Hostile(format!("not a report: {err}"))),
             }
-        }
+            at += FRAME_HEADER + length;
+        };
+        self.received.drain(..at);
+        taken
     }
 }
 
-/// How a steward's failure to carry out an order is told, by its errno.
-pub fn failure(errno: i32, error: &str) -> ErrorReply {
+/// How a steward's failure to carry out an order (`what`: to start the
+/// process, to signal it) is told, by its errno.
+pub fn failure(what: &str, errno: i32, error: &str) -> ErrorReply {
     use nix::errno::Errno;
     let code = match Errno::from_raw(errno) {
-        Errno::ENOENT | Errno::ENOTDIR => ErrorCode::NotFound,
+        Errno::ENOENT | Errno::ENOTDIR | Errno::ESRCH => ErrorCode::NotFound,
         Errno::EACCES | Errno::EPERM => ErrorCode::PermissionDenied,
         Errno::EAGAIN => ErrorCode::LimitExceeded,
         Errno::EINVAL => ErrorCode::BadRequest,
         _ => ErrorCode::Internal,
     };
-    ErrorReply::new(code, format!("the process could not start: {error}"))
+    ErrorReply::new(code, format!("cannot {what}: {error}"))
 }
 
 #[cfg(test)]
@@ -232,7 +374,7 @@ mod tests {
         report(&mut peer, r#"{"started":1,"pid":9,"cwd":"/w"}"#);
         report(&mut peer, r#"{"ended":9,"exit_code":null,"signal":9}"#);
         let mut reports = Vec::new();
-        link.read(&mut reports).unwrap();
+        link.read(&mut reports, 1 << 20).unwrap();
         assert_eq!(
             reports,
             vec![
@@ -250,7 +392,32 @@ mod tests {
             ]
         );
         drop(peer);
-        assert!(matches!(link.read(&mut reports), Err(LinkError::Closed)));
+        assert!(matches!(
+            link.read(&mut reports, 1 << 20),
+            Err(LinkError::Closed)
+        ));
+    }
+
+    #[test]
+    fn one_read_takes_at_most_its_budget() {
+        let (mut link, mut peer) = pair();
+        let frame = {
+            let mut frame = 11u32.to_le_bytes().to_vec();
+            frame.extend_from_slice(br#"{"hello":7}"#);
+            frame
+        };
+        let count = (64 << 10) / frame.len();
+        peer.write_all(&frame.repeat(count)).unwrap();
+        let mut reports = Vec::new();
+        assert!(link.read(&mut reports, 16 << 10).unwrap(), "bytes remain");
+        assert!(
+            !reports.is_empty() && reports.len() < count / 2,
+            "{}",
+            reports.len()
+        );
+        let mut rest = Vec::new();
+        assert!(!link.read(&mut rest, 1 << 20).unwrap(), "all read");
+        assert_eq!(reports.len() + rest.len(), count);
     }
 
     #[test]
@@ -263,20 +430,20 @@ mod tests {
         ] {
             let (mut link, mut peer) = pair();
             report(&mut peer, bad);
-            let got = link.read(&mut Vec::new());
+            let got = link.read(&mut Vec::new(), 1 << 20);
             assert!(matches!(got, Err(LinkError::Hostile(_))), "{bad}: {got:?}");
         }
         let (mut link, mut peer) = pair();
         peer.write_all(&(70u32 << 10).to_le_bytes()).unwrap();
         assert!(matches!(
-            link.read(&mut Vec::new()),
+            link.read(&mut Vec::new(), 1 << 20),
             Err(LinkError::Hostile(_))
         ));
         let (mut link, peer) = pair();
         let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
         fd::send_with_fds(peer.as_fd(), b"\x02", &[pipe_r]).unwrap();
         assert!(matches!(
-            link.read(&mut Vec::new()),
+            link.read(&mut Vec::new(), 1 << 20),
             Err(LinkError::Hostile(_))
         ));
     }

@@ -17,8 +17,14 @@ use crate::exec::waiting::SessionKey;
 pub const MAX_LIVE_PER_SESSION: usize = 64;
 /// Ended processes a session keeps for `processes` and `output`.
 pub const MAX_ENDED_PER_SESSION: usize = 16;
+/// Live processes one owner may have (a uid with its delegates), all its
+/// sessions together.
+pub const MAX_LIVE_PER_OWNER: usize = 256;
 /// Live processes in the kernel, all sessions together.
 pub const MAX_LIVE_TOTAL: usize = 1024;
+/// Ended processes the kernel keeps, all sessions together (the oldest
+/// go first).
+pub const MAX_ENDED_TOTAL: usize = 256;
 /// Processes on a PTY one owner may have running (a uid with its
 /// delegates), all its sessions together: PTYs are the host's.
 pub const MAX_PTYS_PER_OWNER: usize = 16;
@@ -36,6 +42,8 @@ struct SessionProcs {
     processes: Vec<usize>,
     /// When its steward went.
     steward_gone: Option<Instant>,
+    /// Since when it is paused, if it is.
+    paused_since: Option<Instant>,
 }
 
 /// Every process, by number and by session.
@@ -65,6 +73,18 @@ impl Table {
         self.processes.get(number)
     }
 
+    /// Process `number`, if it is held, to change.
+    pub fn get_mut(&mut self, number: usize) -> Option<&mut Process> {
+        self.processes.get_mut(number)
+    }
+
+    /// Session `key`'s process of `pid` whose end its steward has not yet
+    /// reported (a pid the session reused names one at a time).
+    pub fn unreported(&self, key: &SessionKey, pid: u32) -> Option<usize> {
+        (self.of(key).into_iter())
+            .find(|&p| self.processes[p].pid == pid && self.processes[p].end.is_none())
+    }
+
     /// The processes of session `key`, oldest first.
     pub fn of(&self, key: &SessionKey) -> Vec<usize> {
         (self.sessions.get(key)).map_or_else(Vec::new, |s| s.processes.clone())
@@ -82,6 +102,44 @@ impl Table {
         session.steward_gone = steward.is_none().then_some(now);
     }
 
+    /// Session `key` is paused (`frozen`) or resumed `now`. On resuming,
+    /// its processes' deadlines move on by the time it stood still: the
+    /// processes whose deadline moved, and to when.
+    pub fn frozen(
+        &mut self,
+        key: &SessionKey,
+        frozen: bool,
+        now: Instant,
+    ) -> Vec<(usize, Instant)> {
+        // A session with no processes has nothing to stand still.
+        let Some(session) = self.sessions.get_mut(key) else {
+            return Vec::new();
+        };
+        let since = match frozen {
+            true => {
+                session.paused_since.get_or_insert(now);
+                return Vec::new();
+            }
+            false => session.paused_since.take(),
+        };
+        let stood = since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+        let mut moved = Vec::new();
+        for &process in &session.processes {
+            if let Some(deadline) = &mut self.processes[process].deadline {
+                *deadline += stood;
+                moved.push((process, *deadline));
+            }
+        }
+        moved
+    }
+
+    /// Whether session `key` is paused.
+    pub fn is_paused(&self, key: &SessionKey) -> bool {
+        self.sessions
+            .get(key)
+            .is_some_and(|s| s.paused_since.is_some())
+    }
+
     /// `processes`: session `key`'s live processes, then those ended
     /// lately.
     pub fn infos(&self, key: &SessionKey) -> Vec<ProcessInfo> {
@@ -91,38 +149,45 @@ impl Table {
     }
 
     /// `Ok` if `start` may start in session `key`: within the caps on
-    /// live processes, its tag (if it has one) not in use.
-    pub fn may_start(&self, key: &SessionKey, start: &ProcStart) -> Result<(), ErrorReply> {
-        let live: Vec<&Process> = (self.of(key).into_iter())
-            .map(|p| &self.processes[p])
+    /// live processes and PTYs, its tag (if it has one) not in use.
+    /// `starting`: the processes whose start waits for a steward's answer,
+    /// counted as live.
+    pub fn may_start(
+        &self,
+        key: &SessionKey,
+        start: &ProcStart,
+        starting: &[&Process],
+    ) -> Result<(), ErrorReply> {
+        let live: Vec<&Process> = (self.processes.iter().map(|(_, p)| p))
             .filter(|p| !p.ended())
+            .chain(starting.iter().copied())
             .collect();
-        let live_total = self.processes.iter().filter(|(_, p)| !p.ended()).count();
-        if live.len() >= MAX_LIVE_PER_SESSION || live_total >= MAX_LIVE_TOTAL {
+        let owner = key.0.quota_owner();
+        let of_owner = |p: &&&Process| p.key.0.quota_owner() == owner;
+        let here: Vec<&&Process> = live.iter().filter(|p| p.key == *key).collect();
+        let owners = live.iter().filter(of_owner).count();
+        if here.len() >= MAX_LIVE_PER_SESSION
+            || owners >= MAX_LIVE_PER_OWNER
+            || live.len() >= MAX_LIVE_TOTAL
+        {
             return Err(ErrorReply::new(
                 ErrorCode::LimitExceeded,
                 format!(
-                    "session {:?} has {} processes running (at most {MAX_LIVE_PER_SESSION}; \
-                     {MAX_LIVE_TOTAL} in the kernel): end one first",
+                    "session {:?} has {} processes running and you {owners} (at most \
+                     {MAX_LIVE_PER_SESSION} and {MAX_LIVE_PER_OWNER}; {MAX_LIVE_TOTAL} in the \
+                     kernel): end one first",
                     key.1,
-                    live.len()
+                    here.len()
                 ),
             ));
         }
         if start.pty.is_some() {
-            let on_pty = |p: &&Process| !p.ended() && p.master.is_some();
-            let all: Vec<&Process> = self
-                .processes
-                .iter()
-                .map(|(_, p)| p)
-                .filter(on_pty)
-                .collect();
-            let owner = key.0.quota_owner();
-            let owners = all
+            let on_pty: Vec<&&Process> = live.iter().filter(|p| p.pty).collect();
+            let owners = on_pty
                 .iter()
                 .filter(|p| p.key.0.quota_owner() == owner)
                 .count();
-            if owners >= MAX_PTYS_PER_OWNER || all.len() >= MAX_PTYS_TOTAL {
+            if owners >= MAX_PTYS_PER_OWNER || on_pty.len() >= MAX_PTYS_TOTAL {
                 return Err(ErrorReply::new(
                     ErrorCode::LimitExceeded,
                     format!(
@@ -133,7 +198,7 @@ impl Table {
             }
         }
         match &start.tag {
-            Some(tag) if live.iter().any(|p| p.tag.as_ref() == Some(tag)) => Err(ErrorReply::new(
+            Some(tag) if here.iter().any(|p| p.tag.as_ref() == Some(tag)) => Err(ErrorReply::new(
                 ErrorCode::AlreadyExists,
                 format!(
                     "a process of session {:?} is running with tag {tag:?}",
@@ -184,14 +249,31 @@ impl Table {
         Some(record)
     }
 
-    /// The oldest ended processes of session `key` beyond
-    /// [`MAX_ENDED_PER_SESSION`], to forget.
-    pub fn ended_beyond_cap(&self, key: &SessionKey) -> Vec<usize> {
+    /// The oldest ended processes beyond the caps, to forget: session
+    /// `key`'s beyond [`MAX_ENDED_PER_SESSION`], and the kernel's beyond
+    /// [`MAX_ENDED_TOTAL`].
+    pub fn ended_beyond_caps(&self, key: &SessionKey) -> Vec<usize> {
         let ended: Vec<usize> = (self.of(key).into_iter())
             .filter(|&p| self.processes[p].ended())
             .collect();
         let over = ended.len().saturating_sub(MAX_ENDED_PER_SESSION);
-        ended[..over].to_vec()
+        let mut beyond = ended[..over].to_vec();
+        let mut all: Vec<(usize, Option<std::time::SystemTime>)> = (self.processes.iter())
+            .filter(|(p, record)| record.ended() && !beyond.contains(p))
+            .map(|(p, record)| (p, record.ended_at))
+            .collect();
+        let over = all.len().saturating_sub(MAX_ENDED_TOTAL);
+        all.sort_by_key(|(_, at)| *at);
+        beyond.extend(all[..over].iter().map(|(p, _)| *p));
+        beyond
+    }
+
+    /// Whether a session without a steward still has records (to be
+    /// forgotten once its processes have all ended).
+    pub fn any_to_go(&self) -> bool {
+        self.sessions
+            .values()
+            .any(|s| s.steward.is_none() && !s.processes.is_empty())
     }
 
     /// The processes of the sessions whose steward went [`KEPT_AFTER`]

@@ -206,3 +206,62 @@ fn a_steward_that_stops_answering_is_dropped_and_its_callers_told() {
     );
     assert!(again.unwrap().is_some(), "a new steward is asked for");
 }
+
+#[test]
+fn starts_waiting_for_the_steward_count_against_the_caps() {
+    let mut fake = started();
+    for seq in 2..=64 {
+        let asked = (fake.procs).start(
+            &fake.key,
+            start("true"),
+            &BTreeMap::new(),
+            reply_to(seq),
+            &mut Vec::new(),
+        );
+        assert!(asked.is_ok(), "start {seq}: {asked:?}");
+    }
+    let refused = (fake.procs).start(
+        &fake.key,
+        start("true"),
+        &BTreeMap::new(),
+        reply_to(65),
+        &mut Vec::new(),
+    );
+    assert_eq!(refused.unwrap_err().code, ErrorCode::LimitExceeded);
+}
+
+#[test]
+fn a_flooding_steward_is_read_a_budget_at_a_time() {
+    let mut fake = started();
+    let hello = br#"{"hello":3}"#;
+    let mut frame = (hello.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(hello);
+    // Far more than one turn reads; the second hello ends it all the same.
+    let flood: Vec<u8> = frame
+        .iter()
+        .copied()
+        .cycle()
+        .take(frame.len() * 20_000)
+        .collect();
+    let writer = std::thread::spawn({
+        let mut steward = fake.steward.try_clone().unwrap();
+        move || {
+            let _ = steward.write_all(&flood);
+        }
+    });
+    let mut replies = Vec::new();
+    for _ in 0..50 {
+        replies.extend(fake.turn());
+        if !replies.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(
+        replies.len(),
+        1,
+        "the start owed is answered once: {replies:?}"
+    );
+    assert_eq!(code_of(&replies[0].1), Some(ErrorCode::Unavailable));
+    drop(fake);
+    writer.join().unwrap();
+}

@@ -41,6 +41,7 @@ def serve_run(sock, stdout_w, stderr_w):
         request, fds = receive_order(sock)
         if request is None:
             os._exit(0)
+        reap_stewards()
         keep = bool(request.get("keep"))
         if request.get("on_disk") or request.get("template"):
             settle_on_disks(request.get("on_disk"), request.get("template"))

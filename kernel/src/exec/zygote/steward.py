@@ -34,6 +34,7 @@ def start_steward(sock, base_env):
         return {"exit_code": 1, "error": f"cannot fork the steward: {err.strerror}"}
     if pid:
         os.close(sock)
+        STEWARDS.append(pid)
         return {"exit_code": 0}
     try:
         steward(sock, dict(base_env or {}))
@@ -43,10 +44,32 @@ def start_steward(sock, base_env):
         os._exit(0)
 
 
+# The stewards this interpreter forked: reaped once they end, so that
+# none holds one of the session's pids.
+STEWARDS = []
+
+
+def reap_stewards():
+    """Reaps the stewards that have ended (never another child: those are
+    the runs' own)."""
+    for pid in list(STEWARDS):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            STEWARDS.remove(pid)
+
+
 def steward(sock_fd, base_env):
     """The steward's life: leave the run's descriptors behind, then serve
     orders until the kernel goes."""
     os.setsid()
+    # What the session's code did to its signals is not its processes'.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                   signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(number, signal.SIG_DFL)
     # Orphans of `cmd &` are reaped here, not left to PID 1; and no other
     # process of the sandbox's uid may open this one's descriptors.
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -78,6 +101,12 @@ def serve_steward(sock, wake_r, base_env):
             if key.fileobj is sock:
                 order, fds = receive_order(sock)
                 if order is None:
+                    # The kernel has let it go: so do its processes.
+                    for pid in children:
+                        try:
+                            os.killpg(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
                     return
                 send_frame(sock, carry_out(order, fds, children, base_env))
             else:
@@ -97,15 +126,17 @@ def carry_out(order, fds, children, base_env):
             children[process.pid] = process
             return {"started": ref, "pid": process.pid, "cwd": cwd}
         if order.get("op") == "signal":
-            pid = int(order["pid"])
-            if pid not in children:
+            # Its group, even once its leader has gone: what it started
+            # may still hold its output.
+            try:
+                os.killpg(int(order["pid"]), int(order["signal"]))
+            except ProcessLookupError:
                 return {"signalled": ref, "sent": False}
-            os.killpg(pid, int(order["signal"]))
             return {"signalled": ref, "sent": True}
         return {"failed": ref, "errno": errno.EINVAL, "error": "no such order"}
     except OSError as err:
         return {"failed": ref, "errno": err.errno or 0, "error": err.strerror or str(err)}
-    except (KeyError, TypeError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - one order fails, not the steward
         return {"failed": ref, "errno": errno.EINVAL, "error": str(err)}
     finally:
         for fd in fds:
