@@ -352,6 +352,10 @@ def test_ptys_are_capped_per_owner_and_a_pipe_process_has_none_to_resize(client,
     ({"argv": ["true"], "tag": "x" * 129}, "bad_request"),
     ({"argv": ["true"], "env": {"AGENTOS_SOCKET_FD": "3"}}, "bad_request"),
     ({"argv": ["true"], "timeout_ms": 0}, "bad_request"),
+    ({"argv": ["true"], "timeout_ms": 24 * 3600 * 1000 + 1}, "bad_request"),
+    ({"argv": ["true"], "stdin": "yes"}, "bad_request"),
+    ({"argv": "true"}, "bad_request"),
+    ({"argv": ["x" * (600 * 1024)]}, "bad_request"),
     ({"argv": ["true"] * 5000}, "bad_request"),
     ({"argv": ["/no/such/program"]}, "not_found"),
     ({"argv": ["true"], "cwd": "/no/such/dir"}, "not_found"),
@@ -363,6 +367,12 @@ def test_ptys_are_capped_per_owner_and_a_pipe_process_has_none_to_resize(client,
 def test_hostile_starts_are_refused_by_name(client, session, request_fields, code):
     reply = raw_exec(client, {"op": "start", "session": session, **request_fields})
     assert reply["success"] is False and reply["code"] == code, reply
+
+
+def test_an_offset_past_the_end_reads_from_the_end(client, session):
+    ran = client.run_process(session, ["echo", "hi"])
+    reply = client.process_output(session, ran["pid"], after=2**64 - 1)
+    assert reply["chunks"] == [] and reply["offset"] == 3 and reply["ended"], reply
 
 
 @pytest.mark.parametrize("request_fields", [

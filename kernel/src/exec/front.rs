@@ -267,13 +267,16 @@ impl Exec {
         replies: &mut Vec<Reply>,
     ) -> Answered {
         let now = Instant::now();
+        let key = (caller.principal, call.session().to_owned());
+        // What it printed, and how it ended, outlive a session's end a while.
+        let reads = matches!(call, ProcCall::Processes { .. } | ProcCall::Output(_));
+        if !(reads && self.procs.knows(&key)) {
+            self.session_for_procs(&key)?;
+        }
         match call {
             ProcCall::Start(start) => {
-                let key = (caller.principal, start.session.clone());
-                self.session_for_procs(&key)?;
                 let (sessions, _) = self.dispatcher.backlog.sessions_and_disks();
-                let env = sessions
-                    .meta(&key)
+                let env = (sessions.meta(&key))
                     .map(|m| m.env.clone())
                     .unwrap_or_default();
                 // Before the start is taken: from then on it is answered
@@ -300,39 +303,20 @@ impl Exec {
                 }
                 Ok(None)
             }
-            ProcCall::Processes { session } => {
-                let key = (caller.principal, session);
-                if !self.procs.knows(&key) {
-                    self.session_for_procs(&key)?;
-                }
-                Ok(Some(Answer::json(&ProcessesReply {
-                    success: true,
-                    processes: self.procs.processes(&key),
-                })))
-            }
+            ProcCall::Processes { .. } => Ok(Some(Answer::json(&ProcessesReply {
+                success: true,
+                processes: self.procs.processes(&key),
+            }))),
             ProcCall::Output(output) => {
-                let key = (caller.principal, output.session.clone());
-                if !self.procs.knows(&key) {
-                    self.session_for_procs(&key)?;
-                }
                 let quota = caller.principal.quota_owner();
                 self.procs.output(&key, output, quota, reply_to, now)
             }
-            ProcCall::Input(input) => {
-                let key = (caller.principal, input.session.clone());
-                self.session_for_procs(&key)?;
-                self.procs.input(&key, input)
-            }
+            ProcCall::Input(input) => self.procs.input(&key, input),
             ProcCall::Signal(signal) => {
-                let key = (caller.principal, signal.session.clone());
-                self.session_for_procs(&key)?;
                 let which = signal.process()?;
-                self.procs
-                    .signal(&key, which, signal.signal, reply_to, replies)
+                (self.procs).signal(&key, which, signal.signal, reply_to, replies)
             }
             ProcCall::Resize(resize) => {
-                let key = (caller.principal, resize.session.clone());
-                self.session_for_procs(&key)?;
                 let size = PtySize {
                     cols: resize.cols,
                     rows: resize.rows,

@@ -294,6 +294,20 @@ pub enum ProcCall {
     Resize(ProcResize),
 }
 
+impl ProcCall {
+    /// The session it is about.
+    pub fn session(&self) -> &str {
+        match self {
+            ProcCall::Start(start) => &start.session,
+            ProcCall::Processes { session } => session,
+            ProcCall::Output(output) => &output.session,
+            ProcCall::Input(input) => &input.session,
+            ProcCall::Signal(signal) => &signal.session,
+            ProcCall::Resize(resize) => &resize.session,
+        }
+    }
+}
+
 /// The process ops, by their `op`.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum ProcOp {

@@ -147,22 +147,18 @@ impl Procs {
             })
             .collect();
         self.table.may_start(key, &start, &starting)?;
-        let new_steward = match self.table.steward_of(key) {
-            Some(steward) => {
-                if self.stewards[steward].is_busy() {
-                    return Err(busy_steward(key));
-                }
-                None
-            }
-            None => Some(
-                self.new_steward(key)
-                    .map_err(|err| internal("a steward's socket", err))?,
-            ),
-        };
-        let steward = self.table.steward_of(key).unwrap_or_default();
         let (process, fds) = Process::plumbed(key, &start).map_err(|err| internal("pipes", err))?;
+        let (steward, new_socket) = match self.table.steward_of(key) {
+            Some(steward) if self.stewards[steward].is_busy() => return Err(busy_steward(key)),
+            Some(steward) => (steward, None),
+            None => {
+                let (steward, theirs) =
+                    (self.new_steward(key)).map_err(|err| internal("a steward's socket", err))?;
+                (steward, Some(theirs))
+            }
+        };
         let mut env = session_env.clone();
-        env.extend(start.env.clone());
+        env.extend(start.env);
         let reference = self.next_ref();
         let order = StewardOrder::Start {
             reference,
@@ -182,7 +178,7 @@ impl Procs {
         );
         let sent = self.stewards[steward].link.send(&order, fds);
         self.sent(steward, sent, replies);
-        Ok(new_steward.map(|(_, theirs)| theirs))
+        Ok(new_socket)
     }
 
     /// A new steward's link for session `key`: the kernel's end watched,
@@ -218,19 +214,26 @@ impl Procs {
     /// remain; a failed link ends the steward.
     fn sent(&mut self, steward: usize, sent: Result<bool, LinkError>, replies: &mut Vec<Reply>) {
         match sent {
-            Ok(more) => {
-                let link = &self.stewards[steward].link;
-                let interest = if more {
-                    Interest::READABLE | Interest::WRITABLE
-                } else {
-                    Interest::READABLE
-                };
-                let _ = self
-                    .sources
-                    .reregister(link.socket().as_raw_fd(), link.token, interest);
+            // Watched anew only when that changes (a system call per order
+            // otherwise).
+            Ok(more) if more != self.stewards[steward].link.watching_writable => {
+                self.watch_steward(steward, more);
             }
+            Ok(_) => {}
             Err(err) => self.end_steward(steward, &err, replies),
         }
+    }
+
+    /// Watches a steward's socket (anew: reported again if ready) for
+    /// reports, and for room to write when orders wait (`writable`).
+    fn watch_steward(&mut self, steward: usize, writable: bool) {
+        let link = &mut self.stewards[steward].link;
+        let interest = match writable {
+            true => Interest::READABLE | Interest::WRITABLE,
+            false => Interest::READABLE,
+        };
+        let _ = (self.sources).reregister(link.socket().as_raw_fd(), link.token, interest);
+        link.watching_writable = writable;
     }
 
     /// `processes` of session `key`: live ones, then those ended lately.
@@ -477,11 +480,7 @@ impl Procs {
             Err(err) => self.end_steward(steward, &err, replies),
             // Edge-triggered: watched anew, it is reported again next
             // turn, after the others' events.
-            Ok(true) => self.sent(
-                steward,
-                Ok(self.stewards[steward].link.has_unsent()),
-                replies,
-            ),
+            Ok(true) => self.watch_steward(steward, self.stewards[steward].link.has_unsent()),
             Ok(false) => {}
         }
     }

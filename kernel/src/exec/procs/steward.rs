@@ -212,6 +212,8 @@ pub struct Link {
     pub token: Token,
     outgoing: VecDeque<Outgoing>,
     received: Vec<u8>,
+    /// Its socket is watched for room to write.
+    pub watching_writable: bool,
 }
 
 impl Link {
@@ -222,6 +224,7 @@ impl Link {
             token,
             outgoing: VecDeque::new(),
             received: Vec::new(),
+            watching_writable: false,
         }
     }
 

@@ -2,10 +2,11 @@
 //! hostile one (or one that dies) comes to. No sandbox, no processes.
 
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
 use agentos_proto::payload::{ProcStart, ProcState};
-use agentos_proto::ErrorCode;
+use agentos_proto::{ErrorCode, ErrorReply};
 use mio::{Events, Poll};
 
 use super::*;
@@ -70,6 +71,18 @@ fn started() -> Fake {
 }
 
 impl Fake {
+    /// Another start of `true` in the session, answered to `seq`.
+    fn start_again(&mut self, seq: u64) -> Result<Option<OwnedFd>, ErrorReply> {
+        let no_env = BTreeMap::new();
+        (self.procs).start(
+            &self.key,
+            start("true"),
+            &no_env,
+            reply_to(seq),
+            &mut Vec::new(),
+        )
+    }
+
     fn says(&mut self, json: &str) -> Vec<Reply> {
         let mut frame = (json.len() as u32).to_le_bytes().to_vec();
         frame.extend_from_slice(json.as_bytes());
@@ -140,13 +153,7 @@ fn what_a_steward_may_not_say_drops_it_and_answers_what_it_owed() {
         );
         assert!(fake.procs.processes(&fake.key).is_empty(), "{hostile}");
         // The next start asks for a new steward.
-        let again = (fake.procs).start(
-            &fake.key,
-            start("true"),
-            &BTreeMap::new(),
-            reply_to(2),
-            &mut Vec::new(),
-        );
+        let again = fake.start_again(2);
         assert!(again.unwrap().is_some(), "{hostile}");
     }
 }
@@ -197,13 +204,7 @@ fn a_steward_that_stops_answering_is_dropped_and_its_callers_told() {
     fake.procs.on_deadlines(Instant::now(), &mut replies);
     let codes: Vec<_> = replies.iter().map(|(_, a)| code_of(a)).collect();
     assert_eq!(codes, vec![Some(ErrorCode::Unavailable)], "{replies:?}");
-    let again = (fake.procs).start(
-        &fake.key,
-        start("true"),
-        &BTreeMap::new(),
-        reply_to(2),
-        &mut Vec::new(),
-    );
+    let again = fake.start_again(2);
     assert!(again.unwrap().is_some(), "a new steward is asked for");
 }
 
@@ -211,22 +212,10 @@ fn a_steward_that_stops_answering_is_dropped_and_its_callers_told() {
 fn starts_waiting_for_the_steward_count_against_the_caps() {
     let mut fake = started();
     for seq in 2..=64 {
-        let asked = (fake.procs).start(
-            &fake.key,
-            start("true"),
-            &BTreeMap::new(),
-            reply_to(seq),
-            &mut Vec::new(),
-        );
+        let asked = fake.start_again(seq);
         assert!(asked.is_ok(), "start {seq}: {asked:?}");
     }
-    let refused = (fake.procs).start(
-        &fake.key,
-        start("true"),
-        &BTreeMap::new(),
-        reply_to(65),
-        &mut Vec::new(),
-    );
+    let refused = fake.start_again(65);
     assert_eq!(refused.unwrap_err().code, ErrorCode::LimitExceeded);
 }
 

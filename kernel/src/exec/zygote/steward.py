@@ -149,24 +149,14 @@ def start_process(order, fds, base_env):
     env = dict(base_env)
     env.update(order.get("env") or {})
     cwd = order.get("cwd") or env.get("HOME") or WORKSPACE
+    terminal = None
     if order.get("pty"):
         # A session of its own, whose controlling terminal the PTY is.
         env.setdefault("TERM", "xterm-256color")
-        terminal = fds[0]
-        process = subprocess.Popen(
-            order["argv"],
-            stdin=terminal,
-            stdout=terminal,
-            stderr=terminal,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-            preexec_fn=take_terminal,
-        )
-        return process, cwd
-    stdout, stderr = fds[0], fds[1]
-    stdin = fds[2] if order.get("stdin") and len(fds) > 2 else subprocess.DEVNULL
+        terminal = stdin = stdout = stderr = fds[0]
+    else:
+        stdout, stderr = fds[0], fds[1]
+        stdin = fds[2] if order.get("stdin") and len(fds) > 2 else subprocess.DEVNULL
     process = subprocess.Popen(
         order["argv"],
         stdin=stdin,
@@ -176,6 +166,7 @@ def start_process(order, fds, base_env):
         env=env,
         start_new_session=True,
         close_fds=True,
+        preexec_fn=take_terminal if terminal is not None else None,
     )
     return process, cwd
 
