@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -231,6 +232,27 @@ def detach_beneath(directory: Path) -> None:
 def kernel() -> Iterator[Kernel]:
     with kernel_with() as k:
         yield k
+
+
+def root_kernel(needs: str, config: str = "") -> Iterator[Optional[Kernel]]:
+    """For a module's kernel fixture: a kernel with ``config``, or, not
+    being root, ``None`` and a loud word that what ``needs`` root was not
+    tested."""
+    if os.geteuid() != 0:
+        print(f"!!! NOT TESTED: {needs} need a root kernel (EXEC's namespaces)")
+        yield None
+        return
+    with kernel_with(config) as k:
+        yield k
+
+
+def session_named(client, request) -> Iterator[str]:
+    """For a session fixture: a session opened for the test, named after
+    it, closed after it."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name[:40])
+    client.open_session(name)
+    yield name
+    client.close_session(name)
 
 
 def wait_state(client, agent_id: int, states: set[str], timeout: float = 15) -> dict:

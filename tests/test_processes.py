@@ -25,23 +25,12 @@ from agentos.errors import (
     NotFound,
     Unavailable,
 )
-from conftest import RUN_ASKS_KERNEL, binary, kernel_with
-
-
-def has_root() -> bool:
-    if os.geteuid() != 0:
-        print("!!! NOT TESTED: processes in sessions need a root kernel (EXEC's namespaces)")
-        return False
-    return True
+from conftest import RUN_ASKS_KERNEL, binary, root_kernel
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    if not has_root():
-        yield None
-        return
-    with kernel_with() as kernel:
-        yield kernel
+    yield from root_kernel("processes in sessions")
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 
 from . import results
 from .connection import Connection, Payload, Reply, decode_json, raise_if_failed
-from .errors import ProtocolError, Timeout
+from .errors import AgentOSError, ProtocolError, Timeout
 from .limits import Size, parse_size, wire_limits
 from .paths import PathLike
 from .protocol import Opcode
@@ -742,6 +742,147 @@ class AgentOSClient(Connection):
             if reply["ended"]:
                 ended = {key: reply.get(key) for key in ("exit_code", "signal", "timed_out", "reason")}
                 return {"pid": pid, **{k: bytes(v) for k, v in streams.items()}, **ended}
+
+    def file_stat(self, session: str, path: str) -> Dict[str, Any]:
+        """EXEC ``stat``: what ``path`` is inside ``session`` (as ``lstat``
+        sees it there): ``{"name", "path", "type", "size", "mode",
+        "permissions", "owner", "group", "modified_at", "symlink_target",
+        "metadata"?}``."""
+        request = {"op": "stat", "session": session, "path": path}
+        return self.call_json(Opcode.EXEC, request)["entry"]
+
+    def file_list(self, session: str, path: str, *, depth: int = 1) -> Dict[str, Any]:
+        """EXEC ``list``: a directory's entries in ``session``, ``depth``
+        levels down (1 to 16). Returns ``{"entries", "truncated"}``
+        (truncated past 10 000 entries)."""
+        request = {"op": "list", "session": session, "path": path, "depth": depth}
+        reply = self.call_json(Opcode.EXEC, request)
+        return {"entries": reply["entries"], "truncated": reply["truncated"]}
+
+    def file_mkdir(self, session: str, path: str, *, parents: bool = False) -> bool:
+        """EXEC ``mkdir``: makes a directory in ``session`` (and those above
+        it, with ``parents``). Returns whether it was made (``False``: one
+        was there)."""
+        request: Dict[str, Any] = {"op": "mkdir", "session": session, "path": path}
+        request.update(_present(parents=parents or None))
+        return self.call_json(Opcode.EXEC, request)["created"]
+
+    def file_move(self, session: str, source: str, target: str) -> Dict[str, Any]:
+        """EXEC ``move``: renames ``source`` to ``target`` in ``session``.
+        Returns the entry at ``target``."""
+        request = {"op": "move", "session": session, "from": source, "to": target}
+        return self.call_json(Opcode.EXEC, request)["entry"]
+
+    def file_remove(self, session: str, path: str) -> bool:
+        """EXEC ``remove``: removes ``path`` in ``session``, a directory
+        with all it holds."""
+        request = {"op": "remove", "session": session, "path": path}
+        return self.call_json(Opcode.EXEC, request)["removed"]
+
+    def file_read(
+        self, session: str, path: str, *, offset: int = 0, length: Optional[int] = None
+    ) -> Dict[str, Any]:
+        """EXEC ``read``: at most ``length`` bytes (default and cap 4 MiB)
+        of a file in ``session`` from ``offset``. Returns ``{"data"
+        (bytes), "offset", "size", "eof"}``."""
+        request: Dict[str, Any] = {"op": "read", "session": session, "path": path,
+                                   "offset": offset}
+        request.update(_present(length=length))
+        reply = self.call_json(Opcode.EXEC, request)
+        return {"data": base64.b64decode(reply["data"]), "offset": reply["offset"],
+                "size": reply["size"], "eof": reply["eof"]}
+
+    def file_write(
+        self,
+        session: str,
+        path: str,
+        data: bytes,
+        *,
+        offset: int = 0,
+        truncate: bool = True,
+        parents: bool = False,
+        metadata: Optional[Mapping[str, str]] = None,
+    ) -> Dict[str, Any]:
+        """EXEC ``write``: ``data`` (at most 512 KiB) into a file in
+        ``session`` at ``offset``, made if missing; the file ends where
+        they end unless ``truncate=False``. ``metadata`` replaces the
+        file's. Returns its entry."""
+        request: Dict[str, Any] = {"op": "write", "session": session, "path": path,
+                                   "data": base64.b64encode(data).decode("ascii"),
+                                   "offset": offset, "truncate": truncate}
+        request.update(_present(parents=parents or None,
+                                metadata=dict(metadata) if metadata is not None else None))
+        return self.call_json(Opcode.EXEC, request)["entry"]
+
+    def file_watch(self, session: str, path: str, *, recursive: bool = False) -> str:
+        """EXEC ``watch``: watches a directory of ``session`` (and those
+        below, with ``recursive``) for changes. Returns the watch's name,
+        for :meth:`file_events` and :meth:`file_unwatch`."""
+        request: Dict[str, Any] = {"op": "watch", "session": session, "path": path}
+        request.update(_present(recursive=recursive or None))
+        return self.call_json(Opcode.EXEC, request)["watch"]
+
+    def file_events(
+        self,
+        session: str,
+        watch: str,
+        *,
+        after: Optional[int] = None,
+        follow: bool = False,
+        wait_ms: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """EXEC ``events``: what a watch saw after offset ``after``
+        (``{"type", "path", "name"}`` each, ``type`` one of ``create``,
+        ``write``, ``remove``, ``rename``, ``chmod``); with ``follow``,
+        waits up to ``wait_ms`` for one. Returns ``{"events", "offset"
+        (the next ``after``), "dropped", "ended"}``."""
+        request: Dict[str, Any] = {"op": "events", "session": session, "watch": watch}
+        request.update(_present(after=after, follow=follow or None, wait_ms=wait_ms))
+        reply = self.call_json(Opcode.EXEC, request)
+        return {key: reply[key] for key in ("events", "offset", "dropped", "ended")}
+
+    def file_unwatch(self, session: str, watch: str) -> bool:
+        """EXEC ``unwatch``: ends a watch; its waiting follows are
+        answered."""
+        request = {"op": "unwatch", "session": session, "watch": watch}
+        return self.call_json(Opcode.EXEC, request)["removed"]
+
+    def download(self, session: str, path: str) -> bytes:
+        """A whole file of ``session``, read 4 MiB at a time, up to the
+        size it had when first read (one that grows as it is read is not
+        read for ever)."""
+        out = bytearray()
+        size: Optional[int] = None
+        while True:
+            part = self.file_read(session, path, offset=len(out))
+            out.extend(part["data"])
+            size = part["size"] if size is None else size
+            if part["eof"] or not part["data"] or len(out) >= size:
+                return bytes(out)
+
+    def upload(
+        self, session: str, path: str, data: bytes, *, parents: bool = True,
+        metadata: Optional[Mapping[str, str]] = None,
+    ) -> Dict[str, Any]:
+        """Writes ``data`` to ``path`` in ``session`` in 512 KiB parts,
+        beside it first and then moved into place, so a failed upload
+        leaves the old file. Returns its entry."""
+        chunk = 512 << 10
+        # Beside it, under a name short enough whatever its own is.
+        partial = f"{path.rsplit('/', 1)[0]}/.agentos-upload-{os.urandom(6).hex()}"
+        try:
+            for offset in range(0, max(len(data), 1), chunk):
+                last = offset + chunk >= len(data)
+                self.file_write(session, partial, data[offset:offset + chunk], offset=offset,
+                                parents=parents and offset == 0,
+                                metadata=metadata if last else None)
+            return self.file_move(session, partial, path)
+        except BaseException:
+            try:
+                self.file_remove(session, partial)
+            except AgentOSError:
+                pass
+            raise
 
     def close_session(self, session: str) -> bool:
         """EXEC ``close``: ends a session and deletes its workspace; returns

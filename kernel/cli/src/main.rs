@@ -23,6 +23,7 @@ mod events;
 mod exec;
 mod failure;
 mod format;
+mod fs;
 mod input;
 mod kernel;
 mod kv;
@@ -169,6 +170,10 @@ enum Command {
     /// run (`-- CMD...`), ps, attach and kill
     #[command(subcommand)]
     Proc(proc::ProcCommand),
+    /// A session's files, as its code sees them: ls, stat, cat, get, put,
+    /// mkdir, mv and rm
+    #[command(subcommand)]
+    Fs(fs::FsCommand),
     /// Save a session's files (/workspace and its packages) as a named
     /// snapshot, with --state its globals too; `ls SESSION` lists them,
     /// `rm SESSION NAME` removes one
@@ -361,6 +366,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Think(think_args) => think::think(client, think_args, json),
         Command::Exec(exec_args) => return exec::exec(client, exec_args, json),
         Command::Proc(command) => return proc::proc(client, command, json),
+        Command::Fs(command) => fs::fs(client, command, json),
         Command::Sessions(sessions_args) => sessions::sessions(client, sessions_args, json),
         Command::Snapshot(snapshot_args) => sessions::snapshot(client, snapshot_args, json),
         Command::Restore(restore_args) => sessions::restore(client, restore_args, json),

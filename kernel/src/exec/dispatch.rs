@@ -116,12 +116,12 @@ impl Dispatcher {
     }
 
     /// Handles the deadlines that are due.
-    /// (`in_use`: whether a session has processes running, which keep it
-    /// from idling.)
+    /// (`in_use`: whether a session's processes, files or watches were in
+    /// use since the instant given, which keeps it from idling.)
     pub(super) fn on_deadlines(
         &mut self,
         sandboxes: &mut impl Sandboxes<HostId>,
-        in_use: impl Fn(&SessionKey) -> bool,
+        in_use: impl Fn(&SessionKey, Instant) -> bool,
         replies: &mut Vec<Reply>,
         now: Instant,
     ) {
@@ -140,7 +140,7 @@ impl Dispatcher {
                     let running = self.pool.children().running_count();
                     self.backlog.expire(now, hosts_up, running, replies);
                 }
-                Wake::SessionIdle { key, .. } if in_use(&key) => {
+                Wake::SessionIdle { key, last_used } if in_use(&key, last_used) => {
                     let (sessions, _) = self.backlog.sessions_and_disks();
                     if let Some(idle_at) = sessions.touch(&key, now) {
                         let last_used = now;

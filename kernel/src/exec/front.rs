@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,8 @@ use agentos_egress::policy::Policy;
 use agentos_egress::Gateway;
 use agentos_primitives::timers::Timers;
 use agentos_proto::payload::{
-    ExecRequest, Language, Lifetime, Limits, ProcCall, ProcessesReply, PtySize, SessionInfo,
+    ExecRequest, FileCall, Language, Lifetime, Limits, ProcCall, ProcessesReply, PtySize,
+    SessionInfo,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::{Registry, Token};
@@ -251,7 +253,7 @@ impl Exec {
         now: Instant,
     ) {
         let procs = &self.procs;
-        let in_use = |key: &SessionKey| procs.in_use(key);
+        let in_use = |key: &SessionKey, since: Instant| procs.in_use(key, since);
         self.dispatcher
             .on_deadlines(sandboxes, in_use, replies, now);
         self.procs.on_deadlines(now, replies);
@@ -283,24 +285,7 @@ impl Exec {
                 // by the steward, or by its end.
                 let limits = self.session_limits(&key, &caller)?;
                 let new_steward = self.procs.start(&key, *start, &env, reply_to, replies)?;
-                if let Some(socket) = new_steward {
-                    // The session's interpreter forks it when the session's
-                    // turn comes (behind a run going, if one is).
-                    let timeout = self.dispatcher.caps.default_timeout;
-                    let order = Order::Steward {
-                        socket: Some(socket),
-                    };
-                    let waiting = Waiting::for_session(
-                        &key,
-                        caller,
-                        order,
-                        ReplyTo::Nobody,
-                        limits,
-                        timeout,
-                        now,
-                    );
-                    self.dispatcher.queue(waiting, replies, now);
-                }
+                self.fork_steward(&key, caller, new_steward, limits, replies, now);
                 Ok(None)
             }
             ProcCall::Processes { .. } => Ok(Some(Answer::json(&ProcessesReply {
@@ -324,6 +309,55 @@ impl Exec {
                 self.procs.resize(&key, resize.process()?, size)
             }
         }
+    }
+
+    /// A file op in one of `caller`'s sessions, carried out by its
+    /// steward: answered later.
+    pub fn file_call(
+        &mut self,
+        caller: RunCaller,
+        call: FileCall,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Answered {
+        let key = (caller.principal, call.session().to_owned());
+        self.session_for_procs(&key)?;
+        // A watch's events are the kernel's; the steward is only told of
+        // its end.
+        match call {
+            FileCall::Events(events) => {
+                let quota = caller.principal.quota_owner();
+                return (self.procs).events(&key, events, quota, reply_to, Instant::now());
+            }
+            FileCall::Unwatch(unwatch) => return self.procs.unwatch(&key, &unwatch.watch, replies),
+            _ => {}
+        }
+        let limits = self.session_limits(&key, &caller)?;
+        let new_steward = self.procs.file(&key, &call, reply_to, replies)?;
+        self.fork_steward(&key, caller, new_steward, limits, replies, Instant::now());
+        Ok(None)
+    }
+
+    /// Has session `key`'s interpreter fork its steward on `socket`, if
+    /// there is one (a new steward's), when the session's turn comes
+    /// (behind a run going, if one is).
+    fn fork_steward(
+        &mut self,
+        key: &SessionKey,
+        caller: RunCaller,
+        socket: Option<OwnedFd>,
+        limits: CgroupLimits,
+        replies: &mut Vec<Reply>,
+        now: Instant,
+    ) {
+        if socket.is_none() {
+            return;
+        }
+        let timeout = self.dispatcher.caps.default_timeout;
+        let order = Order::Steward { socket };
+        let waiting =
+            Waiting::for_session(key, caller, order, ReplyTo::Nobody, limits, timeout, now);
+        self.dispatcher.queue(waiting, replies, now);
     }
 
     /// The limits of the kernel's own orders to session `key`: those it

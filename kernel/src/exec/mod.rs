@@ -79,6 +79,7 @@ pub use disks::templates::key as template_key;
 pub use disks::volumes::VolumeUse;
 pub use exec_host::HostId;
 pub use front::Exec;
+pub use procs::Answered;
 pub use queues::Share;
 pub use run_cgroup::ChargedTo;
 pub use session_ops::SessionOp;

@@ -40,7 +40,9 @@ use std::fmt::Write as _;
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
-use agentos_proto::payload::Language;
+use agentos_proto::payload::{
+    FileCall, Language, WatchEvent, MAX_LIST_ENTRIES, MAX_METADATA_BYTES, MAX_READ_BYTES,
+};
 use nix::sys::socket::MsgFlags;
 use serde::{Deserialize, Serialize};
 
@@ -352,6 +354,10 @@ pub fn send_cgroup(channel: BorrowedFd<'_>, number: u64, files: &[OwnedFd]) -> i
 // `steward` order) reads orders and writes reports as frames on its own
 // socket, descriptors attached to an order's first bytes.
 
+/// The largest report a steward owing a file op may send: a `read` of 4
+/// MiB in base64, or a `list` of 10 000 entries (it stops short of this).
+pub const FILE_REPORT_MAX: usize = 8 << 20;
+
 /// An order to a steward.
 #[derive(Debug, Serialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
@@ -383,6 +389,20 @@ pub enum StewardOrder<'a> {
         pid: u32,
         /// The signal's number.
         signal: i32,
+    },
+    /// Carry out a file op in the session.
+    File {
+        /// The kernel's number for the order.
+        #[serde(rename = "ref")]
+        reference: u64,
+        /// The op, as the caller gave it (checked).
+        call: &'a FileCall,
+    },
+    /// Stop watch `ref` (the order that made it); answered with nothing.
+    Unwatch {
+        /// The watch's order.
+        #[serde(rename = "ref")]
+        reference: u64,
     },
 }
 
@@ -420,6 +440,24 @@ pub enum Report {
         /// Whether it was sent.
         sent: bool,
     },
+    /// Order `done` (a file op) was carried out: its reply. Read by
+    /// [`DoneReport`] (its reply kept as the JSON text it came as, read
+    /// once into what the op's reply is), never as one of the others.
+    #[serde(skip_deserializing)]
+    Done {
+        /// The order.
+        done: u64,
+        /// The op's reply, JSON, as the caller is to get it (checked
+        /// first).
+        reply: String,
+    },
+    /// Watch `events` (the order that made it) saw these.
+    Events {
+        /// The watch's order.
+        events: u64,
+        /// What it saw, oldest first.
+        list: Vec<WatchEvent>,
+    },
     /// A process it started has ended.
     Ended {
         /// Its pid.
@@ -429,6 +467,24 @@ pub enum Report {
         /// The signal that ended it, if one did.
         signal: Option<i32>,
     },
+}
+
+/// A `done` report as it is read: its reply left as text, so that a long
+/// one is not first built into a tree of values.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DoneReport<'a> {
+    /// The order.
+    pub done: u64,
+    /// The op's reply.
+    #[serde(borrow)]
+    pub reply: &'a serde_json::value::RawValue,
+}
+
+impl DoneReport<'_> {
+    /// How one begins, as the steward writes it: only a report that
+    /// begins so may be longer than the usual cap on a report.
+    pub const OPENING: &'static [u8] = br#"{"done":"#;
 }
 
 /// Encodes one frame.
@@ -529,6 +585,10 @@ pub fn python_prelude() -> String {
     constant("HOST_PREPARE", python_str(HOST_PREPARE));
     constant("HOST_RELOAD_TOOLS", python_str(HOST_RELOAD_TOOLS));
     constant("BACKGROUND_NICE", process::BACKGROUND_NICE.to_string());
+    constant("FILE_REPORT_MAX", FILE_REPORT_MAX.to_string());
+    constant("FILE_LIST_MAX", MAX_LIST_ENTRIES.to_string());
+    constant("FILE_READ_MAX", MAX_READ_BYTES.to_string());
+    constant("FILE_METADATA_MAX", MAX_METADATA_BYTES.to_string());
     for op in OrderOp::ALL {
         let name = serde_name(&op);
         constant(&format!("OP_{}", name.to_uppercase()), python_str(&name));
@@ -641,6 +701,10 @@ mod tests {
         says("HOST_PREPARE = \"cgroup\"".to_owned());
         says("HOST_RELOAD_TOOLS = \"reload_tools\"".to_owned());
         says("BACKGROUND_NICE = 10".to_owned());
+        says(format!("FILE_REPORT_MAX = {}", 8 << 20));
+        says("FILE_LIST_MAX = 10000".to_owned());
+        says(format!("FILE_READ_MAX = {}", 4 << 20));
+        says("FILE_METADATA_MAX = 4096".to_owned());
         // A frame's length is the u32 `frame` writes.
         assert_eq!(FRAME_HEADER, std::mem::size_of::<u32>());
         says("FRAME_LENGTH = \"<I\"".to_owned());

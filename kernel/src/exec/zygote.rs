@@ -40,6 +40,8 @@ const PARTS: &str = concat!(
     "\n\n",
     include_str!("zygote/steward.py"),
     "\n\n",
+    include_str!("zygote/steward_files.py"),
+    "\n\n",
     include_str!("zygote/site_builtins.py"),
     "\n\n",
     include_str!("zygote/main.py"),
@@ -460,12 +462,18 @@ mod tests {
             read.contains("argv") && read.is_subset(&steward_orders),
             "{read:?}"
         );
+        let (file_calls, file_replies) = file_fields();
+        let read = keys_read(PARTS, "call");
+        assert!(
+            read.contains("path") && read.is_subset(&file_calls),
+            "{read:?} not all in {file_calls:?}"
+        );
         let scope = BTreeSet::from(["__name__".to_owned(), "__builtins__".to_owned()]);
         let keys = dict_keys(PARTS);
         assert!(keys.contains("exit_code") && keys.contains("ready") && keys.contains("started"));
         for key in keys {
             assert!(
-                [&ends, &ready, &scope, &reports]
+                [&ends, &ready, &scope, &reports, &file_replies]
                     .iter()
                     .any(|known| known.contains(&key)),
                 "a part writes {key:?}, which no message of the wire has"
@@ -473,9 +481,85 @@ mod tests {
         }
     }
 
+    /// The fields of the file ops a steward is given, and of its replies
+    /// to them.
+    fn file_fields() -> (BTreeSet<String>, BTreeSet<String>) {
+        use agentos_proto::payload::{
+            ExecCall, FileEntry, FileEntryReply, FileListReply, FileMadeReply, FileReadReply,
+            FileRemovedReply, FileType, FileWatchReply, WatchEvent, WatchEventType,
+        };
+        let calls = [
+            r#"{"op": "list", "session": "s", "path": "/", "depth": 2}"#,
+            r#"{"op": "mkdir", "session": "s", "path": "/a", "parents": true}"#,
+            r#"{"op": "move", "session": "s", "from": "/a", "to": "/b"}"#,
+            r#"{"op": "read", "session": "s", "path": "/a", "length": 2}"#,
+            r#"{"op": "write", "session": "s", "path": "/a", "parents": true, "metadata": {}}"#,
+            r#"{"op": "watch", "session": "s", "path": "/a", "recursive": true}"#,
+        ];
+        let mut call_fields = BTreeSet::new();
+        for call in calls {
+            let ExecCall::Files(call) = ExecCall::parse(call.as_bytes()).unwrap() else {
+                panic!("not a file op: {call}");
+            };
+            call_fields.extend(fields(&call));
+        }
+        let entry = FileEntry {
+            name: String::new(),
+            path: String::new(),
+            kind: FileType::File,
+            size: 0,
+            mode: 0,
+            permissions: String::new(),
+            owner: String::new(),
+            group: String::new(),
+            modified_at: String::new(),
+            symlink_target: Some(String::new()),
+            metadata: BTreeMap::from([(String::new(), String::new())]),
+        };
+        let replies = [
+            fields(&entry),
+            fields(&FileEntryReply {
+                success: true,
+                entry: entry.clone(),
+            }),
+            fields(&FileListReply {
+                success: true,
+                entries: Vec::new(),
+                truncated: false,
+            }),
+            fields(&FileMadeReply {
+                success: true,
+                created: true,
+                entry,
+            }),
+            fields(&FileRemovedReply {
+                success: true,
+                removed: true,
+            }),
+            fields(&FileReadReply {
+                success: true,
+                data: String::new(),
+                offset: 0,
+                size: 0,
+                eof: true,
+            }),
+            fields(&FileWatchReply {
+                success: true,
+                watch: String::new(),
+            }),
+            fields(&WatchEvent {
+                kind: WatchEventType::Create,
+                path: String::new(),
+                name: String::new(),
+            }),
+        ];
+        (call_fields, replies.into_iter().flatten().collect())
+    }
+
     /// The fields of the steward's orders, and of its reports.
     fn steward_fields() -> (BTreeSet<String>, BTreeSet<String>) {
         let (argv, env) = (Vec::new(), BTreeMap::new());
+        let call = agentos_proto::payload::FileCall::Stat(Default::default());
         let orders = [
             StewardOrder::Start {
                 reference: 1,
@@ -490,6 +574,11 @@ mod tests {
                 pid: 2,
                 signal: 9,
             },
+            StewardOrder::File {
+                reference: 1,
+                call: &call,
+            },
+            StewardOrder::Unwatch { reference: 1 },
         ];
         let reports = [
             Report::Hello { hello: 1 },
@@ -506,6 +595,14 @@ mod tests {
             Report::Signalled {
                 signalled: 1,
                 sent: true,
+            },
+            Report::Done {
+                done: 1,
+                reply: String::new(),
+            },
+            Report::Events {
+                events: 1,
+                list: Vec::new(),
             },
             Report::Ended {
                 ended: 2,

@@ -16,8 +16,8 @@ use agentos_proto::ErrorReply;
 
 use super::request::{actor, reply, Outcome, Request};
 use super::{async_poll, templates, volumes};
-use crate::address::Answer;
-use crate::exec::{RunCaller, SessionOp};
+use crate::address::{Answer, Reply};
+use crate::exec::{Answered, Exec, RunCaller, SessionOp};
 use crate::kernel::{Kernel, Permission};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
@@ -84,20 +84,16 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             }));
         }
         ExecCall::Proc(call) => {
-            // Processes in the caller's own sessions.
-            let caller = match run_caller(kernel, request) {
-                Ok(caller) => caller,
-                Err(err) => return Outcome::Reply(err.into()),
-            };
-            let replies = &mut kernel.outbox.replies;
-            return match kernel
-                .exec
-                .proc_call(caller, call, request.reply_to, replies)
-            {
-                Ok(Some(answer)) => Outcome::Reply(answer),
-                Ok(None) => Outcome::Later,
-                Err(err) => Outcome::Reply(err.into()),
-            };
+            let reply_to = request.reply_to;
+            return in_session(kernel, request, |exec, caller, replies| {
+                exec.proc_call(caller, call, reply_to, replies)
+            });
+        }
+        ExecCall::Files(call) => {
+            let reply_to = request.reply_to;
+            return in_session(kernel, request, |exec, caller, replies| {
+                exec.file_call(caller, call, reply_to, replies)
+            });
         }
         ExecCall::Sessions => {
             return Outcome::Reply(Answer::json(&SessionsReply {
@@ -164,4 +160,21 @@ fn session_order(
     kernel
         .exec
         .session_order(caller, session, op, request.reply_to, replies)
+}
+
+/// A process or file op in one of the caller's own sessions.
+fn in_session(
+    kernel: &mut Kernel,
+    request: &Request<'_>,
+    op: impl FnOnce(&mut Exec, RunCaller, &mut Vec<Reply>) -> Answered,
+) -> Outcome {
+    let caller = match run_caller(kernel, request) {
+        Ok(caller) => caller,
+        Err(err) => return Outcome::Reply(err.into()),
+    };
+    match op(&mut kernel.exec, caller, &mut kernel.outbox.replies) {
+        Ok(Some(answer)) => Outcome::Reply(answer),
+        Ok(None) => Outcome::Later,
+        Err(err) => Outcome::Reply(err.into()),
+    }
 }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::exec_run::check_timeout;
 use super::exec_run::ExecRequest;
 use super::parse::{bad_request, parse_json, validate_name};
+use super::session_files::{FileCall, FileOp};
 use super::session_open::{LifetimeWire, OpenWire, SessionOpen};
 use super::session_procs::{ProcCall, ProcOp};
 use super::sessions::Lifetime;
@@ -120,6 +121,10 @@ pub enum ExecCall {
     /// or `resize` (its own `op`).
     #[serde(untagged)]
     Proc(ProcCall),
+    /// A file op: `stat`, `list`, `mkdir`, `move`, `remove`, `read`,
+    /// `write`, `watch`, `events` or `unwatch` (its own `op`).
+    #[serde(untagged)]
+    Files(FileCall),
 }
 
 /// The operations of EXEC.
@@ -149,6 +154,16 @@ enum ExecOp {
     Input,
     Signal,
     Resize,
+    Stat,
+    List,
+    Mkdir,
+    Move,
+    Remove,
+    Read,
+    Write,
+    Watch,
+    Events,
+    Unwatch,
 }
 
 impl ExecOp {
@@ -164,6 +179,16 @@ impl ExecOp {
             | ExecOp::Input
             | ExecOp::Signal
             | ExecOp::Resize => &[],
+            ExecOp::Stat
+            | ExecOp::List
+            | ExecOp::Mkdir
+            | ExecOp::Move
+            | ExecOp::Remove
+            | ExecOp::Read
+            | ExecOp::Write
+            | ExecOp::Watch
+            | ExecOp::Events
+            | ExecOp::Unwatch => &[],
             ExecOp::Close | ExecOp::Snapshots => &["session"],
             ExecOp::Snapshot => &["session", "name", "state"],
             ExecOp::Restore => &["session", "name", "into"],
@@ -328,6 +353,16 @@ impl ExecCall {
             ExecOp::Input => ExecCall::Proc(ProcOp::Input.parse(value)?),
             ExecOp::Signal => ExecCall::Proc(ProcOp::Signal.parse(value)?),
             ExecOp::Resize => ExecCall::Proc(ProcOp::Resize.parse(value)?),
+            ExecOp::Stat => ExecCall::Files(FileOp::Stat.parse(value)?),
+            ExecOp::List => ExecCall::Files(FileOp::List.parse(value)?),
+            ExecOp::Mkdir => ExecCall::Files(FileOp::Mkdir.parse(value)?),
+            ExecOp::Move => ExecCall::Files(FileOp::Move.parse(value)?),
+            ExecOp::Remove => ExecCall::Files(FileOp::Remove.parse(value)?),
+            ExecOp::Read => ExecCall::Files(FileOp::Read.parse(value)?),
+            ExecOp::Write => ExecCall::Files(FileOp::Write.parse(value)?),
+            ExecOp::Watch => ExecCall::Files(FileOp::Watch.parse(value)?),
+            ExecOp::Events => ExecCall::Files(FileOp::Events.parse(value)?),
+            ExecOp::Unwatch => ExecCall::Files(FileOp::Unwatch.parse(value)?),
         })
     }
 }

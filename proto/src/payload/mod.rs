@@ -32,6 +32,7 @@ mod parse;
 mod pause;
 mod permissions;
 mod recording;
+mod session_files;
 mod session_open;
 mod session_procs;
 mod sessions;
@@ -104,6 +105,13 @@ pub use recording::{
     RecordStartRequest, RecordStatusReply, RecordStatusRequest, RecordedCall, RecordingState,
     ReplayEntry, ReplayStartRequest, ReplayState, ReplayStatusReply, MAX_RECORDED_PAYLOAD,
     MAX_RECORDING_ENTRIES,
+};
+pub use session_files::{
+    FileCall, FileEntry, FileEntryReply, FileEvents, FileEventsReply, FileList, FileListReply,
+    FileMadeReply, FileMkdir, FileMove, FilePath, FileRead, FileReadReply, FileRemovedReply,
+    FileType, FileUnwatch, FileWatch, FileWatchReply, FileWrite, WatchEvent, WatchEventType,
+    MAX_EVENTS_WAIT_MS, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_METADATA_BYTES, MAX_READ_BYTES,
+    MAX_WRITE_BYTES,
 };
 pub use session_open::{LifetimeReply, SessionOpen, SessionOpenedReply, MAX_LIFETIME_MS};
 pub use session_procs::{

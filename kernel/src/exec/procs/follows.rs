@@ -1,23 +1,35 @@
-//! `output` requests waiting for a process to print (or end), within
-//! caps: a follow holds a reply open, so one owner's cannot crowd out
-//! the others'.
+//! `output` requests waiting for a process to print (or end), and
+//! `events` requests waiting for a watch to see a change, within caps: a
+//! follow holds a reply open, so one owner's cannot crowd out the
+//! others'.
 
 use agentos_proto::{ErrorCode, ErrorReply};
 use slab::Slab;
 
-use crate::address::ReplyTo;
+use super::table::Table;
+use super::watches::Watches;
+use crate::address::{Answer, Reply, ReplyTo};
 use crate::identity::Principal;
 
-/// `output` follows waiting per quota owner.
+/// Follows waiting per quota owner.
 pub const MAX_FOLLOWS_PER_OWNER: usize = 64;
-/// `output` follows waiting in the kernel.
+/// Follows waiting in the kernel.
 pub const MAX_FOLLOWS_TOTAL: usize = 1024;
 
-/// An `output` waiting for bytes.
+/// What a follow waits on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Followed {
+    /// A process's output, by the process's number in the kernel.
+    Output(usize),
+    /// A watch's events, by the watch's number.
+    Events(usize),
+}
+
+/// An `output` waiting for bytes, or an `events` for a change.
 #[derive(Debug)]
 pub struct Follow {
-    /// The process, by its number in the kernel.
-    pub process: usize,
+    /// What it waits on.
+    pub followed: Followed,
     /// The offset it reads after.
     pub after: Option<u64>,
     /// Where its reply goes.
@@ -45,7 +57,7 @@ impl Follows {
             return Err(ErrorReply::new(
                 ErrorCode::Busy,
                 format!(
-                    "too many `output` follows wait (at most {MAX_FOLLOWS_PER_OWNER} per owner, \
+                    "too many `output` and `events` follows wait (at most {MAX_FOLLOWS_PER_OWNER} per owner, \
                      {MAX_FOLLOWS_TOTAL} in all); retry when one is answered"
                 ),
             ));
@@ -54,17 +66,17 @@ impl Follows {
         Ok((self.waiting.insert((self.serials, follow)), self.serials))
     }
 
-    /// The follows of `process`, by number.
-    pub fn of(&self, process: usize) -> Vec<usize> {
+    /// The follows of `followed`, by number.
+    pub fn of(&self, followed: Followed) -> Vec<usize> {
         (self.waiting.iter())
-            .filter(|(_, (_, f))| f.process == process)
+            .filter(|(_, (_, f))| f.followed == followed)
             .map(|(id, _)| id)
             .collect()
     }
 
-    /// Whether a follow waits on `process`.
-    pub fn waits_on(&self, process: usize) -> bool {
-        self.waiting.iter().any(|(_, (_, f))| f.process == process)
+    /// Whether a follow waits on `followed`.
+    pub fn waits_on(&self, followed: Followed) -> bool {
+        (self.waiting.iter()).any(|(_, (_, f))| f.followed == followed)
     }
 
     /// Follow `id`, while it waits.
@@ -86,10 +98,54 @@ impl Follows {
         }
     }
 
+    /// Answers the follows of `followed` that now have something to say
+    /// (all of them, with `all`), from what the processes and watches
+    /// hold.
+    pub fn answer(
+        &mut self,
+        followed: Followed,
+        all: bool,
+        held: (&Table, &Watches),
+        replies: &mut Vec<Reply>,
+    ) {
+        for id in self.of(followed) {
+            let Some(follow) = self.get(id) else {
+                continue;
+            };
+            if let Some(answer) = news_for(held, followed, follow.after, all) {
+                if let Some(follow) = self.take(id) {
+                    replies.push((follow.reply_to, answer));
+                }
+            }
+        }
+    }
+
     /// A connection closed: its follows go unanswered.
     pub fn connection_closed(&mut self, serial: u64) {
         self.waiting
             .retain(|_, (_, f)| f.reply_to.connection() != Some(serial));
+    }
+}
+
+/// What a follow of `followed` after `after` is told, from what the
+/// processes and watches hold, if it has something to say (bytes,
+/// events, or the end) or is answered `anyway`.
+pub fn news_for(
+    (table, watches): (&Table, &Watches),
+    followed: Followed,
+    after: Option<u64>,
+    anyway: bool,
+) -> Option<Answer> {
+    match followed {
+        Followed::Output(process) => {
+            let answer = table.get(process)?.output_after(after);
+            let news = !answer.chunks.is_empty() || answer.ended;
+            (anyway || news).then(|| Answer::json(&answer))
+        }
+        Followed::Events(watch) => {
+            let watch = watches.get(watch)?;
+            (anyway || watch.has_news(after)).then(|| Answer::json(&watch.after(after)))
+        }
     }
 }
 
@@ -101,7 +157,7 @@ mod tests {
     fn follow(quota: Principal, serial: u64) -> Follow {
         let conn = ConnKey { index: 0, serial };
         Follow {
-            process: 1,
+            followed: Followed::Output(1),
             after: None,
             reply_to: ReplyTo::Request { conn, seq: 0 },
             quota,
@@ -121,9 +177,11 @@ mod tests {
         let refused = follows.add(follow(alice, 7)).unwrap_err();
         assert_eq!(refused.code, ErrorCode::Busy);
         let (bobs, _) = follows.add(follow(bob, 8)).unwrap();
-        assert_eq!(follows.of(1).len(), MAX_FOLLOWS_PER_OWNER + 1);
+        let of_one = |follows: &Follows| follows.of(Followed::Output(1));
+        assert_eq!(of_one(&follows).len(), MAX_FOLLOWS_PER_OWNER + 1);
+        assert!(follows.of(Followed::Events(1)).is_empty());
         follows.connection_closed(7);
-        assert_eq!(follows.of(1), vec![bobs]);
+        assert_eq!(of_one(&follows), vec![bobs]);
         assert!(follows.add(follow(alice, 9)).is_ok());
     }
 

@@ -10,6 +10,7 @@
 //! hibernating or losing the session ends its namespaces, and with them
 //! every process and the steward, whose link then closes here.
 
+mod files;
 mod follows;
 mod process;
 mod pty;
@@ -18,30 +19,35 @@ mod steward;
 mod table;
 #[cfg(test)]
 mod tests;
+mod tokens;
+mod watches;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use agentos_primitives::timers::Timers;
 use agentos_proto::payload::{
-    ProcDoneReply, ProcEnd, ProcInput, ProcInputReply, ProcOutput, ProcRef, ProcStart,
-    ProcStartedReply, ProcessInfo, PtySize, Signal,
+    FileCall, FileEvents, FileRemovedReply, FileWatchReply, ProcDoneReply, ProcEnd, ProcInput,
+    ProcInputReply, ProcOutput, ProcRef, ProcStart, ProcStartedReply, ProcessInfo, PtySize, Signal,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::{Interest, Registry, Token};
-use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use slab::Slab;
 
-use self::follows::{Follow, Follows};
-use self::process::{Drained, Process, Written};
-use self::steward::{busy_steward, Heard, Link, LinkError, Pending, Report, Steward, StewardOrder};
+use self::files::FileAsked;
+use self::follows::{news_for, Follow, Followed, Follows};
+use self::process::Process;
+use self::steward::{
+    busy_steward, internal, Heard, Link, LinkError, Pending, Report, Steward, StewardOrder,
+};
 use self::table::{Table, KEPT_AFTER};
+use self::tokens::{ProcSource, ProcWake};
+use self::watches::Watches;
 use super::sources::Sources;
 use super::waiting::SessionKey;
 use crate::address::{Answer, Reply, ReplyTo};
-use crate::fd;
 use crate::identity::Principal;
 
 /// How long a steward has to answer an order.
@@ -52,30 +58,6 @@ const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 /// reactor.
 const READ_BUDGET: usize = 64 << 10;
 
-/// What one of the processes' tokens stands for.
-#[derive(Clone, Copy, Debug)]
-enum ProcSource {
-    /// A steward's socket.
-    Steward(usize),
-    /// A process's output pipe (0: stdout, 1: stderr).
-    Output(usize, usize),
-    /// A process's input, waiting for room.
-    Input(usize),
-}
-
-/// Why the processes' timers fire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ProcWake {
-    /// A follow's wait is over (by number and serial).
-    Follow(usize, u64),
-    /// A process's timeout may have come.
-    Timeout(usize),
-    /// A session's records may be due to go.
-    Prune,
-    /// A steward's answer to an order (by steward and reference) is due.
-    Answer(usize, u64),
-}
-
 /// Every session's processes.
 #[derive(Debug)]
 pub struct Procs {
@@ -85,6 +67,7 @@ pub struct Procs {
     stewards: Slab<Steward>,
     table: Table,
     follows: Follows,
+    watches: Watches,
     timers: Timers<ProcWake>,
     next_ref: u64,
     /// How long a steward has to answer an order.
@@ -104,6 +87,7 @@ impl Procs {
             stewards: Slab::new(),
             table: Table::default(),
             follows: Follows::default(),
+            watches: Watches::default(),
             timers: Timers::default(),
             next_ref: 1,
             answer_within: ANSWER_WITHIN,
@@ -121,10 +105,17 @@ impl Procs {
         !self.table.of(key).is_empty()
     }
 
-    /// Whether session `key` has a live process or a waiting follow (it
-    /// is in use, not idle).
-    pub fn in_use(&self, key: &SessionKey) -> bool {
-        (self.table.of(key).into_iter()).any(|p| !self.table[p].ended() || self.follows.waits_on(p))
+    /// Whether session `key` is in use, not idle: a live process, a
+    /// waiting follow, or an order to its steward owed or given after
+    /// `since`.
+    pub fn in_use(&self, key: &SessionKey, since: Instant) -> bool {
+        let steward = (self.table.steward_of(key)).and_then(|s| self.stewards.get(s));
+        let ordered = steward.is_some_and(|s| !s.pending.is_empty() || s.last_order > since);
+        let waiting = |followed| self.follows.waits_on(followed);
+        ordered
+            || (self.table.of(key).into_iter())
+                .any(|p| !self.table[p].ended() || waiting(Followed::Output(p)))
+            || (self.watches.of(key).into_iter()).any(|w| waiting(Followed::Events(w)))
     }
 
     /// `start` in session `key`, whose environment is `session_env`.
@@ -143,20 +134,12 @@ impl Procs {
             .flat_map(|(_, steward)| steward.pending.values())
             .filter_map(|pending| match pending {
                 Pending::Start { process, .. } => Some(&**process),
-                Pending::Signal { .. } | Pending::Timeout => None,
+                Pending::Signal { .. } | Pending::Timeout | Pending::File { .. } => None,
             })
             .collect();
         self.table.may_start(key, &start, &starting)?;
         let (process, fds) = Process::plumbed(key, &start).map_err(|err| internal("pipes", err))?;
-        let (steward, new_socket) = match self.table.steward_of(key) {
-            Some(steward) if self.stewards[steward].is_busy() => return Err(busy_steward(key)),
-            Some(steward) => (steward, None),
-            None => {
-                let (steward, theirs) =
-                    (self.new_steward(key)).map_err(|err| internal("a steward's socket", err))?;
-                (steward, Some(theirs))
-            }
-        };
+        let (steward, new_socket) = self.steward_for(key)?;
         let mut env = session_env.clone();
         env.extend(start.env);
         let reference = self.next_ref();
@@ -168,38 +151,74 @@ impl Procs {
             stdin: start.stdin,
             pty: start.pty.is_some(),
         };
-        self.answer_due(steward, reference);
-        self.stewards[steward].pending.insert(
-            reference,
-            Pending::Start {
-                reply_to,
-                process: Box::new(process),
-            },
-        );
-        let sent = self.stewards[steward].link.send(&order, fds);
-        self.sent(steward, sent, replies);
+        let process = Box::new(process);
+        let pending = Pending::Start { reply_to, process };
+        self.order(steward, reference, &order, pending, fds, replies);
         Ok(new_socket)
+    }
+
+    /// A file op in session `key`, carried out by its steward (made as
+    /// for [`Procs::start`] if it has none).
+    pub fn file(
+        &mut self,
+        key: &SessionKey,
+        call: &FileCall,
+        reply_to: ReplyTo,
+        replies: &mut Vec<Reply>,
+    ) -> Result<Option<OwnedFd>, ErrorReply> {
+        if let FileCall::Watch(_) = call {
+            let asked =
+                (self.table.steward_of(key)).map_or(0, |s| self.stewards[s].watches_asked());
+            self.watches.may_watch(key, asked)?;
+        }
+        let (steward, new_socket) = self.steward_for(key)?;
+        let reference = self.next_ref();
+        let order = StewardOrder::File { reference, call };
+        let asked = FileAsked::of(call);
+        let pending = Pending::File { reply_to, asked };
+        self.order(steward, reference, &order, pending, Vec::new(), replies);
+        Ok(new_socket)
+    }
+
+    /// Session `key`'s steward, and the sandbox's end of its socket if it
+    /// is new.
+    fn steward_for(&mut self, key: &SessionKey) -> Result<(usize, Option<OwnedFd>), ErrorReply> {
+        match self.table.steward_of(key) {
+            Some(steward) if self.stewards[steward].is_busy() => Err(busy_steward(key)),
+            Some(steward) => Ok((steward, None)),
+            None => {
+                let (steward, theirs) =
+                    (self.new_steward(key)).map_err(|err| internal("a steward's socket", err))?;
+                Ok((steward, Some(theirs)))
+            }
+        }
+    }
+
+    /// Sends `order` (numbered `reference`, with `fds`) to `steward`,
+    /// which owes `pending` from then on.
+    fn order(
+        &mut self,
+        steward: usize,
+        reference: u64,
+        order: &StewardOrder<'_>,
+        pending: Pending,
+        fds: Vec<OwnedFd>,
+        replies: &mut Vec<Reply>,
+    ) {
+        self.stewards[steward].pending.insert(reference, pending);
+        self.stewards[steward].last_order = Instant::now();
+        self.answer_due(steward, reference);
+        let sent = self.stewards[steward].link.send(order, fds);
+        self.sent(steward, sent, replies);
     }
 
     /// A new steward's link for session `key`: the kernel's end watched,
     /// the sandbox's end returned.
     fn new_steward(&mut self, key: &SessionKey) -> io::Result<(usize, OwnedFd)> {
-        let flags = SockFlag::SOCK_CLOEXEC;
-        let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::Stream, None, flags)?;
-        fd::set_nonblocking(&ours)?;
         let entry = self.stewards.vacant_entry();
         let number = entry.key();
-        let token = self.sources.register(
-            ours.as_raw_fd(),
-            ProcSource::Steward(number),
-            Interest::READABLE,
-        )?;
-        entry.insert(Steward {
-            key: key.clone(),
-            link: Link::new(ours, token),
-            pid: None,
-            pending: HashMap::new(),
-        });
+        let (link, theirs) = Link::open(&mut self.sources, number)?;
+        entry.insert(Steward::new(key.clone(), link));
         self.table.set_steward(key, Some(number), Instant::now());
         Ok((number, theirs))
     }
@@ -217,23 +236,11 @@ impl Procs {
             // Watched anew only when that changes (a system call per order
             // otherwise).
             Ok(more) if more != self.stewards[steward].link.watching_writable => {
-                self.watch_steward(steward, more);
+                self.stewards[steward].link.rewatch(&self.sources, more);
             }
             Ok(_) => {}
             Err(err) => self.end_steward(steward, &err, replies),
         }
-    }
-
-    /// Watches a steward's socket (anew: reported again if ready) for
-    /// reports, and for room to write when orders wait (`writable`).
-    fn watch_steward(&mut self, steward: usize, writable: bool) {
-        let link = &mut self.stewards[steward].link;
-        let interest = match writable {
-            true => Interest::READABLE | Interest::WRITABLE,
-            false => Interest::READABLE,
-        };
-        let _ = (self.sources).reregister(link.socket().as_raw_fd(), link.token, interest);
-        link.watching_writable = writable;
     }
 
     /// `processes` of session `key`: live ones, then those ended lately.
@@ -253,36 +260,85 @@ impl Procs {
         now: Instant,
     ) -> Answered {
         let process = self.table.find(key, &output.process()?)?;
-        let answer = self.table[process].output_after(output.after);
-        if !output.follow || !answer.chunks.is_empty() || answer.ended {
-            return Ok(Some(Answer::json(&answer)));
-        }
-        let wait = output.wait_ms.map_or(DEFAULT_WAIT, Duration::from_millis);
-        let (follow, serial) = self.follows.add(Follow {
-            process,
+        let asked = Follow {
+            followed: Followed::Output(process),
             after: output.after,
             reply_to,
             quota,
-        })?;
+        };
+        self.answer_or_follow(asked, output.follow, output.wait_ms, now)
+    }
+
+    /// `events`: what a watch saw after `after`, answered as `output` is.
+    pub fn events(
+        &mut self,
+        key: &SessionKey,
+        events: FileEvents,
+        quota: Principal,
+        reply_to: ReplyTo,
+        now: Instant,
+    ) -> Answered {
+        let asked = Follow {
+            followed: Followed::Events(self.watches.find(key, &events.watch)?),
+            after: events.after,
+            reply_to,
+            quota,
+        };
+        self.answer_or_follow(asked, events.follow, events.wait_ms, now)
+    }
+
+    /// Answers `asked` now if it has something to say or does not
+    /// `follow`; else it waits up to `wait_ms` (answered later).
+    fn answer_or_follow(
+        &mut self,
+        asked: Follow,
+        follow: bool,
+        wait_ms: Option<u64>,
+        now: Instant,
+    ) -> Answered {
+        let news = news_for(
+            (&self.table, &self.watches),
+            asked.followed,
+            asked.after,
+            !follow,
+        );
+        if let Some(answer) = news {
+            return Ok(Some(answer));
+        }
+        let wait = wait_ms.map_or(DEFAULT_WAIT, Duration::from_millis);
+        let (id, serial) = self.follows.add(asked)?;
         self.timers
-            .schedule(now + wait, ProcWake::Follow(follow, serial));
+            .schedule(now + wait, ProcWake::Follow(id, serial));
         Ok(None)
     }
 
-    /// Answers the follows of `process` that now have something to say
+    /// Answers the follows of `followed` that now have something to say
     /// (all of them, with `all`).
-    fn answer_follows(&mut self, process: usize, all: bool, replies: &mut Vec<Reply>) {
-        for id in self.follows.of(process) {
-            let Some(follow) = self.follows.get(id) else {
-                continue;
-            };
-            let answer = self.table[process].output_after(follow.after);
-            if all || !answer.chunks.is_empty() || answer.ended {
-                if let Some(follow) = self.follows.take(id) {
-                    replies.push((follow.reply_to, Answer::json(&answer)));
-                }
-            }
+    fn answer_follows(&mut self, followed: Followed, all: bool, replies: &mut Vec<Reply>) {
+        (self.follows).answer(followed, all, (&self.table, &self.watches), replies);
+    }
+
+    /// `unwatch`: the watch ends (its follows answered), and its steward
+    /// stops watching.
+    pub fn unwatch(&mut self, key: &SessionKey, name: &str, replies: &mut Vec<Reply>) -> Answered {
+        let reference = self.end_watch(self.watches.find(key, name)?, replies);
+        if let Some(steward) = self.table.steward_of(key) {
+            let sent = (self.stewards[steward].link)
+                .send(&StewardOrder::Unwatch { reference }, Vec::new());
+            self.sent(steward, sent, replies);
         }
+        let removed = FileRemovedReply {
+            success: true,
+            removed: true,
+        };
+        Ok(Some(Answer::json(&removed)))
+    }
+
+    /// Ends watch `id`, answering its follows: the steward's number for it.
+    fn end_watch(&mut self, id: usize, replies: &mut Vec<Reply>) -> u64 {
+        self.watches[id].ended = true;
+        self.answer_follows(Followed::Events(id), true, replies);
+        self.watches.remove(id).map_or(0, |watch| watch.reference)
     }
 
     /// `input`: bytes for a process's stdin, answered once they are in
@@ -290,46 +346,11 @@ impl Procs {
     pub fn input(&mut self, key: &SessionKey, input: ProcInput) -> Answered {
         let process = self.table.find(key, &input.process()?)?;
         let written = self.table[process].take_input(&input.data, input.eof)?;
-        self.flush_input(process);
+        self.table[process].flush_input(process, &mut self.sources);
         Ok(Some(Answer::json(&ProcInputReply {
             success: true,
             written,
         })))
-    }
-
-    /// Writes a process's buffered input; watches its pipe for room while
-    /// bytes remain.
-    fn flush_input(&mut self, process: usize) {
-        let Some(input) = &mut self.table[process].input else {
-            return;
-        };
-        match (input.write(), input.token) {
-            (Written::More, None) => {
-                let (fd, source) = (input.fd.as_raw_fd(), ProcSource::Input(process));
-                if let Ok(token) = self.sources.register(fd, source, Interest::WRITABLE) {
-                    input.token = Some(token);
-                }
-            }
-            (Written::More, Some(_)) => {}
-            (Written::All, token) => {
-                if let Some(token) = token {
-                    self.sources.forget(input.fd.as_raw_fd(), token);
-                    input.token = None;
-                }
-            }
-            (Written::Close, _) => self.close_input(process),
-        }
-    }
-
-    /// Closes a process's input, no longer watched.
-    fn close_input(&mut self, process: usize) {
-        if let Some(input) = self.table[process].input.take() {
-            if let Some(token) = input.token {
-                // A PTY's writer is a copy of the master, which stays
-                // open: its watch would outlive it otherwise.
-                self.sources.forget(input.fd.as_raw_fd(), token);
-            }
-        }
     }
 
     /// A process printed or ended: its follows are answered; once it has
@@ -337,9 +358,9 @@ impl Procs {
     /// go.
     fn moved_on(&mut self, process: usize, replies: &mut Vec<Reply>) {
         let ended = self.table[process].ended();
-        self.answer_follows(process, ended, replies);
+        self.answer_follows(Followed::Output(process), ended, replies);
         if ended {
-            self.close_input(process);
+            self.table[process].close_input(&mut self.sources);
             let key = self.table[process].key.clone();
             let beyond = self.table.ended_beyond_caps(&key);
             self.forget(beyond, replies);
@@ -378,14 +399,7 @@ impl Procs {
 
     /// `resize`: a PTY's new size (the kernel's own, on its master).
     pub fn resize(&mut self, key: &SessionKey, which: ProcRef, size: PtySize) -> Answered {
-        let record = &self.table[self.table.find(key, &which)?];
-        let Some(master) = &record.master else {
-            return Err(ErrorReply::new(
-                ErrorCode::BadRequest,
-                format!("process {} has no PTY to resize", record.pid),
-            ));
-        };
-        pty::resize(master, size).map_err(|err| internal("the PTY's new size", err))?;
+        self.table[self.table.find(key, &which)?].resize(size)?;
         Ok(Some(Answer::json(&ProcDoneReply { success: true })))
     }
 
@@ -413,10 +427,7 @@ impl Procs {
             pid,
             signal,
         };
-        self.answer_due(steward, reference);
-        self.stewards[steward].pending.insert(reference, pending);
-        let sent = self.stewards[steward].link.send(&order, Vec::new());
-        self.sent(steward, sent, replies);
+        self.order(steward, reference, &order, pending, Vec::new(), replies);
     }
 
     /// A steward that has said hello answers order `reference` within
@@ -424,8 +435,8 @@ impl Procs {
     /// sandbox would keep its callers waiting for ever). Orders sent
     /// before its hello are given the time from then.
     fn answer_due(&mut self, steward: usize, reference: u64) {
-        if self.stewards[steward].pid.is_some() {
-            let due = Instant::now() + self.answer_within;
+        let (within, now) = (self.answer_within, Instant::now());
+        if let Some(due) = self.stewards[steward].due(reference, within, now) {
             self.timers
                 .schedule(due, ProcWake::Answer(steward, reference));
         }
@@ -436,28 +447,12 @@ impl Procs {
         match self.sources.get(token) {
             Some(ProcSource::Steward(steward)) => self.on_steward(steward, replies, now),
             Some(ProcSource::Output(process, index)) => {
-                let record = &mut self.table[process];
-                match (
-                    record.read_output(index, READ_BUDGET),
-                    &record.outputs[index],
-                ) {
-                    (Drained::Closed, _) => {
-                        if let Some(pipe) = record.outputs[index].take() {
-                            self.sources.forget(pipe.fd.as_raw_fd(), pipe.token);
-                        }
-                        record.stamp_end();
-                    }
-                    // Edge-triggered: watched anew, it is reported again
-                    // next turn, after the others' events.
-                    (Drained::More, Some(pipe)) => {
-                        let (fd, token) = (pipe.fd.as_raw_fd(), pipe.token);
-                        let _ = self.sources.reregister(fd, token, Interest::READABLE);
-                    }
-                    (Drained::More | Drained::Empty, _) => {}
-                }
+                self.table[process].on_output(index, READ_BUDGET, &mut self.sources);
                 self.moved_on(process, replies);
             }
-            Some(ProcSource::Input(process)) => self.flush_input(process),
+            Some(ProcSource::Input(process)) => {
+                self.table[process].flush_input(process, &mut self.sources)
+            }
             None => {}
         }
     }
@@ -470,7 +465,8 @@ impl Procs {
             return;
         };
         let mut reports = Vec::new();
-        let read = this.link.read(&mut reports, READ_BUDGET);
+        let max_report = this.max_report();
+        let read = this.link.read(&mut reports, READ_BUDGET, max_report);
         for report in reports {
             if let Err(err) = self.on_report(steward, report, replies, now) {
                 return self.end_steward(steward, &err, replies);
@@ -480,7 +476,10 @@ impl Procs {
             Err(err) => self.end_steward(steward, &err, replies),
             // Edge-triggered: watched anew, it is reported again next
             // turn, after the others' events.
-            Ok(true) => self.watch_steward(steward, self.stewards[steward].link.has_unsent()),
+            Ok(true) => {
+                let link = &mut self.stewards[steward].link;
+                link.rewatch(&self.sources, link.has_unsent());
+            }
             Ok(false) => {}
         }
     }
@@ -515,6 +514,22 @@ impl Procs {
                 replies.push((reply_to, Answer::json(&started)));
             }
             Heard::Reply(reply_to, answer) => replies.push((reply_to, answer)),
+            Heard::Watching(reply_to, reference) => {
+                let watch = self.watches.add(key, reference);
+                let name = self.watches[watch].name();
+                let watching = FileWatchReply {
+                    success: true,
+                    watch: name,
+                };
+                replies.push((reply_to, Answer::json(&watching)));
+            }
+            Heard::Events(reference, events) => {
+                // One unwatched a moment ago may still report.
+                if let Some(watch) = self.watches.by_reference(&key, reference) {
+                    self.watches[watch].push(events);
+                    self.answer_follows(Followed::Events(watch), false, replies);
+                }
+            }
             Heard::Nobody => {}
             Heard::Ended(pid, end) => {
                 let Some(process) = self.table.unreported(&key, pid) else {
@@ -522,13 +537,7 @@ impl Procs {
                         "the end of pid {pid}, not ours"
                     )));
                 };
-                let record = &mut self.table[process];
-                let timed_out = record.deadline.is_some_and(|at| at <= now);
-                record.ends(ProcEnd {
-                    timed_out,
-                    reason: timed_out.then(|| "timeout".to_owned()),
-                    ..end
-                });
+                self.table[process].ended_as_reported(end, now);
                 self.moved_on(process, replies);
             }
         }
@@ -561,7 +570,7 @@ impl Procs {
     /// Forgets `processes` (ended), answering their follows.
     fn forget(&mut self, processes: Vec<usize>, replies: &mut Vec<Reply>) {
         for process in processes {
-            self.answer_follows(process, true, replies);
+            self.answer_follows(Followed::Output(process), true, replies);
             self.table.remove(process);
         }
     }
@@ -581,23 +590,15 @@ impl Procs {
         }
         self.sources
             .forget(this.link.socket().as_raw_fd(), this.link.token);
-        for (_, pending) in this.pending {
-            if let Pending::Start { reply_to, .. } | Pending::Signal { reply_to } = pending {
-                let why = format!(
-                    "session {:?}'s steward ended before it was done ({why}); the session may \
-                     have ended",
-                    this.key.1
-                );
-                replies.push((
-                    reply_to,
-                    ErrorReply::new(ErrorCode::Unavailable, why).into(),
-                ));
-            }
+        let key = this.key.clone();
+        this.answer_owed(why, replies);
+        for watch in self.watches.of(&key) {
+            self.end_watch(watch, replies);
         }
         let now = Instant::now();
-        if self.table.steward_of(&this.key) == Some(steward) {
-            self.table.set_steward(&this.key, None, now);
-            for process in self.table.of(&this.key) {
+        if self.table.steward_of(&key) == Some(steward) {
+            self.table.set_steward(&key, None, now);
+            for process in self.table.of(&key) {
                 // One ending can send an older record over the caps.
                 let Some(record) = self.table.get_mut(process) else {
                     continue;
@@ -620,9 +621,9 @@ impl Procs {
             self.timers.schedule(deadline, ProcWake::Timeout(process));
         }
         if let Some(steward) = self.table.steward_of(key).filter(|_| !frozen) {
-            let owed: Vec<u64> = self.stewards[steward].pending.keys().copied().collect();
-            for reference in owed {
-                self.answer_due(steward, reference);
+            for (reference, due) in self.stewards[steward].dues_anew(self.answer_within, now) {
+                self.timers
+                    .schedule(due, ProcWake::Answer(steward, reference));
             }
         }
     }
@@ -638,9 +639,14 @@ impl Procs {
         while let Some(wake) = self.timers.pop_due(now) {
             match wake {
                 ProcWake::Follow(id, serial) => {
-                    if let Some(follow) = self.follows.take_if(id, serial) {
-                        let answer = self.table[follow.process].output_after(follow.after);
-                        replies.push((follow.reply_to, Answer::json(&answer)));
+                    let follow = self.follows.take_if(id, serial);
+                    if let Some(follow) = follow {
+                        let followed = (&self.table, &self.watches);
+                        if let Some(answer) =
+                            news_for(followed, follow.followed, follow.after, true)
+                        {
+                            replies.push((follow.reply_to, answer));
+                        }
                     }
                 }
                 ProcWake::Timeout(process) => self.time_out(process, now, replies),
@@ -657,7 +663,7 @@ impl Procs {
                     // when it resumes.
                     let owed =
                         (self.stewards.get(steward)).filter(|s| !self.table.is_paused(&s.key));
-                    if owed.is_some_and(|s| s.pending.contains_key(&reference)) {
+                    if owed.is_some_and(|s| s.overdue(reference, now)) {
                         let within = self.answer_within.as_millis();
                         let why = format!("no answer to an order within {within} ms");
                         self.end_steward(steward, &LinkError::Hostile(why), replies);
@@ -688,9 +694,4 @@ impl Procs {
     pub fn connection_closed(&mut self, serial: u64) {
         self.follows.connection_closed(serial);
     }
-}
-
-/// `internal`: the kernel could not make `what`.
-fn internal(what: &str, err: io::Error) -> ErrorReply {
-    ErrorReply::new(ErrorCode::Internal, format!("cannot make {what}: {err}"))
 }

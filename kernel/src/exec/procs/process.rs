@@ -5,21 +5,23 @@
 //! then is all it printed in the ring.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{
     OutputChunk, OutputStream, ProcEnd, ProcOutputReply, ProcStart, ProcState, ProcessInfo,
-    MAX_PROC_CHUNK_BYTES,
+    PtySize, MAX_PROC_CHUNK_BYTES,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 use base64::Engine;
-use mio::Token;
+use mio::{Interest, Token};
 use nix::fcntl::OFlag;
 
 use super::pty;
 use super::ring::Ring;
+use super::tokens::ProcSource;
 use crate::clock::rfc3339;
+use crate::exec::sources::Sources;
 use crate::exec::waiting::SessionKey;
 use crate::fd;
 
@@ -299,6 +301,85 @@ impl Process {
             }
         }
         Drained::More
+    }
+
+    /// Its steward says how it ended (`end`), `now`: past its deadline,
+    /// it was the kernel's kill at its timeout.
+    pub fn ended_as_reported(&mut self, end: ProcEnd, now: Instant) {
+        let timed_out = self.deadline.is_some_and(|at| at <= now);
+        self.ends(ProcEnd {
+            timed_out,
+            reason: timed_out.then(|| "timeout".to_owned()),
+            ..end
+        });
+    }
+
+    /// Gives its PTY a new size (`bad_request` if it has none).
+    pub fn resize(&self, size: PtySize) -> Result<(), ErrorReply> {
+        let Some(master) = &self.master else {
+            return Err(ErrorReply::new(
+                ErrorCode::BadRequest,
+                format!("process {} has no PTY to resize", self.pid),
+            ));
+        };
+        pty::resize(master, size).map_err(|err| {
+            let why = format!("cannot give the PTY its new size: {err}");
+            ErrorReply::new(ErrorCode::Internal, why)
+        })
+    }
+
+    /// Its output pipe `index` is ready: read (a `budget`'s worth), and
+    /// once closed no longer watched in `sources`, its end stamped.
+    pub fn on_output(&mut self, index: usize, budget: usize, sources: &mut Sources<ProcSource>) {
+        match (self.read_output(index, budget), &self.outputs[index]) {
+            (Drained::Closed, _) => {
+                if let Some(pipe) = self.outputs[index].take() {
+                    sources.forget(pipe.fd.as_raw_fd(), pipe.token);
+                }
+                self.stamp_end();
+            }
+            // Edge-triggered: watched anew, it is reported again next
+            // turn, after the others' events.
+            (Drained::More, Some(pipe)) => {
+                let _ = sources.reregister(pipe.fd.as_raw_fd(), pipe.token, Interest::READABLE);
+            }
+            (Drained::More | Drained::Empty, _) => {}
+        }
+    }
+
+    /// Writes its buffered input; its pipe is watched in `sources` (as
+    /// process `number`'s) for room while bytes remain.
+    pub fn flush_input(&mut self, number: usize, sources: &mut Sources<ProcSource>) {
+        let Some(input) = &mut self.input else {
+            return;
+        };
+        match (input.write(), input.token) {
+            (Written::More, None) => {
+                let (fd, source) = (input.fd.as_raw_fd(), ProcSource::Input(number));
+                if let Ok(token) = sources.register(fd, source, Interest::WRITABLE) {
+                    input.token = Some(token);
+                }
+            }
+            (Written::More, Some(_)) => {}
+            (Written::All, token) => {
+                if let Some(token) = token {
+                    sources.forget(input.fd.as_raw_fd(), token);
+                    input.token = None;
+                }
+            }
+            (Written::Close, _) => self.close_input(sources),
+        }
+    }
+
+    /// Closes its input, no longer watched in `sources`.
+    pub fn close_input(&mut self, sources: &mut Sources<ProcSource>) {
+        if let Some(input) = self.input.take() {
+            if let Some(token) = input.token {
+                // A PTY's writer is a copy of the master, which stays
+                // open: its watch would outlive it otherwise.
+                sources.forget(input.fd.as_raw_fd(), token);
+            }
+        }
     }
 
     /// Takes `data` (base64) for its input, closing it after them with

@@ -2,22 +2,26 @@
 //! (descriptors attached to their first bytes), reports read and checked.
 //! The steward runs inside the sandbox and is as hostile as anything
 //! there: a report that is not one of the few it may send, a frame over
-//! [`MAX_REPORT_BYTES`], a descriptor, or a `ref` the kernel never issued
+//! [`Steward::max_report`], a descriptor, or a `ref` the kernel never issued
 //! ends the link, and with it every order still waiting.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
-use agentos_proto::payload::{ProcEnd, ProcSignalledReply};
+use agentos_proto::payload::{ProcEnd, ProcSignalledReply, WatchEvent};
 use agentos_proto::{ErrorCode, ErrorReply};
-use mio::Token;
-use nix::sys::socket::MsgFlags;
+use mio::{Interest, Token};
+use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 
+use super::files::FileAsked;
 use super::process::Process;
-use crate::address::{Answer, ReplyTo};
+use super::tokens::ProcSource;
+use crate::address::{Answer, Reply, ReplyTo};
+use crate::exec::sources::Sources;
 use crate::exec::waiting::SessionKey;
-use crate::exec::wire::{frame, FRAME_HEADER};
+use crate::exec::wire::{frame, DoneReport, FILE_REPORT_MAX, FRAME_HEADER};
 pub use crate::exec::wire::{Report, StewardOrder};
 use crate::fd;
 
@@ -26,6 +30,9 @@ pub const MAX_ORDERS_PER_STEWARD: usize = 64;
 /// Bytes of orders that may wait to be written to one steward (one that
 /// does not read holds no more of the kernel's memory).
 pub const MAX_UNSENT_BYTES: usize = 4 << 20;
+/// How many times longer than a process order a steward has to carry
+/// out a file op.
+const FILE_OP_ANSWER_FACTOR: u32 = 6;
 /// The largest report a steward may send.
 pub const MAX_REPORT_BYTES: usize = 64 << 10;
 
@@ -46,6 +53,13 @@ pub enum Pending {
     },
     /// The kernel's own kill at a process's timeout.
     Timeout,
+    /// A file op.
+    File {
+        /// Where its reply goes.
+        reply_to: ReplyTo,
+        /// What was asked, which its reply must fit.
+        asked: FileAsked,
+    },
 }
 
 /// One session's steward.
@@ -59,6 +73,10 @@ pub struct Steward {
     pub pid: Option<u32>,
     /// Its orders not yet answered, by reference.
     pub pending: HashMap<u64, Pending>,
+    /// When each is to be answered by, once it has said hello.
+    dues: HashMap<u64, Instant>,
+    /// When it was last given an order.
+    pub last_order: Instant,
 }
 
 /// `busy`: a steward has as many orders unanswered as it may.
@@ -74,10 +92,94 @@ pub fn busy_steward(key: &SessionKey) -> ErrorReply {
 }
 
 impl Steward {
+    /// A steward of session `key` on `link`, yet to say hello.
+    pub fn new(key: SessionKey, link: Link) -> Steward {
+        Steward {
+            key,
+            link,
+            pid: None,
+            pending: HashMap::new(),
+            dues: HashMap::new(),
+            last_order: Instant::now(),
+        }
+    }
+
+    /// The watches it was asked for and has not yet made.
+    pub fn watches_asked(&self) -> usize {
+        (self.pending.values())
+            .filter(|pending| matches!(pending, Pending::File { asked, .. } if asked.is_watch()))
+            .count()
+    }
+
     /// Whether it has as many orders owed, or as many bytes of them
     /// unread, as it may.
     pub fn is_busy(&self) -> bool {
         self.pending.len() >= MAX_ORDERS_PER_STEWARD || self.link.unsent_bytes() >= MAX_UNSENT_BYTES
+    }
+
+    /// When order `reference` is to be answered by, if the clock runs
+    /// (from its hello on): `within` after those owed before it are due
+    /// (it carries them out one at a time), or `now`; a file op (which may
+    /// walk a large tree) has [`FILE_OP_ANSWER_FACTOR`] times that.
+    pub fn due(&mut self, reference: u64, within: Duration, now: Instant) -> Option<Instant> {
+        self.pid?;
+        let allowed = match self.pending.get(&reference) {
+            Some(Pending::File { .. }) => within * FILE_OP_ANSWER_FACTOR,
+            _ => within,
+        };
+        let pending = &self.pending;
+        self.dues.retain(|owed, _| pending.contains_key(owed));
+        let after = self.dues.values().copied().max().unwrap_or(now).max(now);
+        let due = after + allowed;
+        self.dues.insert(reference, due);
+        Some(due)
+    }
+
+    /// When each order it owes is due, anew from `now` (its session was
+    /// paused, and it could not answer).
+    pub fn dues_anew(&mut self, within: Duration, now: Instant) -> Vec<(u64, Instant)> {
+        self.dues.clear();
+        let mut owed: Vec<u64> = self.pending.keys().copied().collect();
+        owed.sort_unstable();
+        (owed.into_iter())
+            .filter_map(|reference| Some((reference, self.due(reference, within, now)?)))
+            .collect()
+    }
+
+    /// Whether order `reference` is still owed past when it was due (a
+    /// timer set before its time was given anew is not).
+    pub fn overdue(&self, reference: u64, now: Instant) -> bool {
+        self.pending.contains_key(&reference)
+            && self.dues.get(&reference).is_some_and(|due| *due <= now)
+    }
+
+    /// Answers every order it owes `unavailable`: it has ended (`why`).
+    pub fn answer_owed(self, why: &LinkError, replies: &mut Vec<Reply>) {
+        for (_, pending) in self.pending {
+            if let Pending::Start { reply_to, .. }
+            | Pending::Signal { reply_to }
+            | Pending::File { reply_to, .. } = pending
+            {
+                let why = format!(
+                    "session {:?}'s steward ended before it was done ({why}); the session may \
+                     have ended",
+                    self.key.1
+                );
+                let refusal = ErrorReply::new(ErrorCode::Unavailable, why);
+                replies.push((reply_to, refusal.into()));
+            }
+        }
+    }
+
+    /// The largest report it may send now: more only while it owes a
+    /// file op (whose reply may be long).
+    pub fn max_report(&self) -> usize {
+        let owes_file =
+            (self.pending.values()).any(|pending| matches!(pending, Pending::File { .. }));
+        match owes_file {
+            true => FILE_REPORT_MAX,
+            false => MAX_REPORT_BYTES,
+        }
     }
 }
 
@@ -97,6 +199,11 @@ pub enum Heard {
     Nobody,
     /// A process it started has ended, by its pid: how.
     Ended(u32, ProcEnd),
+    /// A watch was made by order `reference`: its reply goes to the
+    /// caller once the kernel has named it.
+    Watching(ReplyTo, u64),
+    /// Watch `reference` saw these.
+    Events(u64, Vec<WatchEvent>),
 }
 
 impl Steward {
@@ -108,12 +215,14 @@ impl Steward {
         let owed = |reference: &u64, start: bool| match self.pending.get(reference) {
             Some(Pending::Start { .. }) => start,
             Some(Pending::Signal { .. } | Pending::Timeout) => !start,
-            None => false,
+            Some(Pending::File { .. }) | None => false,
         };
         Ok(match report {
             Report::Hello { hello } if self.pid.is_none() && hello > 1 => {
                 self.pid = Some(hello);
-                Heard::Hello(self.pending.keys().copied().collect())
+                let mut owed: Vec<u64> = self.pending.keys().copied().collect();
+                owed.sort_unstable();
+                Heard::Hello(owed)
             }
             Report::Hello { .. } => return Err(LinkError::Hostile("a second hello".to_owned())),
             Report::Started { started, pid, cwd } => {
@@ -148,6 +257,9 @@ impl Steward {
                     let failure = failure("signal the process", errno, &error);
                     Heard::Reply(reply_to, failure.into())
                 }
+                Some(Pending::File { reply_to, asked }) => {
+                    Heard::Reply(reply_to, failure(&asked.what, errno, &error).into())
+                }
                 Some(Pending::Timeout) => Heard::Nobody,
                 None => return Err(unasked("a failure of an order")),
             },
@@ -166,6 +278,23 @@ impl Steward {
                     _ => Heard::Nobody,
                 }
             }
+            Report::Done { done, reply } => {
+                // Checked while still owed: a reply that does not fit ends
+                // the link, and the caller is told with the rest.
+                let answer = match self.pending.get(&done) {
+                    Some(Pending::File { asked, .. }) => (asked.checked(&reply))
+                        .map_err(|unfit| LinkError::Hostile(unfit.to_string()))?,
+                    _ => return Err(unasked("a file op")),
+                };
+                match self.pending.remove(&done) {
+                    Some(Pending::File { reply_to, asked }) if asked.is_watch() => {
+                        Heard::Watching(reply_to, done)
+                    }
+                    Some(Pending::File { reply_to, .. }) => Heard::Reply(reply_to, answer),
+                    _ => return Err(unasked("a file op")),
+                }
+            }
+            Report::Events { events, list } => Heard::Events(events, list),
             Report::Ended {
                 ended,
                 exit_code,
@@ -217,6 +346,28 @@ pub struct Link {
 }
 
 impl Link {
+    /// A new steward's link, numbered `number`: the kernel's end watched
+    /// in `sources`, the sandbox's end returned.
+    pub fn open(sources: &mut Sources<ProcSource>, number: usize) -> io::Result<(Link, OwnedFd)> {
+        let flags = SockFlag::SOCK_CLOEXEC;
+        let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::Stream, None, flags)?;
+        fd::set_nonblocking(&ours)?;
+        let source = ProcSource::Steward(number);
+        let token = sources.register(ours.as_raw_fd(), source, Interest::READABLE)?;
+        Ok((Link::new(ours, token), theirs))
+    }
+
+    /// Watches its socket in `sources` anew (reported again if ready)
+    /// for reports, and for room to write when orders wait (`writable`).
+    pub fn rewatch(&mut self, sources: &Sources<ProcSource>, writable: bool) {
+        let interest = match writable {
+            true => Interest::READABLE | Interest::WRITABLE,
+            false => Interest::READABLE,
+        };
+        let _ = sources.reregister(self.socket.as_raw_fd(), self.token, interest);
+        self.watching_writable = writable;
+    }
+
     /// The kernel's end `socket` (non-blocking), watched under `token`.
     pub fn new(socket: OwnedFd, token: Token) -> Link {
         Link {
@@ -280,9 +431,15 @@ impl Link {
     }
 
     /// Reads at most `budget` bytes of what the socket holds, into the
-    /// reports they make: whether bytes may remain (the socket is then to
-    /// be watched anew, so that one steward cannot hold the reactor).
-    pub fn read(&mut self, reports: &mut Vec<Report>, budget: usize) -> Result<bool, LinkError> {
+    /// reports they make, none over `max_report` bytes: whether bytes may
+    /// remain (the socket is then to be watched anew, so that one steward
+    /// cannot hold the reactor).
+    pub fn read(
+        &mut self,
+        reports: &mut Vec<Report>,
+        budget: usize,
+        max_report: usize,
+    ) -> Result<bool, LinkError> {
         let mut buffer = [0u8; 16 << 10];
         let mut read = 0;
         while read < budget {
@@ -306,28 +463,33 @@ impl Link {
             }
             read += length;
             self.received.extend_from_slice(&buffer[..length]);
-            self.take_reports(reports)?;
+            self.take_reports(reports, max_report)?;
         }
         Ok(true)
     }
 
     /// The whole reports received, in order (what follows the last whole
     /// one is kept, moved once).
-    fn take_reports(&mut self, reports: &mut Vec<Report>) -> Result<(), LinkError> {
+    fn take_reports(&mut self, reports: &mut Vec<Report>, max: usize) -> Result<(), LinkError> {
         let mut at = 0;
         let taken = loop {
             let Some(header) = self.received.get(at..at + FRAME_HEADER) else {
                 break Ok(());
             };
             let length = u32::from_le_bytes(header.try_into().unwrap_or_default()) as usize;
-            if length > MAX_REPORT_BYTES {
+            if length > max {
                 break Err(LinkError::Hostile(format!("a frame of {length} bytes")));
             }
             let body = at + FRAME_HEADER..at + FRAME_HEADER + length;
             let Some(body) = self.received.get(body) else {
                 break Ok(());
             };
-            match serde_json::from_slice(body) {
+            // Only a file op's reply may be long (and is never read into
+            // a tree of values first).
+            if length > MAX_REPORT_BYTES && !body.starts_with(DoneReport::OPENING) {
+                break Err(LinkError::Hostile(format!("a frame of {length} bytes")));
+            }
+            match read_report(body) {
                 Ok(report) => reports.push(report),
                 Err(err) => break Err(LinkError::Hostile(format!("not a report: {err}"))),
             }
@@ -338,18 +500,44 @@ impl Link {
     }
 }
 
+/// One report: a `done` read as such, its reply kept as text; any other
+/// as the one it is.
+fn read_report(body: &[u8]) -> serde_json::Result<Report> {
+    if body.starts_with(DoneReport::OPENING) {
+        let done: DoneReport<'_> = serde_json::from_slice(body)?;
+        return Ok(Report::Done {
+            done: done.done,
+            reply: done.reply.get().to_owned(),
+        });
+    }
+    serde_json::from_slice(body)
+}
+
 /// How a steward's failure to carry out an order (`what`: to start the
 /// process, to signal it) is told, by its errno.
 pub fn failure(what: &str, errno: i32, error: &str) -> ErrorReply {
     use nix::errno::Errno;
     let code = match Errno::from_raw(errno) {
         Errno::ENOENT | Errno::ENOTDIR | Errno::ESRCH => ErrorCode::NotFound,
-        Errno::EACCES | Errno::EPERM => ErrorCode::PermissionDenied,
-        Errno::EAGAIN => ErrorCode::LimitExceeded,
-        Errno::EINVAL => ErrorCode::BadRequest,
+        Errno::EACCES | Errno::EPERM | Errno::EROFS => ErrorCode::PermissionDenied,
+        Errno::EAGAIN | Errno::ENOSPC | Errno::EDQUOT | Errno::EFBIG => ErrorCode::LimitExceeded,
+        Errno::EEXIST | Errno::ENOTEMPTY => ErrorCode::AlreadyExists,
+        Errno::EINVAL
+        | Errno::EISDIR
+        | Errno::ELOOP
+        | Errno::ENAMETOOLONG
+        | Errno::EXDEV
+        | Errno::ENOTSUP
+        | Errno::EBUSY
+        | Errno::ENXIO => ErrorCode::BadRequest,
         _ => ErrorCode::Internal,
     };
     ErrorReply::new(code, format!("cannot {what}: {error}"))
+}
+
+/// `internal`: the kernel could not make `what`.
+pub fn internal(what: &str, err: io::Error) -> ErrorReply {
+    ErrorReply::new(ErrorCode::Internal, format!("cannot make {what}: {err}"))
 }
 
 #[cfg(test)]
@@ -377,7 +565,7 @@ mod tests {
         report(&mut peer, r#"{"started":1,"pid":9,"cwd":"/w"}"#);
         report(&mut peer, r#"{"ended":9,"exit_code":null,"signal":9}"#);
         let mut reports = Vec::new();
-        link.read(&mut reports, 1 << 20).unwrap();
+        link.read(&mut reports, 1 << 20, MAX_REPORT_BYTES).unwrap();
         assert_eq!(
             reports,
             vec![
@@ -396,7 +584,7 @@ mod tests {
         );
         drop(peer);
         assert!(matches!(
-            link.read(&mut reports, 1 << 20),
+            link.read(&mut reports, 1 << 20, MAX_REPORT_BYTES),
             Err(LinkError::Closed)
         ));
     }
@@ -412,14 +600,20 @@ mod tests {
         let count = (64 << 10) / frame.len();
         peer.write_all(&frame.repeat(count)).unwrap();
         let mut reports = Vec::new();
-        assert!(link.read(&mut reports, 16 << 10).unwrap(), "bytes remain");
+        assert!(
+            link.read(&mut reports, 16 << 10, MAX_REPORT_BYTES).unwrap(),
+            "bytes remain"
+        );
         assert!(
             !reports.is_empty() && reports.len() < count / 2,
             "{}",
             reports.len()
         );
         let mut rest = Vec::new();
-        assert!(!link.read(&mut rest, 1 << 20).unwrap(), "all read");
+        assert!(
+            !link.read(&mut rest, 1 << 20, MAX_REPORT_BYTES).unwrap(),
+            "all read"
+        );
         assert_eq!(reports.len() + rest.len(), count);
     }
 
@@ -433,20 +627,20 @@ mod tests {
         ] {
             let (mut link, mut peer) = pair();
             report(&mut peer, bad);
-            let got = link.read(&mut Vec::new(), 1 << 20);
+            let got = link.read(&mut Vec::new(), 1 << 20, MAX_REPORT_BYTES);
             assert!(matches!(got, Err(LinkError::Hostile(_))), "{bad}: {got:?}");
         }
         let (mut link, mut peer) = pair();
         peer.write_all(&(70u32 << 10).to_le_bytes()).unwrap();
         assert!(matches!(
-            link.read(&mut Vec::new(), 1 << 20),
+            link.read(&mut Vec::new(), 1 << 20, MAX_REPORT_BYTES),
             Err(LinkError::Hostile(_))
         ));
         let (mut link, peer) = pair();
         let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
         fd::send_with_fds(peer.as_fd(), b"\x02", &[pipe_r]).unwrap();
         assert!(matches!(
-            link.read(&mut Vec::new(), 1 << 20),
+            link.read(&mut Vec::new(), 1 << 20, MAX_REPORT_BYTES),
             Err(LinkError::Hostile(_))
         ));
     }

@@ -46,8 +46,10 @@ def send_pipes(sock, fds):
 
 
 def send_frame(sock, value):
-    """Sends one frame: its length, then its JSON."""
-    data = json.dumps(value).encode()
+    """Sends one frame: its length, then its JSON (a lone surrogate, from
+    a name that is not UTF-8, goes as "?": the kernel would not read
+    it)."""
+    data = json.dumps(value, ensure_ascii=False).encode("utf-8", "replace")
     sock.sendall(struct.pack(FRAME_LENGTH, len(data)) + data)
 
 

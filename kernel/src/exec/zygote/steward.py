@@ -12,6 +12,8 @@
 #       or, with pty, [the PTY's slave]
 #       -> started {ref, pid, cwd} | failed {ref, errno, error}
 #   signal {ref, pid, signal} -> signalled {ref, sent}
+#   file {ref, call} -> done {ref, reply} | failed {ref, errno, error}
+#       (steward_files.py)
 # and, unasked, hello {pid} first and ended {pid, exit_code, signal}.
 
 import errno
@@ -91,8 +93,21 @@ def steward(sock_fd, base_env):
 
 
 def serve_steward(sock, wake_r, base_env):
-    """Orders in, reports out, children reaped, until the kernel closes."""
+    """Orders in, reports out, children reaped, until the kernel closes
+    (or can no longer be told): then its processes are killed."""
     children = {}
+    try:
+        serve_orders(sock, wake_r, base_env, children)
+    except OSError:
+        pass
+    for pid in children:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def serve_orders(sock, wake_r, base_env, children):
     events = selectors.DefaultSelector()
     events.register(sock, selectors.EVENT_READ)
     events.register(wake_r, selectors.EVENT_READ)
@@ -101,14 +116,17 @@ def serve_steward(sock, wake_r, base_env):
             if key.fileobj is sock:
                 order, fds = receive_order(sock)
                 if order is None:
-                    # The kernel has let it go: so do its processes.
-                    for pid in children:
-                        try:
-                            os.killpg(pid, signal.SIGKILL)
-                        except OSError:
-                            pass
+                    # The kernel has let it go.
                     return
-                send_frame(sock, carry_out(order, fds, children, base_env))
+                report = carry_out(order, fds, children, base_env)
+                if report is not None:
+                    send_frame(sock, report)
+                if WATCHING.fd is not None and not WATCHING.registered:
+                    events.register(WATCHING.fd, selectors.EVENT_READ)
+                    WATCHING.registered = True
+            elif key.fileobj == WATCHING.fd:
+                for report in WATCHING.reports():
+                    send_frame(sock, report)
             else:
                 try:
                     os.read(wake_r, 512)
@@ -118,7 +136,8 @@ def serve_steward(sock, wake_r, base_env):
 
 
 def carry_out(order, fds, children, base_env):
-    """One order's report; the descriptors that came with it are closed."""
+    """One order's report (none for `unwatch`); the descriptors that
+    came with it are closed."""
     ref = order.get("ref")
     try:
         if order.get("op") == "start":
@@ -133,6 +152,12 @@ def carry_out(order, fds, children, base_env):
             except ProcessLookupError:
                 return {"signalled": ref, "sent": False}
             return {"signalled": ref, "sent": True}
+        if order.get("op") == "file":
+            return {"done": ref, "reply": file_op(order["call"], ref)}
+        if order.get("op") == "unwatch":
+            # Never answered: the kernel has ended the watch already.
+            WATCHING.unwatch(ref)
+            return None
         return {"failed": ref, "errno": errno.EINVAL, "error": "no such order"}
     except OSError as err:
         return {"failed": ref, "errno": err.errno or 0, "error": err.strerror or str(err)}

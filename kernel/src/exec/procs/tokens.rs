@@ -1,0 +1,25 @@
+//! What the processes' tokens and timers stand for.
+
+/// What one of the processes' tokens stands for.
+#[derive(Clone, Copy, Debug)]
+pub enum ProcSource {
+    /// A steward's socket.
+    Steward(usize),
+    /// A process's output pipe (0: stdout, 1: stderr).
+    Output(usize, usize),
+    /// A process's input, waiting for room.
+    Input(usize),
+}
+
+/// Why the processes' timers fire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcWake {
+    /// A follow's wait is over (by number and serial).
+    Follow(usize, u64),
+    /// A process's timeout may have come.
+    Timeout(usize),
+    /// A session's records may be due to go.
+    Prune,
+    /// A steward's answer to an order (by steward and reference) is due.
+    Answer(usize, u64),
+}
