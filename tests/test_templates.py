@@ -58,6 +58,12 @@ def test_a_template_is_built_once_and_runs_sessions_and_agents_start_from_it(ind
         session = run(client, "pip install --no-index agentos-probe 2>&1 | tail -1",
                       "bash", session="s", template="probe")
         assert "already satisfied" in session["stdout"], session
+        # Its later runs, and programs started in it, have the template's
+        # programs on their PATH without naming it.
+        later = run(client, "echo $PATH", "bash", session="s")
+        assert "/opt/template/bin" in later["stdout"].split(":"), later
+        started = client.run_process("s", ["/bin/sh", "-c", "echo $PATH"])
+        assert "/opt/template/bin" in started["stdout"].decode().split(":"), started
         # A session keeps what it was opened from.
         assert run(client, "print(1)", session="plain")["ok"]
         with pytest.raises(BadRequest) as kept:

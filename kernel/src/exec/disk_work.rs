@@ -450,7 +450,8 @@ impl DiskWork {
     /// The template a run `asked` for — the request, whose it is, where
     /// its reply goes — is given: the one it builds, if a build asked for
     /// it; the one it names (`not_found` if none is built; `bad_request` if
-    /// its session was opened from another); or none.
+    /// its session was opened from another); the one its session was
+    /// opened from; or none.
     pub fn template_for(
         &self,
         asked: (&ExecRequest, Principal, ReplyTo),
@@ -459,12 +460,13 @@ impl DiskWork {
         if let Some(build) = self.waits.asked_by(reply_to) {
             return Ok(Some(TemplateUse::Build(build.name.clone())));
         }
-        let Some(name) = &request.template else {
-            return Ok(None);
-        };
-        let key = self.store.find_template(owner, name)?;
         let session = request.session.clone().map(|session| (owner, session));
         let opened_from = session.as_ref().and_then(|s| self.store.stored.opened(s));
+        let Some(name) = &request.template else {
+            // A session keeps what it was opened from, named or not.
+            return Ok(opened_from.flatten().map(TemplateUse::Use));
+        };
+        let key = self.store.find_template(owner, name)?;
         if let Some(opened_from) = opened_from.filter(|from| from.as_deref() != Some(&key)) {
             let shown = |key: String| self.store.template_info(&key).map_or(key, |t| t.template);
             let from = opened_from.map_or("no template".to_owned(), |t| {

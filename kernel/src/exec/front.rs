@@ -355,8 +355,18 @@ impl Exec {
         }
         let timeout = self.dispatcher.caps.default_timeout;
         let order = Order::Steward { socket };
-        let waiting =
+        let mut waiting =
             Waiting::for_session(key, caller, order, ReplyTo::Nobody, limits, timeout, now);
+        // The template the session was opened from: its programs are on
+        // the processes' PATH.
+        let asked = (&waiting.request, key.0, ReplyTo::Nobody);
+        waiting.template = self
+            .dispatcher
+            .backlog
+            .disks()
+            .template_for(asked)
+            .ok()
+            .flatten();
         self.dispatcher.queue(waiting, replies, now);
     }
 
