@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
+from agentos import AgentOSClient
 
 REPO = Path(__file__).resolve().parent.parent
 BIN_DIR = Path(os.environ.get("AGENTOS_BIN_DIR", REPO / "target" / "debug"))
@@ -244,6 +245,15 @@ def root_kernel(needs: str, config: str = "") -> Iterator[Optional[Kernel]]:
         return
     with kernel_with(config) as k:
         yield k
+
+
+def root_client(kernel: Optional[Kernel]) -> Iterator[AgentOSClient]:
+    """For a client fixture over :func:`root_kernel`'s kernel: skipped,
+    saying so, when there is none."""
+    if kernel is None:
+        pytest.skip("needs root")
+    with AgentOSClient(kernel.socket_path, timeout=60) as client:
+        yield client
 
 
 def session_named(client, request) -> Iterator[str]:

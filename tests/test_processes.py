@@ -25,7 +25,7 @@ from agentos.errors import (
     NotFound,
     Unavailable,
 )
-from conftest import RUN_ASKS_KERNEL, binary, root_kernel
+from conftest import RUN_ASKS_KERNEL, binary, root_client, root_kernel
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,7 @@ def kernel():
 
 @pytest.fixture
 def client(kernel):
-    if kernel is None:
-        pytest.skip("needs root")
-    with AgentOSClient(kernel.socket_path, timeout=60) as client:
-        yield client
+    yield from root_client(kernel)
 
 
 @pytest.fixture

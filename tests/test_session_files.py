@@ -29,7 +29,7 @@ from agentos.errors import (
     Unavailable,
 )
 from agentos.protocol import Opcode
-from conftest import RUN_ASKS_KERNEL, binary, root_kernel, session_named
+from conftest import RUN_ASKS_KERNEL, binary, root_client, root_kernel, session_named
 
 # A small disk, to be filled.
 CONFIG = "[exec]\nsession_disk_bytes = 50331648\n"
@@ -42,10 +42,7 @@ def kernel():
 
 @pytest.fixture
 def client(kernel):
-    if kernel is None:
-        pytest.skip("needs root")
-    with AgentOSClient(kernel.socket_path, timeout=60) as client:
-        yield client
+    yield from root_client(kernel)
 
 
 @pytest.fixture

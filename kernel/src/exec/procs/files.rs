@@ -55,6 +55,9 @@ enum Expected {
     Read { offset: u64, length: u64 },
     /// A watch made (the kernel names it).
     Watch,
+    /// Nothing: the op is the kernel's own (`events`, `unwatch`), never
+    /// the steward's to answer.
+    Nothing,
 }
 
 impl FileAsked {
@@ -65,8 +68,8 @@ impl FileAsked {
             FileCall::List(_) => Expected::List,
             FileCall::Mkdir(_) => Expected::Made,
             FileCall::Remove(_) => Expected::Removed,
-            // Not the steward's: answered by the kernel.
-            FileCall::Watch(_) | FileCall::Events(_) | FileCall::Unwatch(_) => Expected::Watch,
+            FileCall::Watch(_) => Expected::Watch,
+            FileCall::Events(_) | FileCall::Unwatch(_) => Expected::Nothing,
             FileCall::Read(read) => Expected::Read {
                 offset: read.offset,
                 length: read.length.unwrap_or(MAX_READ_BYTES),
@@ -123,6 +126,7 @@ impl FileAsked {
                 watch.success = true;
                 Ok(())
             }),
+            Expected::Nothing => Err(Unfit::Shape),
         };
         passed.map_err(unfit)
     }
@@ -202,5 +206,9 @@ mod tests {
         let entries = vec![entry(); MAX_LIST_ENTRIES + 1];
         let reply = json!({"success": true, "entries": entries, "truncated": false});
         assert!(list.checked(&reply.to_string()).is_err());
+        // The kernel's own ops are never the steward's to answer.
+        let events = asked(json!({"op": "events", "session": "s", "watch": "w-1"}));
+        assert!(!events.is_watch());
+        assert!(events.checked(r#"{"success":true,"watch":"w-1"}"#).is_err());
     }
 }

@@ -336,9 +336,12 @@ impl Procs {
 
     /// Ends watch `id`, answering its follows: the steward's number for it.
     fn end_watch(&mut self, id: usize, replies: &mut Vec<Reply>) -> u64 {
-        self.watches[id].ended = true;
+        let watch = &mut self.watches[id];
+        watch.ended = true;
+        let reference = watch.reference;
         self.answer_follows(Followed::Events(id), true, replies);
-        self.watches.remove(id).map_or(0, |watch| watch.reference)
+        self.watches.remove(id);
+        reference
     }
 
     /// `input`: bytes for a process's stdin, answered once they are in

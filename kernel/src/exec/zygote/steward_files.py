@@ -44,9 +44,10 @@ def file_op(call, ref):
     raise OSError(errno.EINVAL, f"no file op {op!r}")
 
 
-def entry_of(path, status=None):
-    """What `path` is, as `lstat` sees it; its path made absolute through
-    its directory's symlinks (its own, if it is one, kept)."""
+def entry_of(path, status=None, listed=False):
+    """What `path` is, as `lstat` sees it (`status`, if known); its path
+    made absolute through its directory's symlinks (its own, if it is
+    one, kept) unless it was `listed` from a directory already real."""
     if status is None:
         status = os.lstat(path)
     mode = status.st_mode
@@ -59,7 +60,10 @@ def entry_of(path, status=None):
     else:
         kind = "other"
     parent, name = os.path.split(path.rstrip("/"))
-    where = os.path.join(os.path.realpath(parent or "/"), name) if name else "/"
+    if listed or not name:
+        where = path if name else "/"
+    else:
+        where = os.path.join(os.path.realpath(parent or "/"), name)
     entry = {
         "name": shown(name or "/"),
         "path": shown(where),
@@ -139,7 +143,7 @@ def list_dir(path, depth):
                 try:
                     # One that goes while it is looked at is left out.
                     status = os.lstat(full)
-                    entry = entry_of(full, status)
+                    entry = entry_of(full, status, listed=True)
                 except (OSError, ValueError, OverflowError):
                     continue
                 size += len(json.dumps(entry))
