@@ -166,6 +166,9 @@ pub enum CliError {
     /// `agentos mcp-servers import`.
     #[error(transparent)]
     Import(#[from] ImportError),
+    /// `agentos e2b`.
+    #[error(transparent)]
+    E2b(#[from] crate::e2b::E2bCliError),
 }
 
 impl CliError {

@@ -18,6 +18,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod agents;
 mod audit;
 mod call;
+mod e2b;
 mod error;
 mod events;
 mod exec;
@@ -211,6 +212,10 @@ enum Command {
     /// spawn and more as tools for an MCP client, acting as you (`claude
     /// mcp add agentos -- agentos mcp`)
     Mcp(McpArgs),
+    /// Serve E2B's sandbox API over the kernel, for E2B's SDKs (set
+    /// E2B_API_URL and E2B_SANDBOX_URL to it); `agentos e2b keys add NAME`
+    /// makes an API key
+    E2b(e2b::E2bArgs),
     /// MCP servers for the kernel's config: `agentos mcp-servers import
     /// FILE` turns an MCP client's `mcpServers` JSON into `[mcp.servers]`
     /// entries
@@ -283,6 +288,15 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::SUCCESS);
     }
     let path = resolve_socket_path(args.socket.as_deref());
+    if let Command::E2b(e2b_args) = args.command {
+        if json || args.timeout.is_some() {
+            return Err(usage(
+                "e2b serves E2B's API; --json and --timeout do not apply",
+            ));
+        }
+        e2b::e2b(e2b_args, &path)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Command::Mcp(mcp_args) = args.command {
         if json || args.timeout.is_some() {
             return Err(usage(
@@ -384,7 +398,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Send(send_args) => messages::send(client, send_args, json),
         Command::Metrics => kernel::metrics(client, json),
         Command::Audit(audit_args) => audit::audit(client, audit_args, json),
-        Command::Completion { .. } | Command::Mcp(_) | Command::McpServers(_) => {
+        Command::Completion { .. } | Command::Mcp(_) | Command::E2b(_) | Command::McpServers(_) => {
             unreachable!("answered before connecting")
         }
     };

@@ -1,9 +1,10 @@
-//! What every request passes before the face's service sees it: the one
-//! path, the bearer token, the connection's owner, and the size of its
-//! body.
+//! What every request passes before the face's service sees it. For a
+//! face with a bearer token: the one path, the token, the connection's
+//! owner, and the size of its body. For a face that proves its callers
+//! itself: the connection's owner, when it serves one user only.
 
 use std::convert::Infallible;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -21,6 +22,17 @@ use crate::token::Token;
 /// A response's body, as the gate and the services behind it write it.
 pub type Body = BoxBody<Bytes, Infallible>;
 
+/// Answers a request that came on the connection with these `ends`,
+/// holding `place` among its client's connections.
+pub trait Handle: Send + Sync + 'static {
+    fn handle(
+        &self,
+        request: Request<Incoming>,
+        ends: Ends,
+        place: &Place,
+    ) -> impl Future<Output = Response<Body>> + Send;
+}
+
 /// The gate in front of one face's service `S`.
 #[derive(Debug)]
 pub struct Gate<S> {
@@ -30,13 +42,16 @@ pub struct Gate<S> {
     pub guard: Arc<Guard>,
 }
 
-impl<S> Gate<S>
+impl<S> Handle for Gate<S>
 where
-    S: Service<Request<Full<Bytes>>, Response = Response<Body>, Error = Infallible> + Clone,
+    S: Service<Request<Full<Bytes>>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
 {
-    /// The answer to `request`, which came on the connection with these
-    /// `ends`, holding `place` among its client's connections.
-    pub async fn handle(
+    async fn handle(
         &self,
         request: Request<Incoming>,
         ends: Ends,
@@ -79,18 +94,15 @@ where
                 )
             }
         };
-        let mut service = self.service.clone();
-        let request = Request::from_parts(parts, Full::new(body));
-        let answered = match poll_fn(|context| service.poll_ready(context)).await {
-            Ok(()) => service.call(request).await,
-            Err(never) => Err(never),
-        };
-        match answered {
-            Ok(response) => response,
-            Err(never) => match never {},
-        }
+        call(
+            self.service.clone(),
+            Request::from_parts(parts, Full::new(body)),
+        )
+        .await
     }
+}
 
+impl<S> Gate<S> {
     /// A 401 unless the request carries the token.
     fn refuse_unauthorized<B>(&self, request: &Request<B>) -> Option<Response<Body>> {
         let mut values = request.headers().get_all(header::AUTHORIZATION).iter();
@@ -116,6 +128,59 @@ where
                 .insert(header::WWW_AUTHENTICATE, challenge);
         }
         Some(response)
+    }
+}
+
+/// The gate in front of a face that proves its callers itself.
+#[derive(Debug)]
+pub struct KeyedGate<S> {
+    pub service: S,
+    pub guard: Arc<Guard>,
+}
+
+impl<S> Handle for KeyedGate<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+{
+    async fn handle(
+        &self,
+        request: Request<Incoming>,
+        ends: Ends,
+        place: &Place,
+    ) -> Response<Body> {
+        if let Some(refusal) = self.guard.refuse_other_users(ends).await {
+            return plain(StatusCode::FORBIDDEN, refusal);
+        }
+        let response = call(self.service.clone(), request).await;
+        // The face answered with something other than a refusal of its
+        // caller: the connection carried credentials it knows.
+        if !matches!(
+            response.status(),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        ) {
+            place.prove();
+        }
+        response
+    }
+}
+
+/// `service`'s answer to `request`.
+async fn call<S, B>(mut service: S, request: Request<B>) -> Response<Body>
+where
+    S: Service<Request<B>, Response = Response<Body>, Error = Infallible>,
+{
+    let answered = match poll_fn(|context| service.poll_ready(context)).await {
+        Ok(()) => service.call(request).await,
+        Err(never) => Err(never),
+    };
+    match answered {
+        Ok(response) => response,
+        Err(never) => match never {},
     }
 }
 

@@ -63,11 +63,12 @@
 pub mod connections;
 mod gate;
 mod guard;
+pub mod kernel_link;
 pub mod peer;
 mod plan;
 mod serve;
 pub mod token;
 
-pub use gate::Body;
-pub use plan::{parse_listen_address, Face, HttpError, HttpOptions, HttpPlan, Site};
-pub use serve::serve;
+pub use gate::{plain, Body};
+pub use plan::{parse_listen_address, Face, HttpError, HttpOptions, HttpPlan, KeyedPlan, Site};
+pub use serve::{serve, serve_keyed};

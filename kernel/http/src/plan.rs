@@ -17,10 +17,12 @@ pub struct Face {
     /// the token it makes is kept as `mcp-token`, and its bearer realm is
     /// `agentos mcp`.
     pub name: &'static str,
-    /// The one path it answers on (`/mcp`).
+    /// The one path it answers on (`/mcp`); `/` for a face that routes
+    /// every path itself.
     pub path: &'static str,
-    /// The environment variable that may give the token. A token is never
-    /// taken on the command line: argv is visible to every user in `ps`.
+    /// The environment variable that may give the token (or, for a face
+    /// with keys, a key). A token is never taken on the command line:
+    /// argv is visible to every user in `ps`.
     pub token_env: &'static str,
     /// The largest request body passed on; a longer one is answered 413.
     pub max_body_bytes: usize,
@@ -56,6 +58,15 @@ pub enum HttpError {
         listen: String,
         token_env: &'static str,
     },
+    /// A bind other machines can reach, with no keys to prove callers.
+    #[error(
+        "--listen {listen}: a bind other machines can reach needs keys: give --keys-file PATH \
+         or set {keys_env}"
+    )]
+    NeedsKeys {
+        listen: String,
+        keys_env: &'static str,
+    },
     #[error(transparent)]
     Token(#[from] TokenError),
     /// SIGINT and SIGTERM could not be caught.
@@ -72,19 +83,35 @@ pub enum HttpError {
     BoundAddress(std::io::Error),
 }
 
-/// Everything decided before the socket opens.
+/// Everything decided before the socket opens, for a face whose every
+/// request carries one bearer token.
 #[derive(Debug)]
 pub struct HttpPlan {
-    pub(crate) face: Face,
-    pub(crate) address: SocketAddr,
+    pub(crate) listening: Listening,
     pub(crate) token: Token,
     pub(crate) token_origin: Origin,
+}
+
+/// Everything decided before the socket opens, for a face that proves
+/// its callers itself (API keys it knows, in headers of its protocol's):
+/// every path and every request reaches its service.
+#[derive(Debug)]
+pub struct KeyedPlan {
+    pub(crate) listening: Listening,
+}
+
+/// Where a face listens, whom it serves, and what its service accepts.
+#[derive(Debug)]
+pub(crate) struct Listening {
+    pub(crate) face: Face,
+    pub(crate) address: SocketAddr,
     allowed_origins: Vec<String>,
     /// Empty means any `Host`: only for a wildcard bind, which requires a
-    /// given token.
+    /// given token or keys.
     allowed_hosts: Vec<String>,
-    /// With a token this server made, the one uid whose connections are
-    /// served: a given token may be shared, a made one is its user's.
+    /// With a token this server made, or no keys, the one uid whose
+    /// connections are served: given credentials may be shared, a made
+    /// token is its user's.
     pub(crate) only_uid: Option<u32>,
 }
 
@@ -119,9 +146,6 @@ impl HttpPlan {
                 None => None,
             },
         };
-        for origin in &options.allow_origins {
-            check_origin(origin)?;
-        }
         let (token, token_origin) = match given {
             Some(token) => (token, Origin::Given),
             None if !loopback => {
@@ -134,8 +158,46 @@ impl HttpPlan {
             // sandboxes through the egress proxy: never without a token.
             None => Token::made_or_kept(&default_token_path(face.name)?)?,
         };
+        let only_uid = (token_origin != Origin::Given).then(effective_uid);
+        Ok(HttpPlan {
+            listening: Listening::new(face, options, address, only_uid)?,
+            token,
+            token_origin,
+        })
+    }
+}
+
+impl KeyedPlan {
+    /// A face on `options.listen` that checks `keyed` callers' keys
+    /// itself. Without keys it serves its own user's connections only,
+    /// and a bind other machines can reach is refused.
+    pub fn new(face: Face, options: &HttpOptions, keyed: bool) -> Result<KeyedPlan, HttpError> {
+        let address = parse_listen_address(&options.listen)?;
+        if !keyed && !address.ip().is_loopback() {
+            return Err(HttpError::NeedsKeys {
+                listen: options.listen.clone(),
+                keys_env: face.token_env,
+            });
+        }
+        let only_uid = (!keyed).then(effective_uid);
+        Ok(KeyedPlan {
+            listening: Listening::new(face, options, address, only_uid)?,
+        })
+    }
+}
+
+impl Listening {
+    fn new(
+        face: Face,
+        options: &HttpOptions,
+        address: SocketAddr,
+        only_uid: Option<u32>,
+    ) -> Result<Listening, HttpError> {
+        for origin in &options.allow_origins {
+            check_origin(origin)?;
+        }
         let mut allowed_origins = Vec::new();
-        if loopback {
+        if address.ip().is_loopback() {
             // Pages served from this machine; the port is any, as a local
             // development server's is.
             for scheme in ["http", "https"] {
@@ -154,12 +216,9 @@ impl HttpPlan {
             }
             allowed_hosts.extend(options.allow_hosts.iter().cloned());
         }
-        let only_uid = (token_origin != Origin::Given).then(effective_uid);
-        Ok(HttpPlan {
+        Ok(Listening {
             face,
             address,
-            token,
-            token_origin,
             allowed_origins,
             allowed_hosts,
             only_uid,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -18,9 +19,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
-use crate::gate::{Body, Gate};
+use crate::gate::{Body, Gate, Handle, KeyedGate};
 use crate::guard::{Ends, Guard};
-use crate::plan::{HttpError, HttpPlan, Site};
+use crate::plan::{HttpError, HttpPlan, KeyedPlan, Listening, Site};
 use crate::token::Origin;
 
 /// How long a client may take to send a request's headers; a connection
@@ -52,47 +53,92 @@ where
         + 'static,
     S::Future: Send,
 {
-    let name = plan.face.name;
-    // Signals are caught before the address is printed, so a client that
-    // sees it may stop the server at once.
-    let mut terminate = signal(SignalKind::terminate()).map_err(HttpError::Signals)?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(HttpError::Signals)?;
-    let listener = TcpListener::bind(plan.address)
-        .await
-        .map_err(|error| HttpError::Listen {
-            address: plan.address,
-            error,
-        })?;
-    let address = listener.local_addr().map_err(HttpError::BoundAddress)?;
-    let stopping = CancellationToken::new();
-    let service = make(&plan.site(stopping.clone()));
-    let guard = Arc::new(Guard::new(
-        address,
-        MAX_CONNECTIONS_PER_CLIENT,
-        plan.only_uid,
-    ));
-    let made = match &plan.token_origin {
+    let HttpPlan {
+        listening,
+        token,
+        token_origin,
+    } = plan;
+    let face = listening.face;
+    let made = match &token_origin {
         Origin::Given => None,
         Origin::Made(path) => Some((path.clone(), "made now")),
         Origin::Kept(path) => Some((path.clone(), "made by an earlier start")),
     };
-    let gate = Arc::new(Gate {
-        service,
-        face: plan.face,
-        token: plan.token,
-        guard: guard.clone(),
-    });
-    if let Some((path, when)) = made {
-        eprintln!(
-            "agentos {name}: every request must carry Authorization: Bearer TOKEN, TOKEN being \
-             the content of {} ({when}, readable by you only)",
-            path.display()
-        );
-    }
-    eprintln!(
-        "agentos {name}: listening on http://{address}{}",
-        plan.face.path
-    );
+    let told = move || {
+        if let Some((path, when)) = made {
+            eprintln!(
+                "agentos {}: every request must carry Authorization: Bearer TOKEN, TOKEN being \
+                 the content of {} ({when}, readable by you only)",
+                face.name,
+                path.display()
+            );
+        }
+    };
+    let gate = move |site: &Site, guard| Gate {
+        service: make(site),
+        face,
+        token,
+        guard,
+    };
+    listen(listening, gate, told).await
+}
+
+/// Serves the face `plan` describes on its address until SIGINT or
+/// SIGTERM: every request on a connection its client may hold (and, for
+/// a face without keys, of its own user) goes, as it comes, to the
+/// service `make` builds for the site, which proves the caller itself.
+/// Its body is streamed, not read first: the service bounds it.
+pub async fn serve_keyed<S, F>(plan: KeyedPlan, make: F) -> Result<(), HttpError>
+where
+    F: FnOnce(&Site) -> S,
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+{
+    let gate = move |site: &Site, guard| KeyedGate {
+        service: make(site),
+        guard,
+    };
+    listen(plan.listening, gate, || {}).await
+}
+
+/// Listens where `listening` says and serves each connection through the
+/// gate `make_gate` builds, once `told` has said what the user needs to
+/// know before the address is printed.
+async fn listen<H, F>(
+    listening: Listening,
+    make_gate: F,
+    told: impl FnOnce(),
+) -> Result<(), HttpError>
+where
+    F: FnOnce(&Site, Arc<Guard>) -> H,
+    H: Handle,
+{
+    let face = listening.face;
+    let name = face.name;
+    // Signals are caught before the address is printed, so a client that
+    // sees it may stop the server at once.
+    let mut terminate = signal(SignalKind::terminate()).map_err(HttpError::Signals)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(HttpError::Signals)?;
+    let listener = TcpListener::bind(listening.address)
+        .await
+        .map_err(|error| HttpError::Listen {
+            address: listening.address,
+            error,
+        })?;
+    let address = listener.local_addr().map_err(HttpError::BoundAddress)?;
+    let stopping = CancellationToken::new();
+    let guard = Arc::new(Guard::new(
+        address,
+        MAX_CONNECTIONS_PER_CLIENT,
+        listening.only_uid,
+    ));
+    let gate = Arc::new(make_gate(&listening.site(stopping.clone()), guard.clone()));
+    told();
+    eprintln!("agentos {name}: listening on http://{address}{}", face.path);
 
     let connections = GracefulShutdown::new();
     loop {

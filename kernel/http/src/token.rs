@@ -215,6 +215,11 @@ impl Token {
         Ok(Token(bytes))
     }
 
+    /// The token's bytes, for a face that derives other secrets from it.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
     /// Compares in time that does not depend on where the bytes differ.
     pub fn matches(&self, presented: &[u8]) -> bool {
         bool::from(self.0.as_slice().ct_eq(presented))

@@ -145,6 +145,7 @@ mod tests {
         let missing = KernelError::Unreachable {
             socket: socket.clone(),
             error: io::Error::from(io::ErrorKind::NotFound),
+            hint: SOCKET_HINT,
         };
         let said = instructions(&socket, &Err(missing));
         assert!(said.starts_with(ABOUT), "{said}");
@@ -176,7 +177,7 @@ mod tests {
             .enable_all()
             .build()
             .expect("a runtime");
-        let looked = runtime.block_on(look(&KernelLink::new(socket.clone())));
+        let looked = runtime.block_on(look(&crate::mcp::kernel::link(socket.clone())));
         let Err(KernelError::Unreachable { socket: tried, .. }) = &looked else {
             panic!("{looked:?}");
         };

@@ -43,7 +43,6 @@ use rmcp::ServiceExt;
 pub use agentos_http::HttpOptions;
 use agentos_http::{HttpError, HttpPlan};
 use http::{McpEndpoint, FACE};
-use kernel::KernelLink;
 use server::AgentosServer;
 
 /// How the server meets its client.
@@ -96,7 +95,7 @@ pub fn serve(socket: PathBuf, transport: Transport) -> Result<(), ServeError> {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    let kernel = KernelLink::new(socket);
+    let kernel = kernel::link(socket);
     // A look at the kernel before the first client arrives, for
     // `initialize` to name a missing one; it never stops the start.
     let looked = runtime.block_on(kernel_check::look(&kernel));

@@ -511,7 +511,7 @@ mod tests {
 
     fn server() -> AgentosServer {
         AgentosServer::new(
-            KernelLink::new(PathBuf::from("/nonexistent")),
+            crate::mcp::kernel::link(PathBuf::from("/nonexistent")),
             String::new(),
         )
     }

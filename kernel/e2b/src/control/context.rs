@@ -1,0 +1,20 @@
+//! One request's view of the face: the face itself, and the calling
+//! key's tenant.
+
+use super::shapes::SandboxAccess;
+use crate::face::Face;
+use crate::tenant::Tenant;
+
+/// One request's view: the face, and the key's tenant.
+pub struct Control<'a> {
+    pub face: &'a Face,
+    pub tenant: Tenant,
+}
+
+impl Control<'_> {
+    /// What create and connect answer for the tenant's sandbox `id`.
+    pub fn access(&self, id: String, template_id: String) -> SandboxAccess {
+        let token = self.face.tokens.mint(self.tenant.delegate, &id);
+        SandboxAccess::new(id, template_id, token)
+    }
+}

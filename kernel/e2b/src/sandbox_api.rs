@@ -1,0 +1,92 @@
+//! A sandbox's own API (`E2B_SANDBOX_URL`): requests that name the
+//! sandbox (`E2b-Sandbox-Id`) and its port (`E2b-Sandbox-Port`: envd on
+//! 49983, the code interpreter on 49999), proven by the sandbox's access
+//! token rather than an API key. The token names the delegate it was
+//! made for, so the request is that key's, and a token made for another
+//! sandbox is refused before the kernel is asked anything.
+
+use agentos_http::Body;
+use agentos_proto::payload::SessionState;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+
+use crate::answer::{no_content, ApiError};
+use crate::face::Face;
+use crate::tenant::Tenant;
+
+/// The header a sandbox's requests name it by.
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+/// The header naming the sandbox's port.
+const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+/// The header carrying the sandbox's access token.
+const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+
+/// envd's port.
+const ENVD_PORT: &str = "49983";
+/// The code interpreter's port.
+const INTERPRETER_PORT: &str = "49999";
+
+/// The answer to a request to a sandbox.
+pub async fn answer<B>(face: &Face, request: Request<B>) -> Response<Body> {
+    match answered(face, request).await {
+        Ok(response) => response,
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn answered<B>(face: &Face, request: Request<B>) -> Result<Response<Body>, ApiError> {
+    let headers = request.headers();
+    let id = one_header(headers, SANDBOX_ID_HEADER).unwrap_or_default();
+    let port = one_header(headers, SANDBOX_PORT_HEADER).unwrap_or(ENVD_PORT);
+    if port != ENVD_PORT && port != INTERPRETER_PORT {
+        return Err(not_running(format!(
+            "The sandbox {id} has no port {port} open"
+        )));
+    }
+    let tenant = tenant_of(face, headers, id)?;
+    match (request.method(), request.uri().path()) {
+        (&Method::GET, "/health") => {
+            let session = tenant
+                .sandbox(id)
+                .await
+                .map_err(|_| not_running(format!("The sandbox {id} was not found")))?;
+            match session.state {
+                SessionState::Running | SessionState::Ready => Ok(no_content()),
+                _ => Err(not_running(format!("The sandbox {id} is paused"))),
+            }
+        }
+        (method, path) => Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "{method} {path} on port {port}: commands, files and code are not served by \
+                 this agentos e2b yet"
+            ),
+        )),
+    }
+}
+
+/// The tenant whose token the request carries, for sandbox `id`; a 401
+/// for a missing token or one not made for `id`.
+fn tenant_of(face: &Face, headers: &HeaderMap, id: &str) -> Result<Tenant, ApiError> {
+    let token = one_header(headers, ACCESS_TOKEN_HEADER)
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "send X-Access-Token"))?;
+    let delegate = face
+        .tokens
+        .verify(token, id)
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token"))?;
+    Ok(Tenant::new(&face.kernel, delegate))
+}
+
+/// The one value of header `name`, as text.
+fn one_header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => value.to_str().ok(),
+        _ => None,
+    }
+}
+
+/// What E2B's proxy answers for a sandbox that is not there to answer:
+/// the SDKs read a 502 as "not running".
+fn not_running(message: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_GATEWAY, message)
+}

@@ -1,0 +1,136 @@
+//! The face's one service: every request on an admitted connection comes
+//! here, is told apart by its headers (a sandbox's requests carry
+//! `E2b-Sandbox-Id`), proven by its key, and answered.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use agentos_http::Body;
+use http::{header, HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use crate::answer::ApiError;
+use crate::control::{self, Control};
+use crate::face::Face;
+use crate::sandbox_api::{self, SANDBOX_ID_HEADER};
+use crate::tenant::Tenant;
+
+/// The largest control request body read; a create is well under it.
+const MAX_CONTROL_BODY: usize = 1 << 20;
+
+/// The face as a service of requests.
+#[derive(Debug, Clone)]
+pub struct E2bService {
+    face: Arc<Face>,
+}
+
+impl E2bService {
+    pub fn new(face: Arc<Face>) -> E2bService {
+        E2bService { face }
+    }
+}
+
+impl tower_service::Service<Request<Incoming>> for E2bService {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        let face = self.face.clone();
+        Box::pin(async move { Ok(answer(&face, request).await) })
+    }
+}
+
+/// The answer to one request.
+async fn answer(face: &Face, request: Request<Incoming>) -> Response<Body> {
+    if let Some(refused) = refuse_host(face, request.headers()) {
+        return refused.into_response();
+    }
+    if request.headers().contains_key(SANDBOX_ID_HEADER) {
+        return sandbox_api::answer(face, request).await;
+    }
+    let tenant = match tenant_of(face, request.headers()) {
+        Ok(tenant) => tenant,
+        Err(err) => return err.into_response(),
+    };
+    let (parts, body) = request.into_parts();
+    let body = match Limited::new(body, MAX_CONTROL_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("a request body may be at most {MAX_CONTROL_BODY} bytes"),
+            )
+            .into_response()
+        }
+        Err(err) => {
+            return ApiError::bad_request(format!("reading the request body: {err}"))
+                .into_response()
+        }
+    };
+    let control = Control { face, tenant };
+    let path = parts.uri.path();
+    let query = parts.uri.query().unwrap_or("");
+    control::answer(&control, &parts.method, path, query, &parts.headers, body).await
+}
+
+/// A 401 unless the request carries one `X-API-KEY` the face knows.
+fn tenant_of(face: &Face, headers: &HeaderMap) -> Result<Tenant, ApiError> {
+    let mut values = headers.get_all("x-api-key").iter();
+    let key = match (values.next(), values.next()) {
+        (Some(key), None) => key,
+        (None, _) => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "send the API key in X-API-KEY",
+            ))
+        }
+        (Some(_), Some(_)) => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "send one X-API-KEY header",
+            ))
+        }
+    };
+    let delegate = face
+        .keys
+        .delegate_of(key.as_bytes())
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "Invalid API key"))?;
+    Ok(Tenant::new(&face.kernel, delegate))
+}
+
+/// A 403 for a `Host` the face does not answer to: a page of another
+/// site in the user's browser could otherwise reach a loopback face by a
+/// name that resolves to 127.0.0.1 (DNS rebinding).
+fn refuse_host(face: &Face, headers: &HeaderMap) -> Option<ApiError> {
+    let allowed = &face.site.allowed_hosts;
+    if allowed.is_empty() {
+        return None;
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|host| host.to_str().ok())
+        .unwrap_or("");
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    if allowed
+        .iter()
+        .any(|allowed| allowed.eq_ignore_ascii_case(name))
+    {
+        return None;
+    }
+    Some(ApiError::new(
+        StatusCode::FORBIDDEN,
+        format!("Host {host:?} is not one this face answers to; start it with --allow-host"),
+    ))
+}

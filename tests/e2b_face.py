@@ -1,0 +1,111 @@
+"""`agentos e2b` for a test: started on a port the kernel picks, its URL
+read from the line it prints, stopped with SIGTERM. Keys are made with
+`agentos e2b keys add` into a keys file of the test's own, and the access
+token secret is a file of its own too, so nothing lands in the user's
+configuration."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from conftest import binary
+
+LISTENING = re.compile(r"agentos e2b: listening on http://(.+):(\d+)/$")
+
+
+@dataclass
+class E2bFace:
+    url: str
+    process: subprocess.Popen
+    keys: dict[str, str]
+    stderr: list[str] = field(default_factory=list)
+
+    def env(self, key: str) -> dict[str, str]:
+        """What E2B's SDKs read: where the face is, and the key."""
+        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": key}
+
+
+def add_key(keys_file: Path, name: str) -> str:
+    made = subprocess.run(
+        [binary("agentos"), "e2b", "keys", "add", name, "--keys-file", str(keys_file)],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    return made.stdout.strip()
+
+
+def start_face(args: list[str], env: dict[str, str] | None = None,
+               timeout: float = 20) -> tuple[subprocess.Popen, list[str], str | None]:
+    """Starts `agentos e2b ARGS`; its process, the stderr lines read so
+    far (more keep coming in), and its URL, or None if it exited first."""
+    process = subprocess.Popen(
+        [binary("agentos"), *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, env=env,
+    )
+    lines: list[str] = []
+    found = threading.Event()
+    url: list[str] = []
+
+    def read() -> None:
+        for line in process.stderr:
+            lines.append(line.rstrip("\n"))
+            matched = LISTENING.search(line.rstrip("\n"))
+            if matched:
+                url.append(f"http://{matched.group(1)}:{matched.group(2)}")
+                found.set()
+        found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    found.wait(timeout)
+    return process, lines, (url[0] if url else None)
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def e2b_face(socket_path: str, key_names: tuple[str, ...] = ("alice", "bob"),
+             extra: tuple[str, ...] = ()) -> Iterator[E2bFace]:
+    """A face on the kernel at `socket_path` with a key for each name (no
+    keys at all for an empty tuple)."""
+    workdir = Path(tempfile.mkdtemp(prefix="agentos-e2b-"))
+    try:
+        secret = workdir / "secret"
+        secret.write_text(secrets.token_hex(32))
+        secret.chmod(0o600)
+        keys_file = workdir / "keys"
+        keys = {name: add_key(keys_file, name) for name in key_names}
+        args = ["--socket", socket_path, "e2b", "--listen", "127.0.0.1:0",
+                "--secret-file", str(secret), *extra]
+        if keys:
+            args += ["--keys-file", str(keys_file)]
+        env = {k: v for k, v in os.environ.items() if k != "AGENTOS_E2B_API_KEY"}
+        # The default keys file and secret are looked for under HOME: the
+        # test's own, so a user's are never read.
+        env["HOME"] = str(workdir)
+        env.pop("XDG_CONFIG_HOME", None)
+        process, lines, url = start_face(args, env)
+        assert url, f"agentos e2b did not start: {lines}"
+        try:
+            yield E2bFace(url, process, keys, lines)
+        finally:
+            stop(process)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

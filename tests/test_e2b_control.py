@@ -1,0 +1,323 @@
+"""`agentos e2b`'s control API, driven by E2B's own Python SDK (pinned in
+scripts/requirements-e2b.txt) and by hand where a hostile client would
+send what the SDK never does. Each key is a delegate of the kernel's:
+one key's sandboxes are another's `not found`, in the kernel itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta, timezone
+from typing import Iterator, Optional
+
+import pytest
+
+from conftest import Kernel, binary, root_kernel
+from e2b_face import E2bFace, e2b_face, start_face, stop
+
+# E2B's SDK, as scripts/setup installs it (scripts/requirements-e2b.txt).
+import e2b
+from e2b import Sandbox, SandboxQuery
+from e2b.exceptions import (
+    AuthenticationException, SandboxException, SandboxNotFoundException,
+)
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Optional[Kernel]]:
+    yield from root_kernel("E2B sandboxes (sessions with disks and processes)")
+
+
+@pytest.fixture(scope="module")
+def face(kernel) -> Iterator[E2bFace]:
+    if kernel is None:
+        pytest.skip("needs root")
+    with e2b_face(kernel.socket_path, extra=("--max-sandboxes-per-key", "3")) as face:
+        saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL")}
+        os.environ.update({"E2B_API_URL": face.url, "E2B_SANDBOX_URL": face.url})
+        os.environ.pop("E2B_DEBUG", None)
+        try:
+            yield face
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture
+def made(face) -> Iterator[list[tuple[str, str]]]:
+    """Sandboxes a test made, as (id, key): each killed afterwards."""
+    sandboxes: list[tuple[str, str]] = []
+    yield sandboxes
+    for sandbox_id, key in sandboxes:
+        Sandbox.kill(sandbox_id, api_key=key)
+
+
+def create(face: E2bFace, made, key: str = "alice", **options) -> Sandbox:
+    sandbox = Sandbox.create(api_key=face.keys[key], **options)
+    made.append((sandbox.sandbox_id, face.keys[key]))
+    return sandbox
+
+
+def call(face: E2bFace, method: str, path: str, body=None, key: Optional[str] = "alice",
+         headers: Optional[dict] = None) -> tuple[int, dict, dict]:
+    """A request by hand: its status, its JSON body (or {}), its headers."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    request = urllib.request.Request(face.url + path, data=data, method=method)
+    if key is not None:
+        request.add_header("X-API-KEY", face.keys.get(key, key))
+    request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            raw, status, got = response.read(), response.status, response.headers
+    except urllib.error.HTTPError as err:
+        raw, status, got = err.read(), err.code, err.headers
+    return status, (json.loads(raw) if raw else {}), got
+
+
+def test_a_sandbox_is_made_read_listed_and_killed_with_the_sdk(face, made):
+    started = time.monotonic()
+    sandbox = create(face, made, metadata={"team": "data"}, timeout=120)
+    took = time.monotonic() - started
+    assert len(sandbox.sandbox_id) == 20 and sandbox.sandbox_id.isalnum()
+    assert sandbox.is_running()
+    info = sandbox.get_info()
+    assert info.template_id == "base"
+    assert info.metadata == {"team": "data"}
+    assert info.state.value == "running"
+    assert (info.cpu_count, info.memory_mb) == (2, 512)
+    lifetime = info.end_at - info.started_at
+    assert timedelta(seconds=110) < lifetime < timedelta(seconds=130), lifetime
+    assert info.lifecycle["on_timeout"].value == "kill"
+    listed = Sandbox.list(api_key=face.keys["alice"]).next_items()
+    assert [s.sandbox_id for s in listed] == [sandbox.sandbox_id]
+    print(f"create took {took * 1000:.0f} ms")
+    assert sandbox.kill() is True
+    assert Sandbox.kill(sandbox.sandbox_id, api_key=face.keys["alice"]) is False
+    assert not sandbox.is_running()
+    with pytest.raises(SandboxNotFoundException):
+        sandbox.get_info()
+
+
+def test_one_keys_sandbox_is_not_found_by_another(face, made):
+    sandbox = create(face, made)
+    bob = face.keys["bob"]
+    assert Sandbox.list(api_key=bob).next_items() == []
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(sandbox.sandbox_id, api_key=bob)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.set_timeout(sandbox.sandbox_id, 5, api_key=bob)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sandbox.sandbox_id, api_key=bob)
+    assert Sandbox.kill(sandbox.sandbox_id, api_key=bob) is False
+    for path, asked in (("/pause", {}), ("/timeout", {"timeout": 1})):
+        status, body, _ = call(face, "POST", f"/sandboxes/{sandbox.sandbox_id}{path}",
+                               asked, key="bob")
+        assert (status, body["code"]) == (404, 404), body
+    # Bob's access token for his own sandbox does not open Alice's.
+    bobs = create(face, made, key="bob")
+    status, _, _ = call(face, "GET", "/health", key=None, headers={
+        "E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983",
+        "X-Access-Token": bobs._envd_access_token})
+    assert status == 401
+    assert sandbox.is_running()
+    assert Sandbox.get_info(sandbox.sandbox_id, api_key=face.keys["alice"]).state.value == "running"
+
+
+def test_a_key_the_face_does_not_know_or_none_is_refused(face):
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="e2b_" + "0" * 48).next_items()
+    status, body, _ = call(face, "GET", "/v2/sandboxes", key=None)
+    assert (status, body["code"]) == (401, 401), body
+    status, body, _ = call(face, "GET", "/v2/sandboxes", headers={"X-API-KEY": "x"})
+    assert status == 401, body
+
+
+def test_pause_then_connect_and_connect_only_extends_a_running_sandbox(face, made):
+    sandbox = create(face, made, timeout=600)
+    key = face.keys["alice"]
+    end = sandbox.get_info().end_at
+    # A shorter timeout on connect leaves a running sandbox's end alone.
+    Sandbox.connect(sandbox.sandbox_id, timeout=10, api_key=key)
+    assert Sandbox.get_info(sandbox.sandbox_id, api_key=key).end_at == end
+    assert sandbox.pause() is True
+    assert Sandbox.get_info(sandbox.sandbox_id, api_key=key).state.value == "paused"
+    assert [s.sandbox_id for s in Sandbox.list(
+        api_key=key, query=SandboxQuery(state=[e2b.SandboxState.PAUSED])).next_items()] == [sandbox.sandbox_id]
+    assert Sandbox.pause(sandbox.sandbox_id, api_key=key) is False
+    Sandbox.connect(sandbox.sandbox_id, timeout=60, api_key=key)
+    info = Sandbox.get_info(sandbox.sandbox_id, api_key=key)
+    assert info.state.value == "running"
+    left = info.end_at - datetime.now(timezone.utc)
+    assert timedelta(seconds=50) < left <= timedelta(seconds=60), left
+    assert sandbox.is_running()
+
+
+def test_a_sandbox_ends_at_its_timeout_or_sleeps_when_asked_to(face, made):
+    key = face.keys["alice"]
+    ending = create(face, made, timeout=120)
+    sleeping = create(face, made, timeout=120, lifecycle={"on_timeout": "pause"})
+    assert sleeping.get_info().lifecycle["on_timeout"].value == "pause"
+    ending.set_timeout(1)
+    sleeping.set_timeout(1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = {s.sandbox_id: s.state.value for s in Sandbox.list(api_key=key).next_items()}
+        if ending.sandbox_id not in states and states.get(sleeping.sandbox_id) == "paused":
+            break
+        time.sleep(0.25)
+    assert ending.sandbox_id not in states, states
+    assert states.get(sleeping.sandbox_id) == "paused", states
+    Sandbox.connect(sleeping.sandbox_id, api_key=key)
+    assert Sandbox.get_info(sleeping.sandbox_id, api_key=key).state.value == "running"
+
+
+def test_metadata_filters_and_pages(face, made):
+    key = face.keys["alice"]
+    first = create(face, made, metadata={"user id": "a b&c=d", "n": "1"})
+    second = create(face, made, metadata={"user id": "other", "n": "2"})
+    found = Sandbox.list(api_key=key, query=SandboxQuery(metadata={"user id": "a b&c=d"}))
+    assert [s.sandbox_id for s in found.next_items()] == [first.sandbox_id]
+    pages = Sandbox.list(api_key=key, limit=1)
+    seen = pages.next_items()
+    assert pages.has_next
+    seen += pages.next_items()
+    assert not pages.has_next or pages.next_items() == []
+    assert sorted(s.sandbox_id for s in seen) == sorted([first.sandbox_id, second.sandbox_id])
+    status, body, _ = call(face, "GET", "/v2/sandboxes?limit=1000")
+    assert status == 400 and "limit" in body["message"], body
+    status, body, _ = call(face, "GET", "/v2/sandboxes?state=killed")
+    assert status == 400, body
+
+
+def test_an_idempotency_key_makes_one_sandbox(face, made):
+    key = face.keys["alice"]
+    one = Sandbox.create(api_key=key, idempotency_key="order-42", metadata={"k": "v"})
+    made.append((one.sandbox_id, key))
+    again = Sandbox.create(api_key=key, idempotency_key="order-42", metadata={"k": "v"})
+    assert again.sandbox_id == one.sandbox_id
+    with pytest.raises(SandboxException, match="409"):
+        Sandbox.create(api_key=key, idempotency_key="order-42", metadata={"k": "other"})
+    # Another key's idempotency key of the same name is its own.
+    bobs = Sandbox.create(api_key=face.keys["bob"], idempotency_key="order-42",
+                          metadata={"k": "v"})
+    made.append((bobs.sandbox_id, face.keys["bob"]))
+    assert bobs.sandbox_id != one.sandbox_id
+    status, body, _ = call(face, "POST", "/v2/sandboxes", {"templateID": "base"},
+                           headers={"Idempotency-Key": "Not Valid"})
+    assert status == 400, body
+
+
+def test_what_the_face_cannot_honour_is_refused_by_name(face):
+    refused = {
+        "mcp": {"mcp": {"servers": {}}},
+        "iam": {"iam": {"tokens": {"t": {"audience": "a", "tokenType": "x"}}}},
+        "volumeMounts": {"volumeMounts": [{"name": "v", "path": "/data"}]},
+        "network.rules": {"network": {"rules": {"api.example": [{}]}}},
+        "network.egressProxy": {"network": {"egressProxy": {"address": "p:1"}}},
+        "network.dnsServers": {"network": {"dnsServers": ["1.1.1.1"]}},
+        "autoResume": {"autoResume": {"enabled": True}},
+        "autoPauseMemory": {"autoPause": True, "autoPauseMemory": True},
+        "metadata": {"metadata": {"e2b.template": "forged"}},
+        "unknown field `gpu`": {"gpu": 1},
+        "timeout": {"timeout": 0},
+    }
+    for name, fields in refused.items():
+        status, body, _ = call(face, "POST", "/v2/sandboxes", {"templateID": "base", **fields})
+        assert status == 400 and name in body["message"], (name, body)
+    assert Sandbox.list(api_key=face.keys["alice"]).next_items() == []
+
+
+def test_an_unknown_template_is_e2bs_not_found(face):
+    with pytest.raises(SandboxException, match="404: template 'no-such-template' not found"):
+        Sandbox.create(template="no-such-template", api_key=face.keys["alice"])
+
+
+def test_a_key_holds_its_share_of_sandboxes(face, made):
+    for _ in range(3):
+        create(face, made, key="bob")
+    status, body, headers = call(face, "POST", "/v2/sandboxes", {"templateID": "base"}, key="bob")
+    assert (status, body["code"]) == (429, 429), body
+    assert "max-sandboxes-per-key" in body["message"]
+    assert headers.get("Retry-After") == "5"
+    # Alice's share is her own.
+    create(face, made)
+
+
+def test_hostile_requests_are_refused_before_the_kernel_is_asked(face, made):
+    sandbox = create(face, made)
+    for path in ("/sandboxes/..%2F..%2Fetc", "/sandboxes/ABC", "/sandboxes/" + "a" * 65):
+        status, body, _ = call(face, "GET", path)
+        assert status == 404, (path, body)
+    status, body, _ = call(face, "POST", "/v2/sandboxes", b"x" * (2 << 20))
+    assert status == 413, body
+    status, body, _ = call(face, "POST", "/v2/sandboxes", b"{not json")
+    assert status == 400, body
+    status, body, _ = call(face, "GET", "/v2/sandboxes", headers={"Host": "evil.example"})
+    assert status == 403, body
+    status, body, _ = call(face, "GET", "/sandboxes/" + sandbox.sandbox_id + "/logs")
+    assert status == 404, body
+    sandbox_headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983"}
+    for token in (None, "", sandbox._envd_access_token + "x",
+                  sandbox._envd_access_token.replace("e2b.alice", "e2b.bob")):
+        headers = dict(sandbox_headers)
+        if token is not None:
+            headers["X-Access-Token"] = token
+        status, _, _ = call(face, "GET", "/health", key=None, headers=headers)
+        assert status == 401, token
+    headers = dict(sandbox_headers, **{"X-Access-Token": sandbox._envd_access_token})
+    status, _, _ = call(face, "GET", "/health", key=None, headers=headers)
+    assert status == 204
+    other_id = dict(headers, **{"E2b-Sandbox-Id": "a" * 20})
+    status, _, _ = call(face, "GET", "/health", key=None, headers=other_id)
+    assert status == 401
+    status, _, _ = call(face, "GET", "/health", key=None,
+                        headers=dict(headers, **{"E2b-Sandbox-Port": "22"}))
+    assert status == 502
+
+
+def test_a_face_without_keys_serves_its_own_user_only_and_never_other_machines(kernel, tmp_path):
+    if kernel is None:
+        pytest.skip("needs root")
+    env = {k: v for k, v in os.environ.items() if k != "AGENTOS_E2B_API_KEY"}
+    env["HOME"] = str(tmp_path)
+    process, lines, url = start_face(["--socket", kernel.socket_path, "e2b", "--listen",
+                                      "0.0.0.0:0", "--secret-file", "/nonexistent"], env=env)
+    stop(process)
+    assert url is None and any("needs keys" in line for line in lines), lines
+    with e2b_face(kernel.socket_path, key_names=()) as face:
+        assert any("no keys" in line for line in face.stderr), face.stderr
+        status, body, _ = call(face, "GET", "/v2/sandboxes", key=None,
+                               headers={"X-API-KEY": "anything"})
+        assert status == 200 and body == [], body
+        # Another user of the machine is refused.
+        probe = ("import urllib.request, urllib.error, sys\n"
+                 "r = urllib.request.Request(sys.argv[1] + '/v2/sandboxes', "
+                 "headers={'X-API-KEY': 'anything'})\n"
+                 "try:\n    urllib.request.urlopen(r, timeout=10)\n    print(200)\n"
+                 "except urllib.error.HTTPError as e:\n    print(e.code)\n")
+        other = subprocess.run(["/usr/bin/python3", "-c", probe, face.url], user=65534,
+                               capture_output=True, text=True, timeout=30)
+        assert other.stdout.strip() == "403", other
+
+
+def test_a_keys_file_others_can_read_stops_the_start(kernel, tmp_path):
+    if kernel is None:
+        pytest.skip("needs root")
+    keys = tmp_path / "keys"
+    subprocess.run([binary("agentos"), "e2b", "keys", "add", "k", "--keys-file", str(keys)],
+                   check=True, capture_output=True)
+    keys.chmod(0o644)
+    process, lines, url = start_face(["--socket", kernel.socket_path, "e2b", "--listen",
+                                      "127.0.0.1:0", "--keys-file", str(keys)],
+                                     env=dict(os.environ, HOME=str(tmp_path)))
+    stop(process)
+    assert url is None and any("chmod 600" in line for line in lines), lines
