@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import e2b
+import pytest
+
 from conftest import binary
 
 LISTENING = re.compile(r"agentos e2b: listening on http://(.+):(\d+)/$")
@@ -109,3 +112,42 @@ def e2b_face(socket_path: str, key_names: tuple[str, ...] = ("alice", "bob"),
             stop(process)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# Fixtures for a test module whose `kernel` fixture is a root kernel: the
+# face on it, E2B's SDKs pointed at it, and the sandboxes a test made.
+
+
+@pytest.fixture(scope="module")
+def face(kernel) -> Iterator[E2bFace]:
+    if kernel is None:
+        pytest.skip("needs root")
+    with e2b_face(kernel.socket_path, extra=("--max-sandboxes-per-key", "3")) as face:
+        saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL")}
+        os.environ.update({"E2B_API_URL": face.url, "E2B_SANDBOX_URL": face.url})
+        os.environ.pop("E2B_DEBUG", None)
+        try:
+            yield face
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture
+def made(face) -> Iterator[list[tuple[str, str]]]:
+    """Sandboxes a test made, as (id, key): each killed afterwards."""
+    sandboxes: list[tuple[str, str]] = []
+    yield sandboxes
+    for sandbox_id, key in sandboxes:
+        e2b.Sandbox.kill(sandbox_id, api_key=key)
+
+
+def create(face: E2bFace, made, key: str = "alice", **options) -> "e2b.Sandbox":
+    sandbox = e2b.Sandbox.create(api_key=face.keys[key], **options)
+    made.append((sandbox.sandbox_id, face.keys[key]))
+    return sandbox
+
+

@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 import pytest
 
 from conftest import Kernel, binary, root_kernel
-from e2b_face import E2bFace, e2b_face, start_face, stop
+from e2b_face import E2bFace, create, e2b_face, face, made, start_face, stop  # noqa: F401
 
 # E2B's SDK, as scripts/setup installs it (scripts/requirements-e2b.txt).
 import e2b
@@ -30,39 +30,6 @@ from e2b.exceptions import (
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Optional[Kernel]]:
     yield from root_kernel("E2B sandboxes (sessions with disks and processes)")
-
-
-@pytest.fixture(scope="module")
-def face(kernel) -> Iterator[E2bFace]:
-    if kernel is None:
-        pytest.skip("needs root")
-    with e2b_face(kernel.socket_path, extra=("--max-sandboxes-per-key", "3")) as face:
-        saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL")}
-        os.environ.update({"E2B_API_URL": face.url, "E2B_SANDBOX_URL": face.url})
-        os.environ.pop("E2B_DEBUG", None)
-        try:
-            yield face
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-
-@pytest.fixture
-def made(face) -> Iterator[list[tuple[str, str]]]:
-    """Sandboxes a test made, as (id, key): each killed afterwards."""
-    sandboxes: list[tuple[str, str]] = []
-    yield sandboxes
-    for sandbox_id, key in sandboxes:
-        Sandbox.kill(sandbox_id, api_key=key)
-
-
-def create(face: E2bFace, made, key: str = "alice", **options) -> Sandbox:
-    sandbox = Sandbox.create(api_key=face.keys[key], **options)
-    made.append((sandbox.sandbox_id, face.keys[key]))
-    return sandbox
 
 
 def call(face: E2bFace, method: str, path: str, body=None, key: Optional[str] = "alice",

@@ -243,7 +243,7 @@ def test_a_run_sees_its_own_sessions_disk_and_nothing_of_the_host_or_other_sessi
             """)
         other = json.loads(run(client, look, session="b")["stdout"])
         assert other["files"] == [], other
-        assert other["home"] == [".venv"], other
+        assert other["home"] == [".profile", ".venv"], other
         assert other["host_paths"] == [], other
         assert sorted(point for point, _ in other["disk"]) == ["/home/user", "/tmp", "/workspace"]
         assert all("nosuid" in o and "nodev" in o for _, o in other["disk"]), other

@@ -72,9 +72,9 @@ enum KeysCommand {
 /// Why `agentos e2b` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum E2bCliError {
-    #[error("agentos e2b: {0}")]
+    #[error("agentos e2b")]
     Serve(#[from] E2bError),
-    #[error("agentos e2b keys: {0}")]
+    #[error("agentos e2b keys")]
     Keys(#[from] KeysError),
     #[error("agentos e2b: {0}")]
     Setup(String),

@@ -39,7 +39,7 @@ const MADE_KEY_BYTES: usize = 24;
 /// Why the keys cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum KeysError {
-    #[error("{path}: {error}")]
+    #[error("{}", path.display())]
     File {
         path: PathBuf,
         #[source]

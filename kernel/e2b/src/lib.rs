@@ -18,6 +18,7 @@
 
 mod answer;
 mod control;
+mod envd;
 mod face;
 mod idempotency;
 pub mod keys;
@@ -70,7 +71,7 @@ pub enum E2bError {
     Http(#[from] HttpError),
     #[error(transparent)]
     Keys(#[from] KeysError),
-    #[error("the envd token secret: {0}")]
+    #[error("the access token secret")]
     Secret(#[from] TokenError),
     #[error(transparent)]
     Kernel(#[from] KernelError),

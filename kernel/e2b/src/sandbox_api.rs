@@ -9,7 +9,10 @@ use agentos_http::Body;
 use agentos_proto::payload::SessionState;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 
+use hyper::body::Incoming;
+
 use crate::answer::{no_content, ApiError};
+use crate::envd::{self, session::Session};
 use crate::face::Face;
 use crate::tenant::Tenant;
 
@@ -26,14 +29,14 @@ const ENVD_PORT: &str = "49983";
 const INTERPRETER_PORT: &str = "49999";
 
 /// The answer to a request to a sandbox.
-pub async fn answer<B>(face: &Face, request: Request<B>) -> Response<Body> {
+pub async fn answer(face: &Face, request: Request<Incoming>) -> Response<Body> {
     match answered(face, request).await {
         Ok(response) => response,
         Err(err) => err.into_response(),
     }
 }
 
-async fn answered<B>(face: &Face, request: Request<B>) -> Result<Response<Body>, ApiError> {
+async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let headers = request.headers();
     let id = one_header(headers, SANDBOX_ID_HEADER).unwrap_or_default();
     let port = one_header(headers, SANDBOX_PORT_HEADER).unwrap_or(ENVD_PORT);
@@ -43,6 +46,20 @@ async fn answered<B>(face: &Face, request: Request<B>) -> Result<Response<Body>,
         )));
     }
     let tenant = tenant_of(face, headers, id)?;
+    let path = request.uri().path();
+    if port == ENVD_PORT && path.starts_with("/process.Process/") {
+        if request.method() != Method::POST {
+            return Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Connect calls are POST",
+            ));
+        }
+        let session = Session {
+            tenant,
+            id: id.to_owned(),
+        };
+        return Ok(envd::answer(session, request).await);
+    }
     match (request.method(), request.uri().path()) {
         (&Method::GET, "/health") => {
             let session = tenant

@@ -105,9 +105,11 @@ impl Tenant {
         Ok(())
     }
 
-    async fn exec<R: serde::de::DeserializeOwned>(
+    /// An EXEC op of the tenant's (a session's processes and files
+    /// carry their own `op`), read as `R`.
+    pub async fn exec<R: serde::de::DeserializeOwned>(
         &self,
-        call: &ExecCall,
+        call: &impl serde::Serialize,
         wait: Wait,
     ) -> Result<R, ApiError> {
         self.call(Opcode::EXEC, call, wait).await

@@ -262,6 +262,11 @@ pub async fn create(
     let mut env = asked.env_vars;
     env.insert("E2B_SANDBOX".to_owned(), "true".to_owned());
     env.insert("E2B_SANDBOX_ID".to_owned(), id.clone());
+    // The sandbox's one user, by the name E2B's SDKs give it.
+    for name in ["USER", "LOGNAME"] {
+        env.entry(name.to_owned())
+            .or_insert_with(|| "user".to_owned());
+    }
     let open = SessionOpen {
         run: ExecRequest {
             session: Some(id.clone()),

@@ -264,9 +264,32 @@ fn prepare_parts(root: &Path, user: RunUser, parts: &[&str]) -> io::Result<()> {
         };
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
         std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))?;
+        if part == "home" {
+            let profile = path.join(".profile");
+            fs::write(&profile, LOGIN_PROFILE)?;
+            std::os::unix::fs::chown(&profile, Some(user.uid), Some(user.gid))?;
+        }
     }
     Ok(())
 }
+
+/// A new home's `.profile`. A login shell (`bash -l`, as E2B's SDKs run
+/// every command) reads `/etc/profile`, which sets `PATH` anew for a
+/// user who is not root; this puts the session's own programs first
+/// again, as every other process of the session has them: its packages,
+/// then its template's.
+const LOGIN_PROFILE: &str = "\
+# A login shell's /etc/profile sets PATH anew: the session's packages
+# (~/.venv/bin) and its template's programs (/opt/template/bin) come
+# first again, as they do for the session's other processes.
+for dir in /opt/template/bin \"$HOME/.venv/bin\"; do
+  case \":$PATH:\" in
+    *\":$dir:\"*) ;;
+    *) if [ -d \"$dir\" ]; then PATH=\"$dir:$PATH\"; fi ;;
+  esac
+done
+export PATH
+";
 
 /// Whether something is mounted on `path` (a directory on another device
 /// than its parent's).
