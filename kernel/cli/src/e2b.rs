@@ -47,6 +47,9 @@ pub struct E2bArgs {
     /// Live sandboxes one key may hold
     #[arg(long, value_name = "N", default_value_t = 16)]
     max_sandboxes_per_key: usize,
+    /// The most one upload to a sandbox's /files may write, MiB
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    max_upload_mib: u64,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -125,6 +128,7 @@ pub fn e2b(args: E2bArgs, socket: &Path) -> Result<(), E2bCliError> {
             max_pids: args.max_pids,
             paused_keep_ms: args.paused_keep_secs.max(1).saturating_mul(1000),
             max_sandboxes_per_key: args.max_sandboxes_per_key,
+            max_upload_bytes: args.max_upload_mib.saturating_mul(1 << 20),
         },
     };
     // A server outlives its clients: one that hangs up mid-answer is an

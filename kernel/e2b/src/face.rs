@@ -11,6 +11,7 @@ use agentos_proto::payload::Limits;
 use crate::idempotency::Idempotency;
 use crate::keys::Keys;
 use crate::tokens::EnvdTokens;
+use crate::watchers::Watchers;
 
 /// What each sandbox is given, and how many one key holds.
 #[derive(Debug, Clone, Copy)]
@@ -26,6 +27,8 @@ pub struct Sizing {
     pub paused_keep_ms: u64,
     /// Live sandboxes one key may hold.
     pub max_sandboxes_per_key: usize,
+    /// The most one upload to `/files` may write.
+    pub max_upload_bytes: u64,
 }
 
 /// The kernel's CPU accounting period, µs: a run's CPU limit is a quota
@@ -68,6 +71,7 @@ pub struct Face {
     pub site: Site,
     pub sizing: Sizing,
     idempotency: Mutex<Idempotency>,
+    watchers: Mutex<Watchers>,
 }
 
 impl Face {
@@ -85,15 +89,21 @@ impl Face {
             site,
             sizing,
             idempotency: Mutex::new(Idempotency::default()),
+            watchers: Mutex::new(Watchers::default()),
         }
     }
 
     /// The idempotency keys seen; held only between awaits.
     pub fn idempotency(&self) -> MutexGuard<'_, Idempotency> {
-        // The map is left whole by every step, so a panic elsewhere while
-        // it was held leaves nothing half-done.
+        // The maps are left whole by every step, so a panic elsewhere
+        // while one was held leaves nothing half-done.
         self.idempotency
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The watchers made with `CreateWatcher`; held only between awaits.
+    pub fn watchers(&self) -> MutexGuard<'_, Watchers> {
+        self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

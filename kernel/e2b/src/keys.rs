@@ -135,6 +135,14 @@ impl Keys {
         })
     }
 
+    /// Every delegate a request may speak for.
+    pub fn delegates(&self) -> Vec<DelegateName> {
+        if !self.any() {
+            return DelegateName::new(KEYLESS_DELEGATE).into_iter().collect();
+        }
+        self.entries.iter().map(|entry| entry.delegate).collect()
+    }
+
     /// Whether there are keys to check (else every value is let in).
     pub fn any(&self) -> bool {
         !self.entries.is_empty()

@@ -22,10 +22,13 @@ mod envd;
 mod face;
 mod idempotency;
 pub mod keys;
+mod query;
 mod sandbox_api;
 mod service;
+mod signed;
 mod tenant;
 mod tokens;
+mod watchers;
 
 use std::path::PathBuf;
 use std::sync::Arc;

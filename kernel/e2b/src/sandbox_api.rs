@@ -12,8 +12,10 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use crate::answer::{no_content, ApiError};
+use crate::envd::files::{self, FilesQuery};
 use crate::envd::{self, session::Session};
 use crate::face::Face;
+use crate::query::query_pairs;
 use crate::tenant::Tenant;
 
 /// The header a sandbox's requests name it by.
@@ -47,7 +49,8 @@ async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Bo
     }
     let tenant = tenant_of(face, headers, id)?;
     let path = request.uri().path();
-    if port == ENVD_PORT && path.starts_with("/process.Process/") {
+    let envd = path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/");
+    if port == ENVD_PORT && envd {
         if request.method() != Method::POST {
             return Err(ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -58,7 +61,14 @@ async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Bo
             tenant,
             id: id.to_owned(),
         };
-        return Ok(envd::answer(session, request).await);
+        return Ok(envd::answer(face, session, request).await);
+    }
+    if port == ENVD_PORT && path == "/files" {
+        let session = Session {
+            tenant,
+            id: id.to_owned(),
+        };
+        return files(face, session, request).await;
     }
     match (request.method(), request.uri().path()) {
         (&Method::GET, "/health") => {
@@ -77,6 +87,52 @@ async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Bo
                 "{method} {path} on port {port}: commands, files and code are not served by \
                  this agentos e2b yet"
             ),
+        )),
+    }
+}
+
+/// A signed `/files` URL's request: no sandbox named, no token, only a
+/// signature its sandbox's token made.
+pub async fn answer_signed(face: &Face, request: Request<Incoming>) -> Response<Body> {
+    let query = request.uri().query().unwrap_or("").to_owned();
+    let found = crate::signed::sandbox_of(face, request.method(), &query).await;
+    let answered = match found {
+        Ok(session) => files(face, session, request).await,
+        Err(err) => Err(err),
+    };
+    answered.unwrap_or_else(ApiError::into_response)
+}
+
+/// `/files`: a download or an upload.
+async fn files(
+    face: &Face,
+    session: Session,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let mut asked = FilesQuery::default();
+    for (name, value) in query_pairs(request.uri().query().unwrap_or("")) {
+        match name.as_str() {
+            "path" => asked.path = Some(value),
+            "username" if matches!(value.as_str(), "" | "user" | "root") => {}
+            "username" => {
+                return Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    format!("error looking up user '{value}'"),
+                ))
+            }
+            _ => {}
+        }
+    }
+    let (parts, body) = request.into_parts();
+    match parts.method {
+        Method::GET => files::download(session, asked).await,
+        Method::POST => {
+            let most = face.sizing.max_upload_bytes;
+            files::upload(session, &parts.headers, asked, body, most).await
+        }
+        _ => Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "/files takes GET and POST",
         )),
     }
 }

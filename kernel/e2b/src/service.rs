@@ -57,6 +57,14 @@ async fn answer(face: &Face, request: Request<Incoming>) -> Response<Body> {
     if request.headers().contains_key(SANDBOX_ID_HEADER) {
         return sandbox_api::answer(face, request).await;
     }
+    let signed_files = request.uri().path() == "/files"
+        && request
+            .uri()
+            .query()
+            .is_some_and(|query| query.contains("signature="));
+    if signed_files {
+        return sandbox_api::answer_signed(face, request).await;
+    }
     let tenant = match tenant_of(face, request.headers()) {
         Ok(tenant) => tenant,
         Err(err) => return err.into_response(),

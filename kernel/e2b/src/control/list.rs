@@ -10,6 +10,7 @@ use percent_encoding::percent_decode_str;
 use super::context::Control;
 use super::shapes::ListedSandbox;
 use crate::answer::ApiError;
+use crate::query::query_pairs;
 
 /// A page's size when the request names none, and the most it may name.
 const MAX_PAGE: usize = 100;
@@ -24,22 +25,6 @@ pub struct ListQuery {
     template: Option<String>,
     limit: usize,
     next_token: Option<String>,
-}
-
-/// A query's pairs, each name and value percent-decoded (`+` a space).
-pub fn query_pairs(query: &str) -> Vec<(String, String)> {
-    let decode = |text: &str| {
-        let spaced = text.replace('+', " ");
-        percent_decode_str(&spaced).decode_utf8_lossy().into_owned()
-    };
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| match pair.split_once('=') {
-            Some((name, value)) => (decode(name), decode(value)),
-            None => (decode(pair), String::new()),
-        })
-        .collect()
 }
 
 /// The SDKs' metadata filter, `k=v&k2=v2` with each key and value

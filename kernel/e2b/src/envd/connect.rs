@@ -58,7 +58,7 @@ impl ConnectError {
     }
 
     /// The code's HTTP status, for a unary answer.
-    fn status(&self) -> StatusCode {
+    pub fn status(&self) -> StatusCode {
         match self.code {
             "invalid_argument" | "failed_precondition" | "out_of_range" => StatusCode::BAD_REQUEST,
             "unauthenticated" => StatusCode::UNAUTHORIZED,
@@ -231,7 +231,7 @@ impl StreamSender {
     }
 
     /// Ends the stream, with `error` if it failed.
-    pub async fn end(self, error: Option<ConnectError>) {
+    pub async fn end(&self, error: Option<ConnectError>) {
         let end = EndStream {
             error: error.as_ref(),
         };
@@ -269,6 +269,12 @@ pub fn stream_error(error: ConnectError) -> Response<Body> {
         HeaderValue::from_static("application/connect+json"),
     );
     response
+}
+
+/// A response body of what comes on `receiver`, each part flushed as it
+/// comes; it ends when the sender goes.
+pub fn channel_body(receiver: mpsc::Receiver<Bytes>) -> Body {
+    ChannelBody { receiver }.boxed()
 }
 
 /// A response body fed by a channel: each message flushed as it comes.

@@ -1,8 +1,10 @@
 //! envd's Connect services, as a sandbox's requests reach them on port
-//! 49983: `process.Process` (and `filesystem.Filesystem` to come), each
-//! method onto the kernel's ops on the sandbox's session.
+//! 49983: `process.Process` and `filesystem.Filesystem`, each method onto
+//! the kernel's ops on the sandbox's session.
 
 pub mod connect;
+pub mod files;
+pub mod filesystem;
 pub mod process;
 pub mod session;
 
@@ -15,18 +17,22 @@ use hyper::body::Incoming;
 use self::connect::{stream_error, unary, ConnectError};
 use self::process::Empty;
 use self::session::Session;
+use crate::face::Face;
 
 /// The users a request may name: the sandbox has one, and runs every
 /// process as it whichever is named.
 const USERS: [&str; 2] = ["user", "root"];
 
 /// The answer to an envd call on `session`.
-pub async fn answer(session: Session, request: Request<Incoming>) -> Response<Body> {
+pub async fn answer(face: &Face, session: Session, request: Request<Incoming>) -> Response<Body> {
     let (parts, body) = request.into_parts();
     let method = parts.uri.path().to_owned();
     let streaming = matches!(
         method.as_str(),
-        "/process.Process/Start" | "/process.Process/Connect" | "/process.Process/StreamInput"
+        "/process.Process/Start"
+            | "/process.Process/Connect"
+            | "/process.Process/StreamInput"
+            | "/filesystem.Filesystem/WatchDir"
     );
     if let Err(err) = check_user(&parts.headers) {
         return if streaming {
@@ -61,6 +67,42 @@ pub async fn answer(session: Session, request: Request<Incoming>) -> Response<Bo
         },
         "/process.Process/Update" => match process::read(body).await {
             Ok(asked) => process::update(&session, asked).await,
+            Err(refused) => refused,
+        },
+        "/filesystem.Filesystem/WatchDir" => match stream_request(body).await {
+            Ok(asked) => filesystem::watch_dir(session, headers, asked).await,
+            Err(err) => stream_error(err),
+        },
+        "/filesystem.Filesystem/Stat" => match process::read(body).await {
+            Ok(asked) => filesystem::stat(&session, asked).await,
+            Err(refused) => refused,
+        },
+        "/filesystem.Filesystem/ListDir" => match process::read(body).await {
+            Ok(asked) => filesystem::list_dir(&session, asked).await,
+            Err(refused) => refused,
+        },
+        "/filesystem.Filesystem/MakeDir" => match process::read(body).await {
+            Ok(asked) => filesystem::make_dir(&session, asked).await,
+            Err(refused) => refused,
+        },
+        "/filesystem.Filesystem/Move" => match process::read(body).await {
+            Ok(asked) => filesystem::move_entry(&session, asked).await,
+            Err(refused) => refused,
+        },
+        "/filesystem.Filesystem/Remove" => match process::read(body).await {
+            Ok(asked) => filesystem::remove(&session, asked).await,
+            Err(refused) => refused,
+        },
+        "/filesystem.Filesystem/CreateWatcher" => match process::read(body).await {
+            Ok(asked) => filesystem::create_watcher(face, &session, asked).await,
+            Err(refused) => refused,
+        },
+        "/filesystem.Filesystem/GetWatcherEvents" => match process::read(body).await {
+            Ok(asked) => filesystem::watcher_events(face, &session, asked).await,
+            Err(refused) => refused,
+        },
+        "/filesystem.Filesystem/RemoveWatcher" => match process::read(body).await {
+            Ok(asked) => filesystem::remove_watcher(face, &session, asked).await,
             Err(refused) => refused,
         },
         other => unary::<Empty>(Err(ConnectError::new(

@@ -226,7 +226,7 @@ pub fn resolve(path: &str) -> String {
 }
 
 /// The wait a follow is given: the client's keepalive interval.
-fn follow_wait_ms(headers: &HeaderMap) -> u64 {
+pub fn follow_wait_ms(headers: &HeaderMap) -> u64 {
     let secs = headers
         .get("keepalive-ping-interval")
         .and_then(|value| value.to_str().ok())
