@@ -130,6 +130,11 @@ def test_a_pty_runs_a_shell_that_takes_keys_and_a_new_size(sandbox):
     output = bytearray()
     terminal = sandbox.pty.create(PtySize(rows=24, cols=80), timeout=0)
     sandbox.pty.send_stdin(terminal.pid, b"stty size; echo $TERM\n")
+    # The new size is given once the shell has answered at the old one.
+    for _, _, pty in terminal:
+        output.extend(pty or b"")
+        if b"xterm-256color" in output:
+            break
     sandbox.pty.resize(terminal.pid, PtySize(rows=40, cols=120))
     sandbox.pty.send_stdin(terminal.pid, b"stty size; exit\n")
     terminal.wait(on_pty=output.extend)

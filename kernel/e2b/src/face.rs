@@ -8,6 +8,7 @@ use agentos_http::kernel_link::KernelLink;
 use agentos_http::Site;
 use agentos_proto::payload::Limits;
 
+use crate::context_locks::ContextLocks;
 use crate::idempotency::Idempotency;
 use crate::keys::Keys;
 use crate::tokens::EnvdTokens;
@@ -72,6 +73,7 @@ pub struct Face {
     pub sizing: Sizing,
     idempotency: Mutex<Idempotency>,
     watchers: Mutex<Watchers>,
+    context_locks: Mutex<ContextLocks>,
 }
 
 impl Face {
@@ -90,6 +92,7 @@ impl Face {
             sizing,
             idempotency: Mutex::new(Idempotency::default()),
             watchers: Mutex::new(Watchers::default()),
+            context_locks: Mutex::new(ContextLocks::default()),
         }
     }
 
@@ -105,5 +108,12 @@ impl Face {
     /// The watchers made with `CreateWatcher`; held only between awaits.
     pub fn watchers(&self) -> MutexGuard<'_, Watchers> {
         self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The code contexts' turns; held only between awaits.
+    pub fn context_locks(&self) -> MutexGuard<'_, ContextLocks> {
+        self.context_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -17,10 +17,12 @@
 //! - `service`: how a request is told apart, proven and answered.
 
 mod answer;
+mod context_locks;
 mod control;
 mod envd;
 mod face;
 mod idempotency;
+mod interpreter;
 pub mod keys;
 mod query;
 mod sandbox_api;

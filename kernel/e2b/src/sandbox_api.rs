@@ -15,8 +15,10 @@ use crate::answer::{no_content, ApiError};
 use crate::envd::files::{self, FilesQuery};
 use crate::envd::{self, session::Session};
 use crate::face::Face;
+use crate::interpreter;
 use crate::query::query_pairs;
 use crate::tenant::Tenant;
+use crate::tokens::Purpose;
 
 /// The header a sandbox's requests name it by.
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
@@ -24,6 +26,8 @@ pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
 /// The header carrying the sandbox's access token.
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// The header carrying its traffic token.
+const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
 /// envd's port.
 const ENVD_PORT: &str = "49983";
@@ -47,7 +51,7 @@ async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Bo
             "The sandbox {id} has no port {port} open"
         )));
     }
-    let tenant = tenant_of(face, headers, id)?;
+    let tenant = tenant_of(face, headers, id, port)?;
     let path = request.uri().path();
     let envd = path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/");
     if port == ENVD_PORT && envd {
@@ -62,6 +66,13 @@ async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Bo
             id: id.to_owned(),
         };
         return Ok(envd::answer(face, session, request).await);
+    }
+    if port == INTERPRETER_PORT {
+        let session = Session {
+            tenant,
+            id: id.to_owned(),
+        };
+        return Ok(interpreter::answer(face, session, request).await);
     }
     if port == ENVD_PORT && path == "/files" {
         let session = Session {
@@ -138,13 +149,22 @@ async fn files(
 }
 
 /// The tenant whose token the request carries, for sandbox `id`; a 401
-/// for a missing token or one not made for `id`.
-fn tenant_of(face: &Face, headers: &HeaderMap, id: &str) -> Result<Tenant, ApiError> {
-    let token = one_header(headers, ACCESS_TOKEN_HEADER)
-        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "send X-Access-Token"))?;
+/// for a missing token or one not made for `id`. The code interpreter's
+/// requests may carry the sandbox's traffic token instead (its SDKs send
+/// the access token on `/execute` only).
+fn tenant_of(face: &Face, headers: &HeaderMap, id: &str, port: &str) -> Result<Tenant, ApiError> {
+    let presented = match one_header(headers, ACCESS_TOKEN_HEADER) {
+        Some(token) => Some((Purpose::Envd, token)),
+        None if port == INTERPRETER_PORT => {
+            one_header(headers, TRAFFIC_TOKEN_HEADER).map(|token| (Purpose::Traffic, token))
+        }
+        None => None,
+    };
+    let (purpose, token) =
+        presented.ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "send X-Access-Token"))?;
     let delegate = face
         .tokens
-        .verify(token, id)
+        .verify_for(purpose, token, id)
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token"))?;
     Ok(Tenant::new(&face.kernel, delegate))
 }

@@ -36,14 +36,19 @@ pub struct SandboxAccess {
 }
 
 impl SandboxAccess {
-    pub fn new(sandbox_id: String, template_id: String, token: String) -> SandboxAccess {
+    pub fn new(
+        sandbox_id: String,
+        template_id: String,
+        token: String,
+        traffic: String,
+    ) -> SandboxAccess {
         SandboxAccess {
             sandbox_id,
             template_id,
             client_id: CLIENT_ID,
             envd_version: ENVD_VERSION,
             envd_access_token: token,
-            traffic_access_token: None,
+            traffic_access_token: Some(traffic),
             domain: None,
         }
     }

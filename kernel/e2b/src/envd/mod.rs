@@ -8,11 +8,14 @@ pub mod filesystem;
 pub mod process;
 pub mod session;
 
+use std::future::Future;
+
 use agentos_http::Body;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use http::{header, HeaderMap, Request, Response};
 use hyper::body::Incoming;
+use serde::de::DeserializeOwned;
 
 use self::connect::{stream_error, unary, ConnectError};
 use self::process::Empty;
@@ -43,68 +46,62 @@ pub async fn answer(face: &Face, session: Session, request: Request<Incoming>) -
     }
     let headers = &parts.headers;
     match method.as_str() {
-        "/process.Process/Start" => match stream_request(body).await {
-            Ok(asked) => process::start(session, headers, asked).await,
-            Err(err) => stream_error(err),
-        },
-        "/process.Process/Connect" => match stream_request(body).await {
-            Ok(asked) => process::connect(session, headers, asked).await,
-            Err(err) => stream_error(err),
-        },
+        "/process.Process/Start" => {
+            stream_call(body, |asked| process::start(session, headers, asked)).await
+        }
+        "/process.Process/Connect" => {
+            stream_call(body, |asked| process::connect(session, headers, asked)).await
+        }
         "/process.Process/StreamInput" => process::stream_input(&session, body).await,
         "/process.Process/List" => process::list(&session).await,
-        "/process.Process/SendInput" => match process::read(body).await {
-            Ok(asked) => process::send_input(&session, asked).await,
-            Err(refused) => refused,
-        },
-        "/process.Process/CloseStdin" => match process::read(body).await {
-            Ok(asked) => process::close_stdin(&session, asked).await,
-            Err(refused) => refused,
-        },
-        "/process.Process/SendSignal" => match process::read(body).await {
-            Ok(asked) => process::send_signal(&session, asked).await,
-            Err(refused) => refused,
-        },
-        "/process.Process/Update" => match process::read(body).await {
-            Ok(asked) => process::update(&session, asked).await,
-            Err(refused) => refused,
-        },
-        "/filesystem.Filesystem/WatchDir" => match stream_request(body).await {
-            Ok(asked) => filesystem::watch_dir(session, headers, asked).await,
-            Err(err) => stream_error(err),
-        },
-        "/filesystem.Filesystem/Stat" => match process::read(body).await {
-            Ok(asked) => filesystem::stat(&session, asked).await,
-            Err(refused) => refused,
-        },
-        "/filesystem.Filesystem/ListDir" => match process::read(body).await {
-            Ok(asked) => filesystem::list_dir(&session, asked).await,
-            Err(refused) => refused,
-        },
-        "/filesystem.Filesystem/MakeDir" => match process::read(body).await {
-            Ok(asked) => filesystem::make_dir(&session, asked).await,
-            Err(refused) => refused,
-        },
-        "/filesystem.Filesystem/Move" => match process::read(body).await {
-            Ok(asked) => filesystem::move_entry(&session, asked).await,
-            Err(refused) => refused,
-        },
-        "/filesystem.Filesystem/Remove" => match process::read(body).await {
-            Ok(asked) => filesystem::remove(&session, asked).await,
-            Err(refused) => refused,
-        },
-        "/filesystem.Filesystem/CreateWatcher" => match process::read(body).await {
-            Ok(asked) => filesystem::create_watcher(face, &session, asked).await,
-            Err(refused) => refused,
-        },
-        "/filesystem.Filesystem/GetWatcherEvents" => match process::read(body).await {
-            Ok(asked) => filesystem::watcher_events(face, &session, asked).await,
-            Err(refused) => refused,
-        },
-        "/filesystem.Filesystem/RemoveWatcher" => match process::read(body).await {
-            Ok(asked) => filesystem::remove_watcher(face, &session, asked).await,
-            Err(refused) => refused,
-        },
+        "/process.Process/SendInput" => {
+            unary_call(body, |asked| process::send_input(&session, asked)).await
+        }
+        "/process.Process/CloseStdin" => {
+            unary_call(body, |asked| process::close_stdin(&session, asked)).await
+        }
+        "/process.Process/SendSignal" => {
+            unary_call(body, |asked| process::send_signal(&session, asked)).await
+        }
+        "/process.Process/Update" => {
+            unary_call(body, |asked| process::update(&session, asked)).await
+        }
+        "/filesystem.Filesystem/WatchDir" => {
+            stream_call(body, |asked| filesystem::watch_dir(session, headers, asked)).await
+        }
+        "/filesystem.Filesystem/Stat" => {
+            unary_call(body, |asked| filesystem::stat(&session, asked)).await
+        }
+        "/filesystem.Filesystem/ListDir" => {
+            unary_call(body, |asked| filesystem::list_dir(&session, asked)).await
+        }
+        "/filesystem.Filesystem/MakeDir" => {
+            unary_call(body, |asked| filesystem::make_dir(&session, asked)).await
+        }
+        "/filesystem.Filesystem/Move" => {
+            unary_call(body, |asked| filesystem::move_entry(&session, asked)).await
+        }
+        "/filesystem.Filesystem/Remove" => {
+            unary_call(body, |asked| filesystem::remove(&session, asked)).await
+        }
+        "/filesystem.Filesystem/CreateWatcher" => {
+            unary_call(body, |asked| {
+                filesystem::create_watcher(face, &session, asked)
+            })
+            .await
+        }
+        "/filesystem.Filesystem/GetWatcherEvents" => {
+            unary_call(body, |asked| {
+                filesystem::watcher_events(face, &session, asked)
+            })
+            .await
+        }
+        "/filesystem.Filesystem/RemoveWatcher" => {
+            unary_call(body, |asked| {
+                filesystem::remove_watcher(face, &session, asked)
+            })
+            .await
+        }
         other => unary::<Empty>(Err(ConnectError::new(
             "unimplemented",
             format!("{other} is not a method agentos e2b serves"),
@@ -112,12 +109,32 @@ pub async fn answer(face: &Face, session: Session, request: Request<Incoming>) -
     }
 }
 
-/// A server-stream request's one message.
-async fn stream_request<T: serde::de::DeserializeOwned>(body: Incoming) -> Result<T, ConnectError> {
-    connect::EnvelopeReader::new(body)
-        .next()
-        .await?
-        .ok_or_else(|| ConnectError::invalid("the request holds no message"))
+/// A unary method: its request read, then handled; one that cannot be
+/// read is `invalid_argument`.
+async fn unary_call<T, F>(body: Incoming, handle: impl FnOnce(T) -> F) -> Response<Body>
+where
+    T: DeserializeOwned,
+    F: Future<Output = Response<Body>>,
+{
+    match connect::unary_request(body).await {
+        Ok(asked) => handle(asked).await,
+        Err(err) => unary::<Empty>(Err(err)),
+    }
+}
+
+/// A server-stream method: its request's one message read, then
+/// handled; a stream's errors are in its end message.
+async fn stream_call<T, F>(body: Incoming, handle: impl FnOnce(T) -> F) -> Response<Body>
+where
+    T: DeserializeOwned,
+    F: Future<Output = Response<Body>>,
+{
+    let asked = match connect::EnvelopeReader::new(body).next().await {
+        Ok(Some(asked)) => asked,
+        Ok(None) => return stream_error(ConnectError::invalid("the request holds no message")),
+        Err(err) => return stream_error(err),
+    };
+    handle(asked).await
 }
 
 /// An `Authorization: Basic` user must be one the sandbox has.

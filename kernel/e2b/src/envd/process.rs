@@ -17,7 +17,7 @@ use http::{HeaderMap, Response};
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
-use super::connect::{stream, unary, unary_request, ConnectError, EnvelopeReader, StreamSender};
+use super::connect::{stream, unary, ConnectError, EnvelopeReader, StreamSender};
 use super::session::{Named, Session};
 
 /// The home the SDKs assume; a relative `cwd` or `~` is under it.
@@ -490,13 +490,6 @@ pub async fn stream_input(session: &Session, body: Incoming) -> Response<Body> {
         }
     });
     response
-}
-
-/// A unary request's message, or its error as the answer.
-pub async fn read<T: serde::de::DeserializeOwned>(body: Incoming) -> Result<T, Response<Body>> {
-    unary_request(body)
-        .await
-        .map_err(|err| unary::<Empty>(Err(err)))
 }
 
 #[cfg(test)]

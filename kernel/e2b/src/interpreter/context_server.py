@@ -1,0 +1,232 @@
+"""A code context of `agentos e2b`'s code interpreter: one Python process in
+the sandbox that keeps its globals between executions, as a Jupyter kernel
+does.
+
+The face writes one request per line on this process's stdin,
+``{"id": N, "code": "...", "env": {...}}``, and reads the answers as lines
+of JSON on its stdout: ``count``, ``stdout``, ``stderr``, ``result``,
+``error`` and, last, ``end``, each with the request's ``id``. The code's own
+output — ``print``, ``sys.stderr``, and whatever its subprocesses write to
+file descriptors 1 and 2 — is read from pipes that stand in for them and
+sent on as ``stdout`` and ``stderr``; the answers go out on a copy of the
+original stdout, which the code never sees. Its stdin is /dev/null. An
+answer longer than a pipe's worth is written to a file under the
+context's directory and sent as ``{"type": "file", "path": ...}``, for the
+face to read and remove.
+"""
+
+import ast
+import base64
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+
+# The largest answer sent inline; a longer one goes by file.
+MAX_INLINE = 48 * 1024
+RESULTS = os.path.join(os.environ.get("TMPDIR", "/tmp"), ".e2b-results-%d" % os.getpid())
+
+send_lock = threading.Lock()
+answers = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
+requests = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
+current = {"id": None}
+results_made = [0]
+
+
+def send(message):
+    message["id"] = current["id"]
+    line = json.dumps(message, ensure_ascii=False)
+    if len(line) > MAX_INLINE:
+        os.makedirs(RESULTS, mode=0o700, exist_ok=True)
+        results_made[0] += 1
+        path = os.path.join(RESULTS, "%d.json" % results_made[0])
+        with open(path, "w", encoding="utf-8") as held:
+            held.write(line)
+        line = json.dumps({"type": "file", "path": path, "id": current["id"]})
+    with send_lock:
+        answers.write(line + "\n")
+        answers.flush()
+
+
+class Drain(threading.Thread):
+    """Reads what is written to one of the code's output descriptors and
+    sends it on; ``synced`` is set when a marker written after an
+    execution has come through, so everything before it has been sent."""
+
+    def __init__(self, fd, stream):
+        super().__init__(daemon=True)
+        read, write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+        self.read_fd, self.stream = read, stream
+        self.marker = None
+        self.synced = threading.Event()
+
+    def run(self):
+        pending = b""
+        while True:
+            chunk = os.read(self.read_fd, 65536)
+            if not chunk:
+                return
+            pending += chunk
+            marker = self.marker
+            if marker is not None and marker in pending:
+                before, _, after = pending.partition(marker)
+                self.forward(before)
+                pending = after
+                self.marker = None
+                self.synced.set()
+                continue
+            # Keep a tail that may be the start of a marker.
+            keep = len(marker) - 1 if marker else 0
+            cut = len(pending) - keep
+            if cut > 0:
+                self.forward(pending[:cut])
+                pending = pending[cut:]
+
+    def forward(self, data):
+        if data:
+            send({"type": self.stream, "text": data.decode("utf-8", "replace")})
+
+    def sync(self, fd):
+        self.synced.clear()
+        marker = b"\x00agentos-sync-%s\x00" % os.urandom(8).hex().encode()
+        self.marker = marker
+        os.write(fd, marker)
+        self.synced.wait(5)
+
+
+def bundle(value):
+    """The value's representations, as Jupyter's display machinery gives
+    them: ``text`` always, and each ``_repr_*_`` it has."""
+    shown = {"text": repr(value)}
+    for method, key in (("_repr_html_", "html"), ("_repr_markdown_", "markdown"),
+                        ("_repr_svg_", "svg"), ("_repr_png_", "png"),
+                        ("_repr_jpeg_", "jpeg"), ("_repr_pdf_", "pdf"),
+                        ("_repr_latex_", "latex"), ("_repr_json_", "json"),
+                        ("_repr_javascript_", "javascript")):
+        represent = getattr(value, method, None)
+        if represent is None:
+            continue
+        try:
+            made = represent()
+        except Exception:
+            continue
+        if made is None:
+            continue
+        if isinstance(made, tuple):
+            made = made[0]
+        if isinstance(made, bytes):
+            made = base64.b64encode(made).decode()
+        shown[key] = made
+    if type(value).__module__.startswith("matplotlib.figure"):
+        shown.update(figure_png(value))
+    return shown
+
+
+def figure_png(figure):
+    import io
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight")
+    return {"png": base64.b64encode(buffer.getvalue()).decode()}
+
+
+def open_figures():
+    """Each figure matplotlib holds open, as a PNG; then they are closed,
+    as Jupyter's inline backend shows and closes them."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    for number in pyplot.get_fignums():
+        figure = pyplot.figure(number)
+        shown = {"text": repr(figure)}
+        shown.update(figure_png(figure))
+        send(dict(type="result", is_main_result=False, **shown))
+    pyplot.close("all")
+
+
+def cell_traceback(error):
+    """The traceback from the code's own frames on, as Jupyter shows it."""
+    frames = traceback.extract_tb(error.__traceback__)
+    while frames and frames[0].filename != "<cell>":
+        frames.pop(0)
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(frames)
+    lines += traceback.format_exception_only(type(error), error)
+    return "".join(lines)
+
+
+def execute(code, namespace):
+    """Runs ``code``; the value of a last bare expression is the result."""
+    tree = ast.parse(code, "<cell>", "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, "<cell>", "exec"), namespace)
+    if last is not None:
+        value = eval(compile(last, "<cell>", "eval"), namespace)
+        if value is not None:
+            namespace["_"] = value
+            send(dict(type="result", is_main_result=True, **bundle(value)))
+
+
+def main():
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    drains = [Drain(1, "stdout"), Drain(2, "stderr")]
+    for drain in drains:
+        drain.start()
+    sys.stdout = os.fdopen(1, "w", encoding="utf-8", errors="replace", buffering=1)
+    sys.stderr = os.fdopen(2, "w", encoding="utf-8", errors="replace", buffering=1)
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    count = 0
+    while True:
+        try:
+            line = requests.readline()
+        except KeyboardInterrupt:
+            continue
+        if not line:
+            return
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        count += 1
+        current["id"] = request.get("id")
+        send({"type": "count", "execution_count": count})
+        saved = {}
+        for name, value in (request.get("env") or {}).items():
+            saved[name] = os.environ.get(name)
+            os.environ[name] = str(value)
+        try:
+            execute(request.get("code", ""), namespace)
+            open_figures()
+        except BaseException as error:  # noqa: BLE001 - the code's own, sent on
+            if isinstance(error, SystemExit) and not error.code:
+                pass
+            else:
+                send({"type": "error", "name": type(error).__name__,
+                      "value": str(error), "traceback": cell_traceback(error)})
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            for drain, fd in zip(drains, (1, 2)):
+                drain.sync(fd)
+            send({"type": "end"})
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    main()

@@ -1,0 +1,146 @@
+"""The code interpreter through `agentos e2b`, driven by E2B's own
+`e2b-code-interpreter` SDK: contexts are Python processes of the
+sandbox's session that keep their globals; an execution streams what the
+code prints, shows and raises."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Iterator, Optional
+
+import pytest
+
+from conftest import Kernel, root_kernel
+from e2b_face import E2bFace, face, made  # noqa: F401
+
+from e2b import NotFoundException
+from e2b_code_interpreter import Sandbox
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Optional[Kernel]]:
+    yield from root_kernel("E2B's code interpreter (processes in sessions)")
+
+
+@pytest.fixture
+def sandbox(face, made) -> Sandbox:
+    # `code-interpreter-v1` is the python-data template, which a test's
+    # kernel has not built: the plain sandbox has Python all the same.
+    made_now = Sandbox.create(template="base", api_key=face.keys["alice"])
+    made.append((made_now.sandbox_id, face.keys["alice"]))
+    return made_now
+
+
+SHOWN = '''
+class Shown:
+    def _repr_html_(self):
+        return "<b>shown</b>"
+    def _repr_png_(self):
+        return b"\\x89PNG fake"
+    def __repr__(self):
+        return "Shown()"
+Shown()
+'''
+
+
+def test_code_keeps_its_globals_and_its_last_value_is_the_result(sandbox):
+    started = time.monotonic()
+    first = sandbox.run_code("x = 41\nprint('hi')\nx + 1")
+    took = time.monotonic() - started
+    print(f"first run_code (its context started) took {took * 1000:.0f} ms")
+    assert first.text == "42" and first.logs.stdout == ["hi\n"], first
+    assert first.error is None and first.execution_count == 1
+    assert sandbox.run_code("x").text == "41"
+    assert sandbox.run_code("y = 1").results == []
+    shown = sandbox.run_code(SHOWN).results[0]
+    assert shown.is_main_result and shown.text == "Shown()" and shown.html == "<b>shown</b>"
+    assert shown.png == base64.b64encode(b"\x89PNG fake").decode(), shown.png
+    assert sandbox.run_code("import os\nos.environ.get('FOO')", envs={"FOO": "bar"}).text \
+        == "'bar'"
+    assert sandbox.run_code("os.environ.get('FOO')").text is None
+
+
+def test_output_errors_and_subprocesses_stream_as_they_come(sandbox):
+    seen: list[tuple[float, str]] = []
+    started = time.monotonic()
+    execution = sandbox.run_code(
+        "import sys, time, subprocess\n"
+        "print('one', flush=True); time.sleep(0.5)\n"
+        "print('two', file=sys.stderr)\n"
+        "subprocess.run(['echo', 'from a child'])\n",
+        on_stdout=lambda out: seen.append((time.monotonic() - started, out.line)))
+    assert execution.logs.stdout == ["one\n", "from a child\n"], execution.logs
+    assert execution.logs.stderr == ["two\n"]
+    assert seen[1][0] - seen[0][0] > 0.3, "output came as it was printed"
+    failed = sandbox.run_code("def f():\n    return 1/0\nf()")
+    assert failed.error.name == "ZeroDivisionError" and failed.error.value == "division by zero"
+    assert 'File "<cell>", line 2, in f' in failed.error.traceback
+    big = sandbox.run_code("print('a' * 300000)\n'b' * 200000")
+    assert len("".join(big.logs.stdout)) == 300001
+    assert big.text == repr("b" * 200000)
+
+
+def test_contexts_are_made_listed_restarted_and_removed(sandbox):
+    sandbox.run_code("kept = 1")
+    other = sandbox.create_code_context(cwd="/tmp")
+    assert other.cwd == "/tmp" and other.language == "python"
+    assert sandbox.run_code("import os; os.getcwd()", context=other).text == "'/tmp'"
+    assert sandbox.run_code("'kept' in dir()", context=other).text == "False"
+    listed = {c.id for c in sandbox.list_code_contexts()}
+    assert other.id in listed and len(listed) == 2
+    sandbox.run_code("mine = 2", context=other)
+    sandbox.restart_code_context(other)
+    assert sandbox.run_code("'mine' in dir()", context=other).text == "False"
+    sandbox.remove_code_context(other)
+    assert other.id not in {c.id for c in sandbox.list_code_contexts()}
+    with pytest.raises(NotFoundException):
+        sandbox.run_code("1", context=other)
+    assert sandbox.run_code("kept").text == "1"
+
+
+def test_an_execution_given_up_is_interrupted_and_its_context_goes_on(sandbox):
+    sandbox.run_code("state = 'alive'")
+    with pytest.raises(Exception):
+        sandbox.run_code("import time\nwhile True: time.sleep(0.1)", timeout=1)
+    assert sandbox.run_code("state").text == "'alive'"
+
+
+def interpreter_call(face: E2bFace, sandbox: Sandbox, method: str, path: str,
+                     body: Optional[dict], headers: dict) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        face.url + path, data=None if body is None else json.dumps(body).encode(),
+        method=method, headers={"Content-Type": "application/json",
+                                "E2b-Sandbox-Id": sandbox.sandbox_id,
+                                "E2b-Sandbox-Port": "49999", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_tokens_languages_and_requests_are_checked(face, made, sandbox):
+    other = Sandbox.create(template="base", api_key=face.keys["bob"])
+    made.append((other.sandbox_id, face.keys["bob"]))
+    for headers in ({}, {"E2B-Traffic-Access-Token": other.traffic_access_token},
+                    {"X-Access-Token": other._envd_access_token},
+                    {"E2B-Traffic-Access-Token": sandbox._envd_access_token}):
+        status, _ = interpreter_call(face, sandbox, "GET", "/contexts", None, headers)
+        assert status == 401, headers
+    own = {"E2B-Traffic-Access-Token": sandbox.traffic_access_token}
+    status, body = interpreter_call(face, sandbox, "POST", "/execute",
+                                    {"code": "1", "language": "r"}, own)
+    assert status == 400 and b"not supported" in body, body
+    status, body = interpreter_call(face, sandbox, "POST", "/execute",
+                                    {"code": "1", "language": "python", "context_id": "x"}, own)
+    assert status == 400, body
+    status, body = interpreter_call(face, sandbox, "DELETE", "/contexts/nope", None, own)
+    assert (status, body) == (404, b"Context nope not found")
+    status, body = interpreter_call(face, sandbox, "POST", "/execute", {"code": "6*7"}, own)
+    lines = [json.loads(line) for line in body.decode().splitlines()]
+    assert lines[-1] == {"type": "end_of_execution"}, lines
+    assert {"type": "result", "text": "42", "is_main_result": True} in lines, lines
