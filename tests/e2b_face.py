@@ -151,3 +151,35 @@ def create(face: E2bFace, made, key: str = "alice", **options) -> "e2b.Sandbox":
     return sandbox
 
 
+
+
+# Where scripts/setup builds the templates this project ships (as root).
+SYSTEM_TEMPLATES = Path("/var/lib/agentos/templates")
+
+
+@contextlib.contextmanager
+def kernel_with_template(name: str) -> Iterator["Kernel"]:
+    """A test kernel that has the template `name` scripts/setup built, a
+    copy of it in the kernel's own state directory."""
+    from conftest import RUNNING_KERNELS, detach_beneath, start_kernel
+
+    built = SYSTEM_TEMPLATES / name
+    assert (built / "template.json").is_file(), \
+        f"scripts/setup builds the {name} template into {SYSTEM_TEMPLATES} (as root)"
+    workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
+    kernel = None
+    try:
+        templates = workdir / "state" / "templates"
+        templates.mkdir(parents=True)
+        subprocess.run(["cp", "-a", "--sparse=always", str(built), str(templates / name)],
+                       check=True)
+        # Its mount point is made anew by the kernel that serves it.
+        kernel = start_kernel(workdir)
+        RUNNING_KERNELS.append(kernel)
+        yield kernel
+    finally:
+        if kernel is not None:
+            RUNNING_KERNELS.remove(kernel)
+            kernel.stop()
+        detach_beneath(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 import pytest
 
 from conftest import Kernel, root_kernel
-from e2b_face import E2bFace, face, made  # noqa: F401
+from e2b_face import E2bFace, e2b_face, face, made  # noqa: F401
 
 from e2b import NotFoundException
 from e2b_code_interpreter import Sandbox
@@ -144,3 +144,32 @@ def test_tokens_languages_and_requests_are_checked(face, made, sandbox):
     lines = [json.loads(line) for line in body.decode().splitlines()]
     assert lines[-1] == {"type": "end_of_execution"}, lines
     assert {"type": "result", "text": "42", "is_main_result": True} in lines, lines
+
+
+def test_code_interpreter_v1_is_python_data_and_a_figure_comes_back_as_png():
+    import os
+
+    from e2b_face import kernel_with_template
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    with kernel_with_template("python-data") as kernel, \
+            e2b_face(kernel.socket_path, key_names=("alice",)) as data_face:
+        sandbox = Sandbox.create(api_key=data_face.keys["alice"], api_url=data_face.url,
+                                 sandbox_url=data_face.url)
+        try:
+            assert sandbox.get_info().template_id == "code-interpreter-v1"
+            plotted = sandbox.run_code(
+                "import pandas as pd, matplotlib.pyplot as plt\n"
+                "frame = pd.DataFrame({'x': [1, 2, 3], 'y': [1, 4, 9]})\n"
+                "frame.plot(x='x', y='y')\n"
+                "frame")
+            assert plotted.error is None, plotted.error
+            table, figure = plotted.results[0], plotted.results[1]
+            assert table.is_main_result and "<table" in (table.html or ""), table
+            assert not figure.is_main_result
+            assert base64.b64decode(figure.png).startswith(b"\x89PNG"), figure
+            assert sandbox.run_code("import matplotlib.pyplot as plt\nplt.get_fignums()").text \
+                == "[]", "figures shown are closed"
+        finally:
+            sandbox.kill()

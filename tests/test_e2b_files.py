@@ -99,7 +99,7 @@ def test_uploads_by_octet_stream_gzip_and_metadata(face, sandbox):
                                "X-Metadata-Owner": "me"})
     assert status == 200, body
     assert json.loads(body) == [{"path": "/home/user/up/raw.txt", "name": "raw.txt",
-                                 "type": "file"}]
+                                 "type": "file", "metadata": {"owner": "me"}}]
     assert sandbox.files.get_info("up/raw.txt").metadata == {"owner": "me"}
     packed = gzip.compress(b"z" * 100000)
     status, body = files_call(face, sandbox, "POST", "path=up/z.txt", packed,
@@ -186,3 +186,23 @@ def test_a_signed_url_reaches_its_sandboxs_file_alone_until_it_expires(face, mad
     with urllib.request.urlopen(request, timeout=30) as response:
         assert json.loads(response.read())[0]["path"] == "/home/user/up/signed.txt"
     assert sandbox.files.read("up/signed.txt") == "uploaded"
+
+
+def test_a_directory_is_watched_as_a_stream_by_the_async_sdk(face, sandbox):
+    import asyncio
+
+    async def watch() -> list:
+        seen: list = []
+        same = await e2b.AsyncSandbox.connect(sandbox.sandbox_id, api_key=face.keys["alice"])
+        await same.files.make_dir("streamed")
+        handle = await same.files.watch_dir("streamed", on_event=seen.append)
+        await same.files.write("streamed/x.txt", "x")
+        for _ in range(50):
+            if any(event.name == "x.txt" for event in seen):
+                break
+            await asyncio.sleep(0.1)
+        await handle.stop()
+        return seen
+
+    seen = asyncio.run(watch())
+    assert any(e.name == "x.txt" and e.type.value == "create" for e in seen), seen

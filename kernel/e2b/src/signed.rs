@@ -63,7 +63,7 @@ pub async fn sandbox_of(face: &Face, method: &Method, query: &str) -> Result<Ses
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| since.as_secs());
         if at < now {
-            return Err(unauthorized("the signature has expired"));
+            return Err(unauthorized("signature is already expired"));
         }
     }
     let operation = if method == Method::GET {

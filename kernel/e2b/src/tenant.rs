@@ -18,6 +18,9 @@ pub const TEMPLATE_LABEL: &str = "e2b.template";
 /// creator asked (`kill` or `pause`): a woken session has no lifetime
 /// until one is set, and this says which to set.
 pub const ON_TIMEOUT_LABEL: &str = "e2b.on-timeout";
+/// The label holding when the sandbox was made, to the millisecond (the
+/// session's own record has whole seconds; E2B lists and orders by it).
+pub const STARTED_LABEL: &str = "e2b.started";
 /// The label holding a create's idempotency key and its body's hash.
 pub const IDEMPOTENCY_LABEL: &str = "e2b.idempotency";
 /// Labels of the face's own start with this; metadata may not.

@@ -160,6 +160,10 @@ where
                 let watcher = connections.watcher();
                 let (guard, gate) = (guard.clone(), gate.clone());
                 tokio::spawn(async move {
+                    // A response goes out in parts (a stream's messages,
+                    // a head then a body): each is sent as written, not
+                    // held for the peer's delayed acknowledgement.
+                    let _ = stream.set_nodelay(true);
                     // The connection's own local address: on a wildcard
                     // bind, the listener's is 0.0.0.0, which no
                     // connection's other end is connected to.

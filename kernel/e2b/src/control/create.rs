@@ -20,7 +20,9 @@ use super::context::Control;
 use super::shapes::{Lifecycle, ListedSandbox, SandboxAccess};
 use crate::answer::{json, ApiError};
 use crate::idempotency::{Claim, Outcome};
-use crate::tenant::{IDEMPOTENCY_LABEL, ON_TIMEOUT_LABEL, OWN_LABEL_PREFIX, TEMPLATE_LABEL};
+use crate::tenant::{
+    IDEMPOTENCY_LABEL, ON_TIMEOUT_LABEL, OWN_LABEL_PREFIX, STARTED_LABEL, TEMPLATE_LABEL,
+};
 
 /// A sandbox's lifetime when create or connect names none (E2B's).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
@@ -252,6 +254,9 @@ pub async fn create(
     let id = new_sandbox_id()?;
     let mut labels = asked.metadata;
     labels.insert(TEMPLATE_LABEL.to_owned(), asked.template_id.clone());
+    let now = chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now());
+    let started = now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    labels.insert(STARTED_LABEL.to_owned(), started);
     labels.insert(
         ON_TIMEOUT_LABEL.to_owned(),
         Lifecycle::of(then).on_timeout.to_owned(),

@@ -136,7 +136,7 @@ pub async fn list(
         .filter(|sandbox| {
             asked.started_after.is_none_or(|after| {
                 DateTime::parse_from_rfc3339(&sandbox.started_at)
-                    .is_ok_and(|started| started > after)
+                    .is_ok_and(|started| started >= after)
             })
         })
         .collect();

@@ -8,7 +8,7 @@ use agentos_proto::payload::{LifetimeEnd, SessionInfo, SessionState};
 use serde::Serialize;
 
 use crate::face::Sizes;
-use crate::tenant::{OWN_LABEL_PREFIX, TEMPLATE_LABEL};
+use crate::tenant::{OWN_LABEL_PREFIX, STARTED_LABEL, TEMPLATE_LABEL};
 
 /// The envd version reported: the SDKs turn features on by it, and
 /// 0.6.4 or later turns on every one the face serves.
@@ -89,7 +89,11 @@ impl ListedSandbox {
                 .unwrap_or_default(),
             sandbox_id: session.session.clone(),
             client_id: CLIENT_ID,
-            started_at: session.created_at.clone(),
+            started_at: session
+                .labels
+                .get(STARTED_LABEL)
+                .cloned()
+                .unwrap_or_else(|| session.created_at.clone()),
             // A paused sandbox kept with no end is listed as ending when
             // it started: E2B's record has no way to say "never".
             end_at: session

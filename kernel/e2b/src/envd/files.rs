@@ -112,6 +112,8 @@ struct Written {
     name: String,
     #[serde(rename = "type")]
     kind: &'static str,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: BTreeMap<String, String>,
 }
 
 /// A file being written as its bytes come: 512 KiB a write, the first
@@ -120,7 +122,9 @@ struct Written {
 struct FileWriter<'s> {
     session: &'s Session,
     path: String,
-    metadata: Option<BTreeMap<String, String>>,
+    /// Set by the first write: an upload replaces the file's metadata
+    /// (with none, clears it).
+    metadata: BTreeMap<String, String>,
     pending: Vec<u8>,
     offset: u64,
     started: bool,
@@ -135,7 +139,7 @@ impl<'s> FileWriter<'s> {
         FileWriter {
             session,
             path,
-            metadata: (!metadata.is_empty()).then(|| metadata.clone()),
+            metadata: metadata.clone(),
             pending: Vec::new(),
             offset: 0,
             started: false,
@@ -163,11 +167,7 @@ impl<'s> FileWriter<'s> {
             offset: self.offset,
             truncate: true,
             parents: !self.started,
-            metadata: if self.started {
-                None
-            } else {
-                self.metadata.take()
-            },
+            metadata: (!self.started).then(|| self.metadata.clone()),
         });
         self.session
             .op::<FileEntryReply>(&write, Wait::AsLongAsTheKernel)
@@ -195,6 +195,7 @@ impl<'s> FileWriter<'s> {
             path: self.path,
             name,
             kind: "file",
+            metadata: self.metadata,
         })
     }
 }

@@ -56,12 +56,21 @@ impl From<FileEntry> for EntryInfo {
             size: entry.size.to_string(),
             mode: entry.mode & 0o777,
             permissions: entry.permissions,
-            owner: entry.owner,
-            group: entry.group,
+            owner: user_name(entry.owner),
+            group: user_name(entry.group),
             modified_time: entry.modified_at,
             symlink_target: entry.symlink_target,
             metadata: entry.metadata,
         }
+    }
+}
+
+/// The sandbox's one user and its group by the name E2B's SDKs give
+/// them (`user`): the host names its uid `nobody`, its group `nogroup`.
+fn user_name(name: String) -> String {
+    match name.as_str() {
+        "nobody" | "nogroup" => "user".to_owned(),
+        _ => name,
     }
 }
 
@@ -138,6 +147,16 @@ impl FilesystemEvent {
     }
 }
 
+/// A WatchDir stream's message: its oneof's case is the message's one
+/// field (a process stream's is under `event`).
+#[derive(Serialize)]
+#[serde(rename_all = "lowercase")]
+enum WatchDirResponse {
+    Start {},
+    Filesystem(FilesystemEvent),
+    Keepalive {},
+}
+
 /// A file op on the session.
 async fn file<R: serde::de::DeserializeOwned>(
     session: &Session,
@@ -173,11 +192,15 @@ pub async fn list_dir(session: &Session, asked: ListDirRequest) -> Response<Body
         path: resolve(&asked.path),
         depth: Some(asked.depth.clamp(1, MAX_LIST_DEPTH)),
     });
-    let listed = file::<FileListReply>(session, call)
-        .await
-        .map(|listed| Listed {
-            entries: listed.entries.into_iter().map(EntryInfo::from).collect(),
-        });
+    let listed = file::<FileListReply>(session, call).await.map(|listed| {
+        // envd walks depth first, each directory's entries by name; the
+        // kernel lists a level at a time.
+        let mut entries = listed.entries;
+        entries.sort_by(|a, b| a.path.split('/').cmp(b.path.split('/')));
+        Listed {
+            entries: entries.into_iter().map(EntryInfo::from).collect(),
+        }
+    });
     unary(listed)
 }
 
@@ -223,11 +246,12 @@ pub async fn remove(session: &Session, asked: PathRequest) -> Response<Body> {
         session: session.id.clone(),
         path: resolve(&asked.path),
     });
-    unary(
-        file::<FileRemovedReply>(session, call)
-            .await
-            .map(|_| Empty {}),
-    )
+    // As envd removes, a path that is not there is no error.
+    let removed = match file::<FileRemovedReply>(session, call).await {
+        Err(err) if err.code != "not_found" => Err(err),
+        _ => Ok(Empty {}),
+    };
+    unary(removed)
 }
 
 /// A new watch of `path`; its name.
@@ -300,23 +324,7 @@ async fn follow_watch(
     root: &str,
     wait_ms: u64,
 ) {
-    #[derive(Serialize)]
-    #[serde(rename_all = "lowercase")]
-    enum WatchDirResponse {
-        Start {},
-        Filesystem(FilesystemEvent),
-        Keepalive {},
-    }
-    #[derive(Serialize)]
-    struct Message {
-        event: WatchDirResponse,
-    }
-    if !sender
-        .send(&Message {
-            event: WatchDirResponse::Start {},
-        })
-        .await
-    {
+    if !sender.send(&WatchDirResponse::Start {}).await {
         return;
     }
     let mut after = 0;
@@ -330,9 +338,7 @@ async fn follow_watch(
             Err(err) => return stream_end(sender, Some(err)).await,
         };
         for event in &seen.events {
-            let message = Message {
-                event: WatchDirResponse::Filesystem(FilesystemEvent::of(event, root)),
-            };
+            let message = WatchDirResponse::Filesystem(FilesystemEvent::of(event, root));
             if !sender.send(&message).await {
                 return;
             }
@@ -341,13 +347,7 @@ async fn follow_watch(
         if seen.ended {
             return stream_end(sender, None).await;
         }
-        if seen.events.is_empty()
-            && !sender
-                .send(&Message {
-                    event: WatchDirResponse::Keepalive {},
-                })
-                .await
-        {
+        if seen.events.is_empty() && !sender.send(&WatchDirResponse::Keepalive {}).await {
             return;
         }
     }
@@ -439,5 +439,12 @@ mod tests {
             r#"{"name":"d/x","type":"EVENT_TYPE_CREATE"}"#
         );
         assert_eq!(FilesystemEvent::of(&event, "/elsewhere").name, "x");
+        let start = serde_json::to_string(&WatchDirResponse::Start {}).unwrap();
+        assert_eq!(start, r#"{"start":{}}"#);
+        let seen = WatchDirResponse::Filesystem(shown);
+        assert_eq!(
+            serde_json::to_string(&seen).unwrap(),
+            r#"{"filesystem":{"name":"d/x","type":"EVENT_TYPE_CREATE"}}"#
+        );
     }
 }

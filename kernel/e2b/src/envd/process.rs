@@ -345,6 +345,15 @@ async fn follow(session: Session, sender: StreamSender, pid: u32, mut after: u64
         }
         after = output.offset;
         if output.ended {
+            // A process ended by its sandbox's end has no end of its own
+            // to report: the stream fails as the sandbox's would.
+            if output.end.exit_code.is_none() && session.tenant.sandbox(&session.id).await.is_err()
+            {
+                let gone = format!("The sandbox {} was not found", session.id);
+                return sender
+                    .end(Some(ConnectError::new("unavailable", gone)))
+                    .await;
+            }
             let end = EventMessage {
                 event: Event::End(EndEvent::of(&output.end)),
             };

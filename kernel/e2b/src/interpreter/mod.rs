@@ -41,13 +41,7 @@ fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
 
 /// A JSON answer.
 fn json(value: &impl Serialize) -> Response<Body> {
-    let body = serde_json::to_vec(value).unwrap_or_default();
-    let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
+    crate::answer::json(StatusCode::OK, value)
 }
 
 /// A kernel refusal as the code interpreter answers errors.
