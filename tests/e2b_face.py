@@ -32,7 +32,12 @@ class E2bFace:
     url: str
     process: subprocess.Popen
     keys: dict[str, str]
+    home: Path
     stderr: list[str] = field(default_factory=list)
+
+    def own_key(self) -> str:
+        """The key a face given none makes and keeps for its user."""
+        return (self.home / ".config" / "agentos" / "e2b-token").read_text().strip()
 
     def env(self, key: str) -> dict[str, str]:
         """What E2B's SDKs read: where the face is, and the key."""
@@ -107,7 +112,7 @@ def e2b_face(socket_path: str, key_names: tuple[str, ...] = ("alice", "bob"),
         process, lines, url = start_face(args, env)
         assert url, f"agentos e2b did not start: {lines}"
         try:
-            yield E2bFace(url, process, keys, lines)
+            yield E2bFace(url, process, keys, workdir, lines)
         finally:
             stop(process)
     finally:

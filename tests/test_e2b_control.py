@@ -249,6 +249,10 @@ def test_hostile_requests_are_refused_before_the_kernel_is_asked(face, made):
     status, _, _ = call(face, "GET", "/health", key=None,
                         headers=dict(headers, **{"E2b-Sandbox-Port": "22"}))
     assert status == 502
+    # Nothing but a 401 for a caller without the token, whatever it asks.
+    status, _, _ = call(face, "GET", "/health", key=None,
+                        headers=dict(sandbox_headers, **{"E2b-Sandbox-Port": "22"}))
+    assert status == 401
 
 
 def test_a_face_without_keys_serves_its_own_user_only_and_never_other_machines(kernel, tmp_path):
@@ -261,17 +265,24 @@ def test_a_face_without_keys_serves_its_own_user_only_and_never_other_machines(k
     stop(process)
     assert url is None and any("needs keys" in line for line in lines), lines
     with e2b_face(kernel.socket_path, key_names=()) as face:
-        assert any("no keys" in line for line in face.stderr), face.stderr
+        # Given no keys, the face makes one and keeps it for its user: a
+        # connection's uid alone is no proof (a sandbox reaching the
+        # host's loopback connects as the kernel's user).
+        assert any("no keys given" in line for line in face.stderr), face.stderr
+        own = face.own_key()
         status, body, _ = call(face, "GET", "/v2/sandboxes", key=None,
                                headers={"X-API-KEY": "anything"})
+        assert status == 401, body
+        status, body, _ = call(face, "GET", "/v2/sandboxes", key=None,
+                               headers={"X-API-KEY": own})
         assert status == 200 and body == [], body
-        # Another user of the machine is refused.
+        # Another user of the machine is refused, even with the key.
         probe = ("import urllib.request, urllib.error, sys\n"
                  "r = urllib.request.Request(sys.argv[1] + '/v2/sandboxes', "
-                 "headers={'X-API-KEY': 'anything'})\n"
+                 "headers={'X-API-KEY': sys.argv[2]})\n"
                  "try:\n    urllib.request.urlopen(r, timeout=10)\n    print(200)\n"
                  "except urllib.error.HTTPError as e:\n    print(e.code)\n")
-        other = subprocess.run(["/usr/bin/python3", "-c", probe, face.url], user=65534,
+        other = subprocess.run(["/usr/bin/python3", "-c", probe, face.url, own], user=65534,
                                capture_output=True, text=True, timeout=30)
         assert other.stdout.strip() == "403", other
 

@@ -206,3 +206,26 @@ def test_a_directory_is_watched_as_a_stream_by_the_async_sdk(face, sandbox):
 
     seen = asyncio.run(watch())
     assert any(e.name == "x.txt" and e.type.value == "create" for e in seen), seen
+
+
+def test_a_gzip_bomb_is_stopped_at_the_upload_bound(kernel):
+    from e2b_face import e2b_face
+
+    with e2b_face(kernel.socket_path, key_names=("alice",),
+                  extra=("--max-upload-mib", "1")) as small:
+        sandbox = e2b.Sandbox.create(api_key=small.keys["alice"], api_url=small.url,
+                                     sandbox_url=small.url)
+        try:
+            bomb = gzip.compress(bytes(64 << 20), compresslevel=9)
+            assert len(bomb) < 128 << 10
+            started = time.monotonic()
+            status, body = files_call(small, sandbox, "POST", "path=bomb.bin", bomb,
+                                      {"Content-Type": "application/octet-stream",
+                                       "Content-Encoding": "gzip"})
+            assert status == 413, body
+            assert time.monotonic() - started < 10
+            # What was written before the bound stays: no more than it.
+            written = int(sandbox.commands.run("stat -c %s ~/bomb.bin").stdout)
+            assert 0 < written <= 1 << 20, written
+        finally:
+            sandbox.kill()

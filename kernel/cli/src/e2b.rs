@@ -19,8 +19,9 @@ pub struct E2bArgs {
     listen: String,
     /// API keys: lines `NAME sha256:HEX`, mode 600 (`agentos e2b keys add
     /// NAME` makes them). Else the key in $AGENTOS_E2B_API_KEY; else
-    /// ~/.config/agentos/e2b-keys if there is one; else no keys, and any
-    /// key value is let in on your own connections only
+    /// ~/.config/agentos/e2b-keys if there is one; else a key the face
+    /// makes and keeps in ~/.config/agentos/e2b-token, served on your own
+    /// connections only
     #[arg(long, value_name = "PATH")]
     keys_file: Option<PathBuf>,
     /// The secret sandbox access tokens are made with (mode 600); else
@@ -116,6 +117,17 @@ pub fn e2b(args: E2bArgs, socket: &Path) -> Result<(), E2bCliError> {
             "--cpus, --max-pids and --max-sandboxes-per-key: give at least 1".to_owned(),
         ));
     }
+    if args.max_upload_mib == 0 {
+        return Err(E2bCliError::Setup(
+            "--max-upload-mib: give at least 1".to_owned(),
+        ));
+    }
+    // A paused sandbox's keep is a lifetime, at most the kernel's 30 days.
+    if !(1..=30 * 24 * 3600).contains(&args.paused_keep_secs) {
+        return Err(E2bCliError::Setup(
+            "--paused-keep-secs: give 1 to 2592000 (30 days)".to_owned(),
+        ));
+    }
     let options = E2bOptions {
         listen: args.listen,
         socket: socket.to_owned(),
@@ -126,7 +138,7 @@ pub fn e2b(args: E2bArgs, socket: &Path) -> Result<(), E2bCliError> {
             memory_bytes,
             cpus: args.cpus,
             max_pids: args.max_pids,
-            paused_keep_ms: args.paused_keep_secs.max(1).saturating_mul(1000),
+            paused_keep_ms: args.paused_keep_secs * 1000,
             max_sandboxes_per_key: args.max_sandboxes_per_key,
             max_upload_bytes: args.max_upload_mib.saturating_mul(1 << 20),
         },

@@ -8,8 +8,11 @@
 //! which every user sees in `ps`. A presented key is hashed and compared
 //! with every entry in time that does not depend on where they differ.
 //!
-//! Without keys (a loopback face, serving its own user only) every key
-//! value speaks for the one delegate `e2b`.
+//! Given no keys, the face makes one and keeps it for its user (as the
+//! MCP face keeps its token), speaking for the one delegate `e2b`, and
+//! serves that user's connections only, on loopback: a connection's uid
+//! alone is not proof, as a sandbox whose policy reaches the host's
+//! loopback connects as the kernel's user.
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
@@ -53,6 +56,8 @@ pub enum KeysError {
     NotOwn(PathBuf),
     #[error("{0}: longer than 1 MiB")]
     TooLong(PathBuf),
+    #[error("{0}: holds no key (add one with `agentos e2b keys add NAME --keys-file PATH`)")]
+    Empty(PathBuf),
     #[error("{path} line {line}: {why}")]
     Line {
         path: PathBuf,
@@ -76,23 +81,40 @@ struct Entry {
     hash: [u8; 32],
 }
 
-/// The keys a face knows, or none.
+/// The keys a face knows.
 #[derive(Debug, Clone)]
 pub struct Keys {
     entries: Vec<Entry>,
+    /// Given to the face (a file, the environment), so their holders may
+    /// share them; else the face's own key, its user's alone.
+    given: bool,
 }
 
 impl Keys {
-    /// No keys: every key value is the one delegate `e2b`.
-    pub fn none() -> Keys {
+    /// The face's own key, `value`: the one delegate `e2b`.
+    pub fn own(value: &[u8]) -> Keys {
+        let delegate = DelegateName::new(KEYLESS_DELEGATE).expect("a valid delegate name");
         Keys {
-            entries: Vec::new(),
+            entries: vec![Entry {
+                delegate,
+                hash: Sha256::digest(value).into(),
+            }],
+            given: false,
         }
     }
 
     /// The keys in `path`, a regular file only its owner (this user) may
-    /// read: lines `NAME sha256:HEX`, blank lines and `#` comments.
+    /// read: lines `NAME sha256:HEX`, blank lines and `#` comments. A
+    /// file with none is an error: the face would serve no one.
     pub fn from_file(path: &Path) -> Result<Keys, KeysError> {
+        let keys = Keys::parse_file(path)?;
+        if keys.entries.is_empty() {
+            return Err(KeysError::Empty(path.to_owned()));
+        }
+        Ok(keys)
+    }
+
+    fn parse_file(path: &Path) -> Result<Keys, KeysError> {
         let text = read_private(path)?;
         let mut entries = Vec::new();
         for (index, line) in text.lines().enumerate() {
@@ -118,7 +140,10 @@ impl Keys {
             }
             entries.push(Entry { delegate, hash });
         }
-        Ok(Keys { entries })
+        Ok(Keys {
+            entries,
+            given: true,
+        })
     }
 
     /// The key in `value` (`AGENTOS_E2B_API_KEY`), named `default`.
@@ -132,28 +157,23 @@ impl Keys {
                 delegate: delegate_for("default")?,
                 hash: Sha256::digest(value).into(),
             }],
+            given: true,
         })
     }
 
     /// Every delegate a request may speak for.
     pub fn delegates(&self) -> Vec<DelegateName> {
-        if !self.any() {
-            return DelegateName::new(KEYLESS_DELEGATE).into_iter().collect();
-        }
         self.entries.iter().map(|entry| entry.delegate).collect()
     }
 
-    /// Whether there are keys to check (else every value is let in).
-    pub fn any(&self) -> bool {
-        !self.entries.is_empty()
+    /// Whether the keys were given (shared by their holders), rather than
+    /// made by the face for its own user.
+    pub fn given(&self) -> bool {
+        self.given
     }
 
-    /// The delegate `presented` speaks for, if it is a key the face knows
-    /// (any value, when it knows none).
+    /// The delegate `presented` speaks for, if it is a key the face knows.
     pub fn delegate_of(&self, presented: &[u8]) -> Option<DelegateName> {
-        if !self.any() {
-            return DelegateName::new(KEYLESS_DELEGATE).ok();
-        }
         let hash: [u8; 32] = Sha256::digest(presented).into();
         // Every entry is compared, whichever matches, so the time taken
         // says nothing of which one did.
@@ -198,16 +218,12 @@ fn parse_hash(text: &str) -> Option<[u8; 32]> {
 /// it is not there) and returns the key, which is not kept anywhere.
 pub fn add_key(path: &Path, name: &str) -> Result<String, KeysError> {
     let delegate = delegate_for(name)?;
-    let existing = match Keys::from_file(path) {
-        Ok(keys) => keys,
-        Err(KeysError::File { error, .. }) if error.kind() == ErrorKind::NotFound => Keys::none(),
+    let existing = match Keys::parse_file(path) {
+        Ok(keys) => keys.entries,
+        Err(KeysError::File { error, .. }) if error.kind() == ErrorKind::NotFound => Vec::new(),
         Err(err) => return Err(err),
     };
-    if existing
-        .entries
-        .iter()
-        .any(|entry| entry.delegate == delegate)
-    {
+    if existing.iter().any(|entry| entry.delegate == delegate) {
         return Err(KeysError::Taken {
             path: path.to_owned(),
             name: name.to_owned(),
@@ -317,6 +333,8 @@ mod tests {
         assert!(matches!(Keys::from_file(&path), Err(KeysError::Shared(_))));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(Keys::from_file(&path).unwrap().entries.len(), 1);
+        std::fs::write(&path, "# no keys yet\n").unwrap();
+        assert!(matches!(Keys::from_file(&path), Err(KeysError::Empty(_))));
         for bad in [
             "a sha256:00",
             "a md5:00",
@@ -339,9 +357,14 @@ mod tests {
     }
 
     #[test]
-    fn without_keys_every_value_is_the_one_delegate_and_the_env_key_is_default() {
-        let none = Keys::none();
-        assert_eq!(none.delegate_of(b"anything").unwrap().as_str(), "e2b");
+    fn the_faces_own_key_is_the_one_delegate_and_the_env_key_is_default() {
+        let own = Keys::own(b"made-by-the-face");
+        assert_eq!(
+            own.delegate_of(b"made-by-the-face").unwrap().as_str(),
+            "e2b"
+        );
+        assert!(own.delegate_of(b"anything").is_none());
+        assert!(!own.given());
         let one = Keys::from_env_value(b"a-long-enough-key\n").unwrap();
         assert_eq!(
             one.delegate_of(b"a-long-enough-key").unwrap().as_str(),

@@ -36,7 +36,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agentos_http::kernel_link::{KernelError, KernelLink, Wait};
-use agentos_http::token::{default_token_path, Token, TokenError};
+use agentos_http::token::{default_token_path, Origin, Token, TokenError};
 use agentos_http::{Face as HttpFace, HttpError, HttpOptions, KeyedPlan};
 use agentos_proto::payload::{HelloReply, HelloRequest};
 use agentos_proto::Opcode;
@@ -95,7 +95,8 @@ pub fn default_keys_path() -> Result<PathBuf, TokenError> {
     Ok(token.with_file_name("e2b-keys"))
 }
 
-/// The keys the face serves with.
+/// The keys the face serves with: those given, else its own, made once
+/// and kept for its user in `~/.config/agentos/e2b-token`.
 fn keys_of(options: &E2bOptions) -> Result<Keys, E2bError> {
     if let Some(path) = &options.keys_file {
         return Ok(Keys::from_file(path)?);
@@ -103,10 +104,24 @@ fn keys_of(options: &E2bOptions) -> Result<Keys, E2bError> {
     if let Some(value) = std::env::var_os(KEY_ENV) {
         return Ok(Keys::from_env_value(&value.into_encoded_bytes())?);
     }
-    match default_keys_path() {
-        Ok(path) if path.exists() => Ok(Keys::from_file(&path)?),
-        _ => Ok(Keys::none()),
+    if let Ok(path) = default_keys_path() {
+        if path.exists() {
+            return Ok(Keys::from_file(&path)?);
+        }
     }
+    let path = default_token_path("e2b")?;
+    let (key, origin) = Token::made_or_kept(&path)?;
+    let when = match origin {
+        Origin::Made(_) => "made now",
+        _ => "made by an earlier start",
+    };
+    eprintln!(
+        "agentos e2b: no keys given (--keys-file, ${KEY_ENV}, `agentos e2b keys add NAME`): \
+         every request must carry X-API-KEY set to the content of {} ({when}, readable by you \
+         only), on your own connections",
+        path.display()
+    );
+    Ok(Keys::own(key.as_bytes()))
 }
 
 /// Serves E2B's API until SIGINT or SIGTERM, on the current runtime.
@@ -118,7 +133,7 @@ pub async fn serve(options: E2bOptions) -> Result<(), E2bError> {
         allow_origins: Vec::new(),
         allow_hosts: options.allow_hosts.clone(),
     };
-    let plan = KeyedPlan::new(FACE, &http, keys.any())?;
+    let plan = KeyedPlan::new(FACE, &http, keys.given())?;
     let secret = match &options.secret_file {
         Some(path) => Token::from_file(path, "--secret-file")?,
         None => Token::made_or_kept(&default_token_path("e2b-secret")?)?.0,
@@ -131,12 +146,6 @@ pub async fn serve(options: E2bOptions) -> Result<(), E2bError> {
         return Err(E2bError::KernelLacks {
             socket: options.socket.display().to_string(),
         });
-    }
-    if !keys.any() {
-        eprintln!(
-            "agentos e2b: no keys (--keys-file, ${KEY_ENV}, `agentos e2b keys add NAME`): any \
-             key value is let in, on connections of this user only"
-        );
     }
     let tokens = tokens::EnvdTokens::new(secret);
     let serve = |site: &agentos_http::Site| {

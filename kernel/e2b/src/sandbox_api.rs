@@ -46,12 +46,14 @@ async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Bo
     let headers = request.headers();
     let id = one_header(headers, SANDBOX_ID_HEADER).unwrap_or_default();
     let port = one_header(headers, SANDBOX_PORT_HEADER).unwrap_or(ENVD_PORT);
+    // Proven first: nothing is answered but a 401 to a caller without
+    // the sandbox's token.
+    let tenant = tenant_of(face, headers, id, port)?;
     if port != ENVD_PORT && port != INTERPRETER_PORT {
         return Err(not_running(format!(
             "The sandbox {id} has no port {port} open"
         )));
     }
-    let tenant = tenant_of(face, headers, id, port)?;
     let path = request.uri().path();
     let envd = path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/");
     if port == ENVD_PORT && envd {
@@ -94,10 +96,7 @@ async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Bo
         }
         (method, path) => Err(ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
-            format!(
-                "{method} {path} on port {port}: commands, files and code are not served by \
-                 this agentos e2b yet"
-            ),
+            format!("{method} {path} is not a route of envd that agentos e2b serves"),
         )),
     }
 }
@@ -162,9 +161,12 @@ fn tenant_of(face: &Face, headers: &HeaderMap, id: &str, port: &str) -> Result<T
     };
     let (purpose, token) =
         presented.ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "send X-Access-Token"))?;
+    // A token speaks for a key the face still has: one whose key was
+    // removed no longer reaches its sandboxes.
     let delegate = face
         .tokens
         .verify_for(purpose, token, id)
+        .filter(|delegate| face.keys.delegates().contains(delegate))
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token"))?;
     Ok(Tenant::new(&face.kernel, delegate))
 }

@@ -380,7 +380,7 @@ async fn made_before(cx: &Control<'_>, claim: &Claim) -> Result<Option<SandboxAc
 
 /// A 429 once the tenant holds the face's share of live sandboxes
 /// (paused ones with their memory count; hibernated ones do not).
-async fn within_quota(cx: &Control<'_>) -> Result<(), ApiError> {
+pub async fn within_quota(cx: &Control<'_>) -> Result<(), ApiError> {
     use agentos_proto::payload::SessionState;
     let most = cx.face.sizing.max_sandboxes_per_key;
     let live = cx

@@ -9,7 +9,7 @@ use http::StatusCode;
 use serde::Deserialize;
 
 use super::context::Control;
-use super::create::{kernel_template, lifetime_of};
+use super::create::{kernel_template, lifetime_of, within_quota};
 use super::shapes::{Lifecycle, ListedSandbox, SandboxAccess, SandboxDetail};
 use crate::answer::ApiError;
 use crate::tenant::{ON_TIMEOUT_LABEL, TEMPLATE_LABEL};
@@ -149,13 +149,16 @@ pub async fn connect(
             cx.tenant.resume(id).await?;
             StatusCode::CREATED
         }
+        // Woken, it is live again: within the key's share.
         SessionState::Hibernated => {
+            within_quota(cx).await?;
             cx.tenant.resume(id).await?;
             StatusCode::CREATED
         }
         // Only its disk is left (the kernel restarted): it opens
         // again on it, from its template, with the face's limits.
         SessionState::Stored => {
+            within_quota(cx).await?;
             let open = SessionOpen {
                 run: ExecRequest {
                     session: Some(id.to_owned()),

@@ -32,6 +32,9 @@ use crate::answer::{json, ApiError};
 const MAX_PARTS: usize = 1000;
 /// Chunks read ahead of a slow downloader.
 const DOWNLOAD_BACKLOG: usize = 2;
+/// Compressed bytes inflated at a time (deflate's ratio is at most about
+/// 1032 to 1, so each step makes at most about 1 MiB).
+const GZIP_STEP: usize = 1024;
 /// The prefix of a header carrying a file's metadata.
 const METADATA_HEADER: &str = "x-metadata-";
 
@@ -66,17 +69,19 @@ pub async fn download(session: Session, asked: FilesQuery) -> Result<Response<Bo
     }
     let (sender, receiver) = mpsc::channel::<Bytes>(DOWNLOAD_BACKLOG);
     let name = entry.name.clone();
+    let size = entry.size;
     tokio::spawn(async move {
         let mut offset = 0;
-        loop {
+        // The body is the file's size when it was found: a read that fails
+        // midway ends it short of its Content-Length, which the client
+        // sees as a failed download, not a short file.
+        while offset < size {
             let read = FileCall::Read(FileRead {
                 session: session.id.clone(),
                 path: path.clone(),
                 offset,
-                length: Some(MAX_READ_BYTES),
+                length: Some(MAX_READ_BYTES.min(size - offset)),
             });
-            // A read that fails midway can only end the body early: the
-            // status went out with the first bytes.
             let Ok(read) = session
                 .op::<FileReadReply>(&read, Wait::AsLongAsTheKernel)
                 .await
@@ -95,6 +100,7 @@ pub async fn download(session: Session, asked: FilesQuery) -> Result<Response<Bo
     });
     let mut response = Response::new(channel_body(receiver));
     let headers = response.headers_mut();
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
@@ -274,17 +280,22 @@ pub async fn upload(
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            let plain = match decoder.as_mut() {
-                None => data.to_vec(),
-                Some(decoder) => {
-                    decoder
-                        .write_all(&data)
-                        .map_err(|err| ApiError::bad_request(format!("the gzip body: {err}")))?;
-                    std::mem::take(decoder.get_mut())
-                }
+            let Some(decoder) = decoder.as_mut() else {
+                budget.spend(data.len())?;
+                writer.push(&data).await?;
+                continue;
             };
-            budget.spend(plain.len())?;
-            writer.push(&plain).await?;
+            // A little compressed input at a time, its output charged and
+            // written before more is taken: a small body that inflates to
+            // gigabytes is stopped at the budget, never held whole.
+            for part in data.chunks(GZIP_STEP) {
+                decoder
+                    .write_all(part)
+                    .map_err(|err| ApiError::bad_request(format!("the gzip body: {err}")))?;
+                let plain = std::mem::take(decoder.get_mut());
+                budget.spend(plain.len())?;
+                writer.push(&plain).await?;
+            }
         }
         if let Some(decoder) = decoder {
             let rest = decoder

@@ -9,7 +9,9 @@ of JSON on its stdout: ``count``, ``stdout``, ``stderr``, ``result``,
 output — ``print``, ``sys.stderr``, and whatever its subprocesses write to
 file descriptors 1 and 2 — is read from pipes that stand in for them and
 sent on as ``stdout`` and ``stderr``; the answers go out on a copy of the
-original stdout, which the code never sees. Its stdin is /dev/null. An
+original stdout (the code could find it, as it could anything of its own
+process: what it says is read as the sandbox's words). Its stdin is
+/dev/null. An
 answer longer than a pipe's worth is written to a file under the
 context's directory and sent as ``{"type": "file", "path": ...}``, for the
 face to read and remove.
@@ -26,7 +28,9 @@ import traceback
 
 # The largest answer sent inline; a longer one goes by file.
 MAX_INLINE = 48 * 1024
-RESULTS = os.path.join(os.environ.get("TMPDIR", "/tmp"), ".e2b-results-%d" % os.getpid())
+# Always under /tmp, whatever TMPDIR the sandbox's environment says: the
+# face reads results from there alone.
+RESULTS = "/tmp/.e2b-results-%d" % os.getpid()
 
 send_lock = threading.Lock()
 answers = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
@@ -212,6 +216,9 @@ def main():
                 send({"type": "error", "name": type(error).__name__,
                       "value": str(error), "traceback": cell_traceback(error)})
         finally:
+            # An interrupt that comes now would end the context with its
+            # globals: it is ignored until the execution's end is sent.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             for name, value in saved.items():
                 if value is None:
                     os.environ.pop(name, None)
@@ -225,6 +232,7 @@ def main():
             for drain, fd in zip(drains, (1, 2)):
                 drain.sync(fd)
             send({"type": "end"})
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ const KEEPALIVE_MS: u64 = 5_000;
 /// The longest answer line taken from a context.
 const MAX_LINE_BYTES: usize = 1 << 20;
 /// The largest answer taken from a results file.
-const MAX_RESULT_FILE_BYTES: u64 = 16 << 20;
+const MAX_RESULT_FILE_BYTES: u64 = 8 << 20;
 /// A request's input is written in parts of this many bytes.
 const INPUT_PART: usize = 128 << 10;
 
@@ -264,8 +264,13 @@ async fn read_result_file(session: &Session, path: &str) -> Option<Map<String, V
             length: Some(MAX_READ_BYTES),
         });
         let read: FileReadReply = session.op(&read, Wait::AsLongAsTheKernel).await.ok()?;
+        // A file larger than the bound is not read on.
+        if read.size > MAX_RESULT_FILE_BYTES {
+            bytes.clear();
+            break;
+        }
         bytes.extend(STANDARD.decode(read.data.as_bytes()).ok()?);
-        if read.eof || bytes.len() as u64 > MAX_RESULT_FILE_BYTES {
+        if read.eof {
             break;
         }
     }
@@ -274,9 +279,6 @@ async fn read_result_file(session: &Session, path: &str) -> Option<Map<String, V
         path: path.to_owned(),
     });
     let _: Result<FileRemovedReply, ConnectError> = session.op(&remove, Wait::Quick).await;
-    if bytes.len() as u64 > MAX_RESULT_FILE_BYTES {
-        return None;
-    }
     serde_json::from_slice(&bytes).ok()
 }
 

@@ -25,8 +25,10 @@ use crate::face::Face;
 
 /// The largest request body read (code to run, mostly).
 const MAX_BODY_BYTES: usize = 8 << 20;
-/// Answer lines held unsent for a slow client.
-const ANSWER_BACKLOG: usize = 64;
+/// Answer lines held unsent for a slow client (each at most a results
+/// file's 8 MiB): a slow reader holds the context back, not the face's
+/// memory.
+const ANSWER_BACKLOG: usize = 4;
 
 /// A plain-text answer.
 fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
@@ -141,7 +143,12 @@ async fn execute(face: &Face, session: Session, body: &[u8]) -> Response<Body> {
         .of(session.tenant.delegate, &session.id, &context.id);
     let (sender, receiver) = mpsc::channel(ANSWER_BACKLOG);
     tokio::spawn(async move {
-        let _turn = turn.lock_owned().await;
+        // A client that goes while it waits for the context's turn leaves
+        // nothing behind: its code is dropped, never run.
+        let _turn = tokio::select! {
+            turn = turn.lock_owned() => turn,
+            () = sender.closed() => return,
+        };
         // Its output so far is another execution's: this one's starts
         // where the context stands now that its turn has come.
         let context = match contexts::find(&session, &context.id).await {
