@@ -98,6 +98,17 @@ impl ApiError {
     }
 }
 
+/// A request body's JSON as `T`; an empty body is `{}` (the SDKs send
+/// none where every field is optional).
+pub fn json_or_empty<T: serde::de::DeserializeOwned>(body: &[u8]) -> serde_json::Result<T> {
+    let body = if body.trim_ascii().is_empty() {
+        &b"{}"[..]
+    } else {
+        body
+    };
+    serde_json::from_slice(body)
+}
+
 /// A JSON response.
 pub fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
     // The face's own shapes always serialise; should one not, the client

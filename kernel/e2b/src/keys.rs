@@ -14,7 +14,7 @@
 //! alone is not proof, as a sandbox whose policy reaches the host's
 //! loopback connects as the kernel's user.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use agentos_proto::payload::DelegateName;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+
+use crate::random::hex;
 
 /// The environment variable that gives one key.
 pub const KEY_ENV: &str = "AGENTOS_E2B_API_KEY";
@@ -229,10 +231,7 @@ pub fn add_key(path: &Path, name: &str) -> Result<String, KeysError> {
             name: name.to_owned(),
         });
     }
-    let mut random = [0u8; MADE_KEY_BYTES];
-    File::open("/dev/urandom")
-        .and_then(|mut urandom| urandom.read_exact(&mut random))
-        .map_err(KeysError::Random)?;
+    let random = crate::random::bytes::<MADE_KEY_BYTES>().map_err(KeysError::Random)?;
     let key = format!("e2b_{}", hex(&random));
     let file_error = |error| KeysError::File {
         path: path.to_owned(),
@@ -249,11 +248,6 @@ pub fn add_key(path: &Path, name: &str) -> Result<String, KeysError> {
     let line = format!("{name} sha256:{}\n", hex(&Sha256::digest(key.as_bytes())));
     file.write_all(line.as_bytes()).map_err(file_error)?;
     Ok(key)
-}
-
-/// Lower-case hex.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// The text of `path`, a regular file of this user's that no one else

@@ -25,6 +25,7 @@ mod idempotency;
 mod interpreter;
 pub mod keys;
 mod query;
+mod random;
 mod sandbox_api;
 mod service;
 mod signed;

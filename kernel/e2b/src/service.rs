@@ -19,9 +19,6 @@ use crate::face::Face;
 use crate::sandbox_api::{self, SANDBOX_ID_HEADER};
 use crate::tenant::Tenant;
 
-/// The largest control request body read; a create is well under it.
-const MAX_CONTROL_BODY: usize = 1 << 20;
-
 /// The face as a service of requests.
 #[derive(Debug, Clone)]
 pub struct E2bService {
@@ -70,12 +67,15 @@ async fn answer(face: &Face, request: Request<Incoming>) -> Response<Body> {
         Err(err) => return err.into_response(),
     };
     let (parts, body) = request.into_parts();
-    let body = match Limited::new(body, MAX_CONTROL_BODY).collect().await {
+    // The face's bound on a control request's body; a create is well
+    // under it.
+    let most = face.site.max_body_bytes;
+    let body = match Limited::new(body, most).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(err) if err.is::<http_body_util::LengthLimitError>() => {
             return ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("a request body may be at most {MAX_CONTROL_BODY} bytes"),
+                format!("a request body may be at most {most} bytes"),
             )
             .into_response()
         }

@@ -203,11 +203,9 @@ pub fn lifetime_of(seconds: Option<i64>, then: LifetimeEnd) -> Result<Lifetime, 
 fn new_sandbox_id() -> Result<String, ApiError> {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let fair = 256 - 256 % ALPHABET.len();
-    let mut urandom = std::fs::File::open("/dev/urandom").map_err(random_failed)?;
     let mut id = String::with_capacity(SANDBOX_ID_LEN);
     while id.len() < SANDBOX_ID_LEN {
-        let mut random = [0u8; 32];
-        std::io::Read::read_exact(&mut urandom, &mut random).map_err(random_failed)?;
+        let random = crate::random::bytes::<32>().map_err(random_failed)?;
         for byte in random.iter().map(|byte| usize::from(*byte)) {
             if byte < fair && id.len() < SANDBOX_ID_LEN {
                 id.push(char::from(ALPHABET[byte % ALPHABET.len()]));

@@ -53,10 +53,10 @@ fn then_of(session: &SessionInfo) -> LifetimeEnd {
 /// `GET /sandboxes/{id}`.
 pub async fn detail(cx: &Control<'_>, id: &str) -> Result<SandboxDetail, ApiError> {
     let session = cx.tenant.sandbox(id).await?;
-    let access = cx.access(session.session.clone(), String::new());
+    let token = cx.face.tokens.mint(cx.tenant.delegate, &session.session);
     Ok(SandboxDetail {
         listed: ListedSandbox::of(&session, cx.face.sizing.sizes()),
-        envd_access_token: access.envd_access_token,
+        envd_access_token: token,
         domain: None,
         lifecycle: Lifecycle::of(then_of(&session)),
     })

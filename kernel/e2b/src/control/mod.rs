@@ -65,12 +65,7 @@ fn sandbox_id(id: &str) -> Result<&str, ApiError> {
 /// A JSON body read as `T`; an empty one is `T`'s default where it has
 /// one (connect and pause may come with none).
 fn body_of<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let body = if body.trim_ascii().is_empty() {
-        &b"{}"[..]
-    } else {
-        body
-    };
-    serde_json::from_slice(body)
+    crate::answer::json_or_empty(body)
         .map_err(|err| ApiError::bad_request(format!("the request body: {err}")))
 }
 

@@ -115,12 +115,8 @@ pub async fn unary_request<T: DeserializeOwned>(body: Incoming) -> Result<T, Con
         .await
         .map_err(|err| ConnectError::invalid(format!("reading the request: {err}")))?
         .to_bytes();
-    let bytes = if bytes.trim_ascii().is_empty() {
-        Bytes::from_static(b"{}")
-    } else {
-        bytes
-    };
-    message_of(&bytes)
+    crate::answer::json_or_empty(&bytes)
+        .map_err(|err| ConnectError::invalid(format!("the request message: {err}")))
 }
 
 /// A message's JSON read as `T`.

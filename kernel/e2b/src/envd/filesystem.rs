@@ -335,7 +335,7 @@ async fn follow_watch(
         };
         let seen = match seen {
             Ok(seen) => seen,
-            Err(err) => return stream_end(sender, Some(err)).await,
+            Err(err) => return sender.end(Some(err)).await,
         };
         for event in &seen.events {
             let message = WatchDirResponse::Filesystem(FilesystemEvent::of(event, root));
@@ -345,17 +345,12 @@ async fn follow_watch(
         }
         after = seen.offset;
         if seen.ended {
-            return stream_end(sender, None).await;
+            return sender.end(None).await;
         }
         if seen.events.is_empty() && !sender.send(&WatchDirResponse::Keepalive {}).await {
             return;
         }
     }
-}
-
-/// Ends the stream, with `error` if it failed.
-async fn stream_end(sender: &StreamSender, error: Option<ConnectError>) {
-    sender.end(error).await;
 }
 
 /// `CreateWatcher`.

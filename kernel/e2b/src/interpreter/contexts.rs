@@ -190,11 +190,9 @@ pub async fn restart(session: &Session, context: &Context) -> Result<(), Connect
 
 /// A new context id: 32 lower-case hex digits.
 fn new_id() -> Result<String, ConnectError> {
-    let mut random = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut urandom| std::io::Read::read_exact(&mut urandom, &mut random))
+    let random = crate::random::bytes::<16>()
         .map_err(|err| ConnectError::new("internal", format!("reading random bytes: {err}")))?;
-    Ok(random.iter().map(|byte| format!("{byte:02x}")).collect())
+    Ok(crate::random::hex(&random))
 }
 
 #[cfg(test)]

@@ -318,9 +318,7 @@ impl LineReader {
 /// An execution's id: the context answers with it, so answers of an
 /// execution interrupted before are not taken for this one's.
 fn random_id() -> Result<u64, ConnectError> {
-    let mut random = [0u8; 8];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut urandom| std::io::Read::read_exact(&mut urandom, &mut random))
+    let random = crate::random::bytes::<8>()
         .map_err(|err| ConnectError::new("internal", format!("reading random bytes: {err}")))?;
     // JSON numbers above 2^53 lose digits in some readers.
     Ok(u64::from_le_bytes(random) >> 12)

@@ -97,12 +97,7 @@ pub async fn answer(face: &Face, session: Session, request: Request<Incoming>) -
 
 /// A JSON body as `T` (an empty one is `{}`).
 fn read<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ConnectError> {
-    let body = if body.trim_ascii().is_empty() {
-        &b"{}"[..]
-    } else {
-        body
-    };
-    serde_json::from_slice(body)
+    crate::answer::json_or_empty(body)
         .map_err(|err| ConnectError::invalid(format!("the request body: {err}")))
 }
 
