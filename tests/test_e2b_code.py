@@ -109,6 +109,37 @@ def test_an_execution_given_up_is_interrupted_and_its_context_goes_on(sandbox):
     assert sandbox.run_code("state").text == "'alive'"
 
 
+def test_a_bash_context_keeps_its_variables_and_directory_and_reports_exit_statuses(sandbox):
+    first = sandbox.run_code("COLOUR=teal; cd /tmp; greet() { echo \"hi $1\"; }; echo made",
+                             language="bash")
+    assert (first.logs.stdout, first.error) == (["made\n"], None), first
+    again = sandbox.run_code("greet you; echo $COLOUR $PWD; echo oops >&2", language="bash")
+    assert "".join(again.logs.stdout) == "hi you\nteal /tmp\n", again
+    assert again.logs.stderr == ["oops\n"], again
+    failed = sandbox.run_code("ls /no/such/place", language="bash")
+    assert (failed.error.name, failed.error.value) == ("", "2"), failed.error
+    # Envs are for that execution alone; its stdin is empty, not the face's.
+    envs = sandbox.run_code("echo $COLOUR $ONLY; cat", language="bash",
+                            envs={"COLOUR": "red", "ONLY": "now"})
+    assert envs.logs.stdout == ["red now\n"], envs
+    kept = sandbox.run_code("echo ${COLOUR} ${ONLY-unset}", language="bash")
+    assert kept.logs.stdout == ["teal unset\n"], kept
+    # The Python context is another process, with none of it.
+    assert sandbox.run_code("import os; os.environ.get('COLOUR')").text is None
+    # An execution given up ends, not bash; `exit` ends bash, and the next
+    # execution has a fresh one.
+    with pytest.raises(Exception):
+        sandbox.run_code("sleep 30", language="bash", timeout=1)
+    assert sandbox.run_code("echo $COLOUR", language="bash").logs.stdout == ["teal\n"]
+    ended = sandbox.run_code("exit 3", language="bash")
+    assert "bash ended" in ended.error.value, ended.error
+    fresh = sandbox.run_code("echo ${COLOUR-gone}", language="bash")
+    assert fresh.logs.stdout == ["gone\n"], fresh
+    context = sandbox.create_code_context(language="bash", cwd="/home/user")
+    assert context.language == "bash"
+    assert sandbox.run_code("pwd", context=context).logs.stdout == ["/home/user\n"]
+
+
 def interpreter_call(face: E2bFace, sandbox: Sandbox, method: str, path: str,
                      body: Optional[dict], headers: dict) -> tuple[int, bytes]:
     request = urllib.request.Request(

@@ -219,6 +219,65 @@ def test_a_key_holds_its_share_of_sandboxes(face, made):
     create(face, made)
 
 
+def test_creates_at_once_never_take_more_than_a_keys_share(face, made):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def attempt(_):
+        status, body, _ = call(face, "POST", "/v2/sandboxes", {"templateID": "base"}, key="bob")
+        if status == 201:
+            made.append((body["sandboxID"], face.keys["bob"]))
+        return status, body.get("message")
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = sorted(pool.map(attempt, range(6)), key=lambda answer: answer[0])
+    assert [status for status, _ in answers] == [201] * 3 + [429] * 3, answers
+    assert len(Sandbox.list(api_key=face.keys["bob"]).next_items()) == 3
+
+
+def test_metrics_are_read_from_the_sandboxs_cgroup_now(face, made):
+    sandbox = create(face, made, timeout=120)
+    key = face.keys["alice"]
+    [first] = sandbox.get_metrics()
+    assert (first.cpu_count, first.mem_total) == (2, 512 << 20), first
+    assert 0 < first.mem_cache <= first.mem_used < first.mem_total, first
+    assert 0 <= first.cpu_used_pct <= 100, first
+    assert abs(first.timestamp - datetime.now(timezone.utc)) < timedelta(seconds=5), first
+    assert first.disk_total > 0 and 0 < first.disk_used <= first.disk_total, first
+    # One of its two CPUs kept busy: about half of them, over the time
+    # since the last reading.
+    sandbox.commands.run("timeout 2 sh -c 'while :; do :; done'", background=True)
+    time.sleep(1.5)
+    [busy] = Sandbox.get_metrics(sandbox.sandbox_id, api_key=key)
+    assert 30 <= busy.cpu_used_pct <= 70, busy
+    # A range that ends before now has no sample: the face keeps none.
+    hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    assert sandbox.get_metrics(start=hour_ago, end=hour_ago + timedelta(minutes=30)) == []
+    assert len(sandbox.get_metrics(start=hour_ago, end=datetime.now(timezone.utc))) == 1
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_metrics(sandbox.sandbox_id, api_key=face.keys["bob"])
+    status, body, _ = call(face, "GET", f"/sandboxes/metrics?sandbox_ids={sandbox.sandbox_id},"
+                                        + "a" * 20)
+    assert status == 200 and list(body["sandboxes"]) == [sandbox.sandbox_id], body
+    assert body["sandboxes"][sandbox.sandbox_id]["memTotal"] == 512 << 20, body
+    status, body, _ = call(face, "GET", f"/sandboxes/metrics?sandbox_ids={sandbox.sandbox_id}",
+                           key="bob")
+    assert (status, body) == (200, {"sandboxes": {}}), body
+    for query in ("", "?sandbox_ids=" + ",".join(f"s{n}" for n in range(101)), "?colour=red"):
+        status, body, _ = call(face, "GET", "/sandboxes/metrics" + query)
+        assert status == 400, (query, body)
+    status, body, _ = call(face, "GET", f"/sandboxes/{sandbox.sandbox_id}/metrics?start=-5")
+    assert status == 400, body
+    # Paused with its memory, it still holds it; hibernated, it has no
+    # interpreter and no sample.
+    assert sandbox.pause() is True
+    [paused] = Sandbox.get_metrics(sandbox.sandbox_id, api_key=key)
+    assert paused.mem_used > 0, paused
+    Sandbox.connect(sandbox.sandbox_id, api_key=key)
+    status, _, _ = call(face, "POST", f"/sandboxes/{sandbox.sandbox_id}/pause", {"memory": False})
+    assert status == 204, status
+    assert Sandbox.get_metrics(sandbox.sandbox_id, api_key=key) == []
+
+
 def test_hostile_requests_are_refused_before_the_kernel_is_asked(face, made):
     sandbox = create(face, made)
     for path in ("/sandboxes/..%2F..%2Fetc", "/sandboxes/ABC", "/sandboxes/" + "a" * 65):

@@ -61,6 +61,41 @@ def test_open_makes_a_ready_session_listed_with_its_labels_never_its_env():
             client.open_session("sb1", network=False)
 
 
+def test_a_session_is_listed_with_its_limits_and_what_its_sandbox_uses():
+    if not has_root():
+        return
+    limits = {"memory": 256 << 20, "cpu_quota": 50_000, "max_pids": 64}
+    with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
+        client.open_session("busy", network=False, limits=limits)
+        before = listed(client)["busy"]
+        assert before["limits"] == {**limits, "cpu_period": 100_000}, before
+        used = before["usage"]
+        assert set(used) == {"memory_bytes", "memory_cache_bytes", "cpu_usec", "uptime_ms",
+                             "pids"}, used
+        assert 0 < used["memory_bytes"] < limits["memory"], used
+        assert used["memory_cache_bytes"] <= used["memory_bytes"], used
+        assert used["pids"] >= 1, used
+        # Half a second of CPU and 64 MiB held: both show, the CPU time
+        # counted from the session's start (its cgroup served runs before).
+        burn = ("import time\nheld = bytearray(64 << 20)\nend = time.process_time() + 0.5\n"
+                "while time.process_time() < end: pass\n")
+        assert client.exec(burn, "python", session="busy", network=False,
+                           limits=limits)["ok"]
+        after = listed(client)["busy"]["usage"]
+        assert after["cpu_usec"] - used["cpu_usec"] >= 450_000, (used, after)
+        assert after["uptime_ms"] - used["uptime_ms"] >= 500, (used, after)
+        assert after["cpu_usec"] < 30_000_000, after
+        assert after["memory_bytes"] >= used["memory_bytes"] + (60 << 20), (used, after)
+        # A hibernated session has no sandbox: neither is listed.
+        if client.hello()["features"].get("session_disks"):
+            client.pause_session("busy", hibernate=True)
+            entry = listed(client)["busy"]
+            assert entry["state"] == "hibernated", entry
+            assert "usage" not in entry and "limits" not in entry, entry
+        else:
+            print("!!! NOT TESTED: a hibernated session's listing needs session disks")
+
+
 def test_opening_a_stored_session_gives_a_fresh_interpreter_and_keeps_its_labels():
     if not has_root():
         return

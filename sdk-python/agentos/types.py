@@ -178,19 +178,34 @@ class _SessionRequired(TypedDict):
     state: Literal["running", "ready", "paused", "hibernated", "stored"]
 
 
+class SessionUsage(TypedDict):
+    """What a session's sandbox uses now: memory (page cache included, and
+    of it the cache alone) in bytes, CPU time since its interpreter started
+    (``uptime_ms`` ago) in microseconds, and processes and threads."""
+
+    memory_bytes: int
+    memory_cache_bytes: int
+    cpu_usec: int
+    uptime_ms: int
+    pids: int
+
+
 class Session(_SessionRequired, total=False):
     """An EXEC session of yours: ``paused`` when its interpreter is frozen,
     ``hibernated`` when its globals are saved and its interpreter ended
     (its next run or a resume brings them back), ``stored`` when only its
     disk is left (its next run starts a fresh interpreter); ``disk_bytes``
     and ``disk_used_bytes`` when it has a disk of its own; ``labels``,
-    ``ends_at`` and ``then`` when it was opened with them."""
+    ``ends_at`` and ``then`` when it was opened with them; ``limits`` and
+    ``usage`` while it has an interpreter."""
 
     disk_bytes: int
     disk_used_bytes: int
     labels: Dict[str, str]
     ends_at: str
     then: str
+    limits: Dict[str, int]
+    usage: SessionUsage
 
 
 class Template(TypedDict):

@@ -9,8 +9,10 @@ use agentos_http::Site;
 use agentos_proto::payload::Limits;
 
 use crate::context_locks::ContextLocks;
+use crate::cpu_samples::CpuSamples;
 use crate::idempotency::Idempotency;
 use crate::keys::Keys;
+use crate::making::Making;
 use crate::tokens::EnvdTokens;
 use crate::watchers::Watchers;
 
@@ -74,6 +76,8 @@ pub struct Face {
     idempotency: Mutex<Idempotency>,
     watchers: Mutex<Watchers>,
     context_locks: Mutex<ContextLocks>,
+    cpu_samples: Mutex<CpuSamples>,
+    making: Mutex<Making>,
 }
 
 impl Face {
@@ -93,6 +97,8 @@ impl Face {
             idempotency: Mutex::new(Idempotency::default()),
             watchers: Mutex::new(Watchers::default()),
             context_locks: Mutex::new(ContextLocks::default()),
+            cpu_samples: Mutex::new(CpuSamples::default()),
+            making: Mutex::new(Making::default()),
         }
     }
 
@@ -108,6 +114,18 @@ impl Face {
     /// The watchers made with `CreateWatcher`; held only between awaits.
     pub fn watchers(&self) -> MutexGuard<'_, Watchers> {
         self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The sandboxes being made for each key; held only between awaits.
+    pub fn making(&self) -> MutexGuard<'_, Making> {
+        self.making.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Each sandbox's last CPU reading; held only between awaits.
+    pub fn cpu_samples(&self) -> MutexGuard<'_, CpuSamples> {
+        self.cpu_samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The code contexts' turns; held only between awaits.

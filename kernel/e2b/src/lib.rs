@@ -19,11 +19,13 @@
 mod answer;
 mod context_locks;
 mod control;
+mod cpu_samples;
 mod envd;
 mod face;
 mod idempotency;
 mod interpreter;
 pub mod keys;
+mod making;
 mod query;
 mod random;
 mod sandbox_api;

@@ -20,6 +20,8 @@ pub struct CgroupStats {
     pub memory_current: u64,
     /// Highest memory use seen, in bytes (0 where the kernel keeps no peak).
     pub memory_peak: u64,
+    /// Of `memory_current`, page cache, in bytes.
+    pub memory_cache: u64,
     /// CPU time used, in microseconds.
     pub cpu_usage_usec: u64,
     /// Periods in which the quota stopped the group.

@@ -34,6 +34,7 @@ use backend::Backend;
 pub use backend::{CgroupStats, DetectError};
 pub use freezer::Freezer;
 
+use agentos_proto::payload::Limits;
 use cgroups_rs::{Cgroup, MaxValue, Resources};
 
 /// Name of the directory holding every daemon's cgroups.
@@ -61,6 +62,16 @@ impl CgroupLimits {
         cpu_period: 100_000,
         max_pids: u64::MAX,
     };
+
+    /// The limits as the protocol states them: none where there is none.
+    pub fn stated(&self) -> Limits {
+        Limits {
+            memory: (self.memory != u64::MAX).then_some(self.memory),
+            cpu_quota: self.cpu_quota,
+            cpu_period: Some(self.cpu_period),
+            max_pids: (self.max_pids != u64::MAX).then_some(self.max_pids),
+        }
+    }
 }
 
 /// What went wrong with a cgroup operation.

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::time::{Instant, SystemTime};
 
-use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo};
+use agentos_proto::payload::{ExecReply, ExecRequest, SessionInfo, SessionUsage};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 pub use super::disk_work::{DiskWork, DisksDone};
@@ -453,14 +453,13 @@ impl Backlog {
         self.sessions.note_lost(key);
     }
 
-    /// `owner`'s sessions (`op: sessions`); what each child's `/workspace`
-    /// holds comes from `workspace_bytes`.
+    /// `owner`'s sessions (`op: sessions`); see [`Sessions::list`].
     pub fn sessions(
         &self,
         owner: Principal,
-        workspace_bytes: impl Fn(usize) -> u64,
+        figures: impl Fn(usize) -> (u64, Option<SessionUsage>),
     ) -> Vec<SessionInfo> {
-        let open = self.sessions.list(owner, workspace_bytes);
+        let open = self.sessions.list(owner, figures);
         self.disks.store.stored.list(owner, open)
     }
 

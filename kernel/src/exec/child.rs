@@ -15,7 +15,7 @@ use std::time::Instant;
 use agentos_egress::gateway::net_totals;
 use agentos_egress::policy::Policy;
 use agentos_egress::Endpoint;
-use agentos_proto::payload::NetTotals;
+use agentos_proto::payload::{NetTotals, SessionUsage};
 use mio::Token;
 
 use super::order::{Finished, Kill, Order, Running};
@@ -117,6 +117,10 @@ pub struct RunChild {
     pub span: Option<OpenSpan>,
     /// Since when its processes have stood frozen (its session paused).
     pub frozen_since: Option<Instant>,
+    /// When a session came to keep it, and the CPU time its cgroup had
+    /// used by then: the session's use is what came after (a cgroup
+    /// serves runs before).
+    pub session_cpu_from: Option<(Instant, u64)>,
 }
 
 /// A run child's endpoint on the egress proxy, with whose work it serves
@@ -164,6 +168,7 @@ impl RunChild {
             net_before: NetTotals::default(),
             span: None,
             frozen_since: None,
+            session_cpu_from: None,
         }
     }
 
@@ -245,10 +250,37 @@ impl RunChild {
     }
 
     /// Takes the cgroup inside its agent's it is to move itself into with
-    /// its first order: from now on its OOM kills are counted there.
+    /// its first order: from now on its OOM kills, and a session's CPU
+    /// time, are counted there.
     pub fn charge_to(&mut self, cgroup: RunCgroup) {
         self.oom_kills_seen = cgroup.oom_kills;
         self.charged = Some(cgroup);
+        if self.session_cpu_from.is_some() {
+            self.count_session_usage();
+        }
+    }
+
+    /// A session keeps it from now: its CPU time counts from here.
+    pub fn count_session_usage(&mut self) {
+        let used = self.current_cgroup().map(|run| run.cgroup.stats());
+        let since = self
+            .session_cpu_from
+            .map_or_else(Instant::now, |(since, _)| since);
+        self.session_cpu_from = Some((since, used.map_or(0, |stats| stats.cpu_usage_usec)));
+    }
+
+    /// What its session's sandbox uses now, read from its cgroup; none
+    /// without one.
+    pub fn session_usage(&self) -> Option<SessionUsage> {
+        let stats = self.current_cgroup()?.cgroup.stats();
+        let (since, from) = self.session_cpu_from?;
+        Some(SessionUsage {
+            memory_bytes: stats.memory_current,
+            memory_cache_bytes: stats.memory_cache,
+            cpu_usec: stats.cpu_usage_usec.saturating_sub(from),
+            uptime_ms: since.elapsed().as_millis() as u64,
+            pids: stats.pids_current,
+        })
     }
 
     /// Gives a ready child its first run's kernel connection (`theirs`;

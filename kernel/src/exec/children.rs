@@ -10,6 +10,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
+use agentos_proto::payload::SessionUsage;
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::Interest;
 use slab::Slab;
@@ -420,6 +421,18 @@ impl Children {
             .get(child)
             .and_then(|c| c.workspace_bytes)
             .unwrap_or(0)
+    }
+
+    /// What the sandbox of `child`, a session's, uses now.
+    pub fn session_usage(&self, child: usize) -> Option<SessionUsage> {
+        self.slab.get(child)?.session_usage()
+    }
+
+    /// A session keeps `child` from now: its CPU time counts from here.
+    pub fn count_session_usage(&mut self, child: usize) {
+        if let Some(run) = self.slab.get_mut(child) {
+            run.count_session_usage();
+        }
     }
 
     /// A child no longer counts among those asked of its host: the host

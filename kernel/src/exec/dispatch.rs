@@ -278,7 +278,11 @@ impl Dispatcher {
                 self.backlog.push_front(waiting);
                 return;
             };
-            if let Some((key, ends)) = self.backlog.open_session(child, &mut waiting, now) {
+            let opened = self.backlog.open_session(child, &mut waiting, now);
+            if waiting.session.is_some() {
+                self.pool.children_mut().count_session_usage(child);
+            }
+            if let Some((key, ends)) = opened {
                 self.lifetime_set(&key, Some(ends));
             }
             self.backlog.disks().warm_for(&waiting, &mut self.pool);

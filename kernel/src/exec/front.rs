@@ -452,9 +452,11 @@ impl Exec {
     /// and those stored on their disks.
     pub fn sessions(&self, owner: Principal) -> Vec<SessionInfo> {
         let children = self.dispatcher.pool.children();
-        self.dispatcher
-            .backlog
-            .sessions(owner, |child| children.workspace_bytes(child))
+        let figures = |child| {
+            let usage = children.session_usage(child);
+            (children.workspace_bytes(child), usage)
+        };
+        self.dispatcher.backlog.sessions(owner, figures)
     }
 
     /// Ends a session (`op: close`): its interpreter and its files go;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use agentos_proto::payload::{
     ExecReply, ExecRequest, ProcDoneReply, RestoredReply, SessionInfo, SessionOpenedReply,
-    SessionPauseReply, SessionState,
+    SessionPauseReply, SessionState, SessionUsage,
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
@@ -68,32 +68,38 @@ impl Sessions {
     }
 
     /// `owner`'s sessions (`op: sessions`), oldest first; what each
-    /// child's `/workspace` holds comes from `workspace_bytes`.
+    /// child's `/workspace` holds, and what it uses now, come from
+    /// `figures`.
     pub fn list(
         &self,
         owner: Principal,
-        workspace_bytes: impl Fn(usize) -> u64,
+        figures: impl Fn(usize) -> (u64, Option<SessionUsage>),
     ) -> Vec<SessionInfo> {
         let mut mine: Vec<(&SessionKey, &Session)> =
             self.open.iter().filter(|((o, _), _)| *o == owner).collect();
         mine.sort_by_key(|((_, name), session)| (session.created_at, name.clone()));
         mine.into_iter()
-            .map(|((_, name), session)| SessionInfo {
-                session: name.clone(),
-                created_at: rfc3339(session.created_at),
-                last_used_at: rfc3339(session.last_used_at),
-                runs: session.runs,
-                workspace_bytes: workspace_bytes(session.child),
-                state: match (session.paused, session.busy) {
-                    (true, _) => SessionState::Paused,
-                    (false, true) => SessionState::Running,
-                    (false, false) => SessionState::Ready,
-                },
-                disk_bytes: None,
-                disk_used_bytes: None,
-                labels: session.meta.labels.clone(),
-                ends_at: session.meta.ends.map(Ends::text),
-                then: session.meta.ends.map(|ends| ends.then),
+            .map(|((_, name), session)| {
+                let (workspace_bytes, usage) = figures(session.child);
+                SessionInfo {
+                    session: name.clone(),
+                    created_at: rfc3339(session.created_at),
+                    last_used_at: rfc3339(session.last_used_at),
+                    runs: session.runs,
+                    workspace_bytes,
+                    state: match (session.paused, session.busy) {
+                        (true, _) => SessionState::Paused,
+                        (false, true) => SessionState::Running,
+                        (false, false) => SessionState::Ready,
+                    },
+                    disk_bytes: None,
+                    disk_used_bytes: None,
+                    labels: session.meta.labels.clone(),
+                    ends_at: session.meta.ends.map(Ends::text),
+                    then: session.meta.ends.map(|ends| ends.then),
+                    limits: (session.orders_as.as_ref()).map(|(_, limits, _)| limits.stated()),
+                    usage,
+                }
             })
             .collect()
     }

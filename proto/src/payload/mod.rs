@@ -121,8 +121,8 @@ pub use session_procs::{
     MAX_ARGV_ITEMS, MAX_OUTPUT_WAIT_MS, MAX_PROC_CHUNK_BYTES, MAX_PROC_TIMEOUT_MS,
 };
 pub use sessions::{
-    ClosedReply, Lifetime, LifetimeEnd, RemovedReply, RestoredReply, SessionInfo, SessionSetup,
-    SessionState, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply,
+    ClosedReply, Lifetime, LifetimeEnd, RestoredReply, SessionInfo, SessionSetup, SessionState,
+    SessionUsage, SessionsReply, SnapshotInfo, SnapshotReply, SnapshotsReply,
 };
 pub use spawn::{
     Isolation, Limits, Permissions, PermissionsRequest, RestartPolicy, SpawnReply, SpawnRequest,
@@ -147,8 +147,8 @@ pub use tool::{
     DEFAULT_SEARCH_LIMIT, MAX_QUERY_BYTES, MAX_SEARCH_LIMIT, MAX_TOOL_TIMEOUT_MS,
 };
 pub use volumes::{
-    check_mounts, VolumeInfo, VolumeMount, VolumeRemovedReply, VolumeReply, VolumesReply,
-    MAX_VOLUMES, MAX_VOLUME_PATH_LEN, MIN_VOLUME_BYTES,
+    check_mounts, RemovedReply, VolumeInfo, VolumeMount, VolumeRemovedReply, VolumeReply,
+    VolumesReply, MAX_VOLUMES, MAX_VOLUME_PATH_LEN, MIN_VOLUME_BYTES,
 };
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::spawn::Limits;
+
 /// One of the caller's sessions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -41,6 +43,30 @@ pub struct SessionInfo {
     /// What becomes of it then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub then: Option<LifetimeEnd>,
+    /// The limits its sandbox is held to, while it has an interpreter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// What its sandbox uses now, while it has an interpreter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<SessionUsage>,
+}
+
+/// What a session's sandbox uses, read from its cgroup when it is listed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SessionUsage {
+    /// Memory charged to it now, page cache included, in bytes.
+    pub memory_bytes: u64,
+    /// Of that, page cache (files read and written), in bytes.
+    pub memory_cache_bytes: u64,
+    /// CPU time its processes have used since its interpreter started, in
+    /// microseconds.
+    pub cpu_usec: u64,
+    /// Milliseconds since its interpreter started (over which `cpu_usec`
+    /// was used).
+    pub uptime_ms: u64,
+    /// Processes and threads in it now.
+    pub pids: u64,
 }
 
 /// What becomes of a session at the end of its lifetime.
@@ -168,15 +194,4 @@ pub struct SnapshotsReply {
     pub success: bool,
     /// The session's snapshots, oldest first.
     pub snapshots: Vec<SnapshotInfo>,
-}
-
-/// The reply to an op that removes something of the caller's
-/// (`remove_snapshot`, `remove_volume`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct RemovedReply {
-    /// Always true.
-    pub success: bool,
-    /// Always true: what is not the caller's is `not_found`.
-    pub removed: bool,
 }

@@ -178,9 +178,20 @@ pub struct VolumeReply {
     pub volume: VolumeInfo,
 }
 
+/// The reply to an op that removes something of the caller's
+/// (`remove_snapshot`, `remove_volume`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RemovedReply {
+    /// Always true.
+    pub success: bool,
+    /// Always true: what is not the caller's is `not_found`.
+    pub removed: bool,
+}
+
 /// The reply to `{"op":"remove_volume"}`: always true, since a volume
 /// that is not the caller's is `not_found`.
-pub type VolumeRemovedReply = super::sessions::RemovedReply;
+pub type VolumeRemovedReply = RemovedReply;
 
 #[cfg(test)]
 mod tests {

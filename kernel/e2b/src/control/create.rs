@@ -4,14 +4,13 @@
 //! dropped.
 
 use std::collections::BTreeMap;
-
-use agentos_proto::payload::{
-    ExecRequest, Lifetime, LifetimeEnd, Network, NetworkPolicy, SessionOpen, SessionSetup,
-    MAX_LIFETIME_MS,
-};
 use std::time::Instant;
 
 use agentos_http::Body;
+use agentos_proto::payload::{
+    DelegateName, ExecRequest, Lifetime, LifetimeEnd, Network, NetworkPolicy, SessionOpen,
+    SessionSetup, MAX_LIFETIME_MS,
+};
 use http::{HeaderMap, Response, StatusCode};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -19,6 +18,7 @@ use serde::Deserialize;
 use super::context::Control;
 use super::shapes::{Lifecycle, ListedSandbox, SandboxAccess};
 use crate::answer::{json, ApiError};
+use crate::face::Face;
 use crate::idempotency::{Claim, Outcome};
 use crate::tenant::{
     IDEMPOTENCY_LABEL, ON_TIMEOUT_LABEL, OWN_LABEL_PREFIX, STARTED_LABEL, TEMPLATE_LABEL,
@@ -284,6 +284,7 @@ pub async fn create(
             lifetime: Some(lifetime),
         },
     };
+    let _place = within_quota(cx, &id).await?;
     cx.tenant.open(open).await.map_err(|err| {
         if err.status == StatusCode::NOT_FOUND {
             ApiError::new(
@@ -318,7 +319,6 @@ pub async fn create_once(
         )?),
     };
     let Some(claim) = claim else {
-        within_quota(cx).await?;
         return match create(cx, asked, None).await {
             Ok(access) => Ok(json(StatusCode::CREATED, &access)),
             Err(mut err) => {
@@ -337,10 +337,7 @@ pub async fn create_once(
     }
     let made = match made_before(cx, &claim).await {
         Ok(Some(access)) => Ok(access),
-        Ok(None) => match within_quota(cx).await {
-            Ok(()) => create(cx, asked, Some(claim.label())).await,
-            Err(err) => Err(err),
-        },
+        Ok(None) => create(cx, asked, Some(claim.label())).await,
         Err(err) => Err(err),
     };
     let mut remembered = cx.face.idempotency();
@@ -376,23 +373,44 @@ async fn made_before(cx: &Control<'_>, claim: &Claim) -> Result<Option<SandboxAc
     Ok(None)
 }
 
-/// A 429 once the tenant holds the face's share of live sandboxes
-/// (paused ones with their memory count; hibernated ones do not).
-pub async fn within_quota(cx: &Control<'_>) -> Result<(), ApiError> {
+/// A place in the tenant's share, held while its sandbox is made or
+/// woken: others begun later count it until it is listed live.
+pub struct Place<'a> {
+    face: &'a Face,
+    delegate: DelegateName,
+    ticket: u64,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.face.making().end(self.delegate, self.ticket);
+    }
+}
+
+/// A place for sandbox `id`, one more live sandbox in the tenant's
+/// share, or a 429 once it holds the face's share (paused ones with
+/// their memory count; hibernated ones do not), those being made
+/// counted.
+pub async fn within_quota<'a>(cx: &Control<'a>, id: &str) -> Result<Place<'a>, ApiError> {
     use agentos_proto::payload::SessionState;
     let most = cx.face.sizing.max_sandboxes_per_key;
-    let live = cx
-        .tenant
-        .sandboxes()
-        .await?
-        .iter()
+    let delegate = cx.tenant.delegate;
+    let (ticket, being_made) = cx.face.making().begin(delegate, id);
+    let place = Place {
+        face: cx.face,
+        delegate,
+        ticket,
+    };
+    let live: Vec<String> = (cx.tenant.sandboxes().await?.into_iter())
         .filter(|session| {
             matches!(
                 session.state,
                 SessionState::Running | SessionState::Ready | SessionState::Paused
             )
         })
-        .count();
+        .map(|session| session.session)
+        .collect();
+    let live = live.len() + being_made.iter().filter(|id| !live.contains(id)).count();
     if live >= most {
         let mut err = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -404,7 +422,7 @@ pub async fn within_quota(cx: &Control<'_>) -> Result<(), ApiError> {
         err.retry_after = Some(5);
         return Err(err);
     }
-    Ok(())
+    Ok(place)
 }
 
 #[cfg(test)]

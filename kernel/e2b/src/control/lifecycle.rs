@@ -151,14 +151,14 @@ pub async fn connect(
         }
         // Woken, it is live again: within the key's share.
         SessionState::Hibernated => {
-            within_quota(cx).await?;
+            let _place = within_quota(cx, id).await?;
             cx.tenant.resume(id).await?;
             StatusCode::CREATED
         }
         // Only its disk is left (the kernel restarted): it opens
         // again on it, from its template, with the face's limits.
         SessionState::Stored => {
-            within_quota(cx).await?;
+            let _place = within_quota(cx, id).await?;
             let open = SessionOpen {
                 run: ExecRequest {
                     session: Some(id.to_owned()),

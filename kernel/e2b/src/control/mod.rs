@@ -6,6 +6,7 @@ pub mod context;
 pub mod create;
 pub mod lifecycle;
 pub mod list;
+pub mod metrics;
 pub mod shapes;
 
 use agentos_http::Body;
@@ -16,6 +17,7 @@ use serde::de::DeserializeOwned;
 pub use self::context::Control;
 use self::lifecycle::{ConnectBody, PauseBody, TimeoutBody};
 use self::list::ListQuery;
+use self::metrics::Range;
 use crate::answer::{json, no_content, ApiError};
 
 /// The longest sandbox id taken from a path; E2B's are 20 characters.
@@ -30,6 +32,8 @@ enum Route<'p> {
     Kill(&'p str),
     Timeout(&'p str),
     Pause(&'p str),
+    Metrics(&'p str),
+    ManyMetrics,
 }
 
 /// The route `method` and `path` name, if any.
@@ -39,10 +43,12 @@ fn route<'p>(method: &Method, path: &'p str) -> Option<Route<'p>> {
         (&Method::POST, ["v2", "sandboxes"]) => Route::Create,
         (&Method::GET, ["v2", "sandboxes"]) => Route::List,
         (&Method::POST, ["v2", "sandboxes", id, "connect"]) => Route::Connect(id),
+        (&Method::GET, ["sandboxes", "metrics"]) => Route::ManyMetrics,
         (&Method::GET, ["sandboxes", id]) => Route::Detail(id),
         (&Method::DELETE, ["sandboxes", id]) => Route::Kill(id),
         (&Method::POST, ["sandboxes", id, "timeout"]) => Route::Timeout(id),
         (&Method::POST, ["sandboxes", id, "pause"]) => Route::Pause(id),
+        (&Method::GET, ["sandboxes", id, "metrics"]) => Route::Metrics(id),
         _ => return None,
     };
     Some(route)
@@ -123,6 +129,15 @@ pub async fn answer(
             (Ok(id), Ok(asked)) => lifecycle::pause(cx, id, asked).await.map(|()| no_content()),
             (Err(err), _) | (_, Err(err)) => Err(err),
         },
+        Route::Metrics(id) => match (sandbox_id(id), Range::parse(query)) {
+            (Ok(id), Ok(range)) => metrics::of_sandbox(cx, id, &range)
+                .await
+                .map(|samples| json(StatusCode::OK, &samples)),
+            (Err(err), _) | (_, Err(err)) => Err(err),
+        },
+        Route::ManyMetrics => metrics::of_sandboxes(cx, query)
+            .await
+            .map(|samples| json(StatusCode::OK, &samples)),
     };
     answered.unwrap_or_else(ApiError::into_response)
 }

@@ -1,6 +1,7 @@
 """A code context of `agentos e2b`'s code interpreter: one Python process in
 the sandbox that keeps its globals between executions, as a Jupyter kernel
-does.
+does; or, started with the argument ``bash``, one that keeps a bash process
+whose variables, functions and directory last between executions.
 
 The face writes one request per line on this process's stdin,
 ``{"id": N, "code": "...", "env": {...}}``, and reads the answers as lines
@@ -21,7 +22,9 @@ import ast
 import base64
 import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import threading
 import traceback
@@ -176,32 +179,125 @@ def execute(code, namespace):
             send(dict(type="result", is_main_result=True, **bundle(value)))
 
 
-def main():
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    drains = [Drain(1, "stdout"), Drain(2, "stderr")]
-    for drain in drains:
-        drain.start()
-    sys.stdout = os.fdopen(1, "w", encoding="utf-8", errors="replace", buffering=1)
-    sys.stderr = os.fdopen(2, "w", encoding="utf-8", errors="replace", buffering=1)
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+class Bash:
+    """A bash process the executions are sourced in, one at a time: each
+    cell is written to a file whose path goes to bash on a pipe of its own
+    (the cell's stdin is /dev/null), and bash writes the cell's exit status
+    on another. An interrupt ends the cell, not bash; a cell that ends
+    bash (``exit``) is an error, and the next starts a fresh one."""
+
+    LOOP = ('trap "return 130" INT\n'
+            'while IFS= read -r -u {cells} __e2b_cell; do\n'
+            '  source "$__e2b_cell" {cells}<&- {status}>&-\n'
+            '  printf "%d\\n" "$?" >&{status}\n'
+            'done\n')
+
+    def __init__(self):
+        self.process = None
+        self.cells = 0
+
+    def start(self):
+        if self.process is not None:
+            os.close(self.cells_write)
+            self.statuses.close()
+        cells_read, self.cells_write = os.pipe()
+        status_read, status_write = os.pipe()
+        loop = self.LOOP.format(cells=cells_read, status=status_write)
+        self.process = subprocess.Popen(
+            ["bash", "--noprofile", "--norc", "-c", loop], stdin=subprocess.DEVNULL,
+            pass_fds=(cells_read, status_write), start_new_session=True)
+        os.close(cells_read)
+        os.close(status_write)
+        self.statuses = os.fdopen(status_read, "r")
+
+    def interrupt(self):
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+    def run(self, code, env):
+        """Runs ``code`` with ``env`` set for it alone; its exit status,
+        or None if it ended bash."""
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        os.makedirs(RESULTS, mode=0o700, exist_ok=True)
+        self.cells += 1
+        code_path = os.path.join(RESULTS, "cell-%d.sh" % self.cells)
+        wrapper_path = code_path + ".run"
+        try:
+            with open(code_path, "w", encoding="utf-8") as cell:
+                cell.write(code + "\n")
+            with open(wrapper_path, "w", encoding="utf-8") as wrapper:
+                wrapper.write(with_env(code_path, env))
+            os.write(self.cells_write, (wrapper_path + "\n").encode())
+            line = self.status()
+        finally:
+            for path in (code_path, wrapper_path):
+                if os.path.exists(path):
+                    os.unlink(path)
+        if not line:
+            self.process.wait()
+            return None
+        return int(line)
+
+    def status(self):
+        """The running cell's status line ("" if bash ended); an interrupt
+        meanwhile is passed on to the cell."""
+        while True:
+            try:
+                return self.statuses.readline()
+            except KeyboardInterrupt:
+                self.interrupt()
+
+
+def shell_word(text):
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def with_env(code_path, env):
+    """A script that sources ``code_path`` with ``env`` exported for it,
+    each variable put back as it was afterwards, and ends with its status."""
+    before, after = [], []
+    for n, (name, value) in enumerate(sorted(env.items())):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            continue
+        before.append('if [ -n "${%s+set}" ]; then __e2b_had_%d=1; __e2b_old_%d=$%s; '
+                      'else __e2b_had_%d=; fi' % (name, n, n, name, n))
+        before.append("export %s=%s" % (name, shell_word(str(value))))
+        after.append('if [ -n "$__e2b_had_%d" ]; then %s=$__e2b_old_%d; else unset %s; fi'
+                     % (n, name, n, name))
+    lines = before + ["source %s" % shell_word(code_path), "__e2b_status=$?"] + after
+    return "\n".join(lines + ["return $__e2b_status", ""])
+
+
+def serve(execute_one):
+    """Answers the face's requests one at a time: each is counted, run by
+    ``execute_one``, and ended once all it wrote has been sent."""
     count = 0
     while True:
-        try:
-            line = requests.readline()
-        except KeyboardInterrupt:
-            continue
-        if not line:
+        request = next_request()
+        if request is None:
             return
-        try:
-            request = json.loads(line)
-        except ValueError:
-            continue
         count += 1
-        current["id"] = request.get("id")
         send({"type": "count", "execution_count": count})
+        try:
+            execute_one(request)
+        except KeyboardInterrupt:
+            pass  # one that came after the code's own end
+        # An interrupt that comes now would end the context with its
+        # globals: it is ignored until the execution's end is sent.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        end_execution()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def python_executor():
+    """Runs each request's code as Python, with its globals kept."""
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+
+    def execute_one(request):
         saved = {}
         for name, value in (request.get("env") or {}).items():
             saved[name] = os.environ.get(name)
@@ -210,29 +306,84 @@ def main():
             execute(request.get("code", ""), namespace)
             open_figures()
         except BaseException as error:  # noqa: BLE001 - the code's own, sent on
-            if isinstance(error, SystemExit) and not error.code:
-                pass
-            else:
+            if not (isinstance(error, SystemExit) and not error.code):
                 send({"type": "error", "name": type(error).__name__,
                       "value": str(error), "traceback": cell_traceback(error)})
         finally:
-            # An interrupt that comes now would end the context with its
-            # globals: it is ignored until the execution's end is sent.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             for name, value in saved.items():
                 if value is None:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:
-                    pass
-            for drain, fd in zip(drains, (1, 2)):
-                drain.sync(fd)
-            send({"type": "end"})
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    return execute_one
+
+
+def bash_executor():
+    """Runs each request's code in bash: a non-zero exit status is the
+    error, as Jupyter's bash kernel reports it (no name, the status as its
+    value)."""
+    bash = Bash()
+
+    def execute_one(request):
+        try:
+            status = bash.run(request.get("code", ""), request.get("env") or {})
+        except KeyboardInterrupt:
+            # Interrupted before the cell went to bash: it never ran.
+            status = 130
+        if status is None:
+            send({"type": "error", "name": "", "value": "bash ended; its state is gone",
+                  "traceback": ""})
+        elif status != 0:
+            send({"type": "error", "name": "", "value": str(status), "traceback": ""})
+
+    return execute_one
+
+
+def next_request():
+    """The next request, its id made current; None when the face is gone."""
+    while True:
+        try:
+            line = requests.readline()
+        except KeyboardInterrupt:
+            continue
+        if not line:
+            return None
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        current["id"] = request.get("id")
+        return request
+
+
+def end_execution():
+    """Everything the execution wrote has been sent: its end follows."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    for drain, fd in zip(drains, (1, 2)):
+        drain.sync(fd)
+    send({"type": "end"})
+
+
+drains = []
+
+
+def main():
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    drains.extend([Drain(1, "stdout"), Drain(2, "stderr")])
+    for drain in drains:
+        drain.start()
+    sys.stdout = os.fdopen(1, "w", encoding="utf-8", errors="replace", buffering=1)
+    sys.stderr = os.fdopen(2, "w", encoding="utf-8", errors="replace", buffering=1)
+    serve(bash_executor() if sys.argv[1:] == ["bash"] else python_executor())
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ const TAG_PREFIX: &str = "e2b-ctx:";
 /// And a default context's ends so.
 const DEFAULT_SUFFIX: &str = ":default";
 
-/// The languages a context may speak.
-pub const LANGUAGES: [&str; 1] = ["python"];
+/// The languages a context may speak: Python keeps its globals, bash its
+/// variables, functions and directory.
+pub const LANGUAGES: [&str; 2] = ["python", "bash"];
 
 /// A context, as the code interpreter's API lists it.
 #[derive(Debug, Clone, Serialize)]
@@ -141,9 +142,13 @@ async fn start(
         pid: 0,
         offset: 0,
     };
+    let mut argv: Vec<String> = vec!["python3".into(), "-u".into(), "-c".into(), SERVER.into()];
+    if language == "bash" {
+        argv.push("bash".into());
+    }
     let start = ProcStart {
         session: String::new(),
-        argv: vec!["python3".into(), "-u".into(), "-c".into(), SERVER.into()],
+        argv,
         env: [("MPLBACKEND".to_owned(), "Agg".to_owned())].into(),
         cwd: Some(context.cwd.clone()),
         stdin: true,
@@ -232,6 +237,7 @@ mod tests {
         assert!(Context::of(&process("web", ProcState::Running)).is_none());
         assert_eq!(language_of(None).unwrap(), "python");
         assert_eq!(language_of(Some(" Python ")).unwrap(), "python");
+        assert_eq!(language_of(Some("bash")).unwrap(), "bash");
         assert!(language_of(Some("r"))
             .unwrap_err()
             .message

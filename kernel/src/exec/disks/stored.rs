@@ -126,6 +126,8 @@ impl Stored {
                 labels: record.meta.labels.clone(),
                 ends_at: record.meta.ends.map(Ends::text),
                 then: record.meta.ends.map(|ends| ends.then),
+                limits: None,
+                usage: None,
             })
             .collect();
         stored.sort_by(|a, b| (&a.created_at, &a.session).cmp(&(&b.created_at, &b.session)));
