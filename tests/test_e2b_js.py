@@ -20,7 +20,7 @@ from e2b_face import e2b_face
 CHECKS = REPO / "tests" / "e2b-js"
 EXPECTED = {
     "create and info", "commands", "a background server reached by a later command",
-    "files and watch", "another key sees nothing of it", "pause and connect", "timeout",
+    "files and watch", "another key sees nothing of it", "pause and connect", "metrics", "timeout",
     "code interpreter",
 }
 

@@ -76,6 +76,13 @@ try {
     if (paused !== 'paused' || result.stdout !== 'back\n') throw new Error(`${paused} ${result.stdout}`)
     return paused
   })
+  await check('metrics', async () => {
+    const [metric, ...more] = await sandbox.getMetrics()
+    if (!metric || more.length || !(metric.memUsed > 0) || metric.cpuCount !== 2) {
+      throw new Error(JSON.stringify(metric))
+    }
+    return metric.memUsed
+  })
   await check('timeout', async () => {
     await sandbox.setTimeout(60_000)
     const info = await sandbox.getInfo()
@@ -96,6 +103,9 @@ await check('code interpreter', async () => {
     }
     const failed = await code.runCode('1/0')
     if (failed.error.name !== 'ZeroDivisionError') throw new Error(JSON.stringify(failed.error))
+    await code.runCode('WORD=kept', { language: 'bash' })
+    const bash = await code.runCode('echo $WORD', { language: 'bash' })
+    if (bash.logs.stdout.join('') !== 'kept\n') throw new Error(JSON.stringify(bash))
     return execution.text
   } finally {
     await code.kill()
