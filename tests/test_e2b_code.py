@@ -138,6 +138,19 @@ def test_a_bash_context_keeps_its_variables_and_directory_and_reports_exit_statu
     context = sandbox.create_code_context(language="bash", cwd="/home/user")
     assert context.language == "bash"
     assert sandbox.run_code("pwd", context=context).logs.stdout == ["/home/user\n"]
+    # A cell's own `break` or `continue` ends the cell, not bash.
+    sandbox.run_code("KEPT=1; break", context=context)
+    sandbox.run_code("continue", context=context)
+    assert sandbox.run_code("echo $KEPT", context=context).logs.stdout == ["1\n"]
+    # Removing the context ends its bash and what it left running.
+    pids = sandbox.run_code("sleep 300 & echo $$ $!", context=context).logs.stdout[0].split()
+    sandbox.remove_code_context(context)
+    gone = sandbox.run_code(
+        "import os, time\n"
+        f"for _ in range(100):\n    if not any(os.path.exists(f'/proc/{{p}}') for p in {pids}): break\n"
+        "    time.sleep(0.05)\n"
+        f"[p for p in {pids} if os.path.exists(f'/proc/{{p}}')]")
+    assert gone.text == "[]", gone
 
 
 def interpreter_call(face: E2bFace, sandbox: Sandbox, method: str, path: str,

@@ -239,7 +239,7 @@ def test_metrics_are_read_from_the_sandboxs_cgroup_now(face, made):
     key = face.keys["alice"]
     [first] = sandbox.get_metrics()
     assert (first.cpu_count, first.mem_total) == (2, 512 << 20), first
-    assert 0 < first.mem_cache <= first.mem_used < first.mem_total, first
+    assert 0 <= first.mem_cache <= first.mem_used < first.mem_total, first
     assert 0 <= first.cpu_used_pct <= 100, first
     assert abs(first.timestamp - datetime.now(timezone.utc)) < timedelta(seconds=5), first
     assert first.disk_total > 0 and 0 < first.disk_used <= first.disk_total, first
@@ -248,7 +248,7 @@ def test_metrics_are_read_from_the_sandboxs_cgroup_now(face, made):
     sandbox.commands.run("timeout 2 sh -c 'while :; do :; done'", background=True)
     time.sleep(1.5)
     [busy] = Sandbox.get_metrics(sandbox.sandbox_id, api_key=key)
-    assert 30 <= busy.cpu_used_pct <= 70, busy
+    assert 25 <= busy.cpu_used_pct <= 75, busy
     # A range that ends before now has no sample: the face keeps none.
     hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
     assert sandbox.get_metrics(start=hour_ago, end=hour_ago + timedelta(minutes=30)) == []

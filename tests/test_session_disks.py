@@ -223,6 +223,27 @@ def test_an_idle_or_timed_out_interpreter_ends_and_its_files_stay():
         assert later.get("fresh_interpreter") is True, later
 
 
+def test_a_pth_file_that_exits_or_raises_leaves_the_session_usable():
+    # The session's own code may write anything into its environment;
+    # the next interpreter reads its .pth files as that python would.
+    if not has_root():
+        return
+    with kernel_with("[exec]\nsession_idle_secs = 1\n") as kernel, \
+            AgentOSClient(kernel.socket_path) as client:
+        hostile = ("import site, os\nsp = [p for p in site.getsitepackages() + __import__('sys').path "
+                   "if p.endswith('/.venv/lib/python3.11/site-packages')][0]\n"
+                   "open(os.path.join(sp, 'a_exit.pth'), 'w').write('import sys; sys.exit(3)\\n')\n"
+                   "open(os.path.join(sp, 'b_raise.pth'), 'w').write('import nonexistent_module\\n')\n"
+                   "print('planted')")
+        assert run(client, hostile, session="s")["stdout"] == "planted\n"
+        deadline = time.monotonic() + 20
+        while client.sessions()[0]["state"] != "stored":
+            assert time.monotonic() < deadline, client.sessions()
+            time.sleep(0.2)
+        again = run(client, "print(6 * 7)", session="s")
+        assert again["stdout"] == "42\n" and again.get("fresh_interpreter") is True, again
+
+
 def test_a_run_sees_its_own_sessions_disk_and_nothing_of_the_host_or_other_sessions():
     if not has_root():
         return

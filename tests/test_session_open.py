@@ -67,7 +67,8 @@ def test_a_session_is_listed_with_its_limits_and_what_its_sandbox_uses():
     limits = {"memory": 256 << 20, "cpu_quota": 50_000, "max_pids": 64}
     with kernel_with() as kernel, AgentOSClient(kernel.socket_path) as client:
         client.open_session("busy", network=False, limits=limits)
-        before = listed(client)["busy"]
+        assert "usage" not in listed(client)["busy"], "only when asked for"
+        before = {s["session"]: s for s in client.sessions(usage=True)}["busy"]
         assert before["limits"] == {**limits, "cpu_period": 100_000}, before
         used = before["usage"]
         assert set(used) == {"memory_bytes", "memory_cache_bytes", "cpu_usec", "uptime_ms",
@@ -81,7 +82,7 @@ def test_a_session_is_listed_with_its_limits_and_what_its_sandbox_uses():
                 "while time.process_time() < end: pass\n")
         assert client.exec(burn, "python", session="busy", network=False,
                            limits=limits)["ok"]
-        after = listed(client)["busy"]["usage"]
+        after = {s["session"]: s for s in client.sessions(usage=True)}["busy"]["usage"]
         assert after["cpu_usec"] - used["cpu_usec"] >= 450_000, (used, after)
         assert after["uptime_ms"] - used["uptime_ms"] >= 500, (used, after)
         assert after["cpu_usec"] < 30_000_000, after
@@ -89,7 +90,7 @@ def test_a_session_is_listed_with_its_limits_and_what_its_sandbox_uses():
         # A hibernated session has no sandbox: neither is listed.
         if client.hello()["features"].get("session_disks"):
             client.pause_session("busy", hibernate=True)
-            entry = listed(client)["busy"]
+            entry = {s["session"]: s for s in client.sessions(usage=True)}["busy"]
             assert entry["state"] == "hibernated", entry
             assert "usage" not in entry and "limits" not in entry, entry
         else:

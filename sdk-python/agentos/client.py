@@ -598,9 +598,13 @@ class AgentOSClient(Connection):
             raise_if_failed(reply)
         return results.execution(reply)
 
-    def sessions(self) -> List[Session]:
-        """EXEC ``sessions``: your sessions."""
-        return self.call_json(Opcode.EXEC, {"op": "sessions"})["sessions"]
+    def sessions(self, *, usage: bool = False) -> List[Session]:
+        """EXEC ``sessions``: your sessions; with ``usage``, what each
+        one's sandbox uses now (``usage``, read from its cgroup)."""
+        request: Dict[str, Any] = {"op": "sessions"}
+        if usage:
+            request["usage"] = True
+        return self.call_json(Opcode.EXEC, request)["sessions"]
 
     def open_session(
         self,

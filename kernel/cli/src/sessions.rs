@@ -171,7 +171,7 @@ pub fn sessions(client: &mut Client, args: SessionsArgs, json: bool) -> Result<(
         );
         return Ok(());
     }
-    let raw = ask(client, &ExecCall::Sessions)?;
+    let raw = ask(client, &ExecCall::Sessions { usage: false })?;
     if json {
         return raw.print();
     }

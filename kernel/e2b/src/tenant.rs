@@ -43,7 +43,18 @@ impl Tenant {
 
     /// The tenant's sandboxes: its sessions this face opened.
     pub async fn sandboxes(&self) -> Result<Vec<SessionInfo>, ApiError> {
-        let listed: SessionsReply = self.exec(&ExecCall::Sessions, Wait::Quick).await?;
+        self.listed(false).await
+    }
+
+    /// The tenant's sandboxes, each with what it uses now (read from its
+    /// cgroup: asked for only where it is shown).
+    pub async fn sandboxes_with_usage(&self) -> Result<Vec<SessionInfo>, ApiError> {
+        self.listed(true).await
+    }
+
+    async fn listed(&self, usage: bool) -> Result<Vec<SessionInfo>, ApiError> {
+        let call = ExecCall::Sessions { usage };
+        let listed: SessionsReply = self.exec(&call, Wait::Quick).await?;
         Ok(listed
             .sessions
             .into_iter()

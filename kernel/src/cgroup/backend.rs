@@ -20,8 +20,6 @@ pub struct CgroupStats {
     pub memory_current: u64,
     /// Highest memory use seen, in bytes (0 where the kernel keeps no peak).
     pub memory_peak: u64,
-    /// Of `memory_current`, page cache, in bytes.
-    pub memory_cache: u64,
     /// CPU time used, in microseconds.
     pub cpu_usage_usec: u64,
     /// Periods in which the quota stopped the group.
@@ -57,6 +55,8 @@ pub trait Backend: fmt::Debug + Send + Sync {
     fn memory_limit(&self, rel: &Path) -> Option<u64>;
     /// Memory `rel` (and what is below it) is charged for now, in bytes.
     fn memory_in_use(&self, rel: &Path) -> u64;
+    /// Of that, page cache (and shared memory), in bytes.
+    fn memory_cache(&self, rel: &Path) -> u64;
     /// Asks the kernel to reclaim what it can of the memory `rel` is
     /// charged for (page cache; not the pages of live processes or of files
     /// still open). May take a moment: never on the reactor.

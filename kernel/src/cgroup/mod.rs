@@ -476,6 +476,11 @@ impl AgentCgroup {
         self.backend.memory_in_use(&self.rel)
     }
 
+    /// Of that, page cache (and shared memory), in bytes.
+    pub fn memory_cache(&self) -> u64 {
+        self.backend.memory_cache(&self.rel)
+    }
+
     /// Reclaims what can be of the memory it is charged for (may take a
     /// moment: never on the reactor). A failure is logged: what is left
     /// shows in [`memory_in_use`](Self::memory_in_use).

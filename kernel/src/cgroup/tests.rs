@@ -80,7 +80,6 @@ fn v2_stats_come_from_their_files() {
     populate(&agent, &V2_FILES);
     fs::write(agent.join("memory.current"), "1234\n").unwrap();
     fs::write(agent.join("memory.peak"), "5678\n").unwrap();
-    fs::write(agent.join("memory.stat"), "anon 1000\nfile 234\n").unwrap();
     fs::write(agent.join("memory.events"), "oom 3\noom_kill 2\n").unwrap();
     fs::write(
         agent.join("cpu.stat"),
@@ -95,7 +94,6 @@ fn v2_stats_come_from_their_files() {
         CgroupStats {
             memory_current: 1234,
             memory_peak: 5678,
-            memory_cache: 234,
             cpu_usage_usec: 900,
             nr_throttled: 3,
             throttled_usec: 77,
@@ -105,6 +103,12 @@ fn v2_stats_come_from_their_files() {
         }
     );
     assert_eq!(cgroup.pids(), vec![11, 12]);
+    fs::write(
+        agent.join("memory.stat"),
+        "anon 1000\nfile 234\nfile_mapped 9\n",
+    )
+    .unwrap();
+    assert_eq!(cgroup.memory_cache(), 234);
     // v2's freezer is in every cgroup: its events say when it has stopped.
     fs::write(agent.join("cgroup.events"), "populated 1\nfrozen 1\n").unwrap();
     assert!(cgroup.stats().frozen);
@@ -171,10 +175,6 @@ fn v1_stats_convert_nanoseconds() {
             ("memory.usage_in_bytes", "2048"),
             ("memory.max_usage_in_bytes", "4096"),
             (
-                "memory.stat",
-                "cache 100\nrss 1948\ntotal_cache 1000\ntotal_rss 1048\n",
-            ),
-            (
                 "memory.oom_control",
                 "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
             ),
@@ -199,7 +199,6 @@ fn v1_stats_convert_nanoseconds() {
         CgroupStats {
             memory_current: 2048,
             memory_peak: 4096,
-            memory_cache: 1000,
             cpu_usage_usec: 7000,
             nr_throttled: 30,
             throttled_usec: 5000,
@@ -208,6 +207,14 @@ fn v1_stats_convert_nanoseconds() {
             frozen: false,
         }
     );
+    // The cache of the cgroup and what is below it.
+    let stat = "cache 100\nrss 1948\ntotal_cache 1000\ntotal_rss 1048\n";
+    fs::write(
+        root.path().join("memory").join(rel).join("memory.stat"),
+        stat,
+    )
+    .unwrap();
+    assert_eq!(cgroup.memory_cache(), 1000);
 }
 
 #[test]

@@ -123,11 +123,9 @@ impl Backend for Legacy {
     fn stats(&self, rel: &Path) -> CgroupStats {
         let memory = self.memory.join(rel);
         let cpu_stat = fs::read_to_string(self.cpu.join(rel).join("cpu.stat")).unwrap_or_default();
-        let memory_stat = fs::read_to_string(memory.join("memory.stat")).unwrap_or_default();
         CgroupStats {
             memory_current: number_in(&memory.join("memory.usage_in_bytes")),
             memory_peak: number_in(&memory.join("memory.max_usage_in_bytes")),
-            memory_cache: keyed_value(&memory_stat, "total_cache"),
             cpu_usage_usec: number_in(&self.cpuacct.join(rel).join("cpuacct.usage")) / 1000,
             nr_throttled: keyed_value(&cpu_stat, "nr_throttled"),
             throttled_usec: keyed_value(&cpu_stat, "throttled_time") / 1000,
@@ -154,6 +152,11 @@ impl Backend for Legacy {
 
     fn memory_in_use(&self, rel: &Path) -> u64 {
         number_in(&self.memory.join(rel).join("memory.usage_in_bytes"))
+    }
+
+    fn memory_cache(&self, rel: &Path) -> u64 {
+        let stat = fs::read_to_string(self.memory.join(rel).join("memory.stat"));
+        keyed_value(&stat.unwrap_or_default(), "total_cache")
     }
 
     fn reclaim(&self, rel: &Path) -> io::Result<()> {

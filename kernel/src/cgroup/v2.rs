@@ -100,11 +100,9 @@ impl Backend for Unified {
     fn stats(&self, rel: &Path) -> CgroupStats {
         let dir = self.root.join(rel);
         let cpu_stat = fs::read_to_string(dir.join("cpu.stat")).unwrap_or_default();
-        let memory_stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
         CgroupStats {
             memory_current: number_in(&dir.join("memory.current")),
             memory_peak: number_in(&dir.join("memory.peak")),
-            memory_cache: keyed_value(&memory_stat, "file"),
             cpu_usage_usec: keyed_value(&cpu_stat, "usage_usec"),
             nr_throttled: keyed_value(&cpu_stat, "nr_throttled"),
             throttled_usec: keyed_value(&cpu_stat, "throttled_usec"),
@@ -133,6 +131,11 @@ impl Backend for Unified {
 
     fn memory_in_use(&self, rel: &Path) -> u64 {
         number_in(&self.root.join(rel).join("memory.current"))
+    }
+
+    fn memory_cache(&self, rel: &Path) -> u64 {
+        let stat = fs::read_to_string(self.root.join(rel).join("memory.stat"));
+        keyed_value(&stat.unwrap_or_default(), "file")
     }
 
     fn reclaim(&self, rel: &Path) -> io::Result<()> {

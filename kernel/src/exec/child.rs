@@ -272,11 +272,12 @@ impl RunChild {
     /// What its session's sandbox uses now, read from its cgroup; none
     /// without one.
     pub fn session_usage(&self) -> Option<SessionUsage> {
-        let stats = self.current_cgroup()?.cgroup.stats();
+        let cgroup = &self.current_cgroup()?.cgroup;
+        let stats = cgroup.stats();
         let (since, from) = self.session_cpu_from?;
         Some(SessionUsage {
             memory_bytes: stats.memory_current,
-            memory_cache_bytes: stats.memory_cache,
+            memory_cache_bytes: cgroup.memory_cache(),
             cpu_usec: stats.cpu_usage_usec.saturating_sub(from),
             uptime_ms: since.elapsed().as_millis() as u64,
             pids: stats.pids_current,

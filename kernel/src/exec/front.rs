@@ -281,10 +281,12 @@ impl Exec {
                 let env = (sessions.meta(&key))
                     .map(|m| m.env.clone())
                     .unwrap_or_default();
+                let interpreter = sessions.interpreter_of(&key);
                 // Before the start is taken: from then on it is answered
                 // by the steward, or by its end.
                 let limits = self.session_limits(&key, &caller)?;
-                let new_steward = self.procs.start(&key, *start, &env, reply_to, replies)?;
+                let of = (&key, interpreter);
+                let new_steward = self.procs.start(of, *start, &env, reply_to, replies)?;
                 self.fork_steward(&key, caller, new_steward, limits, replies, now);
                 Ok(None)
             }
@@ -333,7 +335,15 @@ impl Exec {
             _ => {}
         }
         let limits = self.session_limits(&key, &caller)?;
-        let new_steward = self.procs.file(&key, &call, reply_to, replies)?;
+        let interpreter = self
+            .dispatcher
+            .backlog
+            .sessions_and_disks()
+            .0
+            .interpreter_of(&key);
+        let new_steward = self
+            .procs
+            .file((&key, interpreter), &call, reply_to, replies)?;
         self.fork_steward(&key, caller, new_steward, limits, replies, Instant::now());
         Ok(None)
     }
@@ -449,12 +459,13 @@ impl Exec {
     }
 
     /// The owner's sessions (`op: sessions`): those with an interpreter,
-    /// and those stored on their disks.
-    pub fn sessions(&self, owner: Principal) -> Vec<SessionInfo> {
+    /// and those stored on their disks; with `usage`, what each one's
+    /// sandbox uses.
+    pub fn sessions(&self, owner: Principal, usage: bool) -> Vec<SessionInfo> {
         let children = self.dispatcher.pool.children();
         let figures = |child| {
-            let usage = children.session_usage(child);
-            (children.workspace_bytes(child), usage)
+            let used = usage.then(|| children.session_usage(child)).flatten();
+            (children.workspace_bytes(child), used)
         };
         self.dispatcher.backlog.sessions(owner, figures)
     }

@@ -48,6 +48,8 @@ pub struct Sessions {
     max_per_owner: usize,
     /// Sessions all owners together may hold.
     max_total: usize,
+    /// Interpreters sessions have been opened on so far.
+    interpreters: u64,
 }
 
 impl Sessions {
@@ -64,6 +66,7 @@ impl Sessions {
             }),
             max_per_owner: exec.max_sessions,
             max_total: exec.max_sessions_total,
+            interpreters: 0,
         }
     }
 
@@ -229,9 +232,17 @@ impl Sessions {
             .map(|(key, _)| key.clone())
     }
 
-    /// Opens session `key`.
-    pub fn insert(&mut self, key: SessionKey, session: Session) {
+    /// Opens session `key`, numbering its interpreter: a steward forked
+    /// by an earlier one (its end not yet read) is told apart by it.
+    pub fn insert(&mut self, key: SessionKey, mut session: Session) {
+        self.interpreters += 1;
+        session.interpreter = self.interpreters;
         self.open.insert(key, session);
+    }
+
+    /// The number of session `key`'s interpreter, while it is open.
+    pub fn interpreter_of(&self, key: &SessionKey) -> Option<u64> {
+        self.open.get(key).map(|session| session.interpreter)
     }
 
     /// Ends session `key`'s interpreter: what it was, if it was open (a

@@ -293,6 +293,9 @@ pub struct Session {
     pub orders_as: Option<(RunCaller, CgroupLimits, Duration)>,
     /// Its environment, labels and lifetime.
     pub meta: SessionMeta,
+    /// Which of the interpreters the kernel has opened sessions on it is
+    /// (see [`Sessions::insert`](super::sessions::Sessions::insert)).
+    pub interpreter: u64,
 }
 
 impl Session {
@@ -322,6 +325,7 @@ impl Session {
             paused: false,
             orders_as: None,
             meta: carried.meta,
+            interpreter: 0,
         }
     }
 

@@ -95,10 +95,10 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 exec.file_call(caller, call, reply_to, replies)
             });
         }
-        ExecCall::Sessions => {
+        ExecCall::Sessions { usage } => {
             return Outcome::Reply(Answer::json(&SessionsReply {
                 success: true,
-                sessions: kernel.exec.sessions(principal),
+                sessions: kernel.exec.sessions(principal, usage),
             }))
         }
         ExecCall::Close { session } => {

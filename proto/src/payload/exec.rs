@@ -26,8 +26,12 @@ use crate::error::ErrorReply;
 pub enum ExecCall {
     /// Run code.
     Run(Box<ExecRequest>),
-    /// List the caller's sessions.
-    Sessions,
+    /// List the caller's sessions; with `usage`, what each one's sandbox
+    /// uses (read from its cgroup as it is listed).
+    Sessions {
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        usage: bool,
+    },
     /// Open a session without running code.
     Open(Box<SessionOpen>),
     /// Set or clear a session's lifetime.
@@ -170,7 +174,8 @@ impl ExecOp {
     /// The fields it takes beside `op` (a run's are its own struct's).
     fn fields(self) -> &'static [&'static str] {
         match self {
-            ExecOp::Run | ExecOp::Sessions | ExecOp::Templates | ExecOp::Volumes => &[],
+            ExecOp::Run | ExecOp::Templates | ExecOp::Volumes => &[],
+            ExecOp::Sessions => &["usage"],
             // Their own wire structs name what they take.
             ExecOp::Open | ExecOp::Lifetime => &[],
             ExecOp::Start
@@ -258,6 +263,7 @@ struct OpWire {
     volume: Option<String>,
     bytes: Option<u64>,
     state: Option<bool>,
+    usage: Option<bool>,
     into: Option<String>,
 }
 
@@ -280,10 +286,9 @@ impl ExecCall {
             ExecOp::Run => ExecCall::Run(Box::new(ExecRequest::from_wire(
                 super::parse::from_value("EXEC", value)?,
             )?)),
-            ExecOp::Sessions => {
-                fields(value)?;
-                ExecCall::Sessions
-            }
+            ExecOp::Sessions => ExecCall::Sessions {
+                usage: fields(value)?.usage.unwrap_or(false),
+            },
             ExecOp::Open => {
                 let wire: OpenWire = super::parse::from_value("EXEC", value)?;
                 ExecCall::Open(Box::new(wire.open()?))
@@ -541,8 +546,14 @@ mod tests {
     fn session_operations_name_what_they_miss() {
         assert_eq!(
             ExecCall::parse(br#"{"op":"sessions"}"#).unwrap(),
-            ExecCall::Sessions
+            ExecCall::Sessions { usage: false }
         );
+        assert_eq!(
+            ExecCall::parse(br#"{"op":"sessions","usage":true}"#).unwrap(),
+            ExecCall::Sessions { usage: true }
+        );
+        assert!(ExecCall::parse(br#"{"op":"sessions","usage":1}"#).is_err());
+        assert!(ExecCall::parse(br#"{"op":"sessions","session":"s1"}"#).is_err());
         assert_eq!(
             ExecCall::parse(br#"{"op":"restore","session":"s1","name":"before"}"#).unwrap(),
             ExecCall::Restore {

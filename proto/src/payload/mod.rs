@@ -349,7 +349,8 @@ mod tests {
                 }))),
                 ..ExecRequest::default()
             })),
-            ExecCall::Sessions,
+            ExecCall::Sessions { usage: false },
+            ExecCall::Sessions { usage: true },
             ExecCall::Close {
                 session: "s".into(),
             },

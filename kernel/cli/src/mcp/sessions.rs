@@ -60,7 +60,13 @@ async fn freeze(
 
 /// The caller's sessions.
 async fn list(kernel: &KernelLink) -> Result<CallToolResult, ToolError> {
-    answer::<SessionsReply>(kernel, Opcode::EXEC, &ExecCall::Sessions, Wait::Quick).await
+    answer::<SessionsReply>(
+        kernel,
+        Opcode::EXEC,
+        &ExecCall::Sessions { usage: false },
+        Wait::Quick,
+    )
+    .await
 }
 
 /// Ends a session's interpreter and removes its files.

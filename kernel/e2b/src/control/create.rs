@@ -410,7 +410,11 @@ pub async fn within_quota<'a>(cx: &Control<'a>, id: &str) -> Result<Place<'a>, A
         })
         .map(|session| session.session)
         .collect();
-    let live = live.len() + being_made.iter().filter(|id| !live.contains(id)).count();
+    // Its own id among them is a wake of the same sandbox asked twice.
+    let being_made = being_made
+        .iter()
+        .filter(|made| *made != id && !live.contains(made));
+    let live = live.len() + being_made.count();
     if live >= most {
         let mut err = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,

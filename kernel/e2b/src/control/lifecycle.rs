@@ -65,6 +65,7 @@ pub async fn detail(cx: &Control<'_>, id: &str) -> Result<SandboxDetail, ApiErro
 /// `DELETE /sandboxes/{id}`.
 pub async fn kill(cx: &Control<'_>, id: &str) -> Result<(), ApiError> {
     cx.tenant.sandbox(id).await?;
+    cx.face.cpu_samples().forget(cx.tenant.delegate, id);
     match cx.tenant.close(id).await? {
         true => Ok(()),
         false => Err(ApiError::not_found(id)),

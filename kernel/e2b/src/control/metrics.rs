@@ -6,7 +6,7 @@
 //! started).
 
 use std::collections::BTreeMap;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use agentos_proto::payload::{SessionInfo, SessionUsage};
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::context::Control;
 use crate::answer::ApiError;
-use crate::cpu_samples::{used_pct, Reading};
+use crate::cpu_samples::Reading;
 use crate::query::query_pairs;
 
 /// The most sandboxes one `GET /sandboxes/metrics` may name (E2B's bound).
@@ -68,18 +68,22 @@ impl Range {
     /// Whether a sample taken at `now` falls in the range. The SDKs send
     /// whole seconds, cut down: the second after `end` counts as in it.
     fn holds(&self, now: i64) -> bool {
-        self.start.is_none_or(|start| start <= now) && self.end.is_none_or(|end| now <= end + 1)
+        self.start.is_none_or(|start| start <= now)
+            && self.end.is_none_or(|end| now <= end.saturating_add(1))
     }
 }
 
 /// `GET /sandboxes/{id}/metrics`: a sample taken now, if `range` holds
-/// now and the sandbox has an interpreter (a paused one has none).
+/// now and the sandbox has an interpreter (a hibernated one has none; a
+/// paused one, frozen, still holds its memory).
 pub async fn of_sandbox(
     cx: &Control<'_>,
     id: &str,
     range: &Range,
 ) -> Result<Vec<SandboxMetric>, ApiError> {
-    let session = cx.tenant.sandbox(id).await?;
+    let session = (cx.tenant.sandboxes_with_usage().await?.into_iter())
+        .find(|session| session.session == id)
+        .ok_or_else(|| ApiError::not_found(id))?;
     let now = DateTime::<Utc>::from(SystemTime::now());
     if !range.holds(now.timestamp()) {
         return Ok(Vec::new());
@@ -110,7 +114,7 @@ pub async fn of_sandboxes(cx: &Control<'_>, query: &str) -> Result<SandboxesWith
     let now = DateTime::<Utc>::from(SystemTime::now());
     let sandboxes = cx
         .tenant
-        .sandboxes()
+        .sandboxes_with_usage()
         .await?
         .into_iter()
         .filter(|session| ids.contains(&session.session))
@@ -144,17 +148,11 @@ fn sample(cx: &Control<'_>, session: &SessionInfo, now: DateTime<Utc>) -> Option
 /// since its interpreter started; this reading is kept for the next.
 fn cpu_used_pct(cx: &Control<'_>, id: &str, usage: &SessionUsage, cpus: u32) -> f64 {
     let now = Reading {
-        at: Instant::now(),
+        uptime_ms: usage.uptime_ms,
         cpu_usec: usage.cpu_usec,
     };
     let before = cx.face.cpu_samples().swap(cx.tenant.delegate, id, now);
-    match before {
-        Some(before) => {
-            let wall = now.at.duration_since(before.at).as_micros() as u64;
-            used_pct(now.cpu_usec - before.cpu_usec, wall, cpus)
-        }
-        None => used_pct(usage.cpu_usec, usage.uptime_ms * 1000, cpus),
-    }
+    now.used_pct(before, cpus)
 }
 
 #[cfg(test)]
@@ -167,6 +165,8 @@ mod tests {
         let range = Range::parse("start=100&end=200").unwrap();
         assert!(range.holds(100) && range.holds(201));
         assert!(!range.holds(99) && !range.holds(202));
+        let open_ended = Range::parse(&format!("end={}", i64::MAX)).unwrap();
+        assert!(open_ended.holds(0));
         for bad in ["start=-1", "end=soon", "start=", "step=5"] {
             assert!(Range::parse(bad).is_err(), "{bad}");
         }

@@ -23,9 +23,11 @@ import base64
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import time
 import threading
 import traceback
 
@@ -180,17 +182,23 @@ def execute(code, namespace):
 
 
 class Bash:
-    """A bash process the executions are sourced in, one at a time: each
+    """A bash process the executions are sourced in, one at a time. Each
     cell is written to a file whose path goes to bash on a pipe of its own
-    (the cell's stdin is /dev/null), and bash writes the cell's exit status
-    on another. An interrupt ends the cell, not bash; a cell that ends
-    bash (``exit``) is an error, and the next starts a fresh one."""
+    (the cell's stdin is /dev/null), and bash answers with that path and
+    the cell's exit status on another: an answer for another cell (one an
+    interrupt cut short) is dropped. bash shares this process's group, so
+    an interrupt or a kill of the context reaches it and its jobs; an
+    interrupt ends the cell (its trap returns from it), and one that has
+    not ended it within ``GRACE`` seconds ends bash. A cell that ends bash
+    (``exit``) is an error, and the next starts a fresh one."""
 
-    LOOP = ('trap "return 130" INT\n'
-            'while IFS= read -r -u {cells} __e2b_cell; do\n'
-            '  source "$__e2b_cell" {cells}<&- {status}>&-\n'
-            '  printf "%d\\n" "$?" >&{status}\n'
+    LOOP = ('builtin trap : INT\n'
+            'while IFS= builtin read -r -u {cells} __e2b_cell; do\n'
+            '  for __e2b_once in 1; do builtin source "$__e2b_cell" {cells}<&- {status}>&-; done\n'
+            '  builtin printf "%s %d\\n" "$__e2b_cell" "$?" >&{status}\n'
+            '  builtin trap : INT\n'
             'done\n')
+    GRACE = 2.0
 
     def __init__(self):
         self.process = None
@@ -198,24 +206,21 @@ class Bash:
 
     def start(self):
         if self.process is not None:
-            os.close(self.cells_write)
-            self.statuses.close()
+            for fd in (self.cells_write, self.statuses, self.pidfd):
+                os.close(fd)
         cells_read, self.cells_write = os.pipe()
-        status_read, status_write = os.pipe()
+        self.statuses, status_write = os.pipe()
         loop = self.LOOP.format(cells=cells_read, status=status_write)
+        # Nothing runs before the loop: no startup file, no imported function.
+        env = {name: value for name, value in os.environ.items()
+               if name not in ("BASH_ENV", "ENV") and not name.startswith("BASH_FUNC_")}
         self.process = subprocess.Popen(
             ["bash", "--noprofile", "--norc", "-c", loop], stdin=subprocess.DEVNULL,
-            pass_fds=(cells_read, status_write), start_new_session=True)
+            pass_fds=(cells_read, status_write), env=env)
         os.close(cells_read)
         os.close(status_write)
-        self.statuses = os.fdopen(status_read, "r")
-
-    def interrupt(self):
-        if self.process is not None:
-            try:
-                os.killpg(self.process.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
+        self.pidfd = os.pidfd_open(self.process.pid)
+        self.pending = b""
 
     def run(self, code, env):
         """Runs ``code`` with ``env`` set for it alone; its exit status,
@@ -227,29 +232,65 @@ class Bash:
         code_path = os.path.join(RESULTS, "cell-%d.sh" % self.cells)
         wrapper_path = code_path + ".run"
         try:
-            with open(code_path, "w", encoding="utf-8") as cell:
-                cell.write(code + "\n")
-            with open(wrapper_path, "w", encoding="utf-8") as wrapper:
-                wrapper.write(with_env(code_path, env))
+            write_new(code_path, code + "\n")
+            write_new(wrapper_path, with_env(code_path, env))
+            interrupted_at[0] = None
             os.write(self.cells_write, (wrapper_path + "\n").encode())
-            line = self.status()
+            return self.status_of(wrapper_path)
         finally:
             for path in (code_path, wrapper_path):
-                if os.path.exists(path):
+                try:
                     os.unlink(path)
-        if not line:
-            self.process.wait()
-            return None
-        return int(line)
+                except FileNotFoundError:
+                    pass
 
-    def status(self):
-        """The running cell's status line ("" if bash ended); an interrupt
-        meanwhile is passed on to the cell."""
+    def status_of(self, wrapper_path):
+        """The status bash answers for the cell at ``wrapper_path``, or
+        None once bash has ended."""
+        poller = select.poll()
+        poller.register(self.statuses, select.POLLIN)
+        poller.register(self.pidfd, select.POLLIN)
+        killed = False
         while True:
-            try:
-                return self.statuses.readline()
-            except KeyboardInterrupt:
-                self.interrupt()
+            since = interrupted_at[0]
+            if since is not None and not killed and time.monotonic() - since > self.GRACE:
+                self.process.kill()
+                killed = True
+            ready = {fd for fd, _ in poller.poll(100)}
+            if self.statuses in ready:
+                chunk = os.read(self.statuses, 4096)
+                self.pending += chunk
+                *lines, self.pending = self.pending.split(b"\n")
+                for line in lines:
+                    path, _, status = line.decode("utf-8", "replace").rpartition(" ")
+                    if path == wrapper_path and status.lstrip("-").isdigit():
+                        return int(status)
+                if chunk:
+                    continue
+                # Every copy of its write end is closed: bash's end is next.
+                poller.unregister(self.statuses)
+            if self.pidfd in ready:
+                # Ended: what it holds open (a background job may hold a
+                # copy of the status pipe) never closes the pipe.
+                self.process.wait()
+                return None
+
+
+interrupted_at = [None]
+
+
+def note_interrupt(signum, frame):
+    """bash mode's SIGINT: bash and the cell's processes have it too (they
+    share this group); it is noted, for a cell it does not end."""
+    interrupted_at[0] = time.monotonic()
+
+
+def write_new(path, text):
+    """Writes ``text`` to a file made now at ``path`` (never one that was
+    there, a link included)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 def shell_word(text):
@@ -258,18 +299,20 @@ def shell_word(text):
 
 def with_env(code_path, env):
     """A script that sources ``code_path`` with ``env`` exported for it,
-    each variable put back as it was afterwards, and ends with its status."""
-    before, after = [], []
+    each variable put back as it was afterwards (set or not, exported or
+    not), and ends with its status. Its interrupt trap is set anew for
+    each cell."""
+    before = ["builtin trap 'builtin return 130' INT"]
+    after = []
     for n, (name, value) in enumerate(sorted(env.items())):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             continue
-        before.append('if [ -n "${%s+set}" ]; then __e2b_had_%d=1; __e2b_old_%d=$%s; '
-                      'else __e2b_had_%d=; fi' % (name, n, n, name, n))
-        before.append("export %s=%s" % (name, shell_word(str(value))))
-        after.append('if [ -n "$__e2b_had_%d" ]; then %s=$__e2b_old_%d; else unset %s; fi'
-                     % (n, name, n, name))
-    lines = before + ["source %s" % shell_word(code_path), "__e2b_status=$?"] + after
-    return "\n".join(lines + ["return $__e2b_status", ""])
+        before.append("__e2b_was_%d=$(builtin declare -p %s 2>/dev/null)" % (n, name))
+        before.append("builtin export %s=%s" % (name, shell_word(str(value))))
+        after.append("builtin unset -v %s; builtin eval \"$__e2b_was_%d\"; builtin unset -v __e2b_was_%d"
+                     % (name, n, n))
+    lines = before + ["builtin source %s" % shell_word(code_path), "__e2b_status=$?"] + after
+    return "\n".join(lines + ['builtin return "$__e2b_status"', ""])
 
 
 def serve(execute_one):
@@ -282,15 +325,19 @@ def serve(execute_one):
             return
         count += 1
         send({"type": "count", "execution_count": count})
+        handler = signal.getsignal(signal.SIGINT)
         try:
             execute_one(request)
         except KeyboardInterrupt:
             pass  # one that came after the code's own end
+        except Exception as error:  # noqa: BLE001 - the context's own failure, told
+            send({"type": "error", "name": type(error).__name__,
+                  "value": "the context could not run it: %s" % error, "traceback": ""})
         # An interrupt that comes now would end the context with its
         # globals: it is ignored until the execution's end is sent.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         end_execution()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, handler)
 
 
 def python_executor():
@@ -299,10 +346,11 @@ def python_executor():
 
     def execute_one(request):
         saved = {}
-        for name, value in (request.get("env") or {}).items():
-            saved[name] = os.environ.get(name)
-            os.environ[name] = str(value)
         try:
+            for name, value in (request.get("env") or {}).items():
+                before = os.environ.get(name)
+                os.environ[name] = str(value)
+                saved[name] = before
             execute(request.get("code", ""), namespace)
             open_figures()
         except BaseException as error:  # noqa: BLE001 - the code's own, sent on
@@ -325,13 +373,10 @@ def bash_executor():
     error, as Jupyter's bash kernel reports it (no name, the status as its
     value)."""
     bash = Bash()
+    signal.signal(signal.SIGINT, note_interrupt)
 
     def execute_one(request):
-        try:
-            status = bash.run(request.get("code", ""), request.get("env") or {})
-        except KeyboardInterrupt:
-            # Interrupted before the cell went to bash: it never ran.
-            status = 130
+        status = bash.run(request.get("code", ""), request.get("env") or {})
         if status is None:
             send({"type": "error", "name": "", "value": "bash ended; its state is gone",
                   "traceback": ""})

@@ -3,6 +3,8 @@
 //! follow holds a reply open, so one owner's cannot crowd out the
 //! others'.
 
+use std::time::Duration;
+
 use agentos_proto::{ErrorCode, ErrorReply};
 use slab::Slab;
 
@@ -13,6 +15,8 @@ use crate::identity::Principal;
 
 /// Follows waiting per quota owner.
 pub const MAX_FOLLOWS_PER_OWNER: usize = 64;
+/// How long a follow waits when it does not say.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 /// Follows waiting in the kernel.
 pub const MAX_FOLLOWS_TOTAL: usize = 1024;
 

@@ -37,26 +37,19 @@ use mio::{Interest, Registry, Token};
 use slab::Slab;
 
 use self::files::FileAsked;
-use self::follows::{news_for, Follow, Followed, Follows};
-use self::process::Process;
+use self::follows::{news_for, Follow, Followed, Follows, DEFAULT_WAIT};
+use self::process::{Process, READ_BUDGET};
 use self::steward::{
     busy_steward, internal, Heard, Link, LinkError, Pending, Report, Steward, StewardOrder,
+    ANSWER_WITHIN,
 };
 use self::table::{Table, KEPT_AFTER};
-use self::tokens::{ProcSource, ProcWake};
+use self::tokens::{ProcSource, ProcWake, Refs};
 use self::watches::Watches;
 use super::sources::Sources;
 use super::waiting::SessionKey;
 use crate::address::{Answer, Reply, ReplyTo};
 use crate::identity::Principal;
-
-/// How long a steward has to answer an order.
-const ANSWER_WITHIN: Duration = Duration::from_secs(10);
-/// How long a follow waits when it does not say.
-const DEFAULT_WAIT: Duration = Duration::from_secs(10);
-/// Bytes read from one pipe in one turn: one `yes` does not starve the
-/// reactor.
-const READ_BUDGET: usize = 64 << 10;
 
 /// Every session's processes.
 #[derive(Debug)]
@@ -69,7 +62,7 @@ pub struct Procs {
     follows: Follows,
     watches: Watches,
     timers: Timers<ProcWake>,
-    next_ref: u64,
+    refs: Refs,
     /// How long a steward has to answer an order.
     answer_within: Duration,
 }
@@ -89,7 +82,7 @@ impl Procs {
             follows: Follows::default(),
             watches: Watches::default(),
             timers: Timers::default(),
-            next_ref: 1,
+            refs: Refs::default(),
             answer_within: ANSWER_WITHIN,
         })
     }
@@ -124,7 +117,7 @@ impl Procs {
     /// (the order waits here for it meanwhile).
     pub fn start(
         &mut self,
-        key: &SessionKey,
+        (key, interpreter): (&SessionKey, Option<u64>),
         start: ProcStart,
         session_env: &BTreeMap<String, String>,
         reply_to: ReplyTo,
@@ -139,10 +132,10 @@ impl Procs {
             .collect();
         self.table.may_start(key, &start, &starting)?;
         let (process, fds) = Process::plumbed(key, &start).map_err(|err| internal("pipes", err))?;
-        let (steward, new_socket) = self.steward_for(key)?;
+        let (steward, new_socket) = self.steward_for((key, interpreter), replies)?;
         let mut env = session_env.clone();
         env.extend(start.env);
-        let reference = self.next_ref();
+        let reference = self.refs.next();
         let order = StewardOrder::Start {
             reference,
             argv: &start.argv,
@@ -161,7 +154,7 @@ impl Procs {
     /// for [`Procs::start`] if it has none).
     pub fn file(
         &mut self,
-        key: &SessionKey,
+        (key, interpreter): (&SessionKey, Option<u64>),
         call: &FileCall,
         reply_to: ReplyTo,
         replies: &mut Vec<Reply>,
@@ -171,8 +164,8 @@ impl Procs {
                 (self.table.steward_of(key)).map_or(0, |s| self.stewards[s].watches_asked());
             self.watches.may_watch(key, asked)?;
         }
-        let (steward, new_socket) = self.steward_for(key)?;
-        let reference = self.next_ref();
+        let (steward, new_socket) = self.steward_for((key, interpreter), replies)?;
+        let reference = self.refs.next();
         let order = StewardOrder::File { reference, call };
         let asked = FileAsked::of(call);
         let pending = Pending::File { reply_to, asked };
@@ -180,15 +173,24 @@ impl Procs {
         Ok(new_socket)
     }
 
-    /// Session `key`'s steward, and the sandbox's end of its socket if it
-    /// is new.
-    fn steward_for(&mut self, key: &SessionKey) -> Result<(usize, Option<OwnedFd>), ErrorReply> {
+    /// The steward of session `key`'s `interpreter`, and the sandbox's end
+    /// of its socket if it is new. One of an interpreter that has ended
+    /// (its link's end not yet read) ends now.
+    fn steward_for(
+        &mut self,
+        (key, interpreter): (&SessionKey, Option<u64>),
+        replies: &mut Vec<Reply>,
+    ) -> Result<(usize, Option<OwnedFd>), ErrorReply> {
+        let ended = (self.table.steward_of(key)).filter(|&s| !self.stewards[s].serves(interpreter));
+        if let Some(ended) = ended {
+            self.end_steward(ended, &LinkError::Closed, replies);
+        }
         match self.table.steward_of(key) {
             Some(steward) if self.stewards[steward].is_busy() => Err(busy_steward(key)),
             Some(steward) => Ok((steward, None)),
             None => {
-                let (steward, theirs) =
-                    (self.new_steward(key)).map_err(|err| internal("a steward's socket", err))?;
+                let (steward, theirs) = (self.new_steward(key, interpreter))
+                    .map_err(|err| internal("a steward's socket", err))?;
                 Ok((steward, Some(theirs)))
             }
         }
@@ -214,19 +216,17 @@ impl Procs {
 
     /// A new steward's link for session `key`: the kernel's end watched,
     /// the sandbox's end returned.
-    fn new_steward(&mut self, key: &SessionKey) -> io::Result<(usize, OwnedFd)> {
+    fn new_steward(
+        &mut self,
+        key: &SessionKey,
+        interpreter: Option<u64>,
+    ) -> io::Result<(usize, OwnedFd)> {
         let entry = self.stewards.vacant_entry();
         let number = entry.key();
         let (link, theirs) = Link::open(&mut self.sources, number)?;
-        entry.insert(Steward::new(key.clone(), link));
+        entry.insert(Steward::new(key.clone(), link, interpreter));
         self.table.set_steward(key, Some(number), Instant::now());
         Ok((number, theirs))
-    }
-
-    fn next_ref(&mut self) -> u64 {
-        let reference = self.next_ref;
-        self.next_ref += 1;
-        reference
     }
 
     /// After an order was written: its socket watched for room if bytes
@@ -424,7 +424,7 @@ impl Procs {
         pending: Pending,
         replies: &mut Vec<Reply>,
     ) {
-        let reference = self.next_ref();
+        let reference = self.refs.next();
         let order = StewardOrder::Signal {
             reference,
             pid,

@@ -27,6 +27,9 @@ use crate::fd;
 
 /// Bytes of output kept per process.
 pub const OUTPUT_KEPT: usize = 256 << 10;
+/// Bytes read from one pipe in one turn: one `yes` does not starve the
+/// reactor.
+pub const READ_BUDGET: usize = 64 << 10;
 
 /// Bytes of input a process may have waiting in the kernel.
 pub const MAX_INPUT_BUFFERED: usize = MAX_PROC_CHUNK_BYTES;

@@ -25,6 +25,9 @@ use crate::exec::wire::{frame, DoneReport, FILE_REPORT_MAX, FRAME_HEADER};
 pub use crate::exec::wire::{Report, StewardOrder};
 use crate::fd;
 
+/// How long a steward has to answer an order.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
 /// Orders one steward may have unanswered.
 pub const MAX_ORDERS_PER_STEWARD: usize = 64;
 /// Bytes of orders that may wait to be written to one steward (one that
@@ -77,6 +80,8 @@ pub struct Steward {
     dues: HashMap<u64, Instant>,
     /// When it was last given an order.
     pub last_order: Instant,
+    /// The session's interpreter it serves (none: one yet to open).
+    interpreter: Option<u64>,
 }
 
 /// `busy`: a steward has as many orders unanswered as it may.
@@ -93,7 +98,9 @@ pub fn busy_steward(key: &SessionKey) -> ErrorReply {
 
 impl Steward {
     /// A steward of session `key` on `link`, yet to say hello.
-    pub fn new(key: SessionKey, link: Link) -> Steward {
+    /// A steward of session `key`'s `interpreter` (none: one yet to
+    /// open, whose fork waits for it).
+    pub fn new(key: SessionKey, link: Link, interpreter: Option<u64>) -> Steward {
         Steward {
             key,
             link,
@@ -101,6 +108,20 @@ impl Steward {
             pending: HashMap::new(),
             dues: HashMap::new(),
             last_order: Instant::now(),
+            interpreter,
+        }
+    }
+
+    /// Whether it serves the session's `interpreter`, taking it for its
+    /// own if it was made before that one opened. One forked by an
+    /// earlier interpreter does not: that has ended, and so will it.
+    pub fn serves(&mut self, interpreter: Option<u64>) -> bool {
+        match (self.interpreter, interpreter) {
+            (None, now) => {
+                self.interpreter = now;
+                true
+            }
+            (Some(its), now) => now == Some(its),
         }
     }
 

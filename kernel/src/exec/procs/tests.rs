@@ -47,7 +47,7 @@ fn started() -> Fake {
     let key = (Principal::Operator { uid: 1 }, "s".to_owned());
     let theirs = procs
         .start(
-            &key,
+            (&key, Some(1)),
             start("true"),
             &BTreeMap::new(),
             reply_to(1),
@@ -78,7 +78,7 @@ impl Fake {
     fn start_again(&mut self, seq: u64) -> Result<Option<OwnedFd>, ErrorReply> {
         let no_env = BTreeMap::new();
         (self.procs).start(
-            &self.key,
+            (&self.key, Some(1)),
             start("true"),
             &no_env,
             reply_to(seq),
@@ -276,7 +276,7 @@ impl Fake {
         else {
             panic!("not a file op")
         };
-        let asked = (self.procs).file(&self.key, &call, reply_to(seq), &mut Vec::new());
+        let asked = (self.procs).file((&self.key, Some(1)), &call, reply_to(seq), &mut Vec::new());
         assert!(asked.unwrap().is_none(), "the steward it has");
         self.order()
     }
@@ -519,7 +519,7 @@ fn a_steward_asked_for_its_sessions_watches_is_held_to_the_cap() {
         path: "/w".to_owned(),
         recursive: false,
     });
-    let refused = (fake.procs).file(&fake.key, &call, reply_to(99), &mut Vec::new());
+    let refused = (fake.procs).file((&fake.key, Some(1)), &call, reply_to(99), &mut Vec::new());
     assert_eq!(refused.unwrap_err().code, ErrorCode::LimitExceeded);
 }
 
@@ -588,4 +588,44 @@ fn only_a_file_ops_reply_may_be_long() {
     let replies = fake.says_long(&long);
     let codes: Vec<_> = replies.iter().map(|(_, a)| code_of(a)).collect();
     assert_eq!(codes, vec![Some(ErrorCode::Unavailable); 2], "{replies:?}");
+}
+
+#[test]
+fn a_steward_of_an_interpreter_that_has_ended_is_not_given_the_next_ones_orders() {
+    let mut fake = started();
+    // The session was closed and opened again before the old steward's
+    // end was read: its next start gets a steward of its own, and what the
+    // old one owed is answered.
+    let mut replies = Vec::new();
+    let fresh = (fake.procs).start(
+        (&fake.key, Some(2)),
+        start("true"),
+        &BTreeMap::new(),
+        reply_to(2),
+        &mut replies,
+    );
+    assert!(fresh.unwrap().is_some(), "a new steward's socket");
+    assert_eq!(replies.len(), 1, "the old steward's start is answered");
+}
+
+#[test]
+fn a_steward_made_before_its_interpreter_opened_serves_the_one_that_opens() {
+    let poll = Poll::new().unwrap();
+    let mut procs = Procs::new(poll.registry(), 0).unwrap();
+    let key = (Principal::Operator { uid: 1 }, "s".to_owned());
+    let no_env = BTreeMap::new();
+    // The sandbox's ends, kept open (a closed one ends its steward).
+    let mut theirs = Vec::new();
+    let mut ask = |interpreter, seq| {
+        let of = (&key, interpreter);
+        let started = procs.start(of, start("true"), &no_env, reply_to(seq), &mut Vec::new());
+        started.unwrap().map(|socket| theirs.push(socket)).is_some()
+    };
+    assert!(
+        ask(None, 1),
+        "a new steward, whose fork waits for the interpreter"
+    );
+    assert!(!ask(Some(7), 2), "the same one, once it opened");
+    assert!(!ask(Some(7), 3));
+    assert!(ask(Some(8), 4), "a new one for the next interpreter");
 }

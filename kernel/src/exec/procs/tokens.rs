@@ -23,3 +23,21 @@ pub enum ProcWake {
     /// A steward's answer to an order (by steward and reference) is due.
     Answer(usize, u64),
 }
+
+/// The numbers the kernel gives its orders to stewards, one after another.
+#[derive(Debug)]
+pub struct Refs(u64);
+
+impl Default for Refs {
+    fn default() -> Refs {
+        Refs(1)
+    }
+}
+
+impl Refs {
+    /// The next order's number.
+    pub fn next(&mut self) -> u64 {
+        self.0 += 1;
+        self.0 - 1
+    }
+}

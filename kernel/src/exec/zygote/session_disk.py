@@ -35,7 +35,7 @@ def settle_on_disks(on_disk, template):
         if template:
             link_template(SESSION_VENV)
         add_session_paths()
-    except Exception as err:  # noqa: BLE001 - whatever it is, the run goes on
+    except BaseException as err:  # noqa: BLE001 - anything (a .pth exiting too): the run goes on
         # The run still runs, on its disk; only installed packages are
         # out of reach, and it is told why.
         print(f"the session's Python environment is unusable: {err}", file=sys.stderr)
@@ -121,8 +121,9 @@ def sees_system_site(root):
             lines = config.read().splitlines()
     except OSError:
         return False
+    sees = False
     for line in lines:
         key, _, value = line.partition("=")
         if key.strip().lower() == "include-system-site-packages":
-            return value.strip().lower() == "true"
-    return False
+            sees = value.strip().lower() == "true"  # the last one holds, as for site
+    return sees

@@ -549,7 +549,6 @@ impl<O: Copy + PartialEq + Debug> Runtime<O> {
             .as_ref()
             .map_or_else(CgroupStats::default, |c| CgroupStats {
                 memory_current: 0,
-                memory_cache: 0,
                 pids_current: 0,
                 ..c.stats()
             });

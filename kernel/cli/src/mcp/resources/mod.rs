@@ -378,7 +378,11 @@ fn unless_unavailable<T: Default>(reply: Result<T, ResourceError>) -> Result<T, 
 /// The caller's exec sessions as the kernel lists them.
 async fn caller_sessions(kernel: &KernelLink) -> Result<Vec<SessionInfo>, ResourceError> {
     let reply: SessionsReply = kernel
-        .request(Opcode::EXEC, &ExecCall::Sessions, Wait::Quick)
+        .request(
+            Opcode::EXEC,
+            &ExecCall::Sessions { usage: false },
+            Wait::Quick,
+        )
         .await?;
     Ok(reply.sessions)
 }
