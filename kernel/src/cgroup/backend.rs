@@ -57,6 +57,8 @@ pub trait Backend: fmt::Debug + Send + Sync {
     fn memory_in_use(&self, rel: &Path) -> u64;
     /// Of that, page cache (and shared memory), in bytes.
     fn memory_cache(&self, rel: &Path) -> u64;
+    /// CPU time `rel` has used, in microseconds.
+    fn cpu_usage_usec(&self, rel: &Path) -> u64;
     /// Asks the kernel to reclaim what it can of the memory `rel` is
     /// charged for (page cache; not the pages of live processes or of files
     /// still open). May take a moment: never on the reactor.

@@ -481,6 +481,11 @@ impl AgentCgroup {
         self.backend.memory_cache(&self.rel)
     }
 
+    /// CPU time the cgroup has used, in microseconds.
+    pub fn cpu_usage_usec(&self) -> u64 {
+        self.backend.cpu_usage_usec(&self.rel)
+    }
+
     /// Reclaims what can be of the memory it is charged for (may take a
     /// moment: never on the reactor). A failure is logged: what is left
     /// shows in [`memory_in_use`](Self::memory_in_use).

@@ -109,6 +109,7 @@ fn v2_stats_come_from_their_files() {
     )
     .unwrap();
     assert_eq!(cgroup.memory_cache(), 234);
+    assert_eq!(cgroup.cpu_usage_usec(), 900);
     // v2's freezer is in every cgroup: its events say when it has stopped.
     fs::write(agent.join("cgroup.events"), "populated 1\nfrozen 1\n").unwrap();
     assert!(cgroup.stats().frozen);
@@ -215,6 +216,7 @@ fn v1_stats_convert_nanoseconds() {
     )
     .unwrap();
     assert_eq!(cgroup.memory_cache(), 1000);
+    assert_eq!(cgroup.cpu_usage_usec(), 7000);
 }
 
 #[test]

@@ -126,7 +126,7 @@ impl Backend for Legacy {
         CgroupStats {
             memory_current: number_in(&memory.join("memory.usage_in_bytes")),
             memory_peak: number_in(&memory.join("memory.max_usage_in_bytes")),
-            cpu_usage_usec: number_in(&self.cpuacct.join(rel).join("cpuacct.usage")) / 1000,
+            cpu_usage_usec: self.cpu_usage_usec(rel),
             nr_throttled: keyed_value(&cpu_stat, "nr_throttled"),
             throttled_usec: keyed_value(&cpu_stat, "throttled_time") / 1000,
             oom_kills: self.oom_kills(rel),
@@ -152,6 +152,10 @@ impl Backend for Legacy {
 
     fn memory_in_use(&self, rel: &Path) -> u64 {
         number_in(&self.memory.join(rel).join("memory.usage_in_bytes"))
+    }
+
+    fn cpu_usage_usec(&self, rel: &Path) -> u64 {
+        number_in(&self.cpuacct.join(rel).join("cpuacct.usage")) / 1000
     }
 
     fn memory_cache(&self, rel: &Path) -> u64 {

@@ -133,6 +133,11 @@ impl Backend for Unified {
         number_in(&self.root.join(rel).join("memory.current"))
     }
 
+    fn cpu_usage_usec(&self, rel: &Path) -> u64 {
+        let stat = fs::read_to_string(self.root.join(rel).join("cpu.stat"));
+        keyed_value(&stat.unwrap_or_default(), "usage_usec")
+    }
+
     fn memory_cache(&self, rel: &Path) -> u64 {
         let stat = fs::read_to_string(self.root.join(rel).join("memory.stat"));
         keyed_value(&stat.unwrap_or_default(), "file")
