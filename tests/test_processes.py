@@ -397,6 +397,27 @@ def test_a_run_reaches_no_process_of_its_callers_session(client):
         client.close_session(session)
 
 
+def test_a_run_asking_for_usage_sees_none_of_its_callers_sessions(client):
+    # `usage` reads cgroups: a run asking for it, misspelling it or
+    # sending it as a number learns nothing of its caller's sessions.
+    session = "run-usage"
+    client.open_session(session, permissions={"exec": True})
+    code = RUN_ASKS_KERNEL + (
+        "print(json.dumps([ask(0x02, {'op': 'sessions', 'usage': True}),\n"
+        "                  ask(0x02, {'op': 'sessions', 'usages': True}),\n"
+        "                  ask(0x02, {'op': 'sessions', 'usage': 1})]))\n")
+    try:
+        run = client.exec(code, "python", session=session, permissions={"exec": True})
+        listed, misspelt, mistyped = json.loads(run["stdout"])
+        assert listed["success"] is True and listed["sessions"] == [], listed
+        for refused in (misspelt, mistyped):
+            assert (refused["success"], refused["code"]) == (False, "bad_request"), refused
+        mine = client.sessions(usage=True)
+        assert [s["session"] for s in mine] == [session] and "usage" in mine[0], mine
+    finally:
+        client.close_session(session)
+
+
 def raw_exec(client: AgentOSClient, request: dict) -> dict:
     """EXEC with `request` as it is, its reply unraised."""
     return decode_json(client.call(Opcode.EXEC, request), Opcode.EXEC)
