@@ -161,36 +161,38 @@ async fn start(
     Ok(context)
 }
 
-/// Ends a context's process.
+/// Ends a context's process, and answers once it is no longer listed (a
+/// context removed is gone when the call returns).
 pub async fn kill(session: &Session, context: &Context) -> Result<(), ConnectError> {
     session
         .signal(&Named::Pid(context.pid), Signal::SIGKILL)
-        .await
-}
-
-/// Starts a context again, with the same id, language and directory: its
-/// globals are gone.
-pub async fn restart(session: &Session, context: &Context) -> Result<(), ConnectError> {
-    kill(session, context).await?;
-    // The tag is free once the old process has ended.
+        .await?;
     for _ in 0..100 {
         if find(session, &context.id).await?.is_none() {
-            start(
-                session,
-                context.id.clone(),
-                &context.language,
-                &context.cwd,
-                context.default,
-            )
-            .await?;
             return Ok(());
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     Err(ConnectError::new(
         "deadline_exceeded",
-        format!("context {} did not end to be started again", context.id),
+        format!("context {} did not end", context.id),
     ))
+}
+
+/// Starts a context again, with the same id, language and directory: its
+/// globals are gone.
+pub async fn restart(session: &Session, context: &Context) -> Result<(), ConnectError> {
+    // The tag is free once the old process has ended.
+    kill(session, context).await?;
+    start(
+        session,
+        context.id.clone(),
+        &context.language,
+        &context.cwd,
+        context.default,
+    )
+    .await?;
+    Ok(())
 }
 
 /// A new context id: 32 lower-case hex digits.
