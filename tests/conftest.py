@@ -97,9 +97,14 @@ LLM_VARIABLES = (
 )
 
 
-def start_kernel(workdir: Path, config: str = "", llm: bool = False) -> Kernel:
+def start_kernel(
+    workdir: Path, config: str = "", llm: bool = False,
+    wrap: tuple[str, ...] = (), env_extra: Optional[dict[str, str]] = None,
+) -> Kernel:
     """Starts agentosd. Without ``llm`` it has no LLM (THINK answers
-    ``unavailable``); with it, the local model, as out of the box."""
+    ``unavailable``); with it, the local model, as out of the box. ``wrap``
+    goes before its command line (``nsenter --net=...``); ``env_extra`` is
+    added to its environment."""
     sock = workdir / "agentos.sock"
     config_path = workdir / "agentosd.toml"
     if not llm and "[llm]" not in config:
@@ -117,9 +122,10 @@ def start_kernel(workdir: Path, config: str = "", llm: bool = False) -> Kernel:
     # config may size them itself).
     if "session_disk_bytes" not in config:
         env.setdefault("AGENTOS_SESSION_DISK_BYTES", str(TEST_SESSION_DISK_BYTES))
+    env.update(env_extra or {})
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [binary("agentosd"), "--socket", sock, "--config", config_path],
+            [*wrap, binary("agentosd"), "--socket", sock, "--config", config_path],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env,
         )
     deadline = time.monotonic() + 10

@@ -40,6 +40,7 @@ mod events;
 pub mod exec;
 mod fd;
 mod files;
+pub mod fleet;
 mod http_call;
 mod identity;
 mod kernel;

@@ -69,6 +69,8 @@ impl Opcode {
     pub const METRICS: Opcode = Opcode(0x18);
     /// Narrow an operator's connection to a delegate principal it names.
     pub const DELEGATE: Opcode = Opcode(0x19);
+    /// The fleet this node has joined: its nodes.
+    pub const FLEET: Opcode = Opcode(0x1A);
     /// Send a message to an agent's (or an operator's) mailbox.
     pub const SEND: Opcode = Opcode(0x20);
     /// Take messages from the caller's own mailbox.
@@ -113,7 +115,7 @@ impl Opcode {
     pub const EXIT: Opcode = Opcode(0xFF);
 
     /// Every opcode defined by the protocol, in table order.
-    pub const ALL: [Opcode; 45] = [
+    pub const ALL: [Opcode; 46] = [
         Opcode::NOOP,
         Opcode::THINK,
         Opcode::EXEC,
@@ -130,6 +132,7 @@ impl Opcode {
         Opcode::NET,
         Opcode::METRICS,
         Opcode::DELEGATE,
+        Opcode::FLEET,
         Opcode::SEND,
         Opcode::RECV,
         Opcode::BROADCAST,
@@ -180,6 +183,7 @@ impl Opcode {
             Opcode::NET => "NET",
             Opcode::METRICS => "METRICS",
             Opcode::DELEGATE => "DELEGATE",
+            Opcode::FLEET => "FLEET",
             Opcode::SEND => "SEND",
             Opcode::RECV => "RECV",
             Opcode::BROADCAST => "BROADCAST",
@@ -276,6 +280,7 @@ mod tests {
             (0x17, "NET"),
             (0x18, "METRICS"),
             (0x19, "DELEGATE"),
+            (0x1A, "FLEET"),
             (0x20, "SEND"),
             (0x21, "RECV"),
             (0x22, "BROADCAST"),

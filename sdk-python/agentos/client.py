@@ -457,6 +457,15 @@ class AgentOSClient(Connection):
         ``{"agent_id", "principal": {"kind": "delegate", "name", "of"}}``."""
         return self.call_json(Opcode.DELEGATE, {"delegate": name})
 
+    def nodes(self) -> Dict[str, Any]:
+        """FLEET ``nodes`` (operators; a node in a fleet): ``{"node": this
+        node's name, "nodes": [...]}``, each node with ``name``,
+        ``advertise``, ``alive``, ``lease_age_ms``, ``draining``,
+        ``agents``, ``runs``, ``load``, ``version``, ``reads_schema`` and
+        ``started_at``. ``unavailable`` when this node has no fleet or
+        cannot reach its database."""
+        return results.without_success(self.call_json(Opcode.FLEET, {"op": "nodes"}))
+
     # -- audit log --------------------------------------------------------
 
     def get_audit_log(

@@ -41,6 +41,7 @@ class Opcode(enum.IntEnum):
     NET = 0x17
     METRICS = 0x18
     DELEGATE = 0x19
+    FLEET = 0x1A
     SEND = 0x20
     RECV = 0x21
     BROADCAST = 0x22

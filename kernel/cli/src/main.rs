@@ -33,6 +33,7 @@ mod mcp;
 mod mcp_servers;
 mod messages;
 mod net;
+mod nodes;
 mod policy;
 mod proc;
 mod raw;
@@ -156,6 +157,10 @@ enum Command {
     /// The kernel's metrics in the Prometheus text format, as
     /// `[metrics] listen` serves them (operators)
     Metrics,
+    /// The fleet's nodes, this one marked `*`: each one's state, lease
+    /// age, agents, runs, load, version and address (operators; needs
+    /// `[fleet]`)
+    Nodes,
     /// A live view of agents, tasks and tool servers, refreshed each
     /// second; its third line lists the keys, q quits
     Top(top::TopArgs),
@@ -397,6 +402,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Kv(command) => kv::kv(client, command, json),
         Command::Send(send_args) => messages::send(client, send_args, json),
         Command::Metrics => kernel::metrics(client, json),
+        Command::Nodes => nodes::nodes(client, json),
         Command::Audit(audit_args) => audit::audit(client, audit_args, json),
         Command::Completion { .. } | Command::Mcp(_) | Command::E2b(_) | Command::McpServers(_) => {
             unreachable!("answered before connecting")

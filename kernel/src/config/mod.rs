@@ -10,6 +10,7 @@ pub mod audit;
 pub mod boot;
 mod common;
 pub mod exec;
+pub mod fleet;
 pub mod llm;
 pub mod mcp;
 pub mod metrics;
@@ -30,6 +31,7 @@ use audit::AuditSettings;
 use common::parse_env;
 pub use common::{user_state_dir, ConfigError};
 use exec::ExecConfig;
+use fleet::FleetConfig;
 use llm::LlmConfig;
 use mcp::McpConfig;
 use metrics::MetricsConfig;
@@ -111,6 +113,8 @@ pub struct Config {
     pub state: StateConfig,
     /// `[audit]`: how much the audit log keeps, and what it records.
     pub audit: AuditSettings,
+    /// `[fleet]`: the PostgreSQL database this node shares with others.
+    pub fleet: FleetConfig,
     /// Diagnostics for tests; never needed in production.
     pub debug: DebugConfig,
 }
@@ -282,6 +286,7 @@ impl Default for Config {
             tasks: TasksConfig::default(),
             state: StateConfig::default(),
             audit: AuditSettings::default(),
+            fleet: FleetConfig::default(),
             debug: DebugConfig::default(),
         }
     }
@@ -378,6 +383,9 @@ impl Config {
         }
         if let Some(v) = get("AGENTOS_AGENT_LOG_DIR") {
             self.agents.log_dir = Some(PathBuf::from(v));
+        }
+        if let Some(v) = get("AGENTOS_FLEET_DATABASE") {
+            self.fleet.database = Some(v.into());
         }
         if let Some(v) = get("AGENTOS_STATE_DIR") {
             self.tasks.state_dir = Some(PathBuf::from(v));
@@ -481,6 +489,7 @@ impl Config {
         self.tracing.validate()?;
         self.tasks.validate()?;
         self.state.validate()?;
+        self.fleet.validate()?;
         self.audit.validate()?;
         if let Some(name) = self
             .debug

@@ -66,7 +66,7 @@ use crate::sandbox::runtime::{Runtime, RuntimeSetup};
 use crate::state_dir::StateDir;
 use crate::state_store::StateStore;
 use crate::tasks::{CancelledWork, Start, Tasks, WorkRequest};
-use crate::telemetry::metrics::{Publisher, Snapshot};
+use crate::telemetry::metrics::Publisher;
 use crate::telemetry::tracer::{SpanAgent, Tracer};
 use crate::tools::servers::Servers;
 use boot::BootAgents;
@@ -125,6 +125,8 @@ pub struct Kernel {
     pub(crate) tracer: Arc<Tracer>,
     /// What the Clove SDK's calls reach beyond the core subsystems.
     pub(crate) services: Services,
+    /// The fleet this node has joined, if any.
+    pub(crate) fleet: crate::fleet::Fleet,
 }
 
 impl Kernel {
@@ -189,6 +191,7 @@ impl Kernel {
         exec.connect(Arc::clone(&gateway), Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         let services = services::start(start::http_upstream(&config)?, Arc::clone(&waker));
+        let fleet = crate::fleet::Fleet::join(&config.fleet)?;
         let (mut tasks, database) = Tasks::open(&config.tasks, socket, waker, Instant::now())?;
         tasks.trace_with(Arc::clone(&tracer));
         let mut kernel = Kernel {
@@ -218,6 +221,7 @@ impl Kernel {
             reactor_counts: ReactorCounts::default(),
             tracer,
             services,
+            fleet,
         };
         start::serve_metrics(&kernel.config.metrics, &kernel.metrics.published)?;
         // Tasks queued before a restart run now.
@@ -326,8 +330,20 @@ impl Kernel {
         if self.metrics.due(now) {
             self.agents
                 .sample_usage(&agent_sandboxes(&mut self.sandboxes));
-            let snapshot = self.metrics_snapshot();
+            let snapshot = metrics::snapshot(
+                &self.agents,
+                &self.llm,
+                &self.exec,
+                &self.tasks,
+                &self.tools,
+                &self.reactor_counts,
+                &self.tracer,
+            );
             self.metrics.published.publish(snapshot);
+            self.fleet.set_figures(
+                self.agents.states().filter(|s| s.is_live()).count(),
+                self.runs.len(),
+            );
         }
     }
 
@@ -680,18 +696,5 @@ impl Kernel {
         self.config.llm = new.llm;
         self.config.mcp = mcp;
         self.config.agents.boot = new.agents.boot;
-    }
-
-    /// What every subsystem counts now.
-    pub fn metrics_snapshot(&self) -> Snapshot {
-        metrics::snapshot(
-            &self.agents,
-            &self.llm,
-            &self.exec,
-            &self.tasks,
-            &self.tools,
-            &self.reactor_counts,
-            &self.tracer,
-        )
     }
 }

@@ -169,6 +169,7 @@ pub fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str>
         c.metrics = Default::default();
         c.tracing = Default::default();
         c.state = Default::default();
+        c.fleet = Default::default();
         // Read where it is used: a change applies at once.
         c.audit = Default::default();
         c
@@ -201,6 +202,9 @@ pub fn sections_needing_restart(old: &Config, new: &Config) -> Vec<&'static str>
     }
     if old.state != new.state {
         differs.push("[state]");
+    }
+    if old.fleet != new.fleet {
+        differs.push("[fleet]");
     }
     differs
 }

@@ -166,6 +166,11 @@ impl Runs {
         Some(grant.permissions.clone())
     }
 
+    /// How many runs are in progress.
+    pub fn len(&self) -> usize {
+        self.grants.len()
+    }
+
     /// Whether any run is in progress (so replies need looking at).
     pub fn is_empty(&self) -> bool {
         self.grants.is_empty()

@@ -46,6 +46,9 @@ pub enum StartError {
     /// The task store cannot be opened.
     #[error("the task store: {0}")]
     TaskStore(#[from] StoreError),
+    /// The fleet refused this node.
+    #[error("the fleet: {0}")]
+    Fleet(#[from] crate::fleet::FleetError),
     /// A subsystem or the state directory cannot be set up.
     #[error(transparent)]
     Io(#[from] io::Error),

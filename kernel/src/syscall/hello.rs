@@ -43,6 +43,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
                 session_disks,
                 // Processes run in sessions, which EXEC gives.
                 processes: kernel.exec.is_available(),
+                fleet: kernel.fleet.is_joined(),
             },
             limits: Some(ProtocolLimits {
                 max_request_bytes: config.max_request_bytes,

@@ -18,6 +18,7 @@ mod events;
 mod exec;
 mod exit;
 mod files;
+mod fleet;
 mod hello;
 mod host_metrics;
 mod http;
@@ -69,6 +70,7 @@ pub fn dispatch(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Opcode::NET => net::handle,
         Opcode::METRICS => metrics::handle,
         Opcode::DELEGATE => delegate::handle,
+        Opcode::FLEET => fleet::handle,
         Opcode::REGISTER => messages::register,
         Opcode::SEND => messages::send,
         Opcode::RECV => messages::recv,

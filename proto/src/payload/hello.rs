@@ -73,6 +73,9 @@ pub struct Features {
     /// EXEC starts processes inside sessions (`start`, `output`, ...).
     #[serde(default)]
     pub processes: bool,
+    /// This node has joined a fleet and its database answers now.
+    #[serde(default)]
+    pub fleet: bool,
 }
 
 /// Size limits a client should respect.
@@ -210,7 +213,7 @@ mod tests {
         }
         assert_eq!(
             serde_json::to_string(&Features::default()).unwrap(),
-            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null,"network_policy":false,"pause":false,"session_disks":false,"processes":false}"#
+            r#"{"think":false,"exec":false,"spawn":false,"tools":false,"task":false,"cgroup":null,"network_policy":false,"pause":false,"session_disks":false,"processes":false,"fleet":false}"#
         );
     }
 

@@ -1,0 +1,77 @@
+//! `agentos nodes`: the fleet this node has joined — each node's name,
+//! lease, agents, runs, load, version and address.
+
+use agentos_proto::payload::{FleetOp, FleetRequest, NodeInfo, NodesReply};
+use agentos_proto::{Client, Opcode};
+
+use crate::error::CliError;
+use crate::format::print_json;
+
+/// Lists the fleet's nodes, this node's marked with `*`.
+pub fn nodes(client: &mut Client, json: bool) -> Result<(), CliError> {
+    let request = FleetRequest { op: FleetOp::Nodes };
+    let reply: NodesReply = client.call_json(Opcode::FLEET, &serde_json::to_vec(&request)?)?;
+    if json {
+        return print_json(&reply);
+    }
+    println!(
+        "{:<2}{:<20} {:<9} {:>9} {:>6} {:>5} {:>5} {:<9} ADDRESS",
+        "", "NAME", "STATE", "LEASE AGE", "AGENTS", "RUNS", "LOAD", "VERSION"
+    );
+    for node in &reply.nodes {
+        println!("{}", row(node, node.name == reply.node));
+    }
+    Ok(())
+}
+
+fn row(node: &NodeInfo, is_me: bool) -> String {
+    let state = match (node.alive, node.draining) {
+        (false, _) => "dead",
+        (true, true) => "draining",
+        (true, false) => "live",
+    };
+    format!(
+        "{:<2}{:<20} {:<9} {:>8.1}s {:>6} {:>5} {:>5.2} {:<9} {}",
+        if is_me { "*" } else { "" },
+        node.name,
+        state,
+        node.lease_age_ms as f64 / 1000.0,
+        node.agents,
+        node.runs,
+        node.load,
+        node.version,
+        node.advertise.as_deref().unwrap_or("-"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_says_which_node_answered_and_whether_each_is_alive() {
+        let mut node = NodeInfo {
+            name: "n1".into(),
+            advertise: None,
+            alive: true,
+            lease_age_ms: 1500,
+            draining: false,
+            agents: 2,
+            runs: 1,
+            load: 0.5,
+            version: "0.1.0".into(),
+            reads_schema: 1,
+            started_at: 0.0,
+        };
+        let line = row(&node, true);
+        assert!(line.starts_with("* n1"), "{line}");
+        assert!(line.contains(" live ") && line.contains("1.5s"), "{line}");
+        node.alive = false;
+        node.advertise = Some("http://10.0.0.2:3000".into());
+        let line = row(&node, false);
+        assert!(
+            line.contains(" dead ") && line.ends_with("http://10.0.0.2:3000"),
+            "{line}"
+        );
+    }
+}

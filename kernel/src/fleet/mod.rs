@@ -1,0 +1,164 @@
+//! The fleet: nodes sharing one PostgreSQL database (docs/fleet.md).
+//!
+//! Without `[fleet] database` a node is alone and nothing here runs. With
+//! it, a thread of the fleet's own ([`member`]) holds the node's lease and
+//! does all of its talking to the database; the kernel asks it through
+//! [`Fleet`], from workers, never from the reactor.
+
+mod database;
+pub mod error;
+mod member;
+pub mod nodes;
+pub mod schema;
+
+use std::sync::mpsc::{self, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use agentos_primitives::threads;
+use postgres::Client;
+
+use crate::config::fleet::FleetConfig;
+use crate::random;
+pub use error::FleetError;
+use member::{Job, Member, Status};
+use nodes::{Figures, Registration};
+
+/// Jobs that may wait for the fleet thread; more are refused.
+const MAX_QUEUED_JOBS: usize = 64;
+
+/// How long a caller waits for the fleet thread's answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// This node's part in a fleet, if it has joined one.
+#[derive(Debug, Default)]
+pub struct Fleet {
+    link: Option<FleetLink>,
+}
+
+/// What reaches the fleet thread: cloned into workers.
+#[derive(Clone, Debug)]
+pub struct FleetLink {
+    node: Arc<str>,
+    lease: Duration,
+    jobs: SyncSender<Job>,
+    status: Arc<Mutex<Status>>,
+}
+
+impl Fleet {
+    /// Joins the fleet `config` names, if any: connects, migrates the
+    /// schema and takes this node's name. A refusal (a live node of the
+    /// same name, a schema this node cannot read) stops the kernel; a
+    /// database out of reach does not: the node serves alone and joins
+    /// when it answers.
+    pub fn join(config: &FleetConfig) -> Result<Fleet, FleetError> {
+        let Some(url) = &config.database else {
+            return Ok(Fleet::default());
+        };
+        let mut incarnation = [0u8; 8];
+        random::fill(&mut incarnation)
+            .map_err(|err| FleetError::Unavailable(format!("no random numbers: {err}")))?;
+        let me = Registration {
+            node: config.node_name(),
+            incarnation: i64::from_ne_bytes(incarnation),
+            advertise: config.advertise.clone(),
+            lease: Duration::from_millis(config.lease_ms),
+        };
+        let status = Arc::new(Mutex::new(Status::default()));
+        let (jobs, queue) = mpsc::sync_channel(MAX_QUEUED_JOBS);
+        let (joined_tx, joined_rx) = mpsc::sync_channel(1);
+        let mut member = Member::new(config.clone(), me.clone(), Arc::clone(&status));
+        threads::spawn("fleet", move || {
+            let joined = member.join();
+            let refused = joined.as_ref().is_err_and(FleetError::is_refusal);
+            let _ = joined_tx.send(joined);
+            if !refused {
+                member.run(queue);
+            }
+        })
+        .map_err(|err| FleetError::Unavailable(format!("cannot start the fleet thread: {err}")))?;
+        let joined = joined_rx
+            .recv()
+            .unwrap_or_else(|_| Err(FleetError::Unavailable("the fleet thread ended".into())));
+        match joined {
+            Ok(()) => log::info!("fleet: node {:?} joined the fleet at {url}", me.node),
+            Err(err) if err.is_refusal() => return Err(err),
+            Err(err) => {
+                log::warn!(
+                    "fleet: node {:?} starts alone and joins the fleet at {url} when it can: {err}",
+                    me.node
+                );
+                status
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .trouble = Some(err.reason());
+            }
+        }
+        Ok(Fleet {
+            link: Some(FleetLink {
+                node: me.node.into(),
+                lease: me.lease,
+                jobs,
+                status,
+            }),
+        })
+    }
+
+    /// The link to the fleet thread, or why there is none.
+    pub fn link(&self) -> Result<&FleetLink, FleetError> {
+        self.link.as_ref().ok_or(FleetError::NotConfigured)
+    }
+
+    /// Whether the node is in the fleet now: its lease is current.
+    pub fn is_joined(&self) -> bool {
+        self.link.as_ref().is_some_and(FleetLink::is_joined)
+    }
+
+    /// Tells the fleet thread what the next renewal reports.
+    pub fn set_figures(&self, agents: usize, runs: usize) {
+        if let Some(link) = &self.link {
+            let mut status = link.status();
+            status.figures = Figures {
+                agents: u32::try_from(agents).unwrap_or(u32::MAX),
+                runs: u32::try_from(runs).unwrap_or(u32::MAX),
+                load: status.figures.load,
+            };
+        }
+    }
+}
+
+impl FleetLink {
+    /// This node's name in the fleet.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Whether the lease is current by this node's clock (the database's
+    /// may already have ended it: a lease is renewed a third of the way).
+    pub fn is_joined(&self) -> bool {
+        let status = self.status();
+        status.trouble.is_none() && status.renewed.is_some_and(|at| at.elapsed() < self.lease)
+    }
+
+    /// Runs `work` on the fleet thread and waits for its answer. Blocks:
+    /// for workers only.
+    pub fn call<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Client) -> Result<T, FleetError> + Send + 'static,
+    ) -> Result<T, FleetError> {
+        let (answer, answered) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |client| {
+            let _ = answer.send(client.and_then(work));
+        });
+        member::send(&self.jobs, job)?;
+        answered.recv_timeout(CALL_TIMEOUT).unwrap_or_else(|_| {
+            Err(FleetError::Unavailable(
+                "the fleet's database did not answer in time".into(),
+            ))
+        })
+    }
+
+    fn status(&self) -> std::sync::MutexGuard<'_, Status> {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
