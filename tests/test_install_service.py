@@ -258,6 +258,7 @@ TABLES = {
     "McpServerConfig": ("mcp", "servers"), "NetworkConfig": ("network",),
     "CredentialConfig": ("network", "credentials"), "MetricsConfig": ("metrics",),
     "TracingConfig": ("tracing",), "StateConfig": ("state",), "AuditSettings": ("audit",),
+    "FleetConfig": ("fleet",),
 }
 # Structs whose TABLES entry holds examples of them, one a key: a setting
 # is named if any example has it (a program server and a remote one
@@ -267,7 +268,7 @@ EXAMPLES = {"McpServerConfig"}
 # settings: the file's own path, the boot agents (checked below), the test
 # diagnostics.
 NOT_KEYS = {"file", "agents", "llm", "exec", "mcp", "tasks", "debug", "local", "servers", "boot",
-            "network", "credentials", "metrics", "tracing", "state", "audit"}
+            "network", "credentials", "metrics", "tracing", "state", "audit", "fleet"}
 SKIPPED_STRUCTS = {"DebugConfig", "McpConfig"}
 
 

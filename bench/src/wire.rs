@@ -244,22 +244,15 @@ mod tests {
 
     #[test]
     fn the_wire_crates_requests_send_what_the_benchmarks_always_sent() {
-        let dispatch = TaskRequest::Dispatch(TaskDispatch {
-            kind: TaskKind::Exec,
-            request: sent(Run::python("print(1)")),
-            label: None,
-            trace: None,
-        });
+        let dispatch = TaskRequest::Dispatch(TaskDispatch::new(
+            TaskKind::Exec,
+            sent(Run::python("print(1)")),
+        ));
         assert_eq!(
             sent(dispatch),
             json!({"op": "dispatch", "kind": "exec", "request": {"code": "print(1)"}})
         );
-        let think = TaskRequest::Dispatch(TaskDispatch {
-            kind: TaskKind::Think,
-            request: "hi".into(),
-            label: None,
-            trace: None,
-        });
+        let think = TaskRequest::Dispatch(TaskDispatch::new(TaskKind::Think, "hi".into()));
         assert_eq!(
             sent(think),
             json!({"op": "dispatch", "kind": "think", "request": "hi"})

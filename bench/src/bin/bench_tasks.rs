@@ -50,12 +50,10 @@ fn call<T: DeserializeOwned>(
 
 /// A dispatch of the EXEC run `run`.
 fn exec_task(run: Run<'_>) -> anyhow::Result<TaskRequest> {
-    Ok(TaskRequest::Dispatch(TaskDispatch {
-        kind: TaskKind::Exec,
-        request: serde_json::to_value(run)?,
-        label: None,
-        trace: None,
-    }))
+    Ok(TaskRequest::Dispatch(TaskDispatch::new(
+        TaskKind::Exec,
+        serde_json::to_value(run)?,
+    )))
 }
 
 fn dispatch(client: &mut Client, code: &str) -> anyhow::Result<String> {
@@ -175,12 +173,10 @@ fn main() -> anyhow::Result<()> {
     // Memory after many finished tasks (THINK tasks fail at once here:
     // the benchmark's kernel has no LLM).
     let rss_before = kernel.rss_mib();
-    let think = serde_json::to_vec(&TaskRequest::Dispatch(TaskDispatch {
-        kind: TaskKind::Think,
-        request: "hi".into(),
-        label: None,
-        trace: None,
-    }))?;
+    let think = serde_json::to_vec(&TaskRequest::Dispatch(TaskDispatch::new(
+        TaskKind::Think,
+        "hi".into(),
+    )))?;
     // In slices, so requests never wait behind more replies than the
     // connection may have in flight.
     for _ in 0..args.retained.div_ceil(100) {

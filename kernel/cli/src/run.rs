@@ -41,12 +41,10 @@ fn dispatch(args: RunArgs) -> Result<TaskRequest, CliError> {
         system: args.system,
         session: args.session,
     };
-    Ok(TaskRequest::Dispatch(TaskDispatch {
-        kind: TaskKind::Prompt,
-        request: serde_json::to_value(request)?,
-        label: None,
-        trace: None,
-    }))
+    Ok(TaskRequest::Dispatch(TaskDispatch::new(
+        TaskKind::Prompt,
+        serde_json::to_value(request)?,
+    )))
 }
 
 /// `wait_for` is how long it follows the task: the global `--timeout`.

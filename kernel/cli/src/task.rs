@@ -43,6 +43,17 @@ pub enum TaskCommand {
         /// kernel [default: the kernel's]
         #[arg(long, value_name = "SECS", conflicts_with = "think")]
         run_timeout: Option<f64>,
+        /// In a fleet: start it at most N times, when the node running it
+        /// dies (1 to 10) [default: 1]
+        #[arg(long, value_name = "N")]
+        max_attempts: Option<u32>,
+        /// In a fleet: run it on this node only
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
+        /// In a fleet: your key for this dispatch; dispatching again with
+        /// it answers with the same task
+        #[arg(long, value_name = "KEY")]
+        idempotency_key: Option<String>,
     },
     /// A task as it is (with what it has printed, while it runs)
     Status {
@@ -71,6 +82,9 @@ pub enum TaskCommand {
         /// or `*` for everyone's
         #[arg(long)]
         owner: Option<String>,
+        /// Your tasks in the whole fleet, not only this node's
+        #[arg(long, conflicts_with = "owner")]
+        fleet: bool,
     },
     /// Stop a queued or running task
     Cancel {
@@ -165,6 +179,9 @@ pub fn task(
             bash,
             label,
             run_timeout,
+            max_attempts,
+            node,
+            idempotency_key,
         } => {
             let text = words_or_stdin(&text)?;
             if let Some(secs) = run_timeout {
@@ -193,10 +210,11 @@ pub fn task(
             let raw = ask(
                 client,
                 &TaskRequest::Dispatch(TaskDispatch {
-                    kind,
-                    request,
                     label,
-                    trace: None,
+                    max_attempts,
+                    node,
+                    idempotency_key,
+                    ..TaskDispatch::new(kind, request)
                 }),
             )?;
             if json {
@@ -256,6 +274,7 @@ pub fn task(
             kind,
             limit,
             owner,
+            fleet,
         } => {
             // An agent's id is a number; anything else, a name or `*`.
             let whose = owner.as_deref().map(|owner| match owner.parse::<u32>() {
@@ -268,6 +287,7 @@ pub fn task(
                 limit: Some(limit),
                 before: None,
                 owner: whose,
+                fleet,
             });
             let raw = ask(client, &request)?;
             if json {
@@ -358,6 +378,16 @@ fn describe(task: &TaskInfo) -> String {
                 out.push_str(&format!("  {line}\n"));
             }
         }
+    }
+    if let Some(node) = &task.node {
+        let attempts = task
+            .attempts
+            .map(|n| format!(", attempt {n}"))
+            .unwrap_or_default();
+        out.push_str(&format!("node {node}{attempts}\n"));
+    }
+    if let Some(why) = &task.waiting_for {
+        out.push_str(&format!("waiting: {why}\n"));
     }
     if let Some(error) = TaskResult::of(task).and_then(|result| result.error) {
         out.push_str(&format!("error: {error}\n"));

@@ -25,6 +25,8 @@ pub struct FleetConfig {
     pub lease_ms: u64,
     /// How long connecting to the database may take, in milliseconds.
     pub connect_timeout_ms: u64,
+    /// Fleet tasks this node runs at once.
+    pub max_tasks: usize,
 }
 
 impl Default for FleetConfig {
@@ -35,6 +37,7 @@ impl Default for FleetConfig {
             advertise: None,
             lease_ms: 10_000,
             connect_timeout_ms: 5_000,
+            max_tasks: 8,
         }
     }
 }
@@ -84,6 +87,12 @@ impl FleetConfig {
             return invalid(
                 "fleet.connect_timeout_ms",
                 format!("{} is outside 100..=60000", self.connect_timeout_ms),
+            );
+        }
+        if !(1..=1024).contains(&self.max_tasks) {
+            return invalid(
+                "fleet.max_tasks",
+                format!("{} is outside 1..=1024", self.max_tasks),
             );
         }
         Ok(())

@@ -24,6 +24,8 @@ pub fn connect(config: &FleetConfig, node: &str) -> Result<Client, FleetError> {
         .tcp_user_timeout(lease / 3)
         .keepalives(true)
         .keepalives_idle(Duration::from_secs(5))
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3)
         .application_name(&format!("agentosd {node}"));
     let mut client = options.connect(NoTls)?;
     client.batch_execute(&format!(

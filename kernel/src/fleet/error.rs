@@ -32,6 +32,12 @@ pub enum FleetError {
     /// This node's registration was taken over after its lease ran out.
     #[error("node {0:?} lost its registration to another node of the same name")]
     Superseded(String),
+    /// Too much is asked of the fleet thread at once.
+    #[error("{0}; try again later")]
+    Busy(String),
+    /// No such task within the caller's reach.
+    #[error("you have no task {0:?} in the fleet (TASK list with \"fleet\": true names yours)")]
+    NotFound(String),
     /// This node has no fleet configured.
     #[error("this node has not joined a fleet: [fleet] database is not set")]
     NotConfigured,
@@ -41,7 +47,20 @@ impl FleetError {
     /// Whether the error is a refusal the node must not start with (rather
     /// than a database it can wait for).
     pub fn is_refusal(&self) -> bool {
-        !matches!(self, FleetError::Unavailable(_))
+        !matches!(
+            self,
+            FleetError::Unavailable(_) | FleetError::Busy(_) | FleetError::NotFound(_)
+        )
+    }
+
+    /// The error reply a caller gets.
+    pub fn into_reply(self) -> ErrorReply {
+        let code = match self {
+            FleetError::Busy(_) => ErrorCode::Busy,
+            FleetError::NotFound(_) => ErrorCode::NotFound,
+            _ => ErrorCode::Unavailable,
+        };
+        ErrorReply::new(code, self.to_string())
     }
 
     /// Why the fleet is out of reach, as [`FleetError::Unavailable`] would
@@ -70,6 +89,6 @@ impl From<postgres::Error> for FleetError {
 
 impl From<FleetError> for ErrorReply {
     fn from(err: FleetError) -> Self {
-        ErrorReply::new(ErrorCode::Unavailable, err.to_string())
+        err.into_reply()
     }
 }

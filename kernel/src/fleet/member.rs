@@ -1,22 +1,58 @@
 //! The fleet thread: the one place this node talks to the fleet's
 //! database. It keeps the node's lease, reconnects when the database comes
-//! back, and runs the jobs the rest of the kernel sends it, one at a time.
-//! The reactor never waits on it; workers do, for a bounded time.
+//! back, claims fleet tasks while the node has room, records their ends,
+//! answers `wait`s, and runs the orders the rest of the kernel sends it,
+//! one at a time. The reactor never waits on it: what it has for the
+//! kernel goes out as [`FleetEvent`]s, with a wake.
 
+use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use agentos_primitives::pool::Outbox;
+use agentos_proto::payload::{TaskReply, TaskState};
 use postgres::Client;
 
 use super::database;
 use super::error::FleetError;
 use super::nodes::{self, Figures, Registration};
 use super::schema;
+use super::tasks::{self, Claimed, FleetReach};
+use super::waits::{Wait, Waits};
+use crate::address::{Answer, ReplyTo};
 use crate::config::fleet::FleetConfig;
 
-/// A job for the fleet thread: given the database, or why there is none.
-pub type Job = Box<dyn FnOnce(Result<&mut Client, FleetError>) + Send>;
+/// Work for the fleet thread, answered to whoever asked.
+pub type Work = Box<dyn FnOnce(&mut Client) -> Result<Answer, FleetError> + Send>;
+
+/// What the kernel asks of the fleet thread.
+pub enum Order {
+    /// Work whose answer goes to `reply_to`, through the kernel.
+    Ask(ReplyTo, Work),
+    /// Answer once the task ends or the wait's time is up.
+    Wait(Wait),
+    /// A task this node ran has ended.
+    Finished {
+        task_id: String,
+        state: TaskState,
+        result: Arc<Vec<u8>>,
+    },
+    /// A notification came: the rows are looked at.
+    Notified(String),
+}
+
+/// What the fleet thread has for the kernel.
+#[derive(Debug)]
+pub enum FleetEvent {
+    /// A task claimed here, to run.
+    Claimed(Claimed),
+    /// A task run here is no longer this node's (cancelled, or taken by
+    /// another): its work should stop.
+    Stop(String),
+    /// The answer to a request.
+    Reply(ReplyTo, Answer),
+}
 
 /// What the fleet thread shares with the rest of the kernel.
 #[derive(Debug, Default)]
@@ -38,22 +74,46 @@ pub struct Member {
     me: Registration,
     client: Option<Client>,
     status: Arc<Mutex<Status>>,
+    events: Outbox<FleetEvent>,
     /// When connecting was last tried: at most once a second.
     last_attempt: Option<Instant>,
+    /// The tasks this node runs, with their fences.
+    held: HashMap<String, i64>,
+    waits: Waits,
+    /// A notification said a task was queued: claim at once.
+    claim_now: bool,
+    /// A notification named a task this node holds: look at the rows.
+    check_held: bool,
+    /// A notification named a task waited for.
+    check_waits: bool,
 }
 
 /// Reconnection is tried at most this often.
 const RETRY: Duration = Duration::from_secs(1);
+/// Without notifications, queued tasks, held tasks and waits are looked at
+/// this often.
+const TICK: Duration = Duration::from_secs(1);
 
 impl Member {
     /// A member for `config`, not yet connected.
-    pub fn new(config: FleetConfig, me: Registration, status: Arc<Mutex<Status>>) -> Member {
+    pub fn new(
+        config: FleetConfig,
+        me: Registration,
+        status: Arc<Mutex<Status>>,
+        events: Outbox<FleetEvent>,
+    ) -> Member {
         Member {
             config,
             me,
             client: None,
             status,
+            events,
             last_attempt: None,
+            held: HashMap::new(),
+            waits: Waits::default(),
+            claim_now: false,
+            check_held: false,
+            check_waits: false,
         }
     }
 
@@ -69,20 +129,36 @@ impl Member {
         Ok(())
     }
 
-    /// Serves jobs and renews the lease until the kernel drops its end of
-    /// `jobs`; then gives the lease up.
-    pub fn run(mut self, jobs: Receiver<Job>) {
+    /// Serves orders, renews the lease and claims tasks until the kernel
+    /// drops its end of `orders`; then gives the lease up.
+    pub fn run(mut self, orders: Receiver<Order>) {
         let mut next_renewal = Instant::now() + self.me.lease / 3;
+        let mut next_tick = Instant::now();
         loop {
-            let wait = next_renewal.saturating_duration_since(Instant::now());
-            match jobs.recv_timeout(wait) {
-                Ok(job) => job(self.client()),
-                Err(RecvTimeoutError::Timeout) => {
-                    let renewed = self.renew();
-                    let every = if renewed { self.me.lease / 3 } else { RETRY };
-                    next_renewal = Instant::now() + every;
-                }
+            let now = Instant::now();
+            let wait = [next_renewal, next_tick]
+                .into_iter()
+                .map(|at| at.saturating_duration_since(now))
+                .chain(self.waits.time_to_next(now))
+                .min()
+                .unwrap_or(TICK);
+            match orders.recv_timeout(wait) {
+                Ok(order) => self.serve(order),
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
+            }
+            let now = Instant::now();
+            if now >= next_renewal {
+                let renewed = self.renew();
+                next_renewal = now + if renewed { self.me.lease / 3 } else { RETRY };
+            }
+            if now >= next_tick {
+                (self.claim_now, self.check_held, self.check_waits) = (true, true, true);
+                next_tick = now + TICK;
+            }
+            self.look_at_tasks();
+            for wait in self.waits.timed_out(now) {
+                self.answer_as_it_is(wait);
             }
             if self.client.as_ref().is_some_and(Client::is_closed) {
                 self.lost("the connection to the fleet's database closed".into());
@@ -96,6 +172,191 @@ impl Member {
                 );
             }
         }
+    }
+
+    fn serve(&mut self, order: Order) {
+        match order {
+            Order::Ask(reply_to, work) => {
+                let answer = self.client().and_then(work);
+                let answer = answer.unwrap_or_else(|err| Answer::from(err.into_reply()));
+                self.send(FleetEvent::Reply(reply_to, answer));
+            }
+            Order::Wait(wait) => self.start_wait(wait),
+            Order::Finished {
+                task_id,
+                state,
+                result,
+            } => self.record_end(&task_id, state, &result),
+            Order::Notified(what) => match what.split_once(':') {
+                Some(("done", id)) => self.check_waits |= self.waits.wants(id),
+                Some(("cancel", id)) => self.check_held |= self.held.contains_key(id),
+                _ => self.claim_now = true,
+            },
+        }
+    }
+
+    /// Does what notifications or the tick asked for, while in the fleet.
+    fn look_at_tasks(&mut self) {
+        if !(self.claim_now || self.check_held || self.check_waits) || !self.in_fleet() {
+            return;
+        }
+        if self.client().is_err() {
+            return;
+        }
+        if std::mem::take(&mut self.check_held) && !self.held.is_empty() {
+            self.let_go_of_lost_tasks();
+        }
+        if std::mem::take(&mut self.claim_now) {
+            self.claim();
+        }
+        if std::mem::take(&mut self.check_waits) && !self.waits.is_empty() {
+            self.answer_finished_waits();
+        }
+    }
+
+    fn claim(&mut self) {
+        let room = self.config.max_tasks.saturating_sub(self.held.len());
+        if room == 0 || self.status().draining {
+            return;
+        }
+        let me = self.me.clone();
+        let claimed = self.client().and_then(|client| {
+            tasks::take_over(client)?;
+            tasks::claim(client, &me, room as i64)
+        });
+        match claimed {
+            Ok(claimed) => {
+                for task in claimed {
+                    log::info!(
+                        "fleet: claimed task {} (fence {})",
+                        task.task_id,
+                        task.fence
+                    );
+                    self.held.insert(task.task_id.clone(), task.fence);
+                    self.send(FleetEvent::Claimed(task));
+                }
+            }
+            Err(err) => self.failed("claim tasks", err),
+        }
+    }
+
+    /// Tasks this node runs that are no longer its own: their work stops.
+    fn let_go_of_lost_tasks(&mut self) {
+        let held: Vec<(String, i64)> = self.held.iter().map(|(id, f)| (id.clone(), *f)).collect();
+        match self
+            .client()
+            .and_then(|client| tasks::no_longer_held(client, &held))
+        {
+            Ok(lost) => {
+                for task_id in lost {
+                    log::info!("fleet: task {task_id} is no longer this node's: stopping it");
+                    self.held.remove(&task_id);
+                    self.send(FleetEvent::Stop(task_id));
+                }
+            }
+            Err(err) => self.failed("look at its tasks", err),
+        }
+    }
+
+    fn record_end(&mut self, task_id: &str, state: TaskState, result: &[u8]) {
+        let Some(fence) = self.held.remove(task_id) else {
+            return;
+        };
+        match self
+            .client()
+            .and_then(|client| tasks::finish(client, task_id, fence, state, result))
+        {
+            Ok(true) => self.claim_now = true,
+            Ok(false) => log::info!(
+                "fleet: task {task_id}'s end ({}) was not recorded: it is no longer this \
+                 node's (fence {fence})",
+                state.as_str()
+            ),
+            Err(err) => {
+                // The lease will run out or the connection come back; the
+                // task is then queued again or ended by its attempts.
+                log::warn!("fleet: task {task_id}'s end could not be recorded: {err}");
+                self.lost(err.reason());
+            }
+        }
+        self.claim_now = true;
+    }
+
+    fn answer_finished_waits(&mut self) {
+        let asked = self.waits.asked();
+        match self
+            .client()
+            .and_then(|client| tasks::finished_of(client, &asked))
+        {
+            Ok(finished) => {
+                for (task, owner) in finished {
+                    let within = |reach: &FleetReach| match reach {
+                        FleetReach::Any => true,
+                        FleetReach::Own(own) => *own == owner,
+                    };
+                    let task_id = task.task_id.clone();
+                    let answer = Answer::json(&TaskReply {
+                        success: true,
+                        task,
+                    });
+                    for wait in self.waits.take(&task_id, within) {
+                        self.send(FleetEvent::Reply(wait.reply_to, answer.clone()));
+                    }
+                }
+            }
+            Err(err) => self.failed("answer waits", err),
+        }
+    }
+
+    /// A wait for a task that has ended, or whose time is up, is answered
+    /// at once; any other is held.
+    fn start_wait(&mut self, wait: Wait) {
+        let found = self
+            .client()
+            .and_then(|client| tasks::status(client, &wait.reach, &wait.task_id, true));
+        let answer = match found {
+            Ok(Some(task)) if !task.state.is_finished() && wait.deadline > Instant::now() => {
+                match self.waits.add(wait) {
+                    Ok(()) => return,
+                    Err(wait) => {
+                        let busy = FleetError::Busy("too many waits for the fleet's tasks".into());
+                        self.send(FleetEvent::Reply(
+                            wait.reply_to,
+                            Answer::from(busy.into_reply()),
+                        ));
+                        return;
+                    }
+                }
+            }
+            Ok(Some(task)) => Ok(task),
+            Ok(None) => Err(FleetError::NotFound(wait.task_id.clone())),
+            Err(err) => Err(err),
+        };
+        let answer = answer
+            .map(|task| {
+                Answer::json(&TaskReply {
+                    success: true,
+                    task,
+                })
+            })
+            .unwrap_or_else(|err| Answer::from(err.into_reply()));
+        self.send(FleetEvent::Reply(wait.reply_to, answer));
+    }
+
+    /// A wait whose time is up gets its task as it is now.
+    fn answer_as_it_is(&mut self, wait: Wait) {
+        let answer = self
+            .client()
+            .and_then(|client| tasks::status(client, &wait.reach, &wait.task_id, true))
+            .and_then(|task| task.ok_or_else(|| FleetError::NotFound(wait.task_id.clone())))
+            .map(|task| {
+                Answer::json(&TaskReply {
+                    success: true,
+                    task,
+                })
+            })
+            .unwrap_or_else(|err| Answer::from(err.into_reply()));
+        self.send(FleetEvent::Reply(wait.reply_to, answer));
     }
 
     /// The database, connecting again if the last try was long enough ago.
@@ -129,6 +390,8 @@ impl Member {
                 );
                 self.client = Some(client);
                 self.renewed(false);
+                // Whatever was said while away is looked at now.
+                (self.claim_now, self.check_held, self.check_waits) = (true, true, true);
                 Ok(())
             }
             Err(err) => {
@@ -140,10 +403,9 @@ impl Member {
 
     /// Renews the lease; whether it was.
     fn renew(&mut self) -> bool {
-        let figures = self.status().figures;
         let figures = Figures {
             load: host_load(),
-            ..figures
+            ..self.status().figures
         };
         let me = self.me.clone();
         let renewed = self
@@ -165,11 +427,27 @@ impl Member {
         }
     }
 
+    /// Whether this node's lease is current by its own clock.
+    fn in_fleet(&self) -> bool {
+        let status = self.status();
+        status.trouble.is_none()
+            && status
+                .renewed
+                .is_some_and(|at| at.elapsed() < self.me.lease)
+    }
+
     fn renewed(&self, draining: bool) {
         let mut status = self.status();
         status.renewed = Some(Instant::now());
         status.draining = draining;
         status.trouble = None;
+    }
+
+    fn failed(&mut self, what: &str, err: FleetError) {
+        log::warn!("fleet: node {:?} could not {what}: {err}", self.me.node);
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            self.lost(err.reason());
+        }
     }
 
     /// The connection is gone (or the name is): dropped, so the next use
@@ -198,15 +476,20 @@ impl Member {
         FleetError::Unavailable(why.unwrap_or_else(|| "not connected".into()))
     }
 
-    fn status(&self) -> std::sync::MutexGuard<'_, Status> {
+    fn send(&self, event: FleetEvent) {
+        // The kernel is stopping when no one reads events any more.
+        let _ = self.events.send(event);
+    }
+
+    fn status(&self) -> MutexGuard<'_, Status> {
         self.status.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// Sends `job` to the fleet thread without waiting: a full queue (a
+/// Sends `order` to the fleet thread without waiting: a full queue (a
 /// database that answers slowly) refuses more.
-pub fn send(jobs: &SyncSender<Job>, job: Job) -> Result<(), FleetError> {
-    jobs.try_send(job).map_err(|_| {
+pub fn send(orders: &SyncSender<Order>, order: Order) -> Result<(), FleetError> {
+    orders.try_send(order).map_err(|_| {
         FleetError::Unavailable("the fleet's database is not keeping up (its queue is full)".into())
     })
 }

@@ -7,42 +7,58 @@
 
 mod database;
 pub mod error;
+mod listener;
 mod member;
 pub mod nodes;
+pub mod owners;
 pub mod schema;
+pub mod tasks;
+mod waits;
 
-use std::sync::mpsc::{self, SyncSender};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use agentos_primitives::pool::Outbox;
 use agentos_primitives::threads;
+use mio::Waker;
 use postgres::Client;
 
+use crate::address::{Answer, ReplyTo};
 use crate::config::fleet::FleetConfig;
 use crate::random;
 pub use error::FleetError;
-use member::{Job, Member, Status};
+pub use member::FleetEvent;
+use member::{Member, Order, Status};
 use nodes::{Figures, Registration};
+pub use waits::Wait;
 
 /// Jobs that may wait for the fleet thread; more are refused.
 const MAX_QUEUED_JOBS: usize = 64;
-
-/// How long a caller waits for the fleet thread's answer.
-const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// This node's part in a fleet, if it has joined one.
 #[derive(Debug, Default)]
 pub struct Fleet {
     link: Option<FleetLink>,
+    /// What the fleet thread has for the kernel.
+    events: Option<Receiver<FleetEvent>>,
 }
 
 /// What reaches the fleet thread: cloned into workers.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct FleetLink {
     node: Arc<str>,
     lease: Duration,
-    jobs: SyncSender<Job>,
+    orders: SyncSender<Order>,
     status: Arc<Mutex<Status>>,
+}
+
+impl std::fmt::Debug for FleetLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetLink")
+            .field("node", &self.node)
+            .finish()
+    }
 }
 
 impl Fleet {
@@ -51,7 +67,7 @@ impl Fleet {
     /// same name, a schema this node cannot read) stops the kernel; a
     /// database out of reach does not: the node serves alone and joins
     /// when it answers.
-    pub fn join(config: &FleetConfig) -> Result<Fleet, FleetError> {
+    pub fn join(config: &FleetConfig, waker: Arc<Waker>) -> Result<Fleet, FleetError> {
         let Some(url) = &config.database else {
             return Ok(Fleet::default());
         };
@@ -65,9 +81,13 @@ impl Fleet {
             lease: Duration::from_millis(config.lease_ms),
         };
         let status = Arc::new(Mutex::new(Status::default()));
-        let (jobs, queue) = mpsc::sync_channel(MAX_QUEUED_JOBS);
+        let (orders, queue) = mpsc::sync_channel(MAX_QUEUED_JOBS);
         let (joined_tx, joined_rx) = mpsc::sync_channel(1);
-        let mut member = Member::new(config.clone(), me.clone(), Arc::clone(&status));
+        let (outbox, events) = Outbox::channel(waker);
+        let mut member = Member::new(config.clone(), me.clone(), Arc::clone(&status), outbox);
+        let cannot_start =
+            |err: std::io::Error| FleetError::Unavailable(format!("cannot start a thread: {err}"));
+        let listening = (config.clone(), me.node.clone(), orders.clone());
         threads::spawn("fleet", move || {
             let joined = member.join();
             let refused = joined.as_ref().is_err_and(FleetError::is_refusal);
@@ -76,7 +96,7 @@ impl Fleet {
                 member.run(queue);
             }
         })
-        .map_err(|err| FleetError::Unavailable(format!("cannot start the fleet thread: {err}")))?;
+        .map_err(cannot_start)?;
         let joined = joined_rx
             .recv()
             .unwrap_or_else(|_| Err(FleetError::Unavailable("the fleet thread ended".into())));
@@ -94,14 +114,28 @@ impl Fleet {
                     .trouble = Some(err.reason());
             }
         }
+        threads::spawn("fleet-listen", move || {
+            let (config, node, orders) = listening;
+            listener::listen(&config, &node, &orders);
+        })
+        .map_err(cannot_start)?;
         Ok(Fleet {
             link: Some(FleetLink {
                 node: me.node.into(),
                 lease: me.lease,
-                jobs,
+                orders,
                 status,
             }),
+            events: Some(events),
         })
+    }
+
+    /// What the fleet thread has for the kernel now.
+    pub fn take_events(&self) -> Vec<FleetEvent> {
+        self.events
+            .as_ref()
+            .map(|events| events.try_iter().collect())
+            .unwrap_or_default()
     }
 
     /// The link to the fleet thread, or why there is none.
@@ -140,22 +174,39 @@ impl FleetLink {
         status.trouble.is_none() && status.renewed.is_some_and(|at| at.elapsed() < self.lease)
     }
 
-    /// Runs `work` on the fleet thread and waits for its answer. Blocks:
-    /// for workers only.
-    pub fn call<T: Send + 'static>(
+    /// Runs `work` on the fleet thread; its answer (or why there is none)
+    /// goes to `reply_to` through the kernel. Never blocks.
+    pub fn ask(
         &self,
-        work: impl FnOnce(&mut Client) -> Result<T, FleetError> + Send + 'static,
-    ) -> Result<T, FleetError> {
-        let (answer, answered) = mpsc::sync_channel(1);
-        let job: Job = Box::new(move |client| {
-            let _ = answer.send(client.and_then(work));
-        });
-        member::send(&self.jobs, job)?;
-        answered.recv_timeout(CALL_TIMEOUT).unwrap_or_else(|_| {
-            Err(FleetError::Unavailable(
-                "the fleet's database did not answer in time".into(),
-            ))
-        })
+        reply_to: ReplyTo,
+        work: impl FnOnce(&mut Client) -> Result<Answer, FleetError> + Send + 'static,
+    ) -> Result<(), FleetError> {
+        member::send(&self.orders, Order::Ask(reply_to, Box::new(work)))
+    }
+
+    /// Holds `wait` until its task ends or its time is up.
+    pub fn wait(&self, wait: Wait) -> Result<(), FleetError> {
+        member::send(&self.orders, Order::Wait(wait))
+    }
+
+    /// A task this node ran has ended: its end is recorded, if it is
+    /// still this node's to record.
+    pub fn finished(
+        &self,
+        task_id: String,
+        state: agentos_proto::payload::TaskState,
+        result: Arc<Vec<u8>>,
+    ) {
+        let order = Order::Finished {
+            task_id,
+            state,
+            result,
+        };
+        // Blocking would hold the reactor: a full queue is a database that
+        // does not answer, and then the task's lease decides its end.
+        if let Err(err) = member::send(&self.orders, order) {
+            log::warn!("fleet: a task's end is not recorded: {err}");
+        }
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {

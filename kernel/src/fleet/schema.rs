@@ -29,6 +29,36 @@ const MIGRATIONS: &[&str] = &[
         runs integer NOT NULL DEFAULT 0,
         load real NOT NULL DEFAULT 0
     )",
+    // 2: tasks, claimed under fences.
+    "CREATE SEQUENCE agentos_task_fences;
+    CREATE TABLE agentos_tasks (
+        task_id text PRIMARY KEY,
+        seq bigserial NOT NULL,
+        owner_user text NOT NULL,
+        owner_delegate text NOT NULL,
+        kind text NOT NULL,
+        label text,
+        dispatch json NOT NULL,
+        pin text,
+        max_attempts integer NOT NULL,
+        attempts integer NOT NULL DEFAULT 0,
+        idempotency_key text,
+        dispatched_on text NOT NULL,
+        state text NOT NULL,
+        node text,
+        incarnation bigint,
+        fence bigint,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        started_at timestamptz,
+        finished_at timestamptz,
+        result json
+    );
+    CREATE INDEX agentos_tasks_queued ON agentos_tasks (seq) WHERE state = 'queued';
+    CREATE INDEX agentos_tasks_running ON agentos_tasks (node) WHERE state = 'running';
+    CREATE INDEX agentos_tasks_by_owner ON agentos_tasks (owner_user, owner_delegate, seq);
+    CREATE UNIQUE INDEX agentos_tasks_idempotency
+        ON agentos_tasks (owner_user, owner_delegate, idempotency_key)
+        WHERE idempotency_key IS NOT NULL",
 ];
 
 /// The newest schema version this node reads and writes.

@@ -23,6 +23,7 @@
 
 mod actor;
 mod boot;
+mod fleet_work;
 mod log_follows;
 mod lowered;
 mod metrics;
@@ -191,7 +192,7 @@ impl Kernel {
         exec.connect(Arc::clone(&gateway), Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         let services = services::start(start::http_upstream(&config)?, Arc::clone(&waker));
-        let fleet = crate::fleet::Fleet::join(&config.fleet)?;
+        let fleet = crate::fleet::Fleet::join(&config.fleet, Arc::clone(&waker))?;
         let (mut tasks, database) = Tasks::open(&config.tasks, socket, waker, Instant::now())?;
         tasks.trace_with(Arc::clone(&tracer));
         let mut kernel = Kernel {
@@ -279,8 +280,12 @@ impl Kernel {
         self.llm.poll(&mut self.outbox.replies);
         self.tools.on_wake(&mut self.outbox.replies, Instant::now());
         self.services.http_calls.on_wake(&mut self.outbox.replies);
+        let woken = fleet_work::on_wake(&self.fleet, &mut self.tasks, &mut self.outbox.replies);
+        for stop in woken.stops {
+            self.stop_task(stop);
+        }
         // Tasks join the queue once their records are saved.
-        if self.tasks.on_saved(&mut self.outbox.replies) {
+        if self.tasks.on_saved(&mut self.outbox.replies) || woken.adopted {
             self.start_tasks();
         }
         self.settle(Instant::now());
@@ -316,7 +321,7 @@ impl Kernel {
         self.log_followers
             .serve(&self.agents, now, false, &mut self.outbox.replies);
         if self.tasks.progress_due(now) {
-            self.refresh_task_progress(true);
+            task_work::refresh_all_progress(true, &mut self.tasks, &self.exec);
         }
         if self.catalog.renewal_due(now) {
             self.exec.tools_changed();
@@ -366,7 +371,7 @@ impl Kernel {
         // Tasks still running end `interrupted` now, with what they had
         // printed, before their work is stopped; queued ones stay queued
         // for the next kernel.
-        self.refresh_task_progress(false);
+        task_work::refresh_all_progress(false, &mut self.tasks, &self.exec);
         self.tasks.stop(&mut self.outbox.replies);
         self.log_followers
             .serve(&self.agents, Instant::now(), true, &mut self.outbox.replies);
@@ -424,6 +429,7 @@ impl Kernel {
     /// Replies addressed to tasks and TOOL calls stay with the kernel.
     /// (Called after every event: nothing, the usual answer, is cheap.)
     pub fn take_output(&mut self) -> Option<Outbox> {
+        fleet_work::report(&self.fleet, &mut self.tasks);
         if self.outbox.is_empty() && !self.exec.pool().has_adopted() && !self.agents.has_ended() {
             return None;
         }
@@ -620,14 +626,6 @@ impl Kernel {
     /// The EXEC sessions of prompt loops that have ended go.
     pub fn close_ended_task_sessions(&mut self) {
         task_work::close_ended_sessions(&mut self.tasks, &mut self.exec, &mut self.outbox.replies);
-    }
-
-    /// Running tasks' progress: what their runs have printed so far
-    /// (`save`: and into the store).
-    fn refresh_task_progress(&mut self, save: bool) {
-        for number in self.tasks.running() {
-            self.refresh_progress_of(number, save);
-        }
     }
 
     /// The same, for the task whose work runs under `number`.

@@ -64,6 +64,13 @@ pub fn close_ended_sessions(tasks: &mut Tasks, exec: &mut Exec, replies: &mut Ve
     }
 }
 
+/// Every running task's progress (`save`: and into the store).
+pub fn refresh_all_progress(save: bool, tasks: &mut Tasks, exec: &Exec) {
+    for number in tasks.running() {
+        refresh_progress(number, save, tasks, exec);
+    }
+}
+
 /// The progress of the task whose work runs under `number`: what its run
 /// has printed so far (`save`: and into the store).
 pub fn refresh_progress(number: u64, save: bool, tasks: &mut Tasks, exec: &Exec) {

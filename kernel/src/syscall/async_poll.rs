@@ -60,10 +60,8 @@ fn dispatch(
     let task_id = kernel.tasks.dispatch(
         owner,
         TaskDispatch {
-            kind: TaskKind::Exec,
-            request: run,
             label: Some(format!("async-{request_id}")),
-            trace: None,
+            ..TaskDispatch::new(TaskKind::Exec, run)
         },
     )?;
     kernel

@@ -1,5 +1,6 @@
 //! FLEET (0x1A): the fleet this node has joined. Operators only: a node's
-//! address and load are the fleet's business, not an agent's.
+//! address and load are the fleet's business, not an agent's. Answered by
+//! the fleet thread: the reactor never waits on the database.
 
 use agentos_proto::payload::{FleetOp, FleetRequest, NodesReply};
 use agentos_proto::{ErrorCode, ErrorReply};
@@ -9,8 +10,6 @@ use crate::address::Answer;
 use crate::fleet::nodes;
 use crate::kernel::{Actor, Kernel};
 
-/// Asked of the fleet thread from a worker: the reactor never waits on the
-/// database.
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let asked = FleetRequest::parse(request.payload).and_then(|asked| {
         if matches!(
@@ -25,23 +24,20 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             ))
         }
     });
-    let link = asked.and_then(|asked| Ok((asked, kernel.fleet.link()?.clone())));
-    let (asked, link) = match link {
-        Ok(both) => both,
-        Err(refusal) => return Outcome::Reply(Answer::from(refusal)),
-    };
-    Outcome::Deferred(Box::new(move || {
-        let answer = match asked.op {
-            FleetOp::Nodes => link.call(nodes::list).map(|nodes| NodesReply {
+    let sent = asked.and_then(|asked| {
+        let link = kernel.fleet.link()?;
+        let node = link.node().to_owned();
+        link.ask(request.reply_to, move |client| match asked.op {
+            FleetOp::Nodes => Ok(Answer::json(&NodesReply {
                 success: true,
-                node: link.node().to_owned(),
-                nodes,
-            }),
-        };
-        match answer {
-            Ok(reply) => Answer::json(&reply),
-            Err(err) => Answer::from(ErrorReply::from(err)),
-        }
-        .into_json()
-    }))
+                node,
+                nodes: nodes::list(client)?,
+            })),
+        })
+        .map_err(ErrorReply::from)
+    });
+    match sent {
+        Ok(()) => Outcome::Later,
+        Err(refusal) => Outcome::Reply(Answer::from(refusal)),
+    }
 }

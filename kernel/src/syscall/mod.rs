@@ -19,6 +19,7 @@ mod exec;
 mod exit;
 mod files;
 mod fleet;
+mod fleet_task;
 mod hello;
 mod host_metrics;
 mod http;

@@ -13,6 +13,7 @@ use agentos_proto::payload::{
 };
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::fleet_task::{self, Served};
 use super::request::{actor, reply, Outcome, Request};
 use crate::address::Answer;
 use crate::identity::Principal;
@@ -30,6 +31,15 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         Ok(owner) => owner,
         Err(err) => return Outcome::Reply(err.into()),
     };
+    if let TaskRequest::Dispatch(dispatch) = &task {
+        if let Err(err) = may_dispatch(kernel, request, dispatch.kind) {
+            return Outcome::Reply(err.into());
+        }
+    }
+    let task = match fleet_task::serve(kernel, request, task, owner, operator) {
+        Served::Fleet(outcome) => return outcome,
+        Served::Here(task) => task,
+    };
     // An operator reaches every task by its id; anyone else only its own.
     let reach = if operator {
         Reach::Any
@@ -38,9 +48,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     };
     match task {
         TaskRequest::Dispatch(dispatch) => {
-            match may_dispatch(kernel, request, dispatch.kind)
-                .and_then(|()| kernel.tasks.dispatch(owner, dispatch))
-            {
+            match kernel.tasks.dispatch(owner, dispatch) {
                 Ok(task_id) => {
                     // The id goes out once the task is on disk.
                     let reply = Answer::json(&TaskDispatchReply {

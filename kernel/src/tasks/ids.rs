@@ -8,6 +8,14 @@ pub fn new_id() -> String {
     format!("t-{:016x}", random_u64())
 }
 
+/// What a fleet's task ids begin with: any node tells them from its own.
+pub const FLEET_ID_PREFIX: &str = "t-fleet-";
+
+/// A fleet's task id: [`FLEET_ID_PREFIX`] and 64 random bits.
+pub fn new_fleet_id() -> String {
+    format!("{FLEET_ID_PREFIX}{:016x}", random_u64())
+}
+
 /// 64 random bits. Should the pool fail, the clock and a counter keep ids
 /// unique, if guessable, and the log says so.
 pub fn random_u64() -> u64 {

@@ -15,7 +15,8 @@
 //! memory is read back by a worker.
 
 mod end;
-mod ids;
+pub mod fleet;
+pub mod ids;
 mod owner;
 pub mod prompt;
 mod prompts;
@@ -47,6 +48,7 @@ use crate::events::{Event, Journal};
 use crate::identity::Principal;
 use crate::telemetry::tracer::Tracer;
 use end::{cancelled, interrupted, AGENT_ENDED_WITH_KERNEL, KERNEL_STOPPED};
+use fleet::FleetTasks;
 use ids::{new_id, random_u64};
 #[cfg(test)]
 use owner::PerOwner;
@@ -86,6 +88,8 @@ pub struct Tasks<S = SqliteStore> {
     next_sweep: Instant,
     /// Tasks that ended, for the events hub (`TASK_ENDED`).
     pub(crate) ended: Journal,
+    /// The fleet's tasks that run here, and their ends to hand back.
+    pub(crate) fleet: FleetTasks,
 }
 
 impl Tasks {
@@ -138,6 +142,7 @@ impl<S: Store> Tasks<S> {
             config: config.clone(),
             next_sweep: now,
             ended: Journal::default(),
+            fleet: FleetTasks::default(),
         };
         for row in loaded.unreadable {
             log::error!(
@@ -212,16 +217,7 @@ impl<S: Store> Tasks<S> {
     ) -> Result<Waited, ErrorReply> {
         let task = self.owned(reach, id)?;
         if task.state.is_finished() {
-            return Ok(match self.saving.result(id) {
-                Some(result) => Waited::Reply(to_json(&TaskReply {
-                    success: true,
-                    task: task.info(Some(result)),
-                })),
-                None => Waited::ReadResult {
-                    read: self.saving.read_back(id),
-                    task: Box::new(task.info(None)),
-                },
-            });
+            return Ok(self.saving.finished(task));
         }
         let timeout = timeout.unwrap_or(DEFAULT_WAIT);
         if timeout.is_zero() {
@@ -315,6 +311,28 @@ impl<S: Store> Tasks<S> {
         owner: Principal,
         dispatch: TaskDispatch,
     ) -> Result<String, ErrorReply> {
+        self.queue(new_id(), owner, dispatch)
+    }
+
+    /// Queues a fleet's task this node claimed, under the fleet's id; its
+    /// end is handed back through [`FleetTasks::take_ended`].
+    pub fn adopt(
+        &mut self,
+        id: String,
+        owner: Principal,
+        dispatch: TaskDispatch,
+    ) -> Result<(), ErrorReply> {
+        let id = self.queue(id, owner, dispatch)?;
+        self.fleet.adopt(id);
+        Ok(())
+    }
+
+    fn queue(
+        &mut self,
+        id: String,
+        owner: Principal,
+        dispatch: TaskDispatch,
+    ) -> Result<String, ErrorReply> {
         let owner = self.owner_key(owner);
         let queued = self.running.queued(owner);
         if queued >= self.config.max_queued_per_owner {
@@ -342,7 +360,6 @@ impl<S: Store> Tasks<S> {
                 ),
             ));
         }
-        let id = new_id();
         let seq = self.next_seq;
         self.next_seq += 1;
         let record = new_record(&id, seq, owner, &dispatch);
@@ -491,6 +508,7 @@ impl<S: Store> Tasks<S> {
             result: result.clone(),
             output,
         });
+        self.fleet.ended(id, state, &result);
         self.saving.keep_result(id, result);
         if let Some(reply) = reply {
             for reply_to in self.waiters.take(id) {
@@ -617,10 +635,9 @@ impl<S: Store> Tasks<S> {
 
     /// Removes finished tasks older than the retention.
     fn expire(&mut self, now_ms: i64) {
-        let horizon = now_ms - (self.config.retention_secs as i64) * 1000;
         let expired = self
             .table
-            .ids(|t| t.state.is_finished() && t.finished_ms.is_some_and(|f| f < horizon));
+            .finished_before(now_ms - (self.config.retention_secs as i64) * 1000);
         if !expired.is_empty() {
             log::debug!("tasks: {} expired", expired.len());
             self.remove(&expired);
@@ -630,17 +647,8 @@ impl<S: Store> Tasks<S> {
     /// Makes room for one more task of `owner`: its oldest finished one
     /// goes.
     fn drop_oldest_finished(&mut self, owner: OwnerKey) -> bool {
-        let oldest = self
-            .table
-            .oldest(|t| t.owner == owner && t.state.is_finished())
-            .map(|t| t.id.clone());
-        match oldest {
-            Some(id) => {
-                self.remove(&[id]);
-                true
-            }
-            None => false,
-        }
+        let oldest = self.table.oldest_finished(owner);
+        oldest.map(|id| self.remove(&[id])).is_some()
     }
 
     /// Removes tasks `ids`, from memory and from the store.

@@ -6,8 +6,12 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use agentos_proto::payload::{to_json, TaskReply};
+
 use super::results::ResultCache;
 use super::store::seam::{ReadBack, Refused, Store, Write};
+use super::table::Task;
+use super::work::Waited;
 use crate::address::{Answer, ReplyTo};
 
 /// A dispatch's reply, held until the write that saves its task's record.
@@ -152,6 +156,21 @@ impl<S: Store> Saving<S> {
     }
 
     /// Task `id`'s result, while in memory.
+    /// `wait`'s answer for `task`, which has finished: with its result,
+    /// or to be read back from the store.
+    pub fn finished(&self, task: &Task) -> Waited {
+        match self.result(&task.id) {
+            Some(result) => Waited::Reply(to_json(&TaskReply {
+                success: true,
+                task: task.info(Some(result)),
+            })),
+            None => Waited::ReadResult {
+                read: self.read_back(&task.id),
+                task: Box::new(task.info(None)),
+            },
+        }
+    }
+
     pub fn result(&self, id: &str) -> Option<&[u8]> {
         self.results.get(id)
     }

@@ -98,6 +98,9 @@ impl Task {
             // order, as it always has; nothing here reads it.
             result: result.and_then(|json| serde_json::from_slice(json).ok()),
             owner: None,
+            node: None,
+            attempts: None,
+            waiting_for: None,
         }
     }
 }
@@ -124,10 +127,8 @@ pub fn new_record(id: &str, seq: u64, owner: OwnerKey, dispatch: &TaskDispatch) 
 pub fn stored_dispatch(record: &StoredTask) -> Option<TaskDispatch> {
     let request = serde_json::from_str(&record.request).ok()?;
     Some(TaskDispatch {
-        kind: record.kind,
-        request,
         label: record.label.clone(),
-        trace: None,
+        ..TaskDispatch::new(record.kind, request)
     })
 }
 
@@ -191,12 +192,18 @@ impl TaskTable {
             .collect()
     }
 
-    /// The oldest task `which` picks.
-    pub fn oldest(&self, which: impl Fn(&Task) -> bool) -> Option<&Task> {
+    /// The oldest of `owner`'s finished tasks.
+    pub fn oldest_finished(&self, owner: OwnerKey) -> Option<String> {
         self.by_seq
             .values()
             .filter_map(|id| self.tasks.get(id))
-            .find(|task| which(task))
+            .find(|task| task.owner == owner && task.state.is_finished())
+            .map(|task| task.id.clone())
+    }
+
+    /// The tasks that finished before `horizon_ms`.
+    pub fn finished_before(&self, horizon_ms: i64) -> Vec<String> {
+        self.ids(|t| t.state.is_finished() && t.finished_ms.is_some_and(|f| f < horizon_ms))
     }
 
     /// The tasks created before the one of creation order `before`,

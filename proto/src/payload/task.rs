@@ -15,6 +15,10 @@ pub const MAX_WAIT_MS: u64 = 600_000;
 pub const MAX_LIST_LIMIT: u64 = 1000;
 /// Longest label, in bytes.
 pub const MAX_LABEL_BYTES: usize = 256;
+/// The most times a fleet's task may be started.
+pub const MAX_ATTEMPTS: u32 = 10;
+/// The longest idempotency key of a dispatch.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
 /// Most iterations a prompt loop may be given.
 pub const MAX_ITERATIONS: u32 = 50;
 /// Iterations a prompt loop is given when its request says none.
@@ -148,6 +152,33 @@ pub struct TaskDispatch {
     /// A W3C `traceparent` the task's span joins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// In a fleet: how many times the task may be started, when the node
+    /// running it dies (1 to 10; default 1: never run again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = MAX_ATTEMPTS)))]
+    pub max_attempts: Option<u32>,
+    /// In a fleet: the node it must run on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// In a fleet: the owner's key for this dispatch; the same key again
+    /// answers with the same task, never a second one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+impl TaskDispatch {
+    /// A dispatch of `kind` work, `request`, with nothing else said.
+    pub fn new(kind: TaskKind, request: serde_json::Value) -> TaskDispatch {
+        TaskDispatch {
+            kind,
+            request,
+            label: None,
+            trace: None,
+            max_attempts: None,
+            node: None,
+            idempotency_key: None,
+        }
+    }
 }
 
 /// `status` and `cancel`: names a task.
@@ -192,6 +223,9 @@ pub struct TaskList {
     /// everyone's. Left out, the caller's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<TaskOwner>,
+    /// The caller's tasks in the whole fleet, not this node's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fleet: bool,
 }
 
 /// Whose tasks a `list` asks for.
@@ -288,6 +322,31 @@ impl TaskDispatch {
     /// Checks the label and the embedded request as EXEC, THINK or the
     /// prompt loop would.
     pub fn validate(&self) -> Result<(), ErrorReply> {
+        if self
+            .max_attempts
+            .is_some_and(|n| !(1..=MAX_ATTEMPTS).contains(&n))
+        {
+            return Err(bad_request(format!(
+                "TASK field `max_attempts`: 1 to {MAX_ATTEMPTS}"
+            )));
+        }
+        if let Some(node) = &self.node {
+            super::parse::validate_name("node", node).map_err(|mut err| {
+                err.error = format!("TASK field {}", err.error);
+                err
+            })?;
+        }
+        if let Some(key) = &self.idempotency_key {
+            if key.is_empty()
+                || key.len() > MAX_IDEMPOTENCY_KEY_BYTES
+                || key.chars().any(char::is_control)
+            {
+                return Err(bad_request(format!(
+                    "TASK field `idempotency_key`: 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes, \
+                     no control characters"
+                )));
+            }
+        }
         if let Some(label) = &self.label {
             if label.len() > MAX_LABEL_BYTES || label.chars().any(char::is_control) {
                 return Err(bad_request(format!(
@@ -387,6 +446,16 @@ pub struct TaskInfo {
     /// Whose it is, when an operator looks at another owner's tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<super::hello::PrincipalInfo>,
+    /// A fleet's task: the node that runs (or ran) it, or the node it is
+    /// pinned to while it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// A fleet's task: how many times it has been started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// A fleet's task that cannot start now, and why (its node is dead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
 }
 
 /// The result of a prompt task whose loop ended: the LLM's answer, or why

@@ -94,11 +94,10 @@ pub async fn dispatch(
     request: &impl Serialize,
     trace: &CallerTrace,
 ) -> Result<String, ToolError> {
+    let request = serde_json::to_value(request).map_err(ReplyError::Unwritable)?;
     let dispatch = TaskRequest::Dispatch(TaskDispatch {
-        kind,
-        request: serde_json::to_value(request).map_err(ReplyError::Unwritable)?,
-        label: None,
         trace: trace.traceparent(),
+        ..TaskDispatch::new(kind, request)
     });
     let reply: TaskDispatchReply = kernel.request(Opcode::TASK, &dispatch, Wait::Quick).await?;
     Ok(reply.task_id)

@@ -79,6 +79,7 @@ pub async fn list(
         limit: arguments.limit.map(u64::from),
         before: arguments.before,
         owner: None,
+        fleet: false,
     });
     answer::<TaskListReply>(kernel, Opcode::TASK, &request, Wait::Quick).await
 }
@@ -126,10 +127,9 @@ fn dispatch_request(
         _ => return Err(ArgumentError::OneOf("code", "prompt").into()),
     };
     Ok(TaskRequest::Dispatch(TaskDispatch {
-        kind,
-        request,
         label: arguments.label,
         trace,
+        ..TaskDispatch::new(kind, request)
     }))
 }
 

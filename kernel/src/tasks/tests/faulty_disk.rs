@@ -76,12 +76,7 @@ impl Faulty {
             .tasks
             .dispatch(
                 OPERATOR,
-                TaskDispatch {
-                    kind: TaskKind::Exec,
-                    request: json!({ "code": code }),
-                    label: None,
-                    trace: None,
-                },
+                TaskDispatch::new(TaskKind::Exec, json!({ "code": code })),
             )
             .unwrap();
         self.tasks.reply_once_saved(

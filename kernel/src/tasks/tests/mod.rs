@@ -51,12 +51,7 @@ fn caller(seq: u64) -> ReplyTo {
 }
 
 fn exec(code: &str) -> TaskDispatch {
-    TaskDispatch {
-        kind: TaskKind::Exec,
-        request: json!({ "code": code }),
-        label: None,
-        trace: None,
-    }
+    TaskDispatch::new(TaskKind::Exec, json!({ "code": code }))
 }
 
 fn dispatch_reply(id: &str) -> Answer {

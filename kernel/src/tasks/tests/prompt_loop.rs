@@ -27,12 +27,7 @@ fn think(content: &str) -> ThinkReply {
 #[test]
 fn a_prompt_task_thinks_runs_its_code_in_its_own_session_and_ends_with_the_answer() {
     let mut tasks = tasks(TasksConfig::default());
-    let prompt = TaskDispatch {
-        kind: TaskKind::Prompt,
-        request: json!({ "prompt": "sum 1..10" }),
-        label: None,
-        trace: None,
-    };
+    let prompt = TaskDispatch::new(TaskKind::Prompt, json!({ "prompt": "sum 1..10" }));
     let id = dispatch(&mut tasks, OPERATOR, prompt);
     save(&mut tasks);
     assert!(tasks.prompt_queued());
@@ -93,12 +88,10 @@ fn a_prompt_task_thinks_runs_its_code_in_its_own_session_and_ends_with_the_answe
 #[test]
 fn a_prompt_task_whose_model_repeats_failing_code_fails_with_the_reason() {
     let mut tasks = tasks(TasksConfig::default());
-    let prompt = TaskDispatch {
-        kind: TaskKind::Prompt,
-        request: json!({ "prompt": "read a.txt", "max_iterations": 10 }),
-        label: None,
-        trace: None,
-    };
+    let prompt = TaskDispatch::new(
+        TaskKind::Prompt,
+        json!({ "prompt": "read a.txt", "max_iterations": 10 }),
+    );
     let id = dispatch(&mut tasks, OPERATOR, prompt);
     save(&mut tasks);
     let start = tasks.startable(&ToolMenu::empty()).pop().unwrap();

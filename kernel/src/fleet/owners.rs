@@ -1,0 +1,49 @@
+//! Principals as the fleet names them: an operator by user name (the
+//! nodes of one fleet share their users), a delegate by its name and its
+//! operator's user name. Agents and runs are their node's alone: their
+//! tasks stay there.
+
+use agentos_proto::payload::DelegateName;
+use agentos_proto::{ErrorCode, ErrorReply};
+use nix::unistd::{Uid, User};
+
+use super::error::FleetError;
+use super::tasks::FleetOwner;
+use crate::identity::Principal;
+
+/// How the fleet names `principal`; `None` for an agent or a run.
+pub fn fleet_owner(principal: Principal) -> Result<Option<FleetOwner>, FleetError> {
+    let (uid, delegate) = match principal {
+        Principal::Operator { uid } => (uid, String::new()),
+        Principal::Delegate { uid, name } => (uid, name.as_str().to_owned()),
+        Principal::Agent { .. } | Principal::Run { .. } => return Ok(None),
+    };
+    let user = User::from_uid(Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            FleetError::Unavailable(format!(
+                "uid {uid} has no user name on this node, and a fleet knows operators by name"
+            ))
+        })?;
+    Ok(Some(FleetOwner {
+        user: user.name,
+        delegate,
+    }))
+}
+
+/// The principal `owner` is on this node.
+pub fn local_principal(owner: &FleetOwner) -> Result<Principal, ErrorReply> {
+    let user = User::from_name(&owner.user).ok().flatten().ok_or_else(|| {
+        ErrorReply::new(
+            ErrorCode::Unavailable,
+            format!("user {:?} does not exist on this node", owner.user),
+        )
+    })?;
+    let uid = user.uid.as_raw();
+    if owner.delegate.is_empty() {
+        return Ok(Principal::Operator { uid });
+    }
+    let name = DelegateName::new(&owner.delegate)?;
+    Ok(Principal::Delegate { uid, name })
+}

@@ -1,0 +1,78 @@
+//! The fleet's work on this node: a task the fleet thread claimed runs
+//! here as a task of its owner, under the fleet's id; its end goes back to
+//! the fleet; one that is no longer this node's (cancelled, or taken by
+//! another node) stops.
+
+use agentos_proto::payload::TaskState;
+
+use crate::address::Reply;
+use crate::fleet::owners::local_principal;
+use crate::fleet::tasks::Claimed;
+use crate::fleet::{Fleet, FleetEvent};
+use crate::tasks::{CancelledWork, Reach, Tasks};
+
+/// What the kernel does after the fleet's events.
+#[derive(Debug, Default)]
+pub struct Woken {
+    /// The work of tasks that stopped.
+    pub stops: Vec<CancelledWork>,
+    /// Tasks were queued here: start what has room.
+    pub adopted: bool,
+}
+
+/// Takes the fleet thread's events.
+pub fn on_wake(fleet: &Fleet, tasks: &mut Tasks, replies: &mut Vec<Reply>) -> Woken {
+    let mut woken = Woken::default();
+    for event in fleet.take_events() {
+        match event {
+            FleetEvent::Reply(reply_to, answer) => replies.push((reply_to, answer)),
+            FleetEvent::Claimed(claimed) => woken.adopted |= adopt(fleet, tasks, claimed),
+            FleetEvent::Stop(task_id) => {
+                if !tasks.fleet.holds(&task_id) {
+                    continue;
+                }
+                if let Ok((_, Some(stop))) = tasks.cancel(Reach::Any, &task_id, replies) {
+                    woken.stops.push(stop);
+                }
+            }
+        }
+    }
+    woken
+}
+
+/// Queues a claimed task as its owner's here; one that cannot be (its
+/// owner unknown on this node, no room) fails in the fleet at once.
+fn adopt(fleet: &Fleet, tasks: &mut Tasks, claimed: Claimed) -> bool {
+    let Claimed {
+        task_id,
+        owner,
+        dispatch,
+        ..
+    } = claimed;
+    let adopted = local_principal(&owner)
+        .and_then(|principal| tasks.adopt(task_id.clone(), principal, dispatch));
+    match adopted {
+        Ok(()) => true,
+        Err(refusal) => {
+            log::warn!("fleet: task {task_id} cannot run here: {}", refusal.error);
+            if let Ok(link) = fleet.link() {
+                link.finished(task_id, TaskState::Failed, refusal.to_json().into());
+            }
+            false
+        }
+    }
+}
+
+/// Hands the ends of the fleet's tasks that ran here back to the fleet.
+/// A task this kernel interrupted as it stops is left to its lease: the
+/// fleet queues it again while its attempts allow.
+pub fn report(fleet: &Fleet, tasks: &mut Tasks) {
+    let Ok(link) = fleet.link() else {
+        return;
+    };
+    for end in tasks.fleet.take_ended() {
+        if end.state != TaskState::Interrupted {
+            link.finished(end.task_id, end.state, end.result);
+        }
+    }
+}
