@@ -358,3 +358,31 @@ def test_a_keys_file_others_can_read_stops_the_start(kernel, tmp_path):
                                      env=dict(os.environ, HOME=str(tmp_path)))
     stop(process)
     assert url is None and any("chmod 600" in line for line in lines), lines
+
+
+def test_an_answer_sent_before_its_body_was_read_closes_the_connection(face):
+    """A refusal sent before the request's body was read says `Connection:
+    close`, as the server then closes: a client that pooled the connection
+    would send its next request into a broken pipe."""
+    import socket
+    from urllib.parse import urlsplit
+    where = urlsplit(face.url)
+    def exchange(head: bytes, then: bytes = b"") -> tuple[bytes, bytes]:
+        with socket.create_connection((where.hostname, where.port), timeout=10) as conn:
+            conn.sendall(head)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += conn.recv(65536)
+            head_end = answer.index(b"\r\n\r\n")
+            return answer[:head_end].lower(), then
+    host = f"Host: {where.hostname}:{where.port}\r\n".encode()
+    # No key, and a chunked body still to come: refused at once.
+    refused, _ = exchange(b"POST /v2/sandboxes HTTP/1.1\r\n" + host +
+                          b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n")
+    assert refused.startswith(b"http/1.1 401"), refused
+    assert b"connection: close" in refused, refused
+    # A request whose body was read (none here) keeps its connection.
+    kept, _ = exchange(b"GET /v2/sandboxes HTTP/1.1\r\n" + host +
+                       f"X-API-KEY: {face.keys['alice']}\r\n\r\n".encode())
+    assert kept.startswith(b"http/1.1 200"), kept
+    assert b"connection: close" not in kept, kept

@@ -9,7 +9,7 @@ use agentos_http::Body;
 use agentos_proto::payload::SessionState;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 
-use hyper::body::Incoming;
+use agentos_http::RequestBody;
 
 use crate::answer::{no_content, ApiError};
 use crate::envd::files::{self, FilesQuery};
@@ -35,14 +35,14 @@ const ENVD_PORT: &str = "49983";
 const INTERPRETER_PORT: &str = "49999";
 
 /// The answer to a request to a sandbox.
-pub async fn answer(face: &Face, request: Request<Incoming>) -> Response<Body> {
+pub async fn answer(face: &Face, request: Request<RequestBody>) -> Response<Body> {
     match answered(face, request).await {
         Ok(response) => response,
         Err(err) => err.into_response(),
     }
 }
 
-async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+async fn answered(face: &Face, request: Request<RequestBody>) -> Result<Response<Body>, ApiError> {
     let headers = request.headers();
     let id = one_header(headers, SANDBOX_ID_HEADER).unwrap_or_default();
     let port = one_header(headers, SANDBOX_PORT_HEADER).unwrap_or(ENVD_PORT);
@@ -103,7 +103,7 @@ async fn answered(face: &Face, request: Request<Incoming>) -> Result<Response<Bo
 
 /// A signed `/files` URL's request: no sandbox named, no token, only a
 /// signature its sandbox's token made.
-pub async fn answer_signed(face: &Face, request: Request<Incoming>) -> Response<Body> {
+pub async fn answer_signed(face: &Face, request: Request<RequestBody>) -> Response<Body> {
     let query = request.uri().query().unwrap_or("").to_owned();
     let found = crate::signed::sandbox_of(face, request.method(), &query).await;
     let answered = match found {
@@ -117,7 +117,7 @@ pub async fn answer_signed(face: &Face, request: Request<Incoming>) -> Response<
 async fn files(
     face: &Face,
     session: Session,
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
 ) -> Result<Response<Body>, ApiError> {
     let mut asked = FilesQuery::default();
     for (name, value) in query_pairs(request.uri().query().unwrap_or("")) {

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use agentos_http::Body;
+use agentos_http::RequestBody;
 use http::{header, HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 
 use crate::answer::ApiError;
 use crate::control::{self, Control};
@@ -31,7 +31,7 @@ impl E2bService {
     }
 }
 
-impl tower_service::Service<Request<Incoming>> for E2bService {
+impl tower_service::Service<Request<RequestBody>> for E2bService {
     type Response = Response<Body>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
@@ -40,14 +40,14 @@ impl tower_service::Service<Request<Incoming>> for E2bService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, request: Request<RequestBody>) -> Self::Future {
         let face = self.face.clone();
         Box::pin(async move { Ok(answer(&face, request).await) })
     }
 }
 
 /// The answer to one request.
-async fn answer(face: &Face, request: Request<Incoming>) -> Response<Body> {
+async fn answer(face: &Face, request: Request<RequestBody>) -> Response<Body> {
     if let Some(refused) = refuse_host(face, request.headers()) {
         return refused.into_response();
     }

@@ -11,12 +11,12 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use tower_service::Service;
 
 use crate::connections::Place;
 use crate::guard::{Ends, Guard};
 use crate::plan::Face;
+use crate::request_body::RequestBody;
 use crate::token::Token;
 
 /// A response's body, as the gate and the services behind it write it.
@@ -27,7 +27,7 @@ pub type Body = BoxBody<Bytes, Infallible>;
 pub trait Handle: Send + Sync + 'static {
     fn handle(
         &self,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         ends: Ends,
         place: &Place,
     ) -> impl Future<Output = Response<Body>> + Send;
@@ -53,7 +53,7 @@ where
 {
     async fn handle(
         &self,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         ends: Ends,
         place: &Place,
     ) -> Response<Body> {
@@ -140,7 +140,7 @@ pub struct KeyedGate<S> {
 
 impl<S> Handle for KeyedGate<S>
 where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+    S: Service<Request<RequestBody>, Response = Response<Body>, Error = Infallible>
         + Clone
         + Send
         + Sync
@@ -149,7 +149,7 @@ where
 {
     async fn handle(
         &self,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         ends: Ends,
         place: &Place,
     ) -> Response<Body> {

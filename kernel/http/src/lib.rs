@@ -66,9 +66,11 @@ mod guard;
 pub mod kernel_link;
 pub mod peer;
 mod plan;
+mod request_body;
 mod serve;
 pub mod token;
 
 pub use gate::{plain, Body};
 pub use plan::{parse_listen_address, Face, HttpError, HttpOptions, HttpPlan, KeyedPlan, Site};
+pub use request_body::RequestBody;
 pub use serve::{serve, serve_keyed};

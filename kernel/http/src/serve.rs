@@ -22,6 +22,7 @@ use tower_service::Service;
 use crate::gate::{Body, Gate, Handle, KeyedGate};
 use crate::guard::{Ends, Guard};
 use crate::plan::{HttpError, HttpPlan, KeyedPlan, Listening, Site};
+use crate::request_body::RequestBody;
 use crate::token::Origin;
 
 /// How long a client may take to send a request's headers; a connection
@@ -91,7 +92,7 @@ where
 pub async fn serve_keyed<S, F>(plan: KeyedPlan, make: F) -> Result<(), HttpError>
 where
     F: FnOnce(&Site) -> S,
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+    S: Service<Request<RequestBody>, Response = Response<Body>, Error = Infallible>
         + Clone
         + Send
         + Sync
@@ -177,10 +178,15 @@ where
                     let place = held.place();
                     let service = service_fn({
                         let place = place.clone();
-                        move |request| {
+                        move |request: Request<Incoming>| {
                             let (gate, place) = (gate.clone(), place.clone());
                             async move {
-                                Ok::<_, Infallible>(gate.handle(request, ends, &place).await)
+                                let (parts, body) = request.into_parts();
+                                let (body, read) = RequestBody::new(body);
+                                let request = Request::from_parts(parts, body);
+                                let mut response = gate.handle(request, ends, &place).await;
+                                read.close_unless_read(&mut response);
+                                Ok::<_, Infallible>(response)
                             }
                         }
                     });

@@ -15,11 +15,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use agentos_http::Body;
+use agentos_http::RequestBody;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -109,7 +109,7 @@ pub fn unary<T: Serialize>(answer: Result<T, ConnectError>) -> Response<Body> {
 }
 
 /// A unary request's message.
-pub async fn unary_request<T: DeserializeOwned>(body: Incoming) -> Result<T, ConnectError> {
+pub async fn unary_request<T: DeserializeOwned>(body: RequestBody) -> Result<T, ConnectError> {
     let bytes = Limited::new(body, MAX_MESSAGE_BYTES)
         .collect()
         .await
@@ -136,13 +136,13 @@ fn envelope(flags: u8, payload: &[u8]) -> Bytes {
 
 /// Reads a stream request's envelopes as they come.
 pub struct EnvelopeReader {
-    body: Incoming,
+    body: RequestBody,
     buffered: BytesMut,
     ended: bool,
 }
 
 impl EnvelopeReader {
-    pub fn new(body: Incoming) -> EnvelopeReader {
+    pub fn new(body: RequestBody) -> EnvelopeReader {
         EnvelopeReader {
             body,
             buffered: BytesMut::new(),
@@ -202,6 +202,25 @@ impl EnvelopeReader {
                 None => self.ended = true,
             }
         }
+    }
+
+    /// Reads what is left of a one-message request (its last chunk, most
+    /// often), for at most `within`: a request read to its end leaves its
+    /// connection to be used again.
+    pub async fn finish(mut self, within: std::time::Duration) {
+        let rest = async {
+            while !self.ended && self.buffered.len() <= MAX_MESSAGE_BYTES {
+                match self.body.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            self.buffered.extend_from_slice(&data);
+                        }
+                    }
+                    Some(Err(_)) | None => self.ended = true,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(within, rest).await;
     }
 }
 

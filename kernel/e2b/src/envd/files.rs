@@ -9,6 +9,7 @@ use std::io::Write;
 
 use agentos_http::kernel_link::Wait;
 use agentos_http::Body;
+use agentos_http::RequestBody;
 use agentos_proto::payload::{
     FileCall, FileEntryReply, FilePath, FileRead, FileReadReply, FileType, FileWrite,
     MAX_READ_BYTES, MAX_WRITE_BYTES,
@@ -19,7 +20,6 @@ use bytes::Bytes;
 use flate2::write::GzDecoder;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyDataStream, BodyExt};
-use hyper::body::Incoming;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -228,7 +228,7 @@ pub async fn upload(
     session: Session,
     headers: &HeaderMap,
     asked: FilesQuery,
-    body: Incoming,
+    body: RequestBody,
     max_bytes: u64,
 ) -> Result<Response<Body>, ApiError> {
     let metadata = metadata_of(headers)?;

@@ -11,10 +11,10 @@ pub mod session;
 use std::future::Future;
 
 use agentos_http::Body;
+use agentos_http::RequestBody;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use http::{header, HeaderMap, Request, Response};
-use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 
 use self::connect::{stream_error, unary, ConnectError};
@@ -27,7 +27,11 @@ use crate::face::Face;
 const USERS: [&str; 2] = ["user", "root"];
 
 /// The answer to an envd call on `session`.
-pub async fn answer(face: &Face, session: Session, request: Request<Incoming>) -> Response<Body> {
+pub async fn answer(
+    face: &Face,
+    session: Session,
+    request: Request<RequestBody>,
+) -> Response<Body> {
     let (parts, body) = request.into_parts();
     let method = parts.uri.path().to_owned();
     let streaming = matches!(
@@ -109,9 +113,12 @@ pub async fn answer(face: &Face, session: Session, request: Request<Incoming>) -
     }
 }
 
+/// How long a one-message request's last chunk is waited for.
+const REST_OF_REQUEST: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// A unary method: its request read, then handled; one that cannot be
 /// read is `invalid_argument`.
-async fn unary_call<T, F>(body: Incoming, handle: impl FnOnce(T) -> F) -> Response<Body>
+async fn unary_call<T, F>(body: RequestBody, handle: impl FnOnce(T) -> F) -> Response<Body>
 where
     T: DeserializeOwned,
     F: Future<Output = Response<Body>>,
@@ -124,16 +131,18 @@ where
 
 /// A server-stream method: its request's one message read, then
 /// handled; a stream's errors are in its end message.
-async fn stream_call<T, F>(body: Incoming, handle: impl FnOnce(T) -> F) -> Response<Body>
+async fn stream_call<T, F>(body: RequestBody, handle: impl FnOnce(T) -> F) -> Response<Body>
 where
     T: DeserializeOwned,
     F: Future<Output = Response<Body>>,
 {
-    let asked = match connect::EnvelopeReader::new(body).next().await {
+    let mut reader = connect::EnvelopeReader::new(body);
+    let asked = match reader.next().await {
         Ok(Some(asked)) => asked,
         Ok(None) => return stream_error(ConnectError::invalid("the request holds no message")),
         Err(err) => return stream_error(err),
     };
+    reader.finish(REST_OF_REQUEST).await;
     handle(asked).await
 }
 

@@ -10,11 +10,11 @@
 use std::collections::BTreeMap;
 
 use agentos_http::Body;
+use agentos_http::RequestBody;
 use agentos_proto::payload::{
     OutputStream, ProcEnd, ProcStart, ProcState, ProcessInfo, PtySize, Signal, MAX_PROC_TIMEOUT_MS,
 };
 use http::{HeaderMap, Response};
-use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::connect::{stream, unary, ConnectError, EnvelopeReader, StreamSender};
@@ -463,7 +463,7 @@ pub async fn update(session: &Session, asked: UpdateRequest) -> Response<Body> {
 
 /// `StreamInput`: a `start` naming the process, then its input in order
 /// as the client sends it; answered once the client closes its side.
-pub async fn stream_input(session: &Session, body: Incoming) -> Response<Body> {
+pub async fn stream_input(session: &Session, body: RequestBody) -> Response<Body> {
     let mut reader = EnvelopeReader::new(body);
     let named = match reader.next::<StreamInputMessage>().await {
         Ok(Some(StreamInputMessage::Start(selected))) => selected.process.named(),

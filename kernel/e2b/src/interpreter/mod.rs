@@ -10,10 +10,10 @@ pub mod contexts;
 pub mod execute;
 
 use agentos_http::Body;
+use agentos_http::RequestBody;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -52,7 +52,11 @@ fn refused(err: ConnectError) -> Response<Body> {
 }
 
 /// The answer to a code interpreter request on `session`.
-pub async fn answer(face: &Face, session: Session, request: Request<Incoming>) -> Response<Body> {
+pub async fn answer(
+    face: &Face,
+    session: Session,
+    request: Request<RequestBody>,
+) -> Response<Body> {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path().to_owned();
     let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
