@@ -136,8 +136,9 @@ def test_a_node_migrates_only_when_every_live_node_can_read_the_result():
         # one version behind what the new node would migrate it to.
         f.postgres.sql(
             f"UPDATE agentos_schema SET version = {reads - 1};"
-            " INSERT INTO agentos_nodes (name, incarnation, version, reads_schema, lease_until)"
-            f" VALUES ('old', 1, '0.0.1', {reads - 1}, now() + interval '1 hour')",
+            " INSERT INTO agentos_nodes"
+            " (name, incarnation, version, reads_schema, lease_until, lease_ms)"
+            f" VALUES ('old', 1, '0.0.1', {reads - 1}, now() + interval '1 hour', 2000)",
             "agentos",
         )
         newer = f.node("newer", start=False)

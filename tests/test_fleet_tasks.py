@@ -191,3 +191,53 @@ def test_fleet_fields_are_refused_to_runs_and_without_a_fleet():
             # max_attempts 1 is what every task has.
             client.call_json(0x13, {"op": "dispatch", "kind": "exec",
                                     "request": {"code": "print(1)"}, "max_attempts": 1})
+
+
+def test_the_database_stopped_and_started_under_load_loses_nothing_acknowledged():
+    import threading
+    with fleet() as f:
+        n1, n2 = f.node("n1"), f.node("n2")
+        acknowledged, refusals, stop = [], [], threading.Event()
+
+        def dispatching(node):
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    acknowledged.append(dispatch(node, f"print({i})"))
+                except AgentOSError as err:
+                    refusals.append(err)
+                    time.sleep(0.05)
+        threads = [threading.Thread(target=dispatching, args=(n,)) for n in (n1, n2)]
+        for thread in threads:
+            thread.start()
+        try:
+            time.sleep(1.5)
+            with client_of(n1) as client:
+                client.open_session("mine")
+                client.exec("x = 41", session="mine")
+            f.postgres.stop()
+            down_since = len(refusals)
+            wait_for("a node out of the fleet",
+                     lambda: not client_of(n1).hello()["features"]["fleet"], timeout=15)
+            # Each node goes on with its own work: its session, a run.
+            with client_of(n1) as client:
+                assert client.exec("print(x + 1)", session="mine")["stdout"] == "42\n"
+                assert client.exec("print('alone')")["stdout"] == "alone\n"
+            wait_for("refusals while down", lambda: len(refusals) > down_since + 2, timeout=15)
+            f.postgres.start()
+            count = len(acknowledged)
+            wait_for("dispatches again", lambda: len(acknowledged) > count + 5, timeout=30)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+        assert refusals, "no dispatch was refused while the database was down"
+        for err in refusals:
+            assert err.code == "unavailable", err
+            assert "database" in str(err), err
+        assert len(acknowledged) > 10
+        # Every acknowledged task ran and ended, its result recorded.
+        for task_id in acknowledged:
+            done = task_op(n2, "wait", task_id, timeout_ms=60000)["task"]
+            assert done["state"] == "completed", done

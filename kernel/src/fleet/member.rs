@@ -32,14 +32,16 @@ pub enum Order {
     Ask(ReplyTo, Work),
     /// Answer once the task ends or the wait's time is up.
     Wait(Wait),
-    /// A task this node ran has ended.
-    Finished {
-        task_id: String,
-        state: TaskState,
-        result: Arc<Vec<u8>>,
-    },
     /// A notification came: the rows are looked at.
     Notified(String),
+}
+
+/// A task this node ran has ended.
+#[derive(Debug)]
+pub struct End {
+    pub task_id: String,
+    pub state: TaskState,
+    pub result: Arc<Vec<u8>>,
 }
 
 /// What the fleet thread has for the kernel.
@@ -79,6 +81,8 @@ pub struct Member {
     last_attempt: Option<Instant>,
     /// The tasks this node runs, with their fences.
     held: HashMap<String, i64>,
+    /// Ends of held tasks the database could not take yet.
+    unrecorded: Vec<(String, TaskState, Arc<Vec<u8>>)>,
     waits: Waits,
     /// A notification said a task was queued: claim at once.
     claim_now: bool,
@@ -110,6 +114,7 @@ impl Member {
             events,
             last_attempt: None,
             held: HashMap::new(),
+            unrecorded: Vec::new(),
             waits: Waits::default(),
             claim_now: false,
             check_held: false,
@@ -131,7 +136,7 @@ impl Member {
 
     /// Serves orders, renews the lease and claims tasks until the kernel
     /// drops its end of `orders`; then gives the lease up.
-    pub fn run(mut self, orders: Receiver<Order>) {
+    pub fn run(mut self, orders: Receiver<Order>, ends: Receiver<End>) {
         let mut next_renewal = Instant::now() + self.me.lease / 3;
         let mut next_tick = Instant::now();
         loop {
@@ -146,6 +151,9 @@ impl Member {
                 Ok(order) => self.serve(order),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
+            }
+            for end in ends.try_iter() {
+                self.record_end(end.task_id, end.state, end.result);
             }
             let now = Instant::now();
             if now >= next_renewal {
@@ -182,11 +190,6 @@ impl Member {
                 self.send(FleetEvent::Reply(reply_to, answer));
             }
             Order::Wait(wait) => self.start_wait(wait),
-            Order::Finished {
-                task_id,
-                state,
-                result,
-            } => self.record_end(&task_id, state, &result),
             Order::Notified(what) => match what.split_once(':') {
                 Some(("done", id)) => self.check_waits |= self.waits.wants(id),
                 Some(("cancel", id)) => self.check_held |= self.held.contains_key(id),
@@ -202,6 +205,9 @@ impl Member {
         }
         if self.client().is_err() {
             return;
+        }
+        if !self.unrecorded.is_empty() {
+            self.record_kept_ends();
         }
         if std::mem::take(&mut self.check_held) && !self.held.is_empty() {
             self.let_go_of_lost_tasks();
@@ -220,8 +226,10 @@ impl Member {
             return;
         }
         let me = self.me.clone();
+        let held: Vec<String> = self.held.keys().cloned().collect();
         let claimed = self.client().and_then(|client| {
             tasks::take_over(client)?;
+            tasks::release_strays(client, &me, &held)?;
             tasks::claim(client, &me, room as i64)
         });
         match claimed {
@@ -258,28 +266,42 @@ impl Member {
         }
     }
 
-    fn record_end(&mut self, task_id: &str, state: TaskState, result: &[u8]) {
-        let Some(fence) = self.held.remove(task_id) else {
+    /// Records a held task's end; one the database cannot take now is
+    /// kept, and recorded once it answers again (if its fence still holds).
+    fn record_end(&mut self, task_id: String, state: TaskState, result: Arc<Vec<u8>>) {
+        let Some(&fence) = self.held.get(&task_id) else {
             return;
         };
         match self
             .client()
-            .and_then(|client| tasks::finish(client, task_id, fence, state, result))
+            .and_then(|client| tasks::finish(client, &task_id, fence, state, &result))
         {
-            Ok(true) => self.claim_now = true,
-            Ok(false) => log::info!(
-                "fleet: task {task_id}'s end ({}) was not recorded: it is no longer this \
-                 node's (fence {fence})",
-                state.as_str()
-            ),
+            Ok(recorded) => {
+                if !recorded {
+                    log::info!(
+                        "fleet: task {task_id}'s end ({}) was not recorded: it is no longer \
+                         this node's (fence {fence})",
+                        state.as_str()
+                    );
+                }
+                self.held.remove(&task_id);
+                self.claim_now = true;
+            }
             Err(err) => {
-                // The lease will run out or the connection come back; the
-                // task is then queued again or ended by its attempts.
-                log::warn!("fleet: task {task_id}'s end could not be recorded: {err}");
-                self.lost(err.reason());
+                log::warn!("fleet: task {task_id}'s end is kept until the database answers: {err}");
+                self.unrecorded.push((task_id, state, result));
+                if self.client.as_ref().is_none_or(Client::is_closed) {
+                    self.lost(err.reason());
+                }
             }
         }
-        self.claim_now = true;
+    }
+
+    /// Ends the database could not take before: recorded now.
+    fn record_kept_ends(&mut self) {
+        for (task_id, state, result) in std::mem::take(&mut self.unrecorded) {
+            self.record_end(task_id, state, result);
+        }
     }
 
     fn answer_finished_waits(&mut self) {

@@ -15,7 +15,7 @@ pub mod schema;
 pub mod tasks;
 mod waits;
 
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ use crate::config::fleet::FleetConfig;
 use crate::random;
 pub use error::FleetError;
 pub use member::FleetEvent;
-use member::{Member, Order, Status};
+use member::{End, Member, Order, Status};
 use nodes::{Figures, Registration};
 pub use waits::Wait;
 
@@ -50,6 +50,8 @@ pub struct FleetLink {
     node: Arc<str>,
     lease: Duration,
     orders: SyncSender<Order>,
+    /// The ends of tasks this node ran, for the fleet thread to record.
+    ends: Sender<End>,
     status: Arc<Mutex<Status>>,
 }
 
@@ -82,6 +84,7 @@ impl Fleet {
         };
         let status = Arc::new(Mutex::new(Status::default()));
         let (orders, queue) = mpsc::sync_channel(MAX_QUEUED_JOBS);
+        let (ends, ended) = mpsc::channel();
         let (joined_tx, joined_rx) = mpsc::sync_channel(1);
         let (outbox, events) = Outbox::channel(waker);
         let mut member = Member::new(config.clone(), me.clone(), Arc::clone(&status), outbox);
@@ -93,7 +96,7 @@ impl Fleet {
             let refused = joined.as_ref().is_err_and(FleetError::is_refusal);
             let _ = joined_tx.send(joined);
             if !refused {
-                member.run(queue);
+                member.run(queue, ended);
             }
         })
         .map_err(cannot_start)?;
@@ -124,6 +127,7 @@ impl Fleet {
                 node: me.node.into(),
                 lease: me.lease,
                 orders,
+                ends,
                 status,
             }),
             events: Some(events),
@@ -197,16 +201,15 @@ impl FleetLink {
         state: agentos_proto::payload::TaskState,
         result: Arc<Vec<u8>>,
     ) {
-        let order = Order::Finished {
+        // Never dropped: there are at most as many as the tasks this node
+        // holds. The wake may be, when the queue is full: the fleet thread
+        // is busy, and takes every end at its next turn.
+        let _ = self.ends.send(End {
             task_id,
             state,
             result,
-        };
-        // Blocking would hold the reactor: a full queue is a database that
-        // does not answer, and then the task's lease decides its end.
-        if let Err(err) = member::send(&self.orders, order) {
-            log::warn!("fleet: a task's end is not recorded: {err}");
-        }
+        });
+        let _ = self.orders.try_send(Order::Notified(String::new()));
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {

@@ -34,8 +34,9 @@ pub struct Figures {
 pub fn register(client: &mut Client, me: &Registration) -> Result<(), FleetError> {
     let taken = client.query_opt(
         "INSERT INTO agentos_nodes
-            (name, incarnation, advertise, version, reads_schema, lease_until)
-         VALUES ($1, $2, $3, $4, $5, now() + $6::float8 * interval '1 millisecond')
+            (name, incarnation, advertise, version, reads_schema, lease_until, lease_ms)
+         VALUES ($1, $2, $3, $4, $5, now() + $6::float8 * interval '1 millisecond',
+                 $6::float8::integer)
          ON CONFLICT (name) DO UPDATE SET
             incarnation = EXCLUDED.incarnation,
             advertise = EXCLUDED.advertise,
@@ -43,7 +44,8 @@ pub fn register(client: &mut Client, me: &Registration) -> Result<(), FleetError
             reads_schema = EXCLUDED.reads_schema,
             started_at = now(),
             renewed_at = now(),
-            lease_until = EXCLUDED.lease_until
+            lease_until = EXCLUDED.lease_until,
+            lease_ms = EXCLUDED.lease_ms
          WHERE agentos_nodes.lease_until <= now()
             OR agentos_nodes.incarnation = EXCLUDED.incarnation
          RETURNING name",

@@ -24,6 +24,7 @@ const MIGRATIONS: &[&str] = &[
         started_at timestamptz NOT NULL DEFAULT now(),
         renewed_at timestamptz NOT NULL DEFAULT now(),
         lease_until timestamptz NOT NULL,
+        lease_ms integer NOT NULL,
         draining boolean NOT NULL DEFAULT false,
         agents integer NOT NULL DEFAULT 0,
         runs integer NOT NULL DEFAULT 0,

@@ -178,22 +178,63 @@ pub fn finish(
 
 /// Takes back the tasks of nodes whose leases have run out (or that
 /// started again since): queued again while their attempts allow, else
-/// ended `interrupted`. Returns how many were queued again.
+/// ended `interrupted`. Returns how many were queued again. A lease that
+/// ran out while the database itself was down is not held against its
+/// node: after the database starts, every node has a lease's length to
+/// come back.
 pub fn take_over(client: &mut Client) -> Result<u64, FleetError> {
-    let why = "the node running it died (its lease ran out) and its attempts are spent";
+    take_back(
+        client,
+        "the node running it died (its lease ran out) and its attempts are spent",
+        "NOT EXISTS (
+            SELECT 1 FROM agentos_nodes n
+            WHERE n.name = t.node AND n.incarnation = t.incarnation
+              AND (n.lease_until > now()
+                   OR pg_postmaster_start_time() + n.lease_ms * interval '1 millisecond' > now()))",
+        &[],
+    )
+}
+
+/// Takes back the tasks the database says this node runs but the node
+/// does not hold (`held`): a claim whose answer was lost with the
+/// connection.
+pub fn release_strays(
+    client: &mut Client,
+    me: &Registration,
+    held: &[String],
+) -> Result<u64, FleetError> {
+    take_back(
+        client,
+        "its node lost track of it (a claim's answer was lost) and its attempts are spent",
+        "t.node = $2 AND t.incarnation = $3 AND NOT (t.task_id = ANY($4))",
+        &[&me.node, &me.incarnation, &held],
+    )
+}
+
+/// Queues again the running tasks `which` picks while their attempts
+/// allow, and ends the others `interrupted` because `why`. `which` reads
+/// `params` from `$2` on. Returns how many were queued again.
+fn take_back(
+    client: &mut Client,
+    why: &str,
+    which: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<u64, FleetError> {
     let result =
         String::from_utf8_lossy(&to_json(&StoppedResult::interrupted(why, ""))).into_owned();
+    let mut all: Vec<&(dyn ToSql + Sync)> = vec![&result];
+    all.extend_from_slice(params);
     let mut tx = client.transaction()?;
     let rows = tx.query(
-        "UPDATE agentos_tasks t SET
-            state = CASE WHEN t.attempts < t.max_attempts THEN 'queued' ELSE 'interrupted' END,
-            result = CASE WHEN t.attempts < t.max_attempts THEN NULL ELSE $1::text::json END,
-            finished_at = CASE WHEN t.attempts < t.max_attempts THEN NULL ELSE now() END
-         WHERE t.state = 'running' AND NOT EXISTS (
-            SELECT 1 FROM agentos_nodes n
-            WHERE n.name = t.node AND n.incarnation = t.incarnation AND n.lease_until > now())
-         RETURNING t.task_id, t.state",
-        &[&result],
+        &format!(
+            "UPDATE agentos_tasks t SET
+                state = CASE WHEN t.attempts < t.max_attempts THEN 'queued' ELSE 'interrupted' END,
+                result = CASE WHEN t.attempts < t.max_attempts THEN NULL ELSE $1::text::json END,
+                finished_at = CASE WHEN t.attempts < t.max_attempts THEN NULL ELSE now() END
+             WHERE t.state = 'running' AND {which}
+             RETURNING t.task_id, t.state"
+        ),
+        &all,
     )?;
     let requeued = rows
         .iter()
