@@ -209,6 +209,12 @@ class Node:
         self.kernels.append(self.kernel)
         return self.kernel
 
+    def is_joined(self) -> bool:
+        """Whether HELLO says the node is in the fleet now."""
+        from agentos import AgentOSClient
+        with AgentOSClient(self.socket_path, timeout=30) as client:
+            return client.hello()["features"]["fleet"]
+
     def kill(self) -> None:
         """Ends the node at once, as a crash would (``kill -9``)."""
         assert self.kernel is not None
@@ -243,9 +249,11 @@ class Fleet:
             raise
 
     def node(self, name: str, lease_ms: int = 2000, extra: str = "",
-             start: bool = True) -> Node:
+             start: bool = True, joined: bool = True) -> Node:
         """A node called ``name`` on a host of its own; the database's URL
-        reaches it through the environment, as a service's would."""
+        reaches it through the environment, as a service's would. Started,
+        it is waited for until it has joined the fleet (``joined``; its
+        socket answers before its kernel has)."""
         assert self.postgres is not None
         host = self.bridge.add_host()
         workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
@@ -254,6 +262,8 @@ class Fleet:
         self.nodes.append(node)
         if start:
             node.start()
+            if joined:
+                wait_for(f"{name} in the fleet", node.is_joined, timeout=20)
         return node
 
     def close(self) -> None:

@@ -184,7 +184,7 @@ def test_a_cut_off_node_serves_alone_and_rejoins_when_its_link_is_mended():
 def test_a_node_starts_alone_while_the_database_is_down_and_joins_when_it_answers():
     with fleet() as f:
         f.postgres.stop()
-        node = f.node("n1")
+        node = f.node("n1", joined=False)
         assert not hello_fleet(node)
         with AgentOSClient(node.socket_path) as client:
             with pytest.raises(AgentOSError) as refused:

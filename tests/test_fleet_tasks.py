@@ -241,3 +241,31 @@ def test_the_database_stopped_and_started_under_load_loses_nothing_acknowledged(
         for task_id in acknowledged:
             done = task_op(n2, "wait", task_id, timeout_ms=60000)["task"]
             assert done["state"] == "completed", done
+
+
+def test_a_drained_node_takes_no_new_work_until_undrained():
+    import subprocess
+    from conftest import binary
+    with fleet() as f:
+        n1, n2 = f.node("n1"), f.node("n2")
+        drained = subprocess.run([binary("agentos"), "--socket", n1.socket_path, "nodes",
+                                  "drain", "n2"], capture_output=True, text=True)
+        assert drained.returncode == 0, drained.stderr
+        assert drained.stdout.strip() == "node n2 is draining: it takes no new work"
+        with client_of(n2) as client:
+            seen = {n["name"]: n for n in client.nodes()["nodes"]}
+            assert seen["n2"]["draining"] and not seen["n1"]["draining"]
+            with pytest.raises(AgentOSError) as refused:
+                client.drain_node("nowhere")
+            assert refused.value.code == "not_found"
+        pinned = dispatch(n1, "print('on n2')", node="n2")
+        anywhere = [dispatch(n2, f"print({i})") for i in range(4)]
+        for task_id in anywhere:
+            done = task_op(n2, "wait", task_id, timeout_ms=30000)["task"]
+            assert done["state"] == "completed" and done["node"] == "n1", done
+        waiting = task_op(n1, "status", pinned)["task"]
+        assert waiting["state"] == "queued" and "draining" in waiting["waiting_for"], waiting
+        with client_of(n1) as client:
+            assert client.drain_node("n2", draining=False) == {"node": "n2", "draining": False}
+        done = task_op(n1, "wait", pinned, timeout_ms=30000)["task"]
+        assert done["state"] == "completed" and done["node"] == "n2", done

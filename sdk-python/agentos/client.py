@@ -466,6 +466,14 @@ class AgentOSClient(Connection):
         cannot reach its database."""
         return results.without_success(self.call_json(Opcode.FLEET, {"op": "nodes"}))
 
+    def drain_node(self, name: str, draining: bool = True) -> Dict[str, Any]:
+        """FLEET ``drain`` (or, with ``draining=False``, ``undrain``;
+        operators): node ``name`` takes no new fleet work (or takes it
+        again). Returns ``{"node", "draining"}``; ``not_found`` for a node
+        the fleet does not know."""
+        op = "drain" if draining else "undrain"
+        return results.without_success(self.call_json(Opcode.FLEET, {"op": op, "node": name}))
+
     # -- audit log --------------------------------------------------------
 
     def get_audit_log(

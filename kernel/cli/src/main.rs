@@ -158,9 +158,13 @@ enum Command {
     /// `[metrics] listen` serves them (operators)
     Metrics,
     /// The fleet's nodes, this one marked `*`: each one's state, lease
-    /// age, agents, runs, load, version and address (operators; needs
+    /// age, agents, runs, load, version and address; `drain NAME` stops a
+    /// node taking new work, `undrain NAME` lets it (operators; needs
     /// `[fleet]`)
-    Nodes,
+    Nodes {
+        #[command(subcommand)]
+        command: Option<nodes::NodesCommand>,
+    },
     /// A live view of agents, tasks and tool servers, refreshed each
     /// second; its third line lists the keys, q quits
     Top(top::TopArgs),
@@ -402,7 +406,7 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         Command::Kv(command) => kv::kv(client, command, json),
         Command::Send(send_args) => messages::send(client, send_args, json),
         Command::Metrics => kernel::metrics(client, json),
-        Command::Nodes => nodes::nodes(client, json),
+        Command::Nodes { command } => nodes::nodes(client, command, json),
         Command::Audit(audit_args) => audit::audit(client, audit_args, json),
         Command::Completion { .. } | Command::Mcp(_) | Command::E2b(_) | Command::McpServers(_) => {
             unreachable!("answered before connecting")

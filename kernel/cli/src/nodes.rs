@@ -1,16 +1,49 @@
 //! `agentos nodes`: the fleet this node has joined — each node's name,
-//! lease, agents, runs, load, version and address.
+//! lease, agents, runs, load, version and address; `drain NAME` and
+//! `undrain NAME`.
 
-use agentos_proto::payload::{FleetOp, FleetRequest, NodeInfo, NodesReply};
+use agentos_proto::payload::{DrainReply, FleetOp, FleetRequest, NodeInfo, NodesReply};
 use agentos_proto::{Client, Opcode};
 
 use crate::error::CliError;
 use crate::format::print_json;
 
-/// Lists the fleet's nodes, this node's marked with `*`.
-pub fn nodes(client: &mut Client, json: bool) -> Result<(), CliError> {
-    let request = FleetRequest { op: FleetOp::Nodes };
-    let reply: NodesReply = client.call_json(Opcode::FLEET, &serde_json::to_vec(&request)?)?;
+#[derive(Debug, clap::Subcommand)]
+pub enum NodesCommand {
+    /// Stop node NAME from taking new work (the tasks it runs finish;
+    /// queued ones go to other nodes)
+    Drain { name: String },
+    /// Let node NAME take work again
+    Undrain { name: String },
+}
+
+/// Lists the fleet's nodes, this node's marked with `*`; or drains or
+/// undrains one.
+pub fn nodes(
+    client: &mut Client,
+    command: Option<NodesCommand>,
+    json: bool,
+) -> Result<(), CliError> {
+    let (op, node) = match command {
+        None => (FleetOp::Nodes, None),
+        Some(NodesCommand::Drain { name }) => (FleetOp::Drain, Some(name)),
+        Some(NodesCommand::Undrain { name }) => (FleetOp::Undrain, Some(name)),
+    };
+    let request = serde_json::to_vec(&FleetRequest { op, node })?;
+    if op != FleetOp::Nodes {
+        let reply: DrainReply = client.call_json(Opcode::FLEET, &request)?;
+        if json {
+            return print_json(&reply);
+        }
+        let now = if reply.draining {
+            "draining: it takes no new work"
+        } else {
+            "taking work"
+        };
+        println!("node {} is {now}", reply.node);
+        return Ok(());
+    }
+    let reply: NodesReply = client.call_json(Opcode::FLEET, &request)?;
     if json {
         return print_json(&reply);
     }

@@ -108,6 +108,15 @@ pub fn release(client: &mut Client, me: &Registration) -> Result<(), FleetError>
     Ok(())
 }
 
+/// Marks node `name` draining (or not); false when there is no such node.
+pub fn set_draining(client: &mut Client, name: &str, draining: bool) -> Result<bool, FleetError> {
+    let changed = client.execute(
+        "UPDATE agentos_nodes SET draining = $2 WHERE name = $1",
+        &[&name, &draining],
+    )?;
+    Ok(changed == 1)
+}
+
 /// Every node the database knows, by name.
 pub fn list(client: &mut Client) -> Result<Vec<NodeInfo>, FleetError> {
     let rows = client.query(

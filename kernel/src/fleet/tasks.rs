@@ -392,7 +392,8 @@ const INFO_COLUMNS: &str = "SELECT task_id, kind, label, state,
         to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
         COALESCE(node, pin), attempts, result::text, pin,
         (pin IS NOT NULL AND state = 'queued' AND NOT EXISTS (
-            SELECT 1 FROM agentos_nodes n WHERE n.name = pin AND n.lease_until > now())),
+            SELECT 1 FROM agentos_nodes n
+            WHERE n.name = pin AND n.lease_until > now() AND NOT n.draining)),
         owner_user, owner_delegate
     FROM agentos_tasks";
 
@@ -417,7 +418,8 @@ fn info(row: &Row, with_result: bool) -> TaskInfo {
         attempts: u32::try_from(row.get::<_, i32>(8)).ok(),
         waiting_for: pinned_to_dead.then(|| {
             format!(
-                "node {:?} is not live: the task waits for it, or for its owner to cancel it",
+                "node {:?} is not live, or is draining: the task waits for it, or for its \
+                 owner to cancel it",
                 pin.unwrap_or_default()
             )
         }),

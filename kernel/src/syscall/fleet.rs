@@ -2,7 +2,7 @@
 //! address and load are the fleet's business, not an agent's. Answered by
 //! the fleet thread: the reactor never waits on the database.
 
-use agentos_proto::payload::{FleetOp, FleetRequest, NodesReply};
+use agentos_proto::payload::{DrainReply, FleetOp, FleetRequest, NodesReply};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::request::{actor, Outcome, Request};
@@ -27,12 +27,29 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let sent = asked.and_then(|asked| {
         let link = kernel.fleet.link()?;
         let node = link.node().to_owned();
-        link.ask(request.reply_to, move |client| match asked.op {
-            FleetOp::Nodes => Ok(Answer::json(&NodesReply {
-                success: true,
-                node,
-                nodes: nodes::list(client)?,
-            })),
+        link.ask(request.reply_to, move |client| {
+            match (asked.op, asked.node) {
+                (FleetOp::Nodes, _) => Ok(Answer::json(&NodesReply {
+                    success: true,
+                    node,
+                    nodes: nodes::list(client)?,
+                })),
+                (op, named) => {
+                    let named = named.unwrap_or_default();
+                    let draining = op == FleetOp::Drain;
+                    if !nodes::set_draining(client, &named, draining)? {
+                        return Ok(Answer::from(ErrorReply::new(
+                            ErrorCode::NotFound,
+                            format!("the fleet has no node {named:?} (FLEET nodes lists them)"),
+                        )));
+                    }
+                    Ok(Answer::json(&DrainReply {
+                        success: true,
+                        node: named,
+                        draining,
+                    }))
+                }
+            }
         })
         .map_err(ErrorReply::from)
     });

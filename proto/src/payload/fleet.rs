@@ -3,10 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::parse::parse_json;
+use super::parse::{bad_request, parse_json, validate_name};
 use crate::error::ErrorReply;
 
-/// A FLEET request: `{"op": "nodes"}`.
+/// A FLEET request: `{"op": "nodes"}`, or `{"op": "drain", "node":
+/// NAME}` and `undrain`.
 ///
 /// ```
 /// use agentos_proto::payload::{FleetOp, FleetRequest};
@@ -14,6 +15,11 @@ use crate::error::ErrorReply;
 /// assert_eq!(asked.op, FleetOp::Nodes);
 /// assert!(FleetRequest::parse(br#"{"op":"nodes","all":true}"#).is_err());
 /// assert!(FleetRequest::parse(br#"{"op":"join"}"#).is_err());
+/// let drain = FleetRequest::parse(br#"{"op":"drain","node":"n2"}"#).unwrap();
+/// assert_eq!(drain.node.as_deref(), Some("n2"));
+/// assert!(FleetRequest::parse(br#"{"op":"drain"}"#).is_err());
+/// assert!(FleetRequest::parse(br#"{"op":"nodes","node":"n2"}"#).is_err());
+/// assert!(FleetRequest::parse(br#"{"op":"drain","node":"../x"}"#).is_err());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -21,6 +27,9 @@ use crate::error::ErrorReply;
 pub struct FleetRequest {
     /// What to do.
     pub op: FleetOp,
+    /// `drain` and `undrain`: the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// FLEET's operations.
@@ -30,13 +39,36 @@ pub struct FleetRequest {
 pub enum FleetOp {
     /// List the fleet's nodes, live and dead.
     Nodes,
+    /// Stop a node from taking new work.
+    Drain,
+    /// Let a drained node take work again.
+    Undrain,
 }
 
 impl FleetRequest {
     /// Parses a FLEET payload.
     pub fn parse(payload: &[u8]) -> Result<Self, ErrorReply> {
-        parse_json("FLEET", payload)
+        let asked: FleetRequest = parse_json("FLEET", payload)?;
+        match (asked.op, &asked.node) {
+            (FleetOp::Nodes, Some(_)) => Err(bad_request("FLEET field `node`: not with `nodes`")),
+            (FleetOp::Drain | FleetOp::Undrain, None) => Err(bad_request(
+                "FLEET needs `node`: the node to drain or undrain",
+            )),
+            (_, Some(node)) => validate_name("node", node).map(|()| asked),
+            (_, None) => Ok(asked),
+        }
     }
+}
+
+/// `drain`'s and `undrain`'s reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct DrainReply {
+    pub success: bool,
+    /// The node.
+    pub node: String,
+    /// Whether it takes no new work now.
+    pub draining: bool,
 }
 
 /// `nodes`' reply.

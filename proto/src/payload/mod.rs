@@ -67,7 +67,7 @@ pub use exec_run::{
     ExecRequest, Language, RunPermissions, MAX_EXEC_FILES, MAX_EXEC_PATH_LEN, MAX_EXEC_TIMEOUT_MS,
 };
 pub use files::{ReadReply, ReadRequest, WriteMode, WriteReply, WriteRequest};
-pub use fleet::{FleetOp, FleetRequest, NodeInfo, NodesReply};
+pub use fleet::{DrainReply, FleetOp, FleetRequest, NodeInfo, NodesReply};
 pub use hello::{
     CgroupVersion, Features, HelloReply, HelloRequest, LlmInfo, PrincipalInfo, ProtocolLimits,
 };
