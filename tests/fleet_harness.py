@@ -122,7 +122,7 @@ class Postgres:
     with a role and database ``agentos`` whose password only the test
     knows."""
 
-    def __init__(self, bin_dir: Path, address: str) -> None:
+    def __init__(self, bin_dir: Path, address: str, extra_conf: str = "") -> None:
         self.bin_dir = bin_dir
         self.address = address
         self.port = 5432
@@ -140,6 +140,7 @@ class Postgres:
                 f"listen_addresses = '{address}'\nport = {self.port}\n"
                 f"unix_socket_directories = '{self.dir}'\n"
                 "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                + extra_conf
             )
         with open(self.data / "pg_hba.conf", "a") as hba:
             hba.write("host all all 10.0.0.0/8 scram-sha-256\n")
@@ -238,18 +239,19 @@ class Node:
 class Fleet:
     """The database, the bridge and the nodes started on it."""
 
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, postgres_conf: str = "") -> None:
         self.bridge = Bridge()
         self.nodes: list[Node] = []
         self.postgres: Optional[Postgres] = None
         try:
-            self.postgres = Postgres(bin_dir, self.bridge.address)
+            self.postgres = Postgres(bin_dir, self.bridge.address, postgres_conf)
         except BaseException:
             self.bridge.close()
             raise
 
     def node(self, name: str, lease_ms: int = 2000, extra: str = "",
-             start: bool = True, joined: bool = True) -> Node:
+             start: bool = True, joined: bool = True,
+             env: Optional[dict[str, str]] = None) -> Node:
         """A node called ``name`` on a host of its own; the database's URL
         reaches it through the environment, as a service's would. Started,
         it is waited for until it has joined the fleet (``joined``; its
@@ -258,7 +260,8 @@ class Fleet:
         host = self.bridge.add_host()
         workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
         config = f'[fleet]\nnode = "{name}"\nlease_ms = {lease_ms}\n{extra}'
-        node = Node(name, host, workdir, config, {"AGENTOS_FLEET_DATABASE": self.postgres.url})
+        node = Node(name, host, workdir, config,
+                    {"AGENTOS_FLEET_DATABASE": self.postgres.url, **(env or {})})
         self.nodes.append(node)
         if start:
             node.start()

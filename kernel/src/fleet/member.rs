@@ -90,6 +90,8 @@ pub struct Member {
     check_held: bool,
     /// A notification named a task waited for.
     check_waits: bool,
+    /// The tick came: dead nodes' tasks are looked for.
+    look_back: bool,
 }
 
 /// Reconnection is tried at most this often.
@@ -119,6 +121,7 @@ impl Member {
             claim_now: false,
             check_held: false,
             check_waits: false,
+            look_back: false,
         }
     }
 
@@ -162,6 +165,7 @@ impl Member {
             }
             if now >= next_tick {
                 (self.claim_now, self.check_held, self.check_waits) = (true, true, true);
+                self.look_back = true;
                 next_tick = now + TICK;
             }
             self.look_at_tasks();
@@ -212,6 +216,11 @@ impl Member {
         if std::mem::take(&mut self.check_held) && !self.held.is_empty() {
             self.let_go_of_lost_tasks();
         }
+        // Tasks of dead nodes, and claims whose answers were lost, are
+        // looked for once a tick; a notification only claims.
+        if std::mem::take(&mut self.look_back) {
+            self.take_back_tasks();
+        }
         if std::mem::take(&mut self.claim_now) {
             self.claim();
         }
@@ -226,12 +235,9 @@ impl Member {
             return;
         }
         let me = self.me.clone();
-        let held: Vec<String> = self.held.keys().cloned().collect();
-        let claimed = self.client().and_then(|client| {
-            tasks::take_over(client)?;
-            tasks::release_strays(client, &me, &held)?;
-            tasks::claim(client, &me, room as i64)
-        });
+        let claimed = self
+            .client()
+            .and_then(|client| tasks::claim(client, &me, room as i64));
         match claimed {
             Ok(claimed) => {
                 for task in claimed {
@@ -245,6 +251,20 @@ impl Member {
                 }
             }
             Err(err) => self.failed("claim tasks", err),
+        }
+    }
+
+    /// Takes back the tasks of dead nodes, and this node's own that it
+    /// does not hold.
+    fn take_back_tasks(&mut self) {
+        let me = self.me.clone();
+        let held: Vec<String> = self.held.keys().cloned().collect();
+        let taken = self.client().and_then(|client| {
+            tasks::take_over(client)?;
+            tasks::release_strays(client, &me, &held)
+        });
+        if let Err(err) = taken {
+            self.failed("take back tasks", err);
         }
     }
 

@@ -66,15 +66,17 @@ pub fn dispatch(client: &mut Client, task: &NewTask, id: &str) -> Result<String,
     let d = &task.dispatch;
     let request = serde_json::to_string(d).unwrap_or_default();
     let max_attempts = i32::try_from(d.max_attempts.unwrap_or(1)).unwrap_or(1);
-    let mut tx = client.transaction()?;
-    let inserted = tx.query_opt(
-        "INSERT INTO agentos_tasks
-            (task_id, owner_user, owner_delegate, kind, label, dispatch, pin, max_attempts,
-             idempotency_key, dispatched_on, state)
-         VALUES ($1, $2, $3, $4, $5, $6::text::json, $7, $8, $9, $10, 'queued')
-         ON CONFLICT (owner_user, owner_delegate, idempotency_key)
-            WHERE idempotency_key IS NOT NULL DO NOTHING
-         RETURNING task_id",
+    // One statement: the row, and the wake-up sent when it commits.
+    let inserted = client.query_opt(
+        "WITH queued AS (
+            INSERT INTO agentos_tasks
+                (task_id, owner_user, owner_delegate, kind, label, dispatch, pin, max_attempts,
+                 idempotency_key, dispatched_on, state)
+            VALUES ($1, $2, $3, $4, $5, $6::text::json, $7, $8, $9, $10, 'queued')
+            ON CONFLICT (owner_user, owner_delegate, idempotency_key)
+                WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING task_id)
+         SELECT task_id, pg_notify($11, 'queued')::text FROM queued",
         &[
             &id,
             &task.owner.user,
@@ -86,11 +88,12 @@ pub fn dispatch(client: &mut Client, task: &NewTask, id: &str) -> Result<String,
             &max_attempts,
             &d.idempotency_key,
             &task.from,
+            &CHANNEL,
         ],
     )?;
     let task_id = match inserted {
         Some(row) => row.get(0),
-        None => tx
+        None => client
             .query_one(
                 "SELECT task_id FROM agentos_tasks
                  WHERE owner_user = $1 AND owner_delegate = $2 AND idempotency_key = $3",
@@ -98,8 +101,6 @@ pub fn dispatch(client: &mut Client, task: &NewTask, id: &str) -> Result<String,
             )?
             .get(0),
     };
-    tx.execute("SELECT pg_notify($1, 'queued')", &[&CHANNEL])?;
-    tx.commit()?;
     Ok(task_id)
 }
 
@@ -160,20 +161,22 @@ pub fn finish(
     result: &[u8],
 ) -> Result<bool, FleetError> {
     let result = String::from_utf8_lossy(result);
-    let mut tx = client.transaction()?;
-    let recorded = tx.execute(
-        "UPDATE agentos_tasks SET state = $3, result = $4::text::json, finished_at = now()
-         WHERE task_id = $1 AND fence = $2 AND state = 'running'",
-        &[&task_id, &fence, &state.as_str(), &result.as_ref()],
-    )? == 1;
-    if recorded {
-        tx.execute(
-            "SELECT pg_notify($1, $2)",
-            &[&CHANNEL, &format!("done:{task_id}")],
-        )?;
-    }
-    tx.commit()?;
-    Ok(recorded)
+    // One statement: the end, and the wake-up sent when it commits.
+    let recorded = client.query_opt(
+        "WITH ended AS (
+            UPDATE agentos_tasks SET state = $3, result = $4::text::json, finished_at = now()
+            WHERE task_id = $1 AND fence = $2 AND state = 'running'
+            RETURNING task_id)
+         SELECT pg_notify($5, 'done:' || task_id)::text FROM ended",
+        &[
+            &task_id,
+            &fence,
+            &state.as_str(),
+            &result.as_ref(),
+            &CHANNEL,
+        ],
+    )?;
+    Ok(recorded.is_some())
 }
 
 /// Takes back the tasks of nodes whose leases have run out (or that
@@ -224,8 +227,7 @@ fn take_back(
         String::from_utf8_lossy(&to_json(&StoppedResult::interrupted(why, ""))).into_owned();
     let mut all: Vec<&(dyn ToSql + Sync)> = vec![&result];
     all.extend_from_slice(params);
-    let mut tx = client.transaction()?;
-    let rows = tx.query(
+    let rows = client.query(
         &format!(
             "UPDATE agentos_tasks t SET
                 state = CASE WHEN t.attempts < t.max_attempts THEN 'queued' ELSE 'interrupted' END,
@@ -240,14 +242,14 @@ fn take_back(
         .iter()
         .filter(|row| row.get::<_, &str>(1) == "queued")
         .count();
+    // Wake-ups only: sent after the change, as anyone's may be.
     for row in rows.iter().filter(|row| row.get::<_, &str>(1) != "queued") {
         let done = format!("done:{}", row.get::<_, &str>(0));
-        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &done])?;
+        client.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &done])?;
     }
     if requeued > 0 {
-        tx.execute("SELECT pg_notify($1, 'queued')", &[&CHANNEL])?;
+        client.execute("SELECT pg_notify($1, 'queued')", &[&CHANNEL])?;
     }
-    tx.commit()?;
     Ok(requeued as u64)
 }
 
