@@ -222,3 +222,19 @@ def test_a_node_without_a_fleet_says_so():
                 client.nodes()
             assert refused.value.code == "unavailable"
             assert "has not joined a fleet" in str(refused.value)
+
+
+def test_metrics_carry_the_nodes_name_and_the_fleets_gauges():
+    with fleet() as f:
+        n1, _n2 = f.node("n1"), f.node("n2")
+        def text():
+            return subprocess.run([binary("agentos"), "--socket", n1.socket_path, "metrics"],
+                                  capture_output=True, text=True, check=True).stdout
+        seen = wait_for("both nodes counted", lambda: (t := text())
+                        and 'agentos_fleet_nodes{state="live",node="n1"} 2' in t and t, timeout=20)
+        assert 'agentos_fleet_joined{node="n1"} 1' in seen, seen
+        assert 'agentos_fleet_tasks_held{node="n1"} 0' in seen
+        # Every series says whose it is.
+        series = [line for line in seen.splitlines() if line and not line.startswith("#")]
+        assert series and all('node="n1"' in line for line in series), [
+            line for line in series if 'node="n1"' not in line][:5]

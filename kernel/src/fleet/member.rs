@@ -68,6 +68,10 @@ pub struct Status {
     pub figures: Figures,
     /// Why the node is not in the fleet now, if it is not.
     pub trouble: Option<String>,
+    /// The fleet's nodes at the last renewal: live, and dead.
+    pub nodes: (i64, i64),
+    /// The fleet's tasks this node runs.
+    pub held: usize,
 }
 
 /// The fleet thread's own state.
@@ -454,8 +458,11 @@ impl Member {
             .client()
             .and_then(|client| nodes::renew(client, &me, figures));
         match renewed {
-            Ok(draining) => {
+            Ok((draining, nodes)) => {
                 self.renewed(draining);
+                let mut status = self.status();
+                status.nodes = nodes;
+                status.held = self.held.len();
                 true
             }
             Err(err) => {

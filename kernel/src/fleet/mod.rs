@@ -27,6 +27,7 @@ use postgres::Client;
 use crate::address::{Answer, ReplyTo};
 use crate::config::fleet::FleetConfig;
 use crate::random;
+use crate::telemetry::metrics::Snapshot;
 pub use error::FleetError;
 pub use member::FleetEvent;
 use member::{End, Member, Order, Status};
@@ -150,6 +151,43 @@ impl Fleet {
     /// Whether the node is in the fleet now: its lease is current.
     pub fn is_joined(&self) -> bool {
         self.link.as_ref().is_some_and(FleetLink::is_joined)
+    }
+
+    /// The fleet's gauges, and every series labelled with this node's name.
+    pub fn add_metrics(&self, snapshot: &mut Snapshot) {
+        let Some(link) = &self.link else {
+            return;
+        };
+        snapshot.label_every_series("node", link.node());
+        let node = link.node();
+        let joined = i64::from(link.is_joined());
+        let status = link.status();
+        snapshot.gauge(
+            "agentos_fleet_joined",
+            "Whether this node is in its fleet now (1) or not (0).",
+            &[("node", node)],
+            joined,
+        );
+        let nodes = "The fleet's nodes at this node's last renewal, by state.";
+        let (live, dead) = status.nodes;
+        snapshot.gauge(
+            "agentos_fleet_nodes",
+            nodes,
+            &[("state", "live"), ("node", node)],
+            live,
+        );
+        snapshot.gauge(
+            "agentos_fleet_nodes",
+            nodes,
+            &[("state", "dead"), ("node", node)],
+            dead,
+        );
+        snapshot.gauge(
+            "agentos_fleet_tasks_held",
+            "The fleet's tasks this node runs, at its last renewal.",
+            &[("node", node)],
+            status.held as i64,
+        );
     }
 
     /// Tells the fleet thread what the next renewal reports.

@@ -75,16 +75,22 @@ pub fn register(client: &mut Client, me: &Registration) -> Result<(), FleetError
 }
 
 /// Renews this incarnation's lease with its figures. Returns whether the
-/// node is draining; [`FleetError::Superseded`] when another node has
-/// taken the name.
-pub fn renew(client: &mut Client, me: &Registration, figures: Figures) -> Result<bool, FleetError> {
+/// node is draining, and the fleet's live and dead nodes;
+/// [`FleetError::Superseded`] when another node has taken the name.
+pub fn renew(
+    client: &mut Client,
+    me: &Registration,
+    figures: Figures,
+) -> Result<(bool, (i64, i64)), FleetError> {
     let row = client.query_opt(
         "UPDATE agentos_nodes SET
             renewed_at = now(),
             lease_until = now() + $3::float8 * interval '1 millisecond',
             agents = $4, runs = $5, load = $6
          WHERE name = $1 AND incarnation = $2
-         RETURNING draining",
+         RETURNING draining,
+            (SELECT count(*) FILTER (WHERE lease_until > now()) FROM agentos_nodes),
+            (SELECT count(*) FILTER (WHERE lease_until <= now()) FROM agentos_nodes)",
         &[
             &me.node,
             &me.incarnation,
@@ -94,7 +100,7 @@ pub fn renew(client: &mut Client, me: &Registration, figures: Figures) -> Result
             &figures.load,
         ],
     )?;
-    row.map(|row| row.get(0))
+    row.map(|row| (row.get(0), (row.get(1), row.get(2))))
         .ok_or_else(|| FleetError::Superseded(me.node.clone()))
 }
 

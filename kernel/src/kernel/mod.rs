@@ -335,7 +335,7 @@ impl Kernel {
         if self.metrics.due(now) {
             self.agents
                 .sample_usage(&agent_sandboxes(&mut self.sandboxes));
-            let snapshot = metrics::snapshot(
+            let mut snapshot = metrics::snapshot(
                 &self.agents,
                 &self.llm,
                 &self.exec,
@@ -344,6 +344,7 @@ impl Kernel {
                 &self.reactor_counts,
                 &self.tracer,
             );
+            self.fleet.add_metrics(&mut snapshot);
             self.metrics.published.publish(snapshot);
             self.fleet.set_figures(
                 self.agents.states().filter(|s| s.is_live()).count(),

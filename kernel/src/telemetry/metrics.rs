@@ -140,6 +140,16 @@ impl Snapshot {
         self.add(name, help, Some(Unit::Seconds), labels, value);
     }
 
+    /// Every series, now and added later, gains the label `key="value"`
+    /// (a fleet's node: series of many nodes meet in one Prometheus).
+    pub fn label_every_series(&mut self, key: &'static str, value: &str) {
+        for family in &mut self.families {
+            for (labels, _) in &mut family.series {
+                labels.push((key, value.to_owned()));
+            }
+        }
+    }
+
     fn add(
         &mut self,
         name: &'static str,
