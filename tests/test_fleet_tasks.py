@@ -269,3 +269,51 @@ def test_a_drained_node_takes_no_new_work_until_undrained():
             assert client.drain_node("n2", draining=False) == {"node": "n2", "draining": False}
         done = task_op(n1, "wait", pinned, timeout_ms=30000)["task"]
         assert done["state"] == "completed" and done["node"] == "n2", done
+
+
+def test_forged_notifications_only_wake_nodes_up():
+    """Any role may NOTIFY: a forged `cancel:` stops nothing, a forged
+    `done:` answers no wait, a flood of `queued` claims nothing that is not
+    queued."""
+    with fleet() as f:
+        n1 = f.node("n1")
+        task_id = dispatch(n1, "import time; time.sleep(3); print('whole')")
+        running_on([n1], task_id)
+        forged = "".join(f"NOTIFY agentos_tasks, '{what}';"
+                         for what in (f"cancel:{task_id}", f"done:{task_id}", "queued",
+                                      "cancel:*", "done:", "x" * 7000))
+        f.postgres.sql(forged, "agentos")
+        early = task_op(n1, "wait", task_id, timeout_ms=1000)["task"]
+        assert early["state"] == "running", early
+        done = task_op(n1, "wait", task_id, timeout_ms=30000)["task"]
+        assert done["state"] == "completed" and done["result"]["stdout"] == "whole\n", done
+
+
+def test_hostile_task_fields_are_refused_by_name():
+    with fleet() as f:
+        n1 = f.node("n1")
+        with client_of(n1) as client:
+            for fields, named in (({"idempotency_key": "k" * 129}, "idempotency_key"),
+                                  ({"idempotency_key": ""}, "idempotency_key"),
+                                  ({"idempotency_key": "a\nb"}, "idempotency_key"),
+                                  ({"node": "../n2"}, "node"),
+                                  ({"node": "n" * 65}, "node"),
+                                  ({"max_attempts": 0}, "max_attempts"),
+                                  ({"max_attempts": 11}, "max_attempts"),
+                                  ({"max_attempts": -1}, "max_attempts"),
+                                  ({"fleet": True}, "fleet")):
+                with pytest.raises(AgentOSError) as refused:
+                    client.call_json(0x13, {"op": "dispatch", "kind": "exec",
+                                            "request": {"code": "print(1)"}, **fields})
+                assert refused.value.code == "bad_request", fields
+                assert f"`{named}`" in str(refused.value), (fields, refused.value)
+            # A session is its node's: a task naming one may not be sent elsewhere.
+            with pytest.raises(AgentOSError) as refused:
+                client.call_json(0x13, {"op": "dispatch", "kind": "exec", "node": "n2",
+                                        "request": {"code": "print(1)", "session": "s1"}})
+            assert refused.value.code == "bad_request" and "session" in str(refused.value)
+            for task_id in ("t-fleet-" + "0" * 16, "t-fleet-../../x", "t-fleet-" + "9" * 300):
+                for op in ("status", "cancel"):
+                    with pytest.raises(AgentOSError) as refused:
+                        client.call_json(0x13, {"op": op, "task_id": task_id})
+                    assert refused.value.code in ("not_found", "bad_request"), (op, task_id)
