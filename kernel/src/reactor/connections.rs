@@ -22,6 +22,19 @@ pub struct Connections {
     next_serial: u64,
 }
 
+/// The bits of a connection's token that hold its slot; those above, up
+/// to the kernel's own tokens (from 2^40), hold the low bits of its serial.
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
+const SERIAL_MASK: usize = (1 << 16) - 1;
+
+/// The token connection `key` is registered under: its slot and serial,
+/// so that an event for a connection that closed is never taken for the
+/// one that took its slot next.
+pub fn token_of(key: ConnKey) -> Token {
+    Token(key.index | ((key.serial as usize & SERIAL_MASK) << SLOT_BITS))
+}
+
 impl Connections {
     /// Registers `entrant`'s stream with `registry` under its slot and
     /// keeps it; its key, or `None` if it cannot be registered (logged).
@@ -41,7 +54,12 @@ impl Connections {
         self.next_serial += 1;
         let entry = self.slots.vacant_entry();
         let index = entry.key();
-        if let Err(err) = registry.register(&mut stream, Token(index), Interest::READABLE) {
+        if index > SLOT_MASK {
+            log::error!("cannot register a new connection: {index} slots are in use");
+            return None;
+        }
+        let key = ConnKey { index, serial };
+        if let Err(err) = registry.register(&mut stream, token_of(key), Interest::READABLE) {
             log::error!("cannot register a new connection: {err}");
             return None;
         }
@@ -77,11 +95,17 @@ impl Connections {
     }
 
     /// The key of the connection open in slot `index`, if one is.
-    pub fn key_at(&self, index: usize) -> Option<ConnKey> {
-        self.slots.get(index).map(|conn| ConnKey {
+    /// The open connection an event's `token` is for: `None` once that
+    /// connection has closed, even when a newer one took its slot in the
+    /// same turn of the event loop (the event is the old one's).
+    pub fn key_of(&self, token: Token) -> Option<ConnKey> {
+        let index = token.0 & SLOT_MASK;
+        let conn = self.slots.get(index)?;
+        let key = ConnKey {
             index,
             serial: conn.serial,
-        })
+        };
+        (token_of(key) == token).then_some(key)
     }
 
     /// Takes the connection `key` names out, if it is still open.
@@ -138,5 +162,30 @@ impl Connections {
     pub fn clear(&mut self) {
         self.slots.clear();
         self.by_run.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_taken_by_a_newer_connection_has_another_token() {
+        let old = ConnKey {
+            index: 3,
+            serial: 7,
+        };
+        let new = ConnKey {
+            index: 3,
+            serial: 8,
+        };
+        assert_ne!(token_of(old), token_of(new));
+        assert_eq!(token_of(new).0 & SLOT_MASK, 3);
+        // Below the kernel's own tokens, whatever the serial.
+        let last = ConnKey {
+            index: SLOT_MASK,
+            serial: u64::MAX,
+        };
+        assert!(token_of(last).0 < 1 << 40);
     }
 }

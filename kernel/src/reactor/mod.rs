@@ -192,7 +192,7 @@ impl Reactor {
                         self.kernel.on_event(token);
                         self.kernel_output();
                     }
-                    Token(index) => self.on_connection_event(index, event),
+                    token => self.on_connection_event(token, event),
                 }
             }
             self.serve_ready();
@@ -315,8 +315,8 @@ impl Reactor {
         self.connections.get_mut(key)
     }
 
-    fn on_connection_event(&mut self, index: usize, event: &Event) {
-        let Some(key) = self.connections.key_at(index) else {
+    fn on_connection_event(&mut self, token: Token, event: &Event) {
+        let Some(key) = self.connections.key_of(token) else {
             return;
         };
         if event.is_write_closed() || event.is_error() {
@@ -378,11 +378,11 @@ impl Reactor {
             } else {
                 Interest::READABLE
             };
-            if let Err(err) =
-                self.poll
-                    .registry()
-                    .reregister(&mut conn.stream, Token(key.index), interest)
-            {
+            if let Err(err) = self.poll.registry().reregister(
+                &mut conn.stream,
+                connections::token_of(key),
+                interest,
+            ) {
                 log::error!("conn {}: cannot change interest: {err}", conn.serial);
                 return self.close(key);
             }
