@@ -206,6 +206,10 @@ def test_the_database_stopped_and_started_under_load_loses_nothing_acknowledged(
                 try:
                     acknowledged.append(dispatch(node, f"print({i})"))
                 except AgentOSError as err:
+                    if err.code == "busy":
+                        # The owner's queue is full: back-pressure, not a refusal.
+                        time.sleep(0.2)
+                        continue
                     refusals.append(err)
                     time.sleep(0.05)
         threads = [threading.Thread(target=dispatching, args=(n,)) for n in (n1, n2)]
@@ -317,3 +321,30 @@ def test_hostile_task_fields_are_refused_by_name():
                     with pytest.raises(AgentOSError) as refused:
                         client.call_json(0x13, {"op": op, "task_id": task_id})
                     assert refused.value.code in ("not_found", "bad_request"), (op, task_id)
+
+
+def test_a_node_that_stops_cleanly_hands_its_tasks_over_at_once_and_never_reruns_them():
+    with fleet() as f:
+        nodes = [f.node("n1", lease_ms=10000), f.node("n2", lease_ms=10000)]
+        by_name = {node.name: node for node in nodes}
+        task_id = dispatch(nodes[0], "import time; time.sleep(2); print('ran')", max_attempts=2)
+        stopping = by_name[running_on(nodes, task_id)]
+        other = next(node for node in nodes if node is not stopping)
+        stopped_at = time.monotonic()
+        stopping.stop()
+        took_over = wait_for("running elsewhere", lambda: (t := task_op(
+            other, "status", task_id)["task"])["state"] in ("running", "completed")
+            and t["node"] == other.name, timeout=30)
+        # Well before its 10 s lease could have run out.
+        assert time.monotonic() - stopped_at < 6, took_over
+        assert "left the fleet" in stopping.kernels[-1].log() if stopping.kernels else True
+        done = task_op(other, "wait", task_id, timeout_ms=30000)["task"]
+        assert done["state"] == "completed" and done["attempts"] == 2, done
+        # Started again, the node does not run its old copy.
+        stopping.start()
+        wait_for("back", stopping.is_joined, timeout=20)
+        with client_of(stopping) as client:
+            local = client.call_json(0x13, {"op": "list"})["tasks"]
+        assert [t["state"] for t in local if t["task_id"] == task_id] in ([], ["interrupted"])
+        time.sleep(1)
+        assert task_op(other, "status", task_id)["task"]["node"] == other.name

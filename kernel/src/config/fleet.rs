@@ -138,24 +138,34 @@ impl fmt::Display for DatabaseUrl {
         let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
             return f.write_str("***");
         };
-        let authority_end = url[scheme_end..]
-            .find(['/', '?'])
-            .map_or(url.len(), |i| scheme_end + i);
-        let authority = &url[scheme_end..authority_end];
-        match authority.rfind('@') {
+        // The last `@` ends the user's part, whatever the password holds
+        // (an unescaped `/`, `?` or `@`): more is hidden, never less.
+        let (user, rest) = match url[scheme_end..].rfind('@') {
             Some(at) => {
-                let userinfo = &authority[..at];
-                let user = userinfo.split(':').next().unwrap_or("");
+                let userinfo = &url[scheme_end..scheme_end + at];
+                let name = userinfo.split(':').next().unwrap_or("");
                 let hidden = if userinfo.contains(':') { ":***" } else { "" };
-                write!(
-                    f,
-                    "{}{user}{hidden}{}",
-                    &url[..scheme_end],
-                    &url[scheme_end + at..]
-                )
+                (format!("{name}{hidden}"), &url[scheme_end + at..])
             }
-            None => f.write_str(url),
-        }
+            None => (String::new(), &url[scheme_end..]),
+        };
+        // A password may also come as a parameter.
+        let rest = match rest.split_once('?') {
+            Some((place, query)) => {
+                let query: Vec<String> = query
+                    .split('&')
+                    .map(|pair| match pair.split_once('=') {
+                        Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                            format!("{key}=***")
+                        }
+                        _ => pair.to_owned(),
+                    })
+                    .collect();
+                format!("{place}?{}", query.join("&"))
+            }
+            None => rest.to_owned(),
+        };
+        write!(f, "{}{user}{rest}", &url[..scheme_end])
     }
 }
 
@@ -183,6 +193,22 @@ mod tests {
         let odd = DatabaseUrl::from("postgres://u:p@ss@db:1/x?sslmode=disable".to_owned());
         assert!(!odd.to_string().contains("p@ss"), "{odd}");
         assert_eq!(DatabaseUrl::from("s3cret".to_owned()).to_string(), "***");
+        for url in [
+            "postgresql://u:pa/ss@db/x",
+            "postgresql://u:pa?ss@db/x",
+            "postgresql://db/x?user=u&password=s3cret&sslmode=disable",
+            "postgresql://db/x?PASSWORD=s3cret",
+        ] {
+            let shown = DatabaseUrl::from(url.to_owned()).to_string();
+            assert!(
+                !shown.contains("s3cret") && !shown.contains("pa/ss") && !shown.contains("pa?ss"),
+                "{shown}"
+            );
+        }
+        assert_eq!(
+            DatabaseUrl::from("postgresql://db/x?user=u&password=s3cret".to_owned()).to_string(),
+            "postgresql://db/x?user=u&password=***"
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub enum FleetError {
     #[error("node {0:?} lost its registration to another node of the same name")]
     Superseded(String),
     /// Too much is asked of the fleet thread at once.
-    #[error("{0}; try again later")]
+    #[error("{0}")]
     Busy(String),
     /// No such task within the caller's reach.
     #[error("you have no task {0:?} in the fleet (TASK list with \"fleet\": true names yours)")]

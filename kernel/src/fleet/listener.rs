@@ -4,19 +4,20 @@
 //! listener that was away missed some): the fleet thread also looks every
 //! second, and after each reconnection here.
 
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::mpsc::SyncSender;
 use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
 
 use super::database;
-use super::member::Order;
+use super::member::{self, Order};
+use super::notes::Notes;
 use super::tasks::CHANNEL;
 use crate::config::fleet::FleetConfig;
 
 /// Listens until the fleet thread is gone, reconnecting a second after
 /// each loss.
-pub fn listen(config: &FleetConfig, node: &str, orders: &SyncSender<Order>) {
+pub fn listen(config: &FleetConfig, node: &str, notes: &Notes, orders: &SyncSender<Order>) {
     loop {
         match database::connect(config, node) {
             Ok(mut client) => {
@@ -24,7 +25,7 @@ pub fn listen(config: &FleetConfig, node: &str, orders: &SyncSender<Order>) {
                     log::debug!("fleet: cannot listen for notifications: {err}");
                 } else {
                     // Whatever was said while away is looked at now.
-                    if !wake(orders, "queued".into()) {
+                    if !member::wake(notes, orders, "queued") {
                         return;
                     }
                     let mut notifications = client.notifications();
@@ -32,7 +33,7 @@ pub fn listen(config: &FleetConfig, node: &str, orders: &SyncSender<Order>) {
                     loop {
                         match iter.next() {
                             Ok(Some(note)) => {
-                                if !wake(orders, note.payload().to_owned()) {
+                                if !member::wake(notes, orders, note.payload()) {
                                     return;
                                 }
                             }
@@ -49,13 +50,4 @@ pub fn listen(config: &FleetConfig, node: &str, orders: &SyncSender<Order>) {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
-}
-
-/// Wakes the fleet thread; false when it is gone. A full queue drops the
-/// wake: the fleet thread is busy and looks again within a second.
-fn wake(orders: &SyncSender<Order>, what: String) -> bool {
-    !matches!(
-        orders.try_send(Order::Notified(what)),
-        Err(TrySendError::Disconnected(_))
-    )
 }

@@ -6,7 +6,7 @@
 //! kernel goes out as [`FleetEvent`]s, with a wake.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use postgres::Client;
 use super::database;
 use super::error::FleetError;
 use super::nodes::{self, Figures, Registration};
+use super::notes::Notes;
 use super::schema;
 use super::tasks::{self, Claimed, FleetReach};
 use super::waits::{Wait, Waits};
@@ -32,8 +33,10 @@ pub enum Order {
     Ask(ReplyTo, Work),
     /// Answer once the task ends or the wait's time is up.
     Wait(Wait),
-    /// A notification came: the rows are looked at.
-    Notified(String),
+    /// Notifications came: the rows are looked at ([`Notes`]).
+    Woken,
+    /// The kernel is stopping: give the lease up, say so, and end.
+    Leave(SyncSender<()>),
 }
 
 /// A task this node ran has ended.
@@ -81,6 +84,7 @@ pub struct Member {
     client: Option<Client>,
     status: Arc<Mutex<Status>>,
     events: Outbox<FleetEvent>,
+    notes: Arc<Notes>,
     /// When connecting was last tried: at most once a second.
     last_attempt: Option<Instant>,
     /// The tasks this node runs, with their fences.
@@ -111,6 +115,7 @@ impl Member {
         me: Registration,
         status: Arc<Mutex<Status>>,
         events: Outbox<FleetEvent>,
+        notes: Arc<Notes>,
     ) -> Member {
         Member {
             config,
@@ -118,6 +123,7 @@ impl Member {
             client: None,
             status,
             events,
+            notes,
             last_attempt: None,
             held: HashMap::new(),
             unrecorded: Vec::new(),
@@ -155,6 +161,11 @@ impl Member {
                 .min()
                 .unwrap_or(TICK);
             match orders.recv_timeout(wait) {
+                Ok(Order::Leave(left)) => {
+                    self.release();
+                    let _ = left.send(());
+                    return;
+                }
                 Ok(order) => self.serve(order),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -180,12 +191,20 @@ impl Member {
                 self.lost("the connection to the fleet's database closed".into());
             }
         }
+        self.release();
+    }
+
+    /// Gives the lease up: the fleet takes this node's tasks back now.
+    fn release(&mut self) {
         if let Some(client) = self.client.as_mut() {
-            if let Err(err) = nodes::release(client, &self.me) {
-                log::warn!(
-                    "fleet: could not give up node {:?}'s lease: {err}",
-                    self.me.node
-                );
+            match nodes::release(client, &self.me) {
+                Ok(()) => log::info!("fleet: node {:?} left the fleet", self.me.node),
+                Err(err) => {
+                    log::warn!(
+                        "fleet: could not give up node {:?}'s lease: {err}",
+                        self.me.node
+                    )
+                }
             }
         }
     }
@@ -198,11 +217,13 @@ impl Member {
                 self.send(FleetEvent::Reply(reply_to, answer));
             }
             Order::Wait(wait) => self.start_wait(wait),
-            Order::Notified(what) => match what.split_once(':') {
-                Some(("done", id)) => self.check_waits |= self.waits.wants(id),
-                Some(("cancel", id)) => self.check_held |= self.held.contains_key(id),
-                _ => self.claim_now = true,
-            },
+            Order::Leave(_) => {}
+            Order::Woken => {
+                let looks = self.notes.take();
+                self.claim_now |= looks.queued;
+                self.check_held |= looks.cancelled && !self.held.is_empty();
+                self.check_waits |= looks.done && !self.waits.is_empty();
+            }
         }
     }
 
@@ -239,9 +260,10 @@ impl Member {
             return;
         }
         let me = self.me.clone();
+        let held: Vec<String> = self.held.keys().cloned().collect();
         let claimed = self
             .client()
-            .and_then(|client| tasks::claim(client, &me, room as i64));
+            .and_then(|client| tasks::claim(client, &me, room as i64, &held));
         match claimed {
             Ok(claimed) => {
                 for task in claimed {
@@ -255,6 +277,16 @@ impl Member {
                 }
             }
             Err(err) => self.failed("claim tasks", err),
+        }
+    }
+
+    /// This node's name was taken by another node while it was away: the
+    /// tasks it ran are no longer its own, and their work stops.
+    fn give_up_held(&mut self) {
+        self.unrecorded.clear();
+        for task_id in std::mem::take(&mut self.held).into_keys() {
+            log::warn!("fleet: task {task_id} is no longer this node's: stopping it");
+            self.send(FleetEvent::Stop(task_id));
         }
     }
 
@@ -311,12 +343,16 @@ impl Member {
                 self.held.remove(&task_id);
                 self.claim_now = true;
             }
-            Err(err) => {
+            Err(err) if self.client.as_ref().is_none_or(Client::is_closed) => {
                 log::warn!("fleet: task {task_id}'s end is kept until the database answers: {err}");
                 self.unrecorded.push((task_id, state, result));
-                if self.client.as_ref().is_none_or(Client::is_closed) {
-                    self.lost(err.reason());
-                }
+                self.lost(err.reason());
+            }
+            Err(err) => {
+                // The database answered, and refused it: trying again would
+                // refuse again. The lease decides the task's end.
+                log::error!("fleet: task {task_id}'s end cannot be recorded: {err}");
+                self.held.remove(&task_id);
             }
         }
     }
@@ -365,7 +401,9 @@ impl Member {
                 match self.waits.add(wait) {
                     Ok(()) => return,
                     Err(wait) => {
-                        let busy = FleetError::Busy("too many waits for the fleet's tasks".into());
+                        let busy = FleetError::Busy(
+                            "too many waits for the fleet's tasks; try again later".into(),
+                        );
                         self.send(FleetEvent::Reply(
                             wait.reply_to,
                             Answer::from(busy.into_reply()),
@@ -441,6 +479,9 @@ impl Member {
                 Ok(())
             }
             Err(err) => {
+                if matches!(err, FleetError::NameTaken { .. }) {
+                    self.give_up_held();
+                }
                 self.lost(err.reason());
                 Err(err)
             }
@@ -470,6 +511,9 @@ impl Member {
                     "fleet: node {:?} could not renew its lease: {err}",
                     self.me.node
                 );
+                if matches!(err, FleetError::Superseded(_)) {
+                    self.give_up_held();
+                }
                 self.lost(err.reason());
                 false
             }
@@ -532,6 +576,24 @@ impl Member {
 
     fn status(&self) -> MutexGuard<'_, Status> {
         self.status.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Notes a notification's `payload` and wakes the fleet thread unless a
+/// wake-up already waits; false once the fleet thread is gone. A full queue
+/// drops the wake-up: the fleet thread is busy, and looks again within a
+/// second.
+pub fn wake(notes: &Notes, orders: &SyncSender<Order>, payload: &str) -> bool {
+    if !notes.note(payload) {
+        return true;
+    }
+    match orders.try_send(Order::Woken) {
+        Err(TrySendError::Disconnected(_)) => false,
+        Err(TrySendError::Full(_)) => {
+            notes.unwake();
+            true
+        }
+        Ok(()) => true,
     }
 }
 

@@ -10,6 +10,7 @@ pub mod error;
 mod listener;
 mod member;
 pub mod nodes;
+mod notes;
 pub mod owners;
 pub mod schema;
 pub mod tasks;
@@ -32,6 +33,7 @@ pub use error::FleetError;
 pub use member::FleetEvent;
 use member::{End, Member, Order, Status};
 use nodes::{Figures, Registration};
+use notes::Notes;
 pub use waits::Wait;
 
 /// Jobs that may wait for the fleet thread; more are refused.
@@ -53,6 +55,7 @@ pub struct FleetLink {
     orders: SyncSender<Order>,
     /// The ends of tasks this node ran, for the fleet thread to record.
     ends: Sender<End>,
+    notes: Arc<Notes>,
     status: Arc<Mutex<Status>>,
 }
 
@@ -88,10 +91,22 @@ impl Fleet {
         let (ends, ended) = mpsc::channel();
         let (joined_tx, joined_rx) = mpsc::sync_channel(1);
         let (outbox, events) = Outbox::channel(waker);
-        let mut member = Member::new(config.clone(), me.clone(), Arc::clone(&status), outbox);
+        let notes = Arc::new(Notes::default());
+        let mut member = Member::new(
+            config.clone(),
+            me.clone(),
+            Arc::clone(&status),
+            outbox,
+            Arc::clone(&notes),
+        );
         let cannot_start =
             |err: std::io::Error| FleetError::Unavailable(format!("cannot start a thread: {err}"));
-        let listening = (config.clone(), me.node.clone(), orders.clone());
+        let listening = (
+            config.clone(),
+            me.node.clone(),
+            orders.clone(),
+            Arc::clone(&notes),
+        );
         threads::spawn("fleet", move || {
             let joined = member.join();
             let refused = joined.as_ref().is_err_and(FleetError::is_refusal);
@@ -119,8 +134,8 @@ impl Fleet {
             }
         }
         threads::spawn("fleet-listen", move || {
-            let (config, node, orders) = listening;
-            listener::listen(&config, &node, &orders);
+            let (config, node, orders, notes) = listening;
+            listener::listen(&config, &node, &notes, &orders);
         })
         .map_err(cannot_start)?;
         Ok(Fleet {
@@ -129,10 +144,24 @@ impl Fleet {
                 lease: me.lease,
                 orders,
                 ends,
+                notes,
                 status,
             }),
             events: Some(events),
         })
+    }
+
+    /// The kernel is stopping: the node claims nothing more and gives its
+    /// lease up, so the fleet takes its tasks back at once (blocks for at
+    /// most a second, while the database is asked).
+    pub fn leave(&self) {
+        let Some(link) = &self.link else {
+            return;
+        };
+        let (left, gone) = mpsc::sync_channel(1);
+        if link.orders.try_send(Order::Leave(left)).is_ok() {
+            let _ = gone.recv_timeout(Duration::from_secs(1));
+        }
     }
 
     /// What the fleet thread has for the kernel now.
@@ -247,7 +276,7 @@ impl FleetLink {
             state,
             result,
         });
-        let _ = self.orders.try_send(Order::Notified(String::new()));
+        member::wake(&self.notes, &self.orders, "queued");
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {

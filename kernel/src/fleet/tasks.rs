@@ -58,6 +58,8 @@ pub struct NewTask {
     pub pin: Option<String>,
     /// The node it was dispatched on.
     pub from: String,
+    /// The most tasks its owner may have queued in the fleet.
+    pub max_queued: i64,
 }
 
 /// Inserts a task, queued, and wakes the nodes. With an idempotency key
@@ -72,7 +74,9 @@ pub fn dispatch(client: &mut Client, task: &NewTask, id: &str) -> Result<String,
             INSERT INTO agentos_tasks
                 (task_id, owner_user, owner_delegate, kind, label, dispatch, pin, max_attempts,
                  idempotency_key, dispatched_on, state)
-            VALUES ($1, $2, $3, $4, $5, $6::text::json, $7, $8, $9, $10, 'queued')
+            SELECT $1, $2, $3, $4, $5, $6::text::json, $7, $8, $9, $10, 'queued'
+            WHERE (SELECT count(*) FROM agentos_tasks
+                   WHERE owner_user = $2 AND owner_delegate = $3 AND state = 'queued') < $12
             ON CONFLICT (owner_user, owner_delegate, idempotency_key)
                 WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING task_id)
@@ -89,27 +93,35 @@ pub fn dispatch(client: &mut Client, task: &NewTask, id: &str) -> Result<String,
             &d.idempotency_key,
             &task.from,
             &CHANNEL,
+            &task.max_queued,
         ],
     )?;
-    let task_id = match inserted {
-        Some(row) => row.get(0),
-        None => client
-            .query_one(
-                "SELECT task_id FROM agentos_tasks
-                 WHERE owner_user = $1 AND owner_delegate = $2 AND idempotency_key = $3",
-                &[&task.owner.user, &task.owner.delegate, &d.idempotency_key],
-            )?
-            .get(0),
-    };
-    Ok(task_id)
+    if let Some(row) = inserted {
+        return Ok(row.get(0));
+    }
+    let earlier = client.query_opt(
+        "SELECT task_id FROM agentos_tasks
+         WHERE owner_user = $1 AND owner_delegate = $2 AND idempotency_key = $3",
+        &[&task.owner.user, &task.owner.delegate, &d.idempotency_key],
+    )?;
+    earlier.map(|row| row.get(0)).ok_or_else(|| {
+        FleetError::Busy(format!(
+            "you have {} tasks queued in the fleet, the most tasks.max_queued_per_owner \
+             allows; wait for some to start",
+            task.max_queued
+        ))
+    })
 }
 
 /// Claims up to `room` queued tasks this node may run, oldest first,
-/// while its lease is current and it is not draining.
+/// while its lease is current and it is not draining; never one of
+/// `held`, which this node still runs under an older fence (the fleet took
+/// it back while the node was cut off: another node runs it).
 pub fn claim(
     client: &mut Client,
     me: &Registration,
     room: i64,
+    held: &[String],
 ) -> Result<Vec<Claimed>, FleetError> {
     let rows = client.query(
         "UPDATE agentos_tasks SET
@@ -117,14 +129,14 @@ pub fn claim(
             fence = nextval('agentos_task_fences'), started_at = now(), finished_at = NULL
          WHERE task_id IN (
             SELECT task_id FROM agentos_tasks
-            WHERE state = 'queued' AND (pin IS NULL OR pin = $1)
+            WHERE state = 'queued' AND (pin IS NULL OR pin = $1) AND NOT (task_id = ANY($4))
               AND EXISTS (SELECT 1 FROM agentos_nodes
                           WHERE name = $1 AND incarnation = $2
                             AND lease_until > now() AND NOT draining)
             ORDER BY seq LIMIT $3
             FOR UPDATE SKIP LOCKED)
          RETURNING task_id, owner_user, owner_delegate, dispatch::text, fence",
-        &[&me.node, &me.incarnation, &room],
+        &[&me.node, &me.incarnation, &room, &held],
     )?;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
@@ -183,8 +195,8 @@ pub fn finish(
 /// started again since): queued again while their attempts allow, else
 /// ended `interrupted`. Returns how many were queued again. A lease that
 /// ran out while the database itself was down is not held against its
-/// node: after the database starts, every node has a lease's length to
-/// come back.
+/// node: a node last heard from before the database started has a lease's
+/// length from that start to come back.
 pub fn take_over(client: &mut Client) -> Result<u64, FleetError> {
     take_back(
         client,
@@ -193,25 +205,31 @@ pub fn take_over(client: &mut Client) -> Result<u64, FleetError> {
             SELECT 1 FROM agentos_nodes n
             WHERE n.name = t.node AND n.incarnation = t.incarnation
               AND (n.lease_until > now()
-                   OR pg_postmaster_start_time() + n.lease_ms * interval '1 millisecond' > now()))",
+                   OR (n.renewed_at < pg_postmaster_start_time()
+                       AND pg_postmaster_start_time()
+                           + n.lease_ms * interval '1 millisecond' > now())))",
         &[],
     )
 }
 
-/// Takes back the tasks the database says this node runs but the node
-/// does not hold (`held`): a claim whose answer was lost with the
-/// connection.
+/// Queues again the tasks the database says this node runs but the node
+/// does not hold (`held`): claims whose answers were lost with the
+/// connection, which never ran here, so the attempt is not counted.
 pub fn release_strays(
     client: &mut Client,
     me: &Registration,
     held: &[String],
 ) -> Result<u64, FleetError> {
-    take_back(
-        client,
-        "its node lost track of it (a claim's answer was lost) and its attempts are spent",
-        "t.node = $2 AND t.incarnation = $3 AND NOT (t.task_id = ANY($4))",
+    let strays = client.execute(
+        "UPDATE agentos_tasks SET state = 'queued', attempts = attempts - 1
+         WHERE state = 'running' AND node = $1 AND incarnation = $2
+           AND NOT (task_id = ANY($3))",
         &[&me.node, &me.incarnation, &held],
-    )
+    )?;
+    if strays > 0 {
+        client.execute("SELECT pg_notify($1, 'queued')", &[&CHANNEL])?;
+    }
+    Ok(strays)
 }
 
 /// Queues again the running tasks `which` picks while their attempts
@@ -374,7 +392,9 @@ pub fn list(
             "{INFO_COLUMNS} WHERE owner_user = $1 AND owner_delegate = $2
                 AND ($3::text IS NULL OR state = $3)
                 AND ($4::text IS NULL OR kind = $4)
-                AND ($5::text IS NULL OR seq < (SELECT seq FROM agentos_tasks WHERE task_id = $5))
+                AND ($5::text IS NULL OR seq < (
+                    SELECT seq FROM agentos_tasks
+                    WHERE task_id = $5 AND owner_user = $1 AND owner_delegate = $2))
              ORDER BY seq DESC LIMIT $6"
         ),
         &params,

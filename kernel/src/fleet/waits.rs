@@ -39,11 +39,6 @@ impl Waits {
         self.waits.is_empty()
     }
 
-    /// Whether a wait is for `task_id`.
-    pub fn wants(&self, task_id: &str) -> bool {
-        self.waits.iter().any(|wait| wait.task_id == task_id)
-    }
-
     /// The tasks waited for.
     pub fn asked(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.waits.iter().map(|wait| wait.task_id.clone()).collect();

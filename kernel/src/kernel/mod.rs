@@ -373,6 +373,7 @@ impl Kernel {
         // printed, before their work is stopped; queued ones stay queued
         // for the next kernel.
         task_work::refresh_all_progress(false, &mut self.tasks, &self.exec);
+        self.fleet.leave();
         self.tasks.stop(&mut self.outbox.replies);
         self.log_followers
             .serve(&self.agents, Instant::now(), true, &mut self.outbox.replies);

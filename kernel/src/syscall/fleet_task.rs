@@ -69,6 +69,7 @@ pub fn serve(
                 },
                 owner: fleet_owner,
                 from: link.node().to_owned(),
+                max_queued: kernel.config().tasks.max_queued_per_owner as i64,
                 dispatch,
             };
             let id = new_fleet_id();

@@ -162,9 +162,12 @@ impl<S: Store> Tasks<S> {
     fn restore(&mut self, mut record: StoredTask) {
         let dispatch = stored_dispatch(&record);
         if record.state == TaskState::Queued
-            && (dispatch.is_none() || !record.owner.outlives_kernels())
+            && (dispatch.is_none()
+                || !record.owner.outlives_kernels()
+                || record.id.starts_with(ids::FLEET_ID_PREFIX))
         {
-            // Its agent is gone with the kernel that ran it.
+            // Its agent is gone with the kernel that ran it; a fleet's
+            // task is the fleet's to run again, by its lease.
             record.state = TaskState::Interrupted;
             record.finished_ms = Some(now_ms());
             self.saving.write(Write::Finished {
