@@ -43,6 +43,11 @@ def start_failing(node, timeout: float = 30) -> tuple[int, str]:
              "--config", str(workdir / "agentosd.toml")],
             env=env, capture_output=True, text=True, timeout=timeout,
         )
+        # A refused node stops before it has made anything: no disk, no mount.
+        mounts = Path("/proc/self/mountinfo").read_text()
+        assert str(workdir) not in mounts, "a refused node left a mount behind"
+        loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+        assert str(workdir) not in loops, "a refused node left a loop device behind"
         return done.returncode, done.stderr
     finally:
         subprocess.run(["rm", "-rf", str(workdir)])

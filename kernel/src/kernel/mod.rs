@@ -144,6 +144,7 @@ impl Kernel {
     ) -> Result<Kernel, StartError> {
         // A bad boot agent entry stops the kernel before anything starts.
         Agents::check_boot(&config)?;
+        let fleet = crate::fleet::Fleet::join(&config.fleet, Arc::clone(&waker))?;
         let tokens = TokenRanges::from(token_base);
         let deferred = config.deferred_opcodes();
         let machine = Machine::probe();
@@ -192,7 +193,6 @@ impl Kernel {
         exec.connect(Arc::clone(&gateway), Arc::clone(&tracer));
         exec.start_hosts(&mut exec_sandboxes(&mut sandboxes), Instant::now());
         let services = services::start(start::http_upstream(&config)?, Arc::clone(&waker));
-        let fleet = crate::fleet::Fleet::join(&config.fleet, Arc::clone(&waker))?;
         let (mut tasks, database) = Tasks::open(&config.tasks, socket, waker, Instant::now())?;
         tasks.trace_with(Arc::clone(&tracer));
         let mut kernel = Kernel {
