@@ -19,7 +19,7 @@ use super::error::FleetError;
 use super::nodes::{self, Figures, Registration};
 use super::notes::Notes;
 use super::schema;
-use super::tasks::{self, Claimed, FleetReach};
+use super::tasks::{self, Claimed};
 use super::waits::{Wait, Waits};
 use crate::address::{Answer, ReplyTo};
 use crate::config::fleet::FleetConfig;
@@ -184,8 +184,9 @@ impl Member {
                 next_tick = now + TICK;
             }
             self.look_at_tasks();
-            for wait in self.waits.timed_out(now) {
-                self.answer_as_it_is(wait);
+            let timed_out = self.waits.timed_out(now);
+            if !timed_out.is_empty() {
+                self.answer_as_they_are(timed_out);
             }
             if self.client.as_ref().is_some_and(Client::is_closed) {
                 self.lost("the connection to the fleet's database closed".into());
@@ -368,20 +369,16 @@ impl Member {
         let asked = self.waits.asked();
         match self
             .client()
-            .and_then(|client| tasks::finished_of(client, &asked))
+            .and_then(|client| tasks::tasks_of(client, &asked, true))
         {
             Ok(finished) => {
                 for (task, owner) in finished {
-                    let within = |reach: &FleetReach| match reach {
-                        FleetReach::Any => true,
-                        FleetReach::Own(own) => *own == owner,
-                    };
                     let task_id = task.task_id.clone();
                     let answer = Answer::json(&TaskReply {
                         success: true,
                         task,
                     });
-                    for wait in self.waits.take(&task_id, within) {
+                    for wait in self.waits.take(&task_id, |reach| reach.covers(&owner)) {
                         self.send(FleetEvent::Reply(wait.reply_to, answer.clone()));
                     }
                 }
@@ -427,20 +424,34 @@ impl Member {
         self.send(FleetEvent::Reply(wait.reply_to, answer));
     }
 
-    /// A wait whose time is up gets its task as it is now.
-    fn answer_as_it_is(&mut self, wait: Wait) {
-        let answer = self
+    /// Waits whose time is up get their tasks as they are now, all read
+    /// in one statement: however many time out together, the lease is
+    /// renewed in time.
+    fn answer_as_they_are(&mut self, waits: Vec<Wait>) {
+        let mut ids: Vec<String> = waits.iter().map(|wait| wait.task_id.clone()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let found = self
             .client()
-            .and_then(|client| tasks::status(client, &wait.reach, &wait.task_id, true))
-            .and_then(|task| task.ok_or_else(|| FleetError::NotFound(wait.task_id.clone())))
-            .map(|task| {
-                Answer::json(&TaskReply {
-                    success: true,
-                    task,
-                })
-            })
-            .unwrap_or_else(|err| Answer::from(err.into_reply()));
-        self.send(FleetEvent::Reply(wait.reply_to, answer));
+            .and_then(|client| tasks::tasks_of(client, &ids, false));
+        for wait in waits {
+            let answer = match &found {
+                Ok(found) => found
+                    .iter()
+                    .find(|(task, owner)| task.task_id == wait.task_id && wait.reach.covers(owner))
+                    .map(|(task, _)| {
+                        Answer::json(&TaskReply {
+                            success: true,
+                            task: task.clone(),
+                        })
+                    })
+                    .unwrap_or_else(|| {
+                        Answer::from(FleetError::NotFound(wait.task_id.clone()).into_reply())
+                    }),
+                Err(err) => Answer::from(FleetError::Unavailable(err.reason()).into_reply()),
+            };
+            self.send(FleetEvent::Reply(wait.reply_to, answer));
+        }
     }
 
     /// The database, connecting again if the last try was long enough ago.

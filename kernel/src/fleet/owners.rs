@@ -3,6 +3,9 @@
 //! operator's user name. Agents and runs are their node's alone: their
 //! tasks stay there.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
 use agentos_proto::payload::DelegateName;
 use agentos_proto::{ErrorCode, ErrorReply};
 use nix::unistd::{Uid, User};
@@ -18,6 +21,24 @@ pub fn fleet_owner(principal: Principal) -> Result<Option<FleetOwner>, FleetErro
         Principal::Delegate { uid, name } => (uid, name.as_str().to_owned()),
         Principal::Agent { .. } | Principal::Run { .. } => return Ok(None),
     };
+    Ok(Some(FleetOwner {
+        user: user_name(uid)?,
+        delegate,
+    }))
+}
+
+/// The user name of `uid`, looked up once for the daemon's life (the
+/// lookup may ask a directory service; the reactor asks it).
+fn user_name(uid: u32) -> Result<String, FleetError> {
+    static NAMES: OnceLock<Mutex<HashMap<u32, String>>> = OnceLock::new();
+    let names = NAMES.get_or_init(Mutex::default);
+    if let Some(name) = names
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&uid)
+    {
+        return Ok(name.clone());
+    }
     let user = User::from_uid(Uid::from_raw(uid))
         .ok()
         .flatten()
@@ -26,10 +47,11 @@ pub fn fleet_owner(principal: Principal) -> Result<Option<FleetOwner>, FleetErro
                 "uid {uid} has no user name on this node, and a fleet knows operators by name"
             ))
         })?;
-    Ok(Some(FleetOwner {
-        user: user.name,
-        delegate,
-    }))
+    names
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(uid, user.name.clone());
+    Ok(user.name)
 }
 
 /// The principal `owner` is on this node.

@@ -40,6 +40,16 @@ pub enum FleetReach {
     Own(FleetOwner),
 }
 
+impl FleetReach {
+    /// Whether a task of `owner`'s is within reach.
+    pub fn covers(&self, owner: &FleetOwner) -> bool {
+        match self {
+            FleetReach::Any => true,
+            FleetReach::Own(own) => own == owner,
+        }
+    }
+}
+
 /// A task this node has claimed, to run.
 #[derive(Clone, Debug)]
 pub struct Claimed {
@@ -348,14 +358,19 @@ pub fn status(
     Ok(row.map(|row| info(&row, with_result)))
 }
 
-/// The finished ones of `ids`, with their results and owners.
-pub fn finished_of(
+/// The tasks `ids` (the finished ones only, with `finished_only`), with
+/// their results and owners, in one statement.
+pub fn tasks_of(
     client: &mut Client,
     ids: &[String],
+    finished_only: bool,
 ) -> Result<Vec<(TaskInfo, FleetOwner)>, FleetError> {
     let rows = client.query(
-        &format!("{INFO_COLUMNS} WHERE task_id = ANY($1) AND state NOT IN ('queued', 'running')"),
-        &[&ids],
+        &format!(
+            "{INFO_COLUMNS} WHERE task_id = ANY($1)
+                AND NOT ($2 AND state IN ('queued', 'running'))"
+        ),
+        &[&ids, &finished_only],
     )?;
     Ok(rows
         .iter()

@@ -48,13 +48,23 @@ pub fn serve(
         Ok(link) => link,
         Err(_) => return refuse_without_fleet(task),
     };
+    // A task this node kept before it joined is looked at here, and
+    // nothing of the fleet is asked for it.
+    let local = |id: &str| !id.starts_with(FLEET_ID_PREFIX);
+    let fleets = match &task {
+        TaskRequest::Dispatch(_) => true,
+        TaskRequest::Status(task) | TaskRequest::Cancel(task) => !local(&task.task_id),
+        TaskRequest::Wait(wait) => !local(&wait.task_id),
+        TaskRequest::List(filter) => filter.fleet,
+    };
+    if !fleets {
+        return Served::Here(task);
+    }
     let fleet_owner = match fleet_owner(owner) {
         Ok(Some(fleet_owner)) => fleet_owner,
         Ok(None) => return refuse_for_agents(task),
         Err(err) => return Served::Fleet(Outcome::Reply(err.into_reply().into())),
     };
-    // A task this node kept before it joined is looked at here.
-    let local = |id: &str| !id.starts_with(FLEET_ID_PREFIX);
     let reach = if operator {
         FleetReach::Any
     } else {
