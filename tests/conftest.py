@@ -88,6 +88,17 @@ class Kernel:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=10)
 
+    def finish(self) -> None:
+        """Stops it as an operator would, so it removes its agents and
+        cgroups; kills it if it has not stopped within 10 s."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
 
 # Variables that would point a kernel at an LLM from outside the tests.
 LLM_VARIABLES = (
@@ -175,14 +186,7 @@ def kernel_with(config: str = "", llm: bool = False) -> Iterator[Kernel]:
         yield k
     finally:
         RUNNING_KERNELS.remove(k)
-        # Stop it as an operator would, so it removes its agents and cgroups.
-        if k.process.poll() is None:
-            k.process.send_signal(signal.SIGTERM)
-            try:
-                k.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                k.process.kill()
-                k.process.wait()
+        k.finish()
         detach_beneath(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
 

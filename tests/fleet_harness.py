@@ -226,13 +226,7 @@ class Node:
         for kernel in self.kernels:
             if kernel in RUNNING_KERNELS:
                 RUNNING_KERNELS.remove(kernel)
-            if kernel.process.poll() is None:
-                kernel.process.send_signal(signal.SIGTERM)
-                try:
-                    kernel.process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    kernel.process.kill()
-                    kernel.process.wait()
+            kernel.finish()
         self.kernels.clear()
 
 

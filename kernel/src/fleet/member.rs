@@ -11,18 +11,21 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use agentos_primitives::pool::Outbox;
-use agentos_proto::payload::{TaskReply, TaskState};
+use agentos_proto::payload::{TaskInfo, TaskReply, TaskState};
+use agentos_proto::ErrorReply;
 use postgres::Client;
 
 use super::database;
 use super::error::FleetError;
 use super::nodes::{self, Figures, Registration};
 use super::notes::Notes;
+use super::owners;
 use super::schema;
 use super::tasks::{self, Claimed};
 use super::waits::{Wait, Waits};
 use crate::address::{Answer, ReplyTo};
 use crate::config::fleet::FleetConfig;
+use crate::identity::Principal;
 
 /// Work for the fleet thread, answered to whoever asked.
 pub type Work = Box<dyn FnOnce(&mut Client) -> Result<Answer, FleetError> + Send>;
@@ -50,8 +53,13 @@ pub struct End {
 /// What the fleet thread has for the kernel.
 #[derive(Debug)]
 pub enum FleetEvent {
-    /// A task claimed here, to run.
-    Claimed(Claimed),
+    /// A task claimed here, to run as `owner` (looked up on this thread:
+    /// a user name may take a directory service to find), or why it
+    /// cannot.
+    Claimed {
+        task: Box<Claimed>,
+        owner: Result<Principal, ErrorReply>,
+    },
     /// A task run here is no longer this node's (cancelled, or taken by
     /// another): its work should stop.
     Stop(String),
@@ -77,6 +85,15 @@ pub struct Status {
     pub held: usize,
 }
 
+impl Status {
+    /// Whether the node is in the fleet now: its last renewal is younger
+    /// than `lease` by this node's clock (the database's may already have
+    /// ended it: a lease is renewed a third of the way).
+    pub fn in_fleet(&self, lease: Duration) -> bool {
+        self.trouble.is_none() && self.renewed.is_some_and(|at| at.elapsed() < lease)
+    }
+}
+
 /// The fleet thread's own state.
 pub struct Member {
     config: FleetConfig,
@@ -90,7 +107,7 @@ pub struct Member {
     /// The tasks this node runs, with their fences.
     held: HashMap<String, i64>,
     /// Ends of held tasks the database could not take yet.
-    unrecorded: Vec<(String, TaskState, Arc<Vec<u8>>)>,
+    unrecorded: Vec<End>,
     waits: Waits,
     /// A notification said a task was queued: claim at once.
     claim_now: bool,
@@ -139,12 +156,19 @@ impl Member {
     /// outcome decides whether the kernel starts.
     pub fn join(&mut self) -> Result<(), FleetError> {
         self.last_attempt = Some(Instant::now());
+        self.client = Some(self.register()?);
+        self.renewed(false);
+        Ok(())
+    }
+
+    /// A connection to the database, its schema this node's, and this
+    /// incarnation's name taken (again, after a cut, if no other node took
+    /// it meanwhile).
+    fn register(&self) -> Result<Client, FleetError> {
         let mut client = database::connect(&self.config, &self.me.node)?;
         schema::migrate(&mut client)?;
         nodes::register(&mut client, &self.me)?;
-        self.client = Some(client);
-        self.renewed(false);
-        Ok(())
+        Ok(client)
     }
 
     /// Serves orders, renews the lease and claims tasks until the kernel
@@ -171,7 +195,7 @@ impl Member {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             for end in ends.try_iter() {
-                self.record_end(end.task_id, end.state, end.result);
+                self.record_end(end);
             }
             let now = Instant::now();
             if now >= next_renewal {
@@ -274,7 +298,9 @@ impl Member {
                         task.fence
                     );
                     self.held.insert(task.task_id.clone(), task.fence);
-                    self.send(FleetEvent::Claimed(task));
+                    let owner = owners::local_principal(&task.owner);
+                    let task = Box::new(task);
+                    self.send(FleetEvent::Claimed { task, owner });
                 }
             }
             Err(err) => self.failed("claim tasks", err),
@@ -325,13 +351,14 @@ impl Member {
 
     /// Records a held task's end; one the database cannot take now is
     /// kept, and recorded once it answers again (if its fence still holds).
-    fn record_end(&mut self, task_id: String, state: TaskState, result: Arc<Vec<u8>>) {
-        let Some(&fence) = self.held.get(&task_id) else {
+    fn record_end(&mut self, end: End) {
+        let Some(&fence) = self.held.get(&end.task_id) else {
             return;
         };
+        let (task_id, state) = (&end.task_id, end.state);
         match self
             .client()
-            .and_then(|client| tasks::finish(client, &task_id, fence, state, &result))
+            .and_then(|client| tasks::finish(client, task_id, fence, state, &end.result))
         {
             Ok(recorded) => {
                 if !recorded {
@@ -341,27 +368,27 @@ impl Member {
                         state.as_str()
                     );
                 }
-                self.held.remove(&task_id);
+                self.held.remove(&end.task_id);
                 self.claim_now = true;
             }
             Err(err) if self.client.as_ref().is_none_or(Client::is_closed) => {
                 log::warn!("fleet: task {task_id}'s end is kept until the database answers: {err}");
-                self.unrecorded.push((task_id, state, result));
+                self.unrecorded.push(end);
                 self.lost(err.reason());
             }
             Err(err) => {
                 // The database answered, and refused it: trying again would
                 // refuse again. The lease decides the task's end.
                 log::error!("fleet: task {task_id}'s end cannot be recorded: {err}");
-                self.held.remove(&task_id);
+                self.held.remove(&end.task_id);
             }
         }
     }
 
     /// Ends the database could not take before: recorded now.
     fn record_kept_ends(&mut self) {
-        for (task_id, state, result) in std::mem::take(&mut self.unrecorded) {
-            self.record_end(task_id, state, result);
+        for end in std::mem::take(&mut self.unrecorded) {
+            self.record_end(end);
         }
     }
 
@@ -374,10 +401,7 @@ impl Member {
             Ok(finished) => {
                 for (task, owner) in finished {
                     let task_id = task.task_id.clone();
-                    let answer = Answer::json(&TaskReply {
-                        success: true,
-                        task,
-                    });
+                    let answer = task_answer(Ok(task));
                     for wait in self.waits.take(&task_id, |reach| reach.covers(&owner)) {
                         self.send(FleetEvent::Reply(wait.reply_to, answer.clone()));
                     }
@@ -413,15 +437,7 @@ impl Member {
             Ok(None) => Err(FleetError::NotFound(wait.task_id.clone())),
             Err(err) => Err(err),
         };
-        let answer = answer
-            .map(|task| {
-                Answer::json(&TaskReply {
-                    success: true,
-                    task,
-                })
-            })
-            .unwrap_or_else(|err| Answer::from(err.into_reply()));
-        self.send(FleetEvent::Reply(wait.reply_to, answer));
+        self.send(FleetEvent::Reply(wait.reply_to, task_answer(answer)));
     }
 
     /// Waits whose time is up get their tasks as they are now, all read
@@ -435,22 +451,15 @@ impl Member {
             .client()
             .and_then(|client| tasks::tasks_of(client, &ids, false));
         for wait in waits {
-            let answer = match &found {
+            let task = match &found {
                 Ok(found) => found
                     .iter()
                     .find(|(task, owner)| task.task_id == wait.task_id && wait.reach.covers(owner))
-                    .map(|(task, _)| {
-                        Answer::json(&TaskReply {
-                            success: true,
-                            task: task.clone(),
-                        })
-                    })
-                    .unwrap_or_else(|| {
-                        Answer::from(FleetError::NotFound(wait.task_id.clone()).into_reply())
-                    }),
-                Err(err) => Answer::from(FleetError::Unavailable(err.reason()).into_reply()),
+                    .map(|(task, _)| task.clone())
+                    .ok_or_else(|| FleetError::NotFound(wait.task_id.clone())),
+                Err(err) => Err(FleetError::Unavailable(err.reason())),
             };
-            self.send(FleetEvent::Reply(wait.reply_to, answer));
+            self.send(FleetEvent::Reply(wait.reply_to, task_answer(task)));
         }
     }
 
@@ -469,14 +478,7 @@ impl Member {
             return Err(self.trouble());
         }
         self.last_attempt = Some(Instant::now());
-        let connected = database::connect(&self.config, &self.me.node).and_then(|mut client| {
-            schema::migrate(&mut client)?;
-            // Back after a cut: the lease is this incarnation's again if no
-            // other node took the name meanwhile.
-            nodes::register(&mut client, &self.me)?;
-            Ok(client)
-        });
-        match connected {
+        match self.register() {
             Ok(client) => {
                 log::info!(
                     "fleet: node {:?} is in the fleet at {}",
@@ -533,11 +535,7 @@ impl Member {
 
     /// Whether this node's lease is current by its own clock.
     fn in_fleet(&self) -> bool {
-        let status = self.status();
-        status.trouble.is_none()
-            && status
-                .renewed
-                .is_some_and(|at| at.elapsed() < self.me.lease)
+        self.status().in_fleet(self.me.lease)
     }
 
     fn renewed(&self, draining: bool) {
@@ -614,6 +612,17 @@ pub fn send(orders: &SyncSender<Order>, order: Order) -> Result<(), FleetError> 
     orders.try_send(order).map_err(|_| {
         FleetError::Unavailable("the fleet's database is not keeping up (its queue is full)".into())
     })
+}
+
+/// `wait`'s answer: the task, or why there is none.
+fn task_answer(task: Result<TaskInfo, FleetError>) -> Answer {
+    match task {
+        Ok(task) => Answer::json(&TaskReply {
+            success: true,
+            task,
+        }),
+        Err(err) => Answer::from(err.into_reply()),
+    }
 }
 
 /// The host's one-minute load average, 0 when it cannot be read.

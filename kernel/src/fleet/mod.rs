@@ -2,8 +2,9 @@
 //!
 //! Without `[fleet] database` a node is alone and nothing here runs. With
 //! it, a thread of the fleet's own ([`member`]) holds the node's lease and
-//! does all of its talking to the database; the kernel asks it through
-//! [`Fleet`], from workers, never from the reactor.
+//! does all of its talking to the database; the kernel gives it orders
+//! through [`Fleet`] without waiting, and its answers come back as
+//! events, with a wake.
 
 mod database;
 pub mod error;
@@ -45,6 +46,9 @@ pub struct Fleet {
     link: Option<FleetLink>,
     /// What the fleet thread has for the kernel.
     events: Option<Receiver<FleetEvent>>,
+    /// Once the kernel is stopping: where the fleet thread says it has
+    /// given the lease up.
+    leaving: Option<Receiver<()>>,
 }
 
 /// What reaches the fleet thread: cloned into workers.
@@ -148,19 +152,20 @@ impl Fleet {
                 status,
             }),
             events: Some(events),
+            leaving: None,
         })
     }
 
     /// The kernel is stopping: the node claims nothing more and gives its
-    /// lease up, so the fleet takes its tasks back at once (blocks for at
-    /// most a second, while the database is asked).
-    pub fn leave(&self) {
+    /// lease up, so the fleet takes its tasks back at once. Never blocks;
+    /// dropping the fleet waits (a second at most) for the lease to go.
+    pub fn leave(&mut self) {
         let Some(link) = &self.link else {
             return;
         };
         let (left, gone) = mpsc::sync_channel(1);
         if link.orders.try_send(Order::Leave(left)).is_ok() {
-            let _ = gone.recv_timeout(Duration::from_secs(1));
+            self.leaving = Some(gone);
         }
     }
 
@@ -232,17 +237,24 @@ impl Fleet {
     }
 }
 
+impl Drop for Fleet {
+    /// The kernel is gone: its lease is given up before the process ends.
+    fn drop(&mut self) {
+        if let Some(gone) = self.leaving.take() {
+            let _ = gone.recv_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
 impl FleetLink {
     /// This node's name in the fleet.
     pub fn node(&self) -> &str {
         &self.node
     }
 
-    /// Whether the lease is current by this node's clock (the database's
-    /// may already have ended it: a lease is renewed a third of the way).
+    /// Whether the lease is current by this node's clock.
     pub fn is_joined(&self) -> bool {
-        let status = self.status();
-        status.trouble.is_none() && status.renewed.is_some_and(|at| at.elapsed() < self.lease)
+        self.status().in_fleet(self.lease)
     }
 
     /// Runs `work` on the fleet thread; its answer (or why there is none)

@@ -4,11 +4,12 @@
 //! another node) stops.
 
 use agentos_proto::payload::TaskState;
+use agentos_proto::ErrorReply;
 
 use crate::address::Reply;
-use crate::fleet::owners::local_principal;
 use crate::fleet::tasks::Claimed;
 use crate::fleet::{Fleet, FleetEvent};
+use crate::identity::Principal;
 use crate::tasks::{CancelledWork, Reach, Tasks};
 
 /// What the kernel does after the fleet's events.
@@ -26,7 +27,9 @@ pub fn on_wake(fleet: &Fleet, tasks: &mut Tasks, replies: &mut Vec<Reply>) -> Wo
     for event in fleet.take_events() {
         match event {
             FleetEvent::Reply(reply_to, answer) => replies.push((reply_to, answer)),
-            FleetEvent::Claimed(claimed) => woken.adopted |= adopt(fleet, tasks, claimed),
+            FleetEvent::Claimed { task, owner } => {
+                woken.adopted |= adopt(fleet, tasks, *task, owner)
+            }
             FleetEvent::Stop(task_id) => {
                 if !tasks.fleet.holds(&task_id) {
                     continue;
@@ -42,15 +45,16 @@ pub fn on_wake(fleet: &Fleet, tasks: &mut Tasks, replies: &mut Vec<Reply>) -> Wo
 
 /// Queues a claimed task as its owner's here; one that cannot be (its
 /// owner unknown on this node, no room) fails in the fleet at once.
-fn adopt(fleet: &Fleet, tasks: &mut Tasks, claimed: Claimed) -> bool {
+fn adopt(
+    fleet: &Fleet,
+    tasks: &mut Tasks,
+    claimed: Claimed,
+    owner: Result<Principal, ErrorReply>,
+) -> bool {
     let Claimed {
-        task_id,
-        owner,
-        dispatch,
-        ..
+        task_id, dispatch, ..
     } = claimed;
-    let adopted = local_principal(&owner)
-        .and_then(|principal| tasks.adopt(task_id.clone(), principal, dispatch));
+    let adopted = owner.and_then(|principal| tasks.adopt(task_id.clone(), principal, dispatch));
     match adopted {
         Ok(()) => true,
         Err(refusal) => {

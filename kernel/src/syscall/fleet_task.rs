@@ -171,6 +171,28 @@ fn pin(link: &FleetLink, dispatch: &TaskDispatch) -> Result<Option<String>, Erro
 /// A node without a fleet serves every task itself, and refuses what only
 /// a fleet can do, by name.
 fn refuse_without_fleet(task: TaskRequest) -> Served {
+    refuse_fleet_field(
+        task,
+        ErrorCode::Unavailable,
+        "this node has not joined a fleet ([fleet] database)",
+    )
+}
+
+/// An agent's or a run's tasks are its node's: the fleet's fields are
+/// refused by name.
+fn refuse_for_agents(task: TaskRequest) -> Served {
+    refuse_fleet_field(
+        task,
+        ErrorCode::PermissionDenied,
+        "the fleet's tasks are operators' and delegates'; an agent's or a run's tasks run on \
+         its own node",
+    )
+}
+
+/// Refuses `task` with `code` because `why` when it uses a field only a
+/// fleet's task has (`max_attempts` 1 is every task's); else it is this
+/// node's to serve.
+fn refuse_fleet_field(task: TaskRequest, code: ErrorCode, why: &str) -> Served {
     let field = match &task {
         TaskRequest::Dispatch(d) if d.node.is_some() => "node",
         TaskRequest::Dispatch(d) if d.max_attempts.is_some_and(|n| n > 1) => "max_attempts",
@@ -178,35 +200,8 @@ fn refuse_without_fleet(task: TaskRequest) -> Served {
         TaskRequest::List(filter) if filter.fleet => "fleet",
         _ => return Served::Here(task),
     };
-    Served::Fleet(Outcome::Reply(
-        ErrorReply::new(
-            ErrorCode::Unavailable,
-            format!("TASK field `{field}`: this node has not joined a fleet ([fleet] database)"),
-        )
-        .into(),
-    ))
-}
-
-/// An agent's or a run's tasks are its node's: the fleet's fields are
-/// refused by name.
-fn refuse_for_agents(task: TaskRequest) -> Served {
-    let field = match &task {
-        TaskRequest::Dispatch(d) if d.node.is_some() => "node",
-        TaskRequest::Dispatch(d) if d.max_attempts.is_some() => "max_attempts",
-        TaskRequest::Dispatch(d) if d.idempotency_key.is_some() => "idempotency_key",
-        TaskRequest::List(filter) if filter.fleet => "fleet",
-        _ => return Served::Here(task),
-    };
-    Served::Fleet(Outcome::Reply(
-        ErrorReply::new(
-            ErrorCode::PermissionDenied,
-            format!(
-                "TASK field `{field}`: the fleet's tasks are operators' and delegates'; an \
-                 agent's or a run's tasks run on its own node"
-            ),
-        )
-        .into(),
-    ))
+    let refusal = ErrorReply::new(code, format!("TASK field `{field}`: {why}"));
+    Served::Fleet(Outcome::Reply(refusal.into()))
 }
 
 fn bad_request(why: impl Into<String>) -> ErrorReply {
