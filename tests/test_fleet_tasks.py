@@ -172,13 +172,21 @@ def test_fleet_fields_are_refused_to_runs_and_without_a_fleet():
         code = RUN_ASKS_KERNEL + (
             "print(json.dumps([ask(0x13, {'op': 'dispatch', 'kind': 'exec', "
             "'request': {'code': 'print(1)'}, 'node': 'n1'}), "
+            "ask(0x13, {'op': 'dispatch', 'kind': 'exec', "
+            "'request': {'code': 'print(1)'}, 'max_attempts': 10}), "
+            "ask(0x13, {'op': 'dispatch', 'kind': 'exec', "
+            "'request': {'code': 'print(1)'}, 'idempotency_key': 'k' * 100}), "
+            "ask(0x13, {'op': 'status', 'task_id': 't-fleet-' + '0' * 16}), "
             "ask(0x13, {'op': 'list', 'fleet': True})]))"
         )
         with client_of(n1) as client:
             run = client.exec(code, permissions={"task": True})
         import json
         answers = json.loads(run["stdout"])
-        assert [a.get("code") for a in answers] == ["permission_denied"] * 2, answers
+        # A run's tasks are its node's: the fleet's fields are refused by
+        # name, and a fleet task's id is no task of its own.
+        assert [a.get("code") for a in answers] == (
+            ["permission_denied"] * 3 + ["not_found", "permission_denied"]), answers
     with kernel_with() as alone:
         with AgentOSClient(alone.socket_path) as client:
             for fields, field in (({"node": "n1"}, "node"), ({"max_attempts": 2}, "max_attempts"),
