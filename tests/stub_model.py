@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 
 
 def completion(content: str, number: int = 0) -> bytes:
@@ -20,9 +21,14 @@ def completion(content: str, number: int = 0) -> bytes:
 
 
 class StubModel:
-    def __init__(self, answers: list[str]) -> None:
+    def __init__(self, answers: list[str], host: str = "127.0.0.1") -> None:
+        """A model answering on ``host`` (another address than loopback
+        lets nodes in network namespaces of their own reach it)."""
         self.answers = answers
         self.requests: list[dict] = []
+        #: When each request came (the Unix time).
+        self.times: list[float] = []
+        self.lock = threading.Lock()
         model = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -40,17 +46,19 @@ class StubModel:
                 self.end_headers()
                 self.wfile.write(answer)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{host}:{self.server.server_address[1]}"
 
     def answer(self, path: str, headers, body: bytes) -> bytes:
         """The answer to a POST: a chat's next scripted completion (a stub
         that serves more than chats overrides this)."""
         request = json.loads(body)
-        chats = len(self.requests)
-        self.requests.append(request)
+        with self.lock:
+            chats = len(self.requests)
+            self.requests.append(request)
+            self.times.append(time.time())
         content = self.answers[min(chats, len(self.answers) - 1)]
         return completion(content, chats)
 

@@ -235,8 +235,44 @@ pub struct LlmConfig {
     /// Fair-queueing weights by agent name (default 1): an agent of weight
     /// 2 is served twice the tokens of a backlogged agent of weight 1.
     pub weights: BTreeMap<String, u32>,
+    /// Each principal's share of THINK, across the fleet when there is one.
+    pub quota: QuotaConfig,
     /// The local model server.
     pub local: LocalConfig,
+}
+
+/// `[llm.quota]`: what one principal — an operator by user name, or a
+/// delegate (an HTTP face's key) — may use of THINK, its runs' and
+/// tasks' THINKs included. With a fleet, it holds across every node.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// Tokens per period (0: no quota).
+    pub tokens: u64,
+    /// The token quota's period, in seconds.
+    pub period_secs: u64,
+    /// THINK requests per minute (0: no limit).
+    pub rpm: u32,
+}
+
+/// The longest a token quota's period may be: 31 days.
+const MAX_QUOTA_PERIOD_SECS: u64 = 31 * 86_400;
+
+impl Default for QuotaConfig {
+    fn default() -> Self {
+        QuotaConfig {
+            tokens: 0,
+            period_secs: 86_400,
+            rpm: 0,
+        }
+    }
+}
+
+impl QuotaConfig {
+    /// Whether any quota is set.
+    pub fn is_set(&self) -> bool {
+        self.tokens > 0 || self.rpm > 0
+    }
 }
 
 impl Default for LlmConfig {
@@ -258,6 +294,7 @@ impl Default for LlmConfig {
             max_tokens_limit: 32_768,
             context_tokens: None,
             weights: BTreeMap::new(),
+            quota: QuotaConfig::default(),
             local: LocalConfig::default(),
         }
     }
@@ -440,6 +477,15 @@ impl LlmConfig {
             return invalid(
                 "llm.weights",
                 format!("the weight of {name:?} is outside 1..=1000"),
+            );
+        }
+        if !(60..=MAX_QUOTA_PERIOD_SECS).contains(&self.quota.period_secs) {
+            return invalid(
+                "llm.quota.period_secs",
+                format!(
+                    "{} is outside 60..={MAX_QUOTA_PERIOD_SECS} (a minute to 31 days)",
+                    self.quota.period_secs
+                ),
             );
         }
         if let Some(url) = &self.base_url {

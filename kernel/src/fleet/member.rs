@@ -15,6 +15,7 @@ use agentos_proto::payload::{TaskInfo, TaskReply, TaskState};
 use agentos_proto::ErrorReply;
 use postgres::Client;
 
+use super::allowances;
 use super::database;
 use super::error::FleetError;
 use super::nodes::{self, Figures, Registration};
@@ -26,6 +27,7 @@ use super::waits::{Wait, Waits};
 use crate::address::{Answer, ReplyTo};
 use crate::config::fleet::FleetConfig;
 use crate::identity::Principal;
+use crate::permissions::allowance::{Grant, LeaseAsk, LedgerUnreachable};
 
 /// Work for the fleet thread, answered to whoever asked.
 pub type Work = Box<dyn FnOnce(&mut Client) -> Result<Answer, FleetError> + Send>;
@@ -36,6 +38,8 @@ pub enum Order {
     Ask(ReplyTo, Work),
     /// Answer once the task ends or the wait's time is up.
     Wait(Wait),
+    /// Lease more of a principal's THINK quota.
+    Lease(LeaseAsk),
     /// Notifications came: the rows are looked at ([`Notes`]).
     Woken,
     /// The kernel is stopping: give the lease up, say so, and end.
@@ -65,6 +69,8 @@ pub enum FleetEvent {
     Stop(String),
     /// The answer to a request.
     Reply(ReplyTo, Answer),
+    /// What the ledger granted of a quota, or why it granted nothing.
+    Leased(LeaseAsk, Result<Grant, LedgerUnreachable>),
 }
 
 /// What the fleet thread shares with the rest of the kernel.
@@ -117,6 +123,8 @@ pub struct Member {
     check_waits: bool,
     /// The tick came: dead nodes' tasks are looked for.
     look_back: bool,
+    /// When the quotas' old windows were last forgotten.
+    forgot_allowances: Option<Instant>,
 }
 
 /// Reconnection is tried at most this often.
@@ -124,6 +132,8 @@ const RETRY: Duration = Duration::from_secs(1);
 /// Without notifications, queued tasks, held tasks and waits are looked at
 /// this often.
 const TICK: Duration = Duration::from_secs(1);
+/// The quotas' windows long over are forgotten at most this often.
+const FORGET_ALLOWANCES_EVERY: Duration = Duration::from_secs(60);
 
 impl Member {
     /// A member for `config`, not yet connected.
@@ -149,6 +159,7 @@ impl Member {
             check_held: false,
             check_waits: false,
             look_back: false,
+            forgot_allowances: None,
         }
     }
 
@@ -242,12 +253,42 @@ impl Member {
                 self.send(FleetEvent::Reply(reply_to, answer));
             }
             Order::Wait(wait) => self.start_wait(wait),
+            Order::Lease(ask) => {
+                let grant = self.lease(&ask);
+                self.send(FleetEvent::Leased(ask, grant));
+            }
             Order::Leave(_) => {}
             Order::Woken => {
                 let looks = self.notes.take();
                 self.claim_now |= looks.queued;
                 self.check_held |= looks.cancelled && !self.held.is_empty();
                 self.check_waits |= looks.done && !self.waits.is_empty();
+            }
+        }
+    }
+
+    /// Leases what `ask` wants of the quotas' ledger; now and then, first
+    /// forgets the windows long over.
+    fn lease(&mut self, ask: &LeaseAsk) -> Result<Grant, LedgerUnreachable> {
+        let forget =
+            (self.forgot_allowances).is_none_or(|at| at.elapsed() >= FORGET_ALLOWANCES_EVERY);
+        let leased = self.client().and_then(|client| {
+            if forget {
+                allowances::forget_old(client)?;
+            }
+            allowances::lease(client, ask)
+        });
+        match leased {
+            Ok(grant) => {
+                if forget {
+                    self.forgot_allowances = Some(Instant::now());
+                }
+                Ok(grant)
+            }
+            Err(err) => {
+                let why = LedgerUnreachable(err.reason());
+                self.failed("lease a THINK quota", err);
+                Err(why)
             }
         }
     }

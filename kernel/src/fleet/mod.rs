@@ -6,6 +6,7 @@
 //! through [`Fleet`] without waiting, and its answers come back as
 //! events, with a wake.
 
+mod allowances;
 mod database;
 pub mod error;
 mod listener;
@@ -28,6 +29,7 @@ use postgres::Client;
 
 use crate::address::{Answer, ReplyTo};
 use crate::config::fleet::FleetConfig;
+use crate::permissions::allowance::LeaseAsk;
 use crate::random;
 use crate::telemetry::metrics::Snapshot;
 pub use error::FleetError;
@@ -265,6 +267,12 @@ impl FleetLink {
         work: impl FnOnce(&mut Client) -> Result<Answer, FleetError> + Send + 'static,
     ) -> Result<(), FleetError> {
         member::send(&self.orders, Order::Ask(reply_to, Box::new(work)))
+    }
+
+    /// Asks the ledger for more of a principal's THINK quota; the grant
+    /// comes back as [`FleetEvent::Leased`].
+    pub fn lease(&self, ask: LeaseAsk) -> Result<(), FleetError> {
+        member::send(&self.orders, Order::Lease(ask))
     }
 
     /// Holds `wait` until its task ends or its time is up.

@@ -27,6 +27,32 @@ pub fn fleet_owner(principal: Principal) -> Result<Option<FleetOwner>, FleetErro
     }))
 }
 
+/// The name `principal`'s THINK quota is kept under on every node: its
+/// user name, and its delegate's after a `/` (a delegate's name holds
+/// none); `#UID` for a uid with no name. `None` for an agent or a run,
+/// which have token budgets of their own instead.
+pub fn quota_owner(principal: Principal) -> Option<String> {
+    let uid = match principal {
+        Principal::Operator { uid } | Principal::Delegate { uid, .. } => uid,
+        Principal::Agent { .. } | Principal::Run { .. } => return None,
+    };
+    let owner = match fleet_owner(principal) {
+        Ok(owner) => owner?,
+        Err(_) => FleetOwner {
+            user: format!("#{uid}"),
+            delegate: match principal {
+                Principal::Delegate { name, .. } => name.as_str().to_owned(),
+                _ => String::new(),
+            },
+        },
+    };
+    Some(if owner.delegate.is_empty() {
+        owner.user
+    } else {
+        format!("{}/{}", owner.user, owner.delegate)
+    })
+}
+
 /// The user name of `uid`, looked up once for the daemon's life (the
 /// lookup may ask a directory service; the reactor asks it).
 fn user_name(uid: u32) -> Result<String, FleetError> {

@@ -60,6 +60,17 @@ const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX agentos_tasks_idempotency
         ON agentos_tasks (owner_user, owner_delegate, idempotency_key)
         WHERE idempotency_key IS NOT NULL",
+    // 3: what each window of a principal's THINK quota has granted.
+    "CREATE TABLE agentos_allowances (
+        owner text NOT NULL,
+        measure text NOT NULL,
+        window_number bigint NOT NULL,
+        granted bigint NOT NULL,
+        last_grant bigint NOT NULL,
+        ends_at timestamptz NOT NULL,
+        PRIMARY KEY (owner, measure, window_number)
+    );
+    CREATE INDEX agentos_allowances_ends ON agentos_allowances (ends_at)",
 ];
 
 /// The newest schema version this node reads and writes.

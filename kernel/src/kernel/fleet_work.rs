@@ -1,7 +1,8 @@
 //! The fleet's work on this node: a task the fleet thread claimed runs
 //! here as a task of its owner, under the fleet's id; its end goes back to
 //! the fleet; one that is no longer this node's (cancelled, or taken by
-//! another node) stops.
+//! another node) stops. THINK's quotas are leased from the fleet's
+//! ledger.
 
 use agentos_proto::payload::TaskState;
 use agentos_proto::ErrorReply;
@@ -10,6 +11,8 @@ use crate::address::Reply;
 use crate::fleet::tasks::Claimed;
 use crate::fleet::{Fleet, FleetEvent};
 use crate::identity::Principal;
+use crate::llm::Llm;
+use crate::permissions::allowance::LedgerUnreachable;
 use crate::tasks::{CancelledWork, Reach, Tasks};
 
 /// What the kernel does after the fleet's events.
@@ -21,12 +24,21 @@ pub struct Woken {
     pub adopted: bool,
 }
 
-/// Takes the fleet thread's events.
-pub fn on_wake(fleet: &Fleet, tasks: &mut Tasks, replies: &mut Vec<Reply>) -> Woken {
+/// Sends THINK's asks for more of its quotas to the ledger, and takes the
+/// fleet thread's events.
+pub fn on_wake(fleet: &Fleet, tasks: &mut Tasks, llm: &mut Llm, replies: &mut Vec<Reply>) -> Woken {
     let mut woken = Woken::default();
+    if let Ok(link) = fleet.link() {
+        for ask in llm.take_lease_asks() {
+            if let Err(err) = link.lease(ask.clone()) {
+                llm.leased(&ask, Err(LedgerUnreachable(err.reason())), replies);
+            }
+        }
+    }
     for event in fleet.take_events() {
         match event {
             FleetEvent::Reply(reply_to, answer) => replies.push((reply_to, answer)),
+            FleetEvent::Leased(ask, grant) => llm.leased(&ask, grant, replies),
             FleetEvent::Claimed { task, owner } => {
                 woken.adopted |= adopt(fleet, tasks, *task, owner)
             }

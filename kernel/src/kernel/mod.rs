@@ -167,11 +167,7 @@ impl Kernel {
             tokens.first(Source::Tools),
             Arc::clone(&tracer),
         )?;
-        let llm = starter.start_llm(
-            &config.llm,
-            &config.agents.log_dir(),
-            sandboxes.confinement(),
-        );
+        let llm = starter.start_llm(&config, sandboxes.confinement());
         let tools = starter.start_tools(
             &config.mcp,
             sandboxes.confinement(),
@@ -280,7 +276,8 @@ impl Kernel {
         self.llm.poll(&mut self.outbox.replies);
         self.tools.on_wake(&mut self.outbox.replies, Instant::now());
         self.services.http_calls.on_wake(&mut self.outbox.replies);
-        let woken = fleet_work::on_wake(&self.fleet, &mut self.tasks, &mut self.outbox.replies);
+        let replies = &mut self.outbox.replies;
+        let woken = fleet_work::on_wake(&self.fleet, &mut self.tasks, &mut self.llm, replies);
         for stop in woken.stops {
             self.stop_task(stop);
         }

@@ -47,13 +47,11 @@ impl Starter {
     }
 
     /// THINK as `config` sets it, its calls traced.
-    pub fn start_llm(
-        &self,
-        config: &LlmConfig,
-        log_dir: &Path,
-        confinement: Option<Confinement>,
-    ) -> Llm {
-        let mut llm = Llm::new(config, Arc::clone(&self.waker), log_dir, confinement);
+    pub fn start_llm(&self, config: &Config, confinement: Option<Confinement>) -> Llm {
+        let waker = Arc::clone(&self.waker);
+        let log_dir = config.agents.log_dir();
+        let in_fleet = config.fleet.database.is_some();
+        let mut llm = Llm::new(&config.llm, waker, &log_dir, confinement, in_fleet);
         llm.trace_with(Arc::clone(&self.tracer));
         llm
     }

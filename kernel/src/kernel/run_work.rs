@@ -6,12 +6,13 @@ use agentos_egress::Gateway;
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::actor::{Actor, Permission};
-use super::runs::Runs;
+use super::runs::{Root, Runs};
 use super::sandboxes::{agent_sandboxes, SandboxOwner};
 use super::task_work;
 use crate::address::Reply;
 use crate::agents::Agents;
 use crate::exec::{ChargedTo, Exec, RunCaller};
+use crate::fleet::owners::quota_owner;
 use crate::identity::Principal;
 use crate::llm::{Asker, Llm};
 use crate::sandbox::runtime::Runtime;
@@ -76,8 +77,9 @@ pub fn span_agent(actor: &Actor<'_>, agents: &Agents) -> Option<SpanAgent> {
 /// permissions; an EXEC run's THINKs are its agent's — queued and
 /// charged as the agent's, within the run's own budget too if it has
 /// one — and an operator's (or an operator's run's) are those of
-/// `flow`, the asking connection, with neither limit. `agent` is the
-/// agent its spans name, if they are traced.
+/// `flow`, the asking connection, held to the `[llm.quota]` of the
+/// operator or delegate at the root. `agent` is the agent its spans
+/// name, if they are traced.
 pub fn asker(
     actor: &Actor<'_>,
     flow: u32,
@@ -90,11 +92,18 @@ pub fn asker(
     let weight = id
         .and_then(|id| agents.grant(id))
         .map_or(1, |grant| llm.weight_of(grant.name));
+    let quota = match actor.root() {
+        _ if !llm.has_quota() => None,
+        Root::Operator(uid) => quota_owner(Principal::Operator { uid }),
+        Root::Delegate(uid, name) => quota_owner(Principal::Delegate { uid, name }),
+        Root::Agent(_) => None,
+    };
     Ok(Asker {
         id: id.unwrap_or(flow),
         weight,
         budgets: actor.budgets().to_vec(),
         agent,
+        quota,
     })
 }
 

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use agentos_proto::payload::LlmStats;
+use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::provider::{Chat, Completion};
 use crate::identity::FIRST_OPERATOR_ID;
@@ -107,6 +108,42 @@ impl Ledger {
                 spent.used += tokens;
             }
         }
+    }
+
+    /// Checks a THINK of `asker` whose prompt is about `prompt_tokens`
+    /// against the tightest of its `budgets`: refused when that cannot
+    /// cover the prompt, else its `max_tokens` lowered to what is left, so
+    /// a budget is overrun only by the error of the prompt's estimate.
+    pub fn fit(
+        &self,
+        asker: u32,
+        budgets: &[Budget],
+        prompt_tokens: u64,
+        max_tokens: &mut u32,
+    ) -> Result<(), ErrorReply> {
+        let Some((budget, left)) = self.tightest(budgets) else {
+            return Ok(());
+        };
+        if prompt_tokens >= left {
+            let spent = self.spent(budget.owner);
+            let whose = if budget.owner == asker {
+                "its own".to_owned()
+            } else {
+                format!("the budget of agent {}, which it shares,", budget.owner)
+            };
+            return Err(ErrorReply::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "agent {asker}: {whose} of {} LLM tokens has {left} left ({} used, {} \
+                     reserved by THINKs in progress); this prompt alone needs about \
+                     {prompt_tokens}",
+                    budget.tokens, spent.used, spent.reserved
+                ),
+            ));
+        }
+        let room = u32::try_from(left - prompt_tokens).unwrap_or(u32::MAX);
+        *max_tokens = (*max_tokens).min(room);
+        Ok(())
     }
 
     /// The budget with the least left, and what it has left.

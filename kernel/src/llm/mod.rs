@@ -19,8 +19,10 @@ mod health;
 mod ledger;
 pub mod local;
 pub mod provider;
+mod quota;
 mod reload;
 mod reply;
+mod request;
 pub mod retry;
 pub mod scheduler;
 mod spans;
@@ -32,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentos_primitives::timers::Timers;
-use agentos_proto::payload::{ChatMessage, LlmInfo, LlmStats, ThinkRequest};
+use agentos_proto::payload::{LlmInfo, LlmStats, ThinkRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 use mio::Waker;
 
@@ -40,66 +42,21 @@ use self::admission::Admission;
 use self::call::{CallDone, CallJob};
 use self::connection::Connection;
 use self::ledger::{charged_tokens, estimate_prompt_tokens, Ledger};
-use self::provider::{Chat, Failure};
+use self::provider::Failure;
+use self::quota::{Offer, Paid, Quotas, Released};
 use self::reload::{same_provider, Limits};
 use self::reply::{answered, failed};
-use self::scheduler::{flow_cap, FlowId, Full, Scheduler, Waiting};
+pub use self::request::Asker;
+use self::request::{chat_for, InFlight, Pending};
+use self::scheduler::{flow_cap, Full, Scheduler, Waiting};
 use self::spans::{end_chat_span, open_chat_span};
 use crate::address::{Reply, ReplyTo};
-use crate::config::llm::{LlmConfig, ProviderKind};
+use crate::config::llm::LlmConfig;
+use crate::permissions::allowance::{Grant, LeaseAsk, LedgerUnreachable};
 use crate::permissions::Budget;
 use crate::sandbox::confine::Confinement;
-use crate::telemetry::tracer::{OpenSpan, SpanAgent, Tracer};
+use crate::telemetry::tracer::Tracer;
 use crate::telemetry::TraceContext;
-
-/// Who is asking, as the kernel knows them.
-#[derive(Clone, Debug)]
-pub struct Asker {
-    /// The caller's identity id: its flow in the fair queue.
-    pub id: u32,
-    /// Its fair-queueing weight.
-    pub weight: u32,
-    /// The budgets it draws on: its own, if it has one, then its
-    /// ancestors'. Every token it uses is charged to each.
-    pub budgets: Vec<Budget>,
-    /// The agent whose work it is, for the span.
-    pub agent: Option<SpanAgent>,
-}
-
-/// A THINK waiting in the queue.
-#[derive(Debug)]
-struct Pending {
-    /// The owners of the budgets it is charged to.
-    budgets: Vec<u32>,
-    /// Where the answer goes; its connection's closing drops the request.
-    reply_to: ReplyTo,
-    chat: Chat,
-    /// The request named no model: the one configured when it is sent
-    /// goes (a reload may change it while the request waits).
-    default_model: bool,
-    enqueued: Instant,
-    deadline: Instant,
-    /// Its `chat {model}` span, with tracing on.
-    span: Option<OpenSpan>,
-}
-
-/// A THINK at the provider.
-#[derive(Debug)]
-struct InFlight {
-    flow: FlowId,
-    budgets: Vec<u32>,
-    reply_to: ReplyTo,
-    estimate: u64,
-    prompt_estimate: u64,
-    queue_ms: u64,
-    /// When it was handed to a call thread.
-    sent: Instant,
-    model: String,
-    /// The provider it went to (see [`Connection::generation`]).
-    generation: u64,
-    /// Its `chat {model}` span, with tracing on.
-    span: Option<OpenSpan>,
-}
 
 /// Deadlines the subsystem keeps.
 #[derive(Debug)]
@@ -123,6 +80,8 @@ pub struct Llm {
     concurrency: usize,
     /// Use, and what the token budgets have spent.
     ledger: Ledger,
+    /// Each principal's `[llm.quota]`, and the THINKs held for it.
+    quotas: Quotas<Pending>,
     /// What the metrics say of THINK.
     counts: counts::ThinkCounts,
     /// Where THINK's spans go.
@@ -135,14 +94,17 @@ impl Llm {
     /// THINK as configured. A provider that cannot work here (the local
     /// model not installed, none configured) leaves THINK answering
     /// `unavailable` with the reason; the daemon runs on. The local model
-    /// server runs under `confinement` when there is one.
+    /// server runs under `confinement` when there is one. In a fleet
+    /// (`in_fleet`), quotas are leased from the fleet's ledger.
     pub fn new(
         config: &LlmConfig,
         waker: Arc<Waker>,
         log_dir: &Path,
         confinement: Option<Confinement>,
+        in_fleet: bool,
     ) -> Llm {
         let mut llm = Llm {
+            quotas: Quotas::new(&config.quota, in_fleet.then(|| Arc::clone(&waker))),
             connection: Connection::open(config, waker, log_dir, confinement),
             limits: Limits::of(config),
             scheduler: Scheduler::new(config.max_queued),
@@ -200,6 +162,7 @@ impl Llm {
             self.admission = Admission::new(config.rpm, config.tpm, Instant::now());
         }
         self.scheduler.set_capacity(config.max_queued);
+        self.quotas.configure(&config.quota);
     }
 
     /// Lets go of each replaced provider whose calls have all finished.
@@ -233,9 +196,42 @@ impl Llm {
             .add_to(self.connection.kind().as_str(), snapshot);
     }
 
-    /// THINKs waiting in the fair queue.
+    /// THINKs waiting in the fair queue, or for their quotas.
     pub fn queued(&self) -> usize {
-        self.scheduler.len()
+        self.scheduler.len() + self.quotas.held()
+    }
+
+    /// Whether principals' THINKs are held to `[llm.quota]`.
+    pub fn has_quota(&self) -> bool {
+        self.quotas.is_set()
+    }
+
+    /// Leases of quotas for the fleet's ledger to grant (the reactor is
+    /// woken when there are some); the kernel brings back the answers
+    /// ([`Llm::leased`]).
+    pub fn take_lease_asks(&mut self) -> Vec<LeaseAsk> {
+        self.quotas.take_asks()
+    }
+
+    /// The ledger's answer to `ask`: the held THINKs go on, or, when it
+    /// could not be asked, fail naming why.
+    pub fn leased(
+        &mut self,
+        ask: &LeaseAsk,
+        grant: Result<Grant, LedgerUnreachable>,
+        replies: &mut Vec<Reply>,
+    ) {
+        match grant {
+            Ok(grant) => self.quotas.granted(ask, grant, Instant::now()),
+            Err(unreachable) => {
+                let (held, why) = self.quotas.lease_failed(ask, &unreachable);
+                let failure = Failure::fatal(ErrorCode::Unavailable, why);
+                for pending in held {
+                    self.fail_pending(pending, &failure, "quota_unavailable", replies);
+                }
+            }
+        }
+        self.pump(Instant::now(), replies);
     }
 
     /// Whether THINK can be served on this host.
@@ -304,35 +300,26 @@ impl Llm {
         }
         let default_model = request.model.is_none();
         let parent = request.trace.as_deref().and_then(TraceContext::parse);
-        let mut chat = self.chat_for(request)?;
+        let mut chat = chat_for(&self.limits, &self.connection, request)?;
         let prompt_tokens = estimate_prompt_tokens(&chat);
-        if let Some((budget, left)) = self.ledger.tightest(&asker.budgets) {
-            if prompt_tokens >= left {
-                let spent = self.ledger.spent(budget.owner);
-                let whose = if budget.owner == asker.id {
-                    "its own".to_owned()
-                } else {
-                    format!("the budget of agent {}, which it shares,", budget.owner)
-                };
-                return Err(ErrorReply::new(
-                    ErrorCode::LimitExceeded,
-                    format!(
-                        "agent {}: {whose} of {} LLM tokens has {left} left ({} used, {} \
-                         reserved by THINKs in progress); this prompt alone needs about \
-                         {prompt_tokens}",
-                        asker.id, budget.tokens, spent.used, spent.reserved
-                    ),
-                ));
-            }
-            // An answer may not outgrow what is left; a budget is then
-            // overrun only by the error of the prompt's estimate.
-            let room = u32::try_from(left - prompt_tokens).unwrap_or(u32::MAX);
-            chat.max_tokens = chat.max_tokens.min(room);
-        }
+        self.ledger.fit(
+            asker.id,
+            &asker.budgets,
+            prompt_tokens,
+            &mut chat.max_tokens,
+        )?;
         let estimate = prompt_tokens + u64::from(chat.max_tokens);
         let now = Instant::now();
+        if self.scheduler.is_full_with(self.quotas.held()) {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "the THINK queue is full ({} waiting); retry later",
+                    self.queued()
+                ),
+            ));
+        }
         let deadline = now + self.limits.timeout;
-        let budgets: Vec<u32> = asker.budgets.iter().map(|b| b.owner).collect();
         let span = open_chat_span(
             &self.tracer,
             self.connection.kind().as_str(),
@@ -341,7 +328,12 @@ impl Llm {
             asker.agent.as_ref(),
         );
         let pending = Pending {
-            budgets: budgets.clone(),
+            flow: asker.id,
+            weight: asker.weight,
+            budgets: asker.budgets.iter().map(|b| b.owner).collect(),
+            reserved: estimate,
+            prompt_tokens,
+            paid: None,
             reply_to,
             chat,
             default_model,
@@ -349,21 +341,82 @@ impl Llm {
             deadline,
             span,
         };
-        self.scheduler
-            .push(asker.id, asker.weight, estimate, pending)
-            .map_err(|Full| {
-                ErrorReply::new(
-                    ErrorCode::Busy,
-                    format!(
-                        "the THINK queue is full ({} waiting); retry later",
-                        self.scheduler.len()
-                    ),
-                )
-            })?;
-        self.ledger.reserve(&budgets, estimate);
+        self.ledger.reserve(&pending.budgets, estimate);
+        match asker.quota.as_deref() {
+            None => self.queue(pending, None, replies),
+            Some(owner) => match self.quotas.offer(owner, pending, now) {
+                Offer::Go(pending, paid) => self.queue(pending, Some(paid), replies),
+                Offer::Held => {}
+                Offer::Refused(mut pending, why) => {
+                    self.discard(&mut pending, "quota_spent");
+                    return Err(ErrorReply::new(ErrorCode::LimitExceeded, why));
+                }
+            },
+        }
         self.timers.schedule(deadline, Wake::Expire);
         self.pump(now, replies);
         Ok(())
+    }
+
+    /// Puts a THINK paid for (`paid`, if its principal has a quota) in the
+    /// fair queue. Its quota may have lowered its answer's cap: its
+    /// budgets keep only what it may now use.
+    fn queue(&mut self, mut pending: Pending, paid: Option<Paid>, replies: &mut Vec<Reply>) {
+        let estimate = pending.prompt_tokens + u64::from(pending.chat.max_tokens);
+        (self.ledger).release(&pending.budgets, pending.reserved.saturating_sub(estimate));
+        pending.reserved = pending.reserved.min(estimate);
+        pending.paid = paid;
+        let (flow, weight) = (pending.flow, pending.weight);
+        if let Err(Full(pending)) = self.scheduler.push(flow, weight, estimate, pending) {
+            // Only a reload that made the queue smaller gets here.
+            let failure = Failure::fatal(ErrorCode::Busy, "the THINK queue is full; retry later");
+            self.fail_pending(pending, &failure, "queue_full", replies);
+        }
+    }
+
+    /// Lets held THINKs whose quotas now allow go into the fair queue, and
+    /// fails those whose quotas are spent.
+    fn release_held(&mut self, now: Instant, replies: &mut Vec<Reply>) {
+        for released in self.quotas.release(now) {
+            match released {
+                Released::Go(pending, paid) => self.queue(pending, Some(paid), replies),
+                Released::Refused(pending, why) => {
+                    let failure = Failure::fatal(ErrorCode::LimitExceeded, why);
+                    self.fail_pending(pending, &failure, "quota_spent", replies);
+                }
+            }
+        }
+    }
+
+    /// Answers a THINK that never reached the provider with `failure`.
+    fn fail_pending(
+        &mut self,
+        mut pending: Pending,
+        failure: &Failure,
+        why: &'static str,
+        replies: &mut Vec<Reply>,
+    ) {
+        self.discard(&mut pending, why);
+        self.counts.refused(failure.code.as_str());
+        let waited = pending.enqueued.elapsed();
+        let reply = failed(failure, &pending.chat.model, waited, Duration::ZERO);
+        replies.push((pending.reply_to, reply.into()));
+    }
+
+    /// Frees what a THINK taken out of the queue had set aside — in its
+    /// budgets, and of its quota — and ends its span as failed, `why` its
+    /// error type.
+    fn discard(&mut self, pending: &mut Pending, why: &'static str) {
+        self.ledger.release(&pending.budgets, pending.reserved);
+        pending.reserved = 0;
+        if let Some(paid) = pending.paid.take() {
+            self.quotas.refund(&paid);
+        }
+        if let Some(mut span) = pending.span.take() {
+            span.text("error.type", why);
+            self.tracer
+                .end(span, Some(format!("withdrawn from the queue: {why}")));
+        }
     }
 
     /// Collects finished calls, answers them, and sends what may go next.
@@ -396,7 +449,7 @@ impl Llm {
                 }
             }
         }
-        if !(expire || admit) {
+        if !(expire || admit || self.quotas.is_due(now)) {
             return;
         }
         if expire {
@@ -423,7 +476,9 @@ impl Llm {
     /// The earliest deadline the reactor must wake up for.
     pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
         let look = self.connection.next_look(now);
-        self.timers.time_to_next(now).into_iter().chain(look).min()
+        let quota = (self.quotas.next_wake()).map(|at| at.saturating_duration_since(now));
+        let timers = self.timers.time_to_next(now);
+        timers.into_iter().chain(look).chain(quota).min()
     }
 
     /// Whether calls at the provider in place are unanswered.
@@ -498,13 +553,14 @@ impl Llm {
         why: &'static str,
     ) -> Vec<Waiting<Pending>> {
         let mut withdrawn = self.scheduler.remove_where(|w| reject(&w.item));
+        let held = self.quotas.remove_where(&reject);
+        withdrawn.extend(held.into_iter().map(|item| Waiting {
+            ticket: 0,
+            estimate: item.reserved,
+            item,
+        }));
         for waiting in &mut withdrawn {
-            self.ledger.release(&waiting.item.budgets, waiting.estimate);
-            if let Some(mut span) = waiting.item.span.take() {
-                span.text("error.type", why);
-                self.tracer
-                    .end(span, Some(format!("withdrawn from the queue: {why}")));
-            }
+            self.discard(&mut waiting.item, why);
         }
         withdrawn
     }
@@ -514,49 +570,13 @@ impl Llm {
         self.connection.shutdown();
     }
 
-    /// The provider-neutral request, with defaults applied.
-    fn chat_for(&self, request: ThinkRequest) -> Result<Chat, ErrorReply> {
-        let limits = &self.limits;
-        let max_tokens = request.max_tokens.unwrap_or(limits.default_max_tokens);
-        if max_tokens > limits.max_tokens_limit {
-            return Err(ErrorReply::new(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "THINK field `max_tokens` is {max_tokens}, outside the allowed range \
-                     1..={}",
-                    limits.max_tokens_limit
-                ),
-            ));
-        }
-        if let Some(asked) = &request.model {
-            self.connection.check_served(asked)?;
-        }
-        let mut messages = request.messages.unwrap_or_default();
-        if let Some(prompt) = request.prompt.filter(|p| !p.trim().is_empty()) {
-            messages.push(ChatMessage {
-                role: "user".into(),
-                content: prompt,
-            });
-        }
-        Ok(Chat {
-            // The local model under the name it is served by, however the
-            // request spelt it.
-            model: match request.model {
-                Some(model) if self.connection.kind() != ProviderKind::Local => model,
-                _ => self.connection.model().to_owned(),
-            },
-            system: request.system,
-            messages,
-            max_tokens,
-            temperature: request.temperature,
-            stop: request.stop,
-        })
-    }
-
     /// Sends queued requests while there is room at the provider and the
     /// rate limits allow, passing over callers at their cap (the
     /// scheduler's `peek` shows none of theirs).
     fn pump(&mut self, now: Instant, replies: &mut Vec<Reply>) {
+        if self.quotas.is_due(now) {
+            self.release_held(now, replies);
+        }
         if !self.connection.is_connected() {
             return;
         }
@@ -587,6 +607,7 @@ impl Llm {
                 InFlight {
                     flow,
                     budgets: pending.budgets,
+                    paid: pending.paid,
                     reply_to: pending.reply_to,
                     estimate: waiting.estimate,
                     prompt_estimate: waiting.estimate - u64::from(pending.chat.max_tokens),
@@ -634,6 +655,9 @@ impl Llm {
         self.scheduler.settle(call.flow, call.estimate, used);
         self.admission.settle(call.estimate, used, now);
         self.ledger.release(&call.budgets, call.estimate);
+        if let Some(paid) = &call.paid {
+            self.quotas.settle(paid, used);
+        }
         let queue = Duration::from_millis(call.queue_ms);
         // Only the provider in place now says whether it is reachable.
         self.connection.note_reachability(&done, call.generation);

@@ -49,6 +49,7 @@ pub fn same_provider(old: &LlmConfig, new: &LlmConfig) -> bool {
         max_tokens_limit: 0,
         weights: Default::default(),
         context_tokens: None,
+        quota: Default::default(),
         ..c.clone()
     };
     connection(old) == connection(new)

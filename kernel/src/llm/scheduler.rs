@@ -83,9 +83,9 @@ impl<T> Flow<T> {
     }
 }
 
-/// The queue is at capacity.
+/// The queue is at capacity: the request that did not fit.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Full;
+pub struct Full<T>(pub T);
 
 /// Fair queues, one per flow, with a shared capacity.
 #[derive(Debug)]
@@ -135,11 +135,22 @@ impl<T> Scheduler<T> {
         self.queued
     }
 
+    /// Whether `more` requests waiting elsewhere would fill it.
+    pub fn is_full_with(&self, more: usize) -> bool {
+        self.queued + more >= self.capacity
+    }
+
     /// Queues a request of `flow`, which has `weight` (at least 1).
     /// Returns its ticket.
-    pub fn push(&mut self, flow: FlowId, weight: u32, estimate: u64, item: T) -> Result<u64, Full> {
+    pub fn push(
+        &mut self,
+        flow: FlowId,
+        weight: u32,
+        estimate: u64,
+        item: T,
+    ) -> Result<u64, Full<T>> {
         if self.queued >= self.capacity {
-            return Err(Full);
+            return Err(Full(item));
         }
         let start = self.backlogged_minimum().unwrap_or(self.floor);
         let entry = self.flows.entry(flow).or_insert_with(|| Flow {
@@ -405,7 +416,7 @@ mod tests {
         let a = s.push(1, 1, 1, ()).unwrap();
         s.push(1, 1, 1, ()).unwrap();
         s.push(2, 1, 1, ()).unwrap();
-        assert_eq!(s.push(3, 1, 1, ()), Err(Full));
+        assert_eq!(s.push(3, 1, 1, ()), Err(Full(())));
         let removed = s.remove_where(|w| w.ticket == a);
         assert_eq!(removed.len(), 1);
         assert_eq!(s.len(), 2);

@@ -1,9 +1,12 @@
 //! What a principal may be given, in the terms every subsystem checks it
 //! by: tool patterns (`permissions.tools`: which tools a caller may see and
 //! call, and whether a child's patterns stay within its parent's) and token
-//! budgets (`permissions.llm_tokens`). Kept below the subsystems, so the
-//! agents, THINK, the tools and the kernel share them without reaching
-//! into each other.
+//! budgets (`permissions.llm_tokens`), and the allowances of a principal's
+//! THINK quota a node leases ([`allowance`]). Kept below the subsystems,
+//! so the agents, THINK, the tools, the fleet and the kernel share them
+//! without reaching into each other.
+
+pub mod allowance;
 
 use agentos_proto::{ErrorCode, ErrorReply};
 
