@@ -53,11 +53,13 @@ def add_key(keys_file: Path, name: str) -> str:
 
 
 def start_face(args: list[str], env: dict[str, str] | None = None,
-               timeout: float = 20) -> tuple[subprocess.Popen, list[str], str | None]:
-    """Starts `agentos e2b ARGS`; its process, the stderr lines read so
-    far (more keep coming in), and its URL, or None if it exited first."""
+               timeout: float = 20, wrap: tuple[str, ...] = ()
+               ) -> tuple[subprocess.Popen, list[str], str | None]:
+    """Starts `agentos e2b ARGS` (after `wrap`, a command prefix); its
+    process, the stderr lines read so far (more keep coming in), and its
+    URL, or None if it exited first."""
     process = subprocess.Popen(
-        [binary("agentos"), *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        [*wrap, binary("agentos"), *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True, env=env,
     )
     lines: list[str] = []
@@ -128,17 +130,24 @@ def face(kernel) -> Iterator[E2bFace]:
     if kernel is None:
         pytest.skip("needs root")
     with e2b_face(kernel.socket_path, extra=("--max-sandboxes-per-key", "3")) as face:
-        saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL")}
-        os.environ.update({"E2B_API_URL": face.url, "E2B_SANDBOX_URL": face.url})
-        os.environ.pop("E2B_DEBUG", None)
-        try:
+        with sdk_at(face.url):
             yield face
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+
+
+@contextlib.contextmanager
+def sdk_at(url: str) -> Iterator[None]:
+    """E2B's SDKs pointed at the face at ``url``, as they were afterwards."""
+    saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL")}
+    os.environ.update({"E2B_API_URL": url, "E2B_SANDBOX_URL": url})
+    os.environ.pop("E2B_DEBUG", None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture

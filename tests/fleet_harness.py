@@ -245,15 +245,19 @@ class Fleet:
 
     def node(self, name: str, lease_ms: int = 2000, extra: str = "",
              start: bool = True, joined: bool = True,
-             env: Optional[dict[str, str]] = None) -> Node:
+             env: Optional[dict[str, str]] = None,
+             face_port: Optional[int] = None) -> Node:
         """A node called ``name`` on a host of its own; the database's URL
         reaches it through the environment, as a service's would. Started,
         it is waited for until it has joined the fleet (``joined``; its
-        socket answers before its kernel has)."""
+        socket answers before its kernel has). With ``face_port`` it
+        advertises an HTTP face on that port of its host's address."""
         assert self.postgres is not None
         host = self.bridge.add_host()
         workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
-        config = f'[fleet]\nnode = "{name}"\nlease_ms = {lease_ms}\n{extra}'
+        advertise = (f'advertise = "http://{host.address}:{face_port}"\n'
+                     if face_port else "")
+        config = f'[fleet]\nnode = "{name}"\nlease_ms = {lease_ms}\n{advertise}{extra}'
         node = Node(name, host, workdir, config,
                     {"AGENTOS_FLEET_DATABASE": self.postgres.url, **(env or {})})
         self.nodes.append(node)

@@ -28,6 +28,11 @@ pub struct E2bArgs {
     /// one made and kept in ~/.config/agentos/e2b-secret-token
     #[arg(long, value_name = "PATH")]
     secret_file: Option<PathBuf>,
+    /// In a fleet: the fleet's secret (mode 600, the same on every node),
+    /// proving the forwards of requests for other nodes' sandboxes; else
+    /// $AGENTOS_FLEET_SECRET; else the face forwards nothing
+    #[arg(long, value_name = "PATH")]
+    fleet_secret_file: Option<PathBuf>,
     /// A Host header value allowed besides localhost and the bound
     /// address (DNS rebinding guard). Repeatable
     #[arg(long, value_name = "HOST")]
@@ -133,6 +138,7 @@ pub fn e2b(args: E2bArgs, socket: &Path) -> Result<(), E2bCliError> {
         socket: socket.to_owned(),
         keys_file: args.keys_file,
         secret_file: args.secret_file,
+        fleet_secret_file: args.fleet_secret_file,
         allow_hosts: args.allow_host,
         sizing: Sizing {
             memory_bytes,

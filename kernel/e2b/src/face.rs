@@ -10,6 +10,7 @@ use agentos_proto::payload::Limits;
 
 use crate::context_locks::ContextLocks;
 use crate::cpu_samples::CpuSamples;
+use crate::fleet::FleetFace;
 use crate::idempotency::Idempotency;
 use crate::keys::Keys;
 use crate::making::Making;
@@ -73,6 +74,8 @@ pub struct Face {
     pub tokens: EnvdTokens,
     pub site: Site,
     pub sizing: Sizing,
+    /// The face's part in its node's fleet, if it forwards.
+    pub fleet: Option<FleetFace>,
     idempotency: Mutex<Idempotency>,
     watchers: Mutex<Watchers>,
     context_locks: Mutex<ContextLocks>,
@@ -87,6 +90,7 @@ impl Face {
         tokens: EnvdTokens,
         site: Site,
         sizing: Sizing,
+        fleet: Option<FleetFace>,
     ) -> Face {
         Face {
             kernel,
@@ -94,6 +98,7 @@ impl Face {
             tokens,
             site,
             sizing,
+            fleet,
             idempotency: Mutex::new(Idempotency::default()),
             watchers: Mutex::new(Watchers::default()),
             context_locks: Mutex::new(ContextLocks::default()),

@@ -22,7 +22,10 @@ mod control;
 mod cpu_samples;
 mod envd;
 mod face;
+mod fleet;
+mod forward;
 mod idempotency;
+mod ids;
 mod interpreter;
 pub mod keys;
 mod making;
@@ -45,6 +48,7 @@ use agentos_proto::payload::{HelloReply, HelloRequest};
 use agentos_proto::Opcode;
 
 pub use face::Sizing;
+use fleet::FleetFace;
 use keys::{Keys, KeysError, KEY_ENV};
 
 /// The face, as `agentos_http` serves it.
@@ -70,7 +74,13 @@ pub struct E2bOptions {
     pub secret_file: Option<PathBuf>,
     pub allow_hosts: Vec<String>,
     pub sizing: Sizing,
+    /// The fleet's secret, proving forwards between nodes' faces; else
+    /// `AGENTOS_FLEET_SECRET`; else the face forwards nothing.
+    pub fleet_secret_file: Option<PathBuf>,
 }
+
+/// Where the fleet's secret may be given instead of a file.
+pub const FLEET_SECRET_ENV: &str = "AGENTOS_FLEET_SECRET";
 
 /// Why the face does not serve.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +99,11 @@ pub enum E2bError {
          agentosd as root"
     )]
     KernelLacks { socket: String },
+    #[error(
+        "a fleet secret was given, but the kernel at {socket} is in no fleet (it has no \
+         [fleet]): there is no node to forward for"
+    )]
+    NoFleet { socket: String },
 }
 
 /// Where `agentos e2b keys add` keeps keys, and where the face looks
@@ -151,9 +166,38 @@ pub async fn serve(options: E2bOptions) -> Result<(), E2bError> {
         });
     }
     let tokens = tokens::EnvdTokens::new(secret);
+    let fleet = fleet_of(&options, &hello)?;
     let serve = |site: &agentos_http::Site| {
-        let face = face::Face::new(kernel, keys, tokens, site.clone(), options.sizing);
+        let face = face::Face::new(kernel, keys, tokens, site.clone(), options.sizing, fleet);
         service::E2bService::new(Arc::new(face))
     };
     Ok(agentos_http::serve_keyed(plan, serve).await?)
+}
+
+/// The face's part in its kernel's fleet: when the kernel is a node of
+/// one (HELLO names it) and the face has the fleet's secret.
+fn fleet_of(options: &E2bOptions, hello: &HelloReply) -> Result<Option<FleetFace>, E2bError> {
+    let secret = match (
+        &options.fleet_secret_file,
+        std::env::var_os(FLEET_SECRET_ENV),
+    ) {
+        (Some(path), _) => Some(Token::from_file(path, "--fleet-secret-file")?),
+        (None, Some(value)) => Some(Token::new(value.into_encoded_bytes(), FLEET_SECRET_ENV)?),
+        (None, None) => None,
+    };
+    match (&hello.node, secret) {
+        (Some(node), Some(secret)) => Ok(Some(FleetFace::new(node.clone(), secret))),
+        (Some(node), None) => {
+            eprintln!(
+                "agentos e2b: the kernel is node {node} of a fleet, but the face has no fleet \
+                 secret (--fleet-secret-file, ${FLEET_SECRET_ENV}): it answers for this node's \
+                 sandboxes only and forwards nothing"
+            );
+            Ok(None)
+        }
+        (None, Some(_)) => Err(E2bError::NoFleet {
+            socket: options.socket.display().to_string(),
+        }),
+        (None, None) => Ok(None),
+    }
 }

@@ -16,6 +16,8 @@ use http_body_util::{BodyExt, Limited};
 use crate::answer::ApiError;
 use crate::control::{self, Control};
 use crate::face::Face;
+use crate::fleet::{Holder, FORWARDED_BY, FORWARD_SIGNATURE};
+use crate::forward;
 use crate::sandbox_api::{self, SANDBOX_ID_HEADER};
 use crate::tenant::Tenant;
 
@@ -48,8 +50,24 @@ impl tower_service::Service<Request<RequestBody>> for E2bService {
 
 /// The answer to one request.
 async fn answer(face: &Face, request: Request<RequestBody>) -> Response<Body> {
-    if let Some(refused) = refuse_host(face, request.headers()) {
-        return refused.into_response();
+    let sandbox = sandbox_named(&request).map(str::to_owned);
+    let forwarded = match proven_forward(face, &request, sandbox.as_deref()) {
+        Ok(forwarded) => forwarded,
+        Err(refused) => return refused.into_response(),
+    };
+    // A node's forward names this face by the address its node
+    // advertises, which need not be one a browser would use.
+    if !forwarded {
+        if let Some(refused) = refuse_host(face, request.headers()) {
+            return refused.into_response();
+        }
+    }
+    if let (false, Some(fleet), Some(sandbox)) = (forwarded, &face.fleet, &sandbox) {
+        match fleet.holder(&face.kernel, sandbox).await {
+            Ok(Holder::There(peer)) => return forward::relay(fleet, &peer, sandbox, request).await,
+            Ok(Holder::Here) => {}
+            Err(err) => return err.into_response(),
+        }
     }
     if request.headers().contains_key(SANDBOX_ID_HEADER) {
         return sandbox_api::answer(face, request).await;
@@ -88,6 +106,47 @@ async fn answer(face: &Face, request: Request<RequestBody>) -> Response<Body> {
     let path = parts.uri.path();
     let query = parts.uri.query().unwrap_or("");
     control::answer(&control, &parts.method, path, query, &parts.headers, body).await
+}
+
+/// The sandbox a request is for: a sandbox API request's
+/// `E2b-Sandbox-Id`, or the one a control request's path names.
+fn sandbox_named(request: &Request<RequestBody>) -> Option<&str> {
+    if request.headers().contains_key(SANDBOX_ID_HEADER) {
+        let mut ids = request.headers().get_all(SANDBOX_ID_HEADER).iter();
+        return match (ids.next(), ids.next()) {
+            (Some(id), None) => id.to_str().ok(),
+            _ => None,
+        };
+    }
+    control::sandbox_of(request.method(), request.uri().path())
+}
+
+/// Whether the request is a forward from another node of the fleet,
+/// proven; one that claims to be and is not (or reaches a face with no
+/// fleet secret) is refused.
+fn proven_forward(
+    face: &Face,
+    request: &Request<RequestBody>,
+    sandbox: Option<&str>,
+) -> Result<bool, ApiError> {
+    let target = (request.uri().path_and_query()).map_or("/", |target| target.as_str());
+    match &face.fleet {
+        Some(fleet) => fleet.is_proven_forward(
+            request.headers(),
+            request.method(),
+            target,
+            sandbox.unwrap_or(""),
+        ),
+        None if claims_forward(request.headers()) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "a forward between the fleet's nodes, to a face that has no fleet secret",
+        )),
+        None => Ok(false),
+    }
+}
+
+fn claims_forward(headers: &HeaderMap) -> bool {
+    headers.contains_key(FORWARDED_BY) || headers.contains_key(FORWARD_SIGNATURE)
 }
 
 /// A 401 unless the request carries one `X-API-KEY` the face knows.

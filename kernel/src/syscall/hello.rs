@@ -4,6 +4,7 @@ use agentos_proto::payload::{Features, HelloReply, HelloRequest, ProtocolLimits}
 use agentos_proto::{MAX_REPLY_BYTES, PROTOCOL_VERSION};
 
 use super::request::{actor, reply, Outcome, Request};
+use crate::identity::Principal;
 use crate::kernel::Kernel;
 use crate::sandbox::runtime::Sandboxes;
 
@@ -15,10 +16,17 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
         let config = kernel.config();
         // A caller that is refused (an agent forgotten, a run that is
         // over) learns of no server at all.
-        let tool_patterns = match actor(kernel, request) {
+        let actor = actor(kernel, request);
+        let tool_patterns = match &actor {
             Ok(actor) => actor.tools().map(<[String]>::to_vec),
             Err(_) => Some(Vec::new()),
         };
+        let operator = actor.is_ok_and(|actor| {
+            matches!(
+                actor.principal(),
+                Principal::Operator { .. } | Principal::Delegate { .. }
+            )
+        });
         HelloReply {
             success: true,
             protocol_version: PROTOCOL_VERSION,
@@ -52,6 +60,9 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             }),
             llm: Some(kernel.llm.info()),
             tool_servers: Some(kernel.tools.info_seen_by(tool_patterns.as_deref())),
+            node: (kernel.fleet.link().ok())
+                .filter(|_| operator)
+                .map(|link| link.node().to_owned()),
         }
     }))
 }

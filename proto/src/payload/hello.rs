@@ -118,6 +118,11 @@ pub struct HelloReply {
     /// The MCP tool servers and their states.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_servers: Option<Vec<super::tool::ServerInfo>>,
+    /// This node's name in its fleet, when it has `[fleet]` (told to
+    /// operators and delegates only), whether or not its database
+    /// answers now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// Whom a connection speaks for, on the wire:

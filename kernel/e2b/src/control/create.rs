@@ -19,16 +19,15 @@ use super::context::Control;
 use super::shapes::{Lifecycle, ListedSandbox, SandboxAccess};
 use crate::answer::{json, ApiError};
 use crate::face::Face;
+use crate::fleet::FleetFace;
 use crate::idempotency::{Claim, Outcome};
+use crate::ids::new_sandbox_id;
 use crate::tenant::{
     IDEMPOTENCY_LABEL, ON_TIMEOUT_LABEL, OWN_LABEL_PREFIX, STARTED_LABEL, TEMPLATE_LABEL,
 };
 
 /// A sandbox's lifetime when create or connect names none (E2B's).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
-
-/// A sandbox id's length: E2B's are 20 lower-case letters and digits.
-const SANDBOX_ID_LEN: usize = 20;
 
 /// The body of a create, as the SDKs send it.
 #[derive(Debug, Deserialize)]
@@ -198,30 +197,6 @@ pub fn lifetime_of(seconds: Option<i64>, then: LifetimeEnd) -> Result<Lifetime, 
     Ok(Lifetime { ms, then })
 }
 
-/// A new sandbox id: 20 lower-case letters and digits, each drawn
-/// uniformly (bytes past the last whole multiple of 36 are drawn again).
-fn new_sandbox_id() -> Result<String, ApiError> {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let fair = 256 - 256 % ALPHABET.len();
-    let mut id = String::with_capacity(SANDBOX_ID_LEN);
-    while id.len() < SANDBOX_ID_LEN {
-        let random = crate::random::bytes::<32>().map_err(random_failed)?;
-        for byte in random.iter().map(|byte| usize::from(*byte)) {
-            if byte < fair && id.len() < SANDBOX_ID_LEN {
-                id.push(char::from(ALPHABET[byte % ALPHABET.len()]));
-            }
-        }
-    }
-    Ok(id)
-}
-
-fn random_failed(err: std::io::Error) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("reading random bytes: {err}"),
-    )
-}
-
 /// Opens the sandbox `asked` describes, labelled with `idempotency`
 /// (the key and the body's hash) if the create carried a key.
 pub async fn create(
@@ -249,7 +224,7 @@ pub async fn create(
     };
     let lifetime = lifetime_of(asked.timeout, then)?;
     let network = network_of(asked.allow_internet_access, asked.network.as_ref())?;
-    let id = new_sandbox_id()?;
+    let id = new_sandbox_id(cx.face.fleet.as_ref().map(FleetFace::tag))?;
     let mut labels = asked.metadata;
     labels.insert(TEMPLATE_LABEL.to_owned(), asked.template_id.clone());
     let now = chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now());
@@ -495,15 +470,5 @@ mod tests {
         for bad in [0, -1, i64::MAX, (MAX_LIFETIME_MS / 1000 + 1) as i64] {
             assert!(lifetime_of(Some(bad), LifetimeEnd::Close).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn ids_are_twenty_lower_case_letters_and_digits() {
-        let id = new_sandbox_id().unwrap();
-        assert_eq!(id.len(), SANDBOX_ID_LEN);
-        assert!(id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
-        assert_ne!(id, new_sandbox_id().unwrap());
     }
 }

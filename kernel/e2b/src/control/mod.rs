@@ -54,6 +54,19 @@ fn route<'p>(method: &Method, path: &'p str) -> Option<Route<'p>> {
     Some(route)
 }
 
+/// The sandbox a control request names, if it names one.
+pub fn sandbox_of<'p>(method: &Method, path: &'p str) -> Option<&'p str> {
+    match route(method, path)? {
+        Route::Connect(id)
+        | Route::Detail(id)
+        | Route::Kill(id)
+        | Route::Timeout(id)
+        | Route::Pause(id)
+        | Route::Metrics(id) => Some(id),
+        Route::Create | Route::List | Route::ManyMetrics => None,
+    }
+}
+
 /// A sandbox id as a path gives it: one a session could be named, or
 /// none (a 404, as for an id that names nothing).
 fn sandbox_id(id: &str) -> Result<&str, ApiError> {
