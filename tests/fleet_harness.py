@@ -89,6 +89,12 @@ class Bridge:
         self.hosts: list[Host] = []
         self._tag = tag
         run("ip", "link", "add", self.name, "type", "bridge")
+        # A bridge whose address is not set takes the lowest of its ports'
+        # as they are added: a host that learnt the old one would send to
+        # nobody until its ARP entry aged out (tens of seconds). Set, it
+        # stays.
+        mac = "02:" + ":".join(f"{secrets.randbelow(256):02x}" for _ in range(5))
+        run("ip", "link", "set", self.name, "address", mac)
         run("ip", "addr", "add", f"{self.address}/24", "dev", self.name)
         run("ip", "link", "set", self.name, "up")
 

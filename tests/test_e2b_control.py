@@ -312,6 +312,12 @@ def test_hostile_requests_are_refused_before_the_kernel_is_asked(face, made):
     status, _, _ = call(face, "GET", "/health", key=None,
                         headers=dict(sandbox_headers, **{"E2b-Sandbox-Port": "22"}))
     assert status == 401
+    # A face in no fleet takes no request for a forward between nodes,
+    # whatever it carries.
+    for claim in ({"X-AgentOS-Forwarded-By": "n2"},
+                  {"X-AgentOS-Forward-Signature": "t=1,v1=" + "0" * 64}):
+        status, body, _ = call(face, "GET", "/sandboxes/" + sandbox.sandbox_id, headers=claim)
+        assert status == 403 and "fleet" in body["message"], body
 
 
 def test_a_face_without_keys_serves_its_own_user_only_and_never_other_machines(kernel, tmp_path):

@@ -15,6 +15,9 @@ from stub_model import StubModel
 
 QUOTA = 1000
 NODES = 3
+# The default lease: nothing here waits for one to run out, and a loaded
+# machine's slow statement does not cost a node its connection.
+LEASE_MS = 10000
 
 
 def think(node, delegate: str | None = None) -> dict:
@@ -44,22 +47,32 @@ def test_a_principals_tokens_hold_across_the_fleet_under_a_think_flood():
         model = StubModel(["ok"], host=f.bridge.address)
         try:
             quota = f"[llm.quota]\ntokens = {QUOTA}\nperiod_secs = 3600\n"
-            nodes = [f.node(f"n{i}", extra=model.config() + quota) for i in range(1, NODES + 1)]
+            nodes = [f.node(f"n{i}", lease_ms=LEASE_MS, extra=model.config() + quota)
+                     for i in range(1, NODES + 1)]
             # Far more THINKs than the quota pays for (each answer costs
             # 13 tokens).
             answered, refused = flood(nodes, callers_each=4, thinks_each=30)
             spent = sum(r["tokens"] for r in answered)
             print(f"fleet-wide: {len(answered)} THINKs answered, {spent} tokens "
                   f"of a {QUOTA}-token quota; {len(refused)} refused")
-            assert {r["code"] for r in refused} == {"limit_exceeded"}, refused[:3]
+            assert {r["code"] for r in refused} == {"limit_exceeded"}, [r for r in refused if r["code"] != "limit_exceeded"][:3]
             # Within the quota (the ledger never grants more), and most of
             # it used: the nodes did share it.
             assert spent <= QUOTA, spent
             assert spent >= QUOTA // 2, spent
             assert len(model.requests) == len(answered)
-            # Every node answered some and was refused some.
+            # The ledger granted the nodes together no more than the quota.
+            granted = f.postgres.sql(
+                "SELECT sum(granted) FROM agentos_allowances WHERE measure = 'tokens'",
+                "agentos").strip()
+            assert 0 < int(granted) <= QUOTA, granted
+            # What each node holds comes back as answers use less than they
+            # paid: THINKs until each node refuses still spend no more.
             for node in nodes:
-                assert "code" in think(node), f"{node.name} still answers"
+                more = [think(node) for _ in range(10)]
+                assert "code" in more[-1], f"{node.name} still answers"
+                spent += sum(r["tokens"] for r in more if "code" not in r)
+            assert spent <= QUOTA, spent
 
             # With the database gone, a principal whose allowance must be
             # leased is refused naming the ledger; one whose is spent is
@@ -78,14 +91,15 @@ def test_a_principals_request_rate_holds_across_the_fleet():
         model = StubModel(["ok"], host=f.bridge.address)
         try:
             quota = "timeout_ms = 2000\n[llm.quota]\nrpm = 6\n"
-            nodes = [f.node(f"n{i}", extra=model.config() + quota) for i in range(1, NODES + 1)]
+            nodes = [f.node(f"n{i}", lease_ms=LEASE_MS, extra=model.config() + quota)
+                     for i in range(1, NODES + 1)]
             # Not across a minute's end: the rate is counted by the
             # database's minute.
             if time.time() % 60 > 50:
                 time.sleep(61 - time.time() % 60)
             answered, waited = flood(nodes, callers_each=3, thinks_each=2)
             assert len(answered) == 6, (answered, waited)
-            assert {r["code"] for r in waited} == {"timeout"}, waited
+            assert {r["code"] for r in waited} == {"timeout"}, [r for r in waited if r["code"] != "timeout"][:3]
             assert len(model.requests) == 6
         finally:
             model.close()

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from e2b_face import sdk_at
+from e2b_face import sdk_at, stop
 from fleet_harness import fleet
 
 FACE_PORT = 3000
@@ -38,10 +38,12 @@ def tag_of(node: str) -> str:
     return tag
 
 
-def signed(secret: str, by: str, method: str, target: str, sandbox: str) -> dict[str, str]:
-    """The headers of a forward from node ``by``, signed with ``secret``."""
+def signed(secret: str, by: str, to: str, method: str, target: str,
+           sandbox: str) -> dict[str, str]:
+    """The headers of a forward from node ``by`` to node ``to``, signed
+    with ``secret``."""
     now = int(time.time())
-    text = "".join(f"{part}\n" for part in (now, by, method, target, sandbox))
+    text = "".join(f"{part}\n" for part in (now, by, to, method, target, sandbox))
     mac = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
     return {"X-AgentOS-Forwarded-By": by, "X-AgentOS-Forward-Signature": f"t={now},v1={mac}"}
 
@@ -85,11 +87,55 @@ def faces(nodes, fleet_secret: str):
             processes.append(process)
             assert url, f"the face of {node.name} did not start: {lines}"
             urls.append(url)
-        yield urls, key
+        yield urls, key, processes
     finally:
         for process in processes:
             stop(process)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+IMPOSTOR = '''
+import http.server, json, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(sys.argv[1], "a") as log:
+            log.write(json.dumps([self.path, str(self.headers)]) + "\\n")
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+    do_POST = do_DELETE = do_GET
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((sys.argv[2], int(sys.argv[3])), Handler).serve_forever()
+'''
+
+
+@contextlib.contextmanager
+def impostor(node):
+    """An HTTP server at ``node``'s face address that answers everything;
+    yields the (path, headers) it was sent, as they come."""
+    import subprocess
+    import sys
+
+    from fleet_harness import wait_for
+
+    log = Path(tempfile.mkstemp(prefix="agentos-impostor-")[1])
+    process = subprocess.Popen([*node.host.wrap(), sys.executable, "-c", IMPOSTOR, str(log),
+                                node.host.address, str(FACE_PORT)])
+    seen: list = []
+    try:
+        def listening():
+            probe = subprocess.run([*node.host.wrap(), "ss", "-ltnH", f"sport = :{FACE_PORT}"],
+                                   capture_output=True, text=True)
+            return probe.stdout.strip()
+        wait_for("the impostor listening", listening, timeout=10)
+        yield seen
+    finally:
+        process.kill()
+        process.wait()
+        seen.extend(json.loads(line) for line in log.read_text().splitlines())
+        log.unlink()
 
 
 def test_a_sandbox_is_used_through_another_nodes_face_and_forged_forwards_are_refused():
@@ -98,7 +144,7 @@ def test_a_sandbox_is_used_through_another_nodes_face_and_forged_forwards_are_re
     fleet_secret = secrets.token_hex(32)
     with fleet() as f:
         n1, n2 = f.node("n1", face_port=FACE_PORT), f.node("n2", face_port=FACE_PORT)
-        with faces([n1, n2], fleet_secret) as ((url1, url2), key):
+        with faces([n1, n2], fleet_secret) as ((url1, url2), key, processes):
             with sdk_at(url1):
                 sandbox = e2b.Sandbox.create(api_key=key, timeout=300)
             sandbox_id = sandbox.sandbox_id
@@ -123,18 +169,20 @@ def test_a_sandbox_is_used_through_another_nodes_face_and_forged_forwards_are_re
                 # A forward with no proof, one signed with another secret,
                 # and one signed for another sandbox: refused.
                 unproven = {"X-AgentOS-Forwarded-By": "n2"}
-                stranger = signed(secrets.token_hex(32), "n2", "GET", target, sandbox_id)
-                elsewhere = signed(fleet_secret, "n2", "GET", target, "a" * 26)
-                for forged in (unproven, stranger, elsewhere):
+                stranger = signed(secrets.token_hex(32), "n2", "n1", "GET", target, sandbox_id)
+                elsewhere = signed(fleet_secret, "n2", "n1", "GET", target, "a" * 26)
+                for_n3 = signed(fleet_secret, "n2", "n3", "GET", target, sandbox_id)
+                for forged in (unproven, stranger, elsewhere, for_n3):
                     status, body = status_of(url1 + target, {**api, **forged})
                     assert status == 403, (status, body)
                     assert "not proven" in json.loads(body)["message"], body
                 # A proven forward is answered where it lands: n2 does not
                 # hold the sandbox and never forwards it again.
-                proven = signed(fleet_secret, "n1", "GET", target, sandbox_id)
-                status, body = status_of(url2 + target, {**api, **proven})
+                to_n2 = signed(fleet_secret, "n1", "n2", "GET", target, sandbox_id)
+                status, body = status_of(url2 + target, {**api, **to_n2})
                 assert status == 404, (status, body)
-                assert status_of(url1 + target, {**api, **proven})[0] == 200
+                to_n1 = signed(fleet_secret, "n2", "n1", "GET", target, sandbox_id)
+                assert status_of(url1 + target, {**api, **to_n1})[0] == 200
                 # Another key's request is refused by the holding node, as
                 # on one node, even when it comes through another.
                 status, _ = status_of(url2 + target, {"X-API-KEY": "e2b_" + "0" * 40})
@@ -144,3 +192,15 @@ def test_a_sandbox_is_used_through_another_nodes_face_and_forged_forwards_are_re
                     assert e2b.Sandbox.kill(sandbox_id, api_key=key)
             with sdk_at(url1):
                 assert sandbox_id not in [s.sandbox_id for s in e2b.Sandbox.list(api_key=key).next_items()]
+
+            # Something else listening at n1's address (its face stopped)
+            # is greeted first, cannot prove it is n1's face, and is sent
+            # nothing of the client's.
+            stop(processes[0])
+            with impostor(n1) as seen:
+                status, body = status_of(url2 + f"/sandboxes/{sandbox_id}", {"X-API-KEY": key})
+                assert status == 502, (status, body)
+                assert "cannot be reached" in body and n1.host.address not in body, body
+            assert seen, "the impostor was not asked at all"
+            assert all(path.startswith("/.agentos/fleet-greeting?nonce=") for path, _ in seen), seen
+            assert not any(key in headers for _, headers in seen), "the key reached it"

@@ -254,7 +254,7 @@ def test_the_default_config_is_valid_commented_and_uncommented(staged: Path):
 # The config structs of kernel/src/config and where their keys live.
 TABLES = {
     "Config": (), "AgentsConfig": ("agents",), "LlmConfig": ("llm",),
-    "LocalConfig": ("llm", "local"), "ExecConfig": ("exec",), "TasksConfig": ("tasks",),
+    "LocalConfig": ("llm", "local"), "QuotaConfig": ("llm", "quota"), "ExecConfig": ("exec",), "TasksConfig": ("tasks",),
     "McpServerConfig": ("mcp", "servers"), "NetworkConfig": ("network",),
     "CredentialConfig": ("network", "credentials"), "MetricsConfig": ("metrics",),
     "TracingConfig": ("tracing",), "StateConfig": ("state",), "AuditSettings": ("audit",),

@@ -3,12 +3,15 @@
 //! another node is forwarded to that node's face ([`crate::forward`]).
 //!
 //! A forward is proven by the fleet's secret: the forwarding face signs
-//! the time, its node, the method, the target and the sandbox with
-//! HMAC-SHA256, and the face receiving it checks the signature and the
-//! time before it believes the request came from a node. A request that
-//! says it is a forward and cannot prove it is refused; one that can is
-//! answered where it lands, never forwarded again. The client's API key
-//! or access token still proves the tenant, as on one node.
+//! the time, its node, the node it is for, the method, the target and the
+//! sandbox with HMAC-SHA256, and the face receiving it checks the
+//! signature and the time before it believes the request came from a
+//! node. A request that says it is a forward and cannot prove it is
+//! refused; one that can is answered where it lands, never forwarded
+//! again. The answer proves itself too (an HMAC of the request's
+//! signature), so whatever else listens at a node's address gets nothing
+//! back to the client. The client's API key or access token still proves
+//! the tenant, as on one node.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -31,12 +34,20 @@ use crate::random;
 pub const FORWARDED_BY: &str = "x-agentos-forwarded-by";
 /// The header proving it: `t=UNIX_SECONDS,v1=HEX`.
 pub const FORWARD_SIGNATURE: &str = "x-agentos-forward-signature";
+/// The header of the answer to a forward proving the node that answered.
+pub const FORWARD_ANSWER: &str = "x-agentos-forward-answer";
+/// What a face asks first on a connection to another node's face, with a
+/// nonce, to learn that the face answering is that node's.
+pub const GREETING_PATH: &str = "/.agentos/fleet-greeting";
 /// Characters of a node's tag at the end of its sandboxes' ids.
 pub const TAG_LEN: usize = 6;
 /// How far a forward's time may be from this node's.
 const MAX_SKEW_SECS: u64 = 30;
 /// The fleet's nodes are asked of the kernel at most this often.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// What the kernel said of the fleet's nodes is asked again once this old:
+/// a node's address or liveness may have changed.
+const PEERS_FRESH: Duration = Duration::from_secs(5);
 
 /// Another node of the fleet, as the face reaches it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +63,9 @@ pub struct Peer {
 #[derive(Debug, Default)]
 struct Nodes {
     by_tag: HashMap<String, Peer>,
+    /// When the kernel last told them.
+    told: Option<Instant>,
+    /// When it was last asked.
     asked: Option<Instant>,
 }
 
@@ -62,6 +76,14 @@ pub struct FleetFace {
     tag: String,
     secret: Token,
     nodes: Mutex<Nodes>,
+}
+
+/// A forward's proof: its headers, and the signature its answer proves
+/// itself by.
+#[derive(Debug)]
+pub struct Signed {
+    pub headers: [(&'static str, HeaderValue); 2],
+    pub signature: String,
 }
 
 /// Where a request for a sandbox is answered.
@@ -89,8 +111,9 @@ impl FleetFace {
         &self.tag
     }
 
-    /// Where the sandbox `id` is held, by its id's tag: the fleet's nodes
-    /// are asked of the kernel when the tag is none known.
+    /// Where the sandbox `id` is held, by its id's tag. The fleet's nodes
+    /// are asked of the kernel when the tag is none known or what was
+    /// told is old; what was told stands while the kernel cannot answer.
     pub async fn holder(&self, kernel: &KernelLink, id: &str) -> Result<Holder, ApiError> {
         let Some(tag) = tag_in(id) else {
             return Ok(Holder::Here);
@@ -98,21 +121,31 @@ impl FleetFace {
         if tag == self.tag {
             return Ok(Holder::Here);
         }
-        if let Some(peer) = self.nodes().by_tag.get(tag) {
-            return Ok(Holder::There(peer.clone()));
-        }
-        let due = (self.nodes().asked).is_none_or(|at| at.elapsed() >= REFRESH_EVERY);
-        if due {
+        let ask = {
+            let nodes = self.nodes();
+            let stale = !nodes.by_tag.contains_key(tag)
+                || nodes.told.is_none_or(|at| at.elapsed() >= PEERS_FRESH);
+            stale && nodes.asked.is_none_or(|at| at.elapsed() >= REFRESH_EVERY)
+        };
+        if ask {
             self.nodes().asked = Some(Instant::now());
             let request = FleetRequest {
                 op: FleetOp::Nodes,
                 node: None,
             };
-            let reply: NodesReply = kernel
-                .request(Opcode::FLEET, &request, Wait::Quick)
-                .await
-                .map_err(|err| ApiError::from_kernel(&err))?;
-            self.nodes().by_tag = peers_by_tag(&reply, &self.node);
+            let told: Result<NodesReply, _> =
+                kernel.request(Opcode::FLEET, &request, Wait::Quick).await;
+            match told {
+                Ok(reply) => {
+                    let mut nodes = self.nodes();
+                    nodes.by_tag = peers_by_tag(&reply, &self.node);
+                    nodes.told = Some(Instant::now());
+                }
+                Err(err) if !self.nodes().by_tag.contains_key(tag) => {
+                    return Err(ApiError::from_kernel(&err));
+                }
+                Err(_) => {}
+            }
         }
         Ok(match self.nodes().by_tag.get(tag) {
             Some(peer) => Holder::There(peer.clone()),
@@ -120,39 +153,51 @@ impl FleetFace {
         })
     }
 
+    /// What was told of the fleet's nodes is asked again at the next
+    /// lookup (a forward failed).
+    pub fn forget_peers(&self) {
+        self.nodes().told = None;
+    }
+
     /// The headers that prove a forward of `method` `target` for
-    /// `sandbox` comes from this node.
+    /// `sandbox`, to node `to`, comes from this node; and the signature,
+    /// which the answer proves itself by.
     pub fn sign(
         &self,
+        to: &str,
         method: &Method,
         target: &str,
         sandbox: &str,
-    ) -> Result<[(&'static str, HeaderValue); 2], ApiError> {
+    ) -> Result<Signed, ApiError> {
         let now = unix_now();
-        let signature = self.signature(now, &self.node, method, target, sandbox);
+        let signature = self.signature(now, &self.node, to, method, target, sandbox);
         let value = format!("t={now},v1={}", random::hex(&signature));
         let header = |text: &str| {
             HeaderValue::from_str(text)
                 .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "a bad node name"))
         };
-        Ok([
-            (FORWARDED_BY, header(&self.node)?),
-            (FORWARD_SIGNATURE, header(&value)?),
-        ])
+        Ok(Signed {
+            headers: [
+                (FORWARDED_BY, header(&self.node)?),
+                (FORWARD_SIGNATURE, header(&value)?),
+            ],
+            signature: value,
+        })
     }
 
-    /// Whether `headers` say the request is a node's forward — `Ok(true)`
-    /// only when they prove it; a claim they cannot prove is refused.
-    pub fn is_proven_forward(
+    /// Whether `headers` say the request is a node's forward — its
+    /// signature only when they prove it; a claim they cannot prove is
+    /// refused.
+    pub fn proven_forward(
         &self,
         headers: &HeaderMap,
         method: &Method,
         target: &str,
         sandbox: &str,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<Option<String>, ApiError> {
         let (by, signed) = (one(headers, FORWARDED_BY), one(headers, FORWARD_SIGNATURE));
         if by.is_none() && signed.is_none() {
-            return Ok(false);
+            return Ok(None);
         }
         let forged = |why: &str| {
             Err(ApiError::new(
@@ -163,29 +208,57 @@ impl FleetFace {
         let (Some(by), Some(signed)) = (by, signed) else {
             return forged("it needs both X-AgentOS-Forwarded-By and X-AgentOS-Forward-Signature");
         };
+        if by == self.node {
+            return forged("it says it comes from this node");
+        }
         let Some((time, presented)) = parse_signature(signed) else {
             return forged("its signature is not t=SECONDS,v1=HEX");
         };
         if unix_now().abs_diff(time) > MAX_SKEW_SECS {
             return forged("its time is more than 30 s from this node's");
         }
-        let expected = self.signature(time, by, method, target, sandbox);
+        let expected = self.signature(time, by, &self.node, method, target, sandbox);
         if !bool::from(expected.ct_eq(&presented)) {
-            return forged("its signature is not the fleet's");
+            return forged("its signature is not the fleet's, for this node");
         }
-        Ok(true)
+        Ok(Some(signed.to_owned()))
+    }
+
+    /// The proof an answer to the forward signed `signature` carries: that
+    /// node `by` (the one answering) holds the fleet's secret.
+    pub fn answer_proof(&self, by: &str, signature: &str) -> String {
+        let mut mac = self.mac();
+        for part in ["answer", by, signature] {
+            mac.update(part.as_bytes());
+            mac.update(b"\n");
+        }
+        random::hex(&mac.finalize().into_bytes())
+    }
+
+    /// Whether `headers`, of node `by`'s answer to the forward signed
+    /// `signature`, prove it.
+    pub fn is_proven_answer(&self, headers: &HeaderMap, by: &str, signature: &str) -> bool {
+        let expected = self.answer_proof(by, signature);
+        one(headers, FORWARD_ANSWER)
+            .is_some_and(|presented| bool::from(expected.as_bytes().ct_eq(presented.as_bytes())))
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &str {
+        &self.node
     }
 
     fn signature(
         &self,
         time: u64,
         by: &str,
+        to: &str,
         method: &Method,
         target: &str,
         sandbox: &str,
     ) -> Vec<u8> {
         let mut mac = self.mac();
-        for part in [&time.to_string(), by, method.as_str(), target, sandbox] {
+        for part in [&time.to_string(), by, to, method.as_str(), target, sandbox] {
             mac.update(part.as_bytes());
             mac.update(b"\n");
         }
@@ -218,7 +291,10 @@ pub fn tag_of(name: &str) -> String {
 
 /// The node tag a fleet's sandbox id ends with, if it is one.
 fn tag_in(id: &str) -> Option<&str> {
-    (id.len() == SANDBOX_ID_LEN + TAG_LEN).then(|| &id[SANDBOX_ID_LEN..])
+    if id.len() != SANDBOX_ID_LEN + TAG_LEN || !id.is_ascii() {
+        return None;
+    }
+    id.get(SANDBOX_ID_LEN..)
 }
 
 /// The other nodes in `reply`, by tag; two nodes of one tag are left out,
@@ -234,11 +310,12 @@ fn peers_by_tag(reply: &NodesReply, me: &str) -> HashMap<String, Peer> {
         by_tag
             .entry(tag_of(&node.name))
             .and_modify(|seen| {
-                eprintln!(
-                    "agentos e2b: nodes {} and {} share a tag: neither is forwarded to",
-                    peer.name, node.name
-                );
-                *seen = None;
+                if let Some(other) = seen.take() {
+                    eprintln!(
+                        "agentos e2b: nodes {} and {} share a tag: neither is forwarded to",
+                        other.name, peer.name
+                    );
+                }
             })
             .or_insert(Some(peer.clone()));
     }
@@ -284,58 +361,83 @@ mod tests {
         FleetFace::new(node.into(), Token::new(secret.into(), "test").unwrap())
     }
 
-    fn signed(by: &FleetFace, method: &Method, target: &str, sandbox: &str) -> HeaderMap {
+    /// `by`'s forward to `to`, and its signature.
+    fn signed(by: &FleetFace, to: &str, method: &Method, target: &str) -> (HeaderMap, String) {
         let mut headers = HeaderMap::new();
-        for (name, value) in by.sign(method, target, sandbox).unwrap() {
+        let signed = by.sign(to, method, target, "x").unwrap();
+        for (name, value) in signed.headers {
             headers.insert(name, value);
         }
-        headers
+        (headers, signed.signature)
     }
 
     const SECRET: &str = "a-fleet-secret-of-enough-length-0123456789";
+    const TARGET: &str = "/sandboxes/x/timeout";
 
     #[test]
-    fn a_forward_signed_with_the_fleets_secret_is_proven_and_nothing_else_is() {
-        let (n1, n2) = (face("n1", SECRET), face("n2", SECRET));
+    fn a_forward_signed_with_the_fleets_secret_for_this_node_is_proven_and_nothing_else_is() {
+        let (n1, n2, n3) = (face("n1", SECRET), face("n2", SECRET), face("n3", SECRET));
         let post = Method::POST;
-        let headers = signed(&n1, &post, "/sandboxes/x/timeout", "x");
-        assert!(n2
-            .is_proven_forward(&headers, &post, "/sandboxes/x/timeout", "x")
-            .unwrap());
-        // Not for another target, sandbox or method.
+        let (headers, signature) = signed(&n1, "n2", &post, TARGET);
+        let proven = n2.proven_forward(&headers, &post, TARGET, "x").unwrap();
+        assert_eq!(proven.as_deref(), Some(signature.as_str()));
+        // Not for another target, sandbox, method or node.
         for (method, target, sandbox) in [
             (&post, "/sandboxes/y/timeout", "x"),
-            (&post, "/sandboxes/x/timeout", "y"),
-            (&Method::DELETE, "/sandboxes/x/timeout", "x"),
+            (&post, TARGET, "y"),
+            (&Method::DELETE, TARGET, "x"),
         ] {
-            let refused = n2.is_proven_forward(&headers, method, target, sandbox);
+            let refused = n2.proven_forward(&headers, method, target, sandbox);
             assert_eq!(refused.unwrap_err().status, StatusCode::FORBIDDEN);
         }
-        // Not with another secret.
+        assert!(
+            n3.proven_forward(&headers, &post, TARGET, "x").is_err(),
+            "replayed elsewhere"
+        );
+        // Not with another secret, nor claiming to be the node itself.
         let stranger = face("n1", "another-secret-of-enough-length-0123456789");
-        let forged = signed(&stranger, &post, "/sandboxes/x/timeout", "x");
-        assert!(n2
-            .is_proven_forward(&forged, &post, "/sandboxes/x/timeout", "x")
-            .is_err());
+        let (forged, _) = signed(&stranger, "n2", &post, TARGET);
+        assert!(n2.proven_forward(&forged, &post, TARGET, "x").is_err());
+        let (own_name, _) = signed(&face("n2", SECRET), "n2", &post, TARGET);
+        assert!(n2.proven_forward(&own_name, &post, TARGET, "x").is_err());
         // A claim without a signature is refused; no claim is no forward.
         let mut bare = HeaderMap::new();
         bare.insert(FORWARDED_BY, HeaderValue::from_static("n1"));
-        assert!(n2.is_proven_forward(&bare, &post, "/", "x").is_err());
-        assert!(!n2
-            .is_proven_forward(&HeaderMap::new(), &post, "/", "x")
-            .unwrap());
+        assert!(n2.proven_forward(&bare, &post, "/", "x").is_err());
+        assert_eq!(
+            n2.proven_forward(&HeaderMap::new(), &post, "/", "x")
+                .unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn an_answer_is_proven_only_by_the_node_it_was_for() {
+        let (n1, n2) = (face("n1", SECRET), face("n2", SECRET));
+        let (_, signature) = signed(&n1, "n2", &Method::GET, TARGET);
+        let mut answer = HeaderMap::new();
+        let proof = n2.answer_proof("n2", &signature);
+        answer.insert(FORWARD_ANSWER, HeaderValue::from_str(&proof).unwrap());
+        assert!(n1.is_proven_answer(&answer, "n2", &signature));
+        assert!(!n1.is_proven_answer(&answer, "n3", &signature));
+        assert!(!n1.is_proven_answer(&HeaderMap::new(), "n2", &signature));
+        let stranger = face("n2", "another-secret-of-enough-length-0123456789");
+        let mut forged = HeaderMap::new();
+        let proof = stranger.answer_proof("n2", &signature);
+        forged.insert(FORWARD_ANSWER, HeaderValue::from_str(&proof).unwrap());
+        assert!(!n1.is_proven_answer(&forged, "n2", &signature));
     }
 
     #[test]
     fn an_old_forward_is_refused() {
         let n2 = face("n2", SECRET);
         let old = unix_now() - 120;
-        let signature = n2.signature(old, "n1", &Method::GET, "/health", "x");
+        let signature = n2.signature(old, "n1", "n2", &Method::GET, "/health", "x");
         let mut headers = HeaderMap::new();
         headers.insert(FORWARDED_BY, HeaderValue::from_static("n1"));
         let value = format!("t={old},v1={}", random::hex(&signature));
         headers.insert(FORWARD_SIGNATURE, HeaderValue::from_str(&value).unwrap());
-        let refused = n2.is_proven_forward(&headers, &Method::GET, "/health", "x");
+        let refused = n2.proven_forward(&headers, &Method::GET, "/health", "x");
         assert!(refused.unwrap_err().message.contains("30 s"));
     }
 
@@ -351,5 +453,9 @@ mod tests {
         assert_eq!(id.len(), SANDBOX_ID_LEN + TAG_LEN);
         assert_eq!(tag_in(&id), Some(tag.as_str()));
         assert_eq!(tag_in(&"a".repeat(SANDBOX_ID_LEN)), None);
+        // 26 bytes, but not 26 letters: no tag, and no panic.
+        let multibyte = format!("{}é{}", "a".repeat(19), "a".repeat(5));
+        assert_eq!(multibyte.len(), SANDBOX_ID_LEN + TAG_LEN);
+        assert_eq!(tag_in(&multibyte), None);
     }
 }

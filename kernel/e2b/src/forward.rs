@@ -1,7 +1,12 @@
 //! A request for another node's sandbox, relayed to that node's face: its
 //! method, target, headers and body as they came (but those of this hop's
-//! connection), with the fleet's proof added; the answer streamed back as
-//! it comes, so a command's output arrives while it runs.
+//! connection), with the fleet's proof added; the answer, once it proves
+//! it comes from that node, streamed back as it comes, so a command's
+//! output arrives while it runs.
+//!
+//! What went wrong reaching another node is this face's log's, not the
+//! client's: the client is told only that the sandbox's node cannot be
+//! reached now.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -10,15 +15,18 @@ use std::time::Duration;
 
 use agentos_http::{Body, RequestBody};
 use bytes::Bytes;
-use http::{header, HeaderMap, Request, Response, StatusCode, Uri};
+use http::{header, HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::Frame;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either, Empty};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::answer::ApiError;
-use crate::fleet::{FleetFace, Peer, FORWARDED_BY, FORWARD_SIGNATURE};
+use crate::fleet::{
+    FleetFace, Peer, Signed, FORWARDED_BY, FORWARD_ANSWER, FORWARD_SIGNATURE, GREETING_PATH,
+};
 
 /// How long connecting to another node's face may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -43,23 +51,34 @@ pub async fn relay(
     sandbox: &str,
     request: Request<RequestBody>,
 ) -> Response<Body> {
-    relayed(fleet, peer, sandbox, request)
-        .await
-        .unwrap_or_else(ApiError::into_response)
+    match relayed(fleet, peer, sandbox, request).await {
+        Ok(answer) => answer,
+        Err(Unreached(why)) => {
+            eprintln!(
+                "agentos e2b: forwarding a request for sandbox {sandbox} to node {}: {why}",
+                peer.name
+            );
+            fleet.forget_peers();
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                format!("sandbox {sandbox} is on another node of the fleet, which cannot be reached now"),
+            )
+            .into_response()
+        }
+    }
 }
+
+/// Why another node's face was not reached, for the log.
+#[derive(Debug)]
+struct Unreached(String);
 
 async fn relayed(
     fleet: &FleetFace,
     peer: &Peer,
     sandbox: &str,
     request: Request<RequestBody>,
-) -> Result<Response<Body>, ApiError> {
-    let unreachable = |why: String| {
-        ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            format!("sandbox {sandbox} is on node {}, {why}", peer.name),
-        )
-    };
+) -> Result<Response<Body>, Unreached> {
+    let unreachable = Unreached;
     if !peer.alive {
         return Err(unreachable("which is not live now".into()));
     }
@@ -82,7 +101,9 @@ async fn relayed(
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(FORWARDED_BY);
     parts.headers.remove(FORWARD_SIGNATURE);
-    for (name, value) in fleet.sign(&parts.method, &target, sandbox)? {
+    let Signed { headers, signature } = (fleet.sign(&peer.name, &parts.method, &target, sandbox))
+        .map_err(|err| unreachable(err.message))?;
+    for (name, value) in headers {
         parts.headers.insert(name, value);
     }
     let host = header::HeaderValue::from_str(&authority)
@@ -90,7 +111,7 @@ async fn relayed(
     parts.headers.insert(header::HOST, host);
     parts.uri = target
         .parse::<Uri>()
-        .map_err(|err| ApiError::bad_request(format!("the request's target: {err}")))?;
+        .map_err(|err| unreachable(format!("the request's target: {err}")))?;
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&authority))
         .await
         .map_err(|_| unreachable(format!("whose face at {advertise} did not answer in 5 s")))?
@@ -104,13 +125,57 @@ async fn relayed(
         .map_err(|err| unreachable(format!("whose face at {advertise} failed: {err}")))?;
     // The connection's own end (or failure) shows in the answer's body.
     tokio::spawn(connection);
+    greet(fleet, peer, &mut sender, &authority)
+        .await
+        .map_err(|Unreached(why)| unreachable(format!("at {advertise}: {why}")))?;
     let answer = sender
-        .send_request(Request::from_parts(parts, body))
+        .send_request(Request::from_parts(parts, Either::Right(body)))
         .await
         .map_err(|err| unreachable(format!("whose face at {advertise} failed: {err}")))?;
     let (mut parts, incoming) = answer.into_parts();
+    if !fleet.is_proven_answer(&parts.headers, &peer.name, &signature) {
+        return Err(unreachable(format!(
+            "what answers at {advertise} is not node {}'s face: its answer does not prove \
+             it holds the fleet's secret",
+            peer.name
+        )));
+    }
+    parts.headers.remove(FORWARD_ANSWER);
     strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, Relayed(incoming).boxed()))
+}
+
+/// Proves that what answers on the connection is `peer`'s face before
+/// anything of the client's is sent on it: a greeting with a nonce, which
+/// only a face holding the fleet's secret answers with its proof.
+async fn greet(
+    fleet: &FleetFace,
+    peer: &Peer,
+    sender: &mut SendRequest<Either<Empty<Bytes>, RequestBody>>,
+    authority: &str,
+) -> Result<(), Unreached> {
+    let failed = |err: &dyn std::fmt::Display| Unreached(err.to_string());
+    let nonce = crate::random::bytes::<16>().map_err(|err| failed(&err))?;
+    let target = format!("{GREETING_PATH}?nonce={}", crate::random::hex(&nonce));
+    let Signed { headers, signature } =
+        (fleet.sign(&peer.name, &Method::GET, &target, "")).map_err(|err| failed(&err.message))?;
+    let mut greeting = Request::get(target.as_str())
+        .header(header::HOST, authority)
+        .body(Either::Left(Empty::<Bytes>::new()))
+        .map_err(|err| failed(&err))?;
+    for (name, value) in headers {
+        greeting.headers_mut().insert(name, value);
+    }
+    let answer = (sender.send_request(greeting).await).map_err(|err| failed(&err))?;
+    if !fleet.is_proven_answer(answer.headers(), &peer.name, &signature) {
+        return Err(Unreached(format!(
+            "what answers is not node {}'s face: it does not prove it holds the fleet's secret",
+            peer.name
+        )));
+    }
+    // The greeting's answer, read to its end, leaves the connection free.
+    let _ = answer.into_body().collect().await;
+    sender.ready().await.map_err(|err| failed(&err))
 }
 
 /// `HOST:PORT` of an `http://HOST:PORT` address (a path after it is
@@ -140,9 +205,10 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Another face's answer as this face's: it ends where the other's
-/// connection failed (the client sees an answer cut short, as it would
-/// from that face).
+/// Another face's answer as this face's. Where the other's connection
+/// fails it ends: an answer of known length then reaches the client cut
+/// short, but a streamed one ends as if whole (the face's bodies carry no
+/// error), with a line in this face's log.
 struct Relayed(Incoming);
 
 impl http_body::Body for Relayed {

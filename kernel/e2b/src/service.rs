@@ -10,13 +10,14 @@ use std::task::{Context, Poll};
 
 use agentos_http::Body;
 use agentos_http::RequestBody;
-use http::{header, HeaderMap, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
+use crate::answer::no_content;
 use crate::answer::ApiError;
 use crate::control::{self, Control};
 use crate::face::Face;
-use crate::fleet::{Holder, FORWARDED_BY, FORWARD_SIGNATURE};
+use crate::fleet::{Holder, FORWARDED_BY, FORWARD_ANSWER, FORWARD_SIGNATURE, GREETING_PATH};
 use crate::forward;
 use crate::sandbox_api::{self, SANDBOX_ID_HEADER};
 use crate::tenant::Tenant;
@@ -48,13 +49,36 @@ impl tower_service::Service<Request<RequestBody>> for E2bService {
     }
 }
 
-/// The answer to one request.
+/// The answer to one request; to another node's proven forward, with the
+/// proof that this node answered it.
 async fn answer(face: &Face, request: Request<RequestBody>) -> Response<Body> {
     let sandbox = sandbox_named(&request).map(str::to_owned);
-    let forwarded = match proven_forward(face, &request, sandbox.as_deref()) {
-        Ok(forwarded) => forwarded,
+    let forward = match proven_forward(face, &request, sandbox.as_deref()) {
+        Ok(forward) => forward,
         Err(refused) => return refused.into_response(),
     };
+    let mut response = if forward.is_some() && request.uri().path() == GREETING_PATH {
+        no_content()
+    } else {
+        answer_here_or_there(face, request, sandbox, forward.is_some()).await
+    };
+    if let (Some(signature), Some(fleet)) = (forward, &face.fleet) {
+        let proof = fleet.answer_proof(fleet.node(), &signature);
+        if let Ok(proof) = HeaderValue::from_str(&proof) {
+            response.headers_mut().insert(FORWARD_ANSWER, proof);
+        }
+    }
+    response
+}
+
+/// The answer to a request: here, or, for another node's sandbox (unless
+/// it was `forwarded` here), by that node's face.
+async fn answer_here_or_there(
+    face: &Face,
+    request: Request<RequestBody>,
+    sandbox: Option<String>,
+    forwarded: bool,
+) -> Response<Body> {
     // A node's forward names this face by the address its node
     // advertises, which need not be one a browser would use.
     if !forwarded {
@@ -121,17 +145,17 @@ fn sandbox_named(request: &Request<RequestBody>) -> Option<&str> {
     control::sandbox_of(request.method(), request.uri().path())
 }
 
-/// Whether the request is a forward from another node of the fleet,
-/// proven; one that claims to be and is not (or reaches a face with no
-/// fleet secret) is refused.
+/// The signature of the request if it is a forward from another node of
+/// the fleet, proven; one that claims to be and is not (or reaches a face
+/// with no fleet secret) is refused.
 fn proven_forward(
     face: &Face,
     request: &Request<RequestBody>,
     sandbox: Option<&str>,
-) -> Result<bool, ApiError> {
+) -> Result<Option<String>, ApiError> {
     let target = (request.uri().path_and_query()).map_or("/", |target| target.as_str());
     match &face.fleet {
-        Some(fleet) => fleet.is_proven_forward(
+        Some(fleet) => fleet.proven_forward(
             request.headers(),
             request.method(),
             target,
@@ -141,7 +165,7 @@ fn proven_forward(
             StatusCode::FORBIDDEN,
             "a forward between the fleet's nodes, to a face that has no fleet secret",
         )),
-        None => Ok(false),
+        None => Ok(None),
     }
 }
 

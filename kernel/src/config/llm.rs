@@ -479,6 +479,12 @@ impl LlmConfig {
                 format!("the weight of {name:?} is outside 1..=1000"),
             );
         }
+        if i64::try_from(self.quota.tokens).is_err() {
+            return invalid(
+                "llm.quota.tokens",
+                format!("{} is more than {}", self.quota.tokens, i64::MAX),
+            );
+        }
         if !(60..=MAX_QUOTA_PERIOD_SECS).contains(&self.quota.period_secs) {
             return invalid(
                 "llm.quota.period_secs",

@@ -22,12 +22,12 @@ pub fn lease(client: &mut Client, ask: &LeaseAsk) -> Result<Grant, FleetError> {
             SELECT floor(extract(epoch FROM now()) / $3::bigint)::bigint AS number
          )
          INSERT INTO agentos_allowances AS a
-            (owner, measure, window_number, granted, last_grant, ends_at)
-         SELECT $1::text, $2::text, number, LEAST($5::bigint, $4::bigint),
+            (owner, measure, window_secs, window_number, granted, last_grant, ends_at)
+         SELECT $1::text, $2::text, $3::bigint, number, LEAST($5::bigint, $4::bigint),
                 LEAST($5::bigint, $4::bigint),
                 to_timestamp((number + 1) * $3::bigint)
          FROM clock
-         ON CONFLICT (owner, measure, window_number) DO UPDATE
+         ON CONFLICT (owner, measure, window_secs, window_number) DO UPDATE
             SET granted = a.granted + LEAST($5::bigint, GREATEST($4::bigint - a.granted, 0)),
                 last_grant = LEAST($5::bigint, GREATEST($4::bigint - a.granted, 0))
          RETURNING window_number, last_grant,

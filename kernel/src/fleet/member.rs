@@ -272,19 +272,17 @@ impl Member {
     fn lease(&mut self, ask: &LeaseAsk) -> Result<Grant, LedgerUnreachable> {
         let forget =
             (self.forgot_allowances).is_none_or(|at| at.elapsed() >= FORGET_ALLOWANCES_EVERY);
-        let leased = self.client().and_then(|client| {
-            if forget {
-                allowances::forget_old(client)?;
+        if forget {
+            self.forgot_allowances = Some(Instant::now());
+            if let Err(err) = self.client().and_then(allowances::forget_old) {
+                log::warn!("fleet: could not forget the THINK quotas' old windows: {err}");
             }
-            allowances::lease(client, ask)
-        });
-        match leased {
-            Ok(grant) => {
-                if forget {
-                    self.forgot_allowances = Some(Instant::now());
-                }
-                Ok(grant)
-            }
+        }
+        match self
+            .client()
+            .and_then(|client| allowances::lease(client, ask))
+        {
+            Ok(grant) => Ok(grant),
             Err(err) => {
                 let why = LedgerUnreachable(err.reason());
                 self.failed("lease a THINK quota", err);

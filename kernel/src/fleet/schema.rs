@@ -64,11 +64,12 @@ const MIGRATIONS: &[&str] = &[
     "CREATE TABLE agentos_allowances (
         owner text NOT NULL,
         measure text NOT NULL,
+        window_secs bigint NOT NULL,
         window_number bigint NOT NULL,
         granted bigint NOT NULL,
         last_grant bigint NOT NULL,
         ends_at timestamptz NOT NULL,
-        PRIMARY KEY (owner, measure, window_number)
+        PRIMARY KEY (owner, measure, window_secs, window_number)
     );
     CREATE INDEX agentos_allowances_ends ON agentos_allowances (ends_at)",
 ];

@@ -32,6 +32,10 @@ const CHUNK_DIVISOR: u64 = 10;
 /// The request rate's window.
 const MINUTE_SECS: u64 = 60;
 
+/// THINKs one principal may have held for its quota at once; more are
+/// refused, so one principal's wait never fills the node's queue.
+const MAX_HELD_PER_PRINCIPAL: usize = 64;
+
 /// What a quota needs of a held THINK.
 pub trait Priced {
     /// Its prompt's estimated tokens.
@@ -103,7 +107,8 @@ impl Allowance {
             self.window = Some(grant.window);
             self.left = 0;
         }
-        self.left += i64::try_from(grant.granted).unwrap_or(i64::MAX);
+        let granted = i64::try_from(grant.granted).unwrap_or(i64::MAX);
+        self.left = self.left.saturating_add(granted);
         self.spent = grant.granted < asked;
         self.ends = Some(now + Duration::from_millis(grant.ms_left));
     }
@@ -157,10 +162,11 @@ enum Price {
     Refused(String),
 }
 
-/// The node's own ledger, when it is in no fleet.
+/// The node's own ledger, when it is in no fleet: by principal and
+/// measure, the window's length and number, and what it granted.
 #[derive(Debug, Default)]
 struct LocalLedger {
-    granted: HashMap<(String, Measure), (i64, u64)>,
+    granted: HashMap<(String, Measure), (u64, i64, u64)>,
 }
 
 impl LocalLedger {
@@ -170,15 +176,16 @@ impl LocalLedger {
             .map_or(0, |since| since.as_millis() as u64);
         let window_ms = ask.window_secs.max(1) * 1000;
         let window = now_ms / window_ms;
-        self.granted.retain(|(_, measure), (number, _)| {
-            *measure != ask.measure || *number as u64 == window
-        });
         let number = i64::try_from(window).unwrap_or(i64::MAX);
+        let current = (ask.window_secs, number);
+        self.granted.retain(|(_, measure), (secs, at, _)| {
+            *measure != ask.measure || (*secs, *at) == current
+        });
         let entry = (self.granted)
             .entry((ask.owner.clone(), ask.measure))
-            .or_insert((number, 0));
-        let granted = ask.amount.min(ask.limit.saturating_sub(entry.1));
-        entry.1 += granted;
+            .or_insert((ask.window_secs, number, 0));
+        let granted = ask.amount.min(ask.limit.saturating_sub(entry.2));
+        entry.2 += granted;
         Grant {
             window: number,
             granted,
@@ -220,10 +227,22 @@ impl<T: Priced> Quotas<T> {
         }
     }
 
-    /// Takes up new quotas (a reload): the windows' grants so far stand.
+    /// Takes up new quotas (a reload): what the ledger granted in each
+    /// window stands, and the ledger is asked again against the new ones.
     pub fn configure(&mut self, config: &QuotaConfig) {
+        if self.config == *config {
+            return;
+        }
         self.config = config.clone();
-        self.ready.extend(self.accounts.keys().cloned());
+        for (owner, account) in &mut self.accounts {
+            for allowance in [&mut account.tokens, &mut account.requests] {
+                *allowance = Allowance {
+                    asking: allowance.asking,
+                    ..Allowance::default()
+                };
+            }
+            self.ready.insert(owner.clone());
+        }
     }
 
     /// Whether any quota is set.
@@ -239,9 +258,17 @@ impl<T: Priced> Quotas<T> {
     /// Pays for `item` from `owner`'s quota, or holds it until the quota
     /// allows (behind the principal's THINKs held before it).
     pub fn offer(&mut self, owner: &str, mut item: T, now: Instant) -> Offer<T> {
-        let waiting = !(self.accounts.entry(owner.to_owned()).or_default())
+        let held = (self.accounts.entry(owner.to_owned()).or_default())
             .held
-            .is_empty();
+            .len();
+        if held >= MAX_HELD_PER_PRINCIPAL {
+            let why = format!(
+                "{held} THINKs of {owner:?} already wait for its THINK quota; send more once \
+                 they are answered"
+            );
+            return Offer::Refused(item, why);
+        }
+        let waiting = held > 0;
         if !waiting {
             match self.price(owner, &mut item, now) {
                 Price::Paid(paid) => return Offer::Go(item, paid),
@@ -658,8 +685,7 @@ mod tests {
         assert_eq!(asks.len(), 1, "one ask at a time: {asks:?}");
         assert_eq!((asks[0].amount, asks[0].limit), (100, 1000), "a tenth");
         assert_eq!(asks[0].window_secs, 3600);
-        // The ledger has only 150 left of the window: both go, the second
-        // with what is left of the grant.
+        // The ledger grants the 100 asked: one THINK's worth.
         let grant = Grant {
             window: 7,
             granted: 100,
@@ -676,6 +702,36 @@ mod tests {
         assert_eq!(failed.0.len(), 1);
         assert!(failed.1.contains("down"), "{}", failed.1);
         assert_eq!(quotas.held(), 0);
+    }
+
+    #[test]
+    fn a_principal_may_have_only_so_many_thinks_held() {
+        let now = Instant::now();
+        let mut quotas: Quotas<Think> = Quotas::new(&config(1000, 0), Some(test_waker()));
+        for _ in 0..MAX_HELD_PER_PRINCIPAL {
+            assert!(matches!(
+                quotas.offer("alice", think(1, 1), now),
+                Offer::Held
+            ));
+        }
+        match quotas.offer("alice", think(1, 1), now) {
+            Offer::Refused(_, why) => assert!(why.contains("already wait"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(quotas.offer("bob", think(1, 1), now), Offer::Held));
+    }
+
+    #[test]
+    fn a_quota_raised_by_a_reload_is_leased_at_once() {
+        let now = Instant::now();
+        let mut quotas = Quotas::new(&config(200, 0), None);
+        paid(quotas.offer("alice", think(100, 90), now));
+        assert!(matches!(
+            quotas.offer("alice", think(100, 90), now),
+            Offer::Refused(..)
+        ));
+        quotas.configure(&config(1000, 0));
+        paid(quotas.offer("alice", think(100, 90), now));
     }
 
     #[test]
