@@ -66,6 +66,13 @@ def test_a_principals_tokens_hold_across_the_fleet_under_a_think_flood():
                 "SELECT sum(granted) FROM agentos_allowances WHERE measure = 'tokens'",
                 "agentos").strip()
             assert 0 < int(granted) <= QUOTA, granted
+            # How often the nodes asked the ledger (a lease is one insert or
+            # update of a row), for the record: THINK itself asks nothing.
+            time.sleep(1)
+            leases = f.postgres.sql(
+                "SELECT n_tup_ins + n_tup_upd FROM pg_stat_user_tables "
+                "WHERE relname = 'agentos_allowances'", "agentos").strip()
+            print(f"ledger: {leases} leases for {len(answered) + len(refused)} THINKs")
             # What each node holds comes back as answers use less than they
             # paid: THINKs until each node refuses still spend no more.
             for node in nodes:
