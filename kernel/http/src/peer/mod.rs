@@ -61,11 +61,25 @@ impl SocketTable {
         let (peer, local) = (canonical(peer), canonical(local));
         let listed = match self {
             SocketTable::SockDiag => sock_diag::lookup(peer, local)?.into_iter().collect(),
-            SocketTable::ProcNet => proc_net::lookup(peer, local)?,
+            SocketTable::ProcNet => {
+                // The table is read a page at a time while sockets come
+                // and go, so a socket may be passed over: read it again.
+                let mut listed = proc_net::lookup(peer, local)?;
+                for _ in 0..PROC_NET_READS - 1 {
+                    if !listed.is_empty() {
+                        break;
+                    }
+                    listed = proc_net::lookup(peer, local)?;
+                }
+                listed
+            }
         };
         Ok(owner_of(&listed)?)
     }
 }
+
+/// How often /proc/net/tcp is read for a socket not found in it.
+const PROC_NET_READS: usize = 3;
 
 #[cfg(test)]
 mod tests {
