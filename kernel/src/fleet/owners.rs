@@ -53,31 +53,34 @@ pub fn quota_owner(principal: Principal) -> Option<String> {
     })
 }
 
-/// The user name of `uid`, looked up once for the daemon's life (the
-/// lookup may ask a directory service; the reactor asks it).
+/// The user name of `uid`, looked up once for the daemon's life, a uid
+/// without one too (the lookup may ask a directory service; the reactor
+/// asks it, for every THINK held to a quota).
 fn user_name(uid: u32) -> Result<String, FleetError> {
-    static NAMES: OnceLock<Mutex<HashMap<u32, String>>> = OnceLock::new();
+    static NAMES: OnceLock<Mutex<HashMap<u32, Option<String>>>> = OnceLock::new();
     let names = NAMES.get_or_init(Mutex::default);
-    if let Some(name) = names
+    let known = names
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .get(&uid)
-    {
-        return Ok(name.clone());
-    }
-    let user = User::from_uid(Uid::from_raw(uid))
-        .ok()
-        .flatten()
-        .ok_or_else(|| {
-            FleetError::Unavailable(format!(
-                "uid {uid} has no user name on this node, and a fleet knows operators by name"
-            ))
-        })?;
-    names
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(uid, user.name.clone());
-    Ok(user.name)
+        .cloned();
+    let name = match known {
+        Some(name) => name,
+        None => {
+            let looked_up = User::from_uid(Uid::from_raw(uid)).ok().flatten();
+            let name = looked_up.map(|user| user.name);
+            names
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(uid, name.clone());
+            name
+        }
+    };
+    name.ok_or_else(|| {
+        FleetError::Unavailable(format!(
+            "uid {uid} has no user name on this node, and a fleet knows operators by name"
+        ))
+    })
 }
 
 /// The principal `owner` is on this node.

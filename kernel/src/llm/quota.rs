@@ -94,11 +94,17 @@ impl Allowance {
     /// Starts afresh once its window has ended.
     fn roll(&mut self, now: Instant) {
         if self.ends.is_some_and(|ends| now >= ends) {
-            *self = Allowance {
-                asking: self.asking,
-                ..Allowance::default()
-            };
+            self.restart();
         }
+    }
+
+    /// Forgets what it holds and knows of its window; a lease on its way
+    /// stays on its way.
+    fn restart(&mut self) {
+        *self = Allowance {
+            asking: self.asking,
+            ..Allowance::default()
+        };
     }
 
     fn take(&mut self, grant: Grant, asked: u64, now: Instant) {
@@ -207,7 +213,6 @@ pub struct Quotas<T> {
     asks: Vec<LeaseAsk>,
     /// Principals whose held THINKs may go now.
     ready: HashSet<String>,
-    held: usize,
 }
 
 impl<T: Priced> Quotas<T> {
@@ -223,7 +228,6 @@ impl<T: Priced> Quotas<T> {
             fleet_waker,
             asks: Vec::new(),
             ready: HashSet::new(),
-            held: 0,
         }
     }
 
@@ -235,12 +239,8 @@ impl<T: Priced> Quotas<T> {
         }
         self.config = config.clone();
         for (owner, account) in &mut self.accounts {
-            for allowance in [&mut account.tokens, &mut account.requests] {
-                *allowance = Allowance {
-                    asking: allowance.asking,
-                    ..Allowance::default()
-                };
-            }
+            account.tokens.restart();
+            account.requests.restart();
             self.ready.insert(owner.clone());
         }
     }
@@ -252,7 +252,10 @@ impl<T: Priced> Quotas<T> {
 
     /// THINKs held for their quotas.
     pub fn held(&self) -> usize {
-        self.held
+        self.accounts
+            .values()
+            .map(|account| account.held.len())
+            .sum()
     }
 
     /// Pays for `item` from `owner`'s quota, or holds it until the quota
@@ -268,15 +271,14 @@ impl<T: Priced> Quotas<T> {
             );
             return Offer::Refused(item, why);
         }
-        let waiting = held > 0;
-        if !waiting {
+        if held == 0 {
             match self.price(owner, &mut item, now) {
                 Price::Paid(paid) => return Offer::Go(item, paid),
                 Price::Refused(why) => return Offer::Refused(item, why),
                 Price::Wait(_) => {}
             }
         }
-        self.put_back_last(owner, item);
+        self.held_of(owner).push_back(item);
         Offer::Held
     }
 
@@ -291,12 +293,12 @@ impl<T: Priced> Quotas<T> {
         );
         let mut released = Vec::new();
         for owner in owners {
-            while let Some(mut item) = self.take_held(&owner) {
+            while let Some(mut item) = self.held_of(&owner).pop_front() {
                 match self.price(&owner, &mut item, now) {
                     Price::Paid(paid) => released.push(Released::Go(item, paid)),
                     Price::Refused(why) => released.push(Released::Refused(item, why)),
                     Price::Wait(_) => {
-                        self.put_back(&owner, item);
+                        self.held_of(&owner).push_front(item);
                         break;
                     }
                 }
@@ -349,9 +351,7 @@ impl<T: Priced> Quotas<T> {
             return (Vec::new(), why);
         };
         account.allowance(ask.measure).asking = false;
-        let failed: Vec<T> = account.held.drain(..).collect();
-        self.held -= failed.len();
-        (failed, why)
+        (account.held.drain(..).collect(), why)
     }
 
     /// A THINK was answered, having used `used` tokens: what it paid
@@ -388,26 +388,12 @@ impl<T: Priced> Quotas<T> {
             }
             removed.extend(gone);
         }
-        self.held -= removed.len();
         removed
     }
 
-    fn take_held(&mut self, owner: &str) -> Option<T> {
-        let item = self.accounts.get_mut(owner)?.held.pop_front()?;
-        self.held -= 1;
-        Some(item)
-    }
-
-    fn put_back(&mut self, owner: &str, item: T) {
-        let account = self.accounts.entry(owner.to_owned()).or_default();
-        account.held.push_front(item);
-        self.held += 1;
-    }
-
-    fn put_back_last(&mut self, owner: &str, item: T) {
-        let account = self.accounts.entry(owner.to_owned()).or_default();
-        account.held.push_back(item);
-        self.held += 1;
+    /// `owner`'s held THINKs, oldest first.
+    fn held_of(&mut self, owner: &str) -> &mut VecDeque<T> {
+        &mut self.accounts.entry(owner.to_owned()).or_default().held
     }
 
     /// Pays for `item` from what the node holds, leasing more (at once
@@ -592,6 +578,10 @@ mod tests {
         }
     }
 
+    fn is_held(offer: Offer<Think>) -> bool {
+        matches!(offer, Offer::Held)
+    }
+
     fn paid(offer: Offer<Think>) -> (Think, Paid) {
         match offer {
             Offer::Go(think, paid) => (think, paid),
@@ -643,14 +633,8 @@ mod tests {
         for _ in 0..3 {
             paid(quotas.offer("alice", think(1, 1), now));
         }
-        assert!(matches!(
-            quotas.offer("alice", think(1, 1), now),
-            Offer::Held
-        ));
-        assert!(matches!(
-            quotas.offer("alice", think(2, 2), now),
-            Offer::Held
-        ));
+        assert!(is_held(quotas.offer("alice", think(1, 1), now)));
+        assert!(is_held(quotas.offer("alice", think(2, 2), now)));
         assert_eq!(quotas.held(), 2);
         assert!(quotas.release(now).is_empty());
         let next_minute = quotas.next_wake().expect("a window to wait for");
@@ -673,14 +657,8 @@ mod tests {
     fn in_a_fleet_thinks_wait_for_the_ledger_and_fail_without_it() {
         let now = Instant::now();
         let mut quotas: Quotas<Think> = Quotas::new(&config(1000, 0), Some(test_waker()));
-        assert!(matches!(
-            quotas.offer("alice", think(50, 50), now),
-            Offer::Held
-        ));
-        assert!(matches!(
-            quotas.offer("alice", think(50, 50), now),
-            Offer::Held
-        ));
+        assert!(is_held(quotas.offer("alice", think(50, 50), now)));
+        assert!(is_held(quotas.offer("alice", think(50, 50), now)));
         let asks = quotas.take_asks();
         assert_eq!(asks.len(), 1, "one ask at a time: {asks:?}");
         assert_eq!((asks[0].amount, asks[0].limit), (100, 1000), "a tenth");
@@ -709,16 +687,13 @@ mod tests {
         let now = Instant::now();
         let mut quotas: Quotas<Think> = Quotas::new(&config(1000, 0), Some(test_waker()));
         for _ in 0..MAX_HELD_PER_PRINCIPAL {
-            assert!(matches!(
-                quotas.offer("alice", think(1, 1), now),
-                Offer::Held
-            ));
+            assert!(is_held(quotas.offer("alice", think(1, 1), now)));
         }
         match quotas.offer("alice", think(1, 1), now) {
             Offer::Refused(_, why) => assert!(why.contains("already wait"), "{why}"),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(quotas.offer("bob", think(1, 1), now), Offer::Held));
+        assert!(is_held(quotas.offer("bob", think(1, 1), now)));
     }
 
     #[test]
