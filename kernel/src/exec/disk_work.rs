@@ -15,7 +15,9 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::children::Children;
 use super::disks::volumes::{VolumeKey, VolumeUse};
-use super::disks::{Attached, DiskError, Done, SessionDisks, StoreError, TemplateUse};
+use super::disks::{
+    Attached, DiskError, Done, SessionDisks, SnapshotFiles, StoreError, TemplateUse,
+};
 use super::pool::Pool;
 use super::queues::Share;
 use super::sessions::Sessions;
@@ -60,6 +62,12 @@ pub struct DiskWork {
     kept_warm: HashSet<String>,
     /// Volumes being made, each with where its maker's reply goes.
     making: HashMap<VolumeKey, ReplyTo>,
+    /// Sessions hibernated for the fleet to keep, each with where its
+    /// snapshot lies: for the kernel to publish.
+    pub to_fleet: Vec<(SessionKey, SnapshotFiles)>,
+    /// Sessions brought from the fleet into the store, each with whether
+    /// it keeps globals, or why it was not.
+    pub imported: Vec<(SessionKey, Result<bool, StoreError>)>,
 }
 
 impl DiskWork {
@@ -72,6 +80,8 @@ impl DiskWork {
             warming: HashMap::new(),
             kept_warm: HashSet::new(),
             making: HashMap::new(),
+            to_fleet: Vec::new(),
+            imported: Vec::new(),
         }
     }
 
@@ -160,13 +170,22 @@ impl DiskWork {
                         self.store.volumes.mounted(key);
                     }
                 }
-                Done::Snapshotted { asked, result } => {
+                Done::Imported { key, result } => {
+                    let state = result.map(|manifest| manifest.state.is_some());
+                    self.imported.push((key, state));
+                }
+                Done::Snapshotted {
+                    asked,
+                    result,
+                    files,
+                } => {
                     // The session's next order may start.
                     sessions.release(&asked.key);
                     done.sessions.push(asked.key.clone());
                     let answer = match result {
                         Ok((manifest, _)) if asked.hibernate => {
                             self.store.hibernated(&asked.key, &manifest.name);
+                            self.to_fleet.extend(files.map(|f| (asked.key.clone(), f)));
                             done.hibernated.push(asked.key.clone());
                             Answer::json(&SessionPauseReply {
                                 success: true,

@@ -79,7 +79,10 @@ impl Exec {
         }
         let available = unavailable.is_none();
         let cgroups = cgroups.filter(|_| available);
-        let disks = SessionDisks::start(config, &dirs.state, Arc::clone(&waker));
+        let mut disks = SessionDisks::start(config, &dirs.state, Arc::clone(&waker));
+        if config.fleet.database.is_some() && disks.available() {
+            disks.fleet_staging.turn_on();
+        }
         let dispatcher = Dispatcher {
             pool: Pool::new(config, registry, token_base, dirs.tools, available)?,
             backlog: Backlog::new(exec, disks),

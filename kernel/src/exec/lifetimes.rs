@@ -28,7 +28,7 @@ pub fn set_lifetime(
 ) -> Result<Option<Ends>, ErrorReply> {
     let ends = lifetime.map(|lifetime| Ends::after(now, lifetime.ms, lifetime.then));
     let live = sessions.meta_mut(key).map(|meta| meta.ends = ends);
-    let recorded = disks.change_meta(key, |meta| meta.ends = ends);
+    let recorded = disks.change_record(key, |record| record.meta.ends = ends);
     match live.or(recorded) {
         Some(()) => Ok(ends),
         None => Err(no_session(key)),
@@ -50,7 +50,8 @@ pub fn lifetime_ended(
         Some(ends.then)
     };
     let live = sessions.meta_mut(key).and_then(take);
-    let recorded = disks.change_meta(key, take).flatten();
+    let recorded = disks.change_record(key, |record| take(&mut record.meta));
+    let recorded = recorded.flatten();
     live.or(recorded)
 }
 

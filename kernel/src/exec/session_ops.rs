@@ -83,6 +83,7 @@ pub fn order_for(
         reply_to,
         not_saved: Vec::new(),
         hibernate: false,
+        files: false,
     };
     match op {
         SessionOp::Hibernate if open => return Ok(Some(Order::hibernate(memfd()?))),

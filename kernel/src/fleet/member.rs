@@ -22,6 +22,7 @@ use super::nodes::{self, Figures, Registration};
 use super::notes::Notes;
 use super::owners;
 use super::schema;
+use super::sessions::{SessionJob, SessionNews};
 use super::tasks::{self, Claimed};
 use super::waits::{Wait, Waits};
 use crate::address::{Answer, ReplyTo};
@@ -42,6 +43,8 @@ pub enum Order {
     Lease(LeaseAsk),
     /// Notifications came: the rows are looked at ([`Notes`]).
     Woken,
+    /// Work on the fleet's hibernated sessions.
+    Session(SessionJob),
     /// The kernel is stopping: give the lease up, say so, and end.
     Leave(SyncSender<()>),
 }
@@ -71,6 +74,8 @@ pub enum FleetEvent {
     Reply(ReplyTo, Answer),
     /// What the ledger granted of a quota, or why it granted nothing.
     Leased(LeaseAsk, Result<Grant, LedgerUnreachable>),
+    /// The answer to a [`SessionJob`].
+    Session(SessionNews),
 }
 
 /// What the fleet thread shares with the rest of the kernel.
@@ -258,8 +263,16 @@ impl Member {
                 self.send(FleetEvent::Leased(ask, grant));
             }
             Order::Leave(_) => {}
+            Order::Session(job) => {
+                let node = self.me.node.clone();
+                let news = job.run(self.client(), &node);
+                self.send(FleetEvent::Session(news));
+            }
             Order::Woken => {
                 let looks = self.notes.take();
+                if looks.sessions {
+                    self.serve(Order::Session(SessionJob::List));
+                }
                 self.claim_now |= looks.queued;
                 self.check_held |= looks.cancelled && !self.held.is_empty();
                 self.check_waits |= looks.done && !self.waits.is_empty();
@@ -553,6 +566,8 @@ impl Member {
         match renewed {
             Ok((draining, nodes)) => {
                 self.renewed(draining);
+                // The hibernated sessions, in case a notification was missed.
+                self.serve(Order::Session(SessionJob::List));
                 let mut status = self.status();
                 status.nodes = nodes;
                 status.held = self.held.len();

@@ -9,12 +9,14 @@
 mod allowances;
 mod database;
 pub mod error;
+pub mod kept;
 mod listener;
 mod member;
 pub mod nodes;
 mod notes;
 pub mod owners;
 pub mod schema;
+pub mod sessions;
 pub mod tasks;
 mod waits;
 
@@ -51,6 +53,8 @@ pub struct Fleet {
     /// Once the kernel is stopping: where the fleet thread says it has
     /// given the lease up.
     leaving: Option<Receiver<()>>,
+    /// The fleet's hibernated sessions, and runs waiting for theirs.
+    pub kept: kept::KeptSessions,
 }
 
 /// What reaches the fleet thread: cloned into workers.
@@ -155,6 +159,7 @@ impl Fleet {
             }),
             events: Some(events),
             leaving: None,
+            kept: kept::KeptSessions::default(),
         })
     }
 
@@ -273,6 +278,12 @@ impl FleetLink {
     /// comes back as [`FleetEvent::Leased`].
     pub fn lease(&self, ask: LeaseAsk) -> Result<(), FleetError> {
         member::send(&self.orders, Order::Lease(ask))
+    }
+
+    /// Sends `job` to the fleet thread; its news comes back as
+    /// [`FleetEvent::Session`].
+    pub fn session(&self, job: sessions::SessionJob) -> Result<(), FleetError> {
+        member::send(&self.orders, Order::Session(job))
     }
 
     /// Holds `wait` until its task ends or its time is up.

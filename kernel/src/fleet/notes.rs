@@ -4,6 +4,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::sessions::SESSIONS_NOTE;
+
 /// Kinds of notification not yet looked at.
 #[derive(Debug, Default)]
 pub struct Notes {
@@ -13,6 +15,8 @@ pub struct Notes {
     cancelled: AtomicBool,
     /// A task ended.
     done: AtomicBool,
+    /// The hibernated sessions changed.
+    sessions: AtomicBool,
     /// A wake-up is waiting for the fleet thread.
     pending: AtomicBool,
 }
@@ -23,16 +27,18 @@ pub struct Looks {
     pub queued: bool,
     pub cancelled: bool,
     pub done: bool,
+    pub sessions: bool,
 }
 
 impl Notes {
     /// Notes a notification's payload (`queued`, `done:ID`, `cancel:ID`,
-    /// or anything: a wake-up). True when the fleet thread is to be woken:
+    /// `sessions`, or anything: a wake-up). True when the fleet thread is to be woken:
     /// no wake-up waits for it already.
     pub fn note(&self, payload: &str) -> bool {
         let kind = match payload.split_once(':') {
             Some(("done", _)) => &self.done,
             Some(("cancel", _)) => &self.cancelled,
+            _ if payload == SESSIONS_NOTE => &self.sessions,
             _ => &self.queued,
         };
         kind.store(true, Ordering::Release);
@@ -51,6 +57,7 @@ impl Notes {
             queued: self.queued.swap(false, Ordering::AcqRel),
             cancelled: self.cancelled.swap(false, Ordering::AcqRel),
             done: self.done.swap(false, Ordering::AcqRel),
+            sessions: self.sessions.swap(false, Ordering::AcqRel),
         }
     }
 }

@@ -72,6 +72,27 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (owner, measure, window_secs, window_number)
     );
     CREATE INDEX agentos_allowances_ends ON agentos_allowances (ends_at)",
+    // 4: hibernated sessions, and their contents once per owner.
+    "CREATE SEQUENCE agentos_session_generations;
+    CREATE TABLE agentos_sessions (
+        owner_user text NOT NULL,
+        owner_delegate text NOT NULL,
+        name text NOT NULL,
+        node text NOT NULL,
+        generation bigint NOT NULL,
+        manifest bytea NOT NULL,
+        hashes text[] NOT NULL,
+        bytes bigint NOT NULL,
+        hibernated_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (owner_user, owner_delegate, name)
+    );
+    CREATE TABLE agentos_session_contents (
+        owner_user text NOT NULL,
+        owner_delegate text NOT NULL,
+        hash text NOT NULL,
+        content bytea NOT NULL,
+        PRIMARY KEY (owner_user, owner_delegate, hash)
+    )",
 ];
 
 /// The newest schema version this node reads and writes.

@@ -19,14 +19,14 @@ use postgres::{Client, Row};
 use super::error::FleetError;
 use super::nodes::Registration;
 
-/// The channel nodes listen on; a payload is `queued`, `done:ID` or
-/// `cancel:ID`.
+/// The channel nodes listen on; a payload is `queued`, `done:ID`,
+/// `cancel:ID` or `sessions` (the hibernated sessions changed).
 pub const CHANNEL: &str = "agentos_tasks";
 
 /// Whose a fleet task is, by names every node of the fleet shares: the
 /// operator's user name, and a delegate's name (empty for the operator
 /// itself).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FleetOwner {
     pub user: String,
     pub delegate: String,

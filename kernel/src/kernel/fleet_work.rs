@@ -8,6 +8,7 @@ use agentos_proto::payload::TaskState;
 use agentos_proto::ErrorReply;
 
 use crate::address::Reply;
+use crate::fleet::sessions::SessionNews;
 use crate::fleet::tasks::Claimed;
 use crate::fleet::{Fleet, FleetEvent};
 use crate::identity::Principal;
@@ -22,6 +23,8 @@ pub struct Woken {
     pub stops: Vec<CancelledWork>,
     /// Tasks were queued here: start what has room.
     pub adopted: bool,
+    /// What the fleet answered about hibernated sessions.
+    pub sessions: Vec<SessionNews>,
 }
 
 /// Sends THINK's asks for more of its quotas to the ledger, and takes the
@@ -39,6 +42,7 @@ pub fn on_wake(fleet: &Fleet, tasks: &mut Tasks, llm: &mut Llm, replies: &mut Ve
         match event {
             FleetEvent::Reply(reply_to, answer) => replies.push((reply_to, answer)),
             FleetEvent::Leased(ask, grant) => llm.leased(&ask, grant, replies),
+            FleetEvent::Session(news) => woken.sessions.push(news),
             FleetEvent::Claimed { task, owner } => {
                 woken.adopted |= adopt(fleet, tasks, *task, owner)
             }

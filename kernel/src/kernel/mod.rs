@@ -23,6 +23,7 @@
 
 mod actor;
 mod boot;
+pub(crate) mod fleet_sessions;
 mod fleet_work;
 mod log_follows;
 mod lowered;
@@ -40,7 +41,7 @@ mod task_work;
 mod tool_calls;
 mod tool_catalog;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,14 +53,15 @@ use mio::{Registry, Token, Waker};
 pub use actor::{Actor, Permission};
 pub use log_follows::{log_seen_by, logs_reply, FollowOwner, LogFollower, LogFollowers};
 pub use runs::{Root, Runs};
-pub use sandboxes::{agent_sandboxes, exec_sandboxes, SandboxOwner};
+pub use sandboxes::{agent_calling, agent_sandboxes, exec_sandboxes, SandboxOwner};
 pub use start::StartError;
 pub use tool_calls::ToolCaller;
 
 use crate::address::{Outbox, ReplyTo};
 use crate::agents::{cgroup_limits, default_limits, Agents};
 use crate::config::Config;
-use crate::exec::{Exec, ExecDirs, RunCaller};
+use crate::exec::{Exec, ExecDirs, RunCaller, SessionOp};
+use crate::fleet::kept::{Held, HeldWork};
 use crate::identity::{Principal, KERNEL_OPERATOR};
 use crate::llm::{Asker, Llm};
 use crate::sandbox::runtime::machine::Machine;
@@ -108,7 +110,7 @@ pub struct Kernel {
     /// What is ready for the reactor.
     pub(crate) outbox: Outbox,
     /// TOOL calls waiting for their replies, and SPAWNs' spans.
-    router: Router,
+    pub(crate) router: Router,
     /// The `tools` package EXEC runs import.
     catalog: ToolCatalog,
     /// Boot agents a reload changed, waiting for their old selves to end.
@@ -221,6 +223,7 @@ impl Kernel {
             fleet,
         };
         start::serve_metrics(&kernel.config.metrics, &kernel.metrics.published)?;
+        fleet_sessions::recall(&mut kernel.fleet, &mut kernel.exec);
         // Tasks queued before a restart run now.
         kernel.start_tasks();
         kernel.start_boot_agents();
@@ -235,24 +238,6 @@ impl Kernel {
     /// Whether a token is one of the kernel's own sources.
     pub fn owns(&self, token: Token) -> bool {
         self.tokens.source_of(token).is_some()
-    }
-
-    /// Whether a process in these PID namespaces (its own first, then its
-    /// ancestors) lives inside one of the kernel's sandboxes.
-    pub fn is_inside_a_sandbox(&self, pid_namespaces: &[u64]) -> bool {
-        self.sandboxes.is_inside_a_sandbox(pid_namespaces)
-    }
-
-    /// The live unsandboxed agent whose cgroup holds the peer that
-    /// `peer_cgroups` reads the cgroups of (one per hierarchy): such an
-    /// agent, or a child of its, calling on the kernel's socket. Only an
-    /// unsandboxed agent's processes can reach that socket, so with none
-    /// live the peer's cgroups are not read at all.
-    pub fn agent_calling(
-        &self,
-        peer_cgroups: impl FnOnce() -> Option<Vec<PathBuf>>,
-    ) -> Option<u32> {
-        sandboxes::agent_calling(&self.agents, &self.sandboxes, peer_cgroups)
     }
 
     /// Readiness of one of the kernel's own sources.
@@ -278,6 +263,12 @@ impl Kernel {
         self.services.http_calls.on_wake(&mut self.outbox.replies);
         let replies = &mut self.outbox.replies;
         let woken = fleet_work::on_wake(&self.fleet, &mut self.tasks, &mut self.llm, replies);
+        let fleet = &mut self.fleet;
+        for work in fleet_sessions::on_wake(fleet, &mut self.exec, woken.sessions, replies) {
+            if let Err(err) = self.start_held(&work) {
+                fleet_sessions::refuse(&work, err, &mut self.outbox.replies);
+            }
+        }
         for stop in woken.stops {
             self.stop_task(stop);
         }
@@ -362,6 +353,7 @@ impl Kernel {
         self.services.lowered.connection_closed(serial);
         self.messages.connection_closed(serial);
         self.events.connection_closed(serial);
+        self.fleet.kept.connection_closed(serial);
     }
 
     /// Stops everything that runs: sandboxes, agents (within `grace`).
@@ -489,24 +481,6 @@ impl Kernel {
         Some(outbox)
     }
 
-    /// Opens SPAWN's `create_agent {name}` span, ended when its reply
-    /// goes out (the agent started, or failed to).
-    pub fn open_spawn_span(&mut self, reply_to: ReplyTo, agent: SpanAgent) {
-        self.router.open_spawn_span(reply_to, agent);
-    }
-
-    /// The address a TOOL call answered later gives its server (or the
-    /// subsystem that answers it): the reply comes back here to go on to
-    /// `caller`.
-    pub fn tool_call(&mut self, caller: ToolCaller) -> ReplyTo {
-        self.router.tool_call(caller)
-    }
-
-    /// A TOOL call that was refused before it went anywhere.
-    pub fn tool_call_refused(&mut self, via: ReplyTo) {
-        self.router.tool_call_refused(via);
-    }
-
     /// Starts an EXEC run for `principal`, answered at `reply_to`. The run
     /// is a principal of its own: what `request` asks for it, within what
     /// `principal` has, recorded under its number, which its own kernel
@@ -520,6 +494,16 @@ impl Kernel {
         let lowered = self.services.lowered.of(reply_to);
         let actor = task_work::owner(principal, &self.agents, &self.runs)?.lowered_to(lowered);
         actor.require(Permission::Exec)?;
+        let held = fleet_sessions::hold_run(
+            &mut self.fleet,
+            &mut self.exec,
+            request,
+            principal,
+            reply_to,
+        );
+        let Some(request) = held? else {
+            return Ok(());
+        };
         let mut caller = self.run_caller(&actor);
         let limits = self.exec.run_limits(&caller, request.limits.as_ref())?;
         let tokens_left = self.llm.tokens_left(actor.budgets());
@@ -537,6 +521,20 @@ impl Kernel {
         self.exec
             .run(request, caller, number, reply_to, &mut self.outbox.replies)
             .inspect_err(|_| self.runs.refused(number))
+    }
+
+    /// Work that waited for the fleet to settle its session goes on.
+    fn start_held(&mut self, work: &HeldWork) -> Result<(), ErrorReply> {
+        let (principal, reply_to) = (work.principal, work.reply_to);
+        match &work.what {
+            Held::Run(request) => self.start_run((**request).clone(), principal, reply_to),
+            Held::Resume(name) => {
+                let actor = task_work::owner(principal, &self.agents, &self.runs)?;
+                let caller = self.run_caller(&actor);
+                let replies = &mut self.outbox.replies;
+                (self.exec).session_order(caller, name, SessionOp::Wake, reply_to, replies)
+            }
+        }
     }
 
     /// What EXEC needs to know of whoever asks for a run (see

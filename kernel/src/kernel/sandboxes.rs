@@ -143,8 +143,11 @@ fn write_ca_bundle(path: &Path, proxy: &Proxy) -> io::Result<()> {
 /// Where Debian and its kin keep the system's trusted certificates.
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// The live unsandboxed agent whose cgroup holds the peer `peer_cgroups`
-/// reads the cgroups of (see [`super::Kernel::agent_calling`]).
+/// The live unsandboxed agent whose cgroup holds the peer that
+/// `peer_cgroups` reads the cgroups of (one per hierarchy): such an agent,
+/// or a child of its, calling on the kernel's socket. Only an unsandboxed
+/// agent's processes can reach that socket, so with none live the peer's
+/// cgroups are not read at all.
 pub fn agent_calling(
     agents: &Agents,
     sandboxes: &Runtime<SandboxOwner>,

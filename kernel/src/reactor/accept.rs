@@ -15,7 +15,7 @@ use crate::address::{Adopted, Adoptee};
 use crate::identity::{
     peer_cgroups, peer_cred, peer_groups, peer_pid_namespaces, Authority, Identity, PeerCred,
 };
-use crate::kernel::Kernel;
+use crate::kernel::{agent_calling, Kernel};
 
 /// After accept fails (out of file descriptors), try again this soon.
 const RETRY: Duration = Duration::from_millis(100);
@@ -151,7 +151,8 @@ impl Door {
         // here: whatever the credentials say, nothing inside a sandbox is
         // an operator. (Agents reach the kernel through their own sockets.)
         match peer_pid_namespaces(&stream, &peer) {
-            Ok(Some(chain)) if kernel.is_inside_a_sandbox(&chain) => {
+            // (Its PID namespaces, its own first, then its ancestors'.)
+            Ok(Some(chain)) if kernel.sandboxes.is_inside_a_sandbox(&chain) => {
                 if let Some(suppressed) = self.refusals.allow(Instant::now()) {
                     log::warn!(
                         "refusing pid {}: it lives in a sandbox, and this socket serves \
@@ -182,7 +183,9 @@ impl Door {
             // (one spawned unsandboxed, calling on this socket): this only
             // narrows what the connection may do.
             Ok(Identity::Operator { .. })
-                if let Some(id) = kernel.agent_calling(|| peer_cgroups(&stream, &peer).ok()) =>
+                if let Some(id) = agent_calling(&kernel.agents, &kernel.sandboxes, || {
+                    peer_cgroups(&stream, &peer).ok()
+                }) =>
             {
                 Identity::Agent { id }
             }

@@ -18,7 +18,7 @@ use super::request::{actor, reply, Outcome, Request};
 use super::{async_poll, templates, volumes};
 use crate::address::{Answer, Reply};
 use crate::exec::{Answered, Exec, RunCaller, SessionOp};
-use crate::kernel::{Kernel, Permission};
+use crate::kernel::{fleet_sessions, Kernel, Permission};
 
 pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
     let call = ExecCall::parse(request.payload).and_then(|call| {
@@ -102,12 +102,13 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             }))
         }
         ExecCall::Close { session } => {
+            let replies = &mut kernel.outbox.replies;
+            let closed = kernel.exec.close(principal, &session, replies);
+            fleet_sessions::closed(&mut kernel.fleet, principal, &session);
             return Outcome::Reply(Answer::json(&ClosedReply {
                 success: true,
-                closed: kernel
-                    .exec
-                    .close(principal, &session, &mut kernel.outbox.replies),
-            }))
+                closed,
+            }));
         }
         ExecCall::Snapshots { session } => {
             let store = &mut kernel.exec.disks().store;
@@ -140,12 +141,7 @@ fn run_caller(kernel: &Kernel, request: &Request<'_>) -> Result<RunCaller, Error
 
 /// A refusal with EXEC's reply fields: no output, no exit code.
 fn refusal(err: ErrorReply) -> Answer {
-    ExecReply {
-        error: Some(err.error),
-        code: Some(err.code),
-        ..ExecReply::default()
-    }
-    .into()
+    ExecReply::from(err).into()
 }
 
 /// Queues a snapshot or restore for the caller's session.

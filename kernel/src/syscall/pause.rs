@@ -23,6 +23,7 @@ use super::request::{actor, Outcome, Request};
 use crate::address::Answer;
 use crate::cgroup::Freezer;
 use crate::exec::SessionOp;
+use crate::kernel::fleet_sessions;
 use crate::kernel::{agent_sandboxes, Kernel, Permission};
 use crate::sandbox::runtime::Sandboxes;
 
@@ -149,10 +150,19 @@ fn session_freeze(
         Err(err) => return Outcome::Reply(err.into()),
     };
     let key = (request.caller.principal(), session.to_owned());
-    let replies = &mut kernel.outbox.replies;
     // A hibernated session is resumed by a fresh interpreter, which loads
     // its globals; hibernating saves them (a paused interpreter is let go
     // once the order is queued). Both are answered once done.
+    if !pause && !hibernate {
+        // One the fleet keeps is claimed (or fetched) first.
+        let (fleet, exec) = (&mut kernel.fleet, &mut kernel.exec);
+        match fleet_sessions::holds_resume(fleet, exec, key.0, session, request.reply_to) {
+            Ok(true) => return Outcome::Later,
+            Ok(false) => {}
+            Err(err) => return Outcome::Reply(err.into()),
+        }
+    }
+    let replies = &mut kernel.outbox.replies;
     let hibernated = kernel.exec.disks().store.stored.is_hibernated(&key);
     let op = match (hibernate, pause) {
         (true, _) => Some(SessionOp::Hibernate),

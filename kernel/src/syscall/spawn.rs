@@ -62,7 +62,9 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             Some(id),
             &spawned,
         );
-        kernel.open_spawn_span(request.reply_to, SpanAgent { id, name });
+        kernel
+            .router
+            .open_spawn_span(request.reply_to, SpanAgent { id, name });
         Ok(())
     });
     match started {

@@ -144,7 +144,7 @@ fn call_tool(
             let result = serde_json::to_value(&agents).unwrap_or(Value::Null);
             let text = result.to_string();
             let reply = ToolReply::done(result, builtin::text_content(text));
-            let via = kernel.tool_call(caller);
+            let via = kernel.router.tool_call(caller);
             kernel.outbox.replies.push((via, reply.into()));
             Ok(())
         }
@@ -152,12 +152,12 @@ fn call_tool(
             let think = ThinkRequest::parse(&serde_json::to_vec(&arguments).unwrap_or_default())
                 .map_err(|err| ErrorReply::new(ErrorCode::ToolError, err.error))?;
             let asker = kernel.asker(&actor(kernel, request)?, request.caller.identity.id())?;
-            let via = kernel.tool_call(caller);
+            let via = kernel.router.tool_call(caller);
             let queued = kernel
                 .llm
                 .think(&asker, via, think, &mut kernel.outbox.replies);
             if queued.is_err() {
-                kernel.tool_call_refused(via);
+                kernel.router.tool_call_refused(via);
             }
             queued
         }
@@ -171,7 +171,7 @@ fn call_tool(
             let actor = actor(kernel, request)?;
             let calling = actor.root().agent().unwrap_or(request.caller.identity.id());
             let agent = kernel.span_agent(&actor);
-            let via = kernel.tool_call(caller);
+            let via = kernel.router.tool_call(caller);
             let call = CallRequest {
                 server,
                 tool,
@@ -184,7 +184,7 @@ fn call_tool(
             };
             let called = kernel.tools.call(call, Instant::now());
             if called.is_err() {
-                kernel.tool_call_refused(via);
+                kernel.router.tool_call_refused(via);
             }
             called
         }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::network::NetTotals;
+use crate::error::ErrorReply;
 
 /// How many bytes of output were cut from the middle of each stream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,4 +68,15 @@ pub struct ExecReply {
     /// earlier runs. Absent otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fresh_interpreter: bool,
+}
+
+impl From<ErrorReply> for ExecReply {
+    /// A refusal with EXEC's reply fields: no output, no exit code.
+    fn from(refusal: ErrorReply) -> ExecReply {
+        ExecReply {
+            error: Some(refusal.error),
+            code: Some(refusal.code),
+            ..ExecReply::default()
+        }
+    }
 }

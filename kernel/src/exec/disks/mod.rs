@@ -13,8 +13,11 @@
 //! Each session's disk has a fixed size (`exec.session_disk_bytes`), and
 //! an owner's disks together may take `exec.owner_disk_bytes`.
 
+mod disk_error;
+mod fleet_staging;
 mod found;
 pub mod image;
+mod made;
 mod names;
 mod record;
 mod record_writes;
@@ -40,12 +43,14 @@ use std::time::SystemTime;
 use agentos_proto::payload::{SnapshotInfo, TemplateInfo};
 use agentos_proto::{ErrorCode, ErrorReply};
 
+pub use self::fleet_staging::FleetStaging;
 use self::image::{DiskDir, RunUser};
 pub use self::record::SessionRecord;
 use self::record::TemplateRecord;
 use self::record_writes::RecordWrites;
 use self::room::{DiskRoom, HOST_RESERVE};
 use self::snapshots::Snapshots;
+pub use self::store::SnapshotFiles;
 use self::store::Store;
 pub use self::store::StoreError;
 pub use self::stored::Stored;
@@ -53,10 +58,12 @@ use self::templates::Templates;
 use self::volumes::{VolumeKey, VolumeUse, Volumes};
 pub use self::worker::{Asked, Attached, DiskError, Done};
 use self::worker::{Job, Plan, StoreLimits, TemplateDisk, Worker};
+use super::order::HIBERNATED;
 use super::queues::Share;
 use super::session_meta::SessionMeta;
 use super::waiting::SessionKey;
 pub use super::waiting::TemplateUse;
+use crate::address::ReplyTo;
 use crate::config::Config;
 use crate::identity::Principal;
 use crate::sandbox::attach::VolumePlace;
@@ -84,6 +91,8 @@ pub struct SessionDisks {
     worker: Option<Worker>,
     /// Why sessions have no disks here, if they have none.
     unavailable: Option<String>,
+    /// Where sessions fetched from the fleet wait to be brought in.
+    pub fleet_staging: FleetStaging,
 }
 
 impl SessionDisks {
@@ -112,6 +121,7 @@ impl SessionDisks {
             template_bytes: exec.template_disk_bytes,
             worker: None,
             unavailable: image::unavailable(),
+            fleet_staging: FleetStaging::new(state_dir),
         };
         let dirs = ["sessions", "templates", "volumes", "snapshots"].map(|dir| state_dir.join(dir));
         for dir in dirs {
@@ -530,14 +540,15 @@ impl SessionDisks {
         Ok(())
     }
 
-    /// Changes session `key`'s environment, labels or lifetime as its
-    /// record keeps them, and writes it; `None`: it has no record.
-    pub fn change_meta<R>(
+    /// Changes session `key`'s record — its environment, labels or
+    /// lifetime, its publication in the fleet — and writes it; `None`: it
+    /// has no record.
+    pub fn change_record<R>(
         &mut self,
         key: &SessionKey,
-        change: impl FnOnce(&mut SessionMeta) -> R,
+        change: impl FnOnce(&mut SessionRecord) -> R,
     ) -> Option<R> {
-        let (changed, dir, record) = self.stored.change_meta(key, change)?;
+        let (changed, dir, record) = self.stored.change_record(key, change)?;
         self.write_record(key, dir, record);
         Some(changed)
     }
@@ -555,6 +566,42 @@ impl SessionDisks {
     pub fn restore_next(&mut self, key: &SessionKey, name: &str) {
         let state = self.snapshots.find(key, name).is_ok_and(|s| s.state);
         self.stored.restore_next(key, name, state);
+    }
+
+    /// Brings session `key`'s hibernation, fetched from the fleet into
+    /// `staging`, into its owner's store: answered through
+    /// [`SessionDisks::done`].
+    pub fn import(&self, key: &SessionKey, manifest: Vec<u8>, staging: PathBuf) {
+        self.ask(Job::Import {
+            key: key.clone(),
+            owner: owner_dir_name(key.0),
+            manifest,
+            staging,
+        });
+    }
+
+    /// Session `key`, brought from the fleet, is made here on a new disk
+    /// with its files, its next interpreter with its globals (`state`).
+    pub fn wake_imported(&mut self, key: &SessionKey, state: bool) {
+        let (disk, new) = self.stored.restoring(key, key, HIBERNATED, state);
+        let asked = Asked {
+            key: key.clone(),
+            reply_to: ReplyTo::Nobody,
+            not_saved: Vec::new(),
+            hibernate: false,
+            files: false,
+        };
+        self.ask(Job::Restore { disk, new, asked });
+    }
+
+    /// Session `key`'s hibernation, brought from the fleet, is not to be
+    /// woken here (another node claimed it first).
+    pub fn forget_import(&self, key: &SessionKey) {
+        self.ask(Job::RemoveSnapshots {
+            owner: owner_dir_name(key.0),
+            session: key.1.clone(),
+            name: Some(HIBERNATED.to_owned()),
+        });
     }
 
     /// Restores session `asked.key`'s snapshot `name` onto the disk of

@@ -45,6 +45,10 @@ pub struct SessionRecord {
     /// Its environment, labels and lifetime (`open`).
     #[serde(flatten)]
     pub meta: SessionMeta,
+    /// The fleet keeps its hibernation, as this publication, which is
+    /// claimed before it wakes here (docs/fleet.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<i64>,
 }
 
 /// A snapshot of one of the owner's sessions, by name.
@@ -69,6 +73,7 @@ impl SessionRecord {
             restore_from: None,
             state_from: None,
             meta: SessionMeta::default(),
+            published: None,
         }
     }
 

@@ -196,15 +196,15 @@ impl Stored {
         Some((self.dir(key), record))
     }
 
-    /// Changes session `key`'s record's environment, labels or lifetime:
-    /// what `change` says, and the record to write.
-    pub fn change_meta<R>(
+    /// Changes session `key`'s record: what `change` says, and the record
+    /// to write.
+    pub fn change_record<R>(
         &mut self,
         key: &SessionKey,
-        change: impl FnOnce(&mut SessionMeta) -> R,
+        change: impl FnOnce(&mut SessionRecord) -> R,
     ) -> Option<(R, DiskDir, SessionRecord)> {
         let record = self.records.get_mut(key)?;
-        let changed = change(&mut record.meta);
+        let changed = change(record);
         let record = record.clone();
         Some((changed, self.dir(key), record))
     }

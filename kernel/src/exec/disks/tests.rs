@@ -19,6 +19,7 @@ fn disks(dir: &Path) -> SessionDisks {
         template_bytes: 1 << 30,
         worker: None,
         unavailable: None,
+        fleet_staging: FleetStaging::new(dir),
     }
 }
 

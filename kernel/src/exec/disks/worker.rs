@@ -14,19 +14,19 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub use super::disk_error::DiskError;
 use super::image::{free_bytes, DiskDir, RunUser, SESSION_PARTS, TEMPLATE_PARTS};
+use super::made::{make_volume, publish};
 use super::record::{SessionRecord, SnapshotRef, TemplateRecord, VolumeRecord};
 use super::record_writes::{self, PendingRecord};
-use super::store::{Manifest, Room, Store, StoreError};
-use super::volumes::{VolumeKey, VOLUME_PARTS};
+use super::store::{Manifest, Room, SnapshotFiles, Store, StoreError};
+use super::volumes::VolumeKey;
 use crate::address::ReplyTo;
 use crate::exec::order::HIBERNATED;
 use crate::exec::waiting::SessionKey;
 use crate::sandbox::attach::{self, Place, VolumePlace, VolumeRoots};
 use crate::sandbox::plan::RUN_VOLUME_ROOTS;
 
-/// How long a finished build's disk may take to be let go by its run.
-const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 /// How long after failing to make a spare disk it is tried again.
 const SPARE_RETRY: Duration = Duration::from_secs(60);
 
@@ -108,6 +108,14 @@ pub enum Job {
         state: Option<OwnedFd>,
         asked: Asked,
     },
+    /// Bring a snapshot another node took into `owner`'s store, as
+    /// session `key`'s hibernation (see [`Store::import`]).
+    Import {
+        key: SessionKey,
+        owner: String,
+        manifest: Vec<u8>,
+        staging: PathBuf,
+    },
     /// Restore a snapshot onto a session's disk without an interpreter:
     /// a `new` one (a branch), or one stored.
     Restore {
@@ -143,8 +151,11 @@ pub struct Asked {
     /// The globals its interpreter could not save.
     pub not_saved: Vec<String>,
     /// It hibernates the session: only its globals are kept (its files
-    /// stay on its disk).
+    /// stay on its disk), unless `files`.
     pub hibernate: bool,
+    /// A hibernation keeps the session's files too: the fleet is to keep
+    /// it, so that it wakes on any node.
+    pub files: bool,
 }
 
 /// What a child given its disks is told.
@@ -165,10 +176,18 @@ pub enum Done {
         child: usize,
         result: Result<Attached, DiskError>,
     },
-    /// A snapshot was taken (with the paths it left out), or was not.
+    /// A snapshot was taken (with the paths it left out), or was not;
+    /// a hibernation the fleet is to keep says where it lies.
     Snapshotted {
         asked: Asked,
         result: Result<(Manifest, Vec<String>), StoreError>,
+        files: Option<SnapshotFiles>,
+    },
+    /// A snapshot from another node was brought into session `key`'s
+    /// store, or was not.
+    Imported {
+        key: SessionKey,
+        result: Result<Manifest, StoreError>,
     },
     /// A snapshot was restored onto session `into`'s disk (a `new` one,
     /// or one without an interpreter), or was not.
@@ -190,26 +209,6 @@ pub enum Done {
         name: String,
         result: Result<TemplateRecord, DiskError>,
     },
-}
-
-/// Why a disk could not be given or published.
-#[derive(Debug, thiserror::Error)]
-pub enum DiskError {
-    /// The disk could not be made or mounted.
-    #[error("its disk cannot be mounted: {0}")]
-    Mount(io::Error),
-    /// Its record could not be written beside it.
-    #[error("it cannot be recorded: {0}")]
-    Record(io::Error),
-    /// Its parts could not be mounted in the child.
-    #[error("its disk cannot be given to its sandbox: {0}")]
-    Attach(io::Error),
-    /// A built template's disk could not be let go, shrunk or moved.
-    #[error("the built template cannot be kept: {0}")]
-    Publish(io::Error),
-    /// A snapshot could not be restored onto it.
-    #[error("{0}")]
-    Restore(StoreError),
 }
 
 /// Where each part of a session's disk goes in its run child.
@@ -495,12 +494,36 @@ fn serve(jobs: &Receiver<Job>, snapshots: &mut Snapshots, done: &Sender<Done>, w
                 state,
                 asked,
             } => {
-                let files = !asked.hibernate;
-                let result = snapshots.take(&disk, &name, state.as_ref(), files);
+                let keeps_files = !asked.hibernate || asked.files;
+                let result = snapshots.take(&disk, &name, state.as_ref(), keeps_files);
                 if let Err(err) = &result {
                     log::info!("snapshot {name:?} of session {:?}: {err}", asked.key.1);
                 }
-                Some(Done::Snapshotted { asked, result })
+                let files = match &result {
+                    Ok((manifest, _)) if asked.hibernate && asked.files => {
+                        Some(snapshots.store.files_of(&disk.owner, manifest))
+                    }
+                    _ => None,
+                };
+                Some(Done::Snapshotted {
+                    asked,
+                    result,
+                    files,
+                })
+            }
+            Job::Import {
+                key,
+                owner,
+                manifest,
+                staging,
+            } => {
+                let room = snapshots.room(&owner);
+                let session = (owner.as_str(), key.1.as_str(), HIBERNATED);
+                let result = snapshots.store.import(session, &manifest, &staging, room);
+                if let Err(err) = &result {
+                    log::warn!("session {:?} from the fleet: {err}", key.1);
+                }
+                Some(Done::Imported { key, result })
             }
             Job::Restore {
                 mut disk,
@@ -665,34 +688,4 @@ fn restore_onto(
     disk.record.restore_from = None;
     disk.record.write(&disk.dir.0).map_err(DiskError::Record)?;
     Ok(disk.record.clone())
-}
-
-/// Makes a volume's disk and mounts it, then records it: a volume is
-/// served only once recorded.
-fn make_volume(dir: &DiskDir, record: &VolumeRecord, user: RunUser) -> Result<(), DiskError> {
-    dir.mount(record.bytes, user, &VOLUME_PARTS)
-        .map_err(DiskError::Mount)?;
-    record.write(&dir.0).map_err(DiskError::Record)
-}
-
-/// A built template's disk, let go by its run, shrunk to its files, moved
-/// to its name and recorded — in that order, so a template is served only
-/// whole.
-fn publish(
-    build: &DiskDir,
-    to: &DiskDir,
-    mut record: TemplateRecord,
-) -> Result<TemplateRecord, DiskError> {
-    build
-        .release(RELEASE_PATIENCE)
-        .map_err(DiskError::Publish)?;
-    build.shrink().map_err(DiskError::Publish)?;
-    record.bytes = build.image_bytes();
-    std::fs::rename(&build.0, &to.0).map_err(DiskError::Publish)?;
-    record.write(&to.0).map_err(DiskError::Record)?;
-    // Ready for agents started from it, which are given it at once.
-    if let Err(err) = to.mount_read_only() {
-        log::warn!("template {}: {err}", to.0.display());
-    }
-    Ok(record)
 }

@@ -36,6 +36,17 @@ use self::walk::Walk;
 use super::image::RunUser;
 use super::names::dir_name;
 
+/// Where a snapshot lies in the store (see [`Store::files_of`]).
+#[derive(Debug)]
+pub struct SnapshotFiles {
+    /// Its manifest's file.
+    pub manifest: PathBuf,
+    /// Each object it names, by hash, with the file that holds it.
+    pub contents: Vec<(String, PathBuf)>,
+    /// Bytes of its files.
+    pub bytes: u64,
+}
+
 /// Bytes a snapshot may still add to the store.
 #[derive(Clone, Copy, Debug)]
 pub struct Room {
@@ -303,6 +314,105 @@ impl Store {
         match name {
             Some(name) => remove_if_there(&self.manifest_path(owner, session, name)),
             None => remove_if_there(&self.sessions_dir(owner).join(dir_name(session))),
+        }
+    }
+
+    /// Where `owner`'s snapshot `manifest` of `session` lies: its
+    /// manifest's file, and each object it names with the file holding it.
+    pub fn files_of(&self, owner: &str, manifest: &Manifest) -> SnapshotFiles {
+        let objects = self.objects(owner);
+        let mut named: Vec<String> = manifest.clone().objects().collect();
+        named.sort_unstable();
+        named.dedup();
+        SnapshotFiles {
+            manifest: self.manifest_path(owner, &manifest.session, &manifest.name),
+            contents: (named.into_iter())
+                .map(|hash| {
+                    let path = objects.path(&hash);
+                    (hash, path)
+                })
+                .collect(),
+            bytes: manifest.bytes,
+        }
+    }
+
+    /// Brings in a snapshot another node took, as `owner`'s snapshot `name`
+    /// of `session`: its manifest (`manifest`, as that node wrote it) and
+    /// the objects it names, each read from a file of `staging` named by
+    /// its hash and checked against it, within `room`. Nothing is kept of
+    /// one that is damaged or does not fit; `staging` goes either way.
+    pub fn import(
+        &mut self,
+        (owner, session, name): (&str, &str, &str),
+        manifest: &[u8],
+        staging: &Path,
+        room: Room,
+    ) -> Result<Manifest, StoreError> {
+        let damaged = |why: Damage| StoreError::Damaged {
+            name: name.to_owned(),
+            why,
+        };
+        let objects = self.objects(owner);
+        let mut added = Vec::new();
+        let mut added_bytes = 0u64;
+        let limit = room.owner.min(room.kernel);
+        let imported = (|| {
+            let mut manifest: Manifest = serde_json::from_slice(manifest)
+                .map_err(|err| damaged(Damage::Manifest(err.into())))?;
+            (manifest.session, manifest.name) = (session.to_owned(), name.to_owned());
+            for hash in manifest.clone().objects() {
+                let missing = |err| {
+                    let (path, hash) = (hash.clone(), hash.clone());
+                    damaged(Damage::Object {
+                        path,
+                        err: ObjectError::Missing { hash, err },
+                    })
+                };
+                if !objects::is_hash(&hash) {
+                    return Err(missing(std::io::Error::other("it is not named by a hash")));
+                }
+                if objects.has(&hash) {
+                    continue;
+                }
+                let file = File::open(staging.join(&hash)).map_err(missing)?;
+                let left = limit.saturating_sub(added_bytes);
+                let put = objects.put(file, |bytes| {
+                    if bytes <= left {
+                        return Ok(());
+                    }
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::StorageFull,
+                        "it does not fit your snapshots' room (exec.snapshot_bytes), or the \
+                         kernel's (exec.snapshot_bytes_total, and the host's free disk)",
+                    ))
+                })?;
+                if put.added {
+                    added.push(put.hash.clone());
+                    added_bytes += put.bytes;
+                }
+                if put.hash != hash {
+                    let path = hash.clone();
+                    return Err(damaged(Damage::Object {
+                        path,
+                        err: ObjectError::Differs,
+                    }));
+                }
+            }
+            manifest::write(&self.manifest_path(owner, session, name), &manifest)?;
+            Ok(manifest)
+        })();
+        let _ = remove_if_there(staging);
+        match imported {
+            Ok(manifest) => {
+                *self.held.entry(owner.to_owned()).or_default() += added_bytes;
+                Ok(manifest)
+            }
+            Err(err) => {
+                for hash in added {
+                    let _ = fs::remove_file(objects.path(&hash));
+                }
+                Err(err)
+            }
         }
     }
 

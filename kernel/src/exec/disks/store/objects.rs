@@ -37,7 +37,8 @@ impl Objects {
         Objects { dir }
     }
 
-    /// Where object `hash` lies.
+    /// Where object `hash` lies (`hash` one that [`is_hash`] allows: a
+    /// name from elsewhere is checked first).
     pub fn path(&self, hash: &str) -> PathBuf {
         let shard = hash.get(..2).unwrap_or("00");
         self.dir.join(shard).join(hash)
@@ -187,4 +188,10 @@ fn copy_hashing(source: &mut File, sink: &mut impl Write) -> io::Result<(u64, St
         copied += n as u64;
     }
     Ok((copied, hasher.finalize().to_hex().to_string()))
+}
+
+/// Whether `name` is an object's hash (BLAKE3, in lowercase hex), and so
+/// a plain file name in the store.
+pub fn is_hash(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }

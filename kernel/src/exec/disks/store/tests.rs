@@ -186,3 +186,88 @@ fn a_delegates_snapshots_count_with_its_operators_and_no_one_elses() {
     assert_eq!(store.held_by("uid-1000~k9"), 2 * one);
     assert_eq!(store.held_by("uid-1001"), one);
 }
+
+/// Another node's store's snapshot `taken`, laid out as the fleet hands
+/// it over: the manifest's bytes, and a staging directory holding each
+/// object under its hash.
+fn handed_over(from: &Store, taken: &Manifest) -> (Vec<u8>, tempfile::TempDir) {
+    let staging = tempfile::tempdir().unwrap();
+    let files = from.files_of(OWNER, taken);
+    for (hash, path) in &files.contents {
+        fs::copy(path, staging.path().join(hash)).unwrap();
+    }
+    (fs::read(&files.manifest).unwrap(), staging)
+}
+
+#[test]
+fn a_snapshot_from_another_node_is_brought_in_whole_and_checked() {
+    let disk = session_disk(&[("a.txt", noise(5000, 1)), ("b.txt", noise(7000, 2))]);
+    let mut there = Store::open(tempfile::tempdir().unwrap().keep());
+    let taken = take(&mut there, disk.path(), "~hibernated").unwrap();
+    let mut here = Store::open(tempfile::tempdir().unwrap().keep());
+
+    let (manifest, staging) = handed_over(&there, &taken);
+    let importing = (OWNER, "s9", "~hibernated");
+    let brought = here
+        .import(importing, &manifest, staging.path(), ROOMY)
+        .unwrap();
+    assert_eq!(
+        (brought.session.as_str(), brought.entries),
+        ("s9", taken.entries.clone())
+    );
+    assert_eq!(here.held_by(OWNER), 12000);
+    assert!(!staging.path().exists(), "the staging directory goes");
+    let restored = tempfile::tempdir().unwrap();
+    fs::create_dir(restored.path().join("workspace")).unwrap();
+    fs::create_dir(restored.path().join("home")).unwrap();
+    let manifest = here.manifest(OWNER, "s9", "~hibernated").unwrap();
+    here.restore(OWNER, &manifest, restored.path(), ROOT)
+        .unwrap();
+    let read = fs::read(restored.path().join("workspace/b.txt")).unwrap();
+    assert_eq!(read, noise(7000, 2));
+
+    // A content that is not what its hash says: refused, nothing kept.
+    let mut fresh = Store::open(tempfile::tempdir().unwrap().keep());
+    let (manifest, staging) = handed_over(&there, &taken);
+    let victim = fs::read_dir(staging.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    fs::write(victim.path(), b"something else").unwrap();
+    let refused = fresh.import(importing, &manifest, staging.path(), ROOMY);
+    assert!(
+        matches!(refused, Err(StoreError::Damaged { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(fresh.held_by(OWNER), 0);
+    assert!(fresh.manifest(OWNER, "s9", "~hibernated").is_err());
+
+    // Past the owner's room: a limit, nothing kept.
+    let (manifest, staging) = handed_over(&there, &taken);
+    let small = Room {
+        owner: 6000,
+        kernel: u64::MAX,
+    };
+    let refused = fresh.import(importing, &manifest, staging.path(), small);
+    assert!(matches!(refused, Err(StoreError::Full(_))), "{refused:?}");
+    assert_eq!(fresh.held_by(OWNER), 0);
+}
+
+#[test]
+fn a_manifest_naming_an_object_by_anything_but_a_hash_is_refused() {
+    let mut here = Store::open(tempfile::tempdir().unwrap().keep());
+    let staging = tempfile::tempdir().unwrap();
+    let escape = "../../../outside";
+    let manifest = format!(
+        r#"{{"hashes":"blake3","session":"x","name":"y","created_at":1,"bytes":1,
+            "entries":[{{"path":"workspace/a","hash":"{escape}","size":1}}]}}"#
+    );
+    let importing = (OWNER, "s9", "~hibernated");
+    let refused = here.import(importing, manifest.as_bytes(), staging.path(), ROOMY);
+    assert!(
+        matches!(refused, Err(StoreError::Damaged { .. })),
+        "{refused:?}"
+    );
+    assert!(here.manifest(OWNER, "s9", "~hibernated").is_err());
+}
