@@ -137,13 +137,27 @@ def test_a_hibernated_session_wakes_on_another_node_with_its_files_packages_and_
                 client.resume_session("s1")
             assert refused.value.code == "not_found", refused.value
 
-        # Closed where it hibernated: the fleet forgets it too.
+        # Closed where it hibernated: the fleet forgets it too; and so when
+        # its lifetime closes it. A restore onto it, which would wake it
+        # unclaimed, is refused while the fleet keeps it.
         hibernated_on(n1, "s2", "y = 1")
         wait_for("s2 kept", lambda: kept_rows(f), timeout=30)
         with client_of(n1) as client:
+            client.snapshot("s2", "before")
+            with pytest.raises(AgentOSError) as refused:
+                client.restore("s2", "before")
+            assert refused.value.code == "bad_request" and "kept by the fleet" in str(
+                refused.value), refused.value
             assert client.close_session("s2") is True
         wait_for("s2 forgotten", lambda: kept_rows(f) == [], timeout=30)
         assert contents_count(f) == 0
+        hibernated_on(n1, "s3", "z = 1")
+        wait_for("s3 kept", lambda: kept_rows(f), timeout=30)
+        with client_of(n1) as client:
+            client.call_json(0x02, {"op": "lifetime", "session": "s3", "lifetime_ms": 300,
+                                    "then": "close"})
+        wait_for("s3 forgotten once its lifetime closed it", lambda: kept_rows(f) == [],
+                 timeout=30)
 
 
 def test_contents_changed_in_the_fleets_store_are_refused_and_the_session_stays_kept():

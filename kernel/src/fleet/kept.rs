@@ -90,6 +90,11 @@ impl KeptSessions {
         self.published.get(key).copied()
     }
 
+    /// This node's published sessions.
+    pub fn published_keys(&self) -> Vec<Key> {
+        self.published.keys().cloned().collect()
+    }
+
     /// This node's session `key` is published no more.
     pub fn unpublished(&mut self, key: &Key) {
         self.published.remove(key);

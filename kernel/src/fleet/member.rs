@@ -22,7 +22,7 @@ use super::nodes::{self, Figures, Registration};
 use super::notes::Notes;
 use super::owners;
 use super::schema;
-use super::sessions::{SessionJob, SessionNews};
+use super::sessions::{self, SessionNews};
 use super::tasks::{self, Claimed};
 use super::waits::{Wait, Waits};
 use crate::address::{Answer, ReplyTo};
@@ -43,8 +43,6 @@ pub enum Order {
     Lease(LeaseAsk),
     /// Notifications came: the rows are looked at ([`Notes`]).
     Woken,
-    /// Work on the fleet's hibernated sessions.
-    Session(SessionJob),
     /// The kernel is stopping: give the lease up, say so, and end.
     Leave(SyncSender<()>),
 }
@@ -263,21 +261,22 @@ impl Member {
                 self.send(FleetEvent::Leased(ask, grant));
             }
             Order::Leave(_) => {}
-            Order::Session(job) => {
-                let node = self.me.node.clone();
-                let news = job.run(self.client(), &node);
-                self.send(FleetEvent::Session(news));
-            }
             Order::Woken => {
                 let looks = self.notes.take();
                 if looks.sessions {
-                    self.serve(Order::Session(SessionJob::List));
+                    self.list_sessions();
                 }
                 self.claim_now |= looks.queued;
                 self.check_held |= looks.cancelled && !self.held.is_empty();
                 self.check_waits |= looks.done && !self.waits.is_empty();
             }
         }
+    }
+
+    /// Tells the kernel which hibernated sessions the fleet keeps.
+    fn list_sessions(&mut self) {
+        let listed = self.client().and_then(sessions::list);
+        self.send(FleetEvent::Session(SessionNews::Listed(listed)));
     }
 
     /// Leases what `ask` wants of the quotas' ledger; now and then, first
@@ -567,7 +566,7 @@ impl Member {
             Ok((draining, nodes)) => {
                 self.renewed(draining);
                 // The hibernated sessions, in case a notification was missed.
-                self.serve(Order::Session(SessionJob::List));
+                self.list_sessions();
                 let mut status = self.status();
                 status.nodes = nodes;
                 status.held = self.held.len();

@@ -18,6 +18,7 @@ pub mod owners;
 pub mod schema;
 pub mod sessions;
 pub mod tasks;
+mod transfers;
 mod waits;
 
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
@@ -67,6 +68,8 @@ pub struct FleetLink {
     ends: Sender<End>,
     notes: Arc<Notes>,
     status: Arc<Mutex<Status>>,
+    /// Hibernated sessions' moves, for the transfers' thread.
+    transfers: SyncSender<sessions::SessionJob>,
 }
 
 impl std::fmt::Debug for FleetLink {
@@ -101,6 +104,7 @@ impl Fleet {
         let (ends, ended) = mpsc::channel();
         let (joined_tx, joined_rx) = mpsc::sync_channel(1);
         let (outbox, events) = Outbox::channel(waker);
+        let transfers_outbox = outbox.clone();
         let notes = Arc::new(Notes::default());
         let mut member = Member::new(
             config.clone(),
@@ -148,6 +152,13 @@ impl Fleet {
             listener::listen(&config, &node, &notes, &orders);
         })
         .map_err(cannot_start)?;
+        let (transfers, jobs) = mpsc::sync_channel(MAX_QUEUED_JOBS);
+        let moving = (config.clone(), me.node.clone(), transfers_outbox);
+        threads::spawn("fleet-transfers", move || {
+            let (config, node, events) = moving;
+            transfers::serve(&config, &node, jobs, events);
+        })
+        .map_err(cannot_start)?;
         Ok(Fleet {
             link: Some(FleetLink {
                 node: me.node.into(),
@@ -156,6 +167,7 @@ impl Fleet {
                 ends,
                 notes,
                 status,
+                transfers,
             }),
             events: Some(events),
             leaving: None,
@@ -280,10 +292,12 @@ impl FleetLink {
         member::send(&self.orders, Order::Lease(ask))
     }
 
-    /// Sends `job` to the fleet thread; its news comes back as
-    /// [`FleetEvent::Session`].
+    /// Sends `job` to the transfers' thread; its news comes back as
+    /// [`FleetEvent::Session`]. Never blocks: a full queue refuses it.
     pub fn session(&self, job: sessions::SessionJob) -> Result<(), FleetError> {
-        member::send(&self.orders, Order::Session(job))
+        self.transfers.try_send(job).map_err(|_| {
+            FleetError::Unavailable("the fleet's store of sessions is not keeping up".into())
+        })
     }
 
     /// Holds `wait` until its task ends or its time is up.

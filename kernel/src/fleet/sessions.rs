@@ -81,8 +81,6 @@ pub enum SessionJob {
         name: String,
         generation: i64,
     },
-    /// Lists the fleet's hibernated sessions.
-    List,
 }
 
 /// The fleet's answer to a [`SessionJob`].
@@ -122,7 +120,6 @@ impl SessionJob {
                 key,
                 client.and_then(|c| claim(c, &owner, &name, generation)),
             ),
-            SessionJob::List => SessionNews::Listed(client.and_then(list)),
         }
     }
 }
@@ -266,7 +263,8 @@ fn claim(
     Ok(claimed)
 }
 
-fn list(client: &mut Client) -> Result<Vec<Hibernated>, FleetError> {
+/// The hibernated sessions the fleet keeps.
+pub fn list(client: &mut Client) -> Result<Vec<Hibernated>, FleetError> {
     let rows = client.query(
         "SELECT owner_user, owner_delegate, name, node, generation FROM agentos_sessions",
         &[],

@@ -126,23 +126,52 @@ pub fn recall(fleet: &mut Fleet, exec: &mut Exec) {
     }
 }
 
+/// A restore onto `principal`'s session `name` (not `into` a branch),
+/// which would change what the fleet keeps of it, is refused while it
+/// does: a run or a RESUME claims it first.
+pub fn refuse_restore_if_kept(
+    fleet: &Fleet,
+    principal: Principal,
+    name: &str,
+    into: &Option<String>,
+) -> Result<(), ErrorReply> {
+    let key = (principal, name.to_owned());
+    if into.is_some() || fleet.link().is_err() || fleet.kept.publication(&key).is_none() {
+        return Ok(());
+    }
+    Err(ErrorReply::new(
+        ErrorCode::BadRequest,
+        format!(
+            "session {name:?} is hibernated and kept by the fleet: run it or RESUME it (which \
+             claims it for this node) before restoring a snapshot onto it"
+        ),
+    ))
+}
+
 /// Session `name` of `principal`'s was closed here: a publication of it
 /// this node made is taken back from the fleet.
 pub fn closed(fleet: &mut Fleet, principal: Principal, name: &str) {
     let key = (principal, name.to_owned());
-    let (Ok(link), Ok(Some(owner))) = (fleet.link().cloned(), fleet_owner(principal)) else {
+    forget(fleet, &key);
+}
+
+/// Takes back from the fleet this node's publication of session `key`,
+/// which is here no more (closed, or ended by its lifetime).
+fn forget(fleet: &mut Fleet, key: &Key) {
+    let (Ok(link), Ok(Some(owner))) = (fleet.link().cloned(), fleet_owner(key.0)) else {
         return;
     };
-    let Some(generation) = fleet.kept.publication(&key) else {
+    let Some(generation) = fleet.kept.publication(key) else {
         return;
     };
-    if fleet.kept.step(&key).is_some() {
+    if fleet.kept.step(key).is_some() {
         return;
     }
-    match link.session(claim(&key, owner, generation)) {
-        Ok(()) => fleet.kept.set_step(&key, Step::Forgetting(generation)),
+    match link.session(claim(key, owner, generation)) {
+        Ok(()) => fleet.kept.set_step(key, Step::Forgetting(generation)),
         Err(err) => log::warn!(
-            "fleet: session {name:?} was closed, but the fleet still keeps it: {}",
+            "fleet: session {:?} was closed, but the fleet still keeps it: {}",
+            key.1,
             err.reason()
         ),
     }
@@ -159,6 +188,12 @@ pub fn on_wake(
 ) -> Vec<HeldWork> {
     let mut go = Vec::new();
     let disks = exec.disks();
+    // Published sessions closed here by other means (their lifetime).
+    for key in fleet.kept.published_keys() {
+        if disks.store.stored.record(&key).is_none() {
+            forget(fleet, &key);
+        }
+    }
     for (key, files) in std::mem::take(&mut disks.to_fleet) {
         let Ok(Some(owner)) = fleet_owner(key.0) else {
             continue;

@@ -50,15 +50,12 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>) -> Outcome {
             session,
             name,
             into,
-        } => session_order(
-            kernel,
-            request,
-            &session,
-            SessionOp::Restore {
-                name: &name,
-                into: into.as_deref(),
-            },
-        ),
+        } => fleet_sessions::refuse_restore_if_kept(&kernel.fleet, principal, &session, &into)
+            .and_then(|()| {
+                let into = into.as_deref();
+                let op = SessionOp::Restore { name: &name, into };
+                session_order(kernel, request, &session, op)
+            }),
         ExecCall::Templates | ExecCall::BuildTemplate { .. } | ExecCall::RemoveTemplate { .. } => {
             return templates::handle(kernel, request, call)
         }
