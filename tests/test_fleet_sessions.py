@@ -114,28 +114,24 @@ def test_a_hibernated_session_wakes_on_another_node_with_its_files_packages_and_
         # Claimed: the fleet keeps it no more, nor any of its contents.
         assert kept_rows(f) == [] and contents_count(f) == 0
 
-        # n1's copy is no longer its own: a run there is told where it went,
-        # and the copy is gone.
-        with client_of(n1) as client:
-            with pytest.raises(AgentOSError) as refused:
-                client.exec("print(x)", session="s1", timeout_ms=SLOW_MS)
-            assert refused.value.code == "not_found"
-            assert "woken on another node" in str(refused.value)
-            assert client.sessions() == []
-
-        # Back again: hibernated on n2, and RESUMEd on n1, where it was
-        # closed, with what n2 made of it.
+        # Hibernated again, on n2: the fleet keeps n2's now.
         hibernated_on(n2, "s1", "x = 99; open('/workspace/plan.txt', 'w').write('v2')")
         wait_for("s1 kept again", lambda: kept_rows(f), timeout=30)
+        assert kept_rows(f)[0].split("|")[:2] == ["s1", "n2"]
+
+        # n1's copy is no longer its own (it is closed once n1 learns so);
+        # a run there wakes what the fleet keeps now: what n2 made of it.
         with client_of(n1) as client:
-            assert client.resume_session("s1")["state"] == "ready"
             back = client.exec(PROBE, session="s1", timeout_ms=SLOW_MS)
             assert back["stdout"].strip() == "100 v2 from the stand-in index", back
-        assert kept_rows(f) == []
+        assert kept_rows(f) == [] and contents_count(f) == 0
+        # And n2's copy, in turn, is told where it went.
         with client_of(n2) as client:
             with pytest.raises(AgentOSError) as refused:
                 client.resume_session("s1")
             assert refused.value.code == "not_found", refused.value
+            assert 'woken on node "n1"' in str(refused.value), refused.value
+            assert client.sessions() == []
 
         # Closed where it hibernated: the fleet forgets it too; and so when
         # its lifetime closes it. A restore onto it, which would wake it
@@ -180,7 +176,7 @@ def test_contents_changed_in_the_fleets_store_are_refused_and_the_session_stays_
         # A content named by no hash (a path) is never written anywhere.
         f.postgres.sql(
             "INSERT INTO agentos_session_contents VALUES "
-            "('root', '', '../../../../tmp/agentos-fleet-escape', 'x'::bytea);"
+            "('root', '', '../../../../tmp/agentos-fleet-escape', 0, 'x'::bytea);"
             "UPDATE agentos_sessions SET hashes = "
             "array_append(hashes, '../../../../tmp/agentos-fleet-escape')", "agentos")
         refused = refused_run(n2, "s1")
@@ -205,13 +201,27 @@ def test_contents_changed_in_the_fleets_store_are_refused_and_the_session_stays_
 def test_a_session_outlives_its_killed_node_and_the_node_back_knows_it_went():
     with fleet() as f:
         n1, n2 = f.node("n1"), f.node("n2")
-        hibernated_on(n1, "s1", "open('/workspace/note.txt', 'w').write('kept'); x = 7")
+        # A file of two parts in the fleet's store (8 MiB each).
+        big = ("import hashlib, os; data = os.urandom(9 << 20); "
+               "open('/workspace/big.bin', 'wb').write(data); "
+               "digest = hashlib.sha256(data).hexdigest(); "
+               "open('/workspace/note.txt', 'w').write('kept'); x = 7")
+        with client_of(n1) as client:
+            client.open_session("s1", labels={"team": "a"}, env={"GREETING": "hi"})
+        hibernated_on(n1, "s1", big)
         wait_for("s1 kept", lambda: kept_rows(f), timeout=30)
+        parts = f.postgres.sql("SELECT max(part) FROM agentos_session_contents", "agentos")
+        assert int(parts.strip()) == 1, parts
         n1.kill()
         with client_of(n2) as client:
-            woken = client.exec("print(x, open('/workspace/note.txt').read())", session="s1",
-                                timeout_ms=SLOW_MS)
-            assert woken["stdout"].strip() == "7 kept", woken
+            woken = client.exec(
+                "import hashlib; data = open('/workspace/big.bin', 'rb').read(); "
+                "print(x, open('/workspace/note.txt').read(), "
+                "hashlib.sha256(data).hexdigest() == digest)",
+                session="s1", timeout_ms=SLOW_MS)
+            assert woken["stdout"].strip() == "7 kept True", woken
+            # Its labels came with it (and its env, for its processes).
+            assert [s["labels"] for s in client.sessions()] == [{"team": "a"}]
         # n1 comes back with its disks, and its copy of s1 on one of them:
         # its record says the fleet was keeping it, so it is claimed before
         # it wakes — and the claim is lost.
@@ -220,4 +230,4 @@ def test_a_session_outlives_its_killed_node_and_the_node_back_knows_it_went():
         n1.start()
         wait_for("n1 in the fleet", n1.is_joined, timeout=30)
         refused = refused_run(n1, "s1")
-        assert "woken on another node" in str(refused), refused
+        assert 'woken on node "n2"' in str(refused), refused

@@ -316,7 +316,7 @@ impl Backlog {
                     reply_to: finished.reply_to,
                     not_saved: std::mem::take(&mut finished.left_out),
                     hibernate,
-                    files: hibernate && self.disks.store.fleet_staging.keeps(key.0),
+                    fleet: hibernate && self.disks.store.fleet_staging.keeps(key.0),
                 };
                 match self.disks.store.take_snapshot(name, state, asked) {
                     Ok(()) => {

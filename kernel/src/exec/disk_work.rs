@@ -68,6 +68,9 @@ pub struct DiskWork {
     /// Sessions brought from the fleet into the store, each with whether
     /// it keeps globals, or why it was not.
     pub imported: Vec<(SessionKey, Result<bool, StoreError>)>,
+    /// Sessions brought from the fleet made here on disks of their own,
+    /// or why they were not (their records gone).
+    pub made_from_fleet: Vec<(SessionKey, Result<(), DiskError>)>,
 }
 
 impl DiskWork {
@@ -82,6 +85,7 @@ impl DiskWork {
             making: HashMap::new(),
             to_fleet: Vec::new(),
             imported: Vec::new(),
+            made_from_fleet: Vec::new(),
         }
     }
 
@@ -185,7 +189,11 @@ impl DiskWork {
                     let answer = match result {
                         Ok((manifest, _)) if asked.hibernate => {
                             self.store.hibernated(&asked.key, &manifest.name);
-                            self.to_fleet.extend(files.map(|f| (asked.key.clone(), f)));
+                            // One that work waits for wakes again at once:
+                            // it stays this node's.
+                            if !sessions.has_queued(&asked.key) {
+                                self.to_fleet.extend(files.map(|f| (asked.key.clone(), f)));
+                            }
                             done.hibernated.push(asked.key.clone());
                             Answer::json(&SessionPauseReply {
                                 success: true,
@@ -234,6 +242,9 @@ impl DiskWork {
                     let answer = match result {
                         Ok(record) => {
                             self.store.stored.restored_onto(&key, Some(record));
+                            if asked.fleet {
+                                self.made_from_fleet.push((key.clone(), Ok(())));
+                            }
                             Answer::json(&RestoredReply {
                                 success: true,
                                 session: key.1,
@@ -252,7 +263,11 @@ impl DiskWork {
                                 "the session's files are as they were"
                             };
                             let full = matches!(err, DiskError::Restore(StoreError::Full(_)));
-                            store_refusal(full, &err, nothing).into()
+                            let refusal = store_refusal(full, &err, nothing).into();
+                            if asked.fleet {
+                                self.made_from_fleet.push((key, Err(err)));
+                            }
+                            refusal
                         }
                     };
                     replies.push((asked.reply_to, answer));

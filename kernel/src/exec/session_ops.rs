@@ -83,7 +83,7 @@ pub fn order_for(
         reply_to,
         not_saved: Vec::new(),
         hibernate: false,
-        files: false,
+        fleet: false,
     };
     match op {
         SessionOp::Hibernate if open => return Ok(Some(Order::hibernate(memfd()?))),

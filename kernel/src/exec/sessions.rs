@@ -403,6 +403,11 @@ impl Sessions {
         }
     }
 
+    /// Whether requests are queued for session `key`.
+    pub fn has_queued(&self, key: &SessionKey) -> bool {
+        self.open.get(key).is_some_and(|s| !s.queue.is_empty())
+    }
+
     /// Every request queued for a session.
     pub fn queued(&self) -> impl Iterator<Item = &Waiting> {
         self.open.values().flat_map(|s| s.queue.iter())

@@ -172,6 +172,7 @@ impl Member {
         self.last_attempt = Some(Instant::now());
         self.client = Some(self.register()?);
         self.renewed(false);
+        self.list_sessions();
         Ok(())
     }
 
@@ -538,6 +539,7 @@ impl Member {
                 );
                 self.client = Some(client);
                 self.renewed(false);
+                self.list_sessions();
                 // Whatever was said while away is looked at now.
                 (self.claim_now, self.check_held, self.check_waits) = (true, true, true);
                 Ok(())

@@ -7,6 +7,7 @@
 //! events, with a wake.
 
 mod allowances;
+mod contents;
 mod database;
 pub mod error;
 pub mod kept;

@@ -83,6 +83,7 @@ const MIGRATIONS: &[&str] = &[
         manifest bytea NOT NULL,
         hashes text[] NOT NULL,
         bytes bigint NOT NULL,
+        meta bytea NOT NULL,
         hibernated_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (owner_user, owner_delegate, name)
     );
@@ -90,8 +91,18 @@ const MIGRATIONS: &[&str] = &[
         owner_user text NOT NULL,
         owner_delegate text NOT NULL,
         hash text NOT NULL,
+        part integer NOT NULL,
         content bytea NOT NULL,
-        PRIMARY KEY (owner_user, owner_delegate, hash)
+        PRIMARY KEY (owner_user, owner_delegate, hash, part)
+    );
+    CREATE TABLE agentos_session_claims (
+        owner_user text NOT NULL,
+        owner_delegate text NOT NULL,
+        name text NOT NULL,
+        generation bigint NOT NULL,
+        node text NOT NULL,
+        claimed_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (owner_user, owner_delegate, name, generation)
     )",
 ];
 

@@ -9,13 +9,15 @@
 //! another knows it is no longer its own.
 //!
 //! Contents no row names are removed with the row that named them last,
-//! under the owner's advisory lock, which publishing holds too.
+//! under the owner's advisory lock, which publishing holds too
+//! ([`contents`]). A claim leaves a note of the node that made it.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use postgres::{Client, Transaction};
 
+use super::contents;
 use super::error::FleetError;
 use super::tasks::{FleetOwner, CHANNEL};
 use crate::identity::Principal;
@@ -44,6 +46,8 @@ pub struct Publication {
     pub name: String,
     /// Its manifest's file.
     pub manifest: PathBuf,
+    /// Its environment and labels, as JSON.
+    pub meta: Vec<u8>,
     /// Each content it names, with the file that holds it.
     pub contents: Vec<(String, PathBuf)>,
     /// The bytes of its files.
@@ -55,6 +59,8 @@ pub struct Publication {
 pub struct Fetched {
     /// Its manifest, as published.
     pub manifest: Vec<u8>,
+    /// Its environment and labels, as published.
+    pub meta: Vec<u8>,
     /// The directory its contents were written to, each by its hash, as
     /// the database holds them: the store checks them.
     pub staging: PathBuf,
@@ -62,24 +68,40 @@ pub struct Fetched {
     pub node: String,
 }
 
+/// Whose a claimed publication is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// This node's (now, or before).
+    Won,
+    /// Another's: the node that claimed it, if it was claimed rather than
+    /// replaced or taken back.
+    Lost(Option<String>),
+    /// Nobody's yet: the fleet keeps it still (only a check says so).
+    Kept,
+}
+
 /// What a node asks of the fleet about a session: `key` (the session as
 /// the kernel knows it) comes back with the answer.
 #[derive(Debug)]
 pub enum SessionJob {
     Publish(Key, Publication),
-    /// Fetches `owner`'s hibernated session `name` into `staging`.
+    /// Fetches `owner`'s hibernated session `name` into `staging`, at
+    /// most `max_bytes` of it.
     Fetch {
         key: Key,
         owner: FleetOwner,
         name: String,
         staging: PathBuf,
+        max_bytes: u64,
     },
-    /// Claims (or forgets) publication `generation` of a session.
+    /// Claims (or forgets) publication `generation` of a session; with
+    /// `check`, only asks whose it is.
     Claim {
         key: Key,
         owner: FleetOwner,
         name: String,
         generation: i64,
+        check: bool,
     },
 }
 
@@ -91,9 +113,8 @@ pub enum SessionNews {
     Published(Key, Result<Option<i64>, FleetError>),
     /// `None`: the fleet keeps no such session.
     Fetched(Key, Result<Option<Fetched>, FleetError>),
-    /// Whether the claim was this node's: false when the publication was
-    /// claimed by another node (or replaced) first.
-    Claimed(Key, Result<bool, FleetError>),
+    /// Whether the claim was this node's.
+    Claimed(Key, Result<Claim, FleetError>),
     /// Every one the fleet keeps, or why they could not be listed.
     Listed(Result<Vec<Hibernated>, FleetError>),
 }
@@ -110,22 +131,29 @@ impl SessionJob {
                 owner,
                 name,
                 staging,
-            } => SessionNews::Fetched(key, client.and_then(|c| fetch(c, &owner, &name, staging))),
+                max_bytes,
+            } => {
+                let fetched = client.and_then(|c| fetch(c, &owner, &name, &staging, max_bytes));
+                SessionNews::Fetched(key, fetched)
+            }
             SessionJob::Claim {
                 key,
                 owner,
                 name,
                 generation,
-            } => SessionNews::Claimed(
-                key,
-                client.and_then(|c| claim(c, &owner, &name, generation)),
-            ),
+                check,
+            } => {
+                let publication = (owner, name, generation);
+                let claimed = client.and_then(|c| claim(c, node, &publication, check));
+                SessionNews::Claimed(key, claimed)
+            }
         }
     }
 }
 
-/// Publishes a session this node hibernated; a row of another node's of
-/// the same name stays as it is.
+/// Publishes a session this node hibernated, with the contents it names,
+/// in one transaction; a row of another node's of the same name stays as
+/// it is (and what was sent with it is not kept).
 fn publish(
     client: &mut Client,
     node: &str,
@@ -134,42 +162,20 @@ fn publish(
     let Publication { owner, name, .. } = publication;
     let manifest = fs::read(&publication.manifest)
         .map_err(|err| FleetError::Unavailable(format!("its manifest cannot be read: {err}")))?;
-    let hashes: Vec<&str> = publication
-        .contents
-        .iter()
-        .map(|(h, _)| h.as_str())
+    let hashes: Vec<&str> = (publication.contents.iter())
+        .map(|(hash, _)| hash.as_str())
         .collect();
     let bytes = i64::try_from(publication.bytes).unwrap_or(i64::MAX);
     let mut tx = owners_lock(client, owner)?;
-    let kept: Vec<String> = tx
-        .query(
-            "SELECT hash FROM agentos_session_contents
-             WHERE owner_user = $1 AND owner_delegate = $2 AND hash = ANY($3)",
-            &[&owner.user, &owner.delegate, &hashes],
-        )?
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    for (hash, path) in &publication.contents {
-        if kept.contains(hash) {
-            continue;
-        }
-        let content = fs::read(path).map_err(|err| {
-            FleetError::Unavailable(format!("content {hash} cannot be read: {err}"))
-        })?;
-        tx.execute(
-            "INSERT INTO agentos_session_contents (owner_user, owner_delegate, hash, content)
-             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-            &[&owner.user, &owner.delegate, hash, &content],
-        )?;
-    }
+    contents::upload(&mut tx, owner, &publication.contents)?;
     let published = tx.query_opt(
         "INSERT INTO agentos_sessions AS s
-            (owner_user, owner_delegate, name, node, generation, manifest, hashes, bytes)
-         VALUES ($1, $2, $3, $4, nextval('agentos_session_generations'), $5, $6, $7)
+            (owner_user, owner_delegate, name, node, generation, manifest, hashes, bytes, meta)
+         VALUES ($1, $2, $3, $4, nextval('agentos_session_generations'), $5, $6, $7, $8)
          ON CONFLICT (owner_user, owner_delegate, name) DO UPDATE
             SET generation = EXCLUDED.generation, manifest = EXCLUDED.manifest,
-                hashes = EXCLUDED.hashes, bytes = EXCLUDED.bytes, hibernated_at = now()
+                hashes = EXCLUDED.hashes, bytes = EXCLUDED.bytes, meta = EXCLUDED.meta,
+                hibernated_at = now()
             WHERE s.node = EXCLUDED.node
          RETURNING generation",
         &[
@@ -180,25 +186,30 @@ fn publish(
             &manifest,
             &hashes,
             &bytes,
+            &publication.meta,
         ],
     )?;
-    remove_unnamed_contents(&mut tx, owner)?;
+    if published.is_none() {
+        // Another node's: nothing sent is kept.
+        return Ok(None);
+    }
+    contents::remove_unnamed(&mut tx, owner)?;
     tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &SESSIONS_NOTE])?;
     tx.commit()?;
     Ok(published.map(|row| row.get(0)))
 }
 
 /// Writes `owner`'s hibernated session `name`'s contents into `staging`,
-/// each under its hash; claims nothing.
+/// each under its hash, at most `max_bytes` together; claims nothing.
 fn fetch(
     client: &mut Client,
     owner: &FleetOwner,
     name: &str,
-    staging: PathBuf,
+    staging: &Path,
+    max_bytes: u64,
 ) -> Result<Option<Fetched>, FleetError> {
-    let mut tx = client.transaction()?;
-    let Some(row) = tx.query_opt(
-        "SELECT node, generation, manifest, hashes FROM agentos_sessions
+    let Some(row) = client.query_opt(
+        "SELECT node, generation, manifest, hashes, meta FROM agentos_sessions
          WHERE owner_user = $1 AND owner_delegate = $2 AND name = $3",
         &[&owner.user, &owner.delegate, &name],
     )?
@@ -206,61 +217,73 @@ fn fetch(
         return Ok(None);
     };
     let hashes: Vec<String> = row.get(3);
-    let unwritable = |err: std::io::Error| {
-        FleetError::Unavailable(format!("its contents cannot be written here: {err}"))
-    };
-    fs::create_dir_all(&staging).map_err(unwritable)?;
-    // Rows a few at a time: a session's contents may be large together.
-    for chunk in hashes.chunks(16) {
-        let contents = tx.query(
-            "SELECT hash, content FROM agentos_session_contents
-             WHERE owner_user = $1 AND owner_delegate = $2 AND hash = ANY($3)",
-            &[&owner.user, &owner.delegate, &chunk],
-        )?;
-        if contents.len() != chunk.len() {
-            return Err(FleetError::Unavailable(format!(
-                "session {name:?} is missing contents in the fleet's store"
-            )));
-        }
-        for content in contents {
-            let hash: String = content.get(0);
-            if !is_hash(&hash) {
-                return Err(FleetError::Unavailable(format!(
-                    "session {name:?} names a content that is no hash"
-                )));
-            }
-            let bytes: &[u8] = content.get(1);
-            fs::write(staging.join(&hash), bytes).map_err(unwritable)?;
-        }
-    }
-    tx.commit()?;
+    contents::download(client, owner, &hashes, staging, max_bytes)?;
     Ok(Some(Fetched {
         manifest: row.get(2),
-        staging,
+        meta: row.get(4),
+        staging: staging.to_owned(),
         generation: row.get(1),
         node: row.get(0),
     }))
 }
 
-/// Takes publication `generation` of the session out of the fleet.
+/// Takes publication `generation` of `owner`'s session `name` out of the
+/// fleet (unless it only `check`s), and keeps a note of who took it, so
+/// that a node that took it and did not hear so (its answer lost, the
+/// node restarted) learns it later.
 fn claim(
     client: &mut Client,
-    owner: &FleetOwner,
-    name: &str,
-    generation: i64,
-) -> Result<bool, FleetError> {
+    node: &str,
+    (owner, name, generation): &(FleetOwner, String, i64),
+    check: bool,
+) -> Result<Claim, FleetError> {
     let mut tx = owners_lock(client, owner)?;
-    let claimed = tx.execute(
-        "DELETE FROM agentos_sessions
-         WHERE owner_user = $1 AND owner_delegate = $2 AND name = $3 AND generation = $4",
-        &[&owner.user, &owner.delegate, &name, &generation],
-    )? == 1;
-    if claimed {
-        remove_unnamed_contents(&mut tx, owner)?;
+    let took = if check {
+        let kept = tx.query_opt(
+            "SELECT 1 FROM agentos_sessions
+             WHERE owner_user = $1 AND owner_delegate = $2 AND name = $3 AND generation = $4",
+            &[&owner.user, &owner.delegate, &name, &generation],
+        )?;
+        if kept.is_some() {
+            return Ok(Claim::Kept);
+        }
+        false
+    } else {
+        tx.execute(
+            "DELETE FROM agentos_sessions
+             WHERE owner_user = $1 AND owner_delegate = $2 AND name = $3 AND generation = $4",
+            &[&owner.user, &owner.delegate, &name, &generation],
+        )? == 1
+    };
+    let claim = if took {
+        tx.execute(
+            "INSERT INTO agentos_session_claims
+                (owner_user, owner_delegate, name, generation, node)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            &[&owner.user, &owner.delegate, &name, generation, &node],
+        )?;
+        tx.execute(
+            "DELETE FROM agentos_session_claims WHERE claimed_at < now() - interval '30 days'",
+            &[],
+        )?;
+        contents::remove_unnamed(&mut tx, owner)?;
         tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &SESSIONS_NOTE])?;
-    }
+        Claim::Won
+    } else {
+        let by: Option<String> = tx
+            .query_opt(
+                "SELECT node FROM agentos_session_claims
+                 WHERE owner_user = $1 AND owner_delegate = $2 AND name = $3 AND generation = $4",
+                &[&owner.user, &owner.delegate, &name, generation],
+            )?
+            .map(|row| row.get(0));
+        match by {
+            Some(by) if by == node => Claim::Won,
+            by => Claim::Lost(by),
+        }
+    };
     tx.commit()?;
-    Ok(claimed)
+    Ok(claim)
 }
 
 /// The hibernated sessions the fleet keeps.
@@ -294,35 +317,4 @@ fn owners_lock<'c>(
         &[&owner.user, &owner.delegate],
     )?;
     Ok(tx)
-}
-
-fn remove_unnamed_contents(tx: &mut Transaction<'_>, owner: &FleetOwner) -> Result<(), FleetError> {
-    tx.execute(
-        "DELETE FROM agentos_session_contents c
-         WHERE c.owner_user = $1 AND c.owner_delegate = $2 AND NOT EXISTS (
-            SELECT 1 FROM agentos_sessions s
-            WHERE s.owner_user = $1 AND s.owner_delegate = $2 AND c.hash = ANY(s.hashes))",
-        &[&owner.user, &owner.delegate],
-    )?;
-    Ok(())
-}
-
-/// Whether `name` is a content's hash (BLAKE3, in hex), and so a plain
-/// file name.
-pub fn is_hash(name: &str) -> bool {
-    name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_hash_is_a_contents_name() {
-        assert!(is_hash(&"ab".repeat(32)));
-        assert!(!is_hash(&"AB".repeat(32)));
-        assert!(!is_hash("../../etc/passwd"));
-        assert!(!is_hash(&format!("{}/", "a".repeat(63))));
-        assert!(!is_hash(""));
-    }
 }

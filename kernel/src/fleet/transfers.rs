@@ -16,8 +16,11 @@ use super::member::FleetEvent;
 use super::sessions::SessionJob;
 use crate::config::fleet::FleetConfig;
 
-/// How long one statement of a transfer may take: a content is sent whole.
+/// How long one statement of a transfer may take.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a transfer waits for an owner's lock, which another node's
+/// publication of a large session may hold meanwhile.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Does `jobs` until the kernel drops its end, connecting when a job comes
 /// and the last connection is gone.
@@ -56,7 +59,9 @@ pub fn serve(
 
 fn connect(config: &FleetConfig, node: &str) -> Result<Client, FleetError> {
     let mut client = database::connect(config, node)?;
-    let ms = STATEMENT_TIMEOUT.as_millis();
-    client.batch_execute(&format!("SET statement_timeout = {ms}"))?;
+    let (statement, lock) = (STATEMENT_TIMEOUT.as_millis(), LOCK_TIMEOUT.as_millis());
+    client.batch_execute(&format!(
+        "SET statement_timeout = {statement}; SET lock_timeout = {lock}"
+    ))?;
     Ok(client)
 }

@@ -2,46 +2,53 @@
 //!
 //! In a fleet, an operator's or a delegate's session hibernates with its
 //! files and its globals, and this node publishes that snapshot to the
-//! fleet's store. A run of it then waits while the fleet settles it:
+//! fleet's store. A run (or RESUME) of it then waits while the fleet
+//! settles it:
 //!
 //! - on this node, its publication is claimed first; if another node
 //!   claimed it already, this node's copy is closed and the run is told
 //!   where the session went;
 //! - on a node that does not have it, it is fetched, brought into the
 //!   owner's store (each content checked against its hash, within the
-//!   owner's room), claimed, and made here on a new disk, its globals
-//!   loaded by its first interpreter.
+//!   owner's room), made here on a new disk, and only then claimed: if the
+//!   claim is lost, what was made here goes; if anything before fails, the
+//!   fleet keeps it as it was.
 //!
 //! Only one claim of a publication succeeds, so a session wakes on one
 //! node. The reactor never waits: each step is a job of the fleet's
-//! thread or of the disks' thread, answered with a wake.
+//! transfers thread or of the disks' thread, answered with a wake.
 
 use agentos_proto::payload::{ExecReply, ExecRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use crate::address::{Answer, Reply, ReplyTo};
-use crate::exec::{Exec, SessionRecord};
+use crate::exec::{Exec, SessionRecord, Share, StoreError};
 use crate::fleet::kept::{Held, HeldWork, Step};
-use crate::fleet::owners::fleet_owner;
-use crate::fleet::sessions::{Hibernated, Key, Publication, SessionJob, SessionNews};
+use crate::fleet::owners::{fleet_owner, local_principal};
+use crate::fleet::sessions::{Claim, Key, Publication, SessionJob, SessionNews};
+use crate::fleet::tasks::FleetOwner;
 use crate::fleet::{Fleet, FleetError};
 use crate::identity::Principal;
+use crate::tasks::Tasks;
 
-/// Run `request` of `principal`'s, answered at `reply_to`: returned to go
-/// on at once, or `None` while it waits for the fleet to settle its
-/// session.
+/// Work one session may have waiting for the fleet; more is `busy`.
+const MAX_HELD: usize = 64;
+
+/// Run `request` of `principal`'s (within `share`), answered at
+/// `reply_to`: returned to go on at once, or `None` while it waits for the
+/// fleet to settle its session.
 pub fn hold_run(
     fleet: &mut Fleet,
     exec: &mut Exec,
     request: ExecRequest,
-    principal: Principal,
+    (principal, share): (Principal, Share),
     reply_to: ReplyTo,
 ) -> Result<Option<ExecRequest>, ErrorReply> {
     let Some(name) = request.session.clone() else {
         return Ok(Some(request));
     };
     let key = (principal, name);
-    if !must_wait(fleet, exec, &key)? {
+    if !must_wait(fleet, exec, &key, share)? {
         return Ok(Some(request));
     }
     let what = Held::Run(Box::new(request));
@@ -54,17 +61,18 @@ pub fn hold_run(
     Ok(None)
 }
 
-/// Whether RESUME of `principal`'s session `name`, answered at
-/// `reply_to`, waits for the fleet to settle it: answered once it has.
+/// Whether RESUME of `principal`'s session `name` (within `share`),
+/// answered at `reply_to`, waits for the fleet to settle it: answered once
+/// it has.
 pub fn holds_resume(
     fleet: &mut Fleet,
     exec: &mut Exec,
-    principal: Principal,
+    (principal, share): (Principal, Share),
     name: &str,
     reply_to: ReplyTo,
 ) -> Result<bool, ErrorReply> {
     let key = (principal, name.to_owned());
-    if !must_wait(fleet, exec, &key)? {
+    if !must_wait(fleet, exec, &key, share)? {
         return Ok(false);
     }
     let work = HeldWork {
@@ -78,8 +86,19 @@ pub fn holds_resume(
 
 /// Whether work on session `key` waits for the fleet to settle it: it is
 /// being settled, or is to be now (its first step asked of the fleet).
-fn must_wait(fleet: &mut Fleet, exec: &mut Exec, key: &Key) -> Result<bool, ErrorReply> {
+fn must_wait(
+    fleet: &mut Fleet,
+    exec: &mut Exec,
+    key: &Key,
+    share: Share,
+) -> Result<bool, ErrorReply> {
     if fleet.kept.step(key).is_some() {
+        if fleet.kept.held(key) >= MAX_HELD {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!("{MAX_HELD} requests already wait for session {:?}", key.1),
+            ));
+        }
         return Ok(true);
     }
     let (Ok(link), Ok(Some(owner))) = (fleet.link().cloned(), fleet_owner(key.0)) else {
@@ -93,21 +112,27 @@ fn must_wait(fleet: &mut Fleet, exec: &mut Exec, key: &Key) -> Result<bool, Erro
         };
         (claim(key, owner, generation), Step::Claiming(generation))
     } else {
+        let gone = fleet.kept.take_gone(key);
         if fleet.kept.find(&owner, &key.1).is_none() {
-            return Ok(false);
+            return match gone {
+                Some(by) => Err(went_to(key, by)),
+                None => Ok(false),
+            };
         }
+        // Made here, it takes a disk of its owner's share.
+        disks.may_make(key, share, std::iter::empty())?;
         let staging = disks.fleet_staging.dir_for(key).ok_or_else(|| {
             ErrorReply::new(
                 ErrorCode::Unavailable,
                 "sessions have no disks here, so a session the fleet keeps cannot wake here",
             )
         })?;
-        let name = key.1.clone();
         let job = SessionJob::Fetch {
             key: key.clone(),
             owner,
-            name,
+            name: key.1.clone(),
             staging,
+            max_bytes: disks.fleet_staging.max_bytes(),
         };
         (job, Step::Fetching)
     };
@@ -152,59 +177,131 @@ pub fn refuse_restore_if_kept(
 /// this node made is taken back from the fleet.
 pub fn closed(fleet: &mut Fleet, principal: Principal, name: &str) {
     let key = (principal, name.to_owned());
-    forget(fleet, &key);
+    ask_claim(fleet, &key, Step::Forgetting);
 }
 
-/// Takes back from the fleet this node's publication of session `key`,
-/// which is here no more (closed, or ended by its lifetime).
-fn forget(fleet: &mut Fleet, key: &Key) {
+/// Claims this node's publication of session `key` (taking it back, or
+/// learning whose it is), as `step` says why; `false` when nothing was
+/// asked.
+fn ask_claim(fleet: &mut Fleet, key: &Key, step: fn(i64) -> Step) -> bool {
     let (Ok(link), Ok(Some(owner))) = (fleet.link().cloned(), fleet_owner(key.0)) else {
-        return;
+        return false;
     };
     let Some(generation) = fleet.kept.publication(key) else {
-        return;
+        return false;
     };
     if fleet.kept.step(key).is_some() {
-        return;
+        return false;
     }
-    match link.session(claim(key, owner, generation)) {
-        Ok(()) => fleet.kept.set_step(key, Step::Forgetting(generation)),
-        Err(err) => log::warn!(
-            "fleet: session {:?} was closed, but the fleet still keeps it: {}",
-            key.1,
-            err.reason()
-        ),
+    let step = step(generation);
+    let mut job = claim(key, owner, generation);
+    if let SessionJob::Claim { check, .. } = &mut job {
+        *check = matches!(step, Step::Checking(_));
+    }
+    match link.session(job) {
+        Ok(()) => {
+            fleet.kept.set_step(key, step);
+            true
+        }
+        Err(err) => {
+            log::warn!("fleet: session {:?}: {}", key.1, err.reason());
+            false
+        }
     }
 }
 
 /// Publishes the sessions hibernated for the fleet, and goes on with the
-/// sessions the fleet and the disks have answered for: the runs to start
-/// now. A run that cannot go on is answered in `replies`.
+/// sessions the fleet and the disks have answered for: the work to start
+/// now. Work that cannot go on is answered in `replies` (a task's fails).
 pub fn on_wake(
-    fleet: &mut Fleet,
-    exec: &mut Exec,
+    (fleet, exec, tasks): (&mut Fleet, &mut Exec, &mut Tasks),
     news: Vec<SessionNews>,
     replies: &mut Vec<Reply>,
 ) -> Vec<HeldWork> {
     let mut go = Vec::new();
-    let disks = exec.disks();
     // Published sessions closed here by other means (their lifetime).
     for key in fleet.kept.published_keys() {
-        if disks.store.stored.record(&key).is_none() {
-            forget(fleet, &key);
+        if exec.disks().store.stored.record(&key).is_none() {
+            ask_claim(fleet, &key, Step::Forgetting);
         }
     }
-    for (key, files) in std::mem::take(&mut disks.to_fleet) {
-        let Ok(Some(owner)) = fleet_owner(key.0) else {
+    publish(fleet, exec);
+    for (key, imported) in std::mem::take(&mut exec.disks().imported) {
+        let Some(Step::Importing(generation)) = fleet.kept.step(&key) else {
             continue;
         };
-        let Ok(link) = fleet.link() else {
+        match imported {
+            Ok(state) => {
+                let meta = fleet.kept.carried(&key);
+                exec.disks().store.wake_imported(&key, state, meta);
+                fleet.kept.set_step(&key, Step::Restoring(generation));
+            }
+            Err(err) => {
+                let code = match err {
+                    StoreError::Full(_) => ErrorCode::LimitExceeded,
+                    _ => ErrorCode::Unavailable,
+                };
+                let why = format!(
+                    "session {:?} cannot be brought from the fleet: {err}",
+                    key.1
+                );
+                let refusal = ErrorReply::new(code, why);
+                refuse_all(fleet.kept.settled(&key), &refusal, tasks, replies);
+            }
+        }
+    }
+    for (key, made) in std::mem::take(&mut exec.disks().made_from_fleet) {
+        let Some(Step::Restoring(generation)) = fleet.kept.step(&key) else {
             continue;
         };
-        let name = key.1.clone();
+        let sent = match (made, fleet_owner(key.0)) {
+            (Ok(()), Ok(Some(owner))) => (fleet.link())
+                .and_then(|link| link.session(claim(&key, owner, generation)))
+                .map_err(|err| err.into_reply()),
+            (Ok(()), _) => Err(ErrorReply::new(
+                ErrorCode::Internal,
+                "no owner in the fleet",
+            )),
+            (Err(err), _) => {
+                exec.disks().store.forget_import(&key);
+                Err(ErrorReply::new(
+                    ErrorCode::Unavailable,
+                    format!("session {:?} cannot be made here: {err}", key.1),
+                ))
+            }
+        };
+        match sent {
+            Ok(()) => fleet.kept.set_step(&key, Step::ClaimingImport(generation)),
+            Err(refusal) => {
+                exec.close(key.0, &key.1, replies);
+                refuse_all(fleet.kept.settled(&key), &refusal, tasks, replies);
+            }
+        }
+    }
+    for news in news {
+        go.extend(on_news((fleet, exec, tasks), news, replies));
+    }
+    go
+}
+
+/// Sends the sessions hibernated for the fleet since the last call to
+/// it; one that work waits for already is not (it wakes here at once).
+fn publish(fleet: &mut Fleet, exec: &mut Exec) {
+    for (key, files) in std::mem::take(&mut exec.disks().to_fleet) {
+        let (Ok(link), Ok(Some(owner))) = (fleet.link().cloned(), fleet_owner(key.0)) else {
+            continue;
+        };
+        // Its env and labels go with it; its lifetime is this node's.
+        let record = exec.disks().store.stored.record(&key);
+        let meta = record.map(|record| {
+            let mut meta = record.meta.clone();
+            meta.ends = None;
+            serde_json::to_vec(&meta).unwrap_or_default()
+        });
         let publication = Publication {
             owner,
-            name,
+            name: key.1.clone(),
+            meta: meta.unwrap_or_default(),
             manifest: files.manifest,
             contents: files.contents,
             bytes: files.bytes,
@@ -218,53 +315,19 @@ pub fn on_wake(
             ),
         }
     }
-    for (key, imported) in std::mem::take(&mut disks.imported) {
-        let (Some(Step::Importing(generation)), Ok(Some(owner))) =
-            (fleet.kept.step(&key), fleet_owner(key.0))
-        else {
-            continue;
-        };
-        let sent = match imported {
-            Ok(state) => fleet
-                .link()
-                .and_then(|link| link.session(claim(&key, owner, generation)))
-                .map(|()| {
-                    fleet
-                        .kept
-                        .set_step(&key, Step::ClaimingImport(generation, state))
-                })
-                .map_err(|err| err.into_reply()),
-            Err(err) => Err(ErrorReply::new(
-                if matches!(err, crate::exec::StoreError::Full(_)) {
-                    ErrorCode::LimitExceeded
-                } else {
-                    ErrorCode::Unavailable
-                },
-                format!(
-                    "session {:?} cannot be brought from the fleet: {err}",
-                    key.1
-                ),
-            )),
-        };
-        if let Err(refusal) = sent {
-            refuse_all(fleet.kept.settled(&key), &refusal, replies);
-        }
-    }
-    for news in news {
-        go.extend(on_news(fleet, exec, news, replies));
-    }
-    go
 }
 
 /// Goes on with what the fleet answered.
 fn on_news(
-    fleet: &mut Fleet,
-    exec: &mut Exec,
+    (fleet, exec, tasks): (&mut Fleet, &mut Exec, &mut Tasks),
     news: SessionNews,
     replies: &mut Vec<Reply>,
 ) -> Vec<HeldWork> {
     match news {
-        SessionNews::Listed(Ok(sessions)) => fleet.kept.listed(sessions),
+        SessionNews::Listed(Ok(sessions)) => {
+            fleet.kept.listed(sessions);
+            check_publications(fleet, exec);
+        }
         SessionNews::Listed(Err(err)) => {
             log::debug!("fleet: the hibernated sessions cannot be listed: {err}")
         }
@@ -282,16 +345,79 @@ fn on_news(
                 fleet
                     .kept
                     .set_step(&key, Step::Importing(fetched.generation));
+                fleet.kept.carry(&key, fetched.meta);
             }
-            // No longer kept: its runs open it afresh, as any.
-            Ok(None) => return fleet.kept.settled(&key),
-            Err(err) => out_of_reach(fleet, &key, "fetched", &err, replies),
+            // No longer kept: its work opens it afresh, as any.
+            Ok(None) => {
+                if let Ok(Some(owner)) = fleet_owner(key.0) {
+                    fleet.kept.remove(&owner, &key.1, None);
+                }
+                return fleet.kept.settled(&key);
+            }
+            Err(err) => out_of_reach(fleet, &key, "fetched", &err, tasks, replies),
         },
         SessionNews::Claimed(key, claimed) => {
-            return claimed_news(fleet, exec, key, claimed, replies)
+            return claimed_news((fleet, exec, tasks), key, claimed, replies)
         }
     }
     Vec::new()
+}
+
+/// After a listing: this node's publications it no longer shows were
+/// claimed (here, unheard, or by another node) or taken back: asking
+/// whose they are closes a copy that is no longer this node's.
+fn check_publications(fleet: &mut Fleet, exec: &mut Exec) {
+    let node = fleet.link().map(|link| link.node().to_owned());
+    let Ok(node) = node else {
+        return;
+    };
+    let listed: Vec<(FleetOwner, String, String, i64)> = (fleet.kept.all_listed())
+        .map(|kept| {
+            (
+                kept.owner.clone(),
+                kept.name.clone(),
+                kept.node.clone(),
+                kept.generation,
+            )
+        })
+        .collect();
+    for key in fleet.kept.published_keys() {
+        let Ok(Some(owner)) = fleet_owner(key.0) else {
+            continue;
+        };
+        let shown = listed.iter().any(|(o, name, _, g)| {
+            *o == owner && *name == key.1 && Some(*g) == fleet.kept.publication(&key)
+        });
+        if !shown {
+            ask_claim(fleet, &key, Step::Checking);
+        }
+    }
+    // Rows this node published whose answer it never heard (it stopped
+    // first): its copy is claimed before it wakes, as any.
+    let known: Vec<(FleetOwner, String, i64)> = (fleet.kept.published_keys().into_iter())
+        .filter_map(|key| {
+            let owner = fleet_owner(key.0).ok()??;
+            Some((owner, key.1.clone(), fleet.kept.publication(&key)?))
+        })
+        .collect();
+    let unheard = (listed.iter()).filter(|(owner, name, n, g)| {
+        *n == node
+            && !known
+                .iter()
+                .any(|(o, k, kg)| o == owner && k == name && kg == g)
+    });
+    for (owner, name, _, generation) in unheard {
+        let Ok(principal) = local_principal(owner) else {
+            continue;
+        };
+        let key = (principal, name.clone());
+        let here = exec.disks().store.stored.record(&key).is_some();
+        if here && fleet.kept.publication(&key).is_none() {
+            fleet.kept.published(&key, *generation);
+            let record = |record: &mut SessionRecord| record.published = Some(*generation);
+            exec.disks().store.change_record(&key, record);
+        }
+    }
 }
 
 fn published_news(
@@ -318,26 +444,24 @@ fn published_news(
             return fleet.kept.settled(&key);
         }
     };
-    let node = link.node().to_owned();
-    let name = key.1.clone();
     fleet.kept.published(&key, generation);
     let record = |record: &mut SessionRecord| record.published = Some(generation);
     exec.disks().store.change_record(&key, record);
-    fleet.kept.insert(Hibernated {
+    fleet.kept.insert(crate::fleet::sessions::Hibernated {
         owner: owner.clone(),
-        name,
-        node,
+        name: key.1.clone(),
+        node: link.node().to_owned(),
         generation,
     });
-    let runs = fleet.kept.settled(&key);
-    if runs.is_empty() {
-        return runs;
+    let held = fleet.kept.settled(&key);
+    if held.is_empty() {
+        return held;
     }
-    // Runs came while it was published: it is claimed before they wake it.
+    // Work came while it was published: it is claimed before it wakes.
     let sent = link.session(claim(&key, owner, generation));
     fleet.kept.set_step(&key, Step::Claiming(generation));
-    for run in runs {
-        fleet.kept.hold(&key, run);
+    for work in held {
+        fleet.kept.hold(&key, work);
     }
     match sent {
         Ok(()) => Vec::new(),
@@ -349,74 +473,81 @@ fn published_news(
 }
 
 fn claimed_news(
-    fleet: &mut Fleet,
-    exec: &mut Exec,
+    (fleet, exec, tasks): (&mut Fleet, &mut Exec, &mut Tasks),
     key: Key,
-    claimed: Result<bool, FleetError>,
+    claimed: Result<Claim, FleetError>,
     replies: &mut Vec<Reply>,
 ) -> Vec<HeldWork> {
     let step = fleet.kept.step(&key);
-    if let Ok(Some(owner)) = fleet_owner(key.0) {
-        if claimed.is_ok() {
-            // Claimed, here or elsewhere: the fleet keeps it no more.
-            fleet.kept.remove(&owner, &key.1);
+    let generation = match step {
+        Some(
+            Step::Claiming(g) | Step::ClaimingImport(g) | Step::Forgetting(g) | Step::Checking(g),
+        ) => g,
+        _ => return Vec::new(),
+    };
+    if claimed.as_ref().is_ok_and(|claim| *claim != Claim::Kept) {
+        // Claimed, here or elsewhere: the fleet keeps it no more.
+        if let Ok(Some(owner)) = fleet_owner(key.0) {
+            fleet.kept.remove(&owner, &key.1, Some(generation));
+        }
+        if !matches!(step, Some(Step::ClaimingImport(_))) {
             fleet.kept.unpublished(&key);
             let record = |record: &mut SessionRecord| record.published = None;
             exec.disks().store.change_record(&key, record);
         }
     }
     match (claimed, step) {
-        (Ok(true), Some(Step::ClaimingImport(_, state))) => {
-            exec.disks().store.wake_imported(&key, state);
+        (Ok(Claim::Kept), _) => fleet.kept.settled(&key),
+        (Ok(Claim::Won), _) | (Ok(Claim::Lost(_)), Some(Step::Forgetting(_))) => {
             fleet.kept.settled(&key)
         }
-        (Ok(true), _) | (Ok(false), Some(Step::Forgetting(_))) => fleet.kept.settled(&key),
-        (Ok(false), step) => {
-            if matches!(step, Some(Step::ClaimingImport(..))) {
-                exec.disks().store.forget_import(&key);
-            } else {
-                log::info!(
-                    "fleet: session {:?} was woken on another node: this node's copy goes",
-                    key.1
-                );
-                exec.close(key.0, &key.1, replies);
-            }
-            let gone = ErrorReply::new(
-                ErrorCode::NotFound,
-                format!(
-                    "session {:?} was woken on another node of the fleet; it is there now",
-                    key.1
-                ),
+        (Ok(Claim::Lost(by)), _) => {
+            let there = by.as_deref().unwrap_or("another node");
+            log::info!(
+                "fleet: session {:?} was woken on {there}: this node's copy goes",
+                key.1
             );
-            refuse_all(fleet.kept.settled(&key), &gone, replies);
+            exec.close(key.0, &key.1, replies);
+            let held = fleet.kept.settled(&key);
+            if held.is_empty() {
+                fleet.kept.went(&key, by);
+            } else {
+                refuse_all(held, &went_to(&key, by), tasks, replies);
+            }
             Vec::new()
         }
         (Err(err), step) => {
-            if matches!(step, Some(Step::ClaimingImport(..))) {
-                exec.disks().store.forget_import(&key);
+            if matches!(step, Some(Step::ClaimingImport(_))) {
+                // Made here but not claimed: the fleet keeps it still.
+                exec.close(key.0, &key.1, replies);
             }
-            out_of_reach(fleet, &key, "claimed (the fleet's database)", &err, replies);
+            let done = "claimed (the fleet's database)";
+            out_of_reach(fleet, &key, done, &err, tasks, replies);
             Vec::new()
         }
     }
 }
 
-fn claim(key: &Key, owner: crate::fleet::tasks::FleetOwner, generation: i64) -> SessionJob {
+/// `not_found`: session `key` was woken on node `by` (if known).
+fn went_to(key: &Key, by: Option<String>) -> ErrorReply {
+    let there = by.map_or_else(|| "another node".to_owned(), |by| format!("node {by:?}"));
+    ErrorReply::new(
+        ErrorCode::NotFound,
+        format!(
+            "session {:?} was woken on {there} of the fleet; it is there now",
+            key.1
+        ),
+    )
+}
+
+fn claim(key: &Key, owner: FleetOwner, generation: i64) -> SessionJob {
     SessionJob::Claim {
         key: key.clone(),
         owner,
         name: key.1.clone(),
         generation,
+        check: false,
     }
-}
-
-/// Answers `work` with `refusal`: a run in EXEC's reply shape.
-pub fn refuse(work: &HeldWork, refusal: ErrorReply, replies: &mut Vec<Reply>) {
-    let answer = match work.what {
-        Held::Run(_) => Answer::from(ExecReply::from(refusal)),
-        Held::Resume(_) => Answer::from(refusal),
-    };
-    replies.push((work.reply_to, answer));
 }
 
 /// The fleet keeps session `key`, which cannot be `done` now (`err`):
@@ -426,6 +557,7 @@ fn out_of_reach(
     key: &Key,
     done: &str,
     err: &FleetError,
+    tasks: &mut Tasks,
     replies: &mut Vec<Reply>,
 ) {
     let why = format!(
@@ -434,12 +566,32 @@ fn out_of_reach(
         err.reason()
     );
     let unavailable = ErrorReply::new(ErrorCode::Unavailable, why);
-    refuse_all(fleet.kept.settled(key), &unavailable, replies);
+    refuse_all(fleet.kept.settled(key), &unavailable, tasks, replies);
+}
+
+/// Answers `work` with `refusal`, as it would have been refused at once:
+/// a run in EXEC's reply shape, an `open` and a RESUME as errors, and a
+/// task's work fails the task.
+pub fn refuse(work: &HeldWork, refusal: ErrorReply, tasks: &mut Tasks, replies: &mut Vec<Reply>) {
+    if let ReplyTo::Task(number) = work.reply_to {
+        tasks.failed_to_start(number, refusal, replies);
+        return;
+    }
+    let answer = match &work.what {
+        Held::Run(request) if request.opens.is_none() => Answer::from(ExecReply::from(refusal)),
+        Held::Run(_) | Held::Resume(_) => Answer::from(refusal),
+    };
+    replies.push((work.reply_to, answer));
 }
 
 /// Answers each of `held` with `refusal`.
-fn refuse_all(held: Vec<HeldWork>, refusal: &ErrorReply, replies: &mut Vec<Reply>) {
+fn refuse_all(
+    held: Vec<HeldWork>,
+    refusal: &ErrorReply,
+    tasks: &mut Tasks,
+    replies: &mut Vec<Reply>,
+) {
     for work in &held {
-        refuse(work, refusal.clone(), replies);
+        refuse(work, refusal.clone(), tasks, replies);
     }
 }

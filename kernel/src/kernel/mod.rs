@@ -263,10 +263,11 @@ impl Kernel {
         self.services.http_calls.on_wake(&mut self.outbox.replies);
         let replies = &mut self.outbox.replies;
         let woken = fleet_work::on_wake(&self.fleet, &mut self.tasks, &mut self.llm, replies);
-        let fleet = &mut self.fleet;
-        for work in fleet_sessions::on_wake(fleet, &mut self.exec, woken.sessions, replies) {
+        let moved = (&mut self.fleet, &mut self.exec, &mut self.tasks);
+        for work in fleet_sessions::on_wake(moved, woken.sessions, replies) {
             if let Err(err) = self.start_held(&work) {
-                fleet_sessions::refuse(&work, err, &mut self.outbox.replies);
+                let replies = &mut self.outbox.replies;
+                fleet_sessions::refuse(&work, err, &mut self.tasks, replies);
             }
         }
         for stop in woken.stops {
@@ -494,16 +495,6 @@ impl Kernel {
         let lowered = self.services.lowered.of(reply_to);
         let actor = task_work::owner(principal, &self.agents, &self.runs)?.lowered_to(lowered);
         actor.require(Permission::Exec)?;
-        let held = fleet_sessions::hold_run(
-            &mut self.fleet,
-            &mut self.exec,
-            request,
-            principal,
-            reply_to,
-        );
-        let Some(request) = held? else {
-            return Ok(());
-        };
         let mut caller = self.run_caller(&actor);
         let limits = self.exec.run_limits(&caller, request.limits.as_ref())?;
         let tokens_left = self.llm.tokens_left(actor.budgets());
@@ -517,6 +508,12 @@ impl Kernel {
         )?;
         caller.policy = grant.network.policy().cloned();
         run_work::check_policy_served(&caller, &self.gateway)?;
+        let asker = (principal, caller.share);
+        let held =
+            fleet_sessions::hold_run(&mut self.fleet, &mut self.exec, request, asker, reply_to);
+        let Some(request) = held? else {
+            return Ok(());
+        };
         let number = self.runs.admit(grant);
         self.exec
             .run(request, caller, number, reply_to, &mut self.outbox.replies)
@@ -529,7 +526,10 @@ impl Kernel {
         match &work.what {
             Held::Run(request) => self.start_run((**request).clone(), principal, reply_to),
             Held::Resume(name) => {
+                let lowered = self.services.lowered.of(reply_to);
                 let actor = task_work::owner(principal, &self.agents, &self.runs)?;
+                let actor = actor.lowered_to(lowered);
+                actor.require(Permission::Exec)?;
                 let caller = self.run_caller(&actor);
                 let replies = &mut self.outbox.replies;
                 (self.exec).session_order(caller, name, SessionOp::Wake, reply_to, replies)
@@ -634,6 +634,7 @@ impl Kernel {
     /// withdrawn from the queue.
     pub fn stop_task(&mut self, stop: CancelledWork) {
         let replies = &mut self.outbox.replies;
+        self.fleet.kept.cancel(ReplyTo::Task(stop.number));
         task_work::stop(stop, &mut self.exec, &mut self.llm, replies);
     }
 

@@ -156,7 +156,8 @@ fn session_freeze(
     if !pause && !hibernate {
         // One the fleet keeps is claimed (or fetched) first.
         let (fleet, exec) = (&mut kernel.fleet, &mut kernel.exec);
-        match fleet_sessions::holds_resume(fleet, exec, key.0, session, request.reply_to) {
+        let asker = (key.0, caller.share);
+        match fleet_sessions::holds_resume(fleet, exec, asker, session, request.reply_to) {
             Ok(true) => return Outcome::Later,
             Ok(false) => {}
             Err(err) => return Outcome::Reply(err.into()),

@@ -14,6 +14,9 @@ use crate::identity::Principal;
 pub struct FleetStaging {
     dir: PathBuf,
     on: bool,
+    /// The most one session fetched may hold: an owner's room for
+    /// snapshots (`exec.snapshot_bytes`).
+    max_bytes: u64,
 }
 
 impl FleetStaging {
@@ -22,14 +25,16 @@ impl FleetStaging {
         FleetStaging {
             dir: state_dir.join("fleet-staging"),
             on: false,
+            max_bytes: 0,
         }
     }
 
     /// The node is in a fleet (and sessions have disks): operators' and
-    /// delegates' sessions
-    /// hibernate for the fleet to keep (their files with their globals).
+    /// delegates' sessions hibernate for the fleet to keep (their files
+    /// with their globals), and one fetched holds at most `max_bytes`.
     /// What an earlier kernel left half fetched goes.
-    pub fn turn_on(&mut self) {
+    pub fn turn_on(&mut self, max_bytes: u64) {
+        self.max_bytes = max_bytes;
         if let Err(err) = fs::remove_dir_all(&self.dir) {
             if err.kind() != std::io::ErrorKind::NotFound {
                 log::warn!("{}: {err}", self.dir.display());
@@ -41,6 +46,11 @@ impl FleetStaging {
     /// Whether `owner`'s hibernations are for the fleet to keep.
     pub fn keeps(&self, owner: Principal) -> bool {
         self.on && owner.outlives_kernels()
+    }
+
+    /// The most one session fetched may hold.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
     }
 
     /// A directory of its own to fetch session `key` into.

@@ -581,15 +581,17 @@ impl SessionDisks {
     }
 
     /// Session `key`, brought from the fleet, is made here on a new disk
-    /// with its files, its next interpreter with its globals (`state`).
-    pub fn wake_imported(&mut self, key: &SessionKey, state: bool) {
-        let (disk, new) = self.stored.restoring(key, key, HIBERNATED, state);
+    /// with its files and its `meta` (as published), its next interpreter
+    /// with its globals (`state`).
+    pub fn wake_imported(&mut self, key: &SessionKey, state: bool, meta: &[u8]) {
+        let (mut disk, new) = self.stored.restoring(key, key, HIBERNATED, state);
+        disk.record.meta = self.stored.carry_meta(key, meta);
         let asked = Asked {
             key: key.clone(),
             reply_to: ReplyTo::Nobody,
             not_saved: Vec::new(),
             hibernate: false,
-            files: false,
+            fleet: true,
         };
         self.ask(Job::Restore { disk, new, asked });
     }

@@ -209,6 +209,24 @@ impl Stored {
         Some((changed, self.dir(key), record))
     }
 
+    /// Gives session `key` the environment and labels `meta` (JSON, as
+    /// another node published them; no lifetime) says; one that does not
+    /// parse gives it none. Returns what it has now.
+    pub fn carry_meta(&mut self, key: &SessionKey, meta: &[u8]) -> SessionMeta {
+        let mut carried: SessionMeta = serde_json::from_slice(meta).unwrap_or_else(|err| {
+            log::warn!(
+                "session {:?}: its env and labels from the fleet do not parse: {err}",
+                key.1
+            );
+            SessionMeta::default()
+        });
+        carried.ends = None;
+        if let Some(record) = self.records.get_mut(key) {
+            record.meta = carried.clone();
+        }
+        carried
+    }
+
     /// Forgets session `key`: its directory, to be removed, if it had one.
     pub fn remove(&mut self, key: &SessionKey) -> Option<DiskDir> {
         self.records.remove(key).map(|_| self.dir(key))

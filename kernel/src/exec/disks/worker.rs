@@ -151,11 +151,12 @@ pub struct Asked {
     /// The globals its interpreter could not save.
     pub not_saved: Vec<String>,
     /// It hibernates the session: only its globals are kept (its files
-    /// stay on its disk), unless `files`.
+    /// stay on its disk), unless it is the `fleet`'s.
     pub hibernate: bool,
-    /// A hibernation keeps the session's files too: the fleet is to keep
-    /// it, so that it wakes on any node.
-    pub files: bool,
+    /// The fleet's: a hibernation that keeps the session's files too, for
+    /// the fleet to keep (so that it wakes on any node), or a session
+    /// brought from the fleet, restored here.
+    pub fleet: bool,
 }
 
 /// What a child given its disks is told.
@@ -494,13 +495,13 @@ fn serve(jobs: &Receiver<Job>, snapshots: &mut Snapshots, done: &Sender<Done>, w
                 state,
                 asked,
             } => {
-                let keeps_files = !asked.hibernate || asked.files;
+                let keeps_files = !asked.hibernate || asked.fleet;
                 let result = snapshots.take(&disk, &name, state.as_ref(), keeps_files);
                 if let Err(err) = &result {
                     log::info!("snapshot {name:?} of session {:?}: {err}", asked.key.1);
                 }
                 let files = match &result {
-                    Ok((manifest, _)) if asked.hibernate && asked.files => {
+                    Ok((manifest, _)) if asked.hibernate && asked.fleet => {
                         Some(snapshots.store.files_of(&disk.owner, manifest))
                     }
                     _ => None,
@@ -536,6 +537,11 @@ fn serve(jobs: &Receiver<Job>, snapshots: &mut Snapshots, done: &Sender<Done>, w
                     if new {
                         let _ = disk.dir.remove();
                     }
+                }
+                if let (true, Ok(record)) = (asked.fleet, &result) {
+                    let keeps_state = record.state_from.is_some();
+                    let made = (disk.owner.as_str(), disk.session.as_str(), HIBERNATED);
+                    snapshots.store.made_from_import(made, keeps_state);
                 }
                 let into = disk.session;
                 Some(Done::Restored {

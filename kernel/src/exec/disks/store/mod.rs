@@ -416,6 +416,22 @@ impl Store {
         }
     }
 
+    /// `owner`'s `session`, brought from another node as its snapshot
+    /// `name` ([`Store::import`]), is made on its disk: its files are there
+    /// now, and only its globals (if it `keeps_state`) stay here.
+    pub fn made_from_import(
+        &mut self,
+        (owner, session, name): (&str, &str, &str),
+        keeps_state: bool,
+    ) {
+        if !keeps_state {
+            let _ = self.forget(owner, session, Some(name));
+        }
+        if let Err(err) = self.collect(owner) {
+            log::warn!("snapshots of {owner}: {err}");
+        }
+    }
+
     /// Removes `owner`'s whole store.
     pub fn remove_owner(&mut self, owner: &str) -> std::io::Result<()> {
         self.held.remove(owner);

@@ -1,0 +1,200 @@
+//! The contents of the sessions the fleet keeps: each file's content once
+//! per owner, by its BLAKE3 hash, in parts of at most [`PART_BYTES`], so
+//! neither end ever holds more than a few parts of a large file in memory.
+//! Contents are written in the transaction that publishes the session
+//! naming them, under the owner's lock, as removing those no kept session
+//! names is: all of a publication, or none of it.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use postgres::{Client, Transaction};
+
+use super::error::FleetError;
+use super::tasks::FleetOwner;
+
+/// The most bytes of a content one row holds.
+pub const PART_BYTES: usize = 8 << 20;
+/// The most bytes of parts one statement brings back.
+const BATCH_BYTES: i64 = 32 << 20;
+
+/// Sends to the fleet each of `contents` (a hash and the file holding it)
+/// it does not hold yet.
+pub fn upload(
+    tx: &mut Transaction<'_>,
+    owner: &FleetOwner,
+    contents: &[(String, PathBuf)],
+) -> Result<(), FleetError> {
+    let hashes: Vec<&str> = contents.iter().map(|(hash, _)| hash.as_str()).collect();
+    let kept: Vec<String> = tx
+        .query(
+            "SELECT hash FROM agentos_session_contents
+             WHERE owner_user = $1 AND owner_delegate = $2 AND hash = ANY($3) AND part = 0",
+            &[&owner.user, &owner.delegate, &hashes],
+        )?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    for (hash, path) in contents.iter().filter(|(hash, _)| !kept.contains(hash)) {
+        let unreadable =
+            |err: std::io::Error| FleetError::Unavailable(format!("content {hash}: {err}"));
+        let mut file = File::open(path).map_err(unreadable)?;
+        let mut part = 0i32;
+        loop {
+            let mut bytes = Vec::with_capacity(PART_BYTES.min(1 << 16));
+            (&mut file)
+                .take(PART_BYTES as u64)
+                .read_to_end(&mut bytes)
+                .map_err(unreadable)?;
+            if bytes.is_empty() && part > 0 {
+                break;
+            }
+            let last = bytes.len() < PART_BYTES;
+            tx.execute(
+                "INSERT INTO agentos_session_contents
+                    (owner_user, owner_delegate, hash, part, content)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[&owner.user, &owner.delegate, hash, &part, &bytes],
+            )?;
+            if last {
+                break;
+            }
+            part += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Writes each of `hashes` of `owner`'s to a file of `staging` named by
+/// it (made 0700, its files 0600): the store checks them. More than
+/// `max_bytes` together, a name that is no hash, or a part missing, is
+/// refused, and `staging` removed.
+pub fn download(
+    client: &mut Client,
+    owner: &FleetOwner,
+    hashes: &[String],
+    staging: &Path,
+    max_bytes: u64,
+) -> Result<(), FleetError> {
+    let written = write_parts(client, owner, hashes, staging, max_bytes);
+    if written.is_err() {
+        let _ = fs::remove_dir_all(staging);
+    }
+    written
+}
+
+fn write_parts(
+    client: &mut Client,
+    owner: &FleetOwner,
+    hashes: &[String],
+    staging: &Path,
+    max_bytes: u64,
+) -> Result<(), FleetError> {
+    let refused = |why: String| Err(FleetError::Unavailable(why));
+    let unwritable = |err: std::io::Error| {
+        FleetError::Unavailable(format!("its contents cannot be written here: {err}"))
+    };
+    let parts = client.query(
+        "SELECT hash, part, octet_length(content) FROM agentos_session_contents
+         WHERE owner_user = $1 AND owner_delegate = $2 AND hash = ANY($3)
+         ORDER BY hash, part",
+        &[&owner.user, &owner.delegate, &hashes],
+    )?;
+    let mut next_part: HashMap<String, i32> = HashMap::new();
+    let mut total = 0u64;
+    let mut batches: Vec<(Vec<String>, Vec<i32>)> = vec![(Vec::new(), Vec::new())];
+    let mut batch_bytes = 0i64;
+    for row in &parts {
+        let (hash, part, length): (String, i32, i32) = (row.get(0), row.get(1), row.get(2));
+        if !is_hash(&hash) {
+            return refused("it names a content that is no hash".into());
+        }
+        let expected = next_part.entry(hash.clone()).or_insert(0);
+        if part != *expected {
+            return refused(format!("content {hash} is missing a part"));
+        }
+        *expected += 1;
+        total += u64::try_from(length).unwrap_or(0);
+        if total > max_bytes {
+            return refused(format!("its contents are over {max_bytes} bytes"));
+        }
+        if batch_bytes + i64::from(length) > BATCH_BYTES && batch_bytes > 0 {
+            batches.push((Vec::new(), Vec::new()));
+            batch_bytes = 0;
+        }
+        batch_bytes += i64::from(length);
+        if let Some((batch_hashes, batch_parts)) = batches.last_mut() {
+            batch_hashes.push(hash);
+            batch_parts.push(part);
+        }
+    }
+    let mut wanted: Vec<&String> = hashes.iter().collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    if wanted.len() != next_part.len() {
+        return refused("the fleet's store is missing some of its contents".into());
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(staging)
+        .map_err(unwritable)?;
+    for (batch_hashes, batch_parts) in batches.iter().filter(|(h, _)| !h.is_empty()) {
+        let rows = client.query(
+            "SELECT c.hash, c.part, c.content FROM agentos_session_contents c
+             JOIN unnest($3::text[], $4::int[]) AS wanted(hash, part)
+               ON c.hash = wanted.hash AND c.part = wanted.part
+             WHERE c.owner_user = $1 AND c.owner_delegate = $2",
+            &[&owner.user, &owner.delegate, batch_hashes, batch_parts],
+        )?;
+        for row in rows {
+            let (hash, part, bytes): (String, i32, &[u8]) = (row.get(0), row.get(1), row.get(2));
+            let file = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(staging.join(&hash))
+                .map_err(unwritable)?;
+            let offset = u64::try_from(part).unwrap_or(0) * PART_BYTES as u64;
+            file.write_all_at(bytes, offset).map_err(unwritable)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes `owner`'s contents that no kept session names.
+pub fn remove_unnamed(tx: &mut Transaction<'_>, owner: &FleetOwner) -> Result<(), FleetError> {
+    tx.execute(
+        "DELETE FROM agentos_session_contents c
+         WHERE c.owner_user = $1 AND c.owner_delegate = $2
+           AND NOT EXISTS (
+            SELECT 1 FROM agentos_sessions s
+            WHERE s.owner_user = $1 AND s.owner_delegate = $2 AND c.hash = ANY(s.hashes))",
+        &[&owner.user, &owner.delegate],
+    )?;
+    Ok(())
+}
+
+/// Whether `name` is a content's hash (BLAKE3, in hex), and so a plain
+/// file name.
+pub fn is_hash(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_hash_is_a_contents_name() {
+        assert!(is_hash(&"ab".repeat(32)));
+        assert!(!is_hash(&"AB".repeat(32)));
+        assert!(!is_hash("../../etc/passwd"));
+        assert!(!is_hash(&format!("{}/", "a".repeat(63))));
+        assert!(!is_hash(""));
+    }
+}
