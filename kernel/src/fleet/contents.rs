@@ -38,13 +38,15 @@ pub fn upload(
         .iter()
         .map(|row| row.get(0))
         .collect();
+    // Parts go a batch at a time: many small files take few statements.
+    let mut batch = Batch::default();
     for (hash, path) in contents.iter().filter(|(hash, _)| !kept.contains(hash)) {
         let unreadable =
             |err: std::io::Error| FleetError::Unavailable(format!("content {hash}: {err}"));
         let mut file = File::open(path).map_err(unreadable)?;
         let mut part = 0i32;
         loop {
-            let mut bytes = Vec::with_capacity(PART_BYTES.min(1 << 16));
+            let mut bytes = Vec::new();
             (&mut file)
                 .take(PART_BYTES as u64)
                 .read_to_end(&mut bytes)
@@ -53,19 +55,56 @@ pub fn upload(
                 break;
             }
             let last = bytes.len() < PART_BYTES;
-            tx.execute(
-                "INSERT INTO agentos_session_contents
-                    (owner_user, owner_delegate, hash, part, content)
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                &[&owner.user, &owner.delegate, hash, &part, &bytes],
-            )?;
+            batch.add(hash, part, bytes);
+            if batch.bytes >= PART_BYTES {
+                batch.send(tx, owner)?;
+            }
             if last {
                 break;
             }
             part += 1;
         }
     }
-    Ok(())
+    batch.send(tx, owner)
+}
+
+/// Parts waiting to be sent together.
+#[derive(Default)]
+struct Batch {
+    hashes: Vec<String>,
+    parts: Vec<i32>,
+    contents: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Batch {
+    fn add(&mut self, hash: &str, part: i32, content: Vec<u8>) {
+        self.bytes += content.len();
+        self.hashes.push(hash.to_owned());
+        self.parts.push(part);
+        self.contents.push(content);
+    }
+
+    fn send(&mut self, tx: &mut Transaction<'_>, owner: &FleetOwner) -> Result<(), FleetError> {
+        if self.hashes.is_empty() {
+            return Ok(());
+        }
+        tx.execute(
+            "INSERT INTO agentos_session_contents (owner_user, owner_delegate, hash, part, content)
+             SELECT $1, $2, hash, part, content
+             FROM unnest($3::text[], $4::int[], $5::bytea[]) AS sent(hash, part, content)
+             ON CONFLICT DO NOTHING",
+            &[
+                &owner.user,
+                &owner.delegate,
+                &self.hashes,
+                &self.parts,
+                &self.contents,
+            ],
+        )?;
+        *self = Batch::default();
+        Ok(())
+    }
 }
 
 /// Writes each of `hashes` of `owner`'s to a file of `staging` named by
@@ -104,6 +143,8 @@ fn write_parts(
         &[&owner.user, &owner.delegate, &hashes],
     )?;
     let mut next_part: HashMap<String, i32> = HashMap::new();
+    let mut last_length: HashMap<String, i32> = HashMap::new();
+    let mut lengths: HashMap<(String, i32), i32> = HashMap::new();
     let mut total = 0u64;
     let mut batches: Vec<(Vec<String>, Vec<i32>)> = vec![(Vec::new(), Vec::new())];
     let mut batch_bytes = 0i64;
@@ -116,7 +157,12 @@ fn write_parts(
         if part != *expected {
             return refused(format!("content {hash} is missing a part"));
         }
+        if part > 0 && last_length.get(&hash) != Some(&(PART_BYTES as i32)) {
+            return refused(format!("content {hash} has a part cut short"));
+        }
         *expected += 1;
+        last_length.insert(hash.clone(), length);
+        lengths.insert((hash.clone(), part), length);
         total += u64::try_from(length).unwrap_or(0);
         if total > max_bytes {
             return refused(format!("its contents are over {max_bytes} bytes"));
@@ -150,8 +196,15 @@ fn write_parts(
              WHERE c.owner_user = $1 AND c.owner_delegate = $2",
             &[&owner.user, &owner.delegate, batch_hashes, batch_parts],
         )?;
+        if rows.len() != batch_hashes.len() {
+            return refused("the fleet's store changed as it was read".into());
+        }
         for row in rows {
             let (hash, part, bytes): (String, i32, &[u8]) = (row.get(0), row.get(1), row.get(2));
+            let listed = lengths.get(&(hash.clone(), part)).copied();
+            if listed != i32::try_from(bytes.len()).ok() {
+                return refused(format!("content {hash} changed as it was read"));
+            }
             let file = fs::OpenOptions::new()
                 .write(true)
                 .create(true)
@@ -173,7 +226,7 @@ pub fn remove_unnamed(tx: &mut Transaction<'_>, owner: &FleetOwner) -> Result<()
          WHERE c.owner_user = $1 AND c.owner_delegate = $2
            AND NOT EXISTS (
             SELECT 1 FROM agentos_sessions s
-            WHERE s.owner_user = $1 AND s.owner_delegate = $2 AND c.hash = ANY(s.hashes))",
+            WHERE s.owner_user = $1 AND s.owner_delegate = $2 AND s.hashes @> ARRAY[c.hash])",
         &[&owner.user, &owner.delegate],
     )?;
     Ok(())

@@ -7,11 +7,16 @@
 use std::collections::HashMap;
 
 use agentos_proto::payload::ExecRequest;
+use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::sessions::{Hibernated, Key};
 use super::tasks::FleetOwner;
 use crate::address::ReplyTo;
 use crate::identity::Principal;
+
+/// What a session's record says while its publication's answer is not
+/// heard: generations start at 1.
+pub const PUBLISHING: i64 = 0;
 
 /// Work waiting for its session.
 #[derive(Debug)]
@@ -61,6 +66,8 @@ struct Settling {
 #[derive(Debug, Default)]
 pub struct KeptSessions {
     listed: HashMap<(FleetOwner, String), Hibernated>,
+    /// A listing has come since the node started.
+    has_listed: bool,
     /// This node's sessions it published, by publication: each is claimed
     /// before it wakes here, whatever the listing says.
     published: HashMap<Key, i64>,
@@ -73,6 +80,7 @@ pub struct KeptSessions {
 impl KeptSessions {
     /// The fleet's listing, replacing what was known.
     pub fn listed(&mut self, sessions: Vec<Hibernated>) {
+        self.has_listed = true;
         self.listed = (sessions.into_iter())
             .map(|kept| ((kept.owner.clone(), kept.name.clone()), kept))
             .collect();
@@ -87,6 +95,41 @@ impl KeptSessions {
     pub fn insert(&mut self, kept: Hibernated) {
         self.listed
             .insert((kept.owner.clone(), kept.name.clone()), kept);
+    }
+
+    /// The generation of `owner`'s session `name` the fleet keeps as
+    /// `node`'s publication: `None` if it keeps none; unknown (`unavailable`)
+    /// until a listing has come.
+    pub fn generation_here(
+        &self,
+        owner: &FleetOwner,
+        name: &str,
+        node: &str,
+    ) -> Result<Option<i64>, ErrorReply> {
+        if !self.has_listed {
+            return Err(ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "session {name:?} was being published to the fleet as this node stopped; \
+                     it wakes once the node has read the fleet's sessions: retry in a moment"
+                ),
+            ));
+        }
+        let kept = self.find(owner, name).filter(|kept| kept.node == node);
+        Ok(kept.map(|kept| kept.generation))
+    }
+
+    /// The sessions being brought here from the fleet.
+    pub fn settling_keys(&self) -> Vec<Key> {
+        (self.settling.iter())
+            .filter(|(_, settling)| {
+                matches!(
+                    settling.step,
+                    Step::Fetching | Step::Importing(_) | Step::Restoring(_)
+                )
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 
     /// This node published session `key` as `generation`.

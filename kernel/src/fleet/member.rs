@@ -128,6 +128,8 @@ pub struct Member {
     look_back: bool,
     /// When the quotas' old windows were last forgotten.
     forgot_allowances: Option<Instant>,
+    /// When the hibernated sessions were last listed.
+    listed_sessions: Option<Instant>,
 }
 
 /// Reconnection is tried at most this often.
@@ -135,6 +137,8 @@ const RETRY: Duration = Duration::from_secs(1);
 /// Without notifications, queued tasks, held tasks and waits are looked at
 /// this often.
 const TICK: Duration = Duration::from_secs(1);
+/// Without notifications, the hibernated sessions are listed this often.
+const LIST_SESSIONS_EVERY: Duration = Duration::from_secs(5);
 /// The quotas' windows long over are forgotten at most this often.
 const FORGET_ALLOWANCES_EVERY: Duration = Duration::from_secs(60);
 
@@ -163,6 +167,7 @@ impl Member {
             check_waits: false,
             look_back: false,
             forgot_allowances: None,
+            listed_sessions: None,
         }
     }
 
@@ -276,6 +281,7 @@ impl Member {
 
     /// Tells the kernel which hibernated sessions the fleet keeps.
     fn list_sessions(&mut self) {
+        self.listed_sessions = Some(Instant::now());
         let listed = self.client().and_then(sessions::list);
         self.send(FleetEvent::Session(SessionNews::Listed(listed)));
     }
@@ -568,7 +574,9 @@ impl Member {
             Ok((draining, nodes)) => {
                 self.renewed(draining);
                 // The hibernated sessions, in case a notification was missed.
-                self.list_sessions();
+                if (self.listed_sessions).is_none_or(|at| at.elapsed() >= LIST_SESSIONS_EVERY) {
+                    self.list_sessions();
+                }
                 let mut status = self.status();
                 status.nodes = nodes;
                 status.held = self.held.len();

@@ -87,6 +87,7 @@ const MIGRATIONS: &[&str] = &[
         hibernated_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (owner_user, owner_delegate, name)
     );
+    CREATE INDEX agentos_sessions_hashes ON agentos_sessions USING gin (hashes);
     CREATE TABLE agentos_session_contents (
         owner_user text NOT NULL,
         owner_delegate text NOT NULL,

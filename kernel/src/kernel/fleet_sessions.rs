@@ -23,8 +23,8 @@ use agentos_proto::{ErrorCode, ErrorReply};
 
 use crate::address::{Answer, Reply, ReplyTo};
 use crate::exec::{Exec, SessionRecord, Share, StoreError};
-use crate::fleet::kept::{Held, HeldWork, Step};
-use crate::fleet::owners::{fleet_owner, local_principal};
+use crate::fleet::kept::{Held, HeldWork, Step, PUBLISHING};
+use crate::fleet::owners::fleet_owner;
 use crate::fleet::sessions::{Claim, Key, Publication, SessionJob, SessionNews};
 use crate::fleet::tasks::FleetOwner;
 use crate::fleet::{Fleet, FleetError};
@@ -101,17 +101,34 @@ fn must_wait(
         }
         return Ok(true);
     }
-    let (Ok(link), Ok(Some(owner))) = (fleet.link().cloned(), fleet_owner(key.0)) else {
+    let Ok(link) = fleet.link().cloned() else {
         return Ok(false);
     };
-    let disks = &exec.disks().store;
-    let (job, step) = if disks.stored.record(key).is_some() {
+    let here = exec.disks().store.stored.record(key).is_some();
+    let publication = fleet.kept.publication(key).filter(|_| here);
+    let owner = match fleet_owner(key.0) {
+        Ok(Some(owner)) => owner,
+        Ok(None) => return Ok(false),
+        // One this node published is never woken unclaimed.
+        Err(err) if publication.is_some() => return Err(err.into_reply()),
+        Err(_) => return Ok(false),
+    };
+    let (job, step) = if here {
         // This node's own: claimed first if it published it.
-        let Some(generation) = fleet.kept.publication(key) else {
-            return Ok(false);
+        let generation = match publication {
+            None => return Ok(false),
+            Some(PUBLISHING) => match fleet.kept.generation_here(&owner, &key.1, link.node())? {
+                Some(generation) => generation,
+                None => {
+                    unpublish(fleet, exec, key);
+                    return Ok(false);
+                }
+            },
+            Some(generation) => generation,
         };
         (claim(key, owner, generation), Step::Claiming(generation))
     } else {
+        let disks = &exec.disks().store;
         let gone = fleet.kept.take_gone(key);
         if fleet.kept.find(&owner, &key.1).is_none() {
             return match gone {
@@ -119,8 +136,10 @@ fn must_wait(
                 None => Ok(false),
             };
         }
-        // Made here, it takes a disk of its owner's share.
-        disks.may_make(key, share, std::iter::empty())?;
+        // Made here, it takes a disk of its owner's share, as do the
+        // others being brought here.
+        let settling = fleet.kept.settling_keys();
+        disks.may_make(key, share, settling.iter())?;
         let staging = disks.fleet_staging.dir_for(key).ok_or_else(|| {
             ErrorReply::new(
                 ErrorCode::Unavailable,
@@ -161,7 +180,9 @@ pub fn refuse_restore_if_kept(
     into: &Option<String>,
 ) -> Result<(), ErrorReply> {
     let key = (principal, name.to_owned());
-    if into.is_some() || fleet.link().is_err() || fleet.kept.publication(&key).is_none() {
+    let publishing = fleet.kept.step(&key) == Some(Step::Publishing);
+    let kept = publishing || fleet.kept.publication(&key).is_some();
+    if into.is_some() || fleet.link().is_err() || !kept {
         return Ok(());
     }
     Err(ErrorReply::new(
@@ -219,12 +240,6 @@ pub fn on_wake(
     replies: &mut Vec<Reply>,
 ) -> Vec<HeldWork> {
     let mut go = Vec::new();
-    // Published sessions closed here by other means (their lifetime).
-    for key in fleet.kept.published_keys() {
-        if exec.disks().store.stored.record(&key).is_none() {
-            ask_claim(fleet, &key, Step::Forgetting);
-        }
-    }
     publish(fleet, exec);
     for (key, imported) in std::mem::take(&mut exec.disks().imported) {
         let Some(Step::Importing(generation)) = fleet.kept.step(&key) else {
@@ -232,8 +247,13 @@ pub fn on_wake(
         };
         match imported {
             Ok(state) => {
+                // Made here, it is claimed before any work wakes it, even
+                // after a restart: its record says so.
                 let meta = fleet.kept.carried(&key);
-                exec.disks().store.wake_imported(&key, state, meta);
+                exec.disks()
+                    .store
+                    .wake_imported(&key, state, meta, generation);
+                fleet.kept.published(&key, generation);
                 fleet.kept.set_step(&key, Step::Restoring(generation));
             }
             Err(err) => {
@@ -273,6 +293,9 @@ pub fn on_wake(
         match sent {
             Ok(()) => fleet.kept.set_step(&key, Step::ClaimingImport(generation)),
             Err(refusal) => {
+                // Not claimed: the fleet keeps it still, and what was made
+                // here goes.
+                fleet.kept.unpublished(&key);
                 exec.close(key.0, &key.1, replies);
                 refuse_all(fleet.kept.settled(&key), &refusal, tasks, replies);
             }
@@ -291,23 +314,32 @@ fn publish(fleet: &mut Fleet, exec: &mut Exec) {
         let (Ok(link), Ok(Some(owner))) = (fleet.link().cloned(), fleet_owner(key.0)) else {
             continue;
         };
-        // Its env and labels go with it; its lifetime is this node's.
-        let record = exec.disks().store.stored.record(&key);
-        let meta = record.map(|record| {
-            let mut meta = record.meta.clone();
-            meta.ends = None;
-            serde_json::to_vec(&meta).unwrap_or_default()
-        });
+        // Its env and labels go with it; its lifetime is this node's. One
+        // closed meanwhile is not published.
+        let Some(record) = exec.disks().store.stored.record(&key) else {
+            continue;
+        };
+        let mut meta = record.meta.clone();
+        meta.ends = None;
+        let meta = serde_json::to_vec(&meta).unwrap_or_default();
         let publication = Publication {
             owner,
             name: key.1.clone(),
-            meta: meta.unwrap_or_default(),
+            meta,
             manifest: files.manifest,
             contents: files.contents,
             bytes: files.bytes,
         };
         match link.session(SessionJob::Publish(key.clone(), publication)) {
-            Ok(()) => fleet.kept.set_step(&key, Step::Publishing),
+            Ok(()) => {
+                // Until its answer is heard, even across a restart, it is
+                // woken only once the fleet's listing says whether it is
+                // kept.
+                fleet.kept.set_step(&key, Step::Publishing);
+                fleet.kept.published(&key, PUBLISHING);
+                let record = |record: &mut SessionRecord| record.published = Some(PUBLISHING);
+                exec.disks().store.change_record(&key, record);
+            }
             Err(err) => log::warn!(
                 "fleet: session {:?} stays on this node: {}",
                 key.1,
@@ -363,59 +395,41 @@ fn on_news(
     Vec::new()
 }
 
-/// After a listing: this node's publications it no longer shows were
-/// claimed (here, unheard, or by another node) or taken back: asking
-/// whose they are closes a copy that is no longer this node's.
+/// After a listing, this node's publications: one whose session is here
+/// no more (closed by its lifetime, say) is taken back; one whose answer
+/// was never heard is settled by the listing; one the listing no longer
+/// shows was claimed (here, unheard, or by another node) or taken back,
+/// and asking whose it is closes a copy that is no longer this node's.
 fn check_publications(fleet: &mut Fleet, exec: &mut Exec) {
-    let node = fleet.link().map(|link| link.node().to_owned());
-    let Ok(node) = node else {
+    let Ok(node) = fleet.link().map(|link| link.node().to_owned()) else {
         return;
     };
-    let listed: Vec<(FleetOwner, String, String, i64)> = (fleet.kept.all_listed())
-        .map(|kept| {
-            (
-                kept.owner.clone(),
-                kept.name.clone(),
-                kept.node.clone(),
-                kept.generation,
-            )
-        })
-        .collect();
     for key in fleet.kept.published_keys() {
+        let (Some(generation), None) = (fleet.kept.publication(&key), fleet.kept.step(&key)) else {
+            continue;
+        };
         let Ok(Some(owner)) = fleet_owner(key.0) else {
             continue;
         };
-        let shown = listed.iter().any(|(o, name, _, g)| {
-            *o == owner && *name == key.1 && Some(*g) == fleet.kept.publication(&key)
-        });
-        if !shown {
-            ask_claim(fleet, &key, Step::Checking);
-        }
-    }
-    // Rows this node published whose answer it never heard (it stopped
-    // first): its copy is claimed before it wakes, as any.
-    let known: Vec<(FleetOwner, String, i64)> = (fleet.kept.published_keys().into_iter())
-        .filter_map(|key| {
-            let owner = fleet_owner(key.0).ok()??;
-            Some((owner, key.1.clone(), fleet.kept.publication(&key)?))
-        })
-        .collect();
-    let unheard = (listed.iter()).filter(|(owner, name, n, g)| {
-        *n == node
-            && !known
-                .iter()
-                .any(|(o, k, kg)| o == owner && k == name && kg == g)
-    });
-    for (owner, name, _, generation) in unheard {
-        let Ok(principal) = local_principal(owner) else {
+        if exec.disks().store.stored.record(&key).is_none() {
+            ask_claim(fleet, &key, Step::Forgetting);
             continue;
-        };
-        let key = (principal, name.clone());
-        let here = exec.disks().store.stored.record(&key).is_some();
-        if here && fleet.kept.publication(&key).is_none() {
-            fleet.kept.published(&key, *generation);
-            let record = |record: &mut SessionRecord| record.published = Some(*generation);
-            exec.disks().store.change_record(&key, record);
+        }
+        if generation == PUBLISHING {
+            match fleet.kept.generation_here(&owner, &key.1, &node) {
+                Ok(Some(generation)) => {
+                    fleet.kept.published(&key, generation);
+                    let record = |record: &mut SessionRecord| record.published = Some(generation);
+                    exec.disks().store.change_record(&key, record);
+                }
+                Ok(None) => unpublish(fleet, exec, &key),
+                Err(_) => {}
+            }
+            continue;
+        }
+        let shown = fleet.kept.find(&owner, &key.1).map(|kept| kept.generation);
+        if shown != Some(generation) {
+            ask_claim(fleet, &key, Step::Checking);
         }
     }
 }
@@ -437,10 +451,13 @@ fn published_news(
                  session of that name",
                 key.1
             );
+            unpublish(fleet, exec, &key);
             return fleet.kept.settled(&key);
         }
         Err(err) => {
-            log::warn!("fleet: session {:?} stays on this node: {err}", key.1);
+            // It may have been published all the same (the answer lost):
+            // the fleet's listing settles it before it wakes here.
+            log::warn!("fleet: session {:?} may not be published: {err}", key.1);
             return fleet.kept.settled(&key);
         }
     };
@@ -454,6 +471,11 @@ fn published_news(
         generation,
     });
     let held = fleet.kept.settled(&key);
+    if exec.disks().store.stored.record(&key).is_none() {
+        // Closed while it was published: taken back.
+        ask_claim(fleet, &key, Step::Forgetting);
+        return held;
+    }
     if held.is_empty() {
         return held;
     }
@@ -490,11 +512,7 @@ fn claimed_news(
         if let Ok(Some(owner)) = fleet_owner(key.0) {
             fleet.kept.remove(&owner, &key.1, Some(generation));
         }
-        if !matches!(step, Some(Step::ClaimingImport(_))) {
-            fleet.kept.unpublished(&key);
-            let record = |record: &mut SessionRecord| record.published = None;
-            exec.disks().store.change_record(&key, record);
-        }
+        unpublish(fleet, exec, &key);
     }
     match (claimed, step) {
         (Ok(Claim::Kept), _) => fleet.kept.settled(&key),
@@ -508,24 +526,26 @@ fn claimed_news(
                 key.1
             );
             exec.close(key.0, &key.1, replies);
-            let held = fleet.kept.settled(&key);
-            if held.is_empty() {
-                fleet.kept.went(&key, by);
-            } else {
-                refuse_all(held, &went_to(&key, by), tasks, replies);
-            }
-            Vec::new()
+            // What waited goes on: told where it went, or waking a newer
+            // hibernation the fleet keeps.
+            fleet.kept.went(&key, by);
+            fleet.kept.settled(&key)
         }
-        (Err(err), step) => {
-            if matches!(step, Some(Step::ClaimingImport(_))) {
-                // Made here but not claimed: the fleet keeps it still.
-                exec.close(key.0, &key.1, replies);
-            }
+        (Err(err), _) => {
+            // Perhaps claimed all the same (the answer lost): whatever is
+            // here stays, its record saying to claim it again first.
             let done = "claimed (the fleet's database)";
             out_of_reach(fleet, &key, done, &err, tasks, replies);
             Vec::new()
         }
     }
+}
+
+/// This node's session `key` is published no more.
+fn unpublish(fleet: &mut Fleet, exec: &mut Exec, key: &Key) {
+    fleet.kept.unpublished(key);
+    let record = |record: &mut SessionRecord| record.published = None;
+    exec.disks().store.change_record(key, record);
 }
 
 /// `not_found`: session `key` was woken on node `by` (if known).

@@ -582,10 +582,12 @@ impl SessionDisks {
 
     /// Session `key`, brought from the fleet, is made here on a new disk
     /// with its files and its `meta` (as published), its next interpreter
-    /// with its globals (`state`).
-    pub fn wake_imported(&mut self, key: &SessionKey, state: bool, meta: &[u8]) {
+    /// with its globals (`state`); its record says to claim publication
+    /// `generation` before it wakes.
+    pub fn wake_imported(&mut self, key: &SessionKey, state: bool, meta: &[u8], generation: i64) {
         let (mut disk, new) = self.stored.restoring(key, key, HIBERNATED, state);
-        disk.record.meta = self.stored.carry_meta(key, meta);
+        disk.record.meta = self.stored.carry_meta(key, meta, generation);
+        disk.record.published = Some(generation);
         let asked = Asked {
             key: key.clone(),
             reply_to: ReplyTo::Nobody,

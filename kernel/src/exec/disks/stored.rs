@@ -209,10 +209,11 @@ impl Stored {
         Some((changed, self.dir(key), record))
     }
 
-    /// Gives session `key` the environment and labels `meta` (JSON, as
-    /// another node published them; no lifetime) says; one that does not
-    /// parse gives it none. Returns what it has now.
-    pub fn carry_meta(&mut self, key: &SessionKey, meta: &[u8]) -> SessionMeta {
+    /// Gives session `key`, brought from the fleet as publication
+    /// `generation`, the environment and labels `meta` (JSON, as another
+    /// node published them; no lifetime) says; one that does not parse
+    /// gives it none. Returns what it has now.
+    pub fn carry_meta(&mut self, key: &SessionKey, meta: &[u8], generation: i64) -> SessionMeta {
         let mut carried: SessionMeta = serde_json::from_slice(meta).unwrap_or_else(|err| {
             log::warn!(
                 "session {:?}: its env and labels from the fleet do not parse: {err}",
@@ -223,6 +224,7 @@ impl Stored {
         carried.ends = None;
         if let Some(record) = self.records.get_mut(key) {
             record.meta = carried.clone();
+            record.published = Some(generation);
         }
         carried
     }
