@@ -1,8 +1,10 @@
-//! The fleet thread: the one place this node talks to the fleet's
-//! database. It keeps the node's lease, reconnects when the database comes
-//! back, claims fleet tasks while the node has room, records their ends,
-//! answers `wait`s, and runs the orders the rest of the kernel sends it,
-//! one at a time. The reactor never waits on it: what it has for the
+//! The fleet thread: where this node does its talking to the fleet's
+//! database, but for notifications ([`super::listener`]) and sessions'
+//! moves ([`super::transfers`]), which have connections of their own. It
+//! keeps the node's lease, reconnects when the database comes back, claims
+//! fleet tasks while the node has room, records their ends, answers
+//! `wait`s, lists the hibernated sessions the fleet keeps, and runs the
+//! orders the rest of the kernel sends it, one at a time. The reactor never waits on it: what it has for the
 //! kernel goes out as [`FleetEvent`]s, with a wake.
 
 use std::collections::HashMap;
@@ -72,7 +74,8 @@ pub enum FleetEvent {
     Reply(ReplyTo, Answer),
     /// What the ledger granted of a quota, or why it granted nothing.
     Leased(LeaseAsk, Result<Grant, LedgerUnreachable>),
-    /// The answer to a [`SessionJob`].
+    /// A [`sessions::SessionJob`]'s answer (from the transfers' thread),
+    /// or the fleet's listing of its hibernated sessions.
     Session(SessionNews),
 }
 

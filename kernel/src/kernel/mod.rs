@@ -266,8 +266,7 @@ impl Kernel {
         let moved = (&mut self.fleet, &mut self.exec, &mut self.tasks);
         for work in fleet_sessions::on_wake(moved, woken.sessions, replies) {
             if let Err(err) = self.start_held(&work) {
-                let replies = &mut self.outbox.replies;
-                fleet_sessions::refuse(&work, err, &mut self.tasks, replies);
+                fleet_sessions::refuse(&work, err, &mut self.tasks, &mut self.outbox.replies);
             }
         }
         for stop in woken.stops {
@@ -520,7 +519,8 @@ impl Kernel {
             .inspect_err(|_| self.runs.refused(number))
     }
 
-    /// Work that waited for the fleet to settle its session goes on.
+    /// Work that waited for the fleet to settle its session goes on (or
+    /// waits again: the session may have gone on to another node).
     fn start_held(&mut self, work: &HeldWork) -> Result<(), ErrorReply> {
         let (principal, reply_to) = (work.principal, work.reply_to);
         match &work.what {
@@ -531,6 +531,10 @@ impl Kernel {
                 let actor = actor.lowered_to(lowered);
                 actor.require(Permission::Exec)?;
                 let caller = self.run_caller(&actor);
+                let (fleet, asker) = (&mut self.fleet, (principal, caller.share));
+                if fleet_sessions::holds_resume(fleet, &mut self.exec, asker, name, reply_to)? {
+                    return Ok(());
+                }
                 let replies = &mut self.outbox.replies;
                 (self.exec).session_order(caller, name, SessionOp::Wake, reply_to, replies)
             }
