@@ -231,3 +231,18 @@ def test_a_session_outlives_its_killed_node_and_the_node_back_knows_it_went():
         wait_for("n1 in the fleet", n1.is_joined, timeout=30)
         refused = refused_run(n1, "s1")
         assert 'woken on node "n2"' in str(refused), refused
+
+
+def test_a_session_bigger_than_the_owners_room_where_it_wakes_is_refused_and_stays_kept():
+    with fleet() as f:
+        n1 = f.node("n1")
+        # n2 gives each owner 1 MiB of room for snapshots.
+        n2 = f.node("n2", extra="\n[exec]\nsnapshot_bytes = 1048576\n")
+        hibernated_on(n1, "s1", "import os; open('/workspace/big', 'wb').write(os.urandom(3 << 20))")
+        wait_for("s1 kept", lambda: kept_rows(f), timeout=30)
+        refused = refused_run(n2, "s1")
+        assert refused.code == "unavailable" and "over 1048576 bytes" in str(refused), refused
+        with client_of(n2) as client:
+            assert client.sessions() == []
+        assert [row.split("|")[0] for row in kept_rows(f)] == ["s1"]
+
