@@ -179,6 +179,14 @@ pub fn refuse_restore_if_kept(
     name: &str,
     into: &Option<String>,
 ) -> Result<(), ErrorReply> {
+    if let Some(into) = into {
+        if fleet.kept.step(&(principal, into.clone())).is_some() {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!("session {into:?} is being brought here from the fleet: retry once it is"),
+            ));
+        }
+    }
     let key = (principal, name.to_owned());
     let publishing = fleet.kept.step(&key) == Some(Step::Publishing);
     let kept = publishing || fleet.kept.publication(&key).is_some();
@@ -211,7 +219,8 @@ fn ask_claim(fleet: &mut Fleet, key: &Key, step: fn(i64) -> Step) -> bool {
     let Some(generation) = fleet.kept.publication(key) else {
         return false;
     };
-    if fleet.kept.step(key).is_some() {
+    // One whose generation is not known yet is settled by the listing.
+    if fleet.kept.step(key).is_some() || generation == PUBLISHING {
         return false;
     }
     let step = step(generation);
@@ -404,27 +413,48 @@ fn check_publications(fleet: &mut Fleet, exec: &mut Exec) {
     let Ok(node) = fleet.link().map(|link| link.node().to_owned()) else {
         return;
     };
+    // A hibernated session here that the fleet keeps as this node's, but
+    // whose record does not say so (the node stopped before writing it):
+    // claimed before it wakes, as any.
+    let unknown: Vec<Key> = (exec.disks().store.stored.records().keys())
+        .filter(|key| fleet.kept.publication(key).is_none() && fleet.kept.step(key).is_none())
+        .cloned()
+        .collect();
+    for key in unknown {
+        let Ok(Some(owner)) = fleet_owner(key.0) else {
+            continue;
+        };
+        let hibernated = exec.disks().store.stored.is_hibernated(&key);
+        if let (true, Ok(Some(generation))) = (
+            hibernated,
+            fleet.kept.generation_here(&owner, &key.1, &node),
+        ) {
+            set_publication(fleet, exec, &key, generation);
+        }
+    }
     for key in fleet.kept.published_keys() {
-        let (Some(generation), None) = (fleet.kept.publication(&key), fleet.kept.step(&key)) else {
+        let (Some(mut generation), None) = (fleet.kept.publication(&key), fleet.kept.step(&key))
+        else {
             continue;
         };
         let Ok(Some(owner)) = fleet_owner(key.0) else {
             continue;
         };
-        if exec.disks().store.stored.record(&key).is_none() {
-            ask_claim(fleet, &key, Step::Forgetting);
-            continue;
-        }
         if generation == PUBLISHING {
             match fleet.kept.generation_here(&owner, &key.1, &node) {
-                Ok(Some(generation)) => {
-                    fleet.kept.published(&key, generation);
-                    let record = |record: &mut SessionRecord| record.published = Some(generation);
-                    exec.disks().store.change_record(&key, record);
+                Ok(Some(published)) => {
+                    set_publication(fleet, exec, &key, published);
+                    generation = published;
                 }
-                Ok(None) => unpublish(fleet, exec, &key),
-                Err(_) => {}
+                Ok(None) => {
+                    unpublish(fleet, exec, &key);
+                    continue;
+                }
+                Err(_) => continue,
             }
+        }
+        if exec.disks().store.stored.record(&key).is_none() {
+            ask_claim(fleet, &key, Step::Forgetting);
             continue;
         }
         let shown = fleet.kept.find(&owner, &key.1).map(|kept| kept.generation);
@@ -461,9 +491,7 @@ fn published_news(
             return fleet.kept.settled(&key);
         }
     };
-    fleet.kept.published(&key, generation);
-    let record = |record: &mut SessionRecord| record.published = Some(generation);
-    exec.disks().store.change_record(&key, record);
+    set_publication(fleet, exec, &key, generation);
     fleet.kept.insert(crate::fleet::sessions::Hibernated {
         owner: owner.clone(),
         name: key.1.clone(),
@@ -526,10 +554,19 @@ fn claimed_news(
                 key.1
             );
             exec.close(key.0, &key.1, replies);
-            // What waited goes on: told where it went, or waking a newer
-            // hibernation the fleet keeps.
+            // What waited wakes a newer hibernation the fleet keeps, or is
+            // told where it went, as the next work here will be.
+            let held = fleet.kept.settled(&key);
+            let newer = fleet_owner(key.0).is_ok_and(|owner| {
+                owner.is_some_and(|owner| fleet.kept.find(&owner, &key.1).is_some())
+            });
+            if newer || held.is_empty() {
+                fleet.kept.went(&key, by);
+                return held;
+            }
+            refuse_all(held, &went_to(&key, by.clone()), tasks, replies);
             fleet.kept.went(&key, by);
-            fleet.kept.settled(&key)
+            Vec::new()
         }
         (Err(err), _) => {
             // Perhaps claimed all the same (the answer lost): whatever is
@@ -539,6 +576,13 @@ fn claimed_news(
             Vec::new()
         }
     }
+}
+
+/// This node's session `key` is publication `generation` of the fleet's.
+fn set_publication(fleet: &mut Fleet, exec: &mut Exec, key: &Key, generation: i64) {
+    fleet.kept.published(key, generation);
+    let record = |record: &mut SessionRecord| record.published = Some(generation);
+    exec.disks().store.change_record(key, record);
 }
 
 /// This node's session `key` is published no more.
