@@ -15,6 +15,7 @@ use postgres::{Client, Transaction};
 
 use super::error::FleetError;
 use super::tasks::FleetOwner;
+use crate::exec::is_hash;
 
 /// The most bytes of a content one row holds.
 pub const PART_BYTES: usize = 8 << 20;
@@ -110,22 +111,8 @@ impl Batch {
 /// Writes each of `hashes` of `owner`'s to a file of `staging` named by
 /// it (made 0700, its files 0600): the store checks them. More than
 /// `max_bytes` together, a name that is no hash, or a part missing, is
-/// refused, and `staging` removed.
+/// refused (the caller removes `staging`).
 pub fn download(
-    client: &mut Client,
-    owner: &FleetOwner,
-    hashes: &[String],
-    staging: &Path,
-    max_bytes: u64,
-) -> Result<(), FleetError> {
-    let written = write_parts(client, owner, hashes, staging, max_bytes);
-    if written.is_err() {
-        let _ = fs::remove_dir_all(staging);
-    }
-    written
-}
-
-fn write_parts(
     client: &mut Client,
     owner: &FleetOwner,
     hashes: &[String],
@@ -230,24 +217,4 @@ pub fn remove_unnamed(tx: &mut Transaction<'_>, owner: &FleetOwner) -> Result<()
         &[&owner.user, &owner.delegate],
     )?;
     Ok(())
-}
-
-/// Whether `name` is a content's hash (BLAKE3, in hex), and so a plain
-/// file name.
-pub fn is_hash(name: &str) -> bool {
-    name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_hash_is_a_contents_name() {
-        assert!(is_hash(&"ab".repeat(32)));
-        assert!(!is_hash(&"AB".repeat(32)));
-        assert!(!is_hash("../../etc/passwd"));
-        assert!(!is_hash(&format!("{}/", "a".repeat(63))));
-        assert!(!is_hash(""));
-    }
 }

@@ -217,7 +217,11 @@ fn fetch(
         return Ok(None);
     };
     let hashes: Vec<String> = row.get(3);
-    contents::download(client, owner, &hashes, staging, max_bytes)?;
+    let downloaded = contents::download(client, owner, &hashes, staging, max_bytes);
+    if downloaded.is_err() {
+        let _ = fs::remove_dir_all(staging);
+    }
+    downloaded?;
     Ok(Some(Fetched {
         manifest: row.get(2),
         meta: row.get(4),

@@ -126,7 +126,10 @@ fn must_wait(
             },
             Some(generation) => generation,
         };
-        (claim(key, owner, generation), Step::Claiming(generation))
+        (
+            claim(key, owner, generation, false),
+            Step::Claiming(generation),
+        )
     } else {
         let disks = &exec.disks().store;
         let gone = fleet.kept.take_gone(key);
@@ -224,11 +227,8 @@ fn ask_claim(fleet: &mut Fleet, key: &Key, step: fn(i64) -> Step) -> bool {
         return false;
     }
     let step = step(generation);
-    let mut job = claim(key, owner, generation);
-    if let SessionJob::Claim { check, .. } = &mut job {
-        *check = matches!(step, Step::Checking(_));
-    }
-    match link.session(job) {
+    let check = matches!(step, Step::Checking(_));
+    match link.session(claim(key, owner, generation, check)) {
         Ok(()) => {
             fleet.kept.set_step(key, step);
             true
@@ -285,7 +285,7 @@ pub fn on_wake(
         };
         let sent = match (made, fleet_owner(key.0)) {
             (Ok(()), Ok(Some(owner))) => (fleet.link())
-                .and_then(|link| link.session(claim(&key, owner, generation)))
+                .and_then(|link| link.session(claim(&key, owner, generation, false)))
                 .map_err(|err| err.into_reply()),
             (Ok(()), _) => Err(ErrorReply::new(
                 ErrorCode::Internal,
@@ -508,7 +508,7 @@ fn published_news(
         return held;
     }
     // Work came while it was published: it is claimed before it wakes.
-    let sent = link.session(claim(&key, owner, generation));
+    let sent = link.session(claim(&key, owner, generation, false));
     fleet.kept.set_step(&key, Step::Claiming(generation));
     for work in held {
         fleet.kept.hold(&key, work);
@@ -604,13 +604,15 @@ fn went_to(key: &Key, by: Option<String>) -> ErrorReply {
     )
 }
 
-fn claim(key: &Key, owner: FleetOwner, generation: i64) -> SessionJob {
+/// Claims publication `generation` of session `key`; with `check`, only
+/// asks whose it is.
+fn claim(key: &Key, owner: FleetOwner, generation: i64, check: bool) -> SessionJob {
     SessionJob::Claim {
         key: key.clone(),
         owner,
         name: key.1.clone(),
         generation,
-        check: false,
+        check,
     }
 }
 

@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 
 use self::manifest::{remove_if_there, Damage, Entry, Hashes, ObjectError, StateRef};
 pub use self::manifest::{Manifest, StoreError};
+pub use self::objects::is_hash;
 use self::objects::Objects;
 use self::walk::Walk;
 use super::image::RunUser;

@@ -271,3 +271,12 @@ fn a_manifest_naming_an_object_by_anything_but_a_hash_is_refused() {
     );
     assert!(here.manifest(OWNER, "s9", "~hibernated").is_err());
 }
+
+#[test]
+fn only_a_hash_names_an_object() {
+    assert!(is_hash(&"ab".repeat(32)));
+    assert!(!is_hash(&"AB".repeat(32)));
+    assert!(!is_hash("../../etc/passwd"));
+    assert!(!is_hash(&format!("{}/", "a".repeat(63))));
+    assert!(!is_hash(""));
+}
