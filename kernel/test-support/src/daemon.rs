@@ -11,7 +11,7 @@ use agentos_proto::{Client, Opcode};
 
 use crate::binaries::agentosd;
 use crate::host::proc_status_field;
-use crate::wire::{assert_closed, recv, send};
+use crate::wire::assert_closed;
 
 /// A running daemon, killed on drop if still alive.
 #[derive(Debug)]
@@ -152,8 +152,15 @@ impl Daemon {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(mut probe) = UnixStream::connect(&self.socket) {
-                send(&mut probe, Opcode::EXIT, b"");
-                assert_eq!(recv(&mut probe).1, b"goodbye");
+                // A daemon that exits while starting resets what it has
+                // accepted: its log says why.
+                match send_exit(&mut probe) {
+                    Ok(reply) => assert_eq!(reply, b"goodbye"),
+                    Err(err) => panic!(
+                        "agentosd dropped its first connection ({err}); log:\n{}",
+                        self.log()
+                    ),
+                }
                 assert_closed(&mut probe);
                 return;
             }
@@ -240,6 +247,18 @@ impl Daemon {
         self.signal(libc::SIGTERM);
         self.wait(Duration::from_secs(10))
     }
+}
+
+/// Sends EXIT and reads the reply's payload.
+fn send_exit(probe: &mut UnixStream) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Write};
+    probe.write_all(&agentos_proto::encode_frame(Opcode::EXIT, 0, b""))?;
+    let mut header = [0u8; agentos_proto::HEADER_LEN];
+    probe.read_exact(&mut header)?;
+    let header = agentos_proto::Header::decode(&header).expect("a reply header");
+    let mut payload = vec![0u8; header.payload_len as usize];
+    probe.read_exact(&mut payload)?;
+    Ok(payload)
 }
 
 /// Starts an agentosd process whose config, log and agent logs live in `dir`.
