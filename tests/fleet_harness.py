@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
+import hmac
+import json
 import os
 import pwd
 import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
@@ -252,17 +258,20 @@ class Fleet:
     def node(self, name: str, lease_ms: int = 2000, extra: str = "",
              start: bool = True, joined: bool = True,
              env: Optional[dict[str, str]] = None,
-             face_port: Optional[int] = None) -> Node:
+             face_port: Optional[int] = None, mcp_port: Optional[int] = None) -> Node:
         """A node called ``name`` on a host of its own; the database's URL
         reaches it through the environment, as a service's would. Started,
         it is waited for until it has joined the fleet (``joined``; its
         socket answers before its kernel has). With ``face_port`` it
-        advertises an HTTP face on that port of its host's address."""
+        advertises an E2B face on that port of its host's address, and
+        with ``mcp_port`` an MCP face."""
         assert self.postgres is not None
         host = self.bridge.add_host()
         workdir = Path(tempfile.mkdtemp(prefix="agentos-test-"))
         advertise = (f'advertise = "http://{host.address}:{face_port}"\n'
                      if face_port else "")
+        if mcp_port:
+            advertise += f'advertise_mcp = "http://{host.address}:{mcp_port}"\n'
         config = f'[fleet]\nnode = "{name}"\nlease_ms = {lease_ms}\n{advertise}{extra}'
         node = Node(name, host, workdir, config,
                     {"AGENTOS_FLEET_DATABASE": self.postgres.url, **(env or {})})
@@ -304,3 +313,64 @@ def wait_for(what: str, check, timeout: float = 20.0, every: float = 0.1):
             return got
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(every)
+
+
+def signed(secret: str, by: str, to: str, method: str, target: str,
+           subject: str) -> dict[str, str]:
+    """The headers of a forward from node ``by`` to node ``to`` of
+    ``method`` ``target``, for ``subject`` (a sandbox, a session), signed
+    with ``secret``."""
+    now = int(time.time())
+    text = "".join(f"{part}\n" for part in (now, by, to, method, target, subject))
+    mac = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
+    return {"X-AgentOS-Forwarded-By": by, "X-AgentOS-Forward-Signature": f"t={now},v1={mac}"}
+
+
+def status_of(url: str, headers: dict[str, str], method: str = "GET",
+              data: Optional[bytes] = None) -> tuple[int, str]:
+    """The status and body of a request to a face."""
+    request = urllib.request.Request(url, headers=headers, method=method, data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+IMPOSTOR = '''
+import http.server, json, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(sys.argv[1], "a") as log:
+            log.write(json.dumps([self.path, str(self.headers)]) + "\\n")
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+    do_POST = do_DELETE = do_GET
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((sys.argv[2], int(sys.argv[3])), Handler).serve_forever()
+'''
+
+
+@contextlib.contextmanager
+def impostor(node: Node, port: int):
+    """An HTTP server at ``port`` of ``node``'s address that answers
+    everything; yields the (path, headers) it was sent, once it ends."""
+    log = Path(tempfile.mkstemp(prefix="agentos-impostor-")[1])
+    process = subprocess.Popen([*node.host.wrap(), sys.executable, "-c", IMPOSTOR, str(log),
+                                node.host.address, str(port)])
+    seen: list = []
+    try:
+        def listening():
+            probe = subprocess.run([*node.host.wrap(), "ss", "-ltnH", f"sport = :{port}"],
+                                   capture_output=True, text=True)
+            return probe.stdout.strip()
+        wait_for("the impostor listening", listening, timeout=10)
+        yield seen
+    finally:
+        process.kill()
+        process.wait()
+        seen.extend(json.loads(line) for line in log.read_text().splitlines())
+        log.unlink()

@@ -6,6 +6,7 @@ own, and says where: `token` is what it made, `auth` the header to send."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -40,18 +41,31 @@ class HttpServer:
         return {"Authorization": f"Bearer {self.token}"}
 
 
+def rpc_reply(body: bytes) -> dict:
+    """The JSON-RPC message in a JSON or an SSE response body."""
+    text = body.decode()
+    if text.lstrip().startswith("{"):
+        return json.loads(text)
+    messages = [line[len("data:"):] for line in text.splitlines() if line.startswith("data:")]
+    messages = [m for m in messages if m.strip()]
+    assert len(messages) == 1, text
+    return json.loads(messages[0])
+
+
 @contextlib.contextmanager
 def mcp_http_server(
-    socket_path: str, listen: str = "127.0.0.1:0", *flags: str, env: dict[str, str] | None = None
+    socket_path: str, listen: str = "127.0.0.1:0", *flags: str, env: dict[str, str] | None = None,
+    wrap: tuple[str, ...] = (),
 ) -> Iterator[HttpServer]:
     """Serves until the block ends, then checks that SIGTERM stops it
-    cleanly (exit status 0)."""
+    cleanly (exit status 0). `wrap` is a command prefix (a network
+    namespace's)."""
     config_home = tempfile.mkdtemp(prefix="agentos-mcp-config-")
     environment = {k: v for k, v in os.environ.items() if k != "AGENTOS_MCP_TOKEN"}
     environment["XDG_CONFIG_HOME"] = config_home
     environment.update(env or {})
     process = subprocess.Popen(
-        [binary("agentos"), "--socket", socket_path, "mcp", "--http", listen, *flags],
+        [*wrap, binary("agentos"), "--socket", socket_path, "mcp", "--http", listen, *flags],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True, env=environment,
     )

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import json
 import os
 import secrets
 import shutil
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from e2b_face import sdk_at, stop
-from fleet_harness import fleet
+from fleet_harness import fleet, impostor, signed, status_of
 
 FACE_PORT = 3000
 
@@ -36,25 +32,6 @@ def tag_of(node: str) -> str:
         tag += digits[number % 36]
         number //= 36
     return tag
-
-
-def signed(secret: str, by: str, to: str, method: str, target: str,
-           sandbox: str) -> dict[str, str]:
-    """The headers of a forward from node ``by`` to node ``to``, signed
-    with ``secret``."""
-    now = int(time.time())
-    text = "".join(f"{part}\n" for part in (now, by, to, method, target, sandbox))
-    mac = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
-    return {"X-AgentOS-Forwarded-By": by, "X-AgentOS-Forward-Signature": f"t={now},v1={mac}"}
-
-
-def status_of(url: str, headers: dict[str, str], method: str = "GET") -> tuple[int, str]:
-    request = urllib.request.Request(url, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 @contextlib.contextmanager
@@ -92,50 +69,6 @@ def faces(nodes, fleet_secret: str):
         for process in processes:
             stop(process)
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-IMPOSTOR = '''
-import http.server, json, sys
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        with open(sys.argv[1], "a") as log:
-            log.write(json.dumps([self.path, str(self.headers)]) + "\\n")
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-    do_POST = do_DELETE = do_GET
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer((sys.argv[2], int(sys.argv[3])), Handler).serve_forever()
-'''
-
-
-@contextlib.contextmanager
-def impostor(node):
-    """An HTTP server at ``node``'s face address that answers everything;
-    yields the (path, headers) it was sent, as they come."""
-    import subprocess
-    import sys
-
-    from fleet_harness import wait_for
-
-    log = Path(tempfile.mkstemp(prefix="agentos-impostor-")[1])
-    process = subprocess.Popen([*node.host.wrap(), sys.executable, "-c", IMPOSTOR, str(log),
-                                node.host.address, str(FACE_PORT)])
-    seen: list = []
-    try:
-        def listening():
-            probe = subprocess.run([*node.host.wrap(), "ss", "-ltnH", f"sport = :{FACE_PORT}"],
-                                   capture_output=True, text=True)
-            return probe.stdout.strip()
-        wait_for("the impostor listening", listening, timeout=10)
-        yield seen
-    finally:
-        process.kill()
-        process.wait()
-        seen.extend(json.loads(line) for line in log.read_text().splitlines())
-        log.unlink()
 
 
 def test_a_sandbox_is_used_through_another_nodes_face_and_forged_forwards_are_refused():
@@ -197,7 +130,7 @@ def test_a_sandbox_is_used_through_another_nodes_face_and_forged_forwards_are_re
             # is greeted first, cannot prove it is n1's face, and is sent
             # nothing of the client's.
             stop(processes[0])
-            with impostor(n1) as seen:
+            with impostor(n1, FACE_PORT) as seen:
                 status, body = status_of(url2 + f"/sandboxes/{sandbox_id}", {"X-API-KEY": key})
                 assert status == 502, (status, body)
                 assert "cannot be reached" in body and n1.host.address not in body, body

@@ -18,8 +18,8 @@ import pytest
 
 from agentos import AgentOSClient
 from conftest import log_of, wait_state
-from mcp_http import mcp_http_server
-from test_mcp_transports import ACCEPT, PING, post, rpc_reply, stateless_request
+from mcp_http import mcp_http_server, rpc_reply
+from test_mcp_transports import ACCEPT, PING, post, stateless_request
 from test_network import script_file
 
 NOBODY = 65534

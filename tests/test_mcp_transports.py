@@ -30,7 +30,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from agentos import AgentOSClient
 from conftest import Kernel, binary, kernel_with
-from mcp_http import HttpServer, mcp_http_server
+from mcp_http import HttpServer, mcp_http_server, rpc_reply
 from test_mcp_server import HINTS, TOOLS, annotations_of, effective_hints
 
 HANDSHAKE = "2025-11-25"
@@ -301,17 +301,6 @@ def post(
         connection.close()
 
 
-def rpc_reply(body: bytes) -> dict:
-    """The JSON-RPC message in a JSON or an SSE response body."""
-    text = body.decode()
-    if text.lstrip().startswith("{"):
-        return json.loads(text)
-    messages = [line[len("data:"):] for line in text.splitlines() if line.startswith("data:")]
-    messages = [m for m in messages if m.strip()]
-    assert len(messages) == 1, text
-    return json.loads(messages[0])
-
-
 PING = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
 
 
@@ -380,6 +369,14 @@ def test_http_against_a_hostile_client(kernel):
         assert status == 200 and rpc_reply(body) == {"jsonrpc": "2.0", "id": 1, "result": {}}
 
         status, _, _ = post(server, PING, path="/elsewhere")
+        assert status == 404
+        # A face in no fleet takes no claim to be a forward between nodes,
+        # nor a greeting: it has no secret to prove one with.
+        claim = {"X-AgentOS-Forwarded-By": "n2",
+                 "X-AgentOS-Forward-Signature": "t=0,v1=" + "0" * 64}
+        status, _, body = post(server, PING, claim)
+        assert status == 403 and b"no fleet secret" in body, body
+        status, _, _ = post(server, PING, claim, path="/.agentos/fleet-greeting?nonce=00")
         assert status == 404
 
         # After all of it: it answers, and runs code.
@@ -495,6 +492,9 @@ def test_unsafe_settings_are_refused_before_listening(kernel, tmp_path):
     )
     assert "--allow-origin" in refused_start(kernel, "--http", "0", "--allow-origin", "evil.example")
     assert "host:port" in refused_start(kernel, "--http", "somewhere:80")
+    # The fleet's secret, where the kernel is in no fleet.
+    secret = write_token(tmp_path, os.urandom(32).hex())
+    assert "in no fleet" in refused_start(kernel, "--http", "0", "--fleet-secret-file", str(secret))
     # There is no flag that puts the token on the command line, where ps
     # would show it.
     assert "--token" in refused_start(kernel, "--http", "0", "--token", "x" * 32)

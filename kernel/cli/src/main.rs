@@ -260,6 +260,12 @@ struct McpArgs {
     /// bound address (DNS rebinding guard). Repeatable
     #[arg(long, value_name = "HOST", requires = "http")]
     allow_host: Vec<String>,
+    /// With --http, on a node of a fleet: the fleet's secret (mode 600,
+    /// the same on every node), proving the forwards of tool calls whose
+    /// session names another node (NAME@NODE); else $AGENTOS_FLEET_SECRET;
+    /// else the face forwards nothing
+    #[arg(long, value_name = "PATH", requires = "http")]
+    fleet_secret_file: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -314,12 +320,15 @@ fn run(args: Args) -> Result<ExitCode, CliError> {
         }
         let transport = match mcp_args.http {
             None => mcp::Transport::Stdio,
-            Some(listen) => mcp::Transport::Http(mcp::HttpOptions {
-                listen,
-                token_file: mcp_args.token_file,
-                allow_origins: mcp_args.allow_origin,
-                allow_hosts: mcp_args.allow_host,
-            }),
+            Some(listen) => mcp::Transport::Http {
+                options: mcp::HttpOptions {
+                    listen,
+                    token_file: mcp_args.token_file,
+                    allow_origins: mcp_args.allow_origin,
+                    allow_hosts: mcp_args.allow_host,
+                },
+                fleet_secret_file: mcp_args.fleet_secret_file,
+            },
         };
         // Each tool call connects on its own, so an absent kernel is a
         // tool error the client sees, not a server that fails to start.

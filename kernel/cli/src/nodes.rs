@@ -48,8 +48,8 @@ pub fn nodes(
         return print_json(&reply);
     }
     println!(
-        "{:<2}{:<20} {:<9} {:>9} {:>6} {:>5} {:>5} {:<9} ADDRESS",
-        "", "NAME", "STATE", "LEASE AGE", "AGENTS", "RUNS", "LOAD", "VERSION"
+        "{:<2}{:<20} {:<9} {:>9} {:>6} {:>5} {:>5} {:<9} {:<26} MCP ADDRESS",
+        "", "NAME", "STATE", "LEASE AGE", "AGENTS", "RUNS", "LOAD", "VERSION", "ADDRESS"
     );
     for node in &reply.nodes {
         println!("{}", row(node, node.name == reply.node));
@@ -64,7 +64,7 @@ fn row(node: &NodeInfo, is_me: bool) -> String {
         (true, false) => "live",
     };
     format!(
-        "{:<2}{:<20} {:<9} {:>8.1}s {:>6} {:>5} {:>5.2} {:<9} {}",
+        "{:<2}{:<20} {:<9} {:>8.1}s {:>6} {:>5} {:>5.2} {:<9} {:<26} {}",
         if is_me { "*" } else { "" },
         node.name,
         state,
@@ -74,6 +74,7 @@ fn row(node: &NodeInfo, is_me: bool) -> String {
         node.load,
         node.version,
         node.advertise.as_deref().unwrap_or("-"),
+        node.advertise_mcp.as_deref().unwrap_or("-"),
     )
 }
 
@@ -86,6 +87,7 @@ mod tests {
         let mut node = NodeInfo {
             name: "n1".into(),
             advertise: None,
+            advertise_mcp: None,
             alive: true,
             lease_age_ms: 1500,
             draining: false,
@@ -101,9 +103,12 @@ mod tests {
         assert!(line.contains(" live ") && line.contains("1.5s"), "{line}");
         node.alive = false;
         node.advertise = Some("http://10.0.0.2:3000".into());
+        node.advertise_mcp = Some("http://10.0.0.2:8765".into());
         let line = row(&node, false);
         assert!(
-            line.contains(" dead ") && line.ends_with("http://10.0.0.2:3000"),
+            line.contains(" dead ")
+                && line.contains(" http://10.0.0.2:3000 ")
+                && line.ends_with(" http://10.0.0.2:8765"),
             "{line}"
         );
     }

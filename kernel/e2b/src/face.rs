@@ -10,12 +10,12 @@ use agentos_proto::payload::Limits;
 
 use crate::context_locks::ContextLocks;
 use crate::cpu_samples::CpuSamples;
-use crate::fleet::FleetFace;
 use crate::idempotency::Idempotency;
 use crate::keys::Keys;
 use crate::making::Making;
 use crate::tokens::EnvdTokens;
 use crate::watchers::Watchers;
+use agentos_http::fleet::FleetFace;
 
 /// What each sandbox is given, and how many one key holds.
 #[derive(Debug, Clone, Copy)]

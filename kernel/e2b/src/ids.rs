@@ -17,7 +17,7 @@ pub fn new_sandbox_id(tag: Option<&str>) -> Result<String, ApiError> {
     let fair = 256 - 256 % ALPHABET.len();
     let mut id = String::with_capacity(SANDBOX_ID_LEN);
     while id.len() < SANDBOX_ID_LEN {
-        let random = crate::random::bytes::<32>().map_err(random_failed)?;
+        let random = agentos_http::random::bytes::<32>().map_err(random_failed)?;
         for byte in random.iter().map(|byte| usize::from(*byte)) {
             if byte < fair && id.len() < SANDBOX_ID_LEN {
                 id.push(char::from(ALPHABET[byte % ALPHABET.len()]));

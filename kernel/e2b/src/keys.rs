@@ -23,7 +23,7 @@ use agentos_proto::payload::DelegateName;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::random::hex;
+use agentos_http::random::hex;
 
 /// The environment variable that gives one key.
 pub const KEY_ENV: &str = "AGENTOS_E2B_API_KEY";
@@ -231,7 +231,7 @@ pub fn add_key(path: &Path, name: &str) -> Result<String, KeysError> {
             name: name.to_owned(),
         });
     }
-    let random = crate::random::bytes::<MADE_KEY_BYTES>().map_err(KeysError::Random)?;
+    let random = agentos_http::random::bytes::<MADE_KEY_BYTES>().map_err(KeysError::Random)?;
     let key = format!("e2b_{}", hex(&random));
     let file_error = |error| KeysError::File {
         path: path.to_owned(),

@@ -23,14 +23,12 @@ mod cpu_samples;
 mod envd;
 mod face;
 mod fleet;
-mod forward;
 mod idempotency;
 mod ids;
 mod interpreter;
 pub mod keys;
 mod making;
 mod query;
-mod random;
 mod sandbox_api;
 mod service;
 mod signed;
@@ -41,6 +39,7 @@ mod watchers;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use agentos_http::fleet::{FaceKind, JoinError};
 use agentos_http::kernel_link::{KernelError, KernelLink, Wait};
 use agentos_http::token::{default_token_path, Origin, Token, TokenError};
 use agentos_http::{Face as HttpFace, HttpError, HttpOptions, KeyedPlan};
@@ -48,7 +47,6 @@ use agentos_proto::payload::{HelloReply, HelloRequest};
 use agentos_proto::Opcode;
 
 pub use face::Sizing;
-use fleet::FleetFace;
 use keys::{Keys, KeysError, KEY_ENV};
 
 /// The face, as `agentos_http` serves it.
@@ -79,9 +77,6 @@ pub struct E2bOptions {
     pub fleet_secret_file: Option<PathBuf>,
 }
 
-/// Where the fleet's secret may be given instead of a file.
-pub const FLEET_SECRET_ENV: &str = "AGENTOS_FLEET_SECRET";
-
 /// Why the face does not serve.
 #[derive(Debug, thiserror::Error)]
 pub enum E2bError {
@@ -99,11 +94,8 @@ pub enum E2bError {
          agentosd as root"
     )]
     KernelLacks { socket: String },
-    #[error(
-        "a fleet secret was given, but the kernel at {socket} is in no fleet (it has no \
-         [fleet]): there is no node to forward for"
-    )]
-    NoFleet { socket: String },
+    #[error(transparent)]
+    Fleet(#[from] JoinError),
 }
 
 /// Where `agentos e2b keys add` keeps keys, and where the face looks
@@ -166,38 +158,15 @@ pub async fn serve(options: E2bOptions) -> Result<(), E2bError> {
         });
     }
     let tokens = tokens::EnvdTokens::new(secret);
-    let fleet = fleet_of(&options, &hello)?;
+    let fleet = agentos_http::fleet::join(
+        FaceKind::E2b,
+        hello.node.as_deref(),
+        options.fleet_secret_file.as_deref(),
+        &options.socket,
+    )?;
     let serve = |site: &agentos_http::Site| {
         let face = face::Face::new(kernel, keys, tokens, site.clone(), options.sizing, fleet);
         service::E2bService::new(Arc::new(face))
     };
     Ok(agentos_http::serve_keyed(plan, serve).await?)
-}
-
-/// The face's part in its kernel's fleet: when the kernel is a node of
-/// one (HELLO names it) and the face has the fleet's secret.
-fn fleet_of(options: &E2bOptions, hello: &HelloReply) -> Result<Option<FleetFace>, E2bError> {
-    let secret = match (
-        &options.fleet_secret_file,
-        std::env::var_os(FLEET_SECRET_ENV),
-    ) {
-        (Some(path), _) => Some(Token::from_file(path, "--fleet-secret-file")?),
-        (None, Some(value)) => Some(Token::new(value.into_encoded_bytes(), FLEET_SECRET_ENV)?),
-        (None, None) => None,
-    };
-    match (&hello.node, secret) {
-        (Some(node), Some(secret)) => Ok(Some(FleetFace::new(node.clone(), secret))),
-        (Some(node), None) => {
-            eprintln!(
-                "agentos e2b: the kernel is node {node} of a fleet, but the face has no fleet \
-                 secret (--fleet-secret-file, ${FLEET_SECRET_ENV}): it answers for this node's \
-                 sandboxes only and forwards nothing"
-            );
-            Ok(None)
-        }
-        (None, Some(_)) => Err(E2bError::NoFleet {
-            socket: options.socket.display().to_string(),
-        }),
-        (None, None) => Ok(None),
-    }
 }

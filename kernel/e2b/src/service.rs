@@ -8,17 +8,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use agentos_http::Body;
-use agentos_http::RequestBody;
-use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use agentos_http::fleet::GREETING_PATH;
+use agentos_http::{forward, Body, RequestBody};
+use http::{header, HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Either, Limited};
 
 use crate::answer::no_content;
 use crate::answer::ApiError;
 use crate::control::{self, Control};
 use crate::face::Face;
-use crate::fleet::{Holder, FORWARDED_BY, FORWARD_ANSWER, FORWARD_SIGNATURE, GREETING_PATH};
-use crate::forward;
+use crate::fleet::{self, Holder};
 use crate::sandbox_api::{self, SANDBOX_ID_HEADER};
 use crate::tenant::Tenant;
 
@@ -63,10 +62,7 @@ async fn answer(face: &Face, request: Request<RequestBody>) -> Response<Body> {
         answer_here_or_there(face, request, sandbox, forward.is_some()).await
     };
     if let (Some(signature), Some(fleet)) = (forward, &face.fleet) {
-        let proof = fleet.answer_proof(fleet.node(), &signature);
-        if let Ok(proof) = HeaderValue::from_str(&proof) {
-            response.headers_mut().insert(FORWARD_ANSWER, proof);
-        }
+        fleet.prove_answer(response.headers_mut(), &signature);
     }
     response
 }
@@ -87,8 +83,21 @@ async fn answer_here_or_there(
         }
     }
     if let (false, Some(fleet), Some(sandbox)) = (forwarded, &face.fleet, &sandbox) {
-        match fleet.holder(&face.kernel, sandbox).await {
-            Ok(Holder::There(peer)) => return forward::relay(fleet, &peer, sandbox, request).await,
+        match fleet::holder(fleet, &face.kernel, sandbox).await {
+            Ok(Holder::There(peer)) => {
+                let request = request.map(Either::Left);
+                return match forward::relay(fleet, &peer, sandbox, request).await {
+                    Ok(answer) => answer,
+                    Err(_) => ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        format!(
+                            "sandbox {sandbox} is on another node of the fleet, which cannot be \
+                             reached now"
+                        ),
+                    )
+                    .into_response(),
+                };
+            }
             Ok(Holder::Here) => {}
             Err(err) => return err.into_response(),
         }
@@ -154,23 +163,14 @@ fn proven_forward(
     sandbox: Option<&str>,
 ) -> Result<Option<String>, ApiError> {
     let target = (request.uri().path_and_query()).map_or("/", |target| target.as_str());
-    match &face.fleet {
-        Some(fleet) => fleet.proven_forward(
-            request.headers(),
-            request.method(),
-            target,
-            sandbox.unwrap_or(""),
-        ),
-        None if claims_forward(request.headers()) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "a forward between the fleet's nodes, to a face that has no fleet secret",
-        )),
-        None => Ok(None),
-    }
-}
-
-fn claims_forward(headers: &HeaderMap) -> bool {
-    headers.contains_key(FORWARDED_BY) || headers.contains_key(FORWARD_SIGNATURE)
+    agentos_http::fleet::proven_forward(
+        face.fleet.as_ref(),
+        request.headers(),
+        request.method(),
+        target,
+        sandbox.unwrap_or(""),
+    )
+    .map_err(|unproven| ApiError::new(StatusCode::FORBIDDEN, unproven.to_string()))
 }
 
 /// A 401 unless the request carries one `X-API-KEY` the face knows.

@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use tower_service::Service;
 
 use crate::connections::Place;
+use crate::fleet::{FleetFace, GREETING_PATH};
 use crate::guard::{Ends, Guard};
 use crate::plan::Face;
 use crate::request_body::RequestBody;
@@ -40,6 +41,7 @@ pub struct Gate<S> {
     pub face: Face,
     pub token: Token,
     pub guard: Arc<Guard>,
+    pub fleet: Option<Arc<FleetFace>>,
 }
 
 impl<S> Handle for Gate<S>
@@ -58,6 +60,9 @@ where
         place: &Place,
     ) -> Response<Body> {
         let face = &self.face;
+        if let (Some(fleet), GREETING_PATH) = (&self.fleet, request.uri().path()) {
+            return greeting(fleet, &request);
+        }
         if request.uri().path() != face.path {
             return plain(
                 StatusCode::NOT_FOUND,
@@ -181,6 +186,25 @@ where
     match answered {
         Ok(response) => response,
         Err(never) => match never {},
+    }
+}
+
+/// The answer to another node's greeting, which carries no token: proven,
+/// an empty one proving this node in turn; else 403.
+fn greeting<B>(fleet: &FleetFace, request: &Request<B>) -> Response<Body> {
+    let target = (request.uri().path_and_query()).map_or("/", |target| target.as_str());
+    match fleet.proven_forward(request.headers(), request.method(), target, "") {
+        Ok(Some(signature)) => {
+            let mut response = Response::new(Full::new(Bytes::new()).boxed());
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            fleet.prove_answer(response.headers_mut(), &signature);
+            response
+        }
+        Ok(None) => plain(
+            StatusCode::FORBIDDEN,
+            "Forbidden: a greeting is between the fleet's nodes".to_owned(),
+        ),
+        Err(unproven) => plain(StatusCode::FORBIDDEN, format!("Forbidden: {unproven}")),
     }
 }
 

@@ -61,11 +61,14 @@
 //! ```
 
 pub mod connections;
+pub mod fleet;
+pub mod forward;
 mod gate;
 mod guard;
 pub mod kernel_link;
 pub mod peer;
 mod plan;
+pub mod random;
 mod request_body;
 mod serve;
 pub mod token;

@@ -4,9 +4,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::fleet::FleetFace;
 use crate::token::{default_token_path, effective_uid, Origin, Token, TokenError};
 
 /// One HTTP face of the CLI (`agentos mcp --http`): what its messages,
@@ -90,6 +92,9 @@ pub struct HttpPlan {
     pub(crate) listening: Listening,
     pub(crate) token: Token,
     pub(crate) token_origin: Origin,
+    /// The face's part in a fleet: its gate answers other nodes'
+    /// greetings ([`crate::fleet::GREETING_PATH`]).
+    pub(crate) fleet: Option<Arc<FleetFace>>,
 }
 
 /// Everything decided before the socket opens, for a face that proves
@@ -163,7 +168,17 @@ impl HttpPlan {
             listening: Listening::new(face, options, address, only_uid)?,
             token,
             token_origin,
+            fleet: None,
         })
+    }
+
+    /// The face as a node's, in a fleet: other nodes' faces greet it
+    /// before they forward to it.
+    pub fn in_fleet(self, fleet: Arc<FleetFace>) -> HttpPlan {
+        HttpPlan {
+            fleet: Some(fleet),
+            ..self
+        }
     }
 }
 

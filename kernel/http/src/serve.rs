@@ -58,6 +58,7 @@ where
         listening,
         token,
         token_origin,
+        fleet,
     } = plan;
     let face = listening.face;
     let made = match &token_origin {
@@ -80,6 +81,7 @@ where
         face,
         token,
         guard,
+        fleet,
     };
     listen(listening, gate, told).await
 }

@@ -18,8 +18,12 @@ pub struct FleetConfig {
     pub database: Option<DatabaseUrl>,
     /// This node's name in the fleet. Default: the host name.
     pub node: Option<String>,
-    /// Where other nodes reach this node's HTTP face (`http://HOST:PORT`).
+    /// Where other nodes reach this node's `agentos e2b` face
+    /// (`http://HOST:PORT`).
     pub advertise: Option<String>,
+    /// Where other nodes reach this node's `agentos mcp --http` face
+    /// (`http://HOST:PORT`).
+    pub advertise_mcp: Option<String>,
     /// How long a node's lease lasts unrenewed, in milliseconds: a node
     /// silent for longer is dead to the fleet, by the database's clock.
     pub lease_ms: u64,
@@ -35,6 +39,7 @@ impl Default for FleetConfig {
             database: None,
             node: None,
             advertise: None,
+            advertise_mcp: None,
             lease_ms: 10_000,
             connect_timeout_ms: 5_000,
             max_tasks: 8,
@@ -69,12 +74,14 @@ impl FleetConfig {
                 );
             }
         }
-        if let Some(url) = &self.advertise {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return invalid(
-                    "fleet.advertise",
-                    format!("{url:?} is not an http:// or https:// URL"),
-                );
+        for (field, url) in [
+            ("fleet.advertise", &self.advertise),
+            ("fleet.advertise_mcp", &self.advertise_mcp),
+        ] {
+            if let Some(url) = url {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return invalid(field, format!("{url:?} is not an http:// or https:// URL"));
+                }
             }
         }
         if !(1_000..=600_000).contains(&self.lease_ms) {

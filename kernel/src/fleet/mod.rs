@@ -98,6 +98,7 @@ impl Fleet {
             node: config.node_name(),
             incarnation: i64::from_ne_bytes(incarnation),
             advertise: config.advertise.clone(),
+            advertise_mcp: config.advertise_mcp.clone(),
             lease: Duration::from_millis(config.lease_ms),
         };
         let status = Arc::new(Mutex::new(Status::default()));

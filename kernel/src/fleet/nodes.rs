@@ -18,6 +18,7 @@ pub struct Registration {
     pub node: String,
     pub incarnation: i64,
     pub advertise: Option<String>,
+    pub advertise_mcp: Option<String>,
     pub lease: Duration,
 }
 
@@ -34,12 +35,14 @@ pub struct Figures {
 pub fn register(client: &mut Client, me: &Registration) -> Result<(), FleetError> {
     let taken = client.query_opt(
         "INSERT INTO agentos_nodes
-            (name, incarnation, advertise, version, reads_schema, lease_until, lease_ms)
+            (name, incarnation, advertise, version, reads_schema, lease_until, lease_ms,
+             advertise_mcp)
          VALUES ($1, $2, $3, $4, $5, now() + $6::float8 * interval '1 millisecond',
-                 $6::float8::integer)
+                 $6::float8::integer, $7)
          ON CONFLICT (name) DO UPDATE SET
             incarnation = EXCLUDED.incarnation,
             advertise = EXCLUDED.advertise,
+            advertise_mcp = EXCLUDED.advertise_mcp,
             version = EXCLUDED.version,
             reads_schema = EXCLUDED.reads_schema,
             started_at = now(),
@@ -56,6 +59,7 @@ pub fn register(client: &mut Client, me: &Registration) -> Result<(), FleetError
             &env!("CARGO_PKG_VERSION"),
             &READS,
             &lease_ms(me.lease),
+            &me.advertise_mcp,
         ],
     )?;
     if taken.is_some() {
@@ -129,7 +133,7 @@ pub fn list(client: &mut Client) -> Result<Vec<NodeInfo>, FleetError> {
         "SELECT name, advertise, lease_until > now(),
                 GREATEST(EXTRACT(EPOCH FROM now() - renewed_at), 0)::float8 * 1000,
                 draining, agents, runs, load, version, reads_schema,
-                EXTRACT(EPOCH FROM started_at)::float8
+                EXTRACT(EPOCH FROM started_at)::float8, advertise_mcp
          FROM agentos_nodes ORDER BY name",
         &[],
     )?;
@@ -147,6 +151,7 @@ pub fn list(client: &mut Client) -> Result<Vec<NodeInfo>, FleetError> {
             version: row.get(8),
             reads_schema: row.get(9),
             started_at: row.get(10),
+            advertise_mcp: row.get(11),
         })
         .collect())
 }

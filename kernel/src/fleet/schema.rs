@@ -105,6 +105,8 @@ const MIGRATIONS: &[&str] = &[
         claimed_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (owner_user, owner_delegate, name, generation)
     )",
+    // 5: where a node's MCP face is reached.
+    "ALTER TABLE agentos_nodes ADD COLUMN advertise_mcp text",
 ];
 
 /// The newest schema version this node reads and writes.

@@ -88,8 +88,11 @@ pub struct NodesReply {
 pub struct NodeInfo {
     /// Its name.
     pub name: String,
-    /// Where its HTTP face is reached, if it said.
+    /// Where its `agentos e2b` face is reached, if it said.
     pub advertise: Option<String>,
+    /// Where its `agentos mcp --http` face is reached, if it said.
+    #[serde(default)]
+    pub advertise_mcp: Option<String>,
     /// Whether its lease is current, by the database's clock.
     pub alive: bool,
     /// Milliseconds since it last renewed its lease.

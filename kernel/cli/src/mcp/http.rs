@@ -13,15 +13,19 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use agentos_http::{Body, Face, Site};
+use agentos_http::fleet::{proven_forward, FleetFace};
+use agentos_http::{plain, Body, Face, Site};
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use rmcp::model::{ClientJsonRpcMessage, ErrorData, JsonRpcVersion2_0, RequestId};
+use rmcp::model::{ClientJsonRpcMessage, ErrorData, RequestId};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
+use super::fleet::{self, Routed};
+use super::kernel::KernelLink;
+use super::refusal::refusal;
 use super::server::AgentosServer;
 
 /// The MCP face: its messages (`agentos mcp: ...`), its token (kept as
@@ -40,11 +44,20 @@ pub const FACE: Face = Face {
 #[derive(Clone)]
 pub struct McpEndpoint {
     mcp: StreamableHttpService<AgentosServer, NeverSessionManager>,
+    kernel: KernelLink,
+    /// The face's part in its node's fleet, if it forwards.
+    fleet: Option<Arc<FleetFace>>,
 }
 
 impl McpEndpoint {
-    /// rmcp's service for `server`, accepting the site's hosts and origins.
-    pub fn new(server: AgentosServer, site: &Site) -> McpEndpoint {
+    /// rmcp's service for `server`, accepting the site's hosts and
+    /// origins; in a fleet, forwarding what another node's `fleet` holds.
+    pub fn new(
+        server: AgentosServer,
+        kernel: KernelLink,
+        site: &Site,
+        fleet: Option<Arc<FleetFace>>,
+    ) -> McpEndpoint {
         let config = StreamableHttpServerConfig::default()
             // No server-side sessions: the server keeps no state per
             // client (EXEC sessions live in the kernel, per uid), so a
@@ -65,26 +78,64 @@ impl McpEndpoint {
             Arc::new(NeverSessionManager::default()),
             config,
         );
-        McpEndpoint { mcp }
+        McpEndpoint { mcp, kernel, fleet }
     }
 
+    /// The answer to one request; to another node's proven forward, with
+    /// the proof that this node answered it.
     async fn handle(self, request: Request<Full<Bytes>>) -> Response<Body> {
-        if request.method() != Method::POST {
-            // GET and DELETE carry no message; rmcp answers them (a 405,
-            // as there are no sessions to stream or end).
-            return self.mcp.handle(request).await;
-        }
         let (parts, body) = request.into_parts();
         let body = match body.collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(never) => match never {},
         };
+        let session = fleet::session_named(&body);
+        let target = (parts.uri.path_and_query()).map_or("/", |target| target.as_str());
+        let forward = match proven_forward(
+            self.fleet.as_deref(),
+            &parts.headers,
+            &parts.method,
+            target,
+            session.as_deref().unwrap_or(""),
+        ) {
+            Ok(forward) => forward,
+            Err(unproven) => return plain(StatusCode::FORBIDDEN, format!("Forbidden: {unproven}")),
+        };
+        let mut response = self
+            .answer_here_or_there(parts, body, session, forward.is_some())
+            .await;
+        if let (Some(signature), Some(fleet)) = (forward, &self.fleet) {
+            fleet.prove_answer(response.headers_mut(), &signature);
+        }
+        response
+    }
+
+    /// The answer to a request: here, or, for another node's session
+    /// (unless it was `forwarded` here), by that node's face.
+    async fn answer_here_or_there(
+        &self,
+        parts: http::request::Parts,
+        body: Bytes,
+        session: Option<String>,
+        forwarded: bool,
+    ) -> Response<Body> {
+        if parts.method != Method::POST {
+            // GET and DELETE carry no message; rmcp answers them (a 405,
+            // as there are no sessions to stream or end).
+            return self
+                .mcp
+                .handle(Request::from_parts(parts, Full::new(body)))
+                .await;
+        }
         if let Some(refusal) = refuse_malformed(&body) {
             return refusal;
         }
-        self.mcp
-            .handle(Request::from_parts(parts, Full::new(body)))
-            .await
+        let request = Request::from_parts(parts, Full::new(body));
+        let fleet = self.fleet.as_deref();
+        match fleet::route(fleet, &self.kernel, request, session.as_deref(), forwarded).await {
+            Routed::Here(here) => self.mcp.handle(here).await,
+            Routed::Answered(answer) => answer,
+        }
     }
 }
 
@@ -107,15 +158,6 @@ impl tower_service::Service<Request<Full<Bytes>>> for McpEndpoint {
         let endpoint = self.clone();
         Box::pin(async move { Ok(endpoint.handle(request).await) })
     }
-}
-
-/// A JSON-RPC error answering a request that could not be read: its id
-/// is null when the request's own is not to be had.
-#[derive(Serialize)]
-struct JsonRpcRefusal {
-    jsonrpc: JsonRpcVersion2_0,
-    id: Option<RequestId>,
-    error: ErrorData,
 }
 
 /// A request's id, if it has a usable one, whatever else it is.
@@ -148,21 +190,7 @@ fn refuse_malformed(body: &[u8]) -> Option<Response<Body>> {
     let id = serde_json::from_slice::<RequestIdOnly>(body)
         .ok()
         .and_then(|only| only.id);
-    let refusal = JsonRpcRefusal {
-        jsonrpc: JsonRpcVersion2_0,
-        id,
-        error,
-    };
-    // Nothing in it can fail to serialise; an empty body says as much
-    // as the status does, should it ever.
-    let json = serde_json::to_vec(&refusal).unwrap_or_default();
-    let mut response = Response::new(Full::new(Bytes::from(json)).boxed());
-    *response.status_mut() = StatusCode::BAD_REQUEST;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Some(response)
+    Some(refusal(StatusCode::BAD_REQUEST, id, error))
 }
 
 #[cfg(test)]

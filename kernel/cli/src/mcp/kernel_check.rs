@@ -43,6 +43,8 @@ const FINDING_TOOLS: &str = "The kernel's MCP servers' tools are not tools of th
 #[derive(Debug)]
 pub struct Found {
     tool_servers: Option<Vec<ServerInfo>>,
+    /// The kernel's node, in a fleet.
+    pub node: Option<String>,
 }
 
 /// Connects to the kernel and says HELLO, within [`LOOK_LIMIT`]: what a
@@ -52,6 +54,7 @@ pub async fn look(kernel: &KernelLink) -> Result<Found, KernelError> {
     match tokio::time::timeout(LOOK_LIMIT, hello).await {
         Ok(reply) => reply.map(|hello| Found {
             tool_servers: hello.tool_servers,
+            node: hello.node,
         }),
         Err(_) => Err(KernelError::NoReply(LOOK_LIMIT)),
     }
@@ -62,8 +65,11 @@ pub fn instructions(socket: &Path, looked: &Result<Found, KernelError>) -> Strin
     let why = match looked {
         Ok(Found {
             tool_servers: Some(servers),
+            ..
         }) => return format!("{ABOUT}\n\n{} {FINDING_TOOLS}", servers_named(servers)),
-        Ok(Found { tool_servers: None }) => return format!("{ABOUT}\n\n{FINDING_TOOLS}"),
+        Ok(Found {
+            tool_servers: None, ..
+        }) => return format!("{ABOUT}\n\n{FINDING_TOOLS}"),
         // Its own message repeats the path and the hint said below.
         Err(KernelError::Unreachable { error, .. }) => error.to_string(),
         Err(other) => other.to_string(),
@@ -110,6 +116,7 @@ mod tests {
     fn answered(servers: Option<Vec<ServerInfo>>) -> String {
         let found = Found {
             tool_servers: servers,
+            node: None,
         };
         instructions(Path::new("/s.sock"), &Ok(found))
     }

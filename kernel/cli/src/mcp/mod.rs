@@ -19,11 +19,13 @@ mod agents;
 mod arguments;
 mod catalogue;
 mod exec;
+mod fleet;
 mod http;
 mod kernel;
 mod kernel_check;
 mod long_work;
 mod prompt;
+mod refusal;
 mod resources;
 mod results;
 mod schema;
@@ -36,10 +38,12 @@ mod tool_error;
 mod trace;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::ServiceExt;
 
+use agentos_http::fleet::{join, secret_given, FaceKind, JoinError};
 pub use agentos_http::HttpOptions;
 use agentos_http::{HttpError, HttpPlan};
 use http::{McpEndpoint, FACE};
@@ -50,8 +54,13 @@ use server::AgentosServer;
 pub enum Transport {
     /// JSON-RPC lines on stdin and stdout, until the client closes them.
     Stdio,
-    /// Streamable HTTP, until SIGINT or SIGTERM.
-    Http(HttpOptions),
+    /// Streamable HTTP, until SIGINT or SIGTERM; on a node of a fleet,
+    /// with the fleet's secret from this file (else
+    /// `$AGENTOS_FLEET_SECRET`), forwarding what other nodes hold.
+    Http {
+        options: HttpOptions,
+        fleet_secret_file: Option<PathBuf>,
+    },
 }
 
 /// Why the server stopped, or never started.
@@ -59,6 +68,12 @@ pub enum Transport {
 pub enum ServeError {
     #[error(transparent)]
     Http(#[from] HttpError),
+    #[error(transparent)]
+    Fleet(#[from] JoinError),
+    /// A fleet's secret was given, but the kernel did not say which node
+    /// it is.
+    #[error("a fleet secret was given, but the kernel did not say which node it is: {0}")]
+    NodeUnknown(String),
     /// The runtime that drives the server could not be built.
     #[error(transparent)]
     Runtime(std::io::Error),
@@ -77,7 +92,7 @@ pub fn serve(socket: PathBuf, transport: Transport) -> Result<(), ServeError> {
     // Flags are checked before anything starts.
     let plan = match &transport {
         Transport::Stdio => None,
-        Transport::Http(options) => Some(HttpPlan::new(FACE, options)?),
+        Transport::Http { options, .. } => Some(HttpPlan::new(FACE, options)?),
     };
     // A server outlives its peers: a client that hangs up mid-answer, or
     // a kernel connection closed under a call, is an EPIPE for the one
@@ -106,13 +121,37 @@ pub fn serve(socket: PathBuf, transport: Transport) -> Result<(), ServeError> {
     if let (Err(err), Transport::Stdio) = (&looked, &transport) {
         eprintln!("agentos mcp: {err}");
     }
+    let fleet = match (&transport, &looked) {
+        (Transport::Stdio, _) => None,
+        (
+            Transport::Http {
+                fleet_secret_file, ..
+            },
+            looked,
+        ) => {
+            let node = match looked {
+                Ok(found) => found.node.as_deref(),
+                Err(err) if secret_given(fleet_secret_file.as_deref()) => {
+                    return Err(ServeError::NodeUnknown(err.to_string()));
+                }
+                Err(_) => None,
+            };
+            let socket = kernel.socket();
+            let joined = join(FaceKind::Mcp, node, fleet_secret_file.as_deref(), socket)?;
+            joined.map(Arc::new)
+        }
+    };
     let instructions = kernel_check::instructions(kernel.socket(), &looked);
-    let server = AgentosServer::new(kernel, instructions);
+    let server = AgentosServer::new(kernel.clone(), instructions);
     let served = runtime.block_on(async move {
         match plan {
             None => serve_stdio(server).await,
             Some(plan) => {
-                let endpoint = |site: &_| McpEndpoint::new(server, site);
+                let plan = match &fleet {
+                    Some(fleet) => plan.in_fleet(Arc::clone(fleet)),
+                    None => plan,
+                };
+                let endpoint = |site: &_| McpEndpoint::new(server, kernel, site, fleet);
                 Ok(agentos_http::serve(plan, endpoint).await?)
             }
         }

@@ -19,12 +19,12 @@ use super::context::Control;
 use super::shapes::{Lifecycle, ListedSandbox, SandboxAccess};
 use crate::answer::{json, ApiError};
 use crate::face::Face;
-use crate::fleet::FleetFace;
 use crate::idempotency::{Claim, Outcome};
 use crate::ids::new_sandbox_id;
 use crate::tenant::{
     IDEMPOTENCY_LABEL, ON_TIMEOUT_LABEL, OWN_LABEL_PREFIX, STARTED_LABEL, TEMPLATE_LABEL,
 };
+use agentos_http::fleet::FleetFace;
 
 /// A sandbox's lifetime when create or connect names none (E2B's).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;

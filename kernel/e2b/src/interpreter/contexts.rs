@@ -197,9 +197,9 @@ pub async fn restart(session: &Session, context: &Context) -> Result<(), Connect
 
 /// A new context id: 32 lower-case hex digits.
 fn new_id() -> Result<String, ConnectError> {
-    let random = crate::random::bytes::<16>()
+    let random = agentos_http::random::bytes::<16>()
         .map_err(|err| ConnectError::new("internal", format!("reading random bytes: {err}")))?;
-    Ok(crate::random::hex(&random))
+    Ok(agentos_http::random::hex(&random))
 }
 
 #[cfg(test)]

@@ -318,7 +318,7 @@ impl LineReader {
 /// An execution's id: the context answers with it, so answers of an
 /// execution interrupted before are not taken for this one's.
 fn random_id() -> Result<u64, ConnectError> {
-    let random = crate::random::bytes::<8>()
+    let random = agentos_http::random::bytes::<8>()
         .map_err(|err| ConnectError::new("internal", format!("reading random bytes: {err}")))?;
     // JSON numbers above 2^53 lose digits in some readers.
     Ok(u64::from_le_bytes(random) >> 12)

@@ -1,5 +1,5 @@
 //! Random bytes from the kernel's pool (/dev/urandom, which never
-//! blocks), for the ids and keys the face makes.
+//! blocks), for the ids, keys and nonces the faces make.
 
 use std::fs::File;
 use std::io::{self, Read};

@@ -1,11 +1,11 @@
-//! A request for another node's sandbox, relayed to that node's face: its
-//! method, target, headers and body as they came (but those of this hop's
-//! connection), with the fleet's proof added; the answer, once it proves
-//! it comes from that node, streamed back as it comes, so a command's
-//! output arrives while it runs.
+//! A request for what another node holds, relayed to that node's face:
+//! its method, target, headers and body as they came (but those of this
+//! hop's connection), with the fleet's proof added; the answer, once it
+//! proves it comes from that node, streamed back as it comes, so a
+//! command's output arrives while it runs.
 //!
 //! What went wrong reaching another node is this face's log's, not the
-//! client's: the client is told only that the sandbox's node cannot be
+//! client's: the client is to be told only that the node cannot be
 //! reached now.
 
 use std::convert::Infallible;
@@ -13,20 +13,19 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use agentos_http::{Body, RequestBody};
 use bytes::Bytes;
-use http::{header, HeaderMap, Method, Request, Response, StatusCode, Uri};
+use http::{header, HeaderMap, Method, Request, Response, Uri};
 use http_body::Frame;
-use http_body_util::{BodyExt, Either, Empty};
+use http_body_util::{BodyExt, Either, Empty, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::answer::ApiError;
 use crate::fleet::{
     FleetFace, Peer, Signed, FORWARDED_BY, FORWARD_ANSWER, FORWARD_SIGNATURE, GREETING_PATH,
 };
+use crate::{Body, RequestBody};
 
 /// How long connecting to another node's face may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,39 +43,40 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-/// Relays `request`, for sandbox `sandbox`, to `peer`'s face.
+/// A request's body as a face relays it: as it streams in, or read whole
+/// (when the face had to read it to know where it goes).
+pub type Relayable = Either<RequestBody, Full<Bytes>>;
+
+/// Relays `request`, for `subject` (a sandbox, a session), to `peer`'s
+/// face. Why it failed goes to the face's log, and what was known of the
+/// fleet's nodes is asked again next time.
 pub async fn relay(
     fleet: &FleetFace,
     peer: &Peer,
-    sandbox: &str,
-    request: Request<RequestBody>,
-) -> Response<Body> {
-    match relayed(fleet, peer, sandbox, request).await {
-        Ok(answer) => answer,
-        Err(Unreached(why)) => {
-            eprintln!(
-                "agentos e2b: forwarding a request for sandbox {sandbox} to node {}: {why}",
-                peer.name
-            );
-            fleet.forget_peers();
-            ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                format!("sandbox {sandbox} is on another node of the fleet, which cannot be reached now"),
-            )
-            .into_response()
-        }
+    subject: &str,
+    request: Request<Relayable>,
+) -> Result<Response<Body>, Unreached> {
+    let relayed = relayed(fleet, peer, subject, request).await;
+    if let Err(Unreached(why)) = &relayed {
+        eprintln!(
+            "agentos {}: forwarding a request for {subject} to node {}: {why}",
+            fleet.face(),
+            peer.name
+        );
+        fleet.forget_peers();
     }
+    relayed
 }
 
 /// Why another node's face was not reached, for the log.
 #[derive(Debug)]
-struct Unreached(String);
+pub struct Unreached(String);
 
 async fn relayed(
     fleet: &FleetFace,
     peer: &Peer,
-    sandbox: &str,
-    request: Request<RequestBody>,
+    subject: &str,
+    request: Request<Relayable>,
 ) -> Result<Response<Body>, Unreached> {
     let unreachable = Unreached;
     if !peer.alive {
@@ -101,8 +101,8 @@ async fn relayed(
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(FORWARDED_BY);
     parts.headers.remove(FORWARD_SIGNATURE);
-    let Signed { headers, signature } = (fleet.sign(&peer.name, &parts.method, &target, sandbox))
-        .map_err(|err| unreachable(err.message))?;
+    let Signed { headers, signature } = (fleet.sign(&peer.name, &parts.method, &target, subject))
+        .map_err(|err| unreachable(err.to_string()))?;
     for (name, value) in headers {
         parts.headers.insert(name, value);
     }
@@ -151,14 +151,14 @@ async fn relayed(
 async fn greet(
     fleet: &FleetFace,
     peer: &Peer,
-    sender: &mut SendRequest<Either<Empty<Bytes>, RequestBody>>,
+    sender: &mut SendRequest<Either<Empty<Bytes>, Relayable>>,
     authority: &str,
 ) -> Result<(), Unreached> {
     let failed = |err: &dyn std::fmt::Display| Unreached(err.to_string());
     let nonce = crate::random::bytes::<16>().map_err(|err| failed(&err))?;
     let target = format!("{GREETING_PATH}?nonce={}", crate::random::hex(&nonce));
     let Signed { headers, signature } =
-        (fleet.sign(&peer.name, &Method::GET, &target, "")).map_err(|err| failed(&err.message))?;
+        (fleet.sign(&peer.name, &Method::GET, &target, "")).map_err(|err| failed(&err))?;
     let mut greeting = Request::get(target.as_str())
         .header(header::HOST, authority)
         .body(Either::Left(Empty::<Bytes>::new()))
@@ -222,7 +222,7 @@ impl http_body::Body for Relayed {
         match Pin::new(&mut self.0).poll_frame(context) {
             Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
             Poll::Ready(Some(Err(err))) => {
-                eprintln!("agentos e2b: a forwarded answer was cut short: {err}");
+                eprintln!("agentos: a forwarded answer was cut short: {err}");
                 Poll::Ready(None)
             }
             Poll::Ready(None) => Poll::Ready(None),
