@@ -17,6 +17,7 @@ mod disk_error;
 mod fleet_staging;
 mod found;
 pub mod image;
+mod jobs;
 mod made;
 mod names;
 mod record;
@@ -53,7 +54,7 @@ use self::snapshots::Snapshots;
 use self::store::Store;
 pub use self::store::StoreError;
 pub use self::store::{is_hash, SnapshotFiles};
-pub use self::stored::Stored;
+pub use self::stored::{no_session, Stored};
 use self::templates::Templates;
 use self::volumes::{VolumeKey, VolumeUse, Volumes};
 pub use self::worker::{Asked, Attached, DiskError, Done};
@@ -78,7 +79,7 @@ pub struct SessionDisks {
     record_writes: RecordWrites,
     /// Every session with a disk, by owner and name.
     pub stored: Stored,
-    templates: Templates,
+    pub templates: Templates,
     /// Volumes, and who was given which.
     pub volumes: Volumes,
     /// Sessions' snapshots, as listed (they lie in the store, which the
@@ -689,12 +690,4 @@ impl SessionDisks {
             worker.finish(dirs);
         }
     }
-}
-
-/// `not_found` for session `key`.
-pub fn no_session(key: &SessionKey) -> ErrorReply {
-    ErrorReply::new(
-        ErrorCode::NotFound,
-        format!("no session {:?} (a run with `session` opens one)", key.1),
-    )
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use agentos_proto::payload::{SessionInfo, SessionState};
+use agentos_proto::{ErrorCode, ErrorReply};
 
 use super::found::{self, Found};
 use super::image::DiskDir;
@@ -315,4 +316,12 @@ impl Stored {
             }
         }
     }
+}
+
+/// `not_found` for session `key`.
+pub fn no_session(key: &SessionKey) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::NotFound,
+        format!("no session {:?} (a run with `session` opens one)", key.1),
+    )
 }
