@@ -16,7 +16,7 @@ use agentos_proto::{ErrorCode, ErrorReply};
 use super::children::Children;
 use super::disks::volumes::{VolumeKey, VolumeUse};
 use super::disks::{
-    Attached, DiskError, Done, SessionDisks, SnapshotFiles, StoreError, TemplateUse,
+    Attached, Brought, DiskError, Done, FleetFiles, SessionDisks, StoreError, TemplateUse,
 };
 use super::pool::Pool;
 use super::queues::Share;
@@ -64,10 +64,10 @@ pub struct DiskWork {
     making: HashMap<VolumeKey, ReplyTo>,
     /// Sessions hibernated for the fleet to keep, each with where its
     /// snapshot lies: for the kernel to publish.
-    pub to_fleet: Vec<(SessionKey, SnapshotFiles)>,
+    pub to_fleet: Vec<(SessionKey, FleetFiles)>,
     /// Sessions brought from the fleet into the store, each with whether
     /// it keeps globals, or why it was not.
-    pub imported: Vec<(SessionKey, Result<bool, StoreError>)>,
+    pub imported: Vec<(SessionKey, Brought)>,
     /// Sessions brought from the fleet made here on disks of their own,
     /// or why they were not (their records gone).
     pub made_from_fleet: Vec<(SessionKey, Result<(), DiskError>)>,
@@ -149,8 +149,8 @@ impl DiskWork {
                 }
                 Done::Published { name, result } => {
                     let record = result.as_ref().ok().cloned();
-                    self.store.build_ended(&name, record);
-                    let info = self.store.template_info(&name);
+                    self.store.templates.build_ended(&name, record);
+                    let info = self.store.templates.info(&name);
                     replies.extend(self.waits.published(&name, result.map(|_| info)));
                 }
                 Done::VolumeMade { key, result } => {
@@ -174,8 +174,14 @@ impl DiskWork {
                         self.store.volumes.mounted(key);
                     }
                 }
-                Done::Imported { key, result } => {
-                    let state = result.map(|manifest| manifest.state.is_some());
+                Done::Imported {
+                    key,
+                    result,
+                    template,
+                } => {
+                    let templates = &mut self.store.templates;
+                    let name = template.map(|(name, arrived)| templates.arrived(name, arrived));
+                    let state = result.map(|manifest| (manifest.state.is_some(), name));
                     self.imported.push((key, state));
                 }
                 Done::Snapshotted {
@@ -346,7 +352,7 @@ impl DiskWork {
         let Some(TemplateUse::Use(name)) = waiting.template.as_ref().filter(|_| plain) else {
             return None;
         };
-        let built = self.store.template_built_at(name)?;
+        let built = self.store.templates.built_at(name)?;
         let warm = self.warm.get_mut(name)?;
         while let Some((child, at)) = warm.pop() {
             if at == built && children.is_ready(child) {
@@ -390,7 +396,7 @@ impl DiskWork {
             if waiting_warm >= WARM_PER_TEMPLATE || pool.ready_count() < 2 {
                 continue;
             }
-            let Some(built) = self.store.template_built_at(&key) else {
+            let Some(built) = self.store.templates.built_at(&key) else {
                 self.kept_warm.remove(&key);
                 continue;
             };
@@ -502,7 +508,7 @@ impl DiskWork {
         };
         let key = self.store.find_template(owner, name)?;
         if let Some(opened_from) = opened_from.filter(|from| from.as_deref() != Some(&key)) {
-            let shown = |key: String| self.store.template_info(&key).map_or(key, |t| t.template);
+            let shown = |key: String| self.store.templates.info(&key).map_or(key, |t| t.template);
             let from = opened_from.map_or("no template".to_owned(), |t| {
                 format!("template {:?}", shown(t))
             });

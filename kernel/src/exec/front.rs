@@ -81,7 +81,8 @@ impl Exec {
         let cgroups = cgroups.filter(|_| available);
         let mut disks = SessionDisks::start(config, &dirs.state, Arc::clone(&waker));
         if config.fleet.database.is_some() && disks.available() {
-            disks.fleet_staging.turn_on(config.exec.snapshot_bytes);
+            let exec = &config.exec;
+            (disks.fleet_staging).turn_on(exec.snapshot_bytes, exec.template_disk_bytes);
         }
         let dispatcher = Dispatcher {
             pool: Pool::new(config, registry, token_base, dirs.tools, available)?,

@@ -77,7 +77,7 @@ pub use dirs::ExecDirs;
 pub use disk_work::Build;
 pub use disks::templates::key as template_key;
 pub use disks::volumes::VolumeUse;
-pub use disks::{is_hash, SessionRecord, StoreError};
+pub use disks::{is_hash, FleetFiles, ImportError, SessionRecord, StoreError, TemplateMoveError};
 pub use exec_host::HostId;
 pub use front::Exec;
 pub use procs::Answered;

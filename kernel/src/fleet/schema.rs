@@ -105,8 +105,10 @@ const MIGRATIONS: &[&str] = &[
         claimed_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (owner_user, owner_delegate, name, generation)
     )",
-    // 5: where a node's MCP face is reached.
-    "ALTER TABLE agentos_nodes ADD COLUMN advertise_mcp text",
+    // 5: where a node's MCP face is reached; the template a hibernated
+    // session carries.
+    "ALTER TABLE agentos_nodes ADD COLUMN advertise_mcp text;
+    ALTER TABLE agentos_sessions ADD COLUMN template bytea",
 ];
 
 /// The newest schema version this node reads and writes.

@@ -48,6 +48,8 @@ pub struct Publication {
     pub manifest: PathBuf,
     /// Its environment and labels, as JSON.
     pub meta: Vec<u8>,
+    /// The template it carries (JSON), whose image is among its contents.
+    pub template: Option<Vec<u8>>,
     /// Each content it names, with the file that holds it.
     pub contents: Vec<(String, PathBuf)>,
     /// The bytes of its files.
@@ -61,6 +63,8 @@ pub struct Fetched {
     pub manifest: Vec<u8>,
     /// Its environment and labels, as published.
     pub meta: Vec<u8>,
+    /// The template it carries, as published.
+    pub template: Option<Vec<u8>>,
     /// The directory its contents were written to, each by its hash, as
     /// the database holds them: the store checks them.
     pub staging: PathBuf,
@@ -86,13 +90,14 @@ pub enum Claim {
 pub enum SessionJob {
     Publish(Key, Publication),
     /// Fetches `owner`'s hibernated session `name` into `staging`, at
-    /// most `max_bytes` of it.
+    /// most `max_bytes` of it: of its snapshot, and of the image of the
+    /// template it carries.
     Fetch {
         key: Key,
         owner: FleetOwner,
         name: String,
         staging: PathBuf,
-        max_bytes: u64,
+        max_bytes: (u64, u64),
     },
     /// Claims (or forgets) publication `generation` of a session; with
     /// `check`, only asks whose it is.
@@ -170,12 +175,13 @@ fn publish(
     contents::upload(&mut tx, owner, &publication.contents)?;
     let published = tx.query_opt(
         "INSERT INTO agentos_sessions AS s
-            (owner_user, owner_delegate, name, node, generation, manifest, hashes, bytes, meta)
-         VALUES ($1, $2, $3, $4, nextval('agentos_session_generations'), $5, $6, $7, $8)
+            (owner_user, owner_delegate, name, node, generation, manifest, hashes, bytes, meta,
+             template)
+         VALUES ($1, $2, $3, $4, nextval('agentos_session_generations'), $5, $6, $7, $8, $9)
          ON CONFLICT (owner_user, owner_delegate, name) DO UPDATE
             SET generation = EXCLUDED.generation, manifest = EXCLUDED.manifest,
                 hashes = EXCLUDED.hashes, bytes = EXCLUDED.bytes, meta = EXCLUDED.meta,
-                hibernated_at = now()
+                template = EXCLUDED.template, hibernated_at = now()
             WHERE s.node = EXCLUDED.node
          RETURNING generation",
         &[
@@ -187,6 +193,7 @@ fn publish(
             &hashes,
             &bytes,
             &publication.meta,
+            &publication.template,
         ],
     )?;
     if published.is_none() {
@@ -200,24 +207,32 @@ fn publish(
 }
 
 /// Writes `owner`'s hibernated session `name`'s contents into `staging`,
-/// each under its hash, at most `max_bytes` together; claims nothing.
+/// each under its hash, at most `max_bytes` together: of its snapshot's,
+/// and of its template's image; claims nothing.
 fn fetch(
     client: &mut Client,
     owner: &FleetOwner,
     name: &str,
     staging: &Path,
-    max_bytes: u64,
+    (max_bytes, max_template_bytes): (u64, u64),
 ) -> Result<Option<Fetched>, FleetError> {
     let Some(row) = client.query_opt(
-        "SELECT node, generation, manifest, hashes, meta FROM agentos_sessions
+        "SELECT node, generation, manifest, hashes, meta, template FROM agentos_sessions
          WHERE owner_user = $1 AND owner_delegate = $2 AND name = $3",
         &[&owner.user, &owner.delegate, &name],
     )?
     else {
         return Ok(None);
     };
-    let hashes: Vec<String> = row.get(3);
-    let downloaded = contents::download(client, owner, &hashes, staging, max_bytes);
+    let mut hashes: Vec<String> = row.get(3);
+    let template: Option<Vec<u8>> = row.get(5);
+    let image = template.as_deref().map(image_hash).transpose()?;
+    hashes.retain(|hash| Some(hash) != image.as_ref());
+    let mut downloaded = contents::download(client, owner, &hashes, staging, max_bytes);
+    if let (Ok(()), Some(image)) = (&downloaded, image) {
+        let image = [image];
+        downloaded = contents::download(client, owner, &image, staging, max_template_bytes);
+    }
     if downloaded.is_err() {
         let _ = fs::remove_dir_all(staging);
     }
@@ -225,10 +240,24 @@ fn fetch(
     Ok(Some(Fetched {
         manifest: row.get(2),
         meta: row.get(4),
+        template,
         staging: staging.to_owned(),
         generation: row.get(1),
         node: row.get(0),
     }))
+}
+
+/// The hash of the image of the template a publication carries (JSON, as
+/// published; the node that wakes it checks the rest).
+fn image_hash(template: &[u8]) -> Result<String, FleetError> {
+    #[derive(serde::Deserialize)]
+    struct Image {
+        hash: String,
+    }
+    let image: Image = serde_json::from_slice(template).map_err(|err| {
+        FleetError::Unavailable(format!("the template it carries does not parse: {err}"))
+    })?;
+    Ok(image.hash)
 }
 
 /// Takes publication `generation` of `owner`'s session `name` out of the

@@ -22,7 +22,9 @@ use agentos_proto::payload::{ExecReply, ExecRequest};
 use agentos_proto::{ErrorCode, ErrorReply};
 
 use crate::address::{Answer, Reply, ReplyTo};
-use crate::exec::{Exec, SessionRecord, Share, StoreError};
+use crate::exec::{
+    Exec, FleetFiles, ImportError, SessionRecord, Share, StoreError, TemplateMoveError,
+};
 use crate::fleet::kept::{Held, HeldWork, Step, PUBLISHING};
 use crate::fleet::owners::fleet_owner;
 use crate::fleet::sessions::{Claim, Key, Publication, SessionJob, SessionNews};
@@ -255,19 +257,22 @@ pub fn on_wake(
             continue;
         };
         match imported {
-            Ok(state) => {
+            Ok((state, template)) => {
                 // Made here, it is claimed before any work wakes it, even
                 // after a restart: its record says so.
-                let meta = fleet.kept.carried(&key);
+                let carried = (fleet.kept.carried(&key), template);
                 exec.disks()
                     .store
-                    .wake_imported(&key, state, meta, generation);
+                    .wake_imported(&key, state, carried, generation);
                 fleet.kept.published(&key, generation);
                 fleet.kept.set_step(&key, Step::Restoring(generation));
             }
             Err(err) => {
                 let code = match err {
-                    StoreError::Full(_) => ErrorCode::LimitExceeded,
+                    ImportError::Store(StoreError::Full(_))
+                    | ImportError::Template(TemplateMoveError::TooLarge { .. }) => {
+                        ErrorCode::LimitExceeded
+                    }
                     _ => ErrorCode::Unavailable,
                 };
                 let why = format!(
@@ -331,13 +336,21 @@ fn publish(fleet: &mut Fleet, exec: &mut Exec) {
         let mut meta = record.meta.clone();
         meta.ends = None;
         let meta = serde_json::to_vec(&meta).unwrap_or_default();
+        // Its template's image goes as one more content.
+        let FleetFiles { snapshot, template } = files;
+        let mut contents = snapshot.contents;
+        let template = template.map(|image| {
+            contents.push((image.carried.hash.clone(), image.path));
+            serde_json::to_vec(&image.carried).unwrap_or_default()
+        });
         let publication = Publication {
             owner,
             name: key.1.clone(),
             meta,
-            manifest: files.manifest,
-            contents: files.contents,
-            bytes: files.bytes,
+            template,
+            manifest: snapshot.manifest,
+            contents,
+            bytes: snapshot.bytes,
         };
         match link.session(SessionJob::Publish(key.clone(), publication)) {
             Ok(()) => {
@@ -382,7 +395,16 @@ fn on_news(
                     key.1,
                     fetched.node
                 );
-                (exec.disks().store).import(&key, fetched.manifest, fetched.staging);
+                let files = (fetched.manifest, fetched.staging);
+                if let Err(refusal) = (exec.disks().store).import(&key, files, fetched.template) {
+                    let why = format!(
+                        "session {:?} cannot be brought from the fleet: {}",
+                        key.1, refusal.error
+                    );
+                    let refusal = ErrorReply::new(refusal.code, why);
+                    refuse_all(fleet.kept.settled(&key), &refusal, tasks, replies);
+                    return Vec::new();
+                }
                 fleet
                     .kept
                     .set_step(&key, Step::Importing(fetched.generation));

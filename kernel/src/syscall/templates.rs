@@ -65,7 +65,7 @@ pub fn handle(kernel: &mut Kernel, request: &Request<'_>, call: ExecCall) -> Out
     match call {
         ExecCall::Templates => reply(Ok(TemplatesReply {
             success: true,
-            templates: kernel.exec.disks().store.templates(principal),
+            templates: kernel.exec.disks().store.templates.list(principal),
         })),
         ExecCall::RemoveTemplate { template } => {
             // Agents ended for good no longer hold a template.

@@ -240,9 +240,11 @@ fn failing_servers_are_reported_and_never_hide_the_others_while_noops_stay_fast(
     }
     rtts.sort();
     let p99 = rtts[rtts.len() * 99 / 100];
-    // A kernel that waited on failing servers would answer in seconds;
-    // the bound is no measure of speed (benches measure that).
-    assert!(p99 < Duration::from_millis(100), "NOOP p99 {p99:?}");
+    // A kernel that waited on failing servers would answer in seconds
+    // (a restart's back-off, a start's timeout); the bound is no measure
+    // of speed (benches measure that), and a loaded machine was seen to
+    // pass 100 ms with the servers' restarts on both cores.
+    assert!(p99 < Duration::from_secs(1), "NOOP p99 {p99:?}");
     let restarts = daemon.log().matches("restarting mcp-").count();
     assert!(
         restarts >= 2,

@@ -15,8 +15,9 @@ pub struct FleetStaging {
     dir: PathBuf,
     on: bool,
     /// The most one session fetched may hold: an owner's room for
-    /// snapshots (`exec.snapshot_bytes`).
-    max_bytes: u64,
+    /// snapshots (`exec.snapshot_bytes`), and the image of the template it
+    /// carries (`exec.template_disk_bytes`).
+    max_bytes: (u64, u64),
 }
 
 impl FleetStaging {
@@ -25,16 +26,17 @@ impl FleetStaging {
         FleetStaging {
             dir: state_dir.join("fleet-staging"),
             on: false,
-            max_bytes: 0,
+            max_bytes: (0, 0),
         }
     }
 
     /// The node is in a fleet (and sessions have disks): operators' and
     /// delegates' sessions hibernate for the fleet to keep (their files
-    /// with their globals), and one fetched holds at most `max_bytes`.
-    /// What an earlier kernel left half fetched goes.
-    pub fn turn_on(&mut self, max_bytes: u64) {
-        self.max_bytes = max_bytes;
+    /// with their globals), and one fetched holds at most `snapshot_bytes`,
+    /// and a template's image of `template_bytes`. What an earlier kernel
+    /// left half fetched goes.
+    pub fn turn_on(&mut self, snapshot_bytes: u64, template_bytes: u64) {
+        self.max_bytes = (snapshot_bytes, template_bytes);
         if let Err(err) = fs::remove_dir_all(&self.dir) {
             if err.kind() != std::io::ErrorKind::NotFound {
                 log::warn!("{}: {err}", self.dir.display());
@@ -48,8 +50,9 @@ impl FleetStaging {
         self.on && owner.outlives_kernels()
     }
 
-    /// The most one session fetched may hold.
-    pub fn max_bytes(&self) -> u64 {
+    /// The most one session fetched may hold: its snapshot, and the image
+    /// of the template it carries.
+    pub fn max_bytes(&self) -> (u64, u64) {
         self.max_bytes
     }
 

@@ -57,8 +57,22 @@ impl DiskDir {
         self.0.join(MOUNT_POINT)
     }
 
-    fn image(&self) -> PathBuf {
+    /// Its disk's image file.
+    pub fn image(&self) -> PathBuf {
         self.0.join(IMAGE)
+    }
+
+    /// The BLAKE3 hash of its disk's image, in lowercase hex.
+    pub fn image_hash(&self) -> io::Result<String> {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update_reader(fs::File::open(self.image())?)?;
+        Ok(hasher.finalize().to_hex().to_string())
+    }
+
+    /// Checks its (unmounted) disk's filesystem, changing nothing: a disk
+    /// from elsewhere is mounted only once this passes.
+    pub fn check_filesystem(&self) -> io::Result<()> {
+        run(Command::new("e2fsck").args(["-f", "-n"]).arg(self.image()))
     }
 
     /// Whether its disk has been made.

@@ -5,10 +5,11 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 pub use super::disk_error::DiskError;
+use super::fleet_templates::{Arrived, FleetFiles, ImportError, TemplateArrival};
 use super::image::DiskDir;
 use super::record::{SessionRecord, TemplateRecord, VolumeRecord};
 use super::record_writes::PendingRecord;
-use super::store::{Manifest, SnapshotFiles, StoreError};
+use super::store::{Manifest, StoreError};
 use super::volumes::VolumeKey;
 use crate::address::ReplyTo;
 use crate::exec::waiting::SessionKey;
@@ -91,6 +92,9 @@ pub enum Job {
         name: String,
         state: Option<OwnedFd>,
         asked: Asked,
+        /// The operator's template the session was opened from, which a
+        /// hibernation for the fleet carries.
+        template: Option<DiskDir>,
     },
     /// Bring a snapshot another node took into `owner`'s store, as
     /// session `key`'s hibernation (see [`Store::import`]).
@@ -99,6 +103,7 @@ pub enum Job {
         owner: String,
         manifest: Vec<u8>,
         staging: PathBuf,
+        template: Option<TemplateArrival>,
     },
     /// Restore a snapshot onto a session's disk without an interpreter:
     /// a `new` one (a branch), or one stored.
@@ -166,13 +171,15 @@ pub enum Done {
     Snapshotted {
         asked: Asked,
         result: Result<(Manifest, Vec<String>), StoreError>,
-        files: Option<SnapshotFiles>,
+        files: Option<FleetFiles>,
     },
     /// A snapshot from another node was brought into session `key`'s
     /// store, or was not.
     Imported {
         key: SessionKey,
-        result: Result<Manifest, StoreError>,
+        result: Result<Manifest, ImportError>,
+        /// Its template: its name, and how it arrived.
+        template: Option<(String, Arrived)>,
     },
     /// A snapshot was restored onto session `into`'s disk (a `new` one,
     /// or one without an interpreter), or was not.

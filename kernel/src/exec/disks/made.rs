@@ -32,6 +32,9 @@ pub fn publish(
         .map_err(DiskError::Publish)?;
     build.shrink().map_err(DiskError::Publish)?;
     record.bytes = build.image_bytes();
+    // Found now, as the image never changes again: a session from the
+    // template carries it through the fleet.
+    record.image_hash = build.image_hash().ok();
     std::fs::rename(&build.0, &to.0).map_err(DiskError::Publish)?;
     record.write(&to.0).map_err(DiskError::Record)?;
     // Ready for agents started from it, which are given it at once.

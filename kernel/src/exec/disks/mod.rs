@@ -15,6 +15,7 @@
 
 mod disk_error;
 mod fleet_staging;
+mod fleet_templates;
 mod found;
 pub mod image;
 mod jobs;
@@ -41,20 +42,21 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use agentos_proto::payload::{SnapshotInfo, TemplateInfo};
+use agentos_proto::payload::SnapshotInfo;
 use agentos_proto::{ErrorCode, ErrorReply};
 
 pub use self::fleet_staging::FleetStaging;
+pub use self::fleet_templates::{Brought, FleetFiles, ImportError, TemplateMoveError};
 use self::image::{DiskDir, RunUser};
 pub use self::record::SessionRecord;
 use self::record::TemplateRecord;
 use self::record_writes::RecordWrites;
 use self::room::{DiskRoom, HOST_RESERVE};
 use self::snapshots::Snapshots;
+pub use self::store::is_hash;
 use self::store::Store;
 pub use self::store::StoreError;
-pub use self::store::{is_hash, SnapshotFiles};
-pub use self::stored::{no_session, Stored};
+pub use self::stored::{no_session, Carried, Stored};
 use self::templates::Templates;
 use self::volumes::{VolumeKey, VolumeUse, Volumes};
 pub use self::worker::{Asked, Attached, DiskError, Done};
@@ -364,6 +366,7 @@ impl SessionDisks {
             built_by: uid,
             packages,
             bytes: 0,
+            image_hash: None,
         };
         let to = self.templates.dir(name);
         let name = name.to_owned();
@@ -373,26 +376,6 @@ impl SessionDisks {
             to,
             record,
         });
-    }
-
-    /// Template `name`'s build is over: published with `record`, or not.
-    pub fn build_ended(&mut self, name: &str, record: Option<TemplateRecord>) {
-        self.templates.build_ended(name, record);
-    }
-
-    /// When template `name` was built, if it has been.
-    pub fn template_built_at(&self, name: &str) -> Option<u64> {
-        self.templates.built_at(name)
-    }
-
-    /// The templates `caller` may use.
-    pub fn templates(&self, caller: Principal) -> Vec<TemplateInfo> {
-        self.templates.list(caller)
-    }
-
-    /// Template `key` as listed, once built.
-    pub fn template_info(&self, key: &str) -> Option<TemplateInfo> {
-        self.templates.info(key)
     }
 
     /// Removes template `name` for `caller` (see [`Templates::remove`]),
@@ -532,11 +515,14 @@ impl SessionDisks {
             .stored
             .disk_of(&asked.key)
             .ok_or_else(|| no_session(&asked.key))?;
+        let shared = disk.record.template.as_deref().filter(|t| !t.contains('@'));
+        let template = shared.map(|t| self.templates.dir(t));
         self.ask(Job::Snapshot {
             disk,
             name,
             state,
             asked,
+            template,
         });
         Ok(())
     }
@@ -570,24 +556,44 @@ impl SessionDisks {
     }
 
     /// Brings session `key`'s hibernation, fetched from the fleet into
-    /// `staging`, into its owner's store: answered through
-    /// [`SessionDisks::done`].
-    pub fn import(&self, key: &SessionKey, manifest: Vec<u8>, staging: PathBuf) {
+    /// `staging`, into its owner's store, with the `template` it carries
+    /// (JSON, as published: found here, or kept): answered through
+    /// [`SessionDisks::done`]; refused at once if that does not parse, or
+    /// while a template of its name is being built.
+    pub fn import(
+        &mut self,
+        key: &SessionKey,
+        (manifest, staging): (Vec<u8>, PathBuf),
+        template: Option<Vec<u8>>,
+    ) -> Result<(), ErrorReply> {
+        let arrival = template.map(|json| self.templates.arrival(&json, self.template_bytes));
+        let template = arrival.transpose().inspect_err(|_| {
+            self.ask(Job::Remove(vec![DiskDir(staging.clone())]));
+        })?;
+        let (key, owner) = (key.clone(), owner_dir_name(key.0));
         self.ask(Job::Import {
-            key: key.clone(),
-            owner: owner_dir_name(key.0),
+            key,
+            owner,
             manifest,
             staging,
+            template,
         });
+        Ok(())
     }
 
     /// Session `key`, brought from the fleet, is made here on a new disk
-    /// with its files and its `meta` (as published), its next interpreter
-    /// with its globals (`state`); its record says to claim publication
-    /// `generation` before it wakes.
-    pub fn wake_imported(&mut self, key: &SessionKey, state: bool, meta: &[u8], generation: i64) {
+    /// with its files, its `meta` (as published) and its template, its
+    /// next interpreter with its globals (`state`); its record says to
+    /// claim publication `generation` before it wakes.
+    pub fn wake_imported(
+        &mut self,
+        key: &SessionKey,
+        state: bool,
+        carried: Carried<'_>,
+        generation: i64,
+    ) {
         let (mut disk, new) = self.stored.restoring(key, key, HIBERNATED, state);
-        disk.record.meta = self.stored.carry_meta(key, meta, generation);
+        (disk.record.meta, disk.record.template) = self.stored.carry(key, carried, generation);
         disk.record.published = Some(generation);
         let asked = Asked {
             key: key.clone(),

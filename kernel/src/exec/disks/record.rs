@@ -111,6 +111,11 @@ pub struct TemplateRecord {
     /// Bytes its disk takes on the host, once shrunk.
     #[serde(default)]
     pub bytes: u64,
+    /// The BLAKE3 hash of its disk's image (which never changes once
+    /// built), once found: what a session from it carries through the
+    /// fleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_hash: Option<String>,
 }
 
 impl TemplateRecord {

@@ -212,9 +212,14 @@ impl Stored {
 
     /// Gives session `key`, brought from the fleet as publication
     /// `generation`, the environment and labels `meta` (JSON, as another
-    /// node published them; no lifetime) says; one that does not parse
-    /// gives it none. Returns what it has now.
-    pub fn carry_meta(&mut self, key: &SessionKey, meta: &[u8], generation: i64) -> SessionMeta {
+    /// node published them; no lifetime) says, and its template; a `meta`
+    /// that does not parse gives it none. Returns what it has now.
+    pub fn carry(
+        &mut self,
+        key: &SessionKey,
+        (meta, template): Carried<'_>,
+        generation: i64,
+    ) -> (SessionMeta, Option<String>) {
         let mut carried: SessionMeta = serde_json::from_slice(meta).unwrap_or_else(|err| {
             log::warn!(
                 "session {:?}: its env and labels from the fleet do not parse: {err}",
@@ -225,9 +230,10 @@ impl Stored {
         carried.ends = None;
         if let Some(record) = self.records.get_mut(key) {
             record.meta = carried.clone();
+            record.template = template.clone();
             record.published = Some(generation);
         }
-        carried
+        (carried, template)
     }
 
     /// Forgets session `key`: its directory, to be removed, if it had one.
@@ -317,6 +323,10 @@ impl Stored {
         }
     }
 }
+
+/// What a session brought from the fleet carries: its environment and
+/// labels (JSON, as published), and its template's name.
+pub type Carried<'a> = (&'a [u8], Option<String>);
 
 /// `not_found` for session `key`.
 pub fn no_session(key: &SessionKey) -> ErrorReply {

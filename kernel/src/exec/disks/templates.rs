@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use agentos_proto::payload::TemplateInfo;
 use agentos_proto::{ErrorCode, ErrorReply};
 
+use super::fleet_templates::{self, Arrived, TemplateArrival};
 use super::image::DiskDir;
 use super::names::owner_dir_name;
 use super::record::TemplateRecord;
@@ -132,6 +133,43 @@ impl Templates {
             ));
         }
         Ok(self.build_dir(name))
+    }
+
+    /// What a session brought from the fleet with the template `carried`
+    /// says (JSON, as published) finds here: a template of its name, or
+    /// none, its name then reserved while its image is kept (within
+    /// `max_bytes`); `unavailable` if `carried` does not parse, `busy`
+    /// while a template of its name is being built.
+    pub fn arrival(
+        &mut self,
+        carried: &[u8],
+        max_bytes: u64,
+    ) -> Result<TemplateArrival, ErrorReply> {
+        let carried = fleet_templates::carried(carried)
+            .map_err(|err| ErrorReply::new(ErrorCode::Unavailable, err.to_string()))?;
+        if self.built.contains_key(&carried.name) {
+            let dir = self.dir(&carried.name);
+            return Ok(TemplateArrival::Here { carried, dir });
+        }
+        let build = self.begin_build(&carried.name)?;
+        let to = self.dir(&carried.name);
+        Ok(TemplateArrival::Keep {
+            carried,
+            build,
+            to,
+            max_bytes,
+        })
+    }
+
+    /// Template `name` of a session brought from the fleet has arrived:
+    /// kept here now, or not (its name is free again), or found. Its name.
+    pub fn arrived(&mut self, name: String, arrived: Arrived) -> String {
+        match arrived {
+            Arrived::Kept(record) => self.build_ended(&name, Some(record)),
+            Arrived::NotKept => self.build_ended(&name, None),
+            Arrived::Found => {}
+        }
+        name
     }
 
     /// The build of `name` has ended: built (with `record`), or not.

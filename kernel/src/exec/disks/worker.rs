@@ -13,12 +13,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::fleet_templates::{arrive, image_of, FleetFiles, ImportError};
 use super::image::{free_bytes, DiskDir, RunUser, SESSION_PARTS, TEMPLATE_PARTS};
 pub use super::jobs::{Asked, Attached, DiskError, Done, Job, Plan, SessionDisk, TemplateDisk};
 use super::made::{make_volume, publish};
 use super::record::{SessionRecord, SnapshotRef};
 use super::record_writes;
-use super::store::{Manifest, Room, Store, StoreError};
+use super::store::{Manifest, Room, SnapshotFiles, Store, StoreError};
 use crate::exec::order::HIBERNATED;
 use crate::sandbox::attach::{self, Place, VolumeRoots};
 use crate::sandbox::plan::RUN_VOLUME_ROOTS;
@@ -308,6 +309,7 @@ fn serve(jobs: &Receiver<Job>, snapshots: &mut Snapshots, done: &Sender<Done>, w
                 name,
                 state,
                 asked,
+                template,
             } => {
                 let keeps_files = !asked.hibernate || asked.fleet;
                 let result = snapshots.take(&disk, &name, state.as_ref(), keeps_files);
@@ -316,7 +318,8 @@ fn serve(jobs: &Receiver<Job>, snapshots: &mut Snapshots, done: &Sender<Done>, w
                 }
                 let files = match &result {
                     Ok((manifest, _)) if asked.hibernate && asked.fleet => {
-                        Some(snapshots.store.files_of(&disk.owner, manifest))
+                        let files = snapshots.store.files_of(&disk.owner, manifest);
+                        with_template(files, &disk, template.as_ref())
                     }
                     _ => None,
                 };
@@ -331,14 +334,36 @@ fn serve(jobs: &Receiver<Job>, snapshots: &mut Snapshots, done: &Sender<Done>, w
                 owner,
                 manifest,
                 staging,
+                template,
             } => {
-                let room = snapshots.room(&owner);
-                let session = (owner.as_str(), key.1.as_str(), HIBERNATED);
-                let result = snapshots.store.import(session, &manifest, &staging, room);
+                let (arrived, settled) = match &template {
+                    Some(template) => {
+                        let (arrived, settled) = arrive(template, &staging);
+                        (Some((template.name().to_owned(), arrived)), settled)
+                    }
+                    None => (None, Ok(())),
+                };
+                let result = match settled {
+                    Err(err) => {
+                        let _ = std::fs::remove_dir_all(&staging);
+                        Err(ImportError::from(err))
+                    }
+                    Ok(()) => {
+                        let room = snapshots.room(&owner);
+                        let session = (owner.as_str(), key.1.as_str(), HIBERNATED);
+                        let store = &mut snapshots.store;
+                        (store.import(session, &manifest, &staging, room))
+                            .map_err(ImportError::from)
+                    }
+                };
                 if let Err(err) = &result {
                     log::warn!("session {:?} from the fleet: {err}", key.1);
                 }
-                Some(Done::Imported { key, result })
+                Some(Done::Imported {
+                    key,
+                    result,
+                    template: arrived,
+                })
             }
             Job::Restore {
                 mut disk,
@@ -508,4 +533,31 @@ fn restore_onto(
     disk.record.restore_from = None;
     disk.record.write(&disk.dir.0).map_err(DiskError::Record)?;
     Ok(disk.record.clone())
+}
+
+/// A hibernation's files for the fleet, with its template's image if the
+/// session was opened from an operator's (`template`); `None` if that
+/// cannot be read, as a session woken elsewhere without it would not run
+/// as it did: it stays on this node.
+fn with_template(
+    snapshot: SnapshotFiles,
+    disk: &SessionDisk,
+    template: Option<&DiskDir>,
+) -> Option<FleetFiles> {
+    let (Some(dir), Some(name)) = (template, &disk.record.template) else {
+        return Some(FleetFiles {
+            snapshot,
+            template: None,
+        });
+    };
+    match image_of(dir, name) {
+        Ok(image) => Some(FleetFiles {
+            snapshot,
+            template: Some(image),
+        }),
+        Err(err) => {
+            log::warn!("session {:?} stays on this node: {err}", disk.session);
+            None
+        }
+    }
 }

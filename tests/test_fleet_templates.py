@@ -1,0 +1,162 @@
+"""A hibernated session carries its template through the fleet: a session
+opened from a template on one node wakes on a node that never built it,
+which keeps the template's image (checked against its hash) and lists it
+as its own; a node whose template of that name was built from other
+packages refuses the session by name, and the fleet keeps it. Each node
+runs in a network namespace of its own, with a stand-in package index
+there to build its templates from."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from agentos import AgentOSClient, AgentOSError
+from fleet_harness import fleet, wait_for
+
+INDEX_HOST = "127.0.0.9"
+# pip, a build and a wake, on two busy cores.
+SLOW_MS = 300_000
+STANDIN = Path(__file__).with_name("package_index_standin.py")
+
+
+def client_of(node) -> AgentOSClient:
+    return AgentOSClient(node.socket_path, timeout=360)
+
+
+@contextlib.contextmanager
+def index_in(host, package: str):
+    """The stand-in index, serving `package`, in `host`'s network; yields
+    its address."""
+    directory = Path(tempfile.mkdtemp(prefix="agentos-index-"))
+    ready = directory / "ready"
+    server = subprocess.Popen(
+        [*host.wrap(), sys.executable, str(STANDIN), "--listen", f"{INDEX_HOST}:0",
+         "--ready-file", str(ready), "--python-name", package],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert server.poll() is None, "the stand-in index exited"
+            assert time.monotonic() < deadline, "the stand-in index did not come up"
+            time.sleep(0.05)
+        yield ready.read_text()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=10)
+        ready.unlink(missing_ok=True)
+        directory.rmdir()
+
+
+def templates_from(address: str) -> str:
+    return ("[exec]\ntemplate_disk_bytes = 268435456\n"
+            f'template_index_url = "http://{address}/simple/"\n'
+            f'template_index_hosts = ["{INDEX_HOST}/32"]\n')
+
+
+def kept_rows(f) -> list[str]:
+    """The fleet's hibernated sessions, as `name|template`."""
+    text = f.postgres.sql(
+        "SELECT name || '|' || coalesce(convert_from(template, 'UTF8')::json->>'name', '-')"
+        " FROM agentos_sessions ORDER BY name", "agentos")
+    return [line for line in text.splitlines() if line]
+
+
+def build(node, template: str, package: str) -> None:
+    with client_of(node) as client:
+        built = client.build_template(template, [package], timeout_ms=SLOW_MS)
+        assert built["ok"], built
+
+
+def hibernate_from_template(node, session: str, template: str, code: str) -> None:
+    with client_of(node) as client:
+        ran = client.exec(code, session=session, template=template, timeout_ms=SLOW_MS)
+        assert ran["ok"], ran
+        assert client.pause_session(session, hibernate=True)["state"] == "hibernated"
+
+
+def test_a_session_carries_its_template_to_a_node_without_it_and_not_onto_another_one():
+    hosts_index = {}
+    with fleet() as f, contextlib.ExitStack() as stack:
+        # n1 builds its templates from agentos-probe; n2 from agentos-other.
+        n1 = f.node("n1", start=False)
+        n2 = f.node("n2", start=False)
+        for node, package in ((n1, "agentos-probe"), (n2, "agentos-other")):
+            address = stack.enter_context(index_in(node.host, package))
+            hosts_index[node.name] = address
+            node.config += "\n" + templates_from(address)
+            node.start()
+            wait_for(f"{node.name} in the fleet", node.is_joined, timeout=20)
+        build(n1, "probe", "agentos-probe")
+        build(n1, "tools", "agentos-probe")
+        build(n2, "tools", "agentos-other")
+
+        # A session from n1's template, with a global, wakes on n2, which
+        # never built the template: it keeps n1's, and the session imports
+        # what it holds.
+        hibernate_from_template(n1, "s", "probe", "import agentos_probe\nx = 41")
+        wait_for("s kept with its template", lambda: kept_rows(f) == ["s|probe"], timeout=60)
+        with client_of(n2) as client:
+            woken = client.exec("import agentos_probe\nprint(agentos_probe.VALUE, x + 1)",
+                                session="s", timeout_ms=SLOW_MS)
+            assert woken["ok"], woken
+            assert woken["stdout"] == "from the stand-in index 42\n", woken
+            listed = {t["template"]: t for t in client.templates()}
+            assert listed["probe"]["packages"] == ["agentos-probe"], listed
+            # Its programs are first on PATH, from the template it came with.
+            path = client.exec("echo $PATH", "bash", session="s", timeout_ms=SLOW_MS)
+            assert "/opt/template/bin" in path["stdout"].split(":"), path
+            # In use by the session, the template stays.
+            with pytest.raises(AgentOSError) as busy:
+                client.remove_template("probe")
+            assert busy.value.code == "busy", busy.value
+        assert kept_rows(f) == []
+
+        # A session from n1's "tools" does not wake on n2, whose "tools"
+        # was built from another package: refused by name, kept by the
+        # fleet, and woken where the template is the same.
+        hibernate_from_template(n1, "t", "tools", "y = 7")
+        wait_for("t kept with its template", lambda: kept_rows(f) == ["t|tools"], timeout=60)
+        with client_of(n2) as client:
+            with pytest.raises(AgentOSError) as refused:
+                client.exec("print(y)", session="t", timeout_ms=SLOW_MS)
+            assert refused.value.code == "unavailable", refused.value
+            said = str(refused.value)
+            assert 'template "tools"' in said and "agentos-other" in said, said
+        assert kept_rows(f) == ["t|tools"]
+        with client_of(n1) as client:
+            back = client.exec("print(y)", session="t", timeout_ms=SLOW_MS)
+            assert back["stdout"] == "7\n", back
+        assert kept_rows(f) == []
+
+
+def test_a_damaged_template_image_is_not_kept_and_the_session_stays_kept():
+    with fleet() as f, contextlib.ExitStack() as stack:
+        n1 = f.node("n1", start=False)
+        address = stack.enter_context(index_in(n1.host, "agentos-probe"))
+        n1.config += "\n" + templates_from(address)
+        n1.start()
+        wait_for("n1 in the fleet", n1.is_joined, timeout=20)
+        n2 = f.node("n2")
+        build(n1, "probe", "agentos-probe")
+        hibernate_from_template(n1, "s", "probe", "x = 1")
+        wait_for("s kept", lambda: kept_rows(f) == ["s|probe"], timeout=60)
+        # The template's image, changed in the database: its first part.
+        f.postgres.sql(
+            "UPDATE agentos_session_contents SET content = overlay(content placing "
+            "'\\xdeadbeef'::bytea from 2000) WHERE part = 0 AND hash = "
+            "(SELECT convert_from(template, 'UTF8')::json->>'hash' FROM agentos_sessions)",
+            "agentos")
+        with client_of(n2) as client:
+            with pytest.raises(AgentOSError) as refused:
+                client.exec("print(x)", session="s", timeout_ms=SLOW_MS)
+            said = str(refused.value)
+            assert refused.value.code == "unavailable" and "damaged" in said, said
+            assert [t["template"] for t in client.templates()] == []
+        assert kept_rows(f) == ["s|probe"]
