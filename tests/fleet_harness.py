@@ -316,12 +316,14 @@ def wait_for(what: str, check, timeout: float = 20.0, every: float = 0.1):
 
 
 def signed(secret: str, by: str, to: str, method: str, target: str,
-           subject: str) -> dict[str, str]:
-    """The headers of a forward from node ``by`` to node ``to`` of
-    ``method`` ``target``, for ``subject`` (a sandbox, a session), signed
-    with ``secret``."""
+           subject: str, kind: str = "e2b") -> dict[str, str]:
+    """The headers of a forward from ``kind`` of face (``e2b``, ``mcp``)
+    of node ``by`` to node ``to`` of ``method`` ``target``, for
+    ``subject`` (a sandbox; a session and its body's digest), signed with
+    ``secret``."""
     now = int(time.time())
-    text = "".join(f"{part}\n" for part in (now, by, to, method, target, subject))
+    parts = (kind, now, by, to, method, target, subject)
+    text = "".join(f"{part}\n" for part in parts)
     mac = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
     return {"X-AgentOS-Forwarded-By": by, "X-AgentOS-Forward-Signature": f"t={now},v1={mac}"}
 

@@ -61,7 +61,8 @@ def mcp_http_server(
     cleanly (exit status 0). `wrap` is a command prefix (a network
     namespace's)."""
     config_home = tempfile.mkdtemp(prefix="agentos-mcp-config-")
-    environment = {k: v for k, v in os.environ.items() if k != "AGENTOS_MCP_TOKEN"}
+    environment = {k: v for k, v in os.environ.items()
+                   if k not in ("AGENTOS_MCP_TOKEN", "AGENTOS_FLEET_SECRET")}
     environment["XDG_CONFIG_HOME"] = config_home
     environment.update(env or {})
     process = subprocess.Popen(

@@ -8,6 +8,7 @@ their own; the test reaches the faces over the harness's bridge."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import secrets
 import shutil
@@ -67,6 +68,12 @@ def call(url: str, token: str, tool: str, arguments: dict) -> dict:
     return reply["result"]["structuredContent"]
 
 
+def subject(session: str, body: bytes) -> str:
+    """What an MCP face's forward is signed for: the session, and the
+    body's SHA-256."""
+    return f"{session} sha256:{hashlib.sha256(body).hexdigest()}"
+
+
 def sessions_at(url: str, token: str) -> list[str]:
     listed = call(url, token, "exec_session", {"op": "list"})
     return [session["session"] for session in listed["sessions"]]
@@ -108,24 +115,37 @@ def test_a_session_is_used_through_another_nodes_mcp_face_and_forged_forwards_ar
             body = message("exec", {"code": "print(x)", "session": "s1@n2"})
             # Forged forwards: no proof, another secret, signed for another
             # session, signed for another node.
+            about = subject("s1@n2", body)
             unproven = {"X-AgentOS-Forwarded-By": "n1"}
-            stranger = signed(secrets.token_hex(32), "n1", "n2", "POST", target, "s1@n2")
-            elsewhere = signed(fleet_secret, "n1", "n2", "POST", target, "s2@n2")
-            for_n3 = signed(fleet_secret, "n1", "n3", "POST", target, "s1@n2")
-            for forged in (unproven, stranger, elsewhere, for_n3):
+            stranger = signed(secrets.token_hex(32), "n1", "n2", "POST", target, about, "mcp")
+            elsewhere = signed(fleet_secret, "n1", "n2", "POST", target,
+                               subject("s2@n2", body), "mcp")
+            other_body = signed(fleet_secret, "n1", "n2", "POST", target,
+                                subject("s1@n2", body + b" "), "mcp")
+            for_n3 = signed(fleet_secret, "n1", "n3", "POST", target, about, "mcp")
+            # Signed as the E2B face would sign it: no MCP face's forward.
+            by_e2b = signed(fleet_secret, "n1", "n2", "POST", target, about, "e2b")
+            for forged in (unproven, stranger, elsewhere, other_body, for_n3, by_e2b):
                 status, said = post(url2, token, body, forged)
-                assert status == 403 and "not proven" in said, (status, said)
-            # A greeting that proves nothing is refused, token or not.
-            greeting = url2.replace("/mcp", "/.agentos/fleet-greeting?nonce=00")
+                assert status == 403 and "not proven" in said, (forged, status, said)
+            # A greeting that proves nothing is refused, token or not; so
+            # is one signed as an E2B face's, which an MCP face does not
+            # answer for. One of an MCP face is answered with the proof.
+            nonce = "/.agentos/fleet-greeting?nonce=00"
+            greeting = url2.replace("/mcp", nonce)
             assert status_of(greeting, {})[0] == 403
+            as_e2b = signed(fleet_secret, "n1", "n2", "GET", nonce, "", "e2b")
+            assert status_of(greeting, as_e2b)[0] == 403
+            as_mcp = signed(fleet_secret, "n1", "n2", "GET", nonce, "", "mcp")
+            assert status_of(greeting, as_mcp)[0] == 204
             # A proven forward is served where it lands, with the proof
             # of who answered; one for another node's session is refused
             # there, never sent on.
-            proven = signed(fleet_secret, "n1", "n2", "POST", target, "s1@n2")
+            proven = signed(fleet_secret, "n1", "n2", "POST", target, about, "mcp")
             status, said = post(url2, token, body, proven)
             assert status == 200 and rpc_reply(said.encode())["result"]["structuredContent"][
                 "stdout"] == "44\n", (status, said)
-            to_n1 = signed(fleet_secret, "n2", "n1", "POST", target, "s1@n2")
+            to_n1 = signed(fleet_secret, "n2", "n1", "POST", target, about, "mcp")
             status, said = post(url1, token, body, to_n1)
             assert status == 404 and "never sent on" in said, (status, said)
             # The token is still checked where the forward lands.
@@ -160,7 +180,8 @@ def test_a_face_without_the_fleets_secret_refuses_forward_claims():
                                  wrap=n1.host.wrap()) as face:
                 assert any("forwards nothing" in line for line in face.stderr), face.stderr
                 body = message("exec", {"code": "print(1)", "session": "s1@n1"})
-                claim = signed(secrets.token_hex(32), "n2", "n1", "POST", "/mcp", "s1@n1")
+                claim = signed(secrets.token_hex(32), "n2", "n1", "POST", "/mcp",
+                               subject("s1@n1", body), "mcp")
                 status, said = post(face.url, token, body, claim)
                 assert status == 403 and "no fleet secret" in said, (status, said)
         finally:

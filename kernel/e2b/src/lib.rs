@@ -96,6 +96,8 @@ pub enum E2bError {
     KernelLacks { socket: String },
     #[error(transparent)]
     Fleet(#[from] JoinError),
+    #[error("the fleet's secret")]
+    FleetSecret(#[source] TokenError),
 }
 
 /// Where `agentos e2b keys add` keeps keys, and where the face looks
@@ -158,12 +160,10 @@ pub async fn serve(options: E2bOptions) -> Result<(), E2bError> {
         });
     }
     let tokens = tokens::EnvdTokens::new(secret);
-    let fleet = agentos_http::fleet::join(
-        FaceKind::E2b,
-        hello.node.as_deref(),
-        options.fleet_secret_file.as_deref(),
-        &options.socket,
-    )?;
+    let fleet_secret = agentos_http::fleet::secret(options.fleet_secret_file.as_deref())
+        .map_err(E2bError::FleetSecret)?;
+    let node = hello.node.as_deref();
+    let fleet = agentos_http::fleet::join(FaceKind::E2b, node, fleet_secret, &options.socket)?;
     let serve = |site: &agentos_http::Site| {
         let face = face::Face::new(kernel, keys, tokens, site.clone(), options.sizing, fleet);
         service::E2bService::new(Arc::new(face))

@@ -86,7 +86,7 @@ async fn answer_here_or_there(
         match fleet::holder(fleet, &face.kernel, sandbox).await {
             Ok(Holder::There(peer)) => {
                 let request = request.map(Either::Left);
-                return match forward::relay(fleet, &peer, sandbox, request).await {
+                return match forward::relay(fleet, &peer, ("sandbox", sandbox), request).await {
                     Ok(answer) => answer,
                     Err(_) => ApiError::new(
                         StatusCode::BAD_GATEWAY,
@@ -162,7 +162,7 @@ fn proven_forward(
     request: &Request<RequestBody>,
     sandbox: Option<&str>,
 ) -> Result<Option<String>, ApiError> {
-    let target = (request.uri().path_and_query()).map_or("/", |target| target.as_str());
+    let target = agentos_http::fleet::target_of(request.uri());
     agentos_http::fleet::proven_forward(
         face.fleet.as_ref(),
         request.headers(),

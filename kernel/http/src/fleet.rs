@@ -3,8 +3,9 @@
 //! ([`crate::forward`]).
 //!
 //! A forward is proven by the fleet's secret: the forwarding face signs
-//! the time, its node, the node it is for, the method, the target and
-//! what the request is for (a sandbox, a session) with HMAC-SHA256, and
+//! its kind (a forward goes from a face to a face of its kind), the time,
+//! its node, the node it is for, the method, the target and what the
+//! request is for (a sandbox, a session) with HMAC-SHA256, and
 //! the face receiving it checks the signature and the time before it
 //! believes the request came from a node. A request that says it is a
 //! forward and cannot prove it is refused; one that can is answered where
@@ -13,6 +14,7 @@
 //! address gets nothing back to the client. The client's own credentials
 //! still prove it, as on one node.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -176,8 +178,7 @@ impl FleetFace {
                 kernel.request(Opcode::FLEET, &request, Wait::Quick).await;
             match told {
                 Ok(reply) => {
-                    let mut nodes = self.nodes();
-                    nodes.peers = (reply.nodes.iter())
+                    let peers: Vec<Peer> = (reply.nodes.iter())
                         .filter(|node| node.name != self.node)
                         .map(|node| Peer {
                             name: node.name.clone(),
@@ -185,6 +186,9 @@ impl FleetFace {
                             alive: node.alive,
                         })
                         .collect();
+                    self.log_shared_tags(&peers);
+                    let mut nodes = self.nodes();
+                    nodes.peers = peers;
                     nodes.told = Some(Instant::now());
                 }
                 Err(err) if self.find(&self.nodes(), wanted).is_none() => return Err(err),
@@ -203,16 +207,22 @@ impl FleetFace {
         });
         match (found.next(), found.next()) {
             (Some(peer), None) => Some(peer.clone()),
-            (Some(one), Some(other)) => {
+            _ => None,
+        }
+    }
+
+    /// Says, once per listing, which nodes share a tag (their sandboxes
+    /// are forwarded to neither).
+    fn log_shared_tags(&self, peers: &[Peer]) {
+        let mut seen: HashMap<String, &str> = HashMap::new();
+        for peer in peers {
+            if let Some(other) = seen.insert(tag_of(&peer.name), &peer.name) {
                 eprintln!(
-                    "agentos {}: nodes {} and {} share a tag: neither is forwarded to",
+                    "agentos {}: nodes {other} and {} share a tag: neither is forwarded to",
                     self.face.name(),
-                    one.name,
-                    other.name
+                    peer.name
                 );
-                None
             }
-            (None, _) => None,
         }
     }
 
@@ -284,7 +294,7 @@ impl FleetFace {
     /// node `by` (the one answering) holds the fleet's secret.
     pub fn answer_proof(&self, by: &str, signature: &str) -> String {
         let mut mac = self.mac();
-        for part in ["answer", by, signature] {
+        for part in ["answer", self.face.name(), by, signature] {
             mac.update(part.as_bytes());
             mac.update(b"\n");
         }
@@ -314,7 +324,7 @@ impl FleetFace {
     }
 
     /// The face's name, for its log.
-    pub fn face(&self) -> &'static str {
+    pub fn face_name(&self) -> &'static str {
         self.face.name()
     }
 
@@ -328,7 +338,9 @@ impl FleetFace {
         subject: &str,
     ) -> Vec<u8> {
         let mut mac = self.mac();
-        for part in [&time.to_string(), by, to, method.as_str(), target, subject] {
+        let time = time.to_string();
+        let kind = self.face.name();
+        for part in [kind, &time, by, to, method.as_str(), target, subject] {
             mac.update(part.as_bytes());
             mac.update(b"\n");
         }
@@ -348,8 +360,6 @@ impl FleetFace {
 /// Why a face cannot take its part in a fleet.
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
-    #[error("the fleet's secret")]
-    Secret(#[from] TokenError),
     #[error(
         "a fleet secret was given, but the kernel at {socket} is in no fleet (it has no \
          [fleet]): there is no node to forward for"
@@ -357,28 +367,26 @@ pub enum JoinError {
     NoFleet { socket: String },
 }
 
-/// Whether the face was given the fleet's secret, in `secret_file` or
-/// the environment.
-pub fn secret_given(secret_file: Option<&Path>) -> bool {
-    secret_file.is_some() || std::env::var_os(FLEET_SECRET_ENV).is_some()
+/// The fleet's secret a face was given: `secret_file`'s (mode 600), else
+/// `$AGENTOS_FLEET_SECRET`, else none.
+pub fn secret(secret_file: Option<&Path>) -> Result<Option<Token>, TokenError> {
+    match (secret_file, std::env::var_os(FLEET_SECRET_ENV)) {
+        (Some(path), _) => Token::from_file(path, "--fleet-secret-file").map(Some),
+        (None, Some(value)) => Token::new(value.into_encoded_bytes(), FLEET_SECRET_ENV).map(Some),
+        (None, None) => Ok(None),
+    }
 }
 
 /// Face `face`'s part in its kernel's fleet: when the kernel (at
 /// `socket`) is node `node` of one, as its HELLO says, and the face has
-/// the fleet's secret, from `secret_file` (mode 600) or
-/// `$AGENTOS_FLEET_SECRET`. A secret without a fleet is an error; a
-/// fleet without a secret, a face that forwards nothing.
+/// the fleet's `secret` ([`secret`]). A secret without a fleet is an
+/// error; a fleet without a secret, a face that forwards nothing.
 pub fn join(
     face: FaceKind,
     node: Option<&str>,
-    secret_file: Option<&Path>,
+    secret: Option<Token>,
     socket: &Path,
 ) -> Result<Option<FleetFace>, JoinError> {
-    let secret = match (secret_file, std::env::var_os(FLEET_SECRET_ENV)) {
-        (Some(path), _) => Some(Token::from_file(path, "--fleet-secret-file")?),
-        (None, Some(value)) => Some(Token::new(value.into_encoded_bytes(), FLEET_SECRET_ENV)?),
-        (None, None) => None,
-    };
     match (node, secret) {
         (Some(node), Some(secret)) => Ok(Some(FleetFace::new(face, node.to_owned(), secret))),
         (Some(node), None) => {
@@ -395,6 +403,11 @@ pub fn join(
         }),
         (None, None) => Ok(None),
     }
+}
+
+/// A request's target, as a forward's signature covers it.
+pub fn target_of(uri: &http::Uri) -> &str {
+    uri.path_and_query().map_or("/", |target| target.as_str())
 }
 
 /// Whether a request is a proven forward (its signature), at a face in a
@@ -539,6 +552,26 @@ mod tests {
         let proof = stranger.answer_proof("n2", &signature);
         forged.insert(FORWARD_ANSWER, HeaderValue::from_str(&proof).unwrap());
         assert!(!n1.is_proven_answer(&forged, "n2", &signature));
+    }
+
+    #[test]
+    fn a_forward_or_an_answer_of_one_kind_of_face_proves_nothing_to_another() {
+        let mcp = |node: &str| {
+            let secret = Token::new(SECRET.into(), "test").unwrap();
+            FleetFace::new(FaceKind::Mcp, node.into(), secret)
+        };
+        let post = Method::POST;
+        // An E2B face's forward is no MCP face's.
+        let (headers, signature) = signed(&face("n1", SECRET), "n2", &post, TARGET);
+        assert!(mcp("n2")
+            .proven_forward(&headers, &post, TARGET, "x")
+            .is_err());
+        // Nor is an MCP face's answer to a greeting proof for an E2B face:
+        // a face down, another kind of face of its node cannot answer for it.
+        let mut answer = HeaderMap::new();
+        mcp("n2").prove_answer(&mut answer, &signature);
+        assert!(!face("n1", SECRET).is_proven_answer(&answer, "n2", &signature));
+        assert!(mcp("n1").is_proven_answer(&answer, "n2", &signature));
     }
 
     #[test]

@@ -23,12 +23,16 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::fleet::{
-    FleetFace, Peer, Signed, FORWARDED_BY, FORWARD_ANSWER, FORWARD_SIGNATURE, GREETING_PATH,
+    target_of, FleetFace, Peer, Signed, FORWARDED_BY, FORWARD_ANSWER, FORWARD_SIGNATURE,
+    GREETING_PATH,
 };
 use crate::{Body, RequestBody};
 
 /// How long connecting to another node's face may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long its answer to the greeting may take. (The answer to the
+/// request itself may take as long as the work: a run's.)
+const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Headers of one hop's connection, never passed on (RFC 9110, 7.6.1).
 const HOP_BY_HOP: &[&str] = &[
@@ -47,20 +51,20 @@ const HOP_BY_HOP: &[&str] = &[
 /// (when the face had to read it to know where it goes).
 pub type Relayable = Either<RequestBody, Full<Bytes>>;
 
-/// Relays `request`, for `subject` (a sandbox, a session), to `peer`'s
-/// face. Why it failed goes to the face's log, and what was known of the
-/// fleet's nodes is asked again next time.
+/// Relays `request`, for `subject` (a sandbox, a session: what it is,
+/// `noun`), to `peer`'s face. Why it failed goes to the face's log, and
+/// what was known of the fleet's nodes is asked again next time.
 pub async fn relay(
     fleet: &FleetFace,
     peer: &Peer,
-    subject: &str,
+    (noun, subject): (&str, &str),
     request: Request<Relayable>,
 ) -> Result<Response<Body>, Unreached> {
     let relayed = relayed(fleet, peer, subject, request).await;
     if let Err(Unreached(why)) = &relayed {
         eprintln!(
-            "agentos {}: forwarding a request for {subject} to node {}: {why}",
-            fleet.face(),
+            "agentos {}: forwarding a request for {noun} {subject:?} to node {}: {why}",
+            fleet.face_name(),
             peer.name
         );
         fleet.forget_peers();
@@ -93,11 +97,7 @@ async fn relayed(
         ))
     })?;
     let (mut parts, body) = request.into_parts();
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |target| target.as_str())
-        .to_owned();
+    let target = target_of(&parts.uri).to_owned();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(FORWARDED_BY);
     parts.headers.remove(FORWARD_SIGNATURE);
@@ -125,24 +125,34 @@ async fn relayed(
         .map_err(|err| unreachable(format!("whose face at {advertise} failed: {err}")))?;
     // The connection's own end (or failure) shows in the answer's body.
     tokio::spawn(connection);
-    greet(fleet, peer, &mut sender, &authority)
-        .await
-        .map_err(|Unreached(why)| unreachable(format!("at {advertise}: {why}")))?;
+    tokio::time::timeout(
+        GREETING_TIMEOUT,
+        greet(fleet, peer, &mut sender, &authority),
+    )
+    .await
+    .map_err(|_| unreachable(format!("whose face at {advertise} did not answer in 10 s")))?
+    .map_err(|Unreached(why)| unreachable(format!("at {advertise}: {why}")))?;
     let answer = sender
         .send_request(Request::from_parts(parts, Either::Right(body)))
         .await
         .map_err(|err| unreachable(format!("whose face at {advertise} failed: {err}")))?;
     let (mut parts, incoming) = answer.into_parts();
     if !fleet.is_proven_answer(&parts.headers, &peer.name, &signature) {
+        // The greeting proved the face: an answer without proof is its
+        // gate's refusal (a token or a body it does not take), or a relay.
         return Err(unreachable(format!(
-            "what answers at {advertise} is not node {}'s face: its answer does not prove \
-             it holds the fleet's secret",
-            peer.name
+            "its face at {advertise} answered {} without proving it (its gate refused the \
+             request: the faces' tokens may differ)",
+            parts.status
         )));
     }
     parts.headers.remove(FORWARD_ANSWER);
     strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, Relayed(incoming).boxed()))
+    let relayed = Relayed {
+        incoming,
+        face: fleet.face_name(),
+    };
+    Ok(Response::from_parts(parts, relayed.boxed()))
 }
 
 /// Proves that what answers on the connection is `peer`'s face before
@@ -209,7 +219,11 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// fails it ends: an answer of known length then reaches the client cut
 /// short, but a streamed one ends as if whole (the face's bodies carry no
 /// error), with a line in this face's log.
-struct Relayed(Incoming);
+struct Relayed {
+    incoming: Incoming,
+    /// The face's name, for its log.
+    face: &'static str,
+}
 
 impl http_body::Body for Relayed {
     type Data = Bytes;
@@ -219,10 +233,13 @@ impl http_body::Body for Relayed {
         mut self: Pin<&mut Self>,
         context: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match Pin::new(&mut self.0).poll_frame(context) {
+        match Pin::new(&mut self.incoming).poll_frame(context) {
             Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
             Poll::Ready(Some(Err(err))) => {
-                eprintln!("agentos: a forwarded answer was cut short: {err}");
+                eprintln!(
+                    "agentos {}: a forwarded answer was cut short: {err}",
+                    self.face
+                );
                 Poll::Ready(None)
             }
             Poll::Ready(None) => Poll::Ready(None),
@@ -231,7 +248,7 @@ impl http_body::Body for Relayed {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        self.incoming.is_end_stream()
     }
 }
 

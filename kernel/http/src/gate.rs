@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use tower_service::Service;
 
 use crate::connections::Place;
-use crate::fleet::{FleetFace, GREETING_PATH};
+use crate::fleet::{target_of, FleetFace, GREETING_PATH};
 use crate::guard::{Ends, Guard};
 use crate::plan::Face;
 use crate::request_body::RequestBody;
@@ -192,7 +192,7 @@ where
 /// The answer to another node's greeting, which carries no token: proven,
 /// an empty one proving this node in turn; else 403.
 fn greeting<B>(fleet: &FleetFace, request: &Request<B>) -> Response<Body> {
-    let target = (request.uri().path_and_query()).map_or("/", |target| target.as_str());
+    let target = target_of(request.uri());
     match fleet.proven_forward(request.headers(), request.method(), target, "") {
         Ok(Some(signature)) => {
             let mut response = Response::new(Full::new(Bytes::new()).boxed());

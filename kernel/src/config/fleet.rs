@@ -79,8 +79,8 @@ impl FleetConfig {
             ("fleet.advertise_mcp", &self.advertise_mcp),
         ] {
             if let Some(url) = url {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return invalid(field, format!("{url:?} is not an http:// or https:// URL"));
+                if !is_face_address(url) {
+                    return invalid(field, format!("{url:?} is not http://HOST:PORT"));
                 }
             }
         }
@@ -104,6 +104,19 @@ impl FleetConfig {
         }
         Ok(())
     }
+}
+
+/// Whether `url` is where another node's face can reach this one's:
+/// `http://HOST:PORT` (a path after it is ignored). The faces speak plain
+/// HTTP to each other, proving themselves by the fleet's secret.
+fn is_face_address(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    authority
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
 /// Whether `name` can name a node: it goes into ids and URLs unquoted.
@@ -233,5 +246,26 @@ mod tests {
         assert!(config.validate().is_ok());
         config.database = Some(DatabaseUrl::from("mysql://db/x".to_owned()));
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn faces_are_advertised_as_plain_http_with_a_port() {
+        let mut config = FleetConfig::default();
+        for good in ["http://10.0.0.2:3000", "http://n2.internal:8765/mcp"] {
+            config.advertise_mcp = Some(good.into());
+            assert!(config.validate().is_ok(), "{good}");
+        }
+        for bad in [
+            "https://10.0.0.2:3000",
+            "http://10.0.0.2",
+            "10.0.0.2:3000",
+            "http://:80",
+        ] {
+            config.advertise = Some(bad.into());
+            assert!(config.validate().is_err(), "{bad}");
+            config.advertise = None;
+            config.advertise_mcp = Some(bad.into());
+            assert!(config.validate().is_err(), "{bad}");
+        }
     }
 }

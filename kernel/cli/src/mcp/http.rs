@@ -13,9 +13,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use agentos_http::fleet::{proven_forward, FleetFace};
+use agentos_http::fleet::{proven_forward, target_of, FleetFace};
 use agentos_http::{plain, Body, Face, Site};
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use rmcp::model::{ClientJsonRpcMessage, ErrorData, RequestId};
@@ -23,9 +24,9 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde::Deserialize;
 
-use super::fleet::{self, Routed};
 use super::kernel::KernelLink;
 use super::refusal::refusal;
+use super::routing::{self, Routed};
 use super::server::AgentosServer;
 
 /// The MCP face: its messages (`agentos mcp: ...`), its token (kept as
@@ -89,20 +90,22 @@ impl McpEndpoint {
             Ok(collected) => collected.to_bytes(),
             Err(never) => match never {},
         };
-        let session = fleet::session_named(&body);
-        let target = (parts.uri.path_and_query()).map_or("/", |target| target.as_str());
+        let session = routing::session_named(&body);
+        let subject = routing::subject(session.as_deref(), &body);
+        let target = target_of(&parts.uri);
         let forward = match proven_forward(
             self.fleet.as_deref(),
             &parts.headers,
             &parts.method,
             target,
-            session.as_deref().unwrap_or(""),
+            &subject,
         ) {
             Ok(forward) => forward,
             Err(unproven) => return plain(StatusCode::FORBIDDEN, format!("Forbidden: {unproven}")),
         };
+        let named = (session.as_deref(), subject.as_str());
         let mut response = self
-            .answer_here_or_there(parts, body, session, forward.is_some())
+            .answer_here_or_there(parts, body, named, forward.is_some())
             .await;
         if let (Some(signature), Some(fleet)) = (forward, &self.fleet) {
             fleet.prove_answer(response.headers_mut(), &signature);
@@ -114,9 +117,9 @@ impl McpEndpoint {
     /// (unless it was `forwarded` here), by that node's face.
     async fn answer_here_or_there(
         &self,
-        parts: http::request::Parts,
+        parts: Parts,
         body: Bytes,
-        session: Option<String>,
+        named: (Option<&str>, &str),
         forwarded: bool,
     ) -> Response<Body> {
         if parts.method != Method::POST {
@@ -130,9 +133,8 @@ impl McpEndpoint {
         if let Some(refusal) = refuse_malformed(&body) {
             return refusal;
         }
-        let request = Request::from_parts(parts, Full::new(body));
         let fleet = self.fleet.as_deref();
-        match fleet::route(fleet, &self.kernel, request, session.as_deref(), forwarded).await {
+        match routing::route(fleet, &self.kernel, (parts, body), named, forwarded).await {
             Routed::Here(here) => self.mcp.handle(here).await,
             Routed::Answered(answer) => answer,
         }

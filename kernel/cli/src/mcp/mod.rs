@@ -19,7 +19,6 @@ mod agents;
 mod arguments;
 mod catalogue;
 mod exec;
-mod fleet;
 mod http;
 mod kernel;
 mod kernel_check;
@@ -28,6 +27,7 @@ mod prompt;
 mod refusal;
 mod resources;
 mod results;
+mod routing;
 mod schema;
 mod server;
 mod sessions;
@@ -43,10 +43,12 @@ use std::time::Duration;
 
 use rmcp::ServiceExt;
 
-use agentos_http::fleet::{join, secret_given, FaceKind, JoinError};
+use agentos_http::fleet::{join, secret as fleet_secret, FaceKind, JoinError};
+use agentos_http::token::TokenError;
 pub use agentos_http::HttpOptions;
 use agentos_http::{HttpError, HttpPlan};
 use http::{McpEndpoint, FACE};
+use kernel::KernelError;
 use server::AgentosServer;
 
 /// How the server meets its client.
@@ -70,10 +72,12 @@ pub enum ServeError {
     Http(#[from] HttpError),
     #[error(transparent)]
     Fleet(#[from] JoinError),
+    #[error("the fleet's secret")]
+    FleetSecret(#[source] TokenError),
     /// A fleet's secret was given, but the kernel did not say which node
     /// it is.
-    #[error("a fleet secret was given, but the kernel did not say which node it is: {0}")]
-    NodeUnknown(String),
+    #[error("a fleet secret was given, but the kernel did not say which node it is")]
+    NodeUnknown(#[source] KernelError),
     /// The runtime that drives the server could not be built.
     #[error(transparent)]
     Runtime(std::io::Error),
@@ -121,27 +125,22 @@ pub fn serve(socket: PathBuf, transport: Transport) -> Result<(), ServeError> {
     if let (Err(err), Transport::Stdio) = (&looked, &transport) {
         eprintln!("agentos mcp: {err}");
     }
-    let fleet = match (&transport, &looked) {
-        (Transport::Stdio, _) => None,
-        (
-            Transport::Http {
-                fleet_secret_file, ..
-            },
-            looked,
-        ) => {
-            let node = match looked {
-                Ok(found) => found.node.as_deref(),
-                Err(err) if secret_given(fleet_secret_file.as_deref()) => {
-                    return Err(ServeError::NodeUnknown(err.to_string()));
-                }
-                Err(_) => None,
+    let instructions = kernel_check::instructions(kernel.socket(), &looked);
+    let fleet = match &transport {
+        Transport::Stdio => None,
+        Transport::Http {
+            fleet_secret_file, ..
+        } => {
+            let secret =
+                fleet_secret(fleet_secret_file.as_deref()).map_err(ServeError::FleetSecret)?;
+            let node = match (looked, &secret) {
+                (Ok(found), _) => found.node,
+                (Err(err), Some(_)) => return Err(ServeError::NodeUnknown(err)),
+                (Err(_), None) => None,
             };
-            let socket = kernel.socket();
-            let joined = join(FaceKind::Mcp, node, fleet_secret_file.as_deref(), socket)?;
-            joined.map(Arc::new)
+            join(FaceKind::Mcp, node.as_deref(), secret, kernel.socket())?.map(Arc::new)
         }
     };
-    let instructions = kernel_check::instructions(kernel.socket(), &looked);
     let server = AgentosServer::new(kernel.clone(), instructions);
     let served = runtime.block_on(async move {
         match plan {

@@ -1,23 +1,28 @@
 //! `agentos mcp --http` on a node of a fleet (docs/fleet.md, "Sessions
-//! through any node"): a tool call's `session` may name its node,
+//! through any node's MCP face"): a tool call's `session` may name its
+//! node,
 //! `NAME@NODE`. One naming this node is served here as session `NAME`;
 //! one naming another node is forwarded, whole, to that node's face
 //! ([`agentos_http::forward`]), which serves it as its own and proves its
 //! answer. A proven forward is answered where it lands: naming a node
 //! other than this one, it is refused, never sent on.
 //!
-//! The client's bearer token goes with the forward and is checked by the
-//! face it reaches, so the nodes' faces share their token, and every
-//! node's face acts as the user who runs it there.
+//! A forward's signature covers the session and the whole body (its
+//! SHA-256), so a proof cannot be replayed with another message. The
+//! client's bearer token goes with it and is checked by the face it
+//! reaches, so the nodes' faces share their token, and every node's face
+//! acts as the user who runs it there.
 
 use agentos_http::fleet::{FleetFace, Wanted};
 use agentos_http::{forward, Body};
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Either, Full};
+use http_body_util::{Either, Full};
 use rmcp::model::{ErrorData, RequestId};
 use serde::Deserialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use super::kernel::KernelLink;
 use super::refusal::refusal;
@@ -62,27 +67,31 @@ pub enum Routed {
     Answered(Response<Body>),
 }
 
+/// What a forward of the message `body`, whose tool call names `session`,
+/// is signed for: the session, and the body's SHA-256.
+pub fn subject(session: Option<&str>, body: &[u8]) -> String {
+    let digest = Sha256::digest(body);
+    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("{} sha256:{hex}", session.unwrap_or(""))
+}
+
 /// The request to serve here, its session's `@NODE` taken off when it
 /// names this node; or the answer, when another node's face answered it
-/// or it is refused. `session` is what the message's tool call names;
-/// `forwarded`, that another node's face sent it, proven.
+/// or it is refused. `session` is what the message's tool call names,
+/// `subject` what a forward of it is signed for; `forwarded`, that
+/// another node's face sent it, proven.
 pub async fn route(
     fleet: Option<&FleetFace>,
     kernel: &KernelLink,
-    request: Request<Full<Bytes>>,
-    session: Option<&str>,
+    (parts, body): (Parts, Bytes),
+    (session, subject): (Option<&str>, &str),
     forwarded: bool,
 ) -> Routed {
     let (Some(fleet), Some(session)) = (fleet, session) else {
-        return Routed::Here(request);
+        return Routed::Here(Request::from_parts(parts, Full::new(body)));
     };
     let Some((name, node)) = session.rsplit_once('@') else {
-        return Routed::Here(request);
-    };
-    let (parts, body) = request.into_parts();
-    let body = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(never) => match never {},
+        return Routed::Here(Request::from_parts(parts, Full::new(body)));
     };
     let id = || {
         serde_json::from_slice::<Message>(&body)
@@ -96,7 +105,7 @@ pub async fn route(
     }
     if forwarded {
         let error = format!(
-            "session {session} is not on node {} (a forward is answered where it lands, never \
+            "session {session:?} is not on node {} (a forward is answered where it lands, never \
              sent on)",
             fleet.node()
         );
@@ -109,24 +118,24 @@ pub async fn route(
         Ok(Some(peer)) => peer,
         Ok(None) => {
             let error = format!(
-                "argument session: {session} names node {node}, which is not another node of \
+                "argument session: {session:?} names node {node:?}, which is not another node of \
                  this fleet (`agentos nodes` lists them; this one is {})",
                 fleet.node()
             );
             return refused(StatusCode::OK, ErrorData::invalid_params(error, None));
         }
         Err(err) => {
-            let error = format!("session {session}: the fleet's nodes cannot be told now: {err}");
+            let error = format!("session {session:?}: the fleet's nodes cannot be told now: {err}");
             let error = ErrorData::internal_error(error, None);
             return refused(StatusCode::SERVICE_UNAVAILABLE, error);
         }
     };
     let relayed = Request::from_parts(parts, Either::Right(Full::new(body.clone())));
-    match forward::relay(fleet, &peer, session, relayed).await {
+    match forward::relay(fleet, &peer, ("session", subject), relayed).await {
         Ok(answer) => Routed::Answered(answer),
         Err(_) => {
             let error = format!(
-                "session {session} is on another node of the fleet, which cannot be reached now"
+                "session {session:?} is on another node of the fleet, which cannot be reached now"
             );
             refused(
                 StatusCode::BAD_GATEWAY,
