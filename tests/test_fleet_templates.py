@@ -1,10 +1,11 @@
 """A hibernated session carries its template through the fleet: a session
 opened from a template on one node wakes on a node that never built it,
 which keeps the template's image (checked against its hash) and lists it
-as its own; a node whose template of that name was built from other
-packages refuses the session by name, and the fleet keeps it. Each node
-runs in a network namespace of its own, with a stand-in package index
-there to build its templates from."""
+as its own; a node that built a template of that name from the same
+packages uses its own; one whose template of that name was built from
+other packages refuses the session by name, and the fleet keeps it. Each
+node runs in a network namespace of its own, with a stand-in package
+index there to build its templates from."""
 
 from __future__ import annotations
 
@@ -82,20 +83,19 @@ def hibernate_from_template(node, session: str, template: str, code: str) -> Non
 
 
 def test_a_session_carries_its_template_to_a_node_without_it_and_not_onto_another_one():
-    hosts_index = {}
     with fleet() as f, contextlib.ExitStack() as stack:
-        # n1 builds its templates from agentos-probe; n2 from agentos-other.
         n1 = f.node("n1", start=False)
         n2 = f.node("n2", start=False)
-        for node, package in ((n1, "agentos-probe"), (n2, "agentos-other")):
-            address = stack.enter_context(index_in(node.host, package))
-            hosts_index[node.name] = address
+        for node in (n1, n2):
+            address = stack.enter_context(index_in(node.host, "agentos-probe"))
             node.config += "\n" + templates_from(address)
             node.start()
             wait_for(f"{node.name} in the fleet", node.is_joined, timeout=20)
         build(n1, "probe", "agentos-probe")
+        build(n1, "same", "agentos-probe")
+        build(n2, "same", "agentos-probe")
         build(n1, "tools", "agentos-probe")
-        build(n2, "tools", "agentos-other")
+        build(n2, "tools", "agentos-probe==1.0.0")
 
         # A session from n1's template, with a global, wakes on n2, which
         # never built the template: it keeps n1's, and the session imports
@@ -118,8 +118,20 @@ def test_a_session_carries_its_template_to_a_node_without_it_and_not_onto_anothe
             assert busy.value.code == "busy", busy.value
         assert kept_rows(f) == []
 
+        # A session from n1's "same" wakes on n2 with n2's own "same",
+        # built from the same packages (its own image stays).
+        with client_of(n2) as client:
+            same_before = {t["template"]: t for t in client.templates()}["same"]
+        hibernate_from_template(n1, "u", "same", "z = 5")
+        wait_for("u kept with its template", lambda: kept_rows(f) == ["u|same"], timeout=60)
+        with client_of(n2) as client:
+            woken = client.exec("import agentos_probe\nprint(z)", session="u",
+                                timeout_ms=SLOW_MS)
+            assert woken["stdout"] == "5\n", woken
+            assert {t["template"]: t for t in client.templates()}["same"] == same_before
+
         # A session from n1's "tools" does not wake on n2, whose "tools"
-        # was built from another package: refused by name, kept by the
+        # was built from other packages: refused by name, kept by the
         # fleet, and woken where the template is the same.
         hibernate_from_template(n1, "t", "tools", "y = 7")
         wait_for("t kept with its template", lambda: kept_rows(f) == ["t|tools"], timeout=60)
@@ -128,7 +140,7 @@ def test_a_session_carries_its_template_to_a_node_without_it_and_not_onto_anothe
                 client.exec("print(y)", session="t", timeout_ms=SLOW_MS)
             assert refused.value.code == "unavailable", refused.value
             said = str(refused.value)
-            assert 'template "tools"' in said and "agentos-other" in said, said
+            assert 'template "tools"' in said and "agentos-probe==1.0.0" in said, said
         assert kept_rows(f) == ["t|tools"]
         with client_of(n1) as client:
             back = client.exec("print(y)", session="t", timeout_ms=SLOW_MS)

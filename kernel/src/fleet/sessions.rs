@@ -20,6 +20,7 @@ use postgres::{Client, Transaction};
 use super::contents;
 use super::error::FleetError;
 use super::tasks::{FleetOwner, CHANNEL};
+use crate::exec::carried_template;
 use crate::identity::Principal;
 
 /// A session as its node knows it: its owner, and its name.
@@ -98,6 +99,8 @@ pub enum SessionJob {
         name: String,
         staging: PathBuf,
         max_bytes: (u64, u64),
+        /// The templates this node has, whose images it needs not fetch.
+        templates_here: Vec<String>,
     },
     /// Claims (or forgets) publication `generation` of a session; with
     /// `check`, only asks whose it is.
@@ -137,8 +140,11 @@ impl SessionJob {
                 name,
                 staging,
                 max_bytes,
+                templates_here,
             } => {
-                let fetched = client.and_then(|c| fetch(c, &owner, &name, &staging, max_bytes));
+                let session = (&owner, name.as_str());
+                let fetched =
+                    client.and_then(|c| fetch(c, session, &staging, max_bytes, &templates_here));
                 SessionNews::Fetched(key, fetched)
             }
             SessionJob::Claim {
@@ -208,13 +214,14 @@ fn publish(
 
 /// Writes `owner`'s hibernated session `name`'s contents into `staging`,
 /// each under its hash, at most `max_bytes` together: of its snapshot's,
-/// and of its template's image; claims nothing.
+/// and of its template's image, unless this node has a template of that
+/// name (`templates_here`: the image is not needed then); claims nothing.
 fn fetch(
     client: &mut Client,
-    owner: &FleetOwner,
-    name: &str,
+    (owner, name): (&FleetOwner, &str),
     staging: &Path,
     (max_bytes, max_template_bytes): (u64, u64),
+    templates_here: &[String],
 ) -> Result<Option<Fetched>, FleetError> {
     let Some(row) = client.query_opt(
         "SELECT node, generation, manifest, hashes, meta, template FROM agentos_sessions
@@ -226,10 +233,19 @@ fn fetch(
     };
     let mut hashes: Vec<String> = row.get(3);
     let template: Option<Vec<u8>> = row.get(5);
-    let image = template.as_deref().map(image_hash).transpose()?;
-    hashes.retain(|hash| Some(hash) != image.as_ref());
+    let carried = (template.as_deref().map(carried_template).transpose())
+        .map_err(|err| FleetError::Unavailable(err.to_string()))?;
+    let image = carried.filter(|t| !templates_here.contains(&t.name));
+    if let Some(image) = &image {
+        if !hashes.contains(&image.hash) {
+            let why = "the image of the template it carries is not among its contents";
+            return Err(FleetError::Unavailable(why.into()));
+        }
+    }
+    let carried_hash = image.as_ref().map(|t| t.hash.clone());
+    hashes.retain(|hash| Some(hash) != carried_hash.as_ref());
     let mut downloaded = contents::download(client, owner, &hashes, staging, max_bytes);
-    if let (Ok(()), Some(image)) = (&downloaded, image) {
+    if let (Ok(()), Some(image)) = (&downloaded, carried_hash) {
         let image = [image];
         downloaded = contents::download(client, owner, &image, staging, max_template_bytes);
     }
@@ -245,19 +261,6 @@ fn fetch(
         generation: row.get(1),
         node: row.get(0),
     }))
-}
-
-/// The hash of the image of the template a publication carries (JSON, as
-/// published; the node that wakes it checks the rest).
-fn image_hash(template: &[u8]) -> Result<String, FleetError> {
-    #[derive(serde::Deserialize)]
-    struct Image {
-        hash: String,
-    }
-    let image: Image = serde_json::from_slice(template).map_err(|err| {
-        FleetError::Unavailable(format!("the template it carries does not parse: {err}"))
-    })?;
-    Ok(image.hash)
 }
 
 /// Takes publication `generation` of `owner`'s session `name` out of the

@@ -157,6 +157,7 @@ fn must_wait(
             name: key.1.clone(),
             staging,
             max_bytes: disks.fleet_staging.max_bytes(),
+            templates_here: disks.templates.names(),
         };
         (job, Step::Fetching)
     };
@@ -339,15 +340,22 @@ fn publish(fleet: &mut Fleet, exec: &mut Exec) {
         // Its template's image goes as one more content.
         let FleetFiles { snapshot, template } = files;
         let mut contents = snapshot.contents;
-        let template = template.map(|image| {
-            contents.push((image.carried.hash.clone(), image.path));
-            serde_json::to_vec(&image.carried).unwrap_or_default()
-        });
+        let mut carried = None;
+        if let Some(image) = template {
+            match serde_json::to_vec(&image.carried) {
+                Ok(json) => carried = Some(json),
+                Err(err) => {
+                    log::warn!("fleet: session {:?} stays on this node: {err}", key.1);
+                    continue;
+                }
+            }
+            contents.push((image.carried.hash, image.path));
+        }
         let publication = Publication {
             owner,
             name: key.1.clone(),
             meta,
-            template,
+            template: carried,
             manifest: snapshot.manifest,
             contents,
             bytes: snapshot.bytes,

@@ -199,7 +199,11 @@ fn open_dir(at: Option<&OwnedFd>, path: &Path) -> io::Result<OwnedFd> {
 
 fn clone_tree(path: &Path) -> io::Result<OwnedFd> {
     let path = CString::new(path.as_os_str().as_bytes())?;
-    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    // A link where a disk's part should be is not followed: the clone
+    // would be of whatever host path it names.
+    let flags = OPEN_TREE_CLONE
+        | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint
+        | libc::O_CLOEXEC as libc::c_uint;
     // SAFETY: `path` is a NUL-terminated string that outlives the call.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
     if fd < 0 {

@@ -11,16 +11,21 @@
 //! here would be. A node whose template of that name was built from other
 //! packages refuses the session, by name.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use agentos_proto::payload::validate_name;
 use serde::{Deserialize, Serialize};
 
-use super::image::DiskDir;
+use super::image::{DiskDir, TEMPLATE_PARTS};
 use super::record::TemplateRecord;
 use super::store::{is_hash, SnapshotFiles, StoreError};
+
+/// How long a template's disk may take to be let go once checked.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// A template as it goes with a session: its name, its image's hash, and
 /// its record.
@@ -29,6 +34,9 @@ use super::store::{is_hash, SnapshotFiles, StoreError};
 pub struct CarriedTemplate {
     pub name: String,
     pub hash: String,
+    /// The machine it was built for (`x86_64`, `aarch64`): its packages'
+    /// compiled parts serve that one alone.
+    pub arch: String,
     pub record: TemplateRecord,
 }
 
@@ -63,6 +71,9 @@ pub enum TemplateArrival {
         build: DiskDir,
         to: DiskDir,
         max_bytes: u64,
+        /// Who may remove it here (see [`super::templates::Templates::remove`]):
+        /// the session's operator, else root.
+        built_by: u32,
     },
 }
 
@@ -126,6 +137,11 @@ pub enum TemplateMoveError {
     Keep { name: String, err: std::io::Error },
     #[error("its template does not parse: {0}")]
     Unreadable(#[from] serde_json::Error),
+    #[error(
+        "its template {name:?} was built for {arch}, this node is {}",
+        std::env::consts::ARCH
+    )]
+    OtherMachine { name: String, arch: String },
 }
 
 /// What a session's publication says of its template (JSON, as another
@@ -137,6 +153,9 @@ pub fn carried(json: &[u8]) -> Result<CarriedTemplate, TemplateMoveError> {
         why,
     };
     validate_name("template", &carried.name).map_err(|err| damaged(err.error))?;
+    if carried.name.starts_with('.') {
+        return Err(damaged("its name starts with '.'".into()));
+    }
     if !is_hash(&carried.hash) {
         return Err(damaged("it is named by no hash".into()));
     }
@@ -162,6 +181,7 @@ pub fn image_of(dir: &DiskDir, name: &str) -> Result<TemplateImage, TemplateMove
         carried: CarriedTemplate {
             name: name.to_owned(),
             hash,
+            arch: std::env::consts::ARCH.to_owned(),
             record,
         },
         path: dir.image(),
@@ -189,13 +209,19 @@ pub fn arrive(
             build,
             to,
             max_bytes,
-        } => match keep(carried, &staging.join(&carried.hash), build, to, *max_bytes) {
-            Ok(record) => (Arrived::Kept(record), Ok(())),
-            Err(err) => {
-                let _ = fs::remove_dir_all(&build.0);
-                (Arrived::NotKept, Err(err))
+            built_by,
+        } => {
+            let image = staging.join(&carried.hash);
+            match keep(carried, &image, (build, to), *max_bytes, *built_by) {
+                Ok(record) => (Arrived::Kept(record), Ok(())),
+                Err(err) => {
+                    if let Err(left) = build.remove() {
+                        log::warn!("template {}: {left}", build.0.display());
+                    }
+                    (Arrived::NotKept, Err(err))
+                }
             }
-        },
+        }
     }
 }
 
@@ -203,8 +229,9 @@ pub fn arrive(
 /// `carried` of its name: the same image, or one built from the same
 /// packages.
 fn serves(carried: &CarriedTemplate, here: &TemplateRecord) -> Result<(), TemplateMoveError> {
+    same_machine(carried)?;
     let same_image = here.image_hash.as_ref() == Some(&carried.hash);
-    if same_image || here.packages == carried.record.packages {
+    if same_image || package_set(&here.packages) == package_set(&carried.record.packages) {
         return Ok(());
     }
     Err(TemplateMoveError::Differs {
@@ -214,16 +241,36 @@ fn serves(carried: &CarriedTemplate, here: &TemplateRecord) -> Result<(), Templa
     })
 }
 
-/// Keeps `image` as template `to`: within `max_bytes`, moved into `build`,
-/// checked against its hash and as a filesystem, moved to its name,
-/// recorded, and mounted read-only.
+/// Whether `carried` was built for this machine.
+fn same_machine(carried: &CarriedTemplate) -> Result<(), TemplateMoveError> {
+    if carried.arch == std::env::consts::ARCH {
+        return Ok(());
+    }
+    Err(TemplateMoveError::OtherMachine {
+        name: carried.name.clone(),
+        arch: carried.arch.clone(),
+    })
+}
+
+/// Packages as a set: the order they were named in changes nothing built.
+fn package_set(packages: &[String]) -> BTreeSet<&str> {
+    packages.iter().map(String::as_str).collect()
+}
+
+/// Keeps `image` as template `to` (removable here by `built_by`): within
+/// `max_bytes`, linked into `build` (the staged file stays, should the
+/// snapshot name the same content), checked against its hash, as a
+/// filesystem, and for what its root holds (its environment, a directory,
+/// and nothing else: a link there would give sandboxes another path of
+/// the host); then moved to its name, recorded, and mounted read-only.
 fn keep(
     carried: &CarriedTemplate,
     image: &Path,
-    build: &DiskDir,
-    to: &DiskDir,
+    (build, to): (&DiskDir, &DiskDir),
     max_bytes: u64,
+    built_by: u32,
 ) -> Result<TemplateRecord, TemplateMoveError> {
+    same_machine(carried)?;
     let name = carried.name.clone();
     let damaged = |why: String| TemplateMoveError::Damaged {
         name: name.clone(),
@@ -248,7 +295,7 @@ fn keep(
         .mode(0o700)
         .create(build.mount_point())
         .map_err(unkept)?;
-    fs::rename(image, build.image()).map_err(unkept)?;
+    fs::hard_link(image, build.image()).map_err(unkept)?;
     let hash = build.image_hash().map_err(unkept)?;
     if hash != carried.hash {
         return Err(damaged("its image is not what its hash says".into()));
@@ -256,20 +303,57 @@ fn keep(
     build
         .check_filesystem()
         .map_err(|err| damaged(format!("its filesystem does not check: {err}")))?;
+    build
+        .mount_read_only()
+        .map_err(|err| damaged(format!("it does not mount: {err}")))?;
+    only_an_environment(&build.mount_point()).map_err(|err| damaged(err.to_string()))?;
+    build.release(RELEASE_PATIENCE).map_err(unkept)?;
     let record = TemplateRecord {
         bytes: build.image_bytes(),
         image_hash: Some(hash),
+        built_by,
         ..carried.record.clone()
     };
     fs::rename(&build.0, &to.0).map_err(unkept)?;
-    if let Err(err) = record.write(&to.0) {
-        let _ = fs::remove_dir_all(&to.0);
+    let served = record.write(&to.0).and_then(|()| to.mount_read_only());
+    if let Err(err) = served {
+        if let Err(left) = to.remove() {
+            log::warn!("template {}: {left}", to.0.display());
+        }
         return Err(unkept(err));
     }
-    if let Err(err) = to.mount_read_only() {
-        log::warn!("template {}: {err}", to.0.display());
-    }
     Ok(record)
+}
+
+/// What is wrong with the root of a template's disk from elsewhere.
+#[derive(Debug, thiserror::Error)]
+enum StrangeRoot {
+    #[error("its root cannot be read: {0}")]
+    Unreadable(#[from] std::io::Error),
+    #[error("its root holds {0:?}, which no template's does (only a directory env)")]
+    Holds(std::ffi::OsString),
+    #[error("its root holds no environment (a directory env)")]
+    NoEnvironment,
+}
+
+/// Checks that the root of a template's disk, mounted at `root`, holds its
+/// environment (`env`, a directory, not a link) and nothing else but the
+/// filesystem's own `lost+found`.
+fn only_an_environment(root: &Path) -> Result<(), StrangeRoot> {
+    let mut has_env = false;
+    for entry in fs::read_dir(root)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        match entry.file_name().to_str() {
+            Some(part) if TEMPLATE_PARTS.contains(&part) && kind.is_dir() => has_env = true,
+            Some("lost+found") if kind.is_dir() => {}
+            _ => return Err(StrangeRoot::Holds(entry.file_name())),
+        }
+    }
+    if !has_env {
+        return Err(StrangeRoot::NoEnvironment);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -291,6 +375,7 @@ mod tests {
         let good = CarriedTemplate {
             name: "python-data".into(),
             hash: "a".repeat(64),
+            arch: std::env::consts::ARCH.into(),
             record: record(),
         };
         let json = serde_json::to_vec(&good).unwrap();
@@ -300,16 +385,20 @@ mod tests {
             ("agent-7@mine", "a".repeat(64)),
             ("python-data", "../x".to_owned()),
             ("python-data", "A".repeat(64)),
+            (".build-x", "a".repeat(64)),
         ] {
             let bad = CarriedTemplate {
                 name: name.into(),
                 hash,
+                arch: std::env::consts::ARCH.into(),
                 record: record(),
             };
             let json = serde_json::to_vec(&bad).unwrap();
             assert!(carried(&json).is_err(), "{name}");
         }
-        assert!(carried(br#"{"name":"t","hash":"x","record":{},"more":1}"#).is_err());
+        let mut more = serde_json::to_value(&good).unwrap();
+        more["more"] = 1.into();
+        assert!(carried(&serde_json::to_vec(&more).unwrap()).is_err());
     }
 
     #[test]
@@ -317,6 +406,7 @@ mod tests {
         let carried = CarriedTemplate {
             name: "t".into(),
             hash: "a".repeat(64),
+            arch: std::env::consts::ARCH.into(),
             record: record(),
         };
         let built_again = TemplateRecord {
@@ -337,6 +427,26 @@ mod tests {
         };
         let refused = serves(&carried, &other).unwrap_err();
         assert!(refused.to_string().contains(r#"["other"]"#), "{refused}");
+        // The same packages named in another order are the same set; a
+        // template built for another machine serves nothing here.
+        let reordered = CarriedTemplate {
+            record: TemplateRecord {
+                packages: vec!["numpy".into(), "pandas".into()],
+                ..record()
+            },
+            ..carried.clone()
+        };
+        let here = TemplateRecord {
+            packages: vec!["pandas".into(), "numpy".into()],
+            ..record()
+        };
+        assert!(serves(&reordered, &here).is_ok());
+        let elsewhere = CarriedTemplate {
+            arch: "elsewhere".into(),
+            ..carried
+        };
+        let refused = serves(&elsewhere, &built_again).unwrap_err();
+        assert!(matches!(refused, TemplateMoveError::OtherMachine { .. }));
     }
 
     #[test]
@@ -348,6 +458,7 @@ mod tests {
         let carried = CarriedTemplate {
             name: "t".into(),
             hash: blake3::hash(b"another image").to_hex().to_string(),
+            arch: std::env::consts::ARCH.into(),
             record: record(),
         };
         fs::write(staging.join(&carried.hash), image).unwrap();
@@ -360,6 +471,7 @@ mod tests {
             build: build.clone(),
             to: to.clone(),
             max_bytes: 1 << 20,
+            built_by: 0,
         };
         let (arrived, refused) = arrive(&arrival, &staging);
         assert!(matches!(arrived, Arrived::NotKept));
@@ -375,6 +487,7 @@ mod tests {
             build: build.clone(),
             to: to.clone(),
             max_bytes: 4,
+            built_by: 0,
         };
         let refused = arrive(&small, &staging).1.unwrap_err();
         assert!(
@@ -382,5 +495,23 @@ mod tests {
             "{refused}"
         );
         assert!(!build.0.exists() && !to.0.exists());
+    }
+
+    #[test]
+    fn a_template_root_holds_its_environment_directory_and_nothing_else() {
+        let root = tempfile::tempdir().unwrap();
+        assert!(only_an_environment(root.path()).is_err(), "no env");
+        fs::create_dir(root.path().join("lost+found")).unwrap();
+        std::os::unix::fs::symlink("/", root.path().join("env")).unwrap();
+        let refused = only_an_environment(root.path()).unwrap_err();
+        assert!(
+            matches!(&refused, StrangeRoot::Holds(name) if name == "env"),
+            "{refused}"
+        );
+        fs::remove_file(root.path().join("env")).unwrap();
+        fs::create_dir(root.path().join("env")).unwrap();
+        assert!(only_an_environment(root.path()).is_ok());
+        fs::write(root.path().join("more"), b"").unwrap();
+        assert!(only_an_environment(root.path()).is_err(), "another entry");
     }
 }

@@ -46,7 +46,7 @@ use agentos_proto::payload::SnapshotInfo;
 use agentos_proto::{ErrorCode, ErrorReply};
 
 pub use self::fleet_staging::FleetStaging;
-pub use self::fleet_templates::{Brought, FleetFiles, ImportError, TemplateMoveError};
+pub use self::fleet_templates::{carried, Brought, FleetFiles, ImportError, TemplateMoveError};
 use self::image::{DiskDir, RunUser};
 pub use self::record::SessionRecord;
 use self::record::TemplateRecord;
@@ -566,7 +566,8 @@ impl SessionDisks {
         (manifest, staging): (Vec<u8>, PathBuf),
         template: Option<Vec<u8>>,
     ) -> Result<(), ErrorReply> {
-        let arrival = template.map(|json| self.templates.arrival(&json, self.template_bytes));
+        let (bytes, owner) = (self.template_bytes, key.0);
+        let arrival = template.map(|json| self.templates.arrival(&json, bytes, owner));
         let template = arrival.transpose().inspect_err(|_| {
             self.ask(Job::Remove(vec![DiskDir(staging.clone())]));
         })?;

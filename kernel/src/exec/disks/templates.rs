@@ -50,6 +50,9 @@ pub struct Templates {
     root: PathBuf,
     built: HashMap<String, TemplateRecord>,
     building: HashSet<String>,
+    /// Templates built here that sessions brought from the fleet are
+    /// arriving with, each with how many.
+    arriving: HashMap<String, usize>,
 }
 
 impl Templates {
@@ -59,6 +62,7 @@ impl Templates {
             root,
             built: HashMap::new(),
             building: HashSet::new(),
+            arriving: HashMap::new(),
         }
     }
 
@@ -83,6 +87,7 @@ impl Templates {
             root,
             built,
             building: HashSet::new(),
+            arriving: HashMap::new(),
         };
         (templates, stale)
     }
@@ -118,8 +123,15 @@ impl Templates {
     }
 
     /// Reserves `name` for a build: refused if a template of that name is
-    /// built or being built.
+    /// built or being built, or if it starts with `.` (the names of the
+    /// templates' own directories, a build's among them).
     pub fn begin_build(&mut self, name: &str) -> Result<DiskDir, ErrorReply> {
+        if name.starts_with('.') {
+            return Err(ErrorReply::new(
+                ErrorCode::BadRequest,
+                format!("template {name:?}: a template's name does not start with '.'"),
+            ));
+        }
         if self.built.contains_key(name) {
             return Err(ErrorReply::new(
                 ErrorCode::AlreadyExists,
@@ -135,29 +147,37 @@ impl Templates {
         Ok(self.build_dir(name))
     }
 
-    /// What a session brought from the fleet with the template `carried`
-    /// says (JSON, as published) finds here: a template of its name, or
-    /// none, its name then reserved while its image is kept (within
-    /// `max_bytes`); `unavailable` if `carried` does not parse, `busy`
-    /// while a template of its name is being built.
+    /// What `owner`'s session brought from the fleet with the template
+    /// `carried` says (JSON, as published) finds here: a template of its
+    /// name (not removed until the session has arrived), or none, its name
+    /// then reserved while its image is kept (within `max_bytes`);
+    /// `unavailable` if `carried` does not parse, `busy` while a template
+    /// of its name is being built.
     pub fn arrival(
         &mut self,
         carried: &[u8],
         max_bytes: u64,
+        owner: Principal,
     ) -> Result<TemplateArrival, ErrorReply> {
         let carried = fleet_templates::carried(carried)
             .map_err(|err| ErrorReply::new(ErrorCode::Unavailable, err.to_string()))?;
         if self.built.contains_key(&carried.name) {
+            *self.arriving.entry(carried.name.clone()).or_default() += 1;
             let dir = self.dir(&carried.name);
             return Ok(TemplateArrival::Here { carried, dir });
         }
         let build = self.begin_build(&carried.name)?;
         let to = self.dir(&carried.name);
+        let built_by = match owner {
+            Principal::Operator { uid } => uid,
+            _ => 0,
+        };
         Ok(TemplateArrival::Keep {
             carried,
             build,
             to,
             max_bytes,
+            built_by,
         })
     }
 
@@ -167,7 +187,14 @@ impl Templates {
         match arrived {
             Arrived::Kept(record) => self.build_ended(&name, Some(record)),
             Arrived::NotKept => self.build_ended(&name, None),
-            Arrived::Found => {}
+            Arrived::Found => {
+                if let Some(count) = self.arriving.get_mut(&name) {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.arriving.remove(&name);
+                    }
+                }
+            }
         }
         name
     }
@@ -250,6 +277,15 @@ impl Templates {
                 ),
             ));
         }
+        if self.arriving.contains_key(&key) {
+            return Err(ErrorReply::new(
+                ErrorCode::Busy,
+                format!(
+                    "template {name:?} is not removed: a session brought from the fleet is \
+                     arriving with it"
+                ),
+            ));
+        }
         if !used_by.is_empty() {
             return Err(ErrorReply::new(
                 ErrorCode::Busy,
@@ -268,6 +304,12 @@ impl Templates {
     pub fn forget(&mut self, key: &str) -> Option<DiskDir> {
         self.building.remove(key);
         self.built.remove(key).map(|_| self.dir(key))
+    }
+
+    /// The names of the operators' templates built here.
+    pub fn names(&self) -> Vec<String> {
+        let shared = self.built.keys().filter(|key| !key.contains(OWN));
+        shared.cloned().collect()
     }
 
     /// Every template's directory (to unmount at shutdown).
