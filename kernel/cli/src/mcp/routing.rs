@@ -1,8 +1,7 @@
 //! `agentos mcp --http` on a node of a fleet (docs/fleet.md, "Sessions
 //! through any node's MCP face"): a tool call's `session` may name its
-//! node,
-//! `NAME@NODE`. One naming this node is served here as session `NAME`;
-//! one naming another node is forwarded, whole, to that node's face
+//! node, `NAME@NODE`. One naming this node is served here as session
+//! `NAME`; one naming another node is forwarded, whole, to that node's face
 //! ([`agentos_http::forward`]), which serves it as its own and proves its
 //! answer. A proven forward is answered where it lands: naming a node
 //! other than this one, it is refused, never sent on.

@@ -295,7 +295,11 @@ fn keep(
         .mode(0o700)
         .create(build.mount_point())
         .map_err(unkept)?;
-    fs::hard_link(image, build.image()).map_err(unkept)?;
+    // A link, unless the templates lie on another filesystem than the
+    // staging: a copy then.
+    (fs::hard_link(image, build.image()))
+        .or_else(|_| fs::copy(image, build.image()).map(|_| ()))
+        .map_err(unkept)?;
     let hash = build.image_hash().map_err(unkept)?;
     if hash != carried.hash {
         return Err(damaged("its image is not what its hash says".into()));
