@@ -317,3 +317,71 @@ impl Templates {
         self.built.keys().map(|name| self.dir(name)).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Templates under `root` with one built, `t`, of the given packages.
+    fn with_t(root: &std::path::Path) -> Templates {
+        let dir = root.join("t");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("disk.img"), b"").unwrap();
+        let record = TemplateRecord {
+            created_at: 1,
+            built_by: 1000,
+            packages: vec!["pandas".into()],
+            bytes: 0,
+            image_hash: None,
+        };
+        record.write(&dir).unwrap();
+        let (templates, stale) = Templates::load(root.to_owned());
+        assert!(stale.is_empty());
+        templates
+    }
+
+    fn carried(name: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "name": name, "hash": "a".repeat(64), "arch": std::env::consts::ARCH,
+            "record": {"created_at": 1, "built_by": 7, "packages": ["pandas"]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_template_a_session_arrives_with_is_not_removed_until_it_has_arrived() {
+        let root = tempfile::tempdir().unwrap();
+        let mut templates = with_t(root.path());
+        let operator = Principal::Operator { uid: 1000 };
+        let arrival = templates.arrival(&carried("t"), 1 << 20, operator).unwrap();
+        assert!(matches!(arrival, TemplateArrival::Here { .. }));
+        let refused = templates.remove(operator, "t", &[]).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Busy, "{}", refused.error);
+        templates.arrived("t".into(), Arrived::Found);
+        assert!(templates.remove(operator, "t", &[]).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_template_none_here_has_its_name_reserved_and_is_removable_by_the_sessions_operator() {
+        let root = tempfile::tempdir().unwrap();
+        let mut templates = with_t(root.path());
+        let operator = Principal::Operator { uid: 1000 };
+        let arrival = templates.arrival(&carried("u"), 1 << 20, operator).unwrap();
+        let TemplateArrival::Keep { built_by, .. } = arrival else {
+            panic!("{arrival:?}");
+        };
+        assert_eq!(built_by, 1000);
+        // Reserved meanwhile: neither built here nor brought again.
+        assert_eq!(
+            templates.begin_build("u").unwrap_err().code,
+            ErrorCode::Busy
+        );
+        let again = templates.arrival(&carried("u"), 1 << 20, operator);
+        assert_eq!(again.unwrap_err().code, ErrorCode::Busy);
+        templates.arrived("u".into(), Arrived::NotKept);
+        assert!(templates.begin_build("u").is_ok());
+        // No name of the templates' own directories.
+        let dotted = templates.begin_build(".build-t").unwrap_err();
+        assert_eq!(dotted.code, ErrorCode::BadRequest);
+    }
+}
