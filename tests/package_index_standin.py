@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import gzip
 import hashlib
 import html
@@ -29,14 +30,17 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
+import time
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 PYTHON_VALUE = "from the stand-in index"
 NPM_VALUE = "from the stand-in registry"
@@ -218,6 +222,32 @@ def write_ready_file(path: Path, address: str) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(address)
     os.replace(partial, path)
+
+
+@contextlib.contextmanager
+def serving(listen: str, wrap: tuple[str, ...] = (),
+            python_name: str = "agentos-probe") -> Iterator[str]:
+    """This stand-in, run as a process of its own (after `wrap`, a command
+    prefix: a network namespace's) listening on `listen`, serving the
+    Python package `python_name`; yields its address, host:port."""
+    directory = Path(tempfile.mkdtemp(prefix="agentos-index-"))
+    ready = directory / "ready"
+    server = subprocess.Popen(
+        [*wrap, sys.executable, str(Path(__file__)), "--listen", listen,
+         "--ready-file", str(ready), "--python-name", python_name],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert server.poll() is None, "the stand-in index exited"
+            assert time.monotonic() < deadline, "the stand-in index did not come up"
+            time.sleep(0.05)
+        yield ready.read_text()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=10)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def main() -> None:

@@ -10,49 +10,19 @@ index there to build its templates from."""
 from __future__ import annotations
 
 import contextlib
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
 from agentos import AgentOSClient, AgentOSError
 from fleet_harness import fleet, wait_for
+from package_index_standin import serving
+from test_session_disks import INDEX_HOST
 
-INDEX_HOST = "127.0.0.9"
 # pip, a build and a wake, on two busy cores.
 SLOW_MS = 300_000
-STANDIN = Path(__file__).with_name("package_index_standin.py")
 
 
 def client_of(node) -> AgentOSClient:
     return AgentOSClient(node.socket_path, timeout=360)
-
-
-@contextlib.contextmanager
-def index_in(host, package: str):
-    """The stand-in index, serving `package`, in `host`'s network; yields
-    its address."""
-    directory = Path(tempfile.mkdtemp(prefix="agentos-index-"))
-    ready = directory / "ready"
-    server = subprocess.Popen(
-        [*host.wrap(), sys.executable, str(STANDIN), "--listen", f"{INDEX_HOST}:0",
-         "--ready-file", str(ready), "--python-name", package],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert server.poll() is None, "the stand-in index exited"
-            assert time.monotonic() < deadline, "the stand-in index did not come up"
-            time.sleep(0.05)
-        yield ready.read_text()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=10)
-        ready.unlink(missing_ok=True)
-        directory.rmdir()
 
 
 def templates_from(address: str) -> str:
@@ -87,7 +57,7 @@ def test_a_session_carries_its_template_to_a_node_without_it_and_not_onto_anothe
         n1 = f.node("n1", start=False)
         n2 = f.node("n2", start=False)
         for node in (n1, n2):
-            address = stack.enter_context(index_in(node.host, "agentos-probe"))
+            address = stack.enter_context(serving(f"{INDEX_HOST}:0", node.host.wrap()))
             node.config += "\n" + templates_from(address)
             node.start()
             wait_for(f"{node.name} in the fleet", node.is_joined, timeout=20)
@@ -151,7 +121,7 @@ def test_a_session_carries_its_template_to_a_node_without_it_and_not_onto_anothe
 def test_a_damaged_template_image_is_not_kept_and_the_session_stays_kept():
     with fleet() as f, contextlib.ExitStack() as stack:
         n1 = f.node("n1", start=False)
-        address = stack.enter_context(index_in(n1.host, "agentos-probe"))
+        address = stack.enter_context(serving(f"{INDEX_HOST}:0", n1.host.wrap()))
         n1.config += "\n" + templates_from(address)
         n1.start()
         wait_for("n1 in the fleet", n1.is_joined, timeout=20)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import pytest
 from agentos import AgentOSClient
 from agentos.errors import LimitExceeded
 from conftest import Kernel, detach_beneath, kernel_with, log_of, start_kernel
+from package_index_standin import serving
 
 INDEX_HOST = "127.0.0.9"
 # The run's network: the stand-in index and nothing else.
@@ -47,24 +47,8 @@ def has_root() -> bool:
 @pytest.fixture(scope="module")
 def index() -> Iterator[str]:
     """The stand-in index's address, host:port."""
-    directory = Path(tempfile.mkdtemp(prefix="agentos-index-"))
-    ready = directory / "ready"
-    server = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("package_index_standin.py")),
-         "--listen", f"{INDEX_HOST}:0", "--ready-file", str(ready)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert server.poll() is None, "the stand-in index exited"
-            assert time.monotonic() < deadline, "the stand-in index did not come up"
-            time.sleep(0.05)
-        yield ready.read_text()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=10)
-        shutil.rmtree(directory, ignore_errors=True)
+    with serving(f"{INDEX_HOST}:0") as address:
+        yield address
 
 
 def run(client: AgentOSClient, code: str, language: str = "python", **fields) -> dict:

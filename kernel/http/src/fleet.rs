@@ -292,7 +292,7 @@ impl FleetFace {
 
     /// The proof an answer to the forward signed `signature` carries: that
     /// node `by` (the one answering) holds the fleet's secret.
-    pub fn answer_proof(&self, by: &str, signature: &str) -> String {
+    fn answer_proof(&self, by: &str, signature: &str) -> String {
         let mut mac = self.mac();
         for part in ["answer", self.face.name(), by, signature] {
             mac.update(part.as_bytes());

@@ -90,8 +90,16 @@ impl McpEndpoint {
             Ok(collected) => collected.to_bytes(),
             Err(never) => match never {},
         };
-        let session = routing::session_named(&body);
-        let subject = routing::subject(session.as_deref(), &body);
+        // Only a face in a fleet reads a call's session before serving it:
+        // a forward's signature covers it, and it may name another node.
+        let (session, subject) = match &self.fleet {
+            Some(_) => {
+                let session = routing::session_named(&body);
+                let subject = routing::subject(session.as_deref(), &body);
+                (session, subject)
+            }
+            None => (None, String::new()),
+        };
         let target = target_of(&parts.uri);
         let forward = match proven_forward(
             self.fleet.as_deref(),

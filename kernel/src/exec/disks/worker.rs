@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::fleet_templates::{arrive, image_of, FleetFiles, ImportError};
+use super::fleet_templates::{arrive, image_of, FleetFiles, ImportError, TemplateArrival};
 use super::image::{free_bytes, DiskDir, RunUser, SESSION_PARTS, TEMPLATE_PARTS};
 pub use super::jobs::{Asked, Attached, DiskError, Done, Job, Plan, SessionDisk, TemplateDisk};
 use super::made::{make_volume, publish};
@@ -21,6 +21,7 @@ use super::record::{SessionRecord, SnapshotRef};
 use super::record_writes;
 use super::store::{Manifest, Room, SnapshotFiles, Store, StoreError};
 use crate::exec::order::HIBERNATED;
+use crate::exec::waiting::SessionKey;
 use crate::sandbox::attach::{self, Place, VolumeRoots};
 use crate::sandbox::plan::RUN_VOLUME_ROOTS;
 
@@ -335,36 +336,13 @@ fn serve(jobs: &Receiver<Job>, snapshots: &mut Snapshots, done: &Sender<Done>, w
                 manifest,
                 staging,
                 template,
-            } => {
-                let (arrived, settled) = match &template {
-                    Some(template) => {
-                        let (arrived, settled) = arrive(template, &staging);
-                        (Some((template.name().to_owned(), arrived)), settled)
-                    }
-                    None => (None, Ok(())),
-                };
-                let result = match settled {
-                    Err(err) => {
-                        let _ = std::fs::remove_dir_all(&staging);
-                        Err(ImportError::from(err))
-                    }
-                    Ok(()) => {
-                        let room = snapshots.room(&owner);
-                        let session = (owner.as_str(), key.1.as_str(), HIBERNATED);
-                        let store = &mut snapshots.store;
-                        (store.import(session, &manifest, &staging, room))
-                            .map_err(ImportError::from)
-                    }
-                };
-                if let Err(err) = &result {
-                    log::warn!("session {:?} from the fleet: {err}", key.1);
-                }
-                Some(Done::Imported {
-                    key,
-                    result,
-                    template: arrived,
-                })
-            }
+            } => Some(import(
+                snapshots,
+                (key, &owner),
+                &manifest,
+                &staging,
+                template,
+            )),
             Job::Restore {
                 mut disk,
                 new,
@@ -533,6 +511,40 @@ fn restore_onto(
     disk.record.restore_from = None;
     disk.record.write(&disk.dir.0).map_err(DiskError::Record)?;
     Ok(disk.record.clone())
+}
+
+/// Brings session `key`'s hibernation, fetched from the fleet into
+/// `staging`, into `owner`'s store, once its template has arrived (found
+/// here, or kept); `staging` goes either way.
+fn import(
+    snapshots: &mut Snapshots,
+    (key, owner): (SessionKey, &str),
+    manifest: &[u8],
+    staging: &std::path::Path,
+    template: Option<TemplateArrival>,
+) -> Done {
+    let (arrived, settled) = match &template {
+        Some(template) => {
+            let (arrived, settled) = arrive(template, staging);
+            (Some((template.name().to_owned(), arrived)), settled)
+        }
+        None => (None, Ok(())),
+    };
+    let result = settled.map_err(ImportError::from).and_then(|()| {
+        let room = snapshots.room(owner);
+        let session = (owner, key.1.as_str(), HIBERNATED);
+        let imported = snapshots.store.import(session, manifest, staging, room);
+        imported.map_err(ImportError::from)
+    });
+    if let Err(err) = &result {
+        let _ = std::fs::remove_dir_all(staging);
+        log::warn!("session {:?} from the fleet: {err}", key.1);
+    }
+    Done::Imported {
+        key,
+        result,
+        template: arrived,
+    }
 }
 
 /// A hibernation's files for the fleet, with its template's image if the
